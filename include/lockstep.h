@@ -1,0 +1,6 @@
+/* lockstep — train neural networks on every device you have.
+ * The umbrella header: include this, link -llockstep. */
+#ifndef LOCKSTEP_H
+#define LOCKSTEP_H
+#include "lockstep/core.h"
+#endif

@@ -1,0 +1,204 @@
+/* lockstep/core.h — status codes and the last error, rank-aware logging,
+ * the one allocator (with its failure-injection hook), arenas, the
+ * counter-based Philox RNG and clocks. Every other layer stands on this.
+ *
+ * Error contract: every fallible function returns an lk_status; 0 is success.
+ * The message (what failed, where, what was expected) is kept per thread and
+ * read with lk_last_error(). Library code never exits the process.
+ *
+ *     lk_status st = lk_something(...);
+ *     if (st) fprintf(stderr, "error: %s\n", lk_last_error());
+ */
+#ifndef LOCKSTEP_CORE_H
+#define LOCKSTEP_CORE_H
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define LK_VERSION_MAJOR 0
+#define LK_VERSION_MINOR 1
+#define LK_VERSION_PATCH 0
+#define LK_VERSION_STRING "0.1.0"
+
+#if defined(__GNUC__)
+#define LK_PRINTF(f, a) __attribute__((format(printf, f, a)))
+#define LK_NODISCARD __attribute__((warn_unused_result))
+#else
+#define LK_PRINTF(f, a)
+#define LK_NODISCARD
+#endif
+
+/* ------------------------------------------------------------------------
+ * Status codes: one X-macro table, so enum and strings cannot drift.
+ * ---------------------------------------------------------------------- */
+#define LK_STATUS_LIST(X)                                  \
+    X(OK, "ok")                                            \
+    X(INVALID_ARGUMENT, "invalid argument")                \
+    X(INVALID_USAGE, "invalid usage")                      \
+    X(OUT_OF_MEMORY, "out of memory")                      \
+    X(IO, "i/o error")                                     \
+    X(DEVICE, "device error")                              \
+    X(REMOTE, "remote rank failed")                        \
+    X(TIMEOUT, "timed out")                                \
+    X(ABORTED, "aborted")                                  \
+    X(UNSUPPORTED, "unsupported")                          \
+    X(INTERNAL, "internal error")
+
+typedef enum {
+#define LK__STATUS_ENUM(name, str) LK_STATUS_##name,
+    LK_STATUS_LIST(LK__STATUS_ENUM)
+#undef LK__STATUS_ENUM
+    LK_STATUS_COUNT_
+} lk_status;
+
+/* "invalid argument" etc.; never NULL. */
+const char *lk_status_str(lk_status s);
+
+/* Sets this thread's last error to the formatted message and returns `code`,
+ * so a failing path reads `return lk_error(LK_STATUS_IO, "...", ...)`.
+ * When a rank is known (lk_log_set_rank) the message is prefixed "[rank R] ". */
+lk_status lk_error(lk_status code, const char *fmt, ...) LK_PRINTF(2, 3);
+lk_status lk_errorv(lk_status code, const char *fmt, va_list ap);
+/* The message of the last error on this thread ("" when none). */
+const char *lk_last_error(void);
+/* Status of the last error on this thread (LK_STATUS_OK when none). */
+lk_status lk_last_status(void);
+/* Where the error passed through LK_TRY, innermost first ("" when none). */
+const char *lk_last_error_trace(void);
+void lk_clear_error(void);
+/* Internal: appends "file:line" to the trace. */
+void lk__error_trace(const char *file, int line);
+
+/* Returns from the calling function with the callee's status on failure. */
+#define LK_TRY(call)                                  \
+    do {                                              \
+        lk_status lk__st = (call);                    \
+        if (lk__st != LK_STATUS_OK) {                 \
+            lk__error_trace(__FILE__, __LINE__);      \
+            return lk__st;                            \
+        }                                             \
+    } while (0)
+
+/* Internal invariants only (never bad input): prints, calls the panic hook
+ * (the trainer flushes its logs there), then aborts. */
+typedef void (*lk_panic_hook)(const char *msg);
+void lk_set_panic_hook(lk_panic_hook hook);
+_Noreturn void lk__panic(const char *file, int line, const char *fmt, ...) LK_PRINTF(3, 4);
+#define lk_panic(...) lk__panic(__FILE__, __LINE__, __VA_ARGS__)
+#define LK_ASSERT(cond) \
+    do { if (!(cond)) lk_panic("assertion failed: %s", #cond); } while (0)
+
+/* ------------------------------------------------------------------------
+ * Logging. Messages carry "[rank R]" once a rank is set; the *0 variants
+ * print on rank 0 only. Level from LK_LOG_LEVEL (debug|info|warn|error).
+ * ---------------------------------------------------------------------- */
+typedef enum { LK_LOG_DEBUG, LK_LOG_INFO, LK_LOG_WARN, LK_LOG_ERROR, LK_LOG_OFF } lk_log_level;
+
+void lk_log_set_rank(int rank, int world_size); /* rank < 0: unknown */
+int lk_log_rank(void);
+void lk_log_set_level(lk_log_level level);
+lk_log_level lk_log_get_level(void);
+void lk_logf(lk_log_level level, bool rank0_only, const char *fmt, ...) LK_PRINTF(3, 4);
+#define lk_log_debug(...) lk_logf(LK_LOG_DEBUG, false, __VA_ARGS__)
+#define lk_log_info(...) lk_logf(LK_LOG_INFO, false, __VA_ARGS__)
+#define lk_log_warn(...) lk_logf(LK_LOG_WARN, false, __VA_ARGS__)
+#define lk_log_err(...) lk_logf(LK_LOG_ERROR, false, __VA_ARGS__)
+#define lk_log0(...) lk_logf(LK_LOG_INFO, true, __VA_ARGS__)
+#define lk_warn0(...) lk_logf(LK_LOG_WARN, true, __VA_ARGS__)
+
+/* ------------------------------------------------------------------------
+ * Memory. lk_malloc is the only allocator: on failure it returns NULL and
+ * sets an OUT_OF_MEMORY error naming the size. Tests can make the Nth
+ * allocation from now fail with lk_alloc_fail_after(N) (0 disables).
+ * ---------------------------------------------------------------------- */
+#define LK_ALIGN 64 /* cache line; also enough for AVX-512 loads */
+void *lk_malloc(size_t size);
+void *lk_calloc(size_t n, size_t size);
+void *lk_realloc(void *p, size_t size);
+void lk_free(void *p);
+/* `align` a power of two ≥ sizeof(void*); free with lk_aligned_free. */
+void *lk_aligned_alloc(size_t align, size_t size);
+void lk_aligned_free(void *p);
+char *lk_strdup(const char *s);
+void lk_alloc_fail_after(long n);
+/* Allocations so far on all threads (for "no allocation in the hot loop" tests). */
+uint64_t lk_alloc_count(void);
+
+/* Bump arena: allocations are LK_ALIGN-aligned and live until reset/free.
+ * Grows by chaining blocks; after the first step nothing more is allocated. */
+typedef struct lk_arena lk_arena;
+lk_arena *lk_arena_create(size_t block_size);
+void *lk_arena_alloc(lk_arena *a, size_t size);
+void lk_arena_reset(lk_arena *a);
+void lk_arena_free(lk_arena *a);
+size_t lk_arena_used(const lk_arena *a);
+
+/* ------------------------------------------------------------------------
+ * Philox4x32-10 (Salmon et al., SC'11): counter-based, so any (key, counter)
+ * pair can be computed independently — the foundation of reproducibility
+ * that does not depend on thread or rank counts.
+ * ---------------------------------------------------------------------- */
+void lk_philox4x32_10(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4]);
+
+/* A stream over the counter space. Keyed by (seed, purpose); the counter's
+ * upper words carry (a, b) coordinates such as (rank, epoch) or (epoch,
+ * sample index), the lower ones advance. */
+typedef struct lk_rng {
+    uint32_t key[2];
+    uint32_t ctr[4];
+    uint32_t buf[4];
+    int pos; /* next unused word of buf; 4 = empty */
+    int has_spare;
+    float spare; /* second Box-Muller output */
+} lk_rng;
+
+/* Well-known purposes, so streams never overlap by accident. */
+enum {
+    LK_RNG_INIT = 1,    /* parameter initialisation */
+    LK_RNG_DROPOUT = 2, /* dropout masks */
+    LK_RNG_SHUFFLE = 3, /* sampler permutations */
+    LK_RNG_AUGMENT = 4, /* data transforms */
+    LK_RNG_DATA = 5,    /* synthetic datasets */
+    LK_RNG_USER = 16
+};
+
+void lk_rng_init(lk_rng *r, uint64_t seed, uint32_t purpose, uint32_t a, uint32_t b);
+uint32_t lk_rng_u32(lk_rng *r);
+uint64_t lk_rng_u64(lk_rng *r);
+float lk_rng_uniform(lk_rng *r);                /* [0, 1), 24 random bits */
+double lk_rng_uniform_f64(lk_rng *r);           /* [0, 1), 53 random bits */
+float lk_rng_normal(lk_rng *r);                 /* N(0, 1), Box-Muller */
+bool lk_rng_bernoulli(lk_rng *r, float p);       /* true with probability p */
+uint32_t lk_rng_below(lk_rng *r, uint32_t n);   /* uniform in [0, n), unbiased */
+/* Fisher-Yates shuffle of `idx[0..n)`. */
+void lk_rng_shuffle_i64(lk_rng *r, int64_t *idx, int64_t n);
+
+/* ------------------------------------------------------------------------
+ * Clocks and environment.
+ * ---------------------------------------------------------------------- */
+double lk_time_now(void);      /* monotonic seconds */
+double lk_time_cpu(void);      /* this process's CPU seconds */
+uint64_t lk_time_ns(void);     /* monotonic nanoseconds */
+
+/* Every LK_* environment variable is declared once (src/core/env.c) so
+ * `lockstep env` can list them. */
+typedef struct lk_env_var {
+    const char *name;
+    const char *default_value;
+    const char *help;
+} lk_env_var;
+const lk_env_var *lk_env_vars(int *count);
+/* getenv for a declared variable, falling back to its default. */
+const char *lk_env_get(const char *name);
+long lk_env_get_long(const char *name, long fallback);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

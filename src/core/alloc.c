@@ -1,0 +1,134 @@
+/* The one allocator. Counts allocations (tests assert that the training
+ * step allocates nothing in steady state) and can fail the Nth one, so
+ * error paths are tested the way SQLite tests them. */
+#include "lockstep/core.h"
+
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+static atomic_long fail_countdown;
+static atomic_uint_fast64_t alloc_count;
+
+void lk_alloc_fail_after(long n) { atomic_store(&fail_countdown, n); }
+uint64_t lk_alloc_count(void) { return atomic_load(&alloc_count); }
+
+static bool inject_failure(void) {
+    long c = atomic_load(&fail_countdown);
+    while (c > 0) {
+        if (atomic_compare_exchange_weak(&fail_countdown, &c, c - 1)) return c == 1;
+    }
+    return false;
+}
+
+static void *oom(size_t size) {
+    lk_error(LK_STATUS_OUT_OF_MEMORY, "out of memory allocating %zu bytes", size);
+    return NULL;
+}
+
+void *lk_malloc(size_t size) {
+    atomic_fetch_add(&alloc_count, 1);
+    if (inject_failure()) return oom(size);
+    void *p = malloc(size ? size : 1);
+    return p ? p : oom(size);
+}
+
+void *lk_calloc(size_t n, size_t size) {
+    atomic_fetch_add(&alloc_count, 1);
+    if (size && n > SIZE_MAX / size) return oom(SIZE_MAX);
+    if (inject_failure()) return oom(n * size);
+    void *p = calloc(n ? n : 1, size ? size : 1);
+    return p ? p : oom(n * size);
+}
+
+void *lk_realloc(void *p, size_t size) {
+    atomic_fetch_add(&alloc_count, 1);
+    if (inject_failure()) return oom(size);
+    void *q = realloc(p, size ? size : 1);
+    return q ? q : oom(size);
+}
+
+void lk_free(void *p) { free(p); }
+
+void *lk_aligned_alloc(size_t align, size_t size) {
+    atomic_fetch_add(&alloc_count, 1);
+    if (inject_failure()) return oom(size);
+    void *p = NULL;
+    if (posix_memalign(&p, align, size ? size : align) != 0) return oom(size);
+    return p;
+}
+
+void lk_aligned_free(void *p) { free(p); }
+
+char *lk_strdup(const char *s) {
+    size_t n = strlen(s) + 1;
+    char *d = lk_malloc(n);
+    if (d) memcpy(d, s, n);
+    return d;
+}
+
+/* ---- arena ------------------------------------------------------------ */
+
+typedef struct arena_block {
+    struct arena_block *next;
+    size_t size, used;
+    _Alignas(LK_ALIGN) unsigned char data[];
+} arena_block;
+
+struct lk_arena {
+    arena_block *head, *cur;
+    size_t block_size;
+};
+
+lk_arena *lk_arena_create(size_t block_size) {
+    lk_arena *a = lk_calloc(1, sizeof *a);
+    if (!a) return NULL;
+    a->block_size = block_size ? block_size : (1u << 20);
+    return a;
+}
+
+void *lk_arena_alloc(lk_arena *a, size_t size) {
+    size = (size + LK_ALIGN - 1) & ~(size_t)(LK_ALIGN - 1);
+    arena_block *b = a->cur;
+    while (b && b->used + size > b->size) b = b->next; /* reuse blocks kept by reset */
+    if (!b) {
+        size_t bs = size > a->block_size ? size : a->block_size;
+        b = lk_aligned_alloc(LK_ALIGN, sizeof *b + bs);
+        if (!b) return NULL;
+        b->size = bs;
+        b->used = 0;
+        b->next = NULL;
+        if (!a->head) a->head = b;
+        else {
+            arena_block *t = a->head;
+            while (t->next) t = t->next;
+            t->next = b;
+        }
+    }
+    a->cur = b;
+    void *p = b->data + b->used;
+    b->used += size;
+    return p;
+}
+
+void lk_arena_reset(lk_arena *a) {
+    for (arena_block *b = a->head; b; b = b->next) b->used = 0;
+    a->cur = a->head;
+}
+
+size_t lk_arena_used(const lk_arena *a) {
+    size_t n = 0;
+    for (arena_block *b = a->head; b; b = b->next) n += b->used;
+    return n;
+}
+
+void lk_arena_free(lk_arena *a) {
+    if (!a) return;
+    arena_block *b = a->head;
+    while (b) {
+        arena_block *n = b->next;
+        lk_aligned_free(b);
+        b = n;
+    }
+    lk_free(a);
+}

@@ -1,0 +1,55 @@
+/* Clocks, and the single table of every LK_* environment variable. */
+#define _POSIX_C_SOURCE 200809L
+#include "lockstep/core.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+double lk_time_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+uint64_t lk_time_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+double lk_time_cpu(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static const lk_env_var env_vars[] = {
+    {"LK_LOG_LEVEL", "info", "log level: debug, info, warn, error, off"},
+    {"LK_NUM_THREADS", NULL, "BLAS/compute threads per rank (default: cores / local ranks)"},
+    {"LK_COMM_TIMEOUT", "120", "seconds any collective may wait before failing"},
+    {"LK_COMM_BACKEND", NULL, "force a communicator backend: shm, mpi"},
+    {"LK_JOB_ID", NULL, "job id naming the shared-memory segment (set by the launcher)"},
+    {"LK_DATA_ROOT", NULL, "default root for datasets"},
+};
+
+const lk_env_var *lk_env_vars(int *count) {
+    *count = (int)(sizeof env_vars / sizeof env_vars[0]);
+    return env_vars;
+}
+
+const char *lk_env_get(const char *name) {
+    const char *v = getenv(name);
+    if (v && *v) return v;
+    for (size_t i = 0; i < sizeof env_vars / sizeof env_vars[0]; i++)
+        if (!strcmp(env_vars[i].name, name)) return env_vars[i].default_value;
+    return NULL;
+}
+
+long lk_env_get_long(const char *name, long fallback) {
+    const char *v = lk_env_get(name);
+    if (!v) return fallback;
+    char *end;
+    long x = strtol(v, &end, 10);
+    return (end != v && *end == 0) ? x : fallback;
+}

@@ -1,0 +1,53 @@
+/* Rank-aware logging: one line per call, written whole so ranks that share
+ * a terminal do not interleave inside a line. */
+#include "lockstep/core.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static int log_rank = -1;
+static int log_world = 0;
+static int log_level = -1; /* -1: read LK_LOG_LEVEL on first use */
+
+void lk_log_set_rank(int rank, int world_size) {
+    log_rank = rank;
+    log_world = world_size;
+}
+int lk_log_rank(void) { return log_rank; }
+void lk_log_set_level(lk_log_level level) { log_level = (int)level; }
+
+lk_log_level lk_log_get_level(void) {
+    if (log_level < 0) {
+        const char *s = lk_env_get("LK_LOG_LEVEL");
+        log_level = LK_LOG_INFO;
+        if (s) {
+            if (!strcmp(s, "debug")) log_level = LK_LOG_DEBUG;
+            else if (!strcmp(s, "warn")) log_level = LK_LOG_WARN;
+            else if (!strcmp(s, "error")) log_level = LK_LOG_ERROR;
+            else if (!strcmp(s, "off")) log_level = LK_LOG_OFF;
+        }
+    }
+    return (lk_log_level)log_level;
+}
+
+void lk_logf(lk_log_level level, bool rank0_only, const char *fmt, ...) {
+    if (level < lk_log_get_level()) return;
+    if (rank0_only && log_rank > 0) return;
+    char line[4096];
+    size_t n = 0;
+    static const char *const tags[] = {"debug: ", "", "warning: ", "error: ", ""};
+    if (log_rank >= 0 && log_world > 1 && !rank0_only)
+        n = (size_t)snprintf(line, sizeof line, "[rank %d] ", log_rank);
+    n += (size_t)snprintf(line + n, sizeof line - n, "%s", tags[level]);
+    va_list ap;
+    va_start(ap, fmt);
+    if (n < sizeof line) n += (size_t)vsnprintf(line + n, sizeof line - n, fmt, ap);
+    va_end(ap);
+    if (n >= sizeof line - 1) n = sizeof line - 2;
+    if (n == 0 || line[n - 1] != '\n') line[n++] = '\n';
+    /* One write(2): lines from different ranks stay whole. */
+    ssize_t w = write(level >= LK_LOG_WARN ? 2 : 1, line, n);
+    (void)w;
+}

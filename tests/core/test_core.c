@@ -1,0 +1,114 @@
+/* core: Philox known answers, RNG helpers, errors, allocator hook, arena. */
+#include "lk_test.h"
+
+static void philox_known_answers(void) {
+    /* Random123 kat_vectors: philox4x32 10 CTR[4] KEY[2] -> OUT[4]. */
+    static const uint32_t kat[3][10] = {
+        {0, 0, 0, 0, 0, 0, 0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8},
+        {0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff,
+         0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd},
+        {0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344, 0xa4093822, 0x299f31d0,
+         0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1},
+    };
+    for (int i = 0; i < 3; i++) {
+        uint32_t out[4];
+        lk_philox4x32_10(kat[i], kat[i] + 4, out);
+        for (int j = 0; j < 4; j++) CHECK_MSG(out[j] == kat[i][6 + j], "vector %d word %d: %08x", i, j, out[j]);
+    }
+}
+
+static void rng_distributions(void) {
+    lk_rng r;
+    lk_rng_init(&r, 42, LK_RNG_USER, 0, 0);
+    double s = 0, s2 = 0, u = 0;
+    int n = 200000, bern = 0;
+    for (int i = 0; i < n; i++) {
+        float x = lk_rng_normal(&r);
+        s += x;
+        s2 += (double)x * x;
+        float v = lk_rng_uniform(&r);
+        CHECK(v >= 0.0f && v < 1.0f);
+        u += v;
+        bern += lk_rng_bernoulli(&r, 0.25f);
+    }
+    CHECK_NEAR(s / n, 0.0, 0.01);
+    CHECK_NEAR(s2 / n, 1.0, 0.02);
+    CHECK_NEAR(u / n, 0.5, 0.005);
+    CHECK_NEAR((double)bern / n, 0.25, 0.005);
+    /* Same key and coordinates: same stream; other coordinates: another. */
+    lk_rng a, b, c;
+    lk_rng_init(&a, 7, LK_RNG_DROPOUT, 3, 9);
+    lk_rng_init(&b, 7, LK_RNG_DROPOUT, 3, 9);
+    lk_rng_init(&c, 7, LK_RNG_DROPOUT, 4, 9);
+    int same = 1, diff = 0;
+    for (int i = 0; i < 100; i++) {
+        uint32_t x = lk_rng_u32(&a), y = lk_rng_u32(&b), z = lk_rng_u32(&c);
+        same &= x == y;
+        diff += x != z;
+    }
+    CHECK(same);
+    CHECK(diff > 95);
+    int64_t idx[100], seen[100] = {0};
+    for (int i = 0; i < 100; i++) idx[i] = i;
+    lk_rng_shuffle_i64(&a, idx, 100);
+    for (int i = 0; i < 100; i++) seen[idx[i]]++;
+    for (int i = 0; i < 100; i++) CHECK(seen[i] == 1);
+    for (int i = 0; i < 1000; i++) CHECK(lk_rng_below(&a, 7) < 7);
+}
+
+static lk_status fails_inner(void) { return lk_error(LK_STATUS_IO, "cannot open '%s'", "x.bin"); }
+static lk_status fails_outer(void) {
+    LK_TRY(fails_inner());
+    return LK_STATUS_OK;
+}
+
+static void errors(void) {
+    CHECK(strcmp(lk_status_str(LK_STATUS_TIMEOUT), "timed out") == 0);
+    CHECK(fails_outer() == LK_STATUS_IO);
+    CHECK(strstr(lk_last_error(), "cannot open 'x.bin'") != NULL);
+    CHECK(strstr(lk_last_error_trace(), "test_core.c") != NULL);
+    CHECK(lk_last_status() == LK_STATUS_IO);
+    lk_clear_error();
+    CHECK(lk_last_error()[0] == 0);
+    lk_log_set_rank(3, 4);
+    lk_error(LK_STATUS_REMOTE, "peer died");
+    CHECK(strcmp(lk_last_error(), "[rank 3] peer died") == 0);
+    lk_log_set_rank(-1, 0);
+}
+
+static void alloc_failure_hook(void) {
+    lk_alloc_fail_after(2);
+    void *a = lk_malloc(16);
+    void *b = lk_malloc(16);
+    CHECK(a != NULL);
+    CHECK(b == NULL);
+    CHECK(lk_last_status() == LK_STATUS_OUT_OF_MEMORY);
+    void *c = lk_malloc(16);
+    CHECK(c != NULL);
+    lk_free(a);
+    lk_free(c);
+    void *al = lk_aligned_alloc(LK_ALIGN, 100);
+    CHECK(al && ((uintptr_t)al % LK_ALIGN) == 0);
+    lk_aligned_free(al);
+}
+
+static void arena(void) {
+    lk_arena *a = lk_arena_create(1024);
+    CHECK(a != NULL);
+    void *p = lk_arena_alloc(a, 10), *q = lk_arena_alloc(a, 5000);
+    CHECK(p && q && ((uintptr_t)p % LK_ALIGN) == 0 && ((uintptr_t)q % LK_ALIGN) == 0);
+    memset(q, 1, 5000);
+    lk_arena_reset(a);
+    uint64_t before = lk_alloc_count();
+    for (int i = 0; i < 3; i++) {
+        CHECK(lk_arena_alloc(a, 10) != NULL);
+        CHECK(lk_arena_alloc(a, 5000) != NULL);
+        lk_arena_reset(a);
+    }
+    CHECK(lk_alloc_count() == before); /* steady state allocates nothing */
+    lk_arena_free(a);
+    lk_arena_free(NULL);
+}
+
+LK_TEST_MAIN(LK_TEST_CASE(philox_known_answers), LK_TEST_CASE(rng_distributions), LK_TEST_CASE(errors),
+             LK_TEST_CASE(alloc_failure_hook), LK_TEST_CASE(arena))
