@@ -1,0 +1,171 @@
+/* lockstep/tensor.h — n-dimensional tensors: dtype, device, shape, strides,
+ * refcounted storage, views, casts and printing.
+ *
+ * The struct is visible (as in ggml) so kernels and strategies can read
+ * shape and data without a call per field; its fields are read-only to
+ * users — change a tensor only through these functions.
+ *
+ * Lifetime. A tensor holds one reference to its storage; views share it.
+ * Whoever creates a tensor owns one reference and drops it with
+ * lk_tensor_release(). Results of ops created while an lk_scope is open
+ * belong to that scope instead and are released when it ends, so model
+ * code never frees intermediates:
+ *
+ *     lk_scope_begin();
+ *     lk_tensor *y = lk_relu(lk_matmul(x, w));   // owned by the scope
+ *     float v = lk_tensor_item(lk_sum(y, NULL, 0, false));
+ *     lk_scope_end();                            // y and friends released
+ *
+ * Storage comes from a caching pool keyed by size, so a training step that
+ * repeats the same shapes allocates nothing after its first run.
+ */
+#ifndef LOCKSTEP_TENSOR_H
+#define LOCKSTEP_TENSOR_H
+
+#include "lockstep/core.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define LK_DTYPE_LIST(X)           \
+    X(F32, "f32", 4, float)        \
+    X(F64, "f64", 8, double)       \
+    X(BF16, "bf16", 2, uint16_t)   \
+    X(F16, "f16", 2, uint16_t)     \
+    X(I32, "i32", 4, int32_t)      \
+    X(I64, "i64", 8, int64_t)      \
+    X(U8, "u8", 1, uint8_t)
+
+typedef enum {
+#define LK__DTYPE_ENUM(name, str, size, ctype) LK_##name,
+    LK_DTYPE_LIST(LK__DTYPE_ENUM)
+#undef LK__DTYPE_ENUM
+    LK_DTYPE_COUNT
+} lk_dtype;
+
+size_t lk_dtype_size(lk_dtype dt);
+const char *lk_dtype_name(lk_dtype dt);
+/* Parses "f32", "float32", "bf16", ... Returns INVALID_ARGUMENT naming the input. */
+lk_status lk_dtype_parse(const char *s, lk_dtype *out);
+bool lk_dtype_is_float(lk_dtype dt);
+
+typedef enum { LK_CPU = 0, LK_CUDA = 1 } lk_device_kind;
+typedef struct lk_device {
+    lk_device_kind kind;
+    int index;
+} lk_device;
+#define LK_DEVICE_CPU ((lk_device){LK_CPU, 0})
+
+#define LK_MAX_DIMS 8
+
+typedef struct lk_storage lk_storage; /* opaque: bytes + refcount + device */
+typedef struct lk_node lk_node;       /* autograd: the op that produced a tensor */
+typedef struct lk_tensor lk_tensor;
+
+/* Called the moment a leaf's gradient for this backward pass is final. */
+typedef void (*lk_grad_hook)(lk_tensor *param, void *ctx);
+
+struct lk_tensor {
+    lk_dtype dtype;
+    lk_device device;
+    int ndim;
+    int64_t shape[LK_MAX_DIMS];
+    int64_t stride[LK_MAX_DIMS]; /* in elements */
+    int64_t offset;              /* in elements, from the storage base */
+    int64_t numel;
+    void *data; /* storage base + offset (host pointer on the CPU) */
+    lk_storage *storage;
+    int refcount;
+
+    /* autograd */
+    bool requires_grad;
+    lk_tensor *grad;   /* accumulated gradient of a leaf, or NULL */
+    lk_node *grad_fn;  /* op that produced this tensor; NULL for leaves */
+    lk_grad_hook grad_hook;
+    void *grad_hook_ctx;
+    char *name; /* parameter name, or NULL */
+};
+
+/* ---- creation ------------------------------------------------------------ */
+
+/* Uninitialised contiguous tensor. Returns NULL with the error set on failure. */
+lk_tensor *lk_tensor_empty(lk_dtype dt, int ndim, const int64_t *shape);
+lk_tensor *lk_tensor_zeros(lk_dtype dt, int ndim, const int64_t *shape);
+lk_tensor *lk_tensor_full(lk_dtype dt, int ndim, const int64_t *shape, double value);
+/* Copies `data` (contiguous, dtype `dt`). */
+lk_tensor *lk_tensor_from_data(lk_dtype dt, int ndim, const int64_t *shape, const void *data);
+/* Wraps caller memory without copying; the memory must outlive the tensor. */
+lk_tensor *lk_tensor_wrap(lk_dtype dt, int ndim, const int64_t *shape, void *data);
+lk_tensor *lk_tensor_scalar(float v);
+/* U(lo, hi) or N(mean, std) from the given RNG stream (f32 only). */
+lk_tensor *lk_tensor_rand(lk_rng *rng, int ndim, const int64_t *shape, float lo, float hi);
+lk_tensor *lk_tensor_randn(lk_rng *rng, int ndim, const int64_t *shape, float mean, float std);
+/* Shape helper: LK_SHAPE(2, 3) -> 2, (int64_t[]){2, 3}. */
+#define LK_SHAPE(...) (int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)), (int64_t[]){__VA_ARGS__}
+
+/* ---- lifetime -------------------------------------------------------------- */
+
+lk_tensor *lk_tensor_retain(lk_tensor *t);
+void lk_tensor_release(lk_tensor *t); /* NULL does nothing */
+
+/* Autorelease scopes (per thread, nestable). */
+void lk_scope_begin(void);
+void lk_scope_end(void);
+/* Hands a tensor the caller owns to the innermost scope (returns it). */
+lk_tensor *lk_scope_adopt(lk_tensor *t);
+/* Keeps a scope-owned tensor alive past the scope: the caller now owns a reference. */
+#define lk_tensor_keep(t) lk_tensor_retain(t)
+
+/* ---- inspection ------------------------------------------------------------- */
+
+bool lk_tensor_is_contiguous(const lk_tensor *t);
+bool lk_tensor_same_shape(const lk_tensor *a, const lk_tensor *b);
+/* "[2, 3]" into buf; returns buf. */
+char *lk_shape_str(const lk_tensor *t, char *buf, size_t n);
+size_t lk_tensor_nbytes(const lk_tensor *t);
+/* f32 scalar value of a one-element tensor (any float dtype). */
+float lk_tensor_item(const lk_tensor *t);
+/* Element i (row-major logical index) as double, any dtype/strides. */
+double lk_tensor_get(const lk_tensor *t, int64_t i);
+/* Prints dtype, shape and (up to `max_elems`) values to stdout. */
+void lk_tensor_print(const lk_tensor *t, const char *label, int max_elems);
+lk_status lk_tensor_set_name(lk_tensor *t, const char *name);
+
+/* ---- views (share storage; carry autograd when the source requires grad) ---- */
+
+lk_tensor *lk_reshape(lk_tensor *t, int ndim, const int64_t *shape); /* one dim may be -1 */
+lk_tensor *lk_transpose(lk_tensor *t, int d0, int d1);
+lk_tensor *lk_slice(lk_tensor *t, int dim, int64_t start, int64_t end); /* [start, end) */
+lk_tensor *lk_contiguous(lk_tensor *t); /* t itself (retained into the scope) when already contiguous */
+
+/* A view of raw storage range of `t` as a new contiguous shape, without
+ * autograd (strategies use it to make gradients views of a bucket). */
+lk_tensor *lk_tensor_view_storage(lk_tensor *base, int64_t offset_elems, int ndim, const int64_t *shape);
+
+/* ---- copies and casts ----------------------------------------------------- */
+
+/* dst <- src (same shape; any dtypes, any strides; float casts round to nearest even). */
+lk_status lk_tensor_copy(lk_tensor *dst, const lk_tensor *src);
+lk_tensor *lk_tensor_cast(const lk_tensor *t, lk_dtype dt); /* new contiguous tensor, no autograd */
+lk_tensor *lk_tensor_clone(const lk_tensor *t);              /* new contiguous copy, no autograd */
+lk_status lk_tensor_fill(lk_tensor *t, double value);
+
+/* Scalar conversions (round to nearest even; NaN stays NaN). */
+uint16_t lk_f32_to_bf16(float f);
+float lk_bf16_to_f32(uint16_t h);
+uint16_t lk_f32_to_f16(float f);
+float lk_f16_to_f32(uint16_t h);
+
+/* ---- storage pool statistics ---------------------------------------------- */
+typedef struct lk_pool_stats {
+    uint64_t hits, misses; /* storage requests served from the cache / by malloc */
+    size_t bytes_cached, bytes_live;
+} lk_pool_stats;
+lk_pool_stats lk_pool_get_stats(void);
+void lk_pool_trim(void); /* returns cached storage to the system */
+
+#ifdef __cplusplus
+}
+#endif
+#endif

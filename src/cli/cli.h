@@ -1,0 +1,19 @@
+/* The lockstep program's subcommands. Each lives in its own cmd_*.c file and
+ * returns the process exit status (0 ok, 1 failure, 2 usage error). */
+#ifndef LK_CLI_H
+#define LK_CLI_H
+
+#include <stdio.h>
+
+typedef int (*lk_cmd_fn)(int argc, char **argv); /* argv[0] is the subcommand */
+
+int lk_cmd_fit(int argc, char **argv);      /* fit|validate|test|predict: cmd_trainer.c */
+int lk_cmd_launch(int argc, char **argv);   /* cmd_launch.c */
+int lk_cmd_env(int argc, char **argv);      /* cmd_env.c */
+int lk_cmd_export(int argc, char **argv);   /* cmd_export.c */
+int lk_cmd_bench_ops(int argc, char **argv);   /* cmd_bench_ops.c */
+int lk_cmd_bench_comm(int argc, char **argv);  /* cmd_bench_comm.c */
+int lk_cmd_bench_data(int argc, char **argv);  /* cmd_bench_data.c */
+int lk_cmd_bench_train(int argc, char **argv); /* cmd_bench_train.c */
+
+#endif
