@@ -3,4 +3,6 @@
 #ifndef LOCKSTEP_H
 #define LOCKSTEP_H
 #include "lockstep/core.h"
+#include "lockstep/tensor.h"
+#include "lockstep/autograd.h"
 #endif

@@ -85,6 +85,7 @@ struct lk_tensor {
     lk_grad_hook grad_hook;
     void *grad_hook_ctx;
     char *name; /* parameter name, or NULL */
+    int lk__pending; /* internal: uses left in the running backward pass */
 };
 
 /* ---- creation ------------------------------------------------------------ */

@@ -1,0 +1,162 @@
+/* lockstep/autograd.h — differentiable ops and reverse-mode autograd.
+ *
+ * Ops record themselves on a per-thread tape when grad mode is on and an
+ * input requires grad; lk_backward(loss) walks the tape in reverse and
+ * accumulates into the .grad of leaf tensors (parameters). The moment a
+ * leaf's gradient is final for this pass its grad hook fires — the DDP
+ * strategy starts bucket all-reduces from there, while backward goes on.
+ *
+ * Every op returns a new tensor owned by the innermost lk_scope (or by the
+ * caller when none is open), or NULL with the error set. A NULL input makes
+ * an op return NULL at once and keeps the first error, so a chain of ops is
+ * checked once at its end:
+ *
+ *     lk_scope_begin();
+ *     lk_tensor *h = lk_relu(lk_linear(x, w1, b1));
+ *     lk_tensor *loss = lk_mse_loss(lk_linear(h, w2, b2), y, LK_REDUCTION_MEAN);
+ *     if (!loss || lk_backward(loss)) fprintf(stderr, "%s\n", lk_last_error());
+ *     lk_scope_end();   // intermediates and the tape are released
+ *
+ * Ops compute in f32 on the CPU reference backend; other dtypes get a clear
+ * UNSUPPORTED error naming the op and dtype.
+ */
+#ifndef LOCKSTEP_AUTOGRAD_H
+#define LOCKSTEP_AUTOGRAD_H
+
+#include "lockstep/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- grad mode and backward ------------------------------------------------ */
+
+bool lk_grad_enabled(void);
+/* Sets grad mode for this thread; returns the previous mode. */
+bool lk_set_grad_enabled(bool on);
+#define lk_no_grad_begin() lk_set_grad_enabled(false)
+
+void lk_tensor_set_requires_grad(lk_tensor *t, bool on);
+/* grad <- 0 (keeping its memory, e.g. a bucket view), or drops it (set_to_none). */
+void lk_tensor_zero_grad(lk_tensor *t, bool set_to_none);
+/* Fires once per backward pass when t's gradient is final (leaves only). A
+ * leaf that the pass does not reach gets its hook with grad left as it was. */
+void lk_tensor_set_grad_hook(lk_tensor *t, lk_grad_hook fn, void *ctx);
+
+/* d(loss)/d(leaf) accumulated into every reachable leaf's .grad. `loss` must
+ * hold one element. The part of the tape it used is released afterwards. */
+lk_status lk_backward(lk_tensor *loss);
+/* The same with an explicit output gradient (same shape as `out`). */
+lk_status lk_backward_with(lk_tensor *out, lk_tensor *grad_out);
+/* Drops the whole tape of this thread (scope ends do this for their part). */
+void lk_tape_reset(void);
+size_t lk_tape_len(void);
+
+/* ---- linear algebra ---------------------------------------------------------- */
+
+/* a[..., M, K] @ b[K, N] or batched a[B, M, K] @ b[B, K, N]. Transposed views
+ * (lk_transpose of a contiguous matrix) go to BLAS as flags, not copies. */
+lk_tensor *lk_matmul(lk_tensor *a, lk_tensor *b);
+/* x[..., in] @ w[out, in]^T + b[out]; b may be NULL. */
+lk_tensor *lk_linear(lk_tensor *x, lk_tensor *w, lk_tensor *b);
+
+/* ---- element-wise (broadcasting like NumPy) ---------------------------------- */
+
+lk_tensor *lk_add(lk_tensor *a, lk_tensor *b);
+lk_tensor *lk_sub(lk_tensor *a, lk_tensor *b);
+lk_tensor *lk_mul(lk_tensor *a, lk_tensor *b);
+lk_tensor *lk_div(lk_tensor *a, lk_tensor *b);
+lk_tensor *lk_add_scalar(lk_tensor *a, float s);
+lk_tensor *lk_mul_scalar(lk_tensor *a, float s);
+lk_tensor *lk_neg(lk_tensor *a);
+
+typedef enum { LK_GELU_EXACT, LK_GELU_TANH } lk_gelu_approx;
+lk_tensor *lk_relu(lk_tensor *x);
+lk_tensor *lk_gelu(lk_tensor *x, lk_gelu_approx approx);
+lk_tensor *lk_tanh(lk_tensor *x);
+lk_tensor *lk_sigmoid(lk_tensor *x);
+lk_tensor *lk_exp(lk_tensor *x);
+lk_tensor *lk_log(lk_tensor *x);
+lk_tensor *lk_sqrt(lk_tensor *x);
+lk_tensor *lk_abs(lk_tensor *x);
+lk_tensor *lk_leaky_relu(lk_tensor *x, float negative_slope);
+lk_tensor *lk_elu(lk_tensor *x, float alpha);
+lk_tensor *lk_silu(lk_tensor *x);
+
+/* ---- reductions ----------------------------------------------------------------- */
+
+/* Over `dims[0..ndims)` (negative dims count from the end); ndims == 0: all. */
+lk_tensor *lk_sum(lk_tensor *x, const int *dims, int ndims, bool keepdim);
+lk_tensor *lk_mean(lk_tensor *x, const int *dims, int ndims, bool keepdim);
+lk_tensor *lk_softmax(lk_tensor *x, int dim);
+lk_tensor *lk_log_softmax(lk_tensor *x, int dim);
+
+/* ---- losses ----------------------------------------------------------------------- */
+
+typedef enum { LK_REDUCTION_MEAN, LK_REDUCTION_SUM, LK_REDUCTION_NONE } lk_reduction;
+
+typedef struct lk_cross_entropy_opts {
+    lk_reduction reduction;   /* default MEAN */
+    float label_smoothing;    /* default 0 */
+    int64_t ignore_index;     /* default -100 */
+    lk_tensor *weight;        /* per-class weights [C] or NULL */
+} lk_cross_entropy_opts;
+lk_cross_entropy_opts lk_cross_entropy_opts_default(void);
+
+/* logits [N, C] (or [N, C, d...]), target i64 [N] (or [N, d...]) class indices.
+ * Fused log_softmax + nll; PyTorch's semantics for weights, ignore_index and
+ * label smoothing. opts may be NULL (defaults). */
+lk_tensor *lk_cross_entropy(lk_tensor *logits, lk_tensor *target, const lk_cross_entropy_opts *opts);
+lk_tensor *lk_nll_loss(lk_tensor *log_probs, lk_tensor *target, const lk_cross_entropy_opts *opts);
+lk_tensor *lk_mse_loss(lk_tensor *input, lk_tensor *target, lk_reduction reduction);
+lk_tensor *lk_l1_loss(lk_tensor *input, lk_tensor *target, lk_reduction reduction);
+lk_tensor *lk_smooth_l1_loss(lk_tensor *input, lk_tensor *target, lk_reduction reduction, float beta);
+/* input holds probabilities in [0, 1]; weight may be NULL. */
+lk_tensor *lk_binary_cross_entropy(lk_tensor *input, lk_tensor *target, lk_tensor *weight, lk_reduction reduction);
+lk_tensor *lk_binary_cross_entropy_with_logits(lk_tensor *input, lk_tensor *target, lk_tensor *weight,
+                                               lk_tensor *pos_weight, lk_reduction reduction);
+
+/* ---- shape (differentiable; declared in tensor.h: lk_reshape, lk_transpose,
+ *      lk_slice, lk_contiguous) ------------------------------------------------------ */
+
+lk_tensor *lk_concat(lk_tensor *const *ts, int n, int dim);
+lk_tensor *lk_flatten(lk_tensor *x, int start_dim, int end_dim);
+
+/* ---- layers ----------------------------------------------------------------------- */
+
+/* Inverted dropout: zeroes with probability p and scales the rest by 1/(1-p).
+ * The mask comes from `rng` (keyed by seed and step by the caller), so it is
+ * reproducible. Identity when !training or p == 0. */
+lk_tensor *lk_dropout(lk_tensor *x, float p, bool training, lk_rng *rng);
+/* Normalises over the last `normalized_ndim` dims; weight/bias of that shape or NULL. */
+lk_tensor *lk_layer_norm(lk_tensor *x, int normalized_ndim, lk_tensor *weight, lk_tensor *bias, float eps);
+/* weight [V, D], idx i64/i32 of any shape -> [..., D]. Out-of-range indices are an error. */
+lk_tensor *lk_embedding(lk_tensor *weight, lk_tensor *idx);
+
+typedef struct lk_conv2d_params {
+    int stride[2], padding[2], dilation[2], groups;
+} lk_conv2d_params;
+#define LK_CONV2D_DEFAULT ((lk_conv2d_params){{1, 1}, {0, 0}, {1, 1}, 1})
+/* x [N, C, H, W], w [O, C/groups, kh, kw], b [O] or NULL. */
+lk_tensor *lk_conv2d(lk_tensor *x, lk_tensor *w, lk_tensor *b, lk_conv2d_params p);
+
+typedef struct lk_pool2d_params {
+    int kernel[2], stride[2], padding[2];
+    bool count_include_pad; /* avg_pool2d only; default true as in PyTorch */
+    bool ceil_mode;         /* default false */
+} lk_pool2d_params;
+/* stride {0,0} means "= kernel", as in PyTorch. */
+lk_tensor *lk_max_pool2d(lk_tensor *x, lk_pool2d_params p);
+lk_tensor *lk_avg_pool2d(lk_tensor *x, lk_pool2d_params p);
+lk_tensor *lk_adaptive_avg_pool2d(lk_tensor *x, int out_h, int out_w);
+
+/* x [N, C] or [N, C, H, W]. Training: batch statistics, and the running ones
+ * (if given) updated with `momentum` and the unbiased variance, as PyTorch
+ * does. Eval: the running statistics. weight/bias [C] or NULL. */
+lk_tensor *lk_batch_norm(lk_tensor *x, lk_tensor *running_mean, lk_tensor *running_var, lk_tensor *weight,
+                         lk_tensor *bias, bool training, float momentum, float eps);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,217 @@
+/* lockstep/dist.h — the distributed runtime: the process group read from the
+ * environment, communicators (shm for the processes of one node, mpi for
+ * many nodes) with blocking and asynchronous collectives that never wait
+ * forever, shared-memory buffers for zero-copy gradient buckets, and the
+ * torchrun-style launcher.
+ *
+ *     lk_comm_config cfg = lk_comm_config_default();    // backend "auto"
+ *     lk_comm *comm;
+ *     LK_TRY(lk_comm_create(&cfg, &comm));              // rendezvous
+ *     float *grad;
+ *     LK_TRY(lk_comm_alloc_shared(comm, n * sizeof(float), (void **)&grad));
+ *     ...
+ *     lk_work *w;
+ *     LK_TRY(lk_comm_all_reduce_async(comm, grad, n, LK_F32, LK_REDUCE_AVG, &w));
+ *     ... more backward compute ...
+ *     lk_status st = lk_work_wait(w);                   // then lk_work_free(w)
+ *     lk_comm_free_shared(comm, grad);
+ *     lk_comm_free(comm);
+ *
+ * Rules every communicator keeps:
+ *  - Collectives are matched by issue order: every rank must issue the same
+ *    sequence. Each carries a sequence number and a signature (kind, dtype,
+ *    count, op, root); a mismatch fails on every rank with INVALID_USAGE and
+ *    a message listing what each rank called.
+ *  - No wait is unbounded: comm_timeout (default 120 s, LK_COMM_TIMEOUT)
+ *    bounds each collective (TIMEOUT, naming the collective and the ranks
+ *    that did not arrive); a dead peer is noticed within about 100 ms
+ *    (REMOTE, naming the rank, its pid and the collective in flight).
+ *  - After any failure the communicator is aborted: every later call fails
+ *    fast with ABORTED and the first error's message.
+ *  - Issue collectives on one communicator from one thread at a time; works
+ *    may be waited on from any thread. Async collectives run in issue order
+ *    on one communication thread per communicator (started on first use); a
+ *    blocking collective issued while async work is pending queues behind it.
+ *  - Results of all_reduce/reduce_scatter are bitwise identical on every
+ *    rank and across runs: the reduction order is fixed (rank 0, 1, ..., W-1)
+ *    whatever the chunking. bf16/f16 are reduced in f32 and rounded to
+ *    nearest even once.
+ */
+#ifndef LOCKSTEP_DIST_H
+#define LOCKSTEP_DIST_H
+
+#include "lockstep/core.h"
+#include "lockstep/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ------------------------------------------------------------------------
+ * Process group: who am I, from the environment.
+ * ---------------------------------------------------------------------- */
+typedef struct lk_pg_info {
+    int rank;             /* 0..world_size-1 */
+    int local_rank;       /* 0..local_world_size-1, index on this node */
+    int world_size;       /* processes in the job */
+    int local_world_size; /* processes on this node */
+    int node_rank;        /* 0..num_nodes-1 */
+    int num_nodes;
+    int master_port;      /* 0 when not set */
+    char master_addr[128]; /* "" when not set */
+    char job_id[96];      /* "" when none could be derived */
+    const char *source;   /* "none", "torchrun", "openmpi", "pmi", "slurm" (static string) */
+} lk_pg_info;
+
+/* Reads the process group from the environment, first match wins:
+ * torchrun (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK,
+ * MASTER_ADDR, MASTER_PORT), OpenMPI (OMPI_COMM_WORLD_RANK/SIZE/LOCAL_RANK/
+ * LOCAL_SIZE), MPICH/PMI (PMI_RANK, PMI_SIZE, MPI_LOCALRANKID,
+ * MPI_LOCALNRANKS), SLURM (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID,
+ * SLURM_NODEID, SLURM_NNODES, SLURM_NTASKS_PER_NODE). No variables at all:
+ * a single process (world 1). Fails with INVALID_ARGUMENT naming the
+ * variable and value when a value is not a number or out of range. */
+lk_status lk_pg_info_from_env(lk_pg_info *out);
+/* Writes a one-line description ("rank 1/4 local 1/4 node 0/1 (torchrun)"). */
+void lk_pg_info_format(const lk_pg_info *pg, char *buf, size_t size);
+
+/* ------------------------------------------------------------------------
+ * Communicators.
+ * ---------------------------------------------------------------------- */
+typedef enum {
+    LK_REDUCE_SUM,
+    LK_REDUCE_AVG, /* sum, then divided by world size (integers truncate) */
+    LK_REDUCE_MAX,
+    LK_REDUCE_MIN,
+    LK_REDUCE_COUNT
+} lk_reduce_op;
+const char *lk_reduce_op_name(lk_reduce_op op);
+
+typedef struct lk_comm lk_comm;
+typedef struct lk_work lk_work;
+
+typedef struct lk_comm_config {
+    size_t struct_size;   /* sizeof(lk_comm_config), set by the default */
+    const char *backend;  /* "auto" (world 1: self; one node: shm; else mpi), "shm", "mpi", "self";
+                             LK_COMM_BACKEND overrides "auto" */
+    double timeout_s;     /* bound on every wait; LK_COMM_TIMEOUT, default 120 */
+    const char *job_id;   /* names the shm segment; NULL: pg->job_id / LK_JOB_ID */
+    const lk_pg_info *pg; /* borrowed, copied; NULL: lk_pg_info_from_env() */
+    size_t shared_bytes;  /* shm: bytes per rank for lk_comm_alloc_shared (virtual until touched);
+                             0: LK_COMM_SHM_BYTES or 1 GiB */
+    bool check_desync;    /* mpi: exchange signatures before each collective (shm checks for free) */
+} lk_comm_config;
+lk_comm_config lk_comm_config_default(void);
+
+/* Joins the group (rendezvous). On failure nothing is left behind (no
+ * segment, no thread) and *out is NULL. The caller owns *out. */
+lk_status lk_comm_create(const lk_comm_config *cfg, lk_comm **out);
+/* Waits for pending async work, leaves the group, frees. NULL is a no-op.
+ * Not collective: a peer still waiting on this rank sees it leave (REMOTE). */
+void lk_comm_free(lk_comm *c);
+/* Marks the communicator failed with `reason`: peers waiting on this rank fail
+ * with REMOTE quoting it, pending and later calls fail with ABORTED.
+ * Safe from any thread; returns LK_STATUS_ABORTED (so `return lk_comm_abort(...)`). */
+lk_status lk_comm_abort(lk_comm *c, const char *reason);
+/* OK while healthy; otherwise the status of the first failure, with its
+ * message set as this thread's last error. */
+lk_status lk_comm_error(lk_comm *c);
+
+int lk_comm_rank(const lk_comm *c);
+int lk_comm_world_size(const lk_comm *c);
+int lk_comm_local_rank(const lk_comm *c);
+int lk_comm_local_world_size(const lk_comm *c);
+const char *lk_comm_backend(const lk_comm *c); /* "self", "shm", "mpi" */
+const lk_pg_info *lk_comm_pg(const lk_comm *c);
+
+/* Backends compiled into this build, in preference order, e.g. "shm mpi". */
+int lk_comm_backend_count(void);
+const char *lk_comm_backend_name_at(int i);
+
+/* Memory every rank of the node can read. With the shm backend it lies inside
+ * the job's segment, so collectives on it skip the copy through staging
+ * (DDP keeps its gradient buckets here); other backends return ordinary
+ * aligned memory. Not collective; 64-byte aligned; zero-filled. Free with
+ * lk_comm_free_shared before lk_comm_free. OUT_OF_MEMORY names the
+ * per-rank capacity (lk_comm_config.shared_bytes) when exhausted. */
+lk_status lk_comm_alloc_shared(lk_comm *c, size_t bytes, void **ptr);
+void lk_comm_free_shared(lk_comm *c, void *ptr);
+
+/* Blocking collectives. `count` is in elements of `dt`. Buffers may be
+ * ordinary memory or from lk_comm_alloc_shared; sizes 0 are fine.
+ *  all_reduce:     buf[count] in place on every rank.
+ *  broadcast:      buf[count] from root to all.
+ *  all_gather:     recv[world*count] = rank 0's send, rank 1's send, ...
+ *  reduce_scatter: send[world*count] reduced; rank r gets block r in recv[count].
+ *  gather:         root's recv[world*count] = everyone's send[count]; recv unused elsewhere.
+ *  scatter:        rank r's recv[count] = root's send block r; send unused elsewhere.
+ * For all_gather/reduce_scatter/gather/scatter send and recv must not overlap
+ * (except: all_gather with send == recv + rank*count is allowed). */
+lk_status lk_comm_all_reduce(lk_comm *c, void *buf, size_t count, lk_dtype dt, lk_reduce_op op);
+lk_status lk_comm_broadcast(lk_comm *c, void *buf, size_t count, lk_dtype dt, int root);
+lk_status lk_comm_all_gather(lk_comm *c, const void *send, void *recv, size_t count, lk_dtype dt);
+lk_status lk_comm_reduce_scatter(lk_comm *c, const void *send, void *recv, size_t count, lk_dtype dt,
+                                 lk_reduce_op op);
+lk_status lk_comm_gather(lk_comm *c, const void *send, void *recv, size_t count, lk_dtype dt, int root);
+lk_status lk_comm_scatter(lk_comm *c, const void *send, void *recv, size_t count, lk_dtype dt, int root);
+lk_status lk_comm_barrier(lk_comm *c);
+
+/* Async forms: queue the collective on the communication thread and return
+ * at once with *work (caller owns; lk_work_free). Buffers must stay valid and
+ * untouched until the work completes. Argument errors are returned here;
+ * failures while running are returned by lk_work_wait. */
+lk_status lk_comm_all_reduce_async(lk_comm *c, void *buf, size_t count, lk_dtype dt, lk_reduce_op op,
+                                   lk_work **work);
+lk_status lk_comm_broadcast_async(lk_comm *c, void *buf, size_t count, lk_dtype dt, int root, lk_work **work);
+lk_status lk_comm_all_gather_async(lk_comm *c, const void *send, void *recv, size_t count, lk_dtype dt,
+                                   lk_work **work);
+lk_status lk_comm_reduce_scatter_async(lk_comm *c, const void *send, void *recv, size_t count, lk_dtype dt,
+                                       lk_reduce_op op, lk_work **work);
+lk_status lk_comm_gather_async(lk_comm *c, const void *send, void *recv, size_t count, lk_dtype dt, int root,
+                               lk_work **work);
+lk_status lk_comm_scatter_async(lk_comm *c, const void *send, void *recv, size_t count, lk_dtype dt, int root,
+                                lk_work **work);
+lk_status lk_comm_barrier_async(lk_comm *c, lk_work **work);
+
+/* Blocks until done; returns the collective's status (message set on this
+ * thread). May be called again; returns the same status. */
+lk_status lk_work_wait(lk_work *w);
+/* *done = whether it finished; returns its status once done, OK before. */
+lk_status lk_work_test(lk_work *w, bool *done);
+/* Waits if still running, then frees. NULL is a no-op. */
+void lk_work_free(lk_work *w);
+
+/* ------------------------------------------------------------------------
+ * Launcher: N local processes with the torchrun variables set.
+ *
+ * Each child gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK=0,
+ * MASTER_ADDR, MASTER_PORT and LK_JOB_ID, runs in its own process group and
+ * dies with the launcher (PR_SET_PDEATHSIG). Rank 0 keeps the launcher's
+ * stdout/stderr (a terminal stays a terminal); the other ranks' lines are
+ * prefixed "[rank R] " (unless a line already starts so), or every rank's
+ * with prefix_all. SIGINT/SIGTERM/SIGHUP are forwarded to every child. When
+ * a child fails, the others get term_delay_s to report, then SIGTERM, then
+ * SIGKILL after kill_grace_s; the exit code is the first failing child's
+ * (128+signal when killed). The job's shm segment name is removed at exit.
+ * ---------------------------------------------------------------------- */
+typedef struct lk_launch_options {
+    size_t struct_size;
+    const char *master_addr; /* default "127.0.0.1" */
+    int master_port;         /* 0: a free port */
+    const char *job_id;      /* NULL: a fresh unique one */
+    bool prefix_all;         /* prefix rank 0's lines too */
+    double term_delay_s;     /* default 2 */
+    double kill_grace_s;     /* default 3 */
+    bool quiet;              /* no "lockstep launch:" status lines */
+} lk_launch_options;
+lk_launch_options lk_launch_options_default(void);
+
+/* Runs argv (argv[0] looked up in PATH; NULL-terminated) as `nprocs` ranks and
+ * waits for all. *exit_code is 0 when all succeeded, else the first failing
+ * child's code. Returns non-OK only when the launch itself failed. */
+lk_status lk_launch(int nprocs, char *const argv[], const lk_launch_options *opt, int *exit_code);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

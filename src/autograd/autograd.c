@@ -1,0 +1,266 @@
+/* The tape and reverse-mode differentiation: grad mode, node recording,
+ * lk_backward, gradient accumulation into leaves and their ready hooks, and
+ * the argument checks shared by every op. */
+#include <string.h>
+
+#include "autograd/autograd_impl.h"
+#include "backend/backend_impl.h"
+
+static _Thread_local bool grad_off; /* default: grad mode on */
+static _Thread_local lk_node **tape;
+static _Thread_local size_t tape_n, tape_max;
+static _Thread_local lk_node *node_free; /* free list through ->extra */
+
+bool lk_grad_enabled(void) { return !grad_off; }
+bool lk_set_grad_enabled(bool on) {
+    bool prev = !grad_off;
+    grad_off = !on;
+    return prev;
+}
+
+size_t lk_tape_len(void) { return tape_n; }
+
+void lk_tensor_set_requires_grad(lk_tensor *t, bool on) { t->requires_grad = on; }
+
+void lk_tensor_zero_grad(lk_tensor *t, bool set_to_none) {
+    if (!t->grad) return;
+    if (set_to_none) {
+        lk_tensor_release(t->grad);
+        t->grad = NULL;
+    } else {
+        lk_tensor_fill(t->grad, 0.0);
+    }
+}
+
+void lk_tensor_set_grad_hook(lk_tensor *t, lk_grad_hook fn, void *ctx) {
+    t->grad_hook = fn;
+    t->grad_hook_ctx = ctx;
+}
+
+bool lk__needs_grad(int n_in, lk_tensor *const *in) {
+    if (grad_off) return false;
+    for (int i = 0; i < n_in; i++)
+        if (in[i] && in[i]->requires_grad) return true;
+    return false;
+}
+
+static void node_release(lk_node *n) {
+    for (int i = 0; i < n->n_in; i++) lk_tensor_release(n->in[i]);
+    for (int i = 0; i < 4; i++) lk_tensor_release(n->saved[i]);
+    if (n->out) {
+        n->out->grad_fn = NULL;
+        lk_tensor_release(n->out);
+    }
+    lk_tensor_release(n->grad);
+    if (n->in != n->in_inline) lk_free(n->in);
+    lk_free(n->extra);
+    n->extra = node_free;
+    node_free = n;
+}
+
+void lk__tape_truncate(size_t mark) {
+    while (tape_n > mark) node_release(tape[--tape_n]);
+}
+
+void lk_tape_reset(void) { lk__tape_truncate(0); }
+
+lk_node *lk__record(const char *name, lk_backward_fn bw, lk_tensor *out, int n_in, lk_tensor *const *in) {
+    if (!lk__needs_grad(n_in, in)) return NULL;
+    if (tape_n == tape_max) {
+        size_t nm = tape_max ? tape_max * 2 : 256;
+        lk_node **nt = lk_realloc(tape, nm * sizeof *nt);
+        if (!nt) return NULL;
+        tape = nt;
+        tape_max = nm;
+    }
+    lk_node *n = node_free;
+    if (n) node_free = n->extra;
+    else if (!(n = lk_malloc(sizeof *n))) return NULL;
+    memset(n, 0, sizeof *n);
+    n->name = name;
+    n->backward = bw;
+    n->n_in = n_in;
+    n->in = n->in_inline;
+    if (n_in > LK_NODE_INLINE_IN && !(n->in = lk_malloc((size_t)n_in * sizeof *n->in))) {
+        n->extra = node_free;
+        node_free = n;
+        return NULL;
+    }
+    for (int i = 0; i < n_in; i++) n->in[i] = lk_tensor_retain(in[i]);
+    n->out = lk_tensor_retain(out);
+    out->requires_grad = true;
+    out->grad_fn = n;
+    tape[tape_n++] = n;
+    return n;
+}
+
+lk_tensor *lk__op_result(lk_tensor *out) { return lk_scope_adopt(out); }
+
+lk_tensor *lk__contig(lk_tensor *t) {
+    if (t->dtype == LK_F32 && lk_tensor_is_contiguous(t)) return lk_tensor_retain(t);
+    return lk_tensor_cast(t, LK_F32);
+}
+
+lk_status lk__check_f32(const char *op, const lk_tensor *t, const char *arg) {
+    if (t->dtype != LK_F32)
+        return lk_error(LK_STATUS_UNSUPPORTED, "%s: %s has dtype %s; this op supports f32 only (cast with lk_tensor_cast)",
+                        op, arg, lk_dtype_name(t->dtype));
+    return LK_STATUS_OK;
+}
+
+lk_status lk__error_shapes(const char *op, const char *what, const lk_tensor *a, const lk_tensor *b) {
+    char sa[128], sb[128];
+    return lk_error(LK_STATUS_INVALID_ARGUMENT, "%s: %s: shapes %s and %s", op, what, lk_shape_str(a, sa, sizeof sa),
+                    lk_shape_str(b, sb, sizeof sb));
+}
+
+int lk__norm_dim(int dim, int ndim) {
+    if (dim < 0) dim += ndim;
+    return (dim < 0 || dim >= (ndim ? ndim : 1)) ? -1 : dim;
+}
+
+lk_status lk__broadcast_shape(const char *op, const lk_tensor *a, const lk_tensor *b, int *ndim, int64_t *shape) {
+    int n = a->ndim > b->ndim ? a->ndim : b->ndim;
+    for (int i = 0; i < n; i++) {
+        int ia = a->ndim - n + i, ib = b->ndim - n + i;
+        int64_t da = ia >= 0 ? a->shape[ia] : 1, db = ib >= 0 ? b->shape[ib] : 1;
+        if (da != db && da != 1 && db != 1) return lk__error_shapes(op, "cannot broadcast", a, b);
+        shape[i] = da == 1 ? db : da;
+    }
+    *ndim = n;
+    return LK_STATUS_OK;
+}
+
+/* Sums over the leading extra dims and the dims where `shape` has 1. */
+lk_tensor *lk__reduce_to_shape(lk_tensor *g, int ndim, const int64_t *shape) {
+    bool same = g->ndim == ndim;
+    for (int i = 0; same && i < ndim; i++) same = g->shape[i] == shape[i];
+    if (same) return lk_tensor_retain(g);
+    lk_tensor *r = lk_tensor_zeros(LK_F32, ndim, shape);
+    if (!r) return NULL;
+    /* Strides of r seen from g's shape: 0 where r broadcasts. */
+    int64_t rs[LK_MAX_DIMS];
+    for (int i = 0; i < g->ndim; i++) {
+        int ir = ndim - g->ndim + i;
+        rs[i] = (ir >= 0 && shape[ir] != 1) ? r->stride[ir] : 0;
+    }
+    const float *src = g->data;
+    float *dst = r->data;
+    int64_t inner = g->ndim ? g->shape[g->ndim - 1] : 1, inner_s = g->ndim ? rs[g->ndim - 1] : 0;
+    int64_t idx[LK_MAX_DIMS] = {0}, off = 0;
+    for (int64_t o = 0; o < g->numel / (inner ? inner : 1); o++) {
+        const float *ps = src + o * inner;
+        if (inner_s == 0) {
+            float s = 0;
+            for (int64_t i = 0; i < inner; i++) s += ps[i];
+            dst[off] += s;
+        } else {
+            for (int64_t i = 0; i < inner; i++) dst[off + i] += ps[i];
+        }
+        for (int d = g->ndim - 2; d >= 0; d--) {
+            idx[d]++;
+            off += rs[d];
+            if (idx[d] < g->shape[d]) break;
+            off -= rs[d] * g->shape[d];
+            idx[d] = 0;
+        }
+    }
+    return r;
+}
+
+static lk_status add_into(lk_tensor **slot, lk_tensor *g, bool persistent) {
+    if (!*slot) {
+        /* Take g itself when nobody else can see its storage. */
+        if (!persistent && g->refcount == 1 && lk_tensor_is_contiguous(g)) {
+            *slot = lk_tensor_retain(g);
+            return LK_STATUS_OK;
+        }
+        *slot = lk_tensor_clone(g);
+        return *slot ? LK_STATUS_OK : LK_STATUS_OUT_OF_MEMORY;
+    }
+    lk_tensor *d = *slot;
+    if (lk_tensor_is_contiguous(d) && lk_tensor_is_contiguous(g)) {
+        lk__cpu_backend.axpy(d->numel, 1.0f, g->data, d->data);
+        return LK_STATUS_OK;
+    }
+    float *gd = g->data;
+    for (int64_t i = 0; i < d->numel; i++) ((float *)d->data)[lk__elem_offset(d, i)] += gd[lk__elem_offset(g, i)];
+    return LK_STATUS_OK;
+}
+
+lk_status lk__accum(lk_tensor *t, lk_tensor *g) {
+    if (!t->requires_grad) return LK_STATUS_OK;
+    lk_tensor *r = lk__reduce_to_shape(g, t->ndim, t->shape);
+    if (!r) return lk_last_status();
+    lk_status st;
+    if (t->grad_fn) st = add_into(&t->grad_fn->grad, r, false);
+    else st = add_into(&t->grad, r, true);
+    lk_tensor_release(r);
+    return st;
+}
+
+static void mark_leaf_uses(lk_node *n, int delta, bool fire) {
+    for (int i = 0; i < n->n_in; i++) {
+        lk_tensor *t = n->in[i];
+        if (!t->requires_grad || t->grad_fn) continue;
+        if (!fire) {
+            t->lk__pending += delta;
+            continue;
+        }
+        if (--t->lk__pending == 0 && t->grad_hook) t->grad_hook(t, t->grad_hook_ctx);
+    }
+}
+
+lk_status lk_backward_with(lk_tensor *out, lk_tensor *grad_out) {
+    if (!out || !grad_out) return lk_last_status() ? lk_last_status() : lk_error(LK_STATUS_INVALID_ARGUMENT, "backward: NULL tensor");
+    if (!out->requires_grad || !out->grad_fn)
+        return lk_error(LK_STATUS_INVALID_USAGE,
+                        "backward: the tensor does not require grad (no parameter with requires_grad took part, "
+                        "or it was computed with grad mode off)");
+    if (!lk_tensor_same_shape(out, grad_out)) return lk__error_shapes("backward", "output and its gradient differ", out, grad_out);
+    size_t top = 0;
+    while (top < tape_n && tape[top] != out->grad_fn) top++;
+    if (top == tape_n) return lk_error(LK_STATUS_INVALID_USAGE, "backward: the graph of this tensor was already freed");
+    for (size_t i = 0; i <= top; i++) mark_leaf_uses(tape[i], 0, false); /* touch */
+    for (size_t i = 0; i <= top; i++)
+        for (int k = 0; k < tape[i]->n_in; k++)
+            if (!tape[i]->in[k]->grad_fn) tape[i]->in[k]->lk__pending = 0;
+    for (size_t i = 0; i <= top; i++) mark_leaf_uses(tape[i], 1, false);
+
+    bool prev = lk_set_grad_enabled(false);
+    lk_status st = LK_STATUS_OK;
+    lk_tensor *g0 = lk__contig(grad_out);
+    if (!g0) st = lk_last_status();
+    else {
+        out->grad_fn->grad = g0;
+    }
+    for (size_t i = top + 1; i-- > 0 && !st;) {
+        lk_node *n = tape[i];
+        if (n->grad) {
+            lk_clear_error();
+            n->backward(n, n->grad);
+            st = lk_last_status();
+            lk_tensor_release(n->grad);
+            n->grad = NULL;
+        }
+        if (!st) mark_leaf_uses(n, 0, true);
+    }
+    lk_set_grad_enabled(prev);
+    lk_tape_reset();
+    return st;
+}
+
+lk_status lk_backward(lk_tensor *loss) {
+    if (!loss) return lk_last_status() ? lk_last_status() : lk_error(LK_STATUS_INVALID_ARGUMENT, "backward: NULL loss");
+    if (loss->numel != 1) {
+        char s[128];
+        return lk_error(LK_STATUS_INVALID_ARGUMENT,
+                        "backward: the loss must hold one element, got shape %s (reduce it with lk_sum or lk_mean)",
+                        lk_shape_str(loss, s, sizeof s));
+    }
+    lk_tensor *one = lk_tensor_full(LK_F32, loss->ndim, loss->shape, 1.0);
+    if (!one) return lk_last_status();
+    lk_status st = lk_backward_with(loss, one);
+    lk_tensor_release(one);
+    return st;
+}

@@ -1,0 +1,73 @@
+/* Private to src/autograd: the tape node and the helpers every op file uses
+ * to check arguments, record itself and accumulate gradients.
+ *
+ * How an op is written (see ops_elementwise.c):
+ *   1. LK_OP_CHECK_INPUTS(a, b) — NULL in, NULL out (the first error stays);
+ *   2. validate dtypes/shapes with lk__check_f32 / lk__error_shapes;
+ *   3. compute the output with lk__tensor_new and the backend kernels;
+ *   4. lk__record(...) attaches a node when grad mode is on and an input
+ *      requires grad; save what backward needs in node->saved / node->a;
+ *   5. return lk__op_result(out) — hands it to the current scope.
+ * The backward function receives the gradient of the output (contiguous f32,
+ * the output's shape) and calls lk__accum(node->in[i], g) for each input that
+ * requires grad; lk__accum takes its own reference. */
+#ifndef LK_AUTOGRAD_IMPL_H
+#define LK_AUTOGRAD_IMPL_H
+
+#include "lockstep/autograd.h"
+#include "tensor/tensor_impl.h"
+
+#define LK_NODE_INLINE_IN 4
+
+typedef void (*lk_backward_fn)(lk_node *n, lk_tensor *gout);
+
+struct lk_node {
+    const char *name;
+    lk_backward_fn backward;
+    int n_in;
+    lk_tensor **in; /* strong references; points at in_inline or a heap array */
+    lk_tensor *in_inline[LK_NODE_INLINE_IN];
+    lk_tensor *saved[4]; /* strong references to what backward needs (or NULL) */
+    lk_tensor *out;      /* strong reference; the tape breaks the cycle */
+    lk_tensor *grad;     /* gradient of out accumulated so far (owned) */
+    struct {
+        float f[8];
+        int64_t i[8];
+    } a; /* op arguments */
+    lk_rng rng;   /* ops that draw randomness replay it in backward */
+    void *extra;  /* op-owned heap memory, lk_free'd with the node */
+};
+
+/* Records a node for `out` if grad mode is on and any input requires grad;
+ * returns NULL otherwise (not an error) — or on allocation failure, which
+ * then also returns NULL with the error set (check lk__record_failed). */
+lk_node *lk__record(const char *name, lk_backward_fn bw, lk_tensor *out, int n_in, lk_tensor *const *in);
+bool lk__needs_grad(int n_in, lk_tensor *const *in);
+/* Adds g (contiguous f32, t's shape or broadcastable to it) into t's gradient. */
+lk_status lk__accum(lk_tensor *t, lk_tensor *g);
+/* Sums g over broadcast dimensions down to `shape` (new caller-owned tensor,
+ * or g retained when the shapes already match). */
+lk_tensor *lk__reduce_to_shape(lk_tensor *g, int ndim, const int64_t *shape);
+/* Gives `out` to the innermost scope and returns it. */
+lk_tensor *lk__op_result(lk_tensor *out);
+/* Caller-owned contiguous f32 copy of t (t retained when already contiguous f32). */
+lk_tensor *lk__contig(lk_tensor *t);
+
+lk_status lk__check_f32(const char *op, const lk_tensor *t, const char *arg);
+lk_status lk__error_shapes(const char *op, const char *what, const lk_tensor *a, const lk_tensor *b);
+/* Broadcast shape of a and b into out_shape; error names both shapes. */
+lk_status lk__broadcast_shape(const char *op, const lk_tensor *a, const lk_tensor *b, int *ndim, int64_t *shape);
+int lk__norm_dim(int dim, int ndim);
+
+#define LK_OP_CHECK_INPUTS(...)                                              \
+    do {                                                                     \
+        lk_tensor *lk__ins[] = {__VA_ARGS__};                                \
+        for (size_t lk__i = 0; lk__i < sizeof lk__ins / sizeof *lk__ins; lk__i++) \
+            if (!lk__ins[lk__i]) {                                           \
+                if (!lk_last_status())                                       \
+                    lk_error(LK_STATUS_INVALID_ARGUMENT, "%s: input %zu is NULL", __func__, lk__i); \
+                return NULL;                                                 \
+            }                                                                \
+    } while (0)
+
+#endif

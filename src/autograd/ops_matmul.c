@@ -1,0 +1,244 @@
+/* matmul and linear. Operands that are transposed views of row-major
+ * matrices reach BLAS as transpose flags with their own leading dimension:
+ * no copies. linear fuses the bias: the output starts as the broadcast bias
+ * and GEMM accumulates onto it (beta = 1). */
+#include <string.h>
+
+#include "autograd/autograd_impl.h"
+#include "backend/backend_impl.h"
+
+/* How a 2-D f32 matrix view can be handed to BLAS. */
+typedef struct {
+    const float *p;
+    bool trans;
+    int64_t ld;
+} blas_mat;
+
+static bool as_blas(const lk_tensor *t, int d0, int d1, blas_mat *m) {
+    m->p = t->data;
+    if (t->stride[d1] == 1 && t->stride[d0] >= (t->shape[d1] > 1 ? t->shape[d1] : 1)) {
+        m->trans = false;
+        m->ld = t->stride[d0] > 0 ? t->stride[d0] : 1;
+        if (t->shape[d0] == 1) m->ld = t->shape[d1] > 1 ? t->shape[d1] : 1;
+        return true;
+    }
+    if (t->stride[d0] == 1 && t->stride[d1] >= (t->shape[d0] > 1 ? t->shape[d0] : 1)) {
+        m->trans = true;
+        m->ld = t->stride[d1] > 0 ? t->stride[d1] : 1;
+        if (t->shape[d1] == 1) m->ld = t->shape[d0] > 1 ? t->shape[d0] : 1;
+        return true;
+    }
+    return false;
+}
+
+/* C[M,N] (+)= op(A) op(B) for 2-D tensors (views allowed). */
+static lk_status gemm2d(const lk_tensor *A, bool ta, const lk_tensor *B, bool tb, float beta, lk_tensor *C) {
+    blas_mat a, b;
+    lk_tensor *ac = NULL, *bc = NULL;
+    if (!as_blas(A, 0, 1, &a)) {
+        ac = lk_tensor_cast(A, LK_F32);
+        if (!ac) return lk_last_status();
+        as_blas(ac, 0, 1, &a);
+    }
+    if (!as_blas(B, 0, 1, &b)) {
+        bc = lk_tensor_cast(B, LK_F32);
+        if (!bc) {
+            lk_tensor_release(ac);
+            return lk_last_status();
+        }
+        as_blas(bc, 0, 1, &b);
+    }
+    int64_t M = ta ? A->shape[1] : A->shape[0], K = ta ? A->shape[0] : A->shape[1];
+    int64_t N = tb ? B->shape[0] : B->shape[1];
+    lk__backend(C->device)->gemm(a.trans != ta, b.trans != tb, M, N, K, 1.0f, a.p, a.ld, b.p, b.ld, beta, C->data,
+                                 C->stride[0] > 0 ? C->stride[0] : (N ? N : 1));
+    lk_tensor_release(ac);
+    lk_tensor_release(bc);
+    return LK_STATUS_OK;
+}
+
+/* 2-D view of a [..., M, K] tensor folded to [prod(...)*M, K] when its rows are contiguous. */
+static lk_tensor *fold_rows(lk_tensor *t) {
+    int64_t K = t->shape[t->ndim - 1], M = t->numel / (K ? K : 1);
+    if (t->ndim == 2) return lk_tensor_retain(t);
+    lk_tensor *c = lk__contig(t);
+    if (!c) return NULL;
+    lk_tensor *v = lk__tensor_view(c, 2, (int64_t[]){M, K}, (int64_t[]){K, 1}, c->offset);
+    lk_tensor_release(c);
+    return v;
+}
+
+/* ---- matmul -------------------------------------------------------------------- */
+
+static void matmul_backward(lk_node *n, lk_tensor *g) {
+    lk_tensor *a = n->in[0], *b = n->in[1];
+    bool batched = n->a.i[0];
+    if (!batched) {
+        lk_tensor *a2 = fold_rows(a), *g2 = fold_rows(g);
+        if (!a2 || !g2) goto done2;
+        if (a->requires_grad) {
+            lk_tensor *da = lk__tensor_new(LK_F32, a->ndim, a->shape);
+            if (!da) goto done2;
+            lk_tensor *da2 = fold_rows(da);
+            if (da2 && !gemm2d(g2, false, b, true, 0.0f, da2)) lk__accum(a, da);
+            lk_tensor_release(da2);
+            lk_tensor_release(da);
+        }
+        if (b->requires_grad) {
+            lk_tensor *db = lk__tensor_new(LK_F32, 2, b->shape);
+            if (db && !gemm2d(a2, true, g2, false, 0.0f, db)) lk__accum(b, db);
+            lk_tensor_release(db);
+        }
+    done2:
+        lk_tensor_release(a2);
+        lk_tensor_release(g2);
+        return;
+    }
+    int64_t B = a->shape[0];
+    lk_tensor *da = a->requires_grad ? lk__tensor_new(LK_F32, 3, a->shape) : NULL;
+    lk_tensor *db = b->requires_grad ? lk__tensor_new(LK_F32, 3, b->shape) : NULL;
+    for (int64_t i = 0; i < B; i++) {
+        lk_tensor *ai = lk__tensor_view(a, 2, a->shape + 1, a->stride + 1, a->offset + i * a->stride[0]);
+        lk_tensor *bi = lk__tensor_view(b, 2, b->shape + 1, b->stride + 1, b->offset + i * b->stride[0]);
+        lk_tensor *gi = lk__tensor_view(g, 2, g->shape + 1, g->stride + 1, g->offset + i * g->stride[0]);
+        if (da) {
+            lk_tensor *dai = lk__tensor_view(da, 2, da->shape + 1, da->stride + 1, i * da->stride[0]);
+            if (dai) gemm2d(gi, false, bi, true, 0.0f, dai);
+            lk_tensor_release(dai);
+        }
+        if (db) {
+            lk_tensor *dbi = lk__tensor_view(db, 2, db->shape + 1, db->stride + 1, i * db->stride[0]);
+            if (dbi) gemm2d(ai, true, gi, false, 0.0f, dbi);
+            lk_tensor_release(dbi);
+        }
+        lk_tensor_release(ai);
+        lk_tensor_release(bi);
+        lk_tensor_release(gi);
+    }
+    if (da) lk__accum(a, da);
+    if (db) lk__accum(b, db);
+    lk_tensor_release(da);
+    lk_tensor_release(db);
+}
+
+lk_tensor *lk_matmul(lk_tensor *a, lk_tensor *b) {
+    LK_OP_CHECK_INPUTS(a, b);
+    if (lk__check_f32("matmul", a, "a") || lk__check_f32("matmul", b, "b")) return NULL;
+    bool batched = a->ndim == 3 && b->ndim == 3;
+    if (a->ndim < 2 || (b->ndim != 2 && !batched))
+        return lk__error_shapes("matmul", "expected a[..., M, K] @ b[K, N] or a[B, M, K] @ b[B, K, N]", a, b), NULL;
+    if (a->shape[a->ndim - 1] != b->shape[b->ndim - 2] || (batched && a->shape[0] != b->shape[0]))
+        return lk__error_shapes("matmul", "inner dimensions differ", a, b), NULL;
+    int64_t shape[LK_MAX_DIMS];
+    for (int i = 0; i < a->ndim - 1; i++) shape[i] = a->shape[i];
+    shape[a->ndim - 1] = b->shape[b->ndim - 1];
+    lk_tensor *out = lk__tensor_new(LK_F32, a->ndim, shape);
+    if (!out) return NULL;
+    lk_status st = LK_STATUS_OK;
+    if (!batched) {
+        lk_tensor *a2 = fold_rows(a), *o2 = fold_rows(out);
+        st = (a2 && o2) ? gemm2d(a2, false, b, false, 0.0f, o2) : lk_last_status();
+        lk_tensor_release(a2);
+        lk_tensor_release(o2);
+    } else {
+        for (int64_t i = 0; i < a->shape[0] && !st; i++) {
+            lk_tensor *ai = lk__tensor_view(a, 2, a->shape + 1, a->stride + 1, a->offset + i * a->stride[0]);
+            lk_tensor *bi = lk__tensor_view(b, 2, b->shape + 1, b->stride + 1, b->offset + i * b->stride[0]);
+            lk_tensor *oi = lk__tensor_view(out, 2, out->shape + 1, out->stride + 1, i * out->stride[0]);
+            st = (ai && bi && oi) ? gemm2d(ai, false, bi, false, 0.0f, oi) : lk_last_status();
+            lk_tensor_release(ai);
+            lk_tensor_release(bi);
+            lk_tensor_release(oi);
+        }
+    }
+    if (st) {
+        lk_tensor_release(out);
+        return NULL;
+    }
+    lk_tensor *in[2] = {a, b};
+    lk_node *n = lk__record("matmul", matmul_backward, out, 2, in);
+    if (n) n->a.i[0] = batched;
+    return lk__op_result(out);
+}
+
+/* ---- linear ---------------------------------------------------------------------- */
+
+static void linear_backward(lk_node *n, lk_tensor *g) {
+    lk_tensor *x = n->in[0], *w = n->in[1], *b = n->n_in > 2 ? n->in[2] : NULL;
+    lk_tensor *x2 = n->saved[0]; /* folded contiguous view of x */
+    int64_t M = x2->shape[0], out_f = w->shape[0];
+    lk_tensor *g2 = lk__tensor_view(g, 2, (int64_t[]){M, out_f}, (int64_t[]){out_f, 1}, g->offset);
+    if (!g2) return;
+    if (x->requires_grad) {
+        lk_tensor *dx = lk__tensor_new(LK_F32, x->ndim, x->shape);
+        lk_tensor *dx2 = dx ? lk__tensor_view(dx, 2, x2->shape, x2->stride, 0) : NULL;
+        if (dx2 && !gemm2d(g2, false, w, false, 0.0f, dx2)) lk__accum(x, dx);
+        lk_tensor_release(dx2);
+        lk_tensor_release(dx);
+    }
+    if (w->requires_grad) {
+        /* Accumulate straight into w->grad when it is a plain contiguous leaf
+         * gradient (the common case: saves a temporary and an add). */
+        if (!w->grad_fn && w->grad && lk_tensor_is_contiguous(w->grad)) gemm2d(g2, true, x2, false, 1.0f, w->grad);
+        else {
+            lk_tensor *dw = lk__tensor_new(LK_F32, 2, w->shape);
+            if (dw && !gemm2d(g2, true, x2, false, 0.0f, dw)) lk__accum(w, dw);
+            lk_tensor_release(dw);
+        }
+    }
+    if (b && b->requires_grad) {
+        lk_tensor *db = lk_tensor_zeros(LK_F32, 1, b->shape);
+        if (db) {
+            float *dd = db->data;
+            const float *gd = g2->data;
+            for (int64_t i = 0; i < M; i++)
+                for (int64_t j = 0; j < out_f; j++) dd[j] += gd[i * out_f + j];
+            lk__accum(b, db);
+        }
+        lk_tensor_release(db);
+    }
+    lk_tensor_release(g2);
+}
+
+lk_tensor *lk_linear(lk_tensor *x, lk_tensor *w, lk_tensor *b) {
+    LK_OP_CHECK_INPUTS(x, w);
+    if (lk__check_f32("linear", x, "input") || lk__check_f32("linear", w, "weight")) return NULL;
+    if (b && lk__check_f32("linear", b, "bias")) return NULL;
+    if (w->ndim != 2 || x->ndim < 1 || x->shape[x->ndim - 1] != w->shape[1])
+        return lk__error_shapes("linear", "input [..., in] does not match weight [out, in]", x, w), NULL;
+    if (b && (b->ndim != 1 || b->shape[0] != w->shape[0]))
+        return lk__error_shapes("linear", "bias must be [out] for weight [out, in]", b, w), NULL;
+    int64_t in_f = w->shape[1], out_f = w->shape[0], M = x->numel / (in_f ? in_f : 1);
+    lk_tensor *xc = lk__contig(x);
+    if (!xc) return NULL;
+    lk_tensor *x2 = lk__tensor_view(xc, 2, (int64_t[]){M, in_f}, (int64_t[]){in_f, 1}, xc->offset);
+    lk_tensor_release(xc);
+    if (!x2) return NULL;
+    int64_t shape[LK_MAX_DIMS];
+    for (int i = 0; i < x->ndim - 1; i++) shape[i] = x->shape[i];
+    shape[x->ndim - 1] = out_f;
+    lk_tensor *out = lk__tensor_new(LK_F32, x->ndim, shape);
+    lk_tensor *o2 = out ? lk__tensor_view(out, 2, (int64_t[]){M, out_f}, (int64_t[]){out_f, 1}, 0) : NULL;
+    lk_status st = o2 ? LK_STATUS_OK : lk_last_status();
+    if (!st && b) {
+        lk_tensor *bc = lk__contig(b);
+        if (!bc) st = lk_last_status();
+        else {
+            float *od = o2->data;
+            for (int64_t i = 0; i < M; i++) memcpy(od + i * out_f, bc->data, (size_t)out_f * sizeof(float));
+            lk_tensor_release(bc);
+        }
+    }
+    if (!st) st = gemm2d(x2, false, w, true, b ? 1.0f : 0.0f, o2);
+    lk_tensor_release(o2);
+    if (st) {
+        lk_tensor_release(out);
+        lk_tensor_release(x2);
+        return NULL;
+    }
+    lk_tensor *in[3] = {x, w, b};
+    lk_node *n = lk__record("linear", linear_backward, out, b ? 3 : 2, in);
+    if (n) n->saved[0] = lk_tensor_retain(x2);
+    lk_tensor_release(x2);
+    return lk__op_result(out);
+}

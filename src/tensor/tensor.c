@@ -1,0 +1,586 @@
+/* Tensors: the caching storage pool, creation, refcounts, autorelease
+ * scopes, views, copies/casts between dtypes, and printing. Views of tensors
+ * that require grad record themselves on the tape (see src/autograd). */
+#include "lockstep/autograd.h"
+#include "lockstep/tensor.h"
+#include "tensor/tensor_impl.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+
+/* ---- dtypes ------------------------------------------------------------- */
+
+static const struct {
+    const char *name;
+    size_t size;
+} dtype_info[] = {
+#define LK__DTYPE_INFO(name, str, size, ctype) {str, size},
+    LK_DTYPE_LIST(LK__DTYPE_INFO)
+#undef LK__DTYPE_INFO
+};
+
+size_t lk_dtype_size(lk_dtype dt) { return (unsigned)dt < LK_DTYPE_COUNT ? dtype_info[dt].size : 0; }
+const char *lk_dtype_name(lk_dtype dt) { return (unsigned)dt < LK_DTYPE_COUNT ? dtype_info[dt].name : "?"; }
+bool lk_dtype_is_float(lk_dtype dt) { return dt == LK_F32 || dt == LK_F64 || dt == LK_BF16 || dt == LK_F16; }
+
+lk_status lk_dtype_parse(const char *s, lk_dtype *out) {
+    static const struct { const char *alias; lk_dtype dt; } aliases[] = {
+        {"float32", LK_F32}, {"float", LK_F32}, {"float64", LK_F64}, {"double", LK_F64},
+        {"bfloat16", LK_BF16}, {"float16", LK_F16}, {"half", LK_F16}, {"int32", LK_I32},
+        {"int64", LK_I64}, {"long", LK_I64}, {"uint8", LK_U8},
+    };
+    for (int i = 0; i < LK_DTYPE_COUNT; i++)
+        if (!strcmp(s, dtype_info[i].name)) return (*out = (lk_dtype)i), LK_STATUS_OK;
+    for (size_t i = 0; i < sizeof aliases / sizeof aliases[0]; i++)
+        if (!strcmp(s, aliases[i].alias)) return (*out = aliases[i].dt), LK_STATUS_OK;
+    return lk_error(LK_STATUS_INVALID_ARGUMENT, "unknown dtype '%s' (expected f32, f64, bf16, f16, i32, i64 or u8)", s);
+}
+
+/* ---- storage pool ----------------------------------------------------------
+ * Training repeats the same shapes every step, so freed storage is cached by
+ * its exact (rounded) capacity and handed out again: after the first step
+ * nothing reaches malloc. One mutex: the data-parallel strategy runs several
+ * replicas on threads. */
+
+struct lk_storage {
+    void *data;
+    size_t cap;
+    atomic_int refcount;
+    bool owned; /* false: wraps caller memory */
+    lk_device device;
+};
+
+#define POOL_CLASSES 512
+typedef struct {
+    size_t cap;
+    lk_storage **items;
+    int n, max;
+} pool_class;
+
+static struct {
+    pthread_mutex_t mu;
+    pool_class classes[POOL_CLASSES];
+    int nclasses;
+    lk_pool_stats stats;
+} pool = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+static size_t round_cap(size_t n) {
+    if (n <= 4096) return (n + 63) & ~(size_t)63;
+    return (n + 4095) & ~(size_t)4095;
+}
+
+static lk_storage *storage_alloc(size_t nbytes) {
+    size_t cap = round_cap(nbytes ? nbytes : 1);
+    pthread_mutex_lock(&pool.mu);
+    for (int i = 0; i < pool.nclasses; i++) {
+        pool_class *c = &pool.classes[i];
+        if (c->cap == cap && c->n > 0) {
+            lk_storage *s = c->items[--c->n];
+            pool.stats.hits++;
+            pool.stats.bytes_cached -= cap;
+            pool.stats.bytes_live += cap;
+            pthread_mutex_unlock(&pool.mu);
+            atomic_store(&s->refcount, 1);
+            return s;
+        }
+    }
+    pool.stats.misses++;
+    pthread_mutex_unlock(&pool.mu);
+    lk_storage *s = lk_malloc(sizeof *s);
+    if (!s) return NULL;
+    s->data = lk_aligned_alloc(LK_ALIGN, cap);
+    if (!s->data) {
+        lk_free(s);
+        return NULL;
+    }
+    s->cap = cap;
+    s->owned = true;
+    s->device = LK_DEVICE_CPU;
+    atomic_store(&s->refcount, 1);
+    pthread_mutex_lock(&pool.mu);
+    pool.stats.bytes_live += cap;
+    pthread_mutex_unlock(&pool.mu);
+    return s;
+}
+
+static void storage_release(lk_storage *s) {
+    if (!s || atomic_fetch_sub(&s->refcount, 1) != 1) return;
+    if (!s->owned) {
+        lk_free(s);
+        return;
+    }
+    pthread_mutex_lock(&pool.mu);
+    pool.stats.bytes_live -= s->cap;
+    pool_class *c = NULL;
+    for (int i = 0; i < pool.nclasses; i++)
+        if (pool.classes[i].cap == s->cap) c = &pool.classes[i];
+    if (!c && pool.nclasses < POOL_CLASSES) {
+        c = &pool.classes[pool.nclasses++];
+        c->cap = s->cap;
+    }
+    if (c && c->n == c->max) {
+        int nm = c->max ? c->max * 2 : 8;
+        lk_storage **ni = lk_realloc(c->items, (size_t)nm * sizeof *ni);
+        if (ni) {
+            c->items = ni;
+            c->max = nm;
+        }
+    }
+    if (c && c->n < c->max) {
+        c->items[c->n++] = s;
+        pool.stats.bytes_cached += s->cap;
+        pthread_mutex_unlock(&pool.mu);
+        return;
+    }
+    pthread_mutex_unlock(&pool.mu);
+    lk_aligned_free(s->data);
+    lk_free(s);
+}
+
+lk_pool_stats lk_pool_get_stats(void) {
+    pthread_mutex_lock(&pool.mu);
+    lk_pool_stats st = pool.stats;
+    pthread_mutex_unlock(&pool.mu);
+    return st;
+}
+
+void lk_pool_trim(void) {
+    pthread_mutex_lock(&pool.mu);
+    for (int i = 0; i < pool.nclasses; i++) {
+        pool_class *c = &pool.classes[i];
+        for (int j = 0; j < c->n; j++) {
+            lk_aligned_free(c->items[j]->data);
+            lk_free(c->items[j]);
+        }
+        pool.stats.bytes_cached -= (size_t)c->n * c->cap;
+        c->n = 0;
+    }
+    pthread_mutex_unlock(&pool.mu);
+}
+
+void *lk__storage_data(const lk_storage *s) { return s->data; }
+size_t lk__storage_cap(const lk_storage *s) { return s->cap; }
+
+/* ---- tensor headers ------- */
+static void set_contiguous_strides(lk_tensor *t);
+/* ------------------------------------------------------- */
+
+static pthread_mutex_t hdr_mu = PTHREAD_MUTEX_INITIALIZER;
+static lk_tensor *hdr_free; /* free list linked through ->grad */
+
+static lk_tensor *hdr_alloc(void) {
+    pthread_mutex_lock(&hdr_mu);
+    lk_tensor *t = hdr_free;
+    if (t) hdr_free = t->grad;
+    pthread_mutex_unlock(&hdr_mu);
+    if (!t) t = lk_malloc(sizeof *t);
+    if (t) memset(t, 0, sizeof *t);
+    return t;
+}
+
+static void hdr_free_one(lk_tensor *t) {
+    pthread_mutex_lock(&hdr_mu);
+    t->grad = hdr_free;
+    hdr_free = t;
+    pthread_mutex_unlock(&hdr_mu);
+}
+
+static void set_contiguous_strides(lk_tensor *t) {
+    int64_t s = 1;
+    for (int i = t->ndim - 1; i >= 0; i--) {
+        t->stride[i] = s;
+        s *= t->shape[i];
+    }
+}
+
+static lk_status check_shape(int ndim, const int64_t *shape, int64_t *numel) {
+    if (ndim < 0 || ndim > LK_MAX_DIMS)
+        return lk_error(LK_STATUS_INVALID_ARGUMENT, "tensor rank %d out of range (0..%d)", ndim, LK_MAX_DIMS);
+    int64_t n = 1;
+    for (int i = 0; i < ndim; i++) {
+        if (shape[i] < 0)
+            return lk_error(LK_STATUS_INVALID_ARGUMENT, "negative size %lld in dimension %d", (long long)shape[i], i);
+        if (shape[i] && n > INT64_MAX / shape[i])
+            return lk_error(LK_STATUS_INVALID_ARGUMENT, "tensor shape overflows int64");
+        n *= shape[i];
+    }
+    *numel = n;
+    return LK_STATUS_OK;
+}
+
+lk_tensor *lk__tensor_new(lk_dtype dt, int ndim, const int64_t *shape) {
+    int64_t numel;
+    if ((unsigned)dt >= LK_DTYPE_COUNT) {
+        lk_error(LK_STATUS_INVALID_ARGUMENT, "invalid dtype %d", (int)dt);
+        return NULL;
+    }
+    if (check_shape(ndim, shape, &numel)) return NULL;
+    lk_tensor *t = hdr_alloc();
+    if (!t) return NULL;
+    t->storage = storage_alloc((size_t)numel * lk_dtype_size(dt));
+    if (!t->storage) {
+        hdr_free_one(t);
+        return NULL;
+    }
+    t->dtype = dt;
+    t->device = LK_DEVICE_CPU;
+    t->ndim = ndim;
+    for (int i = 0; i < ndim; i++) t->shape[i] = shape[i];
+    set_contiguous_strides(t);
+    t->numel = numel;
+    t->data = t->storage->data;
+    t->refcount = 1;
+    return t;
+}
+
+lk_tensor *lk__tensor_view(lk_tensor *base, int ndim, const int64_t *shape, const int64_t *stride, int64_t offset) {
+    lk_tensor *t = hdr_alloc();
+    if (!t) return NULL;
+    t->dtype = base->dtype;
+    t->device = base->device;
+    t->ndim = ndim;
+    t->numel = 1;
+    for (int i = 0; i < ndim; i++) {
+        t->shape[i] = shape[i];
+        t->numel *= shape[i];
+    }
+    if (stride)
+        for (int i = 0; i < ndim; i++) t->stride[i] = stride[i];
+    else
+        set_contiguous_strides(t);
+    t->offset = offset;
+    t->storage = base->storage;
+    atomic_fetch_add(&base->storage->refcount, 1);
+    t->data = (char *)base->storage->data + offset * (int64_t)lk_dtype_size(base->dtype);
+    t->refcount = 1;
+    return t;
+}
+
+lk_tensor *lk_tensor_empty(lk_dtype dt, int ndim, const int64_t *shape) { return lk__tensor_new(dt, ndim, shape); }
+
+lk_tensor *lk_tensor_zeros(lk_dtype dt, int ndim, const int64_t *shape) {
+    lk_tensor *t = lk__tensor_new(dt, ndim, shape);
+    if (t) memset(t->data, 0, lk_tensor_nbytes(t));
+    return t;
+}
+
+lk_tensor *lk_tensor_full(lk_dtype dt, int ndim, const int64_t *shape, double value) {
+    lk_tensor *t = lk__tensor_new(dt, ndim, shape);
+    if (t) lk_tensor_fill(t, value);
+    return t;
+}
+
+lk_tensor *lk_tensor_from_data(lk_dtype dt, int ndim, const int64_t *shape, const void *data) {
+    lk_tensor *t = lk__tensor_new(dt, ndim, shape);
+    if (t && t->numel) memcpy(t->data, data, lk_tensor_nbytes(t));
+    return t;
+}
+
+lk_tensor *lk_tensor_wrap(lk_dtype dt, int ndim, const int64_t *shape, void *data) {
+    int64_t numel;
+    if (check_shape(ndim, shape, &numel)) return NULL;
+    lk_storage *s = lk_malloc(sizeof *s);
+    if (!s) return NULL;
+    s->data = data;
+    s->cap = (size_t)numel * lk_dtype_size(dt);
+    s->owned = false;
+    s->device = LK_DEVICE_CPU;
+    atomic_store(&s->refcount, 1);
+    lk_tensor *t = hdr_alloc();
+    if (!t) {
+        lk_free(s);
+        return NULL;
+    }
+    t->dtype = dt;
+    t->device = LK_DEVICE_CPU;
+    t->ndim = ndim;
+    for (int i = 0; i < ndim; i++) t->shape[i] = shape[i];
+    set_contiguous_strides(t);
+    t->numel = numel;
+    t->storage = s;
+    t->data = data;
+    t->refcount = 1;
+    return t;
+}
+
+lk_tensor *lk_tensor_scalar(float v) { return lk_tensor_from_data(LK_F32, 0, NULL, &v); }
+
+lk_tensor *lk_tensor_rand(lk_rng *rng, int ndim, const int64_t *shape, float lo, float hi) {
+    lk_tensor *t = lk__tensor_new(LK_F32, ndim, shape);
+    if (!t) return NULL;
+    float *d = t->data;
+    for (int64_t i = 0; i < t->numel; i++) d[i] = lo + (hi - lo) * lk_rng_uniform(rng);
+    return t;
+}
+
+lk_tensor *lk_tensor_randn(lk_rng *rng, int ndim, const int64_t *shape, float mean, float std) {
+    lk_tensor *t = lk__tensor_new(LK_F32, ndim, shape);
+    if (!t) return NULL;
+    float *d = t->data;
+    for (int64_t i = 0; i < t->numel; i++) d[i] = mean + std * lk_rng_normal(rng);
+    return t;
+}
+
+/* ---- lifetime ------------------------------------------------------------------ */
+
+lk_tensor *lk_tensor_retain(lk_tensor *t) {
+    if (t) __atomic_fetch_add(&t->refcount, 1, __ATOMIC_RELAXED);
+    return t;
+}
+
+void lk_tensor_release(lk_tensor *t) {
+    if (!t || __atomic_fetch_sub(&t->refcount, 1, __ATOMIC_ACQ_REL) != 1) return;
+    storage_release(t->storage);
+    lk_tensor_release(t->grad);
+    lk_free(t->name);
+    hdr_free_one(t);
+}
+
+/* Scopes: a per-thread stack of tensor lists. Each keeps its capacity after
+ * it ends, so steady-state steps allocate nothing here either. */
+typedef struct {
+    lk_tensor **items;
+    int n, max;
+    size_t tape_mark;
+} scope_frame;
+
+static _Thread_local scope_frame *scopes;
+static _Thread_local int scope_depth, scope_max;
+
+void lk_scope_begin(void) {
+    if (scope_depth == scope_max) {
+        int nm = scope_max ? scope_max * 2 : 8;
+        scope_frame *ns = lk_realloc(scopes, (size_t)nm * sizeof *ns);
+        if (!ns) lk_panic("out of memory growing the scope stack");
+        memset(ns + scope_max, 0, (size_t)(nm - scope_max) * sizeof *ns);
+        scopes = ns;
+        scope_max = nm;
+    }
+    scope_frame *f = &scopes[scope_depth++];
+    f->n = 0;
+    f->tape_mark = lk_tape_len();
+}
+
+void lk_scope_end(void) {
+    LK_ASSERT(scope_depth > 0);
+    scope_frame *f = &scopes[--scope_depth];
+    lk__tape_truncate(f->tape_mark);
+    for (int i = f->n - 1; i >= 0; i--) lk_tensor_release(f->items[i]);
+    f->n = 0;
+}
+
+bool lk__scope_active(void) { return scope_depth > 0; }
+
+lk_tensor *lk_scope_adopt(lk_tensor *t) {
+    if (!t || scope_depth == 0) return t;
+    scope_frame *f = &scopes[scope_depth - 1];
+    if (f->n == f->max) {
+        int nm = f->max ? f->max * 2 : 64;
+        lk_tensor **ni = lk_realloc(f->items, (size_t)nm * sizeof *ni);
+        if (!ni) lk_panic("out of memory growing a scope");
+        f->items = ni;
+        f->max = nm;
+    }
+    f->items[f->n++] = t;
+    return t;
+}
+
+/* ---- inspection ----------------------------------------------------------------- */
+
+bool lk_tensor_is_contiguous(const lk_tensor *t) {
+    int64_t s = 1;
+    for (int i = t->ndim - 1; i >= 0; i--) {
+        if (t->shape[i] != 1 && t->stride[i] != s) return false;
+        s *= t->shape[i];
+    }
+    return true;
+}
+
+bool lk_tensor_same_shape(const lk_tensor *a, const lk_tensor *b) {
+    if (a->ndim != b->ndim) return false;
+    for (int i = 0; i < a->ndim; i++)
+        if (a->shape[i] != b->shape[i]) return false;
+    return true;
+}
+
+char *lk_shape_str(const lk_tensor *t, char *buf, size_t n) {
+    size_t k = (size_t)snprintf(buf, n, "[");
+    for (int i = 0; i < t->ndim && k < n; i++)
+        k += (size_t)snprintf(buf + k, n - k, "%s%lld", i ? ", " : "", (long long)t->shape[i]);
+    if (k < n) snprintf(buf + k, n - k, "]");
+    return buf;
+}
+
+size_t lk_tensor_nbytes(const lk_tensor *t) { return (size_t)t->numel * lk_dtype_size(t->dtype); }
+
+static double load_elem(lk_dtype dt, const void *p) {
+    switch (dt) {
+    case LK_F32: return *(const float *)p;
+    case LK_F64: return *(const double *)p;
+    case LK_BF16: return lk_bf16_to_f32(*(const uint16_t *)p);
+    case LK_F16: return lk_f16_to_f32(*(const uint16_t *)p);
+    case LK_I32: return *(const int32_t *)p;
+    case LK_I64: return (double)*(const int64_t *)p;
+    case LK_U8: return *(const uint8_t *)p;
+    default: return 0;
+    }
+}
+
+static void store_elem(lk_dtype dt, void *p, double v) {
+    switch (dt) {
+    case LK_F32: *(float *)p = (float)v; break;
+    case LK_F64: *(double *)p = v; break;
+    case LK_BF16: *(uint16_t *)p = lk_f32_to_bf16((float)v); break;
+    case LK_F16: *(uint16_t *)p = lk_f32_to_f16((float)v); break;
+    case LK_I32: *(int32_t *)p = (int32_t)v; break;
+    case LK_I64: *(int64_t *)p = (int64_t)v; break;
+    case LK_U8: *(uint8_t *)p = (uint8_t)v; break;
+    default: break;
+    }
+}
+
+int64_t lk__elem_offset(const lk_tensor *t, int64_t i) {
+    int64_t off = 0;
+    for (int d = t->ndim - 1; d >= 0; d--) {
+        int64_t n = t->shape[d];
+        off += (i % n) * t->stride[d];
+        i /= n;
+    }
+    return off;
+}
+
+double lk_tensor_get(const lk_tensor *t, int64_t i) {
+    return load_elem(t->dtype, (const char *)t->data + lk__elem_offset(t, i) * (int64_t)lk_dtype_size(t->dtype));
+}
+
+float lk_tensor_item(const lk_tensor *t) { return t && t->numel >= 1 ? (float)lk_tensor_get(t, 0) : NAN; }
+
+void lk_tensor_print(const lk_tensor *t, const char *label, int max_elems) {
+    char sh[128];
+    printf("%s: %s %s", label ? label : "tensor", lk_dtype_name(t->dtype), lk_shape_str(t, sh, sizeof sh));
+    printf(" {");
+    int64_t n = t->numel < max_elems ? t->numel : max_elems;
+    for (int64_t i = 0; i < n; i++) printf("%s%.6g", i ? ", " : "", lk_tensor_get(t, i));
+    printf("%s}\n", n < t->numel ? ", ..." : "");
+}
+
+lk_status lk_tensor_set_name(lk_tensor *t, const char *name) {
+    char *n = lk_strdup(name);
+    if (!n) return LK_STATUS_OUT_OF_MEMORY;
+    lk_free(t->name);
+    t->name = n;
+    return LK_STATUS_OK;
+}
+
+/* ---- copies and casts --------------------------------------------------------- */
+
+lk_status lk_tensor_copy(lk_tensor *dst, const lk_tensor *src) {
+    if (dst->numel != src->numel || (dst->ndim != src->ndim && dst->numel != 1)) {
+        char a[128], b[128];
+        return lk_error(LK_STATUS_INVALID_ARGUMENT, "copy: destination shape %s does not match source shape %s",
+                        lk_shape_str(dst, a, sizeof a), lk_shape_str(src, b, sizeof b));
+    }
+    if (dst->dtype == src->dtype && lk_tensor_is_contiguous(dst) && lk_tensor_is_contiguous(src)) {
+        if (dst->data != src->data && dst->numel) memmove(dst->data, src->data, lk_tensor_nbytes(dst));
+        return LK_STATUS_OK;
+    }
+    if (dst->dtype == LK_F32 && src->dtype == LK_F32) {
+        float *d = dst->data;
+        const float *s = src->data;
+        bool dc = lk_tensor_is_contiguous(dst);
+        for (int64_t i = 0; i < dst->numel; i++)
+            d[dc ? i : lk__elem_offset(dst, i)] = s[lk__elem_offset(src, i)];
+        return LK_STATUS_OK;
+    }
+    size_t ds = lk_dtype_size(dst->dtype), ss = lk_dtype_size(src->dtype);
+    for (int64_t i = 0; i < dst->numel; i++)
+        store_elem(dst->dtype, (char *)dst->data + lk__elem_offset(dst, i) * (int64_t)ds,
+                   load_elem(src->dtype, (const char *)src->data + lk__elem_offset(src, i) * (int64_t)ss));
+    return LK_STATUS_OK;
+}
+
+lk_tensor *lk_tensor_cast(const lk_tensor *t, lk_dtype dt) {
+    if (!t) return NULL;
+    lk_tensor *r = lk__tensor_new(dt, t->ndim, t->shape);
+    if (r && lk_tensor_copy(r, t)) {
+        lk_tensor_release(r);
+        return NULL;
+    }
+    return r;
+}
+
+lk_tensor *lk_tensor_clone(const lk_tensor *t) { return lk_tensor_cast(t, t ? t->dtype : LK_F32); }
+
+lk_status lk_tensor_fill(lk_tensor *t, double value) {
+    if (t->dtype == LK_F32 && lk_tensor_is_contiguous(t)) {
+        float *d = t->data, v = (float)value;
+        for (int64_t i = 0; i < t->numel; i++) d[i] = v;
+        return LK_STATUS_OK;
+    }
+    size_t es = lk_dtype_size(t->dtype);
+    for (int64_t i = 0; i < t->numel; i++) store_elem(t->dtype, (char *)t->data + lk__elem_offset(t, i) * (int64_t)es, value);
+    return LK_STATUS_OK;
+}
+
+/* ---- half-precision conversions (round to nearest even) ------------------------ */
+
+uint16_t lk_f32_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* quiet NaN */
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+float lk_bf16_to_f32(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+uint16_t lk_f32_to_f16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    uint32_t sign = (u >> 16) & 0x8000u;
+    uint32_t absu = u & 0x7fffffffu;
+    if (absu > 0x7f800000u) return (uint16_t)(sign | 0x7e00u); /* NaN */
+    if (absu >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* rounds to >= 65520: inf */
+    if (absu < 0x38800000u) {                                   /* subnormal or zero in f16 */
+        if (absu < 0x33000000u) return (uint16_t)sign;          /* < 2^-25: rounds to 0 */
+        uint32_t e = absu >> 23;
+        uint32_t m = (absu & 0x7fffffu) | 0x800000u;
+        uint32_t shift = 126 - e; /* 14 - (e - 127) + ... */
+        /* value = m * 2^(e-150); f16 subnormal unit = 2^-24 -> q = m >> (126 - e) */
+        uint32_t q = m >> shift;
+        uint32_t rem = m & ((1u << shift) - 1);
+        uint32_t half = 1u << (shift - 1);
+        if (rem > half || (rem == half && (q & 1))) q++;
+        return (uint16_t)(sign | q);
+    }
+    uint32_t r = absu - 0x38000000u; /* rebias exponent 127 -> 15 */
+    uint32_t q = r >> 13, rem = r & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (q & 1))) q++;
+    return (uint16_t)(sign | q);
+}
+
+float lk_f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t e = (h >> 10) & 0x1f, m = h & 0x3ffu, u;
+    if (e == 0) {
+        if (m == 0) u = sign;
+        else { /* subnormal: normalise */
+            int shift = 0;
+            while (!(m & 0x400u)) { m <<= 1; shift++; }
+            m &= 0x3ffu;
+            u = sign | ((uint32_t)(113 - shift) << 23) | (m << 13);
+        }
+    } else if (e == 31) u = sign | 0x7f800000u | (m << 13);
+    else u = sign | ((e + 112) << 23) | (m << 13);
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}

@@ -1,0 +1,21 @@
+/* Private to the tensor and autograd layers: raw constructors that bypass
+ * scopes, element addressing, and the tape hooks scopes call. */
+#ifndef LK_TENSOR_IMPL_H
+#define LK_TENSOR_IMPL_H
+
+#include "lockstep/tensor.h"
+
+/* New contiguous tensor owned by the caller (never adopted by a scope). */
+lk_tensor *lk__tensor_new(lk_dtype dt, int ndim, const int64_t *shape);
+/* View of base's storage with the given geometry (stride NULL: contiguous);
+ * caller owns it; no autograd. */
+lk_tensor *lk__tensor_view(lk_tensor *base, int ndim, const int64_t *shape, const int64_t *stride, int64_t offset);
+/* Storage offset (elements, from t->data) of logical element i. */
+int64_t lk__elem_offset(const lk_tensor *t, int64_t i);
+void *lk__storage_data(const lk_storage *s);
+size_t lk__storage_cap(const lk_storage *s);
+bool lk__scope_active(void);
+/* Releases tape nodes recorded after `mark` (scope ends call it). */
+void lk__tape_truncate(size_t mark);
+
+#endif
