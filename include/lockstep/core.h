@@ -198,6 +198,51 @@ const lk_env_var *lk_env_vars(int *count);
 const char *lk_env_get(const char *name);
 long lk_env_get_long(const char *name, long fallback);
 
+
+/* ------------------------------------------------------------------------
+ * Parameter tables. One table per configurable thing (trainer, a model, a
+ * data module, an optimizer) drives YAML validation, `--help`, the
+ * "did you mean" hint and --print_config, so they cannot drift apart.
+ * Values live in the caller's config struct at `offset`:
+ *   BOOL -> bool, INT -> int64_t, FLOAT -> double, STRING/ENUM -> char[LK_PARAM_STR],
+ *   INTS -> lk_int_list, FLOATS -> lk_float_list.
+ *
+ *     typedef struct { int64_t epochs; double lr; } my_cfg;
+ *     static const lk_param my_params[] = {
+ *         {"epochs", LK_PARAM_INT, offsetof(my_cfg, epochs), "10", 1, 1e9, NULL, "passes over the data"},
+ *         {"lr", LK_PARAM_FLOAT, offsetof(my_cfg, lr), "0.001", 0, 1e9, NULL, "learning rate"},
+ *     };
+ * ---------------------------------------------------------------------- */
+#define LK_PARAM_STR 256
+#define LK_PARAM_LIST_MAX 16
+typedef enum { LK_PARAM_BOOL, LK_PARAM_INT, LK_PARAM_FLOAT, LK_PARAM_STRING, LK_PARAM_ENUM, LK_PARAM_INTS, LK_PARAM_FLOATS } lk_param_type;
+typedef struct lk_int_list { int n; int64_t v[LK_PARAM_LIST_MAX]; } lk_int_list;
+typedef struct lk_float_list { int n; double v[LK_PARAM_LIST_MAX]; } lk_float_list;
+
+typedef struct lk_param {
+    const char *name;
+    lk_param_type type;
+    size_t offset;       /* offsetof(config struct, field) */
+    const char *def;     /* default as text ("0.001", "true", "[784, 512]"); NULL: empty/zero */
+    double min, max;     /* numeric bounds, inclusive; min > max means unbounded */
+    const char *choices; /* ENUM: "a|b|c"; STRING: NULL */
+    const char *help;
+} lk_param;
+
+/* Fills every field with its default. */
+lk_status lk_params_defaults(const lk_param *table, int n, void *cfg);
+/* Parses `value` (YAML scalar text; lists as "[1, 2]" or "1,2") into `key`.
+ * `where` prefixes messages (e.g. "examples/mlp.yaml:12: model.init_args").
+ * Unknown keys name the nearest valid key; bad values say what was expected. */
+lk_status lk_params_set(const lk_param *table, int n, void *cfg, const char *where, const char *key, const char *value);
+const lk_param *lk_params_find(const lk_param *table, int n, const char *key);
+/* The current value as YAML text into buf. */
+char *lk_params_format(const lk_param *p, const void *cfg, char *buf, size_t size);
+/* One line per key: name, type, default, help, indented by `indent`. */
+void lk_params_print_help(const lk_param *table, int n, void *file, const char *prefix);
+/* The candidate nearest to `word` by edit distance, or NULL when none is close. */
+const char *lk_suggest(const char *word, const char *const *candidates, int n);
+
 #ifdef __cplusplus
 }
 #endif

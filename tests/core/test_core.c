@@ -1,4 +1,6 @@
 /* core: Philox known answers, RNG helpers, errors, allocator hook, arena. */
+#include <stddef.h>
+
 #include "lk_test.h"
 
 static void philox_known_answers(void) {
@@ -110,5 +112,49 @@ static void arena(void) {
     lk_arena_free(NULL);
 }
 
-LK_TEST_MAIN(LK_TEST_CASE(philox_known_answers), LK_TEST_CASE(rng_distributions), LK_TEST_CASE(errors),
+typedef struct {
+    bool flag;
+    int64_t epochs;
+    double lr;
+    char name[LK_PARAM_STR];
+    char mode[LK_PARAM_STR];
+    lk_int_list widths;
+} cfg_t;
+
+static const lk_param cfg_params[] = {
+    {"flag", LK_PARAM_BOOL, offsetof(cfg_t, flag), "false", 0, -1, NULL, "a switch"},
+    {"max_epochs", LK_PARAM_INT, offsetof(cfg_t, epochs), "10", 1, 1000, NULL, "passes"},
+    {"learning_rate", LK_PARAM_FLOAT, offsetof(cfg_t, lr), "1e-3", 0, 10, NULL, "step size"},
+    {"name", LK_PARAM_STRING, offsetof(cfg_t, name), "\"run\"", 0, -1, NULL, "a name"},
+    {"mode", LK_PARAM_ENUM, offsetof(cfg_t, mode), "min", 0, -1, "min|max", "direction"},
+    {"widths", LK_PARAM_INTS, offsetof(cfg_t, widths), "[784, 512, 64]", 1, 1e6, NULL, "layer widths"},
+};
+#define NP (int)(sizeof cfg_params / sizeof cfg_params[0])
+
+static void param_tables(void) {
+    cfg_t c;
+    CHECK_OK(lk_params_defaults(cfg_params, NP, &c));
+    CHECK(!c.flag && c.epochs == 10 && c.lr == 1e-3 && !strcmp(c.name, "run") && !strcmp(c.mode, "min"));
+    CHECK(c.widths.n == 3 && c.widths.v[2] == 64);
+    CHECK_OK(lk_params_set(cfg_params, NP, &c, "trainer", "max_epochs", "3"));
+    CHECK(c.epochs == 3);
+    CHECK_OK(lk_params_set(cfg_params, NP, &c, "trainer", "widths", "1,2"));
+    CHECK(c.widths.n == 2 && c.widths.v[1] == 2);
+    CHECK_ERR(lk_params_set(cfg_params, NP, &c, "trainer", "max_epoch", "3"), LK_STATUS_INVALID_ARGUMENT,
+              "unknown key 'trainer.max_epoch' (did you mean 'max_epochs'?)");
+    CHECK_ERR(lk_params_set(cfg_params, NP, &c, "trainer", "max_epochs", "many"), LK_STATUS_INVALID_ARGUMENT,
+              "trainer.max_epochs: expected an integer, got 'many'");
+    CHECK_ERR(lk_params_set(cfg_params, NP, &c, "trainer", "max_epochs", "0"), LK_STATUS_INVALID_ARGUMENT,
+              "expected a value in [1, 1000], got '0'");
+    CHECK_ERR(lk_params_set(cfg_params, NP, &c, "cb", "mode", "middle"), LK_STATUS_INVALID_ARGUMENT, "one of min|max");
+    CHECK_ERR(lk_params_set(cfg_params, NP, &c, "x", "flag", "maybe"), LK_STATUS_INVALID_ARGUMENT, "true or false");
+    CHECK(lk_params_set(cfg_params, NP, &c, "x", "zzzzzzzz", "1") && !strstr(lk_last_error(), "did you mean"));
+    char buf[128];
+    CHECK(!strcmp(lk_params_format(&cfg_params[2], &c, buf, sizeof buf), "0.001"));
+    CHECK(!strcmp(lk_params_format(&cfg_params[5], &c, buf, sizeof buf), "[1, 2]"));
+    c.lr = 0.1 + 0.2; /* formatting must read back exactly */
+    CHECK(strtod(lk_params_format(&cfg_params[2], &c, buf, sizeof buf), NULL) == c.lr);
+}
+
+LK_TEST_MAIN(LK_TEST_CASE(param_tables), LK_TEST_CASE(philox_known_answers), LK_TEST_CASE(rng_distributions), LK_TEST_CASE(errors),
              LK_TEST_CASE(alloc_failure_hook), LK_TEST_CASE(arena))
