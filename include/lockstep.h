@@ -5,4 +5,11 @@
 #include "lockstep/core.h"
 #include "lockstep/tensor.h"
 #include "lockstep/autograd.h"
+#include "lockstep/strategy.h"
+#include "lockstep/data.h"
+#include "lockstep/dist.h"
+#include "lockstep/nn.h"
+#include "lockstep/config.h"
+#include "lockstep/optim.h"
+#include "lockstep/models.h"
 #endif

@@ -21,7 +21,7 @@
  *     cfg.batch_size = 128;
  *     cfg.rank = rank;
  *     cfg.world_size = world;
- *     LK_TRY(lk_loader_create(train, &cfg, &loader));  // borrows `train`
+ *     LK_TRY(lk_loader_create(train, &cfg, &loader));  // holds a reference
  *     for (uint64_t epoch = 0; epoch < 10; epoch++) {
  *         LK_TRY(lk_loader_start(loader, epoch, 0));
  *         const lk_batch *b;
@@ -174,6 +174,11 @@ lk_status lk_dataset_idx_pair_create(const char *images_path, const char *labels
  * root NULL searches $LK_DATA_ROOT, $LK_DATA_ROOT/fashion-mnist and
  * /usr/share/datasets/fashion-mnist. The error lists every path tried. */
 lk_status lk_dataset_mnist_create(const char *root, const char *split, lk_dataset **out);
+/* Downloads the four MNIST-layout files (train/t10k images/labels, .gz)
+ * from `base_url` (NULL: Fashion-MNIST's canonical address) into `root`,
+ * skipping files already there: a prepare step for lk_data_prepare. */
+#define LK_FASHION_MNIST_URL "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/"
+lk_status lk_data_mnist_download(const char *root, const char *base_url, long timeout_s);
 /* npy files as fields (y_path may be NULL): shape[0] is the sample count. */
 lk_status lk_dataset_npy_create(const char *x_path, const char *y_path, lk_dataset **out);
 /* CSV as "x": f32 [C] and (with a label column) "y": label_dtype []. */
@@ -321,9 +326,8 @@ typedef struct lk_loader_config {
 lk_loader_config lk_loader_config_default(void);
 
 typedef struct lk_loader lk_loader;
-/* The loader borrows `ds` (it must outlive the loader) and allocates every
- * buffer here, so iterating allocates nothing. Starts no thread until
- * lk_loader_start. */
+/* The loader holds a reference to `ds` and allocates every buffer here, so
+ * iterating allocates nothing. Starts no thread until lk_loader_start. */
 lk_status lk_loader_create(lk_dataset *ds, const lk_loader_config *cfg, lk_loader **out);
 /* Stops the workers (waiting for the samples they are reading) and frees. */
 void lk_loader_free(lk_loader *l);

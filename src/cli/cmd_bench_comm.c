@@ -1,8 +1,323 @@
-/* Placeholder until this subcommand is built (see the open issues). */
+/* `lockstep bench comm`: all-reduce latency and bandwidth per message size
+ * for every communicator backend built, next to OpenMPI's own
+ * MPI_Allreduce on the same sizes, in the nccl-tests convention
+ * (algbw = bytes / time, busbw = algbw * 2(n-1)/n). The parent process
+ * launches itself N times per backend (lk_launch for shm, mpirun for mpi);
+ * rank 0 of each job writes CSV rows to a temporary file the parent merges.
+ * Rows: shm (buffer inside the segment: the DDP bucket path), shm-private
+ * (ordinary memory, copied through staging), mpi (lockstep's mpi backend,
+ * with its desync check), MPI_Allreduce (raw OpenMPI). */
+#include <errno.h>
+#include <spawn.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include "cli/cli.h"
+#include "lockstep.h"
+
+extern char **environ;
+/* Defined by the mpi backend when it is built; absent otherwise. */
+extern lk_status lk__mpi_raw_allreduce_us(size_t bytes, int iters, double *us) __attribute__((weak));
+
+typedef struct {
+    const char *backend, *worker, *csv, *out;
+    int n;
+    size_t min, max;
+    double time_s;
+    int iters; /* fixed count, 0: from time_s */
+} bench_opts;
+
+static int parse_size(const char *s, size_t *out) {
+    char *end;
+    double v = s ? strtod(s, &end) : 0;
+    if (!s || end == s || v <= 0) return 0;
+    size_t mul = 1;
+    if (*end == 'K' || *end == 'k') mul = 1024, end++;
+    else if (*end == 'M' || *end == 'm') mul = 1024 * 1024, end++;
+    else if (*end == 'G' || *end == 'g') mul = 1024ull * 1024 * 1024, end++;
+    if (*end == 'B' || *end == 'b') end++;
+    if (*end) return 0;
+    *out = (size_t)(v * (double)mul);
+    return 1;
+}
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: lockstep bench comm [--backend shm|mpi|all] [-n RANKS] [--min 4K] [--max 256M]\n"
+               "                           [--time SECONDS] [--iters N] [--csv FILE]\n\n"
+               "All-reduce (f32, sum) time and bandwidth per size, x4 steps from --min to --max,\n"
+               "for each backend built and raw MPI_Allreduce (when MPI and mpirun exist).\n"
+               "busbw = algbw * 2(n-1)/n. CSV columns: backend,ranks,bytes,time_us,algbw_gbps,busbw_gbps\n");
+}
+
+/* ---- worker: one rank of a benchmark job ---- */
+static double measure(lk_comm *c, void *buf, size_t count, int iters) {
+    double t0 = lk_time_now();
+    for (int i = 0; i < iters; i++)
+        if (lk_comm_all_reduce(c, buf, count, LK_F32, LK_REDUCE_SUM)) return -1;
+    return (lk_time_now() - t0) / iters;
+}
+
+static int pick_iters(lk_comm *c, void *buf, size_t count, const bench_opts *o) {
+    int32_t iters = o->iters;
+    if (!iters) {
+        double t = measure(c, buf, count, 3);
+        if (t < 0) return -1;
+        iters = (int32_t)(o->time_s / (t > 1e-7 ? t : 1e-7));
+        if (iters < 5) iters = 5;
+        if (iters > 20000) iters = 20000;
+    }
+    if (lk_comm_broadcast(c, &iters, 1, LK_I32, 0)) return -1; /* every rank runs the same count */
+    return iters;
+}
+
+static int row(FILE *out, lk_comm *c, const char *name, size_t bytes, double t) {
+    double tmax = t;
+    if (lk_comm_all_reduce(c, &tmax, 1, LK_F64, LK_REDUCE_MAX)) return 1;
+    int n = lk_comm_world_size(c);
+    double alg = (double)bytes / tmax / 1e9;
+    if (lk_comm_rank(c) == 0 && out) {
+        fprintf(out, "%s,%d,%zu,%.3f,%.4f,%.4f\n", name, n, bytes, tmax * 1e6, alg, alg * 2.0 * (n - 1) / n);
+        fflush(out);
+    }
+    return 0;
+}
+
+static int worker(const bench_opts *o) {
+    lk_comm_config cfg = lk_comm_config_default();
+    cfg.backend = o->worker;
+    cfg.shared_bytes = o->max + (1u << 20);
+    lk_comm *c;
+    if (lk_comm_create(&cfg, &c)) {
+        fprintf(stderr, "bench comm worker: %s\n", lk_last_error());
+        return 1;
+    }
+    FILE *out = NULL;
+    if (lk_comm_rank(c) == 0) {
+        out = o->out ? fopen(o->out, "w") : stdout;
+        if (!out) {
+            fprintf(stderr, "bench comm: cannot write %s: %s\n", o->out, strerror(errno));
+            lk_comm_abort(c, "cannot write the output file");
+            lk_comm_free(c);
+            return 1;
+        }
+    }
+    bool is_shm = !strcmp(lk_comm_backend(c), "shm");
+    void *shared = NULL, *priv = lk_aligned_alloc(64, o->max);
+    int rc = 0;
+    if (!priv || lk_comm_alloc_shared(c, o->max, &shared)) {
+        fprintf(stderr, "bench comm worker: %s\n", lk_last_error());
+        rc = 1;
+    }
+    if (priv) memset(priv, 0, o->max);
+    for (size_t bytes = o->min; !rc && bytes <= o->max; bytes *= 4) {
+        size_t count = bytes / sizeof(float);
+        for (int pass = 0; pass < 2 && !rc; pass++) {
+            void *buf = pass == 0 ? shared : priv;
+            const char *name = is_shm ? (pass == 0 ? "shm" : "shm-private") : (pass == 0 ? lk_comm_backend(c) : "MPI_Allreduce");
+            int iters = pick_iters(c, buf, count, o);
+            if (iters < 0) {
+                rc = 1;
+                break;
+            }
+            double t;
+            if (!is_shm && pass == 1) {
+                if (!lk__mpi_raw_allreduce_us) break;
+                double us;
+                if (lk__mpi_raw_allreduce_us(bytes, iters, &us)) {
+                    rc = 1;
+                    break;
+                }
+                t = us * 1e-6;
+            } else {
+                if (lk_comm_barrier(c)) {
+                    rc = 1;
+                    break;
+                }
+                t = measure(c, buf, count, iters);
+                if (t < 0) {
+                    rc = 1;
+                    break;
+                }
+            }
+            if (row(out, c, name, bytes, t)) rc = 1;
+        }
+    }
+    if (rc) fprintf(stderr, "bench comm worker: %s\n", lk_last_error());
+    if (out && out != stdout) fclose(out);
+    lk_comm_free_shared(c, shared);
+    lk_aligned_free(priv);
+    lk_comm_free(c);
+    return rc;
+}
+
+/* ---- parent: launch the workers, merge, print ---- */
+typedef struct {
+    char backend[32];
+    int ranks;
+    size_t bytes;
+    double us, alg, bus;
+} result;
+
+static int run_job(const bench_opts *o, const char *self, const char *backend, const char *outfile) {
+    char nbuf[16], minb[32], maxb[32], tb[32], ib[16];
+    snprintf(nbuf, sizeof nbuf, "%d", o->n);
+    snprintf(minb, sizeof minb, "%zu", o->min);
+    snprintf(maxb, sizeof maxb, "%zu", o->max);
+    snprintf(tb, sizeof tb, "%g", o->time_s);
+    snprintf(ib, sizeof ib, "%d", o->iters);
+    char *wargs[] = {(char *)self, "bench", "comm", "--worker", (char *)backend, "--min", minb, "--max", maxb,
+                     "--time", tb, "--iters", ib, "--out", (char *)outfile, NULL};
+    if (!strcmp(backend, "shm")) {
+        lk_launch_options lo = lk_launch_options_default();
+        lo.quiet = true;
+        int code = 1;
+        if (lk_launch(o->n, wargs, &lo, &code)) {
+            fprintf(stderr, "bench comm: %s\n", lk_last_error());
+            return 1;
+        }
+        return code;
+    }
+    char *margs[40];
+    int k = 0;
+    margs[k++] = "mpirun";
+    if (geteuid() == 0) margs[k++] = "--allow-run-as-root";
+    /* Oversubscription makes OpenMPI yield when idle, which is not what we compare against. */
+    if (o->n > sysconf(_SC_NPROCESSORS_ONLN)) margs[k++] = "--oversubscribe";
+    margs[k++] = "-np";
+    margs[k++] = nbuf;
+    for (int i = 0; wargs[i]; i++) margs[k++] = wargs[i];
+    margs[k] = NULL;
+    pid_t pid;
+    if (posix_spawnp(&pid, "mpirun", NULL, NULL, margs, environ)) {
+        fprintf(stderr, "bench comm: cannot run mpirun: %s\n", strerror(errno));
+        return 1;
+    }
+    int status;
+    waitpid(pid, &status, 0);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 1;
+}
+
+static int load(const char *file, result *res, int *nres, int cap) {
+    FILE *f = fopen(file, "r");
+    if (!f) return 0;
+    char line[256];
+    while (*nres < cap && fgets(line, sizeof line, f)) {
+        result r;
+        if (sscanf(line, "%31[^,],%d,%zu,%lf,%lf,%lf", r.backend, &r.ranks, &r.bytes, &r.us, &r.alg, &r.bus) == 6)
+            res[(*nres)++] = r;
+    }
+    fclose(f);
+    return 1;
+}
+
+static void human(size_t b, char *buf, size_t size) {
+    if (b >= (1u << 20) && b % (1u << 20) == 0) snprintf(buf, size, "%zuM", b >> 20);
+    else if (b >= 1024 && b % 1024 == 0) snprintf(buf, size, "%zuK", b >> 10);
+    else snprintf(buf, size, "%zu", b);
+}
 
 int lk_cmd_bench_comm(int argc, char **argv) {
-    (void)argc;
-    fprintf(stderr, "lockstep %s: not built yet\n", argv[0]);
-    return 1;
+    bench_opts o = {.backend = "all", .n = 2, .min = 4096, .max = 256u << 20, .time_s = 0.25};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        bool takes = strcmp(a, "-h") && strcmp(a, "--help");
+        if (takes && !v) {
+            fprintf(stderr, "lockstep bench comm: %s needs a value\n", a);
+            return 2;
+        }
+        if (!takes) {
+            usage(stdout);
+            return 0;
+        } else if (!strcmp(a, "--backend")) o.backend = v;
+        else if (!strcmp(a, "-n")) {
+            o.n = atoi(v);
+            if (o.n < 1 || o.n > 256) return fprintf(stderr, "lockstep bench comm: -n expects 1..256, got '%s'\n", v), 2;
+        } else if (!strcmp(a, "--min") || !strcmp(a, "--max")) {
+            size_t s;
+            if (!parse_size(v, &s) || s < 4)
+                return fprintf(stderr, "lockstep bench comm: %s expects a size like 4K, 1M, 256M; got '%s'\n", a, v), 2;
+            *(!strcmp(a, "--min") ? &o.min : &o.max) = s;
+        } else if (!strcmp(a, "--csv")) o.csv = v;
+        else if (!strcmp(a, "--time")) o.time_s = atof(v);
+        else if (!strcmp(a, "--iters")) o.iters = atoi(v);
+        else if (!strcmp(a, "--worker")) o.worker = v;
+        else if (!strcmp(a, "--out")) o.out = v;
+        else {
+            fprintf(stderr, "lockstep bench comm: unknown option '%s'\n", a);
+            usage(stderr);
+            return 2;
+        }
+        i++;
+    }
+    if (o.min > o.max) return fprintf(stderr, "lockstep bench comm: --min %zu exceeds --max %zu\n", o.min, o.max), 2;
+    if (o.time_s <= 0) o.time_s = 0.25;
+    if (o.worker) return worker(&o);
+
+    bool want_shm = !strcmp(o.backend, "all") || !strcmp(o.backend, "shm");
+    bool want_mpi = !strcmp(o.backend, "all") || !strcmp(o.backend, "mpi");
+    if (!want_shm && !want_mpi)
+        return fprintf(stderr, "lockstep bench comm: --backend expects shm, mpi or all; got '%s'\n", o.backend), 2;
+    bool have_mpi = false;
+    for (int i = 0; i < lk_comm_backend_count(); i++) have_mpi |= !strcmp(lk_comm_backend_name_at(i), "mpi");
+    bool mpirun = !system("command -v mpirun >/dev/null 2>&1");
+    if (want_mpi && (!have_mpi || !mpirun)) {
+        fprintf(stderr, "lockstep bench comm: skipping mpi: %s\n", !have_mpi ? "the mpi backend was not built" : "mpirun not found");
+        want_mpi = false;
+        if (!want_shm) return 1;
+    }
+    char self[4096];
+    ssize_t sl = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (sl <= 0) return fprintf(stderr, "lockstep bench comm: cannot find this program (/proc/self/exe)\n"), 1;
+    self[sl] = 0;
+    char tmp_shm[64], tmp_mpi[64];
+    snprintf(tmp_shm, sizeof tmp_shm, "/tmp/lk-bench-comm-%d-shm.csv", (int)getpid());
+    snprintf(tmp_mpi, sizeof tmp_mpi, "/tmp/lk-bench-comm-%d-mpi.csv", (int)getpid());
+    printf("all_reduce f32 sum, %d ranks, %zu..%zu bytes\n", o.n, o.min, o.max);
+    fflush(stdout);
+    int rc = 0;
+    if (want_shm && run_job(&o, self, "shm", tmp_shm)) rc = 1, fprintf(stderr, "lockstep bench comm: the shm job failed\n");
+    if (want_mpi && run_job(&o, self, "mpi", tmp_mpi)) rc = 1, fprintf(stderr, "lockstep bench comm: the mpi job failed\n");
+    result res[256];
+    int nres = 0;
+    if (want_shm) load(tmp_shm, res, &nres, 256);
+    if (want_mpi) load(tmp_mpi, res, &nres, 256);
+    unlink(tmp_shm);
+    unlink(tmp_mpi);
+
+    const char *order[] = {"shm", "shm-private", "mpi", "MPI_Allreduce"};
+    printf("\n%-8s", "size");
+    for (int b = 0; b < 4; b++) {
+        bool any = false;
+        for (int i = 0; i < nres; i++) any |= !strcmp(res[i].backend, order[b]);
+        if (any) printf(" | %-13s %9s %7s %7s", order[b], "time_us", "algbw", "busbw");
+    }
+    printf("\n");
+    for (size_t bytes = o.min; bytes <= o.max; bytes *= 4) {
+        char hb[32];
+        human(bytes, hb, sizeof hb);
+        printf("%-8s", hb);
+        for (int b = 0; b < 4; b++) {
+            bool any = false;
+            for (int i = 0; i < nres; i++) any |= !strcmp(res[i].backend, order[b]);
+            if (!any) continue;
+            int k = -1;
+            for (int i = 0; i < nres; i++)
+                if (!strcmp(res[i].backend, order[b]) && res[i].bytes == bytes) k = i;
+            if (k < 0) printf(" | %-13s %9s %7s %7s", "", "-", "-", "-");
+            else printf(" | %-13s %9.2f %7.2f %7.2f", "", res[k].us, res[k].alg, res[k].bus);
+        }
+        printf("\n");
+    }
+    printf("(time in µs per all_reduce, bandwidth in GB/s; busbw = algbw * 2(n-1)/n)\n");
+    if (o.csv) {
+        FILE *f = fopen(o.csv, "w");
+        if (!f) return fprintf(stderr, "lockstep bench comm: cannot write %s: %s\n", o.csv, strerror(errno)), 1;
+        fprintf(f, "backend,ranks,bytes,time_us,algbw_gbps,busbw_gbps\n");
+        for (int i = 0; i < nres; i++)
+            fprintf(f, "%s,%d,%zu,%.3f,%.4f,%.4f\n", res[i].backend, res[i].ranks, res[i].bytes, res[i].us, res[i].alg, res[i].bus);
+        fclose(f);
+    }
+    return rc;
 }

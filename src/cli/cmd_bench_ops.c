@@ -1,8 +1,151 @@
-/* Placeholder until this subcommand is built (see the open issues). */
+/* `lockstep bench ops`: GEMM throughput through lk_matmul against calling
+ * cblas_sgemm directly on the same buffers, and the forward+backward time of
+ * a 784-512-256-64 MLP. A benchmark, never a test: it prints a table. */
+#include <cblas.h>
+#include <stdlib.h>
+#include <string.h>
+
 #include "cli/cli.h"
+#include "lockstep.h"
+
+static double median(double *v, int n) {
+    for (int i = 1; i < n; i++)
+        for (int j = i; j > 0 && v[j] < v[j - 1]; j--) {
+            double t = v[j];
+            v[j] = v[j - 1];
+            v[j - 1] = t;
+        }
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* Repeats `fn` until ~`budget` seconds pass (at least 5 runs), in 7 rounds;
+ * returns the median seconds per call. */
+typedef void (*bench_fn)(void *ctx);
+static double time_it(bench_fn fn, void *ctx, double budget) {
+    fn(ctx); /* warm-up: caches, pool, BLAS threads */
+    double t0 = lk_time_now();
+    fn(ctx);
+    double one = lk_time_now() - t0;
+    int reps = one > 0 ? (int)(budget / 7 / one) : 100;
+    if (reps < 3) reps = 3;
+    double r[7];
+    for (int k = 0; k < 7; k++) {
+        t0 = lk_time_now();
+        for (int i = 0; i < reps; i++) fn(ctx);
+        r[k] = (lk_time_now() - t0) / reps;
+    }
+    return median(r, 7);
+}
+
+typedef struct {
+    int64_t M, K, N;
+    bool trans_b;
+    lk_tensor *a, *b, *bt, *c;
+} gemm_ctx;
+
+static void run_direct(void *p) {
+    gemm_ctx *g = p;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, g->trans_b ? CblasTrans : CblasNoTrans, (int)g->M, (int)g->N, (int)g->K,
+                1.0f, g->a->data, (int)g->K, g->trans_b ? g->bt->data : g->b->data, g->trans_b ? (int)g->K : (int)g->N,
+                0.0f, g->c->data, (int)g->N);
+}
+
+static void run_lockstep(void *p) {
+    gemm_ctx *g = p;
+    lk_scope_begin();
+    lk_tensor *r = lk_matmul(g->a, g->trans_b ? lk_transpose(g->bt, 0, 1) : g->b);
+    if (!r) lk_panic("matmul failed: %s", lk_last_error());
+    lk_scope_end();
+}
+
+typedef struct {
+    lk_tensor *x, *w[3], *b[3];
+} mlp_ctx;
+
+static void run_mlp(void *p) {
+    mlp_ctx *m = p;
+    lk_scope_begin();
+    lk_tensor *h = m->x;
+    for (int i = 0; i < 3; i++) {
+        h = lk_linear(h, m->w[i], m->b[i]);
+        if (i < 2) h = lk_relu(h);
+    }
+    lk_tensor *loss = lk_mean(lk_mul(h, h), NULL, 0, false);
+    if (!loss || lk_backward(loss)) lk_panic("mlp step failed: %s", lk_last_error());
+    lk_scope_end();
+}
 
 int lk_cmd_bench_ops(int argc, char **argv) {
-    (void)argc;
-    fprintf(stderr, "lockstep %s: not built yet\n", argv[0]);
-    return 1;
+    double budget = 1.0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--seconds") && i + 1 < argc) budget = atof(argv[++i]);
+        else if (!strcmp(argv[i], "--help")) {
+            printf("usage: lockstep bench ops [--seconds S]\n"
+                   "GFLOP/s of lk_matmul vs direct cblas_sgemm on the same buffers (median of 7 rounds,\n"
+                   "about S seconds per cell), and forward+backward time of a 784-512-256-64 MLP at batch 256.\n");
+            return 0;
+        } else {
+            fprintf(stderr, "lockstep bench ops: unknown option '%s'\n", argv[i]);
+            return 2;
+        }
+    }
+    printf("BLAS: %s, %d thread(s)\n", openblas_get_config(), openblas_get_num_threads());
+    static const struct { int64_t M, K, N; bool tb; const char *what; } shapes[] = {
+        {256, 784, 512, false, "MLP layer 1 (x @ W)"},
+        {256, 784, 512, true, "MLP layer 1 (x @ W^T view)"},
+        {256, 1024, 1024, false, "wide layer"},
+        {256, 1024, 1024, true, "wide layer, W^T view"},
+        {512, 512, 512, false, "square 512"},
+        {1024, 1024, 1024, false, "square 1024"},
+        {64, 784, 512, true, "batch 64, W^T view"},
+    };
+    printf("\n%-16s %-28s %12s %12s %8s\n", "shape (MxKxN)", "case", "cblas GF/s", "lockstep GF/s", "ratio");
+    lk_rng rng;
+    lk_rng_init(&rng, 1, LK_RNG_USER, 0, 0);
+    bool prev = lk_set_grad_enabled(false);
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        gemm_ctx g = {shapes[s].M, shapes[s].K, shapes[s].N, shapes[s].tb, NULL, NULL, NULL, NULL};
+        g.a = lk_tensor_randn(&rng, LK_SHAPE(g.M, g.K), 0, 1);
+        g.b = lk_tensor_randn(&rng, LK_SHAPE(g.K, g.N), 0, 1);
+        g.bt = lk_tensor_randn(&rng, LK_SHAPE(g.N, g.K), 0, 1);
+        g.c = lk_tensor_zeros(LK_F32, LK_SHAPE(g.M, g.N));
+        double flops = 2.0 * (double)g.M * (double)g.K * (double)g.N;
+        /* interleave to share the machine's noise */
+        double td = time_it(run_direct, &g, budget / 2), tl = time_it(run_lockstep, &g, budget / 2);
+        double td2 = time_it(run_direct, &g, budget / 2), tl2 = time_it(run_lockstep, &g, budget / 2);
+        td = td < td2 ? td : td2;
+        tl = tl < tl2 ? tl : tl2;
+        char sh[64];
+        snprintf(sh, sizeof sh, "%lldx%lldx%lld", (long long)g.M, (long long)g.K, (long long)g.N);
+        printf("%-16s %-28s %12.1f %12.1f %7.1f%%\n", sh, shapes[s].what, flops / td / 1e9, flops / tl / 1e9,
+               100.0 * td / tl);
+        lk_tensor_release(g.a);
+        lk_tensor_release(g.b);
+        lk_tensor_release(g.bt);
+        lk_tensor_release(g.c);
+    }
+    lk_set_grad_enabled(prev);
+
+    mlp_ctx m;
+    static const int64_t widths[] = {784, 512, 256, 64};
+    m.x = lk_tensor_randn(&rng, LK_SHAPE(256, 784), 0, 1);
+    double flops = 0;
+    for (int i = 0; i < 3; i++) {
+        m.w[i] = lk_tensor_randn(&rng, LK_SHAPE(widths[i + 1], widths[i]), 0, 0.05f);
+        m.b[i] = lk_tensor_zeros(LK_F32, LK_SHAPE(widths[i + 1]));
+        lk_tensor_set_requires_grad(m.w[i], true);
+        lk_tensor_set_requires_grad(m.b[i], true);
+        flops += 2.0 * 256 * (double)widths[i] * (double)widths[i + 1];
+    }
+    /* forward 1x, backward 2x (dW for all, dX for layers 2..3) */
+    double total_flops = flops * 3 - 2.0 * 256 * 784 * 512;
+    double t = time_it(run_mlp, &m, budget * 2);
+    printf("\nMLP 784-512-256-64, batch 256, forward+backward: %.3f ms/step, %.1f GFLOP/s, %.0f samples/s\n",
+           t * 1e3, total_flops / t / 1e9, 256 / t);
+    lk_tensor_release(m.x);
+    for (int i = 0; i < 3; i++) {
+        lk_tensor_release(m.w[i]);
+        lk_tensor_release(m.b[i]);
+    }
+    return 0;
 }

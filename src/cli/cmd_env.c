@@ -1,8 +1,111 @@
-/* Placeholder until this subcommand is built (see the open issues). */
+/* `lockstep env`: what this machine and this process group look like —
+ * cores, memory, CPU, the OpenBLAS kernel set, GPUs, the detected process
+ * group and its variables, the communicator backends built, and every LK_*
+ * variable with its value. The first thing to paste into a bug report. */
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cblas.h>
+
 #include "cli/cli.h"
+#include "lockstep.h"
+
+static void read_field(const char *path, const char *key, char *out, size_t size) {
+    out[0] = 0;
+    FILE *f = fopen(path, "r");
+    if (!f) return;
+    char line[512];
+    size_t klen = strlen(key);
+    while (fgets(line, sizeof line, f)) {
+        if (strncmp(line, key, klen)) continue;
+        char *v = strchr(line + klen, ':');
+        v = v ? v + 1 : line + klen;
+        while (*v == ' ' || *v == '\t') v++;
+        v[strcspn(v, "\n")] = 0;
+        snprintf(out, size, "%s", v);
+        break;
+    }
+    fclose(f);
+}
+
+static void gpus(void) {
+    struct stat st;
+    bool smi = !system("command -v nvidia-smi >/dev/null 2>&1");
+    if (smi) {
+        printf("gpus:\n");
+        fflush(stdout);
+        if (system("nvidia-smi -L 2>/dev/null | sed 's/^/  /'") != 0) printf("  (nvidia-smi failed)\n");
+        return;
+    }
+    if (!stat("/proc/driver/nvidia/gpus", &st)) {
+        printf("gpus            : NVIDIA driver present (/proc/driver/nvidia/gpus), nvidia-smi not found\n");
+        return;
+    }
+    printf("gpus            : none (no nvidia-smi, no /proc/driver/nvidia)\n");
+}
 
 int lk_cmd_env(int argc, char **argv) {
-    (void)argc;
-    fprintf(stderr, "lockstep %s: not built yet\n", argv[0]);
-    return 1;
+    if (argc > 1 && (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help"))) {
+        printf("usage: lockstep env\n\nPrints the hardware, the process group detected from the environment,\n"
+               "the communicator backends built and the LK_* variables.\n");
+        return 0;
+    }
+    if (argc > 1) {
+        fprintf(stderr, "lockstep env: unexpected argument '%s' (it takes none)\n", argv[1]);
+        return 2;
+    }
+    char model[256], mem[128];
+    read_field("/proc/cpuinfo", "model name", model, sizeof model);
+    read_field("/proc/meminfo", "MemTotal", mem, sizeof mem);
+    printf("lockstep        : %s\n", LK_VERSION_STRING);
+    printf("cpu             : %s\n", model[0] ? model : "unknown");
+    printf("cores           : %ld online (%ld configured)\n", sysconf(_SC_NPROCESSORS_ONLN), sysconf(_SC_NPROCESSORS_CONF));
+    long kb = atol(mem);
+    printf("memory          : %.1f GiB\n", (double)kb / (1024.0 * 1024.0));
+    printf("blas            : OpenBLAS, core %s, %d threads, config: %s\n", openblas_get_corename(),
+           openblas_get_num_threads(), openblas_get_config());
+    gpus();
+
+    lk_pg_info pg;
+    char desc[256];
+    if (lk_pg_info_from_env(&pg)) {
+        printf("process group   : INVALID: %s\n", lk_last_error());
+    } else {
+        lk_pg_info_format(&pg, desc, sizeof desc);
+        printf("process group   : %s\n", desc);
+        if (pg.master_addr[0] || pg.master_port) printf("rendezvous      : %s:%d\n", pg.master_addr, pg.master_port);
+    }
+    static const char *vars[] = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
+                                 "MASTER_PORT", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+                                 "OMPI_COMM_WORLD_LOCAL_SIZE", "PMI_RANK", "PMI_SIZE", "SLURM_PROCID", "SLURM_LOCALID",
+                                 "SLURM_NTASKS", "SLURM_NODEID", "SLURM_NNODES", "SLURM_JOB_ID"};
+    int shown = 0;
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
+        const char *v = getenv(vars[i]);
+        if (!v) continue;
+        printf("%s  %s=%s\n", shown++ ? "               " : "  variables     :", vars[i], v);
+    }
+    printf("comm backends   :");
+    for (int i = 0; i < lk_comm_backend_count(); i++) printf(" %s", lk_comm_backend_name_at(i));
+    printf("\n");
+    bool mpirun = !system("command -v mpirun >/dev/null 2>&1");
+    printf("mpirun          : %s\n", mpirun ? "found" : "not found");
+    int n = 0;
+    const lk_env_var *ev = lk_env_vars(&n);
+    printf("LK_* variables  :\n");
+    for (int i = 0; i < n; i++) {
+        const char *v = getenv(ev[i].name);
+        printf("  %-18s = %-10s %s%s%s\n", ev[i].name, v ? v : (ev[i].default_value ? ev[i].default_value : "-"),
+               v ? "(set)" : "(default)", ev[i].help ? "  " : "", ev[i].help ? ev[i].help : "");
+    }
+    const char *extra[] = {"LK_COMM_SHM_BYTES", "LK_COMM_CHECK_DESYNC"};
+    for (size_t i = 0; i < 2; i++) {
+        bool declared = false;
+        for (int j = 0; j < n; j++) declared |= !strcmp(ev[j].name, extra[i]);
+        const char *v = getenv(extra[i]);
+        if (!declared && v) printf("  %-18s = %s (set)\n", extra[i], v);
+    }
+    return 0;
 }

@@ -1,8 +1,329 @@
-/* Placeholder until this subcommand is built (see the open issues). */
+/* `lockstep fit|validate|test|predict`: LightningCLI over the library.
+ * Config files (-c, repeatable, merged in order) and dotted overrides make
+ * one config tree; every section is validated against its parameter table
+ * before anything starts; with devices > 1 the program relaunches itself as
+ * that many ranks (Lightning's subprocess launcher) and waits for them. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
 #include "cli/cli.h"
+#include "lockstep.h"
+#include "lockstep/config.h"
+#include "lockstep/trainer.h"
+
+typedef struct {
+    lk_trainer_config trainer;
+    lk_optim_settings optim;
+    const char *model;
+    const char *data;
+    lk_model_kv model_args[64], data_args[64];
+    int n_model_args, n_data_args;
+    const char *ckpt_path;
+    int64_t seed;
+} run_spec;
+
+static const char *const top_keys[] = {"seed_everything", "trainer", "model", "data", "optimizer", "lr_scheduler", "ckpt_path"};
+#define N_TOP (int)(sizeof top_keys / sizeof top_keys[0])
+
+static void print_help(const char *cmd) {
+    printf("usage: lockstep %s [-c CONFIG.yaml]... [--SECTION.KEY VALUE]... [--print_config] [--help]\n\n", cmd);
+    printf("Config files are merged in order (later files win); --section.key overrides beat files.\n"
+           "Top-level sections: seed_everything, trainer, model, data, optimizer, lr_scheduler, ckpt_path.\n\n");
+    int n;
+    printf("trainer:\n");
+    const lk_param *tp = lk_trainer_params(&n);
+    lk_params_print_help(tp, n, stdout, "trainer");
+    printf("\noptimizer / lr_scheduler (one table; lr_scheduler.class_path sets optimizer.scheduler):\n");
+    const lk_param *op = lk_optim_settings_params(&n);
+    lk_params_print_help(op, n, stdout, "optimizer");
+    printf("\nmodel.class_path (and its model.init_args):\n");
+    const lk_model_info *mi = lk_models(&n);
+    for (int i = 0; i < n; i++) {
+        printf("  %-14s %s\n", mi[i].name, mi[i].help);
+        for (int k = 0; k < mi[i].n_args; k++)
+            printf("      --model.init_args.%-22s (default: %s) %s\n", mi[i].args[k].name,
+                   mi[i].args[k].default_value ? mi[i].args[k].default_value : "null", mi[i].args[k].help);
+    }
+    printf("\ndata.class_path (and its data.init_args):\n");
+    const lk_datamodule_info *di = lk_datamodules(&n);
+    for (int i = 0; i < n; i++) {
+        printf("  %-14s %s\n", di[i].name, di[i].help);
+        lk_params_print_help(di[i].params, di[i].n_params, stdout, "data.init_args");
+    }
+    printf("\nckpt_path: last | best | PATH   checkpoint to resume from (fit) or evaluate\n");
+}
+
+static lk_status where_error(const lk_config_node *node, const char *what) {
+    char w[512];
+    lk_config_node_where(node, w, sizeof w);
+    return lk_error(LK_STATUS_INVALID_ARGUMENT, "%s: %s", w, what);
+}
+
+/* class_path + init_args of a section into (name, kv list). */
+static lk_status read_class(const lk_config_node *sec, const char *section, const char **name, lk_model_kv *kv,
+                            int *n) {
+    *n = 0;
+    if (!sec || lk_config_node_is_null(sec)) return lk_error(LK_STATUS_INVALID_ARGUMENT, "%s.class_path is required", section);
+    if (lk_config_node_type(sec) != LK_CONFIG_MAP) return where_error(sec, "expected a mapping with class_path and init_args");
+    for (int i = 0; i < lk_config_node_count(sec); i++) {
+        const lk_config_node *c = lk_config_node_child(sec, i);
+        const char *key = lk_config_node_key(c);
+        if (strcmp(key, "class_path") && strcmp(key, "init_args")) {
+            char msg[256];
+            const char *cands[] = {"class_path", "init_args"};
+            const char *s = lk_suggest(key, cands, 2);
+            snprintf(msg, sizeof msg, "unknown key '%s.%s'%s%s%s (expected class_path and init_args)", section, key,
+                     s ? " (did you mean '" : "", s ? s : "", s ? "'?)" : "");
+            return where_error(c, msg);
+        }
+    }
+    const lk_config_node *cp = lk_config_node_get(sec, "class_path");
+    if (!cp || lk_config_node_type(cp) != LK_CONFIG_SCALAR || lk_config_node_is_null(cp))
+        return lk_error(LK_STATUS_INVALID_ARGUMENT, "%s.class_path is required (a name such as %s)", section,
+                        !strcmp(section, "model") ? "autoencoder, mlp or cnn" : "fashion_mnist or synthetic");
+    *name = lk_config_node_text(cp);
+    const char *dot = strrchr(*name, '.'); /* "lockstep.models.mlp" -> "mlp" */
+    if (dot) *name = dot + 1;
+    const lk_config_node *ia = lk_config_node_get(sec, "init_args");
+    if (!ia || lk_config_node_is_null(ia)) return LK_STATUS_OK;
+    if (lk_config_node_type(ia) != LK_CONFIG_MAP) return where_error(ia, "init_args must be a mapping");
+    for (int i = 0; i < lk_config_node_count(ia) && *n < 64; i++) {
+        const lk_config_node *c = lk_config_node_child(ia, i);
+        kv[*n].key = lk_config_node_key(c);
+        if (lk_config_node_type(c) == LK_CONFIG_SCALAR) kv[*n].value = lk_config_node_text(c);
+        else { /* a flow list such as [784, 512]: pass it as YAML text */
+            char *y = NULL;
+            size_t len;
+            LK_TRY(lk_config_node_to_yaml(c, &y, &len));
+            for (size_t k = 0; k < len; k++)
+                if (y[k] == '\n') y[k] = ' ';
+            kv[*n].value = y; /* leaked on purpose: lives as long as the command */
+        }
+        (*n)++;
+    }
+    return LK_STATUS_OK;
+}
+
+static lk_status read_spec(lk_config *cfg, run_spec *rs) {
+    const lk_config_node *root = lk_config_root(cfg);
+    for (int i = 0; root && i < lk_config_node_count(root); i++) {
+        const lk_config_node *c = lk_config_node_child(root, i);
+        const char *key = lk_config_node_key(c);
+        bool ok = false;
+        for (int k = 0; k < N_TOP; k++) ok |= !strcmp(key, top_keys[k]);
+        if (!ok) {
+            char msg[512];
+            const char *s = lk_suggest(key, top_keys, N_TOP);
+            snprintf(msg, sizeof msg, "unknown top-level key '%s'%s%s%s (expected one of seed_everything, trainer, "
+                     "model, data, optimizer, lr_scheduler, ckpt_path)", key, s ? " (did you mean '" : "", s ? s : "",
+                     s ? "'?)" : "");
+            return where_error(c, msg);
+        }
+    }
+    int n;
+    const lk_param *tp = lk_trainer_params(&n);
+    LK_TRY(lk_trainer_config_default(&rs->trainer));
+    LK_TRY(lk_config_apply_params(lk_config_get(cfg, "trainer"), tp, n, &rs->trainer, "trainer"));
+    const lk_config_node *se = lk_config_get(cfg, "seed_everything");
+    if (se && !lk_config_node_is_null(se)) {
+        static const lk_param sp[] = {{"seed_everything", LK_PARAM_INT, 0, "0", 0, 4294967295.0, NULL, "seed"}};
+        int64_t v;
+        char w[256];
+        lk_config_node_where(se, w, sizeof w);
+        LK_TRY(lk_params_set(sp, 1, &v, w, "seed_everything", lk_config_node_text(se)));
+        rs->trainer.seed = v;
+    }
+    const lk_param *op = lk_optim_settings_params(&n);
+    LK_TRY(lk_optim_settings_default(&rs->optim));
+    for (int pass = 0; pass < 2; pass++) {
+        const char *sec = pass ? "lr_scheduler" : "optimizer";
+        const lk_config_node *node = lk_config_get(cfg, sec);
+        if (!node || lk_config_node_is_null(node)) continue;
+        const lk_config_node *cp = lk_config_node_get(node, "class_path");
+        if (cp) { /* LightningCLI form: class_path + init_args */
+            const char *name = lk_config_node_text(cp);
+            const char *dot = strrchr(name, '.');
+            char lower[64];
+            snprintf(lower, sizeof lower, "%s", dot ? dot + 1 : name);
+            for (char *p = lower; *p; p++) *p = (char)(*p >= 'A' && *p <= 'Z' ? *p + 32 : *p);
+            static const struct { const char *from, *to; } alias[] = {
+                {"steplr", "step"}, {"multisteplr", "multistep"}, {"exponentiallr", "exponential"},
+                {"cosineannealinglr", "cosine"}, {"linearlr", "linear"}, {"onecyclelr", "onecycle"},
+                {"reducelronplateau", "plateau"}};
+            for (size_t k = 0; k < sizeof alias / sizeof alias[0]; k++)
+                if (!strcmp(lower, alias[k].from)) snprintf(lower, sizeof lower, "%s", alias[k].to);
+            char w[256];
+            lk_config_node_where(cp, w, sizeof w);
+            LK_TRY(lk_params_set(op, n, &rs->optim, w, pass ? "scheduler" : "name", lower));
+            LK_TRY(lk_config_apply_params(lk_config_node_get(node, "init_args"), op, n, &rs->optim, sec));
+        } else {
+            LK_TRY(lk_config_apply_params(node, op, n, &rs->optim, sec));
+        }
+    }
+    LK_TRY(read_class(lk_config_get(cfg, "model"), "model", &rs->model, rs->model_args, &rs->n_model_args));
+    LK_TRY(read_class(lk_config_get(cfg, "data"), "data", &rs->data, rs->data_args, &rs->n_data_args));
+    const lk_config_node *ck = lk_config_get(cfg, "ckpt_path");
+    rs->ckpt_path = ck && !lk_config_node_is_null(ck) ? lk_config_node_text(ck) : NULL;
+    return LK_STATUS_OK;
+}
+
+/* Writes every default into the tree, so --print_config and config.yaml
+ * show the whole configuration and feed back unchanged. */
+/* The value as YAML text: strings quoted, so "{epoch}-{step}" stays a string. */
+static const char *yaml_value(const lk_param *p, const void *obj, char *buf, size_t size) {
+    if (p->type != LK_PARAM_STRING) return lk_params_format(p, obj, buf, size);
+    const char *s = (const char *)obj + p->offset;
+    size_t k = 0;
+    buf[k++] = '"';
+    for (; *s && k + 3 < size; s++) {
+        if (*s == '"' || *s == '\\') buf[k++] = '\\';
+        buf[k++] = *s;
+    }
+    buf[k++] = '"';
+    buf[k] = 0;
+    return buf;
+}
+
+static lk_status fill_defaults(lk_config *cfg, const run_spec *rs) {
+    int n;
+    char path[256], val[1024];
+    const lk_param *tp = lk_trainer_params(&n);
+    LK_TRY(lk_config_set_default(cfg, "seed_everything", "0", "(default)"));
+    for (int i = 0; i < n; i++) {
+        snprintf(path, sizeof path, "trainer.%s", tp[i].name);
+        LK_TRY(lk_config_set_default(cfg, path, yaml_value(&tp[i], &rs->trainer, val, sizeof val), "(default)"));
+    }
+    const lk_param *op = lk_optim_settings_params(&n);
+    const lk_config_node *o = lk_config_get(cfg, "optimizer");
+    if (!o || !lk_config_node_get(o, "class_path"))
+        for (int i = 0; i < n; i++) {
+            snprintf(path, sizeof path, "optimizer.%s", op[i].name);
+            LK_TRY(lk_config_set_default(cfg, path, yaml_value(&op[i], &rs->optim, val, sizeof val), "(default)"));
+        }
+    const lk_model_info *mi = lk_model_find(rs->model);
+    for (int i = 0; mi && i < mi->n_args; i++) {
+        snprintf(path, sizeof path, "model.init_args.%s", mi->args[i].name);
+        if (mi->args[i].default_value)
+            LK_TRY(lk_config_set_default(cfg, path, mi->args[i].default_value, "(default)"));
+    }
+    const lk_datamodule_info *di = lk_datamodules(&n);
+    for (int d = 0; d < n; d++) {
+        if (strcmp(di[d].name, rs->data)) continue;
+        for (int i = 0; i < di[d].n_params; i++) {
+            snprintf(path, sizeof path, "data.init_args.%s", di[d].params[i].name);
+            if (!di[d].params[i].def) continue;
+            bool str = di[d].params[i].type == LK_PARAM_STRING;
+            snprintf(val, sizeof val, str ? "\"%s\"" : "%s", di[d].params[i].def);
+            LK_TRY(lk_config_set_default(cfg, path, val, "(default)"));
+        }
+    }
+    return LK_STATUS_OK;
+}
+
+static int fail(const char *cmd, int code) {
+    fprintf(stderr, "lockstep %s: error: %s\n", cmd, lk_last_error());
+    return code;
+}
 
 int lk_cmd_fit(int argc, char **argv) {
-    (void)argc;
-    fprintf(stderr, "lockstep %s: not built yet\n", argv[0]);
-    return 1;
+    const char *cmd = argv[0];
+    static const char *const flags[] = {"--help", "-h", "--print_config"};
+    lk_config_args args;
+    if (lk_config_args_parse(argc - 1, argv + 1, flags, 3, &args)) return fail(cmd, 2);
+    bool print_config = false;
+    for (int i = 0; i < args.nrest; i++) {
+        if (!strcmp(args.rest[i], "--help") || !strcmp(args.rest[i], "-h")) {
+            print_help(cmd);
+            lk_config_args_free(&args);
+            return 0;
+        }
+        if (!strcmp(args.rest[i], "--print_config")) print_config = true;
+        else {
+            lk_error(LK_STATUS_INVALID_USAGE, "unexpected argument '%s' (see 'lockstep %s --help')", args.rest[i], cmd);
+            lk_config_args_free(&args);
+            return fail(cmd, 2);
+        }
+    }
+    lk_config *cfg = lk_config_create();
+    run_spec rs;
+    memset(&rs, 0, sizeof rs);
+    if (!cfg || lk_config_load_args(cfg, &args) || read_spec(cfg, &rs) || fill_defaults(cfg, &rs)) {
+        int rc = fail(cmd, 2);
+        lk_config_free(cfg);
+        lk_config_args_free(&args);
+        return rc;
+    }
+    /* Build the module and data module once here, so bad init_args are
+     * reported before any process is launched. */
+    lk_module *module = NULL;
+    lk_datamodule *dm = NULL;
+    if (lk_module_create_builtin(rs.model, rs.model_args, rs.n_model_args, (uint64_t)rs.trainer.seed, &module) ||
+        lk_datamodule_create_builtin(rs.data, rs.data_args, rs.n_data_args, (uint64_t)rs.trainer.seed, &dm)) {
+        int rc = fail(cmd, 2);
+        lk_module_free(module);
+        lk_config_free(cfg);
+        lk_config_args_free(&args);
+        return rc;
+    }
+    char *yaml = NULL;
+    size_t ylen = 0;
+    lk_config_node_to_yaml(lk_config_root(cfg), &yaml, &ylen);
+    if (print_config) {
+        fputs(yaml ? yaml : "", stdout);
+        lk_free(yaml);
+        lk_module_free(module);
+        lk_datamodule_free(dm);
+        lk_config_free(cfg);
+        lk_config_args_free(&args);
+        return 0;
+    }
+    int rc = 0;
+    const char *world_env = getenv("WORLD_SIZE");
+    bool launched = world_env || getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE") || getenv("SLURM_NTASKS");
+    int64_t devices = rs.trainer.devices > 0 ? rs.trainer.devices : 1;
+    if (!launched && devices > 1 && strcmp(rs.trainer.strategy, "single")) {
+        /* Lightning's subprocess launcher: run this same command as N ranks. */
+        char **child = calloc((size_t)argc + 2, sizeof *child);
+        child[0] = "/proc/self/exe";
+        for (int i = 0; i < argc; i++) child[i + 1] = argv[i];
+        lk_launch_options lo = lk_launch_options_default();
+        lo.quiet = true;
+        int code = 0;
+        if (lk_launch((int)devices, child, &lo, &code)) rc = fail(cmd, 1);
+        else rc = code;
+        free(child);
+    } else {
+        lk_trainer *tr = NULL;
+        lk_status st = lk_trainer_create(&rs.trainer, &rs.optim, yaml, &tr);
+        if (!st) {
+            if (!strcmp(cmd, "fit")) st = lk_trainer_fit(tr, module, dm, rs.ckpt_path);
+            else if (!strcmp(cmd, "validate")) st = lk_trainer_validate(tr, module, dm, rs.ckpt_path);
+            else if (!strcmp(cmd, "test")) st = lk_trainer_test(tr, module, dm, rs.ckpt_path);
+            else st = lk_trainer_predict(tr, module, dm, rs.ckpt_path);
+        }
+        if (st) {
+            rc = fail(cmd, 1);
+            if (st == LK_STATUS_ABORTED && strstr(lk_last_error(), "stopped by signal 15")) rc = 143;
+            if (st == LK_STATUS_ABORTED && strstr(lk_last_error(), "stopped by signal 2")) rc = 130;
+        } else if (lk_trainer_rank(tr) == 0 && lk_trainer_log_dir(tr)[0]) {
+            const char *last = lk_trainer_last_checkpoint(tr), *best = lk_trainer_best_checkpoint(tr);
+            if (!strcmp(cmd, "fit")) {
+                if (best[0]) printf("best checkpoint: %s\n", best);
+                if (last[0]) printf("last checkpoint: %s\n", last);
+            }
+            printf("logs:            %s/metrics.csv\n", lk_trainer_log_dir(tr));
+            char png[2200];
+            snprintf(png, sizeof png, "%s/reconstructions.png", lk_trainer_log_dir(tr));
+            if (access(png, R_OK) == 0) printf("picture:         %s\n", png);
+        }
+        lk_trainer_free(tr);
+    }
+    lk_free(yaml);
+    lk_module_free(module);
+    lk_datamodule_free(dm);
+    lk_config_free(cfg);
+    lk_config_args_free(&args);
+    return rc;
 }

@@ -1,0 +1,265 @@
+/* lockstep/nn.h — layers (PyTorch's nn.Module building blocks) with named
+ * parameters, buffers and children; initialisers; named tensor lists and
+ * state dicts; flattening every parameter and gradient into one contiguous
+ * buffer for the fused optimizers and DDP's bucketed all-reduce.
+ *
+ * Naming: an `lk_layer` is what PyTorch calls an nn.Module. The name
+ * `lk_module` belongs to the trainer (the LightningModule equivalent).
+ *
+ * A layer is a plain struct: a type name, a forward function, parameters,
+ * buffers and children in registration order, a training flag and private
+ * data. Parameter and buffer names follow PyTorch's dotted convention for the
+ * same architecture ("encoder.0.weight", "bn1.running_mean"), so a state dict
+ * round-trips by name with the PyTorch module of the same structure.
+ *
+ * Ownership: a layer owns its parameters, buffers and children and frees them
+ * in lk_layer_free (recursively). Built-in constructors return a new layer the
+ * caller owns (or NULL with the error set).
+ *
+ * A custom layer in C (this compiles; tests/nn/test_layers.c runs it):
+ *
+ *     typedef struct { float scale; } my_impl;
+ *     static lk_tensor *my_forward(lk_layer *self, lk_tensor *x) {
+ *         my_impl *m = self->impl;
+ *         lk_tensor *h = lk_layer_forward(lk_layer_child(self, 0), x);   // "fc"
+ *         return lk_mul_scalar(lk_relu(h), m->scale);
+ *     }
+ *     static lk_layer *my_create(lk_rng *rng) {
+ *         my_impl *m = lk_calloc(1, sizeof *m);
+ *         if (!m) return NULL;
+ *         m->scale = 2.0f;
+ *         lk_layer *l = lk_layer_create("MyLayer", my_forward, m, NULL); // NULL destroy: impl is lk_free'd
+ *         if (!l) { lk_free(m); return NULL; }
+ *         if (lk_layer_add_child(l, "fc", lk_linear_create(4, 3, true, rng))) { lk_layer_free(l); return NULL; }
+ *         return l;   // parameters: "fc.weight", "fc.bias"
+ *     }
+ *
+ * Forward functions must read parameters through self->params[i].tensor (or
+ * lk_layer_param) at call time and never cache the pointers elsewhere:
+ * lk_params_flatten replaces every parameter tensor with a view.
+ */
+#ifndef LOCKSTEP_NN_H
+#define LOCKSTEP_NN_H
+
+#include "lockstep/autograd.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ========================================================================
+ * Named tensor lists (parameters, buffers, state dicts, optimizer state)
+ * ====================================================================== */
+
+typedef struct lk_named_tensor {
+    char *name;        /* owned by the list */
+    lk_tensor *tensor; /* one reference held by the list */
+} lk_named_tensor;
+
+/* Zero-initialise ({0}); free with lk_named_tensors_clear. */
+typedef struct lk_named_tensors {
+    int n, cap;
+    lk_named_tensor *items;
+} lk_named_tensors;
+
+/* Appends (copies the name, retains t). On failure the list is unchanged. */
+lk_status lk_named_tensors_append(lk_named_tensors *l, const char *name, lk_tensor *t);
+/* Borrowed tensor with that name, or NULL. */
+lk_tensor *lk_named_tensors_find(const lk_named_tensors *l, const char *name);
+/* Releases every tensor and name; the list is empty (and reusable) after. */
+void lk_named_tensors_clear(lk_named_tensors *l);
+
+/* ========================================================================
+ * The layer struct
+ * ====================================================================== */
+
+typedef struct lk_layer lk_layer;
+typedef lk_tensor *(*lk_layer_forward_fn)(lk_layer *self, lk_tensor *x);
+/* Frees self->impl (and anything it owns). NULL means lk_free(self->impl). */
+typedef void (*lk_layer_destroy_fn)(lk_layer *self);
+/* Re-draws this layer's own parameters (not its children's) from rng. */
+typedef lk_status (*lk_layer_reset_fn)(lk_layer *self, lk_rng *rng);
+
+typedef struct lk_named_layer {
+    char *name;
+    lk_layer *layer;
+} lk_named_layer;
+
+struct lk_layer {
+    const char *type;             /* "Linear", "Sequential", ... (static string) */
+    lk_layer_forward_fn forward;
+    lk_layer_destroy_fn destroy;  /* optional */
+    lk_layer_reset_fn reset;      /* optional: lk_layer_reset_parameters uses it */
+    void *impl;                   /* private data of the layer type */
+    bool training;                /* true after create; lk_layer_train sets it recursively */
+    lk_named_tensors params;      /* own parameters, registration order */
+    lk_named_tensors buffers;     /* own buffers (running stats, ...) */
+    int n_children, cap_children;
+    lk_named_layer *children;     /* registration order */
+};
+
+/* A new layer with no parameters; takes ownership of impl (even on failure,
+ * where it is freed with destroy or lk_free). */
+lk_layer *lk_layer_create(const char *type, lk_layer_forward_fn forward, void *impl, lk_layer_destroy_fn destroy);
+/* Frees the layer, its parameters, buffers and children. NULL does nothing. */
+void lk_layer_free(lk_layer *l);
+
+/* Registration. Each takes ownership of the tensor/child reference, even on
+ * failure (duplicate or invalid name, NULL input, out of memory). A NULL
+ * tensor/child (a failed constructor) returns that constructor's error.
+ * Parameters get requires_grad = true. */
+lk_status lk_layer_add_parameter(lk_layer *l, const char *name, lk_tensor *t);
+lk_status lk_layer_add_buffer(lk_layer *l, const char *name, lk_tensor *t);
+lk_status lk_layer_add_child(lk_layer *l, const char *name, lk_layer *child);
+
+/* Borrowed accessors (NULL when out of range / not found). */
+lk_tensor *lk_layer_param(const lk_layer *l, int i);
+lk_tensor *lk_layer_buffer(const lk_layer *l, int i);
+lk_layer *lk_layer_child(const lk_layer *l, int i);
+/* Dotted lookup: "encoder.0.weight" (parameters first, then buffers). */
+lk_tensor *lk_layer_get_tensor(const lk_layer *l, const char *dotted_name);
+lk_layer *lk_layer_get_child(const lk_layer *l, const char *dotted_name);
+
+/* Runs l->forward; NULL in (layer or x), NULL out with the first error kept. */
+lk_tensor *lk_layer_forward(lk_layer *l, lk_tensor *x);
+/* Sets the training flag on l and every descendant (dropout, batch norm). */
+void lk_layer_train(lk_layer *l, bool training);
+
+/* Every parameter (deduplicated by tensor, as PyTorch does) with its dotted
+ * name, in PyTorch's order: own parameters, then children depth-first.
+ * `out` is appended to; the list holds references to the live tensors. */
+lk_status lk_layer_named_parameters(const lk_layer *l, lk_named_tensors *out);
+lk_status lk_layer_named_buffers(const lk_layer *l, lk_named_tensors *out);
+int64_t lk_layer_num_parameters(const lk_layer *l); /* total elements */
+
+/* Re-initialises every parameter of the tree with the layer types' default
+ * initialisers: the parameters of a layer whose first parameter has global
+ * index k (named_parameters order) are drawn from the Philox stream keyed by
+ * (seed, LK_RNG_INIT, k), so the result does not depend on anything but the
+ * seed and the architecture. Buffers are reset too (running stats). */
+lk_status lk_layer_reset_parameters(lk_layer *l, uint64_t seed);
+
+/* Dropout masks: every Dropout layer in the tree (pre-order index d) draws
+ * from the stream keyed by (seed, LK_RNG_DROPOUT, (rank << 16) | d, step).
+ * Call once per optimizer step (the trainer does), so a run is reproducible
+ * for a given seed, rank and step whatever happened before. Before the first
+ * call a Dropout layer uses (0, rank 0, step 0). */
+void lk_layer_set_rng_step(lk_layer *l, uint64_t seed, uint32_t rank, uint64_t step);
+
+/* Zeroes (or drops, set_to_none) the gradient of every parameter. With
+ * flattened parameters use set_to_none = false (the views must stay). */
+void lk_layer_zero_grad(lk_layer *l, bool set_to_none);
+
+/* ========================================================================
+ * Flat parameters and gradients
+ * ====================================================================== */
+
+/* Moves every f32 parameter into one contiguous, LK_ALIGN-aligned storage
+ * (each parameter becomes a view into it, packed without gaps in
+ * named_parameters order; values are kept) and sets every parameter's .grad
+ * to a view into one contiguous gradient buffer (zeroed; an existing
+ * gradient is copied in). `grad_buffer` may be caller memory of at least
+ * lk_layer_num_parameters(l) floats (LK_ALIGN-aligned, it must outlive the
+ * layer) or NULL to allocate. On success *flat_params and *flat_grads (may be
+ * NULL if not wanted) are new references the caller releases; flat_params->grad
+ * is flat_grads, so clipping and the optimizers can treat the flat tensor as
+ * one parameter. Call before creating the optimizer: parameter tensors held
+ * elsewhere become stale. Non-f32 parameters are left alone. On failure
+ * nothing has changed. */
+lk_status lk_params_flatten(lk_layer *l, float *grad_buffer, lk_tensor **flat_params, lk_tensor **flat_grads);
+/* True when t (typically a .grad) lives in a flat buffer made by
+ * lk_params_flatten; the optimizers' zero_grad(set_to_none) zeroes such
+ * gradients instead of dropping them, so the views stay. (May err on the
+ * side of true for a buffer that has since been freed: zeroing is harmless.) */
+bool lk_tensor_in_flat_buffer(const lk_tensor *t);
+
+/* ========================================================================
+ * State dicts
+ * ====================================================================== */
+
+/* Parameters and buffers by dotted name in PyTorch's state_dict order (for
+ * each layer: its parameters, then its buffers, then its children). The
+ * tensors are the live ones (not copies). Appends to `out`. */
+lk_status lk_state_dict_get(const lk_layer *l, lk_named_tensors *out);
+/* Copies sd's tensors into the layer by name (casting dtypes as needed).
+ * Every wrongly shaped tensor, and with `strict` every missing or unexpected
+ * name, is listed in ONE INVALID_ARGUMENT error ("missing: bn1.running_mean
+ * [32]; unexpected: fc3.weight [10, 5]; shape mismatch: fc1.weight: model
+ * [128, 3136], given [128, 3000]"). On error nothing has been copied. */
+lk_status lk_state_dict_load(lk_layer *l, const lk_named_tensors *sd, bool strict);
+
+/* ========================================================================
+ * Initialisers (in place, f32, from the given Philox stream; PyTorch's
+ * nn.init semantics)
+ * ====================================================================== */
+
+typedef enum { LK_FAN_IN, LK_FAN_OUT } lk_fan_mode;
+
+/* fan_in / fan_out as torch.nn.init._calculate_fan_in_and_fan_out (≥ 2 dims). */
+lk_status lk_init_fans(const lk_tensor *t, int64_t *fan_in, int64_t *fan_out);
+/* torch.nn.init.calculate_gain: "linear", "conv2d", "sigmoid", "tanh", "relu",
+ * "leaky_relu" (param = negative slope), "selu". Unknown names: NAN. */
+double lk_init_gain(const char *nonlinearity, double param);
+
+lk_status lk_init_uniform(lk_tensor *t, lk_rng *rng, double lo, double hi);
+lk_status lk_init_normal(lk_tensor *t, lk_rng *rng, double mean, double std);
+lk_status lk_init_constant(lk_tensor *t, double value);
+lk_status lk_init_zeros(lk_tensor *t);
+lk_status lk_init_ones(lk_tensor *t);
+lk_status lk_init_xavier_uniform(lk_tensor *t, lk_rng *rng, double gain);
+lk_status lk_init_xavier_normal(lk_tensor *t, lk_rng *rng, double gain);
+/* a: negative slope for leaky_relu; nonlinearity "relu" or "leaky_relu". */
+lk_status lk_init_kaiming_uniform(lk_tensor *t, lk_rng *rng, double a, lk_fan_mode mode, const char *nonlinearity);
+lk_status lk_init_kaiming_normal(lk_tensor *t, lk_rng *rng, double a, lk_fan_mode mode, const char *nonlinearity);
+
+/* ========================================================================
+ * Built-in layers. `init_rng` may be NULL: the parameters are then drawn
+ * from the stream (0, LK_RNG_INIT, 0) — use lk_layer_reset_parameters or pass
+ * a stream to get anything else. Defaults are PyTorch's.
+ * ====================================================================== */
+
+/* Linear: weight [out, in], bias [out]; U(-1/sqrt(in), 1/sqrt(in)) for both. */
+lk_layer *lk_linear_create(int64_t in_features, int64_t out_features, bool bias, lk_rng *init_rng);
+/* Conv2d: weight [out, in/groups, kh, kw], bias [out]; PyTorch's default init. */
+lk_layer *lk_conv2d_create(int64_t in_channels, int64_t out_channels, int kh, int kw, lk_conv2d_params p, bool bias,
+                           lk_rng *init_rng);
+lk_layer *lk_max_pool2d_create(lk_pool2d_params p);
+lk_layer *lk_avg_pool2d_create(lk_pool2d_params p);
+lk_layer *lk_adaptive_avg_pool2d_create(int out_h, int out_w);
+
+/* BatchNorm: momentum 0.1 and eps 1e-5 in PyTorch; momentum < 0 means
+ * PyTorch's momentum=None (cumulative average over num_batches_tracked).
+ * Parameters "weight", "bias" (affine); buffers "running_mean",
+ * "running_var", "num_batches_tracked" (i64 scalar) when track_running_stats.
+ * lk_batch_norm1d expects [N, C] (or [N, C, L] when the op supports it),
+ * lk_batch_norm2d [N, C, H, W]. */
+lk_layer *lk_batch_norm1d_create(int64_t num_features, float eps, float momentum, bool affine, bool track_running_stats);
+lk_layer *lk_batch_norm2d_create(int64_t num_features, float eps, float momentum, bool affine, bool track_running_stats);
+/* LayerNorm over the last `ndim` dims of the given shape; eps 1e-5 in PyTorch. */
+lk_layer *lk_layer_norm_create(int ndim, const int64_t *normalized_shape, float eps, bool elementwise_affine);
+/* Dropout(p): masks from the layer's own stream, see lk_layer_set_rng_step. */
+lk_layer *lk_dropout_create(float p);
+/* Embedding: weight [num, dim] ~ N(0, 1). */
+lk_layer *lk_embedding_create(int64_t num_embeddings, int64_t embedding_dim, lk_rng *init_rng);
+/* Flatten(start_dim = 1, end_dim = -1) in PyTorch. */
+lk_layer *lk_flatten_create(int start_dim, int end_dim);
+lk_layer *lk_relu_create(void);
+lk_layer *lk_gelu_create(lk_gelu_approx approx);
+lk_layer *lk_tanh_create(void);
+lk_layer *lk_sigmoid_create(void);
+lk_layer *lk_leaky_relu_create(float negative_slope); /* PyTorch: 0.01 */
+lk_layer *lk_elu_create(float alpha);                 /* PyTorch: 1.0 */
+lk_layer *lk_silu_create(void);
+lk_layer *lk_identity_create(void);
+
+/* Sequential: children named "0", "1", ... in order. Takes ownership of the
+ * given layers (all of them, even on failure; NULL entries make it fail with
+ * the first constructor's error). */
+lk_layer *lk_sequential_create(int n, lk_layer *const *layers);
+/* Appends one layer as child "<n>" (takes ownership, even on failure). */
+lk_status lk_sequential_append(lk_layer *seq, lk_layer *layer);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

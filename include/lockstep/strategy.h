@@ -1,0 +1,94 @@
+/* lockstep/strategy.h — how a training step is spread over devices.
+ *
+ * A strategy wraps the parts of a step that depend on where it runs: setup
+ * (replicas start identical), the backward path (DDP starts each gradient
+ * bucket's all-reduce the moment its last gradient is ready, while backward
+ * goes on), the wait before the optimizer step, metric reduction, and which
+ * rank writes files. `single` does nothing extra; `ddp` runs one process per
+ * device over an lk_comm.
+ *
+ *     lk_strategy_config sc = lk_strategy_config_default();
+ *     sc.name = "ddp"; sc.comm = comm;                 // comm borrowed
+ *     lk_strategy *s; LK_TRY(lk_strategy_create(&sc, &s));
+ *     LK_TRY(lk_strategy_setup(s, params, names, n, buffers, nbuf));
+ *     for each micro-batch:
+ *         lk_strategy_begin_backward(s, last_micro_batch);   // no_sync when false
+ *         lk_backward(loss);
+ *         LK_TRY(lk_strategy_finish_backward(s));             // waits for buckets when syncing
+ *     optimizer step; lk_strategy_zero_grad(s);
+ */
+#ifndef LOCKSTEP_STRATEGY_H
+#define LOCKSTEP_STRATEGY_H
+
+#include "lockstep/dist.h"
+#include "lockstep/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct lk_strategy lk_strategy;
+
+typedef struct lk_strategy_config {
+    const char *name;         /* "auto" (single for one process, ddp for several), "single", "ddp" */
+    lk_comm *comm;            /* borrowed; required for ddp; NULL for single */
+    double bucket_cap_mb;     /* ddp: gradient bucket size (default 25) */
+    bool broadcast_buffers;   /* ddp: buffers (BatchNorm stats) from rank 0 before each forward (default true) */
+    bool report_unused;       /* ddp: a parameter that got no gradient in a synced step is an error naming it
+                                 (default false: its zero gradient is reduced like any other) */
+} lk_strategy_config;
+lk_strategy_config lk_strategy_config_default(void);
+
+/* Names the strategies can take (for --help and the "did you mean" hint). */
+const char *const *lk_strategy_names(int *count);
+
+lk_status lk_strategy_create(const lk_strategy_config *cfg, lk_strategy **out);
+void lk_strategy_free(lk_strategy *s);
+
+/* The flat gradient buffer (zeroed, LK_ALIGN-aligned; for ddp inside the
+ * communicator's shared memory, so buckets are reduced with no copy in).
+ * Pass it to lk_params_flatten before lk_strategy_setup so that the
+ * optimizer's flat gradient and DDP's buckets are the same memory. Owned by
+ * the strategy. */
+lk_status lk_strategy_grad_buffer(lk_strategy *s, int64_t numel, float **out);
+/* Makes every replica start identical (ddp: parameters and buffers broadcast
+ * from rank 0) and takes over the gradients: each parameter's .grad becomes a
+ * view of the flat gradient buffer in registration order (kept as is when
+ * lk_params_flatten already put it there); buckets are cut walking
+ * backwards, the order backward produces gradients. Arrays are
+ * borrowed and must stay valid until lk_strategy_free. */
+lk_status lk_strategy_setup(lk_strategy *s, lk_tensor *const *params, const char *const *names, int n,
+                            lk_tensor *const *buffers, int nbuf);
+/* Before the forward pass (ddp: broadcast buffers when configured). */
+lk_status lk_strategy_before_forward(lk_strategy *s);
+/* Before backward: `sync` false inside no_sync (gradient accumulation), so
+ * this pass reduces nothing. */
+void lk_strategy_begin_backward(lk_strategy *s, bool sync);
+/* After backward: on a syncing pass, starts the buckets still waiting
+ * (parameters that got no gradient) and waits for every bucket. Gradients
+ * then hold the average over ranks. */
+lk_status lk_strategy_finish_backward(lk_strategy *s);
+/* grads <- 0 (one memset over the flat buffer). */
+void lk_strategy_zero_grad(lk_strategy *s);
+/* In-place reduction of n doubles across ranks (metrics). */
+lk_status lk_strategy_reduce(lk_strategy *s, double *vals, int n, lk_reduce_op op);
+lk_status lk_strategy_broadcast(lk_strategy *s, void *buf, size_t count, lk_dtype dt, int root);
+lk_status lk_strategy_barrier(lk_strategy *s);
+
+const char *lk_strategy_name(const lk_strategy *s);
+int lk_strategy_rank(const lk_strategy *s);
+int lk_strategy_world_size(const lk_strategy *s);
+bool lk_strategy_is_global_zero(const lk_strategy *s);
+
+typedef struct lk_strategy_stats {
+    uint64_t allreduce_calls;  /* bucket all-reduces issued so far */
+    int buckets;               /* number of gradient buckets */
+    double comm_exposed_s;     /* time finish_backward spent waiting, summed */
+    double comm_wait_last_s;   /* ... in the last synced step */
+} lk_strategy_stats;
+lk_strategy_stats lk_strategy_get_stats(const lk_strategy *s);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

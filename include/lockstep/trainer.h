@@ -1,0 +1,220 @@
+/* lockstep/trainer.h — the Trainer, the module and data-module interfaces,
+ * and metric logging, with PyTorch Lightning's names and defaults.
+ *
+ * A module is what Lightning calls a LightningModule: the network (an
+ * lk_layer that owns the parameters) plus the steps. A data module owns
+ * datasets; the trainer builds the loaders with the distributed sampler, so
+ * every rank sees its own shard. The trainer runs the loops, asks the
+ * strategy to reduce gradients, steps the optimizer, logs and checkpoints.
+ *
+ *     static lk_tensor *my_training_step(lk_module *m, const lk_batch *b, int64_t i, lk_trainer *tr) {
+ *         lk_tensor *x = lk_batch_tensor(b, 0), *y = lk_batch_tensor(b, 1);
+ *         lk_tensor *loss = lk_cross_entropy(lk_layer_forward(m->net, x), y, NULL);
+ *         lk_log_metric(tr, "train_loss", lk_tensor_item(loss), &(lk_log_opts){.prog_bar = true});
+ *         return loss;
+ *     }
+ *
+ * Every run writes under <default_root_dir>/lightning_logs/version_N/:
+ * metrics.csv, hparams.yaml, config.yaml, run.json, checkpoints/.
+ */
+#ifndef LOCKSTEP_TRAINER_H
+#define LOCKSTEP_TRAINER_H
+
+#include "lockstep/data.h"
+#include "lockstep/models.h"
+#include "lockstep/nn.h"
+#include "lockstep/optim.h"
+#include "lockstep/strategy.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct lk_trainer lk_trainer;
+typedef struct lk_module lk_module;
+typedef struct lk_datamodule lk_datamodule;
+
+/* ---- trainer configuration (Lightning's flag names) ----------------------- */
+
+typedef struct lk_trainer_config {
+    char accelerator[LK_PARAM_STR]; /* cpu | gpu | auto */
+    int64_t devices;                /* processes (CPU) or GPUs; 0 = auto (1 on CPU) */
+    char strategy[LK_PARAM_STR];    /* auto | single | ddp | ddp_spawn */
+    int64_t num_nodes;
+    char precision[LK_PARAM_STR];   /* 32-true (mixed precision later) */
+    int64_t max_epochs;             /* -1: unlimited (then max_steps or max_time must stop it) */
+    int64_t min_epochs;
+    int64_t max_steps;              /* -1: no limit */
+    double max_time;                /* seconds; 0: no limit */
+    int64_t accumulate_grad_batches;
+    double gradient_clip_val;       /* 0: off */
+    char gradient_clip_algorithm[LK_PARAM_STR]; /* norm | value */
+    int64_t num_sanity_val_steps;
+    double limit_train_batches;     /* <= 1.0: fraction; > 1: number of batches */
+    double limit_val_batches;
+    double limit_test_batches;
+    double limit_predict_batches;
+    double val_check_interval;      /* <= 1.0: fraction of an epoch; > 1: every N train batches */
+    int64_t check_val_every_n_epoch;
+    int64_t log_every_n_steps;
+    bool enable_progress_bar;
+    bool enable_checkpointing;
+    char default_root_dir[LK_PARAM_STR];
+    bool deterministic;
+    int64_t fast_dev_run;           /* 0 off; N: N batches of each loop, no logs or checkpoints */
+    int64_t overfit_batches;
+    int64_t seed;                   /* seed_everything(seed, workers=True) */
+    double comm_timeout;            /* seconds any collective may wait */
+    double bucket_cap_mb;           /* ddp bucket size */
+    char scale_lr[LK_PARAM_STR];    /* none | linear (base lr × world size × accumulation) */
+    int64_t global_batch_size;      /* 0: off; else accumulation is derived from it */
+    char profiler[LK_PARAM_STR];    /* none | simple */
+    /* callbacks (a built-in set configured here rather than by class_path) */
+    char monitor[LK_PARAM_STR];     /* ModelCheckpoint monitor ("" = last only) */
+    char monitor_mode[LK_PARAM_STR];/* min | max */
+    int64_t save_top_k;
+    bool save_last;
+    char checkpoint_filename[LK_PARAM_STR]; /* e.g. "{epoch}-{val_loss:.3f}" */
+    char early_stopping_monitor[LK_PARAM_STR]; /* "" = off */
+    int64_t early_stopping_patience;
+    double early_stopping_min_delta;
+    char early_stopping_mode[LK_PARAM_STR];
+    bool enable_tensorboard;
+} lk_trainer_config;
+
+/* The parameter table behind the config (YAML validation and --help). */
+const lk_param *lk_trainer_params(int *count);
+lk_status lk_trainer_config_default(lk_trainer_config *cfg);
+
+/* ---- logging from inside steps -------------------------------------------- */
+
+typedef enum { LK_LOG_REDUCE_MEAN, LK_LOG_REDUCE_SUM, LK_LOG_REDUCE_MAX, LK_LOG_REDUCE_MIN } lk_log_reduce;
+typedef struct lk_log_opts {
+    bool prog_bar;
+    int on_step;   /* 0: Lightning's default for the stage (train: per step, eval: per epoch); 1 yes; -1 no */
+    int on_epoch;  /* 0: default; 1 yes; -1 no */
+    bool sync_dist;
+    lk_log_reduce reduce;
+    bool no_logger;
+} lk_log_opts;
+/* Logs a scalar (Lightning's self.log; lk_log is the natural-log op). opts may be NULL. */
+lk_status lk_log_metric(lk_trainer *tr, const char *name, double value, const lk_log_opts *opts);
+
+/* ---- modules ---------------------------------------------------------------- */
+
+typedef struct lk_module_vtable {
+    /* Returns the loss (a scope-owned one-element tensor) or NULL on error. */
+    lk_tensor *(*training_step)(lk_module *m, const lk_batch *b, int64_t batch_idx, lk_trainer *tr);
+    lk_status (*validation_step)(lk_module *m, const lk_batch *b, int64_t batch_idx, lk_trainer *tr);
+    lk_status (*test_step)(lk_module *m, const lk_batch *b, int64_t batch_idx, lk_trainer *tr);
+    /* (optional) Returns the prediction (scope-owned) or NULL on error. */
+    lk_tensor *(*predict_step)(lk_module *m, const lk_batch *b, int64_t batch_idx, lk_trainer *tr);
+    /* (optional) End of fit/test on rank 0, e.g. to draw a picture into log_dir. */
+    lk_status (*on_stage_end)(lk_module *m, lk_trainer *tr, const char *stage);
+    void (*destroy)(lk_module *m); /* (optional) frees self */
+} lk_module_vtable;
+
+struct lk_module {
+    const char *name;           /* "autoencoder" */
+    const lk_module_vtable *vt;
+    lk_layer *net;              /* owned: parameters and buffers come from here */
+    void *self;                 /* the module's own data */
+    char *hparams_yaml;         /* save_hyperparameters(): written to hparams.yaml (owned, may be NULL) */
+};
+void lk_module_free(lk_module *m);
+
+/* Optimizer and LR scheduler as data: the `optimizer` and `lr_scheduler`
+ * sections of a config (Lightning's configure_optimizers, declaratively). */
+typedef struct lk_optim_settings {
+    char name[LK_PARAM_STR];      /* adam | adamw | sgd */
+    double lr, weight_decay, momentum, dampening, beta1, beta2, eps;
+    bool nesterov, amsgrad;
+    char scheduler[LK_PARAM_STR]; /* none | step | multistep | exponential | cosine | linear | onecycle | plateau */
+    char interval[LK_PARAM_STR];  /* epoch | step */
+    int64_t step_size;            /* step: period; cosine: T_max (0 = the whole run); linear: total_iters */
+    double gamma;                 /* step, multistep, exponential */
+    lk_int_list milestones;       /* multistep */
+    double eta_min;               /* cosine */
+    double start_factor, end_factor; /* linear */
+    double max_lr;                /* onecycle (0: 10 x lr) */
+    char monitor[LK_PARAM_STR];   /* plateau */
+    double factor;                /* plateau */
+    int64_t patience;             /* plateau */
+} lk_optim_settings;
+const lk_param *lk_optim_settings_params(int *count);
+lk_status lk_optim_settings_default(lk_optim_settings *s);
+
+/* ---- data modules ---------------------------------------------------------- */
+
+typedef struct lk_datamodule_vtable {
+    /* (optional) Downloads; runs on local rank 0 only, the others wait. */
+    lk_status (*prepare_data)(lk_datamodule *dm);
+    /* Builds datasets for "fit", "validate", "test" or "predict". */
+    lk_status (*setup)(lk_datamodule *dm, const char *stage);
+    lk_dataset *(*dataset)(lk_datamodule *dm, const char *split); /* "train", "val", "test", "predict"; borrowed */
+    void (*destroy)(lk_datamodule *dm);
+} lk_datamodule_vtable;
+
+struct lk_datamodule {
+    const char *name;
+    const lk_datamodule_vtable *vt;
+    void *self;
+    int64_t batch_size;
+    int num_workers;
+    char *hparams_yaml;
+};
+void lk_datamodule_free(lk_datamodule *dm);
+
+/* ---- built-in modules and data modules (the CLI's class_path names) ---------- */
+
+/* A module around a registered model (lockstep/models.h: autoencoder, mlp,
+ * cnn): it logs train_loss (progress bar), val_loss, test_loss, and for
+ * classifiers val_acc and test_acc; the autoencoder draws
+ * reconstructions.png into the log dir after fit and test. */
+lk_status lk_module_create_builtin(const char *name, const lk_model_kv *args, int n_args, uint64_t seed,
+                                   lk_module **out);
+
+typedef struct lk_datamodule_info {
+    const char *name;
+    const char *help;
+    const lk_param *params; /* init_args */
+    int n_params;
+} lk_datamodule_info;
+/* fashion_mnist (root, batch_size, num_workers, val_size, flatten, normalize)
+ * and synthetic (task, num_samples, input_shape, num_classes, seed,
+ * batch_size, num_workers). */
+const lk_datamodule_info *lk_datamodules(int *count);
+lk_status lk_datamodule_create_builtin(const char *name, const lk_model_kv *args, int n_args, uint64_t seed,
+                                       lk_datamodule **out);
+
+/* ---- the trainer ------------------------------------------------------------- */
+
+/* The merged config text (written as config.yaml) may be NULL. */
+lk_status lk_trainer_create(const lk_trainer_config *cfg, const lk_optim_settings *optim, const char *config_yaml,
+                            lk_trainer **out);
+void lk_trainer_free(lk_trainer *tr);
+
+lk_status lk_trainer_fit(lk_trainer *tr, lk_module *m, lk_datamodule *dm, const char *ckpt_path);
+lk_status lk_trainer_validate(lk_trainer *tr, lk_module *m, lk_datamodule *dm, const char *ckpt_path);
+lk_status lk_trainer_test(lk_trainer *tr, lk_module *m, lk_datamodule *dm, const char *ckpt_path);
+lk_status lk_trainer_predict(lk_trainer *tr, lk_module *m, lk_datamodule *dm, const char *ckpt_path);
+
+/* State the steps may read. */
+int lk_trainer_rank(const lk_trainer *tr);
+int lk_trainer_world_size(const lk_trainer *tr);
+int64_t lk_trainer_current_epoch(const lk_trainer *tr);
+int64_t lk_trainer_global_step(const lk_trainer *tr);
+const char *lk_trainer_log_dir(const lk_trainer *tr); /* "" before the first run */
+/* The last value of a logged metric (epoch aggregate when there is one). */
+bool lk_trainer_metric(const lk_trainer *tr, const char *name, double *value);
+const char *lk_trainer_last_checkpoint(const lk_trainer *tr);
+const char *lk_trainer_best_checkpoint(const lk_trainer *tr);
+
+/* A batch field as a scope-owned tensor wrapping the loader's buffer (no copy;
+ * valid inside the step). */
+lk_tensor *lk_batch_tensor(const lk_batch *b, int field);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,174 @@
+/* Layer ops with state of their own: inverted dropout (its mask drawn from
+ * the caller's Philox stream and kept for backward) and layer_norm (mean and
+ * rstd per row kept for the fused backward). Row math in backend/kernels.h. */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "autograd/autograd_impl.h"
+#include "backend/backend_impl.h"
+
+/* ---- dropout ------------------------------------------------------------------- */
+
+/* saved: 0 the keep mask (u8, input's shape); a.f[0]: the scale 1/(1-p). */
+static void dropout_backward(lk_node *n, lk_tensor *g) {
+    const lk_tensor *mask = n->saved[0];
+    float scale = n->a.f[0];
+    lk_tensor *dx = lk__tensor_new(LK_F32, g->ndim, g->shape);
+    if (!dx) return;
+    const uint8_t *m = mask->data;
+    const float *gd = g->data;
+    float *dd = dx->data;
+    for (int64_t i = 0; i < g->numel; i++) dd[i] = gd[i] * (m[i] ? scale : 0.0f);
+    lk__accum(n->in[0], dx);
+    lk_tensor_release(dx);
+}
+
+lk_tensor *lk_dropout(lk_tensor *x, float p, bool training, lk_rng *rng) {
+    LK_OP_CHECK_INPUTS(x);
+    static const char *op = "dropout";
+    if (!(p >= 0.0f && p <= 1.0f))
+        return lk_error(LK_STATUS_INVALID_ARGUMENT, "%s: probability p = %g is outside [0, 1]", op, (double)p), NULL;
+    if (!training || p == 0.0f) return lk__op_result(lk_tensor_retain(x));
+    if (lk__check_f32(op, x, "input")) return NULL;
+    if (!rng)
+        return lk_error(LK_STATUS_INVALID_ARGUMENT,
+                        "%s: training with p = %g needs an rng stream (lk_rng_init(&r, seed, LK_RNG_DROPOUT, ...))", op,
+                        (double)p),
+               NULL;
+    lk_tensor *xc = lk__contig(x);
+    lk_tensor *mask = xc ? lk__tensor_new(LK_U8, x->ndim, x->shape) : NULL;
+    lk_tensor *out = mask ? lk__tensor_new(LK_F32, x->ndim, x->shape) : NULL;
+    if (out) {
+        /* As PyTorch: out = x * noise, noise = keep / (1 - p), so inf * 0 stays
+         * NaN; p == 1 draws nothing and zeroes everything. */
+        float scale = p == 1.0f ? 0.0f : (float)(1.0 / (1.0 - (double)p));
+        const float *xd = xc->data;
+        uint8_t *md = mask->data;
+        float *od = out->data;
+        for (int64_t i = 0; i < x->numel; i++) {
+            uint8_t keep = p < 1.0f && !(lk_rng_uniform(rng) < p);
+            md[i] = keep;
+            od[i] = xd[i] * (keep ? scale : 0.0f);
+        }
+        lk_node *n = lk__record(op, dropout_backward, out, 1, &x);
+        if (n) {
+            n->a.f[0] = scale;
+            n->saved[0] = lk_tensor_retain(mask);
+        }
+    }
+    lk_tensor_release(mask);
+    lk_tensor_release(xc);
+    return lk__op_result(out);
+}
+
+/* ---- layer_norm ------------------------------------------------------------------ */
+
+/* in: x, then weight and bias when given (a.i[0], a.i[1] say which).
+ * a.i[2] rows M, a.i[3] row length. saved: 0 x (contiguous), 1 [M, 2] mean
+ * and rstd per row, 2 weight (contiguous) or NULL. */
+static void layer_norm_backward(lk_node *n, lk_tensor *g) {
+    bool has_w = n->a.i[0] != 0, has_b = n->a.i[1] != 0;
+    int64_t M = n->a.i[2], L = n->a.i[3];
+    lk_tensor *x = n->saved[0], *stats = n->saved[1], *wt = n->saved[2];
+    lk_tensor *xin = n->in[0], *win = has_w ? n->in[1] : NULL, *bin = has_b ? n->in[1 + has_w] : NULL;
+    lk_tensor *dx = NULL, *dw = NULL, *db = NULL;
+    float *dy = NULL;
+    if (xin->requires_grad && !(dx = lk__tensor_new(LK_F32, x->ndim, x->shape))) goto done;
+    if (win && win->requires_grad && !(dw = lk_tensor_zeros(LK_F32, win->ndim, win->shape))) goto done;
+    if (bin && bin->requires_grad && !(db = lk_tensor_zeros(LK_F32, bin->ndim, bin->shape))) goto done;
+    if (dx && wt && L > 0 && !(dy = lk_malloc((size_t)L * sizeof *dy))) goto done;
+    const float *xd = x->data, *gd = g->data, *sd = stats->data, *wd = wt ? wt->data : NULL;
+    for (int64_t r = 0; r < M; r++) {
+        const float *xr = xd + r * L, *gr = gd + r * L;
+        float mean = sd[2 * r], rstd = sd[2 * r + 1];
+        if (dx) {
+            const float *dyr = gr;
+            if (wd) {
+                memcpy(dy, gr, (size_t)L * sizeof *dy);
+                lk_k_mul8(dy, wd, L);
+                dyr = dy;
+            }
+            lk_k_layer_norm_backward_row(xr, dyr, mean, rstd, L, (float *)dx->data + r * L);
+        }
+        if (dw || db)
+            lk_k_layer_norm_param_grad_row(xr, gr, mean, rstd, L, dw ? dw->data : NULL, db ? db->data : NULL);
+    }
+    if (dx) lk__accum(xin, dx);
+    if (dw) lk__accum(win, dw);
+    if (db) lk__accum(bin, db);
+done:
+    lk_free(dy);
+    lk_tensor_release(dx);
+    lk_tensor_release(dw);
+    lk_tensor_release(db);
+}
+
+/* weight/bias must have exactly the normalized shape (x's last k dims). */
+static lk_status check_norm_param(const lk_tensor *x, int k, const lk_tensor *p, const char *arg) {
+    bool ok = p->ndim == k;
+    for (int i = 0; ok && i < k; i++) ok = p->shape[i] == x->shape[x->ndim - k + i];
+    if (ok) return LK_STATUS_OK;
+    char what[96];
+    snprintf(what, sizeof what, "%s must have the normalized shape (the input's last %d dims)", arg, k);
+    return lk__error_shapes("layer_norm", what, p, x);
+}
+
+lk_tensor *lk_layer_norm(lk_tensor *x, int normalized_ndim, lk_tensor *weight, lk_tensor *bias, float eps) {
+    LK_OP_CHECK_INPUTS(x);
+    static const char *op = "layer_norm";
+    char s[128];
+    if (lk__check_f32(op, x, "input") || (weight && lk__check_f32(op, weight, "weight")) ||
+        (bias && lk__check_f32(op, bias, "bias")))
+        return NULL;
+    if (normalized_ndim < 1 || normalized_ndim > x->ndim)
+        return lk_error(LK_STATUS_INVALID_ARGUMENT, "%s: normalized_ndim = %d must be in [1, %d] for input of shape %s",
+                        op, normalized_ndim, x->ndim, lk_shape_str(x, s, sizeof s)),
+               NULL;
+    if (!(eps >= 0.0f && isfinite(eps)))
+        return lk_error(LK_STATUS_INVALID_ARGUMENT, "%s: eps = %g must be finite and >= 0", op, (double)eps), NULL;
+    if ((weight && check_norm_param(x, normalized_ndim, weight, "weight")) ||
+        (bias && check_norm_param(x, normalized_ndim, bias, "bias")))
+        return NULL;
+    int64_t M = 1, L = 1;
+    for (int i = 0; i < x->ndim; i++) {
+        if (i < x->ndim - normalized_ndim) M *= x->shape[i];
+        else L *= x->shape[i];
+    }
+    lk_tensor *in[3] = {x, NULL, NULL};
+    int n_in = 1;
+    if (weight) in[n_in++] = weight;
+    if (bias) in[n_in++] = bias;
+    bool need = lk__needs_grad(n_in, in);
+    lk_tensor *xc = lk__contig(x), *wc = NULL, *bc = NULL, *stats = NULL, *out = NULL;
+    if (!xc || (weight && !(wc = lk__contig(weight))) || (bias && !(bc = lk__contig(bias)))) goto done;
+    if (need && !(stats = lk__tensor_new(LK_F32, 2, (int64_t[]){M, 2}))) goto done;
+    if (!(out = lk__tensor_new(LK_F32, x->ndim, x->shape))) goto done;
+    const float *xd = xc->data, *wd = wc ? wc->data : NULL, *bd = bc ? bc->data : NULL;
+    float *od = out->data, *sd = stats ? stats->data : NULL;
+    if (L > 0)
+        for (int64_t r = 0; r < M; r++) {
+            float mean, rstd;
+            lk_k_layer_norm_row(xd + r * L, od + r * L, L, wd, bd, eps, &mean, &rstd);
+            if (sd) {
+                sd[2 * r] = mean;
+                sd[2 * r + 1] = rstd;
+            }
+        }
+    lk_node *n = lk__record(op, layer_norm_backward, out, n_in, in);
+    if (n) {
+        n->a.i[0] = weight != NULL;
+        n->a.i[1] = bias != NULL;
+        n->a.i[2] = M;
+        n->a.i[3] = L;
+        n->saved[0] = lk_tensor_retain(xc);
+        n->saved[1] = lk_tensor_retain(stats);
+        n->saved[2] = lk_tensor_retain(wc);
+    }
+done:
+    lk_tensor_release(xc);
+    lk_tensor_release(wc);
+    lk_tensor_release(bc);
+    lk_tensor_release(stats);
+    return lk__op_result(out);
+}

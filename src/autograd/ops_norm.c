@@ -1,0 +1,149 @@
+/* batch_norm over [N, C, ...] f32 (BatchNorm1d/2d): forward and backward for
+ * x, weight and bias in training (batch statistics) and eval (running
+ * statistics) mode, with PyTorch's semantics — the biased variance
+ * normalises, the unbiased one feeds the running variance, and the running
+ * statistics are updated in place outside the tape. Per-channel sums run
+ * per (sample, channel) plane in f32 and accumulate across planes in double,
+ * so a large batch does not lose precision in the mean. */
+#include "autograd/autograd_impl.h"
+#include "backend/backend_impl.h"
+
+/* node->a.i: [0] training, [1] index of weight in node->in (or -1), [2] of
+ * bias; saved[0] = contiguous x, saved[1] = [2, C] (mean, invstd) used. */
+static void batch_norm_backward(lk_node *n, lk_tensor *gout) {
+    lk_tensor *x = n->in[0], *xc = n->saved[0], *stats = n->saved[1];
+    lk_tensor *w = n->a.i[1] >= 0 ? n->in[n->a.i[1]] : NULL, *b = n->a.i[2] >= 0 ? n->in[n->a.i[2]] : NULL;
+    bool training = n->a.i[0] != 0;
+    long N = xc->shape[0], C = xc->shape[1], S = N * C > 0 ? (long)(xc->numel / (N * C)) : 0;
+    double M = (double)N * (double)S;
+    const float *mean = stats->data, *invstd = (const float *)stats->data + C;
+    const float *xd = xc->data, *gd = gout->data;
+    lk_tensor *dx = x->requires_grad ? lk__tensor_new(LK_F32, x->ndim, x->shape) : NULL;
+    lk_tensor *dw = w && w->requires_grad ? lk__tensor_new(LK_F32, 1, w->shape) : NULL;
+    lk_tensor *db = b && b->requires_grad ? lk__tensor_new(LK_F32, 1, b->shape) : NULL;
+    if ((x->requires_grad && !dx) || (w && w->requires_grad && !dw) || (b && b->requires_grad && !db)) goto done;
+    lk_tensor *wc = w ? lk__contig(w) : NULL;
+    if (w && !wc) goto done;
+    for (long c = 0; c < C; c++) {
+        double sg = 0, sgx = 0;
+        for (long i = 0; i < N; i++) {
+            float a = 0.0f, q = 0.0f;
+            lk_k_bn_backward_sums(gd + (i * C + c) * S, xd + (i * C + c) * S, S, mean[c], &a, &q);
+            sg += a;
+            sgx += q;
+        }
+        float is = invstd[c], wv = wc ? ((const float *)wc->data)[c] : 1.0f;
+        if (db) ((float *)db->data)[c] = (float)sg;
+        if (dw) ((float *)dw->data)[c] = (float)(sgx * is);
+        if (dx) {
+            /* training: dx = w*is/M * (M*g - sum(g) - xhat * sum(g*xhat)), xhat = (x - mean)*is;
+             * eval: the statistics are constants, dx = g * w * is. */
+            float k1 = wv * is, k0 = 0.0f, k2 = 0.0f;
+            if (training) {
+                k0 = (float)(-(double)k1 * sg / M);
+                k2 = (float)(-(double)k1 * is * is * sgx / M);
+            }
+            for (long i = 0; i < N; i++)
+                lk_k_bn_backward_plane(gd + (i * C + c) * S, xd + (i * C + c) * S, S, mean[c], k0, k1, k2,
+                                       (float *)dx->data + (i * C + c) * S);
+        }
+    }
+    lk_tensor_release(wc);
+    if (dx) lk__accum(x, dx);
+    if (dw) lk__accum(w, dw);
+    if (db) lk__accum(b, db);
+done:
+    lk_tensor_release(dx);
+    lk_tensor_release(dw);
+    lk_tensor_release(db);
+}
+
+static lk_status check_channel_vec(const lk_tensor *t, const char *what, const lk_tensor *x) {
+    char st[128], sx[128];
+    LK_TRY(lk__check_f32("batch_norm", t, what));
+    if (t->ndim != 1 || t->shape[0] != x->shape[1])
+        return lk_error(LK_STATUS_INVALID_ARGUMENT, "batch_norm: %s %s does not match input %s (expected [%lld])", what,
+                        lk_shape_str(t, st, sizeof st), lk_shape_str(x, sx, sizeof sx), (long long)x->shape[1]);
+    return LK_STATUS_OK;
+}
+
+static float vec_get(const lk_tensor *t, long c) { return ((const float *)t->data)[c * t->stride[0]]; }
+static void vec_set(lk_tensor *t, long c, float v) { ((float *)t->data)[c * t->stride[0]] = v; }
+
+lk_tensor *lk_batch_norm(lk_tensor *x, lk_tensor *running_mean, lk_tensor *running_var, lk_tensor *weight,
+                         lk_tensor *bias, bool training, float momentum, float eps) {
+    LK_OP_CHECK_INPUTS(x);
+    char sx[128];
+    if (lk__check_f32("batch_norm", x, "input")) return NULL;
+    lk_shape_str(x, sx, sizeof sx);
+    if (x->ndim < 2)
+        return lk_error(LK_STATUS_INVALID_ARGUMENT, "batch_norm: input must be [N, C] or [N, C, H, W], got %s", sx),
+               NULL;
+    if ((running_mean && check_channel_vec(running_mean, "running_mean", x)) ||
+        (running_var && check_channel_vec(running_var, "running_var", x)) ||
+        (weight && check_channel_vec(weight, "weight", x)) || (bias && check_channel_vec(bias, "bias", x)))
+        return NULL;
+    if (!running_mean != !running_var)
+        return lk_error(LK_STATUS_INVALID_ARGUMENT,
+                        "batch_norm: running_mean and running_var must be given together (one is NULL)"),
+               NULL;
+    if (!training && !running_mean)
+        return lk_error(LK_STATUS_INVALID_ARGUMENT,
+                        "batch_norm: eval mode (training = false) needs running_mean and running_var"),
+               NULL;
+    if (!(eps >= 0.0f))
+        return lk_error(LK_STATUS_INVALID_ARGUMENT, "batch_norm: eps must be >= 0, got %g", (double)eps), NULL;
+    long N = x->shape[0], C = x->shape[1], S = N * C > 0 ? (long)(x->numel / (N * C)) : 0;
+    double M = (double)N * (double)S;
+    if (training && M <= 1.0 && C > 0)
+        return lk_error(LK_STATUS_INVALID_ARGUMENT,
+                        "batch_norm: expected more than 1 value per channel when training, got input %s", sx),
+               NULL;
+
+    lk_tensor *xc = lk__contig(x);
+    lk_tensor *stats = xc ? lk__tensor_new(LK_F32, 2, (int64_t[]){2, C}) : NULL;
+    lk_tensor *out = stats ? lk__tensor_new(LK_F32, x->ndim, x->shape) : NULL;
+    if (!out) {
+        lk_tensor_release(xc);
+        lk_tensor_release(stats);
+        return NULL;
+    }
+    const float *xd = xc->data;
+    float *mean = stats->data, *invstd = (float *)stats->data + C, *od = out->data;
+    for (long c = 0; c < C; c++) {
+        if (training) {
+            double s = 0, q = 0;
+            for (long i = 0; i < N; i++) s += lk_k_plane_sum(xd + (i * C + c) * S, S);
+            float m = (float)(s / M);
+            for (long i = 0; i < N; i++) q += lk_k_plane_sqdev(xd + (i * C + c) * S, S, m);
+            double var = q / M;
+            mean[c] = m;
+            invstd[c] = (float)(1.0 / sqrt(var + (double)eps));
+            if (running_mean) {
+                vec_set(running_mean, c, (1.0f - momentum) * vec_get(running_mean, c) + momentum * m);
+                vec_set(running_var, c, (1.0f - momentum) * vec_get(running_var, c) + momentum * (float)(q / (M - 1)));
+            }
+        } else {
+            mean[c] = vec_get(running_mean, c);
+            invstd[c] = (float)(1.0 / sqrt((double)vec_get(running_var, c) + (double)eps));
+        }
+        float scale = invstd[c] * (weight ? vec_get(weight, c) : 1.0f);
+        float shift = (bias ? vec_get(bias, c) : 0.0f) - mean[c] * scale;
+        for (long i = 0; i < N; i++) lk_k_plane_affine(xd + (i * C + c) * S, S, scale, shift, od + (i * C + c) * S);
+    }
+    lk_tensor *in[3] = {x, NULL, NULL};
+    int n_in = 1, iw = -1, ib = -1;
+    if (weight) in[iw = n_in++] = weight;
+    if (bias) in[ib = n_in++] = bias;
+    lk_node *n = lk__record("batch_norm", batch_norm_backward, out, n_in, in);
+    if (n) {
+        n->a.i[0] = training;
+        n->a.i[1] = iw;
+        n->a.i[2] = ib;
+        n->saved[0] = lk_tensor_retain(xc);
+        n->saved[1] = lk_tensor_retain(stats);
+    }
+    lk_tensor_release(xc);
+    lk_tensor_release(stats);
+    return lk__op_result(out);
+}

@@ -1,0 +1,39 @@
+/* Private to src/data: the dataset handle, dtype helpers shared by the
+ * readers, and the temporary-file writer used by the idx/npy writers. */
+#ifndef LK_DATA_INTERNAL_H
+#define LK_DATA_INTERNAL_H
+
+#include <stdatomic.h>
+#include <stdio.h>
+
+#include "lockstep/data.h"
+
+struct lk_dataset {
+    const lk_dataset_vtable *vt;
+    void *ctx;
+    int64_t len;
+    int nfields;
+    lk_field fields[LK_DATA_MAX_FIELDS];
+    size_t scratch_bytes;
+    atomic_int refcount;
+};
+
+/* Fills an lk_field; `name` NULL gives "x", "y", "f2", ... by position. */
+void lk__field_init(lk_field *f, const char *name, int pos, lk_dtype dt, int ndim, const int64_t *shape);
+
+/* n = product of shape, or -1 when it overflows int64 or a dim is negative. */
+int64_t lk__shape_numel(int ndim, const int64_t *shape);
+
+/* lk_array_alloc without zeroing, for readers that fill every byte. */
+lk_status lk__array_alloc_uninit(lk_array *a, lk_dtype dt, int ndim, const int64_t *shape);
+
+/* Reads exactly n bytes or fails naming the file and how many bytes were
+ * expected at which offset. */
+lk_status lk__read_exact(FILE *f, const char *path, void *buf, size_t n, size_t offset);
+
+/* Writes via "<path>.tmp.<pid>", fsyncs and renames; on failure removes the
+ * temporary file and leaves `path` as it was. write_fn creates tmp_path. */
+typedef lk_status (*lk__write_fn)(const char *tmp_path, const void *ctx);
+lk_status lk__write_atomic(const char *path, lk__write_fn fn, const void *ctx);
+
+#endif

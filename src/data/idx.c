@@ -1,0 +1,272 @@
+/* The idx format (LeCun's MNIST files: a 4-byte magic 00 00 <type> <ndim>,
+ * ndim big-endian u32 dims, then big-endian data), plain or gzip, and the
+ * datasets built on it: an image/label file pair and the MNIST-style
+ * directory lookup. zlib's gzread reads both plain and compressed files,
+ * so compression is detected from the bytes, never from the file name. */
+#include "data/data_internal.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+static int is_big_endian_host(void) {
+    const uint16_t one = 1;
+    return *(const uint8_t *)&one == 0;
+}
+
+static void swap_bytes(void *data, size_t n, size_t es) {
+    if (es == 1 || is_big_endian_host()) return;
+    uint8_t *p = data;
+    for (size_t i = 0; i < n; i++, p += es)
+        for (size_t a = 0, b = es - 1; a < b; a++, b--) {
+            uint8_t t = p[a];
+            p[a] = p[b];
+            p[b] = t;
+        }
+}
+
+static lk_status gz_read_exact(gzFile g, const char *path, void *buf, size_t n, size_t offset) {
+    size_t done = 0;
+    while (done < n) {
+        size_t chunk = n - done > (1u << 30) ? (1u << 30) : n - done;
+        int got = gzread(g, (char *)buf + done, (unsigned)chunk);
+        if (got < 0) {
+            int err;
+            const char *msg = gzerror(g, &err);
+            return lk_error(LK_STATUS_IO, "%s: corrupt or unreadable at byte %zu: %s", path, offset + done, msg);
+        }
+        if (got == 0)
+            return lk_error(LK_STATUS_IO, "%s: truncated: expected %zu bytes at offset %zu, got only %zu%s", path, n,
+                            offset, done, gzdirect(g) ? "" : " (after decompression)");
+        done += (size_t)got;
+    }
+    return LK_STATUS_OK;
+}
+
+/* type byte -> (file element size, dtype in memory) */
+static bool idx_type(uint8_t t, size_t *fsize, lk_dtype *dt, const char **name) {
+    switch (t) {
+    case 0x08: *fsize = 1; *dt = LK_U8; *name = "u8"; return true;
+    case 0x09: *fsize = 1; *dt = LK_I32; *name = "i8"; return true;
+    case 0x0B: *fsize = 2; *dt = LK_I32; *name = "i16"; return true;
+    case 0x0C: *fsize = 4; *dt = LK_I32; *name = "i32"; return true;
+    case 0x0D: *fsize = 4; *dt = LK_F32; *name = "f32"; return true;
+    case 0x0E: *fsize = 8; *dt = LK_F64; *name = "f64"; return true;
+    default: return false;
+    }
+}
+
+lk_status lk_idx_read(const char *path, lk_array *out) {
+    memset(out, 0, sizeof *out);
+    gzFile g = gzopen(path, "rb");
+    if (!g) return lk_error(LK_STATUS_IO, "cannot open %s: %s", path, strerror(errno ? errno : ENOMEM));
+    gzbuffer(g, 1u << 17);
+    uint8_t magic[4];
+    lk_status st = gz_read_exact(g, path, magic, 4, 0);
+    size_t fsize = 0;
+    lk_dtype dt = LK_U8;
+    const char *tname = "";
+    if (!st && (magic[0] || magic[1] || !idx_type(magic[2], &fsize, &dt, &tname)))
+        st = lk_error(LK_STATUS_INVALID_ARGUMENT,
+                      "%s: not an idx file: magic bytes %02x %02x %02x %02x, expected 00 00 <type 08|09|0b|0c|0d|0e> "
+                      "<ndim>",
+                      path, magic[0], magic[1], magic[2], magic[3]);
+    int ndim = st ? 0 : magic[3];
+    if (!st && (ndim < 1 || ndim > LK_MAX_DIMS))
+        st = lk_error(LK_STATUS_INVALID_ARGUMENT, "%s: idx header has %d dims, expected 1..%d", path, ndim, LK_MAX_DIMS);
+    uint32_t dims[LK_MAX_DIMS];
+    if (!st) st = gz_read_exact(g, path, dims, (size_t)ndim * 4, 4);
+    int64_t shape[LK_MAX_DIMS];
+    int64_t n = 0;
+    char sb[160];
+    if (!st) {
+        swap_bytes(dims, (size_t)ndim, 4);
+        for (int i = 0; i < ndim; i++) shape[i] = dims[i];
+        n = lk__shape_numel(ndim, shape);
+        if (n < 0 || (uint64_t)n > SIZE_MAX / 8)
+            st = lk_error(LK_STATUS_INVALID_ARGUMENT, "%s: idx shape %s is too large", path,
+                          lk_data_shape_str(ndim, shape, sb, sizeof sb));
+    }
+    size_t header = 4 + (size_t)ndim * 4, payload = (size_t)n * fsize;
+    /* A plain file's size is known up front: refuse a truncated one before
+     * allocating what its header claims. */
+    if (!st && gzdirect(g)) {
+        struct stat sbuf;
+        if (stat(path, &sbuf) == 0 && (uint64_t)sbuf.st_size < header + payload)
+            st = lk_error(LK_STATUS_IO, "%s: truncated: header says %s %s = %zu bytes of data, the file has %lld",
+                          path, tname, lk_data_shape_str(ndim, shape, sb, sizeof sb), payload,
+                          (long long)sbuf.st_size - (long long)header);
+    }
+    if (!st) st = lk__array_alloc_uninit(out, dt, ndim, shape);
+    if (!st) {
+        if (fsize == lk_data_dtype_size(dt)) {
+            st = gz_read_exact(g, path, out->data, payload, header);
+            if (!st) swap_bytes(out->data, (size_t)n, fsize);
+        } else {
+            /* i8/i16 widen to i32: read in chunks and convert. */
+            uint8_t buf[1 << 14];
+            int32_t *dst = out->data;
+            size_t per = sizeof buf / fsize;
+            for (size_t at = 0; !st && at < (size_t)n; at += per) {
+                size_t k = (size_t)n - at < per ? (size_t)n - at : per;
+                st = gz_read_exact(g, path, buf, k * fsize, header + at * fsize);
+                for (size_t i = 0; !st && i < k; i++)
+                    dst[at + i] = fsize == 1 ? (int32_t)(int8_t)buf[i]
+                                             : (int32_t)(int16_t)(uint16_t)((buf[2 * i] << 8) | buf[2 * i + 1]);
+            }
+        }
+    }
+    gzclose(g);
+    if (st) lk_array_release(out);
+    return st;
+}
+
+static lk_status idx_write_body(const char *tmp, const void *ctx) {
+    const lk_array *a = ctx;
+    size_t n = strlen(tmp);
+    bool gz = n > 7 && strstr(tmp, ".gz.tmp.") != NULL;
+    uint8_t type = a->dtype == LK_U8 ? 0x08 : a->dtype == LK_I32 ? 0x0C : a->dtype == LK_F32 ? 0x0D : 0x0E;
+    size_t es = lk_data_dtype_size(a->dtype);
+    uint8_t head[4 + 4 * LK_MAX_DIMS] = {0, 0, type, (uint8_t)a->ndim};
+    for (int i = 0; i < a->ndim; i++) {
+        uint32_t d = (uint32_t)a->shape[i];
+        head[4 + 4 * i] = (uint8_t)(d >> 24);
+        head[5 + 4 * i] = (uint8_t)(d >> 16);
+        head[6 + 4 * i] = (uint8_t)(d >> 8);
+        head[7 + 4 * i] = (uint8_t)d;
+    }
+    gzFile g = gzopen(tmp, gz ? "wb6" : "wbT"); /* T: plain, no compression */
+    if (!g) return lk_error(LK_STATUS_IO, "cannot create %s: %s", tmp, strerror(errno ? errno : ENOMEM));
+    lk_status st = LK_STATUS_OK;
+    size_t hn = 4 + 4 * (size_t)a->ndim;
+    if (gzwrite(g, head, (unsigned)hn) != (int)hn) st = lk_error(LK_STATUS_IO, "%s: write failed", tmp);
+    /* Big-endian elements, converted a block at a time. */
+    uint8_t buf[1 << 14];
+    size_t total = (size_t)lk_array_numel(a), per = sizeof buf / es;
+    for (size_t at = 0; !st && at < total; at += per) {
+        size_t k = total - at < per ? total - at : per;
+        memcpy(buf, (const uint8_t *)a->data + at * es, k * es);
+        swap_bytes(buf, k, es);
+        if (gzwrite(g, buf, (unsigned)(k * es)) != (int)(k * es))
+            st = lk_error(LK_STATUS_IO, "%s: write failed at element %zu (disk full?)", tmp, at);
+    }
+    if (gzclose(g) != Z_OK && !st) st = lk_error(LK_STATUS_IO, "%s: write failed on close (disk full?)", tmp);
+    return st;
+}
+
+lk_status lk_idx_write(const char *path, const lk_array *a) {
+    if (a->dtype != LK_U8 && a->dtype != LK_I32 && a->dtype != LK_F32 && a->dtype != LK_F64)
+        return lk_error(LK_STATUS_INVALID_ARGUMENT, "idx write %s: dtype %d unsupported, expected u8, i32, f32 or f64",
+                        path, (int)a->dtype);
+    if (a->ndim < 1 || a->ndim > LK_MAX_DIMS || !a->data)
+        return lk_error(LK_STATUS_INVALID_ARGUMENT, "idx write %s: %d dims, expected 1..%d with data", path, a->ndim,
+                        LK_MAX_DIMS);
+    for (int i = 0; i < a->ndim; i++)
+        if (a->shape[i] < 0 || a->shape[i] > (int64_t)UINT32_MAX)
+            return lk_error(LK_STATUS_INVALID_ARGUMENT, "idx write %s: dim %d = %lld does not fit idx's u32", path, i,
+                            (long long)a->shape[i]);
+    return lk__write_atomic(path, idx_write_body, a);
+}
+
+/* ---- datasets ------------------------------------------------------------------- */
+
+lk_status lk_dataset_idx_pair_create(const char *images_path, const char *labels_path, lk_dataset **out) {
+    *out = NULL;
+    lk_array a[2];
+    LK_TRY(lk_idx_read(images_path, &a[0]));
+    lk_status st = lk_idx_read(labels_path, &a[1]);
+    if (st) {
+        lk_array_release(&a[0]);
+        return st;
+    }
+    if (a[1].ndim != 1 || a[0].shape[0] != a[1].shape[0]) {
+        char s0[160], s1[160];
+        st = lk_error(LK_STATUS_INVALID_ARGUMENT,
+                      "idx pair: %s has shape %s and %s has shape %s; expected N images and N labels of shape [N]",
+                      images_path, lk_data_shape_str(a[0].ndim, a[0].shape, s0, sizeof s0), labels_path,
+                      lk_data_shape_str(a[1].ndim, a[1].shape, s1, sizeof s1));
+    }
+    if (!st) st = lk_dataset_from_arrays(2, a, NULL, false, out);
+    lk_array_release(&a[0]);
+    lk_array_release(&a[1]);
+    return st;
+}
+
+static bool file_exists(const char *p) {
+    struct stat s;
+    return stat(p, &s) == 0 && S_ISREG(s.st_mode);
+}
+
+/* Finds "<dir>/<base>" or "<dir>/<base>.gz"; appends each try to `tried`. */
+static bool find_file(const char *dir, const char *base, char *found, size_t n, char *tried, size_t tn) {
+    static const char *const ext[] = {".gz", ""};
+    for (int e = 0; e < 2; e++) {
+        if (snprintf(found, n, "%s/%s%s", dir, base, ext[e]) >= (int)n) continue;
+        if (file_exists(found)) return true;
+        size_t k = strlen(tried);
+        if (k + 4 < tn && snprintf(tried + k, tn - k, "%s%s", k ? ", " : "", found) >= (int)(tn - k))
+            tried[tn - 1] = 0;
+    }
+    return false;
+}
+
+lk_status lk_dataset_mnist_create(const char *root, const char *split, lk_dataset **out) {
+    *out = NULL;
+    const char *prefix;
+    if (!split || !strcmp(split, "train")) prefix = "train";
+    else if (!strcmp(split, "test") || !strcmp(split, "t10k")) prefix = "t10k";
+    else return lk_error(LK_STATUS_INVALID_ARGUMENT, "mnist: split '%s', expected 'train' or 'test'", split);
+    char dirs[3][PATH_MAX];
+    int ndirs = 0;
+    if (root) snprintf(dirs[ndirs++], PATH_MAX, "%s", root);
+    else {
+        const char *env = lk_env_get("LK_DATA_ROOT");
+        if (env) {
+            snprintf(dirs[ndirs++], PATH_MAX, "%s", env);
+            snprintf(dirs[ndirs++], PATH_MAX, "%.*s/fashion-mnist", PATH_MAX - 20, env);
+        }
+        snprintf(dirs[ndirs++], PATH_MAX, "/usr/share/datasets/fashion-mnist");
+    }
+    char img_base[64], lab_base[64], img[PATH_MAX + 64], lab[PATH_MAX + 64], tried[4096] = "";
+    snprintf(img_base, sizeof img_base, "%s-images-idx3-ubyte", prefix);
+    snprintf(lab_base, sizeof lab_base, "%s-labels-idx1-ubyte", prefix);
+    for (int d = 0; d < ndirs; d++) {
+        if (find_file(dirs[d], img_base, img, sizeof img, tried, sizeof tried) &&
+            find_file(dirs[d], lab_base, lab, sizeof lab, tried, sizeof tried))
+            return lk_dataset_idx_pair_create(img, lab, out);
+    }
+    return lk_error(LK_STATUS_IO,
+                    "mnist %s split not found; tried %s (install dataset-fashion-mnist, set LK_DATA_ROOT, or pass "
+                    "the directory holding %s[.gz])",
+                    prefix, tried, img_base);
+}
+
+lk_status lk_data_mnist_download(const char *root, const char *base_url, long timeout_s) {
+    static const char *const files[] = {"train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
+                                        "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"};
+    if (!base_url) base_url = LK_FASHION_MNIST_URL;
+    size_t bl = strlen(base_url);
+    const char *sep = bl && base_url[bl - 1] == '/' ? "" : "/";
+    for (int i = 0; i < 4; i++) {
+        char dest[PATH_MAX], url[PATH_MAX];
+        if (snprintf(dest, sizeof dest, "%s/%s", root, files[i]) >= (int)sizeof dest ||
+            snprintf(url, sizeof url, "%s%s%s", base_url, sep, files[i]) >= (int)sizeof url)
+            return lk_error(LK_STATUS_INVALID_ARGUMENT, "mnist download: root or URL too long");
+        if (file_exists(dest)) continue;
+        LK_TRY(lk_data_download(url, dest, timeout_s));
+        /* A proxy's error page saved as data would fail much later: check now. */
+        lk_array a;
+        lk_status st = lk_idx_read(dest, &a);
+        lk_array_release(&a);
+        if (st) {
+            char msg[1200];
+            snprintf(msg, sizeof msg, "%s", lk_last_error());
+            unlink(dest);
+            return lk_error(st, "mnist download: %s is not valid idx data (%s); removed it", url, msg);
+        }
+    }
+    return LK_STATUS_OK;
+}

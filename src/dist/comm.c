@@ -1,0 +1,495 @@
+/* The generic communicator: backend registry and selection, argument
+ * checks, sequence numbers, the sticky failure (first error wins, then
+ * everything fails fast), the async queue run by one communication thread
+ * per communicator, and the "self" backend for world size 1, which costs a
+ * function call and nothing else (no segment, no thread). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dist/comm_impl.h"
+
+/* ------------------------------------------------------------------------
+ * Names and descriptions.
+ * ---------------------------------------------------------------------- */
+const char *lk__coll_kind_name(lk__coll_kind k) {
+    static const char *names[] = {"all_reduce", "broadcast", "all_gather", "reduce_scatter", "gather", "scatter", "barrier"};
+    return (unsigned)k < LK__COLL_COUNT ? names[k] : "?";
+}
+
+const char *lk_reduce_op_name(lk_reduce_op op) {
+    static const char *names[] = {"sum", "avg", "max", "min"};
+    return (unsigned)op < LK_REDUCE_COUNT ? names[op] : "?";
+}
+
+void lk__coll_describe(const lk__coll *op, char *buf, size_t size) {
+    switch (op->kind) {
+    case LK__COLL_BARRIER: snprintf(buf, size, "barrier #%llu", (unsigned long long)op->seq); break;
+    case LK__COLL_ALL_REDUCE:
+    case LK__COLL_REDUCE_SCATTER:
+        snprintf(buf, size, "%s #%llu (%s x %zu, %s)", lk__coll_kind_name(op->kind), (unsigned long long)op->seq,
+                 lk__dtype_name(op->dt), op->count, lk_reduce_op_name(op->op));
+        break;
+    case LK__COLL_ALL_GATHER:
+        snprintf(buf, size, "%s #%llu (%s x %zu)", lk__coll_kind_name(op->kind), (unsigned long long)op->seq,
+                 lk__dtype_name(op->dt), op->count);
+        break;
+    default:
+        snprintf(buf, size, "%s #%llu (%s x %zu, root %d)", lk__coll_kind_name(op->kind), (unsigned long long)op->seq,
+                 lk__dtype_name(op->dt), op->count, op->root);
+    }
+}
+
+/* ------------------------------------------------------------------------
+ * Registry.
+ * ---------------------------------------------------------------------- */
+static const lk__comm_vtable *const backends[] = {
+    &lk__comm_shm,
+#ifdef LK_HAVE_MPI
+    &lk__comm_mpi,
+#endif
+    &lk__comm_self,
+};
+#define NBACKENDS (int)(sizeof backends / sizeof backends[0])
+
+int lk_comm_backend_count(void) { return NBACKENDS; }
+const char *lk_comm_backend_name_at(int i) { return i >= 0 && i < NBACKENDS ? backends[i]->name : NULL; }
+
+static const lk__comm_vtable *find_backend(const char *name) {
+    for (int i = 0; i < NBACKENDS; i++)
+        if (!strcmp(backends[i]->name, name)) return backends[i];
+    return NULL;
+}
+
+lk_comm_config lk_comm_config_default(void) {
+    lk_comm_config c;
+    memset(&c, 0, sizeof c);
+    c.struct_size = sizeof c;
+    c.backend = "auto";
+    const char *t = lk_env_get("LK_COMM_TIMEOUT");
+    c.timeout_s = t ? atof(t) : 120.0;
+    if (!(c.timeout_s > 0)) c.timeout_s = 120.0;
+    c.check_desync = lk_env_get_long("LK_COMM_CHECK_DESYNC", 1) != 0;
+    return c;
+}
+
+/* ------------------------------------------------------------------------
+ * Failure.
+ * ---------------------------------------------------------------------- */
+lk_status lk__comm_fail(lk_comm *c, lk_status st) {
+    int expected = 0;
+    pthread_mutex_lock(&c->err_mu);
+    if (atomic_compare_exchange_strong(&c->failed, &expected, (int)st)) {
+        snprintf(c->err_msg, sizeof c->err_msg, "%s", lk_last_error());
+        pthread_mutex_unlock(&c->err_mu);
+        if (c->vt->abort) c->vt->abort(c, c->err_msg);
+    } else {
+        pthread_mutex_unlock(&c->err_mu);
+    }
+    return st;
+}
+
+static lk_status failed_fast(lk_comm *c, const char *what) {
+    pthread_mutex_lock(&c->err_mu);
+    lk_status st = lk_error(LK_STATUS_ABORTED, "%s: communicator already failed: %s", what, c->err_msg);
+    pthread_mutex_unlock(&c->err_mu);
+    return st;
+}
+
+lk_status lk_comm_error(lk_comm *c) {
+    if (!c || !atomic_load(&c->failed)) return LK_STATUS_OK;
+    pthread_mutex_lock(&c->err_mu);
+    lk_status st = lk_error((lk_status)atomic_load(&c->failed), "%s", c->err_msg);
+    pthread_mutex_unlock(&c->err_mu);
+    return st;
+}
+
+lk_status lk_comm_abort(lk_comm *c, const char *reason) {
+    if (!c) return LK_STATUS_ABORTED;
+    atomic_store(&c->abort_requested, 1);
+    lk_error(LK_STATUS_ABORTED, "lk_comm_abort: %s", reason ? reason : "lk_comm_abort");
+    lk__comm_fail(c, LK_STATUS_ABORTED);
+    return LK_STATUS_ABORTED;
+}
+
+/* ------------------------------------------------------------------------
+ * Create / free.
+ * ---------------------------------------------------------------------- */
+lk_status lk_comm_create(const lk_comm_config *cfg_in, lk_comm **out) {
+    if (!out) return lk_error(LK_STATUS_INVALID_ARGUMENT, "lk_comm_create: out is NULL");
+    *out = NULL;
+    lk_comm_config cfg = lk_comm_config_default();
+    if (cfg_in) {
+        if (cfg_in->struct_size < offsetof(lk_comm_config, backend) + sizeof(const char *))
+            return lk_error(LK_STATUS_INVALID_ARGUMENT, "lk_comm_create: config.struct_size %zu is too small; use lk_comm_config_default()",
+                            cfg_in->struct_size);
+        size_t n = cfg_in->struct_size < sizeof cfg ? cfg_in->struct_size : sizeof cfg;
+        memcpy(&cfg, cfg_in, n);
+    }
+    if (!(cfg.timeout_s > 0))
+        return lk_error(LK_STATUS_INVALID_ARGUMENT, "lk_comm_create: timeout_s %g must be > 0", cfg.timeout_s);
+    lk_pg_info pg;
+    if (cfg.pg) pg = *cfg.pg;
+    else LK_TRY(lk_pg_info_from_env(&pg));
+    if (pg.world_size < 1 || pg.rank < 0 || pg.rank >= pg.world_size)
+        return lk_error(LK_STATUS_INVALID_ARGUMENT, "lk_comm_create: rank %d is out of range for world size %d (expected 0..%d)",
+                        pg.rank, pg.world_size, pg.world_size - 1);
+
+    const char *name = cfg.backend ? cfg.backend : "auto";
+    const lk__comm_vtable *vt = NULL;
+    if (!strcmp(name, "auto")) {
+        const char *forced = lk_env_get("LK_COMM_BACKEND");
+        if (forced && *forced && strcmp(forced, "auto")) name = forced;
+    }
+    if (!strcmp(name, "auto")) {
+        if (pg.world_size == 1) vt = &lk__comm_self;
+        else if (pg.local_world_size == pg.world_size) vt = &lk__comm_shm;
+        else {
+#ifdef LK_HAVE_MPI
+            vt = &lk__comm_mpi;
+#else
+            return lk_error(LK_STATUS_UNSUPPORTED,
+                            "lk_comm_create: the job spans %d nodes (world %d, %d per node) but the mpi backend was not built "
+                            "(install libopenmpi-dev and reconfigure)",
+                            pg.num_nodes, pg.world_size, pg.local_world_size);
+#endif
+        }
+    } else {
+        vt = find_backend(name);
+        if (!vt) {
+            char list[128] = "";
+            for (int i = 0; i < NBACKENDS; i++) {
+                strncat(list, i ? ", " : "", sizeof list - strlen(list) - 1);
+                strncat(list, backends[i]->name, sizeof list - strlen(list) - 1);
+            }
+            return lk_error(LK_STATUS_INVALID_ARGUMENT, "lk_comm_create: unknown backend '%s' (built: %s, or auto)", name, list);
+        }
+        if (vt == &lk__comm_self && pg.world_size != 1)
+            return lk_error(LK_STATUS_INVALID_ARGUMENT, "lk_comm_create: backend 'self' needs world size 1, got %d", pg.world_size);
+    }
+
+    /* Errors and logs of a multi-rank job name their rank, unless the caller chose already. */
+    if (pg.world_size > 1 && lk_log_rank() < 0) lk_log_set_rank(pg.rank, pg.world_size);
+    lk_comm *c = lk_calloc(1, sizeof *c);
+    if (!c) return LK_STATUS_OUT_OF_MEMORY;
+    c->vt = vt;
+    c->pg = pg;
+    c->timeout_s = cfg.timeout_s;
+    c->check_desync = cfg.check_desync;
+    c->next_seq = 1;
+    const char *job = cfg.job_id ? cfg.job_id : pg.job_id;
+    snprintf(c->job_id, sizeof c->job_id, "%s", job ? job : "");
+    c->shared_bytes = cfg.shared_bytes ? cfg.shared_bytes : (size_t)lk_env_get_long("LK_COMM_SHM_BYTES", 1L << 30);
+    pthread_mutex_init(&c->err_mu, NULL);
+    pthread_mutex_init(&c->mu, NULL);
+    pthread_cond_init(&c->cv_work, NULL);
+    pthread_cond_init(&c->cv_done, NULL);
+    lk_status st = vt->init(c, &cfg);
+    if (st) {
+        pthread_mutex_destroy(&c->err_mu);
+        pthread_mutex_destroy(&c->mu);
+        pthread_cond_destroy(&c->cv_work);
+        pthread_cond_destroy(&c->cv_done);
+        lk_free(c);
+        return st;
+    }
+    *out = c;
+    return LK_STATUS_OK;
+}
+
+static void drain(lk_comm *c) {
+    pthread_mutex_lock(&c->mu);
+    while (c->pending > 0) pthread_cond_wait(&c->cv_done, &c->mu);
+    pthread_mutex_unlock(&c->mu);
+}
+
+void lk_comm_free(lk_comm *c) {
+    if (!c) return;
+    drain(c);
+    if (c->thread_started) {
+        pthread_mutex_lock(&c->mu);
+        c->stop = true;
+        pthread_cond_signal(&c->cv_work);
+        pthread_mutex_unlock(&c->mu);
+        pthread_join(c->thread, NULL);
+    }
+    c->vt->destroy(c);
+    pthread_mutex_destroy(&c->err_mu);
+    pthread_mutex_destroy(&c->mu);
+    pthread_cond_destroy(&c->cv_work);
+    pthread_cond_destroy(&c->cv_done);
+    lk_free(c);
+}
+
+int lk_comm_rank(const lk_comm *c) { return c->pg.rank; }
+int lk_comm_world_size(const lk_comm *c) { return c->pg.world_size; }
+int lk_comm_local_rank(const lk_comm *c) { return c->pg.local_rank; }
+int lk_comm_local_world_size(const lk_comm *c) { return c->pg.local_world_size; }
+const char *lk_comm_backend(const lk_comm *c) { return c->vt->name; }
+const lk_pg_info *lk_comm_pg(const lk_comm *c) { return &c->pg; }
+
+lk_status lk_comm_alloc_shared(lk_comm *c, size_t bytes, void **ptr) {
+    if (!c || !ptr) return lk_error(LK_STATUS_INVALID_ARGUMENT, "lk_comm_alloc_shared: NULL argument");
+    *ptr = NULL;
+    if (c->vt->alloc_shared) return c->vt->alloc_shared(c, bytes, ptr);
+    void *p = lk_aligned_alloc(LK_ALIGN, bytes ? (bytes + LK_ALIGN - 1) / LK_ALIGN * LK_ALIGN : LK_ALIGN);
+    if (!p) return LK_STATUS_OUT_OF_MEMORY;
+    memset(p, 0, bytes);
+    *ptr = p;
+    return LK_STATUS_OK;
+}
+
+void lk_comm_free_shared(lk_comm *c, void *ptr) {
+    if (!c || !ptr) return;
+    if (c->vt->free_shared) c->vt->free_shared(c, ptr);
+    else lk_aligned_free(ptr);
+}
+
+/* ------------------------------------------------------------------------
+ * Issue: checks, then inline or queued.
+ * ---------------------------------------------------------------------- */
+static lk_status check(lk_comm *c, const lk__coll *op) {
+    const char *k = lk__coll_kind_name(op->kind);
+    if (!c) return lk_error(LK_STATUS_INVALID_ARGUMENT, "lk_comm_%s: comm is NULL", k);
+    if (op->kind == LK__COLL_BARRIER) return LK_STATUS_OK;
+    if (!lk__dtype_size(op->dt))
+        return lk_error(LK_STATUS_INVALID_ARGUMENT, "lk_comm_%s: unsupported dtype %d (expected f32, f64, bf16, f16, i32, i64, u8)", k,
+                        (int)op->dt);
+    if ((op->kind == LK__COLL_ALL_REDUCE || op->kind == LK__COLL_REDUCE_SCATTER) && (unsigned)op->op >= LK_REDUCE_COUNT)
+        return lk_error(LK_STATUS_INVALID_ARGUMENT, "lk_comm_%s: unknown reduce op %d (expected sum, avg, max, min)", k, (int)op->op);
+    if ((op->kind == LK__COLL_BROADCAST || op->kind == LK__COLL_GATHER || op->kind == LK__COLL_SCATTER) &&
+        (op->root < 0 || op->root >= c->pg.world_size))
+        return lk_error(LK_STATUS_INVALID_ARGUMENT, "lk_comm_%s: root %d is out of range for world size %d", k, op->root,
+                        c->pg.world_size);
+    if (op->count > ((size_t)1 << 50) / (size_t)c->pg.world_size)
+        return lk_error(LK_STATUS_INVALID_ARGUMENT, "lk_comm_%s: count %zu is too large", k, op->count);
+    if (op->count) {
+        bool need_send = true, need_recv = true;
+        bool root = c->pg.rank == op->root;
+        if (op->kind == LK__COLL_GATHER) need_recv = root;
+        if (op->kind == LK__COLL_SCATTER) need_send = root;
+        if ((need_send && !op->send) || (need_recv && !op->recv))
+            return lk_error(LK_STATUS_INVALID_ARGUMENT, "lk_comm_%s: %s buffer is NULL with count %zu", k,
+                            need_send && !op->send ? "send" : "recv", op->count);
+    }
+    return LK_STATUS_OK;
+}
+
+static lk_status run_one(lk_comm *c, const lk__coll *op) {
+    if (atomic_load(&c->failed)) {
+        char d[160];
+        lk__coll_describe(op, d, sizeof d);
+        return failed_fast(c, d);
+    }
+    lk_status st = c->vt->run(c, op);
+    if (st) lk__comm_fail(c, st);
+    return st;
+}
+
+static void *comm_thread(void *arg) {
+    lk_comm *c = arg;
+    pthread_mutex_lock(&c->mu);
+    for (;;) {
+        while (!c->head && !c->stop) pthread_cond_wait(&c->cv_work, &c->mu);
+        if (!c->head) break;
+        lk_work *w = c->head;
+        c->head = w->next;
+        if (!c->head) c->tail = NULL;
+        pthread_mutex_unlock(&c->mu);
+        lk_clear_error();
+        lk_status st = run_one(c, &w->op);
+        pthread_mutex_lock(&c->mu);
+        w->status = st;
+        if (st) snprintf(w->msg, sizeof w->msg, "%s", lk_last_error());
+        w->done = true;
+        c->pending--;
+        pthread_cond_broadcast(&c->cv_done);
+    }
+    pthread_mutex_unlock(&c->mu);
+    return NULL;
+}
+
+/* Puts op on the communication thread's queue (starting it on first use). */
+static lk_status enqueue(lk_comm *c, const lk__coll *op, lk_work **work) {
+    lk_work *w = lk_calloc(1, sizeof *w);
+    if (!w) return LK_STATUS_OUT_OF_MEMORY;
+    w->op = *op;
+    w->comm = c;
+    if (c->vt == &lk__comm_self) {
+        /* Nothing travels: complete now, no thread. */
+        w->status = run_one(c, op);
+        if (w->status) snprintf(w->msg, sizeof w->msg, "%s", lk_last_error());
+        w->done = true;
+        *work = w;
+        return LK_STATUS_OK;
+    }
+    pthread_mutex_lock(&c->mu);
+    if (!c->thread_started) {
+        if (pthread_create(&c->thread, NULL, comm_thread, c)) {
+            pthread_mutex_unlock(&c->mu);
+            lk_free(w);
+            return lk_error(LK_STATUS_INTERNAL, "lk_comm_%s: cannot start the communication thread", lk__coll_kind_name(op->kind));
+        }
+        c->thread_started = true;
+    }
+    if (c->tail) c->tail->next = w;
+    else c->head = w;
+    c->tail = w;
+    c->pending++;
+    pthread_cond_signal(&c->cv_work);
+    pthread_mutex_unlock(&c->mu);
+    *work = w;
+    return LK_STATUS_OK;
+}
+
+static lk_status issue(lk_comm *c, lk__coll *op, lk_work **work) {
+    if (work) *work = NULL;
+    LK_TRY(check(c, op));
+    op->seq = c->next_seq++;
+    if (work) return enqueue(c, op, work);
+    /* Blocking: run inline unless async work is still pending (it must go first).
+     * Only the issuing thread enqueues, so pending cannot grow behind our back. */
+    pthread_mutex_lock(&c->mu);
+    long pending = c->pending;
+    pthread_mutex_unlock(&c->mu);
+    if (!pending) return run_one(c, op);
+    lk_work *w;
+    LK_TRY(enqueue(c, op, &w));
+    lk_status st = lk_work_wait(w);
+    lk_work_free(w);
+    return st;
+}
+
+lk_status lk_work_wait(lk_work *w) {
+    if (!w) return lk_error(LK_STATUS_INVALID_ARGUMENT, "lk_work_wait: work is NULL");
+    lk_comm *c = w->comm;
+    pthread_mutex_lock(&c->mu);
+    while (!w->done) pthread_cond_wait(&c->cv_done, &c->mu);
+    pthread_mutex_unlock(&c->mu);
+    if (w->status) return lk_error(w->status, "%s", w->msg);
+    return LK_STATUS_OK;
+}
+
+lk_status lk_work_test(lk_work *w, bool *done) {
+    if (!w || !done) return lk_error(LK_STATUS_INVALID_ARGUMENT, "lk_work_test: NULL argument");
+    lk_comm *c = w->comm;
+    pthread_mutex_lock(&c->mu);
+    bool d = w->done;
+    pthread_mutex_unlock(&c->mu);
+    *done = d;
+    if (d && w->status) return lk_error(w->status, "%s", w->msg);
+    return LK_STATUS_OK;
+}
+
+void lk_work_free(lk_work *w) {
+    if (!w) return;
+    lk_comm *c = w->comm;
+    pthread_mutex_lock(&c->mu);
+    while (!w->done) pthread_cond_wait(&c->cv_done, &c->mu);
+    pthread_mutex_unlock(&c->mu);
+    lk_free(w);
+}
+
+/* ------------------------------------------------------------------------
+ * The public collectives: fill a descriptor, issue.
+ * ---------------------------------------------------------------------- */
+#define COLL(KIND, SEND, RECV, COUNT, DT, OP, ROOT) \
+    lk__coll op = {.kind = KIND, .send = SEND, .recv = RECV, .count = COUNT, .dt = DT, .op = OP, .root = ROOT}
+
+lk_status lk_comm_all_reduce(lk_comm *c, void *buf, size_t count, lk_dtype dt, lk_reduce_op rop) {
+    COLL(LK__COLL_ALL_REDUCE, buf, buf, count, dt, rop, 0);
+    return issue(c, &op, NULL);
+}
+lk_status lk_comm_broadcast(lk_comm *c, void *buf, size_t count, lk_dtype dt, int root) {
+    COLL(LK__COLL_BROADCAST, buf, buf, count, dt, LK_REDUCE_SUM, root);
+    return issue(c, &op, NULL);
+}
+lk_status lk_comm_all_gather(lk_comm *c, const void *send, void *recv, size_t count, lk_dtype dt) {
+    COLL(LK__COLL_ALL_GATHER, send, recv, count, dt, LK_REDUCE_SUM, 0);
+    return issue(c, &op, NULL);
+}
+lk_status lk_comm_reduce_scatter(lk_comm *c, const void *send, void *recv, size_t count, lk_dtype dt, lk_reduce_op rop) {
+    COLL(LK__COLL_REDUCE_SCATTER, send, recv, count, dt, rop, 0);
+    return issue(c, &op, NULL);
+}
+lk_status lk_comm_gather(lk_comm *c, const void *send, void *recv, size_t count, lk_dtype dt, int root) {
+    COLL(LK__COLL_GATHER, send, recv, count, dt, LK_REDUCE_SUM, root);
+    return issue(c, &op, NULL);
+}
+lk_status lk_comm_scatter(lk_comm *c, const void *send, void *recv, size_t count, lk_dtype dt, int root) {
+    COLL(LK__COLL_SCATTER, send, recv, count, dt, LK_REDUCE_SUM, root);
+    return issue(c, &op, NULL);
+}
+lk_status lk_comm_barrier(lk_comm *c) {
+    COLL(LK__COLL_BARRIER, NULL, NULL, 0, LK_F32, LK_REDUCE_SUM, 0);
+    return issue(c, &op, NULL);
+}
+
+#define NEED_WORK(w)                                                                     \
+    do {                                                                                 \
+        if (!(w)) return lk_error(LK_STATUS_INVALID_ARGUMENT, "%s: work is NULL", __func__); \
+    } while (0)
+
+lk_status lk_comm_all_reduce_async(lk_comm *c, void *buf, size_t count, lk_dtype dt, lk_reduce_op rop, lk_work **w) {
+    NEED_WORK(w);
+    COLL(LK__COLL_ALL_REDUCE, buf, buf, count, dt, rop, 0);
+    return issue(c, &op, w);
+}
+lk_status lk_comm_broadcast_async(lk_comm *c, void *buf, size_t count, lk_dtype dt, int root, lk_work **w) {
+    NEED_WORK(w);
+    COLL(LK__COLL_BROADCAST, buf, buf, count, dt, LK_REDUCE_SUM, root);
+    return issue(c, &op, w);
+}
+lk_status lk_comm_all_gather_async(lk_comm *c, const void *send, void *recv, size_t count, lk_dtype dt, lk_work **w) {
+    NEED_WORK(w);
+    COLL(LK__COLL_ALL_GATHER, send, recv, count, dt, LK_REDUCE_SUM, 0);
+    return issue(c, &op, w);
+}
+lk_status lk_comm_reduce_scatter_async(lk_comm *c, const void *send, void *recv, size_t count, lk_dtype dt,
+                                       lk_reduce_op rop, lk_work **w) {
+    NEED_WORK(w);
+    COLL(LK__COLL_REDUCE_SCATTER, send, recv, count, dt, rop, 0);
+    return issue(c, &op, w);
+}
+lk_status lk_comm_gather_async(lk_comm *c, const void *send, void *recv, size_t count, lk_dtype dt, int root,
+                               lk_work **w) {
+    NEED_WORK(w);
+    COLL(LK__COLL_GATHER, send, recv, count, dt, LK_REDUCE_SUM, root);
+    return issue(c, &op, w);
+}
+lk_status lk_comm_scatter_async(lk_comm *c, const void *send, void *recv, size_t count, lk_dtype dt, int root,
+                                lk_work **w) {
+    NEED_WORK(w);
+    COLL(LK__COLL_SCATTER, send, recv, count, dt, LK_REDUCE_SUM, root);
+    return issue(c, &op, w);
+}
+lk_status lk_comm_barrier_async(lk_comm *c, lk_work **w) {
+    NEED_WORK(w);
+    COLL(LK__COLL_BARRIER, NULL, NULL, 0, LK_F32, LK_REDUCE_SUM, 0);
+    return issue(c, &op, w);
+}
+
+/* ------------------------------------------------------------------------
+ * The self backend: world size 1, every collective is a local copy.
+ * ---------------------------------------------------------------------- */
+static lk_status self_init(lk_comm *c, const lk_comm_config *cfg) {
+    (void)cfg;
+    if (c->pg.world_size != 1) return lk_error(LK_STATUS_INVALID_ARGUMENT, "self backend needs world size 1");
+    return LK_STATUS_OK;
+}
+static void self_destroy(lk_comm *c) { (void)c; }
+static lk_status self_run(lk_comm *c, const lk__coll *op) {
+    (void)c;
+    size_t bytes = op->count * lk__dtype_size(op->dt);
+    switch (op->kind) {
+    case LK__COLL_ALL_REDUCE:
+    case LK__COLL_BROADCAST:
+    case LK__COLL_BARRIER: return LK_STATUS_OK; /* avg over one rank is the value itself */
+    default:
+        if (bytes && op->send != op->recv) memmove(op->recv, op->send, bytes);
+        return LK_STATUS_OK;
+    }
+}
+const lk__comm_vtable lk__comm_self = {
+    .name = "self", .init = self_init, .destroy = self_destroy, .run = self_run,
+};

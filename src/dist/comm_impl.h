@@ -1,0 +1,128 @@
+/* Private to src/dist: the communicator vtable every backend fills, the
+ * generic lk_comm (issue order, sequence numbers, the async queue and the
+ * sticky failure), the collective descriptor, the reduction kernels and
+ * the 16-bit float converters. Backends see only this header and dist.h. */
+#ifndef LK_DIST_COMM_IMPL_H
+#define LK_DIST_COMM_IMPL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "lockstep/dist.h"
+
+typedef enum {
+    LK__COLL_ALL_REDUCE,
+    LK__COLL_BROADCAST,
+    LK__COLL_ALL_GATHER,
+    LK__COLL_REDUCE_SCATTER,
+    LK__COLL_GATHER,
+    LK__COLL_SCATTER,
+    LK__COLL_BARRIER,
+    LK__COLL_COUNT
+} lk__coll_kind;
+
+/* One collective as issued. all_reduce/broadcast: send == recv == buf.
+ * count is per rank (the block size for gather/scatter/all_gather/reduce_scatter). */
+typedef struct lk__coll {
+    lk__coll_kind kind;
+    const void *send;
+    void *recv;
+    size_t count;
+    lk_dtype dt;
+    lk_reduce_op op;
+    int root;
+    uint64_t seq; /* issue order on this communicator, from 1 */
+} lk__coll;
+
+const char *lk__coll_kind_name(lk__coll_kind k);
+/* "all_reduce #7 (f32 x 1024, sum)" */
+void lk__coll_describe(const lk__coll *op, char *buf, size_t size);
+
+typedef struct lk__comm_vtable {
+    const char *name;
+    /* Joins the group described by c->pg; sets c->impl. On failure leaves
+     * nothing behind (the dispatcher will not call destroy). */
+    lk_status (*init)(lk_comm *c, const lk_comm_config *cfg);
+    /* Leaves the group and frees c->impl. */
+    void (*destroy)(lk_comm *c);
+    /* Runs one collective to completion, bounded by c->timeout_s. Called by
+     * one thread at a time, in issue order. Arguments are already validated. */
+    lk_status (*run)(lk_comm *c, const lk__coll *op);
+    /* (optional) memory peers can read; default: lk_aligned_alloc. */
+    lk_status (*alloc_shared)(lk_comm *c, size_t bytes, void **ptr);
+    void (*free_shared)(lk_comm *c, void *ptr);
+    /* (optional) tells peers this rank gave up, quoting reason. Any thread. */
+    void (*abort)(lk_comm *c, const char *reason);
+} lk__comm_vtable;
+
+typedef struct lk__queue_item lk__queue_item;
+
+struct lk_comm {
+    const lk__comm_vtable *vt;
+    void *impl;
+    lk_pg_info pg;
+    double timeout_s;
+    bool check_desync;
+    char job_id[96];
+    uint64_t next_seq; /* issuing thread only */
+
+    /* Sticky failure: first error wins; later calls fail with ABORTED. */
+    _Atomic int failed; /* lk_status of the first failure, 0 while healthy */
+    _Atomic int abort_requested;
+    pthread_mutex_t err_mu;
+    char err_msg[1024];
+
+    /* Async: works run in issue order on one thread, started on first use. */
+    pthread_mutex_t mu;
+    pthread_cond_t cv_work; /* queue non-empty or stop */
+    pthread_cond_t cv_done; /* some work finished */
+    pthread_t thread;
+    bool thread_started, stop;
+    lk_work *head, *tail; /* queued, not yet started */
+    long pending;         /* issued and not finished (queued + running) */
+    size_t shared_bytes;
+};
+
+struct lk_work {
+    lk__coll op;
+    lk_comm *comm;
+    lk_work *next;
+    bool done; /* under comm->mu */
+    lk_status status;
+    char msg[1024];
+};
+
+/* Registry: backends built into this library. */
+extern const lk__comm_vtable lk__comm_self;
+extern const lk__comm_vtable lk__comm_shm;
+#ifdef LK_HAVE_MPI
+extern const lk__comm_vtable lk__comm_mpi;
+/* bench: raw MPI_Allreduce timing on MPI_COMM_WORLD (µs per call), for the table. */
+lk_status lk__mpi_raw_allreduce_us(size_t bytes, int iters, double *us);
+#endif
+
+/* Sets the sticky failure (first one wins) and tells peers. Returns `st`. */
+lk_status lk__comm_fail(lk_comm *c, lk_status st);
+
+/* ---- reductions and conversions (reduce.c) ---- */
+size_t lk__dtype_size(lk_dtype dt); /* 0 for dtypes collectives do not support */
+const char *lk__dtype_name(lk_dtype dt);
+/* dst[i] = op(srcs[0][i], ..., srcs[n-1][i]) folded strictly in order
+ * 0..n-1 (sum, max, min); for AVG the sum is divided by avg_div. bf16/f16
+ * accumulate in f32 and round once. dst may alias any src. */
+void lk__reduce(void *dst, const void *const *srcs, int n, size_t count, lk_dtype dt, lk_reduce_op op,
+                int avg_div);
+float lk__bf16_to_f32(uint16_t h);
+uint16_t lk__f32_to_bf16(float f);
+float lk__f16_to_f32(uint16_t h);
+uint16_t lk__f32_to_f16(float f);
+
+/* ---- launcher helpers shared with the shm backend ---- */
+/* "/lockstep-<sanitised job id>"; the shm segment of a job. */
+void lk__shm_segment_name(const char *job_id, char *buf, size_t size);
+/* true when pid exists and is not a zombie. */
+bool lk__pid_alive(int pid);
+/* One char of /proc/<pid>/stat: 'R', 'S', 'T' (stopped), 'Z', ... or '?' */
+char lk__pid_state(int pid);
+
+#endif

@@ -1,0 +1,272 @@
+/* The mpi communicator (built when CMake finds MPI): each collective maps to
+ * its non-blocking MPI call on a private duplicate of MPI_COMM_WORLD,
+ * completed by polling MPI_Test so comm_timeout and lk_comm_abort bound
+ * every wait. bf16/f16 have no MPI type: they are widened to f32, reduced,
+ * and rounded once. With check_desync each collective first all-gathers
+ * the ranks' signatures (sequence, kind, dtype, count, op, root), so a
+ * mismatch is reported instead of hanging or corrupting data. */
+#include <mpi.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dist/comm_impl.h"
+
+typedef struct {
+    MPI_Comm comm;
+    int rank, world;
+} mpi_comm;
+
+static void finalize_at_exit(void) {
+    int fin = 0;
+    MPI_Finalized(&fin);
+    if (!fin) MPI_Finalize();
+}
+
+static lk_status mpi_err(int rc, const char *what) {
+    char s[MPI_MAX_ERROR_STRING];
+    int n = 0;
+    MPI_Error_string(rc, s, &n);
+    return lk_error(LK_STATUS_REMOTE, "%s failed: MPI error: %s", what, s);
+}
+
+static lk_status mpi_init(lk_comm *c, const lk_comm_config *cfg) {
+    (void)cfg;
+    int inited = 0, fin = 0;
+    MPI_Initialized(&inited);
+    MPI_Finalized(&fin);
+    if (fin) return lk_error(LK_STATUS_INVALID_USAGE, "mpi backend: MPI was already finalized in this process");
+    if (!inited) {
+        int provided = 0;
+        if (MPI_Init_thread(NULL, NULL, MPI_THREAD_SERIALIZED, &provided) != MPI_SUCCESS)
+            return lk_error(LK_STATUS_INTERNAL, "mpi backend: MPI_Init_thread failed");
+        if (provided < MPI_THREAD_SERIALIZED)
+            lk_log_warn("mpi backend: MPI provides thread level %d < SERIALIZED; async collectives run on a helper thread", provided);
+        atexit(finalize_at_exit);
+    }
+    mpi_comm *m = lk_calloc(1, sizeof *m);
+    if (!m) return LK_STATUS_OUT_OF_MEMORY;
+    MPI_Comm_dup(MPI_COMM_WORLD, &m->comm);
+    MPI_Comm_set_errhandler(m->comm, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(m->comm, &m->rank);
+    MPI_Comm_size(m->comm, &m->world);
+    if (c->pg.world_size != m->world || c->pg.rank != m->rank) {
+        if (strcmp(c->pg.source, "none") && strcmp(c->pg.source, "openmpi") && strcmp(c->pg.source, "pmi") &&
+            strcmp(c->pg.source, "slurm")) {
+            int w = c->pg.world_size, r = c->pg.rank, mr = m->rank, mw = m->world;
+            MPI_Comm_free(&m->comm);
+            lk_free(m);
+            return lk_error(LK_STATUS_INVALID_ARGUMENT,
+                            "mpi backend: the environment says rank %d of %d (%s) but MPI says rank %d of %d; start the "
+                            "job with mpirun/srun",
+                            r, w, c->pg.source, mr, mw);
+        }
+        /* MPI is the authority on who we are. */
+        c->pg.rank = m->rank;
+        c->pg.world_size = m->world;
+        if (c->pg.local_world_size > m->world) c->pg.local_world_size = m->world;
+    }
+    c->impl = m;
+    return LK_STATUS_OK;
+}
+
+static void mpi_destroy(lk_comm *c) {
+    mpi_comm *m = c->impl;
+    if (!m) return;
+    int fin = 0;
+    MPI_Finalized(&fin);
+    if (!fin && !atomic_load(&c->failed)) MPI_Comm_free(&m->comm);
+    lk_free(m);
+    c->impl = NULL;
+}
+
+static MPI_Datatype mpi_type(lk_dtype dt) {
+    switch (dt) {
+    case LK_F32: return MPI_FLOAT;
+    case LK_F64: return MPI_DOUBLE;
+    case LK_I32: return MPI_INT32_T;
+    case LK_I64: return MPI_INT64_T;
+    case LK_U8: return MPI_UINT8_T;
+    case LK_BF16:
+    case LK_F16: return MPI_UINT16_T; /* moved as bits; reduced as f32 */
+    default: return MPI_DATATYPE_NULL;
+    }
+}
+
+static MPI_Op mpi_op(lk_reduce_op op) {
+    switch (op) {
+    case LK_REDUCE_MAX: return MPI_MAX;
+    case LK_REDUCE_MIN: return MPI_MIN;
+    default: return MPI_SUM;
+    }
+}
+
+/* Completes req, polling so the wait is bounded and abortable. */
+static lk_status finish(lk_comm *c, MPI_Request *req, const lk__coll *op) {
+    char what[160];
+    uint64_t t0 = lk_time_ns(), limit = (uint64_t)(c->timeout_s * 1e9);
+    for (unsigned long spins = 0;; spins++) {
+        int done = 0;
+        int rc = MPI_Test(req, &done, MPI_STATUS_IGNORE);
+        if (rc != MPI_SUCCESS) {
+            lk__coll_describe(op, what, sizeof what);
+            return mpi_err(rc, what);
+        }
+        if (done) return LK_STATUS_OK;
+        if (spins > 1000) {
+            sched_yield();
+            if ((spins & 255) == 0) {
+                uint64_t now = lk_time_ns();
+                lk__coll_describe(op, what, sizeof what);
+                if (atomic_load(&c->abort_requested))
+                    return lk_error(LK_STATUS_ABORTED, "%s: aborted while waiting", what);
+                if (now - t0 >= limit)
+                    return lk_error(LK_STATUS_TIMEOUT,
+                                    "%s timed out after %.1f s (comm_timeout, LK_COMM_TIMEOUT) in MPI; some rank did not "
+                                    "arrive",
+                                    what, (double)(now - t0) * 1e-9);
+            }
+        }
+    }
+}
+
+typedef struct {
+    uint64_t seq, count;
+    int32_t kind, dt, op, root;
+} sig_t_;
+
+static lk_status check_sig(lk_comm *c, mpi_comm *m, const lk__coll *op) {
+    sig_t_ me = {op->seq, op->kind == LK__COLL_BARRIER ? 0 : op->count, op->kind, op->kind == LK__COLL_BARRIER ? 0 : op->dt,
+                 (op->kind == LK__COLL_ALL_REDUCE || op->kind == LK__COLL_REDUCE_SCATTER) ? (int)op->op : 0,
+                 (op->kind == LK__COLL_BROADCAST || op->kind == LK__COLL_GATHER || op->kind == LK__COLL_SCATTER) ? op->root : 0};
+    sig_t_ *all = lk_malloc(sizeof me * (size_t)m->world);
+    if (!all) return LK_STATUS_OUT_OF_MEMORY;
+    MPI_Request req;
+    int rc = MPI_Iallgather(&me, (int)sizeof me, MPI_BYTE, all, (int)sizeof me, MPI_BYTE, m->comm, &req);
+    lk_status st = rc == MPI_SUCCESS ? finish(c, &req, op) : mpi_err(rc, "signature exchange");
+    if (!st) {
+        bool same = true;
+        for (int k = 0; k < m->world; k++) same = same && !memcmp(&all[k], &me, sizeof me);
+        if (!same) {
+            char list[1536];
+            size_t len = 0;
+            for (int k = 0; k < m->world && len < sizeof list - 180; k++) {
+                lk__coll o = {.kind = (lk__coll_kind)all[k].kind, .dt = (lk_dtype)all[k].dt, .op = (lk_reduce_op)all[k].op,
+                              .root = all[k].root, .count = all[k].count, .seq = all[k].seq};
+                char d[160];
+                lk__coll_describe(&o, d, sizeof d);
+                len += (size_t)snprintf(list + len, sizeof list - len, "%srank %d called %s", k ? "; " : "", k, d);
+            }
+            st = lk_error(LK_STATUS_INVALID_USAGE,
+                          "collective mismatch (desync): the ranks issued different collectives at the same point: %s", list);
+        }
+    }
+    lk_free(all);
+    return st;
+}
+
+static void widen(float *dst, const uint16_t *src, size_t n, lk_dtype dt) {
+    for (size_t i = 0; i < n; i++) dst[i] = dt == LK_BF16 ? lk__bf16_to_f32(src[i]) : lk__f16_to_f32(src[i]);
+}
+static void narrow(uint16_t *dst, const float *src, size_t n, lk_dtype dt) {
+    for (size_t i = 0; i < n; i++) dst[i] = dt == LK_BF16 ? lk__f32_to_bf16(src[i]) : lk__f32_to_f16(src[i]);
+}
+
+/* In-place division for AVG after an MPI_SUM. */
+static void divide(void *buf, size_t n, lk_dtype dt, int w) {
+    for (size_t i = 0; i < n; i++) {
+        switch (dt) {
+        case LK_F32: ((float *)buf)[i] /= (float)w; break;
+        case LK_F64: ((double *)buf)[i] /= (double)w; break;
+        case LK_I32: ((int32_t *)buf)[i] /= w; break;
+        case LK_I64: ((int64_t *)buf)[i] /= w; break;
+        case LK_U8: ((uint8_t *)buf)[i] = (uint8_t)(((uint8_t *)buf)[i] / w); break;
+        default: break;
+        }
+    }
+}
+
+static lk_status reduce_call(lk_comm *c, mpi_comm *m, const lk__coll *op, const void *send, void *recv, size_t n,
+                             lk_dtype dt, bool scatter) {
+    MPI_Request req;
+    int cnt = (int)n;
+    int rc = scatter ? MPI_Ireduce_scatter_block(send, recv, cnt, mpi_type(dt), mpi_op(op->op), m->comm, &req)
+                     : MPI_Iallreduce(send == recv ? MPI_IN_PLACE : send, recv, cnt, mpi_type(dt), mpi_op(op->op), m->comm, &req);
+    if (rc != MPI_SUCCESS) return mpi_err(rc, lk__coll_kind_name(op->kind));
+    LK_TRY(finish(c, &req, op));
+    if (op->op == LK_REDUCE_AVG) divide(recv, n, dt, m->world);
+    return LK_STATUS_OK;
+}
+
+static lk_status mpi_run(lk_comm *c, const lk__coll *op) {
+    mpi_comm *m = c->impl;
+    if (c->check_desync && m->world > 1) LK_TRY(check_sig(c, m, op));
+    if (op->count > (size_t)INT32_MAX / (size_t)m->world)
+        return lk_error(LK_STATUS_UNSUPPORTED, "mpi backend: count %zu exceeds MPI's int counts", op->count);
+    MPI_Request req;
+    int rc = MPI_SUCCESS, n = (int)op->count;
+    MPI_Datatype t = mpi_type(op->dt);
+    bool half = op->dt == LK_BF16 || op->dt == LK_F16;
+    switch (op->kind) {
+    case LK__COLL_BARRIER: rc = MPI_Ibarrier(m->comm, &req); break;
+    case LK__COLL_BROADCAST: rc = MPI_Ibcast(op->recv, n, t, op->root, m->comm, &req); break;
+    case LK__COLL_ALL_GATHER:
+        rc = MPI_Iallgather((const char *)op->recv + (size_t)m->rank * op->count * lk__dtype_size(op->dt) == (const char *)op->send
+                                ? MPI_IN_PLACE
+                                : op->send,
+                            n, t, op->recv, n, t, m->comm, &req);
+        break;
+    case LK__COLL_GATHER: rc = MPI_Igather(op->send, n, t, op->recv, n, t, op->root, m->comm, &req); break;
+    case LK__COLL_SCATTER: rc = MPI_Iscatter(op->send, n, t, op->recv, n, t, op->root, m->comm, &req); break;
+    case LK__COLL_ALL_REDUCE:
+    case LK__COLL_REDUCE_SCATTER: {
+        bool scatter = op->kind == LK__COLL_REDUCE_SCATTER;
+        if (!op->count) return LK_STATUS_OK;
+        if (!half) return reduce_call(c, m, op, op->send, op->recv, op->count, op->dt, scatter);
+        size_t in_n = scatter ? op->count * (size_t)m->world : op->count;
+        float *in = lk_malloc(in_n * sizeof(float)), *out = scatter ? lk_malloc(op->count * sizeof(float)) : in;
+        if (!in || !out) {
+            lk_free(in);
+            if (out != in) lk_free(out);
+            return LK_STATUS_OUT_OF_MEMORY;
+        }
+        widen(in, op->send, in_n, op->dt);
+        lk_status st = reduce_call(c, m, op, in, out, op->count, LK_F32, scatter);
+        if (!st) narrow(op->recv, out, op->count, op->dt);
+        lk_free(in);
+        if (out != in) lk_free(out);
+        return st;
+    }
+    default: return lk_error(LK_STATUS_INTERNAL, "mpi: unknown collective %d", (int)op->kind);
+    }
+    if (rc != MPI_SUCCESS) return mpi_err(rc, lk__coll_kind_name(op->kind));
+    return finish(c, &req, op);
+}
+
+static void mpi_abort_cb(lk_comm *c, const char *reason) {
+    (void)c;
+    (void)reason; /* MPI cannot cancel collectives; waits see abort_requested and return */
+}
+
+const lk__comm_vtable lk__comm_mpi = {
+    .name = "mpi", .init = mpi_init, .destroy = mpi_destroy, .run = mpi_run, .abort = mpi_abort_cb,
+};
+
+lk_status lk__mpi_raw_allreduce_us(size_t bytes, int iters, double *us) {
+    int inited = 0;
+    MPI_Initialized(&inited);
+    if (!inited) return lk_error(LK_STATUS_INVALID_USAGE, "raw MPI bench: MPI is not initialised (create an mpi comm first)");
+    size_t n = bytes / sizeof(float);
+    float *buf = lk_aligned_alloc(64, n * sizeof(float) + 64);
+    if (!buf) return LK_STATUS_OUT_OF_MEMORY;
+    for (size_t i = 0; i < n; i++) buf[i] = 1.0f;
+    MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); /* warm-up */
+    MPI_Barrier(MPI_COMM_WORLD);
+    double t0 = MPI_Wtime();
+    for (int i = 0; i < iters; i++) MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+    double t = (MPI_Wtime() - t0) / iters * 1e6;
+    MPI_Allreduce(&t, us, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    lk_aligned_free(buf);
+    return LK_STATUS_OK;
+}

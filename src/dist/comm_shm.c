@@ -1,0 +1,851 @@
+/* The shm communicator: the processes of one node share one POSIX shared
+ * memory segment per job. Local rank 0 creates it, the others attach with
+ * retries until comm_timeout, and it is unlinked the moment every rank has
+ * attached (so nothing can leak after that, whatever kills whom).
+ *
+ * Segment: header | one control slot per rank (progress tick, pid, state,
+ * the collective in flight) | two staging slots per rank | one heap per rank
+ * (lk_comm_alloc_shared). Ranks synchronise by publishing a monotonically
+ * increasing tick and waiting until every peer's tick reaches theirs
+ * (spin, then yield, then sleep), checking timeout, abort and peers'
+ * liveness (pid alive and not a zombie, state not aborted) while they wait.
+ *
+ * all_reduce is reduce-scatter + all-gather over slices: each rank reduces
+ * its part of a slice from every rank's copy, always folding rank 0, 1, ...,
+ * W-1 in that order, so every rank ends with the same bits. When every
+ * rank's buffer lies in the segment it is read in place (no copy-in);
+ * private buffers go through the staging slots. Messages up to 64 KB take
+ * one step (copy in, one sync, every rank reduces everything).
+ *
+ * Staging slots alternate between consecutive uses. A reader always
+ * finishes reading a slot before it arrives at its next sync point, and a
+ * writer reuses a slot only after waiting on a later sync point, so no
+ * closing barrier is needed after staged collectives. Collectives that read
+ * peers' own buffers (in-segment paths) end with a closing sync. */
+#include <errno.h>
+#include <fcntl.h>
+#include <ifaddrs.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdalign.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "dist/comm_impl.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define cpu_relax() _mm_pause()
+#elif defined(__aarch64__)
+#define cpu_relax() __asm__ __volatile__("yield")
+#else
+#define cpu_relax() ((void)0)
+#endif
+
+#define LINE 128                   /* two cache lines: adjacent-line prefetch must not couple ranks */
+#define SHM_MAGIC 0x32304d48534b4cULL /* "LKSHM02" */
+#define STAGE_SLOT ((size_t)1 << 20)  /* bytes per staging slot; two per rank */
+#define SMALL_BYTES ((size_t)64 << 10)
+#define SLICE_SHARED ((size_t)512 << 10) /* bytes per pipeline step when reading in place */
+#define CHECK_NS 100000000ull            /* liveness/abort checks every 100 ms while waiting */
+
+enum { ST_EMPTY = 0, ST_ATTACHED = 1, ST_ABORTED = 2, ST_LEFT = 3 };
+
+typedef struct {
+    _Atomic uint64_t magic; /* set last by the creator */
+    uint32_t version;
+    int32_t world;
+    int32_t creator_pid;
+    int32_t pad;
+    uint64_t total, slots_off, slot_bytes, stage_off, stage_bytes, heap_off, heap_bytes;
+    _Atomic int32_t attached;
+    char job_id[96];
+} shm_header;
+
+typedef struct {
+    uint64_t seq;
+    int32_t kind, dt, op, root;
+    uint64_t count;
+    int64_t off; /* offset of the buffer peers read in place, or -1 */
+} shm_info;
+
+typedef struct {
+    alignas(LINE) _Atomic uint64_t tick;
+    alignas(LINE) _Atomic int32_t pid;
+    _Atomic int32_t state;
+    int32_t world;
+    _Atomic uint64_t seq_done;
+    _Atomic uint64_t active_ns;
+    _Atomic int32_t in_coll;
+    _Atomic int32_t cur; /* which info[] describes the collective in flight */
+    /* What this rank called, indexed by the parity of the entry tick: a rank
+     * may publish its next collective while a peer still checks this one. */
+    alignas(LINE) shm_info info[2];
+    alignas(LINE) char reason[512];
+} shm_slot;
+
+typedef struct {
+    size_t off, size;
+} blk;
+
+typedef struct {
+    uint8_t *base;
+    size_t total;
+    shm_header *hdr;
+    int rank, world;
+    uint64_t tick;      /* my progress; equal on all ranks between collectives */
+    uint64_t stage_ctr; /* staging uses so far; equal on all ranks */
+    int cur;            /* info[] index of the collective in flight */
+    char name[256];
+    bool unlinked;
+    pthread_mutex_t heap_mu;
+    blk *blks;
+    int nblk, cap;
+} shm_comm;
+
+static inline shm_slot *slot_of(shm_comm *s, int k) {
+    return (shm_slot *)(s->base + s->hdr->slots_off + (size_t)k * s->hdr->slot_bytes);
+}
+static inline uint8_t *stage_of(shm_comm *s, int k, uint64_t use) {
+    return s->base + s->hdr->stage_off + (size_t)k * s->hdr->stage_bytes + (use & 1) * STAGE_SLOT;
+}
+static inline uint8_t *heap_of(shm_comm *s, int k) { return s->base + s->hdr->heap_off + (size_t)k * s->hdr->heap_bytes; }
+
+/* ------------------------------------------------------------------------
+ * Helpers shared with the launcher.
+ * ---------------------------------------------------------------------- */
+void lk__shm_segment_name(const char *job_id, char *buf, size_t size) {
+    char clean[200];
+    size_t n = 0;
+    for (const char *p = job_id ? job_id : ""; *p && n < sizeof clean - 1; p++) {
+        char ch = *p;
+        bool ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '-' || ch == '_' || ch == '.';
+        clean[n++] = ok ? ch : '_';
+    }
+    clean[n] = 0;
+    snprintf(buf, size, "/lockstep-%s", clean);
+}
+
+char lk__pid_state(int pid) {
+    char path[64], line[512];
+    snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    FILE *f = fopen(path, "r");
+    if (!f) return '?';
+    size_t n = fread(line, 1, sizeof line - 1, f);
+    fclose(f);
+    line[n] = 0;
+    char *rp = strrchr(line, ')'); /* comm may contain spaces and parentheses */
+    return rp && rp[1] == ' ' && rp[2] ? rp[2] : '?';
+}
+
+bool lk__pid_alive(int pid) {
+    if (pid <= 0) return false;
+    if (kill(pid, 0) != 0 && errno != EPERM) return false;
+    char st = lk__pid_state(pid);
+    return st != 'Z' && st != 'X';
+}
+
+static const char *pid_state_word(int pid) {
+    switch (lk__pid_state(pid)) {
+    case 'T':
+    case 't': return "stopped";
+    case 'R': return "running";
+    case 'S':
+    case 'D': return "sleeping";
+    case 'Z': return "zombie";
+    case '?': return "gone";
+    default: return "alive";
+    }
+}
+
+static void sleep_ms(int ms) {
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+/* ------------------------------------------------------------------------
+ * Waiting.
+ * ---------------------------------------------------------------------- */
+static void describe_info(shm_info *sl, char *buf, size_t size) {
+    lk__coll o = {.kind = (lk__coll_kind)sl->kind, .dt = (lk_dtype)sl->dt, .op = (lk_reduce_op)sl->op, .root = sl->root,
+                  .count = sl->count, .seq = sl->seq};
+    lk__coll_describe(&o, buf, size);
+}
+
+static void describe_slot_op(shm_slot *sl, char *buf, size_t size) { describe_info(&sl->info[atomic_load(&sl->cur) & 1], buf, size); }
+
+/* Fails with REMOTE when peer k is dead, aborted or gone; OK while it may still come. */
+static lk_status check_peer(lk_comm *c, shm_comm *s, int k, const char *what) {
+    shm_slot *sl = slot_of(s, k);
+    int pid = atomic_load(&sl->pid);
+    int state = atomic_load(&sl->state);
+    if (state == ST_ABORTED)
+        return lk_error(LK_STATUS_REMOTE, "%s failed: rank %d (pid %d) aborted: %.400s", what, k, pid, sl->reason);
+    if (state == ST_LEFT)
+        return lk_error(LK_STATUS_REMOTE,
+                        "%s failed: rank %d (pid %d) left the communicator (lk_comm_free) after %llu collectives; did the "
+                        "ranks issue different numbers of collectives?",
+                        what, k, pid, (unsigned long long)atomic_load(&sl->seq_done));
+    if (!lk__pid_alive(pid))
+        return lk_error(LK_STATUS_REMOTE,
+                        "%s failed: rank %d (pid %d) died (process gone: killed or exited without lk_comm_free) while "
+                        "rank %d waited for it; the job cannot continue",
+                        what, k, pid, c->pg.rank);
+    return LK_STATUS_OK;
+}
+
+static lk_status timeout_error(lk_comm *c, shm_comm *s, uint64_t target, const char *what, double waited) {
+    char missing[1024] = "";
+    size_t len = 0;
+    int nmiss = 0;
+    for (int k = 0; k < s->world && len < sizeof missing - 200; k++) {
+        shm_slot *sl = slot_of(s, k);
+        if (k == s->rank || atomic_load_explicit(&sl->tick, memory_order_acquire) >= target) continue;
+        char where[160];
+        int pid = atomic_load(&sl->pid);
+        uint64_t idle_ns = lk_time_ns() - atomic_load(&sl->active_ns);
+        if (atomic_load(&sl->in_coll)) describe_slot_op(sl, where, sizeof where);
+        else snprintf(where, sizeof where, "not in a collective, %llu completed",
+                      (unsigned long long)atomic_load(&sl->seq_done));
+        len += (size_t)snprintf(missing + len, sizeof missing - len, "%srank %d (pid %d, %s, last active %.1f s ago, in: %s)",
+                                nmiss ? "; " : "", k, pid, pid_state_word(pid), (double)idle_ns * 1e-9, where);
+        nmiss++;
+    }
+    return lk_error(LK_STATUS_TIMEOUT, "%s timed out after %.1f s (comm_timeout, LK_COMM_TIMEOUT): %d rank%s did not arrive: %s",
+                    what, waited, nmiss, nmiss == 1 ? "" : "s", missing);
+}
+
+/* Waits until every peer's tick reaches s->tick. */
+static lk_status wait_all(lk_comm *c, shm_comm *s, const lk__coll *op) {
+    const uint64_t target = s->tick;
+    int k = 0;
+    for (; k < s->world; k++)
+        if (atomic_load_explicit(&slot_of(s, k)->tick, memory_order_acquire) < target) break;
+    if (k == s->world) return LK_STATUS_OK;
+
+    uint64_t t0 = lk_time_ns(), next_check = t0 + CHECK_NS;
+    uint64_t limit = (uint64_t)(c->timeout_s * 1e9);
+    for (unsigned long spins = 1;; spins++) {
+        for (; k < s->world; k++)
+            if (atomic_load_explicit(&slot_of(s, k)->tick, memory_order_acquire) < target) break;
+        if (k == s->world) return LK_STATUS_OK;
+        if (spins < 4096) {
+            cpu_relax();
+            continue;
+        }
+        uint64_t now = lk_time_ns();
+        if (now - t0 < 2000000ull) sched_yield(); /* first 2 ms: stay responsive */
+        else {
+            struct timespec ts = {0, 50000}; /* then sleep: another rank or the compute thread needs the core */
+            nanosleep(&ts, NULL);
+        }
+        if (now >= next_check || now - t0 >= limit) {
+            char what[160];
+            lk__coll_describe(op, what, sizeof what);
+            if (atomic_load(&c->abort_requested) || atomic_load(&c->failed)) {
+                pthread_mutex_lock(&c->err_mu);
+                lk_status st = lk_error(LK_STATUS_ABORTED, "%s: aborted while waiting: %s", what, c->err_msg);
+                pthread_mutex_unlock(&c->err_mu);
+                return st;
+            }
+            for (int j = 0; j < s->world; j++) {
+                if (j == s->rank || atomic_load_explicit(&slot_of(s, j)->tick, memory_order_acquire) >= target) continue;
+                LK_TRY(check_peer(c, s, j, what));
+            }
+            if (now - t0 >= limit) return timeout_error(c, s, target, what, (double)(now - t0) * 1e-9);
+            next_check = now + CHECK_NS;
+        }
+    }
+}
+
+static inline lk_status sync_all(lk_comm *c, shm_comm *s, const lk__coll *op) {
+    s->tick++;
+    atomic_store_explicit(&slot_of(s, s->rank)->tick, s->tick, memory_order_release);
+    return wait_all(c, s, op);
+}
+
+static int64_t offset_in(shm_comm *s, const void *p, size_t bytes) {
+    const uint8_t *q = p;
+    if (!p || !bytes || q < s->base || q + bytes > s->base + s->total) return -1;
+    return (int64_t)(q - s->base);
+}
+
+/* Publishes what this rank is calling and (optionally) what peers may read,
+ * syncs, and checks that every rank called the same collective. */
+static lk_status enter(lk_comm *c, shm_comm *s, const lk__coll *op, int64_t off) {
+    shm_slot *me = slot_of(s, s->rank);
+    const int ix = (int)((s->tick + 1) & 1);
+    shm_info *mi = &me->info[ix];
+    mi->seq = op->seq;
+    mi->kind = op->kind;
+    mi->dt = op->kind == LK__COLL_BARRIER ? 0 : op->dt;
+    mi->op = (op->kind == LK__COLL_ALL_REDUCE || op->kind == LK__COLL_REDUCE_SCATTER) ? (int)op->op : 0;
+    mi->root = (op->kind == LK__COLL_BROADCAST || op->kind == LK__COLL_GATHER || op->kind == LK__COLL_SCATTER) ? op->root : 0;
+    mi->count = op->kind == LK__COLL_BARRIER ? 0 : op->count;
+    mi->off = off;
+    atomic_store(&me->cur, ix);
+    atomic_store(&me->in_coll, 1);
+    s->cur = ix;
+    LK_TRY(sync_all(c, s, op));
+    bool same = true;
+    for (int k = 0; k < s->world && same; k++) {
+        shm_info *p = &slot_of(s, k)->info[ix];
+        same = p->seq == mi->seq && p->kind == mi->kind && p->dt == mi->dt && p->op == mi->op && p->root == mi->root &&
+               p->count == mi->count;
+    }
+    if (same) return LK_STATUS_OK;
+    char list[1536];
+    size_t len = 0;
+    for (int k = 0; k < s->world && len < sizeof list - 180; k++) {
+        char d[160];
+        describe_info(&slot_of(s, k)->info[ix], d, sizeof d);
+        len += (size_t)snprintf(list + len, sizeof list - len, "%srank %d called %s", k ? "; " : "", k, d);
+    }
+    return lk_error(LK_STATUS_INVALID_USAGE,
+                    "collective mismatch (desync): the ranks issued different collectives at the same point: %s", list);
+}
+
+/* The offset rank k published for the collective in flight. */
+static inline int64_t peer_off(shm_comm *s, int k) { return slot_of(s, k)->info[s->cur].off; }
+
+static void leave(shm_comm *s, const lk__coll *op) {
+    shm_slot *me = slot_of(s, s->rank);
+    atomic_store(&me->seq_done, op->seq);
+    atomic_store(&me->active_ns, lk_time_ns());
+    atomic_store(&me->in_coll, 0);
+}
+
+/* Part k of n elements split W ways, aligned to cache lines. */
+static inline void part(size_t n, int W, int k, size_t align, size_t *lo, size_t *hi) {
+    size_t per = (n + (size_t)W - 1) / (size_t)W;
+    per = (per + align - 1) / align * align;
+    size_t a = per * (size_t)k, b = a + per;
+    *lo = a < n ? a : n;
+    *hi = b < n ? b : n;
+}
+
+/* ------------------------------------------------------------------------
+ * Collectives.
+ * ---------------------------------------------------------------------- */
+#define MAXW 256
+
+static lk_status all_reduce(lk_comm *c, shm_comm *s, const lk__coll *op) {
+    const int W = s->world, r = s->rank;
+    const size_t esz = lk__dtype_size(op->dt), nb = op->count * esz;
+    const int avg = op->op == LK_REDUCE_AVG ? W : 1;
+    uint8_t *buf = op->recv;
+    const void *srcs[MAXW];
+    size_t align = 64 / esz ? 64 / esz : 1;
+
+    if (nb <= SMALL_BYTES) { /* one step: copy in, sync, everyone reduces everything */
+        uint64_t u = s->stage_ctr++;
+        if (nb) memcpy(stage_of(s, r, u), buf, nb);
+        LK_TRY(enter(c, s, op, -1));
+        for (int k = 0; k < W; k++) srcs[k] = stage_of(s, k, u);
+        lk__reduce(buf, srcs, W, op->count, op->dt, op->op, avg);
+        return LK_STATUS_OK;
+    }
+    LK_TRY(enter(c, s, op, offset_in(s, buf, nb)));
+    bool shared = true;
+    for (int k = 0; k < W; k++) shared = shared && peer_off(s, k) >= 0;
+
+    if (shared) {
+        uint8_t *peer[MAXW];
+        for (int k = 0; k < W; k++) peer[k] = s->base + peer_off(s, k);
+        size_t step = SLICE_SHARED * (size_t)(W > 2 ? W / 2 : 1) / esz;
+        step = step / (align * (size_t)W) * (align * (size_t)W);
+        for (size_t start = 0; start < op->count; start += step) {
+            size_t len = op->count - start < step ? op->count - start : step, lo, hi;
+            part(len, W, r, align, &lo, &hi);
+            for (int k = 0; k < W; k++) srcs[k] = peer[k] + (start + lo) * esz;
+            lk__reduce(buf + (start + lo) * esz, srcs, W, hi - lo, op->dt, op->op, avg);
+            LK_TRY(sync_all(c, s, op));
+            for (int k = 0; k < W; k++) {
+                if (k == r) continue;
+                part(len, W, k, align, &lo, &hi);
+                if (hi > lo) memcpy(buf + (start + lo) * esz, peer[k] + (start + lo) * esz, (hi - lo) * esz);
+            }
+        }
+        return sync_all(c, s, op); /* peers are done reading my buffer */
+    }
+
+    size_t step = STAGE_SLOT / esz;
+    step = step / (align * (size_t)W) * (align * (size_t)W);
+    for (size_t start = 0; start < op->count; start += step) {
+        size_t len = op->count - start < step ? op->count - start : step, lo, hi;
+        uint64_t u = s->stage_ctr++;
+        memcpy(stage_of(s, r, u), buf + start * esz, len * esz);
+        LK_TRY(sync_all(c, s, op));
+        part(len, W, r, align, &lo, &hi);
+        for (int k = 0; k < W; k++) srcs[k] = stage_of(s, k, u) + lo * esz;
+        lk__reduce(stage_of(s, r, u) + lo * esz, srcs, W, hi - lo, op->dt, op->op, avg);
+        LK_TRY(sync_all(c, s, op));
+        for (int k = 0; k < W; k++) {
+            part(len, W, k, align, &lo, &hi);
+            if (hi > lo) memcpy(buf + (start + lo) * esz, stage_of(s, k, u) + lo * esz, (hi - lo) * esz);
+        }
+    }
+    return LK_STATUS_OK;
+}
+
+static lk_status broadcast(lk_comm *c, shm_comm *s, const lk__coll *op) {
+    const int r = s->rank, root = op->root;
+    const size_t nb = op->count * lk__dtype_size(op->dt);
+    uint8_t *buf = op->recv;
+    LK_TRY(enter(c, s, op, r == root ? offset_in(s, buf, nb) : -1));
+    if (!nb) return LK_STATUS_OK;
+    int64_t roff = peer_off(s, root);
+    if (roff >= 0) {
+        if (r != root) memcpy(buf, s->base + roff, nb);
+        return sync_all(c, s, op);
+    }
+    for (size_t start = 0; start < nb; start += STAGE_SLOT) {
+        size_t len = nb - start < STAGE_SLOT ? nb - start : STAGE_SLOT;
+        uint64_t u = s->stage_ctr++;
+        if (r == root) memcpy(stage_of(s, r, u), buf + start, len);
+        LK_TRY(sync_all(c, s, op));
+        if (r != root) memcpy(buf + start, stage_of(s, root, u), len);
+    }
+    return LK_STATUS_OK;
+}
+
+/* all_gather and gather: every rank's send block goes to recv (all, or root only). */
+static lk_status gather_like(lk_comm *c, shm_comm *s, const lk__coll *op, bool all) {
+    const int W = s->world, r = s->rank;
+    const size_t nb = op->count * lk__dtype_size(op->dt);
+    const uint8_t *send = op->send;
+    uint8_t *recv = op->recv;
+    bool receiver = all || r == op->root;
+    LK_TRY(enter(c, s, op, offset_in(s, send, nb)));
+    if (!nb) return LK_STATUS_OK;
+    if (receiver && recv + (size_t)r * nb != send) memmove(recv + (size_t)r * nb, send, nb);
+    bool shared = true;
+    for (int k = 0; k < W; k++) shared = shared && peer_off(s, k) >= 0;
+    if (shared) {
+        if (receiver)
+            for (int k = 0; k < W; k++)
+                if (k != r) memcpy(recv + (size_t)k * nb, s->base + peer_off(s, k), nb);
+        return sync_all(c, s, op);
+    }
+    for (size_t start = 0; start < nb; start += STAGE_SLOT) {
+        size_t len = nb - start < STAGE_SLOT ? nb - start : STAGE_SLOT;
+        uint64_t u = s->stage_ctr++;
+        memcpy(stage_of(s, r, u), send + start, len);
+        LK_TRY(sync_all(c, s, op));
+        if (receiver)
+            for (int k = 0; k < W; k++)
+                if (k != r) memcpy(recv + (size_t)k * nb + start, stage_of(s, k, u), len);
+    }
+    return LK_STATUS_OK;
+}
+
+/* reduce_scatter and scatter: block r of W send blocks goes to rank r,
+ * reduced over all ranks' sends or taken from root's. */
+static lk_status scatter_like(lk_comm *c, shm_comm *s, const lk__coll *op, bool reduce) {
+    const int W = s->world, r = s->rank;
+    const size_t esz = lk__dtype_size(op->dt), nb = op->count * esz;
+    const uint8_t *send = op->send;
+    uint8_t *recv = op->recv;
+    const void *srcs[MAXW];
+    bool sender = reduce || r == op->root;
+    LK_TRY(enter(c, s, op, sender ? offset_in(s, send, nb * (size_t)W) : -1));
+    if (!nb) return LK_STATUS_OK;
+    bool shared = true;
+    if (reduce)
+        for (int k = 0; k < W; k++) shared = shared && peer_off(s, k) >= 0;
+    else shared = peer_off(s, op->root) >= 0;
+    if (shared) {
+        if (reduce) {
+            for (int k = 0; k < W; k++) srcs[k] = s->base + peer_off(s, k) + (size_t)r * nb;
+            lk__reduce(recv, srcs, W, op->count, op->dt, op->op, op->op == LK_REDUCE_AVG ? W : 1);
+        } else {
+            memcpy(recv, s->base + peer_off(s, op->root) + (size_t)r * nb, nb);
+        }
+        return sync_all(c, s, op);
+    }
+    size_t step = STAGE_SLOT / ((size_t)W * esz); /* elements of each block per slice */
+    for (size_t start = 0; start < op->count; start += step) {
+        size_t len = op->count - start < step ? op->count - start : step;
+        uint64_t u = s->stage_ctr++;
+        if (sender)
+            for (int j = 0; j < W; j++)
+                memcpy(stage_of(s, r, u) + (size_t)j * len * esz, send + ((size_t)j * op->count + start) * esz, len * esz);
+        LK_TRY(sync_all(c, s, op));
+        if (reduce) {
+            for (int k = 0; k < W; k++) srcs[k] = stage_of(s, k, u) + (size_t)r * len * esz;
+            lk__reduce(recv + start * esz, srcs, W, len, op->dt, op->op, op->op == LK_REDUCE_AVG ? W : 1);
+        } else {
+            memcpy(recv + start * esz, stage_of(s, op->root, u) + (size_t)r * len * esz, len * esz);
+        }
+    }
+    return LK_STATUS_OK;
+}
+
+static lk_status shm_run(lk_comm *c, const lk__coll *op) {
+    shm_comm *s = c->impl;
+    lk_status st;
+    switch (op->kind) {
+    case LK__COLL_ALL_REDUCE: st = all_reduce(c, s, op); break;
+    case LK__COLL_BROADCAST: st = broadcast(c, s, op); break;
+    case LK__COLL_ALL_GATHER: st = gather_like(c, s, op, true); break;
+    case LK__COLL_GATHER: st = gather_like(c, s, op, false); break;
+    case LK__COLL_REDUCE_SCATTER: st = scatter_like(c, s, op, true); break;
+    case LK__COLL_SCATTER: st = scatter_like(c, s, op, false); break;
+    case LK__COLL_BARRIER: st = enter(c, s, op, -1); break;
+    default: return lk_error(LK_STATUS_INTERNAL, "shm: unknown collective %d", (int)op->kind);
+    }
+    if (!st) leave(s, op);
+    return st;
+}
+
+/* ------------------------------------------------------------------------
+ * Shared heap: each rank allocates from its own region; the block list is
+ * private to the process (only the owner allocates there).
+ * ---------------------------------------------------------------------- */
+static lk_status shm_alloc_shared(lk_comm *c, size_t bytes, void **ptr) {
+    shm_comm *s = c->impl;
+    size_t size = (bytes ? bytes : 1) + 255;
+    size &= ~(size_t)255;
+    pthread_mutex_lock(&s->heap_mu);
+    size_t cap = s->hdr->heap_bytes, at = 0;
+    int i = 0;
+    for (; i < s->nblk; i++) {
+        if (s->blks[i].off - at >= size) break;
+        at = s->blks[i].off + s->blks[i].size;
+    }
+    if (cap - at < size || at > cap) {
+        size_t used = 0;
+        for (int j = 0; j < s->nblk; j++) used += s->blks[j].size;
+        pthread_mutex_unlock(&s->heap_mu);
+        return lk_error(LK_STATUS_OUT_OF_MEMORY,
+                        "lk_comm_alloc_shared: %zu bytes do not fit in rank %d's shared heap (%zu of %zu bytes in use); "
+                        "raise lk_comm_config.shared_bytes or LK_COMM_SHM_BYTES",
+                        bytes, s->rank, used, cap);
+    }
+    if (s->nblk == s->cap) {
+        int ncap = s->cap ? s->cap * 2 : 16;
+        blk *nb = lk_realloc(s->blks, (size_t)ncap * sizeof *nb);
+        if (!nb) {
+            pthread_mutex_unlock(&s->heap_mu);
+            return LK_STATUS_OUT_OF_MEMORY;
+        }
+        s->blks = nb;
+        s->cap = ncap;
+    }
+    memmove(s->blks + i + 1, s->blks + i, (size_t)(s->nblk - i) * sizeof *s->blks);
+    s->blks[i] = (blk){at, size};
+    s->nblk++;
+    pthread_mutex_unlock(&s->heap_mu);
+    uint8_t *p = heap_of(s, s->rank) + at;
+    memset(p, 0, bytes);
+    *ptr = p;
+    return LK_STATUS_OK;
+}
+
+static void shm_free_shared(lk_comm *c, void *ptr) {
+    shm_comm *s = c->impl;
+    size_t off = (size_t)((uint8_t *)ptr - heap_of(s, s->rank));
+    pthread_mutex_lock(&s->heap_mu);
+    for (int i = 0; i < s->nblk; i++)
+        if (s->blks[i].off == off) {
+            memmove(s->blks + i, s->blks + i + 1, (size_t)(s->nblk - i - 1) * sizeof *s->blks);
+            s->nblk--;
+            break;
+        }
+    pthread_mutex_unlock(&s->heap_mu);
+}
+
+/* ------------------------------------------------------------------------
+ * Rendezvous.
+ * ---------------------------------------------------------------------- */
+
+/* The shm backend joins the processes of one node: a MASTER_ADDR that does
+ * not resolve, or resolves to another host, is a launch mistake. */
+static lk_status check_master_addr(const char *addr) {
+    if (!addr || !*addr) return LK_STATUS_OK;
+    struct addrinfo hints = {0}, *res = NULL;
+    hints.ai_socktype = SOCK_STREAM;
+    int rc = getaddrinfo(addr, NULL, &hints, &res);
+    if (rc)
+        return lk_error(LK_STATUS_INVALID_ARGUMENT, "MASTER_ADDR='%s' does not resolve (%s); expected this host's name or address",
+                        addr, gai_strerror(rc));
+    bool local = false;
+    struct ifaddrs *ifs = NULL;
+    getifaddrs(&ifs);
+    for (struct addrinfo *a = res; a && !local; a = a->ai_next) {
+        if (a->ai_family == AF_INET) {
+            uint32_t ip = ntohl(((struct sockaddr_in *)a->ai_addr)->sin_addr.s_addr);
+            if ((ip >> 24) == 127 || ip == 0) local = true;
+            for (struct ifaddrs *i = ifs; i && !local; i = i->ifa_next)
+                if (i->ifa_addr && i->ifa_addr->sa_family == AF_INET &&
+                    ((struct sockaddr_in *)i->ifa_addr)->sin_addr.s_addr == ((struct sockaddr_in *)a->ai_addr)->sin_addr.s_addr)
+                    local = true;
+        } else if (a->ai_family == AF_INET6) {
+            const struct in6_addr *ip6 = &((struct sockaddr_in6 *)a->ai_addr)->sin6_addr;
+            if (IN6_IS_ADDR_LOOPBACK(ip6)) local = true;
+            for (struct ifaddrs *i = ifs; i && !local; i = i->ifa_next)
+                if (i->ifa_addr && i->ifa_addr->sa_family == AF_INET6 &&
+                    !memcmp(&((struct sockaddr_in6 *)i->ifa_addr)->sin6_addr, ip6, sizeof *ip6))
+                    local = true;
+        }
+    }
+    if (ifs) freeifaddrs(ifs);
+    freeaddrinfo(res);
+    if (!local)
+        return lk_error(LK_STATUS_INVALID_ARGUMENT,
+                        "MASTER_ADDR='%s' is not an address of this host: the shm backend joins the processes of one node "
+                        "(start multi-node jobs with mpirun/srun for the mpi backend, or set MASTER_ADDR=127.0.0.1)",
+                        addr);
+    return LK_STATUS_OK;
+}
+
+static void layout(int W, size_t heap, shm_header *h) {
+    const size_t page = 4096;
+    h->slots_off = page;
+    h->slot_bytes = sizeof(shm_slot);
+    h->stage_off = (h->slots_off + (size_t)W * h->slot_bytes + page - 1) / page * page;
+    h->stage_bytes = 2 * STAGE_SLOT;
+    h->heap_off = h->stage_off + (size_t)W * h->stage_bytes;
+    h->heap_bytes = (heap + page - 1) / page * page;
+    h->total = h->heap_off + (size_t)W * h->heap_bytes;
+}
+
+static void unmap(shm_comm *s) {
+    if (s->base) munmap(s->base, s->total);
+    s->base = NULL;
+}
+
+/* Creator (rank 0): a fresh segment; a stale one left by a dead job is replaced. */
+static lk_status create_segment(lk_comm *c, shm_comm *s) {
+    shm_header want = {0};
+    layout(s->world, c->shared_bytes, &want);
+    for (int attempt = 0;; attempt++) {
+        int fd = shm_open(s->name, O_CREAT | O_EXCL | O_RDWR, 0600);
+        if (fd < 0 && errno == EEXIST && attempt < 100) {
+            int ofd = shm_open(s->name, O_RDWR, 0600);
+            int owner = 0;
+            if (ofd >= 0) {
+                struct stat st;
+                if (!fstat(ofd, &st) && (size_t)st.st_size >= sizeof(shm_header)) {
+                    shm_header *h = mmap(NULL, sizeof *h, PROT_READ, MAP_SHARED, ofd, 0);
+                    if (h != MAP_FAILED) {
+                        owner = h->creator_pid;
+                        munmap(h, sizeof *h);
+                    }
+                }
+                close(ofd);
+            }
+            if (!owner && attempt < 50) { /* its creator is still writing the header */
+                sleep_ms(2);
+                continue;
+            }
+            if (owner && lk__pid_alive(owner) && owner != getpid())
+                return lk_error(LK_STATUS_INVALID_USAGE,
+                                "shm segment %s already belongs to a live job (creator pid %d): two jobs with the same "
+                                "LK_JOB_ID/MASTER_PORT on this host?",
+                                s->name, owner);
+            shm_unlink(s->name); /* stale: its creator is gone */
+            continue;
+        }
+        if (fd < 0) return lk_error(LK_STATUS_IO, "shm_open(%s) failed: %s", s->name, strerror(errno));
+        if (ftruncate(fd, (off_t)want.total)) {
+            int e = errno;
+            close(fd);
+            shm_unlink(s->name);
+            return lk_error(LK_STATUS_IO, "ftruncate(%s, %zu) failed: %s", s->name, (size_t)want.total, strerror(e));
+        }
+        void *p = mmap(NULL, want.total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        close(fd);
+        if (p == MAP_FAILED) {
+            shm_unlink(s->name);
+            return lk_error(LK_STATUS_IO, "mmap(%s, %zu bytes) failed: %s", s->name, (size_t)want.total, strerror(errno));
+        }
+        s->base = p;
+        s->total = want.total;
+        s->hdr = p;
+        shm_header *h = s->hdr;
+        h->version = 2;
+        h->world = s->world;
+        h->creator_pid = getpid();
+        h->total = want.total;
+        h->slots_off = want.slots_off;
+        h->slot_bytes = want.slot_bytes;
+        h->stage_off = want.stage_off;
+        h->stage_bytes = want.stage_bytes;
+        h->heap_off = want.heap_off;
+        h->heap_bytes = want.heap_bytes;
+        snprintf(h->job_id, sizeof h->job_id, "%s", c->job_id);
+        atomic_store_explicit(&h->magic, SHM_MAGIC, memory_order_release);
+        return LK_STATUS_OK;
+    }
+}
+
+static lk_status attach_segment(lk_comm *c, shm_comm *s, uint64_t deadline) {
+    const char *why = "not created yet";
+    while (lk_time_ns() < deadline) {
+        int fd = shm_open(s->name, O_RDWR, 0600);
+        if (fd < 0) {
+            sleep_ms(2);
+            continue;
+        }
+        struct stat st;
+        if (fstat(fd, &st) || (size_t)st.st_size < sizeof(shm_header)) {
+            close(fd);
+            why = "being created";
+            sleep_ms(1);
+            continue;
+        }
+        void *p = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        close(fd);
+        if (p == MAP_FAILED) return lk_error(LK_STATUS_IO, "mmap(%s) failed: %s", s->name, strerror(errno));
+        shm_header *h = p;
+        while (atomic_load_explicit(&h->magic, memory_order_acquire) != SHM_MAGIC && lk_time_ns() < deadline) sleep_ms(1);
+        if (atomic_load_explicit(&h->magic, memory_order_acquire) != SHM_MAGIC || h->total != (uint64_t)st.st_size ||
+            !lk__pid_alive(h->creator_pid)) {
+            munmap(p, (size_t)st.st_size); /* stale or foreign: wait for the real one */
+            why = "stale (creator gone)";
+            sleep_ms(5);
+            continue;
+        }
+        s->base = p;
+        s->total = (size_t)st.st_size;
+        s->hdr = h;
+        return LK_STATUS_OK;
+    }
+    return lk_error(LK_STATUS_TIMEOUT,
+                    "rendezvous: rank %d waited %.1f s for local rank 0 to create shm segment %s (%s); is rank 0 running, "
+                    "with the same LK_JOB_ID/MASTER_PORT?",
+                    s->rank, c->timeout_s, s->name, why);
+}
+
+static lk_status rendezvous(lk_comm *c, shm_comm *s) {
+    uint64_t t0 = lk_time_ns(), deadline = t0 + (uint64_t)(c->timeout_s * 1e9);
+    if (s->rank == 0) LK_TRY(create_segment(c, s));
+    else LK_TRY(attach_segment(c, s, deadline));
+    shm_header *h = s->hdr;
+    if (h->world != s->world)
+        return lk_error(LK_STATUS_INVALID_ARGUMENT,
+                        "rendezvous: WORLD_SIZE mismatch: rank %d has world size %d but rank 0 created the job with world "
+                        "size %d",
+                        s->rank, s->world, h->world);
+    shm_slot *me = slot_of(s, s->rank);
+    int expected = 0, mypid = getpid();
+    if (!atomic_compare_exchange_strong(&me->pid, &expected, mypid))
+        return lk_error(LK_STATUS_INVALID_ARGUMENT,
+                        "rendezvous: rank %d is already taken by pid %d (two processes started with the same RANK?)", s->rank,
+                        expected);
+    me->world = s->world;
+    atomic_store(&me->active_ns, lk_time_ns());
+    atomic_store(&me->state, ST_ATTACHED);
+    atomic_fetch_add(&h->attached, 1);
+    uint64_t next_check = lk_time_ns() + CHECK_NS;
+    while (atomic_load(&h->attached) < s->world) {
+        uint64_t now = lk_time_ns();
+        if (now >= deadline) {
+            char missing[512] = "";
+            size_t len = 0;
+            int n = 0;
+            for (int k = 0; k < s->world && len < sizeof missing - 16; k++)
+                if (atomic_load(&slot_of(s, k)->state) == ST_EMPTY)
+                    len += (size_t)snprintf(missing + len, sizeof missing - len, "%s%d", n++ ? ", " : "", k);
+            return lk_error(LK_STATUS_TIMEOUT,
+                            "rendezvous timed out after %.1f s: %d of %d ranks attached to %s (missing rank%s %s); "
+                            "WORLD_SIZE=%d does not match the processes started?",
+                            (double)(now - t0) * 1e-9, atomic_load(&h->attached), s->world, s->name, n == 1 ? "" : "s",
+                            missing, s->world);
+        }
+        if (now >= next_check) {
+            for (int k = 0; k < s->world; k++) {
+                shm_slot *sl = slot_of(s, k);
+                int pid = atomic_load(&sl->pid);
+                if (k != s->rank && pid && !lk__pid_alive(pid))
+                    return lk_error(LK_STATUS_REMOTE, "rendezvous: rank %d (pid %d) died while the job was starting", k, pid);
+            }
+            next_check = now + CHECK_NS;
+        }
+        sleep_ms(1);
+    }
+    /* Everyone is in: remove the name now, so no crash can leak it. */
+    if (shm_unlink(s->name) == 0 || errno == ENOENT) s->unlinked = true;
+    return LK_STATUS_OK;
+}
+
+static void shm_destroy(lk_comm *c) {
+    shm_comm *s = c->impl;
+    if (!s) return;
+    if (s->base) {
+        shm_slot *me = slot_of(s, s->rank);
+        if (atomic_load(&me->state) == ST_ATTACHED) atomic_store(&me->state, ST_LEFT);
+    }
+    if (!s->unlinked && s->rank == 0) shm_unlink(s->name);
+    unmap(s);
+    pthread_mutex_destroy(&s->heap_mu);
+    lk_free(s->blks);
+    lk_free(s);
+    c->impl = NULL;
+}
+
+static lk_status shm_init(lk_comm *c, const lk_comm_config *cfg) {
+    (void)cfg;
+    const lk_pg_info *pg = &c->pg;
+    if (pg->world_size > MAXW)
+        return lk_error(LK_STATUS_UNSUPPORTED, "shm backend: world size %d exceeds the maximum of %d", pg->world_size, MAXW);
+    if (pg->local_world_size != pg->world_size)
+        return lk_error(LK_STATUS_INVALID_ARGUMENT,
+                        "shm backend: the job spans %d nodes (world %d, %d on this node); shm joins processes of one node "
+                        "(use the mpi backend)",
+                        pg->num_nodes, pg->world_size, pg->local_world_size);
+    LK_TRY(check_master_addr(pg->master_addr));
+    if (!c->job_id[0])
+        return lk_error(LK_STATUS_INVALID_ARGUMENT,
+                        "shm backend: no job id to name the shared segment: set LK_JOB_ID (or MASTER_PORT), or start "
+                        "with 'lockstep launch'");
+    shm_comm *s = lk_calloc(1, sizeof *s);
+    if (!s) return LK_STATUS_OUT_OF_MEMORY;
+    s->rank = pg->rank;
+    s->world = pg->world_size;
+    pthread_mutex_init(&s->heap_mu, NULL);
+    lk__shm_segment_name(c->job_id, s->name, sizeof s->name);
+    c->impl = s;
+    lk_status st = rendezvous(c, s);
+    if (st) {
+        shm_unlink(s->name); /* a failed start leaves nothing behind */
+        s->unlinked = true;
+        if (s->base) {
+            shm_slot *me = slot_of(s, s->rank);
+            if (atomic_load(&me->pid) == getpid()) atomic_store(&me->state, ST_LEFT);
+        }
+        unmap(s);
+        pthread_mutex_destroy(&s->heap_mu);
+        lk_free(s);
+        c->impl = NULL;
+        return st;
+    }
+    return LK_STATUS_OK;
+}
+
+static void shm_abort(lk_comm *c, const char *reason) {
+    shm_comm *s = c->impl;
+    if (!s || !s->base) return;
+    shm_slot *me = slot_of(s, s->rank);
+    snprintf(me->reason, sizeof me->reason, "%s", reason ? reason : "");
+    atomic_store(&me->state, ST_ABORTED);
+}
+
+const lk__comm_vtable lk__comm_shm = {
+    .name = "shm",
+    .init = shm_init,
+    .destroy = shm_destroy,
+    .run = shm_run,
+    .alloc_shared = shm_alloc_shared,
+    .free_shared = shm_free_shared,
+    .abort = shm_abort,
+};

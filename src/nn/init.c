@@ -1,0 +1,119 @@
+/* Parameter initialisers with torch.nn.init's semantics (fans, gains,
+ * xavier/kaiming uniform and normal, constants), drawing from a Philox
+ * stream so the values depend only on the stream's key. */
+#include <math.h>
+#include <string.h>
+
+#include "nn/nn_impl.h"
+#include "tensor/tensor_impl.h"
+
+static lk_status check_f32(const char *fn, const lk_tensor *t) {
+    if (!t) return lk_error(LK_STATUS_INVALID_ARGUMENT, "%s: NULL tensor", fn);
+    if (t->dtype != LK_F32)
+        return lk_error(LK_STATUS_UNSUPPORTED, "%s: tensor has dtype %s; initialisers write f32", fn,
+                        lk_dtype_name(t->dtype));
+    return LK_STATUS_OK;
+}
+
+static lk_status need_rng(const char *fn, const lk_rng *rng) {
+    return rng ? LK_STATUS_OK : lk_error(LK_STATUS_INVALID_ARGUMENT, "%s: NULL rng", fn);
+}
+
+lk_status lk_init_fans(const lk_tensor *t, int64_t *fan_in, int64_t *fan_out) {
+    if (!t) return lk_error(LK_STATUS_INVALID_ARGUMENT, "init_fans: NULL tensor");
+    if (t->ndim < 2) {
+        char s[128];
+        return lk_error(LK_STATUS_INVALID_ARGUMENT,
+                        "fan in and fan out can not be computed for a tensor with fewer than 2 dimensions (shape %s)",
+                        lk_shape_str(t, s, sizeof s));
+    }
+    int64_t rf = 1;
+    for (int i = 2; i < t->ndim; i++) rf *= t->shape[i];
+    if (fan_in) *fan_in = t->shape[1] * rf;
+    if (fan_out) *fan_out = t->shape[0] * rf;
+    return LK_STATUS_OK;
+}
+
+double lk_init_gain(const char *nl, double param) {
+    if (!nl) return NAN;
+    if (!strcmp(nl, "linear") || !strncmp(nl, "conv", 4) || !strcmp(nl, "sigmoid")) return 1.0;
+    if (!strcmp(nl, "tanh")) return 5.0 / 3.0;
+    if (!strcmp(nl, "relu")) return sqrt(2.0);
+    if (!strcmp(nl, "leaky_relu")) return sqrt(2.0 / (1.0 + param * param));
+    if (!strcmp(nl, "selu")) return 3.0 / 4.0;
+    return NAN;
+}
+
+/* Writes through the logical index so strided views work too. */
+lk_status lk_init_uniform(lk_tensor *t, lk_rng *rng, double lo, double hi) {
+    LK_TRY(check_f32("init_uniform", t));
+    LK_TRY(need_rng("init_uniform", rng));
+    if (!(lo <= hi)) return lk_error(LK_STATUS_INVALID_ARGUMENT, "init_uniform: lo %g > hi %g", lo, hi);
+    float *d = t->data;
+    for (int64_t i = 0; i < t->numel; i++) d[lk__elem_offset(t, i)] = (float)(lo + (hi - lo) * lk_rng_uniform_f64(rng));
+    return LK_STATUS_OK;
+}
+
+lk_status lk_init_normal(lk_tensor *t, lk_rng *rng, double mean, double std) {
+    LK_TRY(check_f32("init_normal", t));
+    LK_TRY(need_rng("init_normal", rng));
+    if (!(std >= 0)) return lk_error(LK_STATUS_INVALID_ARGUMENT, "init_normal: std must be >= 0, got %g", std);
+    float *d = t->data;
+    for (int64_t i = 0; i < t->numel; i++) d[lk__elem_offset(t, i)] = (float)(mean + std * lk_rng_normal(rng));
+    return LK_STATUS_OK;
+}
+
+lk_status lk_init_constant(lk_tensor *t, double value) {
+    LK_TRY(check_f32("init_constant", t));
+    return lk_tensor_fill(t, value);
+}
+lk_status lk_init_zeros(lk_tensor *t) { return lk_init_constant(t, 0.0); }
+lk_status lk_init_ones(lk_tensor *t) { return lk_init_constant(t, 1.0); }
+
+static lk_status xavier_std(const char *fn, const lk_tensor *t, double gain, double *std) {
+    int64_t fi, fo;
+    LK_TRY(check_f32(fn, t));
+    LK_TRY(lk_init_fans(t, &fi, &fo));
+    if (fi + fo == 0) return lk_error(LK_STATUS_INVALID_ARGUMENT, "%s: the tensor has no elements", fn);
+    *std = gain * sqrt(2.0 / (double)(fi + fo));
+    return LK_STATUS_OK;
+}
+
+lk_status lk_init_xavier_uniform(lk_tensor *t, lk_rng *rng, double gain) {
+    double std = 0;
+    LK_TRY(xavier_std("init_xavier_uniform", t, gain, &std));
+    double a = sqrt(3.0) * std;
+    return lk_init_uniform(t, rng, -a, a);
+}
+
+lk_status lk_init_xavier_normal(lk_tensor *t, lk_rng *rng, double gain) {
+    double std = 0;
+    LK_TRY(xavier_std("init_xavier_normal", t, gain, &std));
+    return lk_init_normal(t, rng, 0.0, std);
+}
+
+static lk_status kaiming_std(const char *fn, const lk_tensor *t, double a, lk_fan_mode mode, const char *nl,
+                             double *std) {
+    int64_t fi, fo;
+    LK_TRY(check_f32(fn, t));
+    LK_TRY(lk_init_fans(t, &fi, &fo));
+    int64_t fan = mode == LK_FAN_IN ? fi : fo;
+    if (fan == 0) return lk_error(LK_STATUS_INVALID_ARGUMENT, "%s: initializing a zero-element tensor", fn);
+    double gain = lk_init_gain(nl ? nl : "leaky_relu", a);
+    if (isnan(gain)) return lk_error(LK_STATUS_INVALID_ARGUMENT, "%s: unsupported nonlinearity '%s'", fn, nl);
+    *std = gain / sqrt((double)fan);
+    return LK_STATUS_OK;
+}
+
+lk_status lk_init_kaiming_uniform(lk_tensor *t, lk_rng *rng, double a, lk_fan_mode mode, const char *nonlinearity) {
+    double std = 0;
+    LK_TRY(kaiming_std("init_kaiming_uniform", t, a, mode, nonlinearity, &std));
+    double bound = sqrt(3.0) * std;
+    return lk_init_uniform(t, rng, -bound, bound);
+}
+
+lk_status lk_init_kaiming_normal(lk_tensor *t, lk_rng *rng, double a, lk_fan_mode mode, const char *nonlinearity) {
+    double std = 0;
+    LK_TRY(kaiming_std("init_kaiming_normal", t, a, mode, nonlinearity, &std));
+    return lk_init_normal(t, rng, 0.0, std);
+}

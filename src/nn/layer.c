@@ -1,0 +1,519 @@
+/* The generic layer machinery: named tensor lists, layer lifetime and
+ * registration, PyTorch-ordered dotted names for parameters, buffers and
+ * state dicts, strict state-dict loading that reports every mismatch at once,
+ * parameter re-initialisation keyed by parameter index, and flattening of
+ * parameters and gradients into single contiguous buffers (the memory layout
+ * the fused optimizers and DDP's gradient buckets rely on). */
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "nn/nn_impl.h"
+
+/* ---- named tensor lists ------------------------------------------------------- */
+
+lk_status lk_named_tensors_append(lk_named_tensors *l, const char *name, lk_tensor *t) {
+    if (!l || !name || !t) return lk_error(LK_STATUS_INVALID_ARGUMENT, "named_tensors_append: NULL argument");
+    if (l->n == l->cap) {
+        int nc = l->cap ? l->cap * 2 : 16;
+        lk_named_tensor *ni = lk_realloc(l->items, (size_t)nc * sizeof *ni);
+        if (!ni) return LK_STATUS_OUT_OF_MEMORY;
+        l->items = ni;
+        l->cap = nc;
+    }
+    char *nm = lk_strdup(name);
+    if (!nm) return LK_STATUS_OUT_OF_MEMORY;
+    l->items[l->n].name = nm;
+    l->items[l->n].tensor = lk_tensor_retain(t);
+    l->n++;
+    return LK_STATUS_OK;
+}
+
+lk_tensor *lk_named_tensors_find(const lk_named_tensors *l, const char *name) {
+    if (!l || !name) return NULL;
+    for (int i = 0; i < l->n; i++)
+        if (!strcmp(l->items[i].name, name)) return l->items[i].tensor;
+    return NULL;
+}
+
+void lk_named_tensors_clear(lk_named_tensors *l) {
+    if (!l) return;
+    for (int i = 0; i < l->n; i++) {
+        lk_free(l->items[i].name);
+        lk_tensor_release(l->items[i].tensor);
+    }
+    lk_free(l->items);
+    l->items = NULL;
+    l->n = l->cap = 0;
+}
+
+/* ---- lifetime and registration -------------------------------------------------- */
+
+static void free_impl(lk_layer_destroy_fn destroy, lk_layer *tmp, void *impl) {
+    if (destroy) {
+        tmp->impl = impl;
+        destroy(tmp);
+    } else {
+        lk_free(impl);
+    }
+}
+
+lk_layer *lk_layer_create(const char *type, lk_layer_forward_fn forward, void *impl, lk_layer_destroy_fn destroy) {
+    lk_layer *l = lk_calloc(1, sizeof *l);
+    if (!l) {
+        lk_layer tmp = {0};
+        free_impl(destroy, &tmp, impl);
+        return NULL;
+    }
+    l->type = type ? type : "Layer";
+    l->forward = forward;
+    l->destroy = destroy;
+    l->impl = impl;
+    l->training = true;
+    return l;
+}
+
+void lk_layer_free(lk_layer *l) {
+    if (!l) return;
+    for (int i = 0; i < l->n_children; i++) {
+        lk_layer_free(l->children[i].layer);
+        lk_free(l->children[i].name);
+    }
+    lk_free(l->children);
+    lk_named_tensors_clear(&l->params);
+    lk_named_tensors_clear(&l->buffers);
+    free_impl(l->destroy, l, l->impl);
+    lk_free(l);
+}
+
+/* PyTorch rejects "" and names containing "."; so do we (they would break
+ * the dotted paths). */
+static lk_status check_name(const lk_layer *l, const char *what, const char *name) {
+    if (!name || !*name || strchr(name, '.'))
+        return lk_error(LK_STATUS_INVALID_ARGUMENT, "%s '%s' of %s: a name must be non-empty and contain no '.'", what,
+                        name ? name : "(null)", l->type);
+    if (lk_named_tensors_find(&l->params, name) || lk_named_tensors_find(&l->buffers, name))
+        return lk_error(LK_STATUS_INVALID_ARGUMENT, "%s '%s' of %s: the name is already taken", what, name, l->type);
+    for (int i = 0; i < l->n_children; i++)
+        if (!strcmp(l->children[i].name, name))
+            return lk_error(LK_STATUS_INVALID_ARGUMENT, "%s '%s' of %s: the name is already taken by a child", what,
+                            name, l->type);
+    return LK_STATUS_OK;
+}
+
+static lk_status add_tensor(lk_layer *l, lk_named_tensors *list, const char *what, const char *name, lk_tensor *t) {
+    if (!t) return lk_last_status() ? lk_last_status() : lk_error(LK_STATUS_INVALID_ARGUMENT, "%s '%s': NULL tensor", what, name);
+    lk_status st = l ? check_name(l, what, name) : lk_error(LK_STATUS_INVALID_ARGUMENT, "%s: NULL layer", what);
+    if (!st) st = lk_named_tensors_append(list, name, t);
+    lk_tensor_release(t); /* the list holds its own reference now */
+    return st;
+}
+
+lk_status lk_layer_add_parameter(lk_layer *l, const char *name, lk_tensor *t) {
+    if (t) lk_tensor_set_requires_grad(t, true);
+    return add_tensor(l, l ? &l->params : NULL, "parameter", name, t);
+}
+
+lk_status lk_layer_add_buffer(lk_layer *l, const char *name, lk_tensor *t) {
+    return add_tensor(l, l ? &l->buffers : NULL, "buffer", name, t);
+}
+
+lk_status lk_layer_add_child(lk_layer *l, const char *name, lk_layer *child) {
+    if (!child) return lk_last_status() ? lk_last_status() : lk_error(LK_STATUS_INVALID_ARGUMENT, "child '%s': NULL layer", name);
+    lk_status st = l ? check_name(l, "child", name) : lk_error(LK_STATUS_INVALID_ARGUMENT, "add_child: NULL layer");
+    if (!st && l->n_children == l->cap_children) {
+        int nc = l->cap_children ? l->cap_children * 2 : 4;
+        lk_named_layer *nch = lk_realloc(l->children, (size_t)nc * sizeof *nch);
+        if (!nch) st = LK_STATUS_OUT_OF_MEMORY;
+        else {
+            l->children = nch;
+            l->cap_children = nc;
+        }
+    }
+    char *nm = st ? NULL : lk_strdup(name);
+    if (!st && !nm) st = LK_STATUS_OUT_OF_MEMORY;
+    if (st) {
+        lk_layer_free(child);
+        return st;
+    }
+    l->children[l->n_children].name = nm;
+    l->children[l->n_children].layer = child;
+    l->n_children++;
+    return LK_STATUS_OK;
+}
+
+lk_tensor *lk_layer_param(const lk_layer *l, int i) {
+    return l && i >= 0 && i < l->params.n ? l->params.items[i].tensor : NULL;
+}
+lk_tensor *lk_layer_buffer(const lk_layer *l, int i) {
+    return l && i >= 0 && i < l->buffers.n ? l->buffers.items[i].tensor : NULL;
+}
+lk_layer *lk_layer_child(const lk_layer *l, int i) {
+    return l && i >= 0 && i < l->n_children ? l->children[i].layer : NULL;
+}
+
+/* Follows "a.b.c" through children; *rest points at the last component. */
+static const lk_layer *walk_path(const lk_layer *l, const char *path, const char **rest) {
+    while (l) {
+        const char *dot = strchr(path, '.');
+        if (!dot) {
+            *rest = path;
+            return l;
+        }
+        const lk_layer *next = NULL;
+        for (int i = 0; i < l->n_children && !next; i++)
+            if (strlen(l->children[i].name) == (size_t)(dot - path) &&
+                !strncmp(l->children[i].name, path, (size_t)(dot - path)))
+                next = l->children[i].layer;
+        l = next;
+        path = dot + 1;
+    }
+    return NULL;
+}
+
+lk_tensor *lk_layer_get_tensor(const lk_layer *l, const char *dotted_name) {
+    const char *last;
+    if (!l || !dotted_name) return NULL;
+    const lk_layer *o = walk_path(l, dotted_name, &last);
+    if (!o) return NULL;
+    lk_tensor *t = lk_named_tensors_find(&o->params, last);
+    return t ? t : lk_named_tensors_find(&o->buffers, last);
+}
+
+lk_layer *lk_layer_get_child(const lk_layer *l, const char *dotted_name) {
+    const char *last;
+    if (!l || !dotted_name) return NULL;
+    const lk_layer *o = walk_path(l, dotted_name, &last);
+    if (!o) return NULL;
+    for (int i = 0; i < o->n_children; i++)
+        if (!strcmp(o->children[i].name, last)) return o->children[i].layer;
+    return NULL;
+}
+
+lk_tensor *lk_layer_forward(lk_layer *l, lk_tensor *x) {
+    if (!l || !x) {
+        if (!lk_last_status()) lk_error(LK_STATUS_INVALID_ARGUMENT, "layer_forward: NULL %s", l ? "input" : "layer");
+        return NULL;
+    }
+    if (!l->forward) {
+        lk_error(LK_STATUS_INVALID_USAGE, "layer_forward: %s has no forward function", l->type);
+        return NULL;
+    }
+    return l->forward(l, x);
+}
+
+void lk_layer_train(lk_layer *l, bool training) {
+    if (!l) return;
+    l->training = training;
+    for (int i = 0; i < l->n_children; i++) lk_layer_train(l->children[i].layer, training);
+}
+
+/* ---- named traversal --------------------------------------------------------------- */
+
+enum { WALK_PARAMS = 1, WALK_BUFFERS = 2 };
+
+static bool contains_tensor(const lk_named_tensors *out, const lk_tensor *t) {
+    for (int i = 0; i < out->n; i++)
+        if (out->items[i].tensor == t) return true;
+    return false;
+}
+
+static lk_status walk_named(const lk_layer *l, const char *prefix, int what, bool dedup, lk_named_tensors *out) {
+    char name[512];
+    for (int pass = 0; pass < 2; pass++) {
+        if (!(what & (pass ? WALK_BUFFERS : WALK_PARAMS))) continue;
+        const lk_named_tensors *src = pass ? &l->buffers : &l->params;
+        for (int i = 0; i < src->n; i++) {
+            if (dedup && contains_tensor(out, src->items[i].tensor)) continue;
+            int w = snprintf(name, sizeof name, "%s%s", prefix, src->items[i].name);
+            if (w < 0 || (size_t)w >= sizeof name)
+                return lk_error(LK_STATUS_INVALID_ARGUMENT, "parameter name '%s%s' is longer than %zu characters",
+                                prefix, src->items[i].name, sizeof name - 1);
+            LK_TRY(lk_named_tensors_append(out, name, src->items[i].tensor));
+        }
+    }
+    for (int c = 0; c < l->n_children; c++) {
+        int w = snprintf(name, sizeof name, "%s%s.", prefix, l->children[c].name);
+        if (w < 0 || (size_t)w >= sizeof name)
+            return lk_error(LK_STATUS_INVALID_ARGUMENT, "layer path '%s%s' is too long", prefix, l->children[c].name);
+        LK_TRY(walk_named(l->children[c].layer, name, what, dedup, out));
+    }
+    return LK_STATUS_OK;
+}
+
+lk_status lk_layer_named_parameters(const lk_layer *l, lk_named_tensors *out) {
+    if (!l || !out) return lk_error(LK_STATUS_INVALID_ARGUMENT, "named_parameters: NULL argument");
+    return walk_named(l, "", WALK_PARAMS, true, out);
+}
+
+lk_status lk_layer_named_buffers(const lk_layer *l, lk_named_tensors *out) {
+    if (!l || !out) return lk_error(LK_STATUS_INVALID_ARGUMENT, "named_buffers: NULL argument");
+    return walk_named(l, "", WALK_BUFFERS, true, out);
+}
+
+lk_status lk_state_dict_get(const lk_layer *l, lk_named_tensors *out) {
+    if (!l || !out) return lk_error(LK_STATUS_INVALID_ARGUMENT, "state_dict_get: NULL argument");
+    return walk_named(l, "", WALK_PARAMS | WALK_BUFFERS, false, out);
+}
+
+int64_t lk_layer_num_parameters(const lk_layer *l) {
+    lk_named_tensors ps = {0};
+    int64_t n = 0;
+    if (lk_layer_named_parameters(l, &ps) == LK_STATUS_OK)
+        for (int i = 0; i < ps.n; i++) n += ps.items[i].tensor->numel;
+    lk_named_tensors_clear(&ps);
+    return n;
+}
+
+/* ---- reset, dropout streams, zero_grad ---------------------------------------------- */
+
+static lk_status reset_rec(lk_layer *l, uint64_t seed, int64_t *index, lk_named_tensors *seen) {
+    int64_t first = *index;
+    for (int i = 0; i < l->params.n; i++)
+        if (!contains_tensor(seen, l->params.items[i].tensor)) {
+            LK_TRY(lk_named_tensors_append(seen, "p", l->params.items[i].tensor));
+            (*index)++;
+        }
+    if (l->reset) {
+        lk_rng rng;
+        lk_rng_init(&rng, seed, LK_RNG_INIT, (uint32_t)first, 0);
+        LK_TRY(l->reset(l, &rng));
+    }
+    for (int c = 0; c < l->n_children; c++) LK_TRY(reset_rec(l->children[c].layer, seed, index, seen));
+    return LK_STATUS_OK;
+}
+
+lk_status lk_layer_reset_parameters(lk_layer *l, uint64_t seed) {
+    if (!l) return lk_error(LK_STATUS_INVALID_ARGUMENT, "reset_parameters: NULL layer");
+    lk_named_tensors seen = {0};
+    int64_t index = 0;
+    lk_status st = reset_rec(l, seed, &index, &seen);
+    lk_named_tensors_clear(&seen);
+    return st;
+}
+
+static void rng_step_rec(lk_layer *l, uint64_t seed, uint32_t rank, uint64_t step, uint32_t *d) {
+    if (lk__dropout_reseed(l, seed, (rank << 16) | (*d & 0xffffu), step)) (*d)++;
+    for (int c = 0; c < l->n_children; c++) rng_step_rec(l->children[c].layer, seed, rank, step, d);
+}
+
+void lk_layer_set_rng_step(lk_layer *l, uint64_t seed, uint32_t rank, uint64_t step) {
+    uint32_t d = 0;
+    if (l) rng_step_rec(l, seed, rank, step, &d);
+}
+
+void lk_layer_zero_grad(lk_layer *l, bool set_to_none) {
+    if (!l) return;
+    for (int i = 0; i < l->params.n; i++) lk_tensor_zero_grad(l->params.items[i].tensor, set_to_none);
+    for (int c = 0; c < l->n_children; c++) lk_layer_zero_grad(l->children[c].layer, set_to_none);
+}
+
+/* ---- flattening --------------------------------------------------------------------------- */
+
+/* Storages of flat buffers made here (a small ring: a stale entry only makes
+ * set_to_none zero a gradient instead of dropping it). */
+#define FLAT_RING 64
+static lk_storage *_Atomic flat_ring[FLAT_RING];
+static _Atomic unsigned flat_ring_next;
+
+static void flat_ring_add(lk_storage *s) { flat_ring[atomic_fetch_add(&flat_ring_next, 1) % FLAT_RING] = s; }
+
+bool lk_tensor_in_flat_buffer(const lk_tensor *t) {
+    if (!t || !t->storage) return false;
+    for (int i = 0; i < FLAT_RING; i++)
+        if (atomic_load(&flat_ring[i]) == t->storage) return true;
+    return false;
+}
+
+typedef struct {
+    lk_tensor **slot; /* where the layer keeps the parameter */
+    const char *name; /* dotted name (borrowed from the names list) */
+    int alias;        /* index of the first slot holding the same tensor, or -1 */
+} flat_slot;
+
+typedef struct {
+    flat_slot *v;
+    int n, cap;
+} slot_vec;
+
+static lk_status collect_slots(lk_layer *l, slot_vec *sv) {
+    for (int i = 0; i < l->params.n; i++) {
+        lk_tensor *t = l->params.items[i].tensor;
+        if (t->dtype != LK_F32) continue;
+        if (sv->n == sv->cap) {
+            int nc = sv->cap ? sv->cap * 2 : 32;
+            flat_slot *nv = lk_realloc(sv->v, (size_t)nc * sizeof *nv);
+            if (!nv) return LK_STATUS_OUT_OF_MEMORY;
+            sv->v = nv;
+            sv->cap = nc;
+        }
+        int alias = -1;
+        for (int j = 0; j < sv->n && alias < 0; j++)
+            if (*sv->v[j].slot == t) alias = j;
+        sv->v[sv->n++] = (flat_slot){&l->params.items[i].tensor, NULL, alias};
+    }
+    for (int c = 0; c < l->n_children; c++) LK_TRY(collect_slots(l->children[c].layer, sv));
+    return LK_STATUS_OK;
+}
+
+lk_status lk_params_flatten(lk_layer *l, float *grad_buffer, lk_tensor **flat_params, lk_tensor **flat_grads) {
+    if (flat_params) *flat_params = NULL;
+    if (flat_grads) *flat_grads = NULL;
+    if (!l) return lk_error(LK_STATUS_INVALID_ARGUMENT, "params_flatten: NULL layer");
+    if (grad_buffer && ((uintptr_t)grad_buffer % LK_ALIGN) != 0)
+        return lk_error(LK_STATUS_INVALID_ARGUMENT, "params_flatten: the gradient buffer %p is not %d-byte aligned",
+                        (void *)grad_buffer, LK_ALIGN);
+    slot_vec sv = {0};
+    lk_named_tensors names = {0};
+    lk_tensor **pv = NULL, **gv = NULL, *flat = NULL, *gflat = NULL;
+    lk_status st = collect_slots(l, &sv);
+    if (!st) st = lk_layer_named_parameters(l, &names);
+    int64_t total = 0;
+    if (!st) {
+        /* named_parameters dedups like collect_slots and walks in the same
+         * order, so the k-th unique slot is the k-th name. */
+        int k = 0;
+        for (int i = 0; i < sv.n; i++) {
+            if (sv.v[i].alias >= 0) continue;
+            while (k < names.n && names.items[k].tensor != *sv.v[i].slot) k++;
+            sv.v[i].name = k < names.n ? names.items[k].name : "?";
+            total += (*sv.v[i].slot)->numel;
+        }
+        pv = lk_calloc((size_t)sv.n + 1, sizeof *pv);
+        gv = lk_calloc((size_t)sv.n + 1, sizeof *gv);
+        if (!pv || !gv) st = LK_STATUS_OUT_OF_MEMORY;
+    }
+    int64_t n1[1] = {total};
+    if (!st && !(flat = lk_tensor_empty(LK_F32, 1, n1))) st = lk_last_status();
+    if (!st) {
+        gflat = grad_buffer ? lk_tensor_wrap(LK_F32, 1, n1, grad_buffer) : lk_tensor_empty(LK_F32, 1, n1);
+        if (!gflat) st = lk_last_status();
+        else if (total) memset(gflat->data, 0, (size_t)total * sizeof(float));
+    }
+    /* Make every view before changing anything, so failure leaves the layer as it was. */
+    int64_t off = 0;
+    for (int i = 0; !st && i < sv.n; i++) {
+        if (sv.v[i].alias >= 0) continue;
+        lk_tensor *p = *sv.v[i].slot;
+        pv[i] = lk_tensor_view_storage(flat, off, p->ndim, p->shape);
+        gv[i] = pv[i] ? lk_tensor_view_storage(gflat, off, p->ndim, p->shape) : NULL;
+        if (!pv[i] || !gv[i]) st = lk_last_status() ? lk_last_status() : LK_STATUS_OUT_OF_MEMORY;
+        else if (lk_tensor_set_name(pv[i], sv.v[i].name)) st = lk_last_status();
+        off += p->numel;
+    }
+    if (!st) {
+        for (int i = 0; i < sv.n; i++) {
+            lk_tensor *old = *sv.v[i].slot;
+            if (sv.v[i].alias >= 0) {
+                *sv.v[i].slot = lk_tensor_retain(*sv.v[sv.v[i].alias].slot);
+                lk_tensor_release(old);
+                continue;
+            }
+            lk_tensor *p = pv[i];
+            lk_tensor_copy(p, old);
+            if (old->grad) lk_tensor_copy(gv[i], old->grad);
+            p->requires_grad = old->requires_grad;
+            p->grad = gv[i];
+            p->grad_hook = old->grad_hook;
+            p->grad_hook_ctx = old->grad_hook_ctx;
+            gv[i] = NULL;
+            pv[i] = NULL;
+            *sv.v[i].slot = p;
+            lk_tensor_release(old);
+        }
+        flat->requires_grad = true;
+        flat->grad = lk_tensor_retain(gflat);
+        flat_ring_add(gflat->storage);
+        flat_ring_add(flat->storage);
+        if (flat_params) *flat_params = lk_tensor_retain(flat);
+        if (flat_grads) *flat_grads = lk_tensor_retain(gflat);
+    }
+    for (int i = 0; pv && i < sv.n; i++) {
+        lk_tensor_release(pv[i]);
+        lk_tensor_release(gv[i]);
+    }
+    lk_free(pv);
+    lk_free(gv);
+    lk_tensor_release(flat);
+    lk_tensor_release(gflat);
+    lk_free(sv.v);
+    lk_named_tensors_clear(&names);
+    return st;
+}
+
+/* ---- state dict loading ------------------------------------------------------------------------ */
+
+typedef struct {
+    char buf[1900];
+    size_t len;
+    int count, dropped;
+} report;
+
+static void report_add(report *r, const char *fmt, ...) LK_PRINTF(2, 3);
+static void report_add(report *r, const char *fmt, ...) {
+    r->count++;
+    if (r->len >= sizeof r->buf - 64) {
+        r->dropped++;
+        return;
+    }
+    va_list ap;
+    va_start(ap, fmt);
+    int w = vsnprintf(r->buf + r->len, sizeof r->buf - r->len, fmt, ap);
+    va_end(ap);
+    if (w < 0 || r->len + (size_t)w >= sizeof r->buf - 64) {
+        r->buf[r->len] = '\0';
+        r->dropped++;
+        return;
+    }
+    r->len += (size_t)w;
+}
+
+lk_status lk_state_dict_load(lk_layer *l, const lk_named_tensors *sd, bool strict) {
+    if (!l || !sd) return lk_error(LK_STATUS_INVALID_ARGUMENT, "state_dict_load: NULL argument");
+    lk_named_tensors own = {0};
+    LK_TRY(lk_state_dict_get(l, &own));
+    report r = {.len = 0};
+    char s1[128], s2[128];
+    if (strict) {
+        bool first = true;
+        for (int i = 0; i < own.n; i++)
+            if (!lk_named_tensors_find(sd, own.items[i].name)) {
+                report_add(&r, "%s%s %s", first ? "missing: " : ", ", own.items[i].name,
+                           lk_shape_str(own.items[i].tensor, s1, sizeof s1));
+                first = false;
+            }
+        if (!first) report_add(&r, "; ");
+        first = true;
+        for (int i = 0; i < sd->n; i++)
+            if (!lk_named_tensors_find(&own, sd->items[i].name)) {
+                report_add(&r, "%s%s %s", first ? "unexpected: " : ", ", sd->items[i].name,
+                           lk_shape_str(sd->items[i].tensor, s1, sizeof s1));
+                first = false;
+            }
+        if (!first) report_add(&r, "; ");
+    }
+    bool first = true;
+    for (int i = 0; i < own.n; i++) {
+        lk_tensor *given = lk_named_tensors_find(sd, own.items[i].name);
+        if (given && !lk_tensor_same_shape(given, own.items[i].tensor)) {
+            report_add(&r, "%s%s: model %s, given %s", first ? "shape mismatch: " : ", ", own.items[i].name,
+                       lk_shape_str(own.items[i].tensor, s1, sizeof s1), lk_shape_str(given, s2, sizeof s2));
+            first = false;
+        }
+    }
+    lk_status st = LK_STATUS_OK;
+    if (r.count) {
+        while (r.len >= 2 && r.buf[r.len - 2] == ';') r.buf[r.len -= 2] = '\0';
+        if (r.dropped)
+            st = lk_error(LK_STATUS_INVALID_ARGUMENT, "state_dict_load into %s: %s ... and %d more", l->type, r.buf,
+                          r.dropped);
+        else
+            st = lk_error(LK_STATUS_INVALID_ARGUMENT, "state_dict_load into %s: %s", l->type, r.buf);
+    }
+    for (int i = 0; !st && i < own.n; i++) {
+        lk_tensor *given = lk_named_tensors_find(sd, own.items[i].name);
+        if (given && given != own.items[i].tensor) st = lk_tensor_copy(own.items[i].tensor, given);
+    }
+    lk_named_tensors_clear(&own);
+    return st;
+}

@@ -1,0 +1,74 @@
+/* Gradient clipping with torch.nn.utils.clip_grad_norm_ / clip_grad_value_
+ * semantics: the total norm over all gradients, the clip coefficient
+ * max_norm / (total + 1e-6) clamped to 1 and computed in f32 as PyTorch does,
+ * and non-finite norms passed through rather than rejected. */
+#include <math.h>
+
+#include "optim/optim_impl.h"
+
+static lk_status check_grad(const lk_named_tensor *it) {
+    const lk_tensor *g = it->tensor->grad;
+    if (g && (g->dtype != LK_F32 || !lk_tensor_is_contiguous(g)))
+        return lk_error(LK_STATUS_UNSUPPORTED, "clip_grad: the gradient of '%s' must be contiguous f32", it->name);
+    return LK_STATUS_OK;
+}
+
+lk_status lk_clip_grad_norm(const lk_named_tensors *params, double max_norm, double norm_type, double *total_norm) {
+    if (total_norm) *total_norm = 0.0;
+    if (!params) return lk_error(LK_STATUS_INVALID_ARGUMENT, "clip_grad_norm: NULL parameter list");
+    if (!(norm_type > 0.0)) return lk_error(LK_STATUS_INVALID_ARGUMENT, "clip_grad_norm: norm_type must be > 0 (or INFINITY), got %g", norm_type);
+    if (isnan(max_norm)) return lk_error(LK_STATUS_INVALID_ARGUMENT, "clip_grad_norm: max_norm is NaN");
+    int n_grads = 0;
+    double acc = 0.0; /* inf-norm: running max; p-norm: sum of per-gradient norms^p */
+    bool inf_norm = isinf(norm_type);
+    for (int i = 0; i < params->n; i++) {
+        LK_TRY(check_grad(&params->items[i]));
+        const lk_tensor *g = params->items[i].tensor->grad;
+        if (!g) continue;
+        n_grads++;
+        const float *d = g->data;
+        if (inf_norm) {
+            for (int64_t k = 0; k < g->numel; k++) {
+                double a = fabs((double)d[k]);
+                if (a > acc || isnan(a)) acc = isnan(acc) ? acc : a;
+            }
+        } else {
+            /* PyTorch: norm of the per-gradient norms, each rounded to f32. */
+            double s = 0.0;
+            if (norm_type == 2.0)
+                for (int64_t k = 0; k < g->numel; k++) s += (double)d[k] * d[k];
+            else if (norm_type == 1.0)
+                for (int64_t k = 0; k < g->numel; k++) s += fabs((double)d[k]);
+            else
+                for (int64_t k = 0; k < g->numel; k++) s += pow(fabs((double)d[k]), norm_type);
+            float gn = (float)(norm_type == 2.0 ? sqrt(s) : norm_type == 1.0 ? s : pow(s, 1.0 / norm_type));
+            acc += norm_type == 1.0 ? (double)gn : pow((double)gn, norm_type);
+        }
+    }
+    if (n_grads == 0) return LK_STATUS_OK;
+    float total = inf_norm ? (float)acc : (float)(norm_type == 1.0 ? acc : norm_type == 2.0 ? sqrt(acc) : pow(acc, 1.0 / norm_type));
+    if (total_norm) *total_norm = total;
+    float coef = (float)max_norm / (total + 1e-6f);
+    if (coef > 1.0f) coef = 1.0f; /* clamp(max=1) keeps NaN: NaN norms give NaN gradients, as in PyTorch */
+    for (int i = 0; i < params->n; i++) {
+        lk_tensor *g = params->items[i].tensor->grad;
+        if (!g) continue;
+        float *d = g->data;
+        for (int64_t k = 0; k < g->numel; k++) d[k] *= coef;
+    }
+    return LK_STATUS_OK;
+}
+
+lk_status lk_clip_grad_value(const lk_named_tensors *params, double clip_value) {
+    if (!params) return lk_error(LK_STATUS_INVALID_ARGUMENT, "clip_grad_value: NULL parameter list");
+    if (!(clip_value >= 0.0)) return lk_error(LK_STATUS_INVALID_ARGUMENT, "clip_grad_value: clip_value must be >= 0, got %g", clip_value);
+    float c = (float)clip_value;
+    for (int i = 0; i < params->n; i++) {
+        LK_TRY(check_grad(&params->items[i]));
+        lk_tensor *g = params->items[i].tensor->grad;
+        if (!g) continue;
+        float *d = g->data;
+        for (int64_t k = 0; k < g->numel; k++) d[k] = d[k] < -c ? -c : d[k] > c ? c : d[k];
+    }
+    return LK_STATUS_OK;
+}

@@ -1,0 +1,531 @@
+/* SGD, Adam and AdamW with torch.optim 1.13's single-tensor formulas,
+ * defaults and argument checks; parameter groups; zero_grad; optimizer
+ * state by name. Each group's state lives in one contiguous allocation and
+ * the update is one fused loop per group — over the whole flat range when
+ * the parameters and gradients are contiguous (lk_params_flatten). */
+#include <ctype.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "optim/optim_impl.h"
+
+typedef struct {
+    lk_tensor *p; /* retained */
+    char *name;
+    int64_t off;  /* into the group's state arrays */
+    int64_t step; /* PyTorch's state['step']; 0: no state yet */
+} opt_param;
+
+typedef struct {
+    lk_optim_config cfg; /* lr, weight_decay, momentum/betas may differ per group */
+    double initial_lr;   /* NAN until a scheduler sets it */
+    opt_param *ps;
+    int n;
+    int64_t numel;
+    float *state; /* n_state arrays of numel floats, back to back */
+    int n_state;
+} opt_group;
+
+struct lk_optimizer {
+    lk_optim_config defaults;
+    opt_group *groups;
+    int n_groups;
+};
+
+/* ---- configs ----------------------------------------------------------------------- */
+
+lk_optim_config lk_sgd_config_default(void) {
+    return (lk_optim_config){.kind = LK_OPTIM_SGD, .lr = 0.01, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8};
+}
+lk_optim_config lk_adam_config_default(void) {
+    return (lk_optim_config){.kind = LK_OPTIM_ADAM, .lr = 1e-3, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8};
+}
+lk_optim_config lk_adamw_config_default(void) {
+    lk_optim_config c = lk_adam_config_default();
+    c.kind = LK_OPTIM_ADAMW;
+    c.weight_decay = 1e-2;
+    return c;
+}
+
+lk_status lk_optim_config_for(const char *name, lk_optim_config *out) {
+    char low[16] = {0};
+    for (size_t i = 0; name && name[i] && i < sizeof low - 1; i++) low[i] = (char)tolower((unsigned char)name[i]);
+    if (!strcmp(low, "sgd")) *out = lk_sgd_config_default();
+    else if (!strcmp(low, "adam")) *out = lk_adam_config_default();
+    else if (!strcmp(low, "adamw")) *out = lk_adamw_config_default();
+    else return lk_error(LK_STATUS_INVALID_ARGUMENT, "unknown optimizer '%s' (expected sgd, adam or adamw)", name ? name : "(null)");
+    return LK_STATUS_OK;
+}
+
+static const char *kind_name(lk_optim_kind k) {
+    return k == LK_OPTIM_SGD ? "SGD" : k == LK_OPTIM_ADAM ? "Adam" : k == LK_OPTIM_ADAMW ? "AdamW" : "?";
+}
+
+lk_status lk_optim_config_validate(const lk_optim_config *c) {
+    if (!c) return lk_error(LK_STATUS_INVALID_ARGUMENT, "optimizer config is NULL");
+    const char *k = kind_name(c->kind);
+    if ((unsigned)c->kind > LK_OPTIM_ADAMW) return lk_error(LK_STATUS_INVALID_ARGUMENT, "unknown optimizer kind %d", (int)c->kind);
+    if (!(c->lr >= 0.0)) return lk_error(LK_STATUS_INVALID_ARGUMENT, "%s: Invalid learning rate: %g (must be >= 0)", k, c->lr);
+    if (!(c->weight_decay >= 0.0))
+        return lk_error(LK_STATUS_INVALID_ARGUMENT, "%s: Invalid weight_decay value: %g (must be >= 0)", k, c->weight_decay);
+    if (c->kind == LK_OPTIM_SGD) {
+        if (!(c->momentum >= 0.0))
+            return lk_error(LK_STATUS_INVALID_ARGUMENT, "SGD: Invalid momentum value: %g (must be >= 0)", c->momentum);
+        if (c->nesterov && (c->momentum <= 0.0 || c->dampening != 0.0))
+            return lk_error(LK_STATUS_INVALID_ARGUMENT,
+                            "SGD: Nesterov momentum requires a momentum and zero dampening (got momentum %g, dampening %g)",
+                            c->momentum, c->dampening);
+        if (!isfinite(c->dampening)) return lk_error(LK_STATUS_INVALID_ARGUMENT, "SGD: dampening %g is not finite", c->dampening);
+    } else {
+        if (!(c->eps >= 0.0)) return lk_error(LK_STATUS_INVALID_ARGUMENT, "%s: Invalid epsilon value: %g (must be >= 0)", k, c->eps);
+        if (!(c->beta1 >= 0.0 && c->beta1 < 1.0))
+            return lk_error(LK_STATUS_INVALID_ARGUMENT, "%s: Invalid beta parameter at index 0: %g (must be in [0, 1))", k,
+                            c->beta1);
+        if (!(c->beta2 >= 0.0 && c->beta2 < 1.0))
+            return lk_error(LK_STATUS_INVALID_ARGUMENT, "%s: Invalid beta parameter at index 1: %g (must be in [0, 1))", k,
+                            c->beta2);
+    }
+    return LK_STATUS_OK;
+}
+
+/* ---- creation ------------------------------------------------------------------------ */
+
+static int state_arrays(const lk_optim_config *c) {
+    if (c->kind == LK_OPTIM_SGD) return c->momentum != 0.0 ? 1 : 0;
+    return c->amsgrad ? 3 : 2;
+}
+
+static void group_clear(opt_group *g) {
+    for (int i = 0; i < g->n; i++) {
+        lk_tensor_release(g->ps[i].p);
+        lk_free(g->ps[i].name);
+    }
+    lk_free(g->ps);
+    lk_aligned_free(g->state);
+}
+
+void lk_optimizer_free(lk_optimizer *o) {
+    if (!o) return;
+    for (int i = 0; i < o->n_groups; i++) group_clear(&o->groups[i]);
+    lk_free(o->groups);
+    lk_free(o);
+}
+
+static bool owned_by(const lk_optimizer *o, const lk_tensor *t) {
+    for (int g = 0; g < o->n_groups; g++)
+        for (int i = 0; i < o->groups[g].n; i++)
+            if (o->groups[g].ps[i].p == t) return true;
+    return false;
+}
+
+lk_status lk_optimizer_add_param_group(lk_optimizer *o, const lk_named_tensors *params, double lr, double weight_decay) {
+    if (!o || !params) return lk_error(LK_STATUS_INVALID_ARGUMENT, "add_param_group: NULL argument");
+    lk_optim_config cfg = o->defaults;
+    if (!isnan(lr)) cfg.lr = lr;
+    if (!isnan(weight_decay)) cfg.weight_decay = weight_decay;
+    LK_TRY(lk_optim_config_validate(&cfg));
+    if (params->n == 0) return lk_error(LK_STATUS_INVALID_ARGUMENT, "%s: optimizer got an empty parameter list", kind_name(cfg.kind));
+    for (int i = 0; i < params->n; i++) {
+        lk_tensor *t = params->items[i].tensor;
+        if (t->dtype != LK_F32 || !lk_tensor_is_contiguous(t))
+            return lk_error(LK_STATUS_UNSUPPORTED, "%s: parameter '%s' must be contiguous f32 (got %s%s)", kind_name(cfg.kind),
+                            params->items[i].name, lk_dtype_name(t->dtype), lk_tensor_is_contiguous(t) ? "" : ", strided");
+        for (int j = 0; j < i; j++)
+            if (params->items[j].tensor == t)
+                return lk_error(LK_STATUS_INVALID_ARGUMENT, "%s: parameter '%s' appears twice in the group", kind_name(cfg.kind),
+                                params->items[i].name);
+        if (owned_by(o, t))
+            return lk_error(LK_STATUS_INVALID_ARGUMENT, "%s: some parameters appear in more than one parameter group ('%s')",
+                            kind_name(cfg.kind), params->items[i].name);
+    }
+    opt_group g = {.cfg = cfg, .initial_lr = NAN, .n = params->n, .n_state = state_arrays(&cfg)};
+    opt_group *ng = lk_realloc(o->groups, (size_t)(o->n_groups + 1) * sizeof *ng);
+    if (!ng) return LK_STATUS_OUT_OF_MEMORY;
+    o->groups = ng;
+    g.ps = lk_calloc((size_t)g.n, sizeof *g.ps);
+    if (!g.ps) return LK_STATUS_OUT_OF_MEMORY;
+    for (int i = 0; i < g.n; i++) {
+        g.ps[i].p = lk_tensor_retain(params->items[i].tensor);
+        g.ps[i].name = lk_strdup(params->items[i].name);
+        g.ps[i].off = g.numel;
+        g.numel += params->items[i].tensor->numel;
+        if (!g.ps[i].name) {
+            group_clear(&g);
+            return LK_STATUS_OUT_OF_MEMORY;
+        }
+    }
+    if (g.n_state) {
+        size_t bytes = (size_t)g.n_state * (size_t)g.numel * sizeof(float);
+        g.state = lk_aligned_alloc(LK_ALIGN, bytes ? bytes : LK_ALIGN);
+        if (!g.state) {
+            group_clear(&g);
+            return LK_STATUS_OUT_OF_MEMORY;
+        }
+        memset(g.state, 0, bytes);
+    }
+    o->groups[o->n_groups++] = g;
+    return LK_STATUS_OK;
+}
+
+lk_status lk_optimizer_create(const lk_optim_config *cfg, const lk_named_tensors *params, lk_optimizer **out) {
+    if (!out) return lk_error(LK_STATUS_INVALID_ARGUMENT, "optimizer_create: NULL out");
+    *out = NULL;
+    LK_TRY(lk_optim_config_validate(cfg));
+    lk_optimizer *o = lk_calloc(1, sizeof *o);
+    if (!o) return LK_STATUS_OUT_OF_MEMORY;
+    o->defaults = *cfg;
+    lk_status st = lk_optimizer_add_param_group(o, params, NAN, NAN);
+    if (st) {
+        lk_optimizer_free(o);
+        return st;
+    }
+    *out = o;
+    return LK_STATUS_OK;
+}
+
+/* ---- the fused kernels ---------------------------------------------------------------- */
+
+/* Scalars are rounded to f32 once, as PyTorch's CPU kernels do for a
+ * Python-float operand of an f32 tensor op; each statement is one PyTorch op. */
+static void sgd_update(float *restrict p, const float *restrict g, float *restrict buf, int64_t n,
+                       const lk_optim_config *c, bool first) {
+    const float wd = (float)c->weight_decay, mom = (float)c->momentum, damp1 = (float)(1.0 - c->dampening);
+    const float neg_lr = (float)(-c->lr);
+    const bool has_wd = c->weight_decay != 0.0, has_mom = c->momentum != 0.0, nest = c->nesterov, maxi = c->maximize;
+    for (int64_t i = 0; i < n; i++) {
+        float d = maxi ? -g[i] : g[i];
+        if (has_wd) d = d + wd * p[i];
+        if (has_mom) {
+            float b;
+            if (first) b = d;
+            else {
+                b = buf[i] * mom;
+                b = b + damp1 * d;
+            }
+            buf[i] = b;
+            d = nest ? d + mom * b : b;
+        }
+        p[i] = p[i] + neg_lr * d;
+    }
+}
+
+static void adam_update(float *restrict p, const float *restrict g, float *restrict m, float *restrict v,
+                        float *restrict vmax, int64_t n, const lk_optim_config *c, int64_t step) {
+    const double bc1 = 1.0 - pow(c->beta1, (double)step), bc2 = 1.0 - pow(c->beta2, (double)step);
+    const float b1 = (float)c->beta1, b2 = (float)c->beta2, omb1 = (float)(1.0 - c->beta1), omb2 = (float)(1.0 - c->beta2);
+    const float bc2s = (float)sqrt(bc2), eps = (float)c->eps, neg_step = (float)(-(c->lr / bc1));
+    const bool adamw = c->kind == LK_OPTIM_ADAMW, maxi = c->maximize;
+    const bool l2 = !adamw && c->weight_decay != 0.0;
+    const float wd = (float)c->weight_decay, decay = (float)(1.0 - c->lr * c->weight_decay);
+    const bool dec = adamw && decay != 1.0f;
+    for (int64_t i = 0; i < n; i++) {
+        float gi = maxi ? -g[i] : g[i];
+        float pi = p[i];
+        if (dec) pi = pi * decay;
+        if (l2) gi = gi + wd * pi;
+        float mi = m[i] * b1;
+        mi = mi + omb1 * gi;
+        float vi = v[i] * b2;
+        vi = vi + omb2 * gi * gi;
+        m[i] = mi;
+        v[i] = vi;
+        float vd = vi;
+        if (vmax) {
+            vd = vmax[i] > vi ? vmax[i] : vi;
+            vmax[i] = vd;
+        }
+        float denom = sqrtf(vd) / bc2s + eps;
+        p[i] = pi + neg_step * mi / denom;
+    }
+}
+
+static void run_range(opt_group *g, float *p, const float *gr, int64_t off, int64_t n, int64_t step) {
+    const lk_optim_config *c = &g->cfg;
+    float *s0 = g->state ? g->state + off : NULL;
+    if (c->kind == LK_OPTIM_SGD) {
+        sgd_update(p, gr, s0, n, c, step == 1);
+    } else {
+        float *s1 = g->state + g->numel + off;
+        float *s2 = g->n_state > 2 ? g->state + 2 * g->numel + off : NULL;
+        adam_update(p, gr, s0, s1, s2, n, c, step);
+    }
+}
+
+/* The group's parameters and gradients are each one contiguous range. */
+static bool group_is_flat(const opt_group *g) {
+    for (int i = 0; i < g->n; i++) {
+        const lk_tensor *p = g->ps[i].p, *gr = p->grad;
+        if (!gr || gr->dtype != LK_F32 || !lk_tensor_is_contiguous(gr) || g->ps[i].step != g->ps[0].step) return false;
+        if (i == 0) continue;
+        const lk_tensor *q = g->ps[i - 1].p;
+        if (p->storage != q->storage || (float *)p->data != (float *)q->data + q->numel) return false;
+        if (gr->storage != q->grad->storage || (float *)gr->data != (float *)q->grad->data + q->numel) return false;
+    }
+    return true;
+}
+
+lk_status lk_optimizer_step(lk_optimizer *o) {
+    if (!o) return lk_error(LK_STATUS_INVALID_ARGUMENT, "optimizer_step: NULL optimizer");
+    for (int gi = 0; gi < o->n_groups; gi++) {
+        opt_group *g = &o->groups[gi];
+        for (int i = 0; i < g->n; i++) {
+            const lk_tensor *p = g->ps[i].p, *gr = p->grad;
+            if (gr && (gr->dtype != LK_F32 || !lk_tensor_is_contiguous(gr) || gr->numel != p->numel))
+                return lk_error(LK_STATUS_UNSUPPORTED, "%s: the gradient of '%s' must be contiguous f32 of the parameter's size",
+                                kind_name(g->cfg.kind), g->ps[i].name);
+        }
+        if (g->n > 1 && group_is_flat(g)) {
+            int64_t step = ++g->ps[0].step;
+            for (int i = 1; i < g->n; i++) g->ps[i].step = step;
+            run_range(g, g->ps[0].p->data, g->ps[0].p->grad->data, 0, g->numel, step);
+            continue;
+        }
+        for (int i = 0; i < g->n; i++) {
+            lk_tensor *p = g->ps[i].p;
+            if (!p->grad) continue;
+            int64_t step = ++g->ps[i].step;
+            run_range(g, p->data, p->grad->data, g->ps[i].off, p->numel, step);
+        }
+    }
+    return LK_STATUS_OK;
+}
+
+void lk_optimizer_zero_grad(lk_optimizer *o, bool set_to_none) {
+    if (!o) return;
+    for (int gi = 0; gi < o->n_groups; gi++) {
+        opt_group *g = &o->groups[gi];
+        if (g->n > 1 && group_is_flat(g)) {
+            memset(g->ps[0].p->grad->data, 0, (size_t)g->numel * sizeof(float));
+            continue;
+        }
+        for (int i = 0; i < g->n; i++) {
+            lk_tensor *p = g->ps[i].p;
+            if (!p->grad) continue;
+            lk_tensor_zero_grad(p, set_to_none && !lk_tensor_in_flat_buffer(p->grad));
+        }
+    }
+}
+
+/* ---- groups ---------------------------------------------------------------------------------- */
+
+int lk_optimizer_num_groups(const lk_optimizer *o) { return o ? o->n_groups : 0; }
+
+static opt_group *grp(const lk_optimizer *o, int g) { return o && g >= 0 && g < o->n_groups ? &o->groups[g] : NULL; }
+
+const lk_optim_config *lk_optimizer_config(const lk_optimizer *o, int group) {
+    opt_group *g = grp(o, group);
+    return g ? &g->cfg : NULL;
+}
+
+double lk_optimizer_get_lr(const lk_optimizer *o, int group) {
+    opt_group *g = grp(o, group);
+    return g ? g->cfg.lr : NAN;
+}
+
+lk_status lk_optimizer_set_lr(lk_optimizer *o, int group, double lr) {
+    opt_group *g = grp(o, group);
+    if (!g) return lk_error(LK_STATUS_INVALID_ARGUMENT, "set_lr: no parameter group %d", group);
+    if (!(lr >= 0.0)) return lk_error(LK_STATUS_INVALID_ARGUMENT, "set_lr: Invalid learning rate: %g", lr);
+    g->cfg.lr = lr;
+    return LK_STATUS_OK;
+}
+
+double lk_optimizer_get_momentum(const lk_optimizer *o, int group) {
+    opt_group *g = grp(o, group);
+    return !g ? NAN : g->cfg.kind == LK_OPTIM_SGD ? g->cfg.momentum : g->cfg.beta1;
+}
+
+lk_status lk_optimizer_set_momentum(lk_optimizer *o, int group, double momentum) {
+    opt_group *g = grp(o, group);
+    if (!g) return lk_error(LK_STATUS_INVALID_ARGUMENT, "set_momentum: no parameter group %d", group);
+    lk_optim_config c = g->cfg;
+    if (c.kind == LK_OPTIM_SGD) {
+        /* The momentum buffer must exist from the start to switch momentum on later. */
+        if ((c.momentum != 0.0) != (momentum != 0.0))
+            return lk_error(LK_STATUS_INVALID_USAGE, "set_momentum: SGD momentum can change but not between zero and non-zero "
+                            "(%g -> %g)", c.momentum, momentum);
+        c.momentum = momentum;
+    } else {
+        c.beta1 = momentum;
+    }
+    LK_TRY(lk_optim_config_validate(&c));
+    g->cfg = c;
+    return LK_STATUS_OK;
+}
+
+double lk__optimizer_initial_lr(const lk_optimizer *o, int group) {
+    opt_group *g = grp(o, group);
+    return g ? g->initial_lr : NAN;
+}
+
+void lk__optimizer_set_initial_lr(lk_optimizer *o, int group, double lr) {
+    opt_group *g = grp(o, group);
+    if (g) g->initial_lr = lr;
+}
+
+/* ---- state ---------------------------------------------------------------------------------------- */
+
+static const char *const state_names[2][3] = {{"momentum_buffer", NULL, NULL}, {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"}};
+
+static lk_status put_scalar(lk_named_tensors *out, const char *name, lk_dtype dt, double v) {
+    lk_tensor *t = lk_tensor_full(dt, 0, NULL, v);
+    if (!t) return lk_last_status();
+    lk_status st = lk_named_tensors_append(out, name, t);
+    lk_tensor_release(t);
+    return st;
+}
+
+lk_status lk_optimizer_state_get(const lk_optimizer *o, lk_named_tensors *out) {
+    if (!o || !out) return lk_error(LK_STATUS_INVALID_ARGUMENT, "optimizer_state_get: NULL argument");
+    char name[600];
+    for (int gi = 0; gi < o->n_groups; gi++) {
+        const opt_group *g = &o->groups[gi];
+        const lk_optim_config *c = &g->cfg;
+        snprintf(name, sizeof name, "param_groups.%d.lr", gi);
+        LK_TRY(put_scalar(out, name, LK_F64, c->lr));
+        snprintf(name, sizeof name, "param_groups.%d.weight_decay", gi);
+        LK_TRY(put_scalar(out, name, LK_F64, c->weight_decay));
+        if (c->kind == LK_OPTIM_SGD) {
+            snprintf(name, sizeof name, "param_groups.%d.momentum", gi);
+            LK_TRY(put_scalar(out, name, LK_F64, c->momentum));
+        } else {
+            snprintf(name, sizeof name, "param_groups.%d.beta1", gi);
+            LK_TRY(put_scalar(out, name, LK_F64, c->beta1));
+            snprintf(name, sizeof name, "param_groups.%d.beta2", gi);
+            LK_TRY(put_scalar(out, name, LK_F64, c->beta2));
+        }
+        if (!isnan(g->initial_lr)) {
+            snprintf(name, sizeof name, "param_groups.%d.initial_lr", gi);
+            LK_TRY(put_scalar(out, name, LK_F64, g->initial_lr));
+        }
+        for (int i = 0; i < g->n; i++) {
+            const opt_param *op = &g->ps[i];
+            if (op->step == 0) continue; /* PyTorch creates state lazily */
+            snprintf(name, sizeof name, "state.%s.step", op->name);
+            LK_TRY(put_scalar(out, name, LK_I64, (double)op->step));
+            for (int s = 0; s < g->n_state; s++) {
+                snprintf(name, sizeof name, "state.%s.%s", op->name, state_names[c->kind != LK_OPTIM_SGD][s]);
+                lk_tensor *t = lk_tensor_from_data(LK_F32, op->p->ndim, op->p->shape, g->state + s * g->numel + op->off);
+                if (!t) return lk_last_status();
+                lk_status st = lk_named_tensors_append(out, name, t);
+                lk_tensor_release(t);
+                LK_TRY(st);
+            }
+        }
+    }
+    return LK_STATUS_OK;
+}
+
+/* Finds "state.<param>.<field>" → (group, param index, field index; -1 for step). */
+static bool parse_state_name(const lk_optimizer *o, const char *name, int *gi, int *pi, int *field) {
+    if (strncmp(name, "state.", 6)) return false;
+    const char *rest = name + 6;
+    const char *dot = strrchr(rest, '.');
+    if (!dot) return false;
+    size_t plen = (size_t)(dot - rest);
+    for (int g = 0; g < o->n_groups; g++) {
+        const opt_group *gr = &o->groups[g];
+        for (int i = 0; i < gr->n; i++) {
+            if (strlen(gr->ps[i].name) != plen || strncmp(gr->ps[i].name, rest, plen)) continue;
+            if (!strcmp(dot + 1, "step")) {
+                *gi = g, *pi = i, *field = -1;
+                return true;
+            }
+            for (int s = 0; s < gr->n_state; s++)
+                if (!strcmp(dot + 1, state_names[gr->cfg.kind != LK_OPTIM_SGD][s])) {
+                    *gi = g, *pi = i, *field = s;
+                    return true;
+                }
+            return false;
+        }
+    }
+    return false;
+}
+
+lk_status lk_optimizer_state_load(lk_optimizer *o, const lk_named_tensors *state) {
+    if (!o || !state) return lk_error(LK_STATUS_INVALID_ARGUMENT, "optimizer_state_load: NULL argument");
+    char problems[1500] = "";
+    size_t plen = 0;
+    int nprob = 0;
+#define PROBLEM(...)                                                                            \
+    do {                                                                                        \
+        if (plen < sizeof problems - 200) {                                                     \
+            int w_ = snprintf(problems + plen, sizeof problems - plen, "%s", nprob ? "; " : ""); \
+            plen += (size_t)w_;                                                                 \
+            w_ = snprintf(problems + plen, sizeof problems - plen, __VA_ARGS__);                \
+            if (w_ > 0) plen += (size_t)w_;                                                     \
+            if (plen >= sizeof problems) plen = sizeof problems - 1;                           \
+        }                                                                                       \
+        nprob++;                                                                                \
+    } while (0)
+    /* Pass 1: validate everything. */
+    for (int k = 0; k < state->n; k++) {
+        const char *nm = state->items[k].name;
+        const lk_tensor *t = state->items[k].tensor;
+        if (!strncmp(nm, "param_groups.", 13)) {
+            char *end;
+            long g = strtol(nm + 13, &end, 10);
+            if (end == nm + 13 || *end != '.' || g < 0 || g >= o->n_groups) PROBLEM("%s: no such parameter group (have %d)", nm, o->n_groups);
+            else if (t->numel != 1) PROBLEM("%s: expected a scalar", nm);
+            else {
+                const char *f = end + 1;
+                if (strcmp(f, "lr") && strcmp(f, "weight_decay") && strcmp(f, "momentum") && strcmp(f, "beta1") &&
+                    strcmp(f, "beta2") && strcmp(f, "initial_lr"))
+                    PROBLEM("%s: unknown group field", nm);
+            }
+            continue;
+        }
+        int gi, pi, field;
+        if (!parse_state_name(o, nm, &gi, &pi, &field)) {
+            PROBLEM("%s: no parameter or state field of that name in this %s optimizer", nm, kind_name(o->defaults.kind));
+            continue;
+        }
+        const lk_tensor *p = o->groups[gi].ps[pi].p;
+        char s1[128], s2[128];
+        if (field < 0 ? t->numel != 1 : !lk_tensor_same_shape(p, t))
+            PROBLEM("%s: shape %s, expected %s", nm, lk_shape_str(t, s1, sizeof s1),
+                    field < 0 ? "[] (scalar)" : lk_shape_str(p, s2, sizeof s2));
+    }
+    if (nprob) return lk_error(LK_STATUS_INVALID_ARGUMENT, "optimizer_state_load: %s", problems);
+#undef PROBLEM
+    /* Pass 2: apply. Parameters without state in the dict start fresh. */
+    for (int g = 0; g < o->n_groups; g++) {
+        opt_group *gr = &o->groups[g];
+        for (int i = 0; i < gr->n; i++) gr->ps[i].step = 0;
+        if (gr->state) memset(gr->state, 0, (size_t)gr->n_state * (size_t)gr->numel * sizeof(float));
+    }
+    for (int k = 0; k < state->n; k++) {
+        const char *nm = state->items[k].name;
+        lk_tensor *t = state->items[k].tensor;
+        if (!strncmp(nm, "param_groups.", 13)) {
+            char *end;
+            long g = strtol(nm + 13, &end, 10);
+            lk_optim_config *c = &o->groups[g].cfg;
+            double v = lk_tensor_get(t, 0);
+            const char *f = end + 1;
+            if (!strcmp(f, "lr")) c->lr = v;
+            else if (!strcmp(f, "weight_decay")) c->weight_decay = v;
+            else if (!strcmp(f, "momentum") && c->kind == LK_OPTIM_SGD) c->momentum = v;
+            else if (!strcmp(f, "beta1")) c->beta1 = v;
+            else if (!strcmp(f, "beta2")) c->beta2 = v;
+            else if (!strcmp(f, "initial_lr")) o->groups[g].initial_lr = v;
+            continue;
+        }
+        int gi, pi, field;
+        parse_state_name(o, nm, &gi, &pi, &field);
+        opt_group *gr = &o->groups[gi];
+        if (field < 0) {
+            gr->ps[pi].step = (int64_t)lk_tensor_get(t, 0);
+        } else {
+            lk_tensor *dst = lk_tensor_wrap(LK_F32, gr->ps[pi].p->ndim, gr->ps[pi].p->shape,
+                                            gr->state + field * gr->numel + gr->ps[pi].off);
+            if (!dst) return lk_last_status();
+            lk_status st = lk_tensor_copy(dst, t);
+            lk_tensor_release(dst);
+            LK_TRY(st);
+        }
+    }
+    return LK_STATUS_OK;
+}

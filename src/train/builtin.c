@@ -1,0 +1,348 @@
+/* Built-in modules and data modules: what the CLI's class_path names. The
+ * modules wrap a registered model (src/models) with the steps and metrics
+ * of its task; the data modules build Fashion-MNIST and synthetic splits. */
+#include <math.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "train/train_impl.h"
+
+/* ---- modules -------------------------------------------------------------------- */
+
+#define PREVIEW 8 /* images in reconstructions.png */
+
+typedef struct {
+    const lk_model_info *info;
+    float preview_x[PREVIEW * 784], preview_r[PREVIEW * 784];
+    int preview_n;
+} model_self;
+
+static lk_tensor *model_loss(lk_module *m, const lk_batch *b, lk_tensor **out_logits) {
+    model_self *s = m->self;
+    lk_tensor *x = lk_batch_tensor(b, 0);
+    lk_tensor *y = s->info->target_is_input ? x : lk_batch_tensor(b, 1);
+    lk_tensor *out = lk_layer_forward(m->net, x);
+    if (out_logits) *out_logits = out;
+    return lk_model_loss(s->info, out, x, y);
+}
+
+static lk_tensor *builtin_training_step(lk_module *m, const lk_batch *b, int64_t i, lk_trainer *tr) {
+    lk_tensor *loss = model_loss(m, b, NULL);
+    if (loss && lk_log_metric(tr, "train_loss", lk_tensor_item(loss), &(lk_log_opts){.prog_bar = true})) return NULL;
+    return loss;
+}
+
+static double accuracy(const lk_tensor *logits, const lk_batch *b) {
+    const lk_array *ya = &b->field[1];
+    int64_t n = logits->shape[0], c = logits->shape[1], hit = 0;
+    const float *l = logits->data;
+    for (int64_t i = 0; i < n; i++) {
+        int64_t arg = 0;
+        for (int64_t k = 1; k < c; k++)
+            if (l[i * c + k] > l[i * c + arg]) arg = k;
+        int64_t y = ya->dtype == LK_I64 ? ((const int64_t *)ya->data)[i]
+                  : ya->dtype == LK_I32 ? ((const int32_t *)ya->data)[i]
+                                        : (int64_t)((const uint8_t *)ya->data)[i];
+        hit += arg == y;
+    }
+    return n ? (double)hit / (double)n : 0;
+}
+
+static lk_status eval_step(lk_module *m, const lk_batch *b, lk_trainer *tr, const char *prefix) {
+    model_self *s = m->self;
+    lk_tensor *out = NULL;
+    lk_tensor *loss = model_loss(m, b, &out);
+    if (!loss) return lk_last_status();
+    char name[64];
+    snprintf(name, sizeof name, "%s_loss", prefix);
+    LK_TRY(lk_log_metric(tr, name, lk_tensor_item(loss), &(lk_log_opts){.prog_bar = true, .sync_dist = true}));
+    if (!s->info->target_is_input && out && out->ndim == 2) {
+        snprintf(name, sizeof name, "%s_acc", prefix);
+        LK_TRY(lk_log_metric(tr, name, accuracy(out, b), &(lk_log_opts){.prog_bar = true, .sync_dist = true}));
+    }
+    /* Keep the first test images and their reconstructions for the picture. */
+    if (s->info->target_is_input && s->preview_n == 0 && out && out->numel / (out->shape[0] ? out->shape[0] : 1) == 784) {
+        int n = (int)(b->size < PREVIEW ? b->size : PREVIEW);
+        lk_tensor *x = lk_batch_tensor(b, 0);
+        memcpy(s->preview_x, x->data, (size_t)n * 784 * sizeof(float));
+        lk_tensor *oc = lk_tensor_cast(out, LK_F32);
+        if (oc) memcpy(s->preview_r, oc->data, (size_t)n * 784 * sizeof(float));
+        lk_tensor_release(oc);
+        s->preview_n = n;
+    }
+    return LK_STATUS_OK;
+}
+
+static lk_status builtin_validation_step(lk_module *m, const lk_batch *b, int64_t i, lk_trainer *tr) {
+    return eval_step(m, b, tr, "val");
+}
+
+static lk_status builtin_test_step(lk_module *m, const lk_batch *b, int64_t i, lk_trainer *tr) {
+    model_self *s = m->self;
+    if (i == 0) s->preview_n = 0;
+    return eval_step(m, b, tr, "test");
+}
+
+static lk_tensor *builtin_predict_step(lk_module *m, const lk_batch *b, int64_t i, lk_trainer *tr) {
+    return lk_layer_forward(m->net, lk_batch_tensor(b, 0));
+}
+
+static lk_status builtin_on_stage_end(lk_module *m, lk_trainer *tr, const char *stage) {
+    model_self *s = m->self;
+    if (!s->info->target_is_input || s->preview_n == 0 || !lk_trainer_log_dir(tr)[0]) return LK_STATUS_OK;
+    /* Undo the data module's normalisation only if it was applied: the
+     * pictures show [0, 1] pixels; values outside are clamped. */
+    char path[LK_PATH + 32];
+    snprintf(path, sizeof path, "%s/reconstructions.png", lk_trainer_log_dir(tr));
+    return lk_image_recon_png(path, s->preview_x, s->preview_r, s->preview_n, 28, 28, 3);
+}
+
+static void builtin_destroy(lk_module *m) { lk_free(m->self); }
+static const lk_module_vtable builtin_vt_owned = {
+    .training_step = builtin_training_step,
+    .validation_step = builtin_validation_step,
+    .test_step = builtin_test_step,
+    .predict_step = builtin_predict_step,
+    .on_stage_end = builtin_on_stage_end,
+    .destroy = builtin_destroy,
+};
+
+static char *kv_yaml(const char *section, const char *name, const lk_model_kv *args, int n) {
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    if (!f) return NULL;
+    fprintf(f, "%s:\n  class_path: %s\n", section, name);
+    for (int i = 0; i < n; i++) fprintf(f, "  %s: %s\n", args[i].key, args[i].value);
+    fclose(f);
+    char *out = lk_strdup(buf);
+    free(buf);
+    return out;
+}
+
+lk_status lk_module_create_builtin(const char *name, const lk_model_kv *args, int n_args, uint64_t seed,
+                                   lk_module **out) {
+    *out = NULL;
+    const lk_model_info *info = lk_model_find(name);
+    if (!info) {
+        int n;
+        const lk_model_info *all = lk_models(&n);
+        char list[512] = "";
+        const char *names[64];
+        for (int i = 0; i < n && i < 64; i++) {
+            names[i] = all[i].name;
+            strncat(list, i ? ", " : "", sizeof list - strlen(list) - 1);
+            strncat(list, all[i].name, sizeof list - strlen(list) - 1);
+        }
+        const char *s = lk_suggest(name, names, n < 64 ? n : 64);
+        return lk_error(LK_STATUS_INVALID_ARGUMENT, "unknown model class_path '%s'%s%s%s; registered models: %s", name,
+                        s ? " (did you mean '" : "", s ? s : "", s ? "'?)" : "", list);
+    }
+    lk_layer *net;
+    LK_TRY(lk_model_create(name, args, n_args, seed, &net));
+    lk_module *m = lk_calloc(1, sizeof *m);
+    model_self *s = lk_calloc(1, sizeof *s);
+    if (!m || !s) {
+        lk_free(m);
+        lk_free(s);
+        lk_layer_free(net);
+        return LK_STATUS_OUT_OF_MEMORY;
+    }
+    s->info = info;
+    m->name = info->name;
+    m->vt = &builtin_vt_owned;
+    m->net = net;
+    m->self = s;
+    m->hparams_yaml = kv_yaml("model", name, args, n_args);
+    *out = m;
+    return LK_STATUS_OK;
+}
+
+/* ---- data modules ------------------------------------------------------------------ */
+
+typedef struct {
+    char root[LK_PARAM_STR];
+    int64_t batch_size, num_workers, val_size;
+    bool flatten, normalize;
+    /* synthetic */
+    char task[LK_PARAM_STR];
+    int64_t num_samples, num_classes, seed;
+    lk_int_list input_shape;
+} dm_args;
+
+#define D(name, type, field, def, lo, hi, choices, help) \
+    {name, LK_PARAM_##type, offsetof(dm_args, field), def, lo, hi, choices, help}
+
+static const lk_param fmnist_params[] = {
+    D("root", STRING, root, "", 1, 0, NULL,
+      "directory with the four Fashion-MNIST .gz files (empty: $LK_DATA_ROOT or /usr/share/datasets/fashion-mnist)"),
+    D("batch_size", INT, batch_size, "256", 1, 1e7, NULL, "samples per batch on each rank"),
+    D("num_workers", INT, num_workers, "2", 0, 256, NULL, "loader threads per rank (0: load inline)"),
+    D("val_size", INT, val_size, "5000", 0, 59999, NULL, "validation samples carved from the 60,000 training images"),
+    D("flatten", BOOL, flatten, "true", 1, 0, NULL, "images as [784] vectors (false: [1, 28, 28])"),
+    D("normalize", BOOL, normalize, "false", 1, 0, NULL, "standardise with the training set's mean 0.2860 and std 0.3530"),
+};
+
+static const lk_param synth_params[] = {
+    D("task", ENUM, task, "classification", 1, 0, "classification|regression", "what the targets are"),
+    D("num_samples", INT, num_samples, "4096", 3, 1e10, NULL, "samples (split 80/10/10 into train/val/test)"),
+    D("input_shape", INTS, input_shape, "[32]", 1, 1e7, NULL, "per-sample input shape"),
+    D("num_classes", INT, num_classes, "4", 2, 1e6, NULL, "classes (classification) or outputs (regression)"),
+    D("seed", INT, seed, "0", 0, 4294967295.0, NULL, "seed of the generated data"),
+    D("batch_size", INT, batch_size, "64", 1, 1e7, NULL, "samples per batch on each rank"),
+    D("num_workers", INT, num_workers, "0", 0, 256, NULL, "loader threads per rank"),
+};
+
+static const lk_datamodule_info datamodules[] = {
+    {"fashion_mnist", "Fashion-MNIST from the Debian package dataset-fashion-mnist", fmnist_params,
+     (int)(sizeof fmnist_params / sizeof fmnist_params[0])},
+    {"synthetic", "generated classification or regression data (Philox, from a seed)", synth_params,
+     (int)(sizeof synth_params / sizeof synth_params[0])},
+};
+
+const lk_datamodule_info *lk_datamodules(int *count) {
+    *count = (int)(sizeof datamodules / sizeof datamodules[0]);
+    return datamodules;
+}
+
+typedef struct {
+    dm_args a;
+    int kind; /* 0 fashion_mnist, 1 synthetic */
+    uint64_t seed;
+    lk_dataset *train, *val, *test;
+} dm_self;
+
+static lk_status fmnist_split(dm_self *s, const char *split, lk_dataset **out) {
+    lk_dataset *raw = NULL, *mapped = NULL, *sel = NULL;
+    LK_TRY(lk_dataset_mnist_create(s->a.root[0] ? s->a.root : NULL, split, &raw));
+    lk_transform *t = NULL;
+    lk_status st = lk_transform_create(&t);
+    if (!st) st = lk_transform_cast(t, LK_F32);
+    if (!st) st = lk_transform_scale(t, 1.0f / 255.0f, 0.0f);
+    if (!st && s->a.normalize) st = lk_transform_normalize(t, 1, (float[]){0.2860f}, (float[]){0.3530f});
+    if (!st) st = s->a.flatten ? lk_transform_reshape(t, 1, (int64_t[]){784}) : lk_transform_reshape(t, 3, (int64_t[]){1, 28, 28});
+    if (!st) st = lk_dataset_map(raw, 0, t, s->seed, &mapped);
+    lk_transform_free(t);
+    lk_transform *ty = NULL;
+    if (!st) st = lk_transform_create(&ty);
+    if (!st) st = lk_transform_cast(ty, LK_I64);
+    if (!st) st = lk_dataset_map(mapped, 1, ty, s->seed, &sel);
+    lk_transform_free(ty);
+    lk_dataset_free(raw);
+    lk_dataset_free(mapped);
+    if (st) {
+        lk_dataset_free(sel);
+        return st;
+    }
+    *out = sel;
+    return LK_STATUS_OK;
+}
+
+static lk_status dm_setup(lk_datamodule *dm, const char *stage) {
+    dm_self *s = dm->self;
+    if (s->train || s->test) return LK_STATUS_OK; /* once */
+    if (s->kind == 0) {
+        lk_dataset *full = NULL;
+        LK_TRY(fmnist_split(s, "train", &full));
+        lk_dataset *parts[2] = {NULL, NULL};
+        double sizes[2] = {(double)(lk_dataset_len(full) - s->a.val_size), (double)s->a.val_size};
+        lk_status st = s->a.val_size > 0 ? lk_dataset_random_split(full, 2, sizes, s->seed, parts) : LK_STATUS_OK;
+        if (s->a.val_size == 0) parts[0] = lk_dataset_retain(full);
+        lk_dataset_free(full);
+        LK_TRY(st);
+        s->train = parts[0];
+        s->val = parts[1];
+        return fmnist_split(s, "test", &s->test);
+    }
+    lk_synthetic_config sc = lk_synthetic_config_default();
+    sc.kind = !strcmp(s->a.task, "regression") ? LK_SYNTH_REGRESSION : LK_SYNTH_CLASSIFICATION;
+    sc.len = s->a.num_samples;
+    sc.dim = s->a.input_shape.n ? s->a.input_shape.v[0] : 32;
+    for (int i = 1; i < s->a.input_shape.n; i++) sc.dim *= s->a.input_shape.v[i];
+    sc.classes = s->a.num_classes;
+    sc.out_dim = s->a.num_classes;
+    sc.seed = (uint64_t)s->a.seed;
+    lk_dataset *full = NULL, *parts[3] = {NULL, NULL, NULL};
+    LK_TRY(lk_dataset_synthetic_create(&sc, &full));
+    lk_status st = LK_STATUS_OK;
+    if (s->a.input_shape.n > 1) { /* [C, H, W] inputs for convolutional models */
+        lk_transform *t = NULL;
+        lk_dataset *shaped = NULL;
+        st = lk_transform_create(&t);
+        if (!st) st = lk_transform_reshape(t, s->a.input_shape.n, s->a.input_shape.v);
+        if (!st) st = lk_dataset_map(full, 0, t, s->seed, &shaped);
+        lk_transform_free(t);
+        lk_dataset_free(full);
+        full = shaped;
+    }
+    if (!st) st = lk_dataset_random_split(full, 3, (double[]){0.8, 0.1, 0.1}, s->seed, parts);
+    lk_dataset_free(full);
+    LK_TRY(st);
+    s->train = parts[0];
+    s->val = parts[1];
+    s->test = parts[2];
+    return LK_STATUS_OK;
+}
+
+static lk_dataset *dm_dataset(lk_datamodule *dm, const char *split) {
+    dm_self *s = dm->self;
+    if (!strcmp(split, "train")) return s->train;
+    if (!strcmp(split, "val")) return s->val;
+    if (!strcmp(split, "test") || !strcmp(split, "predict")) return s->test;
+    return NULL;
+}
+
+static void dm_destroy(lk_datamodule *dm) {
+    dm_self *s = dm->self;
+    if (!s) return;
+    lk_dataset_free(s->train);
+    lk_dataset_free(s->val);
+    lk_dataset_free(s->test);
+    lk_free(s);
+}
+
+static const lk_datamodule_vtable dm_vt = {
+    .prepare_data = NULL, .setup = dm_setup, .dataset = dm_dataset, .destroy = dm_destroy};
+
+lk_status lk_datamodule_create_builtin(const char *name, const lk_model_kv *args, int n_args, uint64_t seed,
+                                       lk_datamodule **out) {
+    *out = NULL;
+    int n, kind = -1;
+    const lk_datamodule_info *all = lk_datamodules(&n);
+    for (int i = 0; i < n; i++)
+        if (!strcmp(all[i].name, name)) kind = i;
+    if (kind < 0) {
+        const char *names[8];
+        for (int i = 0; i < n; i++) names[i] = all[i].name;
+        const char *s = lk_suggest(name, names, n);
+        return lk_error(LK_STATUS_INVALID_ARGUMENT,
+                        "unknown data class_path '%s'%s%s%s; registered data modules: fashion_mnist, synthetic", name,
+                        s ? " (did you mean '" : "", s ? s : "", s ? "'?)" : "");
+    }
+    dm_self *s = lk_calloc(1, sizeof *s);
+    lk_datamodule *dm = lk_calloc(1, sizeof *dm);
+    if (!s || !dm) {
+        lk_free(s);
+        lk_free(dm);
+        return LK_STATUS_OUT_OF_MEMORY;
+    }
+    dm->self = s;
+    dm->vt = &dm_vt;
+    dm->name = all[kind].name;
+    s->kind = kind;
+    s->seed = seed;
+    lk_status st = lk_params_defaults(all[kind].params, all[kind].n_params, &s->a);
+    for (int i = 0; !st && i < n_args; i++)
+        st = lk_params_set(all[kind].params, all[kind].n_params, &s->a, "data.init_args", args[i].key, args[i].value);
+    if (st) {
+        lk_datamodule_free(dm);
+        return st;
+    }
+    dm->batch_size = s->a.batch_size;
+    dm->num_workers = (int)s->a.num_workers;
+    dm->hparams_yaml = kv_yaml("data", name, args, n_args);
+    *out = dm;
+    return LK_STATUS_OK;
+}

@@ -1,0 +1,349 @@
+/* Checkpoints: one safetensors file holding the model's state dict under
+ * PyTorch's names, the optimizer and scheduler state, and metadata (epoch,
+ * step, position inside the epoch, callback state, config, world size).
+ * Rank 0 writes through a temporary file and rename, the others wait at a
+ * barrier; a checkpoint is never half-written under its final name. Also
+ * the ModelCheckpoint callback (last.ckpt and the top-k by a monitor). */
+#include <dirent.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "train/safetensors.h"
+#include "train/train_impl.h"
+
+#define CKPT_FORMAT "lockstep-checkpoint"
+#define CKPT_VERSION "1"
+
+static lk_status append_prefixed(lk_named_tensors *dst, const lk_named_tensors *src, const char *prefix) {
+    char name[512];
+    for (int i = 0; i < src->n; i++) {
+        snprintf(name, sizeof name, "%s%s", prefix, src->items[i].name);
+        LK_TRY(lk_named_tensors_append(dst, name, src->items[i].tensor));
+    }
+    return LK_STATUS_OK;
+}
+
+lk_status lk__ckpt_save(lk_trainer *tr, const char *path) {
+    lk_named_tensors all = {0}, part = {0};
+    lk_status st = lk_state_dict_get(tr->module->net, &all);
+    if (!st && tr->optim) {
+        st = lk_optimizer_state_get(tr->optim, &part);
+        if (!st) st = append_prefixed(&all, &part, "optimizer.");
+        lk_named_tensors_clear(&part);
+    }
+    if (!st && tr->sched) {
+        st = lk_scheduler_state_get(tr->sched, &part);
+        if (!st) st = append_prefixed(&all, &part, "lr_scheduler.");
+        lk_named_tensors_clear(&part);
+    }
+    lk_st_entry *e = st ? NULL : lk_calloc((size_t)all.n + 1, sizeof *e);
+    if (!st && !e) st = LK_STATUS_OUT_OF_MEMORY;
+    for (int i = 0; !st && i < all.n; i++) e[i] = (lk_st_entry){.name = all.items[i].name, .tensor = all.items[i].tensor};
+    char epoch[32], step[32], batch[32], world[16], seed[32], best[64], wait[16], esbest[64], topk[4096] = "";
+    snprintf(epoch, sizeof epoch, "%lld", (long long)tr->epoch);
+    snprintf(step, sizeof step, "%lld", (long long)tr->global_step);
+    snprintf(batch, sizeof batch, "%lld", (long long)tr->resume_batch);
+    snprintf(world, sizeof world, "%d", tr->world);
+    snprintf(seed, sizeof seed, "%lld", (long long)tr->cfg.seed);
+    snprintf(best, sizeof best, "%.17g", tr->best_score);
+    snprintf(wait, sizeof wait, "%d", tr->es_wait);
+    snprintf(esbest, sizeof esbest, "%.17g", tr->es_best);
+    for (int i = 0; i < tr->ntopk; i++) {
+        char one[LK_PATH2 + 64];
+        snprintf(one, sizeof one, "%s%.17g\t%s", i ? "\n" : "", tr->topk[i].score, tr->topk[i].path);
+        strncat(topk, one, sizeof topk - strlen(topk) - 1);
+    }
+    lk_st_meta meta[] = {
+        {"format", CKPT_FORMAT}, {"format_version", CKPT_VERSION}, {"lockstep_version", LK_VERSION_STRING},
+        {"model", tr->module->name ? tr->module->name : ""}, {"epoch", epoch}, {"global_step", step},
+        {"batch_in_epoch", batch}, {"world_size", world}, {"strategy", lk_strategy_name(tr->strat)},
+        {"seed", seed}, {"best_monitor", tr->cfg.monitor}, {"best_score", best},
+        {"best_path", tr->best_ckpt}, {"early_stopping_wait", wait}, {"early_stopping_best", esbest},
+        {"top_k", topk}, {"config", tr->config_yaml ? tr->config_yaml : ""},
+        {"hparams", tr->module->hparams_yaml ? tr->module->hparams_yaml : ""},
+    };
+    if (!st) st = lk_safetensors_write(path, e, all.n, meta, (int)(sizeof meta / sizeof meta[0]));
+    lk_free(e);
+    lk_named_tensors_clear(&all);
+    return st;
+}
+
+static const char *meta_or(const lk_st_file *f, const char *key, const char *dflt) {
+    const char *v = lk_safetensors_meta(f, key);
+    return v ? v : dflt;
+}
+
+/* Copies every tensor of `live` from the file under prefix; lists every
+ * missing or misshaped tensor in one error before copying anything. */
+static lk_status load_named(const lk_st_file *f, const lk_named_tensors *live, const char *prefix, const char *what) {
+    char msg[4096] = "";
+    int bad = 0;
+    char name[512];
+    for (int i = 0; i < live->n; i++) {
+        snprintf(name, sizeof name, "%s%s", prefix, live->items[i].name);
+        const lk_st_info *info = lk_safetensors_find(f, name);
+        const lk_tensor *t = live->items[i].tensor;
+        char one[700];
+        if (!info) {
+            snprintf(one, sizeof one, "%smissing '%s'", bad ? "; " : "", name);
+        } else {
+            bool same = info->ndim == t->ndim;
+            for (int d = 0; same && d < t->ndim; d++) same = info->shape[d] == t->shape[d];
+            if (same) continue;
+            char want[128], got[160] = "[";
+            lk_shape_str(t, want, sizeof want);
+            for (int d = 0; d < info->ndim; d++) {
+                char x[24];
+                snprintf(x, sizeof x, "%s%lld", d ? ", " : "", (long long)info->shape[d]);
+                strncat(got, x, sizeof got - strlen(got) - 2);
+            }
+            strcat(got, "]");
+            snprintf(one, sizeof one, "%s'%s' has shape %s, the %s expects %s", bad ? "; " : "", name, got, what, want);
+        }
+        if (bad < 12) strncat(msg, one, sizeof msg - strlen(msg) - 1);
+        bad++;
+    }
+    if (bad)
+        return lk_error(LK_STATUS_INVALID_ARGUMENT, "checkpoint %s does not fit the %s (%d problem%s): %s%s",
+                        lk_safetensors_path(f), what, bad, bad > 1 ? "s" : "", msg, bad > 12 ? "; ..." : "");
+    for (int i = 0; i < live->n; i++) {
+        snprintf(name, sizeof name, "%s%s", prefix, live->items[i].name);
+        LK_TRY(lk_safetensors_read_into(f, name, live->items[i].tensor));
+    }
+    return LK_STATUS_OK;
+}
+
+lk_status lk__ckpt_load(lk_trainer *tr, const char *path, bool restore_training) {
+    lk_st_file *f;
+    LK_TRY(lk_safetensors_open(path, &f));
+    lk_status st = LK_STATUS_OK;
+    const char *fmt = lk_safetensors_meta(f, "format");
+    if (!fmt || strcmp(fmt, CKPT_FORMAT))
+        lk_log_warn("%s has no lockstep checkpoint metadata: loading its weights by name only", path);
+    const char *model = lk_safetensors_meta(f, "model");
+    if (model && tr->module->name && *model && strcmp(model, tr->module->name))
+        lk_log_warn("%s was written for model '%s', this run uses '%s'", path, model, tr->module->name);
+    lk_named_tensors sd = {0}, part = {0};
+    st = lk_state_dict_get(tr->module->net, &sd);
+    if (!st) st = load_named(f, &sd, "", "model");
+    lk_named_tensors_clear(&sd);
+    if (!st && restore_training && fmt) {
+        if (tr->optim) {
+            st = lk_optimizer_state_get(tr->optim, &part);
+            /* The live state may be empty before the first step: load what
+             * the file has under "optimizer." by name. */
+            lk_named_tensors fromfile = {0};
+            for (int i = 0; !st && i < lk_safetensors_count(f); i++) {
+                const lk_st_info *info = lk_safetensors_at(f, i);
+                if (strncmp(info->name, "optimizer.", 10)) continue;
+                lk_tensor *t = info->dtype >= 0 ? lk_tensor_empty((lk_dtype)info->dtype, info->ndim, info->shape) : NULL;
+                if (!t) st = lk_error(LK_STATUS_INVALID_ARGUMENT, "checkpoint %s: optimizer tensor '%s' has dtype %s",
+                                      path, info->name, info->dtype_name);
+                if (!st) st = lk_safetensors_read_into(f, info->name, t);
+                if (!st) st = lk_named_tensors_append(&fromfile, info->name + 10, t);
+                lk_tensor_release(t);
+            }
+            if (!st) st = lk_optimizer_state_load(tr->optim, &fromfile);
+            lk_named_tensors_clear(&fromfile);
+            lk_named_tensors_clear(&part);
+        }
+        if (!st && tr->sched) {
+            lk_named_tensors fromfile = {0};
+            for (int i = 0; !st && i < lk_safetensors_count(f); i++) {
+                const lk_st_info *info = lk_safetensors_at(f, i);
+                if (strncmp(info->name, "lr_scheduler.", 13) || info->dtype < 0) continue;
+                lk_tensor *t = lk_tensor_empty((lk_dtype)info->dtype, info->ndim, info->shape);
+                if (!t) st = lk_last_status();
+                if (!st) st = lk_safetensors_read_into(f, info->name, t);
+                if (!st) st = lk_named_tensors_append(&fromfile, info->name + 13, t);
+                lk_tensor_release(t);
+            }
+            if (!st && fromfile.n) st = lk_scheduler_state_load(tr->sched, &fromfile);
+            lk_named_tensors_clear(&fromfile);
+        }
+        if (!st) {
+            tr->epoch = atoll(meta_or(f, "epoch", "0"));
+            tr->global_step = atoll(meta_or(f, "global_step", "0"));
+            tr->resume_batch = atoll(meta_or(f, "batch_in_epoch", "0"));
+            int world = atoi(meta_or(f, "world_size", "1"));
+            if (world != tr->world) {
+                lk_warn0("%s was written by %d process%s, this run has %d: weights, optimizer state and counters "
+                         "are restored, but the data order differs from an uninterrupted run",
+                         path, world, world > 1 ? "es" : "", tr->world);
+                tr->resume_batch = tr->resume_batch * world / tr->world;
+            }
+            tr->best_score = strtod(meta_or(f, "best_score", "nan"), NULL);
+            snprintf(tr->best_ckpt, sizeof tr->best_ckpt, "%s", meta_or(f, "best_path", ""));
+            tr->es_wait = atoi(meta_or(f, "early_stopping_wait", "0"));
+            tr->es_best = strtod(meta_or(f, "early_stopping_best", "nan"), NULL);
+            const char *tk = meta_or(f, "top_k", "");
+            tr->ntopk = 0;
+            while (*tk) {
+                lk_topk *n = lk_realloc(tr->topk, (size_t)(tr->ntopk + 1) * sizeof *n);
+                if (!n) break;
+                tr->topk = n;
+                char *end;
+                n[tr->ntopk].score = strtod(tk, &end);
+                if (*end == '\t') end++;
+                const char *nl = strchr(end, '\n');
+                size_t len = nl ? (size_t)(nl - end) : strlen(end);
+                if (len >= LK_PATH2) len = LK_PATH2 - 1;
+                memcpy(n[tr->ntopk].path, end, len);
+                n[tr->ntopk].path[len] = 0;
+                tr->ntopk++;
+                tk = nl ? nl + 1 : end + len;
+            }
+        }
+    }
+    lk_safetensors_close(f);
+    return st;
+}
+
+lk_status lk__ckpt_resolve(lk_trainer *tr, const char *spec, char *out, size_t size) {
+    if (!strcmp(spec, "best")) {
+        if (!tr->best_ckpt[0])
+            return lk_error(LK_STATUS_INVALID_ARGUMENT,
+                            "ckpt_path: 'best' needs a monitored checkpoint from this run (trainer.monitor); pass a path");
+        snprintf(out, size, "%s", tr->best_ckpt);
+        return LK_STATUS_OK;
+    }
+    if (!strcmp(spec, "last")) {
+        if (tr->last_ckpt[0] && access(tr->last_ckpt, R_OK) == 0) {
+            snprintf(out, size, "%s", tr->last_ckpt);
+            return LK_STATUS_OK;
+        }
+        /* the newest version_N/checkpoints/last.ckpt under default_root_dir */
+        char dir[LK_PATH];
+        snprintf(dir, sizeof dir, "%s/lightning_logs", tr->cfg.default_root_dir[0] ? tr->cfg.default_root_dir : ".");
+        DIR *d = opendir(dir);
+        long best = -1;
+        if (d) {
+            struct dirent *de;
+            while ((de = readdir(d))) {
+                long v;
+                char probe[LK_PATH + 300];
+                if (sscanf(de->d_name, "version_%ld", &v) != 1 || v <= best) continue;
+                snprintf(probe, sizeof probe, "%s/%s/checkpoints/last.ckpt", dir, de->d_name);
+                if (access(probe, R_OK) == 0) best = v;
+            }
+            closedir(d);
+        }
+        if (best < 0)
+            return lk_error(LK_STATUS_INVALID_ARGUMENT, "ckpt_path: 'last' found no %s/version_*/checkpoints/last.ckpt",
+                            dir);
+        snprintf(out, size, "%s/version_%ld/checkpoints/last.ckpt", dir, best);
+        return LK_STATUS_OK;
+    }
+    if (access(spec, R_OK) != 0)
+        return lk_error(LK_STATUS_IO, "ckpt_path: cannot read '%s': %s (expected last, best or a checkpoint file)", spec,
+                        strerror(errno));
+    snprintf(out, size, "%s", spec);
+    return LK_STATUS_OK;
+}
+
+/* "{epoch}-{val_loss:.3f}" -> "epoch=3-val_loss=0.123" (Lightning's auto_insert_metric_name). */
+static lk_status render_name(lk_trainer *tr, const char *tpl, char *out, size_t size) {
+    size_t k = 0;
+    out[0] = 0;
+    for (const char *p = tpl; *p && k + 1 < size;) {
+        if (*p != '{') {
+            out[k++] = *p++;
+            out[k] = 0;
+            continue;
+        }
+        const char *end = strchr(p, '}');
+        if (!end) return lk_error(LK_STATUS_INVALID_ARGUMENT, "trainer.checkpoint_filename '%s': unclosed '{'", tpl);
+        char key[128] = "", fmt[32] = "";
+        const char *colon = memchr(p, ':', (size_t)(end - p));
+        size_t kl = (size_t)((colon ? colon : end) - p - 1);
+        if (kl >= sizeof key) kl = sizeof key - 1;
+        memcpy(key, p + 1, kl);
+        if (colon) snprintf(fmt, sizeof fmt, "%%%.*s", (int)(end - colon - 1), colon + 1);
+        double v;
+        if (!strcmp(key, "epoch")) v = (double)tr->epoch;
+        else if (!strcmp(key, "step")) v = (double)tr->global_step;
+        else if (!lk_trainer_metric(tr, key, &v))
+            return lk_error(LK_STATUS_INVALID_ARGUMENT, "trainer.checkpoint_filename: '{%s}' was never logged", key);
+        char val[64];
+        if (fmt[0] && strpbrk(fmt, "efg")) snprintf(val, sizeof val, fmt, v);
+        else snprintf(val, sizeof val, "%lld", (long long)llround(v));
+        k += (size_t)snprintf(out + k, size - k, "%s=%s", key, val);
+        p = end + 1;
+    }
+    return LK_STATUS_OK;
+}
+
+lk_status lk__ckpt_callback(lk_trainer *tr) {
+    const lk_trainer_config *c = &tr->cfg;
+    if (!c->enable_checkpointing || c->fast_dev_run) return LK_STATUS_OK;
+    lk_status st = LK_STATUS_OK;
+    if (tr->rank == 0 && tr->log_dir[0]) {
+        char dir[LK_PATH + 16];
+        snprintf(dir, sizeof dir, "%s/checkpoints", tr->log_dir);
+        st = lk__out_mkdirs(dir);
+        if (!st && c->monitor[0]) {
+            double v;
+            if (!lk_trainer_metric(tr, c->monitor, &v)) {
+                char names[1024] = "";
+                for (int i = 0; i < tr->nmetrics; i++) {
+                    strncat(names, i ? ", " : "", sizeof names - strlen(names) - 1);
+                    strncat(names, tr->metrics[i].name, sizeof names - strlen(names) - 1);
+                }
+                st = lk_error(LK_STATUS_INVALID_ARGUMENT,
+                              "ModelCheckpoint: trainer.monitor '%s' was never logged; logged metrics: %s", c->monitor,
+                              names[0] ? names : "(none)");
+            } else if (isfinite(v)) {
+                bool max = !strcmp(c->monitor_mode, "max");
+                int worst = -1;
+                for (int i = 0; i < tr->ntopk; i++)
+                    if (worst < 0 || (max ? tr->topk[i].score < tr->topk[worst].score : tr->topk[i].score > tr->topk[worst].score))
+                        worst = i;
+                bool keep = c->save_top_k < 0 || tr->ntopk < c->save_top_k ||
+                            (worst >= 0 && (max ? v > tr->topk[worst].score : v < tr->topk[worst].score));
+                if (keep && c->save_top_k != 0) {
+                    char name[512], path[LK_PATH + 600];
+                    st = render_name(tr, c->checkpoint_filename, name, sizeof name);
+                    snprintf(path, sizeof path, "%s/%s.ckpt", dir, name);
+                    if (!st) st = lk__ckpt_save(tr, path);
+                    if (!st) {
+                        if (c->save_top_k > 0 && tr->ntopk >= c->save_top_k) {
+                            if (strcmp(tr->topk[worst].path, path)) unlink(tr->topk[worst].path);
+                            tr->topk[worst] = tr->topk[--tr->ntopk];
+                        }
+                        lk_topk *n = lk_realloc(tr->topk, (size_t)(tr->ntopk + 1) * sizeof *n);
+                        if (n) {
+                            tr->topk = n;
+                            n[tr->ntopk].score = v;
+                            snprintf(n[tr->ntopk].path, LK_PATH2, "%s", path);
+                            tr->ntopk++;
+                        }
+                        if (isnan(tr->best_score) || (max ? v > tr->best_score : v < tr->best_score)) {
+                            tr->best_score = v;
+                            snprintf(tr->best_ckpt, sizeof tr->best_ckpt, "%s", path);
+                        }
+                    }
+                }
+            }
+        }
+        if (!st && c->save_last) {
+            char path[LK_PATH + 32];
+            snprintf(path, sizeof path, "%s/last.ckpt", dir);
+            st = lk__ckpt_save(tr, path);
+            if (!st) snprintf(tr->last_ckpt, sizeof tr->last_ckpt, "%s", path);
+        }
+    }
+    /* Everyone learns whether rank 0 succeeded, and nobody runs ahead of a
+     * checkpoint that is still being written. */
+    int32_t code = (int32_t)st;
+    if (tr->world > 1) {
+        lk_status cs = lk_comm_all_reduce(tr->comm, &code, 1, LK_I32, LK_REDUCE_MAX);
+        if (cs) return cs;
+    }
+    if (code && !st) return lk_error((lk_status)code, "rank 0 failed to write a checkpoint");
+    return st;
+}

@@ -1,0 +1,108 @@
+/* run.json: the run summary scripts read instead of scraping logs. One
+ * struct the trainer fills, one writer; the schema (docs/RUN_JSON.md) is
+ * versioned by "schema_version" and only ever grows. Written through a
+ * temporary file + rename so a reader never sees half a file. */
+#include <math.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+#include "train/loggers.h"
+
+#ifndef LK_GIT_REV
+#define LK_GIT_REV ""
+#endif
+
+#define LK_RUNINFO_SCHEMA 1
+
+lk_runinfo lk_runinfo_default(void) {
+    lk_runinfo r;
+    memset(&r, 0, sizeof r);
+    r.status = "ok";
+    r.best_score = NAN;
+    r.world_size = 1;
+    return r;
+}
+
+/* cJSON writes NaN and infinities as null already; saying so keeps the
+ * contract visible here: JSON has no NaN, a missing number is null. */
+static cJSON *number_or_null(double v) { return isfinite(v) ? cJSON_CreateNumber(v) : cJSON_CreateNull(); }
+static cJSON *string_or_null(const char *s) { return s ? cJSON_CreateString(s) : cJSON_CreateNull(); }
+
+static int add(cJSON *obj, const char *key, cJSON *item) {
+    if (!item) return 0;
+    if (cJSON_GetObjectItemCaseSensitive(obj, key)) return cJSON_ReplaceItemInObjectCaseSensitive(obj, key, item);
+    return cJSON_AddItemToObject(obj, key, item);
+}
+
+lk_status lk_runinfo_to_json(const lk_runinfo *info, char **out) {
+    if (!info || !out) return lk_error(LK_STATUS_INVALID_ARGUMENT, "lk_runinfo_to_json: NULL argument");
+    *out = NULL;
+    if (info->n_metrics < 0 || (info->n_metrics > 0 && (!info->metric_names || !info->metric_values)))
+        return lk_error(LK_STATUS_INVALID_ARGUMENT, "run.json: %d metrics without names or values", info->n_metrics);
+    cJSON *root = cJSON_CreateObject(), *metrics = cJSON_CreateObject(), *best = cJSON_CreateObject(),
+          *times = cJSON_CreateObject();
+    int ok = root && metrics && best && times;
+    const char *status = info->status ? info->status : "ok";
+    ok = ok && add(root, "schema_version", cJSON_CreateNumber(LK_RUNINFO_SCHEMA));
+    ok = ok && add(root, "command", string_or_null(info->command));
+    ok = ok && add(root, "status", cJSON_CreateString(status));
+    ok = ok && add(root, "error", string_or_null(strcmp(status, "ok") ? (info->error ? info->error : "") : NULL));
+    for (int i = 0; ok && i < info->n_metrics; i++) {
+        if (!info->metric_names[i]) continue;
+        ok = add(metrics, info->metric_names[i], number_or_null(info->metric_values[i]));
+    }
+    ok = ok && add(root, "metrics", metrics);
+    if (ok) metrics = NULL; /* owned by root now */
+    ok = ok && add(best, "monitor", string_or_null(info->best_monitor));
+    ok = ok && add(best, "score", number_or_null(info->best_score));
+    ok = ok && add(best, "path", string_or_null(info->best_path));
+    ok = ok && add(root, "best", best);
+    if (ok) best = NULL;
+    ok = ok && add(root, "epochs", cJSON_CreateNumber((double)info->epochs));
+    ok = ok && add(root, "global_step", cJSON_CreateNumber((double)info->global_step));
+    ok = ok && add(root, "samples_per_s", number_or_null(info->samples_per_s));
+    ok = ok && add(root, "wall_s", number_or_null(info->wall_s));
+    ok = ok && add(root, "time_to_first_step_s", number_or_null(info->time_to_first_step_s));
+    ok = ok && add(root, "world_size", cJSON_CreateNumber(info->world_size));
+    ok = ok && add(root, "strategy", string_or_null(info->strategy));
+    ok = ok && add(root, "accelerator", string_or_null(info->accelerator));
+    ok = ok && add(root, "version", cJSON_CreateString(info->version ? info->version : LK_VERSION_STRING));
+    const char *rev = info->git_revision ? info->git_revision : LK_GIT_REV;
+    ok = ok && add(root, "git_revision", string_or_null(rev[0] ? rev : NULL));
+    ok = ok && add(root, "log_dir", string_or_null(info->log_dir));
+    ok = ok && add(root, "last_checkpoint", string_or_null(info->last_checkpoint));
+    const lk_runinfo_times *t = &info->step_time;
+    ok = ok && add(times, "data_ms", number_or_null(t->data_ms));
+    ok = ok && add(times, "forward_ms", number_or_null(t->forward_ms));
+    ok = ok && add(times, "backward_ms", number_or_null(t->backward_ms));
+    ok = ok && add(times, "comm_exposed_ms", number_or_null(t->comm_exposed_ms));
+    ok = ok && add(times, "optimizer_ms", number_or_null(t->optimizer_ms));
+    ok = ok && add(root, "step_time", times);
+    if (ok) times = NULL;
+    ok = ok && add(root, "config", string_or_null(info->config_yaml));
+    char *text = ok ? cJSON_Print(root) : NULL;
+    cJSON_Delete(root);
+    cJSON_Delete(metrics);
+    cJSON_Delete(best);
+    cJSON_Delete(times);
+    if (!text) return lk_error(LK_STATUS_OUT_OF_MEMORY, "run.json: cannot build the JSON document");
+    size_t n = strlen(text);
+    *out = lk_malloc(n + 2);
+    if (*out) {
+        memcpy(*out, text, n);
+        (*out)[n] = '\n';
+        (*out)[n + 1] = 0;
+    }
+    cJSON_free(text);
+    return *out ? LK_STATUS_OK : lk_last_status();
+}
+
+lk_status lk_runinfo_write(const char *path, const lk_runinfo *info) {
+    if (!path || !path[0]) return lk_error(LK_STATUS_INVALID_ARGUMENT, "lk_runinfo_write: empty path");
+    char *text;
+    LK_TRY(lk_runinfo_to_json(info, &text));
+    lk_status st = lk__out_write_atomic(path, text, strlen(text));
+    lk_free(text);
+    return st;
+}

@@ -1,0 +1,96 @@
+/* Private to src/train: the trainer's state, shared by the loops
+ * (trainer.c), metric logging (metrics.c) and checkpoints (checkpoint.c). */
+#ifndef LK_TRAIN_IMPL_H
+#define LK_TRAIN_IMPL_H
+
+#include "lockstep/trainer.h"
+#include "train/loggers.h"
+
+#define LK_METRIC_NAME 96
+#define LK_PATH 1024
+#define LK_PATH2 2048 /* a log dir plus a file name */
+
+typedef struct lk_metric {
+    char name[LK_METRIC_NAME];
+    const char *stage; /* the loop that logged it: "train", "val", "test" (static) */
+    bool prog_bar, on_step, on_epoch, sync_dist, logger;
+    lk_log_reduce reduce;
+    bool step_fresh;   /* logged since the last step flush */
+    double step_value;
+    double epoch_sum, epoch_weight, epoch_ext; /* ext: max/min */
+    bool epoch_any;
+    double value;      /* latest (epoch aggregate once an epoch ended) */
+    bool has_value;
+} lk_metric;
+
+typedef struct lk_topk {
+    double score;
+    char path[LK_PATH2];
+} lk_topk;
+
+struct lk_trainer {
+    lk_trainer_config cfg;
+    lk_optim_settings opt;
+    char *config_yaml;
+    /* distributed */
+    lk_pg_info pg;
+    lk_comm *comm;
+    lk_strategy *strat;
+    int rank, world;
+    /* the current run */
+    lk_module *module;
+    lk_datamodule *dm;
+    const char *stage; /* "train", "val", "test", "predict", "sanity" */
+    int64_t epoch, global_step, batch_idx;
+    int64_t resume_batch; /* batches of the current epoch already done (resume) */
+    int64_t cur_batch_size;
+    int64_t accum;        /* accumulate_grad_batches in force */
+    lk_named_tensors params, buffers;
+    lk_tensor **param_arr, **buffer_arr;
+    const char **param_names;
+    lk_tensor *flat_params, *flat_grads;
+    lk_optimizer *optim;
+    lk_scheduler *sched;
+    /* metrics */
+    lk_metric *metrics;
+    int nmetrics, cap_metrics;
+    /* outputs (rank 0) */
+    lk_logger *logger;
+    lk_progress *progress;
+    char log_dir[LK_PATH];
+    char last_ckpt[LK_PATH2], best_ckpt[LK_PATH2];
+    double best_score;
+    lk_topk *topk;
+    int ntopk;
+    int es_wait;
+    double es_best;
+    bool should_stop;
+    char stop_reason[512];
+    /* timing */
+    double t_start, t_first_step, t_fit_start;
+    double sum_data, sum_fwd, sum_bwd, sum_comm, sum_opt;
+    int64_t timed_steps, samples_seen;
+    double train_time;
+};
+
+/* metrics.c */
+lk_metric *lk__metric_get(lk_trainer *tr, const char *name, bool create);
+void lk__metrics_reset_epoch(lk_trainer *tr, const char *stage);
+/* Reduces epoch aggregates across ranks and turns them into values. */
+lk_status lk__metrics_end_epoch(lk_trainer *tr, const char *stage);
+/* Writes this step's fresh step metrics to the loggers (rank 0). */
+lk_status lk__metrics_log_step(lk_trainer *tr);
+/* Writes epoch values logged since the last call to the loggers (rank 0). */
+lk_status lk__metrics_log_epoch(lk_trainer *tr, const char *stage);
+/* Names/values of the progress-bar metrics (borrowed; up to `max`). */
+int lk__metrics_prog_bar(lk_trainer *tr, const char **names, double *values, int max, bool epoch);
+
+/* checkpoint.c */
+lk_status lk__ckpt_save(lk_trainer *tr, const char *path);
+lk_status lk__ckpt_load(lk_trainer *tr, const char *path, bool restore_training);
+/* The ModelCheckpoint callback at the end of a validation/epoch. */
+lk_status lk__ckpt_callback(lk_trainer *tr);
+/* "last" / "best" / a path -> a path (error when it does not exist). */
+lk_status lk__ckpt_resolve(lk_trainer *tr, const char *spec, char *out, size_t size);
+
+#endif

@@ -1,0 +1,839 @@
+/* The Trainer: fit, validate, test and predict loops over a module and a
+ * data module, with the strategy reducing gradients, gradient accumulation
+ * and clipping, the optimizer and scheduler, validation inside the epoch,
+ * checkpoints, early stopping, progress, loggers and run.json. Only rank 0
+ * prints and writes files; every decision that ends a loop is taken from
+ * values that are identical on every rank, so ranks never diverge. */
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "lockstep/config.h"
+#include "train/train_impl.h"
+
+#ifndef LK_GIT_REV
+#define LK_GIT_REV "unknown"
+#endif
+
+static volatile sig_atomic_t stop_signal; /* SIGINT/SIGTERM: finish the step, save, stop */
+
+static void on_stop_signal(int sig) { stop_signal = sig; }
+
+/* ---- creation --------------------------------------------------------------- */
+
+lk_status lk_trainer_create(const lk_trainer_config *cfg, const lk_optim_settings *optim, const char *config_yaml,
+                            lk_trainer **out) {
+    *out = NULL;
+    if (!strcmp(cfg->accelerator, "gpu"))
+        return lk_error(LK_STATUS_UNSUPPORTED,
+                        "trainer.accelerator: 'gpu' needs the CUDA backend, which this build does not have "
+                        "(use cpu or auto)");
+    if (cfg->deterministic && cfg->max_time > 0)
+        return lk_error(LK_STATUS_INVALID_ARGUMENT,
+                        "trainer.deterministic is true but trainer.max_time is set: stopping on wall time "
+                        "depends on machine speed, so runs would not be reproducible");
+    lk_trainer *tr = lk_calloc(1, sizeof *tr);
+    if (!tr) return LK_STATUS_OUT_OF_MEMORY;
+    tr->cfg = *cfg;
+    if (optim) tr->opt = *optim;
+    else lk_optim_settings_default(&tr->opt);
+    tr->config_yaml = config_yaml ? lk_strdup(config_yaml) : NULL;
+    tr->best_score = NAN;
+    tr->t_start = lk_time_now();
+    lk_status st = lk_pg_info_from_env(&tr->pg);
+    if (st) goto fail;
+    tr->rank = tr->pg.rank;
+    tr->world = tr->pg.world_size;
+    int64_t want = (cfg->devices > 0 ? cfg->devices : 1) * (cfg->num_nodes > 0 ? cfg->num_nodes : 1);
+    if (tr->world == 1 && want > 1) {
+        st = lk_error(LK_STATUS_INVALID_USAGE,
+                      "trainer.devices=%lld x num_nodes=%lld needs %lld processes, but this one was started alone: "
+                      "run it through `lockstep fit` (which launches them) or `lockstep launch -n %lld -- ...`",
+                      (long long)cfg->devices, (long long)cfg->num_nodes, (long long)want, (long long)want);
+        goto fail;
+    }
+    if (tr->world > 1 && cfg->devices > 0 && want != tr->world) {
+        st = lk_error(LK_STATUS_INVALID_USAGE,
+                      "the launcher started %d processes (WORLD_SIZE), but trainer.devices=%lld x num_nodes=%lld = %lld",
+                      tr->world, (long long)cfg->devices, (long long)cfg->num_nodes, (long long)want);
+        goto fail;
+    }
+    if (!strcmp(cfg->strategy, "single") && tr->world > 1) {
+        st = lk_error(LK_STATUS_INVALID_ARGUMENT, "trainer.strategy 'single' runs one process, but %d were started",
+                      tr->world);
+        goto fail;
+    }
+    lk_log_set_rank(tr->rank, tr->world);
+    if (tr->world > 1) {
+        lk_comm_config cc = lk_comm_config_default();
+        cc.timeout_s = cfg->comm_timeout;
+        cc.pg = &tr->pg;
+        st = lk_comm_create(&cc, &tr->comm);
+        if (st) goto fail;
+    }
+    lk_strategy_config sc = lk_strategy_config_default();
+    sc.name = !strcmp(cfg->strategy, "ddp_spawn") ? "ddp" : cfg->strategy;
+    sc.comm = tr->comm;
+    sc.bucket_cap_mb = cfg->bucket_cap_mb;
+    st = lk_strategy_create(&sc, &tr->strat);
+    if (st) goto fail;
+    *out = tr;
+    return LK_STATUS_OK;
+fail:
+    lk_trainer_free(tr);
+    return st;
+}
+
+static void run_cleanup(lk_trainer *tr) {
+    lk_scheduler_free(tr->sched);
+    tr->sched = NULL;
+    lk_optimizer_free(tr->optim);
+    tr->optim = NULL;
+    lk_progress_free(tr->progress);
+    tr->progress = NULL;
+    lk_logger_free(tr->logger);
+    tr->logger = NULL;
+}
+
+void lk_trainer_free(lk_trainer *tr) {
+    if (!tr) return;
+    run_cleanup(tr);
+    lk_strategy_free(tr->strat); /* borrows the parameter arrays below */
+    lk_named_tensors_clear(&tr->params);
+    lk_named_tensors_clear(&tr->buffers);
+    lk_free(tr->param_arr);
+    lk_free(tr->buffer_arr);
+    lk_free(tr->param_names);
+    lk_tensor_release(tr->flat_params);
+    lk_tensor_release(tr->flat_grads);
+    lk_comm_free(tr->comm);
+    lk_free(tr->metrics);
+    lk_free(tr->topk);
+    lk_free(tr->config_yaml);
+    lk_free(tr);
+}
+
+int lk_trainer_rank(const lk_trainer *tr) { return tr->rank; }
+int lk_trainer_world_size(const lk_trainer *tr) { return tr->world; }
+int64_t lk_trainer_current_epoch(const lk_trainer *tr) { return tr->epoch; }
+int64_t lk_trainer_global_step(const lk_trainer *tr) { return tr->global_step; }
+const char *lk_trainer_log_dir(const lk_trainer *tr) { return tr->log_dir; }
+const char *lk_trainer_last_checkpoint(const lk_trainer *tr) { return tr->last_ckpt; }
+const char *lk_trainer_best_checkpoint(const lk_trainer *tr) { return tr->best_ckpt; }
+
+void lk_module_free(lk_module *m) {
+    if (!m) return;
+    if (m->vt && m->vt->destroy) m->vt->destroy(m);
+    lk_layer_free(m->net);
+    lk_free(m->hparams_yaml);
+    lk_free(m);
+}
+
+void lk_datamodule_free(lk_datamodule *dm) {
+    if (!dm) return;
+    if (dm->vt && dm->vt->destroy) dm->vt->destroy(dm);
+    lk_free(dm->hparams_yaml);
+    lk_free(dm);
+}
+
+lk_tensor *lk_batch_tensor(const lk_batch *b, int field) {
+    if (!b || field < 0 || field >= b->nfields) {
+        lk_error(LK_STATUS_INVALID_ARGUMENT, "lk_batch_tensor: field %d out of range (the batch has %d)", field,
+                 b ? b->nfields : 0);
+        return NULL;
+    }
+    const lk_array *a = &b->field[field];
+    return lk_scope_adopt(lk_tensor_wrap(a->dtype, a->ndim, a->shape, a->data));
+}
+
+/* ---- helpers ------------------------------------------------------------------- */
+
+static int64_t limit_batches(double limit, int64_t n) {
+    if (limit <= 1.0) return (int64_t)floor(limit * (double)n + 1e-9);
+    return (int64_t)limit < n ? (int64_t)limit : n;
+}
+
+static lk_status status_reduce(void *ctx, int *status) {
+    lk_trainer *tr = ctx;
+    if (tr->world == 1) return LK_STATUS_OK;
+    int32_t v = *status;
+    LK_TRY(lk_comm_all_reduce(tr->comm, &v, 1, LK_I32, LK_REDUCE_MAX));
+    *status = v;
+    return LK_STATUS_OK;
+}
+
+static lk_status prepare_data(void *ctx) {
+    lk_datamodule *dm = ctx;
+    return dm->vt->prepare_data ? dm->vt->prepare_data(dm) : LK_STATUS_OK;
+}
+
+static lk_status make_loader(lk_trainer *tr, lk_dataset *ds, bool train, lk_loader **out) {
+    lk_loader_config lc = lk_loader_config_default();
+    lc.batch_size = tr->dm->batch_size > 0 ? tr->dm->batch_size : 32;
+    lc.shuffle = train && tr->cfg.overfit_batches == 0;
+    lc.seed = (uint64_t)tr->cfg.seed;
+    lc.rank = tr->rank;
+    lc.world_size = tr->world;
+    lc.num_workers = tr->dm->num_workers;
+    return lk_loader_create(ds, &lc, out);
+}
+
+static bool is_rank0(const lk_trainer *tr) { return tr->rank == 0; }
+
+/* Parameters and buffers of the module, flattened into the strategy's
+ * gradient buffer, and the optimizer and scheduler. */
+static lk_status setup_params(lk_trainer *tr, int64_t steps_per_epoch) {
+    lk_module *m = tr->module;
+    if (!tr->flat_params) { /* once per trainer: the layer keeps its flat views */
+        int64_t total = lk_layer_num_parameters(m->net);
+        float *gbuf;
+        LK_TRY(lk_strategy_grad_buffer(tr->strat, total, &gbuf));
+        LK_TRY(lk_params_flatten(m->net, gbuf, &tr->flat_params, &tr->flat_grads));
+    }
+    if (tr->param_arr) /* the strategy holds these from an earlier fit on this trainer */
+        return lk_error(LK_STATUS_INVALID_USAGE, "fit: call lk_trainer_fit once per trainer (create another to fit again)");
+    LK_TRY(lk_layer_named_parameters(m->net, &tr->params));
+    LK_TRY(lk_layer_named_buffers(m->net, &tr->buffers));
+    int np = tr->params.n, nb = tr->buffers.n;
+    tr->param_arr = lk_calloc((size_t)np + 1, sizeof *tr->param_arr);
+    tr->param_names = lk_calloc((size_t)np + 1, sizeof *tr->param_names);
+    tr->buffer_arr = lk_calloc((size_t)nb + 1, sizeof *tr->buffer_arr);
+    if (!tr->param_arr || !tr->param_names || !tr->buffer_arr) return LK_STATUS_OUT_OF_MEMORY;
+    for (int i = 0; i < np; i++) {
+        tr->param_arr[i] = tr->params.items[i].tensor;
+        tr->param_names[i] = tr->params.items[i].name;
+    }
+    int nbf = 0; /* num_batches_tracked (i64) is broadcast too */
+    for (int i = 0; i < nb; i++) tr->buffer_arr[nbf++] = tr->buffers.items[i].tensor;
+    LK_TRY(lk_strategy_setup(tr->strat, tr->param_arr, tr->param_names, np, tr->buffer_arr, nbf));
+
+    lk_optim_config oc;
+    LK_TRY(lk_optim_config_for(tr->opt.name, &oc));
+    oc.lr = tr->opt.lr;
+    oc.weight_decay = tr->opt.weight_decay;
+    if (!strcmp(tr->opt.name, "sgd")) {
+        oc.momentum = tr->opt.momentum;
+        oc.dampening = tr->opt.dampening;
+        oc.nesterov = tr->opt.nesterov;
+    } else {
+        oc.beta1 = tr->opt.beta1;
+        oc.beta2 = tr->opt.beta2;
+        oc.eps = tr->opt.eps;
+        oc.amsgrad = tr->opt.amsgrad;
+    }
+    if (!strcmp(tr->cfg.scale_lr, "linear")) {
+        double f = (double)tr->world * (double)tr->accum;
+        lk_log0("scale_lr: linear scaling rule: lr %g x %d ranks x %lld accumulation = %g", oc.lr, tr->world,
+                (long long)tr->accum, oc.lr * f);
+        oc.lr *= f;
+    }
+    LK_TRY(lk_optimizer_create(&oc, &tr->params, &tr->optim));
+    const lk_optim_settings *o = &tr->opt;
+    bool per_step = !strcmp(o->interval, "step");
+    int64_t horizon = per_step ? (tr->cfg.max_steps > 0 ? tr->cfg.max_steps : steps_per_epoch * (tr->cfg.max_epochs > 0 ? tr->cfg.max_epochs : 1))
+                               : (tr->cfg.max_epochs > 0 ? tr->cfg.max_epochs : 1);
+    if (!strcmp(o->scheduler, "step"))
+        LK_TRY(lk_step_lr_create(tr->optim, (int)(o->step_size > 0 ? o->step_size : 1), o->gamma, &tr->sched));
+    else if (!strcmp(o->scheduler, "multistep")) {
+        int ms[LK_PARAM_LIST_MAX];
+        for (int i = 0; i < o->milestones.n; i++) ms[i] = (int)o->milestones.v[i];
+        LK_TRY(lk_multistep_lr_create(tr->optim, ms, o->milestones.n, o->gamma, &tr->sched));
+    } else if (!strcmp(o->scheduler, "exponential"))
+        LK_TRY(lk_exponential_lr_create(tr->optim, o->gamma, &tr->sched));
+    else if (!strcmp(o->scheduler, "cosine"))
+        LK_TRY(lk_cosine_annealing_lr_create(tr->optim, (int)(o->step_size > 0 ? o->step_size : horizon), o->eta_min,
+                                             &tr->sched));
+    else if (!strcmp(o->scheduler, "linear"))
+        LK_TRY(lk_linear_lr_create(tr->optim, o->start_factor, o->end_factor,
+                                   (int)(o->step_size > 0 ? o->step_size : horizon), &tr->sched));
+    else if (!strcmp(o->scheduler, "onecycle")) {
+        lk_one_cycle_config c = {.max_lr = o->max_lr > 0 ? o->max_lr : 10 * oc.lr, .total_steps = (int)horizon,
+                                 .pct_start = 0.3, .cycle_momentum = false, .base_momentum = 0.85,
+                                 .max_momentum = 0.95, .div_factor = 25, .final_div_factor = 1e4};
+        LK_TRY(lk_one_cycle_lr_create(tr->optim, &c, &tr->sched));
+    } else if (!strcmp(o->scheduler, "plateau")) {
+        lk_plateau_config c = {.factor = o->factor, .patience = (int)o->patience, .threshold = 1e-4, .eps = 1e-8};
+        LK_TRY(lk_reduce_lr_on_plateau_create(tr->optim, &c, &tr->sched));
+    }
+    return LK_STATUS_OK;
+}
+
+static lk_status open_outputs(lk_trainer *tr, bool want_logs) {
+    if (!is_rank0(tr)) return LK_STATUS_OK;
+    if (tr->cfg.enable_progress_bar) {
+        lk_progress_options po = lk_progress_options_default();
+        po.every_n_steps = (int)tr->cfg.log_every_n_steps;
+        LK_TRY(lk_progress_create(&po, &tr->progress));
+    }
+    if (!want_logs || tr->cfg.fast_dev_run) return LK_STATUS_OK;
+    lk_logger *list, *csv;
+    LK_TRY(lk_logger_list_create(&list));
+    tr->logger = list;
+    char root[LK_PATH];
+    snprintf(root, sizeof root, "%s", tr->cfg.default_root_dir[0] ? tr->cfg.default_root_dir : ".");
+    LK_TRY(lk_csv_logger_create(root, "lightning_logs", -1, &csv));
+    LK_TRY(lk_logger_list_add(list, csv));
+    const char *dir = lk_logger_log_dir(csv);
+    snprintf(tr->log_dir, sizeof tr->log_dir, "%s", dir ? dir : root);
+    if (tr->cfg.enable_tensorboard) {
+        lk_logger *tb;
+        LK_TRY(lk_tb_logger_create(tr->log_dir, &tb));
+        LK_TRY(lk_logger_list_add(list, tb));
+    }
+    /* hparams.yaml: the model's and data module's init args (save_hyperparameters) */
+    char *hp = NULL;
+    size_t hl = 0;
+    FILE *f = open_memstream(&hp, &hl);
+    if (f) {
+        if (tr->module && tr->module->hparams_yaml) fputs(tr->module->hparams_yaml, f);
+        if (tr->dm && tr->dm->hparams_yaml) fputs(tr->dm->hparams_yaml, f);
+        fclose(f);
+        lk_logger_log_hyperparams(list, hp && *hp ? hp : "{}\n");
+        free(hp);
+    }
+    if (tr->config_yaml) {
+        char path[LK_PATH + 16];
+        snprintf(path, sizeof path, "%s/config.yaml", tr->log_dir);
+        LK_TRY(lk__out_write_atomic(path, tr->config_yaml, strlen(tr->config_yaml)));
+    }
+    return LK_STATUS_OK;
+}
+
+/* Every rank agrees whether to stop (max_time, a signal), with one tiny
+ * all-reduce per step only when something could make ranks disagree. */
+static lk_status agree_stop(lk_trainer *tr, bool *stop) {
+    int32_t local = 0;
+    if (stop_signal) local = 2;
+    else if (tr->cfg.max_time > 0 && lk_time_now() - tr->t_fit_start >= tr->cfg.max_time) local = 1;
+    if (tr->world > 1) LK_TRY(lk_comm_all_reduce(tr->comm, &local, 1, LK_I32, LK_REDUCE_MAX));
+    if (local == 2) snprintf(tr->stop_reason, sizeof tr->stop_reason, "stopped by a signal");
+    else if (local == 1) snprintf(tr->stop_reason, sizeof tr->stop_reason, "max_time (%gs) reached", tr->cfg.max_time);
+    *stop = local != 0;
+    return LK_STATUS_OK;
+}
+
+/* ---- evaluation loops -------------------------------------------------------- */
+
+static lk_status run_eval(lk_trainer *tr, lk_loader *loader, const char *stage, int64_t limit, uint64_t epoch,
+                          const char *title) {
+    lk_module *m = tr->module;
+    const char *saved_stage = tr->stage;
+    tr->stage = stage;
+    lk__metrics_reset_epoch(tr, stage);
+    int64_t n = lk_loader_len(loader);
+    if (limit >= 0 && limit < n) n = limit;
+    /* Every rank runs the same number of batches (uneven shards: the
+     * metric reduction weighs each batch by its size). */
+    int64_t n_all = n;
+    if (tr->world > 1) {
+        double v = (double)n;
+        LK_TRY(lk_strategy_reduce(tr->strat, &v, 1, LK_REDUCE_MAX));
+        n_all = (int64_t)v;
+    }
+    lk_layer_train(m->net, false);
+    bool prev = lk_set_grad_enabled(false);
+    lk_status st = lk_loader_start(loader, epoch, 0);
+    if (tr->progress) lk_progress_begin_eval(tr->progress, title, n);
+    for (int64_t i = 0; i < n_all && !st; i++) {
+        const lk_batch *b = NULL;
+        if (i < n) {
+            st = lk_loader_next(loader, &b);
+            if (st) break;
+        }
+        if (!b) continue;
+        tr->cur_batch_size = b->size;
+        tr->batch_idx = i;
+        lk_scope_begin();
+        if (!strcmp(stage, "test")) st = m->vt->test_step ? m->vt->test_step(m, b, i, tr) : LK_STATUS_OK;
+        else st = m->vt->validation_step ? m->vt->validation_step(m, b, i, tr) : LK_STATUS_OK;
+        lk_scope_end();
+        if (tr->progress) lk_progress_update_eval(tr->progress, i + 1);
+    }
+    lk_set_grad_enabled(prev);
+    lk_layer_train(m->net, true);
+    if (!st) st = lk__metrics_end_epoch(tr, stage);
+    if (!st && tr->progress) {
+        const char *names[32];
+        double vals[32];
+        int k = 0;
+        for (int i = 0; i < tr->nmetrics && k < 32; i++)
+            if (tr->metrics[i].stage == stage && tr->metrics[i].has_value && tr->metrics[i].on_epoch) {
+                names[k] = tr->metrics[i].name;
+                vals[k++] = tr->metrics[i].value;
+            }
+        lk_progress_end_eval(tr->progress, names, vals, k);
+    }
+    tr->stage = saved_stage;
+    return st;
+}
+
+/* ---- callbacks after validation ----------------------------------------------- */
+
+static lk_status early_stopping(lk_trainer *tr) {
+    const char *mon = tr->cfg.early_stopping_monitor;
+    if (!mon[0]) return LK_STATUS_OK;
+    double v;
+    if (!lk_trainer_metric(tr, mon, &v)) {
+        char names[1024] = "";
+        for (int i = 0; i < tr->nmetrics; i++) {
+            strncat(names, i ? ", " : "", sizeof names - strlen(names) - 1);
+            strncat(names, tr->metrics[i].name, sizeof names - strlen(names) - 1);
+        }
+        return lk_error(LK_STATUS_INVALID_ARGUMENT,
+                        "EarlyStopping: trainer.early_stopping_monitor '%s' was never logged; logged metrics: %s", mon,
+                        names[0] ? names : "(none)");
+    }
+    bool max = !strcmp(tr->cfg.early_stopping_mode, "max");
+    if (!isfinite(v)) {
+        tr->should_stop = true;
+        snprintf(tr->stop_reason, sizeof tr->stop_reason, "EarlyStopping: %s = %g is not finite", mon, v);
+        return LK_STATUS_OK;
+    }
+    double delta = tr->cfg.early_stopping_min_delta;
+    bool better = tr->es_wait < 0 || isnan(tr->es_best) || (max ? v > tr->es_best + delta : v < tr->es_best - delta);
+    if (better) {
+        tr->es_best = v;
+        tr->es_wait = 0;
+    } else if (++tr->es_wait >= tr->cfg.early_stopping_patience && tr->epoch + 1 >= tr->cfg.min_epochs) {
+        tr->should_stop = true;
+        snprintf(tr->stop_reason, sizeof tr->stop_reason,
+                 "EarlyStopping: %s did not improve by %g for %d checks (best %.6g)", mon, delta, tr->es_wait,
+                 tr->es_best);
+    }
+    return LK_STATUS_OK;
+}
+
+static lk_status validate_now(lk_trainer *tr, lk_loader *val, int64_t limit) {
+    if (!val || limit == 0) return LK_STATUS_OK;
+    LK_TRY(run_eval(tr, val, "val", limit, 0, "Validation"));
+    LK_TRY(lk__metrics_log_epoch(tr, "val"));
+    if (tr->sched && !strcmp(tr->opt.scheduler, "plateau")) {
+        double v;
+        if (!lk_trainer_metric(tr, tr->opt.monitor, &v))
+            return lk_error(LK_STATUS_INVALID_ARGUMENT, "lr_scheduler plateau: monitor '%s' was never logged",
+                            tr->opt.monitor);
+        LK_TRY(lk_scheduler_step_metric(tr->sched, v));
+    }
+    LK_TRY(early_stopping(tr));
+    return LK_STATUS_OK;
+}
+
+/* ---- fit ------------------------------------------------------------------------- */
+
+static void clip_gradients(lk_trainer *tr) {
+    if (tr->cfg.gradient_clip_val <= 0) return;
+    if (!strcmp(tr->cfg.gradient_clip_algorithm, "value")) lk_clip_grad_value(&tr->params, tr->cfg.gradient_clip_val);
+    else {
+        double norm;
+        lk_clip_grad_norm(&tr->params, tr->cfg.gradient_clip_val, 2.0, &norm);
+    }
+}
+
+static lk_status log_lr(lk_trainer *tr) {
+    if (!tr->optim) return LK_STATUS_OK;
+    char name[64];
+    snprintf(name, sizeof name, "lr-%s", !strcmp(tr->opt.name, "adamw") ? "AdamW" : !strcmp(tr->opt.name, "sgd") ? "SGD" : "Adam");
+    const char *st = tr->stage;
+    tr->stage = "train";
+    lk_status s = lk_log_metric(tr, name, lk_optimizer_get_lr(tr->optim, 0), &(lk_log_opts){.on_step = 1, .on_epoch = -1});
+    tr->stage = st;
+    return s;
+}
+
+static lk_status first_nonfinite(lk_trainer *tr, double loss) {
+    for (int i = 0; i < tr->params.n; i++) {
+        lk_tensor *g = tr->params.items[i].tensor->grad;
+        if (!g) continue;
+        const float *d = g->data;
+        for (int64_t k = 0; k < g->numel; k++)
+            if (!isfinite(d[k]))
+                return lk_error(LK_STATUS_ABORTED,
+                                "non-finite gradient at step %lld (epoch %lld, batch %lld): parameter '%s' element %lld "
+                                "is %g (loss %g)",
+                                (long long)tr->global_step, (long long)tr->epoch, (long long)tr->batch_idx,
+                                tr->params.items[i].name, (long long)k, (double)d[k], loss);
+    }
+    return LK_STATUS_OK;
+}
+
+static lk_status fit_loop(lk_trainer *tr, lk_loader *train, lk_loader *val, int64_t n_train, int64_t n_val) {
+    lk_module *m = tr->module;
+    const lk_trainer_config *c = &tr->cfg;
+    int64_t accum = tr->accum;
+    int64_t val_every = c->val_check_interval <= 1.0 ? (int64_t)floor(c->val_check_interval * (double)n_train)
+                                                     : (int64_t)c->val_check_interval;
+    if (val_every < 1) val_every = 1;
+    lk_layer_train(m->net, true);
+    tr->stage = "train";
+    bool stop = false;
+    for (; !stop && !tr->should_stop && (c->max_epochs < 0 || tr->epoch < c->max_epochs); tr->epoch++) {
+        lk__metrics_reset_epoch(tr, "train");
+        LK_TRY(lk_loader_start(train, (uint64_t)tr->epoch, tr->resume_batch));
+        if (tr->progress) lk_progress_begin_epoch(tr->progress, tr->epoch, c->max_epochs, n_train);
+        bool validate_epoch = ((tr->epoch + 1) % c->check_val_every_n_epoch) == 0;
+        for (int64_t i = tr->resume_batch; i < n_train; i++) {
+            double t0 = lk_time_now();
+            const lk_batch *b;
+            LK_TRY(lk_loader_next(train, &b));
+            if (!b) break;
+            double t1 = lk_time_now();
+            tr->batch_idx = i;
+            tr->cur_batch_size = b->size;
+            bool sync = ((i + 1) % accum == 0) || i + 1 == n_train;
+            lk_scope_begin();
+            lk_status st = lk_strategy_before_forward(tr->strat);
+            lk_layer_set_rng_step(m->net, (uint64_t)c->seed, (uint32_t)tr->rank, (uint64_t)tr->global_step);
+            lk_tensor *loss = st ? NULL : m->vt->training_step(m, b, i, tr);
+            if (!st && !loss) st = lk_last_status() ? lk_last_status() : lk_error(LK_STATUS_INVALID_USAGE, "training_step returned no loss");
+            double lv = loss ? lk_tensor_item(loss) : NAN;
+            if (!st && !isfinite(lv))
+                st = lk_error(LK_STATUS_ABORTED, "the loss is %g at step %lld (epoch %lld, batch %lld)", lv,
+                              (long long)tr->global_step, (long long)tr->epoch, (long long)i);
+            if (!st && accum > 1) loss = lk_mul_scalar(loss, 1.0f / (float)accum);
+            double t2 = lk_time_now();
+            if (!st) {
+                lk_strategy_begin_backward(tr->strat, sync);
+                st = lk_backward(loss);
+                double t3 = lk_time_now();
+                if (!st) st = lk_strategy_finish_backward(tr->strat);
+                double t4 = lk_time_now();
+                tr->sum_bwd += t3 - t2;
+                tr->sum_comm += t4 - t3;
+            }
+            lk_scope_end();
+            if (st) return st;
+            tr->sum_data += t1 - t0;
+            tr->sum_fwd += t2 - t1;
+            tr->samples_seen += b->size;
+            if (sync) {
+                double t5 = lk_time_now();
+                LK_TRY(first_nonfinite(tr, lv));
+                clip_gradients(tr);
+                LK_TRY(lk_optimizer_step(tr->optim));
+                lk_strategy_zero_grad(tr->strat);
+                if (tr->sched && !strcmp(tr->opt.interval, "step") && strcmp(tr->opt.scheduler, "plateau"))
+                    LK_TRY(lk_scheduler_step(tr->sched));
+                tr->sum_opt += lk_time_now() - t5;
+                tr->timed_steps++;
+                tr->global_step++;
+                if (tr->global_step == 1) tr->t_first_step = lk_time_now();
+                if (tr->global_step % c->log_every_n_steps == 0) {
+                    LK_TRY(log_lr(tr));
+                    if (tr->logger) LK_TRY(lk__metrics_log_step(tr));
+                }
+                if (c->max_steps >= 0 && tr->global_step >= c->max_steps) {
+                    stop = true;
+                    snprintf(tr->stop_reason, sizeof tr->stop_reason, "max_steps=%lld reached", (long long)c->max_steps);
+                }
+                bool agreed;
+                LK_TRY(agree_stop(tr, &agreed));
+                stop = stop || agreed;
+            }
+            if (tr->progress) {
+                const char *names[16];
+                double vals[16];
+                int k = lk__metrics_prog_bar(tr, names, vals, 16, false);
+                lk_progress_update(tr->progress, i + 1, names, vals, k);
+            }
+            if (validate_epoch && (i + 1) % val_every == 0 && i + 1 < n_train && !stop) {
+                LK_TRY(validate_now(tr, val, n_val));
+                LK_TRY(lk__ckpt_callback(tr));
+                tr->stage = "train";
+            }
+            if (stop || tr->should_stop) break;
+        }
+        tr->resume_batch = 0;
+        LK_TRY(lk__metrics_end_epoch(tr, "train"));
+        if (tr->logger) LK_TRY(lk__metrics_log_epoch(tr, "train"));
+        if (tr->progress) {
+            const char *names[16];
+            double vals[16];
+            int k = lk__metrics_prog_bar(tr, names, vals, 16, true);
+            lk_progress_end_epoch(tr->progress, names, vals, k);
+        }
+        if (validate_epoch && !stop) LK_TRY(validate_now(tr, val, n_val));
+        if (tr->sched && !strcmp(tr->opt.interval, "epoch") && strcmp(tr->opt.scheduler, "plateau"))
+            LK_TRY(lk_scheduler_step(tr->sched));
+        tr->stage = "train";
+        if (stop && tr->batch_idx + 1 < n_train) {
+            /* stopped inside the epoch: last.ckpt resumes at the next batch */
+            tr->resume_batch = tr->batch_idx + 1;
+            LK_TRY(lk__ckpt_callback(tr));
+            tr->resume_batch = 0;
+            break;
+        }
+        int64_t done_epoch = tr->epoch;
+        tr->epoch++; /* checkpoints written at an epoch end resume at the next epoch */
+        lk_status st = lk__ckpt_callback(tr);
+        tr->epoch = done_epoch;
+        LK_TRY(st);
+    }
+    return LK_STATUS_OK;
+}
+
+static void write_runinfo(lk_trainer *tr, const char *command, lk_status st) {
+    if (!is_rank0(tr) || !tr->log_dir[0]) return;
+    const char *names[128];
+    double vals[128];
+    int k = 0;
+    for (int i = 0; i < tr->nmetrics && k < 128; i++)
+        if (tr->metrics[i].has_value) {
+            names[k] = tr->metrics[i].name;
+            vals[k++] = tr->metrics[i].value;
+        }
+    lk_runinfo ri = lk_runinfo_default();
+    ri.command = command;
+    ri.status = st ? "error" : "ok";
+    ri.error = st ? lk_last_error() : NULL;
+    ri.n_metrics = k;
+    ri.metric_names = names;
+    ri.metric_values = vals;
+    ri.best_monitor = tr->cfg.monitor[0] ? tr->cfg.monitor : NULL;
+    ri.best_score = tr->best_score;
+    ri.best_path = tr->best_ckpt[0] ? tr->best_ckpt : NULL;
+    ri.epochs = tr->epoch;
+    ri.global_step = tr->global_step;
+    ri.wall_s = lk_time_now() - tr->t_start;
+    ri.samples_per_s = tr->train_time > 0 ? (double)tr->samples_seen * tr->world / tr->train_time : 0;
+    ri.time_to_first_step_s = tr->t_first_step > 0 ? tr->t_first_step - tr->t_start : 0;
+    ri.world_size = tr->world;
+    ri.strategy = lk_strategy_name(tr->strat);
+    ri.accelerator = "cpu";
+    ri.git_revision = LK_GIT_REV;
+    ri.log_dir = tr->log_dir;
+    ri.last_checkpoint = tr->last_ckpt[0] ? tr->last_ckpt : NULL;
+    double n = tr->timed_steps > 0 ? (double)tr->timed_steps : 1;
+    ri.step_time = (lk_runinfo_times){1e3 * tr->sum_data / n, 1e3 * tr->sum_fwd / n, 1e3 * tr->sum_bwd / n,
+                                      1e3 * tr->sum_comm / n, 1e3 * tr->sum_opt / n};
+    ri.config_yaml = tr->config_yaml;
+    char path[LK_PATH + 16];
+    snprintf(path, sizeof path, "%s/run.json", tr->log_dir);
+    lk_status wst = lk_runinfo_write(path, &ri);
+    if (wst) lk_log_warn("could not write %s: %s", path, lk_last_error());
+}
+
+static void print_profile(lk_trainer *tr) {
+    if (!is_rank0(tr) || strcmp(tr->cfg.profiler, "simple") || tr->timed_steps == 0) return;
+    double n = (double)tr->timed_steps;
+    double tot = tr->sum_data + tr->sum_fwd + tr->sum_bwd + tr->sum_comm + tr->sum_opt;
+    printf("\nprofiler (simple): %lld optimizer steps, mean per step\n", (long long)tr->timed_steps);
+    const char *names[] = {"data wait", "forward", "backward", "exposed comm", "optimizer"};
+    double v[] = {tr->sum_data, tr->sum_fwd, tr->sum_bwd, tr->sum_comm, tr->sum_opt};
+    for (int i = 0; i < 5; i++) printf("  %-14s %9.3f ms  %5.1f%%\n", names[i], 1e3 * v[i] / n, tot > 0 ? 100 * v[i] / tot : 0);
+}
+
+typedef struct {
+    struct sigaction old_int, old_term;
+} sig_state;
+
+static void install_signals(sig_state *s) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    stop_signal = 0;
+    sigaction(SIGINT, &sa, &s->old_int);
+    sigaction(SIGTERM, &sa, &s->old_term);
+}
+
+static void restore_signals(sig_state *s) {
+    sigaction(SIGINT, &s->old_int, NULL);
+    sigaction(SIGTERM, &s->old_term, NULL);
+}
+
+static lk_status begin_run(lk_trainer *tr, lk_module *m, lk_datamodule *dm, const char *stage) {
+    if (!m || !m->vt || !m->net) return lk_error(LK_STATUS_INVALID_ARGUMENT, "trainer: a module with a network is required");
+    if (!dm || !dm->vt || !dm->vt->setup || !dm->vt->dataset)
+        return lk_error(LK_STATUS_INVALID_ARGUMENT, "trainer: a data module with setup() and dataset() is required");
+    tr->module = m;
+    tr->dm = dm;
+    LK_TRY(lk_data_prepare(tr->pg.local_rank, prepare_data, dm, status_reduce, tr));
+    return dm->vt->setup(dm, stage);
+}
+
+lk_status lk_trainer_fit(lk_trainer *tr, lk_module *m, lk_datamodule *dm, const char *ckpt_path) {
+    const lk_trainer_config *c = &tr->cfg;
+    tr->t_fit_start = lk_time_now();
+    lk_loader *train = NULL, *val = NULL;
+    sig_state sigs;
+    install_signals(&sigs);
+    lk_status st = begin_run(tr, m, dm, "fit");
+    lk_dataset *train_ds = st ? NULL : dm->vt->dataset(dm, "train");
+    lk_dataset *val_ds = st ? NULL : dm->vt->dataset(dm, "val");
+    if (!st && !train_ds) st = lk_error(LK_STATUS_INVALID_ARGUMENT, "data module '%s' has no training set", dm->name);
+    if (!st && !m->vt->training_step) st = lk_error(LK_STATUS_INVALID_ARGUMENT, "module '%s' has no training_step", m->name);
+    if (!st) st = make_loader(tr, train_ds, true, &train);
+    if (!st && (val_ds || c->overfit_batches)) st = make_loader(tr, c->overfit_batches ? train_ds : val_ds, false, &val);
+    int64_t n_train = 0, n_val = 0;
+    if (!st) {
+        n_train = limit_batches(c->limit_train_batches, lk_loader_len(train));
+        n_val = val ? limit_batches(c->limit_val_batches, lk_loader_len(val)) : 0;
+        if (c->overfit_batches) n_train = n_val = c->overfit_batches < lk_loader_len(train) ? c->overfit_batches : lk_loader_len(train);
+        if (c->fast_dev_run) {
+            n_train = c->fast_dev_run < n_train ? c->fast_dev_run : n_train;
+            n_val = c->fast_dev_run < n_val ? c->fast_dev_run : n_val;
+        }
+        tr->accum = c->accumulate_grad_batches;
+        if (c->global_batch_size > 0) {
+            int64_t per = dm->batch_size * tr->world;
+            if (c->global_batch_size % per)
+                st = lk_error(LK_STATUS_INVALID_ARGUMENT,
+                              "trainer.global_batch_size %lld is not a multiple of batch_size %lld x %d ranks = %lld",
+                              (long long)c->global_batch_size, (long long)dm->batch_size, tr->world, (long long)per);
+            else tr->accum = c->global_batch_size / per;
+        }
+        if (n_train == 0 && !st) st = lk_error(LK_STATUS_INVALID_ARGUMENT, "no training batches (limit_train_batches=%g)", c->limit_train_batches);
+    }
+    if (!st) st = setup_params(tr, n_train / (tr->accum ? tr->accum : 1) + 1);
+    if (!st && ckpt_path && *ckpt_path) {
+        char path[LK_PATH];
+        st = lk__ckpt_resolve(tr, ckpt_path, path, sizeof path);
+        if (!st) st = lk__ckpt_load(tr, path, true);
+        if (!st) lk_log0("resumed from %s at epoch %lld, step %lld, batch %lld", path, (long long)tr->epoch,
+                         (long long)tr->global_step, (long long)tr->resume_batch);
+    }
+    if (!st) st = open_outputs(tr, true);
+    if (!st && is_rank0(tr)) {
+        lk_log0("lockstep %s: fit %s on %d process%s (%s), %lld parameters, %lld train / %lld val batches per epoch%s",
+                LK_VERSION_STRING, m->name, tr->world, tr->world > 1 ? "es" : "", lk_strategy_name(tr->strat),
+                (long long)lk_layer_num_parameters(m->net), (long long)n_train, (long long)n_val,
+                tr->accum > 1 ? " (accumulating gradients)" : "");
+        if (tr->log_dir[0]) lk_log0("logs: %s", tr->log_dir);
+    }
+    /* Sanity check: a few validation batches before training (not logged). */
+    if (!st && val && c->num_sanity_val_steps != 0 && !ckpt_path && !c->fast_dev_run) {
+        int64_t k = c->num_sanity_val_steps < 0 ? n_val : (c->num_sanity_val_steps < n_val ? c->num_sanity_val_steps : n_val);
+        if (k > 0) st = run_eval(tr, val, "val", k, 0, "Sanity Checking");
+        for (int i = 0; i < tr->nmetrics; i++)
+            if (tr->metrics[i].stage && !strcmp(tr->metrics[i].stage, "val")) tr->metrics[i].has_value = false, tr->metrics[i].epoch_any = false;
+    }
+    double t_train = lk_time_now();
+    if (!st) st = fit_loop(tr, train, val, n_train, n_val);
+    tr->train_time = lk_time_now() - t_train;
+    if (!st && tr->stop_reason[0]) lk_log0("%s", tr->stop_reason);
+    if (!st && stop_signal) st = lk_error(LK_STATUS_ABORTED, "stopped by signal %d after writing last.ckpt", (int)stop_signal);
+    if (m->vt->on_stage_end && is_rank0(tr) && !st) {
+        lk_status s2 = m->vt->on_stage_end(m, tr, "fit");
+        if (s2) lk_log_warn("on_stage_end: %s", lk_last_error());
+    }
+    print_profile(tr);
+    write_runinfo(tr, "fit", st);
+    if (tr->logger) lk_logger_finalize(tr->logger, st ? "failed" : "success");
+    lk_loader_free(train);
+    lk_loader_free(val);
+    lk_status saved = st;
+    char msg[2048];
+    snprintf(msg, sizeof msg, "%s", lk_last_error());
+    run_cleanup(tr);
+    restore_signals(&sigs);
+    if (saved) lk_error(saved, "%s", msg[0] == '[' ? strchr(msg, ']') + 2 : msg);
+    return saved;
+}
+
+/* validate / test share one shape. */
+static lk_status eval_command(lk_trainer *tr, lk_module *m, lk_datamodule *dm, const char *ckpt_path,
+                              const char *command, const char *stage, const char *split, double limit_frac,
+                              const char *title) {
+    lk_loader *loader = NULL;
+    tr->t_fit_start = lk_time_now();
+    lk_status st = begin_run(tr, m, dm, !strcmp(command, "validate") ? "validate" : "test");
+    lk_dataset *ds = st ? NULL : dm->vt->dataset(dm, split);
+    if (!st && !ds) st = lk_error(LK_STATUS_INVALID_ARGUMENT, "data module '%s' has no %s set", dm->name, split);
+    if (!st && ckpt_path && *ckpt_path) {
+        char path[LK_PATH];
+        st = lk__ckpt_resolve(tr, ckpt_path, path, sizeof path);
+        if (!st) st = lk__ckpt_load(tr, path, false);
+    }
+    if (!st) st = make_loader(tr, ds, false, &loader);
+    if (!st && !tr->log_dir[0]) st = open_outputs(tr, true);
+    else if (!st && is_rank0(tr) && !tr->progress && tr->cfg.enable_progress_bar) {
+        lk_progress_options po = lk_progress_options_default();
+        st = lk_progress_create(&po, &tr->progress);
+    }
+    if (!st) {
+        int64_t n = limit_batches(limit_frac, lk_loader_len(loader));
+        if (tr->cfg.fast_dev_run && tr->cfg.fast_dev_run < n) n = tr->cfg.fast_dev_run;
+        st = run_eval(tr, loader, stage, n, 0, title);
+    }
+    if (!st) st = lk__metrics_log_epoch(tr, stage);
+    if (!st && is_rank0(tr)) {
+        printf("\n%-24s %s\n", !strcmp(stage, "test") ? "Test metric" : "Validate metric", "DataLoader 0");
+        for (int i = 0; i < tr->nmetrics; i++)
+            if (tr->metrics[i].stage && !strcmp(tr->metrics[i].stage, stage) && tr->metrics[i].has_value)
+                printf("%-24s %.6g\n", tr->metrics[i].name, tr->metrics[i].value);
+        fflush(stdout);
+    }
+    if (!st && m->vt->on_stage_end && is_rank0(tr)) {
+        lk_status s2 = m->vt->on_stage_end(m, tr, stage);
+        if (s2) lk_log_warn("on_stage_end: %s", lk_last_error());
+    }
+    write_runinfo(tr, command, st);
+    if (tr->logger) lk_logger_flush(tr->logger);
+    lk_loader_free(loader);
+    return st;
+}
+
+lk_status lk_trainer_validate(lk_trainer *tr, lk_module *m, lk_datamodule *dm, const char *ckpt_path) {
+    return eval_command(tr, m, dm, ckpt_path, "validate", "val", "val", tr->cfg.limit_val_batches, "Validation");
+}
+
+lk_status lk_trainer_test(lk_trainer *tr, lk_module *m, lk_datamodule *dm, const char *ckpt_path) {
+    return eval_command(tr, m, dm, ckpt_path, "test", "test", "test", tr->cfg.limit_test_batches, "Testing");
+}
+
+lk_status lk_trainer_predict(lk_trainer *tr, lk_module *m, lk_datamodule *dm, const char *ckpt_path) {
+    lk_loader *loader = NULL;
+    lk_status st = begin_run(tr, m, dm, "predict");
+    lk_dataset *ds = st ? NULL : dm->vt->dataset(dm, "predict");
+    if (!st && !ds) ds = dm->vt->dataset(dm, "test");
+    if (!st && !ds) st = lk_error(LK_STATUS_INVALID_ARGUMENT, "data module '%s' has no predict (or test) set", dm->name);
+    if (!st && !m->vt->predict_step) st = lk_error(LK_STATUS_INVALID_ARGUMENT, "module '%s' has no predict_step", m->name);
+    if (!st && ckpt_path && *ckpt_path) {
+        char path[LK_PATH];
+        st = lk__ckpt_resolve(tr, ckpt_path, path, sizeof path);
+        if (!st) st = lk__ckpt_load(tr, path, false);
+    }
+    if (!st) st = make_loader(tr, ds, false, &loader);
+    if (!st && !tr->log_dir[0]) st = open_outputs(tr, true);
+    FILE *out = NULL;
+    char path[LK_PATH + 64] = "";
+    if (!st && tr->log_dir[0]) {
+        snprintf(path, sizeof path, "%s/predictions.rank%d.f32", tr->log_dir, tr->rank);
+        out = fopen(path, "wb");
+    }
+    int64_t n = st ? 0 : limit_batches(tr->cfg.limit_predict_batches, lk_loader_len(loader));
+    if (!st) st = lk_loader_start(loader, 0, 0);
+    tr->stage = "predict";
+    lk_layer_train(m->net, false);
+    bool prev = lk_set_grad_enabled(false);
+    int64_t rows = 0, cols = 0;
+    for (int64_t i = 0; i < n && !st; i++) {
+        const lk_batch *b;
+        st = lk_loader_next(loader, &b);
+        if (st || !b) break;
+        lk_scope_begin();
+        lk_tensor *p = m->vt->predict_step(m, b, i, tr);
+        if (!p) st = lk_last_status() ? lk_last_status() : lk_error(LK_STATUS_INVALID_USAGE, "predict_step returned nothing");
+        else if (out) {
+            lk_tensor *c = lk_tensor_cast(p, LK_F32);
+            if (c) {
+                fwrite(c->data, 4, (size_t)c->numel, out);
+                rows += p->ndim ? p->shape[0] : 1;
+                cols = p->ndim ? p->numel / (p->shape[0] ? p->shape[0] : 1) : 1;
+            }
+            lk_tensor_release(c);
+        }
+        lk_scope_end();
+    }
+    lk_set_grad_enabled(prev);
+    lk_layer_train(m->net, true);
+    if (out) fclose(out);
+    if (!st && is_rank0(tr)) lk_log0("predictions: %lld x %lld f32 values in %s (one file per rank)", (long long)rows,
+                                     (long long)cols, path);
+    write_runinfo(tr, "predict", st);
+    lk_loader_free(loader);
+    return st;
+}

@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# The launcher end to end: variables and output prefixes, exit status of the
+# first failing rank, stopping the others, SIGKILL of a rank in the middle of
+# a real all-reduce job, SIGTERM forwarding, SIGKILL of the launcher itself.
+# After each: no process of the job and no /dev/shm segment remain.
+set -u
+BIN=${LK_BIN:?LK_BIN must point to the lockstep binary}
+fail=0
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+check() { # check "what" condition...
+  local what=$1; shift
+  if "$@"; then echo "ok   $what"; else echo "FAIL $what"; fail=1; fi
+}
+no_segment() { [ ! -e "/dev/shm/lockstep-$1" ]; }
+gone() { # all pids gone (zombies of others do not count)
+  for p in "$@"; do
+    if kill -0 "$p" 2>/dev/null && [ "$(awk '{print $3}' /proc/$p/stat 2>/dev/null)" != Z ]; then return 1; fi
+  done
+  return 0
+}
+children_of() { pgrep -P "$1" | tr '\n' ' '; }
+
+# 1. variables, prefixes, success
+out=$("$BIN" launch -n 3 --master-port 29777 --job-id lt-vars-$$ -- sh -c \
+  'echo "r=$RANK w=$WORLD_SIZE l=$LOCAL_RANK lw=$LOCAL_WORLD_SIZE p=$MASTER_PORT a=$MASTER_ADDR j=$LK_JOB_ID"' 2>&1)
+rc=$?
+check "launch succeeds" [ $rc = 0 ]
+check "rank 0 unprefixed" grep -qx "r=0 w=3 l=0 lw=3 p=29777 a=127.0.0.1 j=lt-vars-$$" <<<"$out"
+check "rank 2 prefixed" grep -qx "\[rank 2\] r=2 w=3 l=2 lw=3 p=29777 a=127.0.0.1 j=lt-vars-$$" <<<"$out"
+
+# 2. exit status of the failing rank; usage errors
+"$BIN" launch -n 2 --quiet -- sh -c 'exit $((RANK * 5))'
+check "exit status of the failing rank" [ $? = 5 ]
+"$BIN" launch -n 0 -- true 2>/dev/null
+check "bad -n is a usage error" [ $? = 2 ]
+"$BIN" launch -n 2 2>/dev/null
+check "missing command is a usage error" [ $? = 2 ]
+"$BIN" launch -n 1 -- /nonexistent/program 2>"$tmp/err"
+check "exec failure reported" [ $? = 127 ]
+check "exec failure names the program" grep -q "/nonexistent/program" "$tmp/err"
+
+# 3. one rank fails, the others (sleeping) are stopped
+start=$(date +%s.%N)
+"$BIN" launch -n 3 -- sh -c 'if [ "$RANK" = 1 ]; then exit 7; fi; exec sleep 60' 2>"$tmp/err"
+rc=$?
+el=$(echo "$(date +%s.%N) - $start" | bc)
+check "failing rank's status (7)" [ $rc = 7 ]
+check "others stopped within 10 s ($el s)" [ "$(echo "$el < 10" | bc)" = 1 ]
+check "launcher names the failing rank" grep -q "rank 1 (pid [0-9]*) exited with status 7" "$tmp/err"
+
+# 4. SIGKILL of one rank in the middle of a long all-reduce (a real shm job)
+job=lt-kill-$$
+"$BIN" launch -n 2 --job-id $job -- "$BIN" bench comm --worker shm --min 32M --max 32M --iters 100000 \
+  --out "$tmp/bench.csv" >"$tmp/out" 2>"$tmp/err" &
+lpid=$!
+kids=""
+for i in $(seq 1 100); do kids=$(children_of $lpid); [ "$(wc -w <<<"$kids")" = 2 ] && break; sleep 0.05; done
+sleep 1.0 # inside the all-reduce loop
+victim=$(awk '{print $2}' <<<"$kids")
+start=$(date +%s.%N)
+kill -9 "$victim"
+wait $lpid
+rc=$?
+el=$(echo "$(date +%s.%N) - $start" | bc)
+check "job fails after SIGKILL of a rank (rc $rc)" [ $rc != 0 ]
+check "job ends within 10 s ($el s)" [ "$(echo "$el < 10" | bc)" = 1 ]
+check "survivor names the dead rank and pid" grep -q "rank 1 (pid $victim) died" "$tmp/err"
+check "survivor names the collective" grep -q "all_reduce #" "$tmp/err"
+check "no process left" gone $kids
+check "no segment left" no_segment $job
+
+# 5. SIGTERM to the launcher is forwarded
+job=lt-term-$$
+"$BIN" launch -n 2 --job-id $job -- sleep 60 2>/dev/null &
+lpid=$!
+for i in $(seq 1 100); do kids=$(children_of $lpid); [ "$(wc -w <<<"$kids")" = 2 ] && break; sleep 0.05; done
+kill -TERM $lpid
+wait $lpid
+rc=$?
+check "SIGTERM forwarded, exit 143 (got $rc)" [ $rc = 143 ]
+check "children gone after SIGTERM" gone $kids
+
+# 6. SIGKILL of the launcher: children die with it (PR_SET_PDEATHSIG)
+"$BIN" launch -n 2 -- sleep 60 &
+lpid=$!
+for i in $(seq 1 100); do kids=$(children_of $lpid); [ "$(wc -w <<<"$kids")" = 2 ] && break; sleep 0.05; done
+kill -9 $lpid
+wait $lpid 2>/dev/null
+sleep 0.3
+check "children die with the launcher" gone $kids
+
+# 7. a real job: 2 ranks of bench comm, success, no segment
+job=lt-ok-$$
+"$BIN" launch -n 2 --quiet --job-id $job -- "$BIN" bench comm --worker shm --min 4K --max 1M --time 0.01 --out "$tmp/ok.csv"
+check "bench worker job succeeds" [ $? = 0 ]
+check "bench worker wrote rows" [ "$(grep -c '^shm' "$tmp/ok.csv")" -ge 4 ]
+check "no segment after success" no_segment $job
+
+[ $fail = 0 ] && echo "all launcher checks passed"
+exit $fail

@@ -1,0 +1,28 @@
+# dist: process group, communicators (self, shm, mpi), launcher, failure detection.
+lk_add_test(NAME dist_unit SOURCES dist/test_dist_unit.c LABELS unit TIMEOUT 60)
+lk_add_test(NAME dist_shm SOURCES dist/test_dist_shm.c LABELS multiproc threads TIMEOUT 120)
+lk_add_test(NAME dist_fault SOURCES dist/test_dist_fault.c LABELS multiproc fault threads TIMEOUT 90)
+lk_add_script_test(NAME dist_launch SCRIPT dist/test_launch.sh LABELS multiproc fault TIMEOUT 90)
+
+# The mpi backend under mpirun (CI installs OpenMPI): 2 and 3 ranks, plus the
+# shm backend picking its process group from OpenMPI's variables.
+if(LK_HAVE_MPI)
+  find_program(LK_MPIRUN NAMES mpirun mpiexec)
+  if(LK_MPIRUN)
+    add_executable(test_dist_mpi dist/test_dist_mpi.c)
+    target_include_directories(test_dist_mpi PRIVATE ${PROJECT_SOURCE_DIR}/tests ${PROJECT_SOURCE_DIR}/src)
+    target_link_libraries(test_dist_mpi PRIVATE lockstep_static)
+    target_compile_definitions(test_dist_mpi PRIVATE LK_HAVE_MPI=1)
+    set(LK_MPIRUN_FLAGS --oversubscribe)
+    execute_process(COMMAND id -u OUTPUT_VARIABLE LK_UID OUTPUT_STRIP_TRAILING_WHITESPACE)
+    if(LK_UID STREQUAL "0")
+      list(APPEND LK_MPIRUN_FLAGS --allow-run-as-root)
+    endif()
+    foreach(np 2 3)
+      add_test(NAME dist_mpi_np${np} COMMAND ${LK_MPIRUN} ${LK_MPIRUN_FLAGS} -np ${np} $<TARGET_FILE:test_dist_mpi> mpi)
+      set_tests_properties(dist_mpi_np${np} PROPERTIES TIMEOUT 90 LABELS "multiproc;threads;mpi")
+    endforeach()
+    add_test(NAME dist_mpi_env_shm COMMAND ${LK_MPIRUN} ${LK_MPIRUN_FLAGS} -np 2 $<TARGET_FILE:test_dist_mpi> shm)
+    set_tests_properties(dist_mpi_env_shm PROPERTIES TIMEOUT 60 LABELS "multiproc;threads;mpi")
+  endif()
+endif()

@@ -1,0 +1,720 @@
+/* Parity with PyTorch: every autograd op against the fixtures that
+ * tools/gen_op_fixtures.py wrote with PyTorch 1.13 into tests/fixtures/ops/.
+ *
+ * Each case loads its inputs (the ones PyTorch differentiated require grad
+ * here too), runs the lockstep op, compares the output with out.npy, calls
+ * lk_backward_with(out, R) and compares every input's gradient with
+ * grad_<name>.npy (and in-place state such as batch_norm's running stats).
+ * An element passes when |got - want| <= rtol * |want| + mtol * max|want|;
+ * the tolerance classes below say why each bound is what it is (see also
+ * docs/PARITY.md). A failure names the case, the tensor, the first differing
+ * index with both values, and the largest absolute and relative differences.
+ *
+ * The fixtures and this table must agree: a fixture directory without a case,
+ * a case without a directory, an input file the case never loads and a
+ * gradient file for an input it does not load all fail.
+ *
+ *     test_parity_ops                 all cases (and the npy reader's own tests)
+ *     test_parity_ops conv2d_ max_    only cases whose name starts so
+ *     LK_PARITY_VERBOSE=1 ...         also print each tensor's largest differences
+ */
+#include <dirent.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "lk_test.h"
+#include "npy.h"
+
+#define FIXTURE_DIR LK_SOURCE_DIR "/tests/fixtures/ops"
+
+/* Cases whose op is not implemented yet; they print PENDING instead of
+ * failing. Keep this empty: an entry is a known hole, reported to the lead. */
+static const char *const pending_cases[] = {NULL};
+
+/* ---- tolerances ------------------------------------------------------------------- */
+
+typedef struct {
+    double rtol; /* relative to the element */
+    double mtol; /* relative to the largest |element| of the reference tensor */
+    const char *why;
+} tol;
+
+/* Copies and selections (reshape, transpose, slice, concat, flatten): no
+ * arithmetic, forward or backward, so they must agree to the last bit. */
+static const tol T_COPY = {0, 0, "pure data movement: bit-exact"};
+/* +, -, *, /, sqrt, max, relu-like selections are correctly rounded in both
+ * libraries (observed: bit-exact forward). Gradients of broadcast inputs sum
+ * up to a few dozen terms in another order: n*eps*sum|g|, with cancellation,
+ * so relative 1e-5 plus a floor of 1e-6 of the tensor's largest magnitude. */
+static const tol T_ELEM = {1e-5, 1e-6, "correctly rounded arithmetic; broadcast grads sum few terms"};
+static const tol T_TRANSC = {1e-5, 1e-6, "libm vs vectorised transcendental: few ulp; cancellation floor"};
+/* Sums, means, softmax, normalisations and losses over <= a few hundred terms:
+ * a different summation order changes a result by <= n*eps*sum|x_i|, which
+ * for n <= 200 and zero-mean data is ~1e-6 of the largest magnitude. */
+static const tol T_RED = {1e-5, 2e-6, "summation order of <= a few hundred terms"};
+/* Logits of magnitude ~100 (the overflow-guard cases): rounding x - max(x)
+ * or x - logsumexp(x) costs up to ulp(100) ~ 7.6e-6 absolute, which exp()
+ * turns into that much relative error of each probability, and the backward
+ * multiplies it by sum(g): a bound of ~1e-5 of the largest magnitude. This is
+ * the conditioning of f32 at that input scale, not a difference in method. */
+static const tol T_COND = {1e-5, 1e-5, "inputs ~100: ulp(x) ~ 7.6e-6 enters exp()"};
+/* GEMM and convolution: OpenBLAS and PyTorch's MKL-DNN/OpenBLAS block and
+ * vectorise the K loop differently. The error of a length-K dot product is
+ * bounded by K*eps*sum|a_i b_i| and is ~sqrt(K)*eps*that in practice; with
+ * K <= 50 here that is <= 1e-6 of the output's largest magnitude, so 1e-5
+ * of the largest magnitude keeps a 10x margin while still catching any
+ * wrong index or missing term (which moves an element by O(1)). */
+static const tol T_GEMM = {1e-5, 1e-5, "GEMM/conv accumulation order: sqrt(K)*eps scale, bound 1e-5 of max"};
+
+/* ---- fixture access ----------------------------------------------------------------- */
+
+#define FX_MAX_IN 12
+
+typedef struct {
+    const char *name;
+    const tol *tol;
+    char dir[512];
+    int n;
+    struct {
+        char name[48];
+        lk_tensor *t;
+    } in[FX_MAX_IN];
+    int bad;
+    bool verbose;
+} fx;
+
+static bool file_exists(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+static lk_tensor *fx_load_file(fx *f, const char *file) {
+    char path[640];
+    snprintf(path, sizeof path, "%s/%s.npy", f->dir, file);
+    lk_tensor *t = NULL;
+    if (lk_npy_load(path, &t)) {
+        fprintf(stderr, "%s: %s\n", f->name, lk_last_error());
+        f->bad++;
+    }
+    return t;
+}
+
+/* Input `name`: loaded once per case, requiring grad iff PyTorch computed
+ * grad_<name>.npy. The case owns it (released when the case ends). */
+static lk_tensor *fx_in(fx *f, const char *name) {
+    for (int i = 0; i < f->n; i++)
+        if (!strcmp(f->in[i].name, name)) return f->in[i].t;
+    if (f->n == FX_MAX_IN) {
+        fprintf(stderr, "%s: more than %d inputs\n", f->name, FX_MAX_IN);
+        f->bad++;
+        return NULL;
+    }
+    lk_tensor *t = fx_load_file(f, name);
+    if (!t) return NULL;
+    char gpath[640];
+    snprintf(gpath, sizeof gpath, "%s/grad_%s.npy", f->dir, name);
+    if (file_exists(gpath)) lk_tensor_set_requires_grad(t, true);
+    snprintf(f->in[f->n].name, sizeof f->in[f->n].name, "%s", name);
+    f->in[f->n++].t = t;
+    return t;
+}
+
+/* An optional input: NULL (no error) when the fixture has no such file. */
+static lk_tensor *fx_opt(fx *f, const char *name) {
+    char path[640];
+    snprintf(path, sizeof path, "%s/%s.npy", f->dir, name);
+    return file_exists(path) ? fx_in(f, name) : NULL;
+}
+
+static void multi_index(const lk_tensor *t, int64_t i, char *buf, size_t n) {
+    int64_t idx[LK_MAX_DIMS];
+    for (int d = t->ndim - 1; d >= 0; d--) {
+        idx[d] = t->shape[d] ? i % t->shape[d] : 0;
+        i = t->shape[d] ? i / t->shape[d] : 0;
+    }
+    size_t k = (size_t)snprintf(buf, n, "[");
+    for (int d = 0; d < t->ndim && k < n; d++)
+        k += (size_t)snprintf(buf + k, n - k, "%lld%s", (long long)idx[d], d + 1 < t->ndim ? ", " : "");
+    if (k < n) snprintf(buf + k, n - k, "]");
+}
+
+/* got vs the fixture file `file`, under the case's tolerance. */
+static void fx_check(fx *f, const char *file, const lk_tensor *got) {
+    lk_tensor *want = fx_load_file(f, file);
+    if (!want) return;
+    char sg[128], sw[128];
+    if (!got) {
+        fprintf(stderr, "%s: %s: no tensor to compare\n", f->name, file);
+        f->bad++;
+    } else if (!lk_tensor_same_shape(got, want)) {
+        fprintf(stderr, "%s: %s: shape %s, PyTorch has %s\n", f->name, file, lk_shape_str(got, sg, sizeof sg),
+                lk_shape_str(want, sw, sizeof sw));
+        f->bad++;
+    } else {
+        double maxref = 0, maxabs = 0, maxrel = 0;
+        for (int64_t i = 0; i < want->numel; i++) {
+            double w = fabs(lk_tensor_get(want, i));
+            if (isfinite(w) && w > maxref) maxref = w;
+        }
+        double atol = f->tol->mtol * maxref;
+        int64_t first = -1, nbad = 0;
+        for (int64_t i = 0; i < want->numel; i++) {
+            double g = lk_tensor_get(got, i), w = lk_tensor_get(want, i);
+            bool ok;
+            if (isnan(w) || isnan(g)) ok = isnan(w) && isnan(g);
+            else if (isinf(w) || isinf(g)) ok = g == w;
+            else {
+                double d = fabs(g - w);
+                if (d > maxabs) maxabs = d;
+                if (w != 0 && d / fabs(w) > maxrel) maxrel = d / fabs(w);
+                ok = d <= f->tol->rtol * fabs(w) + atol;
+            }
+            if (!ok) {
+                nbad++;
+                if (first < 0) first = i;
+            }
+        }
+        if (nbad) {
+            char idx[128];
+            multi_index(want, first, idx, sizeof idx);
+            fprintf(stderr,
+                    "%s: %s: %lld of %lld elements differ; first at %s: got %.9g, PyTorch %.9g; "
+                    "max abs diff %.3g, max rel diff %.3g (max |ref| %.3g; tol %.1g*|ref| + %.1g*max|ref|: %s)\n",
+                    f->name, file, (long long)nbad, (long long)want->numel, idx, lk_tensor_get(got, first),
+                    lk_tensor_get(want, first), maxabs, maxrel, maxref, f->tol->rtol, f->tol->mtol, f->tol->why);
+            f->bad++;
+        } else if (f->verbose) {
+            printf("     %-28s %-20s max abs %.2e  max rel %.2e  abs/max|ref| %.2e\n", f->name, file, maxabs, maxrel,
+                   maxref > 0 ? maxabs / maxref : 0.0);
+        }
+    }
+    lk_tensor_release(want);
+}
+
+/* ---- cases ------------------------------------------------------------------------------- */
+
+#define IN(n) fx_in(f, #n)
+#define OPT(n) fx_opt(f, #n)
+#define DIMS(...) (int[]){__VA_ARGS__}, (int)(sizeof((int[]){__VA_ARGS__}) / sizeof(int))
+#define P2D(kh, kw, sh, sw, ph, pw, incl, ceil) ((lk_pool2d_params){{kh, kw}, {sh, sw}, {ph, pw}, incl, ceil})
+#define CONV(sh, sw, ph, pw, dh, dw, g) ((lk_conv2d_params){{sh, sw}, {ph, pw}, {dh, dw}, g})
+#define MEAN LK_REDUCTION_MEAN
+#define SUM LK_REDUCTION_SUM
+#define NONE LK_REDUCTION_NONE
+
+static lk_tensor *ce(fx *f, lk_reduction red, float smoothing, int64_t ignore, bool nll) {
+    lk_cross_entropy_opts o = lk_cross_entropy_opts_default();
+    o.reduction = red;
+    o.label_smoothing = smoothing;
+    o.ignore_index = ignore;
+    o.weight = OPT(weight);
+    return nll ? lk_nll_loss(IN(x), IN(target), &o) : lk_cross_entropy(IN(x), IN(target), &o);
+}
+
+static lk_tensor *concat(fx *f, int dim) {
+    lk_tensor *ts[3] = {IN(a), IN(b), OPT(c)};
+    return lk_concat(ts, ts[2] ? 3 : 2, dim);
+}
+
+static lk_tensor *bn(fx *f, bool training, float momentum, float eps) {
+    lk_tensor *rm = OPT(running_mean), *rv = OPT(running_var);
+    lk_tensor *out = lk_batch_norm(IN(x), rm, rv, OPT(w), OPT(b), training, momentum, eps);
+    if (out && rm) { /* trained: updated as PyTorch does; eval: untouched */
+        fx_check(f, training ? "running_mean_after" : "running_mean", rm);
+        fx_check(f, training ? "running_var_after" : "running_var", rv);
+    }
+    return out;
+}
+
+static lk_tensor *graph_reuse(fx *f) {
+    lk_tensor *x = IN(x);
+    return lk_add(lk_mul(lk_tanh(x), x), x);
+}
+
+static lk_tensor *graph_mlp(fx *f) {
+    lk_cross_entropy_opts o = lk_cross_entropy_opts_default();
+    o.label_smoothing = 0.1f;
+    lk_tensor *h = lk_gelu(lk_linear(IN(x), IN(w1), IN(b1)), LK_GELU_TANH);
+    return lk_cross_entropy(lk_linear(h, IN(w2), IN(b2)), IN(target), &o);
+}
+
+static lk_tensor *graph_cnn(fx *f) {
+    lk_tensor *rm = IN(running_mean), *rv = IN(running_var);
+    lk_tensor *h = lk_conv2d(IN(x), IN(cw), NULL, CONV(1, 1, 1, 1, 1, 1, 1));
+    h = lk_relu(lk_batch_norm(h, rm, rv, IN(bw), IN(bb), true, 0.1f, 1e-5f));
+    h = lk_flatten(lk_max_pool2d(h, P2D(2, 2, 0, 0, 0, 0, true, false)), 1, -1);
+    lk_tensor *loss = lk_cross_entropy(lk_linear(h, IN(lw), IN(lb)), IN(target), NULL);
+    if (loss) {
+        fx_check(f, "running_mean_after", rm);
+        fx_check(f, "running_var_after", rv);
+    }
+    return loss;
+}
+
+/* X(name, tolerance, expression using IN(input)): one per fixture directory. */
+#define PARITY_CASES(X)                                                                                  \
+    X(matmul_2d, T_GEMM, lk_matmul(IN(a), IN(b)))                                                        \
+    X(matmul_3d_2d, T_GEMM, lk_matmul(IN(a), IN(b)))                                                     \
+    X(matmul_batched, T_GEMM, lk_matmul(IN(a), IN(b)))                                                   \
+    X(matmul_batched_b1, T_GEMM, lk_matmul(IN(a), IN(b)))                                                \
+    X(matmul_at, T_GEMM, lk_matmul(lk_transpose(IN(a), 0, 1), IN(b)))                                    \
+    X(matmul_bt, T_GEMM, lk_matmul(IN(a), lk_transpose(IN(b), 0, 1)))                                    \
+    X(matmul_at_bt, T_GEMM, lk_matmul(lk_transpose(IN(a), 0, 1), lk_transpose(IN(b), 0, 1)))             \
+    X(matmul_outer, T_GEMM, lk_matmul(IN(a), IN(b)))                                                     \
+    X(matmul_dot, T_GEMM, lk_matmul(IN(a), IN(b)))                                                       \
+    X(matmul_batched_bt, T_GEMM, lk_matmul(IN(a), lk_transpose(IN(b), 1, 2)))                           \
+    X(matmul_batched_at, T_GEMM, lk_matmul(lk_transpose(IN(a), 1, 2), IN(b)))                           \
+    X(matmul_3d_noncontig, T_GEMM, lk_matmul(lk_transpose(IN(a), 0, 1), IN(b)))                         \
+    X(linear_bias, T_GEMM, lk_linear(IN(x), IN(w), IN(b)))                                               \
+    X(linear_nobias, T_GEMM, lk_linear(IN(x), IN(w), NULL))                                              \
+    X(linear_3d, T_GEMM, lk_linear(IN(x), IN(w), IN(b)))                                                 \
+    X(linear_1d, T_GEMM, lk_linear(IN(x), IN(w), IN(b)))                                                 \
+    X(linear_x_only, T_GEMM, lk_linear(IN(x), IN(w), IN(b)))                                             \
+    X(linear_noncontig_x, T_GEMM, lk_linear(lk_transpose(IN(x), 0, 1), IN(w), IN(b)))                   \
+    X(add_same, T_ELEM, lk_add(IN(a), IN(b)))                                                            \
+    X(add_bcast_row, T_ELEM, lk_add(IN(a), IN(b)))                                                       \
+    X(add_bcast_both, T_ELEM, lk_add(IN(a), IN(b)))                                                      \
+    X(add_bcast_rank, T_ELEM, lk_add(IN(a), IN(b)))                                                      \
+    X(sub_same, T_ELEM, lk_sub(IN(a), IN(b)))                                                            \
+    X(sub_bcast, T_ELEM, lk_sub(IN(a), IN(b)))                                                           \
+    X(mul_same, T_ELEM, lk_mul(IN(a), IN(b)))                                                            \
+    X(mul_bcast, T_ELEM, lk_mul(IN(a), IN(b)))                                                           \
+    X(mul_bcast_scalar, T_RED, lk_mul(IN(a), IN(b)))                                                     \
+    X(div_same, T_ELEM, lk_div(IN(a), IN(b)))                                                            \
+    X(div_bcast, T_ELEM, lk_div(IN(a), IN(b)))                                                           \
+    X(div_bcast_a, T_ELEM, lk_div(IN(a), IN(b)))                                                         \
+    X(add_transposed, T_ELEM, lk_add(lk_transpose(IN(a), 0, 1), IN(b)))                                 \
+    X(mul_transposed_bcast, T_ELEM, lk_mul(lk_transpose(IN(a), 0, 2), lk_transpose(IN(b), 0, 1)))       \
+    X(add_scalar, T_ELEM, lk_add_scalar(IN(x), 0.75f))                                                   \
+    X(mul_scalar, T_ELEM, lk_mul_scalar(IN(x), -1.5f))                                                   \
+    X(neg, T_ELEM, lk_neg(IN(x)))                                                                        \
+    X(relu, T_ELEM, lk_relu(IN(x)))                                                                      \
+    X(gelu_exact, T_TRANSC, lk_gelu(IN(x), LK_GELU_EXACT))                                               \
+    X(gelu_tanh, T_TRANSC, lk_gelu(IN(x), LK_GELU_TANH))                                                 \
+    X(tanh, T_TRANSC, lk_tanh(IN(x)))                                                                    \
+    X(sigmoid, T_TRANSC, lk_sigmoid(IN(x)))                                                              \
+    X(exp, T_TRANSC, lk_exp(IN(x)))                                                                      \
+    X(log, T_TRANSC, lk_log(IN(x)))                                                                      \
+    X(sqrt, T_ELEM, lk_sqrt(IN(x)))                                                                      \
+    X(abs, T_ELEM, lk_abs(IN(x)))                                                                        \
+    X(leaky_relu, T_ELEM, lk_leaky_relu(IN(x), 0.1f))                                                    \
+    X(elu, T_TRANSC, lk_elu(IN(x), 1.0f))                                                                \
+    X(elu_alpha, T_TRANSC, lk_elu(IN(x), 0.7f))                                                          \
+    X(silu, T_TRANSC, lk_silu(IN(x)))                                                                    \
+    X(tanh_3d, T_TRANSC, lk_tanh(IN(x)))                                                                 \
+    X(exp_transposed, T_TRANSC, lk_exp(lk_transpose(IN(x), 0, 1)))                                      \
+    X(relu_at_zero, T_ELEM, lk_relu(IN(x)))                                                             \
+    X(abs_at_zero, T_ELEM, lk_abs(IN(x)))                                                               \
+    X(leaky_relu_at_zero, T_ELEM, lk_leaky_relu(IN(x), 0.1f))                                           \
+    X(elu_at_zero, T_TRANSC, lk_elu(IN(x), 0.7f))                                                       \
+    X(sum_all, T_RED, lk_sum(IN(x), NULL, 0, false))                                                     \
+    X(sum_dim0, T_RED, lk_sum(IN(x), DIMS(0), false))                                                    \
+    X(sum_dim_last_keep, T_RED, lk_sum(IN(x), DIMS(-1), true))                                           \
+    X(sum_dims_0_2, T_RED, lk_sum(IN(x), DIMS(0, 2), false))                                             \
+    X(sum_dims_keep, T_RED, lk_sum(IN(x), DIMS(1, 2), true))                                             \
+    X(mean_all, T_RED, lk_mean(IN(x), NULL, 0, false))                                                   \
+    X(mean_dim1, T_RED, lk_mean(IN(x), DIMS(1), false))                                                  \
+    X(mean_dims_keep, T_RED, lk_mean(IN(x), DIMS(0, -1), true))                                          \
+    X(mean_size1_dim, T_RED, lk_mean(IN(x), DIMS(1), false))                                             \
+    X(sum_transposed, T_RED, lk_sum(lk_transpose(IN(x), 0, 2), DIMS(1), false))                         \
+    X(mean_sliced, T_RED, lk_mean(lk_slice(IN(x), 1, 2, 9), DIMS(0), false))                            \
+    X(softmax_last, T_RED, lk_softmax(IN(x), -1))                                                        \
+    X(softmax_dim0, T_RED, lk_softmax(IN(x), 0))                                                         \
+    X(softmax_3d_mid, T_RED, lk_softmax(IN(x), 1))                                                       \
+    X(softmax_size1, T_RED, lk_softmax(IN(x), 1))                                                        \
+    X(softmax_large_logits, T_COND, lk_softmax(IN(x), -1))                                                \
+    X(softmax_transposed, T_RED, lk_softmax(lk_transpose(IN(x), 0, 1), -1))                             \
+    X(log_softmax_large_logits, T_COND, lk_log_softmax(IN(x), -1))                                       \
+    X(log_softmax_last, T_RED, lk_log_softmax(IN(x), -1))                                                \
+    X(log_softmax_dim0, T_RED, lk_log_softmax(IN(x), 0))                                                 \
+    X(log_softmax_3d_mid, T_RED, lk_log_softmax(IN(x), 1))                                               \
+    X(ce_mean, T_RED, ce(f, MEAN, 0, -100, false))                                                       \
+    X(ce_sum, T_RED, ce(f, SUM, 0, -100, false))                                                         \
+    X(ce_none, T_RED, ce(f, NONE, 0, -100, false))                                                       \
+    X(ce_weight, T_RED, ce(f, MEAN, 0, -100, false))                                                     \
+    X(ce_weight_sum, T_RED, ce(f, SUM, 0, -100, false))                                                  \
+    X(ce_ignore_default, T_RED, ce(f, MEAN, 0, -100, false))                                             \
+    X(ce_ignore_2, T_RED, ce(f, MEAN, 0, 2, false))                                                      \
+    X(ce_ignore_none, T_RED, ce(f, NONE, 0, -100, false))                                                \
+    X(ce_weight_ignore, T_RED, ce(f, MEAN, 0, 1, false))                                                 \
+    X(ce_smooth, T_RED, ce(f, MEAN, 0.1f, -100, false))                                                  \
+    X(ce_smooth_sum, T_RED, ce(f, SUM, 0.2f, -100, false))                                               \
+    X(ce_smooth_none, T_RED, ce(f, NONE, 0.1f, -100, false))                                             \
+    X(ce_smooth_weight, T_RED, ce(f, MEAN, 0.1f, -100, false))                                           \
+    X(ce_smooth_ignore, T_RED, ce(f, MEAN, 0.1f, -100, false))                                           \
+    X(ce_smooth_weight_ignore, T_RED, ce(f, MEAN, 0.15f, 0, false))                                      \
+    X(ce_ncd, T_RED, ce(f, MEAN, 0, -100, false))                                                        \
+    X(ce_ncd_none, T_RED, ce(f, NONE, 0, -100, false))                                                   \
+    X(ce_ncd_weight_smooth, T_RED, ce(f, MEAN, 0.1f, -100, false))                                       \
+    X(ce_nchw_ignore, T_RED, ce(f, MEAN, 0, -100, false))                                                \
+    X(ce_c1, T_RED, ce(f, MEAN, 0, -100, false))                                                         \
+    X(nll_mean, T_RED, ce(f, MEAN, 0, -100, true))                                                       \
+    X(nll_sum, T_RED, ce(f, SUM, 0, -100, true))                                                         \
+    X(nll_none, T_RED, ce(f, NONE, 0, -100, true))                                                       \
+    X(nll_weight, T_RED, ce(f, MEAN, 0, -100, true))                                                     \
+    X(nll_weight_ignore, T_RED, ce(f, MEAN, 0, 3, true))                                                 \
+    X(nll_ncd, T_RED, ce(f, MEAN, 0, -100, true))                                                       \
+    X(mse_mean, T_RED, lk_mse_loss(IN(x), IN(y), MEAN))                                                  \
+    X(l1_mean, T_RED, lk_l1_loss(IN(x), IN(y), MEAN))                                                    \
+    X(smooth_l1_mean, T_RED, lk_smooth_l1_loss(IN(x), IN(y), MEAN, 1.0f))                                \
+    X(mse_sum, T_RED, lk_mse_loss(IN(x), IN(y), SUM))                                                    \
+    X(l1_sum, T_RED, lk_l1_loss(IN(x), IN(y), SUM))                                                      \
+    X(smooth_l1_sum, T_RED, lk_smooth_l1_loss(IN(x), IN(y), SUM, 1.0f))                                  \
+    X(mse_none, T_ELEM, lk_mse_loss(IN(x), IN(y), NONE))                                                 \
+    X(l1_none, T_ELEM, lk_l1_loss(IN(x), IN(y), NONE))                                                   \
+    X(smooth_l1_none, T_ELEM, lk_smooth_l1_loss(IN(x), IN(y), NONE, 1.0f))                               \
+    X(smooth_l1_beta05, T_RED, lk_smooth_l1_loss(IN(x), IN(y), MEAN, 0.5f))                              \
+    X(smooth_l1_beta0, T_RED, lk_smooth_l1_loss(IN(x), IN(y), MEAN, 0.0f))                               \
+    X(mse_3d, T_RED, lk_mse_loss(IN(x), IN(y), MEAN))                                                    \
+    X(l1_at_zero, T_RED, lk_l1_loss(IN(x), IN(y), SUM))                                                 \
+    X(smooth_l1_at_zero, T_RED, lk_smooth_l1_loss(IN(x), IN(y), SUM, 0.5f))                             \
+    X(bce_mean, T_RED, lk_binary_cross_entropy(IN(x), IN(y), NULL, MEAN))                                \
+    X(bce_sum, T_RED, lk_binary_cross_entropy(IN(x), IN(y), NULL, SUM))                                  \
+    X(bce_none, T_TRANSC, lk_binary_cross_entropy(IN(x), IN(y), NULL, NONE))                             \
+    X(bce_weight, T_RED, lk_binary_cross_entropy(IN(x), IN(y), IN(weight), MEAN))                        \
+    X(bce_weight_bcast, T_RED, lk_binary_cross_entropy(IN(x), IN(y), IN(weight), SUM))                   \
+    X(bce_hard_targets, T_RED, lk_binary_cross_entropy(IN(x), IN(y), NULL, MEAN))                        \
+    X(bce_clamp, T_RED, lk_binary_cross_entropy(IN(x), IN(y), NULL, SUM))                               \
+    X(bcel_mean, T_RED, lk_binary_cross_entropy_with_logits(IN(x), IN(y), NULL, NULL, MEAN))             \
+    X(bcel_sum, T_RED, lk_binary_cross_entropy_with_logits(IN(x), IN(y), NULL, NULL, SUM))               \
+    X(bcel_none, T_TRANSC, lk_binary_cross_entropy_with_logits(IN(x), IN(y), NULL, NULL, NONE))          \
+    X(bcel_weight, T_RED, lk_binary_cross_entropy_with_logits(IN(x), IN(y), IN(weight), NULL, MEAN))     \
+    X(bcel_pos_weight, T_RED, lk_binary_cross_entropy_with_logits(IN(x), IN(y), NULL, IN(pos_weight), MEAN)) \
+    X(bcel_weight_pos_weight, T_RED,                                                                     \
+      lk_binary_cross_entropy_with_logits(IN(x), IN(y), IN(weight), IN(pos_weight), SUM))                \
+    X(bcel_large_logits, T_COND, lk_binary_cross_entropy_with_logits(IN(x), IN(y), NULL, NULL, MEAN))     \
+    X(concat_dim0, T_COPY, concat(f, 0))                                                                 \
+    X(concat_dim1, T_COPY, concat(f, 1))                                                                 \
+    X(concat_last_nograd_b, T_COPY, concat(f, -1))                                                       \
+    X(reshape, T_COPY, lk_reshape(IN(x), LK_SHAPE(7, 15)))                                               \
+    X(reshape_infer, T_COPY, lk_reshape(IN(x), LK_SHAPE(-1, 3, 1)))                                      \
+    X(transpose_2d, T_COPY, lk_transpose(IN(x), 0, 1))                                                   \
+    X(transpose_3d, T_COPY, lk_transpose(IN(x), 0, 2))                                                   \
+    X(slice_dim1, T_COPY, lk_slice(IN(x), 1, 2, 6))                                                      \
+    X(slice_dim0_3d, T_COPY, lk_slice(IN(x), 0, 1, 4))                                                   \
+    X(slice_then_transpose, T_COPY, lk_contiguous(lk_transpose(lk_slice(IN(x), 1, 3, 10), 0, 1)))        \
+    X(flatten, T_COPY, lk_flatten(IN(x), 1, 2))                                                          \
+    X(layer_norm_affine, T_RED, lk_layer_norm(IN(x), 1, IN(w), IN(b), 1e-5f))                            \
+    X(layer_norm_2d_affine, T_RED, lk_layer_norm(IN(x), 2, IN(w), IN(b), 1e-5f))                         \
+    X(layer_norm_plain, T_RED, lk_layer_norm(IN(x), 1, NULL, NULL, 1e-5f))                               \
+    X(layer_norm_eps, T_RED, lk_layer_norm(IN(x), 1, IN(w), NULL, 1e-3f))                                \
+    X(embedding, T_ELEM, lk_embedding(IN(w), IN(idx)))                                                   \
+    X(embedding_i32, T_ELEM, lk_embedding(IN(w), IN(idx)))                                               \
+    X(conv2d_basic, T_GEMM, lk_conv2d(IN(x), IN(w), IN(b), LK_CONV2D_DEFAULT))                           \
+    X(conv2d_nobias, T_GEMM, lk_conv2d(IN(x), IN(w), NULL, LK_CONV2D_DEFAULT))                           \
+    X(conv2d_stride2, T_GEMM, lk_conv2d(IN(x), IN(w), IN(b), CONV(2, 2, 0, 0, 1, 1, 1)))                 \
+    X(conv2d_pad1, T_GEMM, lk_conv2d(IN(x), IN(w), IN(b), CONV(1, 1, 1, 1, 1, 1, 1)))                    \
+    X(conv2d_dilation2, T_GEMM, lk_conv2d(IN(x), IN(w), IN(b), CONV(1, 1, 0, 0, 2, 2, 1)))               \
+    X(conv2d_groups3, T_GEMM, lk_conv2d(IN(x), IN(w), IN(b), CONV(1, 1, 1, 1, 1, 1, 3)))                 \
+    X(conv2d_depthwise, T_GEMM, lk_conv2d(IN(x), IN(w), NULL, CONV(1, 1, 1, 1, 1, 1, 4)))                \
+    X(conv2d_rect, T_GEMM, lk_conv2d(IN(x), IN(w), IN(b), CONV(2, 1, 1, 0, 1, 1, 1)))                    \
+    X(conv2d_all, T_GEMM, lk_conv2d(IN(x), IN(w), IN(b), CONV(2, 1, 2, 1, 2, 1, 2)))                     \
+    X(conv2d_1x1, T_GEMM, lk_conv2d(IN(x), IN(w), IN(b), LK_CONV2D_DEFAULT))                             \
+    X(conv2d_noncontig, T_GEMM, lk_conv2d(lk_transpose(IN(x), 2, 3), IN(w), IN(b), CONV(1, 1, 1, 1, 1, 1, 1))) \
+    X(max_pool2d_k2, T_ELEM, lk_max_pool2d(IN(x), P2D(2, 2, 0, 0, 0, 0, true, false)))                   \
+    X(max_pool2d_k3s2p1, T_ELEM, lk_max_pool2d(IN(x), P2D(3, 3, 2, 2, 1, 1, true, false)))               \
+    X(max_pool2d_ceil, T_ELEM, lk_max_pool2d(IN(x), P2D(2, 2, 2, 2, 0, 0, true, true)))                  \
+    X(max_pool2d_rect, T_ELEM, lk_max_pool2d(IN(x), P2D(3, 2, 2, 3, 1, 1, true, false)))                 \
+    X(max_pool2d_overlap, T_ELEM, lk_max_pool2d(IN(x), P2D(3, 3, 1, 1, 0, 0, true, false)))              \
+    X(max_pool2d_h1, T_ELEM, lk_max_pool2d(IN(x), P2D(1, 2, 0, 0, 0, 0, true, false)))                  \
+    X(max_pool2d_ties, T_ELEM, lk_max_pool2d(IN(x), P2D(2, 2, 0, 0, 0, 0, true, false)))               \
+    X(max_pool2d_ties_overlap, T_ELEM, lk_max_pool2d(IN(x), P2D(3, 3, 1, 1, 1, 1, true, false)))        \
+    X(avg_pool2d_k2, T_RED, lk_avg_pool2d(IN(x), P2D(2, 2, 0, 0, 0, 0, true, false)))                    \
+    X(avg_pool2d_pad_incl, T_RED, lk_avg_pool2d(IN(x), P2D(3, 3, 2, 2, 1, 1, true, false)))              \
+    X(avg_pool2d_pad_excl, T_RED, lk_avg_pool2d(IN(x), P2D(3, 3, 2, 2, 1, 1, false, false)))             \
+    X(avg_pool2d_ceil, T_RED, lk_avg_pool2d(IN(x), P2D(2, 2, 2, 2, 0, 0, true, true)))                   \
+    X(avg_pool2d_ceil_pad, T_RED, lk_avg_pool2d(IN(x), P2D(3, 3, 2, 2, 1, 1, true, true)))               \
+    X(avg_pool2d_ceil_pad_excl, T_RED, lk_avg_pool2d(IN(x), P2D(3, 3, 2, 2, 1, 1, false, true)))         \
+    X(avg_pool2d_rect, T_RED, lk_avg_pool2d(IN(x), P2D(3, 2, 2, 3, 1, 1, true, false)))                  \
+    X(adaptive_avg_pool2d_3x2, T_RED, lk_adaptive_avg_pool2d(IN(x), 3, 2))                               \
+    X(adaptive_avg_pool2d_1x1, T_RED, lk_adaptive_avg_pool2d(IN(x), 1, 1))                               \
+    X(adaptive_avg_pool2d_4x3, T_RED, lk_adaptive_avg_pool2d(IN(x), 4, 3))                               \
+    X(adaptive_avg_pool2d_same, T_RED, lk_adaptive_avg_pool2d(IN(x), 5, 3))                              \
+    X(adaptive_avg_pool2d_up, T_RED, lk_adaptive_avg_pool2d(IN(x), 5, 3))                                \
+    X(batch_norm_train_2d, T_RED, bn(f, true, 0.1f, 1e-5f))                                              \
+    X(batch_norm_train_4d, T_RED, bn(f, true, 0.1f, 1e-5f))                                              \
+    X(batch_norm_train_momentum, T_RED, bn(f, true, 0.3f, 1e-3f))                                        \
+    X(batch_norm_train_noaffine, T_RED, bn(f, true, 0.1f, 1e-5f))                                        \
+    X(batch_norm_train_nostats, T_RED, bn(f, true, 0.1f, 1e-5f))                                         \
+    X(batch_norm_train_n1, T_RED, bn(f, true, 0.1f, 1e-5f))                                              \
+    X(batch_norm_eval_2d, T_RED, bn(f, false, 0.1f, 1e-5f))                                              \
+    X(batch_norm_eval_4d, T_RED, bn(f, false, 0.1f, 1e-5f)) \
+    X(graph_reuse, T_TRANSC, graph_reuse(f))                                                             \
+    X(graph_mlp, T_GEMM, graph_mlp(f))                                                                   \
+    X(graph_cnn, T_GEMM, graph_cnn(f))
+
+#define DEFINE_CASE(name, t, expr) \
+    static lk_tensor *case_##name(fx *f) { return expr; }
+PARITY_CASES(DEFINE_CASE)
+
+typedef struct {
+    const char *name;
+    lk_tensor *(*fn)(fx *);
+    const tol *tol;
+} parity_case;
+
+#define TABLE_ROW(name, t, expr) {#name, case_##name, &t},
+static const parity_case cases[] = {PARITY_CASES(TABLE_ROW)};
+#define N_CASES ((int)(sizeof cases / sizeof cases[0]))
+
+/* ---- running a case ------------------------------------------------------------------ */
+
+typedef enum { RES_OK, RES_FAIL, RES_PENDING } result;
+
+static bool is_pending(const char *name) {
+    for (int i = 0; pending_cases[i]; i++)
+        if (!strcmp(pending_cases[i], name)) return true;
+    return false;
+}
+
+/* Every file of the fixture is an input the case loaded, its gradient, or an output. */
+static void check_files_used(fx *f) {
+    DIR *d = opendir(f->dir);
+    if (!d) return;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        char base[256];
+        size_t len = strlen(e->d_name);
+        if (e->d_name[0] == '.') continue;
+        if (len < 5 || strcmp(e->d_name + len - 4, ".npy") || len - 4 >= sizeof base) {
+            fprintf(stderr, "%s: unexpected file %s in the fixture\n", f->name, e->d_name);
+            f->bad++;
+            continue;
+        }
+        memcpy(base, e->d_name, len - 4);
+        base[len - 4] = 0;
+        const char *in = !strncmp(base, "grad_", 5) ? base + 5 : base;
+        if (!strcmp(base, "out") || !strcmp(base, "R") || strstr(base, "_after")) continue;
+        bool used = false;
+        for (int i = 0; i < f->n; i++) used |= !strcmp(f->in[i].name, in);
+        if (!used) {
+            fprintf(stderr, "%s: the fixture has %s but the case never uses input '%s'\n", f->name, e->d_name, in);
+            f->bad++;
+        }
+    }
+    closedir(d);
+}
+
+static result run_case(const parity_case *c, bool verbose) {
+    fx f = {.name = c->name, .tol = c->tol, .verbose = verbose};
+    snprintf(f.dir, sizeof f.dir, "%s/%s", FIXTURE_DIR, c->name);
+    struct stat st;
+    if (stat(f.dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
+        fprintf(stderr, "%s: no fixture directory %s (regenerate: /usr/bin/python3 tools/gen_op_fixtures.py)\n",
+                c->name, f.dir);
+        return RES_FAIL;
+    }
+    result res = RES_OK;
+    lk_clear_error();
+    lk_scope_begin();
+    lk_tensor *out = c->fn(&f);
+    if (!out) {
+        bool pend = is_pending(c->name) && lk_last_status() == LK_STATUS_UNSUPPORTED;
+        fprintf(stderr, "%s: %s: %s: %s\n", c->name, pend ? "PENDING" : "op failed", lk_status_str(lk_last_status()),
+                lk_last_error());
+        res = pend ? RES_PENDING : RES_FAIL;
+    } else {
+        fx_check(&f, "out", out);
+        lk_tensor *R = fx_load_file(&f, "R");
+        if (R) {
+            lk_status s = lk_backward_with(out, R);
+            if (s) {
+                fprintf(stderr, "%s: backward failed: %s: %s\n", c->name, lk_status_str(s), lk_last_error());
+                f.bad++;
+            }
+            for (int i = 0; i < f.n && !s; i++) {
+                lk_tensor *t = f.in[i].t;
+                if (!t->requires_grad) continue;
+                char gname[64];
+                snprintf(gname, sizeof gname, "grad_%s", f.in[i].name);
+                if (!t->grad) {
+                    fprintf(stderr, "%s: input '%s' got no gradient\n", c->name, f.in[i].name);
+                    f.bad++;
+                } else {
+                    fx_check(&f, gname, t->grad);
+                }
+            }
+        }
+        lk_tensor_release(R);
+        check_files_used(&f);
+        if (f.bad) res = RES_FAIL;
+    }
+    lk_scope_end();
+    for (int i = 0; i < f.n; i++) lk_tensor_release(f.in[i].t);
+    if (f.bad && res != RES_FAIL) res = RES_FAIL;
+    return res;
+}
+
+/* Every fixture directory has a case (a case without one fails in run_case). */
+static int check_fixture_dirs_covered(void) {
+    DIR *d = opendir(FIXTURE_DIR);
+    if (!d) {
+        fprintf(stderr, "cannot open %s: %s\n", FIXTURE_DIR, strerror(errno));
+        return 1;
+    }
+    int bad = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (e->d_name[0] == '.' || !strcmp(e->d_name, "MANIFEST")) continue;
+        bool known = false;
+        for (int i = 0; i < N_CASES && !known; i++) known = !strcmp(cases[i].name, e->d_name);
+        if (!known) {
+            fprintf(stderr, "fixture %s/%s has no case in test_parity_ops.c\n", FIXTURE_DIR, e->d_name);
+            bad++;
+        }
+    }
+    closedir(d);
+    return bad;
+}
+
+/* ---- the npy reader's own tests ------------------------------------------------------------ */
+
+static char tmp_path[512];
+
+static void write_raw(const char *hdr_dict, int major, const void *data, size_t n) {
+    FILE *f = fopen(tmp_path, "wb");
+    size_t hl = strlen(hdr_dict);
+    fwrite("\x93NUMPY", 1, 6, f);
+    fputc(major, f);
+    fputc(0, f);
+    if (major == 1) {
+        fputc((int)(hl & 0xff), f);
+        fputc((int)(hl >> 8), f);
+    } else {
+        uint32_t l = (uint32_t)hl;
+        fwrite(&l, 4, 1, f);
+    }
+    fwrite(hdr_dict, 1, hl, f);
+    if (n) fwrite(data, 1, n, f);
+    fclose(f);
+}
+
+static lk_status load_tmp(lk_tensor **t) { return lk_npy_load(tmp_path, t); }
+
+static void npy_reader(void) {
+    snprintf(tmp_path, sizeof tmp_path, "%s/parity_npy_%ld.npy", LK_BUILD_DIR, (long)getpid());
+    lk_tensor *t = NULL;
+    /* Round trips of every dtype, from a transposed (non-contiguous) view. */
+    const lk_dtype dts[] = {LK_F32, LK_F64, LK_I64, LK_I32, LK_U8};
+    for (size_t k = 0; k < sizeof dts / sizeof dts[0]; k++) {
+        lk_tensor *src = lk_tensor_empty(dts[k], LK_SHAPE(3, 5));
+        for (int64_t i = 0; i < 15; i++) {
+            switch (dts[k]) {
+            case LK_F32: ((float *)src->data)[i] = (float)i * 0.25f - 1; break;
+            case LK_F64: ((double *)src->data)[i] = (double)i * 0.1 - 1; break;
+            case LK_I64: ((int64_t *)src->data)[i] = i * 1000000007LL - 3; break;
+            case LK_I32: ((int32_t *)src->data)[i] = (int32_t)i - 7; break;
+            default: ((uint8_t *)src->data)[i] = (uint8_t)(i * 17); break;
+            }
+        }
+        lk_tensor *tv = lk_transpose(src, 0, 1);
+        CHECK_OK(lk_npy_save(tmp_path, tv));
+        CHECK_OK(load_tmp(&t));
+        CHECK(t && t->dtype == dts[k] && t->ndim == 2 && t->shape[0] == 5 && t->shape[1] == 3);
+        for (int64_t i = 0; t && i < 15; i++) CHECK(lk_tensor_get(t, i) == lk_tensor_get(tv, i));
+        lk_tensor_release(t);
+        lk_tensor_release(tv);
+        lk_tensor_release(src);
+    }
+    /* 0-d and 1-d shapes: "()" and "(n,)". */
+    lk_tensor *s = lk_tensor_scalar(2.5f);
+    CHECK_OK(lk_npy_save(tmp_path, s));
+    CHECK_OK(load_tmp(&t));
+    CHECK(t && t->ndim == 0 && t->numel == 1 && lk_tensor_item(t) == 2.5f);
+    lk_tensor_release(t);
+    lk_tensor_release(s);
+    float v[4] = {1, 2, 3, 4};
+    write_raw("{'descr': '<f4', 'fortran_order': False, 'shape': (4,), }          \n", 1, v, sizeof v);
+    CHECK_OK(load_tmp(&t));
+    CHECK(t && t->ndim == 1 && t->shape[0] == 4 && lk_tensor_get(t, 3) == 4.0);
+    lk_tensor_release(t);
+    /* Version 2.0 header, keys in another order, double quotes. */
+    write_raw("{\"shape\": (2, 2), \"fortran_order\": False, \"descr\": \"<f4\"}\n", 2, v, sizeof v);
+    CHECK_OK(load_tmp(&t));
+    CHECK(t && t->ndim == 2 && lk_tensor_get(t, 2) == 3.0);
+    lk_tensor_release(t);
+    /* Fixtures NumPy wrote: i64 targets and an i32 index file. */
+    char path[640];
+    snprintf(path, sizeof path, "%s/embedding_i32/idx.npy", FIXTURE_DIR);
+    CHECK_OK(lk_npy_load(path, &t));
+    CHECK(t && t->dtype == LK_I32 && t->ndim == 1 && t->shape[0] == 13);
+    lk_tensor_release(t);
+    snprintf(path, sizeof path, "%s/ce_ncd/target.npy", FIXTURE_DIR);
+    CHECK_OK(lk_npy_load(path, &t));
+    CHECK(t && t->dtype == LK_I64 && t->ndim == 2 && t->shape[0] == 3 && t->shape[1] == 7);
+    lk_tensor_release(t);
+
+    /* Errors name the file and what was expected; *out stays NULL. */
+    CHECK_ERR(lk_npy_load(LK_BUILD_DIR "/no/such/file.npy", &t), LK_STATUS_IO, "no/such/file.npy: cannot open");
+    CHECK(t == NULL);
+    FILE *f = fopen(tmp_path, "wb");
+    fputs("PK\x03\x04 not numpy", f);
+    fclose(f);
+    CHECK_ERR(load_tmp(&t), LK_STATUS_INVALID_ARGUMENT, "bad magic");
+    write_raw("{'descr': '<f4', 'fortran_order': False, 'shape': (5,), }\n", 1, v, sizeof v);
+    CHECK_ERR(load_tmp(&t), LK_STATUS_INVALID_ARGUMENT, "16 data bytes, but the header's f32 shape with 5 elements");
+    write_raw("{'descr': '<f4', 'fortran_order': False, 'shape': (3,), }\n", 1, v, sizeof v);
+    CHECK_ERR(load_tmp(&t), LK_STATUS_INVALID_ARGUMENT, "needs 12");
+    write_raw("{'descr': '<f4', 'fortran_order': True, 'shape': (2, 2), }\n", 1, v, sizeof v);
+    CHECK_ERR(load_tmp(&t), LK_STATUS_UNSUPPORTED, "Fortran-order");
+    write_raw("{'descr': '>f4', 'fortran_order': False, 'shape': (4,), }\n", 1, v, sizeof v);
+    CHECK_ERR(load_tmp(&t), LK_STATUS_UNSUPPORTED, "dtype '>f4' unsupported");
+    write_raw("{'descr': '<c8', 'fortran_order': False, 'shape': (2,), }\n", 1, v, sizeof v);
+    CHECK_ERR(load_tmp(&t), LK_STATUS_UNSUPPORTED, "dtype '<c8'");
+    write_raw("{'descr': '<f4', 'fortran_order': False, 'shape': (4,), }\n", 9, v, sizeof v);
+    CHECK_ERR(load_tmp(&t), LK_STATUS_UNSUPPORTED, "version 9.0");
+    write_raw("{'descr': '<f4', 'shape': (4,), }\n", 1, v, sizeof v);
+    CHECK_ERR(load_tmp(&t), LK_STATUS_INVALID_ARGUMENT, "lacks 'fortran_order'");
+    write_raw("{'descr': '<f4', 'fortran_order': False, 'shape': (-4,), }\n", 1, v, sizeof v);
+    CHECK_ERR(load_tmp(&t), LK_STATUS_INVALID_ARGUMENT, "non-integer or negative");
+    write_raw("{'descr': '<f4', 'fortran_order': False, 'shape': (1,1,1,1,1,1,1,1,4), }\n", 1, v, sizeof v);
+    CHECK_ERR(load_tmp(&t), LK_STATUS_UNSUPPORTED, "more than 8 dims");
+    write_raw("{'descr': '<f4', 'fortran_order': False, 'shape': (4,), 'x': 1}\n", 1, v, sizeof v);
+    CHECK_ERR(load_tmp(&t), LK_STATUS_INVALID_ARGUMENT, "unknown key 'x'");
+    write_raw("{'descr': '<f4', 'fortran_order': False, 'shape': (4,)", 1, v, 0);
+    CHECK_ERR(load_tmp(&t), LK_STATUS_INVALID_ARGUMENT, "npy ");
+    f = fopen(tmp_path, "wb");
+    fwrite("\x93NUMPY\x01\x00\xff\x7f{", 1, 11, f); /* header length past the end */
+    fclose(f);
+    CHECK_ERR(load_tmp(&t), LK_STATUS_INVALID_ARGUMENT, "header length 32767 out of range");
+    CHECK(t == NULL);
+    lk_tensor *c64 = lk_tensor_zeros(LK_F16, LK_SHAPE(2));
+    CHECK_ERR(lk_npy_save(tmp_path, c64), LK_STATUS_UNSUPPORTED, "cannot write dtype f16");
+    lk_tensor_release(c64);
+    remove(tmp_path);
+}
+
+/* ---- main ------------------------------------------------------------------------------------ */
+
+static bool selected(const char *name, int argc, char **argv) {
+    if (argc <= 1) return true;
+    for (int a = 1; a < argc; a++)
+        if (!strncmp(name, argv[a], strlen(argv[a]))) return true;
+    return false;
+}
+
+int main(int argc, char **argv) {
+    setvbuf(stdout, NULL, _IOLBF, 0); /* keep "ok" lines in order with stderr's reports */
+    const char *v = getenv("LK_PARITY_VERBOSE");
+    bool verbose = v && *v && strcmp(v, "0");
+    int passed = 0, failed = 0, pending = 0;
+    if (selected("npy_reader", argc, argv)) {
+        lk_t_case_failed = 0;
+        npy_reader();
+        if (lk_t_case_failed) failed++, fprintf(stderr, "FAIL npy_reader\n");
+        else passed++, printf("ok   npy_reader\n");
+    }
+    if (argc <= 1) {
+        int bad = check_fixture_dirs_covered();
+        if (bad) failed++, fprintf(stderr, "FAIL fixture directories without a case: %d\n", bad);
+    }
+    for (int i = 0; i < N_CASES; i++) {
+        if (!selected(cases[i].name, argc, argv)) continue;
+        result r = run_case(&cases[i], verbose);
+        if (r == RES_OK) passed++, printf("ok   %s\n", cases[i].name);
+        else if (r == RES_PENDING) pending++, printf("PENDING %s (op not implemented yet)\n", cases[i].name);
+        else failed++, fprintf(stderr, "FAIL %s\n", cases[i].name);
+    }
+    printf("%d passed, %d failed, %d pending\n", passed, failed, pending);
+    return failed ? 1 : 0;
+}

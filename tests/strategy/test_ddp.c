@@ -1,0 +1,253 @@
+/* DDP equivalence: N ranks with per-rank batch B train the same parameters as
+ * one process with batch N*B on the same samples (mean-reduced loss), for any
+ * bucket size; accumulation reduces once per optimizer step; a slow
+ * communicator's time hides behind backward. Ranks are forked children. */
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "lk_test.h"
+
+enum { IN = 13, HID = 32, OUT = 5, B = 6, STEPS = 20 };
+
+typedef struct {
+    lk_tensor *w1, *b1, *w2, *b2;
+    lk_tensor *params[4];
+    const char *names[4];
+    lk_tensor *m[4], *v[4];
+} net;
+
+static void net_init(net *n) {
+    lk_rng r;
+    lk_rng_init(&r, 99, LK_RNG_INIT, 0, 0);
+    n->w1 = lk_tensor_randn(&r, LK_SHAPE(HID, IN), 0, 0.3f);
+    n->b1 = lk_tensor_randn(&r, LK_SHAPE(HID), 0, 0.1f);
+    n->w2 = lk_tensor_randn(&r, LK_SHAPE(OUT, HID), 0, 0.3f);
+    n->b2 = lk_tensor_randn(&r, LK_SHAPE(OUT), 0, 0.1f);
+    lk_tensor *p[4] = {n->w1, n->b1, n->w2, n->b2};
+    static const char *names[4] = {"0.weight", "0.bias", "2.weight", "2.bias"};
+    for (int i = 0; i < 4; i++) {
+        n->params[i] = p[i];
+        n->names[i] = names[i];
+        lk_tensor_set_requires_grad(p[i], true);
+        n->m[i] = lk_tensor_zeros(LK_F32, p[i]->ndim, p[i]->shape);
+        n->v[i] = lk_tensor_zeros(LK_F32, p[i]->ndim, p[i]->shape);
+    }
+}
+
+static void net_free(net *n) {
+    for (int i = 0; i < 4; i++) {
+        lk_tensor_release(n->params[i]);
+        lk_tensor_release(n->m[i]);
+        lk_tensor_release(n->v[i]);
+    }
+}
+
+/* Adam with PyTorch's defaults, lr 1e-2 (the same in both runs). */
+static void adam_step(net *n, int t) {
+    const float lr = 1e-2f, b1 = 0.9f, b2 = 0.999f, eps = 1e-8f;
+    float bc1 = 1 - powf(b1, (float)t), bc2 = 1 - powf(b2, (float)t);
+    for (int i = 0; i < 4; i++) {
+        float *p = n->params[i]->data, *g = n->params[i]->grad->data, *m = n->m[i]->data, *v = n->v[i]->data;
+        for (int64_t k = 0; k < n->params[i]->numel; k++) {
+            m[k] = b1 * m[k] + (1 - b1) * g[k];
+            v[k] = b2 * v[k] + (1 - b2) * g[k] * g[k];
+            p[k] -= lr * (m[k] / bc1) / (sqrtf(v[k] / bc2) + eps);
+        }
+    }
+}
+
+/* Sample i of the synthetic dataset (deterministic from its index). */
+static void sample(int64_t i, float *x, float *y) {
+    lk_rng r;
+    lk_rng_init(&r, 5, LK_RNG_DATA, (uint32_t)i, 0);
+    for (int k = 0; k < IN; k++) x[k] = lk_rng_normal(&r);
+    for (int k = 0; k < OUT; k++) y[k] = sinf(x[k]) + 0.5f * x[k + 1];
+}
+
+/* One forward/backward on samples [first, first + count). */
+static lk_status micro_step(net *n, int64_t first, int64_t count) {
+    float xs[64 * IN], ys[64 * OUT];
+    for (int64_t i = 0; i < count; i++) sample(first + i, xs + i * IN, ys + i * OUT);
+    lk_scope_begin();
+    lk_tensor *x = lk_scope_adopt(lk_tensor_from_data(LK_F32, LK_SHAPE(count, IN), xs));
+    lk_tensor *y = lk_scope_adopt(lk_tensor_from_data(LK_F32, LK_SHAPE(count, OUT), ys));
+    lk_tensor *loss = lk_mse_loss(lk_linear(lk_tanh(lk_linear(x, n->w1, n->b1)), n->w2, n->b2), y, LK_REDUCTION_MEAN);
+    lk_status st = lk_backward(loss);
+    lk_scope_end();
+    return st;
+}
+
+typedef struct {
+    int world;
+    double bucket_mb;
+    int accum; /* micro-batches per optimizer step */
+    const char *out_path;
+} run_cfg;
+
+/* Trains and writes the parameters (rank 0) to out_path. Returns 0 on success. */
+static int train(const run_cfg *rc, lk_comm *comm, uint64_t *allreduces) {
+    net n;
+    net_init(&n);
+    lk_strategy_config sc = lk_strategy_config_default();
+    sc.comm = comm;
+    sc.bucket_cap_mb = rc->bucket_mb;
+    lk_strategy *s = NULL;
+    if (lk_strategy_create(&sc, &s) || lk_strategy_setup(s, n.params, n.names, 4, NULL, 0)) {
+        fprintf(stderr, "setup: %s\n", lk_last_error());
+        return 1;
+    }
+    int rank = lk_strategy_rank(s), world = lk_strategy_world_size(s);
+    int64_t per_rank = (int64_t)B * (rc->world / world) / rc->accum; /* single run: the whole global batch */
+    for (int t = 1; t <= STEPS; t++) {
+        for (int a = 0; a < rc->accum; a++) {
+            int64_t first = ((int64_t)(t - 1) * rc->world * B) + (int64_t)a * per_rank * world + (int64_t)rank * per_rank;
+            lk_strategy_begin_backward(s, a == rc->accum - 1);
+            if (micro_step(&n, first, per_rank) || lk_strategy_finish_backward(s)) {
+                fprintf(stderr, "step %d: %s\n", t, lk_last_error());
+                return 1;
+            }
+        }
+        if (rc->accum > 1) /* mean over micro-batches, as Lightning scales the loss */
+            for (int i = 0; i < 4; i++) {
+                float *g = n.params[i]->grad->data;
+                for (int64_t k = 0; k < n.params[i]->numel; k++) g[k] /= (float)rc->accum;
+            }
+        adam_step(&n, t);
+        lk_strategy_zero_grad(s);
+    }
+    if (allreduces) *allreduces = lk_strategy_get_stats(s).allreduce_calls;
+    if (rank == 0) {
+        FILE *f = fopen(rc->out_path, "wb");
+        for (int i = 0; i < 4; i++) fwrite(n.params[i]->data, 4, (size_t)n.params[i]->numel, f);
+        fclose(f);
+    }
+    lk_strategy_free(s);
+    net_free(&n);
+    return 0;
+}
+
+/* Forks `world` ranks running train(); returns the number that failed. */
+static int run_ranks(const run_cfg *rc, uint64_t *allreduces_rank0) {
+    char job[64];
+    snprintf(job, sizeof job, "lktest-ddp-%d-%d", (int)getpid(), rand() % 100000);
+    int fds[2];
+    if (pipe(fds)) return rc->world;
+    pid_t pids[8];
+    for (int r = 0; r < rc->world; r++) {
+        pids[r] = fork();
+        if (pids[r] == 0) {
+            close(fds[0]);
+            char buf[32];
+            snprintf(buf, sizeof buf, "%d", r);
+            setenv("RANK", buf, 1);
+            setenv("LOCAL_RANK", buf, 1);
+            snprintf(buf, sizeof buf, "%d", rc->world);
+            setenv("WORLD_SIZE", buf, 1);
+            setenv("LOCAL_WORLD_SIZE", buf, 1);
+            setenv("MASTER_ADDR", "127.0.0.1", 1);
+            setenv("MASTER_PORT", "29511", 1);
+            setenv("LK_JOB_ID", job, 1);
+            lk_comm_config cc = lk_comm_config_default();
+            cc.timeout_s = 20;
+            lk_comm *comm = NULL;
+            if (lk_comm_create(&cc, &comm)) {
+                fprintf(stderr, "rank %d: comm: %s\n", r, lk_last_error());
+                _exit(1);
+            }
+            uint64_t calls = 0;
+            int rc2 = train(rc, comm, &calls);
+            if (r == 0) {
+                ssize_t w = write(fds[1], &calls, sizeof calls);
+                (void)w;
+            }
+            lk_comm_free(comm);
+            _exit(rc2);
+        }
+    }
+    close(fds[1]);
+    int failed = 0;
+    for (int r = 0; r < rc->world; r++) {
+        int status;
+        waitpid(pids[r], &status, 0);
+        failed += !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    }
+    uint64_t calls = 0;
+    ssize_t rd = read(fds[0], &calls, sizeof calls);
+    (void)rd;
+    close(fds[0]);
+    if (allreduces_rank0) *allreduces_rank0 = calls;
+    return failed;
+}
+
+static int load(const char *path, float *buf, int n) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return 0;
+    int k = (int)fread(buf, 4, (size_t)n, f);
+    fclose(f);
+    return k;
+}
+
+enum { NP = HID * IN + HID + OUT * HID + OUT };
+
+static double max_rel_diff(const float *a, const float *b, int n) {
+    double m = 0;
+    for (int i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - b[i]) / (fabs((double)b[i]) + 1e-3);
+        if (d > m) m = d;
+    }
+    return m;
+}
+
+static void ddp_equals_single(void) {
+    static float ref[NP], got[NP], other[NP];
+    for (int world = 2; world <= 4; world++) {
+        run_cfg single = {world, 25, 1, "/tmp/lk_ddp_single.bin"};
+        CHECK(train(&single, NULL, NULL) == 0);
+        CHECK(load(single.out_path, ref, NP) == NP);
+        run_cfg ddp = {world, 25, 1, "/tmp/lk_ddp_ranks.bin"};
+        CHECK_MSG(run_ranks(&ddp, NULL) == 0, "world %d: a rank failed", world);
+        CHECK(load(ddp.out_path, got, NP) == NP);
+        double d = max_rel_diff(got, ref, NP);
+        printf("world %d: max relative difference ddp vs single after %d Adam steps: %.3g\n", world, STEPS, d);
+        CHECK_MSG(d <= 1e-5, "world %d: %.3g", world, d);
+        /* many tiny buckets and one huge bucket give identical results */
+        run_cfg tiny = {world, 1e-4, 1, "/tmp/lk_ddp_tiny.bin"};
+        CHECK(run_ranks(&tiny, NULL) == 0);
+        CHECK(load(tiny.out_path, other, NP) == NP);
+        CHECK_MSG(memcmp(other, got, sizeof got) == 0, "world %d: tiny buckets differ", world);
+        run_cfg huge = {world, 1000, 1, "/tmp/lk_ddp_huge.bin"};
+        CHECK(run_ranks(&huge, NULL) == 0);
+        CHECK(load(huge.out_path, other, NP) == NP);
+        CHECK_MSG(memcmp(other, got, sizeof got) == 0, "world %d: one bucket differs", world);
+    }
+}
+
+static void accumulation_reduces_once_per_step(void) {
+    static float ref[NP], got[NP];
+    /* accumulate 3 micro-batches of B/3 on each of 2 ranks == batch 2B on one process */
+    run_cfg single = {2, 25, 1, "/tmp/lk_acc_single.bin"};
+    CHECK(train(&single, NULL, NULL) == 0);
+    CHECK(load(single.out_path, ref, NP) == NP);
+    run_cfg acc = {2, 1e-4, 3, "/tmp/lk_acc_ddp.bin"};
+    uint64_t calls = 0;
+    CHECK(run_ranks(&acc, &calls) == 0);
+    CHECK(load(acc.out_path, got, NP) == NP);
+    double d = max_rel_diff(got, ref, NP);
+    printf("accumulate 3 x 2 ranks vs single: max relative difference %.3g, %llu all-reduces\n", d,
+           (unsigned long long)calls);
+    CHECK_MSG(d <= 1e-5, "%.3g", d);
+    /* tiny buckets: one bucket per parameter, 4 per optimizer step, none in no_sync passes */
+    CHECK_MSG(calls == 4 * STEPS, "expected %d all-reduces, got %llu", 4 * STEPS, (unsigned long long)calls);
+}
+
+static void bad_config(void) {
+    lk_strategy_config sc = lk_strategy_config_default();
+    lk_strategy *s;
+    sc.name = "dpp";
+    CHECK_ERR(lk_strategy_create(&sc, &s), LK_STATUS_INVALID_ARGUMENT, "unknown strategy 'dpp' (did you mean 'ddp'?)");
+    sc.name = "ddp";
+    CHECK_ERR(lk_strategy_create(&sc, &s), LK_STATUS_INVALID_ARGUMENT, "needs a communicator");
+}
+
+LK_TEST_MAIN(LK_TEST_CASE(ddp_equals_single), LK_TEST_CASE(accumulation_reduces_once_per_step), LK_TEST_CASE(bad_config))
