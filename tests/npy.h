@@ -42,14 +42,14 @@ static const struct {
 /* ---- header parsing: {'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), } ---- */
 
 typedef struct {
-    const char *p, *end, *path;
+    const char *p, *end, *path, *start;
 } lk_npy_cur;
 
-static void lk_npy_ws(lk_npy_cur *c) {
+static inline void lk_npy_ws(lk_npy_cur *c) {
     while (c->p < c->end && (*c->p == ' ' || *c->p == '\t' || *c->p == '\n' || *c->p == '\r')) c->p++;
 }
 
-static bool lk_npy_eat(lk_npy_cur *c, char ch) {
+static inline bool lk_npy_eat(lk_npy_cur *c, char ch) {
     lk_npy_ws(c);
     if (c->p < c->end && *c->p == ch) {
         c->p++;
@@ -59,11 +59,11 @@ static bool lk_npy_eat(lk_npy_cur *c, char ch) {
 }
 
 /* A Python string literal ('...' or "...", no escapes) into buf. */
-static lk_status lk_npy_str(lk_npy_cur *c, char *buf, size_t n, const char *what) {
+static inline lk_status lk_npy_str(lk_npy_cur *c, char *buf, size_t n, const char *what) {
     lk_npy_ws(c);
     if (c->p >= c->end || (*c->p != '\'' && *c->p != '"'))
         return lk_error(LK_STATUS_INVALID_ARGUMENT, "npy %s: header: expected a quoted %s at offset %d", c->path, what,
-                        (int)(c->end - c->p));
+                        (int)(c->p - c->start));
     char q = *c->p++;
     size_t len = 0;
     while (c->p < c->end && *c->p != q) {
@@ -78,7 +78,7 @@ static lk_status lk_npy_str(lk_npy_cur *c, char *buf, size_t n, const char *what
 }
 
 /* A tuple of non-negative ints: (), (5,), (2, 3), (2, 3,). */
-static lk_status lk_npy_shape(lk_npy_cur *c, int *ndim, int64_t *shape) {
+static inline lk_status lk_npy_shape(lk_npy_cur *c, int *ndim, int64_t *shape) {
     if (!lk_npy_eat(c, '('))
         return lk_error(LK_STATUS_INVALID_ARGUMENT, "npy %s: header: 'shape' must be a tuple", c->path);
     *ndim = 0;
@@ -104,9 +104,9 @@ static lk_status lk_npy_shape(lk_npy_cur *c, int *ndim, int64_t *shape) {
     }
 }
 
-static lk_status lk_npy_parse_header(const char *path, const char *h, size_t len, lk_dtype *dt, int *ndim,
+static inline lk_status lk_npy_parse_header(const char *path, const char *h, size_t len, lk_dtype *dt, int *ndim,
                                      int64_t *shape) {
-    lk_npy_cur c = {h, h + len, path};
+    lk_npy_cur c = {h, h + len, path, h};
     bool have_descr = false, have_order = false, have_shape = false;
     char key[32], val[32];
     if (!lk_npy_eat(&c, '{'))
@@ -156,7 +156,7 @@ static lk_status lk_npy_parse_header(const char *path, const char *h, size_t len
     return LK_STATUS_OK;
 }
 
-static bool lk_npy_host_is_le(void) {
+static inline bool lk_npy_host_is_le(void) {
     const uint16_t one = 1;
     return *(const uint8_t *)&one == 1;
 }
@@ -164,7 +164,7 @@ static bool lk_npy_host_is_le(void) {
 /* ---- reading ------------------------------------------------------------------------- */
 
 /* Loads `path` into a new contiguous CPU tensor the caller owns (*out = NULL on error). */
-static lk_status lk_npy_load(const char *path, lk_tensor **out) {
+static inline lk_status lk_npy_load(const char *path, lk_tensor **out) {
     *out = NULL;
     if (!lk_npy_host_is_le())
         return lk_error(LK_STATUS_UNSUPPORTED, "npy %s: big-endian hosts are not supported", path);
@@ -261,7 +261,7 @@ done:
 /* ---- writing ------------------------------------------------------------------------- */
 
 /* Writes t (CPU; f32, f64, i64, i32 or u8; any strides) as a version 1.0 .npy. */
-static lk_status lk_npy_save(const char *path, const lk_tensor *t) {
+static inline lk_status lk_npy_save(const char *path, const lk_tensor *t) {
     const char *descr = NULL;
     for (size_t i = 0; i < sizeof lk_npy_dtypes / sizeof lk_npy_dtypes[0] && !descr; i++)
         if (lk_npy_dtypes[i].dt == t->dtype) descr = lk_npy_dtypes[i].descr;

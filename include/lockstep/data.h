@@ -21,16 +21,17 @@
  *     cfg.batch_size = 128;
  *     cfg.rank = rank;
  *     cfg.world_size = world;
- *     LK_TRY(lk_loader_create(train, &cfg, &loader));  // holds a reference
- *     for (uint64_t epoch = 0; epoch < 10; epoch++) {
- *         LK_TRY(lk_loader_start(loader, epoch, 0));
+ *     lk_status st = lk_loader_create(train, &cfg, &loader); // holds a reference
+ *     lk_dataset_free(train);
+ *     for (uint64_t epoch = 0; !st && epoch < 10; epoch++) {
  *         const lk_batch *b;
- *         while (lk_loader_next(loader, &b) == LK_STATUS_OK && b) {
+ *         st = lk_loader_start(loader, epoch, 0);
+ *         while (!st && !(st = lk_loader_next(loader, &b)) && b) {
  *             // b->field[0]: u8 [B, 28, 28]; b->field[1]: u8 [B]
  *         }
  *     }
  *     lk_loader_free(loader);
- *     lk_dataset_free(train);
+ *     return st;  // a failed read names the file, batch and sample
  *
  * Threading: datasets are immutable once created, so any number of threads
  * may read samples at once. A loader is driven by one thread.

@@ -158,6 +158,13 @@ float lk_bf16_to_f32(uint16_t h);
 uint16_t lk_f32_to_f16(float f);
 float lk_f16_to_f32(uint16_t h);
 
+/* ---- compute threads -------------------------------------------------------
+ * Threads the CPU backend (BLAS) may use in this process. The trainer sets
+ * cores / local ranks so ranks do not oversubscribe the machine; the
+ * LK_NUM_THREADS environment variable overrides it. */
+void lk_set_num_threads(int n);
+int lk_get_num_threads(void);
+
 /* ---- storage pool statistics ---------------------------------------------- */
 typedef struct lk_pool_stats {
     uint64_t hits, misses; /* storage requests served from the cache / by malloc */

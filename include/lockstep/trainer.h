@@ -74,6 +74,7 @@ typedef struct lk_trainer_config {
     char monitor_mode[LK_PARAM_STR];/* min | max */
     int64_t save_top_k;
     bool save_last;
+    int64_t every_n_train_steps;    /* ModelCheckpoint: also every N optimizer steps (0: off) */
     char checkpoint_filename[LK_PARAM_STR]; /* e.g. "{epoch}-{val_loss:.3f}" */
     char early_stopping_monitor[LK_PARAM_STR]; /* "" = off */
     int64_t early_stopping_patience;

@@ -92,6 +92,15 @@ static void cpu_axpy(int64_t n, float alpha, const float *restrict x, float *res
         for (int64_t i = 0; i < n; i++) y[i] += alpha * x[i];
 }
 
+void lk_set_num_threads(int n) {
+    long env = lk_env_get_long("LK_NUM_THREADS", 0);
+    if (env > 0) n = (int)env;
+    if (n < 1) n = 1;
+    openblas_set_num_threads(n);
+}
+
+int lk_get_num_threads(void) { return openblas_get_num_threads(); }
+
 const lk_backend lk__cpu_backend = {
     .name = "cpu",
     .kind = LK_CPU,

@@ -263,16 +263,33 @@ LK_KERNEL void lk_k_max_pool_plane(const float *x, long H, long W, long kh, long
         for (long ow = 0; ow < OW; ow++) {
             long w0 = ow * sw - pw, w1 = w0 + kw < W ? w0 + kw : W;
             w0 = w0 > 0 ? w0 : 0;
+            /* Branch-free (the position of a maximum in random data defeats
+             * the branch predictor): the max, then the first index holding
+             * it found from the back; a window with a NaN takes the exact
+             * PyTorch loop (its last NaN wins). */
             float m = -INFINITY;
-            long mi = h0 * W + w0;
+            int nan = 0;
             for (long ih = h0; ih < h1; ih++)
-                for (long iw = w0; iw < w1; iw++) { /* branch-free: random data mispredicts */
-                    long j = ih * W + iw;
-                    float v = x[j];
-                    int take = (v > m) | (v != v);
-                    m = take ? v : m;
-                    mi = take ? j : mi;
+                for (long iw = w0; iw < w1; iw++) {
+                    float v = x[ih * W + iw];
+                    m = v > m ? v : m;
+                    nan |= v != v;
                 }
+            long mi = h0 * W + w0;
+            if (!nan) {
+                for (long ih = h1 - 1; ih >= h0; ih--)
+                    for (long iw = w1 - 1; iw >= w0; iw--) mi = x[ih * W + iw] == m ? ih * W + iw : mi;
+            } else {
+                m = -INFINITY;
+                for (long ih = h0; ih < h1; ih++)
+                    for (long iw = w0; iw < w1; iw++) {
+                        float v = x[ih * W + iw];
+                        if (v > m || v != v) {
+                            m = v;
+                            mi = ih * W + iw;
+                        }
+                    }
+            }
             y[oh * OW + ow] = m;
             idx[oh * OW + ow] = (int)mi;
         }
@@ -423,7 +440,8 @@ LK_KERNEL void lk_k_bn_backward_plane(const float *LK_KC_RESTRICT dy, const floa
  *      (owner: autograd/ops_softmax.c, autograd/ops_layers.c) ====
  * Row loops run in blocks of 8 independent lanes with a scalar tail: at -O2
  * GCC's cheap vectoriser only takes loops whose trip count it knows, and a
- * fixed 8-wide block is SLP-vectorised into one AVX register. The lanes also
+ * fixed 8-wide block is vectorised into one AVX register. (The block bound is
+ * written n - n % 8 so GCC does not warn about the tail once n is a constant.) The lanes also
  * fix the summation order, so results do not depend on the ISA. */
 #ifndef LK_KERNELS_OPS_A_SECTION
 #define LK_KERNELS_OPS_A_SECTION
@@ -467,7 +485,7 @@ LK_KERNEL float lk_k_max8(const float *x, long n) {
     float m[LK_K_LANES];
     for (int j = 0; j < LK_K_LANES; j++) m[j] = -INFINITY;
     long i = 0;
-    for (; i + LK_K_LANES <= n; i += LK_K_LANES)
+    for (; i < n - n % LK_K_LANES; i += LK_K_LANES)
         for (int j = 0; j < LK_K_LANES; j++) m[j] = x[i + j] > m[j] ? x[i + j] : m[j];
     float r = m[0];
     for (int j = 1; j < LK_K_LANES; j++) r = m[j] > r ? m[j] : r;
@@ -478,7 +496,7 @@ LK_KERNEL float lk_k_max8(const float *x, long n) {
 LK_KERNEL float lk_k_sum8(const float *x, long n) {
     float a[LK_K_LANES] = {0};
     long i = 0;
-    for (; i + LK_K_LANES <= n; i += LK_K_LANES)
+    for (; i < n - n % LK_K_LANES; i += LK_K_LANES)
         for (int j = 0; j < LK_K_LANES; j++) a[j] += x[i + j];
     float r = 0.0f;
     for (int j = 0; j < LK_K_LANES; j++) r += a[j];
@@ -490,7 +508,7 @@ LK_KERNEL float lk_k_sum8(const float *x, long n) {
 LK_KERNEL float lk_k_dot8(const float *x, const float *y, long n) {
     float a[LK_K_LANES] = {0};
     long i = 0;
-    for (; i + LK_K_LANES <= n; i += LK_K_LANES)
+    for (; i < n - n % LK_K_LANES; i += LK_K_LANES)
         for (int j = 0; j < LK_K_LANES; j++) a[j] += x[i + j] * y[i + j];
     float r = 0.0f;
     for (int j = 0; j < LK_K_LANES; j++) r += a[j];
@@ -502,7 +520,7 @@ LK_KERNEL float lk_k_dot8(const float *x, const float *y, long n) {
 LK_KERNEL float lk_k_exp_sum8(const float *LK_K_RESTRICT x, float *LK_K_RESTRICT y, long n, float m) {
     float a[LK_K_LANES] = {0};
     long i = 0;
-    for (; i + LK_K_LANES <= n; i += LK_K_LANES)
+    for (; i < n - n % LK_K_LANES; i += LK_K_LANES)
         for (int j = 0; j < LK_K_LANES; j++) {
             float e = lk_k_expf(x[i + j] - m);
             y[i + j] = e;
@@ -521,7 +539,7 @@ LK_KERNEL float lk_k_exp_sum8(const float *LK_K_RESTRICT x, float *LK_K_RESTRICT
 /* y = x * s + b. */
 LK_KERNEL void lk_k_axpb8(const float *LK_K_RESTRICT x, float *LK_K_RESTRICT y, long n, float s, float b) {
     long i = 0;
-    for (; i + LK_K_LANES <= n; i += LK_K_LANES)
+    for (; i < n - n % LK_K_LANES; i += LK_K_LANES)
         for (int j = 0; j < LK_K_LANES; j++) y[i + j] = x[i + j] * s + b;
     for (; i < n; i++) y[i] = x[i] * s + b;
 }
@@ -529,7 +547,7 @@ LK_KERNEL void lk_k_axpb8(const float *LK_K_RESTRICT x, float *LK_K_RESTRICT y, 
 /* y *= s, in place. */
 LK_KERNEL void lk_k_scale8(float *y, long n, float s) {
     long i = 0;
-    for (; i + LK_K_LANES <= n; i += LK_K_LANES)
+    for (; i < n - n % LK_K_LANES; i += LK_K_LANES)
         for (int j = 0; j < LK_K_LANES; j++) y[i + j] *= s;
     for (; i < n; i++) y[i] *= s;
 }
@@ -539,7 +557,7 @@ LK_KERNEL void lk_k_scale8(float *y, long n, float s) {
 LK_KERNEL void lk_k_log_softmax_finish8(const float *LK_K_RESTRICT x, float *LK_K_RESTRICT y, long n, float m,
                                         float logs) {
     long i = 0;
-    for (; i + LK_K_LANES <= n; i += LK_K_LANES)
+    for (; i < n - n % LK_K_LANES; i += LK_K_LANES)
         for (int j = 0; j < LK_K_LANES; j++) y[i + j] = (x[i + j] - m) - logs;
     for (; i < n; i++) y[i] = (x[i] - m) - logs;
 }
@@ -583,12 +601,12 @@ LK_KERNEL void lk_k_softmax_backward_row(const float *LK_K_RESTRICT y, const flo
     long i = 0;
     if (log_out) {
         float sg = lk_k_sum8(g, n);
-        for (; i + LK_K_LANES <= n; i += LK_K_LANES)
+        for (; i < n - n % LK_K_LANES; i += LK_K_LANES)
             for (int j = 0; j < LK_K_LANES; j++) dx[i + j] = g[i + j] - lk_k_expf(y[i + j]) * sg;
         for (; i < n; i++) dx[i] = g[i] - lk_k_expf(y[i]) * sg;
     } else {
         float d = lk_k_dot8(g, y, n);
-        for (; i + LK_K_LANES <= n; i += LK_K_LANES)
+        for (; i < n - n % LK_K_LANES; i += LK_K_LANES)
             for (int j = 0; j < LK_K_LANES; j++) dx[i + j] = y[i + j] * (g[i + j] - d);
         for (; i < n; i++) dx[i] = y[i] * (g[i] - d);
     }
@@ -625,11 +643,11 @@ LK_KERNEL float lk_k_xent_row(const float *z, float *p, long C, long t, float wt
         float a[LK_K_LANES] = {0}, r = 0.0f;
         long i = 0;
         if (w) {
-            for (; i + LK_K_LANES <= C; i += LK_K_LANES)
+            for (; i < C - C % LK_K_LANES; i += LK_K_LANES)
                 for (int j = 0; j < LK_K_LANES; j++) a[j] += w[i + j] * ((m - z[i + j]) + logs);
             for (; i < C; i++) r += w[i] * ((m - z[i]) + logs);
         } else {
-            for (; i + LK_K_LANES <= C; i += LK_K_LANES)
+            for (; i < C - C % LK_K_LANES; i += LK_K_LANES)
                 for (int j = 0; j < LK_K_LANES; j++) a[j] += (m - z[i + j]) + logs;
             for (; i < C; i++) r += (m - z[i]) + logs;
         }
@@ -651,11 +669,11 @@ LK_KERNEL void lk_k_xent_row_grad(const float *LK_K_RESTRICT p, float *LK_K_REST
     float a = coef * ((1.0f - eps) * wt + es * W), b = coef * es;
     long i = 0;
     if (w) {
-        for (; i + LK_K_LANES <= C; i += LK_K_LANES)
+        for (; i < C - C % LK_K_LANES; i += LK_K_LANES)
             for (int j = 0; j < LK_K_LANES; j++) dx[i + j] = p[i + j] * a - b * w[i + j];
         for (; i < C; i++) dx[i] = p[i] * a - b * w[i];
     } else {
-        for (; i + LK_K_LANES <= C; i += LK_K_LANES)
+        for (; i < C - C % LK_K_LANES; i += LK_K_LANES)
             for (int j = 0; j < LK_K_LANES; j++) dx[i + j] = p[i + j] * a - b;
         for (; i < C; i++) dx[i] = p[i] * a - b;
     }
@@ -702,13 +720,13 @@ LK_KERNEL float lk_k_bce_logits_dt(float x, float pw) { return (pw - 1.0f) * lk_
 /* y = x * w (+ b): the affine part of a normalisation. */
 LK_KERNEL void lk_k_mul8(float *LK_K_RESTRICT y, const float *LK_K_RESTRICT w, long n) {
     long i = 0;
-    for (; i + LK_K_LANES <= n; i += LK_K_LANES)
+    for (; i < n - n % LK_K_LANES; i += LK_K_LANES)
         for (int j = 0; j < LK_K_LANES; j++) y[i + j] *= w[i + j];
     for (; i < n; i++) y[i] *= w[i];
 }
 LK_KERNEL void lk_k_add8(float *LK_K_RESTRICT y, const float *LK_K_RESTRICT b, long n) {
     long i = 0;
-    for (; i + LK_K_LANES <= n; i += LK_K_LANES)
+    for (; i < n - n % LK_K_LANES; i += LK_K_LANES)
         for (int j = 0; j < LK_K_LANES; j++) y[i + j] += b[i + j];
     for (; i < n; i++) y[i] += b[i];
 }
@@ -720,7 +738,7 @@ LK_KERNEL void lk_k_layer_norm_row(const float *x, float *y, long n, const float
     float mean = lk_k_sum8(x, n) / (float)n;
     float a[LK_K_LANES] = {0}, var = 0.0f;
     long i = 0;
-    for (; i + LK_K_LANES <= n; i += LK_K_LANES)
+    for (; i < n - n % LK_K_LANES; i += LK_K_LANES)
         for (int j = 0; j < LK_K_LANES; j++) a[j] += (x[i + j] - mean) * (x[i + j] - mean);
     for (int j = 0; j < LK_K_LANES; j++) var += a[j];
     for (; i < n; i++) var += (x[i] - mean) * (x[i] - mean);
@@ -740,7 +758,7 @@ LK_KERNEL void lk_k_layer_norm_backward_row(const float *LK_K_RESTRICT x, const 
                                             float rstd, long n, float *LK_K_RESTRICT dx) {
     float s1[LK_K_LANES] = {0}, s2[LK_K_LANES] = {0}, sdy = 0.0f, sdyx = 0.0f;
     long i = 0;
-    for (; i + LK_K_LANES <= n; i += LK_K_LANES)
+    for (; i < n - n % LK_K_LANES; i += LK_K_LANES)
         for (int j = 0; j < LK_K_LANES; j++) {
             s1[j] += dy[i + j];
             s2[j] += dy[i + j] * ((x[i + j] - mean) * rstd);
@@ -754,7 +772,7 @@ LK_KERNEL void lk_k_layer_norm_backward_row(const float *LK_K_RESTRICT x, const 
         sdyx += dy[i] * ((x[i] - mean) * rstd);
     }
     float m1 = sdy / (float)n, m2 = sdyx / (float)n;
-    for (i = 0; i + LK_K_LANES <= n; i += LK_K_LANES)
+    for (i = 0; i < n - n % LK_K_LANES; i += LK_K_LANES)
         for (int j = 0; j < LK_K_LANES; j++) dx[i + j] = rstd * (dy[i + j] - m1 - ((x[i + j] - mean) * rstd) * m2);
     for (; i < n; i++) dx[i] = rstd * (dy[i] - m1 - ((x[i] - mean) * rstd) * m2);
 }
@@ -764,7 +782,7 @@ LK_KERNEL void lk_k_layer_norm_param_grad_row(const float *LK_K_RESTRICT x, cons
                                               float rstd, long n, float *LK_K_RESTRICT dw, float *LK_K_RESTRICT db) {
     long i = 0;
     if (dw) {
-        for (; i + LK_K_LANES <= n; i += LK_K_LANES)
+        for (; i < n - n % LK_K_LANES; i += LK_K_LANES)
             for (int j = 0; j < LK_K_LANES; j++) dw[i + j] += g[i + j] * ((x[i + j] - mean) * rstd);
         for (; i < n; i++) dw[i] += g[i] * ((x[i] - mean) * rstd);
     }

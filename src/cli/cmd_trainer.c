@@ -312,6 +312,8 @@ int lk_cmd_fit(int argc, char **argv) {
             if (!strcmp(cmd, "fit")) {
                 if (best[0]) printf("best checkpoint: %s\n", best);
                 if (last[0]) printf("last checkpoint: %s\n", last);
+            } else if (last[0]) {
+                printf("checkpoint:      %s\n", last);
             }
             printf("logs:            %s/metrics.csv\n", lk_trainer_log_dir(tr));
             char png[2200];

@@ -84,8 +84,8 @@ lk_status lk_dataset_tokens_create(const char *path, const lk_tokens_config *cfg
     c->stride = cfg->stride ? cfg->stride : cfg->seq_len;
     c->dtype = cfg->dtype;
     lk_status st = LK_STATUS_OK;
-    int32_t head[3];
-    memcpy(head, map, sizeof head);
+    int32_t head[3] = {0, 0, 0};
+    if (bytes >= sizeof head) memcpy(head, map, sizeof head);
     if (head[0] == LLMC_MAGIC) {
         if (head[1] != 1)
             st = lk_error(LK_STATUS_UNSUPPORTED, "%s: llm.c token file version %d, expected 1 (u16 tokens)", path, head[1]);

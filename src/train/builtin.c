@@ -76,6 +76,8 @@ static lk_status eval_step(lk_module *m, const lk_batch *b, lk_trainer *tr, cons
 }
 
 static lk_status builtin_validation_step(lk_module *m, const lk_batch *b, int64_t i, lk_trainer *tr) {
+    model_self *s = m->self;
+    if (i == 0) s->preview_n = 0; /* the picture shows the latest validation */
     return eval_step(m, b, tr, "val");
 }
 

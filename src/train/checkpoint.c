@@ -45,9 +45,9 @@ lk_status lk__ckpt_save(lk_trainer *tr, const char *path) {
     if (!st && !e) st = LK_STATUS_OUT_OF_MEMORY;
     for (int i = 0; !st && i < all.n; i++) e[i] = (lk_st_entry){.name = all.items[i].name, .tensor = all.items[i].tensor};
     char epoch[32], step[32], batch[32], world[16], seed[32], best[64], wait[16], esbest[64], topk[4096] = "";
-    snprintf(epoch, sizeof epoch, "%lld", (long long)tr->epoch);
+    snprintf(epoch, sizeof epoch, "%lld", (long long)(tr->epoch + (tr->at_epoch_end ? 1 : 0)));
     snprintf(step, sizeof step, "%lld", (long long)tr->global_step);
-    snprintf(batch, sizeof batch, "%lld", (long long)tr->resume_batch);
+    snprintf(batch, sizeof batch, "%lld", (long long)(tr->at_epoch_end ? 0 : tr->resume_batch));
     snprintf(world, sizeof world, "%d", tr->world);
     snprintf(seed, sizeof seed, "%lld", (long long)tr->cfg.seed);
     snprintf(best, sizeof best, "%.17g", tr->best_score);
@@ -278,7 +278,11 @@ static lk_status render_name(lk_trainer *tr, const char *tpl, char *out, size_t 
     return LK_STATUS_OK;
 }
 
-lk_status lk__ckpt_callback(lk_trainer *tr) {
+static lk_status ckpt_callback(lk_trainer *tr, bool last_only);
+lk_status lk__ckpt_callback(lk_trainer *tr) { return ckpt_callback(tr, false); }
+lk_status lk__ckpt_callback_last(lk_trainer *tr) { return ckpt_callback(tr, true); }
+
+static lk_status ckpt_callback(lk_trainer *tr, bool last_only) {
     const lk_trainer_config *c = &tr->cfg;
     if (!c->enable_checkpointing || c->fast_dev_run) return LK_STATUS_OK;
     lk_status st = LK_STATUS_OK;
@@ -286,7 +290,7 @@ lk_status lk__ckpt_callback(lk_trainer *tr) {
         char dir[LK_PATH + 16];
         snprintf(dir, sizeof dir, "%s/checkpoints", tr->log_dir);
         st = lk__out_mkdirs(dir);
-        if (!st && c->monitor[0]) {
+        if (!st && c->monitor[0] && !last_only) {
             double v;
             if (!lk_trainer_metric(tr, c->monitor, &v)) {
                 char names[1024] = "";
@@ -330,7 +334,7 @@ lk_status lk__ckpt_callback(lk_trainer *tr) {
                 }
             }
         }
-        if (!st && c->save_last) {
+        if (!st && (c->save_last || last_only)) {
             char path[LK_PATH + 32];
             snprintf(path, sizeof path, "%s/last.ckpt", dir);
             st = lk__ckpt_save(tr, path);

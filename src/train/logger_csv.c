@@ -58,10 +58,16 @@ lk_status lk_logger_log_metrics(lk_logger *lg, int64_t step, const char *const *
     LK_TRY(check_open(lg, "log_metrics"));
     if (n < 0 || (n > 0 && (!names || !values)))
         return lk_error(LK_STATUS_INVALID_ARGUMENT, "log_metrics: %d metrics with NULL names or values", n);
-    for (int i = 0; i < n; i++)
+    for (int i = 0; i < n; i++) {
         if (!names[i] || !names[i][0])
             return lk_error(LK_STATUS_INVALID_ARGUMENT, "log_metrics: metric %d at step %lld has an empty name", i,
                             (long long)step);
+        for (const char *c = names[i]; *c; c++)
+            if ((unsigned char)*c < 0x20 || *c == 0x7f) /* one CSV line per row, one TensorBoard tag per line */
+                return lk_error(LK_STATUS_INVALID_ARGUMENT,
+                                "log_metrics: metric name '%s' contains a control character (byte %d)", names[i],
+                                (int)(c - names[i]));
+    }
     return lg->vt->log_metrics(lg, step, names, values, n);
 }
 

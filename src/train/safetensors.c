@@ -399,8 +399,14 @@ static lk_status parse_metadata(lk_st_file *f, const cJSON *m) {
             return bad(f, "metadata '%s' must be a string, got %s", e->string ? e->string : "?", json_kind(e));
         for (int i = 0; i < f->nmeta; i++)
             if (!strcmp(f->meta_keys[i], e->string)) return bad(f, "metadata key '%s' appears twice", e->string);
-        if (!(f->meta_keys[f->nmeta] = lk_strdup(e->string))) return LK_STATUS_OUT_OF_MEMORY;
-        if (!(f->meta_values[f->nmeta] = lk_strdup(e->valuestring))) return LK_STATUS_OUT_OF_MEMORY;
+        char *k = lk_strdup(e->string), *v = lk_strdup(e->valuestring);
+        if (!k || !v) {
+            lk_free(k);
+            lk_free(v);
+            return LK_STATUS_OUT_OF_MEMORY;
+        }
+        f->meta_keys[f->nmeta] = k;
+        f->meta_values[f->nmeta] = v;
         f->nmeta++;
     }
     return LK_STATUS_OK;

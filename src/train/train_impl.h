@@ -43,6 +43,7 @@ struct lk_trainer {
     const char *stage; /* "train", "val", "test", "predict", "sanity" */
     int64_t epoch, global_step, batch_idx;
     int64_t resume_batch; /* batches of the current epoch already done (resume) */
+    bool at_epoch_end;    /* a checkpoint now resumes at epoch + 1, batch 0 */
     int64_t cur_batch_size;
     int64_t accum;        /* accumulate_grad_batches in force */
     lk_named_tensors params, buffers;
@@ -90,6 +91,8 @@ lk_status lk__ckpt_save(lk_trainer *tr, const char *path);
 lk_status lk__ckpt_load(lk_trainer *tr, const char *path, bool restore_training);
 /* The ModelCheckpoint callback at the end of a validation/epoch. */
 lk_status lk__ckpt_callback(lk_trainer *tr);
+/* last.ckpt only (every_n_train_steps). */
+lk_status lk__ckpt_callback_last(lk_trainer *tr);
 /* "last" / "best" / a path -> a path (error when it does not exist). */
 lk_status lk__ckpt_resolve(lk_trainer *tr, const char *spec, char *out, size_t size);
 

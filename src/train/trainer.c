@@ -67,6 +67,11 @@ lk_status lk_trainer_create(const lk_trainer_config *cfg, const lk_optim_setting
         goto fail;
     }
     lk_log_set_rank(tr->rank, tr->world);
+    /* Ranks on one node share its cores: BLAS threads that outnumber them
+     * spin against each other. */
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    int local = tr->pg.local_world_size > 0 ? tr->pg.local_world_size : 1;
+    lk_set_num_threads((int)(cores / local > 0 ? cores / local : 1));
     if (tr->world > 1) {
         lk_comm_config cc = lk_comm_config_default();
         cc.timeout_s = cfg->comm_timeout;
@@ -524,6 +529,12 @@ static lk_status fit_loop(lk_trainer *tr, lk_loader *train, lk_loader *val, int6
                     LK_TRY(log_lr(tr));
                     if (tr->logger) LK_TRY(lk__metrics_log_step(tr));
                 }
+                if (c->every_n_train_steps > 0 && tr->global_step % c->every_n_train_steps == 0 && i + 1 < n_train) {
+                    tr->resume_batch = i + 1; /* resumes at the next batch of this epoch */
+                    lk_status cs = lk__ckpt_callback_last(tr);
+                    tr->resume_batch = 0;
+                    LK_TRY(cs);
+                }
                 if (c->max_steps >= 0 && tr->global_step >= c->max_steps) {
                     stop = true;
                     snprintf(tr->stop_reason, sizeof tr->stop_reason, "max_steps=%lld reached", (long long)c->max_steps);
@@ -538,7 +549,10 @@ static lk_status fit_loop(lk_trainer *tr, lk_loader *train, lk_loader *val, int6
                 int k = lk__metrics_prog_bar(tr, names, vals, 16, false);
                 lk_progress_update(tr->progress, i + 1, names, vals, k);
             }
-            if (validate_epoch && (i + 1) % val_every == 0 && i + 1 < n_train && !stop) {
+            /* A fraction validates at its multiples and at the epoch end (below); an
+             * integer N validates every N batches only, as Lightning does. */
+            bool int_interval = c->val_check_interval > 1.0;
+            if (validate_epoch && (i + 1) % val_every == 0 && (int_interval || i + 1 < n_train) && !stop) {
                 LK_TRY(validate_now(tr, val, n_val));
                 LK_TRY(lk__ckpt_callback(tr));
                 tr->stage = "train";
@@ -554,7 +568,7 @@ static lk_status fit_loop(lk_trainer *tr, lk_loader *train, lk_loader *val, int6
             int k = lk__metrics_prog_bar(tr, names, vals, 16, true);
             lk_progress_end_epoch(tr->progress, names, vals, k);
         }
-        if (validate_epoch && !stop) LK_TRY(validate_now(tr, val, n_val));
+        if (validate_epoch && !stop && c->val_check_interval <= 1.0) LK_TRY(validate_now(tr, val, n_val));
         if (tr->sched && !strcmp(tr->opt.interval, "epoch") && strcmp(tr->opt.scheduler, "plateau"))
             LK_TRY(lk_scheduler_step(tr->sched));
         tr->stage = "train";
@@ -565,10 +579,9 @@ static lk_status fit_loop(lk_trainer *tr, lk_loader *train, lk_loader *val, int6
             tr->resume_batch = 0;
             break;
         }
-        int64_t done_epoch = tr->epoch;
-        tr->epoch++; /* checkpoints written at an epoch end resume at the next epoch */
+        tr->at_epoch_end = true; /* checkpoints written now resume at the next epoch */
         lk_status st = lk__ckpt_callback(tr);
-        tr->epoch = done_epoch;
+        tr->at_epoch_end = false;
         LK_TRY(st);
     }
     return LK_STATUS_OK;
@@ -746,6 +759,7 @@ static lk_status eval_command(lk_trainer *tr, lk_module *m, lk_datamodule *dm, c
         char path[LK_PATH];
         st = lk__ckpt_resolve(tr, ckpt_path, path, sizeof path);
         if (!st) st = lk__ckpt_load(tr, path, false);
+        if (!st) snprintf(tr->last_ckpt, sizeof tr->last_ckpt, "%s", path); /* the checkpoint evaluated */
     }
     if (!st) st = make_loader(tr, ds, false, &loader);
     if (!st && !tr->log_dir[0]) st = open_outputs(tr, true);

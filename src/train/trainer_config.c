@@ -50,6 +50,8 @@ static const lk_param trainer_params[] = {
     T("monitor_mode", ENUM, monitor_mode, "min", 1, 0, "min|max", "ModelCheckpoint: lower or higher is better"),
     T("save_top_k", INT, save_top_k, "1", -1, 1e6, NULL, "ModelCheckpoint: best checkpoints kept (-1: all)"),
     T("save_last", BOOL, save_last, "true", 1, 0, NULL, "ModelCheckpoint: keep last.ckpt"),
+    T("every_n_train_steps", INT, every_n_train_steps, "0", 0, 1e15, NULL,
+      "ModelCheckpoint: also save last.ckpt every N optimizer steps, mid-epoch (0: off)"),
     T("checkpoint_filename", STRING, checkpoint_filename, "{epoch}-{step}", 1, 0, NULL,
       "ModelCheckpoint: file name template, e.g. {epoch}-{val_loss:.3f}"),
     T("early_stopping_monitor", STRING, early_stopping_monitor, "", 1, 0, NULL, "EarlyStopping: metric (empty: off)"),

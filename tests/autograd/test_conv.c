@@ -27,7 +27,23 @@ static void gc_conv(const char *name, int64_t N, int64_t C, int64_t H, int64_t W
     for (int i = 0; i < 3; i++) lk_tensor_release(in[i]);
 }
 
+/* Only some inputs require grad: backward must skip the others' work and
+ * still get the rest right (the first layer of a net has a data input). */
+static void gc_conv_partial(const char *name, bool gx, bool gw, lk_conv2d_params p) {
+    lk_tensor *in[3] = {lk_gc_param(14, LK_SHAPE(3, 2, 6, 5)), lk_gc_param(15, LK_SHAPE(4, 2 / p.groups, 3, 3)),
+                        lk_gc_param(16, LK_SHAPE(4))};
+    lk_tensor_set_requires_grad(in[0], gx);
+    lk_tensor_set_requires_grad(in[1], gw);
+    lk_tensor_set_requires_grad(in[2], gw);
+    conv_ctx ctx = {p};
+    lk_gradcheck(name, f_conv, in, 3, &ctx);
+    CHECK(gx == (in[0]->grad != NULL) && gw == (in[1]->grad != NULL));
+    for (int i = 0; i < 3; i++) lk_tensor_release(in[i]);
+}
+
 static void conv_gradchecks(void) {
+    gc_conv_partial("conv data input (no dx)", false, true, cp(1, 1, 1, 1, 1, 1, 1));
+    gc_conv_partial("conv frozen weight (dx only)", true, false, cp(2, 1, 1, 0, 1, 1, 2));
     gc_conv("conv 5x7 plain", 2, 3, 5, 7, 4, 3, 3, true, LK_CONV2D_DEFAULT);
     gc_conv("conv stride 2 pad 1", 2, 3, 5, 7, 4, 3, 3, true, cp(2, 2, 1, 1, 1, 1, 1));
     gc_conv("conv dilation 2 pad 2", 1, 2, 7, 6, 3, 3, 2, false, cp(1, 1, 2, 2, 2, 2, 1));
@@ -230,6 +246,25 @@ static void pool_known_values(void) {
     lk_tensor_release(x);
 }
 
+/* Ties go to the first maximum; a NaN wins, the last NaN of a window taking
+ * the gradient (PyTorch 1.13's CPU kernel, checked by hand against it). */
+static void max_pool_ties_and_nan(void) {
+    float xv[16] = {1, 3, 3, 0, 3, 2, NAN, 5, 0, NAN, 7, 1, NAN, 2, 9, 9};
+    lk_tensor *x = lk_tensor_from_data(LK_F32, LK_SHAPE(1, 1, 4, 4), xv);
+    lk_tensor *gy = lk_tensor_from_data(LK_F32, LK_SHAPE(1, 1, 2, 2), (float[]){1, 2, 3, 4});
+    lk_tensor_set_requires_grad(x, true);
+    lk_scope_begin();
+    lk_tensor *y = lk_max_pool2d(x, pp(2, 2, 0, 0, 0, 0, true, false));
+    CHECK(y && lk_tensor_get(y, 0) == 3 && isnan(lk_tensor_get(y, 1)) && isnan(lk_tensor_get(y, 2)) &&
+          lk_tensor_get(y, 3) == 9);
+    CHECK_OK(lk_backward_with(y, gy));
+    const double want[16] = {0, 1, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 3, 0, 4, 0};
+    for (int i = 0; x->grad && i < 16; i++) CHECK_NEAR(lk_tensor_get(x->grad, i), want[i], 0);
+    lk_scope_end();
+    lk_tensor_release(x);
+    lk_tensor_release(gy);
+}
+
 /* ---- batch norm ------------------------------------------------------------------- */
 
 typedef struct {
@@ -381,5 +416,5 @@ static void bad_input(void) {
 }
 
 LK_TEST_MAIN(LK_TEST_CASE(conv_gradchecks), LK_TEST_CASE(conv_matches_direct_loops), LK_TEST_CASE(conv_known_values),
-             LK_TEST_CASE(pool_gradchecks), LK_TEST_CASE(pool_known_values), LK_TEST_CASE(batch_norm_gradchecks),
+             LK_TEST_CASE(pool_gradchecks), LK_TEST_CASE(pool_known_values), LK_TEST_CASE(max_pool_ties_and_nan), LK_TEST_CASE(batch_norm_gradchecks),
              LK_TEST_CASE(batch_norm_running_stats), LK_TEST_CASE(conv_net_steady_state), LK_TEST_CASE(bad_input))

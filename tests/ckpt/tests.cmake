@@ -3,3 +3,7 @@ lk_add_test(NAME ckpt_safetensors SOURCES ckpt/test_safetensors.c LABELS unit fa
 if(EXISTS /usr/bin/python3)
   lk_add_test(NAME ckpt_safetensors_python SOURCES ckpt/test_st_python.c LABELS unit parity TIMEOUT 120)
 endif()
+# Benchmark program (not a test): build/tests/bench_safetensors [DIR] [MB]
+add_executable(bench_safetensors ckpt/bench_safetensors.c)
+target_include_directories(bench_safetensors PRIVATE ${PROJECT_SOURCE_DIR}/src)
+target_link_libraries(bench_safetensors PRIVATE lockstep_static)

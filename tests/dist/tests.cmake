@@ -20,9 +20,13 @@ if(LK_HAVE_MPI)
     endif()
     foreach(np 2 3)
       add_test(NAME dist_mpi_np${np} COMMAND ${LK_MPIRUN} ${LK_MPIRUN_FLAGS} -np ${np} $<TARGET_FILE:test_dist_mpi> mpi)
-      set_tests_properties(dist_mpi_np${np} PROPERTIES TIMEOUT 90 LABELS "multiproc;threads;mpi")
+      # OpenMPI leaks by design at MPI_Finalize (its dlopen'ed components cannot even be named in a
+      # suppression), so leak checking is off here; the shm tests cover the same code with it on.
+      set_tests_properties(dist_mpi_np${np} PROPERTIES TIMEOUT 90 LABELS "multiproc;threads;mpi"
+                           ENVIRONMENT "ASAN_OPTIONS=detect_leaks=0")
     endforeach()
     add_test(NAME dist_mpi_env_shm COMMAND ${LK_MPIRUN} ${LK_MPIRUN_FLAGS} -np 2 $<TARGET_FILE:test_dist_mpi> shm)
-    set_tests_properties(dist_mpi_env_shm PROPERTIES TIMEOUT 60 LABELS "multiproc;threads;mpi")
+    set_tests_properties(dist_mpi_env_shm PROPERTIES TIMEOUT 60 LABELS "multiproc;threads;mpi"
+                         ENVIRONMENT "ASAN_OPTIONS=detect_leaks=0")
   endif()
 endif()

@@ -1,1 +1,3 @@
 lk_add_test(NAME models SOURCES models/test_models.c LABELS unit parity TIMEOUT 120)
+# The benchmark program; ctest only runs its one-iteration smoke mode.
+lk_add_test(NAME models_bench_smoke SOURCES models/bench_models.c LABELS unit ARGS --quick TIMEOUT 60)

@@ -12,13 +12,16 @@
  *
  * The fixtures and this table must agree: a fixture directory without a case,
  * a case without a directory, an input file the case never loads and a
- * gradient file for an input it does not load all fail.
+ * gradient file for an input it does not load all fail. Dropout has no
+ * fixture (its mask comes from our Philox stream, not PyTorch's RNG); only
+ * its formula is checked (dropout_formula).
  *
- *     test_parity_ops                 all cases (and the npy reader's own tests)
+ *     test_parity_ops                 all cases, npy_reader and dropout_formula
  *     test_parity_ops conv2d_ max_    only cases whose name starts so
  *     LK_PARITY_VERBOSE=1 ...         also print each tensor's largest differences
  */
 #include <dirent.h>
+#include <float.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -60,9 +63,10 @@ static const tol T_RED = {1e-5, 2e-6, "summation order of <= a few hundred terms
 static const tol T_COND = {1e-5, 1e-5, "inputs ~100: ulp(x) ~ 7.6e-6 enters exp()"};
 /* GEMM and convolution: OpenBLAS and PyTorch's MKL-DNN/OpenBLAS block and
  * vectorise the K loop differently. The error of a length-K dot product is
- * bounded by K*eps*sum|a_i b_i| and is ~sqrt(K)*eps*that in practice; with
- * K <= 50 here that is <= 1e-6 of the output's largest magnitude, so 1e-5
- * of the largest magnitude keeps a 10x margin while still catching any
+ * bounded by K*eps*sum|a_i b_i| and is ~sqrt(K)*eps*that in practice; the
+ * longest sums here have K <= 108 (conv2d weight gradients sum over N*Ho*Wo
+ * positions): sqrt(K)*eps ~ 1.2e-6 of the output's largest magnitude, so
+ * 1e-5 of the largest magnitude keeps a ~10x margin while still catching any
  * wrong index or missing term (which moves an element by O(1)). */
 static const tol T_GEMM = {1e-5, 1e-5, "GEMM/conv accumulation order: sqrt(K)*eps scale, bound 1e-5 of max"};
 
@@ -677,11 +681,58 @@ static void npy_reader(void) {
     fwrite("\x93NUMPY\x01\x00\xff\x7f{", 1, 11, f); /* header length past the end */
     fclose(f);
     CHECK_ERR(load_tmp(&t), LK_STATUS_INVALID_ARGUMENT, "header length 32767 out of range");
+    f = fopen(tmp_path, "wb");
+    fwrite("\x93NUMPY\x01\x00\x64\x00{'descr'", 1, 18, f); /* 100-byte header, 8 present */
+    fclose(f);
+    CHECK_ERR(load_tmp(&t), LK_STATUS_INVALID_ARGUMENT, "truncated header (100 bytes expected)");
+    write_raw("{descr: '<f4', 'fortran_order': False, 'shape': (4,), }\n", 1, v, sizeof v);
+    CHECK_ERR(load_tmp(&t), LK_STATUS_INVALID_ARGUMENT, "expected a quoted key at offset 1");
     CHECK(t == NULL);
     lk_tensor *c64 = lk_tensor_zeros(LK_F16, LK_SHAPE(2));
     CHECK_ERR(lk_npy_save(tmp_path, c64), LK_STATUS_UNSUPPORTED, "cannot write dtype f16");
     lk_tensor_release(c64);
     remove(tmp_path);
+}
+
+/* ---- dropout: no fixture (PyTorch's RNG is not ours), only its formula ---------------------- */
+
+/* PyTorch (CPU) computes dropout as x * noise with noise = bernoulli(1-p) / (1-p)
+ * in f32, and its gradient as g * noise. Whatever the mask, each kept element
+ * must be x * (1/(1-p)) to within an ulp (x / (1-p) may round the other way)
+ * and each dropped one exactly 0, in the output and in the gradient. */
+static void dropout_formula(void) {
+    const float ps[] = {0.1f, 0.5f, 0.7f};
+    for (size_t k = 0; k < sizeof ps / sizeof ps[0]; k++) {
+        lk_rng xr, dr;
+        lk_rng_init(&xr, 11, LK_RNG_USER, 0, 0);
+        lk_rng_init(&dr, 12, LK_RNG_USER, 1, 0);
+        lk_tensor *x = lk_tensor_randn(&xr, LK_SHAPE(13, 11), 0, 1);
+        lk_tensor *R = lk_tensor_randn(&xr, LK_SHAPE(13, 11), 0, 1);
+        lk_tensor_set_requires_grad(x, true);
+        lk_scope_begin();
+        lk_tensor *y = lk_dropout(x, ps[k], true, &dr);
+        CHECK_MSG(y != NULL, "dropout p=%g: %s", ps[k], lk_last_error());
+        if (y) CHECK_OK(lk_backward_with(y, R));
+        const float scale = 1.0f / (1.0f - ps[k]);
+        int kept = 0, bad = 0;
+        for (int64_t i = 0; y && x->grad && i < x->numel; i++) {
+            float xv = (float)lk_tensor_get(x, i), yv = (float)lk_tensor_get(y, i);
+            float gv = (float)lk_tensor_get(x->grad, i), rv = (float)lk_tensor_get(R, i);
+            bool dropped = yv == 0.0f;
+            kept += !dropped;
+            float want_y = dropped ? 0.0f : xv * scale, want_g = dropped ? 0.0f : rv * scale;
+            if (fabsf(yv - want_y) > FLT_EPSILON * fabsf(want_y) || fabsf(gv - want_g) > FLT_EPSILON * fabsf(want_g)) {
+                if (!bad++)
+                    fprintf(stderr, "dropout p=%g: element %lld: x %.9g -> %.9g (want %.9g), grad %.9g (want %.9g)\n",
+                            ps[k], (long long)i, xv, yv, want_y, gv, want_g);
+            }
+        }
+        CHECK_MSG(bad == 0, "dropout p=%g: %d elements differ from PyTorch's formula", ps[k], bad);
+        CHECK_MSG(kept > 0 && kept < x->numel, "dropout p=%g kept %d of %lld", ps[k], kept, (long long)x->numel);
+        lk_scope_end();
+        lk_tensor_release(x);
+        lk_tensor_release(R);
+    }
 }
 
 /* ---- main ------------------------------------------------------------------------------------ */
@@ -703,6 +754,12 @@ int main(int argc, char **argv) {
         npy_reader();
         if (lk_t_case_failed) failed++, fprintf(stderr, "FAIL npy_reader\n");
         else passed++, printf("ok   npy_reader\n");
+    }
+    if (selected("dropout_formula", argc, argv)) {
+        lk_t_case_failed = 0;
+        dropout_formula();
+        if (lk_t_case_failed) failed++, fprintf(stderr, "FAIL dropout_formula\n");
+        else passed++, printf("ok   dropout_formula\n");
     }
     if (argc <= 1) {
         int bad = check_fixture_dirs_covered();

@@ -219,6 +219,8 @@ static void bad_input(void) {
     const char *n[] = {""};
     double v = 1;
     CHECK_ERR(lk_logger_log_metrics(lg, 0, n, &v, 1), LK_STATUS_INVALID_ARGUMENT, "empty name");
+    const char *nl[] = {"a\nb"};
+    CHECK_ERR(lk_logger_log_metrics(lg, 0, nl, &v, 1), LK_STATUS_INVALID_ARGUMENT, "control character");
     CHECK_ERR(lk_logger_log_metrics(lg, 0, NULL, &v, 1), LK_STATUS_INVALID_ARGUMENT, "NULL");
     CHECK_ERR(lk_logger_log_metrics(NULL, 0, n, &v, 1), LK_STATUS_INVALID_ARGUMENT, "NULL");
     /* the log directory vanishes: a clean I/O error naming the file, no row lost in memory */

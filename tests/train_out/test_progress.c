@@ -2,7 +2,7 @@
  * plain lines (CI logs), the in-place bar (throttling, width, eval bars that
  * give the epoch's bar back, printing without breaking it), and the real
  * terminal path through a pseudo-terminal (openpty) and `script`. */
-#include <fcntl.h>
+#include <poll.h>
 #include <pty.h>
 
 #include "out_test.h"
@@ -211,11 +211,17 @@ static void pty_mode(void) {
     lk_progress_end_epoch(p, NULL, NULL, 0);
     lk_progress_free(p);
     fclose(f);
+    /* the pty hands the bytes over in pieces: read until it stays quiet */
     char out[4096];
-    fcntl(master, F_SETFL, O_NONBLOCK);
-    ssize_t n = read(master, out, sizeof out - 1);
+    size_t got = 0;
+    struct pollfd pfd = {master, POLLIN, 0};
+    while (got < sizeof out - 1 && poll(&pfd, 1, 200) > 0) {
+        ssize_t n = read(master, out + got, sizeof out - 1 - got);
+        if (n <= 0) break;
+        got += (size_t)n;
+    }
     close(master);
-    out[n > 0 ? n : 0] = 0;
+    out[got] = 0;
     CHECK_MSG(strstr(out, "Epoch 1/2 100%|") != NULL && strstr(out, "4/4 [00:01<00:00, 4.0 it/s, train_loss=0.5]"),
               "%s", out);
 }

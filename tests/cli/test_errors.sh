@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Bad input through the CLI: a clear message (file, line, key, value,
+# expected, a suggestion) and a non-zero exit, before anything trains.
+source "$(dirname "$0")/lib.sh"
+write_synth
+printf 'trainer:\n  max_epochs: [1\n' > "$T/broken.yaml"
+expect_fail "malformed YAML names file and line" 2 "broken.yaml:3:1: invalid YAML" "$LK_BIN" fit -c "$T/broken.yaml"
+printf 'trainer:\n  max_epoch: 3\n' > "$T/typo.yaml"
+expect_fail "unknown key suggests the nearest" 2 "did you mean 'max_epochs'" "$LK_BIN" fit -c "$T/synth.yaml" -c "$T/typo.yaml"
+expect_fail "unknown key names file:line" 2 "typo.yaml:2" "$LK_BIN" fit -c "$T/synth.yaml" -c "$T/typo.yaml"
+expect_fail "wrong type" 2 "trainer.max_epochs: expected an integer, got 'many'" "$LK_BIN" fit -c "$T/synth.yaml" --trainer.max_epochs many
+expect_fail "out of range" 2 "expected a value in" "$LK_BIN" fit -c "$T/synth.yaml" --trainer.accumulate_grad_batches 0
+expect_fail "bad enum" 2 "one of auto|single|ddp|ddp_spawn" "$LK_BIN" fit -c "$T/synth.yaml" --trainer.strategy dpp
+expect_fail "unknown model lists the registered ones" 2 "registered models: " "$LK_BIN" fit -c "$T/synth.yaml" --model.class_path resnet
+expect_fail "unknown data module" 2 "unknown data class_path 'mnist_fashion'" "$LK_BIN" fit -c "$T/synth.yaml" --data.class_path mnist_fashion
+expect_fail "unknown top-level key" 2 "did you mean 'trainer'" "$LK_BIN" fit -c "$T/synth.yaml" --trainr.max_epochs 1
+expect_fail "missing config file" 2 "nope.yaml" "$LK_BIN" fit -c "$T/nope.yaml"
+expect_fail "monitor never logged lists logged metrics" 1 "logged metrics: " "$LK_BIN" fit -c "$T/synth.yaml" --trainer.monitor val_los --trainer.max_epochs 1 --trainer.enable_progress_bar false
+expect_fail "ckpt_path that does not exist" 1 "cannot read" "$LK_BIN" test -c "$T/synth.yaml" --ckpt_path "$T/none.ckpt"
+expect_fail "gpu without the CUDA backend" 1 "CUDA backend" "$LK_BIN" fit -c "$T/synth.yaml" --trainer.accelerator gpu
+expect_fail "unexpected argument" 2 "unexpected argument" "$LK_BIN" fit -c "$T/synth.yaml" stray
+out=$("$LK_BIN" fit --help)
+check "--help lists trainer keys with defaults" grep -q -- "--trainer.max_epochs" <<<"$out"
+check "--help lists models" grep -q "autoencoder" <<<"$out"
+finish

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# End-to-end through the CLI: fit -> validate -> test -> predict on synthetic
+# data (single process and ddp on 2 ranks), the log directory contract,
+# --print_config round trip, override precedence, and the loop limits.
+source "$(dirname "$0")/lib.sh"
+write_synth
+
+# fit, single process
+check "fit single" "$LK_BIN" fit -c "$T/synth.yaml" --trainer.enable_progress_bar false
+d=$(latest)
+for f in metrics.csv hparams.yaml config.yaml run.json checkpoints/last.ckpt; do
+  check "log dir has $f" test -s "$d/$f"
+done
+check "tensorboard event file" bash -c "ls $d/events.out.tfevents.* >/dev/null"
+check "metrics.csv columns" bash -c "head -1 $d/metrics.csv | grep -q epoch && head -1 $d/metrics.csv | grep -q train_loss && head -1 $d/metrics.csv | grep -q val_loss && head -1 $d/metrics.csv | grep -q val_acc"
+check "run.json status ok" grep -q '"status":[[:space:]]*"ok"' "$d/run.json"
+for key in metrics best samples_per_s wall_s time_to_first_step_s world_size strategy version log_dir last_checkpoint; do
+  check "run.json has $key" grep -q "\"$key\"" "$d/run.json"
+done
+check "hparams.yaml names the model" grep -q "mlp" "$d/hparams.yaml"
+
+# validate / test / predict from the last checkpoint
+check "validate last" "$LK_BIN" validate -c "$T/synth.yaml" --ckpt_path last --trainer.enable_progress_bar false
+out=$("$LK_BIN" test -c "$T/synth.yaml" --ckpt_path last --trainer.enable_progress_bar false 2>&1)
+check "test prints test_loss" grep -q "test_loss" <<<"$out"
+check "test prints test_acc" grep -q "test_acc" <<<"$out"
+check "predict writes predictions" bash -c "'$LK_BIN' predict -c '$T/synth.yaml' --ckpt_path last --trainer.enable_progress_bar false >/dev/null 2>&1 && ls $T/runs/lightning_logs/*/predictions.rank0.f32 >/dev/null"
+
+# ddp on 2 ranks, relaunched by the CLI itself
+check "fit ddp 2 ranks" "$LK_BIN" fit -c "$T/synth.yaml" --trainer.devices 2 --trainer.strategy ddp --trainer.enable_progress_bar false
+d=$(latest)
+check "ddp run.json world_size 2" grep -q '"world_size":[[:space:]]*2' "$d/run.json"
+check "ddp test on 2 ranks" "$LK_BIN" test -c "$T/synth.yaml" --trainer.devices 2 --ckpt_path last --trainer.enable_progress_bar false
+
+# --print_config feeds back unchanged; overrides beat files, later files beat earlier ones
+"$LK_BIN" fit -c "$T/synth.yaml" --trainer.max_epochs 3 --print_config > "$T/printed.yaml"
+"$LK_BIN" fit -c "$T/printed.yaml" --print_config > "$T/printed2.yaml"
+check "print_config round trip" cmp -s "$T/printed.yaml" "$T/printed2.yaml"
+check "override beats file" grep -q "max_epochs: 3" "$T/printed.yaml"
+printf 'trainer:\n  max_epochs: 9\n' > "$T/later.yaml"
+check "later file beats earlier" bash -c "'$LK_BIN' fit -c '$T/synth.yaml' -c '$T/later.yaml' --print_config | grep -q 'max_epochs: 9'"
+check "override beats later file" bash -c "'$LK_BIN' fit -c '$T/synth.yaml' -c '$T/later.yaml' --trainer.max_epochs=4 --print_config | grep -q 'max_epochs: 4'"
+
+# loop limits, read back from run.json and metrics.csv
+"$LK_BIN" fit -c "$T/synth.yaml" --trainer.max_steps 5 --trainer.enable_progress_bar false >/dev/null 2>&1
+check "max_steps stops at 5" grep -q '"global_step":[[:space:]]*5,' "$(latest)/run.json"
+"$LK_BIN" fit -c "$T/synth.yaml" --trainer.limit_train_batches 3 --trainer.max_epochs 2 --trainer.enable_progress_bar false >/dev/null 2>&1
+check "limit_train_batches 3 x 2 epochs" grep -q '"global_step":[[:space:]]*6,' "$(latest)/run.json"
+"$LK_BIN" fit -c "$T/synth.yaml" --trainer.limit_train_batches 0.5 --trainer.max_epochs 1 --trainer.enable_progress_bar false >/dev/null 2>&1
+check "limit_train_batches 0.5 (13 batches of 32 -> 6)" grep -q '"global_step":[[:space:]]*6,' "$(latest)/run.json"
+out=$("$LK_BIN" fit -c "$T/synth.yaml" --trainer.fast_dev_run 1 --trainer.enable_progress_bar false 2>&1)
+check "fast_dev_run writes no logs" bash -c "! grep -q 'logs:' <<<\"\$0\"" "$out"
+"$LK_BIN" fit -c "$T/synth.yaml" --trainer.max_epochs 100 --trainer.max_time 1 --trainer.enable_progress_bar false >/dev/null 2>&1
+check "max_time stops early" bash -c "grep -q '\"status\":[[:space:]]*\"ok\"' $(latest)/run.json && ! grep -q '\"epochs\":[[:space:]]*100' $(latest)/run.json"
+"$LK_BIN" fit -c "$T/synth.yaml" --trainer.max_epochs 1 --trainer.val_check_interval 4 --trainer.num_sanity_val_steps 0 --trainer.enable_progress_bar false >/dev/null 2>&1
+n=$(cut -d, -f1- "$(latest)/metrics.csv" | awk -F, 'NR==1{for(i=1;i<=NF;i++) if($i=="val_loss") c=i} NR>1 && $c!="" {n++} END{print n+0}')
+check "val_check_interval 4 validates 3 times in 13 batches ($n)" test "$n" = 3
+"$LK_BIN" fit -c "$T/synth.yaml" --trainer.max_epochs 50 --trainer.early_stopping_monitor val_loss --trainer.early_stopping_patience 1 --trainer.early_stopping_min_delta 10 --trainer.enable_progress_bar false >/dev/null 2>&1
+check "early stopping stops after patience" grep -q '"epochs":[[:space:]]*1,' "$(latest)/run.json"
+finish
