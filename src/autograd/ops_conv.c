@@ -72,7 +72,7 @@ static void conv2d_backward(lk_node *n, lk_tensor *gout) {
     conv_geom_init(&g, xc, wc, n->a.i);
     const lk_backend *be = lk__backend(xc->device);
     bool need_x = x->requires_grad, need_w = w->requires_grad, need_b = b && b->requires_grad;
-    bool need_cols = (need_w && !g.pointwise) || (need_x && !g.pointwise);
+    bool need_cols = !g.pointwise && (need_w || need_x);
     lk_tensor *dx = need_x ? lk_tensor_zeros(LK_F32, 4, xc->shape) : NULL;
     /* dW accumulates straight into a leaf's existing gradient (as linear does). */
     bool direct_w = need_w && !w->grad_fn && w->grad && lk_tensor_is_contiguous(w->grad);

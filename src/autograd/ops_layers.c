@@ -24,6 +24,32 @@ static void dropout_backward(lk_node *n, lk_tensor *g) {
     lk_tensor_release(dx);
 }
 
+/* keep[i] = !(u_i < p) where u_i is the i-th lk_rng_uniform() of the stream:
+ * the same draws, in the same order, as calling it per element, but once the
+ * rng's buffer is empty whole Philox blocks are taken eight at a time (a
+ * vectorised kernel) and then singly (uniform < p  <=>  (word >> 8) < p * 2^24,
+ * exactly, since the scaling is by a power of two). */
+static void draw_keep_mask(lk_rng *rng, float p, uint8_t *keep, int64_t n) {
+    const float thr = p * 16777216.0f;
+    int64_t i = 0;
+    for (; i < n && rng->pos < 4; i++) keep[i] = !((float)(lk_rng_u32(rng) >> 8) < thr);
+    for (; i + 4 * LK_K_LANES <= n; i += 4 * LK_K_LANES) {
+        uint32_t w[4 * LK_K_LANES];
+        lk_k_philox4x32_10_x8(rng->ctr, rng->key, w);
+        uint32_t c0 = rng->ctr[0];
+        rng->ctr[0] += LK_K_LANES;
+        if (rng->ctr[0] < c0) rng->ctr[1]++;
+        for (int j = 0; j < 4 * LK_K_LANES; j++) keep[i + j] = !((float)(w[j] >> 8) < thr);
+    }
+    for (; i + 4 <= n; i += 4) {
+        uint32_t w[4];
+        lk_philox4x32_10(rng->ctr, rng->key, w); /* what lk_rng_u32 does on a refill */
+        if (++rng->ctr[0] == 0) rng->ctr[1]++;
+        for (int j = 0; j < 4; j++) keep[i + j] = !((float)(w[j] >> 8) < thr);
+    }
+    for (; i < n; i++) keep[i] = !((float)(lk_rng_u32(rng) >> 8) < thr);
+}
+
 lk_tensor *lk_dropout(lk_tensor *x, float p, bool training, lk_rng *rng) {
     LK_OP_CHECK_INPUTS(x);
     static const char *op = "dropout";
@@ -46,11 +72,12 @@ lk_tensor *lk_dropout(lk_tensor *x, float p, bool training, lk_rng *rng) {
         const float *xd = xc->data;
         uint8_t *md = mask->data;
         float *od = out->data;
-        for (int64_t i = 0; i < x->numel; i++) {
-            uint8_t keep = p < 1.0f && !(lk_rng_uniform(rng) < p);
-            md[i] = keep;
-            od[i] = xd[i] * (keep ? scale : 0.0f);
+        if (p < 1.0f) {
+            draw_keep_mask(rng, p, md, x->numel);
+        } else {
+            memset(md, 0, (size_t)x->numel);
         }
+        for (int64_t i = 0; i < x->numel; i++) od[i] = xd[i] * (md[i] ? scale : 0.0f);
         lk_node *n = lk__record(op, dropout_backward, out, 1, &x);
         if (n) {
             n->a.f[0] = scale;

@@ -38,6 +38,8 @@ static lk_tensor *reduce(lk_tensor *x, const int *dims, int ndims, bool keepdim,
         int d = lk__norm_dim(dims[i], x->ndim);
         if (d < 0 || x->ndim == 0)
             return lk_error(LK_STATUS_INVALID_ARGUMENT, "%s: dim %d out of range for a %d-d tensor", name, dims[i], x->ndim), NULL;
+        if (mask & (1u << d))
+            return lk_error(LK_STATUS_INVALID_ARGUMENT, "%s: dim %d appears more than once in the list of dims", name, d), NULL;
         mask |= 1u << d;
     }
     int64_t kshape[LK_MAX_DIMS], oshape[LK_MAX_DIMS], count = 1;

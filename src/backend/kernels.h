@@ -446,6 +446,8 @@ LK_KERNEL void lk_k_bn_backward_plane(const float *LK_KC_RESTRICT dy, const floa
 #ifndef LK_KERNELS_OPS_A_SECTION
 #define LK_KERNELS_OPS_A_SECTION
 
+#include <stdint.h>
+
 #define LK_K_LANES 8
 #ifdef __CUDACC__
 #define LK_K_RESTRICT __restrict__
@@ -787,6 +789,39 @@ LK_KERNEL void lk_k_layer_norm_param_grad_row(const float *LK_K_RESTRICT x, cons
         for (; i < n; i++) dw[i] += g[i] * ((x[i] - mean) * rstd);
     }
     if (db) lk_k_add8(db, g, n);
+}
+
+/* Philox4x32-10 (the round function of src/core/rng.c) on LK_K_LANES
+ * consecutive counters at once, ctr + j with the carry into ctr[1] as
+ * lk_rng_u32 advances it; block j's four words land in out[4j .. 4j+3].
+ * Lanes in arrays so the 32x32->64 multiplies vectorise; dropout masks come
+ * from here (tests check it against lk_philox4x32_10). */
+LK_KERNEL void lk_k_philox4x32_10_x8(const uint32_t ctr[4], const uint32_t key[2], uint32_t *out) {
+    uint32_t x0[LK_K_LANES], x1[LK_K_LANES], x2[LK_K_LANES], x3[LK_K_LANES], k0 = key[0], k1 = key[1];
+    for (int j = 0; j < LK_K_LANES; j++) {
+        x0[j] = ctr[0] + (uint32_t)j;
+        x1[j] = ctr[1] + (x0[j] < ctr[0] ? 1u : 0u);
+        x2[j] = ctr[2];
+        x3[j] = ctr[3];
+    }
+    for (int round = 0; round < 10; round++) {
+        for (int j = 0; j < LK_K_LANES; j++) {
+            uint64_t p0 = (uint64_t)0xD2511F53u * x0[j], p1 = (uint64_t)0xCD9E8D57u * x2[j];
+            uint32_t n0 = (uint32_t)(p1 >> 32) ^ x1[j] ^ k0, n2 = (uint32_t)(p0 >> 32) ^ x3[j] ^ k1;
+            x0[j] = n0;
+            x1[j] = (uint32_t)p1;
+            x2[j] = n2;
+            x3[j] = (uint32_t)p0;
+        }
+        k0 += 0x9E3779B9u;
+        k1 += 0xBB67AE85u;
+    }
+    for (int j = 0; j < LK_K_LANES; j++) {
+        out[4 * j] = x0[j];
+        out[4 * j + 1] = x1[j];
+        out[4 * j + 2] = x2[j];
+        out[4 * j + 3] = x3[j];
+    }
 }
 
 #endif /* LK_KERNELS_OPS_A_SECTION */

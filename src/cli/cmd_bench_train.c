@@ -1,8 +1,189 @@
-/* Placeholder until this subcommand is built (see the open issues). */
+/* `lockstep bench train`: training throughput per model x strategy x
+ * devices x per-device batch size, with scaling efficiency and the step
+ * time split into data wait, forward, backward, exposed communication and
+ * optimizer — the shape of the classic Lightning DP-vs-DDP study. Each cell
+ * is a real `lockstep fit` run on synthetic data (steady state, read back
+ * from its run.json). Writes a table, and optionally CSV and an SVG chart. */
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include "cli/cli.h"
+#include "lockstep.h"
+
+#define MAXV 8
+
+typedef struct {
+    const char *model, *strategy;
+    int devices, batch;
+    double sps, eff, t[5];
+    bool ok;
+} cell;
+
+static int parse_list(int argc, char **argv, int *i, const char **out, int max) {
+    int n = 0;
+    while (*i + 1 < argc && argv[*i + 1][0] != '-' && n < max) out[n++] = argv[++*i];
+    return n;
+}
+
+static char self_exe[1024];
+
+static bool run_cell(cell *c, int steps, const char *tmp) {
+    char root[512], cmd[5120], path[700];
+    snprintf(root, sizeof root, "%s/%s-%s-%d-%d", tmp, c->model, c->strategy, c->devices, c->batch);
+    long samples = (long)steps * c->batch * c->devices * 5 / 4 + 64; /* 80% train split */
+    const char *input = !strcmp(c->model, "cnn") ? "[1, 28, 28]" : "[784]";
+    snprintf(cmd, sizeof cmd,
+             "'%s' fit --model.class_path %s --data.class_path synthetic "
+             "--data.init_args.num_samples %ld --data.init_args.input_shape '%s' --data.init_args.num_classes 10 "
+             "--data.init_args.batch_size %d --data.init_args.num_workers 1 "
+             "--trainer.devices %d --trainer.strategy %s --trainer.max_steps %d --trainer.max_epochs 1 "
+             "--trainer.limit_val_batches 0 --trainer.num_sanity_val_steps 0 --trainer.enable_checkpointing false "
+             "--trainer.enable_progress_bar false --trainer.enable_tensorboard false "
+             "--trainer.default_root_dir '%s' > '%s.log' 2>&1",
+             self_exe, c->model, samples, input, c->batch, c->devices, c->strategy, steps, root, root);
+    int rc = system(cmd);
+    if (rc != 0) {
+        fprintf(stderr, "bench train: %s %s x%d batch %d failed (see %s.log)\n", c->model, c->strategy, c->devices,
+                c->batch, root);
+        return false;
+    }
+    snprintf(path, sizeof path, "%s/lightning_logs/version_0/run.json", root);
+    FILE *f = fopen(path, "rb");
+    if (!f) return false;
+    char buf[1 << 16];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    cJSON *j = cJSON_Parse(buf);
+    if (!j) return false;
+    c->sps = cJSON_GetNumberValue(cJSON_GetObjectItem(j, "samples_per_s"));
+    cJSON *st = cJSON_GetObjectItem(j, "step_time");
+    static const char *keys[5] = {"data_ms", "forward_ms", "backward_ms", "comm_exposed_ms", "optimizer_ms"};
+    for (int k = 0; k < 5; k++) c->t[k] = cJSON_GetNumberValue(cJSON_GetObjectItem(st, keys[k]));
+    cJSON_Delete(j);
+    c->ok = true;
+    return true;
+}
+
+static void write_svg(const char *path, cell *cells, int n) {
+    FILE *f = fopen(path, "w");
+    if (!f) {
+        fprintf(stderr, "bench train: cannot write %s\n", path);
+        return;
+    }
+    double mx = 1;
+    for (int i = 0; i < n; i++) mx = cells[i].sps > mx ? cells[i].sps : mx;
+    int W = 120 + 70 * n, H = 420, base = 340;
+    fprintf(f, "<svg xmlns='http://www.w3.org/2000/svg' width='%d' height='%d' font-family='sans-serif' font-size='11'>\n", W, H);
+    fprintf(f, "<rect width='100%%' height='100%%' fill='white'/>\n<text x='10' y='20' font-size='14'>"
+               "training throughput (samples/s) and scaling efficiency</text>\n");
+    fprintf(f, "<line x1='60' y1='%d' x2='%d' y2='%d' stroke='black'/>\n", base, W - 20, base);
+    for (int i = 0; i < n; i++) {
+        double h = cells[i].ok ? 280.0 * cells[i].sps / mx : 0;
+        int x = 70 + 70 * i;
+        const char *col = !strcmp(cells[i].strategy, "ddp") ? "#3b6ea8" : !strcmp(cells[i].strategy, "dp") ? "#c8553d" : "#6a994e";
+        fprintf(f, "<rect x='%d' y='%.0f' width='50' height='%.0f' fill='%s'/>\n", x, base - h, h, col);
+        fprintf(f, "<text x='%d' y='%.0f'>%.0f</text>\n", x, base - h - 16, cells[i].sps);
+        if (cells[i].devices > 1) fprintf(f, "<text x='%d' y='%.0f'>%.0f%%</text>\n", x, base - h - 4, 100 * cells[i].eff);
+        fprintf(f, "<text x='%d' y='%d'>%s x%d</text>\n<text x='%d' y='%d'>b%d</text>\n", x, base + 14,
+                cells[i].strategy, cells[i].devices, x, base + 28, cells[i].batch);
+    }
+    fprintf(f, "</svg>\n");
+    fclose(f);
+}
 
 int lk_cmd_bench_train(int argc, char **argv) {
-    (void)argc;
-    fprintf(stderr, "lockstep %s: not built yet\n", argv[0]);
-    return 1;
+    const char *models[MAXV] = {"autoencoder"}, *strategies[MAXV] = {"ddp"}, *dev_s[MAXV] = {"1", "2"},
+               *batch_s[MAXV] = {"64", "128", "256"};
+    int nm = 1, ns = 1, nd = 2, nb = 3, steps = 60;
+    const char *csv = NULL, *plot = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--model") || !strcmp(argv[i], "--models")) nm = parse_list(argc, argv, &i, models, MAXV);
+        else if (!strcmp(argv[i], "--strategies")) ns = parse_list(argc, argv, &i, strategies, MAXV);
+        else if (!strcmp(argv[i], "--devices")) nd = parse_list(argc, argv, &i, dev_s, MAXV);
+        else if (!strcmp(argv[i], "--batch-sizes")) nb = parse_list(argc, argv, &i, batch_s, MAXV);
+        else if (!strcmp(argv[i], "--steps") && i + 1 < argc) steps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--csv") && i + 1 < argc) csv = argv[++i];
+        else if (!strcmp(argv[i], "--plot") && i + 1 < argc) plot = argv[++i];
+        else if (!strcmp(argv[i], "--help")) {
+            printf("usage: lockstep bench train [--model M...] [--strategies ddp single...] [--devices 1 2...]\n"
+                   "       [--batch-sizes 64 128 256...] [--steps N] [--csv FILE] [--plot FILE.svg]\n"
+                   "Each cell is a `lockstep fit` run of N optimizer steps on synthetic 28x28 data; throughput\n"
+                   "and the step-time split are steady-state figures (from step 5 on) read from run.json.\n");
+            return 0;
+        } else {
+            fprintf(stderr, "lockstep bench train: unknown option '%s' (see --help)\n", argv[i]);
+            return 2;
+        }
+    }
+    if (!nm || !ns || !nd || !nb || steps < 10) {
+        fprintf(stderr, "lockstep bench train: empty list or --steps < 10\n");
+        return 2;
+    }
+    ssize_t len = readlink("/proc/self/exe", self_exe, sizeof self_exe - 1);
+    if (len <= 0) {
+        fprintf(stderr, "lockstep bench train: cannot find this program's path\n");
+        return 1;
+    }
+    self_exe[len] = 0;
+    char tmp[] = "/tmp/lkbench.XXXXXX";
+    if (!mkdtemp(tmp)) return 1;
+    cell cells[MAXV * MAXV * MAXV * 2];
+    int n = 0;
+    printf("%-12s %-9s %7s %6s %12s %8s %8s %8s %9s %8s %8s\n", "model", "strategy", "devices", "batch", "samples/s",
+           "scaling", "data_ms", "fwd_ms", "bwd_ms", "comm_ms", "opt_ms");
+    for (int m = 0; m < nm; m++)
+        for (int s = 0; s < ns; s++)
+            for (int b = 0; b < nb; b++) {
+                double base = 0;
+                for (int d = 0; d < nd; d++) {
+                    cell *c = &cells[n++];
+                    memset(c, 0, sizeof *c);
+                    c->model = models[m];
+                    c->strategy = strategies[s];
+                    c->devices = atoi(dev_s[d]);
+                    c->batch = atoi(batch_s[b]);
+                    if (!strcmp(c->strategy, "single") && c->devices > 1) {
+                        n--;
+                        continue;
+                    }
+                    run_cell(c, steps, tmp);
+                    if (c->devices == 1) base = c->sps;
+                    c->eff = base > 0 ? c->sps / (c->devices * base) : NAN;
+                    printf("%-12s %-9s %7d %6d %12.0f %7.1f%% %8.2f %8.2f %9.2f %8.2f %8.2f\n", c->model, c->strategy,
+                           c->devices, c->batch, c->sps, 100 * c->eff, c->t[0], c->t[1], c->t[2], c->t[3], c->t[4]);
+                    fflush(stdout);
+                }
+            }
+    if (csv) {
+        FILE *f = fopen(csv, "w");
+        if (f) {
+            fprintf(f, "model,strategy,devices,batch_size,samples_per_s,scaling_efficiency,data_ms,forward_ms,backward_ms,"
+                       "comm_exposed_ms,optimizer_ms\n");
+            for (int i = 0; i < n; i++)
+                fprintf(f, "%s,%s,%d,%d,%.1f,%.4f,%.3f,%.3f,%.3f,%.3f,%.3f\n", cells[i].model, cells[i].strategy,
+                        cells[i].devices, cells[i].batch, cells[i].sps, cells[i].eff, cells[i].t[0], cells[i].t[1],
+                        cells[i].t[2], cells[i].t[3], cells[i].t[4]);
+            fclose(f);
+            printf("wrote %s\n", csv);
+        }
+    }
+    if (plot) {
+        write_svg(plot, cells, n);
+        printf("wrote %s\n", plot);
+    }
+    bool all_ok = true;
+    for (int i = 0; i < n; i++) all_ok &= cells[i].ok;
+    if (all_ok) {
+        char rm[64];
+        snprintf(rm, sizeof rm, "rm -rf %s", tmp);
+        if (system(rm)) {
+        }
+    }
+    return all_ok ? 0 : 1;
 }

@@ -106,6 +106,8 @@ typedef struct {
     int cur;            /* info[] index of the collective in flight */
     char name[256];
     bool unlinked;
+    int fd;                     /* kept open to reserve heap pages (posix_fallocate) */
+    bool pid_visible[256];      /* peers' pids mean something here (same pid namespace) */
     pthread_mutex_t heap_mu;
     blk *blks;
     int nblk, cap;
@@ -194,7 +196,7 @@ static lk_status check_peer(lk_comm *c, shm_comm *s, int k, const char *what) {
                         "%s failed: rank %d (pid %d) left the communicator (lk_comm_free) after %llu collectives; did the "
                         "ranks issue different numbers of collectives?",
                         what, k, pid, (unsigned long long)atomic_load(&sl->seq_done));
-    if (!lk__pid_alive(pid))
+    if (s->pid_visible[k] && !lk__pid_alive(pid))
         return lk_error(LK_STATUS_REMOTE,
                         "%s failed: rank %d (pid %d) died (process gone: killed or exited without lk_comm_free) while "
                         "rank %d waited for it; the job cannot continue",
@@ -510,6 +512,8 @@ static lk_status shm_run(lk_comm *c, const lk__coll *op) {
  * Shared heap: each rank allocates from its own region; the block list is
  * private to the process (only the owner allocates there).
  * ---------------------------------------------------------------------- */
+static void shm_free_shared(lk_comm *c, void *ptr);
+
 static lk_status shm_alloc_shared(lk_comm *c, size_t bytes, void **ptr) {
     shm_comm *s = c->impl;
     size_t size = (bytes ? bytes : 1) + 255;
@@ -545,6 +549,14 @@ static lk_status shm_alloc_shared(lk_comm *c, size_t bytes, void **ptr) {
     s->nblk++;
     pthread_mutex_unlock(&s->heap_mu);
     uint8_t *p = heap_of(s, s->rank) + at;
+    int rc = s->fd >= 0 ? posix_fallocate(s->fd, (off_t)(p - s->base), (off_t)size) : 0;
+    if (rc) {
+        shm_free_shared(c, p);
+        return lk_error(LK_STATUS_OUT_OF_MEMORY,
+                        "lk_comm_alloc_shared: cannot reserve %zu bytes in /dev/shm: %s (is /dev/shm too small? "
+                        "df -h /dev/shm)",
+                        bytes, strerror(rc));
+    }
     memset(p, 0, bytes);
     *ptr = p;
     return LK_STATUS_OK;
@@ -621,6 +633,8 @@ static void layout(int W, size_t heap, shm_header *h) {
 static void unmap(shm_comm *s) {
     if (s->base) munmap(s->base, s->total);
     s->base = NULL;
+    if (s->fd >= 0) close(s->fd);
+    s->fd = -1;
 }
 
 /* Creator (rank 0): a fresh segment; a stale one left by a dead job is replaced. */
@@ -662,15 +676,25 @@ static lk_status create_segment(lk_comm *c, shm_comm *s) {
             shm_unlink(s->name);
             return lk_error(LK_STATUS_IO, "ftruncate(%s, %zu) failed: %s", s->name, (size_t)want.total, strerror(e));
         }
+        /* Reserve the control and staging pages now: a full /dev/shm must be an
+         * error here, not a SIGBUS in the middle of a collective. */
+        int rc = posix_fallocate(fd, 0, (off_t)want.heap_off);
+        if (rc) {
+            close(fd);
+            shm_unlink(s->name);
+            return lk_error(LK_STATUS_OUT_OF_MEMORY, "cannot reserve %zu bytes in /dev/shm for %s: %s (is /dev/shm too small?)",
+                            (size_t)want.heap_off, s->name, strerror(rc));
+        }
         void *p = mmap(NULL, want.total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-        close(fd);
         if (p == MAP_FAILED) {
+            close(fd);
             shm_unlink(s->name);
             return lk_error(LK_STATUS_IO, "mmap(%s, %zu bytes) failed: %s", s->name, (size_t)want.total, strerror(errno));
         }
         s->base = p;
         s->total = want.total;
         s->hdr = p;
+        s->fd = fd;
         shm_header *h = s->hdr;
         h->version = 2;
         h->world = s->world;
@@ -704,13 +728,16 @@ static lk_status attach_segment(lk_comm *c, shm_comm *s, uint64_t deadline) {
             continue;
         }
         void *p = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-        close(fd);
-        if (p == MAP_FAILED) return lk_error(LK_STATUS_IO, "mmap(%s) failed: %s", s->name, strerror(errno));
+        if (p == MAP_FAILED) {
+            close(fd);
+            return lk_error(LK_STATUS_IO, "mmap(%s) failed: %s", s->name, strerror(errno));
+        }
         shm_header *h = p;
         while (atomic_load_explicit(&h->magic, memory_order_acquire) != SHM_MAGIC && lk_time_ns() < deadline) sleep_ms(1);
         if (atomic_load_explicit(&h->magic, memory_order_acquire) != SHM_MAGIC || h->total != (uint64_t)st.st_size ||
             !lk__pid_alive(h->creator_pid)) {
             munmap(p, (size_t)st.st_size); /* stale or foreign: wait for the real one */
+            close(fd);
             why = "stale (creator gone)";
             sleep_ms(5);
             continue;
@@ -718,6 +745,7 @@ static lk_status attach_segment(lk_comm *c, shm_comm *s, uint64_t deadline) {
         s->base = p;
         s->total = (size_t)st.st_size;
         s->hdr = h;
+        s->fd = fd;
         return LK_STATUS_OK;
     }
     return lk_error(LK_STATUS_TIMEOUT,
@@ -773,6 +801,9 @@ static lk_status rendezvous(lk_comm *c, shm_comm *s) {
         }
         sleep_ms(1);
     }
+    /* Peers in another pid namespace (containers sharing /dev/shm) have pids
+     * that mean nothing here: for them only timeouts and abort states count. */
+    for (int k = 0; k < s->world; k++) s->pid_visible[k] = lk__pid_alive(atomic_load(&slot_of(s, k)->pid));
     /* Everyone is in: remove the name now, so no crash can leak it. */
     if (shm_unlink(s->name) == 0 || errno == ENOENT) s->unlinked = true;
     return LK_STATUS_OK;
@@ -812,6 +843,7 @@ static lk_status shm_init(lk_comm *c, const lk_comm_config *cfg) {
     if (!s) return LK_STATUS_OUT_OF_MEMORY;
     s->rank = pg->rank;
     s->world = pg->world_size;
+    s->fd = -1;
     pthread_mutex_init(&s->heap_mu, NULL);
     lk__shm_segment_name(c->job_id, s->name, sizeof s->name);
     c->impl = s;

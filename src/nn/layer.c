@@ -428,7 +428,7 @@ lk_status lk_params_flatten(lk_layer *l, float *grad_buffer, lk_tensor **flat_pa
         if (flat_params) *flat_params = lk_tensor_retain(flat);
         if (flat_grads) *flat_grads = lk_tensor_retain(gflat);
     }
-    for (int i = 0; pv && i < sv.n; i++) {
+    for (int i = 0; pv && gv && i < sv.n; i++) {
         lk_tensor_release(pv[i]);
         lk_tensor_release(gv[i]);
     }

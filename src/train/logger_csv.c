@@ -679,7 +679,7 @@ static lk_status csv_create(const char *dir, int version, lk_logger **out) {
     if (!c) return lk_last_status();
     c->base.vt = &csv_vt;
     c->base.version = version;
-    c->flush_every = 100;
+    c->flush_every = 10; /* rows, i.e. 10 × log_every_n_steps steps: cheap appends, little to lose in a crash */
     snprintf(c->base.log_dir, sizeof c->base.log_dir, "%s", dir);
     snprintf(c->metrics_path, sizeof c->metrics_path, "%s/metrics.csv", dir);
     snprintf(c->hparams_path, sizeof c->hparams_path, "%s/hparams.yaml", dir);

@@ -101,10 +101,12 @@ lk_status lk_log_dir_resolve(const char *root, const char *name, int version, ch
  * metrics.csv is Lightning's: the sorted union of all metric names seen plus
  * "step", one row per log_metrics call, empty cells where a metric was not
  * logged. Rows are buffered and written every `flush_every` rows (default
- * 100), on flush and on finalize: appended while the header is unchanged,
- * and the whole file rewritten through a temporary file + rename when new
- * columns appear. Values are written with the fewest digits that read back
- * as the same double; integral values like epoch 3 read "3". */
+ * 10), on flush and on finalize: appended (all or nothing, synced) while the
+ * header is unchanged, and the whole file rewritten through a temporary file
+ * + rename when new columns appear. Values are written with the fewest
+ * digits that read back as the same double (Python's repr, as Lightning
+ * writes them); integral values like epoch 3 read "3". A failed write keeps
+ * the rows for the next attempt. */
 lk_status lk_csv_logger_create(const char *root, const char *name, int version, lk_logger **out);
 /* Same, writing into an existing or to-be-created directory `dir` as is. */
 lk_status lk_csv_logger_create_in(const char *dir, lk_logger **out);

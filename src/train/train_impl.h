@@ -71,7 +71,9 @@ struct lk_trainer {
     double t_start, t_first_step, t_fit_start;
     double sum_data, sum_fwd, sum_bwd, sum_comm, sum_opt;
     int64_t timed_steps, samples_seen;
-    double train_time;
+    double train_time, t_train_end, t_steady;
+    int64_t samples_steady;
+    double sum_at_steady[5];
 };
 
 /* metrics.c */

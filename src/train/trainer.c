@@ -81,6 +81,7 @@ lk_status lk_trainer_create(const lk_trainer_config *cfg, const lk_optim_setting
     }
     lk_strategy_config sc = lk_strategy_config_default();
     sc.name = !strcmp(cfg->strategy, "ddp_spawn") ? "ddp" : cfg->strategy;
+    if (tr->world == 1 && !strcmp(sc.name, "ddp")) sc.name = "single"; /* ddp on one device: nothing to reduce */
     sc.comm = tr->comm;
     sc.bucket_cap_mb = cfg->bucket_cap_mb;
     st = lk_strategy_create(&sc, &tr->strat);
@@ -525,6 +526,15 @@ static lk_status fit_loop(lk_trainer *tr, lk_loader *train, lk_loader *val, int6
                 tr->timed_steps++;
                 tr->global_step++;
                 if (tr->global_step == 1) tr->t_first_step = lk_time_now();
+                /* Throughput counts from the 5th step on: the first ones warm
+                 * caches, the storage pool and the BLAS threads. */
+                if (tr->global_step == 5) {
+                    tr->t_steady = lk_time_now();
+                    tr->samples_steady = tr->samples_seen;
+                    tr->sum_at_steady[0] = tr->sum_data, tr->sum_at_steady[1] = tr->sum_fwd;
+                    tr->sum_at_steady[2] = tr->sum_bwd, tr->sum_at_steady[3] = tr->sum_comm;
+                    tr->sum_at_steady[4] = tr->sum_opt;
+                }
                 if (tr->global_step % c->log_every_n_steps == 0) {
                     LK_TRY(log_lr(tr));
                     if (tr->logger) LK_TRY(lk__metrics_log_step(tr));
@@ -610,7 +620,10 @@ static void write_runinfo(lk_trainer *tr, const char *command, lk_status st) {
     ri.epochs = tr->epoch;
     ri.global_step = tr->global_step;
     ri.wall_s = lk_time_now() - tr->t_start;
-    ri.samples_per_s = tr->train_time > 0 ? (double)tr->samples_seen * tr->world / tr->train_time : 0;
+    if (tr->t_steady > 0 && tr->t_train_end > tr->t_steady && tr->timed_steps > 5)
+        ri.samples_per_s = (double)(tr->samples_seen - tr->samples_steady) * tr->world / (tr->t_train_end - tr->t_steady);
+    else
+        ri.samples_per_s = tr->train_time > 0 ? (double)tr->samples_seen * tr->world / tr->train_time : 0;
     ri.time_to_first_step_s = tr->t_first_step > 0 ? tr->t_first_step - tr->t_start : 0;
     ri.world_size = tr->world;
     ri.strategy = lk_strategy_name(tr->strat);
@@ -619,8 +632,14 @@ static void write_runinfo(lk_trainer *tr, const char *command, lk_status st) {
     ri.log_dir = tr->log_dir;
     ri.last_checkpoint = tr->last_ckpt[0] ? tr->last_ckpt : NULL;
     double n = tr->timed_steps > 0 ? (double)tr->timed_steps : 1;
-    ri.step_time = (lk_runinfo_times){1e3 * tr->sum_data / n, 1e3 * tr->sum_fwd / n, 1e3 * tr->sum_bwd / n,
-                                      1e3 * tr->sum_comm / n, 1e3 * tr->sum_opt / n};
+    double z[5] = {0};
+    if (tr->t_steady > 0 && tr->timed_steps > 5) { /* steady state, like samples_per_s */
+        n = (double)(tr->timed_steps - 4);
+        memcpy(z, tr->sum_at_steady, sizeof z);
+    }
+    ri.step_time = (lk_runinfo_times){1e3 * (tr->sum_data - z[0]) / n, 1e3 * (tr->sum_fwd - z[1]) / n,
+                                      1e3 * (tr->sum_bwd - z[2]) / n, 1e3 * (tr->sum_comm - z[3]) / n,
+                                      1e3 * (tr->sum_opt - z[4]) / n};
     ri.config_yaml = tr->config_yaml;
     char path[LK_PATH + 16];
     snprintf(path, sizeof path, "%s/run.json", tr->log_dir);
@@ -725,7 +744,8 @@ lk_status lk_trainer_fit(lk_trainer *tr, lk_module *m, lk_datamodule *dm, const 
     }
     double t_train = lk_time_now();
     if (!st) st = fit_loop(tr, train, val, n_train, n_val);
-    tr->train_time = lk_time_now() - t_train;
+    tr->t_train_end = lk_time_now();
+    tr->train_time = tr->t_train_end - t_train;
     if (!st && tr->stop_reason[0]) lk_log0("%s", tr->stop_reason);
     if (!st && stop_signal) st = lk_error(LK_STATUS_ABORTED, "stopped by signal %d after writing last.ckpt", (int)stop_signal);
     if (m->vt->on_stage_end && is_rank0(tr) && !st) {

@@ -102,6 +102,21 @@ static void expf_kernel_accuracy(void) {
     CHECK(isfinite(lk_k_expf(88.5f)) && fabs(lk_k_expf(88.5f) / exp(88.5) - 1) < 2e-7);
 }
 
+static void philox_x8_kernel(void) {
+    uint32_t key[2] = {0x12345678u, 0x9abcdef0u}, out[4 * LK_K_LANES], ref[4];
+    uint32_t ctrs[][4] = {{0, 0, 0, 0}, {0xFFFFFFFCu, 7, 3, 4}, {123, 456, 789, 1011}, {0xFFFFFFFFu, 0xFFFFFFFFu, 1, 2}};
+    int bad = 0;
+    for (int c = 0; c < 4; c++) {
+        lk_k_philox4x32_10_x8(ctrs[c], key, out);
+        for (uint32_t j = 0; j < LK_K_LANES; j++) {
+            uint32_t lo = ctrs[c][0] + j, cc[4] = {lo, ctrs[c][1] + (lo < ctrs[c][0]), ctrs[c][2], ctrs[c][3]};
+            lk_philox4x32_10(cc, key, ref);
+            for (int k = 0; k < 4; k++) bad += ref[k] != out[4 * j + k];
+        }
+    }
+    CHECK_MSG(bad == 0, "%d words of lk_k_philox4x32_10_x8 differ from lk_philox4x32_10", bad);
+}
+
 /* ---- softmax / log_softmax -------------------------------------------------------- */
 
 static void softmax_values(void) {
@@ -449,6 +464,19 @@ static void dropout_determinism_and_identity(void) {
     int again = 0;
     for (int64_t i = 0; a && a2 && i < a->numel; i++) again += ((float *)a->data)[i] != ((float *)a2->data)[i];
     CHECK(again > 20);
+    /* The mask is the stream's lk_rng_uniform() draws in order, even when the
+     * stream starts mid-block, and the stream ends where per-element draws would. */
+    lk_rng ra, rb;
+    lk_rng_init(&ra, 7, LK_RNG_DROPOUT, 1, 2);
+    lk_rng_init(&rb, 7, LK_RNG_DROPOUT, 1, 2);
+    (void)lk_rng_u32(&ra);
+    (void)lk_rng_u32(&rb);
+    lk_tensor *d = lk_dropout(x, 0.3f, true, &ra);
+    int mism = 0;
+    for (int64_t i = 0; d && i < x->numel; i++)
+        mism += (((float *)d->data)[i] == 0.0f) != (lk_rng_uniform(&rb) < 0.3f);
+    CHECK(d && mism == 0);
+    CHECK(lk_rng_u32(&ra) == lk_rng_u32(&rb));
     /* Identity when not training or p == 0: x itself, no tape node. */
     size_t tape = lk_tape_len();
     CHECK(lk_dropout(x, 0.5f, false, NULL) == x);
@@ -689,7 +717,7 @@ static void steady_state_allocations(void) {
     lk_tensor_release(t);
 }
 
-LK_TEST_MAIN(LK_TEST_CASE(expf_kernel_accuracy), LK_TEST_CASE(softmax_values), LK_TEST_CASE(softmax_gradchecks),
+LK_TEST_MAIN(LK_TEST_CASE(expf_kernel_accuracy), LK_TEST_CASE(philox_x8_kernel), LK_TEST_CASE(softmax_values), LK_TEST_CASE(softmax_gradchecks),
              LK_TEST_CASE(cross_entropy_values), LK_TEST_CASE(cross_entropy_gradchecks), LK_TEST_CASE(bce_values),
              LK_TEST_CASE(bce_gradchecks), LK_TEST_CASE(dropout_statistics),
              LK_TEST_CASE(dropout_determinism_and_identity), LK_TEST_CASE(dropout_gradchecks),

@@ -247,5 +247,37 @@ static void torch_strict_load(void) {
                           "{\"channels\": [4, 8], \"hidden\": 16}", 784, 10);
 }
 
-LK_TEST_MAIN(LK_TEST_CASE(registry), LK_TEST_CASE(default_architectures), LK_TEST_CASE(training_parity),
+/* SQLite-style: fail the Nth allocation for N = 1, 2, ... until the call
+ * succeeds; every failure must be a clean error (ASan checks for leaks). */
+static void allocation_failures(void) {
+    int n_fail = 0;
+    for (long n = 1; n < 5000; n++) {
+        lk_layer *m = NULL;
+        lk_tensor *fp = NULL, *fg = NULL;
+        lk_optimizer *o = NULL;
+        lk_named_tensors ps = {0};
+        lk_clear_error();
+        lk_alloc_fail_after(n);
+        lk_status st = lk_model_create("cnn", (lk_model_kv[]){{"channels", "2,3"}, {"hidden", "4"}}, 2, 1, &m);
+        if (!st) st = lk_params_flatten(m, NULL, &fp, &fg);
+        if (!st) st = lk_layer_named_parameters(m, &ps);
+        lk_optim_config cfg = lk_adam_config_default();
+        if (!st) st = lk_optimizer_create(&cfg, &ps, &o);
+        lk_alloc_fail_after(0);
+        if (st) {
+            n_fail++;
+            CHECK_MSG(st == LK_STATUS_OUT_OF_MEMORY,
+                      "allocation %ld: status %s: %s", n, lk_status_str(st), lk_last_error());
+        }
+        lk_optimizer_free(o);
+        lk_named_tensors_clear(&ps);
+        lk_tensor_release(fp);
+        lk_tensor_release(fg);
+        lk_layer_free(m);
+        if (!st) break;
+    }
+    CHECK(n_fail > 20);
+}
+
+LK_TEST_MAIN(LK_TEST_CASE(registry), LK_TEST_CASE(allocation_failures), LK_TEST_CASE(default_architectures), LK_TEST_CASE(training_parity),
              LK_TEST_CASE(training_parity_flat), LK_TEST_CASE(torch_strict_load))
