@@ -103,7 +103,7 @@ static void softmax_backward(lk_node *n, lk_tensor *g) {
     float *dd = dx->data;
     if (inner == 1) {
         for (int64_t o = 0; o < outer; o++) lk_k_softmax_backward_row(yd + o * C, gd + o * C, dd + o * C, C, log_out);
-    } else if (C > 0) {
+    } else if (C > 0 && inner > 1) {
         float *acc = lk_malloc((size_t)inner * sizeof *acc);
         if (!acc) {
             lk_tensor_release(dx);
@@ -141,7 +141,7 @@ static lk_tensor *softmax_op(lk_tensor *x, int dim, int log_out, const char *nam
         float *od = out->data;
         if (s.inner == 1) {
             for (int64_t o = 0; o < s.outer; o++) lk_k_softmax_row(xd + o * s.C, od + o * s.C, s.C, log_out);
-        } else if (s.C > 0) {
+        } else if (s.C > 0 && s.inner > 1) {
             int64_t blk = s.C * s.inner;
             for (int64_t o = 0; o < s.outer; o++)
                 lk_k_softmax_cols(xd + o * blk, od + o * blk, s.C, s.inner, scratch, scratch + s.inner, log_out);

@@ -106,6 +106,7 @@ typedef struct {
     int cur;            /* info[] index of the collective in flight */
     char name[256];
     bool unlinked;
+    unsigned spin;              /* pause-spins before yielding: few when ranks outnumber cores */
     int fd;                     /* kept open to reserve heap pages (posix_fallocate) */
     bool pid_visible[256];      /* peers' pids mean something here (same pid namespace) */
     pthread_mutex_t heap_mu;
@@ -239,7 +240,7 @@ static lk_status wait_all(lk_comm *c, shm_comm *s, const lk__coll *op) {
         for (; k < s->world; k++)
             if (atomic_load_explicit(&slot_of(s, k)->tick, memory_order_acquire) < target) break;
         if (k == s->world) return LK_STATUS_OK;
-        if (spins < 4096) {
+        if (spins < s->spin) {
             cpu_relax();
             continue;
         }
@@ -844,6 +845,8 @@ static lk_status shm_init(lk_comm *c, const lk_comm_config *cfg) {
     s->rank = pg->rank;
     s->world = pg->world_size;
     s->fd = -1;
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    s->spin = cores > 0 && pg->local_world_size > cores ? 16 : 4096;
     pthread_mutex_init(&s->heap_mu, NULL);
     lk__shm_segment_name(c->job_id, s->name, sizeof s->name);
     c->impl = s;

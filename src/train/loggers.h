@@ -101,7 +101,7 @@ lk_status lk_log_dir_resolve(const char *root, const char *name, int version, ch
  * metrics.csv is Lightning's: the sorted union of all metric names seen plus
  * "step", one row per log_metrics call, empty cells where a metric was not
  * logged. Rows are buffered and written every `flush_every` rows (default
- * 10), on flush and on finalize: appended (all or nothing, synced) while the
+ * 10), on flush and on finalize: appended (all or nothing) while the
  * header is unchanged, and the whole file rewritten through a temporary file
  * + rename when new columns appear. Values are written with the fewest
  * digits that read back as the same double (Python's repr, as Lightning

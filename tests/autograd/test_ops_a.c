@@ -693,6 +693,30 @@ static void bad_inputs(void) {
     lk_scope_end();
 }
 
+/* Zero-sized dims go through every op without touching memory. */
+static void empty_inputs(void) {
+    lk_scope_begin();
+    lk_tensor *x0 = lk_gc_param(95, LK_SHAPE(0, 5)), *x1 = lk_gc_param(96, LK_SHAPE(5, 0));
+    lk_tensor *t0 = lk_tensor_zeros(LK_I64, LK_SHAPE(0));
+    CHECK(lk_softmax(x0, 1) && lk_log_softmax(x1, 1) && lk_softmax(x1, 0));
+    lk_tensor *l = lk_cross_entropy(x0, t0, NULL);
+    CHECK(l && isnan(lk_tensor_item(l))); /* mean over nothing: NaN, as PyTorch */
+    lk_cross_entropy_opts o = lk_cross_entropy_opts_default();
+    o.reduction = LK_REDUCTION_SUM;
+    l = lk_cross_entropy(x0, t0, &o);
+    CHECK(l && lk_tensor_item(l) == 0.0f);
+    CHECK_OK(lk_backward(l));
+    CHECK(lk_nll_loss(x0, t0, &o) && lk_layer_norm(x0, 1, NULL, NULL, 1e-5f) && lk_layer_norm(x1, 1, NULL, NULL, 1e-5f));
+    lk_rng r;
+    lk_rng_init(&r, 1, LK_RNG_DROPOUT, 0, 0);
+    CHECK(lk_dropout(x0, 0.5f, true, &r) && lk_embedding(x1, t0));
+    CHECK(lk_binary_cross_entropy(x0, x0, NULL, LK_REDUCTION_SUM) != NULL);
+    lk_tensor_release(x0);
+    lk_tensor_release(x1);
+    lk_tensor_release(t0);
+    lk_scope_end();
+}
+
 /* The fused loss allocates a handful of tensors per call, none per row,
  * and a repeated step allocates nothing from the system. */
 static void steady_state_allocations(void) {
@@ -722,4 +746,4 @@ LK_TEST_MAIN(LK_TEST_CASE(expf_kernel_accuracy), LK_TEST_CASE(philox_x8_kernel),
              LK_TEST_CASE(bce_gradchecks), LK_TEST_CASE(dropout_statistics),
              LK_TEST_CASE(dropout_determinism_and_identity), LK_TEST_CASE(dropout_gradchecks),
              LK_TEST_CASE(layer_norm_values), LK_TEST_CASE(layer_norm_gradchecks), LK_TEST_CASE(embedding_tests),
-             LK_TEST_CASE(bad_inputs), LK_TEST_CASE(steady_state_allocations))
+             LK_TEST_CASE(bad_inputs), LK_TEST_CASE(empty_inputs), LK_TEST_CASE(steady_state_allocations))

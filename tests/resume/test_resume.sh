@@ -5,7 +5,7 @@
 # bitwise identical. Single process and ddp on 2 ranks.
 source "$(dirname "$0")/../cli/lib.sh"
 write_synth
-common=(--trainer.max_epochs 3 --trainer.every_n_train_steps 3 --trainer.enable_progress_bar false
+common=(--trainer.max_epochs 4 --trainer.every_n_train_steps 3 --trainer.enable_progress_bar false
         --data.init_args.num_samples 2048 --trainer.num_sanity_val_steps 0)
 
 final_state() { # run dir -> exported weights + optimizer state
@@ -29,7 +29,7 @@ run_case() {
     setsid "$LK_BIN" fit -c "$T/synth.yaml" "${common[@]}" "${extra[@]}" >"$T/$name.$sig.log" 2>&1 &
     local pid=$!
     local d=""
-    for _ in $(seq 1 1000); do
+    for _ in $(seq 1 6000); do   # up to 30 s on a loaded machine
       d=$(latest)
       [ "$d" != "$before" ] && [ -s "$d/checkpoints/last.ckpt" ] && break
       sleep 0.005

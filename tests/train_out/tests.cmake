@@ -12,3 +12,7 @@ if(LK_STB_LIB)
 else()
   message(STATUS "  libstb not found: train_out_image test not built")
 endif()
+# Not a test: the per-call cost of the output calls (numbers in the report).
+add_executable(bench_train_out train_out/bench_out.c)
+target_include_directories(bench_train_out PRIVATE ${PROJECT_SOURCE_DIR}/tests ${PROJECT_SOURCE_DIR}/src)
+target_link_libraries(bench_train_out PRIVATE lockstep_static)
