@@ -157,6 +157,9 @@ def layer_cases():
         ("silu", nn.SiLU(), (3, 7), 3.0),
         ("flatten", nn.Flatten(), (2, 3, 2, 2), 1.0),
         ("sequential", nn.Sequential(nn.Linear(5, 8), nn.Tanh(), nn.Linear(8, 2)), (4, 5), 1.0),
+        ("batchnorm2d_plain", nn.BatchNorm2d(3, affine=False, track_running_stats=False), (2, 3, 3, 4), 2.0),
+        ("layernorm_plain", nn.LayerNorm(6, eps=1e-3, elementwise_affine=False), (4, 6), 2.0),
+        ("batchnorm1d_3d", nn.BatchNorm1d(3), (4, 3, 5), 2.0),
     ]
     for ci, (name, mod, shape, rng) in enumerate(cases):
         seed = 1000 * (ci + 1)
@@ -178,6 +181,12 @@ def layer_cases():
             mod.eval()
             with torch.no_grad():
                 save(f"layer.{name}.y_eval", mod(x).numpy())
+    # BatchNorm with momentum=None: a cumulative average over three batches.
+    bn = nn.BatchNorm1d(4, momentum=None)
+    for k in range(3):
+        bn(t(hvals(95000 + k, 24, -2.0, 2.0).reshape(6, 4)))
+    save("layer.batchnorm_cumulative.buf.running_mean", bn.running_mean.numpy())
+    save("layer.batchnorm_cumulative.buf.running_var", bn.running_var.numpy())
     # Embedding: integer input.
     emb = nn.Embedding(10, 4)
     with torch.no_grad():

@@ -228,6 +228,10 @@ lk_status lk_dataset_range(lk_dataset *src, int64_t start, int64_t end, lk_datas
  * (the remainder of rounding goes to the first parts, as in PyTorch). */
 lk_status lk_dataset_random_split(lk_dataset *src, int nparts, const double *sizes, uint64_t seed,
                                   lk_dataset **outs);
+/* The samples of srcs[0], then srcs[1], ... (PyTorch's ConcatDataset);
+ * every source must have the same fields (dtype and shape; names from the
+ * first). */
+lk_status lk_dataset_concat(int n, lk_dataset *const *srcs, lk_dataset **out);
 /* Picks, reorders or repeats fields: out field i = src field src_fields[i],
  * renamed names[i] when names is not NULL (an autoencoder reads ("x", "x")). */
 lk_status lk_dataset_select(lk_dataset *src, int nfields, const int *src_fields, const char *const *names,

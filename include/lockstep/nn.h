@@ -146,8 +146,8 @@ lk_status lk_layer_reset_parameters(lk_layer *l, uint64_t seed);
  * call a Dropout layer uses (0, rank 0, step 0). */
 void lk_layer_set_rng_step(lk_layer *l, uint64_t seed, uint32_t rank, uint64_t step);
 
-/* Zeroes (or drops, set_to_none) the gradient of every parameter. With
- * flattened parameters use set_to_none = false (the views must stay). */
+/* Zeroes (or drops, set_to_none) the gradient of every parameter. Gradients
+ * in a flat buffer (lk_params_flatten) are always zeroed: the views stay. */
 void lk_layer_zero_grad(lk_layer *l, bool set_to_none);
 
 /* ========================================================================

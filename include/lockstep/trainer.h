@@ -39,7 +39,7 @@ typedef struct lk_datamodule lk_datamodule;
 typedef struct lk_trainer_config {
     char accelerator[LK_PARAM_STR]; /* cpu | gpu | auto */
     int64_t devices;                /* processes (CPU) or GPUs; 0 = auto (1 on CPU) */
-    char strategy[LK_PARAM_STR];    /* auto | single | ddp | ddp_spawn */
+    char strategy[LK_PARAM_STR];    /* auto | single | ddp | ddp_spawn | dp */
     int64_t num_nodes;
     char precision[LK_PARAM_STR];   /* 32-true (mixed precision later) */
     int64_t max_epochs;             /* -1: unlimited (then max_steps or max_time must stop it) */
@@ -113,6 +113,9 @@ typedef struct lk_module_vtable {
     /* (optional) End of fit/test on rank 0, e.g. to draw a picture into log_dir. */
     lk_status (*on_stage_end)(lk_module *m, lk_trainer *tr, const char *stage);
     void (*destroy)(lk_module *m); /* (optional) frees self */
+    /* (optional) A new module with the same architecture (values need not
+     * match: the trainer copies them). Only the `dp` strategy needs it. */
+    lk_status (*replicate)(lk_module *m, lk_module **out);
 } lk_module_vtable;
 
 struct lk_module {

@@ -26,8 +26,8 @@ typedef struct {
     long nb;        /* samples per chunk */
 } conv_geom;
 
-/* Minimum GEMM width (columns) per chunk. Measured on a Zen 4 core with
- * OpenBLAS: one sample per GEMM is as fast as any wider chunk once a sample
+/* Minimum GEMM width (columns) per chunk. Measured on one AVX-512 AMD EPYC core
+ * with OpenBLAS: one sample per GEMM is as fast as any wider chunk once a sample
  * has >= ~200 output pixels (14x14, 28x28) — wider chunks only add the NCHW
  * scatter and leave the cache — while 7x7 and 4x4 maps gain ~20% from
  * batching 5..16 samples per GEMM. */
@@ -73,7 +73,10 @@ static void conv2d_backward(lk_node *n, lk_tensor *gout) {
     const lk_backend *be = lk__backend(xc->device);
     bool need_x = x->requires_grad, need_w = w->requires_grad, need_b = b && b->requires_grad;
     bool need_cols = !g.pointwise && (need_w || need_x);
-    lk_tensor *dx = need_x ? lk_tensor_zeros(LK_F32, 4, xc->shape) : NULL;
+    /* col2im accumulates into dx; the 1x1 path's GEMMs write all of it */
+    lk_tensor *dx = !need_x ? NULL
+                    : g.pointwise ? lk__tensor_new(LK_F32, 4, xc->shape)
+                                  : lk_tensor_zeros(LK_F32, 4, xc->shape);
     /* dW accumulates straight into a leaf's existing gradient (as linear does). */
     bool direct_w = need_w && !w->grad_fn && w->grad && lk_tensor_is_contiguous(w->grad);
     lk_tensor *dw = need_w && !direct_w ? lk_tensor_zeros(LK_F32, 4, wc->shape) : NULL;
@@ -158,8 +161,9 @@ static lk_status conv2d_check(const lk_tensor *x, const lk_tensor *w, const lk_t
     }
     if (p.groups < 1) return lk_error(LK_STATUS_INVALID_ARGUMENT, "conv2d: groups must be >= 1, got %d", p.groups);
     if (x->shape[1] % p.groups)
-        return lk_error(LK_STATUS_INVALID_ARGUMENT, "conv2d: input channels %lld (input %s) are not divisible by groups %d",
-                        (long long)x->shape[1], sx, p.groups);
+        return lk_error(LK_STATUS_INVALID_ARGUMENT,
+                        "conv2d: input channels %lld (input %s) are not divisible by groups %d", (long long)x->shape[1],
+                        sx, p.groups);
     if (w->shape[0] % p.groups || w->shape[0] == 0)
         return lk_error(LK_STATUS_INVALID_ARGUMENT,
                         "conv2d: output channels %lld (weight %s) must be a positive multiple of groups %d",

@@ -36,6 +36,8 @@ static bool run_cell(cell *c, int steps, const char *tmp) {
     char root[512], cmd[5120], path[700];
     snprintf(root, sizeof root, "%s/%s-%s-%d-%d", tmp, c->model, c->strategy, c->devices, c->batch);
     long samples = (long)steps * c->batch * c->devices * 5 / 4 + 64; /* 80% train split */
+    /* per-device batch B: dp's one loader feeds all replicas, so it loads N x B */
+    int loader_batch = !strcmp(c->strategy, "dp") ? c->batch * c->devices : c->batch;
     const char *input = !strcmp(c->model, "cnn") ? "[1, 28, 28]" : "[784]";
     snprintf(cmd, sizeof cmd,
              "'%s' fit --model.class_path %s --data.class_path synthetic "
@@ -45,7 +47,7 @@ static bool run_cell(cell *c, int steps, const char *tmp) {
              "--trainer.limit_val_batches 0 --trainer.num_sanity_val_steps 0 --trainer.enable_checkpointing false "
              "--trainer.enable_progress_bar false --trainer.enable_tensorboard false "
              "--trainer.default_root_dir '%s' > '%s.log' 2>&1",
-             self_exe, c->model, samples, input, c->batch, c->devices, c->strategy, steps, root, root);
+             self_exe, c->model, samples, input, loader_batch, c->devices, c->strategy, steps, root, root);
     int rc = system(cmd);
     if (rc != 0) {
         fprintf(stderr, "bench train: %s %s x%d batch %d failed (see %s.log)\n", c->model, c->strategy, c->devices,

@@ -283,7 +283,7 @@ int lk_cmd_fit(int argc, char **argv) {
     const char *world_env = getenv("WORLD_SIZE");
     bool launched = world_env || getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE") || getenv("SLURM_NTASKS");
     int64_t devices = rs.trainer.devices > 0 ? rs.trainer.devices : 1;
-    if (!launched && devices > 1 && strcmp(rs.trainer.strategy, "single")) {
+    if (!launched && devices > 1 && strcmp(rs.trainer.strategy, "single") && strcmp(rs.trainer.strategy, "dp")) {
         /* Lightning's subprocess launcher: run this same command as N ranks. */
         char **child = calloc((size_t)argc + 2, sizeof *child);
         child[0] = "/proc/self/exe";

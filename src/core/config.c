@@ -180,6 +180,8 @@ typedef struct {
 
 typedef struct {
     const char *file;
+    const char *input; /* the source text, for locating reader errors */
+    size_t input_len;
     yaml_parser_t parser;
     lk_config_node *stack[LK_CONFIG_MAX_DEPTH + 1];
     char *pending_key[LK_CONFIG_MAX_DEPTH + 1]; /* a map's key waiting for its value */
@@ -201,9 +203,15 @@ static lk_status parse_error(builder *b) {
     yaml_parser_t *p = &b->parser;
     if (p->error == YAML_MEMORY_ERROR) return lk_error(LK_STATUS_OUT_OF_MEMORY, "%s: out of memory parsing YAML", b->file);
     yaml_mark_t m = p->problem_mark;
-    if (p->error == YAML_READER_ERROR)
-        return lk_error(LK_STATUS_INVALID_ARGUMENT, "%s: invalid YAML: %s at byte %zu", b->file,
+    if (p->error == YAML_READER_ERROR) { /* only a byte offset: count lines up to it */
+        size_t line = 1, col = 1;
+        for (size_t i = 0; i < p->problem_offset && i < b->input_len; i++) {
+            if (b->input[i] == '\n') line++, col = 1;
+            else if (((unsigned char)b->input[i] & 0xc0) != 0x80) col++;
+        }
+        return lk_error(LK_STATUS_INVALID_ARGUMENT, "%s:%zu:%zu: invalid YAML: %s (byte %zu)", b->file, line, col,
                         p->problem ? p->problem : "unreadable input", p->problem_offset);
+    }
     if (p->context)
         return lk_error(LK_STATUS_INVALID_ARGUMENT, "%s:%zu:%zu: invalid YAML: %s %s (line %zu, column %zu)", b->file,
                         m.line + 1, m.column + 1, p->problem ? p->problem : "syntax error", p->context,
@@ -432,6 +440,8 @@ static lk_status parse_yaml(const char *yaml, size_t len, const char *file, lk_c
     builder *b = lk_calloc(1, sizeof *b);
     if (!b) return LK_STATUS_OUT_OF_MEMORY;
     b->file = file;
+    b->input = yaml;
+    b->input_len = len;
     b->budget = MAX_NODES;
     *out = NULL;
     if (!yaml_parser_initialize(&b->parser)) {

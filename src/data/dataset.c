@@ -391,6 +391,88 @@ lk_status lk_dataset_random_split(lk_dataset *src, int nparts, const double *siz
     return st;
 }
 
+/* ---- concatenation ----------------------------------------------------------------- */
+
+typedef struct {
+    int n;
+    lk_dataset **srcs;
+    int64_t *ends; /* ends[i]: one past the last index of source i */
+} concat_ctx;
+
+static lk_status concat_get(void *ctx, int64_t index, uint64_t epoch, void *scratch, void *const *out) {
+    const concat_ctx *c = ctx;
+    int lo = 0, hi = c->n - 1; /* first source whose end exceeds index */
+    while (lo < hi) {
+        int mid = (lo + hi) / 2;
+        if (c->ends[mid] > index) hi = mid;
+        else lo = mid + 1;
+    }
+    const lk_dataset *s = c->srcs[lo];
+    return s->vt->get(s->ctx, index - (lo ? c->ends[lo - 1] : 0), epoch, scratch, out);
+}
+
+static void concat_free(void *ctx) {
+    concat_ctx *c = ctx;
+    for (int i = 0; i < c->n; i++) lk_dataset_free(c->srcs[i]);
+    lk_free(c->srcs);
+    lk_free(c->ends);
+    lk_free(c);
+}
+
+static const lk_dataset_vtable concat_vt = {"concat", concat_get, concat_free};
+
+lk_status lk_dataset_concat(int n, lk_dataset *const *srcs, lk_dataset **out) {
+    *out = NULL;
+    if (n < 1) return lk_error(LK_STATUS_INVALID_ARGUMENT, "concat: %d datasets, expected >= 1", n);
+    const lk_dataset *a = srcs[0];
+    size_t scratch = 0;
+    int64_t total = 0;
+    for (int i = 0; i < n; i++) {
+        const lk_dataset *b = srcs[i];
+        bool same = b->nfields == a->nfields;
+        for (int f = 0; same && f < a->nfields; f++) {
+            const lk_field *x = &a->fields[f], *y = &b->fields[f];
+            same = x->dtype == y->dtype && x->ndim == y->ndim &&
+                   !memcmp(x->shape, y->shape, (size_t)x->ndim * sizeof x->shape[0]);
+        }
+        if (!same) {
+            char sa[160] = "", sb[160] = "";
+            int f = 0;
+            while (f < a->nfields && f < b->nfields && a->fields[f].dtype == b->fields[f].dtype &&
+                   a->fields[f].ndim == b->fields[f].ndim &&
+                   !memcmp(a->fields[f].shape, b->fields[f].shape, (size_t)a->fields[f].ndim * sizeof(int64_t)))
+                f++;
+            if (f < a->nfields && f < b->nfields) {
+                lk_data_shape_str(a->fields[f].ndim, a->fields[f].shape, sa, sizeof sa);
+                lk_data_shape_str(b->fields[f].ndim, b->fields[f].shape, sb, sizeof sb);
+            }
+            return lk_error(LK_STATUS_INVALID_ARGUMENT,
+                            "concat: dataset %d ('%s', %d fields) does not match dataset 0 ('%s', %d fields) at field "
+                            "%d: dtype %s %s vs %s %s",
+                            i, lk_dataset_kind(b), b->nfields, lk_dataset_kind(a), a->nfields, f,
+                            f < b->nfields ? dtype_name(b->fields[f].dtype) : "-", sb,
+                            f < a->nfields ? dtype_name(a->fields[f].dtype) : "-", sa);
+        }
+        if (b->len > INT64_MAX - total) return lk_error(LK_STATUS_INVALID_ARGUMENT, "concat: total length overflows");
+        total += b->len;
+        if (b->scratch_bytes > scratch) scratch = b->scratch_bytes;
+    }
+    concat_ctx *c = lk_calloc(1, sizeof *c);
+    if (!c) return LK_STATUS_OUT_OF_MEMORY;
+    c->srcs = lk_calloc((size_t)n, sizeof *c->srcs);
+    c->ends = lk_calloc((size_t)n, sizeof *c->ends);
+    if (!c->srcs || !c->ends) {
+        concat_free(c);
+        return LK_STATUS_OUT_OF_MEMORY;
+    }
+    c->n = n;
+    for (int i = 0; i < n; i++) {
+        c->srcs[i] = lk_dataset_retain(srcs[i]);
+        c->ends[i] = (i ? c->ends[i - 1] : 0) + srcs[i]->len;
+    }
+    return lk_dataset_create(&concat_vt, c, total, a->nfields, a->fields, scratch, out);
+}
+
 /* ---- field selection ------------------------------------------------------------- */
 
 typedef struct {

@@ -349,10 +349,7 @@ static lk_status issue(lk_comm *c, lk__coll *op, lk_work **work) {
     if (work) return enqueue(c, op, work);
     /* Blocking: run inline unless async work is still pending (it must go first).
      * Only the issuing thread enqueues, so pending cannot grow behind our back. */
-    pthread_mutex_lock(&c->mu);
-    long pending = c->pending;
-    pthread_mutex_unlock(&c->mu);
-    if (!pending) return run_one(c, op);
+    if (!atomic_load_explicit(&c->pending, memory_order_acquire)) return run_one(c, op);
     lk_work *w;
     LK_TRY(enqueue(c, op, &w));
     lk_status st = lk_work_wait(w);

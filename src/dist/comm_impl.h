@@ -79,7 +79,7 @@ struct lk_comm {
     pthread_t thread;
     bool thread_started, stop;
     lk_work *head, *tail; /* queued, not yet started */
-    long pending;         /* issued and not finished (queued + running) */
+    _Atomic long pending; /* issued and not finished (queued + running); changed under mu */
     size_t shared_bytes;
 };
 

@@ -53,8 +53,8 @@
 #define LINE 128                   /* two cache lines: adjacent-line prefetch must not couple ranks */
 #define SHM_MAGIC 0x32304d48534b4cULL /* "LKSHM02" */
 #define STAGE_SLOT ((size_t)1 << 20)  /* bytes per staging slot; two per rank */
-#define SMALL_BYTES ((size_t)64 << 10)
-#define SLICE_SHARED ((size_t)512 << 10) /* bytes per pipeline step when reading in place */
+#define SMALL_BYTES_DEFAULT ((size_t)64 << 10)   /* single-step all_reduce up to this; LK_COMM_SHM_SMALL */
+#define SLICE_SHARED_DEFAULT ((size_t)512 << 10) /* bytes per pipeline step in place; LK_COMM_SHM_SLICE */
 #define CHECK_NS 100000000ull            /* liveness/abort checks every 100 ms while waiting */
 
 enum { ST_EMPTY = 0, ST_ATTACHED = 1, ST_ABORTED = 2, ST_LEFT = 3 };
@@ -106,6 +106,7 @@ typedef struct {
     int cur;            /* info[] index of the collective in flight */
     char name[256];
     bool unlinked;
+    size_t small_bytes, slice_shared; /* tunables, fixed at creation (equal on all ranks by environment) */
     unsigned spin;              /* pause-spins before yielding: few when ranks outnumber cores */
     int fd;                     /* kept open to reserve heap pages (posix_fallocate) */
     bool pid_visible[256];      /* peers' pids mean something here (same pid namespace) */
@@ -294,8 +295,8 @@ static lk_status enter(lk_comm *c, shm_comm *s, const lk__coll *op, int64_t off)
     mi->root = (op->kind == LK__COLL_BROADCAST || op->kind == LK__COLL_GATHER || op->kind == LK__COLL_SCATTER) ? op->root : 0;
     mi->count = op->kind == LK__COLL_BARRIER ? 0 : op->count;
     mi->off = off;
-    atomic_store(&me->cur, ix);
-    atomic_store(&me->in_coll, 1);
+    atomic_store_explicit(&me->cur, ix, memory_order_relaxed); /* published by the tick's release */
+    atomic_store_explicit(&me->in_coll, 1, memory_order_relaxed);
     s->cur = ix;
     LK_TRY(sync_all(c, s, op));
     bool same = true;
@@ -321,9 +322,9 @@ static inline int64_t peer_off(shm_comm *s, int k) { return slot_of(s, k)->info[
 
 static void leave(shm_comm *s, const lk__coll *op) {
     shm_slot *me = slot_of(s, s->rank);
-    atomic_store(&me->seq_done, op->seq);
-    atomic_store(&me->active_ns, lk_time_ns());
-    atomic_store(&me->in_coll, 0);
+    atomic_store_explicit(&me->seq_done, op->seq, memory_order_relaxed); /* diagnostics only */
+    atomic_store_explicit(&me->active_ns, lk_time_ns(), memory_order_relaxed);
+    atomic_store_explicit(&me->in_coll, 0, memory_order_relaxed);
 }
 
 /* Part k of n elements split W ways, aligned to cache lines. */
@@ -348,7 +349,7 @@ static lk_status all_reduce(lk_comm *c, shm_comm *s, const lk__coll *op) {
     const void *srcs[MAXW];
     size_t align = 64 / esz ? 64 / esz : 1;
 
-    if (nb <= SMALL_BYTES) { /* one step: copy in, sync, everyone reduces everything */
+    if (nb <= s->small_bytes) { /* one step: copy in, sync, everyone reduces everything */
         uint64_t u = s->stage_ctr++;
         if (nb) memcpy(stage_of(s, r, u), buf, nb);
         LK_TRY(enter(c, s, op, -1));
@@ -363,7 +364,7 @@ static lk_status all_reduce(lk_comm *c, shm_comm *s, const lk__coll *op) {
     if (shared) {
         uint8_t *peer[MAXW];
         for (int k = 0; k < W; k++) peer[k] = s->base + peer_off(s, k);
-        size_t step = SLICE_SHARED * (size_t)(W > 2 ? W / 2 : 1) / esz;
+        size_t step = s->slice_shared * (size_t)(W > 2 ? W / 2 : 1) / esz;
         step = step / (align * (size_t)W) * (align * (size_t)W);
         for (size_t start = 0; start < op->count; start += step) {
             size_t len = op->count - start < step ? op->count - start : step, lo, hi;
@@ -847,6 +848,10 @@ static lk_status shm_init(lk_comm *c, const lk_comm_config *cfg) {
     s->fd = -1;
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     s->spin = cores > 0 && pg->local_world_size > cores ? 16 : 4096;
+    long small = lk_env_get_long("LK_COMM_SHM_SMALL", (long)SMALL_BYTES_DEFAULT);
+    long slice = lk_env_get_long("LK_COMM_SHM_SLICE", (long)SLICE_SHARED_DEFAULT);
+    s->small_bytes = small >= 0 && (size_t)small <= STAGE_SLOT ? (size_t)small : SMALL_BYTES_DEFAULT;
+    s->slice_shared = slice >= 4096 ? (size_t)slice : SLICE_SHARED_DEFAULT;
     pthread_mutex_init(&s->heap_mu, NULL);
     lk__shm_segment_name(c->job_id, s->name, sizeof s->name);
     c->impl = s;

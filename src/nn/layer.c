@@ -304,7 +304,10 @@ void lk_layer_set_rng_step(lk_layer *l, uint64_t seed, uint32_t rank, uint64_t s
 
 void lk_layer_zero_grad(lk_layer *l, bool set_to_none) {
     if (!l) return;
-    for (int i = 0; i < l->params.n; i++) lk_tensor_zero_grad(l->params.items[i].tensor, set_to_none);
+    for (int i = 0; i < l->params.n; i++) {
+        lk_tensor *p = l->params.items[i].tensor;
+        lk_tensor_zero_grad(p, set_to_none && !lk_tensor_in_flat_buffer(p->grad));
+    }
     for (int c = 0; c < l->n_children; c++) lk_layer_zero_grad(l->children[c].layer, set_to_none);
 }
 

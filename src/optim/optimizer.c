@@ -198,7 +198,25 @@ static void sgd_update(float *restrict p, const float *restrict g, float *restri
     const float wd = (float)c->weight_decay, mom = (float)c->momentum, damp1 = (float)(1.0 - c->dampening);
     const float neg_lr = (float)(-c->lr);
     const bool has_wd = c->weight_decay != 0.0, has_mom = c->momentum != 0.0, nest = c->nesterov, maxi = c->maximize;
-    for (int64_t i = 0; i < n; i++) {
+    int64_t i = 0;
+#if defined(__AVX__)
+    /* The same operations as the scalar loop, 8 lanes at a time (-O2 does
+     * not vectorise the branchy scalar form). */
+    const __m256 vwd = _mm256_set1_ps(wd), vmom = _mm256_set1_ps(mom), vdamp1 = _mm256_set1_ps(damp1),
+                 vlr = _mm256_set1_ps(neg_lr), vneg = _mm256_set1_ps(-0.0f);
+    for (; i + 8 <= n; i += 8) {
+        __m256 d = _mm256_loadu_ps(g + i), pi = _mm256_loadu_ps(p + i);
+        if (maxi) d = _mm256_xor_ps(d, vneg);
+        if (has_wd) d = _mm256_add_ps(d, _mm256_mul_ps(vwd, pi));
+        if (has_mom) {
+            __m256 b = first ? d : _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(buf + i), vmom), _mm256_mul_ps(vdamp1, d));
+            _mm256_storeu_ps(buf + i, b);
+            d = nest ? _mm256_add_ps(d, _mm256_mul_ps(vmom, b)) : b;
+        }
+        _mm256_storeu_ps(p + i, _mm256_add_ps(pi, _mm256_mul_ps(vlr, d)));
+    }
+#endif
+    for (; i < n; i++) {
         float d = maxi ? -g[i] : g[i];
         if (has_wd) d = d + wd * p[i];
         if (has_mom) {

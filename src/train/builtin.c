@@ -15,6 +15,9 @@
 
 typedef struct {
     const lk_model_info *info;
+    lk_model_kv args[64]; /* copies, for replicate() */
+    int n_args;
+    uint64_t seed;
     float preview_x[PREVIEW * 784], preview_r[PREVIEW * 784];
     int preview_n;
 } model_self;
@@ -101,7 +104,19 @@ static lk_status builtin_on_stage_end(lk_module *m, lk_trainer *tr, const char *
     return lk_image_recon_png(path, s->preview_x, s->preview_r, s->preview_n, 28, 28, 3);
 }
 
-static void builtin_destroy(lk_module *m) { lk_free(m->self); }
+static void builtin_destroy(lk_module *m) {
+    model_self *s = m->self;
+    for (int i = 0; s && i < s->n_args; i++) {
+        lk_free((char *)s->args[i].key);
+        lk_free((char *)s->args[i].value);
+    }
+    lk_free(s);
+}
+
+static lk_status builtin_replicate(lk_module *m, lk_module **out) {
+    model_self *s = m->self;
+    return lk_module_create_builtin(s->info->name, s->args, s->n_args, s->seed, out);
+}
 static const lk_module_vtable builtin_vt_owned = {
     .training_step = builtin_training_step,
     .validation_step = builtin_validation_step,
@@ -109,6 +124,7 @@ static const lk_module_vtable builtin_vt_owned = {
     .predict_step = builtin_predict_step,
     .on_stage_end = builtin_on_stage_end,
     .destroy = builtin_destroy,
+    .replicate = builtin_replicate,
 };
 
 static char *kv_yaml(const char *section, const char *name, const lk_model_kv *args, int n) {
@@ -153,6 +169,12 @@ lk_status lk_module_create_builtin(const char *name, const lk_model_kv *args, in
         return LK_STATUS_OUT_OF_MEMORY;
     }
     s->info = info;
+    s->seed = seed;
+    for (int i = 0; i < n_args && i < 64; i++) {
+        s->args[i].key = lk_strdup(args[i].key);
+        s->args[i].value = lk_strdup(args[i].value);
+        s->n_args = i + 1;
+    }
     m->name = info->name;
     m->vt = &builtin_vt_owned;
     m->net = net;

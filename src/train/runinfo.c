@@ -35,6 +35,70 @@ static int add(cJSON *obj, const char *key, cJSON *item) {
     return cJSON_AddItemToObject(obj, key, item);
 }
 
+/* cJSON's formatted output indents with tabs and writes "key":<tab>value;
+ * this re-indents cJSON's compact output with two spaces and "key": value,
+ * empty containers on one line. Strings are copied untouched. */
+static char *pretty(const char *in) {
+    size_t n = strlen(in), cap = 2 * n + 64, at = 0;
+    int depth = 0, in_str = 0, esc = 0;
+    char *out = lk_malloc(cap);
+    if (!out) return NULL;
+#define EMIT(c)                                                  \
+    do {                                                         \
+        if (at + 1 >= cap) {                                     \
+            char *q = lk_realloc(out, cap *= 2);                 \
+            if (!q) {                                            \
+                lk_free(out);                                    \
+                return NULL;                                     \
+            }                                                    \
+            out = q;                                             \
+        }                                                        \
+        out[at++] = (c);                                         \
+    } while (0)
+#define NEWLINE()                                                \
+    do {                                                         \
+        EMIT('\n');                                              \
+        for (int k = 0; k < 2 * depth; k++) EMIT(' ');           \
+    } while (0)
+    for (const char *p = in; *p; p++) {
+        char c = *p;
+        if (in_str) {
+            EMIT(c);
+            if (esc) esc = 0;
+            else if (c == '\\') esc = 1;
+            else if (c == '"') in_str = 0;
+            continue;
+        }
+        switch (c) {
+        case '"': in_str = 1; EMIT(c); break;
+        case '{':
+        case '[':
+            EMIT(c);
+            if (p[1] == '}' || p[1] == ']') {
+                EMIT(*++p);
+                break;
+            }
+            depth++;
+            NEWLINE();
+            break;
+        case '}':
+        case ']':
+            depth--;
+            NEWLINE();
+            EMIT(c);
+            break;
+        case ',': EMIT(c); NEWLINE(); break;
+        case ':': EMIT(c); EMIT(' '); break;
+        default: EMIT(c);
+        }
+    }
+    EMIT('\n');
+    EMIT(0);
+#undef EMIT
+#undef NEWLINE
+    return out;
+}
+
 lk_status lk_runinfo_to_json(const lk_runinfo *info, char **out) {
     if (!info || !out) return lk_error(LK_STATUS_INVALID_ARGUMENT, "lk_runinfo_to_json: NULL argument");
     *out = NULL;
@@ -81,19 +145,13 @@ lk_status lk_runinfo_to_json(const lk_runinfo *info, char **out) {
     ok = ok && add(root, "step_time", times);
     if (ok) times = NULL;
     ok = ok && add(root, "config", string_or_null(info->config_yaml));
-    char *text = ok ? cJSON_Print(root) : NULL;
+    char *text = ok ? cJSON_PrintUnformatted(root) : NULL;
     cJSON_Delete(root);
     cJSON_Delete(metrics);
     cJSON_Delete(best);
     cJSON_Delete(times);
     if (!text) return lk_error(LK_STATUS_OUT_OF_MEMORY, "run.json: cannot build the JSON document");
-    size_t n = strlen(text);
-    *out = lk_malloc(n + 2);
-    if (*out) {
-        memcpy(*out, text, n);
-        (*out)[n] = '\n';
-        (*out)[n + 1] = 0;
-    }
+    *out = pretty(text);
     cJSON_free(text);
     return *out ? LK_STATUS_OK : lk_last_status();
 }

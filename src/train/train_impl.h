@@ -10,6 +10,8 @@
 #define LK_PATH 1024
 #define LK_PATH2 2048 /* a log dir plus a file name */
 
+typedef struct lk_dp lk_dp;
+
 typedef struct lk_metric {
     char name[LK_METRIC_NAME];
     const char *stage; /* the loop that logged it: "train", "val", "test" (static) */
@@ -51,6 +53,8 @@ struct lk_trainer {
     const char **param_names;
     lk_tensor *flat_params, *flat_grads;
     lk_optimizer *optim;
+    lk_dp *dp;       /* strategy dp */
+    int dp_devices;
     lk_scheduler *sched;
     /* metrics */
     lk_metric *metrics;
@@ -75,6 +79,16 @@ struct lk_trainer {
     int64_t samples_steady;
     double sum_at_steady[5];
 };
+
+/* dp.c: the DataParallel executor */
+lk_status lk__dp_create(lk_trainer *tr, int n, lk_dp **out);
+void lk__dp_free(lk_dp *dp);
+/* Forward+backward of every replica on its slice; gradients summed onto
+ * replica 0 (the trainer's parameters). */
+lk_status lk__dp_step(lk_dp *dp, const lk_batch *b, int64_t batch_idx, float accum_scale, double *loss, double *fwd_s,
+                      double *bwd_s, double *reduce_s);
+/* After the optimizer step: replica 0's parameters to the others. */
+void lk__dp_broadcast_params(lk_dp *dp);
 
 /* metrics.c */
 lk_metric *lk__metric_get(lk_trainer *tr, const char *name, bool create);

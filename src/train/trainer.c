@@ -47,7 +47,23 @@ lk_status lk_trainer_create(const lk_trainer_config *cfg, const lk_optim_setting
     if (st) goto fail;
     tr->rank = tr->pg.rank;
     tr->world = tr->pg.world_size;
+    bool dp = !strcmp(cfg->strategy, "dp");
     int64_t want = (cfg->devices > 0 ? cfg->devices : 1) * (cfg->num_nodes > 0 ? cfg->num_nodes : 1);
+    if (dp) { /* one process drives every device */
+        tr->dp_devices = (int)(cfg->devices > 0 ? cfg->devices : 1);
+        want = 1;
+        if (cfg->num_nodes > 1) {
+            st = lk_error(LK_STATUS_INVALID_ARGUMENT, "strategy 'dp' runs on one node (num_nodes=%lld): use ddp",
+                          (long long)cfg->num_nodes);
+            goto fail;
+        }
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        if (tr->dp_devices > cores) {
+            st = lk_error(LK_STATUS_INVALID_ARGUMENT, "trainer.devices=%d exceeds the %ld CPU cores available for dp",
+                          tr->dp_devices, cores);
+            goto fail;
+        }
+    }
     if (tr->world == 1 && want > 1) {
         st = lk_error(LK_STATUS_INVALID_USAGE,
                       "trainer.devices=%lld x num_nodes=%lld needs %lld processes, but this one was started alone: "
@@ -81,7 +97,7 @@ lk_status lk_trainer_create(const lk_trainer_config *cfg, const lk_optim_setting
     }
     lk_strategy_config sc = lk_strategy_config_default();
     sc.name = !strcmp(cfg->strategy, "ddp_spawn") ? "ddp" : cfg->strategy;
-    if (tr->world == 1 && !strcmp(sc.name, "ddp")) sc.name = "single"; /* ddp on one device: nothing to reduce */
+    if (tr->world == 1 && (!strcmp(sc.name, "ddp") || dp)) sc.name = "single"; /* nothing to reduce across processes */
     sc.comm = tr->comm;
     sc.bucket_cap_mb = cfg->bucket_cap_mb;
     st = lk_strategy_create(&sc, &tr->strat);
@@ -94,6 +110,8 @@ fail:
 }
 
 static void run_cleanup(lk_trainer *tr) {
+    lk__dp_free(tr->dp);
+    tr->dp = NULL;
     lk_scheduler_free(tr->sched);
     tr->sched = NULL;
     lk_optimizer_free(tr->optim);
@@ -489,6 +507,21 @@ static lk_status fit_loop(lk_trainer *tr, lk_loader *train, lk_loader *val, int6
             tr->batch_idx = i;
             tr->cur_batch_size = b->size;
             bool sync = ((i + 1) % accum == 0) || i + 1 == n_train;
+            double lv_dp = NAN;
+            if (tr->dp) {
+                double lvd, fs, bs, rs;
+                LK_TRY(lk__dp_step(tr->dp, b, i, 1.0f / (float)accum, &lvd, &fs, &bs, &rs));
+                if (!isfinite(lvd))
+                    return lk_error(LK_STATUS_ABORTED, "the loss is %g at step %lld (epoch %lld, batch %lld)", lvd,
+                                    (long long)tr->global_step, (long long)tr->epoch, (long long)i);
+                tr->sum_data += t1 - t0;
+                tr->sum_fwd += fs;
+                tr->sum_bwd += bs;
+                tr->sum_comm += rs;
+                tr->samples_seen += b->size;
+                lv_dp = lvd;
+                goto stepped;
+            }
             lk_scope_begin();
             lk_status st = lk_strategy_before_forward(tr->strat);
             lk_layer_set_rng_step(m->net, (uint64_t)c->seed, (uint32_t)tr->rank, (uint64_t)tr->global_step);
@@ -514,11 +547,14 @@ static lk_status fit_loop(lk_trainer *tr, lk_loader *train, lk_loader *val, int6
             tr->sum_data += t1 - t0;
             tr->sum_fwd += t2 - t1;
             tr->samples_seen += b->size;
+            lv_dp = lv;
+        stepped:
             if (sync) {
                 double t5 = lk_time_now();
-                LK_TRY(first_nonfinite(tr, lv));
+                LK_TRY(first_nonfinite(tr, lv_dp));
                 clip_gradients(tr);
                 LK_TRY(lk_optimizer_step(tr->optim));
+                if (tr->dp) lk__dp_broadcast_params(tr->dp);
                 lk_strategy_zero_grad(tr->strat);
                 if (tr->sched && !strcmp(tr->opt.interval, "step") && strcmp(tr->opt.scheduler, "plateau"))
                     LK_TRY(lk_scheduler_step(tr->sched));
@@ -626,7 +662,7 @@ static void write_runinfo(lk_trainer *tr, const char *command, lk_status st) {
         ri.samples_per_s = tr->train_time > 0 ? (double)tr->samples_seen * tr->world / tr->train_time : 0;
     ri.time_to_first_step_s = tr->t_first_step > 0 ? tr->t_first_step - tr->t_start : 0;
     ri.world_size = tr->world;
-    ri.strategy = lk_strategy_name(tr->strat);
+    ri.strategy = tr->dp_devices ? "dp" : lk_strategy_name(tr->strat);
     ri.accelerator = "cpu";
     ri.git_revision = LK_GIT_REV;
     ri.log_dir = tr->log_dir;
@@ -720,6 +756,7 @@ lk_status lk_trainer_fit(lk_trainer *tr, lk_module *m, lk_datamodule *dm, const 
         if (n_train == 0 && !st) st = lk_error(LK_STATUS_INVALID_ARGUMENT, "no training batches (limit_train_batches=%g)", c->limit_train_batches);
     }
     if (!st) st = setup_params(tr, n_train / (tr->accum ? tr->accum : 1) + 1);
+    if (!st && tr->dp_devices > 1) st = lk__dp_create(tr, tr->dp_devices, &tr->dp);
     if (!st && ckpt_path && *ckpt_path) {
         char path[LK_PATH];
         st = lk__ckpt_resolve(tr, ckpt_path, path, sizeof path);
@@ -730,7 +767,8 @@ lk_status lk_trainer_fit(lk_trainer *tr, lk_module *m, lk_datamodule *dm, const 
     if (!st) st = open_outputs(tr, true);
     if (!st && is_rank0(tr)) {
         lk_log0("lockstep %s: fit %s on %d process%s (%s), %lld parameters, %lld train / %lld val batches per epoch%s",
-                LK_VERSION_STRING, m->name, tr->world, tr->world > 1 ? "es" : "", lk_strategy_name(tr->strat),
+                LK_VERSION_STRING, m->name, tr->world, tr->world > 1 ? "es" : "",
+                tr->dp ? "dp, one replica per device on threads" : lk_strategy_name(tr->strat),
                 (long long)lk_layer_num_parameters(m->net), (long long)n_train, (long long)n_val,
                 tr->accum > 1 ? " (accumulating gradients)" : "");
         if (tr->log_dir[0]) lk_log0("logs: %s", tr->log_dir);

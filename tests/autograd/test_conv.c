@@ -1,8 +1,9 @@
 /* conv2d, pooling and batch_norm: gradient checks on odd shapes (5x7
  * images, stride, padding, dilation, groups, 1x1 kernels, a batch of one),
- * a direct-loop reference for the chunked im2col path, pooling values and
- * shapes in ceil mode, the running-statistics update, steady-state
- * allocation, and the error messages for bad input. */
+ * a direct-loop reference for the per-sample, chunked, "same"-padding and
+ * 1x1 paths, pooling values and shapes in ceil mode, max-pool ties and NaN,
+ * the running-statistics update, steady-state allocation, and the error
+ * messages for bad input. */
 #include "gradcheck.h"
 
 typedef struct {
@@ -58,7 +59,8 @@ static void conv_gradchecks(void) {
 
 /* Direct-loop conv2d in double and its adjoints, for checking the chunked path. */
 static void ref_conv(const float *x, const float *w, const float *b, const float *gy, int N, int C, int H, int W, int O,
-                     int kh, int kw, lk_conv2d_params p, int OH, int OW, double *y, double *dx, double *dw, double *db) {
+                     int kh, int kw, lk_conv2d_params p, int OH, int OW, double *y, double *dx, double *dw,
+                     double *db) {
     int Cg = C / p.groups, Og = O / p.groups;
     for (int n = 0; n < N; n++)
         for (int o = 0; o < O; o++)
@@ -73,7 +75,8 @@ static void ref_conv(const float *x, const float *w, const float *b, const float
                                 int ih = oh * p.stride[0] - p.padding[0] + i * p.dilation[0];
                                 int iw = ow * p.stride[1] - p.padding[1] + j * p.dilation[1];
                                 if (ih < 0 || ih >= H || iw < 0 || iw >= W) continue;
-                                int xi = ((n * C + grp * Cg + c) * H + ih) * W + iw, wi = ((o * Cg + c) * kh + i) * kw + j;
+                                int xi = ((n * C + grp * Cg + c) * H + ih) * W + iw;
+                                int wi = ((o * Cg + c) * kh + i) * kw + j;
                                 s += (double)x[xi] * w[wi];
                                 dx[xi] += (double)w[wi] * gy[yi];
                                 dw[wi] += (double)x[xi] * gy[yi];
@@ -208,10 +211,14 @@ static void pool_gradchecks(void) {
     gc_pool("max 3x2 s(2,1) ceil", (pool_ctx){.kind = 0, .p = pp(3, 2, 2, 1, 0, 1, true, true)}, LK_SHAPE(1, 3, 6, 5));
     gc_pool("max 3-d input", (pool_ctx){.kind = 0, .p = pp(2, 3, 1, 2, 1, 0, true, true)}, LK_SHAPE(3, 4, 5));
     gc_pool("avg 2x2", (pool_ctx){.kind = 1, .p = pp(2, 2, 0, 0, 0, 0, true, false)}, LK_SHAPE(2, 3, 5, 7));
-    gc_pool("avg 3x3 s2 p1 incl pad", (pool_ctx){.kind = 1, .p = pp(3, 3, 2, 2, 1, 1, true, false)}, LK_SHAPE(2, 2, 5, 7));
-    gc_pool("avg 3x3 s2 p1 excl pad", (pool_ctx){.kind = 1, .p = pp(3, 3, 2, 2, 1, 1, false, false)}, LK_SHAPE(2, 2, 5, 7));
-    gc_pool("avg 3x3 s2 p1 ceil incl", (pool_ctx){.kind = 1, .p = pp(3, 3, 2, 2, 1, 1, true, true)}, LK_SHAPE(1, 2, 6, 6));
-    gc_pool("avg 2x3 s2 ceil excl", (pool_ctx){.kind = 1, .p = pp(2, 3, 2, 2, 0, 1, false, true)}, LK_SHAPE(2, 1, 5, 6));
+    gc_pool("avg 3x3 s2 p1 incl pad", (pool_ctx){.kind = 1, .p = pp(3, 3, 2, 2, 1, 1, true, false)},
+            LK_SHAPE(2, 2, 5, 7));
+    gc_pool("avg 3x3 s2 p1 excl pad", (pool_ctx){.kind = 1, .p = pp(3, 3, 2, 2, 1, 1, false, false)},
+            LK_SHAPE(2, 2, 5, 7));
+    gc_pool("avg 3x3 s2 p1 ceil incl", (pool_ctx){.kind = 1, .p = pp(3, 3, 2, 2, 1, 1, true, true)},
+            LK_SHAPE(1, 2, 6, 6));
+    gc_pool("avg 2x3 s2 ceil excl", (pool_ctx){.kind = 1, .p = pp(2, 3, 2, 2, 0, 1, false, true)},
+            LK_SHAPE(2, 1, 5, 6));
     gc_pool("adaptive 5x7->3x4", (pool_ctx){.kind = 2, .oh = 3, .ow = 4}, LK_SHAPE(2, 3, 5, 7));
     gc_pool("adaptive 3x2->4x5 (upsampling bins)", (pool_ctx){.kind = 2, .oh = 4, .ow = 5}, LK_SHAPE(1, 2, 3, 2));
     gc_pool("adaptive global", (pool_ctx){.kind = 2, .oh = 1, .ow = 1}, LK_SHAPE(3, 5, 7));
@@ -416,5 +423,6 @@ static void bad_input(void) {
 }
 
 LK_TEST_MAIN(LK_TEST_CASE(conv_gradchecks), LK_TEST_CASE(conv_matches_direct_loops), LK_TEST_CASE(conv_known_values),
-             LK_TEST_CASE(pool_gradchecks), LK_TEST_CASE(pool_known_values), LK_TEST_CASE(max_pool_ties_and_nan), LK_TEST_CASE(batch_norm_gradchecks),
-             LK_TEST_CASE(batch_norm_running_stats), LK_TEST_CASE(conv_net_steady_state), LK_TEST_CASE(bad_input))
+             LK_TEST_CASE(pool_gradchecks), LK_TEST_CASE(pool_known_values), LK_TEST_CASE(max_pool_ties_and_nan),
+             LK_TEST_CASE(batch_norm_gradchecks), LK_TEST_CASE(batch_norm_running_stats),
+             LK_TEST_CASE(conv_net_steady_state), LK_TEST_CASE(bad_input))

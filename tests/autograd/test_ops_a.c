@@ -717,6 +717,54 @@ static void empty_inputs(void) {
     lk_scope_end();
 }
 
+/* Every allocation of a forward + backward pass, failed in turn: each must
+ * end in a clean OUT_OF_MEMORY error (no crash; ASan checks for leaks). */
+static lk_tensor *alloc_chain(lk_tensor *x, lk_tensor *w, lk_tensor *t, lk_tensor *idx) {
+    lk_rng r;
+    lk_rng_init(&r, 3, LK_RNG_DROPOUT, 0, 0);
+    lk_cross_entropy_opts o = {LK_REDUCTION_MEAN, 0.1f, 1, w};
+    lk_tensor *h = lk_layer_norm(lk_add(x, lk_embedding(x, idx)), 1, w, w, 1e-5f);
+    lk_tensor *l = lk_cross_entropy(lk_dropout(lk_log_softmax(h, 0), 0.2f, true, &r), t, &o);
+    lk_tensor *b = lk_binary_cross_entropy_with_logits(h, lk_softmax(h, 1), NULL, w, LK_REDUCTION_SUM);
+    return lk_add(l, lk_nll_loss(h, t, NULL) ? b : NULL);
+}
+
+static lk_status alloc_run(lk_tensor *x, lk_tensor *w, lk_tensor *t, lk_tensor *idx, long fail_at) {
+    lk_scope_begin();
+    lk_pool_trim();
+    lk_clear_error();
+    lk_alloc_fail_after(fail_at);
+    lk_tensor *l = alloc_chain(x, w, t, idx);
+    lk_status st = l ? lk_backward(l) : lk_last_status();
+    lk_alloc_fail_after(0);
+    lk_scope_end();
+    lk_tape_reset();
+    return st;
+}
+
+static void allocation_failures(void) {
+    lk_tensor *x = lk_gc_param(97, LK_SHAPE(6, 5)), *w = lk_gc_param(98, LK_SHAPE(5));
+    lk_tensor *t = i64_data(LK_SHAPE(6), (int64_t[]){0, 1, 2, 3, 4, 1});
+    lk_tensor *idx = i64_data(LK_SHAPE(6), (int64_t[]){5, 4, 3, 2, 1, 0});
+    CHECK_OK(alloc_run(x, w, t, idx, 0));
+    uint64_t before = lk_alloc_count();
+    CHECK_OK(alloc_run(x, w, t, idx, 0));
+    long total = (long)(lk_alloc_count() - before), failed = 0;
+    for (long n = 1; n <= total; n++) {
+        lk_status st = alloc_run(x, w, t, idx, n);
+        /* Some allocations are optional (a pool's bookkeeping), so a run may still succeed. */
+        failed += st != LK_STATUS_OK;
+        CHECK_MSG(st == LK_STATUS_OK || st == LK_STATUS_OUT_OF_MEMORY, "allocation %ld failed: %s: %s", n,
+                  lk_status_str(st), lk_last_error());
+    }
+    CHECK_MSG(total > 20 && failed > total / 2, "%ld of %ld injected failures surfaced", failed, total);
+    printf("     %ld of %ld injected allocation failures surfaced as errors\n", failed, total);
+    lk_tensor_zero_grad(x, true);
+    lk_tensor_zero_grad(w, true);
+    lk_tensor *objs[] = {x, w, t, idx};
+    for (size_t i = 0; i < sizeof objs / sizeof *objs; i++) lk_tensor_release(objs[i]);
+}
+
 /* The fused loss allocates a handful of tensors per call, none per row,
  * and a repeated step allocates nothing from the system. */
 static void steady_state_allocations(void) {
@@ -746,4 +794,4 @@ LK_TEST_MAIN(LK_TEST_CASE(expf_kernel_accuracy), LK_TEST_CASE(philox_x8_kernel),
              LK_TEST_CASE(bce_gradchecks), LK_TEST_CASE(dropout_statistics),
              LK_TEST_CASE(dropout_determinism_and_identity), LK_TEST_CASE(dropout_gradchecks),
              LK_TEST_CASE(layer_norm_values), LK_TEST_CASE(layer_norm_gradchecks), LK_TEST_CASE(embedding_tests),
-             LK_TEST_CASE(bad_inputs), LK_TEST_CASE(empty_inputs), LK_TEST_CASE(steady_state_allocations))
+             LK_TEST_CASE(bad_inputs), LK_TEST_CASE(empty_inputs), LK_TEST_CASE(allocation_failures), LK_TEST_CASE(steady_state_allocations))

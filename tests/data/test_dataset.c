@@ -103,6 +103,32 @@ static void subsets_and_splits(void) {
     lk_dataset_free(ds);
 }
 
+static void concat(void) {
+    lk_dataset *a = counting_dataset(3), *b = counting_dataset(5), *empty = counting_dataset(0), *c = NULL;
+    CHECK_OK(lk_dataset_concat(4, (lk_dataset *[]){a, empty, b, a}, &c));
+    lk_dataset_free(a);
+    if (c) {
+        CHECK(lk_dataset_len(c) == 11);
+        static const float expect[11] = {0, 1, 2, 0, 1, 2, 3, 4, 0, 1, 2};
+        for (int64_t i = 0; i < 11; i++) {
+            float x[2];
+            int64_t y;
+            CHECK_OK(lk_dataset_get(c, i, 0, (void *[]){x, &y}));
+            CHECK(x[0] == expect[i]);
+        }
+    }
+    lk_dataset_free(c);
+    lk_dataset *img = NULL;
+    lk_synthetic_config sc = lk_synthetic_config_default();
+    CHECK_OK(lk_dataset_synthetic_create(&sc, &img));
+    CHECK_ERR(lk_dataset_concat(2, (lk_dataset *[]){b, img}, &c), LK_STATUS_INVALID_ARGUMENT,
+              "dataset 1 ('synthetic', 2 fields) does not match dataset 0 ('arrays', 2 fields) at field 0: dtype f32 [16] vs f32 [2]");
+    CHECK(c == NULL);
+    lk_dataset_free(img);
+    lk_dataset_free(b);
+    lk_dataset_free(empty);
+}
+
 static void select_fields(void) {
     lk_dataset *ds = counting_dataset(5), *sel = NULL;
     /* (y, x, x): reorder and repeat, as an autoencoder reads (x, x). */
@@ -381,6 +407,6 @@ static void custom_dataset(void) {
     CHECK(ds == NULL);
 }
 
-LK_TEST_MAIN(LK_TEST_CASE(arrays), LK_TEST_CASE(subsets_and_splits), LK_TEST_CASE(select_fields),
+LK_TEST_MAIN(LK_TEST_CASE(arrays), LK_TEST_CASE(subsets_and_splits), LK_TEST_CASE(concat), LK_TEST_CASE(select_fields),
              LK_TEST_CASE(synthetic), LK_TEST_CASE(transforms_deterministic), LK_TEST_CASE(transforms_random),
              LK_TEST_CASE(transform_errors), LK_TEST_CASE(custom_dataset))

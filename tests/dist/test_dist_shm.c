@@ -93,6 +93,7 @@ static int async_rank(int r, int W, void *arg) {
     /* "compute" while gradients travel */
     volatile double acc = 0;
     for (int k = 0; k < 2000000; k++) acc += k * 1e-9;
+    if (!(acc > 0)) fail = 1;
     /* a blocking collective queues behind the async ones */
     int32_t x = r + 1;
     if (lk_comm_all_reduce(c, &x, 1, LK_I32, LK_REDUCE_SUM)) fail = 1;

@@ -36,6 +36,9 @@ static const layer_case cases[] = {
     {"silu", 2, {3, 7}, 3.0},
     {"flatten", 4, {2, 3, 2, 2}, 1.0},
     {"sequential", 2, {4, 5}, 1.0},
+    {"batchnorm2d_plain", 4, {2, 3, 3, 4}, 2.0},
+    {"layernorm_plain", 2, {4, 6}, 2.0},
+    {"batchnorm1d_3d", 3, {4, 3, 5}, 2.0},
 };
 
 static lk_layer *make_case(int ci) {
@@ -67,6 +70,9 @@ static lk_layer *make_case(int ci) {
     case 20:
         return lk_sequential_create(3, (lk_layer *[]){lk_linear_create(5, 8, true, NULL), lk_tanh_create(),
                                                       lk_linear_create(8, 2, true, NULL)});
+    case 21: return lk_batch_norm2d_create(3, 1e-5f, 0.1f, false, false);
+    case 22: return lk_layer_norm_create(1, (int64_t[]){6}, 1e-3f, false);
+    case 23: return lk_batch_norm1d_create(3, 1e-5f, 0.1f, true, true);
     }
     return NULL;
 }
@@ -137,7 +143,8 @@ static void run_case(int ci) {
         nn_check_close(fx, ye, want, 1e-5);
         lk_tensor_release(want);
         /* eval does not touch the running statistics or the counter */
-        CHECK(lk_tensor_get(lk_layer_get_tensor(l, "num_batches_tracked"), 0) == 1);
+        const lk_tensor *nbt = lk_layer_get_tensor(l, "num_batches_tracked");
+        CHECK(!nbt || lk_tensor_get(nbt, 0) == 1);
     }
 done:
     lk_scope_end();
@@ -151,15 +158,31 @@ static void parity_all_layers(void) {
     for (int ci = 0; ci < (int)(sizeof cases / sizeof cases[0]); ci++) run_case(ci);
 }
 
+static void parity_batchnorm_cumulative(void) {
+    lk_layer *bn = lk_batch_norm1d_create(4, 1e-5f, -1.0f, true, true); /* momentum=None */
+    lk_scope_begin();
+    for (int k = 0; k < 3; k++) {
+        lk_tensor *x = nn_htensor(95000 + (uint64_t)k, -2, 2, LK_SHAPE(6, 4));
+        CHECK(lk_layer_forward(bn, x) != NULL);
+        lk_tensor_release(x);
+    }
+    lk_scope_end();
+    lk_tensor *want = nn_fixture("layer.batchnorm_cumulative.buf.running_mean");
+    nn_check_close("cumulative running_mean", lk_layer_get_tensor(bn, "running_mean"), want, 1e-6);
+    lk_tensor_release(want);
+    want = nn_fixture("layer.batchnorm_cumulative.buf.running_var");
+    nn_check_close("cumulative running_var", lk_layer_get_tensor(bn, "running_var"), want, 1e-6);
+    lk_tensor_release(want);
+    lk_layer_free(bn);
+}
+
 static void parity_embedding(void) {
     lk_layer *e = lk_embedding_create(10, 4, NULL);
     CHECK(e != NULL);
     if (!e) return;
     lk_tensor *w = lk_layer_param(e, 0);
     nn_hfill(w->data, w->numel, 90001, -0.5, 0.5);
-    lk_tensor *idx1 = nn_hlabels(90000, 6, 10);
-    lk_tensor *idx = lk_tensor_clone(idx1);
-    lk_tensor_release(idx1);
+    lk_tensor *idx = nn_hlabels(90000, 6, 10);
     lk_scope_begin();
     lk_tensor *y = lk_layer_forward(e, lk_reshape(idx, LK_SHAPE(2, 3)));
     if (!y && nn_unimplemented()) {
@@ -335,8 +358,8 @@ static void flatten_params(void) {
     lk_scope_end();
     CHECK(buf[0] != 0.0f);
     CHECK(lk_tensor_in_flat_buffer(lk_layer_get_tensor(net, "fc1.weight")->grad));
-    lk_layer_zero_grad(net, false);
-    CHECK(buf[0] == 0.0f);
+    lk_layer_zero_grad(net, true); /* flat gradients are zeroed, never dropped */
+    CHECK(buf[0] == 0.0f && lk_layer_get_tensor(net, "fc1.weight")->grad != NULL);
     /* values (and the buffers) are unchanged by flattening */
     lk_named_tensors after = {0};
     CHECK_OK(lk_state_dict_get(net, &after));
@@ -498,6 +521,6 @@ static void bad_input(void) {
     lk_layer_free(NULL);
 }
 
-LK_TEST_MAIN(LK_TEST_CASE(parity_all_layers), LK_TEST_CASE(parity_embedding), LK_TEST_CASE(custom_layer_and_names),
+LK_TEST_MAIN(LK_TEST_CASE(parity_all_layers), LK_TEST_CASE(parity_batchnorm_cumulative), LK_TEST_CASE(parity_embedding), LK_TEST_CASE(custom_layer_and_names),
              LK_TEST_CASE(state_dict_roundtrip_and_errors), LK_TEST_CASE(flatten_params), LK_TEST_CASE(init_statistics),
              LK_TEST_CASE(dropout_masks), LK_TEST_CASE(bad_input))

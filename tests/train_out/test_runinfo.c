@@ -112,4 +112,32 @@ static void bad_input(void) {
     CHECK_ERR(lk_runinfo_write("/tmp/x.json", NULL), LK_STATUS_INVALID_ARGUMENT, "NULL");
 }
 
-LK_TEST_MAIN(LK_TEST_CASE(full_run), LK_TEST_CASE(bad_input))
+/* Two-space indentation, one key per line, and clean failures when an
+ * allocation fails anywhere. */
+static void text_form(void) {
+    lk_runinfo r = lk_runinfo_default();
+    const char *names[] = {"x{\"a\":[1,2]}"};
+    double v = 0.5;
+    r.n_metrics = 1;
+    r.metric_names = names;
+    r.metric_values = &v;
+    char *text = NULL;
+    CHECK_OK(lk_runinfo_to_json(&r, &text));
+    CHECK(text && strstr(text, "{\n  \"schema_version\": 1,\n  \"command\": null,\n  \"status\": \"ok\",\n"));
+    CHECK(text && strstr(text, "  \"metrics\": {\n    \"x{\\\"a\\\":[1,2]}\": 0.5\n  },\n"));
+    CHECK(text && text[strlen(text) - 1] == '\n');
+    lk_free(text);
+    int ok = 0;
+    for (long n = 1; n < 50 && !ok; n++) {
+        text = NULL;
+        lk_alloc_fail_after(n);
+        lk_status st = lk_runinfo_to_json(&r, &text);
+        lk_alloc_fail_after(0);
+        if (!st) ok = 1;
+        else CHECK(text == NULL && st == LK_STATUS_OUT_OF_MEMORY);
+        lk_free(text);
+    }
+    CHECK(ok);
+}
+
+LK_TEST_MAIN(LK_TEST_CASE(full_run), LK_TEST_CASE(text_form), LK_TEST_CASE(bad_input))
