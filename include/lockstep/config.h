@@ -94,8 +94,9 @@ const lk_config_node *lk_config_node_get(const lk_config_node *node, const char 
 lk_config_type lk_config_node_type(const lk_config_node *node); /* NULL: LK_CONFIG_SCALAR */
 /* A scalar's text ("3", "null", "hello"); NULL for maps, sequences and NULL. */
 const char *lk_config_node_text(const lk_config_node *node);
-/* True for a scalar that was quoted or tagged !!str in its source (so
- * "null" or "3" is meant as a string). */
+/* True for a scalar that is a string whatever its text: quoted, a block
+ * scalar (| or >) or tagged !!str in its source (so "null" or "3" is meant
+ * as a string), or plain text YAML can only write back quoted (tabs, ...). */
 bool lk_config_node_quoted(const lk_config_node *node);
 /* True for an unquoted null, ~ or empty value. */
 bool lk_config_node_is_null(const lk_config_node *node);

@@ -36,6 +36,12 @@
  *    rank and across runs: the reduction order is fixed (rank 0, 1, ..., W-1)
  *    whatever the chunking. bf16/f16 are reduced in f32 and rounded to
  *    nearest even once.
+ *
+ * Environment: LK_COMM_TIMEOUT (seconds), LK_COMM_BACKEND (force shm|mpi),
+ * LK_JOB_ID (names the shm segment; set by the launcher), LK_COMM_SHM_BYTES
+ * (per-rank shared heap), LK_COMM_CHECK_DESYNC=0 (mpi: skip the signature
+ * exchange), LK_COMM_SHM_SMALL / LK_COMM_SHM_SLICE (shm tuning: single-step
+ * threshold and pipeline slice in bytes; must be equal on all ranks).
  */
 #ifndef LOCKSTEP_DIST_H
 #define LOCKSTEP_DIST_H

@@ -100,8 +100,9 @@ int lk_cmd_env(int argc, char **argv) {
         printf("  %-18s = %-10s %s%s%s\n", ev[i].name, v ? v : (ev[i].default_value ? ev[i].default_value : "-"),
                v ? "(set)" : "(default)", ev[i].help ? "  " : "", ev[i].help ? ev[i].help : "");
     }
-    const char *extra[] = {"LK_COMM_SHM_BYTES", "LK_COMM_CHECK_DESYNC"};
-    for (size_t i = 0; i < 2; i++) {
+    /* dist tunables not (yet) in the core table: shown when set */
+    const char *extra[] = {"LK_COMM_SHM_BYTES", "LK_COMM_CHECK_DESYNC", "LK_COMM_SHM_SMALL", "LK_COMM_SHM_SLICE"};
+    for (size_t i = 0; i < sizeof extra / sizeof extra[0]; i++) {
         bool declared = false;
         for (int j = 0; j < n; j++) declared |= !strcmp(ev[j].name, extra[i]);
         const char *v = getenv(extra[i]);

@@ -280,6 +280,18 @@ int lk_cmd_fit(int argc, char **argv) {
         return 0;
     }
     int rc = 0;
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    if (rs.trainer.devices > cores && !lk_env_get_long("LK_ALLOW_OVERSUBSCRIBE", 0)) {
+        lk_error(LK_STATUS_INVALID_ARGUMENT,
+                 "trainer.devices=%lld is more than the %ld CPU cores available on this machine "
+                 "(set LK_ALLOW_OVERSUBSCRIBE=1 to run anyway)", (long long)rs.trainer.devices, cores);
+        lk_free(yaml);
+        lk_module_free(module);
+        lk_datamodule_free(dm);
+        lk_config_free(cfg);
+        lk_config_args_free(&args);
+        return fail(cmd, 2);
+    }
     const char *world_env = getenv("WORLD_SIZE");
     bool launched = world_env || getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE") || getenv("SLURM_NTASKS");
     int64_t devices = rs.trainer.devices > 0 ? rs.trainer.devices : 1;

@@ -806,6 +806,10 @@ lk_status lk_config_apply_params(const lk_config_node *map, const lk_param *tabl
                 return lk_error(LK_STATUS_INVALID_ARGUMENT, "%s: %s%s%s[%d]: expected %s, got %s",
                                 lk_config_node_where(e, where, sizeof where), pre, dot, c->key, j,
                                 p->type == LK_PARAM_INTS ? "an int" : "a float", type_word(e->type));
+            if (strpbrk(e->text, ", \t[]")) /* would split or merge items when joined */
+                return lk_error(LK_STATUS_INVALID_ARGUMENT, "%s: %s%s%s[%d]: expected %s, got '%s'",
+                                lk_config_node_where(e, where, sizeof where), pre, dot, c->key, j,
+                                p->type == LK_PARAM_INTS ? "an int" : "a float", e->text);
             if (k < sizeof text) k += (size_t)snprintf(text + k, sizeof text - k, "%s%s", j ? ", " : "", e->text);
         }
         if (k < sizeof text) snprintf(text + k, sizeof text - k, "]");

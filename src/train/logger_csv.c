@@ -263,8 +263,11 @@ lk_status lk_log_dir_resolve(const char *root, const char *name, int version, ch
     if (!name) name = "lightning_logs";
     if (strchr(name, '/'))
         return lk_error(LK_STATUS_INVALID_ARGUMENT, "logger name '%s': expected a single directory name", name);
+    size_t rl = strlen(root);
+    while (rl > 1 && root[rl - 1] == '/') rl--; /* "runs/" gives runs/lightning_logs, not runs//... */
     char parent[LK_LOG_DIR_MAX];
-    if (snprintf(parent, sizeof parent, "%s%s%s", root, name[0] ? "/" : "", name) >= (int)sizeof parent)
+    if (snprintf(parent, sizeof parent, "%.*s%s%s", (int)rl, root, name[0] && root[rl - 1] != '/' ? "/" : "",
+                 name) >= (int)sizeof parent)
         return lk_error(LK_STATUS_INVALID_ARGUMENT, "log directory too long: %.64s...", root);
     LK_TRY(lk__out_mkdirs(parent));
     int v = version;

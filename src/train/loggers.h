@@ -179,7 +179,8 @@ void lk_progress_update_eval(lk_progress *p, int64_t done);
 void lk_progress_end_eval(lk_progress *p, const char *const *names, const double *values, int n);
 
 /* Prints one line (a newline is added) without breaking a drawn bar: the
- * bar is erased, the line printed and the bar redrawn below it. */
+ * bar is erased, the line printed and the bar redrawn below it. Prints in
+ * every mode, OFF included: it is for messages, not progress. */
 void lk_progress_printf(lk_progress *p, const char *fmt, ...) LK_PRINTF(2, 3);
 
 /* ========================================================================

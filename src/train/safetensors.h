@@ -62,7 +62,11 @@ void lk__safetensors_fail_after(long long nbytes, int err);
 
 /* ---- reading ---------------------------------------------------------------- */
 
-typedef struct lk_st_file lk_st_file; /* an mmap'ed, fully validated file */
+/* An mmap'ed, fully validated file. The mapping keeps the opened file's
+ * bytes even when a newer checkpoint is renamed over its path (the writer
+ * never modifies a file in place); truncating the file in place while it is
+ * open is not supported (the kernel would raise SIGBUS on access). */
+typedef struct lk_st_file lk_st_file;
 
 /* What the reader knows about one tensor. Pointers belong to the file and
  * live until lk_safetensors_close. `dtype` is -1 for safetensors dtypes

@@ -48,6 +48,18 @@ lk_status lk_trainer_create(const lk_trainer_config *cfg, const lk_optim_setting
     tr->rank = tr->pg.rank;
     tr->world = tr->pg.world_size;
     bool dp = !strcmp(cfg->strategy, "dp");
+    {
+        /* On the CPU a device is a core: more ranks than cores only fight
+         * over them (LK_ALLOW_OVERSUBSCRIBE=1 permits it, e.g. for tests). */
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        if (cfg->devices > cores && !lk_env_get_long("LK_ALLOW_OVERSUBSCRIBE", 0)) {
+            st = lk_error(LK_STATUS_INVALID_ARGUMENT,
+                          "trainer.devices=%lld is more than the %ld CPU cores available on this machine "
+                          "(set LK_ALLOW_OVERSUBSCRIBE=1 to run anyway)",
+                          (long long)cfg->devices, cores);
+            goto fail;
+        }
+    }
     int64_t want = (cfg->devices > 0 ? cfg->devices : 1) * (cfg->num_nodes > 0 ? cfg->num_nodes : 1);
     if (dp) { /* one process drives every device */
         tr->dp_devices = (int)(cfg->devices > 0 ? cfg->devices : 1);
@@ -55,12 +67,6 @@ lk_status lk_trainer_create(const lk_trainer_config *cfg, const lk_optim_setting
         if (cfg->num_nodes > 1) {
             st = lk_error(LK_STATUS_INVALID_ARGUMENT, "strategy 'dp' runs on one node (num_nodes=%lld): use ddp",
                           (long long)cfg->num_nodes);
-            goto fail;
-        }
-        long cores = sysconf(_SC_NPROCESSORS_ONLN);
-        if (tr->dp_devices > cores) {
-            st = lk_error(LK_STATUS_INVALID_ARGUMENT, "trainer.devices=%d exceeds the %ld CPU cores available for dp",
-                          tr->dp_devices, cores);
             goto fail;
         }
     }

@@ -19,6 +19,8 @@ expect_fail "monitor never logged lists logged metrics" 1 "logged metrics: " "$L
 expect_fail "ckpt_path that does not exist" 1 "cannot read" "$LK_BIN" test -c "$T/synth.yaml" --ckpt_path "$T/none.ckpt"
 expect_fail "gpu without the CUDA backend" 1 "CUDA backend" "$LK_BIN" fit -c "$T/synth.yaml" --trainer.accelerator gpu
 expect_fail "unexpected argument" 2 "unexpected argument" "$LK_BIN" fit -c "$T/synth.yaml" stray
+expect_fail "more devices than cores" 2 "more than the" "$LK_BIN" fit -c "$T/synth.yaml" --trainer.devices 4096
+expect_fail "dp on several nodes" 1 "one node" "$LK_BIN" fit -c "$T/synth.yaml" --trainer.strategy dp --trainer.num_nodes 2
 out=$("$LK_BIN" fit --help)
 check "--help lists trainer keys with defaults" grep -q -- "--trainer.max_epochs" <<<"$out"
 check "--help lists models" grep -q "autoencoder" <<<"$out"

@@ -395,6 +395,7 @@ static void test_apply_params(void) {
         {"trainer:\n  precision: 64\n", "trainer.precision: expected one of 32-true|16-mixed|bf16-mixed, got '64'"},
         {"trainer:\n  devices: [1, [2]]\n", "e.yaml:2:16: trainer.devices[1]: expected an int, got a sequence"},
         {"trainer:\n  devices: [1, x]\n", "e.yaml:2:12: trainer.devices: expected an integer, got 'x'"},
+        {"trainer:\n  devices: [1, \"2, 3\"]\n", "e.yaml:2:16: trainer.devices[1]: expected an int, got '2, 3'"},
         {"trainer:\n  betas: [0.5, 2]\n", "trainer.betas: expected a value in [0, 1], got '2'"},
         {"trainer: [1, 2]\n", "e.yaml:1:10: trainer: expected a mapping of keys, got a sequence"},
         {"trainer: fast\n", "e.yaml:1:10: trainer: expected a mapping of keys, got a scalar 'fast'"},

@@ -84,6 +84,7 @@ static lk_status op_map(void *c) {
     lk_transform_free(t);
     return st;
 }
+static lk_status op_concat(void *c) { return lk_dataset_concat(3, (lk_dataset *[]){base, base, base}, &ds); }
 static lk_status op_select(void *c) { return lk_dataset_select(base, 2, (int[]){0, 0}, NULL, &ds); }
 
 static lk_loader *loader;
@@ -143,6 +144,7 @@ static void compositions_and_loader(void) {
     fail_every_allocation("random split", op_split, NULL, free_parts);
     fail_every_allocation("map", op_map, NULL, free_ds);
     fail_every_allocation("select", op_select, NULL, free_ds);
+    fail_every_allocation("concat", op_concat, NULL, free_ds);
     int workers0 = 0, workers2 = 2;
     fail_every_allocation("loader (no workers)", op_loader, &workers0, free_loader);
     fail_every_allocation("loader (2 workers)", op_loader, &workers2, free_loader);

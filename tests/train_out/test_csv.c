@@ -38,6 +38,11 @@ static void version_dirs(void) {
     CHECK_OK(lk_log_dir_resolve(want, "", -1, dir, sizeof dir, &v));
     snprintf(want, sizeof want, "%s/a/b/version_0", root);
     CHECK_STR(dir, want);
+    /* trailing slashes do not double */
+    snprintf(want, sizeof want, "%s/c//", root);
+    CHECK_OK(lk_log_dir_resolve(want, NULL, -1, dir, sizeof dir, &v));
+    snprintf(want, sizeof want, "%s/c/lightning_logs/version_0", root);
+    CHECK_STR(dir, want);
     /* errors name the path */
     snprintf(want, sizeof want, "%s/lightning_logs/version_20", root);
     CHECK_ERR(lk_log_dir_resolve(want, NULL, -1, dir, sizeof dir, &v), LK_STATUS_IO, "version_20");
