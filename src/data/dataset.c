@@ -489,7 +489,7 @@ typedef struct {
 static lk_status select_get(void *ctx, int64_t index, uint64_t epoch, void *scratch, void *const *out) {
     const select_ctx *c = ctx;
     void *src_out[LK_DATA_MAX_FIELDS];
-    char *spare = (char *)scratch + c->src_scratch;
+    char *spare = scratch ? (char *)scratch + c->src_scratch : NULL; /* NULL: every field is in use */
     int first_use[LK_DATA_MAX_FIELDS];
     for (int s = 0; s < c->src_nfields; s++) first_use[s] = -1;
     for (int i = 0; i < c->nfields; i++)

@@ -88,7 +88,7 @@ static lk_status load_named(const lk_st_file *f, const lk_named_tensors *live, c
         snprintf(name, sizeof name, "%s%s", prefix, live->items[i].name);
         const lk_st_info *info = lk_safetensors_find(f, name);
         const lk_tensor *t = live->items[i].tensor;
-        char one[700];
+        char one[1024];
         if (!info) {
             snprintf(one, sizeof one, "%smissing '%s'", bad ? "; " : "", name);
         } else {

@@ -1,0 +1,274 @@
+#!/usr/bin/python3
+"""PyTorch reference for bench/compare: lockstep's built-in models (autoencoder,
+mlp, cnn) trained the way a PyTorch user normally writes it — a DataLoader
+over a TensorDataset with a DistributedSampler, DistributedDataParallel on
+the gloo backend, ranks started by torch.multiprocessing.spawn, Adam (lr 1e-3)
+in fp32, torch.set_num_threads(cores // world). One rank runs in the launching
+process with neither DDP nor a sampler, as a user would.
+
+It prints one JSON line: steady-state samples/s (the first --warmup optimizer
+steps skipped, then --steps timed, samples = timed steps x batch x world),
+the time from launch to the first optimizer step, peak RSS per rank, and the
+mean step-time split. "Launch" is --t0 (a time.time() the caller takes just
+before starting this interpreter) or, without it, the first line of this
+file, so the figure includes the interpreter start and `import torch`.
+
+Shapes follow src/models/models.c: autoencoder 784-512-256-64 encoder (ReLU
+between, none after the code) mirrored by the decoder, MSE on the input;
+mlp 784-256-128-10 with ReLU, cross-entropy; cnn conv3x3(1->32, pad 1)+BN+ReLU
++maxpool2, conv3x3(32->64, pad 1)+BN+ReLU+maxpool2, Linear(3136->128)+ReLU,
+Linear(128->10), cross-entropy. Parameters keep PyTorch's default init,
+which lockstep's reset_parameters reproduces."""
+import time
+
+T_START = time.time()  # before any heavy import: launch time when --t0 is absent
+
+import argparse
+import gzip
+import json
+import os
+import resource
+import socket
+import sys
+import tempfile
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", choices=["autoencoder", "mlp", "cnn"], default="autoencoder")
+    p.add_argument("--batch-size", type=int, default=64, help="per-rank batch (default 64)")
+    p.add_argument("--world-size", type=int, default=1, help="ranks (default 1)")
+    p.add_argument("--steps", type=int, default=60,
+                   help="optimizer steps in all, warm-up included (default 60)")
+    p.add_argument("--warmup", type=int, default=5,
+                   help="steps left out of the throughput (default 5, like lockstep's run.json; at least 1)")
+    p.add_argument("--data", choices=["synthetic", "fashion_mnist"], default="synthetic")
+    p.add_argument("--data-root", default="/usr/share/datasets/fashion-mnist")
+    p.add_argument("--num-samples", type=int, default=8192,
+                   help="synthetic training samples held in memory (default 8192; epochs repeat as needed)")
+    p.add_argument("--num-workers", type=int, default=0,
+                   help="DataLoader worker processes (default 0: the usual choice for an in-memory TensorDataset)")
+    p.add_argument("--threads", type=int, default=0,
+                   help="torch threads per rank (default: cores // world)")
+    p.add_argument("--no-blas-env", action="store_true",
+                   help="do not set OMP_NUM_THREADS / OPENBLAS_NUM_THREADS to the threads per rank")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--t0", type=float, default=0.0,
+                   help="launch timestamp (time.time()) taken by the caller before starting this process")
+    a = p.parse_args()
+    for name in ("batch_size", "world_size", "steps"):
+        if getattr(a, name) < 1:
+            p.error(f"--{name.replace('_', '-')} = {getattr(a, name)}: expected a positive integer")
+    if not 1 <= a.warmup < a.steps:
+        p.error(f"--warmup = {a.warmup}: expected 1 <= warmup < steps ({a.steps}); the first step pays one-off costs")
+    if a.num_samples < a.batch_size * a.world_size:
+        p.error(f"--num-samples = {a.num_samples}: expected at least batch x world = {a.batch_size * a.world_size}")
+    cores = os.cpu_count() or 1
+    if a.threads <= 0:
+        a.threads = max(1, cores // a.world_size)
+    if a.t0 <= 0:
+        a.t0 = T_START
+    return a
+
+
+ARGS = parse_args()
+if not ARGS.no_blas_env:
+    # Read by libgomp / OpenBLAS when torch loads (here and in the spawned
+    # ranks, which inherit the environment): one rank's BLAS must not spread
+    # over the other ranks' cores. torchrun sets OMP_NUM_THREADS the same way.
+    os.environ["OMP_NUM_THREADS"] = str(ARGS.threads)
+    os.environ["OPENBLAS_NUM_THREADS"] = str(ARGS.threads)
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.multiprocessing as mp  # noqa: E402
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
+from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
+from torch.utils.data.distributed import DistributedSampler  # noqa: E402
+
+
+class Autoencoder(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.encoder = nn.Sequential(nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 256), nn.ReLU(),
+                                     nn.Linear(256, 64))
+        self.decoder = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 512), nn.ReLU(),
+                                     nn.Linear(512, 784))
+
+    def forward(self, x):
+        return self.decoder(self.encoder(x.flatten(1)))
+
+
+class MLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.Sequential(nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 128), nn.ReLU(),
+                                    nn.Linear(128, 10))
+
+    def forward(self, x):
+        return self.layers(x.flatten(1))
+
+
+class CNN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 32, 3, padding=1)
+        self.bn1 = nn.BatchNorm2d(32)
+        self.conv2 = nn.Conv2d(32, 64, 3, padding=1)
+        self.bn2 = nn.BatchNorm2d(64)
+        self.fc1 = nn.Linear(64 * 7 * 7, 128)
+        self.fc2 = nn.Linear(128, 10)
+
+    def forward(self, x):
+        x = F.max_pool2d(F.relu(self.bn1(self.conv1(x))), 2)
+        x = F.max_pool2d(F.relu(self.bn2(self.conv2(x))), 2)
+        return self.fc2(F.relu(self.fc1(x.flatten(1))))
+
+
+MODELS = {"autoencoder": Autoencoder, "mlp": MLP, "cnn": CNN}
+
+
+def load_idx(path):
+    with gzip.open(path, "rb") as f:
+        data = f.read()
+    ndim = data[3]
+    dims = [int.from_bytes(data[4 + 4 * i:8 + 4 * i], "big") for i in range(ndim)]
+    return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim).reshape(dims)
+
+
+def make_dataset(a):
+    """Inputs shaped [784] (autoencoder, mlp) or [1, 28, 28] (cnn), labels int64."""
+    shape = (1, 28, 28) if a.model == "cnn" else (784,)
+    if a.data == "fashion_mnist":
+        try:
+            x = load_idx(os.path.join(a.data_root, "train-images-idx3-ubyte.gz"))
+            y = load_idx(os.path.join(a.data_root, "train-labels-idx1-ubyte.gz"))
+        except OSError as e:
+            sys.exit(f"bench/pytorch/train.py: cannot read Fashion-MNIST in {a.data_root}: {e} "
+                     "(install dataset-fashion-mnist or pass --data-root)")
+        # lockstep's fashion_mnist data module trains on the first 55,000 (5,000 held out for validation)
+        x = torch.from_numpy(x[:55000].astype(np.float32) / 255.0).reshape(-1, *shape)
+        y = torch.from_numpy(y[:55000].astype(np.int64))
+    else:
+        # Like lockstep's synthetic classification data: one of 10 N(0, 1)
+        # class centres plus N(0, 0.1^2) noise per feature.
+        g = torch.Generator().manual_seed(a.seed)
+        centres = torch.randn(10, 784, generator=g)
+        y = torch.randint(0, 10, (a.num_samples,), generator=g)
+        x = (centres[y] + 0.1 * torch.randn(a.num_samples, 784, generator=g)).reshape(-1, *shape)
+    return TensorDataset(x, y), x.numel() * x.element_size() + y.numel() * y.element_size()
+
+
+def train(rank, a, out_dir):
+    world = a.world_size
+    torch.set_num_threads(a.threads)
+    if world > 1:
+        dist.init_process_group("gloo", rank=rank, world_size=world)
+    torch.manual_seed(a.seed)
+    dataset, dataset_bytes = make_dataset(a)
+    sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=a.seed,
+                                 drop_last=True) if world > 1 else None
+    loader = DataLoader(dataset, batch_size=a.batch_size, shuffle=sampler is None, sampler=sampler,
+                        drop_last=True, num_workers=a.num_workers)
+    model = MODELS[a.model]()
+    if world > 1:
+        model = DDP(model)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    model.train()
+
+    step = 0
+    epoch = 0
+    t_first = t_steady = t_end = None
+    split = [0.0] * 4  # data, forward, backward (all-reduce included: DDP overlaps it), optimizer
+    steady_split = None
+    while step < a.steps:
+        if sampler is not None:
+            sampler.set_epoch(epoch)
+        t0 = time.perf_counter()
+        for x, y in loader:
+            t1 = time.perf_counter()
+            out = model(x)
+            loss = F.mse_loss(out, x.flatten(1)) if a.model == "autoencoder" else F.cross_entropy(out, y)
+            t2 = time.perf_counter()
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            t3 = time.perf_counter()
+            opt.step()
+            t4 = time.perf_counter()
+            step += 1
+            split[0] += t1 - t0
+            split[1] += t2 - t1
+            split[2] += t3 - t2
+            split[3] += t4 - t3
+            if step == 1:
+                t_first = time.time()
+            if step == a.warmup:
+                t_steady = t4
+                steady_split = list(split)
+            if step == a.steps:
+                t_end = t4
+                break
+            t0 = time.perf_counter()
+        epoch += 1
+    timed = a.steps - a.warmup
+    res = {
+        "rank": rank,
+        "samples_per_s": timed * a.batch_size * world / (t_end - t_steady),
+        "launch_to_first_step_s": t_first - a.t0,
+        "peak_rss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+        "dataset_mb": dataset_bytes / 2**20,
+        "step_time_ms": {k: 1e3 * (split[i] - steady_split[i]) / timed
+                         for i, k in enumerate(["data_ms", "forward_ms", "backward_ms", "optimizer_ms"])},
+        "final_loss": float(loss),
+    }
+    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+        json.dump(res, f)
+    if world > 1:
+        dist.destroy_process_group()
+
+
+def free_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main():
+    a = ARGS
+    with tempfile.TemporaryDirectory(prefix="lk-pytorch-") as out_dir:
+        if a.world_size == 1:
+            train(0, a, out_dir)
+        else:
+            os.environ["MASTER_ADDR"] = "127.0.0.1"
+            os.environ["MASTER_PORT"] = str(free_port())
+            mp.spawn(train, args=(a, out_dir), nprocs=a.world_size, join=True)
+        ranks = []
+        for r in range(a.world_size):
+            with open(os.path.join(out_dir, f"rank{r}.json")) as f:
+                ranks.append(json.load(f))
+    r0 = ranks[0]
+    print(json.dumps({
+        "framework": "pytorch",
+        "torch_version": torch.__version__,
+        "model": a.model,
+        "world_size": a.world_size,
+        "batch_size": a.batch_size,
+        "threads_per_rank": a.threads,
+        "steps": a.steps,
+        "warmup": a.warmup,
+        "data": a.data,
+        "samples_per_s": r0["samples_per_s"],
+        "launch_to_first_step_s": r0["launch_to_first_step_s"],
+        "peak_rss_kb_per_rank": [r["peak_rss_kb"] for r in ranks],
+        "dataset_mb_per_rank": r0["dataset_mb"],
+        "step_time_ms": r0["step_time_ms"],
+        "final_loss": r0["final_loss"],
+    }))
+
+
+if __name__ == "__main__":
+    main()
