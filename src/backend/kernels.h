@@ -438,11 +438,12 @@ LK_KERNEL void lk_k_bn_backward_plane(const float *LK_KC_RESTRICT dy, const floa
 
 /* ==== softmax / cross-entropy / BCE / layer-norm kernel bodies
  *      (owner: autograd/ops_softmax.c, autograd/ops_layers.c) ====
- * Row loops run in blocks of 8 independent lanes with a scalar tail: at -O2
- * GCC's cheap vectoriser only takes loops whose trip count it knows, and a
- * fixed 8-wide block is vectorised into one AVX register. (The block bound is
- * written n - n % 8 so GCC does not warn about the tail once n is a constant.) The lanes also
- * fix the summation order, so results do not depend on the ISA. */
+ * Row loops run in blocks of 8 independent lanes with a scalar tail: a fixed
+ * 8-wide block vectorises at any optimisation level (GCC's -O2 cost model
+ * refuses loops of unknown trip count), and the lanes fix the summation
+ * order, so results do not depend on the ISA or the compiler's choices. The
+ * block bound is written n - n % 8 so that GCC does not warn about the tail
+ * once n is a constant after inlining. */
 #ifndef LK_KERNELS_OPS_A_SECTION
 #define LK_KERNELS_OPS_A_SECTION
 

@@ -368,7 +368,7 @@ lk_status lk_dataset_map(lk_dataset *src, int field, const lk_transform *t, uint
         if (b > maxb) maxb = b;
     }
     c->src_scratch = (src->scratch_bytes + LK_ALIGN - 1) & ~(size_t)(LK_ALIGN - 1);
-    c->buf_bytes = (maxb + LK_ALIGN - 1) & ~(size_t)(LK_ALIGN - 1);
+    c->buf_bytes = maxb ? (maxb + LK_ALIGN - 1) & ~(size_t)(LK_ALIGN - 1) : LK_ALIGN; /* never NULL scratch */
     c->src = lk_dataset_retain(src);
     lk_field fields[LK_DATA_MAX_FIELDS];
     memcpy(fields, src->fields, (size_t)src->nfields * sizeof *fields);

@@ -174,8 +174,10 @@ static bool torch_available(void) {
     return system("/usr/bin/python3 -c 'import torch, numpy' >/dev/null 2>&1") == 0;
 }
 
+/* Trains a few steps, writes the state dict, input and eval output under
+ * a new temporary directory and appends "DIR MODEL 'KWARGS'" to cmd. */
 static void torch_strict_load_one(const char *model, const lk_model_kv *args, int n_args, const char *kwargs_json,
-                                  int in_dim, int classes) {
+                                  int in_dim, int classes, char *cmd, size_t cmd_size, char dirs[][32]) {
     lk_layer *m = NULL;
     CHECK_OK(lk_model_create(model, args, n_args, 1234, &m));
     if (!m) return;
@@ -197,7 +199,8 @@ static void torch_strict_load_one(const char *model, const lk_model_kv *args, in
         lk_tensor_release(x);
         lk_tensor_release(y);
     }
-    char dir[] = "/tmp/lk_nn_sd_XXXXXX", path[600], cmd[2048];
+    char *dir = dirs[0], path[600];
+    snprintf(dir, 32, "/tmp/lk_nn_sd_XXXXXX");
     CHECK(mkdtemp(dir) != NULL);
     CHECK_OK(lk_state_dict_get(m, &sd));
     snprintf(path, sizeof path, "%s/names.txt", dir);
@@ -219,14 +222,8 @@ static void torch_strict_load_one(const char *model, const lk_model_kv *args, in
     snprintf(path, sizeof path, "%s/y.npy", dir);
     if (y) CHECK_OK(lk_npy_save(path, y));
     lk_scope_end();
-    snprintf(cmd, sizeof cmd, "/usr/bin/python3 %s/tests/models/torch_load_check.py %s %s '%s'", LK_SOURCE_DIR, dir, model,
-             kwargs_json);
-    int rc = system(cmd);
-    CHECK_MSG(rc == 0, "%s: PyTorch strict load / output check failed (rc %d); files kept in %s", model, rc, dir);
-    if (rc == 0) {
-        snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-        CHECK(system(cmd) == 0);
-    }
+    size_t len = strlen(cmd);
+    snprintf(cmd + len, cmd_size - len, " %s %s '%s'", dir, model, kwargs_json);
     lk_tensor_release(x);
     lk_optimizer_free(o);
     lk_named_tensors_clear(&ps);
@@ -239,12 +236,22 @@ static void torch_strict_load(void) {
         printf("SKIP torch_strict_load: /usr/bin/python3 cannot import torch (install python3-torch)\n");
         return;
     }
+    char cmd[4096], dirs[3][32];
+    snprintf(cmd, sizeof cmd, "/usr/bin/python3 %s/tests/models/torch_load_check.py", LK_SOURCE_DIR);
     torch_strict_load_one("autoencoder", (lk_model_kv[]){{"hidden", "64,32"}, {"latent_dim", "8"}}, 2,
-                          "{\"hidden\": [64, 32], \"latent_dim\": 8}", 784, 0);
+                          "{\"hidden\": [64, 32], \"latent_dim\": 8}", 784, 0, cmd, sizeof cmd, &dirs[0]);
     torch_strict_load_one("mlp", (lk_model_kv[]){{"hidden", "32"}, {"dropout", "0.5"}}, 2,
-                          "{\"hidden\": [32], \"dropout\": 0.5}", 784, 10);
+                          "{\"hidden\": [32], \"dropout\": 0.5}", 784, 10, cmd, sizeof cmd, &dirs[1]);
     torch_strict_load_one("cnn", (lk_model_kv[]){{"channels", "4,8"}, {"hidden", "16"}}, 2,
-                          "{\"channels\": [4, 8], \"hidden\": 16}", 784, 10);
+                          "{\"channels\": [4, 8], \"hidden\": 16}", 784, 10, cmd, sizeof cmd, &dirs[2]);
+    fflush(stdout);
+    int rc = system(cmd);
+    CHECK_MSG(rc == 0, "PyTorch strict load / output check failed (rc %d); files kept in %s %s %s", rc, dirs[0], dirs[1],
+              dirs[2]);
+    for (int i = 0; rc == 0 && i < 3; i++) {
+        snprintf(cmd, sizeof cmd, "rm -rf %s", dirs[i]);
+        CHECK(system(cmd) == 0);
+    }
 }
 
 /* SQLite-style: fail the Nth allocation for N = 1, 2, ... until the call

@@ -4,8 +4,9 @@
 (tools/gen_nn_fixtures.py: make_model) with load_state_dict(strict=True),
 runs it in eval mode on x.npy and compares with lockstep's output y.npy.
 
-usage: torch_load_check.py DIR MODEL KWARGS_JSON
-exit 0: loaded and outputs agree; 1: mismatch or load error (printed)."""
+usage: torch_load_check.py DIR MODEL KWARGS_JSON [DIR MODEL KWARGS_JSON ...]
+(several models in one run: importing torch is the slow part)
+exit 0: every one loaded and its outputs agree; 1: a mismatch or load error (printed)."""
 import json
 import os
 import sys
@@ -17,8 +18,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from gen_nn_fixtures import make_model  # noqa: E402
 
 
-def main():
-    d, model, kw = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+def check(d, model, kw):
+    kw = json.loads(kw)
     for k, v in kw.items():
         if isinstance(v, list):
             kw[k] = tuple(v)
@@ -39,6 +40,17 @@ def main():
     err = float(np.max(np.abs(got - want))) / max(float(np.max(np.abs(want))), 1e-12)
     print(f"{model}: {len(names)} tensors loaded strictly; output relative error {err:.3g}")
     return 0 if err <= 1e-5 else 1
+
+
+def main():
+    args = sys.argv[1:]
+    if not args or len(args) % 3:
+        print(__doc__)
+        return 2
+    rc = 0
+    for i in range(0, len(args), 3):
+        rc |= check(*args[i:i + 3])
+    return rc
 
 
 if __name__ == "__main__":
