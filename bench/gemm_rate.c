@@ -12,8 +12,8 @@
  *
  * Build: cc -O2 -o gemm_rate bench/gemm_rate.c -lopenblas -lpthread
  * Usage: gemm_rate MODEL BATCH [--threads T] [--procs W] [--seconds S]
- * Prints one JSON object (per-rank figures: medians over the repetitions,
- * the slowest rank's median when W > 1). */
+ * Prints one JSON object (per-rank figures: the fastest repetition, of the
+ * slowest copy when W > 1). */
 #define _GNU_SOURCE
 #include <cblas.h>
 #include <pthread.h>
@@ -99,12 +99,14 @@ static int cmp_d(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
-static double median(double *v, int n) {
+/* The fastest repetition: on a shared machine other work only ever adds
+ * time, and a bound wants what the hardware can do. */
+static double fastest(double *v, int n) {
     qsort(v, (size_t)n, sizeof *v, cmp_d);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+    return v[0];
 }
 
-/* One rank's measurement: median GEMM time per step and median memcpy
+/* One rank's measurement: the fastest GEMM time per step and the best memcpy
  * bandwidth (bytes read + written per second) over the Adam working set. */
 static void measure(int threads, double seconds, double *gemm_s, double *bw) {
     openblas_set_num_threads(threads);
@@ -118,7 +120,7 @@ static void measure(int threads, double seconds, double *gemm_s, double *bw) {
         run_gemms();
         t[r++] = now() - t0;
     }
-    *gemm_s = median(t, r);
+    *gemm_s = fastest(t, r);
     /* Adam moves 28 bytes per parameter; copy 14 B/param (read 14, write 14). */
     size_t bytes = (size_t)n_params * 14;
     char *src = malloc(bytes), *dst = malloc(bytes);
@@ -142,7 +144,7 @@ static void measure(int threads, double seconds, double *gemm_s, double *bw) {
         for (int i = 1; i < threads; i++) pthread_join(th[i], NULL);
         t[r++] = now() - t0;
     }
-    *bw = 2.0 * (double)bytes / median(t, r);
+    *bw = 2.0 * (double)bytes / fastest(t, r);
     free(src);
     free(dst);
 }

@@ -48,6 +48,9 @@ void lk_tensor_set_grad_hook(lk_tensor *t, lk_grad_hook fn, void *ctx);
 lk_status lk_backward(lk_tensor *loss);
 /* The same with an explicit output gradient (same shape as `out`). */
 lk_status lk_backward_with(lk_tensor *out, lk_tensor *grad_out);
+/* Frees this thread's tape, scope stack and node cache. A thread that ran
+ * ops calls it before it exits (the main thread need not). */
+void lk_thread_cleanup(void);
 /* Drops the whole tape of this thread (scope ends do this for their part). */
 void lk_tape_reset(void);
 size_t lk_tape_len(void);

@@ -161,8 +161,9 @@ size_t lk_dataset_scratch_bytes(const lk_dataset *ds);
 lk_status lk_dataset_get(const lk_dataset *ds, int64_t index, uint64_t epoch, void *const *out);
 
 /* Arrays as fields: every array's shape[0] is the sample count. The
- * dataset takes the arrays' data (the caller's arrays are emptied) unless
- * `borrow`, in which case the data must outlive the dataset. `names` may be
+ * dataset takes the arrays' data (which lockstep allocated: lk_array_alloc
+ * or a reader; the caller's arrays are emptied) unless `borrow`, in which
+ * case the data must outlive the dataset. `names` may be
  * NULL ("x", "y", "f2", ...). On failure the arrays are left untouched. */
 lk_status lk_dataset_from_arrays(int nfields, lk_array *arrays, const char *const *names, bool borrow,
                                  lk_dataset **out);

@@ -64,6 +64,19 @@ void lk__tape_truncate(size_t mark) {
 
 void lk_tape_reset(void) { lk__tape_truncate(0); }
 
+void lk_thread_cleanup(void) {
+    lk_tape_reset();
+    lk_free(tape);
+    tape = NULL;
+    tape_n = tape_max = 0;
+    while (node_free) {
+        lk_node *n = node_free;
+        node_free = n->extra;
+        lk_free(n);
+    }
+    lk__scope_thread_cleanup();
+}
+
 lk_node *lk__record(const char *name, lk_backward_fn bw, lk_tensor *out, int n_in, lk_tensor *const *in) {
     if (!lk__needs_grad(n_in, in)) return NULL;
     if (tape_n == tape_max) {

@@ -33,7 +33,7 @@ static bool as_blas(const lk_tensor *t, int d0, int d1, blas_mat *m) {
 
 /* C[M,N] (+)= op(A) op(B) for 2-D tensors (views allowed). */
 static lk_status gemm2d(const lk_tensor *A, bool ta, const lk_tensor *B, bool tb, float beta, lk_tensor *C) {
-    blas_mat a, b;
+    blas_mat a = {0}, b = {0};
     lk_tensor *ac = NULL, *bc = NULL;
     if (!as_blas(A, 0, 1, &a)) {
         ac = lk_tensor_cast(A, LK_F32);

@@ -22,7 +22,14 @@ typedef struct {
     int n_model_args, n_data_args;
     const char *ckpt_path;
     int64_t seed;
+    char *owned[128]; /* YAML text of list-valued init_args */
+    int n_owned;
 } run_spec;
+
+static void run_spec_free(run_spec *rs) {
+    for (int i = 0; i < rs->n_owned; i++) lk_free(rs->owned[i]);
+    rs->n_owned = 0;
+}
 
 static const char *const top_keys[] = {"seed_everything", "trainer", "model", "data", "optimizer", "lr_scheduler", "ckpt_path"};
 #define N_TOP (int)(sizeof top_keys / sizeof top_keys[0])
@@ -62,8 +69,8 @@ static lk_status where_error(const lk_config_node *node, const char *what) {
 }
 
 /* class_path + init_args of a section into (name, kv list). */
-static lk_status read_class(const lk_config_node *sec, const char *section, const char **name, lk_model_kv *kv,
-                            int *n) {
+static lk_status read_class(run_spec *rs, const lk_config_node *sec, const char *section, const char **name,
+                            lk_model_kv *kv, int *n) {
     *n = 0;
     if (!sec || lk_config_node_is_null(sec)) return lk_error(LK_STATUS_INVALID_ARGUMENT, "%s.class_path is required", section);
     if (lk_config_node_type(sec) != LK_CONFIG_MAP) return where_error(sec, "expected a mapping with class_path and init_args");
@@ -99,7 +106,9 @@ static lk_status read_class(const lk_config_node *sec, const char *section, cons
             LK_TRY(lk_config_node_to_yaml(c, &y, &len));
             for (size_t k = 0; k < len; k++)
                 if (y[k] == '\n') y[k] = ' ';
-            kv[*n].value = y; /* leaked on purpose: lives as long as the command */
+            kv[*n].value = y;
+            if (rs->n_owned < 128) rs->owned[rs->n_owned++] = y;
+            else lk_free(y), kv[*n].value = "";
         }
         (*n)++;
     }
@@ -162,8 +171,8 @@ static lk_status read_spec(lk_config *cfg, run_spec *rs) {
             LK_TRY(lk_config_apply_params(node, op, n, &rs->optim, sec));
         }
     }
-    LK_TRY(read_class(lk_config_get(cfg, "model"), "model", &rs->model, rs->model_args, &rs->n_model_args));
-    LK_TRY(read_class(lk_config_get(cfg, "data"), "data", &rs->data, rs->data_args, &rs->n_data_args));
+    LK_TRY(read_class(rs, lk_config_get(cfg, "model"), "model", &rs->model, rs->model_args, &rs->n_model_args));
+    LK_TRY(read_class(rs, lk_config_get(cfg, "data"), "data", &rs->data, rs->data_args, &rs->n_data_args));
     const lk_config_node *ck = lk_config_get(cfg, "ckpt_path");
     rs->ckpt_path = ck && !lk_config_node_is_null(ck) ? lk_config_node_text(ck) : NULL;
     return LK_STATUS_OK;
@@ -253,6 +262,7 @@ int lk_cmd_fit(int argc, char **argv) {
         int rc = fail(cmd, 2);
         lk_config_free(cfg);
         lk_config_args_free(&args);
+        run_spec_free(&rs);
         return rc;
     }
     /* Build the module and data module once here, so bad init_args are
@@ -265,6 +275,7 @@ int lk_cmd_fit(int argc, char **argv) {
         lk_module_free(module);
         lk_config_free(cfg);
         lk_config_args_free(&args);
+        run_spec_free(&rs);
         return rc;
     }
     char *yaml = NULL;
@@ -277,6 +288,7 @@ int lk_cmd_fit(int argc, char **argv) {
         lk_datamodule_free(dm);
         lk_config_free(cfg);
         lk_config_args_free(&args);
+        run_spec_free(&rs);
         return 0;
     }
     int rc = 0;
@@ -290,6 +302,7 @@ int lk_cmd_fit(int argc, char **argv) {
         lk_datamodule_free(dm);
         lk_config_free(cfg);
         lk_config_args_free(&args);
+        run_spec_free(&rs);
         return fail(cmd, 2);
     }
     const char *world_env = getenv("WORLD_SIZE");
@@ -339,5 +352,6 @@ int lk_cmd_fit(int argc, char **argv) {
     lk_datamodule_free(dm);
     lk_config_free(cfg);
     lk_config_args_free(&args);
+        run_spec_free(&rs);
     return rc;
 }

@@ -270,7 +270,6 @@ lk_status lk_dataset_from_arrays(int nfields, lk_array *arrays, const char *cons
     arrays_ctx *c = lk_calloc(1, sizeof *c);
     if (!c) return LK_STATUS_OUT_OF_MEMORY;
     c->nfields = nfields;
-    c->owned = !borrow;
     for (int f = 0; f < nfields; f++) {
         c->data[f] = arrays[f].data;
         c->row_bytes[f] = lk_field_nbytes(&fields[f]);

@@ -374,6 +374,13 @@ void lk_scope_end(void) {
 
 bool lk__scope_active(void) { return scope_depth > 0; }
 
+void lk__scope_thread_cleanup(void) {
+    for (int i = 0; i < scope_max; i++) lk_free(scopes[i].items);
+    lk_free(scopes);
+    scopes = NULL;
+    scope_depth = scope_max = 0;
+}
+
 lk_tensor *lk_scope_adopt(lk_tensor *t) {
     if (!t || scope_depth == 0) return t;
     scope_frame *f = &scopes[scope_depth - 1];

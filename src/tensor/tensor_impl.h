@@ -15,6 +15,8 @@ int64_t lk__elem_offset(const lk_tensor *t, int64_t i);
 void *lk__storage_data(const lk_storage *s);
 size_t lk__storage_cap(const lk_storage *s);
 bool lk__scope_active(void);
+/* Frees this thread's scope stack (lk_thread_cleanup). */
+void lk__scope_thread_cleanup(void);
 /* Releases tape nodes recorded after `mark` (scope ends call it). */
 void lk__tape_truncate(size_t mark);
 

@@ -101,6 +101,7 @@ static void *worker(void *arg) {
         if (--dp->pending == 0) pthread_cond_signal(&dp->done);
         pthread_mutex_unlock(&dp->mu);
     }
+    lk_thread_cleanup();
     return NULL;
 }
 
