@@ -1,0 +1,125 @@
+/* The trainer through its C API: numerical safety (a non-finite loss stops
+ * the run naming the step; a non-finite gradient names the parameter),
+ * Lightning's logging rules, and bad modules. */
+#include <unistd.h>
+
+#include "lk_test.h"
+#include "lockstep/trainer.h"
+
+static const lk_model_kv data_args[] = {{"num_samples", "320"}, {"input_shape", "[4]"}, {"num_classes", "2"},
+                                        {"batch_size", "16"}, {"num_workers", "0"}};
+
+typedef enum { MODE_NAN_LOSS, MODE_INF_GRAD, MODE_LOGGING } mode;
+static mode test_mode;
+
+static lk_tensor *step(lk_module *m, const lk_batch *b, int64_t i, lk_trainer *tr) {
+    lk_tensor *w = lk_layer_param(m->net, 0); /* Linear(4, 1).weight */
+    lk_tensor *x = lk_batch_tensor(b, 0);
+    lk_tensor *loss = lk_mean(lk_linear(x, w, NULL), NULL, 0, false);
+    if (test_mode == MODE_NAN_LOSS && lk_trainer_global_step(tr) == 3) return lk_mul_scalar(loss, NAN);
+    if (test_mode == MODE_INF_GRAD) {
+        /* sqrt at 0: a finite loss whose gradient is infinite */
+        lk_tensor *z = lk_mul_scalar(w, 0.0f);
+        loss = lk_add(loss, lk_sum(lk_sqrt(lk_abs(z)), NULL, 0, false));
+    }
+    if (test_mode == MODE_LOGGING) {
+        lk_log_metric(tr, "plain", (double)i, NULL);                                    /* step only */
+        lk_log_metric(tr, "both", 1.0, &(lk_log_opts){.on_step = 1, .on_epoch = 1});     /* _step and _epoch */
+        lk_log_metric(tr, "size", (double)b->size, &(lk_log_opts){.on_step = -1, .on_epoch = 1});
+    }
+    return loss;
+}
+
+static lk_status val_step(lk_module *m, const lk_batch *b, int64_t i, lk_trainer *tr) {
+    /* a value equal to the batch index: the epoch mean is weighted by batch size */
+    return lk_log_metric(tr, "val_idx", (double)i, NULL);
+}
+
+static const lk_module_vtable vt = {.training_step = step, .validation_step = val_step};
+
+static lk_status fit(mode md, int64_t max_steps, lk_trainer **keep) {
+    test_mode = md;
+    lk_trainer_config cfg;
+    lk_trainer_config_default(&cfg);
+    cfg.max_steps = max_steps;
+    cfg.max_epochs = 1;
+    cfg.enable_progress_bar = false;
+    cfg.enable_checkpointing = false;
+    cfg.enable_tensorboard = false;
+    cfg.num_sanity_val_steps = 0;
+    cfg.log_every_n_steps = 1;
+    snprintf(cfg.default_root_dir, sizeof cfg.default_root_dir, "/tmp/lk_test_trainer_%d", (int)getpid());
+    lk_datamodule *dm = NULL;
+    lk_trainer *tr = NULL;
+    lk_module m = {.name = "probe", .vt = &vt, .net = lk_linear_create(4, 1, false, NULL)};
+    lk_status st = lk_datamodule_create_builtin("synthetic", data_args, 5, 1, &dm);
+    if (!st) st = lk_trainer_create(&cfg, NULL, NULL, &tr);
+    if (!st) st = lk_trainer_fit(tr, &m, dm, NULL);
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", lk_last_error());
+    if (keep && tr) *keep = tr;
+    else lk_trainer_free(tr);
+    lk_datamodule_free(dm);
+    lk_layer_free(m.net);
+    if (st) lk_error(st, "%s", msg);
+    return st;
+}
+
+static void nan_loss_names_the_step(void) {
+    CHECK_ERR(fit(MODE_NAN_LOSS, 10, NULL), LK_STATUS_ABORTED, "the loss is nan at step 3");
+}
+
+static void inf_gradient_names_the_parameter(void) {
+    CHECK_ERR(fit(MODE_INF_GRAD, 10, NULL), LK_STATUS_ABORTED, "non-finite gradient at step 0");
+    CHECK(strstr(lk_last_error(), "parameter 'weight'") != NULL);
+}
+
+static void logging_rules(void) {
+    lk_trainer *tr = NULL;
+    CHECK_OK(fit(MODE_LOGGING, 100, &tr));
+    if (!tr) return;
+    double v;
+    /* 256 training samples (80% of 320) in batches of 16: 16 batches, indices 0..15 */
+    CHECK(lk_trainer_metric(tr, "plain", &v) && v == 15.0);
+    CHECK(lk_trainer_metric(tr, "both", &v) && v == 1.0);
+    CHECK(lk_trainer_metric(tr, "size", &v) && v == 16.0);
+    /* 32 validation samples: batches 0 and 1 of 16 -> weighted mean 0.5 */
+    CHECK(lk_trainer_metric(tr, "val_idx", &v) && fabs(v - 0.5) < 1e-12);
+    char path[2200];
+    snprintf(path, sizeof path, "%s/metrics.csv", lk_trainer_log_dir(tr));
+    FILE *f = fopen(path, "r");
+    char header[512] = "";
+    if (f) {
+        CHECK(fgets(header, sizeof header, f) != NULL);
+        fclose(f);
+    }
+    CHECK_MSG(strstr(header, "both_step") && strstr(header, "both_epoch") && strstr(header, "plain") &&
+                  strstr(header, "size") && !strstr(header, "size_step") && strstr(header, "val_idx"),
+              "header: %s", header);
+    lk_trainer_free(tr);
+    char rm[128];
+    snprintf(rm, sizeof rm, "rm -rf /tmp/lk_test_trainer_%d", (int)getpid());
+    CHECK(system(rm) == 0);
+}
+
+static void bad_modules(void) {
+    lk_trainer_config cfg;
+    lk_trainer_config_default(&cfg);
+    cfg.enable_progress_bar = false;
+    lk_trainer *tr = NULL;
+    CHECK_OK(lk_trainer_create(&cfg, NULL, NULL, &tr));
+    lk_datamodule *dm = NULL;
+    CHECK_OK(lk_datamodule_create_builtin("synthetic", data_args, 5, 1, &dm));
+    static const lk_module_vtable empty = {0};
+    lk_module m = {.name = "empty", .vt = &empty, .net = lk_linear_create(4, 1, false, NULL)};
+    CHECK_ERR(lk_trainer_fit(tr, &m, dm, NULL), LK_STATUS_INVALID_ARGUMENT, "module 'empty' has no training_step");
+    CHECK_ERR(lk_trainer_fit(tr, NULL, dm, NULL), LK_STATUS_INVALID_ARGUMENT, "a module with a network is required");
+    lk_layer_free(m.net);
+    lk_trainer_free(tr);
+    lk_datamodule_free(dm);
+    cfg.devices = 2;
+    CHECK_ERR(lk_trainer_create(&cfg, NULL, NULL, &tr), LK_STATUS_INVALID_USAGE, "needs 2 processes");
+}
+
+LK_TEST_MAIN(LK_TEST_CASE(nan_loss_names_the_step), LK_TEST_CASE(inf_gradient_names_the_parameter),
+             LK_TEST_CASE(logging_rules), LK_TEST_CASE(bad_modules))
