@@ -212,7 +212,7 @@ static lk_status check_shape(int ndim, const int64_t *shape, int64_t *numel) {
 }
 
 lk_tensor *lk__tensor_new(lk_dtype dt, int ndim, const int64_t *shape) {
-    int64_t numel;
+    int64_t numel = 0;
     if ((unsigned)dt >= LK_DTYPE_COUNT) {
         lk_error(LK_STATUS_INVALID_ARGUMENT, "invalid dtype %d", (int)dt);
         return NULL;
@@ -280,7 +280,7 @@ lk_tensor *lk_tensor_from_data(lk_dtype dt, int ndim, const int64_t *shape, cons
 }
 
 lk_tensor *lk_tensor_wrap(lk_dtype dt, int ndim, const int64_t *shape, void *data) {
-    int64_t numel;
+    int64_t numel = 0;
     if (check_shape(ndim, shape, &numel)) return NULL;
     lk_storage *s = lk_malloc(sizeof *s);
     if (!s) return NULL;

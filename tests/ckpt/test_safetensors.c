@@ -193,7 +193,7 @@ static void independent_check(const unsigned char *b, size_t len) {
 static void test_round_trip(void) {
     const char *p = tpath("rt.safetensors");
     CHECK_OK(write_refs(p));
-    size_t len;
+    size_t len = 0;
     unsigned char *b = read_all(p, &len);
     CHECK(b != NULL);
     if (b) independent_check(b, len);
@@ -320,7 +320,7 @@ static int count_tmp_files(void) {
 static void test_fault_hook(void) {
     const char *p = tpath("ckpt.safetensors");
     CHECK_OK(write_refs(p));
-    size_t len0;
+    size_t len0 = 0;
     unsigned char *before = read_all(p, &len0);
     /* a second, different version to attempt */
     float big[4096];
@@ -383,7 +383,7 @@ static void test_corruptions(void) {
     /* truncated: a valid file cut short */
     const char *good = tpath("good.safetensors");
     CHECK_OK(write_refs(good));
-    size_t len;
+    size_t len = 0;
     unsigned char *b = read_all(good, &len);
     write_all_file(p, b, len - 3);
     expect_open_error(p, "go past the end of the data", "truncated");
@@ -456,7 +456,7 @@ static void test_corruptions(void) {
 static void test_random_damage(void) {
     const char *good = tpath("damage.safetensors");
     CHECK_OK(write_refs(good));
-    size_t len;
+    size_t len = 0;
     unsigned char *b = read_all(good, &len);
     for (size_t cut = 0; cut < len; cut++) {
         lk_st_file *f;
