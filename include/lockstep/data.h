@@ -285,6 +285,9 @@ typedef struct lk_sampler_config {
     bool shuffle;
     bool drop_last;
     uint64_t seed;
+    bool no_pad; /* evaluation mode: neither pad nor cut; rank r takes positions
+                    r, r + W, ... < len, so shards differ by at most one sample
+                    and every sample is seen exactly once over all ranks */
 } lk_sampler_config;
 typedef struct lk_sampler lk_sampler;
 lk_status lk_sampler_create(const lk_sampler_config *cfg, lk_sampler **out);
@@ -321,6 +324,7 @@ typedef struct lk_loader_config {
     bool shuffle;       /* true */
     bool drop_last;     /* drop this rank's short last batch (false) */
     bool shard_drop_last; /* sampler: cut the tail rather than pad (false) */
+    bool no_pad;        /* sampler evaluation mode: every sample exactly once, uneven shards (false) */
     uint64_t seed;      /* 0 */
     int rank, world_size; /* 0, 1 */
     int num_workers;    /* worker threads; 0 reads on the caller's thread (default 2) */

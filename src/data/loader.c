@@ -183,7 +183,8 @@ lk_status lk_loader_create(lk_dataset *ds, const lk_loader_config *cfg, lk_loade
     pthread_cond_init(&l->cv_done, NULL);
     l->ds = lk_dataset_retain(ds);
     l->cfg = *cfg;
-    lk_sampler_config sc = {ds->len, cfg->rank, cfg->world_size, cfg->shuffle, cfg->shard_drop_last, cfg->seed};
+    lk_sampler_config sc = {ds->len, cfg->rank, cfg->world_size, cfg->shuffle, cfg->shard_drop_last, cfg->seed,
+                            cfg->no_pad};
     lk_status st = lk_sampler_create(&sc, &l->sampler);
     if (st) {
         lk_loader_free(l);

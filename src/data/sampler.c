@@ -22,6 +22,7 @@ lk_status lk_sampler_create(const lk_sampler_config *cfg, lk_sampler **out) {
     int64_t w = cfg->world_size;
     int64_t per = cfg->drop_last ? cfg->len / w : (cfg->len + w - 1) / w;
     if (!cfg->drop_last && cfg->len == 0) per = 0;
+    if (cfg->no_pad) per = cfg->len > cfg->rank ? (cfg->len - cfg->rank + w - 1) / w : 0;
     lk_sampler *s = lk_calloc(1, sizeof *s);
     if (!s) return LK_STATUS_OUT_OF_MEMORY;
     s->cfg = *cfg;

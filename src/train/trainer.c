@@ -208,6 +208,10 @@ static lk_status make_loader(lk_trainer *tr, lk_dataset *ds, bool train, lk_load
     lc.rank = tr->rank;
     lc.world_size = tr->world;
     lc.num_workers = tr->dm->num_workers;
+    /* Evaluation counts every sample exactly once: no padding, uneven shards
+     * (the metric reduction weighs each batch by its size). Training pads so
+     * every rank runs the same number of steps. */
+    lc.no_pad = !train;
     return lk_loader_create(ds, &lc, out);
 }
 

@@ -19,7 +19,7 @@ static void sampler_shards(void) {
                     int64_t *merged = lk_calloc((size_t)(per * w + 1), sizeof *merged);
                     int *count = lk_calloc((size_t)n + 1, sizeof *count);
                     for (int r = 0; r < w; r++) {
-                        lk_sampler_config c = {n, r, w, shuf, drop, 5};
+                        lk_sampler_config c = {n, r, w, shuf, drop, 5, false};
                         lk_sampler *s = NULL;
                         CHECK_OK(lk_sampler_create(&c, &s));
                         if (!s) continue;
@@ -62,7 +62,7 @@ static void sampler_matches_pytorch(void) {
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
         for (int r = 0; r < cases[c].w; r++) {
-            lk_sampler_config sc = {cases[c].n, r, cases[c].w, false, cases[c].drop, 0};
+            lk_sampler_config sc = {cases[c].n, r, cases[c].w, false, cases[c].drop, 0, false};
             lk_sampler *s = NULL;
             CHECK_OK(lk_sampler_create(&sc, &s));
             if (!s) continue;
@@ -75,7 +75,7 @@ static void sampler_matches_pytorch(void) {
 }
 
 static void sampler_epochs(void) {
-    lk_sampler_config c = {1000, 1, 2, true, false, 42};
+    lk_sampler_config c = {1000, 1, 2, true, false, 42, false};
     lk_sampler *a = NULL, *b = NULL, *other_rank = NULL;
     CHECK_OK(lk_sampler_create(&c, &a));
     CHECK_OK(lk_sampler_create(&c, &b));
@@ -105,7 +105,7 @@ static void sampler_epochs(void) {
     lk_sampler_free(other_rank);
     lk_sampler_free(NULL);
     lk_sampler *bad = NULL;
-    lk_sampler_config badc = {10, 2, 2, false, false, 0};
+    lk_sampler_config badc = {10, 2, 2, false, false, 0, false};
     CHECK_ERR(lk_sampler_create(&badc, &bad), LK_STATUS_INVALID_ARGUMENT, "rank 2 of world size 2");
 }
 
