@@ -5,9 +5,7 @@ lk_add_test(NAME data_dataset SOURCES data/test_dataset.c LABELS unit TIMEOUT 60
 lk_add_test(NAME data_loader SOURCES data/test_loader.c LABELS unit threads TIMEOUT 60)
 lk_add_test(NAME data_faults SOURCES data/test_faults.c LABELS fault threads TIMEOUT 60)
 lk_add_test(NAME data_download SOURCES data/test_download.c LABELS unit TIMEOUT 60)
-# A benchmark, not a test: build-xxx/tests/bench_data [epochs] [batch].
-add_executable(bench_data data/bench_data.c)
-target_link_libraries(bench_data PRIVATE lockstep_static)
+# The loader benchmark is `lockstep bench data` (src/cli/cmd_bench_data.c).
 if(LK_FUZZ)
   add_executable(fuzz_data_readers data/fuzz_readers.c)
   target_compile_options(fuzz_data_readers PRIVATE -fsanitize=fuzzer)
