@@ -126,6 +126,11 @@ struct lk_module {
     char *hparams_yaml;         /* save_hyperparameters(): written to hparams.yaml (owned, may be NULL) */
 };
 void lk_module_free(lk_module *m);
+/* Loads weights by PyTorch state-dict name from a safetensors file — one
+ * PyTorch wrote (a weights-only file), `lockstep export` wrote, or a lockstep
+ * checkpoint (its optimizer state is ignored). Every missing or misshaped
+ * tensor is listed in one error; nothing is copied then. */
+lk_status lk_module_load_weights(lk_module *m, const char *path);
 
 /* Optimizer and LR scheduler as data: the `optimizer` and `lr_scheduler`
  * sections of a config (Lightning's configure_optimizers, declaratively). */

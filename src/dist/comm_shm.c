@@ -85,6 +85,7 @@ typedef struct {
     _Atomic uint64_t seq_done;
     _Atomic uint64_t active_ns;
     _Atomic int32_t in_coll;
+    _Atomic int32_t cpu; /* the core this rank last arrived from */
     _Atomic int32_t cur; /* which info[] describes the collective in flight */
     /* What this rank called, indexed by the parity of the entry tick: a rank
      * may publish its next collective while a peer still checks this one. */
@@ -107,7 +108,7 @@ typedef struct {
     char name[256];
     bool unlinked;
     size_t small_bytes, slice_shared; /* tunables, fixed at creation (equal on all ranks by environment) */
-    unsigned spin;              /* pause-spins before yielding: few when ranks outnumber cores */
+    uint64_t spin_ns;           /* spin this long before yielding: 0 when ranks outnumber cores */
     int fd;                     /* kept open to reserve heap pages (posix_fallocate) */
     bool pid_visible[256];      /* peers' pids mean something here (same pid namespace) */
     pthread_mutex_t heap_mu;
@@ -235,20 +236,26 @@ static lk_status wait_all(lk_comm *c, shm_comm *s, const lk__coll *op) {
         if (atomic_load_explicit(&slot_of(s, k)->tick, memory_order_acquire) < target) break;
     if (k == s->world) return LK_STATUS_OK;
 
-    uint64_t t0 = lk_time_ns(), next_check = t0 + CHECK_NS;
+    /* Spin briefly (a peer on another core arrives within microseconds), but
+     * not when the peer we wait for last ran on our own core: then only
+     * yielding lets it run. After 2 ms, sleep: the core is needed elsewhere. */
+    const int mycpu = sched_getcpu();
+    uint64_t t0 = lk_time_ns(), next_check = t0 + CHECK_NS, spin_until = t0 + s->spin_ns;
     uint64_t limit = (uint64_t)(c->timeout_s * 1e9);
     for (unsigned long spins = 1;; spins++) {
         for (; k < s->world; k++)
             if (atomic_load_explicit(&slot_of(s, k)->tick, memory_order_acquire) < target) break;
         if (k == s->world) return LK_STATUS_OK;
-        if (spins < s->spin) {
+        bool same_core = atomic_load_explicit(&slot_of(s, k)->cpu, memory_order_relaxed) == mycpu;
+        if (!same_core && (spins & 63)) {
             cpu_relax();
             continue;
         }
         uint64_t now = lk_time_ns();
-        if (now - t0 < 2000000ull) sched_yield(); /* first 2 ms: stay responsive */
+        if (!same_core && now < spin_until) continue;
+        if (now - t0 < 2000000ull) sched_yield();
         else {
-            struct timespec ts = {0, 50000}; /* then sleep: another rank or the compute thread needs the core */
+            struct timespec ts = {0, 50000};
             nanosleep(&ts, NULL);
         }
         if (now >= next_check || now - t0 >= limit) {
@@ -272,6 +279,9 @@ static lk_status wait_all(lk_comm *c, shm_comm *s, const lk__coll *op) {
 
 static inline lk_status sync_all(lk_comm *c, shm_comm *s, const lk__coll *op) {
     s->tick++;
+    int cpu = sched_getcpu(); /* where we run now, so a waiter on the same core yields instead of spinning */
+    shm_slot *me = slot_of(s, s->rank);
+    if (atomic_load_explicit(&me->cpu, memory_order_relaxed) != cpu) atomic_store_explicit(&me->cpu, cpu, memory_order_relaxed);
     atomic_store_explicit(&slot_of(s, s->rank)->tick, s->tick, memory_order_release);
     return wait_all(c, s, op);
 }
@@ -847,7 +857,7 @@ static lk_status shm_init(lk_comm *c, const lk_comm_config *cfg) {
     s->world = pg->world_size;
     s->fd = -1;
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    s->spin = cores > 0 && pg->local_world_size > cores ? 16 : 4096;
+    s->spin_ns = cores > 0 && pg->local_world_size > cores ? 0 : 20000;
     long small = lk_env_get_long("LK_COMM_SHM_SMALL", (long)SMALL_BYTES_DEFAULT);
     long slice = lk_env_get_long("LK_COMM_SHM_SLICE", (long)SLICE_SHARED_DEFAULT);
     s->small_bytes = small >= 0 && (size_t)small <= STAGE_SLOT ? (size_t)small : SMALL_BYTES_DEFAULT;

@@ -118,6 +118,18 @@ static lk_status load_named(const lk_st_file *f, const lk_named_tensors *live, c
     return LK_STATUS_OK;
 }
 
+lk_status lk_module_load_weights(lk_module *m, const char *path) {
+    if (!m || !m->net) return lk_error(LK_STATUS_INVALID_ARGUMENT, "load_weights: a module with a network is required");
+    lk_st_file *f;
+    LK_TRY(lk_safetensors_open(path, &f));
+    lk_named_tensors sd = {0};
+    lk_status st = lk_state_dict_get(m->net, &sd);
+    if (!st) st = load_named(f, &sd, "", "model");
+    lk_named_tensors_clear(&sd);
+    lk_safetensors_close(f);
+    return st;
+}
+
 lk_status lk__ckpt_load(lk_trainer *tr, const char *path, bool restore_training) {
     lk_st_file *f;
     LK_TRY(lk_safetensors_open(path, &f));

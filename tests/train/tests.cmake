@@ -1,1 +1,2 @@
 lk_add_test(NAME trainer_api SOURCES train/test_trainer.c LABELS unit TIMEOUT 120)
+lk_add_test(NAME trainer_weights SOURCES train/test_weights.c LABELS unit parity TIMEOUT 60)
