@@ -80,6 +80,10 @@ typedef struct lk_trainer_config {
     int64_t early_stopping_patience;
     double early_stopping_min_delta;
     char early_stopping_mode[LK_PARAM_STR];
+    double early_stopping_stopping_threshold;   /* stop once the monitor is this good (NaN: off) */
+    double early_stopping_divergence_threshold; /* stop once it is worse than this (NaN: off) */
+    bool early_stopping_check_finite;           /* stop when the monitor is NaN or inf */
+    bool device_stats_monitor;      /* log CPU utilisation and RSS per rank */
     bool enable_tensorboard;
 } lk_trainer_config;
 

@@ -79,9 +79,10 @@ static lk_status parse_number(const lk_param *p, const char *where, const char *
         x = strtod(v, &end);
         if (!strcmp(v, ".inf") || !strcmp(v, "inf")) x = INFINITY, end = (char *)v + strlen(v);
         if (!strcmp(v, "-.inf") || !strcmp(v, "-inf")) x = -INFINITY, end = (char *)v + strlen(v);
+        if (!strcmp(v, ".nan") || !strcmp(v, "nan") || !strcmp(v, ".NaN")) x = NAN, end = (char *)v + strlen(v);
     }
     if (end == v || *end || errno == ERANGE) return bad_value(p, where, v, integer ? "an integer" : "a number");
-    if (p->min <= p->max && (x < p->min || x > p->max)) {
+    if (p->min <= p->max && (isnan(x) || x < p->min || x > p->max)) {
         char exp[128];
         snprintf(exp, sizeof exp, "a value in [%g, %g]", p->min, p->max);
         return bad_value(p, where, v, exp);
@@ -190,7 +191,8 @@ lk_status lk_params_defaults(const lk_param *table, int n, void *cfg) {
 }
 
 static void fmt_double(double x, char *buf, size_t size) {
-    if (isinf(x)) snprintf(buf, size, x > 0 ? ".inf" : "-.inf");
+    if (isnan(x)) snprintf(buf, size, ".nan");
+    else if (isinf(x)) snprintf(buf, size, x > 0 ? ".inf" : "-.inf");
     else {
         snprintf(buf, size, "%.17g", x);
         /* shortest text that reads back the same */

@@ -51,7 +51,7 @@
 #endif
 
 #define LINE 128                   /* two cache lines: adjacent-line prefetch must not couple ranks */
-#define SHM_MAGIC 0x32304d48534b4cULL /* "LKSHM02" */
+#define SHM_MAGIC 0x33304d48534b4cULL /* "LKSHM03" */
 #define STAGE_SLOT ((size_t)1 << 20)  /* bytes per staging slot; two per rank */
 #define SMALL_BYTES_DEFAULT ((size_t)64 << 10)   /* single-step all_reduce up to this; LK_COMM_SHM_SMALL */
 #define SLICE_SHARED_DEFAULT ((size_t)512 << 10) /* bytes per pipeline step in place; LK_COMM_SHM_SLICE */
@@ -67,6 +67,7 @@ typedef struct {
     int32_t pad;
     uint64_t total, slots_off, slot_bytes, stage_off, stage_bytes, heap_off, heap_bytes;
     _Atomic int32_t attached;
+    uint64_t small_bytes, slice_shared; /* the creator's tunables: every rank must run the same algorithm */
     char job_id[96];
 } shm_header;
 
@@ -107,7 +108,7 @@ typedef struct {
     int cur;            /* info[] index of the collective in flight */
     char name[256];
     bool unlinked;
-    size_t small_bytes, slice_shared; /* tunables, fixed at creation (equal on all ranks by environment) */
+    size_t small_bytes, slice_shared; /* tunables: rank 0's, from the header */
     uint64_t spin_ns;           /* spin this long before yielding: 0 when ranks outnumber cores */
     int fd;                     /* kept open to reserve heap pages (posix_fallocate) */
     bool pid_visible[256];      /* peers' pids mean something here (same pid namespace) */
@@ -708,7 +709,7 @@ static lk_status create_segment(lk_comm *c, shm_comm *s) {
         s->hdr = p;
         s->fd = fd;
         shm_header *h = s->hdr;
-        h->version = 2;
+        h->version = 3;
         h->world = s->world;
         h->creator_pid = getpid();
         h->total = want.total;
@@ -718,6 +719,8 @@ static lk_status create_segment(lk_comm *c, shm_comm *s) {
         h->stage_bytes = want.stage_bytes;
         h->heap_off = want.heap_off;
         h->heap_bytes = want.heap_bytes;
+        h->small_bytes = s->small_bytes;
+        h->slice_shared = s->slice_shared;
         snprintf(h->job_id, sizeof h->job_id, "%s", c->job_id);
         atomic_store_explicit(&h->magic, SHM_MAGIC, memory_order_release);
         return LK_STATUS_OK;
@@ -776,6 +779,8 @@ static lk_status rendezvous(lk_comm *c, shm_comm *s) {
                         "rendezvous: WORLD_SIZE mismatch: rank %d has world size %d but rank 0 created the job with world "
                         "size %d",
                         s->rank, s->world, h->world);
+    s->small_bytes = h->small_bytes; /* rank 0's choice wins, whatever this rank's environment says */
+    s->slice_shared = h->slice_shared;
     shm_slot *me = slot_of(s, s->rank);
     int expected = 0, mypid = getpid();
     if (!atomic_compare_exchange_strong(&me->pid, &expected, mypid))

@@ -76,6 +76,7 @@ struct lk_trainer {
     double sum_data, sum_fwd, sum_bwd, sum_comm, sum_opt;
     int64_t timed_steps, samples_seen;
     double train_time, t_train_end, t_steady;
+    double stats_wall, stats_cpu; /* DeviceStatsMonitor's last sample */
     int64_t samples_steady;
     double sum_at_steady[5];
 };

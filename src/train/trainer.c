@@ -421,6 +421,20 @@ static lk_status early_stopping(lk_trainer *tr) {
                         names[0] ? names : "(none)");
     }
     bool max = !strcmp(tr->cfg.early_stopping_mode, "max");
+    double stop_at = tr->cfg.early_stopping_stopping_threshold, diverge = tr->cfg.early_stopping_divergence_threshold;
+    if (!isnan(stop_at) && (max ? v >= stop_at : v <= stop_at)) {
+        tr->should_stop = true;
+        snprintf(tr->stop_reason, sizeof tr->stop_reason, "EarlyStopping: %s = %.6g reached the stopping threshold %g",
+                 mon, v, stop_at);
+        return LK_STATUS_OK;
+    }
+    if (!isnan(diverge) && (max ? v < diverge : v > diverge)) {
+        tr->should_stop = true;
+        snprintf(tr->stop_reason, sizeof tr->stop_reason,
+                 "EarlyStopping: %s = %.6g is worse than the divergence threshold %g", mon, v, diverge);
+        return LK_STATUS_OK;
+    }
+    if (!isfinite(v) && !tr->cfg.early_stopping_check_finite) return LK_STATUS_OK;
     if (!isfinite(v)) {
         tr->should_stop = true;
         snprintf(tr->stop_reason, sizeof tr->stop_reason, "EarlyStopping: %s = %g is not finite", mon, v);
@@ -464,6 +478,32 @@ static void clip_gradients(lk_trainer *tr) {
         double norm;
         lk_clip_grad_norm(&tr->params, tr->cfg.gradient_clip_val, 2.0, &norm);
     }
+}
+
+/* DeviceStatsMonitor: this process's CPU utilisation since the last call and
+ * its resident memory; the largest RSS of any rank with one all-reduce. */
+static lk_status log_device_stats(lk_trainer *tr) {
+    if (!tr->cfg.device_stats_monitor) return LK_STATUS_OK;
+    double now = lk_time_now(), cpu = lk_time_cpu();
+    double util = tr->stats_wall > 0 && now > tr->stats_wall ? 100.0 * (cpu - tr->stats_cpu) / (now - tr->stats_wall) : 0;
+    tr->stats_wall = now;
+    tr->stats_cpu = cpu;
+    long pages = 0, resident = 0;
+    FILE *f = fopen("/proc/self/statm", "r");
+    if (f) {
+        if (fscanf(f, "%ld %ld", &pages, &resident) != 2) resident = 0;
+        fclose(f);
+    }
+    double rss = (double)resident * (double)sysconf(_SC_PAGESIZE) / (1024.0 * 1024.0), rss_max = rss;
+    if (tr->world > 1) LK_TRY(lk_comm_all_reduce(tr->comm, &rss_max, 1, LK_F64, LK_REDUCE_MAX));
+    const char *st = tr->stage;
+    tr->stage = "train";
+    lk_log_opts o = {.on_step = 1, .on_epoch = -1};
+    lk_status s = lk_log_metric(tr, "device_stats/cpu_percent", util, &o);
+    if (!s) s = lk_log_metric(tr, "device_stats/rss_mb", rss, &o);
+    if (!s && tr->world > 1) s = lk_log_metric(tr, "device_stats/rss_mb_max_rank", rss_max, &o);
+    tr->stage = st;
+    return s;
 }
 
 static lk_status log_lr(lk_trainer *tr) {
@@ -583,6 +623,7 @@ static lk_status fit_loop(lk_trainer *tr, lk_loader *train, lk_loader *val, int6
                 }
                 if (tr->global_step % c->log_every_n_steps == 0) {
                     LK_TRY(log_lr(tr));
+                    LK_TRY(log_device_stats(tr));
                     if (tr->logger) LK_TRY(lk__metrics_log_step(tr));
                 }
                 if (c->every_n_train_steps > 0 && tr->global_step % c->every_n_train_steps == 0 && i + 1 < n_train) {

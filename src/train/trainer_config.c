@@ -59,6 +59,14 @@ static const lk_param trainer_params[] = {
     T("early_stopping_patience", INT, early_stopping_patience, "3", 0, 1e9, NULL, "EarlyStopping: checks without improvement"),
     T("early_stopping_min_delta", FLOAT, early_stopping_min_delta, "0", 0, 1e30, NULL, "EarlyStopping: smallest improvement"),
     T("early_stopping_mode", ENUM, early_stopping_mode, "min", 1, 0, "min|max", "EarlyStopping: lower or higher is better"),
+    T("early_stopping_stopping_threshold", FLOAT, early_stopping_stopping_threshold, ".nan", 1, 0, NULL,
+      "EarlyStopping: stop once the monitor is at least this good (.nan: off)"),
+    T("early_stopping_divergence_threshold", FLOAT, early_stopping_divergence_threshold, ".nan", 1, 0, NULL,
+      "EarlyStopping: stop once the monitor is worse than this (.nan: off)"),
+    T("early_stopping_check_finite", BOOL, early_stopping_check_finite, "true", 1, 0, NULL,
+      "EarlyStopping: stop when the monitor becomes NaN or infinite"),
+    T("device_stats_monitor", BOOL, device_stats_monitor, "false", 1, 0, NULL,
+      "DeviceStatsMonitor: log CPU utilisation and resident memory (rank 0, and the largest RSS of any rank)"),
     T("enable_tensorboard", BOOL, enable_tensorboard, "true", 1, 0, NULL, "also write TensorBoard event files"),
 };
 
