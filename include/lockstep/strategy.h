@@ -80,6 +80,18 @@ int lk_strategy_rank(const lk_strategy *s);
 int lk_strategy_world_size(const lk_strategy *s);
 bool lk_strategy_is_global_zero(const lk_strategy *s);
 
+/* ---- uneven inputs (PyTorch's Join) ------------------------------------------
+ * When ranks have different numbers of batches, a rank that runs out keeps
+ * answering the others' gradient all-reduces with zeros until every rank is
+ * out. Each rank calls lk_strategy_join_step(s, true, &done) at the start of
+ * every step it has data for, and lk_strategy_join(s) once it has none.
+ * Gradients are still averaged over the whole world (PyTorch's default,
+ * divide_by_initial_world_size), so a joined rank dilutes the others'
+ * steps. Without these calls a mismatch is not silent: the communicator
+ * reports the desync (or the rank that left). */
+lk_status lk_strategy_join_step(lk_strategy *s, bool has_data, bool *all_done);
+lk_status lk_strategy_join(lk_strategy *s);
+
 typedef struct lk_strategy_stats {
     uint64_t allreduce_calls;  /* bucket all-reduces issued so far */
     int buckets;               /* number of gradient buckets */

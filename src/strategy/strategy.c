@@ -41,6 +41,7 @@ struct lk_strategy {
     param_slot *slots;
     bool sync;
     lk_status async_err;
+    int64_t join_steps; /* steps this rank had data for (uneven inputs) */
     lk_strategy_stats stats;
 };
 
@@ -293,3 +294,38 @@ int lk_strategy_rank(const lk_strategy *s) { return s->rank; }
 int lk_strategy_world_size(const lk_strategy *s) { return s->world; }
 bool lk_strategy_is_global_zero(const lk_strategy *s) { return s->rank == 0; }
 lk_strategy_stats lk_strategy_get_stats(const lk_strategy *s) { return s->stats; }
+
+/* ---- uneven inputs ------------------------------------------------------------- */
+
+lk_status lk_strategy_join_step(lk_strategy *s, bool has_data, bool *all_done) {
+    int32_t active = has_data ? 1 : 0;
+    if (has_data) s->join_steps++;
+    if (s->world > 1) LK_TRY(lk_comm_all_reduce(s->comm, &active, 1, LK_I32, LK_REDUCE_SUM));
+    *all_done = active == 0;
+    return LK_STATUS_OK;
+}
+
+lk_status lk_strategy_join(lk_strategy *s) {
+    if (s->kind != STRAT_DDP) return LK_STATUS_OK;
+    for (;;) {
+        bool done;
+        LK_TRY(lk_strategy_join_step(s, false, &done));
+        if (done) break;
+        /* Shadow one synced step of the ranks that still have data: the same
+         * bucket all-reduces, in the same order, with zero gradients. */
+        lk_strategy_zero_grad(s);
+        lk_strategy_begin_backward(s, true);
+        LK_TRY(lk_strategy_finish_backward(s));
+    }
+    /* Ranks that joined early stopped stepping: as PyTorch does, the replicas
+     * end identical by taking the parameters of the rank that ran longest. */
+    int64_t key = s->join_steps * s->world + s->rank;
+    LK_TRY(lk_comm_all_reduce(s->comm, &key, 1, LK_I64, LK_REDUCE_MAX));
+    int root = (int)(key % s->world);
+    for (int i = 0; i < s->nparams; i++)
+        LK_TRY(lk_comm_broadcast(s->comm, s->params[i]->data, (size_t)s->params[i]->numel, LK_F32, root));
+    for (int i = 0; i < s->nbuffers; i++)
+        LK_TRY(lk_comm_broadcast(s->comm, s->buffers[i]->data, (size_t)s->buffers[i]->numel, s->buffers[i]->dtype, root));
+    s->join_steps = 0;
+    return LK_STATUS_OK;
+}

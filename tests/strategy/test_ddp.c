@@ -254,4 +254,102 @@ static void bad_config(void) {
     CHECK_ERR(lk_strategy_create(&sc, &s), LK_STATUS_INVALID_ARGUMENT, "needs a communicator");
 }
 
-LK_TEST_MAIN(LK_TEST_CASE(ddp_equals_single), LK_TEST_CASE(accumulation_reduces_once_per_step), LK_TEST_CASE(bad_config))
+/* Uneven inputs: rank r has 3 + 2r steps. With join the job finishes and the
+ * replicas stay identical; without it the mismatch is reported, not a hang. */
+static int uneven_rank(int rank, int world, bool join) {
+    net n;
+    net_init(&n);
+    lk_comm_config cc = lk_comm_config_default();
+    cc.timeout_s = 5;
+    lk_comm *comm = NULL;
+    if (lk_comm_create(&cc, &comm)) return 2;
+    lk_strategy_config sc = lk_strategy_config_default();
+    sc.comm = comm;
+    lk_strategy *s = NULL;
+    int rc = 0;
+    if (lk_strategy_create(&sc, &s) || lk_strategy_setup(s, n.params, n.names, 4, NULL, 0)) rc = 2;
+    int steps = 3 + 2 * rank;
+    for (int t = 1; !rc && t <= steps; t++) {
+        bool done;
+        if (join && lk_strategy_join_step(s, true, &done)) rc = 3;
+        lk_strategy_begin_backward(s, true);
+        if (!rc && (micro_step(&n, (int64_t)(t * world + rank) * B, B) || lk_strategy_finish_backward(s))) rc = 4;
+        if (!rc) {
+            adam_step(&n, t);
+            lk_strategy_zero_grad(s);
+        }
+    }
+    if (!rc && join && lk_strategy_join(s)) rc = 5;
+    if (!rc && !join) { /* the ranks with fewer steps move on to a barrier */
+        if (lk_comm_barrier(comm)) rc = 6;
+    }
+    if (rc >= 4) fprintf(stderr, "rank %d: %s\n", rank, lk_last_error());
+    /* rank 0 reports a checksum of its parameters on stdout for the parent */
+    if (!rc) {
+        double sum = 0;
+        for (int i = 0; i < 4; i++)
+            for (int64_t k = 0; k < n.params[i]->numel; k++) sum += ((float *)n.params[i]->data)[k] * (double)(k % 7 + 1);
+        printf("checksum rank %d %.17g\n", rank, sum);
+        fflush(stdout);
+    }
+    lk_strategy_free(s);
+    lk_comm_free(comm);
+    net_free(&n);
+    return rc;
+}
+
+static int run_uneven(int world, bool join, char *out, size_t outsz) {
+    char job[64];
+    snprintf(job, sizeof job, "lktest-join-%d-%d", (int)getpid(), join);
+    int fds[2];
+    if (pipe(fds)) return -1;
+    pid_t pids[4];
+    for (int r = 0; r < world; r++) {
+        pids[r] = fork();
+        if (pids[r] == 0) {
+            dup2(fds[1], 1);
+            close(fds[0]);
+            char buf[32];
+            snprintf(buf, sizeof buf, "%d", r);
+            setenv("RANK", buf, 1);
+            setenv("LOCAL_RANK", buf, 1);
+            snprintf(buf, sizeof buf, "%d", world);
+            setenv("WORLD_SIZE", buf, 1);
+            setenv("LOCAL_WORLD_SIZE", buf, 1);
+            setenv("LK_JOB_ID", job, 1);
+            _exit(uneven_rank(r, world, join));
+        }
+    }
+    close(fds[1]);
+    size_t k = 0;
+    ssize_t got;
+    while (k + 1 < outsz && (got = read(fds[0], out + k, outsz - 1 - k)) > 0) k += (size_t)got;
+    out[k] = 0;
+    close(fds[0]);
+    int failed = 0;
+    for (int r = 0; r < world; r++) {
+        int status;
+        waitpid(pids[r], &status, 0);
+        failed += !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    }
+    return failed;
+}
+
+static void uneven_inputs_join(void) {
+    char out[4096];
+    CHECK_MSG(run_uneven(3, true, out, sizeof out) == 0, "join: a rank failed");
+    /* every replica ends with the same parameters */
+    double c[3] = {0};
+    int seen = 0;
+    for (int r = 0; r < 3; r++) {
+        char key[32];
+        snprintf(key, sizeof key, "checksum rank %d ", r);
+        char *p = strstr(out, key);
+        if (p) c[r] = strtod(p + strlen(key), NULL), seen++;
+    }
+    CHECK(seen == 3 && c[0] == c[1] && c[1] == c[2]);
+    /* without join the ranks that ran out are told, nobody hangs */
+    CHECK_MSG(run_uneven(2, false, out, sizeof out) > 0, "without join the mismatch went unnoticed");
+}
+
+LK_TEST_MAIN(LK_TEST_CASE(uneven_inputs_join), LK_TEST_CASE(ddp_equals_single), LK_TEST_CASE(accumulation_reduces_once_per_step), LK_TEST_CASE(bad_config))
