@@ -61,4 +61,10 @@ check "early stopping stops after patience" grep -q '"epochs":[[:space:]]*1,' "$
 check "early stopping at a threshold stops after the first epoch" grep -q '"epochs":[[:space:]]*1,' "$(latest)/run.json"
 "$LK_BIN" fit -c "$T/synth.yaml" --trainer.device_stats_monitor true --trainer.max_epochs 1 --trainer.enable_progress_bar false >/dev/null 2>&1
 check "DeviceStatsMonitor logs cpu and rss" bash -c "head -1 $(latest)/metrics.csv | grep -q 'device_stats/cpu_percent' && head -1 $(latest)/metrics.csv | grep -q 'device_stats/rss_mb'"
+"$LK_BIN" fit -c "$T/synth.yaml" --trainer.global_batch_size 64 --trainer.limit_train_batches 4 --trainer.max_epochs 1 --trainer.enable_progress_bar false >/dev/null 2>&1
+check "global_batch_size 64 with batch 32 accumulates 2 micro-batches (4 batches -> 2 steps)" grep -q '"global_step":[[:space:]]*2,' "$(latest)/run.json"
+out=$("$LK_BIN" fit -c "$T/synth.yaml" --trainer.global_batch_size 100 --trainer.enable_progress_bar false 2>&1)
+check "global_batch_size that does not divide is an error" grep -q "not a multiple of batch_size 32" <<<"$out"
+out=$("$LK_BIN" fit -c "$T/synth.yaml" --trainer.devices 2 --trainer.accumulate_grad_batches 2 --trainer.scale_lr linear --trainer.max_epochs 1 --trainer.enable_progress_bar false 2>&1)
+check "scale_lr linear is logged with its factors" grep -q "lr 0.01 x 2 ranks x 2 accumulation = 0.04" <<<"$out"
 finish
