@@ -18,15 +18,17 @@ if(LK_HAVE_MPI)
     if(LK_UID STREQUAL "0")
       list(APPEND LK_MPIRUN_FLAGS --allow-run-as-root)
     endif()
+    # OpenMPI leaks by design at MPI_Finalize and trips ThreadSanitizer inside its own transports;
+    # neither can be fixed here, so leak checking is off and its libraries' frames are suppressed.
+    set(LK_MPI_TEST_ENV "ASAN_OPTIONS=detect_leaks=0"
+        "TSAN_OPTIONS=suppressions=${PROJECT_SOURCE_DIR}/tests/dist/sanitizer_mpi.supp")
     foreach(np 2 3)
       add_test(NAME dist_mpi_np${np} COMMAND ${LK_MPIRUN} ${LK_MPIRUN_FLAGS} -np ${np} $<TARGET_FILE:test_dist_mpi> mpi)
-      # OpenMPI leaks by design at MPI_Finalize (its dlopen'ed components cannot even be named in a
-      # suppression), so leak checking is off here; the shm tests cover the same code with it on.
       set_tests_properties(dist_mpi_np${np} PROPERTIES TIMEOUT 90 LABELS "multiproc;threads;mpi"
-                           ENVIRONMENT "ASAN_OPTIONS=detect_leaks=0")
+                           ENVIRONMENT "${LK_MPI_TEST_ENV}")
     endforeach()
     add_test(NAME dist_mpi_env_shm COMMAND ${LK_MPIRUN} ${LK_MPIRUN_FLAGS} -np 2 $<TARGET_FILE:test_dist_mpi> shm)
     set_tests_properties(dist_mpi_env_shm PROPERTIES TIMEOUT 60 LABELS "multiproc;threads;mpi"
-                         ENVIRONMENT "ASAN_OPTIONS=detect_leaks=0")
+                         ENVIRONMENT "${LK_MPI_TEST_ENV}")
   endif()
 endif()

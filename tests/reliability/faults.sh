@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# Fault injection on whole training jobs through the CLI (ddp on 2 ranks):
+# a rank SIGKILLed mid-training, a rank SIGSTOPped (comm_timeout), the
+# launcher SIGKILLed, SIGTERM and SIGINT to the launcher, a rank SIGKILLed
+# while checkpoints are being written. For each: the job ends within its
+# bound with a non-zero status and a message naming the rank; no process and
+# no shared-memory segment of the job is left; the last checkpoint loads and
+# a resume from it completes.
+#   faults.sh            run every scenario once (the ctest)
+#   faults.sh --table N  run each N times and print docs/RELIABILITY.md's table
+source "$(dirname "$0")/../cli/lib.sh"
+repeat=1
+table=false
+if [ "${1:-}" = "--table" ]; then table=true; repeat=${2:-5}; fi
+write_synth
+TIMEOUT=3
+job=(-c "$T/synth.yaml" --trainer.devices 2 --trainer.strategy ddp --trainer.max_epochs 100000
+     --trainer.every_n_train_steps 20 --trainer.enable_progress_bar false --trainer.comm_timeout $TIMEOUT
+     --trainer.num_sanity_val_steps 0 --data.init_args.num_samples 4096)
+
+rank_pid() { # launcher pid, rank -> that rank's pid
+  local c
+  for c in $(pgrep -P "$1"); do
+    if tr '\0' '\n' < "/proc/$c/environ" 2>/dev/null | grep -qx "RANK=$2"; then echo "$c"; return; fi
+  done
+}
+
+# start the job; wait until it has written a checkpoint (so there is one to resume from)
+start_job() {
+  before=$(latest 2>/dev/null || true)
+  shm_before=$(ls /dev/shm | grep '^lockstep-' | sort)
+  "$LK_BIN" fit "${job[@]}" >"$T/job.out" 2>"$T/job.err" &
+  lpid=$!
+  for _ in $(seq 1 3000); do
+    d=$(latest 2>/dev/null || true)
+    [ -n "$d" ] && [ "$d" != "$before" ] && [ -s "$d/checkpoints/last.ckpt" ] && [ -n "$(rank_pid $lpid 1)" ] && return 0
+    sleep 0.01
+  done
+  return 1
+}
+
+# wait for the launcher; sets rc and secs (from the fault to the job's end)
+finish_job() {
+  wait "$lpid"; rc=$?
+  secs=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.2f", b - a }')
+}
+
+leftovers() { # prints what the job left behind, if anything
+  local kids; kids=$(pgrep -f "comm_timeout $TIMEOUT" | grep -v "^$$\$" || true)
+  [ -n "$kids" ] && echo "processes: $kids"
+  local now; now=$(ls /dev/shm | grep '^lockstep-' | sort)
+  local extra; extra=$(comm -13 <(echo "$shm_before") <(echo "$now"))
+  [ -n "$extra" ] && echo "shm: $extra"
+  true
+}
+
+resume_ok() { # the last checkpoint loads and training resumes from it
+  "$LK_BIN" export --ckpt "$d/checkpoints/last.ckpt" --out "$T/x.st" >/dev/null 2>&1 &&
+    "$LK_BIN" fit -c "$T/synth.yaml" --trainer.max_epochs 1 --trainer.max_steps 1000000 --trainer.enable_progress_bar false \
+      --ckpt_path "$d/checkpoints/last.ckpt" --trainer.devices 2 --trainer.strategy ddp --data.init_args.num_samples 4096 \
+      >/dev/null 2>&1 || "$LK_BIN" fit -c "$T/synth.yaml" --trainer.enable_progress_bar false \
+      --ckpt_path "$d/checkpoints/last.ckpt" --trainer.devices 2 --trainer.strategy ddp --data.init_args.num_samples 4096 \
+      --trainer.max_epochs 100000 --trainer.max_time 2 >/dev/null 2>&1
+}
+
+declare -A times
+scenario() { # name bound expected-rc-test message-pattern action...
+  local name=$1 bound=$2 rccheck=$3 pat=$4; shift 4
+  local k
+  for k in $(seq 1 "$repeat"); do
+    if ! start_job; then bad "$name: the job did not start"; kill -9 $lpid 2>/dev/null; return; fi
+    t0=$(date +%s.%N)
+    "$@"
+    finish_job
+    sleep 0.3
+    local left; left=$(leftovers)
+    times[$name]="${times[$name]:-} $secs"
+    if $table; then continue; fi
+    check "$name: exit status ($rc) $rccheck" test "$rc" $rccheck
+    check "$name: ended within ${bound}s (${secs}s)" awk -v s="$secs" -v b="$bound" 'BEGIN { exit !(s <= b) }'
+    [ -n "$pat" ] && check "$name: message names it ('$pat')" grep -q -- "$pat" "$T/job.err"
+    check "$name: nothing left behind ${left}" test -z "$left"
+    check "$name: last checkpoint loads and resumes" resume_ok
+  done
+}
+
+kill_rank() { kill -"$1" "$(rank_pid $lpid "$2")"; }
+kill_launcher() { kill -"$1" "$lpid"; }
+cont_all() { pkill -CONT -f "comm_timeout $TIMEOUT" || true; }
+stop_rank1() { kill -STOP "$(rank_pid $lpid 1)"; (sleep $((TIMEOUT + 6)); cont_all) & }
+
+scenario "SIGKILL of rank 1 while training" 5 "-ne 0" "rank 1" kill_rank KILL 1
+# a stopped rank cannot take SIGTERM: the launcher's term delay (2 s) and kill grace (3 s) follow the timeout
+scenario "SIGSTOP of rank 1 (comm_timeout ${TIMEOUT}s)" $((TIMEOUT + 6)) "-ne 0" "did not arrive" stop_rank1
+scenario "SIGKILL of the launcher" 5 "-eq 137" "" kill_launcher KILL
+scenario "SIGTERM to the launcher" 10 "-eq 143" "" kill_launcher TERM
+scenario "SIGINT to the launcher" 10 "-eq 130" "" kill_launcher INT
+checkpoint_storm() { # rank 0 dies while checkpoints are written every step
+  kill -KILL "$(rank_pid $lpid 0)"
+}
+job+=(--trainer.every_n_train_steps 1)
+scenario "SIGKILL of rank 0 while writing checkpoints" 5 "-ne 0" "rank 0" checkpoint_storm
+
+if $table; then
+  echo "| fault | bound | time to exit, median of $repeat (s) | min..max |"
+  echo "|---|---|---|---|"
+  for name in "${!times[@]}"; do
+    sorted=$(tr ' ' '\n' <<<"${times[$name]}" | grep . | sort -n)
+    n=$(wc -l <<<"$sorted"); med=$(sed -n "$(( (n + 1) / 2 ))p" <<<"$sorted")
+    echo "| $name | | $med | $(head -1 <<<"$sorted")..$(tail -1 <<<"$sorted") |"
+  done
+  exit 0
+fi
+finish
