@@ -85,7 +85,7 @@ int lk_cmd_env(int argc, char **argv) {
     for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
         const char *v = getenv(vars[i]);
         if (!v) continue;
-        printf("%s  %s=%s\n", shown++ ? "               " : "  variables     :", vars[i], v);
+        printf("%s %s=%s\n", shown++ ? "                 " : "variables       :", vars[i], v);
     }
     printf("comm backends   :");
     for (int i = 0; i < lk_comm_backend_count(); i++) printf(" %s", lk_comm_backend_name_at(i));

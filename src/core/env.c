@@ -31,6 +31,7 @@ static const lk_env_var env_vars[] = {
     {"LK_COMM_BACKEND", NULL, "force a communicator backend: shm, mpi"},
     {"LK_JOB_ID", NULL, "job id naming the shared-memory segment (set by the launcher)"},
     {"LK_DATA_ROOT", NULL, "default root for datasets"},
+    {"LK_COMM_TEST_DELAY_MS", "0", "tests only: delay every asynchronous collective by this many ms"},
     {"LK_ALLOW_OVERSUBSCRIBE", "0", "1: allow more ranks (trainer.devices) than CPU cores"},
 };
 

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "dist/comm_impl.h"
 
@@ -288,6 +289,9 @@ static lk_status run_one(lk_comm *c, const lk__coll *op) {
 
 static void *comm_thread(void *arg) {
     lk_comm *c = arg;
+    /* Tests make the communicator artificially slow to prove that DDP hides
+     * communication behind backward (tests/strategy/test_ddp.c). */
+    long delay_ms = lk_env_get_long("LK_COMM_TEST_DELAY_MS", 0);
     pthread_mutex_lock(&c->mu);
     for (;;) {
         while (!c->head && !c->stop) pthread_cond_wait(&c->cv_work, &c->mu);
@@ -297,6 +301,10 @@ static void *comm_thread(void *arg) {
         if (!c->head) c->tail = NULL;
         pthread_mutex_unlock(&c->mu);
         lk_clear_error();
+        if (delay_ms > 0) {
+            struct timespec ts = {delay_ms / 1000, (delay_ms % 1000) * 1000000L};
+            nanosleep(&ts, NULL);
+        }
         lk_status st = run_one(c, &w->op);
         pthread_mutex_lock(&c->mu);
         w->status = st;
