@@ -23,10 +23,15 @@ static _Thread_local lk_status err_code;
 
 lk_status lk_errorv(lk_status code, const char *fmt, va_list ap) {
     int rank = lk_log_rank();
-    size_t n = 0;
-    if (rank >= 0) n = (size_t)snprintf(err_msg, sizeof err_msg, "[rank %d] ", rank);
-    if (n >= sizeof err_msg) n = sizeof err_msg - 1;
-    vsnprintf(err_msg + n, sizeof err_msg - n, fmt, ap);
+    char body[sizeof err_msg];
+    vsnprintf(body, sizeof body, fmt, ap);
+    /* A message passed on from another error already names its rank. */
+    char prefix[32] = "";
+    if (rank >= 0) snprintf(prefix, sizeof prefix, "[rank %d] ", rank);
+    if (prefix[0] && strncmp(body, prefix, strlen(prefix)) != 0)
+        snprintf(err_msg, sizeof err_msg, "%s%s", prefix, body);
+    else
+        snprintf(err_msg, sizeof err_msg, "%s", body);
     err_trace[0] = 0;
     err_code = code;
     return code;
