@@ -23,7 +23,7 @@ static _Thread_local lk_status err_code;
 
 lk_status lk_errorv(lk_status code, const char *fmt, va_list ap) {
     int rank = lk_log_rank();
-    char body[sizeof err_msg];
+    char body[sizeof err_msg - 32];
     vsnprintf(body, sizeof body, fmt, ap);
     /* A message passed on from another error already names its rank. */
     char prefix[32] = "";
