@@ -6,12 +6,8 @@
 # bound with a non-zero status and a message naming the rank; no process and
 # no shared-memory segment of the job is left; the last checkpoint loads and
 # a resume from it completes.
-#   faults.sh            run every scenario once (the ctest)
-#   faults.sh --table N  run each N times and print docs/RELIABILITY.md's table
+# docs/RELIABILITY.md's table comes from running this script 5 times.
 source "$(dirname "$0")/../cli/lib.sh"
-repeat=1
-table=false
-if [ "${1:-}" = "--table" ]; then table=true; repeat=${2:-5}; fi
 write_synth
 TIMEOUT=3
 job=(-c "$T/synth.yaml" --trainer.devices 2 --trainer.strategy ddp --trainer.max_epochs 100000
@@ -63,25 +59,21 @@ resume_ok() { # the last checkpoint loads and training resumes from it
       --trainer.max_epochs 100000 --trainer.max_time 2 >/dev/null 2>&1
 }
 
-declare -A times
 scenario() { # name bound expected-rc-test message-pattern action...
   local name=$1 bound=$2 rccheck=$3 pat=$4; shift 4
-  local k
-  for k in $(seq 1 "$repeat"); do
-    if ! start_job; then bad "$name: the job did not start"; kill -9 $lpid 2>/dev/null; return; fi
-    t0=$(date +%s.%N)
-    "$@"
-    finish_job
-    sleep 0.3
-    local left; left=$(leftovers)
-    times[$name]="${times[$name]:-} $secs"
-    if $table; then continue; fi
+  if ! start_job; then bad "$name: the job did not start"; kill -9 $lpid 2>/dev/null; return; fi
+  t0=$(date +%s.%N)
+  "$@"
+  finish_job
+  sleep 0.3
+  local left; left=$(leftovers)
+  {
     check "$name: exit status ($rc) $rccheck" test "$rc" $rccheck
     check "$name: ended within ${bound}s (${secs}s)" awk -v s="$secs" -v b="$bound" 'BEGIN { exit !(s <= b) }'
     [ -n "$pat" ] && check "$name: message names it ('$pat')" grep -q -- "$pat" "$T/job.err"
     check "$name: nothing left behind ${left}" test -z "$left"
     check "$name: last checkpoint loads and resumes" resume_ok
-  done
+  }
 }
 
 kill_rank() { kill -"$1" "$(rank_pid $lpid "$2")"; }
@@ -101,14 +93,4 @@ checkpoint_storm() { # rank 0 dies while checkpoints are written every step
 job+=(--trainer.every_n_train_steps 1)
 scenario "SIGKILL of rank 0 while writing checkpoints" 5 "-ne 0" "rank 0" checkpoint_storm
 
-if $table; then
-  echo "| fault | bound | time to exit, median of $repeat (s) | min..max |"
-  echo "|---|---|---|---|"
-  for name in "${!times[@]}"; do
-    sorted=$(tr ' ' '\n' <<<"${times[$name]}" | grep . | sort -n)
-    n=$(wc -l <<<"$sorted"); med=$(sed -n "$(( (n + 1) / 2 ))p" <<<"$sorted")
-    echo "| $name | | $med | $(head -1 <<<"$sorted")..$(tail -1 <<<"$sorted") |"
-  done
-  exit 0
-fi
 finish
