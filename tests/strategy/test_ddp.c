@@ -352,7 +352,7 @@ static void uneven_inputs_join(void) {
     CHECK_MSG(run_uneven(2, false, out, sizeof out) > 0, "without join the mismatch went unnoticed");
 }
 
-/* Overlap: with a communicator slowed to 15 ms per collective, the bucket
+/* Overlap: with a communicator slowed to 25 ms per collective, the bucket
  * all-reduces started during backward hide behind the remaining backward
  * compute, so the step's exposed wait is well below the communication time. */
 static int overlap_rank(int rank) {
@@ -398,7 +398,7 @@ static int overlap_rank(int rank) {
         lk_strategy_zero_grad(s);
     }
     lk_strategy_stats st = lk_strategy_get_stats(s);
-    double comm_time = 0.015 * L * (steps - 1); /* the injected delay alone */
+    double comm_time = 0.025 * L * (steps - 1); /* the injected delay alone */
     if (rank == 0)
         printf("overlap: %d buckets, backward %.1f ms/step, communication >= %.1f ms/step, exposed %.1f ms/step\n",
                st.buckets, 1e3 * backward / (steps - 1), 1e3 * comm_time / (steps - 1), 1e3 * exposed / (steps - 1));
@@ -430,7 +430,7 @@ static void overlap_with_a_slow_communicator(void) {
             setenv("WORLD_SIZE", "2", 1);
             setenv("LOCAL_WORLD_SIZE", "2", 1);
             setenv("LK_JOB_ID", job, 1);
-            setenv("LK_COMM_TEST_DELAY_MS", "15", 1);
+            setenv("LK_COMM_TEST_DELAY_MS", "25", 1);
             lk_set_num_threads(1);
             _exit(overlap_rank(r));
         }
