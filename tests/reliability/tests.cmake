@@ -1,1 +1,2 @@
 lk_add_script_test(NAME reliability_faults SCRIPT reliability/faults.sh LABELS multiproc fault TIMEOUT 300)
+set_tests_properties(reliability_faults PROPERTIES RUN_SERIAL TRUE)
