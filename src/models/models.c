@@ -59,22 +59,6 @@ const lk_model_info *lk_model_find(const char *name) {
     return NULL;
 }
 
-static int edit_distance(const char *a, const char *b) {
-    size_t la = strlen(a), lb = strlen(b);
-    if (la > 63 || lb > 63) return 99;
-    int d[64][64];
-    for (size_t i = 0; i <= la; i++) d[i][0] = (int)i;
-    for (size_t j = 0; j <= lb; j++) d[0][j] = (int)j;
-    for (size_t i = 1; i <= la; i++)
-        for (size_t j = 1; j <= lb; j++) {
-            int c = d[i - 1][j - 1] + (a[i - 1] != b[j - 1]);
-            if (d[i - 1][j] + 1 < c) c = d[i - 1][j] + 1;
-            if (d[i][j - 1] + 1 < c) c = d[i][j - 1] + 1;
-            d[i][j] = c;
-        }
-    return d[la][lb];
-}
-
 /* Parsed values, indexed like the model's arg table. */
 typedef struct {
     const char *text[8];
@@ -133,19 +117,20 @@ static lk_status parse_args(const lk_model_info *m, const lk_model_kv *args, int
     memset(p, 0, sizeof *p);
     for (int k = 0; k < m->n_args; k++) LK_TRY(parse_one(m, k, m->args[k].default_value, p));
     for (int j = 0; j < n_args; j++) {
-        int found = -1, best = -1, best_d = 1 << 30;
+        int found = -1;
+        const char *names[8];
         for (int k = 0; k < m->n_args; k++) {
             if (args[j].key && !strcmp(args[j].key, m->args[k].name)) found = k;
-            int d = args[j].key ? edit_distance(args[j].key, m->args[k].name) : 99;
-            if (d < best_d) best_d = d, best = k;
+            names[k] = m->args[k].name;
         }
         if (found < 0) {
             char list[256] = "";
             for (int k = 0; k < m->n_args; k++)
                 snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", k ? ", " : "", m->args[k].name);
-            if (best >= 0 && best_d <= 3)
+            const char *near = args[j].key ? lk_suggest(args[j].key, names, m->n_args) : NULL;
+            if (near)
                 return lk_error(LK_STATUS_INVALID_ARGUMENT, "model %s: unknown argument '%s'; did you mean '%s'? (valid: %s)",
-                                m->name, args[j].key ? args[j].key : "(null)", m->args[best].name, list);
+                                m->name, args[j].key, near, list);
             return lk_error(LK_STATUS_INVALID_ARGUMENT, "model %s: unknown argument '%s' (valid: %s)", m->name,
                             args[j].key ? args[j].key : "(null)", list);
         }
