@@ -373,6 +373,24 @@ lk_status lk_data_prepare(int local_rank, lk_prepare_fn prepare, void *ctx, lk_s
  * `timeout_s` bounds the whole transfer (0: 300 s). Returns UNSUPPORTED
  * when lockstep was built without libcurl. */
 lk_status lk_data_download(const char *url, const char *dest, long timeout_s);
+/* The rank-0 download a prepare step wants: does nothing when `dest` exists
+ * and matches `sha256_hex` (64 hex digits, or NULL: no check); otherwise
+ * downloads into "<dest>.part", verifies the SHA-256 and renames it into
+ * place. A checksum mismatch or a transfer that breaks off is an error, and
+ * nothing is left at `dest` or in the .part file. */
+lk_status lk_data_fetch(const char *url, const char *dest, const char *sha256_hex, long timeout_s);
+
+/* SHA-256 (FIPS 180-4). */
+typedef struct lk_sha256 {
+    uint32_t h[8];
+    uint64_t len;
+    uint8_t buf[64];
+    size_t n;
+} lk_sha256;
+void lk_sha256_init(lk_sha256 *s);
+void lk_sha256_update(lk_sha256 *s, const void *data, size_t len);
+void lk_sha256_final(lk_sha256 *s, char hex[65]);
+lk_status lk_sha256_file(const char *path, char hex[65]);
 
 #ifdef __cplusplus
 }

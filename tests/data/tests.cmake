@@ -10,3 +10,4 @@ lk_add_test(NAME data_eval_sampler SOURCES data/test_eval_sampler.c LABELS unit 
 # The data readers' fuzz corpus replayed without libFuzzer.
 lk_add_test(NAME fuzz_replay_data_readers SOURCES ../fuzz/fuzz_data_readers.c ../fuzz/replay.c LABELS unit TIMEOUT 60
             ARGS ${PROJECT_SOURCE_DIR}/fuzz/corpus/fuzz_data_readers)
+lk_add_test(NAME data_fetch SOURCES data/test_fetch.c LABELS unit TIMEOUT 90)
