@@ -837,7 +837,7 @@ lk_status lk_trainer_fit(lk_trainer *tr, lk_module *m, lk_datamodule *dm, const 
     tr->train_time = tr->t_train_end - t_train;
     if (!st && tr->stop_reason[0]) lk_log0("%s", tr->stop_reason);
     if (!st && stop_signal) st = lk_error(LK_STATUS_ABORTED, "stopped by signal %d after writing last.ckpt", (int)stop_signal);
-    if (m->vt->on_stage_end && is_rank0(tr) && !st) {
+    if (!st && is_rank0(tr) && m->vt->on_stage_end) {
         lk_status s2 = m->vt->on_stage_end(m, tr, "fit");
         if (s2) lk_log_warn("on_stage_end: %s", lk_last_error());
     }
