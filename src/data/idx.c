@@ -99,6 +99,16 @@ lk_status lk_idx_read(const char *path, lk_array *out) {
             st = lk_error(LK_STATUS_IO, "%s: truncated: header says %s %s = %zu bytes of data, the file has %lld",
                           path, tname, lk_data_shape_str(ndim, shape, sb, sizeof sb), payload,
                           (long long)sbuf.st_size - (long long)header);
+    } else if (!st) {
+        /* gzip: deflate expands at most 1032:1, so a header claiming more
+         * than the compressed file could hold is corrupt; refuse it before
+         * allocating (found by fuzzing). */
+        struct stat sbuf;
+        if (stat(path, &sbuf) == 0 && (double)(header + payload) > 1032.0 * (double)sbuf.st_size + 64.0)
+            st = lk_error(LK_STATUS_IO,
+                          "%s: truncated or corrupt: header says %s %s = %zu bytes of data, more than a gzip file of "
+                          "%lld bytes can hold",
+                          path, tname, lk_data_shape_str(ndim, shape, sb, sizeof sb), payload, (long long)sbuf.st_size);
     }
     if (!st) st = lk__array_alloc_uninit(out, dt, ndim, shape);
     if (!st) {

@@ -116,11 +116,19 @@ static void idx_errors(void) {
     uint8_t trunc[4 + 12 + 10] = {0, 0, 8, 3, 0, 0, 0xEA, 0x60, 0, 0, 0, 28, 0, 0, 0, 28};
     write_bytes(tmp("trunc.idx"), trunc, sizeof trunc);
     CHECK_ERR(lk_idx_read(tmp("trunc.idx"), &a), LK_STATUS_IO, "truncated: header says u8 [60000, 28, 28] = 47040000 bytes");
-    /* Same, compressed: found while reading. */
+    /* Same, compressed: more than a gzip file that small can hold (deflate
+     * expands at most 1032:1), refused before allocating. */
     gzFile g = gzopen(tmp("trunc.idx.gz"), "wb");
     gzwrite(g, trunc, sizeof trunc);
     gzclose(g);
-    CHECK_ERR(lk_idx_read(tmp("trunc.idx.gz"), &a), LK_STATUS_IO, "truncated: expected 47040000 bytes at offset 16, got only 10");
+    CHECK_ERR(lk_idx_read(tmp("trunc.idx.gz"), &a), LK_STATUS_IO, "more than a gzip file of");
+    CHECK(a.data == NULL);
+    /* A plausible claim (10 x 28 x 28) with 10 bytes of data: found while reading. */
+    trunc[6] = 0, trunc[7] = 10;
+    g = gzopen(tmp("trunc2.idx.gz"), "wb");
+    gzwrite(g, trunc, sizeof trunc);
+    gzclose(g);
+    CHECK_ERR(lk_idx_read(tmp("trunc2.idx.gz"), &a), LK_STATUS_IO, "truncated: expected 7840 bytes at offset 16, got only 10");
     CHECK(a.data == NULL);
     /* A gzip stream cut in half. */
     lk_array big;
