@@ -209,6 +209,12 @@ typedef struct lk_launch_options {
     double term_delay_s;     /* default 2 */
     double kill_grace_s;     /* default 3 */
     bool quiet;              /* no "lockstep launch:" status lines */
+    /* (optional) ddp_spawn: each rank is a fork of this process that runs
+     * child_main(child_ctx) with its rank's environment and exits with its
+     * return value, instead of executing argv (which is then only used in
+     * messages). Fork before starting threads of your own. */
+    int (*child_main)(void *ctx);
+    void *child_ctx;
 } lk_launch_options;
 lk_launch_options lk_launch_options_default(void);
 

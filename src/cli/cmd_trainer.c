@@ -236,6 +236,47 @@ static int fail(const char *cmd, int code) {
     return code;
 }
 
+/* Runs the command in this process (one rank, or the only one). */
+typedef struct {
+    const char *cmd;
+    run_spec *rs;
+    lk_module *module;
+    lk_datamodule *dm;
+    const char *yaml;
+} local_run;
+
+static int run_local(void *ctx) {
+    local_run *x = ctx;
+    int rc = 0;
+    lk_trainer *tr = NULL;
+    lk_status st = lk_trainer_create(&x->rs->trainer, &x->rs->optim, x->yaml, &tr);
+    if (!st) {
+        if (!strcmp(x->cmd, "fit")) st = lk_trainer_fit(tr, x->module, x->dm, x->rs->ckpt_path);
+        else if (!strcmp(x->cmd, "validate")) st = lk_trainer_validate(tr, x->module, x->dm, x->rs->ckpt_path);
+        else if (!strcmp(x->cmd, "test")) st = lk_trainer_test(tr, x->module, x->dm, x->rs->ckpt_path);
+        else st = lk_trainer_predict(tr, x->module, x->dm, x->rs->ckpt_path);
+    }
+    if (st) {
+        rc = fail(x->cmd, 1);
+        if (st == LK_STATUS_ABORTED && strstr(lk_last_error(), "stopped by signal 15")) rc = 143;
+        if (st == LK_STATUS_ABORTED && strstr(lk_last_error(), "stopped by signal 2")) rc = 130;
+    } else if (lk_trainer_rank(tr) == 0 && lk_trainer_log_dir(tr)[0]) {
+        const char *last = lk_trainer_last_checkpoint(tr), *best = lk_trainer_best_checkpoint(tr);
+        if (!strcmp(x->cmd, "fit")) {
+            if (best[0]) printf("best checkpoint: %s\n", best);
+            if (last[0]) printf("last checkpoint: %s\n", last);
+        } else if (last[0]) {
+            printf("checkpoint:      %s\n", last);
+        }
+        printf("logs:            %s/metrics.csv\n", lk_trainer_log_dir(tr));
+        char png[2200];
+        snprintf(png, sizeof png, "%s/reconstructions.png", lk_trainer_log_dir(tr));
+        if (access(png, R_OK) == 0) printf("picture:         %s\n", png);
+    }
+    lk_trainer_free(tr);
+    return rc;
+}
+
 int lk_cmd_fit(int argc, char **argv) {
     const char *cmd = argv[0];
     static const char *const flags[] = {"--help", "-h", "--print_config"};
@@ -305,6 +346,7 @@ int lk_cmd_fit(int argc, char **argv) {
         run_spec_free(&rs);
         return fail(cmd, 2);
     }
+    local_run local = {cmd, &rs, module, dm, yaml};
     const char *world_env = getenv("WORLD_SIZE");
     bool launched = world_env || getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE") || getenv("SLURM_NTASKS");
     int64_t devices = rs.trainer.devices > 0 ? rs.trainer.devices : 1;
@@ -315,37 +357,16 @@ int lk_cmd_fit(int argc, char **argv) {
         for (int i = 0; i < argc; i++) child[i + 1] = argv[i];
         lk_launch_options lo = lk_launch_options_default();
         lo.quiet = true;
+        if (!strcmp(rs.trainer.strategy, "ddp_spawn")) { /* fork this process instead of executing it again */
+            lo.child_main = run_local;
+            lo.child_ctx = &local;
+        }
         int code = 0;
         if (lk_launch((int)devices, child, &lo, &code)) rc = fail(cmd, 1);
         else rc = code;
         free(child);
     } else {
-        lk_trainer *tr = NULL;
-        lk_status st = lk_trainer_create(&rs.trainer, &rs.optim, yaml, &tr);
-        if (!st) {
-            if (!strcmp(cmd, "fit")) st = lk_trainer_fit(tr, module, dm, rs.ckpt_path);
-            else if (!strcmp(cmd, "validate")) st = lk_trainer_validate(tr, module, dm, rs.ckpt_path);
-            else if (!strcmp(cmd, "test")) st = lk_trainer_test(tr, module, dm, rs.ckpt_path);
-            else st = lk_trainer_predict(tr, module, dm, rs.ckpt_path);
-        }
-        if (st) {
-            rc = fail(cmd, 1);
-            if (st == LK_STATUS_ABORTED && strstr(lk_last_error(), "stopped by signal 15")) rc = 143;
-            if (st == LK_STATUS_ABORTED && strstr(lk_last_error(), "stopped by signal 2")) rc = 130;
-        } else if (lk_trainer_rank(tr) == 0 && lk_trainer_log_dir(tr)[0]) {
-            const char *last = lk_trainer_last_checkpoint(tr), *best = lk_trainer_best_checkpoint(tr);
-            if (!strcmp(cmd, "fit")) {
-                if (best[0]) printf("best checkpoint: %s\n", best);
-                if (last[0]) printf("last checkpoint: %s\n", last);
-            } else if (last[0]) {
-                printf("checkpoint:      %s\n", last);
-            }
-            printf("logs:            %s/metrics.csv\n", lk_trainer_log_dir(tr));
-            char png[2200];
-            snprintf(png, sizeof png, "%s/reconstructions.png", lk_trainer_log_dir(tr));
-            if (access(png, R_OK) == 0) printf("picture:         %s\n", png);
-        }
-        lk_trainer_free(tr);
+        rc = run_local(&local);
     }
     lk_free(yaml);
     lk_module_free(module);

@@ -240,6 +240,13 @@ lk_status lk_launch(int nprocs, char *const argv[], const lk_launch_options *opt
                 dup2(p[0][1], 1);
                 dup2(p[1][1], 2);
             }
+            if (opt.child_main) { /* ddp_spawn: this fork is the rank */
+                environ = envs + (size_t)r * (size_t)(nenv + extra + 1);
+                int code = opt.child_main(opt.child_ctx);
+                fflush(stdout);
+                fflush(stderr);
+                _exit(code);
+            }
             execvpe(argv[0], argv, envs + (size_t)r * (size_t)(nenv + extra + 1));
             char msg[512];
             int n = snprintf(msg, sizeof msg, "lockstep launch: cannot run '%s' for rank %d: %s\n", argv[0], r, strerror(errno));

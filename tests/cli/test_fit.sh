@@ -67,4 +67,10 @@ out=$("$LK_BIN" fit -c "$T/synth.yaml" --trainer.global_batch_size 100 --trainer
 check "global_batch_size that does not divide is an error" grep -q "not a multiple of batch_size 32" <<<"$out"
 out=$("$LK_BIN" fit -c "$T/synth.yaml" --trainer.devices 2 --trainer.accumulate_grad_batches 2 --trainer.scale_lr linear --trainer.max_epochs 1 --trainer.enable_progress_bar false 2>&1)
 check "scale_lr linear is logged with its factors" grep -q "lr 0.01 x 2 ranks x 2 accumulation = 0.04" <<<"$out"
+# ddp_spawn forks the ranks instead of executing the program again: same result, bit for bit
+"$LK_BIN" fit -c "$T/synth.yaml" --trainer.devices 2 --trainer.strategy ddp --trainer.enable_progress_bar false >/dev/null 2>&1
+"$LK_BIN" export --ckpt "$(latest)/checkpoints/last.ckpt" --out "$T/ddp.st" --with-optimizer >/dev/null
+"$LK_BIN" fit -c "$T/synth.yaml" --trainer.devices 2 --trainer.strategy ddp_spawn --trainer.enable_progress_bar false >/dev/null 2>&1
+"$LK_BIN" export --ckpt "$(latest)/checkpoints/last.ckpt" --out "$T/spawn.st" --with-optimizer >/dev/null
+check "ddp_spawn (fork) trains exactly what ddp (exec) trains" cmp -s "$T/ddp.st" "$T/spawn.st"
 finish
