@@ -205,7 +205,7 @@ long lk_env_get_long(const char *name, long fallback);
  * "did you mean" hint and --print_config, so they cannot drift apart.
  * Values live in the caller's config struct at `offset`:
  *   BOOL -> bool, INT -> int64_t, FLOAT -> double, STRING/ENUM -> char[LK_PARAM_STR],
- *   INTS -> lk_int_list, FLOATS -> lk_float_list.
+ *   INTS -> lk_int_list, FLOATS -> lk_float_list, COUNT_OR_FRACTION -> lk_count_or_fraction.
  *
  *     typedef struct { int64_t epochs; double lr; } my_cfg;
  *     static const lk_param my_params[] = {
@@ -215,7 +215,12 @@ long lk_env_get_long(const char *name, long fallback);
  * ---------------------------------------------------------------------- */
 #define LK_PARAM_STR 256
 #define LK_PARAM_LIST_MAX 16
-typedef enum { LK_PARAM_BOOL, LK_PARAM_INT, LK_PARAM_FLOAT, LK_PARAM_STRING, LK_PARAM_ENUM, LK_PARAM_INTS, LK_PARAM_FLOATS } lk_param_type;
+typedef enum { LK_PARAM_BOOL, LK_PARAM_INT, LK_PARAM_FLOAT, LK_PARAM_STRING, LK_PARAM_ENUM, LK_PARAM_INTS, LK_PARAM_FLOATS,
+               LK_PARAM_COUNT_OR_FRACTION } lk_param_type;
+/* Lightning's "int or float" flags (limit_train_batches: 10 vs 0.25): an
+ * integer written without a point or exponent is a count, anything else a
+ * fraction in [0, 1]. */
+typedef struct lk_count_or_fraction { double value; bool is_count; } lk_count_or_fraction;
 typedef struct lk_int_list { int n; int64_t v[LK_PARAM_LIST_MAX]; } lk_int_list;
 typedef struct lk_float_list { int n; double v[LK_PARAM_LIST_MAX]; } lk_float_list;
 

@@ -50,11 +50,11 @@ typedef struct lk_trainer_config {
     double gradient_clip_val;       /* 0: off */
     char gradient_clip_algorithm[LK_PARAM_STR]; /* norm | value */
     int64_t num_sanity_val_steps;
-    double limit_train_batches;     /* <= 1.0: fraction; > 1: number of batches */
-    double limit_val_batches;
-    double limit_test_batches;
-    double limit_predict_batches;
-    double val_check_interval;      /* <= 1.0: fraction of an epoch; > 1: every N train batches */
+    lk_count_or_fraction limit_train_batches; /* int: batches; float: fraction of the epoch (Lightning) */
+    lk_count_or_fraction limit_val_batches;
+    lk_count_or_fraction limit_test_batches;
+    lk_count_or_fraction limit_predict_batches;
+    lk_count_or_fraction val_check_interval;  /* float: fraction of an epoch; int: every N training batches */
     int64_t check_val_every_n_epoch;
     int64_t log_every_n_steps;
     bool enable_progress_bar;

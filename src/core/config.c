@@ -754,6 +754,7 @@ static const char *param_type_word(const lk_param *p) {
     case LK_PARAM_ENUM: return "one of the choices";
     case LK_PARAM_INTS: return "an int list";
     case LK_PARAM_FLOATS: return "a float list";
+    case LK_PARAM_COUNT_OR_FRACTION: return "an int count or a float fraction";
     }
     return "a value";
 }

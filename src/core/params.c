@@ -10,7 +10,8 @@
 #include "lockstep/core.h"
 
 static const char *type_name(lk_param_type t) {
-    static const char *const names[] = {"bool", "int", "float", "string", "enum", "int list", "float list"};
+    static const char *const names[] = {"bool", "int", "float", "string", "enum", "int list", "float list",
+                                        "int | float"};
     return names[t];
 }
 
@@ -118,6 +119,22 @@ lk_status lk_params_set(const lk_param *table, int n, void *cfg, const char *whe
         else *(double *)field = x;
         return LK_STATUS_OK;
     }
+    case LK_PARAM_COUNT_OR_FRACTION: {
+        lk_count_or_fraction *cf = (lk_count_or_fraction *)field;
+        bool is_count = v[0] && !strpbrk(v, ".eEn");
+        double x;
+        if (is_count) {
+            LK_TRY(parse_number(p, where, v, true, &x));
+        } else {
+            char *end;
+            x = strtod(v, &end);
+            if (end == v || *end || !(x >= 0.0 && x <= 1.0))
+                return bad_value(p, where, v, "an integer count or a fraction in [0.0, 1.0]");
+        }
+        cf->value = x;
+        cf->is_count = is_count;
+        return LK_STATUS_OK;
+    }
     case LK_PARAM_STRING:
         if (strlen(v) >= LK_PARAM_STR) return bad_value(p, where, v, "a string shorter than 256 bytes");
         if (!strcmp(v, "null") || !strcmp(v, "~")) v = "";
@@ -185,6 +202,7 @@ lk_status lk_params_defaults(const lk_param *table, int n, void *cfg) {
         case LK_PARAM_ENUM: field[0] = 0; break;
         case LK_PARAM_INTS: ((lk_int_list *)field)->n = 0; break;
         case LK_PARAM_FLOATS: ((lk_float_list *)field)->n = 0; break;
+        case LK_PARAM_COUNT_OR_FRACTION: *(lk_count_or_fraction *)field = (lk_count_or_fraction){1.0, false}; break;
         }
     }
     return LK_STATUS_OK;
@@ -214,6 +232,12 @@ char *lk_params_format(const lk_param *p, const void *cfg, char *buf, size_t siz
     case LK_PARAM_BOOL: snprintf(buf, size, "%s", *(const bool *)field ? "true" : "false"); break;
     case LK_PARAM_INT: snprintf(buf, size, "%lld", (long long)*(const int64_t *)field); break;
     case LK_PARAM_FLOAT: fmt_double(*(const double *)field, buf, size); break;
+    case LK_PARAM_COUNT_OR_FRACTION: {
+        const lk_count_or_fraction *cf = (const lk_count_or_fraction *)field;
+        if (cf->is_count) snprintf(buf, size, "%lld", (long long)cf->value);
+        else fmt_double(cf->value, buf, size);
+        break;
+    }
     case LK_PARAM_STRING:
     case LK_PARAM_ENUM: snprintf(buf, size, "%s", field[0] ? field : "null"); break;
     case LK_PARAM_INTS:

@@ -181,9 +181,9 @@ lk_tensor *lk_batch_tensor(const lk_batch *b, int field) {
 
 /* ---- helpers ------------------------------------------------------------------- */
 
-static int64_t limit_batches(double limit, int64_t n) {
-    if (limit <= 1.0) return (int64_t)floor(limit * (double)n + 1e-9);
-    return (int64_t)limit < n ? (int64_t)limit : n;
+static int64_t limit_batches(lk_count_or_fraction limit, int64_t n) {
+    if (!limit.is_count) return (int64_t)floor(limit.value * (double)n + 1e-9);
+    return (int64_t)limit.value < n ? (int64_t)limit.value : n;
 }
 
 static lk_status status_reduce(void *ctx, int *status) {
@@ -537,8 +537,8 @@ static lk_status fit_loop(lk_trainer *tr, lk_loader *train, lk_loader *val, int6
     lk_module *m = tr->module;
     const lk_trainer_config *c = &tr->cfg;
     int64_t accum = tr->accum;
-    int64_t val_every = c->val_check_interval <= 1.0 ? (int64_t)floor(c->val_check_interval * (double)n_train)
-                                                     : (int64_t)c->val_check_interval;
+    int64_t val_every = c->val_check_interval.is_count ? (int64_t)c->val_check_interval.value
+                                                       : (int64_t)floor(c->val_check_interval.value * (double)n_train);
     if (val_every < 1) val_every = 1;
     lk_layer_train(m->net, true);
     tr->stage = "train";
@@ -648,7 +648,7 @@ static lk_status fit_loop(lk_trainer *tr, lk_loader *train, lk_loader *val, int6
             }
             /* A fraction validates at its multiples and at the epoch end (below); an
              * integer N validates every N batches only, as Lightning does. */
-            bool int_interval = c->val_check_interval > 1.0;
+            bool int_interval = c->val_check_interval.is_count;
             if (validate_epoch && (i + 1) % val_every == 0 && (int_interval || i + 1 < n_train) && !stop) {
                 LK_TRY(validate_now(tr, val, n_val));
                 LK_TRY(lk__ckpt_callback(tr));
@@ -665,7 +665,7 @@ static lk_status fit_loop(lk_trainer *tr, lk_loader *train, lk_loader *val, int6
             int k = lk__metrics_prog_bar(tr, names, vals, 16, true);
             lk_progress_end_epoch(tr->progress, names, vals, k);
         }
-        if (validate_epoch && !stop && c->val_check_interval <= 1.0) LK_TRY(validate_now(tr, val, n_val));
+        if (validate_epoch && !stop && !c->val_check_interval.is_count) LK_TRY(validate_now(tr, val, n_val));
         if (tr->sched && !strcmp(tr->opt.interval, "epoch") && strcmp(tr->opt.scheduler, "plateau"))
             LK_TRY(lk_scheduler_step(tr->sched));
         tr->stage = "train";
@@ -804,7 +804,7 @@ lk_status lk_trainer_fit(lk_trainer *tr, lk_module *m, lk_datamodule *dm, const 
                               (long long)c->global_batch_size, (long long)dm->batch_size, tr->world, (long long)per);
             else tr->accum = c->global_batch_size / per;
         }
-        if (n_train == 0 && !st) st = lk_error(LK_STATUS_INVALID_ARGUMENT, "no training batches (limit_train_batches=%g)", c->limit_train_batches);
+        if (n_train == 0 && !st) st = lk_error(LK_STATUS_INVALID_ARGUMENT, "no training batches (limit_train_batches=%g)", c->limit_train_batches.value);
     }
     if (!st) st = setup_params(tr, n_train / (tr->accum ? tr->accum : 1) + 1);
     if (!st && tr->dp_devices > 1) st = lk__dp_create(tr, tr->dp_devices, &tr->dp);
@@ -857,7 +857,7 @@ lk_status lk_trainer_fit(lk_trainer *tr, lk_module *m, lk_datamodule *dm, const 
 
 /* validate / test share one shape. */
 static lk_status eval_command(lk_trainer *tr, lk_module *m, lk_datamodule *dm, const char *ckpt_path,
-                              const char *command, const char *stage, const char *split, double limit_frac,
+                              const char *command, const char *stage, const char *split, lk_count_or_fraction limit_frac,
                               const char *title) {
     lk_loader *loader = NULL;
     tr->t_fit_start = lk_time_now();

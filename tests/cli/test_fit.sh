@@ -46,6 +46,8 @@ check "override beats later file" bash -c "'$LK_BIN' fit -c '$T/synth.yaml' -c '
 check "max_steps stops at 5" grep -q '"global_step":[[:space:]]*5,' "$(latest)/run.json"
 "$LK_BIN" fit -c "$T/synth.yaml" --trainer.limit_train_batches 3 --trainer.max_epochs 2 --trainer.enable_progress_bar false >/dev/null 2>&1
 check "limit_train_batches 3 x 2 epochs" grep -q '"global_step":[[:space:]]*6,' "$(latest)/run.json"
+"$LK_BIN" fit -c "$T/synth.yaml" --trainer.limit_train_batches 1 --trainer.max_epochs 2 --trainer.enable_progress_bar false >/dev/null 2>&1
+check "limit_train_batches 1 (an int) is one batch per epoch, as in Lightning" grep -q '"global_step":[[:space:]]*2,' "$(latest)/run.json"
 "$LK_BIN" fit -c "$T/synth.yaml" --trainer.limit_train_batches 0.5 --trainer.max_epochs 1 --trainer.enable_progress_bar false >/dev/null 2>&1
 check "limit_train_batches 0.5 (13 batches of 32 -> 6)" grep -q '"global_step":[[:space:]]*6,' "$(latest)/run.json"
 out=$("$LK_BIN" fit -c "$T/synth.yaml" --trainer.fast_dev_run 1 --trainer.enable_progress_bar false 2>&1)

@@ -119,6 +119,7 @@ typedef struct {
     char name[LK_PARAM_STR];
     char mode[LK_PARAM_STR];
     lk_int_list widths;
+    lk_count_or_fraction limit;
 } cfg_t;
 
 static const lk_param cfg_params[] = {
@@ -128,6 +129,7 @@ static const lk_param cfg_params[] = {
     {"name", LK_PARAM_STRING, offsetof(cfg_t, name), "\"run\"", 0, -1, NULL, "a name"},
     {"mode", LK_PARAM_ENUM, offsetof(cfg_t, mode), "min", 0, -1, "min|max", "direction"},
     {"widths", LK_PARAM_INTS, offsetof(cfg_t, widths), "[784, 512, 64]", 1, 1e6, NULL, "layer widths"},
+    {"limit", LK_PARAM_COUNT_OR_FRACTION, offsetof(cfg_t, limit), "1.0", 0, 1e9, NULL, "batches"},
 };
 #define NP (int)(sizeof cfg_params / sizeof cfg_params[0])
 
@@ -152,6 +154,16 @@ static void param_tables(void) {
     char buf[128];
     CHECK(!strcmp(lk_params_format(&cfg_params[2], &c, buf, sizeof buf), "0.001"));
     CHECK(!strcmp(lk_params_format(&cfg_params[5], &c, buf, sizeof buf), "[1, 2]"));
+    /* Lightning's int-or-float flags: 1 is one batch, 1.0 the whole epoch */
+    CHECK(!c.limit.is_count && c.limit.value == 1.0);
+    CHECK_OK(lk_params_set(cfg_params, NP, &c, "trainer", "limit", "1"));
+    CHECK(c.limit.is_count && c.limit.value == 1.0);
+    CHECK(!strcmp(lk_params_format(&cfg_params[6], &c, buf, sizeof buf), "1"));
+    CHECK_OK(lk_params_set(cfg_params, NP, &c, "trainer", "limit", "0.25"));
+    CHECK(!c.limit.is_count && c.limit.value == 0.25);
+    CHECK(!strcmp(lk_params_format(&cfg_params[6], &c, buf, sizeof buf), "0.25"));
+    CHECK_ERR(lk_params_set(cfg_params, NP, &c, "trainer", "limit", "1.5"), LK_STATUS_INVALID_ARGUMENT,
+              "expected an integer count or a fraction in [0.0, 1.0], got '1.5'");
     c.lr = 0.1 + 0.2; /* formatting must read back exactly */
     CHECK(strtod(lk_params_format(&cfg_params[2], &c, buf, sizeof buf), NULL) == c.lr);
 }
