@@ -234,7 +234,6 @@ lk_status lk_backward_with(lk_tensor *out, lk_tensor *grad_out) {
     size_t top = 0;
     while (top < tape_n && tape[top] != out->grad_fn) top++;
     if (top == tape_n) return lk_error(LK_STATUS_INVALID_USAGE, "backward: the graph of this tensor was already freed");
-    for (size_t i = 0; i <= top; i++) mark_leaf_uses(tape[i], 0, false); /* touch */
     for (size_t i = 0; i <= top; i++)
         for (int k = 0; k < tape[i]->n_in; k++)
             if (!tape[i]->in[k]->grad_fn) tape[i]->in[k]->lk__pending = 0;

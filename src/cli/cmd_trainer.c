@@ -299,56 +299,34 @@ int lk_cmd_fit(int argc, char **argv) {
     lk_config *cfg = lk_config_create();
     run_spec rs;
     memset(&rs, 0, sizeof rs);
-    if (!cfg || lk_config_load_args(cfg, &args) || read_spec(cfg, &rs) || fill_defaults(cfg, &rs)) {
-        int rc = fail(cmd, 2);
-        lk_config_free(cfg);
-        lk_config_args_free(&args);
-        run_spec_free(&rs);
-        return rc;
-    }
-    /* Build the module and data module once here, so bad init_args are
-     * reported before any process is launched. */
     lk_module *module = NULL;
     lk_datamodule *dm = NULL;
-    if (lk_module_create_builtin(rs.model, rs.model_args, rs.n_model_args, (uint64_t)rs.trainer.seed, &module) ||
-        lk_datamodule_create_builtin(rs.data, rs.data_args, rs.n_data_args, (uint64_t)rs.trainer.seed, &dm)) {
-        int rc = fail(cmd, 2);
-        lk_module_free(module);
-        lk_config_free(cfg);
-        lk_config_args_free(&args);
-        run_spec_free(&rs);
-        return rc;
-    }
     char *yaml = NULL;
     size_t ylen = 0;
+    int rc = 0;
+    /* Everything is validated, and the module and data module built, here:
+     * bad input is reported before any process is launched. */
+    if (!cfg || lk_config_load_args(cfg, &args) || read_spec(cfg, &rs) || fill_defaults(cfg, &rs) ||
+        lk_module_create_builtin(rs.model, rs.model_args, rs.n_model_args, (uint64_t)rs.trainer.seed, &module) ||
+        lk_datamodule_create_builtin(rs.data, rs.data_args, rs.n_data_args, (uint64_t)rs.trainer.seed, &dm)) {
+        rc = fail(cmd, 2);
+        goto out;
+    }
     lk_config_node_to_yaml(lk_config_root(cfg), &yaml, &ylen);
     if (print_config) {
         fputs(yaml ? yaml : "", stdout);
-        lk_free(yaml);
-        lk_module_free(module);
-        lk_datamodule_free(dm);
-        lk_config_free(cfg);
-        lk_config_args_free(&args);
-        run_spec_free(&rs);
-        return 0;
+        goto out;
     }
-    int rc = 0;
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     if (rs.trainer.devices > cores && !lk_env_get_long("LK_ALLOW_OVERSUBSCRIBE", 0)) {
         lk_error(LK_STATUS_INVALID_ARGUMENT,
                  "trainer.devices=%lld is more than the %ld CPU cores available on this machine "
                  "(set LK_ALLOW_OVERSUBSCRIBE=1 to run anyway)", (long long)rs.trainer.devices, cores);
-        lk_free(yaml);
-        lk_module_free(module);
-        lk_datamodule_free(dm);
-        lk_config_free(cfg);
-        lk_config_args_free(&args);
-        run_spec_free(&rs);
-        return fail(cmd, 2);
+        rc = fail(cmd, 2);
+        goto out;
     }
     local_run local = {cmd, &rs, module, dm, yaml};
-    const char *world_env = getenv("WORLD_SIZE");
-    bool launched = world_env || getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE") || getenv("SLURM_NTASKS");
+    bool launched = getenv("WORLD_SIZE") || getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE") || getenv("SLURM_NTASKS");
     int64_t devices = rs.trainer.devices > 0 ? rs.trainer.devices : 1;
     if (!launched && devices > 1 && strcmp(rs.trainer.strategy, "single") && strcmp(rs.trainer.strategy, "dp")) {
         /* Lightning's subprocess launcher: run this same command as N ranks. */
@@ -368,11 +346,12 @@ int lk_cmd_fit(int argc, char **argv) {
     } else {
         rc = run_local(&local);
     }
+out:
     lk_free(yaml);
     lk_module_free(module);
     lk_datamodule_free(dm);
     lk_config_free(cfg);
     lk_config_args_free(&args);
-        run_spec_free(&rs);
+    run_spec_free(&rs);
     return rc;
 }

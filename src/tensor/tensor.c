@@ -211,6 +211,19 @@ static lk_status check_shape(int ndim, const int64_t *shape, int64_t *numel) {
     return LK_STATUS_OK;
 }
 
+/* A fresh header over the whole of `s`, contiguous, one reference. */
+static void fill_contiguous(lk_tensor *t, lk_dtype dt, int ndim, const int64_t *shape, int64_t numel, lk_storage *s) {
+    t->dtype = dt;
+    t->device = LK_DEVICE_CPU;
+    t->ndim = ndim;
+    for (int i = 0; i < ndim; i++) t->shape[i] = shape[i];
+    set_contiguous_strides(t);
+    t->numel = numel;
+    t->storage = s;
+    t->data = s->data;
+    t->refcount = 1;
+}
+
 lk_tensor *lk__tensor_new(lk_dtype dt, int ndim, const int64_t *shape) {
     int64_t numel = 0;
     if ((unsigned)dt >= LK_DTYPE_COUNT) {
@@ -225,14 +238,7 @@ lk_tensor *lk__tensor_new(lk_dtype dt, int ndim, const int64_t *shape) {
         hdr_free_one(t);
         return NULL;
     }
-    t->dtype = dt;
-    t->device = LK_DEVICE_CPU;
-    t->ndim = ndim;
-    for (int i = 0; i < ndim; i++) t->shape[i] = shape[i];
-    set_contiguous_strides(t);
-    t->numel = numel;
-    t->data = t->storage->data;
-    t->refcount = 1;
+    fill_contiguous(t, dt, ndim, shape, numel, t->storage);
     return t;
 }
 
@@ -294,15 +300,7 @@ lk_tensor *lk_tensor_wrap(lk_dtype dt, int ndim, const int64_t *shape, void *dat
         lk_free(s);
         return NULL;
     }
-    t->dtype = dt;
-    t->device = LK_DEVICE_CPU;
-    t->ndim = ndim;
-    for (int i = 0; i < ndim; i++) t->shape[i] = shape[i];
-    set_contiguous_strides(t);
-    t->numel = numel;
-    t->storage = s;
-    t->data = data;
-    t->refcount = 1;
+    fill_contiguous(t, dt, ndim, shape, numel, s);
     return t;
 }
 

@@ -157,7 +157,7 @@ lk_status lk__metrics_log_epoch(lk_trainer *tr, const char *stage) {
     return log_rows(tr, names, vals, k);
 }
 
-int lk__metrics_prog_bar(lk_trainer *tr, const char **names, double *values, int max, bool epoch) {
+int lk__metrics_prog_bar(lk_trainer *tr, const char **names, double *values, int max) {
     int k = 0;
     for (int i = 0; i < tr->nmetrics && k < max; i++) {
         lk_metric *m = &tr->metrics[i];
@@ -165,7 +165,6 @@ int lk__metrics_prog_bar(lk_trainer *tr, const char **names, double *values, int
         names[k] = m->name;
         values[k++] = m->value;
     }
-    (void)epoch;
     return k;
 }
 

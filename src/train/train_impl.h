@@ -101,7 +101,7 @@ lk_status lk__metrics_log_step(lk_trainer *tr);
 /* Writes epoch values logged since the last call to the loggers (rank 0). */
 lk_status lk__metrics_log_epoch(lk_trainer *tr, const char *stage);
 /* Names/values of the progress-bar metrics (borrowed; up to `max`). */
-int lk__metrics_prog_bar(lk_trainer *tr, const char **names, double *values, int max, bool epoch);
+int lk__metrics_prog_bar(lk_trainer *tr, const char **names, double *values, int max);
 
 /* checkpoint.c */
 lk_status lk__ckpt_save(lk_trainer *tr, const char *path);

@@ -643,7 +643,7 @@ static lk_status fit_loop(lk_trainer *tr, lk_loader *train, lk_loader *val, int6
             if (tr->progress) {
                 const char *names[16];
                 double vals[16];
-                int k = lk__metrics_prog_bar(tr, names, vals, 16, false);
+                int k = lk__metrics_prog_bar(tr, names, vals, 16);
                 lk_progress_update(tr->progress, i + 1, names, vals, k);
             }
             /* A fraction validates at its multiples and at the epoch end (below); an
@@ -662,7 +662,7 @@ static lk_status fit_loop(lk_trainer *tr, lk_loader *train, lk_loader *val, int6
         if (tr->progress) {
             const char *names[16];
             double vals[16];
-            int k = lk__metrics_prog_bar(tr, names, vals, 16, true);
+            int k = lk__metrics_prog_bar(tr, names, vals, 16);
             lk_progress_end_epoch(tr->progress, names, vals, k);
         }
         if (validate_epoch && !stop && !c->val_check_interval.is_count) LK_TRY(validate_now(tr, val, n_val));
