@@ -397,6 +397,10 @@ static int overlap_rank(int rank) {
         }
         lk_strategy_zero_grad(s);
     }
+    /* A rank that finishes backward early also waits for its peer; the
+     * step's exposed communication is what the last rank to finish waits:
+     * the smallest wait over the ranks. */
+    if (!rc && lk_comm_all_reduce(comm, &exposed, 1, LK_F64, LK_REDUCE_MIN)) rc = 8;
     lk_strategy_stats st = lk_strategy_get_stats(s);
     double comm_time = 0.025 * L * (steps - 1); /* the injected delay alone */
     if (rank == 0)
