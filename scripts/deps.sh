@@ -16,6 +16,7 @@ pkgs=(
   libopenmpi-dev openmpi-bin  # the mpi communicator
   dataset-fashion-mnist       # the default dataset
   python3              # the local HTTP server in the download tests
+  python3-numpy        # tests cross-check our .npy and safetensors files with numpy
   procps               # pgrep in the fault-injection tests
 )
 # shellcheck disable=SC2206

@@ -174,6 +174,10 @@ uint64_t lk_rng_u64(lk_rng *r);
 float lk_rng_uniform(lk_rng *r);                /* [0, 1), 24 random bits */
 double lk_rng_uniform_f64(lk_rng *r);           /* [0, 1), 53 random bits */
 float lk_rng_normal(lk_rng *r);                 /* N(0, 1), Box-Muller */
+/* x[i] = mean + std * N(0, 1) for n values: the fast bulk path (f32
+ * polynomial Box-Muller, vectorised), its own sequence, not n calls of
+ * lk_rng_normal. Continues the stream at the next whole block. */
+void lk_rng_fill_normal(lk_rng *r, float *x, int64_t n, float mean, float std);
 bool lk_rng_bernoulli(lk_rng *r, float p);       /* true with probability p */
 uint32_t lk_rng_below(lk_rng *r, uint32_t n);   /* uniform in [0, n), unbiased */
 /* Fisher-Yates shuffle of `idx[0..n)`. */

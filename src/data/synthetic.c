@@ -31,12 +31,13 @@ static lk_status synth_get(void *ctx, int64_t index, uint64_t epoch, void *scrat
     case LK_SYNTH_CLASSIFICATION: {
         int64_t y = lk_rng_below(&r, (uint32_t)g->classes);
         const float *centre = c->params + y * g->dim;
-        for (int64_t i = 0; i < g->dim; i++) x[i] = centre[i] + g->noise * lk_rng_normal(&r);
+        lk_rng_fill_normal(&r, x, g->dim, 0.0f, g->noise);
+        for (int64_t i = 0; i < g->dim; i++) x[i] += centre[i];
         *(int64_t *)out[1] = y;
         break;
     }
     case LK_SYNTH_REGRESSION: {
-        for (int64_t i = 0; i < g->dim; i++) x[i] = lk_rng_normal(&r);
+        lk_rng_fill_normal(&r, x, g->dim, 0.0f, 1.0f);
         float *y = out[1];
         const float *w = c->params, *b = c->params + g->out_dim * g->dim;
         for (int64_t o = 0; o < g->out_dim; o++) {
@@ -56,10 +57,11 @@ static lk_status synth_get(void *ctx, int64_t index, uint64_t epoch, void *scrat
         double cy = h * (0.5 + 0.3 * sin(ang)) + lk_rng_normal(&r) * 0.05 * h;
         double cx = w * (0.5 + 0.3 * cos(ang)) + lk_rng_normal(&r) * 0.05 * w;
         double s2 = 2.0 * (0.12 * h) * (0.12 * h);
+        lk_rng_fill_normal(&r, x, h * w, 0.0f, g->noise); /* the background noise */
         for (int64_t i = 0; i < h; i++)
             for (int64_t j = 0; j < w; j++) {
                 double d = ((double)i - cy) * ((double)i - cy) + ((double)j - cx) * ((double)j - cx);
-                double v = exp(-d / s2) + g->noise * lk_rng_normal(&r);
+                double v = exp(-d / s2) + x[i * w + j];
                 x[i * w + j] = (float)(v < 0 ? 0 : v > 1 ? 1 : v);
             }
         *(int64_t *)out[1] = y;

@@ -231,8 +231,12 @@ static bool apply(const op *o, const lk_field *in, const lk_field *outf, void *s
         return true;
     }
     case OP_NOISE: {
-        float *x = src;
-        for (int64_t i = 0; i < n; i++) x[i] += o->a * lk_rng_normal(r);
+        float *x = src, z[256];
+        for (int64_t i = 0; i < n; i += 256) {
+            int64_t m = n - i < 256 ? n - i : 256;
+            lk_rng_fill_normal(r, z, m, 0.0f, o->a);
+            for (int64_t k = 0; k < m; k++) x[i + k] += z[k];
+        }
         return false;
     }
     case OP_CLAMP: {

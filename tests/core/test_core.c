@@ -1,4 +1,5 @@
 /* core: Philox known answers, RNG helpers, errors, allocator hook, arena. */
+#include <math.h>
 #include <stddef.h>
 
 #include "lk_test.h"
@@ -62,6 +63,56 @@ static lk_status fails_inner(void) { return lk_error(LK_STATUS_IO, "cannot open 
 static lk_status fails_outer(void) {
     LK_TRY(fails_inner());
     return LK_STATUS_OK;
+}
+
+/* The bulk path: the same Box-Muller as a double reference over the same
+ * Philox words, the normal CDF at several points, and a stream that
+ * continues block by block. */
+static void rng_fill_normal(void) {
+    enum { N = 1 << 20 };
+    float *x = lk_malloc(sizeof(float) * N);
+    if (!x) return;
+    lk_rng r;
+    lk_rng_init(&r, 3, LK_RNG_DATA, 17, 5);
+    lk_rng_fill_normal(&r, x, N, 0.0f, 1.0f);
+    double maxerr = 0;
+    for (uint32_t j = 0; j < 4096; j++) {
+        uint32_t w[4], ctr[4] = {j, 0, 17, 5}, key[2] = {r.key[0], r.key[1]};
+        lk_philox4x32_10(ctr, key, w);
+        for (int h = 0; h < 2; h++) {
+            double u1 = ((w[2 * h] >> 8) + 1) / 16777216.0, u2 = (w[2 * h + 1] >> 8) / 16777216.0;
+            double rad = sqrt(-2.0 * log(u1)), th = 6.283185307179586 * u2;
+            double e0 = fabs(x[4 * j + 2 * h] - rad * cos(th)), e1 = fabs(x[4 * j + 2 * h + 1] - rad * sin(th));
+            maxerr = fmax(maxerr, fmax(e0, e1) / (1 + rad));
+        }
+    }
+    CHECK_MSG(maxerr < 2e-6, "max error against the double reference %g", maxerr);
+    static const double z[] = {-3, -2, -1, -0.5, 0, 0.5, 1, 2, 3};
+    for (size_t k = 0; k < sizeof z / sizeof z[0]; k++) {
+        int64_t below = 0;
+        for (int i = 0; i < N; i++) below += x[i] < z[k];
+        double phi = 0.5 * erfc(-z[k] / sqrt(2.0));
+        CHECK_MSG(fabs((double)below / N - phi) < 0.0015, "P(x < %g) = %g, expected %g", z[k], (double)below / N, phi);
+    }
+    double s2 = 0, s4 = 0;
+    for (int i = 0; i < N; i++) s2 += (double)x[i] * x[i], s4 += (double)x[i] * x[i] * x[i] * x[i];
+    CHECK_NEAR(s2 / N, 1.0, 0.01);
+    CHECK_NEAR(s4 / N, 3.0, 0.05);
+    /* In pieces of whole blocks: the same values; mean and std applied. */
+    float y[1000];
+    lk_rng_init(&r, 3, LK_RNG_DATA, 17, 5);
+    lk_rng_fill_normal(&r, y, 300, 2.0f, 0.5f);
+    lk_rng_fill_normal(&r, y + 300, 700, 2.0f, 0.5f);
+    int same = 1;
+    for (int i = 0; i < 1000; i++) same &= fabsf(y[i] - (2.0f + 0.5f * x[i])) < 1e-6f;
+    CHECK(same);
+    /* A partial block is not reused: 10 values take 3 blocks. */
+    lk_rng_init(&r, 3, LK_RNG_DATA, 17, 5);
+    lk_rng_fill_normal(&r, y, 10, 0.0f, 1.0f);
+    uint32_t w[4], ctr[4] = {3, 0, 17, 5}, key[2] = {r.key[0], r.key[1]};
+    lk_philox4x32_10(ctr, key, w);
+    CHECK(lk_rng_u32(&r) == w[0]);
+    lk_free(x);
 }
 
 static void errors(void) {
@@ -168,5 +219,5 @@ static void param_tables(void) {
     CHECK(strtod(lk_params_format(&cfg_params[2], &c, buf, sizeof buf), NULL) == c.lr);
 }
 
-LK_TEST_MAIN(LK_TEST_CASE(param_tables), LK_TEST_CASE(philox_known_answers), LK_TEST_CASE(rng_distributions), LK_TEST_CASE(errors),
+LK_TEST_MAIN(LK_TEST_CASE(param_tables), LK_TEST_CASE(philox_known_answers), LK_TEST_CASE(rng_distributions), LK_TEST_CASE(rng_fill_normal), LK_TEST_CASE(errors),
              LK_TEST_CASE(alloc_failure_hook), LK_TEST_CASE(arena))
