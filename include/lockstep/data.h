@@ -168,6 +168,14 @@ lk_status lk_dataset_get(const lk_dataset *ds, int64_t index, uint64_t epoch, vo
 lk_status lk_dataset_from_arrays(int nfields, lk_array *arrays, const char *const *names, bool borrow,
                                  lk_dataset **out);
 
+/* An in-memory copy of every sample of `src` (same fields, names and
+ * order; epoch 0 for samples that depend on it): for datasets whose samples
+ * cost more to compute than a step does to consume them. Rows are computed
+ * by up to `threads` threads (the caller's included); the result does not
+ * depend on how many. */
+#define LK_MATERIALIZE_MAX_THREADS 64
+lk_status lk_dataset_materialize(lk_dataset *src, int threads, lk_dataset **out);
+
 /* Samples of an idx image file and an idx label file ("x": u8 [28, 28],
  * "y": u8 []), checking that the counts agree. */
 lk_status lk_dataset_idx_pair_create(const char *images_path, const char *labels_path, lk_dataset **out);

@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -281,6 +282,79 @@ lk_status lk_dataset_from_arrays(int nfields, lk_array *arrays, const char *cons
     if (!borrow)
         for (int f = 0; f < nfields; f++) arrays[f].data = NULL;
     return LK_STATUS_OK;
+}
+
+typedef struct {
+    lk_dataset *src;
+    int nf;
+    int64_t begin, end;
+    char *base[LK_DATA_MAX_FIELDS];
+    size_t row[LK_DATA_MAX_FIELDS];
+    lk_status st;
+    char err[1024];
+} copy_part;
+
+static void *copy_rows(void *arg) {
+    copy_part *p = arg;
+    void *dst[LK_DATA_MAX_FIELDS];
+    for (int64_t i = p->begin; i < p->end && !p->st; i++) {
+        for (int f = 0; f < p->nf; f++) dst[f] = p->base[f] + (size_t)i * p->row[f];
+        p->st = lk_dataset_get(p->src, i, 0, dst);
+    }
+    /* The error message is thread-local: carry it back to the caller. */
+    if (p->st) snprintf(p->err, sizeof p->err, "%s", lk_last_error());
+    return NULL;
+}
+
+lk_status lk_dataset_materialize(lk_dataset *src, int threads, lk_dataset **out) {
+    *out = NULL;
+    int nf = lk_dataset_nfields(src);
+    int64_t n = lk_dataset_len(src);
+    lk_array arrays[LK_DATA_MAX_FIELDS];
+    const char *names[LK_DATA_MAX_FIELDS];
+    copy_part parts[LK_MATERIALIZE_MAX_THREADS];
+    memset(arrays, 0, sizeof arrays);
+    memset(parts, 0, sizeof parts);
+    if (threads < 1) threads = 1;
+    if (threads > LK_MATERIALIZE_MAX_THREADS) threads = LK_MATERIALIZE_MAX_THREADS;
+    if (threads > n / 1024) threads = n / 1024 > 1 ? (int)(n / 1024) : 1; /* not worth a thread below that */
+    lk_status st = LK_STATUS_OK;
+    for (int f = 0; f < nf && !st; f++) {
+        const lk_field *fd = lk_dataset_field(src, f);
+        int64_t shape[LK_MAX_DIMS + 1];
+        shape[0] = n;
+        for (int d = 0; d < fd->ndim; d++) shape[d + 1] = fd->shape[d];
+        /* Uninitialised: every row is written below, and not zeroing first
+         * halves the memory traffic of a large copy. */
+        st = lk__array_alloc_uninit(&arrays[f], fd->dtype, fd->ndim + 1, shape);
+        names[f] = fd->name;
+        for (int t = 0; t < threads; t++) {
+            parts[t].base[f] = arrays[f].data;
+            parts[t].row[f] = lk_field_nbytes(fd);
+        }
+    }
+    if (!st) {
+        pthread_t tid[LK_MATERIALIZE_MAX_THREADS];
+        bool started[LK_MATERIALIZE_MAX_THREADS] = {false};
+        for (int t = 0; t < threads; t++) {
+            parts[t].src = src;
+            parts[t].nf = nf;
+            parts[t].begin = n * t / threads;
+            parts[t].end = n * (t + 1) / threads;
+            /* Part 0 runs here; a thread that cannot start leaves its part to this one. */
+            if (t > 0) started[t] = pthread_create(&tid[t], NULL, copy_rows, &parts[t]) == 0;
+        }
+        copy_rows(&parts[0]);
+        for (int t = 1; t < threads; t++) {
+            if (started[t]) pthread_join(tid[t], NULL);
+            else copy_rows(&parts[t]);
+        }
+        for (int t = 0; t < threads && !st; t++)
+            if (parts[t].st) st = lk_error(parts[t].st, "%s", parts[t].err);
+    }
+    if (!st) st = lk_dataset_from_arrays(nf, arrays, names, false, out);
+    for (int f = 0; f < nf; f++) lk_array_release(&arrays[f]);
+    return st;
 }
 
 /* ---- subset and range ------------------------------------------------------------ */

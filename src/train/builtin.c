@@ -264,39 +264,6 @@ static lk_status fmnist_split(dm_self *s, const char *split, lk_dataset **out) {
     return LK_STATUS_OK;
 }
 
-/* Replaces *ds by an in-memory copy of all its samples (same fields). */
-static lk_status materialize(lk_dataset **ds) {
-    lk_dataset *src = *ds;
-    int nf = lk_dataset_nfields(src);
-    int64_t n = lk_dataset_len(src);
-    lk_array arrays[LK_DATA_MAX_FIELDS];
-    const char *names[LK_DATA_MAX_FIELDS];
-    void *dst[LK_DATA_MAX_FIELDS];
-    size_t row[LK_DATA_MAX_FIELDS];
-    memset(arrays, 0, sizeof arrays);
-    lk_status st = LK_STATUS_OK;
-    for (int f = 0; f < nf && !st; f++) {
-        const lk_field *fd = lk_dataset_field(src, f);
-        int64_t shape[LK_MAX_DIMS + 1];
-        shape[0] = n;
-        for (int d = 0; d < fd->ndim; d++) shape[d + 1] = fd->shape[d];
-        st = lk_array_alloc(&arrays[f], fd->dtype, fd->ndim + 1, shape);
-        names[f] = fd->name;
-        row[f] = lk_field_nbytes(fd);
-    }
-    for (int64_t i = 0; i < n && !st; i++) {
-        for (int f = 0; f < nf; f++) dst[f] = (char *)arrays[f].data + (size_t)i * row[f];
-        st = lk_dataset_get(src, i, 0, dst);
-    }
-    lk_dataset *mem = NULL;
-    if (!st) st = lk_dataset_from_arrays(nf, arrays, names, false, &mem);
-    for (int f = 0; f < nf; f++) lk_array_release(&arrays[f]);
-    if (st) return st;
-    lk_dataset_free(src);
-    *ds = mem;
-    return LK_STATUS_OK;
-}
-
 static lk_status dm_setup(lk_datamodule *dm, const char *stage) {
     dm_self *s = dm->self;
     if (s->train || s->test) return LK_STATUS_OK; /* once */
@@ -325,7 +292,10 @@ static lk_status dm_setup(lk_datamodule *dm, const char *stage) {
     LK_TRY(lk_dataset_synthetic_create(&sc, &full));
     /* Generated samples are computed on demand from (seed, index), which
      * costs more than a small model's step: draw them once into memory. */
-    lk_status st = materialize(&full);
+    lk_dataset *mem = NULL;
+    lk_status st = lk_dataset_materialize(full, lk_get_num_threads(), &mem);
+    lk_dataset_free(full);
+    full = mem;
     if (s->a.input_shape.n > 1) { /* [C, H, W] inputs for convolutional models */
         lk_transform *t = NULL;
         lk_dataset *shaped = NULL;

@@ -407,6 +407,55 @@ static void custom_dataset(void) {
     CHECK(ds == NULL);
 }
 
+/* Materialize: the same bytes as reading each sample, for any thread
+ * count; a sample that fails names itself, whichever thread read it. */
+static lk_status failing_get(void *ctx, int64_t index, uint64_t epoch, void *scratch, void *const *out) {
+    if (index == *(int64_t *)ctx) return lk_error(LK_STATUS_IO, "sample %lld: unreadable", (long long)index);
+    *(int64_t *)out[0] = index;
+    return LK_STATUS_OK;
+}
+static const lk_dataset_vtable failing_vt = {"failing", failing_get, squares_free};
+
+static void materialize(void) {
+    lk_synthetic_config cfg = lk_synthetic_config_default();
+    cfg.len = 5000;
+    cfg.dim = 33;
+    cfg.classes = 4;
+    cfg.seed = 5;
+    lk_dataset *src = NULL, *m1 = NULL, *m3 = NULL;
+    CHECK_OK(lk_dataset_synthetic_create(&cfg, &src));
+    if (!src) return;
+    CHECK_OK(lk_dataset_materialize(src, 1, &m1));
+    CHECK_OK(lk_dataset_materialize(src, 3, &m3));
+    if (m1 && m3) {
+        CHECK(lk_dataset_len(m3) == 5000 && lk_dataset_nfields(m3) == 2 && !strcmp(lk_dataset_field(m3, 0)->name, "x"));
+        int same = 1;
+        for (int64_t i = 0; i < 5000; i += 7) {
+            float a[33], b[33], c[33];
+            int64_t ya, yb, yc;
+            CHECK_OK(lk_dataset_get(src, i, 0, (void *[]){a, &ya}));
+            CHECK_OK(lk_dataset_get(m1, i, 0, (void *[]){b, &yb}));
+            CHECK_OK(lk_dataset_get(m3, i, 0, (void *[]){c, &yc}));
+            same &= !memcmp(a, b, sizeof a) && !memcmp(a, c, sizeof a) && ya == yb && ya == yc;
+        }
+        CHECK(same);
+    }
+    lk_dataset_free(m1);
+    lk_dataset_free(m3);
+    lk_dataset_free(src);
+
+    int64_t *bad = lk_malloc(sizeof *bad);
+    *bad = 4321;
+    lk_field f = {"v", LK_I64, 0, {0}};
+    CHECK_OK(lk_dataset_create(&failing_vt, bad, 5000, 1, &f, 0, &src));
+    for (int threads = 1; threads <= 4 && src; threads += 3) {
+        lk_dataset *m = NULL;
+        CHECK_ERR(lk_dataset_materialize(src, threads, &m), LK_STATUS_IO, "sample 4321: unreadable");
+        CHECK(m == NULL);
+    }
+    lk_dataset_free(src);
+}
+
 LK_TEST_MAIN(LK_TEST_CASE(arrays), LK_TEST_CASE(subsets_and_splits), LK_TEST_CASE(concat), LK_TEST_CASE(select_fields),
              LK_TEST_CASE(synthetic), LK_TEST_CASE(transforms_deterministic), LK_TEST_CASE(transforms_random),
-             LK_TEST_CASE(transform_errors), LK_TEST_CASE(custom_dataset))
+             LK_TEST_CASE(transform_errors), LK_TEST_CASE(custom_dataset), LK_TEST_CASE(materialize))
