@@ -65,14 +65,77 @@ static void col2im_chunk(const conv_geom *g, float *cols, long n0, long cur, flo
                               g->dh, g->dw, g->OH, g->OW, dx + ((n0 + j) * g->C + c) * g->H * g->W);
 }
 
+/* Backward over the chunks [c0, c1) of one task: dW into dwd (accumulated),
+ * db into dbd, dX written per sample; cols and dyt are the task's scratch. */
+typedef struct {
+    const conv_geom *g;
+    const lk_backend *be;
+    const float *xd, *wd, *gd;
+    float *dxd, *dwd;             /* dX; task 0's dW */
+    float *dw_part, *db_part;     /* tasks 1..: dW [width-1][O*Kg], db [width][O] */
+    float *cols, *dyt;            /* [width][...] scratch */
+    long nchunks;
+    int width;
+} conv_bwd_job;
+
+static void conv_bwd_task(void *ctx, int t) {
+    const conv_bwd_job *j = ctx;
+    const conv_geom *g = j->g;
+    long c0 = j->nchunks * t / j->width, c1 = j->nchunks * (t + 1) / j->width, wn = g->O * g->Kg;
+    float *dwd = !j->dwd ? NULL : t == 0 ? j->dwd : j->dw_part + (t - 1) * wn;
+    float *dbd = j->db_part ? j->db_part + t * g->O : NULL;
+    float *cols = j->cols ? j->cols + t * g->K * g->nb * g->P : NULL;
+    float *dyt = j->dyt ? j->dyt + t * g->O * g->nb * g->P : NULL;
+    for (long c = c0; c < c1; c++) {
+        long n0 = c * g->nb, cur = g->N - n0 < g->nb ? g->N - n0 : g->nb, ld = cur * g->P;
+        const float *dy = j->gd + n0 * g->O * g->P;
+        long lddy = g->P;
+        if (cur > 1) { /* dY of the chunk as [O, cur*P], the layout of the columns */
+            for (long o = 0; o < g->O; o++)
+                for (long s = 0; s < cur; s++)
+                    memcpy(dyt + o * ld + s * g->P, j->gd + ((n0 + s) * g->O + o) * g->P, (size_t)g->P * sizeof(float));
+            dy = dyt;
+            lddy = ld;
+        }
+        if (dbd)
+            for (long s = 0; s < cur; s++)
+                for (long o = 0; o < g->O; o++) dbd[o] += lk_k_plane_sum(j->gd + ((n0 + s) * g->O + o) * g->P, g->P);
+        if (dwd) {
+            const float *B = j->xd + n0 * g->C * g->P;
+            long ldb = g->P;
+            if (!g->pointwise) {
+                im2col_chunk(g, j->xd, n0, cur, cols);
+                B = cols;
+                ldb = ld;
+            }
+            for (long q = 0; q < g->G; q++)
+                j->be->gemm(false, true, g->Og, g->Kg, ld, 1.0f, dy + q * g->Og * lddy, lddy, B + q * g->Kg * ldb, ldb,
+                            1.0f, dwd + q * g->Og * g->Kg, g->Kg);
+        }
+        if (j->dxd) {
+            if (g->pointwise) {
+                for (long q = 0; q < g->G; q++)
+                    j->be->gemm(true, false, g->Kg, g->P, g->Og, 1.0f, j->wd + q * g->Og * g->Kg, g->Kg,
+                                dy + q * g->Og * lddy, lddy, 0.0f, j->dxd + n0 * g->C * g->P + q * g->Kg * g->P, g->P);
+            } else {
+                for (long q = 0; q < g->G; q++)
+                    j->be->gemm(true, false, g->Kg, ld, g->Og, 1.0f, j->wd + q * g->Og * g->Kg, g->Kg,
+                                dy + q * g->Og * lddy, lddy, 0.0f, cols + q * g->Kg * ld, ld);
+                col2im_chunk(g, cols, n0, cur, j->dxd);
+            }
+        }
+    }
+}
+
 static void conv2d_backward(lk_node *n, lk_tensor *gout) {
     lk_tensor *x = n->in[0], *w = n->in[1], *b = n->n_in > 2 ? n->in[2] : NULL;
     lk_tensor *xc = n->saved[0], *wc = n->saved[1];
     conv_geom g;
     conv_geom_init(&g, xc, wc, n->a.i);
-    const lk_backend *be = lk__backend(xc->device);
     bool need_x = x->requires_grad, need_w = w->requires_grad, need_b = b && b->requires_grad;
     bool need_cols = !g.pointwise && (need_w || need_x);
+    long nchunks = (g.N + g.nb - 1) / g.nb;
+    int width = lk__parallel_width(nchunks);
     /* col2im accumulates into dx; the 1x1 path's GEMMs write all of it */
     lk_tensor *dx = !need_x ? NULL
                     : g.pointwise ? lk__tensor_new(LK_F32, 4, xc->shape)
@@ -81,57 +144,33 @@ static void conv2d_backward(lk_node *n, lk_tensor *gout) {
     bool direct_w = need_w && !w->grad_fn && w->grad && lk_tensor_is_contiguous(w->grad);
     lk_tensor *dw = need_w && !direct_w ? lk_tensor_zeros(LK_F32, 4, wc->shape) : NULL;
     lk_tensor *db = need_b ? lk_tensor_zeros(LK_F32, 1, b->shape) : NULL;
-    lk_tensor *cols = need_cols ? lk__tensor_new(LK_F32, 1, (int64_t[]){g.K * g.nb * g.P}) : NULL;
-    lk_tensor *dyt = g.nb > 1 ? lk__tensor_new(LK_F32, 1, (int64_t[]){g.O * g.nb * g.P}) : NULL;
-    if ((need_x && !dx) || (need_w && !direct_w && !dw) || (need_b && !db) || (need_cols && !cols) ||
-        (g.nb > 1 && !dyt))
+    /* Per task: scratch columns, dY gathers, partial dW (tasks 1..) and db. */
+    lk_tensor *cols = need_cols ? lk__tensor_new(LK_F32, 1, (int64_t[]){width * g.K * g.nb * g.P}) : NULL;
+    lk_tensor *dyt = g.nb > 1 ? lk__tensor_new(LK_F32, 1, (int64_t[]){width * g.O * g.nb * g.P}) : NULL;
+    lk_tensor *dwp = need_w && width > 1 ? lk_tensor_zeros(LK_F32, 1, (int64_t[]){(width - 1) * g.O * g.Kg}) : NULL;
+    lk_tensor *dbp = need_b ? lk_tensor_zeros(LK_F32, 1, (int64_t[]){width * g.O}) : NULL;
+    if ((need_x && !dx) || (need_w && !direct_w && !dw) || (need_b && (!db || !dbp)) || (need_cols && !cols) ||
+        (g.nb > 1 && !dyt) || (need_w && width > 1 && !dwp))
         goto done;
-    const float *xd = xc->data, *wd = wc->data, *gd = gout->data;
-    float *dwd = need_w ? (direct_w ? w->grad->data : dw->data) : NULL;
-    for (long n0 = 0; n0 < g.N; n0 += g.nb) {
-        long cur = g.N - n0 < g.nb ? g.N - n0 : g.nb, ld = cur * g.P;
-        const float *dy = gd + n0 * g.O * g.P;
-        long lddy = g.P;
-        if (cur > 1) { /* dY of the chunk as [O, cur*P], the layout of the columns */
-            float *t = dyt->data;
-            for (long o = 0; o < g.O; o++)
-                for (long j = 0; j < cur; j++)
-                    memcpy(t + o * ld + j * g.P, gd + ((n0 + j) * g.O + o) * g.P, (size_t)g.P * sizeof(float));
-            dy = t;
-            lddy = ld;
-        }
-        if (need_b) {
-            float *dbd = db->data;
-            for (long j = 0; j < cur; j++)
-                for (long o = 0; o < g.O; o++) dbd[o] += lk_k_plane_sum(gd + ((n0 + j) * g.O + o) * g.P, g.P);
-        }
-        if (need_w) {
-            const float *B = xd + n0 * g.C * g.P;
-            long ldb = g.P;
-            if (!g.pointwise) {
-                im2col_chunk(&g, xd, n0, cur, cols->data);
-                B = cols->data;
-                ldb = ld;
-            }
-            for (long q = 0; q < g.G; q++)
-                be->gemm(false, true, g.Og, g.Kg, ld, 1.0f, dy + q * g.Og * lddy, lddy, B + q * g.Kg * ldb, ldb, 1.0f,
-                         dwd + q * g.Og * g.Kg, g.Kg);
-        }
-        if (need_x) {
-            float *dxd = dx->data;
-            if (g.pointwise) {
-                for (long q = 0; q < g.G; q++)
-                    be->gemm(true, false, g.Kg, g.P, g.Og, 1.0f, wd + q * g.Og * g.Kg, g.Kg, dy + q * g.Og * lddy, lddy,
-                             0.0f, dxd + n0 * g.C * g.P + q * g.Kg * g.P, g.P);
-            } else {
-                float *cd = cols->data;
-                for (long q = 0; q < g.G; q++)
-                    be->gemm(true, false, g.Kg, ld, g.Og, 1.0f, wd + q * g.Og * g.Kg, g.Kg, dy + q * g.Og * lddy, lddy,
-                             0.0f, cd + q * g.Kg * ld, ld);
-                col2im_chunk(&g, cd, n0, cur, dxd);
-            }
-        }
-    }
+    conv_bwd_job job = {.g = &g,
+                        .be = lk__backend(xc->device),
+                        .xd = xc->data,
+                        .wd = wc->data,
+                        .gd = gout->data,
+                        .dxd = need_x ? dx->data : NULL,
+                        .dwd = need_w ? (direct_w ? w->grad->data : dw->data) : NULL,
+                        .dw_part = dwp ? dwp->data : NULL,
+                        .db_part = dbp ? dbp->data : NULL,
+                        .cols = cols ? cols->data : NULL,
+                        .dyt = dyt ? dyt->data : NULL,
+                        .nchunks = nchunks,
+                        .width = width};
+    lk__parallel_run(width, conv_bwd_task, &job);
+    /* The tasks' partial sums, added in task order: deterministic for a given thread count. */
+    if (dwp)
+        for (int t = 1; t < width; t++) job.be->axpy(g.O * g.Kg, 1.0f, job.dw_part + (t - 1) * g.O * g.Kg, job.dwd);
+    if (dbp)
+        for (int t = 0; t < width; t++) job.be->axpy(g.O, 1.0f, job.db_part + t * g.O, db->data);
     if (dx) lk__accum(x, dx);
     if (dw) lk__accum(w, dw);
     if (db) lk__accum(b, db);
@@ -141,6 +180,8 @@ done:
     lk_tensor_release(db);
     lk_tensor_release(cols);
     lk_tensor_release(dyt);
+    lk_tensor_release(dwp);
+    lk_tensor_release(dbp);
 }
 
 static lk_status conv2d_check(const lk_tensor *x, const lk_tensor *w, const lk_tensor *b, lk_conv2d_params p) {
@@ -191,6 +232,45 @@ static lk_status conv2d_check(const lk_tensor *x, const lk_tensor *w, const lk_t
     return LK_STATUS_OK;
 }
 
+/* Forward over the chunks [c0, c1) of one task, with its own scratch. */
+typedef struct {
+    const conv_geom *g;
+    const lk_backend *be;
+    const float *xd, *wd, *bd;
+    float *od, *cols, *tmp; /* cols and tmp: [width][...] */
+    long nchunks;
+    int width;
+} conv_fwd_job;
+
+static void conv_fwd_task(void *ctx, int t) {
+    const conv_fwd_job *j = ctx;
+    const conv_geom *g = j->g;
+    long c0 = j->nchunks * t / j->width, c1 = j->nchunks * (t + 1) / j->width;
+    float *cols = j->cols ? j->cols + t * g->K * g->nb * g->P : NULL;
+    float *tmp = j->tmp ? j->tmp + t * g->O * g->nb * g->P : NULL;
+    for (long c = c0; c < c1; c++) {
+        long n0 = c * g->nb, cur = g->N - n0 < g->nb ? g->N - n0 : g->nb, ld = cur * g->P;
+        const float *B = j->xd + n0 * g->C * g->P;
+        long ldb = g->P;
+        if (!g->pointwise) {
+            im2col_chunk(g, j->xd, n0, cur, cols);
+            B = cols;
+            ldb = ld;
+        }
+        float *C = cur > 1 ? tmp : j->od + n0 * g->O * g->P;
+        for (long q = 0; q < g->G; q++)
+            j->be->gemm(false, false, g->Og, ld, g->Kg, 1.0f, j->wd + q * g->Og * g->Kg, g->Kg, B + q * g->Kg * ldb,
+                        ldb, 0.0f, C + q * g->Og * ld, ld);
+        if (cur > 1) /* to NCHW, adding the bias */
+            for (long s = 0; s < cur; s++)
+                for (long o = 0; o < g->O; o++)
+                    lk_k_plane_affine(C + o * ld + s * g->P, g->P, 1.0f, j->bd ? j->bd[o] : 0.0f,
+                                      j->od + ((n0 + s) * g->O + o) * g->P);
+        else if (j->bd)
+            for (long o = 0; o < g->O; o++) lk_k_plane_add_scalar(C + o * g->P, g->P, j->bd[o]);
+    }
+}
+
 lk_tensor *lk_conv2d(lk_tensor *x, lk_tensor *w, lk_tensor *b, lk_conv2d_params p) {
     LK_OP_CHECK_INPUTS(x, w);
     if (conv2d_check(x, w, b, p)) return NULL;
@@ -198,38 +278,27 @@ lk_tensor *lk_conv2d(lk_tensor *x, lk_tensor *w, lk_tensor *b, lk_conv2d_params 
     conv_geom g;
     conv_geom_init(&g, x, w, a);
     lk_tensor *xc = lk__contig(x), *wc = lk__contig(w), *bc = b ? lk__contig(b) : NULL;
+    long nchunks = (g.N + g.nb - 1) / g.nb;
+    int width = lk__parallel_width(nchunks);
     lk_tensor *out = lk__tensor_new(LK_F32, 4, (int64_t[]){g.N, g.O, g.OH, g.OW});
-    lk_tensor *cols = g.pointwise ? NULL : lk__tensor_new(LK_F32, 1, (int64_t[]){g.K * g.nb * g.P});
-    lk_tensor *tmp = g.nb > 1 ? lk__tensor_new(LK_F32, 1, (int64_t[]){g.O * g.nb * g.P}) : NULL;
+    lk_tensor *cols = g.pointwise ? NULL : lk__tensor_new(LK_F32, 1, (int64_t[]){width * g.K * g.nb * g.P});
+    lk_tensor *tmp = g.nb > 1 ? lk__tensor_new(LK_F32, 1, (int64_t[]){width * g.O * g.nb * g.P}) : NULL;
     if (!xc || !wc || (b && !bc) || !out || (!g.pointwise && !cols) || (g.nb > 1 && !tmp)) {
         lk_tensor_release(out);
         out = NULL;
         goto done;
     }
-    const lk_backend *be = lk__backend(x->device);
-    const float *xd = xc->data, *wd = wc->data, *bd = bc ? bc->data : NULL;
-    float *od = out->data;
-    for (long n0 = 0; n0 < g.N; n0 += g.nb) {
-        long cur = g.N - n0 < g.nb ? g.N - n0 : g.nb, ld = cur * g.P;
-        const float *B = xd + n0 * g.C * g.P;
-        long ldb = g.P;
-        if (!g.pointwise) {
-            im2col_chunk(&g, xd, n0, cur, cols->data);
-            B = cols->data;
-            ldb = ld;
-        }
-        float *C = cur > 1 ? tmp->data : od + n0 * g.O * g.P;
-        for (long q = 0; q < g.G; q++)
-            be->gemm(false, false, g.Og, ld, g.Kg, 1.0f, wd + q * g.Og * g.Kg, g.Kg, B + q * g.Kg * ldb, ldb, 0.0f,
-                     C + q * g.Og * ld, ld);
-        if (cur > 1) /* to NCHW, adding the bias */
-            for (long j = 0; j < cur; j++)
-                for (long o = 0; o < g.O; o++)
-                    lk_k_plane_affine(C + o * ld + j * g.P, g.P, 1.0f, bd ? bd[o] : 0.0f,
-                                      od + ((n0 + j) * g.O + o) * g.P);
-        else if (bd)
-            for (long o = 0; o < g.O; o++) lk_k_plane_add_scalar(C + o * g.P, g.P, bd[o]);
-    }
+    conv_fwd_job job = {.g = &g,
+                        .be = lk__backend(x->device),
+                        .xd = xc->data,
+                        .wd = wc->data,
+                        .bd = bc ? bc->data : NULL,
+                        .od = out->data,
+                        .cols = cols ? cols->data : NULL,
+                        .tmp = tmp ? tmp->data : NULL,
+                        .nchunks = nchunks,
+                        .width = width};
+    lk__parallel_run(width, conv_fwd_task, &job);
     lk_tensor *in[3] = {x, w, b};
     lk_node *n = lk__record("conv2d", conv2d_backward, out, b ? 3 : 2, in);
     if (n) {
@@ -328,6 +397,23 @@ static void max_pool_backward(lk_node *n, lk_tensor *gout) {
     lk_tensor_release(dx);
 }
 
+typedef struct {
+    const pool_geom *g;
+    const float *x;
+    float *out;
+    int *idx;
+    int width;
+} max_pool_job;
+
+static void max_pool_task(void *ctx, int t) {
+    const max_pool_job *j = ctx;
+    const pool_geom *g = j->g;
+    long no = g->OH * g->OW, ni = g->H * g->W;
+    for (long c = g->planes * t / j->width; c < g->planes * (t + 1) / j->width; c++)
+        lk_k_max_pool_plane(j->x + c * ni, g->H, g->W, g->kh, g->kw, g->sh, g->sw, g->ph, g->pw, g->OH, g->OW,
+                            j->out + c * no, j->idx + c * no);
+}
+
 lk_tensor *lk_max_pool2d(lk_tensor *x, lk_pool2d_params p) {
     LK_OP_CHECK_INPUTS(x);
     pool_geom g;
@@ -341,10 +427,10 @@ lk_tensor *lk_max_pool2d(lk_tensor *x, lk_pool2d_params p) {
         lk_tensor_release(out);
         return NULL;
     }
-    long no = g.OH * g.OW, ni = g.H * g.W;
-    for (long c = 0; c < g.planes; c++)
-        lk_k_max_pool_plane((const float *)xc->data + c * ni, g.H, g.W, g.kh, g.kw, g.sh, g.sw, g.ph, g.pw, g.OH, g.OW,
-                            (float *)out->data + c * no, (int *)idx->data + c * no);
+    /* Whole planes per core: worth a thread from about a megabyte of input. */
+    max_pool_job job = {&g, xc->data, out->data, idx->data,
+                        g.planes * g.H * g.W >= (1 << 18) ? lk__parallel_width(g.planes) : 1};
+    lk__parallel_run(job.width, max_pool_task, &job);
     lk_node *n = lk__record("max_pool2d", max_pool_backward, out, 1, &x);
     if (n) {
         pool_geom_save(n, &g);

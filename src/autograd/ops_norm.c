@@ -10,6 +10,48 @@
 
 /* node->a.i: [0] training, [1] index of weight in node->in (or -1), [2] of
  * bias; saved[0] = contiguous x, saved[1] = [2, C] (mean, invstd) used. */
+/* Channels are independent: whole channels per core once the input is
+ * large enough to pay for a thread (about a megabyte). */
+static int bn_width(int64_t numel, long C) { return numel >= (1 << 18) ? lk__parallel_width(C) : 1; }
+
+typedef struct {
+    const float *xd, *gd, *mean, *invstd, *w;
+    float *dx, *dw, *db;
+    long N, C, S;
+    double M;
+    bool training;
+    int width;
+} bn_bwd_job;
+
+static void bn_bwd_task(void *ctx, int t) {
+    const bn_bwd_job *j = ctx;
+    long N = j->N, C = j->C, S = j->S;
+    for (long c = C * t / j->width; c < C * (t + 1) / j->width; c++) {
+        double sg = 0, sgx = 0;
+        for (long i = 0; i < N; i++) {
+            float a = 0.0f, q = 0.0f;
+            lk_k_bn_backward_sums(j->gd + (i * C + c) * S, j->xd + (i * C + c) * S, S, j->mean[c], &a, &q);
+            sg += a;
+            sgx += q;
+        }
+        float is = j->invstd[c], wv = j->w ? j->w[c] : 1.0f;
+        if (j->db) j->db[c] = (float)sg;
+        if (j->dw) j->dw[c] = (float)(sgx * is);
+        if (j->dx) {
+            /* training: dx = w*is/M * (M*g - sum(g) - xhat * sum(g*xhat)), xhat = (x - mean)*is;
+             * eval: the statistics are constants, dx = g * w * is. */
+            float k1 = wv * is, k0 = 0.0f, k2 = 0.0f;
+            if (j->training) {
+                k0 = (float)(-(double)k1 * sg / j->M);
+                k2 = (float)(-(double)k1 * is * is * sgx / j->M);
+            }
+            for (long i = 0; i < N; i++)
+                lk_k_bn_backward_plane(j->gd + (i * C + c) * S, j->xd + (i * C + c) * S, S, j->mean[c], k0, k1, k2,
+                                       j->dx + (i * C + c) * S);
+        }
+    }
+}
+
 static void batch_norm_backward(lk_node *n, lk_tensor *gout) {
     lk_tensor *x = n->in[0], *xc = n->saved[0], *stats = n->saved[1];
     lk_tensor *w = n->a.i[1] >= 0 ? n->in[n->a.i[1]] : NULL, *b = n->a.i[2] >= 0 ? n->in[n->a.i[2]] : NULL;
@@ -24,30 +66,9 @@ static void batch_norm_backward(lk_node *n, lk_tensor *gout) {
     if ((x->requires_grad && !dx) || (w && w->requires_grad && !dw) || (b && b->requires_grad && !db)) goto done;
     lk_tensor *wc = w ? lk__contig(w) : NULL;
     if (w && !wc) goto done;
-    for (long c = 0; c < C; c++) {
-        double sg = 0, sgx = 0;
-        for (long i = 0; i < N; i++) {
-            float a = 0.0f, q = 0.0f;
-            lk_k_bn_backward_sums(gd + (i * C + c) * S, xd + (i * C + c) * S, S, mean[c], &a, &q);
-            sg += a;
-            sgx += q;
-        }
-        float is = invstd[c], wv = wc ? ((const float *)wc->data)[c] : 1.0f;
-        if (db) ((float *)db->data)[c] = (float)sg;
-        if (dw) ((float *)dw->data)[c] = (float)(sgx * is);
-        if (dx) {
-            /* training: dx = w*is/M * (M*g - sum(g) - xhat * sum(g*xhat)), xhat = (x - mean)*is;
-             * eval: the statistics are constants, dx = g * w * is. */
-            float k1 = wv * is, k0 = 0.0f, k2 = 0.0f;
-            if (training) {
-                k0 = (float)(-(double)k1 * sg / M);
-                k2 = (float)(-(double)k1 * is * is * sgx / M);
-            }
-            for (long i = 0; i < N; i++)
-                lk_k_bn_backward_plane(gd + (i * C + c) * S, xd + (i * C + c) * S, S, mean[c], k0, k1, k2,
-                                       (float *)dx->data + (i * C + c) * S);
-        }
-    }
+    bn_bwd_job job = {xd, gd, mean, invstd, wc ? wc->data : NULL, dx ? dx->data : NULL, dw ? dw->data : NULL,
+                      db ? db->data : NULL, N, C, S, M, training, bn_width(xc->numel, C)};
+    lk__parallel_run(job.width, bn_bwd_task, &job);
     lk_tensor_release(wc);
     if (dx) lk__accum(x, dx);
     if (dw) lk__accum(w, dw);
@@ -69,6 +90,47 @@ static lk_status check_channel_vec(const lk_tensor *t, const char *what, const l
 
 static float vec_get(const lk_tensor *t, long c) { return ((const float *)t->data)[c * t->stride[0]]; }
 static void vec_set(lk_tensor *t, long c, float v) { ((float *)t->data)[c * t->stride[0]] = v; }
+
+typedef struct {
+    const float *xd;
+    float *od, *stats;
+    lk_tensor *running_mean, *running_var, *weight, *bias;
+    long N, C, S;
+    double M;
+    float eps, momentum;
+    bool training;
+    int width;
+} bn_fwd_job;
+
+static void bn_fwd_task(void *ctx, int t) {
+    const bn_fwd_job *j = ctx;
+    long N = j->N, C = j->C, S = j->S;
+    double M = j->M;
+    const float *xd = j->xd;
+    float *mean = j->stats, *invstd = j->stats + C, *od = j->od;
+    for (long c = C * t / j->width; c < C * (t + 1) / j->width; c++) {
+        if (j->training) {
+            double s = 0, q = 0;
+            for (long i = 0; i < N; i++) s += lk_k_plane_sum(xd + (i * C + c) * S, S);
+            float m = (float)(s / M);
+            for (long i = 0; i < N; i++) q += lk_k_plane_sqdev(xd + (i * C + c) * S, S, m);
+            double var = q / M;
+            mean[c] = m;
+            invstd[c] = (float)(1.0 / sqrt(var + (double)j->eps));
+            if (j->running_mean) {
+                vec_set(j->running_mean, c, (1.0f - j->momentum) * vec_get(j->running_mean, c) + j->momentum * m);
+                vec_set(j->running_var, c,
+                        (1.0f - j->momentum) * vec_get(j->running_var, c) + j->momentum * (float)(q / (M - 1)));
+            }
+        } else {
+            mean[c] = vec_get(j->running_mean, c);
+            invstd[c] = (float)(1.0 / sqrt((double)vec_get(j->running_var, c) + (double)j->eps));
+        }
+        float scale = invstd[c] * (j->weight ? vec_get(j->weight, c) : 1.0f);
+        float shift = (j->bias ? vec_get(j->bias, c) : 0.0f) - mean[c] * scale;
+        for (long i = 0; i < N; i++) lk_k_plane_affine(xd + (i * C + c) * S, S, scale, shift, od + (i * C + c) * S);
+    }
+}
 
 lk_tensor *lk_batch_norm(lk_tensor *x, lk_tensor *running_mean, lk_tensor *running_var, lk_tensor *weight,
                          lk_tensor *bias, bool training, float momentum, float eps) {
@@ -108,29 +170,9 @@ lk_tensor *lk_batch_norm(lk_tensor *x, lk_tensor *running_mean, lk_tensor *runni
         lk_tensor_release(stats);
         return NULL;
     }
-    const float *xd = xc->data;
-    float *mean = stats->data, *invstd = (float *)stats->data + C, *od = out->data;
-    for (long c = 0; c < C; c++) {
-        if (training) {
-            double s = 0, q = 0;
-            for (long i = 0; i < N; i++) s += lk_k_plane_sum(xd + (i * C + c) * S, S);
-            float m = (float)(s / M);
-            for (long i = 0; i < N; i++) q += lk_k_plane_sqdev(xd + (i * C + c) * S, S, m);
-            double var = q / M;
-            mean[c] = m;
-            invstd[c] = (float)(1.0 / sqrt(var + (double)eps));
-            if (running_mean) {
-                vec_set(running_mean, c, (1.0f - momentum) * vec_get(running_mean, c) + momentum * m);
-                vec_set(running_var, c, (1.0f - momentum) * vec_get(running_var, c) + momentum * (float)(q / (M - 1)));
-            }
-        } else {
-            mean[c] = vec_get(running_mean, c);
-            invstd[c] = (float)(1.0 / sqrt((double)vec_get(running_var, c) + (double)eps));
-        }
-        float scale = invstd[c] * (weight ? vec_get(weight, c) : 1.0f);
-        float shift = (bias ? vec_get(bias, c) : 0.0f) - mean[c] * scale;
-        for (long i = 0; i < N; i++) lk_k_plane_affine(xd + (i * C + c) * S, S, scale, shift, od + (i * C + c) * S);
-    }
+    bn_fwd_job job = {xc->data, out->data, stats->data, running_mean, running_var, weight, bias,
+                      N, C, S, M, eps, momentum, training, bn_width(x->numel, C)};
+    lk__parallel_run(job.width, bn_fwd_task, &job);
     lk_tensor *in[3] = {x, NULL, NULL};
     int n_in = 1, iw = -1, ib = -1;
     if (weight) in[iw = n_in++] = weight;

@@ -31,6 +31,20 @@ typedef struct lk_backend {
 } lk_backend;
 
 const lk_backend *lk__backend(lk_device dev);
+
+/* Intra-op parallelism over independent items (the samples of a
+ * convolution), for when one process owns several cores. BLAS's own
+ * threading splits each GEMM, which for the many small per-sample GEMMs of a
+ * convolution costs more in wake-ups than it gains; giving each core whole
+ * samples and single-threaded GEMMs does not.
+ * lk__parallel_width: how many tasks to cut `items` into (1 when this
+ * process has one compute thread, as under DP's replicas or one rank per
+ * core). lk__parallel_run: fn(ctx, t) for t in [0, width), task 0 on the
+ * calling thread, with BLAS held at one thread meanwhile. A task must not
+ * allocate, record autograd nodes or raise errors; a thread that cannot
+ * start leaves its task to the caller, so results never depend on it. */
+int lk__parallel_width(int64_t items);
+void lk__parallel_run(int width, void (*fn)(void *ctx, int task), void *ctx);
 extern const lk_backend lk__cpu_backend;
 
 #endif

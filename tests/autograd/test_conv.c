@@ -96,7 +96,8 @@ static double max_rel_err(const lk_tensor *t, const double *ref) {
  * maps, with a partial last chunk), the contiguous "same"-padding im2col and
  * the 1x1 path must all match the direct loops. Tolerance: f32 sums of
  * <= 50 products of N(0,1) values, relative to the largest output: 1e-5. */
-static void conv_matches_direct_loops(void) {
+static void conv_matches_direct_loops_at(int threads) {
+    lk_set_num_threads(threads);
     struct {
         int N, C, H, W, O, kh, kw;
         lk_conv2d_params p;
@@ -146,6 +147,13 @@ static void conv_matches_direct_loops(void) {
         lk_tensor_release(w);
         lk_tensor_release(b);
     }
+}
+
+/* With one compute thread and with several (samples split across threads,
+ * each running single-threaded GEMMs). */
+static void conv_matches_direct_loops(void) {
+    for (int threads = 1; threads <= 3; threads++) conv_matches_direct_loops_at(threads);
+    lk_set_num_threads(2);
 }
 
 /* A known answer from PyTorch 1.13: conv2d(arange(16).view(1,1,4,4),
@@ -346,6 +354,60 @@ static void batch_norm_running_stats(void) {
 
 /* ---- a CNN step allocates nothing once warm --------------------------------------- */
 
+/* The thread-parallel paths of conv, max-pool and batch-norm (large enough
+ * to take them) give the single-thread results: bitwise, except the
+ * weight and bias gradients of conv, summed per thread then across. */
+static void parallel_matches_serial(void) {
+    lk_tensor *x = lk_gc_param(61, LK_SHAPE(8, 4, 40, 40)), *w = lk_gc_param(62, LK_SHAPE(16, 4, 3, 3));
+    lk_tensor *b = lk_gc_param(63, LK_SHAPE(16)), *g = lk_gc_param(64, LK_SHAPE(16));
+    lk_tensor *out[3] = {NULL}, *grads[3][4] = {{NULL}};
+    for (int threads = 1; threads <= 3; threads++) {
+        lk_set_num_threads(threads);
+        lk_tensor *rm = lk_tensor_zeros(LK_F32, LK_SHAPE(16)), *rv = lk_tensor_full(LK_F32, LK_SHAPE(16), 1.0);
+        lk_tensor *ps[4] = {x, w, b, g};
+        for (int i = 0; i < 4; i++) lk_tensor_zero_grad(ps[i], true);
+        lk_scope_begin();
+        lk_tensor *h = lk_relu(lk_conv2d(x, w, b, cp(1, 1, 1, 1, 1, 1, 1))); /* not straight into BN: db would be 0 */
+        h = lk_batch_norm(h, rm, rv, g, NULL, true, 0.1f, 1e-5f);
+        h = lk_max_pool2d(h, pp(2, 2, 0, 0, 0, 0, true, false));
+        lk_rng r;
+        lk_rng_init(&r, 9, LK_RNG_USER, 0, 0);
+        lk_tensor *gy = lk_tensor_randn(&r, 4, h->shape, 0.0f, 1.0f);
+        CHECK_OK(lk_backward_with(h, gy));
+        out[threads - 1] = lk_tensor_clone(h);
+        for (int i = 0; i < 4; i++) grads[threads - 1][i] = ps[i]->grad ? lk_tensor_clone(ps[i]->grad) : NULL;
+        lk_tensor_release(gy);
+        lk_scope_end();
+        lk_tensor_release(rm);
+        lk_tensor_release(rv);
+    }
+    lk_set_num_threads(2);
+    for (int t = 1; t < 3; t++) {
+        CHECK_MSG(out[t] && !memcmp(out[t]->data, out[0]->data, (size_t)out[0]->numel * 4), "threads %d: output", t + 1);
+        for (int i = 0; i < 4; i++) {
+            lk_tensor *a = grads[t][i], *e = grads[0][i];
+            if (!a || !e) {
+                CHECK(0);
+                continue;
+            }
+            double err = 0, scale = 1e-12; /* max abs error over the tensor's max abs value */
+            for (int64_t k = 0; k < e->numel; k++) {
+                err = fmax(err, fabs(((float *)a->data)[k] - ((float *)e->data)[k]));
+                scale = fmax(scale, fabs(((float *)e->data)[k]));
+            }
+            err /= scale;
+            bool exact = i == 0 || i == 3; /* dX and the BN weight: same sums in the same order */
+            CHECK_MSG(exact ? err == 0 : err < 1e-5, "threads %d: grad %d differs by %g", t + 1, i, err);
+        }
+    }
+    for (int t = 0; t < 3; t++) {
+        lk_tensor_release(out[t]);
+        for (int i = 0; i < 4; i++) lk_tensor_release(grads[t][i]);
+    }
+    lk_tensor *ts[] = {x, w, b, g};
+    for (size_t i = 0; i < 4; i++) lk_tensor_release(ts[i]);
+}
+
 static void conv_net_steady_state(void) {
     lk_tensor *x = lk_gc_param(41, LK_SHAPE(6, 1, 12, 12));
     lk_tensor_set_requires_grad(x, false);
@@ -422,7 +484,7 @@ static void bad_input(void) {
     for (size_t i = 0; i < sizeof ts / sizeof *ts; i++) lk_tensor_release(ts[i]);
 }
 
-LK_TEST_MAIN(LK_TEST_CASE(conv_gradchecks), LK_TEST_CASE(conv_matches_direct_loops), LK_TEST_CASE(conv_known_values),
+LK_TEST_MAIN(LK_TEST_CASE(conv_gradchecks), LK_TEST_CASE(conv_matches_direct_loops), LK_TEST_CASE(parallel_matches_serial), LK_TEST_CASE(conv_known_values),
              LK_TEST_CASE(pool_gradchecks), LK_TEST_CASE(pool_known_values), LK_TEST_CASE(max_pool_ties_and_nan),
              LK_TEST_CASE(batch_norm_gradchecks), LK_TEST_CASE(batch_norm_running_stats),
              LK_TEST_CASE(conv_net_steady_state), LK_TEST_CASE(bad_input))
