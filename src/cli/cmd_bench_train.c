@@ -16,6 +16,7 @@
 #include "lockstep.h"
 
 #define MAXV 8
+#define MAXR 15
 
 typedef struct {
     const char *model, *strategy;
@@ -32,28 +33,10 @@ static int parse_list(int argc, char **argv, int *i, const char **out, int max) 
 
 static char self_exe[1024];
 
-static bool run_cell(cell *c, int steps, const char *tmp) {
-    char root[512], cmd[5120], path[700];
-    snprintf(root, sizeof root, "%s/%s-%s-%d-%d", tmp, c->model, c->strategy, c->devices, c->batch);
-    long samples = (long)steps * c->batch * c->devices * 5 / 4 + 64; /* 80% train split */
-    /* per-device batch B: dp's one loader feeds all replicas, so it loads N x B */
-    int loader_batch = !strcmp(c->strategy, "dp") ? c->batch * c->devices : c->batch;
-    const char *input = !strcmp(c->model, "cnn") ? "[1, 28, 28]" : "[784]";
-    snprintf(cmd, sizeof cmd,
-             "'%s' fit --model.class_path %s --data.class_path synthetic "
-             "--data.init_args.num_samples %ld --data.init_args.input_shape '%s' --data.init_args.num_classes 10 "
-             "--data.init_args.batch_size %d --data.init_args.num_workers 1 "
-             "--trainer.devices %d --trainer.strategy %s --trainer.max_steps %d --trainer.max_epochs 1 "
-             "--trainer.limit_val_batches 0 --trainer.num_sanity_val_steps 0 --trainer.enable_checkpointing false "
-             "--trainer.enable_progress_bar false --trainer.enable_tensorboard false "
-             "--trainer.default_root_dir '%s' > '%s.log' 2>&1",
-             self_exe, c->model, samples, input, loader_batch, c->devices, c->strategy, steps, root, root);
-    int rc = system(cmd);
-    if (rc != 0) {
-        fprintf(stderr, "bench train: %s %s x%d batch %d failed (see %s.log)\n", c->model, c->strategy, c->devices,
-                c->batch, root);
-        return false;
-    }
+/* Reads samples/s and the step split of one run into c (summing samples/s
+ * and averaging the split when called for several concurrent copies). */
+static bool read_run(cell *c, const char *root, int copies) {
+    char path[700];
     snprintf(path, sizeof path, "%s/lightning_logs/version_0/run.json", root);
     FILE *f = fopen(path, "rb");
     if (!f) return false;
@@ -63,13 +46,73 @@ static bool run_cell(cell *c, int steps, const char *tmp) {
     buf[n] = 0;
     cJSON *j = cJSON_Parse(buf);
     if (!j) return false;
-    c->sps = cJSON_GetNumberValue(cJSON_GetObjectItem(j, "samples_per_s"));
+    c->sps += cJSON_GetNumberValue(cJSON_GetObjectItem(j, "samples_per_s"));
     cJSON *st = cJSON_GetObjectItem(j, "step_time");
     static const char *keys[5] = {"data_ms", "forward_ms", "backward_ms", "comm_exposed_ms", "optimizer_ms"};
-    for (int k = 0; k < 5; k++) c->t[k] = cJSON_GetNumberValue(cJSON_GetObjectItem(st, keys[k]));
+    for (int k = 0; k < 5; k++) c->t[k] += cJSON_GetNumberValue(cJSON_GetObjectItem(st, keys[k])) / copies;
     cJSON_Delete(j);
+    return true;
+}
+
+/* A cell is one `lockstep fit`. The pseudo-strategy "independent" runs N
+ * single-device fits at once, with no communication at all: the throughput
+ * N devices of this machine reach when they share its caches and memory
+ * bandwidth, the ceiling any strategy's scaling is measured against. */
+static bool run_cell(cell *c, int steps, const char *tmp, int rep) {
+    bool indep = !strcmp(c->strategy, "independent");
+    int copies = indep ? c->devices : 1;
+    char root[512], cmd[16384];
+    size_t len = 0;
+    long samples = (long)steps * c->batch * (indep ? 1 : c->devices) * 5 / 4 + 64; /* 80% train split */
+    /* per-device batch B: dp's one loader feeds all replicas, so it loads N x B */
+    int loader_batch = !strcmp(c->strategy, "dp") ? c->batch * c->devices : c->batch;
+    const char *input = !strcmp(c->model, "cnn") ? "[1, 28, 28]" : "[784]";
+    len += (size_t)snprintf(cmd + len, sizeof cmd - len, "(");
+    for (int k = 0; k < copies && len < sizeof cmd; k++) {
+        snprintf(root, sizeof root, "%s/%s-%s-%d-%d-r%d-%d", tmp, c->model, c->strategy, c->devices, c->batch, rep, k);
+        len += (size_t)snprintf(
+            cmd + len, sizeof cmd - len,
+            "'%s' fit --model.class_path %s --data.class_path synthetic "
+            "--data.init_args.num_samples %ld --data.init_args.input_shape '%s' --data.init_args.num_classes 10 "
+            "--data.init_args.batch_size %d --data.init_args.num_workers 1 "
+            "--trainer.devices %d --trainer.strategy %s --trainer.max_steps %d --trainer.max_epochs 1 "
+            "--trainer.limit_val_batches 0 --trainer.num_sanity_val_steps 0 --trainer.enable_checkpointing false "
+            "--trainer.enable_progress_bar false --trainer.enable_tensorboard false "
+            "--trainer.default_root_dir '%s' > '%s.log' 2>&1 %s",
+            self_exe, c->model, samples, input, loader_batch, indep ? 1 : c->devices, indep ? "single" : c->strategy,
+            steps, root, root, copies > 1 ? "&" : "");
+    }
+    if (len + 16 >= sizeof cmd) return false;
+    snprintf(cmd + len, sizeof cmd - len, "%s)", copies > 1 ? " wait" : "");
+    /* With `&`, the shell's status is wait's: each copy's run.json says whether it finished. */
+    int rc = system(cmd);
+    bool ok = rc == 0;
+    for (int k = 0; k < copies && ok; k++) {
+        snprintf(root, sizeof root, "%s/%s-%s-%d-%d-r%d-%d", tmp, c->model, c->strategy, c->devices, c->batch, rep, k);
+        ok = read_run(c, root, copies);
+    }
+    if (!ok) {
+        c->sps = 0;
+        fprintf(stderr, "bench train: %s %s x%d batch %d failed (see %s.log)\n", c->model, c->strategy, c->devices,
+                c->batch, root);
+        return false;
+    }
     c->ok = true;
     return true;
+}
+
+/* The run with the median samples/s (the lower middle for an even count);
+ * failed runs count as 0, so a cell is ok only if its median run is. */
+static cell median_run(const cell *runs, int n) {
+    int order[MAXR];
+    for (int i = 0; i < n; i++) order[i] = i;
+    for (int i = 1; i < n; i++)
+        for (int j = i; j > 0 && runs[order[j]].sps < runs[order[j - 1]].sps; j--) {
+            int t = order[j];
+            order[j] = order[j - 1];
+            order[j - 1] = t;
+        }
+    return runs[order[(n - 1) / 2]];
 }
 
 static void write_svg(const char *path, cell *cells, int n) {
@@ -88,7 +131,8 @@ static void write_svg(const char *path, cell *cells, int n) {
     for (int i = 0; i < n; i++) {
         double h = cells[i].ok ? 280.0 * cells[i].sps / mx : 0;
         int x = 70 + 70 * i;
-        const char *col = !strcmp(cells[i].strategy, "ddp") ? "#3b6ea8" : !strcmp(cells[i].strategy, "dp") ? "#c8553d" : "#6a994e";
+        const char *col = !strcmp(cells[i].strategy, "ddp") ? "#3b6ea8" : !strcmp(cells[i].strategy, "dp") ? "#c8553d"
+                          : !strcmp(cells[i].strategy, "independent") ? "#999999" : "#6a994e";
         fprintf(f, "<rect x='%d' y='%.0f' width='50' height='%.0f' fill='%s'/>\n", x, base - h, h, col);
         fprintf(f, "<text x='%d' y='%.0f'>%.0f</text>\n", x, base - h - 16, cells[i].sps);
         if (cells[i].devices > 1) fprintf(f, "<text x='%d' y='%.0f'>%.0f%%</text>\n", x, base - h - 4, 100 * cells[i].eff);
@@ -102,7 +146,7 @@ static void write_svg(const char *path, cell *cells, int n) {
 int lk_cmd_bench_train(int argc, char **argv) {
     const char *models[MAXV] = {"autoencoder"}, *strategies[MAXV] = {"ddp"}, *dev_s[MAXV] = {"1", "2"},
                *batch_s[MAXV] = {"64", "128", "256"};
-    int nm = 1, ns = 1, nd = 2, nb = 3, steps = 60;
+    int nm = 1, ns = 1, nd = 2, nb = 3, steps = 60, repeats = 1;
     const char *csv = NULL, *plot = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--model") || !strcmp(argv[i], "--models")) nm = parse_list(argc, argv, &i, models, MAXV);
@@ -110,21 +154,27 @@ int lk_cmd_bench_train(int argc, char **argv) {
         else if (!strcmp(argv[i], "--devices")) nd = parse_list(argc, argv, &i, dev_s, MAXV);
         else if (!strcmp(argv[i], "--batch-sizes")) nb = parse_list(argc, argv, &i, batch_s, MAXV);
         else if (!strcmp(argv[i], "--steps") && i + 1 < argc) steps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--repeats") && i + 1 < argc) repeats = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--csv") && i + 1 < argc) csv = argv[++i];
         else if (!strcmp(argv[i], "--plot") && i + 1 < argc) plot = argv[++i];
         else if (!strcmp(argv[i], "--help")) {
             printf("usage: lockstep bench train [--model M...] [--strategies ddp single...] [--devices 1 2...]\n"
-                   "       [--batch-sizes 64 128 256...] [--steps N] [--csv FILE] [--plot FILE.svg]\n"
+                   "       [--batch-sizes 64 128 256...] [--steps N] [--repeats R] [--csv FILE] [--plot FILE.svg]\n"
                    "Each cell is a `lockstep fit` run of N optimizer steps on synthetic 28x28 data; throughput\n"
-                   "and the step-time split are steady-state figures (from step 5 on) read from run.json.\n");
+                   "and the step-time split are steady-state figures (from step 5 on) read from run.json.\n"
+                   "--repeats R runs every cell R times, the device counts of a row interleaved (1, 2, 1, 2,\n"
+                   "...) so drifting machine load hits them alike; each cell reports its median run.\n"
+                   "Strategy `independent` runs N single-device fits at once (no communication): the\n"
+                   "throughput N devices of this machine reach while sharing its caches and memory, the\n"
+                   "ceiling for any strategy's scaling.\n");
             return 0;
         } else {
             fprintf(stderr, "lockstep bench train: unknown option '%s' (see --help)\n", argv[i]);
             return 2;
         }
     }
-    if (!nm || !ns || !nd || !nb || steps < 10) {
-        fprintf(stderr, "lockstep bench train: empty list or --steps < 10\n");
+    if (!nm || !ns || !nd || !nb || steps < 10 || repeats < 1 || repeats > MAXR) {
+        fprintf(stderr, "lockstep bench train: empty list, --steps < 10 or --repeats outside 1..%d\n", MAXR);
         return 2;
     }
     ssize_t len = readlink("/proc/self/exe", self_exe, sizeof self_exe - 1);
@@ -142,19 +192,21 @@ int lk_cmd_bench_train(int argc, char **argv) {
     for (int m = 0; m < nm; m++)
         for (int s = 0; s < ns; s++)
             for (int b = 0; b < nb; b++) {
-                double base = 0;
+                cell runs[MAXV][MAXR], *row[MAXV];
+                int nrow = 0;
                 for (int d = 0; d < nd; d++) {
-                    cell *c = &cells[n++];
-                    memset(c, 0, sizeof *c);
-                    c->model = models[m];
-                    c->strategy = strategies[s];
-                    c->devices = atoi(dev_s[d]);
-                    c->batch = atoi(batch_s[b]);
-                    if (!strcmp(c->strategy, "single") && c->devices > 1) {
-                        n--;
-                        continue;
-                    }
-                    run_cell(c, steps, tmp);
+                    cell c = {.model = models[m], .strategy = strategies[s], .devices = atoi(dev_s[d]),
+                              .batch = atoi(batch_s[b])};
+                    if (!strcmp(c.strategy, "single") && c.devices > 1) continue;
+                    for (int r = 0; r < repeats; r++) runs[nrow][r] = c;
+                    row[nrow++] = &cells[n++];
+                }
+                for (int r = 0; r < repeats; r++)
+                    for (int d = 0; d < nrow; d++) run_cell(&runs[d][r], steps, tmp, r);
+                double base = 0;
+                for (int d = 0; d < nrow; d++) {
+                    cell *c = row[d];
+                    *c = median_run(runs[d], repeats);
                     if (c->devices == 1) base = c->sps;
                     c->eff = base > 0 ? c->sps / (c->devices * base) : NAN;
                     printf("%-12s %-9s %7d %6d %12.0f %7.1f%% %8.2f %8.2f %9.2f %8.2f %8.2f\n", c->model, c->strategy,

@@ -75,4 +75,9 @@ check "scale_lr linear is logged with its factors" grep -q "lr 0.01 x 2 ranks x 
 "$LK_BIN" fit -c "$T/synth.yaml" --trainer.devices 2 --trainer.strategy ddp_spawn --trainer.enable_progress_bar false >/dev/null 2>&1
 "$LK_BIN" export --ckpt "$(latest)/checkpoints/last.ckpt" --out "$T/spawn.st" --with-optimizer >/dev/null
 check "ddp_spawn (fork) trains exactly what ddp (exec) trains" cmp -s "$T/ddp.st" "$T/spawn.st"
+# bench train: a row of cells per device count, the independent ceiling, medians of repeats, CSV
+out=$("$LK_BIN" bench train --model mlp --strategies independent ddp --devices 1 2 --batch-sizes 16 --steps 10 --repeats 2 --csv "$T/bench.csv" 2>&1)
+check "bench train runs independent and ddp cells ($(wc -l <"$T/bench.csv" 2>/dev/null) CSV lines)" \
+  bash -c "[ \$(wc -l <'$T/bench.csv') = 5 ] && grep -q '^mlp,independent,2,16,' '$T/bench.csv' && grep -q '^mlp,ddp,2,16,' '$T/bench.csv'"
+expect_fail "bench train rejects --repeats 0" 2 "--repeats outside 1..15" "$LK_BIN" bench train --repeats 0
 finish
