@@ -40,9 +40,10 @@ const lk_backend *lk__backend(lk_device dev);
  * lk__parallel_width: how many tasks to cut `items` into (1 when this
  * process has one compute thread, as under DP's replicas or one rank per
  * core). lk__parallel_run: fn(ctx, t) for t in [0, width), task 0 on the
- * calling thread, with BLAS held at one thread meanwhile. A task must not
- * allocate, record autograd nodes or raise errors; a thread that cannot
- * start leaves its task to the caller, so results never depend on it. */
+ * calling thread and the others on a parked pool (parallel.c), with BLAS
+ * held at one thread meanwhile. A task must not allocate, record autograd
+ * nodes or raise errors; tasks the pool cannot take run on the caller, so
+ * results depend on the width, never on how many threads ran it. */
 int lk__parallel_width(int64_t items);
 void lk__parallel_run(int width, void (*fn)(void *ctx, int task), void *ctx);
 extern const lk_backend lk__cpu_backend;

@@ -2,7 +2,6 @@
  * (no copies for transposed views); element-wise loops are written so the
  * compiler vectorises them, using the kernel bodies in kernels.h. */
 #include <cblas.h>
-#include <pthread.h>
 #include <string.h>
 
 #include "backend/backend_impl.h"
@@ -101,51 +100,6 @@ void lk_set_num_threads(int n) {
 }
 
 int lk_get_num_threads(void) { return openblas_get_num_threads(); }
-
-#define PARALLEL_MAX 64
-
-int lk__parallel_width(int64_t items) {
-    int t = openblas_get_num_threads();
-    if (t > PARALLEL_MAX) t = PARALLEL_MAX;
-    return items < t ? (int)(items > 1 ? items : 1) : t;
-}
-
-typedef struct {
-    void (*fn)(void *ctx, int task);
-    void *ctx;
-    int task;
-} par_task;
-
-static void *par_main(void *arg) {
-    par_task *t = arg;
-    t->fn(t->ctx, t->task);
-    return NULL;
-}
-
-/* Threads are started per call (tens of microseconds against milliseconds
- * of convolution), so there is no pool to outlive a fork or a replica. */
-void lk__parallel_run(int width, void (*fn)(void *ctx, int task), void *ctx) {
-    if (width <= 1) {
-        fn(ctx, 0);
-        return;
-    }
-    if (width > PARALLEL_MAX) width = PARALLEL_MAX;
-    int blas = openblas_get_num_threads();
-    openblas_set_num_threads(1);
-    pthread_t tid[PARALLEL_MAX];
-    par_task tasks[PARALLEL_MAX];
-    bool started[PARALLEL_MAX] = {false};
-    for (int t = 1; t < width; t++) {
-        tasks[t] = (par_task){fn, ctx, t};
-        started[t] = pthread_create(&tid[t], NULL, par_main, &tasks[t]) == 0;
-    }
-    fn(ctx, 0);
-    for (int t = 1; t < width; t++) {
-        if (started[t]) pthread_join(tid[t], NULL);
-        else fn(ctx, t);
-    }
-    openblas_set_num_threads(blas);
-}
 
 const lk_backend lk__cpu_backend = {
     .name = "cpu",

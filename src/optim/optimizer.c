@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/backend_impl.h"
 #include "optim/optim_impl.h"
 
 #if defined(__AVX__)
@@ -320,6 +321,25 @@ static bool group_is_flat(const opt_group *g) {
     return true;
 }
 
+/* A flat group's update is element-wise: cut into ranges (multiples of 16
+ * elements, so every vector loop sees whole vectors) for the cores this
+ * process owns. Bitwise the same for any cut. */
+typedef struct {
+    opt_group *g;
+    float *p;
+    const float *gr;
+    int64_t n, step;
+    int width;
+} flat_job;
+
+static void flat_task(void *ctx, int t) {
+    const flat_job *j = ctx;
+    int64_t a = (j->n * t / j->width) & ~(int64_t)15, b = t + 1 == j->width ? j->n : (j->n * (t + 1) / j->width) & ~(int64_t)15;
+    if (b > a) run_range(j->g, j->p + a, j->gr + a, a, b - a, j->step);
+}
+
+#define PARALLEL_MIN_ELEMS (64 << 10) /* below this, waking a thread costs more than it saves */
+
 lk_status lk_optimizer_step(lk_optimizer *o) {
     if (!o) return lk_error(LK_STATUS_INVALID_ARGUMENT, "optimizer_step: NULL optimizer");
     for (int gi = 0; gi < o->n_groups; gi++) {
@@ -333,7 +353,9 @@ lk_status lk_optimizer_step(lk_optimizer *o) {
         if (g->n > 1 && group_is_flat(g)) {
             int64_t step = ++g->ps[0].step;
             for (int i = 1; i < g->n; i++) g->ps[i].step = step;
-            run_range(g, g->ps[0].p->data, g->ps[0].p->grad->data, 0, g->numel, step);
+            flat_job job = {g, g->ps[0].p->data, g->ps[0].p->grad->data, g->numel, step,
+                            g->numel >= PARALLEL_MIN_ELEMS ? lk__parallel_width(g->numel / PARALLEL_MIN_ELEMS + 1) : 1};
+            lk__parallel_run(job.width, flat_task, &job);
             continue;
         }
         for (int i = 0; i < g->n; i++) {

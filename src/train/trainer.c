@@ -517,18 +517,37 @@ static lk_status log_lr(lk_trainer *tr) {
     return s;
 }
 
+/* Index of the first NaN or infinity in d[0..n), or -1. Checks the
+ * exponent bits in blocks with no early exit, which vectorises: a per-element
+ * isfinite() with a branch cost as much as Adam itself (1 ns per element). */
+static int64_t find_nonfinite(const float *d, int64_t n) {
+    for (int64_t b = 0; b < n; b += 4096) {
+        int64_t e = n - b < 4096 ? n : b + 4096;
+        uint32_t bad = 0;
+        for (int64_t k = b; k < e; k++) {
+            uint32_t u;
+            memcpy(&u, d + k, sizeof u);
+            bad |= (u & 0x7f800000u) == 0x7f800000u;
+        }
+        if (bad)
+            for (int64_t k = b; k < e; k++)
+                if (!isfinite(d[k])) return k;
+    }
+    return -1;
+}
+
 static lk_status first_nonfinite(lk_trainer *tr, double loss) {
     for (int i = 0; i < tr->params.n; i++) {
         lk_tensor *g = tr->params.items[i].tensor->grad;
         if (!g) continue;
         const float *d = g->data;
-        for (int64_t k = 0; k < g->numel; k++)
-            if (!isfinite(d[k]))
-                return lk_error(LK_STATUS_ABORTED,
-                                "non-finite gradient at step %lld (epoch %lld, batch %lld): parameter '%s' element %lld "
-                                "is %g (loss %g)",
-                                (long long)tr->global_step, (long long)tr->epoch, (long long)tr->batch_idx,
-                                tr->params.items[i].name, (long long)k, (double)d[k], loss);
+        int64_t k = find_nonfinite(d, g->numel);
+        if (k >= 0)
+            return lk_error(LK_STATUS_ABORTED,
+                            "non-finite gradient at step %lld (epoch %lld, batch %lld): parameter '%s' element %lld "
+                            "is %g (loss %g)",
+                            (long long)tr->global_step, (long long)tr->epoch, (long long)tr->batch_idx,
+                            tr->params.items[i].name, (long long)k, (double)d[k], loss);
     }
     return LK_STATUS_OK;
 }

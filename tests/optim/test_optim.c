@@ -152,6 +152,47 @@ static void optimizer_parity_flat(void) {
     for (int i = 0; i < n; i++) run_opt(c[i].name, &c[i].cfg, c[i].tol, true, false, 0);
 }
 
+/* A flat group large enough to be cut across threads updates bitwise the
+ * same with 1, 2 or 3 compute threads, for every optimizer. */
+static void flat_update_any_threads(void) {
+    opt_case cases[16];
+    int nc = opt_cases(cases);
+    static const int64_t big[2] = {300, 501}, small[1] = {77}; /* 150,377 elements: not a multiple of 16 */
+    for (int c = 0; c < nc; c++) {
+        lk_tensor *result[3] = {NULL};
+        for (int threads = 1; threads <= 3; threads++) {
+            lk_set_num_threads(threads);
+            lk_layer *holder = lk_layer_create("Holder", NULL, NULL, NULL);
+            lk_tensor *a = nn_htensor(3, -1, 1, 2, big), *b = nn_htensor(4, -1, 1, 1, small);
+            lk_tensor_set_requires_grad(a, true);
+            lk_tensor_set_requires_grad(b, true);
+            lk_layer_add_parameter(holder, "a", a);
+            lk_layer_add_parameter(holder, "b", b);
+            lk_tensor *fp = NULL, *fg = NULL;
+            lk_named_tensors ps = {0};
+            lk_optimizer *o = NULL;
+            CHECK_OK(lk_params_flatten(holder, NULL, &fp, &fg));
+            CHECK_OK(lk_layer_named_parameters(holder, &ps));
+            CHECK_OK(lk_optimizer_create(&cases[c].cfg, &ps, &o));
+            for (int step = 0; step < 4 && o; step++) {
+                set_grads(&ps, step);
+                CHECK_OK(lk_optimizer_step(o));
+            }
+            result[threads - 1] = fp ? lk_tensor_clone(fp) : NULL;
+            lk_optimizer_free(o);
+            lk_named_tensors_clear(&ps);
+            lk_layer_free(holder);
+            lk_tensor_release(fp);
+            lk_tensor_release(fg);
+        }
+        for (int t = 1; t < 3; t++)
+            CHECK_MSG(result[0] && result[t] && !memcmp(result[0]->data, result[t]->data, (size_t)result[0]->numel * 4),
+                      "%s: %d threads differ from 1", cases[c].name, t + 1);
+        for (int t = 0; t < 3; t++) lk_tensor_release(result[t]);
+    }
+    lk_set_num_threads(2);
+}
+
 static void optimizer_groups(void) {
     lk_optim_config a = lk_adam_config_default();
     a.lr = 5e-3;
@@ -406,6 +447,6 @@ static void clipping(void) {
     lk_named_tensors_clear(&ps);
 }
 
-LK_TEST_MAIN(LK_TEST_CASE(optimizer_parity), LK_TEST_CASE(optimizer_parity_flat), LK_TEST_CASE(optimizer_groups),
+LK_TEST_MAIN(LK_TEST_CASE(optimizer_parity), LK_TEST_CASE(optimizer_parity_flat), LK_TEST_CASE(flat_update_any_threads), LK_TEST_CASE(optimizer_groups),
              LK_TEST_CASE(optimizer_state_resume), LK_TEST_CASE(invalid_hyperparameters), LK_TEST_CASE(scheduler_parity),
              LK_TEST_CASE(scheduler_resume), LK_TEST_CASE(scheduler_errors), LK_TEST_CASE(clipping))
