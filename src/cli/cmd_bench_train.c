@@ -32,6 +32,7 @@ static int parse_list(int argc, char **argv, int *i, const char **out, int max) 
 }
 
 static char self_exe[1024];
+static char extra_args[4096]; /* after `--`: appended to every fit, shell-quoted */
 
 /* Reads samples/s and the step split of one run into c (summing samples/s
  * and averaging the split when called for several concurrent copies). */
@@ -78,9 +79,9 @@ static bool run_cell(cell *c, int steps, const char *tmp, int rep) {
             "--trainer.devices %d --trainer.strategy %s --trainer.max_steps %d --trainer.max_epochs 1 "
             "--trainer.limit_val_batches 0 --trainer.num_sanity_val_steps 0 --trainer.enable_checkpointing false "
             "--trainer.enable_progress_bar false --trainer.enable_tensorboard false "
-            "--trainer.default_root_dir '%s' > '%s.log' 2>&1 %s",
+            "--trainer.default_root_dir '%s'%s > '%s.log' 2>&1 %s",
             self_exe, c->model, samples, input, loader_batch, indep ? 1 : c->devices, indep ? "single" : c->strategy,
-            steps, root, root, copies > 1 ? "&" : "");
+            steps, root, extra_args, root, copies > 1 ? "&" : "");
     }
     if (len + 16 >= sizeof cmd) return false;
     snprintf(cmd + len, sizeof cmd - len, "%s)", copies > 1 ? " wait" : "");
@@ -149,6 +150,22 @@ int lk_cmd_bench_train(int argc, char **argv) {
     int nm = 1, ns = 1, nd = 2, nb = 3, steps = 60, repeats = 1;
     const char *csv = NULL, *plot = NULL;
     for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--")) { /* the rest goes to every `lockstep fit` */
+            size_t len = 0;
+            for (int k = i + 1; k < argc; k++) {
+                if (strchr(argv[k], '\'')) {
+                    fprintf(stderr, "lockstep bench train: fit argument %s contains a quote\n", argv[k]);
+                    return 2;
+                }
+                int w = snprintf(extra_args + len, sizeof extra_args - len, " '%s'", argv[k]);
+                if (w < 0 || (size_t)w >= sizeof extra_args - len) {
+                    fprintf(stderr, "lockstep bench train: fit arguments after -- are too long\n");
+                    return 2;
+                }
+                len += (size_t)w;
+            }
+            break;
+        }
         if (!strcmp(argv[i], "--model") || !strcmp(argv[i], "--models")) nm = parse_list(argc, argv, &i, models, MAXV);
         else if (!strcmp(argv[i], "--strategies")) ns = parse_list(argc, argv, &i, strategies, MAXV);
         else if (!strcmp(argv[i], "--devices")) nd = parse_list(argc, argv, &i, dev_s, MAXV);
@@ -160,6 +177,7 @@ int lk_cmd_bench_train(int argc, char **argv) {
         else if (!strcmp(argv[i], "--help")) {
             printf("usage: lockstep bench train [--model M...] [--strategies ddp single...] [--devices 1 2...]\n"
                    "       [--batch-sizes 64 128 256...] [--steps N] [--repeats R] [--csv FILE] [--plot FILE.svg]\n"
+                   "       [-- FIT ARGS...]   (e.g. -- --trainer.bucket_cap_mb 1: added to every fit)\n"
                    "Each cell is a `lockstep fit` run of N optimizer steps on synthetic 28x28 data; throughput\n"
                    "and the step-time split are steady-state figures (from step 5 on) read from run.json.\n"
                    "--repeats R runs every cell R times, the device counts of a row interleaved (1, 2, 1, 2,\n"
