@@ -36,6 +36,7 @@ static const lk_env_var env_vars[] = {
     {"LK_COMM_SHM_SMALL", "65536", "shm: all-reduce messages up to this many bytes take one step"},
     {"LK_COMM_SHM_SLICE", "524288", "shm: bytes per pipeline slice of in-segment all-reduce"},
     {"LK_COMM_TEST_DELAY_MS", "0", "tests only: delay every asynchronous collective by this many ms"},
+    {"LK_TEST_STEP_DELAY_MS", "0", "tests only: sleep this many ms after every optimizer step (signal tests)"},
     {"LK_ALLOW_OVERSUBSCRIBE", "0", "1: allow more ranks (trainer.devices) than CPU cores"},
 };
 

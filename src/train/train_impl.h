@@ -32,6 +32,7 @@ typedef struct lk_topk {
 
 struct lk_trainer {
     lk_trainer_config cfg;
+    long test_step_delay_ms; /* LK_TEST_STEP_DELAY_MS */
     lk_optim_settings opt;
     char *config_yaml;
     /* distributed */

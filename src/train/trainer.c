@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "lockstep/config.h"
@@ -89,6 +90,7 @@ lk_status lk_trainer_create(const lk_trainer_config *cfg, const lk_optim_setting
         goto fail;
     }
     lk_log_set_rank(tr->rank, tr->world);
+    tr->test_step_delay_ms = lk_env_get_long("LK_TEST_STEP_DELAY_MS", 0);
     /* Ranks on one node share its cores: BLAS threads that outnumber them
      * spin against each other. */
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
@@ -628,6 +630,8 @@ static lk_status fit_loop(lk_trainer *tr, lk_loader *train, lk_loader *val, int6
                 if (tr->sched && !strcmp(tr->opt.interval, "step") && strcmp(tr->opt.scheduler, "plateau"))
                     LK_TRY(lk_scheduler_step(tr->sched));
                 tr->sum_opt += lk_time_now() - t5;
+                if (tr->test_step_delay_ms > 0) /* tests that signal a run mid-way need it to last */
+                    nanosleep(&(struct timespec){tr->test_step_delay_ms / 1000, (tr->test_step_delay_ms % 1000) * 1000000L}, NULL);
                 tr->timed_steps++;
                 tr->global_step++;
                 if (tr->global_step == 1) tr->t_first_step = lk_time_now();

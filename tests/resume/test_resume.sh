@@ -26,7 +26,8 @@ run_case() {
   for sig in KILL TERM; do
     # interrupted: wait for the first mid-run checkpoint, then signal the whole job
     local before; before=$(latest)
-    setsid "$LK_BIN" fit -c "$T/synth.yaml" "${common[@]}" "${extra[@]}" >"$T/$name.$sig.log" 2>&1 &
+    # (each step sleeps 20 ms, so a fast machine cannot finish before the signal lands)
+    LK_TEST_STEP_DELAY_MS=20 setsid "$LK_BIN" fit -c "$T/synth.yaml" "${common[@]}" "${extra[@]}" >"$T/$name.$sig.log" 2>&1 &
     local pid=$!
     local d=""
     for _ in $(seq 1 6000); do   # up to 30 s on a loaded machine
