@@ -6,6 +6,42 @@
 
 #include "backend/backend_impl.h"
 
+static void sgemm1(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+                   const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (int)M, (int)N, (int)K,
+                alpha, A, (int)lda, B, (int)ldb, beta, C, (int)ldc);
+}
+
+/* A GEMM cut across the compute threads (BLAS itself runs single-threaded,
+ * see parallel.c): by output columns when there are enough of them, else by
+ * rows; cuts on 16-element boundaries. Each output element is computed by
+ * one thread, so the result is bitwise repeatable for a given thread count
+ * (BLAS's blocking over K can follow the cut's shape, so another thread count
+ * may differ in the last bits). */
+typedef struct {
+    bool ta, tb, by_cols;
+    int64_t M, N, K, lda, ldb, ldc;
+    float alpha, beta;
+    const float *A, *B;
+    float *C;
+    int width;
+} gemm_job;
+
+static void gemm_task(void *ctx, int t) {
+    const gemm_job *j = ctx;
+    int64_t len = j->by_cols ? j->N : j->M;
+    int64_t a = (len * t / j->width) & ~(int64_t)15, b = t + 1 == j->width ? len : (len * (t + 1) / j->width) & ~(int64_t)15;
+    if (b <= a) return;
+    if (j->by_cols)
+        sgemm1(j->ta, j->tb, j->M, b - a, j->K, j->alpha, j->A, j->lda, j->tb ? j->B + a * j->ldb : j->B + a, j->ldb,
+               j->beta, j->C + a, j->ldc);
+    else
+        sgemm1(j->ta, j->tb, b - a, j->N, j->K, j->alpha, j->ta ? j->A + a : j->A + a * j->lda, j->lda, j->B, j->ldb,
+               j->beta, j->C + a * j->ldc, j->ldc);
+}
+
+#define GEMM_SPLIT_FLOPS (4.0 * 1024 * 1024) /* below ~30 us of one core, a second one does not pay */
+
 static void cpu_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
                      const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
     if (M == 0 || N == 0) return;
@@ -14,8 +50,16 @@ static void cpu_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float al
             for (int64_t j = 0; j < N; j++) C[i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[i * ldc + j];
         return;
     }
-    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (int)M, (int)N, (int)K,
-                alpha, A, (int)lda, B, (int)ldb, beta, C, (int)ldc);
+    int width = 2.0 * (double)M * (double)N * (double)K >= GEMM_SPLIT_FLOPS ? lk__parallel_width(64) : 1;
+    bool by_cols = N >= 32 * width || N >= M;
+    int64_t parts = (by_cols ? N : M) / 16;
+    if (width > parts) width = parts > 1 ? (int)parts : 1;
+    if (width <= 1) {
+        sgemm1(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        return;
+    }
+    gemm_job job = {ta, tb, by_cols, M, N, K, lda, ldb, ldc, alpha, beta, A, B, C, width};
+    lk__parallel_run(width, gemm_task, &job);
 }
 
 static void cpu_unary(lk_unary_op op, int64_t n, const float *restrict x, float *restrict y, float alpha) {
@@ -91,15 +135,6 @@ static void cpu_axpy(int64_t n, float alpha, const float *restrict x, float *res
     else
         for (int64_t i = 0; i < n; i++) y[i] += alpha * x[i];
 }
-
-void lk_set_num_threads(int n) {
-    long env = lk_env_get_long("LK_NUM_THREADS", 0);
-    if (env > 0) n = (int)env;
-    if (n < 1) n = 1;
-    openblas_set_num_threads(n);
-}
-
-int lk_get_num_threads(void) { return openblas_get_num_threads(); }
 
 const lk_backend lk__cpu_backend = {
     .name = "cpu",

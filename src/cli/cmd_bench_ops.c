@@ -89,7 +89,8 @@ int lk_cmd_bench_ops(int argc, char **argv) {
             return 2;
         }
     }
-    printf("BLAS: %s, %d thread(s)\n", openblas_get_config(), openblas_get_num_threads());
+    printf("BLAS: %s; lockstep compute threads: %d (GEMMs split by lockstep, BLAS single-threaded)\n",
+           openblas_get_config(), lk_get_num_threads());
     static const struct { int64_t M, K, N; bool tb; const char *what; } shapes[] = {
         {256, 784, 512, false, "MLP layer 1 (x @ W)"},
         {256, 784, 512, true, "MLP layer 1 (x @ W^T view)"},

@@ -64,8 +64,10 @@ int lk_cmd_env(int argc, char **argv) {
     printf("cores           : %ld online (%ld configured)\n", sysconf(_SC_NPROCESSORS_ONLN), sysconf(_SC_NPROCESSORS_CONF));
     long kb = atol(mem);
     printf("memory          : %.1f GiB\n", (double)kb / (1024.0 * 1024.0));
-    printf("blas            : OpenBLAS, core %s, %d threads, config: %s\n", openblas_get_corename(),
-           openblas_get_num_threads(), openblas_get_config());
+    printf("compute threads : %d per process (LK_NUM_THREADS; a trainer uses cores / local ranks)\n",
+           lk_get_num_threads());
+    printf("blas            : OpenBLAS, core %s, single-threaded (lockstep splits GEMMs), config: %s\n",
+           openblas_get_corename(), openblas_get_config());
     gpus();
 
     lk_pg_info pg;

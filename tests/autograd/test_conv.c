@@ -156,6 +156,61 @@ static void conv_matches_direct_loops(void) {
     lk_set_num_threads(2);
 }
 
+/* GEMMs cut across threads (by columns or rows, every transpose: a linear
+ * layer's forward and both backward products) match one thread to 1e-6
+ * (BLAS's blocking over K may follow the cut, so not always bitwise) and
+ * are bitwise repeatable for a given thread count. */
+static void gemm_split_matches_serial(void) {
+    static const int64_t shapes[][3] = {{64, 784, 256}, {37, 300, 129}, {256, 100, 33}, {5, 2000, 1000}, {300, 64, 20}};
+    for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
+        int64_t M = shapes[k][0], K = shapes[k][1], N = shapes[k][2];
+        lk_tensor *x = lk_gc_param(71, LK_SHAPE(M, K)), *w = lk_gc_param(72, LK_SHAPE(N, K));
+        lk_tensor *res[4][3] = {{NULL}};
+        for (int run = 1; run <= 4; run++) {
+            int threads = run == 4 ? 3 : run;
+            lk_set_num_threads(threads);
+            lk_tensor_zero_grad(x, true);
+            lk_tensor_zero_grad(w, true);
+            lk_scope_begin();
+            lk_tensor *y = lk_linear(x, w, NULL);
+            lk_rng r;
+            lk_rng_init(&r, 3, LK_RNG_USER, (uint32_t)k, 0);
+            lk_tensor *gy = y ? lk_tensor_randn(&r, 2, y->shape, 0.0f, 1.0f) : NULL;
+            CHECK_OK(lk_backward_with(y, gy));
+            res[run - 1][0] = y ? lk_tensor_clone(y) : NULL;
+            res[run - 1][1] = x->grad ? lk_tensor_clone(x->grad) : NULL;
+            res[run - 1][2] = w->grad ? lk_tensor_clone(w->grad) : NULL;
+            lk_tensor_release(gy);
+            lk_scope_end();
+        }
+        for (int i = 0; i < 3; i++) {
+            if (!res[0][i] || !res[1][i] || !res[2][i] || !res[3][i]) {
+                CHECK(0);
+                continue;
+            }
+            const float *e = res[0][i]->data;
+            for (int t = 1; t < 3; t++) {
+                const float *a = res[t][i]->data;
+                double err = 0, scale = 1e-12;
+                for (int64_t q = 0; q < res[0][i]->numel; q++) {
+                    err = fmax(err, fabs((double)a[q] - e[q]));
+                    scale = fmax(scale, fabs((double)e[q]));
+                }
+                CHECK_MSG(err / scale < 1e-6, "[%lld x %lld] x [%lld x %lld]^T, %d threads: %s differs by %g",
+                          (long long)M, (long long)K, (long long)N, (long long)K, t + 1, i == 0 ? "y" : i == 1 ? "dx" : "dw",
+                          err / scale);
+            }
+            CHECK_MSG(!memcmp(res[2][i]->data, res[3][i]->data, (size_t)res[0][i]->numel * 4),
+                      "3 threads twice: %s not bitwise repeatable", i == 0 ? "y" : i == 1 ? "dx" : "dw");
+        }
+        for (int t = 0; t < 4; t++)
+            for (int i = 0; i < 3; i++) lk_tensor_release(res[t][i]);
+        lk_tensor_release(x);
+        lk_tensor_release(w);
+    }
+    lk_set_num_threads(2);
+}
+
 /* A known answer from PyTorch 1.13: conv2d(arange(16).view(1,1,4,4),
  * arange(9).view(1,1,3,3), bias=[0.5], stride=2, padding=1, dilation=1). */
 static void conv_known_values(void) {
@@ -484,7 +539,7 @@ static void bad_input(void) {
     for (size_t i = 0; i < sizeof ts / sizeof *ts; i++) lk_tensor_release(ts[i]);
 }
 
-LK_TEST_MAIN(LK_TEST_CASE(conv_gradchecks), LK_TEST_CASE(conv_matches_direct_loops), LK_TEST_CASE(parallel_matches_serial), LK_TEST_CASE(conv_known_values),
+LK_TEST_MAIN(LK_TEST_CASE(conv_gradchecks), LK_TEST_CASE(conv_matches_direct_loops), LK_TEST_CASE(parallel_matches_serial), LK_TEST_CASE(gemm_split_matches_serial), LK_TEST_CASE(conv_known_values),
              LK_TEST_CASE(pool_gradchecks), LK_TEST_CASE(pool_known_values), LK_TEST_CASE(max_pool_ties_and_nan),
              LK_TEST_CASE(batch_norm_gradchecks), LK_TEST_CASE(batch_norm_running_stats),
              LK_TEST_CASE(conv_net_steady_state), LK_TEST_CASE(bad_input))
