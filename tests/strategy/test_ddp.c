@@ -411,7 +411,14 @@ static int overlap_rank(int rank) {
     /* Without overlap every bucket's delay would be exposed: at least
      * comm_time. Started during backward, only what backward could not
      * cover is. */
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+    /* Sanitizers slow the instrumented element-wise ops, not the BLAS GEMMs,
+     * so backward's first gradient comes late and the timing says little:
+     * the release build (`make test`) asserts it. */
+    (void)comm_time;
+#else
     if (!rc && !(exposed < comm_time)) rc = 7;
+#endif
     if (rc) fprintf(stderr, "rank %d: overlap rc %d: %s\n", rank, rc, lk_last_error());
     lk_strategy_free(s);
     lk_comm_free(comm);
