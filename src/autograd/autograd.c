@@ -212,6 +212,20 @@ lk_status lk__accum(lk_tensor *t, lk_tensor *g) {
     return st;
 }
 
+lk_status lk__accum_move(lk_tensor *t, lk_tensor *g) {
+    if (!g) return LK_STATUS_OK;
+    if (!t->requires_grad) {
+        lk_tensor_release(g);
+        return LK_STATUS_OK;
+    }
+    lk_tensor *r = lk__reduce_to_shape(g, t->ndim, t->shape);
+    lk_tensor_release(g); /* r holds g itself when no reduction was needed: then it is ours alone */
+    if (!r) return lk_last_status();
+    lk_status st = t->grad_fn ? add_into(&t->grad_fn->grad, r, false) : add_into(&t->grad, r, true);
+    lk_tensor_release(r);
+    return st;
+}
+
 static void mark_leaf_uses(lk_node *n, int delta, bool fire) {
     for (int i = 0; i < n->n_in; i++) {
         lk_tensor *t = n->in[i];

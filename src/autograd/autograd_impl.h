@@ -45,6 +45,9 @@ lk_node *lk__record(const char *name, lk_backward_fn bw, lk_tensor *out, int n_i
 bool lk__needs_grad(int n_in, lk_tensor *const *in);
 /* Adds g (contiguous f32, t's shape or broadcastable to it) into t's gradient. */
 lk_status lk__accum(lk_tensor *t, lk_tensor *g);
+/* The same, taking over the caller's reference to g (NULL: nothing): a
+ * freshly computed gradient becomes the slot itself instead of a copy. */
+lk_status lk__accum_move(lk_tensor *t, lk_tensor *g);
 /* Sums g over broadcast dimensions down to `shape` (new caller-owned tensor,
  * or g retained when the shapes already match). */
 lk_tensor *lk__reduce_to_shape(lk_tensor *g, int ndim, const int64_t *shape);

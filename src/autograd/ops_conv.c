@@ -171,9 +171,10 @@ static void conv2d_backward(lk_node *n, lk_tensor *gout) {
         for (int t = 1; t < width; t++) job.be->axpy(g.O * g.Kg, 1.0f, job.dw_part + (t - 1) * g.O * g.Kg, job.dwd);
     if (dbp)
         for (int t = 0; t < width; t++) job.be->axpy(g.O, 1.0f, job.db_part + t * g.O, db->data);
-    if (dx) lk__accum(x, dx);
-    if (dw) lk__accum(w, dw);
-    if (db) lk__accum(b, db);
+    /* moved: the gradient slots take these buffers instead of copying them */
+    lk__accum_move(x, dx), dx = NULL;
+    lk__accum_move(w, dw), dw = NULL;
+    lk__accum_move(b, db), db = NULL;
 done:
     lk_tensor_release(dx);
     lk_tensor_release(dw);
@@ -393,8 +394,7 @@ static void max_pool_backward(lk_node *n, lk_tensor *gout) {
     for (long c = 0; c < g.planes; c++)
         lk_k_max_pool_backward_plane((const float *)gout->data + c * no, (const int *)idx->data + c * no, no,
                                      (float *)dx->data + c * ni);
-    lk__accum(x, dx);
-    lk_tensor_release(dx);
+    lk__accum_move(x, dx);
 }
 
 typedef struct {
@@ -451,8 +451,7 @@ static void avg_pool_backward(lk_node *n, lk_tensor *gout) {
     for (long c = 0; c < g.planes; c++)
         lk_k_avg_pool_backward_plane((const float *)gout->data + c * no, g.H, g.W, g.kh, g.kw, g.sh, g.sw, g.ph, g.pw,
                                      g.count_include_pad, g.OH, g.OW, (float *)dx->data + c * ni);
-    lk__accum(x, dx);
-    lk_tensor_release(dx);
+    lk__accum_move(x, dx);
 }
 
 lk_tensor *lk_avg_pool2d(lk_tensor *x, lk_pool2d_params p) {
@@ -485,8 +484,7 @@ static void adaptive_avg_backward(lk_node *n, lk_tensor *gout) {
     for (long c = 0; c < planes; c++)
         lk_k_adaptive_avg_backward_plane((const float *)gout->data + c * OH * OW, H, W, OH, OW,
                                          (float *)dx->data + c * H * W);
-    lk__accum(x, dx);
-    lk_tensor_release(dx);
+    lk__accum_move(x, dx);
 }
 
 lk_tensor *lk_adaptive_avg_pool2d(lk_tensor *x, int out_h, int out_w) {

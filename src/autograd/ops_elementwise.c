@@ -35,10 +35,7 @@ static lk_tensor *binary_raw(lk_binary_op op, lk_tensor *a, lk_tensor *b, const 
     return out;
 }
 
-static void accum_release(lk_tensor *t, lk_tensor *g) {
-    if (g) lk__accum(t, g);
-    lk_tensor_release(g);
-}
+static void accum_release(lk_tensor *t, lk_tensor *g) { lk__accum_move(t, g); }
 
 static void binary_backward(lk_node *n, lk_tensor *g) {
     lk_tensor *a = n->in[0], *b = n->in[1];

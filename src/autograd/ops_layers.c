@@ -20,8 +20,7 @@ static void dropout_backward(lk_node *n, lk_tensor *g) {
     const float *gd = g->data;
     float *dd = dx->data;
     for (int64_t i = 0; i < g->numel; i++) dd[i] = gd[i] * (m[i] ? scale : 0.0f);
-    lk__accum(n->in[0], dx);
-    lk_tensor_release(dx);
+    lk__accum_move(n->in[0], dx);
 }
 
 /* keep[i] = !(u_i < p) where u_i is the i-th lk_rng_uniform() of the stream:
@@ -121,9 +120,9 @@ static void layer_norm_backward(lk_node *n, lk_tensor *g) {
         if (dw || db)
             lk_k_layer_norm_param_grad_row(xr, gr, mean, rstd, L, dw ? dw->data : NULL, db ? db->data : NULL);
     }
-    if (dx) lk__accum(xin, dx);
-    if (dw) lk__accum(win, dw);
-    if (db) lk__accum(bin, db);
+    lk__accum_move(xin, dx), dx = NULL;
+    lk__accum_move(win, dw), dw = NULL;
+    lk__accum_move(bin, db), db = NULL;
 done:
     lk_free(dy);
     lk_tensor_release(dx);

@@ -172,9 +172,10 @@ static void linear_backward(lk_node *n, lk_tensor *g) {
     if (x->requires_grad) {
         lk_tensor *dx = lk__tensor_new(LK_F32, x->ndim, x->shape);
         lk_tensor *dx2 = dx ? lk__tensor_view(dx, 2, x2->shape, x2->stride, 0) : NULL;
-        if (dx2 && !gemm2d(g2, false, w, false, 0.0f, dx2)) lk__accum(x, dx);
+        bool ok = dx2 && !gemm2d(g2, false, w, false, 0.0f, dx2);
         lk_tensor_release(dx2);
-        lk_tensor_release(dx);
+        if (ok) lk__accum_move(x, dx); /* the slot takes the buffer */
+        else lk_tensor_release(dx);
     }
     if (w->requires_grad) {
         /* Accumulate straight into w->grad when it is a plain contiguous leaf
@@ -182,8 +183,8 @@ static void linear_backward(lk_node *n, lk_tensor *g) {
         if (!w->grad_fn && w->grad && lk_tensor_is_contiguous(w->grad)) gemm2d(g2, true, x2, false, 1.0f, w->grad);
         else {
             lk_tensor *dw = lk__tensor_new(LK_F32, 2, w->shape);
-            if (dw && !gemm2d(g2, true, x2, false, 0.0f, dw)) lk__accum(w, dw);
-            lk_tensor_release(dw);
+            if (dw && !gemm2d(g2, true, x2, false, 0.0f, dw)) lk__accum_move(w, dw);
+            else lk_tensor_release(dw);
         }
     }
     if (b && b->requires_grad) {

@@ -70,9 +70,10 @@ static void batch_norm_backward(lk_node *n, lk_tensor *gout) {
                       db ? db->data : NULL, N, C, S, M, training, bn_width(xc->numel, C)};
     lk__parallel_run(job.width, bn_bwd_task, &job);
     lk_tensor_release(wc);
-    if (dx) lk__accum(x, dx);
-    if (dw) lk__accum(w, dw);
-    if (db) lk__accum(b, db);
+    /* moved: the gradient slots take these buffers instead of copying them */
+    lk__accum_move(x, dx), dx = NULL;
+    lk__accum_move(w, dw), dw = NULL;
+    lk__accum_move(b, db), db = NULL;
 done:
     lk_tensor_release(dx);
     lk_tensor_release(dw);
