@@ -138,7 +138,8 @@ static void write_svg(const char *path, cell *cells, int n) {
         fprintf(f, "<text x='%d' y='%.0f'>%.0f</text>\n", x, base - h - 16, cells[i].sps);
         if (cells[i].devices > 1) fprintf(f, "<text x='%d' y='%.0f'>%.0f%%</text>\n", x, base - h - 4, 100 * cells[i].eff);
         fprintf(f, "<text x='%d' y='%d'>%s x%d</text>\n<text x='%d' y='%d'>b%d</text>\n", x, base + 14,
-                cells[i].strategy, cells[i].devices, x, base + 28, cells[i].batch);
+                strcmp(cells[i].strategy, "independent") ? cells[i].strategy : "indep", cells[i].devices, x, base + 28,
+                cells[i].batch);
     }
     fprintf(f, "</svg>\n");
     fclose(f);
