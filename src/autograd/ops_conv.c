@@ -81,7 +81,9 @@ typedef struct {
 static void conv_bwd_task(void *ctx, int t) {
     const conv_bwd_job *j = ctx;
     const conv_geom *g = j->g;
-    long c0 = j->nchunks * t / j->width, c1 = j->nchunks * (t + 1) / j->width, wn = g->O * g->Kg;
+    int64_t c0, c1;
+    lk__task_range(j->nchunks, t, j->width, 1, &c0, &c1);
+    long wn = g->O * g->Kg;
     float *dwd = !j->dwd ? NULL : t == 0 ? j->dwd : j->dw_part + (t - 1) * wn;
     float *dbd = j->db_part ? j->db_part + t * g->O : NULL;
     float *cols = j->cols ? j->cols + t * g->K * g->nb * g->P : NULL;
@@ -246,7 +248,8 @@ typedef struct {
 static void conv_fwd_task(void *ctx, int t) {
     const conv_fwd_job *j = ctx;
     const conv_geom *g = j->g;
-    long c0 = j->nchunks * t / j->width, c1 = j->nchunks * (t + 1) / j->width;
+    int64_t c0, c1;
+    lk__task_range(j->nchunks, t, j->width, 1, &c0, &c1);
     float *cols = j->cols ? j->cols + t * g->K * g->nb * g->P : NULL;
     float *tmp = j->tmp ? j->tmp + t * g->O * g->nb * g->P : NULL;
     for (long c = c0; c < c1; c++) {
@@ -409,7 +412,9 @@ static void max_pool_task(void *ctx, int t) {
     const max_pool_job *j = ctx;
     const pool_geom *g = j->g;
     long no = g->OH * g->OW, ni = g->H * g->W;
-    for (long c = g->planes * t / j->width; c < g->planes * (t + 1) / j->width; c++)
+    int64_t c0, c1;
+    lk__task_range(g->planes, t, j->width, 1, &c0, &c1);
+    for (long c = c0; c < c1; c++)
         lk_k_max_pool_plane(j->x + c * ni, g->H, g->W, g->kh, g->kw, g->sh, g->sw, g->ph, g->pw, g->OH, g->OW,
                             j->out + c * no, j->idx + c * no);
 }

@@ -26,7 +26,9 @@ typedef struct {
 static void bn_bwd_task(void *ctx, int t) {
     const bn_bwd_job *j = ctx;
     long N = j->N, C = j->C, S = j->S;
-    for (long c = C * t / j->width; c < C * (t + 1) / j->width; c++) {
+    int64_t c0, c1;
+    lk__task_range(C, t, j->width, 1, &c0, &c1);
+    for (long c = c0; c < c1; c++) {
         double sg = 0, sgx = 0;
         for (long i = 0; i < N; i++) {
             float a = 0.0f, q = 0.0f;
@@ -109,7 +111,9 @@ static void bn_fwd_task(void *ctx, int t) {
     double M = j->M;
     const float *xd = j->xd;
     float *mean = j->stats, *invstd = j->stats + C, *od = j->od;
-    for (long c = C * t / j->width; c < C * (t + 1) / j->width; c++) {
+    int64_t c0, c1;
+    lk__task_range(C, t, j->width, 1, &c0, &c1);
+    for (long c = c0; c < c1; c++) {
         if (j->training) {
             double s = 0, q = 0;
             for (long i = 0; i < N; i++) s += lk_k_plane_sum(xd + (i * C + c) * S, S);

@@ -45,6 +45,12 @@ const lk_backend *lk__backend(lk_device dev);
  * nodes or raise errors; tasks the pool cannot take run on the caller, so
  * results depend on the width, never on how many threads ran it. */
 int lk__parallel_width(int64_t items);
+/* Task t's share [*begin, *end) of n items cut `width` ways; cuts fall on
+ * multiples of `align` (a power of two; 16 keeps vector loops whole). */
+static inline void lk__task_range(int64_t n, int t, int width, int64_t align, int64_t *begin, int64_t *end) {
+    *begin = (n * t / width) & ~(align - 1);
+    *end = t + 1 == width ? n : (n * (t + 1) / width) & ~(align - 1);
+}
 void lk__parallel_run(int width, void (*fn)(void *ctx, int task), void *ctx);
 extern const lk_backend lk__cpu_backend;
 

@@ -30,7 +30,8 @@ typedef struct {
 static void gemm_task(void *ctx, int t) {
     const gemm_job *j = ctx;
     int64_t len = j->by_cols ? j->N : j->M;
-    int64_t a = (len * t / j->width) & ~(int64_t)15, b = t + 1 == j->width ? len : (len * (t + 1) / j->width) & ~(int64_t)15;
+    int64_t a, b;
+    lk__task_range(len, t, j->width, 16, &a, &b);
     if (b <= a) return;
     if (j->by_cols)
         sgemm1(j->ta, j->tb, j->M, b - a, j->K, j->alpha, j->A, j->lda, j->tb ? j->B + a * j->ldb : j->B + a, j->ldb,

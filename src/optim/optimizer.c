@@ -290,7 +290,8 @@ typedef struct {
 
 static void flat_task(void *ctx, int t) {
     const flat_job *j = ctx;
-    int64_t a = (j->n * t / j->width) & ~(int64_t)15, b = t + 1 == j->width ? j->n : (j->n * (t + 1) / j->width) & ~(int64_t)15;
+    int64_t a, b;
+    lk__task_range(j->n, t, j->width, 16, &a, &b);
     if (b > a) run_range(j->g, j->p + a, j->gr + a, a, b - a, j->step);
 }
 
