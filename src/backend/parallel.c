@@ -44,7 +44,7 @@ static struct {
     uint64_t start_gen[PARALLEL_MAX];
 } pool = {.mu = PTHREAD_MUTEX_INITIALIZER, .go = PTHREAD_COND_INITIALIZER, .done = PTHREAD_COND_INITIALIZER};
 
-static int compute_threads; /* 0 until first use */
+static atomic_int compute_threads; /* set once at first use, then by lk_set_num_threads */
 static _Thread_local bool in_task;
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;
 
@@ -60,8 +60,8 @@ static void reset_in_child(void) {
 static void init_threads(void) {
     pthread_atfork(NULL, NULL, reset_in_child);
     long env = lk_env_get_long("LK_NUM_THREADS", 0), cores = sysconf(_SC_NPROCESSORS_ONLN);
-    compute_threads = (int)(env > 0 ? env : cores > 0 ? cores : 1);
-    if (compute_threads > PARALLEL_MAX) compute_threads = PARALLEL_MAX;
+    long n = env > 0 ? env : cores > 0 ? cores : 1;
+    atomic_store(&compute_threads, (int)(n > PARALLEL_MAX ? PARALLEL_MAX : n));
     openblas_set_num_threads(1);
 }
 
@@ -69,12 +69,12 @@ void lk_set_num_threads(int n) {
     pthread_once(&init_once, init_threads);
     long env = lk_env_get_long("LK_NUM_THREADS", 0);
     if (env > 0) n = (int)env;
-    compute_threads = n < 1 ? 1 : n > PARALLEL_MAX ? PARALLEL_MAX : n;
+    atomic_store(&compute_threads, n < 1 ? 1 : n > PARALLEL_MAX ? PARALLEL_MAX : n);
 }
 
 int lk_get_num_threads(void) {
     pthread_once(&init_once, init_threads);
-    return compute_threads;
+    return atomic_load(&compute_threads);
 }
 
 int lk__parallel_width(int64_t items) {
