@@ -201,16 +201,6 @@ static lk_status add_into(lk_tensor **slot, lk_tensor *g, bool persistent) {
     return LK_STATUS_OK;
 }
 
-lk_status lk__accum(lk_tensor *t, lk_tensor *g) {
-    if (!t->requires_grad) return LK_STATUS_OK;
-    lk_tensor *r = lk__reduce_to_shape(g, t->ndim, t->shape);
-    if (!r) return lk_last_status();
-    lk_status st;
-    if (t->grad_fn) st = add_into(&t->grad_fn->grad, r, false);
-    else st = add_into(&t->grad, r, true);
-    lk_tensor_release(r);
-    return st;
-}
 
 lk_status lk__accum_move(lk_tensor *t, lk_tensor *g) {
     if (!g) return LK_STATUS_OK;
@@ -225,6 +215,9 @@ lk_status lk__accum_move(lk_tensor *t, lk_tensor *g) {
     lk_tensor_release(r);
     return st;
 }
+
+/* The caller keeps its reference, so g is never adopted: always a copy or a sum. */
+lk_status lk__accum(lk_tensor *t, lk_tensor *g) { return lk__accum_move(t, lk_tensor_retain(g)); }
 
 static void mark_leaf_uses(lk_node *n, int delta, bool fire) {
     for (int i = 0; i < n->n_in; i++) {

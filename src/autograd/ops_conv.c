@@ -24,6 +24,8 @@ typedef struct {
     long sh, sw, ph, pw, dh, dw;
     bool pointwise; /* 1x1, stride 1, no padding: the input planes are the columns */
     long nb;        /* samples per chunk */
+    long nchunks;   /* chunks of nb samples (the last may be short) */
+    long cols_n, out_n; /* one chunk's im2col columns [K, nb*P] and output [O, nb*P], in elements */
 } conv_geom;
 
 /* Minimum GEMM width (columns) per chunk. Measured on one AVX-512 AMD EPYC core
@@ -46,6 +48,8 @@ static void conv_geom_init(conv_geom *g, const lk_tensor *x, const lk_tensor *w,
     if (g->pointwise || nb < 1) nb = 1;
     if (nb > g->N) nb = g->N > 0 ? g->N : 1;
     g->nb = nb;
+    g->nchunks = (g->N + nb - 1) / nb;
+    g->cols_n = g->K * nb * g->P, g->out_n = g->O * nb * g->P;
 }
 
 /* cols[K, cur*P]: sample j of the chunk starting at n0 fills columns [j*P, (j+1)*P). */
@@ -65,16 +69,16 @@ static void col2im_chunk(const conv_geom *g, float *cols, long n0, long cur, flo
                               g->dh, g->dw, g->OH, g->OW, dx + ((n0 + j) * g->C + c) * g->H * g->W);
 }
 
-/* Backward over the chunks [c0, c1) of one task: dW into dwd (accumulated),
- * db into dbd, dX written per sample; cols and dyt are the task's scratch. */
+/* Backward over one task's chunks: dW and db accumulated (task 0 into the
+ * results, tasks 1.. into partials), dX written per sample; cols and dyt
+ * are the task's scratch. */
 typedef struct {
     const conv_geom *g;
     const lk_backend *be;
     const float *xd, *wd, *gd;
-    float *dxd, *dwd;             /* dX; task 0's dW */
-    float *dw_part, *db_part;     /* tasks 1..: dW [width-1][O*Kg], db [width][O] */
-    float *cols, *dyt;            /* [width][...] scratch */
-    long nchunks;
+    float *dxd, *dwd, *dbd;   /* dX; task 0's dW and db */
+    float *dw_part, *db_part; /* tasks 1..: dW [width-1][O*Kg], db [width-1][O] */
+    float *cols, *dyt;        /* [width][cols_n], [width][out_n] */
     int width;
 } conv_bwd_job;
 
@@ -82,12 +86,11 @@ static void conv_bwd_task(void *ctx, int t) {
     const conv_bwd_job *j = ctx;
     const conv_geom *g = j->g;
     int64_t c0, c1;
-    lk__task_range(j->nchunks, t, j->width, 1, &c0, &c1);
-    long wn = g->O * g->Kg;
-    float *dwd = !j->dwd ? NULL : t == 0 ? j->dwd : j->dw_part + (t - 1) * wn;
-    float *dbd = j->db_part ? j->db_part + t * g->O : NULL;
-    float *cols = j->cols ? j->cols + t * g->K * g->nb * g->P : NULL;
-    float *dyt = j->dyt ? j->dyt + t * g->O * g->nb * g->P : NULL;
+    lk__task_range(g->nchunks, t, j->width, 1, &c0, &c1);
+    float *dwd = !j->dwd ? NULL : t == 0 ? j->dwd : j->dw_part + (t - 1) * g->O * g->Kg;
+    float *dbd = !j->dbd ? NULL : t == 0 ? j->dbd : j->db_part + (t - 1) * g->O;
+    float *cols = j->cols ? j->cols + t * g->cols_n : NULL;
+    float *dyt = j->dyt ? j->dyt + t * g->out_n : NULL;
     for (long c = c0; c < c1; c++) {
         long n0 = c * g->nb, cur = g->N - n0 < g->nb ? g->N - n0 : g->nb, ld = cur * g->P;
         const float *dy = j->gd + n0 * g->O * g->P;
@@ -136,8 +139,7 @@ static void conv2d_backward(lk_node *n, lk_tensor *gout) {
     conv_geom_init(&g, xc, wc, n->a.i);
     bool need_x = x->requires_grad, need_w = w->requires_grad, need_b = b && b->requires_grad;
     bool need_cols = !g.pointwise && (need_w || need_x);
-    long nchunks = (g.N + g.nb - 1) / g.nb;
-    int width = lk__parallel_width(nchunks);
+    int width = lk__parallel_width(g.nchunks);
     /* col2im accumulates into dx; the 1x1 path's GEMMs write all of it */
     lk_tensor *dx = !need_x ? NULL
                     : g.pointwise ? lk__tensor_new(LK_F32, 4, xc->shape)
@@ -146,13 +148,14 @@ static void conv2d_backward(lk_node *n, lk_tensor *gout) {
     bool direct_w = need_w && !w->grad_fn && w->grad && lk_tensor_is_contiguous(w->grad);
     lk_tensor *dw = need_w && !direct_w ? lk_tensor_zeros(LK_F32, 4, wc->shape) : NULL;
     lk_tensor *db = need_b ? lk_tensor_zeros(LK_F32, 1, b->shape) : NULL;
-    /* Per task: scratch columns, dY gathers, partial dW (tasks 1..) and db. */
-    lk_tensor *cols = need_cols ? lk__tensor_new(LK_F32, 1, (int64_t[]){width * g.K * g.nb * g.P}) : NULL;
-    lk_tensor *dyt = g.nb > 1 ? lk__tensor_new(LK_F32, 1, (int64_t[]){width * g.O * g.nb * g.P}) : NULL;
-    lk_tensor *dwp = need_w && width > 1 ? lk_tensor_zeros(LK_F32, 1, (int64_t[]){(width - 1) * g.O * g.Kg}) : NULL;
-    lk_tensor *dbp = need_b ? lk_tensor_zeros(LK_F32, 1, (int64_t[]){width * g.O}) : NULL;
-    if ((need_x && !dx) || (need_w && !direct_w && !dw) || (need_b && (!db || !dbp)) || (need_cols && !cols) ||
-        (g.nb > 1 && !dyt) || (need_w && width > 1 && !dwp))
+    /* Per task: scratch columns and dY gathers; tasks 1.. also partial dW and db. */
+    bool parts = width > 1;
+    lk_tensor *cols = need_cols ? lk__tensor_new(LK_F32, 1, (int64_t[]){width * g.cols_n}) : NULL;
+    lk_tensor *dyt = g.nb > 1 ? lk__tensor_new(LK_F32, 1, (int64_t[]){width * g.out_n}) : NULL;
+    lk_tensor *dwp = need_w && parts ? lk_tensor_zeros(LK_F32, 1, (int64_t[]){(width - 1) * g.O * g.Kg}) : NULL;
+    lk_tensor *dbp = need_b && parts ? lk_tensor_zeros(LK_F32, 1, (int64_t[]){(width - 1) * g.O}) : NULL;
+    if ((need_x && !dx) || (need_w && !direct_w && !dw) || (need_b && !db) || (need_cols && !cols) ||
+        (g.nb > 1 && !dyt) || (need_w && parts && !dwp) || (need_b && parts && !dbp))
         goto done;
     conv_bwd_job job = {.g = &g,
                         .be = lk__backend(xc->device),
@@ -161,18 +164,18 @@ static void conv2d_backward(lk_node *n, lk_tensor *gout) {
                         .gd = gout->data,
                         .dxd = need_x ? dx->data : NULL,
                         .dwd = need_w ? (direct_w ? w->grad->data : dw->data) : NULL,
+                        .dbd = need_b ? db->data : NULL,
                         .dw_part = dwp ? dwp->data : NULL,
                         .db_part = dbp ? dbp->data : NULL,
                         .cols = cols ? cols->data : NULL,
                         .dyt = dyt ? dyt->data : NULL,
-                        .nchunks = nchunks,
                         .width = width};
     lk__parallel_run(width, conv_bwd_task, &job);
-    /* The tasks' partial sums, added in task order: deterministic for a given thread count. */
-    if (dwp)
-        for (int t = 1; t < width; t++) job.be->axpy(g.O * g.Kg, 1.0f, job.dw_part + (t - 1) * g.O * g.Kg, job.dwd);
-    if (dbp)
-        for (int t = 0; t < width; t++) job.be->axpy(g.O, 1.0f, job.db_part + t * g.O, db->data);
+    /* The partial sums of tasks 1.., added in task order: deterministic for a given thread count. */
+    for (int t = 1; t < width; t++) {
+        if (dwp) job.be->axpy(g.O * g.Kg, 1.0f, job.dw_part + (t - 1) * g.O * g.Kg, job.dwd);
+        if (dbp) job.be->axpy(g.O, 1.0f, job.db_part + (t - 1) * g.O, job.dbd);
+    }
     /* moved: the gradient slots take these buffers instead of copying them */
     lk__accum_move(x, dx), dx = NULL;
     lk__accum_move(w, dw), dw = NULL;
@@ -240,8 +243,7 @@ typedef struct {
     const conv_geom *g;
     const lk_backend *be;
     const float *xd, *wd, *bd;
-    float *od, *cols, *tmp; /* cols and tmp: [width][...] */
-    long nchunks;
+    float *od, *cols, *tmp; /* cols [width][cols_n], tmp [width][out_n] */
     int width;
 } conv_fwd_job;
 
@@ -249,9 +251,9 @@ static void conv_fwd_task(void *ctx, int t) {
     const conv_fwd_job *j = ctx;
     const conv_geom *g = j->g;
     int64_t c0, c1;
-    lk__task_range(j->nchunks, t, j->width, 1, &c0, &c1);
-    float *cols = j->cols ? j->cols + t * g->K * g->nb * g->P : NULL;
-    float *tmp = j->tmp ? j->tmp + t * g->O * g->nb * g->P : NULL;
+    lk__task_range(g->nchunks, t, j->width, 1, &c0, &c1);
+    float *cols = j->cols ? j->cols + t * g->cols_n : NULL;
+    float *tmp = j->tmp ? j->tmp + t * g->out_n : NULL;
     for (long c = c0; c < c1; c++) {
         long n0 = c * g->nb, cur = g->N - n0 < g->nb ? g->N - n0 : g->nb, ld = cur * g->P;
         const float *B = j->xd + n0 * g->C * g->P;
@@ -282,11 +284,10 @@ lk_tensor *lk_conv2d(lk_tensor *x, lk_tensor *w, lk_tensor *b, lk_conv2d_params 
     conv_geom g;
     conv_geom_init(&g, x, w, a);
     lk_tensor *xc = lk__contig(x), *wc = lk__contig(w), *bc = b ? lk__contig(b) : NULL;
-    long nchunks = (g.N + g.nb - 1) / g.nb;
-    int width = lk__parallel_width(nchunks);
+    int width = lk__parallel_width(g.nchunks);
     lk_tensor *out = lk__tensor_new(LK_F32, 4, (int64_t[]){g.N, g.O, g.OH, g.OW});
-    lk_tensor *cols = g.pointwise ? NULL : lk__tensor_new(LK_F32, 1, (int64_t[]){width * g.K * g.nb * g.P});
-    lk_tensor *tmp = g.nb > 1 ? lk__tensor_new(LK_F32, 1, (int64_t[]){width * g.O * g.nb * g.P}) : NULL;
+    lk_tensor *cols = g.pointwise ? NULL : lk__tensor_new(LK_F32, 1, (int64_t[]){width * g.cols_n});
+    lk_tensor *tmp = g.nb > 1 ? lk__tensor_new(LK_F32, 1, (int64_t[]){width * g.out_n}) : NULL;
     if (!xc || !wc || (b && !bc) || !out || (!g.pointwise && !cols) || (g.nb > 1 && !tmp)) {
         lk_tensor_release(out);
         out = NULL;
@@ -300,7 +301,6 @@ lk_tensor *lk_conv2d(lk_tensor *x, lk_tensor *w, lk_tensor *b, lk_conv2d_params 
                         .od = out->data,
                         .cols = cols ? cols->data : NULL,
                         .tmp = tmp ? tmp->data : NULL,
-                        .nchunks = nchunks,
                         .width = width};
     lk__parallel_run(width, conv_fwd_task, &job);
     lk_tensor *in[3] = {x, w, b};

@@ -40,10 +40,11 @@ const lk_backend *lk__backend(lk_device dev);
  * lk__parallel_width: how many tasks to cut `items` into (1 when this
  * process has one compute thread, as under DP's replicas or one rank per
  * core). lk__parallel_run: fn(ctx, t) for t in [0, width), task 0 on the
- * calling thread and the others on a parked pool (parallel.c), with BLAS
- * held at one thread meanwhile. A task must not allocate, record autograd
- * nodes or raise errors; tasks the pool cannot take run on the caller, so
- * results depend on the width, never on how many threads ran it. */
+ * calling thread and the others on a parked pool (parallel.c). A task must
+ * not record autograd nodes, and a task that fails must hand its message
+ * back itself (the last error is per thread); tasks the pool cannot take run
+ * on the caller, so results depend on the width, never on how many threads
+ * ran it. */
 int lk__parallel_width(int64_t items);
 /* Task t's share [*begin, *end) of n items cut `width` ways; cuts fall on
  * multiples of `align` (a power of two; 16 keeps vector loops whole). */

@@ -3,12 +3,12 @@
  * Also the small array helpers every reader shares. A dataset is immutable
  * after creation, which is what lets loader workers read it concurrently
  * without locks; only its reference count changes. */
+#include "backend/backend_impl.h"
 #include "data/data_internal.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -284,76 +284,62 @@ lk_status lk_dataset_from_arrays(int nfields, lk_array *arrays, const char *cons
     return LK_STATUS_OK;
 }
 
+/* Materialize cuts the rows across the compute-thread pool; each task keeps
+ * its first failure (status and message: the last error is per thread). */
 typedef struct {
     lk_dataset *src;
-    int nf;
-    int64_t begin, end;
+    int nf, width;
+    int64_t n;
     char *base[LK_DATA_MAX_FIELDS];
     size_t row[LK_DATA_MAX_FIELDS];
-    lk_status st;
-    char err[1024];
-} copy_part;
+    lk_status st[LK_MATERIALIZE_MAX_THREADS];
+    char err[LK_MATERIALIZE_MAX_THREADS][256];
+} copy_job;
 
-static void *copy_rows(void *arg) {
-    copy_part *p = arg;
+static void copy_rows(void *ctx, int t) {
+    copy_job *j = ctx;
     void *dst[LK_DATA_MAX_FIELDS];
-    for (int64_t i = p->begin; i < p->end && !p->st; i++) {
-        for (int f = 0; f < p->nf; f++) dst[f] = p->base[f] + (size_t)i * p->row[f];
-        p->st = lk_dataset_get(p->src, i, 0, dst);
+    int64_t begin, end;
+    lk__task_range(j->n, t, j->width, 1, &begin, &end);
+    for (int64_t i = begin; i < end && !j->st[t]; i++) {
+        for (int f = 0; f < j->nf; f++) dst[f] = j->base[f] + (size_t)i * j->row[f];
+        j->st[t] = lk_dataset_get(j->src, i, 0, dst);
     }
-    /* The error message is thread-local: carry it back to the caller. */
-    if (p->st) snprintf(p->err, sizeof p->err, "%s", lk_last_error());
-    return NULL;
+    if (j->st[t]) snprintf(j->err[t], sizeof j->err[t], "%s", lk_last_error());
 }
 
 lk_status lk_dataset_materialize(lk_dataset *src, int threads, lk_dataset **out) {
     *out = NULL;
-    int nf = lk_dataset_nfields(src);
-    int64_t n = lk_dataset_len(src);
     lk_array arrays[LK_DATA_MAX_FIELDS];
     const char *names[LK_DATA_MAX_FIELDS];
-    copy_part parts[LK_MATERIALIZE_MAX_THREADS];
     memset(arrays, 0, sizeof arrays);
-    memset(parts, 0, sizeof parts);
-    if (threads < 1) threads = 1;
-    if (threads > LK_MATERIALIZE_MAX_THREADS) threads = LK_MATERIALIZE_MAX_THREADS;
-    if (threads > n / 1024) threads = n / 1024 > 1 ? (int)(n / 1024) : 1; /* not worth a thread below that */
+    copy_job *j = lk_calloc(1, sizeof *j);
+    if (!j) return LK_STATUS_OUT_OF_MEMORY;
+    j->src = src;
+    j->nf = lk_dataset_nfields(src);
+    j->n = lk_dataset_len(src);
+    int64_t most = j->n / 1024; /* not worth a thread below that many rows each */
+    j->width = threads < 1 || most < 2 ? 1 : threads > most ? (int)most : threads;
+    if (j->width > LK_MATERIALIZE_MAX_THREADS) j->width = LK_MATERIALIZE_MAX_THREADS;
     lk_status st = LK_STATUS_OK;
-    for (int f = 0; f < nf && !st; f++) {
+    for (int f = 0; f < j->nf && !st; f++) {
         const lk_field *fd = lk_dataset_field(src, f);
         int64_t shape[LK_MAX_DIMS + 1];
-        shape[0] = n;
+        shape[0] = j->n;
         for (int d = 0; d < fd->ndim; d++) shape[d + 1] = fd->shape[d];
         /* Uninitialised: every row is written below, and not zeroing first
          * halves the memory traffic of a large copy. */
         st = lk__array_alloc_uninit(&arrays[f], fd->dtype, fd->ndim + 1, shape);
         names[f] = fd->name;
-        for (int t = 0; t < threads; t++) {
-            parts[t].base[f] = arrays[f].data;
-            parts[t].row[f] = lk_field_nbytes(fd);
-        }
+        j->base[f] = arrays[f].data;
+        j->row[f] = lk_field_nbytes(fd);
     }
-    if (!st) {
-        pthread_t tid[LK_MATERIALIZE_MAX_THREADS];
-        bool started[LK_MATERIALIZE_MAX_THREADS] = {false};
-        for (int t = 0; t < threads; t++) {
-            parts[t].src = src;
-            parts[t].nf = nf;
-            parts[t].begin = n * t / threads;
-            parts[t].end = n * (t + 1) / threads;
-            /* Part 0 runs here; a thread that cannot start leaves its part to this one. */
-            if (t > 0) started[t] = pthread_create(&tid[t], NULL, copy_rows, &parts[t]) == 0;
-        }
-        copy_rows(&parts[0]);
-        for (int t = 1; t < threads; t++) {
-            if (started[t]) pthread_join(tid[t], NULL);
-            else copy_rows(&parts[t]);
-        }
-        for (int t = 0; t < threads && !st; t++)
-            if (parts[t].st) st = lk_error(parts[t].st, "%s", parts[t].err);
-    }
-    if (!st) st = lk_dataset_from_arrays(nf, arrays, names, false, out);
-    for (int f = 0; f < nf; f++) lk_array_release(&arrays[f]);
+    if (!st) lk__parallel_run(j->width, copy_rows, j);
+    for (int t = 0; t < j->width && !st; t++)
+        if (j->st[t]) st = lk_error(j->st[t], "%s", j->err[t]);
+    if (!st) st = lk_dataset_from_arrays(j->nf, arrays, names, false, out);
+    for (int f = 0; f < j->nf; f++) lk_array_release(&arrays[f]);
+    lk_free(j);
     return st;
 }
 

@@ -1,7 +1,7 @@
 # The data layer: file formats, datasets and transforms, sampler and loader
 # (threads), failure injection.
 lk_add_test(NAME data_formats SOURCES data/test_formats.c LABELS unit TIMEOUT 60)
-lk_add_test(NAME data_dataset SOURCES data/test_dataset.c LABELS unit TIMEOUT 60)
+lk_add_test(NAME data_dataset SOURCES data/test_dataset.c LABELS unit threads TIMEOUT 60)
 lk_add_test(NAME data_loader SOURCES data/test_loader.c LABELS unit threads TIMEOUT 60)
 lk_add_test(NAME data_faults SOURCES data/test_faults.c LABELS fault threads TIMEOUT 60)
 lk_add_test(NAME data_download SOURCES data/test_download.c LABELS unit TIMEOUT 60)
