@@ -182,7 +182,9 @@ int lk_cmd_bench_train(int argc, char **argv) {
                    "Each cell is a `lockstep fit` run of N optimizer steps on synthetic 28x28 data; throughput\n"
                    "and the step-time split are steady-state figures (from step 5 on) read from run.json.\n"
                    "--repeats R runs every cell R times, the device counts of a row interleaved (1, 2, 1, 2,\n"
-                   "...) so drifting machine load hits them alike; each cell reports its median run.\n"
+                   "...) so drifting machine load hits them alike; each cell reports its median run, and\n"
+                   "scaling is the median over repeats of (N-device run) / (N x the 1-device run beside it),\n"
+                   "with the range of those ratios printed after the table's columns.\n"
                    "Strategy `independent` runs N single-device fits at once (no communication): the\n"
                    "throughput N devices of this machine reach while sharing its caches and memory, the\n"
                    "ceiling for any strategy's scaling.\n");
@@ -206,8 +208,8 @@ int lk_cmd_bench_train(int argc, char **argv) {
     if (!mkdtemp(tmp)) return 1;
     cell cells[MAXV * MAXV * MAXV * 2];
     int n = 0;
-    printf("%-12s %-9s %7s %6s %12s %8s %8s %8s %9s %8s %8s\n", "model", "strategy", "devices", "batch", "samples/s",
-           "scaling", "data_ms", "fwd_ms", "bwd_ms", "comm_ms", "opt_ms");
+    printf("%-12s %-9s %7s %6s %12s %8s %8s %8s %9s %8s %8s  %s\n", "model", "strategy", "devices", "batch", "samples/s",
+           "scaling", "data_ms", "fwd_ms", "bwd_ms", "comm_ms", "opt_ms", repeats > 1 ? "scaling range" : "");
     for (int m = 0; m < nm; m++)
         for (int s = 0; s < ns; s++)
             for (int b = 0; b < nb; b++) {
@@ -222,14 +224,32 @@ int lk_cmd_bench_train(int argc, char **argv) {
                 }
                 for (int r = 0; r < repeats; r++)
                     for (int d = 0; d < nrow; d++) run_cell(&runs[d][r], steps, tmp, r);
-                double base = 0;
+                /* Scaling pairs each N-device run with the 1-device run just
+                 * before it (same repeat) and takes the median of those
+                 * ratios: a shared machine's speed drifts over minutes, and a
+                 * ratio of neighbours cancels most of the drift that a ratio
+                 * of two cells' medians would keep. */
+                int base = -1;
+                for (int d = 0; d < nrow; d++)
+                    if (runs[d][0].devices == 1) base = d;
                 for (int d = 0; d < nrow; d++) {
                     cell *c = row[d];
                     *c = median_run(runs[d], repeats);
-                    if (c->devices == 1) base = c->sps;
-                    c->eff = base > 0 ? c->sps / (c->devices * base) : NAN;
-                    printf("%-12s %-9s %7d %6d %12.0f %7.1f%% %8.2f %8.2f %9.2f %8.2f %8.2f\n", c->model, c->strategy,
-                           c->devices, c->batch, c->sps, 100 * c->eff, c->t[0], c->t[1], c->t[2], c->t[3], c->t[4]);
+                    double ratio[MAXR], lo = NAN, hi = NAN;
+                    int nr = 0;
+                    for (int r = 0; base >= 0 && r < repeats; r++) {
+                        double b1 = runs[base][r].ok ? runs[base][r].sps : 0, bn = runs[d][r].ok ? runs[d][r].sps : 0;
+                        double e = b1 > 0 ? bn / (c->devices * b1) : 0;
+                        int j = nr++;
+                        for (; j > 0 && ratio[j - 1] > e; j--) ratio[j] = ratio[j - 1];
+                        ratio[j] = e;
+                    }
+                    c->eff = nr ? ratio[(nr - 1) / 2] : NAN;
+                    if (nr) lo = ratio[0], hi = ratio[nr - 1];
+                    char range[32] = "";
+                    if (nr > 1 && c->devices > 1) snprintf(range, sizeof range, "%5.1f-%.1f%%", 100 * lo, 100 * hi);
+                    printf("%-12s %-9s %7d %6d %12.0f %7.1f%% %8.2f %8.2f %9.2f %8.2f %8.2f  %s\n", c->model, c->strategy,
+                           c->devices, c->batch, c->sps, 100 * c->eff, c->t[0], c->t[1], c->t[2], c->t[3], c->t[4], range);
                     fflush(stdout);
                 }
             }

@@ -3,7 +3,8 @@
  * cut into buckets of about bucket_cap_mb; a parameter's grad-ready hook
  * counts its bucket down, and buckets are all-reduced (average) in index
  * order the moment they are complete — while backward continues — so that
- * every rank issues the same collectives in the same order. */
+ * every rank issues the same collectives in the same order. The last bucket
+ * is reduced on the calling thread in finish_backward (see launch_ready). */
 #include <string.h>
 
 #include "autograd/autograd_impl.h"
@@ -122,8 +123,13 @@ void lk_strategy_free(lk_strategy *s) {
     lk_free(s);
 }
 
+/* Starts the complete buckets in index order, on the communication thread.
+ * The last bucket is left to finish_backward: it completes when backward
+ * does, nothing remains to overlap it with, and reducing it on the main
+ * thread saves two thread hand-offs and keeps the communication thread from
+ * competing with this rank's own compute for its core. */
 static void launch_ready(lk_strategy *s) {
-    while (s->next_launch < s->nbuckets) {
+    while (s->next_launch < s->nbuckets - 1) {
         bucket *b = &s->buckets[s->next_launch];
         if (b->ready < b->nparams) return;
         lk_status st = lk_comm_all_reduce_async(s->comm, s->flat_grad + b->offset, (size_t)b->count, LK_F32,
@@ -264,6 +270,11 @@ lk_status lk_strategy_finish_backward(lk_strategy *s) {
     launch_ready(s);
     double t0 = lk_time_now();
     wait_all(s);
+    for (; s->next_launch < s->nbuckets && !s->async_err; s->next_launch++) { /* the last bucket, inline */
+        bucket *b = &s->buckets[s->next_launch];
+        s->async_err = lk_comm_all_reduce(s->comm, s->flat_grad + b->offset, (size_t)b->count, LK_F32, LK_REDUCE_AVG);
+        s->stats.allreduce_calls++;
+    }
     double dt = lk_time_now() - t0;
     s->stats.comm_exposed_s += dt;
     s->stats.comm_wait_last_s = dt;
