@@ -36,6 +36,9 @@ typedef struct lk_strategy_config {
     bool broadcast_buffers;   /* ddp: buffers (BatchNorm stats) from rank 0 before each forward (default true) */
     bool report_unused;       /* ddp: a parameter that got no gradient in a synced step is an error naming it
                                  (default false: its zero gradient is reduced like any other) */
+    lk_dtype comm_dtype;      /* ddp: the dtype gradients travel in. LK_F32 (default) is exact; LK_BF16 or
+                                 LK_F16 halve the bytes (PyTorch's bf16/fp16_compress_hook): each bucket is
+                                 rounded to it, averaged in f32 and rounded once more, then widened back */
 } lk_strategy_config;
 lk_strategy_config lk_strategy_config_default(void);
 
@@ -94,6 +97,7 @@ lk_status lk_strategy_join(lk_strategy *s);
 
 typedef struct lk_strategy_stats {
     uint64_t allreduce_calls;  /* bucket all-reduces issued so far */
+    uint64_t bytes_reduced;    /* ... and the bytes they carried (per rank, as sent) */
     int buckets;               /* number of gradient buckets */
     double comm_exposed_s;     /* time finish_backward spent waiting, summed */
     double comm_wait_last_s;   /* ... in the last synced step */

@@ -157,6 +157,10 @@ uint16_t lk_f32_to_bf16(float f);
 float lk_bf16_to_f32(uint16_t h);
 uint16_t lk_f32_to_f16(float f);
 float lk_f16_to_f32(uint16_t h);
+/* The same over n values, vectorised (dt is LK_BF16 or LK_F16); bitwise
+ * equal to the scalar conversions except for NaN payloads (still NaN). */
+void lk_f32_to_half_n(lk_dtype dt, uint16_t *dst, const float *src, size_t n);
+void lk_half_to_f32_n(lk_dtype dt, float *dst, const uint16_t *src, size_t n);
 
 /* ---- compute threads -------------------------------------------------------
  * Threads the CPU backend (BLAS) may use in this process. The trainer sets

@@ -42,20 +42,23 @@ const char *lk__dtype_name(lk_dtype dt) {
     }
 }
 
-float lk__bf16_to_f32(uint16_t h) {
+static inline float bf16_to_f32(uint16_t h) {
     uint32_t x = (uint32_t)h << 16;
     float f;
     memcpy(&f, &x, 4);
     return f;
 }
 
-uint16_t lk__f32_to_bf16(float f) {
+/* Branch-free (a select, not a jump, for NaN) so the reduce loops vectorise. */
+static inline uint16_t f32_to_bf16(float f) {
     uint32_t x;
     memcpy(&x, &f, 4);
-    if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x40); /* quiet NaN */
-    x += 0x7fffu + ((x >> 16) & 1u);
-    return (uint16_t)(x >> 16);
+    uint32_t rounded = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16, quiet_nan = (x >> 16) | 0x40u;
+    return (uint16_t)((x & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
 }
+
+float lk__bf16_to_f32(uint16_t h) { return bf16_to_f32(h); }
+uint16_t lk__f32_to_bf16(float f) { return f32_to_bf16(f); }
 
 float lk__f16_to_f32(uint16_t h) {
     uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu, x;
@@ -131,7 +134,7 @@ static inline int64_t i64_div(uint64_t a, int n) { return (int64_t)a / n; }
 
 DEF_REDUCE(reduce_f32, float, float, ID, ID, FDIV)
 DEF_REDUCE(reduce_f64, double, double, ID, ID, FDIV)
-DEF_REDUCE(reduce_bf16, uint16_t, float, lk__bf16_to_f32, lk__f32_to_bf16, FDIV)
+DEF_REDUCE(reduce_bf16, uint16_t, float, bf16_to_f32, f32_to_bf16, FDIV)
 DEF_REDUCE(reduce_f16_soft, uint16_t, float, lk__f16_to_f32, lk__f32_to_f16, FDIV)
 DEF_REDUCE(reduce_i64_sum, int64_t, uint64_t, I64ADD_LOAD, I64STORE, I64DIV)
 DEF_REDUCE(reduce_i64_cmp, int64_t, int64_t, ID, ID, FDIV)

@@ -35,6 +35,7 @@ struct lk_strategy {
     lk_tensor *const *buffers;
     int nbuffers;
     float *flat_grad; /* ddp: in shared memory */
+    uint16_t *wire;   /* ddp with comm_dtype bf16/f16: the buckets as they travel (shared memory) */
     int64_t flat_numel;
     bool flat_shared;
     bucket *buckets;
@@ -55,7 +56,7 @@ const char *const *lk_strategy_names(int *count) {
 
 lk_strategy_config lk_strategy_config_default(void) {
     return (lk_strategy_config){.name = "auto", .comm = NULL, .bucket_cap_mb = 25.0, .broadcast_buffers = true,
-                                .report_unused = false};
+                                .report_unused = false, .comm_dtype = LK_F32};
 }
 
 lk_status lk_strategy_create(const lk_strategy_config *cfg, lk_strategy **out) {
@@ -77,6 +78,9 @@ lk_status lk_strategy_create(const lk_strategy_config *cfg, lk_strategy **out) {
         return lk_error(LK_STATUS_INVALID_ARGUMENT, "strategy 'single' runs one process, but %d were started", world);
     if (kind == STRAT_DDP && !cfg->comm)
         return lk_error(LK_STATUS_INVALID_ARGUMENT, "strategy 'ddp' needs a communicator");
+    if (cfg->comm_dtype != LK_F32 && cfg->comm_dtype != LK_BF16 && cfg->comm_dtype != LK_F16)
+        return lk_error(LK_STATUS_INVALID_ARGUMENT, "ddp gradients travel as f32, bf16 or f16, not %s",
+                        lk_dtype_name(cfg->comm_dtype));
     if (!(cfg->bucket_cap_mb > 0))
         return lk_error(LK_STATUS_INVALID_ARGUMENT, "bucket_cap_mb must be > 0, got %g", cfg->bucket_cap_mb);
     lk_strategy *s = lk_calloc(1, sizeof *s);
@@ -114,6 +118,7 @@ void lk_strategy_free(lk_strategy *s) {
             p->grad = own;
         }
     }
+    if (s->wire) lk_comm_free_shared(s->comm, s->wire);
     if (s->flat_grad) {
         if (s->flat_shared) lk_comm_free_shared(s->comm, s->flat_grad);
         else lk_aligned_free(s->flat_grad);
@@ -128,14 +133,26 @@ void lk_strategy_free(lk_strategy *s) {
  * does, nothing remains to overlap it with, and reducing it on the main
  * thread saves two thread hand-offs and keeps the communication thread from
  * competing with this rank's own compute for its core. */
+/* Starts bucket b's average: in place in the gradient buffer, or rounded
+ * into the wire buffer first when gradients travel compressed. */
+static lk_status reduce_bucket(lk_strategy *s, bucket *b, bool async) {
+    void *buf = s->flat_grad + b->offset;
+    if (s->wire) {
+        buf = s->wire + b->offset;
+        lk_f32_to_half_n(s->cfg.comm_dtype, buf, s->flat_grad + b->offset, (size_t)b->count);
+    }
+    s->stats.allreduce_calls++;
+    s->stats.bytes_reduced += (uint64_t)b->count * lk_dtype_size(s->cfg.comm_dtype);
+    if (async) return lk_comm_all_reduce_async(s->comm, buf, (size_t)b->count, s->cfg.comm_dtype, LK_REDUCE_AVG, &b->work);
+    return lk_comm_all_reduce(s->comm, buf, (size_t)b->count, s->cfg.comm_dtype, LK_REDUCE_AVG);
+}
+
 static void launch_ready(lk_strategy *s) {
     while (s->next_launch < s->nbuckets - 1) {
         bucket *b = &s->buckets[s->next_launch];
         if (b->ready < b->nparams) return;
-        lk_status st = lk_comm_all_reduce_async(s->comm, s->flat_grad + b->offset, (size_t)b->count, LK_F32,
-                                                LK_REDUCE_AVG, &b->work);
+        lk_status st = reduce_bucket(s, b, true);
         if (st && !s->async_err) s->async_err = st;
-        s->stats.allreduce_calls++;
         s->next_launch++;
     }
 }
@@ -204,6 +221,11 @@ lk_status lk_strategy_setup(lk_strategy *s, lk_tensor *const *params, const char
         float *unused;
         LK_TRY(lk_strategy_grad_buffer(s, total, &unused));
     }
+    if (s->kind == STRAT_DDP && s->cfg.comm_dtype != LK_F32 && !s->wire) {
+        void *mem;
+        LK_TRY(lk_comm_alloc_shared(s->comm, (size_t)(total ? total : 1) * sizeof(uint16_t), &mem));
+        s->wire = mem;
+    }
     s->slots = lk_calloc((size_t)(n ? n : 1), sizeof *s->slots);
     s->buckets = lk_calloc((size_t)(n ? n : 1), sizeof *s->buckets);
     if (!s->slots || !s->buckets) return LK_STATUS_OUT_OF_MEMORY;
@@ -270,11 +292,10 @@ lk_status lk_strategy_finish_backward(lk_strategy *s) {
     launch_ready(s);
     double t0 = lk_time_now();
     wait_all(s);
-    for (; s->next_launch < s->nbuckets && !s->async_err; s->next_launch++) { /* the last bucket, inline */
-        bucket *b = &s->buckets[s->next_launch];
-        s->async_err = lk_comm_all_reduce(s->comm, s->flat_grad + b->offset, (size_t)b->count, LK_F32, LK_REDUCE_AVG);
-        s->stats.allreduce_calls++;
-    }
+    for (; s->next_launch < s->nbuckets && !s->async_err; s->next_launch++) /* the last bucket, inline */
+        s->async_err = reduce_bucket(s, &s->buckets[s->next_launch], false);
+    if (s->wire && !s->async_err) /* widen the averages back into the gradients */
+        lk_half_to_f32_n(s->cfg.comm_dtype, s->flat_grad, s->wire, (size_t)s->flat_numel);
     double dt = lk_time_now() - t0;
     s->stats.comm_exposed_s += dt;
     s->stats.comm_wait_last_s = dt;

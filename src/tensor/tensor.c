@@ -6,6 +6,10 @@
 #include "tensor/tensor_impl.h"
 
 #include <math.h>
+#if defined(__F16C__) && defined(__AVX__)
+#include <immintrin.h>
+#define LK_HAVE_F16C 1
+#endif
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -588,4 +592,40 @@ float lk_f16_to_f32(uint16_t h) {
     float f;
     memcpy(&f, &u, 4);
     return f;
+}
+
+/* Bulk conversions: branch-free loops the compiler vectorises (bf16), or
+ * the F16C instructions (f16), which round to nearest even as the scalar
+ * code does. */
+void lk_f32_to_half_n(lk_dtype dt, uint16_t *dst, const float *src, size_t n) {
+    size_t i = 0;
+    if (dt == LK_BF16) {
+        for (; i < n; i++) {
+            uint32_t u;
+            memcpy(&u, &src[i], 4);
+            uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, q = (u >> 16) | 0x40u;
+            dst[i] = (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? q : r);
+        }
+        return;
+    }
+#ifdef LK_HAVE_F16C
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(dst + i), _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+#endif
+    for (; i < n; i++) dst[i] = lk_f32_to_f16(src[i]);
+}
+
+void lk_half_to_f32_n(lk_dtype dt, float *dst, const uint16_t *src, size_t n) {
+    size_t i = 0;
+    if (dt == LK_BF16) {
+        for (; i < n; i++) {
+            uint32_t u = (uint32_t)src[i] << 16;
+            memcpy(&dst[i], &u, 4);
+        }
+        return;
+    }
+#ifdef LK_HAVE_F16C
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));
+#endif
+    for (; i < n; i++) dst[i] = lk_f16_to_f32(src[i]);
 }

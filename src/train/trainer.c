@@ -108,6 +108,8 @@ lk_status lk_trainer_create(const lk_trainer_config *cfg, const lk_optim_setting
     if (tr->world == 1 && (!strcmp(sc.name, "ddp") || dp)) sc.name = "single"; /* nothing to reduce across processes */
     sc.comm = tr->comm;
     sc.bucket_cap_mb = cfg->bucket_cap_mb;
+    sc.comm_dtype = !strcmp(cfg->ddp_comm_hook, "bf16_compress") ? LK_BF16
+                    : !strcmp(cfg->ddp_comm_hook, "fp16_compress") ? LK_F16 : LK_F32;
     st = lk_strategy_create(&sc, &tr->strat);
     if (st) goto fail;
     *out = tr;

@@ -45,6 +45,8 @@ static const lk_param trainer_params[] = {
     T("seed", INT, seed, "0", 0, 4294967295.0, NULL, "seed_everything: parameters, data order, dropout, augmentation"),
     T("comm_timeout", FLOAT, comm_timeout, "120", 0.1, 1e6, NULL, "seconds any collective may wait before failing"),
     T("bucket_cap_mb", FLOAT, bucket_cap_mb, "25", 1e-6, 1e6, NULL, "ddp gradient bucket size in MB"),
+    T("ddp_comm_hook", ENUM, ddp_comm_hook, "none", 1, 0, "none|bf16_compress|fp16_compress",
+      "ddp: gradients travel as bf16/fp16 (half the bytes, rounded) instead of exact f32"),
     T("scale_lr", ENUM, scale_lr, "none", 1, 0, "none|linear", "linear: lr x world size x accumulate_grad_batches"),
     T("global_batch_size", INT, global_batch_size, "0", 0, 1e12, NULL,
       "samples per optimizer step over all ranks; derives accumulate_grad_batches (0: off)"),

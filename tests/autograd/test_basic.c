@@ -161,6 +161,35 @@ static void half_conversions(void) {
         if (!isnan(f) && lk_f32_to_f16(f) != h) bad++;
     }
     CHECK(bad == 0);
+    /* the bulk conversions equal the scalar ones bit for bit (NaN: still NaN),
+     * over ties, subnormals, overflow to inf and odd tail lengths */
+    enum { N = 4099 };
+    static float src[N], wide[N];
+    static uint16_t half[N];
+    lk_rng r;
+    lk_rng_init(&r, 17, LK_RNG_DATA, 0, 0);
+    for (int k = 0; k < N; k++) {
+        uint32_t bits = lk_rng_u32(&r);
+        memcpy(&src[k], &bits, 4);
+    }
+    src[0] = 1.00390625f, src[1] = 65520.0f, src[2] = -5.9604645e-8f, src[3] = 1e-40f, src[4] = INFINITY, src[5] = NAN;
+    const lk_dtype dts[2] = {LK_BF16, LK_F16};
+    for (int d = 0; d < 2; d++) {
+        int mism = 0;
+        lk_f32_to_half_n(dts[d], half, src, N);
+        for (int k = 0; k < N; k++) {
+            uint16_t want = dts[d] == LK_BF16 ? lk_f32_to_bf16(src[k]) : lk_f32_to_f16(src[k]);
+            bool nan = isnan(src[k]);
+            float back = dts[d] == LK_BF16 ? lk_bf16_to_f32(half[k]) : lk_f16_to_f32(half[k]);
+            mism += nan ? !isnan(back) : half[k] != want;
+        }
+        lk_half_to_f32_n(dts[d], wide, half, N);
+        for (int k = 0; k < N; k++) {
+            float want = dts[d] == LK_BF16 ? lk_bf16_to_f32(half[k]) : lk_f16_to_f32(half[k]);
+            mism += isnan(want) ? !isnan(wide[k]) : memcmp(&want, &wide[k], 4) != 0;
+        }
+        CHECK_MSG(mism == 0, "%s: %d bulk conversions differ from the scalar ones", lk_dtype_name(dts[d]), mism);
+    }
     lk_tensor *t = lk_tensor_from_data(LK_F32, LK_SHAPE(3), (float[]){1.5f, -2.25f, 3.0f});
     lk_tensor *h = lk_tensor_cast(t, LK_BF16), *back = lk_tensor_cast(h, LK_F32);
     CHECK(lk_tensor_get(back, 1) == -2.25);

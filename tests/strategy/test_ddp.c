@@ -1,7 +1,8 @@
 /* DDP equivalence: N ranks with per-rank batch B train the same parameters as
  * one process with batch N*B on the same samples (mean-reduced loss), for any
  * bucket size; accumulation reduces once per optimizer step; a slow
- * communicator's time hides behind backward. Ranks are forked children. */
+ * communicator's time hides behind backward; bf16/fp16 gradients stay close
+ * and halve the bytes. Ranks are forked children. */
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -83,6 +84,7 @@ typedef struct {
     double bucket_mb;
     int accum; /* micro-batches per optimizer step */
     const char *out_path;
+    lk_dtype comm_dtype; /* LK_F32 (0) unless a test compresses */
 } run_cfg;
 
 /* Trains and writes the parameters (rank 0) to out_path. Returns 0 on success. */
@@ -92,6 +94,7 @@ static int train(const run_cfg *rc, lk_comm *comm, uint64_t *allreduces) {
     lk_strategy_config sc = lk_strategy_config_default();
     sc.comm = comm;
     sc.bucket_cap_mb = rc->bucket_mb;
+    sc.comm_dtype = rc->comm_dtype;
     lk_strategy *s = NULL;
     if (lk_strategy_create(&sc, &s) || lk_strategy_setup(s, n.params, n.names, 4, NULL, 0)) {
         fprintf(stderr, "setup: %s\n", lk_last_error());
@@ -116,7 +119,8 @@ static int train(const run_cfg *rc, lk_comm *comm, uint64_t *allreduces) {
         adam_step(&n, t);
         lk_strategy_zero_grad(s);
     }
-    if (allreduces) *allreduces = lk_strategy_get_stats(s).allreduce_calls;
+    if (allreduces) *allreduces = rc->comm_dtype == LK_F32 ? lk_strategy_get_stats(s).allreduce_calls
+                                                           : lk_strategy_get_stats(s).bytes_reduced;
     if (rank == 0) {
         FILE *f = fopen(rc->out_path, "wb");
         for (int i = 0; i < 4; i++) fwrite(n.params[i]->data, 4, (size_t)n.params[i]->numel, f);
@@ -206,21 +210,21 @@ static double max_rel_diff(const float *a, const float *b, int n) {
 static void ddp_equals_single(void) {
     static float ref[NP], got[NP], other[NP];
     for (int world = 2; world <= 4; world++) {
-        run_cfg single = {world, 25, 1, "/tmp/lk_ddp_single.bin"};
+        run_cfg single = {world, 25, 1, "/tmp/lk_ddp_single.bin", LK_F32};
         CHECK(train(&single, NULL, NULL) == 0);
         CHECK(load(single.out_path, ref, NP) == NP);
-        run_cfg ddp = {world, 25, 1, "/tmp/lk_ddp_ranks.bin"};
+        run_cfg ddp = {world, 25, 1, "/tmp/lk_ddp_ranks.bin", LK_F32};
         CHECK_MSG(run_ranks(&ddp, NULL) == 0, "world %d: a rank failed", world);
         CHECK(load(ddp.out_path, got, NP) == NP);
         double d = max_rel_diff(got, ref, NP);
         printf("world %d: relative error ||ddp - single|| / ||single|| after %d Adam steps: %.3g\n", world, STEPS, d);
         CHECK_MSG(d <= 1e-5, "world %d: %.3g", world, d);
         /* many tiny buckets and one huge bucket give identical results */
-        run_cfg tiny = {world, 1e-4, 1, "/tmp/lk_ddp_tiny.bin"};
+        run_cfg tiny = {world, 1e-4, 1, "/tmp/lk_ddp_tiny.bin", LK_F32};
         CHECK(run_ranks(&tiny, NULL) == 0);
         CHECK(load(tiny.out_path, other, NP) == NP);
         CHECK_MSG(memcmp(other, got, sizeof got) == 0, "world %d: tiny buckets differ", world);
-        run_cfg huge = {world, 1000, 1, "/tmp/lk_ddp_huge.bin"};
+        run_cfg huge = {world, 1000, 1, "/tmp/lk_ddp_huge.bin", LK_F32};
         CHECK(run_ranks(&huge, NULL) == 0);
         CHECK(load(huge.out_path, other, NP) == NP);
         CHECK_MSG(memcmp(other, got, sizeof got) == 0, "world %d: one bucket differs", world);
@@ -230,10 +234,10 @@ static void ddp_equals_single(void) {
 static void accumulation_reduces_once_per_step(void) {
     static float ref[NP], got[NP];
     /* accumulate 3 micro-batches of B/3 on each of 2 ranks == batch 2B on one process */
-    run_cfg single = {2, 25, 1, "/tmp/lk_acc_single.bin"};
+    run_cfg single = {2, 25, 1, "/tmp/lk_acc_single.bin", LK_F32};
     CHECK(train(&single, NULL, NULL) == 0);
     CHECK(load(single.out_path, ref, NP) == NP);
-    run_cfg acc = {2, 1e-6, 3, "/tmp/lk_acc_ddp.bin"}; /* one bucket per parameter */
+    run_cfg acc = {2, 1e-6, 3, "/tmp/lk_acc_ddp.bin", LK_F32}; /* one bucket per parameter */
     uint64_t calls = 0;
     CHECK(run_ranks(&acc, &calls) == 0);
     CHECK(load(acc.out_path, got, NP) == NP);
@@ -245,6 +249,35 @@ static void accumulation_reduces_once_per_step(void) {
     CHECK_MSG(calls == 4 * STEPS, "expected %d all-reduces, got %llu", 4 * STEPS, (unsigned long long)calls);
 }
 
+/* bf16/fp16 compression: the gradients travel as 16-bit values (half the
+ * bytes), so training stays close to single-process training but not equal
+ * to f32 rounding; the rounding is per element, so the bucket layout does
+ * not change a bit of it. */
+static void compressed_gradients(void) {
+    static float ref[NP], got[NP], other[NP];
+    run_cfg single = {2, 25, 1, "/tmp/lk_cmp_single.bin", LK_F32};
+    CHECK(train(&single, NULL, NULL) == 0);
+    CHECK(load(single.out_path, ref, NP) == NP);
+    const lk_dtype dts[2] = {LK_BF16, LK_F16};
+    const double tol[2] = {1e-2, 1e-3}; /* 8 and 11 significant bits */
+    for (int k = 0; k < 2; k++) {
+        run_cfg one = {2, 25, 1, "/tmp/lk_cmp_one.bin", dts[k]};
+        uint64_t bytes = 0;
+        CHECK(run_ranks(&one, &bytes) == 0);
+        CHECK(load(one.out_path, got, NP) == NP);
+        double d = max_rel_diff(got, ref, NP);
+        printf("%s gradients, 2 ranks vs single: relative error %.3g, %llu bytes reduced per rank\n", lk_dtype_name(dts[k]),
+               d, (unsigned long long)bytes);
+        CHECK_MSG(d > 0 && d <= tol[k], "%s: %.3g", lk_dtype_name(dts[k]), d);
+        CHECK_MSG(bytes == (uint64_t)NP * 2 * STEPS, "%s: %llu bytes, expected %d", lk_dtype_name(dts[k]),
+                  (unsigned long long)bytes, NP * 2 * STEPS);
+        run_cfg tiny = {2, 1e-4, 1, "/tmp/lk_cmp_tiny.bin", dts[k]}; /* async buckets, then the inline last one */
+        CHECK(run_ranks(&tiny, NULL) == 0);
+        CHECK(load(tiny.out_path, other, NP) == NP);
+        CHECK_MSG(memcmp(other, got, sizeof got) == 0, "%s: tiny buckets differ from one bucket", lk_dtype_name(dts[k]));
+    }
+}
+
 static void bad_config(void) {
     lk_strategy_config sc = lk_strategy_config_default();
     lk_strategy *s;
@@ -252,6 +285,9 @@ static void bad_config(void) {
     CHECK_ERR(lk_strategy_create(&sc, &s), LK_STATUS_INVALID_ARGUMENT, "unknown strategy 'dpp' (did you mean 'ddp'?)");
     sc.name = "ddp";
     CHECK_ERR(lk_strategy_create(&sc, &s), LK_STATUS_INVALID_ARGUMENT, "needs a communicator");
+    sc.name = "single";
+    sc.comm_dtype = LK_I32;
+    CHECK_ERR(lk_strategy_create(&sc, &s), LK_STATUS_INVALID_ARGUMENT, "gradients travel as f32, bf16 or f16, not i32");
 }
 
 /* Uneven inputs: rank r has 3 + 2r steps. With join the job finishes and the
@@ -455,4 +491,4 @@ static void overlap_with_a_slow_communicator(void) {
     CHECK_MSG(failed == 0, "%d rank(s) failed the overlap check", failed);
 }
 
-LK_TEST_MAIN(LK_TEST_CASE(overlap_with_a_slow_communicator), LK_TEST_CASE(uneven_inputs_join), LK_TEST_CASE(ddp_equals_single), LK_TEST_CASE(accumulation_reduces_once_per_step), LK_TEST_CASE(bad_config))
+LK_TEST_MAIN(LK_TEST_CASE(overlap_with_a_slow_communicator), LK_TEST_CASE(uneven_inputs_join), LK_TEST_CASE(ddp_equals_single), LK_TEST_CASE(accumulation_reduces_once_per_step), LK_TEST_CASE(compressed_gradients), LK_TEST_CASE(bad_config))
