@@ -25,6 +25,14 @@ typedef struct {
     bool ok;
 } cell;
 
+/* One row of the table: a model x strategy x batch size, its cells per
+ * device count, every round's run of each. */
+typedef struct {
+    cell runs[MAXV][MAXR];
+    cell *out[MAXV];
+    int n;
+} row_t;
+
 static int parse_list(int argc, char **argv, int *i, const char **out, int max) {
     int n = 0;
     while (*i + 1 < argc && argv[*i + 1][0] != '-' && n < max) out[n++] = argv[++*i];
@@ -181,10 +189,10 @@ int lk_cmd_bench_train(int argc, char **argv) {
                    "       [-- FIT ARGS...]   (e.g. -- --trainer.bucket_cap_mb 1: added to every fit)\n"
                    "Each cell is a `lockstep fit` run of N optimizer steps on synthetic 28x28 data; throughput\n"
                    "and the step-time split are steady-state figures (from step 5 on) read from run.json.\n"
-                   "--repeats R runs every cell R times, the device counts of a row interleaved (1, 2, 1, 2,\n"
-                   "...) so drifting machine load hits them alike; each cell reports its median run, and\n"
-                   "scaling is the median over repeats of (N-device run) / (N x the 1-device run beside it),\n"
-                   "with the range of those ratios printed after the table's columns.\n"
+                   "--repeats R runs R rounds, each running every cell once (all strategies, batch sizes and\n"
+                   "device counts in turn), so drifting machine load hits the cells alike; each cell reports\n"
+                   "its median run, and scaling is the median over rounds of (N-device run) / (N x the\n"
+                   "1-device run of the same round), with the range of those ratios after the columns.\n"
                    "Strategy `independent` runs N single-device fits at once (no communication): the\n"
                    "throughput N devices of this machine reach while sharing its caches and memory, the\n"
                    "ceiling for any strategy's scaling.\n");
@@ -210,49 +218,61 @@ int lk_cmd_bench_train(int argc, char **argv) {
     int n = 0;
     printf("%-12s %-9s %7s %6s %12s %8s %8s %8s %9s %8s %8s  %s\n", "model", "strategy", "devices", "batch", "samples/s",
            "scaling", "data_ms", "fwd_ms", "bwd_ms", "comm_ms", "opt_ms", repeats > 1 ? "scaling range" : "");
+    /* Rounds: every cell runs once per round, all strategies and batch
+     * sizes in turn, so the cells a table compares (ddp against its
+     * `independent` ceiling, 2 devices against 1) see the same drift of a
+     * shared machine instead of minutes apart. */
+    int nrows = 0;
+    row_t *rows = calloc((size_t)(nm * ns * nb), sizeof *rows);
+    if (!rows) return 1;
     for (int m = 0; m < nm; m++)
         for (int s = 0; s < ns; s++)
             for (int b = 0; b < nb; b++) {
-                cell runs[MAXV][MAXR], *row[MAXV];
-                int nrow = 0;
+                row_t *w = &rows[nrows++];
                 for (int d = 0; d < nd; d++) {
                     cell c = {.model = models[m], .strategy = strategies[s], .devices = atoi(dev_s[d]),
                               .batch = atoi(batch_s[b])};
                     if (!strcmp(c.strategy, "single") && c.devices > 1) continue;
-                    for (int r = 0; r < repeats; r++) runs[nrow][r] = c;
-                    row[nrow++] = &cells[n++];
-                }
-                for (int r = 0; r < repeats; r++)
-                    for (int d = 0; d < nrow; d++) run_cell(&runs[d][r], steps, tmp, r);
-                /* Scaling pairs each N-device run with the 1-device run just
-                 * before it (same repeat) and takes the median of those
-                 * ratios: a shared machine's speed drifts over minutes, and a
-                 * ratio of neighbours cancels most of the drift that a ratio
-                 * of two cells' medians would keep. */
-                int base = -1;
-                for (int d = 0; d < nrow; d++)
-                    if (runs[d][0].devices == 1) base = d;
-                for (int d = 0; d < nrow; d++) {
-                    cell *c = row[d];
-                    *c = median_run(runs[d], repeats);
-                    double ratio[MAXR], lo = NAN, hi = NAN;
-                    int nr = 0;
-                    for (int r = 0; base >= 0 && r < repeats; r++) {
-                        double b1 = runs[base][r].ok ? runs[base][r].sps : 0, bn = runs[d][r].ok ? runs[d][r].sps : 0;
-                        double e = b1 > 0 ? bn / (c->devices * b1) : 0;
-                        int j = nr++;
-                        for (; j > 0 && ratio[j - 1] > e; j--) ratio[j] = ratio[j - 1];
-                        ratio[j] = e;
-                    }
-                    c->eff = nr ? ratio[(nr - 1) / 2] : NAN;
-                    if (nr) lo = ratio[0], hi = ratio[nr - 1];
-                    char range[32] = "";
-                    if (nr > 1 && c->devices > 1) snprintf(range, sizeof range, "%5.1f-%.1f%%", 100 * lo, 100 * hi);
-                    printf("%-12s %-9s %7d %6d %12.0f %7.1f%% %8.2f %8.2f %9.2f %8.2f %8.2f  %s\n", c->model, c->strategy,
-                           c->devices, c->batch, c->sps, 100 * c->eff, c->t[0], c->t[1], c->t[2], c->t[3], c->t[4], range);
-                    fflush(stdout);
+                    for (int r = 0; r < repeats; r++) w->runs[w->n][r] = c;
+                    w->out[w->n++] = &cells[n++];
                 }
             }
+    for (int r = 0; r < repeats; r++) {
+        if (repeats > 1) fprintf(stderr, "bench train: round %d of %d\n", r + 1, repeats);
+        for (int i = 0; i < nrows; i++)
+            for (int d = 0; d < rows[i].n; d++) run_cell(&rows[i].runs[d][r], steps, tmp, r);
+    }
+    for (int i = 0; i < nrows; i++) {
+        row_t *w = &rows[i];
+        /* Scaling pairs each N-device run with the 1-device run of the same
+         * round and takes the median of those ratios: a shared machine's
+         * speed drifts over minutes, and a ratio of neighbours cancels most
+         * of the drift that a ratio of two cells' medians would keep. */
+        int base = -1;
+        for (int d = 0; d < w->n; d++)
+            if (w->runs[d][0].devices == 1) base = d;
+        for (int d = 0; d < w->n; d++) {
+            cell *c = w->out[d];
+            *c = median_run(w->runs[d], repeats);
+            double ratio[MAXR], lo = NAN, hi = NAN;
+            int nr = 0;
+            for (int r = 0; base >= 0 && r < repeats; r++) {
+                const cell *one = &w->runs[base][r], *many = &w->runs[d][r];
+                double b1 = one->ok ? one->sps : 0, bn = many->ok ? many->sps : 0;
+                double e = b1 > 0 ? bn / (c->devices * b1) : 0;
+                int j = nr++;
+                for (; j > 0 && ratio[j - 1] > e; j--) ratio[j] = ratio[j - 1];
+                ratio[j] = e;
+            }
+            c->eff = nr ? ratio[(nr - 1) / 2] : NAN;
+            if (nr) lo = ratio[0], hi = ratio[nr - 1];
+            char range[32] = "";
+            if (nr > 1 && c->devices > 1) snprintf(range, sizeof range, "%5.1f-%.1f%%", 100 * lo, 100 * hi);
+            printf("%-12s %-9s %7d %6d %12.0f %7.1f%% %8.2f %8.2f %9.2f %8.2f %8.2f  %s\n", c->model, c->strategy,
+                   c->devices, c->batch, c->sps, 100 * c->eff, c->t[0], c->t[1], c->t[2], c->t[3], c->t[4], range);
+        }
+    }
+    free(rows);
     if (csv) {
         FILE *f = fopen(csv, "w");
         if (f) {
