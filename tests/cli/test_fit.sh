@@ -75,6 +75,10 @@ check "scale_lr linear is logged with its factors" grep -q "lr 0.01 x 2 ranks x 
 "$LK_BIN" fit -c "$T/synth.yaml" --trainer.devices 2 --trainer.strategy ddp_spawn --trainer.enable_progress_bar false >/dev/null 2>&1
 "$LK_BIN" export --ckpt "$(latest)/checkpoints/last.ckpt" --out "$T/spawn.st" --with-optimizer >/dev/null
 check "ddp_spawn (fork) trains exactly what ddp (exec) trains" cmp -s "$T/ddp.st" "$T/spawn.st"
+# bf16 gradient compression: trains (a finite loss, a checkpoint) and is not bitwise the exact run
+"$LK_BIN" fit -c "$T/synth.yaml" --trainer.devices 2 --trainer.ddp_comm_hook bf16_compress --trainer.enable_progress_bar false >/dev/null 2>&1
+"$LK_BIN" export --ckpt "$(latest)/checkpoints/last.ckpt" --out "$T/bf16.st" --with-optimizer >/dev/null
+check "ddp_comm_hook bf16_compress trains, rounding the gradients" bash -c "grep -q '\"status\":[[:space:]]*\"ok\"' '$(latest)/run.json' && test -s '$T/bf16.st' && ! cmp -s '$T/ddp.st' '$T/bf16.st'"
 # bench train: a row of cells per device count, the independent ceiling, medians of repeats, CSV
 out=$("$LK_BIN" bench train --model mlp --strategies independent ddp --devices 1 2 --batch-sizes 16 --steps 10 --repeats 2 --csv "$T/bench.csv" 2>&1)
 check "bench train runs independent and ddp cells ($(wc -l <"$T/bench.csv" 2>/dev/null) CSV lines)" \
