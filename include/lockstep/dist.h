@@ -129,6 +129,11 @@ int lk_comm_local_rank(const lk_comm *c);
 int lk_comm_local_world_size(const lk_comm *c);
 const char *lk_comm_backend(const lk_comm *c); /* "self", "shm", "mpi" */
 const lk_pg_info *lk_comm_pg(const lk_comm *c);
+/* Seconds this rank's collectives have spent waiting for the last rank to
+ * arrive, summed since creation: the stragglers' share of communication
+ * time, apart from moving and reducing the data. shm measures it; mpi
+ * cannot tell (MPI_Allreduce is one call) and reports 0. */
+double lk_comm_arrival_wait_s(const lk_comm *c);
 
 /* Backends compiled into this build, in preference order, e.g. "shm mpi". */
 int lk_comm_backend_count(void);

@@ -101,6 +101,8 @@ typedef struct lk_strategy_stats {
     int buckets;               /* number of gradient buckets */
     double comm_exposed_s;     /* time finish_backward spent waiting, summed */
     double comm_wait_last_s;   /* ... in the last synced step */
+    double comm_straggler_s;   /* the part of comm_exposed_s spent waiting for the last rank to arrive (shm) */
+    double comm_straggler_last_s; /* ... in the last synced step */
 } lk_strategy_stats;
 lk_strategy_stats lk_strategy_get_stats(const lk_strategy *s);
 

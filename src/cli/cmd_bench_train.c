@@ -21,7 +21,7 @@
 typedef struct {
     const char *model, *strategy;
     int devices, batch;
-    double sps, eff, t[5];
+    double sps, eff, t[6]; /* data, forward, backward, exposed comm, optimizer; the comm's wait for the last rank */
     bool ok;
 } cell;
 
@@ -57,8 +57,11 @@ static bool read_run(cell *c, const char *root, int copies) {
     if (!j) return false;
     c->sps += cJSON_GetNumberValue(cJSON_GetObjectItem(j, "samples_per_s"));
     cJSON *st = cJSON_GetObjectItem(j, "step_time");
-    static const char *keys[5] = {"data_ms", "forward_ms", "backward_ms", "comm_exposed_ms", "optimizer_ms"};
-    for (int k = 0; k < 5; k++) c->t[k] += cJSON_GetNumberValue(cJSON_GetObjectItem(st, keys[k])) / copies;
+    static const char *keys[6] = {"data_ms", "forward_ms", "backward_ms", "comm_exposed_ms", "optimizer_ms", "comm_wait_ms"};
+    for (int k = 0; k < 6; k++) {
+        const cJSON *v = cJSON_GetObjectItem(st, keys[k]);
+        c->t[k] += cJSON_IsNumber(v) ? v->valuedouble / copies : 0;
+    }
     cJSON_Delete(j);
     return true;
 }
@@ -188,7 +191,8 @@ int lk_cmd_bench_train(int argc, char **argv) {
                    "       [--batch-sizes 64 128 256...] [--steps N] [--repeats R] [--csv FILE] [--plot FILE.svg]\n"
                    "       [-- FIT ARGS...]   (e.g. -- --trainer.bucket_cap_mb 1: added to every fit)\n"
                    "Each cell is a `lockstep fit` run of N optimizer steps on synthetic 28x28 data; throughput\n"
-                   "and the step-time split are steady-state figures (from step 5 on) read from run.json.\n"
+                   "and the step-time split are steady-state figures (from step 5 on) read from run.json;\n"
+                   "(wait) is the part of comm_ms spent waiting for the last rank to arrive (stragglers).\n"
                    "--repeats R runs R rounds, each running every cell once (all strategies, batch sizes and\n"
                    "device counts in turn), so drifting machine load hits the cells alike; each cell reports\n"
                    "its median run, and scaling is the median over rounds of (N-device run) / (N x the\n"
@@ -216,8 +220,8 @@ int lk_cmd_bench_train(int argc, char **argv) {
     if (!mkdtemp(tmp)) return 1;
     cell cells[MAXV * MAXV * MAXV * 2];
     int n = 0;
-    printf("%-12s %-9s %7s %6s %12s %8s %8s %8s %9s %8s %8s  %s\n", "model", "strategy", "devices", "batch", "samples/s",
-           "scaling", "data_ms", "fwd_ms", "bwd_ms", "comm_ms", "opt_ms", repeats > 1 ? "scaling range" : "");
+    printf("%-12s %-9s %7s %6s %12s %8s %8s %8s %9s %8s %8s %8s  %s\n", "model", "strategy", "devices", "batch", "samples/s",
+           "scaling", "data_ms", "fwd_ms", "bwd_ms", "comm_ms", "(wait)", "opt_ms", repeats > 1 ? "scaling range" : "");
     /* Rounds: every cell runs once per round, all strategies and batch
      * sizes in turn, so the cells a table compares (ddp against its
      * `independent` ceiling, 2 devices against 1) see the same drift of a
@@ -268,8 +272,8 @@ int lk_cmd_bench_train(int argc, char **argv) {
             if (nr) lo = ratio[0], hi = ratio[nr - 1];
             char range[32] = "";
             if (nr > 1 && c->devices > 1) snprintf(range, sizeof range, "%5.1f-%.1f%%", 100 * lo, 100 * hi);
-            printf("%-12s %-9s %7d %6d %12.0f %7.1f%% %8.2f %8.2f %9.2f %8.2f %8.2f  %s\n", c->model, c->strategy,
-                   c->devices, c->batch, c->sps, 100 * c->eff, c->t[0], c->t[1], c->t[2], c->t[3], c->t[4], range);
+            printf("%-12s %-9s %7d %6d %12.0f %7.1f%% %8.2f %8.2f %9.2f %8.2f %8.2f %8.2f  %s\n", c->model, c->strategy,
+                   c->devices, c->batch, c->sps, 100 * c->eff, c->t[0], c->t[1], c->t[2], c->t[3], c->t[5], c->t[4], range);
         }
     }
     free(rows);

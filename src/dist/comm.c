@@ -228,6 +228,9 @@ int lk_comm_local_rank(const lk_comm *c) { return c->pg.local_rank; }
 int lk_comm_local_world_size(const lk_comm *c) { return c->pg.local_world_size; }
 const char *lk_comm_backend(const lk_comm *c) { return c->vt->name; }
 const lk_pg_info *lk_comm_pg(const lk_comm *c) { return &c->pg; }
+double lk_comm_arrival_wait_s(const lk_comm *c) {
+    return c ? 1e-9 * (double)atomic_load_explicit(&((lk_comm *)c)->arrival_wait_ns, memory_order_relaxed) : 0;
+}
 
 lk_status lk_comm_alloc_shared(lk_comm *c, size_t bytes, void **ptr) {
     if (!c || !ptr) return lk_error(LK_STATUS_INVALID_ARGUMENT, "lk_comm_alloc_shared: NULL argument");

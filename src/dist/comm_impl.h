@@ -65,6 +65,7 @@ struct lk_comm {
     bool check_desync;
     char job_id[96];
     uint64_t next_seq; /* issuing thread only */
+    _Atomic uint64_t arrival_wait_ns; /* collectives' wait for the last rank to arrive (backends that can tell) */
 
     /* Sticky failure: first error wins; later calls fail with ABORTED. */
     _Atomic int failed; /* lk_status of the first failure, 0 while healthy */

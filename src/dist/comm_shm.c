@@ -309,7 +309,9 @@ static lk_status enter(lk_comm *c, shm_comm *s, const lk__coll *op, int64_t off)
     atomic_store_explicit(&me->cur, ix, memory_order_relaxed); /* published by the tick's release */
     atomic_store_explicit(&me->in_coll, 1, memory_order_relaxed);
     s->cur = ix;
+    uint64_t t0 = lk_time_ns();
     LK_TRY(sync_all(c, s, op));
+    atomic_fetch_add_explicit(&c->arrival_wait_ns, lk_time_ns() - t0, memory_order_relaxed);
     bool same = true;
     for (int k = 0; k < s->world && same; k++) {
         shm_info *p = &slot_of(s, k)->info[ix];

@@ -292,8 +292,12 @@ lk_status lk_strategy_finish_backward(lk_strategy *s) {
     launch_ready(s);
     double t0 = lk_time_now();
     wait_all(s);
+    double w0 = lk_comm_arrival_wait_s(s->comm); /* async buckets waited on another thread, overlapped */
     for (; s->next_launch < s->nbuckets && !s->async_err; s->next_launch++) /* the last bucket, inline */
         s->async_err = reduce_bucket(s, &s->buckets[s->next_launch], false);
+    double straggler = lk_comm_arrival_wait_s(s->comm) - w0;
+    s->stats.comm_straggler_s += straggler;
+    s->stats.comm_straggler_last_s = straggler;
     if (s->wire && !s->async_err) /* widen the averages back into the gradients */
         lk_half_to_f32_n(s->cfg.comm_dtype, s->flat_grad, s->wire, (size_t)s->flat_numel);
     double dt = lk_time_now() - t0;

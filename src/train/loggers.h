@@ -189,6 +189,7 @@ void lk_progress_printf(lk_progress *p, const char *fmt, ...) LK_PRINTF(2, 3);
 
 typedef struct lk_runinfo_times {
     double data_ms, forward_ms, backward_ms, comm_exposed_ms, optimizer_ms; /* mean per step */
+    double comm_wait_ms; /* the part of comm_exposed_ms spent waiting for the last rank to arrive */
 } lk_runinfo_times;
 
 /* Everything is borrowed; NULL strings are written as null. */

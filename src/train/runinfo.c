@@ -142,6 +142,7 @@ lk_status lk_runinfo_to_json(const lk_runinfo *info, char **out) {
     ok = ok && add(times, "backward_ms", number_or_null(t->backward_ms));
     ok = ok && add(times, "comm_exposed_ms", number_or_null(t->comm_exposed_ms));
     ok = ok && add(times, "optimizer_ms", number_or_null(t->optimizer_ms));
+    ok = ok && add(times, "comm_wait_ms", number_or_null(t->comm_wait_ms));
     ok = ok && add(root, "step_time", times);
     if (ok) times = NULL;
     ok = ok && add(root, "config", string_or_null(info->config_yaml));

@@ -75,11 +75,12 @@ struct lk_trainer {
     /* timing */
     double t_start, t_first_step, t_fit_start;
     double sum_data, sum_fwd, sum_bwd, sum_comm, sum_opt;
+    double sum_comm_wait; /* the part of sum_comm spent waiting for the last rank to arrive */
     int64_t timed_steps, samples_seen;
     double train_time, t_train_end, t_steady;
     double stats_wall, stats_cpu; /* DeviceStatsMonitor's last sample */
     int64_t samples_steady;
-    double sum_at_steady[5];
+    double sum_at_steady[6];
 };
 
 /* dp.c: the DataParallel executor */

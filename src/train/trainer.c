@@ -614,6 +614,7 @@ static lk_status fit_loop(lk_trainer *tr, lk_loader *train, lk_loader *val, int6
                 double t4 = lk_time_now();
                 tr->sum_bwd += t3 - t2;
                 tr->sum_comm += t4 - t3;
+                if (sync) tr->sum_comm_wait += lk_strategy_get_stats(tr->strat).comm_straggler_last_s;
             }
             lk_scope_end();
             if (st) return st;
@@ -644,7 +645,7 @@ static lk_status fit_loop(lk_trainer *tr, lk_loader *train, lk_loader *val, int6
                     tr->samples_steady = tr->samples_seen;
                     tr->sum_at_steady[0] = tr->sum_data, tr->sum_at_steady[1] = tr->sum_fwd;
                     tr->sum_at_steady[2] = tr->sum_bwd, tr->sum_at_steady[3] = tr->sum_comm;
-                    tr->sum_at_steady[4] = tr->sum_opt;
+                    tr->sum_at_steady[4] = tr->sum_opt, tr->sum_at_steady[5] = tr->sum_comm_wait;
                 }
                 if (tr->global_step % c->log_every_n_steps == 0) {
                     LK_TRY(log_lr(tr));
@@ -744,14 +745,14 @@ static void write_runinfo(lk_trainer *tr, const char *command, lk_status st) {
     ri.log_dir = tr->log_dir;
     ri.last_checkpoint = tr->last_ckpt[0] ? tr->last_ckpt : NULL;
     double n = tr->timed_steps > 0 ? (double)tr->timed_steps : 1;
-    double z[5] = {0};
+    double z[6] = {0};
     if (tr->t_steady > 0 && tr->timed_steps > 5) { /* steady state, like samples_per_s */
         n = (double)(tr->timed_steps - 4);
         memcpy(z, tr->sum_at_steady, sizeof z);
     }
     ri.step_time = (lk_runinfo_times){1e3 * (tr->sum_data - z[0]) / n, 1e3 * (tr->sum_fwd - z[1]) / n,
                                       1e3 * (tr->sum_bwd - z[2]) / n, 1e3 * (tr->sum_comm - z[3]) / n,
-                                      1e3 * (tr->sum_opt - z[4]) / n};
+                                      1e3 * (tr->sum_opt - z[4]) / n, 1e3 * (tr->sum_comm_wait - z[5]) / n};
     ri.config_yaml = tr->config_yaml;
     char path[LK_PATH + 16];
     snprintf(path, sizeof path, "%s/run.json", tr->log_dir);
@@ -766,7 +767,11 @@ static void print_profile(lk_trainer *tr) {
     printf("\nprofiler (simple): %lld optimizer steps, mean per step\n", (long long)tr->timed_steps);
     const char *names[] = {"data wait", "forward", "backward", "exposed comm", "optimizer"};
     double v[] = {tr->sum_data, tr->sum_fwd, tr->sum_bwd, tr->sum_comm, tr->sum_opt};
-    for (int i = 0; i < 5; i++) printf("  %-14s %9.3f ms  %5.1f%%\n", names[i], 1e3 * v[i] / n, tot > 0 ? 100 * v[i] / tot : 0);
+    for (int i = 0; i < 5; i++) {
+        printf("  %-14s %9.3f ms  %5.1f%%\n", names[i], 1e3 * v[i] / n, tot > 0 ? 100 * v[i] / tot : 0);
+        if (i == 3 && tr->sum_comm_wait > 0) /* exposed comm = waiting for the last rank + moving the data */
+            printf("    %-12s %9.3f ms  (waiting for the last rank to arrive)\n", "of which", 1e3 * tr->sum_comm_wait / n);
+    }
 }
 
 typedef struct {

@@ -5,6 +5,7 @@
  * and halve the bytes. Ranks are forked children. */
 #include <signal.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "lk_test.h"
@@ -463,9 +464,11 @@ static int overlap_rank(int rank) {
     return rc;
 }
 
-static void overlap_with_a_slow_communicator(void) {
+/* Forks two ranks running fn; returns how many failed. delay_ms (or NULL)
+ * slows every collective (LK_COMM_TEST_DELAY_MS). */
+static int run_pair(const char *name, int (*fn)(int rank), const char *delay_ms) {
     char job[64];
-    snprintf(job, sizeof job, "lktest-overlap-%d", (int)getpid());
+    snprintf(job, sizeof job, "lktest-%s-%d", name, (int)getpid());
     pid_t pids[2];
     for (int r = 0; r < 2; r++) {
         pids[r] = fork();
@@ -477,9 +480,9 @@ static void overlap_with_a_slow_communicator(void) {
             setenv("WORLD_SIZE", "2", 1);
             setenv("LOCAL_WORLD_SIZE", "2", 1);
             setenv("LK_JOB_ID", job, 1);
-            setenv("LK_COMM_TEST_DELAY_MS", "25", 1);
+            if (delay_ms) setenv("LK_COMM_TEST_DELAY_MS", delay_ms, 1);
             lk_set_num_threads(1);
-            _exit(overlap_rank(r));
+            _exit(fn(r));
         }
     }
     int failed = 0;
@@ -488,7 +491,52 @@ static void overlap_with_a_slow_communicator(void) {
         waitpid(pids[r], &status, 0);
         failed += !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
     }
+    return failed;
+}
+
+static void overlap_with_a_slow_communicator(void) {
+    int failed = run_pair("overlap", overlap_rank, "25");
     CHECK_MSG(failed == 0, "%d rank(s) failed the overlap check", failed);
 }
 
-LK_TEST_MAIN(LK_TEST_CASE(overlap_with_a_slow_communicator), LK_TEST_CASE(uneven_inputs_join), LK_TEST_CASE(ddp_equals_single), LK_TEST_CASE(accumulation_reduces_once_per_step), LK_TEST_CASE(compressed_gradients), LK_TEST_CASE(bad_config))
+/* A straggler: rank 1 reaches the gradient all-reduce 100 ms after rank 0
+ * in every step. Rank 0's exposed communication is then mostly waiting for
+ * it, and the strategy says so (comm_straggler_*); rank 1 waits for no one. */
+static int straggler_rank(int rank) {
+    net n;
+    net_init(&n);
+    lk_comm_config cc = lk_comm_config_default();
+    cc.timeout_s = 20;
+    lk_comm *comm = NULL;
+    if (lk_comm_create(&cc, &comm)) return 2;
+    lk_strategy_config sc = lk_strategy_config_default();
+    sc.comm = comm;
+    lk_strategy *s = NULL;
+    int rc = 0;
+    if (lk_strategy_create(&sc, &s) || lk_strategy_setup(s, n.params, n.names, 4, NULL, 0)) rc = 3;
+    for (int t = 0; !rc && t < 3; t++) {
+        lk_strategy_begin_backward(s, true);
+        if (micro_step(&n, 0, B)) rc = 4;
+        if (rank == 1) nanosleep(&(struct timespec){0, 100 * 1000000L}, NULL);
+        if (!rc && lk_strategy_finish_backward(s)) rc = 5;
+        lk_strategy_stats st = lk_strategy_get_stats(s);
+        if (!rc && rank == 0 && !(st.comm_straggler_last_s >= 0.05 && st.comm_straggler_last_s <= st.comm_wait_last_s)) rc = 6;
+        if (!rc && rank == 1 && !(st.comm_straggler_last_s < 0.05)) rc = 7;
+        if (rc >= 6)
+            fprintf(stderr, "rank %d step %d: waited %.1f ms for the last rank of %.1f ms exposed\n", rank, t,
+                    1e3 * st.comm_straggler_last_s, 1e3 * st.comm_wait_last_s);
+        lk_strategy_zero_grad(s);
+    }
+    if (rc && rc < 6) fprintf(stderr, "rank %d: straggler rc %d: %s\n", rank, rc, lk_last_error());
+    lk_strategy_free(s);
+    lk_comm_free(comm);
+    net_free(&n);
+    return rc;
+}
+
+static void stragglers_are_measured(void) {
+    int failed = run_pair("straggler", straggler_rank, NULL);
+    CHECK_MSG(failed == 0, "%d rank(s) failed the straggler check", failed);
+}
+
+LK_TEST_MAIN(LK_TEST_CASE(overlap_with_a_slow_communicator), LK_TEST_CASE(uneven_inputs_join), LK_TEST_CASE(ddp_equals_single), LK_TEST_CASE(accumulation_reduces_once_per_step), LK_TEST_CASE(compressed_gradients), LK_TEST_CASE(stragglers_are_measured), LK_TEST_CASE(bad_config))

@@ -46,7 +46,7 @@ static void full_run(void) {
     r.git_revision = "abc1234-dirty";
     r.log_dir = "runs/lightning_logs/version_0";
     r.last_checkpoint = "runs/lightning_logs/version_0/checkpoints/last.ckpt";
-    r.step_time = (lk_runinfo_times){1.5, 4.25, 8.5, 0.75, 0.5};
+    r.step_time = (lk_runinfo_times){1.5, 4.25, 8.5, 0.75, 0.5, 0.25};
     r.config_yaml = "trainer:\n  max_epochs: 10\n  name: \"quoted \\\" value\"\n";
     CHECK_OK(lk_runinfo_write(path, &r));
     cJSON *j = parse_file(path);
@@ -75,7 +75,7 @@ static void full_run(void) {
     CHECK_STR(str(j, "last_checkpoint"), r.last_checkpoint);
     const cJSON *t = cJSON_GetObjectItemCaseSensitive(j, "step_time");
     CHECK(num(t, "data_ms") == 1.5 && num(t, "forward_ms") == 4.25 && num(t, "backward_ms") == 8.5 &&
-          num(t, "comm_exposed_ms") == 0.75 && num(t, "optimizer_ms") == 0.5);
+          num(t, "comm_exposed_ms") == 0.75 && num(t, "optimizer_ms") == 0.5 && num(t, "comm_wait_ms") == 0.25);
     CHECK_STR(str(j, "config"), r.config_yaml);
     cJSON_Delete(j);
 
