@@ -141,14 +141,19 @@ DEF_REDUCE(reduce_i64_cmp, int64_t, int64_t, ID, ID, FDIV)
 DEF_REDUCE(reduce_i32, int32_t, int64_t, ID, I32STORE, FDIV)
 DEF_REDUCE(reduce_u8, uint8_t, uint32_t, ID, ID, FDIV)
 
-/* Two f32 inputs summed: the case of two ranks, and the bandwidth one. */
-static void sum2_f32(float *restrict d, const float *a, const float *b, size_t n) {
+/* Two f32 inputs summed (scale 1) or averaged (scale 0.5: x * 0.5f is
+ * x / 2 exactly, the same bits as the general kernel's division): the case
+ * of two ranks, and the bandwidth one. d may be a or b. */
+static void sum2_f32(float *d, const float *a, const float *b, size_t n, float scale) {
     if (d == a || d == b) {
         const float *o = d == a ? b : a;
-        for (size_t i = 0; i < n; i++) d[i] += o[i];
+        if (scale == 1.0f)
+            for (size_t i = 0; i < n; i++) d[i] += o[i];
+        else
+            for (size_t i = 0; i < n; i++) d[i] = (d[i] + o[i]) * scale;
         return;
     }
-    for (size_t i = 0; i < n; i++) d[i] = a[i] + b[i];
+    for (size_t i = 0; i < n; i++) d[i] = (a[i] + b[i]) * scale;
 }
 
 #ifdef LK_HAVE_F16C
@@ -194,8 +199,8 @@ void lk__reduce(void *dst, const void *const *srcs, int n, size_t count, lk_dtyp
     if (avg_div < 1) avg_div = 1;
     switch (dt) {
     case LK_F32:
-        if (n == 2 && op == LK_REDUCE_SUM) {
-            sum2_f32(dst, srcs[0], srcs[1], count);
+        if (n == 2 && (op == LK_REDUCE_SUM || (op == LK_REDUCE_AVG && avg_div == 2))) {
+            sum2_f32(dst, srcs[0], srcs[1], count, op == LK_REDUCE_SUM ? 1.0f : 0.5f);
             return;
         }
         reduce_f32(dst, (const float *const *)srcs, n, count, op, avg_div);
