@@ -293,18 +293,26 @@ static void bad_config(void) {
 
 /* Uneven inputs: rank r has 3 + 2r steps. With join the job finishes and the
  * replicas stay identical; without it the mismatch is reported, not a hang. */
+/* A forked rank's net, communicator and ddp strategy (default config).
+ * Returns 0, or 2 when any of them cannot be made. */
+static int open_rank(net *n, double timeout_s, lk_comm **comm, lk_strategy **s) {
+    net_init(n);
+    lk_comm_config cc = lk_comm_config_default();
+    cc.timeout_s = timeout_s;
+    *comm = NULL;
+    *s = NULL;
+    if (lk_comm_create(&cc, comm)) return 2;
+    lk_strategy_config sc = lk_strategy_config_default();
+    sc.comm = *comm;
+    if (lk_strategy_create(&sc, s) || lk_strategy_setup(*s, n->params, n->names, 4, NULL, 0)) return 2;
+    return 0;
+}
+
 static int uneven_rank(int rank, int world, bool join) {
     net n;
-    net_init(&n);
-    lk_comm_config cc = lk_comm_config_default();
-    cc.timeout_s = 5;
-    lk_comm *comm = NULL;
-    if (lk_comm_create(&cc, &comm)) return 2;
-    lk_strategy_config sc = lk_strategy_config_default();
-    sc.comm = comm;
-    lk_strategy *s = NULL;
-    int rc = 0;
-    if (lk_strategy_create(&sc, &s) || lk_strategy_setup(s, n.params, n.names, 4, NULL, 0)) rc = 2;
+    lk_comm *comm;
+    lk_strategy *s;
+    int rc = open_rank(&n, 5, &comm, &s);
     int steps = 3 + 2 * rank;
     for (int t = 1; !rc && t <= steps; t++) {
         bool done;
@@ -504,16 +512,9 @@ static void overlap_with_a_slow_communicator(void) {
  * it, and the strategy says so (comm_straggler_*); rank 1 waits for no one. */
 static int straggler_rank(int rank) {
     net n;
-    net_init(&n);
-    lk_comm_config cc = lk_comm_config_default();
-    cc.timeout_s = 20;
-    lk_comm *comm = NULL;
-    if (lk_comm_create(&cc, &comm)) return 2;
-    lk_strategy_config sc = lk_strategy_config_default();
-    sc.comm = comm;
-    lk_strategy *s = NULL;
-    int rc = 0;
-    if (lk_strategy_create(&sc, &s) || lk_strategy_setup(s, n.params, n.names, 4, NULL, 0)) rc = 3;
+    lk_comm *comm;
+    lk_strategy *s;
+    int rc = open_rank(&n, 20, &comm, &s);
     for (int t = 0; !rc && t < 3; t++) {
         lk_strategy_begin_backward(s, true);
         if (micro_step(&n, 0, B)) rc = 4;
