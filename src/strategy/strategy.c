@@ -128,11 +128,6 @@ void lk_strategy_free(lk_strategy *s) {
     lk_free(s);
 }
 
-/* Starts the complete buckets in index order, on the communication thread.
- * The last bucket is left to finish_backward: it completes when backward
- * does, nothing remains to overlap it with, and reducing it on the main
- * thread saves two thread hand-offs and keeps the communication thread from
- * competing with this rank's own compute for its core. */
 /* Starts bucket b's average: in place in the gradient buffer, or rounded
  * into the wire buffer first when gradients travel compressed. */
 static lk_status reduce_bucket(lk_strategy *s, bucket *b, bool async) {
@@ -147,6 +142,11 @@ static lk_status reduce_bucket(lk_strategy *s, bucket *b, bool async) {
     return lk_comm_all_reduce(s->comm, buf, (size_t)b->count, s->cfg.comm_dtype, LK_REDUCE_AVG);
 }
 
+/* Starts the complete buckets in index order, on the communication thread.
+ * The last bucket is left to finish_backward: it completes when backward
+ * does, nothing remains to overlap it with, and reducing it on the main
+ * thread saves two thread hand-offs and keeps the communication thread from
+ * competing with this rank's own compute for its core. */
 static void launch_ready(lk_strategy *s) {
     while (s->next_launch < s->nbuckets - 1) {
         bucket *b = &s->buckets[s->next_launch];

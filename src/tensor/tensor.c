@@ -536,12 +536,16 @@ lk_status lk_tensor_fill(lk_tensor *t, double value) {
 
 /* ---- half-precision conversions (round to nearest even) ------------------------ */
 
+/* Branch-free (NaN is a select, kept quiet) so the bulk loop vectorises. */
+static inline uint16_t bf16_from_bits(uint32_t u) {
+    uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, quiet_nan = (u >> 16) | 0x40u;
+    return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
+}
+
 uint16_t lk_f32_to_bf16(float f) {
     uint32_t u;
     memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* quiet NaN */
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
+    return bf16_from_bits(u);
 }
 
 float lk_bf16_to_f32(uint16_t h) {
@@ -603,8 +607,7 @@ void lk_f32_to_half_n(lk_dtype dt, uint16_t *dst, const float *src, size_t n) {
         for (; i < n; i++) {
             uint32_t u;
             memcpy(&u, &src[i], 4);
-            uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, q = (u >> 16) | 0x40u;
-            dst[i] = (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? q : r);
+            dst[i] = bf16_from_bits(u);
         }
         return;
     }
