@@ -112,6 +112,10 @@ lk_status lk_trainer_create(const lk_trainer_config *cfg, const lk_optim_setting
                     : !strcmp(cfg->ddp_comm_hook, "fp16_compress") ? LK_F16 : LK_F32;
     st = lk_strategy_create(&sc, &tr->strat);
     if (st) goto fail;
+    if (sc.comm_dtype != LK_F32 && strcmp(lk_strategy_name(tr->strat), "ddp") && tr->rank == 0)
+        lk_log_warn("trainer.ddp_comm_hook %s has no effect: the strategy is %s on %d process%s (it compresses ddp's "
+                    "gradient all-reduce between processes)",
+                    cfg->ddp_comm_hook, dp ? "dp" : lk_strategy_name(tr->strat), tr->world, tr->world == 1 ? "" : "es");
     *out = tr;
     return LK_STATUS_OK;
 fail:

@@ -79,6 +79,8 @@ check "ddp_spawn (fork) trains exactly what ddp (exec) trains" cmp -s "$T/ddp.st
 "$LK_BIN" fit -c "$T/synth.yaml" --trainer.devices 2 --trainer.ddp_comm_hook bf16_compress --trainer.enable_progress_bar false >/dev/null 2>&1
 "$LK_BIN" export --ckpt "$(latest)/checkpoints/last.ckpt" --out "$T/bf16.st" --with-optimizer >/dev/null
 check "ddp_comm_hook bf16_compress trains, rounding the gradients" bash -c "grep -q '\"status\":[[:space:]]*\"ok\"' '$(latest)/run.json' && test -s '$T/bf16.st' && ! cmp -s '$T/ddp.st' '$T/bf16.st'"
+out=$("$LK_BIN" fit -c "$T/synth.yaml" --trainer.ddp_comm_hook fp16_compress --trainer.max_steps 1 --trainer.enable_progress_bar false 2>&1)
+check "ddp_comm_hook on one process says it has no effect" grep -q "ddp_comm_hook fp16_compress has no effect: the strategy is single on 1 process" <<<"$out"
 # bench train: a row of cells per device count, the independent ceiling, medians of repeats, CSV
 out=$("$LK_BIN" bench train --model mlp --strategies independent ddp --devices 1 2 --batch-sizes 16 --steps 10 --repeats 2 --csv "$T/bench.csv" 2>&1)
 check "bench train runs independent and ddp cells ($(wc -l <"$T/bench.csv" 2>/dev/null) CSV lines)" \
