@@ -28,6 +28,7 @@ typedef struct {
     double time_s;
     int iters;  /* fixed count, 0: from time_s */
     int repeat; /* measurements per size; the fastest is reported (a shared machine only ever adds noise) */
+    bool touch; /* every rank rewrites its buffer before each all-reduce, as backward does (not timed) */
 } bench_opts;
 
 static int parse_size(const char *s, size_t *out) {
@@ -46,26 +47,33 @@ static int parse_size(const char *s, size_t *out) {
 
 static void usage(FILE *f) {
     fprintf(f, "usage: lockstep bench comm [--backend shm|mpi|all] [-n RANKS] [--min 4K] [--max 256M]\n"
-               "                           [--time SECONDS] [--iters N] [--repeat K] [--csv FILE]\n\n"
+               "                           [--time SECONDS] [--iters N] [--repeat K] [--touch 0|1] [--csv FILE]\n\n"
                "All-reduce (f32, sum) time and bandwidth per size, x4 steps from --min to --max,\n"
                "for each backend built and raw MPI_Allreduce (when MPI and mpirun exist).\n"
                "Each size runs K times (--repeat, default 5) for about --time seconds (0.1);\n"
                "the fastest is reported, as the slowest rank measured it.\n"
+               "--touch 1: every rank rewrites its buffer before each all-reduce (untimed), as a\n"
+               "training step's backward does, so the data starts in the writer's cache, not\n"
+               "where the last all-reduce left it (lockstep's rows; raw MPI_Allreduce is left out).\n"
                "busbw = algbw * 2(n-1)/n. CSV columns: backend,ranks,bytes,time_us,algbw_gbps,busbw_gbps\n");
 }
 
 /* ---- worker: one rank of a benchmark job ---- */
-static double measure(lk_comm *c, void *buf, size_t count, int iters) {
-    double t0 = lk_time_now();
-    for (int i = 0; i < iters; i++)
+static double measure(lk_comm *c, void *buf, size_t count, int iters, bool touch) {
+    double spent = 0;
+    for (int i = 0; i < iters; i++) {
+        if (touch) memset(buf, 0x3c + (i & 1), count * sizeof(float)); /* small positive floats */
+        double t0 = lk_time_now();
         if (lk_comm_all_reduce(c, buf, count, LK_F32, LK_REDUCE_SUM)) return -1;
-    return (lk_time_now() - t0) / iters;
+        spent += lk_time_now() - t0;
+    }
+    return spent / iters;
 }
 
 static int pick_iters(lk_comm *c, void *buf, size_t count, const bench_opts *o) {
     int32_t iters = o->iters;
     if (!iters) {
-        double t = measure(c, buf, count, 3);
+        double t = measure(c, buf, count, 3, o->touch);
         if (t < 0) return -1;
         iters = (int32_t)(o->time_s / (t > 1e-7 ? t : 1e-7));
         if (iters < 5) iters = 5;
@@ -117,6 +125,7 @@ static int worker(const bench_opts *o) {
         for (int pass = 0; pass < 2 && !rc; pass++) {
             void *buf = pass == 0 ? shared : priv;
             const char *name = is_shm ? (pass == 0 ? "shm" : "shm-private") : (pass == 0 ? lk_comm_backend(c) : "MPI_Allreduce");
+            if (!is_shm && pass == 1 && o->touch) continue; /* the raw MPI loop cannot touch between calls */
             int iters = pick_iters(c, buf, count, o);
             if (iters < 0) {
                 rc = 1;
@@ -133,7 +142,7 @@ static int worker(const bench_opts *o) {
                     }
                     t = us * 1e-6;
                 } else {
-                    if (lk_comm_barrier(c) || (t = measure(c, buf, count, iters)) < 0) {
+                    if (lk_comm_barrier(c) || (t = measure(c, buf, count, iters, o->touch)) < 0) {
                         rc = 1;
                         break;
                     }
@@ -161,7 +170,8 @@ typedef struct {
 } result;
 
 static int run_job(const bench_opts *o, const char *self, const char *backend, const char *outfile) {
-    char nbuf[16], minb[32], maxb[32], tb[32], ib[16], rb[16];
+    char nbuf[16], minb[32], maxb[32], tb[32], ib[16], rb[16], tch[4];
+    snprintf(tch, sizeof tch, "%d", o->touch ? 1 : 0);
     snprintf(rb, sizeof rb, "%d", o->repeat);
     snprintf(nbuf, sizeof nbuf, "%d", o->n);
     snprintf(minb, sizeof minb, "%zu", o->min);
@@ -169,7 +179,7 @@ static int run_job(const bench_opts *o, const char *self, const char *backend, c
     snprintf(tb, sizeof tb, "%g", o->time_s);
     snprintf(ib, sizeof ib, "%d", o->iters);
     char *wargs[] = {(char *)self, "bench", "comm", "--worker", (char *)backend, "--min", minb, "--max", maxb,
-                     "--time", tb, "--iters", ib, "--repeat", rb, "--out", (char *)outfile, NULL};
+                     "--time", tb, "--iters", ib, "--repeat", rb, "--touch", tch, "--out", (char *)outfile, NULL};
     if (!strcmp(backend, "shm")) {
         lk_launch_options lo = lk_launch_options_default();
         lo.quiet = true;
@@ -247,6 +257,10 @@ int lk_cmd_bench_comm(int argc, char **argv) {
             o.repeat = atoi(v);
             if (o.repeat < 1 || o.repeat > 1000) return fprintf(stderr, "lockstep bench comm: --repeat expects 1..1000, got '%s'\n", v), 2;
         }
+        else if (!strcmp(a, "--touch")) {
+            if (strcmp(v, "0") && strcmp(v, "1")) return fprintf(stderr, "lockstep bench comm: --touch expects 0 or 1, got '%s'\n", v), 2;
+            o.touch = v[0] == '1';
+        }
         else if (!strcmp(a, "--worker")) o.worker = v;
         else if (!strcmp(a, "--out")) o.out = v;
         else {
@@ -278,7 +292,8 @@ int lk_cmd_bench_comm(int argc, char **argv) {
     char tmp_shm[64], tmp_mpi[64];
     snprintf(tmp_shm, sizeof tmp_shm, "/tmp/lk-bench-comm-%d-shm.csv", (int)getpid());
     snprintf(tmp_mpi, sizeof tmp_mpi, "/tmp/lk-bench-comm-%d-mpi.csv", (int)getpid());
-    printf("all_reduce f32 sum, %d ranks, %zu..%zu bytes\n", o.n, o.min, o.max);
+    printf("all_reduce f32 sum, %d ranks, %zu..%zu bytes%s\n", o.n, o.min, o.max,
+           o.touch ? ", every buffer rewritten before each call" : "");
     fflush(stdout);
     int rc = 0;
     if (want_shm && run_job(&o, self, "shm", tmp_shm)) rc = 1, fprintf(stderr, "lockstep bench comm: the shm job failed\n");

@@ -34,7 +34,7 @@ static const lk_env_var env_vars[] = {
     {"LK_COMM_SHM_BYTES", "1073741824", "per-rank shared heap of the shm communicator (virtual until touched)"},
     {"LK_COMM_CHECK_DESYNC", "1", "mpi: exchange collective signatures to catch desync (0: off)"},
     {"LK_COMM_SHM_SMALL", "65536", "shm: all-reduce messages up to this many bytes take one step"},
-    {"LK_COMM_SHM_SLICE", "524288", "shm: bytes per pipeline slice of in-segment all-reduce"},
+    {"LK_COMM_SHM_SLICE", "16384", "shm: bytes an in-segment all-reduce reduces, then writes to every rank, at a time"},
     {"LK_COMM_TEST_DELAY_MS", "0", "tests only: delay every asynchronous collective by this many ms"},
     {"LK_TEST_STEP_DELAY_MS", "0", "tests only: sleep this many ms after every optimizer step (signal tests)"},
     {"LK_ALLOW_OVERSUBSCRIBE", "0", "1: allow more ranks (trainer.devices) than CPU cores"},

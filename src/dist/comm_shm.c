@@ -10,12 +10,13 @@
  * (spin, then yield, then sleep), checking timeout, abort and peers'
  * liveness (pid alive and not a zombie, state not aborted) while they wait.
  *
- * all_reduce is reduce-scatter + all-gather over slices: each rank reduces
- * its part of a slice from every rank's copy, always folding rank 0, 1, ...,
- * W-1 in that order, so every rank ends with the same bits. When every
- * rank's buffer lies in the segment it is read in place (no copy-in);
- * private buffers go through the staging slots. Messages up to 64 KB take
- * one step (copy in, one sync, every rank reduces everything).
+ * all_reduce: each rank reduces its part from every rank's copy, always
+ * folding rank 0, 1, ..., W-1 in that order, so every rank ends with the
+ * same bits. When every rank's buffer lies in the segment, each rank writes
+ * its reduced part straight into every buffer: two syncs in all, no copy-in
+ * and no all-gather pass. Private buffers go through the staging slots
+ * (reduce-scatter + all-gather over slices). Messages up to 64 KB take one
+ * step (copy in, one sync, every rank reduces everything).
  *
  * Staging slots alternate between consecutive uses. A reader always
  * finishes reading a slot before it arrives at its next sync point, and a
@@ -54,7 +55,7 @@
 #define SHM_MAGIC 0x33304d48534b4cULL /* "LKSHM03" */
 #define STAGE_SLOT ((size_t)1 << 20)  /* bytes per staging slot; two per rank */
 #define SMALL_BYTES_DEFAULT ((size_t)64 << 10)   /* single-step all_reduce up to this; LK_COMM_SHM_SMALL */
-#define SLICE_SHARED_DEFAULT ((size_t)512 << 10) /* bytes per pipeline step in place; LK_COMM_SHM_SLICE */
+#define SLICE_SHARED_DEFAULT ((size_t)16 << 10) /* bytes reduced, then written to peers, at a time; LK_COMM_SHM_SLICE */
 #define CHECK_NS 100000000ull            /* liveness/abort checks every 100 ms while waiting */
 
 enum { ST_EMPTY = 0, ST_ATTACHED = 1, ST_ABORTED = 2, ST_LEFT = 3 };
@@ -375,23 +376,24 @@ static lk_status all_reduce(lk_comm *c, shm_comm *s, const lk__coll *op) {
     for (int k = 0; k < W; k++) shared = shared && peer_off(s, k) >= 0;
 
     if (shared) {
+        /* Every rank's buffer is in the segment: rank r reduces its part once
+         * and writes the result into every rank's buffer, chunk by chunk
+         * while it is in L1. No rank reads a part another rank writes, so
+         * the whole collective is two syncs (all buffers ready, all parts
+         * written) — no per-slice syncs for a late peer to stall, and no
+         * second pass copying peers' parts back. */
         uint8_t *peer[MAXW];
         for (int k = 0; k < W; k++) peer[k] = s->base + peer_off(s, k);
-        size_t step = s->slice_shared * (size_t)(W > 2 ? W / 2 : 1) / esz;
-        step = step / (align * (size_t)W) * (align * (size_t)W);
-        for (size_t start = 0; start < op->count; start += step) {
-            size_t len = op->count - start < step ? op->count - start : step, lo, hi;
-            part(len, W, r, align, &lo, &hi);
-            for (int k = 0; k < W; k++) srcs[k] = peer[k] + (start + lo) * esz;
-            lk__reduce(buf + (start + lo) * esz, srcs, W, hi - lo, op->dt, op->op, avg);
-            LK_TRY(sync_all(c, s, op));
-            for (int k = 0; k < W; k++) {
-                if (k == r) continue;
-                part(len, W, k, align, &lo, &hi);
-                if (hi > lo) memcpy(buf + (start + lo) * esz, peer[k] + (start + lo) * esz, (hi - lo) * esz);
-            }
+        size_t lo, hi, chunk = s->slice_shared / esz;
+        part(op->count, W, r, align, &lo, &hi);
+        for (size_t at = lo; at < hi; at += chunk) {
+            size_t len = hi - at < chunk ? hi - at : chunk;
+            for (int k = 0; k < W; k++) srcs[k] = peer[k] + at * esz;
+            lk__reduce(buf + at * esz, srcs, W, len, op->dt, op->op, avg);
+            for (int k = 0; k < W; k++)
+                if (k != r) memcpy(peer[k] + at * esz, buf + at * esz, len * esz);
         }
-        return sync_all(c, s, op); /* peers are done reading my buffer */
+        return sync_all(c, s, op); /* every part is in every buffer */
     }
 
     size_t step = STAGE_SLOT / esz;
