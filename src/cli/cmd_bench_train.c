@@ -22,8 +22,25 @@ typedef struct {
     const char *model, *strategy;
     int devices, batch;
     double sps, eff, t[6]; /* data, forward, backward, exposed comm, optimizer; the comm's wait for the last rank */
+    double steal;          /* share of the machine's CPU time the hypervisor took during the run, or NAN */
     bool ok;
 } cell;
+
+/* The machine's CPU time so far, and the part a hypervisor stole (in
+ * clock ticks, /proc/stat's first line); false where there is no such file.
+ * Steal on any core stalls every rank of a synchronous job, but costs an
+ * independent process only its own share: a run it hit is not comparable. */
+static bool cpu_ticks(double *total, double *steal) {
+    FILE *f = fopen("/proc/stat", "r");
+    if (!f) return false;
+    double v[8] = {0};
+    int n = fscanf(f, "cpu %lf %lf %lf %lf %lf %lf %lf %lf", &v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6], &v[7]);
+    fclose(f);
+    if (n != 8) return false;
+    *total = v[0] + v[1] + v[2] + v[3] + v[4] + v[5] + v[6] + v[7];
+    *steal = v[7];
+    return true;
+}
 
 /* One row of the table: a model x strategy x batch size, its cells per
  * device count, every round's run of each. */
@@ -97,7 +114,11 @@ static bool run_cell(cell *c, int steps, const char *tmp, int rep) {
     if (len + 16 >= sizeof cmd) return false;
     snprintf(cmd + len, sizeof cmd - len, "%s)", copies > 1 ? " wait" : "");
     /* With `&`, the shell's status is wait's: each copy's run.json says whether it finished. */
+    double tot0, st0, tot1, st1;
+    bool ticks = cpu_ticks(&tot0, &st0);
     int rc = system(cmd);
+    ticks = ticks && cpu_ticks(&tot1, &st1) && tot1 > tot0;
+    c->steal = ticks ? (st1 - st0) / (tot1 - tot0) : NAN;
     bool ok = rc == 0;
     for (int k = 0; k < copies && ok; k++) {
         snprintf(root, sizeof root, "%s/%s-%s-%d-%d-r%d-%d", tmp, c->model, c->strategy, c->devices, c->batch, rep, k);
@@ -199,7 +220,9 @@ int lk_cmd_bench_train(int argc, char **argv) {
                    "1-device run of the same round), with the range of those ratios after the columns.\n"
                    "Strategy `independent` runs N single-device fits at once (no communication): the\n"
                    "throughput N devices of this machine reach while sharing its caches and memory, the\n"
-                   "ceiling for any strategy's scaling.\n");
+                   "ceiling for any strategy's scaling.\n"
+                   "steal is the share of the machine's CPU time a hypervisor took during the cell's median run\n"
+                   "(/proc/stat): on a shared VM it stalls every rank of ddp or dp, so a cell it hit is noise.\n");
             return 0;
         } else {
             fprintf(stderr, "lockstep bench train: unknown option '%s' (see --help)\n", argv[i]);
@@ -220,8 +243,9 @@ int lk_cmd_bench_train(int argc, char **argv) {
     if (!mkdtemp(tmp)) return 1;
     cell cells[MAXV * MAXV * MAXV * 2];
     int n = 0;
-    printf("%-12s %-9s %7s %6s %12s %8s %8s %8s %9s %8s %8s %8s  %s\n", "model", "strategy", "devices", "batch", "samples/s",
-           "scaling", "data_ms", "fwd_ms", "bwd_ms", "comm_ms", "(wait)", "opt_ms", repeats > 1 ? "scaling range" : "");
+    printf("%-12s %-9s %7s %6s %12s %8s %8s %8s %9s %8s %8s %8s %6s  %s\n", "model", "strategy", "devices", "batch",
+           "samples/s", "scaling", "data_ms", "fwd_ms", "bwd_ms", "comm_ms", "(wait)", "opt_ms", "steal",
+           repeats > 1 ? "scaling range" : "");
     /* Rounds: every cell runs once per round, all strategies and batch
      * sizes in turn, so the cells a table compares (ddp against its
      * `independent` ceiling, 2 devices against 1) see the same drift of a
@@ -241,6 +265,8 @@ int lk_cmd_bench_train(int argc, char **argv) {
                     w->out[w->n++] = &cells[n++];
                 }
             }
+    double tot0 = 0, st0 = 0, tot1, st1;
+    bool ticks = cpu_ticks(&tot0, &st0);
     for (int r = 0; r < repeats; r++) {
         if (repeats > 1) fprintf(stderr, "bench train: round %d of %d\n", r + 1, repeats);
         for (int i = 0; i < nrows; i++)
@@ -272,11 +298,17 @@ int lk_cmd_bench_train(int argc, char **argv) {
             if (nr) lo = ratio[0], hi = ratio[nr - 1];
             char range[32] = "";
             if (nr > 1 && c->devices > 1) snprintf(range, sizeof range, "%5.1f-%.1f%%", 100 * lo, 100 * hi);
-            printf("%-12s %-9s %7d %6d %12.0f %7.1f%% %8.2f %8.2f %9.2f %8.2f %8.2f %8.2f  %s\n", c->model, c->strategy,
-                   c->devices, c->batch, c->sps, 100 * c->eff, c->t[0], c->t[1], c->t[2], c->t[3], c->t[5], c->t[4], range);
+            char steal[16] = "-";
+            if (!isnan(c->steal)) snprintf(steal, sizeof steal, "%.1f%%", 100 * c->steal);
+            printf("%-12s %-9s %7d %6d %12.0f %7.1f%% %8.2f %8.2f %9.2f %8.2f %8.2f %8.2f %6s  %s\n", c->model,
+                   c->strategy, c->devices, c->batch, c->sps, 100 * c->eff, c->t[0], c->t[1], c->t[2], c->t[3], c->t[5],
+                   c->t[4], steal, range);
         }
     }
     free(rows);
+    if (ticks && cpu_ticks(&tot1, &st1) && tot1 > tot0)
+        printf("hypervisor steal over the whole benchmark: %.2f%% of all CPU time\n",
+               100 * (st1 - st0) / (tot1 - tot0));
     if (csv) {
         FILE *f = fopen(csv, "w");
         if (f) {
