@@ -750,8 +750,8 @@ static void write_runinfo(lk_trainer *tr, const char *command, lk_status st) {
     ri.last_checkpoint = tr->last_ckpt[0] ? tr->last_ckpt : NULL;
     double n = tr->timed_steps > 0 ? (double)tr->timed_steps : 1;
     double z[6] = {0};
-    if (tr->t_steady > 0 && tr->timed_steps > 5) { /* steady state, like samples_per_s */
-        n = (double)(tr->timed_steps - 4);
+    if (tr->t_steady > 0 && tr->timed_steps > 5) { /* steady state, like samples_per_s: the steps after the 5th */
+        n = (double)(tr->timed_steps - 5);
         memcpy(z, tr->sum_at_steady, sizeof z);
     }
     ri.step_time = (lk_runinfo_times){1e3 * (tr->sum_data - z[0]) / n, 1e3 * (tr->sum_fwd - z[1]) / n,
