@@ -137,6 +137,12 @@ typedef struct lk_dataset_vtable {
     lk_status (*get)(void *ctx, int64_t index, uint64_t epoch, void *scratch, void *const *out);
     /* (optional) frees ctx when the dataset's last reference goes. */
     void (*free)(void *ctx);
+    /* (optional) a hint that sample `index` will be read soon: start
+     * loading where it lies (a software prefetch of an in-memory row, a
+     * source's prefetch for a derived dataset). Must not block or fail.
+     * The loader hints a few samples ahead of the one it reads, so a
+     * random-order batch gather overlaps its memory latencies. */
+    void (*prefetch)(void *ctx, int64_t index);
 } lk_dataset_vtable;
 
 /* Wraps a custom dataset. `vt` must outlive the dataset (a static table);

@@ -18,6 +18,11 @@ struct lk_dataset {
     atomic_int refcount;
 };
 
+/* Passes on a prefetch hint for sample `index` when the dataset takes one. */
+static inline void lk__dataset_prefetch(const lk_dataset *ds, int64_t index) {
+    if (ds->vt->prefetch) ds->vt->prefetch(ds->ctx, index);
+}
+
 /* Fills an lk_field; `name` NULL gives "x", "y", "f2", ... by position. */
 void lk__field_init(lk_field *f, const char *name, int pos, lk_dtype dt, int ndim, const int64_t *shape);
 

@@ -236,6 +236,14 @@ static lk_status arrays_get(void *ctx, int64_t index, uint64_t epoch, void *scra
     return LK_STATUS_OK;
 }
 
+static void arrays_prefetch(void *ctx, int64_t index) {
+    const arrays_ctx *c = ctx;
+    for (int f = 0; f < c->nfields; f++) {
+        const char *row = (const char *)c->data[f] + (size_t)index * c->row_bytes[f];
+        for (size_t at = 0; at < c->row_bytes[f]; at += 64) __builtin_prefetch(row + at);
+    }
+}
+
 static void arrays_free(void *ctx) {
     arrays_ctx *c = ctx;
     if (c->owned)
@@ -243,7 +251,7 @@ static void arrays_free(void *ctx) {
     lk_free(c);
 }
 
-static const lk_dataset_vtable arrays_vt = {"arrays", arrays_get, arrays_free};
+static const lk_dataset_vtable arrays_vt = {"arrays", arrays_get, arrays_free, arrays_prefetch};
 
 lk_status lk_dataset_from_arrays(int nfields, lk_array *arrays, const char *const *names, bool borrow,
                                  lk_dataset **out) {
@@ -357,6 +365,11 @@ static lk_status subset_get(void *ctx, int64_t index, uint64_t epoch, void *scra
     return c->src->vt->get(c->src->ctx, i, epoch, scratch, out);
 }
 
+static void subset_prefetch(void *ctx, int64_t index) {
+    const subset_ctx *c = ctx;
+    lk__dataset_prefetch(c->src, c->indices ? c->indices[index] : c->start + index);
+}
+
 static void subset_free(void *ctx) {
     subset_ctx *c = ctx;
     lk_dataset_free(c->src);
@@ -364,7 +377,7 @@ static void subset_free(void *ctx) {
     lk_free(c);
 }
 
-static const lk_dataset_vtable subset_vt = {"subset", subset_get, subset_free};
+static const lk_dataset_vtable subset_vt = {"subset", subset_get, subset_free, subset_prefetch};
 
 static lk_status make_subset(lk_dataset *src, int64_t *indices, int64_t start, int64_t n, lk_dataset **out) {
     subset_ctx *c = lk_calloc(1, sizeof *c);
@@ -458,16 +471,28 @@ typedef struct {
     int64_t *ends; /* ends[i]: one past the last index of source i */
 } concat_ctx;
 
-static lk_status concat_get(void *ctx, int64_t index, uint64_t epoch, void *scratch, void *const *out) {
-    const concat_ctx *c = ctx;
+/* The source holding `index`, and the index within it. */
+static const lk_dataset *concat_find(const concat_ctx *c, int64_t index, int64_t *local) {
     int lo = 0, hi = c->n - 1; /* first source whose end exceeds index */
     while (lo < hi) {
         int mid = (lo + hi) / 2;
         if (c->ends[mid] > index) hi = mid;
         else lo = mid + 1;
     }
-    const lk_dataset *s = c->srcs[lo];
-    return s->vt->get(s->ctx, index - (lo ? c->ends[lo - 1] : 0), epoch, scratch, out);
+    *local = index - (lo ? c->ends[lo - 1] : 0);
+    return c->srcs[lo];
+}
+
+static void concat_prefetch(void *ctx, int64_t index) {
+    int64_t i;
+    const lk_dataset *s = concat_find(ctx, index, &i);
+    lk__dataset_prefetch(s, i);
+}
+
+static lk_status concat_get(void *ctx, int64_t index, uint64_t epoch, void *scratch, void *const *out) {
+    int64_t i;
+    const lk_dataset *s = concat_find(ctx, index, &i);
+    return s->vt->get(s->ctx, i, epoch, scratch, out);
 }
 
 static void concat_free(void *ctx) {
@@ -478,7 +503,7 @@ static void concat_free(void *ctx) {
     lk_free(c);
 }
 
-static const lk_dataset_vtable concat_vt = {"concat", concat_get, concat_free};
+static const lk_dataset_vtable concat_vt = {"concat", concat_get, concat_free, concat_prefetch};
 
 lk_status lk_dataset_concat(int n, lk_dataset *const *srcs, lk_dataset **out) {
     *out = NULL;
@@ -566,13 +591,15 @@ static lk_status select_get(void *ctx, int64_t index, uint64_t epoch, void *scra
     return LK_STATUS_OK;
 }
 
+static void select_prefetch(void *ctx, int64_t index) { lk__dataset_prefetch(((const select_ctx *)ctx)->src, index); }
+
 static void select_free(void *ctx) {
     select_ctx *c = ctx;
     lk_dataset_free(c->src);
     lk_free(c);
 }
 
-static const lk_dataset_vtable select_vt = {"select", select_get, select_free};
+static const lk_dataset_vtable select_vt = {"select", select_get, select_free, select_prefetch};
 
 lk_status lk_dataset_select(lk_dataset *src, int nfields, const int *src_fields, const char *const *names,
                             lk_dataset **out) {

@@ -77,7 +77,7 @@ static void synth_free(void *ctx) {
     lk_free(c);
 }
 
-static const lk_dataset_vtable synth_vt = {"synthetic", synth_get, synth_free};
+static const lk_dataset_vtable synth_vt = {"synthetic", synth_get, synth_free, NULL}; /* computed, nothing to load */
 
 lk_status lk_dataset_synthetic_create(const lk_synthetic_config *cfg, lk_dataset **out) {
     *out = NULL;

@@ -47,7 +47,7 @@ static void tokens_free(void *ctx) {
     lk_free(c);
 }
 
-static const lk_dataset_vtable tokens_vt = {"tokens", tokens_get, tokens_free};
+static const lk_dataset_vtable tokens_vt = {"tokens", tokens_get, tokens_free, NULL};
 
 lk_status lk_dataset_tokens_create(const char *path, const lk_tokens_config *cfg, lk_dataset **out) {
     *out = NULL;

@@ -273,7 +273,9 @@ static void map_free(void *ctx) {
     lk_free(c);
 }
 
-static const lk_dataset_vtable map_vt = {"map", map_get, map_free};
+static void map_prefetch(void *ctx, int64_t index) { lk__dataset_prefetch(((const map_ctx *)ctx)->src, index); }
+
+static const lk_dataset_vtable map_vt = {"map", map_get, map_free, map_prefetch};
 
 /* The field after op `o`, or an error naming the op and the input. */
 static lk_status infer(const op *o, int i, const lk_field *in, lk_field *out, const char *fname) {

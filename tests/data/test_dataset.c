@@ -389,7 +389,7 @@ static lk_status squares_get(void *ctx, int64_t index, uint64_t epoch, void *scr
     return LK_STATUS_OK;
 }
 static void squares_free(void *ctx) { lk_free(ctx); }
-static const lk_dataset_vtable squares_vt = {"squares", squares_get, squares_free};
+static const lk_dataset_vtable squares_vt = {.kind = "squares", .get = squares_get, .free = squares_free};
 
 static void custom_dataset(void) {
     int64_t *ctx = lk_malloc(sizeof *ctx);
@@ -414,7 +414,7 @@ static lk_status failing_get(void *ctx, int64_t index, uint64_t epoch, void *scr
     *(int64_t *)out[0] = index;
     return LK_STATUS_OK;
 }
-static const lk_dataset_vtable failing_vt = {"failing", failing_get, squares_free};
+static const lk_dataset_vtable failing_vt = {.kind = "failing", .get = failing_get, .free = squares_free};
 
 static void materialize(void) {
     lk_synthetic_config cfg = lk_synthetic_config_default();

@@ -283,7 +283,51 @@ static lk_status flaky_get(void *ctx, int64_t index, uint64_t epoch, void *scrat
     *(int64_t *)out[0] = index;
     return LK_STATUS_OK;
 }
-static const lk_dataset_vtable flaky_vt = {"flaky", flaky_get, NULL};
+static const lk_dataset_vtable flaky_vt = {.kind = "flaky", .get = flaky_get};
+
+/* Prefetch hints: a dataset that counts them per index, under a subset
+ * that reverses the order, so a hint must arrive at the mapped index. */
+static atomic_int hinted[50];
+static lk_status hinted_get(void *ctx, int64_t index, uint64_t epoch, void *scratch, void *const *out) {
+    (void)ctx, (void)epoch, (void)scratch;
+    *(int64_t *)out[0] = index;
+    return LK_STATUS_OK;
+}
+static void hinted_prefetch(void *ctx, int64_t index) {
+    (void)ctx;
+    if (index >= 0 && index < 50) atomic_fetch_add(&hinted[index], 1);
+}
+static const lk_dataset_vtable hinted_vt = {.kind = "hinted", .get = hinted_get, .prefetch = hinted_prefetch};
+
+static void loader_passes_prefetch_hints(void) {
+    lk_field f = {"v", LK_I64, 0, {0}};
+    lk_dataset *src = NULL, *sub = NULL;
+    CHECK_OK(lk_dataset_create(&hinted_vt, NULL, 50, 1, &f, 0, &src));
+    int64_t rev[40];
+    for (int i = 0; i < 40; i++) rev[i] = 49 - i; /* samples 49..10 of the source */
+    CHECK_OK(lk_dataset_subset(src, rev, 40, &sub));
+    for (int workers = 0; workers <= 2; workers += 2) {
+        for (int i = 0; i < 50; i++) atomic_store(&hinted[i], 0);
+        lk_loader_config c = lk_loader_config_default();
+        c.batch_size = 7;
+        c.seed = 1;
+        c.num_workers = workers;
+        lk_loader *l = NULL;
+        CHECK_OK(lk_loader_create(sub, &c, &l));
+        if (!l) continue;
+        CHECK_OK(lk_loader_start(l, 0, 0));
+        int64_t n = 0;
+        const lk_batch *b;
+        while (!lk_loader_next(l, &b) && b) n += b->size;
+        CHECK(n == 40);
+        for (int i = 0; i < 50; i++)
+            CHECK_MSG(atomic_load(&hinted[i]) == (i >= 10), "workers %d: source sample %d hinted %d times", workers, i,
+                      atomic_load(&hinted[i]));
+        lk_loader_free(l);
+    }
+    lk_dataset_free(sub);
+    lk_dataset_free(src);
+}
 
 static void loader_errors(void) {
     lk_field f = {"v", LK_I64, 0, {0}};
@@ -407,5 +451,5 @@ static void prepare(void) {
 
 LK_TEST_MAIN(LK_TEST_CASE(sampler_shards), LK_TEST_CASE(sampler_matches_pytorch), LK_TEST_CASE(sampler_epochs), LK_TEST_CASE(loader_same_for_any_worker_count),
              LK_TEST_CASE(loader_resume_and_drop_last), LK_TEST_CASE(loader_ranks_cover_dataset),
-             LK_TEST_CASE(loader_no_alloc_in_steady_state), LK_TEST_CASE(loader_errors),
+             LK_TEST_CASE(loader_no_alloc_in_steady_state), LK_TEST_CASE(loader_errors), LK_TEST_CASE(loader_passes_prefetch_hints),
              LK_TEST_CASE(loader_free_while_busy), LK_TEST_CASE(loader_host_allocator), LK_TEST_CASE(prepare))
