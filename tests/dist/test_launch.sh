@@ -98,5 +98,13 @@ check "bench worker job succeeds" [ $? = 0 ]
 check "bench worker wrote rows" [ "$(grep -c '^shm' "$tmp/ok.csv")" -ge 4 ]
 check "no segment after success" no_segment $job
 
+# 8. bench comm --touch: the whole command, buffers rewritten before each call; a bad value is refused
+out=$("$BIN" bench comm --backend shm --min 256K --max 1M --time 0.01 --repeat 1 --touch 1 --csv "$tmp/touch.csv" 2>&1)
+check "bench comm --touch 1 runs and says so" grep -q "every buffer rewritten before each call" <<<"$out"
+check "bench comm --touch 1 writes both shm rows per size" [ "$(grep -c '^shm' "$tmp/touch.csv")" = 4 ]
+"$BIN" bench comm --touch 2 >/dev/null 2>"$tmp/touch.err"
+check "bench comm --touch 2 is refused with exit 2" [ $? = 2 ]
+check "... saying what it expects" grep -q "touch expects 0 or 1, got '2'" "$tmp/touch.err"
+
 [ $fail = 0 ] && echo "all launcher checks passed"
 exit $fail
