@@ -55,7 +55,7 @@
 #define SHM_MAGIC 0x33304d48534b4cULL /* "LKSHM03" */
 #define STAGE_SLOT ((size_t)1 << 20)  /* bytes per staging slot; two per rank */
 #define SMALL_BYTES_DEFAULT ((size_t)64 << 10)   /* single-step all_reduce up to this; LK_COMM_SHM_SMALL */
-#define SLICE_SHARED_DEFAULT ((size_t)16 << 10) /* bytes reduced, then written to peers, at a time; LK_COMM_SHM_SLICE */
+#define CHUNK_SHARED_DEFAULT ((size_t)16 << 10) /* in-segment all_reduce: bytes reduced, then written to every rank, at a time; LK_COMM_SHM_SLICE */
 #define CHECK_NS 100000000ull            /* liveness/abort checks every 100 ms while waiting */
 
 enum { ST_EMPTY = 0, ST_ATTACHED = 1, ST_ABORTED = 2, ST_LEFT = 3 };
@@ -68,7 +68,7 @@ typedef struct {
     int32_t pad;
     uint64_t total, slots_off, slot_bytes, stage_off, stage_bytes, heap_off, heap_bytes;
     _Atomic int32_t attached;
-    uint64_t small_bytes, slice_shared; /* the creator's tunables: every rank must run the same algorithm */
+    uint64_t small_bytes, chunk_shared; /* the creator's tunables: every rank must run the same algorithm */
     char job_id[96];
 } shm_header;
 
@@ -109,7 +109,7 @@ typedef struct {
     int cur;            /* info[] index of the collective in flight */
     char name[256];
     bool unlinked;
-    size_t small_bytes, slice_shared; /* tunables: rank 0's, from the header */
+    size_t small_bytes, chunk_shared; /* tunables: rank 0's, from the header */
     uint64_t spin_ns;           /* spin this long before yielding: 0 when ranks outnumber cores */
     int fd;                     /* kept open to reserve heap pages (posix_fallocate) */
     bool pid_visible[256];      /* peers' pids mean something here (same pid namespace) */
@@ -384,7 +384,7 @@ static lk_status all_reduce(lk_comm *c, shm_comm *s, const lk__coll *op) {
          * second pass copying peers' parts back. */
         uint8_t *peer[MAXW];
         for (int k = 0; k < W; k++) peer[k] = s->base + peer_off(s, k);
-        size_t lo, hi, chunk = s->slice_shared / esz;
+        size_t lo, hi, chunk = s->chunk_shared / esz;
         part(op->count, W, r, align, &lo, &hi);
         for (size_t at = lo; at < hi; at += chunk) {
             size_t len = hi - at < chunk ? hi - at : chunk;
@@ -724,7 +724,7 @@ static lk_status create_segment(lk_comm *c, shm_comm *s) {
         h->heap_off = want.heap_off;
         h->heap_bytes = want.heap_bytes;
         h->small_bytes = s->small_bytes;
-        h->slice_shared = s->slice_shared;
+        h->chunk_shared = s->chunk_shared;
         snprintf(h->job_id, sizeof h->job_id, "%s", c->job_id);
         atomic_store_explicit(&h->magic, SHM_MAGIC, memory_order_release);
         return LK_STATUS_OK;
@@ -784,7 +784,7 @@ static lk_status rendezvous(lk_comm *c, shm_comm *s) {
                         "size %d",
                         s->rank, s->world, h->world);
     s->small_bytes = h->small_bytes; /* rank 0's choice wins, whatever this rank's environment says */
-    s->slice_shared = h->slice_shared;
+    s->chunk_shared = h->chunk_shared;
     shm_slot *me = slot_of(s, s->rank);
     int expected = 0, mypid = getpid();
     if (!atomic_compare_exchange_strong(&me->pid, &expected, mypid))
@@ -868,9 +868,9 @@ static lk_status shm_init(lk_comm *c, const lk_comm_config *cfg) {
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     s->spin_ns = cores > 0 && pg->local_world_size > cores ? 0 : 20000;
     long small = lk_env_get_long("LK_COMM_SHM_SMALL", (long)SMALL_BYTES_DEFAULT);
-    long slice = lk_env_get_long("LK_COMM_SHM_SLICE", (long)SLICE_SHARED_DEFAULT);
+    long slice = lk_env_get_long("LK_COMM_SHM_SLICE", (long)CHUNK_SHARED_DEFAULT);
     s->small_bytes = small >= 0 && (size_t)small <= STAGE_SLOT ? (size_t)small : SMALL_BYTES_DEFAULT;
-    s->slice_shared = slice >= 4096 ? (size_t)slice : SLICE_SHARED_DEFAULT;
+    s->chunk_shared = slice >= 4096 ? (size_t)slice : CHUNK_SHARED_DEFAULT;
     pthread_mutex_init(&s->heap_mu, NULL);
     lk__shm_segment_name(c->job_id, s->name, sizeof s->name);
     c->impl = s;
