@@ -147,6 +147,12 @@ const char *lk_comm_backend_name_at(int i);
  * per-rank capacity (lk_comm_config.shared_bytes) when exhausted. */
 lk_status lk_comm_alloc_shared(lk_comm *c, size_t bytes, void **ptr);
 void lk_comm_free_shared(lk_comm *c, void *ptr);
+/* One block every rank reads and writes: the same bytes, not a copy per
+ * rank (shm only; other backends return UNSUPPORTED, an error every rank
+ * sees alike). Collective. Rank 0 allocates it in its heap (*owner true
+ * there, false elsewhere): only the owner frees it with lk_comm_free_shared,
+ * and the others must be done with it first. Zero-filled, 64-byte aligned. */
+lk_status lk_comm_alloc_common(lk_comm *c, size_t bytes, void **ptr, bool *owner);
 
 /* Blocking collectives. `count` is in elements of `dt`. Buffers may be
  * ordinary memory or from lk_comm_alloc_shared; sizes 0 are fine.

@@ -167,6 +167,13 @@ void lk_layer_zero_grad(lk_layer *l, bool set_to_none);
  * elsewhere become stale. Non-f32 parameters are left alone. On failure
  * nothing has changed. */
 lk_status lk_params_flatten(lk_layer *l, float *grad_buffer, lk_tensor **flat_params, lk_tensor **flat_grads);
+/* As lk_params_flatten, with the parameters placed in caller memory
+ * `param_buffer` (lk_layer_num_parameters floats, LK_ALIGN-aligned; NULL:
+ * allocated). copy_values false leaves the buffer's contents as the
+ * parameters' values: for memory several processes share, which one of them
+ * fills (DDP's shared parameters, lk_strategy_param_buffer). */
+lk_status lk_params_flatten_into(lk_layer *l, float *param_buffer, bool copy_values, float *grad_buffer,
+                                 lk_tensor **flat_params, lk_tensor **flat_grads);
 /* True when t (typically a .grad) lives in a flat buffer made by
  * lk_params_flatten; the optimizers' zero_grad(set_to_none) zeroes such
  * gradients instead of dropping them, so the views stay. (May err on the

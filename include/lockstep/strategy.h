@@ -21,6 +21,7 @@
 #define LOCKSTEP_STRATEGY_H
 
 #include "lockstep/dist.h"
+#include "lockstep/optim.h"
 #include "lockstep/tensor.h"
 
 #ifdef __cplusplus
@@ -39,6 +40,11 @@ typedef struct lk_strategy_config {
     lk_dtype comm_dtype;      /* ddp: the dtype gradients travel in. LK_F32 (default) is exact; LK_BF16 or
                                  LK_F16 halve the bytes (PyTorch's bf16/fp16_compress_hook): each bucket is
                                  rounded to it, averaged in f32 and rounded once more, then widened back */
+    bool shared_params;       /* ddp over shm (one node): one copy of the parameters and the optimizer state
+                                 for all ranks, each rank updating a 1/W shard of it after the all-reduce
+                                 (same bits, a W-th of the optimizer's memory traffic and memory per rank).
+                                 Default true; ignored where ranks share no memory (mpi). false: every rank
+                                 keeps a replica and updates all of it, as PyTorch DDP does */
 } lk_strategy_config;
 lk_strategy_config lk_strategy_config_default(void);
 
@@ -54,6 +60,12 @@ void lk_strategy_free(lk_strategy *s);
  * optimizer's flat gradient and DDP's buckets are the same memory. Owned by
  * the strategy. */
 lk_status lk_strategy_grad_buffer(lk_strategy *s, int64_t numel, float **out);
+/* The memory the parameters live in when ranks share one copy
+ * (cfg.shared_params on shm; collective): pass it to lk_params_flatten_into,
+ * with copy_values, before lk_strategy_setup. *buf is NULL where each rank
+ * keeps its own replica: flatten into private memory then. Owned by the
+ * strategy; on lk_strategy_free every parameter gets its own copy back. */
+lk_status lk_strategy_param_buffer(lk_strategy *s, int64_t numel, float **buf, bool *copy_values);
 /* Makes every replica start identical (ddp: parameters and buffers broadcast
  * from rank 0) and takes over the gradients: each parameter's .grad becomes a
  * view of the flat gradient buffer in registration order (kept as is when
@@ -71,6 +83,16 @@ void lk_strategy_begin_backward(lk_strategy *s, bool sync);
  * (parameters that got no gradient) and waits for every bucket. Gradients
  * then hold the average over ranks. */
 lk_status lk_strategy_finish_backward(lk_strategy *s);
+/* With shared parameters: moves the optimizer's state into shared memory
+ * and restricts its update to this rank's shard (collective; the optimizer
+ * must have one parameter group over all the parameters, in order). No-op
+ * otherwise. Call once, after lk_strategy_setup. */
+lk_status lk_strategy_shard_optimizer(lk_strategy *s, lk_optimizer *o);
+/* After each optimizer step: with a sharded optimizer, waits until every
+ * rank has updated its shard (no rank reads a parameter before). No-op
+ * otherwise. */
+lk_status lk_strategy_after_step(lk_strategy *s);
+bool lk_strategy_shares_params(const lk_strategy *s);
 /* grads <- 0 (one memset over the flat buffer). */
 void lk_strategy_zero_grad(lk_strategy *s);
 /* In-place reduction of n doubles across ranks (metrics). */
@@ -91,7 +113,9 @@ bool lk_strategy_is_global_zero(const lk_strategy *s);
  * Gradients are still averaged over the whole world (PyTorch's default,
  * divide_by_initial_world_size), so a joined rank dilutes the others'
  * steps. Without these calls a mismatch is not silent: the communicator
- * reports the desync (or the rank that left). */
+ * reports the desync (or the rank that left). With a sharded optimizer
+ * (shared parameters) lk_strategy_join is UNSUPPORTED: a rank that ran out
+ * takes no optimizer step, so its shard would not be updated. */
 lk_status lk_strategy_join_step(lk_strategy *s, bool has_data, bool *all_done);
 lk_status lk_strategy_join(lk_strategy *s);
 

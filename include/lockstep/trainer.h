@@ -67,6 +67,7 @@ typedef struct lk_trainer_config {
     double comm_timeout;            /* seconds any collective may wait */
     double bucket_cap_mb;           /* ddp bucket size */
     char ddp_comm_hook[LK_PARAM_STR]; /* none | bf16_compress | fp16_compress (PyTorch's compression hooks) */
+    bool ddp_shared_params;         /* ddp on one node: ranks share one copy of parameters + optimizer state */
     char scale_lr[LK_PARAM_STR];    /* none | linear (base lr × world size × accumulation) */
     int64_t global_batch_size;      /* 0: off; else accumulation is derived from it */
     char profiler[LK_PARAM_STR];    /* none | simple */

@@ -243,6 +243,33 @@ lk_status lk_comm_alloc_shared(lk_comm *c, size_t bytes, void **ptr) {
     return LK_STATUS_OK;
 }
 
+lk_status lk_comm_alloc_common(lk_comm *c, size_t bytes, void **ptr, bool *owner) {
+    if (!c || !ptr || !owner) return lk_error(LK_STATUS_INVALID_ARGUMENT, "lk_comm_alloc_common: NULL argument");
+    *ptr = NULL;
+    *owner = c->pg.rank == 0;
+    if (!c->vt->shared_at || !c->vt->alloc_shared)
+        return lk_error(LK_STATUS_UNSUPPORTED, "lk_comm_alloc_common: the %s backend has no memory every rank maps",
+                        c->vt->name);
+    /* Rank 0 allocates in its heap and tells the others where: a failure
+     * there reaches every rank as an offset of -1. */
+    void *mine = NULL;
+    lk_status st = LK_STATUS_OK;
+    int64_t off = -1;
+    if (*owner) {
+        st = lk_comm_alloc_shared(c, bytes, &mine);
+        if (!st) off = c->vt->shared_offset(c, mine);
+    }
+    lk_status bst = lk_comm_broadcast(c, &off, 1, LK_I64, 0);
+    if (bst) {
+        if (mine) lk_comm_free_shared(c, mine);
+        return bst;
+    }
+    if (off < 0)
+        return st ? st : lk_error(LK_STATUS_OUT_OF_MEMORY, "lk_comm_alloc_common: rank 0 could not allocate %zu shared bytes", bytes);
+    *ptr = *owner ? mine : c->vt->shared_at(c, 0, off);
+    return LK_STATUS_OK;
+}
+
 void lk_comm_free_shared(lk_comm *c, void *ptr) {
     if (!c || !ptr) return;
     if (c->vt->free_shared) c->vt->free_shared(c, ptr);

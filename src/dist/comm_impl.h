@@ -51,6 +51,11 @@ typedef struct lk__comm_vtable {
     /* (optional) memory peers can read; default: lk_aligned_alloc. */
     lk_status (*alloc_shared)(lk_comm *c, size_t bytes, void **ptr);
     void (*free_shared)(lk_comm *c, void *ptr);
+    /* (optional, with alloc_shared: every rank maps every rank's blocks)
+     * offset of this rank's block p in its heap; the address of offset off
+     * in rank k's heap as this process maps it. Make lk_comm_alloc_common. */
+    int64_t (*shared_offset)(lk_comm *c, const void *p);
+    void *(*shared_at)(lk_comm *c, int k, int64_t off);
     /* (optional) tells peers this rank gave up, quoting reason. Any thread. */
     void (*abort)(lk_comm *c, const char *reason);
 } lk__comm_vtable;

@@ -592,6 +592,13 @@ static void shm_free_shared(lk_comm *c, void *ptr) {
     pthread_mutex_unlock(&s->heap_mu);
 }
 
+static int64_t shm_shared_offset(lk_comm *c, const void *p) {
+    shm_comm *s = c->impl;
+    return (int64_t)((const uint8_t *)p - heap_of(s, s->rank));
+}
+
+static void *shm_shared_at(lk_comm *c, int k, int64_t off) { return heap_of(c->impl, k) + off; }
+
 /* ------------------------------------------------------------------------
  * Rendezvous.
  * ---------------------------------------------------------------------- */
@@ -906,5 +913,7 @@ const lk__comm_vtable lk__comm_shm = {
     .run = shm_run,
     .alloc_shared = shm_alloc_shared,
     .free_shared = shm_free_shared,
+    .shared_offset = shm_shared_offset,
+    .shared_at = shm_shared_at,
     .abort = shm_abort,
 };

@@ -360,12 +360,21 @@ static lk_status collect_slots(lk_layer *l, slot_vec *sv) {
 }
 
 lk_status lk_params_flatten(lk_layer *l, float *grad_buffer, lk_tensor **flat_params, lk_tensor **flat_grads) {
+    return lk_params_flatten_into(l, NULL, true, grad_buffer, flat_params, flat_grads);
+}
+
+lk_status lk_params_flatten_into(lk_layer *l, float *param_buffer, bool copy_values, float *grad_buffer,
+                                 lk_tensor **flat_params, lk_tensor **flat_grads) {
     if (flat_params) *flat_params = NULL;
     if (flat_grads) *flat_grads = NULL;
     if (!l) return lk_error(LK_STATUS_INVALID_ARGUMENT, "params_flatten: NULL layer");
     if (grad_buffer && ((uintptr_t)grad_buffer % LK_ALIGN) != 0)
         return lk_error(LK_STATUS_INVALID_ARGUMENT, "params_flatten: the gradient buffer %p is not %d-byte aligned",
                         (void *)grad_buffer, LK_ALIGN);
+    if (param_buffer && ((uintptr_t)param_buffer % LK_ALIGN) != 0)
+        return lk_error(LK_STATUS_INVALID_ARGUMENT, "params_flatten: the parameter buffer %p is not %d-byte aligned",
+                        (void *)param_buffer, LK_ALIGN);
+    if (!param_buffer) copy_values = true;
     slot_vec sv = {0};
     lk_named_tensors names = {0};
     lk_tensor **pv = NULL, **gv = NULL, *flat = NULL, *gflat = NULL;
@@ -387,7 +396,8 @@ lk_status lk_params_flatten(lk_layer *l, float *grad_buffer, lk_tensor **flat_pa
         if (!pv || !gv) st = LK_STATUS_OUT_OF_MEMORY;
     }
     int64_t n1[1] = {total};
-    if (!st && !(flat = lk_tensor_empty(LK_F32, 1, n1))) st = lk_last_status();
+    if (!st && !(flat = param_buffer ? lk_tensor_wrap(LK_F32, 1, n1, param_buffer) : lk_tensor_empty(LK_F32, 1, n1)))
+        st = lk_last_status();
     if (!st) {
         gflat = grad_buffer ? lk_tensor_wrap(LK_F32, 1, n1, grad_buffer) : lk_tensor_empty(LK_F32, 1, n1);
         if (!gflat) st = lk_last_status();
@@ -413,7 +423,7 @@ lk_status lk_params_flatten(lk_layer *l, float *grad_buffer, lk_tensor **flat_pa
                 continue;
             }
             lk_tensor *p = pv[i];
-            lk_tensor_copy(p, old);
+            if (copy_values) lk_tensor_copy(p, old);
             if (old->grad) lk_tensor_copy(gv[i], old->grad);
             p->requires_grad = old->requires_grad;
             p->grad = gv[i];

@@ -9,4 +9,14 @@
 double lk__optimizer_initial_lr(const lk_optimizer *o, int group);
 void lk__optimizer_set_initial_lr(lk_optimizer *o, int group, double lr);
 
+/* The sharded update behind DDP's shared parameters (lk_strategy): the
+ * parameters of the one group lie back to back in memory several processes
+ * share, and so does the state, in `state` (lk__optimizer_state_floats of
+ * them; -1: more than one group). This process then updates only elements
+ * [lo, hi) of the group, and only the `owner` copies its state in now or
+ * writes it when a checkpoint is loaded (the others read the same bytes).
+ * Steps and hyperparameters stay per process, identical on every rank. */
+int64_t lk__optimizer_state_floats(const lk_optimizer *o);
+lk_status lk__optimizer_shard(lk_optimizer *o, int64_t lo, int64_t hi, float *state, bool owner);
+
 #endif

@@ -28,6 +28,11 @@ typedef struct {
     int64_t numel;
     float *state; /* n_state arrays of numel floats, back to back */
     int n_state;
+    /* Sharded update (lk__optimizer_shard): this process updates elements
+     * [lo, hi) of the group; state is shared memory it does not own, and
+     * only the state's owner writes it when a checkpoint is loaded. */
+    int64_t lo, hi;
+    bool state_shared, state_writer;
 } opt_group;
 
 struct lk_optimizer {
@@ -105,7 +110,7 @@ static void group_clear(opt_group *g) {
         lk_free(g->ps[i].name);
     }
     lk_free(g->ps);
-    lk_aligned_free(g->state);
+    if (!g->state_shared) lk_aligned_free(g->state);
 }
 
 void lk_optimizer_free(lk_optimizer *o) {
@@ -142,7 +147,7 @@ lk_status lk_optimizer_add_param_group(lk_optimizer *o, const lk_named_tensors *
             return lk_error(LK_STATUS_INVALID_ARGUMENT, "%s: some parameters appear in more than one parameter group ('%s')",
                             kind_name(cfg.kind), params->items[i].name);
     }
-    opt_group g = {.cfg = cfg, .initial_lr = NAN, .n = params->n, .n_state = state_arrays(&cfg)};
+    opt_group g = {.cfg = cfg, .initial_lr = NAN, .n = params->n, .n_state = state_arrays(&cfg), .state_writer = true};
     opt_group *ng = lk_realloc(o->groups, (size_t)(o->n_groups + 1) * sizeof *ng);
     if (!ng) return LK_STATUS_OUT_OF_MEMORY;
     o->groups = ng;
@@ -153,6 +158,7 @@ lk_status lk_optimizer_add_param_group(lk_optimizer *o, const lk_named_tensors *
         g.ps[i].name = lk_strdup(params->items[i].name);
         g.ps[i].off = g.numel;
         g.numel += params->items[i].tensor->numel;
+        g.hi = g.numel;
         if (!g.ps[i].name) {
             group_clear(&g);
             return LK_STATUS_OUT_OF_MEMORY;
@@ -266,7 +272,7 @@ static bool group_is_flat(const opt_group *g) {
         if (!gr || gr->dtype != LK_F32 || !lk_tensor_is_contiguous(gr) || g->ps[i].step != g->ps[0].step) return false;
         if (i == 0) continue;
         const lk_tensor *q = g->ps[i - 1].p;
-        if (p->storage != q->storage || (float *)p->data != (float *)q->data + q->numel) return false;
+        if ((float *)p->data != (float *)q->data + q->numel) return false;
         if (gr->storage != q->grad->storage || (float *)gr->data != (float *)q->grad->data + q->numel) return false;
     }
     return true;
@@ -279,7 +285,7 @@ typedef struct {
     opt_group *g;
     float *p;
     const float *gr;
-    int64_t n, step;
+    int64_t lo, n, step; /* elements [lo, lo + n) of the group */
     int width;
 } flat_job;
 
@@ -287,6 +293,7 @@ static void flat_task(void *ctx, int t) {
     const flat_job *j = ctx;
     int64_t a, b;
     lk__task_range(j->n, t, j->width, 16, &a, &b);
+    a += j->lo, b += j->lo;
     if (b > a) run_range(j->g, j->p + a, j->gr + a, a, b - a, j->step);
 }
 
@@ -305,16 +312,19 @@ lk_status lk_optimizer_step(lk_optimizer *o) {
         if (g->n > 1 && group_is_flat(g)) {
             int64_t step = ++g->ps[0].step;
             for (int i = 1; i < g->n; i++) g->ps[i].step = step;
-            flat_job job = {g, g->ps[0].p->data, g->ps[0].p->grad->data, g->numel, step,
-                            g->numel >= PARALLEL_MIN_ELEMS ? lk__parallel_width(g->numel / PARALLEL_MIN_ELEMS + 1) : 1};
+            int64_t n = g->hi - g->lo;
+            flat_job job = {g, g->ps[0].p->data, g->ps[0].p->grad->data, g->lo, n, step,
+                            n >= PARALLEL_MIN_ELEMS ? lk__parallel_width(n / PARALLEL_MIN_ELEMS + 1) : 1};
             lk__parallel_run(job.width, flat_task, &job);
             continue;
         }
         for (int i = 0; i < g->n; i++) {
             lk_tensor *p = g->ps[i].p;
             if (!p->grad) continue;
-            int64_t step = ++g->ps[i].step;
-            run_range(g, p->data, p->grad->data, g->ps[i].off, p->numel, step);
+            int64_t step = ++g->ps[i].step; /* counted on every rank, so each holds the whole state's steps */
+            int64_t off = g->ps[i].off;
+            int64_t a = g->lo > off ? g->lo - off : 0, b = g->hi < off + p->numel ? g->hi - off : p->numel;
+            if (b > a) run_range(g, (float *)p->data + a, (float *)p->grad->data + a, off + a, b - a, step);
         }
     }
     return LK_STATUS_OK;
@@ -522,7 +532,7 @@ lk_status lk_optimizer_state_load(lk_optimizer *o, const lk_named_tensors *state
     for (int g = 0; g < o->n_groups; g++) {
         opt_group *gr = &o->groups[g];
         for (int i = 0; i < gr->n; i++) gr->ps[i].step = 0;
-        if (gr->state) memset(gr->state, 0, (size_t)gr->n_state * (size_t)gr->numel * sizeof(float));
+        if (gr->state && gr->state_writer) memset(gr->state, 0, (size_t)gr->n_state * (size_t)gr->numel * sizeof(float));
     }
     for (int k = 0; k < state->n; k++) {
         const char *nm = state->items[k].name;
@@ -546,7 +556,7 @@ lk_status lk_optimizer_state_load(lk_optimizer *o, const lk_named_tensors *state
         opt_group *gr = &o->groups[gi];
         if (field < 0) {
             gr->ps[pi].step = (int64_t)lk_tensor_get(t, 0);
-        } else {
+        } else if (gr->state_writer) {
             lk_tensor *dst = lk_tensor_wrap(LK_F32, gr->ps[pi].p->ndim, gr->ps[pi].p->shape,
                                             gr->state + field * gr->numel + gr->ps[pi].off);
             if (!dst) return lk_last_status();
@@ -555,5 +565,38 @@ lk_status lk_optimizer_state_load(lk_optimizer *o, const lk_named_tensors *state
             LK_TRY(st);
         }
     }
+    return LK_STATUS_OK;
+}
+
+/* ---- sharded update ------------------------------------------------------------------------- */
+
+int64_t lk__optimizer_state_floats(const lk_optimizer *o) {
+    return o && o->n_groups == 1 ? (int64_t)o->groups[0].n_state * o->groups[0].numel : -1;
+}
+
+lk_status lk__optimizer_shard(lk_optimizer *o, int64_t lo, int64_t hi, float *state, bool owner) {
+    if (!o || o->n_groups != 1)
+        return lk_error(LK_STATUS_UNSUPPORTED, "a sharded optimizer update needs exactly one parameter group (this one has %d)",
+                        o ? o->n_groups : 0);
+    opt_group *g = &o->groups[0];
+    if (!(0 <= lo && lo <= hi && hi <= g->numel))
+        return lk_error(LK_STATUS_INVALID_ARGUMENT, "optimizer shard [%lld, %lld) is outside the group's %lld elements",
+                        (long long)lo, (long long)hi, (long long)g->numel);
+    for (int i = 1; i < g->n; i++) { /* the elements are numbered as they lie in memory */
+        const lk_tensor *p = g->ps[i].p, *q = g->ps[i - 1].p;
+        if ((float *)p->data != (float *)q->data + q->numel)
+            return lk_error(LK_STATUS_UNSUPPORTED, "a sharded optimizer update needs the parameters back to back in "
+                            "memory ('%s' does not follow '%s')", g->ps[i].name, g->ps[i - 1].name);
+    }
+    if (g->n_state) {
+        if (!state) return lk_error(LK_STATUS_INVALID_ARGUMENT, "optimizer shard: no state memory for %d state arrays", g->n_state);
+        if (owner) memcpy(state, g->state, (size_t)g->n_state * (size_t)g->numel * sizeof(float));
+        if (!g->state_shared) lk_aligned_free(g->state);
+        g->state = state;
+        g->state_shared = true;
+    }
+    g->state_writer = owner;
+    g->lo = lo;
+    g->hi = hi;
     return LK_STATUS_OK;
 }

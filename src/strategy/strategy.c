@@ -9,6 +9,7 @@
 
 #include "autograd/autograd_impl.h"
 #include "lockstep/strategy.h"
+#include "optim/optim_impl.h"
 
 typedef enum { STRAT_SINGLE, STRAT_DDP } strat_kind;
 
@@ -44,6 +45,10 @@ struct lk_strategy {
     bool sync;
     lk_status async_err;
     int64_t join_steps; /* steps this rank had data for (uneven inputs) */
+    /* Shared parameters (one node): one copy for all ranks, in rank 0's
+     * part of the segment; each rank updates its shard of it. */
+    float *common_params, *common_state;
+    bool common_owner, sharded;
     lk_strategy_stats stats;
 };
 
@@ -56,7 +61,7 @@ const char *const *lk_strategy_names(int *count) {
 
 lk_strategy_config lk_strategy_config_default(void) {
     return (lk_strategy_config){.name = "auto", .comm = NULL, .bucket_cap_mb = 25.0, .broadcast_buffers = true,
-                                .report_unused = false, .comm_dtype = LK_F32};
+                                .report_unused = false, .comm_dtype = LK_F32, .shared_params = true};
 }
 
 lk_status lk_strategy_create(const lk_strategy_config *cfg, lk_strategy **out) {
@@ -112,6 +117,16 @@ void lk_strategy_free(lk_strategy *s) {
     for (int i = 0; i < s->nparams; i++) {
         lk_tensor *p = s->params[i];
         lk_tensor_set_grad_hook(p, NULL, NULL);
+        if (s->common_params) { /* the shared copy goes away too: each parameter gets its own memory */
+            lk_tensor *own = lk_tensor_clone(p);
+            if (own) {
+                lk_storage *st = p->storage;
+                p->storage = own->storage, own->storage = st;
+                p->data = own->data;
+                p->offset = own->offset;
+                lk_tensor_release(own);
+            }
+        }
         if (s->flat_grad) { /* the flat buffer goes away: give grads their own memory */
             lk_tensor *own = p->grad ? lk_tensor_clone(p->grad) : NULL;
             lk_tensor_release(p->grad);
@@ -119,6 +134,10 @@ void lk_strategy_free(lk_strategy *s) {
         }
     }
     if (s->wire) lk_comm_free_shared(s->comm, s->wire);
+    if (s->common_owner) { /* peers are done with them: they only free after their last step */
+        lk_comm_free_shared(s->comm, s->common_params);
+        lk_comm_free_shared(s->comm, s->common_state);
+    }
     if (s->flat_grad) {
         if (s->flat_shared) lk_comm_free_shared(s->comm, s->flat_grad);
         else lk_aligned_free(s->flat_grad);
@@ -189,6 +208,20 @@ lk_status lk_strategy_grad_buffer(lk_strategy *s, int64_t numel, float **out) {
     return LK_STATUS_OK;
 }
 
+lk_status lk_strategy_param_buffer(lk_strategy *s, int64_t numel, float **buf, bool *copy_values) {
+    *buf = NULL;
+    *copy_values = true;
+    if (s->kind != STRAT_DDP || !s->cfg.shared_params || s->world < 2 || strcmp(lk_comm_backend(s->comm), "shm"))
+        return LK_STATUS_OK;
+    if (s->common_params) return lk_error(LK_STATUS_INVALID_USAGE, "strategy: the parameter buffer is already allocated");
+    void *mem;
+    LK_TRY(lk_comm_alloc_common(s->comm, (size_t)(numel ? numel : 1) * sizeof(float), &mem, &s->common_owner));
+    s->common_params = mem;
+    *buf = mem;
+    *copy_values = s->common_owner;
+    return LK_STATUS_OK;
+}
+
 lk_status lk_strategy_setup(lk_strategy *s, lk_tensor *const *params, const char *const *names, int n,
                             lk_tensor *const *buffers, int nbuf) {
     s->params = params;
@@ -206,9 +239,20 @@ lk_status lk_strategy_setup(lk_strategy *s, lk_tensor *const *params, const char
     if (s->flat_grad && s->flat_numel != total)
         return lk_error(LK_STATUS_INVALID_ARGUMENT, "strategy: the gradient buffer holds %lld floats, the parameters %lld",
                         (long long)s->flat_numel, (long long)total);
+    if (s->common_params) { /* rank 0 wrote the values: they are everyone's once it is here */
+        int64_t off = 0;
+        for (int i = 0; i < n; i++) {
+            if ((float *)params[i]->data != s->common_params + off || !lk_tensor_is_contiguous(params[i]))
+                return lk_error(LK_STATUS_INVALID_USAGE, "ddp: parameter '%s' is not where the shared parameter buffer "
+                                "puts it (flatten the parameters into lk_strategy_param_buffer's memory, in order)",
+                                names ? names[i] : "?");
+            off += params[i]->numel;
+        }
+        LK_TRY(lk_comm_barrier(s->comm));
+    }
     if (s->kind == STRAT_DDP) {
         /* Replicas start identical: rank 0's parameters and buffers win. */
-        for (int i = 0; i < n; i++) {
+        for (int i = 0; i < n && !s->common_params; i++) {
             lk_tensor *p = params[i];
             if (!lk_tensor_is_contiguous(p))
                 return lk_error(LK_STATUS_INVALID_ARGUMENT, "ddp: parameter '%s' is not contiguous", names ? names[i] : "?");
@@ -259,6 +303,36 @@ lk_status lk_strategy_setup(lk_strategy *s, lk_tensor *const *params, const char
     s->stats.buckets = s->nbuckets;
     return LK_STATUS_OK;
 }
+
+lk_status lk_strategy_shard_optimizer(lk_strategy *s, lk_optimizer *o) {
+    if (!s->common_params) return LK_STATUS_OK;
+    if (s->sharded) return lk_error(LK_STATUS_INVALID_USAGE, "strategy: an optimizer is already sharded over the shared parameters");
+    int64_t nstate = lk__optimizer_state_floats(o);
+    if (nstate < 0)
+        return lk_error(LK_STATUS_UNSUPPORTED, "ddp with shared parameters updates one parameter group (this optimizer has %d); "
+                        "set shared_params false", lk_optimizer_num_groups(o));
+    /* Rank r updates elements [lo, hi): a W-th each, cut at multiples of 16
+     * floats (64 bytes) so no two ranks write one cache line. */
+    int64_t n = s->flat_numel, W = s->world, r = s->rank;
+    int64_t lo = n * r / W / 16 * 16, hi = r == W - 1 ? n : n * (r + 1) / W / 16 * 16;
+    if (nstate > 0) {
+        void *mem;
+        bool owner;
+        LK_TRY(lk_comm_alloc_common(s->comm, (size_t)nstate * sizeof(float), &mem, &owner));
+        s->common_state = mem;
+    }
+    LK_TRY(lk__optimizer_shard(o, lo, hi, s->common_state, s->common_owner));
+    LK_TRY(lk_comm_barrier(s->comm)); /* rank 0's state is in */
+    s->sharded = true;
+    return LK_STATUS_OK;
+}
+
+lk_status lk_strategy_after_step(lk_strategy *s) {
+    if (!s->sharded) return LK_STATUS_OK;
+    return lk_comm_barrier(s->comm);
+}
+
+bool lk_strategy_shares_params(const lk_strategy *s) { return s->common_params != NULL; }
 
 lk_status lk_strategy_before_forward(lk_strategy *s) {
     if (s->kind != STRAT_DDP || !s->cfg.broadcast_buffers) return LK_STATUS_OK;
@@ -343,6 +417,8 @@ lk_status lk_strategy_join_step(lk_strategy *s, bool has_data, bool *all_done) {
 
 lk_status lk_strategy_join(lk_strategy *s) {
     if (s->kind != STRAT_DDP) return LK_STATUS_OK;
+    if (s->sharded) /* a joined rank takes no optimizer step, so its shard would go stale */
+        return lk_error(LK_STATUS_UNSUPPORTED, "ddp: uneven inputs (join) need replicated parameters; set shared_params false");
     for (;;) {
         bool done;
         LK_TRY(lk_strategy_join_step(s, false, &done));

@@ -108,6 +108,7 @@ lk_status lk_trainer_create(const lk_trainer_config *cfg, const lk_optim_setting
     if (tr->world == 1 && (!strcmp(sc.name, "ddp") || dp)) sc.name = "single"; /* nothing to reduce across processes */
     sc.comm = tr->comm;
     sc.bucket_cap_mb = cfg->bucket_cap_mb;
+    sc.shared_params = cfg->ddp_shared_params;
     sc.comm_dtype = !strcmp(cfg->ddp_comm_hook, "bf16_compress") ? LK_BF16
                     : !strcmp(cfg->ddp_comm_hook, "fp16_compress") ? LK_F16 : LK_F32;
     st = lk_strategy_create(&sc, &tr->strat);
@@ -231,9 +232,11 @@ static lk_status setup_params(lk_trainer *tr, int64_t steps_per_epoch) {
     lk_module *m = tr->module;
     if (!tr->flat_params) { /* once per trainer: the layer keeps its flat views */
         int64_t total = lk_layer_num_parameters(m->net);
-        float *gbuf;
+        float *gbuf, *pbuf;
+        bool copy_values;
         LK_TRY(lk_strategy_grad_buffer(tr->strat, total, &gbuf));
-        LK_TRY(lk_params_flatten(m->net, gbuf, &tr->flat_params, &tr->flat_grads));
+        LK_TRY(lk_strategy_param_buffer(tr->strat, total, &pbuf, &copy_values));
+        LK_TRY(lk_params_flatten_into(m->net, pbuf, copy_values, gbuf, &tr->flat_params, &tr->flat_grads));
     }
     if (tr->param_arr) /* the strategy holds these from an earlier fit on this trainer */
         return lk_error(LK_STATUS_INVALID_USAGE, "fit: call lk_trainer_fit once per trainer (create another to fit again)");
@@ -273,6 +276,10 @@ static lk_status setup_params(lk_trainer *tr, int64_t steps_per_epoch) {
         oc.lr *= f;
     }
     LK_TRY(lk_optimizer_create(&oc, &tr->params, &tr->optim));
+    LK_TRY(lk_strategy_shard_optimizer(tr->strat, tr->optim));
+    if (lk_strategy_shares_params(tr->strat))
+        lk_log0("ddp: the %d ranks share one copy of the parameters and optimizer state, each updating 1/%d of it "
+                "(trainer.ddp_shared_params)", tr->world, tr->world);
     const lk_optim_settings *o = &tr->opt;
     bool per_step = !strcmp(o->interval, "step");
     int64_t horizon = per_step ? (tr->cfg.max_steps > 0 ? tr->cfg.max_steps : steps_per_epoch * (tr->cfg.max_epochs > 0 ? tr->cfg.max_epochs : 1))
@@ -632,6 +639,7 @@ static lk_status fit_loop(lk_trainer *tr, lk_loader *train, lk_loader *val, int6
                 LK_TRY(first_nonfinite(tr, lv_dp));
                 clip_gradients(tr);
                 LK_TRY(lk_optimizer_step(tr->optim));
+                LK_TRY(lk_strategy_after_step(tr->strat));
                 if (tr->dp) lk__dp_broadcast_params(tr->dp);
                 lk_strategy_zero_grad(tr->strat);
                 if (tr->sched && !strcmp(tr->opt.interval, "step") && strcmp(tr->opt.scheduler, "plateau"))

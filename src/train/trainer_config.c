@@ -47,6 +47,8 @@ static const lk_param trainer_params[] = {
     T("bucket_cap_mb", FLOAT, bucket_cap_mb, "25", 1e-6, 1e6, NULL, "ddp gradient bucket size in MB"),
     T("ddp_comm_hook", ENUM, ddp_comm_hook, "none", 1, 0, "none|bf16_compress|fp16_compress",
       "ddp: gradients travel as bf16/fp16 (half the bytes, rounded) instead of exact f32"),
+    T("ddp_shared_params", BOOL, ddp_shared_params, "true", 1, 0, NULL,
+      "ddp on one node: one copy of parameters and optimizer state, each rank updates 1/N (false: a replica per rank)"),
     T("scale_lr", ENUM, scale_lr, "none", 1, 0, "none|linear", "linear: lr x world size x accumulate_grad_batches"),
     T("global_batch_size", INT, global_batch_size, "0", 0, 1e12, NULL,
       "samples per optimizer step over all ranks; derives accumulate_grad_batches (0: off)"),

@@ -56,4 +56,13 @@ run_case() {
 
 run_case single
 run_case ddp2 --trainer.devices 2 --trainer.strategy ddp
+# On one node the ranks share one copy of the parameters and optimizer state
+# (each updating its half, restored above by one writer): the same bits as
+# a replica per rank.
+check "ddp2: the resumed run shared its parameters" grep -q "share one copy of the parameters" "$T/ddp2.KILL.resume.log"
+"$LK_BIN" fit -c "$T/synth.yaml" "${common[@]}" --trainer.devices 2 --trainer.strategy ddp \
+  --trainer.ddp_shared_params false >"$T/ddp2.replicas.log" 2>&1
+check "ddp2: ddp_shared_params false keeps replicas" bash -c "! grep -q 'share one copy' '$T/ddp2.replicas.log'"
+final_state "$(latest)" "$T/ddp2.replicas.st"
+check "ddp2: shared parameters == replicas, bitwise (weights and optimizer state)" cmp -s "$T/ddp2.a.st" "$T/ddp2.replicas.st"
 finish

@@ -86,10 +86,15 @@ typedef struct {
     int accum; /* micro-batches per optimizer step */
     const char *out_path;
     lk_dtype comm_dtype; /* LK_F32 (0) unless a test compresses */
+    const lk_optim_config *optim; /* non-NULL: the library's optimizer (train_optim) instead of adam_step */
+    bool shared;                  /* ... with shared_params */
 } run_cfg;
+
+static int train_optim(const run_cfg *rc, lk_comm *comm);
 
 /* Trains and writes the parameters (rank 0) to out_path. Returns 0 on success. */
 static int train(const run_cfg *rc, lk_comm *comm, uint64_t *allreduces) {
+    if (rc->optim) return train_optim(rc, comm);
     net n;
     net_init(&n);
     lk_strategy_config sc = lk_strategy_config_default();
@@ -211,21 +216,21 @@ static double max_rel_diff(const float *a, const float *b, int n) {
 static void ddp_equals_single(void) {
     static float ref[NP], got[NP], other[NP];
     for (int world = 2; world <= 4; world++) {
-        run_cfg single = {world, 25, 1, "/tmp/lk_ddp_single.bin", LK_F32};
+        run_cfg single = {world, 25, 1, "/tmp/lk_ddp_single.bin", LK_F32, NULL, false};
         CHECK(train(&single, NULL, NULL) == 0);
         CHECK(load(single.out_path, ref, NP) == NP);
-        run_cfg ddp = {world, 25, 1, "/tmp/lk_ddp_ranks.bin", LK_F32};
+        run_cfg ddp = {world, 25, 1, "/tmp/lk_ddp_ranks.bin", LK_F32, NULL, false};
         CHECK_MSG(run_ranks(&ddp, NULL) == 0, "world %d: a rank failed", world);
         CHECK(load(ddp.out_path, got, NP) == NP);
         double d = max_rel_diff(got, ref, NP);
         printf("world %d: relative error ||ddp - single|| / ||single|| after %d Adam steps: %.3g\n", world, STEPS, d);
         CHECK_MSG(d <= 1e-5, "world %d: %.3g", world, d);
         /* many tiny buckets and one huge bucket give identical results */
-        run_cfg tiny = {world, 1e-4, 1, "/tmp/lk_ddp_tiny.bin", LK_F32};
+        run_cfg tiny = {world, 1e-4, 1, "/tmp/lk_ddp_tiny.bin", LK_F32, NULL, false};
         CHECK(run_ranks(&tiny, NULL) == 0);
         CHECK(load(tiny.out_path, other, NP) == NP);
         CHECK_MSG(memcmp(other, got, sizeof got) == 0, "world %d: tiny buckets differ", world);
-        run_cfg huge = {world, 1000, 1, "/tmp/lk_ddp_huge.bin", LK_F32};
+        run_cfg huge = {world, 1000, 1, "/tmp/lk_ddp_huge.bin", LK_F32, NULL, false};
         CHECK(run_ranks(&huge, NULL) == 0);
         CHECK(load(huge.out_path, other, NP) == NP);
         CHECK_MSG(memcmp(other, got, sizeof got) == 0, "world %d: one bucket differs", world);
@@ -235,10 +240,10 @@ static void ddp_equals_single(void) {
 static void accumulation_reduces_once_per_step(void) {
     static float ref[NP], got[NP];
     /* accumulate 3 micro-batches of B/3 on each of 2 ranks == batch 2B on one process */
-    run_cfg single = {2, 25, 1, "/tmp/lk_acc_single.bin", LK_F32};
+    run_cfg single = {2, 25, 1, "/tmp/lk_acc_single.bin", LK_F32, NULL, false};
     CHECK(train(&single, NULL, NULL) == 0);
     CHECK(load(single.out_path, ref, NP) == NP);
-    run_cfg acc = {2, 1e-6, 3, "/tmp/lk_acc_ddp.bin", LK_F32}; /* one bucket per parameter */
+    run_cfg acc = {2, 1e-6, 3, "/tmp/lk_acc_ddp.bin", LK_F32, NULL, false}; /* one bucket per parameter */
     uint64_t calls = 0;
     CHECK(run_ranks(&acc, &calls) == 0);
     CHECK(load(acc.out_path, got, NP) == NP);
@@ -256,13 +261,13 @@ static void accumulation_reduces_once_per_step(void) {
  * not change a bit of it. */
 static void compressed_gradients(void) {
     static float ref[NP], got[NP], other[NP];
-    run_cfg single = {2, 25, 1, "/tmp/lk_cmp_single.bin", LK_F32};
+    run_cfg single = {2, 25, 1, "/tmp/lk_cmp_single.bin", LK_F32, NULL, false};
     CHECK(train(&single, NULL, NULL) == 0);
     CHECK(load(single.out_path, ref, NP) == NP);
     const lk_dtype dts[2] = {LK_BF16, LK_F16};
     const double tol[2] = {1e-2, 1e-3}; /* 8 and 11 significant bits */
     for (int k = 0; k < 2; k++) {
-        run_cfg one = {2, 25, 1, "/tmp/lk_cmp_one.bin", dts[k]};
+        run_cfg one = {2, 25, 1, "/tmp/lk_cmp_one.bin", dts[k], NULL, false};
         uint64_t bytes = 0;
         CHECK(run_ranks(&one, &bytes) == 0);
         CHECK(load(one.out_path, got, NP) == NP);
@@ -272,11 +277,111 @@ static void compressed_gradients(void) {
         CHECK_MSG(d > 0 && d <= tol[k], "%s: %.3g", lk_dtype_name(dts[k]), d);
         CHECK_MSG(bytes == (uint64_t)NP * 2 * STEPS, "%s: %llu bytes, expected %d", lk_dtype_name(dts[k]),
                   (unsigned long long)bytes, NP * 2 * STEPS);
-        run_cfg tiny = {2, 1e-4, 1, "/tmp/lk_cmp_tiny.bin", dts[k]}; /* async buckets, then the inline last one */
+        run_cfg tiny = {2, 1e-4, 1, "/tmp/lk_cmp_tiny.bin", dts[k], NULL, false}; /* async buckets, then the inline last one */
         CHECK(run_ranks(&tiny, NULL) == 0);
         CHECK(load(tiny.out_path, other, NP) == NP);
         CHECK_MSG(memcmp(other, got, sizeof got) == 0, "%s: tiny buckets differ from one bucket", lk_dtype_name(dts[k]));
     }
+}
+
+/* The library's optimizer over DDP, with parameters either replicated or
+ * shared (one copy in the segment, each rank updating its shard, here
+ * through the optimizer's per-parameter path: the tensors wrap the buffer
+ * one by one). Rank 0 writes the parameters after lk_strategy_free, which
+ * gives each parameter its own memory back, then the optimizer state. */
+static int train_optim(const run_cfg *rc, lk_comm *comm) {
+    net n;
+    net_init(&n);
+    lk_strategy_config sc = lk_strategy_config_default();
+    sc.comm = comm;
+    sc.shared_params = rc->shared;
+    lk_strategy *s = NULL;
+    float *pbuf = NULL;
+    bool copy = true;
+    if (lk_strategy_create(&sc, &s) || lk_strategy_param_buffer(s, NP, &pbuf, &copy)) {
+        fprintf(stderr, "create: %s\n", lk_last_error());
+        return 1;
+    }
+    if (rc->shared != (pbuf != NULL)) {
+        fprintf(stderr, "shared_params %d but param_buffer %p\n", rc->shared, (void *)pbuf);
+        return 1;
+    }
+    int64_t off = 0;
+    for (int i = 0; pbuf && i < 4; i++) { /* the parameters move into the shared buffer; rank 0's values */
+        lk_tensor *p = n.params[i], *w = lk_tensor_wrap(LK_F32, p->ndim, p->shape, pbuf + off);
+        if (copy) memcpy(w->data, p->data, (size_t)p->numel * sizeof(float));
+        lk_tensor_set_requires_grad(w, true);
+        lk_tensor_release(p);
+        n.params[i] = w;
+        off += w->numel;
+    }
+    n.w1 = n.params[0], n.b1 = n.params[1], n.w2 = n.params[2], n.b2 = n.params[3];
+    lk_named_tensors nt = {0};
+    for (int i = 0; i < 4; i++) lk_named_tensors_append(&nt, n.names[i], n.params[i]);
+    lk_optimizer *o = NULL;
+    if (lk_strategy_setup(s, n.params, n.names, 4, NULL, 0) || lk_optimizer_create(rc->optim, &nt, &o) ||
+        lk_strategy_shard_optimizer(s, o)) {
+        fprintf(stderr, "setup: %s\n", lk_last_error());
+        return 1;
+    }
+    int rank = lk_strategy_rank(s), world = lk_strategy_world_size(s);
+    for (int t = 1; t <= STEPS; t++) {
+        lk_strategy_begin_backward(s, true);
+        if (micro_step(&n, (int64_t)(t - 1) * world * B + (int64_t)rank * B, B) || lk_strategy_finish_backward(s) ||
+            lk_optimizer_step(o) || lk_strategy_after_step(s)) {
+            fprintf(stderr, "step %d: %s\n", t, lk_last_error());
+            return 1;
+        }
+        lk_strategy_zero_grad(s);
+    }
+    int rc2 = 0;
+    if (rc->shared && lk_strategy_join(s) != LK_STATUS_UNSUPPORTED) {
+        fprintf(stderr, "join with shared parameters was not refused\n");
+        rc2 = 1;
+    }
+    lk_named_tensors state = {0};
+    if (lk_optimizer_state_get(o, &state)) rc2 = 1;
+    lk_strategy_free(s); /* the shared copy goes: parameters keep their values in memory of their own */
+    for (int i = 0; i < 4 && pbuf; i++)
+        if ((float *)n.params[i]->data >= pbuf && (float *)n.params[i]->data < pbuf + NP) rc2 = 1;
+    if (rank == 0) {
+        FILE *f = fopen(rc->out_path, "wb");
+        for (int i = 0; i < 4; i++) fwrite(n.params[i]->data, 4, (size_t)n.params[i]->numel, f);
+        for (int i = 0; i < state.n; i++)
+            fwrite(state.items[i].tensor->data, lk_dtype_size(state.items[i].tensor->dtype), (size_t)state.items[i].tensor->numel, f);
+        fclose(f);
+    }
+    lk_named_tensors_clear(&state);
+    lk_named_tensors_clear(&nt);
+    lk_optimizer_free(o);
+    net_free(&n);
+    return rc2;
+}
+
+/* Shared parameters change where the update runs, not a bit of its result:
+ * the same parameters and optimizer state as replicas, for Adam, AMSGrad
+ * and SGD with and without momentum (no state), for 2-4 ranks (3 cuts the
+ * shards unevenly, some inside a parameter). */
+static void shared_params_equal_replicas(void) {
+    enum { NS = NP * 4 + 64 }; /* parameters + up to 3 state arrays + step scalars */
+    static float rep[NS], got[NS];
+    lk_optim_config cfgs[4] = {lk_adam_config_default(), lk_adam_config_default(), lk_sgd_config_default(),
+                               lk_sgd_config_default()};
+    cfgs[1].amsgrad = true, cfgs[1].weight_decay = 0.01;
+    cfgs[2].momentum = 0.9, cfgs[2].nesterov = true;
+    const char *what[4] = {"adam", "amsgrad+l2", "sgd nesterov", "sgd plain"};
+    for (int world = 2; world <= 4; world++)
+        for (int k = 0; k < 4; k++) {
+            run_cfg a = {world, 1e-4, 1, "/tmp/lk_shared_rep.bin", LK_F32, &cfgs[k], false};
+            run_cfg b = {world, 1e-4, 1, "/tmp/lk_shared_one.bin", LK_F32, &cfgs[k], true};
+            CHECK_MSG(run_ranks(&a, NULL) == 0, "world %d %s: replicated run failed", world, what[k]);
+            CHECK_MSG(run_ranks(&b, NULL) == 0, "world %d %s: shared run failed", world, what[k]);
+            int na = load(a.out_path, rep, NS), nb = load(b.out_path, got, NS);
+            CHECK_MSG(na > NP && na == nb, "world %d %s: %d vs %d floats written", world, what[k], na, nb);
+            CHECK_MSG(memcmp(rep, got, (size_t)na * 4) == 0, "world %d %s: shared parameters differ from replicas",
+                      world, what[k]);
+        }
+    printf("shared parameters == replicas, bitwise, worlds 2-4, adam/amsgrad/sgd\n");
 }
 
 static void bad_config(void) {
@@ -540,4 +645,4 @@ static void stragglers_are_measured(void) {
     CHECK_MSG(failed == 0, "%d rank(s) failed the straggler check", failed);
 }
 
-LK_TEST_MAIN(LK_TEST_CASE(overlap_with_a_slow_communicator), LK_TEST_CASE(uneven_inputs_join), LK_TEST_CASE(ddp_equals_single), LK_TEST_CASE(accumulation_reduces_once_per_step), LK_TEST_CASE(compressed_gradients), LK_TEST_CASE(stragglers_are_measured), LK_TEST_CASE(bad_config))
+LK_TEST_MAIN(LK_TEST_CASE(overlap_with_a_slow_communicator), LK_TEST_CASE(uneven_inputs_join), LK_TEST_CASE(ddp_equals_single), LK_TEST_CASE(accumulation_reduces_once_per_step), LK_TEST_CASE(compressed_gradients), LK_TEST_CASE(shared_params_equal_replicas), LK_TEST_CASE(stragglers_are_measured), LK_TEST_CASE(bad_config))
