@@ -154,9 +154,46 @@ static int heap_rank(int r, int W, void *arg) {
     return fail;
 }
 
+/* lk_comm_alloc_common: one block every rank maps (in rank 0's heap), not a
+ * copy per rank: what rank 0 writes, the others read, and back. */
+static int common_rank(int r, int W, void *arg) {
+    (void)arg;
+    lk_comm *c;
+    if (du_comm(r, W, "shm", 30, &c)) return 1;
+    int fail = 0;
+    int32_t *mine = NULL, *common = NULL;
+    bool owner = false;
+    if (lk_comm_alloc_shared(c, 4096, (void **)&mine)) fail = 1; /* rank 0's heap is not empty: offsets differ */
+    if (lk_comm_alloc_common(c, (size_t)W * sizeof(int32_t), (void **)&common, &owner)) fail = 1;
+    if (fail || owner != (r == 0) || ((uintptr_t)common % 64)) fail = 1;
+    else {
+        if (r == 0) common[0] = 1234;
+        if (lk_comm_barrier(c) || common[0] != 1234) fail = 1;
+        common[r] = r == 0 ? 1234 : 100 + r; /* every rank writes its own slot */
+        if (lk_comm_barrier(c)) fail = 1;
+        for (int k = 1; k < W; k++) fail |= common[k] != 100 + k;
+        if (lk_comm_barrier(c)) fail = 1; /* everyone is done reading before the owner frees */
+    }
+    if (owner) lk_comm_free_shared(c, common);
+    lk_comm_free_shared(c, mine);
+    lk_comm_free(c);
+    return fail;
+}
+
 static void shared_heap(void) {
     du_map();
     CHECK(du_run(2, heap_rank, NULL, 30, NULL, NULL) == 2);
+    for (int W = 2; W <= 3; W++) CHECK_MSG(du_run(W, common_rank, NULL, 30, NULL, NULL) == W, "common memory, world %d", W);
+    /* where ranks map no common memory, every rank is told so alike */
+    lk_comm_config cfg = lk_comm_config_default();
+    cfg.backend = "self";
+    lk_comm *c = NULL;
+    CHECK_OK(lk_comm_create(&cfg, &c));
+    void *p = (void *)1;
+    bool owner;
+    CHECK_ERR(lk_comm_alloc_common(c, 64, &p, &owner), LK_STATUS_UNSUPPORTED, "the self backend has no memory every rank maps");
+    CHECK(p == NULL);
+    lk_comm_free(c);
 }
 
 LK_TEST_MAIN(LK_TEST_CASE(collectives_world_1_to_4), LK_TEST_CASE(bitwise_identical_across_runs),
