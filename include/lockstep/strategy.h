@@ -123,10 +123,12 @@ typedef struct lk_strategy_stats {
     uint64_t allreduce_calls;  /* bucket all-reduces issued so far */
     uint64_t bytes_reduced;    /* ... and the bytes they carried (per rank, as sent) */
     int buckets;               /* number of gradient buckets */
-    double comm_exposed_s;     /* time finish_backward spent waiting, summed */
+    double comm_exposed_s;     /* time finish_backward (and after_step) spent waiting, summed */
     double comm_wait_last_s;   /* ... in the last synced step */
     double comm_straggler_s;   /* the part of comm_exposed_s spent waiting for the last rank to arrive (shm) */
-    double comm_straggler_last_s; /* ... in the last synced step */
+    double comm_straggler_last_s; /* ... in the last synced step's finish_backward */
+    double step_sync_last_s;      /* shared parameters: the last lk_strategy_after_step (counted in comm_exposed_s) */
+    double step_straggler_last_s; /* ... its wait for the last rank (counted in comm_straggler_s) */
 } lk_strategy_stats;
 lk_strategy_stats lk_strategy_get_stats(const lk_strategy *s);
 

@@ -329,7 +329,14 @@ lk_status lk_strategy_shard_optimizer(lk_strategy *s, lk_optimizer *o) {
 
 lk_status lk_strategy_after_step(lk_strategy *s) {
     if (!s->sharded) return LK_STATUS_OK;
-    return lk_comm_barrier(s->comm);
+    double t0 = lk_time_now(), w0 = lk_comm_arrival_wait_s(s->comm);
+    lk_status st = lk_comm_barrier(s->comm);
+    double straggler = lk_comm_arrival_wait_s(s->comm) - w0, dt = lk_time_now() - t0;
+    s->stats.comm_exposed_s += dt;
+    s->stats.comm_straggler_s += straggler;
+    s->stats.step_sync_last_s = dt;
+    s->stats.step_straggler_last_s = straggler;
+    return st;
 }
 
 bool lk_strategy_shares_params(const lk_strategy *s) { return s->common_params != NULL; }

@@ -640,6 +640,12 @@ static lk_status fit_loop(lk_trainer *tr, lk_loader *train, lk_loader *val, int6
                 clip_gradients(tr);
                 LK_TRY(lk_optimizer_step(tr->optim));
                 LK_TRY(lk_strategy_after_step(tr->strat));
+                { /* the shards' sync is communication: booked there, not as optimizer time */
+                    lk_strategy_stats ss = lk_strategy_get_stats(tr->strat);
+                    tr->sum_comm += ss.step_sync_last_s;
+                    tr->sum_comm_wait += ss.step_straggler_last_s;
+                    t5 += ss.step_sync_last_s;
+                }
                 if (tr->dp) lk__dp_broadcast_params(tr->dp);
                 lk_strategy_zero_grad(tr->strat);
                 if (tr->sched && !strcmp(tr->opt.interval, "step") && strcmp(tr->opt.scheduler, "plateau"))
