@@ -65,4 +65,15 @@ check "ddp2: the resumed run shared its parameters" grep -q "share one copy of t
 check "ddp2: ddp_shared_params false keeps replicas" bash -c "! grep -q 'share one copy' '$T/ddp2.replicas.log'"
 final_state "$(latest)" "$T/ddp2.replicas.st"
 check "ddp2: shared parameters == replicas, bitwise (weights and optimizer state)" cmp -s "$T/ddp2.a.st" "$T/ddp2.replicas.st"
+# ... with clipping by the global norm and accumulation, and on 3 ranks
+# (shards cut unevenly, inside a parameter)
+for case in "2 --trainer.gradient_clip_val 0.05 --trainer.accumulate_grad_batches 2" "3"; do
+  set -- $case; n=$1; shift
+  for shared in true false; do
+    "$LK_BIN" fit -c "$T/synth.yaml" "${common[@]}" --trainer.max_epochs 1 --trainer.devices "$n" \
+      --trainer.strategy ddp --trainer.ddp_shared_params $shared "$@" >"$T/sh.$n.$shared.log" 2>&1
+    final_state "$(latest)" "$T/sh.$n.$shared.st"
+  done
+  check "ddp$n $*: shared parameters == replicas, bitwise" cmp -s "$T/sh.$n.true.st" "$T/sh.$n.false.st"
+done
 finish
