@@ -357,6 +357,9 @@ void lk_strategy_begin_backward(lk_strategy *s, bool sync) {
 
 lk_status lk_strategy_finish_backward(lk_strategy *s) {
     if (s->kind != STRAT_DDP || !s->sync) return LK_STATUS_OK;
+    if (s->common_params && !s->sharded) /* every rank would update all of one copy */
+        return lk_error(LK_STATUS_INVALID_USAGE, "ddp: the parameters are shared (lk_strategy_param_buffer) but no optimizer "
+                        "is sharded over them: call lk_strategy_shard_optimizer before the first step");
     if (s->cfg.report_unused) {
         for (int i = 0; i < s->nparams; i++)
             if (!s->slots[i].got_grad) {

@@ -319,8 +319,18 @@ static int train_optim(const run_cfg *rc, lk_comm *comm) {
     lk_named_tensors nt = {0};
     for (int i = 0; i < 4; i++) lk_named_tensors_append(&nt, n.names[i], n.params[i]);
     lk_optimizer *o = NULL;
-    if (lk_strategy_setup(s, n.params, n.names, 4, NULL, 0) || lk_optimizer_create(rc->optim, &nt, &o) ||
-        lk_strategy_shard_optimizer(s, o)) {
+    if (lk_strategy_setup(s, n.params, n.names, 4, NULL, 0) || lk_optimizer_create(rc->optim, &nt, &o)) {
+        fprintf(stderr, "setup: %s\n", lk_last_error());
+        return 1;
+    }
+    if (pbuf) { /* shared parameters with an unsharded optimizer are refused before any step */
+        lk_strategy_begin_backward(s, true);
+        if (lk_strategy_finish_backward(s) != LK_STATUS_INVALID_USAGE || !strstr(lk_last_error(), "lk_strategy_shard_optimizer")) {
+            fprintf(stderr, "an unsharded optimizer over shared parameters was not refused\n");
+            return 1;
+        }
+    }
+    if (lk_strategy_shard_optimizer(s, o)) {
         fprintf(stderr, "setup: %s\n", lk_last_error());
         return 1;
     }
