@@ -272,7 +272,7 @@ static bool group_is_flat(const opt_group *g) {
         if (!gr || gr->dtype != LK_F32 || !lk_tensor_is_contiguous(gr) || g->ps[i].step != g->ps[0].step) return false;
         if (i == 0) continue;
         const lk_tensor *q = g->ps[i - 1].p;
-        if ((float *)p->data != (float *)q->data + q->numel) return false;
+        if (p->storage != q->storage || (float *)p->data != (float *)q->data + q->numel) return false;
         if (gr->storage != q->grad->storage || (float *)gr->data != (float *)q->grad->data + q->numel) return false;
     }
     return true;
