@@ -134,7 +134,8 @@ void lk_strategy_free(lk_strategy *s) {
         }
     }
     if (s->wire) lk_comm_free_shared(s->comm, s->wire);
-    if (s->common_owner) { /* peers are done with them: they only free after their last step */
+    if (s->common_owner) { /* only the heap's block list changes: the bytes stay mapped until lk_comm_free, so a
+                              peer still copying its parameters out (above) reads them intact */
         lk_comm_free_shared(s->comm, s->common_params);
         lk_comm_free_shared(s->comm, s->common_state);
     }
