@@ -325,7 +325,7 @@ static int train_optim(const run_cfg *rc, lk_comm *comm) {
     }
     if (pbuf) { /* shared parameters with an unsharded optimizer are refused before any step */
         lk_strategy_begin_backward(s, true);
-        if (lk_strategy_finish_backward(s) != LK_STATUS_INVALID_USAGE || !strstr(lk_last_error(), "lk_strategy_shard_optimizer")) {
+        if (lk_strategy_finish_backward(s) != LK_STATUS_INVALID_USAGE || !strstr(lk_last_error(), "no optimizer is sharded over them")) {
             fprintf(stderr, "an unsharded optimizer over shared parameters was not refused\n");
             return 1;
         }
@@ -345,7 +345,7 @@ static int train_optim(const run_cfg *rc, lk_comm *comm) {
         lk_strategy_zero_grad(s);
     }
     int rc2 = 0;
-    if (rc->shared && lk_strategy_join(s) != LK_STATUS_UNSUPPORTED) {
+    if (rc->shared && (lk_strategy_join(s) != LK_STATUS_UNSUPPORTED || !strstr(lk_last_error(), "need replicated parameters"))) {
         fprintf(stderr, "join with shared parameters was not refused\n");
         rc2 = 1;
     }
