@@ -10,6 +10,7 @@
 #include "autograd/autograd_impl.h"
 #include "lockstep/strategy.h"
 #include "optim/optim_impl.h"
+#include "tensor/tensor_impl.h"
 
 typedef enum { STRAT_SINGLE, STRAT_DDP } strat_kind;
 
@@ -117,16 +118,7 @@ void lk_strategy_free(lk_strategy *s) {
     for (int i = 0; i < s->nparams; i++) {
         lk_tensor *p = s->params[i];
         lk_tensor_set_grad_hook(p, NULL, NULL);
-        if (s->common_params) { /* the shared copy goes away too: each parameter gets its own memory */
-            lk_tensor *own = lk_tensor_clone(p);
-            if (own) {
-                lk_storage *st = p->storage;
-                p->storage = own->storage, own->storage = st;
-                p->data = own->data;
-                p->offset = own->offset;
-                lk_tensor_release(own);
-            }
-        }
+        if (s->common_params) lk__tensor_own_storage(p); /* the shared copy goes away too */
         if (s->flat_grad) { /* the flat buffer goes away: give grads their own memory */
             lk_tensor *own = p->grad ? lk_tensor_clone(p->grad) : NULL;
             lk_tensor_release(p->grad);

@@ -523,6 +523,18 @@ lk_tensor *lk_tensor_cast(const lk_tensor *t, lk_dtype dt) {
 
 lk_tensor *lk_tensor_clone(const lk_tensor *t) { return lk_tensor_cast(t, t ? t->dtype : LK_F32); }
 
+lk_status lk__tensor_own_storage(lk_tensor *t) {
+    lk_tensor *r = lk_tensor_clone(t);
+    if (!r) return lk_last_status() ? lk_last_status() : LK_STATUS_OUT_OF_MEMORY;
+    lk_storage *old = t->storage; /* r is contiguous over all of its own storage: t takes it, r the old one */
+    t->storage = r->storage, r->storage = old;
+    t->data = r->data;
+    t->offset = 0;
+    set_contiguous_strides(t);
+    lk_tensor_release(r);
+    return LK_STATUS_OK;
+}
+
 lk_status lk_tensor_fill(lk_tensor *t, double value) {
     if (t->dtype == LK_F32 && lk_tensor_is_contiguous(t)) {
         float *d = t->data, v = (float)value;

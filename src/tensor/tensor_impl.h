@@ -10,6 +10,10 @@ lk_tensor *lk__tensor_new(lk_dtype dt, int ndim, const int64_t *shape);
 /* View of base's storage with the given geometry (stride NULL: contiguous);
  * caller owns it; no autograd. */
 lk_tensor *lk__tensor_view(lk_tensor *base, int ndim, const int64_t *shape, const int64_t *stride, int64_t offset);
+/* Gives t memory of its own: its values are copied into a fresh contiguous
+ * storage, and every other view keeps the old one (a parameter leaving a
+ * buffer that is going away). On failure t is unchanged. */
+lk_status lk__tensor_own_storage(lk_tensor *t);
 /* Storage offset (elements, from t->data) of logical element i. */
 int64_t lk__elem_offset(const lk_tensor *t, int64_t i);
 void *lk__storage_data(const lk_storage *s);
