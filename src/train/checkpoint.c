@@ -305,14 +305,22 @@ static lk_status ckpt_callback(lk_trainer *tr, bool last_only) {
         if (!st && c->monitor[0] && !last_only) {
             double v;
             if (!lk_trainer_metric(tr, c->monitor, &v)) {
-                char names[1024] = "";
-                for (int i = 0; i < tr->nmetrics; i++) {
-                    strncat(names, i ? ", " : "", sizeof names - strlen(names) - 1);
-                    strncat(names, tr->metrics[i].name, sizeof names - strlen(names) - 1);
+                /* As Lightning: a metric missing after validation ran is a
+                 * misconfiguration; before any validation (max_steps inside
+                 * the first epoch, check_val_every_n_epoch > epochs,
+                 * limit_val_batches 0) top-k is skipped, last.ckpt saved. */
+                char names[1024];
+                lk__metrics_available(tr, names, sizeof names);
+                if (tr->val_ran)
+                    st = lk_error(LK_STATUS_INVALID_ARGUMENT,
+                                  "ModelCheckpoint: trainer.monitor '%s' was never logged; logged metrics: %s",
+                                  c->monitor, names);
+                else if (!tr->ckpt_warned) {
+                    tr->ckpt_warned = true;
+                    lk_log_warn("ModelCheckpoint: trainer.monitor '%s' has no value at step %lld (no validation has "
+                                "run yet); saving last.ckpt only, no top-k checkpoint",
+                                c->monitor, (long long)tr->global_step);
                 }
-                st = lk_error(LK_STATUS_INVALID_ARGUMENT,
-                              "ModelCheckpoint: trainer.monitor '%s' was never logged; logged metrics: %s", c->monitor,
-                              names[0] ? names : "(none)");
             } else if (isfinite(v)) {
                 bool max = !strcmp(c->monitor_mode, "max");
                 int worst = -1;
@@ -346,7 +354,8 @@ static lk_status ckpt_callback(lk_trainer *tr, bool last_only) {
                 }
             }
         }
-        if (!st && (c->save_last || last_only)) {
+        bool no_monitor_value = c->monitor[0] && !last_only && !lk_trainer_metric(tr, c->monitor, &(double){0});
+        if (!st && (c->save_last || last_only || no_monitor_value)) {
             char path[LK_PATH + 32];
             snprintf(path, sizeof path, "%s/last.ckpt", dir);
             st = lk__ckpt_save(tr, path);

@@ -168,6 +168,15 @@ int lk__metrics_prog_bar(lk_trainer *tr, const char **names, double *values, int
     return k;
 }
 
+void lk__metrics_available(const lk_trainer *tr, char *out, size_t size) {
+    size_t k = 0;
+    out[0] = 0;
+    for (int i = 0; i < tr->nmetrics && k + 1 < size; i++)
+        if (tr->metrics[i].has_value)
+            k += (size_t)snprintf(out + k, size - k, "%s%s", k ? ", " : "", tr->metrics[i].name);
+    if (!out[0]) snprintf(out, size, "(none)");
+}
+
 bool lk_trainer_metric(const lk_trainer *tr, const char *name, double *value) {
     for (int i = 0; i < tr->nmetrics; i++)
         if (!strcmp(tr->metrics[i].name, name) && tr->metrics[i].has_value) {

@@ -71,6 +71,8 @@ struct lk_trainer {
     int es_wait;
     double es_best;
     bool should_stop;
+    bool val_ran;     /* a validation loop (not the sanity check) has run */
+    bool ckpt_warned; /* the "monitor has no value yet" warning was printed */
     char stop_reason[512];
     /* timing */
     double t_start, t_first_step, t_fit_start;
@@ -102,6 +104,8 @@ lk_status lk__metrics_end_epoch(lk_trainer *tr, const char *stage);
 lk_status lk__metrics_log_step(lk_trainer *tr);
 /* Writes epoch values logged since the last call to the loggers (rank 0). */
 lk_status lk__metrics_log_epoch(lk_trainer *tr, const char *stage);
+/* "a, b, c": the metrics that have a value now (what lk_trainer_metric finds), or "(none)". */
+void lk__metrics_available(const lk_trainer *tr, char *out, size_t size);
 /* Names/values of the progress-bar metrics (borrowed; up to `max`). */
 int lk__metrics_prog_bar(lk_trainer *tr, const char **names, double *values, int max);
 

@@ -43,6 +43,7 @@ lk_status lk_trainer_create(const lk_trainer_config *cfg, const lk_optim_setting
     else lk_optim_settings_default(&tr->opt);
     tr->config_yaml = config_yaml ? lk_strdup(config_yaml) : NULL;
     tr->best_score = NAN;
+    tr->es_best = NAN; /* no check yet: the first value always improves (Lightning starts at +-inf) */
     tr->t_start = lk_time_now();
     lk_status st = lk_pg_info_from_env(&tr->pg);
     if (st) goto fail;
@@ -426,14 +427,11 @@ static lk_status early_stopping(lk_trainer *tr) {
     if (!mon[0]) return LK_STATUS_OK;
     double v;
     if (!lk_trainer_metric(tr, mon, &v)) {
-        char names[1024] = "";
-        for (int i = 0; i < tr->nmetrics; i++) {
-            strncat(names, i ? ", " : "", sizeof names - strlen(names) - 1);
-            strncat(names, tr->metrics[i].name, sizeof names - strlen(names) - 1);
-        }
+        char names[1024];
+        lk__metrics_available(tr, names, sizeof names);
         return lk_error(LK_STATUS_INVALID_ARGUMENT,
                         "EarlyStopping: trainer.early_stopping_monitor '%s' was never logged; logged metrics: %s", mon,
-                        names[0] ? names : "(none)");
+                        names);
     }
     bool max = !strcmp(tr->cfg.early_stopping_mode, "max");
     double stop_at = tr->cfg.early_stopping_stopping_threshold, diverge = tr->cfg.early_stopping_divergence_threshold;
@@ -472,6 +470,7 @@ static lk_status early_stopping(lk_trainer *tr) {
 static lk_status validate_now(lk_trainer *tr, lk_loader *val, int64_t limit) {
     if (!val || limit == 0) return LK_STATUS_OK;
     LK_TRY(run_eval(tr, val, "val", limit, 0, "Validation"));
+    tr->val_ran = true;
     LK_TRY(lk__metrics_log_epoch(tr, "val"));
     if (tr->sched && !strcmp(tr->opt.scheduler, "plateau")) {
         double v;

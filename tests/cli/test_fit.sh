@@ -58,9 +58,21 @@ check "max_time stops early" bash -c "grep -q '\"status\":[[:space:]]*\"ok\"' $(
 n=$(cut -d, -f1- "$(latest)/metrics.csv" | awk -F, 'NR==1{for(i=1;i<=NF;i++) if($i=="val_loss") c=i} NR>1 && $c!="" {n++} END{print n+0}')
 check "val_check_interval 4 validates 3 times in 13 batches ($n)" test "$n" = 3
 "$LK_BIN" fit -c "$T/synth.yaml" --trainer.max_epochs 50 --trainer.early_stopping_monitor val_loss --trainer.early_stopping_patience 1 --trainer.early_stopping_min_delta 10 --trainer.enable_progress_bar false >/dev/null 2>&1
-check "early stopping stops after patience" grep -q '"epochs":[[:space:]]*1,' "$(latest)/run.json"
+# the first check sets the best, the second fails to beat it by 10: stop after 2 epochs (Lightning's count)
+check "early stopping stops after patience" grep -q '"epochs":[[:space:]]*2,' "$(latest)/run.json"
 "$LK_BIN" fit -c "$T/synth.yaml" --trainer.max_epochs 50 --trainer.early_stopping_monitor val_acc --trainer.early_stopping_mode max --trainer.early_stopping_stopping_threshold 0.5 --trainer.enable_progress_bar false >/dev/null 2>&1
 check "early stopping at a threshold stops after the first epoch" grep -q '"epochs":[[:space:]]*1,' "$(latest)/run.json"
+# A monitored ModelCheckpoint with no validation value at the time it runs
+# (Lightning skips top-k, keeps last.ckpt): stopped inside the first epoch,
+# validation every 2nd epoch of 1, validation turned off.
+for extra in "--trainer.max_steps 5" "--trainer.check_val_every_n_epoch 2 --trainer.max_epochs 1" "--trainer.limit_val_batches 0 --trainer.max_epochs 1"; do
+  out=$("$LK_BIN" fit -c "$T/synth.yaml" --trainer.monitor val_acc --trainer.monitor_mode max $extra --trainer.enable_progress_bar false 2>&1)
+  check "monitor without a validation value ($extra) succeeds" grep -q '"status":[[:space:]]*"ok"' "$(latest)/run.json"
+  check "monitor without a validation value ($extra) saves last.ckpt" test -s "$(latest)/checkpoints/last.ckpt"
+  check "monitor without a validation value ($extra) says why no top-k" grep -q "has no value at step .* saving last.ckpt only" <<<"$out"
+done
+out=$("$LK_BIN" fit -c "$T/synth.yaml" --trainer.monitor val_nope --trainer.max_epochs 1 --trainer.enable_progress_bar false 2>&1)
+check "monitor never logged after validation is an error listing the logged metrics" grep -q "trainer.monitor 'val_nope' was never logged; logged metrics: .*val_acc" <<<"$out"
 "$LK_BIN" fit -c "$T/synth.yaml" --trainer.device_stats_monitor true --trainer.max_epochs 1 --trainer.enable_progress_bar false >/dev/null 2>&1
 check "DeviceStatsMonitor logs cpu and rss" bash -c "head -1 $(latest)/metrics.csv | grep -q 'device_stats/cpu_percent' && head -1 $(latest)/metrics.csv | grep -q 'device_stats/rss_mb'"
 "$LK_BIN" fit -c "$T/synth.yaml" --trainer.global_batch_size 64 --trainer.limit_train_batches 4 --trainer.max_epochs 1 --trainer.enable_progress_bar false >/dev/null 2>&1

@@ -9,8 +9,10 @@
 static const lk_model_kv data_args[] = {{"num_samples", "320"}, {"input_shape", "[4]"}, {"num_classes", "2"},
                                         {"batch_size", "16"}, {"num_workers", "0"}};
 
-typedef enum { MODE_NAN_LOSS, MODE_INF_GRAD, MODE_LOGGING } mode;
+typedef enum { MODE_NAN_LOSS, MODE_INF_GRAD, MODE_LOGGING, MODE_VAL_SEQ } mode;
 static mode test_mode;
+static const double *val_seq; /* MODE_VAL_SEQ: the value "val_seq" takes at each epoch's validation */
+static void (*tweak)(lk_trainer_config *);
 
 static lk_tensor *step(lk_module *m, const lk_batch *b, int64_t i, lk_trainer *tr) {
     lk_tensor *w = lk_layer_param(m->net, 0); /* Linear(4, 1).weight */
@@ -31,6 +33,7 @@ static lk_tensor *step(lk_module *m, const lk_batch *b, int64_t i, lk_trainer *t
 }
 
 static lk_status val_step(lk_module *m, const lk_batch *b, int64_t i, lk_trainer *tr) {
+    if (test_mode == MODE_VAL_SEQ) return lk_log_metric(tr, "val_seq", val_seq[lk_trainer_current_epoch(tr)], NULL);
     /* a value equal to the batch index: the epoch mean is weighted by batch size */
     return lk_log_metric(tr, "val_idx", (double)i, NULL);
 }
@@ -49,6 +52,7 @@ static lk_status fit(mode md, int64_t max_steps, lk_trainer **keep) {
     cfg.num_sanity_val_steps = 0;
     cfg.log_every_n_steps = 1;
     snprintf(cfg.default_root_dir, sizeof cfg.default_root_dir, "/tmp/lk_test_trainer_%d", (int)getpid());
+    if (tweak) tweak(&cfg);
     lk_datamodule *dm = NULL;
     lk_trainer *tr = NULL;
     lk_module m = {.name = "probe", .vt = &vt, .net = lk_linear_create(4, 1, false, NULL)};
@@ -102,6 +106,45 @@ static void logging_rules(void) {
     CHECK(system(rm) == 0);
 }
 
+/* EarlyStopping against a metric whose value per epoch the test chooses. */
+static int es_patience;
+static const char *es_mode;
+static void es_config(lk_trainer_config *c) {
+    c->max_epochs = 6;
+    c->max_steps = -1;
+    c->limit_train_batches = (lk_count_or_fraction){.value = 1, .is_count = true};
+    snprintf(c->early_stopping_monitor, sizeof c->early_stopping_monitor, "val_seq");
+    snprintf(c->early_stopping_mode, sizeof c->early_stopping_mode, "%s", es_mode);
+    c->early_stopping_patience = es_patience;
+}
+
+static int64_t es_epochs(const double *seq, const char *md, int patience) {
+    val_seq = seq, es_mode = md, es_patience = patience, tweak = es_config;
+    lk_trainer *tr = NULL;
+    lk_status st = fit(MODE_VAL_SEQ, -1, &tr);
+    tweak = NULL;
+    CHECK_MSG(!st, "%s", lk_last_error());
+    int64_t steps = tr ? lk_trainer_global_step(tr) : -1; /* one batch per epoch: steps == epochs run */
+    lk_trainer_free(tr);
+    return steps;
+}
+
+static void early_stopping_modes(void) {
+    /* A falling val metric improves at every check: min mode never stops
+     * (the bug: the best started at 0, so nothing above 0 ever improved). */
+    static const double falling[] = {1.186, 0.997, 0.831, 0.7, 0.6, 0.5};
+    CHECK_MSG(es_epochs(falling, "min", 2) == 6, "min mode stopped a falling metric early");
+    /* A plateau after the first check: patience 2 stops after checks 2 and 3. */
+    static const double flat[] = {0.5, 0.5, 0.5, 0.5, 0.5, 0.5};
+    CHECK_MSG(es_epochs(flat, "min", 2) == 3, "min mode on a plateau: wanted 3 epochs");
+    /* max mode with negative values: -3 < -2 < -1 improve, then stalls */
+    static const double rising[] = {-3, -2, -1, -1, -1, -1};
+    CHECK_MSG(es_epochs(rising, "max", 2) == 5, "max mode: wanted 5 epochs");
+    char rm[128];
+    snprintf(rm, sizeof rm, "rm -rf /tmp/lk_test_trainer_%d", (int)getpid());
+    CHECK(system(rm) == 0);
+}
+
 static void bad_modules(void) {
     lk_trainer_config cfg;
     lk_trainer_config_default(&cfg);
@@ -122,4 +165,5 @@ static void bad_modules(void) {
 }
 
 LK_TEST_MAIN(LK_TEST_CASE(nan_loss_names_the_step), LK_TEST_CASE(inf_gradient_names_the_parameter),
-             LK_TEST_CASE(logging_rules), LK_TEST_CASE(bad_modules))
+             LK_TEST_CASE(logging_rules), LK_TEST_CASE(early_stopping_modes),
+             LK_TEST_CASE(bad_modules))
