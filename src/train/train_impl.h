@@ -109,6 +109,18 @@ void lk__metrics_available(const lk_trainer *tr, char *out, size_t size);
 /* Names/values of the progress-bar metrics (borrowed; up to `max`). */
 int lk__metrics_prog_bar(lk_trainer *tr, const char **names, double *values, int max);
 
+/* predict.c: rows of predict_step with their dataset indices, gathered on
+ * rank 0 into one .npy in dataset order (each sample once). */
+typedef struct lk__pred lk__pred;
+lk_status lk__pred_create(lk__pred **out);
+void lk__pred_free(lk__pred *p);
+/* `t` is f32 [batch size, ...]; copies it. */
+lk_status lk__pred_add(lk__pred *p, const lk_tensor *t, const lk_batch *b);
+/* Collective: every rank calls it; rank 0 writes `path` and fills rows_out
+ * and shape_out ("N x 10"). No file when no rank predicted anything. */
+lk_status lk__pred_write(lk__pred *p, lk_comm *comm, int rank, int world, int64_t dataset_len, const char *path,
+                         int64_t *rows_out, char *shape_out, size_t shape_size);
+
 /* checkpoint.c */
 lk_status lk__ckpt_save(lk_trainer *tr, const char *path);
 lk_status lk__ckpt_load(lk_trainer *tr, const char *path, bool restore_training);

@@ -968,18 +968,13 @@ lk_status lk_trainer_predict(lk_trainer *tr, lk_module *m, lk_datamodule *dm, co
     }
     if (!st) st = make_loader(tr, ds, false, &loader);
     if (!st && !tr->log_dir[0]) st = open_outputs(tr, true);
-    FILE *out = NULL;
-    char path[LK_PATH + 64] = "";
-    if (!st && tr->log_dir[0]) {
-        snprintf(path, sizeof path, "%s/predictions.rank%d.f32", tr->log_dir, tr->rank);
-        out = fopen(path, "wb");
-    }
+    lk__pred *pred = NULL;
+    if (!st) st = lk__pred_create(&pred);
     int64_t n = st ? 0 : limit_batches(tr->cfg.limit_predict_batches, lk_loader_len(loader));
     if (!st) st = lk_loader_start(loader, 0, 0);
     tr->stage = "predict";
     lk_layer_train(m->net, false);
     bool prev = lk_set_grad_enabled(false);
-    int64_t rows = 0, cols = 0;
     for (int64_t i = 0; i < n && !st; i++) {
         const lk_batch *b;
         st = lk_loader_next(loader, &b);
@@ -987,22 +982,32 @@ lk_status lk_trainer_predict(lk_trainer *tr, lk_module *m, lk_datamodule *dm, co
         lk_scope_begin();
         lk_tensor *p = m->vt->predict_step(m, b, i, tr);
         if (!p) st = lk_last_status() ? lk_last_status() : lk_error(LK_STATUS_INVALID_USAGE, "predict_step returned nothing");
-        else if (out) {
-            lk_tensor *c = lk_tensor_cast(p, LK_F32);
-            if (c) {
-                fwrite(c->data, 4, (size_t)c->numel, out);
-                rows += p->ndim ? p->shape[0] : 1;
-                cols = p->ndim ? p->numel / (p->shape[0] ? p->shape[0] : 1) : 1;
-            }
-            lk_tensor_release(c);
-        }
+        lk_tensor *c = p ? lk_tensor_cast(p, LK_F32) : NULL;
+        if (p && !c) st = lk_last_status() ? lk_last_status() : LK_STATUS_OUT_OF_MEMORY;
+        if (c) st = lk__pred_add(pred, c, b);
+        lk_tensor_release(c);
         lk_scope_end();
     }
     lk_set_grad_enabled(prev);
     lk_layer_train(m->net, true);
-    if (out) fclose(out);
-    if (!st && is_rank0(tr)) lk_log0("predictions: %lld x %lld f32 values in %s (one file per rank)", (long long)rows,
-                                     (long long)cols, path);
+    /* Rows of every rank, in dataset order, each sample once, in one .npy on
+     * rank 0. A rank that failed above must not leave the others waiting in
+     * the gather: all agree first. */
+    if (tr->world > 1) {
+        int32_t code = (int32_t)st;
+        lk_status cs = lk_comm_all_reduce(tr->comm, &code, 1, LK_I32, LK_REDUCE_MAX);
+        if (!st && cs) st = cs;
+        if (!st && code) st = lk_error((lk_status)code, "another rank failed in predict");
+    }
+    char path[LK_PATH + 64] = "", shape[128] = "";
+    int64_t rows = 0;
+    snprintf(path, sizeof path, "%s/predictions.npy", tr->log_dir);
+    if (!st) st = lk__pred_write(pred, tr->comm, tr->rank, tr->world, lk_dataset_len(ds), path, &rows, shape, sizeof shape);
+    lk__pred_free(pred);
+    if (!st && is_rank0(tr)) {
+        if (rows) lk_log0("predictions: %s f32 in %s (dataset order; numpy.load reads it)", shape, path);
+        else lk_log0("predictions: none (no predict batch ran)");
+    }
     write_runinfo(tr, "predict", st);
     lk_loader_free(loader);
     return st;

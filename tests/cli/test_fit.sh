@@ -24,7 +24,18 @@ check "validate last" "$LK_BIN" validate -c "$T/synth.yaml" --ckpt_path last --t
 out=$("$LK_BIN" test -c "$T/synth.yaml" --ckpt_path last --trainer.enable_progress_bar false 2>&1)
 check "test prints test_loss" grep -q "test_loss" <<<"$out"
 check "test prints test_acc" grep -q "test_acc" <<<"$out"
-check "predict writes predictions" bash -c "'$LK_BIN' predict -c '$T/synth.yaml' --ckpt_path last --trainer.enable_progress_bar false >/dev/null 2>&1 && ls $T/runs/lightning_logs/*/predictions.rank0.f32 >/dev/null"
+check "predict writes predictions" "$LK_BIN" predict -c "$T/synth.yaml" --ckpt_path last --trainer.enable_progress_bar false
+pred1="$(latest)/predictions.npy"
+check "predictions.npy has every test sample, shape in the header" grep -q "'shape': (51, 4)" "$pred1"
+# ddp predict gathers every rank's rows on rank 0, in dataset order, each
+# sample once: the same file, bit for bit, as one process (2 ranks: shards of
+# 26 + 25; 4 ranks: 13 + 13 + 13 + 12)
+for w in 2 4; do
+  out=$(LK_ALLOW_OVERSUBSCRIBE=1 "$LK_BIN" predict -c "$T/synth.yaml" --trainer.devices $w --ckpt_path last --trainer.enable_progress_bar false 2>&1)
+  check "ddp predict on $w ranks says where the 51 rows went" grep -q "predictions: 51 x 4 f32 in .*predictions.npy" <<<"$out"
+  check "ddp predict on $w ranks == one process, bitwise" cmp "$pred1" "$(latest)/predictions.npy"
+  check "ddp predict on $w ranks writes no per-rank files" bash -c "! ls $(latest)/predictions.rank* 2>/dev/null"
+done
 
 # ddp on 2 ranks, relaunched by the CLI itself
 check "fit ddp 2 ranks" "$LK_BIN" fit -c "$T/synth.yaml" --trainer.devices 2 --trainer.strategy ddp --trainer.enable_progress_bar false
