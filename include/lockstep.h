@@ -3,6 +3,7 @@
 #ifndef LOCKSTEP_H
 #define LOCKSTEP_H
 #include "lockstep/core.h"
+#include "lockstep/device.h"
 #include "lockstep/tensor.h"
 #include "lockstep/autograd.h"
 #include "lockstep/strategy.h"

@@ -23,6 +23,7 @@
 #define LOCKSTEP_TENSOR_H
 
 #include "lockstep/core.h"
+#include "lockstep/device.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -50,12 +51,6 @@ const char *lk_dtype_name(lk_dtype dt);
 lk_status lk_dtype_parse(const char *s, lk_dtype *out);
 bool lk_dtype_is_float(lk_dtype dt);
 
-typedef enum { LK_CPU = 0, LK_CUDA = 1 } lk_device_kind;
-typedef struct lk_device {
-    lk_device_kind kind;
-    int index;
-} lk_device;
-#define LK_DEVICE_CPU ((lk_device){LK_CPU, 0})
 
 #define LK_MAX_DIMS 8
 
@@ -149,6 +144,8 @@ lk_tensor *lk_tensor_view_storage(lk_tensor *base, int64_t offset_elems, int ndi
 /* dst <- src (same shape; any dtypes, any strides; float casts round to nearest even). */
 lk_status lk_tensor_copy(lk_tensor *dst, const lk_tensor *src);
 lk_tensor *lk_tensor_cast(const lk_tensor *t, lk_dtype dt); /* new contiguous tensor, no autograd */
+/* A contiguous copy on `dev` (the caller owns it; no autograd). */
+lk_tensor *lk_tensor_to(const lk_tensor *t, lk_device dev);
 lk_tensor *lk_tensor_clone(const lk_tensor *t);              /* new contiguous copy, no autograd */
 lk_status lk_tensor_fill(lk_tensor *t, double value);
 

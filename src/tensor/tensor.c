@@ -45,9 +45,10 @@ lk_status lk_dtype_parse(const char *s, lk_dtype *out) {
 
 /* ---- storage pool ----------------------------------------------------------
  * Training repeats the same shapes every step, so freed storage is cached by
- * its exact (rounded) capacity and handed out again: after the first step
- * nothing reaches malloc. One mutex: the data-parallel strategy runs several
- * replicas on threads. */
+ * its device and exact (rounded) capacity and handed out again: after the
+ * first step nothing reaches the device's allocator. Memory comes from the
+ * device layer (lockstep/device.h). One mutex: the data-parallel strategy
+ * runs several replicas on threads. */
 
 struct lk_storage {
     void *data;
@@ -59,6 +60,7 @@ struct lk_storage {
 
 #define POOL_CLASSES 512
 typedef struct {
+    lk_device device;
     size_t cap;
     lk_storage **items;
     int n, max;
@@ -76,12 +78,12 @@ static size_t round_cap(size_t n) {
     return (n + 4095) & ~(size_t)4095;
 }
 
-static lk_storage *storage_alloc(size_t nbytes) {
+static lk_storage *storage_alloc(lk_device dev, size_t nbytes) {
     size_t cap = round_cap(nbytes ? nbytes : 1);
     pthread_mutex_lock(&pool.mu);
     for (int i = 0; i < pool.nclasses; i++) {
         pool_class *c = &pool.classes[i];
-        if (c->cap == cap && c->n > 0) {
+        if (c->cap == cap && c->n > 0 && lk_device_equal(c->device, dev)) {
             lk_storage *s = c->items[--c->n];
             pool.stats.hits++;
             pool.stats.bytes_cached -= cap;
@@ -95,14 +97,13 @@ static lk_storage *storage_alloc(size_t nbytes) {
     pthread_mutex_unlock(&pool.mu);
     lk_storage *s = lk_malloc(sizeof *s);
     if (!s) return NULL;
-    s->data = lk_aligned_alloc(LK_ALIGN, cap);
-    if (!s->data) {
+    if (lk_device_alloc(dev, cap, &s->data)) {
         lk_free(s);
         return NULL;
     }
     s->cap = cap;
     s->owned = true;
-    s->device = LK_DEVICE_CPU;
+    s->device = dev;
     atomic_store(&s->refcount, 1);
     pthread_mutex_lock(&pool.mu);
     pool.stats.bytes_live += cap;
@@ -120,10 +121,11 @@ static void storage_release(lk_storage *s) {
     pool.stats.bytes_live -= s->cap;
     pool_class *c = NULL;
     for (int i = 0; i < pool.nclasses; i++)
-        if (pool.classes[i].cap == s->cap) c = &pool.classes[i];
+        if (pool.classes[i].cap == s->cap && lk_device_equal(pool.classes[i].device, s->device)) c = &pool.classes[i];
     if (!c && pool.nclasses < POOL_CLASSES) {
         c = &pool.classes[pool.nclasses++];
         c->cap = s->cap;
+        c->device = s->device;
     }
     if (c && c->n == c->max) {
         int nm = c->max ? c->max * 2 : 8;
@@ -140,7 +142,7 @@ static void storage_release(lk_storage *s) {
         return;
     }
     pthread_mutex_unlock(&pool.mu);
-    lk_aligned_free(s->data);
+    lk_device_free(s->device, s->data, s->cap);
     lk_free(s);
 }
 
@@ -156,7 +158,7 @@ void lk_pool_trim(void) {
     for (int i = 0; i < pool.nclasses; i++) {
         pool_class *c = &pool.classes[i];
         for (int j = 0; j < c->n; j++) {
-            lk_aligned_free(c->items[j]->data);
+            lk_device_free(c->device, c->items[j]->data, c->cap);
             lk_free(c->items[j]);
         }
         pool.stats.bytes_cached -= (size_t)c->n * c->cap;
@@ -218,7 +220,7 @@ static lk_status check_shape(int ndim, const int64_t *shape, int64_t *numel) {
 /* A fresh header over the whole of `s`, contiguous, one reference. */
 static void fill_contiguous(lk_tensor *t, lk_dtype dt, int ndim, const int64_t *shape, int64_t numel, lk_storage *s) {
     t->dtype = dt;
-    t->device = LK_DEVICE_CPU;
+    t->device = s->device;
     t->ndim = ndim;
     for (int i = 0; i < ndim; i++) t->shape[i] = shape[i];
     set_contiguous_strides(t);
@@ -229,6 +231,10 @@ static void fill_contiguous(lk_tensor *t, lk_dtype dt, int ndim, const int64_t *
 }
 
 lk_tensor *lk__tensor_new(lk_dtype dt, int ndim, const int64_t *shape) {
+    return lk__tensor_new_on(lk_device_default(), dt, ndim, shape);
+}
+
+lk_tensor *lk__tensor_new_on(lk_device dev, lk_dtype dt, int ndim, const int64_t *shape) {
     int64_t numel = 0;
     if ((unsigned)dt >= LK_DTYPE_COUNT) {
         lk_error(LK_STATUS_INVALID_ARGUMENT, "invalid dtype %d", (int)dt);
@@ -237,7 +243,7 @@ lk_tensor *lk__tensor_new(lk_dtype dt, int ndim, const int64_t *shape) {
     if (check_shape(ndim, shape, &numel)) return NULL;
     lk_tensor *t = hdr_alloc();
     if (!t) return NULL;
-    t->storage = storage_alloc((size_t)numel * lk_dtype_size(dt));
+    t->storage = storage_alloc(dev, (size_t)numel * lk_dtype_size(dt));
     if (!t->storage) {
         hdr_free_one(t);
         return NULL;
@@ -518,6 +524,30 @@ lk_tensor *lk_tensor_cast(const lk_tensor *t, lk_dtype dt) {
         lk_tensor_release(r);
         return NULL;
     }
+    return r;
+}
+
+lk_tensor *lk_tensor_to(const lk_tensor *t, lk_device dev) {
+    if (!t) return NULL;
+    const lk_tensor *src = t;
+    lk_tensor *tmp = NULL;
+    if (!lk_tensor_is_contiguous(t)) { /* gather the view on its own device first */
+        if (!lk_device_is_host(t->device)) {
+            lk_error(LK_STATUS_UNSUPPORTED, "lk_tensor_to: a strided view on a device the CPU cannot read");
+            return NULL;
+        }
+        src = tmp = lk__tensor_new_on(t->device, t->dtype, t->ndim, t->shape);
+        if (!tmp || lk_tensor_copy(tmp, t)) {
+            lk_tensor_release(tmp);
+            return NULL;
+        }
+    }
+    lk_tensor *r = lk__tensor_new_on(dev, t->dtype, t->ndim, t->shape);
+    if (r && lk_device_copy(dev, r->data, src->device, src->data, lk_tensor_nbytes(r))) {
+        lk_tensor_release(r);
+        r = NULL;
+    }
+    lk_tensor_release(tmp);
     return r;
 }
 

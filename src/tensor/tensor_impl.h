@@ -7,6 +7,8 @@
 
 /* New contiguous tensor owned by the caller (never adopted by a scope). */
 lk_tensor *lk__tensor_new(lk_dtype dt, int ndim, const int64_t *shape);
+/* The same on a given device (lk__tensor_new uses lk_device_default()). */
+lk_tensor *lk__tensor_new_on(lk_device dev, lk_dtype dt, int ndim, const int64_t *shape);
 /* View of base's storage with the given geometry (stride NULL: contiguous);
  * caller owns it; no autograd. */
 lk_tensor *lk__tensor_view(lk_tensor *base, int ndim, const int64_t *shape, const int64_t *stride, int64_t offset);

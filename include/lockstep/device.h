@@ -1,0 +1,107 @@
+/* lockstep/device.h — where tensor memory lives.
+ *
+ * A device kind (cpu, cuda, ...) is one vtable — alloc, free, memset, copies
+ * to and from the host, synchronize, and optional streams and events —
+ * registered by name. The tensor layer allocates every storage through it
+ * (its caching pool is keyed by device and size), so a new kind of device is
+ * one new file that fills a vtable and registers it; nothing above the tensor
+ * layer changes. The CPU device is always registered, as kind LK_CPU.
+ *
+ *     static const lk_device_vtable my_vt = {.name = "mydev", .alloc = ..., .free = ...};
+ *     lk_device_kind k;
+ *     lk_device_register(&my_vt, ctx, &k);
+ *     lk_device_set_default((lk_device){k, 0});   // new tensors live there
+ *
+ * Host-addressable devices (cpu, the tests' debug device, pinned or managed
+ * memory) can be read by the CPU kernels directly; the others are only
+ * reached through copies and their own backend.
+ */
+#ifndef LOCKSTEP_DEVICE_H
+#define LOCKSTEP_DEVICE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "lockstep/core.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Kinds the library knows by number; registered devices get numbers after
+ * them, up to LK_DEVICE_KIND_MAX. */
+typedef enum { LK_CPU = 0, LK_CUDA = 1, LK_DEVICE_KIND_MAX = 8 } lk_device_kind;
+typedef struct lk_device {
+    lk_device_kind kind;
+    int index; /* which device of that kind (GPU 0, 1, ...); 0 on the CPU */
+} lk_device;
+#define LK_DEVICE_CPU ((lk_device){LK_CPU, 0})
+
+typedef struct lk_stream lk_stream; /* opaque, per device kind */
+typedef struct lk_event lk_event;
+
+/* One device kind. Every method gets the `ctx` given at registration and
+ * the device index. Methods marked (optional) may be NULL: the dispatcher
+ * supplies the default named there. */
+typedef struct lk_device_vtable {
+    const char *name;      /* "cpu", "cuda", "debug": how users and messages name it */
+    bool host_addressable; /* the CPU may read and write its memory directly */
+    /* Devices of this kind visible to this process (optional: 1). */
+    int (*count)(void *ctx);
+    /* `bytes` of memory aligned to at least 64 bytes, or an error naming the
+     * bytes asked for and what is free. */
+    lk_status (*alloc)(void *ctx, int index, size_t bytes, void **ptr);
+    void (*free)(void *ctx, int index, void *ptr, size_t bytes);
+    /* (optional on host-addressable devices: memset) */
+    lk_status (*memset)(void *ctx, int index, void *ptr, int value, size_t bytes);
+    /* Copies between this device's memory and host memory (optional on
+     * host-addressable devices: memcpy). Ordered after earlier work on the
+     * device; complete when they return unless a stream says otherwise. */
+    lk_status (*copy_to_host)(void *ctx, int index, void *host_dst, const void *src, size_t bytes);
+    lk_status (*copy_from_host)(void *ctx, int index, void *dst, const void *host_src, size_t bytes);
+    /* Within the device (optional on host-addressable devices: memcpy). */
+    lk_status (*copy)(void *ctx, int index, void *dst, const void *src, size_t bytes);
+    /* Waits for all work queued on the device (optional: nothing to wait for). */
+    lk_status (*synchronize)(void *ctx, int index);
+    /* (optional) streams and events: work queued on one stream runs in order;
+     * an event recorded on one stream can be waited for on another. */
+    lk_status (*stream_create)(void *ctx, int index, lk_stream **out);
+    void (*stream_free)(void *ctx, int index, lk_stream *s);
+    lk_status (*event_record)(void *ctx, int index, lk_stream *s, lk_event **out);
+    lk_status (*event_wait)(void *ctx, int index, lk_stream *s, lk_event *e);
+    void (*event_free)(void *ctx, int index, lk_event *e);
+} lk_device_vtable;
+
+/* Registers a device kind (the vtable and ctx are borrowed for the life of
+ * the process) and returns its number. A second registration of the same
+ * name returns the first one's number. Thread-safe. */
+lk_status lk_device_register(const lk_device_vtable *vt, void *ctx, lk_device_kind *kind);
+/* "cpu", "cuda:1", "debug" -> a device; an unknown name lists the registered ones. */
+lk_status lk_device_parse(const char *name, lk_device *out);
+/* "cpu", "cuda:1" into buf; returns buf. */
+const char *lk_device_str(lk_device d, char *buf, size_t size);
+bool lk_device_equal(lk_device a, lk_device b);
+bool lk_device_is_host(lk_device d); /* host-addressable memory */
+int lk_device_count(lk_device_kind kind);
+
+/* The device new tensors are created on: one for the process, the CPU until
+ * set (the trainer sets it from trainer.accelerator). */
+lk_device lk_device_default(void);
+/* Until a device's backend runs ops on its memory (the typed backend ops),
+ * only host-addressable devices can be the default: UNSUPPORTED otherwise. */
+lk_status lk_device_set_default(lk_device d);
+
+/* Memory (the tensor layer's pool is the usual way in; these are for it and
+ * for buffers outside tensors). */
+lk_status lk_device_alloc(lk_device d, size_t bytes, void **ptr);
+void lk_device_free(lk_device d, void *ptr, size_t bytes); /* NULL does nothing */
+lk_status lk_device_memset(lk_device d, void *ptr, int value, size_t bytes);
+/* Copies `bytes` from src (on src_dev) to dst (on dst_dev); between two
+ * devices that are not the host it goes through a host buffer. */
+lk_status lk_device_copy(lk_device dst_dev, void *dst, lk_device src_dev, const void *src, size_t bytes);
+lk_status lk_device_synchronize(lk_device d);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

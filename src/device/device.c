@@ -1,0 +1,177 @@
+/* The device registry and dispatch: kinds by number (LK_CPU first, then
+ * whatever registers), the process's default device, and the host defaults
+ * for the vtable methods a host-addressable device leaves out. */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "device/device_impl.h"
+
+typedef struct {
+    const lk_device_vtable *vt;
+    void *ctx;
+} entry;
+
+static entry kinds[LK_DEVICE_KIND_MAX] = {[LK_CPU] = {&lk__device_cpu, NULL}};
+static pthread_mutex_t reg_mu = PTHREAD_MUTEX_INITIALIZER;
+/* kind and index packed, so threads read it in one load */
+static atomic_int default_dev = 0;
+
+lk_status lk_device_register(const lk_device_vtable *vt, void *ctx, lk_device_kind *kind) {
+    if (!vt || !vt->name || !vt->alloc || !vt->free)
+        return lk_error(LK_STATUS_INVALID_ARGUMENT, "lk_device_register: a vtable with a name, alloc and free is required");
+    if (!vt->host_addressable && (!vt->copy_to_host || !vt->copy_from_host || !vt->memset || !vt->copy))
+        return lk_error(LK_STATUS_INVALID_ARGUMENT,
+                        "lk_device_register: device '%s' is not host-addressable, so it must provide memset and "
+                        "all three copies",
+                        vt->name);
+    pthread_mutex_lock(&reg_mu);
+    int free_slot = -1;
+    for (int k = 0; k < LK_DEVICE_KIND_MAX; k++) {
+        if (kinds[k].vt && !strcmp(kinds[k].vt->name, vt->name)) {
+            pthread_mutex_unlock(&reg_mu);
+            *kind = (lk_device_kind)k;
+            return LK_STATUS_OK;
+        }
+        /* CUDA's number is kept for the CUDA device whether or not it is built */
+        if (!kinds[k].vt && free_slot < 0 && (k != LK_CUDA || !strcmp(vt->name, "cuda"))) free_slot = k;
+    }
+    if (!strcmp(vt->name, "cuda")) free_slot = LK_CUDA;
+    if (free_slot < 0) {
+        pthread_mutex_unlock(&reg_mu);
+        return lk_error(LK_STATUS_INVALID_ARGUMENT, "lk_device_register: no room for device '%s' (%d kinds at most)",
+                        vt->name, LK_DEVICE_KIND_MAX);
+    }
+    kinds[free_slot] = (entry){vt, ctx};
+    pthread_mutex_unlock(&reg_mu);
+    *kind = (lk_device_kind)free_slot;
+    return LK_STATUS_OK;
+}
+
+static const entry *get(lk_device d) {
+    if ((unsigned)d.kind >= LK_DEVICE_KIND_MAX || !kinds[d.kind].vt) return NULL;
+    return &kinds[d.kind];
+}
+
+static lk_status unknown(lk_device d) {
+    return lk_error(LK_STATUS_INVALID_ARGUMENT, "device kind %d is not registered in this process", (int)d.kind);
+}
+
+lk_status lk_device_parse(const char *name, lk_device *out) { /* *out is left unchanged on failure */
+    const char *colon = strchr(name, ':');
+    size_t len = colon ? (size_t)(colon - name) : strlen(name);
+    int index = 0;
+    if (colon) {
+        char *end;
+        long v = strtol(colon + 1, &end, 10);
+        if (end == colon + 1 || *end || v < 0 || v > 1 << 20)
+            return lk_error(LK_STATUS_INVALID_ARGUMENT, "device '%s': expected KIND or KIND:INDEX (e.g. cuda:1)", name);
+        index = (int)v;
+    }
+    char known[256] = "";
+    for (int k = 0; k < LK_DEVICE_KIND_MAX; k++) {
+        if (!kinds[k].vt) continue;
+        if (strlen(kinds[k].vt->name) == len && !strncmp(kinds[k].vt->name, name, len)) {
+            int n = lk_device_count((lk_device_kind)k);
+            if (index >= n)
+                return lk_error(LK_STATUS_INVALID_ARGUMENT, "device '%s': this process sees %d %s device%s", name, n,
+                                kinds[k].vt->name, n == 1 ? "" : "s");
+            *out = (lk_device){(lk_device_kind)k, index};
+            return LK_STATUS_OK;
+        }
+        size_t kl = strlen(known);
+        snprintf(known + kl, sizeof known - kl, "%s%s", kl ? ", " : "", kinds[k].vt->name);
+    }
+    return lk_error(LK_STATUS_INVALID_ARGUMENT, "unknown device '%s' (registered in this build: %s)", name, known);
+}
+
+const char *lk_device_str(lk_device d, char *buf, size_t size) {
+    const entry *e = get(d);
+    if (!e) snprintf(buf, size, "device%d:%d", (int)d.kind, d.index);
+    else if (d.kind == LK_CPU) snprintf(buf, size, "%s", e->vt->name);
+    else snprintf(buf, size, "%s:%d", e->vt->name, d.index);
+    return buf;
+}
+
+bool lk_device_equal(lk_device a, lk_device b) { return a.kind == b.kind && a.index == b.index; }
+
+bool lk_device_is_host(lk_device d) {
+    const entry *e = get(d);
+    return e && e->vt->host_addressable;
+}
+
+int lk_device_count(lk_device_kind kind) {
+    const entry *e = get((lk_device){kind, 0});
+    if (!e) return 0;
+    return e->vt->count ? e->vt->count(e->ctx) : 1;
+}
+
+lk_device lk_device_default(void) {
+    int v = atomic_load_explicit(&default_dev, memory_order_relaxed);
+    return (lk_device){(lk_device_kind)(v & 0xff), v >> 8};
+}
+
+lk_status lk_device_set_default(lk_device d) {
+    const entry *e = get(d);
+    if (!e) return unknown(d);
+    if (!e->vt->host_addressable)
+        return lk_error(LK_STATUS_UNSUPPORTED,
+                        "device '%s' cannot be the default yet: no backend runs ops on its memory in this build",
+                        e->vt->name);
+    atomic_store(&default_dev, (int)d.kind | d.index << 8);
+    return LK_STATUS_OK;
+}
+
+lk_status lk_device_alloc(lk_device d, size_t bytes, void **ptr) {
+    const entry *e = get(d);
+    *ptr = NULL;
+    if (!e) return unknown(d);
+    return e->vt->alloc(e->ctx, d.index, bytes, ptr);
+}
+
+void lk_device_free(lk_device d, void *ptr, size_t bytes) {
+    const entry *e = get(d);
+    if (ptr && e) e->vt->free(e->ctx, d.index, ptr, bytes);
+}
+
+lk_status lk_device_memset(lk_device d, void *ptr, int value, size_t bytes) {
+    const entry *e = get(d);
+    if (!e) return unknown(d);
+    if (e->vt->memset) return e->vt->memset(e->ctx, d.index, ptr, value, bytes);
+    memset(ptr, value, bytes);
+    return LK_STATUS_OK;
+}
+
+lk_status lk_device_copy(lk_device dst_dev, void *dst, lk_device src_dev, const void *src, size_t bytes) {
+    const entry *de = get(dst_dev), *se = get(src_dev);
+    if (!de) return unknown(dst_dev);
+    if (!se) return unknown(src_dev);
+    if (!bytes) return LK_STATUS_OK;
+    if (lk_device_equal(dst_dev, src_dev) && de->vt->copy) return de->vt->copy(de->ctx, dst_dev.index, dst, src, bytes);
+    bool dst_host = dst_dev.kind == LK_CPU, src_host = src_dev.kind == LK_CPU;
+    /* One side is the CPU: the other device's own copy (or memcpy when it
+     * leaves that out, which only host-addressable devices may). */
+    if (src_host && !dst_host && de->vt->copy_from_host)
+        return de->vt->copy_from_host(de->ctx, dst_dev.index, dst, src, bytes);
+    if (dst_host && !src_host && se->vt->copy_to_host)
+        return se->vt->copy_to_host(se->ctx, src_dev.index, dst, src, bytes);
+    if (de->vt->host_addressable && se->vt->host_addressable) {
+        memcpy(dst, src, bytes);
+        return LK_STATUS_OK;
+    }
+    /* Two devices, neither the host: through a host buffer. */
+    void *tmp = lk_aligned_alloc(LK_ALIGN, bytes);
+    if (!tmp) return lk_error(LK_STATUS_OUT_OF_MEMORY, "device copy: no host buffer of %zu bytes", bytes);
+    lk_status st = lk_device_copy(LK_DEVICE_CPU, tmp, src_dev, src, bytes);
+    if (!st) st = lk_device_copy(dst_dev, dst, LK_DEVICE_CPU, tmp, bytes);
+    lk_aligned_free(tmp);
+    return st;
+}
+
+lk_status lk_device_synchronize(lk_device d) {
+    const entry *e = get(d);
+    if (!e) return unknown(d);
+    return e->vt->synchronize ? e->vt->synchronize(e->ctx, d.index) : LK_STATUS_OK;
+}

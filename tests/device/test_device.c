@@ -1,0 +1,139 @@
+/* The device layer: the registry (names, numbers, indices, bad input), the
+ * storage pool keyed by (device, size), copies between devices, and a small
+ * network trained on the tests' debug device (tests/debug_device.h) giving
+ * the same bits as on the CPU while allocating nothing after its first step. */
+#include "debug_device.h"
+#include "lk_test.h"
+
+static void registry(void) {
+    lk_device d = dbg_device(), again = dbg_device();
+    CHECK(d.kind != LK_CPU && d.kind != LK_CUDA);
+    CHECK(lk_device_equal(d, again)); /* registering a name twice gives its first number */
+    lk_device p;
+    CHECK_OK(lk_device_parse("cpu", &p));
+    CHECK(lk_device_equal(p, LK_DEVICE_CPU));
+    CHECK_OK(lk_device_parse("debug:1", &p));
+    CHECK(p.kind == d.kind && p.index == 1);
+    CHECK_ERR(lk_device_parse("debug:2", &p), LK_STATUS_INVALID_ARGUMENT, "this process sees 2 debug devices");
+    CHECK_ERR(lk_device_parse("debug:x", &p), LK_STATUS_INVALID_ARGUMENT, "expected KIND or KIND:INDEX");
+    CHECK_ERR(lk_device_parse("tpu", &p), LK_STATUS_INVALID_ARGUMENT, "unknown device 'tpu' (registered in this build: cpu, debug)");
+    char buf[32];
+    CHECK(!strcmp(lk_device_str(p, buf, sizeof buf), "debug:1"));
+    CHECK(!strcmp(lk_device_str(LK_DEVICE_CPU, buf, sizeof buf), "cpu"));
+    CHECK(lk_device_is_host(d) && lk_device_count(d.kind) == 2 && lk_device_count(LK_CPU) == 1);
+    static const lk_device_vtable incomplete = {.name = "half", .alloc = dbg_alloc, .free = dbg_free};
+    lk_device_kind k;
+    CHECK_ERR(lk_device_register(&incomplete, NULL, &k), LK_STATUS_INVALID_ARGUMENT, "must provide memset and all three copies");
+}
+
+/* A device the CPU cannot address: data only moves through its copies, and it
+ * cannot be the default until a backend runs ops there. */
+static lk_status far_memset(void *c, int i, void *p, int v, size_t n) { return (void)c, (void)i, memset(p, v, n), LK_STATUS_OK; }
+static void far_tests(void) {
+    static const lk_device_vtable far_vt = {.name = "far", .alloc = dbg_alloc, .free = dbg_free, .memset = far_memset,
+                                            .copy_to_host = dbg_to_host, .copy_from_host = dbg_from_host, .copy = dbg_copy};
+    lk_device_kind k;
+    CHECK_OK(lk_device_register(&far_vt, NULL, &k));
+    lk_device far = {k, 0}, d = dbg_device();
+    CHECK(!lk_device_is_host(far));
+    CHECK_ERR(lk_device_set_default(far), LK_STATUS_UNSUPPORTED, "device 'far' cannot be the default yet");
+    float v[5] = {1, -2, 3.5f, 0, 1e-30f}, back[5];
+    lk_tensor *t = lk_tensor_from_data(LK_F32, LK_SHAPE(5), v);
+    long in0 = dbg.copies_in, out0 = dbg.copies_out;
+    lk_tensor *f = lk_tensor_to(t, far);
+    CHECK(f && lk_device_equal(f->device, far) && dbg.copies_in == in0 + 1);
+    lk_tensor *g = lk_tensor_to(f, d); /* far -> debug: two host-addressed hops through a host buffer */
+    CHECK(g && lk_device_equal(g->device, d));
+    lk_tensor *h = lk_tensor_to(g, LK_DEVICE_CPU);
+    CHECK(h && h->device.kind == LK_CPU && dbg.copies_out >= out0 + 2);
+    if (h) memcpy(back, h->data, sizeof back);
+    CHECK(h && memcmp(back, v, sizeof v) == 0);
+    lk_tensor_release(t), lk_tensor_release(f), lk_tensor_release(g), lk_tensor_release(h);
+}
+
+static void pool_is_keyed_by_device(void) {
+    lk_device d = dbg_device();
+    lk_pool_trim();
+    CHECK_OK(lk_device_set_default(d));
+    long a0 = dbg.allocs;
+    lk_tensor *t = lk_tensor_zeros(LK_F32, LK_SHAPE(1000));
+    CHECK(t && lk_device_equal(t->device, d) && dbg.allocs == a0 + 1);
+    lk_tensor *v = lk_reshape(t, LK_SHAPE(10, 100)); /* views keep the device */
+    CHECK(v && lk_device_equal(v->device, d));
+    lk_tensor_release(v);
+    lk_tensor_release(t);
+    CHECK_OK(lk_device_set_default(LK_DEVICE_CPU));
+    lk_tensor *c = lk_tensor_zeros(LK_F32, LK_SHAPE(1000)); /* same size, other device: not the cached block */
+    CHECK(c && c->device.kind == LK_CPU && dbg.allocs == a0 + 1);
+    lk_tensor_release(c);
+    CHECK_OK(lk_device_set_default(d));
+    lk_tensor *again = lk_tensor_empty(LK_F32, LK_SHAPE(1000)); /* the cached debug block comes back */
+    CHECK(again && lk_device_equal(again->device, d) && dbg.allocs == a0 + 1);
+    lk_tensor_release(again);
+    CHECK_OK(lk_device_set_default(LK_DEVICE_CPU));
+    long f0 = dbg.frees;
+    lk_pool_trim();
+    CHECK(dbg.frees > f0 && dbg.bad_frees == 0);
+}
+
+enum { IN = 7, HID = 11, OUT = 5, BATCH = 13, STEPS = 4 };
+
+/* Forward + backward + SGD of a 2-layer tanh network on the default device;
+ * writes the parameters after STEPS steps and the last loss. */
+static void train_small(float *params_out, float *loss_out, long *allocs_after_first) {
+    lk_rng r;
+    lk_rng_init(&r, 3, LK_RNG_INIT, 0, 0);
+    lk_tensor *w1 = lk_tensor_randn(&r, LK_SHAPE(HID, IN), 0, 0.4f), *b1 = lk_tensor_randn(&r, LK_SHAPE(HID), 0, 0.1f);
+    lk_tensor *w2 = lk_tensor_randn(&r, LK_SHAPE(OUT, HID), 0, 0.4f), *b2 = lk_tensor_zeros(LK_F32, LK_SHAPE(OUT));
+    lk_tensor *ps[4] = {w1, b1, w2, b2};
+    for (int i = 0; i < 4; i++) lk_tensor_set_requires_grad(ps[i], true);
+    float xs[BATCH * IN], ys[BATCH * OUT];
+    for (int i = 0; i < BATCH * IN; i++) xs[i] = sinf((float)i * 0.37f);
+    for (int i = 0; i < BATCH * OUT; i++) ys[i] = cosf((float)i * 0.11f);
+    for (int s = 0; s < STEPS; s++) {
+        if (s == 2) *allocs_after_first = dbg.allocs; /* step 0 keeps its gradients as .grad, step 1 refills the pool */
+        lk_scope_begin();
+        lk_tensor *x = lk_scope_adopt(lk_tensor_from_data(LK_F32, LK_SHAPE(BATCH, IN), xs));
+        lk_tensor *y = lk_scope_adopt(lk_tensor_from_data(LK_F32, LK_SHAPE(BATCH, OUT), ys));
+        lk_tensor *loss = lk_mse_loss(lk_linear(lk_tanh(lk_linear(x, w1, b1)), w2, b2), y, LK_REDUCTION_MEAN);
+        CHECK_OK(lk_backward(loss));
+        *loss_out = loss ? lk_tensor_item(loss) : NAN;
+        lk_scope_end();
+        for (int i = 0; i < 4; i++) {
+            float *p = ps[i]->data, *g = ps[i]->grad->data;
+            for (int64_t k = 0; k < ps[i]->numel; k++) p[k] -= 0.1f * g[k];
+            memset(g, 0, (size_t)ps[i]->numel * 4);
+        }
+    }
+    int off = 0;
+    for (int i = 0; i < 4; i++) {
+        memcpy(params_out + off, ps[i]->data, (size_t)ps[i]->numel * 4);
+        off += (int)ps[i]->numel;
+        lk_tensor_release(ps[i]);
+    }
+}
+
+static void training_on_the_debug_device(void) {
+    enum { NP = HID * IN + HID + OUT * HID + OUT };
+    static float on_cpu[NP], on_dbg[NP];
+    float l_cpu, l_dbg;
+    long first = 0;
+    train_small(on_cpu, &l_cpu, &first);
+    lk_device d = dbg_device();
+    CHECK_OK(lk_device_set_default(d));
+    long a0 = dbg.allocs;
+    train_small(on_dbg, &l_dbg, &first);
+    long a1 = dbg.allocs;
+    CHECK_OK(lk_device_set_default(LK_DEVICE_CPU));
+    CHECK_MSG(a1 > a0, "nothing was allocated on the debug device");
+    CHECK_MSG(a1 == first, "steps after the second allocated %ld blocks on the device (the pool should serve them)", a1 - first);
+    CHECK_MSG(memcmp(on_cpu, on_dbg, sizeof on_cpu) == 0 && l_cpu == l_dbg,
+              "parameters or loss differ between cpu and debug (loss %.9g vs %.9g)", l_cpu, l_dbg);
+    CHECK(isfinite(l_dbg)); /* poisoned (NaN) memory read before written would show here */
+    lk_pool_trim();
+    CHECK_MSG(dbg.live_bytes == 0 && dbg.bad_frees == 0, "%zu bytes still live on the debug device, %ld bad frees",
+              dbg.live_bytes, dbg.bad_frees);
+}
+
+LK_TEST_MAIN(LK_TEST_CASE(registry), LK_TEST_CASE(far_tests), LK_TEST_CASE(pool_is_keyed_by_device),
+             LK_TEST_CASE(training_on_the_debug_device))

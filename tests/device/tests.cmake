@@ -1,0 +1,1 @@
+lk_add_test(NAME device SOURCES device/test_device.c LABELS unit TIMEOUT 60)
