@@ -8,6 +8,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "debug_device.h"
 #include "lk_test.h"
 
 enum { IN = 13, HID = 32, OUT = 5, B = 6, STEPS = 20 };
@@ -88,6 +89,7 @@ typedef struct {
     lk_dtype comm_dtype; /* LK_F32 (0) unless a test compresses */
     const lk_optim_config *optim; /* non-NULL: the library's optimizer (train_optim) instead of adam_step */
     bool shared;                  /* ... with shared_params */
+    bool on_debug_device;         /* parameters and activations on the tests' debug device */
 } run_cfg;
 
 static int train_optim(const run_cfg *rc, lk_comm *comm);
@@ -95,6 +97,10 @@ static int train_optim(const run_cfg *rc, lk_comm *comm);
 /* Trains and writes the parameters (rank 0) to out_path. Returns 0 on success. */
 static int train(const run_cfg *rc, lk_comm *comm, uint64_t *allreduces) {
     if (rc->optim) return train_optim(rc, comm);
+    if (rc->on_debug_device && lk_device_set_default(dbg_device())) {
+        fprintf(stderr, "debug device: %s\n", lk_last_error());
+        return 1;
+    }
     net n;
     net_init(&n);
     lk_strategy_config sc = lk_strategy_config_default();
@@ -216,34 +222,39 @@ static double max_rel_diff(const float *a, const float *b, int n) {
 static void ddp_equals_single(void) {
     static float ref[NP], got[NP], other[NP];
     for (int world = 2; world <= 4; world++) {
-        run_cfg single = {world, 25, 1, "/tmp/lk_ddp_single.bin", LK_F32, NULL, false};
+        run_cfg single = {world, 25, 1, "/tmp/lk_ddp_single.bin", LK_F32, NULL, false, false};
         CHECK(train(&single, NULL, NULL) == 0);
         CHECK(load(single.out_path, ref, NP) == NP);
-        run_cfg ddp = {world, 25, 1, "/tmp/lk_ddp_ranks.bin", LK_F32, NULL, false};
+        run_cfg ddp = {world, 25, 1, "/tmp/lk_ddp_ranks.bin", LK_F32, NULL, false, false};
         CHECK_MSG(run_ranks(&ddp, NULL) == 0, "world %d: a rank failed", world);
         CHECK(load(ddp.out_path, got, NP) == NP);
         double d = max_rel_diff(got, ref, NP);
         printf("world %d: relative error ||ddp - single|| / ||single|| after %d Adam steps: %.3g\n", world, STEPS, d);
         CHECK_MSG(d <= 1e-5, "world %d: %.3g", world, d);
         /* many tiny buckets and one huge bucket give identical results */
-        run_cfg tiny = {world, 1e-4, 1, "/tmp/lk_ddp_tiny.bin", LK_F32, NULL, false};
+        run_cfg tiny = {world, 1e-4, 1, "/tmp/lk_ddp_tiny.bin", LK_F32, NULL, false, false};
         CHECK(run_ranks(&tiny, NULL) == 0);
         CHECK(load(tiny.out_path, other, NP) == NP);
         CHECK_MSG(memcmp(other, got, sizeof got) == 0, "world %d: tiny buckets differ", world);
-        run_cfg huge = {world, 1000, 1, "/tmp/lk_ddp_huge.bin", LK_F32, NULL, false};
+        run_cfg huge = {world, 1000, 1, "/tmp/lk_ddp_huge.bin", LK_F32, NULL, false, false};
         CHECK(run_ranks(&huge, NULL) == 0);
         CHECK(load(huge.out_path, other, NP) == NP);
         CHECK_MSG(memcmp(other, got, sizeof got) == 0, "world %d: one bucket differs", world);
+        /* the same ranks with every tensor on another device: the device layer changes no bit */
+        run_cfg dev = {world, 25, 1, "/tmp/lk_ddp_debugdev.bin", LK_F32, NULL, false, true};
+        CHECK(run_ranks(&dev, NULL) == 0);
+        CHECK(load(dev.out_path, other, NP) == NP);
+        CHECK_MSG(memcmp(other, got, sizeof got) == 0, "world %d: ddp on the debug device differs from the cpu", world);
     }
 }
 
 static void accumulation_reduces_once_per_step(void) {
     static float ref[NP], got[NP];
     /* accumulate 3 micro-batches of B/3 on each of 2 ranks == batch 2B on one process */
-    run_cfg single = {2, 25, 1, "/tmp/lk_acc_single.bin", LK_F32, NULL, false};
+    run_cfg single = {2, 25, 1, "/tmp/lk_acc_single.bin", LK_F32, NULL, false, false};
     CHECK(train(&single, NULL, NULL) == 0);
     CHECK(load(single.out_path, ref, NP) == NP);
-    run_cfg acc = {2, 1e-6, 3, "/tmp/lk_acc_ddp.bin", LK_F32, NULL, false}; /* one bucket per parameter */
+    run_cfg acc = {2, 1e-6, 3, "/tmp/lk_acc_ddp.bin", LK_F32, NULL, false, false}; /* one bucket per parameter */
     uint64_t calls = 0;
     CHECK(run_ranks(&acc, &calls) == 0);
     CHECK(load(acc.out_path, got, NP) == NP);
@@ -261,13 +272,13 @@ static void accumulation_reduces_once_per_step(void) {
  * not change a bit of it. */
 static void compressed_gradients(void) {
     static float ref[NP], got[NP], other[NP];
-    run_cfg single = {2, 25, 1, "/tmp/lk_cmp_single.bin", LK_F32, NULL, false};
+    run_cfg single = {2, 25, 1, "/tmp/lk_cmp_single.bin", LK_F32, NULL, false, false};
     CHECK(train(&single, NULL, NULL) == 0);
     CHECK(load(single.out_path, ref, NP) == NP);
     const lk_dtype dts[2] = {LK_BF16, LK_F16};
     const double tol[2] = {1e-2, 1e-3}; /* 8 and 11 significant bits */
     for (int k = 0; k < 2; k++) {
-        run_cfg one = {2, 25, 1, "/tmp/lk_cmp_one.bin", dts[k], NULL, false};
+        run_cfg one = {2, 25, 1, "/tmp/lk_cmp_one.bin", dts[k], NULL, false, false};
         uint64_t bytes = 0;
         CHECK(run_ranks(&one, &bytes) == 0);
         CHECK(load(one.out_path, got, NP) == NP);
@@ -277,7 +288,7 @@ static void compressed_gradients(void) {
         CHECK_MSG(d > 0 && d <= tol[k], "%s: %.3g", lk_dtype_name(dts[k]), d);
         CHECK_MSG(bytes == (uint64_t)NP * 2 * STEPS, "%s: %llu bytes, expected %d", lk_dtype_name(dts[k]),
                   (unsigned long long)bytes, NP * 2 * STEPS);
-        run_cfg tiny = {2, 1e-4, 1, "/tmp/lk_cmp_tiny.bin", dts[k], NULL, false}; /* async buckets, then the inline last one */
+        run_cfg tiny = {2, 1e-4, 1, "/tmp/lk_cmp_tiny.bin", dts[k], NULL, false, false}; /* async buckets, then the inline last one */
         CHECK(run_ranks(&tiny, NULL) == 0);
         CHECK(load(tiny.out_path, other, NP) == NP);
         CHECK_MSG(memcmp(other, got, sizeof got) == 0, "%s: tiny buckets differ from one bucket", lk_dtype_name(dts[k]));
@@ -383,8 +394,8 @@ static void shared_params_equal_replicas(void) {
     int same = 0;
     for (int world = 2; world <= 4; world++)
         for (int k = 0; k < 4; k++) {
-            run_cfg a = {world, 1e-4, 1, "/tmp/lk_shared_rep.bin", LK_F32, &cfgs[k], false};
-            run_cfg b = {world, 1e-4, 1, "/tmp/lk_shared_one.bin", LK_F32, &cfgs[k], true};
+            run_cfg a = {world, 1e-4, 1, "/tmp/lk_shared_rep.bin", LK_F32, &cfgs[k], false, false};
+            run_cfg b = {world, 1e-4, 1, "/tmp/lk_shared_one.bin", LK_F32, &cfgs[k], true, false};
             CHECK_MSG(run_ranks(&a, NULL) == 0, "world %d %s: replicated run failed", world, what[k]);
             CHECK_MSG(run_ranks(&b, NULL) == 0, "world %d %s: shared run failed", world, what[k]);
             int na = load(a.out_path, rep, NS), nb = load(b.out_path, got, NS);
