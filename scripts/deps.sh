@@ -8,6 +8,7 @@ set -euo pipefail
 pkgs=(
   build-essential cmake pkg-config
   libopenblas-dev      # GEMM on the CPU
+  libdnnl-dev          # bf16/f16 GEMMs on the CPU's matrix units (oneDNN)
   libyaml-dev          # configs
   zlib1g-dev           # idx.gz datasets
   libcjson-dev         # safetensors headers, run.json

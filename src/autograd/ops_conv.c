@@ -114,17 +114,17 @@ static void conv_bwd_task(void *ctx, int t) {
                 ldb = ld;
             }
             for (long q = 0; q < g->G; q++)
-                j->be->gemm(false, true, g->Og, g->Kg, ld, 1.0f, dy + q * g->Og * lddy, lddy, B + q * g->Kg * ldb, ldb,
+                lk__gemm_f32(j->be, false, true, g->Og, g->Kg, ld, 1.0f, dy + q * g->Og * lddy, lddy, B + q * g->Kg * ldb, ldb,
                             1.0f, dwd + q * g->Og * g->Kg, g->Kg);
         }
         if (j->dxd) {
             if (g->pointwise) {
                 for (long q = 0; q < g->G; q++)
-                    j->be->gemm(true, false, g->Kg, g->P, g->Og, 1.0f, j->wd + q * g->Og * g->Kg, g->Kg,
+                    lk__gemm_f32(j->be, true, false, g->Kg, g->P, g->Og, 1.0f, j->wd + q * g->Og * g->Kg, g->Kg,
                                 dy + q * g->Og * lddy, lddy, 0.0f, j->dxd + n0 * g->C * g->P + q * g->Kg * g->P, g->P);
             } else {
                 for (long q = 0; q < g->G; q++)
-                    j->be->gemm(true, false, g->Kg, ld, g->Og, 1.0f, j->wd + q * g->Og * g->Kg, g->Kg,
+                    lk__gemm_f32(j->be, true, false, g->Kg, ld, g->Og, 1.0f, j->wd + q * g->Og * g->Kg, g->Kg,
                                 dy + q * g->Og * lddy, lddy, 0.0f, cols + q * g->Kg * ld, ld);
                 col2im_chunk(g, cols, n0, cur, j->dxd);
             }
@@ -265,7 +265,7 @@ static void conv_fwd_task(void *ctx, int t) {
         }
         float *C = cur > 1 ? tmp : j->od + n0 * g->O * g->P;
         for (long q = 0; q < g->G; q++)
-            j->be->gemm(false, false, g->Og, ld, g->Kg, 1.0f, j->wd + q * g->Og * g->Kg, g->Kg, B + q * g->Kg * ldb,
+            lk__gemm_f32(j->be, false, false, g->Og, ld, g->Kg, 1.0f, j->wd + q * g->Og * g->Kg, g->Kg, B + q * g->Kg * ldb,
                         ldb, 0.0f, C + q * g->Og * ld, ld);
         if (cur > 1) /* to NCHW, adding the bias */
             for (long s = 0; s < cur; s++)

@@ -7,9 +7,10 @@
 #include "autograd/autograd_impl.h"
 #include "backend/backend_impl.h"
 
-/* How a 2-D f32 matrix view can be handed to BLAS. */
+/* How a 2-D matrix view can be handed to a GEMM: its memory, whether it is
+ * stored transposed, and its leading dimension in elements. */
 typedef struct {
-    const float *p;
+    void *p;
     bool trans;
     int64_t ld;
 } blas_mat;
@@ -31,17 +32,18 @@ static bool as_blas(const lk_tensor *t, int d0, int d1, blas_mat *m) {
     return false;
 }
 
-/* C[M,N] (+)= op(A) op(B) for 2-D tensors (views allowed). */
+/* C[M,N] (+)= op(A) op(B) for 2-D tensors (views allowed), as a typed GEMM
+ * over the operands' own dtypes: the backend says whether it runs them. */
 static lk_status gemm2d(const lk_tensor *A, bool ta, const lk_tensor *B, bool tb, float beta, lk_tensor *C) {
     blas_mat a = {0}, b = {0};
     lk_tensor *ac = NULL, *bc = NULL;
     if (!as_blas(A, 0, 1, &a)) {
-        ac = lk_tensor_cast(A, LK_F32);
+        ac = lk_tensor_clone(A);
         if (!ac) return lk_last_status();
         as_blas(ac, 0, 1, &a);
     }
     if (!as_blas(B, 0, 1, &b)) {
-        bc = lk_tensor_cast(B, LK_F32);
+        bc = lk_tensor_clone(B);
         if (!bc) {
             lk_tensor_release(ac);
             return lk_last_status();
@@ -50,11 +52,13 @@ static lk_status gemm2d(const lk_tensor *A, bool ta, const lk_tensor *B, bool tb
     }
     int64_t M = ta ? A->shape[1] : A->shape[0], K = ta ? A->shape[0] : A->shape[1];
     int64_t N = tb ? B->shape[0] : B->shape[1];
-    lk__backend(C->device)->gemm(a.trans != ta, b.trans != tb, M, N, K, 1.0f, a.p, a.ld, b.p, b.ld, beta, C->data,
-                                 C->stride[0] > 0 ? C->stride[0] : (N ? N : 1));
+    lk_op_desc d = {.op = LK_OP_GEMM, .dtype = {A->dtype, B->dtype, C->dtype}};
+    d.gemm = (lk_gemm_params){a.trans != ta, b.trans != tb, M, N, K, a.ld, b.ld,
+                              C->stride[0] > 0 ? C->stride[0] : (N ? N : 1), 1.0f, beta};
+    lk_status st = lk__backend_run(C->device, &d, (void *[]){a.p, b.p, C->data});
     lk_tensor_release(ac);
     lk_tensor_release(bc);
-    return LK_STATUS_OK;
+    return st;
 }
 
 /* 2-D view of a [..., M, K] tensor folded to [prod(...)*M, K] when its rows are contiguous. */

@@ -10,13 +10,38 @@
 #include "backend/kernels.h"
 #include "lockstep/tensor.h"
 
+/* ---- typed ops ------------------------------------------------------------
+ * A backend says which op descriptors it runs — the op, the dtype of every
+ * operand, shapes and parameters — and runs them over its device's memory.
+ * The autograd ops keep the shape logic and build descriptors; a new dtype or
+ * device changes backends, never ops. GEMM is the first op here; the
+ * element-wise families below still have f32 methods of their own. */
+typedef enum { LK_OP_GEMM, LK_OP_COUNT } lk_op_kind;
+
+/* C[M,N] = alpha * op(A)[M,K] op(B)[K,N] + beta * C, row-major, leading
+ * dimensions in elements, op(X) = X^T when the flag is set; products are
+ * accumulated in f32 whatever the operands' dtype. */
+typedef struct lk_gemm_params {
+    bool trans_a, trans_b;
+    int64_t M, N, K, lda, ldb, ldc;
+    float alpha, beta;
+} lk_gemm_params;
+
+typedef struct lk_op_desc {
+    lk_op_kind op;
+    lk_dtype dtype[4]; /* operand dtypes in run()'s order; GEMM: A, B, C */
+    union {
+        lk_gemm_params gemm;
+    };
+} lk_op_desc;
+
 typedef struct lk_backend {
     const char *name;
     lk_device_kind kind;
-    /* C[M,N] = alpha * op(A)[M,K] op(B)[K,N] + beta * C, row-major f32;
-     * op(X) = X^T when the flag is set; leading dimensions in elements. */
-    void (*gemm)(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
-                 int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
+    /* Whether run() takes this descriptor (every dtype and parameter). */
+    bool (*supports)(const lk_op_desc *d);
+    /* Runs it over the operands' memory, in the descriptor's order. */
+    lk_status (*run)(const lk_op_desc *d, void *const *operands);
     /* y[i] = f(x[i]) for n contiguous elements. */
     void (*unary)(lk_unary_op op, int64_t n, const float *x, float *y, float alpha);
     /* dx[i] = dy[i] * f'(x[i]) (y = f(x) given for ops that use it); accumulate when `acc`. */
@@ -31,6 +56,38 @@ typedef struct lk_backend {
 } lk_backend;
 
 const lk_backend *lk__backend(lk_device dev);
+/* Runs d on dev's backend; an op it does not support is an UNSUPPORTED error
+ * naming the op, the dtypes and the backend. */
+lk_status lk__backend_run(lk_device dev, const lk_op_desc *d, void *const *operands);
+/* "gemm bf16 x bf16 -> f32 (NT, 256x784x512)" into buf, for messages and tests. */
+const char *lk__op_desc_str(const lk_op_desc *d, char *buf, size_t size);
+
+/* An f32 GEMM as a typed op (the convolutions call it per sample group). */
+static inline lk_status lk__gemm_f32(const lk_backend *be, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
+                                     float alpha, const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
+                                     float *C, int64_t ldc) {
+    lk_op_desc d = {.op = LK_OP_GEMM, .dtype = {LK_F32, LK_F32, LK_F32}};
+    d.gemm = (lk_gemm_params){ta, tb, M, N, K, lda, ldb, ldc, alpha, beta};
+    return be->run(&d, (void *[]){(void *)A, (void *)B, C});
+}
+
+/* cpu_lowp.c: GEMMs over bf16 or f16 A and B (the same dtype), C in f32 or
+ * that dtype. oneDNN runs them where it is built and takes the shape (AMX,
+ * AVX512-BF16/FP16 or its own emulation); otherwise A and B are widened to
+ * f32 panels and the f32 GEMM runs (correct, slower). */
+lk_status lk__cpu_gemm_lowp(const lk_op_desc *d, const void *A, const void *B, void *C);
+/* Whether those GEMMs may use oneDNN (default: unless LK_ONEDNN=0). */
+void lk__cpu_lowp_use_dnnl(bool on);
+/* Which path a GEMM of these dtypes takes on this machine ("onednn:avx512_core_bf16",
+ * "f32 fallback"), for `lockstep env` and run.json. */
+const char *lk__cpu_gemm_path(lk_dtype ab, lk_dtype c);
+#ifdef LK_HAVE_DNNL
+/* cpu_dnnl.c: UNSUPPORTED (without setting an error) when oneDNN has no
+ * implementation for this shape and dtype on this CPU. */
+lk_status lk__dnnl_gemm(const lk_op_desc *d, const void *A, const void *B, void *C);
+/* oneDNN's best instruction set on this CPU, e.g. "avx512_core_amx". */
+const char *lk__dnnl_isa(void);
+#endif
 
 /* Intra-op parallelism over independent items (the samples of a
  * convolution), for when one process owns several cores. BLAS's own

@@ -2,6 +2,7 @@
  * (no copies for transposed views); element-wise loops are written so the
  * compiler vectorises them, using the kernel bodies in kernels.h. */
 #include <cblas.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "backend/backend_impl.h"
@@ -137,10 +138,38 @@ static void cpu_axpy(int64_t n, float alpha, const float *restrict x, float *res
         for (int64_t i = 0; i < n; i++) y[i] += alpha * x[i];
 }
 
+static bool is_half(lk_dtype t) { return t == LK_BF16 || t == LK_F16; }
+
+static bool cpu_supports(const lk_op_desc *d) {
+    switch (d->op) {
+    case LK_OP_GEMM: {
+        lk_dtype a = d->dtype[0], b = d->dtype[1], c = d->dtype[2];
+        if (a == LK_F32) return b == LK_F32 && c == LK_F32;
+        return is_half(a) && b == a && (c == LK_F32 || c == a);
+    }
+    case LK_OP_COUNT: break;
+    }
+    return false;
+}
+
+static lk_status cpu_run(const lk_op_desc *d, void *const *x) {
+    switch (d->op) {
+    case LK_OP_GEMM: {
+        const lk_gemm_params *g = &d->gemm;
+        if (d->dtype[0] != LK_F32) return lk__cpu_gemm_lowp(d, x[0], x[1], x[2]);
+        cpu_gemm(g->trans_a, g->trans_b, g->M, g->N, g->K, g->alpha, x[0], g->lda, x[1], g->ldb, g->beta, x[2], g->ldc);
+        return LK_STATUS_OK;
+    }
+    case LK_OP_COUNT: break;
+    }
+    return lk_error(LK_STATUS_INTERNAL, "cpu backend: op %d", (int)d->op);
+}
+
 const lk_backend lk__cpu_backend = {
     .name = "cpu",
     .kind = LK_CPU,
-    .gemm = cpu_gemm,
+    .supports = cpu_supports,
+    .run = cpu_run,
     .unary = cpu_unary,
     .unary_backward = cpu_unary_backward,
     .binary = cpu_binary,
@@ -148,6 +177,28 @@ const lk_backend lk__cpu_backend = {
 };
 
 const lk_backend *lk__backend(lk_device dev) {
-    (void)dev; /* the CUDA backend registers here when built */
+    (void)dev; /* host-addressable devices run on the CPU backend; the CUDA backend registers here when built */
     return &lk__cpu_backend;
+}
+
+const char *lk__op_desc_str(const lk_op_desc *d, char *buf, size_t size) {
+    switch (d->op) {
+    case LK_OP_GEMM:
+        snprintf(buf, size, "gemm %s x %s -> %s (%c%c, %lldx%lldx%lld)", lk_dtype_name(d->dtype[0]),
+                 lk_dtype_name(d->dtype[1]), lk_dtype_name(d->dtype[2]), d->gemm.trans_a ? 'T' : 'N',
+                 d->gemm.trans_b ? 'T' : 'N', (long long)d->gemm.M, (long long)d->gemm.N, (long long)d->gemm.K);
+        return buf;
+    case LK_OP_COUNT: break;
+    }
+    snprintf(buf, size, "op %d", (int)d->op);
+    return buf;
+}
+
+lk_status lk__backend_run(lk_device dev, const lk_op_desc *d, void *const *operands) {
+    const lk_backend *be = lk__backend(dev);
+    if (!be->supports(d)) {
+        char what[128];
+        return lk_error(LK_STATUS_UNSUPPORTED, "the %s backend has no %s", be->name, lk__op_desc_str(d, what, sizeof what));
+    }
+    return be->run(d, operands);
 }

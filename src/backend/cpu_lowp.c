@@ -1,0 +1,76 @@
+/* bf16 and f16 GEMMs on the CPU. oneDNN runs them where it is built and has
+ * a real implementation for the shape on this CPU (AMX, AVX512-BF16/FP16, or
+ * its AVX512 emulation); otherwise A and B are widened to f32 and the f32
+ * GEMM runs — the same products accumulated in f32, so the same result up to
+ * summation order, only slower. C is f32 or the operands' 16-bit type
+ * (rounded to nearest even once, at the end). */
+#include <string.h>
+
+#include "backend/backend_impl.h"
+
+/* Rows x cols of a stored matrix (ld in elements) widened to a dense f32 block. */
+static void widen(lk_dtype dt, const uint16_t *src, int64_t rows, int64_t cols, int64_t ld, float *dst) {
+    for (int64_t r = 0; r < rows; r++) lk_half_to_f32_n(dt, dst + r * cols, src + r * ld, (size_t)cols);
+}
+
+static lk_status gemm_via_f32(const lk_op_desc *d, const void *A, const void *B, void *C) {
+    const lk_gemm_params *g = &d->gemm;
+    lk_dtype ab = d->dtype[0], ct = d->dtype[2];
+    int64_t ar = g->trans_a ? g->K : g->M, ac = g->trans_a ? g->M : g->K;
+    int64_t br = g->trans_b ? g->N : g->K, bc = g->trans_b ? g->K : g->N;
+    size_t na = (size_t)(ar * ac), nb = (size_t)(br * bc), nc = ct == LK_F32 ? 0 : (size_t)(g->M * g->N);
+    float *buf = lk_aligned_alloc(LK_ALIGN, (na + nb + nc + 1) * sizeof(float));
+    if (!buf) return lk_error(LK_STATUS_OUT_OF_MEMORY, "gemm %s: no room to widen the operands to f32", lk_dtype_name(ab));
+    float *a = buf, *b = buf + na, *c = b + nb;
+    widen(ab, A, ar, ac, g->lda, a);
+    widen(ab, B, br, bc, g->ldb, b);
+    lk_op_desc f = *d;
+    f.dtype[0] = f.dtype[1] = f.dtype[2] = LK_F32;
+    f.gemm.lda = ac > 0 ? ac : 1, f.gemm.ldb = bc > 0 ? bc : 1;
+    lk_status st;
+    if (ct == LK_F32) {
+        st = lk__cpu_backend.run(&f, (void *[]){a, b, C});
+    } else {
+        if (g->beta != 0.0f) widen(ct, C, g->M, g->N, g->ldc, c);
+        f.gemm.ldc = g->N > 0 ? g->N : 1;
+        st = lk__cpu_backend.run(&f, (void *[]){a, b, c});
+        for (int64_t r = 0; !st && r < g->M; r++)
+            lk_f32_to_half_n(ct, (uint16_t *)C + r * g->ldc, c + r * g->N, (size_t)g->N);
+    }
+    lk_aligned_free(buf);
+    return st;
+}
+
+/* LK_ONEDNN=0 sends every bf16/f16 GEMM through f32 (to compare the paths). */
+static int dnnl_state = -1; /* -1: not read yet */
+
+void lk__cpu_lowp_use_dnnl(bool on) { __atomic_store_n(&dnnl_state, on ? 1 : 0, __ATOMIC_RELAXED); }
+
+static bool use_dnnl(void) {
+    int s = __atomic_load_n(&dnnl_state, __ATOMIC_RELAXED);
+    if (s < 0) {
+        s = lk_env_get_long("LK_ONEDNN", 1) != 0;
+        __atomic_store_n(&dnnl_state, s, __ATOMIC_RELAXED);
+    }
+    return s;
+}
+
+lk_status lk__cpu_gemm_lowp(const lk_op_desc *d, const void *A, const void *B, void *C) {
+    if (d->gemm.M == 0 || d->gemm.N == 0) return LK_STATUS_OK;
+#ifdef LK_HAVE_DNNL
+    if (use_dnnl()) {
+        lk_status st = lk__dnnl_gemm(d, A, B, C);
+        if (st != LK_STATUS_UNSUPPORTED) return st;
+    }
+#else
+    (void)use_dnnl;
+#endif
+    return gemm_via_f32(d, A, B, C);
+}
+
+#ifndef LK_HAVE_DNNL
+const char *lk__cpu_gemm_path(lk_dtype ab, lk_dtype c) {
+    (void)c;
+    return ab == LK_F32 ? "openblas sgemm" : "f32 fallback (built without oneDNN)";
+}
+#endif

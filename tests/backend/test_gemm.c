@@ -1,0 +1,114 @@
+/* The typed GEMM op over every dtype combination the CPU backend supports —
+ * f32, bf16 and f16 operands, C in f32 or the operands' type — for both
+ * transposes, alpha/beta, padded leading dimensions and odd shapes, through
+ * oneDNN (where built) and through the f32 fallback, against a double
+ * reference on the same (already rounded) inputs. Products of two 16-bit
+ * floats are exact in f32, so the only error is the f32 accumulation order
+ * (bounded by K * 2^-24 of the sum of |products|) plus one final rounding
+ * when C is 16-bit. An unsupported combination is refused with its name. */
+#include "backend/backend_impl.h"
+#include "lk_test.h"
+
+static float rnd(uint32_t *s) {
+    *s = *s * 1664525u + 1013904223u;
+    return (float)((*s >> 8) & 0xffff) / 32768.0f - 1.0f;
+}
+
+/* Fills a stored matrix (rows x cols, leading dim ld) of dtype dt with values
+ * that dt represents exactly; also returns them widened. */
+static void fill(lk_dtype dt, void *p, float *wide, int64_t rows, int64_t cols, int64_t ld, uint32_t seed) {
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < ld; c++) {
+            float v = rnd(&seed) * (c < cols ? 1.0f : 0.0f) + (c < cols ? 0.0f : NAN); /* padding: NaN, never read */
+            if (dt == LK_F32) ((float *)p)[r * ld + c] = v;
+            else {
+                uint16_t h;
+                lk_f32_to_half_n(dt, &h, &v, 1);
+                ((uint16_t *)p)[r * ld + c] = h;
+                lk_half_to_f32_n(dt, &v, &h, 1);
+            }
+            wide[r * ld + c] = v;
+        }
+}
+
+static int cases_run;
+
+static void one(lk_dtype ab, lk_dtype ct, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, float beta) {
+    int64_t pad = 3;
+    int64_t ar = ta ? K : M, ac = ta ? M : K, br = tb ? N : K, bc = tb ? K : N;
+    int64_t lda = ac + pad, ldb = bc + pad, ldc = N + pad;
+    size_t es = lk_dtype_size(ab), cs = lk_dtype_size(ct);
+    void *A = calloc((size_t)(ar * lda) + 1, es), *B = calloc((size_t)(br * ldb) + 1, es), *C = calloc((size_t)(M * ldc) + 1, cs);
+    float *Aw = calloc((size_t)(ar * lda) + 1, 4), *Bw = calloc((size_t)(br * ldb) + 1, 4), *Cw = calloc((size_t)(M * ldc) + 1, 4);
+    fill(ab, A, Aw, ar, ac, lda, 1u + (uint32_t)(M * 7 + N));
+    fill(ab, B, Bw, br, bc, ldb, 2u + (uint32_t)(K * 5));
+    fill(ct, C, Cw, M, N, ldc, 3u);
+    lk_op_desc d = {.op = LK_OP_GEMM, .dtype = {ab, ab, ct}};
+    d.gemm = (lk_gemm_params){ta, tb, M, N, K, lda, ldb, ldc, alpha, beta};
+    CHECK(lk__cpu_backend.supports(&d));
+    CHECK_OK(lk__backend_run(LK_DEVICE_CPU, &d, (void *[]){A, B, C}));
+    double worst = 0;
+    for (int64_t i = 0; i < M; i++)
+        for (int64_t j = 0; j < N; j++) {
+            double acc = 0, mag = 0;
+            for (int64_t k = 0; k < K; k++) {
+                double a = Aw[ta ? k * lda + i : i * lda + k], b = Bw[tb ? j * ldb + k : k * ldb + j];
+                acc += a * b, mag += fabs(a * b);
+            }
+            double want = alpha * acc + (beta != 0 ? beta * Cw[i * ldc + j] : 0);
+            double got = ct == LK_F32 ? ((float *)C)[i * ldc + j] : 0;
+            if (ct != LK_F32) {
+                float f;
+                lk_half_to_f32_n(ct, &f, (uint16_t *)C + i * ldc + j, 1);
+                got = f;
+            }
+            double bound = (double)(K + 2) * 0x1p-23 * (fabs(alpha) * mag + fabs(beta * Cw[i * ldc + j]));
+            if (ct == LK_BF16) bound += fabs(want) * 0x1p-8;
+            if (ct == LK_F16) bound += fabs(want) * 0x1p-11 + 0x1p-24;
+            double err = fabs(got - want);
+            if (!(err <= bound)) worst = err > worst || isnan(err) ? (isnan(err) ? INFINITY : err) : worst;
+        }
+    char what[160];
+    CHECK_MSG(worst == 0, "%s alpha %g beta %g: error %.3g beyond the bound", lk__op_desc_str(&d, what, sizeof what), alpha, beta, worst);
+    cases_run++;
+    free(A), free(B), free(C), free(Aw), free(Bw), free(Cw);
+}
+
+static void sweep(void) {
+    static const lk_dtype combos[][2] = {{LK_F32, LK_F32}, {LK_BF16, LK_F32}, {LK_BF16, LK_BF16}, {LK_F16, LK_F32}, {LK_F16, LK_F16}};
+    static const int64_t shapes[][3] = {{1, 1, 1}, {5, 7, 11}, {13, 1, 9}, {1, 17, 3}, {33, 20, 64}, {64, 48, 130}, {7, 5, 0}};
+    for (size_t c = 0; c < sizeof combos / sizeof combos[0]; c++)
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+            for (int t = 0; t < 4; t++) {
+                one(combos[c][0], combos[c][1], t & 1, t & 2, shapes[s][0], shapes[s][1], shapes[s][2], 1.0f, 0.0f);
+                one(combos[c][0], combos[c][1], t & 1, t & 2, shapes[s][0], shapes[s][1], shapes[s][2], 0.5f, 1.0f);
+            }
+}
+
+static void through_onednn(void) {
+    lk__cpu_lowp_use_dnnl(true);
+    cases_run = 0;
+    sweep();
+    printf("%d GEMM cases through the default path (bf16: %s; f16: %s)\n", cases_run, lk__cpu_gemm_path(LK_BF16, LK_F32),
+           lk__cpu_gemm_path(LK_F16, LK_F32));
+}
+
+static void through_f32_fallback(void) {
+    lk__cpu_lowp_use_dnnl(false);
+    cases_run = 0;
+    sweep();
+    lk__cpu_lowp_use_dnnl(true);
+    printf("%d GEMM cases through the f32 fallback\n", cases_run);
+}
+
+static void unsupported_is_named(void) {
+    lk_op_desc d = {.op = LK_OP_GEMM, .dtype = {LK_BF16, LK_F16, LK_F32}};
+    d.gemm = (lk_gemm_params){false, false, 2, 2, 2, 2, 2, 2, 1.0f, 0.0f};
+    float buf[8] = {0};
+    CHECK_ERR(lk__backend_run(LK_DEVICE_CPU, &d, (void *[]){buf, buf, buf}), LK_STATUS_UNSUPPORTED,
+              "the cpu backend has no gemm bf16 x f16 -> f32 (NN, 2x2x2)");
+    d.dtype[0] = d.dtype[1] = LK_I32;
+    CHECK(!lk__cpu_backend.supports(&d));
+}
+
+LK_TEST_MAIN(LK_TEST_CASE(through_onednn), LK_TEST_CASE(through_f32_fallback), LK_TEST_CASE(unsupported_is_named))

@@ -1,0 +1,1 @@
+lk_add_test(NAME backend_gemm SOURCES backend/test_gemm.c LABELS unit parity TIMEOUT 120)
