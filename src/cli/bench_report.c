@@ -139,7 +139,7 @@ static int loss_parts(const lk__bench_cell *one, const lk__bench_cell *many, los
         many->t[LK__BT_FORWARD] + many->t[LK__BT_BACKWARD] - one->t[LK__BT_FORWARD] - one->t[LK__BT_BACKWARD],
         many->t[LK__BT_OPT] - one->t[LK__BT_OPT],
     };
-    static const char *names[5] = {"exposed communication", "waiting for the slowest rank", "data loading",
+    static const char *names[5] = {"exposed communication (less the wait)", "waiting for the slowest rank", "data loading",
                                    "forward+backward", "optimizer"};
     static const char *whys[5] = {
         "the gradient exchange is not hidden behind backward",
@@ -206,8 +206,8 @@ static void strategy_line(const lk__bench_cell *cells, int n, const char *model,
         if (k && p[0].pts >= 0.05) cat(line, "; mostly %s: %s", p[0].name, p[0].why);
     }
     if (cores > 0 && dmax > cores)
-        cat(line, "; %d ranks share %d cores, so each runs at most %.0f%% of the time", dmax, cores,
-            100.0 * cores / dmax);
+        cat(line, "; %d ranks share %d core%s, so each runs at most %.0f%% of the time", dmax, cores,
+            cores > 1 ? "s" : "", 100.0 * cores / dmax);
     /* The machine's own ceiling: N unconnected copies lose what sharing
      * caches and memory costs, which no strategy can win back. */
     const lk__bench_cell *ind = find(cells, n, model, "independent", dmax, best->batch);
