@@ -7,7 +7,7 @@
 . "$(dirname "$0")/lib.sh"
 unset LK_ALLOW_OVERSUBSCRIBE
 too_many=$(( $(getconf _NPROCESSORS_ONLN) + 1 ))
-out=$(LK_NUM_THREADS=1 "$LK_BIN" bench train --model mlp --strategies ddp --gpus 1 "$too_many" --batch-sizes 16 \
+out=$(LK_NUM_THREADS=1 "$LK_BIN" bench train --model mlp --strategies ddp --devices 1 "$too_many" --batch-sizes 16 \
   --steps 10 --csv "$T/bench.csv" --plot "$T/bench.svg" 2>"$T/stderr"); rc=$?
 echo "$out"
 check "bench train exits 1 when a cell failed (exit $rc)" test "$rc" = 1
@@ -32,5 +32,8 @@ if command -v rsvg-convert >/dev/null; then # the charts are valid SVG: a render
   check "the charts render" bash -c "rsvg-convert '$T/bench.svg' -o '$T/a.png' && rsvg-convert '$T/bench-scaling.svg' -o '$T/b.png'"
 fi
 check "stderr names the failed cell and its reason" grep -q "mlp ddp x$too_many batch 16 failed: trainer.devices" "$T/stderr"
+# --gpus is parsed as --devices (the usage error comes after the lists are read)
+expect_fail "--gpus is accepted as --devices" 2 "--repeats outside 1..15" "$LK_BIN" bench train --gpus 1 2 --repeats 0
+check "--help names --gpus" bash -c "'$LK_BIN' bench train --help | grep -q -- --gpus"
 rm -rf "$(grep -o '(log: [^)]*' <<<"$out" | cut -c7- | xargs dirname)"
 finish
