@@ -198,11 +198,12 @@ static void strategy_line(const lk__bench_cell *cells, int n, const char *model,
     } else {
         loss_part p[6];
         int k = loss_parts(one, best, p);
-        cat(line, ", losing %.1f%%:", loss);
+        cat(line, "; the %.1f points lost are", loss);
         int shown = 0;
         for (int i = 0; i < k; i++) /* a negative part is a phase that got faster */
             if (fabs(p[i].pts) >= 0.05) cat(line, "%s %s %+.1f", shown++ ? "," : "", p[i].name, p[i].pts);
-        cat(line, " points (step %.2f ms at %d devices against %.2f ms at 1)", step_ms(best), dmax, step_ms(one));
+        cat(line, " (each phase's growth over the %d-device step: %.2f ms against %.2f ms at 1)", dmax, step_ms(best),
+            step_ms(one));
         if (k && p[0].pts >= 0.05) cat(line, "; mostly %s: %s", p[0].name, p[0].why);
     }
     if (cores > 0 && dmax > cores)
@@ -249,7 +250,7 @@ static void dp_line(const lk__bench_cell *cells, int n, const char *model, char 
         cat(line, ". dp loses up to %.1f%% to its central replica (one process gathers, updates and broadcasts "
                   "for every device): use ddp", worst);
     else if (faster == pairs)
-        cat(line, ". dp is faster here: its one process costs less than ddp's exchange at these sizes");
+        cat(line, ". dp is faster at every batch size measured: prefer dp for this model on this machine");
     else
         cat(line, ". neither wins at every batch size (differences within 1%% count as even)");
 }
@@ -603,12 +604,12 @@ lk_status lk__bench_svg_scaling(FILE *f, const lk__bench_cell *cells, int n) {
         const char *col = strategy_colour(series_s[s], s);
         for (int b = 0; b < nb; b++) {
             const char *dash = dashes[b % 5];
-            double px[MAXK], py[MAXK];
+            double px[MAXK], py[MAXK], pe[MAXK];
             int np = 0;
             for (int d = 0; d < nd; d++) {
                 const lk__bench_cell *c = find(cells, n, series_m[s], series_s[s], devs[d], batches[b]);
                 if (!c || isnan(c->eff)) continue;
-                px[np] = XPOS(d), py[np++] = YPOS(c->eff);
+                px[np] = XPOS(d), py[np] = YPOS(c->eff), pe[np++] = c->eff;
             }
             if (np > 1) {
                 fprintf(f, "<polyline fill='none' stroke='%s' stroke-width='2' stroke-dasharray='%s' points='", col,
@@ -616,7 +617,12 @@ lk_status lk__bench_svg_scaling(FILE *f, const lk__bench_cell *cells, int n) {
                 for (int i = 0; i < np; i++) fprintf(f, "%s%.1f,%.1f", i ? " " : "", px[i], py[i]);
                 fputs("'/>\n", f);
             }
-            for (int i = 0; i < np; i++) marker(f, b, px[i], py[i], col);
+            for (int i = 0; i < np; i++) {
+                marker(f, b, px[i], py[i], col);
+                if (i || pe[i] != 1) /* the 1-device points are all 100%: one label would hide the others */
+                    fprintf(f, "<text x='%.1f' y='%.1f' font-size='10' fill='%s'>%.1f%%</text>\n", px[i] + 8,
+                            py[i] + 4, col, 100 * pe[i]);
+            }
         }
     }
     int lx = x0 + plot_w + 24, ly = y1 + 4;

@@ -388,6 +388,9 @@ int lk_cmd_bench_train(int argc, char **argv) {
     int nl = lk__bench_recommend(cells, n, cores > 0 ? (int)cores : 0, lines, 64);
     printf("\nrecommendations (from the measured cells above):\n");
     for (int i = 0; i < nl; i++) printf("  - %s\n", lines[i]);
+    if (repeats < 3)
+        printf("  - each cell is %s (--repeats %d): on a shared machine run --repeats 3 or more before deciding\n",
+               repeats == 1 ? "one run" : "the lower of two runs", repeats);
     bool all_ok = true;
     for (int i = 0; i < n; i++) all_ok &= cells[i].ok;
     if (csv) {

@@ -89,13 +89,13 @@ static void test_scaling_loss_is_split_into_phases(void) {
     int n = lk__bench_recommend(t, table(t), 2, lines, 32);
     /* 2 devices: step 12.07 ms against 11.60; each phase's growth / 12.07 */
     check_has(line_starting(n, "ddp at 2 devices"), "ddp at 2 devices",
-              "ddp at 2 devices (batch 256) scales 96.0% (91.4-96.0% over batch sizes), losing 4.0%:",
+              "ddp at 2 devices (batch 256) scales 96.0% (91.4-96.0% over batch sizes); the 4.0 points lost are",
               "data loading +1.2", "forward+backward +1.2", "exposed communication (less the wait) +0.7",
               "waiting for the slowest rank +0.6", "optimizer +0.2", "outside the measured phases +0.1",
-              "step 12.07 ms at 2 devices against 11.60 ms at 1", "mostly data loading",
+              "the 2-device step: 12.07 ms against 11.60 ms at 1", "mostly data loading",
               "independent copies (no communication) reach only 94.5% here", NULL);
     check_has(line_starting(n, "dp at 2 devices"), "dp at 2 devices", "dp at 2 devices (batch 256) scales 92.2%",
-              "losing 7.8%", "independent copies (no communication) reach 94.5% here, so 2.3 points are the "
+              "the 7.8 points lost are", "independent copies (no communication) reach 94.5% here, so 2.3 points are the "
               "strategy's own", NULL);
     CHECK(!line_starting(n, "independent at"));
 }
