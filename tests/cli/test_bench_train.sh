@@ -14,17 +14,17 @@ check "bench train exits 1 when a cell failed (exit $rc)" test "$rc" = 1
 check "the 1-device cell is measured" grep -Eq '^mlp +ddp +1 +16 +[0-9]+ +100\.0%' <<<"$out"
 check "the failed cell reads failed with a short reason and a note number" \
   grep -Eq "^mlp +ddp +$too_many +16 +failed +\[1\] more devices than cores\$" <<<"$out"
-check "no cell reads 0 samples/s or 0% scaling" bash -c "! grep -Eq '^mlp .* 0 +0\.0%' <<<'$out'"
+check "no cell reads 0 samples/s or 0% scaling" bash -c '! grep -Eq "^mlp .* 0 +0\.0%" <<<"$1"' _ "$out"
 check "the note gives the run's own message and its log" \
   grep -Eq "^\[1\] mlp ddp x$too_many batch 16 failed: trainer.devices=$too_many is more than the [0-9]+ CPU cores available on this machine .*\(log: /tmp/.*\.log\)\$" <<<"$out"
-check "the note's log file exists" bash -c "test -s \"\$(grep -o '(log: [^)]*' <<<'$out' | cut -c7-)\""
+check "the note's log file exists" test -s "$(grep -o '(log: [^)]*' <<<"$out" | cut -c7-)"
 check "the CSV adds status and error after the issue's columns" \
   grep -qx 'model,strategy,devices,batch_size,samples_per_s,scaling_efficiency,data_ms,forward_ms,backward_ms,comm_exposed_ms,optimizer_ms,status,error' "$T/bench.csv"
 check "the CSV's ok cell has its numbers and status ok" grep -Eq '^mlp,ddp,1,16,[0-9.]+,1\.0000,([0-9.]+,){5}ok,$' "$T/bench.csv"
 check "the CSV's failed cell has empty numbers, status failed and the message" \
   grep -Eq "^mlp,ddp,$too_many,16,,,,,,,,failed,\"trainer.devices=$too_many is more than the [0-9]+ CPU cores" "$T/bench.csv"
 check "recommendations follow the table and leave the failed cell out" bash -c \
-  "grep -q '^recommendations (from the measured cells above):' <<<'$out' && grep -q '^  - best for mlp on this machine: ddp, 1 device, batch 16: ' <<<'$out' && grep -q '^  - 1 of 2 cells failed and are left out' <<<'$out'"
+  'grep -q "^recommendations (from the measured cells above):" <<<"$1" && grep -q "^  - best for mlp on this machine: ddp, 1 device, batch 16: " <<<"$1" && grep -q "^  - 1 of 2 cells failed and are left out" <<<"$1"' _ "$out"
 check "--plot writes the throughput and the scaling chart" test -s "$T/bench.svg" -a -s "$T/bench-scaling.svg"
 check "both charts name the failed cell instead of drawing it" bash -c \
   "grep -q 'not shown: 1 failed cell' '$T/bench.svg' && grep -q 'not shown: 1 failed cell' '$T/bench-scaling.svg' && ! grep -q 'ddp x$too_many batch 16: [0-9,]* samples/s</title>' '$T/bench.svg'"
