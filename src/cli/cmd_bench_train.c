@@ -83,22 +83,31 @@ static bool read_run(cell *c, const char *root, int copies) {
 /* Why a run failed, in its own words: the first "error: " line of its log
  * (the fit's message names the key, rank or limit), else the log's last
  * line, else what the shell's status says. */
+/* Copies src into dst[cap], cut to fit (a reason is for reading, and its
+ * start says the most). */
+static void copy_cut(char *dst, size_t cap, const char *src) {
+    size_t n = strlen(src);
+    if (n >= cap) n = cap - 1;
+    memcpy(dst, src, n);
+    dst[n] = 0;
+}
+
 static void failure_reason(cell *c, const char *log, int rc, bool ran) {
-    snprintf(c->log, sizeof c->log, "%s", log);
+    copy_cut(c->log, sizeof c->log, log);
     char line[1024], last[1024] = "";
     FILE *f = fopen(log, "r");
     while (f && fgets(line, sizeof line, f)) {
         line[strcspn(line, "\r\n")] = 0;
         const char *e = strstr(line, "error: ");
         if (e) {
-            snprintf(c->error, sizeof c->error, "%s", e + 7);
+            copy_cut(c->error, sizeof c->error, e + 7);
             fclose(f);
             return;
         }
-        if (line[0]) snprintf(last, sizeof last, "%s", line);
+        if (line[0]) copy_cut(last, sizeof last, line);
     }
     if (f) fclose(f);
-    if (last[0]) snprintf(c->error, sizeof c->error, "%s", last);
+    if (last[0]) copy_cut(c->error, sizeof c->error, last);
     else if (rc != -1 && WIFSIGNALED(rc)) snprintf(c->error, sizeof c->error, "killed by signal %d", WTERMSIG(rc));
     else if (rc != -1 && WIFEXITED(rc) && WEXITSTATUS(rc))
         snprintf(c->error, sizeof c->error, "exited with status %d and printed nothing", WEXITSTATUS(rc));
