@@ -3,7 +3,9 @@
  * time split into data wait, forward, backward, exposed communication and
  * optimizer — the shape of the classic Lightning DP-vs-DDP study. Each cell
  * is a real `lockstep fit` run on synthetic data (steady state, read back
- * from its run.json). Writes a table, and optionally CSV and an SVG chart. */
+ * from its run.json). Writes a table (a failed cell says why, never 0
+ * samples/s), recommendations drawn from it, and optionally CSV and two SVG
+ * charts (bench_report.c). */
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <stdio.h>
@@ -12,19 +14,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "cli/bench_report.h"
 #include "cli/cli.h"
 #include "lockstep.h"
 
 #define MAXV 8
 #define MAXR 15
 
-typedef struct {
-    const char *model, *strategy;
-    int devices, batch;
-    double sps, eff, t[6]; /* data, forward, backward, exposed comm, optimizer; the comm's wait for the last rank */
-    double steal;          /* share of the machine's CPU time the hypervisor took during the run, or NAN */
-    bool ok;
-} cell;
+typedef lk__bench_cell cell;
 
 /* The machine's CPU time so far, and the part a hypervisor stole (in
  * clock ticks, /proc/stat's first line); false where there is no such file.
@@ -83,6 +80,41 @@ static bool read_run(cell *c, const char *root, int copies) {
     return true;
 }
 
+/* Why a run failed, in its own words: the first "error: " line of its log
+ * (the fit's message names the key, rank or limit), else the log's last
+ * line, else what the shell's status says. */
+/* Copies src into dst[cap], cut to fit (a reason is for reading, and its
+ * start says the most). */
+static void copy_cut(char *dst, size_t cap, const char *src) {
+    size_t n = strlen(src);
+    if (n >= cap) n = cap - 1;
+    memcpy(dst, src, n);
+    dst[n] = 0;
+}
+
+static void failure_reason(cell *c, const char *log, int rc, bool ran) {
+    copy_cut(c->log, sizeof c->log, log);
+    char line[1024], last[1024] = "";
+    FILE *f = fopen(log, "r");
+    while (f && fgets(line, sizeof line, f)) {
+        line[strcspn(line, "\r\n")] = 0;
+        const char *e = strstr(line, "error: ");
+        if (e) {
+            copy_cut(c->error, sizeof c->error, e + 7);
+            fclose(f);
+            return;
+        }
+        if (line[0]) copy_cut(last, sizeof last, line);
+    }
+    if (f) fclose(f);
+    if (last[0]) copy_cut(c->error, sizeof c->error, last);
+    else if (rc != -1 && WIFSIGNALED(rc)) snprintf(c->error, sizeof c->error, "killed by signal %d", WTERMSIG(rc));
+    else if (rc != -1 && WIFEXITED(rc) && WEXITSTATUS(rc))
+        snprintf(c->error, sizeof c->error, "exited with status %d and printed nothing", WEXITSTATUS(rc));
+    else if (ran) snprintf(c->error, sizeof c->error, "finished but wrote no run.json");
+    else snprintf(c->error, sizeof c->error, "could not be started");
+}
+
 /* A cell is one `lockstep fit`. The pseudo-strategy "independent" runs N
  * single-device fits at once, with no communication at all: the throughput
  * N devices of this machine reach when they share its caches and memory
@@ -111,7 +143,10 @@ static bool run_cell(cell *c, int steps, const char *tmp, int rep) {
             self_exe, c->model, samples, input, loader_batch, indep ? 1 : c->devices, indep ? "single" : c->strategy,
             steps, root, extra_args, root, copies > 1 ? "&" : "");
     }
-    if (len + 16 >= sizeof cmd) return false;
+    if (len + 16 >= sizeof cmd) {
+        snprintf(c->error, sizeof c->error, "its fit command line is longer than %zu bytes", sizeof cmd);
+        return false;
+    }
     snprintf(cmd + len, sizeof cmd - len, "%s)", copies > 1 ? " wait" : "");
     /* With `&`, the shell's status is wait's: each copy's run.json says whether it finished. */
     double tot0, st0, tot1, st1;
@@ -119,15 +154,22 @@ static bool run_cell(cell *c, int steps, const char *tmp, int rep) {
     int rc = system(cmd);
     ticks = ticks && cpu_ticks(&tot1, &st1) && tot1 > tot0;
     c->steal = ticks ? (st1 - st0) / (tot1 - tot0) : NAN;
+    /* Every copy is read even when the shell failed: the failing copy's
+     * log (not the first one's) says why. */
     bool ok = rc == 0;
-    for (int k = 0; k < copies && ok; k++) {
+    for (int k = 0; k < copies; k++) {
         snprintf(root, sizeof root, "%s/%s-%s-%d-%d-r%d-%d", tmp, c->model, c->strategy, c->devices, c->batch, rep, k);
-        ok = read_run(c, root, copies);
+        if (read_run(c, root, copies)) continue;
+        char log[sizeof root + 8];
+        snprintf(log, sizeof log, "%s.log", root);
+        failure_reason(c, log, rc, rc != -1);
+        ok = false;
+        break;
     }
     if (!ok) {
         c->sps = 0;
-        fprintf(stderr, "bench train: %s %s x%d batch %d failed (see %s.log)\n", c->model, c->strategy, c->devices,
-                c->batch, root);
+        fprintf(stderr, "bench train: %s %s x%d batch %d failed: %s (see %s)\n", c->model, c->strategy, c->devices,
+                c->batch, c->error, c->log);
         return false;
     }
     c->ok = true;
@@ -148,33 +190,30 @@ static cell median_run(const cell *runs, int n) {
     return runs[order[(n - 1) / 2]];
 }
 
-static void write_svg(const char *path, cell *cells, int n) {
+/* Writes one chart to path; false (with the reason on stderr) on failure. */
+static bool write_chart(const char *path, lk_status (*draw)(FILE *, const cell *, int), const cell *cells, int n) {
     FILE *f = fopen(path, "w");
     if (!f) {
-        fprintf(stderr, "bench train: cannot write %s\n", path);
-        return;
+        fprintf(stderr, "bench train: cannot write the chart %s\n", path);
+        return false;
     }
-    double mx = 1;
-    for (int i = 0; i < n; i++) mx = cells[i].sps > mx ? cells[i].sps : mx;
-    int W = 120 + 70 * n, H = 420, base = 340;
-    fprintf(f, "<svg xmlns='http://www.w3.org/2000/svg' width='%d' height='%d' font-family='sans-serif' font-size='11'>\n", W, H);
-    fprintf(f, "<rect width='100%%' height='100%%' fill='white'/>\n<text x='10' y='20' font-size='14'>"
-               "training throughput (samples/s) and scaling efficiency</text>\n");
-    fprintf(f, "<line x1='60' y1='%d' x2='%d' y2='%d' stroke='black'/>\n", base, W - 20, base);
-    for (int i = 0; i < n; i++) {
-        double h = cells[i].ok ? 280.0 * cells[i].sps / mx : 0;
-        int x = 70 + 70 * i;
-        const char *col = !strcmp(cells[i].strategy, "ddp") ? "#3b6ea8" : !strcmp(cells[i].strategy, "dp") ? "#c8553d"
-                          : !strcmp(cells[i].strategy, "independent") ? "#999999" : "#6a994e";
-        fprintf(f, "<rect x='%d' y='%.0f' width='50' height='%.0f' fill='%s'/>\n", x, base - h, h, col);
-        fprintf(f, "<text x='%d' y='%.0f'>%.0f</text>\n", x, base - h - 16, cells[i].sps);
-        if (cells[i].devices > 1) fprintf(f, "<text x='%d' y='%.0f'>%.0f%%</text>\n", x, base - h - 4, 100 * cells[i].eff);
-        fprintf(f, "<text x='%d' y='%d'>%s x%d</text>\n<text x='%d' y='%d'>b%d</text>\n", x, base + 14,
-                strcmp(cells[i].strategy, "independent") ? cells[i].strategy : "indep", cells[i].devices, x, base + 28,
-                cells[i].batch);
+    lk_status st = draw(f, cells, n);
+    if (fclose(f) || st) {
+        fprintf(stderr, "bench train: writing %s failed%s%s\n", path, st ? ": " : "", st ? lk_last_error() : "");
+        return false;
     }
-    fprintf(f, "</svg>\n");
-    fclose(f);
+    printf("wrote %s\n", path);
+    return true;
+}
+
+/* A CSV field: quoted, with quotes doubled, since error messages hold commas. */
+static void csv_quoted(FILE *f, const char *s) {
+    fputc('"', f);
+    for (; *s; s++) {
+        if (*s == '"') fputc('"', f);
+        fputc(*s, f);
+    }
+    fputc('"', f);
 }
 
 int lk_cmd_bench_train(int argc, char **argv) {
@@ -201,7 +240,7 @@ int lk_cmd_bench_train(int argc, char **argv) {
         }
         if (!strcmp(argv[i], "--model") || !strcmp(argv[i], "--models")) nm = parse_list(argc, argv, &i, models, MAXV);
         else if (!strcmp(argv[i], "--strategies")) ns = parse_list(argc, argv, &i, strategies, MAXV);
-        else if (!strcmp(argv[i], "--devices")) nd = parse_list(argc, argv, &i, dev_s, MAXV);
+        else if (!strcmp(argv[i], "--devices") || !strcmp(argv[i], "--gpus")) nd = parse_list(argc, argv, &i, dev_s, MAXV);
         else if (!strcmp(argv[i], "--batch-sizes")) nb = parse_list(argc, argv, &i, batch_s, MAXV);
         else if (!strcmp(argv[i], "--steps") && i + 1 < argc) steps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--repeats") && i + 1 < argc) repeats = atoi(argv[++i]);
@@ -222,7 +261,16 @@ int lk_cmd_bench_train(int argc, char **argv) {
                    "throughput N devices of this machine reach while sharing its caches and memory, the\n"
                    "ceiling for any strategy's scaling.\n"
                    "steal is the share of the machine's CPU time a hypervisor took during the cell's median run\n"
-                   "(/proc/stat): on a shared VM it stalls every rank of ddp or dp, so a cell it hit is noise.\n");
+                   "(/proc/stat): on a shared VM it stalls every rank of ddp or dp, so a cell it hit is noise.\n"
+                   "--gpus is another name for --devices (on the CPU a device is a core).\n"
+                   "A cell whose run fails shows `failed` and a short reason, with the full message in a note\n"
+                   "under the table; it is left out of the scaling, the recommendations and the charts, and\n"
+                   "the command exits with status 1. The recommendations after the table are read off its\n"
+                   "ok cells: the best cell, each strategy's scaling at its largest device count and which\n"
+                   "phases the loss is in, dp against ddp, and how the batch size matters.\n"
+                   "--csv adds status (ok|failed) and error columns after the measured ones; a failed cell's\n"
+                   "numbers are empty. --plot FILE.svg writes the throughput chart to FILE.svg and the\n"
+                   "scaling-efficiency chart to FILE-scaling.svg.\n");
             return 0;
         } else {
             fprintf(stderr, "lockstep bench train: unknown option '%s' (see --help)\n", argv[i]);
@@ -241,9 +289,16 @@ int lk_cmd_bench_train(int argc, char **argv) {
     self_exe[len] = 0;
     char tmp[] = "/tmp/lkbench.XXXXXX";
     if (!mkdtemp(tmp)) return 1;
-    cell cells[MAXV * MAXV * MAXV * 2];
     int n = 0;
-    printf("%-12s %-9s %7s %6s %12s %8s %8s %8s %9s %8s %8s %8s %6s  %s\n", "model", "strategy", "devices", "batch",
+    cell *cells = calloc((size_t)(nm * ns * nb * nd), sizeof *cells);
+    int *partial = calloc((size_t)(nm * ns * nb * nd), sizeof *partial); /* failed runs of a cell that is ok */
+    if (!cells || !partial) {
+        free(cells);
+        free(partial);
+        fprintf(stderr, "lockstep bench train: out of memory for %d cells\n", nm * ns * nb * nd);
+        return 1;
+    }
+    printf("%-12s %-11s %7s %6s %12s %8s %8s %8s %9s %8s %8s %8s %6s  %s\n", "model", "strategy", "devices", "batch",
            "samples/s", "scaling", "data_ms", "fwd_ms", "bwd_ms", "comm_ms", "(wait)", "opt_ms", "steal",
            repeats > 1 ? "scaling range" : "");
     /* Rounds: every cell runs once per round, all strategies and batch
@@ -252,7 +307,11 @@ int lk_cmd_bench_train(int argc, char **argv) {
      * shared machine instead of minutes apart. */
     int nrows = 0;
     row_t *rows = calloc((size_t)(nm * ns * nb), sizeof *rows);
-    if (!rows) return 1;
+    if (!rows) {
+        free(cells);
+        free(partial);
+        return 1;
+    }
     for (int m = 0; m < nm; m++)
         for (int s = 0; s < ns; s++)
             for (int b = 0; b < nb; b++) {
@@ -272,62 +331,119 @@ int lk_cmd_bench_train(int argc, char **argv) {
         for (int i = 0; i < nrows; i++)
             for (int d = 0; d < rows[i].n; d++) run_cell(&rows[i].runs[d][r], steps, tmp, r);
     }
+    int nfail = 0; /* footnotes: the failed cells, numbered in table order */
     for (int i = 0; i < nrows; i++) {
         row_t *w = &rows[i];
         /* Scaling pairs each N-device run with the 1-device run of the same
          * round and takes the median of those ratios: a shared machine's
          * speed drifts over minutes, and a ratio of neighbours cancels most
-         * of the drift that a ratio of two cells' medians would keep. */
+         * of the drift that a ratio of two cells' medians would keep. A
+         * round where either run failed has no ratio: a failure is not a
+         * throughput of 0. */
         int base = -1;
         for (int d = 0; d < w->n; d++)
             if (w->runs[d][0].devices == 1) base = d;
         for (int d = 0; d < w->n; d++) {
             cell *c = w->out[d];
             *c = median_run(w->runs[d], repeats);
+            for (int r = 0; r < repeats; r++) partial[c - cells] += c->ok && !w->runs[d][r].ok;
             double ratio[MAXR], lo = NAN, hi = NAN;
             int nr = 0;
-            for (int r = 0; base >= 0 && r < repeats; r++) {
+            for (int r = 0; c->ok && base >= 0 && r < repeats; r++) {
                 const cell *one = &w->runs[base][r], *many = &w->runs[d][r];
-                double b1 = one->ok ? one->sps : 0, bn = many->ok ? many->sps : 0;
-                double e = b1 > 0 ? bn / (c->devices * b1) : 0;
+                if (!one->ok || !many->ok || !(one->sps > 0)) continue;
+                double e = many->sps / (c->devices * one->sps);
                 int j = nr++;
                 for (; j > 0 && ratio[j - 1] > e; j--) ratio[j] = ratio[j - 1];
                 ratio[j] = e;
             }
             c->eff = nr ? ratio[(nr - 1) / 2] : NAN;
             if (nr) lo = ratio[0], hi = ratio[nr - 1];
-            char range[32] = "";
+            if (!c->ok) {
+                char why[48];
+                lk__bench_short_reason(c->error, why, sizeof why);
+                printf("%-12s %-11s %7d %6d %12s  [%d] %s\n", c->model, c->strategy, c->devices, c->batch, "failed",
+                       ++nfail, why);
+                continue;
+            }
+            char range[32] = "", eff[16] = "-";
             if (nr > 1 && c->devices > 1) snprintf(range, sizeof range, "%5.1f-%.1f%%", 100 * lo, 100 * hi);
+            if (!isnan(c->eff)) snprintf(eff, sizeof eff, "%.1f%%", 100 * c->eff);
             char steal[16] = "-";
             if (!isnan(c->steal)) snprintf(steal, sizeof steal, "%.1f%%", 100 * c->steal);
-            printf("%-12s %-9s %7d %6d %12.0f %7.1f%% %8.2f %8.2f %9.2f %8.2f %8.2f %8.2f %6s  %s\n", c->model,
-                   c->strategy, c->devices, c->batch, c->sps, 100 * c->eff, c->t[0], c->t[1], c->t[2], c->t[3], c->t[5],
+            printf("%-12s %-11s %7d %6d %12.0f %8s %8.2f %8.2f %9.2f %8.2f %8.2f %8.2f %6s  %s\n", c->model,
+                   c->strategy, c->devices, c->batch, c->sps, eff, c->t[0], c->t[1], c->t[2], c->t[3], c->t[5],
                    c->t[4], steal, range);
         }
     }
     free(rows);
+    /* The footnotes: each failed cell's full reason and where its log is
+     * (the run's directory is kept when any cell failed). */
+    for (int i = 0, k = 0; i < n; i++)
+        if (!cells[i].ok)
+            printf("[%d] %s %s x%d batch %d failed: %s (log: %s)\n", ++k, cells[i].model, cells[i].strategy,
+                   cells[i].devices, cells[i].batch, cells[i].error, cells[i].log[0] ? cells[i].log : "none");
+    for (int i = 0; i < n; i++)
+        if (partial[i])
+            printf("note: %s %s x%d batch %d: %d of %d runs failed; the cell is the median of all its runs, the "
+                   "scaling of the rounds that ran (stderr says why)\n",
+                   cells[i].model, cells[i].strategy, cells[i].devices, cells[i].batch, partial[i], repeats);
+    free(partial);
     if (ticks && cpu_ticks(&tot1, &st1) && tot1 > tot0)
         printf("hypervisor steal over the whole benchmark: %.2f%% of all CPU time\n",
                100 * (st1 - st0) / (tot1 - tot0));
+    char lines[64][LK__BENCH_LINE];
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    int nl = lk__bench_recommend(cells, n, cores > 0 ? (int)cores : 0, lines, 64);
+    printf("\nrecommendations (from the measured cells above):\n");
+    for (int i = 0; i < nl; i++) printf("  - %s\n", lines[i]);
+    if (repeats < 3)
+        printf("  - each cell is %s (--repeats %d): on a shared machine run --repeats 3 or more before deciding\n",
+               repeats == 1 ? "one run" : "the lower of two runs", repeats);
+    bool all_ok = true;
+    for (int i = 0; i < n; i++) all_ok &= cells[i].ok;
     if (csv) {
         FILE *f = fopen(csv, "w");
-        if (f) {
+        if (!f) {
+            fprintf(stderr, "bench train: cannot write %s\n", csv);
+            all_ok = false;
+        } else {
+            /* The issue's columns in their order, then status and error:
+             * a failed cell's numbers are empty, never 0. */
             fprintf(f, "model,strategy,devices,batch_size,samples_per_s,scaling_efficiency,data_ms,forward_ms,backward_ms,"
-                       "comm_exposed_ms,optimizer_ms\n");
-            for (int i = 0; i < n; i++)
-                fprintf(f, "%s,%s,%d,%d,%.1f,%.4f,%.3f,%.3f,%.3f,%.3f,%.3f\n", cells[i].model, cells[i].strategy,
-                        cells[i].devices, cells[i].batch, cells[i].sps, cells[i].eff, cells[i].t[0], cells[i].t[1],
-                        cells[i].t[2], cells[i].t[3], cells[i].t[4]);
-            fclose(f);
-            printf("wrote %s\n", csv);
+                       "comm_exposed_ms,optimizer_ms,status,error\n");
+            for (int i = 0; i < n; i++) {
+                const cell *c = &cells[i];
+                fprintf(f, "%s,%s,%d,%d,", c->model, c->strategy, c->devices, c->batch);
+                if (c->ok) {
+                    fprintf(f, "%.1f,", c->sps);
+                    if (!isnan(c->eff)) fprintf(f, "%.4f", c->eff);
+                    fprintf(f, ",%.3f,%.3f,%.3f,%.3f,%.3f,ok,\n", c->t[0], c->t[1], c->t[2], c->t[3], c->t[4]);
+                } else {
+                    fputs(",,,,,,,failed,", f);
+                    csv_quoted(f, c->error);
+                    fputc('\n', f);
+                }
+            }
+            if (fclose(f)) {
+                fprintf(stderr, "bench train: writing %s failed\n", csv);
+                all_ok = false;
+            } else {
+                printf("wrote %s\n", csv);
+            }
         }
     }
     if (plot) {
-        write_svg(plot, cells, n);
-        printf("wrote %s\n", plot);
+        char scaling[1200];
+        all_ok &= write_chart(plot, lk__bench_svg_throughput, cells, n);
+        if (!lk__bench_scaling_path(plot, scaling, sizeof scaling)) {
+            fprintf(stderr, "bench train: --plot path %s is too long\n", plot);
+            all_ok = false;
+        } else {
+            all_ok &= write_chart(scaling, lk__bench_svg_scaling, cells, n);
+        }
     }
-    bool all_ok = true;
-    for (int i = 0; i < n; i++) all_ok &= cells[i].ok;
+    free(cells);
     if (all_ok) {
         char rm[64];
         snprintf(rm, sizeof rm, "rm -rf %s", tmp);

@@ -108,9 +108,10 @@ check "ddp_comm_hook on one process says it has no effect" grep -q "ddp_comm_hoo
 out=$("$LK_BIN" bench train --model mlp --strategies independent ddp --devices 1 2 --batch-sizes 16 --steps 10 --repeats 2 --csv "$T/bench.csv" 2>&1)
 check "bench train runs independent and ddp cells ($(wc -l <"$T/bench.csv" 2>/dev/null) CSV lines)" \
   bash -c "[ \$(wc -l <'$T/bench.csv') = 5 ] && grep -q '^mlp,independent,2,16,' '$T/bench.csv' && grep -q '^mlp,ddp,2,16,' '$T/bench.csv'"
-check "bench train prints the range of the paired scaling ratios" bash -c "echo '$out' | grep -Eq '^mlp +ddp +2 .* [0-9.]+-[0-9.]+%\$'"
+# (here-strings, not echo '$out': the recommendations under the table hold apostrophes)
+check "bench train prints the range of the paired scaling ratios" grep -Eq '^mlp +ddp +2 .* [0-9.]+-[0-9.]+%$' <<<"$out"
 check "bench train prints the hypervisor's steal per cell and for the whole run" bash -c \
-  "echo '$out' | grep -Eq '^mlp +ddp +2 .* [0-9.]+% +[0-9.]+-[0-9.]+%\$' && echo '$out' | grep -q '^hypervisor steal over the whole benchmark: [0-9.]*%'"
+  'grep -Eq "^mlp +ddp +2 .* [0-9.]+% +[0-9.]+-[0-9.]+%\$" <<<"$1" && grep -q "^hypervisor steal over the whole benchmark: [0-9.]*%" <<<"$1"' _ "$out"
 expect_fail "bench train rejects --repeats 0" 2 "--repeats outside 1..15" "$LK_BIN" bench train --repeats 0
 expect_fail "bench train passes what follows -- to fit (an unknown key fails the cell)" 1 "mlp ddp x1 batch 16 failed" \
   "$LK_BIN" bench train --model mlp --strategies ddp --devices 1 --batch-sizes 16 --steps 10 -- --trainer.no_such_key 1
