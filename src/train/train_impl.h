@@ -40,6 +40,7 @@ struct lk_trainer {
     lk_comm *comm;
     lk_strategy *strat;
     int rank, world;
+    int launcher; /* > 0: this process starts that many ranks and is none of them (self_launch.c) */
     /* the current run */
     lk_module *module;
     lk_datamodule *dm;
@@ -104,6 +105,10 @@ lk_status lk__metrics_log_step(lk_trainer *tr);
 lk_status lk__metrics_log_epoch(lk_trainer *tr, const char *stage);
 /* Names/values of the progress-bar metrics (borrowed; up to `max`). */
 int lk__metrics_prog_bar(lk_trainer *tr, const char **names, double *values, int max);
+
+/* self_launch.c: runs this program as the job's tr->launcher ranks and
+ * returns the job's status (once per process; later calls repeat it). */
+lk_status lk__self_launch(lk_trainer *tr, const char *command);
 
 /* checkpoint.c */
 lk_status lk__ckpt_save(lk_trainer *tr, const char *path);
