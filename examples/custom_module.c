@@ -2,7 +2,8 @@
  * data module, network and module (Lightning's LightningModule and
  * LightningDataModule), trained with DDP on 2 processes.
  *
- * The task: points on three noisy concentric rings; the class is the ring.
+ * The task: points in a square, classed by the ring around the centre they
+ * fall in.
  * Build and run (after `make install`):
  *
  *     cc custom_module.c $(pkg-config --cflags --libs lockstep) -o custom_module
@@ -12,7 +13,6 @@
  * ranks"): this process launches the job and waits; each rank runs main
  * from the top and trains. `lockstep launch -n 2 -- ./custom_module` or
  * mpirun start the ranks the other way round, with the same result. */
-#include <math.h>
 #include <stdio.h>
 
 #include <lockstep.h>
@@ -23,14 +23,13 @@ enum { RINGS = 3, HIDDEN = 32 };
  * make any sample and nothing is stored ----------------------------------- */
 
 static lk_status ring_get(void *ctx, int64_t index, uint64_t epoch, void *scratch, void *const *out) {
-    lk_rng rng;
+    lk_rng rng; /* keyed by (seed, index): the same sample on every rank, every epoch */
     lk_rng_init(&rng, *(const uint64_t *)ctx, LK_RNG_USER, (uint32_t)index, (uint32_t)(index >> 32));
-    int64_t ring = lk_rng_below(&rng, RINGS);
-    float angle = 6.2831853f * lk_rng_uniform(&rng), radius = 1.0f + (float)ring + 0.15f * lk_rng_normal(&rng);
-    float *x = out[0];
-    x[0] = radius * cosf(angle);
-    x[1] = radius * sinf(angle);
-    *(int64_t *)out[1] = ring;
+    float *x = out[0]; /* a point in [-3, 3)^2 ... */
+    x[0] = 6.0f * lk_rng_uniform(&rng) - 3.0f;
+    x[1] = 6.0f * lk_rng_uniform(&rng) - 3.0f;
+    float r2 = x[0] * x[0] + x[1] * x[1]; /* ... labelled by its ring: radius < 1, < 2, beyond */
+    *(int64_t *)out[1] = r2 < 1.0f ? 0 : r2 < 4.0f ? 1 : 2;
     return LK_STATUS_OK;
 }
 
