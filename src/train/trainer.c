@@ -72,7 +72,7 @@ lk_status lk_trainer_create(const lk_trainer_config *cfg, const lk_optim_setting
         }
     }
     if (tr->world == 1 && want > 1 && !strcmp(tr->pg.source, "none") && cfg->num_nodes <= 1 &&
-        strcmp(cfg->strategy, "single")) {
+        (!strcmp(cfg->strategy, "ddp") || !strcmp(cfg->strategy, "ddp_spawn") || !strcmp(cfg->strategy, "auto"))) {
         /* A program of the user's started alone: this process becomes the
          * job's launcher, and its first run starts the ranks (self_launch.c).
          * More than one node needs a launcher on each, so that stays an error. */
