@@ -3,8 +3,7 @@
  * LightningDataModule), trained with DDP on 2 processes.
  *
  * The task: points in a square, classed by the ring around the centre they
- * fall in.
- * Build and run (after `make install`):
+ * fall in. Build and run (after `make install`):
  *
  *     cc custom_module.c $(pkg-config --cflags --libs lockstep) -o custom_module
  *     ./custom_module [root_dir]
@@ -14,6 +13,7 @@
  * from the top and trains. `lockstep launch -n 2 -- ./custom_module` or
  * mpirun start the ranks the other way round, with the same result. */
 #include <stdio.h>
+#include <string.h>
 
 #include <lockstep.h>
 
@@ -54,7 +54,7 @@ static lk_status rings_setup(lk_datamodule *dm, const char *stage) {
 
 static lk_dataset *rings_dataset(lk_datamodule *dm, const char *split) {
     rings_data *d = dm->self;
-    return split[0] == 't' ? d->train : split[0] == 'v' ? d->val : NULL; /* "train", "val" */
+    return !strcmp(split, "train") ? d->train : !strcmp(split, "val") ? d->val : NULL; /* no test set */
 }
 
 static void rings_destroy(lk_datamodule *dm) {
