@@ -1,9 +1,10 @@
 # A thin wrapper over CMake so a new user types `make run` or `make test`.
 BUILD ?= build
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+PREFIX ?= /usr/local
 CMAKE_FLAGS ?=
 
-.PHONY: all deps build run test test-asan test-tsan bench clean
+.PHONY: all deps build install run test test-asan test-tsan bench clean
 
 all: build
 
@@ -15,6 +16,11 @@ $(BUILD)/CMakeCache.txt: | deps
 
 build: deps $(BUILD)/CMakeCache.txt
 	@cmake --build $(BUILD) -j $(JOBS)
+
+# The library, headers, the lockstep program and lockstep.pc under PREFIX
+# (a user program then builds with `pkg-config --cflags --libs lockstep`).
+install: build
+	cmake --install $(BUILD) --prefix $(PREFIX)
 
 # The main job: the autoencoder on Fashion-MNIST, DDP on 2 CPU processes.
 run: build

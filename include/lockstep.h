@@ -1,5 +1,7 @@
 /* lockstep — train neural networks on every device you have.
- * The umbrella header: include this, link -llockstep. */
+ * The umbrella header: every public header, trainer.h included. Build with
+ * `cc prog.c $(pkg-config --cflags --libs lockstep)` (README: "Using
+ * lockstep from C"; examples/custom_module.c is a complete program). */
 #ifndef LOCKSTEP_H
 #define LOCKSTEP_H
 #include "lockstep/core.h"
@@ -13,4 +15,5 @@
 #include "lockstep/config.h"
 #include "lockstep/optim.h"
 #include "lockstep/models.h"
+#include "lockstep/trainer.h"
 #endif

@@ -226,6 +226,10 @@ typedef struct lk_launch_options {
      * messages). Fork before starting threads of your own. */
     int (*child_main)(void *ctx);
     void *child_ctx;
+    /* (optional) the file each rank executes, argv then passed unchanged
+     * (argv[0] included): "/proc/self/exe" runs this very program again
+     * under its own name. NULL: argv[0], looked up in PATH. */
+    const char *exec_path;
 } lk_launch_options;
 lk_launch_options lk_launch_options_default(void);
 

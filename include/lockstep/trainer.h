@@ -204,10 +204,43 @@ lk_status lk_datamodule_create_builtin(const char *name, const lk_model_kv *args
 
 /* ---- the trainer ------------------------------------------------------------- */
 
-/* The merged config text (written as config.yaml) may be NULL. */
+/* The merged config text (written as config.yaml) may be NULL.
+ *
+ * Starting the ranks (Lightning's ddp launcher): a program that asks for
+ * devices > 1 with strategy ddp, ddp_spawn or auto and is started alone
+ * (`./myprog`: no RANK/WORLD_SIZE, MPI or SLURM variables) gets a
+ * *launcher* trainer, which is none of the ranks: lk_trainer_is_launcher is
+ * true, lk_trainer_rank is -1, lk_trainer_world_size the number of ranks.
+ * Its first fit, validate, test or predict runs this same program again
+ * (/proc/self/exe, the same argv) once per rank with the rendezvous
+ * variables set, relays their output (rank 0 as is, the others prefixed
+ * "[rank R] "), forwards Ctrl-C, stops the job when one rank fails, and
+ * returns once every rank has exited: LK_STATUS_OK when all succeeded,
+ * else LK_STATUS_REMOTE with the first failing rank's exit status. Each rank
+ * runs main from the top and takes the ordinary path, so everything main
+ * does — fit, then test, then printing results — happens in the ranks.
+ * In the launcher, later runs return that same status without starting the
+ * ranks again, and metrics, log_dir and checkpoints are empty; main should
+ * just clean up and exit:
+ *
+ *     lk_status st = lk_trainer_fit(tr, m, dm, NULL);    // launcher: the whole job
+ *     if (!st) st = lk_trainer_test(tr, m, dm, "last");  // launcher: fit's status again
+ *     double v;
+ *     if (lk_trainer_rank(tr) == 0 && lk_trainer_metric(tr, "test_loss", &v))
+ *         printf("test_loss %.4f\n", v);                 // once per job: rank 0
+ *     if (st) fprintf(stderr, "%s\n", lk_last_error());
+ *     ...free...; return st ? 1 : 0;
+ *
+ * Work before lk_trainer_create runs in the launcher and in every rank.
+ * num_nodes > 1 needs a launcher on each node (`lockstep launch`, mpirun,
+ * srun), so creating such a trainer alone fails with LK_STATUS_INVALID_USAGE.
+ * A process started by a launcher (`lockstep launch -n 2 -- ./myprog`,
+ * mpirun) is a rank directly. */
 lk_status lk_trainer_create(const lk_trainer_config *cfg, const lk_optim_settings *optim, const char *config_yaml,
                             lk_trainer **out);
 void lk_trainer_free(lk_trainer *tr);
+/* True when this process starts the job's ranks and is none of them (above). */
+bool lk_trainer_is_launcher(const lk_trainer *tr);
 
 lk_status lk_trainer_fit(lk_trainer *tr, lk_module *m, lk_datamodule *dm, const char *ckpt_path);
 lk_status lk_trainer_validate(lk_trainer *tr, lk_module *m, lk_datamodule *dm, const char *ckpt_path);
@@ -215,7 +248,7 @@ lk_status lk_trainer_test(lk_trainer *tr, lk_module *m, lk_datamodule *dm, const
 lk_status lk_trainer_predict(lk_trainer *tr, lk_module *m, lk_datamodule *dm, const char *ckpt_path);
 
 /* State the steps may read. */
-int lk_trainer_rank(const lk_trainer *tr);
+int lk_trainer_rank(const lk_trainer *tr); /* -1 in a launcher */
 int lk_trainer_world_size(const lk_trainer *tr);
 int64_t lk_trainer_current_epoch(const lk_trainer *tr);
 int64_t lk_trainer_global_step(const lk_trainer *tr);

@@ -247,7 +247,7 @@ lk_status lk_launch(int nprocs, char *const argv[], const lk_launch_options *opt
                 fflush(stderr);
                 _exit(code);
             }
-            execvpe(argv[0], argv, envs + (size_t)r * (size_t)(nenv + extra + 1));
+            execvpe(opt.exec_path ? opt.exec_path : argv[0], argv, envs + (size_t)r * (size_t)(nenv + extra + 1));
             char msg[512];
             int n = snprintf(msg, sizeof msg, "lockstep launch: cannot run '%s' for rank %d: %s\n", argv[0], r, strerror(errno));
             if (write(2, msg, (size_t)n) < 0) _exit(127);

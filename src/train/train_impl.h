@@ -40,6 +40,7 @@ struct lk_trainer {
     lk_comm *comm;
     lk_strategy *strat;
     int rank, world;
+    int launcher; /* > 0: this process starts that many ranks and is none of them (self_launch.c) */
     /* the current run */
     lk_module *module;
     lk_datamodule *dm;
@@ -120,6 +121,10 @@ lk_status lk__pred_add(lk__pred *p, const lk_tensor *t, const lk_batch *b);
  * and shape_out ("N x 10"). No file when no rank predicted anything. */
 lk_status lk__pred_write(lk__pred *p, lk_comm *comm, int rank, int world, int64_t dataset_len, const char *path,
                          int64_t *rows_out, char *shape_out, size_t shape_size);
+
+/* self_launch.c: runs this program as the job's tr->launcher ranks and
+ * returns the job's status (once per process; later calls repeat it). */
+lk_status lk__self_launch(lk_trainer *tr, const char *command);
 
 /* checkpoint.c */
 lk_status lk__ckpt_save(lk_trainer *tr, const char *path);

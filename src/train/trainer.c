@@ -72,6 +72,15 @@ lk_status lk_trainer_create(const lk_trainer_config *cfg, const lk_optim_setting
             goto fail;
         }
     }
+    if (tr->world == 1 && want > 1 && !strcmp(tr->pg.source, "none") && cfg->num_nodes <= 1 &&
+        (!strcmp(cfg->strategy, "ddp") || !strcmp(cfg->strategy, "ddp_spawn") || !strcmp(cfg->strategy, "auto"))) {
+        /* A program of the user's started alone: this process becomes the
+         * job's launcher, and its first run starts the ranks (self_launch.c).
+         * More than one node needs a launcher on each, so that stays an error. */
+        tr->launcher = (int)want;
+        *out = tr;
+        return LK_STATUS_OK;
+    }
     if (tr->world == 1 && want > 1) {
         st = lk_error(LK_STATUS_INVALID_USAGE,
                       "trainer.devices=%lld x num_nodes=%lld needs %lld processes, but this one was started alone: "
@@ -156,8 +165,8 @@ void lk_trainer_free(lk_trainer *tr) {
     lk_free(tr);
 }
 
-int lk_trainer_rank(const lk_trainer *tr) { return tr->rank; }
-int lk_trainer_world_size(const lk_trainer *tr) { return tr->world; }
+int lk_trainer_rank(const lk_trainer *tr) { return tr->launcher ? -1 : tr->rank; }
+int lk_trainer_world_size(const lk_trainer *tr) { return tr->launcher ? tr->launcher : tr->world; }
 int64_t lk_trainer_current_epoch(const lk_trainer *tr) { return tr->epoch; }
 int64_t lk_trainer_global_step(const lk_trainer *tr) { return tr->global_step; }
 const char *lk_trainer_log_dir(const lk_trainer *tr) { return tr->log_dir; }
@@ -821,6 +830,7 @@ static lk_status begin_run(lk_trainer *tr, lk_module *m, lk_datamodule *dm, cons
 }
 
 lk_status lk_trainer_fit(lk_trainer *tr, lk_module *m, lk_datamodule *dm, const char *ckpt_path) {
+    if (tr->launcher) return lk__self_launch(tr, "fit");
     const lk_trainer_config *c = &tr->cfg;
     tr->t_fit_start = lk_time_now();
     lk_loader *train = NULL, *val = NULL;
@@ -947,14 +957,17 @@ static lk_status eval_command(lk_trainer *tr, lk_module *m, lk_datamodule *dm, c
 }
 
 lk_status lk_trainer_validate(lk_trainer *tr, lk_module *m, lk_datamodule *dm, const char *ckpt_path) {
+    if (tr->launcher) return lk__self_launch(tr, "validate");
     return eval_command(tr, m, dm, ckpt_path, "validate", "val", "val", tr->cfg.limit_val_batches, "Validation");
 }
 
 lk_status lk_trainer_test(lk_trainer *tr, lk_module *m, lk_datamodule *dm, const char *ckpt_path) {
+    if (tr->launcher) return lk__self_launch(tr, "test");
     return eval_command(tr, m, dm, ckpt_path, "test", "test", "test", tr->cfg.limit_test_batches, "Testing");
 }
 
 lk_status lk_trainer_predict(lk_trainer *tr, lk_module *m, lk_datamodule *dm, const char *ckpt_path) {
+    if (tr->launcher) return lk__self_launch(tr, "predict");
     lk_loader *loader = NULL;
     lk_status st = begin_run(tr, m, dm, "predict");
     lk_dataset *ds = st ? NULL : dm->vt->dataset(dm, "predict");

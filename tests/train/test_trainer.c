@@ -160,7 +160,20 @@ static void bad_modules(void) {
     lk_layer_free(m.net);
     lk_trainer_free(tr);
     lk_datamodule_free(dm);
+    /* Started alone with devices=2, the trainer is the job's launcher (its
+     * fit would start the ranks: tests/capi/test_self_launch.c does). */
     cfg.devices = 2;
+    tr = NULL;
+    CHECK_OK(lk_trainer_create(&cfg, NULL, NULL, &tr));
+    CHECK(tr && lk_trainer_is_launcher(tr) && lk_trainer_rank(tr) == -1 && lk_trainer_world_size(tr) == 2);
+    lk_trainer_free(tr);
+    /* No launcher here can start ranks on other nodes, and 'single' is one process. */
+    cfg.devices = 1;
+    cfg.num_nodes = 2;
+    CHECK_ERR(lk_trainer_create(&cfg, NULL, NULL, &tr), LK_STATUS_INVALID_USAGE, "needs 2 processes");
+    cfg.devices = 2;
+    cfg.num_nodes = 1;
+    snprintf(cfg.strategy, sizeof cfg.strategy, "single");
     CHECK_ERR(lk_trainer_create(&cfg, NULL, NULL, &tr), LK_STATUS_INVALID_USAGE, "needs 2 processes");
 }
 

@@ -1,0 +1,12 @@
+# capi: the C API as a user embeds it — the umbrella header, make install +
+# lockstep.pc, examples/custom_module.c on 2 ranks, and a program that starts
+# its own ranks (trainer.h, "Starting the ranks").
+lk_add_test(NAME capi_self_launch SOURCES capi/test_self_launch.c LABELS multiproc ARGS ok TIMEOUT 120)
+add_test(NAME capi_self_launch_fail COMMAND test_capi_self_launch fail WORKING_DIRECTORY ${PROJECT_BINARY_DIR})
+set_tests_properties(capi_self_launch_fail PROPERTIES TIMEOUT 120 LABELS "multiproc;fault")
+lk_add_script_test(NAME capi_example SCRIPT capi/test_example.sh LABELS multiproc TIMEOUT 180
+                   ARGS $<TARGET_FILE:custom_module>)
+# The installed library carries the build's sanitizer flags, which a plain
+# compile against it lacks: not run under the sanitizers.
+lk_add_script_test(NAME capi_install SCRIPT capi/test_install.sh LABELS multiproc nosan TIMEOUT 300
+                   ARGS ${PROJECT_BINARY_DIR} ${CMAKE_C_COMPILER})
