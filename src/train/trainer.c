@@ -354,6 +354,14 @@ static lk_status open_outputs(lk_trainer *tr, bool want_logs) {
     return LK_STATUS_OK;
 }
 
+/* A non-finite loss as users read it: "nan" whatever its sign bit (printf
+ * writes "-nan" for 0 * inf), "inf" or "-inf". */
+static const char *loss_text(double v, char buf[32]) {
+    if (isnan(v)) return "nan";
+    snprintf(buf, 32, "%g", v);
+    return buf;
+}
+
 /* Every rank agrees whether to stop (max_time, a signal), with one tiny
  * all-reduce per step only when something could make ranks disagree. */
 static lk_status agree_stop(lk_trainer *tr, bool *stop) {
@@ -597,9 +605,10 @@ static lk_status fit_loop(lk_trainer *tr, lk_loader *train, lk_loader *val, int6
             double lv_dp = NAN;
             if (tr->dp) {
                 double lvd, fs, bs, rs;
+                char lbuf[32];
                 LK_TRY(lk__dp_step(tr->dp, b, i, 1.0f / (float)accum, &lvd, &fs, &bs, &rs));
                 if (!isfinite(lvd))
-                    return lk_error(LK_STATUS_ABORTED, "the loss is %g at step %lld (epoch %lld, batch %lld)", lvd,
+                    return lk_error(LK_STATUS_ABORTED, "the loss is %s at step %lld (epoch %lld, batch %lld)", loss_text(lvd, lbuf),
                                     (long long)tr->global_step, (long long)tr->epoch, (long long)i);
                 tr->sum_data += t1 - t0;
                 tr->sum_fwd += fs;
@@ -615,8 +624,9 @@ static lk_status fit_loop(lk_trainer *tr, lk_loader *train, lk_loader *val, int6
             lk_tensor *loss = st ? NULL : m->vt->training_step(m, b, i, tr);
             if (!st && !loss) st = lk_last_status() ? lk_last_status() : lk_error(LK_STATUS_INVALID_USAGE, "training_step returned no loss");
             double lv = loss ? lk_tensor_item(loss) : NAN;
+            char lbuf[32];
             if (!st && !isfinite(lv))
-                st = lk_error(LK_STATUS_ABORTED, "the loss is %g at step %lld (epoch %lld, batch %lld)", lv,
+                st = lk_error(LK_STATUS_ABORTED, "the loss is %s at step %lld (epoch %lld, batch %lld)", loss_text(lv, lbuf),
                               (long long)tr->global_step, (long long)tr->epoch, (long long)i);
             if (!st && accum > 1) loss = lk_mul_scalar(loss, 1.0f / (float)accum);
             double t2 = lk_time_now();
