@@ -4,7 +4,8 @@
 # moment after the current attempt's first checkpoint. Every restart starts
 # all ranks again with TORCHELASTIC_RESTART_COUNT = 1..5 and the trainer
 # resumes from the newest last.ckpt by itself; the job exits 0 and its final
-# weights and optimizer state equal an uninterrupted run's, bitwise.
+# weights and optimizer state equal an uninterrupted run's, bitwise. Then
+# the same through `lockstep fit` (its own ranks) with LK_MAX_RESTARTS=1.
 source "$(dirname "$0")/../cli/lib.sh"
 write_synth
 KILLS=5
@@ -60,4 +61,22 @@ check "every restart resumed from a checkpoint" test "$(cat "$T/job.out" "$T/job
 final_state "$(latest)" "$T/elastic.st"
 check "final weights and optimizer state equal the uninterrupted run's, bitwise" cmp -s "$T/ref.st" "$T/elastic.st"
 check "no temporary file of a killed writer is left" test -z "$(find "$T/runs" -name '*.tmp.*')"
+
+# The same through `lockstep fit` launching its own ranks: LK_MAX_RESTARTS=1, one kill of rank 1.
+before=$(latest)
+LK_MAX_RESTARTS=1 LK_TEST_STEP_DELAY_MS=20 "$LK_BIN" fit "${args[@]}" >"$T/fit.out" 2>"$T/fit.err" &
+fpid=$!
+pid=""
+for _ in $(seq 1 3000); do
+  d=$(latest); pid=$(attempt_rank_pid $fpid 0 1)
+  [ -n "$pid" ] && [ "$d" != "$before" ] && [ -s "$d/checkpoints/last.ckpt" ] && break
+  pid=""; sleep 0.01
+done
+[ -n "$pid" ] && kill -KILL "$pid"
+wait $fpid; rc=$?
+check "fit with LK_MAX_RESTARTS=1: rank 1 was killed" test -n "$pid"
+check "fit with LK_MAX_RESTARTS=1: restarted once and succeeded (exit status $rc)" \
+  test "$rc" = 0 -a "$(grep -c 'restarting all 2 rank(s)' "$T/fit.err")" = 1
+final_state "$(latest)" "$T/fit.st"
+check "fit with LK_MAX_RESTARTS=1: final state equals the uninterrupted run's, bitwise" cmp -s "$T/ref.st" "$T/fit.st"
 finish
