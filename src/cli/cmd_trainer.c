@@ -231,13 +231,14 @@ static lk_status fill_defaults(lk_config *cfg, const run_spec *rs) {
     return LK_STATUS_OK;
 }
 
-/* A message that names its rank keeps the name in front ("[rank 1]
+/* A message of a rank other than 0 keeps its rank in front ("[rank 1]
  * lockstep fit: error: ..."): the launcher relays such a line as it is
- * instead of adding a second "[rank 1] ". */
+ * instead of adding a second "[rank 1] ". Rank 0's lines are not prefixed
+ * by the launcher and keep the usual "lockstep fit: error: " start. */
 static int fail(const char *cmd, int code) {
     const char *msg = lk_last_error();
     int rank, len = 0;
-    if (sscanf(msg, "[rank %d] %n", &rank, &len) == 1 && len > 0)
+    if (sscanf(msg, "[rank %d] %n", &rank, &len) == 1 && len > 0 && rank > 0)
         fprintf(stderr, "[rank %d] lockstep %s: error: %s\n", rank, cmd, msg + len);
     else
         fprintf(stderr, "lockstep %s: error: %s\n", cmd, msg);
