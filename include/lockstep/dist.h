@@ -206,7 +206,7 @@ void lk_work_free(lk_work *w);
  * dies with the launcher (PR_SET_PDEATHSIG). Rank 0 keeps the launcher's
  * stdout/stderr (a terminal stays a terminal); the other ranks' lines are
  * prefixed "[rank R] " (unless a line already starts so), or every rank's
- * with prefix_all. SIGINT/SIGTERM/SIGHUP are forwarded to every child. When
+ * with prefix_all. SIGINT/SIGTERM/SIGHUP/SIGUSR1 are forwarded to every child. When
  * a child fails, the others get term_delay_s to report, then SIGTERM, then
  * SIGKILL after kill_grace_s; the exit code is the first failing child's
  * (128+signal when killed). The job's shm segment name is removed at exit.
@@ -230,6 +230,12 @@ typedef struct lk_launch_options {
      * (argv[0] included): "/proc/self/exe" runs this very program again
      * under its own name. NULL: argv[0], looked up in PATH. */
     const char *exec_path;
+    /* torchrun's --max-restarts: when a rank fails (not when the launcher
+     * is signalled), stop the others and start all ranks again, up to this
+     * many times, with TORCHELASTIC_RESTART_COUNT = 1, 2, ... (0 at first)
+     * and a fresh job id and port; the trainer resumes from last.ckpt when
+     * the count is above 0. Default 0: no restart. */
+    int max_restarts;
 } lk_launch_options;
 lk_launch_options lk_launch_options_default(void);
 

@@ -1,6 +1,7 @@
 /* `lockstep launch -n N [options] -- command args...`: the torchrun-style
- * launcher (lk_launch) as a subcommand. Exits with the first failing rank's
- * status, 2 on a usage error. */
+ * launcher (lk_launch) as a subcommand, with torchrun's --max-restarts.
+ * Exits with the first failing rank's status (of the last attempt), 2 on a
+ * usage error. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -13,13 +14,16 @@ static void usage(FILE *f) {
             "Starts N local processes of command with RANK, LOCAL_RANK, WORLD_SIZE,\n"
             "LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT and LK_JOB_ID set.\n"
             "Rank 0 keeps this terminal; other ranks' lines are prefixed \"[rank R] \".\n"
-            "SIGINT/SIGTERM are forwarded; when a rank fails the others are stopped\n"
-            "and its exit status is returned.\n\n"
+            "SIGINT/SIGTERM/SIGHUP/SIGUSR1 are forwarded; when a rank fails the others\n"
+            "are stopped and its exit status is returned, or with --max-restarts K\n"
+            "all ranks are started again (up to K times) with TORCHELASTIC_RESTART_COUNT\n"
+            "set, and lockstep fit resumes from the last checkpoint.\n\n"
             "options:\n"
             "  -n, --nproc, --nproc-per-node N   number of processes (required)\n"
             "  --master-addr ADDR                default 127.0.0.1\n"
             "  --master-port PORT                default: a free port\n"
             "  --job-id ID                       names the shm segment (default: unique)\n"
+            "  --max-restarts K                  restart the job up to K times after a rank fails (default 0)\n"
             "  --prefix-all                      prefix rank 0's lines too\n"
             "  --quiet                           no launcher status lines\n");
 }
@@ -59,6 +63,9 @@ int lk_cmd_launch(int argc, char **argv) {
         } else if (!strcmp(a, "--job-id")) {
             if (!v) return fprintf(stderr, "lockstep launch: %s needs a value\n", a), 2;
             opt.job_id = v;
+            i++;
+        } else if (!strcmp(a, "--max-restarts") || !strcmp(a, "--max_restarts")) {
+            if (!parse_int(a, v, 0, 1000000, &opt.max_restarts)) return 2;
             i++;
         } else if (!strcmp(a, "--prefix-all")) {
             opt.prefix_all = true;

@@ -231,8 +231,17 @@ static lk_status fill_defaults(lk_config *cfg, const run_spec *rs) {
     return LK_STATUS_OK;
 }
 
+/* A message of a rank other than 0 keeps its rank in front ("[rank 1]
+ * lockstep fit: error: ..."): the launcher relays such a line as it is
+ * instead of adding a second "[rank 1] ". Rank 0's lines are not prefixed
+ * by the launcher and keep the usual "lockstep fit: error: " start. */
 static int fail(const char *cmd, int code) {
-    fprintf(stderr, "lockstep %s: error: %s\n", cmd, lk_last_error());
+    const char *msg = lk_last_error();
+    int rank, len = 0;
+    if (sscanf(msg, "[rank %d] %n", &rank, &len) == 1 && len > 0 && rank > 0)
+        fprintf(stderr, "[rank %d] lockstep %s: error: %s\n", rank, cmd, msg + len);
+    else
+        fprintf(stderr, "lockstep %s: error: %s\n", cmd, msg);
     return code;
 }
 
@@ -258,8 +267,10 @@ static int run_local(void *ctx) {
     }
     if (st) {
         rc = fail(x->cmd, 1);
-        if (st == LK_STATUS_ABORTED && strstr(lk_last_error(), "stopped by signal 15")) rc = 143;
-        if (st == LK_STATUS_ABORTED && strstr(lk_last_error(), "stopped by signal 2")) rc = 130;
+        /* stopped by SIGINT/SIGTERM/SIGHUP/SIGUSR1 after saving: exit as the signal would (128 + N) */
+        const char *by = st == LK_STATUS_ABORTED ? strstr(lk_last_error(), "stopped by signal ") : NULL;
+        int sig = by ? atoi(by + 18) : 0;
+        if (sig > 0 && sig < 64) rc = 128 + sig;
     } else if (lk_trainer_rank(tr) == 0 && lk_trainer_log_dir(tr)[0]) {
         const char *last = lk_trainer_last_checkpoint(tr), *best = lk_trainer_best_checkpoint(tr);
         if (!strcmp(x->cmd, "fit")) {
@@ -268,8 +279,10 @@ static int run_local(void *ctx) {
         } else if (last[0]) {
             printf("checkpoint:      %s\n", last);
         }
-        printf("logs:            %s/metrics.csv\n", lk_trainer_log_dir(tr));
         char png[2200];
+        snprintf(png, sizeof png, "%s/metrics.csv", lk_trainer_log_dir(tr)); /* only a file that exists */
+        if (access(png, R_OK) == 0) printf("logs:            %s\n", png);
+        else printf("logs:            %s\n", lk_trainer_log_dir(tr));
         snprintf(png, sizeof png, "%s/reconstructions.png", lk_trainer_log_dir(tr));
         if (access(png, R_OK) == 0) printf("picture:         %s\n", png);
     }
@@ -335,6 +348,7 @@ int lk_cmd_fit(int argc, char **argv) {
         for (int i = 0; i < argc; i++) child[i + 1] = argv[i];
         lk_launch_options lo = lk_launch_options_default();
         lo.quiet = true;
+        lo.max_restarts = (int)lk_env_get_long("LK_MAX_RESTARTS", 0); /* launch --max-restarts for fit's own ranks */
         if (!strcmp(rs.trainer.strategy, "ddp_spawn")) { /* fork this process instead of executing it again */
             lo.child_main = run_local;
             lo.child_ctx = &local;

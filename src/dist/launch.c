@@ -1,8 +1,9 @@
 /* The launcher: starts N local ranks of one command with the torchrun
  * variables set, relays their output line by line (rank 0 untouched, the
- * others prefixed "[rank R] "), forwards SIGINT/SIGTERM/SIGHUP, and when one
- * rank fails stops the others (a moment to report, then SIGTERM, then
- * SIGKILL) and returns that rank's exit code. Children run in their own
+ * others prefixed "[rank R] "), forwards SIGINT/SIGTERM/SIGHUP/SIGUSR1, and
+ * when one rank fails stops the others (a moment to report, then SIGTERM,
+ * then SIGKILL) and returns that rank's exit code, or with max_restarts
+ * starts all ranks again (torchrun's elastic restart). Children run in their own
  * process groups (so a signal reaches a rank's whole tree and the terminal's
  * Ctrl-C is not delivered twice) and die with the launcher
  * (PR_SET_PDEATHSIG). The job's shm segment name is removed at the end,
@@ -118,7 +119,8 @@ static void pump(child *ch, int r, int stream, bool prefix) {
 
 static bool is_ours(const char *e) {
     static const char *names[] = {"RANK=", "LOCAL_RANK=", "WORLD_SIZE=", "LOCAL_WORLD_SIZE=", "GROUP_RANK=", "NODE_RANK=",
-                                  "MASTER_ADDR=", "MASTER_PORT=", "LK_JOB_ID=", "ROLE_RANK=", "ROLE_WORLD_SIZE="};
+                                  "MASTER_ADDR=", "MASTER_PORT=", "LK_JOB_ID=", "ROLE_RANK=", "ROLE_WORLD_SIZE=",
+                                  "TORCHELASTIC_RESTART_COUNT=", "TORCHELASTIC_MAX_RESTARTS="};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if (!strncmp(e, names[i], strlen(names[i]))) return true;
     return false;
@@ -134,6 +136,7 @@ static const char *sig_name(int sig) {
     case SIGBUS: return "SIGBUS";
     case SIGHUP: return "SIGHUP";
     case SIGFPE: return "SIGFPE";
+    case SIGUSR1: return "SIGUSR1";
     default: return "signal";
     }
 }
@@ -145,49 +148,53 @@ static void signal_all(child *ch, int n, int sig) {
         }
 }
 
-lk_status lk_launch(int nprocs, char *const argv[], const lk_launch_options *opt_in, int *exit_code) {
-    if (exit_code) *exit_code = 1;
-    if (nprocs < 1 || nprocs > 4096)
-        return lk_error(LK_STATUS_INVALID_ARGUMENT, "lk_launch: number of processes %d is out of range (expected 1..4096)", nprocs);
-    if (!argv || !argv[0] || !argv[0][0])
-        return lk_error(LK_STATUS_INVALID_ARGUMENT, "lk_launch: no command given (expected: launch -n N -- command args...)");
-    lk_launch_options opt = lk_launch_options_default();
-    if (opt_in) memcpy(&opt, opt_in, opt_in->struct_size < sizeof opt ? opt_in->struct_size : sizeof opt);
-    if (!opt.master_addr) opt.master_addr = "127.0.0.1";
-
-    char job[96], port[16], nbuf[16];
-    if (opt.job_id && *opt.job_id) snprintf(job, sizeof job, "%s", opt.job_id);
-    else snprintf(job, sizeof job, "lk%d-%llx", (int)getpid(), (unsigned long long)(lk_time_ns() & 0xffffffffffull));
-    snprintf(port, sizeof port, "%d", opt.master_port > 0 ? opt.master_port : free_port());
+/* One attempt: starts the ranks, relays their output, handles signals and
+ * failures, reaps every rank. *signalled is the signal the launcher got (0:
+ * none), *failed_rank the first rank that failed (-1: none). */
+#define NKV 10
+static lk_status launch_once(int nprocs, char *const argv[], const lk_launch_options *opt, const char *job_base,
+                             int attempt, int sfd, const sigset_t *old, int *exit_code, int *signalled, int *failed_rank) {
+    *exit_code = 1;
+    *signalled = 0;
+    *failed_rank = -1;
+    char job[128], port[16], nbuf[16], rcount[16], rmax[16];
+    /* a fresh job id (so a fresh shm segment) and port per attempt: nothing of the failed attempt is reused */
+    if (attempt) snprintf(job, sizeof job, "%s-r%d", job_base, attempt);
+    else snprintf(job, sizeof job, "%s", job_base);
+    snprintf(port, sizeof port, "%d", opt->master_port > 0 ? opt->master_port : free_port());
     snprintf(nbuf, sizeof nbuf, "%d", nprocs);
+    snprintf(rcount, sizeof rcount, "%d", attempt);
+    snprintf(rmax, sizeof rmax, "%d", opt->max_restarts);
     char segname[256];
     lk__shm_segment_name(job, segname, sizeof segname);
 
     /* Environment per rank, built before fork (the child only execs). */
     int nenv = 0;
     while (environ[nenv]) nenv++;
-    const int extra = 10;
+    const int extra = NKV + 2;
     char **envs = lk_calloc((size_t)nprocs * (size_t)(nenv + extra + 1), sizeof(char *));
-    char *strs = lk_malloc((size_t)nprocs * 8 * 160);
+    char *strs = lk_malloc((size_t)nprocs * NKV * 160);
     child *ch = lk_calloc((size_t)nprocs, sizeof *ch);
     if (!envs || !strs || !ch) {
         lk_free(envs);
         lk_free(strs);
         lk_free(ch);
-        return LK_STATUS_OUT_OF_MEMORY;
+        return lk_error(LK_STATUS_OUT_OF_MEMORY, "lk_launch: out of memory for %d ranks' environments", nprocs);
     }
     for (int r = 0; r < nprocs; r++) {
         char **e = envs + (size_t)r * (size_t)(nenv + extra + 1);
-        char *s = strs + (size_t)r * 8 * 160;
+        char *s = strs + (size_t)r * NKV * 160;
         int k = 0;
         for (int i = 0; i < nenv; i++)
             if (!is_ours(environ[i])) e[k++] = environ[i];
-        const char *kv[8][2] = {{"RANK", NULL}, {"LOCAL_RANK", NULL}, {"WORLD_SIZE", nbuf}, {"LOCAL_WORLD_SIZE", nbuf},
-                                {"GROUP_RANK", "0"}, {"MASTER_ADDR", opt.master_addr}, {"MASTER_PORT", port}, {"LK_JOB_ID", job}};
+        const char *kv[NKV][2] = {{"RANK", NULL}, {"LOCAL_RANK", NULL}, {"WORLD_SIZE", nbuf}, {"LOCAL_WORLD_SIZE", nbuf},
+                                  {"GROUP_RANK", "0"}, {"MASTER_ADDR", opt->master_addr}, {"MASTER_PORT", port},
+                                  {"LK_JOB_ID", job}, {"TORCHELASTIC_RESTART_COUNT", rcount},
+                                  {"TORCHELASTIC_MAX_RESTARTS", rmax}};
         char rb[16];
         snprintf(rb, sizeof rb, "%d", r);
         kv[0][1] = kv[1][1] = rb;
-        for (int j = 0; j < 8; j++) {
+        for (int j = 0; j < NKV; j++) {
             snprintf(s + j * 160, 160, "%s=%s", kv[j][0], kv[j][1]);
             e[k++] = s + j * 160;
         }
@@ -195,26 +202,14 @@ lk_status lk_launch(int nprocs, char *const argv[], const lk_launch_options *opt
         ch[r].fd[0] = ch[r].fd[1] = -1;
     }
 
-    sigset_t mask, old;
-    sigemptyset(&mask);
-    sigaddset(&mask, SIGCHLD);
-    sigaddset(&mask, SIGINT);
-    sigaddset(&mask, SIGTERM);
-    sigaddset(&mask, SIGHUP);
-    pthread_sigmask(SIG_BLOCK, &mask, &old);
-    int sfd = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
     lk_status st = LK_STATUS_OK;
-    if (sfd < 0) {
-        st = lk_error(LK_STATUS_INTERNAL, "lk_launch: signalfd failed: %s", strerror(errno));
-        goto out;
-    }
     fflush(stdout);
     fflush(stderr);
     pid_t self = getpid();
     int started = 0;
     for (int r = 0; r < nprocs; r++) {
         int p[2][2] = {{-1, -1}, {-1, -1}};
-        bool prefix = r != 0 || opt.prefix_all;
+        bool prefix = r != 0 || opt->prefix_all;
         if (prefix && (pipe2(p[0], O_CLOEXEC) || pipe2(p[1], O_CLOEXEC))) {
             st = lk_error(LK_STATUS_IO, "lk_launch: pipe failed: %s", strerror(errno));
             break;
@@ -235,19 +230,19 @@ lk_status lk_launch(int nprocs, char *const argv[], const lk_launch_options *opt
             signal(SIGTERM, SIG_DFL);
             signal(SIGHUP, SIG_DFL);
             signal(SIGPIPE, SIG_DFL);
-            pthread_sigmask(SIG_SETMASK, &old, NULL);
+            pthread_sigmask(SIG_SETMASK, old, NULL);
             if (prefix) {
                 dup2(p[0][1], 1);
                 dup2(p[1][1], 2);
             }
-            if (opt.child_main) { /* ddp_spawn: this fork is the rank */
+            if (opt->child_main) { /* ddp_spawn: this fork is the rank */
                 environ = envs + (size_t)r * (size_t)(nenv + extra + 1);
-                int code = opt.child_main(opt.child_ctx);
+                int code = opt->child_main(opt->child_ctx);
                 fflush(stdout);
                 fflush(stderr);
                 _exit(code);
             }
-            execvpe(opt.exec_path ? opt.exec_path : argv[0], argv, envs + (size_t)r * (size_t)(nenv + extra + 1));
+            execvpe(opt->exec_path ? opt->exec_path : argv[0], argv, envs + (size_t)r * (size_t)(nenv + extra + 1));
             char msg[512];
             int n = snprintf(msg, sizeof msg, "lockstep launch: cannot run '%s' for rank %d: %s\n", argv[0], r, strerror(errno));
             if (write(2, msg, (size_t)n) < 0) _exit(127);
@@ -286,7 +281,7 @@ lk_status lk_launch(int nprocs, char *const argv[], const lk_launch_options *opt
             if (!term_sent && term_at > 0 && now >= term_at) {
                 signal_all(ch, nprocs, SIGTERM);
                 term_sent = true;
-                kill_at = now + opt.kill_grace_s;
+                kill_at = now + opt->kill_grace_s;
             }
             if (!kill_sent && kill_at > 0 && now >= kill_at) {
                 signal_all(ch, nprocs, SIGKILL);
@@ -320,10 +315,10 @@ lk_status lk_launch(int nprocs, char *const argv[], const lk_launch_options *opt
                 continue;
             }
             got_signal = sig;
-            if (!opt.quiet) fprintf(stderr, "lockstep launch: got %s, forwarding to %d rank(s)\n", sig_name(sig), running);
+            if (!opt->quiet) fprintf(stderr, "lockstep launch: got %s, forwarding to %d rank(s)\n", sig_name(sig), running);
             signal_all(ch, nprocs, sig);
             term_sent = true;
-            kill_at = lk_time_now() + opt.term_delay_s + opt.kill_grace_s;
+            kill_at = lk_time_now() + opt->term_delay_s + opt->kill_grace_s;
         }
         int status;
         pid_t pid;
@@ -338,14 +333,14 @@ lk_status lk_launch(int nprocs, char *const argv[], const lk_launch_options *opt
             if (code != 0 && first_fail < 0 && !(got_signal && !term_at)) {
                 first_fail = r;
                 fail_code = code;
-                if (!opt.quiet) {
+                if (!opt->quiet) {
                     if (WIFSIGNALED(status))
                         fprintf(stderr, "lockstep launch: rank %d (pid %d) was killed by signal %d (%s)", r, (int)pid,
                                 WTERMSIG(status), sig_name(WTERMSIG(status)));
                     else fprintf(stderr, "lockstep launch: rank %d (pid %d) exited with status %d", r, (int)pid, code);
                     fprintf(stderr, running ? "; stopping the other %d rank(s)\n" : "\n", running);
                 }
-                if (!term_sent) term_at = lk_time_now() + opt.term_delay_s;
+                if (!term_sent) term_at = lk_time_now() + opt->term_delay_s;
             } else if (code != 0 && first_fail < 0) {
                 first_fail = r;
                 fail_code = code;
@@ -370,13 +365,64 @@ lk_status lk_launch(int nprocs, char *const argv[], const lk_launch_options *opt
             lk_free(ch[r].line[k]);
         }
     }
-    if (exit_code) {
-        if (first_fail >= 0) *exit_code = fail_code;
-        else if (got_signal) *exit_code = 128 + got_signal;
-        else *exit_code = 0;
+    if (first_fail >= 0) *exit_code = fail_code;
+    else if (got_signal) *exit_code = 128 + got_signal;
+    else *exit_code = 0;
+    *signalled = got_signal;
+    *failed_rank = first_fail;
+    shm_unlink(segname); /* normally gone already; a crash during startup could leave it */
+    lk_free(envs);
+    lk_free(strs);
+    lk_free(ch);
+    return st;
+}
+
+lk_status lk_launch(int nprocs, char *const argv[], const lk_launch_options *opt_in, int *exit_code) {
+    if (exit_code) *exit_code = 1;
+    if (nprocs < 1 || nprocs > 4096)
+        return lk_error(LK_STATUS_INVALID_ARGUMENT, "lk_launch: number of processes %d is out of range (expected 1..4096)", nprocs);
+    if (!argv || !argv[0] || !argv[0][0])
+        return lk_error(LK_STATUS_INVALID_ARGUMENT, "lk_launch: no command given (expected: launch -n N -- command args...)");
+    lk_launch_options opt = lk_launch_options_default();
+    if (opt_in) memcpy(&opt, opt_in, opt_in->struct_size < sizeof opt ? opt_in->struct_size : sizeof opt);
+    if (!opt.master_addr) opt.master_addr = "127.0.0.1";
+    if (opt.max_restarts < 0 || opt.max_restarts > 1000000)
+        return lk_error(LK_STATUS_INVALID_ARGUMENT, "lk_launch: max_restarts %d is out of range (expected 0..1000000)",
+                        opt.max_restarts);
+
+    char job[96];
+    if (opt.job_id && *opt.job_id) snprintf(job, sizeof job, "%s", opt.job_id);
+    else snprintf(job, sizeof job, "lk%d-%llx", (int)getpid(), (unsigned long long)(lk_time_ns() & 0xffffffffffull));
+
+    /* Signals are taken through a signalfd for the whole job, restarts
+     * included, so one arriving between two attempts is not lost. */
+    sigset_t mask, old;
+    sigemptyset(&mask);
+    sigaddset(&mask, SIGCHLD);
+    sigaddset(&mask, SIGINT);
+    sigaddset(&mask, SIGTERM);
+    sigaddset(&mask, SIGHUP);
+    sigaddset(&mask, SIGUSR1);
+    pthread_sigmask(SIG_BLOCK, &mask, &old);
+    int sfd = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
+    lk_status st = LK_STATUS_OK;
+    if (sfd < 0) st = lk_error(LK_STATUS_INTERNAL, "lk_launch: signalfd failed: %s", strerror(errno));
+    int code = 1;
+    for (int attempt = 0; !st; attempt++) {
+        int sig = 0, failed = -1;
+        double t0 = lk_time_now();
+        st = launch_once(nprocs, argv, &opt, job, attempt, sfd, &old, &code, &sig, &failed);
+        /* torchrun's --max-restarts: a rank failure (not a signal the
+         * launcher was sent) restarts every rank; the job resumes from its
+         * last checkpoint because TORCHELASTIC_RESTART_COUNT > 0. */
+        if (st || code == 0 || sig || failed < 0 || attempt >= opt.max_restarts) break;
+        fprintf(stderr, "lockstep launch: rank %d failed (exit status %d) after %.1f s; restarting all %d rank(s) "
+                "(restart %d of %d, TORCHELASTIC_RESTART_COUNT=%d)\n", failed, code, lk_time_now() - t0, nprocs,
+                attempt + 1, opt.max_restarts, attempt + 1);
+        fflush(stderr);
     }
-    close(sfd);
-out:
+    if (exit_code) *exit_code = code;
+    if (sfd >= 0) close(sfd);
     /* Drain signals still pending for us before unblocking (SIGCHLD is harmless, the rest were handled). */
     {
         struct timespec zero = {0, 0};
@@ -384,9 +430,5 @@ out:
         }
     }
     pthread_sigmask(SIG_SETMASK, &old, NULL);
-    shm_unlink(segname); /* normally gone already; a crash during startup could leave it */
-    lk_free(envs);
-    lk_free(strs);
-    lk_free(ch);
     return st;
 }

@@ -10,6 +10,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -225,6 +226,64 @@ lk_status lk__out_write_atomic(const char *path, const void *data, size_t len) {
         st = lk_error(LK_STATUS_IO, "cannot rename %s to %s: %s", tmp, path, strerror(errno));
     if (st) unlink(tmp);
     return st;
+}
+
+/* True when name is "<something>.tmp.<pid>" (what lk__out_write_atomic and
+ * the safetensors writer leave when their process dies between create and
+ * rename) and that pid is not running on this machine. A live pid, even an
+ * unrelated process that reused the number, keeps its file: removing a
+ * file some writer still owns would be worse than leaving a stale one. */
+static bool stale_tmp(const char *name) {
+    const char *t = strstr(name, ".tmp.");
+    if (!t || t == name) return false;
+    while (strstr(t + 1, ".tmp.")) t = strstr(t + 1, ".tmp.");
+    const char *d = t + 5;
+    if (!*d) return false;
+    long pid = 0;
+    for (; *d; d++) {
+        if (*d < '0' || *d > '9' || pid > 4194304) return false;
+        pid = pid * 10 + (*d - '0');
+    }
+    if (pid <= 0 || pid == (long)getpid()) return false;
+    return kill((pid_t)pid, 0) != 0 && errno == ESRCH;
+}
+
+static int is_version_name(const char *s, long *v);
+
+/* Removes dead writers' temporaries (regular files only) in one directory. */
+static int remove_stale_in(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return 0;
+    int n = 0;
+    struct dirent *e;
+    char path[LK_LOG_DIR_MAX + 300];
+    while ((e = readdir(d))) {
+        if (!stale_tmp(e->d_name)) continue;
+        struct stat sb;
+        if (snprintf(path, sizeof path, "%s/%s", dir, e->d_name) >= (int)sizeof path) continue;
+        if (lstat(path, &sb) != 0 || !S_ISREG(sb.st_mode)) continue;
+        if (unlink(path) == 0) n++;
+    }
+    closedir(d);
+    return n;
+}
+
+int lk__out_remove_stale_tmp(const char *root) {
+    int n = remove_stale_in(root);
+    DIR *d = opendir(root);
+    if (!d) return n;
+    struct dirent *e;
+    char sub[LK_LOG_DIR_MAX + 300];
+    while ((e = readdir(d))) {
+        long v;
+        if (!is_version_name(e->d_name, &v)) continue;
+        if (snprintf(sub, sizeof sub, "%s/%s", root, e->d_name) >= (int)sizeof sub - 16) continue;
+        n += remove_stale_in(sub);
+        strcat(sub, "/checkpoints");
+        n += remove_stale_in(sub);
+    }
+    closedir(d);
+    return n;
 }
 
 /* Appends all of `data` or nothing: a failed write is truncated back. */

@@ -231,6 +231,11 @@ lk_status lk_runinfo_to_json(const lk_runinfo *info, char **out);
 lk_status lk__out_write_atomic(const char *path, const void *data, size_t len);
 /* mkdir -p; existing directories are fine. */
 lk_status lk__out_mkdirs(const char *path);
+/* Removes "<name>.tmp.<pid>" files left by writers that died before their
+ * rename (pid no longer running here) from root, root/version_N and
+ * root/version_N/checkpoints; returns how many. Cannot fail: what cannot be
+ * read or removed is left alone. */
+int lk__out_remove_stale_tmp(const char *root);
 
 /* ========================================================================
  * Images

@@ -19,7 +19,10 @@
 #define LK_GIT_REV "unknown"
 #endif
 
-static volatile sig_atomic_t stop_signal; /* SIGINT/SIGTERM: finish the step, save, stop */
+/* SIGINT/SIGTERM/SIGHUP/SIGUSR1: finish the step, save last.ckpt, stop.
+ * SIGHUP is a closed terminal or ssh session; SIGUSR1 is SLURM's (and
+ * Lightning's) preemption warning before the kill. */
+static volatile sig_atomic_t stop_signal;
 
 static void on_stop_signal(int sig) { stop_signal = sig; }
 
@@ -361,6 +364,14 @@ static lk_status open_outputs(lk_trainer *tr, bool want_logs) {
     return LK_STATUS_OK;
 }
 
+/* A non-finite loss as users read it: "nan" whatever its sign bit (printf
+ * writes "-nan" for 0 * inf), "inf" or "-inf". */
+static const char *loss_text(double v, char buf[32]) {
+    if (isnan(v)) return "nan";
+    snprintf(buf, 32, "%g", v);
+    return buf;
+}
+
 /* Every rank agrees whether to stop (max_time, a signal), with one tiny
  * all-reduce per step only when something could make ranks disagree. */
 static lk_status agree_stop(lk_trainer *tr, bool *stop) {
@@ -602,9 +613,10 @@ static lk_status fit_loop(lk_trainer *tr, lk_loader *train, lk_loader *val, int6
             double lv_dp = NAN;
             if (tr->dp) {
                 double lvd, fs, bs, rs;
+                char lbuf[32];
                 LK_TRY(lk__dp_step(tr->dp, b, i, 1.0f / (float)accum, &lvd, &fs, &bs, &rs));
                 if (!isfinite(lvd))
-                    return lk_error(LK_STATUS_ABORTED, "the loss is %g at step %lld (epoch %lld, batch %lld)", lvd,
+                    return lk_error(LK_STATUS_ABORTED, "the loss is %s at step %lld (epoch %lld, batch %lld)", loss_text(lvd, lbuf),
                                     (long long)tr->global_step, (long long)tr->epoch, (long long)i);
                 tr->sum_data += t1 - t0;
                 tr->sum_fwd += fs;
@@ -620,8 +632,9 @@ static lk_status fit_loop(lk_trainer *tr, lk_loader *train, lk_loader *val, int6
             lk_tensor *loss = st ? NULL : m->vt->training_step(m, b, i, tr);
             if (!st && !loss) st = lk_last_status() ? lk_last_status() : lk_error(LK_STATUS_INVALID_USAGE, "training_step returned no loss");
             double lv = loss ? lk_tensor_item(loss) : NAN;
+            char lbuf[32];
             if (!st && !isfinite(lv))
-                st = lk_error(LK_STATUS_ABORTED, "the loss is %g at step %lld (epoch %lld, batch %lld)", lv,
+                st = lk_error(LK_STATUS_ABORTED, "the loss is %s at step %lld (epoch %lld, batch %lld)", loss_text(lv, lbuf),
                               (long long)tr->global_step, (long long)tr->epoch, (long long)i);
             if (!st && accum > 1) loss = lk_mul_scalar(loss, 1.0f / (float)accum);
             double t2 = lk_time_now();
@@ -736,8 +749,14 @@ static lk_status fit_loop(lk_trainer *tr, lk_loader *train, lk_loader *val, int6
     return LK_STATUS_OK;
 }
 
+/* Writes run.json on rank 0. A failure to write it (the disk that failed
+ * the checkpoint is usually full for run.json too) is a warning and leaves
+ * the run's own error as the last error: the first failure is the one the
+ * user must see. */
 static void write_runinfo(lk_trainer *tr, const char *command, lk_status st) {
     if (!is_rank0(tr) || !tr->log_dir[0]) return;
+    char first[2048];
+    snprintf(first, sizeof first, "%s", lk_last_error());
     const char *names[128];
     double vals[128];
     int k = 0;
@@ -783,7 +802,10 @@ static void write_runinfo(lk_trainer *tr, const char *command, lk_status st) {
     char path[LK_PATH + 16];
     snprintf(path, sizeof path, "%s/run.json", tr->log_dir);
     lk_status wst = lk_runinfo_write(path, &ri);
-    if (wst) lk_log_warn("could not write %s: %s", path, lk_last_error());
+    if (wst) {
+        lk_log_warn("could not write %s: %s", path, lk_last_error());
+        if (st) lk_error(st, "%s", first);
+    }
 }
 
 static void print_profile(lk_trainer *tr) {
@@ -801,7 +823,7 @@ static void print_profile(lk_trainer *tr) {
 }
 
 typedef struct {
-    struct sigaction old_int, old_term;
+    struct sigaction old_int, old_term, old_hup, old_usr1;
 } sig_state;
 
 static void install_signals(sig_state *s) {
@@ -812,11 +834,29 @@ static void install_signals(sig_state *s) {
     stop_signal = 0;
     sigaction(SIGINT, &sa, &s->old_int);
     sigaction(SIGTERM, &sa, &s->old_term);
+    sigaction(SIGHUP, &sa, &s->old_hup);
+    sigaction(SIGUSR1, &sa, &s->old_usr1);
 }
 
 static void restore_signals(sig_state *s) {
     sigaction(SIGINT, &s->old_int, NULL);
     sigaction(SIGTERM, &s->old_term, NULL);
+    sigaction(SIGHUP, &s->old_hup, NULL);
+    sigaction(SIGUSR1, &s->old_usr1, NULL);
+}
+
+/* How many times this job was restarted: torchrun's (and `lockstep launch
+ * --max-restarts`') TORCHELASTIC_RESTART_COUNT or SLURM's requeue count. */
+static long restart_count(const char **which) {
+    static const char *const vars[] = {"TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT"};
+    long best = 0;
+    *which = vars[0];
+    for (int i = 0; i < 2; i++) {
+        const char *v = getenv(vars[i]);
+        long x = v && *v ? strtol(v, NULL, 10) : 0;
+        if (x > best) best = x, *which = vars[i];
+    }
+    return best;
 }
 
 static lk_status begin_run(lk_trainer *tr, lk_module *m, lk_datamodule *dm, const char *stage) {
@@ -865,6 +905,25 @@ lk_status lk_trainer_fit(lk_trainer *tr, lk_module *m, lk_datamodule *dm, const 
     }
     if (!st) st = setup_params(tr, n_train / (tr->accum ? tr->accum : 1) + 1);
     if (!st && tr->dp_devices > 1) st = lk__dp_create(tr, tr->dp_devices, &tr->dp);
+    if (!st && is_rank0(tr)) { /* temporaries of writers killed before their rename (a full-size last.ckpt.tmp.<pid>) */
+        char root[LK_PATH + 32];
+        snprintf(root, sizeof root, "%s/lightning_logs", c->default_root_dir[0] ? c->default_root_dir : ".");
+        int removed = lk__out_remove_stale_tmp(root);
+        if (removed) lk_log0("removed %d stale temporary file%s of dead writers under %s", removed, removed > 1 ? "s" : "", root);
+    }
+    const char *restart_var = NULL;
+    long restarts = restart_count(&restart_var);
+    if (!st && (!ckpt_path || !*ckpt_path) && restarts > 0) {
+        /* A restarted job (launch --max-restarts, a requeued SLURM job)
+         * resumes from its last checkpoint by itself, as Lightning's
+         * auto-requeue does; with none written yet it starts over. */
+        char path[LK_PATH];
+        if (lk__ckpt_resolve(tr, "last", path, sizeof path) == LK_STATUS_OK) ckpt_path = "last";
+        else lk_clear_error();
+        lk_log0("%s=%ld: %s", restart_var, restarts,
+                ckpt_path ? "a restarted job: resuming from the last checkpoint"
+                          : "a restarted job, but no last.ckpt was written yet: training from the start");
+    }
     if (!st && ckpt_path && *ckpt_path) {
         char path[LK_PATH];
         st = lk__ckpt_resolve(tr, ckpt_path, path, sizeof path);
@@ -894,6 +953,10 @@ lk_status lk_trainer_fit(lk_trainer *tr, lk_module *m, lk_datamodule *dm, const 
     tr->train_time = tr->t_train_end - t_train;
     if (!st && tr->stop_reason[0]) lk_log0("%s", tr->stop_reason);
     if (!st && stop_signal) st = lk_error(LK_STATUS_ABORTED, "stopped by signal %d after writing last.ckpt", (int)stop_signal);
+    /* The run's error, before run.json, the logger or cleanup (which may
+     * fail on the same full disk) can replace it. */
+    char msg[2048];
+    snprintf(msg, sizeof msg, "%s", lk_last_error());
     if (!st && is_rank0(tr) && m->vt->on_stage_end) {
         lk_status s2 = m->vt->on_stage_end(m, tr, "fit");
         if (s2) lk_log_warn("on_stage_end: %s", lk_last_error());
@@ -904,8 +967,6 @@ lk_status lk_trainer_fit(lk_trainer *tr, lk_module *m, lk_datamodule *dm, const 
     lk_loader_free(train);
     lk_loader_free(val);
     lk_status saved = st;
-    char msg[2048];
-    snprintf(msg, sizeof msg, "%s", lk_last_error());
     run_cleanup(tr);
     restore_signals(&sigs);
     if (saved) lk_error(saved, "%s", msg[0] == '[' ? strchr(msg, ']') + 2 : msg);

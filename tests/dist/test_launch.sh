@@ -2,7 +2,8 @@
 # The launcher end to end: variables and output prefixes, exit status of the
 # first failing rank, stopping the others, SIGKILL of a rank in the middle of
 # a real all-reduce job, SIGTERM forwarding, SIGKILL of the launcher itself.
-# After each: no process of the job and no /dev/shm segment remain.
+# --max-restarts (torchrun's elastic restart). After each: no process of the
+# job and no /dev/shm segment remain.
 set -u
 BIN=${LK_BIN:?LK_BIN must point to the lockstep binary}
 fail=0
@@ -105,6 +106,32 @@ check "bench comm --touch 1 writes both shm rows per size" [ "$(grep -c '^shm' "
 "$BIN" bench comm --touch 2 >/dev/null 2>"$tmp/touch.err"
 check "bench comm --touch 2 is refused with exit 2" [ $? = 2 ]
 check "... saying what it expects" grep -q "touch expects 0 or 1, got '2'" "$tmp/touch.err"
+
+# 9. --max-restarts: a failing rank restarts every rank with TORCHELASTIC_RESTART_COUNT 1, 2, ...;
+#    restarts run out with the last attempt's status; a signal to the launcher is never restarted
+job=lt-elastic-$$
+"$BIN" launch -n 2 --max-restarts 3 --job-id $job -- sh -c \
+  'echo "c=$TORCHELASTIC_RESTART_COUNT m=$TORCHELASTIC_MAX_RESTARTS j=$LK_JOB_ID"; [ "$TORCHELASTIC_RESTART_COUNT" -ge 2 ] || exit 3' \
+  >"$tmp/el.out" 2>"$tmp/el.err"
+rc=$?
+check "restarted job succeeds on its 3rd attempt (rc $rc)" [ $rc = 0 ]
+check "attempts see TORCHELASTIC_RESTART_COUNT 0, 1, 2" [ "$(grep -o '^c=[0-9]' "$tmp/el.out" | sort -u | tr '\n' ' ')" = "c=0 c=1 c=2 " ]
+check "... and TORCHELASTIC_MAX_RESTARTS 3" grep -q "^c=2 m=3 j=$job-r2$" "$tmp/el.out"
+check "the launcher says it restarts, twice" [ "$(grep -c 'restarting all 2 rank(s) (restart [12] of 3' "$tmp/el.err")" = 2 ]
+check "no segment of any attempt left" no_segment $job && no_segment $job-r1 && no_segment $job-r2
+"$BIN" launch -n 2 --max-restarts 1 --quiet -- sh -c 'exit 3' 2>"$tmp/el2.err"
+rc=$?
+check "restarts run out: the last attempt's status (rc $rc)" [ $rc = 3 ]
+check "... after exactly 1 restart" [ "$(grep -c 'restarting all' "$tmp/el2.err")" = 1 ]
+"$BIN" launch -n 2 --max-restarts 2 -- sleep 60 2>"$tmp/el3.err" &
+lpid=$!
+for i in $(seq 1 100); do kids=$(children_of $lpid); [ "$(wc -w <<<"$kids")" = 2 ] && break; sleep 0.05; done
+kill -TERM $lpid
+wait $lpid
+rc=$?
+check "SIGTERM to a --max-restarts launcher ends it (rc $rc), no restart" [ $rc = 143 ] && ! grep -q restarting "$tmp/el3.err"
+"$BIN" launch -n 2 --max-restarts -1 -- true 2>/dev/null
+check "--max-restarts -1 is a usage error" [ $? = 2 ]
 
 [ $fail = 0 ] && echo "all launcher checks passed"
 exit $fail

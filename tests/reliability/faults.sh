@@ -46,7 +46,8 @@ finish_job() {
 }
 
 leftovers() { # prints what the job left behind, if anything
-  local kids; kids=$(pgrep -f "comm_timeout $TIMEOUT" | grep -v "^$$\$" || true)
+  # only this script's jobs (their config lives in $T): other checkouts may run this suite at the same time
+  local kids; kids=$(pgrep -f "$T/synth.yaml.*comm_timeout $TIMEOUT" | grep -v "^$$\$" || true)
   [ -n "$kids" ] && echo "processes: $kids"
   # other tests may run beside this one: only this job's segment counts
   [ -n "${jobid:-}" ] && ls /dev/shm | grep -qxF "lockstep-$jobid" && echo "shm: lockstep-$jobid"
@@ -82,7 +83,7 @@ scenario() { # name bound expected-rc-test message-pattern action...
 
 kill_rank() { kill -"$1" "$(rank_pid $lpid "$2")"; }
 kill_launcher() { kill -"$1" "$lpid"; }
-cont_all() { pkill -CONT -f "comm_timeout $TIMEOUT" || true; }
+cont_all() { pkill -CONT -f "$T/synth.yaml.*comm_timeout $TIMEOUT" || true; }
 stop_rank1() { kill -STOP "$(rank_pid $lpid 1)"; (sleep $((TIMEOUT + 6)); cont_all) & }
 
 scenario "SIGKILL of rank 1 while training" 5 "-ne 0" "rank 1" kill_rank KILL 1
