@@ -347,7 +347,7 @@ static void long_work_own_bound(void) {
     long_work_case over = {0.5, 1.0, 3000, 0};
     CHECK(du_run(2, long_work_rank, &over, 20, NULL, NULL) == 2);
     CHECK_MSG(du->status[1] == LK_STATUS_TIMEOUT && strstr(du->msg[1], "checkpoint write to runs/v0/checkpoints") &&
-                  strstr(du->msg[1], "trainer.checkpoint_timeout") && strstr(du->msg[1], "rank 0") &&
+                  strstr(du->msg[1], "took longer than trainer.checkpoint_timeout") && strstr(du->msg[1], "rank 0") &&
                   !strstr(du->msg[1], "not in a collective"),
               "rank 1: %s: %s", lk_status_str(du->status[1]), du->msg[1]);
     CHECK_MSG(du->t[1] > 0.9 && du->t[1] < 2.5, "rank 1 gave up after %.2f s (limit 1 s)", du->t[1]);
@@ -409,7 +409,7 @@ static void stale_segment_of_zeros(void) {
                           lk_status_str(du->status[r]), du->msg[r]);
             printf("     rank 1 joined %.2f s after finding a stale segment of zeros\n", du->t[1]);
         } else {
-            CHECK_MSG(du->status[1] == LK_STATUS_TIMEOUT && strstr(du->msg[1], "no lockstep header") &&
+            CHECK_MSG(du->status[1] == LK_STATUS_TIMEOUT && strstr(du->msg[1], "but has no lockstep header") &&
                           strstr(du->msg[1], "remove it") && !strstr(du->msg[1], "WORLD_SIZE"),
                       "rank 1: %s: %s", lk_status_str(du->status[1]), du->msg[1]);
             printf("     %s\n", du->msg[1]);

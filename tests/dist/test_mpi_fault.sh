@@ -66,7 +66,7 @@ wait $mpid 2>/dev/null; rc=$?
 check "stall: mpirun ended within comm_timeout + 10 s = ${BOUND}s (${secs}s)" \
   awk -v s="$secs" -v b="$BOUND" -v a="$alive" 'BEGIN { exit !(a == "" && s <= b) }'
 check "stall: exit status non-zero ($rc)" test "$rc" -ne 0
-check "stall: rank 0 says the collective timed out" grep -q "timed out after" "$T/fit.out"
+check "stall: rank 0 says the collective timed out" grep -q "in MPI; some rank did not arrive" "$T/fit.out"
 check "stall: no process of the job left (${left:-none})" test -z "$left"
 grep -m1 "timed out after" "$T/fit.out" | sed 's/^/     /'
 echo "     job ended ${secs}s after SIGSTOP of rank 1"
