@@ -27,7 +27,12 @@
  *    that did not arrive); a dead peer is noticed within about 100 ms
  *    (REMOTE, naming the rank, its pid and the collective in flight).
  *  - After any failure the communicator is aborted: every later call fails
- *    fast with ABORTED and the first error's message.
+ *    fast with ABORTED and the first error's message. On mpi the whole MPI
+ *    job is aborted (MPI_Abort) when the failed process exits, instead of a
+ *    collective MPI_Finalize that a stalled peer would block forever.
+ *  - Time during which the waiting process itself did not run (the whole job
+ *    suspended with SIGSTOP/Ctrl-Z, then resumed) does not count: nobody is
+ *    late when nobody could make progress.
  *  - Issue collectives on one communicator from one thread at a time; works
  *    may be waited on from any thread. Async collectives run in issue order
  *    on one communication thread per communicator (started on first use); a
@@ -122,6 +127,17 @@ lk_status lk_comm_abort(lk_comm *c, const char *reason);
 /* OK while healthy; otherwise the status of the first failure, with its
  * message set as this thread's last error. */
 lk_status lk_comm_error(lk_comm *c);
+/* Announces long work of one rank that the others will wait for in their
+ * next collective (rank 0 writing a checkpoint, downloading data), so that
+ * the wait gets its own bound instead of comm_timeout. Every rank calls it at
+ * the same point, before `root` starts the work; nothing travels. Until root
+ * enters its next collective, peers waiting on root give up only after
+ * limit_s counted from this call, saying that root was busy with `what`
+ * (root's text is the one shown, e.g. "writing checkpoint runs/x/last.ckpt")
+ * and naming the setting `limit_name` (e.g. "trainer.checkpoint_timeout").
+ * Other ranks stay bounded by comm_timeout on shm; mpi cannot tell which rank
+ * is late, so its next collective waits up to limit_s for any rank. */
+lk_status lk_comm_long_work(lk_comm *c, int root, const char *what, const char *limit_name, double limit_s);
 
 int lk_comm_rank(const lk_comm *c);
 int lk_comm_world_size(const lk_comm *c);

@@ -113,6 +113,23 @@ lk_status lk_comm_abort(lk_comm *c, const char *reason) {
     return LK_STATUS_ABORTED;
 }
 
+lk_status lk_comm_long_work(lk_comm *c, int root, const char *what, const char *limit_name, double limit_s) {
+    if (!c) return lk_error(LK_STATUS_INVALID_ARGUMENT, "lk_comm_long_work: comm is NULL");
+    if (root < 0 || root >= c->pg.world_size)
+        return lk_error(LK_STATUS_INVALID_ARGUMENT, "lk_comm_long_work: root %d is out of range for world size %d", root,
+                        c->pg.world_size);
+    if (!(limit_s > 0))
+        return lk_error(LK_STATUS_INVALID_ARGUMENT, "lk_comm_long_work: limit %g s must be > 0", limit_s);
+    c->long_root = root;
+    c->long_seq = c->next_seq; /* the next collective this rank issues */
+    c->long_start_ns = lk_time_ns();
+    c->long_limit_s = limit_s;
+    snprintf(c->long_what, sizeof c->long_what, "%s", what && *what ? what : "long work");
+    snprintf(c->long_limit_name, sizeof c->long_limit_name, "%s", limit_name && *limit_name ? limit_name : "limit");
+    if (c->vt->long_work) c->vt->long_work(c);
+    return LK_STATUS_OK;
+}
+
 /* ------------------------------------------------------------------------
  * Create / free.
  * ---------------------------------------------------------------------- */
@@ -178,6 +195,7 @@ lk_status lk_comm_create(const lk_comm_config *cfg_in, lk_comm **out) {
     c->timeout_s = cfg.timeout_s;
     c->check_desync = cfg.check_desync;
     c->next_seq = 1;
+    c->long_root = -1;
     const char *job = cfg.job_id ? cfg.job_id : pg.job_id;
     snprintf(c->job_id, sizeof c->job_id, "%s", job ? job : "");
     c->shared_bytes = cfg.shared_bytes ? cfg.shared_bytes : (size_t)lk_env_get_long("LK_COMM_SHM_BYTES", 1L << 30);

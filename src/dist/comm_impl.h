@@ -58,6 +58,9 @@ typedef struct lk__comm_vtable {
     void *(*shared_at)(lk_comm *c, int k, int64_t off);
     /* (optional) tells peers this rank gave up, quoting reason. Any thread. */
     void (*abort)(lk_comm *c, const char *reason);
+    /* (optional) c->long_* was just set by lk_comm_long_work: publish it if
+     * this rank is the one doing the work. Issuing thread. */
+    void (*long_work)(lk_comm *c);
 } lk__comm_vtable;
 
 typedef struct lk__queue_item lk__queue_item;
@@ -71,6 +74,15 @@ struct lk_comm {
     char job_id[96];
     uint64_t next_seq; /* issuing thread only */
     _Atomic uint64_t arrival_wait_ns; /* collectives' wait for the last rank to arrive (backends that can tell) */
+    /* lk_comm_long_work: collective long_seq may wait up to long_limit_s for
+     * rank long_root (-1: none announced). Issuing thread writes; the run
+     * that reads it was issued after (the queue's mutex orders them). */
+    int long_root;
+    uint64_t long_seq;
+    uint64_t long_start_ns;
+    double long_limit_s;
+    char long_what[256];
+    char long_limit_name[64];
 
     /* Sticky failure: first error wins; later calls fail with ABORTED. */
     _Atomic int failed; /* lk_status of the first failure, 0 while healthy */
@@ -106,6 +118,18 @@ extern const lk__comm_vtable lk__comm_mpi;
 /* bench: raw MPI_Allreduce timing on MPI_COMM_WORLD (µs per call), for the table. */
 lk_status lk__mpi_raw_allreduce_us(size_t bytes, int iters, double *us);
 #endif
+
+/* Waiting loops call this with each fresh clock reading: a jump of more than
+ * LK__PAUSE_NS since the previous reading means this process did not run
+ * (SIGSTOP, the whole job suspended). It returns the jump, which the caller
+ * adds to its start time so that the pause does not count against a timeout;
+ * 0 otherwise. *prev is updated. */
+#define LK__PAUSE_NS 500000000ull
+static inline uint64_t lk__paused_ns(uint64_t now, uint64_t *prev) {
+    uint64_t gap = now > *prev ? now - *prev : 0;
+    *prev = now;
+    return gap > LK__PAUSE_NS ? gap : 0;
+}
 
 /* Sets the sticky failure (first one wins) and tells peers. Returns `st`. */
 lk_status lk__comm_fail(lk_comm *c, lk_status st);

@@ -4,7 +4,13 @@
  * every wait. bf16/f16 have no MPI type: they are widened to f32, reduced,
  * and rounded once. With check_desync each collective first all-gathers
  * the ranks' signatures (sequence, kind, dtype, count, op, root), so a
- * mismatch is reported instead of hanging or corrupting data. */
+ * mismatch is reported instead of hanging or corrupting data.
+ *
+ * After any failure the process must not finalize collectively: MPI_Finalize
+ * waits for every peer, and a stopped or wedged one never comes. So once a
+ * communicator has failed, the exit handler aborts the whole MPI job
+ * (MPI_Abort: mpirun kills every rank) instead, after the caller has printed
+ * its error. */
 #include <mpi.h>
 #include <sched.h>
 #include <stdio.h>
@@ -18,10 +24,19 @@ typedef struct {
     int rank, world;
 } mpi_comm;
 
+static _Atomic int job_failed;  /* some communicator of this process failed */
+static bool we_initialized;     /* MPI_Init was ours, so MPI_Finalize is ours too */
+
 static void finalize_at_exit(void) {
     int fin = 0;
     MPI_Finalized(&fin);
-    if (!fin) MPI_Finalize();
+    if (fin) return;
+    if (atomic_load(&job_failed)) {
+        fflush(stdout);
+        fflush(stderr);
+        MPI_Abort(MPI_COMM_WORLD, 1); /* does not return: mpirun ends every rank */
+    }
+    if (we_initialized) MPI_Finalize();
 }
 
 static lk_status mpi_err(int rc, const char *what) {
@@ -43,7 +58,14 @@ static lk_status mpi_init(lk_comm *c, const lk_comm_config *cfg) {
             return lk_error(LK_STATUS_INTERNAL, "mpi backend: MPI_Init_thread failed");
         if (provided < MPI_THREAD_SERIALIZED)
             lk_log_warn("mpi backend: MPI provides thread level %d < SERIALIZED; async collectives run on a helper thread", provided);
+        we_initialized = true;
+    }
+    /* Registered even when the caller initialised MPI: after a failure only
+     * an abort can end the job. */
+    static bool registered;
+    if (!registered) {
         atexit(finalize_at_exit);
+        registered = true;
     }
     mpi_comm *m = lk_calloc(1, sizeof *m);
     if (!m) return LK_STATUS_OUT_OF_MEMORY;
@@ -107,7 +129,12 @@ static MPI_Op mpi_op(lk_reduce_op op) {
  * call would), yielding between polls after 2 ms. */
 static lk_status finish(lk_comm *c, MPI_Request *req, const lk__coll *op) {
     char what[160];
-    uint64_t t0 = 0, limit = (uint64_t)(c->timeout_s * 1e9);
+    uint64_t t0 = 0, prev = 0, limit = (uint64_t)(c->timeout_s * 1e9);
+    /* Announced long work of another rank (lk_comm_long_work): MPI cannot
+     * tell who is late, so this collective waits up to that work's limit. */
+    bool long_wait = c->long_root >= 0 && op->seq == c->long_seq && c->pg.rank != c->long_root &&
+                     c->long_limit_s > c->timeout_s;
+    if (long_wait) limit = (uint64_t)(c->long_limit_s * 1e9);
     for (unsigned long spins = 0;; spins++) {
         int done = 0;
         int rc = MPI_Test(req, &done, MPI_STATUS_IGNORE);
@@ -118,12 +145,20 @@ static lk_status finish(lk_comm *c, MPI_Request *req, const lk__coll *op) {
         if (done) return LK_STATUS_OK;
         if ((spins & 255) != 255) continue;
         uint64_t now = lk_time_ns();
-        if (!t0) t0 = now;
+        if (!t0) t0 = prev = now;
+        t0 += lk__paused_ns(now, &prev); /* this process was stopped: that time does not count */
         if (now - t0 < 2000000ull) continue;
         sched_yield();
         if (atomic_load(&c->abort_requested)) {
             lk__coll_describe(op, what, sizeof what);
             return lk_error(LK_STATUS_ABORTED, "%s: aborted while waiting", what);
+        }
+        if (now - t0 >= limit && long_wait) {
+            lk__coll_describe(op, what, sizeof what);
+            return lk_error(LK_STATUS_TIMEOUT,
+                            "%s timed out after %.1f s in MPI: rank %d's %s took longer than %s (%g s), or some rank did "
+                            "not arrive",
+                            what, (double)(now - t0) * 1e-9, c->long_root, c->long_what, c->long_limit_name, c->long_limit_s);
         }
         if (now - t0 >= limit) {
             lk__coll_describe(op, what, sizeof what);
@@ -250,6 +285,7 @@ static lk_status mpi_run(lk_comm *c, const lk__coll *op) {
 static void mpi_abort_cb(lk_comm *c, const char *reason) {
     (void)c;
     (void)reason; /* MPI cannot cancel collectives; waits see abort_requested and return */
+    atomic_store(&job_failed, 1); /* and the exit aborts the job instead of finalizing */
 }
 
 const lk__comm_vtable lk__comm_mpi = {

@@ -52,7 +52,7 @@
 #endif
 
 #define LINE 128                   /* two cache lines: adjacent-line prefetch must not couple ranks */
-#define SHM_MAGIC 0x33304d48534b4cULL /* "LKSHM03" */
+#define SHM_MAGIC 0x34304d48534b4cULL /* "LKSHM04" */
 #define STAGE_SLOT ((size_t)1 << 20)  /* bytes per staging slot; two per rank */
 #define SMALL_BYTES_DEFAULT ((size_t)64 << 10)   /* single-step all_reduce up to this; LK_COMM_SHM_SMALL */
 #define CHUNK_SHARED_DEFAULT ((size_t)16 << 10) /* in-segment all_reduce: bytes reduced, then written to every rank, at a time; LK_COMM_SHM_SLICE */
@@ -89,6 +89,13 @@ typedef struct {
     _Atomic int32_t in_coll;
     _Atomic int32_t cpu; /* the core this rank last arrived from */
     _Atomic int32_t cur; /* which info[] describes the collective in flight */
+    /* lk_comm_long_work announced by this rank: busy with work_what since
+     * work_start_ns, allowed work_limit_ns; cleared when it enters its next
+     * collective. in_work is stored last (release) and read first. */
+    _Atomic int32_t in_work;
+    _Atomic uint64_t work_start_ns, work_limit_ns;
+    char work_what[256];
+    char work_limit_name[64];
     /* What this rank called, indexed by the parity of the entry tick: a rank
      * may publish its next collective while a peer still checks this one. */
     alignas(LINE) shm_info info[2];
@@ -209,23 +216,55 @@ static lk_status check_peer(lk_comm *c, shm_comm *s, int k, const char *what) {
     return LK_STATUS_OK;
 }
 
+/* Whether peer k, still missing from the sync point `target`, is past its
+ * bound: comm_timeout of waiting (`waited_ns`, pauses excluded), or, while
+ * it announced long work, that work's own limit counted from its start. */
+static bool peer_late(shm_comm *s, int k, uint64_t target, uint64_t now, uint64_t waited_ns, uint64_t limit_ns,
+                      uint64_t paused_ns) {
+    shm_slot *sl = slot_of(s, k);
+    if (k == s->rank || atomic_load_explicit(&sl->tick, memory_order_acquire) >= target) return false;
+    if (waited_ns < limit_ns) return false;
+    if (atomic_load_explicit(&sl->in_work, memory_order_acquire)) {
+        uint64_t busy = now - atomic_load(&sl->work_start_ns);
+        busy = busy > paused_ns ? busy - paused_ns : 0;
+        return busy >= atomic_load(&sl->work_limit_ns);
+    }
+    return true;
+}
+
+/* The error for a wait that ran out: names every rank that did not arrive,
+ * its pid, state and what it was doing. Called only when peer_late() found
+ * one, so the list is never empty. */
 static lk_status timeout_error(lk_comm *c, shm_comm *s, uint64_t target, const char *what, double waited) {
-    char missing[1024] = "";
+    char missing[1536] = "";
     size_t len = 0;
-    int nmiss = 0;
-    for (int k = 0; k < s->world && len < sizeof missing - 200; k++) {
+    int nmiss = 0, nwork = 0;
+    char bound[400] = "";
+    for (int k = 0; k < s->world && len < sizeof missing - 500; k++) {
         shm_slot *sl = slot_of(s, k);
         if (k == s->rank || atomic_load_explicit(&sl->tick, memory_order_acquire) >= target) continue;
-        char where[160];
+        char where[400];
         int pid = atomic_load(&sl->pid);
-        uint64_t idle_ns = lk_time_ns() - atomic_load(&sl->active_ns);
-        if (atomic_load(&sl->in_coll)) describe_slot_op(sl, where, sizeof where);
+        uint64_t now = lk_time_ns();
+        uint64_t idle_ns = now - atomic_load(&sl->active_ns);
+        if (atomic_load_explicit(&sl->in_work, memory_order_acquire)) {
+            double busy = (double)(now - atomic_load(&sl->work_start_ns)) * 1e-9;
+            double lim = (double)atomic_load(&sl->work_limit_ns) * 1e-9;
+            snprintf(where, sizeof where, "%.200s for %.1f s, limit %g s: %.60s", sl->work_what, busy, lim,
+                     sl->work_limit_name);
+            if (!nwork++)
+                snprintf(bound, sizeof bound, "rank %d's %.200s took longer than %.60s (%g s)", k, sl->work_what,
+                         sl->work_limit_name, lim);
+        } else if (atomic_load(&sl->in_coll)) describe_slot_op(sl, where, sizeof where);
         else snprintf(where, sizeof where, "not in a collective, %llu completed",
                       (unsigned long long)atomic_load(&sl->seq_done));
         len += (size_t)snprintf(missing + len, sizeof missing - len, "%srank %d (pid %d, %s, last active %.1f s ago, in: %s)",
                                 nmiss ? "; " : "", k, pid, pid_state_word(pid), (double)idle_ns * 1e-9, where);
         nmiss++;
     }
+    if (nwork == nmiss && nwork)
+        return lk_error(LK_STATUS_TIMEOUT, "%s timed out after %.1f s: %s; %d rank%s did not arrive: %s", what, waited,
+                        bound, nmiss, nmiss == 1 ? "" : "s", missing);
     return lk_error(LK_STATUS_TIMEOUT, "%s timed out after %.1f s (comm_timeout, LK_COMM_TIMEOUT): %d rank%s did not arrive: %s",
                     what, waited, nmiss, nmiss == 1 ? "" : "s", missing);
 }
@@ -242,8 +281,9 @@ static lk_status wait_all(lk_comm *c, shm_comm *s, const lk__coll *op) {
      * not when the peer we wait for last ran on our own core: then only
      * yielding lets it run. After 2 ms, sleep: the core is needed elsewhere. */
     const int mycpu = sched_getcpu();
-    uint64_t t0 = lk_time_ns(), next_check = t0 + CHECK_NS, spin_until = t0 + s->spin_ns;
+    uint64_t t0 = lk_time_ns(), spin_until = t0 + s->spin_ns, prev = t0, paused = 0;
     uint64_t limit = (uint64_t)(c->timeout_s * 1e9);
+    uint64_t next_check = t0 + (limit < CHECK_NS ? limit : CHECK_NS);
     for (unsigned long spins = 1;; spins++) {
         for (; k < s->world; k++)
             if (atomic_load_explicit(&slot_of(s, k)->tick, memory_order_acquire) < target) break;
@@ -254,13 +294,18 @@ static lk_status wait_all(lk_comm *c, shm_comm *s, const lk__coll *op) {
             continue;
         }
         uint64_t now = lk_time_ns();
+        /* This process was stopped (the whole job suspended, then resumed):
+         * nobody could make progress meanwhile, so none of it counts. */
+        uint64_t gap = lk__paused_ns(now, &prev);
+        t0 += gap;
+        paused += gap;
         if (!same_core && now < spin_until) continue;
         if (now - t0 < 2000000ull) sched_yield();
         else {
             struct timespec ts = {0, 50000};
             nanosleep(&ts, NULL);
         }
-        if (now >= next_check || now - t0 >= limit) {
+        if (now >= next_check) {
             char what[160];
             lk__coll_describe(op, what, sizeof what);
             if (atomic_load(&c->abort_requested) || atomic_load(&c->failed)) {
@@ -269,12 +314,18 @@ static lk_status wait_all(lk_comm *c, shm_comm *s, const lk__coll *op) {
                 pthread_mutex_unlock(&c->err_mu);
                 return st;
             }
+            bool late = false;
             for (int j = 0; j < s->world; j++) {
                 if (j == s->rank || atomic_load_explicit(&slot_of(s, j)->tick, memory_order_acquire) >= target) continue;
                 LK_TRY(check_peer(c, s, j, what));
+                late = late || peer_late(s, j, target, now, now - t0, limit, paused);
             }
-            if (now - t0 >= limit) return timeout_error(c, s, target, what, (double)(now - t0) * 1e-9);
+            if (late) return timeout_error(c, s, target, what, (double)(now - t0) * 1e-9);
+            /* Next check in 100 ms, or at comm_timeout if that comes first;
+             * past it (every missing rank is within its announced long work)
+             * the checks keep the ordinary pace. */
             next_check = now + CHECK_NS;
+            if (now - t0 < limit && t0 + limit < next_check) next_check = t0 + limit;
         }
     }
 }
@@ -309,6 +360,7 @@ static lk_status enter(lk_comm *c, shm_comm *s, const lk__coll *op, int64_t off)
     mi->off = off;
     atomic_store_explicit(&me->cur, ix, memory_order_relaxed); /* published by the tick's release */
     atomic_store_explicit(&me->in_coll, 1, memory_order_relaxed);
+    atomic_store_explicit(&me->in_work, 0, memory_order_relaxed); /* its long work is over: it is here */
     s->cur = ix;
     uint64_t t0 = lk_time_ns();
     LK_TRY(sync_all(c, s, op));
@@ -720,7 +772,7 @@ static lk_status create_segment(lk_comm *c, shm_comm *s) {
         s->hdr = p;
         s->fd = fd;
         shm_header *h = s->hdr;
-        h->version = 3;
+        h->version = 4;
         h->world = s->world;
         h->creator_pid = getpid();
         h->total = want.total;
@@ -738,8 +790,20 @@ static lk_status create_segment(lk_comm *c, shm_comm *s) {
     }
 }
 
+/* Whether the name still refers to the object we opened as fd: rank 0
+ * replaces a stale segment by unlinking it and creating a new one under the
+ * same name, and a mapping of the old one would never see its header. */
+static bool same_segment(const char *name, int fd) {
+    struct stat mine, now;
+    int nfd = shm_open(name, O_RDONLY, 0600);
+    if (nfd < 0) return false;
+    bool same = !fstat(fd, &mine) && !fstat(nfd, &now) && mine.st_ino == now.st_ino && mine.st_dev == now.st_dev;
+    close(nfd);
+    return same;
+}
+
 static lk_status attach_segment(lk_comm *c, shm_comm *s, uint64_t deadline) {
-    const char *why = "not created yet";
+    char why[700] = "not created yet";
     while (lk_time_ns() < deadline) {
         int fd = shm_open(s->name, O_RDWR, 0600);
         if (fd < 0) {
@@ -748,8 +812,10 @@ static lk_status attach_segment(lk_comm *c, shm_comm *s, uint64_t deadline) {
         }
         struct stat st;
         if (fstat(fd, &st) || (size_t)st.st_size < sizeof(shm_header)) {
+            if (!fstat(fd, &st))
+                snprintf(why, sizeof why, "it exists with %lld bytes, less than lockstep's %zu-byte header: being created, or "
+                         "a stale file rank 0 has not replaced", (long long)st.st_size, sizeof(shm_header));
             close(fd);
-            why = "being created";
             sleep_ms(1);
             continue;
         }
@@ -759,12 +825,27 @@ static lk_status attach_segment(lk_comm *c, shm_comm *s, uint64_t deadline) {
             return lk_error(LK_STATUS_IO, "mmap(%s) failed: %s", s->name, strerror(errno));
         }
         shm_header *h = p;
-        while (atomic_load_explicit(&h->magic, memory_order_acquire) != SHM_MAGIC && lk_time_ns() < deadline) sleep_ms(1);
-        if (atomic_load_explicit(&h->magic, memory_order_acquire) != SHM_MAGIC || h->total != (uint64_t)st.st_size ||
-            !lk__pid_alive(h->creator_pid)) {
+        /* Wait for the creator to finish the header, but only while the name
+         * still means this file: a stale one is replaced, not completed. */
+        bool replaced = false;
+        for (int i = 1; atomic_load_explicit(&h->magic, memory_order_acquire) != SHM_MAGIC && lk_time_ns() < deadline; i++) {
+            sleep_ms(1);
+            if (i % 20 == 0 && !same_segment(s->name, fd)) {
+                replaced = true;
+                break;
+            }
+        }
+        uint64_t magic = atomic_load_explicit(&h->magic, memory_order_acquire);
+        if (replaced || magic != SHM_MAGIC || h->total != (uint64_t)st.st_size || !lk__pid_alive(h->creator_pid)) {
+            if (replaced) snprintf(why, sizeof why, "a stale file was there and has been replaced");
+            else if (magic != SHM_MAGIC)
+                snprintf(why, sizeof why,
+                         "/dev/shm%.256s exists (%lld bytes) but has no lockstep header (magic 0x%016llx, expected 0x%016llx); "
+                         "rank 0 never replaced it: a leftover of another program or version? remove it",
+                         s->name, (long long)st.st_size, (unsigned long long)magic, (unsigned long long)SHM_MAGIC);
+            else snprintf(why, sizeof why, "stale: its creator pid %d is gone", h->creator_pid);
             munmap(p, (size_t)st.st_size); /* stale or foreign: wait for the real one */
             close(fd);
-            why = "stale (creator gone)";
             sleep_ms(5);
             continue;
         }
@@ -898,6 +979,18 @@ static lk_status shm_init(lk_comm *c, const lk_comm_config *cfg) {
     return LK_STATUS_OK;
 }
 
+/* This rank announces long work: peers waiting on it read the slot. */
+static void shm_long_work(lk_comm *c) {
+    shm_comm *s = c->impl;
+    if (!s || !s->base || c->long_root != s->rank) return;
+    shm_slot *me = slot_of(s, s->rank);
+    snprintf(me->work_what, sizeof me->work_what, "%s", c->long_what);
+    snprintf(me->work_limit_name, sizeof me->work_limit_name, "%s", c->long_limit_name);
+    atomic_store(&me->work_start_ns, c->long_start_ns);
+    atomic_store(&me->work_limit_ns, (uint64_t)(c->long_limit_s * 1e9));
+    atomic_store_explicit(&me->in_work, 1, memory_order_release);
+}
+
 static void shm_abort(lk_comm *c, const char *reason) {
     shm_comm *s = c->impl;
     if (!s || !s->base) return;
@@ -916,4 +1009,5 @@ const lk__comm_vtable lk__comm_shm = {
     .shared_offset = shm_shared_offset,
     .shared_at = shm_shared_at,
     .abort = shm_abort,
+    .long_work = shm_long_work,
 };

@@ -297,6 +297,13 @@ lk_status lk__ckpt_callback_last(lk_trainer *tr) { return ckpt_callback(tr, true
 static lk_status ckpt_callback(lk_trainer *tr, bool last_only) {
     const lk_trainer_config *c = &tr->cfg;
     if (!c->enable_checkpointing || c->fast_dev_run) return LK_STATUS_OK;
+    /* The others wait for this write in the all_reduce below: bound that wait
+     * by checkpoint_timeout, not comm_timeout, and name the write. */
+    if (tr->world > 1) {
+        char what[LK_PATH + 64];
+        snprintf(what, sizeof what, "checkpoint write to %s/checkpoints", tr->log_dir[0] ? tr->log_dir : "(no log dir)");
+        LK_TRY(lk_comm_long_work(tr->comm, 0, what, "trainer.checkpoint_timeout", c->checkpoint_timeout));
+    }
     lk_status st = LK_STATUS_OK;
     if (tr->rank == 0 && tr->log_dir[0]) {
         char dir[LK_PATH + 16];

@@ -865,6 +865,10 @@ static lk_status begin_run(lk_trainer *tr, lk_module *m, lk_datamodule *dm, cons
         return lk_error(LK_STATUS_INVALID_ARGUMENT, "trainer: a data module with setup() and dataset() is required");
     tr->module = m;
     tr->dm = dm;
+    /* Local rank 0 may download and unpack for a long while: its own bound. */
+    if (tr->world > 1 && dm->vt->prepare_data)
+        LK_TRY(lk_comm_long_work(tr->comm, 0, "data preparation (prepare_data: download, unpack)", "trainer.checkpoint_timeout",
+                                 tr->cfg.checkpoint_timeout));
     LK_TRY(lk_data_prepare(tr->pg.local_rank, prepare_data, dm, status_reduce, tr));
     return dm->vt->setup(dm, stage);
 }

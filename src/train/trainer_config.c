@@ -44,6 +44,8 @@ static const lk_param trainer_params[] = {
     T("overfit_batches", INT, overfit_batches, "0", 0, 1e9, NULL, "train and validate on the first N training batches"),
     T("seed", INT, seed, "0", 0, 4294967295.0, NULL, "seed_everything: parameters, data order, dropout, augmentation"),
     T("comm_timeout", FLOAT, comm_timeout, "120", 0.1, 1e6, NULL, "seconds any collective may wait before failing"),
+    T("checkpoint_timeout", FLOAT, checkpoint_timeout, "1800", 0.1, 1e7, NULL,
+      "seconds the other ranks wait for rank 0 to write a checkpoint or prepare data (instead of comm_timeout)"),
     T("bucket_cap_mb", FLOAT, bucket_cap_mb, "25", 1e-6, 1e6, NULL, "ddp gradient bucket size in MB"),
     T("ddp_comm_hook", ENUM, ddp_comm_hook, "none", 1, 0, "none|bf16_compress|fp16_compress",
       "ddp: gradients travel as bf16/fp16 (half the bytes, rounded) instead of exact f32"),

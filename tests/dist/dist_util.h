@@ -27,6 +27,7 @@ typedef struct {
     int ready[DU_MAXW];
     uint64_t hash[DU_MAXW][DU_NRES]; /* result hashes, for bitwise comparisons */
     int nhash[DU_MAXW];
+    volatile int stop; /* the parent asks the ranks to finish (they agree on it through a collective) */
 } du_shared;
 
 static du_shared *du;

@@ -3,7 +3,12 @@
  * (desync), a rank that never comes, leaves or aborts, WORLD_SIZE that does
  * not match the processes, two processes with the same rank. Every survivor
  * must fail with the right status and a message naming the rank, pid and
- * collective, in time; no process and no /dev/shm segment may remain. */
+ * collective, in time; no process and no /dev/shm segment may remain.
+ * And what must not fail: the whole job suspended longer than comm_timeout
+ * and resumed, rank 0's announced long work (a checkpoint write) longer
+ * than comm_timeout, a stale segment of zeros left under the job's name. */
+#include <fcntl.h>
+
 #include "coll_check.h"
 
 static void record(int r, lk_status st) {
@@ -250,5 +255,169 @@ static void world_size_mismatch(void) {
     CHECK(!du_segment_exists(du_job));
 }
 
-LK_TEST_MAIN(LK_TEST_CASE(sigkill_mid_all_reduce), LK_TEST_CASE(sigstop_times_out), LK_TEST_CASE(desync_detected),
+/* Collectives until the parent sets du->stop; the ranks agree on when to
+ * stop through the all-reduce itself, so none leaves while another waits.
+ * Rank 1 "computes" 100 ms before each, so rank 0 is nearly always waiting. */
+static int until_stopped_rank(int r, int W, void *arg) {
+    double timeout = *(double *)arg;
+    lk_comm *c;
+    if (du_comm(r, W, "shm", timeout, &c)) return record(r, lk_last_status()), 1;
+    lk_status st = LK_STATUS_OK;
+    float stop = 0;
+    for (int i = 0; !st && stop == 0; i++) {
+        if (r == 1) usleep(100000);
+        stop = (float)du->stop;
+        st = i % 2 ? lk_comm_barrier(c) : lk_comm_all_reduce(c, &stop, 1, LK_F32, LK_REDUCE_MAX);
+        if (i % 2) stop = 0;
+        du->ready[r] = i + 1;
+    }
+    record(r, st);
+    lk_comm_free(c);
+    return st != LK_STATUS_OK;
+}
+
+/* Ctrl-Z / a scheduler's suspend: every rank stopped for longer than
+ * comm_timeout, then continued (rank 0 first, rank 1 0.1 s later, as
+ * signals reach a job one process at a time). Nobody could make progress
+ * while all were stopped, so nobody is late. */
+static void suspend_whole_job(void) {
+    du_map();
+    const int W = 2;
+    double timeout = 1.0;
+    int pid[DU_MAXW], codes[DU_MAXW];
+    du_start(W, until_stopped_rank, &timeout, pid);
+    CHECK(wait_ready(W, -1, 20));
+    for (int r = 0; r < W; r++) kill(pid[r], SIGSTOP);
+    usleep(2500000); /* 2.5 x comm_timeout */
+    int before = du->ready[0];
+    kill(pid[0], SIGCONT);
+    usleep(100000);
+    kill(pid[1], SIGCONT);
+    double end = lk_time_now() + 10;
+    while (du->ready[0] < before + 10 && !du->status[0] && !du->status[1] && lk_time_now() < end) usleep(5000);
+    du->stop = 1;
+    du_wait(W, pid, 15, codes);
+    for (int r = 0; r < W; r++)
+        CHECK_MSG(codes[r] == 0 && du->status[r] == LK_STATUS_OK, "rank %d (exit %d) after suspend/resume: %s: %s", r, codes[r],
+                  lk_status_str(du->status[r]), du->msg[r]);
+    printf("     resumed after a 2.5 s suspend of every rank (comm_timeout 1 s): %d collectives after CONT\n",
+           du->ready[0] - before);
+    CHECK(!du_segment_exists(du_job));
+}
+
+typedef struct {
+    double timeout, limit;
+    int work_ms;  /* rank 0's work between the announcement and its collective */
+    int late_ms;  /* rank 1 arrives this late (a stall of another rank during the work) */
+} long_work_case;
+
+static int long_work_rank(int r, int W, void *arg) {
+    const long_work_case *lw = arg;
+    lk_comm *c;
+    if (du_comm(r, W, "shm", lw->timeout, &c)) return record(r, lk_last_status()), 1;
+    lk_status st = lk_comm_barrier(c);
+    if (!st)
+        st = lk_comm_long_work(c, 0, r == 0 ? "checkpoint write to runs/v0/checkpoints" : "checkpoint write",
+                               "trainer.checkpoint_timeout", lw->limit);
+    if (!st && r == 0) usleep((useconds_t)lw->work_ms * 1000);
+    if (!st && r == 1) usleep((useconds_t)lw->late_ms * 1000);
+    double t0 = lk_time_now();
+    int32_t code = 0;
+    if (!st) st = lk_comm_all_reduce(c, &code, 1, LK_I32, LK_REDUCE_MAX);
+    record(r, st);
+    du->t[r] = lk_time_now() - t0;
+    if (!st) st = lk_comm_barrier(c); /* the bound is gone after the one collective */
+    lk_comm_free(c);
+    return 0;
+}
+
+/* A checkpoint write longer than comm_timeout is waited for up to its own
+ * limit, and a timeout then names the write and the setting; a different
+ * rank's stall during the write still fails at comm_timeout. */
+static void long_work_own_bound(void) {
+    du_map();
+    long_work_case ok = {0.5, 10, 1500, 0};
+    CHECK(du_run(2, long_work_rank, &ok, 20, NULL, NULL) == 2);
+    for (int r = 0; r < 2; r++)
+        CHECK_MSG(du->status[r] == LK_STATUS_OK, "a 1.5 s write, comm_timeout 0.5 s, limit 10 s: rank %d: %s: %s", r,
+                  lk_status_str(du->status[r]), du->msg[r]);
+    CHECK(!du_segment_exists(du_job));
+
+    memset(du, 0, sizeof *du);
+    long_work_case over = {0.5, 1.0, 3000, 0};
+    CHECK(du_run(2, long_work_rank, &over, 20, NULL, NULL) == 2);
+    CHECK_MSG(du->status[1] == LK_STATUS_TIMEOUT && strstr(du->msg[1], "checkpoint write to runs/v0/checkpoints") &&
+                  strstr(du->msg[1], "took longer than trainer.checkpoint_timeout") && strstr(du->msg[1], "rank 0") &&
+                  !strstr(du->msg[1], "not in a collective"),
+              "rank 1: %s: %s", lk_status_str(du->status[1]), du->msg[1]);
+    CHECK_MSG(du->t[1] > 0.9 && du->t[1] < 2.5, "rank 1 gave up after %.2f s (limit 1 s)", du->t[1]);
+    printf("     %s\n", du->msg[1]);
+    CHECK(!du_segment_exists(du_job));
+
+    memset(du, 0, sizeof *du);
+    long_work_case stall = {0.5, 10, 100, 3000};
+    CHECK(du_run(2, long_work_rank, &stall, 20, NULL, NULL) == 2);
+    CHECK_MSG(du->status[0] == LK_STATUS_TIMEOUT && strstr(du->msg[0], "comm_timeout") && strstr(du->msg[0], "rank 1"),
+              "rank 0: %s: %s", lk_status_str(du->status[0]), du->msg[0]);
+    CHECK_MSG(du->t[0] < 2.0, "rank 0 gave up on the stalled rank 1 after %.2f s (comm_timeout 0.5 s)", du->t[0]);
+    CHECK(!du_segment_exists(du_job));
+}
+
+/* A leftover /dev/shm/lockstep-<job> of zeros (no lockstep header). */
+static int stale_rank(int r, int W, void *arg) {
+    int mode = *(int *)arg;
+    if (r == 0) {
+        if (mode == 1) return 0; /* rank 0 never comes */
+        usleep(300000);           /* rank 1 finds the stale file first */
+    }
+    double t0 = lk_time_now();
+    lk_comm *c = NULL;
+    lk_status st = du_comm(r, W, "shm", mode == 1 ? 1.0 : 5.0, &c);
+    if (!st) st = lk_comm_barrier(c);
+    record(r, st);
+    du->t[r] = lk_time_now() - t0;
+    lk_comm_free(c);
+    return 0;
+}
+
+static void stale_segment_of_zeros(void) {
+    for (int mode = 0; mode < 2; mode++) {
+        du_map();
+        static int n;
+        snprintf(du_job, sizeof du_job, "stale%d-%d", (int)getpid(), ++n);
+        char name[256];
+        lk__shm_segment_name(du_job, name, sizeof name);
+        int fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
+        CHECK(fd >= 0 && ftruncate(fd, 1 << 20) == 0);
+        close(fd);
+        /* du_start names a fresh job: give the ranks this one instead */
+        int pid[DU_MAXW], codes[DU_MAXW];
+        char keep[96];
+        snprintf(keep, sizeof keep, "%s", du_job);
+        fflush(stdout);
+        for (int r = 0; r < 2; r++) {
+            pid[r] = fork();
+            if (pid[r] == 0) {
+                snprintf(du_job, sizeof du_job, "%s", keep);
+                exit(stale_rank(r, 2, &mode));
+            }
+        }
+        du_wait(2, pid, 15, codes);
+        if (mode == 0) {
+            for (int r = 0; r < 2; r++)
+                CHECK_MSG(du->status[r] == LK_STATUS_OK && du->t[r] < 3.0, "rank %d after %.2f s: %s: %s", r, du->t[r],
+                          lk_status_str(du->status[r]), du->msg[r]);
+            printf("     rank 1 joined %.2f s after finding a stale segment of zeros\n", du->t[1]);
+        } else {
+            CHECK_MSG(du->status[1] == LK_STATUS_TIMEOUT && strstr(du->msg[1], "but has no lockstep header") &&
+                          strstr(du->msg[1], "remove it") && !strstr(du->msg[1], "WORLD_SIZE"),
+                      "rank 1: %s: %s", lk_status_str(du->status[1]), du->msg[1]);
+            printf("     %s\n", du->msg[1]);
+        }
+        shm_unlink(name);
+    }
+}
+
+LK_TEST_MAIN(LK_TEST_CASE(suspend_whole_job), LK_TEST_CASE(long_work_own_bound), LK_TEST_CASE(stale_segment_of_zeros),
+             LK_TEST_CASE(sigkill_mid_all_reduce), LK_TEST_CASE(sigstop_times_out), LK_TEST_CASE(desync_detected),
              LK_TEST_CASE(missing_left_aborted), LK_TEST_CASE(world_size_mismatch))

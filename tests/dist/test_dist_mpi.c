@@ -1,6 +1,8 @@
 /* dist under mpirun: argv[1] = "mpi" runs the collective matrix on the mpi
  * backend (checked against the double reference; all-reduce bits compared
- * across ranks through MPI itself) and a desync; "shm" checks that the shm
+ * across ranks through MPI itself); "desync" makes the ranks disagree, which
+ * must fail on every rank and then abort the MPI job at exit (run by
+ * test_mpi_fault.sh, which expects the abort); "shm" checks that the shm
  * backend finds its process group and job id in OpenMPI's variables. */
 #include "coll_check.h"
 
@@ -31,7 +33,18 @@ static void matrix_under_mpirun(void) {
     CHECK_OK(lk_work_wait(w));
     lk_work_free(w);
     CHECK(v[5] == (float)(W * 5 + W * (W - 1) / 2));
-    /* desync: different counts */
+    lk_comm_free(c);
+}
+
+static void desync_under_mpirun(void) {
+    lk_comm_config cfg = lk_comm_config_default();
+    cfg.backend = "mpi";
+    cfg.timeout_s = 30;
+    lk_comm *c = NULL;
+    CHECK_OK(lk_comm_create(&cfg, &c));
+    if (!c) return;
+    int r = lk_comm_rank(c);
+    /* different counts */
     float d[8] = {0};
     CHECK_ERR(lk_comm_all_reduce(c, d, r == 0 ? 8 : 7, LK_F32, LK_REDUCE_SUM), LK_STATUS_INVALID_USAGE, "desync");
     CHECK_ERR(lk_comm_barrier(c), LK_STATUS_ABORTED, "already failed");
@@ -40,6 +53,10 @@ static void matrix_under_mpirun(void) {
 
 int main(int argc, char **argv) {
     if (argc > 1) backend = argv[1];
+    if (!strcmp(backend, "desync")) {
+        static const lk_t_case cases[] = {LK_TEST_CASE(desync_under_mpirun)};
+        return lk_t_run(cases, 1, 1, argv);
+    }
     if (!strcmp(backend, "shm")) {
         lk_pg_info pg;
         if (lk_pg_info_from_env(&pg) || strcmp(pg.source, "openmpi") || !pg.job_id[0]) {

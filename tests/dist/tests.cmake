@@ -27,6 +27,12 @@ if(LK_HAVE_MPI)
       set_tests_properties(dist_mpi_np${np} PROPERTIES TIMEOUT 90 LABELS "multiproc;threads;mpi"
                            ENVIRONMENT "${LK_MPI_TEST_ENV}")
     endforeach()
+    # Faults under mpirun: a desync and a SIGSTOPped rank of `lockstep fit` must end the whole MPI job (MPI_Abort).
+    add_test(NAME dist_mpi_fault COMMAND bash ${PROJECT_SOURCE_DIR}/tests/dist/test_mpi_fault.sh
+             WORKING_DIRECTORY ${PROJECT_BINARY_DIR})
+    string(REPLACE ";" " " LK_MPIRUN_FLAGS_STR "${LK_MPIRUN_FLAGS}")
+    set_tests_properties(dist_mpi_fault PROPERTIES TIMEOUT 120 LABELS "multiproc;fault;mpi" RUN_SERIAL TRUE
+                         ENVIRONMENT "${LK_MPI_TEST_ENV};LK_BIN=$<TARGET_FILE:lockstep>;LK_MPIRUN=${LK_MPIRUN};LK_MPIRUN_FLAGS=${LK_MPIRUN_FLAGS_STR};LK_TEST_DIST_MPI=$<TARGET_FILE:test_dist_mpi>")
     add_test(NAME dist_mpi_env_shm COMMAND ${LK_MPIRUN} ${LK_MPIRUN_FLAGS} -np 2 $<TARGET_FILE:test_dist_mpi> shm)
     set_tests_properties(dist_mpi_env_shm PROPERTIES TIMEOUT 60 LABELS "multiproc;threads;mpi"
                          ENVIRONMENT "${LK_MPI_TEST_ENV}")

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Fault injection on whole training jobs through the CLI (ddp on 2 ranks):
-# a rank SIGKILLed mid-training, a rank SIGSTOPped (comm_timeout), the
+# a rank SIGKILLed mid-training, a rank SIGSTOPped (comm_timeout), every
+# rank SIGSTOPped past comm_timeout and resumed (the job must live on), the
 # launcher SIGKILLed, SIGTERM and SIGINT to the launcher, a rank SIGKILLed
 # while checkpoints are being written. For each: the job ends within its
 # bound with a non-zero status and a message naming the rank; no process and
@@ -89,6 +90,18 @@ stop_rank1() { kill -STOP "$(rank_pid $lpid 1)"; (sleep $((TIMEOUT + 6)); cont_a
 scenario "SIGKILL of rank 1 while training" 5 "-ne 0" "rank 1" kill_rank KILL 1
 # a stopped rank cannot take SIGTERM: the launcher's term delay (2 s) and kill grace (3 s) follow the timeout
 scenario "SIGSTOP of rank 1 (comm_timeout ${TIMEOUT}s)" $((TIMEOUT + 6)) "-ne 0" "did not arrive" stop_rank1
+# Suspending the whole job: every rank stopped for comm_timeout + 2 s (rank 1
+# 50 ms before rank 0, so rank 0 is waiting for it), continued (rank 0 first,
+# as a scheduler signals one process at a time), then the job must still
+# train: it ends only by our SIGTERM (143).
+suspend_all() {
+  local r0 r1; r0=$(rank_pid $lpid 0); r1=$(rank_pid $lpid 1)
+  kill -STOP "$r1"; sleep 0.05; kill -STOP "$r0"
+  sleep $((TIMEOUT + 2)); kill -CONT "$r0"; sleep 0.1; kill -CONT "$r1"
+  sleep 2; kill -0 "$r0" "$r1" 2>/dev/null && kill -TERM "$lpid"
+}
+scenario "SIGSTOP of every rank for $((TIMEOUT + 2))s, then SIGCONT" $((TIMEOUT + 14)) "-eq 143" "" suspend_all
+check "suspend: no rank timed out after the resume" bash -c "! grep -q 'timed out' '$T/job.err'"
 scenario "SIGKILL of the launcher" 5 "-eq 137" "" kill_launcher KILL
 scenario "SIGTERM to the launcher" 10 "-eq 143" "" kill_launcher TERM
 scenario "SIGINT to the launcher" 10 "-eq 130" "" kill_launcher INT
