@@ -871,6 +871,16 @@ lk_status lk_trainer_fit(lk_trainer *tr, lk_module *m, lk_datamodule *dm, const 
                 (long long)lk_layer_num_parameters(m->net), (long long)n_train, (long long)n_val,
                 tr->accum > 1 ? " (accumulating gradients)" : "");
         if (tr->log_dir[0]) lk_log0("logs: %s", tr->log_dir);
+        if (c->enable_model_summary && c->model_summary_max_depth != 0) {
+            char *table = NULL;
+            if (lk_model_summary(m->net, (int)c->model_summary_max_depth, &table) == LK_STATUS_OK) {
+                printf("\n%s\n", table);
+                fflush(stdout);
+            } else {
+                lk_log_warn("model summary: %s", lk_last_error()); /* a table is not worth failing the fit */
+            }
+            lk_free(table);
+        }
     }
     /* Sanity check: a few validation batches before training (not logged). */
     if (!st && val && c->num_sanity_val_steps != 0 && !ckpt_path && !c->fast_dev_run) {
