@@ -55,6 +55,18 @@ void lk_thread_cleanup(void);
 void lk_tape_reset(void);
 size_t lk_tape_len(void);
 
+/* Op timing for profilers (trainer.profiler: advanced, trace). While a hook
+ * is set on a thread, every op that thread runs reports (name, forward or
+ * backward, start, end) in lk_time_now() seconds. A backward node is timed
+ * exactly; a forward op is timed from the end of the op before it (or the
+ * last lk_op_hook_mark) to its own end, so the short gaps between ops count
+ * to the op that follows and the spans tile the forward pass without
+ * overlap. Ops that record no tape name report "other". Off, the cost is
+ * one branch per op. fn NULL clears the hook; the hook also marks. */
+typedef void (*lk_op_hook)(void *ctx, const char *op, bool backward, double t_start, double t_end);
+void lk_set_op_hook(lk_op_hook fn, void *ctx);
+void lk_op_hook_mark(void);
+
 /* ---- linear algebra ---------------------------------------------------------- */
 
 /* a[..., M, K] @ b[K, N] or batched a[B, M, K] @ b[B, K, N]. Transposed views

@@ -135,6 +135,7 @@ static void run_cleanup(lk_trainer *tr) {
     tr->progress = NULL;
     lk_logger_free(tr->logger);
     tr->logger = NULL;
+    lk__prof_free(tr);
 }
 
 void lk_trainer_free(lk_trainer *tr) {
@@ -607,6 +608,7 @@ static lk_status fit_loop(lk_trainer *tr, lk_loader *train, lk_loader *val, int6
                 goto stepped;
             }
             lk_scope_begin();
+            lk__prof_forward_begin(tr->prof, tr->global_step);
             lk_status st = lk_strategy_before_forward(tr->strat);
             lk_layer_set_rng_step(m->net, (uint64_t)c->seed, (uint32_t)tr->rank, (uint64_t)tr->global_step);
             lk_tensor *loss = st ? NULL : m->vt->training_step(m, b, i, tr);
@@ -625,6 +627,7 @@ static lk_status fit_loop(lk_trainer *tr, lk_loader *train, lk_loader *val, int6
                 double t4 = lk_time_now();
                 tr->sum_bwd += t3 - t2;
                 tr->sum_comm += t4 - t3;
+                lk__prof_backward_end(tr->prof, t0, t1, t2, t3, t4);
                 if (sync) tr->sum_comm_wait += lk_strategy_get_stats(tr->strat).comm_straggler_last_s;
             }
             lk_scope_end();
@@ -651,6 +654,7 @@ static lk_status fit_loop(lk_trainer *tr, lk_loader *train, lk_loader *val, int6
                 if (tr->sched && !strcmp(tr->opt.interval, "step") && strcmp(tr->opt.scheduler, "plateau"))
                     LK_TRY(lk_scheduler_step(tr->sched));
                 tr->sum_opt += lk_time_now() - t5;
+                lk__prof_optimizer(tr->prof, t5, lk_time_now());
                 if (tr->test_step_delay_ms > 0) /* tests that signal a run mid-way need it to last */
                     nanosleep(&(struct timespec){tr->test_step_delay_ms / 1000, (tr->test_step_delay_ms % 1000) * 1000000L}, NULL);
                 tr->timed_steps++;
@@ -779,10 +783,10 @@ static void write_runinfo(lk_trainer *tr, const char *command, lk_status st) {
 }
 
 static void print_profile(lk_trainer *tr) {
-    if (!is_rank0(tr) || strcmp(tr->cfg.profiler, "simple") || tr->timed_steps == 0) return;
+    if (!is_rank0(tr) || !strcmp(tr->cfg.profiler, "none") || tr->timed_steps == 0) return; /* every profiler shows the phases */
     double n = (double)tr->timed_steps;
     double tot = tr->sum_data + tr->sum_fwd + tr->sum_bwd + tr->sum_comm + tr->sum_opt;
-    printf("\nprofiler (simple): %lld optimizer steps, mean per step\n", (long long)tr->timed_steps);
+    printf("\nprofiler (%s): %lld optimizer steps, mean per step\n", tr->cfg.profiler, (long long)tr->timed_steps);
     const char *names[] = {"data wait", "forward", "backward", "exposed comm", "optimizer"};
     double v[] = {tr->sum_data, tr->sum_fwd, tr->sum_bwd, tr->sum_comm, tr->sum_opt};
     for (int i = 0; i < 5; i++) {
@@ -855,6 +859,7 @@ lk_status lk_trainer_fit(lk_trainer *tr, lk_module *m, lk_datamodule *dm, const 
         if (n_train == 0 && !st) st = lk_error(LK_STATUS_INVALID_ARGUMENT, "no training batches (limit_train_batches=%g)", c->limit_train_batches.value);
     }
     if (!st) st = setup_params(tr, n_train / (tr->accum ? tr->accum : 1) + 1);
+    if (!st) st = lk__prof_create(tr);
     if (!st && tr->dp_devices > 1) st = lk__dp_create(tr, tr->dp_devices, &tr->dp);
     if (!st && ckpt_path && *ckpt_path) {
         char path[LK_PATH];
@@ -900,6 +905,7 @@ lk_status lk_trainer_fit(lk_trainer *tr, lk_module *m, lk_datamodule *dm, const 
         if (s2) lk_log_warn("on_stage_end: %s", lk_last_error());
     }
     print_profile(tr);
+    if (!st) st = lk__prof_finish(tr);
     write_runinfo(tr, "fit", st);
     if (tr->logger) lk_logger_finalize(tr->logger, st ? "failed" : "success");
     lk_loader_free(train);
