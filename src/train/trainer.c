@@ -227,6 +227,12 @@ static lk_status make_loader(lk_trainer *tr, lk_dataset *ds, bool train, lk_load
 
 static bool is_rank0(const lk_trainer *tr) { return tr->rank == 0; }
 
+/* SyncBatchNorm's all-reduce (trainer.sync_batchnorm). */
+static lk_status sum_over_ranks(void *ctx, double *vals, int n) {
+    lk_trainer *tr = ctx;
+    return lk_comm_all_reduce(tr->comm, vals, (size_t)n, LK_F64, LK_REDUCE_SUM);
+}
+
 /* Parameters and buffers of the module, flattened into the strategy's
  * gradient buffer, and the optimizer and scheduler. */
 static lk_status setup_params(lk_trainer *tr, int64_t steps_per_epoch) {
@@ -860,6 +866,11 @@ lk_status lk_trainer_fit(lk_trainer *tr, lk_module *m, lk_datamodule *dm, const 
     }
     if (!st) st = setup_params(tr, n_train / (tr->accum ? tr->accum : 1) + 1);
     if (!st) st = lk__prof_create(tr);
+    if (!st && c->sync_batchnorm && tr->world > 1) {
+        int k = lk_layer_sync_batchnorm(m->net, sum_over_ranks, tr);
+        lk_log0("sync_batchnorm: %d batch norm layer%s compute statistics over all %d ranks", k, k == 1 ? "" : "s",
+                tr->world);
+    }
     if (!st && tr->dp_devices > 1) st = lk__dp_create(tr, tr->dp_devices, &tr->dp);
     if (!st && ckpt_path && *ckpt_path) {
         char path[LK_PATH];
@@ -910,6 +921,7 @@ lk_status lk_trainer_fit(lk_trainer *tr, lk_module *m, lk_datamodule *dm, const 
     if (tr->logger) lk_logger_finalize(tr->logger, st ? "failed" : "success");
     lk_loader_free(train);
     lk_loader_free(val);
+    if (c->sync_batchnorm) lk_layer_sync_batchnorm(m->net, NULL, NULL); /* the module outlives this trainer's comm */
     lk_status saved = st;
     char msg[2048];
     snprintf(msg, sizeof msg, "%s", lk_last_error());
