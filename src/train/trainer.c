@@ -921,7 +921,7 @@ lk_status lk_trainer_fit(lk_trainer *tr, lk_module *m, lk_datamodule *dm, const 
     if (tr->logger) lk_logger_finalize(tr->logger, st ? "failed" : "success");
     lk_loader_free(train);
     lk_loader_free(val);
-    if (c->sync_batchnorm) lk_layer_sync_batchnorm(m->net, NULL, NULL); /* the module outlives this trainer's comm */
+    if (c->sync_batchnorm && m) lk_layer_sync_batchnorm(m->net, NULL, NULL); /* the module outlives this trainer's comm */
     lk_status saved = st;
     char msg[2048];
     snprintf(msg, sizeof msg, "%s", lk_last_error());
