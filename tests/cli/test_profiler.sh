@@ -40,4 +40,14 @@ for pid in (0, 1):
 assert max(e["args"]["step"] for e in spans) == 2, "recorded beyond profiler_trace_steps"
 assert all(e["dur"] >= 0 and e["ts"] >= 0 for e in spans)
 PY
+
+# sync_batchnorm on the cnn's two batch norm layers, 2 ranks (the numerics: tests/nn/test_sync_bn.c)
+cat > "$T/cnn.yaml" <<YAML
+trainer: {default_root_dir: $T/cnnruns, max_steps: 2, enable_progress_bar: false, enable_tensorboard: false,
+          num_sanity_val_steps: 0, limit_val_batches: 1, devices: 2, strategy: ddp, sync_batchnorm: true}
+model: {class_path: cnn, init_args: {image_size: 8, channels: [4, 4], hidden: 8}}
+data: {class_path: synthetic, init_args: {num_samples: 64, input_shape: [1, 8, 8], num_classes: 10, batch_size: 8}}
+YAML
+out=$("$LK_BIN" fit -c "$T/cnn.yaml" 2>&1)
+check "sync_batchnorm: 2 layers over 2 ranks" grep -q "sync_batchnorm: 2 batch norm layers compute statistics over all 2 ranks" <<<"$out" || echo "$out" | tail -5
 finish
