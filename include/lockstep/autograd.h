@@ -55,6 +55,18 @@ void lk_thread_cleanup(void);
 void lk_tape_reset(void);
 size_t lk_tape_len(void);
 
+/* Op timing for profilers (trainer.profiler: advanced, trace). While a hook
+ * is set on a thread, every op that thread runs reports (name, forward or
+ * backward, start, end) in lk_time_now() seconds. A backward node is timed
+ * exactly; a forward op is timed from the end of the op before it (or the
+ * last lk_op_hook_mark) to its own end, so the short gaps between ops count
+ * to the op that follows and the spans tile the forward pass without
+ * overlap. Ops that record no tape name report "other". Off, the cost is
+ * one branch per op. fn NULL clears the hook; the hook also marks. */
+typedef void (*lk_op_hook)(void *ctx, const char *op, bool backward, double t_start, double t_end);
+void lk_set_op_hook(lk_op_hook fn, void *ctx);
+void lk_op_hook_mark(void);
+
 /* ---- linear algebra ---------------------------------------------------------- */
 
 /* a[..., M, K] @ b[K, N] or batched a[B, M, K] @ b[B, K, N]. Transposed views
@@ -158,6 +170,18 @@ lk_tensor *lk_adaptive_avg_pool2d(lk_tensor *x, int out_h, int out_w);
  * does. Eval: the running statistics. weight/bias [C] or NULL. */
 lk_tensor *lk_batch_norm(lk_tensor *x, lk_tensor *running_mean, lk_tensor *running_var, lk_tensor *weight,
                          lk_tensor *bias, bool training, float momentum, float eps);
+/* SyncBatchNorm: in training the statistics cover the batch of every rank.
+ * `sum` adds vals[0..n) over all ranks in place (an all-reduce with sum;
+ * every rank calls it the same number of times): forward sums per channel
+ * the values, then the squared deviations from the global mean (with the
+ * sample count); backward sums per channel the output gradient and its
+ * product with the centred input, as PyTorch's SyncBatchNorm does. Weight
+ * and bias gradients stay this rank's (DDP averages them); the input
+ * gradient is that of the sum of every rank's loss. `sum` NULL or eval mode:
+ * lk_batch_norm. ctx is borrowed until the backward pass is done. */
+typedef lk_status (*lk_sum_fn)(void *ctx, double *vals, int n);
+lk_tensor *lk_batch_norm_sync(lk_tensor *x, lk_tensor *running_mean, lk_tensor *running_var, lk_tensor *weight,
+                              lk_tensor *bias, bool training, float momentum, float eps, lk_sum_fn sum, void *ctx);
 
 #ifdef __cplusplus
 }

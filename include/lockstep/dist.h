@@ -211,6 +211,9 @@ lk_status lk_comm_barrier_async(lk_comm *c, lk_work **work);
 lk_status lk_work_wait(lk_work *w);
 /* *done = whether it finished; returns its status once done, OK before. */
 lk_status lk_work_test(lk_work *w, bool *done);
+/* When the work ran (lk_time_now seconds; 0 until it started / finished).
+ * Read it after lk_work_wait. For profilers' traces. */
+void lk_work_times(const lk_work *w, double *t_start, double *t_end);
 /* Waits if still running, then frees. NULL is a no-op. */
 void lk_work_free(lk_work *w);
 

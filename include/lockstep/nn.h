@@ -242,6 +242,12 @@ lk_layer *lk_adaptive_avg_pool2d_create(int out_h, int out_w);
  * lk_batch_norm2d [N, C, H, W]. */
 lk_layer *lk_batch_norm1d_create(int64_t num_features, float eps, float momentum, bool affine, bool track_running_stats);
 lk_layer *lk_batch_norm2d_create(int64_t num_features, float eps, float momentum, bool affine, bool track_running_stats);
+/* SyncBatchNorm (PyTorch's convert_sync_batchnorm, in place): every
+ * BatchNorm layer of the tree computes its training statistics with
+ * lk_batch_norm_sync over `sum` (an all-reduce the caller provides, e.g. the
+ * trainer's communicator; ctx borrowed while set). fn NULL turns it back
+ * off. Returns how many layers it set. */
+int lk_layer_sync_batchnorm(lk_layer *l, lk_sum_fn sum, void *ctx);
 /* LayerNorm over the last `ndim` dims of the given shape; eps 1e-5 in PyTorch. */
 lk_layer *lk_layer_norm_create(int ndim, const int64_t *normalized_shape, float eps, bool elementwise_affine);
 /* Dropout(p): masks from the layer's own stream, see lk_layer_set_rng_step. */

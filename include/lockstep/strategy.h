@@ -119,6 +119,16 @@ bool lk_strategy_is_global_zero(const lk_strategy *s);
 lk_status lk_strategy_join_step(lk_strategy *s, bool has_data, bool *all_done);
 lk_status lk_strategy_join(lk_strategy *s);
 
+/* (optional) A profiler's view of ddp's gradient buckets: called on the
+ * thread that collects each bucket's all-reduce (the one that called
+ * finish_backward), with the bucket's index, its bytes as sent, when the
+ * all-reduce ran (lk_time_now seconds) and whether it ran on the
+ * communication thread (false: the last bucket, reduced inline). fn NULL
+ * clears it. */
+typedef void (*lk_strategy_bucket_fn)(void *ctx, int bucket, size_t bytes, double t_start, double t_end,
+                                      bool comm_thread);
+void lk_strategy_set_bucket_hook(lk_strategy *s, lk_strategy_bucket_fn fn, void *ctx);
+
 typedef struct lk_strategy_stats {
     uint64_t allreduce_calls;  /* bucket all-reduces issued so far */
     uint64_t bytes_reduced;    /* ... and the bytes they carried (per rank, as sent) */

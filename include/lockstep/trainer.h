@@ -71,7 +71,11 @@ typedef struct lk_trainer_config {
     bool ddp_shared_params;         /* ddp on one node: ranks share one copy of parameters + optimizer state */
     char scale_lr[LK_PARAM_STR];    /* none | linear (base lr × world size × accumulation) */
     int64_t global_batch_size;      /* 0: off; else accumulation is derived from it */
-    char profiler[LK_PARAM_STR];    /* none | simple */
+    char profiler[LK_PARAM_STR];    /* none | simple | advanced | trace (pytorch: the same as trace) */
+    int64_t profiler_trace_steps;   /* trace: optimizer steps recorded (the first N) */
+    bool enable_model_summary;      /* print the layer table at fit start (rank 0) */
+    int64_t model_summary_max_depth;/* rows down to this depth (-1: all) */
+    bool sync_batchnorm;            /* ddp: batch norm statistics over all ranks (SyncBatchNorm) */
     /* callbacks (a built-in set configured here rather than by class_path) */
     char monitor[LK_PARAM_STR];     /* ModelCheckpoint monitor ("" = last only) */
     char monitor_mode[LK_PARAM_STR];/* min | max */
@@ -258,6 +262,12 @@ const char *lk_trainer_log_dir(const lk_trainer *tr); /* "" before the first run
 bool lk_trainer_metric(const lk_trainer *tr, const char *name, double *value);
 const char *lk_trainer_last_checkpoint(const lk_trainer *tr);
 const char *lk_trainer_best_checkpoint(const lk_trainer *tr);
+
+/* Lightning's model summary of a network: a row per layer down to max_depth
+ * (1: the top-level children; -1: every layer) with name, type, parameters
+ * and mode, then the parameter totals and the size in MB. *out is a new
+ * lk_malloc'd string the caller lk_free's; on failure *out is NULL. */
+lk_status lk_model_summary(const lk_layer *net, int max_depth, char **out);
 
 /* A batch field as a scope-owned tensor wrapping the loader's buffer (no copy;
  * valid inside the step). */

@@ -10,6 +10,21 @@ static _Thread_local bool grad_off; /* default: grad mode on */
 static _Thread_local lk_node **tape;
 static _Thread_local size_t tape_n, tape_max;
 static _Thread_local lk_node *node_free; /* free list through ->extra */
+/* Op timing (lk_set_op_hook): the hook, and the end of the last op timed. */
+static _Thread_local lk_op_hook op_hook;
+static _Thread_local void *op_hook_ctx;
+static _Thread_local double op_mark;
+static _Thread_local const char *op_name; /* set by lk__record, which every op calls with its name */
+static _Thread_local bool op_in_backward;  /* ops a backward node runs belong to that node's time */
+
+void lk_set_op_hook(lk_op_hook fn, void *ctx) {
+    op_hook = fn;
+    op_hook_ctx = ctx;
+    op_name = NULL;
+    op_mark = fn ? lk_time_now() : 0;
+}
+
+void lk_op_hook_mark(void) { op_mark = lk_time_now(); }
 
 bool lk_grad_enabled(void) { return !grad_off; }
 bool lk_set_grad_enabled(bool on) {
@@ -78,6 +93,7 @@ void lk_thread_cleanup(void) {
 }
 
 lk_node *lk__record(const char *name, lk_backward_fn bw, lk_tensor *out, int n_in, lk_tensor *const *in) {
+    if (op_hook) op_name = name;
     if (!lk__needs_grad(n_in, in)) return NULL;
     if (tape_n == tape_max) {
         size_t nm = tape_max ? tape_max * 2 : 256;
@@ -107,7 +123,14 @@ lk_node *lk__record(const char *name, lk_backward_fn bw, lk_tensor *out, int n_i
     return n;
 }
 
-lk_tensor *lk__op_result(lk_tensor *out) { return lk_scope_adopt(out); }
+lk_tensor *lk__op_result(lk_tensor *out) {
+    if (op_hook && !op_in_backward) {
+        op_hook(op_hook_ctx, op_name ? op_name : "other", false, op_mark, lk_time_now());
+        op_name = NULL;
+        op_mark = lk_time_now(); /* the hook's own time counts to no op */
+    }
+    return lk_scope_adopt(out);
+}
 
 lk_tensor *lk__contig(lk_tensor *t) {
     if (t->dtype == LK_F32 && lk_tensor_is_contiguous(t)) return lk_tensor_retain(t);
@@ -257,7 +280,15 @@ lk_status lk_backward_with(lk_tensor *out, lk_tensor *grad_out) {
         lk_node *n = tape[i];
         if (n->grad) {
             lk_clear_error();
-            n->backward(n, n->grad);
+            if (op_hook) {
+                double t0 = lk_time_now();
+                op_in_backward = true;
+                n->backward(n, n->grad);
+                op_in_backward = false;
+                op_hook(op_hook_ctx, n->name, true, t0, lk_time_now());
+            } else {
+                n->backward(n, n->grad);
+            }
             st = lk_last_status();
             lk_tensor_release(n->grad);
             n->grad = NULL;

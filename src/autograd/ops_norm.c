@@ -5,6 +5,8 @@
  * statistics are updated in place outside the tape. Per-channel sums run
  * per (sample, channel) plane in f32 and accumulate across planes in double,
  * so a large batch does not lose precision in the mean. */
+#include <string.h>
+
 #include "autograd/autograd_impl.h"
 #include "backend/backend_impl.h"
 
@@ -54,6 +56,46 @@ static void bn_bwd_task(void *ctx, int t) {
     }
 }
 
+typedef struct {
+    lk_sum_fn sum;
+    void *ctx;
+    double count; /* samples per channel over every rank */
+} bn_sync;
+
+/* SyncBatchNorm's backward: this rank's per-channel sums of g and
+ * g * (x - mean), summed over ranks for the input gradient; weight and bias
+ * gradients from this rank's sums (DDP averages them afterwards). Serial:
+ * the all-reduce sits between the two passes. */
+static lk_status bn_sync_backward(const bn_bwd_job *j, const bn_sync *sy) {
+    long N = j->N, C = j->C, S = j->S;
+    double *tot = lk_malloc((size_t)(2 * C > 0 ? 2 * C : 1) * sizeof *tot);
+    if (!tot) return LK_STATUS_OUT_OF_MEMORY;
+    for (long c = 0; c < C; c++) {
+        double sg = 0, sgx = 0;
+        for (long i = 0; i < N; i++) {
+            float a = 0.0f, q = 0.0f;
+            lk_k_bn_backward_sums(j->gd + (i * C + c) * S, j->xd + (i * C + c) * S, S, j->mean[c], &a, &q);
+            sg += a;
+            sgx += q;
+        }
+        if (j->db) j->db[c] = (float)sg;
+        if (j->dw) j->dw[c] = (float)(sgx * j->invstd[c]);
+        tot[c] = sg;
+        tot[C + c] = sgx;
+    }
+    lk_status st = sy->sum(sy->ctx, tot, (int)(2 * C));
+    for (long c = 0; !st && j->dx && c < C; c++) {
+        float is = j->invstd[c], k1 = (j->w ? j->w[c] : 1.0f) * is;
+        float k0 = (float)(-(double)k1 * tot[c] / sy->count);
+        float k2 = (float)(-(double)k1 * is * is * tot[C + c] / sy->count);
+        for (long i = 0; i < N; i++)
+            lk_k_bn_backward_plane(j->gd + (i * C + c) * S, j->xd + (i * C + c) * S, S, j->mean[c], k0, k1, k2,
+                                   j->dx + (i * C + c) * S);
+    }
+    lk_free(tot);
+    return st;
+}
+
 static void batch_norm_backward(lk_node *n, lk_tensor *gout) {
     lk_tensor *x = n->in[0], *xc = n->saved[0], *stats = n->saved[1];
     lk_tensor *w = n->a.i[1] >= 0 ? n->in[n->a.i[1]] : NULL, *b = n->a.i[2] >= 0 ? n->in[n->a.i[2]] : NULL;
@@ -70,7 +112,15 @@ static void batch_norm_backward(lk_node *n, lk_tensor *gout) {
     if (w && !wc) goto done;
     bn_bwd_job job = {xd, gd, mean, invstd, wc ? wc->data : NULL, dx ? dx->data : NULL, dw ? dw->data : NULL,
                       db ? db->data : NULL, N, C, S, M, training, bn_width(xc->numel, C)};
-    lk__parallel_run(job.width, bn_bwd_task, &job);
+    if (n->extra && training) {
+        lk_status st = bn_sync_backward(&job, n->extra);
+        if (st) {
+            lk_tensor_release(wc);
+            goto done;
+        }
+    } else {
+        lk__parallel_run(job.width, bn_bwd_task, &job);
+    }
     lk_tensor_release(wc);
     /* moved: the gradient slots take these buffers instead of copying them */
     lk__accum_move(x, dx), dx = NULL;
@@ -137,8 +187,66 @@ static void bn_fwd_task(void *ctx, int t) {
     }
 }
 
+/* SyncBatchNorm's statistics: per channel the sum over every rank, then
+ * the squared deviations from the global mean (two passes, as the
+ * single-process path, so a split batch matches the whole one closely). */
+static lk_status bn_sync_stats(const bn_fwd_job *j, const bn_sync *sy_in, bn_sync *sy) {
+    long N = j->N, C = j->C, S = j->S;
+    float *mean = j->stats, *invstd = j->stats + C;
+    double *v = lk_malloc((size_t)(C + 1) * sizeof *v);
+    if (!v) return LK_STATUS_OUT_OF_MEMORY;
+    for (long c = 0; c < C; c++) {
+        double s = 0;
+        for (long i = 0; i < N; i++) s += lk_k_plane_sum(j->xd + (i * C + c) * S, S);
+        v[c] = s;
+    }
+    v[C] = j->M;
+    lk_status st = sy_in->sum(sy_in->ctx, v, (int)(C + 1));
+    double M = v[C];
+    if (!st && M <= 1.0)
+        st = lk_error(LK_STATUS_INVALID_ARGUMENT, "batch_norm (sync): expected more than 1 value per channel over all "
+                      "ranks when training, got %g", M);
+    for (long c = 0; !st && c < C; c++) {
+        mean[c] = (float)(v[c] / M);
+        double q = 0;
+        for (long i = 0; i < N; i++) q += lk_k_plane_sqdev(j->xd + (i * C + c) * S, S, mean[c]);
+        v[c] = q;
+    }
+    if (!st) st = sy_in->sum(sy_in->ctx, v, (int)C);
+    for (long c = 0; !st && c < C; c++) {
+        invstd[c] = (float)(1.0 / sqrt(v[c] / M + (double)j->eps));
+        if (j->running_mean) {
+            vec_set(j->running_mean, c, (1.0f - j->momentum) * vec_get(j->running_mean, c) + j->momentum * mean[c]);
+            vec_set(j->running_var, c,
+                    (1.0f - j->momentum) * vec_get(j->running_var, c) + j->momentum * (float)(v[c] / (M - 1)));
+        }
+        float scale = invstd[c] * (j->weight ? vec_get(j->weight, c) : 1.0f);
+        float shift = (j->bias ? vec_get(j->bias, c) : 0.0f) - mean[c] * scale;
+        for (long i = 0; i < N; i++)
+            lk_k_plane_affine(j->xd + (i * C + c) * S, S, scale, shift, j->od + (i * C + c) * S);
+    }
+    *sy = (bn_sync){sy_in->sum, sy_in->ctx, M};
+    lk_free(v);
+    return st;
+}
+
+static lk_tensor *batch_norm_impl(lk_tensor *x, lk_tensor *running_mean, lk_tensor *running_var, lk_tensor *weight,
+                                  lk_tensor *bias, bool training, float momentum, float eps, const bn_sync *sync);
+
 lk_tensor *lk_batch_norm(lk_tensor *x, lk_tensor *running_mean, lk_tensor *running_var, lk_tensor *weight,
                          lk_tensor *bias, bool training, float momentum, float eps) {
+    return batch_norm_impl(x, running_mean, running_var, weight, bias, training, momentum, eps, NULL);
+}
+
+lk_tensor *lk_batch_norm_sync(lk_tensor *x, lk_tensor *running_mean, lk_tensor *running_var, lk_tensor *weight,
+                              lk_tensor *bias, bool training, float momentum, float eps, lk_sum_fn sum, void *ctx) {
+    bn_sync sy = {sum, ctx, 0};
+    return batch_norm_impl(x, running_mean, running_var, weight, bias, training, momentum, eps,
+                           sum && training ? &sy : NULL);
+}
+
+static lk_tensor *batch_norm_impl(lk_tensor *x, lk_tensor *running_mean, lk_tensor *running_var, lk_tensor *weight,
+                                  lk_tensor *bias, bool training, float momentum, float eps, const bn_sync *sync) {
     LK_OP_CHECK_INPUTS(x);
     char sx[128];
     if (lk__check_f32("batch_norm", x, "input")) return NULL;
@@ -162,7 +270,7 @@ lk_tensor *lk_batch_norm(lk_tensor *x, lk_tensor *running_mean, lk_tensor *runni
         return lk_error(LK_STATUS_INVALID_ARGUMENT, "batch_norm: eps must be >= 0, got %g", (double)eps), NULL;
     long N = x->shape[0], C = x->shape[1], S = N * C > 0 ? (long)(x->numel / (N * C)) : 0;
     double M = (double)N * (double)S;
-    if (training && M <= 1.0 && C > 0)
+    if (training && M <= 1.0 && C > 0 && !sync) /* with sync the count over all ranks decides */
         return lk_error(LK_STATUS_INVALID_ARGUMENT,
                         "batch_norm: expected more than 1 value per channel when training, got input %s", sx),
                NULL;
@@ -177,7 +285,18 @@ lk_tensor *lk_batch_norm(lk_tensor *x, lk_tensor *running_mean, lk_tensor *runni
     }
     bn_fwd_job job = {xc->data, out->data, stats->data, running_mean, running_var, weight, bias,
                       N, C, S, M, eps, momentum, training, bn_width(x->numel, C)};
-    lk__parallel_run(job.width, bn_fwd_task, &job);
+    bn_sync used = {0};
+    if (sync) {
+        lk_status st = bn_sync_stats(&job, sync, &used);
+        if (st) {
+            lk_tensor_release(xc);
+            lk_tensor_release(stats);
+            lk_tensor_release(out);
+            return NULL;
+        }
+    } else {
+        lk__parallel_run(job.width, bn_fwd_task, &job);
+    }
     lk_tensor *in[3] = {x, NULL, NULL};
     int n_in = 1, iw = -1, ib = -1;
     if (weight) in[iw = n_in++] = weight;
@@ -189,6 +308,13 @@ lk_tensor *lk_batch_norm(lk_tensor *x, lk_tensor *running_mean, lk_tensor *runni
         n->a.i[2] = ib;
         n->saved[0] = lk_tensor_retain(xc);
         n->saved[1] = lk_tensor_retain(stats);
+        if (sync && !(n->extra = lk_malloc(sizeof used))) { /* the backward could not sync */
+            lk_tensor_release(xc);
+            lk_tensor_release(stats);
+            lk_tensor_release(out);
+            return NULL;
+        }
+        if (sync) memcpy(n->extra, &used, sizeof used);
     }
     lk_tensor_release(xc);
     lk_tensor_release(stats);

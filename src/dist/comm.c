@@ -353,7 +353,9 @@ static void *comm_thread(void *arg) {
             struct timespec ts = {delay_ms / 1000, (delay_ms % 1000) * 1000000L};
             nanosleep(&ts, NULL);
         }
+        w->t_start = lk_time_now();
         lk_status st = run_one(c, &w->op);
+        w->t_end = lk_time_now();
         pthread_mutex_lock(&c->mu);
         w->status = st;
         if (st) snprintf(w->msg, sizeof w->msg, "%s", lk_last_error());
@@ -373,7 +375,9 @@ static lk_status enqueue(lk_comm *c, const lk__coll *op, lk_work **work) {
     w->comm = c;
     if (c->vt == &lk__comm_self) {
         /* Nothing travels: complete now, no thread. */
+        w->t_start = lk_time_now();
         w->status = run_one(c, op);
+        w->t_end = lk_time_now();
         if (w->status) snprintf(w->msg, sizeof w->msg, "%s", lk_last_error());
         w->done = true;
         *work = w;
@@ -432,6 +436,11 @@ lk_status lk_work_test(lk_work *w, bool *done) {
     *done = d;
     if (d && w->status) return lk_error(w->status, "%s", w->msg);
     return LK_STATUS_OK;
+}
+
+void lk_work_times(const lk_work *w, double *t_start, double *t_end) {
+    *t_start = w ? w->t_start : 0;
+    *t_end = w ? w->t_end : 0;
 }
 
 void lk_work_free(lk_work *w) {

@@ -108,6 +108,7 @@ struct lk_work {
     bool done; /* under comm->mu */
     lk_status status;
     char msg[1024];
+    double t_start, t_end; /* when it ran (lk_time_now), for profilers' traces */
 };
 
 /* Registry: backends built into this library. */

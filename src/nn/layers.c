@@ -143,6 +143,8 @@ typedef struct {
     float eps, momentum;
     bool affine, track;
     int spatial; /* 1: BatchNorm1d, 2: BatchNorm2d */
+    lk_sum_fn sync; /* SyncBatchNorm: sums over ranks (lk_layer_sync_batchnorm); NULL: this rank's batch */
+    void *sync_ctx;
 } bn_impl;
 
 static lk_status bn_reset(lk_layer *self, lk_rng *rng) {
@@ -181,7 +183,8 @@ static lk_tensor *bn_forward(lk_layer *self, lk_tensor *x) {
         if (b->momentum < 0) factor = 1.0f / (float)*c; /* momentum=None: cumulative moving average */
     }
     bool use_batch_stats = self->training || !b->track;
-    lk_tensor *y = lk_batch_norm(x, rm, rv, w, bias, use_batch_stats, factor, b->eps);
+    lk_tensor *y = lk_batch_norm_sync(x, rm, rv, w, bias, use_batch_stats, factor, b->eps,
+                                       self->training ? b->sync : NULL, b->sync_ctx); /* PyTorch syncs in training only */
     if (!y && counted) (*(int64_t *)nbt->data)--;
     return y;
 }
@@ -196,7 +199,7 @@ static lk_layer *bn_create(const char *type, int spatial, int64_t num_features, 
     }
     bn_impl *b = lk_malloc(sizeof *b);
     if (!b) return NULL;
-    *b = (bn_impl){num_features, eps, momentum, affine, track, spatial};
+    *b = (bn_impl){num_features, eps, momentum, affine, track, spatial, NULL, NULL};
     lk_layer *l = lk_layer_create(type, bn_forward, b, NULL);
     if (!l) return NULL;
     l->reset = bn_reset;
@@ -208,6 +211,19 @@ static lk_layer *bn_create(const char *type, int spatial, int64_t num_features, 
                   lk_layer_add_buffer(l, "num_batches_tracked", lk_tensor_zeros(LK_I64, 0, NULL))))
         return abandon(l);
     return init_with(l, NULL);
+}
+
+int lk_layer_sync_batchnorm(lk_layer *l, lk_sum_fn sum, void *ctx) {
+    if (!l) return 0;
+    int n = 0;
+    if (l->forward == bn_forward) { /* the layer type is known by its forward function */
+        bn_impl *b = l->impl;
+        b->sync = sum;
+        b->sync_ctx = sum ? ctx : NULL;
+        n++;
+    }
+    for (int i = 0; i < l->n_children; i++) n += lk_layer_sync_batchnorm(l->children[i].layer, sum, ctx);
+    return n;
 }
 
 lk_layer *lk_batch_norm1d_create(int64_t num_features, float eps, float momentum, bool affine, bool track_running_stats) {

@@ -51,6 +51,8 @@ struct lk_strategy {
     float *common_params, *common_state;
     bool common_owner, sharded;
     lk_strategy_stats stats;
+    lk_strategy_bucket_fn bucket_fn; /* profiler (optional) */
+    void *bucket_ctx;
 };
 
 static const char *const strategy_names[] = {"auto", "single", "ddp"};
@@ -101,11 +103,25 @@ lk_status lk_strategy_create(const lk_strategy_config *cfg, lk_strategy **out) {
     return LK_STATUS_OK;
 }
 
+static size_t bucket_bytes(const lk_strategy *s, const bucket *b) {
+    return (size_t)b->count * lk_dtype_size(s->cfg.comm_dtype);
+}
+
+void lk_strategy_set_bucket_hook(lk_strategy *s, lk_strategy_bucket_fn fn, void *ctx) {
+    s->bucket_fn = fn;
+    s->bucket_ctx = ctx;
+}
+
 static void wait_all(lk_strategy *s) {
     for (int b = 0; b < s->nbuckets; b++) {
         if (s->buckets[b].work) {
             lk_status st = lk_work_wait(s->buckets[b].work);
             if (st && !s->async_err) s->async_err = st;
+            if (!st && s->bucket_fn) {
+                double t0, t1;
+                lk_work_times(s->buckets[b].work, &t0, &t1);
+                s->bucket_fn(s->bucket_ctx, b, bucket_bytes(s, &s->buckets[b]), t0, t1, true);
+            }
             lk_work_free(s->buckets[b].work);
             s->buckets[b].work = NULL;
         }
@@ -149,7 +165,7 @@ static lk_status reduce_bucket(lk_strategy *s, bucket *b, bool async) {
         lk_f32_to_half_n(s->cfg.comm_dtype, buf, s->flat_grad + b->offset, (size_t)b->count);
     }
     s->stats.allreduce_calls++;
-    s->stats.bytes_reduced += (uint64_t)b->count * lk_dtype_size(s->cfg.comm_dtype);
+    s->stats.bytes_reduced += bucket_bytes(s, b);
     if (async) return lk_comm_all_reduce_async(s->comm, buf, (size_t)b->count, s->cfg.comm_dtype, LK_REDUCE_AVG, &b->work);
     return lk_comm_all_reduce(s->comm, buf, (size_t)b->count, s->cfg.comm_dtype, LK_REDUCE_AVG);
 }
@@ -370,8 +386,13 @@ lk_status lk_strategy_finish_backward(lk_strategy *s) {
     double t0 = lk_time_now();
     wait_all(s);
     double w0 = lk_comm_arrival_wait_s(s->comm); /* async buckets waited on another thread, overlapped */
-    for (; s->next_launch < s->nbuckets && !s->async_err; s->next_launch++) /* the last bucket, inline */
+    for (; s->next_launch < s->nbuckets && !s->async_err; s->next_launch++) { /* the last bucket, inline */
+        double b0 = s->bucket_fn ? lk_time_now() : 0;
         s->async_err = reduce_bucket(s, &s->buckets[s->next_launch], false);
+        if (s->bucket_fn && !s->async_err)
+            s->bucket_fn(s->bucket_ctx, s->next_launch, bucket_bytes(s, &s->buckets[s->next_launch]), b0, lk_time_now(),
+                         false);
+    }
     double straggler = lk_comm_arrival_wait_s(s->comm) - w0;
     s->stats.comm_straggler_s += straggler;
     s->stats.comm_straggler_last_s = straggler;

@@ -11,6 +11,7 @@
 #define LK_PATH2 2048 /* a log dir plus a file name */
 
 typedef struct lk_dp lk_dp;
+typedef struct lk_profiler lk_profiler;
 
 typedef struct lk_metric {
     char name[LK_METRIC_NAME];
@@ -84,6 +85,7 @@ struct lk_trainer {
     double stats_wall, stats_cpu; /* DeviceStatsMonitor's last sample */
     int64_t samples_steady;
     double sum_at_steady[6];
+    lk_profiler *prof; /* profiler advanced / trace (profiler.c); NULL otherwise */
 };
 
 /* dp.c: the DataParallel executor */
@@ -95,6 +97,20 @@ lk_status lk__dp_step(lk_dp *dp, const lk_batch *b, int64_t batch_idx, float acc
                       double *bwd_s, double *reduce_s);
 /* After the optimizer step: replica 0's parameters to the others. */
 void lk__dp_broadcast_params(lk_dp *dp);
+
+/* profiler.c: trainer.profiler advanced and trace. Every call takes NULL
+ * (profiler off) and then does nothing. */
+lk_status lk__prof_create(lk_trainer *tr); /* sets tr->prof when the profiler asks for one */
+void lk__prof_free(lk_trainer *tr);
+/* Around each training micro-step: times its ops, and for the first
+ * profiler_trace_steps steps records its phases (data from t_data, forward
+ * from t_fwd, backward from t_bwd, exposed comm from t_comm to t_end). */
+void lk__prof_forward_begin(lk_profiler *p, int64_t step);
+void lk__prof_backward_end(lk_profiler *p, double t_data, double t_fwd, double t_bwd, double t_comm, double t_end);
+void lk__prof_optimizer(lk_profiler *p, double t0, double t1);
+/* End of fit: prints the op table (rank 0); with trace, gathers every
+ * rank's events and rank 0 writes <log_dir>/trace.json (collective). */
+lk_status lk__prof_finish(lk_trainer *tr);
 
 /* metrics.c */
 lk_metric *lk__metric_get(lk_trainer *tr, const char *name, bool create);

@@ -148,6 +148,7 @@ static void run_cleanup(lk_trainer *tr) {
     tr->progress = NULL;
     lk_logger_free(tr->logger);
     tr->logger = NULL;
+    lk__prof_free(tr);
 }
 
 void lk_trainer_free(lk_trainer *tr) {
@@ -238,6 +239,12 @@ static lk_status make_loader(lk_trainer *tr, lk_dataset *ds, bool train, lk_load
 }
 
 static bool is_rank0(const lk_trainer *tr) { return tr->rank == 0; }
+
+/* SyncBatchNorm's all-reduce (trainer.sync_batchnorm). */
+static lk_status sum_over_ranks(void *ctx, double *vals, int n) {
+    lk_trainer *tr = ctx;
+    return lk_comm_all_reduce(tr->comm, vals, (size_t)n, LK_F64, LK_REDUCE_SUM);
+}
 
 /* Parameters and buffers of the module, flattened into the strategy's
  * gradient buffer, and the optimizer and scheduler. */
@@ -627,6 +634,7 @@ static lk_status fit_loop(lk_trainer *tr, lk_loader *train, lk_loader *val, int6
                 goto stepped;
             }
             lk_scope_begin();
+            lk__prof_forward_begin(tr->prof, tr->global_step);
             lk_status st = lk_strategy_before_forward(tr->strat);
             lk_layer_set_rng_step(m->net, (uint64_t)c->seed, (uint32_t)tr->rank, (uint64_t)tr->global_step);
             lk_tensor *loss = st ? NULL : m->vt->training_step(m, b, i, tr);
@@ -646,6 +654,7 @@ static lk_status fit_loop(lk_trainer *tr, lk_loader *train, lk_loader *val, int6
                 double t4 = lk_time_now();
                 tr->sum_bwd += t3 - t2;
                 tr->sum_comm += t4 - t3;
+                lk__prof_backward_end(tr->prof, t0, t1, t2, t3, t4);
                 if (sync) tr->sum_comm_wait += lk_strategy_get_stats(tr->strat).comm_straggler_last_s;
             }
             lk_scope_end();
@@ -672,6 +681,7 @@ static lk_status fit_loop(lk_trainer *tr, lk_loader *train, lk_loader *val, int6
                 if (tr->sched && !strcmp(tr->opt.interval, "step") && strcmp(tr->opt.scheduler, "plateau"))
                     LK_TRY(lk_scheduler_step(tr->sched));
                 tr->sum_opt += lk_time_now() - t5;
+                lk__prof_optimizer(tr->prof, t5, lk_time_now());
                 if (tr->test_step_delay_ms > 0) /* tests that signal a run mid-way need it to last */
                     nanosleep(&(struct timespec){tr->test_step_delay_ms / 1000, (tr->test_step_delay_ms % 1000) * 1000000L}, NULL);
                 tr->timed_steps++;
@@ -809,10 +819,10 @@ static void write_runinfo(lk_trainer *tr, const char *command, lk_status st) {
 }
 
 static void print_profile(lk_trainer *tr) {
-    if (!is_rank0(tr) || strcmp(tr->cfg.profiler, "simple") || tr->timed_steps == 0) return;
+    if (!is_rank0(tr) || !strcmp(tr->cfg.profiler, "none") || tr->timed_steps == 0) return; /* every profiler shows the phases */
     double n = (double)tr->timed_steps;
     double tot = tr->sum_data + tr->sum_fwd + tr->sum_bwd + tr->sum_comm + tr->sum_opt;
-    printf("\nprofiler (simple): %lld optimizer steps, mean per step\n", (long long)tr->timed_steps);
+    printf("\nprofiler (%s): %lld optimizer steps, mean per step\n", tr->cfg.profiler, (long long)tr->timed_steps);
     const char *names[] = {"data wait", "forward", "backward", "exposed comm", "optimizer"};
     double v[] = {tr->sum_data, tr->sum_fwd, tr->sum_bwd, tr->sum_comm, tr->sum_opt};
     for (int i = 0; i < 5; i++) {
@@ -908,6 +918,12 @@ lk_status lk_trainer_fit(lk_trainer *tr, lk_module *m, lk_datamodule *dm, const 
         if (n_train == 0 && !st) st = lk_error(LK_STATUS_INVALID_ARGUMENT, "no training batches (limit_train_batches=%g)", c->limit_train_batches.value);
     }
     if (!st) st = setup_params(tr, n_train / (tr->accum ? tr->accum : 1) + 1);
+    if (!st) st = lk__prof_create(tr);
+    if (!st && c->sync_batchnorm && tr->world > 1) {
+        int k = lk_layer_sync_batchnorm(m->net, sum_over_ranks, tr);
+        lk_log0("sync_batchnorm: %d batch norm layer%s compute statistics over all %d ranks", k, k == 1 ? "" : "s",
+                tr->world);
+    }
     if (!st && tr->dp_devices > 1) st = lk__dp_create(tr, tr->dp_devices, &tr->dp);
     if (!st && is_rank0(tr)) { /* temporaries of writers killed before their rename (a full-size last.ckpt.tmp.<pid>) */
         char root[LK_PATH + 32];
@@ -943,6 +959,16 @@ lk_status lk_trainer_fit(lk_trainer *tr, lk_module *m, lk_datamodule *dm, const 
                 (long long)lk_layer_num_parameters(m->net), (long long)n_train, (long long)n_val,
                 tr->accum > 1 ? " (accumulating gradients)" : "");
         if (tr->log_dir[0]) lk_log0("logs: %s", tr->log_dir);
+        if (c->enable_model_summary && c->model_summary_max_depth != 0) {
+            char *table = NULL;
+            if (lk_model_summary(m->net, (int)c->model_summary_max_depth, &table) == LK_STATUS_OK) {
+                printf("\n%s\n", table);
+                fflush(stdout);
+            } else {
+                lk_log_warn("model summary: %s", lk_last_error()); /* a table is not worth failing the fit */
+            }
+            lk_free(table);
+        }
     }
     /* Sanity check: a few validation batches before training (not logged). */
     if (!st && val && c->num_sanity_val_steps != 0 && !ckpt_path && !c->fast_dev_run) {
@@ -966,10 +992,12 @@ lk_status lk_trainer_fit(lk_trainer *tr, lk_module *m, lk_datamodule *dm, const 
         if (s2) lk_log_warn("on_stage_end: %s", lk_last_error());
     }
     print_profile(tr);
+    if (!st) st = lk__prof_finish(tr);
     write_runinfo(tr, "fit", st);
     if (tr->logger) lk_logger_finalize(tr->logger, st ? "failed" : "success");
     lk_loader_free(train);
     lk_loader_free(val);
+    if (c->sync_batchnorm && m) lk_layer_sync_batchnorm(m->net, NULL, NULL); /* the module outlives this trainer's comm */
     lk_status saved = st;
     run_cleanup(tr);
     restore_signals(&sigs);

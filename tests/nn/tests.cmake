@@ -1,1 +1,2 @@
 lk_add_test(NAME nn_layers SOURCES nn/test_layers.c LABELS unit parity TIMEOUT 60)
+lk_add_test(NAME nn_sync_batchnorm SOURCES nn/test_sync_bn.c LABELS multiproc TIMEOUT 60)
