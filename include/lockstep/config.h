@@ -125,6 +125,10 @@ char *lk_config_node_where(const lk_config_node *node, char *buf, size_t size);
  * ---------------------------------------------------------------------- */
 lk_status lk_config_apply_params(const lk_config_node *map, const lk_param *table, int n, void *cfg,
                                  const char *prefix);
+/* Same, leaving the keys named in skip[0..nskip) to the caller (values whose
+ * form the table cannot hold, such as a list of callbacks). */
+lk_status lk_config_apply_params_except(const lk_config_node *map, const lk_param *table, int n, void *cfg,
+                                        const char *prefix, const char *const *skip, int nskip);
 
 /* ------------------------------------------------------------------------
  * Emitting. The output is YAML that loads back to the same tree (same

@@ -134,7 +134,8 @@ static lk_status read_spec(lk_config *cfg, run_spec *rs) {
     int n;
     const lk_param *tp = lk_trainer_params(&n);
     LK_TRY(lk_trainer_config_default(&rs->trainer));
-    LK_TRY(lk_config_apply_params(lk_config_get(cfg, "trainer"), tp, n, &rs->trainer, "trainer"));
+    (void)tp;
+    LK_TRY(lk_trainer_config_apply(lk_config_get(cfg, "trainer"), &rs->trainer));
     const lk_config_node *se = lk_config_get(cfg, "seed_everything");
     if (se && !lk_config_node_is_null(se)) {
         static const lk_param sp[] = {{"seed_everything", LK_PARAM_INT, 0, "0", 0, 4294967295.0, NULL, "seed"}};

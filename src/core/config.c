@@ -771,6 +771,11 @@ static lk_status relocate(lk_status st, const char *where) {
 
 lk_status lk_config_apply_params(const lk_config_node *map, const lk_param *table, int n, void *cfg,
                                  const char *prefix) {
+    return lk_config_apply_params_except(map, table, n, cfg, prefix, NULL, 0);
+}
+
+lk_status lk_config_apply_params_except(const lk_config_node *map, const lk_param *table, int n, void *cfg,
+                                        const char *prefix, const char *const *skip, int nskip) {
     char where[1024];
     const char *pre = prefix ? prefix : "";
     const char *dot = *pre ? "." : "";
@@ -781,6 +786,9 @@ lk_status lk_config_apply_params(const lk_config_node *map, const lk_param *tabl
                         map->text ? " '" : "", map->text ? map->text : "", map->text ? "'" : "");
     for (int i = 0; i < map->n; i++) {
         const lk_config_node *c = map->kids[i];
+        bool skipped = false;
+        for (int k = 0; k < nskip && !skipped; k++) skipped = !strcmp(c->key, skip[k]);
+        if (skipped) continue; /* the caller reads this one itself */
         const lk_param *p = lk_params_find(table, n, c->key);
         if (!p) {
             lk_status st = lk_params_set(table, n, cfg, prefix, c->key, "");
