@@ -67,4 +67,39 @@ expect_fail "an unknown init_args key names file:line and the accepted keys" 2 "
   "$LK_BIN" fit -c "$T/synth.yaml" -c "$T/bad2.yaml"
 expect_fail "an unknown init_args key suggests the right one" 2 "unknown key 'patiense' for EarlyStopping (did you mean 'patience'?) (accepted: monitor, min_delta, patience" \
   "$LK_BIN" fit -c "$T/synth.yaml" -c "$T/bad2.yaml"
+# seeds: one wins visibly, and config.yaml records the seed that ran
+out=$("$LK_BIN" fit -c "$T/synth.yaml" --trainer.seed 5 --print_config 2>&1)
+check "--trainer.seed on the command line beats seed_everything from a file, with a warning" \
+  bash -c "grep -q '^seed_everything: 5' <<<\"\$0\" && grep -q '^  seed: 5' <<<\"\$0\" && grep -q 'seed 5 from --trainer.seed (command line) wins over seed_everything: 7' <<<\"\$0\"" "$out"
+printf 'trainer:\n  seed: 5\n' > "$T/seed5.yaml"
+expect_fail "seed_everything and trainer.seed from files that disagree are an error" 2 "seed_everything: 7 (" \
+  "$LK_BIN" fit -c "$T/synth.yaml" -c "$T/seed5.yaml" --print_config
+out=$("$LK_BIN" fit -c "$T/synth.yaml" --seed_everything true --print_config 2>&1)
+s=$(sed -n 's/^seed_everything: \([0-9]*\)$/\1/p' <<<"$out")
+check "seed_everything: true draws a seed and records it ($s)" bash -c "[ -n '$s' ] && grep -q '^  seed: $s\$' <<<\"\$0\"" "$out"
+sed '/^seed_everything/d' "$T/synth.yaml" > "$T/noseed.yaml"
+check "PL_GLOBAL_SEED is the seed when the config sets none" bash -c "PL_GLOBAL_SEED=11 '$LK_BIN' fit -c '$T/noseed.yaml' --print_config 2>/dev/null | grep -q '^seed_everything: 11\$'"
+
+# overrides beat files wherever they stand; templates need no extra quoting
+check "an override before -c still wins" bash -c "'$LK_BIN' fit --trainer.max_epochs 3 -c '$T/synth.yaml' --print_config | grep -q '^  max_epochs: 3\$'"
+check "a filename template on the command line is a string" bash -c "'$LK_BIN' fit -c '$T/synth.yaml' --trainer.checkpoint_filename {epoch}-{val_loss:.4f} --print_config | grep -q 'checkpoint_filename: \"{epoch}-{val_loss:.4f}\"'"
+
+# --print_config=skip_null drops nulls and feeds back
+printf 'ckpt_path: null\n' > "$T/null.yaml"
+"$LK_BIN" fit -c "$T/synth.yaml" -c "$T/null.yaml" --print_config=skip_null > "$T/sk.yaml" 2>&1
+check "--print_config=skip_null drops null keys" bash -c "! grep -q 'ckpt_path' '$T/sk.yaml' && grep -q 'max_epochs' '$T/sk.yaml'"
+expect_fail "--print_config=comments is refused" 2 "lockstep understands --print_config and --print_config=skip_null" \
+  "$LK_BIN" fit -c "$T/synth.yaml" --print_config=comments
+
+# optimizer / lr_scheduler with PyTorch's argument names
+printf 'optimizer:\n  class_path: torch.optim.Adam\n  init_args: {lr: 0.01, betas: [0.8, 0.99]}\nlr_scheduler:\n  class_path: torch.optim.lr_scheduler.CosineAnnealingLR\n  init_args: {T_max: 4, eta_min: 0.0001}\n' > "$T/torch.yaml"
+check "Adam betas and CosineAnnealingLR T_max are accepted" \
+  "$LK_BIN" fit -c "$T/synth.yaml" -c "$T/torch.yaml" --trainer.max_epochs 1 --trainer.enable_progress_bar false
+printf 'optimizer:\n  class_path: torch.optim.Adam\n  init_args: {betas: [0.8]}\n' > "$T/badbetas.yaml"
+expect_fail "betas must be two numbers" 2 "optimizer.init_args.betas: expected two numbers" \
+  "$LK_BIN" fit -c "$T/synth.yaml" -c "$T/badbetas.yaml"
+
+# ddp_spawn says what it does
+out=$("$LK_BIN" fit -c "$T/synth.yaml" --trainer.devices 2 --trainer.strategy ddp_spawn --trainer.max_steps 1 --trainer.enable_progress_bar false 2>&1)
+check "ddp_spawn says the ranks are forked and train as ddp" grep -q "strategy ddp_spawn: the 2 ranks are forked from this process" <<<"$out"
 finish
