@@ -42,6 +42,15 @@ static void print_help(const char *cmd) {
     printf("trainer:\n");
     const lk_param *tp = lk_trainer_params(&n);
     lk_params_print_help(tp, n, stdout, "trainer");
+    for (int pass = 0; pass < 2; pass++) {
+        const lk_callback_info *ci = pass ? lk_logger_infos(&n) : lk_callback_infos(&n);
+        printf(pass ? "\ntrainer.logger: false | true | a class_path entry or a list of them:\n"
+                    : "\ntrainer.callbacks: a list of {class_path, init_args} (class_path may carry a module path):\n");
+        for (int i = 0; i < n; i++) {
+            printf("  %-22s %s\n", ci[i].name, ci[i].help);
+            lk_params_print_help(ci[i].params, ci[i].n_params, stdout, "init_args");
+        }
+    }
     printf("\noptimizer / lr_scheduler (one table; lr_scheduler.class_path sets optimizer.scheduler):\n");
     const lk_param *op = lk_optim_settings_params(&n);
     lk_params_print_help(op, n, stdout, "optimizer");

@@ -125,7 +125,7 @@ static void test_value_forms(void) {
     CHECK_OK(apply("trainer:\n  max_time: null\n", &t));
     CHECK(t.max_time == 0);
     CHECK_ERR(apply("trainer:\n  max_time: {hour: 1}\n", &t), LK_STATUS_INVALID_ARGUMENT, "did you mean 'hours'");
-    CHECK_ERR(apply("trainer:\n  max_time: \"1:2:3\"\n", &t), LK_STATUS_INVALID_ARGUMENT, "expected \"DD:HH:MM:SS\"");
+    CHECK_ERR(apply("trainer:\n  max_time: \"1:2:3\"\n", &t), LK_STATUS_INVALID_ARGUMENT, "expected \"DD:HH:MM:SS\" (Lightning's max_time form)");
     CHECK_OK(apply("trainer:\n  fast_dev_run: true\n", &t));
     CHECK(t.fast_dev_run == 1);
     CHECK_OK(apply("trainer:\n  fast_dev_run: 5\n", &t));
