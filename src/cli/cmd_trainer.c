@@ -362,7 +362,9 @@ static int run_local(void *ctx) {
         } else if (last[0]) {
             printf("checkpoint:      %s\n", last);
         }
-        printf("logs:            %s/metrics.csv\n", lk_trainer_log_dir(tr));
+        char csv[2200];
+        snprintf(csv, sizeof csv, "%s/metrics.csv", lk_trainer_log_dir(tr));
+        printf("logs:            %s\n", access(csv, R_OK) == 0 ? csv : lk_trainer_log_dir(tr)); /* no CSVLogger: the dir */
         char png[2200];
         snprintf(png, sizeof png, "%s/reconstructions.png", lk_trainer_log_dir(tr));
         if (access(png, R_OK) == 0) printf("picture:         %s\n", png);
