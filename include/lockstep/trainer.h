@@ -198,9 +198,11 @@ lk_status lk_module_load_weights(lk_module *m, const char *path);
 /* Optimizer and LR scheduler as data: the `optimizer` and `lr_scheduler`
  * sections of a config (Lightning's configure_optimizers, declaratively). */
 typedef struct lk_optim_settings {
-    char name[LK_PARAM_STR];      /* adam | adamw | sgd */
+    char name[LK_PARAM_STR];      /* adam | adamw | sgd | rmsprop */
     double lr, weight_decay, momentum, dampening, beta1, beta2, eps;
     bool nesterov, amsgrad;
+    double alpha;                 /* rmsprop */
+    bool centered;                /* rmsprop */
     char scheduler[LK_PARAM_STR]; /* none | step | multistep | exponential | cosine | linear | onecycle | plateau */
     char interval[LK_PARAM_STR];  /* epoch | step */
     int64_t step_size;            /* step: period; cosine: T_max (0 = the whole run); linear: total_iters */

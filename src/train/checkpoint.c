@@ -68,7 +68,7 @@ lk_status lk__ckpt_save(lk_trainer *tr, const char *path) {
     int nk = 0;
     for (int j = 0; !st && j < tr->nckpts; j++) {
         const lk_ckpt_state *k = &tr->ckpts[j];
-        char sfx[8] = "";
+        char sfx[16] = "";
         if (j) snprintf(sfx, sizeof sfx, ".%d", j);
         char *tk = topk + (size_t)j * 4096;
         for (int i = 0; i < k->ntopk; i++) {
@@ -88,7 +88,7 @@ lk_status lk__ckpt_save(lk_trainer *tr, const char *path) {
         meta[nmeta++] = (lk_st_meta){keys[nk++], tk};
     }
     for (int j = 0; !st && j < tr->nes; j++) {
-        char sfx[8] = "";
+        char sfx[16] = "";
         if (j) snprintf(sfx, sizeof sfx, ".%d", j);
         snprintf(keys[nk], KEYLEN, "early_stopping_wait%s", sfx);
         snprintf(vals[nk], VALLEN, "%d", tr->es[j].wait);
@@ -226,7 +226,7 @@ lk_status lk__ckpt_load(lk_trainer *tr, const char *path, bool restore_training)
             }
             for (int j = 0; j < tr->nckpts; j++) {
                 lk_ckpt_state *k = &tr->ckpts[j];
-                char key[48], sfx[8] = "";
+                char key[48], sfx[16] = "";
                 if (j) snprintf(sfx, sizeof sfx, ".%d", j);
                 snprintf(key, sizeof key, "best_score%s", sfx);
                 k->best_score = strtod(meta_or(f, key, "nan"), NULL);
@@ -256,7 +256,7 @@ lk_status lk__ckpt_load(lk_trainer *tr, const char *path, bool restore_training)
                 }
             }
             for (int j = 0; j < tr->nes; j++) {
-                char key[48], sfx[8] = "";
+                char key[48], sfx[16] = "";
                 if (j) snprintf(sfx, sizeof sfx, ".%d", j);
                 snprintf(key, sizeof key, "early_stopping_wait%s", sfx);
                 tr->es[j].wait = atoi(meta_or(f, key, "0"));

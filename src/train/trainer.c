@@ -264,6 +264,11 @@ static lk_status setup_params(lk_trainer *tr, int64_t steps_per_epoch) {
         oc.momentum = tr->opt.momentum;
         oc.dampening = tr->opt.dampening;
         oc.nesterov = tr->opt.nesterov;
+    } else if (!strcmp(tr->opt.name, "rmsprop")) {
+        oc.momentum = tr->opt.momentum;
+        oc.alpha = tr->opt.alpha;
+        oc.eps = tr->opt.eps;
+        oc.centered = tr->opt.centered;
     } else {
         oc.beta1 = tr->opt.beta1;
         oc.beta2 = tr->opt.beta2;
@@ -561,7 +566,8 @@ static lk_status log_device_stats(lk_trainer *tr) {
 static lk_status log_lr(lk_trainer *tr) {
     if (!tr->optim) return LK_STATUS_OK;
     char name[64];
-    snprintf(name, sizeof name, "lr-%s", !strcmp(tr->opt.name, "adamw") ? "AdamW" : !strcmp(tr->opt.name, "sgd") ? "SGD" : "Adam");
+    snprintf(name, sizeof name, "lr-%s", !strcmp(tr->opt.name, "adamw") ? "AdamW" : !strcmp(tr->opt.name, "sgd") ? "SGD"
+                                         : !strcmp(tr->opt.name, "rmsprop") ? "RMSprop" : "Adam");
     const char *st = tr->stage;
     tr->stage = "train";
     lk_status s = lk_log_metric(tr, name, lk_optimizer_get_lr(tr->optim, 0), &(lk_log_opts){.on_step = 1, .on_epoch = -1});

@@ -102,16 +102,18 @@ lk_status lk_trainer_config_default(lk_trainer_config *cfg) {
     {name, LK_PARAM_##type, offsetof(lk_optim_settings, field), def, lo, hi, choices, help}
 
 static const lk_param optim_params[] = {
-    O("name", ENUM, name, "adam", 1, 0, "adam|adamw|sgd", "optimizer"),
+    O("name", ENUM, name, "adam", 1, 0, "adam|adamw|sgd|rmsprop", "optimizer"),
     O("lr", FLOAT, lr, "0.001", 0, 1e6, NULL, "learning rate"),
     O("weight_decay", FLOAT, weight_decay, "0", 0, 1e6, NULL, "L2 penalty (adamw: decoupled decay)"),
-    O("momentum", FLOAT, momentum, "0", 0, 1, NULL, "sgd momentum"),
+    O("momentum", FLOAT, momentum, "0", 0, 1, NULL, "sgd/rmsprop momentum"),
     O("dampening", FLOAT, dampening, "0", 0, 1, NULL, "sgd dampening"),
     O("nesterov", BOOL, nesterov, "false", 1, 0, NULL, "sgd Nesterov momentum"),
     O("beta1", FLOAT, beta1, "0.9", 0, 0.999999, NULL, "adam beta1"),
     O("beta2", FLOAT, beta2, "0.999", 0, 0.99999999, NULL, "adam beta2"),
-    O("eps", FLOAT, eps, "1e-8", 0, 1, NULL, "adam epsilon"),
+    O("eps", FLOAT, eps, "1e-8", 0, 1, NULL, "adam/rmsprop epsilon"),
     O("amsgrad", BOOL, amsgrad, "false", 1, 0, NULL, "adam/adamw AMSGrad variant"),
+    O("alpha", FLOAT, alpha, "0.99", 0, 1, NULL, "rmsprop smoothing constant"),
+    O("centered", BOOL, centered, "false", 1, 0, NULL, "rmsprop: normalise by the gradient's estimated variance"),
     O("scheduler", ENUM, scheduler, "none", 1, 0, "none|step|multistep|exponential|cosine|linear|onecycle|plateau",
       "learning-rate scheduler"),
     O("interval", ENUM, interval, "epoch", 1, 0, "epoch|step", "step the scheduler every epoch or every optimizer step"),

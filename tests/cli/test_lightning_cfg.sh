@@ -98,6 +98,9 @@ check "Adam betas and CosineAnnealingLR T_max are accepted" \
 printf 'optimizer:\n  class_path: torch.optim.Adam\n  init_args: {betas: [0.8]}\n' > "$T/badbetas.yaml"
 expect_fail "betas must be two numbers" 2 "optimizer.init_args.betas: expected two numbers" \
   "$LK_BIN" fit -c "$T/synth.yaml" -c "$T/badbetas.yaml"
+printf 'optimizer:\n  class_path: torch.optim.RMSprop\n  init_args: {lr: 0.001, alpha: 0.9, momentum: 0.5, centered: true}\n' > "$T/rmsprop.yaml"
+"$LK_BIN" fit -c "$T/synth.yaml" -c "$T/rmsprop.yaml" --trainer.max_epochs 1 --trainer.enable_progress_bar false >/dev/null 2>&1
+check "torch.optim.RMSprop trains and logs lr-RMSprop" bash -c "grep -q '\"status\":[[:space:]]*\"ok\"' $(latest)/run.json && head -1 $(latest)/metrics.csv | grep -q lr-RMSprop"
 
 # ddp_spawn says what it does
 out=$("$LK_BIN" fit -c "$T/synth.yaml" --trainer.devices 2 --trainer.strategy ddp_spawn --trainer.max_steps 1 --trainer.enable_progress_bar false 2>&1)
