@@ -125,12 +125,19 @@ char *lk_config_node_where(const lk_config_node *node, char *buf, size_t size);
  * ---------------------------------------------------------------------- */
 lk_status lk_config_apply_params(const lk_config_node *map, const lk_param *table, int n, void *cfg,
                                  const char *prefix);
+/* Same, leaving the keys named in skip[0..nskip) to the caller (values whose
+ * form the table cannot hold, such as a list of callbacks). */
+lk_status lk_config_apply_params_except(const lk_config_node *map, const lk_param *table, int n, void *cfg,
+                                        const char *prefix, const char *const *skip, int nskip);
 
 /* ------------------------------------------------------------------------
  * Emitting. The output is YAML that loads back to the same tree (same
  * keys in the same order, same scalar texts, quoted scalars quoted).
  * ---------------------------------------------------------------------- */
 lk_status lk_config_emit_yaml(const lk_config *cfg, FILE *f);
+/* Removes every null map entry (and maps left empty by that), as
+ * jsonargparse's --print_config=skip_null shows a config. Cannot fail. */
+void lk_config_drop_nulls(lk_config *cfg);
 lk_status lk_config_node_emit_yaml(const lk_config_node *node, FILE *f);
 /* The YAML text as a NUL-terminated string; the caller frees it with lk_free. */
 lk_status lk_config_node_to_yaml(const lk_config_node *node, char **out, size_t *len);
@@ -163,7 +170,8 @@ typedef struct lk_config_args {
  * option when a value is missing or an option is not understood. */
 lk_status lk_config_args_parse(int argc, char **argv, const char *const *flags, int nflags, lk_config_args *out);
 void lk_config_args_free(lk_config_args *args);
-/* Loads every file and applies every override of `args`, in order. */
+/* Loads every file of `args` in order, then applies every override in order:
+ * overrides beat files wherever they stand on the command line. */
 lk_status lk_config_load_args(lk_config *cfg, const lk_config_args *args);
 
 #ifdef __cplusplus

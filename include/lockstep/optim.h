@@ -34,28 +34,32 @@ extern "C" {
  * Optimizers
  * ====================================================================== */
 
-typedef enum { LK_OPTIM_SGD, LK_OPTIM_ADAM, LK_OPTIM_ADAMW } lk_optim_kind;
+typedef enum { LK_OPTIM_SGD, LK_OPTIM_ADAM, LK_OPTIM_ADAMW, LK_OPTIM_RMSPROP } lk_optim_kind;
 
 /* One config for all kinds; fields a kind does not use are ignored. */
 typedef struct lk_optim_config {
     lk_optim_kind kind;
-    double lr;           /* SGD: 0.01 here (PyTorch makes it required); Adam(W): 1e-3 */
+    double lr;           /* SGD: 0.01 here (PyTorch makes it required); Adam(W): 1e-3; RMSprop: 1e-2 */
     double weight_decay; /* SGD/Adam: 0 (L2 added to the gradient); AdamW: 1e-2 (decoupled) */
     bool maximize;       /* false */
-    /* SGD */
+    /* SGD, RMSprop */
     double momentum;  /* 0 */
     double dampening; /* 0 */
     bool nesterov;    /* false; needs momentum > 0 and dampening = 0 */
     /* Adam, AdamW */
     double beta1, beta2; /* 0.9, 0.999 */
-    double eps;          /* 1e-8 */
+    double eps;          /* 1e-8 (also RMSprop's) */
     bool amsgrad;        /* false */
+    /* RMSprop */
+    double alpha;  /* 0.99: smoothing of the squared-gradient average */
+    bool centered; /* false; true divides by the gradient's estimated variance */
 } lk_optim_config;
 
 lk_optim_config lk_sgd_config_default(void);
 lk_optim_config lk_adam_config_default(void);
 lk_optim_config lk_adamw_config_default(void);
-/* "sgd", "adam", "adamw" (case-insensitive) -> that kind's defaults. */
+lk_optim_config lk_rmsprop_config_default(void);
+/* "sgd", "adam", "adamw", "rmsprop" (case-insensitive) -> that kind's defaults. */
 lk_status lk_optim_config_for(const char *name, lk_optim_config *out);
 /* PyTorch's checks: "Invalid learning rate: -0.1", betas in [0, 1), eps >= 0,
  * weight_decay >= 0, momentum >= 0, nesterov needs momentum > 0 and zero

@@ -36,6 +36,38 @@ typedef struct lk_datamodule lk_datamodule;
 
 /* ---- trainer configuration (Lightning's flag names) ----------------------- */
 
+/* Callbacks and loggers given as class_path entries (trainer.callbacks,
+ * trainer.logger), with Lightning's init_args names. The flat
+ * trainer.monitor / early_stopping_* keys are shorthands for one of each. */
+#define LK_MAX_CALLBACKS 8
+typedef struct lk_checkpoint_config { /* ModelCheckpoint */
+    char dirpath[LK_PARAM_STR];  /* "": <log_dir>/checkpoints */
+    char filename[LK_PARAM_STR]; /* "{epoch}-{val_loss:.3f}" */
+    char monitor[LK_PARAM_STR];  /* "": rank by step (keeps the newest save_top_k) */
+    char mode[LK_PARAM_STR];     /* min | max */
+    int64_t save_top_k;          /* -1: all; 0: none */
+    bool save_last, verbose, auto_insert_metric_name;
+    int64_t every_n_train_steps; /* 0: off */
+    int64_t every_n_epochs;      /* top-k at the end of every Nth epoch (0: never) */
+} lk_checkpoint_config;
+typedef struct lk_early_stopping_config { /* EarlyStopping */
+    char monitor[LK_PARAM_STR];
+    char mode[LK_PARAM_STR];
+    double min_delta;
+    int64_t patience;
+    bool strict;        /* a monitor that was never logged is an error (false: skip the check) */
+    bool check_finite, verbose;
+    double stopping_threshold, divergence_threshold; /* NaN: off */
+} lk_early_stopping_config;
+typedef struct lk_logger_config { /* CSVLogger, TensorBoardLogger */
+    char kind[LK_PARAM_STR];     /* csv | tensorboard */
+    char save_dir[LK_PARAM_STR]; /* "": default_root_dir */
+    char name[LK_PARAM_STR];     /* "lightning_logs" */
+    int64_t version;             /* -1: the next free version_N */
+} lk_logger_config;
+
+typedef struct lk_config_node lk_config_node;
+
 typedef struct lk_trainer_config {
     char accelerator[LK_PARAM_STR]; /* cpu | gpu | auto */
     int64_t devices;                /* processes (CPU) or GPUs; 0 = auto (1 on CPU) */
@@ -92,11 +124,36 @@ typedef struct lk_trainer_config {
     bool early_stopping_check_finite;           /* stop when the monitor is NaN or inf */
     bool device_stats_monitor;      /* log CPU utilisation and RSS per rank */
     bool enable_tensorboard;
+    /* trainer.callbacks / trainer.logger lists (not in the parameter table:
+     * lk_trainer_config_apply fills them) */
+    int n_checkpoints;
+    lk_checkpoint_config checkpoints[LK_MAX_CALLBACKS];
+    int n_early_stopping;
+    lk_early_stopping_config early_stopping[LK_MAX_CALLBACKS];
+    int n_loggers;            /* with logger_set: 0 = logger: false */
+    bool logger_set;          /* false: the default loggers (CSV, and TensorBoard unless enable_tensorboard is false) */
+    lk_logger_config loggers[LK_MAX_CALLBACKS];
+    char on_exception_ckpt[LK_PARAM_STR]; /* OnExceptionCheckpoint: file written when fit fails ("": off) */
 } lk_trainer_config;
 
 /* The parameter table behind the config (YAML validation and --help). */
 const lk_param *lk_trainer_params(int *count);
 lk_status lk_trainer_config_default(lk_trainer_config *cfg);
+/* Applies a config's `trainer` map: the table's keys, plus Lightning's
+ * value forms (fast_dev_run: true, devices: auto | -1 | [0, 1], max_time:
+ * "DD:HH:MM:SS" or {days, hours, minutes, seconds}, strategy aliases) and
+ * the callbacks / logger lists. Errors name FILE:LINE and the accepted
+ * names. Keys applied before a failing one keep their new values. */
+lk_status lk_trainer_config_apply(const lk_config_node *trainer, lk_trainer_config *cfg);
+/* The init_args tables, for --help: class names (short) and their tables. */
+typedef struct lk_callback_info {
+    const char *name; /* "ModelCheckpoint" */
+    const lk_param *params;
+    int n_params;
+    const char *help;
+} lk_callback_info;
+const lk_callback_info *lk_callback_infos(int *count);
+const lk_callback_info *lk_logger_infos(int *count);
 
 /* ---- logging from inside steps -------------------------------------------- */
 
@@ -146,9 +203,11 @@ lk_status lk_module_load_weights(lk_module *m, const char *path);
 /* Optimizer and LR scheduler as data: the `optimizer` and `lr_scheduler`
  * sections of a config (Lightning's configure_optimizers, declaratively). */
 typedef struct lk_optim_settings {
-    char name[LK_PARAM_STR];      /* adam | adamw | sgd */
+    char name[LK_PARAM_STR];      /* adam | adamw | sgd | rmsprop */
     double lr, weight_decay, momentum, dampening, beta1, beta2, eps;
     bool nesterov, amsgrad;
+    double alpha;                 /* rmsprop */
+    bool centered;                /* rmsprop */
     char scheduler[LK_PARAM_STR]; /* none | step | multistep | exponential | cosine | linear | onecycle | plateau */
     char interval[LK_PARAM_STR];  /* epoch | step */
     int64_t step_size;            /* step: period; cosine: T_max (0 = the whole run); linear: total_iters */

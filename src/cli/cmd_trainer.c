@@ -35,13 +35,22 @@ static const char *const top_keys[] = {"seed_everything", "trainer", "model", "d
 #define N_TOP (int)(sizeof top_keys / sizeof top_keys[0])
 
 static void print_help(const char *cmd) {
-    printf("usage: lockstep %s [-c CONFIG.yaml]... [--SECTION.KEY VALUE]... [--print_config] [--help]\n\n", cmd);
+    printf("usage: lockstep %s [-c CONFIG.yaml]... [--SECTION.KEY VALUE]... [--print_config[=skip_null]] [--help]\n\n", cmd);
     printf("Config files are merged in order (later files win); --section.key overrides beat files.\n"
            "Top-level sections: seed_everything, trainer, model, data, optimizer, lr_scheduler, ckpt_path.\n\n");
     int n;
     printf("trainer:\n");
     const lk_param *tp = lk_trainer_params(&n);
     lk_params_print_help(tp, n, stdout, "trainer");
+    for (int pass = 0; pass < 2; pass++) {
+        const lk_callback_info *ci = pass ? lk_logger_infos(&n) : lk_callback_infos(&n);
+        printf(pass ? "\ntrainer.logger: false | true | a class_path entry or a list of them:\n"
+                    : "\ntrainer.callbacks: a list of {class_path, init_args} (class_path may carry a module path):\n");
+        for (int i = 0; i < n; i++) {
+            printf("  %-22s %s\n", ci[i].name, ci[i].help);
+            lk_params_print_help(ci[i].params, ci[i].n_params, stdout, "init_args");
+        }
+    }
     printf("\noptimizer / lr_scheduler (one table; lr_scheduler.class_path sets optimizer.scheduler):\n");
     const lk_param *op = lk_optim_settings_params(&n);
     lk_params_print_help(op, n, stdout, "optimizer");
@@ -115,6 +124,77 @@ static lk_status read_class(run_spec *rs, const lk_config_node *sec, const char 
     return LK_STATUS_OK;
 }
 
+static bool is_rank0_or_alone(void) {
+    const char *r = getenv("RANK");
+    return !r || !strcmp(r, "0");
+}
+
+/* One seed runs, and config.yaml says which: seed_everything (Lightning's
+ * name; true picks one at random) and trainer.seed (its alias) must agree
+ * unless exactly one of them was typed on the command line, which then wins
+ * with a warning. With neither, PL_GLOBAL_SEED is used when set, as
+ * Lightning's seed_everything() does. Both keys are rewritten to the seed
+ * that runs. */
+static lk_status resolve_seed(lk_config *cfg, run_spec *rs) {
+    static const lk_param sp[] = {{"seed_everything", LK_PARAM_INT, 0, "0", 0, 4294967295.0, NULL, "seed"}};
+    const lk_config_node *se = lk_config_get(cfg, "seed_everything"), *ts = lk_config_get(cfg, "trainer.seed");
+    const char *se_text = lk_config_node_text(se);
+    bool has_ts = ts && !lk_config_node_is_null(ts);
+    bool has_se = se && !lk_config_node_is_null(se) && !(se_text && (!strcmp(se_text, "false") || !strcmp(se_text, "False")));
+    int64_t seed = rs->trainer.seed; /* trainer.seed, or its default */
+    char w[256], w2[256];
+    if (has_se) {
+        int64_t v;
+        if (se_text && (!strcmp(se_text, "true") || !strcmp(se_text, "True"))) {
+            /* Lightning draws a seed and records it; so does config.yaml here */
+            /* Ranks started by this command inherit PL_GLOBAL_SEED (set below), so all draw the same. */
+            const char *env = getenv("PL_GLOBAL_SEED");
+            if (env && *env) LK_TRY(lk_params_set(sp, 1, &v, "PL_GLOBAL_SEED", "seed_everything", env));
+            else v = (int64_t)((lk_time_ns() ^ ((uint64_t)getpid() << 16)) % 4294967296ull);
+            if (is_rank0_or_alone()) lk_log_info("seed_everything: true -> seed %lld", (long long)v);
+        } else {
+            lk_config_node_where(se, w, sizeof w);
+            LK_TRY(lk_params_set(sp, 1, &v, w, "seed_everything", se_text ? se_text : ""));
+        }
+        if (has_ts && v != seed) {
+            bool se_cli = !strcmp(lk_config_node_file(se) ? lk_config_node_file(se) : "", "command line");
+            bool ts_cli = !strcmp(lk_config_node_file(ts) ? lk_config_node_file(ts) : "", "command line");
+            lk_config_node_where(se, w, sizeof w);
+            lk_config_node_where(ts, w2, sizeof w2);
+            if (se_cli == ts_cli)
+                return lk_error(LK_STATUS_INVALID_ARGUMENT,
+                                "seed_everything: %lld (%s) and trainer.seed: %lld (%s) disagree: set one of them "
+                                "(seed_everything is Lightning's name, trainer.seed its alias)",
+                                (long long)v, w, (long long)seed, w2);
+            if (is_rank0_or_alone())
+                lk_log_warn("seed %lld from %s (%s) wins over %s: %lld (%s)", (long long)(se_cli ? v : seed),
+                            se_cli ? "--seed_everything" : "--trainer.seed", "command line",
+                            se_cli ? "trainer.seed" : "seed_everything", (long long)(se_cli ? seed : v), se_cli ? w2 : w);
+            if (se_cli) seed = v;
+        } else {
+            seed = v;
+        }
+    } else if (!has_ts && getenv("PL_GLOBAL_SEED") && *getenv("PL_GLOBAL_SEED")) {
+        int64_t v;
+        LK_TRY(lk_params_set(sp, 1, &v, "PL_GLOBAL_SEED", "seed_everything", getenv("PL_GLOBAL_SEED")));
+        if (is_rank0_or_alone()) lk_log_info("seed %lld from PL_GLOBAL_SEED", (long long)v);
+        seed = v;
+    }
+    const char *sw = getenv("PL_SEED_WORKERS");
+    if (sw && !strcmp(sw, "0") && is_rank0_or_alone())
+        lk_log_warn("PL_SEED_WORKERS=0: lockstep always seeds data workers (seed_everything(workers=True))");
+    rs->trainer.seed = seed;
+    char val[32];
+    snprintf(val, sizeof val, "%lld", (long long)seed);
+    setenv("PL_GLOBAL_SEED", val, 1); /* as Lightning's seed_everything() leaves it */
+    char o1[256], o2[256]; /* copies: setting a key replaces the node its origin came from */
+    snprintf(o1, sizeof o1, "%s", has_se && lk_config_node_file(se) ? lk_config_node_file(se) : "(default)");
+    snprintf(o2, sizeof o2, "%s", has_ts && lk_config_node_file(ts) ? lk_config_node_file(ts) : "(default)");
+    LK_TRY(lk_config_set(cfg, "seed_everything", val, o1));
+    LK_TRY(lk_config_set(cfg, "trainer.seed", val, o2));
+    return LK_STATUS_OK;
+}
+
 static lk_status read_spec(lk_config *cfg, run_spec *rs) {
     const lk_config_node *root = lk_config_root(cfg);
     for (int i = 0; root && i < lk_config_node_count(root); i++) {
@@ -134,16 +214,9 @@ static lk_status read_spec(lk_config *cfg, run_spec *rs) {
     int n;
     const lk_param *tp = lk_trainer_params(&n);
     LK_TRY(lk_trainer_config_default(&rs->trainer));
-    LK_TRY(lk_config_apply_params(lk_config_get(cfg, "trainer"), tp, n, &rs->trainer, "trainer"));
-    const lk_config_node *se = lk_config_get(cfg, "seed_everything");
-    if (se && !lk_config_node_is_null(se)) {
-        static const lk_param sp[] = {{"seed_everything", LK_PARAM_INT, 0, "0", 0, 4294967295.0, NULL, "seed"}};
-        int64_t v;
-        char w[256];
-        lk_config_node_where(se, w, sizeof w);
-        LK_TRY(lk_params_set(sp, 1, &v, w, "seed_everything", lk_config_node_text(se)));
-        rs->trainer.seed = v;
-    }
+    (void)tp;
+    LK_TRY(lk_trainer_config_apply(lk_config_get(cfg, "trainer"), &rs->trainer));
+    LK_TRY(resolve_seed(cfg, rs));
     const lk_param *op = lk_optim_settings_params(&n);
     LK_TRY(lk_optim_settings_default(&rs->optim));
     for (int pass = 0; pass < 2; pass++) {
@@ -166,7 +239,28 @@ static lk_status read_spec(lk_config *cfg, run_spec *rs) {
             char w[256];
             lk_config_node_where(cp, w, sizeof w);
             LK_TRY(lk_params_set(op, n, &rs->optim, w, pass ? "scheduler" : "name", lower));
-            LK_TRY(lk_config_apply_params(lk_config_node_get(node, "init_args"), op, n, &rs->optim, sec));
+            /* PyTorch's argument names that lockstep's table spells differently */
+            static const char *const torch_names[] = {"betas", "T_max", "total_iters"};
+            const lk_config_node *ia = lk_config_node_get(node, "init_args");
+            char prefix[64];
+            snprintf(prefix, sizeof prefix, "%s.init_args", sec);
+            LK_TRY(lk_config_apply_params_except(ia, op, n, &rs->optim, prefix, torch_names, 3));
+            for (int i = 0; i < lk_config_node_count(ia); i++) {
+                const lk_config_node *c = lk_config_node_child(ia, i);
+                const char *key = lk_config_node_key(c);
+                lk_config_node_where(c, w, sizeof w);
+                if (!strcmp(key, "betas")) {
+                    const lk_config_node *b0 = lk_config_node_child(c, 0), *b1 = lk_config_node_child(c, 1);
+                    if (lk_config_node_type(c) != LK_CONFIG_SEQ || lk_config_node_count(c) != 2 ||
+                        !lk_config_node_text(b0) || !lk_config_node_text(b1))
+                        return where_error(c, "optimizer.init_args.betas: expected two numbers, e.g. [0.9, 0.999]");
+                    LK_TRY(lk_params_set(op, n, &rs->optim, w, "beta1", lk_config_node_text(b0)));
+                    LK_TRY(lk_params_set(op, n, &rs->optim, w, "beta2", lk_config_node_text(b1)));
+                } else if (!strcmp(key, "T_max") || !strcmp(key, "total_iters")) { /* CosineAnnealingLR, LinearLR */
+                    if (!lk_config_node_text(c)) return where_error(c, "expected an integer number of epochs or steps");
+                    LK_TRY(lk_params_set(op, n, &rs->optim, w, "step_size", lk_config_node_text(c)));
+                }
+            }
         } else {
             LK_TRY(lk_config_apply_params(node, op, n, &rs->optim, sec));
         }
@@ -295,7 +389,7 @@ int lk_cmd_fit(int argc, char **argv) {
     static const char *const flags[] = {"--help", "-h", "--print_config"};
     lk_config_args args;
     if (lk_config_args_parse(argc - 1, argv + 1, flags, 3, &args)) return fail(cmd, 2);
-    bool print_config = false;
+    bool print_config = false, skip_null = false;
     for (int i = 0; i < args.nrest; i++) {
         if (!strcmp(args.rest[i], "--help") || !strcmp(args.rest[i], "-h")) {
             print_help(cmd);
@@ -303,7 +397,13 @@ int lk_cmd_fit(int argc, char **argv) {
             return 0;
         }
         if (!strcmp(args.rest[i], "--print_config")) print_config = true;
-        else {
+        else if (!strcmp(args.rest[i], "--print_config=skip_null")) print_config = skip_null = true;
+        else if (!strncmp(args.rest[i], "--print_config=", 15)) {
+            lk_error(LK_STATUS_INVALID_USAGE, "'%s': lockstep understands --print_config and --print_config=skip_null",
+                     args.rest[i]);
+            lk_config_args_free(&args);
+            return fail(cmd, 2);
+        } else {
             lk_error(LK_STATUS_INVALID_USAGE, "unexpected argument '%s' (see 'lockstep %s --help')", args.rest[i], cmd);
             lk_config_args_free(&args);
             return fail(cmd, 2);
@@ -325,6 +425,7 @@ int lk_cmd_fit(int argc, char **argv) {
         rc = fail(cmd, 2);
         goto out;
     }
+    if (skip_null) lk_config_drop_nulls(cfg);
     lk_config_node_to_yaml(lk_config_root(cfg), &yaml, &ylen);
     if (print_config) {
         fputs(yaml ? yaml : "", stdout);
@@ -352,6 +453,9 @@ int lk_cmd_fit(int argc, char **argv) {
         if (!strcmp(rs.trainer.strategy, "ddp_spawn")) { /* fork this process instead of executing it again */
             lo.child_main = run_local;
             lo.child_ctx = &local;
+            lk_log_info("strategy ddp_spawn: the %lld ranks are forked from this process (PyTorch would spawn fresh "
+                        "interpreters); from there they train exactly as ddp, which is what run.json records",
+                        (long long)devices);
         }
         int code = 0;
         if (lk_launch((int)devices, child, &lo, &code)) rc = fail(cmd, 1);

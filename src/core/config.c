@@ -585,6 +585,20 @@ static lk_status parse_value(const char *value, const char *file, lk_config_node
         tree = NULL;
         st = LK_STATUS_INVALID_ARGUMENT; /* taken as a string below */
     }
+    /* "{epoch}-{val_loss:.4f}" is a file-name template, not YAML: a value
+     * starting with '{' that does not parse, or parses to keys without
+     * values ("{epoch}"), is taken as the string typed (a real mapping such
+     * as "{days: 1}" has values). */
+    if (*v == '{' && st != LK_STATUS_OUT_OF_MEMORY) {
+        bool keys_only = !st && tree && tree->type == LK_CONFIG_MAP && tree->n > 0;
+        for (int i = 0; keys_only && i < tree->n; i++) keys_only = lk_config_node_is_null(tree->kids[i]);
+        if (st || keys_only) {
+            node_free(tree);
+            tree = NULL;
+            st = LK_STATUS_INVALID_ARGUMENT;
+            flow = false; /* taken as a string below */
+        }
+    }
     if (!st && tree && (tree->type == LK_CONFIG_SCALAR || flow)) {
         zero_lines(tree);
         *out = tree;
@@ -771,6 +785,11 @@ static lk_status relocate(lk_status st, const char *where) {
 
 lk_status lk_config_apply_params(const lk_config_node *map, const lk_param *table, int n, void *cfg,
                                  const char *prefix) {
+    return lk_config_apply_params_except(map, table, n, cfg, prefix, NULL, 0);
+}
+
+lk_status lk_config_apply_params_except(const lk_config_node *map, const lk_param *table, int n, void *cfg,
+                                        const char *prefix, const char *const *skip, int nskip) {
     char where[1024];
     const char *pre = prefix ? prefix : "";
     const char *dot = *pre ? "." : "";
@@ -781,6 +800,9 @@ lk_status lk_config_apply_params(const lk_config_node *map, const lk_param *tabl
                         map->text ? " '" : "", map->text ? map->text : "", map->text ? "'" : "");
     for (int i = 0; i < map->n; i++) {
         const lk_config_node *c = map->kids[i];
+        bool skipped = false;
+        for (int k = 0; k < nskip && !skipped; k++) skipped = !strcmp(c->key, skip[k]);
+        if (skipped) continue; /* the caller reads this one itself */
         const lk_param *p = lk_params_find(table, n, c->key);
         if (!p) {
             lk_status st = lk_params_set(table, n, cfg, prefix, c->key, "");
@@ -821,6 +843,29 @@ lk_status lk_config_apply_params(const lk_config_node *map, const lk_param *tabl
         if (st) return relocate(st, where);
     }
     return LK_STATUS_OK;
+}
+
+/* ---- pruning ----------------------------------------------------------------------------- */
+
+/* Drops map entries that are null, and maps that become empty by it. */
+static void drop_nulls(lk_config_node *n) {
+    int k = 0;
+    for (int i = 0; i < n->n; i++) {
+        lk_config_node *c = n->kids[i];
+        if (c->type == LK_CONFIG_MAP) drop_nulls(c);
+        else if (c->type == LK_CONFIG_SEQ)
+            for (int j = 0; j < c->n; j++)
+                if (c->kids[j]->type == LK_CONFIG_MAP) drop_nulls(c->kids[j]);
+        bool gone = n->type == LK_CONFIG_MAP && ((c->type == LK_CONFIG_SCALAR && lk_config_node_is_null(c)) ||
+                                                 (c->type == LK_CONFIG_MAP && c->n == 0));
+        if (gone) node_free(c);
+        else n->kids[k++] = c;
+    }
+    n->n = k;
+}
+
+void lk_config_drop_nulls(lk_config *cfg) {
+    if (cfg && cfg->root) drop_nulls(cfg->root);
 }
 
 /* ---- emitting -------------------------------------------------------------------------- */
@@ -1032,10 +1077,12 @@ void lk_config_args_free(lk_config_args *args) {
 }
 
 lk_status lk_config_load_args(lk_config *cfg, const lk_config_args *args) {
-    for (int i = 0; i < args->n; i++) {
-        const lk_config_arg *a = &args->items[i];
-        if (a->kind == LK_CONFIG_ARG_FILE) LK_TRY(lk_config_load_file(cfg, a->value));
-        else LK_TRY(lk_config_set_override(cfg, a->key, a->value));
-    }
+    /* Files first, then overrides, each in command-line order: an override
+     * wins over every file wherever it was typed ("--trainer.max_epochs 3
+     * -c a.yaml" keeps 3), as the help says. */
+    for (int i = 0; i < args->n; i++)
+        if (args->items[i].kind == LK_CONFIG_ARG_FILE) LK_TRY(lk_config_load_file(cfg, args->items[i].value));
+    for (int i = 0; i < args->n; i++)
+        if (args->items[i].kind != LK_CONFIG_ARG_FILE) LK_TRY(lk_config_set_override(cfg, args->items[i].key, args->items[i].value));
     return LK_STATUS_OK;
 }

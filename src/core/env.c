@@ -31,6 +31,8 @@ static const lk_env_var env_vars[] = {
     {"LK_COMM_BACKEND", NULL, "force a communicator backend: shm, mpi"},
     {"LK_JOB_ID", NULL, "job id naming the shared-memory segment (set by the launcher)"},
     {"LK_DATA_ROOT", NULL, "default root for datasets"},
+    {"PL_GLOBAL_SEED", NULL, "Lightning's: the seed when the config sets neither seed_everything nor trainer.seed"},
+    {"PL_SEED_WORKERS", NULL, "Lightning's: accepted; lockstep always seeds data workers"},
     {"LK_COMM_SHM_BYTES", "1073741824", "per-rank shared heap of the shm communicator (virtual until touched)"},
     {"LK_COMM_CHECK_DESYNC", "1", "mpi: exchange collective signatures to catch desync (0: off)"},
     {"LK_COMM_SHM_SMALL", "65536", "shm: all-reduce messages up to this many bytes take one step"},

@@ -1,4 +1,4 @@
-/* SGD, Adam and AdamW with torch.optim 1.13's single-tensor formulas,
+/* SGD, Adam, AdamW and RMSprop with torch.optim 1.13's single-tensor formulas,
  * defaults and argument checks; parameter groups; zero_grad; optimizer
  * state by name. Each group's state lives in one contiguous allocation and
  * the update is one fused loop per group — over the whole flat range when
@@ -56,28 +56,40 @@ lk_optim_config lk_adamw_config_default(void) {
     return c;
 }
 
+lk_optim_config lk_rmsprop_config_default(void) {
+    return (lk_optim_config){.kind = LK_OPTIM_RMSPROP, .lr = 1e-2, .alpha = 0.99, .eps = 1e-8, .beta1 = 0.9, .beta2 = 0.999};
+}
+
 lk_status lk_optim_config_for(const char *name, lk_optim_config *out) {
     char low[16] = {0};
     for (size_t i = 0; name && name[i] && i < sizeof low - 1; i++) low[i] = (char)tolower((unsigned char)name[i]);
     if (!strcmp(low, "sgd")) *out = lk_sgd_config_default();
     else if (!strcmp(low, "adam")) *out = lk_adam_config_default();
     else if (!strcmp(low, "adamw")) *out = lk_adamw_config_default();
-    else return lk_error(LK_STATUS_INVALID_ARGUMENT, "unknown optimizer '%s' (expected sgd, adam or adamw)", name ? name : "(null)");
+    else if (!strcmp(low, "rmsprop")) *out = lk_rmsprop_config_default();
+    else return lk_error(LK_STATUS_INVALID_ARGUMENT, "unknown optimizer '%s' (expected sgd, adam, adamw or rmsprop)",
+                         name ? name : "(null)");
     return LK_STATUS_OK;
 }
 
 static const char *kind_name(lk_optim_kind k) {
-    return k == LK_OPTIM_SGD ? "SGD" : k == LK_OPTIM_ADAM ? "Adam" : k == LK_OPTIM_ADAMW ? "AdamW" : "?";
+    return k == LK_OPTIM_SGD ? "SGD" : k == LK_OPTIM_ADAM ? "Adam" : k == LK_OPTIM_ADAMW ? "AdamW"
+           : k == LK_OPTIM_RMSPROP ? "RMSprop" : "?";
 }
 
 lk_status lk_optim_config_validate(const lk_optim_config *c) {
     if (!c) return lk_error(LK_STATUS_INVALID_ARGUMENT, "optimizer config is NULL");
     const char *k = kind_name(c->kind);
-    if ((unsigned)c->kind > LK_OPTIM_ADAMW) return lk_error(LK_STATUS_INVALID_ARGUMENT, "unknown optimizer kind %d", (int)c->kind);
+    if ((unsigned)c->kind > LK_OPTIM_RMSPROP) return lk_error(LK_STATUS_INVALID_ARGUMENT, "unknown optimizer kind %d", (int)c->kind);
     if (!(c->lr >= 0.0)) return lk_error(LK_STATUS_INVALID_ARGUMENT, "%s: Invalid learning rate: %g (must be >= 0)", k, c->lr);
     if (!(c->weight_decay >= 0.0))
         return lk_error(LK_STATUS_INVALID_ARGUMENT, "%s: Invalid weight_decay value: %g (must be >= 0)", k, c->weight_decay);
-    if (c->kind == LK_OPTIM_SGD) {
+    if (c->kind == LK_OPTIM_RMSPROP) { /* torch.optim.RMSprop's checks */
+        if (!(c->eps >= 0.0)) return lk_error(LK_STATUS_INVALID_ARGUMENT, "RMSprop: Invalid epsilon value: %g", c->eps);
+        if (!(c->momentum >= 0.0))
+            return lk_error(LK_STATUS_INVALID_ARGUMENT, "RMSprop: Invalid momentum value: %g", c->momentum);
+        if (!(c->alpha >= 0.0)) return lk_error(LK_STATUS_INVALID_ARGUMENT, "RMSprop: Invalid alpha value: %g", c->alpha);
+    } else if (c->kind == LK_OPTIM_SGD) {
         if (!(c->momentum >= 0.0))
             return lk_error(LK_STATUS_INVALID_ARGUMENT, "SGD: Invalid momentum value: %g (must be >= 0)", c->momentum);
         if (c->nesterov && (c->momentum <= 0.0 || c->dampening != 0.0))
@@ -101,6 +113,7 @@ lk_status lk_optim_config_validate(const lk_optim_config *c) {
 
 static int state_arrays(const lk_optim_config *c) {
     if (c->kind == LK_OPTIM_SGD) return c->momentum != 0.0 ? 1 : 0;
+    if (c->kind == LK_OPTIM_RMSPROP) return 1 + (c->momentum > 0.0) + c->centered;
     return c->amsgrad ? 3 : 2;
 }
 
@@ -253,11 +266,50 @@ static void adam_update(float *restrict p, const float *restrict g, float *restr
     }
 }
 
+/* torch.optim.RMSprop (1.13, single tensor). State arrays: square_avg,
+ * then momentum_buffer when momentum > 0, then grad_avg when centered. */
+static void rmsprop_update(float *restrict p, const float *restrict g, float *restrict sq, float *restrict buf,
+                           float *restrict gavg, int64_t n, const lk_optim_config *c) {
+    const float a = (float)c->alpha, oma = (float)(1.0 - c->alpha), eps = (float)c->eps, wd = (float)c->weight_decay;
+    const float mom = (float)c->momentum, neg_lr = (float)(-c->lr);
+    const bool has_wd = c->weight_decay != 0.0, maxi = c->maximize;
+    for (int64_t i = 0; i < n; i++) {
+        float gi = maxi ? -g[i] : g[i];
+        if (has_wd) gi = gi + wd * p[i];         /* grad.add(param, alpha=weight_decay) */
+        float s = sq[i] * a;                     /* square_avg.mul_(alpha) */
+        s = s + (oma * gi) * gi;                 /* .addcmul_(grad, grad, value=1 - alpha) */
+        sq[i] = s;
+        float avg;
+        if (gavg) {
+            float ga = gavg[i] * a;              /* grad_avg.mul_(alpha) */
+            ga = ga + oma * gi;                  /* .add_(grad, alpha=1 - alpha) */
+            gavg[i] = ga;
+            avg = sqrtf(s + (-1.0f * ga) * ga);  /* square_avg.addcmul(grad_avg, grad_avg, value=-1).sqrt_() */
+        } else {
+            avg = sqrtf(s);
+        }
+        avg = avg + eps;                         /* .add_(eps) */
+        if (buf) {
+            float b = buf[i] * mom;              /* buf.mul_(momentum) */
+            b = b + gi / avg;                    /* .addcdiv_(grad, avg) */
+            buf[i] = b;
+            p[i] = p[i] + neg_lr * b;            /* param.add_(buf, alpha=-lr) */
+        } else {
+            p[i] = p[i] + neg_lr * (gi / avg);   /* param.addcdiv_(grad, avg, value=-lr) */
+        }
+    }
+}
+
 static void run_range(opt_group *g, float *p, const float *gr, int64_t off, int64_t n, int64_t step) {
     const lk_optim_config *c = &g->cfg;
     float *s0 = g->state ? g->state + off : NULL;
     if (c->kind == LK_OPTIM_SGD) {
         sgd_update(p, gr, s0, n, c, step == 1);
+    } else if (c->kind == LK_OPTIM_RMSPROP) {
+        int k = 1;
+        float *buf = c->momentum > 0.0 ? g->state + (k++) * g->numel + off : NULL;
+        float *gavg = c->centered ? g->state + k * g->numel + off : NULL;
+        rmsprop_update(p, gr, s0, buf, gavg, n, c);
     } else {
         float *s1 = g->state + g->numel + off;
         float *s2 = g->n_state > 2 ? g->state + 2 * g->numel + off : NULL;
@@ -372,18 +424,18 @@ lk_status lk_optimizer_set_lr(lk_optimizer *o, int group, double lr) {
 
 double lk_optimizer_get_momentum(const lk_optimizer *o, int group) {
     opt_group *g = grp(o, group);
-    return !g ? NAN : g->cfg.kind == LK_OPTIM_SGD ? g->cfg.momentum : g->cfg.beta1;
+    return !g ? NAN : g->cfg.kind == LK_OPTIM_SGD || g->cfg.kind == LK_OPTIM_RMSPROP ? g->cfg.momentum : g->cfg.beta1;
 }
 
 lk_status lk_optimizer_set_momentum(lk_optimizer *o, int group, double momentum) {
     opt_group *g = grp(o, group);
     if (!g) return lk_error(LK_STATUS_INVALID_ARGUMENT, "set_momentum: no parameter group %d", group);
     lk_optim_config c = g->cfg;
-    if (c.kind == LK_OPTIM_SGD) {
+    if (c.kind == LK_OPTIM_SGD || c.kind == LK_OPTIM_RMSPROP) {
         /* The momentum buffer must exist from the start to switch momentum on later. */
         if ((c.momentum != 0.0) != (momentum != 0.0))
-            return lk_error(LK_STATUS_INVALID_USAGE, "set_momentum: SGD momentum can change but not between zero and non-zero "
-                            "(%g -> %g)", c.momentum, momentum);
+            return lk_error(LK_STATUS_INVALID_USAGE, "set_momentum: %s momentum can change but not between zero and non-zero "
+                            "(%g -> %g)", kind_name(c.kind), c.momentum, momentum);
         c.momentum = momentum;
     } else {
         c.beta1 = momentum;
@@ -407,6 +459,16 @@ void lk__optimizer_set_initial_lr(lk_optimizer *o, int group, double lr) {
 
 static const char *const state_names[2][3] = {{"momentum_buffer", NULL, NULL}, {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"}};
 
+/* PyTorch's name of state array s of a group with config c. */
+static const char *state_name(const lk_optim_config *c, int s) {
+    if (c->kind == LK_OPTIM_RMSPROP) {
+        if (s == 0) return "square_avg";
+        if (s == 1 && c->momentum > 0.0) return "momentum_buffer";
+        return "grad_avg";
+    }
+    return state_names[c->kind != LK_OPTIM_SGD][s];
+}
+
 static lk_status put_scalar(lk_named_tensors *out, const char *name, lk_dtype dt, double v) {
     lk_tensor *t = lk_tensor_full(dt, 0, NULL, v);
     if (!t) return lk_last_status();
@@ -425,10 +487,14 @@ lk_status lk_optimizer_state_get(const lk_optimizer *o, lk_named_tensors *out) {
         LK_TRY(put_scalar(out, name, LK_F64, c->lr));
         snprintf(name, sizeof name, "param_groups.%d.weight_decay", gi);
         LK_TRY(put_scalar(out, name, LK_F64, c->weight_decay));
-        if (c->kind == LK_OPTIM_SGD) {
+        if (c->kind == LK_OPTIM_SGD || c->kind == LK_OPTIM_RMSPROP) {
             snprintf(name, sizeof name, "param_groups.%d.momentum", gi);
             LK_TRY(put_scalar(out, name, LK_F64, c->momentum));
-        } else {
+        }
+        if (c->kind == LK_OPTIM_RMSPROP) {
+            snprintf(name, sizeof name, "param_groups.%d.alpha", gi);
+            LK_TRY(put_scalar(out, name, LK_F64, c->alpha));
+        } else if (c->kind != LK_OPTIM_SGD) {
             snprintf(name, sizeof name, "param_groups.%d.beta1", gi);
             LK_TRY(put_scalar(out, name, LK_F64, c->beta1));
             snprintf(name, sizeof name, "param_groups.%d.beta2", gi);
@@ -444,7 +510,7 @@ lk_status lk_optimizer_state_get(const lk_optimizer *o, lk_named_tensors *out) {
             snprintf(name, sizeof name, "state.%s.step", op->name);
             LK_TRY(put_scalar(out, name, LK_I64, (double)op->step));
             for (int s = 0; s < g->n_state; s++) {
-                snprintf(name, sizeof name, "state.%s.%s", op->name, state_names[c->kind != LK_OPTIM_SGD][s]);
+                snprintf(name, sizeof name, "state.%s.%s", op->name, state_name(c, s));
                 lk_tensor *t = lk_tensor_from_data(LK_F32, op->p->ndim, op->p->shape, g->state + s * g->numel + op->off);
                 if (!t) return lk_last_status();
                 lk_status st = lk_named_tensors_append(out, name, t);
@@ -472,7 +538,7 @@ static bool parse_state_name(const lk_optimizer *o, const char *name, int *gi, i
                 return true;
             }
             for (int s = 0; s < gr->n_state; s++)
-                if (!strcmp(dot + 1, state_names[gr->cfg.kind != LK_OPTIM_SGD][s])) {
+                if (!strcmp(dot + 1, state_name(&gr->cfg, s))) {
                     *gi = g, *pi = i, *field = s;
                     return true;
                 }
@@ -510,7 +576,7 @@ lk_status lk_optimizer_state_load(lk_optimizer *o, const lk_named_tensors *state
             else {
                 const char *f = end + 1;
                 if (strcmp(f, "lr") && strcmp(f, "weight_decay") && strcmp(f, "momentum") && strcmp(f, "beta1") &&
-                    strcmp(f, "beta2") && strcmp(f, "initial_lr"))
+                    strcmp(f, "beta2") && strcmp(f, "initial_lr") && strcmp(f, "alpha"))
                     PROBLEM("%s: unknown group field", nm);
             }
             continue;
@@ -546,6 +612,7 @@ lk_status lk_optimizer_state_load(lk_optimizer *o, const lk_named_tensors *state
             if (!strcmp(f, "lr")) c->lr = v;
             else if (!strcmp(f, "weight_decay")) c->weight_decay = v;
             else if (!strcmp(f, "momentum") && c->kind == LK_OPTIM_SGD) c->momentum = v;
+            else if (!strcmp(f, "alpha") && c->kind == LK_OPTIM_RMSPROP) c->alpha = v;
             else if (!strcmp(f, "beta1")) c->beta1 = v;
             else if (!strcmp(f, "beta2")) c->beta2 = v;
             else if (!strcmp(f, "initial_lr")) o->groups[g].initial_lr = v;

@@ -44,30 +44,65 @@ lk_status lk__ckpt_save(lk_trainer *tr, const char *path) {
     lk_st_entry *e = st ? NULL : lk_calloc((size_t)all.n + 1, sizeof *e);
     if (!st && !e) st = LK_STATUS_OUT_OF_MEMORY;
     for (int i = 0; !st && i < all.n; i++) e[i] = (lk_st_entry){.name = all.items[i].name, .tensor = all.items[i].tensor};
-    char epoch[32], step[32], batch[32], world[16], seed[32], best[64], wait[16], esbest[64], topk[4096] = "";
+    char epoch[32], step[32], batch[32], world[16], seed[32];
     snprintf(epoch, sizeof epoch, "%lld", (long long)(tr->epoch + (tr->at_epoch_end ? 1 : 0)));
     snprintf(step, sizeof step, "%lld", (long long)tr->global_step);
     snprintf(batch, sizeof batch, "%lld", (long long)(tr->at_epoch_end ? 0 : tr->resume_batch));
     snprintf(world, sizeof world, "%d", tr->world);
     snprintf(seed, sizeof seed, "%lld", (long long)tr->cfg.seed);
-    snprintf(best, sizeof best, "%.17g", tr->best_score);
-    snprintf(wait, sizeof wait, "%d", tr->es_wait);
-    snprintf(esbest, sizeof esbest, "%.17g", tr->es_best);
-    for (int i = 0; i < tr->ntopk; i++) {
-        char one[LK_PATH2 + 64];
-        snprintf(one, sizeof one, "%s%.17g\t%s", i ? "\n" : "", tr->topk[i].score, tr->topk[i].path);
-        strncat(topk, one, sizeof topk - strlen(topk) - 1);
-    }
-    lk_st_meta meta[] = {
+    lk_st_meta meta[17 + 6 * (2 * LK_MAX_CALLBACKS + 2)] = {
         {"format", CKPT_FORMAT}, {"format_version", CKPT_VERSION}, {"lockstep_version", LK_VERSION_STRING},
         {"model", tr->module->name ? tr->module->name : ""}, {"epoch", epoch}, {"global_step", step},
         {"batch_in_epoch", batch}, {"world_size", world}, {"strategy", lk_strategy_name(tr->strat)},
-        {"seed", seed}, {"best_monitor", tr->cfg.monitor}, {"best_score", best},
-        {"best_path", tr->best_ckpt}, {"early_stopping_wait", wait}, {"early_stopping_best", esbest},
-        {"top_k", topk}, {"config", tr->config_yaml ? tr->config_yaml : ""},
+        {"seed", seed}, {"config", tr->config_yaml ? tr->config_yaml : ""},
         {"hparams", tr->module->hparams_yaml ? tr->module->hparams_yaml : ""},
     };
-    if (!st) st = lk_safetensors_write(path, e, all.n, meta, (int)(sizeof meta / sizeof meta[0]));
+    int nmeta = 12;
+    /* Callback state: instance 0 under the original key names, instance i
+     * under "<key>.<i>" (keys and values are kept in `cbtext`). */
+    enum { KEYLEN = 48, VALLEN = 64 };
+    char (*keys)[KEYLEN] = st ? NULL : lk_calloc(6 * (2 * LK_MAX_CALLBACKS + 2), KEYLEN);
+    char (*vals)[VALLEN] = st ? NULL : lk_calloc(6 * (2 * LK_MAX_CALLBACKS + 2), VALLEN);
+    char *topk = st ? NULL : lk_calloc((size_t)(LK_MAX_CALLBACKS + 1), 4096);
+    if (!st && (!keys || !vals || !topk)) st = LK_STATUS_OUT_OF_MEMORY;
+    int nk = 0;
+    for (int j = 0; !st && j < tr->nckpts; j++) {
+        const lk_ckpt_state *k = &tr->ckpts[j];
+        char sfx[16] = "";
+        if (j) snprintf(sfx, sizeof sfx, ".%d", j);
+        char *tk = topk + (size_t)j * 4096;
+        for (int i = 0; i < k->ntopk; i++) {
+            char one[LK_PATH2 + 64];
+            snprintf(one, sizeof one, "%s%.17g\t%s", i ? "\n" : "", k->topk[i].score, k->topk[i].path);
+            strncat(tk, one, 4096 - strlen(tk) - 1);
+        }
+        snprintf(keys[nk], KEYLEN, "best_monitor%s", sfx);
+        meta[nmeta++] = (lk_st_meta){keys[nk++], k->c.monitor};
+        snprintf(keys[nk], KEYLEN, "best_score%s", sfx);
+        snprintf(vals[nk], VALLEN, "%.17g", k->best_score);
+        meta[nmeta++] = (lk_st_meta){keys[nk], vals[nk]};
+        nk++;
+        snprintf(keys[nk], KEYLEN, "best_path%s", sfx);
+        meta[nmeta++] = (lk_st_meta){keys[nk++], k->best_path};
+        snprintf(keys[nk], KEYLEN, "top_k%s", sfx);
+        meta[nmeta++] = (lk_st_meta){keys[nk++], tk};
+    }
+    for (int j = 0; !st && j < tr->nes; j++) {
+        char sfx[16] = "";
+        if (j) snprintf(sfx, sizeof sfx, ".%d", j);
+        snprintf(keys[nk], KEYLEN, "early_stopping_wait%s", sfx);
+        snprintf(vals[nk], VALLEN, "%d", tr->es[j].wait);
+        meta[nmeta++] = (lk_st_meta){keys[nk], vals[nk]};
+        nk++;
+        snprintf(keys[nk], KEYLEN, "early_stopping_best%s", sfx);
+        snprintf(vals[nk], VALLEN, "%.17g", tr->es[j].best);
+        meta[nmeta++] = (lk_st_meta){keys[nk], vals[nk]};
+        nk++;
+    }
+    if (!st) st = lk_safetensors_write(path, e, all.n, meta, nmeta);
+    lk_free(keys);
+    lk_free(vals);
+    lk_free(topk);
     lk_free(e);
     lk_named_tensors_clear(&all);
     return st;
@@ -189,26 +224,44 @@ lk_status lk__ckpt_load(lk_trainer *tr, const char *path, bool restore_training)
                          path, world, world > 1 ? "es" : "", tr->world);
                 tr->resume_batch = tr->resume_batch * world / tr->world;
             }
-            tr->best_score = strtod(meta_or(f, "best_score", "nan"), NULL);
-            snprintf(tr->best_ckpt, sizeof tr->best_ckpt, "%s", meta_or(f, "best_path", ""));
-            tr->es_wait = atoi(meta_or(f, "early_stopping_wait", "0"));
-            tr->es_best = strtod(meta_or(f, "early_stopping_best", "nan"), NULL);
-            const char *tk = meta_or(f, "top_k", "");
-            tr->ntopk = 0;
-            while (*tk) {
-                lk_topk *n = lk_realloc(tr->topk, (size_t)(tr->ntopk + 1) * sizeof *n);
-                if (!n) break;
-                tr->topk = n;
-                char *end;
-                n[tr->ntopk].score = strtod(tk, &end);
-                if (*end == '\t') end++;
-                const char *nl = strchr(end, '\n');
-                size_t len = nl ? (size_t)(nl - end) : strlen(end);
-                if (len >= LK_PATH2) len = LK_PATH2 - 1;
-                memcpy(n[tr->ntopk].path, end, len);
-                n[tr->ntopk].path[len] = 0;
-                tr->ntopk++;
-                tk = nl ? nl + 1 : end + len;
+            for (int j = 0; j < tr->nckpts; j++) {
+                lk_ckpt_state *k = &tr->ckpts[j];
+                char key[48], sfx[16] = "";
+                if (j) snprintf(sfx, sizeof sfx, ".%d", j);
+                snprintf(key, sizeof key, "best_score%s", sfx);
+                k->best_score = strtod(meta_or(f, key, "nan"), NULL);
+                snprintf(key, sizeof key, "best_path%s", sfx);
+                snprintf(k->best_path, sizeof k->best_path, "%s", meta_or(f, key, ""));
+                snprintf(key, sizeof key, "top_k%s", sfx);
+                const char *tk = meta_or(f, key, "");
+                k->ntopk = 0;
+                while (*tk) {
+                    lk_topk *n = lk_realloc(k->topk, (size_t)(k->ntopk + 1) * sizeof *n);
+                    if (!n) break;
+                    k->topk = n;
+                    char *end;
+                    n[k->ntopk].score = strtod(tk, &end);
+                    if (*end == '\t') end++;
+                    const char *nl = strchr(end, '\n');
+                    size_t len = nl ? (size_t)(nl - end) : strlen(end);
+                    if (len >= LK_PATH2) len = LK_PATH2 - 1;
+                    memcpy(n[k->ntopk].path, end, len);
+                    n[k->ntopk].path[len] = 0;
+                    k->ntopk++;
+                    tk = nl ? nl + 1 : end + len;
+                }
+                if (j == 0) { /* what ckpt_path=best and run.json report */
+                    tr->best_score = k->best_score;
+                    snprintf(tr->best_ckpt, sizeof tr->best_ckpt, "%s", k->best_path);
+                }
+            }
+            for (int j = 0; j < tr->nes; j++) {
+                char key[48], sfx[16] = "";
+                if (j) snprintf(sfx, sizeof sfx, ".%d", j);
+                snprintf(key, sizeof key, "early_stopping_wait%s", sfx);
+                tr->es[j].wait = atoi(meta_or(f, key, "0"));
+                snprintf(key, sizeof key, "early_stopping_best%s", sfx);
+                tr->es[j].best = strtod(meta_or(f, key, "nan"), NULL);
             }
         }
     }
@@ -259,7 +312,7 @@ lk_status lk__ckpt_resolve(lk_trainer *tr, const char *spec, char *out, size_t s
 }
 
 /* "{epoch}-{val_loss:.3f}" -> "epoch=3-val_loss=0.123" (Lightning's auto_insert_metric_name). */
-static lk_status render_name(lk_trainer *tr, const char *tpl, char *out, size_t size) {
+static lk_status render_name(lk_trainer *tr, const char *tpl, bool auto_insert, char *out, size_t size) {
     size_t k = 0;
     out[0] = 0;
     for (const char *p = tpl; *p && k + 1 < size;) {
@@ -269,7 +322,7 @@ static lk_status render_name(lk_trainer *tr, const char *tpl, char *out, size_t 
             continue;
         }
         const char *end = strchr(p, '}');
-        if (!end) return lk_error(LK_STATUS_INVALID_ARGUMENT, "trainer.checkpoint_filename '%s': unclosed '{'", tpl);
+        if (!end) return lk_error(LK_STATUS_INVALID_ARGUMENT, "ModelCheckpoint filename '%s': unclosed '{'", tpl);
         char key[128] = "", fmt[32] = "";
         const char *colon = memchr(p, ':', (size_t)(end - p));
         size_t kl = (size_t)((colon ? colon : end) - p - 1);
@@ -280,11 +333,11 @@ static lk_status render_name(lk_trainer *tr, const char *tpl, char *out, size_t 
         if (!strcmp(key, "epoch")) v = (double)tr->epoch;
         else if (!strcmp(key, "step")) v = (double)tr->global_step;
         else if (!lk_trainer_metric(tr, key, &v))
-            return lk_error(LK_STATUS_INVALID_ARGUMENT, "trainer.checkpoint_filename: '{%s}' was never logged", key);
+            return lk_error(LK_STATUS_INVALID_ARGUMENT, "ModelCheckpoint filename: '{%s}' was never logged", key);
         char val[64];
         if (fmt[0] && strpbrk(fmt, "efg")) snprintf(val, sizeof val, fmt, v);
         else snprintf(val, sizeof val, "%lld", (long long)llround(v));
-        k += (size_t)snprintf(out + k, size - k, "%s=%s", key, val);
+        k += (size_t)(auto_insert ? snprintf(out + k, size - k, "%s=%s", key, val) : snprintf(out + k, size - k, "%s", val));
         p = end + 1;
     }
     return LK_STATUS_OK;
@@ -293,6 +346,148 @@ static lk_status render_name(lk_trainer *tr, const char *tpl, char *out, size_t 
 static lk_status ckpt_callback(lk_trainer *tr, bool last_only);
 lk_status lk__ckpt_callback(lk_trainer *tr) { return ckpt_callback(tr, false); }
 lk_status lk__ckpt_callback_last(lk_trainer *tr) { return ckpt_callback(tr, true); }
+
+static bool due_steps(const lk_trainer *tr, const lk_ckpt_state *k) {
+    return k->c.every_n_train_steps > 0 && tr->global_step > 0 && tr->global_step % k->c.every_n_train_steps == 0;
+}
+
+bool lk__ckpt_due_steps(const lk_trainer *tr) {
+    if (!tr->cfg.enable_checkpointing || tr->cfg.fast_dev_run) return false;
+    for (int j = 0; j < tr->nckpts; j++)
+        if (due_steps(tr, &tr->ckpts[j])) return true;
+    return false;
+}
+
+lk_status lk__callbacks_init(lk_trainer *tr) {
+    const lk_trainer_config *c = &tr->cfg;
+    tr->nckpts = tr->nes = 0;
+    if (!c->enable_checkpointing && c->n_checkpoints > 0)
+        return lk_error(LK_STATUS_INVALID_ARGUMENT,
+                        "trainer.enable_checkpointing is false but trainer.callbacks has %d ModelCheckpoint%s "
+                        "(remove them or set enable_checkpointing: true)", c->n_checkpoints,
+                        c->n_checkpoints > 1 ? "s" : "");
+    if (c->enable_checkpointing) {
+        for (int i = 0; i < c->n_checkpoints && i < LK_MAX_CALLBACKS; i++) tr->ckpts[tr->nckpts++].c = c->checkpoints[i];
+        /* The flat keys are Lightning's default ModelCheckpoint when the list
+         * has none, and one more instance when trainer.monitor is set. */
+        if (c->n_checkpoints == 0 || c->monitor[0]) {
+            lk_ckpt_state *k = &tr->ckpts[tr->nckpts++];
+            k->flat = true;
+            snprintf(k->c.monitor, sizeof k->c.monitor, "%s", c->monitor);
+            snprintf(k->c.mode, sizeof k->c.mode, "%s", c->monitor_mode);
+            snprintf(k->c.filename, sizeof k->c.filename, "%s", c->checkpoint_filename);
+            k->c.save_top_k = c->monitor[0] ? c->save_top_k : 0;
+            k->c.save_last = c->save_last;
+            k->c.every_n_train_steps = c->every_n_train_steps;
+            k->c.every_n_epochs = 1;
+            k->c.auto_insert_metric_name = true;
+        }
+    }
+    for (int j = 0; j < tr->nckpts; j++) tr->ckpts[j].best_score = NAN;
+    for (int i = 0; i < c->n_early_stopping && i < LK_MAX_CALLBACKS; i++) tr->es[tr->nes++].c = c->early_stopping[i];
+    if (c->early_stopping_monitor[0]) {
+        lk_early_stopping_config *e = &tr->es[tr->nes++].c;
+        snprintf(e->monitor, sizeof e->monitor, "%s", c->early_stopping_monitor);
+        snprintf(e->mode, sizeof e->mode, "%s", c->early_stopping_mode);
+        e->min_delta = c->early_stopping_min_delta;
+        e->patience = c->early_stopping_patience;
+        e->strict = true;
+        e->check_finite = c->early_stopping_check_finite;
+        e->stopping_threshold = c->early_stopping_stopping_threshold;
+        e->divergence_threshold = c->early_stopping_divergence_threshold;
+    }
+    for (int j = 0; j < tr->nes; j++) tr->es[j].best = NAN, tr->es[j].wait = 0;
+    return LK_STATUS_OK;
+}
+
+/* One ModelCheckpoint instance: top-k by its monitor (or by step when it
+ * has none), then last.ckpt. `wrote_last` avoids writing the same
+ * last.ckpt twice when instances share a directory. */
+static lk_status ckpt_one(lk_trainer *tr, lk_ckpt_state *k, bool primary, bool last_only, char *wrote_last,
+                          size_t wl_size) {
+    const lk_checkpoint_config *c = &k->c;
+    char dir[LK_PATH + 16];
+    if (c->dirpath[0]) snprintf(dir, sizeof dir, "%s", c->dirpath);
+    else if (tr->log_dir[0]) snprintf(dir, sizeof dir, "%s/checkpoints", tr->log_dir);
+    else snprintf(dir, sizeof dir, "%s/checkpoints", tr->cfg.default_root_dir[0] ? tr->cfg.default_root_dir : ".");
+    lk_status st = lk__out_mkdirs(dir);
+    /* The flat instance without a monitor keeps last.ckpt only; step-driven
+     * saves of the flat instance are last.ckpt only (its old meaning). */
+    bool topk = !(k->flat && (last_only || !c->monitor[0])) && c->save_top_k != 0;
+    if (!k->flat && !last_only) /* Lightning: every_n_train_steps instances save on steps, not at epoch ends */
+        topk = topk && c->every_n_train_steps == 0 && c->every_n_epochs > 0 && (tr->epoch + 1) % c->every_n_epochs == 0;
+    bool no_value = false;
+    if (!st && topk) {
+        double v;
+        bool have = c->monitor[0] ? lk_trainer_metric(tr, c->monitor, &v) : (v = (double)tr->global_step, true);
+        bool max = !c->monitor[0] || !strcmp(c->mode, "max");
+        if (!have) {
+            /* As Lightning: a metric missing after validation ran is a
+             * misconfiguration; before any validation (max_steps inside the
+             * first epoch, check_val_every_n_epoch > epochs, limit_val_batches
+             * 0) top-k is skipped and last.ckpt saved instead. */
+            char names[1024];
+            lk__metrics_available(tr, names, sizeof names);
+            if (tr->val_ran)
+                st = lk_error(LK_STATUS_INVALID_ARGUMENT, "ModelCheckpoint: %s '%s' was never logged; logged metrics: %s",
+                              k->flat ? "trainer.monitor" : "monitor", c->monitor, names);
+            else if (!k->warned) {
+                k->warned = true;
+                lk_log_warn("ModelCheckpoint: %s '%s' has no value at step %lld (no validation has run yet); "
+                            "saving last.ckpt only, no top-k checkpoint",
+                            k->flat ? "trainer.monitor" : "monitor", c->monitor, (long long)tr->global_step);
+            }
+            no_value = true;
+        } else if (isfinite(v)) {
+            int worst = -1;
+            for (int i = 0; i < k->ntopk; i++)
+                if (worst < 0 || (max ? k->topk[i].score < k->topk[worst].score : k->topk[i].score > k->topk[worst].score))
+                    worst = i;
+            bool keep = c->save_top_k < 0 || k->ntopk < c->save_top_k ||
+                        (worst >= 0 && (max ? v > k->topk[worst].score : v < k->topk[worst].score));
+            if (keep) {
+                char name[512], path[LK_PATH + 600];
+                st = render_name(tr, c->filename, c->auto_insert_metric_name, name, sizeof name);
+                snprintf(path, sizeof path, "%s/%s.ckpt", dir, name);
+                if (!st) st = lk__ckpt_save(tr, path);
+                if (!st && c->verbose) lk_log0("ModelCheckpoint: saved %s", path);
+                if (!st) {
+                    if (c->save_top_k > 0 && k->ntopk >= c->save_top_k) {
+                        if (strcmp(k->topk[worst].path, path)) unlink(k->topk[worst].path);
+                        k->topk[worst] = k->topk[--k->ntopk];
+                    }
+                    for (int i = 0; i < k->ntopk; i++) /* the same name again (e.g. {epoch} twice in an epoch) */
+                        if (!strcmp(k->topk[i].path, path)) k->topk[i] = k->topk[--k->ntopk];
+                    lk_topk *n = lk_realloc(k->topk, (size_t)(k->ntopk + 1) * sizeof *n);
+                    if (n) {
+                        k->topk = n;
+                        n[k->ntopk].score = v;
+                        snprintf(n[k->ntopk].path, LK_PATH2, "%s", path);
+                        k->ntopk++;
+                    }
+                    if (isnan(k->best_score) || (max ? v > k->best_score : v < k->best_score)) {
+                        k->best_score = v;
+                        snprintf(k->best_path, sizeof k->best_path, "%s", path);
+                    }
+                    if (primary) {
+                        tr->best_score = k->best_score;
+                        snprintf(tr->best_ckpt, sizeof tr->best_ckpt, "%s", k->best_path);
+                    }
+                }
+            }
+        }
+    }
+    if (!st && (c->save_last || (k->flat && last_only) || no_value)) {
+        char path[LK_PATH + 32];
+        snprintf(path, sizeof path, "%s/last.ckpt", dir);
+        if (strcmp(wrote_last, path)) {
+            st = lk__ckpt_save(tr, path);
+            if (!st) snprintf(wrote_last, wl_size, "%s", path);
+            if (!st && (!tr->last_ckpt[0] || primary)) snprintf(tr->last_ckpt, sizeof tr->last_ckpt, "%s", path);
+        }
+    }
+    return st;
+}
 
 static lk_status ckpt_callback(lk_trainer *tr, bool last_only) {
     const lk_trainer_config *c = &tr->cfg;
@@ -305,69 +500,11 @@ static lk_status ckpt_callback(lk_trainer *tr, bool last_only) {
         LK_TRY(lk_comm_long_work(tr->comm, 0, what, "trainer.checkpoint_timeout", c->checkpoint_timeout));
     }
     lk_status st = LK_STATUS_OK;
-    if (tr->rank == 0 && tr->log_dir[0]) {
-        char dir[LK_PATH + 16];
-        snprintf(dir, sizeof dir, "%s/checkpoints", tr->log_dir);
-        st = lk__out_mkdirs(dir);
-        if (!st && c->monitor[0] && !last_only) {
-            double v;
-            if (!lk_trainer_metric(tr, c->monitor, &v)) {
-                /* As Lightning: a metric missing after validation ran is a
-                 * misconfiguration; before any validation (max_steps inside
-                 * the first epoch, check_val_every_n_epoch > epochs,
-                 * limit_val_batches 0) top-k is skipped, last.ckpt saved. */
-                char names[1024];
-                lk__metrics_available(tr, names, sizeof names);
-                if (tr->val_ran)
-                    st = lk_error(LK_STATUS_INVALID_ARGUMENT,
-                                  "ModelCheckpoint: trainer.monitor '%s' was never logged; logged metrics: %s",
-                                  c->monitor, names);
-                else if (!tr->ckpt_warned) {
-                    tr->ckpt_warned = true;
-                    lk_log_warn("ModelCheckpoint: trainer.monitor '%s' has no value at step %lld (no validation has "
-                                "run yet); saving last.ckpt only, no top-k checkpoint",
-                                c->monitor, (long long)tr->global_step);
-                }
-            } else if (isfinite(v)) {
-                bool max = !strcmp(c->monitor_mode, "max");
-                int worst = -1;
-                for (int i = 0; i < tr->ntopk; i++)
-                    if (worst < 0 || (max ? tr->topk[i].score < tr->topk[worst].score : tr->topk[i].score > tr->topk[worst].score))
-                        worst = i;
-                bool keep = c->save_top_k < 0 || tr->ntopk < c->save_top_k ||
-                            (worst >= 0 && (max ? v > tr->topk[worst].score : v < tr->topk[worst].score));
-                if (keep && c->save_top_k != 0) {
-                    char name[512], path[LK_PATH + 600];
-                    st = render_name(tr, c->checkpoint_filename, name, sizeof name);
-                    snprintf(path, sizeof path, "%s/%s.ckpt", dir, name);
-                    if (!st) st = lk__ckpt_save(tr, path);
-                    if (!st) {
-                        if (c->save_top_k > 0 && tr->ntopk >= c->save_top_k) {
-                            if (strcmp(tr->topk[worst].path, path)) unlink(tr->topk[worst].path);
-                            tr->topk[worst] = tr->topk[--tr->ntopk];
-                        }
-                        lk_topk *n = lk_realloc(tr->topk, (size_t)(tr->ntopk + 1) * sizeof *n);
-                        if (n) {
-                            tr->topk = n;
-                            n[tr->ntopk].score = v;
-                            snprintf(n[tr->ntopk].path, LK_PATH2, "%s", path);
-                            tr->ntopk++;
-                        }
-                        if (isnan(tr->best_score) || (max ? v > tr->best_score : v < tr->best_score)) {
-                            tr->best_score = v;
-                            snprintf(tr->best_ckpt, sizeof tr->best_ckpt, "%s", path);
-                        }
-                    }
-                }
-            }
-        }
-        bool no_monitor_value = c->monitor[0] && !last_only && !lk_trainer_metric(tr, c->monitor, &(double){0});
-        if (!st && (c->save_last || last_only || no_monitor_value)) {
-            char path[LK_PATH + 32];
-            snprintf(path, sizeof path, "%s/last.ckpt", dir);
-            st = lk__ckpt_save(tr, path);
-            if (!st) snprintf(tr->last_ckpt, sizeof tr->last_ckpt, "%s", path);
-        }
+    if (tr->rank == 0) {
+        char wrote_last[LK_PATH + 32] = "";
+        for (int j = 0; !st && j < tr->nckpts; j++)
+            if (!last_only || due_steps(tr, &tr->ckpts[j]))
+                st = ckpt_one(tr, &tr->ckpts[j], j == 0, last_only, wrote_last, sizeof wrote_last);
     }
     /* Everyone learns whether rank 0 succeeded, and nobody runs ahead of a
      * checkpoint that is still being written. */

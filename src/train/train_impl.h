@@ -31,6 +31,25 @@ typedef struct lk_topk {
     char path[LK_PATH2];
 } lk_topk;
 
+/* One ModelCheckpoint instance (trainer.callbacks entries, or the flat
+ * trainer.monitor / save_top_k keys) and its state, kept in checkpoints. */
+typedef struct lk_ckpt_state {
+    lk_checkpoint_config c;
+    bool flat;         /* from the flat keys: without a monitor it keeps last.ckpt only, as before */
+    double best_score; /* NaN until a monitored save */
+    char best_path[LK_PATH2];
+    lk_topk *topk;
+    int ntopk;
+    bool warned;       /* the "monitor has no value yet" warning was printed */
+} lk_ckpt_state;
+
+/* One EarlyStopping instance and its state. */
+typedef struct lk_es_state {
+    lk_early_stopping_config c;
+    int wait;
+    double best; /* NaN until the first check */
+} lk_es_state;
+
 struct lk_trainer {
     lk_trainer_config cfg;
     long test_step_delay_ms; /* LK_TEST_STEP_DELAY_MS */
@@ -67,14 +86,13 @@ struct lk_trainer {
     lk_progress *progress;
     char log_dir[LK_PATH];
     char last_ckpt[LK_PATH2], best_ckpt[LK_PATH2];
-    double best_score;
-    lk_topk *topk;
-    int ntopk;
-    int es_wait;
-    double es_best;
+    double best_score; /* the first monitored ModelCheckpoint's, as Lightning's trainer.checkpoint_callback */
+    lk_ckpt_state ckpts[LK_MAX_CALLBACKS + 1]; /* the list's, then the flat keys' */
+    int nckpts;
+    lk_es_state es[LK_MAX_CALLBACKS + 1];
+    int nes;
     bool should_stop;
     bool val_ran;     /* a validation loop (not the sanity check) has run */
-    bool ckpt_warned; /* the "monitor has no value yet" warning was printed */
     char stop_reason[512];
     /* timing */
     double t_start, t_first_step, t_fit_start;
@@ -147,8 +165,13 @@ lk_status lk__ckpt_save(lk_trainer *tr, const char *path);
 lk_status lk__ckpt_load(lk_trainer *tr, const char *path, bool restore_training);
 /* The ModelCheckpoint callback at the end of a validation/epoch. */
 lk_status lk__ckpt_callback(lk_trainer *tr);
-/* last.ckpt only (every_n_train_steps). */
+/* The instances whose every_n_train_steps falls on this step (the flat
+ * one writes last.ckpt only). */
 lk_status lk__ckpt_callback_last(lk_trainer *tr);
+/* Whether any instance saves at this global step (the same on every rank). */
+bool lk__ckpt_due_steps(const lk_trainer *tr);
+/* Fills tr->ckpts and tr->es from the config (list entries, then the flat keys). */
+lk_status lk__callbacks_init(lk_trainer *tr);
 /* "last" / "best" / a path -> a path (error when it does not exist). */
 lk_status lk__ckpt_resolve(lk_trainer *tr, const char *spec, char *out, size_t size);
 

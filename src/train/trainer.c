@@ -46,9 +46,9 @@ lk_status lk_trainer_create(const lk_trainer_config *cfg, const lk_optim_setting
     else lk_optim_settings_default(&tr->opt);
     tr->config_yaml = config_yaml ? lk_strdup(config_yaml) : NULL;
     tr->best_score = NAN;
-    tr->es_best = NAN; /* no check yet: the first value always improves (Lightning starts at +-inf) */
     tr->t_start = lk_time_now();
-    lk_status st = lk_pg_info_from_env(&tr->pg);
+    lk_status st = lk__callbacks_init(tr);
+    if (!st) st = lk_pg_info_from_env(&tr->pg);
     if (st) goto fail;
     tr->rank = tr->pg.rank;
     tr->world = tr->pg.world_size;
@@ -164,7 +164,7 @@ void lk_trainer_free(lk_trainer *tr) {
     lk_tensor_release(tr->flat_grads);
     lk_comm_free(tr->comm);
     lk_free(tr->metrics);
-    lk_free(tr->topk);
+    for (int j = 0; j < tr->nckpts; j++) lk_free(tr->ckpts[j].topk);
     lk_free(tr->config_yaml);
     lk_free(tr);
 }
@@ -283,6 +283,11 @@ static lk_status setup_params(lk_trainer *tr, int64_t steps_per_epoch) {
         oc.momentum = tr->opt.momentum;
         oc.dampening = tr->opt.dampening;
         oc.nesterov = tr->opt.nesterov;
+    } else if (!strcmp(tr->opt.name, "rmsprop")) {
+        oc.momentum = tr->opt.momentum;
+        oc.alpha = tr->opt.alpha;
+        oc.eps = tr->opt.eps;
+        oc.centered = tr->opt.centered;
     } else {
         oc.beta1 = tr->opt.beta1;
         oc.beta2 = tr->opt.beta2;
@@ -338,20 +343,51 @@ static lk_status open_outputs(lk_trainer *tr, bool want_logs) {
         LK_TRY(lk_progress_create(&po, &tr->progress));
     }
     if (!want_logs || tr->cfg.fast_dev_run) return LK_STATUS_OK;
-    lk_logger *list, *csv;
-    LK_TRY(lk_logger_list_create(&list));
-    tr->logger = list;
     char root[LK_PATH];
     snprintf(root, sizeof root, "%s", tr->cfg.default_root_dir[0] ? tr->cfg.default_root_dir : ".");
-    LK_TRY(lk_csv_logger_create(root, "lightning_logs", -1, &csv));
-    LK_TRY(lk_logger_list_add(list, csv));
-    const char *dir = lk_logger_log_dir(csv);
-    snprintf(tr->log_dir, sizeof tr->log_dir, "%s", dir ? dir : root);
-    if (tr->cfg.enable_tensorboard) {
-        lk_logger *tb;
-        LK_TRY(lk_tb_logger_create(tr->log_dir, &tb));
-        LK_TRY(lk_logger_list_add(list, tb));
+    if (tr->cfg.logger_set && tr->cfg.n_loggers == 0) {
+        /* logger: false. Lightning's log_dir is then default_root_dir:
+         * config.yaml, run.json and checkpoints/ go there. */
+        LK_TRY(lk__out_mkdirs(root));
+        snprintf(tr->log_dir, sizeof tr->log_dir, "%s", root);
+    } else {
+        lk_logger *list, *csv;
+        LK_TRY(lk_logger_list_create(&list));
+        tr->logger = list;
+        if (!tr->cfg.logger_set) {
+            LK_TRY(lk_csv_logger_create(root, "lightning_logs", -1, &csv));
+            LK_TRY(lk_logger_list_add(list, csv));
+            const char *dir = lk_logger_log_dir(csv);
+            snprintf(tr->log_dir, sizeof tr->log_dir, "%s", dir ? dir : root);
+            if (tr->cfg.enable_tensorboard) {
+                lk_logger *tb;
+                LK_TRY(lk_tb_logger_create(tr->log_dir, &tb));
+                LK_TRY(lk_logger_list_add(list, tb));
+            }
+        }
+        int versions[LK_MAX_CALLBACKS];
+        for (int i = 0; tr->cfg.logger_set && i < tr->cfg.n_loggers; i++) {
+            const lk_logger_config *lc = &tr->cfg.loggers[i];
+            const char *save = lc->save_dir[0] ? lc->save_dir : root;
+            int version = (int)lc->version;
+            /* Loggers sharing save_dir/name and no version share the first's
+             * version_N (Lightning resolves both to the same directory). */
+            for (int j = 0; j < i && version < 0; j++) {
+                const lk_logger_config *o = &tr->cfg.loggers[j];
+                if (!strcmp(o->save_dir[0] ? o->save_dir : root, save) && !strcmp(o->name, lc->name)) version = versions[j];
+            }
+            lk_logger *lg;
+            if (!strcmp(lc->kind, "csv")) LK_TRY(lk_csv_logger_create(save, lc->name, version, &lg));
+            else LK_TRY(lk_tb_logger_create_versioned(save, lc->name, version, &lg));
+            versions[i] = lk_logger_version(lg);
+            LK_TRY(lk_logger_list_add(list, lg));
+            if (i == 0) {
+                const char *dir = lk_logger_log_dir(lg);
+                snprintf(tr->log_dir, sizeof tr->log_dir, "%s", dir && *dir ? dir : root);
+            }
+        }
     }
+    lk_logger *list = tr->logger;
     /* hparams.yaml: the model's and data module's init args (save_hyperparameters) */
     char *hp = NULL;
     size_t hl = 0;
@@ -360,7 +396,7 @@ static lk_status open_outputs(lk_trainer *tr, bool want_logs) {
         if (tr->module && tr->module->hparams_yaml) fputs(tr->module->hparams_yaml, f);
         if (tr->dm && tr->dm->hparams_yaml) fputs(tr->dm->hparams_yaml, f);
         fclose(f);
-        lk_logger_log_hyperparams(list, hp && *hp ? hp : "{}\n");
+        if (list) lk_logger_log_hyperparams(list, hp && *hp ? hp : "{}\n");
         free(hp);
     }
     if (tr->config_yaml) {
@@ -449,19 +485,22 @@ static lk_status run_eval(lk_trainer *tr, lk_loader *loader, const char *stage, 
 
 /* ---- callbacks after validation ----------------------------------------------- */
 
-static lk_status early_stopping(lk_trainer *tr) {
-    const char *mon = tr->cfg.early_stopping_monitor;
+static lk_status early_stopping(lk_trainer *tr, lk_es_state *es) {
+    const lk_early_stopping_config *e = &es->c;
+    const char *mon = e->monitor;
     if (!mon[0]) return LK_STATUS_OK;
     double v;
     if (!lk_trainer_metric(tr, mon, &v)) {
+        if (!e->strict) return LK_STATUS_OK; /* Lightning's strict=False: skip the check */
         char names[1024];
         lk__metrics_available(tr, names, sizeof names);
-        return lk_error(LK_STATUS_INVALID_ARGUMENT,
-                        "EarlyStopping: trainer.early_stopping_monitor '%s' was never logged; logged metrics: %s", mon,
-                        names);
+        return lk_error(LK_STATUS_INVALID_ARGUMENT, "EarlyStopping: %s '%s' was never logged; logged metrics: %s",
+                        es->c.strict && !strcmp(mon, tr->cfg.early_stopping_monitor) ? "trainer.early_stopping_monitor"
+                                                                                   : "monitor",
+                        mon, names);
     }
-    bool max = !strcmp(tr->cfg.early_stopping_mode, "max");
-    double stop_at = tr->cfg.early_stopping_stopping_threshold, diverge = tr->cfg.early_stopping_divergence_threshold;
+    bool max = !strcmp(e->mode, "max");
+    double stop_at = e->stopping_threshold, diverge = e->divergence_threshold;
     if (!isnan(stop_at) && (max ? v >= stop_at : v <= stop_at)) {
         tr->should_stop = true;
         snprintf(tr->stop_reason, sizeof tr->stop_reason, "EarlyStopping: %s = %.6g reached the stopping threshold %g",
@@ -474,22 +513,22 @@ static lk_status early_stopping(lk_trainer *tr) {
                  "EarlyStopping: %s = %.6g is worse than the divergence threshold %g", mon, v, diverge);
         return LK_STATUS_OK;
     }
-    if (!isfinite(v) && !tr->cfg.early_stopping_check_finite) return LK_STATUS_OK;
+    if (!isfinite(v) && !e->check_finite) return LK_STATUS_OK;
     if (!isfinite(v)) {
         tr->should_stop = true;
         snprintf(tr->stop_reason, sizeof tr->stop_reason, "EarlyStopping: %s = %g is not finite", mon, v);
         return LK_STATUS_OK;
     }
-    double delta = tr->cfg.early_stopping_min_delta;
-    bool better = tr->es_wait < 0 || isnan(tr->es_best) || (max ? v > tr->es_best + delta : v < tr->es_best - delta);
+    double delta = e->min_delta;
+    bool better = es->wait < 0 || isnan(es->best) || (max ? v > es->best + delta : v < es->best - delta);
     if (better) {
-        tr->es_best = v;
-        tr->es_wait = 0;
-    } else if (++tr->es_wait >= tr->cfg.early_stopping_patience && tr->epoch + 1 >= tr->cfg.min_epochs) {
+        es->best = v;
+        es->wait = 0;
+    } else if (++es->wait >= e->patience && tr->epoch + 1 >= tr->cfg.min_epochs) {
         tr->should_stop = true;
         snprintf(tr->stop_reason, sizeof tr->stop_reason,
-                 "EarlyStopping: %s did not improve by %g for %d checks (best %.6g)", mon, delta, tr->es_wait,
-                 tr->es_best);
+                 "EarlyStopping: %s did not improve by %g for %d checks (best %.6g)", mon, delta, es->wait,
+                 es->best);
     }
     return LK_STATUS_OK;
 }
@@ -506,7 +545,7 @@ static lk_status validate_now(lk_trainer *tr, lk_loader *val, int64_t limit) {
                             tr->opt.monitor);
         LK_TRY(lk_scheduler_step_metric(tr->sched, v));
     }
-    LK_TRY(early_stopping(tr));
+    for (int j = 0; j < tr->nes; j++) LK_TRY(early_stopping(tr, &tr->es[j]));
     return LK_STATUS_OK;
 }
 
@@ -550,7 +589,8 @@ static lk_status log_device_stats(lk_trainer *tr) {
 static lk_status log_lr(lk_trainer *tr) {
     if (!tr->optim) return LK_STATUS_OK;
     char name[64];
-    snprintf(name, sizeof name, "lr-%s", !strcmp(tr->opt.name, "adamw") ? "AdamW" : !strcmp(tr->opt.name, "sgd") ? "SGD" : "Adam");
+    snprintf(name, sizeof name, "lr-%s", !strcmp(tr->opt.name, "adamw") ? "AdamW" : !strcmp(tr->opt.name, "sgd") ? "SGD"
+                                         : !strcmp(tr->opt.name, "rmsprop") ? "RMSprop" : "Adam");
     const char *st = tr->stage;
     tr->stage = "train";
     lk_status s = lk_log_metric(tr, name, lk_optimizer_get_lr(tr->optim, 0), &(lk_log_opts){.on_step = 1, .on_epoch = -1});
@@ -701,7 +741,7 @@ static lk_status fit_loop(lk_trainer *tr, lk_loader *train, lk_loader *val, int6
                     LK_TRY(log_device_stats(tr));
                     if (tr->logger) LK_TRY(lk__metrics_log_step(tr));
                 }
-                if (c->every_n_train_steps > 0 && tr->global_step % c->every_n_train_steps == 0 && i + 1 < n_train) {
+                if (lk__ckpt_due_steps(tr) && i + 1 < n_train) {
                     tr->resume_batch = i + 1; /* resumes at the next batch of this epoch */
                     lk_status cs = lk__ckpt_callback_last(tr);
                     tr->resume_batch = 0;
@@ -782,7 +822,7 @@ static void write_runinfo(lk_trainer *tr, const char *command, lk_status st) {
     ri.n_metrics = k;
     ri.metric_names = names;
     ri.metric_values = vals;
-    ri.best_monitor = tr->cfg.monitor[0] ? tr->cfg.monitor : NULL;
+    ri.best_monitor = tr->nckpts && tr->ckpts[0].c.monitor[0] ? tr->ckpts[0].c.monitor : NULL;
     ri.best_score = tr->best_score;
     ri.best_path = tr->best_ckpt[0] ? tr->best_ckpt : NULL;
     ri.epochs = tr->epoch;
@@ -978,7 +1018,25 @@ lk_status lk_trainer_fit(lk_trainer *tr, lk_module *m, lk_datamodule *dm, const 
             if (tr->metrics[i].stage && !strcmp(tr->metrics[i].stage, "val")) tr->metrics[i].has_value = false, tr->metrics[i].epoch_any = false;
     }
     double t_train = lk_time_now();
+    /* fast_dev_run: N batches of one epoch, as Lightning's (max_epochs=1) */
+    if (c->fast_dev_run) tr->cfg.max_epochs = 1;
     if (!st) st = fit_loop(tr, train, val, n_train, n_val);
+    if (st && c->on_exception_ckpt[0] && tr->param_arr && is_rank0(tr)) {
+        /* OnExceptionCheckpoint: the state as it was when fit failed (rank 0
+         * alone: the other ranks may be gone, so no barrier). */
+        char msg[2048], dir[LK_PARAM_STR];
+        snprintf(msg, sizeof msg, "%s", lk_last_error());
+        snprintf(dir, sizeof dir, "%s", c->on_exception_ckpt);
+        char *slash = strrchr(dir, '/');
+        if (slash) *slash = 0;
+        lk_status s2 = slash ? lk__out_mkdirs(dir) : LK_STATUS_OK;
+        if (!s2) s2 = lk__ckpt_save(tr, c->on_exception_ckpt);
+        if (s2) lk_log_warn("OnExceptionCheckpoint: could not write %s: %s", c->on_exception_ckpt, lk_last_error());
+        else lk_log0("OnExceptionCheckpoint: saved %s", c->on_exception_ckpt);
+        const char *m = msg; /* lk_error adds the rank prefix again */
+        if (!strncmp(m, "[rank ", 6) && strstr(m, "] ")) m = strstr(m, "] ") + 2;
+        lk_error(st, "%s", m);
+    }
     tr->t_train_end = lk_time_now();
     tr->train_time = tr->t_train_end - t_train;
     if (!st && tr->stop_reason[0]) lk_log0("%s", tr->stop_reason);

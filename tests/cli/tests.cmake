@@ -6,3 +6,4 @@ lk_add_test(NAME cli_bench_report SOURCES cli/test_bench_report.c ${PROJECT_SOUR
             LABELS unit TIMEOUT 60)
 lk_add_script_test(NAME cli_bench_train SCRIPT cli/test_bench_train.sh LABELS multiproc TIMEOUT 180)
 lk_add_script_test(NAME cli_profiler SCRIPT cli/test_profiler.sh LABELS multiproc TIMEOUT 300)
+lk_add_script_test(NAME cli_lightning_cfg SCRIPT cli/test_lightning_cfg.sh LABELS multiproc TIMEOUT 300)

@@ -107,6 +107,11 @@ static void test_overrides(void) {
     CHECK(lk_config_node_type(lk_config_get(c, "trainer.devices")) == LK_CONFIG_SEQ);
     CHECK(streq(text_at(c, "trainer.devices.1"), "2"));
     CHECK_OK(lk_config_set_override(c, "trainer.opt", "{name: adam, lr: 0.1}"));
+    /* a file-name template needs no extra quoting on the command line */
+    CHECK_OK(lk_config_set_override(c, "trainer.fn", "{epoch}-{val_loss:.4f}"));
+    CHECK(streq(text_at(c, "trainer.fn"), "{epoch}-{val_loss:.4f}"));
+    CHECK_OK(lk_config_set_override(c, "trainer.fn2", "{epoch}"));
+    CHECK(streq(text_at(c, "trainer.fn2"), "{epoch}"));
     CHECK(streq(text_at(c, "trainer.opt.lr"), "0.1"));
     CHECK_OK(lk_config_set_override(c, "model.init_args.x", "1")); /* a scalar on the path becomes a map */
     CHECK(streq(text_at(c, "model.init_args.x"), "1"));
@@ -159,10 +164,11 @@ static void test_args(void) {
         CHECK(streq(args.rest[0], "--print_config") && streq(args.rest[1], "fit") && streq(args.rest[2], "--help"));
         CHECK(streq(args.rest[3], "--") && streq(args.rest[4], "--trainer.x"));
     }
-    /* order is precedence: b.yaml (after the override) beats it; lr override is last */
+    /* files in order, then overrides in order: the max_epochs override beats
+     * b.yaml although b.yaml comes after it (the help says overrides win) */
     lk_config *c = lk_config_create();
     CHECK_OK(lk_config_load_args(c, &args));
-    CHECK(streq(text_at(c, "trainer.max_epochs"), "6"));
+    CHECK(streq(text_at(c, "trainer.max_epochs"), "3"));
     CHECK(streq(text_at(c, "trainer.lr"), "0.125"));
     CHECK(streq(text_at(c, "ckpt_path"), "last"));
     lk_config_free(c);
