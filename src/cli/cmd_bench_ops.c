@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/backend_impl.h"
 #include "cli/cli.h"
 #include "lockstep.h"
 
@@ -75,6 +76,63 @@ static void run_mlp(void *p) {
     lk_scope_end();
 }
 
+/* One typed GEMM (C = A B^T, A [M,K], B [N,K], C f32) over raw buffers. */
+typedef struct {
+    lk_op_desc d;
+    void *a, *b, *c;
+} typed_ctx;
+
+static void run_typed(void *p) {
+    typed_ctx *t = p;
+    if (lk__backend_run(LK_DEVICE_CPU, &t->d, (void *[]){t->a, t->b, t->c})) lk_panic("gemm: %s", lk_last_error());
+}
+
+/* The GEMMs of bf16-mixed and 16-mixed against f32, at the shapes of a
+ * training step (forward x W^T, backward dY W and dY^T X), same buffers sizes. */
+static void lowp_table(double budget) {
+    printf("\nlow-precision GEMMs (C in f32): bf16 path: %s\n", lk__cpu_gemm_path(LK_BF16, LK_F32));
+    printf("                                 f16 path:  %s\n", lk__cpu_gemm_path(LK_F16, LK_F32));
+    static const struct { int64_t M, N, K; bool ta, tb; const char *what; } shapes[] = {
+        {256, 512, 784, false, true, "fwd 784->512, batch 256"},
+        {256, 784, 512, false, false, "bwd dX 512->784"},
+        {512, 784, 256, true, false, "bwd dW 784x512"},
+        {256, 64, 256, false, true, "fwd 256->64"},
+        {1024, 1024, 1024, false, true, "square 1024"},
+    };
+    printf("%-16s %-26s %10s %10s %10s %8s %8s\n", "shape (MxNxK)", "case", "f32 GF/s", "bf16 GF/s", "f16 GF/s",
+           "bf16/f32", "f16/f32");
+    lk_rng rng;
+    lk_rng_init(&rng, 2, LK_RNG_USER, 0, 0);
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        int64_t M = shapes[s].M, N = shapes[s].N, K = shapes[s].K;
+        size_t na = (size_t)(M * K), nb = (size_t)(K * N);
+        float *a = lk_aligned_alloc(LK_ALIGN, na * 4), *b = lk_aligned_alloc(LK_ALIGN, nb * 4);
+        float *c = lk_aligned_alloc(LK_ALIGN, (size_t)(M * N) * 4);
+        uint16_t *ah = lk_aligned_alloc(LK_ALIGN, na * 2), *bh = lk_aligned_alloc(LK_ALIGN, nb * 2);
+        for (size_t i = 0; i < na; i++) a[i] = lk_rng_normal(&rng);
+        for (size_t i = 0; i < nb; i++) b[i] = lk_rng_normal(&rng);
+        double rate[3];
+        static const lk_dtype dts[3] = {LK_F32, LK_BF16, LK_F16};
+        for (int k = 0; k < 3; k++) {
+            typed_ctx t = {.d = {.op = LK_OP_GEMM, .dtype = {dts[k], dts[k], LK_F32}}, .a = a, .b = b, .c = c};
+            if (dts[k] != LK_F32) {
+                lk_f32_to_half_n(dts[k], ah, a, na);
+                lk_f32_to_half_n(dts[k], bh, b, nb);
+                t.a = ah, t.b = bh;
+            }
+            bool ta = shapes[s].ta, tb = shapes[s].tb;
+            t.d.gemm = (lk_gemm_params){ta, tb, M, N, K, ta ? M : K, tb ? K : N, N, 1.0f, 0.0f};
+            double best = time_it(run_typed, &t, budget / 3);
+            rate[k] = 2.0 * (double)M * (double)N * (double)K / best / 1e9;
+        }
+        char sh[64];
+        snprintf(sh, sizeof sh, "%lldx%lldx%lld", (long long)M, (long long)N, (long long)K);
+        printf("%-16s %-26s %10.1f %10.1f %10.1f %7.2fx %7.2fx\n", sh, shapes[s].what, rate[0], rate[1], rate[2],
+               rate[1] / rate[0], rate[2] / rate[0]);
+        lk_aligned_free(a), lk_aligned_free(b), lk_aligned_free(c), lk_aligned_free(ah), lk_aligned_free(bh);
+    }
+}
+
 int lk_cmd_bench_ops(int argc, char **argv) {
     double budget = 1.0;
     for (int i = 1; i < argc; i++) {
@@ -126,6 +184,8 @@ int lk_cmd_bench_ops(int argc, char **argv) {
         lk_tensor_release(g.c);
     }
     lk_set_grad_enabled(prev);
+
+    lowp_table(budget);
 
     mlp_ctx m;
     static const int64_t widths[] = {784, 512, 256, 64};
