@@ -67,6 +67,21 @@ typedef void (*lk_op_hook)(void *ctx, const char *op, bool backward, double t_st
 void lk_set_op_hook(lk_op_hook fn, void *ctx);
 void lk_op_hook_mark(void);
 
+/* ---- autocast (mixed precision) ---------------------------------------------
+ * Inside an autocast region of dtype LK_BF16 or LK_F16 (per thread,
+ * nestable), the ops on the low-precision list — matmul, linear, conv2d,
+ * forward and backward — round their f32 operands to that dtype and
+ * multiply them on the CPU's bf16/f16 units, accumulating in f32; their
+ * outputs and gradients stay f32, as do every other op (softmax, log,
+ * losses, normalisation, reductions) and the optimizer: the parameters are
+ * the f32 master weights. docs/PRECISION.md lists the ops and how this
+ * differs from torch.autocast (whose matmul outputs are bf16 tensors).
+ * LK_F32 turns autocast off inside an enclosing region. */
+void lk_autocast_enter(lk_dtype dt);
+void lk_autocast_exit(void);
+/* The dtype the low-precision list runs in on this thread (LK_F32: off). */
+lk_dtype lk_autocast_dtype(void);
+
 /* ---- linear algebra ---------------------------------------------------------- */
 
 /* a[..., M, K] @ b[K, N] or batched a[B, M, K] @ b[B, K, N]. Transposed views

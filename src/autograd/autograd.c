@@ -7,6 +7,9 @@
 #include "backend/backend_impl.h"
 
 static _Thread_local bool grad_off; /* default: grad mode on */
+enum { AUTOCAST_DEPTH = 16 };
+static _Thread_local lk_dtype autocast_stack[AUTOCAST_DEPTH];
+static _Thread_local int autocast_n;
 static _Thread_local lk_node **tape;
 static _Thread_local size_t tape_n, tape_max;
 static _Thread_local lk_node *node_free; /* free list through ->extra */
@@ -313,4 +316,20 @@ lk_status lk_backward(lk_tensor *loss) {
     lk_status st = lk_backward_with(loss, one);
     lk_tensor_release(one);
     return st;
+}
+
+/* ---- autocast -------------------------------------------------------------------- */
+
+void lk_autocast_enter(lk_dtype dt) {
+    if (autocast_n < AUTOCAST_DEPTH) autocast_stack[autocast_n] = dt == LK_BF16 || dt == LK_F16 ? dt : LK_F32;
+    autocast_n++; /* deeper than the stack: the innermost recorded region stays in force */
+}
+
+void lk_autocast_exit(void) {
+    if (autocast_n > 0) autocast_n--;
+}
+
+lk_dtype lk_autocast_dtype(void) {
+    if (autocast_n == 0) return LK_F32;
+    return autocast_stack[(autocast_n < AUTOCAST_DEPTH ? autocast_n : AUTOCAST_DEPTH) - 1];
 }

@@ -77,30 +77,38 @@ static lk_tensor *fold_rows(lk_tensor *t) {
 static void matmul_backward(lk_node *n, lk_tensor *g) {
     lk_tensor *a = n->in[0], *b = n->in[1];
     bool batched = n->a.i[0];
+    /* autocast: the forward's low-precision operands, and g rounded the same way */
+    lk_tensor *gl = n->saved[0] ? lk_tensor_cast(g, n->saved[0]->dtype) : NULL;
+    if (n->saved[0]) {
+        if (!gl) return;
+        a = n->saved[0], b = n->saved[1], g = gl;
+    }
+    lk_tensor *ga = n->in[0], *gb = n->in[1]; /* where the gradients go (f32 leaves or nodes) */
     if (!batched) {
         lk_tensor *a2 = fold_rows(a), *g2 = fold_rows(g);
         if (!a2 || !g2) goto done2;
-        if (a->requires_grad) {
+        if (ga->requires_grad) {
             lk_tensor *da = lk__tensor_new(LK_F32, a->ndim, a->shape);
             if (!da) goto done2;
             lk_tensor *da2 = fold_rows(da);
-            if (da2 && !gemm2d(g2, false, b, true, 0.0f, da2)) lk__accum(a, da);
+            if (da2 && !gemm2d(g2, false, b, true, 0.0f, da2)) lk__accum(ga, da);
             lk_tensor_release(da2);
             lk_tensor_release(da);
         }
-        if (b->requires_grad) {
+        if (gb->requires_grad) {
             lk_tensor *db = lk__tensor_new(LK_F32, 2, b->shape);
-            if (db && !gemm2d(a2, true, g2, false, 0.0f, db)) lk__accum(b, db);
+            if (db && !gemm2d(a2, true, g2, false, 0.0f, db)) lk__accum(gb, db);
             lk_tensor_release(db);
         }
     done2:
         lk_tensor_release(a2);
         lk_tensor_release(g2);
+        lk_tensor_release(gl);
         return;
     }
     int64_t B = a->shape[0];
-    lk_tensor *da = a->requires_grad ? lk__tensor_new(LK_F32, 3, a->shape) : NULL;
-    lk_tensor *db = b->requires_grad ? lk__tensor_new(LK_F32, 3, b->shape) : NULL;
+    lk_tensor *da = ga->requires_grad ? lk__tensor_new(LK_F32, 3, a->shape) : NULL;
+    lk_tensor *db = gb->requires_grad ? lk__tensor_new(LK_F32, 3, b->shape) : NULL;
     for (int64_t i = 0; i < B; i++) {
         lk_tensor *ai = lk__tensor_view(a, 2, a->shape + 1, a->stride + 1, a->offset + i * a->stride[0]);
         lk_tensor *bi = lk__tensor_view(b, 2, b->shape + 1, b->stride + 1, b->offset + i * b->stride[0]);
@@ -119,10 +127,11 @@ static void matmul_backward(lk_node *n, lk_tensor *g) {
         lk_tensor_release(bi);
         lk_tensor_release(gi);
     }
-    if (da) lk__accum(a, da);
-    if (db) lk__accum(b, db);
+    if (da) lk__accum(ga, da);
+    if (db) lk__accum(gb, db);
     lk_tensor_release(da);
     lk_tensor_release(db);
+    lk_tensor_release(gl);
 }
 
 lk_tensor *lk_matmul(lk_tensor *a, lk_tensor *b) {
@@ -139,7 +148,15 @@ lk_tensor *lk_matmul(lk_tensor *a, lk_tensor *b) {
     lk_tensor *out = lk__tensor_new(LK_F32, a->ndim, shape);
     if (!out) return NULL;
     lk_status st = LK_STATUS_OK;
-    if (!batched) {
+    lk_tensor *al = NULL, *bl = NULL, *a_in = a, *b_in = b;
+    lk_dtype lowp = lk_autocast_dtype();
+    if (lowp != LK_F32) { /* autocast: multiply the operands rounded to bf16/f16, accumulate in f32 */
+        al = lk_tensor_cast(a, lowp), bl = lk_tensor_cast(b, lowp);
+        if (!al || !bl) st = lk_last_status();
+        a = al, b = bl;
+    }
+    if (st) {
+    } else if (!batched) {
         lk_tensor *a2 = fold_rows(a), *o2 = fold_rows(out);
         st = (a2 && o2) ? gemm2d(a2, false, b, false, 0.0f, o2) : lk_last_status();
         lk_tensor_release(a2);
@@ -156,12 +173,20 @@ lk_tensor *lk_matmul(lk_tensor *a, lk_tensor *b) {
         }
     }
     if (st) {
+        lk_tensor_release(al);
+        lk_tensor_release(bl);
         lk_tensor_release(out);
         return NULL;
     }
-    lk_tensor *in[2] = {a, b};
+    lk_tensor *in[2] = {a_in, b_in};
     lk_node *n = lk__record("matmul", matmul_backward, out, 2, in);
-    if (n) n->a.i[0] = batched;
+    if (n) {
+        n->a.i[0] = batched;
+        n->saved[0] = lk_tensor_retain(al); /* NULL unless autocast */
+        n->saved[1] = lk_tensor_retain(bl);
+    }
+    lk_tensor_release(al);
+    lk_tensor_release(bl);
     return lk__op_result(out);
 }
 
@@ -169,14 +194,21 @@ lk_tensor *lk_matmul(lk_tensor *a, lk_tensor *b) {
 
 static void linear_backward(lk_node *n, lk_tensor *g) {
     lk_tensor *x = n->in[0], *w = n->in[1], *b = n->n_in > 2 ? n->in[2] : NULL;
-    lk_tensor *x2 = n->saved[0]; /* folded contiguous view of x */
+    lk_tensor *x2 = n->saved[0]; /* folded contiguous view of x (under autocast: its bf16/f16 copy) */
+    lk_tensor *wl = n->saved[1]; /* under autocast: w rounded as the forward used it */
     int64_t M = x2->shape[0], out_f = w->shape[0];
     lk_tensor *g2 = lk__tensor_view(g, 2, (int64_t[]){M, out_f}, (int64_t[]){out_f, 1}, g->offset);
     if (!g2) return;
+    lk_tensor *gl = wl ? lk_tensor_cast(g2, wl->dtype) : NULL; /* dY rounded like the operands */
+    if (wl && !gl) {
+        lk_tensor_release(g2);
+        return;
+    }
+    lk_tensor *gg = gl ? gl : g2, *ww = wl ? wl : w;
     if (x->requires_grad) {
         lk_tensor *dx = lk__tensor_new(LK_F32, x->ndim, x->shape);
-        lk_tensor *dx2 = dx ? lk__tensor_view(dx, 2, x2->shape, x2->stride, 0) : NULL;
-        bool ok = dx2 && !gemm2d(g2, false, w, false, 0.0f, dx2);
+        lk_tensor *dx2 = dx ? lk__tensor_view(dx, 2, (int64_t[]){M, x2->shape[1]}, (int64_t[]){x2->shape[1], 1}, 0) : NULL;
+        bool ok = dx2 && !gemm2d(gg, false, ww, false, 0.0f, dx2);
         lk_tensor_release(dx2);
         if (ok) lk__accum_move(x, dx); /* the slot takes the buffer */
         else lk_tensor_release(dx);
@@ -184,13 +216,14 @@ static void linear_backward(lk_node *n, lk_tensor *g) {
     if (w->requires_grad) {
         /* Accumulate straight into w->grad when it is a plain contiguous leaf
          * gradient (the common case: saves a temporary and an add). */
-        if (!w->grad_fn && w->grad && lk_tensor_is_contiguous(w->grad)) gemm2d(g2, true, x2, false, 1.0f, w->grad);
+        if (!w->grad_fn && w->grad && lk_tensor_is_contiguous(w->grad)) gemm2d(gg, true, x2, false, 1.0f, w->grad);
         else {
             lk_tensor *dw = lk__tensor_new(LK_F32, 2, w->shape);
-            if (dw && !gemm2d(g2, true, x2, false, 0.0f, dw)) lk__accum_move(w, dw);
+            if (dw && !gemm2d(gg, true, x2, false, 0.0f, dw)) lk__accum_move(w, dw);
             else lk_tensor_release(dw);
         }
     }
+    lk_tensor_release(gl);
     if (b && b->requires_grad) {
         lk_tensor *db = lk_tensor_zeros(LK_F32, 1, b->shape);
         if (db) {
@@ -234,16 +267,30 @@ lk_tensor *lk_linear(lk_tensor *x, lk_tensor *w, lk_tensor *b) {
             lk_tensor_release(bc);
         }
     }
-    if (!st) st = gemm2d(x2, false, w, true, b ? 1.0f : 0.0f, o2);
+    lk_tensor *wl = NULL;
+    lk_dtype lowp = lk_autocast_dtype();
+    if (!st && lowp != LK_F32) { /* autocast: multiply bf16/f16 copies, accumulate onto the f32 output */
+        lk_tensor *xl = lk_tensor_cast(x2, lowp);
+        wl = lk_tensor_cast(w, lowp);
+        lk_tensor_release(x2);
+        x2 = xl; /* backward keeps the rounded copy: half the bytes of the f32 input */
+        if (!xl || !wl) st = lk_last_status();
+    }
+    if (!st) st = gemm2d(x2, false, wl ? wl : w, true, b ? 1.0f : 0.0f, o2);
     lk_tensor_release(o2);
     if (st) {
         lk_tensor_release(out);
         lk_tensor_release(x2);
+        lk_tensor_release(wl);
         return NULL;
     }
     lk_tensor *in[3] = {x, w, b};
     lk_node *n = lk__record("linear", linear_backward, out, b ? 3 : 2, in);
-    if (n) n->saved[0] = lk_tensor_retain(x2);
+    if (n) {
+        n->saved[0] = lk_tensor_retain(x2);
+        n->saved[1] = lk_tensor_retain(wl);
+    }
     lk_tensor_release(x2);
+    lk_tensor_release(wl);
     return lk__op_result(out);
 }

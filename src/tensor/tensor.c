@@ -502,6 +502,17 @@ lk_status lk_tensor_copy(lk_tensor *dst, const lk_tensor *src) {
         if (dst->data != src->data && dst->numel) memmove(dst->data, src->data, lk_tensor_nbytes(dst));
         return LK_STATUS_OK;
     }
+    if (lk_tensor_is_contiguous(dst) && lk_tensor_is_contiguous(src)) { /* the casts mixed precision makes */
+        bool dh = dst->dtype == LK_BF16 || dst->dtype == LK_F16, sh = src->dtype == LK_BF16 || src->dtype == LK_F16;
+        if (src->dtype == LK_F32 && dh) {
+            lk_f32_to_half_n(dst->dtype, dst->data, src->data, (size_t)dst->numel);
+            return LK_STATUS_OK;
+        }
+        if (sh && dst->dtype == LK_F32) {
+            lk_half_to_f32_n(src->dtype, dst->data, src->data, (size_t)dst->numel);
+            return LK_STATUS_OK;
+        }
+    }
     if (dst->dtype == LK_F32 && src->dtype == LK_F32) {
         float *d = dst->data;
         const float *s = src->data;
