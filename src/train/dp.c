@@ -65,7 +65,9 @@ static void run_replica(lk_dp *dp, int k) {
     tr->cur_batch_size = r->slice.size;
     lk_scope_begin();
     lk_layer_set_rng_step(r->m->net, (uint64_t)dp->tr->cfg.seed, (uint32_t)k, (uint64_t)dp->tr->global_step);
+    lk_autocast_enter(dp->tr->autocast); /* autocast is per thread: each replica enters it */
     lk_tensor *loss = r->m->vt->training_step(r->m, &r->slice, dp->batch_idx, tr);
+    lk_autocast_exit();
     if (!loss) r->st = lk_last_status() ? lk_last_status() : lk_error(LK_STATUS_INVALID_USAGE, "training_step returned no loss");
     if (!r->st) {
         r->loss = lk_tensor_item(loss);

@@ -52,6 +52,7 @@ typedef struct lk_es_state {
 
 struct lk_trainer {
     lk_trainer_config cfg;
+    lk_dtype autocast; /* trainer.precision: the steps' autocast dtype (LK_F32: 32-true) */
     long test_step_delay_ms; /* LK_TEST_STEP_DELAY_MS */
     lk_optim_settings opt;
     char *config_yaml;

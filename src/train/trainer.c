@@ -28,6 +28,26 @@ static void on_stop_signal(int sig) { stop_signal = sig; }
 
 /* ---- creation --------------------------------------------------------------- */
 
+/* trainer.precision (with Lightning's aliases) -> the autocast dtype of the
+ * steps (LK_F32: none). The *-true precisions keep the parameters themselves
+ * in the low dtype, which needs every op in that dtype: refused for now. */
+static lk_status parse_precision(const char *p, lk_dtype *autocast) {
+    *autocast = LK_F32;
+    if (!strcmp(p, "32-true") || !strcmp(p, "32")) return LK_STATUS_OK;
+    if (!strcmp(p, "bf16-mixed") || !strcmp(p, "bf16")) return (*autocast = LK_BF16), LK_STATUS_OK;
+    if (!strcmp(p, "16-mixed") || !strcmp(p, "16")) return (*autocast = LK_F16), LK_STATUS_OK;
+    if (!strcmp(p, "bf16-true") || !strcmp(p, "16-true"))
+        return lk_error(LK_STATUS_UNSUPPORTED,
+                        "trainer.precision '%s' keeps the parameters in %s, which needs every op in that dtype; this "
+                        "build runs only the matrix products in it: use %s (f32 master weights)",
+                        p, p[0] == 'b' ? "bf16" : "f16", p[0] == 'b' ? "bf16-mixed" : "16-mixed");
+    if (!strcmp(p, "64-true") || !strcmp(p, "64"))
+        return lk_error(LK_STATUS_UNSUPPORTED, "trainer.precision '%s': f64 training is not supported (use 32-true)", p);
+    return lk_error(LK_STATUS_INVALID_ARGUMENT,
+                    "trainer.precision '%s' is not one of 32-true, 32, bf16-mixed, bf16, 16-mixed, 16, bf16-true, "
+                    "16-true, 64-true, 64", p);
+}
+
 lk_status lk_trainer_create(const lk_trainer_config *cfg, const lk_optim_settings *optim, const char *config_yaml,
                             lk_trainer **out) {
     *out = NULL;
@@ -39,8 +59,11 @@ lk_status lk_trainer_create(const lk_trainer_config *cfg, const lk_optim_setting
         return lk_error(LK_STATUS_INVALID_ARGUMENT,
                         "trainer.deterministic is true but trainer.max_time is set: stopping on wall time "
                         "depends on machine speed, so runs would not be reproducible");
+    lk_dtype autocast;
+    LK_TRY(parse_precision(cfg->precision, &autocast));
     lk_trainer *tr = lk_calloc(1, sizeof *tr);
     if (!tr) return LK_STATUS_OUT_OF_MEMORY;
+    tr->autocast = autocast;
     tr->cfg = *cfg;
     if (optim) tr->opt = *optim;
     else lk_optim_settings_default(&tr->opt);
@@ -460,8 +483,10 @@ static lk_status run_eval(lk_trainer *tr, lk_loader *loader, const char *stage, 
         tr->cur_batch_size = b->size;
         tr->batch_idx = i;
         lk_scope_begin();
+        lk_autocast_enter(tr->autocast); /* evaluation runs in the precision it trains in, as Lightning's */
         if (!strcmp(stage, "test")) st = m->vt->test_step ? m->vt->test_step(m, b, i, tr) : LK_STATUS_OK;
         else st = m->vt->validation_step ? m->vt->validation_step(m, b, i, tr) : LK_STATUS_OK;
+        lk_autocast_exit();
         lk_scope_end();
         if (tr->progress) lk_progress_update_eval(tr->progress, i + 1);
     }
@@ -677,7 +702,9 @@ static lk_status fit_loop(lk_trainer *tr, lk_loader *train, lk_loader *val, int6
             lk__prof_forward_begin(tr->prof, tr->global_step);
             lk_status st = lk_strategy_before_forward(tr->strat);
             lk_layer_set_rng_step(m->net, (uint64_t)c->seed, (uint32_t)tr->rank, (uint64_t)tr->global_step);
+            lk_autocast_enter(tr->autocast);
             lk_tensor *loss = st ? NULL : m->vt->training_step(m, b, i, tr);
+            lk_autocast_exit();
             if (!st && !loss) st = lk_last_status() ? lk_last_status() : lk_error(LK_STATUS_INVALID_USAGE, "training_step returned no loss");
             double lv = loss ? lk_tensor_item(loss) : NAN;
             char lbuf[32];
@@ -1144,7 +1171,9 @@ lk_status lk_trainer_predict(lk_trainer *tr, lk_module *m, lk_datamodule *dm, co
         st = lk_loader_next(loader, &b);
         if (st || !b) break;
         lk_scope_begin();
+        lk_autocast_enter(tr->autocast);
         lk_tensor *p = m->vt->predict_step(m, b, i, tr);
+        lk_autocast_exit();
         if (!p) st = lk_last_status() ? lk_last_status() : lk_error(LK_STATUS_INVALID_USAGE, "predict_step returned nothing");
         lk_tensor *c = p ? lk_tensor_cast(p, LK_F32) : NULL;
         if (p && !c) st = lk_last_status() ? lk_last_status() : LK_STATUS_OUT_OF_MEMORY;
