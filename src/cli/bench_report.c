@@ -668,3 +668,26 @@ bool lk__bench_scaling_path(const char *plot, char *out, size_t cap) {
     int w = snprintf(out, cap, "%.*s-scaling%s", len, plot, dot ? dot : "");
     return w >= 0 && (size_t)w < cap;
 }
+
+static const char *prec(const lk__bench_cell *c) { return c->precision ? c->precision : "32-true"; }
+
+int lk__bench_recommend_precision(const lk__bench_cell *cells, int n, char (*lines)[LK__BENCH_LINE], int max) {
+    int k = 0;
+    for (int i = 0; i < n && k < max; i++) {
+        const lk__bench_cell *a = &cells[i];
+        if (!a->ok || !(a->sps > 0)) continue;
+        /* the baseline is the first cell of the same configuration in table order */
+        const lk__bench_cell *base = NULL;
+        for (int j = 0; j < i && !base; j++) {
+            const lk__bench_cell *b = &cells[j];
+            if (!strcmp(b->model, a->model) && !strcmp(b->strategy, a->strategy) && b->devices == a->devices &&
+                b->batch == a->batch && strcmp(prec(b), prec(a)))
+                base = b;
+        }
+        if (!base || !base->ok || !(base->sps > 0)) continue;
+        snprintf(lines[k++], LK__BENCH_LINE, "%s: %.2fx the samples/s of %s (%s %s x%d batch %d: %.0f vs %.0f)",
+                 prec(a), a->sps / base->sps, prec(base), a->model, a->strategy, a->devices, a->batch, a->sps,
+                 base->sps);
+    }
+    return k;
+}

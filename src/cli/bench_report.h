@@ -19,6 +19,7 @@ enum { LK__BT_DATA, LK__BT_FORWARD, LK__BT_BACKWARD, LK__BT_COMM, LK__BT_OPT, LK
 /* One measured cell: a model x strategy x devices x per-device batch. */
 typedef struct {
     const char *model, *strategy; /* borrowed from argv */
+    const char *precision;        /* trainer.precision of the run (borrowed; NULL: 32-true) */
     int devices, batch;
     double sps;               /* samples/s over all devices; meaningless unless ok */
     double eff;               /* scaling: sps / (devices x the 1-device sps), NAN where not measured */
@@ -43,6 +44,12 @@ void lk__bench_short_reason(const char *full, char *out, size_t cap);
  * returns how many; a table with no ok cell gives one line saying so.
  * Cannot fail. */
 int lk__bench_recommend(const lk__bench_cell *cells, int n, int cores, char (*lines)[LK__BENCH_LINE], int max);
+
+/* When the table has several precisions: per (model, strategy, devices,
+ * batch) each precision's samples/s against the first precision's, e.g.
+ * "bf16-mixed: 1.50x the samples/s of 32-true (autoencoder ddp x2 batch
+ * 256: 19178 vs 12780)". Returns the lines written. Cannot fail. */
+int lk__bench_recommend_precision(const lk__bench_cell *cells, int n, char (*lines)[LK__BENCH_LINE], int max);
 
 /* Chart 1: samples/s as grouped bars, a group per (model, strategy,
  * devices), a bar per batch size, with axes, ticks, legend and title.

@@ -53,6 +53,8 @@ static int parse_list(int argc, char **argv, int *i, const char **out, int max) 
     return n;
 }
 
+static const char *prec_of(const cell *c) { return c->precision ? c->precision : "32-true"; }
+
 static char self_exe[1024];
 static char extra_args[4096]; /* after `--`: appended to every fit, shell-quoted */
 
@@ -130,18 +132,19 @@ static bool run_cell(cell *c, int steps, const char *tmp, int rep) {
     const char *input = !strcmp(c->model, "cnn") ? "[1, 28, 28]" : "[784]";
     len += (size_t)snprintf(cmd + len, sizeof cmd - len, "(");
     for (int k = 0; k < copies && len < sizeof cmd; k++) {
-        snprintf(root, sizeof root, "%s/%s-%s-%d-%d-r%d-%d", tmp, c->model, c->strategy, c->devices, c->batch, rep, k);
+        snprintf(root, sizeof root, "%s/%s-%s-%s-%d-%d-r%d-%d", tmp, c->model, c->strategy, prec_of(c), c->devices,
+                 c->batch, rep, k);
         len += (size_t)snprintf(
             cmd + len, sizeof cmd - len,
             "'%s' fit --model.class_path %s --data.class_path synthetic "
             "--data.init_args.num_samples %ld --data.init_args.input_shape '%s' --data.init_args.num_classes 10 "
             "--data.init_args.batch_size %d --data.init_args.num_workers 1 "
-            "--trainer.devices %d --trainer.strategy %s --trainer.max_steps %d --trainer.max_epochs 1 "
+            "--trainer.devices %d --trainer.strategy %s --trainer.precision %s --trainer.max_steps %d --trainer.max_epochs 1 "
             "--trainer.limit_val_batches 0 --trainer.num_sanity_val_steps 0 --trainer.enable_checkpointing false "
             "--trainer.enable_progress_bar false --trainer.enable_tensorboard false "
             "--trainer.default_root_dir '%s'%s > '%s.log' 2>&1 %s",
             self_exe, c->model, samples, input, loader_batch, indep ? 1 : c->devices, indep ? "single" : c->strategy,
-            steps, root, extra_args, root, copies > 1 ? "&" : "");
+            prec_of(c), steps, root, extra_args, root, copies > 1 ? "&" : "");
     }
     if (len + 16 >= sizeof cmd) {
         snprintf(c->error, sizeof c->error, "its fit command line is longer than %zu bytes", sizeof cmd);
@@ -158,7 +161,8 @@ static bool run_cell(cell *c, int steps, const char *tmp, int rep) {
      * log (not the first one's) says why. */
     bool ok = rc == 0;
     for (int k = 0; k < copies; k++) {
-        snprintf(root, sizeof root, "%s/%s-%s-%d-%d-r%d-%d", tmp, c->model, c->strategy, c->devices, c->batch, rep, k);
+        snprintf(root, sizeof root, "%s/%s-%s-%s-%d-%d-r%d-%d", tmp, c->model, c->strategy, prec_of(c), c->devices,
+                 c->batch, rep, k);
         if (read_run(c, root, copies)) continue;
         char log[sizeof root + 8];
         snprintf(log, sizeof log, "%s.log", root);
@@ -218,8 +222,8 @@ static void csv_quoted(FILE *f, const char *s) {
 
 int lk_cmd_bench_train(int argc, char **argv) {
     const char *models[MAXV] = {"autoencoder"}, *strategies[MAXV] = {"ddp"}, *dev_s[MAXV] = {"1", "2"},
-               *batch_s[MAXV] = {"64", "128", "256"};
-    int nm = 1, ns = 1, nd = 2, nb = 3, steps = 60, repeats = 1;
+               *batch_s[MAXV] = {"64", "128", "256"}, *precisions[MAXV] = {"32-true"};
+    int nm = 1, ns = 1, nd = 2, nb = 3, np = 1, steps = 60, repeats = 1;
     const char *csv = NULL, *plot = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--")) { /* the rest goes to every `lockstep fit` */
@@ -242,13 +246,16 @@ int lk_cmd_bench_train(int argc, char **argv) {
         else if (!strcmp(argv[i], "--strategies")) ns = parse_list(argc, argv, &i, strategies, MAXV);
         else if (!strcmp(argv[i], "--devices") || !strcmp(argv[i], "--gpus")) nd = parse_list(argc, argv, &i, dev_s, MAXV);
         else if (!strcmp(argv[i], "--batch-sizes")) nb = parse_list(argc, argv, &i, batch_s, MAXV);
+        else if (!strcmp(argv[i], "--precision") || !strcmp(argv[i], "--precisions"))
+            np = parse_list(argc, argv, &i, precisions, MAXV);
         else if (!strcmp(argv[i], "--steps") && i + 1 < argc) steps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--repeats") && i + 1 < argc) repeats = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--csv") && i + 1 < argc) csv = argv[++i];
         else if (!strcmp(argv[i], "--plot") && i + 1 < argc) plot = argv[++i];
         else if (!strcmp(argv[i], "--help")) {
             printf("usage: lockstep bench train [--model M...] [--strategies ddp single...] [--devices 1 2...]\n"
-                   "       [--batch-sizes 64 128 256...] [--steps N] [--repeats R] [--csv FILE] [--plot FILE.svg]\n"
+                   "       [--batch-sizes 64 128 256...] [--precision 32-true bf16-mixed 16-mixed...]\n"
+                   "       [--steps N] [--repeats R] [--csv FILE] [--plot FILE.svg]\n"
                    "       [-- FIT ARGS...]   (e.g. -- --trainer.bucket_cap_mb 1: added to every fit)\n"
                    "Each cell is a `lockstep fit` run of N optimizer steps on synthetic 28x28 data; throughput\n"
                    "and the step-time split are steady-state figures (from step 5 on) read from run.json;\n"
@@ -270,14 +277,16 @@ int lk_cmd_bench_train(int argc, char **argv) {
                    "phases the loss is in, dp against ddp, and how the batch size matters.\n"
                    "--csv adds status (ok|failed) and error columns after the measured ones; a failed cell's\n"
                    "numbers are empty. --plot FILE.svg writes the throughput chart to FILE.svg and the\n"
-                   "scaling-efficiency chart to FILE-scaling.svg.\n");
+                   "scaling-efficiency chart to FILE-scaling.svg.\n"
+                   "--precision runs every cell in each trainer.precision given; scaling compares cells of one\n"
+                   "precision, and the recommendations add each precision's speed against the first one's.\n");
             return 0;
         } else {
             fprintf(stderr, "lockstep bench train: unknown option '%s' (see --help)\n", argv[i]);
             return 2;
         }
     }
-    if (!nm || !ns || !nd || !nb || steps < 10 || repeats < 1 || repeats > MAXR) {
+    if (!nm || !ns || !nd || !nb || !np || steps < 10 || repeats < 1 || repeats > MAXR) {
         fprintf(stderr, "lockstep bench train: empty list, --steps < 10 or --repeats outside 1..%d\n", MAXR);
         return 2;
     }
@@ -290,15 +299,16 @@ int lk_cmd_bench_train(int argc, char **argv) {
     char tmp[] = "/tmp/lkbench.XXXXXX";
     if (!mkdtemp(tmp)) return 1;
     int n = 0;
-    cell *cells = calloc((size_t)(nm * ns * nb * nd), sizeof *cells);
-    int *partial = calloc((size_t)(nm * ns * nb * nd), sizeof *partial); /* failed runs of a cell that is ok */
+    cell *cells = calloc((size_t)(nm * ns * np * nb * nd), sizeof *cells);
+    int *partial = calloc((size_t)(nm * ns * np * nb * nd), sizeof *partial); /* failed runs of a cell that is ok */
     if (!cells || !partial) {
         free(cells);
         free(partial);
-        fprintf(stderr, "lockstep bench train: out of memory for %d cells\n", nm * ns * nb * nd);
+        fprintf(stderr, "lockstep bench train: out of memory for %d cells\n", nm * ns * np * nb * nd);
         return 1;
     }
-    printf("%-12s %-11s %7s %6s %12s %8s %8s %8s %9s %8s %8s %8s %6s  %s\n", "model", "strategy", "devices", "batch",
+    printf("%-12s %-11s %-10s %7s %6s %12s %8s %8s %8s %9s %8s %8s %8s %6s  %s\n", "model", "strategy", "precision",
+           "devices", "batch",
            "samples/s", "scaling", "data_ms", "fwd_ms", "bwd_ms", "comm_ms", "(wait)", "opt_ms", "steal",
            repeats > 1 ? "scaling range" : "");
     /* Rounds: every cell runs once per round, all strategies and batch
@@ -306,7 +316,7 @@ int lk_cmd_bench_train(int argc, char **argv) {
      * `independent` ceiling, 2 devices against 1) see the same drift of a
      * shared machine instead of minutes apart. */
     int nrows = 0;
-    row_t *rows = calloc((size_t)(nm * ns * nb), sizeof *rows);
+    row_t *rows = calloc((size_t)(nm * ns * np * nb), sizeof *rows);
     if (!rows) {
         free(cells);
         free(partial);
@@ -314,11 +324,12 @@ int lk_cmd_bench_train(int argc, char **argv) {
     }
     for (int m = 0; m < nm; m++)
         for (int s = 0; s < ns; s++)
+            for (int p = 0; p < np; p++)
             for (int b = 0; b < nb; b++) {
                 row_t *w = &rows[nrows++];
                 for (int d = 0; d < nd; d++) {
                     cell c = {.model = models[m], .strategy = strategies[s], .devices = atoi(dev_s[d]),
-                              .batch = atoi(batch_s[b])};
+                              .batch = atoi(batch_s[b]), .precision = precisions[p]};
                     if (!strcmp(c.strategy, "single") && c.devices > 1) continue;
                     for (int r = 0; r < repeats; r++) w->runs[w->n][r] = c;
                     w->out[w->n++] = &cells[n++];
@@ -362,8 +373,8 @@ int lk_cmd_bench_train(int argc, char **argv) {
             if (!c->ok) {
                 char why[48];
                 lk__bench_short_reason(c->error, why, sizeof why);
-                printf("%-12s %-11s %7d %6d %12s  [%d] %s\n", c->model, c->strategy, c->devices, c->batch, "failed",
-                       ++nfail, why);
+                printf("%-12s %-11s %-10s %7d %6d %12s  [%d] %s\n", c->model, c->strategy, prec_of(c), c->devices,
+                       c->batch, "failed", ++nfail, why);
                 continue;
             }
             char range[32] = "", eff[16] = "-";
@@ -371,8 +382,8 @@ int lk_cmd_bench_train(int argc, char **argv) {
             if (!isnan(c->eff)) snprintf(eff, sizeof eff, "%.1f%%", 100 * c->eff);
             char steal[16] = "-";
             if (!isnan(c->steal)) snprintf(steal, sizeof steal, "%.1f%%", 100 * c->steal);
-            printf("%-12s %-11s %7d %6d %12.0f %8s %8.2f %8.2f %9.2f %8.2f %8.2f %8.2f %6s  %s\n", c->model,
-                   c->strategy, c->devices, c->batch, c->sps, eff, c->t[0], c->t[1], c->t[2], c->t[3], c->t[5],
+            printf("%-12s %-11s %-10s %7d %6d %12.0f %8s %8.2f %8.2f %9.2f %8.2f %8.2f %8.2f %6s  %s\n", c->model,
+                   c->strategy, prec_of(c), c->devices, c->batch, c->sps, eff, c->t[0], c->t[1], c->t[2], c->t[3], c->t[5],
                    c->t[4], steal, range);
         }
     }
@@ -381,8 +392,9 @@ int lk_cmd_bench_train(int argc, char **argv) {
      * (the run's directory is kept when any cell failed). */
     for (int i = 0, k = 0; i < n; i++)
         if (!cells[i].ok)
-            printf("[%d] %s %s x%d batch %d failed: %s (log: %s)\n", ++k, cells[i].model, cells[i].strategy,
-                   cells[i].devices, cells[i].batch, cells[i].error, cells[i].log[0] ? cells[i].log : "none");
+            printf("[%d] %s %s %s x%d batch %d failed: %s (log: %s)\n", ++k, cells[i].model, cells[i].strategy,
+                   prec_of(&cells[i]), cells[i].devices, cells[i].batch, cells[i].error,
+                   cells[i].log[0] ? cells[i].log : "none");
     for (int i = 0; i < n; i++)
         if (partial[i])
             printf("note: %s %s x%d batch %d: %d of %d runs failed; the cell is the median of all its runs, the "
@@ -394,9 +406,22 @@ int lk_cmd_bench_train(int argc, char **argv) {
                100 * (st1 - st0) / (tot1 - tot0));
     char lines[64][LK__BENCH_LINE];
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    int nl = lk__bench_recommend(cells, n, cores > 0 ? (int)cores : 0, lines, 64);
     printf("\nrecommendations (from the measured cells above):\n");
-    for (int i = 0; i < nl; i++) printf("  - %s\n", lines[i]);
+    /* per precision (cells are in row order, so each precision's cells are
+     * filtered into one table of its own), then the precisions compared */
+    cell *sub = calloc((size_t)n + 1, sizeof *sub);
+    for (int p = 0; sub && p < np; p++) {
+        int k = 0;
+        for (int i = 0; i < n; i++)
+            if (!strcmp(prec_of(&cells[i]), precisions[p])) sub[k++] = cells[i];
+        int nl = lk__bench_recommend(sub, k, cores > 0 ? (int)cores : 0, lines, 64);
+        for (int i = 0; i < nl; i++) printf("  - %s%s%s\n", np > 1 ? precisions[p] : "", np > 1 ? ": " : "", lines[i]);
+    }
+    free(sub);
+    if (np > 1) {
+        int nl = lk__bench_recommend_precision(cells, n, lines, 64);
+        for (int i = 0; i < nl; i++) printf("  - %s\n", lines[i]);
+    }
     if (repeats < 3)
         printf("  - each cell is %s (--repeats %d): on a shared machine run --repeats 3 or more before deciding\n",
                repeats == 1 ? "one run" : "the lower of two runs", repeats);
@@ -411,18 +436,19 @@ int lk_cmd_bench_train(int argc, char **argv) {
             /* The issue's columns in their order, then status and error:
              * a failed cell's numbers are empty, never 0. */
             fprintf(f, "model,strategy,devices,batch_size,samples_per_s,scaling_efficiency,data_ms,forward_ms,backward_ms,"
-                       "comm_exposed_ms,optimizer_ms,status,error\n");
+                       "comm_exposed_ms,optimizer_ms,status,error,precision\n");
             for (int i = 0; i < n; i++) {
                 const cell *c = &cells[i];
                 fprintf(f, "%s,%s,%d,%d,", c->model, c->strategy, c->devices, c->batch);
                 if (c->ok) {
                     fprintf(f, "%.1f,", c->sps);
                     if (!isnan(c->eff)) fprintf(f, "%.4f", c->eff);
-                    fprintf(f, ",%.3f,%.3f,%.3f,%.3f,%.3f,ok,\n", c->t[0], c->t[1], c->t[2], c->t[3], c->t[4]);
+                    fprintf(f, ",%.3f,%.3f,%.3f,%.3f,%.3f,ok,,%s\n", c->t[0], c->t[1], c->t[2], c->t[3], c->t[4],
+                            prec_of(c));
                 } else {
                     fputs(",,,,,,,failed,", f);
                     csv_quoted(f, c->error);
-                    fputc('\n', f);
+                    fprintf(f, ",%s\n", prec_of(c));
                 }
             }
             if (fclose(f)) {
@@ -432,6 +458,13 @@ int lk_cmd_bench_train(int argc, char **argv) {
                 printf("wrote %s\n", csv);
             }
         }
+    }
+    /* The charts group by strategy: with several precisions each strategy
+     * is drawn once per precision ("ddp bf16-mixed"). */
+    char (*labels)[64] = np > 1 ? calloc((size_t)n + 1, sizeof *labels) : NULL;
+    for (int i = 0; labels && i < n; i++) {
+        snprintf(labels[i], sizeof labels[i], "%s %s", cells[i].strategy, prec_of(&cells[i]));
+        cells[i].strategy = labels[i];
     }
     if (plot) {
         char scaling[1200];
@@ -444,6 +477,7 @@ int lk_cmd_bench_train(int argc, char **argv) {
         }
     }
     free(cells);
+    free(labels);
     if (all_ok) {
         char rm[64];
         snprintf(rm, sizeof rm, "rm -rf %s", tmp);
