@@ -81,6 +81,14 @@ void lk_autocast_enter(lk_dtype dt);
 void lk_autocast_exit(void);
 /* The dtype the low-precision list runs in on this thread (LK_F32: off). */
 lk_dtype lk_autocast_dtype(void);
+/* The kernels GEMMs of dt x dt -> f32 take on this machine, e.g.
+ * "onednn brg:avx512_core_amx (cpu isa avx512_core_amx)" or "f32 fallback
+ * (...)" (a static per-thread string). */
+const char *lk_autocast_gemm_path(lk_dtype dt);
+/* Whether this CPU multiplies dt in hardware (bf16: AVX512-BF16 or AMX;
+ * f16: AVX512-FP16 or AMX-FP16); "cpu: avx512_bf16 yes, ..." into buf. */
+bool lk_cpu_native(lk_dtype dt);
+const char *lk_cpu_lowp_features(char *buf, size_t size);
 
 /* ---- linear algebra ---------------------------------------------------------- */
 

@@ -333,3 +333,7 @@ lk_dtype lk_autocast_dtype(void) {
     if (autocast_n == 0) return LK_F32;
     return autocast_stack[(autocast_n < AUTOCAST_DEPTH ? autocast_n : AUTOCAST_DEPTH) - 1];
 }
+
+const char *lk_autocast_gemm_path(lk_dtype dt) { return lk__cpu_gemm_path(dt, LK_F32); }
+bool lk_cpu_native(lk_dtype dt) { return lk__cpu_native(dt); }
+const char *lk_cpu_lowp_features(char *buf, size_t size) { return lk__cpu_caps_str(buf, size); }

@@ -81,6 +81,17 @@ void lk__cpu_lowp_use_dnnl(bool on);
 /* Which path a GEMM of these dtypes takes on this machine ("onednn:avx512_core_bf16",
  * "f32 fallback"), for `lockstep env` and run.json. */
 const char *lk__cpu_gemm_path(lk_dtype ab, lk_dtype c);
+/* cpu_caps.c: the CPU's low-precision instructions (cpuid, at run time). */
+typedef struct lk_cpu_caps {
+    bool avx2, avx512f, avx512_bf16, avx512_fp16, amx_tile, amx_bf16, amx_fp16;
+} lk_cpu_caps;
+lk_cpu_caps lk__cpu_caps(void);
+/* Whether the CPU multiplies dt natively (bf16: AVX512-BF16 or AMX-BF16;
+ * f16: AVX512-FP16 or AMX-FP16; f32: always). */
+bool lk__cpu_native(lk_dtype dt);
+/* "avx2 yes, avx512f yes, avx512_bf16 yes, ..." into buf; returns buf. */
+const char *lk__cpu_caps_str(char *buf, size_t size);
+
 #ifdef LK_HAVE_DNNL
 /* cpu_dnnl.c: UNSUPPORTED (without setting an error) when oneDNN has no
  * implementation for this shape and dtype on this CPU. */

@@ -66,6 +66,10 @@ int lk_cmd_env(int argc, char **argv) {
     printf("memory          : %.1f GiB\n", (double)kb / (1024.0 * 1024.0));
     printf("compute threads : %d per process (LK_NUM_THREADS; a trainer uses cores / local ranks)\n",
            lk_get_num_threads());
+    char caps[256];
+    printf("cpu low-prec.   : %s\n", lk_cpu_lowp_features(caps, sizeof caps));
+    printf("bf16-mixed GEMM : %s\n", lk_autocast_gemm_path(LK_BF16));
+    printf("16-mixed GEMM   : %s\n", lk_autocast_gemm_path(LK_F16));
     printf("blas            : OpenBLAS, core %s, single-threaded (lockstep splits GEMMs), config: %s\n",
            openblas_get_corename(), openblas_get_config());
     gpus();

@@ -211,6 +211,8 @@ typedef struct lk_runinfo {
     int world_size;
     const char *strategy;
     const char *accelerator;
+    const char *precision;      /* trainer.precision as given ("32-true", "bf16-mixed", ...) */
+    const char *gemm_path;      /* the kernels the precision's GEMMs take on this machine */
     const char *version;        /* NULL: LK_VERSION_STRING */
     const char *git_revision;   /* NULL: the revision the library was built from */
     const char *log_dir;

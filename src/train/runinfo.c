@@ -130,6 +130,8 @@ lk_status lk_runinfo_to_json(const lk_runinfo *info, char **out) {
     ok = ok && add(root, "time_to_first_step_s", number_or_null(info->time_to_first_step_s));
     ok = ok && add(root, "world_size", cJSON_CreateNumber(info->world_size));
     ok = ok && add(root, "strategy", string_or_null(info->strategy));
+    ok = ok && add(root, "precision", string_or_null(info->precision));
+    ok = ok && add(root, "gemm_path", string_or_null(info->gemm_path));
     ok = ok && add(root, "accelerator", string_or_null(info->accelerator));
     ok = ok && add(root, "version", cJSON_CreateString(info->version ? info->version : LK_VERSION_STRING));
     const char *rev = info->git_revision ? info->git_revision : LK_GIT_REV;

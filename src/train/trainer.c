@@ -863,6 +863,8 @@ static void write_runinfo(lk_trainer *tr, const char *command, lk_status st) {
     ri.world_size = tr->world;
     ri.strategy = tr->dp_devices ? "dp" : lk_strategy_name(tr->strat);
     ri.accelerator = "cpu";
+    ri.precision = tr->cfg.precision;
+    ri.gemm_path = lk_autocast_gemm_path(tr->autocast);
     ri.git_revision = LK_GIT_REV;
     ri.log_dir = tr->log_dir;
     ri.last_checkpoint = tr->last_ckpt[0] ? tr->last_ckpt : NULL;
@@ -1026,6 +1028,18 @@ lk_status lk_trainer_fit(lk_trainer *tr, lk_module *m, lk_datamodule *dm, const 
                 (long long)lk_layer_num_parameters(m->net), (long long)n_train, (long long)n_val,
                 tr->accum > 1 ? " (accumulating gradients)" : "");
         if (tr->log_dir[0]) lk_log0("logs: %s", tr->log_dir);
+        if (tr->autocast != LK_F32) {
+            /* said once: a precision the CPU cannot multiply natively still
+             * trains correctly, but through f32 and so not faster */
+            const char *dt = lk_dtype_name(tr->autocast);
+            if (lk_cpu_native(tr->autocast))
+                lk_log0("precision %s: matrix products in %s on this CPU's own units (%s)", c->precision, dt,
+                        lk_autocast_gemm_path(tr->autocast));
+            else
+                lk_log0("precision %s: this CPU has no native %s multiply; matrix products run through %s (correct, "
+                        "not faster than 32-true)",
+                        c->precision, dt, lk_autocast_gemm_path(tr->autocast));
+        }
         if (c->enable_model_summary && c->model_summary_max_depth != 0) {
             char *table = NULL;
             if (lk_model_summary(m->net, (int)c->model_summary_max_depth, &table) == LK_STATUS_OK) {
