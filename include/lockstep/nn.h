@@ -178,7 +178,6 @@ lk_status lk_params_flatten_into(lk_layer *l, float *param_buffer, bool copy_val
  * lk_params_flatten; the optimizers' zero_grad(set_to_none) zeroes such
  * gradients instead of dropping them, so the views stay. (May err on the
  * side of true for a buffer that has since been freed: zeroing is harmless.) */
-bool lk_tensor_in_flat_buffer(const lk_tensor *t);
 
 /* ========================================================================
  * State dicts

@@ -146,6 +146,12 @@ lk_status lk_tensor_copy(lk_tensor *dst, const lk_tensor *src);
 lk_tensor *lk_tensor_cast(const lk_tensor *t, lk_dtype dt); /* new contiguous tensor, no autograd */
 /* A contiguous copy on `dev` (the caller owns it; no autograd). */
 lk_tensor *lk_tensor_to(const lk_tensor *t, lk_device dev);
+/* Marks t's storage as a flat buffer that other tensors view (the one
+ * lk_params_flatten makes): lk_tensor_zero_grad(set_to_none) callers zero a
+ * gradient that lives in one instead of dropping it. The mark goes with the
+ * storage. */
+void lk_tensor_mark_flat_buffer(lk_tensor *t);
+bool lk_tensor_in_flat_buffer(const lk_tensor *t);
 lk_tensor *lk_tensor_clone(const lk_tensor *t);              /* new contiguous copy, no autograd */
 lk_status lk_tensor_fill(lk_tensor *t, double value);
 

@@ -313,21 +313,6 @@ void lk_layer_zero_grad(lk_layer *l, bool set_to_none) {
 
 /* ---- flattening --------------------------------------------------------------------------- */
 
-/* Storages of flat buffers made here (a small ring: a stale entry only makes
- * set_to_none zero a gradient instead of dropping it). */
-#define FLAT_RING 64
-static lk_storage *_Atomic flat_ring[FLAT_RING];
-static _Atomic unsigned flat_ring_next;
-
-static void flat_ring_add(lk_storage *s) { flat_ring[atomic_fetch_add(&flat_ring_next, 1) % FLAT_RING] = s; }
-
-bool lk_tensor_in_flat_buffer(const lk_tensor *t) {
-    if (!t || !t->storage) return false;
-    for (int i = 0; i < FLAT_RING; i++)
-        if (atomic_load(&flat_ring[i]) == t->storage) return true;
-    return false;
-}
-
 typedef struct {
     lk_tensor **slot; /* where the layer keeps the parameter */
     const char *name; /* dotted name (borrowed from the names list) */
@@ -436,8 +421,8 @@ lk_status lk_params_flatten_into(lk_layer *l, float *param_buffer, bool copy_val
         }
         flat->requires_grad = true;
         flat->grad = lk_tensor_retain(gflat);
-        flat_ring_add(gflat->storage);
-        flat_ring_add(flat->storage);
+        lk_tensor_mark_flat_buffer(gflat);
+        lk_tensor_mark_flat_buffer(flat);
         if (flat_params) *flat_params = lk_tensor_retain(flat);
         if (flat_grads) *flat_grads = lk_tensor_retain(gflat);
     }

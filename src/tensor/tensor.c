@@ -55,6 +55,7 @@ struct lk_storage {
     size_t cap;
     atomic_int refcount;
     bool owned; /* false: wraps caller memory */
+    bool flat;  /* a flat buffer other tensors view (lk_tensor_mark_flat_buffer) */
     lk_device device;
 };
 
@@ -90,6 +91,7 @@ static lk_storage *storage_alloc(lk_device dev, size_t nbytes) {
             pool.stats.bytes_live += cap;
             pthread_mutex_unlock(&pool.mu);
             atomic_store(&s->refcount, 1);
+            s->flat = false;
             return s;
         }
     }
@@ -103,6 +105,7 @@ static lk_storage *storage_alloc(lk_device dev, size_t nbytes) {
     }
     s->cap = cap;
     s->owned = true;
+    s->flat = false;
     s->device = dev;
     atomic_store(&s->refcount, 1);
     pthread_mutex_lock(&pool.mu);
@@ -303,6 +306,7 @@ lk_tensor *lk_tensor_wrap(lk_dtype dt, int ndim, const int64_t *shape, void *dat
     s->data = data;
     s->cap = (size_t)numel * lk_dtype_size(dt);
     s->owned = false;
+    s->flat = false;
     s->device = LK_DEVICE_CPU;
     atomic_store(&s->refcount, 1);
     lk_tensor *t = hdr_alloc();
@@ -685,3 +689,9 @@ void lk_half_to_f32_n(lk_dtype dt, float *dst, const uint16_t *src, size_t n) {
 #endif
     for (; i < n; i++) dst[i] = lk_f16_to_f32(src[i]);
 }
+
+void lk_tensor_mark_flat_buffer(lk_tensor *t) {
+    if (t && t->storage) t->storage->flat = true;
+}
+
+bool lk_tensor_in_flat_buffer(const lk_tensor *t) { return t && t->storage && t->storage->flat; }
