@@ -29,6 +29,27 @@
 extern "C" {
 #endif
 
+/* ---- scopes: who owns an op's result ----------------------------------------- */
+
+/* Autorelease scopes (per thread, nestable). */
+void lk_scope_begin(void);
+void lk_scope_end(void);
+/* Hands a tensor the caller owns to the innermost scope (returns it). */
+lk_tensor *lk_scope_adopt(lk_tensor *t);
+/* Keeps a scope-owned tensor alive past the scope: the caller now owns a reference. */
+#define lk_tensor_keep(t) lk_tensor_retain(t)
+
+/* ---- views (share storage; carry autograd when the source requires grad) ---- */
+
+lk_tensor *lk_reshape(lk_tensor *t, int ndim, const int64_t *shape); /* one dim may be -1 */
+lk_tensor *lk_transpose(lk_tensor *t, int d0, int d1);
+lk_tensor *lk_slice(lk_tensor *t, int dim, int64_t start, int64_t end); /* [start, end) */
+lk_tensor *lk_contiguous(lk_tensor *t); /* t itself (retained into the scope) when already contiguous */
+
+/* A view of raw storage range of `t` as a new contiguous shape, without
+ * autograd (strategies use it to make gradients views of a bucket). */
+lk_tensor *lk_tensor_view_storage(lk_tensor *base, int64_t offset_elems, int ndim, const int64_t *shape);
+
 /* ---- grad mode and backward ------------------------------------------------ */
 
 bool lk_grad_enabled(void);

@@ -105,13 +105,6 @@ lk_tensor *lk_tensor_randn(lk_rng *rng, int ndim, const int64_t *shape, float me
 lk_tensor *lk_tensor_retain(lk_tensor *t);
 void lk_tensor_release(lk_tensor *t); /* NULL does nothing */
 
-/* Autorelease scopes (per thread, nestable). */
-void lk_scope_begin(void);
-void lk_scope_end(void);
-/* Hands a tensor the caller owns to the innermost scope (returns it). */
-lk_tensor *lk_scope_adopt(lk_tensor *t);
-/* Keeps a scope-owned tensor alive past the scope: the caller now owns a reference. */
-#define lk_tensor_keep(t) lk_tensor_retain(t)
 
 /* ---- inspection ------------------------------------------------------------- */
 
@@ -127,17 +120,6 @@ double lk_tensor_get(const lk_tensor *t, int64_t i);
 /* Prints dtype, shape and (up to `max_elems`) values to stdout. */
 void lk_tensor_print(const lk_tensor *t, const char *label, int max_elems);
 lk_status lk_tensor_set_name(lk_tensor *t, const char *name);
-
-/* ---- views (share storage; carry autograd when the source requires grad) ---- */
-
-lk_tensor *lk_reshape(lk_tensor *t, int ndim, const int64_t *shape); /* one dim may be -1 */
-lk_tensor *lk_transpose(lk_tensor *t, int d0, int d1);
-lk_tensor *lk_slice(lk_tensor *t, int dim, int64_t start, int64_t end); /* [start, end) */
-lk_tensor *lk_contiguous(lk_tensor *t); /* t itself (retained into the scope) when already contiguous */
-
-/* A view of raw storage range of `t` as a new contiguous shape, without
- * autograd (strategies use it to make gradients views of a bucket). */
-lk_tensor *lk_tensor_view_storage(lk_tensor *base, int64_t offset_elems, int ndim, const int64_t *shape);
 
 /* ---- copies and casts ----------------------------------------------------- */
 

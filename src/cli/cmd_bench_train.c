@@ -172,8 +172,8 @@ static bool run_cell(cell *c, int steps, const char *tmp, int rep) {
     }
     if (!ok) {
         c->sps = 0;
-        fprintf(stderr, "bench train: %s %s x%d batch %d failed: %s (see %s)\n", c->model, c->strategy, c->devices,
-                c->batch, c->error, c->log);
+        fprintf(stderr, "bench train: %s %s %s x%d batch %d failed: %s (see %s)\n", c->model, c->strategy, prec_of(c),
+                c->devices, c->batch, c->error, c->log);
         return false;
     }
     c->ok = true;

@@ -11,16 +11,16 @@ out=$(LK_NUM_THREADS=1 "$LK_BIN" bench train --model mlp --strategies ddp --devi
   --steps 10 --csv "$T/bench.csv" --plot "$T/bench.svg" 2>"$T/stderr"); rc=$?
 echo "$out"
 check "bench train exits 1 when a cell failed (exit $rc)" test "$rc" = 1
-check "the 1-device cell is measured" grep -Eq '^mlp +ddp +1 +16 +[0-9]+ +100\.0%' <<<"$out"
+check "the 1-device cell is measured" grep -Eq '^mlp +ddp +32-true +1 +16 +[0-9]+ +100\.0%' <<<"$out"
 check "the failed cell reads failed with a short reason and a note number" \
-  grep -Eq "^mlp +ddp +$too_many +16 +failed +\[1\] more devices than cores\$" <<<"$out"
+  grep -Eq "^mlp +ddp +32-true +$too_many +16 +failed +\[1\] more devices than cores\$" <<<"$out"
 check "no cell reads 0 samples/s or 0% scaling" bash -c '! grep -Eq "^mlp .* 0 +0\.0%" <<<"$1"' _ "$out"
 check "the note gives the run's own message and its log" \
-  grep -Eq "^\[1\] mlp ddp x$too_many batch 16 failed: trainer.devices=$too_many is more than the [0-9]+ CPU cores available on this machine .*\(log: /tmp/.*\.log\)\$" <<<"$out"
+  grep -Eq "^\[1\] mlp ddp 32-true x$too_many batch 16 failed: trainer.devices=$too_many is more than the [0-9]+ CPU cores available on this machine .*\(log: /tmp/.*\.log\)\$" <<<"$out"
 check "the note's log file exists" test -s "$(grep -o '(log: [^)]*' <<<"$out" | cut -c7-)"
-check "the CSV adds status and error after the issue's columns" \
-  grep -qx 'model,strategy,devices,batch_size,samples_per_s,scaling_efficiency,data_ms,forward_ms,backward_ms,comm_exposed_ms,optimizer_ms,status,error' "$T/bench.csv"
-check "the CSV's ok cell has its numbers and status ok" grep -Eq '^mlp,ddp,1,16,[0-9.]+,1\.0000,([0-9.]+,){5}ok,$' "$T/bench.csv"
+check "the CSV adds status, error and precision after the issue's columns" \
+  grep -qx 'model,strategy,devices,batch_size,samples_per_s,scaling_efficiency,data_ms,forward_ms,backward_ms,comm_exposed_ms,optimizer_ms,status,error,precision' "$T/bench.csv"
+check "the CSV's ok cell has its numbers and status ok" grep -Eq '^mlp,ddp,1,16,[0-9.]+,1\.0000,([0-9.]+,){5}ok,,32-true$' "$T/bench.csv"
 check "the CSV's failed cell has empty numbers, status failed and the message" \
   grep -Eq "^mlp,ddp,$too_many,16,,,,,,,,failed,\"trainer.devices=$too_many is more than the [0-9]+ CPU cores" "$T/bench.csv"
 check "recommendations follow the table and leave the failed cell out" bash -c \

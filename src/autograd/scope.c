@@ -1,0 +1,64 @@
+/* Autorelease scopes: a per-thread stack of tensor lists. An op's result
+ * goes to the innermost scope; a scope's end releases them and drops the
+ * part of the tape recorded inside it. Scopes live with the tape, above the
+ * tensor layer, which knows nothing of either. */
+#include <string.h>
+
+#include "autograd/autograd_impl.h"
+
+/* Scopes: a per-thread stack of tensor lists. Each keeps its capacity after
+ * it ends, so steady-state steps allocate nothing here either. */
+typedef struct {
+    lk_tensor **items;
+    int n, max;
+    size_t tape_mark;
+} scope_frame;
+
+static _Thread_local scope_frame *scopes;
+static _Thread_local int scope_depth, scope_max;
+
+void lk_scope_begin(void) {
+    if (scope_depth == scope_max) {
+        int nm = scope_max ? scope_max * 2 : 8;
+        scope_frame *ns = lk_realloc(scopes, (size_t)nm * sizeof *ns);
+        if (!ns) lk_panic("out of memory growing the scope stack");
+        memset(ns + scope_max, 0, (size_t)(nm - scope_max) * sizeof *ns);
+        scopes = ns;
+        scope_max = nm;
+    }
+    scope_frame *f = &scopes[scope_depth++];
+    f->n = 0;
+    f->tape_mark = lk_tape_len();
+}
+
+void lk_scope_end(void) {
+    LK_ASSERT(scope_depth > 0);
+    scope_frame *f = &scopes[--scope_depth];
+    lk__tape_truncate(f->tape_mark);
+    for (int i = f->n - 1; i >= 0; i--) lk_tensor_release(f->items[i]);
+    f->n = 0;
+}
+
+bool lk__scope_active(void) { return scope_depth > 0; }
+
+void lk__scope_thread_cleanup(void) {
+    for (int i = 0; i < scope_max; i++) lk_free(scopes[i].items);
+    lk_free(scopes);
+    scopes = NULL;
+    scope_depth = scope_max = 0;
+}
+
+lk_tensor *lk_scope_adopt(lk_tensor *t) {
+    if (!t || scope_depth == 0) return t;
+    scope_frame *f = &scopes[scope_depth - 1];
+    if (f->n == f->max) {
+        int nm = f->max ? f->max * 2 : 64;
+        lk_tensor **ni = lk_realloc(f->items, (size_t)nm * sizeof *ni);
+        if (!ni) lk_panic("out of memory growing a scope");
+        f->items = ni;
+        f->max = nm;
+    }
+    f->items[f->n++] = t;
+    return t;
+}
+
