@@ -31,7 +31,7 @@ check "both charts name the failed cell instead of drawing it" bash -c \
 if command -v rsvg-convert >/dev/null; then # the charts are valid SVG: a renderer reads them
   check "the charts render" bash -c "rsvg-convert '$T/bench.svg' -o '$T/a.png' && rsvg-convert '$T/bench-scaling.svg' -o '$T/b.png'"
 fi
-check "stderr names the failed cell and its reason" grep -q "mlp ddp x$too_many batch 16 failed: trainer.devices" "$T/stderr"
+check "stderr names the failed cell and its reason" grep -q "mlp ddp 32-true x$too_many batch 16 failed: trainer.devices" "$T/stderr"
 # --gpus is parsed as --devices (the usage error comes after the lists are read)
 expect_fail "--gpus is accepted as --devices" 2 "--repeats outside 1..15" "$LK_BIN" bench train --gpus 1 2 --repeats 0
 check "--help names --gpus" bash -c "'$LK_BIN' bench train --help | grep -q -- --gpus"
