@@ -33,7 +33,7 @@
  * ~ 4.2u, and the sums over the batch in dW and db cancel (another factor
  * ~2): a bound of 8u against float64 —
  *
- *   bf16 vs float64:        8 * 2^-9  = 1.6e-2   measured <= 3.9e-3 (but see ReLU below)
+ *   bf16 vs float64:        8 * 2^-9  = 1.6e-2   measured <= 4.5e-3 (but see ReLU below)
  *   f16 vs float64:         8 * 2^-12 = 2.0e-3   measured <= 7.9e-4
  *
  * torch.autocast rounds more often than lockstep: its matmul/linear/conv
