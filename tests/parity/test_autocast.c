@@ -421,5 +421,50 @@ static void dtype_kept_in_node(void) {
     }
 }
 
+/* A conv2d GEMM that fails under autocast (here: the f32 fallback cannot
+ * allocate its widened operands, on whichever task's thread) fails the op
+ * with OUT_OF_MEMORY instead of returning an output some chunks never
+ * wrote. Fails the Nth allocation for N = 1, 2, ... until the forward
+ * succeeds; each success must equal the unfailed output bit for bit. */
+static void conv2d_gemm_failure(void) {
+    const ac_case *c = &CASES[1];
+    lk__cpu_lowp_use_dnnl(false);
+    int64_t fan = 27;
+    lk_tensor *x = nn_htensor(c->seed, -1.0, 1.0, c->xndim, c->xshape);
+    lk_tensor *w = nn_htensor(c->seed + 10, -1.0 / sqrt((double)fan), 1.0 / sqrt((double)fan), c->wndim, c->wshape);
+    lk_autocast_enter(LK_BF16);
+    lk_tensor *want = lk_conv2d(x, w, NULL, c->cp);
+    CHECK(want != NULL);
+    int failures = 0;
+    /* the pool hands the scratch of the last forward to the next one: run
+     * the negated input just before each try, so a chunk the failed GEMM
+     * left unwritten cannot hold the right values by chance */
+    lk_tensor *xneg = lk_tensor_clone(x);
+    for (int64_t i = 0; xneg && i < xneg->numel; i++) ((float *)xneg->data)[i] = -((float *)xneg->data)[i];
+    for (long n = 1; want && xneg && n < 1000; n++) {
+        lk_tensor_release(lk_conv2d(xneg, w, NULL, c->cp));
+        lk_clear_error();
+        lk_alloc_fail_after(n);
+        lk_tensor *got = lk_conv2d(x, w, NULL, c->cp);
+        lk_alloc_fail_after(0);
+        if (!got) {
+            failures++;
+            CHECK_MSG(lk_last_status() == LK_STATUS_OUT_OF_MEMORY, "N = %ld: %s", n, lk_last_error());
+            continue;
+        }
+        CHECK_MSG(!memcmp(got->data, want->data, lk_tensor_nbytes(want)), "N = %ld: a wrong output", n);
+        lk_tensor_release(got);
+        break; /* N is past every allocation the forward makes */
+    }
+    CHECK(failures > 0);
+    lk_autocast_exit();
+    lk__cpu_lowp_use_dnnl(true);
+    lk_tensor_release(want);
+    lk_tensor_release(xneg);
+    lk_tensor_release(x);
+    lk_tensor_release(w);
+}
+
 LK_TEST_MAIN(LK_TEST_CASE(linear), LK_TEST_CASE(conv2d), LK_TEST_CASE(conv2d_1x1), LK_TEST_CASE(conv2d_groups),
-             LK_TEST_CASE(mlp), LK_TEST_CASE(autoencoder), LK_TEST_CASE(dtype_kept_in_node))
+             LK_TEST_CASE(mlp), LK_TEST_CASE(autoencoder), LK_TEST_CASE(dtype_kept_in_node),
+             LK_TEST_CASE(conv2d_gemm_failure))
