@@ -11,7 +11,16 @@
  * unpadded convolution skips im2col and multiplies the input planes
  * directly. Backward recomputes the columns (cheaper than keeping them per
  * layer): dW += dY * cols^T, dX = col2im(W^T * dY), db sums dY. Scratch
- * tensors come from the storage pool, so a repeated step allocates nothing. */
+ * tensors come from the storage pool, so a repeated step allocates nothing.
+ *
+ * Under autocast (lk_autocast_enter(LK_BF16 or LK_F16)) the GEMMs multiply
+ * low-precision copies: the weight rounded once per call, each chunk's
+ * columns (or input planes) rounded into a per-task scratch after im2col,
+ * and in backward dY rounded once; C stays f32 (f32 accumulation, f32
+ * outputs and gradients) and the bias and db stay f32. The dtype is taken
+ * at forward time and kept in the node (the rounded weight), so backward
+ * multiplies as forward did whatever region it runs in. Outside autocast
+ * the f32 path is unchanged, bit for bit. */
 #include <string.h>
 
 #include "autograd/autograd_impl.h"
@@ -52,6 +61,46 @@ static void conv_geom_init(conv_geom *g, const lk_tensor *x, const lk_tensor *w,
     g->cols_n = g->K * nb * g->P, g->out_n = g->O * nb * g->P;
 }
 
+static void im2col_chunk(const conv_geom *g, const float *x, long n0, long cur, float *cols);
+
+/* Element offset `i` into an array of `lowp` (LK_F32, LK_BF16 or LK_F16) elements. */
+static inline const void *elem_at(const void *p, lk_dtype lowp, long i) {
+    return (const char *)p + (size_t)i * (lowp == LK_F32 ? 4 : 2);
+}
+
+/* One GEMM of the convolution: C[M,N] (f32) = op(A) op(B) + beta C, with A
+ * and B both f32 or both the autocast dtype. The f32 descriptor is the one
+ * lk__gemm_f32 builds, so f32 mode runs exactly as before. */
+static lk_status conv_gemm(const lk_backend *be, lk_dtype ab, bool ta, bool tb, long M, long N, long K, const void *A,
+                           long lda, const void *B, long ldb, float beta, float *C, long ldc) {
+    lk_op_desc d = {.op = LK_OP_GEMM, .dtype = {ab, ab, LK_F32}};
+    d.gemm = (lk_gemm_params){ta, tb, M, N, K, lda, ldb, ldc, 1.0f, beta};
+    return be->run(&d, (void *[]){(void *)A, (void *)B, C});
+}
+
+/* A worker task's failed GEMM, kept for the caller (the first one wins). */
+static void note_failure(lk_status *slot, lk_status st) {
+    lk_status none = LK_STATUS_OK;
+    if (st) __atomic_compare_exchange_n(slot, &none, st, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
+}
+
+/* The B operand of one chunk's GEMMs: the f32 columns (or, pointwise, the
+ * input planes) as they are, or under autocast rounded into `lcols`.
+ * *ld gets B's leading dimension. */
+static const void *chunk_cols(const conv_geom *g, const float *x, long n0, long cur, float *cols, lk_dtype lowp,
+                              uint16_t *lcols, long *ld) {
+    const float *B = x + n0 * g->C * g->P;
+    *ld = g->P;
+    if (!g->pointwise) {
+        im2col_chunk(g, x, n0, cur, cols);
+        B = cols;
+        *ld = cur * g->P;
+    }
+    if (lowp == LK_F32) return B;
+    lk_f32_to_half_n(lowp, lcols, B, (size_t)(g->K * *ld)); /* pointwise: cur = 1, K = C */
+    return lcols;
+}
+
 /* cols[K, cur*P]: sample j of the chunk starting at n0 fills columns [j*P, (j+1)*P). */
 static void im2col_chunk(const conv_geom *g, const float *x, long n0, long cur, float *cols) {
     long ld = cur * g->P, khw = g->kh * g->kw;
@@ -78,27 +127,40 @@ typedef struct {
     const float *xd, *wd, *gd;
     float *dxd, *dwd, *dbd;   /* dX; task 0's dW and db */
     float *dw_part, *db_part; /* tasks 1..: dW [width-1][O*Kg], db [width-1][O] */
-    float *cols, *dyt;        /* [width][cols_n], [width][out_n] */
+    float *cols;              /* [width][cols_n] */
+    void *dyt;                /* [width][out_n], in the GEMM dtype */
+    /* autocast: the GEMM dtype (LK_F32: off), the rounded weight and dY,
+     * and each task's rounded columns [width][cols_n] */
+    lk_dtype lowp;
+    const uint16_t *wl, *gl;
+    uint16_t *lcols;
+    lk_status st; /* the first failed GEMM */
     int width;
 } conv_bwd_job;
 
 static void conv_bwd_task(void *ctx, int t) {
-    const conv_bwd_job *j = ctx;
+    conv_bwd_job *j = ctx;
     const conv_geom *g = j->g;
     int64_t c0, c1;
     lk__task_range(g->nchunks, t, j->width, 1, &c0, &c1);
     float *dwd = !j->dwd ? NULL : t == 0 ? j->dwd : j->dw_part + (t - 1) * g->O * g->Kg;
     float *dbd = !j->dbd ? NULL : t == 0 ? j->dbd : j->db_part + (t - 1) * g->O;
     float *cols = j->cols ? j->cols + t * g->cols_n : NULL;
-    float *dyt = j->dyt ? j->dyt + t * g->out_n : NULL;
+    lk_dtype lowp = j->lowp;
+    size_t esz = lowp == LK_F32 ? sizeof(float) : sizeof(uint16_t);
+    char *dyt = j->dyt ? (char *)j->dyt + (size_t)(t * g->out_n) * esz : NULL;
+    uint16_t *lcols = j->lcols ? j->lcols + t * g->cols_n : NULL;
+    const void *gsrc = lowp == LK_F32 ? (const void *)j->gd : j->gl; /* dY as the GEMMs take it */
+    const void *wsrc = lowp == LK_F32 ? (const void *)j->wd : j->wl;
     for (long c = c0; c < c1; c++) {
         long n0 = c * g->nb, cur = g->N - n0 < g->nb ? g->N - n0 : g->nb, ld = cur * g->P;
-        const float *dy = j->gd + n0 * g->O * g->P;
+        const void *dy = elem_at(gsrc, lowp, n0 * g->O * g->P);
         long lddy = g->P;
         if (cur > 1) { /* dY of the chunk as [O, cur*P], the layout of the columns */
             for (long o = 0; o < g->O; o++)
                 for (long s = 0; s < cur; s++)
-                    memcpy(dyt + o * ld + s * g->P, j->gd + ((n0 + s) * g->O + o) * g->P, (size_t)g->P * sizeof(float));
+                    memcpy(dyt + (size_t)(o * ld + s * g->P) * esz, elem_at(gsrc, lowp, ((n0 + s) * g->O + o) * g->P),
+                           (size_t)g->P * esz);
             dy = dyt;
             lddy = ld;
         }
@@ -106,26 +168,26 @@ static void conv_bwd_task(void *ctx, int t) {
             for (long s = 0; s < cur; s++)
                 for (long o = 0; o < g->O; o++) dbd[o] += lk_k_plane_sum(j->gd + ((n0 + s) * g->O + o) * g->P, g->P);
         if (dwd) {
-            const float *B = j->xd + n0 * g->C * g->P;
-            long ldb = g->P;
-            if (!g->pointwise) {
-                im2col_chunk(g, j->xd, n0, cur, cols);
-                B = cols;
-                ldb = ld;
-            }
+            long ldb;
+            const void *B = chunk_cols(g, j->xd, n0, cur, cols, lowp, lcols, &ldb);
             for (long q = 0; q < g->G; q++)
-                lk__gemm_f32(j->be, false, true, g->Og, g->Kg, ld, 1.0f, dy + q * g->Og * lddy, lddy, B + q * g->Kg * ldb, ldb,
-                            1.0f, dwd + q * g->Og * g->Kg, g->Kg);
+                note_failure(&j->st, conv_gemm(j->be, lowp, false, true, g->Og, g->Kg, ld, elem_at(dy, lowp, q * g->Og * lddy),
+                                               lddy, elem_at(B, lowp, q * g->Kg * ldb), ldb, 1.0f,
+                                               dwd + q * g->Og * g->Kg, g->Kg));
         }
         if (j->dxd) {
             if (g->pointwise) {
                 for (long q = 0; q < g->G; q++)
-                    lk__gemm_f32(j->be, true, false, g->Kg, g->P, g->Og, 1.0f, j->wd + q * g->Og * g->Kg, g->Kg,
-                                dy + q * g->Og * lddy, lddy, 0.0f, j->dxd + n0 * g->C * g->P + q * g->Kg * g->P, g->P);
+                    note_failure(&j->st, conv_gemm(j->be, lowp, true, false, g->Kg, g->P, g->Og,
+                                                   elem_at(wsrc, lowp, q * g->Og * g->Kg), g->Kg,
+                                                   elem_at(dy, lowp, q * g->Og * lddy), lddy, 0.0f,
+                                                   j->dxd + n0 * g->C * g->P + q * g->Kg * g->P, g->P));
             } else {
                 for (long q = 0; q < g->G; q++)
-                    lk__gemm_f32(j->be, true, false, g->Kg, ld, g->Og, 1.0f, j->wd + q * g->Og * g->Kg, g->Kg,
-                                dy + q * g->Og * lddy, lddy, 0.0f, cols + q * g->Kg * ld, ld);
+                    note_failure(&j->st, conv_gemm(j->be, lowp, true, false, g->Kg, ld, g->Og,
+                                                   elem_at(wsrc, lowp, q * g->Og * g->Kg), g->Kg,
+                                                   elem_at(dy, lowp, q * g->Og * lddy), lddy, 0.0f,
+                                                   cols + q * g->Kg * ld, ld));
                 col2im_chunk(g, cols, n0, cur, j->dxd);
             }
         }
@@ -135,6 +197,8 @@ static void conv_bwd_task(void *ctx, int t) {
 static void conv2d_backward(lk_node *n, lk_tensor *gout) {
     lk_tensor *x = n->in[0], *w = n->in[1], *b = n->n_in > 2 ? n->in[2] : NULL;
     lk_tensor *xc = n->saved[0], *wc = n->saved[1];
+    lk_tensor *wl = n->saved[2]; /* autocast: the weight as forward rounded it (NULL: f32) */
+    lk_dtype lowp = wl ? wl->dtype : LK_F32;
     conv_geom g;
     conv_geom_init(&g, xc, wc, n->a.i);
     bool need_x = x->requires_grad, need_w = w->requires_grad, need_b = b && b->requires_grad;
@@ -151,11 +215,15 @@ static void conv2d_backward(lk_node *n, lk_tensor *gout) {
     /* Per task: scratch columns and dY gathers; tasks 1.. also partial dW and db. */
     bool parts = width > 1;
     lk_tensor *cols = need_cols ? lk__tensor_new(LK_F32, 1, (int64_t[]){width * g.cols_n}) : NULL;
-    lk_tensor *dyt = g.nb > 1 ? lk__tensor_new(LK_F32, 1, (int64_t[]){width * g.out_n}) : NULL;
+    lk_tensor *dyt = g.nb > 1 ? lk__tensor_new(lowp, 1, (int64_t[]){width * g.out_n}) : NULL;
+    /* autocast: dY rounded once; the columns dW multiplies rounded per task */
+    lk_tensor *gl = lowp != LK_F32 && (need_w || need_x) ? lk_tensor_cast(gout, lowp) : NULL;
+    lk_tensor *lcols = lowp != LK_F32 && need_w ? lk__tensor_new(lowp, 1, (int64_t[]){width * g.cols_n}) : NULL;
     lk_tensor *dwp = need_w && parts ? lk_tensor_zeros(LK_F32, 1, (int64_t[]){(width - 1) * g.O * g.Kg}) : NULL;
     lk_tensor *dbp = need_b && parts ? lk_tensor_zeros(LK_F32, 1, (int64_t[]){(width - 1) * g.O}) : NULL;
     if ((need_x && !dx) || (need_w && !direct_w && !dw) || (need_b && !db) || (need_cols && !cols) ||
-        (g.nb > 1 && !dyt) || (need_w && parts && !dwp) || (need_b && parts && !dbp))
+        (g.nb > 1 && !dyt) || (need_w && parts && !dwp) || (need_b && parts && !dbp) ||
+        (lowp != LK_F32 && (need_w || need_x) && !gl) || (lowp != LK_F32 && need_w && !lcols))
         goto done;
     conv_bwd_job job = {.g = &g,
                         .be = lk__backend(xc->device),
@@ -169,8 +237,13 @@ static void conv2d_backward(lk_node *n, lk_tensor *gout) {
                         .db_part = dbp ? dbp->data : NULL,
                         .cols = cols ? cols->data : NULL,
                         .dyt = dyt ? dyt->data : NULL,
+                        .lowp = lowp,
+                        .wl = wl ? wl->data : NULL,
+                        .gl = gl ? gl->data : NULL,
+                        .lcols = lcols ? lcols->data : NULL,
                         .width = width};
     lk__parallel_run(width, conv_bwd_task, &job);
+    if (job.st) goto done; /* a GEMM failed (it said why): leave the gradients untouched */
     /* The partial sums of tasks 1.., added in task order: deterministic for a given thread count. */
     for (int t = 1; t < width; t++) {
         if (dwp) job.be->axpy(g.O * g.Kg, 1.0f, job.dw_part + (t - 1) * g.O * g.Kg, job.dwd);
@@ -188,6 +261,8 @@ done:
     lk_tensor_release(dyt);
     lk_tensor_release(dwp);
     lk_tensor_release(dbp);
+    lk_tensor_release(gl);
+    lk_tensor_release(lcols);
 }
 
 static lk_status conv2d_check(const lk_tensor *x, const lk_tensor *w, const lk_tensor *b, lk_conv2d_params p) {
@@ -244,29 +319,30 @@ typedef struct {
     const lk_backend *be;
     const float *xd, *wd, *bd;
     float *od, *cols, *tmp; /* cols [width][cols_n], tmp [width][out_n] */
+    lk_dtype lowp;          /* autocast's GEMM dtype (LK_F32: off) */
+    const uint16_t *wl;     /* autocast: the rounded weight */
+    uint16_t *lcols;        /* autocast: rounded columns [width][cols_n] */
+    lk_status st;           /* the first failed GEMM */
     int width;
 } conv_fwd_job;
 
 static void conv_fwd_task(void *ctx, int t) {
-    const conv_fwd_job *j = ctx;
+    conv_fwd_job *j = ctx;
     const conv_geom *g = j->g;
     int64_t c0, c1;
     lk__task_range(g->nchunks, t, j->width, 1, &c0, &c1);
     float *cols = j->cols ? j->cols + t * g->cols_n : NULL;
     float *tmp = j->tmp ? j->tmp + t * g->out_n : NULL;
+    uint16_t *lcols = j->lcols ? j->lcols + t * g->cols_n : NULL;
+    const void *A = j->lowp == LK_F32 ? (const void *)j->wd : j->wl;
     for (long c = c0; c < c1; c++) {
-        long n0 = c * g->nb, cur = g->N - n0 < g->nb ? g->N - n0 : g->nb, ld = cur * g->P;
-        const float *B = j->xd + n0 * g->C * g->P;
-        long ldb = g->P;
-        if (!g->pointwise) {
-            im2col_chunk(g, j->xd, n0, cur, cols);
-            B = cols;
-            ldb = ld;
-        }
+        long n0 = c * g->nb, cur = g->N - n0 < g->nb ? g->N - n0 : g->nb, ld = cur * g->P, ldb;
+        const void *B = chunk_cols(g, j->xd, n0, cur, cols, j->lowp, lcols, &ldb);
         float *C = cur > 1 ? tmp : j->od + n0 * g->O * g->P;
         for (long q = 0; q < g->G; q++)
-            lk__gemm_f32(j->be, false, false, g->Og, ld, g->Kg, 1.0f, j->wd + q * g->Og * g->Kg, g->Kg, B + q * g->Kg * ldb,
-                        ldb, 0.0f, C + q * g->Og * ld, ld);
+            note_failure(&j->st, conv_gemm(j->be, j->lowp, false, false, g->Og, ld, g->Kg,
+                                           elem_at(A, j->lowp, q * g->Og * g->Kg), g->Kg,
+                                           elem_at(B, j->lowp, q * g->Kg * ldb), ldb, 0.0f, C + q * g->Og * ld, ld));
         if (cur > 1) /* to NCHW, adding the bias */
             for (long s = 0; s < cur; s++)
                 for (long o = 0; o < g->O; o++)
@@ -288,7 +364,12 @@ lk_tensor *lk_conv2d(lk_tensor *x, lk_tensor *w, lk_tensor *b, lk_conv2d_params 
     lk_tensor *out = lk__tensor_new(LK_F32, 4, (int64_t[]){g.N, g.O, g.OH, g.OW});
     lk_tensor *cols = g.pointwise ? NULL : lk__tensor_new(LK_F32, 1, (int64_t[]){width * g.cols_n});
     lk_tensor *tmp = g.nb > 1 ? lk__tensor_new(LK_F32, 1, (int64_t[]){width * g.out_n}) : NULL;
-    if (!xc || !wc || (b && !bc) || !out || (!g.pointwise && !cols) || (g.nb > 1 && !tmp)) {
+    /* autocast: the weight rounded once per call (backward keeps it), the columns per task */
+    lk_dtype lowp = lk_autocast_dtype();
+    lk_tensor *wl = lowp != LK_F32 && wc ? lk_tensor_cast(wc, lowp) : NULL;
+    lk_tensor *lcols = lowp != LK_F32 ? lk__tensor_new(lowp, 1, (int64_t[]){width * g.cols_n}) : NULL;
+    if (!xc || !wc || (b && !bc) || !out || (!g.pointwise && !cols) || (g.nb > 1 && !tmp) ||
+        (lowp != LK_F32 && (!wl || !lcols))) {
         lk_tensor_release(out);
         out = NULL;
         goto done;
@@ -301,14 +382,26 @@ lk_tensor *lk_conv2d(lk_tensor *x, lk_tensor *w, lk_tensor *b, lk_conv2d_params 
                         .od = out->data,
                         .cols = cols ? cols->data : NULL,
                         .tmp = tmp ? tmp->data : NULL,
+                        .lowp = lowp,
+                        .wl = wl ? wl->data : NULL,
+                        .lcols = lcols ? lcols->data : NULL,
                         .width = width};
     lk__parallel_run(width, conv_fwd_task, &job);
+    if (job.st) {
+        char sx[128], sw[128];
+        lk_error(job.st, "conv2d: a %s GEMM failed (input %s, weight %s)", lk_dtype_name(lowp),
+                 lk_shape_str(x, sx, sizeof sx), lk_shape_str(w, sw, sizeof sw));
+        lk_tensor_release(out);
+        out = NULL;
+        goto done;
+    }
     lk_tensor *in[3] = {x, w, b};
     lk_node *n = lk__record("conv2d", conv2d_backward, out, b ? 3 : 2, in);
     if (n) {
         memcpy(n->a.i, a, sizeof a);
         n->saved[0] = lk_tensor_retain(xc);
         n->saved[1] = lk_tensor_retain(wc);
+        n->saved[2] = lk_tensor_retain(wl); /* NULL unless autocast: backward multiplies as forward did */
     }
 done:
     lk_tensor_release(xc);
@@ -316,6 +409,8 @@ done:
     lk_tensor_release(bc);
     lk_tensor_release(cols);
     lk_tensor_release(tmp);
+    lk_tensor_release(wl);
+    lk_tensor_release(lcols);
     return out ? lk__op_result(out) : NULL;
 }
 

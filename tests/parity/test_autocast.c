@@ -1,0 +1,470 @@
+/* Autocast parity: one training step of each case run by lockstep under
+ * lk_autocast_enter(LK_BF16) against PyTorch 1.13's torch.autocast("cpu",
+ * bfloat16) and against a float64 reference, both written by
+ * tools/gen_autocast_fixtures.py into tests/fixtures/autocast/; the same step
+ * under LK_F16 against the float64 reference; the bf16 step through oneDNN
+ * and through the f32 fallback against each other; and the f32 step outside
+ * autocast, bit for bit, against a run that never entered a region.
+ *
+ * Inputs and parameters are the hash values of tests/nn/nn_fixtures.h (the
+ * generator computes the same ones), so only results are stored. Every
+ * comparison is the normalised error ||got - want||_2 / ||want||_2 of one
+ * tensor (as ggml's test-backend-ops does), against the bounds below; each
+ * case prints its errors (the table in docs/PRECISION.md comes from it).
+ *
+ *     test_autocast                    all cases
+ *     test_autocast conv2d mlp         only those
+ */
+#include "backend/backend_impl.h"
+#include "nn/nn_fixtures.h"
+
+#define AC_DIR LK_SOURCE_DIR "/tests/fixtures/autocast"
+
+/* ---- tolerances ----------------------------------------------------------------------
+ * Rounding an f32 to bf16 (8 significant bits) costs a relative error of at
+ * most u = 2^-9 ~ 2.0e-3; f16 (11 bits): u = 2^-12 ~ 2.4e-4 (normal values).
+ * A GEMM over rounded operands accumulated in f32 computes
+ * sum a_i(1+d_i) b_i(1+e_i): each product is off by at most 2u relative,
+ * and with independent rounding errors the sum is off by ~ sqrt(2)u times
+ * ||(a_i b_i)||_2, while the sum itself is ~ ||(a_i b_i)||_2 for
+ * uncorrelated data — so one GEMM's normwise error is ~ 1.4u whatever K is
+ * (it grows with K only through cancellation). A gradient passes through up
+ * to 3 GEMMs (forward, dX of the layers above, dW) whose errors add,
+ * ~ 4.2u, and the sums over the batch in dW and db cancel (another factor
+ * ~2): a bound of 8u against float64 —
+ *
+ *   bf16 vs float64:        8 * 2^-9  = 1.6e-2   measured <= 4.5e-3 (but see ReLU below)
+ *   f16 vs float64:         8 * 2^-12 = 2.0e-3   measured <= 7.9e-4
+ *
+ * torch.autocast rounds more often than lockstep: its matmul/linear/conv
+ * outputs are bf16 tensors (one more rounding of every such output and, in
+ * backward, of the gradients those ops produce) where lockstep keeps f32.
+ * The two runs' errors are independent, so they differ by at most the sum
+ * of both bounds:
+ *
+ *   bf16 vs torch autocast: 16 * 2^-9 = 3.1e-2   measured <= 6.5e-3
+ *
+ * A ReLU whose input lies within rounding distance of 0 can switch sides:
+ * in the mlp, sample 3's unit 31 of the first layer has -2.9e-4 in float64
+ * (the layer's spread is 0.32) and > 0 after bf16 rounding — in torch and in
+ * lockstep alike — which moves that unit's row of the first weight's
+ * gradient by O(1): 12% of the whole tensor. That is the data sitting on a
+ * kink, not an arithmetic error, so against float64 a tensor may also be
+ * within TORCH_FACTOR times torch.autocast's own error for the same tensor
+ * (from the fixtures): lockstep is never allowed to be much less accurate
+ * than PyTorch's own mixed precision. The f16 steps here flip no ReLU.
+ *
+ * The single-op cases' loss sum(out * R) cancels; its error is measured
+ * against sum |out_i R_i| instead of |loss| (see loss_err).
+ *
+ * oneDNN and the f32 fallback multiply the same rounded operands and
+ * accumulate in f32, so they differ only in summation order: ~ sqrt(K) *
+ * 2^-24 ~ 2e-6 for K = 784 (measured <= 1e-7); bound 2e-5.
+ * The f32 step against float64 is the ordinary f32 parity: bound 1e-5. */
+static const double TOL_BF16_REF = 8.0 / 512;
+static const double TOL_F16_REF = 8.0 / 4096;
+static const double TOL_BF16_TORCH = 16.0 / 512;
+static const double TORCH_FACTOR = 1.25;
+static const double TOL_PATHS = 2e-5;
+static const double TOL_F32_REF = 1e-5;
+
+/* ---- cases ----------------------------------------------------------------------------
+ * Seeds and shapes repeat tools/gen_autocast_fixtures.py. */
+
+typedef enum { C_LINEAR, C_CONV, C_MODEL } case_kind;
+
+typedef struct {
+    const char *name;
+    case_kind kind;
+    uint64_t seed;
+    int xndim;
+    int64_t xshape[4];
+    int wndim;
+    int64_t wshape[4];
+    bool bias;
+    lk_conv2d_params cp;
+    const char *model;
+    lk_model_kv args[3];
+    int nargs;
+} ac_case;
+
+#define CONV(s, p, g) .cp = {{s, s}, {p, p}, {1, 1}, g}
+static const ac_case CASES[] = {
+    {"linear", C_LINEAR, 1100, 2, {16, 96}, 2, {48, 96}, .bias = true},
+    {"conv2d", C_CONV, 1200, 4, {4, 3, 10, 10}, 4, {8, 3, 3, 3}, .bias = true, CONV(1, 1, 1)},
+    {"conv2d_1x1", C_CONV, 1300, 4, {2, 16, 6, 6}, 4, {8, 16, 1, 1}, .bias = true, CONV(1, 0, 1)},
+    {"conv2d_groups", C_CONV, 1400, 4, {3, 4, 9, 9}, 4, {6, 2, 3, 3}, .bias = false, CONV(2, 0, 2)},
+    {"mlp", C_MODEL, 1500, 2, {16, 784}, .model = "mlp",
+     .args = {{"input_dim", "784"}, {"hidden", "64,32"}, {"num_classes", "10"}}, .nargs = 3},
+    {"autoencoder", C_MODEL, 1600, 2, {8, 784}, .model = "autoencoder",
+     .args = {{"input_dim", "784"}, {"hidden", "32,16"}, {"latent_dim", "8"}}, .nargs = 3},
+};
+
+#define MAX_T 16
+
+/* One step's results, all owned: the output, the loss, and the gradients by
+ * the fixtures' names ("x", "weight", "bias", or the model's parameter names). */
+typedef struct {
+    lk_tensor *out;
+    double loss;
+    double loss_abs; /* single-op cases: sum |out_i R_i|, the scale of the loss's rounding error */
+    int n;
+    char name[MAX_T][48];
+    lk_tensor *grad[MAX_T];
+} step;
+
+static void step_free(step *s) {
+    lk_tensor_release(s->out);
+    for (int i = 0; i < s->n; i++) lk_tensor_release(s->grad[i]);
+    memset(s, 0, sizeof *s);
+}
+
+static void step_keep(step *s, const char *name, lk_tensor *g) {
+    CHECK_MSG(g != NULL, "%s: no gradient", name);
+    if (!g || s->n == MAX_T) return;
+    snprintf(s->name[s->n], sizeof s->name[0], "%s", name);
+    s->grad[s->n++] = lk_tensor_clone(g);
+}
+
+/* How a step enters autocast. */
+typedef enum {
+    R_NONE,      /* no autocast call at all */
+    R_REGION,    /* forward and loss inside lk_autocast_enter(dt), backward after the exit (as torch advises) */
+    R_ALL,       /* backward inside the region too */
+    R_BWD,       /* forward outside, only backward inside the region */
+    R_NESTED_F32 /* forward inside a bf16 region's inner LK_F32 region: f32 again */
+} region;
+
+/* Runs one forward + loss + backward of case c; dt is the region's dtype. */
+static bool run_step(const ac_case *c, region how, lk_dtype dt, step *s) {
+    memset(s, 0, sizeof *s);
+    lk_tensor *x = nn_htensor(c->seed, c->kind == C_MODEL ? 0.0 : -1.0, 1.0, c->xndim, c->xshape);
+    lk_tensor *w = NULL, *b = NULL, *y = NULL;
+    lk_layer *m = NULL;
+    bool ok = false;
+    const lk_model_info *info = NULL;
+    if (c->kind == C_MODEL) {
+        CHECK_OK(lk_model_create(c->model, c->args, c->nargs, 0, &m));
+        if (!m) goto out;
+        nn_set_hash_weights(m, c->seed + 10);
+        info = lk_model_find(c->model);
+        if (!info->target_is_input) y = nn_hlabels(c->seed + 1, c->xshape[0], 10);
+    } else {
+        int64_t fan = 1;
+        for (int d = 1; d < c->wndim; d++) fan *= c->wshape[d];
+        double bound = 1.0 / sqrt((double)fan);
+        w = nn_htensor(c->seed + 10, -bound, bound, c->wndim, c->wshape);
+        if (c->bias) b = nn_htensor(c->seed + 11, -bound, bound, 1, c->wshape);
+        lk_tensor_set_requires_grad(x, true);
+        lk_tensor_set_requires_grad(w, true);
+        if (b) lk_tensor_set_requires_grad(b, true);
+    }
+    lk_scope_begin();
+    if (how == R_REGION || how == R_ALL) lk_autocast_enter(dt);
+    if (how == R_NESTED_F32) lk_autocast_enter(LK_BF16), lk_autocast_enter(LK_F32);
+    lk_tensor *out = c->kind == C_LINEAR ? lk_linear(x, w, b)
+                     : c->kind == C_CONV ? lk_conv2d(x, w, b, c->cp)
+                                         : lk_layer_forward(m, x);
+    lk_tensor *loss = NULL, *seed_grad = NULL;
+    if (out && c->kind == C_MODEL) loss = lk_model_loss(info, out, x, y);
+    if (how == R_NESTED_F32) lk_autocast_exit(), lk_autocast_exit();
+    if (how == R_REGION) lk_autocast_exit();
+    if (how == R_BWD) lk_autocast_enter(dt);
+    ok = out && (c->kind != C_MODEL || loss);
+    CHECK_MSG(ok, "%s: forward: %s", c->name, lk_last_error());
+    if (ok && c->kind != C_MODEL) { /* loss = sum(out * R): dY = R */
+        lk_tensor *R = nn_htensor(c->seed + 1, -1.0, 1.0, out->ndim, out->shape);
+        double sum = 0, abs_sum = 0;
+        for (int64_t i = 0; i < out->numel; i++) {
+            double t = (double)((float *)out->data)[i] * ((float *)R->data)[i];
+            sum += t, abs_sum += fabs(t);
+        }
+        s->loss = sum;
+        s->loss_abs = abs_sum;
+        seed_grad = R;
+        CHECK_OK(lk_backward_with(out, R));
+    } else if (ok) {
+        s->loss = lk_tensor_get(loss, 0);
+        CHECK_OK(lk_backward(loss));
+    }
+    if (how == R_ALL || how == R_BWD) lk_autocast_exit();
+    if (ok) s->out = lk_tensor_clone(out);
+    lk_tensor_release(seed_grad);
+    lk_scope_end();
+    if (!ok) goto out;
+    if (c->kind != C_MODEL) {
+        step_keep(s, "x", x->grad);
+        step_keep(s, "weight", w->grad);
+        if (b) step_keep(s, "bias", b->grad);
+    } else {
+        lk_named_tensors ps = {0};
+        CHECK_OK(lk_layer_named_parameters(m, &ps));
+        for (int k = 0; k < ps.n; k++) step_keep(s, ps.items[k].name, ps.items[k].tensor->grad);
+        lk_named_tensors_clear(&ps);
+    }
+out:
+    lk_tensor_release(x);
+    lk_tensor_release(w);
+    lk_tensor_release(b);
+    lk_tensor_release(y);
+    lk_layer_free(m);
+    return ok && s->out;
+}
+
+/* ---- comparisons ------------------------------------------------------------------------ */
+
+/* ||a - b||_2 / ||b||_2 in double (b's norm floored so an all-zero b needs a ~0 a). */
+static double nerr(const lk_tensor *a, const lk_tensor *b) {
+    if (!a || !b || a->numel != b->numel) return INFINITY;
+    double d2 = 0, b2 = 0;
+    for (int64_t i = 0; i < a->numel; i++) {
+        double x = lk_tensor_get(a, i), y = lk_tensor_get(b, i);
+        d2 += (x - y) * (x - y);
+        b2 += y * y;
+    }
+    return isnan(d2) ? INFINITY : sqrt(d2) / sqrt(b2 > 1e-60 ? b2 : 1e-60);
+}
+
+static lk_tensor *fixture(const ac_case *c, const char *file) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s/%s.npy", AC_DIR, c->name, file);
+    lk_tensor *t = NULL;
+    CHECK_MSG(lk_npy_load(path, &t) == LK_STATUS_OK, "%s: %s", c->name, lk_last_error());
+    return t;
+}
+
+/* A failed comparison prints the first elements that differ by more than
+ * tol of the tensor's RMS, with both values, and the largest difference. */
+static void report(const char *what, const lk_tensor *got, const lk_tensor *want, double e, double tol) {
+    if (e <= tol) return;
+    double rms = 0, md = 0;
+    int64_t at = 0;
+    for (int64_t i = 0; got && want && i < want->numel && i < got->numel; i++) {
+        double d = fabs(lk_tensor_get(got, i) - lk_tensor_get(want, i));
+        rms += lk_tensor_get(want, i) * lk_tensor_get(want, i);
+        if (d > md) md = d, at = i;
+    }
+    rms = want && want->numel ? sqrt(rms / (double)want->numel) : 0;
+    int shown = 0;
+    for (int64_t i = 0; got && want && i < want->numel && i < got->numel && shown < 3; i++) {
+        double x = lk_tensor_get(got, i), y = lk_tensor_get(want, i);
+        if (fabs(x - y) > tol * rms) fprintf(stderr, "  %s[%lld]: got %.9g want %.9g\n", what, (long long)i, x, y), shown++;
+    }
+    fprintf(stderr, "  %s: largest difference %.3g at [%lld]\n", what, md, (long long)at);
+    CHECK_MSG(false, "%s: normalised error %.3g > %.3g", what, e, tol);
+}
+
+/* The loss's error: relative for the models' losses (means of positive
+ * terms), relative to sum |out_i R_i| for sum(out * R), whose terms cancel. */
+static double loss_err(const step *got, double want) {
+    double scale = got->loss_abs > 0 ? got->loss_abs : fabs(want);
+    return fabs(got->loss - want) / (scale > 1e-300 ? scale : 1e-300);
+}
+
+/* got's out, loss and gradients against the fixture files prefix{out,loss,grad_*}
+ * (prefix "" : torch autocast, "ref_": float64). Returns the largest error.
+ * With tol > 0 each tensor must be within max(tol, torch_factor * the
+ * torch autocast run's own error against float64 for that tensor) —
+ * torch_factor 0: within tol. */
+static double compare_fixture(const ac_case *c, const char *label, const step *got, const char *prefix, double tol,
+                              double torch_factor) {
+    char file[96], what[160];
+    double worst = 0;
+    printf("  %-13s %-8s", c->name, label);
+    for (int i = -2; i < got->n; i++) {
+        const lk_tensor *g;
+        lk_tensor *loss = NULL;
+        if (i == -2) snprintf(file, sizeof file, "%sout", prefix), g = got->out;
+        else if (i == -1) {
+            snprintf(file, sizeof file, "%sloss", prefix);
+            loss = lk_tensor_empty(LK_F64, 1, (int64_t[]){1});
+            ((double *)loss->data)[0] = got->loss;
+            g = loss;
+        } else
+            snprintf(file, sizeof file, "%sgrad_%s", prefix, got->name[i]), g = got->grad[i];
+        lk_tensor *want = fixture(c, file);
+        double e = i == -1 && want ? loss_err(got, lk_tensor_get(want, 0)) : nerr(g, want);
+        snprintf(what, sizeof what, "%s %s: %s", c->name, label, file);
+        double bound = tol;
+        if (torch_factor > 0) { /* the same tensor from torch.autocast against float64 */
+            lk_tensor *pt = fixture(c, file + strlen(prefix));
+            double e_pt = nerr(pt, want);
+            if (i == -1 && pt && want) { /* the loss: torch's value against float64's, on the same scale */
+                step tmp = *got;
+                tmp.loss = lk_tensor_get(pt, 0);
+                e_pt = loss_err(&tmp, lk_tensor_get(want, 0));
+            }
+            if (torch_factor * e_pt > bound) bound = torch_factor * e_pt;
+            lk_tensor_release(pt);
+        }
+        if (tol > 0) report(what, g, want, e, bound);
+        printf(" %s=%.2e", i == -2 ? "out" : i == -1 ? "loss" : got->name[i], e);
+        if (e > worst) worst = e;
+        lk_tensor_release(want);
+        lk_tensor_release(loss);
+    }
+    printf("  (max %.2e)\n", worst);
+    return worst;
+}
+
+/* Two steps of the same case: bitwise equal (tol 0) or within tol. */
+static void compare_steps(const ac_case *c, const char *label, const step *a, const step *b, double tol) {
+    char what[160];
+    double worst = 0;
+    for (int i = -2; i < a->n && i < b->n; i++) {
+        const lk_tensor *x = i == -2 ? a->out : i == -1 ? NULL : a->grad[i];
+        const lk_tensor *y = i == -2 ? b->out : i == -1 ? NULL : b->grad[i];
+        snprintf(what, sizeof what, "%s %s: %s", c->name, label, i == -2 ? "out" : i == -1 ? "loss" : a->name[i]);
+        if (i == -1) {
+            CHECK_MSG(tol > 0 || a->loss == b->loss, "%s: %.17g vs %.17g", what, a->loss, b->loss);
+            continue;
+        }
+        if (tol == 0) {
+            bool same = x && y && x->numel == y->numel && !memcmp(x->data, y->data, lk_tensor_nbytes(x));
+            CHECK_MSG(same, "%s: not bitwise equal (normalised difference %.3g)", what, nerr(x, y));
+        } else {
+            double e = nerr(x, y);
+            report(what, x, y, e, tol);
+            if (e > worst) worst = e;
+        }
+    }
+    CHECK_MSG(a->n == b->n, "%s %s: %d vs %d gradients", c->name, label, a->n, b->n);
+    if (tol > 0) printf("  %-13s %-8s max %.2e\n", c->name, label, worst);
+}
+
+/* ---- the test ------------------------------------------------------------------------- */
+
+static void run_case(const ac_case *c) {
+    static bool said;
+    if (!said) printf("bf16 GEMMs: %s; f16 GEMMs: %s\n", lk__cpu_gemm_path(LK_BF16, LK_F32), lk__cpu_gemm_path(LK_F16, LK_F32));
+    said = true;
+    step f32 = {0}, bf16 = {0}, f16 = {0}, f32_after = {0}, f32_nested = {0}, bf16_fb = {0};
+    /* first, before this case enters any region: the plain f32 step */
+    if (!run_step(c, R_NONE, LK_F32, &f32)) goto done;
+    compare_fixture(c, "f32/ref", &f32, "ref_", TOL_F32_REF, 0);
+    /* bf16 against torch.autocast and against float64 */
+    if (!run_step(c, R_REGION, LK_BF16, &bf16)) goto done;
+    compare_fixture(c, "bf16/pt", &bf16, "", TOL_BF16_TORCH, 0);
+    compare_fixture(c, "bf16/ref", &bf16, "ref_", TOL_BF16_REF, TORCH_FACTOR);
+    /* and the region took effect: the output and the first weight's gradient
+     * moved by about u = 2^-9 (at least u/8) from the f32 step's */
+    double moved_out = nerr(bf16.out, f32.out), moved_w = nerr(bf16.grad[c->kind == C_MODEL ? 0 : 1], f32.grad[c->kind == C_MODEL ? 0 : 1]);
+    CHECK_MSG(moved_out > 1.0 / 4096 && moved_w > 1.0 / 4096,
+              "%s: the bf16 step is the f32 one (normalised differences: out %.3g, weight gradient %.3g)", c->name,
+              moved_out, moved_w);
+    /* the f32 fallback multiplies the same rounded operands */
+    lk__cpu_lowp_use_dnnl(false);
+    bool fb_ok = run_step(c, R_REGION, LK_BF16, &bf16_fb);
+    lk__cpu_lowp_use_dnnl(true);
+    if (fb_ok) compare_steps(c, "dnnl/fb", &bf16, &bf16_fb, TOL_PATHS);
+    /* f16 against float64 */
+    if (!run_step(c, R_REGION, LK_F16, &f16)) goto done;
+    compare_fixture(c, "f16/ref", &f16, "ref_", TOL_F16_REF, 0);
+    /* the torch fixture's own distance from float64, for the record */
+    printf("  %-13s (torch bf16 vs float64, for comparison:)\n", c->name);
+    {
+        step pt = {.n = bf16.n, .out = fixture(c, "out"), .loss_abs = bf16.loss_abs};
+        lk_tensor *l = fixture(c, "loss");
+        pt.loss = l ? lk_tensor_get(l, 0) : 0;
+        lk_tensor_release(l);
+        for (int i = 0; i < bf16.n; i++) {
+            char f[96];
+            snprintf(f, sizeof f, "grad_%s", bf16.name[i]);
+            snprintf(pt.name[i], sizeof pt.name[i], "%s", bf16.name[i]);
+            pt.grad[i] = fixture(c, f);
+        }
+        compare_fixture(c, "pt/ref", &pt, "ref_", 0, 0);
+        step_free(&pt);
+    }
+    /* outside autocast, and in an LK_F32 region nested in a bf16 one: f32, bit for bit */
+    if (run_step(c, R_NONE, LK_F32, &f32_after)) compare_steps(c, "f32 after", &f32, &f32_after, 0);
+    if (run_step(c, R_NESTED_F32, LK_F32, &f32_nested)) compare_steps(c, "f32 nested", &f32, &f32_nested, 0);
+done:
+    step_free(&f32);
+    step_free(&bf16);
+    step_free(&bf16_fb);
+    step_free(&f16);
+    step_free(&f32_after);
+    step_free(&f32_nested);
+}
+
+static void linear(void) { run_case(&CASES[0]); }
+static void conv2d(void) { run_case(&CASES[1]); }
+static void conv2d_1x1(void) { run_case(&CASES[2]); }
+static void conv2d_groups(void) { run_case(&CASES[3]); }
+static void mlp(void) { run_case(&CASES[4]); }
+static void autoencoder(void) { run_case(&CASES[5]); }
+
+/* The autocast dtype is taken when an op runs forward and kept in its node:
+ * backward multiplies as forward did wherever the region closes, and a
+ * forward outside any region gives f32 gradients even when backward runs
+ * inside one. Each op case: conv2d's paths (3x3 chunked, 1x1, grouped) and
+ * linear. */
+static void dtype_kept_in_node(void) {
+    for (int k = 0; k < 4; k++) {
+        const ac_case *c = &CASES[k];
+        step plain = {0}, fwd = {0}, all = {0}, bwd = {0};
+        bool ok = run_step(c, R_NONE, LK_F32, &plain) && run_step(c, R_REGION, LK_BF16, &fwd) &&
+                  run_step(c, R_ALL, LK_BF16, &all) && run_step(c, R_BWD, LK_BF16, &bwd);
+        CHECK(ok);
+        if (ok) {
+            compare_steps(c, "fwd vs all", &fwd, &all, 0);
+            compare_steps(c, "bwd vs f32", &bwd, &plain, 0);
+            double e = nerr(fwd.grad[1], plain.grad[1]);
+            CHECK_MSG(e > 1e-4, "%s: the bf16 weight gradient is the f32 one (normalised difference %.3g)", c->name, e);
+        }
+        CHECK(lk_autocast_dtype() == LK_F32);
+        step_free(&plain);
+        step_free(&fwd);
+        step_free(&all);
+        step_free(&bwd);
+    }
+}
+
+/* A conv2d GEMM that fails under autocast (here: the f32 fallback cannot
+ * allocate its widened operands, on whichever task's thread) fails the op
+ * with OUT_OF_MEMORY instead of returning an output some chunks never
+ * wrote. Fails the Nth allocation for N = 1, 2, ... until the forward
+ * succeeds; each success must equal the unfailed output bit for bit. */
+static void conv2d_gemm_failure(void) {
+    const ac_case *c = &CASES[1];
+    lk__cpu_lowp_use_dnnl(false);
+    int64_t fan = 27;
+    lk_tensor *x = nn_htensor(c->seed, -1.0, 1.0, c->xndim, c->xshape);
+    lk_tensor *w = nn_htensor(c->seed + 10, -1.0 / sqrt((double)fan), 1.0 / sqrt((double)fan), c->wndim, c->wshape);
+    lk_autocast_enter(LK_BF16);
+    lk_tensor *want = lk_conv2d(x, w, NULL, c->cp);
+    CHECK(want != NULL);
+    int failures = 0;
+    /* the pool hands the scratch of the last forward to the next one: run
+     * the negated input just before each try, so a chunk the failed GEMM
+     * left unwritten cannot hold the right values by chance */
+    lk_tensor *xneg = lk_tensor_clone(x);
+    for (int64_t i = 0; xneg && i < xneg->numel; i++) ((float *)xneg->data)[i] = -((float *)xneg->data)[i];
+    for (long n = 1; want && xneg && n < 1000; n++) {
+        lk_tensor_release(lk_conv2d(xneg, w, NULL, c->cp));
+        lk_clear_error();
+        lk_alloc_fail_after(n);
+        lk_tensor *got = lk_conv2d(x, w, NULL, c->cp);
+        lk_alloc_fail_after(0);
+        if (!got) {
+            failures++;
+            CHECK_MSG(lk_last_status() == LK_STATUS_OUT_OF_MEMORY, "N = %ld: %s", n, lk_last_error());
+            continue;
+        }
+        CHECK_MSG(!memcmp(got->data, want->data, lk_tensor_nbytes(want)), "N = %ld: a wrong output", n);
+        lk_tensor_release(got);
+        break; /* N is past every allocation the forward makes */
+    }
+    CHECK(failures > 0);
+    lk_autocast_exit();
+    lk__cpu_lowp_use_dnnl(true);
+    lk_tensor_release(want);
+    lk_tensor_release(xneg);
+    lk_tensor_release(x);
+    lk_tensor_release(w);
+}
+
+LK_TEST_MAIN(LK_TEST_CASE(linear), LK_TEST_CASE(conv2d), LK_TEST_CASE(conv2d_1x1), LK_TEST_CASE(conv2d_groups),
+             LK_TEST_CASE(mlp), LK_TEST_CASE(autoencoder), LK_TEST_CASE(dtype_kept_in_node),
+             LK_TEST_CASE(conv2d_gemm_failure))
