@@ -6,12 +6,20 @@ the gloo backend, ranks started by torch.multiprocessing.spawn, Adam (lr 1e-3)
 in fp32, torch.set_num_threads(cores // world). One rank runs in the launching
 process with neither DDP nor a sampler, as a user would.
 
+--precision bf16-mixed runs the forward pass and the loss under
+torch.autocast("cpu", dtype=torch.bfloat16) and the backward pass and Adam
+outside it, as PyTorch's AMP documentation writes it: the parameters, their
+gradients and Adam's state stay f32 (what lockstep's trainer.precision
+bf16-mixed does too). PyTorch 1.13's CPU autocast takes only bfloat16, so
+16-mixed is refused rather than silently run in f32.
+
 It prints one JSON line: steady-state samples/s (the first --warmup optimizer
 steps skipped, then --steps timed, samples = timed steps x batch x world),
-the time from launch to the first optimizer step, peak RSS per rank, and the
-mean step-time split. "Launch" is --t0 (a time.time() the caller takes just
-before starting this interpreter) or, without it, the first line of this
-file, so the figure includes the interpreter start and `import torch`.
+the time from launch to the first optimizer step, peak RSS per rank, the
+mean step-time split, the precision and the dtypes autocast produced. "Launch"
+is --t0 (a time.time() the caller takes just before starting this
+interpreter) or, without it, the first line of this file, so the figure
+includes the interpreter start and `import torch`.
 
 Shapes follow src/models/models.c: autoencoder 784-512-256-64 encoder (ReLU
 between, none after the code) mirrored by the decoder, MSE on the input;
@@ -31,6 +39,9 @@ import resource
 import socket
 import sys
 import tempfile
+
+
+PRECISIONS = ("32-true", "bf16-mixed")
 
 
 def parse_args():
@@ -53,10 +64,19 @@ def parse_args():
                    help="torch threads per rank (default: cores // world)")
     p.add_argument("--no-blas-env", action="store_true",
                    help="do not set OMP_NUM_THREADS / OPENBLAS_NUM_THREADS to the threads per rank, nor OMP_WAIT_POLICY=PASSIVE")
+    p.add_argument("--precision", default="32-true", metavar="{32-true,bf16-mixed}",
+                   help="32-true (default) or bf16-mixed: forward and loss under CPU autocast to bfloat16")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--t0", type=float, default=0.0,
                    help="launch timestamp (time.time()) taken by the caller before starting this process")
     a = p.parse_args()
+    # Lightning's short names mean the same thing; normalised so the output names one spelling.
+    a.precision = {"32": "32-true", "bf16": "bf16-mixed"}.get(a.precision, a.precision)
+    if a.precision in ("16-mixed", "16"):
+        p.error(f"--precision {a.precision}: PyTorch 1.13's CPU autocast supports only torch.bfloat16 (float16 "
+                "would be disabled with a warning and the run would be f32); use bf16-mixed or 32-true")
+    if a.precision not in PRECISIONS:
+        p.error(f"--precision {a.precision}: expected one of {', '.join(PRECISIONS)}")
     for name in ("batch_size", "world_size", "steps"):
         if getattr(a, name) < 1:
             p.error(f"--{name.replace('_', '-')} = {getattr(a, name)}: expected a positive integer")
@@ -185,6 +205,9 @@ def train(rank, a, out_dir):
         model = DDP(model)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     model.train()
+    # A disabled autocast context costs nothing measurable and keeps one loop for both precisions.
+    bf16 = a.precision == "bf16-mixed"
+    out_dtype = None
 
     step = 0
     epoch = 0
@@ -197,8 +220,10 @@ def train(rank, a, out_dir):
         t0 = time.perf_counter()
         for x, y in loader:
             t1 = time.perf_counter()
-            out = model(x)
-            loss = F.mse_loss(out, x.flatten(1)) if a.model == "autoencoder" else F.cross_entropy(out, y)
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                out = model(x)
+                loss = F.mse_loss(out, x.flatten(1)) if a.model == "autoencoder" else F.cross_entropy(out, y)
+            out_dtype = out.dtype
             t2 = time.perf_counter()
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -230,11 +255,21 @@ def train(rank, a, out_dir):
         "step_time_ms": {k: 1e3 * (split[i] - steady_split[i]) / timed
                          for i, k in enumerate(["data_ms", "forward_ms", "backward_ms", "optimizer_ms"])},
         "final_loss": float(loss),
+        "output_dtype": str(out_dtype).replace("torch.", ""),
+        "grad_dtype": str(next(model.parameters()).grad.dtype).replace("torch.", ""),
     }
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump(res, f)
     if world > 1:
         dist.destroy_process_group()
+
+
+def cpu_capability():
+    """The kernels PyTorch dispatches to here ("CPU capability usage: AVX2" in its build report)."""
+    for line in torch.__config__.show().splitlines():
+        if "CPU capability usage:" in line:
+            return line.split(":", 1)[1].strip()
+    return None
 
 
 def free_port():
@@ -267,6 +302,11 @@ def main():
         "steps": a.steps,
         "warmup": a.warmup,
         "data": a.data,
+        "precision": a.precision,
+        # What autocast really did: bfloat16 model outputs, f32 gradients (the master weights' dtype).
+        "output_dtype": r0["output_dtype"],
+        "grad_dtype": r0["grad_dtype"],
+        "torch_cpu_capability": cpu_capability(),
         "samples_per_s": r0["samples_per_s"],
         "launch_to_first_step_s": r0["launch_to_first_step_s"],
         "peak_rss_kb_per_rank": [r["peak_rss_kb"] for r in ranks],
