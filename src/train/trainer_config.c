@@ -22,7 +22,8 @@ static const lk_param trainer_params[] = {
     T("accelerator", ENUM, accelerator, "auto", 1, 0, "cpu|gpu|auto", "hardware to run on (gpu needs the CUDA backend)"),
     T("devices", INT, devices, "1", 0, 4096, NULL, "processes (cpu) or GPUs per node; 0 = auto"),
     T("strategy", ENUM, strategy, "auto", 1, 0, "auto|single|ddp|ddp_spawn|dp",
-      "how training is spread over devices (dp: one process, a replica per device on threads)"),
+      "how training is spread over devices (dp: one process, a replica per device on threads; ddp_spawn: "
+      "ranks forked from this process, then trained as ddp)"),
     T("num_nodes", INT, num_nodes, "1", 1, 1e6, NULL, "machines (launched by mpirun or srun)"),
     T("precision", ENUM, precision, "32-true", 1, 0, "32-true|32", "numeric precision (mixed precision comes later)"),
     T("max_epochs", INT, max_epochs, "1000", -1, 1e12, NULL, "stop after this many epochs (-1: no limit)"),
