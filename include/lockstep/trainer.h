@@ -134,6 +134,11 @@ typedef struct lk_trainer_config {
     bool logger_set;          /* false: the default loggers (CSV, and TensorBoard unless enable_tensorboard is false) */
     lk_logger_config loggers[LK_MAX_CALLBACKS];
     char on_exception_ckpt[LK_PARAM_STR]; /* OnExceptionCheckpoint: file written when fit fails ("": off) */
+    /* LearningRateMonitor.logging_interval: "" (no monitor) or "step": lr-* every
+     * log_every_n_steps steps; "epoch": once per epoch; "null": as the
+     * scheduler steps (epoch for an epoch-interval scheduler, else step) */
+    char lr_logging_interval[16];
+    char time_check_interval[16]; /* Timer.interval: "" or "step": max_time checked after every step; "epoch": after each epoch */
 } lk_trainer_config;
 
 /* The parameter table behind the config (YAML validation and --help). */
