@@ -49,6 +49,8 @@ typedef struct lk_checkpoint_config { /* ModelCheckpoint */
     bool save_last, verbose, auto_insert_metric_name;
     int64_t every_n_train_steps; /* 0: off */
     int64_t every_n_epochs;      /* top-k at the end of every Nth epoch (0: never) */
+    bool save_weights_only;      /* top-k files hold the model's weights only (last.ckpt stays complete) */
+    bool save_on_train_epoch_end; /* accepted (any value): lockstep saves after validation, and at the epoch end */
 } lk_checkpoint_config;
 typedef struct lk_early_stopping_config { /* EarlyStopping */
     char monitor[LK_PARAM_STR];

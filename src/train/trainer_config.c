@@ -169,6 +169,10 @@ static const lk_param checkpoint_params[] = {
        "{epoch} becomes epoch=3 (false: 3)"),
     CK("every_n_train_steps", INT, every_n_train_steps, "0", 0, 1e15, NULL, "also save every N optimizer steps (0: off)"),
     CK("every_n_epochs", INT, every_n_epochs, "1", 0, 1e15, NULL, "save at the end of every Nth epoch (0: never)"),
+    CK("save_weights_only", BOOL, save_weights_only, "false", 1, 0, NULL,
+       "top-k files hold the model's weights only, no optimizer state (last.ckpt stays complete for resuming)"),
+    CK("save_on_train_epoch_end", BOOL, save_on_train_epoch_end, "false", 1, 0, NULL,
+       "accepted; lockstep saves after each validation and at the epoch end either way"),
 };
 
 #define ES(name, type, field, def, lo, hi, choices, help) \

@@ -82,6 +82,16 @@ check "without it the summary stops at depth 1" bash -c "grep -q '| layers ' <<<
 expect_fail "ModelSummary with enable_model_summary false is refused" 2 "ModelSummary is listed but trainer.enable_model_summary is false" \
   "$LK_BIN" fit -c "$T/synth.yaml" -c "$T/summary.yaml" --trainer.enable_model_summary false
 
+# ModelCheckpoint save_weights_only: the top-k file holds the weights (no optimizer.*), last.ckpt stays complete
+printf 'trainer:\n  callbacks:\n    - class_path: ModelCheckpoint\n      init_args: {monitor: val_loss, save_weights_only: true, save_last: true, save_on_train_epoch_end: true}\n' > "$T/wo.yaml"
+"$LK_BIN" fit -c "$T/synth.yaml" -c "$T/wo.yaml" --trainer.enable_progress_bar false >/dev/null 2>&1
+wo=$(ls "$(latest)"/checkpoints/epoch=*.ckpt | head -1)
+check "save_weights_only: the top-k file has weights and no optimizer state" bash -c "head -c 8192 '$wo' | grep -aq 'layers.0.weight' && ! head -c 8192 '$wo' | grep -aq 'optimizer\.'"
+check "save_weights_only: last.ckpt keeps the optimizer state" bash -c "head -c 8192 '$(latest)/checkpoints/last.ckpt' | grep -aq 'optimizer\.'"
+check "a weights-only checkpoint tests" "$LK_BIN" test -c "$T/synth.yaml" --ckpt_path "$wo" --trainer.enable_progress_bar false
+expect_fail "fit cannot resume from a weights-only checkpoint" 1 "was saved with ModelCheckpoint save_weights_only: true and holds no optimizer state" \
+  "$LK_BIN" fit -c "$T/synth.yaml" --ckpt_path "$wo" --trainer.enable_progress_bar false
+
 # fast_dev_run: N batches of ONE epoch (Lightning), also written as true
 out=$("$LK_BIN" fit -c "$T/synth.yaml" --trainer.fast_dev_run 2 --trainer.max_epochs 5 2>&1)
 check "fast_dev_run 2 runs one epoch" bash -c "grep -q 'epoch 1/' <<<\"\$0\" && ! grep -q 'epoch 2/' <<<\"\$0\"" "$out"
