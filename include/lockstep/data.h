@@ -104,6 +104,7 @@ typedef struct lk_csv_config {
                                LK_CSV_NO_LABEL: every column is a feature */
     const char *label_name; /* overrides label_column when set (needs a header) */
     lk_dtype label_dtype;   /* LK_I64 (classes, default), LK_I32 or LK_F32 (regression) */
+    int64_t num_classes;    /* > 0: lk_dataset_csv_create fails on a label outside [0, num_classes) (0: unchecked) */
 } lk_csv_config;
 #define LK_CSV_NO_LABEL (-1000000)
 lk_csv_config lk_csv_config_default(void);
@@ -187,6 +188,8 @@ lk_status lk_dataset_materialize(lk_dataset *src, int threads, lk_dataset **out)
 lk_status lk_dataset_idx_pair_create(const char *images_path, const char *labels_path, lk_dataset **out);
 /* Fashion-MNIST / MNIST laid out as the original files
  * (train-images-idx3-ubyte[.gz], ...; split "train" or "test") under `root`;
+ * both declare 10 classes, so a label outside [0, 10) fails here, naming the
+ * label file and the sample;
  * root NULL searches $LK_DATA_ROOT, $LK_DATA_ROOT/fashion-mnist and
  * /usr/share/datasets/fashion-mnist. The error lists every path tried. */
 lk_status lk_dataset_mnist_create(const char *root, const char *split, lk_dataset **out);

@@ -49,6 +49,8 @@ typedef struct lk_checkpoint_config { /* ModelCheckpoint */
     bool save_last, verbose, auto_insert_metric_name;
     int64_t every_n_train_steps; /* 0: off */
     int64_t every_n_epochs;      /* top-k at the end of every Nth epoch (0: never) */
+    bool save_weights_only;      /* top-k files hold the model's weights only (last.ckpt stays complete) */
+    bool save_on_train_epoch_end; /* accepted (any value): lockstep saves after validation, and at the epoch end */
 } lk_checkpoint_config;
 typedef struct lk_early_stopping_config { /* EarlyStopping */
     char monitor[LK_PARAM_STR];
@@ -134,6 +136,11 @@ typedef struct lk_trainer_config {
     bool logger_set;          /* false: the default loggers (CSV, and TensorBoard unless enable_tensorboard is false) */
     lk_logger_config loggers[LK_MAX_CALLBACKS];
     char on_exception_ckpt[LK_PARAM_STR]; /* OnExceptionCheckpoint: file written when fit fails ("": off) */
+    /* LearningRateMonitor.logging_interval: "" (no monitor) or "step": lr-* every
+     * log_every_n_steps steps; "epoch": once per epoch; "null": as the
+     * scheduler steps (epoch for an epoch-interval scheduler, else step) */
+    char lr_logging_interval[16];
+    char time_check_interval[16]; /* Timer.interval: "" or "step": max_time checked after every step; "epoch": after each epoch */
 } lk_trainer_config;
 
 /* The parameter table behind the config (YAML validation and --help). */

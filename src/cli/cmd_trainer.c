@@ -124,6 +124,39 @@ static lk_status read_class(run_spec *rs, const lk_config_node *sec, const char 
     return LK_STATUS_OK;
 }
 
+/* Builds the module (model) or the data module. Their init_args were read
+ * as text, so a bad value fails inside the builder, whose message knows the
+ * key but not where it was written: the keys are then tried one at a time,
+ * and the first that fails on its own gets its node's FILE:LINE:COL in
+ * front (as trainer keys have). When no single key fails alone (a
+ * combination does), the builder's own message stands. */
+static lk_status build_class(const lk_config *cfg, const char *section, const char *name, const lk_model_kv *kv,
+                             int n, uint64_t seed, lk_module **module, lk_datamodule **dm) {
+    bool is_model = !strcmp(section, "model");
+    lk_status st = is_model ? lk_module_create_builtin(name, kv, n, seed, module)
+                            : lk_datamodule_create_builtin(name, kv, n, seed, dm);
+    if (!st || st == LK_STATUS_OUT_OF_MEMORY) return st;
+    char first[2048];
+    snprintf(first, sizeof first, "%s", lk_last_error());
+    for (int i = 0; i < n; i++) {
+        lk_module *m1 = NULL;
+        lk_datamodule *d1 = NULL;
+        lk_status s1 = is_model ? lk_module_create_builtin(name, &kv[i], 1, seed, &m1)
+                                : lk_datamodule_create_builtin(name, &kv[i], 1, seed, &d1);
+        lk_module_free(m1);
+        lk_datamodule_free(d1);
+        if (!s1) continue;
+        if (s1 == LK_STATUS_OUT_OF_MEMORY) break;
+        char path[256], w[512];
+        snprintf(path, sizeof path, "%s.init_args.%s", section, kv[i].key);
+        const lk_config_node *node = lk_config_get(cfg, path);
+        if (!node) break; /* the key came from elsewhere: nothing to point at */
+        lk_config_node_where(node, w, sizeof w);
+        return lk_error(s1, "%s: %s", w, lk_last_error());
+    }
+    return lk_error(st, "%s", first);
+}
+
 static bool is_rank0_or_alone(void) {
     const char *r = getenv("RANK");
     return !r || !strcmp(r, "0");
@@ -420,8 +453,8 @@ int lk_cmd_fit(int argc, char **argv) {
     /* Everything is validated, and the module and data module built, here:
      * bad input is reported before any process is launched. */
     if (!cfg || lk_config_load_args(cfg, &args) || read_spec(cfg, &rs) || fill_defaults(cfg, &rs) ||
-        lk_module_create_builtin(rs.model, rs.model_args, rs.n_model_args, (uint64_t)rs.trainer.seed, &module) ||
-        lk_datamodule_create_builtin(rs.data, rs.data_args, rs.n_data_args, (uint64_t)rs.trainer.seed, &dm)) {
+        build_class(cfg, "model", rs.model, rs.model_args, rs.n_model_args, (uint64_t)rs.trainer.seed, &module, NULL) ||
+        build_class(cfg, "data", rs.data, rs.data_args, rs.n_data_args, (uint64_t)rs.trainer.seed, NULL, &dm)) {
         rc = fail(cmd, 2);
         goto out;
     }

@@ -13,7 +13,7 @@
 #include <string.h>
 
 lk_csv_config lk_csv_config_default(void) {
-    lk_csv_config c = {',', -1, -1, NULL, LK_I64};
+    lk_csv_config c = {',', -1, -1, NULL, LK_I64, 0};
     return c;
 }
 
@@ -230,7 +230,8 @@ lk_status lk_dataset_csv_create(const char *path, const lk_csv_config *cfg, lk_d
     lk_array a[2];
     memset(a, 0, sizeof a);
     LK_TRY(lk_csv_read(path, cfg, &a[0], &a[1]));
-    lk_status st = lk_dataset_from_arrays(a[1].data ? 2 : 1, a, NULL, false, out);
+    lk_status st = a[1].data && cfg ? lk__labels_check(&a[1], cfg->num_classes, path) : LK_STATUS_OK;
+    if (!st) st = lk_dataset_from_arrays(a[1].data ? 2 : 1, a, NULL, false, out);
     lk_array_release(&a[0]);
     lk_array_release(&a[1]);
     return st;

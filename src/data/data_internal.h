@@ -41,4 +41,10 @@ lk_status lk__read_exact(FILE *f, const char *path, void *buf, size_t n, size_t 
 typedef lk_status (*lk__write_fn)(const char *tmp_path, const void *ctx);
 lk_status lk__write_atomic(const char *path, lk__write_fn fn, const void *ctx);
 
+/* Fails when a class label in `labels` (integer dtypes; others pass) is
+ * negative or >= num_classes, naming `path`, the label and the sample:
+ * a bad label file is reported when it is loaded, not by cross_entropy
+ * steps later. num_classes <= 0 checks nothing. */
+lk_status lk__labels_check(const lk_array *labels, int64_t num_classes, const char *path);
+
 #endif

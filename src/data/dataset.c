@@ -253,6 +253,24 @@ static void arrays_free(void *ctx) {
 
 static const lk_dataset_vtable arrays_vt = {"arrays", arrays_get, arrays_free, arrays_prefetch};
 
+lk_status lk__labels_check(const lk_array *labels, int64_t num_classes, const char *path) {
+    if (num_classes <= 0 || !labels || !labels->data) return LK_STATUS_OK;
+    int64_t n = lk_array_numel(labels);
+    for (int64_t i = 0; i < n; i++) {
+        int64_t v;
+        switch (labels->dtype) {
+        case LK_U8: v = ((const uint8_t *)labels->data)[i]; break;
+        case LK_I32: v = ((const int32_t *)labels->data)[i]; break;
+        case LK_I64: v = ((const int64_t *)labels->data)[i]; break;
+        default: return LK_STATUS_OK; /* floating targets are not class labels */
+        }
+        if (v < 0 || v >= num_classes)
+            return lk_error(LK_STATUS_INVALID_ARGUMENT, "%s: label %lld at sample %lld is outside [0, %lld) (num_classes %lld)",
+                            path, (long long)v, (long long)i, (long long)num_classes, (long long)num_classes);
+    }
+    return LK_STATUS_OK;
+}
+
 lk_status lk_dataset_from_arrays(int nfields, lk_array *arrays, const char *const *names, bool borrow,
                                  lk_dataset **out) {
     *out = NULL;

@@ -183,7 +183,9 @@ lk_status lk_idx_write(const char *path, const lk_array *a) {
 
 /* ---- datasets ------------------------------------------------------------------- */
 
-lk_status lk_dataset_idx_pair_create(const char *images_path, const char *labels_path, lk_dataset **out) {
+/* The pair, with labels checked against num_classes (0: unchecked). */
+static lk_status idx_pair_load(const char *images_path, const char *labels_path, int64_t num_classes,
+                               lk_dataset **out) {
     *out = NULL;
     lk_array a[2];
     LK_TRY(lk_idx_read(images_path, &a[0]));
@@ -199,10 +201,15 @@ lk_status lk_dataset_idx_pair_create(const char *images_path, const char *labels
                       images_path, lk_data_shape_str(a[0].ndim, a[0].shape, s0, sizeof s0), labels_path,
                       lk_data_shape_str(a[1].ndim, a[1].shape, s1, sizeof s1));
     }
+    if (!st) st = lk__labels_check(&a[1], num_classes, labels_path);
     if (!st) st = lk_dataset_from_arrays(2, a, NULL, false, out);
     lk_array_release(&a[0]);
     lk_array_release(&a[1]);
     return st;
+}
+
+lk_status lk_dataset_idx_pair_create(const char *images_path, const char *labels_path, lk_dataset **out) {
+    return idx_pair_load(images_path, labels_path, 0, out);
 }
 
 static bool file_exists(const char *p) {
@@ -246,7 +253,7 @@ lk_status lk_dataset_mnist_create(const char *root, const char *split, lk_datase
     for (int d = 0; d < ndirs; d++) {
         if (find_file(dirs[d], img_base, img, sizeof img, tried, sizeof tried) &&
             find_file(dirs[d], lab_base, lab, sizeof lab, tried, sizeof tried))
-            return lk_dataset_idx_pair_create(img, lab, out);
+            return idx_pair_load(img, lab, 10, out); /* MNIST and Fashion-MNIST: 10 classes */
     }
     return lk_error(LK_STATUS_IO,
                     "mnist %s split not found; tried %s (install dataset-fashion-mnist, set LK_DATA_ROOT, or pass "

@@ -28,15 +28,20 @@ static lk_status append_prefixed(lk_named_tensors *dst, const lk_named_tensors *
     return LK_STATUS_OK;
 }
 
-lk_status lk__ckpt_save(lk_trainer *tr, const char *path) {
+lk_status lk__ckpt_save(lk_trainer *tr, const char *path) { return lk__ckpt_save_ex(tr, path, false); }
+
+/* weights_only (ModelCheckpoint save_weights_only): the model's state dict
+ * and the metadata, no optimizer.* or lr_scheduler.* tensors; marked so
+ * that resuming from it fails with a reason instead of a missing tensor. */
+lk_status lk__ckpt_save_ex(lk_trainer *tr, const char *path, bool weights_only) {
     lk_named_tensors all = {0}, part = {0};
     lk_status st = lk_state_dict_get(tr->module->net, &all);
-    if (!st && tr->optim) {
+    if (!st && tr->optim && !weights_only) {
         st = lk_optimizer_state_get(tr->optim, &part);
         if (!st) st = append_prefixed(&all, &part, "optimizer.");
         lk_named_tensors_clear(&part);
     }
-    if (!st && tr->sched) {
+    if (!st && tr->sched && !weights_only) {
         st = lk_scheduler_state_get(tr->sched, &part);
         if (!st) st = append_prefixed(&all, &part, "lr_scheduler.");
         lk_named_tensors_clear(&part);
@@ -50,7 +55,7 @@ lk_status lk__ckpt_save(lk_trainer *tr, const char *path) {
     snprintf(batch, sizeof batch, "%lld", (long long)(tr->at_epoch_end ? 0 : tr->resume_batch));
     snprintf(world, sizeof world, "%d", tr->world);
     snprintf(seed, sizeof seed, "%lld", (long long)tr->cfg.seed);
-    lk_st_meta meta[17 + 6 * (2 * LK_MAX_CALLBACKS + 2)] = {
+    lk_st_meta meta[18 + 6 * (2 * LK_MAX_CALLBACKS + 2)] = {
         {"format", CKPT_FORMAT}, {"format_version", CKPT_VERSION}, {"lockstep_version", LK_VERSION_STRING},
         {"model", tr->module->name ? tr->module->name : ""}, {"epoch", epoch}, {"global_step", step},
         {"batch_in_epoch", batch}, {"world_size", world}, {"strategy", lk_strategy_name(tr->strat)},
@@ -58,6 +63,7 @@ lk_status lk__ckpt_save(lk_trainer *tr, const char *path) {
         {"hparams", tr->module->hparams_yaml ? tr->module->hparams_yaml : ""},
     };
     int nmeta = 12;
+    if (weights_only) meta[nmeta++] = (lk_st_meta){"weights_only", "true"};
     /* Callback state: instance 0 under the original key names, instance i
      * under "<key>.<i>" (keys and values are kept in `cbtext`). */
     enum { KEYLEN = 48, VALLEN = 64 };
@@ -175,6 +181,13 @@ lk_status lk__ckpt_load(lk_trainer *tr, const char *path, bool restore_training)
     const char *model = lk_safetensors_meta(f, "model");
     if (model && tr->module->name && *model && strcmp(model, tr->module->name))
         lk_log_warn("%s was written for model '%s', this run uses '%s'", path, model, tr->module->name);
+    const char *wo = lk_safetensors_meta(f, "weights_only");
+    if (restore_training && wo && !strcmp(wo, "true")) {
+        lk_safetensors_close(f);
+        return lk_error(LK_STATUS_INVALID_ARGUMENT,
+                        "ckpt_path: %s was saved with ModelCheckpoint save_weights_only: true and holds no optimizer "
+                        "state to resume fit from (use it with validate, test or predict, or as model weights)", path);
+    }
     lk_named_tensors sd = {0}, part = {0};
     st = lk_state_dict_get(tr->module->net, &sd);
     if (!st) st = load_named(f, &sd, "", "model");
@@ -449,7 +462,7 @@ static lk_status ckpt_one(lk_trainer *tr, lk_ckpt_state *k, bool primary, bool l
                 char name[512], path[LK_PATH + 600];
                 st = render_name(tr, c->filename, c->auto_insert_metric_name, name, sizeof name);
                 snprintf(path, sizeof path, "%s/%s.ckpt", dir, name);
-                if (!st) st = lk__ckpt_save(tr, path);
+                if (!st) st = lk__ckpt_save_ex(tr, path, c->save_weights_only);
                 if (!st && c->verbose) lk_log0("ModelCheckpoint: saved %s", path);
                 if (!st) {
                     if (c->save_top_k > 0 && k->ntopk >= c->save_top_k) {

@@ -163,6 +163,7 @@ lk_status lk__self_launch(lk_trainer *tr, const char *command);
 
 /* checkpoint.c */
 lk_status lk__ckpt_save(lk_trainer *tr, const char *path);
+lk_status lk__ckpt_save_ex(lk_trainer *tr, const char *path, bool weights_only);
 lk_status lk__ckpt_load(lk_trainer *tr, const char *path, bool restore_training);
 /* The ModelCheckpoint callback at the end of a validation/epoch. */
 lk_status lk__ckpt_callback(lk_trainer *tr);

@@ -439,11 +439,12 @@ static const char *loss_text(double v, char buf[32]) {
 }
 
 /* Every rank agrees whether to stop (max_time, a signal), with one tiny
- * all-reduce per step only when something could make ranks disagree. */
-static lk_status agree_stop(lk_trainer *tr, bool *stop) {
+ * all-reduce per step only when something could make ranks disagree.
+ * `check_time` false leaves max_time to the epoch end (Timer(interval="epoch")). */
+static lk_status agree_stop(lk_trainer *tr, bool check_time, bool *stop) {
     int32_t local = 0;
     if (stop_signal) local = 2;
-    else if (tr->cfg.max_time > 0 && lk_time_now() - tr->t_fit_start >= tr->cfg.max_time) local = 1;
+    else if (check_time && tr->cfg.max_time > 0 && lk_time_now() - tr->t_fit_start >= tr->cfg.max_time) local = 1;
     if (tr->world > 1) LK_TRY(lk_comm_all_reduce(tr->comm, &local, 1, LK_I32, LK_REDUCE_MAX));
     if (local == 2) snprintf(tr->stop_reason, sizeof tr->stop_reason, "stopped by a signal");
     else if (local == 1) snprintf(tr->stop_reason, sizeof tr->stop_reason, "max_time (%gs) reached", tr->cfg.max_time);
@@ -611,14 +612,38 @@ static lk_status log_device_stats(lk_trainer *tr) {
     return s;
 }
 
+/* LearningRateMonitor.logging_interval: true when lr-* is logged per epoch
+ * (at the epoch start, into the epoch's row) rather than per logged step. */
+static bool lr_per_epoch(const lk_trainer *tr) {
+    const char *iv = tr->cfg.lr_logging_interval;
+    if (!strcmp(iv, "epoch")) return true;
+    /* null: Lightning logs a scheduler's lr when it steps */
+    return !strcmp(iv, "null") && tr->sched && !strcmp(tr->opt.interval, "epoch");
+}
+
 static lk_status log_lr(lk_trainer *tr) {
     if (!tr->optim) return LK_STATUS_OK;
+    if (lr_per_epoch(tr)) return LK_STATUS_OK;
     char name[64];
     snprintf(name, sizeof name, "lr-%s", !strcmp(tr->opt.name, "adamw") ? "AdamW" : !strcmp(tr->opt.name, "sgd") ? "SGD"
                                          : !strcmp(tr->opt.name, "rmsprop") ? "RMSprop" : "Adam");
     const char *st = tr->stage;
     tr->stage = "train";
     lk_status s = lk_log_metric(tr, name, lk_optimizer_get_lr(tr->optim, 0), &(lk_log_opts){.on_step = 1, .on_epoch = -1});
+    tr->stage = st;
+    return s;
+}
+
+/* The per-epoch form: logged once as the epoch starts, written with the
+ * epoch's row under the same name. */
+static lk_status log_lr_epoch(lk_trainer *tr) {
+    if (!tr->optim || !lr_per_epoch(tr)) return LK_STATUS_OK;
+    char name[64];
+    snprintf(name, sizeof name, "lr-%s", !strcmp(tr->opt.name, "adamw") ? "AdamW" : !strcmp(tr->opt.name, "sgd") ? "SGD"
+                                         : !strcmp(tr->opt.name, "rmsprop") ? "RMSprop" : "Adam");
+    const char *st = tr->stage;
+    tr->stage = "train";
+    lk_status s = lk_log_metric(tr, name, lk_optimizer_get_lr(tr->optim, 0), &(lk_log_opts){.on_step = -1, .on_epoch = 1});
     tr->stage = st;
     return s;
 }
@@ -668,8 +693,10 @@ static lk_status fit_loop(lk_trainer *tr, lk_loader *train, lk_loader *val, int6
     lk_layer_train(m->net, true);
     tr->stage = "train";
     bool stop = false;
+    bool epoch_timer = !strcmp(c->time_check_interval, "epoch"); /* Timer(interval="epoch") */
     for (; !stop && !tr->should_stop && (c->max_epochs < 0 || tr->epoch < c->max_epochs); tr->epoch++) {
         lk__metrics_reset_epoch(tr, "train");
+        LK_TRY(log_lr_epoch(tr));
         LK_TRY(lk_loader_start(train, (uint64_t)tr->epoch, tr->resume_batch));
         if (tr->progress) lk_progress_begin_epoch(tr->progress, tr->epoch, c->max_epochs, n_train);
         bool validate_epoch = ((tr->epoch + 1) % c->check_val_every_n_epoch) == 0;
@@ -779,7 +806,7 @@ static lk_status fit_loop(lk_trainer *tr, lk_loader *train, lk_loader *val, int6
                     snprintf(tr->stop_reason, sizeof tr->stop_reason, "max_steps=%lld reached", (long long)c->max_steps);
                 }
                 bool agreed;
-                LK_TRY(agree_stop(tr, &agreed));
+                LK_TRY(agree_stop(tr, !epoch_timer, &agreed));
                 stop = stop || agreed;
             }
             if (tr->progress) {
@@ -822,6 +849,7 @@ static lk_status fit_loop(lk_trainer *tr, lk_loader *train, lk_loader *val, int6
         lk_status st = lk__ckpt_callback(tr);
         tr->at_epoch_end = false;
         LK_TRY(st);
+        if (epoch_timer && !stop) LK_TRY(agree_stop(tr, true, &stop)); /* the whole epoch ran: now the time */
     }
     return LK_STATUS_OK;
 }

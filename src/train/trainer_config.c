@@ -22,7 +22,8 @@ static const lk_param trainer_params[] = {
     T("accelerator", ENUM, accelerator, "auto", 1, 0, "cpu|gpu|auto", "hardware to run on (gpu needs the CUDA backend)"),
     T("devices", INT, devices, "1", 0, 4096, NULL, "processes (cpu) or GPUs per node; 0 = auto"),
     T("strategy", ENUM, strategy, "auto", 1, 0, "auto|single|ddp|ddp_spawn|dp",
-      "how training is spread over devices (dp: one process, a replica per device on threads)"),
+      "how training is spread over devices (dp: one process, a replica per device on threads; ddp_spawn: "
+      "ranks forked from this process, then trained as ddp)"),
     T("num_nodes", INT, num_nodes, "1", 1, 1e6, NULL, "machines (launched by mpirun or srun)"),
     T("precision", ENUM, precision, "32-true", 1, 0, "32-true|32|bf16-mixed|bf16|16-mixed|16|bf16-true|16-true|64-true|64",
       "numeric precision: *-mixed multiplies in bf16/f16 with f32 master weights (docs/PRECISION.md)"),
@@ -169,6 +170,10 @@ static const lk_param checkpoint_params[] = {
        "{epoch} becomes epoch=3 (false: 3)"),
     CK("every_n_train_steps", INT, every_n_train_steps, "0", 0, 1e15, NULL, "also save every N optimizer steps (0: off)"),
     CK("every_n_epochs", INT, every_n_epochs, "1", 0, 1e15, NULL, "save at the end of every Nth epoch (0: never)"),
+    CK("save_weights_only", BOOL, save_weights_only, "false", 1, 0, NULL,
+       "top-k files hold the model's weights only, no optimizer state (last.ckpt stays complete for resuming)"),
+    CK("save_on_train_epoch_end", BOOL, save_on_train_epoch_end, "false", 1, 0, NULL,
+       "accepted; lockstep saves after each validation and at the epoch end either way"),
 };
 
 #define ES(name, type, field, def, lo, hi, choices, help) \
@@ -200,7 +205,7 @@ typedef struct {
     {name, LK_PARAM_##type, offsetof(scratch_args, field), def, lo, hi, choices, help}
 static const lk_param lr_monitor_params[] = {
     SA("logging_interval", ENUM, logging_interval, "null", 1, 0, "null|step|epoch",
-       "lockstep logs lr-<Optimizer> every log_every_n_steps steps either way"),
+       "step: lr-<Optimizer> every log_every_n_steps steps; epoch: once per epoch; null: as the scheduler steps"),
     SA("log_momentum", BOOL, log_momentum, "false", 1, 0, NULL, "accepted; only the learning rate is logged"),
     SA("log_weight_decay", BOOL, log_weight_decay, "false", 1, 0, NULL, "accepted; only the learning rate is logged"),
 };
@@ -209,7 +214,7 @@ static const lk_param device_stats_params[] = {
 };
 static const lk_param timer_params[] = {
     SA("duration", STRING, duration, "", 1, 0, NULL, "\"DD:HH:MM:SS\" or {days, hours, minutes, seconds}: sets max_time"),
-    SA("interval", ENUM, interval, "step", 1, 0, "step|epoch", "lockstep checks the time after every step"),
+    SA("interval", ENUM, interval, "step", 1, 0, "step|epoch", "check the time after every step or after each epoch"),
     SA("verbose", BOOL, verbose, "true", 1, 0, NULL, "say when time is up"),
 };
 static const lk_param summary_params[] = {
@@ -225,7 +230,7 @@ enum { CB_CHECKPOINT, CB_EARLY_STOPPING, CB_LR_MONITOR, CB_DEVICE_STATS, CB_TIME
 static const lk_callback_info callback_infos[] = { /* in the order of the enum above */
     {"ModelCheckpoint", checkpoint_params, NP(checkpoint_params), "top-k and last checkpoints (several allowed)"},
     {"EarlyStopping", early_stopping_params, NP(early_stopping_params), "stop when a metric stops improving"},
-    {"LearningRateMonitor", lr_monitor_params, NP(lr_monitor_params), "log the learning rate (always on in lockstep)"},
+    {"LearningRateMonitor", lr_monitor_params, NP(lr_monitor_params), "when lr-<Optimizer> is logged (without it: every log_every_n_steps steps)"},
     {"DeviceStatsMonitor", device_stats_params, NP(device_stats_params), "trainer.device_stats_monitor: true"},
     {"Timer", timer_params, NP(timer_params), "stop after a duration (trainer.max_time)"},
     {"ModelSummary", summary_params, NP(summary_params), "the model summary printed before fit"},
@@ -458,8 +463,21 @@ static lk_status apply_callback(const lk_config_node *e, const char *what, lk_tr
         snprintf(w, sizeof w, "%s.init_args.duration", what);
         LK_TRY(parse_duration(lk_config_node_get(ia, "duration"), w, &sec));
         if (sec > 0 && (cfg->max_time <= 0 || sec < cfg->max_time)) cfg->max_time = sec;
+        snprintf(cfg->time_check_interval, sizeof cfg->time_check_interval, "%.15s", sa.interval);
         return LK_STATUS_OK;
     }
+    case CB_LR_MONITOR:
+        LK_TRY(apply_init_args(info, ia, &sa, what, NULL, 0));
+        snprintf(cfg->lr_logging_interval, sizeof cfg->lr_logging_interval, "%.15s", sa.logging_interval);
+        return LK_STATUS_OK;
+    case CB_SUMMARY:
+        LK_TRY(apply_init_args(info, ia, &sa, what, NULL, 0));
+        /* Lightning refuses the pair too: the callback would print what the flag turned off */
+        if (!cfg->enable_model_summary)
+            return at(e, "%s: ModelSummary is listed but trainer.enable_model_summary is false (remove one of them)",
+                      what);
+        cfg->model_summary_max_depth = sa.max_depth;
+        return LK_STATUS_OK;
     case CB_DEVICE_STATS:
         LK_TRY(apply_init_args(info, ia, &sa, what, NULL, 0));
         cfg->device_stats_monitor = true;
@@ -473,7 +491,7 @@ static lk_status apply_callback(const lk_config_node *e, const char *what, lk_tr
             return at(ia, "%s: OnExceptionCheckpoint dirpath + filename is longer than %d bytes", what, LK_PARAM_STR - 1);
         memcpy(cfg->on_exception_ckpt, path, strlen(path) + 1);
         return LK_STATUS_OK;
-    default: /* LearningRateMonitor, ModelSummary: checked; what they ask for is what lockstep does anyway */
+    default:
         return apply_init_args(info, ia, &sa, what, NULL, 0);
     }
 }
@@ -538,6 +556,7 @@ lk_status lk_trainer_config_apply(const lk_config_node *t, lk_trainer_config *cf
         char what[64];
         if (!strcmp(key, "callbacks")) {
             cfg->n_checkpoints = cfg->n_early_stopping = 0;
+            cfg->lr_logging_interval[0] = cfg->time_check_interval[0] = 0;
             if (null) continue;
             if (lk_config_node_type(c) == LK_CONFIG_MAP) {
                 LK_TRY(apply_callback(c, "trainer.callbacks", cfg));

@@ -21,6 +21,13 @@ expect_fail "gpu without the CUDA backend" 1 "CUDA backend" "$LK_BIN" fit -c "$T
 expect_fail "unexpected argument" 2 "unexpected argument" "$LK_BIN" fit -c "$T/synth.yaml" stray
 expect_fail "more devices than cores" 2 "more than the" "$LK_BIN" fit -c "$T/synth.yaml" --trainer.devices 4096
 expect_fail "dp on several nodes" 1 "one node" "$LK_BIN" fit -c "$T/synth.yaml" --trainer.strategy dp --trainer.num_nodes 2
+# init_args of the model and the data module point at their place in the file, as trainer keys do
+printf 'data:\n  init_args:\n    batch_size: "abc"\n' > "$T/data_type.yaml"
+expect_fail "data.init_args type error names file:line:col" 2 "data_type.yaml:3:17: data.init_args.batch_size: expected an integer, got 'abc'" "$LK_BIN" fit -c "$T/synth.yaml" -c "$T/data_type.yaml"
+printf 'data:\n  init_args:\n    num_workers: [1]\n' > "$T/data_seq.yaml"
+expect_fail "a list for data.init_args.num_workers names file:line:col" 2 "data_seq.yaml:3:18: data.init_args.num_workers: expected an integer" "$LK_BIN" fit -c "$T/synth.yaml" -c "$T/data_seq.yaml"
+printf 'model:\n  init_args:\n    dropout: lots\n' > "$T/model_type.yaml"
+expect_fail "model.init_args type error names file:line:col" 2 "model_type.yaml:3:14: model mlp: dropout = 'lots': expected a number" "$LK_BIN" fit -c "$T/synth.yaml" -c "$T/model_type.yaml"
 out=$("$LK_BIN" fit --help)
 check "--help lists trainer keys with defaults" grep -q -- "--trainer.max_epochs" <<<"$out"
 check "--help lists models" grep -q "autoencoder" <<<"$out"

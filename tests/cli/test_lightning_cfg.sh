@@ -4,6 +4,7 @@
 # OnExceptionCheckpoint, Timer, fast_dev_run's one epoch, and the errors that
 # name what lockstep accepts.
 source "$(dirname "$0")/lib.sh"
+declare -A steps lrn
 write_synth
 EX="$(dirname "$0")/../../examples/lightning_style.yaml"
 
@@ -48,6 +49,48 @@ check "OnExceptionCheckpoint wrote crash/on_exception.ckpt" test -s "$T/crash/on
 printf 'trainer:\n  callbacks:\n    - class_path: Timer\n      init_args: {duration: "00:00:00:01"}\n' > "$T/timer.yaml"
 "$LK_BIN" fit -c "$T/synth.yaml" -c "$T/timer.yaml" --trainer.max_epochs 1000000 --trainer.enable_progress_bar false >/dev/null 2>&1
 check "Timer duration stops training" bash -c "grep -q '\"status\":[[:space:]]*\"ok\"' $(latest)/run.json && ! grep -q '\"epochs\":[[:space:]]*1000000' $(latest)/run.json"
+
+# Timer.interval: "step" looks at the time after every step, "epoch" only after a whole epoch (13 steps here)
+for iv in step epoch; do
+  printf "trainer:\n  callbacks:\n    - class_path: Timer\n      init_args: {duration: {milliseconds: 1}, interval: $iv}\n" > "$T/timer_$iv.yaml"
+  "$LK_BIN" fit -c "$T/synth.yaml" -c "$T/timer_$iv.yaml" --trainer.enable_progress_bar false >/dev/null 2>&1
+  steps[$iv]=$(sed -n 's/.*"global_step":[[:space:]]*\([0-9]*\).*/\1/p' "$(latest)/run.json")
+done
+check "Timer interval step stops after the first step (${steps[step]})" test "${steps[step]}" = 1
+check "Timer interval epoch finishes the epoch first (${steps[epoch]})" test "${steps[epoch]}" = 13
+
+# LearningRateMonitor.logging_interval: rows of metrics.csv that carry lr-Adam
+lr_rows() { awk -F, 'NR == 1 { for (i = 1; i <= NF; i++) if ($i == "lr-Adam") c = i; next } c && $c != "" { n++ } END { print n + 0 }' "$1"; }
+for iv in step epoch; do
+  printf "trainer:\n  callbacks:\n    - class_path: LearningRateMonitor\n      init_args: {logging_interval: $iv}\n" > "$T/lrm_$iv.yaml"
+  "$LK_BIN" fit -c "$T/synth.yaml" -c "$T/lrm_$iv.yaml" --trainer.enable_progress_bar false >/dev/null 2>&1
+  lrn[$iv]=$(lr_rows "$(latest)/metrics.csv")
+done
+check "LearningRateMonitor step logs lr-Adam every 2nd of 26 steps (${lrn[step]} rows)" test "${lrn[step]}" = 13
+check "LearningRateMonitor epoch logs lr-Adam once per epoch (${lrn[epoch]} rows)" test "${lrn[epoch]}" = 2
+printf 'trainer:\n  callbacks:\n    - class_path: LearningRateMonitor\nlr_scheduler:\n  class_path: StepLR\n  init_args: {step_size: 1}\n' > "$T/lrm_null.yaml"
+"$LK_BIN" fit -c "$T/synth.yaml" -c "$T/lrm_null.yaml" --trainer.enable_progress_bar false >/dev/null 2>&1
+n=$(lr_rows "$(latest)/metrics.csv")
+check "LearningRateMonitor null follows an epoch scheduler ($n rows)" test "$n" = 2
+
+# ModelSummary(max_depth) drives the summary printed at fit start
+printf 'trainer:\n  callbacks:\n    - class_path: lightning.pytorch.callbacks.ModelSummary\n      init_args: {max_depth: 2}\n' > "$T/summary.yaml"
+out=$("$LK_BIN" fit -c "$T/synth.yaml" -c "$T/summary.yaml" --trainer.max_steps 1 --trainer.enable_progress_bar false 2>&1)
+check "ModelSummary max_depth 2 shows the layers inside" grep -q "layers.0 | Linear" <<<"$out"
+out=$("$LK_BIN" fit -c "$T/synth.yaml" --trainer.max_steps 1 --trainer.enable_progress_bar false 2>&1)
+check "without it the summary stops at depth 1" bash -c "grep -q '| layers ' <<<\"\$0\" && ! grep -q 'layers.0' <<<\"\$0\"" "$out"
+expect_fail "ModelSummary with enable_model_summary false is refused" 2 "ModelSummary is listed but trainer.enable_model_summary is false" \
+  "$LK_BIN" fit -c "$T/synth.yaml" -c "$T/summary.yaml" --trainer.enable_model_summary false
+
+# ModelCheckpoint save_weights_only: the top-k file holds the weights (no optimizer.*), last.ckpt stays complete
+printf 'trainer:\n  callbacks:\n    - class_path: ModelCheckpoint\n      init_args: {monitor: val_loss, save_weights_only: true, save_last: true, save_on_train_epoch_end: true}\n' > "$T/wo.yaml"
+"$LK_BIN" fit -c "$T/synth.yaml" -c "$T/wo.yaml" --trainer.enable_progress_bar false >/dev/null 2>&1
+wo=$(ls "$(latest)"/checkpoints/epoch=*.ckpt | head -1)
+check "save_weights_only: the top-k file has weights and no optimizer state" bash -c "head -c 8192 '$wo' | grep -aq 'layers.0.weight' && ! head -c 8192 '$wo' | grep -aq 'optimizer\.'"
+check "save_weights_only: last.ckpt keeps the optimizer state" bash -c "head -c 8192 '$(latest)/checkpoints/last.ckpt' | grep -aq 'optimizer\.'"
+check "a weights-only checkpoint tests" "$LK_BIN" test -c "$T/synth.yaml" --ckpt_path "$wo" --trainer.enable_progress_bar false
+expect_fail "fit cannot resume from a weights-only checkpoint" 1 "was saved with ModelCheckpoint save_weights_only: true and holds no optimizer state" \
+  "$LK_BIN" fit -c "$T/synth.yaml" --ckpt_path "$wo" --trainer.enable_progress_bar false
 
 # fast_dev_run: N batches of ONE epoch (Lightning), also written as true
 out=$("$LK_BIN" fit -c "$T/synth.yaml" --trainer.fast_dev_run 2 --trainer.max_epochs 5 2>&1)

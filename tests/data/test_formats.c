@@ -194,6 +194,43 @@ static void fashion_mnist(void) {
     CHECK_ERR(lk_dataset_mnist_create(NULL, "valid", &tr), LK_STATUS_INVALID_ARGUMENT, "expected 'train' or 'test'");
 }
 
+/* A label outside the declared classes fails at load, naming the label file
+ * and the sample, instead of in cross_entropy steps later. */
+static void label_out_of_range(void) {
+    setup();
+    lk_array img, lab;
+    CHECK_OK(lk_array_alloc(&img, LK_U8, 3, (int64_t[]){20, 28, 28}));
+    CHECK_OK(lk_array_alloc(&lab, LK_U8, 1, (int64_t[]){20}));
+    for (int i = 0; i < 20; i++) ((uint8_t *)lab.data)[i] = (uint8_t)(i % 10);
+    CHECK_OK(lk_idx_write(tmp("train-images-idx3-ubyte"), &img));
+    CHECK_OK(lk_idx_write(tmp("train-labels-idx1-ubyte"), &lab));
+    lk_dataset *ds = NULL;
+    CHECK_OK(lk_dataset_mnist_create(tmpdir, "train", &ds)); /* labels 0..9 load */
+    lk_dataset_free(ds);
+    ds = NULL;
+    ((uint8_t *)lab.data)[17] = 250;
+    CHECK_OK(lk_idx_write(tmp("train-labels-idx1-ubyte"), &lab));
+    CHECK_ERR(lk_dataset_mnist_create(tmpdir, "train", &ds), LK_STATUS_INVALID_ARGUMENT,
+              "train-labels-idx1-ubyte: label 250 at sample 17 is outside [0, 10) (num_classes 10)");
+    CHECK(ds == NULL);
+    /* the plain pair declares no classes and loads */
+    CHECK_OK(lk_dataset_idx_pair_create(tmp("train-images-idx3-ubyte"), tmp("train-labels-idx1-ubyte"), &ds));
+    lk_dataset_free(ds);
+    lk_array_release(&img);
+    lk_array_release(&lab);
+    /* csv with num_classes: negative labels too */
+    write_bytes(tmp("c.csv"), "1,2,0\n3,4,-1\n", 13);
+    lk_csv_config cfg = lk_csv_config_default();
+    CHECK_OK(lk_dataset_csv_create(tmp("c.csv"), &cfg, &ds)); /* unchecked by default */
+    lk_dataset_free(ds);
+    ds = NULL;
+    cfg.num_classes = 3;
+    CHECK_ERR(lk_dataset_csv_create(tmp("c.csv"), &cfg, &ds), LK_STATUS_INVALID_ARGUMENT,
+              "c.csv: label -1 at sample 1 is outside [0, 3) (num_classes 3)");
+    CHECK(ds == NULL);
+    teardown();
+}
+
 /* ---- npy --------------------------------------------------------------------- */
 
 static const char *fixture(const char *name) {
@@ -439,4 +476,4 @@ static void tokens(void) {
 
 LK_TEST_MAIN(LK_TEST_CASE(idx_roundtrip), LK_TEST_CASE(idx_widening_and_endianness), LK_TEST_CASE(idx_errors),
              LK_TEST_CASE(fashion_mnist), LK_TEST_CASE(npy_fixtures), LK_TEST_CASE(npy_roundtrip_and_errors),
-             LK_TEST_CASE(csv_read), LK_TEST_CASE(csv_errors), LK_TEST_CASE(tokens))
+             LK_TEST_CASE(csv_read), LK_TEST_CASE(csv_errors), LK_TEST_CASE(label_out_of_range), LK_TEST_CASE(tokens))
