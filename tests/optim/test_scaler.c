@@ -95,7 +95,8 @@ static void scaler_unscale(void) {
     for (int k = 0; k < 5; k++) CHECK(((float *)a->grad->data)[k] == g1[k] * inv);
     for (int k = 0; k < 3; k++) CHECK(((float *)b->grad->data)[k] == g2[k] * inv);
     /* once per step */
-    CHECK_ERR(lk_grad_scaler_unscale(s, &ps, &found), LK_STATUS_INVALID_USAGE, "already been called");
+    CHECK_ERR(lk_grad_scaler_unscale(s, &ps, &found), LK_STATUS_INVALID_USAGE,
+              "unscale has already been called since the last update");
     CHECK_OK(lk_grad_scaler_update(s, found));
 
     /* inf in one gradient, NaN in another: found, and every other element still unscaled */
