@@ -1,6 +1,7 @@
 /* lockstep/optim.h — optimizers (SGD, Adam, AdamW), learning-rate
- * schedulers and gradient clipping, with PyTorch 1.13's formulas, defaults
- * and argument checks, so a run matches torch.optim step for step.
+ * schedulers, gradient clipping and the fp16 loss scaler, with PyTorch
+ * 1.13's formulas, defaults and argument checks, so a run matches
+ * torch.optim step for step.
  *
  *     lk_named_tensors params = {0};
  *     lk_layer_named_parameters(model, &params);
@@ -114,6 +115,53 @@ lk_status lk_optimizer_state_load(lk_optimizer *o, const lk_named_tensors *state
 lk_status lk_clip_grad_norm(const lk_named_tensors *params, double max_norm, double norm_type, double *total_norm);
 /* Clamps every gradient element to [-clip_value, clip_value]. */
 lk_status lk_clip_grad_value(const lk_named_tensors *params, double clip_value);
+
+/* ========================================================================
+ * Dynamic loss scaling for fp16 (torch.cuda.amp.GradScaler, 1.13)
+ *
+ * Per optimizer step: multiply the loss by lk_grad_scaler_scale() before
+ * backward; once the gradients are final (reduced across ranks), call
+ * lk_grad_scaler_unscale, reduce found_inf across ranks (MAX) if there are
+ * several, clip and step only when it is false, then lk_grad_scaler_update
+ * with the reduced flag. The scale halves after an overflow and doubles
+ * after growth_interval clean steps in a row.
+ * ====================================================================== */
+
+typedef struct lk_grad_scaler lk_grad_scaler;
+
+typedef struct lk_grad_scaler_config {
+    double init_scale;       /* 65536 (2^16) */
+    double growth_factor;    /* 2; must be > 1 */
+    double backoff_factor;   /* 0.5; must be in (0, 1) */
+    int64_t growth_interval; /* 2000 clean steps before a growth; > 0 */
+    bool enabled;            /* true; false: scale 1, unscale and update do nothing */
+} lk_grad_scaler_config;
+lk_grad_scaler_config lk_grad_scaler_config_default(void);
+
+/* PyTorch's argument checks (INVALID_ARGUMENT, with its words); on error
+ * *out is NULL. */
+lk_status lk_grad_scaler_create(const lk_grad_scaler_config *cfg, lk_grad_scaler **out);
+void lk_grad_scaler_free(lk_grad_scaler *s);
+/* The loss multiplier (1 when disabled). */
+float lk_grad_scaler_scale(const lk_grad_scaler *s);
+int64_t lk_grad_scaler_growth_tracker(const lk_grad_scaler *s);
+bool lk_grad_scaler_is_enabled(const lk_grad_scaler *s);
+/* Multiplies every .grad of `params` (f32 contiguous; NULL grads skipped)
+ * by the f32 reciprocal of the scale and sets *found_inf when any element
+ * was inf or NaN before (all gradients are unscaled either way). Once per
+ * step: a second call before update is INVALID_USAGE. */
+lk_status lk_grad_scaler_unscale(lk_grad_scaler *s, const lk_named_tensors *params, bool *found_inf);
+/* found_inf: scale *= backoff_factor, the growth tracker resets; otherwise
+ * the tracker counts the step, and at growth_interval scale *= growth_factor
+ * (kept when that would overflow f32) and the tracker resets. */
+lk_status lk_grad_scaler_update(lk_grad_scaler *s, bool found_inf);
+/* GradScaler.state_dict()'s keys, appended to `out`: "scale",
+ * "growth_factor", "backoff_factor" (f64 scalars), "growth_interval",
+ * "_growth_tracker" (i64 scalars); nothing when disabled. load restores
+ * them (the configured init_scale stays); a missing, unknown or invalid
+ * entry is one INVALID_ARGUMENT error and changes nothing. */
+lk_status lk_grad_scaler_state_get(const lk_grad_scaler *s, lk_named_tensors *out);
+lk_status lk_grad_scaler_state_load(lk_grad_scaler *s, const lk_named_tensors *state);
 
 /* ========================================================================
  * Learning-rate schedulers (torch.optim.lr_scheduler, 1.13)

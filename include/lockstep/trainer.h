@@ -110,6 +110,11 @@ typedef struct lk_trainer_config {
     bool enable_model_summary;      /* print the layer table at fit start (rank 0) */
     int64_t model_summary_max_depth;/* rows down to this depth (-1: all) */
     bool sync_batchnorm;            /* ddp: batch norm statistics over all ranks (SyncBatchNorm) */
+    /* precision 16-mixed: the loss scaler (torch.cuda.amp.GradScaler's arguments) */
+    double grad_scaler_init_scale;      /* 65536 */
+    double grad_scaler_growth_factor;   /* 2 (> 1) */
+    double grad_scaler_backoff_factor;  /* 0.5 (in (0, 1)) */
+    int64_t grad_scaler_growth_interval;/* 2000 clean steps before the scale grows */
     /* callbacks (a built-in set configured here rather than by class_path) */
     char monitor[LK_PARAM_STR];     /* ModelCheckpoint monitor ("" = last only) */
     char monitor_mode[LK_PARAM_STR];/* min | max */

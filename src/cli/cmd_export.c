@@ -1,7 +1,7 @@
 /* `lockstep export --ckpt FILE --out model.safetensors`: the weights of a
  * checkpoint (its model state dict under PyTorch's names) as a plain
  * safetensors file that torch/safetensors loads with strict=True. With
- * --with-optimizer the optimizer and scheduler state come along (used by the
+ * --with-optimizer the optimizer, scheduler and loss scaler state come along (used by the
  * reproducibility tests to compare whole training states bit for bit). */
 #include <stdio.h>
 #include <string.h>
@@ -39,7 +39,8 @@ int lk_cmd_export(int argc, char **argv) {
     lk_st_entry *e = lk_calloc((size_t)n + 1, sizeof *e);
     for (int i = 0; e && i < n; i++) {
         const lk_st_info *info = lk_safetensors_at(f, i);
-        bool train_state = !strncmp(info->name, "optimizer.", 10) || !strncmp(info->name, "lr_scheduler.", 13);
+        bool train_state = !strncmp(info->name, "optimizer.", 10) || !strncmp(info->name, "lr_scheduler.", 13) ||
+                           !strncmp(info->name, "grad_scaler.", 12);
         if (train_state && !with_opt) continue;
         if (info->dtype < 0) continue;
         e[k++] = (lk_st_entry){.name = info->name, .dtype = (lk_dtype)info->dtype, .ndim = info->ndim,

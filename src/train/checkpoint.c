@@ -1,5 +1,6 @@
 /* Checkpoints: one safetensors file holding the model's state dict under
- * PyTorch's names, the optimizer and scheduler state, and metadata (epoch,
+ * PyTorch's names, the optimizer, scheduler and fp16 loss scaler state
+ * ("grad_scaler.<GradScaler.state_dict key>"), and metadata (epoch,
  * step, position inside the epoch, callback state, config, world size).
  * Rank 0 writes through a temporary file and rename, the others wait at a
  * barrier; a checkpoint is never half-written under its final name. Also
@@ -44,6 +45,11 @@ lk_status lk__ckpt_save_ex(lk_trainer *tr, const char *path, bool weights_only) 
     if (!st && tr->sched && !weights_only) {
         st = lk_scheduler_state_get(tr->sched, &part);
         if (!st) st = append_prefixed(&all, &part, "lr_scheduler.");
+        lk_named_tensors_clear(&part);
+    }
+    if (!st && tr->scaler) { /* Lightning keeps it as checkpoint["MixedPrecision"] */
+        st = lk_grad_scaler_state_get(tr->scaler, &part);
+        if (!st) st = append_prefixed(&all, &part, "grad_scaler.");
         lk_named_tensors_clear(&part);
     }
     lk_st_entry *e = st ? NULL : lk_calloc((size_t)all.n + 1, sizeof *e);
@@ -224,6 +230,24 @@ lk_status lk__ckpt_load(lk_trainer *tr, const char *path, bool restore_training)
                 lk_tensor_release(t);
             }
             if (!st && fromfile.n) st = lk_scheduler_state_load(tr->sched, &fromfile);
+            lk_named_tensors_clear(&fromfile);
+        }
+        if (!st && tr->scaler) {
+            /* A checkpoint of a run without the scaler (32-true, bf16-mixed)
+             * has none: the scaler then starts from its configuration, as
+             * Lightning's does when "MixedPrecision" is absent. */
+            lk_named_tensors fromfile = {0};
+            for (int i = 0; !st && i < lk_safetensors_count(f); i++) {
+                const lk_st_info *info = lk_safetensors_at(f, i);
+                if (strncmp(info->name, "grad_scaler.", 12) || info->dtype < 0) continue;
+                lk_tensor *t = lk_tensor_empty((lk_dtype)info->dtype, info->ndim, info->shape);
+                if (!t) st = lk_last_status();
+                if (!st) st = lk_safetensors_read_into(f, info->name, t);
+                if (!st) st = lk_named_tensors_append(&fromfile, info->name + 12, t);
+                lk_tensor_release(t);
+            }
+            if (!st && fromfile.n && lk_grad_scaler_state_load(tr->scaler, &fromfile))
+                st = lk_error(LK_STATUS_INVALID_ARGUMENT, "checkpoint %s: %s", path, lk_last_error());
             lk_named_tensors_clear(&fromfile);
         }
         if (!st) {

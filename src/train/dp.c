@@ -37,6 +37,7 @@ struct lk_dp {
     /* the current job */
     int64_t batch_idx;
     float accum_scale;
+    float loss_scale; /* the fp16 loss scaler's (1: none) */
     int64_t total;
 };
 
@@ -74,6 +75,8 @@ static void run_replica(lk_dp *dp, int k) {
         /* Each replica's loss is the mean over its slice: weighting by the
          * slice's share makes the summed gradient the full batch's. */
         loss = lk_mul_scalar(loss, dp->accum_scale * (float)r->slice.size / (float)dp->total);
+        /* After the division, as the single-process path scales it. */
+        if (dp->loss_scale != 1.0f) loss = lk_mul_scalar(loss, dp->loss_scale);
         r->t_fwd = lk_time_now() - t0;
         double t1 = lk_time_now();
         r->st = lk_backward(loss);
@@ -189,8 +192,8 @@ lk_status lk__dp_create(lk_trainer *tr, int n, lk_dp **out) {
     return LK_STATUS_OK;
 }
 
-lk_status lk__dp_step(lk_dp *dp, const lk_batch *b, int64_t batch_idx, float accum_scale, double *loss, double *fwd_s,
-                      double *bwd_s, double *reduce_s) {
+lk_status lk__dp_step(lk_dp *dp, const lk_batch *b, int64_t batch_idx, float accum_scale, float loss_scale, double *loss,
+                      double *fwd_s, double *bwd_s, double *reduce_s) {
     /* DataParallel broadcasts buffers (BatchNorm statistics) from device 0. */
     for (int k = 1; k < dp->n; k++)
         for (int i = 0; i < dp->r[0].buffers.n; i++)
@@ -203,6 +206,7 @@ lk_status lk__dp_step(lk_dp *dp, const lk_batch *b, int64_t batch_idx, float acc
     }
     dp->batch_idx = batch_idx;
     dp->accum_scale = accum_scale;
+    dp->loss_scale = loss_scale;
     dp->total = b->size;
     pthread_mutex_lock(&dp->mu);
     dp->pending = dp->n - 1;

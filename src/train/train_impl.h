@@ -54,6 +54,8 @@ struct lk_trainer {
     lk_trainer_config cfg;
     lk_dtype autocast; /* trainer.precision: the steps' autocast dtype (LK_F32: 32-true) */
     long test_step_delay_ms; /* LK_TEST_STEP_DELAY_MS */
+    int test_overflow_rank;  /* LK_TEST_GRAD_OVERFLOW=RANK:STEP (-1: off) */
+    int64_t test_overflow_step;
     lk_optim_settings opt;
     char *config_yaml;
     /* distributed */
@@ -79,6 +81,7 @@ struct lk_trainer {
     lk_dp *dp;       /* strategy dp */
     int dp_devices;
     lk_scheduler *sched;
+    lk_grad_scaler *scaler; /* precision 16-mixed: the loss scaler (NULL otherwise) */
     /* metrics */
     lk_metric *metrics;
     int nmetrics, cap_metrics;
@@ -111,9 +114,11 @@ struct lk_trainer {
 lk_status lk__dp_create(lk_trainer *tr, int n, lk_dp **out);
 void lk__dp_free(lk_dp *dp);
 /* Forward+backward of every replica on its slice; gradients summed onto
- * replica 0 (the trainer's parameters). */
-lk_status lk__dp_step(lk_dp *dp, const lk_batch *b, int64_t batch_idx, float accum_scale, double *loss, double *fwd_s,
-                      double *bwd_s, double *reduce_s);
+ * replica 0 (the trainer's parameters). Each replica's loss is divided by
+ * the accumulation (accum_scale) and then multiplied by loss_scale (the fp16
+ * loss scaler's; 1 without one). */
+lk_status lk__dp_step(lk_dp *dp, const lk_batch *b, int64_t batch_idx, float accum_scale, float loss_scale, double *loss,
+                      double *fwd_s, double *bwd_s, double *reduce_s);
 /* After the optimizer step: replica 0's parameters to the others. */
 void lk__dp_broadcast_params(lk_dp *dp);
 

@@ -127,6 +127,11 @@ lk_status lk_trainer_create(const lk_trainer_config *cfg, const lk_optim_setting
     }
     lk_log_set_rank(tr->rank, tr->world);
     tr->test_step_delay_ms = lk_env_get_long("LK_TEST_STEP_DELAY_MS", 0);
+    tr->test_overflow_rank = -1;
+    const char *ov = lk_env_get("LK_TEST_GRAD_OVERFLOW");
+    long long ov_step;
+    if (ov && sscanf(ov, "%d:%lld", &tr->test_overflow_rank, &ov_step) == 2) tr->test_overflow_step = ov_step;
+    else tr->test_overflow_rank = -1;
     /* Ranks on one node share its cores: BLAS threads that outnumber them
      * spin against each other. */
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
@@ -167,6 +172,8 @@ static void run_cleanup(lk_trainer *tr) {
     tr->sched = NULL;
     lk_optimizer_free(tr->optim);
     tr->optim = NULL;
+    lk_grad_scaler_free(tr->scaler);
+    tr->scaler = NULL;
     lk_progress_free(tr->progress);
     tr->progress = NULL;
     lk_logger_free(tr->logger);
@@ -325,6 +332,16 @@ static lk_status setup_params(lk_trainer *tr, int64_t steps_per_epoch) {
     }
     LK_TRY(lk_optimizer_create(&oc, &tr->params, &tr->optim));
     LK_TRY(lk_strategy_shard_optimizer(tr->strat, tr->optim));
+    if (tr->autocast == LK_F16) { /* fp16's narrow range needs the loss scaler; bf16's does not (as Lightning) */
+        lk_grad_scaler_config gc = lk_grad_scaler_config_default();
+        gc.init_scale = tr->cfg.grad_scaler_init_scale;
+        gc.growth_factor = tr->cfg.grad_scaler_growth_factor;
+        gc.backoff_factor = tr->cfg.grad_scaler_backoff_factor;
+        gc.growth_interval = tr->cfg.grad_scaler_growth_interval;
+        if (lk_grad_scaler_create(&gc, &tr->scaler))
+            return lk_error(LK_STATUS_INVALID_ARGUMENT, "trainer.precision %s: trainer.grad_scaler_*: %s", tr->cfg.precision,
+                            lk_last_error());
+    }
     if (lk_strategy_shares_params(tr->strat))
         lk_log0("ddp: the %d ranks share one copy of the parameters and optimizer state, each updating 1/%d of it "
                 "(trainer.ddp_shared_params)", tr->world, tr->world);
@@ -648,6 +665,17 @@ static lk_status log_lr_epoch(lk_trainer *tr) {
     return s;
 }
 
+/* precision 16-mixed: the loss scale after this step's update. */
+static lk_status log_scale(lk_trainer *tr) {
+    if (!tr->scaler) return LK_STATUS_OK;
+    const char *st = tr->stage;
+    tr->stage = "train";
+    lk_status s = lk_log_metric(tr, "scaler/scale", lk_grad_scaler_scale(tr->scaler),
+                                &(lk_log_opts){.on_step = 1, .on_epoch = -1});
+    tr->stage = st;
+    return s;
+}
+
 /* Index of the first NaN or infinity in d[0..n), or -1. Checks the
  * exponent bits in blocks with no early exit, which vectorises: a per-element
  * isfinite() with a branch cost as much as Adam itself (1 ns per element). */
@@ -683,6 +711,20 @@ static lk_status first_nonfinite(lk_trainer *tr, double loss) {
     return LK_STATUS_OK;
 }
 
+/* precision 16-mixed, once the step's gradients are reduced: unscales
+ * them and decides whether the optimizer step is skipped. The overflow flag
+ * is reduced across ranks (MAX) so that every rank skips or steps together,
+ * whatever its own gradients held; a sharded optimizer step would otherwise
+ * update some shards and not others. */
+static lk_status unscale_gradients(lk_trainer *tr, bool *skip) {
+    bool found;
+    LK_TRY(lk_grad_scaler_unscale(tr->scaler, &tr->params, &found));
+    double any = found ? 1.0 : 0.0;
+    LK_TRY(lk_strategy_reduce(tr->strat, &any, 1, LK_REDUCE_MAX));
+    *skip = any != 0.0;
+    return LK_STATUS_OK;
+}
+
 static lk_status fit_loop(lk_trainer *tr, lk_loader *train, lk_loader *val, int64_t n_train, int64_t n_val) {
     lk_module *m = tr->module;
     const lk_trainer_config *c = &tr->cfg;
@@ -713,7 +755,7 @@ static lk_status fit_loop(lk_trainer *tr, lk_loader *train, lk_loader *val, int6
             if (tr->dp) {
                 double lvd, fs, bs, rs;
                 char lbuf[32];
-                LK_TRY(lk__dp_step(tr->dp, b, i, 1.0f / (float)accum, &lvd, &fs, &bs, &rs));
+                LK_TRY(lk__dp_step(tr->dp, b, i, 1.0f / (float)accum, lk_grad_scaler_scale(tr->scaler), &lvd, &fs, &bs, &rs));
                 if (!isfinite(lvd))
                     return lk_error(LK_STATUS_ABORTED, "the loss is %s at step %lld (epoch %lld, batch %lld)", loss_text(lvd, lbuf),
                                     (long long)tr->global_step, (long long)tr->epoch, (long long)i);
@@ -739,6 +781,7 @@ static lk_status fit_loop(lk_trainer *tr, lk_loader *train, lk_loader *val, int6
                 st = lk_error(LK_STATUS_ABORTED, "the loss is %s at step %lld (epoch %lld, batch %lld)", loss_text(lv, lbuf),
                               (long long)tr->global_step, (long long)tr->epoch, (long long)i);
             if (!st && accum > 1) loss = lk_mul_scalar(loss, 1.0f / (float)accum);
+            if (!st && tr->scaler) loss = lk_mul_scalar(loss, lk_grad_scaler_scale(tr->scaler)); /* after the division, as Lightning */
             double t2 = lk_time_now();
             if (!st) {
                 lk_strategy_begin_backward(tr->strat, sync);
@@ -760,9 +803,17 @@ static lk_status fit_loop(lk_trainer *tr, lk_loader *train, lk_loader *val, int6
         stepped:
             if (sync) {
                 double t5 = lk_time_now();
-                LK_TRY(first_nonfinite(tr, lv_dp));
-                clip_gradients(tr);
-                LK_TRY(lk_optimizer_step(tr->optim));
+                bool skip = false;
+                if (tr->rank == tr->test_overflow_rank && tr->global_step == tr->test_overflow_step && tr->params.n &&
+                    tr->params.items[0].tensor->grad) /* one rank only, after the all-reduce: only the reduced flag skips everywhere */
+                    ((float *)tr->params.items[0].tensor->grad->data)[0] = INFINITY;
+                if (tr->scaler) LK_TRY(unscale_gradients(tr, &skip));
+                else LK_TRY(first_nonfinite(tr, lv_dp));
+                if (!skip) {
+                    clip_gradients(tr);
+                    LK_TRY(lk_optimizer_step(tr->optim));
+                }
+                if (tr->scaler) LK_TRY(lk_grad_scaler_update(tr->scaler, skip));
                 LK_TRY(lk_strategy_after_step(tr->strat));
                 { /* the shards' sync is communication: booked there, not as optimizer time */
                     lk_strategy_stats ss = lk_strategy_get_stats(tr->strat);
@@ -792,6 +843,7 @@ static lk_status fit_loop(lk_trainer *tr, lk_loader *train, lk_loader *val, int6
                 }
                 if (tr->global_step % c->log_every_n_steps == 0) {
                     LK_TRY(log_lr(tr));
+                    LK_TRY(log_scale(tr));
                     LK_TRY(log_device_stats(tr));
                     if (tr->logger) LK_TRY(lk__metrics_log_step(tr));
                 }

@@ -2,7 +2,8 @@
 # Exact resume: a run killed with SIGKILL (all ranks) or stopped by SIGTERM,
 # then resumed from last.ckpt, ends with bitwise the same weights and
 # optimizer state as an uninterrupted run; two runs with the same seed are
-# bitwise identical. Single process and ddp on 2 ranks.
+# bitwise identical. Single process and ddp on 2 ranks, in 32-true and in
+# 16-mixed (with the fp16 loss scaler).
 source "$(dirname "$0")/../cli/lib.sh"
 write_synth
 common=(--trainer.max_epochs 4 --trainer.every_n_train_steps 3 --trainer.enable_progress_bar false
@@ -76,4 +77,23 @@ for case in "2 --trainer.gradient_clip_val 0.05 --trainer.accumulate_grad_batche
   done
   check "ddp$n $*: shared parameters == replicas, bitwise" cmp -s "$T/sh.$n.true.st" "$T/sh.$n.false.st"
 done
+# precision 16-mixed: the loss scaler's state (scale, growth tracker) is in
+# last.ckpt and resume stays bitwise. With growth_interval 2 the scale has
+# grown by the first mid-run checkpoint (step 3, the earliest the run is
+# signalled) and later real fp16 overflows halve it and skip steps, on
+# both sides of the interruption.
+fp16=(--trainer.precision 16-mixed --trainer.grad_scaler_init_scale 1024 --trainer.grad_scaler_growth_interval 2)
+"$LK_BIN" fit -c "$T/synth.yaml" "${common[@]}" "${fp16[@]}" --trainer.max_steps 3 >/dev/null 2>&1
+"$LK_BIN" export --ckpt "$(latest)/checkpoints/last.ckpt" --out "$T/fp16.step3.st" --with-optimizer >/dev/null
+check "fp16: the scale has changed by step 3 (2048 in last.ckpt)" python3 -c "
+import json, struct, sys
+b = open('$T/fp16.step3.st', 'rb').read(); n = struct.unpack('<Q', b[:8])[0]; h = json.loads(b[8:8 + n])
+s, e = h['grad_scaler.scale']['data_offsets']; sys.exit(struct.unpack('<d', b[8 + n + s:8 + n + e])[0] != 2048.0)"
+run_case fp16 "${fp16[@]}"
+check "fp16: real overflows skipped steps (Adam took fewer than the run's 208 optimizer steps)" python3 -c "
+import json, struct, sys
+b = open('$T/fp16.a.st', 'rb').read(); n = struct.unpack('<Q', b[:8])[0]; h = json.loads(b[8:8 + n])
+s, e = h['optimizer.state.layers.0.weight.step']['data_offsets']; k = struct.unpack('<q', b[8 + n + s:8 + n + e])[0]
+print('Adam steps:', k); sys.exit(not 100 < k < 208)"
+run_case fp16_ddp2 "${fp16[@]}" --trainer.devices 2 --trainer.strategy ddp
 finish

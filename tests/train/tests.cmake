@@ -2,3 +2,4 @@ lk_add_test(NAME trainer_api SOURCES train/test_trainer.c LABELS unit TIMEOUT 12
 lk_add_test(NAME trainer_weights SOURCES train/test_weights.c LABELS unit parity TIMEOUT 60)
 lk_add_test(NAME trainer_faults SOURCES train/test_trainer_faults.c LABELS unit fault TIMEOUT 120)
 lk_add_test(NAME train_summary SOURCES train/test_summary.c LABELS unit TIMEOUT 60)
+lk_add_script_test(NAME train_grad_scaler SCRIPT train/test_grad_scaler.sh LABELS multiproc TIMEOUT 300)
