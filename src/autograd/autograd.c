@@ -93,6 +93,9 @@ void lk_thread_cleanup(void) {
         lk_free(n);
     }
     lk__scope_thread_cleanup();
+#ifdef LK_HAVE_DNNL
+    lk__dnnl_thread_cleanup(); /* the thread's cached oneDNN primitives */
+#endif
 }
 
 lk_node *lk__record(const char *name, lk_backward_fn bw, lk_tensor *out, int n_in, lk_tensor *const *in) {

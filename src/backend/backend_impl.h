@@ -96,6 +96,8 @@ const char *lk__cpu_caps_str(char *buf, size_t size);
 /* cpu_dnnl.c: UNSUPPORTED (without setting an error) when oneDNN has no
  * implementation for this shape and dtype on this CPU. */
 lk_status lk__dnnl_gemm(const lk_op_desc *d, const void *A, const void *B, void *C);
+/* Frees this thread's cached primitives, engine and stream (lk_thread_cleanup). */
+void lk__dnnl_thread_cleanup(void);
 /* oneDNN's best instruction set on this CPU, e.g. "avx512_core_amx". */
 const char *lk__dnnl_isa(void);
 #endif

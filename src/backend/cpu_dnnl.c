@@ -7,8 +7,8 @@
  * on threads): a training step that repeats its shapes creates none. A shape
  * oneDNN has only its reference code for is handed back as UNSUPPORTED, and
  * the caller's f32 path runs instead (oneDNN's reference GEMM is slower than
- * widening to f32). oneDNN runs on OpenMP threads; it is told to use as many
- * as lockstep's own compute threads (one per rank under ddp). */
+ * widening to f32). oneDNN runs on OpenMP threads; every call here is told
+ * to use one, because lockstep's own pool splits the GEMM (cpu_lowp.c). */
 #include <omp.h>
 #include <stdio.h>
 #include <string.h>
@@ -141,8 +141,10 @@ lk_status lk__dnnl_gemm(const lk_op_desc *d, const void *A, const void *B, void 
     }
     e->used = ++c->tick;
     if (!e->prim) return LK_STATUS_UNSUPPORTED;
-    int want = lk_get_num_threads();
-    if (omp_get_max_threads() != want) omp_set_num_threads(want);
+    /* single-threaded: lockstep's pool already cut the GEMM (cpu_lowp.c);
+     * the setting is per thread in OpenMP, so each pool thread makes it once */
+    static _Thread_local bool one_thread;
+    if (!one_thread) omp_set_num_threads(1), one_thread = true;
     dnnl_memory_set_data_handle(e->a, (void *)A);
     dnnl_memory_set_data_handle(e->b, (void *)B);
     dnnl_memory_set_data_handle(e->c, C);
@@ -151,6 +153,16 @@ lk_status lk__dnnl_gemm(const lk_op_desc *d, const void *A, const void *B, void 
         return lk_error(LK_STATUS_INTERNAL, "oneDNN: a %s x %s GEMM failed to run", lk_dtype_name(d->dtype[0]),
                         lk_dtype_name(d->dtype[1]));
     return LK_STATUS_OK;
+}
+
+void lk__dnnl_thread_cleanup(void) {
+    cache *c = tl;
+    if (!c) return;
+    for (int i = 0; i < c->n; i++) entry_free(&c->e[i]);
+    dnnl_stream_destroy(c->strm);
+    dnnl_engine_destroy(c->eng);
+    lk_free(c);
+    tl = NULL;
 }
 
 const char *lk__dnnl_isa(void) {

@@ -55,8 +55,8 @@ static bool use_dnnl(void) {
     return s;
 }
 
-lk_status lk__cpu_gemm_lowp(const lk_op_desc *d, const void *A, const void *B, void *C) {
-    if (d->gemm.M == 0 || d->gemm.N == 0) return LK_STATUS_OK;
+/* One GEMM on the calling thread: oneDNN (single-threaded) or through f32. */
+static lk_status gemm_one(const lk_op_desc *d, const void *A, const void *B, void *C) {
 #ifdef LK_HAVE_DNNL
     if (use_dnnl()) {
         lk_status st = lk__dnnl_gemm(d, A, B, C);
@@ -66,6 +66,62 @@ lk_status lk__cpu_gemm_lowp(const lk_op_desc *d, const void *A, const void *B, v
     (void)use_dnnl;
 #endif
     return gemm_via_f32(d, A, B, C);
+}
+
+/* lockstep, not oneDNN's OpenMP, owns the process's threads (as with BLAS,
+ * docs/ARCHITECTURE.md): a GEMM worth splitting is cut by output rows or
+ * columns across the compute pool and every piece runs single-threaded.
+ * oneDNN's own OpenMP team spun after each call and fought the pool's
+ * workers (and other ranks): a 2-thread bf16 fit ran 1.6k-46k samples/s
+ * from run to run, 72k with OMP_WAIT_POLICY=PASSIVE. */
+typedef struct {
+    const lk_op_desc *d;
+    const char *A, *B;
+    char *C;
+    size_t ea, ec; /* element sizes of A/B and C */
+    bool by_cols;
+    int width;
+    lk_status st[64];
+} lowp_job;
+
+static void lowp_task(void *ctx, int t) {
+    lowp_job *j = ctx;
+    const lk_gemm_params *g = &j->d->gemm;
+    int64_t a, b;
+    lk__task_range(j->by_cols ? g->N : g->M, t, j->width, 16, &a, &b);
+    j->st[t] = LK_STATUS_OK;
+    if (b <= a) return;
+    lk_op_desc d = *j->d;
+    const char *A = j->A, *B = j->B;
+    char *C = j->C;
+    if (j->by_cols) {
+        d.gemm.N = b - a;
+        B += (size_t)(g->trans_b ? a * g->ldb : a) * j->ea;
+        C += (size_t)a * j->ec;
+    } else {
+        d.gemm.M = b - a;
+        A += (size_t)(g->trans_a ? a : a * g->lda) * j->ea;
+        C += (size_t)(a * g->ldc) * j->ec;
+    }
+    j->st[t] = gemm_one(&d, A, B, C);
+}
+
+#define LOWP_SPLIT_FLOPS (8.0 * 1024 * 1024) /* bf16 runs ~2x f32's rate: twice f32's threshold */
+
+lk_status lk__cpu_gemm_lowp(const lk_op_desc *d, const void *A, const void *B, void *C) {
+    const lk_gemm_params *g = &d->gemm;
+    if (g->M == 0 || g->N == 0) return LK_STATUS_OK;
+    int width = 2.0 * (double)g->M * (double)g->N * (double)g->K >= LOWP_SPLIT_FLOPS ? lk__parallel_width(INT64_MAX) : 1;
+    bool by_cols = g->N >= 32 * width || g->N >= g->M;
+    int64_t parts = (by_cols ? g->N : g->M) / 16;
+    if (width > parts) width = parts > 1 ? (int)parts : 1;
+    if (width > 64) width = 64;
+    if (width <= 1) return gemm_one(d, A, B, C);
+    lowp_job job = {d, A, B, C, lk_dtype_size(d->dtype[0]), lk_dtype_size(d->dtype[2]), by_cols, width, {0}};
+    lk__parallel_run(width, lowp_task, &job);
+    for (int t = 0; t < width; t++)
+        if (job.st[t]) return job.st[t];
+    return LK_STATUS_OK;
 }
 
 #ifndef LK_HAVE_DNNL
