@@ -25,19 +25,26 @@ typedef struct {
     int width;
 } bn_bwd_job;
 
+/* Channel c's sums of g and g * (x - mean) over the batch and the plane. */
+static void channel_sums(const bn_bwd_job *j, long c, double *sg, double *sgx) {
+    long N = j->N, C = j->C, S = j->S;
+    *sg = *sgx = 0;
+    for (long i = 0; i < N; i++) {
+        float a = 0.0f, q = 0.0f;
+        lk_k_bn_backward_sums(j->gd + (i * C + c) * S, j->xd + (i * C + c) * S, S, j->mean[c], &a, &q);
+        *sg += a;
+        *sgx += q;
+    }
+}
+
 static void bn_bwd_task(void *ctx, int t) {
     const bn_bwd_job *j = ctx;
     long N = j->N, C = j->C, S = j->S;
     int64_t c0, c1;
     lk__task_range(C, t, j->width, 1, &c0, &c1);
     for (long c = c0; c < c1; c++) {
-        double sg = 0, sgx = 0;
-        for (long i = 0; i < N; i++) {
-            float a = 0.0f, q = 0.0f;
-            lk_k_bn_backward_sums(j->gd + (i * C + c) * S, j->xd + (i * C + c) * S, S, j->mean[c], &a, &q);
-            sg += a;
-            sgx += q;
-        }
+        double sg, sgx;
+        channel_sums(j, c, &sg, &sgx);
         float is = j->invstd[c], wv = j->w ? j->w[c] : 1.0f;
         if (j->db) j->db[c] = (float)sg;
         if (j->dw) j->dw[c] = (float)(sgx * is);
@@ -71,13 +78,8 @@ static lk_status bn_sync_backward(const bn_bwd_job *j, const bn_sync *sy) {
     double *tot = lk_malloc((size_t)(2 * C > 0 ? 2 * C : 1) * sizeof *tot);
     if (!tot) return LK_STATUS_OUT_OF_MEMORY;
     for (long c = 0; c < C; c++) {
-        double sg = 0, sgx = 0;
-        for (long i = 0; i < N; i++) {
-            float a = 0.0f, q = 0.0f;
-            lk_k_bn_backward_sums(j->gd + (i * C + c) * S, j->xd + (i * C + c) * S, S, j->mean[c], &a, &q);
-            sg += a;
-            sgx += q;
-        }
+        double sg, sgx;
+        channel_sums(j, c, &sg, &sgx);
         if (j->db) j->db[c] = (float)sg;
         if (j->dw) j->dw[c] = (float)(sgx * j->invstd[c]);
         tot[c] = sg;
