@@ -257,6 +257,9 @@ typedef struct lk_launch_options {
     int max_restarts;
 } lk_launch_options;
 lk_launch_options lk_launch_options_default(void);
+/* "/lockstep-<sanitised job id>": the POSIX shared-memory name of a job's
+ * shm segment, for launchers that remove what a failed job left behind. */
+void lk_comm_shm_segment_name(const char *job_id, char *buf, size_t size);
 
 /* Runs argv (argv[0] looked up in PATH; NULL-terminated) as `nprocs` ranks and
  * waits for all. *exit_code is 0 when all succeeded, else the first failing

@@ -8,7 +8,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "dist/comm_impl.h"
+#include "comm/comm_impl.h"
 
 /* ------------------------------------------------------------------------
  * Names and descriptions.

@@ -40,7 +40,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "dist/comm_impl.h"
+#include "comm/comm_impl.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -136,7 +136,7 @@ static inline uint8_t *heap_of(shm_comm *s, int k) { return s->base + s->hdr->he
 /* ------------------------------------------------------------------------
  * Helpers shared with the launcher.
  * ---------------------------------------------------------------------- */
-void lk__shm_segment_name(const char *job_id, char *buf, size_t size) {
+void lk_comm_shm_segment_name(const char *job_id, char *buf, size_t size) {
     char clean[200];
     size_t n = 0;
     for (const char *p = job_id ? job_id : ""; *p && n < sizeof clean - 1; p++) {
@@ -960,7 +960,7 @@ static lk_status shm_init(lk_comm *c, const lk_comm_config *cfg) {
     s->small_bytes = small >= 0 && (size_t)small <= STAGE_SLOT ? (size_t)small : SMALL_BYTES_DEFAULT;
     s->chunk_shared = slice >= 4096 ? (size_t)slice : CHUNK_SHARED_DEFAULT;
     pthread_mutex_init(&s->heap_mu, NULL);
-    lk__shm_segment_name(c->job_id, s->name, sizeof s->name);
+    lk_comm_shm_segment_name(c->job_id, s->name, sizeof s->name);
     c->impl = s;
     lk_status st = rendezvous(c, s);
     if (st) {

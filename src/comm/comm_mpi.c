@@ -17,7 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "dist/comm_impl.h"
+#include "comm/comm_impl.h"
 
 typedef struct {
     MPI_Comm comm;

@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "dist/comm_impl.h"
+#include "comm/comm_impl.h"
 
 static const char *env(const char *name) {
     const char *v = getenv(name);

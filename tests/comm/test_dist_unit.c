@@ -214,7 +214,7 @@ static void config_errors(void) {
     CHECK(n >= 2 && !strcmp(lk_comm_backend_name_at(0), "shm"));
     CHECK(!strcmp(lk_reduce_op_name(LK_REDUCE_AVG), "avg"));
     char name[256];
-    lk__shm_segment_name("a/b c", name, sizeof name);
+    lk_comm_shm_segment_name("a/b c", name, sizeof name);
     CHECK(!strcmp(name, "/lockstep-a_b_c"));
 }
 

@@ -149,8 +149,6 @@ float lk__f16_to_f32(uint16_t h);
 uint16_t lk__f32_to_f16(float f);
 
 /* ---- launcher helpers shared with the shm backend ---- */
-/* "/lockstep-<sanitised job id>"; the shm segment of a job. */
-void lk__shm_segment_name(const char *job_id, char *buf, size_t size);
 /* true when pid exists and is not a zombie. */
 bool lk__pid_alive(int pid);
 /* One char of /proc/<pid>/stat: 'R', 'S', 'T' (stopped), 'Z', ... or '?' */

@@ -9,7 +9,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "dist/comm_impl.h"
+#include "comm/comm_impl.h"
 
 #if defined(__F16C__) && defined(__AVX__)
 #include <immintrin.h>

@@ -386,7 +386,7 @@ static void stale_segment_of_zeros(void) {
         static int n;
         snprintf(du_job, sizeof du_job, "stale%d-%d", (int)getpid(), ++n);
         char name[256];
-        lk__shm_segment_name(du_job, name, sizeof name);
+        lk_comm_shm_segment_name(du_job, name, sizeof name);
         int fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
         CHECK(fd >= 0 && ftruncate(fd, 1 << 20) == 0);
         close(fd);

@@ -23,7 +23,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "dist/comm_impl.h"
+#include "lockstep/dist.h"
 
 extern char **environ;
 
@@ -166,7 +166,7 @@ static lk_status launch_once(int nprocs, char *const argv[], const lk_launch_opt
     snprintf(rcount, sizeof rcount, "%d", attempt);
     snprintf(rmax, sizeof rmax, "%d", opt->max_restarts);
     char segname[256];
-    lk__shm_segment_name(job, segname, sizeof segname);
+    lk_comm_shm_segment_name(job, segname, sizeof segname);
 
     /* Environment per rank, built before fork (the child only execs). */
     int nenv = 0;

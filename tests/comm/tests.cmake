@@ -1,15 +1,15 @@
 # dist: process group, communicators (self, shm, mpi), launcher, failure detection.
-lk_add_test(NAME dist_unit SOURCES dist/test_dist_unit.c LABELS unit TIMEOUT 60)
-lk_add_test(NAME dist_shm SOURCES dist/test_dist_shm.c LABELS multiproc threads TIMEOUT 120)
-lk_add_test(NAME dist_fault SOURCES dist/test_dist_fault.c LABELS multiproc fault threads TIMEOUT 90)
-lk_add_script_test(NAME dist_launch SCRIPT dist/test_launch.sh LABELS multiproc fault TIMEOUT 90)
+lk_add_test(NAME dist_unit SOURCES comm/test_dist_unit.c LABELS unit TIMEOUT 60)
+lk_add_test(NAME dist_shm SOURCES comm/test_dist_shm.c LABELS multiproc threads TIMEOUT 120)
+lk_add_test(NAME dist_fault SOURCES comm/test_dist_fault.c LABELS multiproc fault threads TIMEOUT 90)
+lk_add_script_test(NAME dist_launch SCRIPT comm/test_launch.sh LABELS multiproc fault TIMEOUT 90)
 
 # The mpi backend under mpirun (CI installs OpenMPI): 2 and 3 ranks, plus the
 # shm backend picking its process group from OpenMPI's variables.
 if(LK_HAVE_MPI)
   find_program(LK_MPIRUN NAMES mpirun mpiexec)
   if(LK_MPIRUN)
-    add_executable(test_dist_mpi dist/test_dist_mpi.c)
+    add_executable(test_dist_mpi comm/test_dist_mpi.c)
     target_include_directories(test_dist_mpi PRIVATE ${PROJECT_SOURCE_DIR}/tests ${PROJECT_SOURCE_DIR}/src)
     target_link_libraries(test_dist_mpi PRIVATE lockstep_static)
     target_compile_definitions(test_dist_mpi PRIVATE LK_HAVE_MPI=1)
@@ -21,14 +21,14 @@ if(LK_HAVE_MPI)
     # OpenMPI leaks by design at MPI_Finalize and trips ThreadSanitizer inside its own transports;
     # neither can be fixed here, so leak checking is off and its libraries' frames are suppressed.
     set(LK_MPI_TEST_ENV "ASAN_OPTIONS=detect_leaks=0"
-        "TSAN_OPTIONS=suppressions=${PROJECT_SOURCE_DIR}/tests/dist/sanitizer_mpi.supp")
+        "TSAN_OPTIONS=suppressions=${PROJECT_SOURCE_DIR}/tests/comm/sanitizer_mpi.supp")
     foreach(np 2 3)
       add_test(NAME dist_mpi_np${np} COMMAND ${LK_MPIRUN} ${LK_MPIRUN_FLAGS} -np ${np} $<TARGET_FILE:test_dist_mpi> mpi)
       set_tests_properties(dist_mpi_np${np} PROPERTIES TIMEOUT 90 LABELS "multiproc;threads;mpi"
                            ENVIRONMENT "${LK_MPI_TEST_ENV}")
     endforeach()
     # Faults under mpirun: a desync and a SIGSTOPped rank of `lockstep fit` must end the whole MPI job (MPI_Abort).
-    add_test(NAME dist_mpi_fault COMMAND bash ${PROJECT_SOURCE_DIR}/tests/dist/test_mpi_fault.sh
+    add_test(NAME dist_mpi_fault COMMAND bash ${PROJECT_SOURCE_DIR}/tests/comm/test_mpi_fault.sh
              WORKING_DIRECTORY ${PROJECT_BINARY_DIR})
     string(REPLACE ";" " " LK_MPIRUN_FLAGS_STR "${LK_MPIRUN_FLAGS}")
     set_tests_properties(dist_mpi_fault PROPERTIES TIMEOUT 120 LABELS "multiproc;fault;mpi" RUN_SERIAL TRUE

@@ -12,7 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "dist/comm_impl.h"
+#include "comm/comm_impl.h"
 #include "lk_test.h"
 
 #define DU_MAXW 8
@@ -71,7 +71,7 @@ static inline lk_status du_comm(int rank, int world, const char *backend, double
 
 static inline bool du_segment_exists(const char *job) {
     char name[256], path[300];
-    lk__shm_segment_name(job, name, sizeof name);
+    lk_comm_shm_segment_name(job, name, sizeof name);
     snprintf(path, sizeof path, "/dev/shm%s", name);
     return access(path, F_OK) == 0;
 }
