@@ -6,6 +6,7 @@
 #define LOCKSTEP_H
 #include "lockstep/core.h"
 #include "lockstep/device.h"
+#include "lockstep/dtype.h"
 #include "lockstep/tensor.h"
 #include "lockstep/autograd.h"
 #include "lockstep/strategy.h"

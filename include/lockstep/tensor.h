@@ -24,32 +24,12 @@
 
 #include "lockstep/core.h"
 #include "lockstep/device.h"
+#include "lockstep/dtype.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-#define LK_DTYPE_LIST(X)           \
-    X(F32, "f32", 4, float)        \
-    X(F64, "f64", 8, double)       \
-    X(BF16, "bf16", 2, uint16_t)   \
-    X(F16, "f16", 2, uint16_t)     \
-    X(I32, "i32", 4, int32_t)      \
-    X(I64, "i64", 8, int64_t)      \
-    X(U8, "u8", 1, uint8_t)
-
-typedef enum {
-#define LK__DTYPE_ENUM(name, str, size, ctype) LK_##name,
-    LK_DTYPE_LIST(LK__DTYPE_ENUM)
-#undef LK__DTYPE_ENUM
-    LK_DTYPE_COUNT
-} lk_dtype;
-
-size_t lk_dtype_size(lk_dtype dt);
-const char *lk_dtype_name(lk_dtype dt);
-/* Parses "f32", "float32", "bf16", ... Returns INVALID_ARGUMENT naming the input. */
-lk_status lk_dtype_parse(const char *s, lk_dtype *out);
-bool lk_dtype_is_float(lk_dtype dt);
 
 
 #define LK_MAX_DIMS 8

@@ -29,15 +29,15 @@ void lk__coll_describe(const lk__coll *op, char *buf, size_t size) {
     case LK__COLL_ALL_REDUCE:
     case LK__COLL_REDUCE_SCATTER:
         snprintf(buf, size, "%s #%llu (%s x %zu, %s)", lk__coll_kind_name(op->kind), (unsigned long long)op->seq,
-                 lk__dtype_name(op->dt), op->count, lk_reduce_op_name(op->op));
+                 lk_dtype_name(op->dt), op->count, lk_reduce_op_name(op->op));
         break;
     case LK__COLL_ALL_GATHER:
         snprintf(buf, size, "%s #%llu (%s x %zu)", lk__coll_kind_name(op->kind), (unsigned long long)op->seq,
-                 lk__dtype_name(op->dt), op->count);
+                 lk_dtype_name(op->dt), op->count);
         break;
     default:
         snprintf(buf, size, "%s #%llu (%s x %zu, root %d)", lk__coll_kind_name(op->kind), (unsigned long long)op->seq,
-                 lk__dtype_name(op->dt), op->count, op->root);
+                 lk_dtype_name(op->dt), op->count, op->root);
     }
 }
 
@@ -301,7 +301,7 @@ static lk_status check(lk_comm *c, const lk__coll *op) {
     const char *k = lk__coll_kind_name(op->kind);
     if (!c) return lk_error(LK_STATUS_INVALID_ARGUMENT, "lk_comm_%s: comm is NULL", k);
     if (op->kind == LK__COLL_BARRIER) return LK_STATUS_OK;
-    if (!lk__dtype_size(op->dt))
+    if (!lk_dtype_size(op->dt))
         return lk_error(LK_STATUS_INVALID_ARGUMENT, "lk_comm_%s: unsupported dtype %d (expected f32, f64, bf16, f16, i32, i64, u8)", k,
                         (int)op->dt);
     if ((op->kind == LK__COLL_ALL_REDUCE || op->kind == LK__COLL_REDUCE_SCATTER) && (unsigned)op->op >= LK_REDUCE_COUNT)
@@ -542,7 +542,7 @@ static lk_status self_init(lk_comm *c, const lk_comm_config *cfg) {
 static void self_destroy(lk_comm *c) { (void)c; }
 static lk_status self_run(lk_comm *c, const lk__coll *op) {
     (void)c;
-    size_t bytes = op->count * lk__dtype_size(op->dt);
+    size_t bytes = op->count * lk_dtype_size(op->dt);
     switch (op->kind) {
     case LK__COLL_ALL_REDUCE:
     case LK__COLL_BROADCAST:

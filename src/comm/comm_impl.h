@@ -135,20 +135,14 @@ static inline uint64_t lk__paused_ns(uint64_t now, uint64_t *prev) {
 /* Sets the sticky failure (first one wins) and tells peers. Returns `st`. */
 lk_status lk__comm_fail(lk_comm *c, lk_status st);
 
-/* ---- reductions and conversions (reduce.c) ---- */
-size_t lk__dtype_size(lk_dtype dt); /* 0 for dtypes collectives do not support */
-const char *lk__dtype_name(lk_dtype dt);
+/* ---- reductions (reduce.c) ---- */
 /* dst[i] = op(srcs[0][i], ..., srcs[n-1][i]) folded strictly in order
  * 0..n-1 (sum, max, min); for AVG the sum is divided by avg_div. bf16/f16
  * accumulate in f32 and round once. dst may alias any src. */
 void lk__reduce(void *dst, const void *const *srcs, int n, size_t count, lk_dtype dt, lk_reduce_op op,
                 int avg_div);
-float lk__bf16_to_f32(uint16_t h);
-uint16_t lk__f32_to_bf16(float f);
-float lk__f16_to_f32(uint16_t h);
-uint16_t lk__f32_to_f16(float f);
 
-/* ---- launcher helpers shared with the shm backend ---- */
+/* ---- process helpers of the shm backend ---- */
 /* true when pid exists and is not a zombie. */
 bool lk__pid_alive(int pid);
 /* One char of /proc/<pid>/stat: 'R', 'S', 'T' (stopped), 'Z', ... or '?' */

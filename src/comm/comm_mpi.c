@@ -205,10 +205,10 @@ static lk_status check_sig(lk_comm *c, mpi_comm *m, const lk__coll *op) {
 }
 
 static void widen(float *dst, const uint16_t *src, size_t n, lk_dtype dt) {
-    for (size_t i = 0; i < n; i++) dst[i] = dt == LK_BF16 ? lk__bf16_to_f32(src[i]) : lk__f16_to_f32(src[i]);
+    for (size_t i = 0; i < n; i++) dst[i] = dt == LK_BF16 ? lk_bf16_bits_to_f32(src[i]) : lk_f16_bits_to_f32(src[i]);
 }
 static void narrow(uint16_t *dst, const float *src, size_t n, lk_dtype dt) {
-    for (size_t i = 0; i < n; i++) dst[i] = dt == LK_BF16 ? lk__f32_to_bf16(src[i]) : lk__f32_to_f16(src[i]);
+    for (size_t i = 0; i < n; i++) dst[i] = dt == LK_BF16 ? lk_f32_to_bf16_bits(src[i]) : lk_f32_to_f16_bits(src[i]);
 }
 
 /* In-place division for AVG after an MPI_SUM. */
@@ -250,7 +250,7 @@ static lk_status mpi_run(lk_comm *c, const lk__coll *op) {
     case LK__COLL_BARRIER: rc = MPI_Ibarrier(m->comm, &req); break;
     case LK__COLL_BROADCAST: rc = MPI_Ibcast(op->recv, n, t, op->root, m->comm, &req); break;
     case LK__COLL_ALL_GATHER:
-        rc = MPI_Iallgather((const char *)op->recv + (size_t)m->rank * op->count * lk__dtype_size(op->dt) == (const char *)op->send
+        rc = MPI_Iallgather((const char *)op->recv + (size_t)m->rank * op->count * lk_dtype_size(op->dt) == (const char *)op->send
                                 ? MPI_IN_PLACE
                                 : op->send,
                             n, t, op->recv, n, t, m->comm, &req);

@@ -409,7 +409,7 @@ static inline void part(size_t n, int W, int k, size_t align, size_t *lo, size_t
 
 static lk_status all_reduce(lk_comm *c, shm_comm *s, const lk__coll *op) {
     const int W = s->world, r = s->rank;
-    const size_t esz = lk__dtype_size(op->dt), nb = op->count * esz;
+    const size_t esz = lk_dtype_size(op->dt), nb = op->count * esz;
     const int avg = op->op == LK_REDUCE_AVG ? W : 1;
     uint8_t *buf = op->recv;
     const void *srcs[MAXW];
@@ -469,7 +469,7 @@ static lk_status all_reduce(lk_comm *c, shm_comm *s, const lk__coll *op) {
 
 static lk_status broadcast(lk_comm *c, shm_comm *s, const lk__coll *op) {
     const int r = s->rank, root = op->root;
-    const size_t nb = op->count * lk__dtype_size(op->dt);
+    const size_t nb = op->count * lk_dtype_size(op->dt);
     uint8_t *buf = op->recv;
     LK_TRY(enter(c, s, op, r == root ? offset_in(s, buf, nb) : -1));
     if (!nb) return LK_STATUS_OK;
@@ -491,7 +491,7 @@ static lk_status broadcast(lk_comm *c, shm_comm *s, const lk__coll *op) {
 /* all_gather and gather: every rank's send block goes to recv (all, or root only). */
 static lk_status gather_like(lk_comm *c, shm_comm *s, const lk__coll *op, bool all) {
     const int W = s->world, r = s->rank;
-    const size_t nb = op->count * lk__dtype_size(op->dt);
+    const size_t nb = op->count * lk_dtype_size(op->dt);
     const uint8_t *send = op->send;
     uint8_t *recv = op->recv;
     bool receiver = all || r == op->root;
@@ -522,7 +522,7 @@ static lk_status gather_like(lk_comm *c, shm_comm *s, const lk__coll *op, bool a
  * reduced over all ranks' sends or taken from root's. */
 static lk_status scatter_like(lk_comm *c, shm_comm *s, const lk__coll *op, bool reduce) {
     const int W = s->world, r = s->rank;
-    const size_t esz = lk__dtype_size(op->dt), nb = op->count * esz;
+    const size_t esz = lk_dtype_size(op->dt), nb = op->count * esz;
     const uint8_t *send = op->send;
     uint8_t *recv = op->recv;
     const void *srcs[MAXW];

@@ -1,8 +1,7 @@
 /* The reduction kernels every communicator uses (element-wise sum, avg, max,
  * min over n inputs, folded in the fixed order 0..n-1 so results are bitwise
- * reproducible), and the bf16/f16 <-> f32 converters (round to nearest even).
- * Kept private and self-contained so the dist layer does not depend on the
- * tensor implementation, only on the lk_dtype enum. */
+ * reproducible). The 16-bit conversions are lockstep/dtype.h's inline ones,
+ * the same the tensor layer uses. */
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC optimize("O3") /* the loops below are the hot path of all_reduce; -O2 does not vectorise them */
 #endif
@@ -16,78 +15,8 @@
 #define LK_HAVE_F16C 1
 #endif
 
-size_t lk__dtype_size(lk_dtype dt) {
-    switch (dt) {
-    case LK_F32: return 4;
-    case LK_F64: return 8;
-    case LK_BF16: return 2;
-    case LK_F16: return 2;
-    case LK_I32: return 4;
-    case LK_I64: return 8;
-    case LK_U8: return 1;
-    default: return 0;
-    }
-}
-
-const char *lk__dtype_name(lk_dtype dt) {
-    switch (dt) {
-    case LK_F32: return "f32";
-    case LK_F64: return "f64";
-    case LK_BF16: return "bf16";
-    case LK_F16: return "f16";
-    case LK_I32: return "i32";
-    case LK_I64: return "i64";
-    case LK_U8: return "u8";
-    default: return "?";
-    }
-}
-
-static inline float bf16_to_f32(uint16_t h) {
-    uint32_t x = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &x, 4);
-    return f;
-}
-
-/* Branch-free (a select, not a jump, for NaN) so the reduce loops vectorise. */
-static inline uint16_t f32_to_bf16(float f) {
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    uint32_t rounded = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16, quiet_nan = (x >> 16) | 0x40u;
-    return (uint16_t)((x & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
-}
-
-float lk__bf16_to_f32(uint16_t h) { return bf16_to_f32(h); }
-uint16_t lk__f32_to_bf16(float f) { return f32_to_bf16(f); }
-
-float lk__f16_to_f32(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu, x;
-    if (exp == 0) {
-        float f = (float)mant * 0x1p-24f; /* zero or subnormal: exact */
-        return sign ? -f : f;
-    }
-    if (exp == 31) x = sign | 0x7f800000u | (mant << 13);
-    else x = sign | ((exp + 112u) << 23) | (mant << 13);
-    float f;
-    memcpy(&f, &x, 4);
-    return f;
-}
-
-uint16_t lk__f32_to_f16(float f) {
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
-    x &= 0x7fffffffu;
-    if (x >= 0x7f800000u) return sign | (x > 0x7f800000u ? 0x7e00 : 0x7c00);
-    if (x >= 0x477ff000u) return sign | 0x7c00; /* >= 65520 rounds to inf */
-    if (x < 0x38800000u) {                      /* below 2^-14: subnormal half or zero */
-        float a;
-        memcpy(&a, &x, 4);
-        return sign | (uint16_t)nearbyintf(a * 0x1p24f); /* default rounding: nearest even */
-    }
-    x += 0xc8000fffu + ((x >> 13) & 1u); /* rebias exponent by -112 and round to nearest even */
-    return sign | (uint16_t)(x >> 13);
-}
+static inline float bf16_to_f32(uint16_t h) { return lk_bf16_bits_to_f32(h); }
+static inline uint16_t f32_to_bf16(float f) { return lk_f32_to_bf16_bits(f); }
 
 /* Typed kernels. dst may alias any source at the same index, so each block
  * is accumulated in a private buffer before being written. */
@@ -135,7 +64,7 @@ static inline int64_t i64_div(uint64_t a, int n) { return (int64_t)a / n; }
 DEF_REDUCE(reduce_f32, float, float, ID, ID, FDIV)
 DEF_REDUCE(reduce_f64, double, double, ID, ID, FDIV)
 DEF_REDUCE(reduce_bf16, uint16_t, float, bf16_to_f32, f32_to_bf16, FDIV)
-DEF_REDUCE(reduce_f16_soft, uint16_t, float, lk__f16_to_f32, lk__f32_to_f16, FDIV)
+DEF_REDUCE(reduce_f16_soft, uint16_t, float, lk_f16_bits_to_f32, lk_f32_to_f16_bits, FDIV)
 DEF_REDUCE(reduce_i64_sum, int64_t, uint64_t, I64ADD_LOAD, I64STORE, I64DIV)
 DEF_REDUCE(reduce_i64_cmp, int64_t, int64_t, ID, ID, FDIV)
 DEF_REDUCE(reduce_i32, int32_t, int64_t, ID, I32STORE, FDIV)
@@ -178,13 +107,13 @@ static void reduce_f16(uint16_t *dst, const uint16_t *const *s, int n, size_t co
             reduce_f16_soft(dst + vec, t, n, count - vec, op, avg);
         } else {
             for (size_t i = vec; i < count; i++) { /* rare: more than 64 ranks */
-                float acc = lk__f16_to_f32(s[0][i]);
+                float acc = lk_f16_bits_to_f32(s[0][i]);
                 for (int k = 1; k < n; k++) {
-                    float v = lk__f16_to_f32(s[k][i]);
+                    float v = lk_f16_bits_to_f32(s[k][i]);
                     acc = op == LK_REDUCE_MAX ? (v > acc ? v : acc) : op == LK_REDUCE_MIN ? (v < acc ? v : acc) : acc + v;
                 }
                 if (op == LK_REDUCE_AVG) acc /= (float)avg;
-                dst[i] = lk__f32_to_f16(acc);
+                dst[i] = lk_f32_to_f16_bits(acc);
             }
         }
     }

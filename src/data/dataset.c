@@ -15,15 +15,7 @@
 
 /* ---- arrays ---------------------------------------------------------------- */
 
-size_t lk_data_dtype_size(lk_dtype dt) {
-    switch (dt) {
-#define LK__DT_SIZE(name, str, size, ctype) \
-    case LK_##name: return size;
-        LK_DTYPE_LIST(LK__DT_SIZE)
-#undef LK__DT_SIZE
-    default: return 0;
-    }
-}
+size_t lk_data_dtype_size(lk_dtype dt) { return lk_dtype_size(dt); }
 
 static const char *dtype_name(lk_dtype dt) {
     switch (dt) {

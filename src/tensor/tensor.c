@@ -16,32 +16,6 @@
 
 /* ---- dtypes ------------------------------------------------------------- */
 
-static const struct {
-    const char *name;
-    size_t size;
-} dtype_info[] = {
-#define LK__DTYPE_INFO(name, str, size, ctype) {str, size},
-    LK_DTYPE_LIST(LK__DTYPE_INFO)
-#undef LK__DTYPE_INFO
-};
-
-size_t lk_dtype_size(lk_dtype dt) { return (unsigned)dt < LK_DTYPE_COUNT ? dtype_info[dt].size : 0; }
-const char *lk_dtype_name(lk_dtype dt) { return (unsigned)dt < LK_DTYPE_COUNT ? dtype_info[dt].name : "?"; }
-bool lk_dtype_is_float(lk_dtype dt) { return dt == LK_F32 || dt == LK_F64 || dt == LK_BF16 || dt == LK_F16; }
-
-lk_status lk_dtype_parse(const char *s, lk_dtype *out) {
-    static const struct { const char *alias; lk_dtype dt; } aliases[] = {
-        {"float32", LK_F32}, {"float", LK_F32}, {"float64", LK_F64}, {"double", LK_F64},
-        {"bfloat16", LK_BF16}, {"float16", LK_F16}, {"half", LK_F16}, {"int32", LK_I32},
-        {"int64", LK_I64}, {"long", LK_I64}, {"uint8", LK_U8},
-    };
-    for (int i = 0; i < LK_DTYPE_COUNT; i++)
-        if (!strcmp(s, dtype_info[i].name)) return (*out = (lk_dtype)i), LK_STATUS_OK;
-    for (size_t i = 0; i < sizeof aliases / sizeof aliases[0]; i++)
-        if (!strcmp(s, aliases[i].alias)) return (*out = aliases[i].dt), LK_STATUS_OK;
-    return lk_error(LK_STATUS_INVALID_ARGUMENT, "unknown dtype '%s' (expected f32, f64, bf16, f16, i32, i64 or u8)", s);
-}
-
 /* ---- storage pool ----------------------------------------------------------
  * Training repeats the same shapes every step, so freed storage is cached by
  * its device and exact (rounded) capacity and handed out again: after the
@@ -536,67 +510,10 @@ lk_status lk_tensor_fill(lk_tensor *t, double value) {
 
 /* ---- half-precision conversions (round to nearest even) ------------------------ */
 
-/* Branch-free (NaN is a select, kept quiet) so the bulk loop vectorises. */
-static inline uint16_t bf16_from_bits(uint32_t u) {
-    uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, quiet_nan = (u >> 16) | 0x40u;
-    return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
-}
-
-uint16_t lk_f32_to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return bf16_from_bits(u);
-}
-
-float lk_bf16_to_f32(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-uint16_t lk_f32_to_f16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    uint32_t sign = (u >> 16) & 0x8000u;
-    uint32_t absu = u & 0x7fffffffu;
-    if (absu > 0x7f800000u) return (uint16_t)(sign | 0x7e00u); /* NaN */
-    if (absu >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* rounds to >= 65520: inf */
-    if (absu < 0x38800000u) {                                   /* subnormal or zero in f16 */
-        if (absu < 0x33000000u) return (uint16_t)sign;          /* < 2^-25: rounds to 0 */
-        uint32_t e = absu >> 23;
-        uint32_t m = (absu & 0x7fffffu) | 0x800000u;
-        uint32_t shift = 126 - e; /* 14 - (e - 127) + ... */
-        /* value = m * 2^(e-150); f16 subnormal unit = 2^-24 -> q = m >> (126 - e) */
-        uint32_t q = m >> shift;
-        uint32_t rem = m & ((1u << shift) - 1);
-        uint32_t half = 1u << (shift - 1);
-        if (rem > half || (rem == half && (q & 1))) q++;
-        return (uint16_t)(sign | q);
-    }
-    uint32_t r = absu - 0x38000000u; /* rebias exponent 127 -> 15 */
-    uint32_t q = r >> 13, rem = r & 0x1fffu;
-    if (rem > 0x1000u || (rem == 0x1000u && (q & 1))) q++;
-    return (uint16_t)(sign | q);
-}
-
-float lk_f16_to_f32(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
-    uint32_t e = (h >> 10) & 0x1f, m = h & 0x3ffu, u;
-    if (e == 0) {
-        if (m == 0) u = sign;
-        else { /* subnormal: normalise */
-            int shift = 0;
-            while (!(m & 0x400u)) { m <<= 1; shift++; }
-            m &= 0x3ffu;
-            u = sign | ((uint32_t)(113 - shift) << 23) | (m << 13);
-        }
-    } else if (e == 31) u = sign | 0x7f800000u | (m << 13);
-    else u = sign | ((e + 112) << 23) | (m << 13);
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
+uint16_t lk_f32_to_bf16(float f) { return lk_f32_to_bf16_bits(f); }
+float lk_bf16_to_f32(uint16_t h) { return lk_bf16_bits_to_f32(h); }
+uint16_t lk_f32_to_f16(float f) { return lk_f32_to_f16_bits(f); }
+float lk_f16_to_f32(uint16_t h) { return lk_f16_bits_to_f32(h); }
 
 /* Bulk conversions: branch-free loops the compiler vectorises (bf16), or
  * the F16C instructions (f16), which round to nearest even as the scalar
@@ -604,11 +521,7 @@ float lk_f16_to_f32(uint16_t h) {
 void lk_f32_to_half_n(lk_dtype dt, uint16_t *dst, const float *src, size_t n) {
     size_t i = 0;
     if (dt == LK_BF16) {
-        for (; i < n; i++) {
-            uint32_t u;
-            memcpy(&u, &src[i], 4);
-            dst[i] = bf16_from_bits(u);
-        }
+        for (; i < n; i++) dst[i] = lk_f32_to_bf16_bits(src[i]);
         return;
     }
 #ifdef LK_HAVE_F16C

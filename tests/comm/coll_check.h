@@ -20,7 +20,7 @@ typedef struct {
 static inline int cc_report(cc_ctx *x, const char *what, lk_dtype dt, size_t n, int op, size_t i, double got, double want) {
     if (x->errors++ < 8)
         fprintf(stderr, "[rank %d] %s %s n=%zu op=%d: element %zu = %.17g, expected %.17g\n", lk_log_rank(), what,
-                lk__dtype_name(dt), n, op, i, got, want);
+                lk_dtype_name(dt), n, op, i, got, want);
     return 1;
 }
 
@@ -50,7 +50,7 @@ static inline void cc_free(lk_comm *c, void *p, bool shared) {
 
 static inline void cc_all_reduce(lk_comm *c, cc_ctx *x, lk_dtype dt, size_t n, lk_reduce_op op, bool shared, uint64_t seed) {
     int r = lk_comm_rank(c), W = lk_comm_world_size(c);
-    size_t esz = lk__dtype_size(dt);
+    size_t esz = lk_dtype_size(dt);
     void *buf = cc_alloc(c, n * esz, shared);
     if (!buf) {
         x->errors++;
@@ -72,7 +72,7 @@ done:
 
 static inline void cc_others(lk_comm *c, cc_ctx *x, lk_dtype dt, size_t n, bool shared, uint64_t seed) {
     int r = lk_comm_rank(c), W = lk_comm_world_size(c);
-    size_t esz = lk__dtype_size(dt);
+    size_t esz = lk_dtype_size(dt);
     int root = (int)(n % (size_t)W);
     void *a = cc_alloc(c, n * esz * (size_t)W, shared), *b = cc_alloc(c, n * esz * (size_t)W, shared);
     if (!a || !b) {

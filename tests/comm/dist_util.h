@@ -151,8 +151,8 @@ static inline double du_value(lk_dtype dt, uint64_t seed, int rank, size_t i) {
     switch (dt) {
     case LK_F32: return (double)(float)u;
     case LK_F64: return u;
-    case LK_BF16: return (double)lk__bf16_to_f32(lk__f32_to_bf16((float)u));
-    case LK_F16: return (double)lk__f16_to_f32(lk__f32_to_f16((float)u));
+    case LK_BF16: return (double)lk_bf16_bits_to_f32(lk_f32_to_bf16_bits((float)u));
+    case LK_F16: return (double)lk_f16_bits_to_f32(lk_f32_to_f16_bits((float)u));
     case LK_I32:
     case LK_I64: return (double)((int64_t)(h % 2001) - 1000);
     case LK_U8: return (double)(h % 200);
@@ -164,8 +164,8 @@ static inline void du_store(void *buf, lk_dtype dt, size_t i, double v) {
     switch (dt) {
     case LK_F32: ((float *)buf)[i] = (float)v; break;
     case LK_F64: ((double *)buf)[i] = v; break;
-    case LK_BF16: ((uint16_t *)buf)[i] = lk__f32_to_bf16((float)v); break;
-    case LK_F16: ((uint16_t *)buf)[i] = lk__f32_to_f16((float)v); break;
+    case LK_BF16: ((uint16_t *)buf)[i] = lk_f32_to_bf16_bits((float)v); break;
+    case LK_F16: ((uint16_t *)buf)[i] = lk_f32_to_f16_bits((float)v); break;
     case LK_I32: ((int32_t *)buf)[i] = (int32_t)v; break;
     case LK_I64: ((int64_t *)buf)[i] = (int64_t)v; break;
     case LK_U8: ((uint8_t *)buf)[i] = (uint8_t)v; break;
@@ -177,8 +177,8 @@ static inline double du_load(const void *buf, lk_dtype dt, size_t i) {
     switch (dt) {
     case LK_F32: return ((const float *)buf)[i];
     case LK_F64: return ((const double *)buf)[i];
-    case LK_BF16: return lk__bf16_to_f32(((const uint16_t *)buf)[i]);
-    case LK_F16: return lk__f16_to_f32(((const uint16_t *)buf)[i]);
+    case LK_BF16: return lk_bf16_bits_to_f32(((const uint16_t *)buf)[i]);
+    case LK_F16: return lk_f16_bits_to_f32(((const uint16_t *)buf)[i]);
     case LK_I32: return ((const int32_t *)buf)[i];
     case LK_I64: return (double)((const int64_t *)buf)[i];
     case LK_U8: return ((const uint8_t *)buf)[i];

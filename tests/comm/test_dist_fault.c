@@ -130,7 +130,7 @@ static int desync_rank(int r, int W, void *arg) {
     lk_comm *c;
     if (du_comm(r, W, "shm", 10, &c)) return record(r, lk_last_status()), 1;
     void *buf = NULL;
-    size_t bytes = d->count[r] * lk__dtype_size(d->dt[r]);
+    size_t bytes = d->count[r] * lk_dtype_size(d->dt[r]);
     if (d->shared) lk_comm_alloc_shared(c, bytes, &buf);
     else buf = lk_calloc(1, bytes + 8);
     lk_status st = lk_comm_barrier(c); /* a good one first */

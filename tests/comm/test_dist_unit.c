@@ -8,25 +8,25 @@ static void f16_roundtrip_and_rounding(void) {
     for (uint32_t h = 0; h < 65536; h++) {
         uint16_t x = (uint16_t)h;
         if ((x & 0x7c00) == 0x7c00 && (x & 0x3ff)) continue; /* NaN payloads are not preserved bit for bit */
-        CHECK_MSG(lk__f32_to_f16(lk__f16_to_f32(x)) == x, "f16 %04x", x);
-        CHECK_MSG(lk__f32_to_bf16(lk__bf16_to_f32(x)) == x || ((x & 0x7f80) == 0x7f80 && (x & 0x7f)), "bf16 %04x", x);
+        CHECK_MSG(lk_f32_to_f16_bits(lk_f16_bits_to_f32(x)) == x, "f16 %04x", x);
+        CHECK_MSG(lk_f32_to_bf16_bits(lk_bf16_bits_to_f32(x)) == x || ((x & 0x7f80) == 0x7f80 && (x & 0x7f)), "bf16 %04x", x);
     }
     /* halfway cases round to even */
-    CHECK(lk__f32_to_f16(1.0f + 0x1p-11f) == 0x3c00);
-    CHECK(lk__f32_to_f16(1.0f + 3 * 0x1p-11f) == 0x3c02);
-    CHECK(lk__f32_to_bf16(1.0f + 0x1p-8f) == 0x3f80);
-    CHECK(lk__f32_to_bf16(1.0f + 3 * 0x1p-8f) == 0x3f82);
-    CHECK(lk__f32_to_f16(65520.0f) == 0x7c00);
-    CHECK(lk__f32_to_f16(65519.0f) == 0x7bff);
-    CHECK(lk__f32_to_f16(0x1p-25f) == 0);         /* exactly half of the smallest subnormal: even */
-    CHECK(lk__f32_to_f16(0x1.8p-25f) == 0x0001);
-    CHECK(lk__f32_to_f16(-0.0f) == 0x8000);
-    CHECK(lk__f16_to_f32(0x0001) == 0x1p-24f);
+    CHECK(lk_f32_to_f16_bits(1.0f + 0x1p-11f) == 0x3c00);
+    CHECK(lk_f32_to_f16_bits(1.0f + 3 * 0x1p-11f) == 0x3c02);
+    CHECK(lk_f32_to_bf16_bits(1.0f + 0x1p-8f) == 0x3f80);
+    CHECK(lk_f32_to_bf16_bits(1.0f + 3 * 0x1p-8f) == 0x3f82);
+    CHECK(lk_f32_to_f16_bits(65520.0f) == 0x7c00);
+    CHECK(lk_f32_to_f16_bits(65519.0f) == 0x7bff);
+    CHECK(lk_f32_to_f16_bits(0x1p-25f) == 0);         /* exactly half of the smallest subnormal: even */
+    CHECK(lk_f32_to_f16_bits(0x1.8p-25f) == 0x0001);
+    CHECK(lk_f32_to_f16_bits(-0.0f) == 0x8000);
+    CHECK(lk_f16_bits_to_f32(0x0001) == 0x1p-24f);
     /* against a double-precision reference on random values */
     for (int i = 0; i < 100000; i++) {
         double u = (double)(du_mix((uint64_t)i) >> 11) * 0x1p-53 * 200.0 - 100.0;
         float f = (float)u;
-        double h = lk__f16_to_f32(lk__f32_to_f16(f)), b = lk__bf16_to_f32(lk__f32_to_bf16(f));
+        double h = lk_f16_bits_to_f32(lk_f32_to_f16_bits(f)), b = lk_bf16_bits_to_f32(lk_f32_to_bf16_bits(f));
         CHECK_MSG(fabs(h - f) <= fabs(f) * 0x1p-11 + 0x1p-25, "f16(%g) = %g", f, h);
         CHECK_MSG(fabs(b - f) <= fabs(f) * 0x1p-8, "bf16(%g) = %g", f, b);
     }
@@ -36,7 +36,7 @@ static void reduce_kernels_against_reference(void) {
     static const size_t ns[] = {0, 1, 7, 8, 9, 511, 512, 513, 1023, 5000};
     for (int d = 0; d < CC_NDT; d++) {
         lk_dtype dt = cc_dtypes[d];
-        size_t esz = lk__dtype_size(dt);
+        size_t esz = lk_dtype_size(dt);
         for (int W = 1; W <= 5; W++)
             for (int op = 0; op < LK_REDUCE_COUNT; op++)
                 for (size_t s = 0; s < sizeof ns / sizeof ns[0]; s++) {
@@ -53,7 +53,7 @@ static void reduce_kernels_against_reference(void) {
                     for (size_t i = 0; i < n; i++) {
                         double want = du_ref_reduce(dt, (lk_reduce_op)op, 42, W, i), got = du_load(out, dt, i);
                         if (!(fabs(got - want) <= du_tol(dt, want, W))) {
-                            CHECK_MSG(0, "%s W=%d op=%d n=%zu i=%zu: %.17g vs %.17g", lk__dtype_name(dt), W, op, n, i, got, want);
+                            CHECK_MSG(0, "%s W=%d op=%d n=%zu i=%zu: %.17g vs %.17g", lk_dtype_name(dt), W, op, n, i, got, want);
                             break;
                         }
                     }
