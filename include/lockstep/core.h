@@ -1,6 +1,7 @@
 /* lockstep/core.h — status codes and the last error, rank-aware logging,
- * the one allocator (with its failure-injection hook), arenas, the
- * counter-based Philox RNG and clocks. Every other layer stands on this.
+ * the one allocator (with its failure-injection hook), arenas, growable
+ * arrays, files written atomically, the counter-based Philox RNG and
+ * clocks. Every other layer stands on this.
  *
  * Error contract: every fallible function returns an lk_status; 0 is success.
  * The message (what failed, where, what was expected) is kept per thread and
@@ -138,6 +139,44 @@ void *lk_arena_alloc(lk_arena *a, size_t size);
 void lk_arena_reset(lk_arena *a);
 void lk_arena_free(lk_arena *a);
 size_t lk_arena_used(const lk_arena *a);
+
+/* Growable arrays. lk_vec_reserve(items, cap, need, first) makes room for
+ * `need` elements in the array `items` (an lvalue pointer, lk_malloc'd or
+ * NULL) whose capacity in elements is the lvalue `cap` (an int or a size_t):
+ * nothing happens when need <= cap, otherwise the capacity doubles, starting
+ * from `first` when it is 0, until it holds `need`, with one lk_realloc.
+ * Evaluates to LK_STATUS_OK, or to LK_STATUS_OUT_OF_MEMORY with the error set
+ * and `items` and `cap` unchanged (so the caller still owns and frees them).
+ *
+ *     if (l->n == l->cap) LK_TRY(lk_vec_reserve(l->items, l->cap, l->n + 1, 16));
+ *     l->items[l->n++] = x;
+ */
+#define lk_vec_reserve(items, cap, need, first)                                        \
+    _Generic(&(cap), int *: lk__vec_reserve_int, size_t *: lk__vec_reserve_size)(    \
+        (void *)&(items), &(cap), (size_t)(need), sizeof *(items), (size_t)(first))
+/* Internal: `pitems` is the address of the caller's element pointer. */
+lk_status lk__vec_reserve_int(void *pitems, int *cap, size_t need, size_t elem, size_t first);
+lk_status lk__vec_reserve_size(void *pitems, size_t *cap, size_t need, size_t elem, size_t first);
+
+/* ------------------------------------------------------------------------
+ * Files written atomically. Every output file of a run (logs, run info,
+ * profiles, images, the saved config) is written to "<path>.tmp.<pid>",
+ * synced and renamed, so a crash or a full disk never leaves a torn file
+ * under the final name.
+ * ---------------------------------------------------------------------- */
+#define LK_FILE_PATH_MAX 4096
+/* Writes `len` bytes to `path` atomically: "<path>.tmp.<pid>", fsync, rename.
+ * On failure the temporary file is removed and `path` is untouched. */
+lk_status lk_file_write_atomic(const char *path, const void *data, size_t len);
+/* mkdir -p; existing directories are fine, a file in the way is an IO error. */
+lk_status lk_file_mkdirs(const char *path);
+/* Writes all `len` bytes to the open `fd` (retrying EINTR and short writes);
+ * `path` only names the file in the error message. */
+lk_status lk_file_write_all(int fd, const char *path, const void *data, size_t len);
+/* Removes, from `dir` only (not below), the regular files "<name>.tmp.<pid>"
+ * whose writer died before its rename (pid no longer running here); returns
+ * how many. Cannot fail: what cannot be read or removed is left alone. */
+int lk_file_remove_stale_tmp(const char *dir);
 
 /* ------------------------------------------------------------------------
  * Philox4x32-10 (Salmon et al., SC'11): counter-based, so any (key, counter)

@@ -3,6 +3,7 @@
  * error paths are tested the way SQLite tests them. */
 #include "lockstep/core.h"
 
+#include <limits.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -143,4 +144,39 @@ void lk_arena_free(lk_arena *a) {
         b = n;
     }
     lk_free(a);
+}
+
+/* Growable arrays (lk_vec_reserve). One lk_realloc per growth, as the
+ * hand-written loops this replaced did, so allocation counts and the Nth
+ * allocation a test fails stay where they were. */
+static lk_status vec_grow(void *pitems, size_t cap, size_t need, size_t elem, size_t first, size_t max,
+                          size_t *out_cap) {
+    size_t nc = cap ? cap : (first ? first : 1);
+    while (nc < need) {
+        if (nc > max / 2) return lk_error(LK_STATUS_OUT_OF_MEMORY, "growable array: %zu elements is too many", need);
+        nc *= 2;
+    }
+    if (nc > max || (elem && nc > SIZE_MAX / elem))
+        return lk_error(LK_STATUS_OUT_OF_MEMORY, "growable array: %zu elements of %zu bytes is too many", nc, elem);
+    /* memcpy, not a cast to void **: the caller's pointer has its own type */
+    void *old;
+    memcpy(&old, pitems, sizeof old);
+    void *p = lk_realloc(old, nc * elem);
+    if (!p) return lk_last_status();
+    memcpy(pitems, &p, sizeof p);
+    *out_cap = nc;
+    return LK_STATUS_OK;
+}
+
+lk_status lk__vec_reserve_int(void *pitems, int *cap, size_t need, size_t elem, size_t first) {
+    if (need <= (size_t)(*cap > 0 ? *cap : 0)) return LK_STATUS_OK;
+    size_t nc = 0;
+    lk_status st = vec_grow(pitems, (size_t)(*cap > 0 ? *cap : 0), need, elem, first, (size_t)INT_MAX, &nc);
+    if (!st) *cap = (int)nc;
+    return st;
+}
+
+lk_status lk__vec_reserve_size(void *pitems, size_t *cap, size_t need, size_t elem, size_t first) {
+    if (need <= *cap) return LK_STATUS_OK;
+    return vec_grow(pitems, *cap, need, elem, first, SIZE_MAX, cap);
 }

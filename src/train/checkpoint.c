@@ -447,7 +447,7 @@ static lk_status ckpt_one(lk_trainer *tr, lk_ckpt_state *k, bool primary, bool l
     if (c->dirpath[0]) snprintf(dir, sizeof dir, "%s", c->dirpath);
     else if (tr->log_dir[0]) snprintf(dir, sizeof dir, "%s/checkpoints", tr->log_dir);
     else snprintf(dir, sizeof dir, "%s/checkpoints", tr->cfg.default_root_dir[0] ? tr->cfg.default_root_dir : ".");
-    lk_status st = lk__out_mkdirs(dir);
+    lk_status st = lk_file_mkdirs(dir);
     /* The flat instance without a monitor keeps last.ckpt only; step-driven
      * saves of the flat instance are last.ckpt only (its old meaning). */
     bool topk = !(k->flat && (last_only || !c->monitor[0])) && c->save_top_k != 0;

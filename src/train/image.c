@@ -95,7 +95,7 @@ static lk_status grid_png(const char *path, const float *const *img, int n, int 
     lk_status st = LK_STATUS_OK;
     if (!ok || out.oom) st = lk_error(LK_STATUS_OUT_OF_MEMORY, "image grid %s: cannot encode %lldx%lld PNG", path,
                                       (long long)W, (long long)H);
-    else st = lk__out_write_atomic(path, out.p, out.len);
+    else st = lk_file_write_atomic(path, out.p, out.len);
     lk_free(out.p);
     return st;
 }

@@ -10,7 +10,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
-#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -181,95 +180,10 @@ int lk_logger_list_count(const lk_logger *list) {
  * Files and directories
  * ---------------------------------------------------------------------- */
 
-lk_status lk__out_mkdirs(const char *path) {
-    if (!path || !path[0]) return lk_error(LK_STATUS_INVALID_ARGUMENT, "mkdirs: empty path");
-    char buf[LK_LOG_DIR_MAX];
-    if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf)
-        return lk_error(LK_STATUS_INVALID_ARGUMENT, "mkdirs: path too long (%zu bytes): %.64s...", strlen(path), path);
-    for (char *p = buf + 1;; p++) {
-        if (*p != '/' && *p != 0) continue;
-        char c = *p;
-        *p = 0;
-        if (mkdir(buf, 0777) != 0 && errno != EEXIST)
-            return lk_error(LK_STATUS_IO, "cannot create directory %s: %s", buf, strerror(errno));
-        struct stat sb;
-        if (stat(buf, &sb) != 0 || !S_ISDIR(sb.st_mode))
-            return lk_error(LK_STATUS_IO, "cannot create directory %s: a file of that name exists", buf);
-        *p = c;
-        if (!c) break;
-    }
-    return LK_STATUS_OK;
-}
-
-static lk_status write_all(int fd, const char *path, const void *data, size_t len) {
-    const char *p = data;
-    while (len) {
-        ssize_t w = write(fd, p, len);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) return lk_error(LK_STATUS_IO, "cannot write %s: %s", path, w < 0 ? strerror(errno) : "short write");
-        p += w;
-        len -= (size_t)w;
-    }
-    return LK_STATUS_OK;
-}
-
-lk_status lk__out_write_atomic(const char *path, const void *data, size_t len) {
-    char tmp[LK_LOG_DIR_MAX + 32];
-    if (snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid()) >= (int)sizeof tmp)
-        return lk_error(LK_STATUS_INVALID_ARGUMENT, "path too long: %.64s...", path);
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) return lk_error(LK_STATUS_IO, "cannot create %s: %s", tmp, strerror(errno));
-    lk_status st = write_all(fd, tmp, data, len);
-    if (!st && fsync(fd) != 0) st = lk_error(LK_STATUS_IO, "cannot sync %s: %s", tmp, strerror(errno));
-    if (close(fd) != 0 && !st) st = lk_error(LK_STATUS_IO, "cannot close %s: %s", tmp, strerror(errno));
-    if (!st && rename(tmp, path) != 0)
-        st = lk_error(LK_STATUS_IO, "cannot rename %s to %s: %s", tmp, path, strerror(errno));
-    if (st) unlink(tmp);
-    return st;
-}
-
-/* True when name is "<something>.tmp.<pid>" (what lk__out_write_atomic and
- * the safetensors writer leave when their process dies between create and
- * rename) and that pid is not running on this machine. A live pid, even an
- * unrelated process that reused the number, keeps its file: removing a
- * file some writer still owns would be worse than leaving a stale one. */
-static bool stale_tmp(const char *name) {
-    const char *t = strstr(name, ".tmp.");
-    if (!t || t == name) return false;
-    while (strstr(t + 1, ".tmp.")) t = strstr(t + 1, ".tmp.");
-    const char *d = t + 5;
-    if (!*d) return false;
-    long pid = 0;
-    for (; *d; d++) {
-        if (*d < '0' || *d > '9' || pid > 4194304) return false;
-        pid = pid * 10 + (*d - '0');
-    }
-    if (pid <= 0 || pid == (long)getpid()) return false;
-    return kill((pid_t)pid, 0) != 0 && errno == ESRCH;
-}
-
 static int is_version_name(const char *s, long *v);
 
-/* Removes dead writers' temporaries (regular files only) in one directory. */
-static int remove_stale_in(const char *dir) {
-    DIR *d = opendir(dir);
-    if (!d) return 0;
-    int n = 0;
-    struct dirent *e;
-    char path[LK_LOG_DIR_MAX + 300];
-    while ((e = readdir(d))) {
-        if (!stale_tmp(e->d_name)) continue;
-        struct stat sb;
-        if (snprintf(path, sizeof path, "%s/%s", dir, e->d_name) >= (int)sizeof path) continue;
-        if (lstat(path, &sb) != 0 || !S_ISREG(sb.st_mode)) continue;
-        if (unlink(path) == 0) n++;
-    }
-    closedir(d);
-    return n;
-}
-
 int lk__out_remove_stale_tmp(const char *root) {
-    int n = remove_stale_in(root);
+    int n = lk_file_remove_stale_tmp(root);
     DIR *d = opendir(root);
     if (!d) return n;
     struct dirent *e;
@@ -278,9 +192,9 @@ int lk__out_remove_stale_tmp(const char *root) {
         long v;
         if (!is_version_name(e->d_name, &v)) continue;
         if (snprintf(sub, sizeof sub, "%s/%s", root, e->d_name) >= (int)sizeof sub - 16) continue;
-        n += remove_stale_in(sub);
+        n += lk_file_remove_stale_tmp(sub);
         strcat(sub, "/checkpoints");
-        n += remove_stale_in(sub);
+        n += lk_file_remove_stale_tmp(sub);
     }
     closedir(d);
     return n;
@@ -296,7 +210,7 @@ static lk_status append_all(const char *path, const void *data, size_t len) {
     if (!st) {
         /* No fsync: appends are frequent and a power cut losing the last
          * rows is acceptable; a torn row is not, hence the truncate. */
-        st = write_all(fd, path, data, len);
+        st = lk_file_write_all(fd, path, data, len);
         if (st && ftruncate(fd, sb.st_size) != 0) { /* the message already says what failed */ }
     }
     close(fd);
@@ -328,7 +242,7 @@ lk_status lk_log_dir_resolve(const char *root, const char *name, int version, ch
     if (snprintf(parent, sizeof parent, "%.*s%s%s", (int)rl, root, name[0] && root[rl - 1] != '/' ? "/" : "",
                  name) >= (int)sizeof parent)
         return lk_error(LK_STATUS_INVALID_ARGUMENT, "log directory too long: %.64s...", root);
-    LK_TRY(lk__out_mkdirs(parent));
+    LK_TRY(lk_file_mkdirs(parent));
     int v = version;
     if (version < 0) {
         DIR *d = opendir(parent);
@@ -643,7 +557,7 @@ static lk_status csv_save(csv_logger *c) {
         st = lk_last_status();
         goto done;
     }
-    st = rewrite ? lk__out_write_atomic(c->metrics_path, out.p, out.len) : append_all(c->metrics_path, out.p, out.len);
+    st = rewrite ? lk_file_write_atomic(c->metrics_path, out.p, out.len) : append_all(c->metrics_path, out.p, out.len);
     if (!st) {
         c->header_cols = c->ncols;
         c->nrows = 0;
@@ -665,13 +579,13 @@ static lk_status csv_hparams(lk_logger *lg, const char *yaml) {
     if (!n) n = 3;
     lk_status st;
     if (text[n - 1] == '\n') {
-        st = lk__out_write_atomic(c->hparams_path, text, n);
+        st = lk_file_write_atomic(c->hparams_path, text, n);
     } else {
         char *t = lk_malloc(n + 1);
         if (!t) return lk_last_status();
         memcpy(t, text, n);
         t[n] = '\n';
-        st = lk__out_write_atomic(c->hparams_path, t, n + 1);
+        st = lk_file_write_atomic(c->hparams_path, t, n + 1);
         lk_free(t);
     }
     if (!st) c->hparams_written = 1;
@@ -773,7 +687,7 @@ lk_status lk_csv_logger_create_in(const char *dir, lk_logger **out) {
     if (!dir || !dir[0]) return lk_error(LK_STATUS_INVALID_ARGUMENT, "lk_csv_logger_create_in: empty directory");
     if (strlen(dir) >= LK_LOG_DIR_MAX)
         return lk_error(LK_STATUS_INVALID_ARGUMENT, "log directory too long: %.64s...", dir);
-    LK_TRY(lk__out_mkdirs(dir));
+    LK_TRY(lk_file_mkdirs(dir));
     return csv_create(dir, -1, out);
 }
 

@@ -275,7 +275,7 @@ lk_status lk_tb_logger_create(const char *dir, lk_logger **out) {
     if (!dir || !dir[0]) return lk_error(LK_STATUS_INVALID_ARGUMENT, "lk_tb_logger_create: empty directory");
     if (strlen(dir) >= LK_LOG_DIR_MAX)
         return lk_error(LK_STATUS_INVALID_ARGUMENT, "log directory too long: %.64s...", dir);
-    LK_TRY(lk__out_mkdirs(dir));
+    LK_TRY(lk_file_mkdirs(dir));
     return tb_create(dir, -1, out);
 }
 

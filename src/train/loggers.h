@@ -228,16 +228,16 @@ lk_status lk_runinfo_write(const char *path, const lk_runinfo *info);
 /* The same JSON text, malloc'd with lk_malloc (caller lk_frees). */
 lk_status lk_runinfo_to_json(const lk_runinfo *info, char **out);
 
-/* Writes `len` bytes to `path` atomically: "<path>.tmp.<pid>", fsync, rename.
- * On failure the temporary file is removed and `path` is untouched. */
-lk_status lk__out_write_atomic(const char *path, const void *data, size_t len);
-/* mkdir -p; existing directories are fine. */
-lk_status lk__out_mkdirs(const char *path);
-/* Removes "<name>.tmp.<pid>" files left by writers that died before their
- * rename (pid no longer running here) from root, root/version_N and
- * root/version_N/checkpoints; returns how many. Cannot fail: what cannot be
- * read or removed is left alone. */
+/* Removes the temporaries of writers that died before their rename
+ * (lk_file_remove_stale_tmp) from root, root/version_N and
+ * root/version_N/checkpoints; returns how many. Cannot fail. */
 int lk__out_remove_stale_tmp(const char *root);
+/* The old names of lk_file_write_atomic and lk_file_mkdirs (lockstep/core.h),
+ * kept while src/train/trainer.c is being split; new code calls lk_file_*. */
+static inline lk_status lk__out_write_atomic(const char *path, const void *data, size_t len) {
+    return lk_file_write_atomic(path, data, len);
+}
+static inline lk_status lk__out_mkdirs(const char *path) { return lk_file_mkdirs(path); }
 
 /* ========================================================================
  * Images

@@ -263,7 +263,7 @@ static lk_status write_trace(lk_trainer *tr) {
             }
             fputs("\n]}\n", f);
             fclose(f);
-            st = lk__out_write_atomic(path, doc, dlen);
+            st = lk_file_write_atomic(path, doc, dlen);
             if (!st)
                 lk_log0("profiler (trace): the first %lld steps of %d rank%s in %s (open it at ui.perfetto.dev)%s",
                         (long long)p->max_steps, tr->world, tr->world > 1 ? "s" : "", path,

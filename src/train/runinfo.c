@@ -163,7 +163,7 @@ lk_status lk_runinfo_write(const char *path, const lk_runinfo *info) {
     if (!path || !path[0]) return lk_error(LK_STATUS_INVALID_ARGUMENT, "lk_runinfo_write: empty path");
     char *text;
     LK_TRY(lk_runinfo_to_json(info, &text));
-    lk_status st = lk__out_write_atomic(path, text, strlen(text));
+    lk_status st = lk_file_write_atomic(path, text, strlen(text));
     lk_free(text);
     return st;
 }
