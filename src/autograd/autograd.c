@@ -101,13 +101,7 @@ void lk_thread_cleanup(void) {
 lk_node *lk__record(const char *name, lk_backward_fn bw, lk_tensor *out, int n_in, lk_tensor *const *in) {
     if (op_hook) op_name = name;
     if (!lk__needs_grad(n_in, in)) return NULL;
-    if (tape_n == tape_max) {
-        size_t nm = tape_max ? tape_max * 2 : 256;
-        lk_node **nt = lk_realloc(tape, nm * sizeof *nt);
-        if (!nt) return NULL;
-        tape = nt;
-        tape_max = nm;
-    }
+    if (tape_n == tape_max && lk_vec_reserve(tape, tape_max, tape_n + 1, 256)) return NULL;
     lk_node *n = node_free;
     if (n) node_free = n->extra;
     else if (!(n = lk_malloc(sizeof *n))) return NULL;

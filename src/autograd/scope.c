@@ -19,12 +19,9 @@ static _Thread_local int scope_depth, scope_max;
 
 void lk_scope_begin(void) {
     if (scope_depth == scope_max) {
-        int nm = scope_max ? scope_max * 2 : 8;
-        scope_frame *ns = lk_realloc(scopes, (size_t)nm * sizeof *ns);
-        if (!ns) lk_panic("out of memory growing the scope stack");
-        memset(ns + scope_max, 0, (size_t)(nm - scope_max) * sizeof *ns);
-        scopes = ns;
-        scope_max = nm;
+        int old = scope_max;
+        if (lk_vec_reserve(scopes, scope_max, scope_depth + 1, 8)) lk_panic("out of memory growing the scope stack");
+        memset(scopes + old, 0, (size_t)(scope_max - old) * sizeof *scopes);
     }
     scope_frame *f = &scopes[scope_depth++];
     f->n = 0;
@@ -51,13 +48,7 @@ void lk__scope_thread_cleanup(void) {
 lk_tensor *lk_scope_adopt(lk_tensor *t) {
     if (!t || scope_depth == 0) return t;
     scope_frame *f = &scopes[scope_depth - 1];
-    if (f->n == f->max) {
-        int nm = f->max ? f->max * 2 : 64;
-        lk_tensor **ni = lk_realloc(f->items, (size_t)nm * sizeof *ni);
-        if (!ni) lk_panic("out of memory growing a scope");
-        f->items = ni;
-        f->max = nm;
-    }
+    if (f->n == f->max && lk_vec_reserve(f->items, f->max, f->n + 1, 64)) lk_panic("out of memory growing a scope");
     f->items[f->n++] = t;
     return t;
 }

@@ -603,15 +603,9 @@ static lk_status shm_alloc_shared(lk_comm *c, size_t bytes, void **ptr) {
                         "raise lk_comm_config.shared_bytes or LK_COMM_SHM_BYTES",
                         bytes, s->rank, used, cap);
     }
-    if (s->nblk == s->cap) {
-        int ncap = s->cap ? s->cap * 2 : 16;
-        blk *nb = lk_realloc(s->blks, (size_t)ncap * sizeof *nb);
-        if (!nb) {
-            pthread_mutex_unlock(&s->heap_mu);
-            return LK_STATUS_OUT_OF_MEMORY;
-        }
-        s->blks = nb;
-        s->cap = ncap;
+    if (s->nblk == s->cap && lk_vec_reserve(s->blks, s->cap, s->nblk + 1, 16)) {
+        pthread_mutex_unlock(&s->heap_mu);
+        return LK_STATUS_OUT_OF_MEMORY;
     }
     memmove(s->blks + i + 1, s->blks + i, (size_t)(s->nblk - i) * sizeof *s->blks);
     s->blks[i] = (blk){at, size};

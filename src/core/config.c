@@ -59,13 +59,7 @@ static void node_free(lk_config_node *n) {
 
 static lk_status node_reserve(lk_config_node *n, int want) {
     if (want <= n->cap) return LK_STATUS_OK;
-    int cap = n->cap ? n->cap : 4;
-    while (cap < want) cap *= 2;
-    lk_config_node **k = lk_realloc(n->kids, (size_t)cap * sizeof *k);
-    if (!k) return LK_STATUS_OUT_OF_MEMORY;
-    n->kids = k;
-    n->cap = cap;
-    return LK_STATUS_OK;
+    return lk_vec_reserve(n->kids, n->cap, (size_t)want, 4);
 }
 
 static lk_status node_append(lk_config_node *parent, lk_config_node *kid) {
@@ -883,16 +877,9 @@ static int sink_write(void *data, unsigned char *bytes, size_t size) {
         if (fwrite(bytes, 1, size, s->f) != size) s->failed = true;
         return !s->failed;
     }
-    if (s->len + size + 1 > s->cap) {
-        size_t cap = s->cap ? s->cap : 1024;
-        while (cap < s->len + size + 1) cap *= 2;
-        char *nb = lk_realloc(s->buf, cap);
-        if (!nb) {
-            s->failed = true;
-            return 0;
-        }
-        s->buf = nb;
-        s->cap = cap;
+    if (lk_vec_reserve(s->buf, s->cap, s->len + size + 1, 1024)) {
+        s->failed = true;
+        return 0;
     }
     memcpy(s->buf + s->len, bytes, size);
     s->len += size;

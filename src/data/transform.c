@@ -43,13 +43,8 @@ void lk_transform_free(lk_transform *t) {
 }
 
 static lk_status push(lk_transform *t, const op *o) {
-    if (t->nops == t->cap) {
-        int cap = t->cap ? 2 * t->cap : 4;
-        op *n = lk_realloc(t->ops, (size_t)cap * sizeof *n);
-        if (!n) return lk_error(LK_STATUS_OUT_OF_MEMORY, "transform: out of memory adding '%s'", op_names[o->kind]);
-        t->ops = n;
-        t->cap = cap;
-    }
+    if (t->nops == t->cap && lk_vec_reserve(t->ops, t->cap, t->nops + 1, 4))
+        return lk_error(LK_STATUS_OUT_OF_MEMORY, "transform: out of memory adding '%s'", op_names[o->kind]);
     t->ops[t->nops++] = *o;
     return LK_STATUS_OK;
 }

@@ -14,13 +14,7 @@
 
 lk_status lk_named_tensors_append(lk_named_tensors *l, const char *name, lk_tensor *t) {
     if (!l || !name || !t) return lk_error(LK_STATUS_INVALID_ARGUMENT, "named_tensors_append: NULL argument");
-    if (l->n == l->cap) {
-        int nc = l->cap ? l->cap * 2 : 16;
-        lk_named_tensor *ni = lk_realloc(l->items, (size_t)nc * sizeof *ni);
-        if (!ni) return LK_STATUS_OUT_OF_MEMORY;
-        l->items = ni;
-        l->cap = nc;
-    }
+    if (l->n == l->cap) LK_TRY(lk_vec_reserve(l->items, l->cap, l->n + 1, 16));
     char *nm = lk_strdup(name);
     if (!nm) return LK_STATUS_OUT_OF_MEMORY;
     l->items[l->n].name = nm;
@@ -121,15 +115,8 @@ lk_status lk_layer_add_buffer(lk_layer *l, const char *name, lk_tensor *t) {
 lk_status lk_layer_add_child(lk_layer *l, const char *name, lk_layer *child) {
     if (!child) return lk_last_status() ? lk_last_status() : lk_error(LK_STATUS_INVALID_ARGUMENT, "child '%s': NULL layer", name);
     lk_status st = l ? check_name(l, "child", name) : lk_error(LK_STATUS_INVALID_ARGUMENT, "add_child: NULL layer");
-    if (!st && l->n_children == l->cap_children) {
-        int nc = l->cap_children ? l->cap_children * 2 : 4;
-        lk_named_layer *nch = lk_realloc(l->children, (size_t)nc * sizeof *nch);
-        if (!nch) st = LK_STATUS_OUT_OF_MEMORY;
-        else {
-            l->children = nch;
-            l->cap_children = nc;
-        }
-    }
+    if (!st && l->n_children == l->cap_children)
+        st = lk_vec_reserve(l->children, l->cap_children, l->n_children + 1, 4);
     char *nm = st ? NULL : lk_strdup(name);
     if (!st && !nm) st = LK_STATUS_OUT_OF_MEMORY;
     if (st) {
@@ -328,13 +315,7 @@ static lk_status collect_slots(lk_layer *l, slot_vec *sv) {
     for (int i = 0; i < l->params.n; i++) {
         lk_tensor *t = l->params.items[i].tensor;
         if (t->dtype != LK_F32) continue;
-        if (sv->n == sv->cap) {
-            int nc = sv->cap ? sv->cap * 2 : 32;
-            flat_slot *nv = lk_realloc(sv->v, (size_t)nc * sizeof *nv);
-            if (!nv) return LK_STATUS_OUT_OF_MEMORY;
-            sv->v = nv;
-            sv->cap = nc;
-        }
+        if (sv->n == sv->cap) LK_TRY(lk_vec_reserve(sv->v, sv->cap, sv->n + 1, 32));
         int alias = -1;
         for (int j = 0; j < sv->n && alias < 0; j++)
             if (*sv->v[j].slot == t) alias = j;

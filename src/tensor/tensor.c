@@ -103,14 +103,7 @@ static void storage_release(lk_storage *s) {
         c->cap = s->cap;
         c->device = s->device;
     }
-    if (c && c->n == c->max) {
-        int nm = c->max ? c->max * 2 : 8;
-        lk_storage **ni = lk_realloc(c->items, (size_t)nm * sizeof *ni);
-        if (ni) {
-            c->items = ni;
-            c->max = nm;
-        }
-    }
+    if (c && c->n == c->max) (void)lk_vec_reserve(c->items, c->max, c->n + 1, 8); /* failing: the storage is freed below */
     if (c && c->n < c->max) {
         c->items[c->n++] = s;
         pool.stats.bytes_cached += s->cap;

@@ -40,16 +40,9 @@ typedef struct {
 static void png_collect(void *ctx, void *data, int size) {
     png_buf *b = ctx;
     if (b->oom || size <= 0) return;
-    if (b->len + (size_t)size > b->cap) {
-        size_t cap = b->cap ? b->cap : 4096;
-        while (cap < b->len + (size_t)size) cap *= 2;
-        unsigned char *q = lk_realloc(b->p, cap);
-        if (!q) {
-            b->oom = 1;
-            return;
-        }
-        b->p = q;
-        b->cap = cap;
+    if (lk_vec_reserve(b->p, b->cap, b->len + (size_t)size, 4096)) {
+        b->oom = 1;
+        return;
     }
     memcpy(b->p + b->len, data, (size_t)size);
     b->len += (size_t)size;

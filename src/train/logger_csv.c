@@ -154,15 +154,9 @@ lk_status lk_logger_list_add(lk_logger *list, lk_logger *child) {
     }
     if (!child) return lk_error(LK_STATUS_INVALID_ARGUMENT, "lk_logger_list_add: child logger is NULL");
     logger_list *l = (logger_list *)list;
-    if (l->n == l->cap) {
-        int cap = l->cap ? 2 * l->cap : 4;
-        lk_logger **p = lk_realloc(l->child, (size_t)cap * sizeof *p);
-        if (!p) {
-            lk_logger_free(child);
-            return lk_last_status();
-        }
-        l->child = p;
-        l->cap = cap;
+    if (l->n == l->cap && lk_vec_reserve(l->child, l->cap, l->n + 1, 4)) {
+        lk_logger_free(child);
+        return lk_last_status();
     }
     l->child[l->n++] = child;
     if (!list->log_dir[0] && child->log_dir[0]) {
@@ -293,16 +287,7 @@ typedef struct {
 } sbuf;
 
 static void sb_reserve(sbuf *b, size_t more) {
-    if (b->oom || b->len + more + 1 <= b->cap) return;
-    size_t cap = b->cap ? b->cap : 1024;
-    while (cap < b->len + more + 1) cap *= 2;
-    char *p = lk_realloc(b->p, cap);
-    if (!p) {
-        b->oom = 1;
-        return;
-    }
-    b->p = p;
-    b->cap = cap;
+    if (!b->oom && lk_vec_reserve(b->p, b->cap, b->len + more + 1, 1024)) b->oom = 1;
 }
 
 static void sb_put(sbuf *b, const char *s, size_t n) {
@@ -387,13 +372,7 @@ static int find_col(const csv_logger *c, const char *name) {
 }
 
 static lk_status add_col(csv_logger *c, const char *name, int *idx) {
-    if (c->ncols == c->cap_cols) {
-        int cap = c->cap_cols ? 2 * c->cap_cols : 16;
-        char **p = lk_realloc(c->cols, (size_t)cap * sizeof *p);
-        if (!p) return lk_last_status();
-        c->cols = p;
-        c->cap_cols = cap;
-    }
+    if (c->ncols == c->cap_cols) LK_TRY(lk_vec_reserve(c->cols, c->cap_cols, c->ncols + 1, 16));
     char *s = lk_strdup(name);
     if (!s) return lk_last_status();
     c->cols[c->ncols] = s;
@@ -594,21 +573,8 @@ static lk_status csv_hparams(lk_logger *lg, const char *yaml) {
 
 static lk_status csv_metrics(lk_logger *lg, int64_t step, const char *const *names, const double *values, int n) {
     csv_logger *c = (csv_logger *)lg;
-    if (c->nrows == c->cap_rows) {
-        int cap = c->cap_rows ? 2 * c->cap_rows : 64;
-        csv_row *p = lk_realloc(c->rows, (size_t)cap * sizeof *p);
-        if (!p) return lk_last_status();
-        c->rows = p;
-        c->cap_rows = cap;
-    }
-    if (c->ncells + n > c->cap_cells) {
-        int cap = c->cap_cells ? c->cap_cells : 256;
-        while (cap < c->ncells + n) cap *= 2;
-        csv_cell *p = lk_realloc(c->cells, (size_t)cap * sizeof *p);
-        if (!p) return lk_last_status();
-        c->cells = p;
-        c->cap_cells = cap;
-    }
+    if (c->nrows == c->cap_rows) LK_TRY(lk_vec_reserve(c->rows, c->cap_rows, c->nrows + 1, 64));
+    if (c->ncells + n > c->cap_cells) LK_TRY(lk_vec_reserve(c->cells, c->cap_cells, (size_t)(c->ncells + n), 256));
     csv_row *row = &c->rows[c->nrows];
     row->step = step;
     row->first = c->ncells;

@@ -58,16 +58,9 @@ typedef struct {
 
 static void pb_bytes(pb *b, const void *s, size_t n) {
     if (b->oom || n == 0) return;
-    if (b->len + n > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < b->len + n) cap *= 2;
-        unsigned char *q = lk_realloc(b->p, cap);
-        if (!q) {
-            b->oom = 1;
-            return;
-        }
-        b->p = q;
-        b->cap = cap;
+    if (lk_vec_reserve(b->p, b->cap, b->len + n, 256)) {
+        b->oom = 1;
+        return;
     }
     memcpy(b->p + b->len, s, n);
     b->len += n;

@@ -13,13 +13,8 @@ lk_metric *lk__metric_get(lk_trainer *tr, const char *name, bool create) {
     for (int i = 0; i < tr->nmetrics; i++)
         if (!strcmp(tr->metrics[i].name, name)) return &tr->metrics[i];
     if (!create) return NULL;
-    if (tr->nmetrics == tr->cap_metrics) {
-        int nc = tr->cap_metrics ? tr->cap_metrics * 2 : 16;
-        lk_metric *nm = lk_realloc(tr->metrics, (size_t)nc * sizeof *nm);
-        if (!nm) return NULL;
-        tr->metrics = nm;
-        tr->cap_metrics = nc;
-    }
+    if (tr->nmetrics == tr->cap_metrics && lk_vec_reserve(tr->metrics, tr->cap_metrics, tr->nmetrics + 1, 16))
+        return NULL;
     lk_metric *m = &tr->metrics[tr->nmetrics++];
     memset(m, 0, sizeof *m);
     snprintf(m->name, sizeof m->name, "%s", name);

@@ -57,14 +57,10 @@ static void add_event(lk_profiler *p, trace_ev e) {
             p->dropped = true;
             return;
         }
-        size_t nc = p->cap_ev ? 2 * p->cap_ev : 4096;
-        trace_ev *ne = lk_realloc(p->ev, nc * sizeof *ne);
-        if (!ne) { /* a trace with a gap beats a failed fit; the end of fit says so */
-            p->dropped = true;
+        if (lk_vec_reserve(p->ev, p->cap_ev, p->nev + 1, 4096)) {
+            p->dropped = true; /* a trace with a gap beats a failed fit; the end of fit says so */
             return;
         }
-        p->ev = ne;
-        p->cap_ev = nc;
     }
     e.step = p->step;
     p->ev[p->nev++] = e;
@@ -73,13 +69,7 @@ static void add_event(lk_profiler *p, trace_ev e) {
 static op_stat *op_entry(lk_profiler *p, const char *name) {
     for (int i = 0; i < p->ntab; i++) /* pointer first: names are literals, compared by text only when they differ */
         if (p->tab[i].name == name || !strcmp(p->tab[i].name, name)) return &p->tab[i];
-    if (p->ntab == p->cap_tab) {
-        int nc = p->cap_tab ? 2 * p->cap_tab : 64;
-        op_stat *nt = lk_realloc(p->tab, (size_t)nc * sizeof *nt);
-        if (!nt) return NULL;
-        p->tab = nt;
-        p->cap_tab = nc;
-    }
+    if (p->ntab == p->cap_tab && lk_vec_reserve(p->tab, p->cap_tab, p->ntab + 1, 64)) return NULL;
     p->tab[p->ntab] = (op_stat){.name = name};
     return &p->tab[p->ntab++];
 }

@@ -76,13 +76,7 @@ static lk_status collect(const lk_layer *l, const char *prefix, int depth, int m
             return lk_error(LK_STATUS_INVALID_ARGUMENT, "lk_model_summary: layer name '%s.%s' is over %zu characters",
                             prefix, l->children[i].name, sizeof name - 1);
         if (max_depth < 0 || depth <= max_depth) {
-            if (r->n == r->cap) {
-                int nc = r->cap ? 2 * r->cap : 16;
-                summary_row *nr = lk_realloc(r->rows, (size_t)nc * sizeof *nr);
-                if (!nr) return LK_STATUS_OUT_OF_MEMORY;
-                r->rows = nr;
-                r->cap = nc;
-            }
+            if (r->n == r->cap) LK_TRY(lk_vec_reserve(r->rows, r->cap, r->n + 1, 16));
             summary_row *row = &r->rows[r->n++];
             snprintf(row->name, sizeof row->name, "%s", name);
             row->type = c->type;
