@@ -3,6 +3,8 @@
 #ifndef LK_TRAIN_IMPL_H
 #define LK_TRAIN_IMPL_H
 
+#include <signal.h>
+
 #include "lockstep/trainer.h"
 #include "train/loggers.h"
 
@@ -181,5 +183,16 @@ bool lk__ckpt_due_steps(const lk_trainer *tr);
 lk_status lk__callbacks_init(lk_trainer *tr);
 /* "last" / "best" / a path -> a path (error when it does not exist). */
 lk_status lk__ckpt_resolve(lk_trainer *tr, const char *spec, char *out, size_t size);
+
+/* signals.c: the stop signals (SIGINT, SIGTERM, SIGHUP, SIGUSR1) of a fit. */
+typedef struct lk__sig_state {
+    struct sigaction old_int, old_term, old_hup, old_usr1;
+} lk__sig_state;
+/* Clears the record and catches the stop signals; the previous handlers go to `s`. */
+void lk__signals_install(lk__sig_state *s);
+/* Puts back the handlers lk__signals_install saved in `s`. */
+void lk__signals_restore(lk__sig_state *s);
+/* The last stop signal caught since lk__signals_install, or 0. */
+int lk__stop_signal(void);
 
 #endif

@@ -5,7 +5,6 @@
  * prints and writes files; every decision that ends a loop is taken from
  * values that are identical on every rank, so ranks never diverge. */
 #include <math.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,13 +17,6 @@
 #ifndef LK_GIT_REV
 #define LK_GIT_REV "unknown"
 #endif
-
-/* SIGINT/SIGTERM/SIGHUP/SIGUSR1: finish the step, save last.ckpt, stop.
- * SIGHUP is a closed terminal or ssh session; SIGUSR1 is SLURM's (and
- * Lightning's) preemption warning before the kill. */
-static volatile sig_atomic_t stop_signal;
-
-static void on_stop_signal(int sig) { stop_signal = sig; }
 
 /* ---- creation --------------------------------------------------------------- */
 
@@ -460,7 +452,7 @@ static const char *loss_text(double v, char buf[32]) {
  * `check_time` false leaves max_time to the epoch end (Timer(interval="epoch")). */
 static lk_status agree_stop(lk_trainer *tr, bool check_time, bool *stop) {
     int32_t local = 0;
-    if (stop_signal) local = 2;
+    if (lk__stop_signal()) local = 2;
     else if (check_time && tr->cfg.max_time > 0 && lk_time_now() - tr->t_fit_start >= tr->cfg.max_time) local = 1;
     if (tr->world > 1) LK_TRY(lk_comm_all_reduce(tr->comm, &local, 1, LK_I32, LK_REDUCE_MAX));
     if (local == 2) snprintf(tr->stop_reason, sizeof tr->stop_reason, "stopped by a signal");
@@ -981,29 +973,6 @@ static void print_profile(lk_trainer *tr) {
     }
 }
 
-typedef struct {
-    struct sigaction old_int, old_term, old_hup, old_usr1;
-} sig_state;
-
-static void install_signals(sig_state *s) {
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_stop_signal;
-    sigemptyset(&sa.sa_mask);
-    stop_signal = 0;
-    sigaction(SIGINT, &sa, &s->old_int);
-    sigaction(SIGTERM, &sa, &s->old_term);
-    sigaction(SIGHUP, &sa, &s->old_hup);
-    sigaction(SIGUSR1, &sa, &s->old_usr1);
-}
-
-static void restore_signals(sig_state *s) {
-    sigaction(SIGINT, &s->old_int, NULL);
-    sigaction(SIGTERM, &s->old_term, NULL);
-    sigaction(SIGHUP, &s->old_hup, NULL);
-    sigaction(SIGUSR1, &s->old_usr1, NULL);
-}
-
 /* How many times this job was restarted: torchrun's (and `lockstep launch
  * --max-restarts`') TORCHELASTIC_RESTART_COUNT or SLURM's requeue count. */
 static long restart_count(const char **which) {
@@ -1037,8 +1006,8 @@ lk_status lk_trainer_fit(lk_trainer *tr, lk_module *m, lk_datamodule *dm, const 
     const lk_trainer_config *c = &tr->cfg;
     tr->t_fit_start = lk_time_now();
     lk_loader *train = NULL, *val = NULL;
-    sig_state sigs;
-    install_signals(&sigs);
+    lk__sig_state sigs;
+    lk__signals_install(&sigs);
     lk_status st = begin_run(tr, m, dm, "fit");
     lk_dataset *train_ds = st ? NULL : dm->vt->dataset(dm, "train");
     lk_dataset *val_ds = st ? NULL : dm->vt->dataset(dm, "val");
@@ -1161,7 +1130,7 @@ lk_status lk_trainer_fit(lk_trainer *tr, lk_module *m, lk_datamodule *dm, const 
     tr->t_train_end = lk_time_now();
     tr->train_time = tr->t_train_end - t_train;
     if (!st && tr->stop_reason[0]) lk_log0("%s", tr->stop_reason);
-    if (!st && stop_signal) st = lk_error(LK_STATUS_ABORTED, "stopped by signal %d after writing last.ckpt", (int)stop_signal);
+    if (!st && lk__stop_signal()) st = lk_error(LK_STATUS_ABORTED, "stopped by signal %d after writing last.ckpt", lk__stop_signal());
     /* The run's error, before run.json, the logger or cleanup (which may
      * fail on the same full disk) can replace it. */
     char msg[2048];
@@ -1179,7 +1148,7 @@ lk_status lk_trainer_fit(lk_trainer *tr, lk_module *m, lk_datamodule *dm, const 
     if (c->sync_batchnorm && m) lk_layer_sync_batchnorm(m->net, NULL, NULL); /* the module outlives this trainer's comm */
     lk_status saved = st;
     run_cleanup(tr);
-    restore_signals(&sigs);
+    lk__signals_restore(&sigs);
     if (saved) lk_error(saved, "%s", msg[0] == '[' ? strchr(msg, ']') + 2 : msg);
     return saved;
 }
