@@ -195,4 +195,10 @@ void lk__signals_restore(lk__sig_state *s);
 /* The last stop signal caught since lk__signals_install, or 0. */
 int lk__stop_signal(void);
 
+/* optim_factory.c: tr->optim (with trainer.scale_lr applied, sharded by
+ * the strategy), tr->scaler for 16-mixed and tr->sched from tr->opt; the
+ * parameters (tr->params) must be set up. On failure what was built stays
+ * in tr for run_cleanup to free. */
+lk_status lk__optim_setup(lk_trainer *tr, int64_t steps_per_epoch);
+
 #endif
