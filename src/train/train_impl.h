@@ -201,4 +201,18 @@ int lk__stop_signal(void);
  * in tr for run_cleanup to free. */
 lk_status lk__optim_setup(lk_trainer *tr, int64_t steps_per_epoch);
 
+/* callbacks.c: the callbacks the loops call besides ModelCheckpoint. */
+/* EarlyStopping `es` after a validation: sets tr->should_stop and
+ * tr->stop_reason when it stops; an error when a strict monitor was never logged. */
+lk_status lk__early_stopping_check(lk_trainer *tr, lk_es_state *es);
+/* At a logged step: lr-<Optimizer> (per-step form), the loss scale
+ * (16-mixed) and the device stats (trainer.device_stats_monitor; an
+ * all-reduce when world > 1, so every rank calls it). Each does nothing when
+ * its callback is off. */
+lk_status lk__log_lr(lk_trainer *tr);
+lk_status lk__log_scale(lk_trainer *tr);
+lk_status lk__log_device_stats(lk_trainer *tr);
+/* At an epoch start: lr-<Optimizer> when LearningRateMonitor logs per epoch. */
+lk_status lk__log_lr_epoch(lk_trainer *tr);
+
 #endif
