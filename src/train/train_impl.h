@@ -215,4 +215,13 @@ lk_status lk__log_device_stats(lk_trainer *tr);
 /* At an epoch start: lr-<Optimizer> when LearningRateMonitor logs per epoch. */
 lk_status lk__log_lr_epoch(lk_trainer *tr);
 
+/* runsummary.c: the summary of a finished command. */
+/* Writes <log_dir>/run.json on rank 0 (nothing elsewhere or without a log
+ * dir) for `command` ending with `st`. Cannot fail: a write error is a
+ * warning and leaves the run's own error as the last error. */
+void lk__write_runinfo(lk_trainer *tr, const char *command, lk_status st);
+/* Prints the mean phase times per optimizer step on rank 0 when
+ * trainer.profiler is not none and a step ran. */
+void lk__print_profile(lk_trainer *tr);
+
 #endif

@@ -14,10 +14,6 @@
 #include "lockstep/config.h"
 #include "train/train_impl.h"
 
-#ifndef LK_GIT_REV
-#define LK_GIT_REV "unknown"
-#endif
-
 /* ---- creation --------------------------------------------------------------- */
 
 /* trainer.precision (with Lightning's aliases) -> the autocast dtype of the
@@ -710,81 +706,6 @@ static lk_status fit_loop(lk_trainer *tr, lk_loader *train, lk_loader *val, int6
     return LK_STATUS_OK;
 }
 
-/* Writes run.json on rank 0. A failure to write it (the disk that failed
- * the checkpoint is usually full for run.json too) is a warning and leaves
- * the run's own error as the last error: the first failure is the one the
- * user must see. */
-static void write_runinfo(lk_trainer *tr, const char *command, lk_status st) {
-    if (!is_rank0(tr) || !tr->log_dir[0]) return;
-    char first[2048];
-    snprintf(first, sizeof first, "%s", lk_last_error());
-    const char *names[128];
-    double vals[128];
-    int k = 0;
-    for (int i = 0; i < tr->nmetrics && k < 128; i++)
-        if (tr->metrics[i].has_value) {
-            names[k] = tr->metrics[i].name;
-            vals[k++] = tr->metrics[i].value;
-        }
-    lk_runinfo ri = lk_runinfo_default();
-    ri.command = command;
-    ri.status = st ? "error" : "ok";
-    ri.error = st ? lk_last_error() : NULL;
-    ri.n_metrics = k;
-    ri.metric_names = names;
-    ri.metric_values = vals;
-    ri.best_monitor = tr->nckpts && tr->ckpts[0].c.monitor[0] ? tr->ckpts[0].c.monitor : NULL;
-    ri.best_score = tr->best_score;
-    ri.best_path = tr->best_ckpt[0] ? tr->best_ckpt : NULL;
-    ri.epochs = tr->epoch;
-    ri.global_step = tr->global_step;
-    ri.wall_s = lk_time_now() - tr->t_start;
-    if (tr->t_steady > 0 && tr->t_train_end > tr->t_steady && tr->timed_steps > 5)
-        ri.samples_per_s = (double)(tr->samples_seen - tr->samples_steady) * tr->world / (tr->t_train_end - tr->t_steady);
-    else
-        ri.samples_per_s = tr->train_time > 0 ? (double)tr->samples_seen * tr->world / tr->train_time : 0;
-    ri.time_to_first_step_s = tr->t_first_step > 0 ? tr->t_first_step - tr->t_start : 0;
-    ri.world_size = tr->world;
-    ri.strategy = tr->dp_devices ? "dp" : lk_strategy_name(tr->strat);
-    ri.accelerator = "cpu";
-    ri.precision = tr->cfg.precision;
-    ri.gemm_path = lk_autocast_gemm_path(tr->autocast);
-    ri.git_revision = LK_GIT_REV;
-    ri.log_dir = tr->log_dir;
-    ri.last_checkpoint = tr->last_ckpt[0] ? tr->last_ckpt : NULL;
-    double n = tr->timed_steps > 0 ? (double)tr->timed_steps : 1;
-    double z[6] = {0};
-    if (tr->t_steady > 0 && tr->timed_steps > 5) { /* steady state, like samples_per_s: the steps after the 5th */
-        n = (double)(tr->timed_steps - 5);
-        memcpy(z, tr->sum_at_steady, sizeof z);
-    }
-    ri.step_time = (lk_runinfo_times){1e3 * (tr->sum_data - z[0]) / n, 1e3 * (tr->sum_fwd - z[1]) / n,
-                                      1e3 * (tr->sum_bwd - z[2]) / n, 1e3 * (tr->sum_comm - z[3]) / n,
-                                      1e3 * (tr->sum_opt - z[4]) / n, 1e3 * (tr->sum_comm_wait - z[5]) / n};
-    ri.config_yaml = tr->config_yaml;
-    char path[LK_PATH + 16];
-    snprintf(path, sizeof path, "%s/run.json", tr->log_dir);
-    lk_status wst = lk_runinfo_write(path, &ri);
-    if (wst) {
-        lk_log_warn("could not write %s: %s", path, lk_last_error());
-        if (st) lk_error(st, "%s", first);
-    }
-}
-
-static void print_profile(lk_trainer *tr) {
-    if (!is_rank0(tr) || !strcmp(tr->cfg.profiler, "none") || tr->timed_steps == 0) return; /* every profiler shows the phases */
-    double n = (double)tr->timed_steps;
-    double tot = tr->sum_data + tr->sum_fwd + tr->sum_bwd + tr->sum_comm + tr->sum_opt;
-    printf("\nprofiler (%s): %lld optimizer steps, mean per step\n", tr->cfg.profiler, (long long)tr->timed_steps);
-    const char *names[] = {"data wait", "forward", "backward", "exposed comm", "optimizer"};
-    double v[] = {tr->sum_data, tr->sum_fwd, tr->sum_bwd, tr->sum_comm, tr->sum_opt};
-    for (int i = 0; i < 5; i++) {
-        printf("  %-14s %9.3f ms  %5.1f%%\n", names[i], 1e3 * v[i] / n, tot > 0 ? 100 * v[i] / tot : 0);
-        if (i == 3 && tr->sum_comm_wait > 0) /* exposed comm = waiting for the last rank + moving the data */
-            printf("    %-12s %9.3f ms  (waiting for the last rank to arrive)\n", "of which", 1e3 * tr->sum_comm_wait / n);
-    }
-}
-
 /* How many times this job was restarted: torchrun's (and `lockstep launch
  * --max-restarts`') TORCHELASTIC_RESTART_COUNT or SLURM's requeue count. */
 static long restart_count(const char **which) {
@@ -951,9 +872,9 @@ lk_status lk_trainer_fit(lk_trainer *tr, lk_module *m, lk_datamodule *dm, const 
         lk_status s2 = m->vt->on_stage_end(m, tr, "fit");
         if (s2) lk_log_warn("on_stage_end: %s", lk_last_error());
     }
-    print_profile(tr);
+    lk__print_profile(tr);
     if (!st) st = lk__prof_finish(tr);
-    write_runinfo(tr, "fit", st);
+    lk__write_runinfo(tr, "fit", st);
     if (tr->logger) lk_logger_finalize(tr->logger, st ? "failed" : "success");
     lk_loader_free(train);
     lk_loader_free(val);
@@ -1003,7 +924,7 @@ static lk_status eval_command(lk_trainer *tr, lk_module *m, lk_datamodule *dm, c
         lk_status s2 = m->vt->on_stage_end(m, tr, stage);
         if (s2) lk_log_warn("on_stage_end: %s", lk_last_error());
     }
-    write_runinfo(tr, command, st);
+    lk__write_runinfo(tr, command, st);
     if (tr->logger) lk_logger_flush(tr->logger);
     lk_loader_free(loader);
     return st;
@@ -1076,7 +997,7 @@ lk_status lk_trainer_predict(lk_trainer *tr, lk_module *m, lk_datamodule *dm, co
         if (rows) lk_log0("predictions: %s f32 in %s (dataset order; numpy.load reads it)", shape, path);
         else lk_log0("predictions: none (no predict batch ran)");
     }
-    write_runinfo(tr, "predict", st);
+    lk__write_runinfo(tr, "predict", st);
     lk_loader_free(loader);
     return st;
 }
