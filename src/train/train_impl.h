@@ -224,4 +224,14 @@ void lk__write_runinfo(lk_trainer *tr, const char *command, lk_status st);
  * trainer.profiler is not none and a step ran. */
 void lk__print_profile(lk_trainer *tr);
 
+/* grads.c: the step's reduced gradients before the optimizer step. */
+/* trainer.gradient_clip_val/algorithm on tr->params (nothing when 0). */
+void lk__clip_gradients(lk_trainer *tr);
+/* An ABORTED error naming the first parameter and element whose gradient
+ * is NaN or infinite (`loss` goes into the message); OK when all are finite. */
+lk_status lk__first_nonfinite(lk_trainer *tr, double loss);
+/* 16-mixed: unscales the gradients; *skip is true on every rank when any
+ * rank's overflowed (a collective: every rank calls it). */
+lk_status lk__unscale_gradients(lk_trainer *tr, bool *skip);
+
 #endif
