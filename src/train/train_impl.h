@@ -3,6 +3,8 @@
 #ifndef LK_TRAIN_IMPL_H
 #define LK_TRAIN_IMPL_H
 
+#include <signal.h>
+
 #include "lockstep/trainer.h"
 #include "train/loggers.h"
 
@@ -181,5 +183,55 @@ bool lk__ckpt_due_steps(const lk_trainer *tr);
 lk_status lk__callbacks_init(lk_trainer *tr);
 /* "last" / "best" / a path -> a path (error when it does not exist). */
 lk_status lk__ckpt_resolve(lk_trainer *tr, const char *spec, char *out, size_t size);
+
+/* signals.c: the stop signals (SIGINT, SIGTERM, SIGHUP, SIGUSR1) of a fit. */
+typedef struct lk__sig_state {
+    struct sigaction old_int, old_term, old_hup, old_usr1;
+} lk__sig_state;
+/* Clears the record and catches the stop signals; the previous handlers go to `s`. */
+void lk__signals_install(lk__sig_state *s);
+/* Puts back the handlers lk__signals_install saved in `s`. */
+void lk__signals_restore(lk__sig_state *s);
+/* The last stop signal caught since lk__signals_install, or 0. */
+int lk__stop_signal(void);
+
+/* optim_factory.c: tr->optim (with trainer.scale_lr applied, sharded by
+ * the strategy), tr->scaler for 16-mixed and tr->sched from tr->opt; the
+ * parameters (tr->params) must be set up. On failure what was built stays
+ * in tr for run_cleanup to free. */
+lk_status lk__optim_setup(lk_trainer *tr, int64_t steps_per_epoch);
+
+/* callbacks.c: the callbacks the loops call besides ModelCheckpoint. */
+/* EarlyStopping `es` after a validation: sets tr->should_stop and
+ * tr->stop_reason when it stops; an error when a strict monitor was never logged. */
+lk_status lk__early_stopping_check(lk_trainer *tr, lk_es_state *es);
+/* At a logged step: lr-<Optimizer> (per-step form), the loss scale
+ * (16-mixed) and the device stats (trainer.device_stats_monitor; an
+ * all-reduce when world > 1, so every rank calls it). Each does nothing when
+ * its callback is off. */
+lk_status lk__log_lr(lk_trainer *tr);
+lk_status lk__log_scale(lk_trainer *tr);
+lk_status lk__log_device_stats(lk_trainer *tr);
+/* At an epoch start: lr-<Optimizer> when LearningRateMonitor logs per epoch. */
+lk_status lk__log_lr_epoch(lk_trainer *tr);
+
+/* runsummary.c: the summary of a finished command. */
+/* Writes <log_dir>/run.json on rank 0 (nothing elsewhere or without a log
+ * dir) for `command` ending with `st`. Cannot fail: a write error is a
+ * warning and leaves the run's own error as the last error. */
+void lk__write_runinfo(lk_trainer *tr, const char *command, lk_status st);
+/* Prints the mean phase times per optimizer step on rank 0 when
+ * trainer.profiler is not none and a step ran. */
+void lk__print_profile(lk_trainer *tr);
+
+/* grads.c: the step's reduced gradients before the optimizer step. */
+/* trainer.gradient_clip_val/algorithm on tr->params (nothing when 0). */
+void lk__clip_gradients(lk_trainer *tr);
+/* An ABORTED error naming the first parameter and element whose gradient
+ * is NaN or infinite (`loss` goes into the message); OK when all are finite. */
+lk_status lk__first_nonfinite(lk_trainer *tr, double loss);
+/* 16-mixed: unscales the gradients; *skip is true on every rank when any
+ * rank's overflowed (a collective: every rank calls it). */
+lk_status lk__unscale_gradients(lk_trainer *tr, bool *skip);
 
 #endif

@@ -3,9 +3,12 @@
  * and clipping, the optimizer and scheduler, validation inside the epoch,
  * checkpoints, early stopping, progress, loggers and run.json. Only rank 0
  * prints and writes files; every decision that ends a loop is taken from
- * values that are identical on every rank, so ranks never diverge. */
+ * values that are identical on every rank, so ranks never diverge. The
+ * parts the loops call live beside it: optim_factory.c (optimizer, loss
+ * scaler, scheduler), grads.c (unscale, non-finite check, clipping),
+ * callbacks.c (EarlyStopping, the monitors), checkpoint.c, signals.c and
+ * runsummary.c (run.json, the profiler's table). */
 #include <math.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,17 +17,6 @@
 
 #include "lockstep/config.h"
 #include "train/train_impl.h"
-
-#ifndef LK_GIT_REV
-#define LK_GIT_REV "unknown"
-#endif
-
-/* SIGINT/SIGTERM/SIGHUP/SIGUSR1: finish the step, save last.ckpt, stop.
- * SIGHUP is a closed terminal or ssh session; SIGUSR1 is SLURM's (and
- * Lightning's) preemption warning before the kill. */
-static volatile sig_atomic_t stop_signal;
-
-static void on_stop_signal(int sig) { stop_signal = sig; }
 
 /* ---- creation --------------------------------------------------------------- */
 
@@ -277,7 +269,7 @@ static lk_status sum_over_ranks(void *ctx, double *vals, int n) {
 }
 
 /* Parameters and buffers of the module, flattened into the strategy's
- * gradient buffer, and the optimizer and scheduler. */
+ * gradient buffer, and the optimizer and scheduler (optim_factory.c). */
 static lk_status setup_params(lk_trainer *tr, int64_t steps_per_epoch) {
     lk_module *m = tr->module;
     if (!tr->flat_params) { /* once per trainer: the layer keeps its flat views */
@@ -305,74 +297,7 @@ static lk_status setup_params(lk_trainer *tr, int64_t steps_per_epoch) {
     for (int i = 0; i < nb; i++) tr->buffer_arr[nbf++] = tr->buffers.items[i].tensor;
     LK_TRY(lk_strategy_setup(tr->strat, tr->param_arr, tr->param_names, np, tr->buffer_arr, nbf));
 
-    lk_optim_config oc;
-    LK_TRY(lk_optim_config_for(tr->opt.name, &oc));
-    oc.lr = tr->opt.lr;
-    oc.weight_decay = tr->opt.weight_decay;
-    if (!strcmp(tr->opt.name, "sgd")) {
-        oc.momentum = tr->opt.momentum;
-        oc.dampening = tr->opt.dampening;
-        oc.nesterov = tr->opt.nesterov;
-    } else if (!strcmp(tr->opt.name, "rmsprop")) {
-        oc.momentum = tr->opt.momentum;
-        oc.alpha = tr->opt.alpha;
-        oc.eps = tr->opt.eps;
-        oc.centered = tr->opt.centered;
-    } else {
-        oc.beta1 = tr->opt.beta1;
-        oc.beta2 = tr->opt.beta2;
-        oc.eps = tr->opt.eps;
-        oc.amsgrad = tr->opt.amsgrad;
-    }
-    if (!strcmp(tr->cfg.scale_lr, "linear")) {
-        double f = (double)tr->world * (double)tr->accum;
-        lk_log0("scale_lr: linear scaling rule: lr %g x %d ranks x %lld accumulation = %g", oc.lr, tr->world,
-                (long long)tr->accum, oc.lr * f);
-        oc.lr *= f;
-    }
-    LK_TRY(lk_optimizer_create(&oc, &tr->params, &tr->optim));
-    LK_TRY(lk_strategy_shard_optimizer(tr->strat, tr->optim));
-    if (tr->autocast == LK_F16) { /* fp16's narrow range needs the loss scaler; bf16's does not (as Lightning) */
-        lk_grad_scaler_config gc = lk_grad_scaler_config_default();
-        gc.init_scale = tr->cfg.grad_scaler_init_scale;
-        gc.growth_factor = tr->cfg.grad_scaler_growth_factor;
-        gc.backoff_factor = tr->cfg.grad_scaler_backoff_factor;
-        gc.growth_interval = tr->cfg.grad_scaler_growth_interval;
-        if (lk_grad_scaler_create(&gc, &tr->scaler))
-            return lk_error(LK_STATUS_INVALID_ARGUMENT, "trainer.precision %s: trainer.grad_scaler_*: %s", tr->cfg.precision,
-                            lk_last_error());
-    }
-    if (lk_strategy_shares_params(tr->strat))
-        lk_log0("ddp: the %d ranks share one copy of the parameters and optimizer state, each updating 1/%d of it "
-                "(trainer.ddp_shared_params)", tr->world, tr->world);
-    const lk_optim_settings *o = &tr->opt;
-    bool per_step = !strcmp(o->interval, "step");
-    int64_t horizon = per_step ? (tr->cfg.max_steps > 0 ? tr->cfg.max_steps : steps_per_epoch * (tr->cfg.max_epochs > 0 ? tr->cfg.max_epochs : 1))
-                               : (tr->cfg.max_epochs > 0 ? tr->cfg.max_epochs : 1);
-    if (!strcmp(o->scheduler, "step"))
-        LK_TRY(lk_step_lr_create(tr->optim, (int)(o->step_size > 0 ? o->step_size : 1), o->gamma, &tr->sched));
-    else if (!strcmp(o->scheduler, "multistep")) {
-        int ms[LK_PARAM_LIST_MAX];
-        for (int i = 0; i < o->milestones.n; i++) ms[i] = (int)o->milestones.v[i];
-        LK_TRY(lk_multistep_lr_create(tr->optim, ms, o->milestones.n, o->gamma, &tr->sched));
-    } else if (!strcmp(o->scheduler, "exponential"))
-        LK_TRY(lk_exponential_lr_create(tr->optim, o->gamma, &tr->sched));
-    else if (!strcmp(o->scheduler, "cosine"))
-        LK_TRY(lk_cosine_annealing_lr_create(tr->optim, (int)(o->step_size > 0 ? o->step_size : horizon), o->eta_min,
-                                             &tr->sched));
-    else if (!strcmp(o->scheduler, "linear"))
-        LK_TRY(lk_linear_lr_create(tr->optim, o->start_factor, o->end_factor,
-                                   (int)(o->step_size > 0 ? o->step_size : horizon), &tr->sched));
-    else if (!strcmp(o->scheduler, "onecycle")) {
-        lk_one_cycle_config c = {.max_lr = o->max_lr > 0 ? o->max_lr : 10 * oc.lr, .total_steps = (int)horizon,
-                                 .pct_start = 0.3, .cycle_momentum = false, .base_momentum = 0.85,
-                                 .max_momentum = 0.95, .div_factor = 25, .final_div_factor = 1e4};
-        LK_TRY(lk_one_cycle_lr_create(tr->optim, &c, &tr->sched));
-    } else if (!strcmp(o->scheduler, "plateau")) {
-        lk_plateau_config c = {.factor = o->factor, .patience = (int)o->patience, .threshold = 1e-4, .eps = 1e-8};
-        LK_TRY(lk_reduce_lr_on_plateau_create(tr->optim, &c, &tr->sched));
-    }
-    return LK_STATUS_OK;
+    return lk__optim_setup(tr, steps_per_epoch);
 }
 
 static lk_status open_outputs(lk_trainer *tr, bool want_logs) {
@@ -460,7 +385,7 @@ static const char *loss_text(double v, char buf[32]) {
  * `check_time` false leaves max_time to the epoch end (Timer(interval="epoch")). */
 static lk_status agree_stop(lk_trainer *tr, bool check_time, bool *stop) {
     int32_t local = 0;
-    if (stop_signal) local = 2;
+    if (lk__stop_signal()) local = 2;
     else if (check_time && tr->cfg.max_time > 0 && lk_time_now() - tr->t_fit_start >= tr->cfg.max_time) local = 1;
     if (tr->world > 1) LK_TRY(lk_comm_all_reduce(tr->comm, &local, 1, LK_I32, LK_REDUCE_MAX));
     if (local == 2) snprintf(tr->stop_reason, sizeof tr->stop_reason, "stopped by a signal");
@@ -526,55 +451,7 @@ static lk_status run_eval(lk_trainer *tr, lk_loader *loader, const char *stage, 
     return st;
 }
 
-/* ---- callbacks after validation ----------------------------------------------- */
-
-static lk_status early_stopping(lk_trainer *tr, lk_es_state *es) {
-    const lk_early_stopping_config *e = &es->c;
-    const char *mon = e->monitor;
-    if (!mon[0]) return LK_STATUS_OK;
-    double v;
-    if (!lk_trainer_metric(tr, mon, &v)) {
-        if (!e->strict) return LK_STATUS_OK; /* Lightning's strict=False: skip the check */
-        char names[1024];
-        lk__metrics_available(tr, names, sizeof names);
-        return lk_error(LK_STATUS_INVALID_ARGUMENT, "EarlyStopping: %s '%s' was never logged; logged metrics: %s",
-                        es->c.strict && !strcmp(mon, tr->cfg.early_stopping_monitor) ? "trainer.early_stopping_monitor"
-                                                                                   : "monitor",
-                        mon, names);
-    }
-    bool max = !strcmp(e->mode, "max");
-    double stop_at = e->stopping_threshold, diverge = e->divergence_threshold;
-    if (!isnan(stop_at) && (max ? v >= stop_at : v <= stop_at)) {
-        tr->should_stop = true;
-        snprintf(tr->stop_reason, sizeof tr->stop_reason, "EarlyStopping: %s = %.6g reached the stopping threshold %g",
-                 mon, v, stop_at);
-        return LK_STATUS_OK;
-    }
-    if (!isnan(diverge) && (max ? v < diverge : v > diverge)) {
-        tr->should_stop = true;
-        snprintf(tr->stop_reason, sizeof tr->stop_reason,
-                 "EarlyStopping: %s = %.6g is worse than the divergence threshold %g", mon, v, diverge);
-        return LK_STATUS_OK;
-    }
-    if (!isfinite(v) && !e->check_finite) return LK_STATUS_OK;
-    if (!isfinite(v)) {
-        tr->should_stop = true;
-        snprintf(tr->stop_reason, sizeof tr->stop_reason, "EarlyStopping: %s = %g is not finite", mon, v);
-        return LK_STATUS_OK;
-    }
-    double delta = e->min_delta;
-    bool better = es->wait < 0 || isnan(es->best) || (max ? v > es->best + delta : v < es->best - delta);
-    if (better) {
-        es->best = v;
-        es->wait = 0;
-    } else if (++es->wait >= e->patience && tr->epoch + 1 >= tr->cfg.min_epochs) {
-        tr->should_stop = true;
-        snprintf(tr->stop_reason, sizeof tr->stop_reason,
-                 "EarlyStopping: %s did not improve by %g for %d checks (best %.6g)", mon, delta, es->wait,
-                 es->best);
-    }
-    return LK_STATUS_OK;
-}
+/* ---- validation inside fit ------------------------------------------------------ */
 
 static lk_status validate_now(lk_trainer *tr, lk_loader *val, int64_t limit) {
     if (!val || limit == 0) return LK_STATUS_OK;
@@ -588,142 +465,11 @@ static lk_status validate_now(lk_trainer *tr, lk_loader *val, int64_t limit) {
                             tr->opt.monitor);
         LK_TRY(lk_scheduler_step_metric(tr->sched, v));
     }
-    for (int j = 0; j < tr->nes; j++) LK_TRY(early_stopping(tr, &tr->es[j]));
+    for (int j = 0; j < tr->nes; j++) LK_TRY(lk__early_stopping_check(tr, &tr->es[j]));
     return LK_STATUS_OK;
 }
 
 /* ---- fit ------------------------------------------------------------------------- */
-
-static void clip_gradients(lk_trainer *tr) {
-    if (tr->cfg.gradient_clip_val <= 0) return;
-    if (!strcmp(tr->cfg.gradient_clip_algorithm, "value")) lk_clip_grad_value(&tr->params, tr->cfg.gradient_clip_val);
-    else {
-        double norm;
-        lk_clip_grad_norm(&tr->params, tr->cfg.gradient_clip_val, 2.0, &norm);
-    }
-}
-
-/* DeviceStatsMonitor: this process's CPU utilisation since the last call and
- * its resident memory; the largest RSS of any rank with one all-reduce. */
-static lk_status log_device_stats(lk_trainer *tr) {
-    if (!tr->cfg.device_stats_monitor) return LK_STATUS_OK;
-    double now = lk_time_now(), cpu = lk_time_cpu();
-    double util = tr->stats_wall > 0 && now > tr->stats_wall ? 100.0 * (cpu - tr->stats_cpu) / (now - tr->stats_wall) : 0;
-    tr->stats_wall = now;
-    tr->stats_cpu = cpu;
-    long pages = 0, resident = 0;
-    FILE *f = fopen("/proc/self/statm", "r");
-    if (f) {
-        if (fscanf(f, "%ld %ld", &pages, &resident) != 2) resident = 0;
-        fclose(f);
-    }
-    double rss = (double)resident * (double)sysconf(_SC_PAGESIZE) / (1024.0 * 1024.0), rss_max = rss;
-    if (tr->world > 1) LK_TRY(lk_comm_all_reduce(tr->comm, &rss_max, 1, LK_F64, LK_REDUCE_MAX));
-    const char *st = tr->stage;
-    tr->stage = "train";
-    lk_log_opts o = {.on_step = 1, .on_epoch = -1};
-    lk_status s = lk_log_metric(tr, "device_stats/cpu_percent", util, &o);
-    if (!s) s = lk_log_metric(tr, "device_stats/rss_mb", rss, &o);
-    if (!s && tr->world > 1) s = lk_log_metric(tr, "device_stats/rss_mb_max_rank", rss_max, &o);
-    tr->stage = st;
-    return s;
-}
-
-/* LearningRateMonitor.logging_interval: true when lr-* is logged per epoch
- * (at the epoch start, into the epoch's row) rather than per logged step. */
-static bool lr_per_epoch(const lk_trainer *tr) {
-    const char *iv = tr->cfg.lr_logging_interval;
-    if (!strcmp(iv, "epoch")) return true;
-    /* null: Lightning logs a scheduler's lr when it steps */
-    return !strcmp(iv, "null") && tr->sched && !strcmp(tr->opt.interval, "epoch");
-}
-
-static lk_status log_lr(lk_trainer *tr) {
-    if (!tr->optim) return LK_STATUS_OK;
-    if (lr_per_epoch(tr)) return LK_STATUS_OK;
-    char name[64];
-    snprintf(name, sizeof name, "lr-%s", !strcmp(tr->opt.name, "adamw") ? "AdamW" : !strcmp(tr->opt.name, "sgd") ? "SGD"
-                                         : !strcmp(tr->opt.name, "rmsprop") ? "RMSprop" : "Adam");
-    const char *st = tr->stage;
-    tr->stage = "train";
-    lk_status s = lk_log_metric(tr, name, lk_optimizer_get_lr(tr->optim, 0), &(lk_log_opts){.on_step = 1, .on_epoch = -1});
-    tr->stage = st;
-    return s;
-}
-
-/* The per-epoch form: logged once as the epoch starts, written with the
- * epoch's row under the same name. */
-static lk_status log_lr_epoch(lk_trainer *tr) {
-    if (!tr->optim || !lr_per_epoch(tr)) return LK_STATUS_OK;
-    char name[64];
-    snprintf(name, sizeof name, "lr-%s", !strcmp(tr->opt.name, "adamw") ? "AdamW" : !strcmp(tr->opt.name, "sgd") ? "SGD"
-                                         : !strcmp(tr->opt.name, "rmsprop") ? "RMSprop" : "Adam");
-    const char *st = tr->stage;
-    tr->stage = "train";
-    lk_status s = lk_log_metric(tr, name, lk_optimizer_get_lr(tr->optim, 0), &(lk_log_opts){.on_step = -1, .on_epoch = 1});
-    tr->stage = st;
-    return s;
-}
-
-/* precision 16-mixed: the loss scale after this step's update. */
-static lk_status log_scale(lk_trainer *tr) {
-    if (!tr->scaler) return LK_STATUS_OK;
-    const char *st = tr->stage;
-    tr->stage = "train";
-    lk_status s = lk_log_metric(tr, "scaler/scale", lk_grad_scaler_scale(tr->scaler),
-                                &(lk_log_opts){.on_step = 1, .on_epoch = -1});
-    tr->stage = st;
-    return s;
-}
-
-/* Index of the first NaN or infinity in d[0..n), or -1. Checks the
- * exponent bits in blocks with no early exit, which vectorises: a per-element
- * isfinite() with a branch cost as much as Adam itself (1 ns per element). */
-static int64_t find_nonfinite(const float *d, int64_t n) {
-    for (int64_t b = 0; b < n; b += 4096) {
-        int64_t e = n - b < 4096 ? n : b + 4096;
-        uint32_t bad = 0;
-        for (int64_t k = b; k < e; k++) {
-            uint32_t u;
-            memcpy(&u, d + k, sizeof u);
-            bad |= (u & 0x7f800000u) == 0x7f800000u;
-        }
-        if (bad)
-            for (int64_t k = b; k < e; k++)
-                if (!isfinite(d[k])) return k;
-    }
-    return -1;
-}
-
-static lk_status first_nonfinite(lk_trainer *tr, double loss) {
-    for (int i = 0; i < tr->params.n; i++) {
-        lk_tensor *g = tr->params.items[i].tensor->grad;
-        if (!g) continue;
-        const float *d = g->data;
-        int64_t k = find_nonfinite(d, g->numel);
-        if (k >= 0)
-            return lk_error(LK_STATUS_ABORTED,
-                            "non-finite gradient at step %lld (epoch %lld, batch %lld): parameter '%s' element %lld "
-                            "is %g (loss %g)",
-                            (long long)tr->global_step, (long long)tr->epoch, (long long)tr->batch_idx,
-                            tr->params.items[i].name, (long long)k, (double)d[k], loss);
-    }
-    return LK_STATUS_OK;
-}
-
-/* precision 16-mixed, once the step's gradients are reduced: unscales
- * them and decides whether the optimizer step is skipped. The overflow flag
- * is reduced across ranks (MAX) so that every rank skips or steps together,
- * whatever its own gradients held; a sharded optimizer step would otherwise
- * update some shards and not others. */
-static lk_status unscale_gradients(lk_trainer *tr, bool *skip) {
-    bool found;
-    LK_TRY(lk_grad_scaler_unscale(tr->scaler, &tr->params, &found));
-    double any = found ? 1.0 : 0.0;
-    LK_TRY(lk_strategy_reduce(tr->strat, &any, 1, LK_REDUCE_MAX));
-    *skip = any != 0.0;
-    return LK_STATUS_OK;
-}
 
 static lk_status fit_loop(lk_trainer *tr, lk_loader *train, lk_loader *val, int64_t n_train, int64_t n_val) {
     lk_module *m = tr->module;
@@ -738,7 +484,7 @@ static lk_status fit_loop(lk_trainer *tr, lk_loader *train, lk_loader *val, int6
     bool epoch_timer = !strcmp(c->time_check_interval, "epoch"); /* Timer(interval="epoch") */
     for (; !stop && !tr->should_stop && (c->max_epochs < 0 || tr->epoch < c->max_epochs); tr->epoch++) {
         lk__metrics_reset_epoch(tr, "train");
-        LK_TRY(log_lr_epoch(tr));
+        LK_TRY(lk__log_lr_epoch(tr));
         LK_TRY(lk_loader_start(train, (uint64_t)tr->epoch, tr->resume_batch));
         if (tr->progress) lk_progress_begin_epoch(tr->progress, tr->epoch, c->max_epochs, n_train);
         bool validate_epoch = ((tr->epoch + 1) % c->check_val_every_n_epoch) == 0;
@@ -807,10 +553,10 @@ static lk_status fit_loop(lk_trainer *tr, lk_loader *train, lk_loader *val, int6
                 if (tr->rank == tr->test_overflow_rank && tr->global_step == tr->test_overflow_step && tr->params.n &&
                     tr->params.items[0].tensor->grad) /* one rank only, after the all-reduce: only the reduced flag skips everywhere */
                     ((float *)tr->params.items[0].tensor->grad->data)[0] = INFINITY;
-                if (tr->scaler) LK_TRY(unscale_gradients(tr, &skip));
-                else LK_TRY(first_nonfinite(tr, lv_dp));
+                if (tr->scaler) LK_TRY(lk__unscale_gradients(tr, &skip));
+                else LK_TRY(lk__first_nonfinite(tr, lv_dp));
                 if (!skip) {
-                    clip_gradients(tr);
+                    lk__clip_gradients(tr);
                     LK_TRY(lk_optimizer_step(tr->optim));
                 }
                 if (tr->scaler) LK_TRY(lk_grad_scaler_update(tr->scaler, skip));
@@ -842,9 +588,9 @@ static lk_status fit_loop(lk_trainer *tr, lk_loader *train, lk_loader *val, int6
                     tr->sum_at_steady[4] = tr->sum_opt, tr->sum_at_steady[5] = tr->sum_comm_wait;
                 }
                 if (tr->global_step % c->log_every_n_steps == 0) {
-                    LK_TRY(log_lr(tr));
-                    LK_TRY(log_scale(tr));
-                    LK_TRY(log_device_stats(tr));
+                    LK_TRY(lk__log_lr(tr));
+                    LK_TRY(lk__log_scale(tr));
+                    LK_TRY(lk__log_device_stats(tr));
                     if (tr->logger) LK_TRY(lk__metrics_log_step(tr));
                 }
                 if (lk__ckpt_due_steps(tr) && i + 1 < n_train) {
@@ -906,104 +652,6 @@ static lk_status fit_loop(lk_trainer *tr, lk_loader *train, lk_loader *val, int6
     return LK_STATUS_OK;
 }
 
-/* Writes run.json on rank 0. A failure to write it (the disk that failed
- * the checkpoint is usually full for run.json too) is a warning and leaves
- * the run's own error as the last error: the first failure is the one the
- * user must see. */
-static void write_runinfo(lk_trainer *tr, const char *command, lk_status st) {
-    if (!is_rank0(tr) || !tr->log_dir[0]) return;
-    char first[2048];
-    snprintf(first, sizeof first, "%s", lk_last_error());
-    const char *names[128];
-    double vals[128];
-    int k = 0;
-    for (int i = 0; i < tr->nmetrics && k < 128; i++)
-        if (tr->metrics[i].has_value) {
-            names[k] = tr->metrics[i].name;
-            vals[k++] = tr->metrics[i].value;
-        }
-    lk_runinfo ri = lk_runinfo_default();
-    ri.command = command;
-    ri.status = st ? "error" : "ok";
-    ri.error = st ? lk_last_error() : NULL;
-    ri.n_metrics = k;
-    ri.metric_names = names;
-    ri.metric_values = vals;
-    ri.best_monitor = tr->nckpts && tr->ckpts[0].c.monitor[0] ? tr->ckpts[0].c.monitor : NULL;
-    ri.best_score = tr->best_score;
-    ri.best_path = tr->best_ckpt[0] ? tr->best_ckpt : NULL;
-    ri.epochs = tr->epoch;
-    ri.global_step = tr->global_step;
-    ri.wall_s = lk_time_now() - tr->t_start;
-    if (tr->t_steady > 0 && tr->t_train_end > tr->t_steady && tr->timed_steps > 5)
-        ri.samples_per_s = (double)(tr->samples_seen - tr->samples_steady) * tr->world / (tr->t_train_end - tr->t_steady);
-    else
-        ri.samples_per_s = tr->train_time > 0 ? (double)tr->samples_seen * tr->world / tr->train_time : 0;
-    ri.time_to_first_step_s = tr->t_first_step > 0 ? tr->t_first_step - tr->t_start : 0;
-    ri.world_size = tr->world;
-    ri.strategy = tr->dp_devices ? "dp" : lk_strategy_name(tr->strat);
-    ri.accelerator = "cpu";
-    ri.precision = tr->cfg.precision;
-    ri.gemm_path = lk_autocast_gemm_path(tr->autocast);
-    ri.git_revision = LK_GIT_REV;
-    ri.log_dir = tr->log_dir;
-    ri.last_checkpoint = tr->last_ckpt[0] ? tr->last_ckpt : NULL;
-    double n = tr->timed_steps > 0 ? (double)tr->timed_steps : 1;
-    double z[6] = {0};
-    if (tr->t_steady > 0 && tr->timed_steps > 5) { /* steady state, like samples_per_s: the steps after the 5th */
-        n = (double)(tr->timed_steps - 5);
-        memcpy(z, tr->sum_at_steady, sizeof z);
-    }
-    ri.step_time = (lk_runinfo_times){1e3 * (tr->sum_data - z[0]) / n, 1e3 * (tr->sum_fwd - z[1]) / n,
-                                      1e3 * (tr->sum_bwd - z[2]) / n, 1e3 * (tr->sum_comm - z[3]) / n,
-                                      1e3 * (tr->sum_opt - z[4]) / n, 1e3 * (tr->sum_comm_wait - z[5]) / n};
-    ri.config_yaml = tr->config_yaml;
-    char path[LK_PATH + 16];
-    snprintf(path, sizeof path, "%s/run.json", tr->log_dir);
-    lk_status wst = lk_runinfo_write(path, &ri);
-    if (wst) {
-        lk_log_warn("could not write %s: %s", path, lk_last_error());
-        if (st) lk_error(st, "%s", first);
-    }
-}
-
-static void print_profile(lk_trainer *tr) {
-    if (!is_rank0(tr) || !strcmp(tr->cfg.profiler, "none") || tr->timed_steps == 0) return; /* every profiler shows the phases */
-    double n = (double)tr->timed_steps;
-    double tot = tr->sum_data + tr->sum_fwd + tr->sum_bwd + tr->sum_comm + tr->sum_opt;
-    printf("\nprofiler (%s): %lld optimizer steps, mean per step\n", tr->cfg.profiler, (long long)tr->timed_steps);
-    const char *names[] = {"data wait", "forward", "backward", "exposed comm", "optimizer"};
-    double v[] = {tr->sum_data, tr->sum_fwd, tr->sum_bwd, tr->sum_comm, tr->sum_opt};
-    for (int i = 0; i < 5; i++) {
-        printf("  %-14s %9.3f ms  %5.1f%%\n", names[i], 1e3 * v[i] / n, tot > 0 ? 100 * v[i] / tot : 0);
-        if (i == 3 && tr->sum_comm_wait > 0) /* exposed comm = waiting for the last rank + moving the data */
-            printf("    %-12s %9.3f ms  (waiting for the last rank to arrive)\n", "of which", 1e3 * tr->sum_comm_wait / n);
-    }
-}
-
-typedef struct {
-    struct sigaction old_int, old_term, old_hup, old_usr1;
-} sig_state;
-
-static void install_signals(sig_state *s) {
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_stop_signal;
-    sigemptyset(&sa.sa_mask);
-    stop_signal = 0;
-    sigaction(SIGINT, &sa, &s->old_int);
-    sigaction(SIGTERM, &sa, &s->old_term);
-    sigaction(SIGHUP, &sa, &s->old_hup);
-    sigaction(SIGUSR1, &sa, &s->old_usr1);
-}
-
-static void restore_signals(sig_state *s) {
-    sigaction(SIGINT, &s->old_int, NULL);
-    sigaction(SIGTERM, &s->old_term, NULL);
-    sigaction(SIGHUP, &s->old_hup, NULL);
-    sigaction(SIGUSR1, &s->old_usr1, NULL);
-}
-
 /* How many times this job was restarted: torchrun's (and `lockstep launch
  * --max-restarts`') TORCHELASTIC_RESTART_COUNT or SLURM's requeue count. */
 static long restart_count(const char **which) {
@@ -1037,8 +685,8 @@ lk_status lk_trainer_fit(lk_trainer *tr, lk_module *m, lk_datamodule *dm, const 
     const lk_trainer_config *c = &tr->cfg;
     tr->t_fit_start = lk_time_now();
     lk_loader *train = NULL, *val = NULL;
-    sig_state sigs;
-    install_signals(&sigs);
+    lk__sig_state sigs;
+    lk__signals_install(&sigs);
     lk_status st = begin_run(tr, m, dm, "fit");
     lk_dataset *train_ds = st ? NULL : dm->vt->dataset(dm, "train");
     lk_dataset *val_ds = st ? NULL : dm->vt->dataset(dm, "val");
@@ -1161,7 +809,7 @@ lk_status lk_trainer_fit(lk_trainer *tr, lk_module *m, lk_datamodule *dm, const 
     tr->t_train_end = lk_time_now();
     tr->train_time = tr->t_train_end - t_train;
     if (!st && tr->stop_reason[0]) lk_log0("%s", tr->stop_reason);
-    if (!st && stop_signal) st = lk_error(LK_STATUS_ABORTED, "stopped by signal %d after writing last.ckpt", (int)stop_signal);
+    if (!st && lk__stop_signal()) st = lk_error(LK_STATUS_ABORTED, "stopped by signal %d after writing last.ckpt", lk__stop_signal());
     /* The run's error, before run.json, the logger or cleanup (which may
      * fail on the same full disk) can replace it. */
     char msg[2048];
@@ -1170,16 +818,16 @@ lk_status lk_trainer_fit(lk_trainer *tr, lk_module *m, lk_datamodule *dm, const 
         lk_status s2 = m->vt->on_stage_end(m, tr, "fit");
         if (s2) lk_log_warn("on_stage_end: %s", lk_last_error());
     }
-    print_profile(tr);
+    lk__print_profile(tr);
     if (!st) st = lk__prof_finish(tr);
-    write_runinfo(tr, "fit", st);
+    lk__write_runinfo(tr, "fit", st);
     if (tr->logger) lk_logger_finalize(tr->logger, st ? "failed" : "success");
     lk_loader_free(train);
     lk_loader_free(val);
     if (c->sync_batchnorm && m) lk_layer_sync_batchnorm(m->net, NULL, NULL); /* the module outlives this trainer's comm */
     lk_status saved = st;
     run_cleanup(tr);
-    restore_signals(&sigs);
+    lk__signals_restore(&sigs);
     if (saved) lk_error(saved, "%s", msg[0] == '[' ? strchr(msg, ']') + 2 : msg);
     return saved;
 }
@@ -1222,7 +870,7 @@ static lk_status eval_command(lk_trainer *tr, lk_module *m, lk_datamodule *dm, c
         lk_status s2 = m->vt->on_stage_end(m, tr, stage);
         if (s2) lk_log_warn("on_stage_end: %s", lk_last_error());
     }
-    write_runinfo(tr, command, st);
+    lk__write_runinfo(tr, command, st);
     if (tr->logger) lk_logger_flush(tr->logger);
     lk_loader_free(loader);
     return st;
@@ -1295,7 +943,7 @@ lk_status lk_trainer_predict(lk_trainer *tr, lk_module *m, lk_datamodule *dm, co
         if (rows) lk_log0("predictions: %s f32 in %s (dataset order; numpy.load reads it)", shape, path);
         else lk_log0("predictions: none (no predict batch ran)");
     }
-    write_runinfo(tr, "predict", st);
+    lk__write_runinfo(tr, "predict", st);
     lk_loader_free(loader);
     return st;
 }

@@ -1,0 +1,80 @@
+/* The optimizer factory: builds the run's optimizer, the fp16 loss scaler
+ * and the learning-rate scheduler from the trainer's lk_optim_settings (the
+ * model's configure_optimizers as YAML: names and hyperparameters) once the
+ * parameters are set up. The names are matched here; the config's
+ * parameter table (trainer_config.c) limits the scheduler to these names,
+ * and "none" (or any other) builds no scheduler. */
+#include <string.h>
+
+#include "train/train_impl.h"
+
+lk_status lk__optim_setup(lk_trainer *tr, int64_t steps_per_epoch) {
+    lk_optim_config oc;
+    LK_TRY(lk_optim_config_for(tr->opt.name, &oc));
+    oc.lr = tr->opt.lr;
+    oc.weight_decay = tr->opt.weight_decay;
+    if (!strcmp(tr->opt.name, "sgd")) {
+        oc.momentum = tr->opt.momentum;
+        oc.dampening = tr->opt.dampening;
+        oc.nesterov = tr->opt.nesterov;
+    } else if (!strcmp(tr->opt.name, "rmsprop")) {
+        oc.momentum = tr->opt.momentum;
+        oc.alpha = tr->opt.alpha;
+        oc.eps = tr->opt.eps;
+        oc.centered = tr->opt.centered;
+    } else {
+        oc.beta1 = tr->opt.beta1;
+        oc.beta2 = tr->opt.beta2;
+        oc.eps = tr->opt.eps;
+        oc.amsgrad = tr->opt.amsgrad;
+    }
+    if (!strcmp(tr->cfg.scale_lr, "linear")) {
+        double f = (double)tr->world * (double)tr->accum;
+        lk_log0("scale_lr: linear scaling rule: lr %g x %d ranks x %lld accumulation = %g", oc.lr, tr->world,
+                (long long)tr->accum, oc.lr * f);
+        oc.lr *= f;
+    }
+    LK_TRY(lk_optimizer_create(&oc, &tr->params, &tr->optim));
+    LK_TRY(lk_strategy_shard_optimizer(tr->strat, tr->optim));
+    if (tr->autocast == LK_F16) { /* fp16's narrow range needs the loss scaler; bf16's does not (as Lightning) */
+        lk_grad_scaler_config gc = lk_grad_scaler_config_default();
+        gc.init_scale = tr->cfg.grad_scaler_init_scale;
+        gc.growth_factor = tr->cfg.grad_scaler_growth_factor;
+        gc.backoff_factor = tr->cfg.grad_scaler_backoff_factor;
+        gc.growth_interval = tr->cfg.grad_scaler_growth_interval;
+        if (lk_grad_scaler_create(&gc, &tr->scaler))
+            return lk_error(LK_STATUS_INVALID_ARGUMENT, "trainer.precision %s: trainer.grad_scaler_*: %s", tr->cfg.precision,
+                            lk_last_error());
+    }
+    if (lk_strategy_shares_params(tr->strat))
+        lk_log0("ddp: the %d ranks share one copy of the parameters and optimizer state, each updating 1/%d of it "
+                "(trainer.ddp_shared_params)", tr->world, tr->world);
+    const lk_optim_settings *o = &tr->opt;
+    bool per_step = !strcmp(o->interval, "step");
+    int64_t horizon = per_step ? (tr->cfg.max_steps > 0 ? tr->cfg.max_steps : steps_per_epoch * (tr->cfg.max_epochs > 0 ? tr->cfg.max_epochs : 1))
+                               : (tr->cfg.max_epochs > 0 ? tr->cfg.max_epochs : 1);
+    if (!strcmp(o->scheduler, "step"))
+        LK_TRY(lk_step_lr_create(tr->optim, (int)(o->step_size > 0 ? o->step_size : 1), o->gamma, &tr->sched));
+    else if (!strcmp(o->scheduler, "multistep")) {
+        int ms[LK_PARAM_LIST_MAX];
+        for (int i = 0; i < o->milestones.n; i++) ms[i] = (int)o->milestones.v[i];
+        LK_TRY(lk_multistep_lr_create(tr->optim, ms, o->milestones.n, o->gamma, &tr->sched));
+    } else if (!strcmp(o->scheduler, "exponential"))
+        LK_TRY(lk_exponential_lr_create(tr->optim, o->gamma, &tr->sched));
+    else if (!strcmp(o->scheduler, "cosine"))
+        LK_TRY(lk_cosine_annealing_lr_create(tr->optim, (int)(o->step_size > 0 ? o->step_size : horizon), o->eta_min,
+                                             &tr->sched));
+    else if (!strcmp(o->scheduler, "linear"))
+        LK_TRY(lk_linear_lr_create(tr->optim, o->start_factor, o->end_factor,
+                                   (int)(o->step_size > 0 ? o->step_size : horizon), &tr->sched));
+    else if (!strcmp(o->scheduler, "onecycle")) {
+        lk_one_cycle_config c = {.max_lr = o->max_lr > 0 ? o->max_lr : 10 * oc.lr, .total_steps = (int)horizon,
+                                 .pct_start = 0.3, .cycle_momentum = false, .base_momentum = 0.85,
+                                 .max_momentum = 0.95, .div_factor = 25, .final_div_factor = 1e4};
+        LK_TRY(lk_one_cycle_lr_create(tr->optim, &c, &tr->sched));
+    } else if (!strcmp(o->scheduler, "plateau")) {
+        lk_plateau_config c = {.factor = o->factor, .patience = (int)o->patience, .threshold = 1e-4, .eps = 1e-8};
+        LK_TRY(lk_reduce_lr_on_plateau_create(tr->optim, &c, &tr->sched));
+    }
+    return LK_STATUS_OK;
+}

@@ -1,0 +1,88 @@
+/* The run's summary once a command ends: run.json (rank 0; the struct
+ * lk_runinfo filled from the trainer's metrics, best checkpoint, step counts,
+ * throughput and mean step phases, and written by runinfo.c) and the
+ * profiler's table of mean phase times per optimizer step. Both read the
+ * trainer's state and change nothing in it. */
+#include <stdio.h>
+#include <string.h>
+
+#include "train/train_impl.h"
+
+#ifndef LK_GIT_REV
+#define LK_GIT_REV "unknown"
+#endif
+
+/* Writes run.json on rank 0. A failure to write it (the disk that failed
+ * the checkpoint is usually full for run.json too) is a warning and leaves
+ * the run's own error as the last error: the first failure is the one the
+ * user must see. */
+void lk__write_runinfo(lk_trainer *tr, const char *command, lk_status st) {
+    if (tr->rank != 0 || !tr->log_dir[0]) return;
+    char first[2048];
+    snprintf(first, sizeof first, "%s", lk_last_error());
+    const char *names[128];
+    double vals[128];
+    int k = 0;
+    for (int i = 0; i < tr->nmetrics && k < 128; i++)
+        if (tr->metrics[i].has_value) {
+            names[k] = tr->metrics[i].name;
+            vals[k++] = tr->metrics[i].value;
+        }
+    lk_runinfo ri = lk_runinfo_default();
+    ri.command = command;
+    ri.status = st ? "error" : "ok";
+    ri.error = st ? lk_last_error() : NULL;
+    ri.n_metrics = k;
+    ri.metric_names = names;
+    ri.metric_values = vals;
+    ri.best_monitor = tr->nckpts && tr->ckpts[0].c.monitor[0] ? tr->ckpts[0].c.monitor : NULL;
+    ri.best_score = tr->best_score;
+    ri.best_path = tr->best_ckpt[0] ? tr->best_ckpt : NULL;
+    ri.epochs = tr->epoch;
+    ri.global_step = tr->global_step;
+    ri.wall_s = lk_time_now() - tr->t_start;
+    if (tr->t_steady > 0 && tr->t_train_end > tr->t_steady && tr->timed_steps > 5)
+        ri.samples_per_s = (double)(tr->samples_seen - tr->samples_steady) * tr->world / (tr->t_train_end - tr->t_steady);
+    else
+        ri.samples_per_s = tr->train_time > 0 ? (double)tr->samples_seen * tr->world / tr->train_time : 0;
+    ri.time_to_first_step_s = tr->t_first_step > 0 ? tr->t_first_step - tr->t_start : 0;
+    ri.world_size = tr->world;
+    ri.strategy = tr->dp_devices ? "dp" : lk_strategy_name(tr->strat);
+    ri.accelerator = "cpu";
+    ri.precision = tr->cfg.precision;
+    ri.gemm_path = lk_autocast_gemm_path(tr->autocast);
+    ri.git_revision = LK_GIT_REV;
+    ri.log_dir = tr->log_dir;
+    ri.last_checkpoint = tr->last_ckpt[0] ? tr->last_ckpt : NULL;
+    double n = tr->timed_steps > 0 ? (double)tr->timed_steps : 1;
+    double z[6] = {0};
+    if (tr->t_steady > 0 && tr->timed_steps > 5) { /* steady state, like samples_per_s: the steps after the 5th */
+        n = (double)(tr->timed_steps - 5);
+        memcpy(z, tr->sum_at_steady, sizeof z);
+    }
+    ri.step_time = (lk_runinfo_times){1e3 * (tr->sum_data - z[0]) / n, 1e3 * (tr->sum_fwd - z[1]) / n,
+                                      1e3 * (tr->sum_bwd - z[2]) / n, 1e3 * (tr->sum_comm - z[3]) / n,
+                                      1e3 * (tr->sum_opt - z[4]) / n, 1e3 * (tr->sum_comm_wait - z[5]) / n};
+    ri.config_yaml = tr->config_yaml;
+    char path[LK_PATH + 16];
+    snprintf(path, sizeof path, "%s/run.json", tr->log_dir);
+    lk_status wst = lk_runinfo_write(path, &ri);
+    if (wst) {
+        lk_log_warn("could not write %s: %s", path, lk_last_error());
+        if (st) lk_error(st, "%s", first);
+    }
+}
+
+void lk__print_profile(lk_trainer *tr) {
+    if (tr->rank != 0 || !strcmp(tr->cfg.profiler, "none") || tr->timed_steps == 0) return; /* every profiler shows the phases */
+    double n = (double)tr->timed_steps;
+    double tot = tr->sum_data + tr->sum_fwd + tr->sum_bwd + tr->sum_comm + tr->sum_opt;
+    printf("\nprofiler (%s): %lld optimizer steps, mean per step\n", tr->cfg.profiler, (long long)tr->timed_steps);
+    const char *names[] = {"data wait", "forward", "backward", "exposed comm", "optimizer"};
+    double v[] = {tr->sum_data, tr->sum_fwd, tr->sum_bwd, tr->sum_comm, tr->sum_opt};
+    for (int i = 0; i < 5; i++) {
+        printf("  %-14s %9.3f ms  %5.1f%%\n", names[i], 1e3 * v[i] / n, tot > 0 ? 100 * v[i] / tot : 0);
+        if (i == 3 && tr->sum_comm_wait > 0) /* exposed comm = waiting for the last rank + moving the data */
+            printf("    %-12s %9.3f ms  (waiting for the last rank to arrive)\n", "of which", 1e3 * tr->sum_comm_wait / n);
+    }
+}
