@@ -76,6 +76,10 @@ static inline lk_status lk__gemm_f32(const lk_backend *be, bool ta, bool tb, int
  * AVX512-BF16/FP16 or its own emulation); otherwise A and B are widened to
  * f32 panels and the f32 GEMM runs (correct, slower). */
 lk_status lk__cpu_gemm_lowp(const lk_op_desc *d, const void *A, const void *B, void *C);
+/* The same split, every piece through oneDNN in d's dtypes (f32 x f32 -> f32
+ * too), never the fallback: UNSUPPORTED where oneDNN has no fast code for a
+ * piece or lockstep was built without it. For bench ops' measurement only. */
+lk_status lk__cpu_gemm_dnnl(const lk_op_desc *d, const void *A, const void *B, void *C);
 /* Whether those GEMMs may use oneDNN (default: unless LK_ONEDNN=0). */
 void lk__cpu_lowp_use_dnnl(bool on);
 /* Which path a GEMM of these dtypes takes on this machine ("onednn:avx512_core_bf16",

@@ -80,9 +80,21 @@ typedef struct {
     char *C;
     size_t ea, ec; /* element sizes of A/B and C */
     bool by_cols;
+    bool dnnl_only; /* lk__cpu_gemm_dnnl: every piece through oneDNN, no fallback */
     int width;
     lk_status st[64];
 } lowp_job;
+
+/* One piece through oneDNN only (UNSUPPORTED where it has no fast code or
+ * lockstep was built without it). */
+static lk_status dnnl_one(const lk_op_desc *d, const void *A, const void *B, void *C) {
+#ifdef LK_HAVE_DNNL
+    return lk__dnnl_gemm(d, A, B, C);
+#else
+    (void)d, (void)A, (void)B, (void)C;
+    return LK_STATUS_UNSUPPORTED;
+#endif
+}
 
 static void lowp_task(void *ctx, int t) {
     lowp_job *j = ctx;
@@ -103,12 +115,12 @@ static void lowp_task(void *ctx, int t) {
         A += (size_t)(g->trans_a ? a : a * g->lda) * j->ea;
         C += (size_t)(a * g->ldc) * j->ec;
     }
-    j->st[t] = gemm_one(&d, A, B, C);
+    j->st[t] = j->dnnl_only ? dnnl_one(&d, A, B, C) : gemm_one(&d, A, B, C);
 }
 
 #define LOWP_SPLIT_FLOPS (8.0 * 1024 * 1024) /* bf16 runs ~2x f32's rate: twice f32's threshold */
 
-lk_status lk__cpu_gemm_lowp(const lk_op_desc *d, const void *A, const void *B, void *C) {
+static lk_status split_run(const lk_op_desc *d, const void *A, const void *B, void *C, bool dnnl_only) {
     const lk_gemm_params *g = &d->gemm;
     if (g->M == 0 || g->N == 0) return LK_STATUS_OK;
     int width = 2.0 * (double)g->M * (double)g->N * (double)g->K >= LOWP_SPLIT_FLOPS ? lk__parallel_width(INT64_MAX) : 1;
@@ -116,12 +128,21 @@ lk_status lk__cpu_gemm_lowp(const lk_op_desc *d, const void *A, const void *B, v
     int64_t parts = (by_cols ? g->N : g->M) / 16;
     if (width > parts) width = parts > 1 ? (int)parts : 1;
     if (width > 64) width = 64;
-    if (width <= 1) return gemm_one(d, A, B, C);
-    lowp_job job = {d, A, B, C, lk_dtype_size(d->dtype[0]), lk_dtype_size(d->dtype[2]), by_cols, width, {0}};
+    if (width <= 1) return dnnl_only ? dnnl_one(d, A, B, C) : gemm_one(d, A, B, C);
+    lowp_job job = {d, A, B, C, lk_dtype_size(d->dtype[0]), lk_dtype_size(d->dtype[2]), by_cols, dnnl_only, width, {0}};
     lk__parallel_run(width, lowp_task, &job);
     for (int t = 0; t < width; t++)
         if (job.st[t]) return job.st[t];
     return LK_STATUS_OK;
+}
+
+lk_status lk__cpu_gemm_lowp(const lk_op_desc *d, const void *A, const void *B, void *C) {
+    return split_run(d, A, B, C, false);
+}
+
+/* Measurement only (bench ops): training's f32 GEMMs stay on OpenBLAS. */
+lk_status lk__cpu_gemm_dnnl(const lk_op_desc *d, const void *A, const void *B, void *C) {
+    return split_run(d, A, B, C, true);
 }
 
 #ifndef LK_HAVE_DNNL

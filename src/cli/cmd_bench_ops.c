@@ -87,6 +87,13 @@ static void run_typed(void *p) {
     if (lk__backend_run(LK_DEVICE_CPU, &t->d, (void *[]){t->a, t->b, t->c})) lk_panic("gemm: %s", lk_last_error());
 }
 
+/* The same f32 GEMM through oneDNN instead of OpenBLAS (split across the
+ * pool as the low-precision ones are): is oneDNN faster for f32 too? */
+static void run_dnnl_f32(void *p) {
+    typed_ctx *t = p;
+    if (lk__cpu_gemm_dnnl(&t->d, t->a, t->b, t->c)) lk_panic("onednn f32 gemm: %s", lk_last_error());
+}
+
 /* The GEMMs of bf16-mixed and 16-mixed against f32, at the shapes of a
  * training step (forward x W^T, backward dY W and dY^T X), same buffers sizes. */
 static void lowp_table(double budget) {
@@ -99,8 +106,8 @@ static void lowp_table(double budget) {
         {256, 64, 256, false, true, "fwd 256->64"},
         {1024, 1024, 1024, false, true, "square 1024"},
     };
-    printf("%-16s %-26s %10s %10s %10s %8s %8s\n", "shape (MxNxK)", "case", "f32 GF/s", "bf16 GF/s", "f16 GF/s",
-           "bf16/f32", "f16/f32");
+    printf("%-16s %-26s %10s %15s %10s %10s %11s %8s %8s\n", "shape (MxNxK)", "case", "f32 GF/s", "f32 onednn GF/s",
+           "bf16 GF/s", "f16 GF/s", "onednn/f32", "bf16/f32", "f16/f32");
     lk_rng rng;
     lk_rng_init(&rng, 2, LK_RNG_USER, 0, 0);
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
@@ -125,10 +132,20 @@ static void lowp_table(double budget) {
             double best = time_it(run_typed, &t, budget / 3);
             rate[k] = 2.0 * (double)M * (double)N * (double)K / best / 1e9;
         }
-        char sh[64];
+        /* f32 x f32 -> f32 through oneDNN: measured only (training's f32
+         * GEMMs stay on OpenBLAS); "-" where oneDNN has no fast code */
+        double dnnl = 0;
+        typed_ctx t = {.d = {.op = LK_OP_GEMM, .dtype = {LK_F32, LK_F32, LK_F32}}, .a = a, .b = b, .c = c};
+        t.d.gemm = (lk_gemm_params){shapes[s].ta, shapes[s].tb, M, N, K, shapes[s].ta ? M : K, shapes[s].tb ? K : N, N,
+                                    1.0f, 0.0f};
+        if (lk__cpu_gemm_dnnl(&t.d, a, b, c) == LK_STATUS_OK)
+            dnnl = 2.0 * (double)M * (double)N * (double)K / time_it(run_dnnl_f32, &t, budget / 3) / 1e9;
+        else lk_clear_error();
+        char sh[64], dn[32] = "-", dr[32] = "-";
         snprintf(sh, sizeof sh, "%lldx%lldx%lld", (long long)M, (long long)N, (long long)K);
-        printf("%-16s %-26s %10.1f %10.1f %10.1f %7.2fx %7.2fx\n", sh, shapes[s].what, rate[0], rate[1], rate[2],
-               rate[1] / rate[0], rate[2] / rate[0]);
+        if (dnnl > 0) snprintf(dn, sizeof dn, "%.1f", dnnl), snprintf(dr, sizeof dr, "%.2fx", dnnl / rate[0]);
+        printf("%-16s %-26s %10.1f %15s %10.1f %10.1f %11s %7.2fx %7.2fx\n", sh, shapes[s].what, rate[0], dn, rate[1],
+               rate[2], dr, rate[1] / rate[0], rate[2] / rate[0]);
         lk_aligned_free(a), lk_aligned_free(b), lk_aligned_free(c), lk_aligned_free(ah), lk_aligned_free(bh);
     }
 }
@@ -140,7 +157,8 @@ int lk_cmd_bench_ops(int argc, char **argv) {
         else if (!strcmp(argv[i], "--help")) {
             printf("usage: lockstep bench ops [--seconds S]\n"
                    "GFLOP/s of lk_matmul vs direct cblas_sgemm on the same buffers (median of 7 rounds,\n"
-                   "about S seconds per cell), and forward+backward time of a 784-512-256-64 MLP at batch 256.\n");
+                   "about S seconds per cell); the training step's GEMMs in f32 (OpenBLAS and oneDNN), bf16 and f16;\n"
+                   "and forward+backward time of a 784-512-256-64 MLP at batch 256.\n");
             return 0;
         } else {
             fprintf(stderr, "lockstep bench ops: unknown option '%s'\n", argv[i]);

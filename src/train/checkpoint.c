@@ -29,6 +29,15 @@ static lk_status append_prefixed(lk_named_tensors *dst, const lk_named_tensors *
     return LK_STATUS_OK;
 }
 
+/* trainer.precision under Lightning's full name (its aliases 32, bf16, 16
+ * name the same run): what a checkpoint records and compares. */
+static const char *precision_name(const char *p) {
+    if (!strcmp(p, "32")) return "32-true";
+    if (!strcmp(p, "bf16")) return "bf16-mixed";
+    if (!strcmp(p, "16")) return "16-mixed";
+    return p;
+}
+
 lk_status lk__ckpt_save(lk_trainer *tr, const char *path) { return lk__ckpt_save_ex(tr, path, false); }
 
 /* weights_only (ModelCheckpoint save_weights_only): the model's state dict
@@ -67,8 +76,9 @@ lk_status lk__ckpt_save_ex(lk_trainer *tr, const char *path, bool weights_only) 
         {"batch_in_epoch", batch}, {"world_size", world}, {"strategy", lk_strategy_name(tr->strat)},
         {"seed", seed}, {"config", tr->config_yaml ? tr->config_yaml : ""},
         {"hparams", tr->module->hparams_yaml ? tr->module->hparams_yaml : ""},
+        {"precision", precision_name(tr->cfg.precision)},
     };
-    int nmeta = 12;
+    int nmeta = 13;
     if (weights_only) meta[nmeta++] = (lk_st_meta){"weights_only", "true"};
     /* Callback state: instance 0 under the original key names, instance i
      * under "<key>.<i>" (keys and values are kept in `cbtext`). */
@@ -177,6 +187,31 @@ lk_status lk_module_load_weights(lk_module *m, const char *path) {
     return st;
 }
 
+/* Every precision keeps f32 parameters and f32 optimizer state (the mixed
+ * ones multiply rounded copies per call), so a checkpoint resumes in any
+ * other precision unchanged; only the fp16 loss scaler's state is
+ * precision-specific. Said in one line each, so that a run resumed in
+ * another precision is never silent about it. A checkpoint written before
+ * the "precision" key existed is known to be 16-mixed by its scaler state. */
+static void precision_note(lk_trainer *tr, const lk_st_file *f, const char *path, bool restore_training) {
+    bool has_scaler = false;
+    for (int i = 0; i < lk_safetensors_count(f) && !has_scaler; i++)
+        has_scaler = !strncmp(lk_safetensors_at(f, i)->name, "grad_scaler.", 12);
+    const char *saved = lk_safetensors_meta(f, "precision");
+    if (!saved || !*saved) saved = has_scaler ? "16-mixed" : NULL;
+    const char *now = precision_name(tr->cfg.precision);
+    if (saved && strcmp(precision_name(saved), now))
+        lk_log0("%s was saved in precision %s, this run uses %s: the f32 weights%s are loaded as they are", path,
+                saved, now, restore_training ? " and optimizer state" : "");
+    if (!restore_training) return;
+    if (has_scaler && !tr->scaler)
+        lk_log0("%s: its grad_scaler.* state (16-mixed's loss scaler) is ignored: precision %s has no loss scaler",
+                path, now);
+    else if (!has_scaler && tr->scaler)
+        lk_log0("%s has no loss scaler state: the scaler starts from trainer.grad_scaler_init_scale (%g)", path,
+                (double)tr->cfg.grad_scaler_init_scale);
+}
+
 lk_status lk__ckpt_load(lk_trainer *tr, const char *path, bool restore_training) {
     lk_st_file *f;
     LK_TRY(lk_safetensors_open(path, &f));
@@ -194,6 +229,7 @@ lk_status lk__ckpt_load(lk_trainer *tr, const char *path, bool restore_training)
                         "ckpt_path: %s was saved with ModelCheckpoint save_weights_only: true and holds no optimizer "
                         "state to resume fit from (use it with validate, test or predict, or as model weights)", path);
     }
+    precision_note(tr, f, path, restore_training);
     lk_named_tensors sd = {0}, part = {0};
     st = lk_state_dict_get(tr->module->net, &sd);
     if (!st) st = load_named(f, &sd, "", "model");

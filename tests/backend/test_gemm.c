@@ -32,6 +32,7 @@ static void fill(lk_dtype dt, void *p, float *wide, int64_t rows, int64_t cols, 
 }
 
 static int cases_run;
+static bool dnnl_f32; /* run through lk__cpu_gemm_dnnl (bench ops' f32 onednn column) */
 
 static void one(lk_dtype ab, lk_dtype ct, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, float beta) {
     int64_t pad = 3;
@@ -46,7 +47,14 @@ static void one(lk_dtype ab, lk_dtype ct, bool ta, bool tb, int64_t M, int64_t N
     lk_op_desc d = {.op = LK_OP_GEMM, .dtype = {ab, ab, ct}};
     d.gemm = (lk_gemm_params){ta, tb, M, N, K, lda, ldb, ldc, alpha, beta};
     CHECK(lk__cpu_backend.supports(&d));
-    CHECK_OK(lk__backend_run(LK_DEVICE_CPU, &d, (void *[]){A, B, C}));
+    if (dnnl_f32) {
+        lk_status st = lk__cpu_gemm_dnnl(&d, A, B, C);
+        if (st == LK_STATUS_UNSUPPORTED) { /* no fast oneDNN code for this shape: nothing measured */
+            free(A), free(B), free(C), free(Aw), free(Bw), free(Cw);
+            return;
+        }
+        CHECK_OK(st);
+    } else CHECK_OK(lk__backend_run(LK_DEVICE_CPU, &d, (void *[]){A, B, C}));
     double worst = 0;
     for (int64_t i = 0; i < M; i++)
         for (int64_t j = 0; j < N; j++) {
@@ -101,6 +109,24 @@ static void through_f32_fallback(void) {
     printf("%d GEMM cases through the f32 fallback\n", cases_run);
 }
 
+/* bench ops times f32 x f32 -> f32 through oneDNN next to OpenBLAS: the
+ * numbers mean something only if oneDNN computes the same GEMM (the
+ * shapes it takes, strides, transposes, alpha and beta included). */
+static void f32_through_onednn(void) {
+    static const int64_t shapes[][3] = {{5, 7, 11}, {33, 20, 64}, {64, 48, 130}, {256, 64, 256}, {7, 5, 0}};
+    dnnl_f32 = true;
+    cases_run = 0;
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        for (int t = 0; t < 4; t++) {
+            one(LK_F32, LK_F32, t & 1, t & 2, shapes[s][0], shapes[s][1], shapes[s][2], 1.0f, 0.0f);
+            one(LK_F32, LK_F32, t & 1, t & 2, shapes[s][0], shapes[s][1], shapes[s][2], 0.5f, 1.0f);
+        }
+    dnnl_f32 = false;
+    printf("%d f32 GEMM cases through oneDNN\n", cases_run);
+    /* with oneDNN built in and working, it takes the larger shapes */
+    if (!strncmp(lk__cpu_gemm_path(LK_BF16, LK_F32), "onednn", 6)) CHECK(cases_run >= 8);
+}
+
 static void unsupported_is_named(void) {
     lk_op_desc d = {.op = LK_OP_GEMM, .dtype = {LK_BF16, LK_F16, LK_F32}};
     d.gemm = (lk_gemm_params){false, false, 2, 2, 2, 2, 2, 2, 1.0f, 0.0f};
@@ -111,4 +137,5 @@ static void unsupported_is_named(void) {
     CHECK(!lk__cpu_backend.supports(&d));
 }
 
-LK_TEST_MAIN(LK_TEST_CASE(through_onednn), LK_TEST_CASE(through_f32_fallback), LK_TEST_CASE(unsupported_is_named))
+LK_TEST_MAIN(LK_TEST_CASE(through_onednn), LK_TEST_CASE(through_f32_fallback), LK_TEST_CASE(f32_through_onednn),
+             LK_TEST_CASE(unsupported_is_named))
