@@ -23,7 +23,14 @@ run_bounded() { # deadline command...
 # 1. desync
 run_bounded 60 "$LK_MPIRUN" "${flags[@]}" -np 2 "$LK_TEST_DIST_MPI" desync
 check "desync: the job exits non-zero (rc $rc)" test "$rc" -ne 0
-check "desync: ended by MPI_Abort, not a hang (${secs}s)" grep -q "MPI_ABORT" "$T/out"
+# Both ranks pass their checks and return 0 from main, so a non-zero job
+# status can only come from the MPI_Abort at exit (MPI_Finalize would give 0).
+# mpirun's "MPI_ABORT was invoked" text is not asserted: when both ranks
+# abort at once, OpenMPI 4.1 sometimes loses it ("ORTE_ERROR_LOG: Data
+# unpack would read past end of buffer in ... show_help.c"), 1 run in ~10
+# under load here.
+check "desync: ended by MPI_Abort, not a hang (${secs}s, rc $rc, both ranks passed)" \
+  bash -c "[ '$rc' -ne 0 ] && [ \$(grep -c '^1 passed, 0 failed' '$T/out') = 2 ] && awk -v s='$secs' 'BEGIN { exit !(s < 30) }'"
 check "desync: the checks passed on the ranks" grep -q "^ok   desync_under_mpirun" "$T/out"
 check "desync: no check failed" bash -c "! grep -q '^FAIL' '$T/out'"
 
