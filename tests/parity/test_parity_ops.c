@@ -25,6 +25,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "debug_device.h"
 #include "lk_test.h"
 #include "npy.h"
 
@@ -518,6 +519,12 @@ static result run_case(const parity_case *c, bool verbose) {
                 lk_last_error());
         res = pend ? RES_PENDING : RES_FAIL;
     } else {
+        char dv[32], want[32];
+        if (!lk_device_equal(out->device, lk_device_default())) { /* results live where the inputs were made */
+            fprintf(stderr, "%s: the output is on %s, the inputs on %s\n", c->name,
+                    lk_device_str(out->device, dv, sizeof dv), lk_device_str(lk_device_default(), want, sizeof want));
+            f.bad++;
+        }
         fx_check(&f, "out", out);
         lk_tensor *R = fx_load_file(&f, "R");
         if (R) {
@@ -765,13 +772,30 @@ int main(int argc, char **argv) {
         int bad = check_fixture_dirs_covered();
         if (bad) failed++, fprintf(stderr, "FAIL fixture directories without a case: %d\n", bad);
     }
-    for (int i = 0; i < N_CASES; i++) {
-        if (!selected(cases[i].name, argc, argv)) continue;
-        result r = run_case(&cases[i], verbose);
-        if (r == RES_OK) passed++, printf("ok   %s\n", cases[i].name);
-        else if (r == RES_PENDING) pending++, printf("PENDING %s (op not implemented yet)\n", cases[i].name);
-        else failed++, fprintf(stderr, "FAIL %s\n", cases[i].name);
+    /* Every case on every registered device: the CPU, then the tests' debug
+     * device (NaN-poisoned host memory behind the device vtable, run by the
+     * CPU backend), each against the same PyTorch fixtures. */
+    lk_device devs[2] = {LK_DEVICE_CPU, dbg_device()};
+    for (int d = 0; d < 2; d++) {
+        char dv[32];
+        lk_device_str(devs[d], dv, sizeof dv);
+        if (lk_device_set_default(devs[d])) {
+            failed++, fprintf(stderr, "FAIL device %s: %s\n", dv, lk_last_error());
+            continue;
+        }
+        for (int i = 0; i < N_CASES; i++) {
+            if (!selected(cases[i].name, argc, argv)) continue;
+            result r = run_case(&cases[i], verbose);
+            if (r == RES_OK) passed++, printf("ok   %s on %s\n", cases[i].name, dv);
+            else if (r == RES_PENDING) pending++, printf("PENDING %s on %s (op not implemented yet)\n", cases[i].name, dv);
+            else failed++, fprintf(stderr, "FAIL %s on %s\n", cases[i].name, dv);
+        }
     }
+    lk_device_set_default(LK_DEVICE_CPU);
+    lk_pool_trim();
+    if (dbg.bad_frees || dbg.live_bytes)
+        failed++, fprintf(stderr, "FAIL debug device: %ld bad frees, %zu bytes still live after the cases\n",
+                          dbg.bad_frees, dbg.live_bytes);
     printf("%d passed, %d failed, %d pending\n", passed, failed, pending);
     return failed ? 1 : 0;
 }
