@@ -79,6 +79,10 @@ typedef lk_tensor *(*lk_layer_forward_fn)(lk_layer *self, lk_tensor *x);
 typedef void (*lk_layer_destroy_fn)(lk_layer *self);
 /* Re-draws this layer's own parameters (not its children's) from rng. */
 typedef lk_status (*lk_layer_reset_fn)(lk_layer *self, lk_rng *rng);
+/* Re-keys a layer's own random stream for one training step (Dropout's
+ * mask): `stream` tells the layer apart from the others of the network and
+ * the rank, `step` the optimizer step. */
+typedef void (*lk_layer_reseed_fn)(lk_layer *self, uint64_t seed, uint32_t stream, uint64_t step);
 
 typedef struct lk_named_layer {
     char *name;
@@ -90,6 +94,7 @@ struct lk_layer {
     lk_layer_forward_fn forward;
     lk_layer_destroy_fn destroy;  /* optional */
     lk_layer_reset_fn reset;      /* optional: lk_layer_reset_parameters uses it */
+    lk_layer_reseed_fn reseed;    /* optional: layers that draw randomness; lk_layer_set_rng_step calls it */
     void *impl;                   /* private data of the layer type */
     bool training;                /* true after create; lk_layer_train sets it recursively */
     lk_named_tensors params;      /* own parameters, registration order */

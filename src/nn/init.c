@@ -4,7 +4,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "nn/nn_impl.h"
+#include "lockstep/nn.h"
 #include "tensor/tensor_impl.h"
 
 static lk_status check_f32(const char *fn, const lk_tensor *t) {

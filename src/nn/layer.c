@@ -8,7 +8,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "nn/nn_impl.h"
+#include "lockstep/nn.h"
 
 /* ---- named tensor lists ------------------------------------------------------- */
 
@@ -280,7 +280,7 @@ lk_status lk_layer_reset_parameters(lk_layer *l, uint64_t seed) {
 }
 
 static void rng_step_rec(lk_layer *l, uint64_t seed, uint32_t rank, uint64_t step, uint32_t *d) {
-    if (lk__dropout_reseed(l, seed, (rank << 16) | (*d & 0xffffu), step)) (*d)++;
+    if (l->reseed) l->reseed(l, seed, (rank << 16) | (*d & 0xffffu), step), (*d)++;
     for (int c = 0; c < l->n_children; c++) rng_step_rec(l->children[c].layer, seed, rank, step, d);
 }
 

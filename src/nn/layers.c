@@ -6,7 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "nn/nn_impl.h"
+#include "lockstep/nn.h"
 
 /* A layer under construction that failed: frees it, keeps the error. */
 static lk_layer *abandon(lk_layer *l) {
@@ -298,13 +298,11 @@ static lk_tensor *dropout_forward(lk_layer *self, lk_tensor *x) {
     return lk_dropout(x, d->p, self->training, &d->rng);
 }
 
-bool lk__dropout_reseed(lk_layer *l, uint64_t seed, uint32_t stream, uint64_t step) {
-    if (l->forward != dropout_forward) return false;
+static void dropout_reseed(lk_layer *l, uint64_t seed, uint32_t stream, uint64_t step) {
     dropout_impl *d = l->impl;
     /* The counter's two coordinates: the layer's stream, and the step
      * folded to 32 bits (2^32 steps before a mask could repeat). */
     lk_rng_init(&d->rng, seed ^ (step >> 32) * 0x9E3779B97F4A7C15ull, LK_RNG_DROPOUT, stream, (uint32_t)step);
-    return true;
 }
 
 lk_layer *lk_dropout_create(float p) {
@@ -316,7 +314,9 @@ lk_layer *lk_dropout_create(float p) {
     if (!d) return NULL;
     d->p = p;
     lk_rng_init(&d->rng, 0, LK_RNG_DROPOUT, 0, 0);
-    return lk_layer_create("Dropout", dropout_forward, d, NULL);
+    lk_layer *l = lk_layer_create("Dropout", dropout_forward, d, NULL);
+    if (l) l->reseed = dropout_reseed;
+    return l;
 }
 
 /* ---- Embedding, Flatten ------------------------------------------------------------------------- */
