@@ -138,8 +138,13 @@ int lk_get_num_threads(void);
 typedef struct lk_pool_stats {
     uint64_t hits, misses; /* storage requests served from the cache / by malloc */
     size_t bytes_cached, bytes_live;
+    size_t bytes_live_peak; /* the most bytes_live has been since the last lk_pool_reset_peak */
 } lk_pool_stats;
 lk_pool_stats lk_pool_get_stats(void);
+/* Starts a new peak at the bytes live now, and returns them: the trainer
+ * brackets each step with it, so the peak less that base is what the step's
+ * activations and temporaries took. */
+size_t lk_pool_reset_peak(void);
 void lk_pool_trim(void); /* returns cached storage to the system */
 
 #ifdef __cplusplus

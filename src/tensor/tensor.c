@@ -62,6 +62,7 @@ static lk_storage *storage_alloc(lk_device dev, size_t nbytes) {
             pool.stats.hits++;
             pool.stats.bytes_cached -= cap;
             pool.stats.bytes_live += cap;
+            if (pool.stats.bytes_live > pool.stats.bytes_live_peak) pool.stats.bytes_live_peak = pool.stats.bytes_live;
             pthread_mutex_unlock(&pool.mu);
             atomic_store(&s->refcount, 1);
             s->flat = false;
@@ -83,6 +84,7 @@ static lk_storage *storage_alloc(lk_device dev, size_t nbytes) {
     atomic_store(&s->refcount, 1);
     pthread_mutex_lock(&pool.mu);
     pool.stats.bytes_live += cap;
+    if (pool.stats.bytes_live > pool.stats.bytes_live_peak) pool.stats.bytes_live_peak = pool.stats.bytes_live;
     pthread_mutex_unlock(&pool.mu);
     return s;
 }
@@ -120,6 +122,13 @@ lk_pool_stats lk_pool_get_stats(void) {
     lk_pool_stats st = pool.stats;
     pthread_mutex_unlock(&pool.mu);
     return st;
+}
+
+size_t lk_pool_reset_peak(void) {
+    pthread_mutex_lock(&pool.mu);
+    size_t live = pool.stats.bytes_live_peak = pool.stats.bytes_live;
+    pthread_mutex_unlock(&pool.mu);
+    return live;
 }
 
 void lk_pool_trim(void) {

@@ -76,6 +76,21 @@ static void pool_is_keyed_by_device(void) {
     CHECK(dbg.frees > f0 && dbg.bad_frees == 0);
 }
 
+/* The pool's peak of live bytes (what a step's activations took) follows
+ * allocations, not frees, and restarts at the live bytes when reset. */
+static void pool_peak(void) {
+    size_t base = lk_pool_reset_peak();
+    CHECK(lk_pool_get_stats().bytes_live_peak == base);
+    lk_tensor *a = lk_tensor_zeros(LK_F32, LK_SHAPE(4096)); /* 16 KiB */
+    lk_tensor *b = lk_tensor_zeros(LK_F32, LK_SHAPE(8192)); /* 32 KiB */
+    lk_tensor_release(a);
+    lk_tensor_release(b);
+    lk_pool_stats st = lk_pool_get_stats();
+    CHECK(st.bytes_live == base);
+    CHECK_MSG(st.bytes_live_peak == base + 49152, "peak %zu, base %zu", st.bytes_live_peak, base);
+    CHECK(lk_pool_reset_peak() == base && lk_pool_get_stats().bytes_live_peak == base);
+}
+
 enum { IN = 7, HID = 11, OUT = 5, BATCH = 13, STEPS = 4 };
 
 /* Forward + backward + SGD of a 2-layer tanh network on the default device;
@@ -135,5 +150,5 @@ static void training_on_the_debug_device(void) {
               dbg.live_bytes, dbg.bad_frees);
 }
 
-LK_TEST_MAIN(LK_TEST_CASE(registry), LK_TEST_CASE(far_tests), LK_TEST_CASE(pool_is_keyed_by_device),
+LK_TEST_MAIN(LK_TEST_CASE(registry), LK_TEST_CASE(far_tests), LK_TEST_CASE(pool_is_keyed_by_device), LK_TEST_CASE(pool_peak),
              LK_TEST_CASE(training_on_the_debug_device))
