@@ -41,6 +41,7 @@ struct dp {
     uint64_t gen; /* work generation posted by the main thread */
     int pending;  /* workers still running the current generation */
     bool quit;
+    bool stale; /* replica 0's parameters may have changed since the replicas copied them (attach) */
     const lk_step_args *job; /* the current step */
     int64_t total;
 };
@@ -206,12 +207,19 @@ static lk_status dp_attach(lk_strategy *s) {
     }
     /* N replicas compute at once: BLAS gets one thread each. */
     lk_set_num_threads(1);
+    d->stale = true;
     return LK_STATUS_OK;
 }
+
+static lk_status dp_after_step(lk_strategy *s);
 
 static lk_status dp_training_step(lk_strategy *s, const lk_step_args *a, lk_step_result *res) {
     dp *d = me(s);
     const lk_batch *b = a->batch;
+    /* The replicas copied replica 0 at attach; what the caller did since
+     * (the trainer loads a checkpoint after attaching) reaches them here, or
+     * a resumed run's first step would run the replicas on the old values. */
+    if (d->stale) LK_TRY(dp_after_step(s));
     /* DataParallel broadcasts buffers (BatchNorm statistics) from device 0. */
     for (int k = 1; k < d->n; k++)
         for (int i = 0; i < s->nbuffers; i++) lk_tensor_copy(d->r[k].buffers.items[i].tensor, s->buffers[i]);
@@ -259,6 +267,7 @@ static lk_status dp_after_step(lk_strategy *s) {
     if (!d->r[0].flat_p) return LK_STATUS_OK; /* not attached: nothing to copy to */
     size_t bytes = lk_tensor_nbytes(d->r[0].flat_p);
     for (int k = 1; k < d->n; k++) memcpy(d->r[k].flat_p->data, d->r[0].flat_p->data, bytes);
+    d->stale = false;
     return LK_STATUS_OK;
 }
 
