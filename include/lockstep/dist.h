@@ -169,6 +169,10 @@ void lk_comm_free_shared(lk_comm *c, void *ptr);
  * there, false elsewhere): only the owner frees it with lk_comm_free_shared,
  * and the others must be done with it first. Zero-filled, 64-byte aligned. */
 lk_status lk_comm_alloc_common(lk_comm *c, size_t bytes, void **ptr, bool *owner);
+/* Whether the ranks map the same memory, i.e. lk_comm_alloc_common can
+ * succeed (shm on one node: true; mpi, self: false). What a strategy asks
+ * before it keeps one copy of something for every rank. */
+bool lk_comm_shares_memory(const lk_comm *c);
 
 /* Blocking collectives. `count` is in elements of `dt`. Buffers may be
  * ordinary memory or from lk_comm_alloc_shared; sizes 0 are fine.

@@ -163,21 +163,22 @@ void lk_layer_zero_grad(lk_layer *l, bool set_to_none);
  * (each parameter becomes a view into it, packed without gaps in
  * named_parameters order; values are kept) and sets every parameter's .grad
  * to a view into one contiguous gradient buffer (zeroed; an existing
- * gradient is copied in). `grad_buffer` may be caller memory of at least
- * lk_layer_num_parameters(l) floats (LK_ALIGN-aligned, it must outlive the
- * layer) or NULL to allocate. On success *flat_params and *flat_grads (may be
+ * gradient is copied in). `grad_buffer` may be a caller's contiguous f32
+ * tensor of at least lk_layer_num_parameters(l) elements (LK_ALIGN-aligned;
+ * its memory must outlive the layer; the gradients become views of that
+ * memory, the tensor itself is not kept) or NULL to allocate. On success *flat_params and *flat_grads (may be
  * NULL if not wanted) are new references the caller releases; flat_params->grad
  * is flat_grads, so clipping and the optimizers can treat the flat tensor as
  * one parameter. Call before creating the optimizer: parameter tensors held
  * elsewhere become stale. Non-f32 parameters are left alone. On failure
  * nothing has changed. */
-lk_status lk_params_flatten(lk_layer *l, float *grad_buffer, lk_tensor **flat_params, lk_tensor **flat_grads);
-/* As lk_params_flatten, with the parameters placed in caller memory
- * `param_buffer` (lk_layer_num_parameters floats, LK_ALIGN-aligned; NULL:
- * allocated). copy_values false leaves the buffer's contents as the
- * parameters' values: for memory several processes share, which one of them
- * fills (DDP's shared parameters, lk_strategy_param_buffer). */
-lk_status lk_params_flatten_into(lk_layer *l, float *param_buffer, bool copy_values, float *grad_buffer,
+lk_status lk_params_flatten(lk_layer *l, lk_tensor *grad_buffer, lk_tensor **flat_params, lk_tensor **flat_grads);
+/* As lk_params_flatten, with the parameters placed in the memory of the
+ * caller's tensor `param_buffer` (contiguous f32, at least
+ * lk_layer_num_parameters elements, LK_ALIGN-aligned; NULL: allocated).
+ * copy_values false leaves the buffer's contents as the parameters' values:
+ * for memory several processes share, which one of them fills (DDP's shared parameters, lk_strategy_param_buffer). */
+lk_status lk_params_flatten_into(lk_layer *l, lk_tensor *param_buffer, bool copy_values, lk_tensor *grad_buffer,
                                  lk_tensor **flat_params, lk_tensor **flat_grads);
 /* True when t (typically a .grad) lives in a flat buffer made by
  * lk_params_flatten; the optimizers' zero_grad(set_to_none) zeroes such

@@ -1,26 +1,42 @@
 /* lockstep/strategy.h — how a training step is spread over devices.
  *
- * A strategy wraps the parts of a step that depend on where it runs: setup
- * (replicas start identical), the backward path (DDP starts each gradient
- * bucket's all-reduce the moment its last gradient is ready, while backward
- * goes on), the wait before the optimizer step, metric reduction, and which
- * rank writes files. `single` does nothing extra; `ddp` runs one process per
- * device over an lk_comm.
+ * A strategy owns the training step: setup (replicas start identical), the
+ * step over a micro-batch (forward, backward and the gradient reduction, in
+ * whatever order and on whatever threads it needs), what happens around the
+ * optimizer step, metric reduction and which rank writes files. `single`
+ * runs the step on this process; `ddp` runs one process per device over an
+ * lk_comm and all-reduces each gradient bucket while backward goes on; `dp`
+ * runs one replica per device on threads of this process and sums the
+ * gradients onto replica 0. The caller (the trainer) supplies its side of
+ * the step as callbacks (lk_step_fn) and keeps the loops, the loss scaler,
+ * clipping and the scheduler:
  *
  *     lk_strategy_config sc = lk_strategy_config_default();
  *     sc.name = "ddp"; sc.comm = comm;                 // comm borrowed
  *     lk_strategy *s; LK_TRY(lk_strategy_create(&sc, &s));
+ *     lk_tensor *grads, *pbuf; bool copy;
+ *     LK_TRY(lk_strategy_grad_buffer(s, n_elems, &grads));
+ *     LK_TRY(lk_strategy_param_buffer(s, n_elems, &pbuf, &copy));
+ *     LK_TRY(lk_params_flatten_into(net, pbuf, copy, grads, &flat_p, &flat_g));
  *     LK_TRY(lk_strategy_setup(s, params, names, n, buffers, nbuf));
+ *     ... make the optimizer; LK_TRY(lk_strategy_shard_optimizer(s, optim));
+ *     lk_step_fn fn = {.ctx = me, .forward = my_forward};
+ *     LK_TRY(lk_strategy_attach(s, &fn));
  *     for each micro-batch:
- *         lk_strategy_begin_backward(s, last_micro_batch);   // no_sync when false
- *         lk_backward(loss);
- *         LK_TRY(lk_strategy_finish_backward(s));             // waits for buckets when syncing
- *     optimizer step; lk_strategy_zero_grad(s);
+ *         lk_step_args a = {.batch = b, .sync = last_micro_batch, .loss_mul = 1.0f / accum, .loss_scale = 1};
+ *         lk_step_result r; LK_TRY(lk_strategy_training_step(s, &a, &r));
+ *         if (a.sync) { clip...; LK_TRY(lk_strategy_optimizer_step(s, optim, false)); }  // also zeroes grads
+ *     lk_strategy_detach(s); lk_strategy_free(s);
+ *
+ * The lower-level calls (before_forward, begin/finish_backward, after_step,
+ * zero_grad) remain for callers that run the step themselves.
  */
 #ifndef LOCKSTEP_STRATEGY_H
 #define LOCKSTEP_STRATEGY_H
 
+#include "lockstep/data.h"
 #include "lockstep/dist.h"
+#include "lockstep/nn.h"
 #include "lockstep/optim.h"
 #include "lockstep/tensor.h"
 
@@ -31,8 +47,11 @@ extern "C" {
 typedef struct lk_strategy lk_strategy;
 
 typedef struct lk_strategy_config {
-    const char *name;         /* "auto" (single for one process, ddp for several), "single", "ddp" */
-    lk_comm *comm;            /* borrowed; required for ddp; NULL for single */
+    const char *name;         /* "auto" (single for one process, ddp for several), "single", "ddp",
+                                 "ddp_spawn" (ddp: how the ranks were started is the launcher's business),
+                                 "dp" (one process; with devices <= 1 it is single) */
+    lk_comm *comm;            /* borrowed; required for ddp; NULL for single and dp */
+    int devices;              /* dp: replicas, one thread each (default 1) */
     double bucket_cap_mb;     /* ddp: gradient bucket size (default 25) */
     bool broadcast_buffers;   /* ddp: buffers (BatchNorm stats) from rank 0 before each forward (default true) */
     bool report_unused;       /* ddp: a parameter that got no gradient in a synced step is an error naming it
@@ -54,18 +73,20 @@ const char *const *lk_strategy_names(int *count);
 lk_status lk_strategy_create(const lk_strategy_config *cfg, lk_strategy **out);
 void lk_strategy_free(lk_strategy *s);
 
-/* The flat gradient buffer (zeroed, LK_ALIGN-aligned; for ddp inside the
- * communicator's shared memory, so buckets are reduced with no copy in).
- * Pass it to lk_params_flatten before lk_strategy_setup so that the
- * optimizer's flat gradient and DDP's buckets are the same memory. Owned by
- * the strategy. */
-lk_status lk_strategy_grad_buffer(lk_strategy *s, int64_t numel, float **out);
+/* The flat gradient buffer: a 1-d f32 tensor of numel elements (zeroed,
+ * LK_ALIGN-aligned; for ddp inside the communicator's shared memory, so
+ * buckets are reduced with no copy in). Pass it to lk_params_flatten before
+ * lk_strategy_setup so that the optimizer's flat gradient and DDP's buckets
+ * are the same memory. Borrowed: owned by the strategy. */
+lk_status lk_strategy_grad_buffer(lk_strategy *s, int64_t numel, lk_tensor **out);
 /* The memory the parameters live in when ranks share one copy
- * (cfg.shared_params on shm; collective): pass it to lk_params_flatten_into,
- * with copy_values, before lk_strategy_setup. *buf is NULL where each rank
- * keeps its own replica: flatten into private memory then. Owned by the
- * strategy; on lk_strategy_free every parameter gets its own copy back. */
-lk_status lk_strategy_param_buffer(lk_strategy *s, int64_t numel, float **buf, bool *copy_values);
+ * (cfg.shared_params where the communicator's ranks share memory;
+ * collective), as a 1-d f32 tensor of numel elements: pass it to
+ * lk_params_flatten_into, with copy_values, before lk_strategy_setup. *buf
+ * is NULL where each rank keeps its own replica: flatten into private memory
+ * then. Borrowed: owned by the strategy; on lk_strategy_free every parameter
+ * gets its own copy back. */
+lk_status lk_strategy_param_buffer(lk_strategy *s, int64_t numel, lk_tensor **buf, bool *copy_values);
 /* Makes every replica start identical (ddp: parameters and buffers broadcast
  * from rank 0) and takes over the gradients: each parameter's .grad becomes a
  * view of the flat gradient buffer in registration order (kept as is when
@@ -74,6 +95,68 @@ lk_status lk_strategy_param_buffer(lk_strategy *s, int64_t numel, float **buf, b
  * borrowed and must stay valid until lk_strategy_free. */
 lk_status lk_strategy_setup(lk_strategy *s, lk_tensor *const *params, const char *const *names, int n,
                             lk_tensor *const *buffers, int nbuf);
+/* ---- the training step --------------------------------------------------------
+ * The caller's side of a step: what runs on one replica. */
+typedef struct lk_step_fn {
+    void *ctx;
+    /* Forward of replica `replica` (0: the caller's module, on the calling
+     * thread; dp's others on their own threads) over batch b: returns the
+     * micro-batch's unscaled mean loss (in the current scope) or NULL with the
+     * error set. The strategy enters the step's autocast around it. */
+    lk_tensor *(*forward)(void *ctx, int replica, const lk_batch *b, int64_t batch_idx);
+    /* (optional) Sees the step's loss (the mean over the whole micro-batch)
+     * before any gradient is reduced where the strategy can (single and ddp:
+     * before backward), once the replicas are done otherwise (dp). An error
+     * ends the step with it. */
+    lk_status (*check_loss)(void *ctx, double loss);
+    /* (optional) Around a step whose every op runs on the calling thread
+     * (single, ddp; dp's replicas run on their own threads, so dp calls
+     * neither): before the forward, and after the reduction with when
+     * forward, backward and the gradient reduction ended (lk_time_now). */
+    void (*step_begin)(void *ctx);
+    void (*step_end)(void *ctx, double t_fwd_end, double t_bwd_end, double t_comm_end);
+    /* dp only: replica k (k >= 1) of the caller's module; *net is its
+     * network, whose parameters the strategy flattens and fills from
+     * replica 0's. free_replica(k) frees it (after the strategy let go of its
+     * tensors). */
+    lk_status (*replicate)(void *ctx, int k, lk_layer **net);
+    void (*free_replica)(void *ctx, int k);
+} lk_step_fn;
+
+typedef struct lk_step_args {
+    const lk_batch *batch;
+    int64_t batch_idx;
+    bool sync;        /* the last micro-batch before an optimizer step: reduce the gradients */
+    float loss_mul;   /* 1/accumulate_grad_batches (1: none) */
+    float loss_scale; /* the fp16 loss scaler's scale (1: none); applied after loss_mul */
+    lk_dtype autocast; /* the precision policy: forward under this autocast (LK_F32: none) */
+} lk_step_args;
+
+typedef struct lk_step_result {
+    double loss;                /* the micro-batch's mean loss (unscaled) */
+    double t_fwd, t_bwd, t_comm; /* seconds in forward, backward and the exposed gradient reduction */
+} lk_step_result;
+
+/* Hands the strategy the caller's side of the step (copied), once, after
+ * lk_strategy_setup and the optimizer: dp makes its replicas here (and sets
+ * BLAS to one thread each). */
+lk_status lk_strategy_attach(lk_strategy *s, const lk_step_fn *fn);
+/* Lets go of what lk_strategy_attach made (dp: stops the replicas' threads
+ * and frees the replicas through fn->free_replica). lk_strategy_free does it
+ * too; idempotent. */
+void lk_strategy_detach(lk_strategy *s);
+/* One micro-batch: forward, backward and, when a->sync, the gradient
+ * reduction. The gradients then hold the batch's (averaged over ranks for
+ * ddp, summed over replicas for dp) and are ready for the optimizer. */
+lk_status lk_strategy_training_step(lk_strategy *s, const lk_step_args *a, lk_step_result *r);
+/* The optimizer step of a synced step and what the strategy does around it:
+ * lk_optimizer_step(o) unless `skip` (the loss scaler found an overflow),
+ * then ddp's shard sync (shared parameters), dp's copy of the parameters to
+ * its replicas, and the gradients zeroed. Time spent in the shard sync is
+ * in lk_strategy_get_stats().step_sync_last_s. */
+lk_status lk_strategy_optimizer_step(lk_strategy *s, lk_optimizer *o, bool skip);
+
+/* ---- lower-level calls (the step above makes them) ------------------------------ */
 /* Before the forward pass (ddp: broadcast buffers when configured). */
 lk_status lk_strategy_before_forward(lk_strategy *s);
 /* Before backward: `sync` false inside no_sync (gradient accumulation), so
@@ -93,6 +176,11 @@ lk_status lk_strategy_shard_optimizer(lk_strategy *s, lk_optimizer *o);
  * otherwise. */
 lk_status lk_strategy_after_step(lk_strategy *s);
 bool lk_strategy_shares_params(const lk_strategy *s);
+/* State dicts: single, ddp and dp hold every parameter whole on every rank
+ * (with shared parameters, one copy every rank maps), so a checkpoint reads
+ * and writes the parameters as they are and rank 0 writes. A sharded
+ * strategy (ZeRO-3, FSDP) will add a gather before a save and a shard after
+ * a load here, as vtable slots the present strategies leave empty. */
 /* grads <- 0 (one memset over the flat buffer). */
 void lk_strategy_zero_grad(lk_strategy *s);
 /* In-place reduction of n doubles across ranks (metrics). */
@@ -101,6 +189,8 @@ lk_status lk_strategy_broadcast(lk_strategy *s, void *buf, size_t count, lk_dtyp
 lk_status lk_strategy_barrier(lk_strategy *s);
 
 const char *lk_strategy_name(const lk_strategy *s);
+/* How the fit's opening line names it ("dp, one replica per device on threads"). */
+const char *lk_strategy_summary(const lk_strategy *s);
 int lk_strategy_rank(const lk_strategy *s);
 int lk_strategy_world_size(const lk_strategy *s);
 bool lk_strategy_is_global_zero(const lk_strategy *s);

@@ -261,11 +261,13 @@ lk_status lk_comm_alloc_shared(lk_comm *c, size_t bytes, void **ptr) {
     return LK_STATUS_OK;
 }
 
+bool lk_comm_shares_memory(const lk_comm *c) { return c && c->vt->shared_at && c->vt->alloc_shared; }
+
 lk_status lk_comm_alloc_common(lk_comm *c, size_t bytes, void **ptr, bool *owner) {
     if (!c || !ptr || !owner) return lk_error(LK_STATUS_INVALID_ARGUMENT, "lk_comm_alloc_common: NULL argument");
     *ptr = NULL;
     *owner = c->pg.rank == 0;
-    if (!c->vt->shared_at || !c->vt->alloc_shared)
+    if (!lk_comm_shares_memory(c))
         return lk_error(LK_STATUS_UNSUPPORTED, "lk_comm_alloc_common: the %s backend has no memory every rank maps",
                         c->vt->name);
     /* Rank 0 allocates in its heap and tells the others where: a failure

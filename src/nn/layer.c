@@ -325,21 +325,30 @@ static lk_status collect_slots(lk_layer *l, slot_vec *sv) {
     return LK_STATUS_OK;
 }
 
-lk_status lk_params_flatten(lk_layer *l, float *grad_buffer, lk_tensor **flat_params, lk_tensor **flat_grads) {
+lk_status lk_params_flatten(lk_layer *l, lk_tensor *grad_buffer, lk_tensor **flat_params, lk_tensor **flat_grads) {
     return lk_params_flatten_into(l, NULL, true, grad_buffer, flat_params, flat_grads);
 }
 
-lk_status lk_params_flatten_into(lk_layer *l, float *param_buffer, bool copy_values, float *grad_buffer,
+/* A caller's buffer for flatten: f32, contiguous and LK_ALIGN-aligned (the
+ * flat views and the optimizers' loops assume all three). */
+static lk_status check_flat_buffer(const lk_tensor *b, const char *what) {
+    if (!b) return LK_STATUS_OK;
+    if (b->dtype != LK_F32 || !lk_tensor_is_contiguous(b))
+        return lk_error(LK_STATUS_INVALID_ARGUMENT, "params_flatten: the %s buffer must be a contiguous f32 tensor, got %s%s",
+                        what, lk_dtype_name(b->dtype), lk_tensor_is_contiguous(b) ? "" : " (not contiguous)");
+    if (((uintptr_t)b->data % LK_ALIGN) != 0)
+        return lk_error(LK_STATUS_INVALID_ARGUMENT, "params_flatten: the %s buffer %p is not %d-byte aligned", what,
+                        b->data, LK_ALIGN);
+    return LK_STATUS_OK;
+}
+
+lk_status lk_params_flatten_into(lk_layer *l, lk_tensor *param_buffer, bool copy_values, lk_tensor *grad_buffer,
                                  lk_tensor **flat_params, lk_tensor **flat_grads) {
     if (flat_params) *flat_params = NULL;
     if (flat_grads) *flat_grads = NULL;
     if (!l) return lk_error(LK_STATUS_INVALID_ARGUMENT, "params_flatten: NULL layer");
-    if (grad_buffer && ((uintptr_t)grad_buffer % LK_ALIGN) != 0)
-        return lk_error(LK_STATUS_INVALID_ARGUMENT, "params_flatten: the gradient buffer %p is not %d-byte aligned",
-                        (void *)grad_buffer, LK_ALIGN);
-    if (param_buffer && ((uintptr_t)param_buffer % LK_ALIGN) != 0)
-        return lk_error(LK_STATUS_INVALID_ARGUMENT, "params_flatten: the parameter buffer %p is not %d-byte aligned",
-                        (void *)param_buffer, LK_ALIGN);
+    LK_TRY(check_flat_buffer(grad_buffer, "gradient"));
+    LK_TRY(check_flat_buffer(param_buffer, "parameter"));
     if (!param_buffer) copy_values = true;
     slot_vec sv = {0};
     lk_named_tensors names = {0};
@@ -360,12 +369,18 @@ lk_status lk_params_flatten_into(lk_layer *l, float *param_buffer, bool copy_val
         pv = lk_calloc((size_t)sv.n + 1, sizeof *pv);
         gv = lk_calloc((size_t)sv.n + 1, sizeof *gv);
         if (!pv || !gv) st = LK_STATUS_OUT_OF_MEMORY;
+        for (int b = 0; b < 2 && !st; b++) {
+            const lk_tensor *buf = b ? grad_buffer : param_buffer;
+            if (buf && buf->numel < total)
+                st = lk_error(LK_STATUS_INVALID_ARGUMENT, "params_flatten: the %s buffer holds %lld floats, the parameters %lld",
+                              b ? "gradient" : "parameter", (long long)buf->numel, (long long)total);
+        }
     }
     int64_t n1[1] = {total};
-    if (!st && !(flat = param_buffer ? lk_tensor_wrap(LK_F32, 1, n1, param_buffer) : lk_tensor_empty(LK_F32, 1, n1)))
+    if (!st && !(flat = param_buffer ? lk_tensor_wrap(LK_F32, 1, n1, param_buffer->data) : lk_tensor_empty(LK_F32, 1, n1)))
         st = lk_last_status();
     if (!st) {
-        gflat = grad_buffer ? lk_tensor_wrap(LK_F32, 1, n1, grad_buffer) : lk_tensor_empty(LK_F32, 1, n1);
+        gflat = grad_buffer ? lk_tensor_wrap(LK_F32, 1, n1, grad_buffer->data) : lk_tensor_empty(LK_F32, 1, n1);
         if (!gflat) st = lk_last_status();
         else if (total) memset(gflat->data, 0, (size_t)total * sizeof(float));
     }

@@ -12,7 +12,6 @@
 #define LK_PATH 1024
 #define LK_PATH2 2048 /* a log dir plus a file name */
 
-typedef struct lk_dp lk_dp;
 typedef struct lk_profiler lk_profiler;
 
 typedef struct lk_metric {
@@ -80,8 +79,9 @@ struct lk_trainer {
     const char **param_names;
     lk_tensor *flat_params, *flat_grads;
     lk_optimizer *optim;
-    lk_dp *dp;       /* strategy dp */
-    int dp_devices;
+    int dp_devices;  /* strategy dp: replicas (0: another strategy) */
+    struct lk__replica *replicas; /* dp: replica k's module and scratch trainer (step.c), [dp_devices] */
+    double step_t0, step_t1;      /* the current micro-batch: waiting for it began, it arrived (the profiler's phases) */
     lk_scheduler *sched;
     lk_grad_scaler *scaler; /* precision 16-mixed: the loss scaler (NULL otherwise) */
     /* metrics */
@@ -112,17 +112,13 @@ struct lk_trainer {
     lk_profiler *prof; /* profiler advanced / trace (profiler.c); NULL otherwise */
 };
 
-/* dp.c: the DataParallel executor */
-lk_status lk__dp_create(lk_trainer *tr, int n, lk_dp **out);
-void lk__dp_free(lk_dp *dp);
-/* Forward+backward of every replica on its slice; gradients summed onto
- * replica 0 (the trainer's parameters). Each replica's loss is divided by
- * the accumulation (accum_scale) and then multiplied by loss_scale (the fp16
- * loss scaler's; 1 without one). */
-lk_status lk__dp_step(lk_dp *dp, const lk_batch *b, int64_t batch_idx, float accum_scale, float loss_scale, double *loss,
-                      double *fwd_s, double *bwd_s, double *reduce_s);
-/* After the optimizer step: replica 0's parameters to the others. */
-void lk__dp_broadcast_params(lk_dp *dp);
+/* step.c: the trainer's side of the strategy's step (lk_step_fn): the
+ * module's training_step on replica k (dp's replicas are modules and
+ * scratch trainers made here), the non-finite loss check and the
+ * profiler's phases. lk__replicas_free frees what replicate left
+ * (after lk_strategy_detach). */
+lk_step_fn lk__step_fn(lk_trainer *tr);
+void lk__replicas_free(lk_trainer *tr);
 
 /* profiler.c: trainer.profiler advanced and trace. Every call takes NULL
  * (profiler off) and then does nothing. */

@@ -91,7 +91,7 @@ lk_status lk_trainer_create(const lk_trainer_config *cfg, const lk_optim_setting
         }
     }
     if (tr->world == 1 && want > 1 && !strcmp(tr->pg.source, "none") && cfg->num_nodes <= 1 &&
-        (!strcmp(cfg->strategy, "ddp") || !strcmp(cfg->strategy, "ddp_spawn") || !strcmp(cfg->strategy, "auto"))) {
+        strcmp(cfg->strategy, "single") && !dp) { /* auto, or a ddp */
         /* A program of the user's started alone: this process becomes the
          * job's launcher, and its first run starts the ranks (self_launch.c).
          * More than one node needs a launcher on each, so that stays an error. */
@@ -137,8 +137,9 @@ lk_status lk_trainer_create(const lk_trainer_config *cfg, const lk_optim_setting
         if (st) goto fail;
     }
     lk_strategy_config sc = lk_strategy_config_default();
-    sc.name = !strcmp(cfg->strategy, "ddp_spawn") ? "ddp" : cfg->strategy;
-    if (tr->world == 1 && (!strcmp(sc.name, "ddp") || dp)) sc.name = "single"; /* nothing to reduce across processes */
+    sc.name = cfg->strategy;
+    if (tr->world == 1 && !dp) sc.name = "single"; /* nothing to reduce across processes */
+    sc.devices = tr->dp_devices;
     sc.comm = tr->comm;
     sc.bucket_cap_mb = cfg->bucket_cap_mb;
     sc.shared_params = cfg->ddp_shared_params;
@@ -158,8 +159,8 @@ fail:
 }
 
 static void run_cleanup(lk_trainer *tr) {
-    lk__dp_free(tr->dp);
-    tr->dp = NULL;
+    if (tr->strat) lk_strategy_detach(tr->strat); /* dp: its threads stop and its replicas go */
+    lk__replicas_free(tr);
     lk_scheduler_free(tr->sched);
     tr->sched = NULL;
     lk_optimizer_free(tr->optim);
@@ -274,7 +275,7 @@ static lk_status setup_params(lk_trainer *tr, int64_t steps_per_epoch) {
     lk_module *m = tr->module;
     if (!tr->flat_params) { /* once per trainer: the layer keeps its flat views */
         int64_t total = lk_layer_num_parameters(m->net);
-        float *gbuf, *pbuf;
+        lk_tensor *gbuf, *pbuf; /* the strategy's */
         bool copy_values;
         LK_TRY(lk_strategy_grad_buffer(tr->strat, total, &gbuf));
         LK_TRY(lk_strategy_param_buffer(tr->strat, total, &pbuf, &copy_values));
@@ -370,14 +371,6 @@ static lk_status open_outputs(lk_trainer *tr, bool want_logs) {
         LK_TRY(lk__out_write_atomic(path, tr->config_yaml, strlen(tr->config_yaml)));
     }
     return LK_STATUS_OK;
-}
-
-/* A non-finite loss as users read it: "nan" whatever its sign bit (printf
- * writes "-nan" for 0 * inf), "inf" or "-inf". */
-static const char *loss_text(double v, char buf[32]) {
-    if (isnan(v)) return "nan";
-    snprintf(buf, 32, "%g", v);
-    return buf;
 }
 
 /* Every rank agrees whether to stop (max_time, a signal), with one tiny
@@ -497,56 +490,17 @@ static lk_status fit_loop(lk_trainer *tr, lk_loader *train, lk_loader *val, int6
             tr->batch_idx = i;
             tr->cur_batch_size = b->size;
             bool sync = ((i + 1) % accum == 0) || i + 1 == n_train;
-            double lv_dp = NAN;
-            if (tr->dp) {
-                double lvd, fs, bs, rs;
-                char lbuf[32];
-                LK_TRY(lk__dp_step(tr->dp, b, i, 1.0f / (float)accum, lk_grad_scaler_scale(tr->scaler), &lvd, &fs, &bs, &rs));
-                if (!isfinite(lvd))
-                    return lk_error(LK_STATUS_ABORTED, "the loss is %s at step %lld (epoch %lld, batch %lld)", loss_text(lvd, lbuf),
-                                    (long long)tr->global_step, (long long)tr->epoch, (long long)i);
-                tr->sum_data += t1 - t0;
-                tr->sum_fwd += fs;
-                tr->sum_bwd += bs;
-                tr->sum_comm += rs;
-                tr->samples_seen += b->size;
-                lv_dp = lvd;
-                goto stepped;
-            }
-            lk_scope_begin();
-            lk__prof_forward_begin(tr->prof, tr->global_step);
-            lk_status st = lk_strategy_before_forward(tr->strat);
-            lk_layer_set_rng_step(m->net, (uint64_t)c->seed, (uint32_t)tr->rank, (uint64_t)tr->global_step);
-            lk_autocast_enter(tr->autocast);
-            lk_tensor *loss = st ? NULL : m->vt->training_step(m, b, i, tr);
-            lk_autocast_exit();
-            if (!st && !loss) st = lk_last_status() ? lk_last_status() : lk_error(LK_STATUS_INVALID_USAGE, "training_step returned no loss");
-            double lv = loss ? lk_tensor_item(loss) : NAN;
-            char lbuf[32];
-            if (!st && !isfinite(lv))
-                st = lk_error(LK_STATUS_ABORTED, "the loss is %s at step %lld (epoch %lld, batch %lld)", loss_text(lv, lbuf),
-                              (long long)tr->global_step, (long long)tr->epoch, (long long)i);
-            if (!st && accum > 1) loss = lk_mul_scalar(loss, 1.0f / (float)accum);
-            if (!st && tr->scaler) loss = lk_mul_scalar(loss, lk_grad_scaler_scale(tr->scaler)); /* after the division, as Lightning */
-            double t2 = lk_time_now();
-            if (!st) {
-                lk_strategy_begin_backward(tr->strat, sync);
-                st = lk_backward(loss);
-                double t3 = lk_time_now();
-                if (!st) st = lk_strategy_finish_backward(tr->strat);
-                double t4 = lk_time_now();
-                tr->sum_bwd += t3 - t2;
-                tr->sum_comm += t4 - t3;
-                lk__prof_backward_end(tr->prof, t0, t1, t2, t3, t4);
-                if (sync) tr->sum_comm_wait += lk_strategy_get_stats(tr->strat).comm_straggler_last_s;
-            }
-            lk_scope_end();
-            if (st) return st;
+            tr->step_t0 = t0, tr->step_t1 = t1;
+            lk_step_args sa = {.batch = b, .batch_idx = i, .sync = sync, .loss_mul = 1.0f / (float)accum,
+                               .loss_scale = lk_grad_scaler_scale(tr->scaler), .autocast = tr->autocast};
+            lk_step_result sr;
+            LK_TRY(lk_strategy_training_step(tr->strat, &sa, &sr));
+            if (sync) tr->sum_comm_wait += lk_strategy_get_stats(tr->strat).comm_straggler_last_s;
             tr->sum_data += t1 - t0;
-            tr->sum_fwd += t2 - t1;
+            tr->sum_fwd += sr.t_fwd;
+            tr->sum_bwd += sr.t_bwd;
+            tr->sum_comm += sr.t_comm;
             tr->samples_seen += b->size;
-            lv_dp = lv;
-        stepped:
             if (sync) {
                 double t5 = lk_time_now();
                 bool skip = false;
@@ -554,21 +508,17 @@ static lk_status fit_loop(lk_trainer *tr, lk_loader *train, lk_loader *val, int6
                     tr->params.items[0].tensor->grad) /* one rank only, after the all-reduce: only the reduced flag skips everywhere */
                     ((float *)tr->params.items[0].tensor->grad->data)[0] = INFINITY;
                 if (tr->scaler) LK_TRY(lk__unscale_gradients(tr, &skip));
-                else LK_TRY(lk__first_nonfinite(tr, lv_dp));
-                if (!skip) {
-                    lk__clip_gradients(tr);
-                    LK_TRY(lk_optimizer_step(tr->optim));
-                }
+                else LK_TRY(lk__first_nonfinite(tr, sr.loss));
+                if (!skip) lk__clip_gradients(tr);
+                /* the step unless skipped, then the strategy's part (shard sync, dp's copy out) and zero_grad */
+                LK_TRY(lk_strategy_optimizer_step(tr->strat, tr->optim, skip));
                 if (tr->scaler) LK_TRY(lk_grad_scaler_update(tr->scaler, skip));
-                LK_TRY(lk_strategy_after_step(tr->strat));
                 { /* the shards' sync is communication: booked there, not as optimizer time */
                     lk_strategy_stats ss = lk_strategy_get_stats(tr->strat);
                     tr->sum_comm += ss.step_sync_last_s;
                     tr->sum_comm_wait += ss.step_straggler_last_s;
                     t5 += ss.step_sync_last_s;
                 }
-                if (tr->dp) lk__dp_broadcast_params(tr->dp);
-                lk_strategy_zero_grad(tr->strat);
                 if (tr->sched && !strcmp(tr->opt.interval, "step") && strcmp(tr->opt.scheduler, "plateau"))
                     LK_TRY(lk_scheduler_step(tr->sched));
                 tr->sum_opt += lk_time_now() - t5;
@@ -721,7 +671,10 @@ lk_status lk_trainer_fit(lk_trainer *tr, lk_module *m, lk_datamodule *dm, const 
         lk_log0("sync_batchnorm: %d batch norm layer%s compute statistics over all %d ranks", k, k == 1 ? "" : "s",
                 tr->world);
     }
-    if (!st && tr->dp_devices > 1) st = lk__dp_create(tr, tr->dp_devices, &tr->dp);
+    if (!st) {
+        lk_step_fn fn = lk__step_fn(tr);
+        st = lk_strategy_attach(tr->strat, &fn);
+    }
     if (!st && is_rank0(tr)) { /* temporaries of writers killed before their rename (a full-size last.ckpt.tmp.<pid>) */
         char root[LK_PATH + 32];
         snprintf(root, sizeof root, "%s/lightning_logs", c->default_root_dir[0] ? c->default_root_dir : ".");
@@ -752,7 +705,7 @@ lk_status lk_trainer_fit(lk_trainer *tr, lk_module *m, lk_datamodule *dm, const 
     if (!st && is_rank0(tr)) {
         lk_log0("lockstep %s: fit %s on %d process%s (%s), %lld parameters, %lld train / %lld val batches per epoch%s",
                 LK_VERSION_STRING, m->name, tr->world, tr->world > 1 ? "es" : "",
-                tr->dp ? "dp, one replica per device on threads" : lk_strategy_name(tr->strat),
+                lk_strategy_summary(tr->strat),
                 (long long)lk_layer_num_parameters(m->net), (long long)n_train, (long long)n_val,
                 tr->accum > 1 ? " (accumulating gradients)" : "");
         if (tr->log_dir[0]) lk_log0("logs: %s", tr->log_dir);

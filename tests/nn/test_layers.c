@@ -334,8 +334,12 @@ static void flatten_params(void) {
     float *buf = lk_aligned_alloc(LK_ALIGN, (size_t)n * sizeof(float));
     for (int64_t i = 0; i < n; i++) buf[i] = 99.0f; /* must be zeroed */
     lk_tensor *fp = NULL, *fg = NULL;
-    CHECK_ERR(lk_params_flatten(net, buf + 1, &fp, &fg), LK_STATUS_INVALID_ARGUMENT, "aligned");
-    CHECK_OK(lk_params_flatten(net, buf, &fp, &fg));
+    int64_t n1[1] = {n};
+    lk_tensor *off_by_one = lk_tensor_wrap(LK_F32, 1, n1, buf + 1), *whole = lk_tensor_wrap(LK_F32, 1, n1, buf);
+    CHECK_ERR(lk_params_flatten(net, off_by_one, &fp, &fg), LK_STATUS_INVALID_ARGUMENT, "aligned");
+    CHECK_OK(lk_params_flatten(net, whole, &fp, &fg));
+    lk_tensor_release(off_by_one);
+    lk_tensor_release(whole); /* the views keep the memory, not the tensor */
     CHECK(fp && fg && fp->numel == n && fg->numel == n && fg->data == buf && fp->grad == fg);
     CHECK(((uintptr_t)fp->data % LK_ALIGN) == 0);
     lk_named_tensors ps = {0};

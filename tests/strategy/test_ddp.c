@@ -307,12 +307,13 @@ static int train_optim(const run_cfg *rc, lk_comm *comm) {
     sc.comm = comm;
     sc.shared_params = rc->shared;
     lk_strategy *s = NULL;
-    float *pbuf = NULL;
+    lk_tensor *pbuf_t = NULL;
     bool copy = true;
-    if (lk_strategy_create(&sc, &s) || lk_strategy_param_buffer(s, NP, &pbuf, &copy)) {
+    if (lk_strategy_create(&sc, &s) || lk_strategy_param_buffer(s, NP, &pbuf_t, &copy)) {
         fprintf(stderr, "create: %s\n", lk_last_error());
         return 1;
     }
+    float *pbuf = pbuf_t ? pbuf_t->data : NULL;
     if (rc->shared != (pbuf != NULL)) {
         fprintf(stderr, "shared_params %d but param_buffer %p\n", rc->shared, (void *)pbuf);
         return 1;

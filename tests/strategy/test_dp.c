@@ -10,15 +10,18 @@ static const lk_model_kv model_args[] = {{"input_dim", "16"}, {"hidden", "[32, 1
 static const lk_model_kv data_args[] = {{"num_samples", "640"}, {"input_shape", "[16]"}, {"num_classes", "4"},
                                         {"batch_size", "32"}, {"num_workers", "0"}};
 
-/* Trains 12 steps and returns the parameters, concatenated (caller frees). */
-static float *train(const char *strategy, int devices, int64_t *n_out) {
+/* Trains up to max_steps (from `resume`'s checkpoint when given; the last
+ * checkpoint's path goes to `last` when given) and returns the parameters,
+ * concatenated (caller frees). */
+static float *train_ex(const char *strategy, int devices, int64_t max_steps, const char *resume, char *last,
+                       size_t last_size, int64_t *n_out) {
     lk_trainer_config cfg;
     CHECK_OK(lk_trainer_config_default(&cfg));
     snprintf(cfg.strategy, sizeof cfg.strategy, "%s", strategy);
     cfg.devices = devices;
-    cfg.max_steps = 12;
+    cfg.max_steps = max_steps;
     cfg.max_epochs = 5;
-    cfg.enable_checkpointing = false;
+    cfg.enable_checkpointing = last != NULL;
     cfg.enable_progress_bar = false;
     cfg.enable_tensorboard = false;
     cfg.num_sanity_val_steps = 0;
@@ -32,7 +35,8 @@ static float *train(const char *strategy, int devices, int64_t *n_out) {
     CHECK_OK(lk_datamodule_create_builtin("synthetic", data_args, 5, 3, &dm));
     CHECK_OK(lk_trainer_create(&cfg, NULL, NULL, &tr));
     if (m && dm && tr) {
-        CHECK_OK(lk_trainer_fit(tr, m, dm, NULL));
+        CHECK_OK(lk_trainer_fit(tr, m, dm, resume));
+        if (last) snprintf(last, last_size, "%s", lk_trainer_last_checkpoint(tr));
         lk_named_tensors ps = {0};
         CHECK_OK(lk_layer_named_parameters(m->net, &ps));
         int64_t n = 0;
@@ -47,10 +51,37 @@ static float *train(const char *strategy, int devices, int64_t *n_out) {
     lk_trainer_free(tr);
     lk_module_free(m);
     lk_datamodule_free(dm);
+    if (!last && !resume) {
+        char rm[128];
+        snprintf(rm, sizeof rm, "rm -rf /tmp/lk_test_dp_%d", (int)getpid());
+        CHECK(system(rm) == 0);
+    }
+    return out;
+}
+
+/* Trains 12 steps. */
+static float *train(const char *strategy, int devices, int64_t *n_out) {
+    return train_ex(strategy, devices, 12, NULL, NULL, 0, n_out);
+}
+
+/* A dp run stopped after 5 steps and resumed from its last.ckpt ends with
+ * the bits of an uninterrupted one: the replicas start the resumed run from
+ * the loaded parameters, not from those they copied before the load. */
+static void dp_resume_is_exact(void) {
+    int64_t n1 = 0, n2 = 0;
+    char last[1024] = "";
+    float *a = train("dp", 2, &n1);
+    float *part = train_ex("dp", 2, 5, NULL, last, sizeof last, &n2);
+    CHECK_MSG(last[0] != 0, "the stopped run wrote no last.ckpt");
+    float *b = last[0] ? train_ex("dp", 2, 12, last, NULL, 0, &n2) : NULL;
+    CHECK(a && b && n1 == n2 && n1 > 0);
+    if (a && b && n1 == n2) CHECK_MSG(!memcmp(a, b, (size_t)n1 * sizeof(float)), "the resumed dp run differs");
+    free(a);
+    free(part);
+    free(b);
     char rm[128];
     snprintf(rm, sizeof rm, "rm -rf /tmp/lk_test_dp_%d", (int)getpid());
     CHECK(system(rm) == 0);
-    return out;
 }
 
 static void dp_equals_single(void) {
@@ -101,4 +132,4 @@ static void dp_refuses_unreplicable_module(void) {
     CHECK(system(rm) == 0);
 }
 
-LK_TEST_MAIN(LK_TEST_CASE(dp_equals_single), LK_TEST_CASE(dp_refuses_unreplicable_module))
+LK_TEST_MAIN(LK_TEST_CASE(dp_equals_single), LK_TEST_CASE(dp_refuses_unreplicable_module), LK_TEST_CASE(dp_resume_is_exact))

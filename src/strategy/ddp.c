@@ -1,0 +1,352 @@
+/* The `ddp` strategy: one process per device over an lk_comm. Every
+ * gradient lives in one flat buffer inside the communicator's shared
+ * memory, in registration order, cut into buckets of about bucket_cap_mb
+ * walking backwards (the order backward produces gradients); a parameter's
+ * grad-ready hook counts its bucket down, and buckets are all-reduced
+ * (average) in index order the moment they are complete — while backward
+ * continues — so that every rank issues the same collectives in the same
+ * order. The last bucket is reduced on the calling thread in
+ * finish_backward (see launch_ready). Also here: gradients that travel
+ * compressed (comm_dtype bf16/f16, PyTorch's compress hooks), shared
+ * parameters with the optimizer sharded over them (where the ranks share
+ * memory), and uneven inputs (join). */
+#include <string.h>
+
+/* The sharded optimizer needs what lk_optimizer does not publish: the size
+ * of its state and a restriction of its update to one range
+ * (lk__optimizer_state_floats, lk__optimizer_shard). */
+#include "optim/optim_impl.h"
+/* Shared parameters are given back their own storage on free
+ * (lk__tensor_own_storage): no public call moves a view's storage. */
+#include "tensor/tensor_impl.h"
+#include "strategy/strategy_impl.h"
+
+typedef struct bucket {
+    int64_t offset, count; /* element range of the flat gradient buffer */
+    int nparams, ready;
+    lk_work *work;
+} bucket;
+
+typedef struct param_slot {
+    lk_strategy *s;
+    int bucket;
+    bool got_grad;
+} param_slot;
+
+typedef struct ddp {
+    uint16_t *wire; /* comm_dtype bf16/f16: the buckets as they travel (shared memory) */
+    bucket *buckets;
+    int nbuckets, next_launch;
+    param_slot *slots;
+    lk_status async_err;
+    /* Shared parameters (one node): one copy for all ranks, in rank 0's
+     * part of the segment; each rank updates its shard of it. */
+    float *common_params, *common_state;
+    bool common_owner, sharded;
+} ddp;
+
+static ddp *me(const lk_strategy *s) { return s->self; }
+
+static lk_status ddp_create(lk_strategy *s) {
+    if (!s->comm) return lk_error(LK_STATUS_INVALID_ARGUMENT, "strategy 'ddp' needs a communicator");
+    if (!(s->self = lk_calloc(1, sizeof(ddp)))) return LK_STATUS_OUT_OF_MEMORY;
+    return LK_STATUS_OK;
+}
+
+static size_t bucket_bytes(const lk_strategy *s, const bucket *b) {
+    return (size_t)b->count * lk_dtype_size(s->cfg.comm_dtype);
+}
+
+static void wait_all(lk_strategy *s) {
+    ddp *d = me(s);
+    for (int b = 0; b < d->nbuckets; b++) {
+        if (d->buckets[b].work) {
+            lk_status st = lk_work_wait(d->buckets[b].work);
+            if (st && !d->async_err) d->async_err = st;
+            if (!st && s->bucket_fn) {
+                double t0, t1;
+                lk_work_times(d->buckets[b].work, &t0, &t1);
+                s->bucket_fn(s->bucket_ctx, b, bucket_bytes(s, &d->buckets[b]), t0, t1, true);
+            }
+            lk_work_free(d->buckets[b].work);
+            d->buckets[b].work = NULL;
+        }
+    }
+}
+
+static void ddp_free(lk_strategy *s) {
+    ddp *d = me(s);
+    if (!d) return;
+    wait_all(s);
+    for (int i = 0; i < s->nparams && d->common_params; i++)
+        lk__tensor_own_storage(s->params[i]); /* the shared copy goes away too */
+    if (d->wire) lk_comm_free_shared(s->comm, d->wire);
+    if (d->common_owner) { /* only the heap's block list changes: the bytes stay mapped until lk_comm_free, so a
+                              peer still copying its parameters out (above) reads them intact */
+        lk_comm_free_shared(s->comm, d->common_params);
+        lk_comm_free_shared(s->comm, d->common_state);
+    }
+    lk_free(d->buckets);
+    lk_free(d->slots);
+    lk_free(d);
+    s->self = NULL;
+}
+
+/* Starts bucket b's average: in place in the gradient buffer, or rounded
+ * into the wire buffer first when gradients travel compressed. */
+static lk_status reduce_bucket(lk_strategy *s, bucket *b, bool async) {
+    ddp *d = me(s);
+    void *buf = s->flat_grad + b->offset;
+    if (d->wire) {
+        buf = d->wire + b->offset;
+        lk_f32_to_half_n(s->cfg.comm_dtype, buf, s->flat_grad + b->offset, (size_t)b->count);
+    }
+    s->stats.allreduce_calls++;
+    s->stats.bytes_reduced += bucket_bytes(s, b);
+    if (async) return lk_comm_all_reduce_async(s->comm, buf, (size_t)b->count, s->cfg.comm_dtype, LK_REDUCE_AVG, &b->work);
+    return lk_comm_all_reduce(s->comm, buf, (size_t)b->count, s->cfg.comm_dtype, LK_REDUCE_AVG);
+}
+
+/* Starts the complete buckets in index order, on the communication thread.
+ * The last bucket is left to finish_backward: it completes when backward
+ * does, nothing remains to overlap it with, and reducing it on the main
+ * thread saves two thread hand-offs and keeps the communication thread from
+ * competing with this rank's own compute for its core. */
+static void launch_ready(lk_strategy *s) {
+    ddp *d = me(s);
+    while (d->next_launch < d->nbuckets - 1) {
+        bucket *b = &d->buckets[d->next_launch];
+        if (b->ready < b->nparams) return;
+        lk_status st = reduce_bucket(s, b, true);
+        if (st && !d->async_err) d->async_err = st;
+        d->next_launch++;
+    }
+}
+
+static void on_grad_ready(lk_tensor *p, void *ctx) {
+    (void)p;
+    param_slot *slot = ctx;
+    lk_strategy *s = slot->s;
+    slot->got_grad = true;
+    if (!s->sync) return;
+    me(s)->buckets[slot->bucket].ready++;
+    launch_ready(s);
+}
+
+static lk_status ddp_alloc_grads(lk_strategy *s, size_t bytes, void **mem, bool *shared) {
+    *shared = true;
+    return lk_comm_alloc_shared(s->comm, bytes, mem);
+}
+
+static lk_status ddp_param_buffer(lk_strategy *s, int64_t numel, void **buf, bool *copy_values) {
+    ddp *d = me(s);
+    /* one copy only where every rank can map the same bytes (shm, one node) */
+    if (!s->cfg.shared_params || s->world < 2 || !lk_comm_shares_memory(s->comm)) return LK_STATUS_OK;
+    if (d->common_params) return lk_error(LK_STATUS_INVALID_USAGE, "strategy: the parameter buffer is already allocated");
+    void *mem;
+    LK_TRY(lk_comm_alloc_common(s->comm, (size_t)(numel ? numel : 1) * sizeof(float), &mem, &d->common_owner));
+    d->common_params = mem;
+    *buf = mem;
+    *copy_values = d->common_owner;
+    return LK_STATUS_OK;
+}
+
+static lk_status ddp_setup(lk_strategy *s) {
+    ddp *d = me(s);
+    lk_tensor *const *params = s->params;
+    const char *const *names = s->names;
+    int n = s->nparams;
+    int64_t total = 0;
+    for (int i = 0; i < n; i++) total += params[i]->numel;
+    if (d->common_params) { /* rank 0 wrote the values: they are everyone's once it is here */
+        int64_t off = 0;
+        for (int i = 0; i < n; i++) {
+            if ((float *)params[i]->data != d->common_params + off || !lk_tensor_is_contiguous(params[i]))
+                return lk_error(LK_STATUS_INVALID_USAGE, "ddp: parameter '%s' is not where the shared parameter buffer "
+                                "puts it (flatten the parameters into lk_strategy_param_buffer's memory, in order)",
+                                names ? names[i] : "?");
+            off += params[i]->numel;
+        }
+        LK_TRY(lk_comm_barrier(s->comm));
+    }
+    /* Replicas start identical: rank 0's parameters and buffers win. */
+    for (int i = 0; i < n && !d->common_params; i++) {
+        lk_tensor *p = params[i];
+        if (!lk_tensor_is_contiguous(p))
+            return lk_error(LK_STATUS_INVALID_ARGUMENT, "ddp: parameter '%s' is not contiguous", names ? names[i] : "?");
+        LK_TRY(lk_comm_broadcast(s->comm, p->data, (size_t)p->numel, p->dtype, 0));
+    }
+    for (int i = 0; i < s->nbuffers; i++)
+        LK_TRY(lk_comm_broadcast(s->comm, s->buffers[i]->data, (size_t)s->buffers[i]->numel, s->buffers[i]->dtype, 0));
+    LK_TRY(lk__strategy_alloc_flat(s, total));
+    if (s->cfg.comm_dtype != LK_F32 && !d->wire) {
+        void *mem;
+        LK_TRY(lk_comm_alloc_shared(s->comm, (size_t)(total ? total : 1) * sizeof(uint16_t), &mem));
+        d->wire = mem;
+    }
+    d->slots = lk_calloc((size_t)(n ? n : 1), sizeof *d->slots);
+    d->buckets = lk_calloc((size_t)(n ? n : 1), sizeof *d->buckets);
+    if (!d->slots || !d->buckets) return LK_STATUS_OUT_OF_MEMORY;
+    LK_TRY(lk__strategy_grads_to_flat(s));
+    /* Gradients are packed in registration order (as lk_params_flatten packs
+     * parameters, so the optimizer sees one flat range); buckets are cut
+     * walking backwards — the order backward produces gradients — so each
+     * bucket is one contiguous range. */
+    int64_t cap = (int64_t)(s->cfg.bucket_cap_mb * 1024 * 1024 / sizeof(float));
+    if (cap < 1) cap = 1;
+    int64_t off = total;
+    d->nbuckets = 0;
+    for (int i = n - 1; i >= 0; i--) {
+        lk_tensor *p = params[i];
+        off -= p->numel;
+        if (d->nbuckets == 0 || d->buckets[d->nbuckets - 1].count >= cap) d->buckets[d->nbuckets++] = (bucket){0};
+        bucket *b = &d->buckets[d->nbuckets - 1];
+        b->offset = off;
+        b->count += p->numel;
+        b->nparams++;
+        d->slots[i] = (param_slot){s, d->nbuckets - 1, false};
+        lk_tensor_set_grad_hook(p, on_grad_ready, &d->slots[i]);
+    }
+    s->stats.buckets = d->nbuckets;
+    return LK_STATUS_OK;
+}
+
+static lk_status ddp_shard_optimizer(lk_strategy *s, lk_optimizer *o) {
+    ddp *d = me(s);
+    if (!d->common_params) return LK_STATUS_OK;
+    if (d->sharded) return lk_error(LK_STATUS_INVALID_USAGE, "strategy: an optimizer is already sharded over the shared parameters");
+    int64_t nstate = lk__optimizer_state_floats(o);
+    if (nstate < 0)
+        return lk_error(LK_STATUS_UNSUPPORTED, "ddp with shared parameters updates one parameter group (this optimizer has %d); "
+                        "set shared_params false", lk_optimizer_num_groups(o));
+    /* Rank r updates elements [lo, hi): a W-th each, cut at multiples of 16
+     * floats (64 bytes) so no two ranks write one cache line. */
+    int64_t n = s->flat_numel, W = s->world, r = s->rank;
+    int64_t lo = n * r / W / 16 * 16, hi = r == W - 1 ? n : n * (r + 1) / W / 16 * 16;
+    if (nstate > 0) {
+        void *mem;
+        bool owner;
+        LK_TRY(lk_comm_alloc_common(s->comm, (size_t)nstate * sizeof(float), &mem, &owner));
+        d->common_state = mem;
+    }
+    LK_TRY(lk__optimizer_shard(o, lo, hi, d->common_state, d->common_owner));
+    LK_TRY(lk_comm_barrier(s->comm)); /* rank 0's state is in */
+    d->sharded = true;
+    return LK_STATUS_OK;
+}
+
+static lk_status ddp_after_step(lk_strategy *s) {
+    if (!me(s)->sharded) return LK_STATUS_OK;
+    double t0 = lk_time_now(), w0 = lk_comm_arrival_wait_s(s->comm);
+    lk_status st = lk_comm_barrier(s->comm);
+    double straggler = lk_comm_arrival_wait_s(s->comm) - w0, dt = lk_time_now() - t0;
+    s->stats.comm_exposed_s += dt;
+    s->stats.comm_straggler_s += straggler;
+    s->stats.step_sync_last_s = dt;
+    s->stats.step_straggler_last_s = straggler;
+    return st;
+}
+
+static bool ddp_shares_params(const lk_strategy *s) { return me(s)->common_params != NULL; }
+
+static lk_status ddp_before_forward(lk_strategy *s) {
+    if (!s->cfg.broadcast_buffers) return LK_STATUS_OK;
+    for (int i = 0; i < s->nbuffers; i++)
+        LK_TRY(lk_comm_broadcast(s->comm, s->buffers[i]->data, (size_t)s->buffers[i]->numel, s->buffers[i]->dtype, 0));
+    return LK_STATUS_OK;
+}
+
+static void ddp_begin_backward(lk_strategy *s, bool sync) {
+    (void)sync;
+    ddp *d = me(s);
+    for (int b = 0; b < d->nbuckets; b++) d->buckets[b].ready = 0;
+    for (int i = 0; i < s->nparams && d->slots; i++) d->slots[i].got_grad = false;
+    d->next_launch = 0;
+}
+
+static lk_status ddp_finish_backward(lk_strategy *s) {
+    ddp *d = me(s);
+    if (!s->sync) return LK_STATUS_OK;
+    if (d->common_params && !d->sharded) /* every rank would update all of one copy */
+        return lk_error(LK_STATUS_INVALID_USAGE, "ddp: the parameters are shared (lk_strategy_param_buffer) but no optimizer "
+                        "is sharded over them: call lk_strategy_shard_optimizer before the first step");
+    if (s->cfg.report_unused) {
+        for (int i = 0; i < s->nparams; i++)
+            if (!d->slots[i].got_grad) {
+                wait_all(s);
+                return lk_error(LK_STATUS_INVALID_USAGE,
+                                "ddp: parameter '%s' received no gradient in this step (it took no part in the loss); "
+                                "set report_unused false to reduce a zero gradient for it instead",
+                                s->names ? s->names[i] : "?");
+            }
+    }
+    /* Parameters that got no gradient leave their buckets incomplete: the
+     * zero (or accumulated) gradient is reduced like any other, in order. */
+    for (int b = d->next_launch; b < d->nbuckets; b++) d->buckets[b].ready = d->buckets[b].nparams;
+    launch_ready(s);
+    double t0 = lk_time_now();
+    wait_all(s);
+    double w0 = lk_comm_arrival_wait_s(s->comm); /* async buckets waited on another thread, overlapped */
+    for (; d->next_launch < d->nbuckets && !d->async_err; d->next_launch++) { /* the last bucket, inline */
+        double b0 = s->bucket_fn ? lk_time_now() : 0;
+        d->async_err = reduce_bucket(s, &d->buckets[d->next_launch], false);
+        if (s->bucket_fn && !d->async_err)
+            s->bucket_fn(s->bucket_ctx, d->next_launch, bucket_bytes(s, &d->buckets[d->next_launch]), b0, lk_time_now(),
+                         false);
+    }
+    double straggler = lk_comm_arrival_wait_s(s->comm) - w0;
+    s->stats.comm_straggler_s += straggler;
+    s->stats.comm_straggler_last_s = straggler;
+    if (d->wire && !d->async_err) /* widen the averages back into the gradients */
+        lk_half_to_f32_n(s->cfg.comm_dtype, s->flat_grad, d->wire, (size_t)s->flat_numel);
+    double dt = lk_time_now() - t0;
+    s->stats.comm_exposed_s += dt;
+    s->stats.comm_wait_last_s = dt;
+    lk_status st = d->async_err;
+    d->async_err = LK_STATUS_OK;
+    if (st) return lk_comm_error(s->comm) ? lk_last_status() : st;
+    return LK_STATUS_OK;
+}
+
+static lk_status ddp_join(lk_strategy *s) {
+    if (me(s)->sharded) /* a joined rank takes no optimizer step, so its shard would go stale */
+        return lk_error(LK_STATUS_UNSUPPORTED, "ddp: uneven inputs (join) need replicated parameters; set shared_params false");
+    for (;;) {
+        bool done;
+        LK_TRY(lk_strategy_join_step(s, false, &done));
+        if (done) break;
+        /* Shadow one synced step of the ranks that still have data: the same
+         * bucket all-reduces, in the same order, with zero gradients. */
+        lk_strategy_zero_grad(s);
+        lk_strategy_begin_backward(s, true);
+        LK_TRY(lk_strategy_finish_backward(s));
+    }
+    /* Ranks that joined early stopped stepping: as PyTorch does, the replicas
+     * end identical by taking the parameters of the rank that ran longest. */
+    int64_t key = s->join_steps * s->world + s->rank;
+    LK_TRY(lk_comm_all_reduce(s->comm, &key, 1, LK_I64, LK_REDUCE_MAX));
+    int root = (int)(key % s->world);
+    for (int i = 0; i < s->nparams; i++)
+        LK_TRY(lk_comm_broadcast(s->comm, s->params[i]->data, (size_t)s->params[i]->numel, LK_F32, root));
+    for (int i = 0; i < s->nbuffers; i++)
+        LK_TRY(lk_comm_broadcast(s->comm, s->buffers[i]->data, (size_t)s->buffers[i]->numel, s->buffers[i]->dtype, root));
+    s->join_steps = 0;
+    return LK_STATUS_OK;
+}
+
+const lk_strategy_vt lk__strategy_ddp = {
+    .name = "ddp",
+    .create = ddp_create,
+    .free = ddp_free,
+    .alloc_grads = ddp_alloc_grads,
+    .param_buffer = ddp_param_buffer,
+    .setup = ddp_setup,
+    .training_step = lk__strategy_local_step,
+    .before_forward = ddp_before_forward,
+    .begin_backward = ddp_begin_backward,
+    .finish_backward = ddp_finish_backward,
+    .after_step = ddp_after_step,
+    .shard_optimizer = ddp_shard_optimizer,
+    .shares_params = ddp_shares_params,
+    .join = ddp_join,
+};

@@ -1,0 +1,96 @@
+/* Private to src/strategy: the strategy vtable and the head every strategy
+ * shares. strategy.c owns the registry (name -> vtable, "auto"), the public
+ * functions (which check their arguments once and dispatch) and the helpers
+ * more than one strategy uses: the flat gradient buffer, the gradients as
+ * views of it, and the step of a strategy whose replica is this process
+ * (single, ddp). Each strategy is one file that fills an lk_strategy_vt:
+ * single.c, ddp.c, dp.c. A slot left NULL means "nothing to do" (or, for
+ * create's checks, "accept"). */
+#ifndef LK_STRATEGY_IMPL_H
+#define LK_STRATEGY_IMPL_H
+
+#include "lockstep/autograd.h"
+#include "lockstep/strategy.h"
+
+typedef struct lk_strategy_vt {
+    const char *name;    /* what lk_strategy_name answers and checkpoints record */
+    const char *summary; /* the fit's opening line ("dp, one replica per device on threads") */
+    /* Checks the config (the head is filled) and allocates the strategy's own
+     * state into s->self; the head is freed by strategy.c. */
+    lk_status (*create)(lk_strategy *s);
+    /* Frees s->self and gives back what the strategy put into the
+     * parameters (e.g. shared storage), before strategy.c restores the
+     * gradients and frees the flat buffer. */
+    void (*free)(lk_strategy *s);
+    /* Where the flat gradient buffer lives (NULL: private aligned memory).
+     * *shared true when it came from lk_comm_alloc_shared. */
+    lk_status (*alloc_grads)(lk_strategy *s, size_t bytes, void **mem, bool *shared);
+    /* One copy of the parameters for every rank (NULL: each keeps its own). */
+    lk_status (*param_buffer)(lk_strategy *s, int64_t numel, void **buf, bool *copy_values);
+    /* After the head holds the parameters: make the replicas identical and
+     * take over the gradients (lk__strategy_grads_to_flat). */
+    lk_status (*setup)(lk_strategy *s);
+    /* The trainer's side of the step is known (dp makes its replicas). */
+    lk_status (*attach)(lk_strategy *s);
+    void (*detach)(lk_strategy *s);
+    /* One micro-batch: forward, backward and the gradient reduction. */
+    lk_status (*training_step)(lk_strategy *s, const lk_step_args *a, lk_step_result *r);
+    /* Hooks of the step of lk__strategy_local_step (single, ddp). */
+    lk_status (*before_forward)(lk_strategy *s);
+    void (*begin_backward)(lk_strategy *s, bool sync);
+    lk_status (*finish_backward)(lk_strategy *s);
+    /* After the optimizer step (or its skip), before the gradients are
+     * zeroed: ddp waits for every shard, dp copies the parameters out. */
+    lk_status (*after_step)(lk_strategy *s);
+    lk_status (*shard_optimizer)(lk_strategy *s, lk_optimizer *o);
+    bool (*shares_params)(const lk_strategy *s);
+    /* Uneven inputs: this rank has no more data (PyTorch's Join). */
+    lk_status (*join)(lk_strategy *s);
+} lk_strategy_vt;
+
+extern const lk_strategy_vt lk__strategy_single;
+extern const lk_strategy_vt lk__strategy_ddp;
+extern const lk_strategy_vt lk__strategy_dp;
+
+struct lk_strategy {
+    const lk_strategy_vt *vt;
+    void *self; /* the strategy's own state */
+    lk_strategy_config cfg;
+    lk_comm *comm;
+    int rank, world;
+    /* lk_strategy_setup's arrays (borrowed) */
+    lk_tensor *const *params;
+    const char *const *names;
+    int nparams;
+    lk_tensor *const *buffers;
+    int nbuffers;
+    /* the flat gradient buffer: every parameter's .grad is a view of it */
+    float *flat_grad;
+    lk_tensor *flat_grad_t; /* the same memory as a tensor (lk_strategy_grad_buffer) */
+    int64_t flat_numel;
+    bool flat_shared;
+    lk_tensor *param_buf_t; /* lk_strategy_param_buffer's answer, when there is one */
+    lk_step_fn fn;          /* lk_strategy_attach's */
+    bool attached;
+    bool sync;
+    int64_t join_steps; /* steps this rank had data for (uneven inputs) */
+    lk_strategy_stats stats;
+    lk_strategy_bucket_fn bucket_fn; /* profiler (optional) */
+    void *bucket_ctx;
+};
+
+/* The flat gradient buffer of `numel` floats, allocated once (vt->alloc_grads). */
+lk_status lk__strategy_alloc_flat(lk_strategy *s, int64_t numel);
+/* Every parameter's .grad becomes the view of its range of the flat buffer
+ * (registration order; an existing gradient is copied in, one already in
+ * place is kept). */
+lk_status lk__strategy_grads_to_flat(lk_strategy *s);
+/* The step of a strategy whose one replica is this process: the hooks
+ * before_forward / begin_backward / finish_backward of s->vt around the
+ * trainer's forward and lk_backward. */
+lk_status lk__strategy_local_step(lk_strategy *s, const lk_step_args *a, lk_step_result *r);
+/* The loss of a micro-batch as backward sees it: times loss_mul (skipped
+ * at 1) then loss_scale (skipped at 1) — the order the bits depend on. */
+lk_tensor *lk__strategy_scale_loss(lk_tensor *loss, float mul, float scale);
+
+#endif

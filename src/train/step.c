@@ -1,0 +1,104 @@
+/* The trainer's side of a training step, as the strategy calls it
+ * (lk_step_fn): the module's training_step on replica k with the dropout
+ * streams re-keyed for this step, the check that the loss is finite, the
+ * profiler's phases, and dp's replicas — each a module made by the module's
+ * replicate() and a scratch trainer its training_step logs into
+ * (discarded). The strategy runs them in the order and on the threads it
+ * needs; the fit loop only calls lk_strategy_training_step. */
+#include <math.h>
+#include <stdio.h>
+
+#include "train/train_impl.h"
+
+typedef struct lk__replica {
+    lk_module *module;
+    lk_trainer *shadow;
+} lk__replica;
+
+static lk_tensor *step_forward(void *ctx, int replica, const lk_batch *b, int64_t batch_idx) {
+    lk_trainer *tr = ctx;
+    lk_trainer *t = replica == 0 ? tr : tr->replicas[replica].shadow;
+    lk_module *m = replica == 0 ? tr->module : tr->replicas[replica].module;
+    t->stage = "train";
+    t->cur_batch_size = b->size;
+    /* Replica k of dp draws the randomness rank k would; single and ddp this rank's. */
+    lk_layer_set_rng_step(m->net, (uint64_t)tr->cfg.seed, (uint32_t)(replica == 0 ? tr->rank : replica),
+                          (uint64_t)tr->global_step);
+    return m->vt->training_step(m, b, batch_idx, t);
+}
+
+/* A non-finite loss as users read it: "nan" whatever its sign bit (printf
+ * writes "-nan" for 0 * inf), "inf" or "-inf". */
+static lk_status step_check_loss(void *ctx, double loss) {
+    lk_trainer *tr = ctx;
+    if (isfinite(loss)) return LK_STATUS_OK;
+    char buf[32];
+    if (isnan(loss)) snprintf(buf, sizeof buf, "nan");
+    else snprintf(buf, sizeof buf, "%g", loss);
+    return lk_error(LK_STATUS_ABORTED, "the loss is %s at step %lld (epoch %lld, batch %lld)", buf,
+                    (long long)tr->global_step, (long long)tr->epoch, (long long)tr->batch_idx);
+}
+
+static void step_begin(void *ctx) {
+    lk_trainer *tr = ctx;
+    lk__prof_forward_begin(tr->prof, tr->global_step);
+}
+
+static void step_end(void *ctx, double t_fwd_end, double t_bwd_end, double t_comm_end) {
+    lk_trainer *tr = ctx;
+    lk__prof_backward_end(tr->prof, tr->step_t0, tr->step_t1, t_fwd_end, t_bwd_end, t_comm_end);
+}
+
+static void step_free_replica(void *ctx, int k);
+
+static lk_status step_replicate(void *ctx, int k, lk_layer **net) {
+    lk_trainer *tr = ctx;
+    lk_module *m = tr->module;
+    *net = NULL;
+    if (!m->vt->replicate)
+        return lk_error(LK_STATUS_INVALID_ARGUMENT,
+                        "strategy 'dp' needs one replica of module '%s' per device, but the module cannot be "
+                        "replicated (its vtable has no replicate()); use ddp, which needs no replicas",
+                        m->name ? m->name : "?");
+    if (k < 1 || k >= tr->dp_devices)
+        return lk_error(LK_STATUS_INTERNAL, "dp: replica %d of %d devices", k, tr->dp_devices);
+    if (!tr->replicas && !(tr->replicas = lk_calloc((size_t)tr->dp_devices, sizeof *tr->replicas)))
+        return LK_STATUS_OUT_OF_MEMORY;
+    lk__replica *r = &tr->replicas[k];
+    LK_TRY(m->vt->replicate(m, &r->module));
+    if (!(r->shadow = lk_calloc(1, sizeof *r->shadow))) {
+        step_free_replica(tr, k);
+        return LK_STATUS_OUT_OF_MEMORY;
+    }
+    r->shadow->cfg = tr->cfg;
+    *net = r->module->net;
+    return LK_STATUS_OK;
+}
+
+static void step_free_replica(void *ctx, int k) {
+    lk_trainer *tr = ctx;
+    if (!tr->replicas) return;
+    lk__replica *r = &tr->replicas[k];
+    lk_module_free(r->module);
+    if (r->shadow) {
+        lk_free(r->shadow->metrics);
+        lk_free(r->shadow);
+    }
+    *r = (lk__replica){0};
+}
+
+void lk__replicas_free(lk_trainer *tr) {
+    for (int k = 1; tr->replicas && k < tr->dp_devices; k++) step_free_replica(tr, k);
+    lk_free(tr->replicas);
+    tr->replicas = NULL;
+}
+
+lk_step_fn lk__step_fn(lk_trainer *tr) {
+    return (lk_step_fn){.ctx = tr,
+                        .forward = step_forward,
+                        .check_loss = step_check_loss,
+                        .step_begin = step_begin,
+                        .step_end = step_end,
+                        .replicate = step_replicate,
+                        .free_replica = step_free_replica};
+}
