@@ -25,6 +25,7 @@ typedef struct {
     double eff;               /* scaling: sps / (devices x the 1-device sps), NAN where not measured */
     double t[LK__BT_PHASES];  /* ms per step, steady state */
     double steal;             /* the hypervisor's share of CPU time during the run, or NAN */
+    double step_mb;           /* run.json's step_peak_mb (activations of one step, per process), or NAN */
     bool ok;                  /* the cell's (median) run finished and its run.json was read */
     char error[240];          /* why it failed (the run's own error message); "" when ok */
     char log[520];            /* the failed run's log file; "" when ok */

@@ -72,6 +72,8 @@ static bool read_run(cell *c, const char *root, int copies) {
     cJSON *j = cJSON_Parse(buf);
     if (!j) return false;
     c->sps += cJSON_GetNumberValue(cJSON_GetObjectItem(j, "samples_per_s"));
+    const cJSON *pk = cJSON_GetObjectItem(j, "step_peak_mb");
+    c->step_mb = cJSON_IsNumber(pk) ? pk->valuedouble : NAN; /* per process: the same in each copy */
     cJSON *st = cJSON_GetObjectItem(j, "step_time");
     static const char *keys[6] = {"data_ms", "forward_ms", "backward_ms", "comm_exposed_ms", "optimizer_ms", "comm_wait_ms"};
     for (int k = 0; k < 6; k++) {
@@ -267,6 +269,8 @@ int lk_cmd_bench_train(int argc, char **argv) {
                    "Strategy `independent` runs N single-device fits at once (no communication): the\n"
                    "throughput N devices of this machine reach while sharing its caches and memory, the\n"
                    "ceiling for any strategy's scaling.\n"
+                   "step_MB is the tensor memory one forward + backward took beyond what was live before it\n"
+                   "(activations, saved tensors, temporaries), per process (rank 0's run.json step_peak_mb).\n"
                    "steal is the share of the machine's CPU time a hypervisor took during the cell's median run\n"
                    "(/proc/stat): on a shared VM it stalls every rank of ddp or dp, so a cell it hit is noise.\n"
                    "--gpus is another name for --devices (on the CPU a device is a core).\n"
@@ -307,9 +311,9 @@ int lk_cmd_bench_train(int argc, char **argv) {
         fprintf(stderr, "lockstep bench train: out of memory for %d cells\n", nm * ns * np * nb * nd);
         return 1;
     }
-    printf("%-12s %-11s %-10s %7s %6s %12s %8s %8s %8s %9s %8s %8s %8s %6s  %s\n", "model", "strategy", "precision",
+    printf("%-12s %-11s %-10s %7s %6s %12s %8s %8s %8s %9s %8s %8s %8s %8s %6s  %s\n", "model", "strategy", "precision",
            "devices", "batch",
-           "samples/s", "scaling", "data_ms", "fwd_ms", "bwd_ms", "comm_ms", "(wait)", "opt_ms", "steal",
+           "samples/s", "scaling", "data_ms", "fwd_ms", "bwd_ms", "comm_ms", "(wait)", "opt_ms", "step_MB", "steal",
            repeats > 1 ? "scaling range" : "");
     /* Rounds: every cell runs once per round, all strategies and batch
      * sizes in turn, so the cells a table compares (ddp against its
@@ -382,9 +386,9 @@ int lk_cmd_bench_train(int argc, char **argv) {
             if (!isnan(c->eff)) snprintf(eff, sizeof eff, "%.1f%%", 100 * c->eff);
             char steal[16] = "-";
             if (!isnan(c->steal)) snprintf(steal, sizeof steal, "%.1f%%", 100 * c->steal);
-            printf("%-12s %-11s %-10s %7d %6d %12.0f %8s %8.2f %8.2f %9.2f %8.2f %8.2f %8.2f %6s  %s\n", c->model,
+            printf("%-12s %-11s %-10s %7d %6d %12.0f %8s %8.2f %8.2f %9.2f %8.2f %8.2f %8.2f %8.1f %6s  %s\n", c->model,
                    c->strategy, prec_of(c), c->devices, c->batch, c->sps, eff, c->t[0], c->t[1], c->t[2], c->t[3], c->t[5],
-                   c->t[4], steal, range);
+                   c->t[4], c->step_mb, steal, range);
         }
     }
     free(rows);
@@ -436,19 +440,21 @@ int lk_cmd_bench_train(int argc, char **argv) {
             /* The issue's columns in their order, then status and error:
              * a failed cell's numbers are empty, never 0. */
             fprintf(f, "model,strategy,devices,batch_size,samples_per_s,scaling_efficiency,data_ms,forward_ms,backward_ms,"
-                       "comm_exposed_ms,optimizer_ms,status,error,precision\n");
+                       "comm_exposed_ms,optimizer_ms,status,error,precision,step_peak_mb\n");
             for (int i = 0; i < n; i++) {
                 const cell *c = &cells[i];
                 fprintf(f, "%s,%s,%d,%d,", c->model, c->strategy, c->devices, c->batch);
                 if (c->ok) {
                     fprintf(f, "%.1f,", c->sps);
                     if (!isnan(c->eff)) fprintf(f, "%.4f", c->eff);
-                    fprintf(f, ",%.3f,%.3f,%.3f,%.3f,%.3f,ok,,%s\n", c->t[0], c->t[1], c->t[2], c->t[3], c->t[4],
+                    fprintf(f, ",%.3f,%.3f,%.3f,%.3f,%.3f,ok,,%s,", c->t[0], c->t[1], c->t[2], c->t[3], c->t[4],
                             prec_of(c));
+                    if (!isnan(c->step_mb)) fprintf(f, "%.2f", c->step_mb);
+                    fputc('\n', f);
                 } else {
                     fputs(",,,,,,,failed,", f);
                     csv_quoted(f, c->error);
-                    fprintf(f, ",%s\n", prec_of(c));
+                    fprintf(f, ",%s,\n", prec_of(c));
                 }
             }
             if (fclose(f)) {

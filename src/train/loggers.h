@@ -218,6 +218,7 @@ typedef struct lk_runinfo {
     const char *log_dir;
     const char *last_checkpoint;
     lk_runinfo_times step_time;
+    double step_peak_mb;        /* tensor memory of one forward + backward beyond what was live before it; 0: unknown */
     const char *config_yaml;    /* the merged config, YAML text */
 } lk_runinfo;
 

@@ -128,6 +128,7 @@ lk_status lk_runinfo_to_json(const lk_runinfo *info, char **out) {
     ok = ok && add(root, "samples_per_s", number_or_null(info->samples_per_s));
     ok = ok && add(root, "wall_s", number_or_null(info->wall_s));
     ok = ok && add(root, "time_to_first_step_s", number_or_null(info->time_to_first_step_s));
+    ok = ok && add(root, "step_peak_mb", info->step_peak_mb > 0 ? cJSON_CreateNumber(info->step_peak_mb) : cJSON_CreateNull());
     ok = ok && add(root, "world_size", cJSON_CreateNumber(info->world_size));
     ok = ok && add(root, "strategy", string_or_null(info->strategy));
     ok = ok && add(root, "precision", string_or_null(info->precision));

@@ -63,6 +63,7 @@ void lk__write_runinfo(lk_trainer *tr, const char *command, lk_status st) {
     ri.step_time = (lk_runinfo_times){1e3 * (tr->sum_data - z[0]) / n, 1e3 * (tr->sum_fwd - z[1]) / n,
                                       1e3 * (tr->sum_bwd - z[2]) / n, 1e3 * (tr->sum_comm - z[3]) / n,
                                       1e3 * (tr->sum_opt - z[4]) / n, 1e3 * (tr->sum_comm_wait - z[5]) / n};
+    ri.step_peak_mb = (double)tr->step_peak_bytes / (1024.0 * 1024.0);
     ri.config_yaml = tr->config_yaml;
     char path[LK_PATH + 16];
     snprintf(path, sizeof path, "%s/run.json", tr->log_dir);

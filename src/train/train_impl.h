@@ -104,6 +104,8 @@ struct lk_trainer {
     double t_start, t_first_step, t_fit_start;
     double sum_data, sum_fwd, sum_bwd, sum_comm, sum_opt;
     double sum_comm_wait; /* the part of sum_comm spent waiting for the last rank to arrive */
+    size_t step_peak_bytes; /* the most tensor memory one forward + backward held beyond what was live before it
+                               (activations, saved tensors, temporaries), over the steps after the first */
     int64_t timed_steps, samples_seen;
     double train_time, t_train_end, t_steady;
     double stats_wall, stats_cpu; /* DeviceStatsMonitor's last sample */

@@ -494,7 +494,12 @@ static lk_status fit_loop(lk_trainer *tr, lk_loader *train, lk_loader *val, int6
             lk_step_args sa = {.batch = b, .batch_idx = i, .sync = sync, .loss_mul = 1.0f / (float)accum,
                                .loss_scale = lk_grad_scaler_scale(tr->scaler), .autocast = tr->autocast};
             lk_step_result sr;
+            size_t live0 = lk_pool_reset_peak();
             LK_TRY(lk_strategy_training_step(tr->strat, &sa, &sr));
+            if (tr->global_step >= 1) { /* the first step also makes the optimizer's state and caches */
+                size_t peak = lk_pool_get_stats().bytes_live_peak - live0;
+                if (peak > tr->step_peak_bytes) tr->step_peak_bytes = peak;
+            }
             if (sync) tr->sum_comm_wait += lk_strategy_get_stats(tr->strat).comm_straggler_last_s;
             tr->sum_data += t1 - t0;
             tr->sum_fwd += sr.t_fwd;

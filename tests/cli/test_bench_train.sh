@@ -19,8 +19,8 @@ check "the note gives the run's own message and its log" \
   grep -Eq "^\[1\] mlp ddp 32-true x$too_many batch 16 failed: trainer.devices=$too_many is more than the [0-9]+ CPU cores available on this machine .*\(log: /tmp/.*\.log\)\$" <<<"$out"
 check "the note's log file exists" test -s "$(grep -o '(log: [^)]*' <<<"$out" | cut -c7-)"
 check "the CSV adds status, error and precision after the issue's columns" \
-  grep -qx 'model,strategy,devices,batch_size,samples_per_s,scaling_efficiency,data_ms,forward_ms,backward_ms,comm_exposed_ms,optimizer_ms,status,error,precision' "$T/bench.csv"
-check "the CSV's ok cell has its numbers and status ok" grep -Eq '^mlp,ddp,1,16,[0-9.]+,1\.0000,([0-9.]+,){5}ok,,32-true$' "$T/bench.csv"
+  grep -qx 'model,strategy,devices,batch_size,samples_per_s,scaling_efficiency,data_ms,forward_ms,backward_ms,comm_exposed_ms,optimizer_ms,status,error,precision,step_peak_mb' "$T/bench.csv"
+check "the CSV's ok cell has its numbers and status ok" grep -Eq '^mlp,ddp,1,16,[0-9.]+,1\.0000,([0-9.]+,){5}ok,,32-true,[0-9.]+$' "$T/bench.csv"
 check "the CSV's failed cell has empty numbers, status failed and the message" \
   grep -Eq "^mlp,ddp,$too_many,16,,,,,,,,failed,\"trainer.devices=$too_many is more than the [0-9]+ CPU cores" "$T/bench.csv"
 check "recommendations follow the table and leave the failed cell out" bash -c \
