@@ -1,0 +1,16 @@
+# Host-side GPU logic, run everywhere (no GPU needed).
+lk_add_test(NAME gpu_select SOURCES gpu/test_gpu_select.c LABELS unit TIMEOUT 60)
+
+# The `gpu` label: tests that need a CUDA device. Each exits 77 (ctest's
+# skip) printing "no CUDA device" when none is visible, so CI and GPU-less
+# machines report them as skipped, never as passed. tools/gpu/session.sh
+# runs them on a GPU machine with `ctest -L gpu`.
+if(LK_HAVE_CUDA)
+  foreach(t gpu_device gpu_gemm gpu_nvml)
+    string(REPLACE "gpu_" "" src ${t})
+    lk_add_test(NAME ${t} SOURCES gpu/test_${src}.c LABELS gpu TIMEOUT 300)
+    set_tests_properties(${t} PROPERTIES SKIP_RETURN_CODE 77)
+  endforeach()
+endif()
+# The NCCL id bootstrap through a fake transport: bytes only, no GPU.
+lk_add_test(NAME nccl_bootstrap SOURCES gpu/test_nccl_bootstrap.c LABELS unit TIMEOUT 60)
