@@ -43,8 +43,9 @@ static void load(void) {
     const char *path = lk_env_get("LK_NVML_LIBRARY"); /* tests point it at a missing file */
     nv.lib = dlopen(path && *path ? path : "libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
     if (!nv.lib) {
-        snprintf(nv.why, sizeof nv.why, "NVML not found (%s is part of the NVIDIA driver)",
-                 path && *path ? path : "libnvidia-ml.so.1");
+        const char *e = dlerror();
+        snprintf(nv.why, sizeof nv.why, "NVML not found (it ships with the NVIDIA driver): %s",
+                 e ? e : (path && *path ? path : "libnvidia-ml.so.1"));
         return;
     }
     /* The _v2 entry points are the ones current drivers export for these. */

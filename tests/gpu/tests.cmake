@@ -14,3 +14,5 @@ if(LK_HAVE_CUDA)
 endif()
 # The NCCL id bootstrap through a fake transport: bytes only, no GPU.
 lk_add_test(NAME nccl_bootstrap SOURCES gpu/test_nccl_bootstrap.c LABELS unit TIMEOUT 60)
+# `lockstep env`'s GPU lines, on every machine.
+lk_add_script_test(NAME gpu_env SCRIPT gpu/test_env.sh LABELS unit TIMEOUT 60)
