@@ -16,3 +16,9 @@ endif()
 lk_add_test(NAME nccl_bootstrap SOURCES gpu/test_nccl_bootstrap.c LABELS unit TIMEOUT 60)
 # `lockstep env`'s GPU lines, on every machine.
 lk_add_script_test(NAME gpu_env SCRIPT gpu/test_env.sh LABELS unit TIMEOUT 60)
+# GEMM rates on a GPU (not a test; tools/gpu/session.sh runs it).
+if(LK_HAVE_CUDA)
+  add_executable(bench_gpu_gemm gpu/bench_gemm.c)
+  target_include_directories(bench_gpu_gemm PRIVATE ${PROJECT_SOURCE_DIR}/tests ${PROJECT_SOURCE_DIR}/src)
+  target_link_libraries(bench_gpu_gemm PRIVATE lockstep_static)
+endif()
