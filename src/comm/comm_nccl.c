@@ -195,6 +195,8 @@ static lk_status nccl_init(lk_comm *c, const lk_comm_config *cfg) {
         }
     }
     if (st) {
+        char msg[1024]; /* the cleanup below may set errors of its own */
+        snprintf(msg, sizeof msg, "%s", lk_last_error());
         if (m->nc && !m->dead) ncclCommAbort(m->nc); /* abort frees it; never destroy after */
         if (m->scratch) cudaFree(m->scratch);
         if (m->done) cudaEventDestroy(m->done);
@@ -203,7 +205,7 @@ static lk_status nccl_init(lk_comm *c, const lk_comm_config *cfg) {
         if (m->host) lk_comm_abort(m->host, lk_last_error()), lk_comm_free(m->host);
         lk_free(m);
         c->impl = NULL;
-        return st;
+        return lk_error(st, "%s", msg);
     }
     return LK_STATUS_OK;
 }
