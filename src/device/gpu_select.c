@@ -93,13 +93,13 @@ lk_status lk__accelerator_resolve(const lk_trainer_config *cfg, bool cuda_built,
     if (!strcmp(a, "cpu") || !strcmp(a, "auto") || !*a) return LK_STATUS_OK;
     if (strcmp(a, "gpu") && strcmp(a, "cuda"))
         return lk_error(LK_STATUS_INVALID_ARGUMENT, "trainer.accelerator '%s' is not one of cpu, gpu, cuda, auto", a);
+    char spec[LK_PARAM_STR + 8];
+    lk__devices_spec(cfg, spec, sizeof spec);
     if (!cuda_built)
         return lk_error(LK_STATUS_UNSUPPORTED,
                         "trainer.accelerator: '%s' needs the CUDA backend, which this build does not have "
-                        "(use cpu or auto, or configure with -DLK_CUDA=ON)",
-                        a);
-    char spec[LK_PARAM_STR + 8];
-    lk__devices_spec(cfg, spec, sizeof spec);
+                        "(trainer.devices=%s asked for; use cpu or auto, or configure with -DLK_CUDA=ON)",
+                        a, spec);
     if (visible <= 0)
         return lk_error(LK_STATUS_UNSUPPORTED,
                         "trainer.accelerator: '%s' with trainer.devices=%s, but this build's CUDA backend sees no CUDA "
