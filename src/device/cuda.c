@@ -39,7 +39,7 @@ static void count_devices(void) {
                      CUDART_VERSION / 1000, CUDART_VERSION % 1000 / 10);
         else
             snprintf(why_none, sizeof why_none, "no CUDA device visible (%s)", cudaGetErrorString(e));
-        cudaGetLastError(); /* clear the sticky-free error so later calls start clean */
+        cudaGetLastError(); /* empty the runtime's last-error slot so later calls start clean */
     } else if (n == 0) {
         snprintf(why_none, sizeof why_none, "no CUDA device visible");
     }

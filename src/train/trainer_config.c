@@ -610,11 +610,14 @@ lk_status lk_trainer_config_apply(const lk_config_node *t, lk_trainer_config *cf
                     for (int q = 0; q < j; q++)
                         if (!strcmp(lk_config_node_text(lk_config_node_child(c, q)), et))
                             return at(e, "trainer.devices: index %s is listed twice", et);
+                    /* kept as "[0, 2]": a one-element list names a GPU, where "1" alone is a count */
                     size_t sl = strlen(cfg->devices_spec);
-                    snprintf(cfg->devices_spec + sl, sizeof cfg->devices_spec - sl, "%s%ld", sl ? "," : "", v);
+                    snprintf(cfg->devices_spec + sl, sizeof cfg->devices_spec - sl, "%s%ld", sl ? ", " : "[", v);
                     count++;
                 }
                 if (!count) return at(c, "trainer.devices: an empty list selects no device (use auto or a number)");
+                size_t sl = strlen(cfg->devices_spec);
+                snprintf(cfg->devices_spec + sl, sizeof cfg->devices_spec - sl, "]");
                 char v[32];
                 snprintf(v, sizeof v, "%d", count);
                 LK_TRY(set_scalar(tp, n, cfg, c, v));

@@ -62,19 +62,27 @@ static void accelerator(void) {
     lk__accel a;
     int ids[LK__GPU_MAX], n;
     lk_trainer_config c = cfg_of("gpu", "[0, 2]");
-    CHECK(!strcmp(c.devices_spec, "0,2") && c.devices == 2); /* the list keeps its ids */
+    CHECK(!strcmp(c.devices_spec, "[0, 2]") && c.devices == 2); /* the list keeps its ids */
     CHECK_OK(lk__accelerator_resolve(&c, true, 4, &a, ids, &n));
     CHECK(a == LK__ACCEL_GPU && n == 2 && ids[1] == 2);
     CHECK_ERR(lk__accelerator_resolve(&c, true, 2, &a, ids, &n), LK_STATUS_INVALID_ARGUMENT,
-              "trainer.devices=0,2 names GPU 2, but only 2 GPUs are visible");
+              "trainer.devices=[0, 2] names GPU 2, but only 2 GPUs are visible");
     CHECK_ERR(lk__accelerator_resolve(&c, true, 0, &a, ids, &n), LK_STATUS_UNSUPPORTED,
-              "'gpu' with trainer.devices=0,2, but this build's CUDA backend sees no CUDA device");
+              "'gpu' with trainer.devices=[0, 2], but this build's CUDA backend sees no CUDA device");
     CHECK_ERR(lk__accelerator_resolve(&c, false, 0, &a, ids, &n), LK_STATUS_UNSUPPORTED,
               "'gpu' needs the CUDA backend, which this build does not have");
     c = cfg_of("cuda", "4");
     CHECK(!c.devices_spec[0] && c.devices == 4);
     CHECK_ERR(lk__accelerator_resolve(&c, true, 1, &a, ids, &n), LK_STATUS_INVALID_ARGUMENT,
               "trainer.devices=4 asks for more GPUs than the 1 visible");
+    c = cfg_of("gpu", "[1]"); /* one GPU, index 1: not "1 GPU" */
+    CHECK(!strcmp(c.devices_spec, "[1]") && c.devices == 1);
+    CHECK_OK(lk__accelerator_resolve(&c, true, 2, &a, ids, &n));
+    CHECK(n == 1 && ids[0] == 1);
+    c = cfg_of("gpu", "\"0,1\""); /* Lightning's string form */
+    CHECK(!strcmp(c.devices_spec, "0,1") && c.devices == 2);
+    CHECK_OK(lk__accelerator_resolve(&c, true, 2, &a, ids, &n));
+    CHECK(n == 2 && ids[1] == 1);
     c = cfg_of("gpu", "-1");
     CHECK(!strcmp(c.devices_spec, "-1"));
     CHECK_OK(lk__accelerator_resolve(&c, true, 3, &a, ids, &n));
@@ -107,7 +115,7 @@ static void trainer_refuses(void) {
     const char *needle = lk__cuda_built() ? "sees no CUDA device" : "needs the CUDA backend";
     CHECK_ERR(lk_trainer_create(&c, NULL, NULL, &tr), LK_STATUS_UNSUPPORTED, needle);
     CHECK(tr == NULL);
-    CHECK(strstr(lk_last_error(), "trainer.devices=0,2"));
+    CHECK(strstr(lk_last_error(), "trainer.devices=[0, 2]"));
     /* naming the device kind reports why there is none, instead of "unknown device" */
     lk_device d;
     CHECK_ERR(lk_device_parse("cuda:0", &d), LK_STATUS_UNSUPPORTED, "device 'cuda': ");
