@@ -118,10 +118,14 @@ lk_status lk__accelerator_check(const lk_trainer_config *cfg) {
     lk__accel acc;
     int ids[LK__GPU_MAX], n;
     LK_TRY(lk__accelerator_resolve(cfg, lk__cuda_built(), visible, &acc, ids, &n));
-    if (acc == LK__ACCEL_GPU)
+    if (acc == LK__ACCEL_GPU) {
+        char list[128] = "";
+        for (int i = 0; i < n && strlen(list) + 12 < sizeof list; i++)
+            snprintf(list + strlen(list), sizeof list - strlen(list), "%s%d", i ? ", " : "", ids[i]);
         return lk_error(LK_STATUS_UNSUPPORTED,
-                        "trainer.accelerator '%s' (GPU %d%s of %d visible): the CUDA backend runs no training ops yet "
-                        "(issue 21); use cpu",
-                        cfg->accelerator, ids[0], n > 1 ? " and more" : "", visible);
+                        "trainer.accelerator '%s' chose GPU%s %s of the %d visible, but the CUDA backend runs no "
+                        "training ops yet (issue 21); use cpu",
+                        cfg->accelerator, n == 1 ? "" : "s", list, visible);
+    }
     return LK_STATUS_OK;
 }
