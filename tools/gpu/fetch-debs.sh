@@ -7,7 +7,7 @@
 #
 # Chosen for the CUDA image (nvcc, gcc, cmake, ninja, python3 — no -dev
 # libraries): OpenBLAS and what it loads (libgfortran5, libquadmath0),
-# libyaml, cJSON, zlib headers, stb (PNG writer), pkgconf. Left out because
+# libyaml, cJSON, zlib, stb (PNG writer), pkgconf. Left out because
 # the build does without them: oneDNN (bf16 GEMMs on the CPU go through f32),
 # OpenMPI (no mpi communicator), libcurl (no dataset downloads).
 # Usage: tools/gpu/fetch-debs.sh [DIR]   (default: .gpu-debs in the repo root)
@@ -19,7 +19,7 @@ pkgs=(
   libgfortran5 libquadmath0
   libyaml-dev libyaml-0-2
   libcjson-dev libcjson1
-  zlib1g-dev
+  zlib1g-dev zlib1g
   libstb-dev libstb0
   pkgconf pkgconf-bin libpkgconf3
 )

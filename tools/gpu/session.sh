@@ -5,8 +5,7 @@
 # CUDA, builds, and runs: nvidia-smi, the `gpu` ctest label, the unit tests,
 # `lockstep env` and the GEMM rate table. Everything lands in $OUT (at most
 # 8 files: the device tool brings back no more). Exit status: that of the gpu
-# tests (0 also when they skip, which on a GPU machine means no GPU was seen:
-# the log says so).
+# tests; 3 when they were skipped (no GPU visible); 2 when the build failed.
 #
 #   tools/gpu/session.sh [--quick]     --quick: gpu tests only, no unit tests
 set -uo pipefail
@@ -46,7 +45,18 @@ export CMAKE_INCLUDE_PATH="$P/usr/include/$ML/openblas-pthread:$P/usr/include"
 export CMAKE_LIBRARY_PATH="$P/usr/lib/$ML/openblas-pthread:$P/usr/lib/$ML"
 export C_INCLUDE_PATH="$P/usr/include:$P/usr/include/$ML${C_INCLUDE_PATH:+:$C_INCLUDE_PATH}"
 export LIBRARY_PATH="$P/usr/lib/$ML/openblas-pthread:$P/usr/lib/$ML${LIBRARY_PATH:+:$LIBRARY_PATH}"
-export LD_LIBRARY_PATH="$P/usr/lib/$ML/openblas-pthread:$P/usr/lib/$ML${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# At run time only the libraries the image lacks come from the prefix (a
+# directory of links to them): putting the whole prefix first would make the
+# image's own programs (python3, cmake) load Debian 12's zlib or libgfortran.
+mkdir -p "$P/runtime"
+have=$(ldconfig -p 2>/dev/null | awk 'NR > 1 {print $1}')
+for f in "$P"/usr/lib/$ML/*.so.[0-9] "$P"/lib/$ML/*.so.[0-9]; do # soname links (libyaml-0.so.2, libz.so.1, ...)
+  [ -e "$f" ] || continue
+  so=$(basename "$f")
+  grep -qxF "$so" <<<"$have" || ln -sf "$f" "$P/runtime/$so"
+done
+echo "from the prefix at run time: $(ls "$P/runtime" | tr '\n' ' ')"
+export LD_LIBRARY_PATH="$P/usr/lib/$ML/openblas-pthread:$P/runtime${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export PKG_CONFIG_PATH="$P/usr/lib/$ML/pkgconfig:$P/usr/share/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
 if ! command -v pkg-config >/dev/null && [ -x "$P/usr/bin/pkgconf" ]; then
   mkdir -p "$P/bin"
@@ -107,5 +117,7 @@ if [ $quick = 0 ]; then
   (cd "$BUILD" && ctest -L unit -j "$(nproc)" --timeout 120) >>"$OUT/ctest-gpu.log" 2>&1 \
     && echo "unit tests: passed" || { echo "unit tests: FAILED"; grep -E "\(Failed\)|\*\*\*" "$OUT/ctest-gpu.log" | head; }
 fi
+# Skipped gpu tests on the GPU machine mean no GPU was seen: not a success.
+[ $gpu_rc = 0 ] && grep -q "(Skipped)" "$OUT/ctest-gpu.log" && gpu_rc=3
 echo "session done in $(( $(date +%s) - T0 )) s; gpu tests exit $gpu_rc; files in $OUT: $(ls "$OUT" | tr '\n' ' ')"
 exit $gpu_rc
