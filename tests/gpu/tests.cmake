@@ -22,3 +22,6 @@ if(LK_HAVE_CUDA)
   target_include_directories(bench_gpu_gemm PRIVATE ${PROJECT_SOURCE_DIR}/tests ${PROJECT_SOURCE_DIR}/src)
   target_link_libraries(bench_gpu_gemm PRIVATE lockstep_static)
 endif()
+# accelerator: gpu through `lockstep fit` without a GPU: one error before launch.
+lk_add_script_test(NAME gpu_cli SCRIPT gpu/test_cli.sh LABELS unit TIMEOUT 60)
+set_tests_properties(gpu_cli PROPERTIES SKIP_RETURN_CODE 77)
