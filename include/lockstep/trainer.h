@@ -73,6 +73,7 @@ typedef struct lk_config_node lk_config_node;
 typedef struct lk_trainer_config {
     char accelerator[LK_PARAM_STR]; /* cpu | gpu | auto */
     int64_t devices;                /* processes (CPU) or GPUs; 0 = auto (1 on CPU) */
+    char devices_spec[LK_PARAM_STR]; /* devices when a list or -1 was written ("[0, 2]", "0,2", "-1"); "" otherwise */
     char strategy[LK_PARAM_STR];    /* auto | single | ddp | ddp_spawn | dp */
     int64_t num_nodes;
     char precision[LK_PARAM_STR];   /* 32-true (mixed precision later) */

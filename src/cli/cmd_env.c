@@ -4,12 +4,12 @@
  * variable with its value. The first thing to paste into a bug report. */
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cblas.h>
 
 #include "cli/cli.h"
+#include "device/gpu.h"
 #include "lockstep.h"
 
 static void read_field(const char *path, const char *key, char *out, size_t size) {
@@ -30,20 +30,41 @@ static void read_field(const char *path, const char *key, char *out, size_t size
     fclose(f);
 }
 
+/* GPUs as the CUDA runtime sees them (name, compute capability, memory),
+ * then NVML's live stats when the driver's library is there. Neither being
+ * present is normal on a CPU machine: one line says why. */
 static void gpus(void) {
-    struct stat st;
-    bool smi = !system("command -v nvidia-smi >/dev/null 2>&1");
-    if (smi) {
-        printf("gpus:\n");
-        fflush(stdout);
-        if (system("nvidia-smi -L 2>/dev/null | sed 's/^/  /'") != 0) printf("  (nvidia-smi failed)\n");
+    int n = lk__cuda_visible();
+    if (n == 0) {
+        printf("gpus            : %s\n", lk__cuda_why_none());
+    } else {
+        printf("gpus            : %d visible to CUDA\n", n);
+        for (int i = 0; i < n; i++) {
+            lk__cuda_props p;
+            if (lk__cuda_props_get(i, &p)) printf("  cuda:%d (properties unreadable: %s)\n", i, lk_last_error());
+            else
+                printf("  cuda:%d %s, compute capability %d.%d, %d SMs, %.1f GiB (%.1f GiB free)\n", i, p.name, p.major,
+                       p.minor, p.multiprocessors, p.mem_total / 1073741824.0, p.mem_free / 1073741824.0);
+        }
+    }
+    char why[256];
+    if (!lk__nvml_available(why, sizeof why)) {
+        printf("gpu stats (nvml): not available: %s\n", why);
         return;
     }
-    if (!stat("/proc/driver/nvidia/gpus", &st)) {
-        printf("gpus            : NVIDIA driver present (/proc/driver/nvidia/gpus), nvidia-smi not found\n");
-        return;
+    int m = lk__nvml_count();
+    printf("gpu stats (nvml): %d GPU%s on this machine\n", m, m == 1 ? "" : "s");
+    for (int i = 0; i < m; i++) {
+        lk__gpu_stats st;
+        if (lk__nvml_stats(i, &st)) {
+            printf("  %d: %s\n", i, lk_last_error());
+            continue;
+        }
+        printf("  %d: %s, utilization %d%%, memory %.1f / %.1f GiB, %d C", i, st.name, st.utilization_pct,
+               st.mem_used / 1073741824.0, st.mem_total / 1073741824.0, st.temperature_c);
+        if (st.power_w >= 0) printf(", %.0f W", st.power_w);
+        printf("\n");
     }
-    printf("gpus            : none (no nvidia-smi, no /proc/driver/nvidia)\n");
 }
 
 int lk_cmd_env(int argc, char **argv) {

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "cli/cli.h"
+#include "device/gpu.h"
 #include "lockstep.h"
 #include "lockstep/config.h"
 #include "lockstep/trainer.h"
@@ -462,6 +463,13 @@ int lk_cmd_fit(int argc, char **argv) {
     lk_config_node_to_yaml(lk_config_root(cfg), &yaml, &ylen);
     if (print_config) {
         fputs(yaml ? yaml : "", stdout);
+        goto out;
+    }
+    /* A GPU request (accelerator gpu|cuda) is settled before ranks are
+     * launched, so a missing GPU is one error, not one per rank
+     * (device/gpu_select.c; it queries CUDA only when a GPU is asked for). */
+    if (lk__accelerator_check(&rs.trainer)) {
+        rc = fail(cmd, 1);
         goto out;
     }
     long cores = sysconf(_SC_NPROCESSORS_ONLN);

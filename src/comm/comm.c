@@ -50,6 +50,9 @@ static const lk__comm_vtable *const backends[] = {
     &lk__comm_mpi,
 #endif
     &lk__comm_self,
+#ifdef LK_HAVE_NCCL
+    &lk__comm_nccl, /* by name only: "auto" never picks it (its buffers must be GPU memory) */
+#endif
 };
 #define NBACKENDS (int)(sizeof backends / sizeof backends[0])
 

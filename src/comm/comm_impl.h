@@ -114,6 +114,9 @@ struct lk_work {
 /* Registry: backends built into this library. */
 extern const lk__comm_vtable lk__comm_self;
 extern const lk__comm_vtable lk__comm_shm;
+#ifdef LK_HAVE_NCCL
+extern const lk__comm_vtable lk__comm_nccl; /* comm_nccl.c: GPU buffers only */
+#endif
 #ifdef LK_HAVE_MPI
 extern const lk__comm_vtable lk__comm_mpi;
 /* bench: raw MPI_Allreduce timing on MPI_COMM_WORLD (µs per call), for the table. */

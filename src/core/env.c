@@ -44,6 +44,7 @@ static const lk_env_var env_vars[] = {
     {"LK_MAX_RESTARTS", "0", "lockstep fit with devices > 1: restart the ranks from last.ckpt up to N times after a failure"},
     {"LK_ALLOW_OVERSUBSCRIBE", "0", "1: allow more ranks (trainer.devices) than CPU cores"},
     {"LK_ONEDNN", "1", "0: run bf16/f16 GEMMs through f32 instead of oneDNN (to compare)"},
+    {"LK_NVML_LIBRARY", "libnvidia-ml.so.1", "NVML library dlopened for GPU stats (tests point it at a missing file)"},
 };
 
 const lk_env_var *lk_env_vars(int *count) {

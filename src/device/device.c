@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "device/device_impl.h"
+#include "device/gpu.h"
 
 typedef struct {
     const lk_device_vtable *vt;
@@ -70,6 +71,9 @@ lk_status lk_device_parse(const char *name, lk_device *out) { /* *out is left un
             return lk_error(LK_STATUS_INVALID_ARGUMENT, "device '%s': expected KIND or KIND:INDEX (e.g. cuda:1)", name);
         index = (int)v;
     }
+    /* The cuda kind registers on first use, not at load (device/gpu.h says
+     * why); naming it is such a use, and its failure says why there is none. */
+    if (len == 4 && !strncmp(name, "cuda", 4) && !kinds[LK_CUDA].vt) LK_TRY(lk__cuda_register());
     char known[256] = "";
     for (int k = 0; k < LK_DEVICE_KIND_MAX; k++) {
         if (!kinds[k].vt) continue;

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "lockstep/config.h"
+#include "device/gpu.h"
 #include "train/train_impl.h"
 
 /* ---- creation --------------------------------------------------------------- */
@@ -43,10 +44,7 @@ static lk_status parse_precision(const char *p, lk_dtype *autocast) {
 lk_status lk_trainer_create(const lk_trainer_config *cfg, const lk_optim_settings *optim, const char *config_yaml,
                             lk_trainer **out) {
     *out = NULL;
-    if (!strcmp(cfg->accelerator, "gpu"))
-        return lk_error(LK_STATUS_UNSUPPORTED,
-                        "trainer.accelerator: 'gpu' needs the CUDA backend, which this build does not have "
-                        "(use cpu or auto)");
+    LK_TRY(lk__accelerator_check(cfg)); /* device/gpu_select.c: before anything starts */
     if (cfg->deterministic && cfg->max_time > 0)
         return lk_error(LK_STATUS_INVALID_ARGUMENT,
                         "trainer.deterministic is true but trainer.max_time is set: stopping on wall time "

@@ -19,7 +19,7 @@
     {name, LK_PARAM_##type, offsetof(lk_trainer_config, field), def, lo, hi, choices, help}
 
 static const lk_param trainer_params[] = {
-    T("accelerator", ENUM, accelerator, "auto", 1, 0, "cpu|gpu|auto", "hardware to run on (gpu needs the CUDA backend)"),
+    T("accelerator", ENUM, accelerator, "auto", 1, 0, "cpu|gpu|cuda|auto", "hardware to run on (gpu needs the CUDA backend)"),
     T("devices", INT, devices, "1", 0, 4096, NULL, "processes (cpu) or GPUs per node; 0 = auto"),
     T("strategy", ENUM, strategy, "auto", 1, 0, "auto|single|ddp|ddp_spawn|dp",
       "how training is spread over devices (dp: one process, a replica per device on threads; ddp_spawn: "
@@ -597,6 +597,7 @@ lk_status lk_trainer_config_apply(const lk_config_node *t, lk_trainer_config *cf
             /* Lightning: an int, "auto", -1 (all), a list of indices or "0,1" */
             if (lk_config_node_type(c) == LK_CONFIG_MAP) return at(c, "trainer.devices: expected an int, auto, -1 or a list");
             int count = 0;
+            cfg->devices_spec[0] = 0; /* the GPU ids, kept for lk__gpu_select (a count alone loses them) */
             if (lk_config_node_type(c) == LK_CONFIG_SEQ) {
                 for (int j = 0; j < lk_config_node_count(c); j++) {
                     const lk_config_node *e = lk_config_node_child(c, j);
@@ -609,18 +610,25 @@ lk_status lk_trainer_config_apply(const lk_config_node *t, lk_trainer_config *cf
                     for (int q = 0; q < j; q++)
                         if (!strcmp(lk_config_node_text(lk_config_node_child(c, q)), et))
                             return at(e, "trainer.devices: index %s is listed twice", et);
+                    /* kept as "[0, 2]": a one-element list names a GPU, where "1" alone is a count */
+                    size_t sl = strlen(cfg->devices_spec);
+                    snprintf(cfg->devices_spec + sl, sizeof cfg->devices_spec - sl, "%s%ld", sl ? ", " : "[", v);
                     count++;
                 }
                 if (!count) return at(c, "trainer.devices: an empty list selects no device (use auto or a number)");
+                size_t sl = strlen(cfg->devices_spec);
+                snprintf(cfg->devices_spec + sl, sizeof cfg->devices_spec - sl, "]");
                 char v[32];
                 snprintf(v, sizeof v, "%d", count);
                 LK_TRY(set_scalar(tp, n, cfg, c, v));
             } else if (null || !strcmp(text, "auto")) {
                 cfg->devices = 0;
             } else if (!strcmp(text, "-1")) { /* every device: a process per core on the CPU */
+                snprintf(cfg->devices_spec, sizeof cfg->devices_spec, "-1");
                 long cores = sysconf(_SC_NPROCESSORS_ONLN);
                 cfg->devices = cores > 0 ? cores : 1;
             } else if (strchr(text, ',')) { /* "0,1": indices as a string */
+                snprintf(cfg->devices_spec, sizeof cfg->devices_spec, "%s", text);
                 for (const char *p = text; *p; p++) count += *p == ',';
                 char v[32];
                 snprintf(v, sizeof v, "%d", count + (text[strlen(text) - 1] != ','));

@@ -1,0 +1,26 @@
+/* Private: the cuBLASLt GEMM over the typed-op GEMM descriptor
+ * (backend/backend_impl.h), on cuda device memory. Not yet registered as the
+ * cuda device's backend (the backend registry lands with the typed-ops
+ * refactor); the gpu tests call it through this header. Built only with
+ * LK_HAVE_CUDA. */
+#ifndef LK_BACKEND_CUDA_GEMM_H
+#define LK_BACKEND_CUDA_GEMM_H
+
+#include "backend/backend_impl.h"
+
+/* Flags for lk__cuda_gemm_run. */
+enum {
+    LK__CUDA_GEMM_TF32 = 1, /* f32 GEMMs may multiply in TF32 (10-bit mantissa): an explicit opt-in, never the default */
+};
+
+/* Whether the descriptor is a GEMM this runs: A and B both f32, bf16 or
+ * f16; C f32, or for 16-bit A/B also their own dtype; products accumulate
+ * in f32 in every case. Cannot fail. */
+bool lk__cuda_gemm_supports(const lk_op_desc *d);
+/* Runs it on GPU `device` over device pointers operands = {A, B, C}
+ * (row-major, as the descriptor says), on the legacy default stream; returns
+ * once queued (lk_device_synchronize waits). UNSUPPORTED for a descriptor
+ * supports() refuses; DEVICE with cuBLASLt's status otherwise. */
+lk_status lk__cuda_gemm_run(int device, const lk_op_desc *d, void *const *operands, unsigned flags);
+
+#endif

@@ -1,0 +1,315 @@
+/* The nccl communicator: collectives on GPU memory through NCCL, for ranks
+ * that each drive one GPU. Its unique id is made by rank 0 and broadcast
+ * through a host communicator (shm on one node, mpi across nodes) that the
+ * backend owns for its life; collectives run on a communication stream
+ * that waits, through an event, for the work already queued on the default
+ * stream that produced the buffer. The communicator's timeout and abort
+ * semantics are kept: NCCL runs non-blocking, completion and
+ * ncclCommGetAsyncError are polled against a deadline, and a timeout or an
+ * abort ends in ncclCommAbort with an error — never a silent hang.
+ *
+ * The bootstrap (first half) is plain bytes and built everywhere; the
+ * backend (second half) only with LK_HAVE_NCCL. Status: the bootstrap is
+ * unit-tested; the collectives have not run on a GPU yet (docs/GPU.md). */
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "comm/comm_impl.h"
+#include "comm/nccl_boot.h"
+
+#define BOOT_MAGIC 0x4c4b4e43u /* "LKNC" */
+#define BOOT_VERSION 1u
+
+typedef struct {
+    uint32_t magic, version;
+    int32_t status; /* rank 0's lk_status making the id; 0: id is valid */
+    char msg[372];  /* rank 0's error message when status != 0 */
+    unsigned char id[LK__NCCL_ID_BYTES];
+} boot_record; /* 512 bytes, the same layout on every rank of one build */
+
+lk_status lk__nccl_bootstrap(const lk__nccl_transport *t, int rank, lk__nccl_id_fn make_id, void *id_ctx,
+                             unsigned char id[LK__NCCL_ID_BYTES]) {
+    boot_record r;
+    memset(&r, 0, sizeof r);
+    lk_status made = LK_STATUS_OK;
+    if (rank == 0) {
+        r.magic = BOOT_MAGIC;
+        r.version = BOOT_VERSION;
+        made = make_id(id_ctx, r.id);
+        if (made) {
+            r.status = (int32_t)made;
+            snprintf(r.msg, sizeof r.msg, "%s", lk_last_error());
+        }
+    }
+    lk_status st = t->broadcast(t->ctx, &r, sizeof r, 0);
+    if (st)
+        return lk_error(st, "NCCL id bootstrap: broadcast from rank 0 failed on rank %d: %s", rank, lk_last_error());
+    if (rank == 0) {
+        if (made) return lk_error(made, "NCCL id bootstrap: rank 0 could not create the NCCL unique id: %s", r.msg);
+        memcpy(id, r.id, LK__NCCL_ID_BYTES);
+        return LK_STATUS_OK;
+    }
+    if (r.magic != BOOT_MAGIC || r.version != BOOT_VERSION)
+        return lk_error(LK_STATUS_INVALID_USAGE,
+                        "NCCL id bootstrap: rank %d received bytes from rank 0 that are not an NCCL id record (magic "
+                        "%08x version %u, expected %08x version %u): do all ranks run the same lockstep with the nccl "
+                        "backend?",
+                        rank, (unsigned)r.magic, (unsigned)r.version, BOOT_MAGIC, BOOT_VERSION);
+    if (r.status)
+        return lk_error(LK_STATUS_REMOTE, "NCCL id bootstrap: rank 0 could not create the NCCL unique id: %.*s", (int)sizeof r.msg,
+                        r.msg);
+    memcpy(id, r.id, LK__NCCL_ID_BYTES);
+    return LK_STATUS_OK;
+}
+
+#ifdef LK_HAVE_NCCL
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include "device/gpu.h"
+
+_Static_assert(sizeof(ncclUniqueId) == LK__NCCL_ID_BYTES, "ncclUniqueId size changed");
+
+typedef struct {
+    lk_comm *host; /* bootstrap, and tells peers this rank aborted */
+    ncclComm_t nc;
+    cudaStream_t stream; /* communication stream */
+    cudaEvent_t produced, done;
+    int gpu;
+    void *scratch; /* one float on the GPU: barrier's all-reduce */
+    bool dead;     /* ncclCommAbort was called: destroy must not finalize */
+} nccl_impl;
+
+static lk_status host_broadcast(void *ctx, void *buf, size_t bytes, int root) {
+    return lk_comm_broadcast((lk_comm *)ctx, buf, bytes, LK_U8, root);
+}
+
+static lk_status make_id(void *ctx, unsigned char id[LK__NCCL_ID_BYTES]) {
+    (void)ctx;
+    ncclUniqueId u;
+    ncclResult_t r = ncclGetUniqueId(&u);
+    if (r != ncclSuccess) return lk_error(LK_STATUS_DEVICE, "ncclGetUniqueId: %s", ncclGetErrorString(r));
+    memcpy(id, u.internal, LK__NCCL_ID_BYTES);
+    return LK_STATUS_OK;
+}
+
+static void sleep_us(long us) {
+    struct timespec ts = {0, us * 1000};
+    nanosleep(&ts, NULL);
+}
+
+/* Waits until NCCL's state leaves ncclInProgress and, when `ev` is given,
+ * the event has completed, within the communicator's timeout. On timeout or
+ * abort request: ncclCommAbort (which also unblocks the GPU) and an error. */
+static lk_status wait_nccl(lk_comm *c, nccl_impl *m, cudaEvent_t ev, const char *what) {
+    uint64_t start = lk_time_ns(), prev = start;
+    for (;;) {
+        ncclResult_t as;
+        ncclResult_t r = ncclCommGetAsyncError(m->nc, &as);
+        if (r != ncclSuccess) as = r;
+        if (as != ncclSuccess && as != ncclInProgress) {
+            ncclCommAbort(m->nc), m->dead = true;
+            return lk_error(LK_STATUS_REMOTE, "nccl: %s failed on rank %d: %s (%s); the communicator was aborted", what,
+                            c->pg.rank, ncclGetErrorString(as), ncclGetLastError(NULL));
+        }
+        bool ready = as == ncclSuccess;
+        if (ready && ev) {
+            cudaError_t e = cudaEventQuery(ev);
+            if (e != cudaSuccess && e != cudaErrorNotReady) {
+                cudaGetLastError();
+                ncclCommAbort(m->nc), m->dead = true;
+                return lk_error(LK_STATUS_DEVICE, "nccl: %s on rank %d: %s", what, c->pg.rank, cudaGetErrorString(e));
+            }
+            ready = e == cudaSuccess;
+        }
+        if (ready) return LK_STATUS_OK;
+        uint64_t now = lk_time_ns();
+        start += lk__paused_ns(now, &prev); /* a stopped process does not time out on resume */
+        if (atomic_load(&c->abort_requested)) {
+            ncclCommAbort(m->nc), m->dead = true;
+            return lk_error(LK_STATUS_ABORTED, "nccl: %s on rank %d: aborted (lk_comm_abort)", what, c->pg.rank);
+        }
+        if ((double)(now - start) * 1e-9 > c->timeout_s) {
+            ncclCommAbort(m->nc), m->dead = true;
+            return lk_error(LK_STATUS_TIMEOUT,
+                            "nccl: %s on rank %d did not complete within %.0f s (comm_timeout): a peer died, hangs or "
+                            "is in another collective; the communicator was aborted",
+                            what, c->pg.rank, c->timeout_s);
+        }
+        sleep_us(50);
+    }
+}
+
+static lk_status nccl_init(lk_comm *c, const lk_comm_config *cfg) {
+    int visible = lk__cuda_visible();
+    if (visible == 0)
+        return lk_error(LK_STATUS_UNSUPPORTED, "lk_comm_create: backend 'nccl' needs a CUDA device on every rank, but rank "
+                        "%d has none: %s (use shm or mpi)", c->pg.rank, lk__cuda_why_none());
+    int ids[LK__GPU_MAX], n = visible < LK__GPU_MAX ? visible : LK__GPU_MAX, gpu;
+    for (int i = 0; i < n; i++) ids[i] = i;
+    LK_TRY(lk__gpu_for_rank(ids, n, c->pg.local_rank, &gpu));
+    nccl_impl *m = lk_calloc(1, sizeof *m);
+    if (!m) return LK_STATUS_OUT_OF_MEMORY;
+    m->gpu = gpu;
+    /* The host communicator: its own shm segment name, so it never meets a
+     * trainer's shm communicator of the same job. */
+    lk_comm_config hc = *cfg;
+    char job[128];
+    snprintf(job, sizeof job, "%s-nccl", c->job_id);
+    hc.job_id = job;
+    hc.pg = &c->pg;
+    hc.shared_bytes = 1 << 20;
+    hc.backend = c->pg.world_size == 1 ? "self" : c->pg.local_world_size == c->pg.world_size ? "shm" : "mpi";
+    lk_status st = lk_comm_create(&hc, &m->host);
+    unsigned char id[LK__NCCL_ID_BYTES];
+    if (!st) {
+        lk__nccl_transport t = {m->host, host_broadcast};
+        st = lk__nccl_bootstrap(&t, c->pg.rank, make_id, NULL, id);
+    }
+    if (!st && cudaSetDevice(gpu) != cudaSuccess) {
+        cudaGetLastError();
+        st = lk_error(LK_STATUS_DEVICE, "nccl: rank %d cannot select GPU %d", c->pg.rank, gpu);
+    }
+    if (!st && (cudaStreamCreateWithFlags(&m->stream, cudaStreamNonBlocking) != cudaSuccess ||
+                cudaEventCreateWithFlags(&m->produced, cudaEventDisableTiming) != cudaSuccess ||
+                cudaEventCreateWithFlags(&m->done, cudaEventDisableTiming) != cudaSuccess ||
+                cudaMalloc(&m->scratch, sizeof(float)) != cudaSuccess)) {
+        cudaGetLastError();
+        st = lk_error(LK_STATUS_DEVICE, "nccl: rank %d: cannot create its stream, events or scratch on GPU %d",
+                      c->pg.rank, gpu);
+    }
+    if (!st) {
+        ncclConfig_t ncfg = NCCL_CONFIG_INITIALIZER;
+        ncfg.blocking = 0; /* so init and collectives can be bounded by the timeout */
+        ncclUniqueId u;
+        memcpy(u.internal, id, sizeof u.internal);
+        ncclResult_t r = ncclCommInitRankConfig(&m->nc, c->pg.world_size, u, c->pg.rank, &ncfg);
+        if (r != ncclSuccess && r != ncclInProgress)
+            st = lk_error(LK_STATUS_DEVICE, "nccl: ncclCommInitRank on rank %d (GPU %d): %s", c->pg.rank, gpu,
+                          ncclGetErrorString(r));
+        else {
+            c->impl = m;
+            st = wait_nccl(c, m, NULL, "communicator init");
+        }
+    }
+    if (st) {
+        char msg[1024]; /* the cleanup below may set errors of its own */
+        snprintf(msg, sizeof msg, "%s", lk_last_error());
+        if (m->nc && !m->dead) ncclCommAbort(m->nc); /* abort frees it; never destroy after */
+        if (m->scratch) cudaFree(m->scratch);
+        if (m->done) cudaEventDestroy(m->done);
+        if (m->produced) cudaEventDestroy(m->produced);
+        if (m->stream) cudaStreamDestroy(m->stream);
+        if (m->host) lk_comm_abort(m->host, lk_last_error()), lk_comm_free(m->host);
+        lk_free(m);
+        c->impl = NULL;
+        return lk_error(st, "%s", msg);
+    }
+    return LK_STATUS_OK;
+}
+
+static void nccl_destroy(lk_comm *c) {
+    nccl_impl *m = c->impl;
+    if (!m) return;
+    cudaSetDevice(m->gpu);
+    if (!m->dead) {
+        /* Finalize flushes outstanding work, bounded like a collective (a
+         * timeout there aborts, which frees the communicator). */
+        ncclResult_t r = ncclCommFinalize(m->nc);
+        if (r != ncclSuccess && r != ncclInProgress) ncclCommAbort(m->nc), m->dead = true;
+        else (void)wait_nccl(c, m, NULL, "finalize");
+    }
+    if (!m->dead) ncclCommDestroy(m->nc); /* after ncclCommAbort the communicator is already gone */
+    cudaFree(m->scratch);
+    cudaEventDestroy(m->done);
+    cudaEventDestroy(m->produced);
+    cudaStreamDestroy(m->stream);
+    lk_comm_free(m->host);
+    lk_free(m);
+    c->impl = NULL;
+}
+
+static bool nccl_type(lk_dtype dt, ncclDataType_t *out) {
+    switch (dt) {
+    case LK_F32: *out = ncclFloat32; return true;
+    case LK_F64: *out = ncclFloat64; return true;
+    case LK_F16: *out = ncclFloat16; return true;
+    case LK_BF16: *out = ncclBfloat16; return true;
+    case LK_I32: *out = ncclInt32; return true;
+    case LK_I64: *out = ncclInt64; return true;
+    case LK_U8: *out = ncclUint8; return true;
+    default: return false;
+    }
+}
+
+static ncclRedOp_t nccl_op(lk_reduce_op op) {
+    switch (op) {
+    case LK_REDUCE_AVG: return ncclAvg;
+    case LK_REDUCE_MAX: return ncclMax;
+    case LK_REDUCE_MIN: return ncclMin;
+    default: return ncclSum;
+    }
+}
+
+static lk_status nccl_run(lk_comm *c, const lk__coll *op) {
+    nccl_impl *m = c->impl;
+    char what[160];
+    lk__coll_describe(op, what, sizeof what);
+    if (m->dead) return lk_error(LK_STATUS_ABORTED, "nccl: %s: the communicator was aborted earlier", what);
+    ncclDataType_t t = ncclFloat32;
+    if (op->kind != LK__COLL_BARRIER && !nccl_type(op->dt, &t))
+        return lk_error(LK_STATUS_UNSUPPORTED, "nccl: %s: dtype %s has no NCCL type", what, lk_dtype_name(op->dt));
+    if (cudaSetDevice(m->gpu) != cudaSuccess) return lk_error(LK_STATUS_DEVICE, "nccl: %s: cannot select GPU %d", what, m->gpu);
+    /* Order after the producer: whatever the default stream has queued
+     * (kernels writing the buffer, copies into it) finishes first. */
+    if (cudaEventRecord(m->produced, 0) != cudaSuccess || cudaStreamWaitEvent(m->stream, m->produced, 0) != cudaSuccess) {
+        cudaGetLastError();
+        return lk_error(LK_STATUS_DEVICE, "nccl: %s: cannot order the communication stream after the producer", what);
+    }
+    ncclResult_t r;
+    switch (op->kind) {
+    case LK__COLL_ALL_REDUCE:
+        r = ncclAllReduce(op->send, op->recv, op->count, t, nccl_op(op->op), m->nc, m->stream);
+        break;
+    case LK__COLL_BROADCAST: r = ncclBroadcast(op->send, op->recv, op->count, t, op->root, m->nc, m->stream); break;
+    case LK__COLL_ALL_GATHER: r = ncclAllGather(op->send, op->recv, op->count, t, m->nc, m->stream); break;
+    case LK__COLL_REDUCE_SCATTER:
+        r = ncclReduceScatter(op->send, op->recv, op->count, t, nccl_op(op->op), m->nc, m->stream);
+        break;
+    case LK__COLL_BARRIER: r = ncclAllReduce(m->scratch, m->scratch, 1, ncclFloat32, ncclSum, m->nc, m->stream); break;
+    default:
+        return lk_error(LK_STATUS_UNSUPPORTED, "nccl: %s is not implemented yet (all_reduce, broadcast, all_gather, "
+                        "reduce_scatter, barrier are)", what);
+    }
+    if (r != ncclSuccess && r != ncclInProgress) {
+        ncclCommAbort(m->nc), m->dead = true;
+        return lk_error(LK_STATUS_DEVICE, "nccl: %s on rank %d: %s (%s)", what, c->pg.rank, ncclGetErrorString(r),
+                        ncclGetLastError(m->nc));
+    }
+    /* Non-blocking NCCL may still be enqueueing; then the stream's event
+     * marks completion, polled with the async error against the deadline. */
+    LK_TRY(wait_nccl(c, m, NULL, what));
+    if (cudaEventRecord(m->done, m->stream) != cudaSuccess) {
+        cudaGetLastError();
+        return lk_error(LK_STATUS_DEVICE, "nccl: %s: cannot record completion", what);
+    }
+    return wait_nccl(c, m, m->done, what);
+}
+
+static void nccl_abort(lk_comm *c, const char *reason) {
+    nccl_impl *m = c->impl;
+    /* Peers learn through the host communicator; this rank's run loop sees
+     * c->abort_requested and aborts NCCL from its own thread. */
+    if (m && m->host) lk_comm_abort(m->host, reason);
+}
+
+const lk__comm_vtable lk__comm_nccl = {
+    .name = "nccl",
+    .init = nccl_init,
+    .destroy = nccl_destroy,
+    .run = nccl_run,
+    .abort = nccl_abort,
+};
+#endif

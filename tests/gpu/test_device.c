@@ -1,0 +1,114 @@
+/* The cuda device on a GPU: registration as kind LK_CUDA, alloc/copy/memset
+ * round trips (host->device, device->device, device->host), tensors moved
+ * to the GPU and back bit for bit, the tensor pool handing the same device
+ * block back (a repeated step calls cudaMalloc nothing), pinned staging
+ * buffers, and out of device memory as a clear error (1 PiB asked). */
+#include "gpu_test.h"
+#include "lk_test.h"
+
+static const lk_device gpu0 = {LK_CUDA, 0};
+
+static void registry(void) {
+    lk_device d;
+    CHECK_OK(lk_device_parse("cuda", &d));
+    CHECK(lk_device_equal(d, gpu0) && !lk_device_is_host(d));
+    CHECK(lk_device_count(LK_CUDA) == lk__cuda_visible());
+    char buf[32];
+    CHECK(!strcmp(lk_device_str(gpu0, buf, sizeof buf), "cuda:0"));
+    int n = lk__cuda_visible();
+    char name[16];
+    snprintf(name, sizeof name, "cuda:%d", n);
+    CHECK_ERR(lk_device_parse(name, &d), LK_STATUS_INVALID_ARGUMENT, "this process sees");
+    lk__cuda_props p;
+    CHECK_OK(lk__cuda_props_get(0, &p));
+    CHECK(p.name[0] && p.major >= 5 && p.mem_total > 0 && p.mem_free <= p.mem_total);
+    printf("GPU 0: %s, compute capability %d.%d, %d SMs, %.1f GiB (%.1f free)\n", p.name, p.major, p.minor,
+           p.multiprocessors, p.mem_total / 1073741824.0, p.mem_free / 1073741824.0);
+}
+
+static void round_trip(void) {
+    enum { N = 1 << 20 };
+    unsigned char *host = malloc(N), *back = malloc(N);
+    for (int i = 0; i < N; i++) host[i] = (unsigned char)(i * 7 + 3);
+    void *a = NULL, *b = NULL;
+    CHECK_OK(lk_device_alloc(gpu0, N, &a));
+    CHECK_OK(lk_device_alloc(gpu0, N, &b));
+    CHECK_OK(lk_device_copy(gpu0, a, LK_DEVICE_CPU, host, N));
+    CHECK_OK(lk_device_copy(gpu0, b, gpu0, a, N)); /* device to device */
+    CHECK_OK(lk_device_copy(LK_DEVICE_CPU, back, gpu0, b, N));
+    CHECK(memcmp(host, back, N) == 0);
+    CHECK_OK(lk_device_memset(gpu0, (char *)b + 100, 0xab, 1000));
+    CHECK_OK(lk_device_synchronize(gpu0));
+    CHECK_OK(lk_device_copy(LK_DEVICE_CPU, back, gpu0, b, N));
+    int bad = 0;
+    for (int i = 0; i < N; i++) bad += back[i] != (i >= 100 && i < 1100 ? 0xab : host[i]);
+    CHECK_MSG(bad == 0, "%d bytes differ after memset", bad);
+    lk_device_free(gpu0, a, N);
+    lk_device_free(gpu0, b, N);
+    /* pinned staging */
+    void *pin = NULL;
+    CHECK_OK(lk__cuda_host_alloc(N, &pin));
+    if (pin) {
+        memcpy(pin, host, N);
+        CHECK_OK(lk_device_alloc(gpu0, N, &a));
+        CHECK_OK(lk_device_copy(gpu0, a, LK_DEVICE_CPU, pin, N));
+        memset(pin, 0, N);
+        CHECK_OK(lk_device_copy(LK_DEVICE_CPU, pin, gpu0, a, N));
+        CHECK(memcmp(pin, host, N) == 0);
+        lk_device_free(gpu0, a, N);
+    }
+    lk__cuda_host_free(pin);
+    free(host);
+    free(back);
+}
+
+static void tensors_and_pool(void) {
+    float v[7] = {1, -2, 3.5f, 0, 1e-30f, -0.0f, 65504};
+    lk_tensor *t = lk_tensor_from_data(LK_F32, LK_SHAPE(7), v);
+    lk_pool_trim();
+    lk_pool_stats s0 = lk_pool_get_stats();
+    for (int step = 0; step < 5; step++) { /* a "step": to the GPU and back */
+        lk_tensor *g = lk_tensor_to(t, gpu0);
+        CHECK(g && lk_device_equal(g->device, gpu0));
+        lk_tensor *h = g ? lk_tensor_to(g, LK_DEVICE_CPU) : NULL;
+        CHECK(h && memcmp(h->data, v, sizeof v) == 0);
+        lk_tensor_release(h);
+        lk_tensor_release(g);
+    }
+    lk_pool_stats s1 = lk_pool_get_stats();
+    /* one device block and one host block on the first step, hits after */
+    CHECK_MSG(s1.misses - s0.misses <= 2, "%llu pool misses over 5 steps", (unsigned long long)(s1.misses - s0.misses));
+    lk_tensor_release(t);
+    lk_pool_trim();
+}
+
+static void out_of_memory(void) {
+    void *p = (void *)1;
+    size_t pib = (size_t)1 << 50;
+    CHECK_ERR(lk_device_alloc(gpu0, pib, &p), LK_STATUS_OUT_OF_MEMORY,
+              "cuda:0: out of device memory: asked for 1125899906842624 bytes");
+    CHECK(p == NULL);
+    CHECK(strstr(lk_last_error(), "free of"));
+    /* the device still works afterwards */
+    CHECK_OK(lk_device_alloc(gpu0, 256, &p));
+    lk_device_free(gpu0, p, 256);
+}
+
+/* With a GPU visible, accelerator: gpu is chosen and then refused at
+ * creation until the CUDA backend runs training ops. */
+static void trainer_says_not_yet(void) {
+    lk_trainer_config c;
+    lk_trainer_config_default(&c);
+    snprintf(c.accelerator, sizeof c.accelerator, "gpu");
+    lk_trainer *tr = NULL;
+    CHECK_ERR(lk_trainer_create(&c, NULL, NULL, &tr), LK_STATUS_UNSUPPORTED,
+              "the CUDA backend runs no training ops yet (issue 21)");
+    CHECK(tr == NULL);
+}
+
+int main(int argc, char **argv) {
+    gpu_test_require();
+    static const lk_t_case cases[] = {LK_TEST_CASE(registry), LK_TEST_CASE(round_trip), LK_TEST_CASE(tensors_and_pool),
+                                      LK_TEST_CASE(out_of_memory), LK_TEST_CASE(trainer_says_not_yet)};
+    return lk_t_run(cases, (int)(sizeof cases / sizeof cases[0]), argc, argv);
+}

@@ -1,0 +1,123 @@
+#!/usr/bin/env bash
+# Run on the GPU machine, from the repo root, with .gpu-debs carried along
+# (tools/gpu/README.md has the exact device call). It unpacks the .deb files
+# into a prefix (never into /), points the build at it, configures with
+# CUDA, builds, and runs: nvidia-smi, the `gpu` ctest label, the unit tests,
+# `lockstep env` and the GEMM rate table. Everything lands in $OUT (at most
+# 8 files: the device tool brings back no more). Exit status: that of the gpu
+# tests; 3 when they were skipped (no GPU visible); 2 when the build failed.
+#
+#   tools/gpu/session.sh [--quick]     --quick: gpu tests only, no unit tests
+set -uo pipefail
+OUT=${OUT:-/tmp/lk-gpu-out}
+P=${LK_GPU_PREFIX:-/tmp/lk-prefix}
+BUILD=${LK_GPU_BUILD:-build-gpu}
+quick=0
+[ "${1:-}" = "--quick" ] && quick=1
+mkdir -p "$OUT"
+log=$OUT/session.log
+exec > >(tee -a "$log") 2>&1
+step() { echo; echo "== $(date -u +%H:%M:%S) $*"; }
+T0=$(date +%s)
+
+step "machine"
+uname -a; nproc; (command -v nvcc && nvcc --version | tail -2) || echo "nvcc: not on PATH"
+command -v cmake && cmake --version | head -1
+nvidia-smi >"$OUT/nvidia-smi.txt" 2>&1 || echo "nvidia-smi failed (see nvidia-smi.txt)"
+head -20 "$OUT/nvidia-smi.txt"
+
+step "unpacking .gpu-debs into $P"
+debs=(.gpu-debs/*.deb)
+if [ ! -e "${debs[0]}" ]; then
+  echo "no .gpu-debs/*.deb here: run tools/gpu/fetch-debs.sh on a machine with a registry and carry .gpu-debs"
+else
+  mkdir -p "$P"
+  for f in "${debs[@]}"; do dpkg -x "$f" "$P" || echo "dpkg -x $f failed"; done
+  # .pc files name /usr; make them name the prefix (prefix= lines and
+  # absolute libdir=/includedir= lines alike).
+  find "$P" -name '*.pc' -exec sed -i "s|^prefix=/usr\$|prefix=$P/usr|; s|=/usr/|=$P/usr/|" {} +
+fi
+ML=x86_64-linux-gnu
+export CMAKE_PREFIX_PATH="$P/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}"
+# OpenBLAS lives in a subdirectory that update-alternatives would link into
+# the usual place; dpkg -x runs no maintainer scripts, so name it directly.
+export CMAKE_INCLUDE_PATH="$P/usr/include/$ML/openblas-pthread:$P/usr/include"
+export CMAKE_LIBRARY_PATH="$P/usr/lib/$ML/openblas-pthread:$P/usr/lib/$ML"
+export C_INCLUDE_PATH="$P/usr/include:$P/usr/include/$ML${C_INCLUDE_PATH:+:$C_INCLUDE_PATH}"
+export LIBRARY_PATH="$P/usr/lib/$ML/openblas-pthread:$P/usr/lib/$ML${LIBRARY_PATH:+:$LIBRARY_PATH}"
+# At run time only the libraries the image lacks come from the prefix (a
+# directory of links to them): putting the whole prefix first would make the
+# image's own programs (python3, cmake) load Debian 12's zlib or libgfortran.
+mkdir -p "$P/runtime"
+have=$(ldconfig -p 2>/dev/null | awk 'NR > 1 {print $1}')
+for f in "$P"/usr/lib/$ML/*.so.[0-9] "$P"/lib/$ML/*.so.[0-9]; do # soname links (libyaml-0.so.2, libz.so.1, ...)
+  [ -e "$f" ] || continue
+  so=$(basename "$f")
+  grep -qxF "$so" <<<"$have" || ln -sf "$f" "$P/runtime/$so"
+done
+echo "from the prefix at run time: $(ls "$P/runtime" | tr '\n' ' ')"
+export LD_LIBRARY_PATH="$P/usr/lib/$ML/openblas-pthread:$P/runtime${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export PKG_CONFIG_PATH="$P/usr/lib/$ML/pkgconfig:$P/usr/share/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
+if ! command -v pkg-config >/dev/null && [ -x "$P/usr/bin/pkgconf" ]; then
+  mkdir -p "$P/bin"
+  printf '#!/bin/sh\nexec "%s/usr/bin/pkgconf" "$@"\n' "$P" >"$P/bin/pkg-config"
+  chmod +x "$P/bin/pkg-config"
+  export PATH="$P/bin:$PATH"
+fi
+export PATH="/usr/local/cuda/bin:$PATH"
+# NCCL: in the toolkit, else pip's nvidia-nccl package (the image has it).
+if [ -z "${NCCL_ROOT:-}" ] && [ ! -e /usr/local/cuda/include/nccl.h ]; then
+  d=$(python3 -c 'import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__))' 2>/dev/null || true)
+  [ -z "$d" ] && d=$(python3 -c 'import nvidia.nccl, os; print(list(nvidia.nccl.__path__)[0])' 2>/dev/null || true)
+  if [ -n "$d" ] && [ -e "$d/include/nccl.h" ]; then
+    export NCCL_ROOT=$d LD_LIBRARY_PATH="$d/lib:$LD_LIBRARY_PATH"
+    echo "NCCL from pip: $d"
+  else
+    echo "NCCL: not found (the nccl communicator is left out of this build)"
+  fi
+fi
+
+step "configure ($BUILD, -DLK_CUDA=ON)"
+gen=()
+command -v ninja >/dev/null && gen=(-G Ninja)
+cmake -S . -B "$BUILD" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DLK_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="${LK_GPU_CUDA_ARCH:-90}" \
+  >"$OUT/build.log" 2>&1
+rc=$?
+grep -E "^-- (lockstep|  )" "$OUT/build.log"
+if [ $rc -ne 0 ]; then tail -40 "$OUT/build.log"; echo "configure failed"; exit 2; fi
+
+step "build"
+cmake --build "$BUILD" -j "$(nproc)" >>"$OUT/build.log" 2>&1
+rc=$?
+grep -E "warning|error" "$OUT/build.log" | head -20
+if [ $rc -ne 0 ]; then tail -40 "$OUT/build.log"; echo "build failed"; exit 2; fi
+echo "built in $(( $(date +%s) - T0 )) s"
+
+step "lockstep env"
+"$BUILD/lockstep" env >"$OUT/env.txt" 2>&1
+sed -n '/^gpus/,/^process group/p' "$OUT/env.txt"
+
+step "ctest -L gpu"
+(cd "$BUILD" && ctest -L gpu --output-on-failure --timeout 300) >"$OUT/ctest-gpu.log" 2>&1
+gpu_rc=$?
+tail -30 "$OUT/ctest-gpu.log"
+if grep -q "(Skipped)" "$OUT/ctest-gpu.log"; then
+  echo "WARNING: gpu tests were SKIPPED: no CUDA device visible to this process ($BUILD/tests/test_gpu_device says why):"
+  "$BUILD/tests/test_gpu_device" 2>&1 | head -3
+fi
+
+step "GEMM rates (cuBLASLt)"
+if [ -x "$BUILD/tests/bench_gpu_gemm" ]; then
+  "$BUILD/tests/bench_gpu_gemm" >"$OUT/gemm.csv" 2>>"$log"
+  column -s, -t <"$OUT/gemm.csv" 2>/dev/null || cat "$OUT/gemm.csv"
+fi
+
+if [ $quick = 0 ]; then
+  step "unit tests (sanity of this build on this machine)"
+  (cd "$BUILD" && ctest -L unit -j "$(nproc)" --timeout 120) >>"$OUT/ctest-gpu.log" 2>&1 \
+    && echo "unit tests: passed" || { echo "unit tests: FAILED"; grep -E "\(Failed\)|\*\*\*" "$OUT/ctest-gpu.log" | head; }
+fi
+# Skipped gpu tests on the GPU machine mean no GPU was seen: not a success.
+[ $gpu_rc = 0 ] && grep -q "(Skipped)" "$OUT/ctest-gpu.log" && gpu_rc=3
+echo "session done in $(( $(date +%s) - T0 )) s; gpu tests exit $gpu_rc; files in $OUT: $(ls "$OUT" | tr '\n' ' ')"
+exit $gpu_rc
