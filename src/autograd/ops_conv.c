@@ -71,11 +71,11 @@ static inline const void *elem_at(const void *p, lk_dtype lowp, long i) {
 /* One GEMM of the convolution: C[M,N] (f32) = op(A) op(B) + beta C, with A
  * and B both f32 or both the autocast dtype. The f32 descriptor is the one
  * lk__gemm_f32 builds, so f32 mode runs exactly as before. */
-static lk_status conv_gemm(const lk_backend *be, lk_dtype ab, bool ta, bool tb, long M, long N, long K, const void *A,
+static lk_status conv_gemm(lk_device dev, lk_dtype ab, bool ta, bool tb, long M, long N, long K, const void *A,
                            long lda, const void *B, long ldb, float beta, float *C, long ldc) {
     lk_op_desc d = {.op = LK_OP_GEMM, .dtype = {ab, ab, LK_F32}};
     d.gemm = (lk_gemm_params){ta, tb, M, N, K, lda, ldb, ldc, 1.0f, beta};
-    return be->run(&d, (void *[]){(void *)A, (void *)B, C});
+    return lk__backend_run(dev, &d, (void *[]){(void *)A, (void *)B, C});
 }
 
 /* A worker task's failed GEMM, kept for the caller (the first one wins). */
@@ -123,7 +123,7 @@ static void col2im_chunk(const conv_geom *g, float *cols, long n0, long cur, flo
  * are the task's scratch. */
 typedef struct {
     const conv_geom *g;
-    const lk_backend *be;
+    lk_device dev; /* whose backend runs the GEMMs */
     const float *xd, *wd, *gd;
     float *dxd, *dwd, *dbd;   /* dX; task 0's dW and db */
     float *dw_part, *db_part; /* tasks 1..: dW [width-1][O*Kg], db [width-1][O] */
@@ -171,20 +171,20 @@ static void conv_bwd_task(void *ctx, int t) {
             long ldb;
             const void *B = chunk_cols(g, j->xd, n0, cur, cols, lowp, lcols, &ldb);
             for (long q = 0; q < g->G; q++)
-                note_failure(&j->st, conv_gemm(j->be, lowp, false, true, g->Og, g->Kg, ld, elem_at(dy, lowp, q * g->Og * lddy),
+                note_failure(&j->st, conv_gemm(j->dev, lowp, false, true, g->Og, g->Kg, ld, elem_at(dy, lowp, q * g->Og * lddy),
                                                lddy, elem_at(B, lowp, q * g->Kg * ldb), ldb, 1.0f,
                                                dwd + q * g->Og * g->Kg, g->Kg));
         }
         if (j->dxd) {
             if (g->pointwise) {
                 for (long q = 0; q < g->G; q++)
-                    note_failure(&j->st, conv_gemm(j->be, lowp, true, false, g->Kg, g->P, g->Og,
+                    note_failure(&j->st, conv_gemm(j->dev, lowp, true, false, g->Kg, g->P, g->Og,
                                                    elem_at(wsrc, lowp, q * g->Og * g->Kg), g->Kg,
                                                    elem_at(dy, lowp, q * g->Og * lddy), lddy, 0.0f,
                                                    j->dxd + n0 * g->C * g->P + q * g->Kg * g->P, g->P));
             } else {
                 for (long q = 0; q < g->G; q++)
-                    note_failure(&j->st, conv_gemm(j->be, lowp, true, false, g->Kg, ld, g->Og,
+                    note_failure(&j->st, conv_gemm(j->dev, lowp, true, false, g->Kg, ld, g->Og,
                                                    elem_at(wsrc, lowp, q * g->Og * g->Kg), g->Kg,
                                                    elem_at(dy, lowp, q * g->Og * lddy), lddy, 0.0f,
                                                    cols + q * g->Kg * ld, ld));
@@ -226,7 +226,7 @@ static void conv2d_backward(lk_node *n, lk_tensor *gout) {
         (lowp != LK_F32 && (need_w || need_x) && !gl) || (lowp != LK_F32 && need_w && !lcols))
         goto done;
     conv_bwd_job job = {.g = &g,
-                        .be = lk__backend(xc->device),
+                        .dev = xc->device,
                         .xd = xc->data,
                         .wd = wc->data,
                         .gd = gout->data,
@@ -246,8 +246,8 @@ static void conv2d_backward(lk_node *n, lk_tensor *gout) {
     if (job.st) goto done; /* a GEMM failed (it said why): leave the gradients untouched */
     /* The partial sums of tasks 1.., added in task order: deterministic for a given thread count. */
     for (int t = 1; t < width; t++) {
-        if (dwp) job.be->axpy(g.O * g.Kg, 1.0f, job.dw_part + (t - 1) * g.O * g.Kg, job.dwd);
-        if (dbp) job.be->axpy(g.O, 1.0f, job.db_part + (t - 1) * g.O, job.dbd);
+        if (dwp && lk__axpy_f32(job.dev, g.O * g.Kg, 1.0f, job.dw_part + (t - 1) * g.O * g.Kg, job.dwd)) goto done;
+        if (dbp && lk__axpy_f32(job.dev, g.O, 1.0f, job.db_part + (t - 1) * g.O, job.dbd)) goto done;
     }
     /* moved: the gradient slots take these buffers instead of copying them */
     lk__accum_move(x, dx), dx = NULL;
@@ -316,7 +316,7 @@ static lk_status conv2d_check(const lk_tensor *x, const lk_tensor *w, const lk_t
 /* Forward over the chunks [c0, c1) of one task, with its own scratch. */
 typedef struct {
     const conv_geom *g;
-    const lk_backend *be;
+    lk_device dev; /* whose backend runs the GEMMs */
     const float *xd, *wd, *bd;
     float *od, *cols, *tmp; /* cols [width][cols_n], tmp [width][out_n] */
     lk_dtype lowp;          /* autocast's GEMM dtype (LK_F32: off) */
@@ -340,7 +340,7 @@ static void conv_fwd_task(void *ctx, int t) {
         const void *B = chunk_cols(g, j->xd, n0, cur, cols, j->lowp, lcols, &ldb);
         float *C = cur > 1 ? tmp : j->od + n0 * g->O * g->P;
         for (long q = 0; q < g->G; q++)
-            note_failure(&j->st, conv_gemm(j->be, j->lowp, false, false, g->Og, ld, g->Kg,
+            note_failure(&j->st, conv_gemm(j->dev, j->lowp, false, false, g->Og, ld, g->Kg,
                                            elem_at(A, j->lowp, q * g->Og * g->Kg), g->Kg,
                                            elem_at(B, j->lowp, q * g->Kg * ldb), ldb, 0.0f, C + q * g->Og * ld, ld));
         if (cur > 1) /* to NCHW, adding the bias */
@@ -375,7 +375,7 @@ lk_tensor *lk_conv2d(lk_tensor *x, lk_tensor *w, lk_tensor *b, lk_conv2d_params 
         goto done;
     }
     conv_fwd_job job = {.g = &g,
-                        .be = lk__backend(x->device),
+                        .dev = x->device,
                         .xd = xc->data,
                         .wd = wc->data,
                         .bd = bc ? bc->data : NULL,

@@ -75,7 +75,10 @@ static lk_tensor *broadcast_to(const char *op, const char *what, lk_tensor *t, c
     lk_tensor *out = lk__tensor_new(LK_F32, ref->ndim, ref->shape);
     if (!out) return NULL;
     static const float zero = 0.0f;
-    lk__cpu_backend.binary(LK_BINARY_ADD, ref->ndim, ref->shape, t->data, st, &zero, zs, out->data);
+    if (lk__binary_f32(t->device, LK_BINARY_ADD, ref->ndim, ref->shape, t->data, st, &zero, zs, out->data)) {
+        lk_tensor_release(out);
+        return NULL;
+    }
     return out;
 }
 

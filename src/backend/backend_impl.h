@@ -1,6 +1,7 @@
-/* Private: the per-device backend vtable. The autograd ops do shape logic and
- * call these for the math; the CPU backend (cpu.c) is the reference every
- * other backend is tested against. One comment per method. */
+/* Private: the per-device backend vtable and its registry. The autograd ops
+ * do shape logic and build op descriptors for the math; the CPU backend
+ * (src/backend/cpu/) is the reference every other backend is tested against.
+ * One comment per method. */
 #ifndef LK_BACKEND_IMPL_H
 #define LK_BACKEND_IMPL_H
 
@@ -8,15 +9,25 @@
 #include <stdint.h>
 
 #include "backend/kernels.h"
+#include "lockstep/device.h"
 #include "lockstep/tensor.h"
 
 /* ---- typed ops ------------------------------------------------------------
  * A backend says which op descriptors it runs — the op, the dtype of every
  * operand, shapes and parameters — and runs them over its device's memory.
  * The autograd ops keep the shape logic and build descriptors; a new dtype or
- * device changes backends, never ops. GEMM is the first op here; the
- * element-wise families below still have f32 methods of their own. */
-typedef enum { LK_OP_GEMM, LK_OP_COUNT } lk_op_kind;
+ * device changes backends, never ops. Dispatch is once per op call: a
+ * backend's run() loops over the elements itself (no per-element calls). */
+typedef enum {
+    LK_OP_GEMM,           /* A, B, C (see lk_gemm_params) */
+    LK_OP_UNARY,          /* x, y: y[i] = f(x[i]) over n contiguous elements */
+    LK_OP_UNARY_BACKWARD, /* x, y, dy, dx: dx[i] (+)= dy[i] * f'(x[i]) given y = f(x) */
+    LK_OP_BINARY,         /* a, b, out: out = a (op) b, broadcast strides */
+    LK_OP_AXPY,           /* x, y: y[i] += alpha * x[i] (alpha == 1: y += x) */
+    LK_OP_AFFINE,         /* x, y: y[i] = x[i] * mul + add (the scalar ops) */
+    LK_OP_SUM_TO,         /* src, dst: dst += src summed over the dims dst broadcasts on */
+    LK_OP_COUNT
+} lk_op_kind;
 
 /* C[M,N] = alpha * op(A)[M,K] op(B)[K,N] + beta * C, row-major, leading
  * dimensions in elements, op(X) = X^T when the flag is set; products are
@@ -27,49 +38,111 @@ typedef struct lk_gemm_params {
     float alpha, beta;
 } lk_gemm_params;
 
+/* LK_OP_UNARY / LK_OP_UNARY_BACKWARD: n contiguous elements; alpha is the
+ * function's parameter (leaky slope, elu alpha); acc (backward only) adds
+ * into dx instead of overwriting it. x or y may be NULL in the backward when
+ * the function's derivative does not read it (lk_k_unary_grad then sees 0). */
+typedef struct lk_unary_params {
+    lk_unary_op fn;
+    int64_t n;
+    float alpha;
+    bool acc;
+} lk_unary_params;
+
+/* LK_OP_BINARY: out (contiguous, `shape`) = a (fn) b, where a and b are read
+ * with strides in elements, 0 on the dimensions they broadcast on. */
+typedef struct lk_binary_params {
+    lk_binary_op fn;
+    int ndim;
+    int64_t shape[LK_MAX_DIMS], sa[LK_MAX_DIMS], sb[LK_MAX_DIMS];
+} lk_binary_params;
+
+/* LK_OP_AXPY / LK_OP_AFFINE over n contiguous elements. */
+typedef struct lk_axpy_params {
+    int64_t n;
+    float alpha;
+} lk_axpy_params;
+/* has_add: y = x * mul + add (turns -0 into +0 as the scalar ops do);
+ * otherwise y = x * mul exactly. x and y may be the same array. */
+typedef struct lk_affine_params {
+    int64_t n;
+    float mul, add;
+    bool has_add;
+} lk_affine_params;
+
+/* LK_OP_SUM_TO: src is contiguous of `shape`; element i of it is added to
+ * dst at the offset its multi-index has under the strides sd (0 on the
+ * dimensions summed over). Sums run in src's order, innermost first. */
+typedef struct lk_sum_to_params {
+    int ndim;
+    int64_t shape[LK_MAX_DIMS], sd[LK_MAX_DIMS];
+} lk_sum_to_params;
+
 typedef struct lk_op_desc {
     lk_op_kind op;
-    lk_dtype dtype[4]; /* operand dtypes in run()'s order; GEMM: A, B, C */
+    lk_dtype dtype[4]; /* operand dtypes in run()'s order (see lk_op_kind) */
     union {
         lk_gemm_params gemm;
+        lk_unary_params unary;
+        lk_binary_params binary;
+        lk_axpy_params axpy;
+        lk_affine_params affine;
+        lk_sum_to_params sum_to;
     };
 } lk_op_desc;
 
+/* How many operands run() takes for an op (GEMM 3, unary backward 4, ...). */
+int lk__op_arity(lk_op_kind op);
+
 typedef struct lk_backend {
     const char *name;
-    lk_device_kind kind;
     /* Whether run() takes this descriptor (every dtype and parameter). */
     bool (*supports)(const lk_op_desc *d);
     /* Runs it over the operands' memory, in the descriptor's order. */
     lk_status (*run)(const lk_op_desc *d, void *const *operands);
-    /* y[i] = f(x[i]) for n contiguous elements. */
-    void (*unary)(lk_unary_op op, int64_t n, const float *x, float *y, float alpha);
-    /* dx[i] = dy[i] * f'(x[i]) (y = f(x) given for ops that use it); accumulate when `acc`. */
-    void (*unary_backward)(lk_unary_op op, int64_t n, const float *x, const float *y, const float *dy, float *dx,
-                           float alpha, bool acc);
-    /* out = a (op) b over out's shape; a and b carry strides in elements,
-     * 0 on broadcast dimensions; out is contiguous. */
-    void (*binary)(lk_binary_op op, int ndim, const int64_t *shape, const float *a, const int64_t *sa, const float *b,
-                   const int64_t *sb, float *out);
-    /* y += x (n contiguous elements), scaled: y = y + alpha * x. */
-    void (*axpy)(int64_t n, float alpha, const float *x, float *y);
 } lk_backend;
 
+/* ---- the registry -----------------------------------------------------------
+ * One backend per device kind; the CPU backend is LK_CPU's and every kind
+ * without a backend of its own (host-addressable devices run the CPU's).
+ * Registering NULL removes a kind's backend again (tests). */
+lk_status lk__backend_register(lk_device_kind kind, const lk_backend *be);
 const lk_backend *lk__backend(lk_device dev);
-/* Runs d on dev's backend; an op it does not support is an UNSUPPORTED error
- * naming the op, the dtypes and the backend. */
+/* Runs d on dev's backend. A descriptor that backend does not support runs
+ * on the CPU backend when dev is host-addressable (counted: see
+ * lk__backend_fallbacks); otherwise, or when the CPU backend does not support
+ * it either, it is an UNSUPPORTED error naming the op, the dtypes, the
+ * backend and the device. */
 lk_status lk__backend_run(lk_device dev, const lk_op_desc *d, void *const *operands);
-/* "gemm bf16 x bf16 -> f32 (NT, 256x784x512)" into buf, for messages and tests. */
+/* How many descriptors ran on the CPU backend because their device's own
+ * backend did not support them, since the process started (all threads). */
+int64_t lk__backend_fallbacks(void);
+/* "gemm bf16 x bf16 -> f32 (NT, 256x784x512)", "binary mul f32, bf16 -> f32
+ * (4x3)" into buf, for messages and tests. */
 const char *lk__op_desc_str(const lk_op_desc *d, char *buf, size_t size);
+const char *lk__unary_name(lk_unary_op fn);   /* "relu", "gelu_tanh", ... */
+const char *lk__binary_name(lk_binary_op fn); /* "add", "sub", "mul", "div" */
 
-/* An f32 GEMM as a typed op (the convolutions call it per sample group). */
-static inline lk_status lk__gemm_f32(const lk_backend *be, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
-                                     float alpha, const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
-                                     float *C, int64_t ldc) {
+/* An f32 GEMM as a typed op on dev's backend. */
+static inline lk_status lk__gemm_f32(lk_device dev, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
+                                     const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C,
+                                     int64_t ldc) {
     lk_op_desc d = {.op = LK_OP_GEMM, .dtype = {LK_F32, LK_F32, LK_F32}};
     d.gemm = (lk_gemm_params){ta, tb, M, N, K, lda, ldb, ldc, alpha, beta};
-    return be->run(&d, (void *[]){(void *)A, (void *)B, C});
+    return lk__backend_run(dev, &d, (void *[]){(void *)A, (void *)B, C});
 }
+
+/* The element-wise descriptors, all operands f32 (what the autograd ops use
+ * today); each runs on dev's backend as above. */
+lk_status lk__unary_f32(lk_device dev, lk_unary_op fn, int64_t n, const float *x, float *y, float alpha);
+lk_status lk__unary_backward_f32(lk_device dev, lk_unary_op fn, int64_t n, const float *x, const float *y,
+                                 const float *dy, float *dx, float alpha, bool acc);
+lk_status lk__binary_f32(lk_device dev, lk_binary_op fn, int ndim, const int64_t *shape, const float *a,
+                         const int64_t *sa, const float *b, const int64_t *sb, float *out);
+lk_status lk__axpy_f32(lk_device dev, int64_t n, float alpha, const float *x, float *y);
+lk_status lk__affine_f32(lk_device dev, int64_t n, float mul, float add, bool has_add, const float *x, float *y);
+lk_status lk__sum_to_f32(lk_device dev, int ndim, const int64_t *shape, const float *src, const int64_t *sd,
+                         float *dst);
 
 /* cpu_lowp.c: GEMMs over bf16 or f16 A and B (the same dtype), C in f32 or
  * that dtype. oneDNN runs them where it is built and takes the shape (AMX,

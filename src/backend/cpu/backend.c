@@ -1,0 +1,50 @@
+/* The CPU backend: the reference every other backend is tested against. It
+ * answers supports() for each op family and hands run() to that family's
+ * file (gemm.c, elementwise.c; the bf16/f16 GEMMs in ../cpu_lowp.c). */
+#include "backend/cpu/cpu_impl.h"
+
+static bool is_half(lk_dtype t) { return t == LK_BF16 || t == LK_F16; }
+
+static bool cpu_supports(const lk_op_desc *d) {
+    switch (d->op) {
+    case LK_OP_GEMM: {
+        lk_dtype a = d->dtype[0], b = d->dtype[1], c = d->dtype[2];
+        if (a == LK_F32) return b == LK_F32 && c == LK_F32;
+        return is_half(a) && b == a && (c == LK_F32 || c == a);
+    }
+    case LK_OP_UNARY:
+    case LK_OP_UNARY_BACKWARD:
+    case LK_OP_BINARY:
+    case LK_OP_AXPY:
+    case LK_OP_AFFINE:
+    case LK_OP_SUM_TO: return lk__cpu_elementwise_supports(d);
+    case LK_OP_COUNT: break;
+    }
+    return false;
+}
+
+static lk_status cpu_run(const lk_op_desc *d, void *const *x) {
+    switch (d->op) {
+    case LK_OP_GEMM: {
+        const lk_gemm_params *g = &d->gemm;
+        if (d->dtype[0] != LK_F32) return lk__cpu_gemm_lowp(d, x[0], x[1], x[2]);
+        lk__cpu_sgemm(g->trans_a, g->trans_b, g->M, g->N, g->K, g->alpha, x[0], g->lda, x[1], g->ldb, g->beta, x[2],
+                      g->ldc);
+        return LK_STATUS_OK;
+    }
+    case LK_OP_UNARY:
+    case LK_OP_UNARY_BACKWARD:
+    case LK_OP_BINARY:
+    case LK_OP_AXPY:
+    case LK_OP_AFFINE:
+    case LK_OP_SUM_TO: return lk__cpu_elementwise(d, x);
+    case LK_OP_COUNT: break;
+    }
+    return lk_error(LK_STATUS_INTERNAL, "cpu backend: op %d", (int)d->op);
+}
+
+const lk_backend lk__cpu_backend = {
+    .name = "cpu",
+    .supports = cpu_supports,
+    .run = cpu_run,
+};

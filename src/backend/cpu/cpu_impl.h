@@ -1,0 +1,22 @@
+/* Private to the CPU backend (src/backend/cpu/): the kernels each family's
+ * file provides to backend.c, which answers supports() and dispatches run().
+ * One file per op family: gemm.c (f32 GEMM over OpenBLAS; the bf16/f16 GEMMs
+ * are ../cpu_lowp.c and ../cpu_dnnl.c), elementwise.c (unary, its backward,
+ * binary with broadcast, axpy, affine, sum-to-shape). */
+#ifndef LK_BACKEND_CPU_IMPL_H
+#define LK_BACKEND_CPU_IMPL_H
+
+#include "backend/backend_impl.h"
+
+/* gemm.c: C = alpha op(A) op(B) + beta C in f32, cut across the compute threads. */
+void lk__cpu_sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+                   const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
+
+/* elementwise.c: the element-wise families with every operand f32, bf16 or
+ * f16 (each operand its own dtype). All-f32 descriptors take the vectorised
+ * loops; the others widen their operands to f32, run the same loops and
+ * round each output element once. */
+bool lk__cpu_elementwise_supports(const lk_op_desc *d);
+lk_status lk__cpu_elementwise(const lk_op_desc *d, void *const *x);
+
+#endif
