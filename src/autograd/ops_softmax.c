@@ -102,20 +102,11 @@ static void softmax_backward(lk_node *n, lk_tensor *g) {
     lk_tensor *y = n->out;
     lk_tensor *dx = lk__tensor_new(LK_F32, y->ndim, y->shape);
     if (!dx) return;
-    const float *yd = y->data, *gd = g->data;
-    float *dd = dx->data;
-    if (inner == 1) {
-        for (int64_t o = 0; o < outer; o++) lk_k_softmax_backward_row(yd + o * C, gd + o * C, dd + o * C, C, log_out);
-    } else if (C > 0 && inner > 1) {
-        float *acc = lk_malloc((size_t)inner * sizeof *acc);
-        if (!acc) {
-            lk_tensor_release(dx);
-            return;
-        }
-        for (int64_t o = 0; o < outer; o++)
-            lk_k_softmax_backward_cols(yd + o * C * inner, gd + o * C * inner, dd + o * C * inner, C, inner, acc,
-                                       log_out);
-        lk_free(acc);
+    lk_op_desc d = {.op = LK_OP_SOFTMAX_BACKWARD, .dtype = {LK_F32, LK_F32, LK_F32}};
+    d.softmax = (lk_softmax_params){outer, C, inner, log_out};
+    if (lk__backend_run(y->device, &d, (void *[]){y->data, g->data, dx->data})) {
+        lk_tensor_release(dx);
+        return;
     }
     lk__accum(n->in[0], dx);
     lk_tensor_release(dx);
@@ -134,21 +125,13 @@ static lk_tensor *softmax_op(lk_tensor *x, int dim, int log_out, const char *nam
     lk_tensor *xc = lk__contig(x);
     if (!xc) return NULL;
     lk_tensor *out = lk__tensor_new(LK_F32, x->ndim, x->shape);
-    float *scratch = NULL;
-    if (out && s.inner > 1 && s.C > 0 && !(scratch = lk_malloc(2 * (size_t)s.inner * sizeof *scratch))) {
+    lk_op_desc desc = {.op = LK_OP_SOFTMAX, .dtype = {LK_F32, LK_F32}};
+    desc.softmax = (lk_softmax_params){s.outer, s.C, s.inner, log_out};
+    if (out && lk__backend_run(xc->device, &desc, (void *[]){xc->data, out->data})) {
         lk_tensor_release(out);
         out = NULL;
     }
     if (out) {
-        const float *xd = xc->data;
-        float *od = out->data;
-        if (s.inner == 1) {
-            for (int64_t o = 0; o < s.outer; o++) lk_k_softmax_row(xd + o * s.C, od + o * s.C, s.C, log_out);
-        } else if (s.C > 0 && s.inner > 1) {
-            int64_t blk = s.C * s.inner;
-            for (int64_t o = 0; o < s.outer; o++)
-                lk_k_softmax_cols(xd + o * blk, od + o * blk, s.C, s.inner, scratch, scratch + s.inner, log_out);
-        }
         lk_node *n = lk__record(name, softmax_backward, out, 1, &x);
         if (n) {
             n->a.i[0] = log_out;
@@ -157,7 +140,6 @@ static lk_tensor *softmax_op(lk_tensor *x, int dim, int log_out, const char *nam
             n->a.i[3] = s.inner;
         }
     }
-    lk_free(scratch);
     lk_tensor_release(xc);
     return lk__op_result(out);
 }

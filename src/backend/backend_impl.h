@@ -26,6 +26,10 @@ typedef enum {
     LK_OP_AXPY,           /* x, y: y[i] += alpha * x[i] (alpha == 1: y += x) */
     LK_OP_AFFINE,         /* x, y: y[i] = x[i] * mul + add (the scalar ops) */
     LK_OP_SUM_TO,         /* src, dst: dst += src summed over the dims dst broadcasts on */
+    LK_OP_SOFTMAX,        /* x, y: softmax or log-softmax over the middle axis of [outer, C, inner] */
+    LK_OP_SOFTMAX_BACKWARD, /* y, dy, dx: its gradient from the output y */
+    LK_OP_LOSS,           /* x, target, out: mse / l1 / smooth_l1, reduced (mean, sum) or not */
+    LK_OP_LOSS_BACKWARD,  /* x, target, dout, dx: d loss / dx (the target's gradient is -dx) */
     LK_OP_COUNT
 } lk_op_kind;
 
@@ -78,6 +82,25 @@ typedef struct lk_sum_to_params {
     int64_t shape[LK_MAX_DIMS], sd[LK_MAX_DIMS];
 } lk_sum_to_params;
 
+/* LK_OP_SOFTMAX / LK_OP_SOFTMAX_BACKWARD over contiguous [outer, C, inner]
+ * tensors, along C; log_out: log-softmax. */
+typedef struct lk_softmax_params {
+    int64_t outer, C, inner;
+    bool log_out;
+} lk_softmax_params;
+
+/* LK_OP_LOSS / LK_OP_LOSS_BACKWARD over n contiguous elements. reduction is
+ * an lk_reduction (lockstep/autograd.h): NONE writes n losses (backward: dout
+ * has n), MEAN and SUM one (dout has one); mean and sum accumulate in
+ * double. beta: smooth_l1's threshold (> 0; 0 is l1). */
+typedef enum { LK_PLOSS_MSE, LK_PLOSS_L1, LK_PLOSS_SMOOTH_L1 } lk_ploss_kind;
+typedef struct lk_loss_params {
+    lk_ploss_kind kind;
+    int reduction;
+    int64_t n;
+    float beta;
+} lk_loss_params;
+
 typedef struct lk_op_desc {
     lk_op_kind op;
     lk_dtype dtype[4]; /* operand dtypes in run()'s order (see lk_op_kind) */
@@ -88,6 +111,8 @@ typedef struct lk_op_desc {
         lk_axpy_params axpy;
         lk_affine_params affine;
         lk_sum_to_params sum_to;
+        lk_softmax_params softmax;
+        lk_loss_params loss;
     };
 } lk_op_desc;
 

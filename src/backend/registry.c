@@ -40,6 +40,10 @@ int lk__op_arity(lk_op_kind op) {
     case LK_OP_AXPY: return 2;
     case LK_OP_AFFINE: return 2;
     case LK_OP_SUM_TO: return 2;
+    case LK_OP_SOFTMAX: return 2;
+    case LK_OP_SOFTMAX_BACKWARD: return 3;
+    case LK_OP_LOSS: return 3;
+    case LK_OP_LOSS_BACKWARD: return 4;
     case LK_OP_COUNT: break;
     }
     return 0;
@@ -98,6 +102,23 @@ const char *lk__op_desc_str(const lk_op_desc *d, char *buf, size_t size) {
         snprintf(buf, size, "sum_to %s -> %s (%s)", DT(0), DT(1),
                  shape_str(d->sum_to.ndim, d->sum_to.shape, sh, sizeof sh));
         return buf;
+    case LK_OP_SOFTMAX:
+    case LK_OP_SOFTMAX_BACKWARD:
+        snprintf(buf, size, "%s%s %s%s%s -> %s (%lldx%lldx%lld)", d->softmax.log_out ? "log_softmax" : "softmax",
+                 d->op == LK_OP_SOFTMAX ? "" : "_backward", DT(0), d->op == LK_OP_SOFTMAX ? "" : ", ",
+                 d->op == LK_OP_SOFTMAX ? "" : DT(1), d->op == LK_OP_SOFTMAX ? DT(1) : DT(2),
+                 (long long)d->softmax.outer, (long long)d->softmax.C, (long long)d->softmax.inner);
+        return buf;
+    case LK_OP_LOSS:
+    case LK_OP_LOSS_BACKWARD: {
+        static const char *const kinds[] = {"mse", "l1", "smooth_l1"}, *const reds[] = {"mean", "sum", "none"};
+        unsigned k = (unsigned)d->loss.kind, r = (unsigned)d->loss.reduction;
+        snprintf(buf, size, "%s%s %s, %s%s%s -> %s (%lld, %s)", k < 3 ? kinds[k] : "?",
+                 d->op == LK_OP_LOSS ? "_loss" : "_loss_backward", DT(0), DT(1), d->op == LK_OP_LOSS ? "" : ", ",
+                 d->op == LK_OP_LOSS ? "" : DT(2), d->op == LK_OP_LOSS ? DT(2) : DT(3), (long long)d->loss.n,
+                 r < 3 ? reds[r] : "?");
+        return buf;
+    }
     case LK_OP_COUNT: break;
     }
 #undef DT

@@ -1,6 +1,7 @@
 /* The CPU backend: the reference every other backend is tested against. It
  * answers supports() for each op family and hands run() to that family's
- * file (gemm.c, elementwise.c; the bf16/f16 GEMMs in ../cpu_lowp.c). */
+ * file (gemm.c, elementwise.c, softmax.c, loss.c; the bf16/f16 GEMMs in
+ * ../cpu_lowp.c). */
 #include "backend/cpu/cpu_impl.h"
 
 static bool is_half(lk_dtype t) { return t == LK_BF16 || t == LK_F16; }
@@ -18,6 +19,15 @@ static bool cpu_supports(const lk_op_desc *d) {
     case LK_OP_AXPY:
     case LK_OP_AFFINE:
     case LK_OP_SUM_TO: return lk__cpu_elementwise_supports(d);
+    case LK_OP_SOFTMAX:
+    case LK_OP_SOFTMAX_BACKWARD:
+    case LK_OP_LOSS:
+    case LK_OP_LOSS_BACKWARD: { /* f32 only for now */
+        for (int i = 0; i < lk__op_arity(d->op); i++)
+            if (d->dtype[i] != LK_F32) return false;
+        return d->op != LK_OP_LOSS && d->op != LK_OP_LOSS_BACKWARD ? true
+               : (unsigned)d->loss.kind <= LK_PLOSS_SMOOTH_L1 && d->loss.reduction >= 0 && d->loss.reduction <= 2;
+    }
     case LK_OP_COUNT: break;
     }
     return false;
@@ -38,6 +48,10 @@ static lk_status cpu_run(const lk_op_desc *d, void *const *x) {
     case LK_OP_AXPY:
     case LK_OP_AFFINE:
     case LK_OP_SUM_TO: return lk__cpu_elementwise(d, x);
+    case LK_OP_SOFTMAX:
+    case LK_OP_SOFTMAX_BACKWARD: return lk__cpu_softmax(d, x);
+    case LK_OP_LOSS:
+    case LK_OP_LOSS_BACKWARD: return lk__cpu_loss(d, x);
     case LK_OP_COUNT: break;
     }
     return lk_error(LK_STATUS_INTERNAL, "cpu backend: op %d", (int)d->op);

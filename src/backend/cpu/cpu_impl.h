@@ -2,7 +2,8 @@
  * file provides to backend.c, which answers supports() and dispatches run().
  * One file per op family: gemm.c (f32 GEMM over OpenBLAS; the bf16/f16 GEMMs
  * are ../cpu_lowp.c and ../cpu_dnnl.c), elementwise.c (unary, its backward,
- * binary with broadcast, axpy, affine, sum-to-shape). */
+ * binary with broadcast, axpy, affine, sum-to-shape), softmax.c (softmax and
+ * log-softmax, forward and backward), loss.c (mse, l1, smooth_l1). */
 #ifndef LK_BACKEND_CPU_IMPL_H
 #define LK_BACKEND_CPU_IMPL_H
 
@@ -18,5 +19,10 @@ void lk__cpu_sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alph
  * round each output element once. */
 bool lk__cpu_elementwise_supports(const lk_op_desc *d);
 lk_status lk__cpu_elementwise(const lk_op_desc *d, void *const *x);
+
+/* softmax.c: LK_OP_SOFTMAX and LK_OP_SOFTMAX_BACKWARD, f32. */
+lk_status lk__cpu_softmax(const lk_op_desc *d, void *const *x);
+/* loss.c: LK_OP_LOSS and LK_OP_LOSS_BACKWARD, f32. */
+lk_status lk__cpu_loss(const lk_op_desc *d, void *const *x);
 
 #endif
