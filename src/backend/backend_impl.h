@@ -18,6 +18,7 @@
  * The autograd ops keep the shape logic and build descriptors; a new dtype or
  * device changes backends, never ops. Dispatch is once per op call: a
  * backend's run() loops over the elements itself (no per-element calls). */
+#define LK_OP_MAX_OPERANDS 8
 typedef enum {
     LK_OP_GEMM,           /* A, B, C (see lk_gemm_params) */
     LK_OP_UNARY,          /* x, y: y[i] = f(x[i]) over n contiguous elements */
@@ -30,6 +31,8 @@ typedef enum {
     LK_OP_SOFTMAX_BACKWARD, /* y, dy, dx: its gradient from the output y */
     LK_OP_LOSS,           /* x, target, out: mse / l1 / smooth_l1, reduced (mean, sum) or not */
     LK_OP_LOSS_BACKWARD,  /* x, target, dout, dx: d loss / dx (the target's gradient is -dx) */
+    LK_OP_LAYER_NORM,     /* x, w, b, y, stats: rows of L normalised; w, b, stats may be NULL */
+    LK_OP_LAYER_NORM_BACKWARD, /* x, dy, stats, w, dx, dw, db: w and any of dx, dw, db may be NULL */
     LK_OP_COUNT
 } lk_op_kind;
 
@@ -101,9 +104,18 @@ typedef struct lk_loss_params {
     float beta;
 } lk_loss_params;
 
+/* LK_OP_LAYER_NORM / _BACKWARD over M contiguous rows of L: y = (x - mean)
+ * * rstd * w + b with rstd = 1 / sqrt(var + eps) (biased variance); stats
+ * holds [M, 2] mean and rstd per row, written forward and read backward;
+ * dw and db accumulate (+=). */
+typedef struct lk_layer_norm_params {
+    int64_t M, L;
+    float eps;
+} lk_layer_norm_params;
+
 typedef struct lk_op_desc {
     lk_op_kind op;
-    lk_dtype dtype[4]; /* operand dtypes in run()'s order (see lk_op_kind) */
+    lk_dtype dtype[LK_OP_MAX_OPERANDS]; /* operand dtypes in run()'s order (see lk_op_kind) */
     union {
         lk_gemm_params gemm;
         lk_unary_params unary;
@@ -113,6 +125,7 @@ typedef struct lk_op_desc {
         lk_sum_to_params sum_to;
         lk_softmax_params softmax;
         lk_loss_params loss;
+        lk_layer_norm_params layer_norm;
     };
 } lk_op_desc;
 

@@ -44,6 +44,8 @@ int lk__op_arity(lk_op_kind op) {
     case LK_OP_SOFTMAX_BACKWARD: return 3;
     case LK_OP_LOSS: return 3;
     case LK_OP_LOSS_BACKWARD: return 4;
+    case LK_OP_LAYER_NORM: return 5;
+    case LK_OP_LAYER_NORM_BACKWARD: return 7;
     case LK_OP_COUNT: break;
     }
     return 0;
@@ -119,6 +121,14 @@ const char *lk__op_desc_str(const lk_op_desc *d, char *buf, size_t size) {
                  r < 3 ? reds[r] : "?");
         return buf;
     }
+    case LK_OP_LAYER_NORM:
+        snprintf(buf, size, "layer_norm x %s, w %s, b %s -> %s (%lld rows of %lld)", DT(0), DT(1), DT(2), DT(3),
+                 (long long)d->layer_norm.M, (long long)d->layer_norm.L);
+        return buf;
+    case LK_OP_LAYER_NORM_BACKWARD:
+        snprintf(buf, size, "layer_norm_backward x %s, dy %s, w %s -> dx %s, dw %s, db %s (%lld rows of %lld)", DT(0),
+                 DT(1), DT(3), DT(4), DT(5), DT(6), (long long)d->layer_norm.M, (long long)d->layer_norm.L);
+        return buf;
     case LK_OP_COUNT: break;
     }
 #undef DT

@@ -22,6 +22,8 @@ static bool cpu_supports(const lk_op_desc *d) {
     case LK_OP_SOFTMAX:
     case LK_OP_SOFTMAX_BACKWARD:
     case LK_OP_LOSS:
+    case LK_OP_LAYER_NORM:
+    case LK_OP_LAYER_NORM_BACKWARD:
     case LK_OP_LOSS_BACKWARD: { /* f32 only for now */
         for (int i = 0; i < lk__op_arity(d->op); i++)
             if (d->dtype[i] != LK_F32) return false;
@@ -52,6 +54,8 @@ static lk_status cpu_run(const lk_op_desc *d, void *const *x) {
     case LK_OP_SOFTMAX_BACKWARD: return lk__cpu_softmax(d, x);
     case LK_OP_LOSS:
     case LK_OP_LOSS_BACKWARD: return lk__cpu_loss(d, x);
+    case LK_OP_LAYER_NORM:
+    case LK_OP_LAYER_NORM_BACKWARD: return lk__cpu_layer_norm(d, x);
     case LK_OP_COUNT: break;
     }
     return lk_error(LK_STATUS_INTERNAL, "cpu backend: op %d", (int)d->op);

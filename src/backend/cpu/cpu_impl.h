@@ -3,7 +3,8 @@
  * One file per op family: gemm.c (f32 GEMM over OpenBLAS; the bf16/f16 GEMMs
  * are ../cpu_lowp.c and ../cpu_dnnl.c), elementwise.c (unary, its backward,
  * binary with broadcast, axpy, affine, sum-to-shape), softmax.c (softmax and
- * log-softmax, forward and backward), loss.c (mse, l1, smooth_l1). */
+ * log-softmax, forward and backward), loss.c (mse, l1, smooth_l1), norm.c
+ * (layer norm). */
 #ifndef LK_BACKEND_CPU_IMPL_H
 #define LK_BACKEND_CPU_IMPL_H
 
@@ -24,5 +25,7 @@ lk_status lk__cpu_elementwise(const lk_op_desc *d, void *const *x);
 lk_status lk__cpu_softmax(const lk_op_desc *d, void *const *x);
 /* loss.c: LK_OP_LOSS and LK_OP_LOSS_BACKWARD, f32. */
 lk_status lk__cpu_loss(const lk_op_desc *d, void *const *x);
+/* norm.c: LK_OP_LAYER_NORM and LK_OP_LAYER_NORM_BACKWARD, f32. */
+lk_status lk__cpu_layer_norm(const lk_op_desc *d, void *const *x);
 
 #endif
