@@ -33,6 +33,7 @@ typedef enum {
     LK_OP_LOSS_BACKWARD,  /* x, target, dout, dx: d loss / dx (the target's gradient is -dx) */
     LK_OP_LAYER_NORM,     /* x, w, b, y, stats: rows of L normalised; w, b, stats may be NULL */
     LK_OP_LAYER_NORM_BACKWARD, /* x, dy, stats, w, dx, dw, db: w and any of dx, dw, db may be NULL */
+    LK_OP_OPTIM_UPDATE,   /* p, g, s0, s1, s2: one optimizer step over n elements, in place */
     LK_OP_COUNT
 } lk_op_kind;
 
@@ -113,6 +114,21 @@ typedef struct lk_layer_norm_params {
     float eps;
 } lk_layer_norm_params;
 
+/* LK_OP_OPTIM_UPDATE: torch.optim 1.13's single-tensor update of n
+ * parameters p from gradients g, with the state arrays in place:
+ *   SGD: s0 momentum_buffer (unused without momentum; `first`: step 1);
+ *   ADAM (and AdamW): s0 exp_avg, s1 exp_avg_sq, s2 max_exp_avg_sq or NULL;
+ *   RMSPROP: s0 square_avg, s1 momentum_buffer or NULL, s2 grad_avg or NULL.
+ * Hyperparameters as the config holds them (double); the kernels round them
+ * to f32 as PyTorch does. */
+typedef enum { LK_OPTIM_RULE_SGD, LK_OPTIM_RULE_ADAM, LK_OPTIM_RULE_RMSPROP } lk_optim_rule;
+typedef struct lk_optim_params {
+    lk_optim_rule rule;
+    int64_t n, step;
+    double lr, momentum, dampening, weight_decay, beta1, beta2, eps, alpha;
+    bool nesterov, maximize, adamw;
+} lk_optim_params;
+
 typedef struct lk_op_desc {
     lk_op_kind op;
     lk_dtype dtype[LK_OP_MAX_OPERANDS]; /* operand dtypes in run()'s order (see lk_op_kind) */
@@ -126,6 +142,7 @@ typedef struct lk_op_desc {
         lk_softmax_params softmax;
         lk_loss_params loss;
         lk_layer_norm_params layer_norm;
+        lk_optim_params optim;
     };
 } lk_op_desc;
 
@@ -231,6 +248,7 @@ const char *lk__dnnl_isa(void);
  * on the caller, so results depend on the width, never on how many threads
  * ran it. */
 int lk__parallel_width(int64_t items);
+#define LK__PARALLEL_MAX 64 /* the most tasks lk__parallel_run cuts a job into */
 /* Task t's share [*begin, *end) of n items cut `width` ways; cuts fall on
  * multiples of `align` (a power of two; 16 keeps vector loops whole). */
 static inline void lk__task_range(int64_t n, int t, int width, int64_t align, int64_t *begin, int64_t *end) {

@@ -46,6 +46,7 @@ int lk__op_arity(lk_op_kind op) {
     case LK_OP_LOSS_BACKWARD: return 4;
     case LK_OP_LAYER_NORM: return 5;
     case LK_OP_LAYER_NORM_BACKWARD: return 7;
+    case LK_OP_OPTIM_UPDATE: return 5;
     case LK_OP_COUNT: break;
     }
     return 0;
@@ -129,6 +130,13 @@ const char *lk__op_desc_str(const lk_op_desc *d, char *buf, size_t size) {
         snprintf(buf, size, "layer_norm_backward x %s, dy %s, w %s -> dx %s, dw %s, db %s (%lld rows of %lld)", DT(0),
                  DT(1), DT(3), DT(4), DT(5), DT(6), (long long)d->layer_norm.M, (long long)d->layer_norm.L);
         return buf;
+    case LK_OP_OPTIM_UPDATE: {
+        static const char *const rules[] = {"sgd", "adam", "rmsprop"};
+        unsigned r = (unsigned)d->optim.rule;
+        snprintf(buf, size, "optim_update %s%s p %s, g %s, state %s (%lld)", r < 3 ? rules[r] : "?",
+                 d->optim.adamw ? "w" : "", DT(0), DT(1), DT(2), (long long)d->optim.n);
+        return buf;
+    }
     case LK_OP_COUNT: break;
     }
 #undef DT

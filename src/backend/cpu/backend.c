@@ -24,6 +24,7 @@ static bool cpu_supports(const lk_op_desc *d) {
     case LK_OP_LOSS:
     case LK_OP_LAYER_NORM:
     case LK_OP_LAYER_NORM_BACKWARD:
+    case LK_OP_OPTIM_UPDATE:
     case LK_OP_LOSS_BACKWARD: { /* f32 only for now */
         for (int i = 0; i < lk__op_arity(d->op); i++)
             if (d->dtype[i] != LK_F32) return false;
@@ -56,6 +57,7 @@ static lk_status cpu_run(const lk_op_desc *d, void *const *x) {
     case LK_OP_LOSS_BACKWARD: return lk__cpu_loss(d, x);
     case LK_OP_LAYER_NORM:
     case LK_OP_LAYER_NORM_BACKWARD: return lk__cpu_layer_norm(d, x);
+    case LK_OP_OPTIM_UPDATE: return lk__cpu_optim_update(d, x);
     case LK_OP_COUNT: break;
     }
     return lk_error(LK_STATUS_INTERNAL, "cpu backend: op %d", (int)d->op);

@@ -4,7 +4,7 @@
  * are ../cpu_lowp.c and ../cpu_dnnl.c), elementwise.c (unary, its backward,
  * binary with broadcast, axpy, affine, sum-to-shape), softmax.c (softmax and
  * log-softmax, forward and backward), loss.c (mse, l1, smooth_l1), norm.c
- * (layer norm). */
+ * (layer norm), optim.c (the optimizers' update loops). */
 #ifndef LK_BACKEND_CPU_IMPL_H
 #define LK_BACKEND_CPU_IMPL_H
 
@@ -27,5 +27,7 @@ lk_status lk__cpu_softmax(const lk_op_desc *d, void *const *x);
 lk_status lk__cpu_loss(const lk_op_desc *d, void *const *x);
 /* norm.c: LK_OP_LAYER_NORM and LK_OP_LAYER_NORM_BACKWARD, f32. */
 lk_status lk__cpu_layer_norm(const lk_op_desc *d, void *const *x);
+/* optim.c: LK_OP_OPTIM_UPDATE, f32. */
+lk_status lk__cpu_optim_update(const lk_op_desc *d, void *const *x);
 
 #endif
