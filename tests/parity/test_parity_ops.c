@@ -1020,8 +1020,11 @@ int main(int argc, char **argv) {
         else
             printf("backend %s on %s: %d cases natively, %d via fallback, %d skipped\n", bname, dv, native,
                    via_fallback, skipped);
+        /* both paths taken: its own loops, and the CPU's for what it lacks (softmax, losses, norms) */
         if (runs[d].be && argc <= 1 && (on_backend == 0 || descs == 0))
             failed++, fprintf(stderr, "FAIL backend %s ran no descriptor\n", bname);
+        if (runs[d].be && argc <= 1 && via_fallback == 0)
+            failed++, fprintf(stderr, "FAIL backend %s: no case went through the fallback\n", bname);
     }
     lk_device_set_default(LK_DEVICE_CPU);
     /* The element-wise family in every dtype each backend takes. */
