@@ -482,36 +482,32 @@ static void pool_geom_load(const lk_node *n, pool_geom *g) {
     g->count_include_pad = n->a.f[0] != 0.0f;
 }
 
-static void max_pool_backward(lk_node *n, lk_tensor *gout) {
-    lk_tensor *x = n->in[0], *idx = n->saved[0];
-    pool_geom g;
-    pool_geom_load(n, &g);
+/* The pooling descriptor for geometry g. */
+static lk_op_desc pool_desc(lk_op_kind op, lk_pool_kind kind, const pool_geom *g) {
+    lk_op_desc d = {.op = op};
+    d.pool = (lk_pool_params){kind,  g->planes, g->H,  g->W,  g->OH, g->OW, g->kh,
+                              g->kw, g->sh,     g->sw, g->ph, g->pw, g->count_include_pad};
+    return d;
+}
+
+/* dx = zeros, then the backend adds the pooling's adjoint of gout into it. */
+static void pool_backward(lk_node *n, lk_tensor *gout, lk_pool_kind kind, const pool_geom *g, const lk_tensor *idx) {
+    lk_tensor *x = n->in[0];
     lk_tensor *dx = lk_tensor_zeros(LK_F32, x->ndim, x->shape);
     if (!dx) return;
-    long no = g.OH * g.OW, ni = g.H * g.W;
-    for (long c = 0; c < g.planes; c++)
-        lk_k_max_pool_backward_plane((const float *)gout->data + c * no, (const int *)idx->data + c * no, no,
-                                     (float *)dx->data + c * ni);
+    lk_op_desc d = pool_desc(LK_OP_POOL2D_BACKWARD, kind, g);
+    d.dtype[0] = LK_F32, d.dtype[1] = idx ? LK_I32 : LK_F32, d.dtype[2] = LK_F32;
+    if (lk__backend_run(x->device, &d, (void *[]){gout->data, idx ? idx->data : NULL, dx->data})) {
+        lk_tensor_release(dx);
+        return;
+    }
     lk__accum_move(x, dx);
 }
 
-typedef struct {
-    const pool_geom *g;
-    const float *x;
-    float *out;
-    int *idx;
-    int width;
-} max_pool_job;
-
-static void max_pool_task(void *ctx, int t) {
-    const max_pool_job *j = ctx;
-    const pool_geom *g = j->g;
-    long no = g->OH * g->OW, ni = g->H * g->W;
-    int64_t c0, c1;
-    lk__task_range(g->planes, t, j->width, 1, &c0, &c1);
-    for (long c = c0; c < c1; c++)
-        lk_k_max_pool_plane(j->x + c * ni, g->H, g->W, g->kh, g->kw, g->sh, g->sw, g->ph, g->pw, g->OH, g->OW,
-                            j->out + c * no, j->idx + c * no);
+static void max_pool_backward(lk_node *n, lk_tensor *gout) {
+    pool_geom g;
+    pool_geom_load(n, &g);
+    pool_backward(n, gout, LK_POOL_MAX, &g, n->saved[0]);
 }
 
 lk_tensor *lk_max_pool2d(lk_tensor *x, lk_pool2d_params p) {
@@ -527,10 +523,14 @@ lk_tensor *lk_max_pool2d(lk_tensor *x, lk_pool2d_params p) {
         lk_tensor_release(out);
         return NULL;
     }
-    /* Whole planes per core: worth a thread from about a megabyte of input. */
-    max_pool_job job = {&g, xc->data, out->data, idx->data,
-                        g.planes * g.H * g.W >= (1 << 18) ? lk__parallel_width(g.planes) : 1};
-    lk__parallel_run(job.width, max_pool_task, &job);
+    lk_op_desc d = pool_desc(LK_OP_POOL2D, LK_POOL_MAX, &g);
+    d.dtype[0] = LK_F32, d.dtype[1] = LK_F32, d.dtype[2] = LK_I32;
+    if (lk__backend_run(xc->device, &d, (void *[]){xc->data, out->data, idx->data})) {
+        lk_tensor_release(idx);
+        lk_tensor_release(xc);
+        lk_tensor_release(out);
+        return NULL;
+    }
     lk_node *n = lk__record("max_pool2d", max_pool_backward, out, 1, &x);
     if (n) {
         pool_geom_save(n, &g);
@@ -542,16 +542,9 @@ lk_tensor *lk_max_pool2d(lk_tensor *x, lk_pool2d_params p) {
 }
 
 static void avg_pool_backward(lk_node *n, lk_tensor *gout) {
-    lk_tensor *x = n->in[0];
     pool_geom g;
     pool_geom_load(n, &g);
-    lk_tensor *dx = lk_tensor_zeros(LK_F32, x->ndim, x->shape);
-    if (!dx) return;
-    long no = g.OH * g.OW, ni = g.H * g.W;
-    for (long c = 0; c < g.planes; c++)
-        lk_k_avg_pool_backward_plane((const float *)gout->data + c * no, g.H, g.W, g.kh, g.kw, g.sh, g.sw, g.ph, g.pw,
-                                     g.count_include_pad, g.OH, g.OW, (float *)dx->data + c * ni);
-    lk__accum_move(x, dx);
+    pool_backward(n, gout, LK_POOL_AVG, &g, NULL);
 }
 
 lk_tensor *lk_avg_pool2d(lk_tensor *x, lk_pool2d_params p) {
@@ -565,10 +558,13 @@ lk_tensor *lk_avg_pool2d(lk_tensor *x, lk_pool2d_params p) {
         lk_tensor_release(xc);
         return NULL;
     }
-    long no = g.OH * g.OW, ni = g.H * g.W;
-    for (long c = 0; c < g.planes; c++)
-        lk_k_avg_pool_plane((const float *)xc->data + c * ni, g.H, g.W, g.kh, g.kw, g.sh, g.sw, g.ph, g.pw,
-                            g.count_include_pad, g.OH, g.OW, (float *)out->data + c * no);
+    lk_op_desc d = pool_desc(LK_OP_POOL2D, LK_POOL_AVG, &g);
+    d.dtype[0] = d.dtype[1] = d.dtype[2] = LK_F32;
+    if (lk__backend_run(xc->device, &d, (void *[]){xc->data, out->data, NULL})) {
+        lk_tensor_release(xc);
+        lk_tensor_release(out);
+        return NULL;
+    }
     lk_node *n = lk__record("avg_pool2d", avg_pool_backward, out, 1, &x);
     if (n) pool_geom_save(n, &g);
     lk_tensor_release(xc);
@@ -577,14 +573,10 @@ lk_tensor *lk_avg_pool2d(lk_tensor *x, lk_pool2d_params p) {
 
 static void adaptive_avg_backward(lk_node *n, lk_tensor *gout) {
     lk_tensor *x = n->in[0];
-    long H = x->shape[x->ndim - 2], W = x->shape[x->ndim - 1], OH = n->a.i[0], OW = n->a.i[1];
-    long planes = H * W > 0 ? (long)(x->numel / (H * W)) : 0;
-    lk_tensor *dx = lk_tensor_zeros(LK_F32, x->ndim, x->shape);
-    if (!dx) return;
-    for (long c = 0; c < planes; c++)
-        lk_k_adaptive_avg_backward_plane((const float *)gout->data + c * OH * OW, H, W, OH, OW,
-                                         (float *)dx->data + c * H * W);
-    lk__accum_move(x, dx);
+    long H = x->shape[x->ndim - 2], W = x->shape[x->ndim - 1];
+    pool_geom g = {.planes = H * W > 0 ? (long)(x->numel / (H * W)) : 0, .H = H, .W = W, .OH = n->a.i[0],
+                   .OW = n->a.i[1]};
+    pool_backward(n, gout, LK_POOL_ADAPTIVE_AVG, &g, NULL);
 }
 
 lk_tensor *lk_adaptive_avg_pool2d(lk_tensor *x, int out_h, int out_w) {
@@ -611,10 +603,14 @@ lk_tensor *lk_adaptive_avg_pool2d(lk_tensor *x, int out_h, int out_w) {
         lk_tensor_release(xc);
         return NULL;
     }
-    long planes = (long)(x->numel / (H * W));
-    for (long c = 0; c < planes; c++)
-        lk_k_adaptive_avg_plane((const float *)xc->data + c * H * W, H, W, out_h, out_w,
-                                (float *)out->data + (long)c * out_h * out_w);
+    pool_geom g = {.planes = (long)(x->numel / (H * W)), .H = H, .W = W, .OH = out_h, .OW = out_w};
+    lk_op_desc d = pool_desc(LK_OP_POOL2D, LK_POOL_ADAPTIVE_AVG, &g);
+    d.dtype[0] = d.dtype[1] = d.dtype[2] = LK_F32;
+    if (lk__backend_run(xc->device, &d, (void *[]){xc->data, out->data, NULL})) {
+        lk_tensor_release(xc);
+        lk_tensor_release(out);
+        return NULL;
+    }
     lk_node *n = lk__record("adaptive_avg_pool2d", adaptive_avg_backward, out, 1, &x);
     if (n) {
         n->a.i[0] = out_h;

@@ -34,6 +34,8 @@ typedef enum {
     LK_OP_LAYER_NORM,     /* x, w, b, y, stats: rows of L normalised; w, b, stats may be NULL */
     LK_OP_LAYER_NORM_BACKWARD, /* x, dy, stats, w, dx, dw, db: w and any of dx, dw, db may be NULL */
     LK_OP_OPTIM_UPDATE,   /* p, g, s0, s1, s2: one optimizer step over n elements, in place */
+    LK_OP_POOL2D,         /* x, y, idx: max / avg / adaptive avg pooling per plane; idx (i32) for max only */
+    LK_OP_POOL2D_BACKWARD, /* dy, idx, dx: dx += the pooling's adjoint (dx zeroed by the caller) */
     LK_OP_COUNT
 } lk_op_kind;
 
@@ -129,6 +131,15 @@ typedef struct lk_optim_params {
     bool nesterov, maximize, adamw;
 } lk_optim_params;
 
+/* LK_OP_POOL2D / _BACKWARD over `planes` contiguous H x W planes into OH x
+ * OW, PyTorch's geometry (kernels/conv.h); adaptive avg uses only the sizes. */
+typedef enum { LK_POOL_MAX, LK_POOL_AVG, LK_POOL_ADAPTIVE_AVG } lk_pool_kind;
+typedef struct lk_pool_params {
+    lk_pool_kind kind;
+    long planes, H, W, OH, OW, kh, kw, sh, sw, ph, pw;
+    bool count_include_pad;
+} lk_pool_params;
+
 typedef struct lk_op_desc {
     lk_op_kind op;
     lk_dtype dtype[LK_OP_MAX_OPERANDS]; /* operand dtypes in run()'s order (see lk_op_kind) */
@@ -143,6 +154,7 @@ typedef struct lk_op_desc {
         lk_loss_params loss;
         lk_layer_norm_params layer_norm;
         lk_optim_params optim;
+        lk_pool_params pool;
     };
 } lk_op_desc;
 

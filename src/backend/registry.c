@@ -47,6 +47,8 @@ int lk__op_arity(lk_op_kind op) {
     case LK_OP_LAYER_NORM: return 5;
     case LK_OP_LAYER_NORM_BACKWARD: return 7;
     case LK_OP_OPTIM_UPDATE: return 5;
+    case LK_OP_POOL2D: return 3;
+    case LK_OP_POOL2D_BACKWARD: return 3;
     case LK_OP_COUNT: break;
     }
     return 0;
@@ -135,6 +137,16 @@ const char *lk__op_desc_str(const lk_op_desc *d, char *buf, size_t size) {
         unsigned r = (unsigned)d->optim.rule;
         snprintf(buf, size, "optim_update %s%s p %s, g %s, state %s (%lld)", r < 3 ? rules[r] : "?",
                  d->optim.adamw ? "w" : "", DT(0), DT(1), DT(2), (long long)d->optim.n);
+        return buf;
+    }
+    case LK_OP_POOL2D:
+    case LK_OP_POOL2D_BACKWARD: {
+        static const char *const kinds[] = {"max_pool2d", "avg_pool2d", "adaptive_avg_pool2d"};
+        unsigned k = (unsigned)d->pool.kind;
+        bool fwd = d->op == LK_OP_POOL2D;
+        snprintf(buf, size, "%s%s %s -> %s (%ld planes, %ldx%ld -> %ldx%ld)", k < 3 ? kinds[k] : "?",
+                 fwd ? "" : "_backward", DT(0), DT(fwd ? 1 : 2), d->pool.planes, d->pool.H, d->pool.W,
+                 d->pool.OH, d->pool.OW);
         return buf;
     }
     case LK_OP_COUNT: break;

@@ -31,6 +31,12 @@ static bool cpu_supports(const lk_op_desc *d) {
         return d->op != LK_OP_LOSS && d->op != LK_OP_LOSS_BACKWARD ? true
                : (unsigned)d->loss.kind <= LK_PLOSS_SMOOTH_L1 && d->loss.reduction >= 0 && d->loss.reduction <= 2;
     }
+    case LK_OP_POOL2D: /* f32 data, i32 indices (max only) */
+        return d->dtype[0] == LK_F32 && d->dtype[1] == LK_F32 &&
+               (d->pool.kind != LK_POOL_MAX || d->dtype[2] == LK_I32) && (unsigned)d->pool.kind <= LK_POOL_ADAPTIVE_AVG;
+    case LK_OP_POOL2D_BACKWARD:
+        return d->dtype[0] == LK_F32 && d->dtype[2] == LK_F32 &&
+               (d->pool.kind != LK_POOL_MAX || d->dtype[1] == LK_I32) && (unsigned)d->pool.kind <= LK_POOL_ADAPTIVE_AVG;
     case LK_OP_COUNT: break;
     }
     return false;
@@ -58,6 +64,8 @@ static lk_status cpu_run(const lk_op_desc *d, void *const *x) {
     case LK_OP_LAYER_NORM:
     case LK_OP_LAYER_NORM_BACKWARD: return lk__cpu_layer_norm(d, x);
     case LK_OP_OPTIM_UPDATE: return lk__cpu_optim_update(d, x);
+    case LK_OP_POOL2D:
+    case LK_OP_POOL2D_BACKWARD: return lk__cpu_pool2d(d, x);
     case LK_OP_COUNT: break;
     }
     return lk_error(LK_STATUS_INTERNAL, "cpu backend: op %d", (int)d->op);
