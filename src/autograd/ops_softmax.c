@@ -421,24 +421,20 @@ static void bce_backward(lk_node *n, lk_tensor *g) {
     lk_tensor *xt = n->saved[0], *tt = n->saved[1], *wt = n->saved[2], *pwt = n->saved[3];
     lk_reduction red = (lk_reduction)n->a.i[0];
     bool logits = n->a.i[1] != 0;
-    int64_t N = xt->numel;
-    const float *x = xt->data, *t = tt->data, *w = wt ? wt->data : NULL, *pw = pwt ? pwt->data : NULL, *gd = g->data;
-    float scale = red == LK_REDUCTION_MEAN ? 1.0f / (float)N : 1.0f;
-    for (int k = 0; k < 2; k++) {
-        if (!n->in[k]->requires_grad) continue;
-        lk_tensor *d = lk__tensor_new(LK_F32, xt->ndim, xt->shape);
-        if (!d) return;
-        float *dd = d->data;
-        for (int64_t i = 0; i < N; i++) {
-            float gi = red == LK_REDUCTION_NONE ? gd[i] : gd[0] * scale, v;
-            float p = pw ? pw[i] : 1.0f;
-            if (k == 0) v = logits ? lk_k_bce_logits_dx(x[i], t[i], p) : lk_k_bce_dx(x[i], t[i]);
-            else v = logits ? lk_k_bce_logits_dt(x[i], p) : lk_k_bce_dt(x[i]);
-            dd[i] = (w ? w[i] * v : v) * gi;
-        }
-        lk__accum(n->in[k], d);
-        lk_tensor_release(d);
-    }
+    lk_tensor *dd[2] = {NULL, NULL};
+    for (int k = 0; k < 2; k++)
+        if (n->in[k]->requires_grad && !(dd[k] = lk__tensor_new(LK_F32, xt->ndim, xt->shape))) goto done;
+    lk_op_desc d = {.op = LK_OP_BCE_BACKWARD, .dtype = {LK_F32, LK_F32, LK_F32, LK_F32, LK_F32, LK_F32, LK_F32}};
+    d.bce = (lk_bce_params){xt->numel, red, logits};
+    if (lk__backend_run(xt->device, &d,
+                        (void *[]){xt->data, tt->data, wt ? wt->data : NULL, pwt ? pwt->data : NULL, g->data,
+                                   dd[0] ? dd[0]->data : NULL, dd[1] ? dd[1]->data : NULL}))
+        goto done;
+    for (int k = 0; k < 2; k++)
+        if (dd[k]) lk__accum(n->in[k], dd[k]);
+done:
+    lk_tensor_release(dd[0]);
+    lk_tensor_release(dd[1]);
 }
 
 static lk_tensor *bce_op(lk_tensor *x, lk_tensor *t, lk_tensor *w, lk_tensor *pw, lk_reduction red, bool logits,
@@ -451,7 +447,7 @@ static lk_tensor *bce_op(lk_tensor *x, lk_tensor *t, lk_tensor *w, lk_tensor *pw
     if (!(xc = lk__contig(x)) || !(tc = lk__contig(t))) goto done;
     if (w && !(wc = broadcast_to(op, "weight must broadcast to the input's shape", w, x))) goto done;
     if (pw && !(pwc = broadcast_to(op, "pos_weight must broadcast to the input's shape", pw, x))) goto done;
-    const float *xd = xc->data, *td = tc->data, *wd = wc ? wc->data : NULL, *pwd = pwc ? pwc->data : NULL;
+    const float *xd = xc->data;
     const int64_t N = x->numel;
     if (!logits)
         for (int64_t i = 0; i < N; i++)
@@ -464,16 +460,14 @@ static lk_tensor *bce_op(lk_tensor *x, lk_tensor *t, lk_tensor *w, lk_tensor *pw
                 goto done;
             }
     if (!(out = loss_out(red, x))) goto done;
-    float *od = out->data;
-    double acc = 0.0;
-    for (int64_t i = 0; i < N; i++) {
-        float v = logits ? lk_k_bce_logits(xd[i], td[i], pwd ? pwd[i] : 1.0f) : lk_k_bce(xd[i], td[i]);
-        if (wd) v *= wd[i];
-        if (red == LK_REDUCTION_NONE) od[i] = v;
-        else acc += v;
+    lk_op_desc d = {.op = LK_OP_BCE, .dtype = {LK_F32, LK_F32, LK_F32, LK_F32, LK_F32}};
+    d.bce = (lk_bce_params){N, red, logits};
+    if (lk__backend_run(xc->device, &d, (void *[]){xc->data, tc->data, wc ? wc->data : NULL, pwc ? pwc->data : NULL,
+                                                   out->data})) {
+        lk_tensor_release(out);
+        out = NULL;
+        goto done;
     }
-    if (red == LK_REDUCTION_SUM) od[0] = (float)acc;
-    if (red == LK_REDUCTION_MEAN) od[0] = (float)(acc / (double)N); /* N = 0: NaN, as PyTorch */
     lk_tensor *in[2] = {x, t};
     lk_node *n = lk__record(op, bce_backward, out, 2, in);
     if (n) {

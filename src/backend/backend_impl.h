@@ -31,6 +31,8 @@ typedef enum {
     LK_OP_SOFTMAX_BACKWARD, /* y, dy, dx: its gradient from the output y */
     LK_OP_LOSS,           /* x, target, out: mse / l1 / smooth_l1, reduced (mean, sum) or not */
     LK_OP_LOSS_BACKWARD,  /* x, target, dout, dx: d loss / dx (the target's gradient is -dx) */
+    LK_OP_BCE,            /* x, target, w, pos_w, out: binary cross-entropy (on logits); w, pos_w may be NULL */
+    LK_OP_BCE_BACKWARD,   /* x, target, w, pos_w, dout, dx, dtarget: either gradient may be NULL */
     LK_OP_LAYER_NORM,     /* x, w, b, y, stats: rows of L normalised; w, b, stats may be NULL */
     LK_OP_LAYER_NORM_BACKWARD, /* x, dy, stats, w, dx, dw, db: w and any of dx, dw, db may be NULL */
     LK_OP_OPTIM_UPDATE,   /* p, g, s0, s1, s2: one optimizer step over n elements, in place */
@@ -140,6 +142,15 @@ typedef struct lk_pool_params {
     bool count_include_pad;
 } lk_pool_params;
 
+/* LK_OP_BCE / _BACKWARD over n contiguous elements, w and pos_w already
+ * broadcast to them; reduction as for LK_OP_LOSS; logits: the stable form
+ * on logits (pos_w only there). */
+typedef struct lk_bce_params {
+    int64_t n;
+    int reduction;
+    bool logits;
+} lk_bce_params;
+
 typedef struct lk_op_desc {
     lk_op_kind op;
     lk_dtype dtype[LK_OP_MAX_OPERANDS]; /* operand dtypes in run()'s order (see lk_op_kind) */
@@ -155,6 +166,7 @@ typedef struct lk_op_desc {
         lk_layer_norm_params layer_norm;
         lk_optim_params optim;
         lk_pool_params pool;
+        lk_bce_params bce;
     };
 } lk_op_desc;
 

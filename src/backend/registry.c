@@ -47,6 +47,8 @@ int lk__op_arity(lk_op_kind op) {
     case LK_OP_LAYER_NORM: return 5;
     case LK_OP_LAYER_NORM_BACKWARD: return 7;
     case LK_OP_OPTIM_UPDATE: return 5;
+    case LK_OP_BCE: return 5;
+    case LK_OP_BCE_BACKWARD: return 7;
     case LK_OP_POOL2D: return 3;
     case LK_OP_POOL2D_BACKWARD: return 3;
     case LK_OP_COUNT: break;
@@ -147,6 +149,14 @@ const char *lk__op_desc_str(const lk_op_desc *d, char *buf, size_t size) {
         snprintf(buf, size, "%s%s %s -> %s (%ld planes, %ldx%ld -> %ldx%ld)", k < 3 ? kinds[k] : "?",
                  fwd ? "" : "_backward", DT(0), DT(fwd ? 1 : 2), d->pool.planes, d->pool.H, d->pool.W,
                  d->pool.OH, d->pool.OW);
+        return buf;
+    }
+    case LK_OP_BCE:
+    case LK_OP_BCE_BACKWARD: {
+        static const char *const reds[] = {"mean", "sum", "none"};
+        unsigned r = (unsigned)d->bce.reduction;
+        snprintf(buf, size, "bce%s%s x %s, target %s (%lld, %s)", d->bce.logits ? "_with_logits" : "",
+                 d->op == LK_OP_BCE ? "" : "_backward", DT(0), DT(1), (long long)d->bce.n, r < 3 ? reds[r] : "?");
         return buf;
     }
     case LK_OP_COUNT: break;

@@ -25,9 +25,12 @@ static bool cpu_supports(const lk_op_desc *d) {
     case LK_OP_LAYER_NORM:
     case LK_OP_LAYER_NORM_BACKWARD:
     case LK_OP_OPTIM_UPDATE:
+    case LK_OP_BCE:
+    case LK_OP_BCE_BACKWARD:
     case LK_OP_LOSS_BACKWARD: { /* f32 only for now */
         for (int i = 0; i < lk__op_arity(d->op); i++)
             if (d->dtype[i] != LK_F32) return false;
+        if (d->op == LK_OP_BCE || d->op == LK_OP_BCE_BACKWARD) return d->bce.reduction >= 0 && d->bce.reduction <= 2;
         return d->op != LK_OP_LOSS && d->op != LK_OP_LOSS_BACKWARD ? true
                : (unsigned)d->loss.kind <= LK_PLOSS_SMOOTH_L1 && d->loss.reduction >= 0 && d->loss.reduction <= 2;
     }
@@ -61,6 +64,8 @@ static lk_status cpu_run(const lk_op_desc *d, void *const *x) {
     case LK_OP_SOFTMAX_BACKWARD: return lk__cpu_softmax(d, x);
     case LK_OP_LOSS:
     case LK_OP_LOSS_BACKWARD: return lk__cpu_loss(d, x);
+    case LK_OP_BCE:
+    case LK_OP_BCE_BACKWARD: return lk__cpu_bce(d, x);
     case LK_OP_LAYER_NORM:
     case LK_OP_LAYER_NORM_BACKWARD: return lk__cpu_layer_norm(d, x);
     case LK_OP_OPTIM_UPDATE: return lk__cpu_optim_update(d, x);

@@ -23,8 +23,9 @@ lk_status lk__cpu_elementwise(const lk_op_desc *d, void *const *x);
 
 /* softmax.c: LK_OP_SOFTMAX and LK_OP_SOFTMAX_BACKWARD, f32. */
 lk_status lk__cpu_softmax(const lk_op_desc *d, void *const *x);
-/* loss.c: LK_OP_LOSS and LK_OP_LOSS_BACKWARD, f32. */
+/* loss.c: LK_OP_LOSS, LK_OP_BCE and their backwards, f32. */
 lk_status lk__cpu_loss(const lk_op_desc *d, void *const *x);
+lk_status lk__cpu_bce(const lk_op_desc *d, void *const *x);
 /* norm.c: LK_OP_LAYER_NORM and LK_OP_LAYER_NORM_BACKWARD, f32. */
 lk_status lk__cpu_layer_norm(const lk_op_desc *d, void *const *x);
 /* optim.c: LK_OP_OPTIM_UPDATE, f32. */
