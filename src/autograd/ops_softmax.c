@@ -239,28 +239,13 @@ static void xent_backward(lk_node *n, lk_tensor *g) {
     float norm = n->a.f[0], eps = n->a.f[1], W = n->a.f[2];
     lk_tensor *dx = lk__tensor_new(LK_F32, x->ndim, x->shape);
     if (!dx) return;
-    float *row = NULL;
-    if (D > 1 && !(row = lk_malloc((size_t)C * sizeof *row))) {
+    lk_op_desc d = {.op = LK_OP_XENT_BACKWARD, .dtype = {LK_F32, tt->dtype, LK_F32, LK_F32, LK_F32}};
+    d.xent = (lk_xent_params){N, C, D, ignore, red, eps, norm, W};
+    if (lk__backend_run(x->device, &d,
+                        (void *[]){P ? P->data : NULL, tt->data, wt ? wt->data : NULL, g->data, dx->data})) {
         lk_tensor_release(dx);
         return;
     }
-    const float *pd = P ? P->data : NULL, *gd = g->data, *w = wt ? wt->data : NULL;
-    float *dd = dx->data;
-    for (int64_t r = 0; r < N * D; r++) {
-        int64_t t = index_at(tt, r);
-        float *dst = D == 1 ? dd + r * C : row;
-        if (t == ignore) {
-            memset(dst, 0, (size_t)C * sizeof *dst);
-        } else {
-            float coef = red == LK_REDUCTION_NONE ? gd[r] : red == LK_REDUCTION_MEAN ? gd[0] / norm : gd[0];
-            lk_k_xent_row_grad(pd + r * C, dst, C, t, w ? w[t] : 1.0f, w, W, eps, coef);
-        }
-        if (D > 1) {
-            float *base = dd + (r / D) * C * D + r % D;
-            for (int64_t c = 0; c < C; c++) base[c * D] = row[c];
-        }
-    }
-    lk_free(row);
     lk__accum(x, dx);
     lk_tensor_release(dx);
 }
@@ -281,42 +266,17 @@ lk_tensor *lk_cross_entropy(lk_tensor *logits, lk_tensor *target, const lk_cross
     lk_tensor *xc = lk__contig(logits);
     lk_tensor *P = xc && need ? lk__tensor_new(LK_F32, 2, (int64_t[]){rows, C}) : NULL;
     lk_tensor *out = xc && (P || !need) ? loss_out(o.reduction, target) : NULL;
-    /* Per-call scratch: a gathered row when the classes are strided (D > 1),
-     * and the row's exp() when no softmax is kept for backward. */
-    float *scratch = out && C > 0 ? lk_malloc(2 * (size_t)C * sizeof *scratch) : NULL;
-    if (!out || (C > 0 && !scratch)) {
+    if (!out) goto done;
+    const float *w = a.w ? a.w->data : NULL;
+    double wsum = 0.0;
+    lk_op_desc d = {.op = LK_OP_XENT, .dtype = {LK_F32, a.t->dtype, LK_F32, LK_F32, LK_F32, LK_F64}};
+    d.xent = (lk_xent_params){a.N, C, D, o.ignore_index, o.reduction, eps, 0.0f, 0.0f};
+    if (lk__backend_run(xc->device, &d,
+                        (void *[]){xc->data, a.t->data, a.w ? a.w->data : NULL, out->data, P ? P->data : NULL, &wsum})) {
         lk_tensor_release(out);
         out = NULL;
         goto done;
     }
-    const float *xd = xc->data, *w = a.w ? a.w->data : NULL;
-    float *od = out->data, *pd = P ? P->data : NULL;
-    double nll_sum = 0.0, smooth_sum = 0.0, wsum = 0.0;
-    for (int64_t r = 0; r < rows; r++) {
-        int64_t t = index_at(a.t, r);
-        if (t == o.ignore_index) {
-            if (o.reduction == LK_REDUCTION_NONE) od[r] = 0.0f;
-            continue;
-        }
-        const float *z = xd + r * C;
-        if (D > 1) {
-            const float *base = xd + (r / D) * C * D + r % D;
-            for (int64_t c = 0; c < C; c++) scratch[c] = base[c * D];
-            z = scratch;
-        }
-        float wt = w ? w[t] : 1.0f, sm;
-        float nll = lk_k_xent_row(z, pd ? pd + r * C : scratch + C, C, t, wt, w, eps, pd != NULL, &sm);
-        if (o.reduction == LK_REDUCTION_NONE) od[r] = eps > 0.0f ? (1.0f - eps) * nll + sm * (eps / (float)C) : nll;
-        nll_sum += nll;
-        smooth_sum += sm;
-        wsum += wt;
-    }
-    /* The mean divides by the total weight of the counted targets, as
-     * PyTorch's nll_loss does (0/0 = NaN when every target is ignored). */
-    double es = C > 0 ? (double)eps / (double)C : 0.0;
-    if (o.reduction == LK_REDUCTION_SUM) od[0] = (float)((1.0 - eps) * nll_sum + es * smooth_sum);
-    if (o.reduction == LK_REDUCTION_MEAN)
-        od[0] = (float)(eps > 0.0f ? (1.0 - eps) * (nll_sum / wsum) + es * (smooth_sum / wsum) : nll_sum / wsum);
     lk_node *n = lk__record(op, xent_backward, out, 1, &logits);
     if (n) {
         float W = (float)C;
@@ -337,7 +297,6 @@ lk_tensor *lk_cross_entropy(lk_tensor *logits, lk_tensor *target, const lk_cross
         n->saved[2] = lk_tensor_retain(a.w);
     }
 done:
-    lk_free(scratch);
     lk_tensor_release(P);
     lk_tensor_release(xc);
     cls_args_release(&a);
@@ -352,13 +311,11 @@ static void nll_backward(lk_node *n, lk_tensor *g) {
     float norm = n->a.f[0];
     lk_tensor *dx = lk_tensor_zeros(LK_F32, x->ndim, x->shape);
     if (!dx) return;
-    const float *gd = g->data, *w = wt ? wt->data : NULL;
-    float *dd = dx->data;
-    for (int64_t r = 0; r < N * D; r++) {
-        int64_t t = index_at(tt, r);
-        if (t == ignore) continue;
-        float coef = red == LK_REDUCTION_NONE ? gd[r] : red == LK_REDUCTION_MEAN ? gd[0] / norm : gd[0];
-        dd[(r / D) * C * D + t * D + r % D] = -(w ? w[t] : 1.0f) * coef;
+    lk_op_desc d = {.op = LK_OP_NLL_BACKWARD, .dtype = {tt->dtype, LK_F32, LK_F32, LK_F32}};
+    d.xent = (lk_xent_params){N, C, D, ignore, red, 0.0f, norm, 0.0f};
+    if (lk__backend_run(x->device, &d, (void *[]){tt->data, wt ? wt->data : NULL, g->data, dx->data})) {
+        lk_tensor_release(dx);
+        return;
     }
     lk__accum(x, dx);
     lk_tensor_release(dx);
@@ -376,26 +333,17 @@ lk_tensor *lk_nll_loss(lk_tensor *log_probs, lk_tensor *target, const lk_cross_e
                NULL;
     cls_args a;
     if (cls_args_init(op, log_probs, target, &o, &a)) return NULL;
-    const int64_t C = a.C, D = a.D, rows = a.N * a.D;
+    const int64_t C = a.C, D = a.D;
     lk_tensor *xc = lk__contig(log_probs);
     lk_tensor *out = xc ? loss_out(o.reduction, target) : NULL;
+    double wsum = 0.0;
+    lk_op_desc d = {.op = LK_OP_NLL, .dtype = {LK_F32, a.t->dtype, LK_F32, LK_F32, LK_F64}};
+    d.xent = (lk_xent_params){a.N, C, D, o.ignore_index, o.reduction, 0.0f, 0.0f, 0.0f};
+    if (out && lk__backend_run(xc->device, &d, (void *[]){xc->data, a.t->data, a.w ? a.w->data : NULL, out->data, &wsum})) {
+        lk_tensor_release(out);
+        out = NULL;
+    }
     if (out) {
-        const float *xd = xc->data, *w = a.w ? a.w->data : NULL;
-        float *od = out->data;
-        double sum = 0.0, wsum = 0.0;
-        for (int64_t r = 0; r < rows; r++) {
-            int64_t t = index_at(a.t, r);
-            float v = 0.0f;
-            if (t != o.ignore_index) {
-                float wt = w ? w[t] : 1.0f;
-                v = -wt * xd[(r / D) * C * D + t * D + r % D];
-                sum += v;
-                wsum += wt;
-            }
-            if (o.reduction == LK_REDUCTION_NONE) od[r] = v;
-        }
-        if (o.reduction == LK_REDUCTION_SUM) od[0] = (float)sum;
-        if (o.reduction == LK_REDUCTION_MEAN) od[0] = (float)(sum / wsum);
         lk_node *n = lk__record(op, nll_backward, out, 1, &log_probs);
         if (n) {
             n->a.i[0] = o.reduction;

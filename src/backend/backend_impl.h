@@ -33,6 +33,10 @@ typedef enum {
     LK_OP_LOSS_BACKWARD,  /* x, target, dout, dx: d loss / dx (the target's gradient is -dx) */
     LK_OP_BCE,            /* x, target, w, pos_w, out: binary cross-entropy (on logits); w, pos_w may be NULL */
     LK_OP_BCE_BACKWARD,   /* x, target, w, pos_w, dout, dx, dtarget: either gradient may be NULL */
+    LK_OP_XENT,           /* x, target, w, out, P, wsum: cross-entropy; w and P (softmax rows kept) may be NULL */
+    LK_OP_XENT_BACKWARD,  /* P, target, w, dout, dx */
+    LK_OP_NLL,            /* x, target, w, out, wsum: nll_loss over log-probabilities */
+    LK_OP_NLL_BACKWARD,   /* target, w, dout, dx: dx zeroed by the caller */
     LK_OP_LAYER_NORM,     /* x, w, b, y, stats: rows of L normalised; w, b, stats may be NULL */
     LK_OP_LAYER_NORM_BACKWARD, /* x, dy, stats, w, dx, dw, db: w and any of dx, dw, db may be NULL */
     LK_OP_OPTIM_UPDATE,   /* p, g, s0, s1, s2: one optimizer step over n elements, in place */
@@ -151,6 +155,19 @@ typedef struct lk_bce_params {
     bool logits;
 } lk_bce_params;
 
+/* LK_OP_XENT / LK_OP_NLL and their backwards: input [N, C, D] (class c of
+ * row r = n * D + d at n*C*D + c*D + d), one integer target per row (the
+ * target operand's dtype: i32 or i64, values already checked), class weights
+ * w [C] or NULL, label smoothing eps (xent only). Forward writes the losses
+ * (reduction NONE) or their mean / sum into out and the total weight of the
+ * counted rows into wsum (one f64); P [N*D, C] keeps each row's softmax for
+ * the backward, which takes norm (that total weight) and W (sum of w, or C). */
+typedef struct lk_xent_params {
+    int64_t N, C, D, ignore_index;
+    int reduction;
+    float eps, norm, W;
+} lk_xent_params;
+
 typedef struct lk_op_desc {
     lk_op_kind op;
     lk_dtype dtype[LK_OP_MAX_OPERANDS]; /* operand dtypes in run()'s order (see lk_op_kind) */
@@ -167,6 +184,7 @@ typedef struct lk_op_desc {
         lk_optim_params optim;
         lk_pool_params pool;
         lk_bce_params bce;
+        lk_xent_params xent;
     };
 } lk_op_desc;
 

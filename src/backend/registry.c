@@ -49,6 +49,10 @@ int lk__op_arity(lk_op_kind op) {
     case LK_OP_OPTIM_UPDATE: return 5;
     case LK_OP_BCE: return 5;
     case LK_OP_BCE_BACKWARD: return 7;
+    case LK_OP_XENT: return 6;
+    case LK_OP_XENT_BACKWARD: return 5;
+    case LK_OP_NLL: return 5;
+    case LK_OP_NLL_BACKWARD: return 4;
     case LK_OP_POOL2D: return 3;
     case LK_OP_POOL2D_BACKWARD: return 3;
     case LK_OP_COUNT: break;
@@ -157,6 +161,16 @@ const char *lk__op_desc_str(const lk_op_desc *d, char *buf, size_t size) {
         unsigned r = (unsigned)d->bce.reduction;
         snprintf(buf, size, "bce%s%s x %s, target %s (%lld, %s)", d->bce.logits ? "_with_logits" : "",
                  d->op == LK_OP_BCE ? "" : "_backward", DT(0), DT(1), (long long)d->bce.n, r < 3 ? reds[r] : "?");
+        return buf;
+    }
+    case LK_OP_XENT:
+    case LK_OP_XENT_BACKWARD:
+    case LK_OP_NLL:
+    case LK_OP_NLL_BACKWARD: {
+        static const char *const names[] = {"cross_entropy", "cross_entropy_backward", "nll_loss", "nll_loss_backward"};
+        snprintf(buf, size, "%s x %s, target %s (%lldx%lldx%lld)", names[d->op - LK_OP_XENT],
+                 DT(d->op == LK_OP_NLL_BACKWARD ? 2 : 0), DT(d->op == LK_OP_NLL_BACKWARD ? 0 : 1),
+                 (long long)d->xent.N, (long long)d->xent.C, (long long)d->xent.D);
         return buf;
     }
     case LK_OP_COUNT: break;

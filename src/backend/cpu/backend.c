@@ -40,6 +40,10 @@ static bool cpu_supports(const lk_op_desc *d) {
     case LK_OP_POOL2D_BACKWARD:
         return d->dtype[0] == LK_F32 && d->dtype[2] == LK_F32 &&
                (d->pool.kind != LK_POOL_MAX || d->dtype[1] == LK_I32) && (unsigned)d->pool.kind <= LK_POOL_ADAPTIVE_AVG;
+    case LK_OP_XENT:
+    case LK_OP_XENT_BACKWARD:
+    case LK_OP_NLL:
+    case LK_OP_NLL_BACKWARD: return lk__cpu_xent_supports(d);
     case LK_OP_COUNT: break;
     }
     return false;
@@ -66,6 +70,10 @@ static lk_status cpu_run(const lk_op_desc *d, void *const *x) {
     case LK_OP_LOSS_BACKWARD: return lk__cpu_loss(d, x);
     case LK_OP_BCE:
     case LK_OP_BCE_BACKWARD: return lk__cpu_bce(d, x);
+    case LK_OP_XENT:
+    case LK_OP_XENT_BACKWARD:
+    case LK_OP_NLL:
+    case LK_OP_NLL_BACKWARD: return lk__cpu_xent(d, x);
     case LK_OP_LAYER_NORM:
     case LK_OP_LAYER_NORM_BACKWARD: return lk__cpu_layer_norm(d, x);
     case LK_OP_OPTIM_UPDATE: return lk__cpu_optim_update(d, x);

@@ -4,7 +4,8 @@
  * are ../cpu_lowp.c and ../cpu_dnnl.c), elementwise.c (unary, its backward,
  * binary with broadcast, axpy, affine, sum-to-shape), softmax.c (softmax and
  * log-softmax, forward and backward), loss.c (mse, l1, smooth_l1), norm.c
- * (layer norm), optim.c (the optimizers' update loops), pool.c (pooling). */
+ * (layer norm), optim.c (the optimizers' update loops), pool.c (pooling),
+ * xent.c (cross-entropy, nll). */
 #ifndef LK_BACKEND_CPU_IMPL_H
 #define LK_BACKEND_CPU_IMPL_H
 
@@ -32,5 +33,9 @@ lk_status lk__cpu_layer_norm(const lk_op_desc *d, void *const *x);
 lk_status lk__cpu_optim_update(const lk_op_desc *d, void *const *x);
 /* pool.c: LK_OP_POOL2D and LK_OP_POOL2D_BACKWARD, f32 (i32 indices). */
 lk_status lk__cpu_pool2d(const lk_op_desc *d, void *const *x);
+/* xent.c: cross-entropy and nll_loss, forward and backward (f32 data, i32
+ * or i64 targets, f64 total weight). */
+bool lk__cpu_xent_supports(const lk_op_desc *d);
+lk_status lk__cpu_xent(const lk_op_desc *d, void *const *x);
 
 #endif
