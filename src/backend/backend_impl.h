@@ -39,6 +39,8 @@ typedef enum {
     LK_OP_NLL_BACKWARD,   /* target, w, dout, dx: dx zeroed by the caller */
     LK_OP_LAYER_NORM,     /* x, w, b, y, stats: rows of L normalised; w, b, stats may be NULL */
     LK_OP_LAYER_NORM_BACKWARD, /* x, dy, stats, w, dx, dw, db: w and any of dx, dw, db may be NULL */
+    LK_OP_BATCH_NORM,     /* x, w, b, running_mean, running_var, y, stats: one process's batch norm */
+    LK_OP_BATCH_NORM_BACKWARD, /* x, dy, stats, w, dx, dw, db: w and any of dx, dw, db may be NULL */
     LK_OP_OPTIM_UPDATE,   /* p, g, s0, s1, s2: one optimizer step over n elements, in place */
     LK_OP_POOL2D,         /* x, y, idx: max / avg / adaptive avg pooling per plane; idx (i32) for max only */
     LK_OP_POOL2D_BACKWARD, /* dy, idx, dx: dx += the pooling's adjoint (dx zeroed by the caller) */
@@ -168,6 +170,22 @@ typedef struct lk_xent_params {
     float eps, norm, W;
 } lk_xent_params;
 
+/* LK_OP_BATCH_NORM / _BACKWARD over contiguous [N, C, S] x (S: the spatial
+ * size), per channel: training normalises by the batch's mean and biased
+ * variance (sums per plane in f32, across planes in double; M = N * S) and
+ * updates the running statistics in place (unbiased variance); eval uses the
+ * running statistics. stats is [2, C]: mean, then invstd. The per-channel
+ * vectors w, b, running_mean, running_var may be strided (stride: elements;
+ * NULL where absent); the backward's w is contiguous and dw, db are
+ * overwritten. SyncBatchNorm's all-reduced statistics stay in ops_norm.c. */
+typedef struct lk_batch_norm_params {
+    long N, C, S;
+    double M;
+    float eps, momentum;
+    bool training;
+    int64_t stride[4]; /* w, b, running_mean, running_var */
+} lk_batch_norm_params;
+
 typedef struct lk_op_desc {
     lk_op_kind op;
     lk_dtype dtype[LK_OP_MAX_OPERANDS]; /* operand dtypes in run()'s order (see lk_op_kind) */
@@ -181,6 +199,7 @@ typedef struct lk_op_desc {
         lk_softmax_params softmax;
         lk_loss_params loss;
         lk_layer_norm_params layer_norm;
+        lk_batch_norm_params batch_norm;
         lk_optim_params optim;
         lk_pool_params pool;
         lk_bce_params bce;

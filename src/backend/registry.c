@@ -46,6 +46,8 @@ int lk__op_arity(lk_op_kind op) {
     case LK_OP_LOSS_BACKWARD: return 4;
     case LK_OP_LAYER_NORM: return 5;
     case LK_OP_LAYER_NORM_BACKWARD: return 7;
+    case LK_OP_BATCH_NORM: return 7;
+    case LK_OP_BATCH_NORM_BACKWARD: return 7;
     case LK_OP_OPTIM_UPDATE: return 5;
     case LK_OP_BCE: return 5;
     case LK_OP_BCE_BACKWARD: return 7;
@@ -173,6 +175,11 @@ const char *lk__op_desc_str(const lk_op_desc *d, char *buf, size_t size) {
                  (long long)d->xent.N, (long long)d->xent.C, (long long)d->xent.D);
         return buf;
     }
+    case LK_OP_BATCH_NORM:
+    case LK_OP_BATCH_NORM_BACKWARD:
+        snprintf(buf, size, "batch_norm%s%s x %s (%ldx%ldx%ld)", d->op == LK_OP_BATCH_NORM ? "" : "_backward",
+                 d->batch_norm.training ? "" : " eval", DT(0), d->batch_norm.N, d->batch_norm.C, d->batch_norm.S);
+        return buf;
     case LK_OP_COUNT: break;
     }
 #undef DT

@@ -24,6 +24,8 @@ static bool cpu_supports(const lk_op_desc *d) {
     case LK_OP_LOSS:
     case LK_OP_LAYER_NORM:
     case LK_OP_LAYER_NORM_BACKWARD:
+    case LK_OP_BATCH_NORM:
+    case LK_OP_BATCH_NORM_BACKWARD:
     case LK_OP_OPTIM_UPDATE:
     case LK_OP_BCE:
     case LK_OP_BCE_BACKWARD:
@@ -76,6 +78,8 @@ static lk_status cpu_run(const lk_op_desc *d, void *const *x) {
     case LK_OP_NLL_BACKWARD: return lk__cpu_xent(d, x);
     case LK_OP_LAYER_NORM:
     case LK_OP_LAYER_NORM_BACKWARD: return lk__cpu_layer_norm(d, x);
+    case LK_OP_BATCH_NORM:
+    case LK_OP_BATCH_NORM_BACKWARD: return lk__cpu_batch_norm(d, x);
     case LK_OP_OPTIM_UPDATE: return lk__cpu_optim_update(d, x);
     case LK_OP_POOL2D:
     case LK_OP_POOL2D_BACKWARD: return lk__cpu_pool2d(d, x);

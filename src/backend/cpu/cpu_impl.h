@@ -4,7 +4,7 @@
  * are ../cpu_lowp.c and ../cpu_dnnl.c), elementwise.c (unary, its backward,
  * binary with broadcast, axpy, affine, sum-to-shape), softmax.c (softmax and
  * log-softmax, forward and backward), loss.c (mse, l1, smooth_l1), norm.c
- * (layer norm), optim.c (the optimizers' update loops), pool.c (pooling),
+ * (layer and batch norm), optim.c (the optimizers' update loops), pool.c (pooling),
  * xent.c (cross-entropy, nll). */
 #ifndef LK_BACKEND_CPU_IMPL_H
 #define LK_BACKEND_CPU_IMPL_H
@@ -29,6 +29,8 @@ lk_status lk__cpu_loss(const lk_op_desc *d, void *const *x);
 lk_status lk__cpu_bce(const lk_op_desc *d, void *const *x);
 /* norm.c: LK_OP_LAYER_NORM and LK_OP_LAYER_NORM_BACKWARD, f32. */
 lk_status lk__cpu_layer_norm(const lk_op_desc *d, void *const *x);
+/* norm.c: LK_OP_BATCH_NORM and LK_OP_BATCH_NORM_BACKWARD, f32. */
+lk_status lk__cpu_batch_norm(const lk_op_desc *d, void *const *x);
 /* optim.c: LK_OP_OPTIM_UPDATE, f32. */
 lk_status lk__cpu_optim_update(const lk_op_desc *d, void *const *x);
 /* pool.c: LK_OP_POOL2D and LK_OP_POOL2D_BACKWARD, f32 (i32 indices). */
