@@ -213,5 +213,17 @@ static void unsupported_is_named(void) {
     CHECK_ERR(lk__backend_register(LK_DEVICE_KIND_MAX, &narrow), LK_STATUS_INVALID_ARGUMENT, "device kind 8 out of range");
 }
 
+/* Every op kind has an arity within the operand table and a name in messages. */
+static void every_kind_is_described(void) {
+    for (int k = 0; k < LK_OP_COUNT; k++) {
+        lk_op_desc d = {.op = (lk_op_kind)k};
+        char buf[200];
+        lk__op_desc_str(&d, buf, sizeof buf);
+        CHECK_MSG(lk__op_arity((lk_op_kind)k) > 0 && lk__op_arity((lk_op_kind)k) <= LK_OP_MAX_OPERANDS,
+                  "op %d: arity %d", k, lk__op_arity((lk_op_kind)k));
+        CHECK_MSG(strncmp(buf, "op ", 3) != 0, "op %d has no description (\"%s\")", k, buf);
+    }
+}
+
 LK_TEST_MAIN(LK_TEST_CASE(lowp_equals_f32_rounded_once), LK_TEST_CASE(sum_to_lowp), LK_TEST_CASE(fallback_is_counted),
-             LK_TEST_CASE(unsupported_is_named))
+             LK_TEST_CASE(unsupported_is_named), LK_TEST_CASE(every_kind_is_described))
