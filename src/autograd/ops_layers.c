@@ -16,10 +16,12 @@ static void dropout_backward(lk_node *n, lk_tensor *g) {
     float scale = n->a.f[0];
     lk_tensor *dx = lk__tensor_new(LK_F32, g->ndim, g->shape);
     if (!dx) return;
-    const uint8_t *m = mask->data;
-    const float *gd = g->data;
-    float *dd = dx->data;
-    for (int64_t i = 0; i < g->numel; i++) dd[i] = gd[i] * (m[i] ? scale : 0.0f);
+    lk_op_desc d = {.op = LK_OP_MASK_SCALE, .dtype = {LK_F32, LK_U8, LK_F32}};
+    d.mask_scale = (lk_mask_scale_params){g->numel, scale};
+    if (lk__backend_run(g->device, &d, (void *[]){g->data, mask->data, dx->data})) {
+        lk_tensor_release(dx);
+        return;
+    }
     lk__accum_move(n->in[0], dx);
 }
 
@@ -64,19 +66,24 @@ lk_tensor *lk_dropout(lk_tensor *x, float p, bool training, lk_rng *rng) {
     lk_tensor *xc = lk__contig(x);
     lk_tensor *mask = xc ? lk__tensor_new(LK_U8, x->ndim, x->shape) : NULL;
     lk_tensor *out = mask ? lk__tensor_new(LK_F32, x->ndim, x->shape) : NULL;
+    /* As PyTorch: out = x * noise, noise = keep / (1 - p), so inf * 0 stays
+     * NaN; p == 1 draws nothing and zeroes everything. */
+    float scale = p == 1.0f ? 0.0f : (float)(1.0 / (1.0 - (double)p));
     if (out) {
-        /* As PyTorch: out = x * noise, noise = keep / (1 - p), so inf * 0 stays
-         * NaN; p == 1 draws nothing and zeroes everything. */
-        float scale = p == 1.0f ? 0.0f : (float)(1.0 / (1.0 - (double)p));
-        const float *xd = xc->data;
         uint8_t *md = mask->data;
-        float *od = out->data;
         if (p < 1.0f) {
             draw_keep_mask(rng, p, md, x->numel);
         } else {
             memset(md, 0, (size_t)x->numel);
         }
-        for (int64_t i = 0; i < x->numel; i++) od[i] = xd[i] * (md[i] ? scale : 0.0f);
+        lk_op_desc d = {.op = LK_OP_MASK_SCALE, .dtype = {LK_F32, LK_U8, LK_F32}};
+        d.mask_scale = (lk_mask_scale_params){x->numel, scale};
+        if (lk__backend_run(xc->device, &d, (void *[]){xc->data, md, out->data})) {
+            lk_tensor_release(out);
+            out = NULL;
+        }
+    }
+    if (out) {
         lk_node *n = lk__record(op, dropout_backward, out, 1, &x);
         if (n) {
             n->a.f[0] = scale;

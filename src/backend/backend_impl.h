@@ -27,6 +27,7 @@ typedef enum {
     LK_OP_AXPY,           /* x, y: y[i] += alpha * x[i] (alpha == 1: y += x) */
     LK_OP_AFFINE,         /* x, y: y[i] = x[i] * mul + add (the scalar ops) */
     LK_OP_SUM_TO,         /* src, dst: dst += src summed over the dims dst broadcasts on */
+    LK_OP_MASK_SCALE,     /* x, mask (u8), y: y[i] = x[i] * (mask[i] ? scale : 0) (dropout) */
     LK_OP_SOFTMAX,        /* x, y: softmax or log-softmax over the middle axis of [outer, C, inner] */
     LK_OP_SOFTMAX_BACKWARD, /* y, dy, dx: its gradient from the output y */
     LK_OP_LOSS,           /* x, target, out: mse / l1 / smooth_l1, reduced (mean, sum) or not */
@@ -186,6 +187,13 @@ typedef struct lk_batch_norm_params {
     int64_t stride[4]; /* w, b, running_mean, running_var */
 } lk_batch_norm_params;
 
+/* LK_OP_MASK_SCALE over n contiguous elements; x * 0 keeps inf * 0 = NaN,
+ * as PyTorch's dropout does. */
+typedef struct lk_mask_scale_params {
+    int64_t n;
+    float scale;
+} lk_mask_scale_params;
+
 typedef struct lk_op_desc {
     lk_op_kind op;
     lk_dtype dtype[LK_OP_MAX_OPERANDS]; /* operand dtypes in run()'s order (see lk_op_kind) */
@@ -196,6 +204,7 @@ typedef struct lk_op_desc {
         lk_axpy_params axpy;
         lk_affine_params affine;
         lk_sum_to_params sum_to;
+        lk_mask_scale_params mask_scale;
         lk_softmax_params softmax;
         lk_loss_params loss;
         lk_layer_norm_params layer_norm;

@@ -40,6 +40,7 @@ int lk__op_arity(lk_op_kind op) {
     case LK_OP_AXPY: return 2;
     case LK_OP_AFFINE: return 2;
     case LK_OP_SUM_TO: return 2;
+    case LK_OP_MASK_SCALE: return 3;
     case LK_OP_SOFTMAX: return 2;
     case LK_OP_SOFTMAX_BACKWARD: return 3;
     case LK_OP_LOSS: return 3;
@@ -179,6 +180,9 @@ const char *lk__op_desc_str(const lk_op_desc *d, char *buf, size_t size) {
     case LK_OP_BATCH_NORM_BACKWARD:
         snprintf(buf, size, "batch_norm%s%s x %s (%ldx%ldx%ld)", d->op == LK_OP_BATCH_NORM ? "" : "_backward",
                  d->batch_norm.training ? "" : " eval", DT(0), d->batch_norm.N, d->batch_norm.C, d->batch_norm.S);
+        return buf;
+    case LK_OP_MASK_SCALE:
+        snprintf(buf, size, "mask_scale %s, mask %s -> %s (%lld)", DT(0), DT(1), DT(2), (long long)d->mask_scale.n);
         return buf;
     case LK_OP_COUNT: break;
     }

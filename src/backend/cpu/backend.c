@@ -46,6 +46,7 @@ static bool cpu_supports(const lk_op_desc *d) {
     case LK_OP_XENT_BACKWARD:
     case LK_OP_NLL:
     case LK_OP_NLL_BACKWARD: return lk__cpu_xent_supports(d);
+    case LK_OP_MASK_SCALE: return d->dtype[0] == LK_F32 && d->dtype[1] == LK_U8 && d->dtype[2] == LK_F32;
     case LK_OP_COUNT: break;
     }
     return false;
@@ -66,6 +67,13 @@ static lk_status cpu_run(const lk_op_desc *d, void *const *x) {
     case LK_OP_AXPY:
     case LK_OP_AFFINE:
     case LK_OP_SUM_TO: return lk__cpu_elementwise(d, x);
+    case LK_OP_MASK_SCALE: {
+        const float *xd = x[0];
+        const uint8_t *m = x[1];
+        float *y = x[2], s = d->mask_scale.scale;
+        for (int64_t i = 0; i < d->mask_scale.n; i++) y[i] = xd[i] * (m[i] ? s : 0.0f);
+        return LK_STATUS_OK;
+    }
     case LK_OP_SOFTMAX:
     case LK_OP_SOFTMAX_BACKWARD: return lk__cpu_softmax(d, x);
     case LK_OP_LOSS:
