@@ -180,26 +180,9 @@ lk_tensor *lk__reduce_to_shape(lk_tensor *g, int ndim, const int64_t *shape) {
         int ir = ndim - g->ndim + i;
         rs[i] = (ir >= 0 && shape[ir] != 1) ? r->stride[ir] : 0;
     }
-    const float *src = g->data;
-    float *dst = r->data;
-    int64_t inner = g->ndim ? g->shape[g->ndim - 1] : 1, inner_s = g->ndim ? rs[g->ndim - 1] : 0;
-    int64_t idx[LK_MAX_DIMS] = {0}, off = 0;
-    for (int64_t o = 0; o < g->numel / (inner ? inner : 1); o++) {
-        const float *ps = src + o * inner;
-        if (inner_s == 0) {
-            float s = 0;
-            for (int64_t i = 0; i < inner; i++) s += ps[i];
-            dst[off] += s;
-        } else {
-            for (int64_t i = 0; i < inner; i++) dst[off + i] += ps[i];
-        }
-        for (int d = g->ndim - 2; d >= 0; d--) {
-            idx[d]++;
-            off += rs[d];
-            if (idx[d] < g->shape[d]) break;
-            off -= rs[d] * g->shape[d];
-            idx[d] = 0;
-        }
+    if (lk__sum_to_f32(g->device, g->ndim, g->shape, g->data, rs, r->data)) {
+        lk_tensor_release(r);
+        return NULL;
     }
     return r;
 }
@@ -216,8 +199,7 @@ static lk_status add_into(lk_tensor **slot, lk_tensor *g, bool persistent) {
     }
     lk_tensor *d = *slot;
     if (lk_tensor_is_contiguous(d) && lk_tensor_is_contiguous(g)) {
-        lk__cpu_backend.axpy(d->numel, 1.0f, g->data, d->data);
-        return LK_STATUS_OK;
+        return lk__axpy_f32(d->device, d->numel, 1.0f, g->data, d->data);
     }
     float *gd = g->data;
     for (int64_t i = 0; i < d->numel; i++) ((float *)d->data)[lk__elem_offset(d, i)] += gd[lk__elem_offset(g, i)];

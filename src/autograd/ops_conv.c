@@ -71,11 +71,11 @@ static inline const void *elem_at(const void *p, lk_dtype lowp, long i) {
 /* One GEMM of the convolution: C[M,N] (f32) = op(A) op(B) + beta C, with A
  * and B both f32 or both the autocast dtype. The f32 descriptor is the one
  * lk__gemm_f32 builds, so f32 mode runs exactly as before. */
-static lk_status conv_gemm(const lk_backend *be, lk_dtype ab, bool ta, bool tb, long M, long N, long K, const void *A,
+static lk_status conv_gemm(lk_device dev, lk_dtype ab, bool ta, bool tb, long M, long N, long K, const void *A,
                            long lda, const void *B, long ldb, float beta, float *C, long ldc) {
     lk_op_desc d = {.op = LK_OP_GEMM, .dtype = {ab, ab, LK_F32}};
     d.gemm = (lk_gemm_params){ta, tb, M, N, K, lda, ldb, ldc, 1.0f, beta};
-    return be->run(&d, (void *[]){(void *)A, (void *)B, C});
+    return lk__backend_run(dev, &d, (void *[]){(void *)A, (void *)B, C});
 }
 
 /* A worker task's failed GEMM, kept for the caller (the first one wins). */
@@ -123,7 +123,7 @@ static void col2im_chunk(const conv_geom *g, float *cols, long n0, long cur, flo
  * are the task's scratch. */
 typedef struct {
     const conv_geom *g;
-    const lk_backend *be;
+    lk_device dev; /* whose backend runs the GEMMs */
     const float *xd, *wd, *gd;
     float *dxd, *dwd, *dbd;   /* dX; task 0's dW and db */
     float *dw_part, *db_part; /* tasks 1..: dW [width-1][O*Kg], db [width-1][O] */
@@ -171,20 +171,20 @@ static void conv_bwd_task(void *ctx, int t) {
             long ldb;
             const void *B = chunk_cols(g, j->xd, n0, cur, cols, lowp, lcols, &ldb);
             for (long q = 0; q < g->G; q++)
-                note_failure(&j->st, conv_gemm(j->be, lowp, false, true, g->Og, g->Kg, ld, elem_at(dy, lowp, q * g->Og * lddy),
+                note_failure(&j->st, conv_gemm(j->dev, lowp, false, true, g->Og, g->Kg, ld, elem_at(dy, lowp, q * g->Og * lddy),
                                                lddy, elem_at(B, lowp, q * g->Kg * ldb), ldb, 1.0f,
                                                dwd + q * g->Og * g->Kg, g->Kg));
         }
         if (j->dxd) {
             if (g->pointwise) {
                 for (long q = 0; q < g->G; q++)
-                    note_failure(&j->st, conv_gemm(j->be, lowp, true, false, g->Kg, g->P, g->Og,
+                    note_failure(&j->st, conv_gemm(j->dev, lowp, true, false, g->Kg, g->P, g->Og,
                                                    elem_at(wsrc, lowp, q * g->Og * g->Kg), g->Kg,
                                                    elem_at(dy, lowp, q * g->Og * lddy), lddy, 0.0f,
                                                    j->dxd + n0 * g->C * g->P + q * g->Kg * g->P, g->P));
             } else {
                 for (long q = 0; q < g->G; q++)
-                    note_failure(&j->st, conv_gemm(j->be, lowp, true, false, g->Kg, ld, g->Og,
+                    note_failure(&j->st, conv_gemm(j->dev, lowp, true, false, g->Kg, ld, g->Og,
                                                    elem_at(wsrc, lowp, q * g->Og * g->Kg), g->Kg,
                                                    elem_at(dy, lowp, q * g->Og * lddy), lddy, 0.0f,
                                                    cols + q * g->Kg * ld, ld));
@@ -226,7 +226,7 @@ static void conv2d_backward(lk_node *n, lk_tensor *gout) {
         (lowp != LK_F32 && (need_w || need_x) && !gl) || (lowp != LK_F32 && need_w && !lcols))
         goto done;
     conv_bwd_job job = {.g = &g,
-                        .be = lk__backend(xc->device),
+                        .dev = xc->device,
                         .xd = xc->data,
                         .wd = wc->data,
                         .gd = gout->data,
@@ -246,8 +246,8 @@ static void conv2d_backward(lk_node *n, lk_tensor *gout) {
     if (job.st) goto done; /* a GEMM failed (it said why): leave the gradients untouched */
     /* The partial sums of tasks 1.., added in task order: deterministic for a given thread count. */
     for (int t = 1; t < width; t++) {
-        if (dwp) job.be->axpy(g.O * g.Kg, 1.0f, job.dw_part + (t - 1) * g.O * g.Kg, job.dwd);
-        if (dbp) job.be->axpy(g.O, 1.0f, job.db_part + (t - 1) * g.O, job.dbd);
+        if (dwp && lk__axpy_f32(job.dev, g.O * g.Kg, 1.0f, job.dw_part + (t - 1) * g.O * g.Kg, job.dwd)) goto done;
+        if (dbp && lk__axpy_f32(job.dev, g.O, 1.0f, job.db_part + (t - 1) * g.O, job.dbd)) goto done;
     }
     /* moved: the gradient slots take these buffers instead of copying them */
     lk__accum_move(x, dx), dx = NULL;
@@ -316,7 +316,7 @@ static lk_status conv2d_check(const lk_tensor *x, const lk_tensor *w, const lk_t
 /* Forward over the chunks [c0, c1) of one task, with its own scratch. */
 typedef struct {
     const conv_geom *g;
-    const lk_backend *be;
+    lk_device dev; /* whose backend runs the GEMMs */
     const float *xd, *wd, *bd;
     float *od, *cols, *tmp; /* cols [width][cols_n], tmp [width][out_n] */
     lk_dtype lowp;          /* autocast's GEMM dtype (LK_F32: off) */
@@ -340,7 +340,7 @@ static void conv_fwd_task(void *ctx, int t) {
         const void *B = chunk_cols(g, j->xd, n0, cur, cols, j->lowp, lcols, &ldb);
         float *C = cur > 1 ? tmp : j->od + n0 * g->O * g->P;
         for (long q = 0; q < g->G; q++)
-            note_failure(&j->st, conv_gemm(j->be, j->lowp, false, false, g->Og, ld, g->Kg,
+            note_failure(&j->st, conv_gemm(j->dev, j->lowp, false, false, g->Og, ld, g->Kg,
                                            elem_at(A, j->lowp, q * g->Og * g->Kg), g->Kg,
                                            elem_at(B, j->lowp, q * g->Kg * ldb), ldb, 0.0f, C + q * g->Og * ld, ld));
         if (cur > 1) /* to NCHW, adding the bias */
@@ -375,7 +375,7 @@ lk_tensor *lk_conv2d(lk_tensor *x, lk_tensor *w, lk_tensor *b, lk_conv2d_params 
         goto done;
     }
     conv_fwd_job job = {.g = &g,
-                        .be = lk__backend(x->device),
+                        .dev = x->device,
                         .xd = xc->data,
                         .wd = wc->data,
                         .bd = bc ? bc->data : NULL,
@@ -482,36 +482,32 @@ static void pool_geom_load(const lk_node *n, pool_geom *g) {
     g->count_include_pad = n->a.f[0] != 0.0f;
 }
 
-static void max_pool_backward(lk_node *n, lk_tensor *gout) {
-    lk_tensor *x = n->in[0], *idx = n->saved[0];
-    pool_geom g;
-    pool_geom_load(n, &g);
+/* The pooling descriptor for geometry g. */
+static lk_op_desc pool_desc(lk_op_kind op, lk_pool_kind kind, const pool_geom *g) {
+    lk_op_desc d = {.op = op};
+    d.pool = (lk_pool_params){kind,  g->planes, g->H,  g->W,  g->OH, g->OW, g->kh,
+                              g->kw, g->sh,     g->sw, g->ph, g->pw, g->count_include_pad};
+    return d;
+}
+
+/* dx = zeros, then the backend adds the pooling's adjoint of gout into it. */
+static void pool_backward(lk_node *n, lk_tensor *gout, lk_pool_kind kind, const pool_geom *g, const lk_tensor *idx) {
+    lk_tensor *x = n->in[0];
     lk_tensor *dx = lk_tensor_zeros(LK_F32, x->ndim, x->shape);
     if (!dx) return;
-    long no = g.OH * g.OW, ni = g.H * g.W;
-    for (long c = 0; c < g.planes; c++)
-        lk_k_max_pool_backward_plane((const float *)gout->data + c * no, (const int *)idx->data + c * no, no,
-                                     (float *)dx->data + c * ni);
+    lk_op_desc d = pool_desc(LK_OP_POOL2D_BACKWARD, kind, g);
+    d.dtype[0] = LK_F32, d.dtype[1] = idx ? LK_I32 : LK_F32, d.dtype[2] = LK_F32;
+    if (lk__backend_run(x->device, &d, (void *[]){gout->data, idx ? idx->data : NULL, dx->data})) {
+        lk_tensor_release(dx);
+        return;
+    }
     lk__accum_move(x, dx);
 }
 
-typedef struct {
-    const pool_geom *g;
-    const float *x;
-    float *out;
-    int *idx;
-    int width;
-} max_pool_job;
-
-static void max_pool_task(void *ctx, int t) {
-    const max_pool_job *j = ctx;
-    const pool_geom *g = j->g;
-    long no = g->OH * g->OW, ni = g->H * g->W;
-    int64_t c0, c1;
-    lk__task_range(g->planes, t, j->width, 1, &c0, &c1);
-    for (long c = c0; c < c1; c++)
-        lk_k_max_pool_plane(j->x + c * ni, g->H, g->W, g->kh, g->kw, g->sh, g->sw, g->ph, g->pw, g->OH, g->OW,
-                            j->out + c * no, j->idx + c * no);
+static void max_pool_backward(lk_node *n, lk_tensor *gout) {
+    pool_geom g;
+    pool_geom_load(n, &g);
+    pool_backward(n, gout, LK_POOL_MAX, &g, n->saved[0]);
 }
 
 lk_tensor *lk_max_pool2d(lk_tensor *x, lk_pool2d_params p) {
@@ -527,10 +523,14 @@ lk_tensor *lk_max_pool2d(lk_tensor *x, lk_pool2d_params p) {
         lk_tensor_release(out);
         return NULL;
     }
-    /* Whole planes per core: worth a thread from about a megabyte of input. */
-    max_pool_job job = {&g, xc->data, out->data, idx->data,
-                        g.planes * g.H * g.W >= (1 << 18) ? lk__parallel_width(g.planes) : 1};
-    lk__parallel_run(job.width, max_pool_task, &job);
+    lk_op_desc d = pool_desc(LK_OP_POOL2D, LK_POOL_MAX, &g);
+    d.dtype[0] = LK_F32, d.dtype[1] = LK_F32, d.dtype[2] = LK_I32;
+    if (lk__backend_run(xc->device, &d, (void *[]){xc->data, out->data, idx->data})) {
+        lk_tensor_release(idx);
+        lk_tensor_release(xc);
+        lk_tensor_release(out);
+        return NULL;
+    }
     lk_node *n = lk__record("max_pool2d", max_pool_backward, out, 1, &x);
     if (n) {
         pool_geom_save(n, &g);
@@ -542,16 +542,9 @@ lk_tensor *lk_max_pool2d(lk_tensor *x, lk_pool2d_params p) {
 }
 
 static void avg_pool_backward(lk_node *n, lk_tensor *gout) {
-    lk_tensor *x = n->in[0];
     pool_geom g;
     pool_geom_load(n, &g);
-    lk_tensor *dx = lk_tensor_zeros(LK_F32, x->ndim, x->shape);
-    if (!dx) return;
-    long no = g.OH * g.OW, ni = g.H * g.W;
-    for (long c = 0; c < g.planes; c++)
-        lk_k_avg_pool_backward_plane((const float *)gout->data + c * no, g.H, g.W, g.kh, g.kw, g.sh, g.sw, g.ph, g.pw,
-                                     g.count_include_pad, g.OH, g.OW, (float *)dx->data + c * ni);
-    lk__accum_move(x, dx);
+    pool_backward(n, gout, LK_POOL_AVG, &g, NULL);
 }
 
 lk_tensor *lk_avg_pool2d(lk_tensor *x, lk_pool2d_params p) {
@@ -565,10 +558,13 @@ lk_tensor *lk_avg_pool2d(lk_tensor *x, lk_pool2d_params p) {
         lk_tensor_release(xc);
         return NULL;
     }
-    long no = g.OH * g.OW, ni = g.H * g.W;
-    for (long c = 0; c < g.planes; c++)
-        lk_k_avg_pool_plane((const float *)xc->data + c * ni, g.H, g.W, g.kh, g.kw, g.sh, g.sw, g.ph, g.pw,
-                            g.count_include_pad, g.OH, g.OW, (float *)out->data + c * no);
+    lk_op_desc d = pool_desc(LK_OP_POOL2D, LK_POOL_AVG, &g);
+    d.dtype[0] = d.dtype[1] = d.dtype[2] = LK_F32;
+    if (lk__backend_run(xc->device, &d, (void *[]){xc->data, out->data, NULL})) {
+        lk_tensor_release(xc);
+        lk_tensor_release(out);
+        return NULL;
+    }
     lk_node *n = lk__record("avg_pool2d", avg_pool_backward, out, 1, &x);
     if (n) pool_geom_save(n, &g);
     lk_tensor_release(xc);
@@ -577,14 +573,10 @@ lk_tensor *lk_avg_pool2d(lk_tensor *x, lk_pool2d_params p) {
 
 static void adaptive_avg_backward(lk_node *n, lk_tensor *gout) {
     lk_tensor *x = n->in[0];
-    long H = x->shape[x->ndim - 2], W = x->shape[x->ndim - 1], OH = n->a.i[0], OW = n->a.i[1];
-    long planes = H * W > 0 ? (long)(x->numel / (H * W)) : 0;
-    lk_tensor *dx = lk_tensor_zeros(LK_F32, x->ndim, x->shape);
-    if (!dx) return;
-    for (long c = 0; c < planes; c++)
-        lk_k_adaptive_avg_backward_plane((const float *)gout->data + c * OH * OW, H, W, OH, OW,
-                                         (float *)dx->data + c * H * W);
-    lk__accum_move(x, dx);
+    long H = x->shape[x->ndim - 2], W = x->shape[x->ndim - 1];
+    pool_geom g = {.planes = H * W > 0 ? (long)(x->numel / (H * W)) : 0, .H = H, .W = W, .OH = n->a.i[0],
+                   .OW = n->a.i[1]};
+    pool_backward(n, gout, LK_POOL_ADAPTIVE_AVG, &g, NULL);
 }
 
 lk_tensor *lk_adaptive_avg_pool2d(lk_tensor *x, int out_h, int out_w) {
@@ -611,10 +603,14 @@ lk_tensor *lk_adaptive_avg_pool2d(lk_tensor *x, int out_h, int out_w) {
         lk_tensor_release(xc);
         return NULL;
     }
-    long planes = (long)(x->numel / (H * W));
-    for (long c = 0; c < planes; c++)
-        lk_k_adaptive_avg_plane((const float *)xc->data + c * H * W, H, W, out_h, out_w,
-                                (float *)out->data + (long)c * out_h * out_w);
+    pool_geom g = {.planes = (long)(x->numel / (H * W)), .H = H, .W = W, .OH = out_h, .OW = out_w};
+    lk_op_desc d = pool_desc(LK_OP_POOL2D, LK_POOL_ADAPTIVE_AVG, &g);
+    d.dtype[0] = d.dtype[1] = d.dtype[2] = LK_F32;
+    if (lk__backend_run(xc->device, &d, (void *[]){xc->data, out->data, NULL})) {
+        lk_tensor_release(xc);
+        lk_tensor_release(out);
+        return NULL;
+    }
     lk_node *n = lk__record("adaptive_avg_pool2d", adaptive_avg_backward, out, 1, &x);
     if (n) {
         n->a.i[0] = out_h;

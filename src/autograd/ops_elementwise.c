@@ -18,7 +18,10 @@ lk_tensor *lk__expand(lk_tensor *t, int ndim, const int64_t *shape) {
     static const float zero = 0.0f;
     int64_t sa[LK_MAX_DIMS], sb[LK_MAX_DIMS] = {0};
     bcast_strides(t, ndim, shape, sa);
-    lk__cpu_backend.binary(LK_BINARY_ADD, ndim, shape, t->data, sa, &zero, sb, out->data);
+    if (lk__binary_f32(t->device, LK_BINARY_ADD, ndim, shape, t->data, sa, &zero, sb, out->data)) {
+        lk_tensor_release(out);
+        return NULL;
+    }
     return out;
 }
 
@@ -31,7 +34,10 @@ static lk_tensor *binary_raw(lk_binary_op op, lk_tensor *a, lk_tensor *b, const 
     if (!out) return NULL;
     bcast_strides(a, ndim, shape, sa);
     bcast_strides(b, ndim, shape, sb);
-    lk__backend(a->device)->binary(op, ndim, shape, a->data, sa, b->data, sb, out->data);
+    if (lk__binary_f32(a->device, op, ndim, shape, a->data, sa, b->data, sb, out->data)) {
+        lk_tensor_release(out);
+        return NULL;
+    }
     return out;
 }
 
@@ -50,7 +56,10 @@ static void binary_backward(lk_node *n, lk_tensor *g) {
         if (b->requires_grad) {
             lk_tensor *ng = lk__tensor_new(LK_F32, g->ndim, g->shape);
             if (!ng) return;
-            lk__cpu_backend.unary(LK_UNARY_NEG, g->numel, g->data, ng->data, 0);
+            if (lk__unary_f32(g->device, LK_UNARY_NEG, g->numel, g->data, ng->data, 0)) {
+                lk_tensor_release(ng);
+                return;
+            }
             accum_release(b, ng);
         }
         break;
@@ -64,7 +73,10 @@ static void binary_backward(lk_node *n, lk_tensor *g) {
             lk_tensor *t = binary_raw(LK_BINARY_MUL, g, n->out, "div backward");
             lk_tensor *u = t ? binary_raw(LK_BINARY_DIV, t, b, "div backward") : NULL;
             lk_tensor_release(t);
-            if (u) lk__cpu_backend.unary(LK_UNARY_NEG, u->numel, u->data, u->data, 0);
+            if (u && lk__unary_f32(u->device, LK_UNARY_NEG, u->numel, u->data, u->data, 0)) {
+                lk_tensor_release(u);
+                return;
+            }
             accum_release(b, u);
         }
         break;
@@ -108,9 +120,10 @@ static void affine_backward(lk_node *n, lk_tensor *g) {
     }
     lk_tensor *d = lk__tensor_new(LK_F32, g->ndim, g->shape);
     if (!d) return;
-    const float *gd = g->data;
-    float *dd = d->data;
-    for (int64_t i = 0; i < g->numel; i++) dd[i] = gd[i] * m;
+    if (lk__affine_f32(g->device, g->numel, m, 0.0f, false, g->data, d->data)) {
+        lk_tensor_release(d);
+        return;
+    }
     accum_release(x, d);
 }
 
@@ -119,10 +132,11 @@ static lk_tensor *affine(lk_tensor *x, float mul, float add, const char *name) {
     lk_tensor *xc = lk__contig(x);
     if (!xc) return NULL;
     lk_tensor *out = lk__tensor_new(LK_F32, x->ndim, x->shape);
+    if (out && lk__affine_f32(xc->device, out->numel, mul, add, true, xc->data, out->data)) {
+        lk_tensor_release(out);
+        out = NULL;
+    }
     if (out) {
-        const float *xd = xc->data;
-        float *od = out->data;
-        for (int64_t i = 0; i < out->numel; i++) od[i] = xd[i] * mul + add;
         lk_node *n = lk__record(name, affine_backward, out, 1, &x);
         if (n) n->a.f[0] = mul;
     }
@@ -149,8 +163,11 @@ static void unary_backward(lk_node *n, lk_tensor *g) {
     lk_tensor *x = n->saved[0], *y = n->out;
     lk_tensor *d = lk__tensor_new(LK_F32, g->ndim, g->shape);
     if (!d) return;
-    lk__backend(x->device)->unary_backward((lk_unary_op)n->a.i[0], g->numel, x->data, y->data, g->data, d->data,
-                                           n->a.f[2], false);
+    if (lk__unary_backward_f32(x->device, (lk_unary_op)n->a.i[0], g->numel, x->data, y->data, g->data, d->data,
+                               n->a.f[2], false)) {
+        lk_tensor_release(d);
+        return;
+    }
     accum_release(n->in[0], d);
 }
 
@@ -159,8 +176,11 @@ lk_tensor *lk__unary(lk_unary_op op, lk_tensor *x, float alpha, const char *name
     lk_tensor *xc = lk__contig(x);
     if (!xc) return NULL;
     lk_tensor *out = lk__tensor_new(LK_F32, x->ndim, x->shape);
+    if (out && lk__unary_f32(xc->device, op, out->numel, xc->data, out->data, alpha)) {
+        lk_tensor_release(out);
+        out = NULL;
+    }
     if (out) {
-        lk__backend(x->device)->unary(op, out->numel, xc->data, out->data, alpha);
         lk_node *n = lk__record(name, unary_backward, out, 1, &x);
         if (n) {
             n->a.i[0] = op;

@@ -16,10 +16,12 @@ static void dropout_backward(lk_node *n, lk_tensor *g) {
     float scale = n->a.f[0];
     lk_tensor *dx = lk__tensor_new(LK_F32, g->ndim, g->shape);
     if (!dx) return;
-    const uint8_t *m = mask->data;
-    const float *gd = g->data;
-    float *dd = dx->data;
-    for (int64_t i = 0; i < g->numel; i++) dd[i] = gd[i] * (m[i] ? scale : 0.0f);
+    lk_op_desc d = {.op = LK_OP_MASK_SCALE, .dtype = {LK_F32, LK_U8, LK_F32}};
+    d.mask_scale = (lk_mask_scale_params){g->numel, scale};
+    if (lk__backend_run(g->device, &d, (void *[]){g->data, mask->data, dx->data})) {
+        lk_tensor_release(dx);
+        return;
+    }
     lk__accum_move(n->in[0], dx);
 }
 
@@ -64,19 +66,24 @@ lk_tensor *lk_dropout(lk_tensor *x, float p, bool training, lk_rng *rng) {
     lk_tensor *xc = lk__contig(x);
     lk_tensor *mask = xc ? lk__tensor_new(LK_U8, x->ndim, x->shape) : NULL;
     lk_tensor *out = mask ? lk__tensor_new(LK_F32, x->ndim, x->shape) : NULL;
+    /* As PyTorch: out = x * noise, noise = keep / (1 - p), so inf * 0 stays
+     * NaN; p == 1 draws nothing and zeroes everything. */
+    float scale = p == 1.0f ? 0.0f : (float)(1.0 / (1.0 - (double)p));
     if (out) {
-        /* As PyTorch: out = x * noise, noise = keep / (1 - p), so inf * 0 stays
-         * NaN; p == 1 draws nothing and zeroes everything. */
-        float scale = p == 1.0f ? 0.0f : (float)(1.0 / (1.0 - (double)p));
-        const float *xd = xc->data;
         uint8_t *md = mask->data;
-        float *od = out->data;
         if (p < 1.0f) {
             draw_keep_mask(rng, p, md, x->numel);
         } else {
             memset(md, 0, (size_t)x->numel);
         }
-        for (int64_t i = 0; i < x->numel; i++) od[i] = xd[i] * (md[i] ? scale : 0.0f);
+        lk_op_desc d = {.op = LK_OP_MASK_SCALE, .dtype = {LK_F32, LK_U8, LK_F32}};
+        d.mask_scale = (lk_mask_scale_params){x->numel, scale};
+        if (lk__backend_run(xc->device, &d, (void *[]){xc->data, md, out->data})) {
+            lk_tensor_release(out);
+            out = NULL;
+        }
+    }
+    if (out) {
         lk_node *n = lk__record(op, dropout_backward, out, 1, &x);
         if (n) {
             n->a.f[0] = scale;
@@ -99,32 +106,19 @@ static void layer_norm_backward(lk_node *n, lk_tensor *g) {
     lk_tensor *x = n->saved[0], *stats = n->saved[1], *wt = n->saved[2];
     lk_tensor *xin = n->in[0], *win = has_w ? n->in[1] : NULL, *bin = has_b ? n->in[1 + has_w] : NULL;
     lk_tensor *dx = NULL, *dw = NULL, *db = NULL;
-    float *dy = NULL;
     if (xin->requires_grad && !(dx = lk__tensor_new(LK_F32, x->ndim, x->shape))) goto done;
     if (win && win->requires_grad && !(dw = lk_tensor_zeros(LK_F32, win->ndim, win->shape))) goto done;
     if (bin && bin->requires_grad && !(db = lk_tensor_zeros(LK_F32, bin->ndim, bin->shape))) goto done;
-    if (dx && wt && L > 0 && !(dy = lk_malloc((size_t)L * sizeof *dy))) goto done;
-    const float *xd = x->data, *gd = g->data, *sd = stats->data, *wd = wt ? wt->data : NULL;
-    for (int64_t r = 0; r < M; r++) {
-        const float *xr = xd + r * L, *gr = gd + r * L;
-        float mean = sd[2 * r], rstd = sd[2 * r + 1];
-        if (dx) {
-            const float *dyr = gr;
-            if (wd) {
-                memcpy(dy, gr, (size_t)L * sizeof *dy);
-                lk_k_mul8(dy, wd, L);
-                dyr = dy;
-            }
-            lk_k_layer_norm_backward_row(xr, dyr, mean, rstd, L, (float *)dx->data + r * L);
-        }
-        if (dw || db)
-            lk_k_layer_norm_param_grad_row(xr, gr, mean, rstd, L, dw ? dw->data : NULL, db ? db->data : NULL);
-    }
+    lk_op_desc d = {.op = LK_OP_LAYER_NORM_BACKWARD, .dtype = {LK_F32, LK_F32, LK_F32, LK_F32, LK_F32, LK_F32, LK_F32}};
+    d.layer_norm = (lk_layer_norm_params){M, L, 0.0f};
+    if (lk__backend_run(x->device, &d,
+                        (void *[]){x->data, g->data, stats->data, wt ? wt->data : NULL, dx ? dx->data : NULL,
+                                   dw ? dw->data : NULL, db ? db->data : NULL}))
+        goto done;
     lk__accum_move(xin, dx), dx = NULL;
     lk__accum_move(win, dw), dw = NULL;
     lk__accum_move(bin, db), db = NULL;
 done:
-    lk_free(dy);
     lk_tensor_release(dx);
     lk_tensor_release(dw);
     lk_tensor_release(db);
@@ -170,17 +164,15 @@ lk_tensor *lk_layer_norm(lk_tensor *x, int normalized_ndim, lk_tensor *weight, l
     if (!xc || (weight && !(wc = lk__contig(weight))) || (bias && !(bc = lk__contig(bias)))) goto done;
     if (need && !(stats = lk__tensor_new(LK_F32, 2, (int64_t[]){M, 2}))) goto done;
     if (!(out = lk__tensor_new(LK_F32, x->ndim, x->shape))) goto done;
-    const float *xd = xc->data, *wd = wc ? wc->data : NULL, *bd = bc ? bc->data : NULL;
-    float *od = out->data, *sd = stats ? stats->data : NULL;
-    if (L > 0)
-        for (int64_t r = 0; r < M; r++) {
-            float mean, rstd;
-            lk_k_layer_norm_row(xd + r * L, od + r * L, L, wd, bd, eps, &mean, &rstd);
-            if (sd) {
-                sd[2 * r] = mean;
-                sd[2 * r + 1] = rstd;
-            }
-        }
+    lk_op_desc d = {.op = LK_OP_LAYER_NORM, .dtype = {LK_F32, LK_F32, LK_F32, LK_F32, LK_F32}};
+    d.layer_norm = (lk_layer_norm_params){M, L, eps};
+    if (lk__backend_run(xc->device, &d,
+                        (void *[]){xc->data, wc ? wc->data : NULL, bc ? bc->data : NULL, out->data,
+                                   stats ? stats->data : NULL})) {
+        lk_tensor_release(out);
+        out = NULL;
+        goto done;
+    }
     lk_node *n = lk__record(op, layer_norm_backward, out, n_in, in);
     if (n) {
         n->a.i[0] = weight != NULL;

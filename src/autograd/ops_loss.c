@@ -3,8 +3,12 @@
 #include <math.h>
 
 #include "autograd/autograd_impl.h"
+#include "backend/backend_impl.h"
 
-typedef enum { LOSS_MSE, LOSS_L1, LOSS_SMOOTH_L1 } loss_kind;
+typedef lk_ploss_kind loss_kind;
+#define LOSS_MSE LK_PLOSS_MSE
+#define LOSS_L1 LK_PLOSS_L1
+#define LOSS_SMOOTH_L1 LK_PLOSS_SMOOTH_L1
 
 static void pointwise_loss_backward(lk_node *n, lk_tensor *g) {
     lk_tensor *x = n->saved[0], *y = n->saved[1];
@@ -12,24 +16,20 @@ static void pointwise_loss_backward(lk_node *n, lk_tensor *g) {
     lk_reduction red = (lk_reduction)n->a.i[1];
     float beta = n->a.f[0];
     int64_t N = x->numel;
-    const float *xd = x->data, *yd = y->data, *gd = g->data;
     lk_tensor *dx = lk__tensor_new(LK_F32, x->ndim, x->shape);
     if (!dx) return;
-    float *d = dx->data;
-    float scale = red == LK_REDUCTION_MEAN ? 1.0f / (float)N : 1.0f;
-    for (int64_t i = 0; i < N; i++) {
-        float diff = xd[i] - yd[i], gi = red == LK_REDUCTION_NONE ? gd[i] : gd[0] * scale, v;
-        switch (kind) {
-        case LOSS_MSE: v = 2.0f * diff; break;
-        case LOSS_L1: v = diff > 0 ? 1.0f : (diff < 0 ? -1.0f : 0.0f); break;
-        default:
-            v = fabsf(diff) < beta ? diff / beta : (diff > 0 ? 1.0f : (diff < 0 ? -1.0f : 0.0f));
-        }
-        d[i] = gi * v;
+    lk_op_desc d = {.op = LK_OP_LOSS_BACKWARD, .dtype = {LK_F32, LK_F32, LK_F32, LK_F32}};
+    d.loss = (lk_loss_params){kind, red, N, beta};
+    if (lk__backend_run(x->device, &d, (void *[]){x->data, y->data, g->data, dx->data})) {
+        lk_tensor_release(dx);
+        return;
     }
     if (n->in[0]->requires_grad) lk__accum(n->in[0], dx);
     if (n->in[1]->requires_grad) {
-        for (int64_t i = 0; i < N; i++) d[i] = -d[i];
+        if (lk__unary_f32(dx->device, LK_UNARY_NEG, N, dx->data, dx->data, 0)) {
+            lk_tensor_release(dx);
+            return;
+        }
         lk__accum(n->in[1], dx);
     }
     lk_tensor_release(dx);
@@ -51,21 +51,14 @@ static lk_tensor *pointwise_loss(lk_tensor *x, lk_tensor *y, lk_reduction red, l
         lk_tensor_release(yc);
         return NULL;
     }
-    const float *xd = xc->data, *yd = yc->data;
-    float *od = out->data;
-    double acc = 0;
-    for (int64_t i = 0; i < x->numel; i++) {
-        float diff = xd[i] - yd[i], v;
-        switch (kind) {
-        case LOSS_MSE: v = diff * diff; break;
-        case LOSS_L1: v = fabsf(diff); break;
-        default: v = fabsf(diff) < beta ? 0.5f * diff * diff / beta : fabsf(diff) - 0.5f * beta;
-        }
-        if (red == LK_REDUCTION_NONE) od[i] = v;
-        else acc += v;
+    lk_op_desc d = {.op = LK_OP_LOSS, .dtype = {LK_F32, LK_F32, LK_F32}};
+    d.loss = (lk_loss_params){kind, red, x->numel, beta};
+    if (lk__backend_run(xc->device, &d, (void *[]){xc->data, yc->data, out->data})) {
+        lk_tensor_release(out);
+        lk_tensor_release(xc);
+        lk_tensor_release(yc);
+        return NULL;
     }
-    if (red == LK_REDUCTION_SUM) od[0] = (float)acc;
-    if (red == LK_REDUCTION_MEAN) od[0] = x->numel ? (float)(acc / (double)x->numel) : NAN;
     lk_tensor *in[2] = {x, y};
     lk_node *n = lk__record(name, pointwise_loss_backward, out, 2, in);
     if (n) {

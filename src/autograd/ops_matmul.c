@@ -226,13 +226,9 @@ static void linear_backward(lk_node *n, lk_tensor *g) {
     lk_tensor_release(gl);
     if (b && b->requires_grad) {
         lk_tensor *db = lk_tensor_zeros(LK_F32, 1, b->shape);
-        if (db) {
-            float *dd = db->data;
-            const float *gd = g2->data;
-            for (int64_t i = 0; i < M; i++)
-                for (int64_t j = 0; j < out_f; j++) dd[j] += gd[i * out_f + j];
+        /* the column sums of g2 [M, out_f], row after row */
+        if (db && !lk__sum_to_f32(g2->device, 2, (int64_t[]){M, out_f}, g2->data, (int64_t[]){0, 1}, db->data))
             lk__accum(b, db);
-        }
         lk_tensor_release(db);
     }
     lk_tensor_release(g2);

@@ -37,32 +37,6 @@ static void channel_sums(const bn_bwd_job *j, long c, double *sg, double *sgx) {
     }
 }
 
-static void bn_bwd_task(void *ctx, int t) {
-    const bn_bwd_job *j = ctx;
-    long N = j->N, C = j->C, S = j->S;
-    int64_t c0, c1;
-    lk__task_range(C, t, j->width, 1, &c0, &c1);
-    for (long c = c0; c < c1; c++) {
-        double sg, sgx;
-        channel_sums(j, c, &sg, &sgx);
-        float is = j->invstd[c], wv = j->w ? j->w[c] : 1.0f;
-        if (j->db) j->db[c] = (float)sg;
-        if (j->dw) j->dw[c] = (float)(sgx * is);
-        if (j->dx) {
-            /* training: dx = w*is/M * (M*g - sum(g) - xhat * sum(g*xhat)), xhat = (x - mean)*is;
-             * eval: the statistics are constants, dx = g * w * is. */
-            float k1 = wv * is, k0 = 0.0f, k2 = 0.0f;
-            if (j->training) {
-                k0 = (float)(-(double)k1 * sg / j->M);
-                k2 = (float)(-(double)k1 * is * is * sgx / j->M);
-            }
-            for (long i = 0; i < N; i++)
-                lk_k_bn_backward_plane(j->gd + (i * C + c) * S, j->xd + (i * C + c) * S, S, j->mean[c], k0, k1, k2,
-                                       j->dx + (i * C + c) * S);
-        }
-    }
-}
-
 typedef struct {
     lk_sum_fn sum;
     void *ctx;
@@ -121,7 +95,15 @@ static void batch_norm_backward(lk_node *n, lk_tensor *gout) {
             goto done;
         }
     } else {
-        lk__parallel_run(job.width, bn_bwd_task, &job);
+        lk_op_desc d = {.op = LK_OP_BATCH_NORM_BACKWARD,
+                        .dtype = {LK_F32, LK_F32, LK_F32, LK_F32, LK_F32, LK_F32, LK_F32}};
+        d.batch_norm = (lk_batch_norm_params){.N = N, .C = C, .S = S, .M = M, .training = training};
+        lk_status st = lk__backend_run(xc->device, &d, (void *[]){(void *)xd, (void *)gd, stats->data,
+                                                                   wc ? wc->data : NULL, job.dx, job.dw, job.db});
+        if (st) {
+            lk_tensor_release(wc);
+            goto done;
+        }
     }
     lk_tensor_release(wc);
     /* moved: the gradient slots take these buffers instead of copying them */
@@ -156,38 +138,6 @@ typedef struct {
     bool training;
     int width;
 } bn_fwd_job;
-
-static void bn_fwd_task(void *ctx, int t) {
-    const bn_fwd_job *j = ctx;
-    long N = j->N, C = j->C, S = j->S;
-    double M = j->M;
-    const float *xd = j->xd;
-    float *mean = j->stats, *invstd = j->stats + C, *od = j->od;
-    int64_t c0, c1;
-    lk__task_range(C, t, j->width, 1, &c0, &c1);
-    for (long c = c0; c < c1; c++) {
-        if (j->training) {
-            double s = 0, q = 0;
-            for (long i = 0; i < N; i++) s += lk_k_plane_sum(xd + (i * C + c) * S, S);
-            float m = (float)(s / M);
-            for (long i = 0; i < N; i++) q += lk_k_plane_sqdev(xd + (i * C + c) * S, S, m);
-            double var = q / M;
-            mean[c] = m;
-            invstd[c] = (float)(1.0 / sqrt(var + (double)j->eps));
-            if (j->running_mean) {
-                vec_set(j->running_mean, c, (1.0f - j->momentum) * vec_get(j->running_mean, c) + j->momentum * m);
-                vec_set(j->running_var, c,
-                        (1.0f - j->momentum) * vec_get(j->running_var, c) + j->momentum * (float)(q / (M - 1)));
-            }
-        } else {
-            mean[c] = vec_get(j->running_mean, c);
-            invstd[c] = (float)(1.0 / sqrt((double)vec_get(j->running_var, c) + (double)j->eps));
-        }
-        float scale = invstd[c] * (j->weight ? vec_get(j->weight, c) : 1.0f);
-        float shift = (j->bias ? vec_get(j->bias, c) : 0.0f) - mean[c] * scale;
-        for (long i = 0; i < N; i++) lk_k_plane_affine(xd + (i * C + c) * S, S, scale, shift, od + (i * C + c) * S);
-    }
-}
 
 /* SyncBatchNorm's statistics: per channel the sum over every rank, then
  * the squared deviations from the global mean (two passes, as the
@@ -297,7 +247,20 @@ static lk_tensor *batch_norm_impl(lk_tensor *x, lk_tensor *running_mean, lk_tens
             return NULL;
         }
     } else {
-        lk__parallel_run(job.width, bn_fwd_task, &job);
+        lk_op_desc d = {.op = LK_OP_BATCH_NORM, .dtype = {LK_F32, LK_F32, LK_F32, LK_F32, LK_F32, LK_F32, LK_F32}};
+        d.batch_norm = (lk_batch_norm_params){
+            .N = N, .C = C, .S = S, .M = M, .eps = eps, .momentum = momentum, .training = training,
+            .stride = {weight ? weight->stride[0] : 0, bias ? bias->stride[0] : 0,
+                       running_mean ? running_mean->stride[0] : 0, running_var ? running_var->stride[0] : 0}};
+        if (lk__backend_run(xc->device, &d,
+                            (void *[]){xc->data, weight ? weight->data : NULL, bias ? bias->data : NULL,
+                                       running_mean ? running_mean->data : NULL,
+                                       running_var ? running_var->data : NULL, out->data, stats->data})) {
+            lk_tensor_release(xc);
+            lk_tensor_release(stats);
+            lk_tensor_release(out);
+            return NULL;
+        }
     }
     lk_tensor *in[3] = {x, NULL, NULL};
     int n_in = 1, iw = -1, ib = -1;

@@ -4,6 +4,7 @@
 #include <math.h>
 
 #include "autograd/autograd_impl.h"
+#include "backend/backend_impl.h"
 
 lk_tensor *lk__expand(lk_tensor *t, int ndim, const int64_t *shape);
 
@@ -21,9 +22,9 @@ static void sum_backward(lk_node *n, lk_tensor *g) {
         s *= kshape[i];
     }
     lk_tensor *e = lk__expand(gk, x->ndim, x->shape);
-    if (e && scale != 1.0f) {
-        float *d = e->data;
-        for (int64_t i = 0; i < e->numel; i++) d[i] *= scale;
+    if (e && scale != 1.0f && lk__affine_f32(e->device, e->numel, scale, 0.0f, false, e->data, e->data)) {
+        lk_tensor_release(e);
+        e = NULL;
     }
     if (e) lk__accum(x, e);
     lk_tensor_release(e);
@@ -62,10 +63,12 @@ static lk_tensor *reduce(lk_tensor *x, const int *dims, int ndims, bool keepdim,
         return NULL;
     }
     float scale = mean ? (count ? 1.0f / (float)count : NAN) : 1.0f;
-    const float *rd = r->data;
-    float *od = out->data;
-    for (int64_t i = 0; i < out->numel; i++) od[i] = rd[i] * scale;
+    lk_status st = lk__affine_f32(r->device, out->numel, scale, 0.0f, false, r->data, out->data);
     lk_tensor_release(r);
+    if (st) {
+        lk_tensor_release(out);
+        return NULL;
+    }
     lk_node *n = lk__record(name, sum_backward, out, 1, &x);
     if (n) {
         n->a.f[0] = scale;

@@ -75,7 +75,10 @@ static lk_tensor *broadcast_to(const char *op, const char *what, lk_tensor *t, c
     lk_tensor *out = lk__tensor_new(LK_F32, ref->ndim, ref->shape);
     if (!out) return NULL;
     static const float zero = 0.0f;
-    lk__cpu_backend.binary(LK_BINARY_ADD, ref->ndim, ref->shape, t->data, st, &zero, zs, out->data);
+    if (lk__binary_f32(t->device, LK_BINARY_ADD, ref->ndim, ref->shape, t->data, st, &zero, zs, out->data)) {
+        lk_tensor_release(out);
+        return NULL;
+    }
     return out;
 }
 
@@ -99,20 +102,11 @@ static void softmax_backward(lk_node *n, lk_tensor *g) {
     lk_tensor *y = n->out;
     lk_tensor *dx = lk__tensor_new(LK_F32, y->ndim, y->shape);
     if (!dx) return;
-    const float *yd = y->data, *gd = g->data;
-    float *dd = dx->data;
-    if (inner == 1) {
-        for (int64_t o = 0; o < outer; o++) lk_k_softmax_backward_row(yd + o * C, gd + o * C, dd + o * C, C, log_out);
-    } else if (C > 0 && inner > 1) {
-        float *acc = lk_malloc((size_t)inner * sizeof *acc);
-        if (!acc) {
-            lk_tensor_release(dx);
-            return;
-        }
-        for (int64_t o = 0; o < outer; o++)
-            lk_k_softmax_backward_cols(yd + o * C * inner, gd + o * C * inner, dd + o * C * inner, C, inner, acc,
-                                       log_out);
-        lk_free(acc);
+    lk_op_desc d = {.op = LK_OP_SOFTMAX_BACKWARD, .dtype = {LK_F32, LK_F32, LK_F32}};
+    d.softmax = (lk_softmax_params){outer, C, inner, log_out};
+    if (lk__backend_run(y->device, &d, (void *[]){y->data, g->data, dx->data})) {
+        lk_tensor_release(dx);
+        return;
     }
     lk__accum(n->in[0], dx);
     lk_tensor_release(dx);
@@ -131,21 +125,13 @@ static lk_tensor *softmax_op(lk_tensor *x, int dim, int log_out, const char *nam
     lk_tensor *xc = lk__contig(x);
     if (!xc) return NULL;
     lk_tensor *out = lk__tensor_new(LK_F32, x->ndim, x->shape);
-    float *scratch = NULL;
-    if (out && s.inner > 1 && s.C > 0 && !(scratch = lk_malloc(2 * (size_t)s.inner * sizeof *scratch))) {
+    lk_op_desc desc = {.op = LK_OP_SOFTMAX, .dtype = {LK_F32, LK_F32}};
+    desc.softmax = (lk_softmax_params){s.outer, s.C, s.inner, log_out};
+    if (out && lk__backend_run(xc->device, &desc, (void *[]){xc->data, out->data})) {
         lk_tensor_release(out);
         out = NULL;
     }
     if (out) {
-        const float *xd = xc->data;
-        float *od = out->data;
-        if (s.inner == 1) {
-            for (int64_t o = 0; o < s.outer; o++) lk_k_softmax_row(xd + o * s.C, od + o * s.C, s.C, log_out);
-        } else if (s.C > 0 && s.inner > 1) {
-            int64_t blk = s.C * s.inner;
-            for (int64_t o = 0; o < s.outer; o++)
-                lk_k_softmax_cols(xd + o * blk, od + o * blk, s.C, s.inner, scratch, scratch + s.inner, log_out);
-        }
         lk_node *n = lk__record(name, softmax_backward, out, 1, &x);
         if (n) {
             n->a.i[0] = log_out;
@@ -154,7 +140,6 @@ static lk_tensor *softmax_op(lk_tensor *x, int dim, int log_out, const char *nam
             n->a.i[3] = s.inner;
         }
     }
-    lk_free(scratch);
     lk_tensor_release(xc);
     return lk__op_result(out);
 }
@@ -254,28 +239,13 @@ static void xent_backward(lk_node *n, lk_tensor *g) {
     float norm = n->a.f[0], eps = n->a.f[1], W = n->a.f[2];
     lk_tensor *dx = lk__tensor_new(LK_F32, x->ndim, x->shape);
     if (!dx) return;
-    float *row = NULL;
-    if (D > 1 && !(row = lk_malloc((size_t)C * sizeof *row))) {
+    lk_op_desc d = {.op = LK_OP_XENT_BACKWARD, .dtype = {LK_F32, tt->dtype, LK_F32, LK_F32, LK_F32}};
+    d.xent = (lk_xent_params){N, C, D, ignore, red, eps, norm, W};
+    if (lk__backend_run(x->device, &d,
+                        (void *[]){P ? P->data : NULL, tt->data, wt ? wt->data : NULL, g->data, dx->data})) {
         lk_tensor_release(dx);
         return;
     }
-    const float *pd = P ? P->data : NULL, *gd = g->data, *w = wt ? wt->data : NULL;
-    float *dd = dx->data;
-    for (int64_t r = 0; r < N * D; r++) {
-        int64_t t = index_at(tt, r);
-        float *dst = D == 1 ? dd + r * C : row;
-        if (t == ignore) {
-            memset(dst, 0, (size_t)C * sizeof *dst);
-        } else {
-            float coef = red == LK_REDUCTION_NONE ? gd[r] : red == LK_REDUCTION_MEAN ? gd[0] / norm : gd[0];
-            lk_k_xent_row_grad(pd + r * C, dst, C, t, w ? w[t] : 1.0f, w, W, eps, coef);
-        }
-        if (D > 1) {
-            float *base = dd + (r / D) * C * D + r % D;
-            for (int64_t c = 0; c < C; c++) base[c * D] = row[c];
-        }
-    }
-    lk_free(row);
     lk__accum(x, dx);
     lk_tensor_release(dx);
 }
@@ -296,42 +266,17 @@ lk_tensor *lk_cross_entropy(lk_tensor *logits, lk_tensor *target, const lk_cross
     lk_tensor *xc = lk__contig(logits);
     lk_tensor *P = xc && need ? lk__tensor_new(LK_F32, 2, (int64_t[]){rows, C}) : NULL;
     lk_tensor *out = xc && (P || !need) ? loss_out(o.reduction, target) : NULL;
-    /* Per-call scratch: a gathered row when the classes are strided (D > 1),
-     * and the row's exp() when no softmax is kept for backward. */
-    float *scratch = out && C > 0 ? lk_malloc(2 * (size_t)C * sizeof *scratch) : NULL;
-    if (!out || (C > 0 && !scratch)) {
+    if (!out) goto done;
+    const float *w = a.w ? a.w->data : NULL;
+    double wsum = 0.0;
+    lk_op_desc d = {.op = LK_OP_XENT, .dtype = {LK_F32, a.t->dtype, LK_F32, LK_F32, LK_F32, LK_F64}};
+    d.xent = (lk_xent_params){a.N, C, D, o.ignore_index, o.reduction, eps, 0.0f, 0.0f};
+    if (lk__backend_run(xc->device, &d,
+                        (void *[]){xc->data, a.t->data, a.w ? a.w->data : NULL, out->data, P ? P->data : NULL, &wsum})) {
         lk_tensor_release(out);
         out = NULL;
         goto done;
     }
-    const float *xd = xc->data, *w = a.w ? a.w->data : NULL;
-    float *od = out->data, *pd = P ? P->data : NULL;
-    double nll_sum = 0.0, smooth_sum = 0.0, wsum = 0.0;
-    for (int64_t r = 0; r < rows; r++) {
-        int64_t t = index_at(a.t, r);
-        if (t == o.ignore_index) {
-            if (o.reduction == LK_REDUCTION_NONE) od[r] = 0.0f;
-            continue;
-        }
-        const float *z = xd + r * C;
-        if (D > 1) {
-            const float *base = xd + (r / D) * C * D + r % D;
-            for (int64_t c = 0; c < C; c++) scratch[c] = base[c * D];
-            z = scratch;
-        }
-        float wt = w ? w[t] : 1.0f, sm;
-        float nll = lk_k_xent_row(z, pd ? pd + r * C : scratch + C, C, t, wt, w, eps, pd != NULL, &sm);
-        if (o.reduction == LK_REDUCTION_NONE) od[r] = eps > 0.0f ? (1.0f - eps) * nll + sm * (eps / (float)C) : nll;
-        nll_sum += nll;
-        smooth_sum += sm;
-        wsum += wt;
-    }
-    /* The mean divides by the total weight of the counted targets, as
-     * PyTorch's nll_loss does (0/0 = NaN when every target is ignored). */
-    double es = C > 0 ? (double)eps / (double)C : 0.0;
-    if (o.reduction == LK_REDUCTION_SUM) od[0] = (float)((1.0 - eps) * nll_sum + es * smooth_sum);
-    if (o.reduction == LK_REDUCTION_MEAN)
-        od[0] = (float)(eps > 0.0f ? (1.0 - eps) * (nll_sum / wsum) + es * (smooth_sum / wsum) : nll_sum / wsum);
     lk_node *n = lk__record(op, xent_backward, out, 1, &logits);
     if (n) {
         float W = (float)C;
@@ -352,7 +297,6 @@ lk_tensor *lk_cross_entropy(lk_tensor *logits, lk_tensor *target, const lk_cross
         n->saved[2] = lk_tensor_retain(a.w);
     }
 done:
-    lk_free(scratch);
     lk_tensor_release(P);
     lk_tensor_release(xc);
     cls_args_release(&a);
@@ -367,13 +311,11 @@ static void nll_backward(lk_node *n, lk_tensor *g) {
     float norm = n->a.f[0];
     lk_tensor *dx = lk_tensor_zeros(LK_F32, x->ndim, x->shape);
     if (!dx) return;
-    const float *gd = g->data, *w = wt ? wt->data : NULL;
-    float *dd = dx->data;
-    for (int64_t r = 0; r < N * D; r++) {
-        int64_t t = index_at(tt, r);
-        if (t == ignore) continue;
-        float coef = red == LK_REDUCTION_NONE ? gd[r] : red == LK_REDUCTION_MEAN ? gd[0] / norm : gd[0];
-        dd[(r / D) * C * D + t * D + r % D] = -(w ? w[t] : 1.0f) * coef;
+    lk_op_desc d = {.op = LK_OP_NLL_BACKWARD, .dtype = {tt->dtype, LK_F32, LK_F32, LK_F32}};
+    d.xent = (lk_xent_params){N, C, D, ignore, red, 0.0f, norm, 0.0f};
+    if (lk__backend_run(x->device, &d, (void *[]){tt->data, wt ? wt->data : NULL, g->data, dx->data})) {
+        lk_tensor_release(dx);
+        return;
     }
     lk__accum(x, dx);
     lk_tensor_release(dx);
@@ -391,26 +333,17 @@ lk_tensor *lk_nll_loss(lk_tensor *log_probs, lk_tensor *target, const lk_cross_e
                NULL;
     cls_args a;
     if (cls_args_init(op, log_probs, target, &o, &a)) return NULL;
-    const int64_t C = a.C, D = a.D, rows = a.N * a.D;
+    const int64_t C = a.C, D = a.D;
     lk_tensor *xc = lk__contig(log_probs);
     lk_tensor *out = xc ? loss_out(o.reduction, target) : NULL;
+    double wsum = 0.0;
+    lk_op_desc d = {.op = LK_OP_NLL, .dtype = {LK_F32, a.t->dtype, LK_F32, LK_F32, LK_F64}};
+    d.xent = (lk_xent_params){a.N, C, D, o.ignore_index, o.reduction, 0.0f, 0.0f, 0.0f};
+    if (out && lk__backend_run(xc->device, &d, (void *[]){xc->data, a.t->data, a.w ? a.w->data : NULL, out->data, &wsum})) {
+        lk_tensor_release(out);
+        out = NULL;
+    }
     if (out) {
-        const float *xd = xc->data, *w = a.w ? a.w->data : NULL;
-        float *od = out->data;
-        double sum = 0.0, wsum = 0.0;
-        for (int64_t r = 0; r < rows; r++) {
-            int64_t t = index_at(a.t, r);
-            float v = 0.0f;
-            if (t != o.ignore_index) {
-                float wt = w ? w[t] : 1.0f;
-                v = -wt * xd[(r / D) * C * D + t * D + r % D];
-                sum += v;
-                wsum += wt;
-            }
-            if (o.reduction == LK_REDUCTION_NONE) od[r] = v;
-        }
-        if (o.reduction == LK_REDUCTION_SUM) od[0] = (float)sum;
-        if (o.reduction == LK_REDUCTION_MEAN) od[0] = (float)(sum / wsum);
         lk_node *n = lk__record(op, nll_backward, out, 1, &log_probs);
         if (n) {
             n->a.i[0] = o.reduction;
@@ -436,24 +369,20 @@ static void bce_backward(lk_node *n, lk_tensor *g) {
     lk_tensor *xt = n->saved[0], *tt = n->saved[1], *wt = n->saved[2], *pwt = n->saved[3];
     lk_reduction red = (lk_reduction)n->a.i[0];
     bool logits = n->a.i[1] != 0;
-    int64_t N = xt->numel;
-    const float *x = xt->data, *t = tt->data, *w = wt ? wt->data : NULL, *pw = pwt ? pwt->data : NULL, *gd = g->data;
-    float scale = red == LK_REDUCTION_MEAN ? 1.0f / (float)N : 1.0f;
-    for (int k = 0; k < 2; k++) {
-        if (!n->in[k]->requires_grad) continue;
-        lk_tensor *d = lk__tensor_new(LK_F32, xt->ndim, xt->shape);
-        if (!d) return;
-        float *dd = d->data;
-        for (int64_t i = 0; i < N; i++) {
-            float gi = red == LK_REDUCTION_NONE ? gd[i] : gd[0] * scale, v;
-            float p = pw ? pw[i] : 1.0f;
-            if (k == 0) v = logits ? lk_k_bce_logits_dx(x[i], t[i], p) : lk_k_bce_dx(x[i], t[i]);
-            else v = logits ? lk_k_bce_logits_dt(x[i], p) : lk_k_bce_dt(x[i]);
-            dd[i] = (w ? w[i] * v : v) * gi;
-        }
-        lk__accum(n->in[k], d);
-        lk_tensor_release(d);
-    }
+    lk_tensor *dd[2] = {NULL, NULL};
+    for (int k = 0; k < 2; k++)
+        if (n->in[k]->requires_grad && !(dd[k] = lk__tensor_new(LK_F32, xt->ndim, xt->shape))) goto done;
+    lk_op_desc d = {.op = LK_OP_BCE_BACKWARD, .dtype = {LK_F32, LK_F32, LK_F32, LK_F32, LK_F32, LK_F32, LK_F32}};
+    d.bce = (lk_bce_params){xt->numel, red, logits};
+    if (lk__backend_run(xt->device, &d,
+                        (void *[]){xt->data, tt->data, wt ? wt->data : NULL, pwt ? pwt->data : NULL, g->data,
+                                   dd[0] ? dd[0]->data : NULL, dd[1] ? dd[1]->data : NULL}))
+        goto done;
+    for (int k = 0; k < 2; k++)
+        if (dd[k]) lk__accum(n->in[k], dd[k]);
+done:
+    lk_tensor_release(dd[0]);
+    lk_tensor_release(dd[1]);
 }
 
 static lk_tensor *bce_op(lk_tensor *x, lk_tensor *t, lk_tensor *w, lk_tensor *pw, lk_reduction red, bool logits,
@@ -466,7 +395,7 @@ static lk_tensor *bce_op(lk_tensor *x, lk_tensor *t, lk_tensor *w, lk_tensor *pw
     if (!(xc = lk__contig(x)) || !(tc = lk__contig(t))) goto done;
     if (w && !(wc = broadcast_to(op, "weight must broadcast to the input's shape", w, x))) goto done;
     if (pw && !(pwc = broadcast_to(op, "pos_weight must broadcast to the input's shape", pw, x))) goto done;
-    const float *xd = xc->data, *td = tc->data, *wd = wc ? wc->data : NULL, *pwd = pwc ? pwc->data : NULL;
+    const float *xd = xc->data;
     const int64_t N = x->numel;
     if (!logits)
         for (int64_t i = 0; i < N; i++)
@@ -479,16 +408,14 @@ static lk_tensor *bce_op(lk_tensor *x, lk_tensor *t, lk_tensor *w, lk_tensor *pw
                 goto done;
             }
     if (!(out = loss_out(red, x))) goto done;
-    float *od = out->data;
-    double acc = 0.0;
-    for (int64_t i = 0; i < N; i++) {
-        float v = logits ? lk_k_bce_logits(xd[i], td[i], pwd ? pwd[i] : 1.0f) : lk_k_bce(xd[i], td[i]);
-        if (wd) v *= wd[i];
-        if (red == LK_REDUCTION_NONE) od[i] = v;
-        else acc += v;
+    lk_op_desc d = {.op = LK_OP_BCE, .dtype = {LK_F32, LK_F32, LK_F32, LK_F32, LK_F32}};
+    d.bce = (lk_bce_params){N, red, logits};
+    if (lk__backend_run(xc->device, &d, (void *[]){xc->data, tc->data, wc ? wc->data : NULL, pwc ? pwc->data : NULL,
+                                                   out->data})) {
+        lk_tensor_release(out);
+        out = NULL;
+        goto done;
     }
-    if (red == LK_REDUCTION_SUM) od[0] = (float)acc;
-    if (red == LK_REDUCTION_MEAN) od[0] = (float)(acc / (double)N); /* N = 0: NaN, as PyTorch */
     lk_tensor *in[2] = {x, t};
     lk_node *n = lk__record(op, bce_backward, out, 2, in);
     if (n) {

@@ -1,6 +1,7 @@
-/* Private: the per-device backend vtable. The autograd ops do shape logic and
- * call these for the math; the CPU backend (cpu.c) is the reference every
- * other backend is tested against. One comment per method. */
+/* Private: the per-device backend vtable and its registry. The autograd ops
+ * do shape logic and build op descriptors for the math; the CPU backend
+ * (src/backend/cpu/) is the reference every other backend is tested against.
+ * One comment per method. */
 #ifndef LK_BACKEND_IMPL_H
 #define LK_BACKEND_IMPL_H
 
@@ -8,15 +9,44 @@
 #include <stdint.h>
 
 #include "backend/kernels.h"
+#include "lockstep/device.h"
 #include "lockstep/tensor.h"
 
 /* ---- typed ops ------------------------------------------------------------
  * A backend says which op descriptors it runs — the op, the dtype of every
  * operand, shapes and parameters — and runs them over its device's memory.
  * The autograd ops keep the shape logic and build descriptors; a new dtype or
- * device changes backends, never ops. GEMM is the first op here; the
- * element-wise families below still have f32 methods of their own. */
-typedef enum { LK_OP_GEMM, LK_OP_COUNT } lk_op_kind;
+ * device changes backends, never ops. Dispatch is once per op call: a
+ * backend's run() loops over the elements itself (no per-element calls). */
+#define LK_OP_MAX_OPERANDS 8
+typedef enum {
+    LK_OP_GEMM,           /* A, B, C (see lk_gemm_params) */
+    LK_OP_UNARY,          /* x, y: y[i] = f(x[i]) over n contiguous elements */
+    LK_OP_UNARY_BACKWARD, /* x, y, dy, dx: dx[i] (+)= dy[i] * f'(x[i]) given y = f(x) */
+    LK_OP_BINARY,         /* a, b, out: out = a (op) b, broadcast strides */
+    LK_OP_AXPY,           /* x, y: y[i] += alpha * x[i] (alpha == 1: y += x) */
+    LK_OP_AFFINE,         /* x, y: y[i] = x[i] * mul + add (the scalar ops) */
+    LK_OP_SUM_TO,         /* src, dst: dst += src summed over the dims dst broadcasts on */
+    LK_OP_MASK_SCALE,     /* x, mask (u8), y: y[i] = x[i] * (mask[i] ? scale : 0) (dropout) */
+    LK_OP_SOFTMAX,        /* x, y: softmax or log-softmax over the middle axis of [outer, C, inner] */
+    LK_OP_SOFTMAX_BACKWARD, /* y, dy, dx: its gradient from the output y */
+    LK_OP_LOSS,           /* x, target, out: mse / l1 / smooth_l1, reduced (mean, sum) or not */
+    LK_OP_LOSS_BACKWARD,  /* x, target, dout, dx: d loss / dx (the target's gradient is -dx) */
+    LK_OP_BCE,            /* x, target, w, pos_w, out: binary cross-entropy (on logits); w, pos_w may be NULL */
+    LK_OP_BCE_BACKWARD,   /* x, target, w, pos_w, dout, dx, dtarget: either gradient may be NULL */
+    LK_OP_XENT,           /* x, target, w, out, P, wsum: cross-entropy; w and P (softmax rows kept) may be NULL */
+    LK_OP_XENT_BACKWARD,  /* P, target, w, dout, dx */
+    LK_OP_NLL,            /* x, target, w, out, wsum: nll_loss over log-probabilities */
+    LK_OP_NLL_BACKWARD,   /* target, w, dout, dx: dx zeroed by the caller */
+    LK_OP_LAYER_NORM,     /* x, w, b, y, stats: rows of L normalised; w, b, stats may be NULL */
+    LK_OP_LAYER_NORM_BACKWARD, /* x, dy, stats, w, dx, dw, db: w and any of dx, dw, db may be NULL */
+    LK_OP_BATCH_NORM,     /* x, w, b, running_mean, running_var, y, stats: one process's batch norm */
+    LK_OP_BATCH_NORM_BACKWARD, /* x, dy, stats, w, dx, dw, db: w and any of dx, dw, db may be NULL */
+    LK_OP_OPTIM_UPDATE,   /* p, g, s0, s1, s2: one optimizer step over n elements, in place */
+    LK_OP_POOL2D,         /* x, y, idx: max / avg / adaptive avg pooling per plane; idx (i32) for max only */
+    LK_OP_POOL2D_BACKWARD, /* dy, idx, dx: dx += the pooling's adjoint (dx zeroed by the caller) */
+    LK_OP_COUNT
+} lk_op_kind;
 
 /* C[M,N] = alpha * op(A)[M,K] op(B)[K,N] + beta * C, row-major, leading
  * dimensions in elements, op(X) = X^T when the flag is set; products are
@@ -27,49 +57,217 @@ typedef struct lk_gemm_params {
     float alpha, beta;
 } lk_gemm_params;
 
+/* LK_OP_UNARY / LK_OP_UNARY_BACKWARD: n contiguous elements; alpha is the
+ * function's parameter (leaky slope, elu alpha); acc (backward only) adds
+ * into dx instead of overwriting it. x or y may be NULL in the backward when
+ * the function's derivative does not read it (lk_k_unary_grad then sees 0). */
+typedef struct lk_unary_params {
+    lk_unary_op fn;
+    int64_t n;
+    float alpha;
+    bool acc;
+} lk_unary_params;
+
+/* LK_OP_BINARY: out (contiguous, `shape`) = a (fn) b, where a and b are read
+ * with strides in elements, 0 on the dimensions they broadcast on. */
+typedef struct lk_binary_params {
+    lk_binary_op fn;
+    int ndim;
+    int64_t shape[LK_MAX_DIMS], sa[LK_MAX_DIMS], sb[LK_MAX_DIMS];
+} lk_binary_params;
+
+/* LK_OP_AXPY / LK_OP_AFFINE over n contiguous elements. */
+typedef struct lk_axpy_params {
+    int64_t n;
+    float alpha;
+} lk_axpy_params;
+/* has_add: y = x * mul + add (turns -0 into +0 as the scalar ops do);
+ * otherwise y = x * mul exactly. x and y may be the same array. */
+typedef struct lk_affine_params {
+    int64_t n;
+    float mul, add;
+    bool has_add;
+} lk_affine_params;
+
+/* LK_OP_SUM_TO: src is contiguous of `shape`; element i of it is added to
+ * dst at the offset its multi-index has under the strides sd (0 on the
+ * dimensions summed over). Sums run in src's order, innermost first. */
+typedef struct lk_sum_to_params {
+    int ndim;
+    int64_t shape[LK_MAX_DIMS], sd[LK_MAX_DIMS];
+} lk_sum_to_params;
+
+/* LK_OP_SOFTMAX / LK_OP_SOFTMAX_BACKWARD over contiguous [outer, C, inner]
+ * tensors, along C; log_out: log-softmax. */
+typedef struct lk_softmax_params {
+    int64_t outer, C, inner;
+    bool log_out;
+} lk_softmax_params;
+
+/* LK_OP_LOSS / LK_OP_LOSS_BACKWARD over n contiguous elements. reduction is
+ * an lk_reduction (lockstep/autograd.h): NONE writes n losses (backward: dout
+ * has n), MEAN and SUM one (dout has one); mean and sum accumulate in
+ * double. beta: smooth_l1's threshold (> 0; 0 is l1). */
+typedef enum { LK_PLOSS_MSE, LK_PLOSS_L1, LK_PLOSS_SMOOTH_L1 } lk_ploss_kind;
+typedef struct lk_loss_params {
+    lk_ploss_kind kind;
+    int reduction;
+    int64_t n;
+    float beta;
+} lk_loss_params;
+
+/* LK_OP_LAYER_NORM / _BACKWARD over M contiguous rows of L: y = (x - mean)
+ * * rstd * w + b with rstd = 1 / sqrt(var + eps) (biased variance); stats
+ * holds [M, 2] mean and rstd per row, written forward and read backward;
+ * dw and db accumulate (+=). */
+typedef struct lk_layer_norm_params {
+    int64_t M, L;
+    float eps;
+} lk_layer_norm_params;
+
+/* LK_OP_OPTIM_UPDATE: torch.optim 1.13's single-tensor update of n
+ * parameters p from gradients g, with the state arrays in place:
+ *   SGD: s0 momentum_buffer (unused without momentum; `first`: step 1);
+ *   ADAM (and AdamW): s0 exp_avg, s1 exp_avg_sq, s2 max_exp_avg_sq or NULL;
+ *   RMSPROP: s0 square_avg, s1 momentum_buffer or NULL, s2 grad_avg or NULL.
+ * Hyperparameters as the config holds them (double); the kernels round them
+ * to f32 as PyTorch does. */
+typedef enum { LK_OPTIM_RULE_SGD, LK_OPTIM_RULE_ADAM, LK_OPTIM_RULE_RMSPROP } lk_optim_rule;
+typedef struct lk_optim_params {
+    lk_optim_rule rule;
+    int64_t n, step;
+    double lr, momentum, dampening, weight_decay, beta1, beta2, eps, alpha;
+    bool nesterov, maximize, adamw;
+} lk_optim_params;
+
+/* LK_OP_POOL2D / _BACKWARD over `planes` contiguous H x W planes into OH x
+ * OW, PyTorch's geometry (kernels/conv.h); adaptive avg uses only the sizes. */
+typedef enum { LK_POOL_MAX, LK_POOL_AVG, LK_POOL_ADAPTIVE_AVG } lk_pool_kind;
+typedef struct lk_pool_params {
+    lk_pool_kind kind;
+    long planes, H, W, OH, OW, kh, kw, sh, sw, ph, pw;
+    bool count_include_pad;
+} lk_pool_params;
+
+/* LK_OP_BCE / _BACKWARD over n contiguous elements, w and pos_w already
+ * broadcast to them; reduction as for LK_OP_LOSS; logits: the stable form
+ * on logits (pos_w only there). */
+typedef struct lk_bce_params {
+    int64_t n;
+    int reduction;
+    bool logits;
+} lk_bce_params;
+
+/* LK_OP_XENT / LK_OP_NLL and their backwards: input [N, C, D] (class c of
+ * row r = n * D + d at n*C*D + c*D + d), one integer target per row (the
+ * target operand's dtype: i32 or i64, values already checked), class weights
+ * w [C] or NULL, label smoothing eps (xent only). Forward writes the losses
+ * (reduction NONE) or their mean / sum into out and the total weight of the
+ * counted rows into wsum (one f64); P [N*D, C] keeps each row's softmax for
+ * the backward, which takes norm (that total weight) and W (sum of w, or C). */
+typedef struct lk_xent_params {
+    int64_t N, C, D, ignore_index;
+    int reduction;
+    float eps, norm, W;
+} lk_xent_params;
+
+/* LK_OP_BATCH_NORM / _BACKWARD over contiguous [N, C, S] x (S: the spatial
+ * size), per channel: training normalises by the batch's mean and biased
+ * variance (sums per plane in f32, across planes in double; M = N * S) and
+ * updates the running statistics in place (unbiased variance); eval uses the
+ * running statistics. stats is [2, C]: mean, then invstd. The per-channel
+ * vectors w, b, running_mean, running_var may be strided (stride: elements;
+ * NULL where absent); the backward's w is contiguous and dw, db are
+ * overwritten. SyncBatchNorm's all-reduced statistics stay in ops_norm.c. */
+typedef struct lk_batch_norm_params {
+    long N, C, S;
+    double M;
+    float eps, momentum;
+    bool training;
+    int64_t stride[4]; /* w, b, running_mean, running_var */
+} lk_batch_norm_params;
+
+/* LK_OP_MASK_SCALE over n contiguous elements; x * 0 keeps inf * 0 = NaN,
+ * as PyTorch's dropout does. */
+typedef struct lk_mask_scale_params {
+    int64_t n;
+    float scale;
+} lk_mask_scale_params;
+
 typedef struct lk_op_desc {
     lk_op_kind op;
-    lk_dtype dtype[4]; /* operand dtypes in run()'s order; GEMM: A, B, C */
+    lk_dtype dtype[LK_OP_MAX_OPERANDS]; /* operand dtypes in run()'s order (see lk_op_kind) */
     union {
         lk_gemm_params gemm;
+        lk_unary_params unary;
+        lk_binary_params binary;
+        lk_axpy_params axpy;
+        lk_affine_params affine;
+        lk_sum_to_params sum_to;
+        lk_mask_scale_params mask_scale;
+        lk_softmax_params softmax;
+        lk_loss_params loss;
+        lk_layer_norm_params layer_norm;
+        lk_batch_norm_params batch_norm;
+        lk_optim_params optim;
+        lk_pool_params pool;
+        lk_bce_params bce;
+        lk_xent_params xent;
     };
 } lk_op_desc;
 
+/* How many operands run() takes for an op (GEMM 3, unary backward 4, ...). */
+int lk__op_arity(lk_op_kind op);
+
 typedef struct lk_backend {
     const char *name;
-    lk_device_kind kind;
     /* Whether run() takes this descriptor (every dtype and parameter). */
     bool (*supports)(const lk_op_desc *d);
     /* Runs it over the operands' memory, in the descriptor's order. */
     lk_status (*run)(const lk_op_desc *d, void *const *operands);
-    /* y[i] = f(x[i]) for n contiguous elements. */
-    void (*unary)(lk_unary_op op, int64_t n, const float *x, float *y, float alpha);
-    /* dx[i] = dy[i] * f'(x[i]) (y = f(x) given for ops that use it); accumulate when `acc`. */
-    void (*unary_backward)(lk_unary_op op, int64_t n, const float *x, const float *y, const float *dy, float *dx,
-                           float alpha, bool acc);
-    /* out = a (op) b over out's shape; a and b carry strides in elements,
-     * 0 on broadcast dimensions; out is contiguous. */
-    void (*binary)(lk_binary_op op, int ndim, const int64_t *shape, const float *a, const int64_t *sa, const float *b,
-                   const int64_t *sb, float *out);
-    /* y += x (n contiguous elements), scaled: y = y + alpha * x. */
-    void (*axpy)(int64_t n, float alpha, const float *x, float *y);
 } lk_backend;
 
+/* ---- the registry -----------------------------------------------------------
+ * One backend per device kind; the CPU backend is LK_CPU's and every kind
+ * without a backend of its own (host-addressable devices run the CPU's).
+ * Registering NULL removes a kind's backend again (tests). */
+lk_status lk__backend_register(lk_device_kind kind, const lk_backend *be);
 const lk_backend *lk__backend(lk_device dev);
-/* Runs d on dev's backend; an op it does not support is an UNSUPPORTED error
- * naming the op, the dtypes and the backend. */
+/* Runs d on dev's backend. A descriptor that backend does not support runs
+ * on the CPU backend when dev is host-addressable (counted: see
+ * lk__backend_fallbacks); otherwise, or when the CPU backend does not support
+ * it either, it is an UNSUPPORTED error naming the op, the dtypes, the
+ * backend and the device. */
 lk_status lk__backend_run(lk_device dev, const lk_op_desc *d, void *const *operands);
-/* "gemm bf16 x bf16 -> f32 (NT, 256x784x512)" into buf, for messages and tests. */
+/* How many descriptors ran on the CPU backend because their device's own
+ * backend did not support them, since the process started (all threads). */
+int64_t lk__backend_fallbacks(void);
+/* "gemm bf16 x bf16 -> f32 (NT, 256x784x512)", "binary mul f32, bf16 -> f32
+ * (4x3)" into buf, for messages and tests. */
 const char *lk__op_desc_str(const lk_op_desc *d, char *buf, size_t size);
+const char *lk__unary_name(lk_unary_op fn);   /* "relu", "gelu_tanh", ... */
+const char *lk__binary_name(lk_binary_op fn); /* "add", "sub", "mul", "div" */
 
-/* An f32 GEMM as a typed op (the convolutions call it per sample group). */
-static inline lk_status lk__gemm_f32(const lk_backend *be, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
-                                     float alpha, const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
-                                     float *C, int64_t ldc) {
+/* An f32 GEMM as a typed op on dev's backend. */
+static inline lk_status lk__gemm_f32(lk_device dev, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
+                                     const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C,
+                                     int64_t ldc) {
     lk_op_desc d = {.op = LK_OP_GEMM, .dtype = {LK_F32, LK_F32, LK_F32}};
     d.gemm = (lk_gemm_params){ta, tb, M, N, K, lda, ldb, ldc, alpha, beta};
-    return be->run(&d, (void *[]){(void *)A, (void *)B, C});
+    return lk__backend_run(dev, &d, (void *[]){(void *)A, (void *)B, C});
 }
+
+/* The element-wise descriptors, all operands f32 (what the autograd ops use
+ * today); each runs on dev's backend as above. */
+lk_status lk__unary_f32(lk_device dev, lk_unary_op fn, int64_t n, const float *x, float *y, float alpha);
+lk_status lk__unary_backward_f32(lk_device dev, lk_unary_op fn, int64_t n, const float *x, const float *y,
+                                 const float *dy, float *dx, float alpha, bool acc);
+lk_status lk__binary_f32(lk_device dev, lk_binary_op fn, int ndim, const int64_t *shape, const float *a,
+                         const int64_t *sa, const float *b, const int64_t *sb, float *out);
+lk_status lk__axpy_f32(lk_device dev, int64_t n, float alpha, const float *x, float *y);
+lk_status lk__affine_f32(lk_device dev, int64_t n, float mul, float add, bool has_add, const float *x, float *y);
+lk_status lk__sum_to_f32(lk_device dev, int ndim, const int64_t *shape, const float *src, const int64_t *sd,
+                         float *dst);
 
 /* cpu_lowp.c: GEMMs over bf16 or f16 A and B (the same dtype), C in f32 or
  * that dtype. oneDNN runs them where it is built and takes the shape (AMX,
@@ -120,6 +318,7 @@ const char *lk__dnnl_isa(void);
  * on the caller, so results depend on the width, never on how many threads
  * ran it. */
 int lk__parallel_width(int64_t items);
+#define LK__PARALLEL_MAX 64 /* the most tasks lk__parallel_run cuts a job into */
 /* Task t's share [*begin, *end) of n items cut `width` ways; cuts fall on
  * multiples of `align` (a power of two; 16 keeps vector loops whole). */
 static inline void lk__task_range(int64_t n, int t, int width, int64_t align, int64_t *begin, int64_t *end) {

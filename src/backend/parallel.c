@@ -28,7 +28,7 @@
 #define cpu_relax() ((void)0)
 #endif
 
-#define PARALLEL_MAX 64
+#define PARALLEL_MAX LK__PARALLEL_MAX
 #define SPIN_NS 100000 /* a worker's spin before it parks */
 
 static struct {

@@ -206,115 +206,29 @@ lk_status lk_optimizer_create(const lk_optim_config *cfg, const lk_named_tensors
     return LK_STATUS_OK;
 }
 
-/* ---- the fused kernels ---------------------------------------------------------------- */
-
-/* Scalars are rounded to f32 once, as PyTorch's CPU kernels do for a
- * Python-float operand of an f32 tensor op; each statement is one PyTorch op. */
-static void sgd_update(float *restrict p, const float *restrict g, float *restrict buf, int64_t n,
-                       const lk_optim_config *c, bool first) {
-    const float wd = (float)c->weight_decay, mom = (float)c->momentum, damp1 = (float)(1.0 - c->dampening);
-    const float neg_lr = (float)(-c->lr);
-    const bool has_wd = c->weight_decay != 0.0, has_mom = c->momentum != 0.0, nest = c->nesterov, maxi = c->maximize;
-    /* Written branchy and scalar: -O3 vectorises it (the flags are loop
-     * invariant), 16 lanes where AVX-512 is there. */
-    for (int64_t i = 0; i < n; i++) {
-        float d = maxi ? -g[i] : g[i];
-        if (has_wd) d = d + wd * p[i];
-        if (has_mom) {
-            float b;
-            if (first) b = d;
-            else {
-                b = buf[i] * mom;
-                b = b + damp1 * d;
-            }
-            buf[i] = b;
-            d = nest ? d + mom * b : b;
-        }
-        p[i] = p[i] + neg_lr * d;
-    }
-}
-
-static void adam_update(float *restrict p, const float *restrict g, float *restrict m, float *restrict v,
-                        float *restrict vmax, int64_t n, const lk_optim_config *c, int64_t step) {
-    const double bc1 = 1.0 - pow(c->beta1, (double)step), bc2 = 1.0 - pow(c->beta2, (double)step);
-    const float b1 = (float)c->beta1, b2 = (float)c->beta2, omb1 = (float)(1.0 - c->beta1), omb2 = (float)(1.0 - c->beta2);
-    const float bc2s = (float)sqrt(bc2), eps = (float)c->eps, neg_step = (float)(-(c->lr / bc1));
-    const bool adamw = c->kind == LK_OPTIM_ADAMW, maxi = c->maximize;
-    const bool l2 = !adamw && c->weight_decay != 0.0;
-    const float wd = (float)c->weight_decay, decay = (float)(1.0 - c->lr * c->weight_decay);
-    const bool dec = adamw && decay != 1.0f;
-    /* Each statement is one PyTorch op (ISO C mode: no FMA contraction); -O3
-     * vectorises the loop (with -fno-math-errno, sqrtf is one instruction). */
-    for (int64_t i = 0; i < n; i++) {
-        float gi = maxi ? -g[i] : g[i];
-        float pi = p[i];
-        if (dec) pi = pi * decay;
-        if (l2) gi = gi + wd * pi;
-        float mi = m[i] * b1;
-        mi = mi + omb1 * gi;
-        float vi = v[i] * b2;
-        vi = vi + (omb2 * gi) * gi;
-        m[i] = mi;
-        v[i] = vi;
-        float vd = vi;
-        if (vmax) {
-            vd = vmax[i] > vi ? vmax[i] : vi;
-            vmax[i] = vd;
-        }
-        float denom = sqrtf(vd) / bc2s + eps;
-        p[i] = pi + (neg_step * mi) / denom;
-    }
-}
-
-/* torch.optim.RMSprop (1.13, single tensor). State arrays: square_avg,
- * then momentum_buffer when momentum > 0, then grad_avg when centered. */
-static void rmsprop_update(float *restrict p, const float *restrict g, float *restrict sq, float *restrict buf,
-                           float *restrict gavg, int64_t n, const lk_optim_config *c) {
-    const float a = (float)c->alpha, oma = (float)(1.0 - c->alpha), eps = (float)c->eps, wd = (float)c->weight_decay;
-    const float mom = (float)c->momentum, neg_lr = (float)(-c->lr);
-    const bool has_wd = c->weight_decay != 0.0, maxi = c->maximize;
-    for (int64_t i = 0; i < n; i++) {
-        float gi = maxi ? -g[i] : g[i];
-        if (has_wd) gi = gi + wd * p[i];         /* grad.add(param, alpha=weight_decay) */
-        float s = sq[i] * a;                     /* square_avg.mul_(alpha) */
-        s = s + (oma * gi) * gi;                 /* .addcmul_(grad, grad, value=1 - alpha) */
-        sq[i] = s;
-        float avg;
-        if (gavg) {
-            float ga = gavg[i] * a;              /* grad_avg.mul_(alpha) */
-            ga = ga + oma * gi;                  /* .add_(grad, alpha=1 - alpha) */
-            gavg[i] = ga;
-            avg = sqrtf(s + (-1.0f * ga) * ga);  /* square_avg.addcmul(grad_avg, grad_avg, value=-1).sqrt_() */
-        } else {
-            avg = sqrtf(s);
-        }
-        avg = avg + eps;                         /* .add_(eps) */
-        if (buf) {
-            float b = buf[i] * mom;              /* buf.mul_(momentum) */
-            b = b + gi / avg;                    /* .addcdiv_(grad, avg) */
-            buf[i] = b;
-            p[i] = p[i] + neg_lr * b;            /* param.add_(buf, alpha=-lr) */
-        } else {
-            p[i] = p[i] + neg_lr * (gi / avg);   /* param.addcdiv_(grad, avg, value=-lr) */
-        }
-    }
-}
-
-static void run_range(opt_group *g, float *p, const float *gr, int64_t off, int64_t n, int64_t step) {
+/* One update over elements [off, off + n) of the group, as a typed op on the
+ * parameters' device (the loops: src/backend/cpu/optim.c). */
+static lk_status run_range(opt_group *g, lk_device dev, float *p, const float *gr, int64_t off, int64_t n,
+                           int64_t step) {
     const lk_optim_config *c = &g->cfg;
-    float *s0 = g->state ? g->state + off : NULL;
+    float *s0 = g->state ? g->state + off : NULL, *s1 = NULL, *s2 = NULL;
+    lk_optim_rule rule = LK_OPTIM_RULE_ADAM;
     if (c->kind == LK_OPTIM_SGD) {
-        sgd_update(p, gr, s0, n, c, step == 1);
+        rule = LK_OPTIM_RULE_SGD;
     } else if (c->kind == LK_OPTIM_RMSPROP) {
         int k = 1;
-        float *buf = c->momentum > 0.0 ? g->state + (k++) * g->numel + off : NULL;
-        float *gavg = c->centered ? g->state + k * g->numel + off : NULL;
-        rmsprop_update(p, gr, s0, buf, gavg, n, c);
+        rule = LK_OPTIM_RULE_RMSPROP;
+        s1 = c->momentum > 0.0 ? g->state + (k++) * g->numel + off : NULL;
+        s2 = c->centered ? g->state + k * g->numel + off : NULL;
     } else {
-        float *s1 = g->state + g->numel + off;
-        float *s2 = g->n_state > 2 ? g->state + 2 * g->numel + off : NULL;
-        adam_update(p, gr, s0, s1, s2, n, c, step);
+        s1 = g->state + g->numel + off;
+        s2 = g->n_state > 2 ? g->state + 2 * g->numel + off : NULL;
     }
+    lk_op_desc d = {.op = LK_OP_OPTIM_UPDATE, .dtype = {LK_F32, LK_F32, LK_F32, LK_F32, LK_F32}};
+    d.optim = (lk_optim_params){rule,          n,         step,    c->lr,    c->momentum,
+                                c->dampening,  c->weight_decay, c->beta1, c->beta2, c->eps,
+                                c->alpha,      c->nesterov,     c->maximize, c->kind == LK_OPTIM_ADAMW};
+    return lk__backend_run(dev, &d, (void *[]){p, (void *)gr, s0, s1, s2});
 }
 
 /* The group's parameters and gradients are each one contiguous range. */
@@ -335,18 +249,20 @@ static bool group_is_flat(const opt_group *g) {
  * process owns. Bitwise the same for any cut. */
 typedef struct {
     opt_group *g;
+    lk_device dev;
     float *p;
     const float *gr;
     int64_t lo, n, step; /* elements [lo, lo + n) of the group */
     int width;
+    lk_status st[LK__PARALLEL_MAX]; /* per task: its message is on its own thread */
 } flat_job;
 
 static void flat_task(void *ctx, int t) {
-    const flat_job *j = ctx;
+    flat_job *j = ctx;
     int64_t a, b;
     lk__task_range(j->n, t, j->width, 16, &a, &b);
     a += j->lo, b += j->lo;
-    if (b > a) run_range(j->g, j->p + a, j->gr + a, a, b - a, j->step);
+    if (b > a) j->st[t] = run_range(j->g, j->dev, j->p + a, j->gr + a, a, b - a, j->step);
 }
 
 #define PARALLEL_MIN_ELEMS (64 << 10) /* below this, waking a thread costs more than it saves */
@@ -365,9 +281,14 @@ lk_status lk_optimizer_step(lk_optimizer *o) {
             int64_t step = ++g->ps[0].step;
             for (int i = 1; i < g->n; i++) g->ps[i].step = step;
             int64_t n = g->hi - g->lo;
-            flat_job job = {g, g->ps[0].p->data, g->ps[0].p->grad->data, g->lo, n, step,
-                            n >= PARALLEL_MIN_ELEMS ? lk__parallel_width(n / PARALLEL_MIN_ELEMS + 1) : 1};
+            flat_job job = {g, g->ps[0].p->device, g->ps[0].p->data, g->ps[0].p->grad->data, g->lo, n, step,
+                            n >= PARALLEL_MIN_ELEMS ? lk__parallel_width(n / PARALLEL_MIN_ELEMS + 1) : 1, {0}};
             lk__parallel_run(job.width, flat_task, &job);
+            for (int t = 0; t < job.width; t++)
+                if (job.st[t])
+                    return t ? lk_error(job.st[t], "%s: the update of group %d failed on a compute thread",
+                                        kind_name(g->cfg.kind), gi)
+                             : job.st[t];
             continue;
         }
         for (int i = 0; i < g->n; i++) {
@@ -376,7 +297,7 @@ lk_status lk_optimizer_step(lk_optimizer *o) {
             int64_t step = ++g->ps[i].step; /* counted on every rank, so each holds the whole state's steps */
             int64_t off = g->ps[i].off;
             int64_t a = g->lo > off ? g->lo - off : 0, b = g->hi < off + p->numel ? g->hi - off : p->numel;
-            if (b > a) run_range(g, (float *)p->data + a, (float *)p->grad->data + a, off + a, b - a, step);
+            if (b > a) LK_TRY(run_range(g, p->device, (float *)p->data + a, (float *)p->grad->data + a, off + a, b - a, step));
         }
     }
     return LK_STATUS_OK;

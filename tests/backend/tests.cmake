@@ -1,1 +1,2 @@
 lk_add_test(NAME backend_gemm SOURCES backend/test_gemm.c LABELS unit parity TIMEOUT 120)
+lk_add_test(NAME backend_elementwise SOURCES backend/test_elementwise.c LABELS unit parity)

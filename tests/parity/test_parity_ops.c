@@ -25,7 +25,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "debug_device.h"
+#include "debug_backend.h"
 #include "lk_test.h"
 #include "npy.h"
 
@@ -742,6 +742,206 @@ static void dropout_formula(void) {
     }
 }
 
+/* ---- the element-wise family in every dtype ------------------------------------------------ */
+
+/* Each element-wise descriptor kind runs on every backend in every operand
+ * dtype it takes (f32, bf16, f16; and bf16 inputs with an f32 output), over
+ * inputs from the fixtures rounded to that dtype. The reference is the CPU
+ * backend's all-f32 descriptor over the same rounded values, so the only
+ * difference allowed is the single rounding of each output element: half an
+ * ulp, 2^-8 relative in bf16 and 2^-11 in f16 (plus 2^-25 absolute, half of
+ * f16's smallest subnormal). In f32 every backend must agree bit for bit,
+ * except sum_to, whose reference loops add in another order (1e-6 relative
+ * of the largest magnitude). See docs/PARITY.md. */
+typedef struct {
+    lk_op_kind op;
+    int fn;
+    const char *dir;
+    float alpha;
+} sweep_item;
+
+static void *sweep_round(const float *x, int64_t n, lk_dtype dt) {
+    size_t es = lk_dtype_size(dt);
+    void *p = malloc((size_t)(n ? n : 1) * es);
+    for (int64_t i = 0; i < n; i++) {
+        if (dt == LK_F32) ((float *)p)[i] = x[i];
+        else ((uint16_t *)p)[i] = dt == LK_BF16 ? lk_f32_to_bf16_bits(x[i]) : lk_f32_to_f16_bits(x[i]);
+    }
+    return p;
+}
+
+static float sweep_get(const void *p, lk_dtype dt, int64_t i) {
+    if (dt == LK_F32) return ((const float *)p)[i];
+    uint16_t h = ((const uint16_t *)p)[i];
+    return dt == LK_BF16 ? lk_bf16_bits_to_f32(h) : lk_f16_bits_to_f32(h);
+}
+
+static lk_tensor *sweep_load(const char *dir, const char *name) {
+    char path[640];
+    snprintf(path, sizeof path, "%s/%s/%s.npy", FIXTURE_DIR, dir, name);
+    lk_tensor *t = NULL;
+    if (lk_npy_load(path, &t)) fprintf(stderr, "dtype_sweep: %s\n", lk_last_error());
+    return t;
+}
+
+/* One descriptor kind in operand dtypes `in` (inputs) and `out` (the output)
+ * on dev; returns whether it ran via the fallback (-1: failed to run). */
+static int sweep_one(const sweep_item *it, lk_dtype in, lk_dtype out, lk_device dev) {
+    lk_tensor *a = sweep_load(it->dir, it->op == LK_OP_BINARY || it->op == LK_OP_AXPY ? "a" : "x");
+    lk_tensor *b = it->op == LK_OP_BINARY || it->op == LK_OP_AXPY ? sweep_load(it->dir, "b") : NULL;
+    lk_tensor *r = it->op == LK_OP_UNARY_BACKWARD ? sweep_load(it->dir, "R") : NULL;
+    if (!a || (it->op == LK_OP_BINARY && !b)) return -1;
+    lk_op_desc d = {.op = it->op};
+    int arity = lk__op_arity(it->op), wr = arity - 1; /* the output is the last operand */
+    int64_t n[4] = {a->numel, a->numel, a->numel, a->numel};
+    float *f32in[4] = {a->data, NULL, NULL, NULL}; /* inputs as f32, before rounding */
+    float *scratch = NULL;
+    bool out_read = false;
+    switch (it->op) {
+    case LK_OP_UNARY:
+    case LK_OP_UNARY_BACKWARD:
+        d.unary = (lk_unary_params){(lk_unary_op)it->fn, a->numel, it->alpha, false};
+        if (it->op == LK_OP_UNARY_BACKWARD) { /* y = f(x) in f32, dy = R */
+            scratch = malloc((size_t)a->numel * sizeof(float));
+            lk__unary_f32(LK_DEVICE_CPU, (lk_unary_op)it->fn, a->numel, a->data, scratch, it->alpha);
+            f32in[1] = scratch, f32in[2] = r->data;
+        }
+        break;
+    case LK_OP_BINARY: {
+        lk_binary_params *p = &d.binary;
+        p->fn = (lk_binary_op)it->fn;
+        p->ndim = a->ndim > b->ndim ? a->ndim : b->ndim;
+        int64_t numel = 1;
+        for (int i = 0; i < p->ndim; i++) {
+            int ia = a->ndim - p->ndim + i, ib = b->ndim - p->ndim + i;
+            int64_t sa = ia >= 0 ? a->shape[ia] : 1, sb = ib >= 0 ? b->shape[ib] : 1;
+            p->shape[i] = sa > sb ? sa : sb;
+            p->sa[i] = ia >= 0 && sa == p->shape[i] && sa > 1 ? a->stride[ia] : 0;
+            p->sb[i] = ib >= 0 && sb == p->shape[i] && sb > 1 ? b->stride[ib] : 0;
+            numel *= p->shape[i];
+        }
+        n[1] = b->numel, n[2] = numel, f32in[1] = b->data;
+        break;
+    }
+    case LK_OP_AXPY:
+        d.axpy = (lk_axpy_params){a->numel, it->alpha};
+        f32in[1] = b->data, out_read = true;
+        break;
+    case LK_OP_AFFINE: d.affine = (lk_affine_params){a->numel, it->alpha, 0.25f, true}; break;
+    case LK_OP_SUM_TO: { /* over dims 0 and 2 */
+        lk_sum_to_params *p = &d.sum_to;
+        p->ndim = a->ndim;
+        int64_t s = 1;
+        for (int i = a->ndim - 1; i >= 0; i--) {
+            p->shape[i] = a->shape[i];
+            p->sd[i] = i == 0 || i == 2 ? 0 : s;
+            s *= i == 0 || i == 2 ? 1 : a->shape[i];
+        }
+        n[1] = s, out_read = true;
+        scratch = calloc((size_t)s, sizeof(float));
+        f32in[1] = scratch;
+        break;
+    }
+    default: return -1;
+    }
+    /* the operands: test ones in their dtypes, reference ones in f32 holding the same values */
+    void *tops[4] = {NULL}, *rops[4] = {NULL};
+    for (int i = 0; i < arity; i++) {
+        lk_dtype dt = i == wr ? out : in;
+        d.dtype[i] = dt;
+        bool load = i != wr || out_read;
+        tops[i] = load ? sweep_round(f32in[i], n[i], dt) : calloc((size_t)n[i], lk_dtype_size(dt));
+        rops[i] = malloc((size_t)n[i] * sizeof(float));
+        for (int64_t k = 0; k < n[i]; k++) ((float *)rops[i])[k] = load ? sweep_get(tops[i], dt, k) : 0.0f;
+    }
+    lk_op_desc rd = d;
+    for (int i = 0; i < 4; i++) rd.dtype[i] = LK_F32;
+    int64_t fb0 = lk__backend_fallbacks();
+    int res = -1;
+    char what[160];
+    lk__op_desc_str(&d, what, sizeof what);
+    if (lk__backend_run(LK_DEVICE_CPU, &rd, rops) || lk__backend_run(dev, &d, tops)) {
+        fprintf(stderr, "dtype_sweep %s (%s): %s\n", it->dir, what, lk_last_error());
+        lk_t_case_failed++;
+    } else {
+        double rel = out == LK_BF16 ? 1.0 / 256 : out == LK_F16 ? 1.0 / 2048 : 0.0;
+        double abs_floor = out == LK_F16 ? ldexp(1.0, -25) : 0.0, maxref = 0;
+        for (int64_t k = 0; k < n[wr]; k++) maxref = fmax(maxref, fabs(((float *)rops[wr])[k]));
+        if (out == LK_F32 && it->op == LK_OP_SUM_TO) abs_floor = 1e-6 * maxref;
+        int64_t bad = 0;
+        for (int64_t k = 0; k < n[wr]; k++) {
+            double want = ((float *)rops[wr])[k], got = sweep_get(tops[wr], out, k);
+            bool ok = isnan(want) ? isnan(got) : isinf(want) || isinf(got) ? got == want
+                                                                           : fabs(got - want) <= rel * fabs(want) + abs_floor;
+            if (rel == 0 && abs_floor == 0 && !isnan(want)) ok = memcmp(&(float){(float)got}, &((float *)rops[wr])[k], 4) == 0;
+            if (!ok && !bad++)
+                fprintf(stderr, "dtype_sweep %s (%s) on %s: element %lld: got %.9g, f32 reference %.9g\n", it->dir,
+                        what, lk__backend(dev)->name, (long long)k, got, want);
+        }
+        if (bad) lk_t_case_failed++;
+        res = lk__backend_fallbacks() > fb0;
+    }
+    for (int i = 0; i < arity; i++) free(tops[i]), free(rops[i]);
+    free(scratch);
+    lk_tensor_release(a);
+    lk_tensor_release(b);
+    lk_tensor_release(r);
+    return res;
+}
+
+static void dtype_sweep(lk_device dbgdev) {
+    static const sweep_item items[] = {
+        {LK_OP_UNARY, LK_UNARY_RELU, "relu", 0},
+        {LK_OP_UNARY, LK_UNARY_GELU_TANH, "gelu_tanh", 0},
+        {LK_OP_UNARY, LK_UNARY_GELU_EXACT, "gelu_exact", 0},
+        {LK_OP_UNARY, LK_UNARY_TANH, "tanh", 0},
+        {LK_OP_UNARY, LK_UNARY_SIGMOID, "sigmoid", 0},
+        {LK_OP_UNARY, LK_UNARY_EXP, "exp", 0},
+        {LK_OP_UNARY, LK_UNARY_LOG, "log", 0},
+        {LK_OP_UNARY, LK_UNARY_SQRT, "sqrt", 0},
+        {LK_OP_UNARY, LK_UNARY_ABS, "abs", 0},
+        {LK_OP_UNARY, LK_UNARY_LEAKY_RELU, "leaky_relu", 0.1f},
+        {LK_OP_UNARY, LK_UNARY_ELU, "elu", 1.0f},
+        {LK_OP_UNARY, LK_UNARY_SILU, "silu", 0},
+        {LK_OP_UNARY, LK_UNARY_NEG, "neg", 0},
+        {LK_OP_UNARY_BACKWARD, LK_UNARY_RELU, "relu", 0},
+        {LK_OP_UNARY_BACKWARD, LK_UNARY_GELU_TANH, "gelu_tanh", 0},
+        {LK_OP_UNARY_BACKWARD, LK_UNARY_GELU_EXACT, "gelu_exact", 0},
+        {LK_OP_UNARY_BACKWARD, LK_UNARY_TANH, "tanh", 0},
+        {LK_OP_UNARY_BACKWARD, LK_UNARY_SIGMOID, "sigmoid", 0},
+        {LK_OP_UNARY_BACKWARD, LK_UNARY_EXP, "exp", 0},
+        {LK_OP_UNARY_BACKWARD, LK_UNARY_LOG, "log", 0},
+        {LK_OP_UNARY_BACKWARD, LK_UNARY_SQRT, "sqrt", 0},
+        {LK_OP_UNARY_BACKWARD, LK_UNARY_ABS, "abs", 0},
+        {LK_OP_UNARY_BACKWARD, LK_UNARY_LEAKY_RELU, "leaky_relu", 0.1f},
+        {LK_OP_UNARY_BACKWARD, LK_UNARY_ELU, "elu", 1.0f},
+        {LK_OP_UNARY_BACKWARD, LK_UNARY_SILU, "silu", 0},
+        {LK_OP_UNARY_BACKWARD, LK_UNARY_NEG, "neg", 0},
+        {LK_OP_BINARY, LK_BINARY_ADD, "add_bcast_both", 0},
+        {LK_OP_BINARY, LK_BINARY_SUB, "sub_bcast", 0},
+        {LK_OP_BINARY, LK_BINARY_MUL, "mul_bcast", 0},
+        {LK_OP_BINARY, LK_BINARY_DIV, "div_bcast", 0},
+        {LK_OP_AXPY, 0, "add_same", 0.5f},
+        {LK_OP_AFFINE, 0, "mul_scalar", -1.5f},
+        {LK_OP_SUM_TO, 0, "sum_dims_0_2", 0},
+    };
+    static const lk_dtype cfg[][2] = {{LK_F32, LK_F32}, {LK_BF16, LK_BF16}, {LK_F16, LK_F16}, {LK_BF16, LK_F32}};
+    lk_device devs[2] = {LK_DEVICE_CPU, dbgdev};
+    for (int d = 0; d < 2; d++) {
+        int native = 0, fallback = 0, skipped = 0;
+        for (size_t i = 0; i < sizeof items / sizeof items[0]; i++)
+            for (size_t c = 0; c < sizeof cfg / sizeof cfg[0]; c++) {
+                int r = sweep_one(&items[i], cfg[c][0], cfg[c][1], devs[d]);
+                if (r < 0) skipped++;
+                else if (r) fallback++;
+                else native++;
+            }
+        printf("dtype sweep, backend %s: %d descriptors natively, %d via fallback to the cpu backend, %d skipped\n",
+               lk__backend(devs[d])->name, native, fallback, skipped);
+        CHECK_MSG(skipped == 0, "dtype sweep on %s: %d descriptors did not run", lk__backend(devs[d])->name, skipped);
+    }
+}
+
 /* ---- main ------------------------------------------------------------------------------------ */
 
 static bool selected(const char *name, int argc, char **argv) {
@@ -772,26 +972,69 @@ int main(int argc, char **argv) {
         int bad = check_fixture_dirs_covered();
         if (bad) failed++, fprintf(stderr, "FAIL fixture directories without a case: %d\n", bad);
     }
-    /* Every case on every registered device: the CPU, then the tests' debug
-     * device (NaN-poisoned host memory behind the device vtable, run by the
-     * CPU backend), each against the same PyTorch fixtures. */
-    lk_device devs[2] = {LK_DEVICE_CPU, dbg_device()};
-    for (int d = 0; d < 2; d++) {
+    /* Every case on every registered device and backend: the CPU; the tests'
+     * debug device (NaN-poisoned host memory behind the device vtable) run by
+     * the CPU backend; the same device run by the debug backend's reference
+     * loops (debug_backend.h), with what it lacks falling back to the CPU
+     * backend. Each against the same PyTorch fixtures. */
+    lk_device dbgdev = dbg_device();
+    struct {
+        lk_device dev;
+        const lk_backend *be; /* registered for dev's kind (NULL: none, the CPU backend runs it) */
+    } runs[3] = {{LK_DEVICE_CPU, NULL}, {dbgdev, NULL}, {dbgdev, &dbg_backend}};
+    for (int d = 0; d < 3; d++) {
         char dv[32];
-        lk_device_str(devs[d], dv, sizeof dv);
-        if (lk_device_set_default(devs[d])) {
+        lk_device_str(runs[d].dev, dv, sizeof dv);
+        if (runs[d].dev.kind != LK_CPU && lk__backend_register(runs[d].dev.kind, runs[d].be)) {
+            failed++, fprintf(stderr, "FAIL backend for %s: %s\n", dv, lk_last_error());
+            continue;
+        }
+        const char *bname = lk__backend(runs[d].dev)->name;
+        if (lk_device_set_default(runs[d].dev)) {
             failed++, fprintf(stderr, "FAIL device %s: %s\n", dv, lk_last_error());
             continue;
         }
+        int native = 0, on_backend = 0, via_fallback = 0, skipped = 0;
+        long descs = 0, fell_back = 0;
         for (int i = 0; i < N_CASES; i++) {
-            if (!selected(cases[i].name, argc, argv)) continue;
+            if (!selected(cases[i].name, argc, argv)) {
+                skipped++;
+                continue;
+            }
+            int64_t fb0 = lk__backend_fallbacks();
+            long ran0 = dbg_backend_ran_total();
             result r = run_case(&cases[i], verbose);
-            if (r == RES_OK) passed++, printf("ok   %s on %s\n", cases[i].name, dv);
+            int64_t fb = lk__backend_fallbacks() - fb0;
+            long ran = dbg_backend_ran_total() - ran0;
+            descs += ran, fell_back += (long)fb;
+            if (fb) via_fallback++;
+            else native++, on_backend += ran > 0;
+            if (r == RES_OK) passed++, printf("ok   %s on %s (%s backend)\n", cases[i].name, dv, bname);
             else if (r == RES_PENDING) pending++, printf("PENDING %s on %s (op not implemented yet)\n", cases[i].name, dv);
-            else failed++, fprintf(stderr, "FAIL %s on %s\n", cases[i].name, dv);
+            else failed++, fprintf(stderr, "FAIL %s on %s (%s backend)\n", cases[i].name, dv, bname);
         }
+        if (runs[d].be)
+            printf("backend %s on %s: %d cases natively (%d of them ran %ld descriptors on it, the rest none), %d via "
+                   "fallback to the cpu backend (%ld descriptors), %d skipped\n",
+                   bname, dv, native, on_backend, descs, via_fallback, fell_back, skipped);
+        else
+            printf("backend %s on %s: %d cases natively, %d via fallback, %d skipped\n", bname, dv, native,
+                   via_fallback, skipped);
+        /* both paths taken: its own loops, and the CPU's for what it lacks (softmax, losses, norms) */
+        if (runs[d].be && argc <= 1 && (on_backend == 0 || descs == 0))
+            failed++, fprintf(stderr, "FAIL backend %s ran no descriptor\n", bname);
+        if (runs[d].be && argc <= 1 && via_fallback == 0)
+            failed++, fprintf(stderr, "FAIL backend %s: no case went through the fallback\n", bname);
     }
     lk_device_set_default(LK_DEVICE_CPU);
+    /* The element-wise family in every dtype each backend takes. */
+    if (selected("dtype_sweep", argc, argv)) {
+        lk_t_case_failed = 0;
+        dtype_sweep(dbgdev);
+        if (lk_t_case_failed) failed++, fprintf(stderr, "FAIL dtype_sweep\n");
+        else passed++, printf("ok   dtype_sweep\n");
+    }
+    lk__backend_register(dbgdev.kind, NULL);
     lk_pool_trim();
     if (dbg.bad_frees || dbg.live_bytes)
         failed++, fprintf(stderr, "FAIL debug device: %ld bad frees, %zu bytes still live after the cases\n",

@@ -1,0 +1,103 @@
+/* The CPU backend: the reference every other backend is tested against. It
+ * answers supports() for each op family and hands run() to that family's
+ * file (gemm.c, elementwise.c, softmax.c, loss.c; the bf16/f16 GEMMs in
+ * ../cpu_lowp.c). */
+#include "backend/cpu/cpu_impl.h"
+
+static bool is_half(lk_dtype t) { return t == LK_BF16 || t == LK_F16; }
+
+static bool cpu_supports(const lk_op_desc *d) {
+    switch (d->op) {
+    case LK_OP_GEMM: {
+        lk_dtype a = d->dtype[0], b = d->dtype[1], c = d->dtype[2];
+        if (a == LK_F32) return b == LK_F32 && c == LK_F32;
+        return is_half(a) && b == a && (c == LK_F32 || c == a);
+    }
+    case LK_OP_UNARY:
+    case LK_OP_UNARY_BACKWARD:
+    case LK_OP_BINARY:
+    case LK_OP_AXPY:
+    case LK_OP_AFFINE:
+    case LK_OP_SUM_TO: return lk__cpu_elementwise_supports(d);
+    case LK_OP_SOFTMAX:
+    case LK_OP_SOFTMAX_BACKWARD:
+    case LK_OP_LOSS:
+    case LK_OP_LAYER_NORM:
+    case LK_OP_LAYER_NORM_BACKWARD:
+    case LK_OP_BATCH_NORM:
+    case LK_OP_BATCH_NORM_BACKWARD:
+    case LK_OP_OPTIM_UPDATE:
+    case LK_OP_BCE:
+    case LK_OP_BCE_BACKWARD:
+    case LK_OP_LOSS_BACKWARD: { /* f32 only for now */
+        for (int i = 0; i < lk__op_arity(d->op); i++)
+            if (d->dtype[i] != LK_F32) return false;
+        if (d->op == LK_OP_BCE || d->op == LK_OP_BCE_BACKWARD) return d->bce.reduction >= 0 && d->bce.reduction <= 2;
+        return d->op != LK_OP_LOSS && d->op != LK_OP_LOSS_BACKWARD ? true
+               : (unsigned)d->loss.kind <= LK_PLOSS_SMOOTH_L1 && d->loss.reduction >= 0 && d->loss.reduction <= 2;
+    }
+    case LK_OP_POOL2D: /* f32 data, i32 indices (max only) */
+        return d->dtype[0] == LK_F32 && d->dtype[1] == LK_F32 &&
+               (d->pool.kind != LK_POOL_MAX || d->dtype[2] == LK_I32) && (unsigned)d->pool.kind <= LK_POOL_ADAPTIVE_AVG;
+    case LK_OP_POOL2D_BACKWARD:
+        return d->dtype[0] == LK_F32 && d->dtype[2] == LK_F32 &&
+               (d->pool.kind != LK_POOL_MAX || d->dtype[1] == LK_I32) && (unsigned)d->pool.kind <= LK_POOL_ADAPTIVE_AVG;
+    case LK_OP_XENT:
+    case LK_OP_XENT_BACKWARD:
+    case LK_OP_NLL:
+    case LK_OP_NLL_BACKWARD: return lk__cpu_xent_supports(d);
+    case LK_OP_MASK_SCALE: return d->dtype[0] == LK_F32 && d->dtype[1] == LK_U8 && d->dtype[2] == LK_F32;
+    case LK_OP_COUNT: break;
+    }
+    return false;
+}
+
+static lk_status cpu_run(const lk_op_desc *d, void *const *x) {
+    switch (d->op) {
+    case LK_OP_GEMM: {
+        const lk_gemm_params *g = &d->gemm;
+        if (d->dtype[0] != LK_F32) return lk__cpu_gemm_lowp(d, x[0], x[1], x[2]);
+        lk__cpu_sgemm(g->trans_a, g->trans_b, g->M, g->N, g->K, g->alpha, x[0], g->lda, x[1], g->ldb, g->beta, x[2],
+                      g->ldc);
+        return LK_STATUS_OK;
+    }
+    case LK_OP_UNARY:
+    case LK_OP_UNARY_BACKWARD:
+    case LK_OP_BINARY:
+    case LK_OP_AXPY:
+    case LK_OP_AFFINE:
+    case LK_OP_SUM_TO: return lk__cpu_elementwise(d, x);
+    case LK_OP_MASK_SCALE: {
+        const float *xd = x[0];
+        const uint8_t *m = x[1];
+        float *y = x[2], s = d->mask_scale.scale;
+        for (int64_t i = 0; i < d->mask_scale.n; i++) y[i] = xd[i] * (m[i] ? s : 0.0f);
+        return LK_STATUS_OK;
+    }
+    case LK_OP_SOFTMAX:
+    case LK_OP_SOFTMAX_BACKWARD: return lk__cpu_softmax(d, x);
+    case LK_OP_LOSS:
+    case LK_OP_LOSS_BACKWARD: return lk__cpu_loss(d, x);
+    case LK_OP_BCE:
+    case LK_OP_BCE_BACKWARD: return lk__cpu_bce(d, x);
+    case LK_OP_XENT:
+    case LK_OP_XENT_BACKWARD:
+    case LK_OP_NLL:
+    case LK_OP_NLL_BACKWARD: return lk__cpu_xent(d, x);
+    case LK_OP_LAYER_NORM:
+    case LK_OP_LAYER_NORM_BACKWARD: return lk__cpu_layer_norm(d, x);
+    case LK_OP_BATCH_NORM:
+    case LK_OP_BATCH_NORM_BACKWARD: return lk__cpu_batch_norm(d, x);
+    case LK_OP_OPTIM_UPDATE: return lk__cpu_optim_update(d, x);
+    case LK_OP_POOL2D:
+    case LK_OP_POOL2D_BACKWARD: return lk__cpu_pool2d(d, x);
+    case LK_OP_COUNT: break;
+    }
+    return lk_error(LK_STATUS_INTERNAL, "cpu backend: op %d", (int)d->op);
+}
+
+const lk_backend lk__cpu_backend = {
+    .name = "cpu",
+    .supports = cpu_supports,
+    .run = cpu_run,
+};

@@ -1,0 +1,43 @@
+/* Private to the CPU backend (src/backend/cpu/): the kernels each family's
+ * file provides to backend.c, which answers supports() and dispatches run().
+ * One file per op family: gemm.c (f32 GEMM over OpenBLAS; the bf16/f16 GEMMs
+ * are ../cpu_lowp.c and ../cpu_dnnl.c), elementwise.c (unary, its backward,
+ * binary with broadcast, axpy, affine, sum-to-shape), softmax.c (softmax and
+ * log-softmax, forward and backward), loss.c (mse, l1, smooth_l1), norm.c
+ * (layer and batch norm), optim.c (the optimizers' update loops), pool.c (pooling),
+ * xent.c (cross-entropy, nll). */
+#ifndef LK_BACKEND_CPU_IMPL_H
+#define LK_BACKEND_CPU_IMPL_H
+
+#include "backend/backend_impl.h"
+
+/* gemm.c: C = alpha op(A) op(B) + beta C in f32, cut across the compute threads. */
+void lk__cpu_sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+                   const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
+
+/* elementwise.c: the element-wise families with every operand f32, bf16 or
+ * f16 (each operand its own dtype). All-f32 descriptors take the vectorised
+ * loops; the others widen their operands to f32, run the same loops and
+ * round each output element once. */
+bool lk__cpu_elementwise_supports(const lk_op_desc *d);
+lk_status lk__cpu_elementwise(const lk_op_desc *d, void *const *x);
+
+/* softmax.c: LK_OP_SOFTMAX and LK_OP_SOFTMAX_BACKWARD, f32. */
+lk_status lk__cpu_softmax(const lk_op_desc *d, void *const *x);
+/* loss.c: LK_OP_LOSS, LK_OP_BCE and their backwards, f32. */
+lk_status lk__cpu_loss(const lk_op_desc *d, void *const *x);
+lk_status lk__cpu_bce(const lk_op_desc *d, void *const *x);
+/* norm.c: LK_OP_LAYER_NORM and LK_OP_LAYER_NORM_BACKWARD, f32. */
+lk_status lk__cpu_layer_norm(const lk_op_desc *d, void *const *x);
+/* norm.c: LK_OP_BATCH_NORM and LK_OP_BATCH_NORM_BACKWARD, f32. */
+lk_status lk__cpu_batch_norm(const lk_op_desc *d, void *const *x);
+/* optim.c: LK_OP_OPTIM_UPDATE, f32. */
+lk_status lk__cpu_optim_update(const lk_op_desc *d, void *const *x);
+/* pool.c: LK_OP_POOL2D and LK_OP_POOL2D_BACKWARD, f32 (i32 indices). */
+lk_status lk__cpu_pool2d(const lk_op_desc *d, void *const *x);
+/* xent.c: cross-entropy and nll_loss, forward and backward (f32 data, i32
+ * or i64 targets, f64 total weight). */
+bool lk__cpu_xent_supports(const lk_op_desc *d);
+lk_status lk__cpu_xent(const lk_op_desc *d, void *const *x);
+
+#endif

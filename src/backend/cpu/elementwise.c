@@ -1,0 +1,266 @@
+/* The CPU backend's element-wise families: unary, unary backward, binary
+ * with broadcast strides, axpy, affine (the scalar ops) and sum-to-shape
+ * (the reduction of a broadcast gradient). The all-f32 loops are the ones the
+ * autograd ops ran before the descriptors (same bits): the hot functions get
+ * loops of their own so GCC vectorises them, the rest call the kernel bodies
+ * of kernels.h. A descriptor with bf16 or f16 operands widens each operand
+ * to an f32 scratch copy, runs the same f32 loop and rounds each output
+ * element once (round to nearest even, lockstep/dtype.h): what a native
+ * half-precision kernel that computes in f32 would produce. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cpu/cpu_impl.h"
+#include "lockstep/dtype.h"
+
+static void unary_f32(lk_unary_op op, int64_t n, const float *restrict x, float *restrict y, float alpha) {
+    switch (op) { /* the hot ones get loops of their own, so they vectorise */
+    case LK_UNARY_RELU:
+        for (int64_t i = 0; i < n; i++) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
+        return;
+    case LK_UNARY_NEG:
+        for (int64_t i = 0; i < n; i++) y[i] = -x[i];
+        return;
+    default:
+        for (int64_t i = 0; i < n; i++) y[i] = lk_k_unary(op, x[i], alpha);
+    }
+}
+
+static void unary_backward_f32(lk_unary_op op, int64_t n, const float *restrict x, const float *restrict y,
+                               const float *restrict dy, float *restrict dx, float alpha, bool acc) {
+    if (op == LK_UNARY_RELU) {
+        if (acc)
+            for (int64_t i = 0; i < n; i++) dx[i] += x[i] > 0.0f ? dy[i] : 0.0f;
+        else
+            for (int64_t i = 0; i < n; i++) dx[i] = x[i] > 0.0f ? dy[i] : 0.0f;
+        return;
+    }
+    for (int64_t i = 0; i < n; i++) {
+        float g = dy[i] * lk_k_unary_grad(op, x ? x[i] : 0.0f, y ? y[i] : 0.0f, alpha);
+        dx[i] = acc ? dx[i] + g : g;
+    }
+}
+
+/* Walks out's shape; the innermost dimension runs as a flat loop with the
+ * inputs' own strides (1 or 0 in the common cases, which vectorise). */
+static void binary_f32(lk_binary_op op, int ndim, const int64_t *shape, const float *a, const int64_t *sa,
+                       const float *b, const int64_t *sb, float *out) {
+    if (ndim == 0) {
+        out[0] = lk_k_binary(op, a[0], b[0]);
+        return;
+    }
+    int64_t inner = shape[ndim - 1], ia = sa[ndim - 1], ib = sb[ndim - 1];
+    int64_t outer = 1;
+    for (int d = 0; d < ndim - 1; d++) outer *= shape[d];
+    int64_t idx[LK_MAX_DIMS] = {0};
+    int64_t oa = 0, ob = 0;
+    for (int64_t o = 0; o < outer; o++) {
+        const float *pa = a + oa, *pb = b + ob;
+        float *po = out + o * inner;
+        if (ia == 1 && ib == 1) {
+            switch (op) {
+            case LK_BINARY_ADD: for (int64_t i = 0; i < inner; i++) po[i] = pa[i] + pb[i]; break;
+            case LK_BINARY_SUB: for (int64_t i = 0; i < inner; i++) po[i] = pa[i] - pb[i]; break;
+            case LK_BINARY_MUL: for (int64_t i = 0; i < inner; i++) po[i] = pa[i] * pb[i]; break;
+            case LK_BINARY_DIV: for (int64_t i = 0; i < inner; i++) po[i] = pa[i] / pb[i]; break;
+            }
+        } else {
+            for (int64_t i = 0; i < inner; i++) po[i] = lk_k_binary(op, pa[i * ia], pb[i * ib]);
+        }
+        /* advance the outer multi-index */
+        for (int d = ndim - 2; d >= 0; d--) {
+            idx[d]++;
+            oa += sa[d];
+            ob += sb[d];
+            if (idx[d] < shape[d]) break;
+            oa -= sa[d] * shape[d];
+            ob -= sb[d] * shape[d];
+            idx[d] = 0;
+        }
+    }
+}
+
+static void axpy_f32(int64_t n, float alpha, const float *restrict x, float *restrict y) {
+    if (alpha == 1.0f)
+        for (int64_t i = 0; i < n; i++) y[i] += x[i];
+    else
+        for (int64_t i = 0; i < n; i++) y[i] += alpha * x[i];
+}
+
+/* x and y may be the same array (in-place scaling), hence no restrict. The
+ * two forms are kept apart because x * m + 0 turns -0 into +0, which the
+ * scalar ops do (as PyTorch's add of a scalar does) and a plain scaling must
+ * not. */
+static void affine_f32(int64_t n, float mul, float add, bool has_add, const float *x, float *y) {
+    if (has_add)
+        for (int64_t i = 0; i < n; i++) y[i] = x[i] * mul + add;
+    else
+        for (int64_t i = 0; i < n; i++) y[i] = x[i] * mul;
+}
+
+/* dst[off(i)] += src[i], src contiguous over `shape`, off() from dst's
+ * strides sd (0 on the summed dims); an innermost summed dim is added up in
+ * a register first, in order. */
+static void sum_to_f32(int ndim, const int64_t *shape, const float *src, const int64_t *sd, float *dst) {
+    int64_t numel = 1;
+    for (int d = 0; d < ndim; d++) numel *= shape[d];
+    int64_t inner = ndim ? shape[ndim - 1] : 1, inner_s = ndim ? sd[ndim - 1] : 0;
+    int64_t idx[LK_MAX_DIMS] = {0}, off = 0;
+    for (int64_t o = 0; o < numel / (inner ? inner : 1); o++) {
+        const float *ps = src + o * inner;
+        if (inner_s == 0) {
+            float s = 0;
+            for (int64_t i = 0; i < inner; i++) s += ps[i];
+            dst[off] += s;
+        } else {
+            for (int64_t i = 0; i < inner; i++) dst[off + i] += ps[i];
+        }
+        for (int d = ndim - 2; d >= 0; d--) {
+            idx[d]++;
+            off += sd[d];
+            if (idx[d] < shape[d]) break;
+            off -= sd[d] * shape[d];
+            idx[d] = 0;
+        }
+    }
+}
+
+static bool elem_dtype(lk_dtype t) { return t == LK_F32 || t == LK_BF16 || t == LK_F16; }
+
+bool lk__cpu_elementwise_supports(const lk_op_desc *d) {
+    int n = lk__op_arity(d->op);
+    for (int i = 0; i < n; i++)
+        if (!elem_dtype(d->dtype[i])) return false;
+    switch (d->op) {
+    case LK_OP_UNARY:
+    case LK_OP_UNARY_BACKWARD: return d->unary.fn >= 0 && d->unary.fn < LK_UNARY_COUNT;
+    case LK_OP_BINARY: return d->binary.ndim >= 0 && d->binary.ndim <= LK_MAX_DIMS;
+    case LK_OP_SUM_TO: return d->sum_to.ndim >= 0 && d->sum_to.ndim <= LK_MAX_DIMS;
+    case LK_OP_AXPY:
+    case LK_OP_AFFINE: return true;
+    default: return false;
+    }
+}
+
+/* ---- bf16 / f16 operands ------------------------------------------------------ */
+
+/* The elements an operand spans: 1 + sum (shape - 1) * stride (0 when empty). */
+static int64_t span(int ndim, const int64_t *shape, const int64_t *st) {
+    int64_t s = 1;
+    for (int d = 0; d < ndim; d++) {
+        if (shape[d] == 0) return 0;
+        s += (shape[d] - 1) * st[d];
+    }
+    return s;
+}
+
+static void widen_into(lk_dtype dt, const void *p, int64_t n, float *w) {
+    const uint16_t *h = p;
+    if (dt == LK_BF16)
+        for (int64_t i = 0; i < n; i++) w[i] = lk_bf16_bits_to_f32(h[i]);
+    else
+        for (int64_t i = 0; i < n; i++) w[i] = lk_f16_bits_to_f32(h[i]);
+}
+
+static void narrow_into(lk_dtype dt, const float *w, int64_t n, void *p) {
+    uint16_t *h = p;
+    if (dt == LK_BF16)
+        for (int64_t i = 0; i < n; i++) h[i] = lk_f32_to_bf16_bits(w[i]);
+    else
+        for (int64_t i = 0; i < n; i++) h[i] = lk_f32_to_f16_bits(w[i]);
+}
+
+/* Operand i as f32: itself when it is f32, else a scratch copy (widened when
+ * `load`; an output that is only written needs no load). */
+typedef struct {
+    float *buf[4];
+} scratch;
+
+static lk_status as_f32(const lk_op_desc *d, void *const *x, int i, int64_t n, bool load, scratch *s, float **out) {
+    if (!x[i] || d->dtype[i] == LK_F32) {
+        *out = x[i];
+        return LK_STATUS_OK;
+    }
+    s->buf[i] = malloc((size_t)(n ? n : 1) * sizeof(float));
+    if (!s->buf[i])
+        return lk_error(LK_STATUS_OUT_OF_MEMORY, "cpu backend: no memory to widen %lld %s elements to f32",
+                        (long long)n, lk_dtype_name(d->dtype[i]));
+    if (load) widen_into(d->dtype[i], x[i], n, s->buf[i]);
+    *out = s->buf[i];
+    return LK_STATUS_OK;
+}
+
+static lk_status run_lowp(const lk_op_desc *d, void *const *x) {
+    scratch s = {{NULL}};
+    float *w[4] = {NULL};
+    int64_t n[4] = {0};
+    int out = 1; /* the operand written */
+    bool out_read = false;
+    switch (d->op) {
+    case LK_OP_UNARY: n[0] = n[1] = d->unary.n; break;
+    case LK_OP_UNARY_BACKWARD:
+        n[0] = n[1] = n[2] = n[3] = d->unary.n, out = 3, out_read = d->unary.acc;
+        break;
+    case LK_OP_BINARY: {
+        const lk_binary_params *b = &d->binary;
+        int64_t numel = 1;
+        for (int k = 0; k < b->ndim; k++) numel *= b->shape[k];
+        n[0] = span(b->ndim, b->shape, b->sa), n[1] = span(b->ndim, b->shape, b->sb), n[2] = numel;
+        out = 2;
+        break;
+    }
+    case LK_OP_AXPY: n[0] = n[1] = d->axpy.n, out_read = true; break;
+    case LK_OP_AFFINE: n[0] = n[1] = d->affine.n; break;
+    case LK_OP_SUM_TO: {
+        const lk_sum_to_params *p = &d->sum_to;
+        int64_t numel = 1;
+        for (int k = 0; k < p->ndim; k++) numel *= p->shape[k];
+        n[0] = numel, n[1] = numel ? span(p->ndim, p->shape, p->sd) : 0, out_read = true;
+        break;
+    }
+    default: return lk_error(LK_STATUS_INTERNAL, "cpu backend: op %d is not element-wise", (int)d->op);
+    }
+    lk_status st = LK_STATUS_OK;
+    int arity = lk__op_arity(d->op);
+    for (int i = 0; i < arity && !st; i++) st = as_f32(d, x, i, n[i], i != out || out_read, &s, &w[i]);
+    if (!st) {
+        switch (d->op) {
+        case LK_OP_UNARY: unary_f32(d->unary.fn, d->unary.n, w[0], w[1], d->unary.alpha); break;
+        case LK_OP_UNARY_BACKWARD:
+            unary_backward_f32(d->unary.fn, d->unary.n, w[0], w[1], w[2], w[3], d->unary.alpha, d->unary.acc);
+            break;
+        case LK_OP_BINARY:
+            binary_f32(d->binary.fn, d->binary.ndim, d->binary.shape, w[0], d->binary.sa, w[1], d->binary.sb, w[2]);
+            break;
+        case LK_OP_AXPY: axpy_f32(d->axpy.n, d->axpy.alpha, w[0], w[1]); break;
+        case LK_OP_AFFINE:
+            affine_f32(d->affine.n, d->affine.mul, d->affine.add, d->affine.has_add, w[0], w[1]);
+            break;
+        case LK_OP_SUM_TO: sum_to_f32(d->sum_to.ndim, d->sum_to.shape, w[0], d->sum_to.sd, w[1]); break;
+        default: break;
+        }
+        if (s.buf[out]) narrow_into(d->dtype[out], s.buf[out], n[out], x[out]);
+    }
+    for (int i = 0; i < 4; i++) free(s.buf[i]);
+    return st;
+}
+
+lk_status lk__cpu_elementwise(const lk_op_desc *d, void *const *x) {
+    int arity = lk__op_arity(d->op);
+    for (int i = 0; i < arity; i++)
+        if (d->dtype[i] != LK_F32) return run_lowp(d, x);
+    switch (d->op) {
+    case LK_OP_UNARY: unary_f32(d->unary.fn, d->unary.n, x[0], x[1], d->unary.alpha); break;
+    case LK_OP_UNARY_BACKWARD:
+        unary_backward_f32(d->unary.fn, d->unary.n, x[0], x[1], x[2], x[3], d->unary.alpha, d->unary.acc);
+        break;
+    case LK_OP_BINARY:
+        binary_f32(d->binary.fn, d->binary.ndim, d->binary.shape, x[0], d->binary.sa, x[1], d->binary.sb, x[2]);
+        break;
+    case LK_OP_AXPY: axpy_f32(d->axpy.n, d->axpy.alpha, x[0], x[1]); break;
+    case LK_OP_AFFINE: affine_f32(d->affine.n, d->affine.mul, d->affine.add, d->affine.has_add, x[0], x[1]); break;
+    case LK_OP_SUM_TO: sum_to_f32(d->sum_to.ndim, d->sum_to.shape, x[0], d->sum_to.sd, x[1]); break;
+    default: return lk_error(LK_STATUS_INTERNAL, "cpu backend: op %d is not element-wise", (int)d->op);
+    }
+    return LK_STATUS_OK;
+}

@@ -1,0 +1,63 @@
+/* The CPU backend's f32 GEMM: OpenBLAS with transpose flags (no copies for
+ * transposed views), cut across the compute threads by parallel.c. */
+#include <cblas.h>
+
+#include "backend/cpu/cpu_impl.h"
+
+static void sgemm1(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+                   const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (int)M, (int)N, (int)K,
+                alpha, A, (int)lda, B, (int)ldb, beta, C, (int)ldc);
+}
+
+/* A GEMM cut across the compute threads (BLAS itself runs single-threaded,
+ * see parallel.c): by output columns when there are enough of them, else by
+ * rows; cuts on 16-element boundaries. Each output element is computed by
+ * one thread, so the result is bitwise repeatable for a given thread count
+ * (BLAS's blocking over K can follow the cut's shape, so another thread count
+ * may differ in the last bits). */
+typedef struct {
+    bool ta, tb, by_cols;
+    int64_t M, N, K, lda, ldb, ldc;
+    float alpha, beta;
+    const float *A, *B;
+    float *C;
+    int width;
+} gemm_job;
+
+static void gemm_task(void *ctx, int t) {
+    const gemm_job *j = ctx;
+    int64_t len = j->by_cols ? j->N : j->M;
+    int64_t a, b;
+    lk__task_range(len, t, j->width, 16, &a, &b);
+    if (b <= a) return;
+    if (j->by_cols)
+        sgemm1(j->ta, j->tb, j->M, b - a, j->K, j->alpha, j->A, j->lda, j->tb ? j->B + a * j->ldb : j->B + a, j->ldb,
+               j->beta, j->C + a, j->ldc);
+    else
+        sgemm1(j->ta, j->tb, b - a, j->N, j->K, j->alpha, j->ta ? j->A + a : j->A + a * j->lda, j->lda, j->B, j->ldb,
+               j->beta, j->C + a * j->ldc, j->ldc);
+}
+
+#define GEMM_SPLIT_FLOPS (4.0 * 1024 * 1024) /* below ~30 us of one core, a second one does not pay */
+
+void lk__cpu_sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+                   const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+    if (M == 0 || N == 0) return;
+    if (K == 0) { /* BLAS leaves C alone for K == 0 only when beta == 1 */
+        for (int64_t i = 0; i < M; i++)
+            for (int64_t j = 0; j < N; j++) C[i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[i * ldc + j];
+        return;
+    }
+    int width = 2.0 * (double)M * (double)N * (double)K >= GEMM_SPLIT_FLOPS ? lk__parallel_width(INT64_MAX) : 1;
+    bool by_cols = N >= 32 * width || N >= M;
+    int64_t parts = (by_cols ? N : M) / 16;
+    if (width > parts) width = parts > 1 ? (int)parts : 1;
+    if (width <= 1) {
+        sgemm1(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        return;
+    }
+    gemm_job job = {ta, tb, by_cols, M, N, K, lda, ldb, ldc, alpha, beta, A, B, C, width};
+    lk__parallel_run(width, gemm_task, &job);
+}
+

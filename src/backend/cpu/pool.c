@@ -1,0 +1,69 @@
+/* The CPU backend's 2-D pooling, f32: max (with the i32 index of each
+ * window's maximum, for backward), avg and adaptive avg, forward and
+ * backward, one plane at a time over the plane kernels of kernels/conv.h.
+ * Max pooling's forward gives whole planes to the compute threads once the
+ * input is about a megabyte. */
+#include "backend/cpu/cpu_impl.h"
+
+typedef struct {
+    const lk_pool_params *g;
+    const float *x;
+    float *out;
+    int *idx;
+    int width;
+} max_pool_job;
+
+static void max_pool_task(void *ctx, int t) {
+    const max_pool_job *j = ctx;
+    const lk_pool_params *g = j->g;
+    long no = g->OH * g->OW, ni = g->H * g->W;
+    int64_t c0, c1;
+    lk__task_range(g->planes, t, j->width, 1, &c0, &c1);
+    for (long c = c0; c < c1; c++)
+        lk_k_max_pool_plane(j->x + c * ni, g->H, g->W, g->kh, g->kw, g->sh, g->sw, g->ph, g->pw, g->OH, g->OW,
+                            j->out + c * no, j->idx + c * no);
+}
+
+lk_status lk__cpu_pool2d(const lk_op_desc *d, void *const *x) {
+    const lk_pool_params *g = &d->pool;
+    long no = g->OH * g->OW, ni = g->H * g->W;
+    if (d->op == LK_OP_POOL2D) {
+        const float *xd = x[0];
+        float *od = x[1];
+        switch (g->kind) {
+        case LK_POOL_MAX: {
+            max_pool_job job = {g, xd, od, x[2], g->planes * ni >= (1 << 18) ? lk__parallel_width(g->planes) : 1};
+            lk__parallel_run(job.width, max_pool_task, &job);
+            break;
+        }
+        case LK_POOL_AVG:
+            for (long c = 0; c < g->planes; c++)
+                lk_k_avg_pool_plane(xd + c * ni, g->H, g->W, g->kh, g->kw, g->sh, g->sw, g->ph, g->pw,
+                                    g->count_include_pad, g->OH, g->OW, od + c * no);
+            break;
+        case LK_POOL_ADAPTIVE_AVG:
+            for (long c = 0; c < g->planes; c++)
+                lk_k_adaptive_avg_plane(xd + c * ni, g->H, g->W, g->OH, g->OW, od + c * no);
+            break;
+        }
+        return LK_STATUS_OK;
+    }
+    const float *dy = x[0];
+    const int *idx = x[1];
+    float *dx = x[2];
+    switch (g->kind) {
+    case LK_POOL_MAX:
+        for (long c = 0; c < g->planes; c++) lk_k_max_pool_backward_plane(dy + c * no, idx + c * no, no, dx + c * ni);
+        break;
+    case LK_POOL_AVG:
+        for (long c = 0; c < g->planes; c++)
+            lk_k_avg_pool_backward_plane(dy + c * no, g->H, g->W, g->kh, g->kw, g->sh, g->sw, g->ph, g->pw,
+                                         g->count_include_pad, g->OH, g->OW, dx + c * ni);
+        break;
+    case LK_POOL_ADAPTIVE_AVG:
+        for (long c = 0; c < g->planes; c++)
+            lk_k_adaptive_avg_backward_plane(dy + c * no, g->H, g->W, g->OH, g->OW, dx + c * ni);
+        break;
+    }
+    return LK_STATUS_OK;
+}

@@ -1,0 +1,260 @@
+/* The backend registry and the typed-op dispatcher: which backend runs a
+ * device kind's ops, the fallback of a host-addressable device to the CPU
+ * backend for descriptors its own backend does not take (counted), the
+ * UNSUPPORTED error that names the descriptor, and the descriptor builders
+ * the autograd ops call. Dispatch happens once per op call. */
+#include <stdio.h>
+
+#include "backend/backend_impl.h"
+
+static const lk_backend *registry[LK_DEVICE_KIND_MAX];
+static int64_t fallbacks;
+
+lk_status lk__backend_register(lk_device_kind kind, const lk_backend *be) {
+    if ((int)kind <= LK_CPU || (int)kind >= LK_DEVICE_KIND_MAX)
+        return lk_error(LK_STATUS_INVALID_ARGUMENT,
+                        "lk__backend_register: device kind %d out of range (1..%d; kind 0 is the CPU's own backend)",
+                        (int)kind, LK_DEVICE_KIND_MAX - 1);
+    if (be && (!be->name || !be->supports || !be->run))
+        return lk_error(LK_STATUS_INVALID_ARGUMENT,
+                        "lk__backend_register: the backend for kind %d lacks a name, supports() or run()", (int)kind);
+    __atomic_store_n(&registry[kind], be, __ATOMIC_RELEASE);
+    return LK_STATUS_OK;
+}
+
+const lk_backend *lk__backend(lk_device dev) {
+    const lk_backend *be = NULL;
+    if ((int)dev.kind > LK_CPU && (int)dev.kind < LK_DEVICE_KIND_MAX)
+        be = __atomic_load_n(&registry[dev.kind], __ATOMIC_ACQUIRE);
+    return be ? be : &lk__cpu_backend;
+}
+
+int64_t lk__backend_fallbacks(void) { return __atomic_load_n(&fallbacks, __ATOMIC_RELAXED); }
+
+int lk__op_arity(lk_op_kind op) {
+    switch (op) {
+    case LK_OP_GEMM: return 3;
+    case LK_OP_UNARY: return 2;
+    case LK_OP_UNARY_BACKWARD: return 4;
+    case LK_OP_BINARY: return 3;
+    case LK_OP_AXPY: return 2;
+    case LK_OP_AFFINE: return 2;
+    case LK_OP_SUM_TO: return 2;
+    case LK_OP_MASK_SCALE: return 3;
+    case LK_OP_SOFTMAX: return 2;
+    case LK_OP_SOFTMAX_BACKWARD: return 3;
+    case LK_OP_LOSS: return 3;
+    case LK_OP_LOSS_BACKWARD: return 4;
+    case LK_OP_LAYER_NORM: return 5;
+    case LK_OP_LAYER_NORM_BACKWARD: return 7;
+    case LK_OP_BATCH_NORM: return 7;
+    case LK_OP_BATCH_NORM_BACKWARD: return 7;
+    case LK_OP_OPTIM_UPDATE: return 5;
+    case LK_OP_BCE: return 5;
+    case LK_OP_BCE_BACKWARD: return 7;
+    case LK_OP_XENT: return 6;
+    case LK_OP_XENT_BACKWARD: return 5;
+    case LK_OP_NLL: return 5;
+    case LK_OP_NLL_BACKWARD: return 4;
+    case LK_OP_POOL2D: return 3;
+    case LK_OP_POOL2D_BACKWARD: return 3;
+    case LK_OP_COUNT: break;
+    }
+    return 0;
+}
+
+const char *lk__unary_name(lk_unary_op fn) {
+    static const char *const names[] = {"relu", "gelu_tanh", "gelu_exact", "tanh", "sigmoid", "exp", "log",
+                                        "sqrt", "abs",       "leaky_relu", "elu",  "silu",    "neg"};
+    _Static_assert(sizeof names / sizeof names[0] == LK_UNARY_COUNT, "a name per lk_unary_op");
+    return (int)fn >= 0 && fn < LK_UNARY_COUNT ? names[fn] : "?";
+}
+
+const char *lk__binary_name(lk_binary_op fn) {
+    static const char *const names[] = {"add", "sub", "mul", "div"};
+    return (int)fn >= 0 && (int)fn < 4 ? names[fn] : "?";
+}
+
+/* "4x3" (or "scalar") into buf. */
+static const char *shape_str(int ndim, const int64_t *shape, char *buf, size_t size) {
+    size_t k = 0;
+    buf[0] = 0;
+    if (ndim == 0) snprintf(buf, size, "scalar");
+    for (int i = 0; i < ndim && k < size; i++)
+        k += (size_t)snprintf(buf + k, size - k, "%s%lld", i ? "x" : "", (long long)shape[i]);
+    return buf;
+}
+
+const char *lk__op_desc_str(const lk_op_desc *d, char *buf, size_t size) {
+#define DT(i) lk_dtype_name(d->dtype[i])
+    char sh[96];
+    switch (d->op) {
+    case LK_OP_GEMM:
+        snprintf(buf, size, "gemm %s x %s -> %s (%c%c, %lldx%lldx%lld)", DT(0), DT(1), DT(2),
+                 d->gemm.trans_a ? 'T' : 'N', d->gemm.trans_b ? 'T' : 'N', (long long)d->gemm.M,
+                 (long long)d->gemm.N, (long long)d->gemm.K);
+        return buf;
+    case LK_OP_UNARY:
+        snprintf(buf, size, "unary %s %s -> %s (%lld)", lk__unary_name(d->unary.fn), DT(0), DT(1),
+                 (long long)d->unary.n);
+        return buf;
+    case LK_OP_UNARY_BACKWARD:
+        snprintf(buf, size, "unary_backward %s x %s, y %s, dy %s -> dx %s (%lld)", lk__unary_name(d->unary.fn), DT(0),
+                 DT(1), DT(2), DT(3), (long long)d->unary.n);
+        return buf;
+    case LK_OP_BINARY:
+        snprintf(buf, size, "binary %s %s, %s -> %s (%s)", lk__binary_name(d->binary.fn), DT(0), DT(1), DT(2),
+                 shape_str(d->binary.ndim, d->binary.shape, sh, sizeof sh));
+        return buf;
+    case LK_OP_AXPY:
+        snprintf(buf, size, "axpy %s -> %s (%lld)", DT(0), DT(1), (long long)d->axpy.n);
+        return buf;
+    case LK_OP_AFFINE:
+        snprintf(buf, size, "affine %s -> %s (%lld)", DT(0), DT(1), (long long)d->affine.n);
+        return buf;
+    case LK_OP_SUM_TO:
+        snprintf(buf, size, "sum_to %s -> %s (%s)", DT(0), DT(1),
+                 shape_str(d->sum_to.ndim, d->sum_to.shape, sh, sizeof sh));
+        return buf;
+    case LK_OP_SOFTMAX:
+    case LK_OP_SOFTMAX_BACKWARD:
+        snprintf(buf, size, "%s%s %s%s%s -> %s (%lldx%lldx%lld)", d->softmax.log_out ? "log_softmax" : "softmax",
+                 d->op == LK_OP_SOFTMAX ? "" : "_backward", DT(0), d->op == LK_OP_SOFTMAX ? "" : ", ",
+                 d->op == LK_OP_SOFTMAX ? "" : DT(1), d->op == LK_OP_SOFTMAX ? DT(1) : DT(2),
+                 (long long)d->softmax.outer, (long long)d->softmax.C, (long long)d->softmax.inner);
+        return buf;
+    case LK_OP_LOSS:
+    case LK_OP_LOSS_BACKWARD: {
+        static const char *const kinds[] = {"mse", "l1", "smooth_l1"}, *const reds[] = {"mean", "sum", "none"};
+        unsigned k = (unsigned)d->loss.kind, r = (unsigned)d->loss.reduction;
+        snprintf(buf, size, "%s%s %s, %s%s%s -> %s (%lld, %s)", k < 3 ? kinds[k] : "?",
+                 d->op == LK_OP_LOSS ? "_loss" : "_loss_backward", DT(0), DT(1), d->op == LK_OP_LOSS ? "" : ", ",
+                 d->op == LK_OP_LOSS ? "" : DT(2), d->op == LK_OP_LOSS ? DT(2) : DT(3), (long long)d->loss.n,
+                 r < 3 ? reds[r] : "?");
+        return buf;
+    }
+    case LK_OP_LAYER_NORM:
+        snprintf(buf, size, "layer_norm x %s, w %s, b %s -> %s (%lld rows of %lld)", DT(0), DT(1), DT(2), DT(3),
+                 (long long)d->layer_norm.M, (long long)d->layer_norm.L);
+        return buf;
+    case LK_OP_LAYER_NORM_BACKWARD:
+        snprintf(buf, size, "layer_norm_backward x %s, dy %s, w %s -> dx %s, dw %s, db %s (%lld rows of %lld)", DT(0),
+                 DT(1), DT(3), DT(4), DT(5), DT(6), (long long)d->layer_norm.M, (long long)d->layer_norm.L);
+        return buf;
+    case LK_OP_OPTIM_UPDATE: {
+        static const char *const rules[] = {"sgd", "adam", "rmsprop"};
+        unsigned r = (unsigned)d->optim.rule;
+        snprintf(buf, size, "optim_update %s%s p %s, g %s, state %s (%lld)", r < 3 ? rules[r] : "?",
+                 d->optim.adamw ? "w" : "", DT(0), DT(1), DT(2), (long long)d->optim.n);
+        return buf;
+    }
+    case LK_OP_POOL2D:
+    case LK_OP_POOL2D_BACKWARD: {
+        static const char *const kinds[] = {"max_pool2d", "avg_pool2d", "adaptive_avg_pool2d"};
+        unsigned k = (unsigned)d->pool.kind;
+        bool fwd = d->op == LK_OP_POOL2D;
+        snprintf(buf, size, "%s%s %s -> %s (%ld planes, %ldx%ld -> %ldx%ld)", k < 3 ? kinds[k] : "?",
+                 fwd ? "" : "_backward", DT(0), DT(fwd ? 1 : 2), d->pool.planes, d->pool.H, d->pool.W,
+                 d->pool.OH, d->pool.OW);
+        return buf;
+    }
+    case LK_OP_BCE:
+    case LK_OP_BCE_BACKWARD: {
+        static const char *const reds[] = {"mean", "sum", "none"};
+        unsigned r = (unsigned)d->bce.reduction;
+        snprintf(buf, size, "bce%s%s x %s, target %s (%lld, %s)", d->bce.logits ? "_with_logits" : "",
+                 d->op == LK_OP_BCE ? "" : "_backward", DT(0), DT(1), (long long)d->bce.n, r < 3 ? reds[r] : "?");
+        return buf;
+    }
+    case LK_OP_XENT:
+    case LK_OP_XENT_BACKWARD:
+    case LK_OP_NLL:
+    case LK_OP_NLL_BACKWARD: {
+        static const char *const names[] = {"cross_entropy", "cross_entropy_backward", "nll_loss", "nll_loss_backward"};
+        snprintf(buf, size, "%s x %s, target %s (%lldx%lldx%lld)", names[d->op - LK_OP_XENT],
+                 DT(d->op == LK_OP_NLL_BACKWARD ? 2 : 0), DT(d->op == LK_OP_NLL_BACKWARD ? 0 : 1),
+                 (long long)d->xent.N, (long long)d->xent.C, (long long)d->xent.D);
+        return buf;
+    }
+    case LK_OP_BATCH_NORM:
+    case LK_OP_BATCH_NORM_BACKWARD:
+        snprintf(buf, size, "batch_norm%s%s x %s (%ldx%ldx%ld)", d->op == LK_OP_BATCH_NORM ? "" : "_backward",
+                 d->batch_norm.training ? "" : " eval", DT(0), d->batch_norm.N, d->batch_norm.C, d->batch_norm.S);
+        return buf;
+    case LK_OP_MASK_SCALE:
+        snprintf(buf, size, "mask_scale %s, mask %s -> %s (%lld)", DT(0), DT(1), DT(2), (long long)d->mask_scale.n);
+        return buf;
+    case LK_OP_COUNT: break;
+    }
+#undef DT
+    snprintf(buf, size, "op %d", (int)d->op);
+    return buf;
+}
+
+lk_status lk__backend_run(lk_device dev, const lk_op_desc *d, void *const *operands) {
+    const lk_backend *be = lk__backend(dev);
+    if (be->supports(d)) return be->run(d, operands);
+    /* The CPU kernels can read a host-addressable device's memory, so a
+     * descriptor its backend lacks still runs, on the CPU backend. */
+    bool host = lk_device_is_host(dev);
+    if (be != &lk__cpu_backend && host && lk__cpu_backend.supports(d)) {
+        __atomic_fetch_add(&fallbacks, 1, __ATOMIC_RELAXED);
+        return lk__cpu_backend.run(d, operands);
+    }
+    char what[160], dv[32];
+    lk_device_str(dev, dv, sizeof dv);
+    if (be != &lk__cpu_backend && !host)
+        return lk_error(LK_STATUS_UNSUPPORTED,
+                        "the %s backend has no %s, and device %s is not host-addressable, so the CPU backend cannot "
+                        "run it there",
+                        be->name, lk__op_desc_str(d, what, sizeof what), dv);
+    if (be != &lk__cpu_backend)
+        return lk_error(LK_STATUS_UNSUPPORTED, "the %s backend has no %s (device %s), and neither has the cpu backend",
+                        be->name, lk__op_desc_str(d, what, sizeof what), dv);
+    return lk_error(LK_STATUS_UNSUPPORTED, "the %s backend has no %s (device %s)", be->name,
+                    lk__op_desc_str(d, what, sizeof what), dv);
+}
+
+/* ---- f32 descriptor builders ----------------------------------------------------- */
+
+lk_status lk__unary_f32(lk_device dev, lk_unary_op fn, int64_t n, const float *x, float *y, float alpha) {
+    lk_op_desc d = {.op = LK_OP_UNARY, .dtype = {LK_F32, LK_F32}};
+    d.unary = (lk_unary_params){fn, n, alpha, false};
+    return lk__backend_run(dev, &d, (void *[]){(void *)x, y});
+}
+
+lk_status lk__unary_backward_f32(lk_device dev, lk_unary_op fn, int64_t n, const float *x, const float *y,
+                                 const float *dy, float *dx, float alpha, bool acc) {
+    lk_op_desc d = {.op = LK_OP_UNARY_BACKWARD, .dtype = {LK_F32, LK_F32, LK_F32, LK_F32}};
+    d.unary = (lk_unary_params){fn, n, alpha, acc};
+    return lk__backend_run(dev, &d, (void *[]){(void *)x, (void *)y, (void *)dy, dx});
+}
+
+lk_status lk__binary_f32(lk_device dev, lk_binary_op fn, int ndim, const int64_t *shape, const float *a,
+                         const int64_t *sa, const float *b, const int64_t *sb, float *out) {
+    lk_op_desc d = {.op = LK_OP_BINARY, .dtype = {LK_F32, LK_F32, LK_F32}};
+    d.binary.fn = fn;
+    d.binary.ndim = ndim;
+    for (int i = 0; i < ndim; i++) d.binary.shape[i] = shape[i], d.binary.sa[i] = sa[i], d.binary.sb[i] = sb[i];
+    return lk__backend_run(dev, &d, (void *[]){(void *)a, (void *)b, out});
+}
+
+lk_status lk__axpy_f32(lk_device dev, int64_t n, float alpha, const float *x, float *y) {
+    lk_op_desc d = {.op = LK_OP_AXPY, .dtype = {LK_F32, LK_F32}};
+    d.axpy = (lk_axpy_params){n, alpha};
+    return lk__backend_run(dev, &d, (void *[]){(void *)x, y});
+}
+
+lk_status lk__affine_f32(lk_device dev, int64_t n, float mul, float add, bool has_add, const float *x, float *y) {
+    lk_op_desc d = {.op = LK_OP_AFFINE, .dtype = {LK_F32, LK_F32}};
+    d.affine = (lk_affine_params){n, mul, add, has_add};
+    return lk__backend_run(dev, &d, (void *[]){(void *)x, y});
+}
+
+lk_status lk__sum_to_f32(lk_device dev, int ndim, const int64_t *shape, const float *src, const int64_t *sd,
+                         float *dst) {
+    lk_op_desc d = {.op = LK_OP_SUM_TO, .dtype = {LK_F32, LK_F32}};
+    d.sum_to.ndim = ndim;
+    for (int i = 0; i < ndim; i++) d.sum_to.shape[i] = shape[i], d.sum_to.sd[i] = sd[i];
+    return lk__backend_run(dev, &d, (void *[]){(void *)src, dst});
+}
