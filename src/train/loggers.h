@@ -233,12 +233,6 @@ lk_status lk_runinfo_to_json(const lk_runinfo *info, char **out);
  * (lk_file_remove_stale_tmp) from root, root/version_N and
  * root/version_N/checkpoints; returns how many. Cannot fail. */
 int lk__out_remove_stale_tmp(const char *root);
-/* The old names of lk_file_write_atomic and lk_file_mkdirs (lockstep/core.h),
- * kept while src/train/trainer.c is being split; new code calls lk_file_*. */
-static inline lk_status lk__out_write_atomic(const char *path, const void *data, size_t len) {
-    return lk_file_write_atomic(path, data, len);
-}
-static inline lk_status lk__out_mkdirs(const char *path) { return lk_file_mkdirs(path); }
 
 /* ========================================================================
  * Images

@@ -312,7 +312,7 @@ static lk_status open_outputs(lk_trainer *tr, bool want_logs) {
     if (tr->cfg.logger_set && tr->cfg.n_loggers == 0) {
         /* logger: false. Lightning's log_dir is then default_root_dir:
          * config.yaml, run.json and checkpoints/ go there. */
-        LK_TRY(lk__out_mkdirs(root));
+        LK_TRY(lk_file_mkdirs(root));
         snprintf(tr->log_dir, sizeof tr->log_dir, "%s", root);
     } else {
         lk_logger *list, *csv;
@@ -366,7 +366,7 @@ static lk_status open_outputs(lk_trainer *tr, bool want_logs) {
     if (tr->config_yaml) {
         char path[LK_PATH + 16];
         snprintf(path, sizeof path, "%s/config.yaml", tr->log_dir);
-        LK_TRY(lk__out_write_atomic(path, tr->config_yaml, strlen(tr->config_yaml)));
+        LK_TRY(lk_file_write_atomic(path, tr->config_yaml, strlen(tr->config_yaml)));
     }
     return LK_STATUS_OK;
 }
@@ -754,7 +754,7 @@ lk_status lk_trainer_fit(lk_trainer *tr, lk_module *m, lk_datamodule *dm, const 
         snprintf(dir, sizeof dir, "%s", c->on_exception_ckpt);
         char *slash = strrchr(dir, '/');
         if (slash) *slash = 0;
-        lk_status s2 = slash ? lk__out_mkdirs(dir) : LK_STATUS_OK;
+        lk_status s2 = slash ? lk_file_mkdirs(dir) : LK_STATUS_OK;
         if (!s2) s2 = lk__ckpt_save(tr, c->on_exception_ckpt);
         if (s2) lk_log_warn("OnExceptionCheckpoint: could not write %s: %s", c->on_exception_ckpt, lk_last_error());
         else lk_log0("OnExceptionCheckpoint: saved %s", c->on_exception_ckpt);
