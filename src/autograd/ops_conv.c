@@ -61,7 +61,7 @@ static void conv_geom_init(conv_geom *g, const lk_tensor *x, const lk_tensor *w,
     g->cols_n = g->K * nb * g->P, g->out_n = g->O * nb * g->P;
 }
 
-static void im2col_chunk(const conv_geom *g, const float *x, long n0, long cur, float *cols);
+static lk_status im2col_chunk(lk_device dev, const conv_geom *g, const float *x, long n0, long cur, float *cols);
 
 /* Element offset `i` into an array of `lowp` (LK_F32, LK_BF16 or LK_F16) elements. */
 static inline const void *elem_at(const void *p, lk_dtype lowp, long i) {
@@ -87,12 +87,12 @@ static void note_failure(lk_status *slot, lk_status st) {
 /* The B operand of one chunk's GEMMs: the f32 columns (or, pointwise, the
  * input planes) as they are, or under autocast rounded into `lcols`.
  * *ld gets B's leading dimension. */
-static const void *chunk_cols(const conv_geom *g, const float *x, long n0, long cur, float *cols, lk_dtype lowp,
-                              uint16_t *lcols, long *ld) {
+static const void *chunk_cols(lk_device dev, lk_status *st, const conv_geom *g, const float *x, long n0, long cur,
+                              float *cols, lk_dtype lowp, uint16_t *lcols, long *ld) {
     const float *B = x + n0 * g->C * g->P;
     *ld = g->P;
     if (!g->pointwise) {
-        im2col_chunk(g, x, n0, cur, cols);
+        note_failure(st, im2col_chunk(dev, g, x, n0, cur, cols));
         B = cols;
         *ld = cur * g->P;
     }
@@ -101,21 +101,31 @@ static const void *chunk_cols(const conv_geom *g, const float *x, long n0, long 
     return lcols;
 }
 
-/* cols[K, cur*P]: sample j of the chunk starting at n0 fills columns [j*P, (j+1)*P). */
-static void im2col_chunk(const conv_geom *g, const float *x, long n0, long cur, float *cols) {
-    long ld = cur * g->P, khw = g->kh * g->kw;
-    for (long j = 0; j < cur; j++)
-        for (long c = 0; c < g->C; c++)
-            lk_k_im2col_plane(x + ((n0 + j) * g->C + c) * g->H * g->W, g->H, g->W, g->kh, g->kw, g->sh, g->sw, g->ph,
-                              g->pw, g->dh, g->dw, g->OH, g->OW, cols + c * khw * ld + j * g->P, ld);
+/* The im2col / col2im descriptor of the chunk of `cur` samples: columns
+ * [K, cur*P], sample j of the chunk in columns [j*P, (j+1)*P). */
+static lk_op_desc cols_desc(lk_op_kind op, const conv_geom *g, long cur) {
+    lk_op_desc d = {.op = op, .dtype = {LK_F32, LK_F32}};
+    d.im2col = (lk_im2col_params){cur,   g->C,  g->H,  g->W,  g->kh, g->kw, g->sh, g->sw,
+                                  g->ph, g->pw, g->dh, g->dw, g->OH, g->OW, cur * g->P};
+    return d;
 }
 
-static void col2im_chunk(const conv_geom *g, float *cols, long n0, long cur, float *dx) {
-    long ld = cur * g->P, khw = g->kh * g->kw;
-    for (long j = 0; j < cur; j++)
-        for (long c = 0; c < g->C; c++)
-            lk_k_col2im_plane(cols + c * khw * ld + j * g->P, ld, g->H, g->W, g->kh, g->kw, g->sh, g->sw, g->ph, g->pw,
-                              g->dh, g->dw, g->OH, g->OW, dx + ((n0 + j) * g->C + c) * g->H * g->W);
+static lk_status im2col_chunk(lk_device dev, const conv_geom *g, const float *x, long n0, long cur, float *cols) {
+    lk_op_desc d = cols_desc(LK_OP_IM2COL, g, cur);
+    return lk__backend_run(dev, &d, (void *[]){(void *)(x + n0 * g->C * g->H * g->W), cols});
+}
+
+static lk_status col2im_chunk(lk_device dev, const conv_geom *g, float *cols, long n0, long cur, float *dx) {
+    lk_op_desc d = cols_desc(LK_OP_COL2IM, g, cur);
+    return lk__backend_run(dev, &d, (void *[]){cols, dx + n0 * g->C * g->H * g->W});
+}
+
+/* out[cur, O, P] = y[O, cur*P] + b (b may be NULL; y == out when cur == 1). */
+static lk_status bias_add_chunk(lk_device dev, const conv_geom *g, long cur, const float *y, const float *b,
+                                float *out) {
+    lk_op_desc d = {.op = LK_OP_BIAS_ADD, .dtype = {LK_F32, LK_F32, LK_F32}};
+    d.bias = (lk_bias_params){cur, g->O, g->P};
+    return lk__backend_run(dev, &d, (void *[]){(void *)y, (void *)b, out});
 }
 
 /* Backward over one task's chunks: dW and db accumulated (task 0 into the
@@ -164,12 +174,14 @@ static void conv_bwd_task(void *ctx, int t) {
             dy = dyt;
             lddy = ld;
         }
-        if (dbd)
-            for (long s = 0; s < cur; s++)
-                for (long o = 0; o < g->O; o++) dbd[o] += lk_k_plane_sum(j->gd + ((n0 + s) * g->O + o) * g->P, g->P);
+        if (dbd) {
+            lk_op_desc d = {.op = LK_OP_CHANNEL_SUM, .dtype = {LK_F32, LK_F32}};
+            d.bias = (lk_bias_params){cur, g->O, g->P};
+            note_failure(&j->st, lk__backend_run(j->dev, &d, (void *[]){(void *)(j->gd + n0 * g->O * g->P), dbd}));
+        }
         if (dwd) {
             long ldb;
-            const void *B = chunk_cols(g, j->xd, n0, cur, cols, lowp, lcols, &ldb);
+            const void *B = chunk_cols(j->dev, &j->st, g, j->xd, n0, cur, cols, lowp, lcols, &ldb);
             for (long q = 0; q < g->G; q++)
                 note_failure(&j->st, conv_gemm(j->dev, lowp, false, true, g->Og, g->Kg, ld, elem_at(dy, lowp, q * g->Og * lddy),
                                                lddy, elem_at(B, lowp, q * g->Kg * ldb), ldb, 1.0f,
@@ -188,7 +200,7 @@ static void conv_bwd_task(void *ctx, int t) {
                                                    elem_at(wsrc, lowp, q * g->Og * g->Kg), g->Kg,
                                                    elem_at(dy, lowp, q * g->Og * lddy), lddy, 0.0f,
                                                    cols + q * g->Kg * ld, ld));
-                col2im_chunk(g, cols, n0, cur, j->dxd);
+                note_failure(&j->st, col2im_chunk(j->dev, g, cols, n0, cur, j->dxd));
             }
         }
     }
@@ -243,7 +255,7 @@ static void conv2d_backward(lk_node *n, lk_tensor *gout) {
                         .lcols = lcols ? lcols->data : NULL,
                         .width = width};
     lk__parallel_run(width, conv_bwd_task, &job);
-    if (job.st) goto done; /* a GEMM failed (it said why): leave the gradients untouched */
+    if (job.st) goto done; /* a backend op failed (it said why): leave the gradients untouched */
     /* The partial sums of tasks 1.., added in task order: deterministic for a given thread count. */
     for (int t = 1; t < width; t++) {
         if (dwp && lk__axpy_f32(job.dev, g.O * g.Kg, 1.0f, job.dw_part + (t - 1) * g.O * g.Kg, job.dwd)) goto done;
@@ -337,19 +349,14 @@ static void conv_fwd_task(void *ctx, int t) {
     const void *A = j->lowp == LK_F32 ? (const void *)j->wd : j->wl;
     for (long c = c0; c < c1; c++) {
         long n0 = c * g->nb, cur = g->N - n0 < g->nb ? g->N - n0 : g->nb, ld = cur * g->P, ldb;
-        const void *B = chunk_cols(g, j->xd, n0, cur, cols, j->lowp, lcols, &ldb);
+        const void *B = chunk_cols(j->dev, &j->st, g, j->xd, n0, cur, cols, j->lowp, lcols, &ldb);
         float *C = cur > 1 ? tmp : j->od + n0 * g->O * g->P;
         for (long q = 0; q < g->G; q++)
             note_failure(&j->st, conv_gemm(j->dev, j->lowp, false, false, g->Og, ld, g->Kg,
                                            elem_at(A, j->lowp, q * g->Og * g->Kg), g->Kg,
                                            elem_at(B, j->lowp, q * g->Kg * ldb), ldb, 0.0f, C + q * g->Og * ld, ld));
-        if (cur > 1) /* to NCHW, adding the bias */
-            for (long s = 0; s < cur; s++)
-                for (long o = 0; o < g->O; o++)
-                    lk_k_plane_affine(C + o * ld + s * g->P, g->P, 1.0f, j->bd ? j->bd[o] : 0.0f,
-                                      j->od + ((n0 + s) * g->O + o) * g->P);
-        else if (j->bd)
-            for (long o = 0; o < g->O; o++) lk_k_plane_add_scalar(C + o * g->P, g->P, j->bd[o]);
+        if (cur > 1 || j->bd) /* to NCHW, adding the bias (in place for one sample) */
+            note_failure(&j->st, bias_add_chunk(j->dev, g, cur, C, j->bd, j->od + n0 * g->O * g->P));
     }
 }
 
@@ -389,7 +396,7 @@ lk_tensor *lk_conv2d(lk_tensor *x, lk_tensor *w, lk_tensor *b, lk_conv2d_params 
     lk__parallel_run(width, conv_fwd_task, &job);
     if (job.st) {
         char sx[128], sw[128];
-        lk_error(job.st, "conv2d: a %s GEMM failed (input %s, weight %s)", lk_dtype_name(lowp),
+        lk_error(job.st, "conv2d: a backend op failed (%s GEMMs, input %s, weight %s)", lk_dtype_name(lowp),
                  lk_shape_str(x, sx, sizeof sx), lk_shape_str(w, sw, sizeof sw));
         lk_tensor_release(out);
         out = NULL;

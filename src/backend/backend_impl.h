@@ -45,6 +45,10 @@ typedef enum {
     LK_OP_OPTIM_UPDATE,   /* p, g, s0, s1, s2: one optimizer step over n elements, in place */
     LK_OP_POOL2D,         /* x, y, idx: max / avg / adaptive avg pooling per plane; idx (i32) for max only */
     LK_OP_POOL2D_BACKWARD, /* dy, idx, dx: dx += the pooling's adjoint (dx zeroed by the caller) */
+    LK_OP_IM2COL,         /* x, cols: `samples` NCHW images unrolled into columns (see lk_im2col_params) */
+    LK_OP_COL2IM,         /* cols, dx: dx += im2col's adjoint of cols (cols is scratch: it may be changed) */
+    LK_OP_BIAS_ADD,       /* y, b, out: out[s, o, :] = y[o, s*P : (s+1)*P] + b[o]; b may be NULL */
+    LK_OP_CHANNEL_SUM,    /* dy, db: db[o] += the sum of dy[s, o, :] over samples and the plane */
     LK_OP_COUNT
 } lk_op_kind;
 
@@ -149,6 +153,23 @@ typedef struct lk_pool_params {
     bool count_include_pad;
 } lk_pool_params;
 
+/* LK_OP_IM2COL / LK_OP_COL2IM: `samples` contiguous [C, H, W] images and
+ * their columns [C*kh*kw, ldc]: sample j fills columns [j*OH*OW,
+ * (j+1)*OH*OW) (ldc >= samples*OH*OW), PyTorch's conv geometry (zero
+ * padding, stride, dilation; kernels/conv.h). */
+typedef struct lk_im2col_params {
+    long samples, C, H, W, kh, kw, sh, sw, ph, pw, dh, dw, OH, OW, ldc;
+} lk_im2col_params;
+
+/* LK_OP_BIAS_ADD / LK_OP_CHANNEL_SUM: `samples` NCHW blocks of O planes of
+ * P elements. BIAS_ADD reads y as [O, samples*P] (a chunk's GEMM output)
+ * and writes out as [samples, O, P]; y == out only when samples == 1 (the
+ * bias added in place). CHANNEL_SUM reads dy as [samples, O, P] and adds
+ * each plane's f32 sum into db[o], samples outer, in order. */
+typedef struct lk_bias_params {
+    long samples, O, P;
+} lk_bias_params;
+
 /* LK_OP_BCE / _BACKWARD over n contiguous elements, w and pos_w already
  * broadcast to them; reduction as for LK_OP_LOSS; logits: the stable form
  * on logits (pos_w only there). */
@@ -213,6 +234,8 @@ typedef struct lk_op_desc {
         lk_pool_params pool;
         lk_bce_params bce;
         lk_xent_params xent;
+        lk_im2col_params im2col;
+        lk_bias_params bias;
     };
 } lk_op_desc;
 

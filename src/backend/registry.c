@@ -58,6 +58,10 @@ int lk__op_arity(lk_op_kind op) {
     case LK_OP_NLL_BACKWARD: return 4;
     case LK_OP_POOL2D: return 3;
     case LK_OP_POOL2D_BACKWARD: return 3;
+    case LK_OP_IM2COL: return 2;
+    case LK_OP_COL2IM: return 2;
+    case LK_OP_BIAS_ADD: return 3;
+    case LK_OP_CHANNEL_SUM: return 2;
     case LK_OP_COUNT: break;
     }
     return 0;
@@ -183,6 +187,22 @@ const char *lk__op_desc_str(const lk_op_desc *d, char *buf, size_t size) {
         return buf;
     case LK_OP_MASK_SCALE:
         snprintf(buf, size, "mask_scale %s, mask %s -> %s (%lld)", DT(0), DT(1), DT(2), (long long)d->mask_scale.n);
+        return buf;
+    case LK_OP_IM2COL:
+    case LK_OP_COL2IM: {
+        const lk_im2col_params *g = &d->im2col;
+        snprintf(buf, size, "%s %s -> %s (%ldx%ldx%ldx%ld, kernel %ldx%ld -> %ldx%ld)",
+                 d->op == LK_OP_IM2COL ? "im2col" : "col2im", DT(0), DT(1), g->samples, g->C, g->H, g->W, g->kh,
+                 g->kw, g->OH, g->OW);
+        return buf;
+    }
+    case LK_OP_BIAS_ADD:
+        snprintf(buf, size, "bias_add %s, b %s -> %s (%ldx%ldx%ld)", DT(0), DT(1), DT(2), d->bias.samples, d->bias.O,
+                 d->bias.P);
+        return buf;
+    case LK_OP_CHANNEL_SUM:
+        snprintf(buf, size, "channel_sum %s -> %s (%ldx%ldx%ld)", DT(0), DT(1), d->bias.samples, d->bias.O,
+                 d->bias.P);
         return buf;
     case LK_OP_COUNT: break;
     }

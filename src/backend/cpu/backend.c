@@ -47,6 +47,13 @@ static bool cpu_supports(const lk_op_desc *d) {
     case LK_OP_NLL:
     case LK_OP_NLL_BACKWARD: return lk__cpu_xent_supports(d);
     case LK_OP_MASK_SCALE: return d->dtype[0] == LK_F32 && d->dtype[1] == LK_U8 && d->dtype[2] == LK_F32;
+    case LK_OP_IM2COL:
+    case LK_OP_COL2IM:
+    case LK_OP_BIAS_ADD:
+    case LK_OP_CHANNEL_SUM: /* f32 only */
+        for (int i = 0; i < lk__op_arity(d->op); i++)
+            if (d->dtype[i] != LK_F32) return false;
+        return true;
     case LK_OP_COUNT: break;
     }
     return false;
@@ -91,6 +98,10 @@ static lk_status cpu_run(const lk_op_desc *d, void *const *x) {
     case LK_OP_OPTIM_UPDATE: return lk__cpu_optim_update(d, x);
     case LK_OP_POOL2D:
     case LK_OP_POOL2D_BACKWARD: return lk__cpu_pool2d(d, x);
+    case LK_OP_IM2COL:
+    case LK_OP_COL2IM:
+    case LK_OP_BIAS_ADD:
+    case LK_OP_CHANNEL_SUM: return lk__cpu_conv(d, x);
     case LK_OP_COUNT: break;
     }
     return lk_error(LK_STATUS_INTERNAL, "cpu backend: op %d", (int)d->op);

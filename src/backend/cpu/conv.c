@@ -1,0 +1,54 @@
+/* The CPU backend's convolution loops around its GEMMs, f32: im2col and
+ * col2im over a chunk of samples, the bias added while the chunk's GEMM
+ * output goes to NCHW, and the bias gradient's per-channel sums. They run on
+ * the plane kernels of kernels/conv.h, single-threaded: ops_conv.c already
+ * runs one descriptor per chunk inside its own per-sample threaded tasks, so
+ * threading here would only oversubscribe the cores. */
+#include "backend/cpu/cpu_impl.h"
+
+lk_status lk__cpu_conv(const lk_op_desc *d, void *const *x) {
+    switch (d->op) {
+    case LK_OP_IM2COL:
+    case LK_OP_COL2IM: {
+        const lk_im2col_params *g = &d->im2col;
+        long P = g->OH * g->OW, khw = g->kh * g->kw, HW = g->H * g->W;
+        for (long j = 0; j < g->samples; j++)
+            for (long c = 0; c < g->C; c++) {
+                float *img = (float *)x[d->op == LK_OP_IM2COL ? 0 : 1] + (j * g->C + c) * HW;
+                float *col = (float *)x[d->op == LK_OP_IM2COL ? 1 : 0] + c * khw * g->ldc + j * P;
+                if (d->op == LK_OP_IM2COL)
+                    lk_k_im2col_plane(img, g->H, g->W, g->kh, g->kw, g->sh, g->sw, g->ph, g->pw, g->dh, g->dw, g->OH,
+                                      g->OW, col, g->ldc);
+                else
+                    lk_k_col2im_plane(col, g->ldc, g->H, g->W, g->kh, g->kw, g->sh, g->sw, g->ph, g->pw, g->dh, g->dw,
+                                      g->OH, g->OW, img);
+            }
+        return LK_STATUS_OK;
+    }
+    case LK_OP_BIAS_ADD: {
+        const lk_bias_params *p = &d->bias;
+        const float *y = x[0], *b = x[1];
+        float *out = x[2];
+        if (p->samples == 1 && y == out) { /* in place: the GEMM wrote NCHW already */
+            if (b)
+                for (long o = 0; o < p->O; o++) lk_k_plane_add_scalar(out + o * p->P, p->P, b[o]);
+            return LK_STATUS_OK;
+        }
+        long ld = p->samples * p->P;
+        for (long s = 0; s < p->samples; s++)
+            for (long o = 0; o < p->O; o++)
+                lk_k_plane_affine(y + o * ld + s * p->P, p->P, 1.0f, b ? b[o] : 0.0f, out + (s * p->O + o) * p->P);
+        return LK_STATUS_OK;
+    }
+    case LK_OP_CHANNEL_SUM: {
+        const lk_bias_params *p = &d->bias;
+        const float *dy = x[0];
+        float *db = x[1];
+        for (long s = 0; s < p->samples; s++)
+            for (long o = 0; o < p->O; o++) db[o] += lk_k_plane_sum(dy + (s * p->O + o) * p->P, p->P);
+        return LK_STATUS_OK;
+    }
+    default: break;
+    }
+    return lk_error(LK_STATUS_INTERNAL, "cpu backend: op %d is not a convolution op", (int)d->op);
+}
