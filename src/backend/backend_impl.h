@@ -49,6 +49,9 @@ typedef enum {
     LK_OP_COL2IM,         /* cols, dx: dx += im2col's adjoint of cols (cols is scratch: it may be changed) */
     LK_OP_BIAS_ADD,       /* y, b, out: out[s, o, :] = y[o, s*P : (s+1)*P] + b[o]; b may be NULL */
     LK_OP_CHANNEL_SUM,    /* dy, db: db[o] += the sum of dy[s, o, :] over samples and the plane */
+    LK_OP_NORM,           /* x, out (f64 [1]): max |x| (p = inf) or sum |x|^p, see lk_norm_params */
+    LK_OP_NONFINITE,      /* x, idx (i64 [1]): the index of the first inf or NaN of x, or -1 */
+    LK_OP_UNSCALE,        /* x, y, count (i64 [1]): y = x * mul; count = how many x were inf or NaN */
     LK_OP_COUNT
 } lk_op_kind;
 
@@ -170,6 +173,26 @@ typedef struct lk_bias_params {
     long samples, O, P;
 } lk_bias_params;
 
+/* LK_OP_NORM over n contiguous elements, accumulated in double in index
+ * order: p = INFINITY gives max |x| (from 0; a NaN wins and stays), p = 2
+ * the sum of x*x, p = 1 the sum of |x|, other p the sum of pow(|x|, p). The
+ * root is the caller's: gradient clipping rounds each tensor's norm to f32
+ * before combining them, as PyTorch does. */
+typedef struct lk_norm_params {
+    int64_t n;
+    double p;
+} lk_norm_params;
+
+/* LK_OP_NONFINITE over n contiguous elements: idx[0] = the index of the
+ * first inf or NaN in x, or -1 (mul unused). LK_OP_UNSCALE, the loss
+ * scaler's: y = x * mul exactly (y may be x itself) and count[0] = how many
+ * elements of x were inf or NaN before scaling, in one fused pass over
+ * memory (a separate check pass costs a third more). */
+typedef struct lk_nonfinite_params {
+    int64_t n;
+    float mul;
+} lk_nonfinite_params;
+
 /* LK_OP_BCE / _BACKWARD over n contiguous elements, w and pos_w already
  * broadcast to them; reduction as for LK_OP_LOSS; logits: the stable form
  * on logits (pos_w only there). */
@@ -236,6 +259,8 @@ typedef struct lk_op_desc {
         lk_xent_params xent;
         lk_im2col_params im2col;
         lk_bias_params bias;
+        lk_norm_params norm;
+        lk_nonfinite_params nonfinite;
     };
 } lk_op_desc;
 

@@ -62,6 +62,9 @@ int lk__op_arity(lk_op_kind op) {
     case LK_OP_COL2IM: return 2;
     case LK_OP_BIAS_ADD: return 3;
     case LK_OP_CHANNEL_SUM: return 2;
+    case LK_OP_NORM: return 2;
+    case LK_OP_NONFINITE: return 2;
+    case LK_OP_UNSCALE: return 3;
     case LK_OP_COUNT: break;
     }
     return 0;
@@ -203,6 +206,15 @@ const char *lk__op_desc_str(const lk_op_desc *d, char *buf, size_t size) {
     case LK_OP_CHANNEL_SUM:
         snprintf(buf, size, "channel_sum %s -> %s (%ldx%ldx%ld)", DT(0), DT(1), d->bias.samples, d->bias.O,
                  d->bias.P);
+        return buf;
+    case LK_OP_NORM:
+        snprintf(buf, size, "norm p=%g %s -> %s (%lld)", d->norm.p, DT(0), DT(1), (long long)d->norm.n);
+        return buf;
+    case LK_OP_NONFINITE:
+        snprintf(buf, size, "nonfinite %s -> index %s (%lld)", DT(0), DT(1), (long long)d->nonfinite.n);
+        return buf;
+    case LK_OP_UNSCALE:
+        snprintf(buf, size, "unscale %s -> %s, count %s (%lld)", DT(0), DT(1), DT(2), (long long)d->nonfinite.n);
         return buf;
     case LK_OP_COUNT: break;
     }

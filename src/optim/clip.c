@@ -1,9 +1,12 @@
 /* Gradient clipping with torch.nn.utils.clip_grad_norm_ / clip_grad_value_
  * semantics: the total norm over all gradients, the clip coefficient
  * max_norm / (total + 1e-6) clamped to 1 and computed in f32 as PyTorch does,
- * and non-finite norms passed through rather than rejected. */
+ * and non-finite norms passed through rather than rejected. Each
+ * gradient's norm (LK_OP_NORM) and the scaling (LK_OP_AFFINE) run on its
+ * device's backend; combining the per-gradient norms stays here. */
 #include <math.h>
 
+#include "backend/backend_impl.h"
 #include "optim/optim_impl.h"
 
 static lk_status check_grad(const lk_named_tensor *it) {
@@ -26,21 +29,15 @@ lk_status lk_clip_grad_norm(const lk_named_tensors *params, double max_norm, dou
         const lk_tensor *g = params->items[i].tensor->grad;
         if (!g) continue;
         n_grads++;
-        const float *d = g->data;
+        /* inf: this gradient's max |x|; p: its sum of |x|^p (the root is taken here) */
+        lk_op_desc nd = {.op = LK_OP_NORM, .dtype = {LK_F32, LK_F64}};
+        nd.norm = (lk_norm_params){g->numel, inf_norm ? INFINITY : norm_type};
+        double s = 0.0;
+        LK_TRY(lk__backend_run(g->device, &nd, (void *[]){g->data, &s}));
         if (inf_norm) {
-            for (int64_t k = 0; k < g->numel; k++) {
-                double a = fabs((double)d[k]);
-                if (a > acc || isnan(a)) acc = isnan(acc) ? acc : a;
-            }
+            if (s > acc || isnan(s)) acc = isnan(acc) ? acc : s;
         } else {
             /* PyTorch: norm of the per-gradient norms, each rounded to f32. */
-            double s = 0.0;
-            if (norm_type == 2.0)
-                for (int64_t k = 0; k < g->numel; k++) s += (double)d[k] * d[k];
-            else if (norm_type == 1.0)
-                for (int64_t k = 0; k < g->numel; k++) s += fabs((double)d[k]);
-            else
-                for (int64_t k = 0; k < g->numel; k++) s += pow(fabs((double)d[k]), norm_type);
             float gn = (float)(norm_type == 2.0 ? sqrt(s) : norm_type == 1.0 ? s : pow(s, 1.0 / norm_type));
             acc += norm_type == 1.0 ? (double)gn : pow((double)gn, norm_type);
         }
@@ -52,9 +49,7 @@ lk_status lk_clip_grad_norm(const lk_named_tensors *params, double max_norm, dou
     if (coef > 1.0f) coef = 1.0f; /* clamp(max=1) keeps NaN: NaN norms give NaN gradients, as in PyTorch */
     for (int i = 0; i < params->n; i++) {
         lk_tensor *g = params->items[i].tensor->grad;
-        if (!g) continue;
-        float *d = g->data;
-        for (int64_t k = 0; k < g->numel; k++) d[k] *= coef;
+        if (g) LK_TRY(lk__affine_f32(g->device, g->numel, coef, 0.0f, false, g->data, g->data));
     }
     return LK_STATUS_OK;
 }

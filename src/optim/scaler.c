@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "backend/backend_impl.h"
 #include "optim/optim_impl.h"
 
 struct lk_grad_scaler {
@@ -66,21 +67,6 @@ int64_t lk_grad_scaler_growth_tracker(const lk_grad_scaler *s) { return s ? s->g
 
 bool lk_grad_scaler_is_enabled(const lk_grad_scaler *s) { return s && s->c.enabled; }
 
-/* d[0..n) *= inv, returning whether any input element was inf or NaN. The
- * check reads the exponent bits with no branch, so the loop vectorises and
- * the check costs nothing next to the multiply; PyTorch checks the value
- * before it is scaled, as here. */
-static bool unscale_block(float *d, int64_t n, float inv) {
-    uint32_t bad = 0;
-    for (int64_t k = 0; k < n; k++) {
-        uint32_t u;
-        memcpy(&u, d + k, sizeof u);
-        bad |= (u & 0x7f800000u) == 0x7f800000u;
-        d[k] *= inv;
-    }
-    return bad != 0;
-}
-
 lk_status lk_grad_scaler_unscale(lk_grad_scaler *s, const lk_named_tensors *params, bool *found_inf) {
     if (found_inf) *found_inf = false;
     if (!s || !params || !found_inf) return lk_error(LK_STATUS_INVALID_ARGUMENT, "grad_scaler_unscale: NULL argument");
@@ -100,7 +86,14 @@ lk_status lk_grad_scaler_unscale(lk_grad_scaler *s, const lk_named_tensors *para
     bool inf = false;
     for (int i = 0; i < params->n; i++) {
         lk_tensor *g = params->items[i].tensor->grad;
-        if (g) inf |= unscale_block(g->data, g->numel, inv);
+        if (!g) continue;
+        /* one pass: each element checked (before it is scaled, as PyTorch
+         * checks) and multiplied by inv, in place */
+        lk_op_desc d = {.op = LK_OP_UNSCALE, .dtype = {LK_F32, LK_F32, LK_I64}};
+        d.nonfinite = (lk_nonfinite_params){g->numel, inv};
+        int64_t count = 0;
+        LK_TRY(lk__backend_run(g->device, &d, (void *[]){g->data, g->data, &count}));
+        inf |= count > 0;
     }
     s->unscaled = true;
     *found_inf = inf;

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "backend/backend_impl.h"
 #include "strategy/strategy_impl.h"
 
 typedef struct dp dp;
@@ -251,7 +252,7 @@ static lk_status dp_training_step(lk_strategy *s, const lk_step_args *a, lk_step
     int64_t ng = s->flat_numel;
     for (int k = 1; k < d->n; k++) {
         float *gk = d->r[k].flat_g->data;
-        for (int64_t i = 0; i < ng; i++) g0[i] += gk[i];
+        LK_TRY(lk__axpy_f32(d->r[k].flat_g->device, ng, 1.0f, gk, g0)); /* g0 += gk */
         memset(gk, 0, (size_t)ng * sizeof(float));
     }
     res->t_comm = lk_time_now() - t0;

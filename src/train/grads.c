@@ -5,6 +5,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "backend/backend_impl.h"
 #include "train/train_impl.h"
 
 void lk__clip_gradients(lk_trainer *tr) {
@@ -16,31 +17,17 @@ void lk__clip_gradients(lk_trainer *tr) {
     }
 }
 
-/* Index of the first NaN or infinity in d[0..n), or -1. Checks the
- * exponent bits in blocks with no early exit, which vectorises: a per-element
- * isfinite() with a branch cost as much as Adam itself (1 ns per element). */
-static int64_t find_nonfinite(const float *d, int64_t n) {
-    for (int64_t b = 0; b < n; b += 4096) {
-        int64_t e = n - b < 4096 ? n : b + 4096;
-        uint32_t bad = 0;
-        for (int64_t k = b; k < e; k++) {
-            uint32_t u;
-            memcpy(&u, d + k, sizeof u);
-            bad |= (u & 0x7f800000u) == 0x7f800000u;
-        }
-        if (bad)
-            for (int64_t k = b; k < e; k++)
-                if (!isfinite(d[k])) return k;
-    }
-    return -1;
-}
-
 lk_status lk__first_nonfinite(lk_trainer *tr, double loss) {
     for (int i = 0; i < tr->params.n; i++) {
         lk_tensor *g = tr->params.items[i].tensor->grad;
         if (!g) continue;
         const float *d = g->data;
-        int64_t k = find_nonfinite(d, g->numel);
+        /* LK_OP_NONFINITE tests the exponent bits blockwise without a branch
+         * (a per-element isfinite() with one costs as much as Adam itself) */
+        lk_op_desc nd = {.op = LK_OP_NONFINITE, .dtype = {LK_F32, LK_I64}};
+        nd.nonfinite = (lk_nonfinite_params){g->numel, 1.0f};
+        int64_t k = -1;
+        LK_TRY(lk__backend_run(g->device, &nd, (void *[]){g->data, &k}));
         if (k >= 0)
             return lk_error(LK_STATUS_ABORTED,
                             "non-finite gradient at step %lld (epoch %lld, batch %lld): parameter '%s' element %lld "

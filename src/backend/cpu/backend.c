@@ -54,6 +54,9 @@ static bool cpu_supports(const lk_op_desc *d) {
         for (int i = 0; i < lk__op_arity(d->op); i++)
             if (d->dtype[i] != LK_F32) return false;
         return true;
+    case LK_OP_NORM: return d->dtype[0] == LK_F32 && d->dtype[1] == LK_F64 && d->norm.p > 0;
+    case LK_OP_NONFINITE: return d->dtype[0] == LK_F32 && d->dtype[1] == LK_I64;
+    case LK_OP_UNSCALE: return d->dtype[0] == LK_F32 && d->dtype[1] == LK_F32 && d->dtype[2] == LK_I64;
     case LK_OP_COUNT: break;
     }
     return false;
@@ -102,6 +105,9 @@ static lk_status cpu_run(const lk_op_desc *d, void *const *x) {
     case LK_OP_COL2IM:
     case LK_OP_BIAS_ADD:
     case LK_OP_CHANNEL_SUM: return lk__cpu_conv(d, x);
+    case LK_OP_NORM:
+    case LK_OP_NONFINITE:
+    case LK_OP_UNSCALE: return lk__cpu_grads(d, x);
     case LK_OP_COUNT: break;
     }
     return lk_error(LK_STATUS_INTERNAL, "cpu backend: op %d", (int)d->op);

@@ -6,7 +6,8 @@
  * log-softmax, forward and backward), loss.c (mse, l1, smooth_l1), norm.c
  * (layer and batch norm), optim.c (the optimizers' update loops), pool.c (pooling),
  * xent.c (cross-entropy, nll), conv.c (the convolution's im2col, col2im,
- * bias and bias gradient). */
+ * bias and bias gradient), grads.c (norms and the non-finite check of
+ * gradients). */
 #ifndef LK_BACKEND_CPU_IMPL_H
 #define LK_BACKEND_CPU_IMPL_H
 
@@ -38,6 +39,8 @@ lk_status lk__cpu_optim_update(const lk_op_desc *d, void *const *x);
 lk_status lk__cpu_pool2d(const lk_op_desc *d, void *const *x);
 /* conv.c: LK_OP_IM2COL, LK_OP_COL2IM, LK_OP_BIAS_ADD, LK_OP_CHANNEL_SUM, f32. */
 lk_status lk__cpu_conv(const lk_op_desc *d, void *const *x);
+/* grads.c: LK_OP_NORM, LK_OP_NONFINITE and LK_OP_UNSCALE, f32 (f64 sums, i64 index). */
+lk_status lk__cpu_grads(const lk_op_desc *d, void *const *x);
 /* xent.c: cross-entropy and nll_loss, forward and backward (f32 data, i32
  * or i64 targets, f64 total weight). */
 bool lk__cpu_xent_supports(const lk_op_desc *d);

@@ -1,0 +1,78 @@
+/* The CPU backend's gradient utilities, f32: a tensor's norm (the raw sum
+ * of |x|^p in double, or max |x|) for gradient clipping, and the search for
+ * the first inf or NaN, and the loss scaler's unscale (scale every element,
+ * counting the non-finite ones on the way). Single-threaded and in index order, so the sums
+ * are the ones clip.c computed before they moved here. */
+#include <math.h>
+#include <string.h>
+
+#include "backend/cpu/cpu_impl.h"
+
+static void norm_f32(const lk_norm_params *p, const float *d, double *out) {
+    double acc = 0.0;
+    if (isinf(p->p)) {
+        for (int64_t k = 0; k < p->n; k++) {
+            double a = fabs((double)d[k]);
+            if (a > acc || isnan(a)) acc = isnan(acc) ? acc : a;
+        }
+    } else if (p->p == 2.0) {
+        for (int64_t k = 0; k < p->n; k++) acc += (double)d[k] * d[k];
+    } else if (p->p == 1.0) {
+        for (int64_t k = 0; k < p->n; k++) acc += fabs((double)d[k]);
+    } else {
+        for (int64_t k = 0; k < p->n; k++) acc += pow(fabs((double)d[k]), p->p);
+    }
+    *out = acc;
+}
+
+/* The exponent bits are tested with no branch and no early exit inside a
+ * block of 4096, which vectorises (a per-element isfinite() with a branch
+ * costs as much as an Adam step); only a block holding one is searched
+ * element by element. */
+#define NONFINITE_BLOCK 4096
+static int64_t first_nonfinite_f32(const float *x, int64_t n) {
+    for (int64_t b = 0; b < n; b += NONFINITE_BLOCK) {
+        int64_t e = n - b < NONFINITE_BLOCK ? n : b + NONFINITE_BLOCK;
+        uint32_t bad = 0;
+        for (int64_t k = b; k < e; k++) {
+            uint32_t u;
+            memcpy(&u, x + k, sizeof u);
+            bad |= (u & 0x7f800000u) == 0x7f800000u;
+        }
+        if (bad)
+            for (int64_t k = b; k < e; k++)
+                if (!isfinite(x[k])) return k;
+    }
+    return -1;
+}
+
+/* One pass: each element's exponent tested (before it is scaled, as PyTorch
+ * checks) and the element scaled; the per-block count stays in 32 bits so
+ * the loop vectorises. x and y may be the same array. */
+static int64_t unscale_f32(const float *x, float *y, int64_t n, float mul) {
+    int64_t count = 0;
+    for (int64_t b = 0; b < n; b += NONFINITE_BLOCK) {
+        int64_t e = n - b < NONFINITE_BLOCK ? n : b + NONFINITE_BLOCK;
+        uint32_t bad = 0;
+        for (int64_t k = b; k < e; k++) {
+            uint32_t u;
+            memcpy(&u, x + k, sizeof u);
+            bad += (u & 0x7f800000u) == 0x7f800000u;
+            y[k] = x[k] * mul;
+        }
+        count += bad;
+    }
+    return count;
+}
+
+lk_status lk__cpu_grads(const lk_op_desc *d, void *const *x) {
+    switch (d->op) {
+    case LK_OP_NORM: norm_f32(&d->norm, x[0], x[1]); return LK_STATUS_OK;
+    case LK_OP_NONFINITE: *(int64_t *)x[1] = first_nonfinite_f32(x[0], d->nonfinite.n); return LK_STATUS_OK;
+    case LK_OP_UNSCALE:
+        *(int64_t *)x[2] = unscale_f32(x[0], x[1], d->nonfinite.n, d->nonfinite.mul);
+        return LK_STATUS_OK;
+    default: break;
+    }
+    return lk_error(LK_STATUS_INTERNAL, "cpu backend: op %d is not a gradient utility", (int)d->op);
+}
