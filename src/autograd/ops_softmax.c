@@ -454,10 +454,9 @@ static void embedding_backward(lk_node *n, lk_tensor *g) {
     int64_t D = w->shape[1];
     lk_tensor *dw = lk_tensor_zeros(LK_F32, 2, w->shape);
     if (!dw) return;
-    const float *gd = g->data;
-    float *dd = dw->data;
-    for (int64_t i = 0; i < ic->numel; i++) lk_k_add8(dd + index_at(ic, i) * D, gd + i * D, D);
-    lk__accum(w, dw);
+    lk_op_desc d = {.op = LK_OP_EMBEDDING_BACKWARD, .dtype = {LK_F32, ic->dtype, LK_F32}};
+    d.embedding = (lk_embedding_params){ic->numel, w->shape[0], D};
+    if (!lk__backend_run(w->device, &d, (void *[]){g->data, ic->data, dw->data})) lk__accum(w, dw);
     lk_tensor_release(dw);
 }
 
@@ -492,11 +491,13 @@ lk_tensor *lk_embedding(lk_tensor *weight, lk_tensor *idx) {
     shape[idx->ndim] = D;
     lk_tensor *wc = lk__contig(weight);
     lk_tensor *out = wc ? lk__tensor_new(LK_F32, idx->ndim + 1, shape) : NULL;
+    lk_op_desc d = {.op = LK_OP_EMBEDDING, .dtype = {LK_F32, ic->dtype, LK_F32}};
+    d.embedding = (lk_embedding_params){ic->numel, V, D};
+    if (out && lk__backend_run(wc->device, &d, (void *[]){wc->data, ic->data, out->data})) {
+        lk_tensor_release(out);
+        out = NULL;
+    }
     if (out) {
-        const float *wd = wc->data;
-        float *od = out->data;
-        for (int64_t i = 0; i < ic->numel; i++)
-            memcpy(od + i * D, wd + index_at(ic, i) * D, (size_t)D * sizeof *od);
         lk_node *n = lk__record(op, embedding_backward, out, 1, &weight);
         if (n) n->saved[0] = lk_tensor_retain(ic);
     }

@@ -52,6 +52,8 @@ typedef enum {
     LK_OP_NORM,           /* x, out (f64 [1]): max |x| (p = inf) or sum |x|^p, see lk_norm_params */
     LK_OP_NONFINITE,      /* x, idx (i64 [1]): the index of the first inf or NaN of x, or -1 */
     LK_OP_UNSCALE,        /* x, y, count (i64 [1]): y = x * mul; count = how many x were inf or NaN */
+    LK_OP_EMBEDDING,      /* w [V, D], idx (i32/i64 [n]), out [n, D]: out[i] = w[idx[i]] */
+    LK_OP_EMBEDDING_BACKWARD, /* g [n, D], idx, dw [V, D]: dw[idx[i]] += g[i], in order (dw zeroed by the caller) */
     LK_OP_COUNT
 } lk_op_kind;
 
@@ -193,6 +195,12 @@ typedef struct lk_nonfinite_params {
     float mul;
 } lk_nonfinite_params;
 
+/* LK_OP_EMBEDDING / _BACKWARD: n indices (already checked to be in [0, V))
+ * into V rows of D contiguous elements. */
+typedef struct lk_embedding_params {
+    int64_t n, V, D;
+} lk_embedding_params;
+
 /* LK_OP_BCE / _BACKWARD over n contiguous elements, w and pos_w already
  * broadcast to them; reduction as for LK_OP_LOSS; logits: the stable form
  * on logits (pos_w only there). */
@@ -261,6 +269,7 @@ typedef struct lk_op_desc {
         lk_bias_params bias;
         lk_norm_params norm;
         lk_nonfinite_params nonfinite;
+        lk_embedding_params embedding;
     };
 } lk_op_desc;
 

@@ -65,6 +65,8 @@ int lk__op_arity(lk_op_kind op) {
     case LK_OP_NORM: return 2;
     case LK_OP_NONFINITE: return 2;
     case LK_OP_UNSCALE: return 3;
+    case LK_OP_EMBEDDING: return 3;
+    case LK_OP_EMBEDDING_BACKWARD: return 3;
     case LK_OP_COUNT: break;
     }
     return 0;
@@ -215,6 +217,12 @@ const char *lk__op_desc_str(const lk_op_desc *d, char *buf, size_t size) {
         return buf;
     case LK_OP_UNSCALE:
         snprintf(buf, size, "unscale %s -> %s, count %s (%lld)", DT(0), DT(1), DT(2), (long long)d->nonfinite.n);
+        return buf;
+    case LK_OP_EMBEDDING:
+    case LK_OP_EMBEDDING_BACKWARD:
+        snprintf(buf, size, "embedding%s %s, idx %s -> %s (%lld of %lldx%lld)",
+                 d->op == LK_OP_EMBEDDING ? "" : "_backward", DT(0), DT(1), DT(2), (long long)d->embedding.n,
+                 (long long)d->embedding.V, (long long)d->embedding.D);
         return buf;
     case LK_OP_COUNT: break;
     }

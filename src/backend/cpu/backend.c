@@ -57,6 +57,9 @@ static bool cpu_supports(const lk_op_desc *d) {
     case LK_OP_NORM: return d->dtype[0] == LK_F32 && d->dtype[1] == LK_F64 && d->norm.p > 0;
     case LK_OP_NONFINITE: return d->dtype[0] == LK_F32 && d->dtype[1] == LK_I64;
     case LK_OP_UNSCALE: return d->dtype[0] == LK_F32 && d->dtype[1] == LK_F32 && d->dtype[2] == LK_I64;
+    case LK_OP_EMBEDDING:
+    case LK_OP_EMBEDDING_BACKWARD:
+        return d->dtype[0] == LK_F32 && (d->dtype[1] == LK_I32 || d->dtype[1] == LK_I64) && d->dtype[2] == LK_F32;
     case LK_OP_COUNT: break;
     }
     return false;
@@ -108,6 +111,8 @@ static lk_status cpu_run(const lk_op_desc *d, void *const *x) {
     case LK_OP_NORM:
     case LK_OP_NONFINITE:
     case LK_OP_UNSCALE: return lk__cpu_grads(d, x);
+    case LK_OP_EMBEDDING:
+    case LK_OP_EMBEDDING_BACKWARD: return lk__cpu_embedding(d, x);
     case LK_OP_COUNT: break;
     }
     return lk_error(LK_STATUS_INTERNAL, "cpu backend: op %d", (int)d->op);
