@@ -1,11 +1,35 @@
 /* Shape ops: reshape, transpose, slice, contiguous, flatten, concat, and
  * raw storage views. reshape/transpose/slice return views sharing storage;
- * their backward maps the gradient back onto the source's shape. */
+ * their backward maps the gradient back onto the source's shape. The
+ * element copies (concat, slice's backward, the clones of non-contiguous
+ * views) are LK_OP_COPY descriptors on the source's backend. */
 #include <string.h>
 
 #include "autograd/autograd_impl.h"
+#include "backend/backend_impl.h"
 
 lk_tensor *lk__expand(lk_tensor *t, int ndim, const int64_t *shape);
+
+/* dst = src, same shape (dst typically a view into a fresh tensor); a
+ * change of dtype stays the tensor layer's cast. */
+static lk_status copy_into(lk_tensor *dst, const lk_tensor *src) {
+    if (dst->dtype != src->dtype || dst->ndim != src->ndim) return lk_tensor_copy(dst, src);
+    lk_op_desc d = {.op = LK_OP_COPY, .dtype = {src->dtype, dst->dtype}};
+    d.copy.ndim = src->ndim;
+    for (int i = 0; i < src->ndim; i++)
+        d.copy.shape[i] = src->shape[i], d.copy.ss[i] = src->stride[i], d.copy.sd[i] = dst->stride[i];
+    return lk__backend_run(src->device, &d, (void *[]){src->data, dst->data});
+}
+
+/* A contiguous copy of t (what lk_tensor_clone makes), through copy_into. */
+static lk_tensor *clone(const lk_tensor *t) {
+    lk_tensor *r = lk__tensor_new(t->dtype, t->ndim, t->shape);
+    if (r && copy_into(r, t)) {
+        lk_tensor_release(r);
+        return NULL;
+    }
+    return r;
+}
 
 static void reshape_backward(lk_node *n, lk_tensor *g) {
     lk_tensor *x = n->in[0];
@@ -40,7 +64,7 @@ lk_tensor *lk_reshape(lk_tensor *t, int ndim, const int64_t *shape_in) {
         return lk_error(LK_STATUS_INVALID_ARGUMENT, "reshape: cannot view %s (%lld elements) as %lld elements",
                         lk_shape_str(t, s, sizeof s), (long long)t->numel, (long long)n), NULL;
     }
-    lk_tensor *src = lk_tensor_is_contiguous(t) ? lk_tensor_retain(t) : lk_tensor_clone(t);
+    lk_tensor *src = lk_tensor_is_contiguous(t) ? lk_tensor_retain(t) : clone(t);
     if (!src) return NULL;
     int64_t stride[LK_MAX_DIMS], s = 1;
     for (int i = ndim - 1; i >= 0; i--) {
@@ -62,7 +86,7 @@ static void transpose_backward(lk_node *n, lk_tensor *g) {
     shape[d0] = g->shape[d1], shape[d1] = g->shape[d0];
     stride[d0] = g->stride[d1], stride[d1] = g->stride[d0];
     lk_tensor *v = lk__tensor_view(g, g->ndim, shape, stride, g->offset);
-    lk_tensor *c = v ? lk_tensor_clone(v) : NULL;
+    lk_tensor *c = v ? clone(v) : NULL;
     if (c) lk__accum(n->in[0], c);
     lk_tensor_release(v);
     lk_tensor_release(c);
@@ -92,7 +116,7 @@ static void slice_backward(lk_node *n, lk_tensor *g) {
     lk_tensor *d = lk_tensor_zeros(LK_F32, x->ndim, x->shape);
     if (!d) return;
     lk_tensor *v = lk__tensor_view(d, d->ndim, g->shape, d->stride, start * d->stride[dim]);
-    if (v && !lk_tensor_copy(v, g)) lk__accum(x, d);
+    if (v && !copy_into(v, g)) lk__accum(x, d);
     lk_tensor_release(v);
     lk_tensor_release(d);
 }
@@ -123,7 +147,7 @@ static void identity_backward(lk_node *n, lk_tensor *g) { lk__accum(n->in[0], g)
 lk_tensor *lk_contiguous(lk_tensor *t) {
     LK_OP_CHECK_INPUTS(t);
     if (lk_tensor_is_contiguous(t)) return lk__op_result(lk_tensor_retain(t));
-    lk_tensor *out = lk_tensor_clone(t);
+    lk_tensor *out = clone(t);
     if (!out) return NULL;
     lk__record("contiguous", identity_backward, out, 1, &t);
     return lk__op_result(out);
@@ -167,7 +191,7 @@ static void concat_backward(lk_node *n, lk_tensor *g) {
         lk_tensor *x = n->in[i];
         if (x->requires_grad) {
             lk_tensor *v = lk__tensor_view(g, g->ndim, x->shape, g->stride, g->offset + off * g->stride[dim]);
-            lk_tensor *c = v ? lk_tensor_clone(v) : NULL;
+            lk_tensor *c = v ? clone(v) : NULL;
             if (c) lk__accum(x, c);
             lk_tensor_release(c);
             lk_tensor_release(v);
@@ -199,7 +223,7 @@ lk_tensor *lk_concat(lk_tensor *const *ts, int n, int dim) {
     int64_t off = 0;
     for (int i = 0; i < n; i++) {
         lk_tensor *v = lk__tensor_view(out, out->ndim, ts[i]->shape, out->stride, off * out->stride[d]);
-        if (!v || lk_tensor_copy(v, ts[i])) {
+        if (!v || copy_into(v, ts[i])) {
             lk_tensor_release(v);
             lk_tensor_release(out);
             return NULL;

@@ -54,6 +54,7 @@ typedef enum {
     LK_OP_UNSCALE,        /* x, y, count (i64 [1]): y = x * mul; count = how many x were inf or NaN */
     LK_OP_EMBEDDING,      /* w [V, D], idx (i32/i64 [n]), out [n, D]: out[i] = w[idx[i]] */
     LK_OP_EMBEDDING_BACKWARD, /* g [n, D], idx, dw [V, D]: dw[idx[i]] += g[i], in order (dw zeroed by the caller) */
+    LK_OP_COPY,           /* src, dst: a strided copy, same shape and dtype (see lk_copy_params) */
     LK_OP_COUNT
 } lk_op_kind;
 
@@ -201,6 +202,15 @@ typedef struct lk_embedding_params {
     int64_t n, V, D;
 } lk_embedding_params;
 
+/* LK_OP_COPY: dst[i] = src[i] over `shape`, each read and written at its
+ * strides (elements, >= 0); any dtype, the same on both sides (a cast is
+ * the tensor layer's), bits copied unchanged; src and dst must not
+ * overlap. Concat, slice's backward and the shape ops' clones use it. */
+typedef struct lk_copy_params {
+    int ndim;
+    int64_t shape[LK_MAX_DIMS], ss[LK_MAX_DIMS], sd[LK_MAX_DIMS];
+} lk_copy_params;
+
 /* LK_OP_BCE / _BACKWARD over n contiguous elements, w and pos_w already
  * broadcast to them; reduction as for LK_OP_LOSS; logits: the stable form
  * on logits (pos_w only there). */
@@ -270,6 +280,7 @@ typedef struct lk_op_desc {
         lk_norm_params norm;
         lk_nonfinite_params nonfinite;
         lk_embedding_params embedding;
+        lk_copy_params copy;
     };
 } lk_op_desc;
 

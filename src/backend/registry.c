@@ -67,6 +67,7 @@ int lk__op_arity(lk_op_kind op) {
     case LK_OP_UNSCALE: return 3;
     case LK_OP_EMBEDDING: return 3;
     case LK_OP_EMBEDDING_BACKWARD: return 3;
+    case LK_OP_COPY: return 2;
     case LK_OP_COUNT: break;
     }
     return 0;
@@ -224,6 +225,11 @@ const char *lk__op_desc_str(const lk_op_desc *d, char *buf, size_t size) {
                  d->op == LK_OP_EMBEDDING ? "" : "_backward", DT(0), DT(1), DT(2), (long long)d->embedding.n,
                  (long long)d->embedding.V, (long long)d->embedding.D);
         return buf;
+    case LK_OP_COPY: {
+        char sh[96];
+        snprintf(buf, size, "copy %s -> %s (%s)", DT(0), DT(1), shape_str(d->copy.ndim, d->copy.shape, sh, sizeof sh));
+        return buf;
+    }
     case LK_OP_COUNT: break;
     }
 #undef DT

@@ -7,7 +7,8 @@
  * (layer and batch norm), optim.c (the optimizers' update loops), pool.c (pooling),
  * xent.c (cross-entropy, nll), conv.c (the convolution's im2col, col2im,
  * bias and bias gradient), grads.c (norms and the non-finite check of
- * gradients), embedding.c (embedding's gather and scatter-add). */
+ * gradients), embedding.c (embedding's gather and scatter-add), copy.c
+ * (strided copies). */
 #ifndef LK_BACKEND_CPU_IMPL_H
 #define LK_BACKEND_CPU_IMPL_H
 
@@ -43,6 +44,8 @@ lk_status lk__cpu_conv(const lk_op_desc *d, void *const *x);
 lk_status lk__cpu_grads(const lk_op_desc *d, void *const *x);
 /* embedding.c: LK_OP_EMBEDDING and _BACKWARD, f32 rows, i32 or i64 indices. */
 lk_status lk__cpu_embedding(const lk_op_desc *d, void *const *x);
+/* copy.c: LK_OP_COPY, any dtype. */
+lk_status lk__cpu_copy(const lk_op_desc *d, void *const *x);
 /* xent.c: cross-entropy and nll_loss, forward and backward (f32 data, i32
  * or i64 targets, f64 total weight). */
 bool lk__cpu_xent_supports(const lk_op_desc *d);
