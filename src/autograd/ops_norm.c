@@ -25,50 +25,45 @@ typedef struct {
     int width;
 } bn_bwd_job;
 
-/* Channel c's sums of g and g * (x - mean) over the batch and the plane. */
-static void channel_sums(const bn_bwd_job *j, long c, double *sg, double *sgx) {
-    long N = j->N, C = j->C, S = j->S;
-    *sg = *sgx = 0;
-    for (long i = 0; i < N; i++) {
-        float a = 0.0f, q = 0.0f;
-        lk_k_bn_backward_sums(j->gd + (i * C + c) * S, j->xd + (i * C + c) * S, S, j->mean[c], &a, &q);
-        *sg += a;
-        *sgx += q;
-    }
-}
-
 typedef struct {
     lk_sum_fn sum;
     void *ctx;
     double count; /* samples per channel over every rank */
 } bn_sync;
 
+/* One of SyncBatchNorm's passes (LK_OP_BN_STATS, LK_OP_BN_APPLY) on dev's backend. */
+static lk_status bn_split_run(lk_device dev, lk_op_kind op, long N, long C, long S, lk_bn_stat stat, bool backward,
+                              const float *x, const float *g, const float *k, void *out) {
+    lk_op_desc d = {.op = op, .dtype = {LK_F32, LK_F32, LK_F32, op == LK_OP_BN_STATS ? LK_F64 : LK_F32}};
+    d.bn_split = (lk_bn_split_params){N, C, S, stat, backward};
+    return lk__backend_run(dev, &d, (void *[]){(void *)x, (void *)g, (void *)k, out});
+}
+
 /* SyncBatchNorm's backward: this rank's per-channel sums of g and
  * g * (x - mean), summed over ranks for the input gradient; weight and bias
  * gradients from this rank's sums (DDP averages them afterwards). Serial:
  * the all-reduce sits between the two passes. */
-static lk_status bn_sync_backward(const bn_bwd_job *j, const bn_sync *sy) {
+static lk_status bn_sync_backward(lk_device dev, const bn_bwd_job *j, const bn_sync *sy) {
     long N = j->N, C = j->C, S = j->S;
     double *tot = lk_malloc((size_t)(2 * C > 0 ? 2 * C : 1) * sizeof *tot);
-    if (!tot) return LK_STATUS_OUT_OF_MEMORY;
-    for (long c = 0; c < C; c++) {
-        double sg, sgx;
-        channel_sums(j, c, &sg, &sgx);
-        if (j->db) j->db[c] = (float)sg;
-        if (j->dw) j->dw[c] = (float)(sgx * j->invstd[c]);
-        tot[c] = sg;
-        tot[C + c] = sgx;
+    float *k = lk_malloc((size_t)(4 * C > 0 ? 4 * C : 1) * sizeof *k); /* mean, k0, k1, k2 per channel */
+    lk_status st = tot && k ? LK_STATUS_OK : LK_STATUS_OUT_OF_MEMORY;
+    if (!st) st = bn_split_run(dev, LK_OP_BN_STATS, N, C, S, LK_BN_GRAD, false, j->xd, j->gd, j->mean, tot);
+    for (long c = 0; !st && c < C; c++) {
+        if (j->db) j->db[c] = (float)tot[c];
+        if (j->dw) j->dw[c] = (float)(tot[C + c] * j->invstd[c]);
     }
-    lk_status st = sy->sum(sy->ctx, tot, (int)(2 * C));
+    if (!st) st = sy->sum(sy->ctx, tot, (int)(2 * C));
     for (long c = 0; !st && j->dx && c < C; c++) {
         float is = j->invstd[c], k1 = (j->w ? j->w[c] : 1.0f) * is;
-        float k0 = (float)(-(double)k1 * tot[c] / sy->count);
-        float k2 = (float)(-(double)k1 * is * is * tot[C + c] / sy->count);
-        for (long i = 0; i < N; i++)
-            lk_k_bn_backward_plane(j->gd + (i * C + c) * S, j->xd + (i * C + c) * S, S, j->mean[c], k0, k1, k2,
-                                   j->dx + (i * C + c) * S);
+        k[c] = j->mean[c];
+        k[C + c] = (float)(-(double)k1 * tot[c] / sy->count);
+        k[2 * C + c] = k1;
+        k[3 * C + c] = (float)(-(double)k1 * is * is * tot[C + c] / sy->count);
     }
+    if (!st && j->dx) st = bn_split_run(dev, LK_OP_BN_APPLY, N, C, S, LK_BN_SUM, true, j->xd, j->gd, k, j->dx);
     lk_free(tot);
+    lk_free(k);
     return st;
 }
 
@@ -89,7 +84,7 @@ static void batch_norm_backward(lk_node *n, lk_tensor *gout) {
     bn_bwd_job job = {xd, gd, mean, invstd, wc ? wc->data : NULL, dx ? dx->data : NULL, dw ? dw->data : NULL,
                       db ? db->data : NULL, N, C, S, M, training, bn_width(xc->numel, C)};
     if (n->extra && training) {
-        lk_status st = bn_sync_backward(&job, n->extra);
+        lk_status st = bn_sync_backward(xc->device, &job, n->extra);
         if (st) {
             lk_tensor_release(wc);
             goto done;
@@ -142,28 +137,23 @@ typedef struct {
 /* SyncBatchNorm's statistics: per channel the sum over every rank, then
  * the squared deviations from the global mean (two passes, as the
  * single-process path, so a split batch matches the whole one closely). */
-static lk_status bn_sync_stats(const bn_fwd_job *j, const bn_sync *sy_in, bn_sync *sy) {
+static lk_status bn_sync_stats(lk_device dev, const bn_fwd_job *j, const bn_sync *sy_in, bn_sync *sy) {
     long N = j->N, C = j->C, S = j->S;
     float *mean = j->stats, *invstd = j->stats + C;
     double *v = lk_malloc((size_t)(C + 1) * sizeof *v);
-    if (!v) return LK_STATUS_OUT_OF_MEMORY;
-    for (long c = 0; c < C; c++) {
-        double s = 0;
-        for (long i = 0; i < N; i++) s += lk_k_plane_sum(j->xd + (i * C + c) * S, S);
-        v[c] = s;
+    float *k = lk_malloc((size_t)(2 * C > 0 ? 2 * C : 1) * sizeof *k); /* scale, shift per channel */
+    lk_status st = v && k ? LK_STATUS_OK : LK_STATUS_OUT_OF_MEMORY;
+    if (!st) st = bn_split_run(dev, LK_OP_BN_STATS, N, C, S, LK_BN_SUM, false, j->xd, NULL, NULL, v);
+    if (!st) {
+        v[C] = j->M;
+        st = sy_in->sum(sy_in->ctx, v, (int)(C + 1));
     }
-    v[C] = j->M;
-    lk_status st = sy_in->sum(sy_in->ctx, v, (int)(C + 1));
-    double M = v[C];
+    double M = st ? 0 : v[C];
     if (!st && M <= 1.0)
         st = lk_error(LK_STATUS_INVALID_ARGUMENT, "batch_norm (sync): expected more than 1 value per channel over all "
                       "ranks when training, got %g", M);
-    for (long c = 0; !st && c < C; c++) {
-        mean[c] = (float)(v[c] / M);
-        double q = 0;
-        for (long i = 0; i < N; i++) q += lk_k_plane_sqdev(j->xd + (i * C + c) * S, S, mean[c]);
-        v[c] = q;
-    }
+    for (long c = 0; !st && c < C; c++) mean[c] = (float)(v[c] / M);
+    if (!st) st = bn_split_run(dev, LK_OP_BN_STATS, N, C, S, LK_BN_SQDEV, false, j->xd, NULL, mean, v);
     if (!st) st = sy_in->sum(sy_in->ctx, v, (int)C);
     for (long c = 0; !st && c < C; c++) {
         invstd[c] = (float)(1.0 / sqrt(v[c] / M + (double)j->eps));
@@ -173,12 +163,13 @@ static lk_status bn_sync_stats(const bn_fwd_job *j, const bn_sync *sy_in, bn_syn
                     (1.0f - j->momentum) * vec_get(j->running_var, c) + j->momentum * (float)(v[c] / (M - 1)));
         }
         float scale = invstd[c] * (j->weight ? vec_get(j->weight, c) : 1.0f);
-        float shift = (j->bias ? vec_get(j->bias, c) : 0.0f) - mean[c] * scale;
-        for (long i = 0; i < N; i++)
-            lk_k_plane_affine(j->xd + (i * C + c) * S, S, scale, shift, j->od + (i * C + c) * S);
+        k[c] = scale;
+        k[C + c] = (j->bias ? vec_get(j->bias, c) : 0.0f) - mean[c] * scale;
     }
+    if (!st) st = bn_split_run(dev, LK_OP_BN_APPLY, N, C, S, LK_BN_SUM, false, j->xd, NULL, k, j->od);
     *sy = (bn_sync){sy_in->sum, sy_in->ctx, M};
     lk_free(v);
+    lk_free(k);
     return st;
 }
 
@@ -239,7 +230,7 @@ static lk_tensor *batch_norm_impl(lk_tensor *x, lk_tensor *running_mean, lk_tens
                       N, C, S, M, eps, momentum, training, bn_width(x->numel, C)};
     bn_sync used = {0};
     if (sync) {
-        lk_status st = bn_sync_stats(&job, sync, &used);
+        lk_status st = bn_sync_stats(xc->device, &job, sync, &used);
         if (st) {
             lk_tensor_release(xc);
             lk_tensor_release(stats);

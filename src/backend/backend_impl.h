@@ -55,6 +55,8 @@ typedef enum {
     LK_OP_EMBEDDING,      /* w [V, D], idx (i32/i64 [n]), out [n, D]: out[i] = w[idx[i]] */
     LK_OP_EMBEDDING_BACKWARD, /* g [n, D], idx, dw [V, D]: dw[idx[i]] += g[i], in order (dw zeroed by the caller) */
     LK_OP_COPY,           /* src, dst: a strided copy, same shape and dtype (see lk_copy_params) */
+    LK_OP_BN_STATS,       /* x, g, mean, out (f64): per-channel sums of one rank (SyncBatchNorm, see lk_bn_split_params) */
+    LK_OP_BN_APPLY,       /* x, g, coef, y: the per-channel normalisation or input gradient from all-reduced sums */
     LK_OP_COUNT
 } lk_op_kind;
 
@@ -211,6 +213,24 @@ typedef struct lk_copy_params {
     int64_t shape[LK_MAX_DIMS], ss[LK_MAX_DIMS], sd[LK_MAX_DIMS];
 } lk_copy_params;
 
+/* LK_OP_BN_STATS / LK_OP_BN_APPLY: SyncBatchNorm's passes over contiguous
+ * [N, C, S] x, split where the all-reduce of per-channel sums goes between
+ * them (the op keeps the all-reduce and the per-channel scalars). Sums run
+ * per plane in f32 and across the N planes of a channel in double, in order.
+ * BN_STATS (g and mean NULL where unused) writes out[C], or [2C] for GRAD:
+ *   SUM:   out[c] = sum of x over channel c;
+ *   SQDEV: out[c] = sum of (x - mean[c])^2;
+ *   GRAD:  out[c] = sum of g, out[C + c] = sum of g * (x - mean[c]).
+ * BN_APPLY: forward (g NULL) y = x * coef[c] + coef[C + c] (coef [2, C]:
+ * scale, shift); backward y = dx from g with coef [4, C] = mean, k0, k1, k2
+ * (lk_k_bn_backward_plane). */
+typedef enum { LK_BN_SUM, LK_BN_SQDEV, LK_BN_GRAD } lk_bn_stat;
+typedef struct lk_bn_split_params {
+    long N, C, S;
+    lk_bn_stat stat; /* BN_STATS */
+    bool backward;   /* BN_APPLY */
+} lk_bn_split_params;
+
 /* LK_OP_BCE / _BACKWARD over n contiguous elements, w and pos_w already
  * broadcast to them; reduction as for LK_OP_LOSS; logits: the stable form
  * on logits (pos_w only there). */
@@ -240,7 +260,8 @@ typedef struct lk_xent_params {
  * running statistics. stats is [2, C]: mean, then invstd. The per-channel
  * vectors w, b, running_mean, running_var may be strided (stride: elements;
  * NULL where absent); the backward's w is contiguous and dw, db are
- * overwritten. SyncBatchNorm's all-reduced statistics stay in ops_norm.c. */
+ * overwritten. SyncBatchNorm's all-reduced statistics are LK_OP_BN_STATS /
+ * LK_OP_BN_APPLY below. */
 typedef struct lk_batch_norm_params {
     long N, C, S;
     double M;
@@ -281,6 +302,7 @@ typedef struct lk_op_desc {
         lk_nonfinite_params nonfinite;
         lk_embedding_params embedding;
         lk_copy_params copy;
+        lk_bn_split_params bn_split;
     };
 } lk_op_desc;
 

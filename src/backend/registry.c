@@ -68,6 +68,8 @@ int lk__op_arity(lk_op_kind op) {
     case LK_OP_EMBEDDING: return 3;
     case LK_OP_EMBEDDING_BACKWARD: return 3;
     case LK_OP_COPY: return 2;
+    case LK_OP_BN_STATS: return 4;
+    case LK_OP_BN_APPLY: return 4;
     case LK_OP_COUNT: break;
     }
     return 0;
@@ -224,6 +226,17 @@ const char *lk__op_desc_str(const lk_op_desc *d, char *buf, size_t size) {
         snprintf(buf, size, "embedding%s %s, idx %s -> %s (%lld of %lldx%lld)",
                  d->op == LK_OP_EMBEDDING ? "" : "_backward", DT(0), DT(1), DT(2), (long long)d->embedding.n,
                  (long long)d->embedding.V, (long long)d->embedding.D);
+        return buf;
+    case LK_OP_BN_STATS: {
+        static const char *const stats[] = {"sum", "sqdev", "grad"};
+        unsigned k = (unsigned)d->bn_split.stat;
+        snprintf(buf, size, "bn_stats %s x %s -> %s (%ldx%ldx%ld)", k < 3 ? stats[k] : "?", DT(0), DT(3),
+                 d->bn_split.N, d->bn_split.C, d->bn_split.S);
+        return buf;
+    }
+    case LK_OP_BN_APPLY:
+        snprintf(buf, size, "bn_apply%s x %s -> %s (%ldx%ldx%ld)", d->bn_split.backward ? " backward" : "", DT(0),
+                 DT(3), d->bn_split.N, d->bn_split.C, d->bn_split.S);
         return buf;
     case LK_OP_COPY: {
         char sh[96];
