@@ -52,6 +52,7 @@ typedef enum {
     LK_OP_NORM,           /* x, out (f64 [1]): max |x| (p = inf) or sum |x|^p, see lk_norm_params */
     LK_OP_NONFINITE,      /* x, idx (i64 [1]): the index of the first inf or NaN of x, or -1 */
     LK_OP_UNSCALE,        /* x, y, count (i64 [1]): y = x * mul; count = how many x were inf or NaN */
+    LK_OP_CLAMP,          /* x, y: y[i] = x[i] clamped to [lo, hi], NaN kept (clip_grad_value) */
     LK_OP_EMBEDDING,      /* w [V, D], idx (i32/i64 [n]), out [n, D]: out[i] = w[idx[i]] */
     LK_OP_EMBEDDING_BACKWARD, /* g [n, D], idx, dw [V, D]: dw[idx[i]] += g[i], in order (dw zeroed by the caller) */
     LK_OP_COPY,           /* src, dst: a strided copy, same shape and dtype (see lk_copy_params) */
@@ -231,6 +232,12 @@ typedef struct lk_bn_split_params {
     bool backward;   /* BN_APPLY */
 } lk_bn_split_params;
 
+/* LK_OP_CLAMP over n contiguous elements (x and y may be the same array). */
+typedef struct lk_clamp_params {
+    int64_t n;
+    float lo, hi;
+} lk_clamp_params;
+
 /* LK_OP_BCE / _BACKWARD over n contiguous elements, w and pos_w already
  * broadcast to them; reduction as for LK_OP_LOSS; logits: the stable form
  * on logits (pos_w only there). */
@@ -303,6 +310,7 @@ typedef struct lk_op_desc {
         lk_embedding_params embedding;
         lk_copy_params copy;
         lk_bn_split_params bn_split;
+        lk_clamp_params clamp;
     };
 } lk_op_desc;
 

@@ -65,6 +65,7 @@ int lk__op_arity(lk_op_kind op) {
     case LK_OP_NORM: return 2;
     case LK_OP_NONFINITE: return 2;
     case LK_OP_UNSCALE: return 3;
+    case LK_OP_CLAMP: return 2;
     case LK_OP_EMBEDDING: return 3;
     case LK_OP_EMBEDDING_BACKWARD: return 3;
     case LK_OP_COPY: return 2;
@@ -220,6 +221,10 @@ const char *lk__op_desc_str(const lk_op_desc *d, char *buf, size_t size) {
         return buf;
     case LK_OP_UNSCALE:
         snprintf(buf, size, "unscale %s -> %s, count %s (%lld)", DT(0), DT(1), DT(2), (long long)d->nonfinite.n);
+        return buf;
+    case LK_OP_CLAMP:
+        snprintf(buf, size, "clamp [%g, %g] %s -> %s (%lld)", (double)d->clamp.lo, (double)d->clamp.hi, DT(0), DT(1),
+                 (long long)d->clamp.n);
         return buf;
     case LK_OP_EMBEDDING:
     case LK_OP_EMBEDDING_BACKWARD:

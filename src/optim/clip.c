@@ -3,7 +3,8 @@
  * max_norm / (total + 1e-6) clamped to 1 and computed in f32 as PyTorch does,
  * and non-finite norms passed through rather than rejected. Each
  * gradient's norm (LK_OP_NORM) and the scaling (LK_OP_AFFINE) run on its
- * device's backend; combining the per-gradient norms stays here. */
+ * device's backend; combining the per-gradient norms stays here. Clipping
+ * by value is LK_OP_CLAMP. */
 #include <math.h>
 
 #include "backend/backend_impl.h"
@@ -62,8 +63,9 @@ lk_status lk_clip_grad_value(const lk_named_tensors *params, double clip_value) 
         LK_TRY(check_grad(&params->items[i]));
         lk_tensor *g = params->items[i].tensor->grad;
         if (!g) continue;
-        float *d = g->data;
-        for (int64_t k = 0; k < g->numel; k++) d[k] = d[k] < -c ? -c : d[k] > c ? c : d[k];
+        lk_op_desc d = {.op = LK_OP_CLAMP, .dtype = {LK_F32, LK_F32}};
+        d.clamp = (lk_clamp_params){g->numel, -c, c};
+        LK_TRY(lk__backend_run(g->device, &d, (void *[]){g->data, g->data}));
     }
     return LK_STATUS_OK;
 }

@@ -2,7 +2,8 @@
  * raw sums gradient clipping combines, accumulated in double in index
  * order, and max |x| with NaN winning), LK_OP_NONFINITE (the first inf or
  * NaN, across the 4096-element blocks it tests at once) and LK_OP_UNSCALE
- * (the loss scaler's: every element scaled, each checked before scaling). */
+ * (the loss scaler's: every element scaled, each checked before scaling)
+ * and LK_OP_CLAMP (clip_grad_value: NaN kept). */
 #include <math.h>
 #include <string.h>
 
@@ -79,4 +80,12 @@ static void unscale(void) {
     CHECK(isinf(xs[4096]) && isnan(xs[N - 1]));
 }
 
-LK_TEST_MAIN(LK_TEST_CASE(norms), LK_TEST_CASE(nonfinite), LK_TEST_CASE(unscale))
+static void clamp(void) {
+    float v[5] = {-3.0f, -0.5f, 0.0f, 2.5f, NAN}, want[5] = {-1.0f, -0.5f, 0.0f, 1.0f, NAN};
+    lk_op_desc d = {.op = LK_OP_CLAMP, .dtype = {LK_F32, LK_F32}, .clamp = {5, -1.0f, 1.0f}};
+    CHECK_OK(lk__backend_run(LK_DEVICE_CPU, &d, (void *[]){v, v}));
+    for (int i = 0; i < 4; i++) CHECK_MSG(v[i] == want[i], "element %d: %g, expected %g", i, v[i], want[i]);
+    CHECK(isnan(v[4]));
+}
+
+LK_TEST_MAIN(LK_TEST_CASE(norms), LK_TEST_CASE(nonfinite), LK_TEST_CASE(unscale), LK_TEST_CASE(clamp))

@@ -57,6 +57,7 @@ static bool cpu_supports(const lk_op_desc *d) {
     case LK_OP_NORM: return d->dtype[0] == LK_F32 && d->dtype[1] == LK_F64 && d->norm.p > 0;
     case LK_OP_NONFINITE: return d->dtype[0] == LK_F32 && d->dtype[1] == LK_I64;
     case LK_OP_UNSCALE: return d->dtype[0] == LK_F32 && d->dtype[1] == LK_F32 && d->dtype[2] == LK_I64;
+    case LK_OP_CLAMP: return d->dtype[0] == LK_F32 && d->dtype[1] == LK_F32;
     case LK_OP_COPY: return d->dtype[0] == d->dtype[1] && (unsigned)d->copy.ndim <= LK_MAX_DIMS;
     case LK_OP_BN_STATS:
         return d->dtype[0] == LK_F32 && d->dtype[1] == LK_F32 && d->dtype[2] == LK_F32 && d->dtype[3] == LK_F64 &&
@@ -116,7 +117,8 @@ static lk_status cpu_run(const lk_op_desc *d, void *const *x) {
     case LK_OP_CHANNEL_SUM: return lk__cpu_conv(d, x);
     case LK_OP_NORM:
     case LK_OP_NONFINITE:
-    case LK_OP_UNSCALE: return lk__cpu_grads(d, x);
+    case LK_OP_UNSCALE:
+    case LK_OP_CLAMP: return lk__cpu_grads(d, x);
     case LK_OP_EMBEDDING:
     case LK_OP_EMBEDDING_BACKWARD: return lk__cpu_embedding(d, x);
     case LK_OP_COPY: return lk__cpu_copy(d, x);

@@ -42,7 +42,7 @@ lk_status lk__cpu_optim_update(const lk_op_desc *d, void *const *x);
 lk_status lk__cpu_pool2d(const lk_op_desc *d, void *const *x);
 /* conv.c: LK_OP_IM2COL, LK_OP_COL2IM, LK_OP_BIAS_ADD, LK_OP_CHANNEL_SUM, f32. */
 lk_status lk__cpu_conv(const lk_op_desc *d, void *const *x);
-/* grads.c: LK_OP_NORM, LK_OP_NONFINITE and LK_OP_UNSCALE, f32 (f64 sums, i64 index). */
+/* grads.c: LK_OP_NORM, LK_OP_NONFINITE, LK_OP_UNSCALE and LK_OP_CLAMP, f32 (f64 sums, i64 index). */
 lk_status lk__cpu_grads(const lk_op_desc *d, void *const *x);
 /* embedding.c: LK_OP_EMBEDDING and _BACKWARD, f32 rows, i32 or i64 indices. */
 lk_status lk__cpu_embedding(const lk_op_desc *d, void *const *x);

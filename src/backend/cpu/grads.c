@@ -1,7 +1,7 @@
 /* The CPU backend's gradient utilities, f32: a tensor's norm (the raw sum
  * of |x|^p in double, or max |x|) for gradient clipping, and the search for
- * the first inf or NaN, and the loss scaler's unscale (scale every element,
- * counting the non-finite ones on the way). Single-threaded and in index order, so the sums
+ * the first inf or NaN, the loss scaler's unscale (scale every element,
+ * counting the non-finite ones on the way) and clipping by value. Single-threaded and in index order, so the sums
  * are the ones clip.c computed before they moved here. */
 #include <math.h>
 #include <string.h>
@@ -72,6 +72,12 @@ lk_status lk__cpu_grads(const lk_op_desc *d, void *const *x) {
     case LK_OP_UNSCALE:
         *(int64_t *)x[2] = unscale_f32(x[0], x[1], d->nonfinite.n, d->nonfinite.mul);
         return LK_STATUS_OK;
+    case LK_OP_CLAMP: { /* comparisons with NaN are false: a NaN stays */
+        const float *xd = x[0];
+        float *y = x[1], lo = d->clamp.lo, hi = d->clamp.hi;
+        for (int64_t k = 0; k < d->clamp.n; k++) y[k] = xd[k] < lo ? lo : xd[k] > hi ? hi : xd[k];
+        return LK_STATUS_OK;
+    }
     default: break;
     }
     return lk_error(LK_STATUS_INTERNAL, "cpu backend: op %d is not a gradient utility", (int)d->op);
