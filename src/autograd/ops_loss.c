@@ -37,7 +37,8 @@ static void pointwise_loss_backward(lk_node *n, lk_tensor *g) {
 
 static lk_tensor *pointwise_loss(lk_tensor *x, lk_tensor *y, lk_reduction red, loss_kind kind, float beta,
                                  const char *name) {
-    if (lk__check_f32(name, x, "input") || lk__check_f32(name, y, "target")) return NULL;
+    /* autocast's LK_CAST_FP32: a 16-bit input is widened (lk__contig) and the loss is f32 */
+    if (lk__check_float(name, x, "input") || lk__check_float(name, y, "target")) return NULL;
     if (!lk_tensor_same_shape(x, y)) return lk__error_shapes(name, "input and target differ", x, y), NULL;
     if (kind == LOSS_SMOOTH_L1 && !(beta >= 0.0f))
         return lk_error(LK_STATUS_INVALID_ARGUMENT, "%s: beta must be >= 0, got %g", name, beta), NULL;

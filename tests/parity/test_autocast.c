@@ -175,10 +175,12 @@ static bool run_step(const ac_case *c, region how, lk_dtype dt, step *s) {
     if (ok && c->kind != C_MODEL) { /* loss = sum(out * R): dY = R */
         lk_tensor *R = nn_htensor(c->seed + 1, -1.0, 1.0, out->ndim, out->shape);
         double sum = 0, abs_sum = 0;
-        for (int64_t i = 0; i < out->numel; i++) {
-            double t = (double)((float *)out->data)[i] * ((float *)R->data)[i];
+        lk_tensor *of = lk_tensor_cast(out, LK_F32); /* bf16/f16 under autocast, as torch's */
+        for (int64_t i = 0; of && i < out->numel; i++) {
+            double t = (double)((float *)of->data)[i] * ((float *)R->data)[i];
             sum += t, abs_sum += fabs(t);
         }
+        lk_tensor_release(of);
         s->loss = sum;
         s->loss_abs = abs_sum;
         seed_grad = R;

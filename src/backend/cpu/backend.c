@@ -46,7 +46,8 @@ static bool cpu_supports(const lk_op_desc *d) {
     case LK_OP_XENT_BACKWARD:
     case LK_OP_NLL:
     case LK_OP_NLL_BACKWARD: return lk__cpu_xent_supports(d);
-    case LK_OP_MASK_SCALE: return d->dtype[0] == LK_F32 && d->dtype[1] == LK_U8 && d->dtype[2] == LK_F32;
+    case LK_OP_MASK_SCALE: /* f32, or bf16/f16 in and out (dropout of a 16-bit activation under autocast) */
+        return (d->dtype[0] == LK_F32 || is_half(d->dtype[0])) && d->dtype[1] == LK_U8 && d->dtype[2] == d->dtype[0];
     case LK_OP_COUNT: break;
     }
     return false;
@@ -71,6 +72,16 @@ static lk_status cpu_run(const lk_op_desc *d, void *const *x) {
         const float *xd = x[0];
         const uint8_t *m = x[1];
         float *y = x[2], s = d->mask_scale.scale;
+        if (is_half(d->dtype[0])) { /* widen, scale in f32, round once */
+            const uint16_t *xh = x[0];
+            uint16_t *yh = x[2];
+            bool bf = d->dtype[0] == LK_BF16;
+            for (int64_t i = 0; i < d->mask_scale.n; i++) {
+                float v = (bf ? lk_bf16_bits_to_f32(xh[i]) : lk_f16_bits_to_f32(xh[i])) * (m[i] ? s : 0.0f);
+                yh[i] = bf ? lk_f32_to_bf16_bits(v) : lk_f32_to_f16_bits(v);
+            }
+            return LK_STATUS_OK;
+        }
         for (int64_t i = 0; i < d->mask_scale.n; i++) y[i] = xd[i] * (m[i] ? s : 0.0f);
         return LK_STATUS_OK;
     }
