@@ -199,38 +199,48 @@ lk_tensor *lk_matmul(lk_tensor *a, lk_tensor *b) {
 
 /* ---- linear ---------------------------------------------------------------------- */
 
+/* saved: 0 x folded to [M, in] (f32 outside autocast; under it the 16-bit
+ * input itself, its rounded copy, or — for an f32 leaf such as the batch,
+ * which outlives the step anyway — x itself, rounded again here); 1 w
+ * rounded, only for a weight that is not a leaf (a leaf is rounded again
+ * here: one transient copy instead of every layer's kept all step).
+ * a.i[0]: autocast on, a.i[1] its dtype. */
 static void linear_backward(lk_node *n, lk_tensor *g) {
     lk_tensor *x = n->in[0], *w = n->in[1], *b = n->n_in > 2 ? n->in[2] : NULL;
-    lk_tensor *x2 = n->saved[0]; /* folded contiguous view of x (under autocast: its bf16/f16 copy) */
-    lk_tensor *wl = n->saved[1]; /* under autocast: w rounded as the forward used it */
+    lk_tensor *x2 = n->saved[0];
+    lk_dtype lowp = n->a.i[0] ? (lk_dtype)n->a.i[1] : LK_F32;
     int64_t M = x2->shape[0], out_f = w->shape[0];
     lk_tensor *g2 = lk__tensor_view(g, 2, (int64_t[]){M, out_f}, (int64_t[]){out_f, 1}, g->offset);
     if (!g2) return;
-    lk_tensor *gl = !wl ? NULL : g2->dtype == wl->dtype ? lk_tensor_retain(g2) : lk_tensor_cast(g2, wl->dtype);
-    if (wl && !gl) {
-        lk_tensor_release(g2);
-        return;
-    }
-    lk_tensor *gg = gl ? gl : g2, *ww = wl ? wl : w;
+    /* dY in the forward's dtype (it is already, unless the output's gradient came in f32) */
+    lk_tensor *gg = lowp == LK_F32 || g2->dtype == lowp ? lk_tensor_retain(g2) : lk_tensor_cast(g2, lowp);
+    if (!gg) goto done;
     if (x->requires_grad) {
-        lk_tensor *dx = lk__tensor_new(x->dtype, x->ndim, x->shape); /* bf16 for a bf16 activation */
+        lk_tensor *ww = lowp == LK_F32 ? lk_tensor_retain(w)
+                        : n->saved[1] ? lk_tensor_retain(n->saved[1])
+                        : w->dtype == lowp ? lk_tensor_retain(w) : lk_tensor_cast(w, lowp);
+        lk_tensor *dx = ww ? lk__tensor_new(x->dtype, x->ndim, x->shape) : NULL; /* bf16 for a bf16 activation */
         lk_tensor *dx2 = dx ? lk__tensor_view(dx, 2, (int64_t[]){M, x2->shape[1]}, (int64_t[]){x2->shape[1], 1}, 0) : NULL;
         bool ok = dx2 && !gemm2d(gg, false, ww, false, 0.0f, dx2);
         lk_tensor_release(dx2);
+        lk_tensor_release(ww);
         if (ok) lk__accum_move(x, dx); /* the slot takes the buffer */
         else lk_tensor_release(dx);
     }
     if (w->requires_grad) {
+        lk_tensor *xx = lowp == LK_F32 || x2->dtype == lowp ? lk_tensor_retain(x2) : lk_tensor_cast(x2, lowp);
         /* Accumulate straight into w->grad when it is a plain contiguous leaf
          * gradient (the common case: saves a temporary and an add). */
-        if (!w->grad_fn && w->grad && lk_tensor_is_contiguous(w->grad)) gemm2d(gg, true, x2, false, 1.0f, w->grad);
-        else {
+        if (!xx) {
+        } else if (!w->grad_fn && w->grad && lk_tensor_is_contiguous(w->grad)) {
+            gemm2d(gg, true, xx, false, 1.0f, w->grad);
+        } else {
             lk_tensor *dw = lk__tensor_new(LK_F32, 2, w->shape);
-            if (dw && !gemm2d(gg, true, x2, false, 0.0f, dw)) lk__accum_move(w, dw);
+            if (dw && !gemm2d(gg, true, xx, false, 0.0f, dw)) lk__accum_move(w, dw);
             else lk_tensor_release(dw);
         }
+        lk_tensor_release(xx);
     }
-    lk_tensor_release(gl);
     if (b && b->requires_grad) {
         lk_tensor *db = lk_tensor_zeros(LK_F32, 1, b->shape);
         /* the column sums of g2 [M, out_f], row after row, in f32 (g2 may be bf16/f16) */
@@ -239,6 +249,8 @@ static void linear_backward(lk_node *n, lk_tensor *g) {
         if (db && !lk__backend_run(g2->device, &sd, (void *[]){g2->data, db->data})) lk__accum(b, db);
         lk_tensor_release(db);
     }
+done:
+    lk_tensor_release(gg);
     lk_tensor_release(g2);
 }
 
@@ -253,13 +265,23 @@ lk_tensor *lk_linear(lk_tensor *x, lk_tensor *w, lk_tensor *b) {
     if (b && (b->ndim != 1 || b->shape[0] != w->shape[0]))
         return lk__error_shapes("linear", "bias must be [out] for weight [out, in]", b, w), NULL;
     int64_t in_f = w->shape[1], out_f = w->shape[0], M = x->numel / (in_f ? in_f : 1);
-    /* autocast: x in the region's dtype, kept for backward (an input already
-     * in it, a previous layer's bf16 output, is kept as is: no copy). */
-    lk_tensor *xc = lowp == LK_F32 ? lk__contig(x) : x->dtype == lowp ? lk__contig_keep(x) : lk_tensor_cast(x, lowp);
+    /* autocast: x in the region's dtype. An input already in it (a previous
+     * layer's bf16 output) is used and kept as is: no copy. An f32 leaf (the
+     * batch) is kept itself, alive anyway, and rounded again in backward; any
+     * other f32 input is kept as its rounded copy (half its bytes). */
+    bool keep_f32 = lowp != LK_F32 && x->dtype == LK_F32 && !x->grad_fn && lk_tensor_is_contiguous(x);
+    lk_tensor *xc = lowp == LK_F32 || keep_f32 ? lk__contig(x)
+                    : x->dtype == lowp         ? lk__contig_keep(x)
+                                               : lk_tensor_cast(x, lowp);
     if (!xc) return NULL;
     lk_tensor *x2 = lk__tensor_view(xc, 2, (int64_t[]){M, in_f}, (int64_t[]){in_f, 1}, xc->offset);
     lk_tensor_release(xc);
     if (!x2) return NULL;
+    lk_tensor *xl = keep_f32 ? lk_tensor_cast(x2, lowp) : lk_tensor_retain(x2); /* what the GEMM multiplies */
+    if (!xl) {
+        lk_tensor_release(x2);
+        return NULL;
+    }
     int64_t shape[LK_MAX_DIMS];
     for (int i = 0; i < x->ndim - 1; i++) shape[i] = x->shape[i];
     shape[x->ndim - 1] = out_f;
@@ -281,8 +303,9 @@ lk_tensor *lk_linear(lk_tensor *x, lk_tensor *w, lk_tensor *b) {
         wl = w->dtype == lowp ? lk_tensor_retain(w) : lk_tensor_cast(w, lowp);
         if (!wl) st = lk_last_status();
     }
-    if (!st) st = gemm2d(x2, false, wl ? wl : w, true, b ? 1.0f : 0.0f, o2);
+    if (!st) st = gemm2d(xl, false, wl ? wl : w, true, b ? 1.0f : 0.0f, o2);
     lk_tensor_release(o2);
+    lk_tensor_release(xl);
     if (st) {
         lk_tensor_release(out);
         lk_tensor_release(x2);
@@ -293,7 +316,9 @@ lk_tensor *lk_linear(lk_tensor *x, lk_tensor *w, lk_tensor *b) {
     lk_node *n = lk__record("linear", linear_backward, out, b ? 3 : 2, in);
     if (n) {
         n->saved[0] = lk_tensor_retain(x2);
-        n->saved[1] = lk_tensor_retain(wl);
+        if (wl && w->grad_fn) n->saved[1] = lk_tensor_retain(wl); /* a leaf weight is rounded again in backward */
+        n->a.i[0] = lowp != LK_F32;
+        n->a.i[1] = lowp;
     }
     lk_tensor_release(x2);
     lk_tensor_release(wl);

@@ -1,13 +1,61 @@
 /* The CPU backend's pointwise losses, f32: the regression losses (mse, l1,
  * smooth_l1) and binary cross-entropy (on probabilities or on logits, with
  * optional element weights and pos_weight): per-element losses, or their
- * mean or sum accumulated in double in element order, and the gradients. */
+ * mean or sum accumulated in double in element order, and the gradients.
+ * The regression losses also take a bf16/f16 input and target (autocast's
+ * fp32 list without an f32 copy): each element widened (exact), the same
+ * f32 arithmetic, the input's gradient rounded once to the input's dtype. */
 #include <math.h>
 
 #include "backend/cpu/cpu_impl.h"
 #include "lockstep/autograd.h"
 
+static float ld(lk_dtype dt, const void *p, int64_t i) {
+    if (dt == LK_F32) return ((const float *)p)[i];
+    uint16_t h = ((const uint16_t *)p)[i];
+    return dt == LK_BF16 ? lk_bf16_bits_to_f32(h) : lk_f16_bits_to_f32(h);
+}
+
+static lk_status loss_lowp(const lk_op_desc *d, void *const *x) {
+    const lk_loss_params *p = &d->loss;
+    lk_dtype xt = d->dtype[0], yt = d->dtype[1];
+    float beta = p->beta;
+    lk_reduction red = (lk_reduction)p->reduction;
+    if (d->op == LK_OP_LOSS) {
+        float *od = x[2];
+        double acc = 0;
+        for (int64_t i = 0; i < p->n; i++) {
+            float diff = ld(xt, x[0], i) - ld(yt, x[1], i), v;
+            switch (p->kind) {
+            case LK_PLOSS_MSE: v = diff * diff; break;
+            case LK_PLOSS_L1: v = fabsf(diff); break;
+            default: v = fabsf(diff) < beta ? 0.5f * diff * diff / beta : fabsf(diff) - 0.5f * beta;
+            }
+            if (red == LK_REDUCTION_NONE) od[i] = v;
+            else acc += v;
+        }
+        if (red == LK_REDUCTION_SUM) od[0] = (float)acc;
+        if (red == LK_REDUCTION_MEAN) od[0] = p->n ? (float)(acc / (double)p->n) : NAN;
+        return LK_STATUS_OK;
+    }
+    const float *gd = x[2];
+    void *dd = x[3];
+    float scale = red == LK_REDUCTION_MEAN ? 1.0f / (float)p->n : 1.0f;
+    for (int64_t i = 0; i < p->n; i++) {
+        float diff = ld(xt, x[0], i) - ld(yt, x[1], i), gi = red == LK_REDUCTION_NONE ? gd[i] : gd[0] * scale, v;
+        switch (p->kind) {
+        case LK_PLOSS_MSE: v = 2.0f * diff; break;
+        case LK_PLOSS_L1: v = diff > 0 ? 1.0f : (diff < 0 ? -1.0f : 0.0f); break;
+        default: v = fabsf(diff) < beta ? diff / beta : (diff > 0 ? 1.0f : (diff < 0 ? -1.0f : 0.0f));
+        }
+        if (xt == LK_F32) ((float *)dd)[i] = gi * v;
+        else ((uint16_t *)dd)[i] = xt == LK_BF16 ? lk_f32_to_bf16_bits(gi * v) : lk_f32_to_f16_bits(gi * v);
+    }
+    return LK_STATUS_OK;
+}
+
 lk_status lk__cpu_loss(const lk_op_desc *d, void *const *x) {
+    if (d->dtype[0] != LK_F32 || d->dtype[1] != LK_F32) return loss_lowp(d, x);
     const lk_loss_params *p = &d->loss;
     const float *xd = x[0], *yd = x[1];
     float beta = p->beta;
