@@ -65,6 +65,76 @@ static lk_status gemm2d(const lk_tensor *A, bool ta, const lk_tensor *B, bool tb
     return st;
 }
 
+/* The same panel as a view, not rounded. */
+static lk_tensor *round_panel_view(const lk_tensor *t, int dim, int64_t r0, int64_t nr) {
+    int64_t shape[2] = {t->shape[0], t->shape[1]};
+    shape[dim] = nr;
+    return lk__tensor_view((lk_tensor *)t, 2, shape, t->stride, t->offset + r0 * t->stride[dim]);
+}
+
+/* Under autocast a large f32 operand (the batch, a weight) is rounded to
+ * the GEMM's 16-bit dtype in panels, never as a whole copy: each panel of
+ * about LOWP_PANEL elements covers a block of C's rows (A) or columns (B), so
+ * every element of C is still one GEMM over the whole K, rounded once — the
+ * same bits as rounding the operands whole — while the transient copy stays
+ * small next to the step's 16-bit activations. */
+enum { LOWP_PANEL = 1 << 18 };
+
+/* Rows [r0, r0 + nr) (dim 0) or columns (dim 1) of the 2-D view t, rounded to dt. */
+static lk_tensor *round_panel(const lk_tensor *t, int dim, int64_t r0, int64_t nr, lk_dtype dt) {
+    int64_t shape[2] = {t->shape[0], t->shape[1]};
+    shape[dim] = nr;
+    lk_tensor *v = lk__tensor_view((lk_tensor *)t, 2, shape, t->stride, t->offset + r0 * t->stride[dim]);
+    if (!v || t->dtype != LK_F32 || v->stride[1] != 1) {
+        lk_tensor *r = v ? lk_tensor_cast(v, dt) : NULL;
+        lk_tensor_release(v);
+        return r;
+    }
+    /* rows of a column panel are contiguous: round them row by row (the
+     * generic strided copy goes element by element) */
+    lk_tensor *r = lk__tensor_new(dt, 2, shape);
+    for (int64_t i = 0; r && i < shape[0]; i++)
+        lk_f32_to_half_n(dt, (uint16_t *)r->data + i * shape[1], (const float *)v->data + i * v->stride[0], (size_t)shape[1]);
+    lk_tensor_release(v);
+    return r;
+}
+
+/* Rows per panel of an operand of `rows` x K: all of them unless it is to
+ * be rounded and larger than a panel; then equal panels, a multiple of 16
+ * rows each (few distinct GEMM shapes: oneDNN caches a primitive per shape). */
+static int64_t panel_rows(bool round, int64_t rows, int64_t K) {
+    if (!round || rows * K <= LOWP_PANEL) return rows > 0 ? rows : 1;
+    int64_t p = (rows * K + LOWP_PANEL - 1) / LOWP_PANEL, r = (rows + p - 1) / p;
+    return (r + 15) & ~(int64_t)15;
+}
+
+/* C = op(A) op(B) (+ beta C) with an operand that is not in dt rounded in
+ * panels (A over C's rows, B over C's columns); operands already in dt as they are. */
+static lk_status gemm2d_round(const lk_tensor *A, bool ta, const lk_tensor *B, bool tb, float beta, lk_tensor *C,
+                              lk_dtype dt) {
+    int64_t M = C->shape[0], N = C->shape[1], K = ta ? A->shape[0] : A->shape[1];
+    bool ra = A->dtype != dt, rb = B->dtype != dt;
+    int64_t mc = panel_rows(ra, M, K), nc = panel_rows(rb, N, K);
+    lk_status st = LK_STATUS_OK;
+    for (int64_t m0 = 0; m0 < M && !st; m0 += mc) {
+        int64_t nm = M - m0 < mc ? M - m0 : mc;
+        lk_tensor *ap = ra ? round_panel(A, ta ? 1 : 0, m0, nm, dt) : NULL;
+        lk_tensor *av = ra ? NULL : round_panel_view(A, ta ? 1 : 0, m0, nm);
+        for (int64_t n0 = 0; n0 < N && !st; n0 += nc) {
+            int64_t nn = N - n0 < nc ? N - n0 : nc;
+            lk_tensor *bp = rb ? round_panel(B, tb ? 0 : 1, n0, nn, dt) : round_panel_view(B, tb ? 0 : 1, n0, nn);
+            lk_tensor *cv = lk__tensor_view(C, 2, (int64_t[]){nm, nn}, C->stride, C->offset + m0 * C->stride[0] + n0 * C->stride[1]);
+            lk_tensor *a = ra ? ap : av;
+            st = a && bp && cv ? gemm2d(a, ta, bp, tb, beta, cv) : lk_last_status();
+            lk_tensor_release(bp);
+            lk_tensor_release(cv);
+        }
+        lk_tensor_release(ap);
+        lk_tensor_release(av);
+    }
+    return st;
+}
+
 /* 2-D view of a [..., M, K] tensor folded to [prod(...)*M, K] when its rows are contiguous. */
 static lk_tensor *fold_rows(lk_tensor *t) {
     int64_t K = t->shape[t->ndim - 1], M = t->numel / (K ? K : 1);
@@ -216,30 +286,29 @@ static void linear_backward(lk_node *n, lk_tensor *g) {
     lk_tensor *gg = lowp == LK_F32 || g2->dtype == lowp ? lk_tensor_retain(g2) : lk_tensor_cast(g2, lowp);
     if (!gg) goto done;
     if (x->requires_grad) {
-        lk_tensor *ww = lowp == LK_F32 ? lk_tensor_retain(w)
-                        : n->saved[1] ? lk_tensor_retain(n->saved[1])
-                        : w->dtype == lowp ? lk_tensor_retain(w) : lk_tensor_cast(w, lowp);
-        lk_tensor *dx = ww ? lk__tensor_new(x->dtype, x->ndim, x->shape) : NULL; /* bf16 for a bf16 activation */
+        lk_tensor *ww = n->saved[1] ? n->saved[1] : w; /* a leaf weight: rounded in panels */
+        lk_tensor *dx = lk__tensor_new(x->dtype, x->ndim, x->shape); /* bf16 for a bf16 activation */
         lk_tensor *dx2 = dx ? lk__tensor_view(dx, 2, (int64_t[]){M, x2->shape[1]}, (int64_t[]){x2->shape[1], 1}, 0) : NULL;
-        bool ok = dx2 && !gemm2d(gg, false, ww, false, 0.0f, dx2);
+        bool ok = dx2 && !(lowp == LK_F32 ? gemm2d(gg, false, ww, false, 0.0f, dx2)
+                                          : gemm2d_round(gg, false, ww, false, 0.0f, dx2, lowp));
         lk_tensor_release(dx2);
-        lk_tensor_release(ww);
         if (ok) lk__accum_move(x, dx); /* the slot takes the buffer */
         else lk_tensor_release(dx);
     }
     if (w->requires_grad) {
-        lk_tensor *xx = lowp == LK_F32 || x2->dtype == lowp ? lk_tensor_retain(x2) : lk_tensor_cast(x2, lowp);
         /* Accumulate straight into w->grad when it is a plain contiguous leaf
-         * gradient (the common case: saves a temporary and an add). */
-        if (!xx) {
-        } else if (!w->grad_fn && w->grad && lk_tensor_is_contiguous(w->grad)) {
-            gemm2d(gg, true, xx, false, 1.0f, w->grad);
+         * gradient (the common case: saves a temporary and an add). An f32
+         * x2 under autocast (the batch) is rounded in panels. */
+        if (!w->grad_fn && w->grad && lk_tensor_is_contiguous(w->grad)) {
+            if (lowp == LK_F32) gemm2d(gg, true, x2, false, 1.0f, w->grad);
+            else gemm2d_round(gg, true, x2, false, 1.0f, w->grad, lowp);
         } else {
             lk_tensor *dw = lk__tensor_new(LK_F32, 2, w->shape);
-            if (dw && !gemm2d(gg, true, xx, false, 0.0f, dw)) lk__accum_move(w, dw);
+            if (dw && !(lowp == LK_F32 ? gemm2d(gg, true, x2, false, 0.0f, dw)
+                                       : gemm2d_round(gg, true, x2, false, 0.0f, dw, lowp)))
+                lk__accum_move(w, dw);
             else lk_tensor_release(dw);
         }
-        lk_tensor_release(xx);
     }
     if (b && b->requires_grad) {
         lk_tensor *db = lk_tensor_zeros(LK_F32, 1, b->shape);
@@ -277,11 +346,7 @@ lk_tensor *lk_linear(lk_tensor *x, lk_tensor *w, lk_tensor *b) {
     lk_tensor *x2 = lk__tensor_view(xc, 2, (int64_t[]){M, in_f}, (int64_t[]){in_f, 1}, xc->offset);
     lk_tensor_release(xc);
     if (!x2) return NULL;
-    lk_tensor *xl = keep_f32 ? lk_tensor_cast(x2, lowp) : lk_tensor_retain(x2); /* what the GEMM multiplies */
-    if (!xl) {
-        lk_tensor_release(x2);
-        return NULL;
-    }
+
     int64_t shape[LK_MAX_DIMS];
     for (int i = 0; i < x->ndim - 1; i++) shape[i] = x->shape[i];
     shape[x->ndim - 1] = out_f;
@@ -298,14 +363,14 @@ lk_tensor *lk_linear(lk_tensor *x, lk_tensor *w, lk_tensor *b) {
             lk_tensor_release(bc);
         }
     }
+    /* autocast: an f32 leaf weight (the master weight) is rounded in panels
+     * per call, here and again in backward; any other f32 weight is rounded
+     * whole once and kept for backward */
     lk_tensor *wl = NULL;
-    if (!st && lowp != LK_F32) { /* autocast: the f32 master weight rounded per call */
-        wl = w->dtype == lowp ? lk_tensor_retain(w) : lk_tensor_cast(w, lowp);
-        if (!wl) st = lk_last_status();
-    }
-    if (!st) st = gemm2d(xl, false, wl ? wl : w, true, b ? 1.0f : 0.0f, o2);
+    if (!st && lowp != LK_F32 && w->dtype != lowp && w->grad_fn && !(wl = lk_tensor_cast(w, lowp))) st = lk_last_status();
+    if (!st) st = lowp == LK_F32 ? gemm2d(x2, false, w, true, b ? 1.0f : 0.0f, o2)
+                                 : gemm2d_round(x2, false, wl ? wl : w, true, b ? 1.0f : 0.0f, o2, lowp);
     lk_tensor_release(o2);
-    lk_tensor_release(xl);
     if (st) {
         lk_tensor_release(out);
         lk_tensor_release(x2);
@@ -316,7 +381,7 @@ lk_tensor *lk_linear(lk_tensor *x, lk_tensor *w, lk_tensor *b) {
     lk_node *n = lk__record("linear", linear_backward, out, b ? 3 : 2, in);
     if (n) {
         n->saved[0] = lk_tensor_retain(x2);
-        if (wl && w->grad_fn) n->saved[1] = lk_tensor_retain(wl); /* a leaf weight is rounded again in backward */
+        n->saved[1] = lk_tensor_retain(wl); /* NULL for a leaf weight: rounded again in backward */
         n->a.i[0] = lowp != LK_F32;
         n->a.i[1] = lowp;
     }

@@ -560,10 +560,10 @@ static void activation_dtypes(void) {
 
 /* The reason for 16-bit activations: a step's tensor memory. A 4-layer
  * ReLU mlp whose activations dominate (batch 512, width 128): the peak of
- * live tensor bytes over forward + backward under bf16 is at most 0.65x the
- * f32 one: the activations halve, plus the bf16 copies of the f32 input and
- * of the weights (0.11x here; torch.autocast makes the same). It was 1.6x
- * when GEMM outputs were f32 and linear kept a bf16 copy of its input
+ * live tensor bytes over forward + backward under bf16 is at most 0.6x the
+ * f32 one (measured 0.52x): the activations halve, and the f32 input and
+ * master weights are rounded for each GEMM in panels, never kept. It was
+ * 1.35x when GEMM outputs were f32 and linear kept a bf16 copy of its input
  * besides. */
 static size_t mlp_step_peak(lk_dtype dt, lk_tensor *const *ws, lk_tensor *x, lk_tensor *y) {
     size_t live0 = lk_pool_reset_peak();
@@ -593,7 +593,7 @@ static void activation_memory(void) {
     mlp_step_peak(LK_F32, ws, x, y); /* first step: the weights' gradients are made */
     size_t f32 = mlp_step_peak(LK_F32, ws, x, y), bf16 = mlp_step_peak(LK_BF16, ws, x, y);
     printf("  activation_memory: step peak f32 %zu bytes, bf16 %zu bytes (%.2fx)\n", f32, bf16, (double)bf16 / (double)f32);
-    CHECK_MSG(bf16 * 100 <= f32 * 65, "bf16 step peak %zu bytes vs f32 %zu: not about half", bf16, f32);
+    CHECK_MSG(bf16 * 10 <= f32 * 6, "bf16 step peak %zu bytes vs f32 %zu: not about half", bf16, f32);
     for (int i = 0; i < 4; i++) lk_tensor_release(ws[i]);
     lk_tensor_release(x);
     lk_tensor_release(y);
