@@ -33,16 +33,16 @@
  * ~ 4.2u, and the sums over the batch in dW and db cancel (another factor
  * ~2): a bound of 8u against float64 —
  *
- *   bf16 vs float64:        8 * 2^-9  = 1.6e-2   measured <= 4.5e-3 (but see ReLU below)
- *   f16 vs float64:         8 * 2^-12 = 2.0e-3   measured <= 7.9e-4
+ *   bf16 vs float64:        8 * 2^-9  = 1.6e-2   measured <= 5.4e-3 (but see ReLU below)
+ *   f16 vs float64:         8 * 2^-12 = 2.0e-3   measured <= 8.8e-4
  *
- * torch.autocast rounds more often than lockstep: its matmul/linear/conv
- * outputs are bf16 tensors (one more rounding of every such output and, in
- * backward, of the gradients those ops produce) where lockstep keeps f32.
- * The two runs' errors are independent, so they differ by at most the sum
- * of both bounds:
+ * Like torch.autocast, lockstep's matmul/linear outputs are bf16 tensors
+ * (one more rounding of every such output and, in backward, of the
+ * gradients between those ops; conv2d's output stays f32 here), but the
+ * element-wise ops, the bias and the summation orders differ. The two runs'
+ * errors are independent, so they differ by at most the sum of both bounds:
  *
- *   bf16 vs torch autocast: 16 * 2^-9 = 3.1e-2   measured <= 6.5e-3
+ *   bf16 vs torch autocast: 16 * 2^-9 = 3.1e-2   measured <= 7.0e-3
  *
  * A ReLU whose input lies within rounding distance of 0 can switch sides:
  * in the mlp, sample 3's unit 31 of the first layer has -2.9e-4 in float64
