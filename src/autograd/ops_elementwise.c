@@ -14,14 +14,18 @@ static void bcast_strides(const lk_tensor *t, int ndim, const int64_t *shape, in
     }
 }
 
-/* Caller-owned contiguous tensor of `shape` holding t broadcast to it. */
+/* Caller-owned contiguous tensor of `shape` (and t's dtype) holding t broadcast to it. */
 lk_tensor *lk__expand(lk_tensor *t, int ndim, const int64_t *shape) {
-    lk_tensor *out = lk__tensor_new(LK_F32, ndim, shape);
+    lk_tensor *out = lk__tensor_new(t->dtype, ndim, shape);
     if (!out) return NULL;
     static const float zero = 0.0f;
     int64_t sa[LK_MAX_DIMS], sb[LK_MAX_DIMS] = {0};
     bcast_strides(t, ndim, shape, sa);
-    if (lk__binary_f32(t->device, LK_BINARY_ADD, ndim, shape, t->data, sa, &zero, sb, out->data)) {
+    lk_op_desc d = {.op = LK_OP_BINARY, .dtype = {t->dtype, LK_F32, t->dtype}};
+    d.binary.fn = LK_BINARY_ADD;
+    d.binary.ndim = ndim;
+    for (int i = 0; i < ndim; i++) d.binary.shape[i] = shape[i], d.binary.sa[i] = sa[i], d.binary.sb[i] = sb[i];
+    if (lk__backend_run(t->device, &d, (void *[]){t->data, (void *)&zero, out->data})) {
         lk_tensor_release(out);
         return NULL;
     }
