@@ -189,9 +189,14 @@ static void unary_backward(lk_node *n, lk_tensor *g) {
     lk_tensor *x = n->saved[0], *y = n->out;
     lk_tensor *d = lk__tensor_new(g->dtype, g->ndim, g->shape);
     if (!d) return;
+    lk_unary_op op = (lk_unary_op)n->a.i[0];
+    /* hand over only what the derivative reads (lk_k_unary_grad): a 16-bit
+     * operand the backend need not widen */
+    bool from_y = op == LK_UNARY_TANH || op == LK_UNARY_SIGMOID || op == LK_UNARY_EXP || op == LK_UNARY_SQRT;
+    bool from_x = !from_y && op != LK_UNARY_ELU;
     lk_op_desc desc = {.op = LK_OP_UNARY_BACKWARD, .dtype = {x->dtype, y->dtype, g->dtype, d->dtype}};
-    desc.unary = (lk_unary_params){(lk_unary_op)n->a.i[0], g->numel, n->a.f[2], false};
-    if (lk__backend_run(x->device, &desc, (void *[]){x->data, y->data, g->data, d->data})) {
+    desc.unary = (lk_unary_params){op, g->numel, n->a.f[2], false};
+    if (lk__backend_run(x->device, &desc, (void *[]){from_y ? NULL : x->data, from_x ? NULL : y->data, g->data, d->data})) {
         lk_tensor_release(d);
         return;
     }
