@@ -532,7 +532,9 @@ static void activation_dtypes(void) {
     }
     /* a 16-bit leaf gets a 16-bit gradient; f32 + bf16 promotes to f32 and
      * the f32 gradient reaching the bf16 input is rounded once */
-    lk_tensor *a = lk_tensor_cast(nn_htensor(911, -1.0, 1.0, 1, (int64_t[]){7}), LK_BF16);
+    lk_tensor *a32 = nn_htensor(911, -1.0, 1.0, 1, (int64_t[]){7});
+    lk_tensor *a = lk_tensor_cast(a32, LK_BF16);
+    lk_tensor_release(a32);
     lk_tensor *f = nn_htensor(912, -1.0, 1.0, 1, (int64_t[]){7});
     lk_tensor_set_requires_grad(a, true);
     lk_tensor_set_requires_grad(f, true);
