@@ -78,7 +78,7 @@ static lk_tensor *round_panel_view(const lk_tensor *t, int dim, int64_t r0, int6
  * every element of C is still one GEMM over the whole K, rounded once — the
  * same bits as rounding the operands whole — while the transient copy stays
  * small next to the step's 16-bit activations. */
-enum { LOWP_PANEL = 1 << 18 };
+enum { LOWP_PANEL = 1 << 19 };
 
 /* Rows [r0, r0 + nr) (dim 0) or columns (dim 1) of the 2-D view t, rounded to dt. */
 static lk_tensor *round_panel(const lk_tensor *t, int dim, int64_t r0, int64_t nr, lk_dtype dt) {
