@@ -601,6 +601,42 @@ static void activation_memory(void) {
     lk_tensor_release(y);
 }
 
+/* 16-bit element-wise ops and losses compute in f32 on the widened values
+ * and round once: over several backend blocks (3000 elements) a bf16 relu /
+ * sigmoid equal the f32 ops run on the widened tensors, rounded, bit for
+ * bit; mse_loss of the bf16 result equals the f32 kernel's on its widened
+ * values exactly; backward gives a 16-bit gradient. */
+static void half_ops_match_f32(void) {
+    for (int k = 0; k < 2; k++) {
+        lk_dtype dt = k ? LK_F16 : LK_BF16;
+        lk_tensor *x32 = nn_htensor(941, -2.0, 2.0, 2, (int64_t[]){3, 1000});
+        lk_tensor *t32 = nn_htensor(942, -1.0, 1.0, 2, (int64_t[]){3, 1000});
+        lk_tensor *xh = lk_tensor_cast(x32, dt), *xw = lk_tensor_cast(xh, LK_F32); /* xw: the widened values */
+        lk_tensor_set_requires_grad(xh, true);
+        lk_tensor_set_requires_grad(xw, true);
+        lk_scope_begin();
+        lk_tensor *yh = lk_sigmoid(lk_relu(xh)), *yw = lk_sigmoid(lk_relu(xw));
+        lk_tensor *lh = lk_mse_loss(yh, t32, LK_REDUCTION_MEAN);
+        lk_tensor *yr = lk_tensor_cast(yw, dt); /* the f32 output rounded: what the 16-bit chain must give... */
+        lk_tensor *yrw = lk_tensor_cast(yr, LK_F32);
+        lk_tensor *lw = lk_mse_loss(yrw, t32, LK_REDUCTION_MEAN); /* ...and its loss, by the f32 kernel */
+        lk_tensor_release(yrw);
+        CHECK_MSG(lh && lw, "%s", lk_last_error());
+        if (lh && lw) {
+            CHECK(yh->dtype == dt && lh->dtype == LK_F32);
+            CHECK_MSG(!memcmp(yh->data, yr->data, lk_tensor_nbytes(yr)), "%s relu+sigmoid differ from f32 rounded", lk_dtype_name(dt));
+            CHECK_MSG(lk_tensor_get(lh, 0) == lk_tensor_get(lw, 0), "%s mse: %.9g vs %.9g", lk_dtype_name(dt),
+                      lk_tensor_get(lh, 0), lk_tensor_get(lw, 0));
+            CHECK_OK(lk_backward(lh));
+            CHECK(xh->grad && xh->grad->dtype == dt);
+        }
+        lk_scope_end();
+        lk_tensor *ts[] = {x32, t32, xh, xw, yr};
+        for (int i = 0; i < 5; i++) lk_tensor_release(ts[i]);
+    }
+}
+
 LK_TEST_MAIN(LK_TEST_CASE(linear), LK_TEST_CASE(conv2d), LK_TEST_CASE(conv2d_1x1), LK_TEST_CASE(conv2d_groups),
              LK_TEST_CASE(mlp), LK_TEST_CASE(autoencoder), LK_TEST_CASE(dtype_kept_in_node),
-             LK_TEST_CASE(conv2d_gemm_failure), LK_TEST_CASE(activation_dtypes), LK_TEST_CASE(activation_memory))
+             LK_TEST_CASE(conv2d_gemm_failure), LK_TEST_CASE(activation_dtypes), LK_TEST_CASE(activation_memory),
+             LK_TEST_CASE(half_ops_match_f32))
