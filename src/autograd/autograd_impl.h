@@ -3,7 +3,9 @@
  *
  * How an op is written (see ops_elementwise.c):
  *   1. LK_OP_CHECK_INPUTS(a, b) — NULL in, NULL out (the first error stays);
- *   2. validate dtypes/shapes with lk__check_f32 / lk__error_shapes;
+ *   2. validate dtypes/shapes with lk__check_f32 (or lk__check_float for
+ *      an op that runs 16-bit tensors: see the autocast policy below) and
+ *      lk__error_shapes;
  *   3. compute the output with lk__tensor_new and the backend kernels;
  *   4. lk__record(...) attaches a node when grad mode is on and an input
  *      requires grad; save what backward needs in node->saved / node->a;
