@@ -17,8 +17,9 @@
  *     if (!loss || lk_backward(loss)) fprintf(stderr, "%s\n", lk_last_error());
  *     lk_scope_end();   // intermediates and the tape are released
  *
- * Ops compute in f32 on the CPU reference backend; other dtypes get a clear
- * UNSUPPORTED error naming the op and dtype.
+ * Ops compute in f32 on the CPU reference backend (element-wise ops also
+ * take bf16/f16 tensors: widened, computed in f32, rounded once); other
+ * dtypes get a clear UNSUPPORTED error naming the op and dtype.
  */
 #ifndef LOCKSTEP_AUTOGRAD_H
 #define LOCKSTEP_AUTOGRAD_H
@@ -90,13 +91,13 @@ void lk_op_hook_mark(void);
 
 /* ---- autocast (mixed precision) ---------------------------------------------
  * Inside an autocast region of dtype LK_BF16 or LK_F16 (per thread,
- * nestable), the ops on the low-precision list — matmul, linear, conv2d,
- * forward and backward — round their f32 operands to that dtype and
- * multiply them on the CPU's bf16/f16 units, accumulating in f32; their
- * outputs and gradients stay f32, as do every other op (softmax, log,
- * losses, normalisation, reductions) and the optimizer: the parameters are
- * the f32 master weights. docs/PRECISION.md lists the ops and how this
- * differs from torch.autocast (whose matmul outputs are bf16 tensors).
+ * nestable), as torch.autocast: matmul and linear (forward and backward)
+ * multiply in that dtype on the CPU's bf16/f16 units, accumulating in f32,
+ * and return bf16/f16 tensors (conv2d multiplies so too, output f32);
+ * element-wise ops, activations and dropout keep their input's dtype;
+ * softmax, losses, normalisation and reductions widen to f32. Gradients
+ * have their tensor's dtype; the parameters are the f32 master weights with
+ * f32 gradients. docs/PRECISION.md has the op table.
  * LK_F32 turns autocast off inside an enclosing region. */
 void lk_autocast_enter(lk_dtype dt);
 void lk_autocast_exit(void);

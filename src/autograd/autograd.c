@@ -137,6 +137,17 @@ lk_tensor *lk__contig(lk_tensor *t) {
     return lk_tensor_cast(t, LK_F32);
 }
 
+lk_tensor *lk__contig_keep(lk_tensor *t) {
+    return lk_tensor_is_contiguous(t) ? lk_tensor_retain(t) : lk_tensor_clone(t);
+}
+
+lk_status lk__check_float(const char *op, const lk_tensor *t, const char *arg) {
+    if (t->dtype != LK_F32 && t->dtype != LK_BF16 && t->dtype != LK_F16)
+        return lk_error(LK_STATUS_UNSUPPORTED, "%s: %s has dtype %s; this op supports f32, bf16 and f16 (cast with lk_tensor_cast)",
+                        op, arg, lk_dtype_name(t->dtype));
+    return LK_STATUS_OK;
+}
+
 lk_status lk__check_f32(const char *op, const lk_tensor *t, const char *arg) {
     if (t->dtype != LK_F32)
         return lk_error(LK_STATUS_UNSUPPORTED, "%s: %s has dtype %s; this op supports f32 only (cast with lk_tensor_cast)",
@@ -180,7 +191,11 @@ lk_tensor *lk__reduce_to_shape(lk_tensor *g, int ndim, const int64_t *shape) {
         int ir = ndim - g->ndim + i;
         rs[i] = (ir >= 0 && shape[ir] != 1) ? r->stride[ir] : 0;
     }
-    if (lk__sum_to_f32(g->device, g->ndim, g->shape, g->data, rs, r->data)) {
+    /* A 16-bit g is summed into f32 (lk__accum rounds the sum once). */
+    lk_op_desc d = {.op = LK_OP_SUM_TO, .dtype = {g->dtype, LK_F32}};
+    d.sum_to.ndim = g->ndim;
+    for (int i = 0; i < g->ndim; i++) d.sum_to.shape[i] = g->shape[i], d.sum_to.sd[i] = rs[i];
+    if (lk__backend_run(g->device, &d, (void *[]){g->data, r->data})) {
         lk_tensor_release(r);
         return NULL;
     }
@@ -199,8 +214,14 @@ static lk_status add_into(lk_tensor **slot, lk_tensor *g, bool persistent) {
     }
     lk_tensor *d = *slot;
     if (lk_tensor_is_contiguous(d) && lk_tensor_is_contiguous(g)) {
-        return lk__axpy_f32(d->device, d->numel, 1.0f, g->data, d->data);
+        if (d->dtype == LK_F32 && g->dtype == LK_F32) return lk__axpy_f32(d->device, d->numel, 1.0f, g->data, d->data);
+        lk_op_desc ad = {.op = LK_OP_AXPY, .dtype = {g->dtype, d->dtype}}; /* a 16-bit grad: widen, add, round once */
+        ad.axpy = (lk_axpy_params){d->numel, 1.0f};
+        return lk__backend_run(d->device, &ad, (void *[]){g->data, d->data});
     }
+    if (d->dtype != LK_F32 || g->dtype != LK_F32)
+        return lk_error(LK_STATUS_UNSUPPORTED, "backward: accumulating a %s gradient into a strided %s gradient",
+                        lk_dtype_name(g->dtype), lk_dtype_name(d->dtype));
     float *gd = g->data;
     for (int64_t i = 0; i < d->numel; i++) ((float *)d->data)[lk__elem_offset(d, i)] += gd[lk__elem_offset(g, i)];
     return LK_STATUS_OK;
@@ -216,6 +237,12 @@ lk_status lk__accum_move(lk_tensor *t, lk_tensor *g) {
     lk_tensor *r = lk__reduce_to_shape(g, t->ndim, t->shape);
     lk_tensor_release(g); /* r holds g itself when no reduction was needed: then it is ours alone */
     if (!r) return lk_last_status();
+    if (r->dtype != t->dtype) { /* the gradient has its tensor's dtype: f32 for master weights, 16-bit for activations */
+        lk_tensor *c = lk_tensor_cast(r, t->dtype);
+        lk_tensor_release(r);
+        if (!c) return lk_last_status();
+        r = c;
+    }
     lk_status st = t->grad_fn ? add_into(&t->grad_fn->grad, r, false) : add_into(&t->grad, r, true);
     lk_tensor_release(r);
     return st;
@@ -253,7 +280,8 @@ lk_status lk_backward_with(lk_tensor *out, lk_tensor *grad_out) {
 
     bool prev = lk_set_grad_enabled(false);
     lk_status st = LK_STATUS_OK;
-    lk_tensor *g0 = lk__contig(grad_out);
+    lk_tensor *g0 = grad_out->dtype == out->dtype && lk_tensor_is_contiguous(grad_out) ? lk_tensor_retain(grad_out)
+                                                                                      : lk_tensor_cast(grad_out, out->dtype);
     if (!g0) st = lk_last_status();
     else {
         out->grad_fn->grad = g0;
@@ -311,6 +339,18 @@ void lk_autocast_exit(void) {
 lk_dtype lk_autocast_dtype(void) {
     if (autocast_n == 0) return LK_F32;
     return autocast_stack[(autocast_n < AUTOCAST_DEPTH ? autocast_n : AUTOCAST_DEPTH) - 1];
+}
+
+lk_dtype lk__autocast_dtype_for(lk_cast_family fam, lk_dtype in) {
+    switch (fam) {
+    case LK_CAST_LOWER: {
+        lk_dtype dt = lk_autocast_dtype();
+        return dt == LK_F32 ? in : dt; /* outside a region a GEMM runs in its inputs' dtype */
+    }
+    case LK_CAST_FP32: return LK_F32;
+    case LK_CAST_SAME: break;
+    }
+    return in;
 }
 
 const char *lk_autocast_gemm_path(lk_dtype dt) { return lk__cpu_gemm_path(dt, LK_F32); }

@@ -3,14 +3,17 @@
  *
  * How an op is written (see ops_elementwise.c):
  *   1. LK_OP_CHECK_INPUTS(a, b) — NULL in, NULL out (the first error stays);
- *   2. validate dtypes/shapes with lk__check_f32 / lk__error_shapes;
+ *   2. validate dtypes/shapes with lk__check_f32 (or lk__check_float for
+ *      an op that runs 16-bit tensors: see the autocast policy below) and
+ *      lk__error_shapes;
  *   3. compute the output with lk__tensor_new and the backend kernels;
  *   4. lk__record(...) attaches a node when grad mode is on and an input
  *      requires grad; save what backward needs in node->saved / node->a;
  *   5. return lk__op_result(out) — hands it to the current scope.
- * The backward function receives the gradient of the output (contiguous f32,
- * the output's shape) and calls lk__accum(node->in[i], g) for each input that
- * requires grad; lk__accum takes its own reference. */
+ * The backward function receives the gradient of the output (contiguous, the
+ * output's shape and dtype: bf16/f16 for a 16-bit output under autocast) and
+ * calls lk__accum(node->in[i], g) for each input that requires grad;
+ * lk__accum takes its own reference and rounds g to the input's dtype. */
 #ifndef LK_AUTOGRAD_IMPL_H
 #define LK_AUTOGRAD_IMPL_H
 
@@ -43,7 +46,9 @@ struct lk_node {
  * then also returns NULL with the error set (check lk__record_failed). */
 lk_node *lk__record(const char *name, lk_backward_fn bw, lk_tensor *out, int n_in, lk_tensor *const *in);
 bool lk__needs_grad(int n_in, lk_tensor *const *in);
-/* Adds g (contiguous f32, t's shape or broadcastable to it) into t's gradient. */
+/* Adds g (contiguous, t's shape or broadcastable to it) into t's gradient,
+ * which has t's dtype: a gradient of another dtype is converted first (an f32
+ * gradient of a bf16 activation is rounded once, as torch's cast backward). */
 lk_status lk__accum(lk_tensor *t, lk_tensor *g);
 /* The same, taking over the caller's reference to g (NULL: nothing): a
  * freshly computed gradient becomes the slot itself instead of a copy. */
@@ -57,6 +62,28 @@ lk_tensor *lk__op_result(lk_tensor *out);
 lk_tensor *lk__contig(lk_tensor *t);
 
 lk_status lk__check_f32(const char *op, const lk_tensor *t, const char *arg);
+/* f32, bf16 or f16: what the element-wise backend descriptors take. */
+lk_status lk__check_float(const char *op, const lk_tensor *t, const char *arg);
+/* Caller-owned contiguous copy of t in its own dtype (t retained when contiguous). */
+lk_tensor *lk__contig_keep(lk_tensor *t);
+
+/* ---- the autocast policy ------------------------------------------------------
+ * One table says which dtype each op family runs in (docs/PRECISION.md has
+ * it per op), as torch.autocast's op lists do:
+ *   LK_CAST_LOWER: the GEMMs (matmul, linear, conv2d) run in the region's
+ *     16-bit dtype and return it;
+ *   LK_CAST_FP32: ops whose backend kernels are f32 only (softmax,
+ *     log_softmax, the losses, batch/layer norm, pooling, embedding,
+ *     reductions) widen a 16-bit input to f32 and return f32;
+ *   LK_CAST_SAME: everything else (element-wise, activations, dropout,
+ *     views) runs in its input's dtype; a binary op of f32 and 16-bit inputs
+ *     promotes to f32. */
+typedef enum { LK_CAST_LOWER, LK_CAST_FP32, LK_CAST_SAME } lk_cast_family;
+/* The dtype an op of this family computes and returns for inputs of dtype
+ * `in` (for binary ops: lk__promote of both) on the calling thread. */
+lk_dtype lk__autocast_dtype_for(lk_cast_family fam, lk_dtype in);
+/* torch's type promotion among float dtypes: equal stays, mixed is f32. */
+static inline lk_dtype lk__promote(lk_dtype a, lk_dtype b) { return a == b ? a : LK_F32; }
 lk_status lk__error_shapes(const char *op, const char *what, const lk_tensor *a, const lk_tensor *b);
 /* Broadcast shape of a and b into out_shape; error names both shapes. */
 lk_status lk__broadcast_shape(const char *op, const lk_tensor *a, const lk_tensor *b, int *ndim, int64_t *shape);

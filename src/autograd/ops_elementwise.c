@@ -1,5 +1,8 @@
 /* Element-wise ops with NumPy broadcasting: add/sub/mul/div, scalar forms,
- * and the unary activations, each with its backward. */
+ * and the unary activations, each with its backward. They run in their
+ * inputs' dtype (autocast's LK_CAST_SAME: a bf16 activation stays bf16; the
+ * backend widens, computes in f32 and rounds once); f32 with 16-bit promotes
+ * to f32. */
 #include "autograd/autograd_impl.h"
 #include "backend/backend_impl.h"
 
@@ -11,14 +14,18 @@ static void bcast_strides(const lk_tensor *t, int ndim, const int64_t *shape, in
     }
 }
 
-/* Caller-owned contiguous tensor of `shape` holding t broadcast to it. */
+/* Caller-owned contiguous tensor of `shape` (and t's dtype) holding t broadcast to it. */
 lk_tensor *lk__expand(lk_tensor *t, int ndim, const int64_t *shape) {
-    lk_tensor *out = lk__tensor_new(LK_F32, ndim, shape);
+    lk_tensor *out = lk__tensor_new(t->dtype, ndim, shape);
     if (!out) return NULL;
     static const float zero = 0.0f;
     int64_t sa[LK_MAX_DIMS], sb[LK_MAX_DIMS] = {0};
     bcast_strides(t, ndim, shape, sa);
-    if (lk__binary_f32(t->device, LK_BINARY_ADD, ndim, shape, t->data, sa, &zero, sb, out->data)) {
+    lk_op_desc d = {.op = LK_OP_BINARY, .dtype = {t->dtype, LK_F32, t->dtype}};
+    d.binary.fn = LK_BINARY_ADD;
+    d.binary.ndim = ndim;
+    for (int i = 0; i < ndim; i++) d.binary.shape[i] = shape[i], d.binary.sa[i] = sa[i], d.binary.sb[i] = sb[i];
+    if (lk__backend_run(t->device, &d, (void *[]){t->data, (void *)&zero, out->data})) {
         lk_tensor_release(out);
         return NULL;
     }
@@ -28,13 +35,18 @@ lk_tensor *lk__expand(lk_tensor *t, int ndim, const int64_t *shape) {
 static lk_tensor *binary_raw(lk_binary_op op, lk_tensor *a, lk_tensor *b, const char *name) {
     int ndim;
     int64_t shape[LK_MAX_DIMS], sa[LK_MAX_DIMS], sb[LK_MAX_DIMS];
-    if (lk__check_f32(name, a, "a") || lk__check_f32(name, b, "b")) return NULL;
+    if (lk__check_float(name, a, "a") || lk__check_float(name, b, "b")) return NULL;
     if (lk__broadcast_shape(name, a, b, &ndim, shape)) return NULL;
-    lk_tensor *out = lk__tensor_new(LK_F32, ndim, shape);
+    lk_dtype dt = lk__autocast_dtype_for(LK_CAST_SAME, lk__promote(a->dtype, b->dtype));
+    lk_tensor *out = lk__tensor_new(dt, ndim, shape);
     if (!out) return NULL;
     bcast_strides(a, ndim, shape, sa);
     bcast_strides(b, ndim, shape, sb);
-    if (lk__binary_f32(a->device, op, ndim, shape, a->data, sa, b->data, sb, out->data)) {
+    lk_op_desc d = {.op = LK_OP_BINARY, .dtype = {a->dtype, b->dtype, dt}};
+    d.binary.fn = op;
+    d.binary.ndim = ndim;
+    for (int i = 0; i < ndim; i++) d.binary.shape[i] = shape[i], d.binary.sa[i] = sa[i], d.binary.sb[i] = sb[i];
+    if (lk__backend_run(a->device, &d, (void *[]){a->data, b->data, out->data})) {
         lk_tensor_release(out);
         return NULL;
     }
@@ -42,6 +54,20 @@ static lk_tensor *binary_raw(lk_binary_op op, lk_tensor *a, lk_tensor *b, const 
 }
 
 static void accum_release(lk_tensor *t, lk_tensor *g) { lk__accum_move(t, g); }
+
+/* y = fn(x) over contiguous x and y of x's shape, each in its own dtype. */
+static lk_status unary_run(lk_unary_op fn, const lk_tensor *x, lk_tensor *y, float alpha) {
+    lk_op_desc d = {.op = LK_OP_UNARY, .dtype = {x->dtype, y->dtype}};
+    d.unary = (lk_unary_params){fn, x->numel, alpha, false};
+    return lk__backend_run(x->device, &d, (void *[]){x->data, y->data});
+}
+
+/* y = x * mul (+ add) over contiguous x and y, each in its own dtype. */
+static lk_status affine_run(const lk_tensor *x, lk_tensor *y, float mul, float add, bool has_add) {
+    lk_op_desc d = {.op = LK_OP_AFFINE, .dtype = {x->dtype, y->dtype}};
+    d.affine = (lk_affine_params){x->numel, mul, add, has_add};
+    return lk__backend_run(x->device, &d, (void *[]){x->data, y->data});
+}
 
 static void binary_backward(lk_node *n, lk_tensor *g) {
     lk_tensor *a = n->in[0], *b = n->in[1];
@@ -54,9 +80,9 @@ static void binary_backward(lk_node *n, lk_tensor *g) {
     case LK_BINARY_SUB:
         if (a->requires_grad) lk__accum(a, g);
         if (b->requires_grad) {
-            lk_tensor *ng = lk__tensor_new(LK_F32, g->ndim, g->shape);
+            lk_tensor *ng = lk__tensor_new(g->dtype, g->ndim, g->shape);
             if (!ng) return;
-            if (lk__unary_f32(g->device, LK_UNARY_NEG, g->numel, g->data, ng->data, 0)) {
+            if (unary_run(LK_UNARY_NEG, g, ng, 0)) {
                 lk_tensor_release(ng);
                 return;
             }
@@ -73,7 +99,7 @@ static void binary_backward(lk_node *n, lk_tensor *g) {
             lk_tensor *t = binary_raw(LK_BINARY_MUL, g, n->out, "div backward");
             lk_tensor *u = t ? binary_raw(LK_BINARY_DIV, t, b, "div backward") : NULL;
             lk_tensor_release(t);
-            if (u && lk__unary_f32(u->device, LK_UNARY_NEG, u->numel, u->data, u->data, 0)) {
+            if (u && unary_run(LK_UNARY_NEG, u, u, 0)) {
                 lk_tensor_release(u);
                 return;
             }
@@ -118,9 +144,9 @@ static void affine_backward(lk_node *n, lk_tensor *g) {
         lk__accum(x, g);
         return;
     }
-    lk_tensor *d = lk__tensor_new(LK_F32, g->ndim, g->shape);
+    lk_tensor *d = lk__tensor_new(g->dtype, g->ndim, g->shape);
     if (!d) return;
-    if (lk__affine_f32(g->device, g->numel, m, 0.0f, false, g->data, d->data)) {
+    if (affine_run(g, d, m, 0.0f, false)) {
         lk_tensor_release(d);
         return;
     }
@@ -128,11 +154,11 @@ static void affine_backward(lk_node *n, lk_tensor *g) {
 }
 
 static lk_tensor *affine(lk_tensor *x, float mul, float add, const char *name) {
-    if (lk__check_f32(name, x, "input")) return NULL;
-    lk_tensor *xc = lk__contig(x);
+    if (lk__check_float(name, x, "input")) return NULL;
+    lk_tensor *xc = lk__contig_keep(x);
     if (!xc) return NULL;
-    lk_tensor *out = lk__tensor_new(LK_F32, x->ndim, x->shape);
-    if (out && lk__affine_f32(xc->device, out->numel, mul, add, true, xc->data, out->data)) {
+    lk_tensor *out = lk__tensor_new(lk__autocast_dtype_for(LK_CAST_SAME, x->dtype), x->ndim, x->shape);
+    if (out && affine_run(xc, out, mul, add, true)) {
         lk_tensor_release(out);
         out = NULL;
     }
@@ -161,10 +187,16 @@ lk_tensor *lk_neg(lk_tensor *a) {
 
 static void unary_backward(lk_node *n, lk_tensor *g) {
     lk_tensor *x = n->saved[0], *y = n->out;
-    lk_tensor *d = lk__tensor_new(LK_F32, g->ndim, g->shape);
+    lk_tensor *d = lk__tensor_new(g->dtype, g->ndim, g->shape);
     if (!d) return;
-    if (lk__unary_backward_f32(x->device, (lk_unary_op)n->a.i[0], g->numel, x->data, y->data, g->data, d->data,
-                               n->a.f[2], false)) {
+    lk_unary_op op = (lk_unary_op)n->a.i[0];
+    /* hand over only what the derivative reads (lk_k_unary_grad): a 16-bit
+     * operand the backend need not widen */
+    bool from_y = op == LK_UNARY_TANH || op == LK_UNARY_SIGMOID || op == LK_UNARY_EXP || op == LK_UNARY_SQRT;
+    bool from_x = !from_y && op != LK_UNARY_ELU;
+    lk_op_desc desc = {.op = LK_OP_UNARY_BACKWARD, .dtype = {x->dtype, y->dtype, g->dtype, d->dtype}};
+    desc.unary = (lk_unary_params){op, g->numel, n->a.f[2], false};
+    if (lk__backend_run(x->device, &desc, (void *[]){from_y ? NULL : x->data, from_x ? NULL : y->data, g->data, d->data})) {
         lk_tensor_release(d);
         return;
     }
@@ -172,11 +204,11 @@ static void unary_backward(lk_node *n, lk_tensor *g) {
 }
 
 lk_tensor *lk__unary(lk_unary_op op, lk_tensor *x, float alpha, const char *name) {
-    if (lk__check_f32(name, x, "input")) return NULL;
-    lk_tensor *xc = lk__contig(x);
+    if (lk__check_float(name, x, "input")) return NULL;
+    lk_tensor *xc = lk__contig_keep(x);
     if (!xc) return NULL;
-    lk_tensor *out = lk__tensor_new(LK_F32, x->ndim, x->shape);
-    if (out && lk__unary_f32(xc->device, op, out->numel, xc->data, out->data, alpha)) {
+    lk_tensor *out = lk__tensor_new(lk__autocast_dtype_for(LK_CAST_SAME, x->dtype), x->ndim, x->shape);
+    if (out && unary_run(op, xc, out, alpha)) {
         lk_tensor_release(out);
         out = NULL;
     }

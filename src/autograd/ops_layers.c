@@ -14,9 +14,9 @@
 static void dropout_backward(lk_node *n, lk_tensor *g) {
     const lk_tensor *mask = n->saved[0];
     float scale = n->a.f[0];
-    lk_tensor *dx = lk__tensor_new(LK_F32, g->ndim, g->shape);
+    lk_tensor *dx = lk__tensor_new(g->dtype, g->ndim, g->shape);
     if (!dx) return;
-    lk_op_desc d = {.op = LK_OP_MASK_SCALE, .dtype = {LK_F32, LK_U8, LK_F32}};
+    lk_op_desc d = {.op = LK_OP_MASK_SCALE, .dtype = {g->dtype, LK_U8, g->dtype}};
     d.mask_scale = (lk_mask_scale_params){g->numel, scale};
     if (lk__backend_run(g->device, &d, (void *[]){g->data, mask->data, dx->data})) {
         lk_tensor_release(dx);
@@ -57,15 +57,15 @@ lk_tensor *lk_dropout(lk_tensor *x, float p, bool training, lk_rng *rng) {
     if (!(p >= 0.0f && p <= 1.0f))
         return lk_error(LK_STATUS_INVALID_ARGUMENT, "%s: probability p = %g is outside [0, 1]", op, (double)p), NULL;
     if (!training || p == 0.0f) return lk__op_result(lk_tensor_retain(x));
-    if (lk__check_f32(op, x, "input")) return NULL;
+    if (lk__check_float(op, x, "input")) return NULL; /* LK_CAST_SAME: a bf16 activation stays bf16 */
     if (!rng)
         return lk_error(LK_STATUS_INVALID_ARGUMENT,
                         "%s: training with p = %g needs an rng stream (lk_rng_init(&r, seed, LK_RNG_DROPOUT, ...))", op,
                         (double)p),
                NULL;
-    lk_tensor *xc = lk__contig(x);
+    lk_tensor *xc = lk__contig_keep(x);
     lk_tensor *mask = xc ? lk__tensor_new(LK_U8, x->ndim, x->shape) : NULL;
-    lk_tensor *out = mask ? lk__tensor_new(LK_F32, x->ndim, x->shape) : NULL;
+    lk_tensor *out = mask ? lk__tensor_new(lk__autocast_dtype_for(LK_CAST_SAME, x->dtype), x->ndim, x->shape) : NULL;
     /* As PyTorch: out = x * noise, noise = keep / (1 - p), so inf * 0 stays
      * NaN; p == 1 draws nothing and zeroes everything. */
     float scale = p == 1.0f ? 0.0f : (float)(1.0 / (1.0 - (double)p));
@@ -76,7 +76,7 @@ lk_tensor *lk_dropout(lk_tensor *x, float p, bool training, lk_rng *rng) {
         } else {
             memset(md, 0, (size_t)x->numel);
         }
-        lk_op_desc d = {.op = LK_OP_MASK_SCALE, .dtype = {LK_F32, LK_U8, LK_F32}};
+        lk_op_desc d = {.op = LK_OP_MASK_SCALE, .dtype = {xc->dtype, LK_U8, out->dtype}};
         d.mask_scale = (lk_mask_scale_params){x->numel, scale};
         if (lk__backend_run(xc->device, &d, (void *[]){xc->data, md, out->data})) {
             lk_tensor_release(out);

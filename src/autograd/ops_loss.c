@@ -16,9 +16,9 @@ static void pointwise_loss_backward(lk_node *n, lk_tensor *g) {
     lk_reduction red = (lk_reduction)n->a.i[1];
     float beta = n->a.f[0];
     int64_t N = x->numel;
-    lk_tensor *dx = lk__tensor_new(LK_F32, x->ndim, x->shape);
+    lk_tensor *dx = lk__tensor_new(x->dtype, x->ndim, x->shape); /* 16-bit x: rounded once by the backend */
     if (!dx) return;
-    lk_op_desc d = {.op = LK_OP_LOSS_BACKWARD, .dtype = {LK_F32, LK_F32, LK_F32, LK_F32}};
+    lk_op_desc d = {.op = LK_OP_LOSS_BACKWARD, .dtype = {x->dtype, y->dtype, LK_F32, dx->dtype}};
     d.loss = (lk_loss_params){kind, red, N, beta};
     if (lk__backend_run(x->device, &d, (void *[]){x->data, y->data, g->data, dx->data})) {
         lk_tensor_release(dx);
@@ -26,7 +26,9 @@ static void pointwise_loss_backward(lk_node *n, lk_tensor *g) {
     }
     if (n->in[0]->requires_grad) lk__accum(n->in[0], dx);
     if (n->in[1]->requires_grad) {
-        if (lk__unary_f32(dx->device, LK_UNARY_NEG, N, dx->data, dx->data, 0)) {
+        lk_op_desc nd = {.op = LK_OP_UNARY, .dtype = {dx->dtype, dx->dtype}};
+        nd.unary = (lk_unary_params){LK_UNARY_NEG, N, 0.0f, false};
+        if (lk__backend_run(dx->device, &nd, (void *[]){dx->data, dx->data})) {
             lk_tensor_release(dx);
             return;
         }
@@ -37,12 +39,18 @@ static void pointwise_loss_backward(lk_node *n, lk_tensor *g) {
 
 static lk_tensor *pointwise_loss(lk_tensor *x, lk_tensor *y, lk_reduction red, loss_kind kind, float beta,
                                  const char *name) {
-    if (lk__check_f32(name, x, "input") || lk__check_f32(name, y, "target")) return NULL;
+    /* autocast's LK_CAST_FP32: a 16-bit input is widened (lk__contig) and the loss is f32 */
+    if (lk__check_float(name, x, "input") || lk__check_float(name, y, "target")) return NULL;
     if (!lk_tensor_same_shape(x, y)) return lk__error_shapes(name, "input and target differ", x, y), NULL;
     if (kind == LOSS_SMOOTH_L1 && !(beta >= 0.0f))
         return lk_error(LK_STATUS_INVALID_ARGUMENT, "%s: beta must be >= 0, got %g", name, beta), NULL;
     if (kind == LOSS_SMOOTH_L1 && beta == 0.0f) kind = LOSS_L1; /* PyTorch: beta 0 is l1 */
-    lk_tensor *xc = lk__contig(x), *yc = xc ? lk__contig(y) : NULL;
+    /* A 16-bit input (and target) is kept as it is, not widened into an f32
+     * copy kept for backward: the backend widens each element as it reads it
+     * (exact), so the loss is the f32 one at half the memory. */
+    bool half = x->dtype != LK_F32;
+    lk_tensor *xc = half ? lk__contig_keep(x) : lk__contig(x);
+    lk_tensor *yc = !xc ? NULL : half ? lk__contig_keep(y) : lk__contig(y);
     lk_tensor *out = yc ? (red == LK_REDUCTION_NONE ? lk__tensor_new(LK_F32, x->ndim, x->shape)
                                                     : lk__tensor_new(LK_F32, 0, NULL))
                         : NULL;
@@ -51,7 +59,7 @@ static lk_tensor *pointwise_loss(lk_tensor *x, lk_tensor *y, lk_reduction red, l
         lk_tensor_release(yc);
         return NULL;
     }
-    lk_op_desc d = {.op = LK_OP_LOSS, .dtype = {LK_F32, LK_F32, LK_F32}};
+    lk_op_desc d = {.op = LK_OP_LOSS, .dtype = {xc->dtype, yc->dtype, LK_F32}};
     d.loss = (lk_loss_params){kind, red, x->numel, beta};
     if (lk__backend_run(xc->device, &d, (void *[]){xc->data, yc->data, out->data})) {
         lk_tensor_release(out);

@@ -1,7 +1,11 @@
 /* matmul and linear. Operands that are transposed views of row-major
  * matrices reach BLAS as transpose flags with their own leading dimension:
  * no copies. linear fuses the bias: the output starts as the broadcast bias
- * and GEMM accumulates onto it (beta = 1). */
+ * and GEMM accumulates onto it (beta = 1). Under autocast both are
+ * LK_CAST_LOWER: operands rounded to the region's bf16/f16 (an input already
+ * in it is used as is, no copy), products accumulated in f32, the output
+ * rounded once to bf16/f16 as torch's; a gradient has its tensor's dtype (the
+ * f32 weights' dW is a bf16 x bf16 -> f32 GEMM into their f32 grad). */
 #include <string.h>
 
 #include "autograd/autograd_impl.h"
@@ -61,11 +65,81 @@ static lk_status gemm2d(const lk_tensor *A, bool ta, const lk_tensor *B, bool tb
     return st;
 }
 
+/* The same panel as a view, not rounded. */
+static lk_tensor *round_panel_view(const lk_tensor *t, int dim, int64_t r0, int64_t nr) {
+    int64_t shape[2] = {t->shape[0], t->shape[1]};
+    shape[dim] = nr;
+    return lk__tensor_view((lk_tensor *)t, 2, shape, t->stride, t->offset + r0 * t->stride[dim]);
+}
+
+/* Under autocast a large f32 operand (the batch, a weight) is rounded to
+ * the GEMM's 16-bit dtype in panels, never as a whole copy: each panel of
+ * about LOWP_PANEL elements covers a block of C's rows (A) or columns (B), so
+ * every element of C is still one GEMM over the whole K, rounded once — the
+ * same bits as rounding the operands whole — while the transient copy stays
+ * small next to the step's 16-bit activations. */
+enum { LOWP_PANEL = 1 << 19 };
+
+/* Rows [r0, r0 + nr) (dim 0) or columns (dim 1) of the 2-D view t, rounded to dt. */
+static lk_tensor *round_panel(const lk_tensor *t, int dim, int64_t r0, int64_t nr, lk_dtype dt) {
+    int64_t shape[2] = {t->shape[0], t->shape[1]};
+    shape[dim] = nr;
+    lk_tensor *v = lk__tensor_view((lk_tensor *)t, 2, shape, t->stride, t->offset + r0 * t->stride[dim]);
+    if (!v || t->dtype != LK_F32 || v->stride[1] != 1) {
+        lk_tensor *r = v ? lk_tensor_cast(v, dt) : NULL;
+        lk_tensor_release(v);
+        return r;
+    }
+    /* rows of a column panel are contiguous: round them row by row (the
+     * generic strided copy goes element by element) */
+    lk_tensor *r = lk__tensor_new(dt, 2, shape);
+    for (int64_t i = 0; r && i < shape[0]; i++)
+        lk_f32_to_half_n(dt, (uint16_t *)r->data + i * shape[1], (const float *)v->data + i * v->stride[0], (size_t)shape[1]);
+    lk_tensor_release(v);
+    return r;
+}
+
+/* Rows per panel of an operand of `rows` x K: all of them unless it is to
+ * be rounded and larger than a panel; then equal panels, a multiple of 16
+ * rows each (few distinct GEMM shapes: oneDNN caches a primitive per shape). */
+static int64_t panel_rows(bool round, int64_t rows, int64_t K) {
+    if (!round || rows * K <= LOWP_PANEL) return rows > 0 ? rows : 1;
+    int64_t p = (rows * K + LOWP_PANEL - 1) / LOWP_PANEL, r = (rows + p - 1) / p;
+    return (r + 15) & ~(int64_t)15;
+}
+
+/* C = op(A) op(B) (+ beta C) with an operand that is not in dt rounded in
+ * panels (A over C's rows, B over C's columns); operands already in dt as they are. */
+static lk_status gemm2d_round(const lk_tensor *A, bool ta, const lk_tensor *B, bool tb, float beta, lk_tensor *C,
+                              lk_dtype dt) {
+    int64_t M = C->shape[0], N = C->shape[1], K = ta ? A->shape[0] : A->shape[1];
+    bool ra = A->dtype != dt, rb = B->dtype != dt;
+    int64_t mc = panel_rows(ra, M, K), nc = panel_rows(rb, N, K);
+    lk_status st = LK_STATUS_OK;
+    for (int64_t m0 = 0; m0 < M && !st; m0 += mc) {
+        int64_t nm = M - m0 < mc ? M - m0 : mc;
+        lk_tensor *ap = ra ? round_panel(A, ta ? 1 : 0, m0, nm, dt) : NULL;
+        lk_tensor *av = ra ? NULL : round_panel_view(A, ta ? 1 : 0, m0, nm);
+        for (int64_t n0 = 0; n0 < N && !st; n0 += nc) {
+            int64_t nn = N - n0 < nc ? N - n0 : nc;
+            lk_tensor *bp = rb ? round_panel(B, tb ? 0 : 1, n0, nn, dt) : round_panel_view(B, tb ? 0 : 1, n0, nn);
+            lk_tensor *cv = lk__tensor_view(C, 2, (int64_t[]){nm, nn}, C->stride, C->offset + m0 * C->stride[0] + n0 * C->stride[1]);
+            lk_tensor *a = ra ? ap : av;
+            st = a && bp && cv ? gemm2d(a, ta, bp, tb, beta, cv) : lk_last_status();
+            lk_tensor_release(bp);
+            lk_tensor_release(cv);
+        }
+        lk_tensor_release(ap);
+        lk_tensor_release(av);
+    }
+    return st;
+}
+
 /* 2-D view of a [..., M, K] tensor folded to [prod(...)*M, K] when its rows are contiguous. */
 static lk_tensor *fold_rows(lk_tensor *t) {
     int64_t K = t->shape[t->ndim - 1], M = t->numel / (K ? K : 1);
     if (t->ndim == 2) return lk_tensor_retain(t);
-    lk_tensor *c = lk__contig(t);
+    lk_tensor *c = lk__contig_keep(t);
     if (!c) return NULL;
     lk_tensor *v = lk__tensor_view(c, 2, (int64_t[]){M, K}, (int64_t[]){K, 1}, c->offset);
     lk_tensor_release(c);
@@ -78,7 +152,8 @@ static void matmul_backward(lk_node *n, lk_tensor *g) {
     lk_tensor *a = n->in[0], *b = n->in[1];
     bool batched = n->a.i[0];
     /* autocast: the forward's low-precision operands, and g rounded the same way */
-    lk_tensor *gl = n->saved[0] ? lk_tensor_cast(g, n->saved[0]->dtype) : NULL;
+    lk_tensor *gl = n->saved[0] ? (g->dtype == n->saved[0]->dtype ? lk_tensor_retain(g) : lk_tensor_cast(g, n->saved[0]->dtype))
+                                : NULL;
     if (n->saved[0]) {
         if (!gl) return;
         a = n->saved[0], b = n->saved[1], g = gl;
@@ -88,7 +163,7 @@ static void matmul_backward(lk_node *n, lk_tensor *g) {
         lk_tensor *a2 = fold_rows(a), *g2 = fold_rows(g);
         if (!a2 || !g2) goto done2;
         if (ga->requires_grad) {
-            lk_tensor *da = lk__tensor_new(LK_F32, a->ndim, a->shape);
+            lk_tensor *da = lk__tensor_new(ga->dtype, a->ndim, a->shape);
             if (!da) goto done2;
             lk_tensor *da2 = fold_rows(da);
             if (da2 && !gemm2d(g2, false, b, true, 0.0f, da2)) lk__accum(ga, da);
@@ -96,7 +171,7 @@ static void matmul_backward(lk_node *n, lk_tensor *g) {
             lk_tensor_release(da);
         }
         if (gb->requires_grad) {
-            lk_tensor *db = lk__tensor_new(LK_F32, 2, b->shape);
+            lk_tensor *db = lk__tensor_new(gb->dtype, 2, b->shape);
             if (db && !gemm2d(a2, true, g2, false, 0.0f, db)) lk__accum(gb, db);
             lk_tensor_release(db);
         }
@@ -107,8 +182,8 @@ static void matmul_backward(lk_node *n, lk_tensor *g) {
         return;
     }
     int64_t B = a->shape[0];
-    lk_tensor *da = ga->requires_grad ? lk__tensor_new(LK_F32, 3, a->shape) : NULL;
-    lk_tensor *db = gb->requires_grad ? lk__tensor_new(LK_F32, 3, b->shape) : NULL;
+    lk_tensor *da = ga->requires_grad ? lk__tensor_new(ga->dtype, 3, a->shape) : NULL;
+    lk_tensor *db = gb->requires_grad ? lk__tensor_new(gb->dtype, 3, b->shape) : NULL;
     for (int64_t i = 0; i < B; i++) {
         lk_tensor *ai = lk__tensor_view(a, 2, a->shape + 1, a->stride + 1, a->offset + i * a->stride[0]);
         lk_tensor *bi = lk__tensor_view(b, 2, b->shape + 1, b->stride + 1, b->offset + i * b->stride[0]);
@@ -136,7 +211,9 @@ static void matmul_backward(lk_node *n, lk_tensor *g) {
 
 lk_tensor *lk_matmul(lk_tensor *a, lk_tensor *b) {
     LK_OP_CHECK_INPUTS(a, b);
-    if (lk__check_f32("matmul", a, "a") || lk__check_f32("matmul", b, "b")) return NULL;
+    lk_dtype lowp = lk__autocast_dtype_for(LK_CAST_LOWER, LK_F32);
+    lk_status (*check)(const char *, const lk_tensor *, const char *) = lowp == LK_F32 ? lk__check_f32 : lk__check_float;
+    if (check("matmul", a, "a") || check("matmul", b, "b")) return NULL;
     bool batched = a->ndim == 3 && b->ndim == 3;
     if (a->ndim < 2 || (b->ndim != 2 && !batched))
         return lk__error_shapes("matmul", "expected a[..., M, K] @ b[K, N] or a[B, M, K] @ b[B, K, N]", a, b), NULL;
@@ -145,13 +222,13 @@ lk_tensor *lk_matmul(lk_tensor *a, lk_tensor *b) {
     int64_t shape[LK_MAX_DIMS];
     for (int i = 0; i < a->ndim - 1; i++) shape[i] = a->shape[i];
     shape[a->ndim - 1] = b->shape[b->ndim - 1];
-    lk_tensor *out = lk__tensor_new(LK_F32, a->ndim, shape);
+    lk_tensor *out = lk__tensor_new(lowp, a->ndim, shape);
     if (!out) return NULL;
     lk_status st = LK_STATUS_OK;
     lk_tensor *al = NULL, *bl = NULL, *a_in = a, *b_in = b;
-    lk_dtype lowp = lk_autocast_dtype();
-    if (lowp != LK_F32) { /* autocast: multiply the operands rounded to bf16/f16, accumulate in f32 */
-        al = lk_tensor_cast(a, lowp), bl = lk_tensor_cast(b, lowp);
+    if (lowp != LK_F32) { /* autocast: multiply the operands in bf16/f16 (rounded unless they are), accumulate in f32 */
+        al = a->dtype == lowp ? lk_tensor_retain(a) : lk_tensor_cast(a, lowp);
+        bl = b->dtype == lowp ? lk_tensor_retain(b) : lk_tensor_cast(b, lowp);
         if (!al || !bl) st = lk_last_status();
         a = al, b = bl;
     }
@@ -192,87 +269,107 @@ lk_tensor *lk_matmul(lk_tensor *a, lk_tensor *b) {
 
 /* ---- linear ---------------------------------------------------------------------- */
 
+/* saved: 0 x folded to [M, in] (f32 outside autocast; under it the 16-bit
+ * input itself, its rounded copy, or — for an f32 leaf such as the batch,
+ * which outlives the step anyway — x itself, rounded again here); 1 w
+ * rounded, only for a weight that is not a leaf (a leaf is rounded again
+ * here: one transient copy instead of every layer's kept all step).
+ * a.i[0]: autocast on, a.i[1] its dtype. */
 static void linear_backward(lk_node *n, lk_tensor *g) {
     lk_tensor *x = n->in[0], *w = n->in[1], *b = n->n_in > 2 ? n->in[2] : NULL;
-    lk_tensor *x2 = n->saved[0]; /* folded contiguous view of x (under autocast: its bf16/f16 copy) */
-    lk_tensor *wl = n->saved[1]; /* under autocast: w rounded as the forward used it */
+    lk_tensor *x2 = n->saved[0];
+    lk_dtype lowp = n->a.i[0] ? (lk_dtype)n->a.i[1] : LK_F32;
     int64_t M = x2->shape[0], out_f = w->shape[0];
     lk_tensor *g2 = lk__tensor_view(g, 2, (int64_t[]){M, out_f}, (int64_t[]){out_f, 1}, g->offset);
     if (!g2) return;
-    lk_tensor *gl = wl ? lk_tensor_cast(g2, wl->dtype) : NULL; /* dY rounded like the operands */
-    if (wl && !gl) {
-        lk_tensor_release(g2);
-        return;
-    }
-    lk_tensor *gg = gl ? gl : g2, *ww = wl ? wl : w;
+    /* dY in the forward's dtype (it is already, unless the output's gradient came in f32) */
+    lk_tensor *gg = lowp == LK_F32 || g2->dtype == lowp ? lk_tensor_retain(g2) : lk_tensor_cast(g2, lowp);
+    if (!gg) goto done;
     if (x->requires_grad) {
-        lk_tensor *dx = lk__tensor_new(LK_F32, x->ndim, x->shape);
+        lk_tensor *ww = n->saved[1] ? n->saved[1] : w; /* a leaf weight: rounded in panels */
+        lk_tensor *dx = lk__tensor_new(x->dtype, x->ndim, x->shape); /* bf16 for a bf16 activation */
         lk_tensor *dx2 = dx ? lk__tensor_view(dx, 2, (int64_t[]){M, x2->shape[1]}, (int64_t[]){x2->shape[1], 1}, 0) : NULL;
-        bool ok = dx2 && !gemm2d(gg, false, ww, false, 0.0f, dx2);
+        bool ok = dx2 && !(lowp == LK_F32 ? gemm2d(gg, false, ww, false, 0.0f, dx2)
+                                          : gemm2d_round(gg, false, ww, false, 0.0f, dx2, lowp));
         lk_tensor_release(dx2);
         if (ok) lk__accum_move(x, dx); /* the slot takes the buffer */
         else lk_tensor_release(dx);
     }
     if (w->requires_grad) {
         /* Accumulate straight into w->grad when it is a plain contiguous leaf
-         * gradient (the common case: saves a temporary and an add). */
-        if (!w->grad_fn && w->grad && lk_tensor_is_contiguous(w->grad)) gemm2d(gg, true, x2, false, 1.0f, w->grad);
-        else {
+         * gradient (the common case: saves a temporary and an add). An f32
+         * x2 under autocast (the batch) is rounded in panels. */
+        if (!w->grad_fn && w->grad && lk_tensor_is_contiguous(w->grad)) {
+            if (lowp == LK_F32) gemm2d(gg, true, x2, false, 1.0f, w->grad);
+            else gemm2d_round(gg, true, x2, false, 1.0f, w->grad, lowp);
+        } else {
             lk_tensor *dw = lk__tensor_new(LK_F32, 2, w->shape);
-            if (dw && !gemm2d(gg, true, x2, false, 0.0f, dw)) lk__accum_move(w, dw);
+            if (dw && !(lowp == LK_F32 ? gemm2d(gg, true, x2, false, 0.0f, dw)
+                                       : gemm2d_round(gg, true, x2, false, 0.0f, dw, lowp)))
+                lk__accum_move(w, dw);
             else lk_tensor_release(dw);
         }
     }
-    lk_tensor_release(gl);
     if (b && b->requires_grad) {
         lk_tensor *db = lk_tensor_zeros(LK_F32, 1, b->shape);
-        /* the column sums of g2 [M, out_f], row after row */
-        if (db && !lk__sum_to_f32(g2->device, 2, (int64_t[]){M, out_f}, g2->data, (int64_t[]){0, 1}, db->data))
-            lk__accum(b, db);
+        /* the column sums of g2 [M, out_f], row after row, in f32 (g2 may be bf16/f16) */
+        lk_op_desc sd = {.op = LK_OP_SUM_TO, .dtype = {g2->dtype, LK_F32}};
+        sd.sum_to = (lk_sum_to_params){.ndim = 2, .shape = {M, out_f}, .sd = {0, 1}};
+        if (db && !lk__backend_run(g2->device, &sd, (void *[]){g2->data, db->data})) lk__accum(b, db);
         lk_tensor_release(db);
     }
+done:
+    lk_tensor_release(gg);
     lk_tensor_release(g2);
 }
 
 lk_tensor *lk_linear(lk_tensor *x, lk_tensor *w, lk_tensor *b) {
     LK_OP_CHECK_INPUTS(x, w);
-    if (lk__check_f32("linear", x, "input") || lk__check_f32("linear", w, "weight")) return NULL;
-    if (b && lk__check_f32("linear", b, "bias")) return NULL;
+    lk_dtype lowp = lk__autocast_dtype_for(LK_CAST_LOWER, LK_F32);
+    lk_status (*check)(const char *, const lk_tensor *, const char *) = lowp == LK_F32 ? lk__check_f32 : lk__check_float;
+    if (check("linear", x, "input") || check("linear", w, "weight")) return NULL;
+    if (b && check("linear", b, "bias")) return NULL;
     if (w->ndim != 2 || x->ndim < 1 || x->shape[x->ndim - 1] != w->shape[1])
         return lk__error_shapes("linear", "input [..., in] does not match weight [out, in]", x, w), NULL;
     if (b && (b->ndim != 1 || b->shape[0] != w->shape[0]))
         return lk__error_shapes("linear", "bias must be [out] for weight [out, in]", b, w), NULL;
     int64_t in_f = w->shape[1], out_f = w->shape[0], M = x->numel / (in_f ? in_f : 1);
-    lk_tensor *xc = lk__contig(x);
+    /* autocast: x in the region's dtype. An input already in it (a previous
+     * layer's bf16 output) is used and kept as is: no copy. An f32 leaf (the
+     * batch) is kept itself, alive anyway, and rounded again in backward; any
+     * other f32 input is kept as its rounded copy (half its bytes). */
+    bool keep_f32 = lowp != LK_F32 && x->dtype == LK_F32 && !x->grad_fn && lk_tensor_is_contiguous(x);
+    lk_tensor *xc = lowp == LK_F32 || keep_f32 ? lk__contig(x)
+                    : x->dtype == lowp         ? lk__contig_keep(x)
+                                               : lk_tensor_cast(x, lowp);
     if (!xc) return NULL;
     lk_tensor *x2 = lk__tensor_view(xc, 2, (int64_t[]){M, in_f}, (int64_t[]){in_f, 1}, xc->offset);
     lk_tensor_release(xc);
     if (!x2) return NULL;
+
     int64_t shape[LK_MAX_DIMS];
     for (int i = 0; i < x->ndim - 1; i++) shape[i] = x->shape[i];
     shape[x->ndim - 1] = out_f;
-    lk_tensor *out = lk__tensor_new(LK_F32, x->ndim, shape);
+    lk_tensor *out = lk__tensor_new(lowp, x->ndim, shape);
     lk_tensor *o2 = out ? lk__tensor_view(out, 2, (int64_t[]){M, out_f}, (int64_t[]){out_f, 1}, 0) : NULL;
     lk_status st = o2 ? LK_STATUS_OK : lk_last_status();
-    if (!st && b) {
-        lk_tensor *bc = lk__contig(b);
+    if (!st && b) { /* the output starts as the bias (rounded to bf16/f16 under autocast, as torch's epilogue) */
+        lk_tensor *bc = b->dtype == lowp ? lk__contig_keep(b) : lk_tensor_cast(b, lowp);
         if (!bc) st = lk_last_status();
         else {
-            float *od = o2->data;
-            for (int64_t i = 0; i < M; i++) memcpy(od + i * out_f, bc->data, (size_t)out_f * sizeof(float));
+            size_t es = lk_dtype_size(lowp);
+            char *od = o2->data;
+            for (int64_t i = 0; i < M; i++) memcpy(od + i * out_f * (int64_t)es, bc->data, (size_t)out_f * es);
             lk_tensor_release(bc);
         }
     }
+    /* autocast: an f32 leaf weight (the master weight) is rounded in panels
+     * per call, here and again in backward; any other f32 weight is rounded
+     * whole once and kept for backward */
     lk_tensor *wl = NULL;
-    lk_dtype lowp = lk_autocast_dtype();
-    if (!st && lowp != LK_F32) { /* autocast: multiply bf16/f16 copies, accumulate onto the f32 output */
-        lk_tensor *xl = lk_tensor_cast(x2, lowp);
-        wl = lk_tensor_cast(w, lowp);
-        lk_tensor_release(x2);
-        x2 = xl; /* backward keeps the rounded copy: half the bytes of the f32 input */
-        if (!xl || !wl) st = lk_last_status();
-    }
-    if (!st) st = gemm2d(x2, false, wl ? wl : w, true, b ? 1.0f : 0.0f, o2);
+    if (!st && lowp != LK_F32 && w->dtype != lowp && w->grad_fn && !(wl = lk_tensor_cast(w, lowp))) st = lk_last_status();
+    if (!st) st = lowp == LK_F32 ? gemm2d(x2, false, w, true, b ? 1.0f : 0.0f, o2)
+                                 : gemm2d_round(x2, false, wl ? wl : w, true, b ? 1.0f : 0.0f, o2, lowp);
     lk_tensor_release(o2);
     if (st) {
         lk_tensor_release(out);
@@ -284,7 +381,9 @@ lk_tensor *lk_linear(lk_tensor *x, lk_tensor *w, lk_tensor *b) {
     lk_node *n = lk__record("linear", linear_backward, out, b ? 3 : 2, in);
     if (n) {
         n->saved[0] = lk_tensor_retain(x2);
-        n->saved[1] = lk_tensor_retain(wl);
+        n->saved[1] = lk_tensor_retain(wl); /* NULL for a leaf weight: rounded again in backward */
+        n->a.i[0] = lowp != LK_F32;
+        n->a.i[1] = lowp;
     }
     lk_tensor_release(x2);
     lk_tensor_release(wl);

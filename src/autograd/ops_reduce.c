@@ -32,7 +32,7 @@ static void sum_backward(lk_node *n, lk_tensor *g) {
 }
 
 static lk_tensor *reduce(lk_tensor *x, const int *dims, int ndims, bool keepdim, bool mean, const char *name) {
-    if (lk__check_f32(name, x, "input")) return NULL;
+    if (lk__check_float(name, x, "input")) return NULL; /* LK_CAST_FP32: summed in f32, f32 out */
     uint32_t mask = 0;
     if (ndims == 0) mask = (1u << x->ndim) - 1;
     for (int i = 0; i < ndims; i++) {

@@ -113,7 +113,7 @@ static void softmax_backward(lk_node *n, lk_tensor *g) {
 }
 
 static lk_tensor *softmax_op(lk_tensor *x, int dim, int log_out, const char *name) {
-    if (lk__check_f32(name, x, "input")) return NULL;
+    if (lk__check_float(name, x, "input")) return NULL; /* LK_CAST_FP32: widened by lk__contig, f32 out */
     int d = x->ndim == 0 && (dim == 0 || dim == -1) ? 0 : lk__norm_dim(dim, x->ndim);
     if (d < 0 || (x->ndim > 0 && d >= x->ndim)) {
         char s[128];
@@ -173,7 +173,7 @@ static void cls_args_release(cls_args *a) {
 static lk_status cls_args_init(const char *op, lk_tensor *x, lk_tensor *target, const lk_cross_entropy_opts *o,
                                cls_args *a) {
     memset(a, 0, sizeof *a);
-    LK_TRY(lk__check_f32(op, x, "input"));
+    LK_TRY(lk__check_float(op, x, "input")); /* LK_CAST_FP32: widened, the loss in f32 */
     LK_TRY(check_index_dtype(op, target, "target"));
     LK_TRY(check_reduction(op, o->reduction));
     char sx[128];
@@ -387,7 +387,7 @@ done:
 
 static lk_tensor *bce_op(lk_tensor *x, lk_tensor *t, lk_tensor *w, lk_tensor *pw, lk_reduction red, bool logits,
                          const char *op) {
-    if (lk__check_f32(op, x, "input") || lk__check_f32(op, t, "target") || (w && lk__check_f32(op, w, "weight")) ||
+    if (lk__check_float(op, x, "input") || lk__check_float(op, t, "target") || (w && lk__check_f32(op, w, "weight")) ||
         (pw && lk__check_f32(op, pw, "pos_weight")) || check_reduction(op, red))
         return NULL;
     if (!lk_tensor_same_shape(x, t)) return lk__error_shapes(op, "input and target must have the same shape", x, t), NULL;

@@ -37,8 +37,11 @@ static lk_tensor *builtin_training_step(lk_module *m, const lk_batch *b, int64_t
     return loss;
 }
 
-static double accuracy(const lk_tensor *logits, const lk_batch *b) {
+static double accuracy(const lk_tensor *logits_in, const lk_batch *b) {
     const lk_array *ya = &b->field[1];
+    /* under bf16-mixed the logits are bf16, as torch's (widening is exact) */
+    lk_tensor *logits = lk_tensor_cast(logits_in, LK_F32);
+    if (!logits) return NAN;
     int64_t n = logits->shape[0], c = logits->shape[1], hit = 0;
     const float *l = logits->data;
     for (int64_t i = 0; i < n; i++) {
@@ -50,6 +53,7 @@ static double accuracy(const lk_tensor *logits, const lk_batch *b) {
                                         : (int64_t)((const uint8_t *)ya->data)[i];
         hit += arg == y;
     }
+    lk_tensor_release(logits);
     return n ? (double)hit / (double)n : 0;
 }
 

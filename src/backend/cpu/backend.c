@@ -19,22 +19,25 @@ static bool cpu_supports(const lk_op_desc *d) {
     case LK_OP_AXPY:
     case LK_OP_AFFINE:
     case LK_OP_SUM_TO: return lk__cpu_elementwise_supports(d);
+    case LK_OP_LOSS:
+    case LK_OP_LOSS_BACKWARD: /* x (and dx) f32, bf16 or f16 alike, target f32 or 16-bit, the rest f32 */
+        if (d->dtype[0] != LK_F32 && !is_half(d->dtype[0])) return false;
+        if (d->dtype[1] != LK_F32 && !is_half(d->dtype[1])) return false;
+        if (d->dtype[2] != LK_F32 || (d->op == LK_OP_LOSS_BACKWARD && d->dtype[3] != d->dtype[0])) return false;
+        return (unsigned)d->loss.kind <= LK_PLOSS_SMOOTH_L1 && d->loss.reduction >= 0 && d->loss.reduction <= 2;
     case LK_OP_SOFTMAX:
     case LK_OP_SOFTMAX_BACKWARD:
-    case LK_OP_LOSS:
     case LK_OP_LAYER_NORM:
     case LK_OP_LAYER_NORM_BACKWARD:
     case LK_OP_BATCH_NORM:
     case LK_OP_BATCH_NORM_BACKWARD:
     case LK_OP_OPTIM_UPDATE:
     case LK_OP_BCE:
-    case LK_OP_BCE_BACKWARD:
-    case LK_OP_LOSS_BACKWARD: { /* f32 only for now */
+    case LK_OP_BCE_BACKWARD: { /* f32 only for now */
         for (int i = 0; i < lk__op_arity(d->op); i++)
             if (d->dtype[i] != LK_F32) return false;
         if (d->op == LK_OP_BCE || d->op == LK_OP_BCE_BACKWARD) return d->bce.reduction >= 0 && d->bce.reduction <= 2;
-        return d->op != LK_OP_LOSS && d->op != LK_OP_LOSS_BACKWARD ? true
-               : (unsigned)d->loss.kind <= LK_PLOSS_SMOOTH_L1 && d->loss.reduction >= 0 && d->loss.reduction <= 2;
+        return true;
     }
     case LK_OP_POOL2D: /* f32 data, i32 indices (max only) */
         return d->dtype[0] == LK_F32 && d->dtype[1] == LK_F32 &&
@@ -46,7 +49,8 @@ static bool cpu_supports(const lk_op_desc *d) {
     case LK_OP_XENT_BACKWARD:
     case LK_OP_NLL:
     case LK_OP_NLL_BACKWARD: return lk__cpu_xent_supports(d);
-    case LK_OP_MASK_SCALE: return d->dtype[0] == LK_F32 && d->dtype[1] == LK_U8 && d->dtype[2] == LK_F32;
+    case LK_OP_MASK_SCALE: /* f32, or bf16/f16 in and out (dropout of a 16-bit activation under autocast) */
+        return (d->dtype[0] == LK_F32 || is_half(d->dtype[0])) && d->dtype[1] == LK_U8 && d->dtype[2] == d->dtype[0];
     case LK_OP_IM2COL:
     case LK_OP_COL2IM:
     case LK_OP_BIAS_ADD:
@@ -91,6 +95,16 @@ static lk_status cpu_run(const lk_op_desc *d, void *const *x) {
         const float *xd = x[0];
         const uint8_t *m = x[1];
         float *y = x[2], s = d->mask_scale.scale;
+        if (is_half(d->dtype[0])) { /* widen, scale in f32, round once */
+            const uint16_t *xh = x[0];
+            uint16_t *yh = x[2];
+            bool bf = d->dtype[0] == LK_BF16;
+            for (int64_t i = 0; i < d->mask_scale.n; i++) {
+                float v = (bf ? lk_bf16_bits_to_f32(xh[i]) : lk_f16_bits_to_f32(xh[i])) * (m[i] ? s : 0.0f);
+                yh[i] = bf ? lk_f32_to_bf16_bits(v) : lk_f32_to_f16_bits(v);
+            }
+            return LK_STATUS_OK;
+        }
         for (int64_t i = 0; i < d->mask_scale.n; i++) y[i] = xd[i] * (m[i] ? s : 0.0f);
         return LK_STATUS_OK;
     }

@@ -190,7 +190,49 @@ static lk_status as_f32(const lk_op_desc *d, void *const *x, int i, int64_t n, b
     return LK_STATUS_OK;
 }
 
+/* The ops over n contiguous elements (unary and its backward, axpy,
+ * affine) run in blocks: each 16-bit operand's block widened into a stack
+ * buffer, the f32 kernel, the output block rounded back — no heap scratch
+ * and cache-resident, with the same bits as widening whole arrays (each
+ * element is computed on its own). */
+enum { LOWP_BLOCK = 1024 };
+
+static void run_lowp_blocked(const lk_op_desc *d, void *const *x) {
+    int arity = lk__op_arity(d->op);
+    int64_t n = d->op == LK_OP_AXPY ? d->axpy.n : d->op == LK_OP_AFFINE ? d->affine.n : d->unary.n;
+    int out = d->op == LK_OP_UNARY_BACKWARD ? 3 : 1;
+    bool out_read = d->op == LK_OP_AXPY || (d->op == LK_OP_UNARY_BACKWARD && d->unary.acc);
+    float buf[4][LOWP_BLOCK];
+    for (int64_t i0 = 0; i0 < n; i0 += LOWP_BLOCK) {
+        int64_t m = n - i0 < LOWP_BLOCK ? n - i0 : LOWP_BLOCK;
+        float *w[4] = {NULL};
+        for (int k = 0; k < arity; k++) {
+            if (!x[k]) continue;
+            if (d->dtype[k] == LK_F32) {
+                w[k] = (float *)x[k] + i0;
+                continue;
+            }
+            w[k] = buf[k];
+            if (k != out || out_read) lk_half_to_f32_n(d->dtype[k], buf[k], (const uint16_t *)x[k] + i0, (size_t)m);
+        }
+        switch (d->op) {
+        case LK_OP_UNARY: unary_f32(d->unary.fn, m, w[0], w[1], d->unary.alpha); break;
+        case LK_OP_UNARY_BACKWARD:
+            unary_backward_f32(d->unary.fn, m, w[0], w[1], w[2], w[3], d->unary.alpha, d->unary.acc);
+            break;
+        case LK_OP_AXPY: axpy_f32(m, d->axpy.alpha, w[0], w[1]); break;
+        case LK_OP_AFFINE: affine_f32(m, d->affine.mul, d->affine.add, d->affine.has_add, w[0], w[1]); break;
+        default: break;
+        }
+        if (d->dtype[out] != LK_F32) lk_f32_to_half_n(d->dtype[out], (uint16_t *)x[out] + i0, buf[out], (size_t)m);
+    }
+}
+
 static lk_status run_lowp(const lk_op_desc *d, void *const *x) {
+    if (d->op == LK_OP_UNARY || d->op == LK_OP_UNARY_BACKWARD || d->op == LK_OP_AXPY || d->op == LK_OP_AFFINE) {
+        run_lowp_blocked(d, x);
+        return LK_STATUS_OK;
+    }
     scratch s = {{NULL}};
     float *w[4] = {NULL};
     int64_t n[4] = {0};

@@ -1,13 +1,73 @@
 /* The CPU backend's pointwise losses, f32: the regression losses (mse, l1,
  * smooth_l1) and binary cross-entropy (on probabilities or on logits, with
  * optional element weights and pos_weight): per-element losses, or their
- * mean or sum accumulated in double in element order, and the gradients. */
+ * mean or sum accumulated in double in element order, and the gradients.
+ * The regression losses also take a bf16/f16 input and target (autocast's
+ * fp32 list without an f32 copy): each element widened (exact), the same
+ * f32 arithmetic, the input's gradient rounded once to the input's dtype. */
 #include <math.h>
+#include <string.h>
 
 #include "backend/cpu/cpu_impl.h"
 #include "lockstep/autograd.h"
 
+/* The regression losses over a 16-bit input (and target) in blocks: each
+ * block widened into stack buffers (exact), the f32 arithmetic of the f32
+ * path element by element (mean and sum in double, in element order: the
+ * same result), the gradient block rounded once to dx's dtype. */
+enum { LOSS_BLOCK = 1024 };
+
+static void widen_block(lk_dtype dt, const void *p, int64_t i0, int64_t m, float *w) {
+    if (dt == LK_F32) memcpy(w, (const float *)p + i0, (size_t)m * sizeof(float));
+    else lk_half_to_f32_n(dt, w, (const uint16_t *)p + i0, (size_t)m);
+}
+
+static lk_status loss_lowp(const lk_op_desc *d, void *const *x) {
+    const lk_loss_params *p = &d->loss;
+    lk_dtype xt = d->dtype[0], yt = d->dtype[1];
+    float beta = p->beta;
+    lk_reduction red = (lk_reduction)p->reduction;
+    float xb[LOSS_BLOCK], yb[LOSS_BLOCK], db[LOSS_BLOCK];
+    double acc = 0;
+    float scale = red == LK_REDUCTION_MEAN ? 1.0f / (float)p->n : 1.0f;
+    for (int64_t i0 = 0; i0 < p->n; i0 += LOSS_BLOCK) {
+        int64_t m = p->n - i0 < LOSS_BLOCK ? p->n - i0 : LOSS_BLOCK;
+        widen_block(xt, x[0], i0, m, xb);
+        widen_block(yt, x[1], i0, m, yb);
+        if (d->op == LK_OP_LOSS) {
+            float *od = x[2];
+            for (int64_t j = 0; j < m; j++) {
+                float diff = xb[j] - yb[j], v;
+                switch (p->kind) {
+                case LK_PLOSS_MSE: v = diff * diff; break;
+                case LK_PLOSS_L1: v = fabsf(diff); break;
+                default: v = fabsf(diff) < beta ? 0.5f * diff * diff / beta : fabsf(diff) - 0.5f * beta;
+                }
+                if (red == LK_REDUCTION_NONE) od[i0 + j] = v;
+                else acc += v;
+            }
+            continue;
+        }
+        const float *gd = x[2];
+        for (int64_t j = 0; j < m; j++) {
+            float diff = xb[j] - yb[j], gi = red == LK_REDUCTION_NONE ? gd[i0 + j] : gd[0] * scale, v;
+            switch (p->kind) {
+            case LK_PLOSS_MSE: v = 2.0f * diff; break;
+            case LK_PLOSS_L1: v = diff > 0 ? 1.0f : (diff < 0 ? -1.0f : 0.0f); break;
+            default: v = fabsf(diff) < beta ? diff / beta : (diff > 0 ? 1.0f : (diff < 0 ? -1.0f : 0.0f));
+            }
+            db[j] = gi * v;
+        }
+        if (xt == LK_F32) memcpy((float *)x[3] + i0, db, (size_t)m * sizeof(float));
+        else lk_f32_to_half_n(xt, (uint16_t *)x[3] + i0, db, (size_t)m);
+    }
+    if (d->op == LK_OP_LOSS && red == LK_REDUCTION_SUM) ((float *)x[2])[0] = (float)acc;
+    if (d->op == LK_OP_LOSS && red == LK_REDUCTION_MEAN) ((float *)x[2])[0] = p->n ? (float)(acc / (double)p->n) : NAN;
+    return LK_STATUS_OK;
+}
+
 lk_status lk__cpu_loss(const lk_op_desc *d, void *const *x) {
+    if (d->dtype[0] != LK_F32 || d->dtype[1] != LK_F32) return loss_lowp(d, x);
     const lk_loss_params *p = &d->loss;
     const float *xd = x[0], *yd = x[1];
     float beta = p->beta;
