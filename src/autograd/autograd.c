@@ -222,9 +222,14 @@ static lk_status add_into(lk_tensor **slot, lk_tensor *g, bool persistent) {
     if (d->dtype != LK_F32 || g->dtype != LK_F32)
         return lk_error(LK_STATUS_UNSUPPORTED, "backward: accumulating a %s gradient into a strided %s gradient",
                         lk_dtype_name(g->dtype), lk_dtype_name(d->dtype));
-    float *gd = g->data;
-    for (int64_t i = 0; i < d->numel; i++) ((float *)d->data)[lk__elem_offset(d, i)] += gd[lk__elem_offset(g, i)];
-    return LK_STATUS_OK;
+    /* a strided view on either side: LK_OP_COPY's accumulating form, same
+     * element order (row-major over the shape) as a per-element walk */
+    lk_op_desc cd = {.op = LK_OP_COPY, .dtype = {LK_F32, LK_F32}};
+    cd.copy.ndim = d->ndim;
+    cd.copy.accumulate = true;
+    for (int i = 0; i < d->ndim; i++)
+        cd.copy.shape[i] = d->shape[i], cd.copy.ss[i] = g->stride[i], cd.copy.sd[i] = d->stride[i];
+    return lk__backend_run(d->device, &cd, (void *[]){g->data, d->data});
 }
 
 

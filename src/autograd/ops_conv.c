@@ -166,11 +166,11 @@ static void conv_bwd_task(void *ctx, int t) {
         long n0 = c * g->nb, cur = g->N - n0 < g->nb ? g->N - n0 : g->nb, ld = cur * g->P;
         const void *dy = elem_at(gsrc, lowp, n0 * g->O * g->P);
         long lddy = g->P;
-        if (cur > 1) { /* dY of the chunk as [O, cur*P], the layout of the columns */
-            for (long o = 0; o < g->O; o++)
-                for (long s = 0; s < cur; s++)
-                    memcpy(dyt + (size_t)(o * ld + s * g->P) * esz, elem_at(gsrc, lowp, ((n0 + s) * g->O + o) * g->P),
-                           (size_t)g->P * esz);
+        if (cur > 1) { /* dY of the chunk as [O, cur*P], the layout of the columns: one
+                        * LK_OP_COPY over [O, cur, P], planes in the same order as before */
+            lk_op_desc d = {.op = LK_OP_COPY, .dtype = {lowp, lowp}};
+            d.copy = (lk_copy_params){3, {g->O, cur, g->P}, {g->P, g->O * g->P, 1}, {ld, g->P, 1}, false};
+            note_failure(&j->st, lk__backend_run(j->dev, &d, (void *[]){(void *)dy, dyt}));
             dy = dyt;
             lddy = ld;
         }

@@ -208,10 +208,13 @@ typedef struct lk_embedding_params {
 /* LK_OP_COPY: dst[i] = src[i] over `shape`, each read and written at its
  * strides (elements, >= 0); any dtype, the same on both sides (a cast is
  * the tensor layer's), bits copied unchanged; src and dst must not
- * overlap. Concat, slice's backward and the shape ops' clones use it. */
+ * overlap. Concat, slice's backward and the shape ops' clones use it.
+ * With `accumulate` (f32 only): dst[i] += src[i] instead, elements in
+ * row-major order of `shape` (a strided gradient's accumulation). */
 typedef struct lk_copy_params {
     int ndim;
     int64_t shape[LK_MAX_DIMS], ss[LK_MAX_DIMS], sd[LK_MAX_DIMS];
+    bool accumulate;
 } lk_copy_params;
 
 /* LK_OP_BN_STATS / LK_OP_BN_APPLY: SyncBatchNorm's passes over contiguous

@@ -245,7 +245,7 @@ const char *lk__op_desc_str(const lk_op_desc *d, char *buf, size_t size) {
         return buf;
     case LK_OP_COPY: {
         char sh[96];
-        snprintf(buf, size, "copy %s -> %s (%s)", DT(0), DT(1), shape_str(d->copy.ndim, d->copy.shape, sh, sizeof sh));
+        snprintf(buf, size, "copy%s %s -> %s (%s)", d->copy.accumulate ? " accumulate" : "", DT(0), DT(1), shape_str(d->copy.ndim, d->copy.shape, sh, sizeof sh));
         return buf;
     }
     case LK_OP_COUNT: break;

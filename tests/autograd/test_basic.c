@@ -198,5 +198,29 @@ static void half_conversions(void) {
     lk_tensor_release(back);
 }
 
+/* A leaf whose gradient is a strided view (here a transposed [4, 3]
+ * buffer): each backward adds into it through LK_OP_COPY's accumulating
+ * form, element for element, at the view's strides. */
+static void strided_accumulation(void) {
+    lk_tensor *x = lk_gc_param(7, LK_SHAPE(3, 4)), *c = lk_gc_param(8, LK_SHAPE(3, 4));
+    lk_tensor_set_requires_grad(c, false);
+    lk_tensor *buf = lk_tensor_zeros(LK_F32, 2, (int64_t[]){4, 3});
+    x->grad = lk_transpose(buf, 0, 1); /* [3, 4], strides (1, 3): not contiguous */
+    CHECK(x->grad && !lk_tensor_is_contiguous(x->grad));
+    for (int pass = 1; pass <= 2; pass++) {
+        lk_scope_begin();
+        CHECK_OK(lk_backward(lk_sum(lk_mul(x, c), NULL, 0, false)));
+        lk_scope_end();
+    }
+    const float *b = buf->data, *cd = c->data;
+    for (int i = 0; i < 3; i++)
+        for (int j = 0; j < 4; j++)
+            CHECK_MSG(b[j * 3 + i] == cd[i * 4 + j] + cd[i * 4 + j], "grad[%d, %d] = %g, want %g", i, j,
+                      (double)b[j * 3 + i], 2.0 * cd[i * 4 + j]);
+    lk_tensor_release(buf);
+    lk_tensor_release(c);
+    lk_tensor_release(x);
+}
+
 LK_TEST_MAIN(LK_TEST_CASE(gradchecks), LK_TEST_CASE(grad_hooks_fire_in_reverse), LK_TEST_CASE(no_grad_and_scopes),
-             LK_TEST_CASE(bad_input), LK_TEST_CASE(half_conversions))
+             LK_TEST_CASE(bad_input), LK_TEST_CASE(half_conversions), LK_TEST_CASE(strided_accumulation))

@@ -62,7 +62,9 @@ static bool cpu_supports(const lk_op_desc *d) {
     case LK_OP_NONFINITE: return d->dtype[0] == LK_F32 && d->dtype[1] == LK_I64;
     case LK_OP_UNSCALE: return d->dtype[0] == LK_F32 && d->dtype[1] == LK_F32 && d->dtype[2] == LK_I64;
     case LK_OP_CLAMP: return d->dtype[0] == LK_F32 && d->dtype[1] == LK_F32;
-    case LK_OP_COPY: return d->dtype[0] == d->dtype[1] && (unsigned)d->copy.ndim <= LK_MAX_DIMS;
+    case LK_OP_COPY:
+        return d->dtype[0] == d->dtype[1] && (unsigned)d->copy.ndim <= LK_MAX_DIMS &&
+               (!d->copy.accumulate || d->dtype[0] == LK_F32);
     case LK_OP_BN_STATS:
         return d->dtype[0] == LK_F32 && d->dtype[1] == LK_F32 && d->dtype[2] == LK_F32 && d->dtype[3] == LK_F64 &&
                (unsigned)d->bn_split.stat <= LK_BN_GRAD;

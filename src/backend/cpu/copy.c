@@ -2,7 +2,8 @@
  * unchanged. Adjacent dimensions that are contiguous in both source and
  * destination are merged first, so a contiguous copy is one memcpy and a
  * concat's slab is one memcpy per outer index; what stays strided in the
- * innermost dimension is copied element by element at its size. */
+ * innermost dimension is copied element by element at its size. The
+ * accumulating form (f32) adds instead, in the same walk. */
 #include <string.h>
 
 #include "backend/cpu/cpu_impl.h"
@@ -35,7 +36,8 @@ lk_status lk__cpu_copy(const lk_op_desc *d, void *const *x) {
     int64_t shape[LK_MAX_DIMS], ss[LK_MAX_DIMS], sd[LK_MAX_DIMS];
     int nd = merge_dims(p, shape, ss, sd);
     if (nd == 0) { /* a scalar, or all sizes 1 */
-        memcpy(dst, src, es);
+        if (p->accumulate) *(float *)dst += *(const float *)src;
+        else memcpy(dst, src, es);
         return LK_STATUS_OK;
     }
     int64_t inner = shape[nd - 1], iss = ss[nd - 1], isd = sd[nd - 1], outer = 1;
@@ -44,7 +46,14 @@ lk_status lk__cpu_copy(const lk_op_desc *d, void *const *x) {
     for (int64_t o = 0; o < outer; o++) {
         const char *s = src + os * (int64_t)es;
         char *t = dst + od * (int64_t)es;
-        if (iss == 1 && isd == 1) memcpy(t, s, (size_t)inner * es);
+        if (p->accumulate) { /* f32 (supports): one add per element, row-major order */
+            const float *fs = (const float *)s;
+            float *ft = (float *)t;
+            if (iss == 1 && isd == 1)
+                for (int64_t i = 0; i < inner; i++) ft[i] += fs[i];
+            else
+                for (int64_t i = 0; i < inner; i++) ft[i * isd] += fs[i * iss];
+        } else if (iss == 1 && isd == 1) memcpy(t, s, (size_t)inner * es);
         else if (es == 4)
             for (int64_t i = 0; i < inner; i++) memcpy(t + i * isd * 4, s + i * iss * 4, 4);
         else
