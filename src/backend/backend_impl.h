@@ -208,7 +208,8 @@ typedef struct lk_embedding_params {
 /* LK_OP_COPY: dst[i] = src[i] over `shape`, each read and written at its
  * strides (elements, >= 0); any dtype, the same on both sides (a cast is
  * the tensor layer's), bits copied unchanged; src and dst must not
- * overlap. Concat, slice's backward and the shape ops' clones use it.
+ * overlap. Concat, slice's backward, the shape ops' clones, linear's bias
+ * rows (source stride 0) and conv's dY gather use it.
  * With `accumulate` (f32 only): dst[i] += src[i] instead, elements in
  * row-major order of `shape` (a strided gradient's accumulation). */
 typedef struct lk_copy_params {
