@@ -82,9 +82,7 @@ enum { LOWP_PANEL = 1 << 19 };
 
 /* Rows [r0, r0 + nr) (dim 0) or columns (dim 1) of the 2-D view t, rounded to dt. */
 static lk_tensor *round_panel(const lk_tensor *t, int dim, int64_t r0, int64_t nr, lk_dtype dt) {
-    int64_t shape[2] = {t->shape[0], t->shape[1]};
-    shape[dim] = nr;
-    lk_tensor *v = lk__tensor_view((lk_tensor *)t, 2, shape, t->stride, t->offset + r0 * t->stride[dim]);
+    lk_tensor *v = round_panel_view(t, dim, r0, nr);
     if (!v || t->dtype != LK_F32 || v->stride[1] != 1) {
         lk_tensor *r = v ? lk_tensor_cast(v, dt) : NULL;
         lk_tensor_release(v);
@@ -92,9 +90,10 @@ static lk_tensor *round_panel(const lk_tensor *t, int dim, int64_t r0, int64_t n
     }
     /* rows of a column panel are contiguous: round them row by row (the
      * generic strided copy goes element by element) */
-    lk_tensor *r = lk__tensor_new(dt, 2, shape);
-    for (int64_t i = 0; r && i < shape[0]; i++)
-        lk_f32_to_half_n(dt, (uint16_t *)r->data + i * shape[1], (const float *)v->data + i * v->stride[0], (size_t)shape[1]);
+    lk_tensor *r = lk__tensor_new(dt, 2, v->shape);
+    for (int64_t i = 0; r && i < v->shape[0]; i++)
+        lk_f32_to_half_n(dt, (uint16_t *)r->data + i * v->shape[1], (const float *)v->data + i * v->stride[0],
+                         (size_t)v->shape[1]);
     lk_tensor_release(v);
     return r;
 }
@@ -118,19 +117,16 @@ static lk_status gemm2d_round(const lk_tensor *A, bool ta, const lk_tensor *B, b
     lk_status st = LK_STATUS_OK;
     for (int64_t m0 = 0; m0 < M && !st; m0 += mc) {
         int64_t nm = M - m0 < mc ? M - m0 : mc;
-        lk_tensor *ap = ra ? round_panel(A, ta ? 1 : 0, m0, nm, dt) : NULL;
-        lk_tensor *av = ra ? NULL : round_panel_view(A, ta ? 1 : 0, m0, nm);
+        lk_tensor *a = ra ? round_panel(A, ta ? 1 : 0, m0, nm, dt) : round_panel_view(A, ta ? 1 : 0, m0, nm);
         for (int64_t n0 = 0; n0 < N && !st; n0 += nc) {
             int64_t nn = N - n0 < nc ? N - n0 : nc;
             lk_tensor *bp = rb ? round_panel(B, tb ? 0 : 1, n0, nn, dt) : round_panel_view(B, tb ? 0 : 1, n0, nn);
             lk_tensor *cv = lk__tensor_view(C, 2, (int64_t[]){nm, nn}, C->stride, C->offset + m0 * C->stride[0] + n0 * C->stride[1]);
-            lk_tensor *a = ra ? ap : av;
             st = a && bp && cv ? gemm2d(a, ta, bp, tb, beta, cv) : lk_last_status();
             lk_tensor_release(bp);
             lk_tensor_release(cv);
         }
-        lk_tensor_release(ap);
-        lk_tensor_release(av);
+        lk_tensor_release(a);
     }
     return st;
 }
