@@ -129,6 +129,8 @@ static void bad_input(void) {
     lk_clear_error();
     CHECK(lk_relu(i) == NULL && lk_last_status() == LK_STATUS_UNSUPPORTED && strstr(lk_last_error(), "i32"));
     lk_clear_error();
+    CHECK(lk_relu(i) == NULL && strstr(lk_last_error(), "RELU: input has dtype i32; this op supports f32, bf16 and f16"));
+    lk_clear_error();
     /* NULL propagates and keeps the first error. */
     CHECK(lk_relu(lk_matmul(a, b)) == NULL && strstr(lk_last_error(), "matmul"));
     lk_clear_error();
