@@ -155,26 +155,37 @@ void lk_layer_set_rng_step(lk_layer *l, uint64_t seed, uint32_t rank, uint64_t s
  * in a flat buffer (lk_params_flatten) are always zeroed: the views stay. */
 void lk_layer_zero_grad(lk_layer *l, bool set_to_none);
 
+/* Casts every floating parameter of the tree to dt (f32, bf16 or f16) in
+ * place, as torch's module.to(dtype) does for parameters: each slot gets a
+ * new tensor of dt (values rounded to nearest even; requires_grad, name and
+ * grad hook kept; a gradient is dropped). Buffers (running statistics) keep
+ * their dtype. Parameters shared by several layers stay shared. Call before
+ * lk_params_flatten (INVALID_USAGE after) and before creating an
+ * optimizer. On failure nothing has changed. The *-true precisions. */
+lk_status lk_layer_cast_parameters(lk_layer *l, lk_dtype dt);
+
 /* ========================================================================
  * Flat parameters and gradients
  * ====================================================================== */
 
-/* Moves every f32 parameter into one contiguous, LK_ALIGN-aligned storage
+/* Moves every parameter of the parameters' dtype (that of the first
+ * floating parameter: f32, or bf16/f16 after lk_layer_cast_parameters) into
+ * one contiguous, LK_ALIGN-aligned storage
  * (each parameter becomes a view into it, packed without gaps in
  * named_parameters order; values are kept) and sets every parameter's .grad
  * to a view into one contiguous gradient buffer (zeroed; an existing
- * gradient is copied in). `grad_buffer` may be a caller's contiguous f32
- * tensor of at least lk_layer_num_parameters(l) elements (LK_ALIGN-aligned;
+ * gradient is copied in). `grad_buffer` may be a caller's contiguous tensor
+ * of that dtype and at least lk_layer_num_parameters(l) elements (LK_ALIGN-aligned;
  * its memory must outlive the layer; the gradients become views of that
  * memory, the tensor itself is not kept) or NULL to allocate. On success *flat_params and *flat_grads (may be
  * NULL if not wanted) are new references the caller releases; flat_params->grad
  * is flat_grads, so clipping and the optimizers can treat the flat tensor as
  * one parameter. Call before creating the optimizer: parameter tensors held
- * elsewhere become stale. Non-f32 parameters are left alone. On failure
+ * elsewhere become stale. Parameters of another dtype are left alone. On failure
  * nothing has changed. */
 lk_status lk_params_flatten(lk_layer *l, lk_tensor *grad_buffer, lk_tensor **flat_params, lk_tensor **flat_grads);
 /* As lk_params_flatten, with the parameters placed in the memory of the
- * caller's tensor `param_buffer` (contiguous f32, at least
+ * caller's tensor `param_buffer` (contiguous, of the parameters' dtype, at least
  * lk_layer_num_parameters elements, LK_ALIGN-aligned; NULL: allocated).
  * copy_values false leaves the buffer's contents as the parameters' values:
  * for memory several processes share, which one of them fills (DDP's shared parameters, lk_strategy_param_buffer). */

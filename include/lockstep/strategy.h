@@ -59,6 +59,10 @@ typedef struct lk_strategy_config {
     lk_dtype comm_dtype;      /* ddp: the dtype gradients travel in. LK_F32 (default) is exact; LK_BF16 or
                                  LK_F16 halve the bytes (PyTorch's bf16/fp16_compress_hook): each bucket is
                                  rounded to it, averaged in f32 and rounded once more, then widened back */
+    lk_dtype param_dtype;     /* the parameters' and gradients' dtype: LK_F32 (default), or LK_BF16 / LK_F16
+                                 for the *-true precisions (lk_layer_cast_parameters first). With 16-bit
+                                 gradients and comm_dtype LK_F32, ddp widens each bucket to f32, averages
+                                 it and rounds once; comm_dtype equal to param_dtype averages in place */
     bool shared_params;       /* ddp over shm (one node): one copy of the parameters and the optimizer state
                                  for all ranks, each rank updating a 1/W shard of it after the all-reduce
                                  (same bits, a W-th of the optimizer's memory traffic and memory per rank).
@@ -73,7 +77,7 @@ const char *const *lk_strategy_names(int *count);
 lk_status lk_strategy_create(const lk_strategy_config *cfg, lk_strategy **out);
 void lk_strategy_free(lk_strategy *s);
 
-/* The flat gradient buffer: a 1-d f32 tensor of numel elements (zeroed,
+/* The flat gradient buffer: a 1-d tensor of cfg.param_dtype, numel elements (zeroed,
  * LK_ALIGN-aligned; for ddp inside the communicator's shared memory, so
  * buckets are reduced with no copy in). Pass it to lk_params_flatten before
  * lk_strategy_setup so that the optimizer's flat gradient and DDP's buckets
@@ -81,7 +85,7 @@ void lk_strategy_free(lk_strategy *s);
 lk_status lk_strategy_grad_buffer(lk_strategy *s, int64_t numel, lk_tensor **out);
 /* The memory the parameters live in when ranks share one copy
  * (cfg.shared_params where the communicator's ranks share memory;
- * collective), as a 1-d f32 tensor of numel elements: pass it to
+ * collective), as a 1-d tensor of cfg.param_dtype, numel elements: pass it to
  * lk_params_flatten_into, with copy_values, before lk_strategy_setup. *buf
  * is NULL where each rank keeps its own replica: flatten into private memory
  * then. Borrowed: owned by the strategy; on lk_strategy_free every parameter

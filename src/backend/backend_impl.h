@@ -370,6 +370,10 @@ lk_status lk__axpy_f32(lk_device dev, int64_t n, float alpha, const float *x, fl
 lk_status lk__affine_f32(lk_device dev, int64_t n, float mul, float add, bool has_add, const float *x, float *y);
 lk_status lk__sum_to_f32(lk_device dev, int ndim, const int64_t *shape, const float *src, const int64_t *sd,
                          float *dst);
+/* axpy and affine with x and y both of dtype dt (f32, bf16 or f16: a
+ * 16-bit element is widened, computed in f32 and rounded once). */
+lk_status lk__axpy(lk_device dev, lk_dtype dt, int64_t n, float alpha, const void *x, void *y);
+lk_status lk__affine(lk_device dev, lk_dtype dt, int64_t n, float mul, float add, bool has_add, const void *x, void *y);
 
 /* cpu_lowp.c: GEMMs over bf16 or f16 A and B (the same dtype), C in f32 or
  * that dtype. oneDNN runs them where it is built and takes the shape (AMX,

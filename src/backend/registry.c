@@ -303,16 +303,24 @@ lk_status lk__binary_f32(lk_device dev, lk_binary_op fn, int ndim, const int64_t
     return lk__backend_run(dev, &d, (void *[]){(void *)a, (void *)b, out});
 }
 
-lk_status lk__axpy_f32(lk_device dev, int64_t n, float alpha, const float *x, float *y) {
-    lk_op_desc d = {.op = LK_OP_AXPY, .dtype = {LK_F32, LK_F32}};
+lk_status lk__axpy(lk_device dev, lk_dtype dt, int64_t n, float alpha, const void *x, void *y) {
+    lk_op_desc d = {.op = LK_OP_AXPY, .dtype = {dt, dt}};
     d.axpy = (lk_axpy_params){n, alpha};
     return lk__backend_run(dev, &d, (void *[]){(void *)x, y});
 }
 
-lk_status lk__affine_f32(lk_device dev, int64_t n, float mul, float add, bool has_add, const float *x, float *y) {
-    lk_op_desc d = {.op = LK_OP_AFFINE, .dtype = {LK_F32, LK_F32}};
+lk_status lk__axpy_f32(lk_device dev, int64_t n, float alpha, const float *x, float *y) {
+    return lk__axpy(dev, LK_F32, n, alpha, x, y);
+}
+
+lk_status lk__affine(lk_device dev, lk_dtype dt, int64_t n, float mul, float add, bool has_add, const void *x, void *y) {
+    lk_op_desc d = {.op = LK_OP_AFFINE, .dtype = {dt, dt}};
     d.affine = (lk_affine_params){n, mul, add, has_add};
     return lk__backend_run(dev, &d, (void *[]){(void *)x, y});
+}
+
+lk_status lk__affine_f32(lk_device dev, int64_t n, float mul, float add, bool has_add, const float *x, float *y) {
+    return lk__affine(dev, LK_F32, n, mul, add, has_add, x, y);
 }
 
 lk_status lk__sum_to_f32(lk_device dev, int ndim, const int64_t *shape, const float *src, const int64_t *sd,

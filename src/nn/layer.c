@@ -311,31 +311,86 @@ typedef struct {
     int n, cap;
 } slot_vec;
 
-static lk_status collect_slots(lk_layer *l, slot_vec *sv) {
+/* The dtype the flat buffers take: that of the first floating parameter
+ * (every parameter after lk_layer_cast_parameters; f32 by default). */
+static bool first_float_dtype(const lk_layer *l, lk_dtype *dt) {
+    for (int i = 0; i < l->params.n; i++)
+        if (lk_dtype_is_float(l->params.items[i].tensor->dtype)) return (*dt = l->params.items[i].tensor->dtype), true;
+    for (int c = 0; c < l->n_children; c++)
+        if (first_float_dtype(l->children[c].layer, dt)) return true;
+    return false;
+}
+
+static lk_dtype params_dtype(const lk_layer *l) {
+    lk_dtype dt = LK_F32;
+    first_float_dtype(l, &dt);
+    return dt;
+}
+
+static lk_status collect_slots_of(lk_layer *l, lk_dtype dt, slot_vec *sv) {
     for (int i = 0; i < l->params.n; i++) {
         lk_tensor *t = l->params.items[i].tensor;
-        if (t->dtype != LK_F32) continue;
+        if (t->dtype != dt) continue;
         if (sv->n == sv->cap) LK_TRY(lk_vec_reserve(sv->v, sv->cap, sv->n + 1, 32));
         int alias = -1;
         for (int j = 0; j < sv->n && alias < 0; j++)
             if (*sv->v[j].slot == t) alias = j;
         sv->v[sv->n++] = (flat_slot){&l->params.items[i].tensor, NULL, alias};
     }
-    for (int c = 0; c < l->n_children; c++) LK_TRY(collect_slots(l->children[c].layer, sv));
+    for (int c = 0; c < l->n_children; c++) LK_TRY(collect_slots_of(l->children[c].layer, dt, sv));
     return LK_STATUS_OK;
+}
+
+lk_status lk_layer_cast_parameters(lk_layer *l, lk_dtype dt) {
+    if (!l) return lk_error(LK_STATUS_INVALID_ARGUMENT, "cast_parameters: NULL layer");
+    if (dt != LK_F32 && dt != LK_BF16 && dt != LK_F16)
+        return lk_error(LK_STATUS_INVALID_ARGUMENT, "cast_parameters: dtype %s is not one of f32, bf16, f16", lk_dtype_name(dt));
+    lk_dtype from = params_dtype(l);
+    if (from == dt) return LK_STATUS_OK;
+    slot_vec sv = {0};
+    lk_status st = collect_slots_of(l, from, &sv);
+    lk_tensor **nv = st ? NULL : lk_calloc((size_t)sv.n + 1, sizeof *nv);
+    if (!st && !nv) st = LK_STATUS_OUT_OF_MEMORY;
+    /* Every new tensor first, so that a failure leaves the layer as it was. */
+    for (int i = 0; !st && i < sv.n; i++) {
+        lk_tensor *p = *sv.v[i].slot;
+        if (sv.v[i].alias >= 0) continue;
+        if (lk_tensor_in_flat_buffer(p))
+            st = lk_error(LK_STATUS_INVALID_USAGE, "cast_parameters: parameter %s lives in a flat buffer "
+                          "(lk_params_flatten): cast the parameters before flattening them", p->name ? p->name : "?");
+        else if (!(nv[i] = lk_tensor_cast(p, dt))) st = lk_last_status();
+        else {
+            nv[i]->requires_grad = p->requires_grad;
+            nv[i]->grad_hook = p->grad_hook;
+            nv[i]->grad_hook_ctx = p->grad_hook_ctx;
+            if (p->name && lk_tensor_set_name(nv[i], p->name)) st = lk_last_status();
+        }
+    }
+    for (int i = 0; !st && i < sv.n; i++) {
+        lk_tensor *old = *sv.v[i].slot;
+        *sv.v[i].slot = sv.v[i].alias >= 0 ? lk_tensor_retain(*sv.v[sv.v[i].alias].slot) : nv[i];
+        if (sv.v[i].alias < 0) nv[i] = NULL;
+        lk_tensor_release(old); /* its gradient goes with it: it had the old dtype */
+    }
+    for (int i = 0; nv && i < sv.n; i++) lk_tensor_release(nv[i]);
+    lk_free(nv);
+    lk_free(sv.v);
+    return st;
 }
 
 lk_status lk_params_flatten(lk_layer *l, lk_tensor *grad_buffer, lk_tensor **flat_params, lk_tensor **flat_grads) {
     return lk_params_flatten_into(l, NULL, true, grad_buffer, flat_params, flat_grads);
 }
 
-/* A caller's buffer for flatten: f32, contiguous and LK_ALIGN-aligned (the
- * flat views and the optimizers' loops assume all three). */
-static lk_status check_flat_buffer(const lk_tensor *b, const char *what) {
+/* A caller's buffer for flatten: the parameters' dtype, contiguous and
+ * LK_ALIGN-aligned (the flat views and the optimizers' loops assume all
+ * three). */
+static lk_status check_flat_buffer(const lk_tensor *b, lk_dtype dt, const char *what) {
     if (!b) return LK_STATUS_OK;
-    if (b->dtype != LK_F32 || !lk_tensor_is_contiguous(b))
-        return lk_error(LK_STATUS_INVALID_ARGUMENT, "params_flatten: the %s buffer must be a contiguous f32 tensor, got %s%s",
-                        what, lk_dtype_name(b->dtype), lk_tensor_is_contiguous(b) ? "" : " (not contiguous)");
+    if (b->dtype != dt || !lk_tensor_is_contiguous(b))
+        return lk_error(LK_STATUS_INVALID_ARGUMENT, "params_flatten: the %s buffer must be a contiguous %s tensor (the "
+                        "parameters' dtype), got %s%s", what, lk_dtype_name(dt), lk_dtype_name(b->dtype),
+                        lk_tensor_is_contiguous(b) ? "" : " (not contiguous)");
     if (((uintptr_t)b->data % LK_ALIGN) != 0)
         return lk_error(LK_STATUS_INVALID_ARGUMENT, "params_flatten: the %s buffer %p is not %d-byte aligned", what,
                         b->data, LK_ALIGN);
@@ -347,13 +402,14 @@ lk_status lk_params_flatten_into(lk_layer *l, lk_tensor *param_buffer, bool copy
     if (flat_params) *flat_params = NULL;
     if (flat_grads) *flat_grads = NULL;
     if (!l) return lk_error(LK_STATUS_INVALID_ARGUMENT, "params_flatten: NULL layer");
-    LK_TRY(check_flat_buffer(grad_buffer, "gradient"));
-    LK_TRY(check_flat_buffer(param_buffer, "parameter"));
+    lk_dtype dt = params_dtype(l);
+    LK_TRY(check_flat_buffer(grad_buffer, dt, "gradient"));
+    LK_TRY(check_flat_buffer(param_buffer, dt, "parameter"));
     if (!param_buffer) copy_values = true;
     slot_vec sv = {0};
     lk_named_tensors names = {0};
     lk_tensor **pv = NULL, **gv = NULL, *flat = NULL, *gflat = NULL;
-    lk_status st = collect_slots(l, &sv);
+    lk_status st = collect_slots_of(l, dt, &sv);
     if (!st) st = lk_layer_named_parameters(l, &names);
     int64_t total = 0;
     if (!st) {
@@ -372,17 +428,17 @@ lk_status lk_params_flatten_into(lk_layer *l, lk_tensor *param_buffer, bool copy
         for (int b = 0; b < 2 && !st; b++) {
             const lk_tensor *buf = b ? grad_buffer : param_buffer;
             if (buf && buf->numel < total)
-                st = lk_error(LK_STATUS_INVALID_ARGUMENT, "params_flatten: the %s buffer holds %lld floats, the parameters %lld",
+                st = lk_error(LK_STATUS_INVALID_ARGUMENT, "params_flatten: the %s buffer holds %lld elements, the parameters %lld",
                               b ? "gradient" : "parameter", (long long)buf->numel, (long long)total);
         }
     }
     int64_t n1[1] = {total};
-    if (!st && !(flat = param_buffer ? lk_tensor_wrap(LK_F32, 1, n1, param_buffer->data) : lk_tensor_empty(LK_F32, 1, n1)))
+    if (!st && !(flat = param_buffer ? lk_tensor_wrap(dt, 1, n1, param_buffer->data) : lk_tensor_empty(dt, 1, n1)))
         st = lk_last_status();
     if (!st) {
-        gflat = grad_buffer ? lk_tensor_wrap(LK_F32, 1, n1, grad_buffer->data) : lk_tensor_empty(LK_F32, 1, n1);
+        gflat = grad_buffer ? lk_tensor_wrap(dt, 1, n1, grad_buffer->data) : lk_tensor_empty(dt, 1, n1);
         if (!gflat) st = lk_last_status();
-        else if (total) memset(gflat->data, 0, (size_t)total * sizeof(float));
+        else if (total) memset(gflat->data, 0, (size_t)total * lk_dtype_size(dt));
     }
     /* Make every view before changing anything, so failure leaves the layer as it was. */
     int64_t off = 0;

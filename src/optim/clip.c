@@ -12,8 +12,9 @@
 
 static lk_status check_grad(const lk_named_tensor *it) {
     const lk_tensor *g = it->tensor->grad;
-    if (g && (g->dtype != LK_F32 || !lk_tensor_is_contiguous(g)))
-        return lk_error(LK_STATUS_UNSUPPORTED, "clip_grad: the gradient of '%s' must be contiguous f32", it->name);
+    if (g && ((g->dtype != LK_F32 && g->dtype != LK_BF16 && g->dtype != LK_F16) || !lk_tensor_is_contiguous(g)))
+        return lk_error(LK_STATUS_UNSUPPORTED, "clip_grad: the gradient of '%s' must be contiguous f32, bf16 or f16 (got %s%s)",
+                        it->name, lk_dtype_name(g->dtype), lk_tensor_is_contiguous(g) ? "" : ", strided");
     return LK_STATUS_OK;
 }
 
@@ -31,7 +32,7 @@ lk_status lk_clip_grad_norm(const lk_named_tensors *params, double max_norm, dou
         if (!g) continue;
         n_grads++;
         /* inf: this gradient's max |x|; p: its sum of |x|^p (the root is taken here) */
-        lk_op_desc nd = {.op = LK_OP_NORM, .dtype = {LK_F32, LK_F64}};
+        lk_op_desc nd = {.op = LK_OP_NORM, .dtype = {g->dtype, LK_F64}};
         nd.norm = (lk_norm_params){g->numel, inf_norm ? INFINITY : norm_type};
         double s = 0.0;
         LK_TRY(lk__backend_run(g->device, &nd, (void *[]){g->data, &s}));
@@ -50,7 +51,7 @@ lk_status lk_clip_grad_norm(const lk_named_tensors *params, double max_norm, dou
     if (coef > 1.0f) coef = 1.0f; /* clamp(max=1) keeps NaN: NaN norms give NaN gradients, as in PyTorch */
     for (int i = 0; i < params->n; i++) {
         lk_tensor *g = params->items[i].tensor->grad;
-        if (g) LK_TRY(lk__affine_f32(g->device, g->numel, coef, 0.0f, false, g->data, g->data));
+        if (g) LK_TRY(lk__affine(g->device, g->dtype, g->numel, coef, 0.0f, false, g->data, g->data));
     }
     return LK_STATUS_OK;
 }
@@ -63,7 +64,7 @@ lk_status lk_clip_grad_value(const lk_named_tensors *params, double clip_value) 
         LK_TRY(check_grad(&params->items[i]));
         lk_tensor *g = params->items[i].tensor->grad;
         if (!g) continue;
-        lk_op_desc d = {.op = LK_OP_CLAMP, .dtype = {LK_F32, LK_F32}};
+        lk_op_desc d = {.op = LK_OP_CLAMP, .dtype = {g->dtype, g->dtype}};
         d.clamp = (lk_clamp_params){g->numel, -c, c};
         LK_TRY(lk__backend_run(g->device, &d, (void *[]){g->data, g->data}));
     }

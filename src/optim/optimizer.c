@@ -22,6 +22,7 @@ typedef struct {
 
 typedef struct {
     lk_optim_config cfg; /* lr, weight_decay, momentum/betas may differ per group */
+    lk_dtype dt;         /* the parameters' and gradients' dtype (f32, or bf16/f16: *-true precisions) */
     double initial_lr;   /* NAN until a scheduler sets it */
     opt_param *ps;
     int n;
@@ -149,9 +150,15 @@ lk_status lk_optimizer_add_param_group(lk_optimizer *o, const lk_named_tensors *
     if (params->n == 0) return lk_error(LK_STATUS_INVALID_ARGUMENT, "%s: optimizer got an empty parameter list", kind_name(cfg.kind));
     for (int i = 0; i < params->n; i++) {
         lk_tensor *t = params->items[i].tensor;
-        if (t->dtype != LK_F32 || !lk_tensor_is_contiguous(t))
-            return lk_error(LK_STATUS_UNSUPPORTED, "%s: parameter '%s' must be contiguous f32 (got %s%s)", kind_name(cfg.kind),
-                            params->items[i].name, lk_dtype_name(t->dtype), lk_tensor_is_contiguous(t) ? "" : ", strided");
+        lk_dtype dt0 = params->items[0].tensor->dtype;
+        if ((t->dtype != LK_F32 && t->dtype != LK_BF16 && t->dtype != LK_F16) || !lk_tensor_is_contiguous(t))
+            return lk_error(LK_STATUS_UNSUPPORTED, "%s: parameter '%s' must be contiguous f32, bf16 or f16 (got %s%s)",
+                            kind_name(cfg.kind), params->items[i].name, lk_dtype_name(t->dtype),
+                            lk_tensor_is_contiguous(t) ? "" : ", strided");
+        if (t->dtype != dt0)
+            return lk_error(LK_STATUS_INVALID_ARGUMENT, "%s: parameter '%s' is %s but '%s' is %s: one group updates "
+                            "parameters of one dtype (add a group per dtype)", kind_name(cfg.kind), params->items[i].name,
+                            lk_dtype_name(t->dtype), params->items[0].name, lk_dtype_name(dt0));
         for (int j = 0; j < i; j++)
             if (params->items[j].tensor == t)
                 return lk_error(LK_STATUS_INVALID_ARGUMENT, "%s: parameter '%s' appears twice in the group", kind_name(cfg.kind),
@@ -160,7 +167,8 @@ lk_status lk_optimizer_add_param_group(lk_optimizer *o, const lk_named_tensors *
             return lk_error(LK_STATUS_INVALID_ARGUMENT, "%s: some parameters appear in more than one parameter group ('%s')",
                             kind_name(cfg.kind), params->items[i].name);
     }
-    opt_group g = {.cfg = cfg, .initial_lr = NAN, .n = params->n, .n_state = state_arrays(&cfg), .state_writer = true};
+    opt_group g = {.cfg = cfg, .dt = params->items[0].tensor->dtype, .initial_lr = NAN, .n = params->n,
+                   .n_state = state_arrays(&cfg), .state_writer = true};
     opt_group *ng = lk_realloc(o->groups, (size_t)(o->n_groups + 1) * sizeof *ng);
     if (!ng) return LK_STATUS_OUT_OF_MEMORY;
     o->groups = ng;
@@ -207,8 +215,9 @@ lk_status lk_optimizer_create(const lk_optim_config *cfg, const lk_named_tensors
 }
 
 /* One update over elements [off, off + n) of the group, as a typed op on the
- * parameters' device (the loops: src/backend/cpu/optim.c). */
-static lk_status run_range(opt_group *g, lk_device dev, float *p, const float *gr, int64_t off, int64_t n,
+ * parameters' device (the loops: src/backend/cpu/optim.c). p and gr point at
+ * the range's first element (of g->dt); the state is always f32. */
+static lk_status run_range(opt_group *g, lk_device dev, void *p, const void *gr, int64_t off, int64_t n,
                            int64_t step) {
     const lk_optim_config *c = &g->cfg;
     float *s0 = g->state ? g->state + off : NULL, *s1 = NULL, *s2 = NULL;
@@ -224,7 +233,7 @@ static lk_status run_range(opt_group *g, lk_device dev, float *p, const float *g
         s1 = g->state + g->numel + off;
         s2 = g->n_state > 2 ? g->state + 2 * g->numel + off : NULL;
     }
-    lk_op_desc d = {.op = LK_OP_OPTIM_UPDATE, .dtype = {LK_F32, LK_F32, LK_F32, LK_F32, LK_F32}};
+    lk_op_desc d = {.op = LK_OP_OPTIM_UPDATE, .dtype = {g->dt, g->dt, LK_F32, LK_F32, LK_F32}};
     d.optim = (lk_optim_params){rule,          n,         step,    c->lr,    c->momentum,
                                 c->dampening,  c->weight_decay, c->beta1, c->beta2, c->eps,
                                 c->alpha,      c->nesterov,     c->maximize, c->kind == LK_OPTIM_ADAMW};
@@ -235,11 +244,12 @@ static lk_status run_range(opt_group *g, lk_device dev, float *p, const float *g
 static bool group_is_flat(const opt_group *g) {
     for (int i = 0; i < g->n; i++) {
         const lk_tensor *p = g->ps[i].p, *gr = p->grad;
-        if (!gr || gr->dtype != LK_F32 || !lk_tensor_is_contiguous(gr) || g->ps[i].step != g->ps[0].step) return false;
+        if (!gr || gr->dtype != g->dt || !lk_tensor_is_contiguous(gr) || g->ps[i].step != g->ps[0].step) return false;
         if (i == 0) continue;
         const lk_tensor *q = g->ps[i - 1].p;
-        if (p->storage != q->storage || (float *)p->data != (float *)q->data + q->numel) return false;
-        if (gr->storage != q->grad->storage || (float *)gr->data != (float *)q->grad->data + q->numel) return false;
+        if (p->storage != q->storage || (char *)p->data != (char *)q->data + lk_tensor_nbytes(q)) return false;
+        if (gr->storage != q->grad->storage || (char *)gr->data != (char *)q->grad->data + lk_tensor_nbytes(q))
+            return false;
     }
     return true;
 }
@@ -250,8 +260,8 @@ static bool group_is_flat(const opt_group *g) {
 typedef struct {
     opt_group *g;
     lk_device dev;
-    float *p;
-    const float *gr;
+    char *p;
+    const char *gr;
     int64_t lo, n, step; /* elements [lo, lo + n) of the group */
     int width;
     lk_status st[LK__PARALLEL_MAX]; /* per task: its message is on its own thread */
@@ -262,7 +272,8 @@ static void flat_task(void *ctx, int t) {
     int64_t a, b;
     lk__task_range(j->n, t, j->width, 16, &a, &b);
     a += j->lo, b += j->lo;
-    if (b > a) j->st[t] = run_range(j->g, j->dev, j->p + a, j->gr + a, a, b - a, j->step);
+    size_t es = lk_dtype_size(j->g->dt);
+    if (b > a) j->st[t] = run_range(j->g, j->dev, j->p + a * es, j->gr + a * es, a, b - a, j->step);
 }
 
 #define PARALLEL_MIN_ELEMS (64 << 10) /* below this, waking a thread costs more than it saves */
@@ -273,9 +284,10 @@ lk_status lk_optimizer_step(lk_optimizer *o) {
         opt_group *g = &o->groups[gi];
         for (int i = 0; i < g->n; i++) {
             const lk_tensor *p = g->ps[i].p, *gr = p->grad;
-            if (gr && (gr->dtype != LK_F32 || !lk_tensor_is_contiguous(gr) || gr->numel != p->numel))
-                return lk_error(LK_STATUS_UNSUPPORTED, "%s: the gradient of '%s' must be contiguous f32 of the parameter's size",
-                                kind_name(g->cfg.kind), g->ps[i].name);
+            if (gr && (gr->dtype != g->dt || !lk_tensor_is_contiguous(gr) || gr->numel != p->numel))
+                return lk_error(LK_STATUS_UNSUPPORTED, "%s: the gradient of '%s' must be contiguous %s of the parameter's "
+                                "size (got %s%s)", kind_name(g->cfg.kind), g->ps[i].name, lk_dtype_name(g->dt),
+                                lk_dtype_name(gr->dtype), lk_tensor_is_contiguous(gr) ? "" : ", strided");
         }
         if (g->n > 1 && group_is_flat(g)) {
             int64_t step = ++g->ps[0].step;
@@ -297,7 +309,9 @@ lk_status lk_optimizer_step(lk_optimizer *o) {
             int64_t step = ++g->ps[i].step; /* counted on every rank, so each holds the whole state's steps */
             int64_t off = g->ps[i].off;
             int64_t a = g->lo > off ? g->lo - off : 0, b = g->hi < off + p->numel ? g->hi - off : p->numel;
-            if (b > a) LK_TRY(run_range(g, p->device, (float *)p->data + a, (float *)p->grad->data + a, off + a, b - a, step));
+            size_t es = lk_dtype_size(g->dt);
+            if (b > a)
+                LK_TRY(run_range(g, p->device, (char *)p->data + a * es, (char *)p->grad->data + a * es, off + a, b - a, step));
         }
     }
     return LK_STATUS_OK;
@@ -308,7 +322,7 @@ void lk_optimizer_zero_grad(lk_optimizer *o, bool set_to_none) {
     for (int gi = 0; gi < o->n_groups; gi++) {
         opt_group *g = &o->groups[gi];
         if (g->n > 1 && group_is_flat(g)) {
-            memset(g->ps[0].p->grad->data, 0, (size_t)g->numel * sizeof(float));
+            memset(g->ps[0].p->grad->data, 0, (size_t)g->numel * lk_dtype_size(g->dt));
             continue;
         }
         for (int i = 0; i < g->n; i++) {
@@ -572,7 +586,7 @@ lk_status lk__optimizer_shard(lk_optimizer *o, int64_t lo, int64_t hi, float *st
                         (long long)lo, (long long)hi, (long long)g->numel);
     for (int i = 1; i < g->n; i++) { /* the elements are numbered as they lie in memory */
         const lk_tensor *p = g->ps[i].p, *q = g->ps[i - 1].p;
-        if ((float *)p->data != (float *)q->data + q->numel)
+        if ((char *)p->data != (char *)q->data + lk_tensor_nbytes(q))
             return lk_error(LK_STATUS_UNSUPPORTED, "a sharded optimizer update needs the parameters back to back in "
                             "memory ('%s' does not follow '%s')", g->ps[i].name, g->ps[i - 1].name);
     }

@@ -7,7 +7,8 @@
  * continues — so that every rank issues the same collectives in the same
  * order. The last bucket is reduced on the calling thread in
  * finish_backward (see launch_ready). Also here: gradients that travel
- * compressed (comm_dtype bf16/f16, PyTorch's compress hooks), shared
+ * compressed (comm_dtype bf16/f16, PyTorch's compress hooks) or, for 16-bit
+ * parameters, widened to f32 for the average; shared
  * parameters with the optimizer sharded over them (where the ranks share
  * memory), and uneven inputs (join). */
 #include <string.h>
@@ -34,14 +35,15 @@ typedef struct param_slot {
 } param_slot;
 
 typedef struct ddp {
-    uint16_t *wire; /* comm_dtype bf16/f16: the buckets as they travel (shared memory) */
+    void *wire; /* comm_dtype != param_dtype: the buckets as they travel (shared memory) */
     bucket *buckets;
     int nbuckets, next_launch;
     param_slot *slots;
     lk_status async_err;
     /* Shared parameters (one node): one copy for all ranks, in rank 0's
      * part of the segment; each rank updates its shard of it. */
-    float *common_params, *common_state;
+    void *common_params; /* flat_numel elements of param_dtype */
+    float *common_state;
     bool common_owner, sharded;
 } ddp;
 
@@ -92,14 +94,25 @@ static void ddp_free(lk_strategy *s) {
     s->self = NULL;
 }
 
-/* Starts bucket b's average: in place in the gradient buffer, or rounded
- * into the wire buffer first when gradients travel compressed. */
+static void *elem(void *base, lk_dtype dt, int64_t i) { return (char *)base + i * (int64_t)lk_dtype_size(dt); }
+
+/* n elements from src (dtype sd) into dst (dtype dd): one of the two is f32
+ * (lk_strategy_create refuses the other pairs). */
+static void convert(lk_dtype dd, void *dst, lk_dtype sd, const void *src, size_t n) {
+    if (sd == LK_F32) lk_f32_to_half_n(dd, dst, src, n);
+    else lk_half_to_f32_n(sd, dst, src, n);
+}
+
+/* Starts bucket b's average: in place in the gradient buffer, or converted
+ * into the wire buffer first when gradients travel in another dtype
+ * (compressed f32 gradients; 16-bit gradients averaged in f32). */
 static lk_status reduce_bucket(lk_strategy *s, bucket *b, bool async) {
     ddp *d = me(s);
-    void *buf = s->flat_grad + b->offset;
+    void *buf = elem(s->flat_grad, s->cfg.param_dtype, b->offset);
     if (d->wire) {
-        buf = d->wire + b->offset;
-        lk_f32_to_half_n(s->cfg.comm_dtype, buf, s->flat_grad + b->offset, (size_t)b->count);
+        buf = elem(d->wire, s->cfg.comm_dtype, b->offset);
+        convert(s->cfg.comm_dtype, buf, s->cfg.param_dtype, elem(s->flat_grad, s->cfg.param_dtype, b->offset),
+                (size_t)b->count);
     }
     s->stats.allreduce_calls++;
     s->stats.bytes_reduced += bucket_bytes(s, b);
@@ -144,7 +157,8 @@ static lk_status ddp_param_buffer(lk_strategy *s, int64_t numel, void **buf, boo
     if (!s->cfg.shared_params || s->world < 2 || !lk_comm_shares_memory(s->comm)) return LK_STATUS_OK;
     if (d->common_params) return lk_error(LK_STATUS_INVALID_USAGE, "strategy: the parameter buffer is already allocated");
     void *mem;
-    LK_TRY(lk_comm_alloc_common(s->comm, (size_t)(numel ? numel : 1) * sizeof(float), &mem, &d->common_owner));
+    LK_TRY(lk_comm_alloc_common(s->comm, (size_t)(numel ? numel : 1) * lk_dtype_size(s->cfg.param_dtype), &mem,
+                                &d->common_owner));
     d->common_params = mem;
     *buf = mem;
     *copy_values = d->common_owner;
@@ -161,7 +175,7 @@ static lk_status ddp_setup(lk_strategy *s) {
     if (d->common_params) { /* rank 0 wrote the values: they are everyone's once it is here */
         int64_t off = 0;
         for (int i = 0; i < n; i++) {
-            if ((float *)params[i]->data != d->common_params + off || !lk_tensor_is_contiguous(params[i]))
+            if (params[i]->data != elem(d->common_params, s->cfg.param_dtype, off) || !lk_tensor_is_contiguous(params[i]))
                 return lk_error(LK_STATUS_INVALID_USAGE, "ddp: parameter '%s' is not where the shared parameter buffer "
                                 "puts it (flatten the parameters into lk_strategy_param_buffer's memory, in order)",
                                 names ? names[i] : "?");
@@ -179,9 +193,9 @@ static lk_status ddp_setup(lk_strategy *s) {
     for (int i = 0; i < s->nbuffers; i++)
         LK_TRY(lk_comm_broadcast(s->comm, s->buffers[i]->data, (size_t)s->buffers[i]->numel, s->buffers[i]->dtype, 0));
     LK_TRY(lk__strategy_alloc_flat(s, total));
-    if (s->cfg.comm_dtype != LK_F32 && !d->wire) {
+    if (s->cfg.comm_dtype != s->cfg.param_dtype && !d->wire) {
         void *mem;
-        LK_TRY(lk_comm_alloc_shared(s->comm, (size_t)(total ? total : 1) * sizeof(uint16_t), &mem));
+        LK_TRY(lk_comm_alloc_shared(s->comm, (size_t)(total ? total : 1) * lk_dtype_size(s->cfg.comm_dtype), &mem));
         d->wire = mem;
     }
     d->slots = lk_calloc((size_t)(n ? n : 1), sizeof *d->slots);
@@ -192,7 +206,7 @@ static lk_status ddp_setup(lk_strategy *s) {
      * parameters, so the optimizer sees one flat range); buckets are cut
      * walking backwards — the order backward produces gradients — so each
      * bucket is one contiguous range. */
-    int64_t cap = (int64_t)(s->cfg.bucket_cap_mb * 1024 * 1024 / sizeof(float));
+    int64_t cap = (int64_t)(s->cfg.bucket_cap_mb * 1024 * 1024 / (double)lk_dtype_size(s->cfg.param_dtype));
     if (cap < 1) cap = 1;
     int64_t off = total;
     d->nbuckets = 0;
@@ -219,10 +233,11 @@ static lk_status ddp_shard_optimizer(lk_strategy *s, lk_optimizer *o) {
     if (nstate < 0)
         return lk_error(LK_STATUS_UNSUPPORTED, "ddp with shared parameters updates one parameter group (this optimizer has %d); "
                         "set shared_params false", lk_optimizer_num_groups(o));
-    /* Rank r updates elements [lo, hi): a W-th each, cut at multiples of 16
-     * floats (64 bytes) so no two ranks write one cache line. */
-    int64_t n = s->flat_numel, W = s->world, r = s->rank;
-    int64_t lo = n * r / W / 16 * 16, hi = r == W - 1 ? n : n * (r + 1) / W / 16 * 16;
+    /* Rank r updates elements [lo, hi): a W-th each, cut at multiples of 64
+     * bytes of parameters (16 f32, 32 bf16) so no two ranks write one cache
+     * line. */
+    int64_t n = s->flat_numel, W = s->world, r = s->rank, a = 64 / (int64_t)lk_dtype_size(s->cfg.param_dtype);
+    int64_t lo = n * r / W / a * a, hi = r == W - 1 ? n : n * (r + 1) / W / a * a;
     if (nstate > 0) {
         void *mem;
         bool owner;
@@ -298,7 +313,7 @@ static lk_status ddp_finish_backward(lk_strategy *s) {
     s->stats.comm_straggler_s += straggler;
     s->stats.comm_straggler_last_s = straggler;
     if (d->wire && !d->async_err) /* widen the averages back into the gradients */
-        lk_half_to_f32_n(s->cfg.comm_dtype, s->flat_grad, d->wire, (size_t)s->flat_numel);
+        convert(s->cfg.param_dtype, s->flat_grad, s->cfg.comm_dtype, d->wire, (size_t)s->flat_numel);
     double dt = lk_time_now() - t0;
     s->stats.comm_exposed_s += dt;
     s->stats.comm_wait_last_s = dt;
@@ -327,7 +342,7 @@ static lk_status ddp_join(lk_strategy *s) {
     LK_TRY(lk_comm_all_reduce(s->comm, &key, 1, LK_I64, LK_REDUCE_MAX));
     int root = (int)(key % s->world);
     for (int i = 0; i < s->nparams; i++)
-        LK_TRY(lk_comm_broadcast(s->comm, s->params[i]->data, (size_t)s->params[i]->numel, LK_F32, root));
+        LK_TRY(lk_comm_broadcast(s->comm, s->params[i]->data, (size_t)s->params[i]->numel, s->params[i]->dtype, root));
     for (int i = 0; i < s->nbuffers; i++)
         LK_TRY(lk_comm_broadcast(s->comm, s->buffers[i]->data, (size_t)s->buffers[i]->numel, s->buffers[i]->dtype, root));
     s->join_steps = 0;

@@ -170,18 +170,20 @@ static lk_status dp_attach(lk_strategy *s) {
     if (!fn->replicate)
         return lk_error(LK_STATUS_INVALID_ARGUMENT, "strategy 'dp' needs replicas of the module (lk_step_fn.replicate)");
     /* Replica 0 is the caller's parameters, one flat range (lk_params_flatten). */
-    float *base = s->nparams ? s->params[0]->data : s->flat_grad;
+    lk_dtype dt = s->cfg.param_dtype;
+    size_t es = lk_dtype_size(dt);
+    char *base = s->nparams ? s->params[0]->data : s->flat_grad;
     int64_t off = 0;
     for (int i = 0; i < s->nparams; i++) {
-        if ((float *)s->params[i]->data != base + off || !lk_tensor_is_contiguous(s->params[i]))
+        if (s->params[i]->data != base + off * (int64_t)es || !lk_tensor_is_contiguous(s->params[i]))
             return lk_error(LK_STATUS_INVALID_USAGE, "dp: parameter '%s' is not in one flat range with the others "
                             "(lk_params_flatten the network before lk_strategy_setup)", s->names ? s->names[i] : "?");
         off += s->params[i]->numel;
     }
     int64_t shape[1] = {s->flat_numel};
     replica *r0 = &d->r[0];
-    r0->flat_p = lk_tensor_wrap(LK_F32, 1, shape, base);
-    r0->flat_g = lk_tensor_wrap(LK_F32, 1, shape, s->flat_grad);
+    r0->flat_p = lk_tensor_wrap(dt, 1, shape, base);
+    r0->flat_g = lk_tensor_wrap(dt, 1, shape, s->flat_grad);
     lk_status st = r0->flat_p && r0->flat_g ? LK_STATUS_OK : lk_last_status();
     for (int k = 0; k < d->n; k++) d->r[k].d = d, d->r[k].s = s, d->r[k].k = k;
     for (int k = 1; k < d->n && !st; k++) {
@@ -190,14 +192,15 @@ static lk_status dp_attach(lk_strategy *s) {
         st = fn->replicate(fn->ctx, k, &net);
         r->made = !st;
         if (!st) st = lk_params_flatten(net, NULL, &r->flat_p, &r->flat_g);
-        if (!st && r->flat_p->numel != s->flat_numel)
-            st = lk_error(LK_STATUS_INTERNAL, "dp: replica %d has %lld parameters, replica 0 %lld", k,
-                          (long long)r->flat_p->numel, (long long)s->flat_numel);
+        if (!st && (r->flat_p->numel != s->flat_numel || r->flat_p->dtype != dt))
+            st = lk_error(LK_STATUS_INTERNAL, "dp: replica %d has %lld %s parameters, replica 0 %lld %s", k,
+                          (long long)r->flat_p->numel, lk_dtype_name(r->flat_p->dtype), (long long)s->flat_numel,
+                          lk_dtype_name(dt));
         if (!st) st = lk_layer_named_buffers(net, &r->buffers);
         if (!st && r->buffers.n != s->nbuffers)
             st = lk_error(LK_STATUS_INTERNAL, "dp: replica %d has %d buffers, replica 0 %d", k, r->buffers.n, s->nbuffers);
         if (!st) {
-            memcpy(r->flat_p->data, base, (size_t)s->flat_numel * sizeof(float));
+            memcpy(r->flat_p->data, base, (size_t)s->flat_numel * es);
             if (pthread_create(&r->thread, NULL, worker, r)) st = lk_error(LK_STATUS_INTERNAL, "dp: cannot start thread %d", k);
             else r->running = true;
         }
@@ -248,12 +251,11 @@ static lk_status dp_training_step(lk_strategy *s, const lk_step_args *a, lk_step
     res->t_bwd = d->r[0].t_bwd;
     /* Gradients onto replica 0 (the central device's reduction). */
     double t0 = lk_time_now();
-    float *g0 = s->flat_grad;
-    int64_t ng = s->flat_numel;
+    lk_tensor *g0 = d->r[0].flat_g;
     for (int k = 1; k < d->n; k++) {
-        float *gk = d->r[k].flat_g->data;
-        LK_TRY(lk__axpy_f32(d->r[k].flat_g->device, ng, 1.0f, gk, g0)); /* g0 += gk */
-        memset(gk, 0, (size_t)ng * sizeof(float));
+        lk_tensor *gk = d->r[k].flat_g;
+        LK_TRY(lk__axpy(gk->device, gk->dtype, g0->numel, 1.0f, gk->data, g0->data)); /* g0 += gk */
+        memset(gk->data, 0, lk_tensor_nbytes(gk));
     }
     res->t_comm = lk_time_now() - t0;
     double l = 0;

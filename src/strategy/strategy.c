@@ -36,7 +36,7 @@ const char *const *lk_strategy_names(int *count) {
 lk_strategy_config lk_strategy_config_default(void) {
     return (lk_strategy_config){.name = "auto", .comm = NULL, .devices = 1, .bucket_cap_mb = 25.0,
                                 .broadcast_buffers = true, .report_unused = false, .comm_dtype = LK_F32,
-                                .shared_params = true};
+                                .param_dtype = LK_F32, .shared_params = true};
 }
 
 lk_status lk_strategy_create(const lk_strategy_config *cfg, lk_strategy **out) {
@@ -61,6 +61,12 @@ lk_status lk_strategy_create(const lk_strategy_config *cfg, lk_strategy **out) {
     if (cfg->comm_dtype != LK_F32 && cfg->comm_dtype != LK_BF16 && cfg->comm_dtype != LK_F16)
         return lk_error(LK_STATUS_INVALID_ARGUMENT, "ddp gradients travel as f32, bf16 or f16, not %s",
                         lk_dtype_name(cfg->comm_dtype));
+    if (cfg->param_dtype != LK_F32 && cfg->param_dtype != LK_BF16 && cfg->param_dtype != LK_F16)
+        return lk_error(LK_STATUS_INVALID_ARGUMENT, "strategies train f32, bf16 or f16 parameters, not %s",
+                        lk_dtype_name(cfg->param_dtype));
+    if (cfg->param_dtype != LK_F32 && cfg->comm_dtype != LK_F32 && cfg->comm_dtype != cfg->param_dtype)
+        return lk_error(LK_STATUS_INVALID_ARGUMENT, "%s gradients travel as themselves or as f32, not %s",
+                        lk_dtype_name(cfg->param_dtype), lk_dtype_name(cfg->comm_dtype));
     if (!(cfg->bucket_cap_mb > 0))
         return lk_error(LK_STATUS_INVALID_ARGUMENT, "bucket_cap_mb must be > 0, got %g", cfg->bucket_cap_mb);
     lk_strategy *s = lk_calloc(1, sizeof *s);
@@ -112,11 +118,11 @@ void lk_strategy_free(lk_strategy *s) {
 lk_status lk__strategy_alloc_flat(lk_strategy *s, int64_t numel) {
     if (s->flat_grad) {
         if (numel != s->flat_numel)
-            return lk_error(LK_STATUS_INVALID_USAGE, "strategy: gradient buffer already allocated for %lld floats",
+            return lk_error(LK_STATUS_INVALID_USAGE, "strategy: gradient buffer already allocated for %lld elements",
                             (long long)s->flat_numel);
         return LK_STATUS_OK;
     }
-    size_t bytes = (size_t)(numel ? numel : 1) * sizeof(float);
+    size_t bytes = (size_t)(numel ? numel : 1) * lk_dtype_size(s->cfg.param_dtype);
     if (s->vt->alloc_grads) {
         void *mem;
         LK_TRY(s->vt->alloc_grads(s, bytes, &mem, &s->flat_shared));
@@ -134,7 +140,7 @@ lk_status lk_strategy_grad_buffer(lk_strategy *s, int64_t numel, lk_tensor **out
     LK_TRY(lk__strategy_alloc_flat(s, numel));
     if (!s->flat_grad_t) {
         int64_t shape[1] = {s->flat_numel};
-        if (!(s->flat_grad_t = lk_tensor_wrap(LK_F32, 1, shape, s->flat_grad))) return lk_last_status();
+        if (!(s->flat_grad_t = lk_tensor_wrap(s->cfg.param_dtype, 1, shape, s->flat_grad))) return lk_last_status();
     }
     *out = s->flat_grad_t;
     return LK_STATUS_OK;
@@ -149,7 +155,7 @@ lk_status lk_strategy_param_buffer(lk_strategy *s, int64_t numel, lk_tensor **bu
     if (!mem) return LK_STATUS_OK;
     int64_t shape[1] = {numel};
     lk_tensor_release(s->param_buf_t);
-    if (!(s->param_buf_t = lk_tensor_wrap(LK_F32, 1, shape, mem))) return lk_last_status();
+    if (!(s->param_buf_t = lk_tensor_wrap(s->cfg.param_dtype, 1, shape, mem))) return lk_last_status();
     *buf = s->param_buf_t;
     return LK_STATUS_OK;
 }
@@ -158,9 +164,9 @@ lk_status lk__strategy_grads_to_flat(lk_strategy *s) {
     int64_t off = 0;
     for (int i = 0; i < s->nparams; i++) {
         lk_tensor *p = s->params[i];
-        float *want = s->flat_grad + off;
-        if (!p->grad || p->grad->data != (void *)want || !lk_tensor_is_contiguous(p->grad)) {
-            lk_tensor *g = lk_tensor_wrap(LK_F32, p->ndim, p->shape, want);
+        void *want = (char *)s->flat_grad + off * (int64_t)lk_dtype_size(s->cfg.param_dtype);
+        if (!p->grad || p->grad->data != want || !lk_tensor_is_contiguous(p->grad)) {
+            lk_tensor *g = lk_tensor_wrap(s->cfg.param_dtype, p->ndim, p->shape, want);
             if (!g) return lk_last_status();
             if (p->grad) lk_tensor_copy(g, p->grad);
             lk_tensor_release(p->grad);
@@ -180,13 +186,14 @@ lk_status lk_strategy_setup(lk_strategy *s, lk_tensor *const *params, const char
     s->nbuffers = nbuf;
     int64_t total = 0;
     for (int i = 0; i < n; i++) {
-        if (params[i]->dtype != LK_F32)
-            return lk_error(LK_STATUS_UNSUPPORTED, "parameter '%s' has dtype %s; strategies train f32 parameters",
-                            names ? names[i] : "?", lk_dtype_name(params[i]->dtype));
+        if (params[i]->dtype != s->cfg.param_dtype)
+            return lk_error(LK_STATUS_INVALID_ARGUMENT, "parameter '%s' has dtype %s; the strategy was made for %s "
+                            "parameters (lk_strategy_config.param_dtype)",
+                            names ? names[i] : "?", lk_dtype_name(params[i]->dtype), lk_dtype_name(s->cfg.param_dtype));
         total += params[i]->numel;
     }
     if (s->flat_grad && s->flat_numel != total)
-        return lk_error(LK_STATUS_INVALID_ARGUMENT, "strategy: the gradient buffer holds %lld floats, the parameters %lld",
+        return lk_error(LK_STATUS_INVALID_ARGUMENT, "strategy: the gradient buffer holds %lld elements, the parameters %lld",
                         (long long)s->flat_numel, (long long)total);
     if (s->vt->setup) return s->vt->setup(s);
     LK_TRY(lk__strategy_alloc_flat(s, total));
@@ -283,7 +290,7 @@ lk_status lk_strategy_finish_backward(lk_strategy *s) {
 }
 
 void lk_strategy_zero_grad(lk_strategy *s) {
-    if (s->flat_grad) memset(s->flat_grad, 0, (size_t)s->flat_numel * sizeof(float));
+    if (s->flat_grad) memset(s->flat_grad, 0, (size_t)s->flat_numel * lk_dtype_size(s->cfg.param_dtype));
 }
 
 lk_status lk_strategy_reduce(lk_strategy *s, double *vals, int n, lk_reduce_op op) {

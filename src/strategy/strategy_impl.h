@@ -65,7 +65,7 @@ struct lk_strategy {
     lk_tensor *const *buffers;
     int nbuffers;
     /* the flat gradient buffer: every parameter's .grad is a view of it */
-    float *flat_grad;
+    void *flat_grad;        /* flat_numel elements of cfg.param_dtype */
     lk_tensor *flat_grad_t; /* the same memory as a tensor (lk_strategy_grad_buffer) */
     int64_t flat_numel;
     bool flat_shared;

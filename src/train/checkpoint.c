@@ -187,12 +187,19 @@ lk_status lk_module_load_weights(lk_module *m, const char *path) {
     return st;
 }
 
-/* Every precision keeps f32 parameters and f32 optimizer state (the mixed
- * ones multiply rounded copies per call), so a checkpoint resumes in any
- * other precision unchanged; only the fp16 loss scaler's state is
- * precision-specific. Said in one line each, so that a run resumed in
- * another precision is never silent about it. A checkpoint written before
- * the "precision" key existed is known to be 16-mixed by its scaler state. */
+/* The weights are saved in the parameters' dtype (f32 for 32-true and the
+ * mixed precisions, bf16/f16 for the *-true ones) and the optimizer state in
+ * f32 always, so a checkpoint resumes in any other precision: loading casts
+ * the weights to this run's parameter dtype (widening is exact; f32 to a
+ * 16-bit dtype rounds to nearest even, as module.to(dtype) does). Only the
+ * fp16 loss scaler's state is precision-specific. Said in one line each, so
+ * that a run resumed in another precision is never silent about it. A
+ * checkpoint written before the "precision" key existed is known to be
+ * 16-mixed by its scaler state. */
+static const char *weights_dtype(const char *precision) {
+    return !strcmp(precision, "bf16-true") ? "bf16" : !strcmp(precision, "16-true") ? "f16" : "f32";
+}
+
 static void precision_note(lk_trainer *tr, const lk_st_file *f, const char *path, bool restore_training) {
     bool has_scaler = false;
     for (int i = 0; i < lk_safetensors_count(f) && !has_scaler; i++)
@@ -200,9 +207,14 @@ static void precision_note(lk_trainer *tr, const lk_st_file *f, const char *path
     const char *saved = lk_safetensors_meta(f, "precision");
     if (!saved || !*saved) saved = has_scaler ? "16-mixed" : NULL;
     const char *now = precision_name(tr->cfg.precision);
-    if (saved && strcmp(precision_name(saved), now))
-        lk_log0("%s was saved in precision %s, this run uses %s: the f32 weights%s are loaded as they are", path,
-                saved, now, restore_training ? " and optimizer state" : "");
+    if (saved && strcmp(precision_name(saved), now)) {
+        const char *from = weights_dtype(precision_name(saved)), *to = weights_dtype(now);
+        lk_log0("%s was saved in precision %s, this run uses %s: the %s weights are %s%s", path, saved, now, from,
+                !strcmp(from, to) ? "loaded as they are" : !strcmp(to, "f32") ? "widened to f32 (exact)"
+                : !strcmp(from, "f32") ? (to[0] == 'b' ? "rounded to bf16" : "rounded to f16")
+                                       : (to[0] == 'b' ? "converted to bf16 (rounded)" : "converted to f16 (rounded)"),
+                restore_training ? ", the f32 optimizer state as it is" : "");
+    }
     if (!restore_training) return;
     if (has_scaler && !tr->scaler)
         lk_log0("%s: its grad_scaler.* state (16-mixed's loss scaler) is ignored: precision %s has no loss scaler",

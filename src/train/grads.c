@@ -21,19 +21,22 @@ lk_status lk__first_nonfinite(lk_trainer *tr, double loss) {
     for (int i = 0; i < tr->params.n; i++) {
         lk_tensor *g = tr->params.items[i].tensor->grad;
         if (!g) continue;
-        const float *d = g->data;
         /* LK_OP_NONFINITE tests the exponent bits blockwise without a branch
          * (a per-element isfinite() with one costs as much as Adam itself) */
-        lk_op_desc nd = {.op = LK_OP_NONFINITE, .dtype = {LK_F32, LK_I64}};
+        lk_op_desc nd = {.op = LK_OP_NONFINITE, .dtype = {g->dtype, LK_I64}};
         nd.nonfinite = (lk_nonfinite_params){g->numel, 1.0f};
         int64_t k = -1;
         LK_TRY(lk__backend_run(g->device, &nd, (void *[]){g->data, &k}));
-        if (k >= 0)
+        if (k >= 0) {
+            float v;
+            if (g->dtype == LK_F32) v = ((const float *)g->data)[k];
+            else lk_half_to_f32_n(g->dtype, &v, (const uint16_t *)g->data + k, 1);
             return lk_error(LK_STATUS_ABORTED,
                             "non-finite gradient at step %lld (epoch %lld, batch %lld): parameter '%s' element %lld "
                             "is %g (loss %g)",
                             (long long)tr->global_step, (long long)tr->epoch, (long long)tr->batch_idx,
-                            tr->params.items[i].name, (long long)k, (double)d[k], loss);
+                            tr->params.items[i].name, (long long)k, (double)v, loss);
+        }
     }
     return LK_STATUS_OK;
 }

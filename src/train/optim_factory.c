@@ -36,7 +36,9 @@ lk_status lk__optim_setup(lk_trainer *tr, int64_t steps_per_epoch) {
     }
     LK_TRY(lk_optimizer_create(&oc, &tr->params, &tr->optim));
     LK_TRY(lk_strategy_shard_optimizer(tr->strat, tr->optim));
-    if (tr->autocast == LK_F16) { /* fp16's narrow range needs the loss scaler; bf16's does not (as Lightning) */
+    /* fp16's narrow range needs the loss scaler; bf16's does not, and 16-true
+     * has none (as Lightning: torch's GradScaler refuses f16 gradients) */
+    if (tr->autocast == LK_F16 && tr->param_dtype == LK_F32) {
         lk_grad_scaler_config gc = lk_grad_scaler_config_default();
         gc.init_scale = tr->cfg.grad_scaler_init_scale;
         gc.growth_factor = tr->cfg.grad_scaler_growth_factor;

@@ -66,6 +66,11 @@ static lk_status step_replicate(void *ctx, int k, lk_layer **net) {
         return LK_STATUS_OUT_OF_MEMORY;
     lk__replica *r = &tr->replicas[k];
     LK_TRY(m->vt->replicate(m, &r->module));
+    if (lk_layer_cast_parameters(r->module->net, tr->param_dtype)) { /* as replica 0's (*-true) */
+        lk_status st = lk_last_status();
+        step_free_replica(tr, k);
+        return st;
+    }
     if (!(r->shadow = lk_calloc(1, sizeof *r->shadow))) {
         step_free_replica(tr, k);
         return LK_STATUS_OUT_OF_MEMORY;

@@ -134,9 +134,19 @@ lk_status lk_model_summary(const lk_layer *net, int max_depth, char **out) {
     fprintf(f, "\n%-10sNon-trainable params", c);
     human_count(total, c, sizeof c);
     fprintf(f, "\n%-10sTotal params", c);
-    /* 32-bit parameters: 4 bytes each, in decimal megabytes (Lightning's
-     * precision_megabytes), printed with three decimals and thousands commas. */
+    /* The parameters' bytes (4 each in f32, 2 in bf16/f16: Lightning's
+     * precision_megabytes) in decimal megabytes, printed with three decimals
+     * and thousands commas. */
     double mb = (double)total * 4e-6;
+    lk_named_tensors ps = {0};
+    if (lk_layer_named_parameters(net, &ps) == LK_STATUS_OK) {
+        double bytes = 0;
+        for (int i = 0; i < ps.n; i++) bytes += (double)lk_tensor_nbytes(ps.items[i].tensor);
+        mb = bytes * 1e-6;
+    } else {
+        lk_clear_error();
+    }
+    lk_named_tensors_clear(&ps);
     char frac[16];
     snprintf(frac, sizeof frac, "%.3f", mb - floor(mb));
     long long whole = (long long)floor(mb);

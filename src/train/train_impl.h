@@ -53,7 +53,8 @@ typedef struct lk_es_state {
 
 struct lk_trainer {
     lk_trainer_config cfg;
-    lk_dtype autocast; /* trainer.precision: the steps' autocast dtype (LK_F32: 32-true) */
+    lk_dtype autocast;    /* trainer.precision: the steps' autocast dtype (LK_F32: 32-true) */
+    lk_dtype param_dtype; /* the parameters' and gradients' dtype: f32, or bf16/f16 for the *-true precisions */
     long test_step_delay_ms; /* LK_TEST_STEP_DELAY_MS */
     int test_overflow_rank;  /* LK_TEST_GRAD_OVERFLOW=RANK:STEP (-1: off) */
     int64_t test_overflow_step;

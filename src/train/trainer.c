@@ -22,18 +22,17 @@
 /* ---- creation --------------------------------------------------------------- */
 
 /* trainer.precision (with Lightning's aliases) -> the autocast dtype of the
- * steps (LK_F32: none). The *-true precisions keep the parameters themselves
- * in the low dtype, which needs every op in that dtype: refused for now. */
-static lk_status parse_precision(const char *p, lk_dtype *autocast) {
-    *autocast = LK_F32;
+ * steps (LK_F32: none) and the parameters' dtype. The *-true precisions
+ * keep the parameters (and so the gradients) themselves in the low dtype
+ * and run the steps under autocast of it: the GEMMs take the 16-bit
+ * weights as they are, the fp32-list ops (softmax, losses) still widen. */
+static lk_status parse_precision(const char *p, lk_dtype *autocast, lk_dtype *params) {
+    *autocast = *params = LK_F32;
     if (!strcmp(p, "32-true") || !strcmp(p, "32")) return LK_STATUS_OK;
     if (!strcmp(p, "bf16-mixed") || !strcmp(p, "bf16")) return (*autocast = LK_BF16), LK_STATUS_OK;
     if (!strcmp(p, "16-mixed") || !strcmp(p, "16")) return (*autocast = LK_F16), LK_STATUS_OK;
-    if (!strcmp(p, "bf16-true") || !strcmp(p, "16-true"))
-        return lk_error(LK_STATUS_UNSUPPORTED,
-                        "trainer.precision '%s' keeps the parameters in %s, which needs every op in that dtype; this "
-                        "build runs only the matrix products in it: use %s (f32 master weights)",
-                        p, p[0] == 'b' ? "bf16" : "f16", p[0] == 'b' ? "bf16-mixed" : "16-mixed");
+    if (!strcmp(p, "bf16-true")) return (*autocast = *params = LK_BF16), LK_STATUS_OK;
+    if (!strcmp(p, "16-true")) return (*autocast = *params = LK_F16), LK_STATUS_OK;
     if (!strcmp(p, "64-true") || !strcmp(p, "64"))
         return lk_error(LK_STATUS_UNSUPPORTED, "trainer.precision '%s': f64 training is not supported (use 32-true)", p);
     return lk_error(LK_STATUS_INVALID_ARGUMENT,
@@ -49,11 +48,12 @@ lk_status lk_trainer_create(const lk_trainer_config *cfg, const lk_optim_setting
         return lk_error(LK_STATUS_INVALID_ARGUMENT,
                         "trainer.deterministic is true but trainer.max_time is set: stopping on wall time "
                         "depends on machine speed, so runs would not be reproducible");
-    lk_dtype autocast;
-    LK_TRY(parse_precision(cfg->precision, &autocast));
+    lk_dtype autocast, param_dtype;
+    LK_TRY(parse_precision(cfg->precision, &autocast, &param_dtype));
     lk_trainer *tr = lk_calloc(1, sizeof *tr);
     if (!tr) return LK_STATUS_OUT_OF_MEMORY;
     tr->autocast = autocast;
+    tr->param_dtype = param_dtype;
     tr->cfg = *cfg;
     if (optim) tr->opt = *optim;
     else lk_optim_settings_default(&tr->opt);
@@ -141,6 +141,7 @@ lk_status lk_trainer_create(const lk_trainer_config *cfg, const lk_optim_setting
     sc.comm = tr->comm;
     sc.bucket_cap_mb = cfg->bucket_cap_mb;
     sc.shared_params = cfg->ddp_shared_params;
+    sc.param_dtype = param_dtype;
     sc.comm_dtype = !strcmp(cfg->ddp_comm_hook, "bf16_compress") ? LK_BF16
                     : !strcmp(cfg->ddp_comm_hook, "fp16_compress") ? LK_F16 : LK_F32;
     st = lk_strategy_create(&sc, &tr->strat);
@@ -625,6 +626,10 @@ static lk_status begin_run(lk_trainer *tr, lk_module *m, lk_datamodule *dm, cons
         return lk_error(LK_STATUS_INVALID_ARGUMENT, "trainer: a data module with setup() and dataset() is required");
     tr->module = m;
     tr->dm = dm;
+    /* bf16-true / 16-true: the module's parameters in that dtype, as
+     * Lightning's module.to(dtype), before anything flattens them or a
+     * checkpoint is loaded into them (the load casts). */
+    LK_TRY(lk_layer_cast_parameters(m->net, tr->param_dtype));
     /* Local rank 0 may download and unpack for a long while: its own bound. */
     if (tr->world > 1 && dm->vt->prepare_data)
         LK_TRY(lk_comm_long_work(tr->comm, 0, "data preparation (prepare_data: download, unpack)", "trainer.checkpoint_timeout",

@@ -25,13 +25,15 @@ static bool cpu_supports(const lk_op_desc *d) {
         if (d->dtype[1] != LK_F32 && !is_half(d->dtype[1])) return false;
         if (d->dtype[2] != LK_F32 || (d->op == LK_OP_LOSS_BACKWARD && d->dtype[3] != d->dtype[0])) return false;
         return (unsigned)d->loss.kind <= LK_PLOSS_SMOOTH_L1 && d->loss.reduction >= 0 && d->loss.reduction <= 2;
+    case LK_OP_OPTIM_UPDATE: /* parameters and gradients f32, bf16 or f16 (one dtype), state f32 */
+        return (d->dtype[0] == LK_F32 || d->dtype[0] == LK_BF16 || d->dtype[0] == LK_F16) && d->dtype[1] == d->dtype[0] &&
+               d->dtype[2] == LK_F32 && d->dtype[3] == LK_F32 && d->dtype[4] == LK_F32;
     case LK_OP_SOFTMAX:
     case LK_OP_SOFTMAX_BACKWARD:
     case LK_OP_LAYER_NORM:
     case LK_OP_LAYER_NORM_BACKWARD:
     case LK_OP_BATCH_NORM:
     case LK_OP_BATCH_NORM_BACKWARD:
-    case LK_OP_OPTIM_UPDATE:
     case LK_OP_BCE:
     case LK_OP_BCE_BACKWARD: { /* f32 only for now */
         for (int i = 0; i < lk__op_arity(d->op); i++)
@@ -58,10 +60,10 @@ static bool cpu_supports(const lk_op_desc *d) {
         for (int i = 0; i < lk__op_arity(d->op); i++)
             if (d->dtype[i] != LK_F32) return false;
         return true;
-    case LK_OP_NORM: return d->dtype[0] == LK_F32 && d->dtype[1] == LK_F64 && d->norm.p > 0;
-    case LK_OP_NONFINITE: return d->dtype[0] == LK_F32 && d->dtype[1] == LK_I64;
+    case LK_OP_NORM: return (d->dtype[0] == LK_F32 || is_half(d->dtype[0])) && d->dtype[1] == LK_F64 && d->norm.p > 0;
+    case LK_OP_NONFINITE: return (d->dtype[0] == LK_F32 || is_half(d->dtype[0])) && d->dtype[1] == LK_I64;
     case LK_OP_UNSCALE: return d->dtype[0] == LK_F32 && d->dtype[1] == LK_F32 && d->dtype[2] == LK_I64;
-    case LK_OP_CLAMP: return d->dtype[0] == LK_F32 && d->dtype[1] == LK_F32;
+    case LK_OP_CLAMP: return (d->dtype[0] == LK_F32 || is_half(d->dtype[0])) && d->dtype[1] == d->dtype[0];
     case LK_OP_COPY:
         return d->dtype[0] == d->dtype[1] && (unsigned)d->copy.ndim <= LK_MAX_DIMS &&
                (!d->copy.accumulate || d->dtype[0] == LK_F32);

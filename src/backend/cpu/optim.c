@@ -1,4 +1,5 @@
-/* The CPU backend's optimizer updates (LK_OP_OPTIM_UPDATE), f32: SGD with
+/* The CPU backend's optimizer updates (LK_OP_OPTIM_UPDATE), f32 or 16-bit
+ * parameters with f32 state: SGD with
  * momentum/nesterov, Adam/AdamW (amsgrad) and RMSprop, one fused loop per
  * call over a contiguous range, with torch.optim 1.13's single-tensor
  * formulas. The caller (src/optim/optimizer.c) cuts a group into ranges for
@@ -99,15 +100,39 @@ static void rmsprop_update(float *restrict p, const float *restrict g, float *re
     }
 }
 
+static void update_f32(const lk_optim_params *c, float *p, const float *g, float *s0, float *s1, float *s2, int64_t n) {
+    switch (c->rule) {
+    case LK_OPTIM_RULE_SGD: sgd_update(p, g, s0, n, c, c->step == 1); break;
+    case LK_OPTIM_RULE_ADAM: adam_update(p, g, s0, s1, s2, n, c, c->step); break;
+    case LK_OPTIM_RULE_RMSPROP: rmsprop_update(p, g, s0, s1, s2, n, c); break;
+    }
+}
+
+#define CHUNK 512 /* 16-bit parameters: widened a chunk at a time, on the stack */
+
 lk_status lk__cpu_optim_update(const lk_op_desc *d, void *const *x) {
     const lk_optim_params *c = &d->optim;
-    float *p = x[0], *s0 = x[2], *s1 = x[3], *s2 = x[4];
-    const float *g = x[1];
-    switch (c->rule) {
-    case LK_OPTIM_RULE_SGD: sgd_update(p, g, s0, c->n, c, c->step == 1); break;
-    case LK_OPTIM_RULE_ADAM: adam_update(p, g, s0, s1, s2, c->n, c, c->step); break;
-    case LK_OPTIM_RULE_RMSPROP: rmsprop_update(p, g, s0, s1, s2, c->n, c); break;
-    default: return lk_error(LK_STATUS_INTERNAL, "cpu backend: optimizer rule %d", (int)c->rule);
+    if (c->rule != LK_OPTIM_RULE_SGD && c->rule != LK_OPTIM_RULE_ADAM && c->rule != LK_OPTIM_RULE_RMSPROP)
+        return lk_error(LK_STATUS_INTERNAL, "cpu backend: optimizer rule %d", (int)c->rule);
+    float *s0 = x[2], *s1 = x[3], *s2 = x[4];
+    if (d->dtype[0] == LK_F32) {
+        update_f32(c, x[0], x[1], s0, s1, s2, c->n);
+        return LK_STATUS_OK;
+    }
+    /* bf16/f16 parameters and gradients (the *-true precisions), f32 state:
+     * each element widened, updated in f32 with the f32 formulas and the
+     * parameter rounded once (to nearest even), so the only loss against an
+     * f32 update is that one rounding; torch's bf16 update rounds after every
+     * op of the formula. */
+    uint16_t *p16 = x[0];
+    const uint16_t *g16 = x[1];
+    float p[CHUNK], g[CHUNK];
+    for (int64_t i = 0; i < c->n; i += CHUNK) {
+        int64_t m = c->n - i < CHUNK ? c->n - i : CHUNK;
+        lk_half_to_f32_n(d->dtype[0], p, p16 + i, (size_t)m);
+        lk_half_to_f32_n(d->dtype[1], g, g16 + i, (size_t)m);
+        update_f32(c, p, g, s0 ? s0 + i : NULL, s1 ? s1 + i : NULL, s2 ? s2 + i : NULL, m);
+        lk_f32_to_half_n(d->dtype[0], p16 + i, p, (size_t)m);
     }
     return LK_STATUS_OK;
 }
