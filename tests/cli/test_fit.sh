@@ -102,6 +102,19 @@ check "ddp_spawn (fork) trains exactly what ddp (exec) trains" cmp -s "$T/ddp.st
 "$LK_BIN" fit -c "$T/synth.yaml" --trainer.devices 2 --trainer.ddp_comm_hook bf16_compress --trainer.enable_progress_bar false >/dev/null 2>&1
 "$LK_BIN" export --ckpt "$(latest)/checkpoints/last.ckpt" --out "$T/bf16.st" --with-optimizer >/dev/null
 check "ddp_comm_hook bf16_compress trains, rounding the gradients" bash -c "grep -q '\"status\":[[:space:]]*\"ok\"' '$(latest)/run.json' && test -s '$T/bf16.st' && ! cmp -s '$T/ddp.st' '$T/bf16.st'"
+# The *-true precisions: parameters in bf16/f16 under every strategy; dp's
+# replicas are cast too; 16-true has no loss scaler (as Lightning's); the
+# summary counts 2 bytes a parameter.
+for sp in "bf16-true single 1" "bf16-true dp 2" "16-true ddp 2"; do
+  set -- $sp
+  out=$("$LK_BIN" fit -c "$T/synth.yaml" --trainer.precision $1 --trainer.strategy $2 --trainer.devices $3 \
+    --trainer.gradient_clip_val 0.5 --trainer.accumulate_grad_batches 2 --trainer.max_epochs 1 \
+    --trainer.enable_progress_bar false 2>&1); rc=$?
+  check "precision $1 trains under $2 on $3 device(s) with clipping and accumulation (rc $rc)" \
+    bash -c "[ $rc = 0 ] && grep -q '\"status\":[[:space:]]*\"ok\"' '$(latest)/run.json' && grep -q '\"precision\":[[:space:]]*\"$1\"' '$(latest)/run.json'"
+  check "precision $1 ($2): the summary counts 2 bytes a parameter" grep -q "^0.001     Total estimated model params size (MB)" <<<"$out"
+  check "precision $1 ($2): no loss scaler" bash -c '! grep -qi "scaler" <<<"$1"' _ "$out"
+done
 out=$("$LK_BIN" fit -c "$T/synth.yaml" --trainer.ddp_comm_hook fp16_compress --trainer.max_steps 1 --trainer.enable_progress_bar false 2>&1)
 check "ddp_comm_hook on one process says it has no effect" grep -q "ddp_comm_hook fp16_compress has no effect: the strategy is single on 1 process" <<<"$out"
 # bench train: a row of cells per device count, the independent ceiling, medians of repeats, CSV

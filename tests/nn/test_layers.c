@@ -379,6 +379,50 @@ static void flatten_params(void) {
     lk_aligned_free(buf);
 }
 
+/* bf16-true / 16-true: the parameters cast in place (rounded to nearest
+ * even, as lk_tensor_cast), buffers kept f32, a shared parameter still
+ * shared, then flattened into bf16 buffers; refused once flat. */
+static void cast_parameters(void) {
+    lk_layer *net = small_net();
+    CHECK_OK(lk_layer_reset_parameters(net, 5));
+    /* fc3 shares fc2's weight (tied weights) */
+    lk_layer *fc3 = lk_linear_create(3, 2, false, NULL);
+    lk_layer_add_child(net, "fc3", fc3);
+    lk_tensor *w2 = lk_layer_get_tensor(net, "fc2.weight");
+    lk_tensor_release(lk_layer_param(fc3, 0));
+    fc3->params.items[0].tensor = lk_tensor_retain(w2);
+    lk_tensor *w1_f32 = lk_tensor_cast(lk_layer_get_tensor(net, "fc1.weight"), LK_F32);
+    lk_tensor *w1_ref = lk_tensor_cast(w1_f32, LK_BF16);
+    int64_t n = lk_layer_num_parameters(net);
+    CHECK_ERR(lk_layer_cast_parameters(net, LK_I32), LK_STATUS_INVALID_ARGUMENT, "not one of f32, bf16, f16");
+    CHECK_OK(lk_layer_cast_parameters(net, LK_BF16));
+    lk_tensor *w1 = lk_layer_get_tensor(net, "fc1.weight");
+    CHECK(w1->dtype == LK_BF16 && w1->requires_grad);
+    CHECK(!memcmp(w1->data, w1_ref->data, lk_tensor_nbytes(w1_ref)));
+    CHECK(lk_layer_get_tensor(net, "bn1.weight")->dtype == LK_BF16);
+    CHECK(lk_layer_get_tensor(net, "bn1.running_mean")->dtype == LK_F32); /* buffers keep theirs */
+    CHECK(lk_layer_get_tensor(net, "fc2.weight") == lk_layer_param(fc3, 0)); /* still tied */
+    CHECK(lk_layer_num_parameters(net) == n);
+    CHECK_OK(lk_layer_cast_parameters(net, LK_BF16)); /* already: nothing to do */
+    lk_tensor *fp = NULL, *fg = NULL;
+    int64_t n1[1] = {n};
+    lk_tensor *f32buf = lk_tensor_zeros(LK_F32, 1, n1);
+    CHECK_ERR(lk_params_flatten(net, f32buf, &fp, &fg), LK_STATUS_INVALID_ARGUMENT, "contiguous bf16 tensor");
+    CHECK_OK(lk_params_flatten(net, NULL, &fp, &fg));
+    CHECK(fp && fg && fp->dtype == LK_BF16 && fg->dtype == LK_BF16 && fp->numel == n);
+    w1 = lk_layer_get_tensor(net, "fc1.weight");
+    CHECK(w1->data == fp->data && w1->grad && w1->grad->dtype == LK_BF16 && !memcmp(w1->data, w1_ref->data, lk_tensor_nbytes(w1_ref)));
+    CHECK(w1->name && !strcmp(w1->name, "fc1.weight"));
+    CHECK_ERR(lk_layer_cast_parameters(net, LK_F32), LK_STATUS_INVALID_USAGE, "cast the parameters before flattening");
+    CHECK(lk_layer_get_tensor(net, "fc1.weight")->dtype == LK_BF16); /* nothing changed */
+    lk_tensor_release(f32buf);
+    lk_tensor_release(fp);
+    lk_tensor_release(fg);
+    lk_tensor_release(w1_f32);
+    lk_tensor_release(w1_ref);
+    lk_layer_free(net);
+}
+
 /* ---- initialisers: statistics against PyTorch's distributions ------------------------- */
 
 static void stats(const lk_tensor *t, double *mean, double *var, double *lo, double *hi) {
@@ -526,5 +570,5 @@ static void bad_input(void) {
 }
 
 LK_TEST_MAIN(LK_TEST_CASE(parity_all_layers), LK_TEST_CASE(parity_batchnorm_cumulative), LK_TEST_CASE(parity_embedding), LK_TEST_CASE(custom_layer_and_names),
-             LK_TEST_CASE(state_dict_roundtrip_and_errors), LK_TEST_CASE(flatten_params), LK_TEST_CASE(init_statistics),
+             LK_TEST_CASE(state_dict_roundtrip_and_errors), LK_TEST_CASE(flatten_params), LK_TEST_CASE(cast_parameters), LK_TEST_CASE(init_statistics),
              LK_TEST_CASE(dropout_masks), LK_TEST_CASE(bad_input))

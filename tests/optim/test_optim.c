@@ -447,6 +447,77 @@ static void clipping(void) {
     lk_named_tensors_clear(&ps);
 }
 
-LK_TEST_MAIN(LK_TEST_CASE(optimizer_parity), LK_TEST_CASE(optimizer_parity_flat), LK_TEST_CASE(flat_update_any_threads), LK_TEST_CASE(optimizer_groups),
+/* bf16-true / 16-true: 16-bit parameters and gradients with f32 state. Each
+ * update is the f32 update of the widened values, rounded once: bitwise the
+ * same as an f32 optimizer whose parameters are reset to the widened 16-bit
+ * ones before each step and rounded after it. Clipping of 16-bit gradients
+ * takes the norm of the widened values (the same sum, in the same order). */
+static void half_parameters(void) {
+    opt_case cases[16];
+    int nc = opt_cases(cases);
+    lk_dtype dts[2] = {LK_BF16, LK_F16};
+    for (int di = 0; di < 2; di++)
+        for (int c = 0; c < nc; c++) {
+            lk_named_tensors h = {0}, r = {0};
+            make_params(&r);
+            for (int k = 0; k < r.n; k++) {
+                lk_tensor *t = lk_tensor_cast(r.items[k].tensor, dts[di]);
+                lk_tensor_set_requires_grad(t, true);
+                lk_named_tensors_append(&h, r.items[k].name, t);
+                lk_tensor_release(t);
+            }
+            lk_optimizer *oh = NULL, *orf = NULL;
+            CHECK_OK(lk_optimizer_create(&cases[c].cfg, &h, &oh));
+            CHECK_OK(lk_optimizer_create(&cases[c].cfg, &r, &orf));
+            bool same = true;
+            for (int step = 0; step < 20 && oh && orf; step++) {
+                set_grads(&r, step); /* f32 gradients, then their 16-bit rounding for both */
+                for (int k = 0; k < h.n; k++) {
+                    lk_tensor *ph = h.items[k].tensor, *pr = r.items[k].tensor;
+                    lk_tensor_release(ph->grad);
+                    ph->grad = lk_tensor_cast(pr->grad, dts[di]);
+                    CHECK_OK(lk_tensor_copy(pr->grad, ph->grad));
+                    CHECK_OK(lk_tensor_copy(pr, ph));
+                }
+                CHECK_OK(lk_optimizer_step(oh));
+                CHECK_OK(lk_optimizer_step(orf));
+                for (int k = 0; k < h.n; k++) {
+                    lk_tensor *want = lk_tensor_cast(r.items[k].tensor, dts[di]);
+                    same = same && !memcmp(want->data, h.items[k].tensor->data, lk_tensor_nbytes(want));
+                    lk_tensor_release(want);
+                }
+            }
+            CHECK_MSG(same, "%s in %s: not the f32 update rounded once", cases[c].name, lk_dtype_name(dts[di]));
+            lk_optimizer_free(oh);
+            lk_optimizer_free(orf);
+            /* clipping: the norm of the widened gradients, the scaled gradients rounded */
+            double th = 0, tr = 0;
+            CHECK_OK(lk_clip_grad_norm(&h, 1e9, 2.0, &th));
+            CHECK_OK(lk_clip_grad_norm(&r, 1e9, 2.0, &tr));
+            CHECK(th == tr && th > 0);
+            CHECK_OK(lk_clip_grad_norm(&h, 0.5 * th, 2.0, &th));
+            double after = 0;
+            for (int k = 0; k < h.n; k++)
+                for (int64_t i = 0; i < h.items[k].tensor->numel; i++) after += pow(lk_tensor_get(h.items[k].tensor->grad, i), 2);
+            CHECK_NEAR(sqrt(after), 0.5 * tr, (di ? 2e-3 : 1e-2) * tr);
+            CHECK_OK(lk_clip_grad_value(&h, 0.125));
+            for (int k = 0; k < h.n; k++)
+                for (int64_t i = 0; i < h.items[k].tensor->numel; i++) CHECK(fabs(lk_tensor_get(h.items[k].tensor->grad, i)) <= 0.125);
+            lk_named_tensors_clear(&h);
+            lk_named_tensors_clear(&r);
+        }
+    /* one group, one dtype */
+    lk_named_tensors mix = {0};
+    make_params(&mix);
+    lk_tensor *b = lk_tensor_cast(mix.items[1].tensor, LK_BF16);
+    lk_tensor_release(mix.items[1].tensor);
+    mix.items[1].tensor = b;
+    lk_optimizer *o = NULL;
+    lk_optim_config sc = lk_sgd_config_default();
+    CHECK_ERR(lk_optimizer_create(&sc, &mix, &o), LK_STATUS_INVALID_ARGUMENT, "one group updates parameters of one dtype");
+    lk_named_tensors_clear(&mix);
+}
+
+LK_TEST_MAIN(LK_TEST_CASE(optimizer_parity), LK_TEST_CASE(half_parameters), LK_TEST_CASE(optimizer_parity_flat), LK_TEST_CASE(flat_update_any_threads), LK_TEST_CASE(optimizer_groups),
              LK_TEST_CASE(optimizer_state_resume), LK_TEST_CASE(invalid_hyperparameters), LK_TEST_CASE(scheduler_parity),
              LK_TEST_CASE(scheduler_resume), LK_TEST_CASE(scheduler_errors), LK_TEST_CASE(clipping))

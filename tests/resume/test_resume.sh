@@ -3,7 +3,7 @@
 # then resumed from last.ckpt, ends with bitwise the same weights and
 # optimizer state as an uninterrupted run; two runs with the same seed are
 # bitwise identical. Single process and ddp on 2 ranks, in 32-true and in
-# 16-mixed (with the fp16 loss scaler).
+# 16-mixed (with the fp16 loss scaler); ddp on 2 ranks in bf16-true.
 source "$(dirname "$0")/../cli/lib.sh"
 write_synth
 common=(--trainer.max_epochs 4 --trainer.every_n_train_steps 3 --trainer.enable_progress_bar false
@@ -96,4 +96,7 @@ b = open('$T/fp16.a.st', 'rb').read(); n = struct.unpack('<Q', b[:8])[0]; h = js
 s, e = h['optimizer.state.layers.0.weight.step']['data_offsets']; k = struct.unpack('<q', b[8 + n + s:8 + n + e])[0]
 print('Adam steps:', k); sys.exit(not 100 < k < 208)"
 run_case fp16_ddp2 "${fp16[@]}" --trainer.devices 2 --trainer.strategy ddp
+# precision bf16-true: bf16 parameters and gradients (averaged in f32), f32
+# optimizer state, the ranks sharing one bf16 copy; resume stays bitwise.
+run_case bf16true_ddp2 --trainer.precision bf16-true --trainer.devices 2 --trainer.strategy ddp
 finish

@@ -62,8 +62,41 @@ check "ddp 16-mixed -> bf16-mixed: run.json global_step $((2 * N))" \
 check "ddp: precision note once" test "$(grep -c "this run uses bf16-mixed" <<<"$out")" = 1
 check "ddp: scaler note once" test "$(grep -c "is ignored: precision bf16-mixed has no loss scaler" <<<"$out")" = 1
 
+# The *-true precisions: their checkpoints hold the weights in bf16/f16 (the
+# optimizer state in f32), and a resume in another precision casts them and
+# says how, in one line.
+dtype_of() { # checkpoint, tensor -> its safetensors dtype
+  python3 -c "
+import json, struct, sys
+b = open(sys.argv[1], 'rb').read(); n = struct.unpack('<Q', b[:8])[0]; h = json.loads(b[8:8 + n])
+print(h[sys.argv[2]]['dtype'])" "$1" "$2"
+}
+for pqm in "bf16-true 32-true the bf16 weights are widened to f32 (exact)" \
+           "32-true bf16-true the f32 weights are rounded to bf16" \
+           "16-true bf16-true the f16 weights are converted to bf16 (rounded)" \
+           "bf16-mixed 16-true the f32 weights are rounded to f16"; do
+  set -- $pqm; p=$1; q=$2; shift 2; msg="$*"
+  root="$T/runs-$p-$q"
+  "$LK_BIN" fit -c "$T/synth.yaml" "${quiet[@]}" --trainer.default_root_dir "$root" \
+    --trainer.precision "$p" --trainer.max_steps $N >"$T/$p-$q.fit.log" 2>&1
+  ck="$root"/lightning_logs/version_0/checkpoints/last.ckpt
+  want=F32; [ "$p" = bf16-true ] && want=BF16; [ "$p" = 16-true ] && want=F16
+  check "$p: last.ckpt holds the weights in $want" test "$(dtype_of "$ck" layers.0.weight)" = "$want"
+  check "$p: and the optimizer state in F32" test "$(dtype_of "$ck" optimizer.state.layers.0.weight.exp_avg)" = F32
+  out=$("$LK_BIN" fit -c "$T/synth.yaml" "${quiet[@]}" --trainer.default_root_dir "$root" --ckpt_path last \
+    --trainer.precision "$q" --trainer.max_steps $((2 * N)) 2>&1); rc=$?
+  check "$p -> $q: resume exits 0 (got $rc)" test "$rc" = 0
+  check "$p -> $q: resumed at step $N" grep -q "resumed from .* step $N," <<<"$out"
+  check "$p -> $q: says how the weights are cast" \
+    grep -q "was saved in precision $p, this run uses $q: $msg, the f32 optimizer state as it is" <<<"$out"
+  want=F32; [ "$q" = bf16-true ] && want=BF16; [ "$q" = 16-true ] && want=F16
+  check "$p -> $q: the resumed run's last.ckpt holds $want weights" \
+    test "$(dtype_of "$root"/lightning_logs/version_1/checkpoints/last.ckpt layers.0.weight)" = "$want"
+  check "$p -> $q: no loss scaler note (16-true has none)" bash -c '! grep -q "loss scaler" <<<"$1"' _ "$out"
+done
+
 # test and predict of a checkpoint saved in another precision
-for pq in "16-mixed 32-true" "32-true bf16-mixed" "bf16-mixed 16-mixed"; do
+for pq in "16-mixed 32-true" "32-true bf16-mixed" "bf16-mixed 16-mixed" "bf16-true 32-true" "32-true bf16-true"; do
   set -- $pq; p=$1; q=$2
   ck="$T/runs-$p-$q/lightning_logs/version_0/checkpoints/last.ckpt"
   out=$("$LK_BIN" test -c "$T/synth.yaml" "${quiet[@]}" --trainer.default_root_dir "$T/eval-$p-$q" \
