@@ -315,6 +315,12 @@ lk_status lk_datamodule_create_builtin(const char *name, const lk_model_kv *args
  * mpirun) is a rank directly. */
 lk_status lk_trainer_create(const lk_trainer_config *cfg, const lk_optim_settings *optim, const char *config_yaml,
                             lk_trainer **out);
+/* The checks of lk_trainer_create that need nothing started (the precision,
+ * the ddp comm hook against it, deterministic with max_time), for a program
+ * that launches its ranks itself and wants one error instead of one per rank
+ * (`lockstep fit` calls it before launching). lk_trainer_create makes them
+ * again. */
+lk_status lk_trainer_config_check(const lk_trainer_config *cfg);
 void lk_trainer_free(lk_trainer *tr);
 /* True when this process starts the job's ranks and is none of them (above). */
 bool lk_trainer_is_launcher(const lk_trainer *tr);

@@ -459,6 +459,10 @@ int lk_cmd_fit(int argc, char **argv) {
         rc = fail(cmd, 2);
         goto out;
     }
+    if (lk_trainer_config_check(&rs.trainer)) { /* the precision and what depends on it, once, before launching */
+        rc = fail(cmd, 2);
+        goto out;
+    }
     if (skip_null) lk_config_drop_nulls(cfg);
     lk_config_node_to_yaml(lk_config_root(cfg), &yaml, &ylen);
     if (print_config) {
