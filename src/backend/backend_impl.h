@@ -386,6 +386,12 @@ lk_status lk__cpu_gemm_lowp(const lk_op_desc *d, const void *A, const void *B, v
 lk_status lk__cpu_gemm_dnnl(const lk_op_desc *d, const void *A, const void *B, void *C);
 /* Whether those GEMMs may use oneDNN (default: unless LK_ONEDNN=0). */
 void lk__cpu_lowp_use_dnnl(bool on);
+/* LK_F32_GEMM=onednn (read once; default openblas): the f32 GEMMs through
+ * oneDNN, split as the 16-bit ones (lk__cpu_gemm_f32_dnnl). The setter is
+ * for tests. */
+bool lk__cpu_f32_gemm_dnnl(void);
+void lk__cpu_f32_gemm_use_dnnl(bool on);
+lk_status lk__cpu_gemm_f32_dnnl(const lk_op_desc *d, const void *A, const void *B, void *C);
 /* Which path a GEMM of these dtypes takes on this machine ("onednn:avx512_core_bf16",
  * "f32 fallback"), for `lockstep env` and run.json. */
 const char *lk__cpu_gemm_path(lk_dtype ab, lk_dtype c);

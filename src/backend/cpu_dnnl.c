@@ -179,7 +179,7 @@ const char *lk__dnnl_isa(void) {
 
 const char *lk__cpu_gemm_path(lk_dtype ab, lk_dtype ct) {
     static _Thread_local char buf[160];
-    if (ab == LK_F32) return "openblas sgemm";
+    if (ab == LK_F32 && !lk__cpu_f32_gemm_dnnl()) return "openblas sgemm";
     dnnl_engine_t eng;
     if (dnnl_engine_create(&eng, dnnl_cpu, 0)) return "f32 fallback (oneDNN has no CPU engine)";
     lk_op_desc d = {.op = LK_OP_GEMM, .dtype = {ab, ab, ct}};

@@ -6,7 +6,7 @@
  * (rounded to nearest even once, at the end). */
 #include <string.h>
 
-#include "backend/backend_impl.h"
+#include "backend/cpu/cpu_impl.h"
 
 /* Rows x cols of a stored matrix (ld in elements) widened to a dense f32 block. */
 static void widen(lk_dtype dt, const uint16_t *src, int64_t rows, int64_t cols, int64_t ld, float *dst) {
@@ -55,16 +55,47 @@ static bool use_dnnl(void) {
     return s;
 }
 
-/* One GEMM on the calling thread: oneDNN (single-threaded) or through f32. */
-static lk_status gemm_one(const lk_op_desc *d, const void *A, const void *B, void *C) {
+/* LK_F32_GEMM=onednn sends the f32 GEMMs through oneDNN too (each piece of
+ * the split; a piece oneDNN has no fast code for takes OpenBLAS). The
+ * default, openblas, keeps 32-true's bits those of every earlier release:
+ * oneDNN sums in another order (docs/BENCHMARKS.md has both rates). */
+static int f32_state = -1;
+
+bool lk__cpu_f32_gemm_dnnl(void) {
+    int s = __atomic_load_n(&f32_state, __ATOMIC_RELAXED);
+    if (s < 0) {
+        const char *v = lk_env_get("LK_F32_GEMM");
 #ifdef LK_HAVE_DNNL
-    if (use_dnnl()) {
+        s = v && !strcmp(v, "onednn");
+#else
+        s = 0;
+#endif
+        if (v && strcmp(v, "onednn") && strcmp(v, "openblas"))
+            lk_log_warn("LK_F32_GEMM=%s is neither onednn nor openblas: f32 GEMMs take openblas", v);
+        __atomic_store_n(&f32_state, s, __ATOMIC_RELAXED);
+    }
+    return s;
+}
+
+void lk__cpu_f32_gemm_use_dnnl(bool on) { __atomic_store_n(&f32_state, on ? 1 : 0, __ATOMIC_RELAXED); }
+
+/* One GEMM on the calling thread: oneDNN (single-threaded), else OpenBLAS
+ * for f32 and the widening to f32 for 16-bit operands. */
+static lk_status gemm_one(const lk_op_desc *d, const void *A, const void *B, void *C) {
+    bool f32 = d->dtype[0] == LK_F32;
+#ifdef LK_HAVE_DNNL
+    if (f32 ? lk__cpu_f32_gemm_dnnl() : use_dnnl()) {
         lk_status st = lk__dnnl_gemm(d, A, B, C);
         if (st != LK_STATUS_UNSUPPORTED) return st;
     }
 #else
     (void)use_dnnl;
 #endif
+    if (f32) {
+        const lk_gemm_params *g = &d->gemm;
+        lk__cpu_sgemm1(g->trans_a, g->trans_b, g->M, g->N, g->K, g->alpha, A, g->lda, B, g->ldb, g->beta, C, g->ldc);
+        return LK_STATUS_OK;
+    }
     return gemm_via_f32(d, A, B, C);
 }
 
@@ -140,7 +171,11 @@ lk_status lk__cpu_gemm_lowp(const lk_op_desc *d, const void *A, const void *B, v
     return split_run(d, A, B, C, false);
 }
 
-/* Measurement only (bench ops): training's f32 GEMMs stay on OpenBLAS. */
+lk_status lk__cpu_gemm_f32_dnnl(const lk_op_desc *d, const void *A, const void *B, void *C) {
+    return split_run(d, A, B, C, false);
+}
+
+/* Measurement (bench ops): every piece through oneDNN, no fallback. */
 lk_status lk__cpu_gemm_dnnl(const lk_op_desc *d, const void *A, const void *B, void *C) {
     return split_run(d, A, B, C, true);
 }

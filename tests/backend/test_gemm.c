@@ -127,6 +127,29 @@ static void f32_through_onednn(void) {
     if (!strncmp(lk__cpu_gemm_path(LK_BF16, LK_F32), "onednn", 6)) CHECK(cases_run >= 8);
 }
 
+/* LK_F32_GEMM=onednn: training's f32 GEMMs through oneDNN, split across
+ * two compute threads (the 256^3 shape is cut), each piece falling back to
+ * OpenBLAS where oneDNN has no fast code; with beta 1 a piece must never be
+ * computed twice. */
+static void f32_training_path_onednn(void) {
+    static const int64_t shapes[][3] = {{5, 7, 11}, {64, 48, 130}, {256, 256, 256}, {300, 40, 70}, {7, 5, 0}};
+    int threads = lk_get_num_threads();
+    lk_set_num_threads(2);
+    lk__cpu_f32_gemm_use_dnnl(true);
+    cases_run = 0;
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        for (int t = 0; t < 4; t++) {
+            one(LK_F32, LK_F32, t & 1, t & 2, shapes[s][0], shapes[s][1], shapes[s][2], 1.0f, 0.0f);
+            one(LK_F32, LK_F32, t & 1, t & 2, shapes[s][0], shapes[s][1], shapes[s][2], 0.5f, 1.0f);
+        }
+    const char *path = lk__cpu_gemm_path(LK_F32, LK_F32);
+    printf("%d f32 GEMM cases through the training path with LK_F32_GEMM=onednn: %s\n", cases_run, path);
+    CHECK(cases_run == 40);
+    lk__cpu_f32_gemm_use_dnnl(false);
+    CHECK(!strcmp(lk__cpu_gemm_path(LK_F32, LK_F32), "openblas sgemm"));
+    lk_set_num_threads(threads);
+}
+
 static void unsupported_is_named(void) {
     lk_op_desc d = {.op = LK_OP_GEMM, .dtype = {LK_BF16, LK_F16, LK_F32}};
     d.gemm = (lk_gemm_params){false, false, 2, 2, 2, 2, 2, 2, 1.0f, 0.0f};
@@ -137,5 +160,5 @@ static void unsupported_is_named(void) {
     CHECK(!lk__cpu_backend.supports(&d));
 }
 
-LK_TEST_MAIN(LK_TEST_CASE(through_onednn), LK_TEST_CASE(through_f32_fallback), LK_TEST_CASE(f32_through_onednn),
+LK_TEST_MAIN(LK_TEST_CASE(through_onednn), LK_TEST_CASE(through_f32_fallback), LK_TEST_CASE(f32_through_onednn), LK_TEST_CASE(f32_training_path_onednn),
              LK_TEST_CASE(unsupported_is_named))

@@ -115,6 +115,26 @@ for sp in "bf16-true single 1" "bf16-true dp 2" "16-true ddp 2"; do
   check "precision $1 ($2): the summary counts 2 bytes a parameter" grep -q "^0.001     Total estimated model params size (MB)" <<<"$out"
   check "precision $1 ($2): no loss scaler" bash -c '! grep -qi "scaler" <<<"$1"' _ "$out"
 done
+# LK_F32_GEMM=onednn: 32-true's GEMMs through oneDNN train the same model to
+# f32 rounding (other summation order), and run.json names the path
+"$LK_BIN" fit -c "$T/synth.yaml" --trainer.max_epochs 1 --trainer.enable_progress_bar false >/dev/null 2>&1
+"$LK_BIN" export --ckpt "$(latest)/checkpoints/last.ckpt" --out "$T/blas.st" >/dev/null
+LK_F32_GEMM=onednn "$LK_BIN" fit -c "$T/synth.yaml" --trainer.max_epochs 1 --trainer.enable_progress_bar false >/dev/null 2>&1
+"$LK_BIN" export --ckpt "$(latest)/checkpoints/last.ckpt" --out "$T/dnnl.st" >/dev/null
+if "$LK_BIN" env | grep -q "^bf16-mixed GEMM : onednn"; then
+  check "LK_F32_GEMM=onednn: run.json names the oneDNN path" grep -q '"gemm_path":[[:space:]]*"onednn' "$(latest)/run.json"
+  check "LK_F32_GEMM=onednn trains the weights OpenBLAS does, to 1e-4" python3 -c "
+import json, struct, sys
+def load(p):
+    b = open(p, 'rb').read(); n = struct.unpack('<Q', b[:8])[0]; h = json.loads(b[8:8 + n]); out = {}
+    for k, v in h.items():
+        if k == '__metadata__' or v['dtype'] != 'F32': continue
+        s, e = v['data_offsets']; out[k] = struct.unpack('<%df' % ((e - s) // 4), b[8 + n + s:8 + n + e])
+    return out
+a, b = load('$T/blas.st'), load('$T/dnnl.st')
+num = sum((x - y) ** 2 for k in a for x, y in zip(a[k], b[k])); den = sum(x * x for k in a for x in a[k])
+print('relative difference', (num / den) ** 0.5); sys.exit(not (num / den) ** 0.5 < 1e-4)"
+fi
 out=$("$LK_BIN" fit -c "$T/synth.yaml" --trainer.ddp_comm_hook fp16_compress --trainer.max_steps 1 --trainer.enable_progress_bar false 2>&1)
 check "ddp_comm_hook on one process says it has no effect" grep -q "ddp_comm_hook fp16_compress has no effect: the strategy is single on 1 process" <<<"$out"
 # bench train: a row of cells per device count, the independent ceiling, medians of repeats, CSV

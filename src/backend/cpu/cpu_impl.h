@@ -17,6 +17,9 @@
 /* gemm.c: C = alpha op(A) op(B) + beta C in f32, cut across the compute threads. */
 void lk__cpu_sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
                    const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
+/* The same on the calling thread only (a piece of a GEMM another split cut). */
+void lk__cpu_sgemm1(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+                    const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
 
 /* elementwise.c: the element-wise families with every operand f32, bf16 or
  * f16 (each operand its own dtype). All-f32 descriptors take the vectorised

@@ -4,8 +4,8 @@
 
 #include "backend/cpu/cpu_impl.h"
 
-static void sgemm1(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
-                   const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+void lk__cpu_sgemm1(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+                    const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
     cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (int)M, (int)N, (int)K,
                 alpha, A, (int)lda, B, (int)ldb, beta, C, (int)ldc);
 }
@@ -32,10 +32,10 @@ static void gemm_task(void *ctx, int t) {
     lk__task_range(len, t, j->width, 16, &a, &b);
     if (b <= a) return;
     if (j->by_cols)
-        sgemm1(j->ta, j->tb, j->M, b - a, j->K, j->alpha, j->A, j->lda, j->tb ? j->B + a * j->ldb : j->B + a, j->ldb,
+        lk__cpu_sgemm1(j->ta, j->tb, j->M, b - a, j->K, j->alpha, j->A, j->lda, j->tb ? j->B + a * j->ldb : j->B + a, j->ldb,
                j->beta, j->C + a, j->ldc);
     else
-        sgemm1(j->ta, j->tb, b - a, j->N, j->K, j->alpha, j->ta ? j->A + a : j->A + a * j->lda, j->lda, j->B, j->ldb,
+        lk__cpu_sgemm1(j->ta, j->tb, b - a, j->N, j->K, j->alpha, j->ta ? j->A + a : j->A + a * j->lda, j->lda, j->B, j->ldb,
                j->beta, j->C + a * j->ldc, j->ldc);
 }
 
@@ -54,7 +54,7 @@ void lk__cpu_sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alph
     int64_t parts = (by_cols ? N : M) / 16;
     if (width > parts) width = parts > 1 ? (int)parts : 1;
     if (width <= 1) {
-        sgemm1(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        lk__cpu_sgemm1(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
         return;
     }
     gemm_job job = {ta, tb, by_cols, M, N, K, lda, ldb, ldc, alpha, beta, A, B, C, width};
