@@ -55,7 +55,8 @@ typedef enum {
     LK_OP_CLAMP,          /* x, y: y[i] = x[i] clamped to [lo, hi], NaN kept (clip_grad_value) */
     LK_OP_EMBEDDING,      /* w [V, D], idx (i32/i64 [n]), out [n, D]: out[i] = w[idx[i]] */
     LK_OP_EMBEDDING_BACKWARD, /* g [n, D], idx, dw [V, D]: dw[idx[i]] += g[i], in order (dw zeroed by the caller) */
-    LK_OP_COPY,           /* src, dst: a strided copy, same shape and dtype (see lk_copy_params) */
+    LK_OP_COPY,           /* src, dst: a strided copy or cast, same shape (see lk_copy_params) */
+    LK_OP_FILL,           /* dst: every element of a strided view set to one value (see lk_fill_params) */
     LK_OP_BN_STATS,       /* x, g, mean, out (f64): per-channel sums of one rank (SyncBatchNorm, see lk_bn_split_params) */
     LK_OP_BN_APPLY,       /* x, g, coef, y: the per-channel normalisation or input gradient from all-reduced sums */
     LK_OP_COUNT
@@ -206,10 +207,12 @@ typedef struct lk_embedding_params {
 } lk_embedding_params;
 
 /* LK_OP_COPY: dst[i] = src[i] over `shape`, each read and written at its
- * strides (elements, >= 0); any dtype, the same on both sides (a cast is
- * the tensor layer's), bits copied unchanged; src and dst must not
- * overlap. Concat, slice's backward, the shape ops' clones, linear's bias
- * rows (source stride 0) and conv's dY gather use it.
+ * strides (elements, >= 0); src and dst must not overlap. With one dtype on
+ * both sides the bits move unchanged (concat, slice's backward, the shape
+ * ops' clones, linear's bias rows with source stride 0, conv's dY gather);
+ * with two it is a cast (lk_tensor_copy, lk_tensor_cast): floats through
+ * double (a 16-bit result rounded to nearest even from f32, as
+ * lk_f32_to_half_n), integers through int64, float to integer truncated.
  * With `accumulate` (f32 only): dst[i] += src[i] instead, elements in
  * row-major order of `shape` (a strided gradient's accumulation). */
 typedef struct lk_copy_params {
@@ -217,6 +220,14 @@ typedef struct lk_copy_params {
     int64_t shape[LK_MAX_DIMS], ss[LK_MAX_DIMS], sd[LK_MAX_DIMS];
     bool accumulate;
 } lk_copy_params;
+
+/* LK_OP_FILL: dst[i] = value over `shape` at strides `sd`, value converted
+ * to dst's dtype as a cast from f64 would (lk_tensor_fill, lk_tensor_full). */
+typedef struct lk_fill_params {
+    int ndim;
+    int64_t shape[LK_MAX_DIMS], sd[LK_MAX_DIMS];
+    double value;
+} lk_fill_params;
 
 /* LK_OP_BN_STATS / LK_OP_BN_APPLY: SyncBatchNorm's passes over contiguous
  * [N, C, S] x, split where the all-reduce of per-channel sums goes between
@@ -313,6 +324,7 @@ typedef struct lk_op_desc {
         lk_nonfinite_params nonfinite;
         lk_embedding_params embedding;
         lk_copy_params copy;
+        lk_fill_params fill;
         lk_bn_split_params bn_split;
         lk_clamp_params clamp;
     };

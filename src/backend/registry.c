@@ -69,6 +69,7 @@ int lk__op_arity(lk_op_kind op) {
     case LK_OP_EMBEDDING: return 3;
     case LK_OP_EMBEDDING_BACKWARD: return 3;
     case LK_OP_COPY: return 2;
+    case LK_OP_FILL: return 1;
     case LK_OP_BN_STATS: return 4;
     case LK_OP_BN_APPLY: return 4;
     case LK_OP_COUNT: break;
@@ -246,6 +247,11 @@ const char *lk__op_desc_str(const lk_op_desc *d, char *buf, size_t size) {
     case LK_OP_COPY: {
         char sh[96];
         snprintf(buf, size, "copy%s %s -> %s (%s)", d->copy.accumulate ? " accumulate" : "", DT(0), DT(1), shape_str(d->copy.ndim, d->copy.shape, sh, sizeof sh));
+        return buf;
+    }
+    case LK_OP_FILL: {
+        char sh[96];
+        snprintf(buf, size, "fill %s (%s) with %g", DT(0), shape_str(d->fill.ndim, d->fill.shape, sh, sizeof sh), d->fill.value);
         return buf;
     }
     case LK_OP_COUNT: break;

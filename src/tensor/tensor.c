@@ -3,6 +3,9 @@
  * that require grad record themselves on the tape (see src/autograd). */
 #include "lockstep/tensor.h"
 #include "tensor/tensor_impl.h"
+/* Fills and casts are typed ops on the tensor's device (LK_OP_FILL,
+ * LK_OP_COPY), so they run wherever its backend runs. */
+#include "backend/backend_impl.h"
 
 #include <math.h>
 #if defined(__F16C__) && defined(__AVX__)
@@ -257,19 +260,28 @@ lk_tensor *lk_tensor_empty(lk_dtype dt, int ndim, const int64_t *shape) { return
 
 lk_tensor *lk_tensor_zeros(lk_dtype dt, int ndim, const int64_t *shape) {
     lk_tensor *t = lk__tensor_new(dt, ndim, shape);
-    if (t) memset(t->data, 0, lk_tensor_nbytes(t));
+    if (t && lk_device_memset(t->device, t->data, 0, lk_tensor_nbytes(t))) {
+        lk_tensor_release(t);
+        return NULL;
+    }
     return t;
 }
 
 lk_tensor *lk_tensor_full(lk_dtype dt, int ndim, const int64_t *shape, double value) {
     lk_tensor *t = lk__tensor_new(dt, ndim, shape);
-    if (t) lk_tensor_fill(t, value);
+    if (t && lk_tensor_fill(t, value)) {
+        lk_tensor_release(t);
+        return NULL;
+    }
     return t;
 }
 
 lk_tensor *lk_tensor_from_data(lk_dtype dt, int ndim, const int64_t *shape, const void *data) {
     lk_tensor *t = lk__tensor_new(dt, ndim, shape);
-    if (t && t->numel) memcpy(t->data, data, lk_tensor_nbytes(t));
+    if (t && t->numel && lk_device_copy(t->device, t->data, LK_DEVICE_CPU, data, lk_tensor_nbytes(t))) {
+        lk_tensor_release(t);
+        return NULL;
+    }
     return t;
 }
 
@@ -421,29 +433,41 @@ lk_status lk_tensor_copy(lk_tensor *dst, const lk_tensor *src) {
         return lk_error(LK_STATUS_INVALID_ARGUMENT, "copy: destination shape %s does not match source shape %s",
                         lk_shape_str(dst, a, sizeof a), lk_shape_str(src, b, sizeof b));
     }
-    if (dst->dtype == src->dtype && lk_tensor_is_contiguous(dst) && lk_tensor_is_contiguous(src)) {
-        if (dst->data != src->data && dst->numel) memmove(dst->data, src->data, lk_tensor_nbytes(dst));
-        return LK_STATUS_OK;
-    }
-    if (lk_tensor_is_contiguous(dst) && lk_tensor_is_contiguous(src)) { /* the casts mixed precision makes */
-        bool dh = dst->dtype == LK_BF16 || dst->dtype == LK_F16, sh = src->dtype == LK_BF16 || src->dtype == LK_F16;
-        if (src->dtype == LK_F32 && dh) {
-            lk_f32_to_half_n(dst->dtype, dst->data, src->data, (size_t)dst->numel);
+    bool dc = lk_tensor_is_contiguous(dst), sc = lk_tensor_is_contiguous(src);
+    if (!dst->numel) return LK_STATUS_OK;
+    if (dst->dtype == src->dtype && dc && sc) {
+        if (dst->data == src->data) return LK_STATUS_OK;
+        if (lk_device_is_host(dst->device) && lk_device_is_host(src->device)) { /* may overlap */
+            memmove(dst->data, src->data, lk_tensor_nbytes(dst));
             return LK_STATUS_OK;
         }
-        if (sh && dst->dtype == LK_F32) {
-            lk_half_to_f32_n(src->dtype, dst->data, src->data, (size_t)dst->numel);
-            return LK_STATUS_OK;
-        }
+        return lk_device_copy(dst->device, dst->data, src->device, src->data, lk_tensor_nbytes(dst));
     }
-    if (dst->dtype == LK_F32 && src->dtype == LK_F32) {
-        float *d = dst->data;
-        const float *s = src->data;
-        bool dc = lk_tensor_is_contiguous(dst);
-        for (int64_t i = 0; i < dst->numel; i++)
-            d[dc ? i : lk__elem_offset(dst, i)] = s[lk__elem_offset(src, i)];
-        return LK_STATUS_OK;
+    if (!lk_device_equal(dst->device, src->device))
+        return lk_error(LK_STATUS_UNSUPPORTED,
+                        "copy: a %s%s tensor into a %s%s one on another device: cast (or make contiguous) on one "
+                        "device first, then copy", lk_dtype_name(src->dtype), sc ? "" : " strided",
+                        lk_dtype_name(dst->dtype), dc ? "" : " strided");
+    /* One descriptor walks both tensors in dst's shape (a copy between two
+     * shapes of one size is element i to element i: as 1-d when both are
+     * contiguous, by the elementwise loop below on the host otherwise). */
+    bool same_shape = dst->ndim == src->ndim;
+    for (int k = 0; same_shape && k < dst->ndim; k++) same_shape = dst->shape[k] == src->shape[k];
+    lk_op_desc d = {.op = LK_OP_COPY, .dtype = {src->dtype, dst->dtype}};
+    if (dst->numel == 1 || (!same_shape && dc && sc)) {
+        d.copy.ndim = dst->numel == 1 ? 0 : 1;
+        d.copy.shape[0] = dst->numel, d.copy.ss[0] = 1, d.copy.sd[0] = 1;
+        return lk__backend_run(dst->device, &d, (void *[]){src->data, dst->data});
     }
+    if (same_shape) {
+        d.copy.ndim = dst->ndim;
+        for (int k = 0; k < dst->ndim; k++)
+            d.copy.shape[k] = dst->shape[k], d.copy.ss[k] = src->stride[k], d.copy.sd[k] = dst->stride[k];
+        return lk__backend_run(dst->device, &d, (void *[]){src->data, dst->data});
+    }
+    if (!lk_device_is_host(dst->device))
+        return lk_error(LK_STATUS_UNSUPPORTED, "copy: between strided tensors of different shapes on a device the CPU "
+                        "cannot address");
     size_t ds = lk_dtype_size(dst->dtype), ss = lk_dtype_size(src->dtype);
     for (int64_t i = 0; i < dst->numel; i++)
         store_elem(dst->dtype, (char *)dst->data + lk__elem_offset(dst, i) * (int64_t)ds,
@@ -500,14 +524,11 @@ lk_status lk__tensor_own_storage(lk_tensor *t) {
 }
 
 lk_status lk_tensor_fill(lk_tensor *t, double value) {
-    if (t->dtype == LK_F32 && lk_tensor_is_contiguous(t)) {
-        float *d = t->data, v = (float)value;
-        for (int64_t i = 0; i < t->numel; i++) d[i] = v;
-        return LK_STATUS_OK;
-    }
-    size_t es = lk_dtype_size(t->dtype);
-    for (int64_t i = 0; i < t->numel; i++) store_elem(t->dtype, (char *)t->data + lk__elem_offset(t, i) * (int64_t)es, value);
-    return LK_STATUS_OK;
+    lk_op_desc d = {.op = LK_OP_FILL, .dtype = {t->dtype}};
+    d.fill.ndim = t->ndim;
+    d.fill.value = value;
+    for (int k = 0; k < t->ndim; k++) d.fill.shape[k] = t->shape[k], d.fill.sd[k] = t->stride[k];
+    return lk__backend_run(t->device, &d, (void *[]){t->data});
 }
 
 /* ---- half-precision conversions (round to nearest even) ------------------------ */

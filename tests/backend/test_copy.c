@@ -1,7 +1,8 @@
 /* LK_OP_COPY on the CPU backend against a reference multi-index loop: a
  * transposed source, a destination slab (concat's), size-1 and size-0
  * dimensions, a scalar, 2-byte elements; bits move unchanged (NaN payloads
- * included), and a dtype change is refused (casts are the tensor layer's);
+ * included); a dtype change is a cast, element by element as the scalar
+ * conversions; fills (LK_OP_FILL);
  * a stride-0 source (linear's bias rows), conv's dY gather, and the f32
  * accumulating form (strided gradient accumulation). */
 #include <string.h>
@@ -50,9 +51,77 @@ static void copies(void) {
     check_copy((lk_copy_params){2, {7, 9}, {0, 1}, {9, 1}, false}, LK_F32, "broadcast row");
     /* [O=3, cur=4, P=5] planes of NCHW dY gathered into [O, cur*P] (conv's dY) */
     check_copy((lk_copy_params){3, {3, 4, 5}, {5, 15, 1}, {20, 5, 1}, false}, LK_BF16, "conv dY gather");
-    lk_op_desc d = {.op = LK_OP_COPY, .dtype = {LK_F32, LK_BF16}, .copy = {1, {3}, {1}, {1}, false}};
-    CHECK_ERR(lk__backend_run(LK_DEVICE_CPU, &d, (void *[]){src, dst}), LK_STATUS_UNSUPPORTED,
-              "the cpu backend has no copy f32 -> bf16 (3)");
+    lk_op_desc d = {.op = LK_OP_COPY, .dtype = {LK_F32, LK_DTYPE_COUNT}, .copy = {1, {3}, {1}, {1}, false}};
+    CHECK_ERR(lk__backend_run(LK_DEVICE_CPU, &d, (void *[]){src, dst}), LK_STATUS_UNSUPPORTED, "the cpu backend has no copy f32 -> ?");
+}
+
+/* A dtype change is a cast (lk_tensor_copy and lk_tensor_cast run on it):
+ * strided or contiguous (the bulk f32 <-> 16-bit conversions), each element
+ * as the scalar conversions give it; integers exactly through int64, floats
+ * to integers truncated. */
+static void casts(void) {
+    static float f[64], fb[64];
+    static uint16_t h[64];
+    static int64_t i64[64];
+    static int32_t i32[64];
+    for (int i = 0; i < 64; i++) f[i] = (float)(i - 20) * 0.3337f + (i == 5 ? 1e30f : 0) + (i == 6 ? NAN : 0);
+    /* f32 -> bf16, source read transposed ([8, 8]) */
+    lk_op_desc d = {.op = LK_OP_COPY, .dtype = {LK_F32, LK_BF16}, .copy = {2, {8, 8}, {1, 8}, {8, 1}, false}};
+    CHECK_OK(lk__backend_run(LK_DEVICE_CPU, &d, (void *[]){f, h}));
+    bool ok = true;
+    for (int r = 0; r < 8; r++)
+        for (int c = 0; c < 8; c++) ok = ok && h[r * 8 + c] == lk_f32_to_bf16(f[c * 8 + r]);
+    CHECK_MSG(ok, "strided f32 -> bf16");
+    /* contiguous f32 -> f16 and back (the bulk paths) */
+    d = (lk_op_desc){.op = LK_OP_COPY, .dtype = {LK_F32, LK_F16}, .copy = {1, {64}, {1}, {1}, false}};
+    CHECK_OK(lk__backend_run(LK_DEVICE_CPU, &d, (void *[]){f, h}));
+    ok = true;
+    for (int i = 0; i < 64; i++) ok = ok && h[i] == lk_f32_to_f16(f[i]);
+    CHECK_MSG(ok, "contiguous f32 -> f16");
+    d.dtype[0] = LK_F16, d.dtype[1] = LK_F32;
+    CHECK_OK(lk__backend_run(LK_DEVICE_CPU, &d, (void *[]){h, fb}));
+    ok = true;
+    for (int i = 0; i < 64; i++) ok = ok && (isnan(fb[i]) ? isnan(lk_f16_to_f32(h[i])) : fb[i] == lk_f16_to_f32(h[i]));
+    CHECK_MSG(ok, "contiguous f16 -> f32");
+    /* i64 -> i32 and back, exactly (values past 2^53 would lose bits through double) */
+    for (int i = 0; i < 64; i++) i64[i] = (int64_t)i * 1000003 - 7;
+    d = (lk_op_desc){.op = LK_OP_COPY, .dtype = {LK_I64, LK_I32}, .copy = {1, {64}, {1}, {1}, false}};
+    CHECK_OK(lk__backend_run(LK_DEVICE_CPU, &d, (void *[]){i64, i32}));
+    ok = true;
+    for (int i = 0; i < 64; i++) ok = ok && i32[i] == (int32_t)i64[i];
+    CHECK_MSG(ok, "i64 -> i32");
+    int64_t big = (INT64_C(1) << 60) + 1, back = 0;
+    d = (lk_op_desc){.op = LK_OP_COPY, .dtype = {LK_I64, LK_I64}, .copy = {0, {0}, {0}, {0}, false}};
+    CHECK_OK(lk__backend_run(LK_DEVICE_CPU, &d, (void *[]){&big, &back}));
+    CHECK(back == big);
+    /* f32 -> i64 truncates toward zero */
+    float neg = -2.75f;
+    d.dtype[0] = LK_F32;
+    CHECK_OK(lk__backend_run(LK_DEVICE_CPU, &d, (void *[]){&neg, &back}));
+    CHECK(back == -2);
+}
+
+/* LK_OP_FILL: a strided view (every other column) and a contiguous block,
+ * in f32, bf16 and i64; the rest untouched. */
+static void fills(void) {
+    static float f[40];
+    static uint16_t h[16];
+    static int64_t q[5];
+    for (int i = 0; i < 40; i++) f[i] = -1.0f;
+    lk_op_desc d = {.op = LK_OP_FILL, .dtype = {LK_F32}, .fill = {2, {4, 5}, {10, 2}, 2.5}};
+    CHECK_OK(lk__backend_run(LK_DEVICE_CPU, &d, (void *[]){f}));
+    bool ok = true;
+    for (int r = 0; r < 4; r++)
+        for (int c = 0; c < 10; c++) ok = ok && f[r * 10 + c] == (c % 2 == 0 ? 2.5f : -1.0f);
+    CHECK_MSG(ok, "strided f32 fill");
+    d = (lk_op_desc){.op = LK_OP_FILL, .dtype = {LK_BF16}, .fill = {1, {16}, {1}, 0.1}};
+    CHECK_OK(lk__backend_run(LK_DEVICE_CPU, &d, (void *[]){h}));
+    ok = true;
+    for (int i = 0; i < 16; i++) ok = ok && h[i] == lk_f32_to_bf16(0.1f);
+    CHECK_MSG(ok, "bf16 fill");
+    d = (lk_op_desc){.op = LK_OP_FILL, .dtype = {LK_I64}, .fill = {1, {5}, {1}, -3.0}};
+    CHECK_OK(lk__backend_run(LK_DEVICE_CPU, &d, (void *[]){q}));
+    CHECK(q[0] == -3 && q[4] == -3);
 }
 
 /* The accumulating form: dst[i] += src[i] in f32, each sum exactly the
@@ -87,4 +156,4 @@ static void accumulates(void) {
               "the cpu backend has no copy accumulate bf16 -> bf16 (3)");
 }
 
-LK_TEST_MAIN(LK_TEST_CASE(copies), LK_TEST_CASE(accumulates))
+LK_TEST_MAIN(LK_TEST_CASE(copies), LK_TEST_CASE(casts), LK_TEST_CASE(fills), LK_TEST_CASE(accumulates))

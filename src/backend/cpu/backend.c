@@ -64,9 +64,10 @@ static bool cpu_supports(const lk_op_desc *d) {
     case LK_OP_NONFINITE: return (d->dtype[0] == LK_F32 || is_half(d->dtype[0])) && d->dtype[1] == LK_I64;
     case LK_OP_UNSCALE: return d->dtype[0] == LK_F32 && d->dtype[1] == LK_F32 && d->dtype[2] == LK_I64;
     case LK_OP_CLAMP: return (d->dtype[0] == LK_F32 || is_half(d->dtype[0])) && d->dtype[1] == d->dtype[0];
-    case LK_OP_COPY:
-        return d->dtype[0] == d->dtype[1] && (unsigned)d->copy.ndim <= LK_MAX_DIMS &&
-               (!d->copy.accumulate || d->dtype[0] == LK_F32);
+    case LK_OP_COPY: /* any dtypes lk_dtype_size knows; accumulate f32 only */
+        return lk_dtype_size(d->dtype[0]) && lk_dtype_size(d->dtype[1]) && (unsigned)d->copy.ndim <= LK_MAX_DIMS &&
+               (!d->copy.accumulate || (d->dtype[0] == LK_F32 && d->dtype[1] == LK_F32));
+    case LK_OP_FILL: return lk_dtype_size(d->dtype[0]) && (unsigned)d->fill.ndim <= LK_MAX_DIMS;
     case LK_OP_BN_STATS:
         return d->dtype[0] == LK_F32 && d->dtype[1] == LK_F32 && d->dtype[2] == LK_F32 && d->dtype[3] == LK_F64 &&
                (unsigned)d->bn_split.stat <= LK_BN_GRAD;
@@ -141,6 +142,7 @@ static lk_status cpu_run(const lk_op_desc *d, void *const *x) {
     case LK_OP_EMBEDDING:
     case LK_OP_EMBEDDING_BACKWARD: return lk__cpu_embedding(d, x);
     case LK_OP_COPY: return lk__cpu_copy(d, x);
+    case LK_OP_FILL: return lk__cpu_fill(d, x);
     case LK_OP_BN_STATS:
     case LK_OP_BN_APPLY: return lk__cpu_bn_split(d, x);
     case LK_OP_COUNT: break;

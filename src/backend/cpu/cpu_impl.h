@@ -49,8 +49,9 @@ lk_status lk__cpu_conv(const lk_op_desc *d, void *const *x);
 lk_status lk__cpu_grads(const lk_op_desc *d, void *const *x);
 /* embedding.c: LK_OP_EMBEDDING and _BACKWARD, f32 rows, i32 or i64 indices. */
 lk_status lk__cpu_embedding(const lk_op_desc *d, void *const *x);
-/* copy.c: LK_OP_COPY, any dtype. */
+/* copy.c: LK_OP_COPY (copies and casts) and LK_OP_FILL, any dtype. */
 lk_status lk__cpu_copy(const lk_op_desc *d, void *const *x);
+lk_status lk__cpu_fill(const lk_op_desc *d, void *const *x);
 /* xent.c: cross-entropy and nll_loss, forward and backward (f32 data, i32
  * or i64 targets, f64 total weight). */
 bool lk__cpu_xent_supports(const lk_op_desc *d);
