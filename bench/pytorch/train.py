@@ -41,7 +41,7 @@ import sys
 import tempfile
 
 
-PRECISIONS = ("32-true", "bf16-mixed")
+PRECISIONS = ("32-true", "bf16-mixed", "bf16-true")
 
 
 def parse_args():
@@ -64,8 +64,9 @@ def parse_args():
                    help="torch threads per rank (default: cores // world)")
     p.add_argument("--no-blas-env", action="store_true",
                    help="do not set OMP_NUM_THREADS / OPENBLAS_NUM_THREADS to the threads per rank, nor OMP_WAIT_POLICY=PASSIVE")
-    p.add_argument("--precision", default="32-true", metavar="{32-true,bf16-mixed}",
-                   help="32-true (default) or bf16-mixed: forward and loss under CPU autocast to bfloat16")
+    p.add_argument("--precision", default="32-true", metavar="{32-true,bf16-mixed,bf16-true}",
+                   help="32-true (default); bf16-mixed: forward and loss under CPU autocast to bfloat16; "
+                        "bf16-true: the model and the inputs in bfloat16 (Lightning's module.to(torch.bfloat16))")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--t0", type=float, default=0.0,
                    help="launch timestamp (time.time()) taken by the caller before starting this process")
@@ -201,6 +202,9 @@ def train(rank, a, out_dir):
     loader = DataLoader(dataset, batch_size=a.batch_size, shuffle=sampler is None, sampler=sampler,
                         drop_last=True, num_workers=a.num_workers)
     model = MODELS[a.model]()
+    true16 = a.precision == "bf16-true"
+    if true16:  # parameters, gradients and Adam's state in bf16, as Lightning's HalfPrecision plugin
+        model = model.to(torch.bfloat16)
     if world > 1:
         model = DDP(model)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
@@ -220,6 +224,8 @@ def train(rank, a, out_dir):
         t0 = time.perf_counter()
         for x, y in loader:
             t1 = time.perf_counter()
+            if true16:
+                x = x.to(torch.bfloat16)
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
                 out = model(x)
                 loss = F.mse_loss(out, x.flatten(1)) if a.model == "autoencoder" else F.cross_entropy(out, y)

@@ -13,6 +13,8 @@ expect_fail "train.py refuses 16-mixed" 2 "supports only torch.bfloat16" \
   "$PY" "$SRC/bench/pytorch/train.py" --precision 16-mixed
 expect_fail "train.py refuses an unknown precision" 2 "expected one of 32-true, bf16-mixed" \
   "$PY" "$SRC/bench/pytorch/train.py" --precision fp8
+expect_fail "compare refuses 16-true" 2 "supports only torch.bfloat16" \
+  "$SRC/bench/compare" --lockstep "$LK_BIN" --precision 16-true
 expect_fail "compare refuses 16-mixed" 2 "supports only torch.bfloat16" \
   "$SRC/bench/compare" --lockstep "$LK_BIN" --precision 32-true 16-mixed
 expect_fail "compare refuses an unknown precision" 2 "expected one or more of 32-true, bf16-mixed" \
@@ -29,11 +31,13 @@ if [ -n "$missing" ]; then
 fi
 
 out=$("$SRC/bench/compare" --lockstep "$LK_BIN" --models mlp --worlds 1 --batches 64 --pairs 1 --steps 10 \
-  --bound-seconds 0.05 --precision 32-true bf16 --csv "$T/c.csv" --json "$T/c.jsonl" 2>"$T/err")
+  --bound-seconds 0.05 --precision 32-true bf16 bf16-true --csv "$T/c.csv" --json "$T/c.jsonl" 2>"$T/err")
 rc=$?
 if [ "$rc" = 0 ]; then ok "compare 32-true + bf16-mixed runs"; else bad "compare exit $rc: $(cat "$T/err")"; fi
 echo "$out"
-grep -q "precision 32-true bf16-mixed" <<<"$out" && ok "header names the precisions" || bad "header"
+grep -q "precision 32-true bf16-mixed bf16-true" <<<"$out" && ok "header names the precisions" || bad "header"
+grep -qE "^mlp +1 +64 +bf16-true +[0-9]+ +[0-9]+ .* 1\.50 " <<<"$out" && ok "bf16-true row, 1.5x target" ||
+  bad "bf16-true row"
 grep -qE "^mlp +1 +64 +32-true +[0-9]+ +[0-9]+ .* 1\.30 " <<<"$out" && ok "32-true row, issue 9 target" ||
   bad "32-true row"
 grep -qE "^mlp +1 +64 +bf16-mixed +[0-9]+ +[0-9]+ .* 1\.50 " <<<"$out" && ok "bf16-mixed row, 1.5x target" ||
@@ -51,6 +55,8 @@ case "$header" in
 esac
 [ "$(grep -c ',32-true,openblas sgemm,float32,' "$T/c.csv")" = 1 ] && ok "CSV 32-true row" || bad "CSV 32-true row"
 [ "$(grep -c ',bf16-mixed,.*,bfloat16,' "$T/c.csv")" = 1 ] && ok "CSV bf16-mixed row" || bad "CSV bf16-mixed row"
+[ "$(grep -c ',bf16-true,.*,bfloat16,' "$T/c.csv")" = 1 ] && ok "CSV bf16-true row (PyTorch's outputs bf16)" ||
+  bad "CSV bf16-true row"
 [ "$(grep -c '"precision": "bf16-mixed"' "$T/c.jsonl")" = 3 ] && ok "JSON records carry the precision" ||
   bad "JSON precision"
 grep -q '"framework": "pytorch".*"output_dtype": "bfloat16"' "$T/c.jsonl" && ok "PyTorch ran under autocast" ||
