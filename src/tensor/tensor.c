@@ -366,32 +366,6 @@ char *lk_shape_str(const lk_tensor *t, char *buf, size_t n) {
 
 size_t lk_tensor_nbytes(const lk_tensor *t) { return (size_t)t->numel * lk_dtype_size(t->dtype); }
 
-static double load_elem(lk_dtype dt, const void *p) {
-    switch (dt) {
-    case LK_F32: return *(const float *)p;
-    case LK_F64: return *(const double *)p;
-    case LK_BF16: return lk_bf16_to_f32(*(const uint16_t *)p);
-    case LK_F16: return lk_f16_to_f32(*(const uint16_t *)p);
-    case LK_I32: return *(const int32_t *)p;
-    case LK_I64: return (double)*(const int64_t *)p;
-    case LK_U8: return *(const uint8_t *)p;
-    default: return 0;
-    }
-}
-
-static void store_elem(lk_dtype dt, void *p, double v) {
-    switch (dt) {
-    case LK_F32: *(float *)p = (float)v; break;
-    case LK_F64: *(double *)p = v; break;
-    case LK_BF16: *(uint16_t *)p = lk_f32_to_bf16((float)v); break;
-    case LK_F16: *(uint16_t *)p = lk_f32_to_f16((float)v); break;
-    case LK_I32: *(int32_t *)p = (int32_t)v; break;
-    case LK_I64: *(int64_t *)p = (int64_t)v; break;
-    case LK_U8: *(uint8_t *)p = (uint8_t)v; break;
-    default: break;
-    }
-}
-
 int64_t lk__elem_offset(const lk_tensor *t, int64_t i) {
     int64_t off = 0;
     for (int d = t->ndim - 1; d >= 0; d--) {
@@ -403,7 +377,17 @@ int64_t lk__elem_offset(const lk_tensor *t, int64_t i) {
 }
 
 double lk_tensor_get(const lk_tensor *t, int64_t i) {
-    return load_elem(t->dtype, (const char *)t->data + lk__elem_offset(t, i) * (int64_t)lk_dtype_size(t->dtype));
+    size_t es = lk_dtype_size(t->dtype);
+    const char *p = (const char *)t->data + lk__elem_offset(t, i) * (int64_t)es;
+    char raw[8];
+    if (!lk_device_is_host(t->device)) { /* the element's bytes to the host first */
+        if (lk_device_copy(LK_DEVICE_CPU, raw, t->device, p, es)) return NAN;
+        p = raw;
+    }
+    double v = NAN; /* one element cast to f64 by the CPU backend's LK_OP_COPY */
+    lk_op_desc d = {.op = LK_OP_COPY, .dtype = {t->dtype, LK_F64}};
+    if (lk__backend_run(LK_DEVICE_CPU, &d, (void *[]){(void *)p, &v})) return NAN;
+    return v;
 }
 
 float lk_tensor_item(const lk_tensor *t) { return t && t->numel >= 1 ? (float)lk_tensor_get(t, 0) : NAN; }
@@ -448,31 +432,30 @@ lk_status lk_tensor_copy(lk_tensor *dst, const lk_tensor *src) {
                         "copy: a %s%s tensor into a %s%s one on another device: cast (or make contiguous) on one "
                         "device first, then copy", lk_dtype_name(src->dtype), sc ? "" : " strided",
                         lk_dtype_name(dst->dtype), dc ? "" : " strided");
-    /* One descriptor walks both tensors in dst's shape (a copy between two
-     * shapes of one size is element i to element i: as 1-d when both are
-     * contiguous, by the elementwise loop below on the host otherwise). */
+    /* One descriptor walks both tensors in dst's shape; a copy between two
+     * shapes of one size is element i to element i, as 1-d runs. */
     bool same_shape = dst->ndim == src->ndim;
     for (int k = 0; same_shape && k < dst->ndim; k++) same_shape = dst->shape[k] == src->shape[k];
     lk_op_desc d = {.op = LK_OP_COPY, .dtype = {src->dtype, dst->dtype}};
-    if (dst->numel == 1 || (!same_shape && dc && sc)) {
-        d.copy.ndim = dst->numel == 1 ? 0 : 1;
-        d.copy.shape[0] = dst->numel, d.copy.ss[0] = 1, d.copy.sd[0] = 1;
-        return lk__backend_run(dst->device, &d, (void *[]){src->data, dst->data});
-    }
-    if (same_shape) {
+    if (same_shape && dst->numel != 1) {
         d.copy.ndim = dst->ndim;
         for (int k = 0; k < dst->ndim; k++)
             d.copy.shape[k] = dst->shape[k], d.copy.ss[k] = src->stride[k], d.copy.sd[k] = dst->stride[k];
         return lk__backend_run(dst->device, &d, (void *[]){src->data, dst->data});
     }
-    if (!lk_device_is_host(dst->device))
-        return lk_error(LK_STATUS_UNSUPPORTED, "copy: between strided tensors of different shapes on a device the CPU "
-                        "cannot address");
-    size_t ds = lk_dtype_size(dst->dtype), ss = lk_dtype_size(src->dtype);
-    for (int64_t i = 0; i < dst->numel; i++)
-        store_elem(dst->dtype, (char *)dst->data + lk__elem_offset(dst, i) * (int64_t)ds,
-                   load_elem(src->dtype, (const char *)src->data + lk__elem_offset(src, i) * (int64_t)ss));
-    return LK_STATUS_OK;
+    d.copy.ndim = dst->numel == 1 ? 0 : 1;
+    d.copy.shape[0] = dst->numel, d.copy.ss[0] = 1, d.copy.sd[0] = 1;
+    if (sc && dc) return lk__backend_run(dst->device, &d, (void *[]){src->data, dst->data});
+    /* Shapes differ and a side is strided: through contiguous copies. */
+    lk_tensor *s = sc ? NULL : lk__tensor_new_on(src->device, src->dtype, src->ndim, src->shape);
+    lk_tensor *t = dc ? NULL : lk__tensor_new_on(dst->device, dst->dtype, dst->ndim, dst->shape);
+    lk_status st = (!sc && !s) || (!dc && !t) ? LK_STATUS_OUT_OF_MEMORY : LK_STATUS_OK;
+    if (!st && s) st = lk_tensor_copy(s, src);
+    if (!st) st = lk__backend_run(dst->device, &d, (void *[]){s ? s->data : src->data, t ? t->data : dst->data});
+    if (!st && t) st = lk_tensor_copy(dst, t);
+    lk_tensor_release(s);
+    lk_tensor_release(t);
+    return st;
 }
 
 lk_tensor *lk_tensor_cast(const lk_tensor *t, lk_dtype dt) {
