@@ -1,7 +1,8 @@
 /* LK_OP_COPY on the CPU backend against a reference multi-index loop: a
  * transposed source, a destination slab (concat's), size-1 and size-0
  * dimensions, a scalar, 2-byte elements; bits move unchanged (NaN payloads
- * included), and a dtype change is refused (casts are the tensor layer's);
+ * included); between float dtypes a cast (widen, round once to nearest
+ * even: conv's autocast columns), other dtype changes refused;
  * a stride-0 source (linear's bias rows), conv's dY gather, and the f32
  * accumulating form (strided gradient accumulation). */
 #include <string.h>
@@ -50,9 +51,24 @@ static void copies(void) {
     check_copy((lk_copy_params){2, {7, 9}, {0, 1}, {9, 1}, false}, LK_F32, "broadcast row");
     /* [O=3, cur=4, P=5] planes of NCHW dY gathered into [O, cur*P] (conv's dY) */
     check_copy((lk_copy_params){3, {3, 4, 5}, {5, 15, 1}, {20, 5, 1}, false}, LK_BF16, "conv dY gather");
-    lk_op_desc d = {.op = LK_OP_COPY, .dtype = {LK_F32, LK_BF16}, .copy = {1, {3}, {1}, {1}, false}};
+    /* f32 -> bf16 / f16 and back: each element rounded once, as the tensor layer's cast */
+    float fs[7] = {1.0f, 1.00390625f, -3.14159f, 1e-7f, 65504.0f, 1e30f, -0.0f};
+    uint16_t hb[7], hh[7];
+    float back[7];
+    lk_op_desc d = {.op = LK_OP_COPY, .dtype = {LK_F32, LK_BF16}, .copy = {1, {7}, {1}, {1}, false}};
+    CHECK_OK(lk__backend_run(LK_DEVICE_CPU, &d, (void *[]){fs, hb}));
+    d.dtype[1] = LK_F16;
+    CHECK_OK(lk__backend_run(LK_DEVICE_CPU, &d, (void *[]){fs, hh}));
+    d.dtype[0] = LK_BF16, d.dtype[1] = LK_F32;
+    CHECK_OK(lk__backend_run(LK_DEVICE_CPU, &d, (void *[]){hb, back}));
+    for (int i = 0; i < 7; i++) {
+        CHECK_MSG(hb[i] == lk_f32_to_bf16_bits(fs[i]), "cast to bf16 at %d", i);
+        CHECK_MSG(hh[i] == lk_f32_to_f16_bits(fs[i]), "cast to f16 at %d", i);
+        CHECK_MSG(back[i] == lk_bf16_bits_to_f32(hb[i]), "bf16 widened at %d", i);
+    }
+    d.dtype[0] = LK_F32, d.dtype[1] = LK_I32;
     CHECK_ERR(lk__backend_run(LK_DEVICE_CPU, &d, (void *[]){src, dst}), LK_STATUS_UNSUPPORTED,
-              "the cpu backend has no copy f32 -> bf16 (3)");
+              "the cpu backend has no copy f32 -> i32 (7)");
 }
 
 /* The accumulating form: dst[i] += src[i] in f32, each sum exactly the

@@ -3,7 +3,9 @@
  * destination are merged first, so a contiguous copy is one memcpy and a
  * concat's slab is one memcpy per outer index; what stays strided in the
  * innermost dimension is copied element by element at its size. The
- * accumulating form (f32) adds instead, in the same walk. */
+ * accumulating form (f32) adds instead, in the same walk. Between two
+ * different float dtypes it casts (widen, round once): the convolution's
+ * autocast rounding of its f32 columns is one. */
 #include <string.h>
 
 #include "backend/cpu/cpu_impl.h"
@@ -26,7 +28,53 @@ static int merge_dims(const lk_copy_params *p, int64_t *shape, int64_t *ss, int6
     return nd;
 }
 
+/* A cast between float dtypes (f32, bf16, f16), each element widened to f32
+ * and rounded once to nearest even: the walk of the copy below, one element
+ * at a time. */
+static float load_any(lk_dtype t, const char *p, int64_t i) {
+    if (t == LK_F32) return ((const float *)p)[i];
+    uint16_t h = ((const uint16_t *)p)[i];
+    return t == LK_BF16 ? lk_bf16_bits_to_f32(h) : lk_f16_bits_to_f32(h);
+}
+
+static void store_any(lk_dtype t, char *p, int64_t i, float v) {
+    if (t == LK_F32) ((float *)p)[i] = v;
+    else ((uint16_t *)p)[i] = t == LK_BF16 ? lk_f32_to_bf16_bits(v) : lk_f32_to_f16_bits(v);
+}
+
+static lk_status cast_copy(const lk_op_desc *d, void *const *x) {
+    const lk_copy_params *p = &d->copy;
+    lk_dtype st = d->dtype[0], dt = d->dtype[1];
+    int64_t shape[LK_MAX_DIMS], ss[LK_MAX_DIMS], sd[LK_MAX_DIMS];
+    for (int k = 0; k < p->ndim; k++)
+        if (p->shape[k] == 0) return LK_STATUS_OK;
+    int nd = merge_dims(p, shape, ss, sd);
+    if (nd == 0) {
+        store_any(dt, x[1], 0, load_any(st, x[0], 0));
+        return LK_STATUS_OK;
+    }
+    int64_t inner = shape[nd - 1], iss = ss[nd - 1], isd = sd[nd - 1], outer = 1;
+    for (int k = 0; k < nd - 1; k++) outer *= shape[k];
+    int64_t idx[LK_MAX_DIMS] = {0}, os = 0, od = 0;
+    for (int64_t o = 0; o < outer; o++) {
+        if (iss == 1 && isd == 1 && st == LK_F32) /* the common case: a contiguous run rounded to 16 bits */
+            lk_f32_to_half_n(dt, (uint16_t *)x[1] + od, (const float *)x[0] + os, (size_t)inner);
+        else if (iss == 1 && isd == 1 && dt == LK_F32)
+            lk_half_to_f32_n(st, (float *)x[1] + od, (const uint16_t *)x[0] + os, (size_t)inner);
+        else
+            for (int64_t i = 0; i < inner; i++) store_any(dt, x[1], od + i * isd, load_any(st, x[0], os + i * iss));
+        for (int k = nd - 2; k >= 0; k--) {
+            os += ss[k], od += sd[k];
+            if (++idx[k] < shape[k]) break;
+            os -= ss[k] * shape[k], od -= sd[k] * shape[k];
+            idx[k] = 0;
+        }
+    }
+    return LK_STATUS_OK;
+}
+
 lk_status lk__cpu_copy(const lk_op_desc *d, void *const *x) {
+    if (d->dtype[0] != d->dtype[1]) return cast_copy(d, x);
     const lk_copy_params *p = &d->copy;
     size_t es = lk_dtype_size(d->dtype[0]);
     const char *src = x[0];
