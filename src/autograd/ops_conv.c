@@ -419,7 +419,7 @@ lk_tensor *lk_conv2d(lk_tensor *x, lk_tensor *w, lk_tensor *b, lk_conv2d_params 
     conv_geom g;
     conv_geom_init(&g, x, w, a);
     /* the GEMM dtype: autocast's, else the operands' own (checked equal) */
-    lk_dtype lowp = lk_autocast_dtype() != LK_F32 ? lk_autocast_dtype() : x->dtype;
+    lk_dtype lowp = lk__autocast_dtype_for(LK_CAST_LOWER, x->dtype);
     bool lp = lowp != LK_F32;
     /* x as it is when it has the GEMM dtype (a 16-bit activation: no copy), else f32 */
     lk_tensor *xc = x->dtype == lowp ? lk__contig_keep(x) : lk__contig(x);

@@ -1075,6 +1075,8 @@ static int os_compare(const char *what, const lk_tensor *got, const lk_tensor *r
     return 0;
 }
 
+static int os_check(const os_item *it, lk_tensor *const *raw, const lk_tensor *R0);
+
 static void op_dtype_sweep(void) {
     static const os_item items[] = {
         {"conv2d_basic", OS_CONV, LK_CONV2D_DEFAULT, P2D(1, 1, 1, 1, 0, 0, true, false), false},
@@ -1091,7 +1093,6 @@ static void op_dtype_sweep(void) {
         {"embedding", OS_EMB, LK_CONV2D_DEFAULT, P2D(1, 1, 1, 1, 0, 0, true, false), false},
         {"concat_dim1", OS_CAT, LK_CONV2D_DEFAULT, P2D(1, 1, 1, 1, 0, 0, true, false), false},
     };
-    const lk_dtype dts[2] = {LK_BF16, LK_F16};
     int runs = 0;
     for (size_t i = 0; i < sizeof items / sizeof items[0]; i++) {
         const os_item *it = &items[i];
@@ -1102,6 +1103,60 @@ static void op_dtype_sweep(void) {
             snprintf(path, sizeof path, "%s/%s/%s.npy", FIXTURE_DIR, it->dir, in.name[k]);
             if (file_exists(path)) raw[k] = sweep_load(it->dir, in.name[k]);
         }
+        runs += os_check(it, raw, R0);
+        lk_tensor_release(R0);
+        for (int k = 0; k < in.n; k++) lk_tensor_release(raw[k]);
+    }
+    /* Activations large enough that the backend widens them in several
+     * chunks (batch norm: 2 channels of [4, 160x160] per chunk; layer norm:
+     * 1310 rows of 200; pooling: 10 planes of 160x160), from a hash. */
+    static const os_item large[] = {
+        {"large batch_norm [4, 8, 160, 160]", OS_BN, LK_CONV2D_DEFAULT, P2D(1, 1, 1, 1, 0, 0, true, false), true},
+        {"large layer_norm [2048, 200]", OS_LN, LK_CONV2D_DEFAULT, P2D(1, 1, 1, 1, 0, 0, true, false), false},
+        {"large max_pool2d [4, 8, 160, 160]", OS_MAXPOOL, LK_CONV2D_DEFAULT, P2D(3, 3, 2, 2, 1, 1, true, false), false},
+    };
+    for (size_t i = 0; i < sizeof large / sizeof large[0]; i++) {
+        const os_item *it = &large[i];
+        bool ln = it->kind == OS_LN;
+        int64_t xs[4] = {4, 8, 160, 160}, ls[2] = {2048, 200}, c[1] = {ln ? 200 : 8};
+        lk_tensor *raw[OS_MAX] = {0};
+        raw[0] = ln ? lk_tensor_empty(LK_F32, 2, ls) : lk_tensor_empty(LK_F32, 4, xs);
+        if (it->kind != OS_MAXPOOL)
+            for (int k = 1; k < (it->kind == OS_BN ? 5 : 3); k++) raw[k] = lk_tensor_empty(LK_F32, 1, c);
+        for (int k = 0; k < OS_MAX; k++) {
+            if (!raw[k]) continue;
+            float *v = raw[k]->data;
+            for (int64_t e = 0; e < raw[k]->numel; e++) {
+                uint64_t h = (uint64_t)(e + 1) * 0x9E3779B97F4A7C15ull ^ (uint64_t)(k + 7) * 0xBF58476D1CE4E5B9ull;
+                h ^= h >> 29;
+                v[e] = (float)((double)(h % 20001) / 10000.0 - 1.0) * (k == 0 ? 3.0f : 1.0f) + (k == 0 ? 0.5f : 0.0f);
+                if (k == 4) v[e] = fabsf(v[e]) + 0.5f; /* running_var > 0 */
+            }
+        }
+        lk_tensor *R0 = NULL;
+        { /* the upstream gradient, of the output's shape */
+            lk_scope_begin();
+            lk_tensor *y = it->kind == OS_MAXPOOL ? lk_max_pool2d(raw[0], it->pool) : lk_tensor_retain(raw[0]);
+            R0 = y ? lk_tensor_empty(LK_F32, y->ndim, y->shape) : NULL;
+            for (int64_t e = 0; R0 && e < R0->numel; e++) ((float *)R0->data)[e] = (float)((e * 37) % 17 - 8) / 8.0f;
+            if (it->kind != OS_MAXPOOL) lk_tensor_release(y);
+            lk_scope_end();
+        }
+        runs += os_check(it, raw, R0);
+        lk_tensor_release(R0);
+        for (int k = 0; k < OS_MAX; k++) lk_tensor_release(raw[k]);
+    }
+    printf("op dtype sweep: %d runs (13 ops and 3 large activations x bf16, f16 x mixed / true configurations)\n", runs);
+}
+
+/* One item of the op sweep from its f32 inputs raw[] and upstream gradient
+ * R0, in bf16 and f16; returns how many configurations ran. */
+static int os_check(const os_item *it, lk_tensor *const *raw, const lk_tensor *R0) {
+    const lk_dtype dts[2] = {LK_BF16, LK_F16};
+    os_inputs in = os_names(it);
+    int runs = 0;
+    {
+        {
         for (int d = 0; d < 2; d++) {
             lk_dtype D = dts[d];
             lk_tensor *base[OS_MAX] = {0}, *R = R0 ? os_round(R0, D) : NULL;
@@ -1137,10 +1192,9 @@ static void op_dtype_sweep(void) {
             lk_tensor_release(R);
             for (int k = 0; k < in.n; k++) lk_tensor_release(base[k]);
         }
-        lk_tensor_release(R0);
-        for (int k = 0; k < in.n; k++) lk_tensor_release(raw[k]);
+        }
     }
-    printf("op dtype sweep: %d runs (13 ops x bf16, f16 x mixed / true configurations)\n", runs);
+    return runs;
 }
 
 /* The cnn's step (conv -> batch norm -> relu -> max pool -> flatten ->

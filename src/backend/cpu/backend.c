@@ -106,9 +106,15 @@ static bool cpu_supports(const lk_op_desc *d) {
 }
 
 static lk_status cpu_run(const lk_op_desc *d, void *const *x) {
-    if (widens(d->op) && lk__cpu_has_half(d))
-        return d->op == LK_OP_POOL2D || d->op == LK_OP_POOL2D_BACKWARD ? lk__cpu_pool2d(d, x)
-                                                                        : lk__cpu_run_widened(d, x, cpu_run);
+    if (widens(d->op) && lk__cpu_has_half(d)) switch (d->op) {
+        case LK_OP_POOL2D:
+        case LK_OP_POOL2D_BACKWARD: return lk__cpu_pool2d(d, x);
+        case LK_OP_BATCH_NORM:
+        case LK_OP_BATCH_NORM_BACKWARD: return lk__cpu_bn_half(d, x, cpu_run);
+        case LK_OP_LAYER_NORM:
+        case LK_OP_LAYER_NORM_BACKWARD: return lk__cpu_ln_half(d, x, cpu_run);
+        default: return lk__cpu_run_widened(d, x, cpu_run);
+        }
     switch (d->op) {
     case LK_OP_GEMM: {
         const lk_gemm_params *g = &d->gemm;

@@ -56,6 +56,10 @@ bool lk__cpu_has_half(const lk_op_desc *d);
 lk_op_desc lk__cpu_widened_desc(const lk_op_desc *d);
 lk_status lk__cpu_run_widened(const lk_op_desc *d, void *const *x,
                               lk_status (*run)(const lk_op_desc *d, void *const *x));
+/* Batch norm and layer norm (forward and backward) with 16-bit operands, in
+ * chunks of channels / rows through the same scratch. */
+lk_status lk__cpu_bn_half(const lk_op_desc *d, void *const *x, lk_status (*run)(const lk_op_desc *d, void *const *x));
+lk_status lk__cpu_ln_half(const lk_op_desc *d, void *const *x, lk_status (*run)(const lk_op_desc *d, void *const *x));
 /* xent.c: cross-entropy and nll_loss, forward and backward (f32 data, i32
  * or i64 targets, f64 total weight). */
 bool lk__cpu_xent_supports(const lk_op_desc *d);
