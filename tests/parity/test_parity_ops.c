@@ -958,7 +958,13 @@ static void dtype_sweep(lk_device dbgdev) {
  * of the f32 result: 2^-8 |ref| in bf16, 2^-11 |ref| in f16, plus 2e-6 of
  * the tensor's largest |ref| (GEMM and sum orders; cancellation in batch
  * norm's input gradient). Finite differences stay f32 (the cases above). */
-typedef enum { OS_CONV, OS_MAXPOOL, OS_AVGPOOL, OS_ADAPTIVE, OS_BN, OS_LN, OS_EMB, OS_CAT } os_kind;
+typedef enum { OS_CONV, OS_MAXPOOL, OS_AVGPOOL, OS_ADAPTIVE, OS_BN, OS_BN_SYNC, OS_LN, OS_EMB, OS_CAT } os_kind;
+
+/* SyncBatchNorm's all-reduce on one rank: the sums stay as they are. */
+static lk_status os_sum_one_rank(void *ctx, double *vals, int n) {
+    (void)ctx, (void)vals, (void)n;
+    return LK_STATUS_OK;
+}
 typedef enum { OS_REF, OS_MIXED, OS_TRUE, OS_TRUE_AC, OS_F32_AC } os_mode;
 typedef struct {
     const char *dir;
@@ -980,6 +986,7 @@ static os_inputs os_names(const os_item *it) {
     switch (it->kind) {
     case OS_CONV: return (os_inputs){{"x", "w", "b"}, {false, true, true}, {true, true, true}, 3};
     case OS_BN:
+    case OS_BN_SYNC:
         return (os_inputs){{"x", "w", "b", "running_mean", "running_var"}, {false, true, true, false, false},
                            {true, true, true, false, false}, 5};
     case OS_LN: return (os_inputs){{"x", "w", "b"}, {false, true, true}, {true, true, true}, 3};
@@ -1005,7 +1012,7 @@ static bool os_run(const os_item *it, lk_tensor *const *base, const lk_tensor *R
     bool ok = true;
     for (int i = 0; i < in.n; i++) {
         bool is_float = base[i] && base[i]->dtype == LK_F32;
-        bool stats = it->kind == OS_BN && i >= 3; /* running statistics stay f32 buffers */
+        bool stats = (it->kind == OS_BN || it->kind == OS_BN_SYNC) && i >= 3; /* running statistics stay f32 buffers */
         lk_dtype dt = !is_float || stats || mode == OS_REF || mode == OS_F32_AC || (mode == OS_MIXED && in.param[i])
                           ? base[i] ? base[i]->dtype : LK_F32
                           : D;
@@ -1022,6 +1029,9 @@ static bool os_run(const os_item *it, lk_tensor *const *base, const lk_tensor *R
     case OS_AVGPOOL: y = lk_avg_pool2d(t[0], it->pool); break;
     case OS_ADAPTIVE: y = lk_adaptive_avg_pool2d(t[0], 3, 2); break;
     case OS_BN: y = lk_batch_norm(t[0], t[3], t[4], t[1], t[2], it->training, 0.1f, 1e-5f); break;
+    case OS_BN_SYNC: /* SyncBatchNorm's passes and per-channel scalars, one rank */
+        y = lk_batch_norm_sync(t[0], t[3], t[4], t[1], t[2], true, 0.1f, 1e-5f, os_sum_one_rank, NULL);
+        break;
     case OS_LN: y = lk_layer_norm(t[0], 1, t[1], t[2], 1e-5f); break;
     case OS_EMB: y = lk_embedding(t[0], t[1]); break;
     case OS_CAT: y = lk_concat(t, 2, 1); break;
@@ -1052,7 +1062,8 @@ static bool os_run(const os_item *it, lk_tensor *const *base, const lk_tensor *R
                         in.name[i], t[i]->grad ? "has another dtype than its tensor" : "is missing");
                 ok = false;
             } else grads[i] = lk_tensor_cast(t[i]->grad, LK_F32);
-        } else if (it->kind == OS_BN && i >= 3) grads[i] = lk_tensor_cast(t[i], LK_F32); /* the updated statistics */
+        } else if ((it->kind == OS_BN || it->kind == OS_BN_SYNC) && i >= 3)
+            grads[i] = lk_tensor_cast(t[i], LK_F32); /* the updated statistics */
     }
     for (int i = 0; i < in.n; i++) lk_tensor_release(t[i]);
     return ok;
@@ -1088,6 +1099,7 @@ static void op_dtype_sweep(void) {
         {"avg_pool2d_pad_incl", OS_AVGPOOL, LK_CONV2D_DEFAULT, P2D(3, 3, 2, 2, 1, 1, true, false), false},
         {"adaptive_avg_pool2d_3x2", OS_ADAPTIVE, LK_CONV2D_DEFAULT, P2D(1, 1, 1, 1, 0, 0, true, false), false},
         {"batch_norm_train_4d", OS_BN, LK_CONV2D_DEFAULT, P2D(1, 1, 1, 1, 0, 0, true, false), true},
+        {"batch_norm_train_4d", OS_BN_SYNC, LK_CONV2D_DEFAULT, P2D(1, 1, 1, 1, 0, 0, true, false), true},
         {"batch_norm_eval_4d", OS_BN, LK_CONV2D_DEFAULT, P2D(1, 1, 1, 1, 0, 0, true, false), false},
         {"layer_norm_affine", OS_LN, LK_CONV2D_DEFAULT, P2D(1, 1, 1, 1, 0, 0, true, false), false},
         {"embedding", OS_EMB, LK_CONV2D_DEFAULT, P2D(1, 1, 1, 1, 0, 0, true, false), false},
@@ -1146,7 +1158,7 @@ static void op_dtype_sweep(void) {
         lk_tensor_release(R0);
         for (int k = 0; k < OS_MAX; k++) lk_tensor_release(raw[k]);
     }
-    printf("op dtype sweep: %d runs (13 ops and 3 large activations x bf16, f16 x mixed / true configurations)\n", runs);
+    printf("op dtype sweep: %d runs (14 ops and 3 large activations x bf16, f16 x mixed / true configurations)\n", runs);
 }
 
 /* One item of the op sweep from its f32 inputs raw[] and upstream gradient
