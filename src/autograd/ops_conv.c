@@ -1,4 +1,4 @@
-/* conv2d and the 2-D pools (max, avg, adaptive avg) on NCHW f32, each with
+/* conv2d and the 2-D pools (max, avg, adaptive avg) on NCHW f32, bf16 or f16, each with
  * its backward and PyTorch's exact semantics: output sizes, zero padding,
  * dilation, groups, ceil_mode, count_include_pad, adaptive bins.
  *

@@ -8,7 +8,8 @@
  * xent.c (cross-entropy, nll), conv.c (the convolution's im2col, col2im,
  * bias and bias gradient), grads.c (norms and the non-finite check of
  * gradients), embedding.c (embedding's gather and scatter-add), copy.c
- * (strided copies). */
+ * (strided copies and casts), widen.c (the bf16/f16 path of the f32-only
+ * families: widen, run the f32 kernel, round once). */
 #ifndef LK_BACKEND_CPU_IMPL_H
 #define LK_BACKEND_CPU_IMPL_H
 
