@@ -6,36 +6,7 @@
  * the plane kernels of kernels/conv.h, single-threaded: ops_conv.c already
  * runs one descriptor per chunk inside its own per-sample threaded tasks, so
  * threading here would only oversubscribe the cores. */
-#include <string.h>
-
 #include "backend/cpu/cpu_impl.h"
-
-/* im2col of one bf16/f16 plane into columns of the same dtype: the gather
- * of lk_k_im2col_plane on 16-bit elements (bits copied, +0 in the padding),
- * so a 16-bit activation under autocast is unrolled without an f32 copy. */
-static void im2col_plane_u16(const uint16_t *x, long H, long W, long kh, long kw, long sh, long sw, long ph, long pw,
-                             long dh, long dw, long OH, long OW, uint16_t *cols, long ldc) {
-    for (long ki = 0; ki < kh; ki++) {
-        long oh_lo, oh_hi;
-        lk_k_valid_range(ki * dh - ph, sh, H, OH, &oh_lo, &oh_hi);
-        for (long kj = 0; kj < kw; kj++) {
-            uint16_t *row = cols + (ki * kw + kj) * ldc;
-            long off_w = kj * dw - pw, lo, hi;
-            lk_k_valid_range(off_w, sw, W, OW, &lo, &hi);
-            memset(row, 0, (size_t)(oh_lo * OW) * sizeof *row);
-            for (long oh = oh_lo; oh < oh_hi; oh++) {
-                uint16_t *r = row + oh * OW;
-                const uint16_t *xr = x + (oh * sh - ph + ki * dh) * W + off_w;
-                memset(r, 0, (size_t)lo * sizeof *r);
-                if (sw == 1) memcpy(r + lo, xr + lo, (size_t)(hi - lo) * sizeof *r);
-                else
-                    for (long ow = lo; ow < hi; ow++) r[ow] = xr[ow * sw];
-                memset(r + hi, 0, (size_t)(OW - hi) * sizeof *r);
-            }
-            memset(row + oh_hi * OW, 0, (size_t)((OH - oh_hi) * OW) * sizeof *row);
-        }
-    }
-}
 
 static inline float half_get(lk_dtype t, const void *p, long i) {
     uint16_t h = ((const uint16_t *)p)[i];
@@ -50,7 +21,7 @@ lk_status lk__cpu_conv(const lk_op_desc *d, void *const *x) {
             long P = g->OH * g->OW, khw = g->kh * g->kw, HW = g->H * g->W;
             for (long j = 0; j < g->samples; j++)
                 for (long c = 0; c < g->C; c++)
-                    im2col_plane_u16((const uint16_t *)x[0] + (j * g->C + c) * HW, g->H, g->W, g->kh, g->kw, g->sh,
+                    lk_k_im2col_plane_u16((const uint16_t *)x[0] + (j * g->C + c) * HW, g->H, g->W, g->kh, g->kw, g->sh,
                                      g->sw, g->ph, g->pw, g->dh, g->dw, g->OH, g->OW,
                                      (uint16_t *)x[1] + c * khw * g->ldc + j * P, g->ldc);
             return LK_STATUS_OK;
