@@ -36,13 +36,16 @@ LK_KERNEL void lk_k_row_zero(float *y, long n) {
 
 /* Zeroes columns [0, lo) and [hi, OW) of `rows` rows of width OW (the
  * padding columns; strided loops, since GCC would turn a tiny row loop into
- * a memset call). */
-LK_KERNEL void lk_k_zero_edges(float *r, long rows, long OW, long lo, long hi) {
-    for (long t = 0; t < lo; t++)
-        for (long q = 0; q < rows; q++) r[q * OW + t] = 0.0f;
-    for (long t = hi; t < OW; t++)
-        for (long q = 0; q < rows; q++) r[q * OW + t] = 0.0f;
-}
+ * a memset call); f32 and 16-bit elements (+0 is all zero bits in both). */
+#define LK_K_ZERO_EDGES(NAME, T)                                                 \
+    LK_KERNEL void NAME(T *r, long rows, long OW, long lo, long hi) {            \
+        for (long t = 0; t < lo; t++)                                            \
+            for (long q = 0; q < rows; q++) r[q * OW + t] = 0;                   \
+        for (long t = hi; t < OW; t++)                                           \
+            for (long q = 0; q < rows; q++) r[q * OW + t] = 0;                   \
+    }
+LK_K_ZERO_EDGES(lk_k_zero_edges, float)
+LK_K_ZERO_EDGES(lk_k_zero_edges_u16, uint16_t)
 
 /* Output positions o in [0, n_out) with 0 <= o * s + off < n_in: [*lo, *hi). */
 LK_KERNEL void lk_k_valid_range(long off, long s, long n_in, long n_out, long *lo, long *hi) {
@@ -64,12 +67,6 @@ LK_KERNEL void lk_k_row_zero_u16(uint16_t *y, long n) {
     for (long i = 0; i < n; i++) y[i] = 0;
 }
 
-LK_KERNEL void lk_k_zero_edges_u16(uint16_t *r, long rows, long OW, long lo, long hi) {
-    for (long t = 0; t < lo; t++)
-        for (long q = 0; q < rows; q++) r[q * OW + t] = 0;
-    for (long t = hi; t < OW; t++)
-        for (long q = 0; q < rows; q++) r[q * OW + t] = 0;
-}
 
 /* im2col for one input plane x[H, W]: row r = ki * kw + kj of `cols` (rows
  * `ldc` elements apart, OH * OW used) gets x[oh * sh - ph + ki * dh,
