@@ -625,6 +625,52 @@ static void activation_memory(void) {
     lk_tensor_release(y);
 }
 
+/* The same for a cnn step (conv -> batch norm -> relu -> max pool, twice,
+ * then a linear): conv2d returns bf16 and batch norm, relu and pooling keep
+ * it, so the step's tensor memory about halves too. (The backend's f32
+ * scratch for widening, a few MB per thread at most, is not pool memory;
+ * docs/BENCHMARKS.md.) */
+static size_t cnn_step_peak(lk_dtype dt, lk_tensor *const *p, lk_tensor *const *stats, lk_tensor *x, lk_tensor *y) {
+    size_t live0 = lk_pool_reset_peak();
+    lk_scope_begin();
+    lk_autocast_enter(dt);
+    lk_tensor *h = x;
+    for (int i = 0; i < 2; i++) {
+        h = lk_conv2d(h, p[3 * i], NULL, (lk_conv2d_params){{1, 1}, {1, 1}, {1, 1}, 1});
+        h = lk_batch_norm(h, stats[2 * i], stats[2 * i + 1], p[3 * i + 1], p[3 * i + 2], true, 0.1f, 1e-5f);
+        h = lk_max_pool2d(lk_relu(h), (lk_pool2d_params){{2, 2}, {2, 2}, {0, 0}, true, false});
+    }
+    lk_tensor *loss = lk_cross_entropy(lk_linear(lk_flatten(h, 1, -1), p[6], NULL), y, NULL);
+    lk_autocast_exit();
+    CHECK_MSG(loss != NULL, "%s", lk_last_error());
+    if (loss) CHECK_OK(lk_backward(loss));
+    lk_scope_end();
+    return lk_pool_get_stats().bytes_live_peak - live0;
+}
+
+static void cnn_activation_memory(void) {
+    lk_tensor *x = nn_htensor(951, 0.0, 1.0, 4, (int64_t[]){64, 1, 16, 16}), *y = nn_hlabels(952, 64, 10);
+    lk_tensor *p[7] = {nn_htensor(953, -0.3, 0.3, 4, (int64_t[]){8, 1, 3, 3}),
+                       lk_tensor_full(LK_F32, 1, (int64_t[]){8}, 1.0f),
+                       lk_tensor_zeros(LK_F32, 1, (int64_t[]){8}),
+                       nn_htensor(954, -0.1, 0.1, 4, (int64_t[]){16, 8, 3, 3}),
+                       lk_tensor_full(LK_F32, 1, (int64_t[]){16}, 1.0f),
+                       lk_tensor_zeros(LK_F32, 1, (int64_t[]){16}),
+                       nn_htensor(955, -0.05, 0.05, 2, (int64_t[]){10, 16 * 4 * 4})};
+    lk_tensor *stats[4] = {lk_tensor_zeros(LK_F32, 1, (int64_t[]){8}), lk_tensor_full(LK_F32, 1, (int64_t[]){8}, 1.0f),
+                           lk_tensor_zeros(LK_F32, 1, (int64_t[]){16}), lk_tensor_full(LK_F32, 1, (int64_t[]){16}, 1.0f)};
+    for (int i = 0; i < 7; i++) lk_tensor_set_requires_grad(p[i], true);
+    cnn_step_peak(LK_F32, p, stats, x, y); /* first step: the parameters' gradients are made */
+    size_t f32 = cnn_step_peak(LK_F32, p, stats, x, y), bf16 = cnn_step_peak(LK_BF16, p, stats, x, y);
+    printf("  cnn_activation_memory: step peak f32 %zu bytes, bf16 %zu bytes (%.2fx)\n", f32, bf16,
+           (double)bf16 / (double)f32);
+    CHECK_MSG(bf16 * 10 <= f32 * 6, "cnn bf16 step peak %zu bytes vs f32 %zu: not about half", bf16, f32);
+    for (int i = 0; i < 7; i++) lk_tensor_release(p[i]);
+    for (int i = 0; i < 4; i++) lk_tensor_release(stats[i]);
+    lk_tensor_release(x);
+    lk_tensor_release(y);
+}
+
 /* 16-bit element-wise ops and losses compute in f32 on the widened values
  * and round once: over several backend blocks (3000 elements) a bf16 relu /
  * sigmoid equal the f32 ops run on the widened tensors, rounded, bit for
@@ -663,4 +709,4 @@ static void half_ops_match_f32(void) {
 LK_TEST_MAIN(LK_TEST_CASE(linear), LK_TEST_CASE(conv2d), LK_TEST_CASE(conv2d_1x1), LK_TEST_CASE(conv2d_groups),
              LK_TEST_CASE(mlp), LK_TEST_CASE(autoencoder), LK_TEST_CASE(cnn), LK_TEST_CASE(dtype_kept_in_node),
              LK_TEST_CASE(conv2d_gemm_failure), LK_TEST_CASE(activation_dtypes), LK_TEST_CASE(activation_memory),
-             LK_TEST_CASE(half_ops_match_f32))
+             LK_TEST_CASE(cnn_activation_memory), LK_TEST_CASE(half_ops_match_f32))
