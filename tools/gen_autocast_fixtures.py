@@ -27,6 +27,9 @@ The cases (their seeds and shapes are repeated in tests/parity/test_autocast.c):
     conv2d_groups 3x3, stride 2, groups 2, x [3, 4, 9, 9] (requires grad), weight [6, 2, 3, 3], no bias
     mlp           lockstep's built-in mlp: 784-64-32-10, batch 16, cross-entropy
     autoencoder   lockstep's built-in autoencoder: 784-32-16-8 mirrored, batch 8, MSE
+    cnn           lockstep's built-in cnn: 1x8x8 images, channels 4,8, hidden 16, batch 6,
+                  cross-entropy (conv -> batch norm -> relu -> max pool, twice, then
+                  two linears; batch norm in training mode, its weight 1 and bias 0)
 
 The single-op cases use loss = sum(out * R), R = hvals(seed + 1, -1, 1) of
 out's shape (so dY = R). In every case the loss is taken on out.float(),
@@ -52,11 +55,15 @@ def hash_params(module, seed):
     """Parameter k (named_parameters order) ~ hvals(seed + k) in +-1/sqrt(fan_in),
     a 1-dim parameter with the bound of the weight before it: set_hash_weights
     of gen_nn_fixtures.py (and nn_set_hash_weights in C), for modules whose
-    parameter names have no dot too."""
+    parameter names have no dot too. Batch norm parameters (a module named
+    bn*) keep their defaults, as nn_set_hash_weights does."""
     import torch
     bound = 1.0
     with torch.no_grad():
-        for k, (_, p) in enumerate(module.named_parameters()):
+        for k, (name, p) in enumerate(module.named_parameters()):
+            parts = name.split(".")
+            if len(parts) >= 2 and parts[-2].startswith("bn"):
+                continue
             if p.dim() >= 2:
                 bound = 1.0 / math.sqrt(p.shape[1] * int(np.prod(p.shape[2:])))
             p.copy_(torch.from_numpy(hvals(seed + k, p.numel(), -bound, bound).reshape(p.shape)))
@@ -98,6 +105,24 @@ def model_case(name, kind, kw, seed, batch):
     return name, build, loss_fn, False
 
 
+def cnn_case(name, kw, seed, batch):
+    """lockstep's cnn on [batch, 1, S, S] images in [0, 1], cross-entropy."""
+    import torch
+    import torch.nn.functional as F
+
+    def build():
+        m = make_model("cnn", **kw)
+        hash_params(m, seed + 10)
+        s = kw["image_size"]
+        x = torch.from_numpy(hvals(seed, batch * s * s, 0.0, 1.0).reshape(batch, 1, s, s))
+        return m, x
+
+    def loss_fn(out, x, m):
+        return F.cross_entropy(out, torch.from_numpy(hlabels(seed + 1, batch, kw["num_classes"])))
+
+    return name, build, loss_fn, False
+
+
 def cases():
     import torch.nn as nn
     return [
@@ -107,6 +132,7 @@ def cases():
         op_case("conv2d_groups", 1400, lambda: nn.Conv2d(4, 6, 3, stride=2, groups=2, bias=False), (3, 4, 9, 9)),
         model_case("mlp", "mlp", dict(input_dim=784, hidden=(64, 32), num_classes=10), 1500, 16),
         model_case("autoencoder", "autoencoder", dict(input_dim=784, hidden=(32, 16), latent_dim=8), 1600, 8),
+        cnn_case("cnn", dict(image_size=8, channels=(4, 8), hidden=16, num_classes=10), 1700, 6),
     ]
 
 

@@ -93,6 +93,7 @@ void lk_thread_cleanup(void) {
         lk_free(n);
     }
     lk__scope_thread_cleanup();
+    lk__cpu_widen_thread_cleanup(); /* the CPU backend's 16-bit scratch */
 #ifdef LK_HAVE_DNNL
     lk__dnnl_thread_cleanup(); /* the thread's cached oneDNN primitives */
 #endif

@@ -72,10 +72,10 @@ lk_tensor *lk__contig_keep(lk_tensor *t);
  * it per op), as torch.autocast's op lists do:
  *   LK_CAST_LOWER: the GEMMs (matmul, linear, conv2d) run in the region's
  *     16-bit dtype and return it;
- *   LK_CAST_FP32: ops whose backend kernels are f32 only (softmax,
- *     log_softmax, the losses, batch/layer norm, pooling, embedding,
- *     reductions) widen a 16-bit input to f32 and return f32;
+ *   LK_CAST_FP32: softmax, log_softmax, the losses and reductions widen
+ *     a 16-bit input to f32 and return f32;
  *   LK_CAST_SAME: everything else (element-wise, activations, dropout,
+ *     pooling, batch/layer norm, embedding, concat: f32 statistics inside,
  *     views) runs in its input's dtype; a binary op of f32 and 16-bit inputs
  *     promotes to f32. */
 typedef enum { LK_CAST_LOWER, LK_CAST_FP32, LK_CAST_SAME } lk_cast_family;

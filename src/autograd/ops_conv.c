@@ -1,4 +1,4 @@
-/* conv2d and the 2-D pools (max, avg, adaptive avg) on NCHW f32, each with
+/* conv2d and the 2-D pools (max, avg, adaptive avg) on NCHW f32, bf16 or f16, each with
  * its backward and PyTorch's exact semantics: output sizes, zero padding,
  * dilation, groups, ceil_mode, count_include_pad, adaptive bins.
  *
@@ -13,14 +13,22 @@
  * layer): dW += dY * cols^T, dX = col2im(W^T * dY), db sums dY. Scratch
  * tensors come from the storage pool, so a repeated step allocates nothing.
  *
- * Under autocast (lk_autocast_enter(LK_BF16 or LK_F16)) the GEMMs multiply
- * low-precision copies: the weight rounded once per call, each chunk's
- * columns (or input planes) rounded into a per-task scratch after im2col,
- * and in backward dY rounded once; C stays f32 (f32 accumulation, f32
- * outputs and gradients) and the bias and db stay f32. The dtype is taken
- * at forward time and kept in the node (the rounded weight), so backward
- * multiplies as forward did whatever region it runs in. Outside autocast
- * the f32 path is unchanged, bit for bit. */
+ * Under autocast (lk_autocast_enter(LK_BF16 or LK_F16)) conv2d is on the
+ * lower list, as in torch: the GEMMs multiply operands of the region's
+ * dtype D — the weight rounded once per call (or used as is when it is D),
+ * a D input unrolled by a D im2col with no copy, an f32 input unrolled in
+ * f32 and rounded by an LK_OP_COPY cast — products accumulated in f32 into
+ * a per-task f32 scratch, the bias (rounded to D, as torch's) added to the
+ * f32 sums and the output rounded once to D. Backward: dY (already D) feeds
+ * the D GEMMs; dX and dW are f32 sums, rounded by lk__accum to the input's
+ * and the weight's own dtypes (f32 master weights get f32 gradients, a
+ * bf16 weight a bf16 one); db is the f32 sum of dY. Outside autocast,
+ * input, weight and bias all bf16 (or all f16) run the same way in their
+ * dtype (torch runs a bf16 module so); a mix of f32 and 16-bit operands is
+ * an error naming them. The dtype is taken at forward time and kept in the
+ * node (the rounded weight), so backward multiplies as forward did whatever
+ * region it runs in. With every operand f32 outside autocast the f32 path
+ * is unchanged, bit for bit. */
 #include <string.h>
 
 #include "autograd/autograd_impl.h"
@@ -61,7 +69,8 @@ static void conv_geom_init(conv_geom *g, const lk_tensor *x, const lk_tensor *w,
     g->cols_n = g->K * nb * g->P, g->out_n = g->O * nb * g->P;
 }
 
-static lk_status im2col_chunk(lk_device dev, const conv_geom *g, const float *x, long n0, long cur, float *cols);
+static lk_status im2col_chunk(lk_device dev, const conv_geom *g, lk_dtype xt, const void *x, long n0, long cur,
+                              void *cols);
 
 /* Element offset `i` into an array of `lowp` (LK_F32, LK_BF16 or LK_F16) elements. */
 static inline const void *elem_at(const void *p, lk_dtype lowp, long i) {
@@ -84,20 +93,35 @@ static void note_failure(lk_status *slot, lk_status st) {
     if (st) __atomic_compare_exchange_n(slot, &none, st, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
 }
 
-/* The B operand of one chunk's GEMMs: the f32 columns (or, pointwise, the
- * input planes) as they are, or under autocast rounded into `lcols`.
- * *ld gets B's leading dimension. */
-static const void *chunk_cols(lk_device dev, lk_status *st, const conv_geom *g, const float *x, long n0, long cur,
-                              float *cols, lk_dtype lowp, uint16_t *lcols, long *ld) {
-    const float *B = x + n0 * g->C * g->P;
+/* n contiguous elements of `from` rounded to `to` (an LK_OP_COPY cast). */
+static lk_status cast_run(lk_device dev, lk_dtype from, const void *src, lk_dtype to, void *dst, long n) {
+    lk_op_desc d = {.op = LK_OP_COPY, .dtype = {from, to}};
+    d.copy = (lk_copy_params){1, {n}, {1}, {1}, false};
+    return lk__backend_run(dev, &d, (void *[]){(void *)src, dst});
+}
+
+/* The B operand of one chunk's GEMMs, in the GEMM dtype `lowp`: the columns
+ * (or, pointwise, the input planes) of x, whose dtype xt is f32 or lowp. An
+ * f32 x under autocast is unrolled into the f32 `cols` and rounded into
+ * `lcols`; a 16-bit x is unrolled into `lcols` directly (pointwise: used as
+ * it is). *ld gets B's leading dimension. */
+static const void *chunk_cols(lk_device dev, lk_status *st, const conv_geom *g, lk_dtype xt, const void *x, long n0,
+                              long cur, float *cols, lk_dtype lowp, void *lcols, long *ld) {
     *ld = g->P;
-    if (!g->pointwise) {
-        note_failure(st, im2col_chunk(dev, g, x, n0, cur, cols));
-        B = cols;
-        *ld = cur * g->P;
+    if (g->pointwise) {
+        const void *B = elem_at(x, xt, n0 * g->C * g->P);
+        if (xt == lowp) return B;
+        note_failure(st, cast_run(dev, xt, B, lowp, lcols, g->K * g->P)); /* pointwise: cur = 1, K = C */
+        return lcols;
     }
-    if (lowp == LK_F32) return B;
-    lk_f32_to_half_n(lowp, lcols, B, (size_t)(g->K * *ld)); /* pointwise: cur = 1, K = C */
+    *ld = cur * g->P;
+    if (xt == lowp) {
+        void *dst = lowp == LK_F32 ? (void *)cols : lcols;
+        note_failure(st, im2col_chunk(dev, g, xt, x, n0, cur, dst));
+        return dst;
+    }
+    note_failure(st, im2col_chunk(dev, g, LK_F32, x, n0, cur, cols));
+    note_failure(st, cast_run(dev, LK_F32, cols, lowp, lcols, g->K * *ld));
     return lcols;
 }
 
@@ -110,9 +134,11 @@ static lk_op_desc cols_desc(lk_op_kind op, const conv_geom *g, long cur) {
     return d;
 }
 
-static lk_status im2col_chunk(lk_device dev, const conv_geom *g, const float *x, long n0, long cur, float *cols) {
+static lk_status im2col_chunk(lk_device dev, const conv_geom *g, lk_dtype xt, const void *x, long n0, long cur,
+                              void *cols) {
     lk_op_desc d = cols_desc(LK_OP_IM2COL, g, cur);
-    return lk__backend_run(dev, &d, (void *[]){(void *)(x + n0 * g->C * g->H * g->W), cols});
+    d.dtype[0] = d.dtype[1] = xt;
+    return lk__backend_run(dev, &d, (void *[]){(void *)elem_at(x, xt, n0 * g->C * g->H * g->W), cols});
 }
 
 static lk_status col2im_chunk(lk_device dev, const conv_geom *g, float *cols, long n0, long cur, float *dx) {
@@ -120,10 +146,11 @@ static lk_status col2im_chunk(lk_device dev, const conv_geom *g, float *cols, lo
     return lk__backend_run(dev, &d, (void *[]){cols, dx + n0 * g->C * g->H * g->W});
 }
 
-/* out[cur, O, P] = y[O, cur*P] + b (b may be NULL; y == out when cur == 1). */
-static lk_status bias_add_chunk(lk_device dev, const conv_geom *g, long cur, const float *y, const float *b,
-                                float *out) {
-    lk_op_desc d = {.op = LK_OP_BIAS_ADD, .dtype = {LK_F32, LK_F32, LK_F32}};
+/* out[cur, O, P] = y[O, cur*P] + b (b may be NULL; y == out when cur == 1,
+ * f32 only); under autocast b and out are 16-bit, out rounded once. */
+static lk_status bias_add_chunk(lk_device dev, const conv_geom *g, long cur, const float *y, lk_dtype bt,
+                                const void *b, lk_dtype ot, void *out) {
+    lk_op_desc d = {.op = LK_OP_BIAS_ADD, .dtype = {LK_F32, b ? bt : LK_F32, ot}};
     d.bias = (lk_bias_params){cur, g->O, g->P};
     return lk__backend_run(dev, &d, (void *[]){(void *)y, (void *)b, out});
 }
@@ -134,7 +161,9 @@ static lk_status bias_add_chunk(lk_device dev, const conv_geom *g, long cur, con
 typedef struct {
     const conv_geom *g;
     lk_device dev; /* whose backend runs the GEMMs */
-    const float *xd, *wd, *gd;
+    const void *xd, *gd;      /* x in dtype xt (f32 or lowp), dY in gt */
+    const float *wd;
+    lk_dtype xt, gt;
     float *dxd, *dwd, *dbd;   /* dX; task 0's dW and db */
     float *dw_part, *db_part; /* tasks 1..: dW [width-1][O*Kg], db [width-1][O] */
     float *cols;              /* [width][cols_n] */
@@ -142,8 +171,8 @@ typedef struct {
     /* autocast: the GEMM dtype (LK_F32: off), the rounded weight and dY,
      * and each task's rounded columns [width][cols_n] */
     lk_dtype lowp;
-    const uint16_t *wl, *gl;
-    uint16_t *lcols;
+    const void *wl, *gl;
+    void *lcols;
     lk_status st; /* the first failed GEMM */
     int width;
 } conv_bwd_job;
@@ -159,8 +188,8 @@ static void conv_bwd_task(void *ctx, int t) {
     lk_dtype lowp = j->lowp;
     size_t esz = lowp == LK_F32 ? sizeof(float) : sizeof(uint16_t);
     char *dyt = j->dyt ? (char *)j->dyt + (size_t)(t * g->out_n) * esz : NULL;
-    uint16_t *lcols = j->lcols ? j->lcols + t * g->cols_n : NULL;
-    const void *gsrc = lowp == LK_F32 ? (const void *)j->gd : j->gl; /* dY as the GEMMs take it */
+    void *lcols = j->lcols ? (char *)j->lcols + (size_t)(t * g->cols_n) * esz : NULL;
+    const void *gsrc = lowp == LK_F32 ? j->gd : j->gl; /* dY as the GEMMs take it */
     const void *wsrc = lowp == LK_F32 ? (const void *)j->wd : j->wl;
     for (long c = c0; c < c1; c++) {
         long n0 = c * g->nb, cur = g->N - n0 < g->nb ? g->N - n0 : g->nb, ld = cur * g->P;
@@ -175,13 +204,14 @@ static void conv_bwd_task(void *ctx, int t) {
             lddy = ld;
         }
         if (dbd) {
-            lk_op_desc d = {.op = LK_OP_CHANNEL_SUM, .dtype = {LK_F32, LK_F32}};
+            lk_op_desc d = {.op = LK_OP_CHANNEL_SUM, .dtype = {j->gt, LK_F32}};
             d.bias = (lk_bias_params){cur, g->O, g->P};
-            note_failure(&j->st, lk__backend_run(j->dev, &d, (void *[]){(void *)(j->gd + n0 * g->O * g->P), dbd}));
+            note_failure(&j->st,
+                         lk__backend_run(j->dev, &d, (void *[]){(void *)elem_at(j->gd, j->gt, n0 * g->O * g->P), dbd}));
         }
         if (dwd) {
             long ldb;
-            const void *B = chunk_cols(j->dev, &j->st, g, j->xd, n0, cur, cols, lowp, lcols, &ldb);
+            const void *B = chunk_cols(j->dev, &j->st, g, j->xt, j->xd, n0, cur, cols, lowp, lcols, &ldb);
             for (long q = 0; q < g->G; q++)
                 note_failure(&j->st, conv_gemm(j->dev, lowp, false, true, g->Og, g->Kg, ld, elem_at(dy, lowp, q * g->Og * lddy),
                                                lddy, elem_at(B, lowp, q * g->Kg * ldb), ldb, 1.0f,
@@ -214,33 +244,43 @@ static void conv2d_backward(lk_node *n, lk_tensor *gout) {
     conv_geom g;
     conv_geom_init(&g, xc, wc, n->a.i);
     bool need_x = x->requires_grad, need_w = w->requires_grad, need_b = b && b->requires_grad;
-    bool need_cols = !g.pointwise && (need_w || need_x);
+    lk_dtype xt = xc->dtype;
+    /* f32 columns: dX's GEMM output, and an f32 x's unrolled columns for dW */
+    bool need_cols = !g.pointwise && (need_x || (need_w && xt == LK_F32));
+    /* rounded columns for dW unless a 16-bit x is multiplied as it is (pointwise) */
+    bool need_lcols = lowp != LK_F32 && need_w && !(g.pointwise && xt == lowp);
     int width = lk__parallel_width(g.nchunks);
     /* col2im accumulates into dx; the 1x1 path's GEMMs write all of it */
     lk_tensor *dx = !need_x ? NULL
                     : g.pointwise ? lk__tensor_new(LK_F32, 4, xc->shape)
                                   : lk_tensor_zeros(LK_F32, 4, xc->shape);
-    /* dW accumulates straight into a leaf's existing gradient (as linear does). */
-    bool direct_w = need_w && !w->grad_fn && w->grad && lk_tensor_is_contiguous(w->grad);
+    /* dW accumulates straight into a leaf's existing f32 gradient (as linear
+     * does); a 16-bit weight's gradient is summed in f32 and rounded by lk__accum */
+    bool direct_w = need_w && !w->grad_fn && w->grad && w->grad->dtype == LK_F32 && lk_tensor_is_contiguous(w->grad);
     lk_tensor *dw = need_w && !direct_w ? lk_tensor_zeros(LK_F32, 4, wc->shape) : NULL;
     lk_tensor *db = need_b ? lk_tensor_zeros(LK_F32, 1, b->shape) : NULL;
     /* Per task: scratch columns and dY gathers; tasks 1.. also partial dW and db. */
     bool parts = width > 1;
     lk_tensor *cols = need_cols ? lk__tensor_new(LK_F32, 1, (int64_t[]){width * g.cols_n}) : NULL;
     lk_tensor *dyt = g.nb > 1 ? lk__tensor_new(lowp, 1, (int64_t[]){width * g.out_n}) : NULL;
-    /* autocast: dY rounded once; the columns dW multiplies rounded per task */
-    lk_tensor *gl = lowp != LK_F32 && (need_w || need_x) ? lk_tensor_cast(gout, lowp) : NULL;
-    lk_tensor *lcols = lowp != LK_F32 && need_w ? lk__tensor_new(lowp, 1, (int64_t[]){width * g.cols_n}) : NULL;
+    /* autocast: dY in the GEMM dtype (the output's dtype already: no copy); the
+     * columns dW multiplies, rounded per task */
+    lk_tensor *gl = NULL;
+    if (lowp != LK_F32 && (need_w || need_x))
+        gl = gout->dtype == lowp ? lk__contig_keep(gout) : lk_tensor_cast(gout, lowp);
+    lk_tensor *lcols = need_lcols ? lk__tensor_new(lowp, 1, (int64_t[]){width * g.cols_n}) : NULL;
     lk_tensor *dwp = need_w && parts ? lk_tensor_zeros(LK_F32, 1, (int64_t[]){(width - 1) * g.O * g.Kg}) : NULL;
     lk_tensor *dbp = need_b && parts ? lk_tensor_zeros(LK_F32, 1, (int64_t[]){(width - 1) * g.O}) : NULL;
     if ((need_x && !dx) || (need_w && !direct_w && !dw) || (need_b && !db) || (need_cols && !cols) ||
         (g.nb > 1 && !dyt) || (need_w && parts && !dwp) || (need_b && parts && !dbp) ||
-        (lowp != LK_F32 && (need_w || need_x) && !gl) || (lowp != LK_F32 && need_w && !lcols))
+        (lowp != LK_F32 && (need_w || need_x) && !gl) || (need_lcols && !lcols))
         goto done;
     conv_bwd_job job = {.g = &g,
                         .dev = xc->device,
                         .xd = xc->data,
                         .wd = wc->data,
+                        .xt = xt,
+                        .gt = gout->dtype,
                         .gd = gout->data,
                         .dxd = need_x ? dx->data : NULL,
                         .dwd = need_w ? (direct_w ? w->grad->data : dw->data) : NULL,
@@ -279,9 +319,15 @@ done:
 
 static lk_status conv2d_check(const lk_tensor *x, const lk_tensor *w, const lk_tensor *b, lk_conv2d_params p) {
     char sx[128], sw[128], sb[128];
-    LK_TRY(lk__check_f32("conv2d", x, "input"));
-    LK_TRY(lk__check_f32("conv2d", w, "weight"));
-    if (b) LK_TRY(lk__check_f32("conv2d", b, "bias"));
+    LK_TRY(lk__check_float("conv2d", x, "input"));
+    LK_TRY(lk__check_float("conv2d", w, "weight"));
+    if (b) LK_TRY(lk__check_float("conv2d", b, "bias"));
+    if (lk_autocast_dtype() == LK_F32 && (w->dtype != x->dtype || (b && b->dtype != x->dtype)))
+        return lk_error(LK_STATUS_INVALID_ARGUMENT,
+                        "conv2d: input %s, weight %s%s%s: outside autocast every operand must have the same dtype "
+                        "(f32, bf16 or f16); cast them with lk_tensor_cast or run under lk_autocast_enter",
+                        lk_dtype_name(x->dtype), lk_dtype_name(w->dtype), b ? ", bias " : "",
+                        b ? lk_dtype_name(b->dtype) : "");
     lk_shape_str(x, sx, sizeof sx);
     lk_shape_str(w, sw, sizeof sw);
     if (x->ndim != 4) return lk_error(LK_STATUS_INVALID_ARGUMENT, "conv2d: input must be [N, C, H, W], got %s", sx);
@@ -329,11 +375,14 @@ static lk_status conv2d_check(const lk_tensor *x, const lk_tensor *w, const lk_t
 typedef struct {
     const conv_geom *g;
     lk_device dev; /* whose backend runs the GEMMs */
-    const float *xd, *wd, *bd;
-    float *od, *cols, *tmp; /* cols [width][cols_n], tmp [width][out_n] */
-    lk_dtype lowp;          /* autocast's GEMM dtype (LK_F32: off) */
-    const uint16_t *wl;     /* autocast: the rounded weight */
-    uint16_t *lcols;        /* autocast: rounded columns [width][cols_n] */
+    const void *xd, *bd;    /* x in dtype xt (f32 or lowp); the bias in the output's dtype */
+    const float *wd;
+    lk_dtype xt;
+    void *od;               /* the output, in lowp */
+    float *cols, *tmp;      /* cols [width][cols_n], tmp [width][out_n] */
+    lk_dtype lowp;          /* the GEMM dtype (LK_F32: the f32 path) */
+    const void *wl;         /* lowp: the weight in lowp */
+    void *lcols;            /* lowp: columns [width][cols_n] */
     lk_status st;           /* the first failed GEMM */
     int width;
 } conv_fwd_job;
@@ -345,18 +394,21 @@ static void conv_fwd_task(void *ctx, int t) {
     lk__task_range(g->nchunks, t, j->width, 1, &c0, &c1);
     float *cols = j->cols ? j->cols + t * g->cols_n : NULL;
     float *tmp = j->tmp ? j->tmp + t * g->out_n : NULL;
-    uint16_t *lcols = j->lcols ? j->lcols + t * g->cols_n : NULL;
-    const void *A = j->lowp == LK_F32 ? (const void *)j->wd : j->wl;
+    bool lowp = j->lowp != LK_F32;
+    void *lcols = j->lcols ? (char *)j->lcols + (size_t)(t * g->cols_n) * 2 : NULL;
+    const void *A = !lowp ? (const void *)j->wd : j->wl;
     for (long c = c0; c < c1; c++) {
         long n0 = c * g->nb, cur = g->N - n0 < g->nb ? g->N - n0 : g->nb, ld = cur * g->P, ldb;
-        const void *B = chunk_cols(j->dev, &j->st, g, j->xd, n0, cur, cols, j->lowp, lcols, &ldb);
-        float *C = cur > 1 ? tmp : j->od + n0 * g->O * g->P;
+        const void *B = chunk_cols(j->dev, &j->st, g, j->xt, j->xd, n0, cur, cols, j->lowp, lcols, &ldb);
+        /* f32 sums: NCHW output directly on the f32 path with one sample; else the task's scratch */
+        float *C = cur > 1 || lowp ? tmp : (float *)j->od + n0 * g->O * g->P;
         for (long q = 0; q < g->G; q++)
             note_failure(&j->st, conv_gemm(j->dev, j->lowp, false, false, g->Og, ld, g->Kg,
                                            elem_at(A, j->lowp, q * g->Og * g->Kg), g->Kg,
                                            elem_at(B, j->lowp, q * g->Kg * ldb), ldb, 0.0f, C + q * g->Og * ld, ld));
-        if (cur > 1 || j->bd) /* to NCHW, adding the bias (in place for one sample) */
-            note_failure(&j->st, bias_add_chunk(j->dev, g, cur, C, j->bd, j->od + n0 * g->O * g->P));
+        if (cur > 1 || j->bd || lowp) /* to NCHW, adding the bias (in place for one f32 sample), rounded to lowp */
+            note_failure(&j->st, bias_add_chunk(j->dev, g, cur, C, j->lowp, j->bd, j->lowp,
+                                                (void *)elem_at(j->od, j->lowp, n0 * g->O * g->P)));
     }
 }
 
@@ -366,17 +418,24 @@ lk_tensor *lk_conv2d(lk_tensor *x, lk_tensor *w, lk_tensor *b, lk_conv2d_params 
     int64_t a[7] = {p.stride[0], p.stride[1], p.padding[0], p.padding[1], p.dilation[0], p.dilation[1], p.groups};
     conv_geom g;
     conv_geom_init(&g, x, w, a);
-    lk_tensor *xc = lk__contig(x), *wc = lk__contig(w), *bc = b ? lk__contig(b) : NULL;
+    /* the GEMM dtype: autocast's, else the operands' own (checked equal) */
+    lk_dtype lowp = lk__autocast_dtype_for(LK_CAST_LOWER, x->dtype);
+    bool lp = lowp != LK_F32;
+    /* x as it is when it has the GEMM dtype (a 16-bit activation: no copy), else f32 */
+    lk_tensor *xc = x->dtype == lowp ? lk__contig_keep(x) : lk__contig(x);
+    lk_dtype xt = xc ? xc->dtype : LK_F32;
+    /* the weight and bias: f32 on the f32 path; in lowp otherwise (rounded once per call unless already lowp) */
+    lk_tensor *wc = !lp ? lk__contig(w) : NULL, *wl = NULL, *bc = NULL;
+    if (lp) wl = w->dtype == lowp ? lk__contig_keep(w) : lk_tensor_cast(w, lowp);
+    if (b) bc = !lp ? lk__contig(b) : b->dtype == lowp ? lk__contig_keep(b) : lk_tensor_cast(b, lowp);
     int width = lk__parallel_width(g.nchunks);
-    lk_tensor *out = lk__tensor_new(LK_F32, 4, (int64_t[]){g.N, g.O, g.OH, g.OW});
-    lk_tensor *cols = g.pointwise ? NULL : lk__tensor_new(LK_F32, 1, (int64_t[]){width * g.cols_n});
-    lk_tensor *tmp = g.nb > 1 ? lk__tensor_new(LK_F32, 1, (int64_t[]){width * g.out_n}) : NULL;
-    /* autocast: the weight rounded once per call (backward keeps it), the columns per task */
-    lk_dtype lowp = lk_autocast_dtype();
-    lk_tensor *wl = lowp != LK_F32 && wc ? lk_tensor_cast(wc, lowp) : NULL;
-    lk_tensor *lcols = lowp != LK_F32 ? lk__tensor_new(lowp, 1, (int64_t[]){width * g.cols_n}) : NULL;
-    if (!xc || !wc || (b && !bc) || !out || (!g.pointwise && !cols) || (g.nb > 1 && !tmp) ||
-        (lowp != LK_F32 && (!wl || !lcols))) {
+    lk_tensor *out = lk__tensor_new(lowp, 4, (int64_t[]){g.N, g.O, g.OH, g.OW});
+    bool need_cols = !g.pointwise && xt == LK_F32, need_lcols = lp && !(g.pointwise && xt == lowp);
+    lk_tensor *cols = need_cols ? lk__tensor_new(LK_F32, 1, (int64_t[]){width * g.cols_n}) : NULL;
+    lk_tensor *tmp = g.nb > 1 || lp ? lk__tensor_new(LK_F32, 1, (int64_t[]){width * g.out_n}) : NULL;
+    lk_tensor *lcols = need_lcols ? lk__tensor_new(lowp, 1, (int64_t[]){width * g.cols_n}) : NULL;
+    if (!xc || (!lp && !wc) || (lp && !wl) || (b && !bc) || !out || (need_cols && !cols) || ((g.nb > 1 || lp) && !tmp) ||
+        (need_lcols && !lcols)) {
         lk_tensor_release(out);
         out = NULL;
         goto done;
@@ -384,7 +443,8 @@ lk_tensor *lk_conv2d(lk_tensor *x, lk_tensor *w, lk_tensor *b, lk_conv2d_params 
     conv_fwd_job job = {.g = &g,
                         .dev = x->device,
                         .xd = xc->data,
-                        .wd = wc->data,
+                        .xt = xt,
+                        .wd = wc ? wc->data : NULL,
                         .bd = bc ? bc->data : NULL,
                         .od = out->data,
                         .cols = cols ? cols->data : NULL,
@@ -407,8 +467,8 @@ lk_tensor *lk_conv2d(lk_tensor *x, lk_tensor *w, lk_tensor *b, lk_conv2d_params 
     if (n) {
         memcpy(n->a.i, a, sizeof a);
         n->saved[0] = lk_tensor_retain(xc);
-        n->saved[1] = lk_tensor_retain(wc);
-        n->saved[2] = lk_tensor_retain(wl); /* NULL unless autocast: backward multiplies as forward did */
+        n->saved[1] = lk_tensor_retain(lp ? wl : wc); /* its shape; its data on the f32 path */
+        n->saved[2] = lk_tensor_retain(wl); /* NULL on the f32 path: backward multiplies as forward did */
     }
 done:
     lk_tensor_release(xc);
@@ -421,7 +481,10 @@ done:
     return out ? lk__op_result(out) : NULL;
 }
 
-/* ---- pooling ----------------------------------------------------------------------- */
+/* ---- pooling -----------------------------------------------------------------------
+ * Same as input (torch.autocast has pooling on no list): a bf16/f16 input
+ * gives an output and a gradient of its dtype; the backend sums and compares
+ * in f32 and rounds each output element once. */
 
 /* PyTorch's pooling_output_shape (dilation 1). */
 static int64_t pool_out_size(int64_t in, int64_t k, int64_t s, int64_t p, bool ceil_mode) {
@@ -439,7 +502,7 @@ typedef struct {
 /* Validates x ([N, C, H, W] or [C, H, W]) and the params; fills g and the output shape. */
 static lk_status pool_setup(const char *op, const lk_tensor *x, lk_pool2d_params p, pool_geom *g, int64_t *oshape) {
     char sx[128];
-    LK_TRY(lk__check_f32(op, x, "input"));
+    LK_TRY(lk__check_float(op, x, "input"));
     lk_shape_str(x, sx, sizeof sx);
     if (x->ndim != 3 && x->ndim != 4)
         return lk_error(LK_STATUS_INVALID_ARGUMENT, "%s: input must be [N, C, H, W] or [C, H, W], got %s", op, sx);
@@ -500,10 +563,10 @@ static lk_op_desc pool_desc(lk_op_kind op, lk_pool_kind kind, const pool_geom *g
 /* dx = zeros, then the backend adds the pooling's adjoint of gout into it. */
 static void pool_backward(lk_node *n, lk_tensor *gout, lk_pool_kind kind, const pool_geom *g, const lk_tensor *idx) {
     lk_tensor *x = n->in[0];
-    lk_tensor *dx = lk_tensor_zeros(LK_F32, x->ndim, x->shape);
+    lk_tensor *dx = lk_tensor_zeros(x->dtype, x->ndim, x->shape); /* the input's dtype: its gradient's */
     if (!dx) return;
     lk_op_desc d = pool_desc(LK_OP_POOL2D_BACKWARD, kind, g);
-    d.dtype[0] = LK_F32, d.dtype[1] = idx ? LK_I32 : LK_F32, d.dtype[2] = LK_F32;
+    d.dtype[0] = gout->dtype, d.dtype[1] = idx ? LK_I32 : LK_F32, d.dtype[2] = x->dtype;
     if (lk__backend_run(x->device, &d, (void *[]){gout->data, idx ? idx->data : NULL, dx->data})) {
         lk_tensor_release(dx);
         return;
@@ -522,8 +585,8 @@ lk_tensor *lk_max_pool2d(lk_tensor *x, lk_pool2d_params p) {
     pool_geom g;
     int64_t oshape[4];
     if (pool_setup("max_pool2d", x, p, &g, oshape)) return NULL;
-    lk_tensor *xc = lk__contig(x);
-    lk_tensor *out = xc ? lk__tensor_new(LK_F32, x->ndim, oshape) : NULL;
+    lk_tensor *xc = lk__contig_keep(x);
+    lk_tensor *out = xc ? lk__tensor_new(x->dtype, x->ndim, oshape) : NULL;
     lk_tensor *idx = out ? lk__tensor_new(LK_I32, x->ndim, oshape) : NULL;
     if (!idx) {
         lk_tensor_release(xc);
@@ -531,7 +594,7 @@ lk_tensor *lk_max_pool2d(lk_tensor *x, lk_pool2d_params p) {
         return NULL;
     }
     lk_op_desc d = pool_desc(LK_OP_POOL2D, LK_POOL_MAX, &g);
-    d.dtype[0] = LK_F32, d.dtype[1] = LK_F32, d.dtype[2] = LK_I32;
+    d.dtype[0] = x->dtype, d.dtype[1] = x->dtype, d.dtype[2] = LK_I32;
     if (lk__backend_run(xc->device, &d, (void *[]){xc->data, out->data, idx->data})) {
         lk_tensor_release(idx);
         lk_tensor_release(xc);
@@ -559,14 +622,14 @@ lk_tensor *lk_avg_pool2d(lk_tensor *x, lk_pool2d_params p) {
     pool_geom g;
     int64_t oshape[4];
     if (pool_setup("avg_pool2d", x, p, &g, oshape)) return NULL;
-    lk_tensor *xc = lk__contig(x);
-    lk_tensor *out = xc ? lk__tensor_new(LK_F32, x->ndim, oshape) : NULL;
+    lk_tensor *xc = lk__contig_keep(x);
+    lk_tensor *out = xc ? lk__tensor_new(x->dtype, x->ndim, oshape) : NULL;
     if (!out) {
         lk_tensor_release(xc);
         return NULL;
     }
     lk_op_desc d = pool_desc(LK_OP_POOL2D, LK_POOL_AVG, &g);
-    d.dtype[0] = d.dtype[1] = d.dtype[2] = LK_F32;
+    d.dtype[0] = d.dtype[1] = x->dtype, d.dtype[2] = LK_F32;
     if (lk__backend_run(xc->device, &d, (void *[]){xc->data, out->data, NULL})) {
         lk_tensor_release(xc);
         lk_tensor_release(out);
@@ -589,7 +652,7 @@ static void adaptive_avg_backward(lk_node *n, lk_tensor *gout) {
 lk_tensor *lk_adaptive_avg_pool2d(lk_tensor *x, int out_h, int out_w) {
     LK_OP_CHECK_INPUTS(x);
     char sx[128];
-    if (lk__check_f32("adaptive_avg_pool2d", x, "input")) return NULL;
+    if (lk__check_float("adaptive_avg_pool2d", x, "input")) return NULL;
     lk_shape_str(x, sx, sizeof sx);
     if (x->ndim != 3 && x->ndim != 4)
         return lk_error(LK_STATUS_INVALID_ARGUMENT,
@@ -604,15 +667,15 @@ lk_tensor *lk_adaptive_avg_pool2d(lk_tensor *x, int out_h, int out_w) {
     for (int i = 0; i < x->ndim - 2; i++) oshape[i] = x->shape[i];
     oshape[x->ndim - 2] = out_h;
     oshape[x->ndim - 1] = out_w;
-    lk_tensor *xc = lk__contig(x);
-    lk_tensor *out = xc ? lk__tensor_new(LK_F32, x->ndim, oshape) : NULL;
+    lk_tensor *xc = lk__contig_keep(x);
+    lk_tensor *out = xc ? lk__tensor_new(x->dtype, x->ndim, oshape) : NULL;
     if (!out) {
         lk_tensor_release(xc);
         return NULL;
     }
     pool_geom g = {.planes = (long)(x->numel / (H * W)), .H = H, .W = W, .OH = out_h, .OW = out_w};
     lk_op_desc d = pool_desc(LK_OP_POOL2D, LK_POOL_ADAPTIVE_AVG, &g);
-    d.dtype[0] = d.dtype[1] = d.dtype[2] = LK_F32;
+    d.dtype[0] = d.dtype[1] = x->dtype, d.dtype[2] = LK_F32;
     if (lk__backend_run(xc->device, &d, (void *[]){xc->data, out->data, NULL})) {
         lk_tensor_release(xc);
         lk_tensor_release(out);

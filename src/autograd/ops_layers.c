@@ -106,10 +106,13 @@ static void layer_norm_backward(lk_node *n, lk_tensor *g) {
     lk_tensor *x = n->saved[0], *stats = n->saved[1], *wt = n->saved[2];
     lk_tensor *xin = n->in[0], *win = has_w ? n->in[1] : NULL, *bin = has_b ? n->in[1 + has_w] : NULL;
     lk_tensor *dx = NULL, *dw = NULL, *db = NULL;
-    if (xin->requires_grad && !(dx = lk__tensor_new(LK_F32, x->ndim, x->shape))) goto done;
+    /* dX in the input's dtype (rounded once by the backend); dW, dB summed in
+     * f32 and rounded by lk__accum to a 16-bit parameter's dtype */
+    if (xin->requires_grad && !(dx = lk__tensor_new(x->dtype, x->ndim, x->shape))) goto done;
     if (win && win->requires_grad && !(dw = lk_tensor_zeros(LK_F32, win->ndim, win->shape))) goto done;
     if (bin && bin->requires_grad && !(db = lk_tensor_zeros(LK_F32, bin->ndim, bin->shape))) goto done;
-    lk_op_desc d = {.op = LK_OP_LAYER_NORM_BACKWARD, .dtype = {LK_F32, LK_F32, LK_F32, LK_F32, LK_F32, LK_F32, LK_F32}};
+    lk_op_desc d = {.op = LK_OP_LAYER_NORM_BACKWARD,
+                    .dtype = {x->dtype, g->dtype, LK_F32, wt ? wt->dtype : LK_F32, x->dtype, LK_F32, LK_F32}};
     d.layer_norm = (lk_layer_norm_params){M, L, 0.0f};
     if (lk__backend_run(x->device, &d,
                         (void *[]){x->data, g->data, stats->data, wt ? wt->data : NULL, dx ? dx->data : NULL,
@@ -138,8 +141,8 @@ lk_tensor *lk_layer_norm(lk_tensor *x, int normalized_ndim, lk_tensor *weight, l
     LK_OP_CHECK_INPUTS(x);
     static const char *op = "layer_norm";
     char s[128];
-    if (lk__check_f32(op, x, "input") || (weight && lk__check_f32(op, weight, "weight")) ||
-        (bias && lk__check_f32(op, bias, "bias")))
+    if (lk__check_float(op, x, "input") || (weight && lk__check_float(op, weight, "weight")) ||
+        (bias && lk__check_float(op, bias, "bias")))
         return NULL;
     if (normalized_ndim < 1 || normalized_ndim > x->ndim)
         return lk_error(LK_STATUS_INVALID_ARGUMENT, "%s: normalized_ndim = %d must be in [1, %d] for input of shape %s",
@@ -160,11 +163,14 @@ lk_tensor *lk_layer_norm(lk_tensor *x, int normalized_ndim, lk_tensor *weight, l
     if (weight) in[n_in++] = weight;
     if (bias) in[n_in++] = bias;
     bool need = lk__needs_grad(n_in, in);
-    lk_tensor *xc = lk__contig(x), *wc = NULL, *bc = NULL, *stats = NULL, *out = NULL;
-    if (!xc || (weight && !(wc = lk__contig(weight))) || (bias && !(bc = lk__contig(bias)))) goto done;
+    /* same as input: each tensor in its own dtype (no f32 copies kept), the
+     * row statistics in f32, the output in x's dtype */
+    lk_tensor *xc = lk__contig_keep(x), *wc = NULL, *bc = NULL, *stats = NULL, *out = NULL;
+    if (!xc || (weight && !(wc = lk__contig_keep(weight))) || (bias && !(bc = lk__contig_keep(bias)))) goto done;
     if (need && !(stats = lk__tensor_new(LK_F32, 2, (int64_t[]){M, 2}))) goto done;
-    if (!(out = lk__tensor_new(LK_F32, x->ndim, x->shape))) goto done;
-    lk_op_desc d = {.op = LK_OP_LAYER_NORM, .dtype = {LK_F32, LK_F32, LK_F32, LK_F32, LK_F32}};
+    if (!(out = lk__tensor_new(x->dtype, x->ndim, x->shape))) goto done;
+    lk_op_desc d = {.op = LK_OP_LAYER_NORM,
+                    .dtype = {x->dtype, wc ? wc->dtype : LK_F32, bc ? bc->dtype : LK_F32, x->dtype, LK_F32}};
     d.layer_norm = (lk_layer_norm_params){M, L, eps};
     if (lk__backend_run(xc->device, &d,
                         (void *[]){xc->data, wc ? wc->data : NULL, bc ? bc->data : NULL, out->data,

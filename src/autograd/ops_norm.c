@@ -1,10 +1,14 @@
-/* batch_norm over [N, C, ...] f32 (BatchNorm1d/2d): forward and backward for
+/* batch_norm over [N, C, ...] f32, bf16 or f16 (BatchNorm1d/2d): forward and backward for
  * x, weight and bias in training (batch statistics) and eval (running
  * statistics) mode, with PyTorch's semantics — the biased variance
  * normalises, the unbiased one feeds the running variance, and the running
  * statistics are updated in place outside the tape. Per-channel sums run
  * per (sample, channel) plane in f32 and accumulate across planes in double,
- * so a large batch does not lose precision in the mean. */
+ * so a large batch does not lose precision in the mean. A bf16/f16 input
+ * (autocast's activations) gives an output and an input gradient of its
+ * dtype, with the same f32 statistics (the backend widens it); weight,
+ * bias and the running statistics may be f32 (mixed) or 16-bit (true), and
+ * their gradients get their dtype through lk__accum. */
 #include <string.h>
 
 #include "autograd/autograd_impl.h"
@@ -17,12 +21,14 @@
 static int bn_width(int64_t numel, long C) { return numel >= (1 << 18) ? lk__parallel_width(C) : 1; }
 
 typedef struct {
-    const float *xd, *gd, *mean, *invstd, *w;
+    const void *xd, *gd; /* in x's and dY's own dtypes (xt, gt) */
+    const float *mean, *invstd, *w;
     float *dx, *dw, *db;
     long N, C, S;
     double M;
     bool training;
     int width;
+    lk_dtype xt, gt;
 } bn_bwd_job;
 
 typedef struct {
@@ -33,8 +39,11 @@ typedef struct {
 
 /* One of SyncBatchNorm's passes (LK_OP_BN_STATS, LK_OP_BN_APPLY) on dev's backend. */
 static lk_status bn_split_run(lk_device dev, lk_op_kind op, long N, long C, long S, lk_bn_stat stat, bool backward,
-                              const float *x, const float *g, const float *k, void *out) {
-    lk_op_desc d = {.op = op, .dtype = {LK_F32, LK_F32, LK_F32, op == LK_OP_BN_STATS ? LK_F64 : LK_F32}};
+                              lk_dtype xt, const void *x, lk_dtype gt, const void *g, const float *k, lk_dtype yt,
+                              void *out) {
+    /* x, g and BN_APPLY's y in their own dtypes (a 16-bit activation is widened by the backend) */
+    lk_dtype ot = op == LK_OP_BN_STATS ? LK_F64 : yt;
+    lk_op_desc d = {.op = op, .dtype = {xt, g ? gt : LK_F32, LK_F32, ot}};
     d.bn_split = (lk_bn_split_params){N, C, S, stat, backward};
     return lk__backend_run(dev, &d, (void *[]){(void *)x, (void *)g, (void *)k, out});
 }
@@ -48,7 +57,8 @@ static lk_status bn_sync_backward(lk_device dev, const bn_bwd_job *j, const bn_s
     double *tot = lk_malloc((size_t)(2 * C > 0 ? 2 * C : 1) * sizeof *tot);
     float *k = lk_malloc((size_t)(4 * C > 0 ? 4 * C : 1) * sizeof *k); /* mean, k0, k1, k2 per channel */
     lk_status st = tot && k ? LK_STATUS_OK : LK_STATUS_OUT_OF_MEMORY;
-    if (!st) st = bn_split_run(dev, LK_OP_BN_STATS, N, C, S, LK_BN_GRAD, false, j->xd, j->gd, j->mean, tot);
+    if (!st) st = bn_split_run(dev, LK_OP_BN_STATS, N, C, S, LK_BN_GRAD, false, j->xt, j->xd, j->gt, j->gd, j->mean,
+                               LK_F64, tot);
     for (long c = 0; !st && c < C; c++) {
         if (j->db) j->db[c] = (float)tot[c];
         if (j->dw) j->dw[c] = (float)(tot[C + c] * j->invstd[c]);
@@ -61,7 +71,8 @@ static lk_status bn_sync_backward(lk_device dev, const bn_bwd_job *j, const bn_s
         k[2 * C + c] = k1;
         k[3 * C + c] = (float)(-(double)k1 * is * is * tot[C + c] / sy->count);
     }
-    if (!st && j->dx) st = bn_split_run(dev, LK_OP_BN_APPLY, N, C, S, LK_BN_SUM, true, j->xd, j->gd, k, j->dx);
+    if (!st && j->dx)
+        st = bn_split_run(dev, LK_OP_BN_APPLY, N, C, S, LK_BN_SUM, true, j->xt, j->xd, j->gt, j->gd, k, j->xt, j->dx);
     lk_free(tot);
     lk_free(k);
     return st;
@@ -74,15 +85,17 @@ static void batch_norm_backward(lk_node *n, lk_tensor *gout) {
     long N = xc->shape[0], C = xc->shape[1], S = N * C > 0 ? (long)(xc->numel / (N * C)) : 0;
     double M = (double)N * (double)S;
     const float *mean = stats->data, *invstd = (const float *)stats->data + C;
-    const float *xd = xc->data, *gd = gout->data;
-    lk_tensor *dx = x->requires_grad ? lk__tensor_new(LK_F32, x->ndim, x->shape) : NULL;
+    const void *xd = xc->data, *gd = gout->data;
+    /* dX in the input's dtype (the backend rounds it once); dW and dB in f32,
+     * rounded by lk__accum to a 16-bit parameter's dtype */
+    lk_tensor *dx = x->requires_grad ? lk__tensor_new(xc->dtype, x->ndim, x->shape) : NULL;
     lk_tensor *dw = w && w->requires_grad ? lk__tensor_new(LK_F32, 1, w->shape) : NULL;
     lk_tensor *db = b && b->requires_grad ? lk__tensor_new(LK_F32, 1, b->shape) : NULL;
     if ((x->requires_grad && !dx) || (w && w->requires_grad && !dw) || (b && b->requires_grad && !db)) goto done;
     lk_tensor *wc = w ? lk__contig(w) : NULL;
     if (w && !wc) goto done;
     bn_bwd_job job = {xd, gd, mean, invstd, wc ? wc->data : NULL, dx ? dx->data : NULL, dw ? dw->data : NULL,
-                      db ? db->data : NULL, N, C, S, M, training, bn_width(xc->numel, C)};
+                      db ? db->data : NULL, N, C, S, M, training, bn_width(xc->numel, C), xc->dtype, gout->dtype};
     if (n->extra && training) {
         lk_status st = bn_sync_backward(xc->device, &job, n->extra);
         if (st) {
@@ -91,7 +104,7 @@ static void batch_norm_backward(lk_node *n, lk_tensor *gout) {
         }
     } else {
         lk_op_desc d = {.op = LK_OP_BATCH_NORM_BACKWARD,
-                        .dtype = {LK_F32, LK_F32, LK_F32, LK_F32, LK_F32, LK_F32, LK_F32}};
+                        .dtype = {xc->dtype, gout->dtype, LK_F32, LK_F32, xc->dtype, LK_F32, LK_F32}};
         d.batch_norm = (lk_batch_norm_params){.N = N, .C = C, .S = S, .M = M, .training = training};
         lk_status st = lk__backend_run(xc->device, &d, (void *[]){(void *)xd, (void *)gd, stats->data,
                                                                    wc ? wc->data : NULL, job.dx, job.dw, job.db});
@@ -113,25 +126,35 @@ done:
 
 static lk_status check_channel_vec(const lk_tensor *t, const char *what, const lk_tensor *x) {
     char st[128], sx[128];
-    LK_TRY(lk__check_f32("batch_norm", t, what));
+    LK_TRY(lk__check_float("batch_norm", t, what)); /* f32, or 16-bit parameters (bf16-true) */
     if (t->ndim != 1 || t->shape[0] != x->shape[1])
         return lk_error(LK_STATUS_INVALID_ARGUMENT, "batch_norm: %s %s does not match input %s (expected [%lld])", what,
                         lk_shape_str(t, st, sizeof st), lk_shape_str(x, sx, sizeof sx), (long long)x->shape[1]);
     return LK_STATUS_OK;
 }
 
-static float vec_get(const lk_tensor *t, long c) { return ((const float *)t->data)[c * t->stride[0]]; }
-static void vec_set(lk_tensor *t, long c, float v) { ((float *)t->data)[c * t->stride[0]] = v; }
+/* Element c of a per-channel vector of any float dtype (SyncBatchNorm's scalars). */
+static float vec_get(const lk_tensor *t, long c) {
+    if (t->dtype == LK_F32) return ((const float *)t->data)[c * t->stride[0]];
+    uint16_t h = ((const uint16_t *)t->data)[c * t->stride[0]];
+    return t->dtype == LK_BF16 ? lk_bf16_bits_to_f32(h) : lk_f16_bits_to_f32(h);
+}
+static void vec_set(lk_tensor *t, long c, float v) {
+    if (t->dtype == LK_F32) ((float *)t->data)[c * t->stride[0]] = v;
+    else ((uint16_t *)t->data)[c * t->stride[0]] = t->dtype == LK_BF16 ? lk_f32_to_bf16_bits(v) : lk_f32_to_f16_bits(v);
+}
 
 typedef struct {
-    const float *xd;
-    float *od, *stats;
+    const void *xd; /* x and the output in x's dtype xt */
+    void *od;
+    float *stats;
     lk_tensor *running_mean, *running_var, *weight, *bias;
     long N, C, S;
     double M;
     float eps, momentum;
     bool training;
     int width;
+    lk_dtype xt;
 } bn_fwd_job;
 
 /* SyncBatchNorm's statistics: per channel the sum over every rank, then
@@ -143,7 +166,7 @@ static lk_status bn_sync_stats(lk_device dev, const bn_fwd_job *j, const bn_sync
     double *v = lk_malloc((size_t)(C + 1) * sizeof *v);
     float *k = lk_malloc((size_t)(2 * C > 0 ? 2 * C : 1) * sizeof *k); /* scale, shift per channel */
     lk_status st = v && k ? LK_STATUS_OK : LK_STATUS_OUT_OF_MEMORY;
-    if (!st) st = bn_split_run(dev, LK_OP_BN_STATS, N, C, S, LK_BN_SUM, false, j->xd, NULL, NULL, v);
+    if (!st) st = bn_split_run(dev, LK_OP_BN_STATS, N, C, S, LK_BN_SUM, false, j->xt, j->xd, LK_F32, NULL, NULL, LK_F64, v);
     if (!st) {
         v[C] = j->M;
         st = sy_in->sum(sy_in->ctx, v, (int)(C + 1));
@@ -153,7 +176,7 @@ static lk_status bn_sync_stats(lk_device dev, const bn_fwd_job *j, const bn_sync
         st = lk_error(LK_STATUS_INVALID_ARGUMENT, "batch_norm (sync): expected more than 1 value per channel over all "
                       "ranks when training, got %g", M);
     for (long c = 0; !st && c < C; c++) mean[c] = (float)(v[c] / M);
-    if (!st) st = bn_split_run(dev, LK_OP_BN_STATS, N, C, S, LK_BN_SQDEV, false, j->xd, NULL, mean, v);
+    if (!st) st = bn_split_run(dev, LK_OP_BN_STATS, N, C, S, LK_BN_SQDEV, false, j->xt, j->xd, LK_F32, NULL, mean, LK_F64, v);
     if (!st) st = sy_in->sum(sy_in->ctx, v, (int)C);
     for (long c = 0; !st && c < C; c++) {
         invstd[c] = (float)(1.0 / sqrt(v[c] / M + (double)j->eps));
@@ -166,7 +189,7 @@ static lk_status bn_sync_stats(lk_device dev, const bn_fwd_job *j, const bn_sync
         k[c] = scale;
         k[C + c] = (j->bias ? vec_get(j->bias, c) : 0.0f) - mean[c] * scale;
     }
-    if (!st) st = bn_split_run(dev, LK_OP_BN_APPLY, N, C, S, LK_BN_SUM, false, j->xd, NULL, k, j->od);
+    if (!st) st = bn_split_run(dev, LK_OP_BN_APPLY, N, C, S, LK_BN_SUM, false, j->xt, j->xd, LK_F32, NULL, k, j->xt, j->od);
     *sy = (bn_sync){sy_in->sum, sy_in->ctx, M};
     lk_free(v);
     lk_free(k);
@@ -192,7 +215,7 @@ static lk_tensor *batch_norm_impl(lk_tensor *x, lk_tensor *running_mean, lk_tens
                                   lk_tensor *bias, bool training, float momentum, float eps, const bn_sync *sync) {
     LK_OP_CHECK_INPUTS(x);
     char sx[128];
-    if (lk__check_f32("batch_norm", x, "input")) return NULL;
+    if (lk__check_float("batch_norm", x, "input")) return NULL;
     lk_shape_str(x, sx, sizeof sx);
     if (x->ndim < 2)
         return lk_error(LK_STATUS_INVALID_ARGUMENT, "batch_norm: input must be [N, C] or [N, C, H, W], got %s", sx),
@@ -218,16 +241,18 @@ static lk_tensor *batch_norm_impl(lk_tensor *x, lk_tensor *running_mean, lk_tens
                         "batch_norm: expected more than 1 value per channel when training, got input %s", sx),
                NULL;
 
-    lk_tensor *xc = lk__contig(x);
+    /* same as input: a 16-bit x is kept as it is (no f32 copy) and gives a
+     * 16-bit output; the statistics are f32 (stats), the backend widens */
+    lk_tensor *xc = lk__contig_keep(x);
     lk_tensor *stats = xc ? lk__tensor_new(LK_F32, 2, (int64_t[]){2, C}) : NULL;
-    lk_tensor *out = stats ? lk__tensor_new(LK_F32, x->ndim, x->shape) : NULL;
+    lk_tensor *out = stats ? lk__tensor_new(x->dtype, x->ndim, x->shape) : NULL;
     if (!out) {
         lk_tensor_release(xc);
         lk_tensor_release(stats);
         return NULL;
     }
     bn_fwd_job job = {xc->data, out->data, stats->data, running_mean, running_var, weight, bias,
-                      N, C, S, M, eps, momentum, training, bn_width(x->numel, C)};
+                      N, C, S, M, eps, momentum, training, bn_width(x->numel, C), x->dtype};
     bn_sync used = {0};
     if (sync) {
         lk_status st = bn_sync_stats(xc->device, &job, sync, &used);
@@ -238,7 +263,10 @@ static lk_tensor *batch_norm_impl(lk_tensor *x, lk_tensor *running_mean, lk_tens
             return NULL;
         }
     } else {
-        lk_op_desc d = {.op = LK_OP_BATCH_NORM, .dtype = {LK_F32, LK_F32, LK_F32, LK_F32, LK_F32, LK_F32, LK_F32}};
+        lk_op_desc d = {.op = LK_OP_BATCH_NORM,
+                        .dtype = {x->dtype, weight ? weight->dtype : LK_F32, bias ? bias->dtype : LK_F32,
+                                  running_mean ? running_mean->dtype : LK_F32,
+                                  running_var ? running_var->dtype : LK_F32, x->dtype, LK_F32}};
         d.batch_norm = (lk_batch_norm_params){
             .N = N, .C = C, .S = S, .M = M, .eps = eps, .momentum = momentum, .training = training,
             .stride = {weight ? weight->stride[0] : 0, bias ? bias->stride[0] : 0,

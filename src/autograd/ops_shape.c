@@ -210,15 +210,17 @@ lk_tensor *lk_concat(lk_tensor *const *ts, int n, int dim) {
     int64_t shape[LK_MAX_DIMS];
     memcpy(shape, t0->shape, sizeof shape);
     shape[d] = 0;
+    lk_dtype dt = t0->dtype; /* same dtype stays; mixed float dtypes promote to f32, as the binary ops */
     for (int i = 0; i < n; i++) {
-        if (lk__check_f32("concat", ts[i], "input")) return NULL;
+        if (lk__check_float("concat", ts[i], "input")) return NULL;
+        dt = lk__promote(dt, ts[i]->dtype);
         if (ts[i]->ndim != t0->ndim) return lk__error_shapes("concat", "ranks differ", t0, ts[i]), NULL;
         for (int k = 0; k < t0->ndim; k++)
             if (k != d && ts[i]->shape[k] != t0->shape[k])
                 return lk__error_shapes("concat", "sizes differ outside the concat dim", t0, ts[i]), NULL;
         shape[d] += ts[i]->shape[d];
     }
-    lk_tensor *out = lk__tensor_new(LK_F32, t0->ndim, shape);
+    lk_tensor *out = lk__tensor_new(dt, t0->ndim, shape);
     if (!out) return NULL;
     int64_t off = 0;
     for (int i = 0; i < n; i++) {

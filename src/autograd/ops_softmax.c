@@ -452,9 +452,11 @@ lk_tensor *lk_binary_cross_entropy_with_logits(lk_tensor *input, lk_tensor *targ
 static void embedding_backward(lk_node *n, lk_tensor *g) {
     lk_tensor *ic = n->saved[0], *w = n->in[0];
     int64_t D = w->shape[1];
+    /* rows summed in f32 (a repeated index adds many rows); lk__accum rounds
+     * the sum once to a 16-bit table's dtype */
     lk_tensor *dw = lk_tensor_zeros(LK_F32, 2, w->shape);
     if (!dw) return;
-    lk_op_desc d = {.op = LK_OP_EMBEDDING_BACKWARD, .dtype = {LK_F32, ic->dtype, LK_F32}};
+    lk_op_desc d = {.op = LK_OP_EMBEDDING_BACKWARD, .dtype = {g->dtype, ic->dtype, LK_F32}};
     d.embedding = (lk_embedding_params){ic->numel, w->shape[0], D};
     if (!lk__backend_run(w->device, &d, (void *[]){g->data, ic->data, dw->data})) lk__accum(w, dw);
     lk_tensor_release(dw);
@@ -464,7 +466,7 @@ lk_tensor *lk_embedding(lk_tensor *weight, lk_tensor *idx) {
     LK_OP_CHECK_INPUTS(weight, idx);
     static const char *op = "embedding";
     char s[128];
-    if (lk__check_f32(op, weight, "weight") || check_index_dtype(op, idx, "idx")) return NULL;
+    if (lk__check_float(op, weight, "weight") || check_index_dtype(op, idx, "idx")) return NULL;
     if (weight->ndim != 2)
         return lk_error(LK_STATUS_INVALID_ARGUMENT, "%s: weight must be [V, D] (2 dims), got shape %s", op,
                         lk_shape_str(weight, s, sizeof s)),
@@ -489,9 +491,10 @@ lk_tensor *lk_embedding(lk_tensor *weight, lk_tensor *idx) {
     int64_t shape[LK_MAX_DIMS];
     for (int i = 0; i < idx->ndim; i++) shape[i] = idx->shape[i];
     shape[idx->ndim] = D;
-    lk_tensor *wc = lk__contig(weight);
-    lk_tensor *out = wc ? lk__tensor_new(LK_F32, idx->ndim + 1, shape) : NULL;
-    lk_op_desc d = {.op = LK_OP_EMBEDDING, .dtype = {LK_F32, ic->dtype, LK_F32}};
+    /* the rows in the table's own dtype (a bf16 table gives bf16 rows) */
+    lk_tensor *wc = lk__contig_keep(weight);
+    lk_tensor *out = wc ? lk__tensor_new(wc->dtype, idx->ndim + 1, shape) : NULL;
+    lk_op_desc d = {.op = LK_OP_EMBEDDING, .dtype = {wc ? wc->dtype : LK_F32, ic->dtype, wc ? wc->dtype : LK_F32}};
     d.embedding = (lk_embedding_params){ic->numel, V, D};
     if (out && lk__backend_run(wc->device, &d, (void *[]){wc->data, ic->data, out->data})) {
         lk_tensor_release(out);

@@ -450,6 +450,9 @@ static inline void lk__task_range(int64_t n, int t, int width, int64_t align, in
     *end = t + 1 == width ? n : (n * (t + 1) / width) & ~(align - 1);
 }
 void lk__parallel_run(int width, void (*fn)(void *ctx, int task), void *ctx);
+/* Frees the calling thread's f32 scratch of the CPU backend's bf16/f16
+ * paths (src/backend/cpu/widen.c; lk_thread_cleanup). */
+void lk__cpu_widen_thread_cleanup(void);
 extern const lk_backend lk__cpu_backend;
 
 #endif

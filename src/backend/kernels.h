@@ -8,6 +8,7 @@
 #define LK_KERNELS_H
 
 #include <math.h>
+#include <stdint.h>
 
 #ifdef __CUDACC__
 #define LK_KERNEL __host__ __device__ static inline

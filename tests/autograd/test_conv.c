@@ -512,6 +512,17 @@ static void bad_input(void) {
     CHECK_ERR(st_of(lk_conv2d(x2, w3, NULL, LK_CONV2D_DEFAULT)), LK_STATUS_INVALID_ARGUMENT,
               "input must be [N, C, H, W], got [3, 5]");
     CHECK_ERR(st_of(lk_conv2d(xi, w3, NULL, LK_CONV2D_DEFAULT)), LK_STATUS_UNSUPPORTED, "i32");
+    { /* f32 and 16-bit operands mixed outside autocast: refused, naming the dtypes (torch refuses too);
+       * under autocast the same call runs in the region's dtype */
+        lk_tensor *xb = lk_tensor_cast(x, LK_BF16);
+        CHECK_ERR(st_of(lk_conv2d(xb, w3, NULL, LK_CONV2D_DEFAULT)), LK_STATUS_INVALID_ARGUMENT,
+                  "conv2d: input bf16, weight f32: outside autocast every operand must have the same dtype");
+        lk_autocast_enter(LK_BF16);
+        lk_tensor *y = lk_conv2d(xb, w3, NULL, LK_CONV2D_DEFAULT);
+        lk_autocast_exit();
+        CHECK(y && y->dtype == LK_BF16);
+        lk_tensor_release(xb);
+    }
     CHECK_ERR(st_of(lk_conv2d(NULL, w3, NULL, LK_CONV2D_DEFAULT)), LK_STATUS_INVALID_ARGUMENT, "NULL");
     CHECK_ERR(st_of(lk_max_pool2d(x, pp(3, 3, 1, 1, 2, 2, true, false))), LK_STATUS_INVALID_ARGUMENT,
               "padding {2, 2} must be at most half of kernel {3, 3}");

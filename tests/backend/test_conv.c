@@ -57,6 +57,15 @@ static void im2col_col2im_geometry(lk_im2col_params g, const char *what) {
     d.op = LK_OP_COL2IM;
     CHECK_OK(lk__backend_run(LK_DEVICE_CPU, &d, (void *[]){dcol, dx}));
     CHECK_MSG(memcmp(dx, dref, (size_t)n * sizeof *dx) == 0, "%s: col2im differs from the reference", what);
+    /* bf16 images into bf16 columns (autocast's 16-bit activations): the same
+     * gather on 16-bit elements, +0 in the padding (the values are exact in bf16) */
+    static uint16_t xh[sizeof xs / sizeof *xs], colh[sizeof cols / sizeof *cols];
+    lk_f32_to_half_n(LK_BF16, xh, xs, (size_t)n);
+    memset(colh, 0xff, sizeof colh);
+    d.op = LK_OP_IM2COL, d.dtype[0] = d.dtype[1] = LK_BF16;
+    CHECK_OK(lk__backend_run(LK_DEVICE_CPU, &d, (void *[]){xh, colh}));
+    for (long i = 0; i < ncols; i++)
+        CHECK_MSG(colh[i] == lk_f32_to_bf16_bits(ref[i]), "%s: bf16 im2col at %ld", what, i);
 }
 
 static void im2col_col2im(void) {
@@ -98,10 +107,31 @@ static void bias_add_channel_sum(void) {
             for (int p = 0; p < P; p++) want += y[(k * O + o) * P + p];
         CHECK_MSG(db[o] == want, "channel_sum o %d: %g, expected %g", o, db[o], want);
     }
-    /* f32 only: a bf16 operand is named as unsupported */
+    /* a bf16 dY (autocast): each plane widened, the same f32 sums */
+    uint16_t yh[O * S * P];
+    lk_f32_to_half_n(LK_BF16, yh, y, O * S * P);
+    float dbh[O];
+    for (int o = 0; o < O; o++) dbh[o] = 10.0f;
     s.dtype[0] = LK_BF16;
-    CHECK_ERR(lk__backend_run(LK_DEVICE_CPU, &s, (void *[]){y, db}), LK_STATUS_UNSUPPORTED,
-              "the cpu backend has no channel_sum bf16 -> f32 (2x4x5)");
+    CHECK_OK(lk__backend_run(LK_DEVICE_CPU, &s, (void *[]){yh, dbh}));
+    for (int o = 0; o < O; o++) CHECK_MSG(dbh[o] == db[o], "bf16 channel_sum o %d: %g, expected %g", o, dbh[o], db[o]);
+    /* the gradient is f32: a bf16 db is named as unsupported */
+    s.dtype[1] = LK_BF16;
+    CHECK_ERR(lk__backend_run(LK_DEVICE_CPU, &s, (void *[]){yh, db}), LK_STATUS_UNSUPPORTED,
+              "the cpu backend has no channel_sum bf16 -> bf16 (2x4x5)");
+    /* f32 sums + a bf16 bias into a bf16 output: widened bias added in f32, rounded once */
+    float yf[O * S * P];
+    uint16_t bh[O], outh[S * O * P];
+    for (int i = 0; i < O * S * P; i++) yf[i] = 1.0f + (float)i / 256.0f; /* not all exact in bf16 */
+    for (int o = 0; o < O; o++) bh[o] = lk_f32_to_bf16_bits(0.5f + (float)o / 3.0f);
+    lk_op_desc bd = {.op = LK_OP_BIAS_ADD, .dtype = {LK_F32, LK_BF16, LK_BF16}, .bias = {S, O, P}};
+    CHECK_OK(lk__backend_run(LK_DEVICE_CPU, &bd, (void *[]){yf, bh, outh}));
+    for (int k = 0; k < S; k++)
+        for (int o = 0; o < O; o++)
+            for (int q = 0; q < P; q++) {
+                float want = yf[o * S * P + k * P + q] + lk_bf16_bits_to_f32(bh[o]);
+                CHECK_MSG(outh[(k * O + o) * P + q] == lk_f32_to_bf16_bits(want), "bf16 bias_add at %d %d %d", k, o, q);
+            }
 }
 
 LK_TEST_MAIN(LK_TEST_CASE(im2col_col2im), LK_TEST_CASE(bias_add_channel_sum))

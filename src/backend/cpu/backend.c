@@ -6,7 +6,27 @@
 
 static bool is_half(lk_dtype t) { return t == LK_BF16 || t == LK_F16; }
 
+/* The families widen.c runs in bf16/f16 (embedding's forward is a plain row copy in any float dtype). */
+static bool widens(lk_op_kind op) {
+    switch (op) {
+    case LK_OP_POOL2D:
+    case LK_OP_POOL2D_BACKWARD:
+    case LK_OP_LAYER_NORM:
+    case LK_OP_LAYER_NORM_BACKWARD:
+    case LK_OP_BATCH_NORM:
+    case LK_OP_BATCH_NORM_BACKWARD:
+    case LK_OP_BN_STATS:
+    case LK_OP_BN_APPLY:
+    case LK_OP_EMBEDDING_BACKWARD: return true;
+    default: return false;
+    }
+}
+
 static bool cpu_supports(const lk_op_desc *d) {
+    if (widens(d->op) && lk__cpu_has_half(d)) { /* as the f32 descriptor, each operand f32, bf16 or f16 */
+        lk_op_desc f = lk__cpu_widened_desc(d);
+        return cpu_supports(&f);
+    }
     switch (d->op) {
     case LK_OP_GEMM: {
         lk_dtype a = d->dtype[0], b = d->dtype[1], c = d->dtype[2];
@@ -53,10 +73,14 @@ static bool cpu_supports(const lk_op_desc *d) {
     case LK_OP_NLL_BACKWARD: return lk__cpu_xent_supports(d);
     case LK_OP_MASK_SCALE: /* f32, or bf16/f16 in and out (dropout of a 16-bit activation under autocast) */
         return (d->dtype[0] == LK_F32 || is_half(d->dtype[0])) && d->dtype[1] == LK_U8 && d->dtype[2] == d->dtype[0];
-    case LK_OP_IM2COL:
-    case LK_OP_COL2IM:
-    case LK_OP_BIAS_ADD:
-    case LK_OP_CHANNEL_SUM: /* f32 only */
+    case LK_OP_IM2COL: /* f32 -> f32, or bf16/f16 -> the same */
+        return (d->dtype[0] == LK_F32 || is_half(d->dtype[0])) && d->dtype[1] == d->dtype[0];
+    case LK_OP_BIAS_ADD: /* f32 sums, a bias and an output of any float dtype */
+        return d->dtype[0] == LK_F32 && (d->dtype[1] == LK_F32 || is_half(d->dtype[1])) &&
+               (d->dtype[2] == LK_F32 || is_half(d->dtype[2]));
+    case LK_OP_CHANNEL_SUM: /* dY f32 or 16-bit, db f32 */
+        return (d->dtype[0] == LK_F32 || is_half(d->dtype[0])) && d->dtype[1] == LK_F32;
+    case LK_OP_COL2IM: /* f32 only */
         for (int i = 0; i < lk__op_arity(d->op); i++)
             if (d->dtype[i] != LK_F32) return false;
         return true;
@@ -75,13 +99,23 @@ static bool cpu_supports(const lk_op_desc *d) {
         return d->dtype[0] == LK_F32 && d->dtype[1] == LK_F32 && d->dtype[2] == LK_F32 && d->dtype[3] == LK_F32;
     case LK_OP_EMBEDDING:
     case LK_OP_EMBEDDING_BACKWARD:
-        return d->dtype[0] == LK_F32 && (d->dtype[1] == LK_I32 || d->dtype[1] == LK_I64) && d->dtype[2] == LK_F32;
+        return (d->op == LK_OP_EMBEDDING ? d->dtype[0] == LK_F32 || is_half(d->dtype[0]) : d->dtype[0] == LK_F32) &&
+               (d->dtype[1] == LK_I32 || d->dtype[1] == LK_I64) && d->dtype[2] == d->dtype[0];
     case LK_OP_COUNT: break;
     }
     return false;
 }
 
 static lk_status cpu_run(const lk_op_desc *d, void *const *x) {
+    if (widens(d->op) && lk__cpu_has_half(d)) switch (d->op) {
+        case LK_OP_POOL2D:
+        case LK_OP_POOL2D_BACKWARD: return lk__cpu_pool2d(d, x);
+        case LK_OP_BATCH_NORM:
+        case LK_OP_BATCH_NORM_BACKWARD: return lk__cpu_bn_half(d, x, cpu_run);
+        case LK_OP_LAYER_NORM:
+        case LK_OP_LAYER_NORM_BACKWARD: return lk__cpu_ln_half(d, x, cpu_run);
+        default: return lk__cpu_run_widened(d, x, cpu_run);
+        }
     switch (d->op) {
     case LK_OP_GEMM: {
         const lk_gemm_params *g = &d->gemm;

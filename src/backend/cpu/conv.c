@@ -1,4 +1,6 @@
-/* The CPU backend's convolution loops around its GEMMs, f32: im2col and
+/* The CPU backend's convolution loops around its GEMMs (f32; under
+ * autocast also 16-bit im2col, a bias added to f32 sums and rounded to a
+ * 16-bit output, and the bias gradient of a 16-bit dY): im2col and
  * col2im over a chunk of samples, the bias added while the chunk's GEMM
  * output goes to NCHW, and the bias gradient's per-channel sums. They run on
  * the plane kernels of kernels/conv.h, single-threaded: ops_conv.c already
@@ -6,9 +8,25 @@
  * threading here would only oversubscribe the cores. */
 #include "backend/cpu/cpu_impl.h"
 
+static inline float half_get(lk_dtype t, const void *p, long i) {
+    uint16_t h = ((const uint16_t *)p)[i];
+    return t == LK_BF16 ? lk_bf16_bits_to_f32(h) : lk_f16_bits_to_f32(h);
+}
+
 lk_status lk__cpu_conv(const lk_op_desc *d, void *const *x) {
     switch (d->op) {
     case LK_OP_IM2COL:
+        if (d->dtype[0] != LK_F32) { /* bf16/f16 images into columns of that dtype */
+            const lk_im2col_params *g = &d->im2col;
+            long P = g->OH * g->OW, khw = g->kh * g->kw, HW = g->H * g->W;
+            for (long j = 0; j < g->samples; j++)
+                for (long c = 0; c < g->C; c++)
+                    lk_k_im2col_plane_u16((const uint16_t *)x[0] + (j * g->C + c) * HW, g->H, g->W, g->kh, g->kw, g->sh,
+                                     g->sw, g->ph, g->pw, g->dh, g->dw, g->OH, g->OW,
+                                     (uint16_t *)x[1] + c * khw * g->ldc + j * P, g->ldc);
+            return LK_STATUS_OK;
+        }
+        /* fall through */
     case LK_OP_COL2IM: {
         const lk_im2col_params *g = &d->im2col;
         long P = g->OH * g->OW, khw = g->kh * g->kw, HW = g->H * g->W;
@@ -27,6 +45,24 @@ lk_status lk__cpu_conv(const lk_op_desc *d, void *const *x) {
     }
     case LK_OP_BIAS_ADD: {
         const lk_bias_params *p = &d->bias;
+        if (d->dtype[1] != LK_F32 || d->dtype[2] != LK_F32) { /* f32 sums + a bias of any float dtype, rounded once */
+            const float *y = x[0];
+            lk_dtype bt = d->dtype[1], ot = d->dtype[2];
+            long ld = p->samples * p->P;
+            for (long s = 0; s < p->samples; s++)
+                for (long o = 0; o < p->O; o++) {
+                    float bo = !x[1] ? 0.0f : bt == LK_F32 ? ((const float *)x[1])[o] : half_get(bt, x[1], o);
+                    const float *yr = y + o * ld + s * p->P;
+                    long off = (s * p->O + o) * p->P;
+                    if (ot == LK_F32)
+                        for (long i = 0; i < p->P; i++) ((float *)x[2])[off + i] = yr[i] + bo;
+                    else if (ot == LK_BF16)
+                        for (long i = 0; i < p->P; i++) ((uint16_t *)x[2])[off + i] = lk_f32_to_bf16_bits(yr[i] + bo);
+                    else
+                        for (long i = 0; i < p->P; i++) ((uint16_t *)x[2])[off + i] = lk_f32_to_f16_bits(yr[i] + bo);
+                }
+            return LK_STATUS_OK;
+        }
         const float *y = x[0], *b = x[1];
         float *out = x[2];
         if (p->samples == 1 && y == out) { /* in place: the GEMM wrote NCHW already */
@@ -44,6 +80,17 @@ lk_status lk__cpu_conv(const lk_op_desc *d, void *const *x) {
         const lk_bias_params *p = &d->bias;
         const float *dy = x[0];
         float *db = x[1];
+        if (d->dtype[0] != LK_F32) { /* a bf16/f16 dY: each plane widened, then the same f32 plane sums */
+            float *buf = lk_malloc((size_t)(p->P > 0 ? p->P : 1) * sizeof *buf);
+            if (!buf) return LK_STATUS_OUT_OF_MEMORY;
+            for (long s = 0; s < p->samples; s++)
+                for (long o = 0; o < p->O; o++) {
+                    lk_half_to_f32_n(d->dtype[0], buf, (const uint16_t *)x[0] + (s * p->O + o) * p->P, (size_t)p->P);
+                    db[o] += lk_k_plane_sum(buf, p->P);
+                }
+            lk_free(buf);
+            return LK_STATUS_OK;
+        }
         for (long s = 0; s < p->samples; s++)
             for (long o = 0; o < p->O; o++) db[o] += lk_k_plane_sum(dy + (s * p->O + o) * p->P, p->P);
         return LK_STATUS_OK;

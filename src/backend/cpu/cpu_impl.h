@@ -8,7 +8,8 @@
  * xent.c (cross-entropy, nll), conv.c (the convolution's im2col, col2im,
  * bias and bias gradient), grads.c (norms and the non-finite check of
  * gradients), embedding.c (embedding's gather and scatter-add), copy.c
- * (strided copies). */
+ * (strided copies and casts), widen.c (the bf16/f16 path of the f32-only
+ * families: widen, run the f32 kernel, round once). */
 #ifndef LK_BACKEND_CPU_IMPL_H
 #define LK_BACKEND_CPU_IMPL_H
 
@@ -52,6 +53,18 @@ lk_status lk__cpu_embedding(const lk_op_desc *d, void *const *x);
 /* copy.c: LK_OP_COPY (copies and casts) and LK_OP_FILL, any dtype. */
 lk_status lk__cpu_copy(const lk_op_desc *d, void *const *x);
 lk_status lk__cpu_fill(const lk_op_desc *d, void *const *x);
+/* widen.c: the bf16/f16 path of the f32-only families (pooling, the norms,
+ * SyncBatchNorm's passes, embedding's backward): 16-bit operands widened to
+ * f32 scratch, `run` on the all-f32 descriptor, written operands rounded
+ * back once. lk__cpu_widened_desc: d with every bf16/f16 dtype made f32. */
+bool lk__cpu_has_half(const lk_op_desc *d);
+lk_op_desc lk__cpu_widened_desc(const lk_op_desc *d);
+lk_status lk__cpu_run_widened(const lk_op_desc *d, void *const *x,
+                              lk_status (*run)(const lk_op_desc *d, void *const *x));
+/* Batch norm and layer norm (forward and backward) with 16-bit operands, in
+ * chunks of channels / rows through the same scratch. */
+lk_status lk__cpu_bn_half(const lk_op_desc *d, void *const *x, lk_status (*run)(const lk_op_desc *d, void *const *x));
+lk_status lk__cpu_ln_half(const lk_op_desc *d, void *const *x, lk_status (*run)(const lk_op_desc *d, void *const *x));
 /* xent.c: cross-entropy and nll_loss, forward and backward (f32 data, i32
  * or i64 targets, f64 total weight). */
 bool lk__cpu_xent_supports(const lk_op_desc *d);

@@ -1,4 +1,4 @@
-/* The CPU backend's embedding lookup, f32 rows with i32 or i64 indices: the
+/* The CPU backend's embedding lookup, f32 (or, forward, bf16/f16) rows with i32 or i64 indices: the
  * forward gathers rows, the backward scatter-adds the output gradient's rows
  * into the weight gradient in index order, so repeated indices accumulate
  * the same way every time. The op has checked every index against V. */
@@ -14,10 +14,11 @@ lk_status lk__cpu_embedding(const lk_op_desc *d, void *const *x) {
     const lk_embedding_params *p = &d->embedding;
     lk_dtype it = d->dtype[1];
     if (d->op == LK_OP_EMBEDDING) {
-        const float *w = x[0];
-        float *out = x[2];
-        for (int64_t i = 0; i < p->n; i++)
-            memcpy(out + i * p->D, w + index_at(it, x[1], i) * p->D, (size_t)p->D * sizeof *out);
+        /* a row copy: any float dtype, table and output alike (bits unchanged) */
+        size_t row = (size_t)p->D * (d->dtype[0] == LK_F32 ? 4 : 2);
+        const char *w = x[0];
+        char *out = x[2];
+        for (int64_t i = 0; i < p->n; i++) memcpy(out + (size_t)i * row, w + (size_t)index_at(it, x[1], i) * row, row);
         return LK_STATUS_OK;
     }
     const float *g = x[0];

@@ -1,4 +1,4 @@
-/* The CPU backend's 2-D pooling, f32: max (with the i32 index of each
+/* The CPU backend's 2-D pooling, f32 (bf16/f16 widened per chunk of planes): max (with the i32 index of each
  * window's maximum, for backward), avg and adaptive avg, forward and
  * backward, one plane at a time over the plane kernels of kernels/conv.h.
  * Max pooling's forward gives whole planes to the compute threads once the
@@ -24,7 +24,35 @@ static void max_pool_task(void *ctx, int t) {
                             j->out + c * no, j->idx + c * no);
 }
 
+static lk_status pool2d_f32(const lk_op_desc *d, void *const *x);
+
+static size_t esize(lk_dtype t) { return t == LK_F32 || t == LK_I32 ? 4 : 2; }
+
+/* bf16/f16 operands: chunks of whole planes (about a megabyte of f32 input
+ * each) through widen.c, so the f32 scratch stays small; each plane's
+ * window sums and maxima are f32, each output element rounded once. */
+static lk_status pool2d_half(const lk_op_desc *d, void *const *x) {
+    const lk_pool_params *g = &d->pool;
+    long no = g->OH * g->OW, ni = g->H * g->W, big = d->op == LK_OP_POOL2D ? ni : no;
+    long step = big > 0 && big < (1 << 18) ? (1 << 18) / big : 1;
+    /* elements per plane of each operand, in its own dtype */
+    long per[3] = {d->op == LK_OP_POOL2D ? ni : no, d->op == LK_OP_POOL2D ? no : no, d->op == LK_OP_POOL2D ? no : ni};
+    for (long c = 0; c < g->planes; c += step) {
+        lk_op_desc part = *d;
+        part.pool.planes = g->planes - c < step ? g->planes - c : step;
+        void *ops[3];
+        for (int i = 0; i < 3; i++)
+            ops[i] = x[i] ? (char *)x[i] + (size_t)(c * per[i]) * esize(d->dtype[i]) : NULL;
+        LK_TRY(lk__cpu_run_widened(&part, ops, pool2d_f32));
+    }
+    return LK_STATUS_OK;
+}
+
 lk_status lk__cpu_pool2d(const lk_op_desc *d, void *const *x) {
+    return lk__cpu_has_half(d) ? pool2d_half(d, x) : pool2d_f32(d, x);
+}
+
+static lk_status pool2d_f32(const lk_op_desc *d, void *const *x) {
     const lk_pool_params *g = &d->pool;
     long no = g->OH * g->OW, ni = g->H * g->W;
     if (d->op == LK_OP_POOL2D) {

@@ -36,13 +36,16 @@ LK_KERNEL void lk_k_row_zero(float *y, long n) {
 
 /* Zeroes columns [0, lo) and [hi, OW) of `rows` rows of width OW (the
  * padding columns; strided loops, since GCC would turn a tiny row loop into
- * a memset call). */
-LK_KERNEL void lk_k_zero_edges(float *r, long rows, long OW, long lo, long hi) {
-    for (long t = 0; t < lo; t++)
-        for (long q = 0; q < rows; q++) r[q * OW + t] = 0.0f;
-    for (long t = hi; t < OW; t++)
-        for (long q = 0; q < rows; q++) r[q * OW + t] = 0.0f;
-}
+ * a memset call); f32 and 16-bit elements (+0 is all zero bits in both). */
+#define LK_K_ZERO_EDGES(NAME, T)                                                 \
+    LK_KERNEL void NAME(T *r, long rows, long OW, long lo, long hi) {            \
+        for (long t = 0; t < lo; t++)                                            \
+            for (long q = 0; q < rows; q++) r[q * OW + t] = 0;                   \
+        for (long t = hi; t < OW; t++)                                           \
+            for (long q = 0; q < rows; q++) r[q * OW + t] = 0;                   \
+    }
+LK_K_ZERO_EDGES(lk_k_zero_edges, float)
+LK_K_ZERO_EDGES(lk_k_zero_edges_u16, uint16_t)
 
 /* Output positions o in [0, n_out) with 0 <= o * s + off < n_in: [*lo, *hi). */
 LK_KERNEL void lk_k_valid_range(long off, long s, long n_in, long n_out, long *lo, long *hi) {
@@ -54,48 +57,64 @@ LK_KERNEL void lk_k_valid_range(long off, long s, long n_in, long n_out, long *l
     *hi = h;
 }
 
-/* im2col for one input plane x[H, W]: row r = ki * kw + kj of `cols` (rows
- * `ldc` floats apart, OH * OW used) gets x[oh * sh - ph + ki * dh,
- * ow * sw - pw + kj * dw] for every output position, 0 in the padding. */
-LK_KERNEL void lk_k_im2col_plane(const float *LK_KC_RESTRICT x, long H, long W, long kh, long kw, long sh, long sw,
-                                 long ph, long pw, long dh, long dw, long OH, long OW, float *LK_KC_RESTRICT cols,
-                                 long ldc) {
-    /* "same" geometry (stride 1, OW == W): the rows of a kernel tap are one
-     * contiguous run of x shifted by the tap offset; copy it whole, then
-     * zero the positions that wrapped around a row edge. */
-    int same = sh == 1 && sw == 1 && OW == W;
-    for (long ki = 0; ki < kh; ki++) {
-        long oh_lo, oh_hi;
-        lk_k_valid_range(ki * dh - ph, sh, H, OH, &oh_lo, &oh_hi);
-        for (long kj = 0; kj < kw; kj++) {
-            float *row = cols + (ki * kw + kj) * ldc;
-            long off_w = kj * dw - pw, lo, hi;
-            lk_k_valid_range(off_w, sw, W, OW, &lo, &hi);
-            lk_k_row_zero(row, oh_lo * OW);
-            if (same && oh_hi > oh_lo) {
-                long base = (oh_lo - ph + ki * dh) * W + off_w, n = (oh_hi - oh_lo) * OW;
-                long a = base < 0 ? -base : 0, b = base + n > H * W ? H * W - base : n;
-                float *r = row + oh_lo * OW;
-                lk_k_row_zero(r, a);
-                lk_k_row_copy(r + a, x + base + a, b - a);
-                lk_k_row_zero(r + b, n - b);
-                lk_k_zero_edges(r, oh_hi - oh_lo, OW, lo, hi);
-            } else {
-                for (long oh = oh_lo; oh < oh_hi; oh++) {
-                    float *r = row + oh * OW;
-                    const float *xr = x + (oh * sh - ph + ki * dh) * W + off_w;
-                    lk_k_row_zero(r, lo);
-                    if (sw == 1)
-                        lk_k_row_copy(r + lo, xr + lo, hi - lo);
-                    else
-                        for (long ow = lo; ow < hi; ow++) r[ow] = xr[ow * sw];
-                    lk_k_row_zero(r + hi, OW - hi);
-                }
-            }
-            lk_k_row_zero(row + oh_hi * OW, (OH - oh_hi) * OW);
-        }
-    }
+/* 16-bit rows (bf16 / f16 bits: +0 is all zero bits, as in f32), for the
+ * 16-bit im2col below. */
+LK_KERNEL void lk_k_row_copy_u16(uint16_t *LK_KC_RESTRICT y, const uint16_t *LK_KC_RESTRICT x, long n) {
+    for (long i = 0; i < n; i++) y[i] = x[i];
 }
+
+LK_KERNEL void lk_k_row_zero_u16(uint16_t *y, long n) {
+    for (long i = 0; i < n; i++) y[i] = 0;
+}
+
+
+/* im2col for one input plane x[H, W]: row r = ki * kw + kj of `cols` (rows
+ * `ldc` elements apart, OH * OW used) gets x[oh * sh - ph + ki * dh,
+ * ow * sw - pw + kj * dw] for every output position, 0 in the padding.
+ * One body for the element type T and its row helpers (suffix SFX): f32
+ * (lk_k_im2col_plane) and 16-bit (lk_k_im2col_plane_u16, the bits of a bf16
+ * or f16 activation under autocast, unrolled without widening).
+ * "same" geometry (stride 1, OW == W): the rows of a kernel tap are one
+ * contiguous run of x shifted by the tap offset; copy it whole, then zero
+ * the positions that wrapped around a row edge. */
+#define LK_K_IM2COL_PLANE(NAME, T, SFX)                                                                        \
+    LK_KERNEL void NAME(const T *LK_KC_RESTRICT x, long H, long W, long kh, long kw, long sh, long sw, long ph, \
+                        long pw, long dh, long dw, long OH, long OW, T *LK_KC_RESTRICT cols, long ldc) {       \
+        int same = sh == 1 && sw == 1 && OW == W;                                                              \
+        for (long ki = 0; ki < kh; ki++) {                                                                     \
+            long oh_lo, oh_hi;                                                                                 \
+            lk_k_valid_range(ki * dh - ph, sh, H, OH, &oh_lo, &oh_hi);                                         \
+            for (long kj = 0; kj < kw; kj++) {                                                                 \
+                T *row = cols + (ki * kw + kj) * ldc;                                                          \
+                long off_w = kj * dw - pw, lo, hi;                                                             \
+                lk_k_valid_range(off_w, sw, W, OW, &lo, &hi);                                                  \
+                lk_k_row_zero##SFX(row, oh_lo * OW);                                                           \
+                if (same && oh_hi > oh_lo) {                                                                   \
+                    long base = (oh_lo - ph + ki * dh) * W + off_w, n = (oh_hi - oh_lo) * OW;                  \
+                    long a = base < 0 ? -base : 0, b = base + n > H * W ? H * W - base : n;                    \
+                    T *r = row + oh_lo * OW;                                                                   \
+                    lk_k_row_zero##SFX(r, a);                                                                  \
+                    lk_k_row_copy##SFX(r + a, x + base + a, b - a);                                            \
+                    lk_k_row_zero##SFX(r + b, n - b);                                                          \
+                    lk_k_zero_edges##SFX(r, oh_hi - oh_lo, OW, lo, hi);                                        \
+                } else {                                                                                       \
+                    for (long oh = oh_lo; oh < oh_hi; oh++) {                                                  \
+                        T *r = row + oh * OW;                                                                  \
+                        const T *xr = x + (oh * sh - ph + ki * dh) * W + off_w;                                \
+                        lk_k_row_zero##SFX(r, lo);                                                             \
+                        if (sw == 1)                                                                           \
+                            lk_k_row_copy##SFX(r + lo, xr + lo, hi - lo);                                      \
+                        else                                                                                   \
+                            for (long ow = lo; ow < hi; ow++) r[ow] = xr[ow * sw];                             \
+                        lk_k_row_zero##SFX(r + hi, OW - hi);                                                   \
+                    }                                                                                          \
+                }                                                                                              \
+                lk_k_row_zero##SFX(row + oh_hi * OW, (OH - oh_hi) * OW);                                       \
+            }                                                                                                  \
+        }                                                                                                      \
+    }
+LK_K_IM2COL_PLANE(lk_k_im2col_plane, float, )
+LK_K_IM2COL_PLANE(lk_k_im2col_plane_u16, uint16_t, _u16)
 
 /* The adjoint of lk_k_im2col_plane: dx[H, W] += the kh * kw rows of dcols
  * scattered back to the input positions they were read from. dcols is
