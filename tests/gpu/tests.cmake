@@ -6,7 +6,7 @@ lk_add_test(NAME gpu_select SOURCES gpu/test_gpu_select.c LABELS unit TIMEOUT 60
 # machines report them as skipped, never as passed. tools/gpu/session.sh
 # runs them on a GPU machine with `ctest -L gpu`.
 if(LK_HAVE_CUDA)
-  foreach(t gpu_device gpu_gemm gpu_nvml gpu_nccl)
+  foreach(t gpu_device gpu_gemm gpu_nvml gpu_nccl gpu_ops)
     string(REPLACE "gpu_" "" src ${t})
     lk_add_test(NAME ${t} SOURCES gpu/test_${src}.c LABELS gpu TIMEOUT 300)
     set_tests_properties(${t} PROPERTIES SKIP_RETURN_CODE 77)
@@ -25,3 +25,9 @@ endif()
 # accelerator: gpu through `lockstep fit` without a GPU: one error before launch.
 lk_add_script_test(NAME gpu_cli SCRIPT gpu/test_cli.sh LABELS unit TIMEOUT 60)
 set_tests_properties(gpu_cli PROPERTIES SKIP_RETURN_CODE 77)
+# The gpu_ops case table without a GPU: every descriptor valid, run by the
+# CPU backend and taken by the cuda backend's supports() (no CUDA call).
+if(LK_HAVE_CUDA)
+  add_test(NAME gpu_ops_table COMMAND test_gpu_ops --table)
+  set_tests_properties(gpu_ops_table PROPERTIES LABELS unit TIMEOUT 120)
+endif()
