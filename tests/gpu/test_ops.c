@@ -28,6 +28,7 @@
  *     test_gpu_ops                 all cases
  *     test_gpu_ops xent_ sgd       only cases whose name starts so */
 #include <math.h>
+#include <stdarg.h>
 
 #include "backend/cuda/cuda_impl.h"
 #include "gpu_test.h"
@@ -42,7 +43,8 @@ typedef struct {
 static const tol T_EXACT = {0, 0}, T_TRANSC = {1e-6, 1e-7}, T_SUM = {1e-6, 1e-6}, T_GEMM = {1e-5, 1e-5};
 static const tol T_GEMM_BF16 = {0, 1e-2}, T_GEMM_F16 = {0, 2e-3};
 
-/* How an operand starts: uniform in [-2, 2), positive in [0.1, 2.1),
+/* How an operand starts: uniform in [-2, 2) or positive in [0.1, 2.1), each
+ * times 2^k for k in -3..3,
  * integers in [0, max) (targets, indices), a 0/1 mask, or absent (NULL). */
 typedef enum { I_RAND, I_POS, I_IDX, I_MASK, I_NULL } init_kind;
 typedef struct {
@@ -67,7 +69,8 @@ static float urand(void) {
 
 static void fill(lk_dtype dt, const opnd *o, void *p) {
     for (int64_t i = 0; i < o->n; i++) {
-        float v = o->k == I_POS ? 0.1f + 2.0f * urand() : 4.0f * urand() - 2.0f;
+        /* magnitudes over 2^-3 .. 2^3, so that sums round and their order shows */
+        float v = (o->k == I_POS ? 0.1f + 2.0f * urand() : 4.0f * urand() - 2.0f) * ldexpf(1.0f, (int)(urand() * 7) - 3);
         int64_t iv = o->k == I_MASK ? urand() < 0.7f : o->k == I_IDX ? (int64_t)(urand() * (float)o->max) % o->max : 0;
         switch (dt) {
         case LK_F32: ((float *)p)[i] = v; break;
@@ -99,6 +102,35 @@ static int cases_run, cases_bad;
  * Checks the table itself on every CUDA build (each descriptor valid and run
  * by the CPU, taken by the cuda backend's supports(), compared exactly). */
 static bool table_only;
+
+#ifdef LK_GPU_OPS_EMU
+/* test_gpu_ops_emu: the cuda backend's kernels compiled for the host
+ * emulation (tests/gpu/emu/) under these names, run over host memory in
+ * place of the CPU backend's second run. GEMM is cuBLASLt's, not ours: skipped. */
+int lk__emu_elementwise(const lk_op_desc *d, void *const *x);
+int lk__emu_rows(const lk_op_desc *d, void *const *x);
+int lk__emu_optim(const lk_op_desc *d, void *const *x);
+static lk_status emu_run(const lk_op_desc *d, void *const *x) {
+    int e;
+    switch (d->op) {
+    case LK_OP_UNARY:
+    case LK_OP_UNARY_BACKWARD:
+    case LK_OP_BINARY:
+    case LK_OP_AXPY:
+    case LK_OP_AFFINE:
+    case LK_OP_SUM_TO:
+    case LK_OP_MASK_SCALE:
+    case LK_OP_CLAMP:
+    case LK_OP_COPY: e = lk__emu_elementwise(d, x); break;
+    case LK_OP_OPTIM_UPDATE: e = lk__emu_optim(d, x); break;
+    default: e = lk__emu_rows(d, x); break;
+    }
+    return e ? lk_error(LK_STATUS_DEVICE, "emulated launch failed: %d", e) : LK_STATUS_OK;
+}
+#define SECOND_RUN(d, x) emu_run(d, x)
+#else
+#define SECOND_RUN(d, x) lk__cpu_backend.run(d, x)
+#endif
 
 /* Operand i after both runs: element-wise within the case's tolerance. */
 static bool compare(const op_case *c, int i, const void *cpu, const void *gpu) {
@@ -159,7 +191,7 @@ static void run_case(const op_case *c) {
         if (bytes[i]) CHECK_OK(lk_device_copy(gpu0, gops[i], LK_DEVICE_CPU, host[i], bytes[i]));
     }
     CHECK_OK(lk__cpu_backend.run(&c->d, cpu));
-    lk_status st = table_only ? lk__cpu_backend.run(&c->d, gops) : lk__backend_run(gpu0, &c->d, gops);
+    lk_status st = table_only ? SECOND_RUN(&c->d, gops) : lk__backend_run(gpu0, &c->d, gops);
     CHECK_MSG(st == LK_STATUS_OK, "%s (%s) on cuda:0: %s", c->name, what, lk_last_error());
     if (!table_only) CHECK_OK(lk_device_synchronize(gpu0));
     for (int i = 0; i < arity && st == LK_STATUS_OK; i++) {
@@ -210,10 +242,19 @@ static const char *const unary_names[LK_UNARY_COUNT] = {"relu", "gelu_tanh", "ge
                                                         "exp",  "log",       "sqrt",       "abs",  "leaky_relu",
                                                         "elu",  "silu",      "neg"};
 
+/* A case's name, kept for the table's lifetime. */
+static const char *case_name(const char *fmt, ...) {
+    static char names[MAXC][64];
+    static int nn;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(names[nn], sizeof names[nn], fmt, ap);
+    va_end(ap);
+    return names[nn++];
+}
+
 static void build_table(void) {
-    static char names[MAXC][128];
-    int nn = 0;
-#define NAME(...) (snprintf(names[nn], sizeof names[nn], __VA_ARGS__), names[nn++])
+#define NAME(...) case_name(__VA_ARGS__)
     /* GEMM through the registry (gpu_gemm covers the shapes and transposes) */
     static const lk_dtype gd[][2] = {{LK_F32, LK_F32}, {LK_BF16, LK_F32}, {LK_F16, LK_F16}, {LK_BF16, LK_BF16}};
     for (int k = 0; k < 4; k++) {
@@ -245,9 +286,9 @@ static void build_table(void) {
     }
     static const struct {
         lk_dtype in, out;
-    } mix[] = {{LK_BF16, LK_BF16}, {LK_F16, LK_F16}, {LK_BF16, LK_F32}, {LK_F32, LK_F16}};
-    for (int m = 0; m < 4; m++) {
-        static char tags[4][24]; /* apart from names[]: snprintf's source must not overlap its destination */
+    } mix[] = {{LK_F32, LK_F32}, {LK_BF16, LK_BF16}, {LK_F16, LK_F16}, {LK_BF16, LK_F32}, {LK_F32, LK_F16}};
+    for (int m = 0; m < 5; m++) {
+        static char tags[5][24]; /* apart from names[]: snprintf's source must not overlap its destination */
         snprintf(tags[m], sizeof tags[m], "%s_%s", lk_dtype_name(mix[m].in), lk_dtype_name(mix[m].out));
         const char *tag = tags[m];
         static const int fns[] = {LK_UNARY_RELU, LK_UNARY_GELU_TANH, LK_UNARY_SIGMOID};
@@ -483,13 +524,20 @@ int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     table_only = argc > 1 && !strcmp(argv[1], "--table");
     if (table_only) argc--, argv++;
-    else {
+#ifdef LK_GPU_OPS_EMU
+    table_only = true;
+#endif
+    if (!table_only) {
         gpu_test_require();
         CHECK(!strcmp(lk__backend(gpu0)->name, "cuda"));
     }
     build_table();
-    for (int i = 0; i < ncases; i++)
+    for (int i = 0; i < ncases; i++) {
+#ifdef LK_GPU_OPS_EMU
+        if (table[i].d.op == LK_OP_GEMM) continue;
+#endif
         if (selected(table[i].name, argc, argv)) run_case(&table[i]);
+    }
     if (table_only) supports_says_no();
     else if (selected("unsupported", argc, argv)) unsupported_is_an_error();
     printf("%d descriptors compared, %d differ; %d failed checks\n", cases_run, cases_bad, lk_t_failed_checks);

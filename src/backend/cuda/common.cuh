@@ -14,13 +14,21 @@
 #include "backend/cuda/cuda_impl.h"
 #include "backend/kernels.h"
 
+/* Threads per block and the most blocks of a grid-stride launch; the host
+ * emulation of tests/gpu/emu/ builds these files with fewer of both
+ * (results must not depend on either). */
+#ifndef LK_CU_THREADS
 #define LK_CU_THREADS 256
+#endif
+#ifndef LK_CU_MAX_BLOCKS
+#define LK_CU_MAX_BLOCKS (1 << 20)
+#endif
 
 /* Blocks for n items in a grid-stride loop: enough to fill any GPU, capped
  * so the grid size stays in range; 1 for n == 0 (the kernel does nothing). */
 static inline unsigned lk_cu_blocks(int64_t n) {
     int64_t b = (n + LK_CU_THREADS - 1) / LK_CU_THREADS;
-    return b < 1 ? 1u : b > (1 << 20) ? (1u << 20) : (unsigned)b;
+    return b < 1 ? 1u : b > LK_CU_MAX_BLOCKS ? (unsigned)LK_CU_MAX_BLOCKS : (unsigned)b;
 }
 
 #define LK_CU_FOR(i, n) \

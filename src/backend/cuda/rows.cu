@@ -19,7 +19,9 @@ namespace {
 
 /* ---- a deterministic double sum: per-block partials, then one block ---- */
 
-#define RED_BLOCKS 256
+#ifndef RED_BLOCKS
+#define RED_BLOCKS 256 /* partial sums per reduction (at most): one per block */
+#endif
 
 __device__ double block_sum(double v, double *sh) {
     sh[threadIdx.x] = v;
