@@ -110,6 +110,7 @@ static bool table_only;
 int lk__emu_elementwise(const lk_op_desc *d, void *const *x);
 int lk__emu_rows(const lk_op_desc *d, void *const *x);
 int lk__emu_optim(const lk_op_desc *d, void *const *x);
+int lk__emu_conv(const lk_op_desc *d, void *const *x);
 static lk_status emu_run(const lk_op_desc *d, void *const *x) {
     int e;
     switch (d->op) {
@@ -123,6 +124,12 @@ static lk_status emu_run(const lk_op_desc *d, void *const *x) {
     case LK_OP_CLAMP:
     case LK_OP_COPY: e = lk__emu_elementwise(d, x); break;
     case LK_OP_OPTIM_UPDATE: e = lk__emu_optim(d, x); break;
+    case LK_OP_IM2COL:
+    case LK_OP_COL2IM:
+    case LK_OP_BIAS_ADD:
+    case LK_OP_CHANNEL_SUM:
+    case LK_OP_POOL2D:
+    case LK_OP_POOL2D_BACKWARD: e = lk__emu_conv(d, x); break;
     default: e = lk__emu_rows(d, x); break;
     }
     return e ? lk_error(LK_STATUS_DEVICE, "emulated launch failed: %d", e) : LK_STATUS_OK;
@@ -446,6 +453,43 @@ static void build_table(void) {
         ops(c, 0, k & 1 ? 300 * 24 : 17 * 24, I_RAND, 0), ops(c, 1, 300, I_IDX, 17);
         ops(c, 2, k & 1 ? 17 * 24 : 300 * 24, I_RAND, 0);
     }
+    /* convolution's pieces: 2 samples of 3 x 7 x 6, kernel 3 x 2, stride 2 x 1,
+     * padding 1 x 0, dilation 1 x 2 -> 4 x 4, columns padded to ldc 35 */
+    lk_im2col_params ig = {2, 3, 7, 6, 3, 2, 2, 1, 1, 0, 1, 2, 4, 4, 35};
+    for (int k = 0; k < 2; k++) {
+        c = add(k ? "col2im" : "im2col", k ? LK_OP_COL2IM : LK_OP_IM2COL, T_EXACT);
+        dts(c, LK_F32, LK_F32, 0, 0);
+        c->d.im2col = ig;
+        ops(c, k, 2 * 3 * 7 * 6, I_RAND, 0), ops(c, 1 - k, 3 * 3 * 2 * 35, I_RAND, 0);
+    }
+    for (int k = 0; k < 3; k++) { /* bias add with and without a bias, then its gradient */
+        bool sum = k == 2;
+        c = add(sum ? "channel_sum" : k ? "bias_add_no_bias" : "bias_add", sum ? LK_OP_CHANNEL_SUM : LK_OP_BIAS_ADD,
+                T_EXACT);
+        dts(c, LK_F32, LK_F32, LK_F32, 0);
+        c->d.bias = (lk_bias_params){3, 4, 10};
+        ops(c, 0, 120, I_RAND, 0), ops(c, 1, sum ? 4 : 4, k == 1 ? I_NULL : I_RAND, 0);
+        if (!sum) ops(c, 2, 120, I_RAND, 0);
+    }
+    /* pooling: 6 planes of 7 x 8, kernel 3 x 2, stride 2, padding 1 -> 4 x 5; adaptive to 3 x 5 */
+    static const char *const pool_names[] = {"max_pool", "avg_pool", "avg_pool_no_pad_count", "adaptive_avg_pool"};
+    for (int k = 0; k < 4; k++)
+        for (int bwd = 0; bwd < 2; bwd++) {
+            lk_pool_kind kind = k == 0 ? LK_POOL_MAX : k == 3 ? LK_POOL_ADAPTIVE_AVG : LK_POOL_AVG;
+            long OH = k == 3 ? 3 : 4, OW = 5, no = 6 * OH * OW, ni = 6 * 7 * 8;
+            c = add(NAME("%s%s", pool_names[k], bwd ? "_backward" : ""), bwd ? LK_OP_POOL2D_BACKWARD : LK_OP_POOL2D,
+                    T_EXACT);
+            c->d.pool = (lk_pool_params){kind, 6, 7, 8, OH, OW, 3, 2, 2, 2, 1, 1, k != 2};
+            if (bwd) {
+                dts(c, LK_F32, kind == LK_POOL_MAX ? LK_I32 : LK_F32, LK_F32, 0);
+                ops(c, 0, no, I_RAND, 0), ops(c, 1, no, kind == LK_POOL_MAX ? I_IDX : I_NULL, 7 * 8);
+                ops(c, 2, ni, I_RAND, 0);
+            } else {
+                dts(c, LK_F32, LK_F32, kind == LK_POOL_MAX ? LK_I32 : LK_F32, 0);
+                ops(c, 0, ni, I_RAND, 0), ops(c, 1, no, I_RAND, 0);
+                ops(c, 2, no, kind == LK_POOL_MAX ? I_IDX : I_NULL, 1);
+            }
+        }
     /* the optimizer updates */
     static const struct {
         const char *name;
@@ -495,8 +539,9 @@ static void unsupported_is_an_error(void) {
 
 /* supports() refuses what no kernel here runs (no GPU needed to ask). */
 static void supports_says_no(void) {
-    static const lk_op_kind missing[] = {LK_OP_LAYER_NORM, LK_OP_BATCH_NORM, LK_OP_POOL2D, LK_OP_IM2COL,
-                                         LK_OP_COL2IM,     LK_OP_BIAS_ADD,   LK_OP_BCE,    LK_OP_BN_STATS};
+    static const lk_op_kind missing[] = {LK_OP_LAYER_NORM, LK_OP_LAYER_NORM_BACKWARD, LK_OP_BATCH_NORM,
+                                         LK_OP_BATCH_NORM_BACKWARD, LK_OP_BCE, LK_OP_BCE_BACKWARD,
+                                         LK_OP_BN_STATS, LK_OP_BN_APPLY};
     for (size_t k = 0; k < sizeof missing / sizeof missing[0]; k++) {
         lk_op_desc d = {.op = missing[k]};
         for (int i = 0; i < LK_OP_MAX_OPERANDS; i++) d.dtype[i] = LK_F32;

@@ -5,9 +5,9 @@
  * descriptors the kernels here run — the cuBLASLt GEMM (gemm.c), the
  * element-wise families, strided copy, softmax, the regression and
  * classification losses, the gradient utilities, embedding and the
- * optimizer updates (see cuda_impl.h for which .cu file runs which) — and
- * everything else (convolution's im2col/col2im/bias, pooling, layer and
- * batch norm, BCE, SyncBatchNorm's passes) is the registry's UNSUPPORTED
+ * optimizer updates, convolution's im2col/col2im/bias pieces and pooling
+ * (see cuda_impl.h for which .cu file runs which) — and everything else
+ * (layer and batch norm, BCE, SyncBatchNorm's passes) is the registry's UNSUPPORTED
  * error naming the op, its dtypes, this backend and the device: cuda memory
  * is not host-addressable, so there is no CPU fallback.
  *
@@ -83,7 +83,17 @@ static bool cuda_supports(const lk_op_desc *d) {
     case LK_OP_EMBEDDING_BACKWARD:
         return d->dtype[0] == LK_F32 && (d->dtype[1] == LK_I32 || d->dtype[1] == LK_I64) && d->dtype[2] == LK_F32;
     case LK_OP_OPTIM_UPDATE: return all_f32(d) && (unsigned)d->optim.rule <= LK_OPTIM_RULE_RMSPROP;
-    default: return false; /* conv pieces, pooling, layer/batch norm, BCE, SyncBatchNorm: not written yet */
+    case LK_OP_IM2COL:
+    case LK_OP_COL2IM:
+    case LK_OP_BIAS_ADD:
+    case LK_OP_CHANNEL_SUM: return all_f32(d);
+    case LK_OP_POOL2D: /* f32 data, i32 indices (max only), as the CPU */
+        return d->dtype[0] == LK_F32 && d->dtype[1] == LK_F32 &&
+               (d->pool.kind != LK_POOL_MAX || d->dtype[2] == LK_I32) && (unsigned)d->pool.kind <= LK_POOL_ADAPTIVE_AVG;
+    case LK_OP_POOL2D_BACKWARD:
+        return d->dtype[0] == LK_F32 && d->dtype[2] == LK_F32 &&
+               (d->pool.kind != LK_POOL_MAX || d->dtype[1] == LK_I32) && (unsigned)d->pool.kind <= LK_POOL_ADAPTIVE_AVG;
+    default: return false; /* layer/batch norm, BCE, SyncBatchNorm's passes: not written yet */
     }
 }
 
@@ -147,6 +157,12 @@ static lk_status cuda_run(const lk_op_desc *d, void *const *x) {
     case LK_OP_CLAMP:
     case LK_OP_COPY: e = lk__cuda_elementwise(d, x); break;
     case LK_OP_OPTIM_UPDATE: e = lk__cuda_optim(d, x); break;
+    case LK_OP_IM2COL:
+    case LK_OP_COL2IM:
+    case LK_OP_BIAS_ADD:
+    case LK_OP_CHANNEL_SUM:
+    case LK_OP_POOL2D:
+    case LK_OP_POOL2D_BACKWARD: e = lk__cuda_conv(d, x); break;
     default: e = lk__cuda_rows(d, x); break;
     }
     if (e == cudaSuccess) return LK_STATUS_OK;

@@ -8,7 +8,8 @@
  *   rows.cu: softmax / log-softmax and their backward, the regression
  *     losses, cross-entropy and nll_loss, the gradient utilities (norm,
  *     first non-finite, fused unscale), embedding;
- *   optim.cu: the optimizer updates (SGD, Adam/AdamW, RMSprop).
+ *   optim.cu: the optimizer updates (SGD, Adam/AdamW, RMSprop);
+ *   conv.cu: im2col, col2im, bias add, bias gradient, pooling (f32).
  * Every launch goes on the legacy default stream (stream 0), the stream the
  * cuda device's copies (cudaMemcpy) and the cuBLASLt GEMM use, so work is
  * ordered with them without events. A launcher returns a cudaError_t as int
@@ -34,6 +35,7 @@ extern const lk_backend lk__cuda_backend;
 int lk__cuda_elementwise(const lk_op_desc *d, void *const *x);
 int lk__cuda_rows(const lk_op_desc *d, void *const *x);
 int lk__cuda_optim(const lk_op_desc *d, void *const *x);
+int lk__cuda_conv(const lk_op_desc *d, void *const *x);
 
 /* The descriptor's operands that are host pointers by contract (written by
  * the op, read by the caller right after): everything else must be device
