@@ -245,6 +245,15 @@ static void put_ignored(const op_case *c, void **h) {
     else ((int32_t *)h[ti])[2] = ((int32_t *)h[ti])[5] = (int32_t)c->d.xent.ignore_index;
 }
 
+/* BCE on probabilities: inputs in (0, 1) and targets in [0, 1]. */
+static void probabilities(const op_case *c, void **h) {
+    float *x = h[0], *t = h[1];
+    for (int64_t i = 0; i < c->o[0].n; i++) {
+        x[i] = 0.01f + 0.98f * (float)(i * 37 % 101) / 101.0f;
+        t[i] = (float)(i * 13 % 7) / 6.0f;
+    }
+}
+
 static const char *const unary_names[LK_UNARY_COUNT] = {"relu", "gelu_tanh", "gelu_exact", "tanh", "sigmoid",
                                                         "exp",  "log",       "sqrt",       "abs",  "leaky_relu",
                                                         "elu",  "silu",      "neg"};
@@ -490,6 +499,40 @@ static void build_table(void) {
                 ops(c, 2, no, kind == LK_POOL_MAX ? I_IDX : I_NULL, 1);
             }
         }
+    /* binary cross-entropy on probabilities and on logits, weights and pos_weight, both gradients */
+    for (int k = 0; k < 12; k++) {
+        bool logits = k & 1, bwd = k >= 6;
+        int red = k / 2 % 3;
+        c = add(NAME("bce%s_%s%s", logits ? "_logits" : "", red_names[red], bwd ? "_backward" : ""),
+                bwd ? LK_OP_BCE_BACKWARD : LK_OP_BCE, red != LK_REDUCTION_NONE && !bwd ? T_SUM : T_TRANSC);
+        for (int i = 0; i < 7; i++) c->d.dtype[i] = LK_F32;
+        c->d.bce = (lk_bce_params){2049, red, logits};
+        ops(c, 0, 2049, logits ? I_RAND : I_POS, 0), ops(c, 1, 2049, I_POS, 0), ops(c, 2, 2049, k & 2 ? I_POS : I_NULL, 0);
+        ops(c, 3, 2049, logits && k % 3 ? I_POS : I_NULL, 0);
+        if (!logits) c->fix = probabilities;
+        if (bwd) {
+            ops(c, 4, red == LK_REDUCTION_NONE ? 2049 : 1, I_RAND, 0), ops(c, 5, 2049, I_RAND, 0);
+            ops(c, 6, 2049, k == 6 ? I_NULL : I_RAND, 0);
+        } else {
+            ops(c, 4, red == LK_REDUCTION_NONE ? 2049 : 1, I_RAND, 0);
+        }
+    }
+    /* layer norm: 37 rows of 45, with and without affine parameters, every gradient */
+    for (int k = 0; k < 4; k++) {
+        bool bwd = k >= 2, affine = k & 1;
+        c = add(NAME("layer_norm%s%s", affine ? "_affine" : "", bwd ? "_backward" : ""),
+                bwd ? LK_OP_LAYER_NORM_BACKWARD : LK_OP_LAYER_NORM, T_EXACT);
+        for (int i = 0; i < 7; i++) c->d.dtype[i] = LK_F32;
+        c->d.layer_norm = (lk_layer_norm_params){37, 45, 1e-5f};
+        if (!bwd) {
+            ops(c, 0, 37 * 45, I_RAND, 0), ops(c, 1, 45, affine ? I_RAND : I_NULL, 0);
+            ops(c, 2, 45, affine ? I_RAND : I_NULL, 0), ops(c, 3, 37 * 45, I_RAND, 0), ops(c, 4, 74, I_RAND, 0);
+        } else { /* x, dy, stats (mean, rstd > 0), w, dx, dw, db */
+            ops(c, 0, 37 * 45, I_RAND, 0), ops(c, 1, 37 * 45, I_RAND, 0), ops(c, 2, 74, I_POS, 0);
+            ops(c, 3, 45, affine ? I_RAND : I_NULL, 0), ops(c, 4, 37 * 45, I_RAND, 0);
+            ops(c, 5, 45, affine ? I_RAND : I_NULL, 0), ops(c, 6, 45, I_RAND, 0);
+        }
+    }
     /* the optimizer updates */
     static const struct {
         const char *name;
@@ -520,12 +563,12 @@ static void build_table(void) {
 /* What the cuda backend lacks is an UNSUPPORTED error naming the op, the
  * backend and the device, never a silent run on the CPU. */
 static void unsupported_is_an_error(void) {
-    lk_op_desc d = {.op = LK_OP_LAYER_NORM, .dtype = {LK_F32, LK_F32, LK_F32, LK_F32, LK_F32}};
-    d.layer_norm = (lk_layer_norm_params){4, 8, 1e-5f};
-    void *x[5] = {NULL};
+    lk_op_desc d = {.op = LK_OP_BATCH_NORM, .dtype = {LK_F32, LK_F32, LK_F32, LK_F32, LK_F32, LK_F32, LK_F32}};
+    d.batch_norm = (lk_batch_norm_params){.N = 2, .C = 3, .S = 4, .M = 8, .eps = 1e-5f, .training = true};
+    void *x[7] = {NULL};
     int64_t fb = lk__backend_fallbacks();
     CHECK_ERR(lk__backend_run(gpu0, &d, x), LK_STATUS_UNSUPPORTED,
-              "the cuda backend has no layer_norm");
+              "the cuda backend has no batch_norm");
     CHECK(strstr(lk_last_error(), "cuda:0 is not host-addressable"));
     CHECK(lk__backend_fallbacks() == fb);
     /* a host pointer where device memory belongs */
@@ -539,9 +582,7 @@ static void unsupported_is_an_error(void) {
 
 /* supports() refuses what no kernel here runs (no GPU needed to ask). */
 static void supports_says_no(void) {
-    static const lk_op_kind missing[] = {LK_OP_LAYER_NORM, LK_OP_LAYER_NORM_BACKWARD, LK_OP_BATCH_NORM,
-                                         LK_OP_BATCH_NORM_BACKWARD, LK_OP_BCE, LK_OP_BCE_BACKWARD,
-                                         LK_OP_BN_STATS, LK_OP_BN_APPLY};
+    static const lk_op_kind missing[] = {LK_OP_BATCH_NORM, LK_OP_BATCH_NORM_BACKWARD, LK_OP_BN_STATS, LK_OP_BN_APPLY};
     for (size_t k = 0; k < sizeof missing / sizeof missing[0]; k++) {
         lk_op_desc d = {.op = missing[k]};
         for (int i = 0; i < LK_OP_MAX_OPERANDS; i++) d.dtype[i] = LK_F32;

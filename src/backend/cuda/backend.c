@@ -6,8 +6,8 @@
  * element-wise families, strided copy, softmax, the regression and
  * classification losses, the gradient utilities, embedding and the
  * optimizer updates, convolution's im2col/col2im/bias pieces and pooling
- * (see cuda_impl.h for which .cu file runs which) — and everything else
- * (layer and batch norm, BCE, SyncBatchNorm's passes) is the registry's UNSUPPORTED
+ * layer norm and BCE (see cuda_impl.h for which .cu file runs which) — and
+ * everything else (batch norm, SyncBatchNorm's passes) is the registry's UNSUPPORTED
  * error naming the op, its dtypes, this backend and the device: cuda memory
  * is not host-addressable, so there is no CPU fallback.
  *
@@ -93,7 +93,11 @@ static bool cuda_supports(const lk_op_desc *d) {
     case LK_OP_POOL2D_BACKWARD:
         return d->dtype[0] == LK_F32 && d->dtype[2] == LK_F32 &&
                (d->pool.kind != LK_POOL_MAX || d->dtype[1] == LK_I32) && (unsigned)d->pool.kind <= LK_POOL_ADAPTIVE_AVG;
-    default: return false; /* layer/batch norm, BCE, SyncBatchNorm's passes: not written yet */
+    case LK_OP_LAYER_NORM:
+    case LK_OP_LAYER_NORM_BACKWARD: return all_f32(d);
+    case LK_OP_BCE:
+    case LK_OP_BCE_BACKWARD: return all_f32(d) && d->bce.reduction >= 0 && d->bce.reduction <= 2;
+    default: return false; /* batch norm and SyncBatchNorm's passes: not written yet */
     }
 }
 

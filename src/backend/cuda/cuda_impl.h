@@ -7,7 +7,7 @@
  *     operand (widened, computed in f32, rounded once: the CPU's semantics);
  *   rows.cu: softmax / log-softmax and their backward, the regression
  *     losses, cross-entropy and nll_loss, the gradient utilities (norm,
- *     first non-finite, fused unscale), embedding;
+ *     first non-finite, fused unscale), embedding, BCE, layer norm;
  *   optim.cu: the optimizer updates (SGD, Adam/AdamW, RMSprop);
  *   conv.cu: im2col, col2im, bias add, bias gradient, pooling (f32).
  * Every launch goes on the legacy default stream (stream 0), the stream the

@@ -3,8 +3,10 @@
  * backend/kernels/rows.h, or per column for a middle axis), the regression
  * losses (mse, l1, smooth_l1; f32, bf16 or f16 input and target),
  * cross-entropy and nll_loss over integer targets, the gradient utilities
- * (norm, first non-finite index, fused unscale) and embedding's gather and
- * in-order scatter-add.
+ * (norm, first non-finite index, fused unscale), embedding's gather and
+ * in-order scatter-add, binary cross-entropy (probabilities or logits) and
+ * layer norm (one thread per row; the weight gradients one thread per
+ * column, rows in order).
  *
  * Sums that the CPU runs in double in element order: the per-row losses of
  * cross-entropy and nll are summed by one thread in row order (the CPU's
@@ -180,6 +182,88 @@ __global__ void k_loss_backward(lk_loss_params p, const void *x, const void *t, 
         default: v = fabsf(diff) < beta ? diff / beta : (diff > 0 ? 1.0f : (diff < 0 ? -1.0f : 0.0f));
         }
         lk_cu_st(dx, xt, i, gi * v);
+    }
+}
+
+/* ---- binary cross-entropy (on probabilities or logits) ---- */
+
+__device__ float bce_value(const lk_bce_params &p, const float *x, const float *t, const float *w, const float *pw,
+                           int64_t i) {
+    float v = p.logits ? lk_k_bce_logits(x[i], t[i], pw ? pw[i] : 1.0f) : lk_k_bce(x[i], t[i]);
+    if (w) v *= w[i];
+    return v;
+}
+
+__global__ void k_bce_none(lk_bce_params p, const float *x, const float *t, const float *w, const float *pw, float *out) {
+    LK_CU_FOR(i, p.n) out[i] = bce_value(p, x, t, w, pw, i);
+}
+
+__global__ void k_bce_partial(lk_bce_params p, const float *x, const float *t, const float *w, const float *pw,
+                              double *part) {
+    __shared__ double sh[LK_CU_THREADS];
+    int64_t lo, hi;
+    chunk_of(p.n, &lo, &hi);
+    double acc = 0.0;
+    for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x) acc += bce_value(p, x, t, w, pw, i);
+    double r = block_sum(acc, sh);
+    if (threadIdx.x == 0) part[blockIdx.x] = r;
+}
+
+__global__ void k_bce_finish(const double *sum, int64_t n, bool mean, float *out) {
+    out[0] = mean ? (float)(*sum / (double)n) : (float)*sum; /* n = 0: NaN, as the CPU */
+}
+
+__global__ void k_bce_backward(lk_bce_params p, const float *x, const float *t, const float *w, const float *pw,
+                               const float *gd, float *dx, float *dt) {
+    float scale = p.reduction == LK_REDUCTION_MEAN ? 1.0f / (float)p.n : 1.0f;
+    LK_CU_FOR(i, p.n) {
+        float gi = p.reduction == LK_REDUCTION_NONE ? gd[i] : gd[0] * scale, pwi = pw ? pw[i] : 1.0f, v;
+        if (dx) {
+            v = p.logits ? lk_k_bce_logits_dx(x[i], t[i], pwi) : lk_k_bce_dx(x[i], t[i]);
+            dx[i] = (w ? w[i] * v : v) * gi;
+        }
+        if (dt) {
+            v = p.logits ? lk_k_bce_logits_dt(x[i], pwi) : lk_k_bce_dt(x[i]);
+            dt[i] = (w ? w[i] * v : v) * gi;
+        }
+    }
+}
+
+/* ---- layer norm ---- */
+
+__global__ void k_layer_norm(lk_layer_norm_params p, const float *x, const float *w, const float *b, float *y,
+                             float *stats) {
+    LK_CU_FOR(r, p.M) {
+        float mean, rstd;
+        lk_k_layer_norm_row(x + r * p.L, y + r * p.L, (long)p.L, w, b, p.eps, &mean, &rstd);
+        if (stats) stats[2 * r] = mean, stats[2 * r + 1] = rstd;
+    }
+}
+
+/* dx per row; dyw is [M, L] scratch for g * w when there is a w. */
+__global__ void k_layer_norm_dx(lk_layer_norm_params p, const float *x, const float *g, const float *stats,
+                                const float *w, float *dx, float *dyw) {
+    LK_CU_FOR(r, p.M) {
+        const float *dyr = g + r * p.L;
+        if (w) {
+            float *row = dyw + r * p.L;
+            for (int64_t i = 0; i < p.L; i++) row[i] = dyr[i];
+            lk_k_mul8(row, w, (long)p.L);
+            dyr = row;
+        }
+        lk_k_layer_norm_backward_row(x + r * p.L, dyr, stats[2 * r], stats[2 * r + 1], (long)p.L, dx + r * p.L);
+    }
+}
+
+/* dw and db per column, rows in order: the CPU's sums. */
+__global__ void k_layer_norm_dwdb(lk_layer_norm_params p, const float *x, const float *g, const float *stats, float *dw,
+                                  float *db) {
+    LK_CU_FOR(i, p.L) {
+        for (int64_t r = 0; r < p.M; r++) {
+            int64_t k = r * p.L + i;
+            if (dw) dw[i] += g[k] * ((x[k] - stats[2 * r]) * stats[2 * r + 1]);
+            if (db) db[i] += g[k];
+        }
     }
 }
 
@@ -387,6 +471,56 @@ cudaError_t loss(const lk_op_desc *d, void *const *x) {
     return e;
 }
 
+cudaError_t bce(const lk_op_desc *d, void *const *x) {
+    const lk_bce_params *p = &d->bce;
+    const float *xd = (const float *)x[0], *td = (const float *)x[1], *w = (const float *)x[2],
+                *pw = (const float *)x[3];
+    if (d->op == LK_OP_BCE_BACKWARD) {
+        if (p->n > 0)
+            k_bce_backward<<<lk_cu_blocks(p->n), LK_CU_THREADS>>>(*p, xd, td, w, pw, (const float *)x[4], (float *)x[5],
+                                                                  (float *)x[6]);
+        return cudaGetLastError();
+    }
+    if (p->reduction == LK_REDUCTION_NONE) {
+        if (p->n > 0) k_bce_none<<<lk_cu_blocks(p->n), LK_CU_THREADS>>>(*p, xd, td, w, pw, (float *)x[4]);
+        return cudaGetLastError();
+    }
+    double *part = NULL;
+    cudaError_t e = lk_cu_scratch((void **)&part, (RED_BLOCKS + 1) * sizeof(double));
+    if (e != cudaSuccess) return e;
+    unsigned nb = red_blocks(p->n);
+    k_bce_partial<<<nb, LK_CU_THREADS>>>(*p, xd, td, w, pw, part);
+    k_reduce_partials<<<1, LK_CU_THREADS>>>((int)nb, false, part, part + RED_BLOCKS);
+    k_bce_finish<<<1, 1>>>(part + RED_BLOCKS, p->n, p->reduction == LK_REDUCTION_MEAN, (float *)x[4]);
+    e = cudaGetLastError();
+    lk_cu_scratch_free(part);
+    return e;
+}
+
+cudaError_t layer_norm(const lk_op_desc *d, void *const *x) {
+    const lk_layer_norm_params *p = &d->layer_norm;
+    if (p->L <= 0 || p->M <= 0) return cudaSuccess;
+    if (d->op == LK_OP_LAYER_NORM) {
+        k_layer_norm<<<lk_cu_blocks(p->M), LK_CU_THREADS>>>(*p, (const float *)x[0], (const float *)x[1],
+                                                            (const float *)x[2], (float *)x[3], (float *)x[4]);
+        return cudaGetLastError();
+    }
+    const float *xd = (const float *)x[0], *g = (const float *)x[1], *st = (const float *)x[2], *w = (const float *)x[3];
+    float *dx = (float *)x[4], *dw = (float *)x[5], *db = (float *)x[6], *dyw = NULL;
+    cudaError_t e = cudaSuccess;
+    if (dx) {
+        if (w && (e = lk_cu_scratch((void **)&dyw, (size_t)(p->M * p->L) * sizeof(float))) != cudaSuccess) return e;
+        k_layer_norm_dx<<<lk_cu_blocks(p->M), LK_CU_THREADS>>>(*p, xd, g, st, w, dx, dyw);
+        e = cudaGetLastError();
+        lk_cu_scratch_free(dyw);
+    }
+    if (e == cudaSuccess && (dw || db)) {
+        k_layer_norm_dwdb<<<lk_cu_blocks(p->L), LK_CU_THREADS>>>(*p, xd, g, st, dw, db);
+        e = cudaGetLastError();
+    }
+    return e;
+}
+
 cudaError_t classify(const lk_op_desc *d, void *const *x) {
     const lk_xent_params *p = &d->xent;
     const int64_t rows = p->N * p->D, C = p->C;
@@ -450,6 +584,10 @@ extern "C" int lk__cuda_rows(const lk_op_desc *d, void *const *x) {
     case LK_OP_NLL:
     case LK_OP_NLL_BACKWARD: return (int)classify(d, x);
     case LK_OP_NORM: return (int)norm(d, x);
+    case LK_OP_BCE:
+    case LK_OP_BCE_BACKWARD: return (int)bce(d, x);
+    case LK_OP_LAYER_NORM:
+    case LK_OP_LAYER_NORM_BACKWARD: return (int)layer_norm(d, x);
     case LK_OP_NONFINITE:
     case LK_OP_UNSCALE: return (int)nonfinite(d, x);
     case LK_OP_EMBEDDING:
