@@ -129,7 +129,9 @@ static lk_status emu_run(const lk_op_desc *d, void *const *x) {
     case LK_OP_BIAS_ADD:
     case LK_OP_CHANNEL_SUM:
     case LK_OP_POOL2D:
-    case LK_OP_POOL2D_BACKWARD: e = lk__emu_conv(d, x); break;
+    case LK_OP_POOL2D_BACKWARD:
+    case LK_OP_BATCH_NORM:
+    case LK_OP_BATCH_NORM_BACKWARD: e = lk__emu_conv(d, x); break;
     default: e = lk__emu_rows(d, x); break;
     }
     return e ? lk_error(LK_STATUS_DEVICE, "emulated launch failed: %d", e) : LK_STATUS_OK;
@@ -533,6 +535,21 @@ static void build_table(void) {
             ops(c, 5, 45, affine ? I_RAND : I_NULL, 0), ops(c, 6, 45, I_RAND, 0);
         }
     }
+    /* batch norm [5, 6, 7]: training (running stats updated, strided w / running_var) and eval, both directions */
+    for (int k = 0; k < 4; k++) {
+        bool bwd = k & 1, training = !(k & 2);
+        c = add(NAME("batch_norm%s%s", training ? "" : "_eval", bwd ? "_backward" : ""),
+                bwd ? LK_OP_BATCH_NORM_BACKWARD : LK_OP_BATCH_NORM, T_EXACT);
+        for (int i = 0; i < 7; i++) c->d.dtype[i] = LK_F32;
+        c->d.batch_norm = (lk_batch_norm_params){5, 6, 7, 35.0, 1e-5f, 0.1f, training, {2, 1, 1, 3}};
+        if (!bwd) { /* x, w (stride 2), b, running_mean, running_var (stride 3), y, stats */
+            ops(c, 0, 210, I_RAND, 0), ops(c, 1, 12, I_RAND, 0), ops(c, 2, 6, I_RAND, 0), ops(c, 3, 6, I_RAND, 0);
+            ops(c, 4, 18, I_POS, 0), ops(c, 5, 210, I_RAND, 0), ops(c, 6, 12, I_RAND, 0);
+        } else { /* x, dy, stats (mean, invstd), w, dx, dw, db */
+            ops(c, 0, 210, I_RAND, 0), ops(c, 1, 210, I_RAND, 0), ops(c, 2, 12, I_POS, 0), ops(c, 3, 6, I_RAND, 0);
+            ops(c, 4, 210, I_RAND, 0), ops(c, 5, 6, I_RAND, 0), ops(c, 6, 6, training ? I_RAND : I_NULL, 0);
+        }
+    }
     /* the optimizer updates */
     static const struct {
         const char *name;
@@ -563,12 +580,12 @@ static void build_table(void) {
 /* What the cuda backend lacks is an UNSUPPORTED error naming the op, the
  * backend and the device, never a silent run on the CPU. */
 static void unsupported_is_an_error(void) {
-    lk_op_desc d = {.op = LK_OP_BATCH_NORM, .dtype = {LK_F32, LK_F32, LK_F32, LK_F32, LK_F32, LK_F32, LK_F32}};
-    d.batch_norm = (lk_batch_norm_params){.N = 2, .C = 3, .S = 4, .M = 8, .eps = 1e-5f, .training = true};
-    void *x[7] = {NULL};
+    lk_op_desc d = {.op = LK_OP_BN_STATS, .dtype = {LK_F32, LK_F32, LK_F32, LK_F64}};
+    d.bn_split = (lk_bn_split_params){2, 3, 4, LK_BN_SUM, false};
+    void *x[4] = {NULL};
     int64_t fb = lk__backend_fallbacks();
     CHECK_ERR(lk__backend_run(gpu0, &d, x), LK_STATUS_UNSUPPORTED,
-              "the cuda backend has no batch_norm");
+              "the cuda backend has no bn_stats");
     CHECK(strstr(lk_last_error(), "cuda:0 is not host-addressable"));
     CHECK(lk__backend_fallbacks() == fb);
     /* a host pointer where device memory belongs */
@@ -582,7 +599,7 @@ static void unsupported_is_an_error(void) {
 
 /* supports() refuses what no kernel here runs (no GPU needed to ask). */
 static void supports_says_no(void) {
-    static const lk_op_kind missing[] = {LK_OP_BATCH_NORM, LK_OP_BATCH_NORM_BACKWARD, LK_OP_BN_STATS, LK_OP_BN_APPLY};
+    static const lk_op_kind missing[] = {LK_OP_BN_STATS, LK_OP_BN_APPLY};
     for (size_t k = 0; k < sizeof missing / sizeof missing[0]; k++) {
         lk_op_desc d = {.op = missing[k]};
         for (int i = 0; i < LK_OP_MAX_OPERANDS; i++) d.dtype[i] = LK_F32;

@@ -6,8 +6,9 @@
  * element-wise families, strided copy, softmax, the regression and
  * classification losses, the gradient utilities, embedding and the
  * optimizer updates, convolution's im2col/col2im/bias pieces and pooling
- * layer norm and BCE (see cuda_impl.h for which .cu file runs which) — and
- * everything else (batch norm, SyncBatchNorm's passes) is the registry's UNSUPPORTED
+ * layer and batch norm and BCE (see cuda_impl.h for which .cu file runs
+ * which) — and everything else (SyncBatchNorm's passes, whose per-channel
+ * arrays ops_norm.c keeps on the host) is the registry's UNSUPPORTED
  * error naming the op, its dtypes, this backend and the device: cuda memory
  * is not host-addressable, so there is no CPU fallback.
  *
@@ -94,10 +95,12 @@ static bool cuda_supports(const lk_op_desc *d) {
         return d->dtype[0] == LK_F32 && d->dtype[2] == LK_F32 &&
                (d->pool.kind != LK_POOL_MAX || d->dtype[1] == LK_I32) && (unsigned)d->pool.kind <= LK_POOL_ADAPTIVE_AVG;
     case LK_OP_LAYER_NORM:
-    case LK_OP_LAYER_NORM_BACKWARD: return all_f32(d);
+    case LK_OP_LAYER_NORM_BACKWARD:
+    case LK_OP_BATCH_NORM:
+    case LK_OP_BATCH_NORM_BACKWARD: return all_f32(d);
     case LK_OP_BCE:
     case LK_OP_BCE_BACKWARD: return all_f32(d) && d->bce.reduction >= 0 && d->bce.reduction <= 2;
-    default: return false; /* batch norm and SyncBatchNorm's passes: not written yet */
+    default: return false; /* SyncBatchNorm's passes: ops_norm.c hands them host arrays (sums, coefficients) */
     }
 }
 
@@ -166,7 +169,9 @@ static lk_status cuda_run(const lk_op_desc *d, void *const *x) {
     case LK_OP_BIAS_ADD:
     case LK_OP_CHANNEL_SUM:
     case LK_OP_POOL2D:
-    case LK_OP_POOL2D_BACKWARD: e = lk__cuda_conv(d, x); break;
+    case LK_OP_POOL2D_BACKWARD:
+    case LK_OP_BATCH_NORM:
+    case LK_OP_BATCH_NORM_BACKWARD: e = lk__cuda_conv(d, x); break;
     default: e = lk__cuda_rows(d, x); break;
     }
     if (e == cudaSuccess) return LK_STATUS_OK;

@@ -1,9 +1,10 @@
-/* The CUDA backend's convolution pieces and pooling, f32, over the plane
+/* The CUDA backend's convolution pieces, pooling and batch norm, f32, over the plane
  * bodies of backend/kernels/conv.h — the very loops the CPU backend runs,
  * one GPU thread per plane: im2col and col2im per (sample, channel) plane,
  * the bias add per (sample, channel) block, the bias gradient per channel
  * (samples in order, as the CPU sums them), max / avg / adaptive-avg
- * pooling and their adjoints per plane. Planes never share an output
+ * pooling and their adjoints per plane, batch norm and its backward per
+ * channel (planes in order, as the CPU). Planes never share an output
  * element, so every result is the CPU's bits. Parallel only across planes:
  * correct and deterministic first, fast later (docs/GPU.md). */
 #include "backend/cuda/common.cuh"
@@ -77,6 +78,65 @@ __global__ void k_pool_backward(lk_pool_params g, const float *dy, const int *id
     }
 }
 
+/* Batch norm, one thread per channel with the CPU's per-channel loop
+ * (kernels/conv.h's plane bodies; sums per plane in f32, across planes in
+ * double, planes in order). */
+__global__ void k_batch_norm(lk_batch_norm_params p, const float *xd, const float *w, const float *b, float *rm,
+                             float *rv, float *od, float *stats) {
+    long N = p.N, C = p.C, S = p.S;
+    const int64_t sw = p.stride[0], sb = p.stride[1], srm = p.stride[2], srv = p.stride[3];
+    float *mean = stats, *invstd = stats + C;
+    LK_CU_FOR(c, C) {
+        if (p.training) {
+            double s = 0, q = 0;
+            for (long i = 0; i < N; i++) s += lk_k_plane_sum(xd + (i * C + c) * S, S);
+            float m = (float)(s / p.M);
+            for (long i = 0; i < N; i++) q += lk_k_plane_sqdev(xd + (i * C + c) * S, S, m);
+            double var = q / p.M;
+            mean[c] = m;
+            invstd[c] = (float)(1.0 / sqrt(var + (double)p.eps));
+            if (rm) {
+                rm[c * srm] = (1.0f - p.momentum) * rm[c * srm] + p.momentum * m;
+                rv[c * srv] = (1.0f - p.momentum) * rv[c * srv] + p.momentum * (float)(q / (p.M - 1));
+            }
+        } else {
+            mean[c] = rm[c * srm];
+            invstd[c] = (float)(1.0 / sqrt((double)rv[c * srv] + (double)p.eps));
+        }
+        float scale = invstd[c] * (w ? w[c * sw] : 1.0f);
+        float shift = (b ? b[c * sb] : 0.0f) - mean[c] * scale;
+        for (long i = 0; i < N; i++) lk_k_plane_affine(xd + (i * C + c) * S, S, scale, shift, od + (i * C + c) * S);
+    }
+}
+
+__global__ void k_batch_norm_backward(lk_batch_norm_params p, const float *xd, const float *gd, const float *stats,
+                                      const float *w, float *dx, float *dw, float *db) {
+    long N = p.N, C = p.C, S = p.S;
+    const float *mean = stats, *invstd = stats + C;
+    LK_CU_FOR(c, C) {
+        double sg = 0, sgx = 0;
+        for (long i = 0; i < N; i++) {
+            float a = 0.0f, q = 0.0f;
+            lk_k_bn_backward_sums(gd + (i * C + c) * S, xd + (i * C + c) * S, S, mean[c], &a, &q);
+            sg += a;
+            sgx += q;
+        }
+        float is = invstd[c], wv = w ? w[c] : 1.0f;
+        if (db) db[c] = (float)sg;
+        if (dw) dw[c] = (float)(sgx * is);
+        if (dx) {
+            float k1 = wv * is, k0 = 0.0f, k2 = 0.0f;
+            if (p.training) {
+                k0 = (float)(-(double)k1 * sg / p.M);
+                k2 = (float)(-(double)k1 * is * is * sgx / p.M);
+            }
+            for (long i = 0; i < N; i++)
+                lk_k_bn_backward_plane(gd + (i * C + c) * S, xd + (i * C + c) * S, S, mean[c], k0, k1, k2,
+                                       dx + (i * C + c) * S);
+        }
+    }
+}
+
 } // namespace
 
 extern "C" int lk__cuda_conv(const lk_op_desc *d, void *const *x) {
@@ -113,6 +173,18 @@ extern "C" int lk__cuda_conv(const lk_op_desc *d, void *const *x) {
         if (d->pool.planes > 0)
             k_pool_backward<<<lk_cu_blocks(d->pool.planes), LK_CU_THREADS>>>(d->pool, (const float *)x[0],
                                                                              (const int *)x[1], (float *)x[2]);
+        break;
+    case LK_OP_BATCH_NORM:
+        if (d->batch_norm.C > 0)
+            k_batch_norm<<<lk_cu_blocks(d->batch_norm.C), LK_CU_THREADS>>>(
+                d->batch_norm, (const float *)x[0], (const float *)x[1], (const float *)x[2], (float *)x[3],
+                (float *)x[4], (float *)x[5], (float *)x[6]);
+        break;
+    case LK_OP_BATCH_NORM_BACKWARD:
+        if (d->batch_norm.C > 0)
+            k_batch_norm_backward<<<lk_cu_blocks(d->batch_norm.C), LK_CU_THREADS>>>(
+                d->batch_norm, (const float *)x[0], (const float *)x[1], (const float *)x[2], (const float *)x[3],
+                (float *)x[4], (float *)x[5], (float *)x[6]);
         break;
     default: return (int)cudaErrorInvalidValue;
     }

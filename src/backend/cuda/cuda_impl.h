@@ -9,7 +9,7 @@
  *     losses, cross-entropy and nll_loss, the gradient utilities (norm,
  *     first non-finite, fused unscale), embedding, BCE, layer norm;
  *   optim.cu: the optimizer updates (SGD, Adam/AdamW, RMSprop);
- *   conv.cu: im2col, col2im, bias add, bias gradient, pooling (f32).
+ *   conv.cu: im2col, col2im, bias add, bias gradient, pooling, batch norm (f32).
  * Every launch goes on the legacy default stream (stream 0), the stream the
  * cuda device's copies (cudaMemcpy) and the cuBLASLt GEMM use, so work is
  * ordered with them without events. A launcher returns a cudaError_t as int
