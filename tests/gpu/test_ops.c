@@ -14,8 +14,10 @@
  *     counts and indices; 16-bit results of exact f32 values (one rounding
  *     each side, the same one); the row losses, whose sums one GPU thread
  *     runs in the CPU's order, except where they call logf;
- *   - T_TRANSC (1e-6, 1e-7): CUDA's expf/tanhf/erff/logf are within 2 ulp
- *     of glibc's, not equal to them;
+ *   - T_TRANSC (1e-5, 1e-6, parity_ops' bound for libm against vectorised
+ *     transcendentals): CUDA's expf/tanhf/erff/logf are within 2 ulp of
+ *     glibc's, not equal to them, and derivatives that cross zero (gelu's,
+ *     silu's) cancel, hence the floor relative to the largest magnitude;
  *   - T_SUM (1e-6, 1e-6): f32 sums the GPU cannot run in the CPU's order
  *     (none today) and double tree sums rounded to f32;
  *   - T_GEMM (1e-5, 1e-5) f32 GEMM (cuBLAS blocks K differently), and the
@@ -40,7 +42,7 @@ static const lk_device gpu0 = {LK_CUDA, 0};
 typedef struct {
     double rtol, mtol;
 } tol;
-static const tol T_EXACT = {0, 0}, T_TRANSC = {1e-6, 1e-7}, T_SUM = {1e-6, 1e-6}, T_GEMM = {1e-5, 1e-5};
+static const tol T_EXACT = {0, 0}, T_TRANSC = {1e-5, 1e-6}, T_SUM = {1e-6, 1e-6}, T_GEMM = {1e-5, 1e-5};
 static const tol T_GEMM_BF16 = {0, 1e-2}, T_GEMM_F16 = {0, 2e-3};
 
 /* How an operand starts: uniform in [-2, 2) or positive in [0.1, 2.1), each
