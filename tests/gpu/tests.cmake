@@ -55,7 +55,11 @@ if(LK_HAVE_CUDA AND Python3_FOUND)
   target_compile_definitions(test_gpu_ops_emu PRIVATE LK_GPU_OPS_EMU=1 LK_SOURCE_DIR="${PROJECT_SOURCE_DIR}"
                              lk__cuda_elementwise=lk__emu_elementwise lk__cuda_rows=lk__emu_rows
                              lk__cuda_optim=lk__emu_optim lk__cuda_conv=lk__emu_conv LK_CU_THREADS=32 LK_CU_MAX_BLOCKS=3 RED_BLOCKS=5)
-  set_source_files_properties(${emu_sources} PROPERTIES COMPILE_OPTIONS "-ffp-contract=off;-Drestrict=__restrict;-Wall;-Wno-unused-function;-Werror")
+  set(emu_flags -ffp-contract=off -Drestrict=__restrict -Wall -Wno-unused-function -Werror)
+  if(LK_SANITIZE STREQUAL "address") # the kernels' indexing under ASan: the point of running them here
+    list(APPEND emu_flags -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined)
+  endif()
+  set_source_files_properties(${emu_sources} PROPERTIES COMPILE_OPTIONS "${emu_flags}")
   set_target_properties(test_gpu_ops_emu PROPERTIES CXX_STANDARD 17 LINKER_LANGUAGE CXX)
   target_link_libraries(test_gpu_ops_emu PRIVATE lockstep_static Threads::Threads)
   add_test(NAME gpu_ops_emu COMMAND test_gpu_ops_emu)
