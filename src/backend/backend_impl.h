@@ -368,7 +368,8 @@ static inline lk_status lk__gemm_f32(lk_device dev, bool ta, bool tb, int64_t M,
                                      int64_t ldc) {
     lk_op_desc d = {.op = LK_OP_GEMM, .dtype = {LK_F32, LK_F32, LK_F32}};
     d.gemm = (lk_gemm_params){ta, tb, M, N, K, lda, ldb, ldc, alpha, beta};
-    return lk__backend_run(dev, &d, (void *[]){(void *)A, (void *)B, C});
+    void *ops[3] = {(void *)A, (void *)B, C}; /* a named array: this header also compiles as CUDA C++ */
+    return lk__backend_run(dev, &d, ops);
 }
 
 /* The element-wise descriptors, all operands f32 (what the autograd ops use

@@ -4,8 +4,8 @@
  * device vtable of lockstep/device.h and registers as kind LK_CUDA, lazily
  * (lk__cuda_register) and only when the runtime shows a GPU. The tensor
  * layer's pool keyed by device caches the memory, so a repeated step calls
- * cudaMalloc nothing. No op runs on this memory yet: the typed backend ops'
- * CUDA backend comes later (issue 21); GEMMs live in backend/cuda/gemm.c.
+ * cudaMalloc nothing. Registering the kind also registers the cuda backend
+ * (backend/cuda/backend.c) that runs the typed ops on this memory.
  * Without LK_HAVE_CUDA this file is a stub that reports no GPU. */
 #include <pthread.h>
 #include <stdio.h>
@@ -16,6 +16,8 @@
 
 #ifdef LK_HAVE_CUDA
 #include <cuda_runtime_api.h>
+
+#include "backend/cuda/cuda_impl.h"
 
 bool lk__cuda_built(void) { return true; }
 
@@ -208,7 +210,8 @@ lk_status lk__cuda_register(void) {
     lk_device_kind k;
     LK_TRY(lk_device_register(&cuda_vt, NULL, &k));
     if (k != LK_CUDA) return lk_error(LK_STATUS_INTERNAL, "device 'cuda' registered as kind %d, not %d", (int)k, LK_CUDA);
-    return LK_STATUS_OK;
+    /* the kind's ops run on the cuda backend from now on (backend/cuda/backend.c) */
+    return lk__backend_register(LK_CUDA, &lk__cuda_backend);
 }
 
 lk_status lk__cuda_props_get(int index, lk__cuda_props *out) {

@@ -6,7 +6,7 @@ lk_add_test(NAME gpu_select SOURCES gpu/test_gpu_select.c LABELS unit TIMEOUT 60
 # machines report them as skipped, never as passed. tools/gpu/session.sh
 # runs them on a GPU machine with `ctest -L gpu`.
 if(LK_HAVE_CUDA)
-  foreach(t gpu_device gpu_gemm gpu_nvml gpu_nccl)
+  foreach(t gpu_device gpu_gemm gpu_nvml gpu_nccl gpu_ops gpu_mlp_step)
     string(REPLACE "gpu_" "" src ${t})
     lk_add_test(NAME ${t} SOURCES gpu/test_${src}.c LABELS gpu TIMEOUT 300)
     set_tests_properties(${t} PROPERTIES SKIP_RETURN_CODE 77)
@@ -25,3 +25,43 @@ endif()
 # accelerator: gpu through `lockstep fit` without a GPU: one error before launch.
 lk_add_script_test(NAME gpu_cli SCRIPT gpu/test_cli.sh LABELS unit TIMEOUT 60)
 set_tests_properties(gpu_cli PROPERTIES SKIP_RETURN_CODE 77)
+# The gpu_ops case table without a GPU: every descriptor valid, run by the
+# CPU backend and taken by the cuda backend's supports() (no CUDA call).
+if(LK_HAVE_CUDA)
+  add_test(NAME gpu_ops_table COMMAND test_gpu_ops --table)
+  set_tests_properties(gpu_ops_table PROPERTIES LABELS unit TIMEOUT 120)
+endif()
+# The cuda backend's kernels run on the CPU: each src/backend/cuda/*.cu turned
+# into C++ for a host emulation of the CUDA runtime (tests/gpu/emu/: blocks
+# one after another, a block's threads as host threads) and compared with
+# the CPU backend over gpu_ops' table. Catches indexing and arithmetic bugs
+# in kernels that have never run on a GPU; says nothing about the GPU itself.
+find_package(Python3 COMPONENTS Interpreter)
+if(LK_HAVE_CUDA AND Python3_FOUND)
+  enable_language(CXX)
+  set(emu_sources "")
+  foreach(cu elementwise rows optim conv)
+    set(in ${PROJECT_SOURCE_DIR}/src/backend/cuda/${cu}.cu)
+    set(out ${CMAKE_CURRENT_BINARY_DIR}/emu/${cu}.cpp)
+    add_custom_command(OUTPUT ${out}
+                       COMMAND ${CMAKE_COMMAND} -E make_directory ${CMAKE_CURRENT_BINARY_DIR}/emu
+                       COMMAND Python3::Interpreter ${PROJECT_SOURCE_DIR}/tests/gpu/emu/cu2cpp.py ${in} ${out}
+                       DEPENDS ${in} ${PROJECT_SOURCE_DIR}/tests/gpu/emu/cu2cpp.py VERBATIM)
+    list(APPEND emu_sources ${out})
+  endforeach()
+  add_executable(test_gpu_ops_emu gpu/test_ops.c ${emu_sources})
+  target_include_directories(test_gpu_ops_emu BEFORE PRIVATE ${PROJECT_SOURCE_DIR}/tests/gpu/emu
+                             ${PROJECT_SOURCE_DIR}/tests ${PROJECT_SOURCE_DIR}/src)
+  target_compile_definitions(test_gpu_ops_emu PRIVATE LK_GPU_OPS_EMU=1 LK_SOURCE_DIR="${PROJECT_SOURCE_DIR}"
+                             lk__cuda_elementwise=lk__emu_elementwise lk__cuda_rows=lk__emu_rows
+                             lk__cuda_optim=lk__emu_optim lk__cuda_conv=lk__emu_conv LK_CU_THREADS=32 LK_CU_MAX_BLOCKS=3 RED_BLOCKS=5)
+  set(emu_flags -ffp-contract=off -Drestrict=__restrict -Wall -Wno-unused-function -Werror)
+  if(LK_SANITIZE STREQUAL "address") # the kernels' indexing under ASan: the point of running them here
+    list(APPEND emu_flags -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined)
+  endif()
+  set_source_files_properties(${emu_sources} PROPERTIES COMPILE_OPTIONS "${emu_flags}")
+  set_target_properties(test_gpu_ops_emu PROPERTIES CXX_STANDARD 17 LINKER_LANGUAGE CXX)
+  target_link_libraries(test_gpu_ops_emu PRIVATE lockstep_static Threads::Threads)
+  add_test(NAME gpu_ops_emu COMMAND test_gpu_ops_emu)
+  set_tests_properties(gpu_ops_emu PROPERTIES LABELS unit TIMEOUT 300)
+endif()

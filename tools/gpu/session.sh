@@ -2,8 +2,9 @@
 # Run on the GPU machine, from the repo root, with .gpu-debs carried along
 # (tools/gpu/README.md has the exact device call). It unpacks the .deb files
 # into a prefix (never into /), points the build at it, configures with
-# CUDA, builds, and runs: nvidia-smi, the `gpu` ctest label, the unit tests,
-# `lockstep env` and the GEMM rate table. Everything lands in $OUT (at most
+# CUDA, builds, and runs: nvidia-smi, the `gpu` ctest label, the cuda
+# backend's op-by-op comparison (gpu-ops.log), the unit tests, `lockstep env`
+# and the GEMM rate table. Everything lands in $OUT (at most
 # 8 files: the device tool brings back no more). Exit status: that of the gpu
 # tests; 3 when they were skipped (no GPU visible); 2 when the build failed.
 #
@@ -104,6 +105,13 @@ tail -30 "$OUT/ctest-gpu.log"
 if grep -q "(Skipped)" "$OUT/ctest-gpu.log"; then
   echo "WARNING: gpu tests were SKIPPED: no CUDA device visible to this process ($BUILD/tests/test_gpu_device says why):"
   "$BUILD/tests/test_gpu_device" 2>&1 | head -3
+fi
+
+step "cuda backend vs cpu backend, descriptor by descriptor (gpu_ops)"
+# ctest keeps a passing test's output to itself: the per-descriptor lines go to gpu-ops.log
+if [ -x "$BUILD/tests/test_gpu_ops" ]; then
+  "$BUILD/tests/test_gpu_ops" >"$OUT/gpu-ops.log" 2>&1
+  echo "gpu_ops exit $?"; grep -v "^ok" "$OUT/gpu-ops.log" | head -40
 fi
 
 step "GEMM rates (cuBLASLt)"

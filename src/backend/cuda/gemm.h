@@ -1,8 +1,7 @@
 /* Private: the cuBLASLt GEMM over the typed-op GEMM descriptor
- * (backend/backend_impl.h), on cuda device memory. Not yet registered as the
- * cuda device's backend (the backend registry lands with the typed-ops
- * refactor); the gpu tests call it through this header. Built only with
- * LK_HAVE_CUDA. */
+ * (backend/backend_impl.h), on cuda device memory. The cuda backend
+ * (backend.c) runs LK_OP_GEMM through it; gpu_gemm also calls it directly,
+ * with the TF32 flag. Built only with LK_HAVE_CUDA. */
 #ifndef LK_BACKEND_CUDA_GEMM_H
 #define LK_BACKEND_CUDA_GEMM_H
 

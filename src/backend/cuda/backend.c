@@ -1,0 +1,190 @@
+/* The cuda backend: the lk_backend the registry hands LK_CUDA's ops to,
+ * registered by the cuda device kind when that kind registers (lazily:
+ * device/cuda.c's lk__cuda_register; loading the library or `accelerator:
+ * cpu` never initialises CUDA). supports() says yes exactly for the
+ * descriptors the kernels here run — the cuBLASLt GEMM (gemm.c), the
+ * element-wise families, strided copy, softmax, the regression and
+ * classification losses, the gradient utilities, embedding and the
+ * optimizer updates, convolution's im2col/col2im/bias pieces and pooling
+ * layer and batch norm and BCE (see cuda_impl.h for which .cu file runs
+ * which) — and everything else (SyncBatchNorm's passes, whose per-channel
+ * arrays ops_norm.c keeps on the host) is the registry's UNSUPPORTED
+ * error naming the op, its dtypes, this backend and the device: cuda memory
+ * is not host-addressable, so there is no CPU fallback.
+ *
+ * run() finds the GPU from the operands' pointers (the calling thread's
+ * current device may belong to another GPU of a dp run), checks that every
+ * data operand is device memory (a host pointer passed by mistake would
+ * otherwise be an illegal address that poisons the whole CUDA context), and
+ * queues the kernels on the legacy default stream, in order with the
+ * device's copies. Nothing here has run on a GPU yet (docs/GPU.md). */
+#include <stdio.h>
+
+#include <cuda_runtime_api.h>
+
+#include "backend/cuda/cuda_impl.h"
+#include "backend/cuda/gemm.h"
+
+static bool is_half(lk_dtype t) { return t == LK_BF16 || t == LK_F16; }
+static bool is_elem(lk_dtype t) { return t == LK_F32 || is_half(t); }
+
+static bool all_f32(const lk_op_desc *d) {
+    for (int i = 0; i < lk__op_arity(d->op); i++)
+        if (d->dtype[i] != LK_F32) return false;
+    return true;
+}
+
+static bool cuda_supports(const lk_op_desc *d) {
+    switch (d->op) {
+    case LK_OP_GEMM: return lk__cuda_gemm_supports(d);
+    case LK_OP_UNARY:
+    case LK_OP_UNARY_BACKWARD:
+    case LK_OP_BINARY:
+    case LK_OP_AXPY:
+    case LK_OP_AFFINE:
+    case LK_OP_SUM_TO:
+        for (int i = 0; i < lk__op_arity(d->op); i++)
+            if (!is_elem(d->dtype[i])) return false;
+        if (d->op == LK_OP_UNARY || d->op == LK_OP_UNARY_BACKWARD)
+            return d->unary.fn >= 0 && d->unary.fn < LK_UNARY_COUNT;
+        if (d->op == LK_OP_BINARY) return d->binary.ndim >= 0 && d->binary.ndim <= LK_MAX_DIMS && d->binary.fn <= LK_BINARY_DIV;
+        if (d->op == LK_OP_SUM_TO) return d->sum_to.ndim >= 0 && d->sum_to.ndim <= LK_MAX_DIMS;
+        return true;
+    case LK_OP_MASK_SCALE:
+        return is_elem(d->dtype[0]) && d->dtype[1] == LK_U8 && d->dtype[2] == d->dtype[0];
+    case LK_OP_COPY: {
+        size_t es = lk_dtype_size(d->dtype[0]);
+        return d->dtype[0] == d->dtype[1] && (es == 1 || es == 2 || es == 4 || es == 8) && d->copy.ndim >= 0 &&
+               d->copy.ndim <= LK_MAX_DIMS && (!d->copy.accumulate || d->dtype[0] == LK_F32);
+    }
+    case LK_OP_SOFTMAX:
+    case LK_OP_SOFTMAX_BACKWARD: return all_f32(d);
+    case LK_OP_LOSS:
+    case LK_OP_LOSS_BACKWARD: /* x (and dx) and target f32, bf16 or f16; the rest f32: as the CPU */
+        if (!is_elem(d->dtype[0]) || !is_elem(d->dtype[1]) || d->dtype[2] != LK_F32) return false;
+        if (d->op == LK_OP_LOSS_BACKWARD && d->dtype[3] != d->dtype[0]) return false;
+        return (unsigned)d->loss.kind <= LK_PLOSS_SMOOTH_L1 && d->loss.reduction >= 0 && d->loss.reduction <= 2;
+    case LK_OP_XENT:
+    case LK_OP_XENT_BACKWARD:
+    case LK_OP_NLL:
+    case LK_OP_NLL_BACKWARD: {
+        int ti = d->op == LK_OP_NLL_BACKWARD ? 0 : 1;
+        if (d->dtype[ti] != LK_I32 && d->dtype[ti] != LK_I64) return false;
+        for (int i = 0; i < lk__op_arity(d->op); i++) {
+            bool wsum = (d->op == LK_OP_XENT && i == 5) || (d->op == LK_OP_NLL && i == 4);
+            if (i != ti && d->dtype[i] != (wsum ? LK_F64 : LK_F32)) return false;
+        }
+        return d->xent.reduction >= 0 && d->xent.reduction <= 2;
+    }
+    case LK_OP_NORM: return d->dtype[0] == LK_F32 && d->dtype[1] == LK_F64 && d->norm.p > 0;
+    case LK_OP_NONFINITE: return d->dtype[0] == LK_F32 && d->dtype[1] == LK_I64;
+    case LK_OP_UNSCALE: return d->dtype[0] == LK_F32 && d->dtype[1] == LK_F32 && d->dtype[2] == LK_I64;
+    case LK_OP_CLAMP: return d->dtype[0] == LK_F32 && d->dtype[1] == LK_F32;
+    case LK_OP_EMBEDDING:
+    case LK_OP_EMBEDDING_BACKWARD:
+        return d->dtype[0] == LK_F32 && (d->dtype[1] == LK_I32 || d->dtype[1] == LK_I64) && d->dtype[2] == LK_F32;
+    case LK_OP_OPTIM_UPDATE: return all_f32(d) && (unsigned)d->optim.rule <= LK_OPTIM_RULE_RMSPROP;
+    case LK_OP_IM2COL:
+    case LK_OP_COL2IM:
+    case LK_OP_BIAS_ADD:
+    case LK_OP_CHANNEL_SUM: return all_f32(d);
+    case LK_OP_POOL2D: /* f32 data, i32 indices (max only), as the CPU */
+        return d->dtype[0] == LK_F32 && d->dtype[1] == LK_F32 &&
+               (d->pool.kind != LK_POOL_MAX || d->dtype[2] == LK_I32) && (unsigned)d->pool.kind <= LK_POOL_ADAPTIVE_AVG;
+    case LK_OP_POOL2D_BACKWARD:
+        return d->dtype[0] == LK_F32 && d->dtype[2] == LK_F32 &&
+               (d->pool.kind != LK_POOL_MAX || d->dtype[1] == LK_I32) && (unsigned)d->pool.kind <= LK_POOL_ADAPTIVE_AVG;
+    case LK_OP_LAYER_NORM:
+    case LK_OP_LAYER_NORM_BACKWARD:
+    case LK_OP_BATCH_NORM:
+    case LK_OP_BATCH_NORM_BACKWARD: return all_f32(d);
+    case LK_OP_BCE:
+    case LK_OP_BCE_BACKWARD: return all_f32(d) && d->bce.reduction >= 0 && d->bce.reduction <= 2;
+    default: return false; /* SyncBatchNorm's passes: ops_norm.c hands them host arrays (sums, coefficients) */
+    }
+}
+
+/* The GPU that owns the operands, made current; -1 in *device when no
+ * operand is a device pointer (nothing to run on: every one NULL or host).
+ * A data operand in host memory is an error naming it. */
+static lk_status pick_device(const lk_op_desc *d, void *const *x, int *device) {
+    char what[160];
+    *device = -1;
+    for (int i = 0; i < lk__op_arity(d->op); i++) {
+        if (!x[i] || lk__cuda_host_operand(d, i)) continue;
+        struct cudaPointerAttributes a;
+        cudaError_t e = cudaPointerGetAttributes(&a, x[i]);
+        if (e != cudaSuccess) {
+            cudaGetLastError();
+            return lk_error(LK_STATUS_DEVICE, "cuda backend: %s: operand %d: %s", lk__op_desc_str(d, what, sizeof what),
+                            i, cudaGetErrorString(e));
+        }
+        if (a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged)
+            return lk_error(LK_STATUS_INVALID_ARGUMENT,
+                            "cuda backend: %s: operand %d (%p) is host memory, expected cuda device memory",
+                            lk__op_desc_str(d, what, sizeof what), i, x[i]);
+        if (*device < 0) *device = a.device;
+        else if (a.device != *device)
+            return lk_error(LK_STATUS_INVALID_ARGUMENT,
+                            "cuda backend: %s: operand %d is on cuda:%d, operand 0's on cuda:%d (one GPU per op)",
+                            lk__op_desc_str(d, what, sizeof what), i, a.device, *device);
+    }
+    if (*device >= 0) {
+        cudaError_t e = cudaSetDevice(*device);
+        if (e != cudaSuccess) {
+            cudaGetLastError();
+            return lk_error(LK_STATUS_DEVICE, "cuda:%d: cannot select the device: %s", *device, cudaGetErrorString(e));
+        }
+    }
+    return LK_STATUS_OK;
+}
+
+static lk_status cuda_run(const lk_op_desc *d, void *const *x) {
+    char what[160];
+    if (!cuda_supports(d))
+        return lk_error(LK_STATUS_UNSUPPORTED, "the cuda backend has no %s", lk__op_desc_str(d, what, sizeof what));
+    int device;
+    LK_TRY(pick_device(d, x, &device));
+    if (device < 0) { /* empty: no device operand; the host results the CPU would write */
+        if (d->op == LK_OP_NORM) *(double *)x[1] = 0.0;
+        if (d->op == LK_OP_NONFINITE) *(int64_t *)x[1] = -1;
+        if (d->op == LK_OP_UNSCALE) *(int64_t *)x[2] = 0;
+        return LK_STATUS_OK;
+    }
+    int e;
+    switch (d->op) {
+    case LK_OP_GEMM: return lk__cuda_gemm_run(device, d, x, 0);
+    case LK_OP_UNARY:
+    case LK_OP_UNARY_BACKWARD:
+    case LK_OP_BINARY:
+    case LK_OP_AXPY:
+    case LK_OP_AFFINE:
+    case LK_OP_SUM_TO:
+    case LK_OP_MASK_SCALE:
+    case LK_OP_CLAMP:
+    case LK_OP_COPY: e = lk__cuda_elementwise(d, x); break;
+    case LK_OP_OPTIM_UPDATE: e = lk__cuda_optim(d, x); break;
+    case LK_OP_IM2COL:
+    case LK_OP_COL2IM:
+    case LK_OP_BIAS_ADD:
+    case LK_OP_CHANNEL_SUM:
+    case LK_OP_POOL2D:
+    case LK_OP_POOL2D_BACKWARD:
+    case LK_OP_BATCH_NORM:
+    case LK_OP_BATCH_NORM_BACKWARD: e = lk__cuda_conv(d, x); break;
+    default: e = lk__cuda_rows(d, x); break;
+    }
+    if (e == cudaSuccess) return LK_STATUS_OK;
+    cudaGetLastError(); /* a launch error is not sticky: clear it so the next op starts clean */
+    if (e == cudaErrorMemoryAllocation)
+        return lk_error(LK_STATUS_OUT_OF_MEMORY, "cuda:%d: %s: out of device memory for its scratch", device,
+                        lk__op_desc_str(d, what, sizeof what));
+    return lk_error(LK_STATUS_DEVICE, "cuda:%d: %s failed: %s", device, lk__op_desc_str(d, what, sizeof what),
+                    cudaGetErrorString((cudaError_t)e));
+}
+
+const lk_backend lk__cuda_backend = {
+    .name = "cuda",
+    .supports = cuda_supports,
+    .run = cuda_run,
+};

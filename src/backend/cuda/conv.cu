@@ -1,0 +1,192 @@
+/* The CUDA backend's convolution pieces, pooling and batch norm, f32, over the plane
+ * bodies of backend/kernels/conv.h — the very loops the CPU backend runs,
+ * one GPU thread per plane: im2col and col2im per (sample, channel) plane,
+ * the bias add per (sample, channel) block, the bias gradient per channel
+ * (samples in order, as the CPU sums them), max / avg / adaptive-avg
+ * pooling and their adjoints per plane, batch norm and its backward per
+ * channel (planes in order, as the CPU). Planes never share an output
+ * element, so every result is the CPU's bits. Parallel only across planes:
+ * correct and deterministic first, fast later (docs/GPU.md). */
+#include "backend/cuda/common.cuh"
+
+namespace {
+
+__global__ void k_im2col(lk_im2col_params g, const float *x, float *cols) {
+    long P = g.OH * g.OW, khw = g.kh * g.kw, HW = g.H * g.W;
+    LK_CU_FOR(t, (int64_t)g.samples * g.C) {
+        long j = (long)(t / g.C), c = (long)(t % g.C);
+        lk_k_im2col_plane(x + (j * g.C + c) * HW, g.H, g.W, g.kh, g.kw, g.sh, g.sw, g.ph, g.pw, g.dh, g.dw, g.OH, g.OW,
+                          cols + c * khw * g.ldc + j * P, g.ldc);
+    }
+}
+
+__global__ void k_col2im(lk_im2col_params g, float *cols, float *dx) {
+    long P = g.OH * g.OW, khw = g.kh * g.kw, HW = g.H * g.W;
+    LK_CU_FOR(t, (int64_t)g.samples * g.C) {
+        long j = (long)(t / g.C), c = (long)(t % g.C);
+        lk_k_col2im_plane(cols + c * khw * g.ldc + j * P, g.ldc, g.H, g.W, g.kh, g.kw, g.sh, g.sw, g.ph, g.pw, g.dh,
+                          g.dw, g.OH, g.OW, dx + (j * g.C + c) * HW);
+    }
+}
+
+__global__ void k_bias_add(lk_bias_params p, const float *y, const float *b, float *out, bool in_place) {
+    long ld = p.samples * p.P;
+    LK_CU_FOR(t, (int64_t)p.samples * p.O) {
+        long s = (long)(t / p.O), o = (long)(t % p.O);
+        if (in_place) {
+            if (b) lk_k_plane_add_scalar(out + o * p.P, p.P, b[o]);
+        } else {
+            lk_k_plane_affine(y + o * ld + s * p.P, p.P, 1.0f, b ? b[o] : 0.0f, out + (s * p.O + o) * p.P);
+        }
+    }
+}
+
+__global__ void k_channel_sum(lk_bias_params p, const float *dy, float *db) {
+    LK_CU_FOR(o, p.O) {
+        for (long s = 0; s < p.samples; s++) db[o] += lk_k_plane_sum(dy + (s * p.O + o) * p.P, p.P);
+    }
+}
+
+__global__ void k_pool(lk_pool_params g, const float *x, float *y, int *idx) {
+    long no = g.OH * g.OW, ni = g.H * g.W;
+    LK_CU_FOR(c, g.planes) {
+        switch (g.kind) {
+        case LK_POOL_MAX:
+            lk_k_max_pool_plane(x + c * ni, g.H, g.W, g.kh, g.kw, g.sh, g.sw, g.ph, g.pw, g.OH, g.OW, y + c * no,
+                                idx + c * no);
+            break;
+        case LK_POOL_AVG:
+            lk_k_avg_pool_plane(x + c * ni, g.H, g.W, g.kh, g.kw, g.sh, g.sw, g.ph, g.pw, g.count_include_pad, g.OH,
+                                g.OW, y + c * no);
+            break;
+        default: lk_k_adaptive_avg_plane(x + c * ni, g.H, g.W, g.OH, g.OW, y + c * no);
+        }
+    }
+}
+
+__global__ void k_pool_backward(lk_pool_params g, const float *dy, const int *idx, float *dx) {
+    long no = g.OH * g.OW, ni = g.H * g.W;
+    LK_CU_FOR(c, g.planes) {
+        switch (g.kind) {
+        case LK_POOL_MAX: lk_k_max_pool_backward_plane(dy + c * no, idx + c * no, no, dx + c * ni); break;
+        case LK_POOL_AVG:
+            lk_k_avg_pool_backward_plane(dy + c * no, g.H, g.W, g.kh, g.kw, g.sh, g.sw, g.ph, g.pw, g.count_include_pad,
+                                         g.OH, g.OW, dx + c * ni);
+            break;
+        default: lk_k_adaptive_avg_backward_plane(dy + c * no, g.H, g.W, g.OH, g.OW, dx + c * ni);
+        }
+    }
+}
+
+/* Batch norm, one thread per channel with the CPU's per-channel loop
+ * (kernels/conv.h's plane bodies; sums per plane in f32, across planes in
+ * double, planes in order). */
+__global__ void k_batch_norm(lk_batch_norm_params p, const float *xd, const float *w, const float *b, float *rm,
+                             float *rv, float *od, float *stats) {
+    long N = p.N, C = p.C, S = p.S;
+    const int64_t sw = p.stride[0], sb = p.stride[1], srm = p.stride[2], srv = p.stride[3];
+    float *mean = stats, *invstd = stats + C;
+    LK_CU_FOR(c, C) {
+        if (p.training) {
+            double s = 0, q = 0;
+            for (long i = 0; i < N; i++) s += lk_k_plane_sum(xd + (i * C + c) * S, S);
+            float m = (float)(s / p.M);
+            for (long i = 0; i < N; i++) q += lk_k_plane_sqdev(xd + (i * C + c) * S, S, m);
+            double var = q / p.M;
+            mean[c] = m;
+            invstd[c] = (float)(1.0 / sqrt(var + (double)p.eps));
+            if (rm) {
+                rm[c * srm] = (1.0f - p.momentum) * rm[c * srm] + p.momentum * m;
+                rv[c * srv] = (1.0f - p.momentum) * rv[c * srv] + p.momentum * (float)(q / (p.M - 1));
+            }
+        } else {
+            mean[c] = rm[c * srm];
+            invstd[c] = (float)(1.0 / sqrt((double)rv[c * srv] + (double)p.eps));
+        }
+        float scale = invstd[c] * (w ? w[c * sw] : 1.0f);
+        float shift = (b ? b[c * sb] : 0.0f) - mean[c] * scale;
+        for (long i = 0; i < N; i++) lk_k_plane_affine(xd + (i * C + c) * S, S, scale, shift, od + (i * C + c) * S);
+    }
+}
+
+__global__ void k_batch_norm_backward(lk_batch_norm_params p, const float *xd, const float *gd, const float *stats,
+                                      const float *w, float *dx, float *dw, float *db) {
+    long N = p.N, C = p.C, S = p.S;
+    const float *mean = stats, *invstd = stats + C;
+    LK_CU_FOR(c, C) {
+        double sg = 0, sgx = 0;
+        for (long i = 0; i < N; i++) {
+            float a = 0.0f, q = 0.0f;
+            lk_k_bn_backward_sums(gd + (i * C + c) * S, xd + (i * C + c) * S, S, mean[c], &a, &q);
+            sg += a;
+            sgx += q;
+        }
+        float is = invstd[c], wv = w ? w[c] : 1.0f;
+        if (db) db[c] = (float)sg;
+        if (dw) dw[c] = (float)(sgx * is);
+        if (dx) {
+            float k1 = wv * is, k0 = 0.0f, k2 = 0.0f;
+            if (p.training) {
+                k0 = (float)(-(double)k1 * sg / p.M);
+                k2 = (float)(-(double)k1 * is * is * sgx / p.M);
+            }
+            for (long i = 0; i < N; i++)
+                lk_k_bn_backward_plane(gd + (i * C + c) * S, xd + (i * C + c) * S, S, mean[c], k0, k1, k2,
+                                       dx + (i * C + c) * S);
+        }
+    }
+}
+
+} // namespace
+
+extern "C" int lk__cuda_conv(const lk_op_desc *d, void *const *x) {
+    switch (d->op) {
+    case LK_OP_IM2COL:
+    case LK_OP_COL2IM: {
+        const lk_im2col_params *g = &d->im2col;
+        int64_t n = (int64_t)g->samples * g->C;
+        if (n <= 0) return 0;
+        if (d->op == LK_OP_IM2COL)
+            k_im2col<<<lk_cu_blocks(n), LK_CU_THREADS>>>(*g, (const float *)x[0], (float *)x[1]);
+        else k_col2im<<<lk_cu_blocks(n), LK_CU_THREADS>>>(*g, (float *)x[0], (float *)x[1]);
+        break;
+    }
+    case LK_OP_BIAS_ADD: {
+        const lk_bias_params *p = &d->bias;
+        bool in_place = p->samples == 1 && x[0] == x[2];
+        int64_t n = (int64_t)p->samples * p->O;
+        if (n > 0)
+            k_bias_add<<<lk_cu_blocks(n), LK_CU_THREADS>>>(*p, (const float *)x[0], (const float *)x[1], (float *)x[2],
+                                                           in_place);
+        break;
+    }
+    case LK_OP_CHANNEL_SUM:
+        if (d->bias.O > 0)
+            k_channel_sum<<<lk_cu_blocks(d->bias.O), LK_CU_THREADS>>>(d->bias, (const float *)x[0], (float *)x[1]);
+        break;
+    case LK_OP_POOL2D:
+        if (d->pool.planes > 0)
+            k_pool<<<lk_cu_blocks(d->pool.planes), LK_CU_THREADS>>>(d->pool, (const float *)x[0], (float *)x[1],
+                                                                    (int *)x[2]);
+        break;
+    case LK_OP_POOL2D_BACKWARD:
+        if (d->pool.planes > 0)
+            k_pool_backward<<<lk_cu_blocks(d->pool.planes), LK_CU_THREADS>>>(d->pool, (const float *)x[0],
+                                                                             (const int *)x[1], (float *)x[2]);
+        break;
+    case LK_OP_BATCH_NORM:
+        if (d->batch_norm.C > 0)
+            k_batch_norm<<<lk_cu_blocks(d->batch_norm.C), LK_CU_THREADS>>>(
+                d->batch_norm, (const float *)x[0], (const float *)x[1], (const float *)x[2], (float *)x[3],
+                (float *)x[4], (float *)x[5], (float *)x[6]);
+        break;
+    case LK_OP_BATCH_NORM_BACKWARD:
+        if (d->batch_norm.C > 0)
+            k_batch_norm_backward<<<lk_cu_blocks(d->batch_norm.C), LK_CU_THREADS>>>(
+                d->batch_norm, (const float *)x[0], (const float *)x[1], (const float *)x[2], (const float *)x[3],
+                (float *)x[4], (float *)x[5], (float *)x[6]);
+        break;
+    default: return (int)cudaErrorInvalidValue;
+    }
+    return (int)cudaGetLastError();
+}

@@ -1,0 +1,57 @@
+/* Private to the CUDA backend (src/backend/cuda/): what backend.c, the C
+ * side that answers supports() and dispatches run(), needs from the kernel
+ * files, which nvcc compiles as C++ (this header is included from both).
+ * One launcher per file:
+ *   elementwise.cu: unary and its backward, broadcast binary, axpy, affine,
+ *     sum-to, mask-scale, strided copy, clamp — f32, bf16 and f16 per
+ *     operand (widened, computed in f32, rounded once: the CPU's semantics);
+ *   rows.cu: softmax / log-softmax and their backward, the regression
+ *     losses, cross-entropy and nll_loss, the gradient utilities (norm,
+ *     first non-finite, fused unscale), embedding, BCE, layer norm;
+ *   optim.cu: the optimizer updates (SGD, Adam/AdamW, RMSprop);
+ *   conv.cu: im2col, col2im, bias add, bias gradient, pooling, batch norm (f32).
+ * Every launch goes on the legacy default stream (stream 0), the stream the
+ * cuda device's copies (cudaMemcpy) and the cuBLASLt GEMM use, so work is
+ * ordered with them without events. A launcher returns a cudaError_t as int
+ * (0: queued); it synchronises only where the descriptor hands a value back
+ * through a host pointer (the norm, the non-finite index and count,
+ * cross-entropy's total weight), which it copies with cudaMemcpyDefault so
+ * that a device pointer works there too. Built only with LK_HAVE_CUDA. */
+#ifndef LK_BACKEND_CUDA_IMPL_H
+#define LK_BACKEND_CUDA_IMPL_H
+
+#ifdef __cplusplus
+#ifndef _Noreturn
+#define _Noreturn [[noreturn]] /* lockstep/core.h is C11 */
+#endif
+extern "C" {
+#endif
+
+#include "backend/backend_impl.h"
+
+/* backend.c: the backend device/cuda.c registers for LK_CUDA. */
+extern const lk_backend lk__cuda_backend;
+
+int lk__cuda_elementwise(const lk_op_desc *d, void *const *x);
+int lk__cuda_rows(const lk_op_desc *d, void *const *x);
+int lk__cuda_optim(const lk_op_desc *d, void *const *x);
+int lk__cuda_conv(const lk_op_desc *d, void *const *x);
+
+/* The descriptor's operands that are host pointers by contract (written by
+ * the op, read by the caller right after): everything else must be device
+ * memory. */
+static inline bool lk__cuda_host_operand(const lk_op_desc *d, int i) {
+    switch (d->op) {
+    case LK_OP_NORM:
+    case LK_OP_NONFINITE: return i == 1;
+    case LK_OP_UNSCALE: return i == 2;
+    case LK_OP_XENT: return i == 5;
+    case LK_OP_NLL: return i == 4;
+    default: return false;
+    }
+}
+
+#ifdef __cplusplus
+}
+#endif
+#endif
