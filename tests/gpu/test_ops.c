@@ -124,7 +124,8 @@ static lk_status emu_run(const lk_op_desc *d, void *const *x) {
     case LK_OP_SUM_TO:
     case LK_OP_MASK_SCALE:
     case LK_OP_CLAMP:
-    case LK_OP_COPY: e = lk__emu_elementwise(d, x); break;
+    case LK_OP_COPY:
+    case LK_OP_FILL: e = lk__emu_elementwise(d, x); break;
     case LK_OP_OPTIM_UPDATE: e = lk__emu_optim(d, x); break;
     case LK_OP_IM2COL:
     case LK_OP_COL2IM:
@@ -380,6 +381,24 @@ static void build_table(void) {
     dts(c, LK_F32, LK_F32, 0, 0);
     c->d.copy = (lk_copy_params){.ndim = 2, .shape = {50, 8}, .ss = {8, 1}, .sd = {0, 1}, .accumulate = true};
     ops(c, 0, 400, I_RAND, 0), ops(c, 1, 8, I_RAND, 0);
+    /* casts (lk_tensor_copy / lk_tensor_cast): transposed f32 -> bf16, f16 -> f32, bf16 -> f16 */
+    static const lk_dtype cast_pairs[][2] = {{LK_F32, LK_BF16}, {LK_F16, LK_F32}, {LK_BF16, LK_F16}, {LK_F32, LK_F16}};
+    for (int k = 0; k < 4; k++) {
+        c = add(NAME("copy_cast_%s_%s", lk_dtype_name(cast_pairs[k][0]), lk_dtype_name(cast_pairs[k][1])), LK_OP_COPY,
+                T_EXACT);
+        dts(c, cast_pairs[k][0], cast_pairs[k][1], 0, 0);
+        c->d.copy = (lk_copy_params){.ndim = 2, .shape = {37, 29}, .ss = {1, 37}, .sd = {29, 1}};
+        ops(c, 0, 37 * 29, I_RAND, 0), ops(c, 1, 37 * 29, I_RAND, 0);
+    }
+    /* fills: every other column of an f32 matrix, a bf16 vector, i64 and u8 */
+    static const lk_dtype fdt[] = {LK_F32, LK_BF16, LK_I64, LK_U8};
+    for (int k = 0; k < 4; k++) {
+        c = add(NAME("fill_%s", lk_dtype_name(fdt[k])), LK_OP_FILL, T_EXACT);
+        dts(c, fdt[k], 0, 0, 0);
+        c->d.fill = k == 0 ? (lk_fill_params){.ndim = 2, .shape = {9, 7}, .sd = {14, 2}, .value = 0.1}
+                           : (lk_fill_params){.ndim = 1, .shape = {300}, .sd = {1}, .value = k == 1 ? -3.3 : 7.0};
+        ops(c, 0, k == 0 ? 9 * 14 : 300, fdt[k] == LK_I64 || fdt[k] == LK_U8 ? I_IDX : I_RAND, 100);
+    }
     c = add("clamp", LK_OP_CLAMP, T_EXACT);
     dts(c, LK_F32, LK_F32, 0, 0);
     c->d.clamp = (lk_clamp_params){2000, -0.5f, 0.75f};

@@ -54,8 +54,15 @@ static bool cuda_supports(const lk_op_desc *d) {
         return is_elem(d->dtype[0]) && d->dtype[1] == LK_U8 && d->dtype[2] == d->dtype[0];
     case LK_OP_COPY: {
         size_t es = lk_dtype_size(d->dtype[0]);
-        return d->dtype[0] == d->dtype[1] && (es == 1 || es == 2 || es == 4 || es == 8) && d->copy.ndim >= 0 &&
-               d->copy.ndim <= LK_MAX_DIMS && (!d->copy.accumulate || d->dtype[0] == LK_F32);
+        bool dims = d->copy.ndim >= 0 && d->copy.ndim <= LK_MAX_DIMS, repeats = false;
+        for (int k = 0; dims && k < d->copy.ndim; k++) repeats |= d->copy.sd[k] == 0 && d->copy.shape[k] > 1;
+        if (d->dtype[0] != d->dtype[1]) /* a cast: between f32, bf16 and f16, every destination element once */
+            return is_elem(d->dtype[0]) && is_elem(d->dtype[1]) && dims && !repeats && !d->copy.accumulate;
+        return (es == 1 || es == 2 || es == 4 || es == 8) && dims && (!d->copy.accumulate || d->dtype[0] == LK_F32);
+    }
+    case LK_OP_FILL: { /* any element size; the value converted on the host by the CPU backend */
+        size_t es = lk_dtype_size(d->dtype[0]);
+        return (es == 1 || es == 2 || es == 4 || es == 8) && d->fill.ndim >= 0 && d->fill.ndim <= LK_MAX_DIMS;
     }
     case LK_OP_SOFTMAX:
     case LK_OP_SOFTMAX_BACKWARD: return all_f32(d);
@@ -162,7 +169,8 @@ static lk_status cuda_run(const lk_op_desc *d, void *const *x) {
     case LK_OP_SUM_TO:
     case LK_OP_MASK_SCALE:
     case LK_OP_CLAMP:
-    case LK_OP_COPY: e = lk__cuda_elementwise(d, x); break;
+    case LK_OP_COPY:
+    case LK_OP_FILL: e = lk__cuda_elementwise(d, x); break;
     case LK_OP_OPTIM_UPDATE: e = lk__cuda_optim(d, x); break;
     case LK_OP_IM2COL:
     case LK_OP_COL2IM:

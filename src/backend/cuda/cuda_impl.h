@@ -3,7 +3,7 @@
  * files, which nvcc compiles as C++ (this header is included from both).
  * One launcher per file:
  *   elementwise.cu: unary and its backward, broadcast binary, axpy, affine,
- *     sum-to, mask-scale, strided copy, clamp — f32, bf16 and f16 per
+ *     sum-to, mask-scale, strided copy and cast, fill, clamp — f32, bf16 and f16 per
  *     operand (widened, computed in f32, rounded once: the CPU's semantics);
  *   rows.cu: softmax / log-softmax and their backward, the regression
  *     losses, cross-entropy and nll_loss, the gradient utilities (norm,

@@ -9,6 +9,8 @@
  * element, grid-stride; sum-to gives each destination element one thread
  * that adds its sources in the CPU's order, so it is deterministic and
  * matches the CPU's sums. */
+#include <string.h>
+
 #include "backend/cuda/common.cuh"
 
 namespace {
@@ -133,6 +135,35 @@ __global__ void k_copy(lk_copy_params p, int64_t n, const T *src, T *dst, bool s
     }
 }
 
+/* A cast between f32, bf16 and f16 (lk_tensor_copy / lk_tensor_cast on the
+ * GPU): each element widened to f32 and rounded once, the CPU's
+ * conversions; the destination never repeats (supports()). */
+__global__ void k_copy_cast(lk_copy_params p, int64_t n, const void *src, int sdt, void *dst, int ddt) {
+    LK_CU_FOR(i, n) {
+        int64_t os = 0, od = 0, r = i;
+        for (int k = p.ndim - 1; k >= 0; k--) {
+            int64_t ix = r % p.shape[k];
+            r /= p.shape[k];
+            os += ix * p.ss[k], od += ix * p.sd[k];
+        }
+        lk_cu_st(dst, ddt, od, lk_cu_ld(src, sdt, os));
+    }
+}
+
+/* LK_OP_FILL: `v` is the value already in the destination's dtype (the
+ * CPU backend's conversion, done once on the host). */
+template <typename T>
+__global__ void k_fill(lk_fill_params p, int64_t n, T v, T *dst) {
+    LK_CU_FOR(i, n) {
+        int64_t od = 0, r = i;
+        for (int k = p.ndim - 1; k >= 0; k--) {
+            od += (r % p.shape[k]) * p.sd[k];
+            r /= p.shape[k];
+        }
+        dst[od] = v;
+    }
+}
+
 __global__ void k_copy_acc(lk_copy_params p, int64_t n, const float *src, float *dst, bool serial) {
     int64_t start = serial ? 0 : (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     int64_t step = serial ? 1 : (int64_t)gridDim.x * blockDim.x;
@@ -200,11 +231,48 @@ cudaError_t copy(const lk_op_desc *d, void *const *x) {
         k_copy_acc<<<blocks, LK_CU_THREADS>>>(*p, n, (const float *)x[0], (float *)x[1], serial);
         return cudaGetLastError();
     }
+    if (d->dtype[0] != d->dtype[1]) {
+        k_copy_cast<<<lk_cu_blocks(n), LK_CU_THREADS>>>(*p, n, x[0], (int)d->dtype[0], x[1], (int)d->dtype[1]);
+        return cudaGetLastError();
+    }
     switch (lk_dtype_size(d->dtype[0])) {
     case 1: k_copy<uint8_t><<<blocks, LK_CU_THREADS>>>(*p, n, (const uint8_t *)x[0], (uint8_t *)x[1], serial); break;
     case 2: k_copy<uint16_t><<<blocks, LK_CU_THREADS>>>(*p, n, (const uint16_t *)x[0], (uint16_t *)x[1], serial); break;
     case 4: k_copy<uint32_t><<<blocks, LK_CU_THREADS>>>(*p, n, (const uint32_t *)x[0], (uint32_t *)x[1], serial); break;
     default: k_copy<uint64_t><<<blocks, LK_CU_THREADS>>>(*p, n, (const uint64_t *)x[0], (uint64_t *)x[1], serial);
+    }
+    return cudaGetLastError();
+}
+
+cudaError_t fill(const lk_op_desc *d, void *const *x) {
+    const lk_fill_params *p = &d->fill;
+    int64_t n = numel_of(p->ndim, p->shape);
+    if (n == 0) return cudaSuccess;
+    /* the value in dst's dtype, converted as the CPU converts it: a
+     * one-element f64 -> dtype cast run by the CPU backend on the host */
+    double v = p->value;
+    uint64_t bits = 0;
+    lk_op_desc c = {};
+    c.op = LK_OP_COPY;
+    c.dtype[0] = LK_F64, c.dtype[1] = d->dtype[0];
+    void *ops[2] = {&v, &bits};
+    if (lk__cpu_backend.run(&c, ops)) return cudaErrorInvalidValue;
+    unsigned blocks = lk_cu_blocks(n);
+    switch (lk_dtype_size(d->dtype[0])) {
+    case 1: k_fill<uint8_t><<<blocks, LK_CU_THREADS>>>(*p, n, (uint8_t)bits, (uint8_t *)x[0]); break;
+    case 2: {
+        uint16_t h;
+        memcpy(&h, &bits, 2);
+        k_fill<uint16_t><<<blocks, LK_CU_THREADS>>>(*p, n, h, (uint16_t *)x[0]);
+        break;
+    }
+    case 4: {
+        uint32_t w;
+        memcpy(&w, &bits, 4);
+        k_fill<uint32_t><<<blocks, LK_CU_THREADS>>>(*p, n, w, (uint32_t *)x[0]);
+        break;
+    }
+    default: k_fill<uint64_t><<<blocks, LK_CU_THREADS>>>(*p, n, bits, (uint64_t *)x[0]);
     }
     return cudaGetLastError();
 }
@@ -251,6 +319,7 @@ extern "C" int lk__cuda_elementwise(const lk_op_desc *d, void *const *x) {
                                                                  d->clamp.lo, d->clamp.hi);
         break;
     case LK_OP_COPY: return (int)copy(d, x);
+    case LK_OP_FILL: return (int)fill(d, x);
     default: return (int)cudaErrorInvalidValue;
     }
     return (int)cudaGetLastError();
