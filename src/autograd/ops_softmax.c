@@ -204,10 +204,19 @@ static lk_status cls_args_init(const char *op, lk_tensor *x, lk_tensor *target, 
     a->t = index_contig(target);
     if (!a->t) return lk_last_status();
     int64_t rows = a->N * a->D;
+    /* The range check reads the targets on the host: a device's are copied
+     * there first (an out-of-range class must be this error, never a read
+     * outside the logits). */
+    lk_tensor *ht = lk_device_is_host(a->t->device) ? lk_tensor_retain(a->t) : lk_tensor_to(a->t, LK_DEVICE_CPU);
+    if (!ht) {
+        cls_args_release(a);
+        return lk_last_status();
+    }
     for (int64_t r = 0; r < rows; r++) {
-        int64_t t = index_at(a->t, r);
+        int64_t t = index_at(ht, r);
         if (t != o->ignore_index && (t < 0 || t >= a->C)) {
             char si[96];
+            lk_tensor_release(ht);
             lk_tensor_release(a->t);
             a->t = NULL;
             return lk_error(LK_STATUS_INVALID_ARGUMENT,
@@ -217,6 +226,7 @@ static lk_status cls_args_init(const char *op, lk_tensor *x, lk_tensor *target, 
                             (long long)o->ignore_index);
         }
     }
+    lk_tensor_release(ht);
     if (o->weight && !(a->w = lk__contig(o->weight))) {
         cls_args_release(a);
         return lk_last_status();
@@ -395,9 +405,11 @@ static lk_tensor *bce_op(lk_tensor *x, lk_tensor *t, lk_tensor *w, lk_tensor *pw
     if (!(xc = lk__contig(x)) || !(tc = lk__contig(t))) goto done;
     if (w && !(wc = broadcast_to(op, "weight must broadcast to the input's shape", w, x))) goto done;
     if (pw && !(pwc = broadcast_to(op, "pos_weight must broadcast to the input's shape", pw, x))) goto done;
-    const float *xd = xc->data;
     const int64_t N = x->numel;
-    if (!logits)
+    if (!logits) { /* probabilities, checked on the host (a device's copied there first) */
+        lk_tensor *hx = lk_device_is_host(xc->device) ? lk_tensor_retain(xc) : lk_tensor_to(xc, LK_DEVICE_CPU);
+        if (!hx) goto done;
+        const float *xd = hx->data;
         for (int64_t i = 0; i < N; i++)
             if (!(xd[i] >= 0.0f && xd[i] <= 1.0f)) {
                 char si[96];
@@ -405,8 +417,11 @@ static lk_tensor *bce_op(lk_tensor *x, lk_tensor *t, lk_tensor *w, lk_tensor *pw
                          "%s: input%s = %g is outside [0, 1] (it takes probabilities; use "
                          "binary_cross_entropy_with_logits for logits)",
                          op, index_str(x, i, si, sizeof si), (double)xd[i]);
+                lk_tensor_release(hx);
                 goto done;
             }
+        lk_tensor_release(hx);
+    }
     if (!(out = loss_out(red, x))) goto done;
     lk_op_desc d = {.op = LK_OP_BCE, .dtype = {LK_F32, LK_F32, LK_F32, LK_F32, LK_F32}};
     d.bce = (lk_bce_params){N, red, logits};
