@@ -162,15 +162,7 @@ def run(build, loss_fn, x_grad, autocast):
 
 def main():
     import torch
-    here = os.path.dirname(os.path.abspath(__file__))
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", default=os.path.join(here, "..", "tests", "fixtures", "autocast"))
-    args = ap.parse_args()
-    torch.set_num_threads(1)  # one summation order, whatever the machine
-    out = os.path.normpath(args.out)
-    if os.path.isdir(out):
-        shutil.rmtree(out)
-    os.makedirs(out)
+    out = fresh_out_dir(__doc__, "autocast")
     names = []
     for name, build, loss_fn, x_grad in cases():
         d = os.path.join(out, name)
@@ -182,8 +174,29 @@ def main():
             for n, g in grads.items():
                 np.save(os.path.join(d, prefix + "grad_" + n + ".npy"), np.ascontiguousarray(g))
         names.append(name)
+    write_manifest(out, "gen_autocast_fixtures.py", names)
+
+
+def fresh_out_dir(doc, subdir):
+    """--out (default tests/fixtures/<subdir>), emptied; torch on one thread
+    (one summation order, whatever the machine)."""
+    import torch
+    here = os.path.dirname(os.path.abspath(__file__))
+    ap = argparse.ArgumentParser(description=doc.split("\n")[0])
+    ap.add_argument("--out", default=os.path.join(here, "..", "tests", "fixtures", subdir))
+    out = os.path.normpath(ap.parse_args().out)
+    torch.set_num_threads(1)
+    if os.path.isdir(out):
+        shutil.rmtree(out)
+    os.makedirs(out)
+    return out
+
+
+def write_manifest(out, script, names):
+    """<out>/MANIFEST: the versions that wrote the fixtures and the case names."""
+    import torch
     with open(os.path.join(out, "MANIFEST"), "w") as f:
-        f.write("# written by tools/gen_autocast_fixtures.py; do not edit\n")
+        f.write("# written by tools/%s; do not edit\n" % script)
         f.write("torch %s\nnumpy %s\ncases %d\n" % (torch.__version__, np.__version__, len(names)))
         for n in names:
             f.write(n + "\n")

@@ -28,15 +28,13 @@ torch 1.13 has no CPU bf16 mse_loss kernel either: the autoencoder's loss
 is its formula, ((out - x) ** 2).mean(), on the bf16 tensors.
 """
 
-import argparse
 import os
-import shutil
 import sys
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gen_autocast_fixtures import hash_params  # noqa: E402
+from gen_autocast_fixtures import fresh_out_dir, hash_params, write_manifest  # noqa: E402
 from gen_nn_fixtures import hlabels, hvals, make_model  # noqa: E402
 
 CASES = [
@@ -70,15 +68,7 @@ def step(kind, kw, seed, batch, dtype, compute):
 
 def main():
     import torch
-    here = os.path.dirname(os.path.abspath(__file__))
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", default=os.path.join(here, "..", "tests", "fixtures", "true16"))
-    args = ap.parse_args()
-    torch.set_num_threads(1)  # one summation order, whatever the machine
-    out = os.path.normpath(args.out)
-    if os.path.isdir(out):
-        shutil.rmtree(out)
-    os.makedirs(out)
+    out = fresh_out_dir(__doc__, "true16")
     for name, kind, kw, seed, batch in CASES:
         d = os.path.join(out, name)
         os.makedirs(d)
@@ -90,13 +80,7 @@ def main():
             np.save(os.path.join(d, prefix + "loss.npy"), l)
             for n, g in grads.items():
                 np.save(os.path.join(d, prefix + "grad_" + n + ".npy"), np.ascontiguousarray(g))
-    with open(os.path.join(out, "MANIFEST"), "w") as f:
-        f.write("# written by tools/gen_true16_fixtures.py; do not edit\n")
-        f.write("torch %s\nnumpy %s\ncases %d\n" % (torch.__version__, np.__version__, len(CASES)))
-        for c in CASES:
-            f.write(c[0] + "\n")
-    total = sum(os.path.getsize(os.path.join(dp, f)) for dp, _, fs in os.walk(out) for f in fs)
-    print("wrote %d cases, %d bytes, to %s" % (len(CASES), total, out))
+    write_manifest(out, "gen_true16_fixtures.py", [c[0] for c in CASES])
 
 
 if __name__ == "__main__":

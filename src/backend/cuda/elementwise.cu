@@ -116,22 +116,32 @@ __global__ void k_clamp(int64_t n, const float *x, float *y, float lo, float hi)
     }
 }
 
-/* Strided copy of es-byte elements; `serial`: one thread walks every element
- * in row-major order (a destination that repeats elements, stride 0, where
- * the CPU's order decides the result). */
-template <typename T>
+/* Element i (row-major over p.shape) of a strided copy: its source and
+ * destination offsets. */
+__device__ static inline void copy_offsets(const lk_copy_params &p, int64_t i, int64_t *os, int64_t *od) {
+    int64_t s = 0, d = 0;
+    for (int k = p.ndim - 1; k >= 0; k--) {
+        int64_t ix = i % p.shape[k];
+        i /= p.shape[k];
+        s += ix * p.ss[k], d += ix * p.sd[k];
+    }
+    *os = s, *od = d;
+}
+
+/* Strided copy of es-byte elements (ACC: the f32 accumulating form, dst +=
+ * src); `serial`: one thread walks every element in row-major order (a
+ * destination that repeats elements, stride 0, where the CPU's order
+ * decides the result). */
+template <typename T, bool ACC>
 __global__ void k_copy(lk_copy_params p, int64_t n, const T *src, T *dst, bool serial) {
     int64_t start = serial ? 0 : (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     int64_t step = serial ? 1 : (int64_t)gridDim.x * blockDim.x;
     if (serial && (blockIdx.x || threadIdx.x)) return;
     for (int64_t i = start; i < n; i += step) {
-        int64_t os = 0, od = 0, r = i;
-        for (int k = p.ndim - 1; k >= 0; k--) {
-            int64_t ix = r % p.shape[k];
-            r /= p.shape[k];
-            os += ix * p.ss[k], od += ix * p.sd[k];
-        }
-        dst[od] = src[os];
+        int64_t os, od;
+        copy_offsets(p, i, &os, &od);
+        if (ACC) dst[od] += src[os];
+        else dst[od] = src[os];
     }
 }
 
@@ -140,12 +150,8 @@ __global__ void k_copy(lk_copy_params p, int64_t n, const T *src, T *dst, bool s
  * conversions; the destination never repeats (supports()). */
 __global__ void k_copy_cast(lk_copy_params p, int64_t n, const void *src, int sdt, void *dst, int ddt) {
     LK_CU_FOR(i, n) {
-        int64_t os = 0, od = 0, r = i;
-        for (int k = p.ndim - 1; k >= 0; k--) {
-            int64_t ix = r % p.shape[k];
-            r /= p.shape[k];
-            os += ix * p.ss[k], od += ix * p.sd[k];
-        }
+        int64_t os, od;
+        copy_offsets(p, i, &os, &od);
         lk_cu_st(dst, ddt, od, lk_cu_ld(src, sdt, os));
     }
 }
@@ -161,21 +167,6 @@ __global__ void k_fill(lk_fill_params p, int64_t n, T v, T *dst) {
             r /= p.shape[k];
         }
         dst[od] = v;
-    }
-}
-
-__global__ void k_copy_acc(lk_copy_params p, int64_t n, const float *src, float *dst, bool serial) {
-    int64_t start = serial ? 0 : (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    int64_t step = serial ? 1 : (int64_t)gridDim.x * blockDim.x;
-    if (serial && (blockIdx.x || threadIdx.x)) return;
-    for (int64_t i = start; i < n; i += step) {
-        int64_t os = 0, od = 0, r = i;
-        for (int k = p.ndim - 1; k >= 0; k--) {
-            int64_t ix = r % p.shape[k];
-            r /= p.shape[k];
-            os += ix * p.ss[k], od += ix * p.sd[k];
-        }
-        dst[od] += src[os];
     }
 }
 
@@ -228,7 +219,7 @@ cudaError_t copy(const lk_op_desc *d, void *const *x) {
     for (int k = 0; k < p->ndim; k++) serial |= p->sd[k] == 0 && p->shape[k] > 1;
     unsigned blocks = serial ? 1 : lk_cu_blocks(n);
     if (p->accumulate) {
-        k_copy_acc<<<blocks, LK_CU_THREADS>>>(*p, n, (const float *)x[0], (float *)x[1], serial);
+        k_copy<float, true><<<blocks, LK_CU_THREADS>>>(*p, n, (const float *)x[0], (float *)x[1], serial);
         return cudaGetLastError();
     }
     if (d->dtype[0] != d->dtype[1]) {
@@ -236,10 +227,10 @@ cudaError_t copy(const lk_op_desc *d, void *const *x) {
         return cudaGetLastError();
     }
     switch (lk_dtype_size(d->dtype[0])) {
-    case 1: k_copy<uint8_t><<<blocks, LK_CU_THREADS>>>(*p, n, (const uint8_t *)x[0], (uint8_t *)x[1], serial); break;
-    case 2: k_copy<uint16_t><<<blocks, LK_CU_THREADS>>>(*p, n, (const uint16_t *)x[0], (uint16_t *)x[1], serial); break;
-    case 4: k_copy<uint32_t><<<blocks, LK_CU_THREADS>>>(*p, n, (const uint32_t *)x[0], (uint32_t *)x[1], serial); break;
-    default: k_copy<uint64_t><<<blocks, LK_CU_THREADS>>>(*p, n, (const uint64_t *)x[0], (uint64_t *)x[1], serial);
+    case 1: k_copy<uint8_t, false><<<blocks, LK_CU_THREADS>>>(*p, n, (const uint8_t *)x[0], (uint8_t *)x[1], serial); break;
+    case 2: k_copy<uint16_t, false><<<blocks, LK_CU_THREADS>>>(*p, n, (const uint16_t *)x[0], (uint16_t *)x[1], serial); break;
+    case 4: k_copy<uint32_t, false><<<blocks, LK_CU_THREADS>>>(*p, n, (const uint32_t *)x[0], (uint32_t *)x[1], serial); break;
+    default: k_copy<uint64_t, false><<<blocks, LK_CU_THREADS>>>(*p, n, (const uint64_t *)x[0], (uint64_t *)x[1], serial);
     }
     return cudaGetLastError();
 }
