@@ -222,11 +222,15 @@ static void run_case(const op_case *c) {
 
 /* ---- the case table ------------------------------------------------------------ */
 
-#define MAXC 256
+#define MAXC 384
 static op_case table[MAXC];
 static int ncases;
 
 static op_case *add(const char *name, lk_op_kind op, tol t) {
+    if (ncases == MAXC) { /* a table that outgrew MAXC must fail loudly, not overwrite memory */
+        fprintf(stderr, "gpu_ops: more than %d cases: raise MAXC\n", MAXC);
+        exit(1);
+    }
     op_case *c = &table[ncases++];
     memset(c, 0, sizeof *c);
     c->name = name, c->d.op = op, c->t = t;
@@ -594,6 +598,18 @@ static void build_table(void) {
         ops(c, 0, 4099, I_RAND, 0), ops(c, 1, 4099, I_RAND, 0), ops(c, 2, 4099, I_POS, 0);
         ops(c, 3, 4099, opt[k].s1 ? I_POS : I_NULL, 0), ops(c, 4, 4099, opt[k].s2 ? I_POS : I_NULL, 0);
         if (opt[k].p.rule == LK_OPTIM_RULE_RMSPROP && opt[k].s2) c->o[4].k = I_RAND; /* grad_avg */
+    }
+    /* bf16-true / 16-true: bf16 or f16 parameters and gradients, f32 state */
+    static const size_t half_opt[] = {1, 4, 5, 7};
+    for (size_t k = 0; k < sizeof half_opt / sizeof half_opt[0]; k++) {
+        lk_dtype hd = k % 2 ? LK_F16 : LK_BF16;
+        c = add(NAME("%s_%s", opt[half_opt[k]].name, lk_dtype_name(hd)), LK_OP_OPTIM_UPDATE, T_EXACT);
+        for (int i = 0; i < 5; i++) c->d.dtype[i] = i < 2 ? hd : LK_F32;
+        c->d.optim = opt[half_opt[k]].p;
+        c->d.optim.n = 4099;
+        ops(c, 0, 4099, I_RAND, 0), ops(c, 1, 4099, I_RAND, 0), ops(c, 2, 4099, I_POS, 0);
+        ops(c, 3, 4099, opt[half_opt[k]].s1 ? I_POS : I_NULL, 0), ops(c, 4, 4099, opt[half_opt[k]].s2 ? I_POS : I_NULL, 0);
+        if (opt[half_opt[k]].p.rule == LK_OPTIM_RULE_RMSPROP && opt[half_opt[k]].s2) c->o[4].k = I_RAND;
     }
 #undef NAME
 }

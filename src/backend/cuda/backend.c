@@ -90,7 +90,9 @@ static bool cuda_supports(const lk_op_desc *d) {
     case LK_OP_EMBEDDING:
     case LK_OP_EMBEDDING_BACKWARD:
         return d->dtype[0] == LK_F32 && (d->dtype[1] == LK_I32 || d->dtype[1] == LK_I64) && d->dtype[2] == LK_F32;
-    case LK_OP_OPTIM_UPDATE: return all_f32(d) && (unsigned)d->optim.rule <= LK_OPTIM_RULE_RMSPROP;
+    case LK_OP_OPTIM_UPDATE: /* parameters and gradients f32, bf16 or f16 (one dtype), state f32: as the CPU */
+        return is_elem(d->dtype[0]) && d->dtype[1] == d->dtype[0] && d->dtype[2] == LK_F32 && d->dtype[3] == LK_F32 &&
+               d->dtype[4] == LK_F32 && (unsigned)d->optim.rule <= LK_OPTIM_RULE_RMSPROP;
     case LK_OP_IM2COL:
     case LK_OP_COL2IM:
     case LK_OP_BIAS_ADD:

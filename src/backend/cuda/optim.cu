@@ -1,4 +1,5 @@
-/* The CUDA backend's optimizer updates (LK_OP_OPTIM_UPDATE), f32: SGD with
+/* The CUDA backend's optimizer updates (LK_OP_OPTIM_UPDATE), f32 or 16-bit
+ * parameters and gradients with f32 state: SGD with
  * momentum / nesterov, Adam / AdamW (amsgrad) and RMSprop, one thread per
  * parameter, with the statements of the CPU backend's src/backend/cpu/optim.c
  * (torch.optim 1.13's single-tensor formulas, each statement one PyTorch op,
@@ -15,10 +16,14 @@ struct sgd_k {
     bool has_wd, has_mom, nest, maxi, first;
 };
 
-__global__ void k_sgd(int64_t n, float *p, const float *g, float *buf, sgd_k c) {
+/* p and g are f32, or bf16/f16 (one dtype, pdt: the *-true precisions):
+ * each element widened, updated with the f32 statements and the parameter
+ * rounded once, as the CPU's 16-bit path; the state is f32. */
+__global__ void k_sgd(int64_t n, void *p, const void *g, int pdt, float *buf, sgd_k c) {
     LK_CU_FOR(i, n) {
-        float d = c.maxi ? -g[i] : g[i];
-        if (c.has_wd) d = d + c.wd * p[i];
+        float pv = lk_cu_ld(p, pdt, i), gv = lk_cu_ld(g, pdt, i);
+        float d = c.maxi ? -gv : gv;
+        if (c.has_wd) d = d + c.wd * pv;
         if (c.has_mom) {
             float b;
             if (c.first) b = d;
@@ -29,7 +34,7 @@ __global__ void k_sgd(int64_t n, float *p, const float *g, float *buf, sgd_k c) 
             buf[i] = b;
             d = c.nest ? d + c.mom * b : b;
         }
-        p[i] = p[i] + c.neg_lr * d;
+        lk_cu_st(p, pdt, i, pv + c.neg_lr * d);
     }
 }
 
@@ -38,10 +43,11 @@ struct adam_k {
     bool maxi, l2, dec;
 };
 
-__global__ void k_adam(int64_t n, float *p, const float *g, float *m, float *v, float *vmax, adam_k c) {
+__global__ void k_adam(int64_t n, void *p, const void *g, int pdt, float *m, float *v, float *vmax, adam_k c) {
     LK_CU_FOR(i, n) {
-        float gi = c.maxi ? -g[i] : g[i];
-        float pi = p[i];
+        float gv = lk_cu_ld(g, pdt, i);
+        float gi = c.maxi ? -gv : gv;
+        float pi = lk_cu_ld(p, pdt, i);
         if (c.dec) pi = pi * c.decay;
         if (c.l2) gi = gi + c.wd * pi;
         float mi = m[i] * c.b1;
@@ -56,7 +62,7 @@ __global__ void k_adam(int64_t n, float *p, const float *g, float *m, float *v, 
             vmax[i] = vd;
         }
         float denom = sqrtf(vd) / c.bc2s + c.eps;
-        p[i] = pi + (c.neg_step * mi) / denom;
+        lk_cu_st(p, pdt, i, pi + (c.neg_step * mi) / denom);
     }
 }
 
@@ -65,10 +71,11 @@ struct rms_k {
     bool has_wd, maxi;
 };
 
-__global__ void k_rmsprop(int64_t n, float *p, const float *g, float *sq, float *buf, float *gavg, rms_k c) {
+__global__ void k_rmsprop(int64_t n, void *p, const void *g, int pdt, float *sq, float *buf, float *gavg, rms_k c) {
     LK_CU_FOR(i, n) {
-        float gi = c.maxi ? -g[i] : g[i];
-        if (c.has_wd) gi = gi + c.wd * p[i];
+        float pv = lk_cu_ld(p, pdt, i), gv = lk_cu_ld(g, pdt, i);
+        float gi = c.maxi ? -gv : gv;
+        if (c.has_wd) gi = gi + c.wd * pv;
         float s = sq[i] * c.a;
         s = s + (c.oma * gi) * gi;
         sq[i] = s;
@@ -86,9 +93,9 @@ __global__ void k_rmsprop(int64_t n, float *p, const float *g, float *sq, float 
             float b = buf[i] * c.mom;
             b = b + gi / avg;
             buf[i] = b;
-            p[i] = p[i] + c.neg_lr * b;
+            lk_cu_st(p, pdt, i, pv + c.neg_lr * b);
         } else {
-            p[i] = p[i] + c.neg_lr * (gi / avg);
+            lk_cu_st(p, pdt, i, pv + c.neg_lr * (gi / avg));
         }
     }
 }
@@ -97,8 +104,10 @@ __global__ void k_rmsprop(int64_t n, float *p, const float *g, float *sq, float 
 
 extern "C" int lk__cuda_optim(const lk_op_desc *d, void *const *x) {
     const lk_optim_params *c = &d->optim;
-    float *p = (float *)x[0], *s0 = (float *)x[2], *s1 = (float *)x[3], *s2 = (float *)x[4];
-    const float *g = (const float *)x[1];
+    void *p = x[0];
+    const void *g = x[1];
+    float *s0 = (float *)x[2], *s1 = (float *)x[3], *s2 = (float *)x[4];
+    int pdt = (int)d->dtype[0];
     int64_t n = c->n;
     if (n <= 0) return 0;
     unsigned blocks = lk_cu_blocks(n);
@@ -106,7 +115,7 @@ extern "C" int lk__cuda_optim(const lk_op_desc *d, void *const *x) {
     case LK_OPTIM_RULE_SGD: {
         sgd_k k = {(float)c->weight_decay, (float)c->momentum, (float)(1.0 - c->dampening), (float)(-c->lr),
                    c->weight_decay != 0.0, c->momentum != 0.0, c->nesterov, c->maximize, c->step == 1};
-        k_sgd<<<blocks, LK_CU_THREADS>>>(n, p, g, s0, k);
+        k_sgd<<<blocks, LK_CU_THREADS>>>(n, p, g, pdt, s0, k);
         break;
     }
     case LK_OPTIM_RULE_ADAM: {
@@ -117,13 +126,13 @@ extern "C" int lk__cuda_optim(const lk_op_desc *d, void *const *x) {
         k.neg_step = (float)(-(c->lr / bc1)), k.wd = (float)c->weight_decay;
         k.decay = (float)(1.0 - c->lr * c->weight_decay);
         k.maxi = c->maximize, k.l2 = !c->adamw && c->weight_decay != 0.0, k.dec = c->adamw && k.decay != 1.0f;
-        k_adam<<<blocks, LK_CU_THREADS>>>(n, p, g, s0, s1, s2, k);
+        k_adam<<<blocks, LK_CU_THREADS>>>(n, p, g, pdt, s0, s1, s2, k);
         break;
     }
     case LK_OPTIM_RULE_RMSPROP: {
         rms_k k = {(float)c->alpha, (float)(1.0 - c->alpha), (float)c->eps, (float)c->weight_decay,
                    (float)c->momentum, (float)(-c->lr), c->weight_decay != 0.0, c->maximize};
-        k_rmsprop<<<blocks, LK_CU_THREADS>>>(n, p, g, s0, s1, s2, k);
+        k_rmsprop<<<blocks, LK_CU_THREADS>>>(n, p, g, pdt, s0, s1, s2, k);
         break;
     }
     default: return (int)cudaErrorInvalidValue;
