@@ -154,6 +154,29 @@ typedef struct lk_optim_params {
     bool nesterov, maximize, adamw;
 } lk_optim_params;
 
+/* The f32 scalars of one update (kernels/optim.h), rounded once from the
+ * descriptor's doubles as PyTorch rounds a Python float for an f32 tensor
+ * op; the CPU and CUDA backends both build them here. Which state arrays
+ * exist (amsgrad's max, RMSprop's momentum buffer and grad_avg) is the
+ * caller's: the optimizer passes NULL for an absent one. */
+static inline lk_k_sgd lk__optim_sgd_consts(const lk_optim_params *c) {
+    return (lk_k_sgd){(float)c->weight_decay, (float)c->momentum, (float)(1.0 - c->dampening), (float)(-c->lr),
+                      c->weight_decay != 0.0, c->momentum != 0.0, c->nesterov, c->maximize, c->step == 1};
+}
+
+static inline lk_k_adam lk__optim_adam_consts(const lk_optim_params *c, bool amsgrad) {
+    const double bc1 = 1.0 - pow(c->beta1, (double)c->step), bc2 = 1.0 - pow(c->beta2, (double)c->step);
+    const float decay = (float)(1.0 - c->lr * c->weight_decay);
+    return (lk_k_adam){(float)c->beta1, (float)c->beta2, (float)(1.0 - c->beta1), (float)(1.0 - c->beta2),
+                       (float)sqrt(bc2), (float)c->eps, (float)(-(c->lr / bc1)), (float)c->weight_decay, decay,
+                       c->maximize, !c->adamw && c->weight_decay != 0.0, c->adamw && decay != 1.0f, amsgrad};
+}
+
+static inline lk_k_rmsprop lk__optim_rmsprop_consts(const lk_optim_params *c, bool has_mom, bool centered) {
+    return (lk_k_rmsprop){(float)c->alpha, (float)(1.0 - c->alpha), (float)c->eps, (float)c->weight_decay,
+                          (float)c->momentum, (float)(-c->lr), c->weight_decay != 0.0, c->maximize, centered, has_mom};
+}
+
 /* LK_OP_POOL2D / _BACKWARD over `planes` contiguous H x W planes into OH x
  * OW, PyTorch's geometry (kernels/conv.h); adaptive avg uses only the sizes. */
 typedef enum { LK_POOL_MAX, LK_POOL_AVG, LK_POOL_ADAPTIVE_AVG } lk_pool_kind;

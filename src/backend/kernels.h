@@ -8,6 +8,7 @@
 #define LK_KERNELS_H
 
 #include <math.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 #ifdef __CUDACC__
@@ -19,5 +20,6 @@
 #include "backend/kernels/elementwise.h"
 #include "backend/kernels/conv.h"
 #include "backend/kernels/rows.h"
+#include "backend/kernels/optim.h"
 
 #endif

@@ -1,0 +1,93 @@
+/* Kernel bodies of the optimizer updates: one element of SGD (momentum,
+ * dampening, nesterov, weight decay, maximize), Adam / AdamW (amsgrad) and
+ * RMSprop (centered, momentum) with torch.optim 1.13's single-tensor
+ * formulas — each statement one PyTorch op, scalars rounded to f32 once
+ * (lk__optim_*_consts in backend_impl.h), no contraction. A step takes the
+ * parameter and gradient as f32 (a 16-bit one widened by the caller),
+ * updates the state in place and returns the new parameter. The CPU
+ * backend's loops (cpu/optim.c) and the CUDA kernels (cuda/optim.cu) both
+ * run these. Part of backend/kernels.h. */
+#ifndef LK_KERNELS_OPTIM_H
+#define LK_KERNELS_OPTIM_H
+
+typedef struct lk_k_sgd {
+    float wd, mom, damp1, neg_lr;
+    bool has_wd, has_mom, nest, maxi, first;
+} lk_k_sgd;
+
+/* buf: the momentum buffer's element (read only when has_mom). */
+LK_KERNEL float lk_k_sgd_step(const lk_k_sgd *c, float p, float g, float *buf) {
+    float d = c->maxi ? -g : g;
+    if (c->has_wd) d = d + c->wd * p;
+    if (c->has_mom) {
+        float b;
+        if (c->first) b = d;
+        else {
+            b = *buf * c->mom;
+            b = b + c->damp1 * d;
+        }
+        *buf = b;
+        d = c->nest ? d + c->mom * b : b;
+    }
+    return p + c->neg_lr * d;
+}
+
+typedef struct lk_k_adam {
+    float b1, b2, omb1, omb2, bc2s, eps, neg_step, wd, decay;
+    bool maxi, l2, dec, amsgrad;
+} lk_k_adam;
+
+/* m, v: the moments' elements; vmax: max_exp_avg_sq's (read only with amsgrad). */
+LK_KERNEL float lk_k_adam_step(const lk_k_adam *c, float p, float g, float *m, float *v, float *vmax) {
+    float gi = c->maxi ? -g : g;
+    float pi = p;
+    if (c->dec) pi = pi * c->decay;
+    if (c->l2) gi = gi + c->wd * pi;
+    float mi = *m * c->b1;
+    mi = mi + c->omb1 * gi;
+    float vi = *v * c->b2;
+    vi = vi + (c->omb2 * gi) * gi;
+    *m = mi;
+    *v = vi;
+    float vd = vi;
+    if (c->amsgrad) {
+        vd = *vmax > vi ? *vmax : vi;
+        *vmax = vd;
+    }
+    float denom = sqrtf(vd) / c->bc2s + c->eps;
+    return pi + (c->neg_step * mi) / denom;
+}
+
+typedef struct lk_k_rmsprop {
+    float a, oma, eps, wd, mom, neg_lr;
+    bool has_wd, maxi, centered, has_mom;
+} lk_k_rmsprop;
+
+/* sq: square_avg's element; buf: the momentum buffer's (read only with
+ * has_mom); gavg: grad_avg's (read only when centered). */
+LK_KERNEL float lk_k_rmsprop_step(const lk_k_rmsprop *c, float p, float g, float *sq, float *buf, float *gavg) {
+    float gi = c->maxi ? -g : g;
+    if (c->has_wd) gi = gi + c->wd * p; /* grad.add(param, alpha=weight_decay) */
+    float s = *sq * c->a;               /* square_avg.mul_(alpha) */
+    s = s + (c->oma * gi) * gi;         /* .addcmul_(grad, grad, value=1 - alpha) */
+    *sq = s;
+    float avg;
+    if (c->centered) {
+        float ga = *gavg * c->a;             /* grad_avg.mul_(alpha) */
+        ga = ga + c->oma * gi;               /* .add_(grad, alpha=1 - alpha) */
+        *gavg = ga;
+        avg = sqrtf(s + (-1.0f * ga) * ga);  /* square_avg.addcmul(grad_avg, grad_avg, value=-1).sqrt_() */
+    } else {
+        avg = sqrtf(s);
+    }
+    avg = avg + c->eps; /* .add_(eps) */
+    if (c->has_mom) {
+        float b = *buf * c->mom; /* buf.mul_(momentum) */
+        b = b + gi / avg;        /* .addcdiv_(grad, avg) */
+        *buf = b;
+        return p + c->neg_lr * b; /* param.add_(buf, alpha=-lr) */
+    }
+    return p + c->neg_lr * (gi / avg); /* param.addcdiv_(grad, avg, value=-lr) */
+}
+
+#endif
