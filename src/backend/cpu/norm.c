@@ -109,13 +109,8 @@ static void bn_bwd_task(void *ctx, int t) {
     lk__task_range(C, t, j->width, 1, &c0, &c1);
     for (long c = c0; c < c1; c++) {
         /* channel c's sums of g and g * (x - mean) over the batch and the plane */
-        double sg = 0, sgx = 0;
-        for (long i = 0; i < N; i++) {
-            float a = 0.0f, q = 0.0f;
-            lk_k_bn_backward_sums(j->gd + (i * C + c) * S, j->xd + (i * C + c) * S, S, j->mean[c], &a, &q);
-            sg += a;
-            sgx += q;
-        }
+        double sg, sgx;
+        lk_k_bn_channel_grad_sums(j->gd, j->xd, N, C, S, c, j->mean[c], &sg, &sgx);
         float is = j->invstd[c], wv = j->w ? j->w[c] : 1.0f;
         if (j->db) j->db[c] = (float)sg;
         if (j->dw) j->dw[c] = (float)(sgx * is);
@@ -170,17 +165,7 @@ __attribute__((noinline)) static void bn_sqdev_pass(const float *xd, const float
 
 __attribute__((noinline)) static void bn_grad_pass(const float *xd, const float *gd, const float *mean, long N, long C,
                                                    long S, double *out) {
-    for (long c = 0; c < C; c++) {
-        double sg = 0, sgx = 0;
-        for (long i = 0; i < N; i++) {
-            float a = 0.0f, q = 0.0f;
-            lk_k_bn_backward_sums(gd + (i * C + c) * S, xd + (i * C + c) * S, S, mean[c], &a, &q);
-            sg += a;
-            sgx += q;
-        }
-        out[c] = sg;
-        out[C + c] = sgx;
-    }
+    for (long c = 0; c < C; c++) lk_k_bn_channel_grad_sums(gd, xd, N, C, S, c, mean[c], &out[c], &out[C + c]);
 }
 
 __attribute__((noinline)) static void bn_affine_pass(const float *xd, const float *k, long N, long C, long S,

@@ -114,13 +114,8 @@ __global__ void k_batch_norm_backward(lk_batch_norm_params p, const float *xd, c
     long N = p.N, C = p.C, S = p.S;
     const float *mean = stats, *invstd = stats + C;
     LK_CU_FOR(c, C) {
-        double sg = 0, sgx = 0;
-        for (long i = 0; i < N; i++) {
-            float a = 0.0f, q = 0.0f;
-            lk_k_bn_backward_sums(gd + (i * C + c) * S, xd + (i * C + c) * S, S, mean[c], &a, &q);
-            sg += a;
-            sgx += q;
-        }
+        double sg, sgx;
+        lk_k_bn_channel_grad_sums(gd, xd, N, C, S, c, mean[c], &sg, &sgx);
         float is = invstd[c], wv = w ? w[c] : 1.0f;
         if (db) db[c] = (float)sg;
         if (dw) dw[c] = (float)(sgx * is);

@@ -332,6 +332,20 @@ LK_KERNEL void lk_k_bn_backward_sums(const float *dy, const float *x, long S, fl
     *sgx += tb + ((b[0] + b[1]) + (b[2] + b[3])) + ((b[4] + b[5]) + (b[6] + b[7]));
 }
 
+/* Channel c of [N, C, S] dy and x: sum(dy) and sum(dy * (x - mean)) over
+ * the batch and the plane, each plane's f32 sums added in double in order. */
+LK_KERNEL void lk_k_bn_channel_grad_sums(const float *dy, const float *x, long N, long C, long S, long c, float mean,
+                                         double *sg, double *sgx) {
+    double g = 0, gx = 0;
+    for (long i = 0; i < N; i++) {
+        float a = 0.0f, q = 0.0f;
+        lk_k_bn_backward_sums(dy + (i * C + c) * S, x + (i * C + c) * S, S, mean, &a, &q);
+        g += a;
+        gx += q;
+    }
+    *sg = g, *sgx = gx;
+}
+
 /* dx = dy * k1 + (x - mean) * k2 + k0 (the fused training backward, with
  * the per-channel constants folded by the caller). */
 LK_KERNEL void lk_k_bn_backward_plane(const float *LK_KC_RESTRICT dy, const float *LK_KC_RESTRICT x, long S,
