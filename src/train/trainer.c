@@ -40,33 +40,39 @@ static lk_status parse_precision(const char *p, lk_dtype *autocast, lk_dtype *pa
                     "16-true, 64-true, 64", p);
 }
 
-static lk_dtype comm_dtype_of(const lk_trainer_config *cfg) {
-    return !strcmp(cfg->ddp_comm_hook, "bf16_compress") ? LK_BF16 : !strcmp(cfg->ddp_comm_hook, "fp16_compress") ? LK_F16 : LK_F32;
-}
-
-lk_status lk_trainer_config_check(const lk_trainer_config *cfg) {
+/* The checks that need nothing started, and the dtypes they decide: the
+ * steps' autocast, the parameters' and the one ddp gradients travel in. */
+static lk_status check_config(const lk_trainer_config *cfg, lk_dtype *autocast, lk_dtype *param_dtype,
+                              lk_dtype *comm_dtype) {
+    *autocast = *param_dtype = *comm_dtype = LK_F32;
     if (cfg->deterministic && cfg->max_time > 0)
         return lk_error(LK_STATUS_INVALID_ARGUMENT,
                         "trainer.deterministic is true but trainer.max_time is set: stopping on wall time "
                         "depends on machine speed, so runs would not be reproducible");
-    lk_dtype autocast, param_dtype, comm_dtype = comm_dtype_of(cfg);
-    LK_TRY(parse_precision(cfg->precision, &autocast, &param_dtype));
-    if (param_dtype != LK_F32 && comm_dtype != LK_F32 && comm_dtype != param_dtype)
+    LK_TRY(parse_precision(cfg->precision, autocast, param_dtype));
+    *comm_dtype = !strcmp(cfg->ddp_comm_hook, "bf16_compress")   ? LK_BF16
+                  : !strcmp(cfg->ddp_comm_hook, "fp16_compress") ? LK_F16
+                                                                  : LK_F32;
+    if (*param_dtype != LK_F32 && *comm_dtype != LK_F32 && *comm_dtype != *param_dtype)
         return lk_error(LK_STATUS_INVALID_ARGUMENT,
                         "trainer.ddp_comm_hook %s sends %s gradients, but under trainer.precision %s the gradients are "
                         "%s: use %s (averaged in place, half the bytes) or none (averaged in f32)",
-                        cfg->ddp_comm_hook, lk_dtype_name(comm_dtype), cfg->precision, lk_dtype_name(param_dtype),
-                        param_dtype == LK_BF16 ? "bf16_compress" : "fp16_compress");
+                        cfg->ddp_comm_hook, lk_dtype_name(*comm_dtype), cfg->precision, lk_dtype_name(*param_dtype),
+                        *param_dtype == LK_BF16 ? "bf16_compress" : "fp16_compress");
     return LK_STATUS_OK;
+}
+
+lk_status lk_trainer_config_check(const lk_trainer_config *cfg) {
+    lk_dtype autocast, param_dtype, comm_dtype;
+    return check_config(cfg, &autocast, &param_dtype, &comm_dtype);
 }
 
 lk_status lk_trainer_create(const lk_trainer_config *cfg, const lk_optim_settings *optim, const char *config_yaml,
                             lk_trainer **out) {
     *out = NULL;
     LK_TRY(lk__accelerator_check(cfg)); /* device/gpu_select.c: before anything starts */
-    LK_TRY(lk_trainer_config_check(cfg));
-    lk_dtype autocast, param_dtype, comm_dtype = comm_dtype_of(cfg);
-    LK_TRY(parse_precision(cfg->precision, &autocast, &param_dtype));
+    lk_dtype autocast, param_dtype, comm_dtype;
+    LK_TRY(check_config(cfg, &autocast, &param_dtype, &comm_dtype));
     lk_trainer *tr = lk_calloc(1, sizeof *tr);
     if (!tr) return LK_STATUS_OUT_OF_MEMORY;
     tr->autocast = autocast;
