@@ -114,29 +114,8 @@ int lk__emu_rows(const lk_op_desc *d, void *const *x);
 int lk__emu_optim(const lk_op_desc *d, void *const *x);
 int lk__emu_conv(const lk_op_desc *d, void *const *x);
 static lk_status emu_run(const lk_op_desc *d, void *const *x) {
-    int e;
-    switch (d->op) {
-    case LK_OP_UNARY:
-    case LK_OP_UNARY_BACKWARD:
-    case LK_OP_BINARY:
-    case LK_OP_AXPY:
-    case LK_OP_AFFINE:
-    case LK_OP_SUM_TO:
-    case LK_OP_MASK_SCALE:
-    case LK_OP_CLAMP:
-    case LK_OP_COPY:
-    case LK_OP_FILL: e = lk__emu_elementwise(d, x); break;
-    case LK_OP_OPTIM_UPDATE: e = lk__emu_optim(d, x); break;
-    case LK_OP_IM2COL:
-    case LK_OP_COL2IM:
-    case LK_OP_BIAS_ADD:
-    case LK_OP_CHANNEL_SUM:
-    case LK_OP_POOL2D:
-    case LK_OP_POOL2D_BACKWARD:
-    case LK_OP_BATCH_NORM:
-    case LK_OP_BATCH_NORM_BACKWARD: e = lk__emu_conv(d, x); break;
-    default: e = lk__emu_rows(d, x); break;
-    }
+    static const lk__cuda_launchers emu = {lk__emu_elementwise, lk__emu_rows, lk__emu_optim, lk__emu_conv};
+    int e = lk__cuda_launcher_for(&emu, d->op)(d, x);
     return e ? lk_error(LK_STATUS_DEVICE, "emulated launch failed: %d", e) : LK_STATUS_OK;
 }
 #define SECOND_RUN(d, x) emu_run(d, x)

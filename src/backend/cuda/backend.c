@@ -160,30 +160,9 @@ static lk_status cuda_run(const lk_op_desc *d, void *const *x) {
         if (d->op == LK_OP_UNSCALE) *(int64_t *)x[2] = 0;
         return LK_STATUS_OK;
     }
-    int e;
-    switch (d->op) {
-    case LK_OP_GEMM: return lk__cuda_gemm_run(device, d, x, 0);
-    case LK_OP_UNARY:
-    case LK_OP_UNARY_BACKWARD:
-    case LK_OP_BINARY:
-    case LK_OP_AXPY:
-    case LK_OP_AFFINE:
-    case LK_OP_SUM_TO:
-    case LK_OP_MASK_SCALE:
-    case LK_OP_CLAMP:
-    case LK_OP_COPY:
-    case LK_OP_FILL: e = lk__cuda_elementwise(d, x); break;
-    case LK_OP_OPTIM_UPDATE: e = lk__cuda_optim(d, x); break;
-    case LK_OP_IM2COL:
-    case LK_OP_COL2IM:
-    case LK_OP_BIAS_ADD:
-    case LK_OP_CHANNEL_SUM:
-    case LK_OP_POOL2D:
-    case LK_OP_POOL2D_BACKWARD:
-    case LK_OP_BATCH_NORM:
-    case LK_OP_BATCH_NORM_BACKWARD: e = lk__cuda_conv(d, x); break;
-    default: e = lk__cuda_rows(d, x); break;
-    }
+    if (d->op == LK_OP_GEMM) return lk__cuda_gemm_run(device, d, x, 0);
+    static const lk__cuda_launchers launchers = {lk__cuda_elementwise, lk__cuda_rows, lk__cuda_optim, lk__cuda_conv};
+    int e = lk__cuda_launcher_for(&launchers, d->op)(d, x);
     if (e == cudaSuccess) return LK_STATUS_OK;
     cudaGetLastError(); /* a launch error is not sticky: clear it so the next op starts clean */
     if (e == cudaErrorMemoryAllocation)

@@ -37,6 +37,39 @@ int lk__cuda_rows(const lk_op_desc *d, void *const *x);
 int lk__cuda_optim(const lk_op_desc *d, void *const *x);
 int lk__cuda_conv(const lk_op_desc *d, void *const *x);
 
+/* Which kernel file's launcher runs a (non-GEMM) descriptor; `l` holds one
+ * launcher per file, in the order above (backend.c passes these, the host
+ * emulation test its own builds of the same files). */
+typedef int (*lk__cuda_launcher)(const lk_op_desc *d, void *const *x);
+typedef struct {
+    lk__cuda_launcher elementwise, rows, optim, conv;
+} lk__cuda_launchers;
+
+static inline lk__cuda_launcher lk__cuda_launcher_for(const lk__cuda_launchers *l, lk_op_kind op) {
+    switch (op) {
+    case LK_OP_UNARY:
+    case LK_OP_UNARY_BACKWARD:
+    case LK_OP_BINARY:
+    case LK_OP_AXPY:
+    case LK_OP_AFFINE:
+    case LK_OP_SUM_TO:
+    case LK_OP_MASK_SCALE:
+    case LK_OP_CLAMP:
+    case LK_OP_COPY:
+    case LK_OP_FILL: return l->elementwise;
+    case LK_OP_OPTIM_UPDATE: return l->optim;
+    case LK_OP_IM2COL:
+    case LK_OP_COL2IM:
+    case LK_OP_BIAS_ADD:
+    case LK_OP_CHANNEL_SUM:
+    case LK_OP_POOL2D:
+    case LK_OP_POOL2D_BACKWARD:
+    case LK_OP_BATCH_NORM:
+    case LK_OP_BATCH_NORM_BACKWARD: return l->conv;
+    default: return l->rows;
+    }
+}
+
 /* The descriptor's operands that are host pointers by contract (written by
  * the op, read by the caller right after): everything else must be device
  * memory. */
