@@ -32,4 +32,7 @@ expect_fail "model.init_args type error names file:line:col" 2 "model_type.yaml:
 out=$("$LK_BIN" fit --help)
 check "--help lists trainer keys with defaults" grep -q -- "--trainer.max_epochs" <<<"$out"
 check "--help lists models" grep -q "autoencoder" <<<"$out"
+out=$(LK_F32_GEMM=mkl "$LK_BIN" env 2>&1)
+check "an unknown LK_F32_GEMM is named and falls back to openblas" \
+  bash -c 'grep -q "LK_F32_GEMM=mkl is neither onednn nor openblas: f32 GEMMs take openblas" <<<"$1" && grep -q "^32-true GEMM    : openblas sgemm" <<<"$1"' _ "$out"
 finish
