@@ -10,6 +10,10 @@
 # libyaml, cJSON, zlib, stb (PNG writer), pkgconf. Left out because
 # the build does without them: oneDNN (bf16 GEMMs on the CPU go through f32),
 # OpenMPI (no mpi communicator), libcurl (no dataset downloads).
+# It also packs the issue-18 base commit (LK_AB_BASE, default ae767dc: the
+# tree before the milestone-2 reshaping) as base-src.tar.gz, which
+# tools/gpu/cpu-bench.sh builds there for its A/B run (the device machine
+# gets the working tree without the git history).
 # Usage: tools/gpu/fetch-debs.sh [DIR]   (default: .gpu-debs in the repo root)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -39,6 +43,12 @@ if ! apt-get download "${pkgs[@]}" 2>/tmp/fetch-debs.err; then
 fi
 # Epochs appear as "%3a" in the names; keep names plain for the transfer.
 for f in ./*%3a*.deb; do [ -e "$f" ] && mv "$f" "${f//%3a/_}"; done
+base=${LK_AB_BASE:-ae767dc}
+tmp=$(mktemp -d)
+git -C "$root" archive "$base" | tar -x -C "$tmp"
+git -C "$root" log -1 --format='base commit: %h %ad %s' "$base" >"$tmp/BASE_COMMIT"
+tar -czf base-src.tar.gz -C "$tmp" .
+rm -rf "$tmp"
 n=$(ls ./*.deb | wc -l)
 size=$(du -sm . | cut -f1)
 echo "fetch-debs: $n packages, ${size} MiB in $dir"
