@@ -21,6 +21,14 @@ is --t0 (a time.time() the caller takes just before starting this
 interpreter) or, without it, the first line of this file, so the figure
 includes the interpreter start and `import torch`.
 
+--accelerator gpu (PyTorch with CUDA: the GPU machine's 2.11) puts rank r
+on cuda:r: the dataset stays in host memory, the DataLoader pins it and each
+batch is copied with non_blocking=True; DDP runs on NCCL; autocast is
+torch.autocast("cuda", ...), which takes float16 too, so 16-mixed runs there
+with torch's GradScaler. The timed window opens and closes on
+torch.cuda.synchronize(); the per-phase split is host time (kernel launches
+are asynchronous), so only samples/s compares with the GPU.
+
 Shapes follow src/models/models.c: autoencoder 784-512-256-64 encoder (ReLU
 between, none after the code) mirrored by the decoder, MSE on the input;
 mlp 784-256-128-10 with ReLU, cross-entropy; cnn conv3x3(1->32, pad 1)+BN+ReLU
@@ -42,6 +50,7 @@ import tempfile
 
 
 PRECISIONS = ("32-true", "bf16-mixed", "bf16-true")
+GPU_PRECISIONS = PRECISIONS + ("16-mixed", "16-true")
 
 
 def parse_args():
@@ -67,16 +76,25 @@ def parse_args():
     p.add_argument("--precision", default="32-true", metavar="{32-true,bf16-mixed,bf16-true}",
                    help="32-true (default); bf16-mixed: forward and loss under CPU autocast to bfloat16; "
                         "bf16-true: the model and the inputs in bfloat16 (Lightning's module.to(torch.bfloat16))")
+    p.add_argument("--accelerator", choices=["cpu", "gpu"], default="cpu",
+                   help="cpu (default) or gpu: rank r on cuda:r, NCCL between ranks (needs PyTorch with CUDA)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--t0", type=float, default=0.0,
                    help="launch timestamp (time.time()) taken by the caller before starting this process")
     a = p.parse_args()
     # Lightning's short names mean the same thing; normalised so the output names one spelling.
-    a.precision = {"32": "32-true", "bf16": "bf16-mixed"}.get(a.precision, a.precision)
-    if a.precision in ("16-mixed", "16"):
+    a.precision = {"32": "32-true", "bf16": "bf16-mixed", "16": "16-mixed"}.get(a.precision, a.precision)
+    if a.accelerator == "gpu":
+        import torch
+        if not torch.cuda.is_available() or torch.cuda.device_count() < a.world_size:
+            p.error(f"--accelerator gpu: {a.world_size} rank(s) need as many GPUs; this PyTorch "
+                    f"({torch.__version__}) sees {torch.cuda.device_count() if torch.cuda.is_available() else 0}")
+        if a.precision not in GPU_PRECISIONS:
+            p.error(f"--precision {a.precision}: expected one of {', '.join(GPU_PRECISIONS)}")
+    elif a.precision == "16-mixed":
         p.error(f"--precision {a.precision}: PyTorch 1.13's CPU autocast supports only torch.bfloat16 (float16 "
                 "would be disabled with a warning and the run would be f32); use bf16-mixed or 32-true")
-    if a.precision not in PRECISIONS:
+    elif a.precision not in PRECISIONS:
         p.error(f"--precision {a.precision}: expected one of {', '.join(PRECISIONS)}")
     for name in ("batch_size", "world_size", "steps"):
         if getattr(a, name) < 1:
@@ -193,24 +211,31 @@ def make_dataset(a):
 def train(rank, a, out_dir):
     world = a.world_size
     torch.set_num_threads(a.threads)
+    gpu = a.accelerator == "gpu"
+    dev = torch.device("cuda", rank) if gpu else torch.device("cpu")
+    if gpu:
+        torch.cuda.set_device(dev)
     if world > 1:
-        dist.init_process_group("gloo", rank=rank, world_size=world)
+        dist.init_process_group("nccl" if gpu else "gloo", rank=rank, world_size=world)
     torch.manual_seed(a.seed)
     dataset, dataset_bytes = make_dataset(a)
     sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=a.seed,
                                  drop_last=True) if world > 1 else None
     loader = DataLoader(dataset, batch_size=a.batch_size, shuffle=sampler is None, sampler=sampler,
-                        drop_last=True, num_workers=a.num_workers)
-    model = MODELS[a.model]()
-    true16 = a.precision == "bf16-true"
-    if true16:  # parameters, gradients and Adam's state in bf16, as Lightning's HalfPrecision plugin
-        model = model.to(torch.bfloat16)
+                        drop_last=True, num_workers=a.num_workers, pin_memory=gpu)
+    model = MODELS[a.model]().to(dev)
+    true16 = a.precision in ("bf16-true", "16-true")
+    low = torch.float16 if a.precision.startswith("16") else torch.bfloat16
+    if true16:  # parameters, gradients and Adam's state in 16 bits, as Lightning's HalfPrecision plugin
+        model = model.to(low)
     if world > 1:
-        model = DDP(model)
+        model = DDP(model, device_ids=[rank] if gpu else None)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     model.train()
     # A disabled autocast context costs nothing measurable and keeps one loop for both precisions.
-    bf16 = a.precision == "bf16-mixed"
+    mixed = a.precision in ("bf16-mixed", "16-mixed")
+    scaler = torch.cuda.amp.GradScaler() if a.precision == "16-mixed" else None
+    sync = torch.cuda.synchronize if gpu else (lambda: None)
     out_dtype = None
 
     step = 0
@@ -223,23 +248,31 @@ def train(rank, a, out_dir):
             sampler.set_epoch(epoch)
         t0 = time.perf_counter()
         for x, y in loader:
+            if gpu:
+                x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
             t1 = time.perf_counter()
             if true16:
-                x = x.to(torch.bfloat16)
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                x = x.to(low)
+            with torch.autocast(dev.type, dtype=low, enabled=mixed):
                 out = model(x)
                 if a.model != "autoencoder":
                     loss = F.cross_entropy(out, y)
-                elif true16:  # torch 1.13 has no CPU bf16 mse_loss kernel: its formula, on the bf16 tensors
+                elif true16 and not gpu:  # torch 1.13 has no CPU bf16 mse_loss kernel: its formula, on the bf16 tensors
                     loss = ((out - x.flatten(1)) ** 2).mean()
                 else:
                     loss = F.mse_loss(out, x.flatten(1))
             out_dtype = out.dtype
             t2 = time.perf_counter()
             opt.zero_grad(set_to_none=True)
-            loss.backward()
+            (scaler.scale(loss) if scaler else loss).backward()
             t3 = time.perf_counter()
-            opt.step()
+            if scaler:
+                scaler.step(opt)
+                scaler.update()
+            else:
+                opt.step()
+            if step + 1 in (a.warmup, a.steps):
+                sync()  # the timed window opens and closes with the GPU idle
             t4 = time.perf_counter()
             step += 1
             split[0] += t1 - t0
@@ -310,6 +343,8 @@ def main():
         "world_size": a.world_size,
         "batch_size": a.batch_size,
         "threads_per_rank": a.threads,
+        "accelerator": a.accelerator,
+        "gpu": torch.cuda.get_device_name(0) if a.accelerator == "gpu" else None,
         "steps": a.steps,
         "warmup": a.warmup,
         "data": a.data,
