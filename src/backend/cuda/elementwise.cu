@@ -109,10 +109,11 @@ __global__ void k_mask_scale(int64_t n, const void *x, const uint8_t *m, void *y
     LK_CU_FOR(i, n) lk_cu_st(y, dt.t[2], i, lk_cu_ld(x, dt.t[0], i) * (m[i] ? s : 0.0f));
 }
 
-__global__ void k_clamp(int64_t n, const float *x, float *y, float lo, float hi) {
+/* f32, or a bf16/f16 gradient widened, clamped in f32 and rounded once (as the CPU). */
+__global__ void k_clamp(int64_t n, const void *x, void *y, int dt, float lo, float hi) {
     LK_CU_FOR(i, n) {
-        float v = x[i];
-        y[i] = v < lo ? lo : v > hi ? hi : v; /* NaN compares false: it stays */
+        float v = lk_cu_ld(x, dt, i);
+        lk_cu_st(y, dt, i, v < lo ? lo : v > hi ? hi : v); /* NaN compares false: it stays */
     }
 }
 
@@ -306,7 +307,7 @@ extern "C" int lk__cuda_elementwise(const lk_op_desc *d, void *const *x) {
         break;
     case LK_OP_CLAMP:
         if (d->clamp.n > 0)
-            k_clamp<<<lk_cu_blocks(d->clamp.n), LK_CU_THREADS>>>(d->clamp.n, (const float *)x[0], (float *)x[1],
+            k_clamp<<<lk_cu_blocks(d->clamp.n), LK_CU_THREADS>>>(d->clamp.n, x[0], x[1], (int)d->dtype[0],
                                                                  d->clamp.lo, d->clamp.hi);
         break;
     case LK_OP_COPY: return (int)copy(d, x);
