@@ -232,6 +232,15 @@ static void put_nonfinite_half(const op_case *c, void **h) {
     ((uint16_t *)h[0])[777] = bf ? 0x7f80 : 0x7c00;  /* +inf */
     ((uint16_t *)h[0])[1500] = bf ? 0x7fc0 : 0x7e00; /* NaN */
 }
+/* Integer sources past float's 24 bits (an i64 -> f32 cast rounds, an i64
+ * -> i32 keeps the low bits), and negative ones. */
+static void big_ints(const op_case *c, void **h) {
+    for (int64_t i = 0; i < c->o[0].n; i += 7) {
+        int64_t v = (i & 8 ? -1 : 1) * (((int64_t)1 << (c->d.dtype[0] == LK_I64 ? 40 : 25)) + 3 * i + 1);
+        if (c->d.dtype[0] == LK_I64) ((int64_t *)h[0])[i] = v;
+        else if (c->d.dtype[0] == LK_I32) ((int32_t *)h[0])[i] = (int32_t)v;
+    }
+}
 /* Cross-entropy / nll: rows 2 and 5 ignored (ignore_index 3 placed there). */
 static void put_ignored(const op_case *c, void **h) {
     int ti = c->d.op == LK_OP_NLL_BACKWARD ? 0 : 1;
@@ -536,6 +545,24 @@ static void build_table(void) {
         c->d.copy = (lk_copy_params){.ndim = 2, .shape = {37, 29}, .ss = {1, 37}, .sd = {29, 1}};
         ops(c, 0, 37 * 29, I_RAND, 0), ops(c, 1, 37 * 29, I_RAND, 0);
     }
+    /* casts with an integer or f64 side (copy.c's conversions): in range (a float to u8 from positive values) */
+    static const lk_dtype icast[][2] = {{LK_I64, LK_F32}, {LK_F32, LK_I64}, {LK_F32, LK_I32}, {LK_BF16, LK_U8},
+                                        {LK_I32, LK_I64}, {LK_I64, LK_I32}, {LK_U8, LK_F16},  {LK_F64, LK_BF16},
+                                        {LK_F32, LK_F64}, {LK_I64, LK_U8},  {LK_I32, LK_F32}, {LK_F64, LK_I64}};
+    for (int k = 0; k < 12; k++) {
+        lk_dtype a = icast[k][0], b = icast[k][1];
+        bool ia = a == LK_I32 || a == LK_I64 || a == LK_U8, ib = b == LK_I32 || b == LK_I64 || b == LK_U8;
+        c = add(NAME("copy_cast_%s_%s", lk_dtype_name(a), lk_dtype_name(b)), LK_OP_COPY, T_EXACT);
+        dts(c, a, b, 0, 0);
+        c->d.copy = (lk_copy_params){.ndim = 2, .shape = {37, 29}, .ss = {1, 37}, .sd = {29, 1}};
+        ops(c, 0, 37 * 29, ia ? I_IDX : b == LK_U8 ? I_POS : I_RAND, 250), ops(c, 1, 37 * 29, ib ? I_IDX : I_RAND, 100);
+        if (ia) c->fix = big_ints;
+    }
+    /* a cast into a repeated destination (stride 0): the CPU's last write wins */
+    c = add("copy_cast_repeated_dst_f32_bf16", LK_OP_COPY, T_EXACT);
+    dts(c, LK_F32, LK_BF16, 0, 0);
+    c->d.copy = (lk_copy_params){.ndim = 2, .shape = {50, 8}, .ss = {8, 1}, .sd = {0, 1}};
+    ops(c, 0, 400, I_RAND, 0), ops(c, 1, 8, I_RAND, 0);
     /* fills: every other column of an f32 matrix, a bf16 vector, i64 and u8 */
     static const lk_dtype fdt[] = {LK_F32, LK_BF16, LK_I64, LK_U8};
     for (int k = 0; k < 4; k++) {
@@ -798,23 +825,27 @@ static int kept_f32_operand(lk_op_kind op) {
 }
 
 /* For every descriptor of the table, and every way of making each of its
- * float operands f32, bf16 or f16: what the CPU backend supports, the cuda
- * backend supports too (a mixed-precision run on a GPU never stops at
- * UNSUPPORTED where the CPU runs), but for kept_f32_operand's gap. */
+ * float operands f32, bf16 or f16 (a copy's two operands: every dtype):
+ * what the CPU backend supports, the cuda backend supports too (a
+ * mixed-precision run on a GPU never stops at UNSUPPORTED where the CPU
+ * runs), but for kept_f32_operand's gap. */
 static void cuda_takes_what_cpu_takes(void) {
     static const lk_dtype fdt[3] = {LK_F32, LK_BF16, LK_F16};
+    static const lk_dtype all[LK_DTYPE_COUNT] = {LK_F32, LK_F64, LK_BF16, LK_F16, LK_I32, LK_I64, LK_U8};
     long taken = 0, gap = 0, reported = 0;
     for (int t = 0; t < ncases; t++) {
         const op_case *c = &table[t];
-        int fl[LK_OP_MAX_OPERANDS], nf = 0;
+        bool copy = c->d.op == LK_OP_COPY;
+        const lk_dtype *set = copy ? all : fdt;
+        int fl[LK_OP_MAX_OPERANDS], nf = 0, nset = copy ? LK_DTYPE_COUNT : 3;
         for (int i = 0; i < lk__op_arity(c->d.op); i++)
-            if (c->d.dtype[i] == LK_F32 || c->d.dtype[i] == LK_BF16 || c->d.dtype[i] == LK_F16) fl[nf++] = i;
+            if (copy || c->d.dtype[i] == LK_F32 || c->d.dtype[i] == LK_BF16 || c->d.dtype[i] == LK_F16) fl[nf++] = i;
         long combos = 1;
-        for (int k = 0; k < nf; k++) combos *= 3;
+        for (int k = 0; k < nf; k++) combos *= nset;
         for (long m = 0; m < combos; m++) {
             lk_op_desc d = c->d;
             long r = m;
-            for (int k = 0; k < nf; k++, r /= 3) d.dtype[fl[k]] = fdt[r % 3];
+            for (int k = 0; k < nf; k++, r /= nset) d.dtype[fl[k]] = set[r % nset];
             if (!lk__cpu_backend.supports(&d)) continue;
             taken++;
             if (lk__cuda_backend.supports(&d)) continue;

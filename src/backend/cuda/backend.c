@@ -14,8 +14,7 @@
  * although the CPU's supports() says yes: a bf16/f16 saved-statistics
  * operand (batch/layer norm's stats, SyncBatchNorm's mean and
  * coefficients; no caller makes one, and the CPU's 16-bit path reads
- * them as f32 or past their end) and casts to or from an integer or f64
- * dtype (no caller on a training device).
+ * them as f32 or past their end).
  *
  * run() finds the GPU from the operands' pointers (the calling thread's
  * current device may belong to another GPU of a dp run), checks that every
@@ -83,12 +82,10 @@ static bool cuda_supports(const lk_op_desc *d) {
         return true;
     case LK_OP_MASK_SCALE:
         return is_elem(d->dtype[0]) && d->dtype[1] == LK_U8 && d->dtype[2] == d->dtype[0];
-    case LK_OP_COPY: {
+    case LK_OP_COPY: { /* any dtypes (a cast between two: copy.c's conversions); accumulate f32 only, as the CPU */
         size_t es = lk_dtype_size(d->dtype[0]);
-        bool dims = d->copy.ndim >= 0 && d->copy.ndim <= LK_MAX_DIMS, repeats = false;
-        for (int k = 0; dims && k < d->copy.ndim; k++) repeats |= d->copy.sd[k] == 0 && d->copy.shape[k] > 1;
-        if (d->dtype[0] != d->dtype[1]) /* a cast: between f32, bf16 and f16, every destination element once */
-            return is_elem(d->dtype[0]) && is_elem(d->dtype[1]) && dims && !repeats && !d->copy.accumulate;
+        bool dims = d->copy.ndim >= 0 && d->copy.ndim <= LK_MAX_DIMS;
+        if (d->dtype[0] != d->dtype[1]) return es && lk_dtype_size(d->dtype[1]) && dims && !d->copy.accumulate;
         return (es == 1 || es == 2 || es == 4 || es == 8) && dims && (!d->copy.accumulate || d->dtype[0] == LK_F32);
     }
     case LK_OP_FILL: { /* any element size; the value converted on the host by the CPU backend */
