@@ -12,6 +12,9 @@ if(LK_HAVE_CUDA)
     set_tests_properties(${t} PROPERTIES SKIP_RETURN_CODE 77)
   endforeach()
 endif()
+# DeviceStatsMonitor's GPU metric names and values from NVML's stats, and the
+# NVML index under CUDA_VISIBLE_DEVICES: no GPU.
+lk_add_test(NAME gpu_stats_metrics SOURCES gpu/test_gpu_stats.c LABELS unit TIMEOUT 60)
 # The NCCL id bootstrap through a fake transport: bytes only, no GPU.
 lk_add_test(NAME nccl_bootstrap SOURCES gpu/test_nccl_bootstrap.c LABELS unit TIMEOUT 60)
 # `lockstep env`'s GPU lines, on every machine.
