@@ -6,7 +6,7 @@ lk_add_test(NAME gpu_select SOURCES gpu/test_gpu_select.c LABELS unit TIMEOUT 60
 # machines report them as skipped, never as passed. tools/gpu/session.sh
 # runs them on a GPU machine with `ctest -L gpu`.
 if(LK_HAVE_CUDA)
-  foreach(t gpu_device gpu_gemm gpu_nvml gpu_nccl gpu_ops gpu_mlp_step)
+  foreach(t gpu_device gpu_gemm gpu_nvml gpu_nccl gpu_ops gpu_mlp_step gpu_sync_bn)
     string(REPLACE "gpu_" "" src ${t})
     lk_add_test(NAME ${t} SOURCES gpu/test_${src}.c LABELS gpu TIMEOUT 300)
     set_tests_properties(${t} PROPERTIES SKIP_RETURN_CODE 77)
