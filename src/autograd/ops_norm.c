@@ -55,18 +55,18 @@ static lk_status bn_split_run(lk_device dev, lk_op_kind op, long N, long C, long
  * host never dereferences a tensor's memory here; on the CPU the copies are
  * memcpys and the arithmetic is unchanged, so the bits are too. */
 typedef struct {
-    lk_device dev;
-    void *p; /* on dev */
-    size_t bytes;
+    lk_tensor *t; /* n elements on dev, from the tensor pool (no cudaMalloc per step) */
+    void *p;      /* its data */
 } bn_dbuf;
 
-static lk_status dbuf_alloc(lk_device dev, size_t bytes, bn_dbuf *b) {
-    *b = (bn_dbuf){dev, NULL, bytes ? bytes : 1};
-    return lk_device_alloc(dev, b->bytes, &b->p);
+static lk_status dbuf_alloc(lk_device dev, lk_dtype dt, size_t n, bn_dbuf *b) {
+    b->t = lk__tensor_new_on(dev, dt, 1, (int64_t[]){(int64_t)(n ? n : 1)});
+    b->p = b->t ? b->t->data : NULL;
+    return b->t ? LK_STATUS_OK : lk_last_status();
 }
 static void dbuf_free(bn_dbuf *b) {
-    if (b->p) lk_device_free(b->dev, b->p, b->bytes);
-    b->p = NULL;
+    lk_tensor_release(b->t);
+    *b = (bn_dbuf){0};
 }
 /* bytes between the host and dev. */
 static lk_status to_host(void *h, lk_device dev, const void *p, size_t bytes) {
@@ -91,7 +91,7 @@ static lk_status bn_sync_backward(lk_device dev, const bn_bwd_job *j, const bn_s
           *hdw = k ? hw + nc : NULL, *hdb = k ? hdw + nc : NULL;
     bn_dbuf dtot = {0}, dk = {0};
     lk_status st = tot && k ? LK_STATUS_OK : LK_STATUS_OUT_OF_MEMORY;
-    if (!st) st = dbuf_alloc(dev, 2 * nc * sizeof(double), &dtot);
+    if (!st) st = dbuf_alloc(dev, LK_F64, 2 * nc, &dtot);
     if (!st) st = bn_split_run(dev, LK_OP_BN_STATS, N, C, S, LK_BN_GRAD, false, j->xt, j->xd, j->gt, j->gd, j->mean,
                                LK_F64, dtot.p);
     if (!st) st = to_host(tot, dev, dtot.p, 2 * nc * sizeof *tot);
@@ -111,7 +111,7 @@ static lk_status bn_sync_backward(lk_device dev, const bn_bwd_job *j, const bn_s
         k[2 * C + c] = k1;
         k[3 * C + c] = (float)(-(double)k1 * is * is * tot[C + c] / sy->count);
     }
-    if (!st && j->dx) st = dbuf_alloc(dev, 4 * nc * sizeof *k, &dk);
+    if (!st && j->dx) st = dbuf_alloc(dev, LK_F32, 4 * nc, &dk);
     if (!st && j->dx) st = to_dev(dev, dk.p, k, 4 * nc * sizeof *k);
     if (!st && j->dx)
         st = bn_split_run(dev, LK_OP_BN_APPLY, N, C, S, LK_BN_SUM, true, j->xt, j->xd, j->gt, j->gd, dk.p, j->xt,
@@ -242,7 +242,7 @@ static lk_status bn_sync_stats(lk_device dev, const bn_fwd_job *j, const bn_sync
     host_vec rm = {0}, rv = {0}, w = {0}, b = {0};
     bn_dbuf dv = {0}, dk = {0};
     lk_status st = v && k ? LK_STATUS_OK : LK_STATUS_OUT_OF_MEMORY;
-    if (!st) st = dbuf_alloc(dev, nc * sizeof *v, &dv);
+    if (!st) st = dbuf_alloc(dev, LK_F64, nc, &dv);
     if (!st) st = bn_split_run(dev, LK_OP_BN_STATS, N, C, S, LK_BN_SUM, false, j->xt, j->xd, LK_F32, NULL, NULL, LK_F64, dv.p);
     if (!st) st = to_host(v, dev, dv.p, nc * sizeof *v);
     if (!st) {
@@ -275,7 +275,7 @@ static lk_status bn_sync_stats(lk_device dev, const bn_fwd_job *j, const bn_sync
     if (!st) st = to_dev(dev, j->stats + C, invstd, nc * sizeof *invstd);
     if (!st) st = vec_out(&rm);
     if (!st) st = vec_out(&rv);
-    if (!st) st = dbuf_alloc(dev, 2 * nc * sizeof *k, &dk);
+    if (!st) st = dbuf_alloc(dev, LK_F32, 2 * nc, &dk);
     if (!st) st = to_dev(dev, dk.p, k, 2 * nc * sizeof *k);
     if (!st) st = bn_split_run(dev, LK_OP_BN_APPLY, N, C, S, LK_BN_SUM, false, j->xt, j->xd, LK_F32, NULL, dk.p, j->xt, j->od);
     *sy = (bn_sync){sy_in->sum, sy_in->ctx, M};
