@@ -48,31 +48,76 @@ static lk_status bn_split_run(lk_device dev, lk_op_kind op, long N, long C, long
     return lk__backend_run(dev, &d, (void *[]){(void *)x, (void *)g, (void *)k, out});
 }
 
+/* SyncBatchNorm's per-channel values on a device the host may not read
+ * (cuda): the passes read and write buffers on the op's device, and the
+ * per-channel scalars between the all-reduces are computed on the host from
+ * copies of those C values (one copy each way per pass; C is small). The
+ * host never dereferences a tensor's memory here; on the CPU the copies are
+ * memcpys and the arithmetic is unchanged, so the bits are too. */
+typedef struct {
+    lk_tensor *t; /* n elements on dev, from the tensor pool (no cudaMalloc per step) */
+    void *p;      /* its data */
+} bn_dbuf;
+
+static lk_status dbuf_alloc(lk_device dev, lk_dtype dt, size_t n, bn_dbuf *b) {
+    b->t = lk__tensor_new_on(dev, dt, 1, (int64_t[]){(int64_t)(n ? n : 1)});
+    b->p = b->t ? b->t->data : NULL;
+    return b->t ? LK_STATUS_OK : lk_last_status();
+}
+static void dbuf_free(bn_dbuf *b) {
+    lk_tensor_release(b->t);
+    *b = (bn_dbuf){0};
+}
+/* bytes between the host and dev. */
+static lk_status to_host(void *h, lk_device dev, const void *p, size_t bytes) {
+    return bytes ? lk_device_copy(LK_DEVICE_CPU, h, dev, p, bytes) : LK_STATUS_OK;
+}
+static lk_status to_dev(lk_device dev, void *p, const void *h, size_t bytes) {
+    return bytes ? lk_device_copy(dev, p, LK_DEVICE_CPU, h, bytes) : LK_STATUS_OK;
+}
+
 /* SyncBatchNorm's backward: this rank's per-channel sums of g and
  * g * (x - mean), summed over ranks for the input gradient; weight and bias
  * gradients from this rank's sums (DDP averages them afterwards). Serial:
- * the all-reduce sits between the two passes. */
+ * the all-reduce sits between the two passes. j's pointers are on dev
+ * (w f32 contiguous); the host works on copies: the [2, C] statistics and
+ * w in, dw and db out, the sums in and the coefficients out. */
 static lk_status bn_sync_backward(lk_device dev, const bn_bwd_job *j, const bn_sync *sy) {
     long N = j->N, C = j->C, S = j->S;
-    double *tot = lk_malloc((size_t)(2 * C > 0 ? 2 * C : 1) * sizeof *tot);
-    float *k = lk_malloc((size_t)(4 * C > 0 ? 4 * C : 1) * sizeof *k); /* mean, k0, k1, k2 per channel */
+    size_t nc = (size_t)(C > 0 ? C : 0);
+    double *tot = lk_malloc((2 * nc + 1) * sizeof *tot);
+    /* host: k [4C] (mean, k0, k1, k2 per channel), stats [2C] (mean, invstd), w [C], dw [C], db [C] */
+    float *k = lk_malloc((9 * nc + 1) * sizeof *k), *hs = k ? k + 4 * nc : NULL, *hw = k ? hs + 2 * nc : NULL,
+          *hdw = k ? hw + nc : NULL, *hdb = k ? hdw + nc : NULL;
+    bn_dbuf dtot = {0}, dk = {0};
     lk_status st = tot && k ? LK_STATUS_OK : LK_STATUS_OUT_OF_MEMORY;
+    if (!st) st = dbuf_alloc(dev, LK_F64, 2 * nc, &dtot);
     if (!st) st = bn_split_run(dev, LK_OP_BN_STATS, N, C, S, LK_BN_GRAD, false, j->xt, j->xd, j->gt, j->gd, j->mean,
-                               LK_F64, tot);
+                               LK_F64, dtot.p);
+    if (!st) st = to_host(tot, dev, dtot.p, 2 * nc * sizeof *tot);
+    if (!st) st = to_host(hs, dev, j->mean, 2 * nc * sizeof *hs); /* mean and invstd: one [2, C] tensor */
+    if (!st && j->w) st = to_host(hw, dev, j->w, nc * sizeof *hw);
     for (long c = 0; !st && c < C; c++) {
-        if (j->db) j->db[c] = (float)tot[c];
-        if (j->dw) j->dw[c] = (float)(tot[C + c] * j->invstd[c]);
+        hdb[c] = (float)tot[c];
+        hdw[c] = (float)(tot[C + c] * hs[C + c]);
     }
+    if (!st && j->db) st = to_dev(dev, j->db, hdb, nc * sizeof *hdb);
+    if (!st && j->dw) st = to_dev(dev, j->dw, hdw, nc * sizeof *hdw);
     if (!st) st = sy->sum(sy->ctx, tot, (int)(2 * C));
     for (long c = 0; !st && j->dx && c < C; c++) {
-        float is = j->invstd[c], k1 = (j->w ? j->w[c] : 1.0f) * is;
-        k[c] = j->mean[c];
+        float is = hs[C + c], k1 = (j->w ? hw[c] : 1.0f) * is;
+        k[c] = hs[c];
         k[C + c] = (float)(-(double)k1 * tot[c] / sy->count);
         k[2 * C + c] = k1;
         k[3 * C + c] = (float)(-(double)k1 * is * is * tot[C + c] / sy->count);
     }
+    if (!st && j->dx) st = dbuf_alloc(dev, LK_F32, 4 * nc, &dk);
+    if (!st && j->dx) st = to_dev(dev, dk.p, k, 4 * nc * sizeof *k);
     if (!st && j->dx)
-        st = bn_split_run(dev, LK_OP_BN_APPLY, N, C, S, LK_BN_SUM, true, j->xt, j->xd, j->gt, j->gd, k, j->xt, j->dx);
+        st = bn_split_run(dev, LK_OP_BN_APPLY, N, C, S, LK_BN_SUM, true, j->xt, j->xd, j->gt, j->gd, dk.p, j->xt,
+                          j->dx);
+    dbuf_free(&dtot);
+    dbuf_free(&dk);
     lk_free(tot);
     lk_free(k);
     return st;
@@ -133,15 +178,38 @@ static lk_status check_channel_vec(const lk_tensor *t, const char *what, const l
     return LK_STATUS_OK;
 }
 
-/* Element c of a per-channel vector of any float dtype (SyncBatchNorm's scalars). */
-static float vec_get(const lk_tensor *t, long c) {
-    if (t->dtype == LK_F32) return ((const float *)t->data)[c * t->stride[0]];
-    uint16_t h = ((const uint16_t *)t->data)[c * t->stride[0]];
+/* A host copy of a per-channel vector of any float dtype at its stride
+ * (SyncBatchNorm's scalars): the span from element 0 to element C-1, read
+ * from the tensor's device and, for the running statistics, written back
+ * whole (the elements between are copied back unchanged). */
+typedef struct {
+    lk_tensor *t; /* NULL: absent */
+    void *h;
+    size_t bytes;
+} host_vec;
+
+static lk_status vec_in(lk_tensor *t, long C, host_vec *v) {
+    *v = (host_vec){t, NULL, 0};
+    if (!t || C <= 0) return LK_STATUS_OK;
+    v->bytes = (size_t)((C - 1) * t->stride[0] + 1) * lk_dtype_size(t->dtype);
+    if (!(v->h = lk_malloc(v->bytes))) return LK_STATUS_OUT_OF_MEMORY;
+    return to_host(v->h, t->device, t->data, v->bytes);
+}
+static lk_status vec_out(const host_vec *v) { return v->h ? to_dev(v->t->device, v->t->data, v->h, v->bytes) : LK_STATUS_OK; }
+static void vec_free(host_vec *v) {
+    lk_free(v->h);
+    v->h = NULL;
+}
+static float vec_get(const host_vec *v, long c) {
+    const lk_tensor *t = v->t;
+    if (t->dtype == LK_F32) return ((const float *)v->h)[c * t->stride[0]];
+    uint16_t h = ((const uint16_t *)v->h)[c * t->stride[0]];
     return t->dtype == LK_BF16 ? lk_bf16_bits_to_f32(h) : lk_f16_bits_to_f32(h);
 }
-static void vec_set(lk_tensor *t, long c, float v) {
-    if (t->dtype == LK_F32) ((float *)t->data)[c * t->stride[0]] = v;
-    else ((uint16_t *)t->data)[c * t->stride[0]] = t->dtype == LK_BF16 ? lk_f32_to_bf16_bits(v) : lk_f32_to_f16_bits(v);
+static void vec_set(host_vec *v, long c, float x) {
+    const lk_tensor *t = v->t;
+    if (t->dtype == LK_F32) ((float *)v->h)[c * t->stride[0]] = x;
+    else ((uint16_t *)v->h)[c * t->stride[0]] = t->dtype == LK_BF16 ? lk_f32_to_bf16_bits(x) : lk_f32_to_f16_bits(x);
 }
 
 typedef struct {
@@ -159,14 +227,24 @@ typedef struct {
 
 /* SyncBatchNorm's statistics: per channel the sum over every rank, then
  * the squared deviations from the global mean (two passes, as the
- * single-process path, so a split batch matches the whole one closely). */
+ * single-process path, so a split batch matches the whole one closely).
+ * j->xd, j->od and j->stats are on dev: the sums come back to the host
+ * (bn_dbuf's copies), the mean goes to stats before the second pass, the
+ * inverse deviations and the scale / shift after it; the running
+ * statistics, weight and bias are read (and the first two written) through
+ * host copies on their own devices. */
 static lk_status bn_sync_stats(lk_device dev, const bn_fwd_job *j, const bn_sync *sy_in, bn_sync *sy) {
     long N = j->N, C = j->C, S = j->S;
-    float *mean = j->stats, *invstd = j->stats + C;
-    double *v = lk_malloc((size_t)(C + 1) * sizeof *v);
-    float *k = lk_malloc((size_t)(2 * C > 0 ? 2 * C : 1) * sizeof *k); /* scale, shift per channel */
+    size_t nc = (size_t)(C > 0 ? C : 0);
+    double *v = lk_malloc((nc + 1) * sizeof *v);
+    float *k = lk_malloc((4 * nc + 1) * sizeof *k); /* scale, shift per channel; then the host's [2, C] stats */
+    float *mean = k ? k + 2 * nc : NULL, *invstd = k ? mean + nc : NULL;
+    host_vec rm = {0}, rv = {0}, w = {0}, b = {0};
+    bn_dbuf dv = {0}, dk = {0};
     lk_status st = v && k ? LK_STATUS_OK : LK_STATUS_OUT_OF_MEMORY;
-    if (!st) st = bn_split_run(dev, LK_OP_BN_STATS, N, C, S, LK_BN_SUM, false, j->xt, j->xd, LK_F32, NULL, NULL, LK_F64, v);
+    if (!st) st = dbuf_alloc(dev, LK_F64, nc, &dv);
+    if (!st) st = bn_split_run(dev, LK_OP_BN_STATS, N, C, S, LK_BN_SUM, false, j->xt, j->xd, LK_F32, NULL, NULL, LK_F64, dv.p);
+    if (!st) st = to_host(v, dev, dv.p, nc * sizeof *v);
     if (!st) {
         v[C] = j->M;
         st = sy_in->sum(sy_in->ctx, v, (int)(C + 1));
@@ -176,21 +254,34 @@ static lk_status bn_sync_stats(lk_device dev, const bn_fwd_job *j, const bn_sync
         st = lk_error(LK_STATUS_INVALID_ARGUMENT, "batch_norm (sync): expected more than 1 value per channel over all "
                       "ranks when training, got %g", M);
     for (long c = 0; !st && c < C; c++) mean[c] = (float)(v[c] / M);
-    if (!st) st = bn_split_run(dev, LK_OP_BN_STATS, N, C, S, LK_BN_SQDEV, false, j->xt, j->xd, LK_F32, NULL, mean, LK_F64, v);
+    if (!st) st = to_dev(dev, j->stats, mean, nc * sizeof *mean);
+    if (!st) st = bn_split_run(dev, LK_OP_BN_STATS, N, C, S, LK_BN_SQDEV, false, j->xt, j->xd, LK_F32, NULL, j->stats, LK_F64, dv.p);
+    if (!st) st = to_host(v, dev, dv.p, nc * sizeof *v);
     if (!st) st = sy_in->sum(sy_in->ctx, v, (int)C);
+    if (!st) st = vec_in(j->running_mean, C, &rm);
+    if (!st) st = vec_in(j->running_var, C, &rv);
+    if (!st) st = vec_in(j->weight, C, &w);
+    if (!st) st = vec_in(j->bias, C, &b);
     for (long c = 0; !st && c < C; c++) {
         invstd[c] = (float)(1.0 / sqrt(v[c] / M + (double)j->eps));
         if (j->running_mean) {
-            vec_set(j->running_mean, c, (1.0f - j->momentum) * vec_get(j->running_mean, c) + j->momentum * mean[c]);
-            vec_set(j->running_var, c,
-                    (1.0f - j->momentum) * vec_get(j->running_var, c) + j->momentum * (float)(v[c] / (M - 1)));
+            vec_set(&rm, c, (1.0f - j->momentum) * vec_get(&rm, c) + j->momentum * mean[c]);
+            vec_set(&rv, c, (1.0f - j->momentum) * vec_get(&rv, c) + j->momentum * (float)(v[c] / (M - 1)));
         }
-        float scale = invstd[c] * (j->weight ? vec_get(j->weight, c) : 1.0f);
+        float scale = invstd[c] * (j->weight ? vec_get(&w, c) : 1.0f);
         k[c] = scale;
-        k[C + c] = (j->bias ? vec_get(j->bias, c) : 0.0f) - mean[c] * scale;
+        k[C + c] = (j->bias ? vec_get(&b, c) : 0.0f) - mean[c] * scale;
     }
-    if (!st) st = bn_split_run(dev, LK_OP_BN_APPLY, N, C, S, LK_BN_SUM, false, j->xt, j->xd, LK_F32, NULL, k, j->xt, j->od);
+    if (!st) st = to_dev(dev, j->stats + C, invstd, nc * sizeof *invstd);
+    if (!st) st = vec_out(&rm);
+    if (!st) st = vec_out(&rv);
+    if (!st) st = dbuf_alloc(dev, LK_F32, 2 * nc, &dk);
+    if (!st) st = to_dev(dev, dk.p, k, 2 * nc * sizeof *k);
+    if (!st) st = bn_split_run(dev, LK_OP_BN_APPLY, N, C, S, LK_BN_SUM, false, j->xt, j->xd, LK_F32, NULL, dk.p, j->xt, j->od);
     *sy = (bn_sync){sy_in->sum, sy_in->ctx, M};
+    vec_free(&rm), vec_free(&rv), vec_free(&w), vec_free(&b);
+    dbuf_free(&dv);
+    dbuf_free(&dk);
     lk_free(v);
     lk_free(k);
     return st;

@@ -1,14 +1,17 @@
 /* The built-in callbacks the loops call, other than ModelCheckpoint
  * (checkpoint.c): EarlyStopping after each validation, and the monitors that
  * log with the step's metrics: LearningRateMonitor (per step or per epoch),
- * DeviceStatsMonitor (CPU use and resident memory) and the fp16 loss scale.
+ * DeviceStatsMonitor (NVML's stats of the process's GPU, or CPU use and
+ * resident memory) and the fp16 loss scale.
  * Each reads the trainer's state and either logs metrics or sets
  * tr->should_stop with a reason; none changes the training itself. */
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "device/gpu.h"
 #include "train/train_impl.h"
 
 lk_status lk__early_stopping_check(lk_trainer *tr, lk_es_state *es) {
@@ -59,8 +62,61 @@ lk_status lk__early_stopping_check(lk_trainer *tr, lk_es_state *es) {
     return LK_STATUS_OK;
 }
 
-/* DeviceStatsMonitor: this process's CPU utilisation since the last call and
- * its resident memory; the largest RSS of any rank with one all-reduce. */
+int lk__nvml_index_for(int cuda_index, const char *visible) {
+    if (!visible || !visible[0] || cuda_index < 0) return cuda_index;
+    const char *p = visible;
+    for (int k = 0; *p; k++) {
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end == p || v < 0 || (*end && *end != ',')) return cuda_index; /* a UUID or MIG id: not an index */
+        if (k == cuda_index) return (int)v;
+        p = *end ? end + 1 : end;
+    }
+    return cuda_index;
+}
+
+int lk__gpu_stats_metrics(int device_id, const lk__gpu_stats *s, char name[][80], double *value) {
+    int n = 0;
+#define GPU_METRIC(known, key, v)                                                                    \
+    if (known) {                                                                                     \
+        snprintf(name[n], sizeof name[n], "device_stats/device_id: %d/%s", device_id, key);          \
+        value[n++] = (v);                                                                            \
+    }
+    const double mb = 1024.0 * 1024.0; /* nvidia-smi's MB are MiB */
+    GPU_METRIC(s->utilization_pct >= 0, "utilization.gpu (%)", s->utilization_pct)
+    GPU_METRIC(s->mem_utilization_pct >= 0, "utilization.memory (%)", s->mem_utilization_pct)
+    GPU_METRIC(s->mem_total > 0, "memory.used (MB)", (double)s->mem_used / mb)
+    GPU_METRIC(s->mem_total > 0 && s->mem_used <= s->mem_total, "memory.free (MB)", (double)(s->mem_total - s->mem_used) / mb)
+    GPU_METRIC(s->temperature_c >= 0, "temperature.gpu (\u00b0C)", s->temperature_c)
+    GPU_METRIC(s->power_w >= 0, "power.draw (W)", s->power_w)
+#undef GPU_METRIC
+    return n;
+}
+
+/* The process's GPU (the default device, a cuda one) through NVML, as
+ * Lightning's DeviceStatsMonitor on CUDA: false, logging nothing, when
+ * there is none or NVML cannot answer (the CPU stats are logged instead). */
+static bool log_gpu_stats(lk_trainer *tr, const lk_log_opts *o, lk_status *st) {
+    lk_device dev = lk_device_default();
+    if (dev.kind != LK_CUDA) return false;
+    lk__gpu_stats s;
+    int nvml = lk__nvml_index_for(dev.index, getenv("CUDA_VISIBLE_DEVICES"));
+    if (lk__nvml_stats(nvml, &s)) {
+        lk_clear_error();
+        return false;
+    }
+    char name[LK__GPU_METRICS][80];
+    double value[LK__GPU_METRICS];
+    int n = lk__gpu_stats_metrics(dev.index, &s, name, value);
+    *st = LK_STATUS_OK;
+    for (int k = 0; k < n && !*st; k++) *st = lk_log_metric(tr, name[k], value[k], o);
+    return true;
+}
+
+/* DeviceStatsMonitor: the GPU's NVML stats when training on one, else this
+ * process's CPU utilisation since the last call and its resident memory,
+ * with the largest RSS of any rank (one all-reduce, run on every rank
+ * whichever it logs, so that ranks that differ cannot deadlock). */
 lk_status lk__log_device_stats(lk_trainer *tr) {
     if (!tr->cfg.device_stats_monitor) return LK_STATUS_OK;
     double now = lk_time_now(), cpu = lk_time_cpu();
@@ -78,9 +134,12 @@ lk_status lk__log_device_stats(lk_trainer *tr) {
     const char *st = tr->stage;
     tr->stage = "train";
     lk_log_opts o = {.on_step = 1, .on_epoch = -1};
-    lk_status s = lk_log_metric(tr, "device_stats/cpu_percent", util, &o);
-    if (!s) s = lk_log_metric(tr, "device_stats/rss_mb", rss, &o);
-    if (!s && tr->world > 1) s = lk_log_metric(tr, "device_stats/rss_mb_max_rank", rss_max, &o);
+    lk_status s = LK_STATUS_OK;
+    if (!log_gpu_stats(tr, &o, &s)) {
+        s = lk_log_metric(tr, "device_stats/cpu_percent", util, &o);
+        if (!s) s = lk_log_metric(tr, "device_stats/rss_mb", rss, &o);
+        if (!s && tr->world > 1) s = lk_log_metric(tr, "device_stats/rss_mb_max_rank", rss_max, &o);
+    }
     tr->stage = st;
     return s;
 }

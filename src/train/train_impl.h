@@ -211,6 +211,16 @@ lk_status lk__early_stopping_check(lk_trainer *tr, lk_es_state *es);
 lk_status lk__log_lr(lk_trainer *tr);
 lk_status lk__log_scale(lk_trainer *tr);
 lk_status lk__log_device_stats(lk_trainer *tr);
+/* DeviceStatsMonitor's GPU metrics (named as Lightning's GPU stats:
+ * "device_stats/device_id: 0/utilization.gpu (%)", memory.used / .free in
+ * MB, temperature.gpu, power.draw) from one GPU's NVML stats, the fields
+ * NVML did not answer left out: their count, at most LK__GPU_METRICS. */
+#define LK__GPU_METRICS 6
+struct lk__gpu_stats;
+int lk__gpu_stats_metrics(int device_id, const struct lk__gpu_stats *s, char name[][80], double *value);
+/* NVML's index of CUDA device `cuda_index` under CUDA_VISIBLE_DEVICES
+ * `visible` (NULL: unset): its entry when the list is of integers, else cuda_index. */
+int lk__nvml_index_for(int cuda_index, const char *visible);
 /* At an epoch start: lr-<Optimizer> when LearningRateMonitor logs per epoch. */
 lk_status lk__log_lr_epoch(lk_trainer *tr);
 

@@ -6,12 +6,15 @@ lk_add_test(NAME gpu_select SOURCES gpu/test_gpu_select.c LABELS unit TIMEOUT 60
 # machines report them as skipped, never as passed. tools/gpu/session.sh
 # runs them on a GPU machine with `ctest -L gpu`.
 if(LK_HAVE_CUDA)
-  foreach(t gpu_device gpu_gemm gpu_nvml gpu_nccl gpu_ops gpu_mlp_step)
+  foreach(t gpu_device gpu_gemm gpu_nvml gpu_nccl gpu_ops gpu_mlp_step gpu_sync_bn)
     string(REPLACE "gpu_" "" src ${t})
     lk_add_test(NAME ${t} SOURCES gpu/test_${src}.c LABELS gpu TIMEOUT 300)
     set_tests_properties(${t} PROPERTIES SKIP_RETURN_CODE 77)
   endforeach()
 endif()
+# DeviceStatsMonitor's GPU metric names and values from NVML's stats, and the
+# NVML index under CUDA_VISIBLE_DEVICES: no GPU.
+lk_add_test(NAME gpu_stats_metrics SOURCES gpu/test_gpu_stats.c LABELS unit TIMEOUT 60)
 # The NCCL id bootstrap through a fake transport: bytes only, no GPU.
 lk_add_test(NAME nccl_bootstrap SOURCES gpu/test_nccl_bootstrap.c LABELS unit TIMEOUT 60)
 # `lockstep env`'s GPU lines, on every machine.
@@ -40,7 +43,7 @@ find_package(Python3 COMPONENTS Interpreter)
 if(LK_HAVE_CUDA AND Python3_FOUND)
   enable_language(CXX)
   set(emu_sources "")
-  foreach(cu elementwise rows optim conv)
+  foreach(cu elementwise rows optim conv widen)
     set(in ${PROJECT_SOURCE_DIR}/src/backend/cuda/${cu}.cu)
     set(out ${CMAKE_CURRENT_BINARY_DIR}/emu/${cu}.cpp)
     add_custom_command(OUTPUT ${out}
@@ -54,7 +57,8 @@ if(LK_HAVE_CUDA AND Python3_FOUND)
                              ${PROJECT_SOURCE_DIR}/tests ${PROJECT_SOURCE_DIR}/src)
   target_compile_definitions(test_gpu_ops_emu PRIVATE LK_GPU_OPS_EMU=1 LK_SOURCE_DIR="${PROJECT_SOURCE_DIR}"
                              lk__cuda_elementwise=lk__emu_elementwise lk__cuda_rows=lk__emu_rows
-                             lk__cuda_optim=lk__emu_optim lk__cuda_conv=lk__emu_conv LK_CU_THREADS=32 LK_CU_MAX_BLOCKS=3 RED_BLOCKS=5)
+                             lk__cuda_optim=lk__emu_optim lk__cuda_conv=lk__emu_conv
+                             lk__cuda_widened=lk__emu_widened lk__cuda_has_half=lk__emu_has_half LK_CU_THREADS=32 LK_CU_MAX_BLOCKS=3 RED_BLOCKS=5)
   set(emu_flags -ffp-contract=off -Drestrict=__restrict -Wall -Wno-unused-function -Werror)
   if(LK_SANITIZE STREQUAL "address") # the kernels' indexing under ASan: the point of running them here
     list(APPEND emu_flags -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined)

@@ -5,12 +5,16 @@
  * descriptors the kernels here run — the cuBLASLt GEMM (gemm.c), the
  * element-wise families, strided copy, softmax, the regression and
  * classification losses, the gradient utilities, embedding and the
- * optimizer updates, convolution's im2col/col2im/bias pieces and pooling
- * layer and batch norm and BCE (see cuda_impl.h for which .cu file runs
- * which) — and everything else (SyncBatchNorm's passes, whose per-channel
- * arrays ops_norm.c keeps on the host) is the registry's UNSUPPORTED
- * error naming the op, its dtypes, this backend and the device: cuda memory
- * is not host-addressable, so there is no CPU fallback.
+ * optimizer updates, convolution's im2col/col2im/bias pieces and pooling,
+ * layer and batch norm, SyncBatchNorm's passes and BCE, with every bf16/f16
+ * form the CPU backend takes (see cuda_impl.h for which .cu file runs
+ * which) — and everything else is the registry's UNSUPPORTED error naming
+ * the op, its dtypes, this backend and the device: cuda memory is not
+ * host-addressable, so there is no CPU fallback. Deliberately refused
+ * although the CPU's supports() says yes: a bf16/f16 saved-statistics
+ * operand (batch/layer norm's stats, SyncBatchNorm's mean and
+ * coefficients; no caller makes one, and the CPU's 16-bit path reads
+ * them as f32 or past their end).
  *
  * run() finds the GPU from the operands' pointers (the calling thread's
  * current device may belong to another GPU of a dp run), checks that every
@@ -34,7 +38,33 @@ static bool all_f32(const lk_op_desc *d) {
     return true;
 }
 
+/* The families widen.cu runs with bf16/f16 operands (the CPU's widens()):
+ * taken when the all-f32 descriptor is, the operand whose index this
+ * returns (saved statistics, per-channel coefficients) kept f32; -1: none. */
+static bool widens(lk_op_kind op, int *f32_operand) {
+    switch (op) {
+    case LK_OP_POOL2D:
+    case LK_OP_POOL2D_BACKWARD:
+    case LK_OP_EMBEDDING_BACKWARD: *f32_operand = -1; return true;
+    case LK_OP_LAYER_NORM: *f32_operand = 4; return true;
+    case LK_OP_BATCH_NORM: *f32_operand = 6; return true;
+    case LK_OP_LAYER_NORM_BACKWARD:
+    case LK_OP_BATCH_NORM_BACKWARD:
+    case LK_OP_BN_STATS:
+    case LK_OP_BN_APPLY: *f32_operand = 2; return true;
+    default: return false;
+    }
+}
+
 static bool cuda_supports(const lk_op_desc *d) {
+    int keep;
+    if (widens(d->op, &keep) && lk__cuda_has_half(d)) {
+        if (keep >= 0 && d->dtype[keep] != LK_F32) return false;
+        lk_op_desc f = *d;
+        for (int i = 0; i < lk__op_arity(d->op); i++)
+            if (is_half(f.dtype[i])) f.dtype[i] = LK_F32;
+        return cuda_supports(&f);
+    }
     switch (d->op) {
     case LK_OP_GEMM: return lk__cuda_gemm_supports(d);
     case LK_OP_UNARY:
@@ -52,12 +82,10 @@ static bool cuda_supports(const lk_op_desc *d) {
         return true;
     case LK_OP_MASK_SCALE:
         return is_elem(d->dtype[0]) && d->dtype[1] == LK_U8 && d->dtype[2] == d->dtype[0];
-    case LK_OP_COPY: {
+    case LK_OP_COPY: { /* any dtypes (a cast between two: copy.c's conversions); accumulate f32 only, as the CPU */
         size_t es = lk_dtype_size(d->dtype[0]);
-        bool dims = d->copy.ndim >= 0 && d->copy.ndim <= LK_MAX_DIMS, repeats = false;
-        for (int k = 0; dims && k < d->copy.ndim; k++) repeats |= d->copy.sd[k] == 0 && d->copy.shape[k] > 1;
-        if (d->dtype[0] != d->dtype[1]) /* a cast: between f32, bf16 and f16, every destination element once */
-            return is_elem(d->dtype[0]) && is_elem(d->dtype[1]) && dims && !repeats && !d->copy.accumulate;
+        bool dims = d->copy.ndim >= 0 && d->copy.ndim <= LK_MAX_DIMS;
+        if (d->dtype[0] != d->dtype[1]) return es && lk_dtype_size(d->dtype[1]) && dims && !d->copy.accumulate;
         return (es == 1 || es == 2 || es == 4 || es == 8) && dims && (!d->copy.accumulate || d->dtype[0] == LK_F32);
     }
     case LK_OP_FILL: { /* any element size; the value converted on the host by the CPU backend */
@@ -83,20 +111,23 @@ static bool cuda_supports(const lk_op_desc *d) {
         }
         return d->xent.reduction >= 0 && d->xent.reduction <= 2;
     }
-    case LK_OP_NORM: return d->dtype[0] == LK_F32 && d->dtype[1] == LK_F64 && d->norm.p > 0;
-    case LK_OP_NONFINITE: return d->dtype[0] == LK_F32 && d->dtype[1] == LK_I64;
+    /* the gradient utilities on f32 or 16-bit gradients (bf16-true / 16-true clipping); unscale f32 only, as the CPU */
+    case LK_OP_NORM: return is_elem(d->dtype[0]) && d->dtype[1] == LK_F64 && d->norm.p > 0;
+    case LK_OP_NONFINITE: return is_elem(d->dtype[0]) && d->dtype[1] == LK_I64;
     case LK_OP_UNSCALE: return d->dtype[0] == LK_F32 && d->dtype[1] == LK_F32 && d->dtype[2] == LK_I64;
-    case LK_OP_CLAMP: return d->dtype[0] == LK_F32 && d->dtype[1] == LK_F32;
-    case LK_OP_EMBEDDING:
+    case LK_OP_CLAMP: return is_elem(d->dtype[0]) && d->dtype[1] == d->dtype[0];
+    case LK_OP_EMBEDDING: /* a row copy: table and output of one float dtype */
+        return is_elem(d->dtype[0]) && (d->dtype[1] == LK_I32 || d->dtype[1] == LK_I64) && d->dtype[2] == d->dtype[0];
     case LK_OP_EMBEDDING_BACKWARD:
         return d->dtype[0] == LK_F32 && (d->dtype[1] == LK_I32 || d->dtype[1] == LK_I64) && d->dtype[2] == LK_F32;
     case LK_OP_OPTIM_UPDATE: /* parameters and gradients f32, bf16 or f16 (one dtype), state f32: as the CPU */
         return is_elem(d->dtype[0]) && d->dtype[1] == d->dtype[0] && d->dtype[2] == LK_F32 && d->dtype[3] == LK_F32 &&
                d->dtype[4] == LK_F32 && (unsigned)d->optim.rule <= LK_OPTIM_RULE_RMSPROP;
-    case LK_OP_IM2COL:
-    case LK_OP_COL2IM:
-    case LK_OP_BIAS_ADD:
-    case LK_OP_CHANNEL_SUM: return all_f32(d);
+    /* convolution's pieces as autocast's conv2d uses them (the CPU's rules) */
+    case LK_OP_IM2COL: return is_elem(d->dtype[0]) && d->dtype[1] == d->dtype[0];
+    case LK_OP_COL2IM: return all_f32(d);
+    case LK_OP_BIAS_ADD: return d->dtype[0] == LK_F32 && is_elem(d->dtype[1]) && is_elem(d->dtype[2]);
+    case LK_OP_CHANNEL_SUM: return is_elem(d->dtype[0]) && d->dtype[1] == LK_F32;
     case LK_OP_POOL2D: /* f32 data, i32 indices (max only), as the CPU */
         return d->dtype[0] == LK_F32 && d->dtype[1] == LK_F32 &&
                (d->pool.kind != LK_POOL_MAX || d->dtype[2] == LK_I32) && (unsigned)d->pool.kind <= LK_POOL_ADAPTIVE_AVG;
@@ -109,7 +140,11 @@ static bool cuda_supports(const lk_op_desc *d) {
     case LK_OP_BATCH_NORM_BACKWARD: return all_f32(d);
     case LK_OP_BCE:
     case LK_OP_BCE_BACKWARD: return all_f32(d) && d->bce.reduction >= 0 && d->bce.reduction <= 2;
-    default: return false; /* SyncBatchNorm's passes: ops_norm.c hands them host arrays (sums, coefficients) */
+    case LK_OP_BN_STATS:
+        return d->dtype[0] == LK_F32 && d->dtype[1] == LK_F32 && d->dtype[2] == LK_F32 && d->dtype[3] == LK_F64 &&
+               (unsigned)d->bn_split.stat <= LK_BN_GRAD;
+    case LK_OP_BN_APPLY: return all_f32(d);
+    default: return false;
     }
 }
 

@@ -1,10 +1,14 @@
-/* The CUDA backend's convolution pieces, pooling and batch norm, f32, over the plane
+/* The CUDA backend's convolution pieces, pooling, batch norm and
+ * SyncBatchNorm's passes, f32 (16-bit im2col here; the other 16-bit forms
+ * through widen.cu), over the plane
  * bodies of backend/kernels/conv.h — the very loops the CPU backend runs,
  * one GPU thread per plane: im2col and col2im per (sample, channel) plane,
  * the bias add per (sample, channel) block, the bias gradient per channel
  * (samples in order, as the CPU sums them), max / avg / adaptive-avg
  * pooling and their adjoints per plane, batch norm and its backward per
- * channel (planes in order, as the CPU). Planes never share an output
+ * channel (planes in order, as the CPU), SyncBatchNorm's per-channel sums
+ * one thread per channel (planes in order) and its normalisation / input
+ * gradient one thread per plane. Planes never share an output
  * element, so every result is the CPU's bits. Parallel only across planes:
  * correct and deterministic first, fast later (docs/GPU.md). */
 #include "backend/cuda/common.cuh"
@@ -17,6 +21,16 @@ __global__ void k_im2col(lk_im2col_params g, const float *x, float *cols) {
         long j = (long)(t / g.C), c = (long)(t % g.C);
         lk_k_im2col_plane(x + (j * g.C + c) * HW, g.H, g.W, g.kh, g.kw, g.sh, g.sw, g.ph, g.pw, g.dh, g.dw, g.OH, g.OW,
                           cols + c * khw * g.ldc + j * P, g.ldc);
+    }
+}
+
+/* bf16/f16 images into columns of their dtype: the bits move unchanged (autocast's conv2d). */
+__global__ void k_im2col_u16(lk_im2col_params g, const uint16_t *x, uint16_t *cols) {
+    long P = g.OH * g.OW, khw = g.kh * g.kw, HW = g.H * g.W;
+    LK_CU_FOR(t, (int64_t)g.samples * g.C) {
+        long j = (long)(t / g.C), c = (long)(t % g.C);
+        lk_k_im2col_plane_u16(x + (j * g.C + c) * HW, g.H, g.W, g.kh, g.kw, g.sh, g.sw, g.ph, g.pw, g.dh, g.dw, g.OH,
+                              g.OW, cols + c * khw * g.ldc + j * P, g.ldc);
     }
 }
 
@@ -132,16 +146,48 @@ __global__ void k_batch_norm_backward(lk_batch_norm_params p, const float *xd, c
     }
 }
 
+/* SyncBatchNorm's per-channel sums (lk_bn_split_params), one thread per
+ * channel: the CPU's loop (plane sums in f32, across planes in double, in order). */
+__global__ void k_bn_stats(lk_bn_split_params p, const float *xd, const float *gd, const float *mean, double *out) {
+    long N = p.N, C = p.C, S = p.S;
+    LK_CU_FOR(c, C) {
+        if (p.stat == LK_BN_GRAD) {
+            lk_k_bn_channel_grad_sums(gd, xd, N, C, S, (long)c, mean[c], &out[c], &out[C + c]);
+            continue;
+        }
+        double s = 0;
+        for (long i = 0; i < N; i++)
+            s += p.stat == LK_BN_SUM ? lk_k_plane_sum(xd + (i * C + c) * S, S)
+                                     : lk_k_plane_sqdev(xd + (i * C + c) * S, S, mean[c]);
+        out[c] = s;
+    }
+}
+
+/* The normalisation (coef [2, C]: scale, shift) or the input gradient (coef
+ * [4, C]: mean, k0, k1, k2) from the all-reduced sums, one thread per (sample, channel) plane. */
+__global__ void k_bn_apply(lk_bn_split_params p, const float *xd, const float *gd, const float *k, float *y) {
+    long C = p.C, S = p.S;
+    LK_CU_FOR(t, (int64_t)p.N * C) {
+        long c = (long)(t % C);
+        if (p.backward)
+            lk_k_bn_backward_plane(gd + t * S, xd + t * S, S, k[c], k[C + c], k[2 * C + c], k[3 * C + c], y + t * S);
+        else lk_k_plane_affine(xd + t * S, S, k[c], k[C + c], y + t * S);
+    }
+}
+
 } // namespace
 
 extern "C" int lk__cuda_conv(const lk_op_desc *d, void *const *x) {
+    if (d->op != LK_OP_IM2COL && lk__cuda_has_half(d)) return lk__cuda_widened(d, x, lk__cuda_conv);
     switch (d->op) {
     case LK_OP_IM2COL:
     case LK_OP_COL2IM: {
         const lk_im2col_params *g = &d->im2col;
         int64_t n = (int64_t)g->samples * g->C;
         if (n <= 0) return 0;
-        if (d->op == LK_OP_IM2COL)
+        if (d->op == LK_OP_IM2COL && d->dtype[0] != LK_F32)
+            k_im2col_u16<<<lk_cu_blocks(n), LK_CU_THREADS>>>(*g, (const uint16_t *)x[0], (uint16_t *)x[1]);
+        else if (d->op == LK_OP_IM2COL)
             k_im2col<<<lk_cu_blocks(n), LK_CU_THREADS>>>(*g, (const float *)x[0], (float *)x[1]);
         else k_col2im<<<lk_cu_blocks(n), LK_CU_THREADS>>>(*g, (float *)x[0], (float *)x[1]);
         break;
@@ -181,6 +227,19 @@ extern "C" int lk__cuda_conv(const lk_op_desc *d, void *const *x) {
                 d->batch_norm, (const float *)x[0], (const float *)x[1], (const float *)x[2], (const float *)x[3],
                 (float *)x[4], (float *)x[5], (float *)x[6]);
         break;
+    case LK_OP_BN_STATS:
+        if (d->bn_split.C > 0)
+            k_bn_stats<<<lk_cu_blocks(d->bn_split.C), LK_CU_THREADS>>>(d->bn_split, (const float *)x[0],
+                                                                        (const float *)x[1], (const float *)x[2],
+                                                                        (double *)x[3]);
+        break;
+    case LK_OP_BN_APPLY: {
+        int64_t n = (int64_t)d->bn_split.N * d->bn_split.C;
+        if (n > 0)
+            k_bn_apply<<<lk_cu_blocks(n), LK_CU_THREADS>>>(d->bn_split, (const float *)x[0], (const float *)x[1],
+                                                            (const float *)x[2], (float *)x[3]);
+        break;
+    }
     default: return (int)cudaErrorInvalidValue;
     }
     return (int)cudaGetLastError();

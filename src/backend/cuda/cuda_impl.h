@@ -9,7 +9,11 @@
  *     losses, cross-entropy and nll_loss, the gradient utilities (norm,
  *     first non-finite, fused unscale), embedding, BCE, layer norm;
  *   optim.cu: the optimizer updates (SGD, Adam/AdamW, RMSprop);
- *   conv.cu: im2col, col2im, bias add, bias gradient, pooling, batch norm (f32).
+ *   conv.cu: im2col, col2im, bias add, bias gradient, pooling, batch norm,
+ *     SyncBatchNorm's passes (BN_STATS, BN_APPLY) (f32; im2col also 16-bit);
+ *   widen.cu: the bf16/f16 forms of the f32-only families (pooling, the
+ *     norms, SyncBatchNorm's passes, embedding's backward, bias add and
+ *     gradient): widened into f32 scratch, the f32 launcher, rounded once.
  * Every launch goes on the legacy default stream (stream 0), the stream the
  * cuda device's copies (cudaMemcpy) and the cuBLASLt GEMM use, so work is
  * ordered with them without events. A launcher returns a cudaError_t as int
@@ -45,6 +49,12 @@ typedef struct {
     lk__cuda_launcher elementwise, rows, optim, conv;
 } lk__cuda_launchers;
 
+/* widen.cu: whether any operand of d is bf16/f16, and d run through `run`
+ * (the f32 launcher of its family) on f32 scratch copies of its 16-bit
+ * operands, the written ones rounded back once (the CPU's widen.c). */
+bool lk__cuda_has_half(const lk_op_desc *d);
+int lk__cuda_widened(const lk_op_desc *d, void *const *x, lk__cuda_launcher run);
+
 static inline lk__cuda_launcher lk__cuda_launcher_for(const lk__cuda_launchers *l, lk_op_kind op) {
     switch (op) {
     case LK_OP_UNARY:
@@ -65,7 +75,9 @@ static inline lk__cuda_launcher lk__cuda_launcher_for(const lk__cuda_launchers *
     case LK_OP_POOL2D:
     case LK_OP_POOL2D_BACKWARD:
     case LK_OP_BATCH_NORM:
-    case LK_OP_BATCH_NORM_BACKWARD: return l->conv;
+    case LK_OP_BATCH_NORM_BACKWARD:
+    case LK_OP_BN_STATS:
+    case LK_OP_BN_APPLY: return l->conv;
     default: return l->rows;
     }
 }

@@ -109,10 +109,11 @@ __global__ void k_mask_scale(int64_t n, const void *x, const uint8_t *m, void *y
     LK_CU_FOR(i, n) lk_cu_st(y, dt.t[2], i, lk_cu_ld(x, dt.t[0], i) * (m[i] ? s : 0.0f));
 }
 
-__global__ void k_clamp(int64_t n, const float *x, float *y, float lo, float hi) {
+/* f32, or a bf16/f16 gradient widened, clamped in f32 and rounded once (as the CPU). */
+__global__ void k_clamp(int64_t n, const void *x, void *y, int dt, float lo, float hi) {
     LK_CU_FOR(i, n) {
-        float v = x[i];
-        y[i] = v < lo ? lo : v > hi ? hi : v; /* NaN compares false: it stays */
+        float v = lk_cu_ld(x, dt, i);
+        lk_cu_st(y, dt, i, v < lo ? lo : v > hi ? hi : v); /* NaN compares false: it stays */
     }
 }
 
@@ -145,14 +146,57 @@ __global__ void k_copy(lk_copy_params p, int64_t n, const T *src, T *dst, bool s
     }
 }
 
-/* A cast between f32, bf16 and f16 (lk_tensor_copy / lk_tensor_cast on the
- * GPU): each element widened to f32 and rounded once, the CPU's
- * conversions; the destination never repeats (supports()). */
-__global__ void k_copy_cast(lk_copy_params p, int64_t n, const void *src, int sdt, void *dst, int ddt) {
-    LK_CU_FOR(i, n) {
+/* A cast (lk_tensor_copy / lk_tensor_cast on the GPU) with copy.c's rules:
+ * between f32, bf16 and f16 each element widened to f32 and rounded once;
+ * between two integer dtypes the value converted as C converts it (i64 ->
+ * i32 and -> u8 keep the low bits); otherwise through double, as the CPU's
+ * load_f / store (an i64 -> f32 or f64 -> bf16 rounds twice there too, and
+ * a float to an integer truncates toward zero; out of range or NaN that is
+ * undefined in C, and the x86 CPU and the GPU give different integers).
+ * `serial` as k_copy: a repeating destination gets the CPU's last write. */
+__device__ static inline bool cast_is_int(int dt) { return dt == LK_I32 || dt == LK_I64 || dt == LK_U8; }
+
+__device__ static inline double cast_load(const void *p, int dt, int64_t i) {
+    switch (dt) {
+    case LK_F64: return ((const double *)p)[i];
+    case LK_I32: return ((const int32_t *)p)[i];
+    case LK_I64: return (double)((const int64_t *)p)[i];
+    case LK_U8: return ((const uint8_t *)p)[i];
+    default: return lk_cu_ld(p, dt, i); /* f32, bf16, f16: exact in double */
+    }
+}
+
+__device__ static inline int64_t cast_load_int(const void *p, int dt, int64_t i) {
+    return dt == LK_I64 ? ((const int64_t *)p)[i] : dt == LK_I32 ? ((const int32_t *)p)[i] : ((const uint8_t *)p)[i];
+}
+
+__device__ static inline void cast_store(void *p, int dt, int64_t i, double v) {
+    switch (dt) {
+    case LK_F64: ((double *)p)[i] = v; break;
+    case LK_I32: ((int32_t *)p)[i] = (int32_t)v; break;
+    case LK_I64: ((int64_t *)p)[i] = (int64_t)v; break;
+    case LK_U8: ((uint8_t *)p)[i] = (uint8_t)v; break;
+    default: lk_cu_st(p, dt, i, (float)v);
+    }
+}
+
+__global__ void k_copy_cast(lk_copy_params p, int64_t n, const void *src, int sdt, void *dst, int ddt, bool serial) {
+    int64_t start = serial ? 0 : (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    int64_t step = serial ? 1 : (int64_t)gridDim.x * blockDim.x;
+    if (serial && (blockIdx.x || threadIdx.x)) return;
+    bool halves = !cast_is_int(sdt) && sdt != LK_F64 && !cast_is_int(ddt) && ddt != LK_F64;
+    bool ints = cast_is_int(sdt) && cast_is_int(ddt);
+    for (int64_t i = start; i < n; i += step) {
         int64_t os, od;
         copy_offsets(p, i, &os, &od);
-        lk_cu_st(dst, ddt, od, lk_cu_ld(src, sdt, os));
+        if (halves) lk_cu_st(dst, ddt, od, lk_cu_ld(src, sdt, os));
+        else if (!ints) cast_store(dst, ddt, od, cast_load(src, sdt, os));
+        else {
+            int64_t v = cast_load_int(src, sdt, os);
+            if (ddt == LK_I64) ((int64_t *)dst)[od] = v;
+            else if (ddt == LK_I32) ((int32_t *)dst)[od] = (int32_t)v;
+            else ((uint8_t *)dst)[od] = (uint8_t)v;
+        }
     }
 }
 
@@ -223,7 +267,7 @@ cudaError_t copy(const lk_op_desc *d, void *const *x) {
         return cudaGetLastError();
     }
     if (d->dtype[0] != d->dtype[1]) {
-        k_copy_cast<<<lk_cu_blocks(n), LK_CU_THREADS>>>(*p, n, x[0], (int)d->dtype[0], x[1], (int)d->dtype[1]);
+        k_copy_cast<<<blocks, LK_CU_THREADS>>>(*p, n, x[0], (int)d->dtype[0], x[1], (int)d->dtype[1], serial);
         return cudaGetLastError();
     }
     switch (lk_dtype_size(d->dtype[0])) {
@@ -306,7 +350,7 @@ extern "C" int lk__cuda_elementwise(const lk_op_desc *d, void *const *x) {
         break;
     case LK_OP_CLAMP:
         if (d->clamp.n > 0)
-            k_clamp<<<lk_cu_blocks(d->clamp.n), LK_CU_THREADS>>>(d->clamp.n, (const float *)x[0], (float *)x[1],
+            k_clamp<<<lk_cu_blocks(d->clamp.n), LK_CU_THREADS>>>(d->clamp.n, x[0], x[1], (int)d->dtype[0],
                                                                  d->clamp.lo, d->clamp.hi);
         break;
     case LK_OP_COPY: return (int)copy(d, x);

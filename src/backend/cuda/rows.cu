@@ -56,16 +56,16 @@ __device__ void chunk_of(int64_t n, int64_t *lo, int64_t *hi) {
     *hi = *lo + per < n ? *lo + per : n;
 }
 
-__global__ void k_norm_partial(int64_t n, double p, const float *x, double *part) {
+__global__ void k_norm_partial(int64_t n, double p, const void *xv, int dt, double *part) {
     __shared__ double sh[LK_CU_THREADS];
     int64_t lo, hi;
     chunk_of(n, &lo, &hi);
     bool inf = isinf(p);
     double acc = 0.0;
     for (int64_t k = lo + threadIdx.x; k < hi; k += blockDim.x) {
-        double a = fabs((double)x[k]);
+        double v = (double)lk_cu_ld(xv, dt, k), a = fabs(v); /* a 16-bit gradient widened exactly, as the CPU */
         if (inf) acc = nan_max(acc, a);
-        else acc += p == 2.0 ? (double)x[k] * x[k] : p == 1.0 ? a : pow(a, p);
+        else acc += p == 2.0 ? v * v : p == 1.0 ? a : pow(a, p);
     }
     double r = inf ? block_max(acc, sh) : block_sum(acc, sh);
     if (threadIdx.x == 0) part[blockIdx.x] = r;
@@ -79,9 +79,9 @@ __global__ void k_reduce_partials(int nparts, bool max, const double *part, doub
     if (threadIdx.x == 0) *out = r;
 }
 
-__global__ void k_nonfinite(int64_t n, const float *x, unsigned long long *first) {
+__global__ void k_nonfinite(int64_t n, const void *x, int dt, unsigned long long *first) {
     LK_CU_FOR(k, n) {
-        if ((__float_as_uint(x[k]) & 0x7f800000u) == 0x7f800000u) atomicMin(first, (unsigned long long)k);
+        if ((__float_as_uint(lk_cu_ld(x, dt, k)) & 0x7f800000u) == 0x7f800000u) atomicMin(first, (unsigned long long)k);
     }
 }
 
@@ -370,6 +370,11 @@ __global__ void k_embedding(lk_embedding_params p, const float *w, const void *i
     LK_CU_FOR(k, p.n * p.D) out[k] = w[lk_cu_index(idx, it, k / p.D) * p.D + k % p.D];
 }
 
+/* A bf16/f16 table: the rows' bits copied unchanged, as the CPU's memcpy. */
+__global__ void k_embedding_u16(lk_embedding_params p, const uint16_t *w, const void *idx, int it, uint16_t *out) {
+    LK_CU_FOR(k, p.n * p.D) out[k] = w[lk_cu_index(idx, it, k / p.D) * p.D + k % p.D];
+}
+
 /* One thread per column of dw's rows: the indices in order, so repeated
  * indices accumulate in the CPU's order (deterministic, same bits). */
 __global__ void k_embedding_backward(lk_embedding_params p, const float *g, const void *idx, int it, float *dw) {
@@ -397,7 +402,7 @@ cudaError_t norm(const lk_op_desc *d, void *const *x) {
     cudaError_t e = lk_cu_scratch((void **)&part, (RED_BLOCKS + 1) * sizeof(double));
     if (e != cudaSuccess) return e;
     unsigned nb = red_blocks(d->norm.n);
-    k_norm_partial<<<nb, LK_CU_THREADS>>>(d->norm.n, d->norm.p, (const float *)x[0], part);
+    k_norm_partial<<<nb, LK_CU_THREADS>>>(d->norm.n, d->norm.p, x[0], (int)d->dtype[0], part);
     e = cudaGetLastError();
     if (e == cudaSuccess) e = reduce_to_host(part, (int)nb, isinf(d->norm.p), x[1]);
     lk_cu_scratch_free(part);
@@ -414,7 +419,7 @@ cudaError_t nonfinite(const lk_op_desc *d, void *const *x) {
     if (e == cudaSuccess && n > 0) {
         if (unscale)
             k_unscale<<<lk_cu_blocks(n), LK_CU_THREADS>>>(n, (const float *)x[0], (float *)x[1], d->nonfinite.mul, acc);
-        else k_nonfinite<<<lk_cu_blocks(n), LK_CU_THREADS>>>(n, (const float *)x[0], acc);
+        else k_nonfinite<<<lk_cu_blocks(n), LK_CU_THREADS>>>(n, x[0], (int)d->dtype[0], acc);
         e = cudaGetLastError();
     }
     unsigned long long v = 0;
@@ -574,6 +579,8 @@ cudaError_t classify(const lk_op_desc *d, void *const *x) {
 } // namespace
 
 extern "C" int lk__cuda_rows(const lk_op_desc *d, void *const *x) {
+    bool widened = d->op == LK_OP_LAYER_NORM || d->op == LK_OP_LAYER_NORM_BACKWARD || d->op == LK_OP_EMBEDDING_BACKWARD;
+    if (widened && lk__cuda_has_half(d)) return lk__cuda_widened(d, x, lk__cuda_rows);
     switch (d->op) {
     case LK_OP_SOFTMAX:
     case LK_OP_SOFTMAX_BACKWARD: return (int)softmax(d, x);
@@ -591,7 +598,10 @@ extern "C" int lk__cuda_rows(const lk_op_desc *d, void *const *x) {
     case LK_OP_NONFINITE:
     case LK_OP_UNSCALE: return (int)nonfinite(d, x);
     case LK_OP_EMBEDDING:
-        if (d->embedding.n * d->embedding.D > 0)
+        if (d->embedding.n * d->embedding.D > 0 && d->dtype[0] != LK_F32)
+            k_embedding_u16<<<lk_cu_blocks(d->embedding.n * d->embedding.D), LK_CU_THREADS>>>(
+                d->embedding, (const uint16_t *)x[0], x[1], (int)d->dtype[1], (uint16_t *)x[2]);
+        else if (d->embedding.n * d->embedding.D > 0)
             k_embedding<<<lk_cu_blocks(d->embedding.n * d->embedding.D), LK_CU_THREADS>>>(
                 d->embedding, (const float *)x[0], x[1], (int)d->dtype[1], (float *)x[2]);
         return (int)cudaGetLastError();
