@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/backend_impl.h"
 #include "device/device_impl.h"
 #include "device/gpu.h"
 
@@ -120,9 +121,12 @@ lk_device lk_device_default(void) {
 lk_status lk_device_set_default(lk_device d) {
     const entry *e = get(d);
     if (!e) return unknown(d);
-    if (!e->vt->host_addressable)
+    /* Ops create their results on the default device, so a device the CPU
+     * cannot address needs a backend of its own that runs them there. */
+    if (!e->vt->host_addressable && lk__backend(d) == &lk__cpu_backend)
         return lk_error(LK_STATUS_UNSUPPORTED,
-                        "device '%s' cannot be the default yet: no backend runs ops on its memory in this build",
+                        "device '%s' cannot be the default yet: no backend runs ops on its memory in this build "
+                        "(it is not host-addressable and no backend is registered for its kind)",
                         e->vt->name);
     atomic_store(&default_dev, (int)d.kind | d.index << 8);
     return LK_STATUS_OK;

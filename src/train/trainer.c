@@ -138,6 +138,9 @@ lk_status lk_trainer_create(const lk_trainer_config *cfg, const lk_optim_setting
                       tr->world);
         goto fail;
     }
+    /* The training device: the CPU, or (kind, index for this local rank) */
+    st = lk__accelerator_device(cfg, dp ? 0 : tr->pg.local_rank, &tr->dev);
+    if (st) goto fail;
     lk_log_set_rank(tr->rank, tr->world);
     tr->test_step_delay_ms = lk_env_get_long("LK_TEST_STEP_DELAY_MS", 0);
     tr->test_overflow_rank = -1;
@@ -166,6 +169,7 @@ lk_status lk_trainer_create(const lk_trainer_config *cfg, const lk_optim_setting
     sc.shared_params = cfg->ddp_shared_params;
     sc.param_dtype = param_dtype;
     sc.comm_dtype = comm_dtype;
+    sc.device = tr->dev;
     st = lk_strategy_create(&sc, &tr->strat);
     if (st) goto fail;
     if (sc.comm_dtype != LK_F32 && strcmp(lk_strategy_name(tr->strat), "ddp") && tr->rank == 0)
@@ -181,6 +185,8 @@ fail:
 
 static void run_cleanup(lk_trainer *tr) {
     if (tr->strat) lk_strategy_detach(tr->strat); /* dp: its threads stop and its replicas go */
+    if (tr->default_set) lk_device_set_default(tr->prev_default); /* it was the default before: cannot fail */
+    tr->default_set = false;
     lk__replicas_free(tr);
     lk_scheduler_free(tr->sched);
     tr->sched = NULL;
@@ -243,7 +249,16 @@ lk_tensor *lk_batch_tensor(const lk_batch *b, int field) {
         return NULL;
     }
     const lk_array *a = &b->field[field];
-    return lk_scope_adopt(lk_tensor_wrap(a->dtype, a->ndim, a->shape, a->data));
+    lk_tensor *t = lk_tensor_wrap(a->dtype, a->ndim, a->shape, a->data);
+    /* The loader's batch is host memory: a run on another device gets one
+     * copy of the field there (one check per field, not per element). */
+    lk_device dev = lk_device_default();
+    if (t && !lk_device_is_host(dev)) {
+        lk_tensor *d = lk_tensor_to(t, dev);
+        lk_tensor_release(t);
+        t = d;
+    }
+    return lk_scope_adopt(t);
 }
 
 /* ---- helpers ------------------------------------------------------------------- */
@@ -652,6 +667,15 @@ static lk_status begin_run(lk_trainer *tr, lk_module *m, lk_datamodule *dm, cons
      * Lightning's module.to(dtype), before anything flattens them or a
      * checkpoint is loaded into them (the load casts). */
     LK_TRY(lk_layer_cast_parameters(m->net, tr->param_dtype));
+    /* The module on the training device (module.to(device)), and the run's
+     * new tensors there too: every op creates its result on the default
+     * device. Nothing to do on the CPU. */
+    if (tr->dev.kind != LK_CPU) {
+        LK_TRY(lk_layer_to(m->net, tr->dev));
+        if (!tr->default_set) tr->prev_default = lk_device_default();
+        LK_TRY(lk_device_set_default(tr->dev));
+        tr->default_set = true;
+    }
     /* Local rank 0 may download and unpack for a long while: its own bound. */
     if (tr->world > 1 && dm->vt->prepare_data)
         LK_TRY(lk_comm_long_work(tr->comm, 0, "data preparation (prepare_data: download, unpack)", "trainer.checkpoint_timeout",
