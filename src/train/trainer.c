@@ -547,7 +547,11 @@ static lk_status fit_loop(lk_trainer *tr, lk_loader *train, lk_loader *val, int6
                 bool skip = false;
                 if (tr->rank == tr->test_overflow_rank && tr->global_step == tr->test_overflow_step && tr->params.n &&
                     tr->params.items[0].tensor->grad) /* one rank only, after the all-reduce: only the reduced flag skips everywhere */
-                    ((float *)tr->params.items[0].tensor->grad->data)[0] = INFINITY;
+                {
+                    static const float inf = INFINITY; /* written where the gradient lives */
+                    lk_tensor *g = tr->params.items[0].tensor->grad;
+                    LK_TRY(lk_device_copy(g->device, g->data, LK_DEVICE_CPU, &inf, sizeof inf));
+                }
                 if (tr->scaler) LK_TRY(lk__unscale_gradients(tr, &skip));
                 else LK_TRY(lk__first_nonfinite(tr, sr.loss));
                 if (!skip) lk__clip_gradients(tr);
