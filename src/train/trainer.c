@@ -89,7 +89,10 @@ lk_status lk_trainer_create(const lk_trainer_config *cfg, const lk_optim_setting
     tr->rank = tr->pg.rank;
     tr->world = tr->pg.world_size;
     bool dp = !strcmp(cfg->strategy, "dp");
-    {
+    /* The training device: the CPU, or (kind, index for this local rank) */
+    st = lk__accelerator_device(cfg, dp ? 0 : tr->pg.local_rank, &tr->dev);
+    if (st) goto fail;
+    if (tr->dev.kind == LK_CPU) {
         /* On the CPU a device is a core: more ranks than cores only fight
          * over them (LK_ALLOW_OVERSUBSCRIBE=1 permits it, e.g. for tests). */
         long cores = sysconf(_SC_NPROCESSORS_ONLN);
@@ -138,9 +141,6 @@ lk_status lk_trainer_create(const lk_trainer_config *cfg, const lk_optim_setting
                       tr->world);
         goto fail;
     }
-    /* The training device: the CPU, or (kind, index for this local rank) */
-    st = lk__accelerator_device(cfg, dp ? 0 : tr->pg.local_rank, &tr->dev);
-    if (st) goto fail;
     lk_log_set_rank(tr->rank, tr->world);
     tr->test_step_delay_ms = lk_env_get_long("LK_TEST_STEP_DELAY_MS", 0);
     tr->test_overflow_rank = -1;
@@ -183,10 +183,16 @@ fail:
     return st;
 }
 
-static void run_cleanup(lk_trainer *tr) {
-    if (tr->strat) lk_strategy_detach(tr->strat); /* dp: its threads stop and its replicas go */
+/* A run on a device made it the default (begin_run): the process's own
+ * default comes back when the run ends. */
+static void end_on_device(lk_trainer *tr) {
     if (tr->default_set) lk_device_set_default(tr->prev_default); /* it was the default before: cannot fail */
     tr->default_set = false;
+}
+
+static void run_cleanup(lk_trainer *tr) {
+    if (tr->strat) lk_strategy_detach(tr->strat); /* dp: its threads stop and its replicas go */
+    end_on_device(tr);
     lk__replicas_free(tr);
     lk_scheduler_free(tr->sched);
     tr->sched = NULL;
@@ -884,6 +890,7 @@ static lk_status eval_command(lk_trainer *tr, lk_module *m, lk_datamodule *dm, c
     lk__write_runinfo(tr, command, st);
     if (tr->logger) lk_logger_flush(tr->logger);
     lk_loader_free(loader);
+    end_on_device(tr);
     return st;
 }
 
@@ -956,5 +963,6 @@ lk_status lk_trainer_predict(lk_trainer *tr, lk_module *m, lk_datamodule *dm, co
     }
     lk__write_runinfo(tr, "predict", st);
     lk_loader_free(loader);
+    end_on_device(tr);
     return st;
 }

@@ -27,13 +27,17 @@ typedef struct {
     const char *resume; /* a checkpoint to resume from, or NULL */
     char *last;         /* where the last checkpoint's path goes (1024 bytes), or NULL */
     bool probe;         /* record the pool and the device's counters at every step */
+    double clip;        /* trainer.gradient_clip_val (0: none) */
+    const char *overflow; /* LK_TEST_GRAD_OVERFLOW (an inf gradient at RANK:STEP), or NULL */
+    bool test_after;    /* lk_trainer_test and lk_trainer_predict after the fit */
 } run_spec;
 
 enum { MAX_STEPS = 64 };
 typedef struct {
     float *params; /* concatenated, on the host (caller frees) */
     int64_t n, param_bytes;
-    double loss, val_loss, val_acc; /* NAN when not logged */
+    double loss, val_loss, val_acc, test_loss, test_acc; /* NAN when not logged */
+    float pred[4]; /* test_after: the first prediction row (4 logits) */
     sealed_stats before, after;
     /* probe: at the start of step k's training_step */
     uint64_t misses[MAX_STEPS];
@@ -63,7 +67,7 @@ static double metric(lk_trainer *tr, const char *name) {
 }
 
 static run_out fit(run_spec s) {
-    run_out o = {.loss = NAN, .val_loss = NAN, .val_acc = NAN};
+    run_out o = {.loss = NAN, .val_loss = NAN, .val_acc = NAN, .test_loss = NAN, .test_acc = NAN};
     if (!root[0]) setup(); /* a case run alone */
     lk_trainer_config cfg;
     CHECK_OK(lk_trainer_config_default(&cfg));
@@ -80,6 +84,8 @@ static run_out fit(run_spec s) {
     cfg.num_sanity_val_steps = 0;
     cfg.log_every_n_steps = 1;
     cfg.seed = 3;
+    cfg.gradient_clip_val = s.clip;
+    if (s.overflow) setenv("LK_TEST_GRAD_OVERFLOW", s.overflow, 1);
     snprintf(cfg.default_root_dir, sizeof cfg.default_root_dir, "%s", root);
     bool cnn = !strcmp(s.model, "cnn");
     lk_module *m = NULL;
@@ -88,6 +94,7 @@ static run_out fit(run_spec s) {
     CHECK_OK(lk_module_create_builtin(s.model, cnn ? cnn_args : mlp_args, cnn ? 4 : 4, 3, &m));
     CHECK_OK(lk_datamodule_create_builtin("synthetic", cnn ? cnn_data : mlp_data, 5, 3, &dm));
     CHECK_OK(lk_trainer_create(&cfg, NULL, NULL, &tr));
+    unsetenv("LK_TEST_GRAD_OVERFLOW");
     static lk_module_vtable probe_vt;
     if (m && s.probe) {
         base_vt = m->vt;
@@ -104,6 +111,22 @@ static run_out fit(run_spec s) {
         o.loss = metric(tr, "train_loss");
         o.val_loss = metric(tr, "val_loss");
         o.val_acc = metric(tr, "val_acc");
+        if (s.test_after) { /* the module stays on the device after fit; test and predict run there */
+            CHECK_OK(lk_trainer_test(tr, m, dm, NULL));
+            o.test_loss = metric(tr, "test_loss");
+            o.test_acc = metric(tr, "test_acc");
+            CHECK_OK(lk_trainer_predict(tr, m, dm, NULL));
+            char path[2200];
+            snprintf(path, sizeof path, "%s/predictions.npy", lk_trainer_log_dir(tr));
+            FILE *f = fopen(path, "rb");
+            char buf[4096];
+            size_t got = f ? fread(buf, 1, sizeof buf, f) : 0;
+            if (f) fclose(f);
+            /* .npy: the header's length at byte 8, the data after it */
+            size_t hl = got > 10 ? (size_t)(unsigned char)buf[8] | (size_t)(unsigned char)buf[9] << 8 : 0;
+            CHECK_MSG(got >= 10 + hl + sizeof o.pred, "%s: no predictions", path);
+            if (got >= 10 + hl + sizeof o.pred) memcpy(o.pred, buf + 10 + hl, sizeof o.pred);
+        }
         CHECK(lk_device_equal(lk_device_default(), LK_DEVICE_CPU)); /* the run put the default back */
         lk_named_tensors ps = {0};
         CHECK_OK(lk_layer_named_parameters(m->net, &ps));
@@ -141,6 +164,9 @@ static void same_bits(const char *what, run_out *a, run_out *b) {
     CHECK_MSG(same_double(a->loss, b->loss) && !isnan(a->loss), "%s: train_loss %.9g vs %.9g", what, a->loss, b->loss);
     CHECK_MSG(same_double(a->val_loss, b->val_loss), "%s: val_loss %.9g vs %.9g", what, a->val_loss, b->val_loss);
     CHECK_MSG(same_double(a->val_acc, b->val_acc), "%s: val_acc %.9g vs %.9g", what, a->val_acc, b->val_acc);
+    CHECK_MSG(same_double(a->test_loss, b->test_loss) && same_double(a->test_acc, b->test_acc),
+              "%s: test_loss %.9g vs %.9g, test_acc %.9g vs %.9g", what, a->test_loss, b->test_loss, a->test_acc, b->test_acc);
+    CHECK_MSG(!memcmp(a->pred, b->pred, sizeof a->pred), "%s: predictions %g vs %g", what, a->pred[0], b->pred[0]);
     free(a->params);
     free(b->params);
     a->params = b->params = NULL;
@@ -162,6 +188,21 @@ static void mlp_single(void) { single_fit("mlp", "32-true"); }
 static void cnn_single(void) { single_fit("cnn", "32-true"); }
 static void mlp_bf16_mixed(void) { single_fit("mlp", "bf16-mixed"); }
 static void cnn_bf16_mixed(void) { single_fit("cnn", "bf16-mixed"); }
+
+/* fp16 loss scaling with an overflow at step 2 (the scaler's found-inf
+ * count read back in one copy, the step skipped), gradient clipping by
+ * norm (the norms read back in one copy), then test and predict on the
+ * fitted module where it is. */
+static void mlp_scaler_clipping_test_predict(void) {
+    run_spec s = {.model = "mlp", .precision = "16-mixed", .max_steps = 20, .clip = 0.5, .overflow = "0:2",
+                  .test_after = true};
+    s.accelerator = "cpu";
+    run_out cpu = fit(s);
+    s.accelerator = "sealed";
+    run_out sd = fit(s);
+    CHECK_MSG(!isnan(sd.test_loss) && !isnan(sd.test_acc), "no test metrics");
+    same_bits("mlp 16-mixed, clipped, overflow at step 2", &cpu, &sd);
+}
 
 /* Stopped after 5 steps on one device, resumed on the other to 12: the bits
  * of 12 uninterrupted steps on the CPU. */
@@ -220,6 +261,37 @@ static void steps_copy_the_batch_only(void) {
     }
 }
 
+/* What is not there yet is refused before anything starts, naming it; the
+ * device index comes from trainer.devices. */
+static void refusals(void) {
+    if (!root[0]) setup();
+    lk_trainer_config cfg;
+    lk_trainer *tr = NULL;
+    CHECK_OK(lk_trainer_config_default(&cfg));
+    snprintf(cfg.accelerator, sizeof cfg.accelerator, "sealed");
+    snprintf(cfg.strategy, sizeof cfg.strategy, "dp");
+    cfg.devices = 2;
+    CHECK_ERR(lk_trainer_create(&cfg, NULL, NULL, &tr), LK_STATUS_UNSUPPORTED,
+              "strategy 'dp' cannot train on device sealed:0 yet (its memory is not host-addressable)");
+    snprintf(cfg.strategy, sizeof cfg.strategy, "single");
+    cfg.devices = 3;
+    CHECK_ERR(lk_trainer_create(&cfg, NULL, NULL, &tr), LK_STATUS_INVALID_ARGUMENT,
+              "trainer.devices=3 asks for more GPUs than the 2 visible");
+    snprintf(cfg.accelerator, sizeof cfg.accelerator, "tpu");
+    cfg.devices = 1;
+    CHECK_ERR(lk_trainer_create(&cfg, NULL, NULL, &tr), LK_STATUS_INVALID_ARGUMENT,
+              "trainer.accelerator 'tpu' is not one of cpu, gpu, cuda, auto");
+    /* a device without a backend of its own cannot be the default: ops could not run there */
+    static const lk_device_vtable bare = {.name = "bare", .alloc = sealed_alloc, .free = sealed_free, .memset = sealed_memset,
+                                          .copy_to_host = sealed_to_host, .copy_from_host = sealed_from_host, .copy = sealed_copy};
+    lk_device_kind k;
+    CHECK_OK(lk_device_register(&bare, NULL, &k));
+    CHECK_ERR(lk_device_set_default((lk_device){k, 0}), LK_STATUS_UNSUPPORTED, "no backend is registered for its kind");
+    CHECK_OK(lk_device_set_default(sealed_device(0))); /* the sealed device has one */
+    CHECK_OK(lk_device_set_default(LK_DEVICE_CPU));
+    CHECK(tr == NULL);
+}
+
 static void setup(void) {
     snprintf(root, sizeof root, "/tmp/lk_test_sealed_%d", (int)getpid());
     sealed_device(0);
@@ -232,5 +304,6 @@ static void cleanup(void) {
 }
 
 LK_TEST_MAIN(LK_TEST_CASE(setup), LK_TEST_CASE(mlp_single), LK_TEST_CASE(cnn_single), LK_TEST_CASE(mlp_bf16_mixed),
-             LK_TEST_CASE(cnn_bf16_mixed), LK_TEST_CASE(checkpoint_crosses_devices), LK_TEST_CASE(steps_copy_the_batch_only),
+             LK_TEST_CASE(cnn_bf16_mixed), LK_TEST_CASE(mlp_scaler_clipping_test_predict),
+             LK_TEST_CASE(checkpoint_crosses_devices), LK_TEST_CASE(steps_copy_the_batch_only), LK_TEST_CASE(refusals),
              LK_TEST_CASE(cleanup))
