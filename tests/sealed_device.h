@@ -29,6 +29,7 @@
 
 typedef struct {
     long allocs, frees, copies_in, copies_out, copies_within, memsets, ops, bad_frees;
+    long copies_in_to[2]; /* copies in per device index: which of sealed:0, sealed:1 got data */
     size_t bytes_in, bytes_out, live_bytes;
 } sealed_stats;
 
@@ -180,9 +181,10 @@ static lk_status sealed_to_host(void *ctx, int index, void *dst, const void *src
 }
 
 static lk_status sealed_from_host(void *ctx, int index, void *dst, const void *src, size_t bytes) {
-    (void)ctx, (void)index;
+    (void)ctx;
     sealed_open();
     sealed.copies_in++;
+    if (index >= 0 && index < 2) sealed.copies_in_to[index]++;
     sealed.bytes_in += bytes;
     memcpy(dst, src, bytes);
     sealed_close();

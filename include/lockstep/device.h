@@ -91,6 +91,10 @@ lk_device lk_device_default(void);
  * for its kind is registered (ops create their results on the default
  * device and run there): UNSUPPORTED otherwise. */
 lk_status lk_device_set_default(lk_device d);
+/* This thread's default instead of the process's (NULL: the process's
+ * again), as CUDA's current device is per thread: dp drives one device per
+ * thread. The same condition as lk_device_set_default. */
+lk_status lk_device_set_thread_default(const lk_device *d);
 
 /* Memory (the tensor layer's pool is the usual way in; these are for it and
  * for buffers outside tensors). */

@@ -68,10 +68,9 @@ lk_status lk_strategy_create(const lk_strategy_config *cfg, lk_strategy **out) {
     if (cfg->param_dtype != LK_F32 && cfg->comm_dtype != LK_F32 && cfg->comm_dtype != cfg->param_dtype)
         return lk_error(LK_STATUS_INVALID_ARGUMENT, "%s gradients travel as themselves or as f32, not %s",
                         lk_dtype_name(cfg->param_dtype), lk_dtype_name(cfg->comm_dtype));
-    /* A device the CPU cannot address: single only so far. dp's replica
-     * copies and ddp's buckets (which the communicator reads) still touch
-     * the gradients from the host. */
-    if (!lk_device_is_host(cfg->device) && vt != &lk__strategy_single) {
+    /* A device the CPU cannot address: single and dp so far. ddp's buckets
+     * (which the communicator reads) still touch the gradients from the host. */
+    if (!lk_device_is_host(cfg->device) && vt == &lk__strategy_ddp) {
         char dv[32];
         return lk_error(LK_STATUS_UNSUPPORTED,
                         "strategy '%s' cannot train on device %s yet (its memory is not host-addressable): use strategy "

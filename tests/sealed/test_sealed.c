@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "lk_test.h"
+#include "lockstep/strategy.h"
 #include "lockstep/trainer.h"
 #include "sealed_device.h"
 
@@ -23,6 +24,8 @@ static const lk_model_kv cnn_data[] = {{"num_samples", "320"}, {"input_shape", "
 
 typedef struct {
     const char *model, *accelerator, *precision;
+    const char *strategy; /* NULL: single */
+    int devices;          /* 0: 1 */
     int64_t max_steps;
     const char *resume; /* a checkpoint to resume from, or NULL */
     char *last;         /* where the last checkpoint's path goes (1024 bytes), or NULL */
@@ -72,9 +75,9 @@ static run_out fit(run_spec s) {
     lk_trainer_config cfg;
     CHECK_OK(lk_trainer_config_default(&cfg));
     snprintf(cfg.accelerator, sizeof cfg.accelerator, "%s", s.accelerator);
-    snprintf(cfg.strategy, sizeof cfg.strategy, "single");
+    snprintf(cfg.strategy, sizeof cfg.strategy, "%s", s.strategy ? s.strategy : "single");
     snprintf(cfg.precision, sizeof cfg.precision, "%s", s.precision ? s.precision : "32-true");
-    cfg.devices = 1;
+    cfg.devices = s.devices ? s.devices : 1;
     cfg.max_steps = s.max_steps;
     cfg.max_epochs = 5;
     cfg.enable_checkpointing = true;
@@ -189,6 +192,27 @@ static void cnn_single(void) { single_fit("cnn", "32-true"); }
 static void mlp_bf16_mixed(void) { single_fit("mlp", "bf16-mixed"); }
 static void cnn_bf16_mixed(void) { single_fit("cnn", "bf16-mixed"); }
 
+/* dp with two sealed devices: replica k on sealed:k (its batch slice is
+ * copied there), the gradients summed on sealed:0 through device copies,
+ * the parameters copied back out: the bits of dp x2 on the CPU. */
+static void dp_two_devices(void) {
+    for (int m = 0; m < 2; m++) {
+        const char *model = m ? "cnn" : "mlp";
+        run_spec s = {.model = model, .strategy = "dp", .devices = 2, .max_steps = 20};
+        s.accelerator = "cpu";
+        run_out cpu = fit(s);
+        s.accelerator = "sealed";
+        run_out sd = fit(s);
+        CHECK_MSG(sd.after.copies_in_to[1] > sd.before.copies_in_to[1] &&
+                      sd.after.copies_in_to[0] > sd.before.copies_in_to[0],
+                  "%s: replica 1 got no data on sealed:1 (%ld copies in) or replica 0 none on sealed:0 (%ld)", model,
+                  sd.after.copies_in_to[1] - sd.before.copies_in_to[1], sd.after.copies_in_to[0] - sd.before.copies_in_to[0]);
+        char what[64];
+        snprintf(what, sizeof what, "%s dp x2", model);
+        same_bits(what, &cpu, &sd);
+    }
+}
+
 /* fp16 loss scaling with an overflow at step 2 (the scaler's found-inf
  * count read back in one copy, the step skipped), gradient clipping by
  * norm (the norms read back in one copy), then test and predict on the
@@ -269,11 +293,13 @@ static void refusals(void) {
     lk_trainer *tr = NULL;
     CHECK_OK(lk_trainer_config_default(&cfg));
     snprintf(cfg.accelerator, sizeof cfg.accelerator, "sealed");
-    snprintf(cfg.strategy, sizeof cfg.strategy, "dp");
-    cfg.devices = 2;
-    CHECK_ERR(lk_trainer_create(&cfg, NULL, NULL, &tr), LK_STATUS_UNSUPPORTED,
-              "strategy 'dp' cannot train on device sealed:0 yet (its memory is not host-addressable)");
-    snprintf(cfg.strategy, sizeof cfg.strategy, "single");
+    lk_strategy_config sc = lk_strategy_config_default();
+    sc.name = "ddp";
+    sc.device = sealed_device(0);
+    lk_strategy *strat = NULL;
+    CHECK_ERR(lk_strategy_create(&sc, &strat), LK_STATUS_UNSUPPORTED,
+              "strategy 'ddp' cannot train on device sealed:0 yet (its memory is not host-addressable)");
+    CHECK(strat == NULL);
     cfg.devices = 3;
     CHECK_ERR(lk_trainer_create(&cfg, NULL, NULL, &tr), LK_STATUS_INVALID_ARGUMENT,
               "trainer.devices=3 asks for more GPUs than the 2 visible");
@@ -305,5 +331,6 @@ static void cleanup(void) {
 
 LK_TEST_MAIN(LK_TEST_CASE(setup), LK_TEST_CASE(mlp_single), LK_TEST_CASE(cnn_single), LK_TEST_CASE(mlp_bf16_mixed),
              LK_TEST_CASE(cnn_bf16_mixed), LK_TEST_CASE(mlp_scaler_clipping_test_predict),
+             LK_TEST_CASE(dp_two_devices),
              LK_TEST_CASE(checkpoint_crosses_devices), LK_TEST_CASE(steps_copy_the_batch_only), LK_TEST_CASE(refusals),
              LK_TEST_CASE(cleanup))
