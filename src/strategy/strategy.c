@@ -68,13 +68,15 @@ lk_status lk_strategy_create(const lk_strategy_config *cfg, lk_strategy **out) {
     if (cfg->param_dtype != LK_F32 && cfg->comm_dtype != LK_F32 && cfg->comm_dtype != cfg->param_dtype)
         return lk_error(LK_STATUS_INVALID_ARGUMENT, "%s gradients travel as themselves or as f32, not %s",
                         lk_dtype_name(cfg->param_dtype), lk_dtype_name(cfg->comm_dtype));
-    /* A device the CPU cannot address: single and dp so far. ddp's buckets
-     * (which the communicator reads) still touch the gradients from the host. */
-    if (!lk_device_is_host(cfg->device) && vt == &lk__strategy_ddp) {
+    /* A device the CPU cannot address: ddp stages its buckets through host
+     * memory in the parameters' dtype; a compressing hook is not written. */
+    if (!lk_device_is_host(cfg->device) && vt == &lk__strategy_ddp && cfg->comm_dtype != cfg->param_dtype) {
         char dv[32];
         return lk_error(LK_STATUS_UNSUPPORTED,
-                        "strategy '%s' cannot train on device %s yet (its memory is not host-addressable): use strategy "
-                        "single", vt->name, lk_device_str(cfg->device, dv, sizeof dv));
+                        "ddp on device %s: gradients travel in the parameters' dtype there (%s, not %s: no ddp_comm_hook "
+                        "on a device that is not host-addressable yet)",
+                        lk_device_str(cfg->device, dv, sizeof dv), lk_dtype_name(cfg->param_dtype),
+                        lk_dtype_name(cfg->comm_dtype));
     }
     if (!(cfg->bucket_cap_mb > 0))
         return lk_error(LK_STATUS_INVALID_ARGUMENT, "bucket_cap_mb must be > 0, got %g", cfg->bucket_cap_mb);

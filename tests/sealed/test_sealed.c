@@ -296,9 +296,10 @@ static void refusals(void) {
     lk_strategy_config sc = lk_strategy_config_default();
     sc.name = "ddp";
     sc.device = sealed_device(0);
+    sc.comm_dtype = LK_BF16; /* trainer.ddp_comm_hook bf16_compress */
     lk_strategy *strat = NULL;
     CHECK_ERR(lk_strategy_create(&sc, &strat), LK_STATUS_UNSUPPORTED,
-              "strategy 'ddp' cannot train on device sealed:0 yet (its memory is not host-addressable)");
+              "ddp on device sealed:0: gradients travel in the parameters' dtype there (f32, not bf16");
     CHECK(strat == NULL);
     cfg.devices = 3;
     CHECK_ERR(lk_trainer_create(&cfg, NULL, NULL, &tr), LK_STATUS_INVALID_ARGUMENT,
