@@ -34,7 +34,7 @@ lk_status lk_clip_grad_norm(const lk_named_tensors *params, double max_norm, dou
     }
     /* Every gradient's norm into one array where the gradients are, read
      * back with one copy; then combined on the host in PyTorch's order. */
-    double *norms = lk_calloc((size_t)params->n + 1, sizeof *norms);
+    double small[32] = {0}, *norms = params->n <= 32 ? small : lk_calloc((size_t)params->n + 1, sizeof *norms);
     if (!norms) return LK_STATUS_OUT_OF_MEMORY;
     lk__scalars ns;
     lk_status st = lk__scalars_begin(&ns, dev, LK_F64, params->n, norms);
@@ -48,7 +48,7 @@ lk_status lk_clip_grad_norm(const lk_named_tensors *params, double max_norm, dou
     }
     if (lk__scalars_end(&ns) && !st) st = lk_last_status();
     if (st) {
-        lk_free(norms);
+        if (norms != small) lk_free(norms);
         return st;
     }
     for (int i = 0; i < params->n; i++) {
@@ -63,7 +63,7 @@ lk_status lk_clip_grad_norm(const lk_named_tensors *params, double max_norm, dou
             acc += norm_type == 1.0 ? (double)gn : pow((double)gn, norm_type);
         }
     }
-    lk_free(norms);
+    if (norms != small) lk_free(norms);
     if (n_grads == 0) return LK_STATUS_OK;
     float total = inf_norm ? (float)acc : (float)(norm_type == 1.0 ? acc : norm_type == 2.0 ? sqrt(acc) : pow(acc, 1.0 / norm_type));
     if (total_norm) *total_norm = total;

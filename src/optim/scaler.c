@@ -89,7 +89,7 @@ lk_status lk_grad_scaler_unscale(lk_grad_scaler *s, const lk_named_tensors *para
     lk_device dev = LK_DEVICE_CPU;
     for (int i = 0; i < params->n; i++)
         if (params->items[i].tensor->grad) dev = params->items[i].tensor->grad->device;
-    int64_t *count = lk_calloc((size_t)params->n + 1, sizeof *count);
+    int64_t small[32] = {0}, *count = params->n <= 32 ? small : lk_calloc((size_t)params->n + 1, sizeof *count);
     if (!count) return LK_STATUS_OUT_OF_MEMORY;
     lk__scalars cs;
     lk_status st = lk__scalars_begin(&cs, dev, LK_I64, params->n, count);
@@ -104,7 +104,7 @@ lk_status lk_grad_scaler_unscale(lk_grad_scaler *s, const lk_named_tensors *para
     }
     if (lk__scalars_end(&cs) && !st) st = lk_last_status();
     for (int i = 0; !st && i < params->n; i++) inf |= count[i] > 0;
-    lk_free(count);
+    if (count != small) lk_free(count);
     LK_TRY(st);
     s->unscaled = true;
     *found_inf = inf;

@@ -25,7 +25,7 @@ lk_status lk__first_nonfinite(lk_trainer *tr, double loss) {
         if (tr->params.items[i].tensor->grad) dev = tr->params.items[i].tensor->grad->device;
     /* each gradient's first non-finite index, where the gradients are, read
      * back with one copy */
-    int64_t *idx = lk_calloc((size_t)n + 1, sizeof *idx);
+    int64_t small[32], *idx = n <= 32 ? small : lk_calloc((size_t)n + 1, sizeof *idx); /* no malloc per step for small models */
     if (!idx) return LK_STATUS_OUT_OF_MEMORY;
     for (int i = 0; i < n; i++) idx[i] = -1;
     lk__scalars ks;
@@ -44,7 +44,7 @@ lk_status lk__first_nonfinite(lk_trainer *tr, double loss) {
         lk_tensor *g = tr->params.items[i].tensor->grad;
         int64_t k = idx[i];
         if (g && k >= 0) {
-            lk_free(idx);
+            if (idx != small) lk_free(idx);
             float v = (float)lk_tensor_get(g, k); /* the element (copied from a device) as f32, exact */
             return lk_error(LK_STATUS_ABORTED,
                             "non-finite gradient at step %lld (epoch %lld, batch %lld): parameter '%s' element %lld "
@@ -53,7 +53,7 @@ lk_status lk__first_nonfinite(lk_trainer *tr, double loss) {
                             tr->params.items[i].name, (long long)k, (double)v, loss);
         }
     }
-    lk_free(idx);
+    if (idx != small) lk_free(idx);
     return st;
 }
 
