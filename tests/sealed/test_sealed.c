@@ -144,6 +144,19 @@ static run_out fit(run_spec s) {
             k += ps.items[i].tensor->numel;
             lk_tensor_release(h);
         }
+        /* moving the trained module back to the host is one call; it then reads directly */
+        if (strcmp(s.accelerator, "cpu") && lk_trainer_rank(tr) == 0) {
+            CHECK_OK(lk_layer_to(m->net, LK_DEVICE_CPU));
+            k = 0;
+            for (int i = 0; i < ps.n; i++) {
+                lk_tensor *p = ps.items[i].tensor;
+                CHECK(p->device.kind == LK_CPU && (!p->grad || p->grad->device.kind == LK_CPU));
+                if (p->device.kind == LK_CPU)
+                    CHECK_MSG(!memcmp(o.params + k, p->data, (size_t)p->numel * sizeof(float)), "%s moved back differs",
+                              ps.items[i].name);
+                k += p->numel;
+            }
+        }
         lk_named_tensors_clear(&ps);
     }
     probe_out = NULL;
