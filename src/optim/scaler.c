@@ -103,7 +103,7 @@ lk_status lk_grad_scaler_unscale(lk_grad_scaler *s, const lk_named_tensors *para
         st = lk__backend_run(g->device, &d, (void *[]){g->data, g->data, lk__scalars_at(&cs, i)});
     }
     if (lk__scalars_end(&cs) && !st) st = lk_last_status();
-    for (int i = 0; !st && i < params->n; i++) inf |= count[i] > 0;
+    for (int i = 0; !st && i < params->n; i++) inf |= params->items[i].tensor->grad && count[i] > 0; /* the slots written */
     if (count != small) lk_free(count);
     LK_TRY(st);
     s->unscaled = true;

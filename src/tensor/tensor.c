@@ -528,8 +528,7 @@ lk_status lk__scalars_begin(lk__scalars *s, lk_device dev, lk_dtype dt, int64_t 
     *s = (lk__scalars){NULL, host, lk_dtype_size(dt)};
     if (lk_device_is_host(dev)) return LK_STATUS_OK;
     s->dev = lk__tensor_new_on(dev, dt, 1, (int64_t[]){n > 0 ? n : 1});
-    if (!s->dev) return lk_last_status() ? lk_last_status() : LK_STATUS_OUT_OF_MEMORY;
-    return n > 0 ? lk_device_copy(dev, s->dev->data, LK_DEVICE_CPU, host, (size_t)n * s->elem) : LK_STATUS_OK;
+    return s->dev ? LK_STATUS_OK : lk_last_status() ? lk_last_status() : LK_STATUS_OUT_OF_MEMORY;
 }
 
 void *lk__scalars_at(const lk__scalars *s, int64_t i) {

@@ -24,9 +24,10 @@ lk_status lk__tensor_move_to(lk_tensor *t, lk_device dev);
 lk_tensor *lk__tensor_wrap_on(lk_device dev, lk_dtype dt, int ndim, const int64_t *shape, void *data);
 /* Scalar results of backend ops (a norm, a count, an index, a weight sum)
  * for the host to read: on a host-addressable device the caller's host
- * array itself (nothing copied); on another device a device array holding
- * the host array's values (one copy in), copied back by lk__scalars_end
- * (one copy out, however many ops wrote into it). */
+ * array itself (nothing copied); on another device a device array copied
+ * back over it by lk__scalars_end (one copy out, however many ops wrote
+ * into it). Outputs only: an element no op wrote comes back undefined, so
+ * the caller reads only the ones its ops wrote. */
 typedef struct lk__scalars {
     lk_tensor *dev; /* NULL on a host-addressable device */
     void *host;
