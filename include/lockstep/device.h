@@ -87,9 +87,14 @@ int lk_device_count(lk_device_kind kind);
 /* The device new tensors are created on: one for the process, the CPU until
  * set (the trainer sets it from trainer.accelerator). */
 lk_device lk_device_default(void);
-/* Until a device's backend runs ops on its memory (the typed backend ops),
- * only host-addressable devices can be the default: UNSUPPORTED otherwise. */
+/* A device the CPU cannot address can be the default only once a backend
+ * for its kind is registered (ops create their results on the default
+ * device and run there): UNSUPPORTED otherwise. */
 lk_status lk_device_set_default(lk_device d);
+/* This thread's default instead of the process's (NULL: the process's
+ * again), as CUDA's current device is per thread: dp drives one device per
+ * thread. The same condition as lk_device_set_default. */
+lk_status lk_device_set_thread_default(const lk_device *d);
 
 /* Memory (the tensor layer's pool is the usual way in; these are for it and
  * for buffers outside tensors). */

@@ -163,6 +163,13 @@ void lk_layer_zero_grad(lk_layer *l, bool set_to_none);
  * lk_params_flatten (INVALID_USAGE after) and before creating an
  * optimizer. On failure nothing has changed. The *-true precisions. */
 lk_status lk_layer_cast_parameters(lk_layer *l, lk_dtype dt);
+/* Moves every parameter, gradient and buffer of l (and its children) to
+ * `dev`, as torch's module.to(device): each tensor keeps its identity, its
+ * values move (a parameter in a flat buffer leaves it for storage of its
+ * own). The trainer moves the module to its device before flattening; the
+ * module stays there after the run (move it back with LK_DEVICE_CPU). On
+ * failure the tensors moved so far stay moved: move the layer back or free it. */
+lk_status lk_layer_to(lk_layer *l, lk_device dev);
 
 /* ========================================================================
  * Flat parameters and gradients

@@ -68,6 +68,8 @@ typedef struct lk_strategy_config {
                                  (same bits, a W-th of the optimizer's memory traffic and memory per rank).
                                  Default true; ignored where ranks share no memory (mpi). false: every rank
                                  keeps a replica and updates all of it, as PyTorch DDP does */
+    lk_device device;         /* where the flat gradient buffer lives: the training device (default the CPU;
+                                 the module must be there too, lk_layer_to) */
 } lk_strategy_config;
 lk_strategy_config lk_strategy_config_default(void);
 

@@ -71,7 +71,7 @@ typedef struct lk_logger_config { /* CSVLogger, TensorBoardLogger */
 typedef struct lk_config_node lk_config_node;
 
 typedef struct lk_trainer_config {
-    char accelerator[LK_PARAM_STR]; /* cpu | gpu | auto */
+    char accelerator[LK_PARAM_STR]; /* cpu | gpu | cuda | auto, or (C API) a registered device kind's name */
     int64_t devices;                /* processes (CPU) or GPUs; 0 = auto (1 on CPU) */
     char devices_spec[LK_PARAM_STR]; /* devices when a list or -1 was written ("[0, 2]", "0,2", "-1"); "" otherwise */
     char strategy[LK_PARAM_STR];    /* auto | single | ddp | ddp_spawn | dp */
@@ -348,7 +348,8 @@ const char *lk_trainer_best_checkpoint(const lk_trainer *tr);
 lk_status lk_model_summary(const lk_layer *net, int max_depth, char **out);
 
 /* A batch field as a scope-owned tensor wrapping the loader's buffer (no copy;
- * valid inside the step). */
+ * valid inside the step). When the run's device is not host-addressable, a
+ * copy of the field on that device instead (one per call: take it once). */
 lk_tensor *lk_batch_tensor(const lk_batch *b, int field);
 
 #ifdef __cplusplus

@@ -25,7 +25,13 @@ lk_tensor *lk__expand(lk_tensor *t, int ndim, const int64_t *shape) {
     d.binary.fn = LK_BINARY_ADD;
     d.binary.ndim = ndim;
     for (int i = 0; i < ndim; i++) d.binary.shape[i] = shape[i], d.binary.sa[i] = sa[i], d.binary.sb[i] = sb[i];
-    if (lk__backend_run(t->device, &d, (void *[]){t->data, (void *)&zero, out->data})) {
+    /* the zero operand lives where the op runs (host memory on the CPU) */
+    lk_tensor *z = lk_device_is_host(t->device) ? NULL : lk__tensor_new_on(t->device, LK_F32, 0, NULL);
+    lk_status st = !lk_device_is_host(t->device) && !z ? LK_STATUS_OUT_OF_MEMORY : LK_STATUS_OK;
+    if (!st && z) st = lk_device_memset(z->device, z->data, 0, sizeof zero);
+    if (!st) st = lk__backend_run(t->device, &d, (void *[]){t->data, z ? z->data : (void *)&zero, out->data});
+    lk_tensor_release(z);
+    if (st) {
         lk_tensor_release(out);
         return NULL;
     }

@@ -69,19 +69,28 @@ lk_tensor *lk_dropout(lk_tensor *x, float p, bool training, lk_rng *rng) {
     /* As PyTorch: out = x * noise, noise = keep / (1 - p), so inf * 0 stays
      * NaN; p == 1 draws nothing and zeroes everything. */
     float scale = p == 1.0f ? 0.0f : (float)(1.0 / (1.0 - (double)p));
-    if (out) {
-        uint8_t *md = mask->data;
+    /* The mask is drawn on the host: a device gets it in one copy. */
+    bool host = !mask || lk_device_is_host(mask->device);
+    uint8_t *hm = out && !host ? lk_aligned_alloc(LK_ALIGN, (size_t)x->numel + 1) : NULL;
+    lk_status st = out && !host && !hm ? lk_error(LK_STATUS_OUT_OF_MEMORY, "%s: no host buffer for a mask of %lld bytes",
+                                                 op, (long long)x->numel)
+                                       : LK_STATUS_OK;
+    if (out && !st) {
+        uint8_t *md = host ? mask->data : hm;
         if (p < 1.0f) {
             draw_keep_mask(rng, p, md, x->numel);
         } else {
             memset(md, 0, (size_t)x->numel);
         }
+        if (!host) st = lk_device_copy(mask->device, mask->data, LK_DEVICE_CPU, hm, (size_t)x->numel);
         lk_op_desc d = {.op = LK_OP_MASK_SCALE, .dtype = {xc->dtype, LK_U8, out->dtype}};
         d.mask_scale = (lk_mask_scale_params){x->numel, scale};
-        if (lk__backend_run(xc->device, &d, (void *[]){xc->data, md, out->data})) {
-            lk_tensor_release(out);
-            out = NULL;
-        }
+        if (!st) st = lk__backend_run(xc->device, &d, (void *[]){xc->data, mask->data, out->data});
+    }
+    lk_aligned_free(hm);
+    if (st) {
+        lk_tensor_release(out);
+        out = NULL;
     }
     if (out) {
         lk_node *n = lk__record(op, dropout_backward, out, 1, &x);

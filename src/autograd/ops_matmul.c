@@ -83,7 +83,7 @@ enum { LOWP_PANEL = 1 << 19 };
 /* Rows [r0, r0 + nr) (dim 0) or columns (dim 1) of the 2-D view t, rounded to dt. */
 static lk_tensor *round_panel(const lk_tensor *t, int dim, int64_t r0, int64_t nr, lk_dtype dt) {
     lk_tensor *v = round_panel_view(t, dim, r0, nr);
-    if (!v || t->dtype != LK_F32 || v->stride[1] != 1) {
+    if (!v || t->dtype != LK_F32 || v->stride[1] != 1 || !lk_device_is_host(t->device)) { /* the cast op */
         lk_tensor *r = v ? lk_tensor_cast(v, dt) : NULL;
         lk_tensor_release(v);
         return r;

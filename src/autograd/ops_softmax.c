@@ -281,8 +281,12 @@ lk_tensor *lk_cross_entropy(lk_tensor *logits, lk_tensor *target, const lk_cross
     double wsum = 0.0;
     lk_op_desc d = {.op = LK_OP_XENT, .dtype = {LK_F32, a.t->dtype, LK_F32, LK_F32, LK_F32, LK_F64}};
     d.xent = (lk_xent_params){a.N, C, D, o.ignore_index, o.reduction, eps, 0.0f, 0.0f};
-    if (lk__backend_run(xc->device, &d,
-                        (void *[]){xc->data, a.t->data, a.w ? a.w->data : NULL, out->data, P ? P->data : NULL, &wsum})) {
+    lk__scalars ws;
+    lk_status st = lk__scalars_begin(&ws, xc->device, LK_F64, 1, &wsum);
+    if (!st) st = lk__backend_run(xc->device, &d, (void *[]){xc->data, a.t->data, a.w ? a.w->data : NULL, out->data,
+                                                          P ? P->data : NULL, lk__scalars_at(&ws, 0)});
+    lk_status st2 = lk__scalars_end(&ws);
+    if (st || st2) {
         lk_tensor_release(out);
         out = NULL;
         goto done;
@@ -290,9 +294,12 @@ lk_tensor *lk_cross_entropy(lk_tensor *logits, lk_tensor *target, const lk_cross
     lk_node *n = lk__record(op, xent_backward, out, 1, &logits);
     if (n) {
         float W = (float)C;
-        if (w) {
-            W = 0.0f;
-            for (int64_t c = 0; c < C; c++) W += w[c];
+        if (w) { /* the class weights on the host (a copy when they live on a device) */
+            lk_tensor *wh = lk_device_is_host(a.w->device) ? NULL : lk_tensor_to(a.w, LK_DEVICE_CPU);
+            const float *wp = wh ? wh->data : w;
+            W = wp ? 0.0f : NAN;
+            for (int64_t c = 0; wp && c < C; c++) W += wp[c];
+            lk_tensor_release(wh);
         }
         n->a.i[0] = o.reduction;
         n->a.i[1] = o.ignore_index;
@@ -349,7 +356,13 @@ lk_tensor *lk_nll_loss(lk_tensor *log_probs, lk_tensor *target, const lk_cross_e
     double wsum = 0.0;
     lk_op_desc d = {.op = LK_OP_NLL, .dtype = {LK_F32, a.t->dtype, LK_F32, LK_F32, LK_F64}};
     d.xent = (lk_xent_params){a.N, C, D, o.ignore_index, o.reduction, 0.0f, 0.0f, 0.0f};
-    if (out && lk__backend_run(xc->device, &d, (void *[]){xc->data, a.t->data, a.w ? a.w->data : NULL, out->data, &wsum})) {
+    lk__scalars ws = {0};
+    lk_status st = out ? lk__scalars_begin(&ws, xc->device, LK_F64, 1, &wsum) : LK_STATUS_OK;
+    if (out && !st)
+        st = lk__backend_run(xc->device, &d, (void *[]){xc->data, a.t->data, a.w ? a.w->data : NULL, out->data,
+                                                        lk__scalars_at(&ws, 0)});
+    if (out && lk__scalars_end(&ws) && !st) st = lk_last_status();
+    if (out && st) {
         lk_tensor_release(out);
         out = NULL;
     }

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/backend_impl.h"
 #include "device/device_impl.h"
 #include "device/gpu.h"
 
@@ -112,18 +113,40 @@ int lk_device_count(lk_device_kind kind) {
     return e->vt->count ? e->vt->count(e->ctx) : 1;
 }
 
+/* Ops create their results on the default device, so a device the CPU
+ * cannot address needs a backend of its own that runs them there. */
+static lk_status check_default(lk_device d) {
+    const entry *e = get(d);
+    if (!e) return unknown(d);
+    if (!e->vt->host_addressable && lk__backend(d) == &lk__cpu_backend)
+        return lk_error(LK_STATUS_UNSUPPORTED,
+                        "device '%s' cannot be the default yet: no backend runs ops on its memory in this build "
+                        "(it is not host-addressable and no backend is registered for its kind)",
+                        e->vt->name);
+    return LK_STATUS_OK;
+}
+
+/* A thread's own default (dp's replica threads, each on its device), as
+ * CUDA's current device is per thread; -1: the process's. */
+static _Thread_local int thread_dev = -1;
+
+lk_status lk_device_set_thread_default(const lk_device *d) {
+    if (!d) {
+        thread_dev = -1;
+        return LK_STATUS_OK;
+    }
+    LK_TRY(check_default(*d));
+    thread_dev = (int)d->kind | d->index << 8;
+    return LK_STATUS_OK;
+}
+
 lk_device lk_device_default(void) {
-    int v = atomic_load_explicit(&default_dev, memory_order_relaxed);
+    int v = thread_dev >= 0 ? thread_dev : atomic_load_explicit(&default_dev, memory_order_relaxed);
     return (lk_device){(lk_device_kind)(v & 0xff), v >> 8};
 }
 
 lk_status lk_device_set_default(lk_device d) {
-    const entry *e = get(d);
-    if (!e) return unknown(d);
-    if (!e->vt->host_addressable)
-        return lk_error(LK_STATUS_UNSUPPORTED,
-                        "device '%s' cannot be the default yet: no backend runs ops on its memory in this build",
-                        e->vt->name);
+    LK_TRY(check_default(d));
     atomic_store(&default_dev, (int)d.kind | d.index << 8);
     return LK_STATUS_OK;
 }

@@ -62,7 +62,11 @@ lk_status lk__gpu_for_rank(const int *ids, int n, int local_rank, int *gpu);
 const char *lk__devices_spec(const lk_trainer_config *cfg, char *buf, size_t size);
 
 /* What trainer.accelerator asks for, decided before anything starts. */
-typedef enum { LK__ACCEL_CPU, LK__ACCEL_GPU } lk__accel;
+typedef enum {
+    LK__ACCEL_CPU,
+    LK__ACCEL_GPU,
+    LK__ACCEL_DEVICE /* a device kind registered through the C API, named by trainer.accelerator */
+} lk__accel;
 /* Pure: decides from the config, whether CUDA is built and how many GPUs
  * are visible. "cpu" -> CPU; "auto" -> CPU (until the CUDA backend runs
  * training ops it keeps the CPU even with a GPU visible); "gpu"/"cuda" ->
@@ -74,6 +78,11 @@ lk_status lk__accelerator_resolve(const lk_trainer_config *cfg, bool cuda_built,
  * process's build and GPUs (queried only when a GPU is asked for), then
  * UNSUPPORTED for a GPU run while the CUDA backend runs no training ops. */
 lk_status lk__accelerator_check(const lk_trainer_config *cfg);
+/* The device a run trains on: the CPU for cpu/auto; for gpu/cuda or a
+ * registered kind's name, trainer.devices resolved against that kind's
+ * count (lk__gpu_select) and the entry of `slot` (the local rank; dp's
+ * replica index). Everything after this is the same code for every kind. */
+lk_status lk__accelerator_device(const lk_trainer_config *cfg, int slot, lk_device *out);
 
 /* ---- NVML device stats (nvml.c; libnvidia-ml.so.1 loaded at run time) ---- */
 

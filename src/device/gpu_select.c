@@ -91,8 +91,17 @@ lk_status lk__accelerator_resolve(const lk_trainer_config *cfg, bool cuda_built,
     *out = LK__ACCEL_CPU;
     const char *a = cfg->accelerator;
     if (!strcmp(a, "cpu") || !strcmp(a, "auto") || !*a) return LK_STATUS_OK;
-    if (strcmp(a, "gpu") && strcmp(a, "cuda"))
+    if (strcmp(a, "gpu") && strcmp(a, "cuda")) {
+        /* A device kind registered through the C API (Lightning's custom
+         * accelerators by registry name): lk__accelerator_device places the
+         * run on it. The cpu kind and cuda's number keep their own names. */
+        lk_device d;
+        if (!strchr(a, ':') && lk_device_parse(a, &d) == LK_STATUS_OK && d.kind != LK_CPU && d.kind != LK_CUDA) {
+            *out = LK__ACCEL_DEVICE;
+            return LK_STATUS_OK;
+        }
         return lk_error(LK_STATUS_INVALID_ARGUMENT, "trainer.accelerator '%s' is not one of cpu, gpu, cuda, auto", a);
+    }
     char spec[LK_PARAM_STR + 8];
     lk__devices_spec(cfg, spec, sizeof spec);
     if (!cuda_built)
@@ -127,5 +136,25 @@ lk_status lk__accelerator_check(const lk_trainer_config *cfg) {
                         "training ops yet (issue 21); use cpu",
                         cfg->accelerator, n == 1 ? "" : "s", list, visible);
     }
+    return LK_STATUS_OK;
+}
+
+lk_status lk__accelerator_device(const lk_trainer_config *cfg, int slot, lk_device *out) {
+    *out = LK_DEVICE_CPU;
+    lk__accel acc;
+    bool gpu = !strcmp(cfg->accelerator, "gpu") || !strcmp(cfg->accelerator, "cuda");
+    int visible = gpu && lk__cuda_built() ? lk__cuda_visible() : 0;
+    LK_TRY(lk__accelerator_resolve(cfg, lk__cuda_built(), visible, &acc, NULL, NULL));
+    if (acc == LK__ACCEL_CPU) return LK_STATUS_OK;
+    /* gpu and cuda are the kind "cuda"; any other name is a registered kind.
+     * Either way the same selection: trainer.devices against the devices of
+     * that kind, then this slot's (local rank, or dp replica) entry. */
+    lk_device kind;
+    LK_TRY(lk_device_parse(gpu ? "cuda" : cfg->accelerator, &kind));
+    char spec[LK_PARAM_STR + 8];
+    int ids[LK__GPU_MAX], n, id;
+    LK_TRY(lk__gpu_select(lk__devices_spec(cfg, spec, sizeof spec), lk_device_count(kind.kind), ids, LK__GPU_MAX, &n));
+    LK_TRY(lk__gpu_for_rank(ids, n, slot, &id));
+    *out = (lk_device){kind.kind, id};
     return LK_STATUS_OK;
 }

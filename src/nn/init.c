@@ -44,11 +44,24 @@ double lk_init_gain(const char *nl, double param) {
     return NAN;
 }
 
+/* A tensor on a device the CPU cannot address: drawn into a host tensor
+ * of its shape in the same (logical) order, then one copy to the device. */
+static lk_status through_host(lk_tensor *t, lk_rng *rng, double a, double b,
+                              lk_status (*init)(lk_tensor *, lk_rng *, double, double)) {
+    lk_tensor *h = lk__tensor_new_on(LK_DEVICE_CPU, LK_F32, t->ndim, t->shape);
+    if (!h) return lk_last_status() ? lk_last_status() : LK_STATUS_OUT_OF_MEMORY;
+    lk_status st = init(h, rng, a, b);
+    if (!st) st = lk_tensor_copy(t, h);
+    lk_tensor_release(h);
+    return st;
+}
+
 /* Writes through the logical index so strided views work too. */
 lk_status lk_init_uniform(lk_tensor *t, lk_rng *rng, double lo, double hi) {
     LK_TRY(check_f32("init_uniform", t));
     LK_TRY(need_rng("init_uniform", rng));
     if (!(lo <= hi)) return lk_error(LK_STATUS_INVALID_ARGUMENT, "init_uniform: lo %g > hi %g", lo, hi);
+    if (!lk_device_is_host(t->device)) return through_host(t, rng, lo, hi, lk_init_uniform);
     float *d = t->data;
     for (int64_t i = 0; i < t->numel; i++) d[lk__elem_offset(t, i)] = (float)(lo + (hi - lo) * lk_rng_uniform_f64(rng));
     return LK_STATUS_OK;
@@ -58,6 +71,7 @@ lk_status lk_init_normal(lk_tensor *t, lk_rng *rng, double mean, double std) {
     LK_TRY(check_f32("init_normal", t));
     LK_TRY(need_rng("init_normal", rng));
     if (!(std >= 0)) return lk_error(LK_STATUS_INVALID_ARGUMENT, "init_normal: std must be >= 0, got %g", std);
+    if (!lk_device_is_host(t->device)) return through_host(t, rng, mean, std, lk_init_normal);
     float *d = t->data;
     for (int64_t i = 0; i < t->numel; i++) d[lk__elem_offset(t, i)] = (float)(mean + std * lk_rng_normal(rng));
     return LK_STATUS_OK;

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "lockstep/nn.h"
+#include "tensor/tensor_impl.h"
 
 /* ---- named tensor lists ------------------------------------------------------- */
 
@@ -378,6 +379,26 @@ lk_status lk_layer_cast_parameters(lk_layer *l, lk_dtype dt) {
     return st;
 }
 
+lk_status lk_layer_to(lk_layer *l, lk_device dev) {
+    if (!l) return lk_error(LK_STATUS_INVALID_ARGUMENT, "layer_to: NULL layer");
+    lk_named_tensors ps = {0}, bs = {0};
+    lk_status st = lk_layer_named_parameters(l, &ps);
+    if (!st) st = lk_layer_named_buffers(l, &bs);
+    /* Each tensor keeps its identity (the layer's slots, a user's pointers
+     * and tied weights stay valid); only its storage changes device. A
+     * parameter in a flat buffer (lk_params_flatten) leaves it: moving a
+     * trained module back to the host after a fit is one call. */
+    for (int i = 0; !st && i < ps.n; i++) {
+        lk_tensor *p = ps.items[i].tensor;
+        st = lk__tensor_move_to(p, dev);
+        if (!st && p->grad) st = lk__tensor_move_to(p->grad, dev);
+    }
+    for (int i = 0; !st && i < bs.n; i++) st = lk__tensor_move_to(bs.items[i].tensor, dev);
+    lk_named_tensors_clear(&ps);
+    lk_named_tensors_clear(&bs);
+    return st;
+}
+
 lk_status lk_params_flatten(lk_layer *l, lk_tensor *grad_buffer, lk_tensor **flat_params, lk_tensor **flat_grads) {
     return lk_params_flatten_into(l, NULL, true, grad_buffer, flat_params, flat_grads);
 }
@@ -433,12 +454,17 @@ lk_status lk_params_flatten_into(lk_layer *l, lk_tensor *param_buffer, bool copy
         }
     }
     int64_t n1[1] = {total};
-    if (!st && !(flat = param_buffer ? lk_tensor_wrap(dt, 1, n1, param_buffer->data) : lk_tensor_empty(dt, 1, n1)))
+    /* The buffers live where the parameters do (the module was moved to
+     * the training device first; lk_layer_to). */
+    lk_device dev = sv.n ? (*sv.v[0].slot)->device : lk_device_default();
+    if (!st && !(flat = param_buffer ? lk__tensor_wrap_on(param_buffer->device, dt, 1, n1, param_buffer->data)
+                                     : lk__tensor_new_on(dev, dt, 1, n1)))
         st = lk_last_status();
     if (!st) {
-        gflat = grad_buffer ? lk_tensor_wrap(dt, 1, n1, grad_buffer->data) : lk_tensor_empty(dt, 1, n1);
+        gflat = grad_buffer ? lk__tensor_wrap_on(grad_buffer->device, dt, 1, n1, grad_buffer->data)
+                            : lk__tensor_new_on(dev, dt, 1, n1);
         if (!gflat) st = lk_last_status();
-        else if (total) memset(gflat->data, 0, (size_t)total * lk_dtype_size(dt));
+        else if (total) st = lk_device_memset(gflat->device, gflat->data, 0, (size_t)total * lk_dtype_size(dt));
     }
     /* Make every view before changing anything, so failure leaves the layer as it was. */
     int64_t off = 0;

@@ -176,16 +176,26 @@ static lk_tensor *bn_forward(lk_layer *self, lk_tensor *x) {
     lk_tensor *nbt = b->track ? lk_layer_buffer(self, 2) : NULL;
     float factor = b->momentum < 0 ? 0.0f : b->momentum;
     bool counted = false;
+    bool host = !nbt || lk_device_is_host(nbt->device);
+    int64_t count = 0;
     if (self->training && nbt && nbt->dtype == LK_I64) {
-        int64_t *c = nbt->data;
-        (*c)++;
+        if (host) {
+            int64_t *c = nbt->data;
+            count = ++*c;
+        } else { /* on a device: read it (one copy), then a fill op writes count + 1 */
+            count = (int64_t)lk_tensor_get(nbt, 0) + 1;
+            if (lk_tensor_fill(nbt, (double)count)) return NULL;
+        }
         counted = true;
-        if (b->momentum < 0) factor = 1.0f / (float)*c; /* momentum=None: cumulative moving average */
+        if (b->momentum < 0) factor = 1.0f / (float)count; /* momentum=None: cumulative moving average */
     }
     bool use_batch_stats = self->training || !b->track;
     lk_tensor *y = lk_batch_norm_sync(x, rm, rv, w, bias, use_batch_stats, factor, b->eps,
                                        self->training ? b->sync : NULL, b->sync_ctx); /* PyTorch syncs in training only */
-    if (!y && counted) (*(int64_t *)nbt->data)--;
+    if (!y && counted) {
+        if (host) (*(int64_t *)nbt->data)--;
+        else (void)lk_tensor_fill(nbt, (double)(count - 1)); /* the op's error is the one reported */
+    }
     return y;
 }
 

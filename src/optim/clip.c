@@ -9,6 +9,7 @@
 
 #include "backend/backend_impl.h"
 #include "optim/optim_impl.h"
+#include "tensor/tensor_impl.h"
 
 static lk_status check_grad(const lk_named_tensor *it) {
     const lk_tensor *g = it->tensor->grad;
@@ -26,16 +27,34 @@ lk_status lk_clip_grad_norm(const lk_named_tensors *params, double max_norm, dou
     int n_grads = 0;
     double acc = 0.0; /* inf-norm: running max; p-norm: sum of per-gradient norms^p */
     bool inf_norm = isinf(norm_type);
+    lk_device dev = LK_DEVICE_CPU;
     for (int i = 0; i < params->n; i++) {
         LK_TRY(check_grad(&params->items[i]));
+        if (params->items[i].tensor->grad) dev = params->items[i].tensor->grad->device;
+    }
+    /* Every gradient's norm into one array where the gradients are, read
+     * back with one copy; then combined on the host in PyTorch's order. */
+    double small[32] = {0}, *norms = params->n <= 32 ? small : lk_calloc((size_t)params->n + 1, sizeof *norms);
+    if (!norms) return LK_STATUS_OUT_OF_MEMORY;
+    lk__scalars ns;
+    lk_status st = lk__scalars_begin(&ns, dev, LK_F64, params->n, norms);
+    for (int i = 0; !st && i < params->n; i++) {
         const lk_tensor *g = params->items[i].tensor->grad;
         if (!g) continue;
-        n_grads++;
         /* inf: this gradient's max |x|; p: its sum of |x|^p (the root is taken here) */
         lk_op_desc nd = {.op = LK_OP_NORM, .dtype = {g->dtype, LK_F64}};
         nd.norm = (lk_norm_params){g->numel, inf_norm ? INFINITY : norm_type};
-        double s = 0.0;
-        LK_TRY(lk__backend_run(g->device, &nd, (void *[]){g->data, &s}));
+        st = lk__backend_run(g->device, &nd, (void *[]){g->data, lk__scalars_at(&ns, i)});
+    }
+    if (lk__scalars_end(&ns) && !st) st = lk_last_status();
+    if (st) {
+        if (norms != small) lk_free(norms);
+        return st;
+    }
+    for (int i = 0; i < params->n; i++) {
+        if (!params->items[i].tensor->grad) continue;
+        n_grads++;
+        double s = norms[i];
         if (inf_norm) {
             if (s > acc || isnan(s)) acc = isnan(acc) ? acc : s;
         } else {
@@ -44,6 +63,7 @@ lk_status lk_clip_grad_norm(const lk_named_tensors *params, double max_norm, dou
             acc += norm_type == 1.0 ? (double)gn : pow((double)gn, norm_type);
         }
     }
+    if (norms != small) lk_free(norms);
     if (n_grads == 0) return LK_STATUS_OK;
     float total = inf_norm ? (float)acc : (float)(norm_type == 1.0 ? acc : norm_type == 2.0 ? sqrt(acc) : pow(acc, 1.0 / norm_type));
     if (total_norm) *total_norm = total;

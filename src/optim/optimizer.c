@@ -11,6 +11,7 @@
 
 #include "backend/backend_impl.h"
 #include "optim/optim_impl.h"
+#include "tensor/tensor_impl.h"
 
 
 typedef struct {
@@ -27,8 +28,9 @@ typedef struct {
     opt_param *ps;
     int n;
     int64_t numel;
-    float *state; /* n_state arrays of numel floats, back to back */
+    float *state; /* n_state arrays of numel floats, back to back, on dev */
     int n_state;
+    lk_device dev; /* where the parameters (and so the state) live */
     /* Sharded update (lk__optimizer_shard): this process updates elements
      * [lo, hi) of the group; state is shared memory it does not own, and
      * only the state's owner writes it when a checkpoint is loaded. */
@@ -124,7 +126,9 @@ static void group_clear(opt_group *g) {
         lk_free(g->ps[i].name);
     }
     lk_free(g->ps);
-    if (!g->state_shared) lk_aligned_free(g->state);
+    if (g->state_shared) return;
+    if (lk_device_is_host(g->dev)) lk_aligned_free(g->state);
+    else lk_device_free(g->dev, g->state, (size_t)(g->n_state * g->numel > 0 ? g->n_state * g->numel : 16) * sizeof(float));
 }
 
 void lk_optimizer_free(lk_optimizer *o) {
@@ -168,7 +172,7 @@ lk_status lk_optimizer_add_param_group(lk_optimizer *o, const lk_named_tensors *
                             kind_name(cfg.kind), params->items[i].name);
     }
     opt_group g = {.cfg = cfg, .dt = params->items[0].tensor->dtype, .initial_lr = NAN, .n = params->n,
-                   .n_state = state_arrays(&cfg), .state_writer = true};
+                   .n_state = state_arrays(&cfg), .state_writer = true, .dev = params->items[0].tensor->device};
     opt_group *ng = lk_realloc(o->groups, (size_t)(o->n_groups + 1) * sizeof *ng);
     if (!ng) return LK_STATUS_OUT_OF_MEMORY;
     o->groups = ng;
@@ -187,12 +191,23 @@ lk_status lk_optimizer_add_param_group(lk_optimizer *o, const lk_named_tensors *
     }
     if (g.n_state) {
         size_t bytes = (size_t)g.n_state * (size_t)g.numel * sizeof(float);
-        g.state = lk_aligned_alloc(LK_ALIGN, bytes ? bytes : LK_ALIGN);
-        if (!g.state) {
-            group_clear(&g);
-            return LK_STATUS_OUT_OF_MEMORY;
+        if (!lk_device_is_host(g.dev)) { /* next to the parameters: the update runs there */
+            void *mem = NULL;
+            lk_status st = lk_device_alloc(g.dev, bytes ? bytes : 16 * sizeof(float), &mem);
+            g.state = mem;
+            if (!st) st = lk_device_memset(g.dev, g.state, 0, bytes);
+            if (st) {
+                group_clear(&g);
+                return st;
+            }
+        } else {
+            g.state = lk_aligned_alloc(LK_ALIGN, bytes ? bytes : LK_ALIGN);
+            if (!g.state) {
+                group_clear(&g);
+                return LK_STATUS_OUT_OF_MEMORY;
+            }
+            memset(g.state, 0, bytes);
         }
-        memset(g.state, 0, bytes);
     }
     o->groups[o->n_groups++] = g;
     return LK_STATUS_OK;
@@ -294,7 +309,10 @@ lk_status lk_optimizer_step(lk_optimizer *o) {
             for (int i = 1; i < g->n; i++) g->ps[i].step = step;
             int64_t n = g->hi - g->lo;
             flat_job job = {g, g->ps[0].p->device, g->ps[0].p->data, g->ps[0].p->grad->data, g->lo, n, step,
-                            n >= PARALLEL_MIN_ELEMS ? lk__parallel_width(n / PARALLEL_MIN_ELEMS + 1) : 1, {0}};
+                            n >= PARALLEL_MIN_ELEMS && lk_device_is_host(g->ps[0].p->device)
+                                ? lk__parallel_width(n / PARALLEL_MIN_ELEMS + 1)
+                                : 1, /* a device runs the whole range as one op */
+                            {0}};
             lk__parallel_run(job.width, flat_task, &job);
             for (int t = 0; t < job.width; t++)
                 if (job.st[t])
@@ -322,7 +340,8 @@ void lk_optimizer_zero_grad(lk_optimizer *o, bool set_to_none) {
     for (int gi = 0; gi < o->n_groups; gi++) {
         opt_group *g = &o->groups[gi];
         if (g->n > 1 && group_is_flat(g)) {
-            memset(g->ps[0].p->grad->data, 0, (size_t)g->numel * lk_dtype_size(g->dt));
+            lk_tensor *gr = g->ps[0].p->grad;
+            lk_device_memset(gr->device, gr->data, 0, (size_t)g->numel * lk_dtype_size(g->dt));
             continue;
         }
         for (int i = 0; i < g->n; i++) {
@@ -446,7 +465,15 @@ lk_status lk_optimizer_state_get(const lk_optimizer *o, lk_named_tensors *out) {
             LK_TRY(put_scalar(out, name, LK_I64, (double)op->step));
             for (int s = 0; s < g->n_state; s++) {
                 snprintf(name, sizeof name, "state.%s.%s", op->name, state_name(c, s));
-                lk_tensor *t = lk_tensor_from_data(LK_F32, op->p->ndim, op->p->shape, g->state + s * g->numel + op->off);
+                float *src = g->state + s * g->numel + op->off;
+                lk_tensor *t = NULL;
+                if (lk_device_is_host(g->dev)) {
+                    t = lk_tensor_from_data(LK_F32, op->p->ndim, op->p->shape, src);
+                } else { /* a copy where the state is (a checkpoint copies it to the host) */
+                    lk_tensor *w = lk__tensor_wrap_on(g->dev, LK_F32, op->p->ndim, op->p->shape, src);
+                    t = lk_tensor_to(w, g->dev);
+                    lk_tensor_release(w);
+                }
                 if (!t) return lk_last_status();
                 lk_status st = lk_named_tensors_append(out, name, t);
                 lk_tensor_release(t);
@@ -533,7 +560,8 @@ lk_status lk_optimizer_state_load(lk_optimizer *o, const lk_named_tensors *state
     for (int g = 0; g < o->n_groups; g++) {
         opt_group *gr = &o->groups[g];
         for (int i = 0; i < gr->n; i++) gr->ps[i].step = 0;
-        if (gr->state && gr->state_writer) memset(gr->state, 0, (size_t)gr->n_state * (size_t)gr->numel * sizeof(float));
+        if (gr->state && gr->state_writer)
+            LK_TRY(lk_device_memset(gr->dev, gr->state, 0, (size_t)gr->n_state * (size_t)gr->numel * sizeof(float)));
     }
     for (int k = 0; k < state->n; k++) {
         const char *nm = state->items[k].name;
@@ -559,8 +587,8 @@ lk_status lk_optimizer_state_load(lk_optimizer *o, const lk_named_tensors *state
         if (field < 0) {
             gr->ps[pi].step = (int64_t)lk_tensor_get(t, 0);
         } else if (gr->state_writer) {
-            lk_tensor *dst = lk_tensor_wrap(LK_F32, gr->ps[pi].p->ndim, gr->ps[pi].p->shape,
-                                            gr->state + field * gr->numel + gr->ps[pi].off);
+            lk_tensor *dst = lk__tensor_wrap_on(gr->dev, LK_F32, gr->ps[pi].p->ndim, gr->ps[pi].p->shape,
+                                                gr->state + field * gr->numel + gr->ps[pi].off);
             if (!dst) return lk_last_status();
             lk_status st = lk_tensor_copy(dst, t);
             lk_tensor_release(dst);

@@ -15,6 +15,7 @@
 
 #include "backend/backend_impl.h"
 #include "optim/optim_impl.h"
+#include "tensor/tensor_impl.h"
 
 struct lk_grad_scaler {
     lk_grad_scaler_config c;
@@ -84,17 +85,27 @@ lk_status lk_grad_scaler_unscale(lk_grad_scaler *s, const lk_named_tensors *para
     /* PyTorch: inv_scale = self._scale.double().reciprocal().float(). */
     float inv = (float)(1.0 / (double)s->scale);
     bool inf = false;
-    for (int i = 0; i < params->n; i++) {
+    /* one count per gradient, where the gradients are; read back at once */
+    lk_device dev = LK_DEVICE_CPU;
+    for (int i = 0; i < params->n; i++)
+        if (params->items[i].tensor->grad) dev = params->items[i].tensor->grad->device;
+    int64_t small[32] = {0}, *count = params->n <= 32 ? small : lk_calloc((size_t)params->n + 1, sizeof *count);
+    if (!count) return LK_STATUS_OUT_OF_MEMORY;
+    lk__scalars cs;
+    lk_status st = lk__scalars_begin(&cs, dev, LK_I64, params->n, count);
+    for (int i = 0; !st && i < params->n; i++) {
         lk_tensor *g = params->items[i].tensor->grad;
         if (!g) continue;
         /* one pass: each element checked (before it is scaled, as PyTorch
          * checks) and multiplied by inv, in place */
         lk_op_desc d = {.op = LK_OP_UNSCALE, .dtype = {LK_F32, LK_F32, LK_I64}};
         d.nonfinite = (lk_nonfinite_params){g->numel, inv};
-        int64_t count = 0;
-        LK_TRY(lk__backend_run(g->device, &d, (void *[]){g->data, g->data, &count}));
-        inf |= count > 0;
+        st = lk__backend_run(g->device, &d, (void *[]){g->data, g->data, lk__scalars_at(&cs, i)});
     }
+    if (lk__scalars_end(&cs) && !st) st = lk_last_status();
+    for (int i = 0; !st && i < params->n; i++) inf |= params->items[i].tensor->grad && count[i] > 0; /* the slots written */
+    if (count != small) lk_free(count);
+    LK_TRY(st);
     s->unscaled = true;
     *found_inf = inf;
     return LK_STATUS_OK;

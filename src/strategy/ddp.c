@@ -10,7 +10,16 @@
  * compressed (comm_dtype bf16/f16, PyTorch's compress hooks) or, for 16-bit
  * parameters, widened to f32 for the average; shared
  * parameters with the optimizer sharded over them (where the ranks share
- * memory), and uneven inputs (join). */
+ * memory), and uneven inputs (join).
+ *
+ * On a device the host cannot read (lk_strategy_config.device), the flat
+ * gradient buffer is device memory and the communicator (which reads host
+ * memory) works on a host staging copy of it in its shared memory: each
+ * bucket is copied out when it is complete, averaged there, and the whole
+ * averaged buffer is copied back once the last bucket is done; parameters
+ * and buffers are broadcast through host copies too. No shared parameters
+ * there (each rank keeps its replica on its device), and gradients travel
+ * in the parameters' dtype. */
 #include <string.h>
 
 /* The sharded optimizer needs what lk_optimizer does not publish: the size
@@ -36,6 +45,7 @@ typedef struct param_slot {
 
 typedef struct ddp {
     void *wire; /* comm_dtype != param_dtype: the buckets as they travel (shared memory) */
+    void *stage; /* the gradients on a device: their host copy the communicator reduces (shared memory) */
     bucket *buckets;
     int nbuckets, next_launch;
     param_slot *slots;
@@ -83,6 +93,7 @@ static void ddp_free(lk_strategy *s) {
     for (int i = 0; i < s->nparams && d->common_params; i++)
         lk__tensor_own_storage(s->params[i]); /* the shared copy goes away too */
     if (d->wire) lk_comm_free_shared(s->comm, d->wire);
+    if (d->stage) lk_comm_free_shared(s->comm, d->stage);
     if (d->common_owner) { /* only the heap's block list changes: the bytes stay mapped until lk_comm_free, so a
                               peer still copying its parameters out (above) reads them intact */
         lk_comm_free_shared(s->comm, d->common_params);
@@ -95,6 +106,20 @@ static void ddp_free(lk_strategy *s) {
 }
 
 static void *elem(void *base, lk_dtype dt, int64_t i) { return (char *)base + i * (int64_t)lk_dtype_size(dt); }
+
+static bool on_device(const lk_strategy *s) { return !lk_device_is_host(s->cfg.device); }
+
+/* A broadcast of t from root: in place on the host, through a host copy on
+ * a device (the communicator reads host memory). */
+static lk_status bcast(lk_strategy *s, lk_tensor *t, int root) {
+    if (lk_device_is_host(t->device)) return lk_comm_broadcast(s->comm, t->data, (size_t)t->numel, t->dtype, root);
+    lk_tensor *h = lk_tensor_to(t, LK_DEVICE_CPU);
+    if (!h) return lk_last_status() ? lk_last_status() : LK_STATUS_OUT_OF_MEMORY;
+    lk_status st = lk_comm_broadcast(s->comm, h->data, (size_t)h->numel, h->dtype, root);
+    if (!st) st = lk_tensor_copy(t, h);
+    lk_tensor_release(h);
+    return st;
+}
 
 /* n elements from src (dtype sd) into dst (dtype dd): one of the two is f32
  * (lk_strategy_create refuses the other pairs). */
@@ -109,7 +134,11 @@ static void convert(lk_dtype dd, void *dst, lk_dtype sd, const void *src, size_t
 static lk_status reduce_bucket(lk_strategy *s, bucket *b, bool async) {
     ddp *d = me(s);
     void *buf = elem(s->flat_grad, s->cfg.param_dtype, b->offset);
-    if (d->wire) {
+    if (d->stage) { /* the bucket out of the device, into the communicator's memory */
+        buf = elem(d->stage, s->cfg.param_dtype, b->offset);
+        LK_TRY(lk_device_copy(LK_DEVICE_CPU, buf, s->cfg.device, elem(s->flat_grad, s->cfg.param_dtype, b->offset),
+                              (size_t)b->count * lk_dtype_size(s->cfg.param_dtype)));
+    } else if (d->wire) {
         buf = elem(d->wire, s->cfg.comm_dtype, b->offset);
         convert(s->cfg.comm_dtype, buf, s->cfg.param_dtype, elem(s->flat_grad, s->cfg.param_dtype, b->offset),
                 (size_t)b->count);
@@ -147,14 +176,15 @@ static void on_grad_ready(lk_tensor *p, void *ctx) {
 }
 
 static lk_status ddp_alloc_grads(lk_strategy *s, size_t bytes, void **mem, bool *shared) {
-    *shared = true;
+    *shared = !on_device(s);
+    if (on_device(s)) return lk_device_alloc(s->cfg.device, bytes, mem); /* staged: ddp_setup */
     return lk_comm_alloc_shared(s->comm, bytes, mem);
 }
 
 static lk_status ddp_param_buffer(lk_strategy *s, int64_t numel, void **buf, bool *copy_values) {
     ddp *d = me(s);
     /* one copy only where every rank can map the same bytes (shm, one node) */
-    if (!s->cfg.shared_params || s->world < 2 || !lk_comm_shares_memory(s->comm)) return LK_STATUS_OK;
+    if (!s->cfg.shared_params || s->world < 2 || !lk_comm_shares_memory(s->comm) || on_device(s)) return LK_STATUS_OK;
     if (d->common_params) return lk_error(LK_STATUS_INVALID_USAGE, "strategy: the parameter buffer is already allocated");
     void *mem;
     LK_TRY(lk_comm_alloc_common(s->comm, (size_t)(numel ? numel : 1) * lk_dtype_size(s->cfg.param_dtype), &mem,
@@ -188,11 +218,15 @@ static lk_status ddp_setup(lk_strategy *s) {
         lk_tensor *p = params[i];
         if (!lk_tensor_is_contiguous(p))
             return lk_error(LK_STATUS_INVALID_ARGUMENT, "ddp: parameter '%s' is not contiguous", names ? names[i] : "?");
-        LK_TRY(lk_comm_broadcast(s->comm, p->data, (size_t)p->numel, p->dtype, 0));
+        LK_TRY(bcast(s, p, 0));
     }
-    for (int i = 0; i < s->nbuffers; i++)
-        LK_TRY(lk_comm_broadcast(s->comm, s->buffers[i]->data, (size_t)s->buffers[i]->numel, s->buffers[i]->dtype, 0));
+    for (int i = 0; i < s->nbuffers; i++) LK_TRY(bcast(s, s->buffers[i], 0));
     LK_TRY(lk__strategy_alloc_flat(s, total));
+    if (on_device(s) && !d->stage) {
+        void *mem;
+        LK_TRY(lk_comm_alloc_shared(s->comm, (size_t)(total ? total : 1) * lk_dtype_size(s->cfg.param_dtype), &mem));
+        d->stage = mem;
+    }
     if (s->cfg.comm_dtype != s->cfg.param_dtype && !d->wire) {
         void *mem;
         LK_TRY(lk_comm_alloc_shared(s->comm, (size_t)(total ? total : 1) * lk_dtype_size(s->cfg.comm_dtype), &mem));
@@ -266,8 +300,7 @@ static bool ddp_shares_params(const lk_strategy *s) { return me(s)->common_param
 
 static lk_status ddp_before_forward(lk_strategy *s) {
     if (!s->cfg.broadcast_buffers) return LK_STATUS_OK;
-    for (int i = 0; i < s->nbuffers; i++)
-        LK_TRY(lk_comm_broadcast(s->comm, s->buffers[i]->data, (size_t)s->buffers[i]->numel, s->buffers[i]->dtype, 0));
+    for (int i = 0; i < s->nbuffers; i++) LK_TRY(bcast(s, s->buffers[i], 0));
     return LK_STATUS_OK;
 }
 
@@ -314,6 +347,9 @@ static lk_status ddp_finish_backward(lk_strategy *s) {
     s->stats.comm_straggler_last_s = straggler;
     if (d->wire && !d->async_err) /* widen the averages back into the gradients */
         convert(s->cfg.param_dtype, s->flat_grad, s->cfg.comm_dtype, d->wire, (size_t)s->flat_numel);
+    if (d->stage && !d->async_err) /* the averages back onto the device, in one copy */
+        d->async_err = lk_device_copy(s->cfg.device, s->flat_grad, LK_DEVICE_CPU, d->stage,
+                                      (size_t)s->flat_numel * lk_dtype_size(s->cfg.param_dtype));
     double dt = lk_time_now() - t0;
     s->stats.comm_exposed_s += dt;
     s->stats.comm_wait_last_s = dt;
@@ -341,10 +377,8 @@ static lk_status ddp_join(lk_strategy *s) {
     int64_t key = s->join_steps * s->world + s->rank;
     LK_TRY(lk_comm_all_reduce(s->comm, &key, 1, LK_I64, LK_REDUCE_MAX));
     int root = (int)(key % s->world);
-    for (int i = 0; i < s->nparams; i++)
-        LK_TRY(lk_comm_broadcast(s->comm, s->params[i]->data, (size_t)s->params[i]->numel, s->params[i]->dtype, root));
-    for (int i = 0; i < s->nbuffers; i++)
-        LK_TRY(lk_comm_broadcast(s->comm, s->buffers[i]->data, (size_t)s->buffers[i]->numel, s->buffers[i]->dtype, root));
+    for (int i = 0; i < s->nparams; i++) LK_TRY(bcast(s, s->params[i], root));
+    for (int i = 0; i < s->nbuffers; i++) LK_TRY(bcast(s, s->buffers[i], root));
     s->join_steps = 0;
     return LK_STATUS_OK;
 }

@@ -7,8 +7,12 @@
  * back out. The central reduction and copy are the cost the DP-vs-DDP
  * benchmark shows. The replicas' modules are the caller's: it makes them
  * through lk_step_fn.replicate (the trainer keeps a scratch trainer per
- * replica for its logging) and this file holds only their parameters,
- * gradients and buffers. */
+ * replica for its logging, and puts replica k on device k of
+ * trainer.devices) and this file holds only their parameters, gradients
+ * and buffers. Each replica's thread makes its replica's device its default,
+ * so its batch slice and activations land there; the reduction and the copy
+ * back are device copies (through the host between two devices that are
+ * not the host) and one typed op each. */
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -16,6 +20,7 @@
 
 #include "backend/backend_impl.h"
 #include "strategy/strategy_impl.h"
+#include "tensor/tensor_impl.h"
 
 typedef struct dp dp;
 
@@ -126,6 +131,10 @@ static void *worker(void *arg) {
     int k = r->k;
     uint64_t seen = 0;
     lk_set_grad_enabled(true);
+    lk_device dev = r->flat_p->device; /* the replica's device: its ops' results go there */
+    lk_status dev_st = lk_device_set_thread_default(&dev);
+    char dev_err[512];
+    snprintf(dev_err, sizeof dev_err, "%s", dev_st ? lk_last_error() : "");
     for (;;) {
         pthread_mutex_lock(&d->mu);
         while (!d->quit && d->gen == seen) pthread_cond_wait(&d->go, &d->mu);
@@ -135,7 +144,8 @@ static void *worker(void *arg) {
         }
         seen = d->gen;
         pthread_mutex_unlock(&d->mu);
-        run_replica(d, k);
+        if (dev_st) r->st = dev_st, snprintf(r->err, sizeof r->err, "%s", dev_err);
+        else run_replica(d, k);
         pthread_mutex_lock(&d->mu);
         if (--d->pending == 0) pthread_cond_signal(&d->done);
         pthread_mutex_unlock(&d->mu);
@@ -182,8 +192,8 @@ static lk_status dp_attach(lk_strategy *s) {
     }
     int64_t shape[1] = {s->flat_numel};
     replica *r0 = &d->r[0];
-    r0->flat_p = lk_tensor_wrap(dt, 1, shape, base);
-    r0->flat_g = lk_tensor_wrap(dt, 1, shape, s->flat_grad);
+    r0->flat_p = lk__tensor_wrap_on(s->nparams ? s->params[0]->device : s->cfg.device, dt, 1, shape, base);
+    r0->flat_g = lk__tensor_wrap_on(s->cfg.device, dt, 1, shape, s->flat_grad);
     lk_status st = r0->flat_p && r0->flat_g ? LK_STATUS_OK : lk_last_status();
     for (int k = 0; k < d->n; k++) d->r[k].d = d, d->r[k].s = s, d->r[k].k = k;
     for (int k = 1; k < d->n && !st; k++) {
@@ -199,8 +209,8 @@ static lk_status dp_attach(lk_strategy *s) {
         if (!st) st = lk_layer_named_buffers(net, &r->buffers);
         if (!st && r->buffers.n != s->nbuffers)
             st = lk_error(LK_STATUS_INTERNAL, "dp: replica %d has %d buffers, replica 0 %d", k, r->buffers.n, s->nbuffers);
+        if (!st) st = lk_device_copy(r->flat_p->device, r->flat_p->data, r0->flat_p->device, base, (size_t)s->flat_numel * es);
         if (!st) {
-            memcpy(r->flat_p->data, base, (size_t)s->flat_numel * es);
             if (pthread_create(&r->thread, NULL, worker, r)) st = lk_error(LK_STATUS_INTERNAL, "dp: cannot start thread %d", k);
             else r->running = true;
         }
@@ -252,10 +262,20 @@ static lk_status dp_training_step(lk_strategy *s, const lk_step_args *a, lk_step
     /* Gradients onto replica 0 (the central device's reduction). */
     double t0 = lk_time_now();
     lk_tensor *g0 = d->r[0].flat_g;
+    bool host = lk_device_is_host(g0->device);
     for (int k = 1; k < d->n; k++) {
         lk_tensor *gk = d->r[k].flat_g;
-        LK_TRY(lk__axpy(gk->device, gk->dtype, g0->numel, 1.0f, gk->data, g0->data)); /* g0 += gk */
-        memset(gk->data, 0, lk_tensor_nbytes(gk));
+        if (host && lk_device_is_host(gk->device)) {
+            LK_TRY(lk__axpy(gk->device, gk->dtype, g0->numel, 1.0f, gk->data, g0->data)); /* g0 += gk */
+            memset(gk->data, 0, lk_tensor_nbytes(gk));
+            continue;
+        }
+        /* another device: gk copied to replica 0's first, then the same op there */
+        lk_tensor *t = lk_tensor_to(gk, g0->device);
+        lk_status st = t ? lk__axpy(g0->device, gk->dtype, g0->numel, 1.0f, t->data, g0->data) : lk_last_status();
+        lk_tensor_release(t);
+        if (!st) st = lk_device_memset(gk->device, gk->data, 0, lk_tensor_nbytes(gk));
+        LK_TRY(st);
     }
     res->t_comm = lk_time_now() - t0;
     double l = 0;
@@ -269,7 +289,11 @@ static lk_status dp_after_step(lk_strategy *s) {
     dp *d = me(s);
     if (!d->r[0].flat_p) return LK_STATUS_OK; /* not attached: nothing to copy to */
     size_t bytes = lk_tensor_nbytes(d->r[0].flat_p);
-    for (int k = 1; k < d->n; k++) memcpy(d->r[k].flat_p->data, d->r[0].flat_p->data, bytes);
+    for (int k = 1; k < d->n; k++) {
+        lk_tensor *p = d->r[k].flat_p, *p0 = d->r[0].flat_p;
+        if (lk_device_is_host(p->device) && lk_device_is_host(p0->device)) memcpy(p->data, p0->data, bytes);
+        else LK_TRY(lk_device_copy(p->device, p->data, p0->device, p0->data, bytes));
+    }
     d->stale = false;
     return LK_STATUS_OK;
 }

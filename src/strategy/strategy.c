@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "strategy/strategy_impl.h"
+#include "tensor/tensor_impl.h"
 
 /* Every name a strategy answers to, and its vtable. ddp_spawn is ddp here:
  * how the ranks were started (forked) is the launcher's business. "auto" is
@@ -36,7 +37,7 @@ const char *const *lk_strategy_names(int *count) {
 lk_strategy_config lk_strategy_config_default(void) {
     return (lk_strategy_config){.name = "auto", .comm = NULL, .devices = 1, .bucket_cap_mb = 25.0,
                                 .broadcast_buffers = true, .report_unused = false, .comm_dtype = LK_F32,
-                                .param_dtype = LK_F32, .shared_params = true};
+                                .param_dtype = LK_F32, .shared_params = true, .device = LK_DEVICE_CPU};
 }
 
 lk_status lk_strategy_create(const lk_strategy_config *cfg, lk_strategy **out) {
@@ -67,6 +68,16 @@ lk_status lk_strategy_create(const lk_strategy_config *cfg, lk_strategy **out) {
     if (cfg->param_dtype != LK_F32 && cfg->comm_dtype != LK_F32 && cfg->comm_dtype != cfg->param_dtype)
         return lk_error(LK_STATUS_INVALID_ARGUMENT, "%s gradients travel as themselves or as f32, not %s",
                         lk_dtype_name(cfg->param_dtype), lk_dtype_name(cfg->comm_dtype));
+    /* A device the CPU cannot address: ddp stages its buckets through host
+     * memory in the parameters' dtype; a compressing hook is not written. */
+    if (!lk_device_is_host(cfg->device) && vt == &lk__strategy_ddp && cfg->comm_dtype != cfg->param_dtype) {
+        char dv[32];
+        return lk_error(LK_STATUS_UNSUPPORTED,
+                        "ddp on device %s: gradients travel in the parameters' dtype there (%s, not %s: no ddp_comm_hook "
+                        "on a device that is not host-addressable yet)",
+                        lk_device_str(cfg->device, dv, sizeof dv), lk_dtype_name(cfg->param_dtype),
+                        lk_dtype_name(cfg->comm_dtype));
+    }
     if (!(cfg->bucket_cap_mb > 0))
         return lk_error(LK_STATUS_INVALID_ARGUMENT, "bucket_cap_mb must be > 0, got %g", cfg->bucket_cap_mb);
     lk_strategy *s = lk_calloc(1, sizeof *s);
@@ -98,8 +109,8 @@ void lk_strategy_free(lk_strategy *s) {
     for (int i = 0; i < s->nparams; i++) {
         lk_tensor *p = s->params[i];
         lk_tensor_set_grad_hook(p, NULL, NULL);
-        if (s->flat_grad) { /* the flat buffer goes away: give grads their own memory */
-            lk_tensor *own = p->grad ? lk_tensor_clone(p->grad) : NULL;
+        if (s->flat_grad) { /* the flat buffer goes away: give grads their own memory (where they are) */
+            lk_tensor *own = p->grad ? lk_tensor_to(p->grad, p->grad->device) : NULL;
             lk_tensor_release(p->grad);
             p->grad = own;
         }
@@ -108,6 +119,9 @@ void lk_strategy_free(lk_strategy *s) {
     lk_tensor_release(s->param_buf_t);
     if (s->flat_grad) {
         if (s->flat_shared) lk_comm_free_shared(s->comm, s->flat_grad);
+        else if (!lk_device_is_host(s->cfg.device))
+            lk_device_free(s->cfg.device, s->flat_grad, (size_t)(s->flat_numel ? s->flat_numel : 1) *
+                                                            lk_dtype_size(s->cfg.param_dtype));
         else lk_aligned_free(s->flat_grad);
     }
     lk_free(s);
@@ -127,10 +141,13 @@ lk_status lk__strategy_alloc_flat(lk_strategy *s, int64_t numel) {
         void *mem;
         LK_TRY(s->vt->alloc_grads(s, bytes, &mem, &s->flat_shared));
         s->flat_grad = mem;
+    } else if (!lk_device_is_host(s->cfg.device)) { /* the training device's memory */
+        LK_TRY(lk_device_alloc(s->cfg.device, bytes, &s->flat_grad));
     } else if (!(s->flat_grad = lk_aligned_alloc(LK_ALIGN, bytes))) {
         return LK_STATUS_OUT_OF_MEMORY;
     }
-    memset(s->flat_grad, 0, bytes);
+    if (lk_device_is_host(s->cfg.device)) memset(s->flat_grad, 0, bytes);
+    else LK_TRY(lk_device_memset(s->cfg.device, s->flat_grad, 0, bytes));
     s->flat_numel = numel;
     return LK_STATUS_OK;
 }
@@ -140,7 +157,7 @@ lk_status lk_strategy_grad_buffer(lk_strategy *s, int64_t numel, lk_tensor **out
     LK_TRY(lk__strategy_alloc_flat(s, numel));
     if (!s->flat_grad_t) {
         int64_t shape[1] = {s->flat_numel};
-        if (!(s->flat_grad_t = lk_tensor_wrap(s->cfg.param_dtype, 1, shape, s->flat_grad))) return lk_last_status();
+        if (!(s->flat_grad_t = lk__tensor_wrap_on(s->cfg.device, s->cfg.param_dtype, 1, shape, s->flat_grad))) return lk_last_status();
     }
     *out = s->flat_grad_t;
     return LK_STATUS_OK;
@@ -155,7 +172,7 @@ lk_status lk_strategy_param_buffer(lk_strategy *s, int64_t numel, lk_tensor **bu
     if (!mem) return LK_STATUS_OK;
     int64_t shape[1] = {numel};
     lk_tensor_release(s->param_buf_t);
-    if (!(s->param_buf_t = lk_tensor_wrap(s->cfg.param_dtype, 1, shape, mem))) return lk_last_status();
+    if (!(s->param_buf_t = lk__tensor_wrap_on(s->cfg.device, s->cfg.param_dtype, 1, shape, mem))) return lk_last_status();
     *buf = s->param_buf_t;
     return LK_STATUS_OK;
 }
@@ -166,7 +183,7 @@ lk_status lk__strategy_grads_to_flat(lk_strategy *s) {
         lk_tensor *p = s->params[i];
         void *want = (char *)s->flat_grad + off * (int64_t)lk_dtype_size(s->cfg.param_dtype);
         if (!p->grad || p->grad->data != want || !lk_tensor_is_contiguous(p->grad)) {
-            lk_tensor *g = lk_tensor_wrap(s->cfg.param_dtype, p->ndim, p->shape, want);
+            lk_tensor *g = lk__tensor_wrap_on(s->cfg.device, s->cfg.param_dtype, p->ndim, p->shape, want);
             if (!g) return lk_last_status();
             if (p->grad) lk_tensor_copy(g, p->grad);
             lk_tensor_release(p->grad);
@@ -290,7 +307,10 @@ lk_status lk_strategy_finish_backward(lk_strategy *s) {
 }
 
 void lk_strategy_zero_grad(lk_strategy *s) {
-    if (s->flat_grad) memset(s->flat_grad, 0, (size_t)s->flat_numel * lk_dtype_size(s->cfg.param_dtype));
+    size_t bytes = (size_t)s->flat_numel * lk_dtype_size(s->cfg.param_dtype);
+    if (!s->flat_grad) return;
+    if (lk_device_is_host(s->cfg.device)) memset(s->flat_grad, 0, bytes);
+    else (void)lk_device_memset(s->cfg.device, s->flat_grad, 0, bytes); /* a device's memset fails only on a broken device */
 }
 
 lk_status lk_strategy_reduce(lk_strategy *s, double *vals, int n, lk_reduce_op op) {

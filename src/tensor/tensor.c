@@ -286,6 +286,10 @@ lk_tensor *lk_tensor_from_data(lk_dtype dt, int ndim, const int64_t *shape, cons
 }
 
 lk_tensor *lk_tensor_wrap(lk_dtype dt, int ndim, const int64_t *shape, void *data) {
+    return lk__tensor_wrap_on(LK_DEVICE_CPU, dt, ndim, shape, data);
+}
+
+lk_tensor *lk__tensor_wrap_on(lk_device dev, lk_dtype dt, int ndim, const int64_t *shape, void *data) {
     int64_t numel = 0;
     if (check_shape(ndim, shape, &numel)) return NULL;
     lk_storage *s = lk_malloc(sizeof *s);
@@ -294,7 +298,7 @@ lk_tensor *lk_tensor_wrap(lk_dtype dt, int ndim, const int64_t *shape, void *dat
     s->cap = (size_t)numel * lk_dtype_size(dt);
     s->owned = false;
     s->flat = false;
-    s->device = LK_DEVICE_CPU;
+    s->device = dev;
     atomic_store(&s->refcount, 1);
     lk_tensor *t = hdr_alloc();
     if (!t) {
@@ -504,6 +508,39 @@ lk_status lk__tensor_own_storage(lk_tensor *t) {
     set_contiguous_strides(t);
     lk_tensor_release(r);
     return LK_STATUS_OK;
+}
+
+lk_status lk__tensor_move_to(lk_tensor *t, lk_device dev) {
+    if (lk_device_equal(t->device, dev)) return LK_STATUS_OK;
+    lk_tensor *r = lk_tensor_to(t, dev);
+    if (!r) return lk_last_status() ? lk_last_status() : LK_STATUS_OUT_OF_MEMORY;
+    lk_storage *old = t->storage; /* as own_storage: t takes r's storage, r the old one */
+    t->storage = r->storage, r->storage = old;
+    t->device = dev;
+    t->data = r->data;
+    t->offset = 0;
+    set_contiguous_strides(t);
+    lk_tensor_release(r);
+    return LK_STATUS_OK;
+}
+
+lk_status lk__scalars_begin(lk__scalars *s, lk_device dev, lk_dtype dt, int64_t n, void *host) {
+    *s = (lk__scalars){NULL, host, lk_dtype_size(dt)};
+    if (lk_device_is_host(dev)) return LK_STATUS_OK;
+    s->dev = lk__tensor_new_on(dev, dt, 1, (int64_t[]){n > 0 ? n : 1});
+    return s->dev ? LK_STATUS_OK : lk_last_status() ? lk_last_status() : LK_STATUS_OUT_OF_MEMORY;
+}
+
+void *lk__scalars_at(const lk__scalars *s, int64_t i) {
+    return (char *)(s->dev ? s->dev->data : s->host) + i * (int64_t)s->elem;
+}
+
+lk_status lk__scalars_end(lk__scalars *s) {
+    if (!s->dev) return LK_STATUS_OK;
+    lk_status st = lk_device_copy(LK_DEVICE_CPU, s->host, s->dev->device, s->dev->data, lk_tensor_nbytes(s->dev));
+    lk_tensor_release(s->dev);
+    s->dev = NULL;
+    return st;
 }
 
 lk_status lk_tensor_fill(lk_tensor *t, double value) {

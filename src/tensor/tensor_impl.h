@@ -16,6 +16,28 @@ lk_tensor *lk__tensor_view(lk_tensor *base, int ndim, const int64_t *shape, cons
  * storage, and every other view keeps the old one (a parameter leaving a
  * buffer that is going away). On failure t is unchanged. */
 lk_status lk__tensor_own_storage(lk_tensor *t);
+/* Moves t's values to `dev` in place: t gets fresh contiguous storage there
+ * (other views keep the old storage); its gradient is left alone. On
+ * failure t is unchanged. lk_layer_to's step per tensor. */
+lk_status lk__tensor_move_to(lk_tensor *t, lk_device dev);
+/* lk_tensor_wrap for memory on `dev` (a strategy's device buffer). */
+lk_tensor *lk__tensor_wrap_on(lk_device dev, lk_dtype dt, int ndim, const int64_t *shape, void *data);
+/* Scalar results of backend ops (a norm, a count, an index, a weight sum)
+ * for the host to read: on a host-addressable device the caller's host
+ * array itself (nothing copied); on another device a device array copied
+ * back over it by lk__scalars_end (one copy out, however many ops wrote
+ * into it). Outputs only: an element no op wrote comes back undefined, so
+ * the caller reads only the ones its ops wrote. */
+typedef struct lk__scalars {
+    lk_tensor *dev; /* NULL on a host-addressable device */
+    void *host;
+    size_t elem;
+} lk__scalars;
+lk_status lk__scalars_begin(lk__scalars *s, lk_device dev, lk_dtype dt, int64_t n, void *host);
+void *lk__scalars_at(const lk__scalars *s, int64_t i); /* the operand pointer for element i */
+/* Copies the values back (when on a device) and releases the device array;
+ * safe after a failed begin. */
+lk_status lk__scalars_end(lk__scalars *s);
 /* Storage offset (elements, from t->data) of logical element i. */
 int64_t lk__elem_offset(const lk_tensor *t, int64_t i);
 void *lk__storage_data(const lk_storage *s);

@@ -41,6 +41,11 @@ static double accuracy(const lk_tensor *logits_in, const lk_batch *b) {
     const lk_array *ya = &b->field[1];
     /* under bf16-mixed the logits are bf16, as torch's (widening is exact) */
     lk_tensor *logits = lk_tensor_cast(logits_in, LK_F32);
+    if (logits && !lk_device_is_host(logits->device)) { /* the logits to the host in one copy */
+        lk_tensor *h = lk_tensor_to(logits, LK_DEVICE_CPU);
+        lk_tensor_release(logits);
+        logits = h;
+    }
     if (!logits) return NAN;
     int64_t n = logits->shape[0], c = logits->shape[1], hit = 0;
     const float *l = logits->data;
@@ -72,10 +77,11 @@ static lk_status eval_step(lk_module *m, const lk_batch *b, lk_trainer *tr, cons
     /* Keep the first test images and their reconstructions for the picture. */
     if (s->info->target_is_input && s->preview_n == 0 && out && out->numel / (out->shape[0] ? out->shape[0] : 1) == 784) {
         int n = (int)(b->size < PREVIEW ? b->size : PREVIEW);
-        lk_tensor *x = lk_batch_tensor(b, 0);
-        memcpy(s->preview_x, x->data, (size_t)n * 784 * sizeof(float));
+        /* the inputs from the loader's (host) batch; the reconstructions in
+         * one copy from wherever they are (a memcpy on the CPU) */
+        memcpy(s->preview_x, b->field[0].data, (size_t)n * 784 * sizeof(float));
         lk_tensor *oc = lk_tensor_cast(out, LK_F32);
-        if (oc) memcpy(s->preview_r, oc->data, (size_t)n * 784 * sizeof(float));
+        if (oc) lk_device_copy(LK_DEVICE_CPU, s->preview_r, oc->device, oc->data, (size_t)n * 784 * sizeof(float));
         lk_tensor_release(oc);
         s->preview_n = n;
     }

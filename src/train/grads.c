@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "backend/backend_impl.h"
+#include "tensor/tensor_impl.h"
 #include "train/train_impl.h"
 
 void lk__clip_gradients(lk_trainer *tr) {
@@ -18,19 +19,33 @@ void lk__clip_gradients(lk_trainer *tr) {
 }
 
 lk_status lk__first_nonfinite(lk_trainer *tr, double loss) {
-    for (int i = 0; i < tr->params.n; i++) {
+    int n = tr->params.n;
+    lk_device dev = LK_DEVICE_CPU;
+    for (int i = 0; i < n; i++)
+        if (tr->params.items[i].tensor->grad) dev = tr->params.items[i].tensor->grad->device;
+    /* each gradient's first non-finite index, where the gradients are, read
+     * back with one copy */
+    int64_t small[32], *idx = n <= 32 ? small : lk_calloc((size_t)n + 1, sizeof *idx); /* no malloc per step for small models */
+    if (!idx) return LK_STATUS_OUT_OF_MEMORY;
+    for (int i = 0; i < n; i++) idx[i] = -1;
+    lk__scalars ks;
+    lk_status st = lk__scalars_begin(&ks, dev, LK_I64, n, idx);
+    for (int i = 0; !st && i < n; i++) {
         lk_tensor *g = tr->params.items[i].tensor->grad;
         if (!g) continue;
         /* LK_OP_NONFINITE tests the exponent bits blockwise without a branch
          * (a per-element isfinite() with one costs as much as Adam itself) */
         lk_op_desc nd = {.op = LK_OP_NONFINITE, .dtype = {g->dtype, LK_I64}};
         nd.nonfinite = (lk_nonfinite_params){g->numel, 1.0f};
-        int64_t k = -1;
-        LK_TRY(lk__backend_run(g->device, &nd, (void *[]){g->data, &k}));
-        if (k >= 0) {
-            float v;
-            if (g->dtype == LK_F32) v = ((const float *)g->data)[k];
-            else lk_half_to_f32_n(g->dtype, &v, (const uint16_t *)g->data + k, 1);
+        st = lk__backend_run(g->device, &nd, (void *[]){g->data, lk__scalars_at(&ks, i)});
+    }
+    if (lk__scalars_end(&ks) && !st) st = lk_last_status();
+    for (int i = 0; !st && i < n; i++) {
+        lk_tensor *g = tr->params.items[i].tensor->grad;
+        int64_t k = idx[i];
+        if (g && k >= 0) {
+            if (idx != small) lk_free(idx);
+            float v = (float)lk_tensor_get(g, k); /* the element (copied from a device) as f32, exact */
             return lk_error(LK_STATUS_ABORTED,
                             "non-finite gradient at step %lld (epoch %lld, batch %lld): parameter '%s' element %lld "
                             "is %g (loss %g)",
@@ -38,7 +53,8 @@ lk_status lk__first_nonfinite(lk_trainer *tr, double loss) {
                             tr->params.items[i].name, (long long)k, (double)v, loss);
         }
     }
-    return LK_STATUS_OK;
+    if (idx != small) lk_free(idx);
+    return st;
 }
 
 /* precision 16-mixed, once the step's gradients are reduced: unscales

@@ -68,7 +68,9 @@ lk_status lk__pred_add(lk__pred *p, const lk_tensor *t, const lk_batch *b) {
         p->index = ix;
         p->cap = cap;
     }
-    memcpy(p->rows + p->n * p->cols, t->data, (size_t)(b->size * p->cols) * sizeof(float));
+    /* the rows from wherever t lives, in one copy (a memcpy on the CPU) */
+    LK_TRY(lk_device_copy(LK_DEVICE_CPU, p->rows + p->n * p->cols, t->device, t->data,
+                          (size_t)(b->size * p->cols) * sizeof(float)));
     memcpy(p->index + p->n, b->sample_index, (size_t)b->size * sizeof(int64_t));
     p->n += b->size;
     return LK_STATUS_OK;

@@ -20,6 +20,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "tensor/tensor_impl.h"
+
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "safetensors.c assumes a little-endian host (the format is little-endian)"
 #endif
@@ -138,6 +140,7 @@ typedef struct {
     int ndim;
     const int64_t *shape;
     const lk_tensor *tensor; /* non-contiguous source, copied when written */
+    lk_tensor *host;         /* a device tensor's copy on the host (owned) */
     const void *data;
     size_t nbytes;
     uint64_t begin;
@@ -152,9 +155,13 @@ static lk_status resolve(const char *path, const lk_st_entry *e, wentry *out) {
     out->name = name;
     if (e->tensor) {
         const lk_tensor *t = e->tensor;
-        if (t->device.kind != LK_CPU)
-            return lk_error(LK_STATUS_INVALID_ARGUMENT, "writing '%s': tensor '%s' is on a device; copy it to the CPU first",
-                            path, name);
+        if (!lk_device_is_host(t->device)) { /* the bytes cross to the host once, here */
+            if (!(out->host = lk_tensor_to(t, LK_DEVICE_CPU)))
+                return lk_error(lk_last_status() ? lk_last_status() : LK_STATUS_OUT_OF_MEMORY,
+                                "writing '%s': tensor '%s' could not be copied from its device: %s", path, name,
+                                lk_last_error());
+            t = out->host;
+        }
         out->dtype = t->dtype;
         out->ndim = t->ndim;
         out->shape = t->shape;
@@ -330,6 +337,7 @@ lk_status lk_safetensors_write(const char *path, const lk_st_entry *entries, int
     lk_aligned_free(w.buf);
     lk_free(header);
     lk_free(order);
+    for (int i = 0; ents && i < n; i++) lk_tensor_release(ents[i].host);
     lk_free(ents);
     return st;
 }
@@ -665,8 +673,14 @@ lk_status lk_safetensors_read_into(const lk_st_file *f, const char *name, lk_ten
     const lk_st_info *in;
     LK_TRY(lk_safetensors_get(f, name, &in));
     if (!dst) return lk_error(LK_STATUS_INVALID_ARGUMENT, "reading '%s' from %s: NULL destination", name, f->path);
-    if (dst->device.kind != LK_CPU)
-        return lk_error(LK_STATUS_INVALID_ARGUMENT, "reading '%s' from %s: the destination is on a device", name, f->path);
+    if (!lk_device_is_host(dst->device)) { /* read on the host, then one copy to the device */
+        lk_tensor *h = lk__tensor_new_on(LK_DEVICE_CPU, dst->dtype, dst->ndim, dst->shape);
+        if (!h) return lk_last_status() ? lk_last_status() : LK_STATUS_OUT_OF_MEMORY;
+        lk_status st = lk_safetensors_read_into(f, name, h);
+        if (!st) st = lk_tensor_copy(dst, h);
+        lk_tensor_release(h);
+        return st;
+    }
     bool same = in->ndim == dst->ndim;
     for (int i = 0; same && i < in->ndim; i++) same = in->shape[i] == dst->shape[i];
     if (!same) {

@@ -8,6 +8,7 @@
 #include <math.h>
 #include <stdio.h>
 
+#include "device/gpu.h"
 #include "train/train_impl.h"
 
 typedef struct lk__replica {
@@ -66,7 +67,9 @@ static lk_status step_replicate(void *ctx, int k, lk_layer **net) {
         return LK_STATUS_OUT_OF_MEMORY;
     lk__replica *r = &tr->replicas[k];
     LK_TRY(m->vt->replicate(m, &r->module));
-    if (lk_layer_cast_parameters(r->module->net, tr->param_dtype)) { /* as replica 0's (*-true) */
+    lk_device dev = LK_DEVICE_CPU; /* replica k on device k of trainer.devices (the CPU: all on it) */
+    if (lk__accelerator_device(&tr->cfg, k, &dev) || lk_layer_cast_parameters(r->module->net, tr->param_dtype) ||
+        lk_layer_to(r->module->net, dev)) { /* as replica 0's (*-true), where replica k runs */
         lk_status st = lk_last_status();
         step_free_replica(tr, k);
         return st;

@@ -66,6 +66,9 @@ struct lk_trainer {
     lk_strategy *strat;
     int rank, world;
     int launcher; /* > 0: this process starts that many ranks and is none of them (self_launch.c) */
+    lk_device dev;          /* the device this rank trains on (trainer.accelerator, trainer.devices) */
+    lk_device prev_default; /* the process's default device before a run made dev the default */
+    bool default_set;       /* a run set dev as the default: run_cleanup restores prev_default */
     /* the current run */
     lk_module *module;
     lk_datamodule *dm;

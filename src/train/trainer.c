@@ -89,7 +89,10 @@ lk_status lk_trainer_create(const lk_trainer_config *cfg, const lk_optim_setting
     tr->rank = tr->pg.rank;
     tr->world = tr->pg.world_size;
     bool dp = !strcmp(cfg->strategy, "dp");
-    {
+    /* The training device: the CPU, or (kind, index for this local rank) */
+    st = lk__accelerator_device(cfg, dp ? 0 : tr->pg.local_rank, &tr->dev);
+    if (st) goto fail;
+    if (tr->dev.kind == LK_CPU) {
         /* On the CPU a device is a core: more ranks than cores only fight
          * over them (LK_ALLOW_OVERSUBSCRIBE=1 permits it, e.g. for tests). */
         long cores = sysconf(_SC_NPROCESSORS_ONLN);
@@ -110,6 +113,14 @@ lk_status lk_trainer_create(const lk_trainer_config *cfg, const lk_optim_setting
                           (long long)cfg->num_nodes);
             goto fail;
         }
+    }
+    if (cfg->sync_batchnorm && want > 1 && !dp && !lk_device_is_host(tr->dev)) {
+        /* its statistics passes hand per-channel arrays in host memory to the ops */
+        char dv[32];
+        st = lk_error(LK_STATUS_UNSUPPORTED,
+                      "trainer.sync_batchnorm is not supported yet on device %s (not host-addressable): set it false",
+                      lk_device_str(tr->dev, dv, sizeof dv));
+        goto fail;
     }
     if (tr->world == 1 && want > 1 && !strcmp(tr->pg.source, "none") && cfg->num_nodes <= 1 &&
         strcmp(cfg->strategy, "single") && !dp) { /* auto, or a ddp */
@@ -166,6 +177,7 @@ lk_status lk_trainer_create(const lk_trainer_config *cfg, const lk_optim_setting
     sc.shared_params = cfg->ddp_shared_params;
     sc.param_dtype = param_dtype;
     sc.comm_dtype = comm_dtype;
+    sc.device = tr->dev;
     st = lk_strategy_create(&sc, &tr->strat);
     if (st) goto fail;
     if (sc.comm_dtype != LK_F32 && strcmp(lk_strategy_name(tr->strat), "ddp") && tr->rank == 0)
@@ -179,8 +191,16 @@ fail:
     return st;
 }
 
+/* A run on a device made it the default (begin_run): the process's own
+ * default comes back when the run ends. */
+static void end_on_device(lk_trainer *tr) {
+    if (tr->default_set) lk_device_set_default(tr->prev_default); /* it was the default before: cannot fail */
+    tr->default_set = false;
+}
+
 static void run_cleanup(lk_trainer *tr) {
     if (tr->strat) lk_strategy_detach(tr->strat); /* dp: its threads stop and its replicas go */
+    end_on_device(tr);
     lk__replicas_free(tr);
     lk_scheduler_free(tr->sched);
     tr->sched = NULL;
@@ -243,7 +263,16 @@ lk_tensor *lk_batch_tensor(const lk_batch *b, int field) {
         return NULL;
     }
     const lk_array *a = &b->field[field];
-    return lk_scope_adopt(lk_tensor_wrap(a->dtype, a->ndim, a->shape, a->data));
+    lk_tensor *t = lk_tensor_wrap(a->dtype, a->ndim, a->shape, a->data);
+    /* The loader's batch is host memory: a run on another device gets one
+     * copy of the field there (one check per field, not per element). */
+    lk_device dev = lk_device_default();
+    if (t && !lk_device_is_host(dev)) {
+        lk_tensor *d = lk_tensor_to(t, dev);
+        lk_tensor_release(t);
+        t = d;
+    }
+    return lk_scope_adopt(t);
 }
 
 /* ---- helpers ------------------------------------------------------------------- */
@@ -532,7 +561,11 @@ static lk_status fit_loop(lk_trainer *tr, lk_loader *train, lk_loader *val, int6
                 bool skip = false;
                 if (tr->rank == tr->test_overflow_rank && tr->global_step == tr->test_overflow_step && tr->params.n &&
                     tr->params.items[0].tensor->grad) /* one rank only, after the all-reduce: only the reduced flag skips everywhere */
-                    ((float *)tr->params.items[0].tensor->grad->data)[0] = INFINITY;
+                {
+                    static const float inf = INFINITY; /* written where the gradient lives */
+                    lk_tensor *g = tr->params.items[0].tensor->grad;
+                    LK_TRY(lk_device_copy(g->device, g->data, LK_DEVICE_CPU, &inf, sizeof inf));
+                }
                 if (tr->scaler) LK_TRY(lk__unscale_gradients(tr, &skip));
                 else LK_TRY(lk__first_nonfinite(tr, sr.loss));
                 if (!skip) lk__clip_gradients(tr);
@@ -652,6 +685,15 @@ static lk_status begin_run(lk_trainer *tr, lk_module *m, lk_datamodule *dm, cons
      * Lightning's module.to(dtype), before anything flattens them or a
      * checkpoint is loaded into them (the load casts). */
     LK_TRY(lk_layer_cast_parameters(m->net, tr->param_dtype));
+    /* The module on the training device (module.to(device)), and the run's
+     * new tensors there too: every op creates its result on the default
+     * device. Nothing to do on the CPU. */
+    if (tr->dev.kind != LK_CPU) {
+        LK_TRY(lk_layer_to(m->net, tr->dev));
+        if (!tr->default_set) tr->prev_default = lk_device_default();
+        LK_TRY(lk_device_set_default(tr->dev));
+        tr->default_set = true;
+    }
     /* Local rank 0 may download and unpack for a long while: its own bound. */
     if (tr->world > 1 && dm->vt->prepare_data)
         LK_TRY(lk_comm_long_work(tr->comm, 0, "data preparation (prepare_data: download, unpack)", "trainer.checkpoint_timeout",
@@ -856,6 +898,7 @@ static lk_status eval_command(lk_trainer *tr, lk_module *m, lk_datamodule *dm, c
     lk__write_runinfo(tr, command, st);
     if (tr->logger) lk_logger_flush(tr->logger);
     lk_loader_free(loader);
+    end_on_device(tr);
     return st;
 }
 
@@ -928,5 +971,6 @@ lk_status lk_trainer_predict(lk_trainer *tr, lk_module *m, lk_datamodule *dm, co
     }
     lk__write_runinfo(tr, "predict", st);
     lk_loader_free(loader);
+    end_on_device(tr);
     return st;
 }

@@ -1,0 +1,264 @@
+/* A device the host cannot read, for the tests: what a GPU is to the
+ * library in the one way that matters for plumbing. Its memory is one large
+ * mmap arena (reserved PROT_NONE, MAP_NORESERVE) that stays PROT_NONE except
+ * while the device's own methods (alloc/free poisoning, memset, the three
+ * copies) or its backend's ops run: then it is unsealed (read-write) under a
+ * process-wide recursive mutex and sealed again before they return. Any
+ * other host access of device memory is a SIGSEGV at the exact line (run
+ * the test under `gdb -batch -ex run -ex bt` for the backtrace).
+ *
+ * Its backend takes every descriptor the CPU backend takes and runs it on
+ * the CPU backend inside an unsealed section, so results are the CPU's bit
+ * for bit. It poisons memory on alloc and free (0xFF bytes: NaN as f32) as
+ * the debug device does, and counts copies in, out and within (and their
+ * bytes), so tests can bound what a training step moves across the
+ * boundary. Two devices (sealed:0, sealed:1) share the arena; nothing in the
+ * library knows this file. */
+#ifndef LK_TEST_SEALED_DEVICE_H
+#define LK_TEST_SEALED_DEVICE_H
+
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include "backend/backend_impl.h"
+#include "lockstep/device.h"
+
+typedef struct {
+    long allocs, frees, copies_in, copies_out, copies_within, memsets, ops, bad_frees;
+    long copies_in_to[2]; /* copies in per device index: which of sealed:0, sealed:1 got data */
+    size_t bytes_in, bytes_out, live_bytes;
+} sealed_stats;
+
+/* A first-fit free list over the arena: the tensor pool caches blocks, so
+ * the device sees few allocations and a simple list is enough. */
+typedef struct {
+    size_t off, size;
+} sealed_range;
+enum { SEALED_MAX_RANGES = 1 << 14, SEALED_ALIGN = 256 };
+
+static struct {
+    char *base;
+    size_t cap, bump; /* bump: the high-water mark of allocations */
+    size_t top;       /* bump rounded up to whole MiB: only [base, base + top) is ever unsealed */
+    sealed_range free_list[SEALED_MAX_RANGES];
+    int nfree;
+    sealed_range used[SEALED_MAX_RANGES];
+    int nused;
+    int depth; /* nesting of unsealed sections on the owning thread */
+    pthread_mutex_t mu;
+    bool ready;
+} sealed_arena;
+static sealed_stats sealed;
+static pthread_once_t sealed_once = PTHREAD_ONCE_INIT;
+
+static void sealed_init_once(void) {
+    pthread_mutexattr_t a;
+    pthread_mutexattr_init(&a);
+    pthread_mutexattr_settype(&a, PTHREAD_MUTEX_RECURSIVE);
+    pthread_mutex_init(&sealed_arena.mu, &a);
+    pthread_mutexattr_destroy(&a);
+    sealed_arena.cap = (size_t)4 << 30;
+    void *p = mmap(NULL, sealed_arena.cap, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) {
+        sealed_arena.cap = (size_t)1 << 30; /* a smaller address space (ulimit -v) */
+        p = mmap(NULL, sealed_arena.cap, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    }
+    if (p == MAP_FAILED) {
+        perror("sealed device: mmap");
+        abort();
+    }
+    sealed_arena.base = p;
+    sealed_arena.ready = true;
+}
+
+/* Opens an unsealed section (the arena read-write); sections nest. */
+static void sealed_open(void) {
+    pthread_mutex_lock(&sealed_arena.mu);
+    if (sealed_arena.depth++ == 0 && sealed_arena.top &&
+        mprotect(sealed_arena.base, sealed_arena.top, PROT_READ | PROT_WRITE)) {
+        perror("sealed device: mprotect rw");
+        abort();
+    }
+}
+
+static void sealed_close(void) {
+    if (--sealed_arena.depth == 0 && sealed_arena.top && mprotect(sealed_arena.base, sealed_arena.top, PROT_NONE)) {
+        perror("sealed device: mprotect none");
+        abort();
+    }
+    pthread_mutex_unlock(&sealed_arena.mu);
+}
+
+static bool sealed_owns(const void *p, size_t bytes) {
+    const char *c = p;
+    return c >= sealed_arena.base && c + bytes <= sealed_arena.base + sealed_arena.bump;
+}
+
+static lk_status sealed_alloc(void *ctx, int index, size_t bytes, void **ptr) {
+    (void)ctx, (void)index;
+    size_t need = (bytes + SEALED_ALIGN - 1) / SEALED_ALIGN * SEALED_ALIGN;
+    if (!need) need = SEALED_ALIGN;
+    *ptr = NULL;
+    sealed_open();
+    size_t off = SIZE_MAX;
+    for (int i = 0; i < sealed_arena.nfree && off == SIZE_MAX; i++) {
+        sealed_range *r = &sealed_arena.free_list[i];
+        if (r->size < need) continue;
+        off = r->off;
+        r->off += need, r->size -= need;
+        if (!r->size) sealed_arena.free_list[i] = sealed_arena.free_list[--sealed_arena.nfree];
+    }
+    if (off == SIZE_MAX && sealed_arena.bump + need <= sealed_arena.cap && sealed_arena.nused < SEALED_MAX_RANGES) {
+        off = sealed_arena.bump;
+        sealed_arena.bump += need;
+        if (sealed_arena.bump > sealed_arena.top) { /* the new pages join the unsealed section now open */
+            size_t mib = (size_t)1 << 20, top = (sealed_arena.bump + mib - 1) / mib * mib;
+            if (top > sealed_arena.cap) top = sealed_arena.cap;
+            if (mprotect(sealed_arena.base + sealed_arena.top, top - sealed_arena.top, PROT_READ | PROT_WRITE)) {
+                perror("sealed device: mprotect grow");
+                abort();
+            }
+            sealed_arena.top = top;
+        }
+    }
+    if (off == SIZE_MAX || sealed_arena.nused == SEALED_MAX_RANGES) {
+        size_t used = sealed_arena.bump;
+        sealed_close();
+        return lk_error(LK_STATUS_OUT_OF_MEMORY, "sealed device: cannot allocate %zu bytes (%zu of %zu in use)", bytes,
+                        used, sealed_arena.cap);
+    }
+    sealed_arena.used[sealed_arena.nused++] = (sealed_range){off, need};
+    *ptr = sealed_arena.base + off;
+    memset(*ptr, 0xff, need); /* poison: NaN as f32 */
+    sealed.allocs++;
+    sealed.live_bytes += bytes;
+    sealed_close();
+    return LK_STATUS_OK;
+}
+
+static void sealed_free(void *ctx, int index, void *ptr, size_t bytes) {
+    (void)ctx, (void)index;
+    sealed_open();
+    size_t off = (size_t)((char *)ptr - sealed_arena.base);
+    int found = -1;
+    for (int i = 0; i < sealed_arena.nused && found < 0; i++)
+        if (sealed_owns(ptr, 1) && sealed_arena.used[i].off == off) found = i;
+    if (found < 0 || sealed_arena.nfree == SEALED_MAX_RANGES) {
+        sealed.bad_frees += found < 0;
+        sealed_close();
+        return; /* not ours: leak rather than corrupt */
+    }
+    sealed_range r = sealed_arena.used[found];
+    sealed_arena.used[found] = sealed_arena.used[--sealed_arena.nused];
+    memset(sealed_arena.base + r.off, 0xff, r.size);
+    sealed_arena.free_list[sealed_arena.nfree++] = r;
+    sealed.frees++;
+    sealed.live_bytes -= bytes;
+    sealed_close();
+}
+
+static lk_status sealed_memset(void *ctx, int index, void *ptr, int value, size_t bytes) {
+    (void)ctx, (void)index;
+    sealed_open();
+    sealed.memsets++;
+    memset(ptr, value, bytes);
+    sealed_close();
+    return LK_STATUS_OK;
+}
+
+static lk_status sealed_to_host(void *ctx, int index, void *dst, const void *src, size_t bytes) {
+    (void)ctx, (void)index;
+    sealed_open();
+    sealed.copies_out++;
+    sealed.bytes_out += bytes;
+    memcpy(dst, src, bytes);
+    sealed_close();
+    return LK_STATUS_OK;
+}
+
+static lk_status sealed_from_host(void *ctx, int index, void *dst, const void *src, size_t bytes) {
+    (void)ctx;
+    sealed_open();
+    sealed.copies_in++;
+    if (index >= 0 && index < 2) sealed.copies_in_to[index]++;
+    sealed.bytes_in += bytes;
+    memcpy(dst, src, bytes);
+    sealed_close();
+    return LK_STATUS_OK;
+}
+
+static lk_status sealed_copy(void *ctx, int index, void *dst, const void *src, size_t bytes) {
+    (void)ctx, (void)index;
+    sealed_open();
+    sealed.copies_within++;
+    memmove(dst, src, bytes);
+    sealed_close();
+    return LK_STATUS_OK;
+}
+
+static int sealed_count(void *ctx) {
+    (void)ctx;
+    return 2; /* sealed:0 and sealed:1, for dp */
+}
+
+static const lk_device_vtable sealed_vtable = {
+    .name = "sealed",
+    .host_addressable = false,
+    .count = sealed_count,
+    .alloc = sealed_alloc,
+    .free = sealed_free,
+    .memset = sealed_memset,
+    .copy_to_host = sealed_to_host,
+    .copy_from_host = sealed_from_host,
+    .copy = sealed_copy,
+};
+
+/* ---- the backend: the CPU's, inside an unsealed section ---------------------- */
+
+static bool sealed_be_supports(const lk_op_desc *d) { return lk__cpu_backend.supports(d); }
+
+static lk_status sealed_be_run(const lk_op_desc *d, void *const *x) {
+    sealed_open();
+    /* A GPU kernel handed a host pointer faults or reads garbage: so is an
+     * operand outside the arena here an error naming it. */
+    int n = lk__op_arity(d->op);
+    for (int i = 0; i < n; i++)
+        if (x[i] && !sealed_owns(x[i], 1)) {
+            char what[160];
+            sealed_close();
+            return lk_error(LK_STATUS_INTERNAL, "sealed backend: operand %d of %s is not device memory (%p)", i,
+                            lk__op_desc_str(d, what, sizeof what), x[i]);
+        }
+    sealed.ops++;
+    lk_status st = lk__cpu_backend.run(d, x);
+    sealed_close();
+    return st;
+}
+
+static const lk_backend sealed_backend = {.name = "sealed", .supports = sealed_be_supports, .run = sealed_be_run};
+
+/* Registers the sealed device and its backend (once per process) and
+ * returns sealed:index. */
+static inline lk_device sealed_device(int index) {
+    pthread_once(&sealed_once, sealed_init_once);
+    lk_device_kind k = LK_CPU;
+    if (lk_device_register(&sealed_vtable, NULL, &k) || lk__backend_register(k, &sealed_backend)) {
+        fprintf(stderr, "sealed device: %s\n", lk_last_error());
+        abort();
+    }
+    return (lk_device){k, index};
+}
+
+/* Copies the counters (taken under the arena's lock, so dp's threads do not tear them). */
+static inline sealed_stats sealed_get_stats(void) {
+    pthread_mutex_lock(&sealed_arena.mu);
+    sealed_stats s = sealed;
+    pthread_mutex_unlock(&sealed_arena.mu);
+    return s;
+}
+
+#endif
