@@ -114,14 +114,6 @@ lk_status lk_trainer_create(const lk_trainer_config *cfg, const lk_optim_setting
             goto fail;
         }
     }
-    if (cfg->sync_batchnorm && want > 1 && !dp && !lk_device_is_host(tr->dev)) {
-        /* its statistics passes hand per-channel arrays in host memory to the ops */
-        char dv[32];
-        st = lk_error(LK_STATUS_UNSUPPORTED,
-                      "trainer.sync_batchnorm is not supported yet on device %s (not host-addressable): set it false",
-                      lk_device_str(tr->dev, dv, sizeof dv));
-        goto fail;
-    }
     if (tr->world == 1 && want > 1 && !strcmp(tr->pg.source, "none") && cfg->num_nodes <= 1 &&
         strcmp(cfg->strategy, "single") && !dp) { /* auto, or a ddp */
         /* A program of the user's started alone: this process becomes the
