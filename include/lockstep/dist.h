@@ -173,6 +173,10 @@ lk_status lk_comm_alloc_common(lk_comm *c, size_t bytes, void **ptr, bool *owner
  * succeed (shm on one node: true; mpi, self: false). What a strategy asks
  * before it keeps one copy of something for every rank. */
 bool lk_comm_shares_memory(const lk_comm *c);
+/* Whether the collectives take device memory (nccl: true; shm, mpi, self:
+ * false, they read host memory). What a strategy on a GPU asks before it
+ * hands the communicator a device buffer rather than a host copy of it. */
+bool lk_comm_reads_device(const lk_comm *c);
 
 /* Blocking collectives. `count` is in elements of `dt`. Buffers may be
  * ordinary memory or from lk_comm_alloc_shared; sizes 0 are fine.

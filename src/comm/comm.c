@@ -266,6 +266,8 @@ lk_status lk_comm_alloc_shared(lk_comm *c, size_t bytes, void **ptr) {
 
 bool lk_comm_shares_memory(const lk_comm *c) { return c && c->vt->shared_at && c->vt->alloc_shared; }
 
+bool lk_comm_reads_device(const lk_comm *c) { return c && c->vt->device_memory; }
+
 lk_status lk_comm_alloc_common(lk_comm *c, size_t bytes, void **ptr, bool *owner) {
     if (!c || !ptr || !owner) return lk_error(LK_STATUS_INVALID_ARGUMENT, "lk_comm_alloc_common: NULL argument");
     *ptr = NULL;

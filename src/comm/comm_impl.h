@@ -40,6 +40,9 @@ void lk__coll_describe(const lk__coll *op, char *buf, size_t size);
 
 typedef struct lk__comm_vtable {
     const char *name;
+    /* Collectives take device memory (nccl): a strategy on a GPU hands them
+     * its device buffers instead of staging them through the host. */
+    bool device_memory;
     /* Joins the group described by c->pg; sets c->impl. On failure leaves
      * nothing behind (the dispatcher will not call destroy). */
     lk_status (*init)(lk_comm *c, const lk_comm_config *cfg);

@@ -307,6 +307,7 @@ static void nccl_abort(lk_comm *c, const char *reason) {
 
 const lk__comm_vtable lk__comm_nccl = {
     .name = "nccl",
+    .device_memory = true,
     .init = nccl_init,
     .destroy = nccl_destroy,
     .run = nccl_run,

@@ -13,13 +13,16 @@
  * memory), and uneven inputs (join).
  *
  * On a device the host cannot read (lk_strategy_config.device), the flat
- * gradient buffer is device memory and the communicator (which reads host
- * memory) works on a host staging copy of it in its shared memory: each
- * bucket is copied out when it is complete, averaged there, and the whole
- * averaged buffer is copied back once the last bucket is done; parameters
- * and buffers are broadcast through host copies too. No shared parameters
- * there (each rank keeps its replica on its device), and gradients travel
- * in the parameters' dtype. */
+ * gradient buffer is device memory. A communicator that takes device memory
+ * (nccl: lk_comm_reads_device) averages the buckets there, in place, and
+ * broadcasts the parameters from device memory. One that reads host memory
+ * (shm, mpi) works on a host staging copy in its shared memory instead:
+ * each bucket is copied out when it is complete (and widened or compressed
+ * there into the wire buffer when gradients travel in another dtype),
+ * averaged, and the whole averaged buffer is copied back once the last
+ * bucket is done; parameters and buffers are broadcast through host copies
+ * too. No shared parameters there (each rank keeps its replica on its
+ * device). */
 #include <string.h>
 
 /* The sharded optimizer needs what lk_optimizer does not publish: the size
@@ -108,11 +111,13 @@ static void ddp_free(lk_strategy *s) {
 static void *elem(void *base, lk_dtype dt, int64_t i) { return (char *)base + i * (int64_t)lk_dtype_size(dt); }
 
 static bool on_device(const lk_strategy *s) { return !lk_device_is_host(s->cfg.device); }
+/* The gradients are on a device the communicator cannot read: it reduces a host copy. */
+static bool staged(const lk_strategy *s) { return on_device(s) && !lk_comm_reads_device(s->comm); }
 
-/* A broadcast of t from root: in place on the host, through a host copy on
- * a device (the communicator reads host memory). */
+/* A broadcast of t from root: in place where the communicator can read t,
+ * through a host copy otherwise. */
 static lk_status bcast(lk_strategy *s, lk_tensor *t, int root) {
-    if (lk_device_is_host(t->device)) return lk_comm_broadcast(s->comm, t->data, (size_t)t->numel, t->dtype, root);
+    if (lk_device_is_host(t->device) || lk_comm_reads_device(s->comm)) return lk_comm_broadcast(s->comm, t->data, (size_t)t->numel, t->dtype, root);
     lk_tensor *h = lk_tensor_to(t, LK_DEVICE_CPU);
     if (!h) return lk_last_status() ? lk_last_status() : LK_STATUS_OUT_OF_MEMORY;
     lk_status st = lk_comm_broadcast(s->comm, h->data, (size_t)h->numel, h->dtype, root);
@@ -138,10 +143,11 @@ static lk_status reduce_bucket(lk_strategy *s, bucket *b, bool async) {
         buf = elem(d->stage, s->cfg.param_dtype, b->offset);
         LK_TRY(lk_device_copy(LK_DEVICE_CPU, buf, s->cfg.device, elem(s->flat_grad, s->cfg.param_dtype, b->offset),
                               (size_t)b->count * lk_dtype_size(s->cfg.param_dtype)));
-    } else if (d->wire) {
+    }
+    if (d->wire) { /* from the host copy of the gradients (the buffer itself, or the stage) */
+        void *src = buf;
         buf = elem(d->wire, s->cfg.comm_dtype, b->offset);
-        convert(s->cfg.comm_dtype, buf, s->cfg.param_dtype, elem(s->flat_grad, s->cfg.param_dtype, b->offset),
-                (size_t)b->count);
+        convert(s->cfg.comm_dtype, buf, s->cfg.param_dtype, src, (size_t)b->count);
     }
     s->stats.allreduce_calls++;
     s->stats.bytes_reduced += bucket_bytes(s, b);
@@ -177,7 +183,7 @@ static void on_grad_ready(lk_tensor *p, void *ctx) {
 
 static lk_status ddp_alloc_grads(lk_strategy *s, size_t bytes, void **mem, bool *shared) {
     *shared = !on_device(s);
-    if (on_device(s)) return lk_device_alloc(s->cfg.device, bytes, mem); /* staged: ddp_setup */
+    if (on_device(s)) return lk_device_alloc(s->cfg.device, bytes, mem); /* staged or not: ddp_setup */
     return lk_comm_alloc_shared(s->comm, bytes, mem);
 }
 
@@ -222,7 +228,7 @@ static lk_status ddp_setup(lk_strategy *s) {
     }
     for (int i = 0; i < s->nbuffers; i++) LK_TRY(bcast(s, s->buffers[i], 0));
     LK_TRY(lk__strategy_alloc_flat(s, total));
-    if (on_device(s) && !d->stage) {
+    if (staged(s) && !d->stage) {
         void *mem;
         LK_TRY(lk_comm_alloc_shared(s->comm, (size_t)(total ? total : 1) * lk_dtype_size(s->cfg.param_dtype), &mem));
         d->stage = mem;
@@ -345,8 +351,9 @@ static lk_status ddp_finish_backward(lk_strategy *s) {
     double straggler = lk_comm_arrival_wait_s(s->comm) - w0;
     s->stats.comm_straggler_s += straggler;
     s->stats.comm_straggler_last_s = straggler;
-    if (d->wire && !d->async_err) /* widen the averages back into the gradients */
-        convert(s->cfg.param_dtype, s->flat_grad, s->cfg.comm_dtype, d->wire, (size_t)s->flat_numel);
+    if (d->wire && !d->async_err) /* widen the averages back into the gradients (or their host stage) */
+        convert(s->cfg.param_dtype, d->stage ? d->stage : s->flat_grad, s->cfg.comm_dtype, d->wire,
+                (size_t)s->flat_numel);
     if (d->stage && !d->async_err) /* the averages back onto the device, in one copy */
         d->async_err = lk_device_copy(s->cfg.device, s->flat_grad, LK_DEVICE_CPU, d->stage,
                                       (size_t)s->flat_numel * lk_dtype_size(s->cfg.param_dtype));

@@ -306,14 +306,6 @@ static void refusals(void) {
     lk_trainer *tr = NULL;
     CHECK_OK(lk_trainer_config_default(&cfg));
     snprintf(cfg.accelerator, sizeof cfg.accelerator, "sealed");
-    lk_strategy_config sc = lk_strategy_config_default();
-    sc.name = "ddp";
-    sc.device = sealed_device(0);
-    sc.comm_dtype = LK_BF16; /* trainer.ddp_comm_hook bf16_compress */
-    lk_strategy *strat = NULL;
-    CHECK_ERR(lk_strategy_create(&sc, &strat), LK_STATUS_UNSUPPORTED,
-              "ddp on device sealed:0: gradients travel in the parameters' dtype there (f32, not bf16");
-    CHECK(strat == NULL);
     cfg.devices = 3;
     CHECK_ERR(lk_trainer_create(&cfg, NULL, NULL, &tr), LK_STATUS_INVALID_ARGUMENT,
               "trainer.devices=3 asks for more GPUs than the 2 visible");

@@ -7,7 +7,10 @@
  * cnn, cpu and sealed) one after the other; rank 0 writes the trained
  * parameters to files the launcher compares. "cnn_sbn" is the cnn with
  * trainer.sync_batchnorm: SyncBatchNorm's statistics passes run on the
- * device and their per-channel sums cross through host copies. */
+ * device and their per-channel sums cross through host copies;
+ * "mlp_bf16c" compresses the f32 gradients to bf16 (ddp_comm_hook
+ * bf16_compress) and "mlp_bf16t" trains in bf16-true, its bf16 gradients
+ * averaged in f32: both convert the host stage of the device's buckets. */
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -45,10 +48,14 @@ static lk_status fit(const char *model, const char *accel) {
     lk_trainer_config cfg;
     config(&cfg, accel);
     cfg.sync_batchnorm = !strcmp(model, "cnn_sbn");
+    if (!strcmp(model, "mlp_bf16c")) /* f32 gradients compressed to bf16 from the host stage */
+        snprintf(cfg.ddp_comm_hook, sizeof cfg.ddp_comm_hook, "bf16_compress");
+    if (!strcmp(model, "mlp_bf16t")) /* bf16 gradients widened to f32 for the average, from the host stage */
+        snprintf(cfg.precision, sizeof cfg.precision, "bf16-true");
     lk_module *m = NULL;
     lk_datamodule *dm = NULL;
     lk_trainer *tr = NULL;
-    lk_status st = lk_module_create_builtin(cnn ? "cnn" : model, cnn ? cnn_args : mlp_args, 4, 3, &m);
+    lk_status st = lk_module_create_builtin(cnn ? "cnn" : "mlp", cnn ? cnn_args : mlp_args, 4, 3, &m);
     if (!st) st = lk_datamodule_create_builtin("synthetic", cnn ? cnn_data : mlp_data, 5, 3, &dm);
     if (!st) st = lk_trainer_create(&cfg, NULL, NULL, &tr);
     if (!st) st = lk_trainer_fit(tr, m, dm, NULL);
@@ -89,12 +96,14 @@ static size_t slurp(const char *dir, const char *model, const char *accel, char 
     return n;
 }
 
+enum { NMODELS = 5 };
+
 int main(void) {
     sealed_device(0);
-    static const char *const models[] = {"mlp", "cnn", "cnn_sbn"}, *const accels[] = {"cpu", "sealed"};
+    static const char *const models[] = {"mlp", "cnn", "cnn_sbn", "mlp_bf16c", "mlp_bf16t"}, *const accels[] = {"cpu", "sealed"};
     if (getenv("RANK")) { /* a rank: every fit of the job, one after the other */
         lk_status st = LK_STATUS_OK;
-        for (int mi = 0; mi < 3 && !st; mi++)
+        for (int mi = 0; mi < NMODELS && !st; mi++)
             for (int ai = 0; ai < 2 && !st; ai++) st = fit(models[mi], accels[ai]);
         return st ? 1 : 0;
     }
@@ -106,7 +115,7 @@ int main(void) {
      * which is all of them (a process starts one job). */
     CHECK_OK(fit(models[0], accels[0]));
     static char a[1 << 16], b[1 << 16];
-    for (int mi = 0; mi < 3; mi++) {
+    for (int mi = 0; mi < NMODELS; mi++) {
         size_t na = slurp(dir, models[mi], "cpu", a, sizeof a), nb = slurp(dir, models[mi], "sealed", b, sizeof b);
         CHECK_MSG(na > 0 && na == nb, "%s: %zu bytes of parameters from the cpu ranks, %zu from the sealed ranks", models[mi],
                   na, nb);
