@@ -68,15 +68,15 @@ typedef enum {
     LK__ACCEL_DEVICE /* a device kind registered through the C API, named by trainer.accelerator */
 } lk__accel;
 /* Pure: decides from the config, whether CUDA is built and how many GPUs
- * are visible. "cpu" -> CPU; "auto" -> CPU (until the CUDA backend runs
- * training ops it keeps the CPU even with a GPU visible); "gpu"/"cuda" ->
- * the GPU ids chosen by trainer.devices, or an error naming what was asked
- * and what is visible. `ids`/`n` may be NULL. */
+ * are visible. "cpu" -> CPU; "auto" -> CPU (until GPU training has run on
+ * a GPU in this project's tests it keeps the CPU even with a GPU visible);
+ * "gpu"/"cuda" -> the GPU ids chosen by trainer.devices, or an error naming
+ * what was asked and what is visible (and ddp_spawn, which forks after
+ * CUDA is initialised, refused). `ids`/`n` may be NULL. */
 lk_status lk__accelerator_resolve(const lk_trainer_config *cfg, bool cuda_built, int visible, lk__accel *out,
                                   int *ids, int *n);
 /* The trainer's check at creation: lk__accelerator_resolve against this
- * process's build and GPUs (queried only when a GPU is asked for), then
- * UNSUPPORTED for a GPU run while the CUDA backend runs no training ops. */
+ * process's build and GPUs (queried only when a GPU is asked for). */
 lk_status lk__accelerator_check(const lk_trainer_config *cfg);
 /* The device a run trains on: the CPU for cpu/auto; for gpu/cuda or a
  * registered kind's name, trainer.devices resolved against that kind's

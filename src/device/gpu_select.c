@@ -115,6 +115,15 @@ lk_status lk__accelerator_resolve(const lk_trainer_config *cfg, bool cuda_built,
                         "device (%s); use cpu or auto",
                         a, spec, lk__cuda_why_none()[0] ? lk__cuda_why_none() : "none visible");
     LK_TRY(lk__gpu_select(spec, visible, ids, LK__GPU_MAX, n));
+    /* ddp_spawn forks its ranks from this process, which has initialised
+     * CUDA by now (counting the GPUs does), and CUDA does not survive a
+     * fork: PyTorch's answer is the same ("Cannot re-initialize CUDA in
+     * forked subprocess"). ddp starts each rank as a new process. */
+    if (!strcmp(cfg->strategy, "ddp_spawn"))
+        return lk_error(LK_STATUS_UNSUPPORTED,
+                        "trainer.strategy 'ddp_spawn' forks its ranks, and CUDA does not survive a fork: use ddp on GPUs "
+                        "(trainer.accelerator '%s', trainer.devices=%s)",
+                        a, spec);
     *out = LK__ACCEL_GPU;
     return LK_STATUS_OK;
 }
@@ -126,17 +135,7 @@ lk_status lk__accelerator_check(const lk_trainer_config *cfg) {
     int visible = gpu && lk__cuda_built() ? lk__cuda_visible() : 0;
     lk__accel acc;
     int ids[LK__GPU_MAX], n;
-    LK_TRY(lk__accelerator_resolve(cfg, lk__cuda_built(), visible, &acc, ids, &n));
-    if (acc == LK__ACCEL_GPU) {
-        char list[128] = "";
-        for (int i = 0; i < n && strlen(list) + 12 < sizeof list; i++)
-            snprintf(list + strlen(list), sizeof list - strlen(list), "%s%d", i ? ", " : "", ids[i]);
-        return lk_error(LK_STATUS_UNSUPPORTED,
-                        "trainer.accelerator '%s' chose GPU%s %s of the %d visible, but the CUDA backend runs no "
-                        "training ops yet (issue 21); use cpu",
-                        cfg->accelerator, n == 1 ? "" : "s", list, visible);
-    }
-    return LK_STATUS_OK;
+    return lk__accelerator_resolve(cfg, lk__cuda_built(), visible, &acc, ids, &n);
 }
 
 lk_status lk__accelerator_device(const lk_trainer_config *cfg, int slot, lk_device *out) {

@@ -92,6 +92,9 @@ lk_status lk_trainer_create(const lk_trainer_config *cfg, const lk_optim_setting
     /* The training device: the CPU, or (kind, index for this local rank) */
     st = lk__accelerator_device(cfg, dp ? 0 : tr->pg.local_rank, &tr->dev);
     if (st) goto fail;
+    if (tr->dev.kind == LK_CUDA && tr->rank == 0)
+        lk_log_warn("GPU training is new in lockstep and has run only on emulations of a GPU in its tests so far "
+                    "(issue 21): `ctest -L gpu` in a CUDA build checks this machine's GPU against the CPU");
     if (tr->dev.kind == LK_CPU) {
         /* On the CPU a device is a core: more ranks than cores only fight
          * over them (LK_ALLOW_OVERSUBSCRIBE=1 permits it, e.g. for tests). */
@@ -156,6 +159,12 @@ lk_status lk_trainer_create(const lk_trainer_config *cfg, const lk_optim_setting
     if (tr->world > 1) {
         lk_comm_config cc = lk_comm_config_default();
         cc.timeout_s = cfg->comm_timeout;
+        /* Ranks on GPUs talk over nccl where it was built (Lightning's
+         * default there), unless LK_COMM_BACKEND names another (shm: two
+         * ranks on one GPU, which nccl refuses). */
+        const char *forced = lk_env_get("LK_COMM_BACKEND");
+        for (int i = 0; tr->dev.kind == LK_CUDA && !(forced && *forced) && i < lk_comm_backend_count(); i++)
+            if (!strcmp(lk_comm_backend_name_at(i), "nccl")) cc.backend = "nccl";
         cc.pg = &tr->pg;
         st = lk_comm_create(&cc, &tr->comm);
         if (st) goto fail;

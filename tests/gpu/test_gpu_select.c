@@ -90,8 +90,11 @@ static void accelerator(void) {
     c = cfg_of("gpu", "auto");
     CHECK_OK(lk__accelerator_resolve(&c, true, 2, &a, ids, &n));
     CHECK(n == 2);
-    /* auto keeps the CPU: with no GPU, and (until the CUDA backend trains)
-     * with one too; cpu never asks */
+    snprintf(c.strategy, sizeof c.strategy, "ddp_spawn"); /* forks after CUDA is up */
+    CHECK_ERR(lk__accelerator_resolve(&c, true, 2, &a, ids, &n), LK_STATUS_UNSUPPORTED,
+              "trainer.strategy 'ddp_spawn' forks its ranks, and CUDA does not survive a fork: use ddp on GPUs");
+    /* auto keeps the CPU: with no GPU, and (until GPU training has run on a
+     * GPU in this project's tests) with one too; cpu never asks */
     c = cfg_of("auto", "1");
     CHECK_OK(lk__accelerator_resolve(&c, true, 0, &a, NULL, NULL));
     CHECK(a == LK__ACCEL_CPU);

@@ -69,3 +69,11 @@ if(LK_HAVE_CUDA AND Python3_FOUND)
   add_test(NAME gpu_ops_emu COMMAND test_gpu_ops_emu)
   set_tests_properties(gpu_ops_emu PROPERTIES LABELS unit TIMEOUT 300)
 endif()
+# Issue 21's fit check: the mlp and the autoencoder, 200 steps on cuda:0
+# against the CPU's loss curve (label gpu). gpu_fit_sealed runs the same
+# program on the tests' sealed device, so that every CI run checks the test.
+lk_add_test(NAME gpu_fit_sealed SOURCES gpu/test_fit.c LABELS unit TIMEOUT 600 ARGS --sealed)
+if(LK_HAVE_CUDA)
+  add_test(NAME gpu_fit COMMAND test_gpu_fit_sealed WORKING_DIRECTORY ${PROJECT_BINARY_DIR})
+  set_tests_properties(gpu_fit PROPERTIES LABELS gpu TIMEOUT 600 SKIP_RETURN_CODE 77)
+endif()

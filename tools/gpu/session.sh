@@ -8,13 +8,19 @@
 # 8 files: the device tool brings back no more). Exit status: that of the gpu
 # tests; 3 when they were skipped (no GPU visible); 2 when the build failed.
 #
-#   tools/gpu/session.sh [--quick]     --quick: gpu tests only, no unit tests
+#   tools/gpu/session.sh [--quick|--bench]
+#     --quick: gpu tests only, no unit tests
+#     --bench: (a second call, the build kept) bench/gpu-compare only: lockstep
+#              against PyTorch with CUDA, mlp and autoencoder, batch 256 and
+#              1024, 32-true and bf16-mixed (gpu-compare.txt, gpu-compare.csv)
 set -uo pipefail
 OUT=${OUT:-/tmp/lk-gpu-out}
 P=${LK_GPU_PREFIX:-/tmp/lk-prefix}
 BUILD=${LK_GPU_BUILD:-build-gpu}
 quick=0
+bench=0
 [ "${1:-}" = "--quick" ] && quick=1
+[ "${1:-}" = "--bench" ] && bench=1
 mkdir -p "$OUT"
 log=$OUT/session.log
 exec > >(tee -a "$log") 2>&1
@@ -47,6 +53,14 @@ grep -E "warning|error" "$OUT/build.log" | head -20
 if [ $rc -ne 0 ]; then tail -40 "$OUT/build.log"; echo "build failed"; exit 2; fi
 echo "built in $(( $(date +%s) - T0 )) s"
 
+if [ $bench = 1 ]; then
+  step "bench/gpu-compare (lockstep vs PyTorch $(python3 -c 'import torch; print(torch.__version__)' 2>/dev/null))"
+  bench/gpu-compare --lockstep "$BUILD/lockstep" --csv "$OUT/gpu-compare.csv" | tee "$OUT/gpu-compare.txt"
+  rc=${PIPESTATUS[0]}
+  echo "session --bench done in $(( $(date +%s) - T0 )) s; exit $rc; files in $OUT: $(ls "$OUT" | tr '\n' ' ')"
+  exit "$rc"
+fi
+
 step "lockstep env"
 "$BUILD/lockstep" env >"$OUT/env.txt" 2>&1
 sed -n '/^gpus/,/^process group/p' "$OUT/env.txt"
@@ -71,6 +85,12 @@ step "GEMM rates (cuBLASLt)"
 if [ -x "$BUILD/tests/bench_gpu_gemm" ]; then
   "$BUILD/tests/bench_gpu_gemm" >"$OUT/gemm.csv" 2>>"$log"
   column -s, -t <"$OUT/gemm.csv" 2>/dev/null || cat "$OUT/gemm.csv"
+fi
+
+step "fit check (gpu_fit: 200 steps on cuda:0 against the CPU's loss curve)"
+if [ -x "$BUILD/tests/test_gpu_fit_sealed" ]; then
+  "$BUILD/tests/test_gpu_fit_sealed" >"$OUT/gpu-fit.log" 2>&1
+  echo "gpu_fit exit $?"; cat "$OUT/gpu-fit.log"
 fi
 
 if [ $quick = 0 ]; then
