@@ -355,6 +355,12 @@ typedef struct lk_op_desc {
 
 /* How many operands run() takes for an op (GEMM 3, unary backward 4, ...). */
 int lk__op_arity(lk_op_kind op);
+/* Operand i of d as the backends' 16-bit widening paths see it
+ * (cpu/widen.c, cuda/widen.cu: one table, so the two widen the same
+ * extents): its element count, its element stride (batch norm's strided
+ * per-channel vectors; else 1) and whether the op writes it. False for an
+ * op without a widened 16-bit path. */
+bool lk__op_operand_extent(const lk_op_desc *d, int i, int64_t *count, int64_t *stride, bool *written);
 
 typedef struct lk_backend {
     const char *name;

@@ -62,70 +62,6 @@ static void narrow(lk_dtype t, void *p, int64_t stride, const float *src, int64_
 
 static size_t esize(lk_dtype t) { return t == LK_F32 ? 4 : t == LK_F64 ? 8 : 2; }
 
-/* Operand i of d: its element count, the stride of its elements (1 unless
- * batch norm's per-channel vectors are strided) and whether the op writes it.
- * Returns false for an op this file does not widen. */
-static bool operand_shape(const lk_op_desc *d, int i, int64_t *count, int64_t *stride, bool *written) {
-    *stride = 1;
-    *written = false;
-    switch (d->op) {
-    case LK_OP_POOL2D: {
-        const lk_pool_params *g = &d->pool;
-        *count = i == 0 ? g->planes * g->H * g->W : g->planes * g->OH * g->OW;
-        *written = i >= 1;
-        return true;
-    }
-    case LK_OP_POOL2D_BACKWARD: {
-        const lk_pool_params *g = &d->pool;
-        *count = i == 2 ? g->planes * g->H * g->W : g->planes * g->OH * g->OW;
-        *written = i == 2;
-        return true;
-    }
-    case LK_OP_BATCH_NORM: { /* x, w, b, running_mean, running_var, y, stats */
-        const lk_batch_norm_params *p = &d->batch_norm;
-        int64_t ncs = (int64_t)p->N * p->C * p->S;
-        *count = i == 0 || i == 5 ? ncs : i == 6 ? 2 * p->C : p->C;
-        if (i >= 1 && i <= 4) *stride = p->stride[i - 1];
-        *written = i >= 3;
-        return true;
-    }
-    case LK_OP_BATCH_NORM_BACKWARD: { /* x, dy, stats, w, dx, dw, db */
-        const lk_batch_norm_params *p = &d->batch_norm;
-        int64_t ncs = (int64_t)p->N * p->C * p->S;
-        *count = i <= 1 || i == 4 ? ncs : i == 2 ? 2 * p->C : p->C;
-        *written = i >= 4;
-        return true;
-    }
-    case LK_OP_LAYER_NORM: { /* x, w, b, y, stats */
-        const lk_layer_norm_params *p = &d->layer_norm;
-        *count = i == 0 || i == 3 ? p->M * p->L : i == 4 ? 2 * p->M : p->L;
-        *written = i >= 3;
-        return true;
-    }
-    case LK_OP_LAYER_NORM_BACKWARD: { /* x, dy, stats, w, dx, dw, db */
-        const lk_layer_norm_params *p = &d->layer_norm;
-        *count = i <= 1 || i == 4 ? p->M * p->L : i == 2 ? 2 * p->M : p->L;
-        *written = i >= 4;
-        return true;
-    }
-    case LK_OP_BN_STATS: /* x, g, mean, out (f64) */
-    case LK_OP_BN_APPLY: { /* x, g, coef, y */
-        const lk_bn_split_params *p = &d->bn_split;
-        int64_t ncs = (int64_t)p->N * p->C * p->S;
-        *count = i <= 1 || (d->op == LK_OP_BN_APPLY && i == 3) ? ncs : (i == 2 ? 4 : 2) * p->C;
-        *written = i == 3;
-        return true;
-    }
-    case LK_OP_EMBEDDING_BACKWARD: { /* g [n, D], idx, dw [V, D] */
-        const lk_embedding_params *p = &d->embedding;
-        *count = i == 0 ? p->n * p->D : i == 2 ? p->V * p->D : p->n;
-        *written = i == 2;
-        return true;
-    }
-    default: return false;
-    }
-}
-
 bool lk__cpu_has_half(const lk_op_desc *d) {
     for (int i = 0; i < lk__op_arity(d->op); i++)
         if (is_half(d->dtype[i])) return true;
@@ -151,7 +87,7 @@ lk_status lk__cpu_run_widened(const lk_op_desc *d, void *const *x,
         int64_t count, stride;
         bool written;
         if (!is_half(d->dtype[i]) || !x[i]) continue;
-        if (!operand_shape(d, i, &count, &stride, &written))
+        if (!lk__op_operand_extent(d, i, &count, &stride, &written))
             return lk_error(LK_STATUS_INTERNAL, "cpu backend: op %d has no 16-bit path", (int)d->op);
         total += (size_t)(count > 0 ? count : 1);
     }
@@ -162,7 +98,7 @@ lk_status lk__cpu_run_widened(const lk_op_desc *d, void *const *x,
         if (!is_half(d->dtype[i]) || !x[i]) continue;
         int64_t count, stride;
         bool written;
-        operand_shape(d, i, &count, &stride, &written);
+        lk__op_operand_extent(d, i, &count, &stride, &written);
         buf[i] = base + at;
         at += (size_t)(count > 0 ? count : 1);
         /* written operands are widened too: some accumulate (+=) into them */
@@ -179,7 +115,7 @@ lk_status lk__cpu_run_widened(const lk_op_desc *d, void *const *x,
         if (!buf[i]) continue;
         int64_t count, stride;
         bool written;
-        operand_shape(d, i, &count, &stride, &written);
+        lk__op_operand_extent(d, i, &count, &stride, &written);
         if (!written) continue;
         uint16_t *h = x[i];
         if (stride == 1) lk_f32_to_half_n(d->dtype[i], h, buf[i], (size_t)count);

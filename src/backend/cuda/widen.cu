@@ -26,80 +26,6 @@ __global__ void k_narrow(int64_t n, const float *f, void *h, int dt, int64_t str
 
 bool is_half(lk_dtype t) { return t == LK_BF16 || t == LK_F16; }
 
-/* Operand i of d: its element count, its element stride (batch norm's
- * strided per-channel vectors) and whether the op writes it; false for an
- * op this file does not widen. The counts are widen.c's. */
-bool operand_shape(const lk_op_desc *d, int i, int64_t *count, int64_t *stride, bool *written) {
-    *stride = 1;
-    *written = false;
-    switch (d->op) {
-    case LK_OP_POOL2D: { /* x, y, idx */
-        const lk_pool_params *g = &d->pool;
-        *count = i == 0 ? (int64_t)g->planes * g->H * g->W : (int64_t)g->planes * g->OH * g->OW;
-        *written = i >= 1;
-        return true;
-    }
-    case LK_OP_POOL2D_BACKWARD: { /* dy, idx, dx */
-        const lk_pool_params *g = &d->pool;
-        *count = i == 2 ? (int64_t)g->planes * g->H * g->W : (int64_t)g->planes * g->OH * g->OW;
-        *written = i == 2;
-        return true;
-    }
-    case LK_OP_BATCH_NORM: { /* x, w, b, running_mean, running_var, y, stats */
-        const lk_batch_norm_params *p = &d->batch_norm;
-        int64_t ncs = (int64_t)p->N * p->C * p->S;
-        *count = i == 0 || i == 5 ? ncs : i == 6 ? 2 * (int64_t)p->C : p->C;
-        if (i >= 1 && i <= 4) *stride = p->stride[i - 1];
-        *written = i >= 3;
-        return true;
-    }
-    case LK_OP_BATCH_NORM_BACKWARD: { /* x, dy, stats, w, dx, dw, db */
-        const lk_batch_norm_params *p = &d->batch_norm;
-        int64_t ncs = (int64_t)p->N * p->C * p->S;
-        *count = i <= 1 || i == 4 ? ncs : i == 2 ? 2 * (int64_t)p->C : p->C;
-        *written = i >= 4;
-        return true;
-    }
-    case LK_OP_LAYER_NORM: { /* x, w, b, y, stats */
-        const lk_layer_norm_params *p = &d->layer_norm;
-        *count = i == 0 || i == 3 ? p->M * p->L : i == 4 ? 2 * p->M : p->L;
-        *written = i >= 3;
-        return true;
-    }
-    case LK_OP_LAYER_NORM_BACKWARD: { /* x, dy, stats, w, dx, dw, db */
-        const lk_layer_norm_params *p = &d->layer_norm;
-        *count = i <= 1 || i == 4 ? p->M * p->L : i == 2 ? 2 * p->M : p->L;
-        *written = i >= 4;
-        return true;
-    }
-    case LK_OP_BN_STATS: /* x, g, mean [C], out (f64) */
-    case LK_OP_BN_APPLY: { /* x, g, coef [2C] or [4C], y */
-        const lk_bn_split_params *p = &d->bn_split;
-        int64_t ncs = (int64_t)p->N * p->C * p->S;
-        bool apply = d->op == LK_OP_BN_APPLY;
-        *count = i <= 1 || (apply && i == 3) ? ncs : !apply ? p->C : (p->backward ? 4 : 2) * (int64_t)p->C;
-        *written = i == 3;
-        return true;
-    }
-    case LK_OP_EMBEDDING_BACKWARD: { /* g [n, D], idx, dw [V, D] */
-        const lk_embedding_params *p = &d->embedding;
-        *count = i == 0 ? p->n * p->D : i == 2 ? p->V * p->D : p->n;
-        *written = i == 2;
-        return true;
-    }
-    case LK_OP_BIAS_ADD: /* y [O, samples*P] (f32), b [O], out [samples, O, P] */
-    case LK_OP_CHANNEL_SUM: { /* dy [samples, O, P], db [O] (f32) */
-        const lk_bias_params *p = &d->bias;
-        int64_t big = (int64_t)p->samples * p->O * p->P;
-        bool sum = d->op == LK_OP_CHANNEL_SUM;
-        *count = sum ? (i == 0 ? big : p->O) : i == 1 ? p->O : big;
-        *written = sum ? i == 1 : i == 2;
-        return true;
-    }
-    default: return false;
-    }
-}
-
 } // namespace
 
 extern "C" bool lk__cuda_has_half(const lk_op_desc *d) {
@@ -121,7 +47,7 @@ extern "C" int lk__cuda_widened(const lk_op_desc *d, void *const *x, lk__cuda_la
         if (!is_half(d->dtype[i])) continue;
         f.dtype[i] = LK_F32;
         if (!x[i]) continue;
-        if (!operand_shape(d, i, &count[i], &stride[i], &written[i])) return (int)cudaErrorInvalidValue;
+        if (!lk__op_operand_extent(d, i, &count[i], &stride[i], &written[i])) return (int)cudaErrorInvalidValue;
         if (count[i] < 0) count[i] = 0;
         total += (size_t)count[i];
     }
