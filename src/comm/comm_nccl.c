@@ -253,11 +253,44 @@ static ncclRedOp_t nccl_op(lk_reduce_op op) {
     }
 }
 
+/* Whether p is host memory to the CUDA runtime (plain malloc, or pinned):
+ * not a buffer NCCL can take. */
+static bool host_memory(const void *p) {
+    if (!p) return true;
+    struct cudaPointerAttributes a;
+    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+        cudaGetLastError(); /* an unknown pointer is host memory to older runtimes */
+        return true;
+    }
+    return a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged;
+}
+
+/* A collective on host memory — the trainer's logged metrics, SyncBatchNorm's
+ * per-channel sums, join's flags, early stopping's decision — goes through
+ * the host communicator this backend owns: every rank issues the same
+ * collectives in the same order on this communicator, so they meet there in
+ * the same order too, and callers need not know which memory NCCL takes. */
+static lk_status host_run(nccl_impl *m, const lk__coll *op) {
+    switch (op->kind) {
+    case LK__COLL_ALL_REDUCE:
+        if (op->send != op->recv && op->count)
+            memcpy(op->recv, op->send, op->count * lk_dtype_size(op->dt));
+        return lk_comm_all_reduce(m->host, op->recv, op->count, op->dt, op->op);
+    case LK__COLL_BROADCAST: return lk_comm_broadcast(m->host, op->recv, op->count, op->dt, op->root);
+    case LK__COLL_ALL_GATHER: return lk_comm_all_gather(m->host, op->send, op->recv, op->count, op->dt);
+    case LK__COLL_REDUCE_SCATTER: return lk_comm_reduce_scatter(m->host, op->send, op->recv, op->count, op->dt, op->op);
+    case LK__COLL_GATHER: return lk_comm_gather(m->host, op->send, op->recv, op->count, op->dt, op->root);
+    case LK__COLL_SCATTER: return lk_comm_scatter(m->host, op->send, op->recv, op->count, op->dt, op->root);
+    default: return lk_comm_barrier(m->host);
+    }
+}
+
 static lk_status nccl_run(lk_comm *c, const lk__coll *op) {
     nccl_impl *m = c->impl;
     char what[160];
     lk__coll_describe(op, what, sizeof what);
     if (m->dead) return lk_error(LK_STATUS_ABORTED, "nccl: %s: the communicator was aborted earlier", what);
+    if (op->kind != LK__COLL_BARRIER && host_memory(op->send) && host_memory(op->recv)) return host_run(m, op);
     ncclDataType_t t = ncclFloat32;
     if (op->kind != LK__COLL_BARRIER && !nccl_type(op->dt, &t))
         return lk_error(LK_STATUS_UNSUPPORTED, "nccl: %s: dtype %s has no NCCL type", what, lk_dtype_name(op->dt));

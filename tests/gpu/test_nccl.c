@@ -40,6 +40,14 @@ static void one_rank(void) {
     CHECK_OK(lk_comm_barrier(c));
     CHECK_OK(lk_device_copy(LK_DEVICE_CPU, back, g, all, sizeof back));
     CHECK(memcmp(h, back, sizeof h) == 0); /* one rank: every collective is the identity */
+    /* Host memory (the trainer's metrics, SyncBatchNorm's sums) goes through
+     * the backend's host communicator, not NCCL, which cannot take it. */
+    double hm[3] = {1.5, -2.0, 7.25};
+    CHECK_OK(lk_comm_all_reduce(c, hm, 3, LK_F64, LK_REDUCE_SUM));
+    CHECK(hm[0] == 1.5 && hm[1] == -2.0 && hm[2] == 7.25);
+    int64_t flag = 3;
+    CHECK_OK(lk_comm_broadcast(c, &flag, 1, LK_I64, 0));
+    CHECK(flag == 3);
     lk_device_free(g, d, sizeof h);
     lk_device_free(g, all, sizeof h);
     lk_comm_free(c);
