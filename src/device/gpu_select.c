@@ -40,11 +40,17 @@ lk_status lk__gpu_select(const char *spec, int visible, int *ids, int cap, int *
             if (*end)
                 return lk_error(LK_STATUS_INVALID_ARGUMENT,
                                 "trainer.devices=%s: expected a number of GPUs, -1, auto or a list of GPU indices", spec);
-            if (v > visible)
+            /* LK_ALLOW_OVERSUBSCRIBE=1, as for CPU cores: more ranks than
+             * GPUs, rank i on GPU i % visible (they talk over shm then: NCCL
+             * takes one rank per GPU). How one GPU tests ddp's staging. */
+            if (v > visible && !lk_env_get_long("LK_ALLOW_OVERSUBSCRIBE", 0))
                 return lk_error(LK_STATUS_INVALID_ARGUMENT,
-                                "trainer.devices=%ld asks for more GPUs than the %d visible (CUDA_VISIBLE_DEVICES=%s)", v,
-                                visible, getenv("CUDA_VISIBLE_DEVICES") ? getenv("CUDA_VISIBLE_DEVICES") : "unset");
-            for (int i = 0; i < (int)v; i++) ids[i] = i;
+                                "trainer.devices=%ld asks for more GPUs than the %d visible (CUDA_VISIBLE_DEVICES=%s; "
+                                "LK_ALLOW_OVERSUBSCRIBE=1 shares them between ranks)",
+                                v, visible, getenv("CUDA_VISIBLE_DEVICES") ? getenv("CUDA_VISIBLE_DEVICES") : "unset");
+            if (v > cap)
+                return lk_error(LK_STATUS_INVALID_ARGUMENT, "trainer.devices=%ld: at most %d GPUs supported", v, cap);
+            for (int i = 0; i < (int)v; i++) ids[i] = i % visible;
             *n = (int)v;
             return LK_STATUS_OK;
         }

@@ -160,10 +160,11 @@ lk_status lk_trainer_create(const lk_trainer_config *cfg, const lk_optim_setting
         lk_comm_config cc = lk_comm_config_default();
         cc.timeout_s = cfg->comm_timeout;
         /* Ranks on GPUs talk over nccl where it was built (Lightning's
-         * default there), unless LK_COMM_BACKEND names another (shm: two
-         * ranks on one GPU, which nccl refuses). */
+         * default there), unless LK_COMM_BACKEND names another, or ranks
+         * share a GPU (LK_ALLOW_OVERSUBSCRIBE), which nccl refuses: shm. */
         const char *forced = lk_env_get("LK_COMM_BACKEND");
-        for (int i = 0; tr->dev.kind == LK_CUDA && !(forced && *forced) && i < lk_comm_backend_count(); i++)
+        bool shared_gpu = tr->pg.local_world_size > lk_device_count(LK_CUDA);
+        for (int i = 0; tr->dev.kind == LK_CUDA && !shared_gpu && !(forced && *forced) && i < lk_comm_backend_count(); i++)
             if (!strcmp(lk_comm_backend_name_at(i), "nccl")) cc.backend = "nccl";
         cc.pg = &tr->pg;
         st = lk_comm_create(&cc, &tr->comm);

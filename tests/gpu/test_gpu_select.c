@@ -29,6 +29,10 @@ static void select_forms(void) {
               "names GPU 5, but only 1 GPU is visible");
     CHECK_ERR(lk__gpu_select("3", 2, ids, LK__GPU_MAX, &n), LK_STATUS_INVALID_ARGUMENT,
               "trainer.devices=3 asks for more GPUs than the 2 visible");
+    setenv("LK_ALLOW_OVERSUBSCRIBE", "1", 1); /* ranks share the GPUs: rank i on GPU i % visible */
+    CHECK_OK(lk__gpu_select("3", 2, ids, LK__GPU_MAX, &n));
+    CHECK(n == 3 && ids[0] == 0 && ids[1] == 1 && ids[2] == 0);
+    unsetenv("LK_ALLOW_OVERSUBSCRIBE");
     CHECK_ERR(lk__gpu_select("auto", 0, ids, LK__GPU_MAX, &n), LK_STATUS_INVALID_ARGUMENT,
               "trainer.devices=auto asks for GPUs, but no CUDA device is visible");
     CHECK_ERR(lk__gpu_select("1,1", 2, ids, LK__GPU_MAX, &n), LK_STATUS_INVALID_ARGUMENT, "names GPU 1 twice");
