@@ -4,8 +4,12 @@
 #ifndef LK_GPU_TEST_H
 #define LK_GPU_TEST_H
 
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "device/gpu.h"
 
@@ -20,6 +24,25 @@ static inline void gpu_test_require(void) {
         fprintf(stderr, "cuda device did not register: %s\n", lk_last_error());
         exit(1);
     }
+}
+
+/* Runs probe() in a child forked before anything touches CUDA (the child
+ * owns the whole run), so that a host access of device memory or a kernel
+ * fault is reported as the signal the child died of, naming `what`, rather
+ * than killing the test silently. Returns the exit status for main. */
+static inline int gpu_test_in_child(int (*probe)(void), const char *what) {
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    pid_t pid = fork();
+    if (pid < 0) return perror("fork"), 1;
+    if (pid == 0) _exit(probe());
+    int status = 0;
+    if (waitpid(pid, &status, 0) < 0) return perror("waitpid"), 1;
+    if (WIFSIGNALED(status)) {
+        fprintf(stderr, "FAIL %s died of signal %d (%s): an op touched device memory from the host, or a kernel "
+                        "faulted\n", what, WTERMSIG(status), strsignal(WTERMSIG(status)));
+        return 1;
+    }
+    return WEXITSTATUS(status);
 }
 
 #endif

@@ -11,8 +11,6 @@
  * Tolerance: the GEMMs are cuBLASLt's (another summation order than
  * OpenBLAS, K <= 64): 1e-5 relative plus 1e-5 of the largest magnitude, as
  * gpu_ops' T_GEMM. */
-#include <signal.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "gpu_test.h"
@@ -88,20 +86,4 @@ static int probe(void) {
     return lk_t_failed_checks ? 1 : 0;
 }
 
-int main(void) {
-    setvbuf(stdout, NULL, _IOLBF, 0);
-    /* fork before anything touches CUDA: the child owns the whole run */
-    pid_t pid = fork();
-    if (pid < 0) return perror("fork"), 1;
-    if (pid == 0) _exit(probe());
-    int status = 0;
-    if (waitpid(pid, &status, 0) < 0) return perror("waitpid"), 1;
-    if (WIFSIGNALED(status)) {
-        fprintf(stderr,
-                "FAIL the mlp step on cuda:0 died of signal %d (%s): an op touched device memory from the host, or "
-                "a kernel faulted\n",
-                WTERMSIG(status), strsignal(WTERMSIG(status)));
-        return 1;
-    }
-    return WEXITSTATUS(status);
-}
+int main(void) { return gpu_test_in_child(probe, "the mlp step on cuda:0"); }

@@ -12,7 +12,6 @@
  * results one bf16 ulp more.
  *
  * Runs only with a CUDA device (label gpu); has never run on one yet. */
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "gpu_test.h"
@@ -93,18 +92,4 @@ static int probe(void) {
     return lk_t_failed_checks ? 1 : 0;
 }
 
-int main(void) {
-    setvbuf(stdout, NULL, _IOLBF, 0);
-    /* fork before anything touches CUDA: the child owns the whole run */
-    pid_t pid = fork();
-    if (pid < 0) return perror("fork"), 1;
-    if (pid == 0) _exit(probe());
-    int status = 0;
-    if (waitpid(pid, &status, 0) < 0) return perror("waitpid"), 1;
-    if (WIFSIGNALED(status)) {
-        fprintf(stderr, "FAIL SyncBatchNorm on cuda:0 died of signal %d (%s): an op touched device memory from the "
-                        "host, or a kernel faulted\n", WTERMSIG(status), strsignal(WTERMSIG(status)));
-        return 1;
-    }
-    return WEXITSTATUS(status);
-}
+int main(void) { return gpu_test_in_child(probe, "SyncBatchNorm on cuda:0"); }
