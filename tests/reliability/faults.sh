@@ -70,6 +70,7 @@ scenario() { # name bound expected-rc-test message-pattern action...
   t0=$(date +%s.%N)
   "$@"
   finish_job
+  if [ -n "${net:-}" ]; then kill "$net" 2>/dev/null; wait "$net" 2>/dev/null; net=; fi
   sleep 0.3
   local left; left=$(leftovers)
   {
@@ -85,7 +86,13 @@ scenario() { # name bound expected-rc-test message-pattern action...
 kill_rank() { kill -"$1" "$(rank_pid $lpid "$2")"; }
 kill_launcher() { kill -"$1" "$lpid"; }
 cont_all() { pkill -CONT -f "$T/synth.yaml.*comm_timeout $TIMEOUT" || true; }
-stop_rank1() { kill -STOP "$(rank_pid $lpid 1)"; (sleep $((TIMEOUT + 6)); cont_all) & }
+# The safety net that continues a stopped rank if the job failed to end it
+# must not outlive its scenario: fired later, its SIGCONT can reach the next
+# scenario's job between the suspend's two SIGSTOPs, so that one rank runs
+# on while the other stays stopped and times out waiting for it — the shape
+# of a flake seen in CI (rank 0 gone before its SIGCONT, "timed out" in the
+# log). scenario() kills it once its job has ended.
+stop_rank1() { kill -STOP "$(rank_pid $lpid 1)"; (sleep $((TIMEOUT + 6)); cont_all) & net=$!; }
 
 scenario "SIGKILL of rank 1 while training" 5 "-ne 0" "rank 1" kill_rank KILL 1
 # a stopped rank cannot take SIGTERM: the launcher's term delay (2 s) and kill grace (3 s) follow the timeout
