@@ -361,6 +361,10 @@ int lk__op_arity(lk_op_kind op);
  * per-channel vectors; else 1) and whether the op writes it. False for an
  * op without a widened 16-bit path. */
 bool lk__op_operand_extent(const lk_op_desc *d, int i, int64_t *count, int64_t *stride, bool *written);
+/* Whether an operand of d is bf16 or f16; d with every such dtype made f32
+ * (what a widening path runs on its f32 scratch). */
+bool lk__op_has_half(const lk_op_desc *d);
+lk_op_desc lk__op_widened(const lk_op_desc *d);
 
 typedef struct lk_backend {
     const char *name;

@@ -77,6 +77,21 @@ int lk__op_arity(lk_op_kind op) {
     return 0;
 }
 
+static bool is_half(lk_dtype t) { return t == LK_BF16 || t == LK_F16; }
+
+bool lk__op_has_half(const lk_op_desc *d) {
+    for (int i = 0; i < lk__op_arity(d->op); i++)
+        if (is_half(d->dtype[i])) return true;
+    return false;
+}
+
+lk_op_desc lk__op_widened(const lk_op_desc *d) {
+    lk_op_desc f = *d;
+    for (int i = 0; i < lk__op_arity(d->op); i++)
+        if (is_half(f.dtype[i])) f.dtype[i] = LK_F32;
+    return f;
+}
+
 bool lk__op_operand_extent(const lk_op_desc *d, int i, int64_t *count, int64_t *stride, bool *written) {
     *stride = 1;
     *written = false;

@@ -23,8 +23,8 @@ static bool widens(lk_op_kind op) {
 }
 
 static bool cpu_supports(const lk_op_desc *d) {
-    if (widens(d->op) && lk__cpu_has_half(d)) { /* as the f32 descriptor, each operand f32, bf16 or f16 */
-        lk_op_desc f = lk__cpu_widened_desc(d);
+    if (widens(d->op) && lk__op_has_half(d)) { /* as the f32 descriptor, each operand f32, bf16 or f16 */
+        lk_op_desc f = lk__op_widened(d);
         return cpu_supports(&f);
     }
     switch (d->op) {
@@ -107,7 +107,7 @@ static bool cpu_supports(const lk_op_desc *d) {
 }
 
 static lk_status cpu_run(const lk_op_desc *d, void *const *x) {
-    if (widens(d->op) && lk__cpu_has_half(d)) switch (d->op) {
+    if (widens(d->op) && lk__op_has_half(d)) switch (d->op) {
         case LK_OP_POOL2D:
         case LK_OP_POOL2D_BACKWARD: return lk__cpu_pool2d(d, x);
         case LK_OP_BATCH_NORM:

@@ -56,9 +56,8 @@ lk_status lk__cpu_fill(const lk_op_desc *d, void *const *x);
 /* widen.c: the bf16/f16 path of the f32-only families (pooling, the norms,
  * SyncBatchNorm's passes, embedding's backward): 16-bit operands widened to
  * f32 scratch, `run` on the all-f32 descriptor, written operands rounded
- * back once. lk__cpu_widened_desc: d with every bf16/f16 dtype made f32. */
-bool lk__cpu_has_half(const lk_op_desc *d);
-lk_op_desc lk__cpu_widened_desc(const lk_op_desc *d);
+ * back once (lk__op_has_half / lk__op_widened in backend_impl.h say which
+ * descriptors and run on what). */
 lk_status lk__cpu_run_widened(const lk_op_desc *d, void *const *x,
                               lk_status (*run)(const lk_op_desc *d, void *const *x));
 /* Batch norm and layer norm (forward and backward) with 16-bit operands, in

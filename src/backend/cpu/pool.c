@@ -49,7 +49,7 @@ static lk_status pool2d_half(const lk_op_desc *d, void *const *x) {
 }
 
 lk_status lk__cpu_pool2d(const lk_op_desc *d, void *const *x) {
-    return lk__cpu_has_half(d) ? pool2d_half(d, x) : pool2d_f32(d, x);
+    return lk__op_has_half(d) ? pool2d_half(d, x) : pool2d_f32(d, x);
 }
 
 static lk_status pool2d_f32(const lk_op_desc *d, void *const *x) {

@@ -62,23 +62,11 @@ static void narrow(lk_dtype t, void *p, int64_t stride, const float *src, int64_
 
 static size_t esize(lk_dtype t) { return t == LK_F32 ? 4 : t == LK_F64 ? 8 : 2; }
 
-bool lk__cpu_has_half(const lk_op_desc *d) {
-    for (int i = 0; i < lk__op_arity(d->op); i++)
-        if (is_half(d->dtype[i])) return true;
-    return false;
-}
-
-lk_op_desc lk__cpu_widened_desc(const lk_op_desc *d) {
-    lk_op_desc f = *d;
-    for (int i = 0; i < lk__op_arity(d->op); i++)
-        if (is_half(f.dtype[i])) f.dtype[i] = LK_F32;
-    return f;
-}
 
 lk_status lk__cpu_run_widened(const lk_op_desc *d, void *const *x,
                               lk_status (*run)(const lk_op_desc *d, void *const *x)) {
     int n = lk__op_arity(d->op);
-    lk_op_desc f = lk__cpu_widened_desc(d);
+    lk_op_desc f = lk__op_widened(d);
     void *ops[LK_OP_MAX_OPERANDS];
     float *buf[LK_OP_MAX_OPERANDS] = {0};
     lk_status st = LK_STATUS_OK;
@@ -156,7 +144,7 @@ lk_status lk__cpu_bn_half(const lk_op_desc *d, void *const *x,
     for (long c0 = 0; c0 < C; c0 += cc) {
         long n = C - c0 < cc ? C - c0 : cc;
         int64_t cn = (int64_t)N * n * S;
-        lk_op_desc f = lk__cpu_widened_desc(d);
+        lk_op_desc f = lk__op_widened(d);
         f.batch_norm.C = n;
         void *ops[7];
         float *b[7] = {0};
@@ -243,7 +231,7 @@ lk_status lk__cpu_ln_half(const lk_op_desc *d, void *const *x,
     if (!base) return LK_STATUS_OUT_OF_MEMORY;
     for (int64_t r0 = 0; r0 < M; r0 += rows) {
         int64_t n = M - r0 < rows ? M - r0 : rows;
-        lk_op_desc f = lk__cpu_widened_desc(d);
+        lk_op_desc f = lk__op_widened(d);
         f.layer_norm.M = n;
         void *ops[7];
         float *at = base;

@@ -58,11 +58,9 @@ static bool widens(lk_op_kind op, int *f32_operand) {
 
 static bool cuda_supports(const lk_op_desc *d) {
     int keep;
-    if (widens(d->op, &keep) && lk__cuda_has_half(d)) {
+    if (widens(d->op, &keep) && lk__op_has_half(d)) {
         if (keep >= 0 && d->dtype[keep] != LK_F32) return false;
-        lk_op_desc f = *d;
-        for (int i = 0; i < lk__op_arity(d->op); i++)
-            if (is_half(f.dtype[i])) f.dtype[i] = LK_F32;
+        lk_op_desc f = lk__op_widened(d);
         return cuda_supports(&f);
     }
     switch (d->op) {

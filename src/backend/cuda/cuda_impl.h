@@ -52,7 +52,6 @@ typedef struct {
 /* widen.cu: whether any operand of d is bf16/f16, and d run through `run`
  * (the f32 launcher of its family) on f32 scratch copies of its 16-bit
  * operands, the written ones rounded back once (the CPU's widen.c). */
-bool lk__cuda_has_half(const lk_op_desc *d);
 int lk__cuda_widened(const lk_op_desc *d, void *const *x, lk__cuda_launcher run);
 
 static inline lk__cuda_launcher lk__cuda_launcher_for(const lk__cuda_launchers *l, lk_op_kind op) {

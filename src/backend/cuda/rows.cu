@@ -580,7 +580,7 @@ cudaError_t classify(const lk_op_desc *d, void *const *x) {
 
 extern "C" int lk__cuda_rows(const lk_op_desc *d, void *const *x) {
     bool widened = d->op == LK_OP_LAYER_NORM || d->op == LK_OP_LAYER_NORM_BACKWARD || d->op == LK_OP_EMBEDDING_BACKWARD;
-    if (widened && lk__cuda_has_half(d)) return lk__cuda_widened(d, x, lk__cuda_rows);
+    if (widened && lk__op_has_half(d)) return lk__cuda_widened(d, x, lk__cuda_rows);
     switch (d->op) {
     case LK_OP_SOFTMAX:
     case LK_OP_SOFTMAX_BACKWARD: return (int)softmax(d, x);

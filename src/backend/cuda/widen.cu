@@ -28,15 +28,9 @@ bool is_half(lk_dtype t) { return t == LK_BF16 || t == LK_F16; }
 
 } // namespace
 
-extern "C" bool lk__cuda_has_half(const lk_op_desc *d) {
-    for (int i = 0; i < lk__op_arity(d->op); i++)
-        if (is_half(d->dtype[i])) return true;
-    return false;
-}
-
 extern "C" int lk__cuda_widened(const lk_op_desc *d, void *const *x, lk__cuda_launcher run) {
     int n = lk__op_arity(d->op);
-    lk_op_desc f = *d;
+    lk_op_desc f = lk__op_widened(d);
     void *ops[LK_OP_MAX_OPERANDS] = {NULL};
     float *buf[LK_OP_MAX_OPERANDS] = {NULL};
     int64_t count[LK_OP_MAX_OPERANDS] = {0}, stride[LK_OP_MAX_OPERANDS] = {0};
@@ -44,9 +38,7 @@ extern "C" int lk__cuda_widened(const lk_op_desc *d, void *const *x, lk__cuda_la
     size_t total = 0;
     for (int i = 0; i < n; i++) {
         ops[i] = x[i];
-        if (!is_half(d->dtype[i])) continue;
-        f.dtype[i] = LK_F32;
-        if (!x[i]) continue;
+        if (!is_half(d->dtype[i]) || !x[i]) continue;
         if (!lk__op_operand_extent(d, i, &count[i], &stride[i], &written[i])) return (int)cudaErrorInvalidValue;
         if (count[i] < 0) count[i] = 0;
         total += (size_t)count[i];
