@@ -120,15 +120,25 @@ static int state_arrays(const lk_optim_config *c) {
     return c->amsgrad ? 3 : 2;
 }
 
+/* The state's bytes as allocated on g->dev (never 0: a device allocation of 0 bytes is not portable). */
+static size_t state_alloc_bytes(const opt_group *g) {
+    size_t bytes = (size_t)g->n_state * (size_t)g->numel * sizeof(float);
+    return bytes ? bytes : LK_ALIGN;
+}
+
+/* The state's own memory, next to the parameters (the update runs there). */
+static void state_free(opt_group *g) {
+    if (!g->state_shared && g->state) lk_device_free(g->dev, g->state, state_alloc_bytes(g));
+    g->state = NULL;
+}
+
 static void group_clear(opt_group *g) {
     for (int i = 0; i < g->n; i++) {
         lk_tensor_release(g->ps[i].p);
         lk_free(g->ps[i].name);
     }
     lk_free(g->ps);
-    if (g->state_shared) return;
-    if (lk_device_is_host(g->dev)) lk_aligned_free(g->state);
-    else lk_device_free(g->dev, g->state, (size_t)(g->n_state * g->numel > 0 ? g->n_state * g->numel : 16) * sizeof(float));
+    state_free(g);
 }
 
 void lk_optimizer_free(lk_optimizer *o) {
@@ -190,23 +200,13 @@ lk_status lk_optimizer_add_param_group(lk_optimizer *o, const lk_named_tensors *
         }
     }
     if (g.n_state) {
-        size_t bytes = (size_t)g.n_state * (size_t)g.numel * sizeof(float);
-        if (!lk_device_is_host(g.dev)) { /* next to the parameters: the update runs there */
-            void *mem = NULL;
-            lk_status st = lk_device_alloc(g.dev, bytes ? bytes : 16 * sizeof(float), &mem);
-            g.state = mem;
-            if (!st) st = lk_device_memset(g.dev, g.state, 0, bytes);
-            if (st) {
-                group_clear(&g);
-                return st;
-            }
-        } else {
-            g.state = lk_aligned_alloc(LK_ALIGN, bytes ? bytes : LK_ALIGN);
-            if (!g.state) {
-                group_clear(&g);
-                return LK_STATUS_OUT_OF_MEMORY;
-            }
-            memset(g.state, 0, bytes);
+        void *mem = NULL;
+        lk_status st = lk_device_alloc(g.dev, state_alloc_bytes(&g), &mem);
+        g.state = mem;
+        if (!st) st = lk_device_memset(g.dev, g.state, 0, (size_t)g.n_state * (size_t)g.numel * sizeof(float));
+        if (st) {
+            group_clear(&g);
+            return st;
         }
     }
     o->groups[o->n_groups++] = g;
@@ -621,7 +621,7 @@ lk_status lk__optimizer_shard(lk_optimizer *o, int64_t lo, int64_t hi, float *st
     if (g->n_state) {
         if (!state) return lk_error(LK_STATUS_INVALID_ARGUMENT, "optimizer shard: no state memory for %d state arrays", g->n_state);
         if (owner) memcpy(state, g->state, (size_t)g->n_state * (size_t)g->numel * sizeof(float));
-        if (!g->state_shared) lk_aligned_free(g->state);
+        state_free(g);
         g->state = state;
         g->state_shared = true;
     }
