@@ -101,14 +101,24 @@ scenario "SIGSTOP of rank 1 (comm_timeout ${TIMEOUT}s)" $((TIMEOUT + 6)) "-ne 0"
 # 50 ms before rank 0, so rank 0 is waiting for it), continued (rank 0 first,
 # as a scheduler signals one process at a time), then the job must still
 # train: it ends only by our SIGTERM (143).
+# The ranks' states (/proc/PID/stat: T = stopped) just after the stops and
+# just before the SIGCONT go into $T/suspend.states: if this scenario ever
+# fails again, the log says whether both ranks really stayed stopped.
+pstate() { local s; s=$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -c1); echo "${s:-gone}"; }
 suspend_all() {
   local r0 r1; r0=$(rank_pid $lpid 0); r1=$(rank_pid $lpid 1)
   kill -STOP "$r1"; sleep 0.05; kill -STOP "$r0"
-  sleep $((TIMEOUT + 2)); kill -CONT "$r0"; sleep 0.1; kill -CONT "$r1"
+  sleep 0.2; echo "stopped: rank 0 $(pstate "$r0"), rank 1 $(pstate "$r1")" >"$T/suspend.states"
+  sleep $((TIMEOUT + 2)); echo "before SIGCONT: rank 0 $(pstate "$r0"), rank 1 $(pstate "$r1")" >>"$T/suspend.states"
+  kill -CONT "$r0"; sleep 0.1; kill -CONT "$r1"
   sleep 2; kill -0 "$r0" "$r1" 2>/dev/null && kill -TERM "$lpid"
 }
 scenario "SIGSTOP of every rank for $((TIMEOUT + 2))s, then SIGCONT" $((TIMEOUT + 14)) "-eq 143" "" suspend_all
-check "suspend: no rank timed out after the resume" bash -c "! grep -q 'timed out' '$T/job.err'"
+if ! grep -q 'timed out' "$T/job.err"; then ok "suspend: no rank timed out after the resume"
+else
+  bad "suspend: no rank timed out after the resume"
+  sed 's/^/     /' "$T/suspend.states" "$T/job.err"
+fi
 scenario "SIGKILL of the launcher" 5 "-eq 137" "" kill_launcher KILL
 scenario "SIGTERM to the launcher" 10 "-eq 143" "" kill_launcher TERM
 scenario "SIGINT to the launcher" 10 "-eq 130" "" kill_launcher INT
