@@ -19,6 +19,12 @@ lk_add_test(NAME gpu_stats_metrics SOURCES gpu/test_gpu_stats.c LABELS unit TIME
 lk_add_test(NAME nccl_bootstrap SOURCES gpu/test_nccl_bootstrap.c LABELS unit TIMEOUT 60)
 # `lockstep env`'s GPU lines, on every machine.
 lk_add_script_test(NAME gpu_env SCRIPT gpu/test_env.sh LABELS unit TIMEOUT 60)
+# cuBLASLt is dlopened on the first GPU GEMM, not linked: that it loads, with
+# every entry point, needs the toolkit but no GPU.
+if(LK_HAVE_CUDA)
+  add_test(NAME gpu_cublaslt_load COMMAND test_gpu_gemm --load)
+  set_tests_properties(gpu_cublaslt_load PROPERTIES LABELS unit TIMEOUT 60 PASS_REGULAR_EXPRESSION "every entry point")
+endif()
 # GEMM rates on a GPU (not a test; tools/gpu/session.sh runs it).
 if(LK_HAVE_CUDA)
   add_executable(bench_gpu_gemm gpu/bench_gemm.c)

@@ -16,6 +16,11 @@ enum {
  * f16; C f32, or for 16-bit A/B also their own dtype; products accumulate
  * in f32 in every case. Cannot fail. */
 bool lk__cuda_gemm_supports(const lk_op_desc *d);
+/* Loads cuBLASLt (dlopen, once per process; gemm.c says why it is not
+ * linked) and resolves every entry point used: UNSUPPORTED naming the
+ * library and what was missing otherwise. lk__cuda_gemm_run calls it; it
+ * needs no GPU, so a test can check the toolkit's library loads. */
+lk_status lk__cuda_gemm_load(void);
 /* Runs it on GPU `device` over device pointers operands = {A, B, C}
  * (row-major, as the descriptor says), on the legacy default stream; returns
  * once queued (lk_device_synchronize waits). UNSUPPORTED for a descriptor
