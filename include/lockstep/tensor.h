@@ -139,6 +139,7 @@ typedef struct lk_pool_stats {
     uint64_t hits, misses; /* storage requests served from the cache / by malloc */
     size_t bytes_cached, bytes_live;
     size_t bytes_live_peak; /* the most bytes_live has been since the last lk_pool_reset_peak */
+    uint64_t oom_releases;  /* times a device ran out of memory and got its cached blocks back before a retry */
 } lk_pool_stats;
 lk_pool_stats lk_pool_get_stats(void);
 /* Starts a new peak at the bytes live now, and returns them: the trainer

@@ -24,7 +24,13 @@
  * its device and exact (rounded) capacity and handed out again: after the
  * first step nothing reaches the device's allocator. Memory comes from the
  * device layer (lockstep/device.h). One mutex: the data-parallel strategy
- * runs several replicas on threads. */
+ * runs several replicas on threads.
+ *
+ * Exact-size classes keep whatever shapes were ever used (a last short
+ * batch, validation's batch), which a GPU's fixed memory cannot afford: when
+ * a device says it is out of memory, the pool returns that device's cached
+ * blocks to it and asks once more, as PyTorch's caching allocator does,
+ * before the error reaches the caller. */
 
 struct lk_storage {
     void *data;
@@ -49,6 +55,8 @@ static struct {
     int nclasses;
     lk_pool_stats stats;
 } pool = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+static size_t pool_release(const lk_device *dev);
 
 static size_t round_cap(size_t n) {
     if (n <= 4096) return (n + 63) & ~(size_t)63;
@@ -76,7 +84,18 @@ static lk_storage *storage_alloc(lk_device dev, size_t nbytes) {
     pthread_mutex_unlock(&pool.mu);
     lk_storage *s = lk_malloc(sizeof *s);
     if (!s) return NULL;
-    if (lk_device_alloc(dev, cap, &s->data)) {
+    lk_status st = lk_device_alloc(dev, cap, &s->data);
+    if (st == LK_STATUS_OUT_OF_MEMORY && pool_release(&dev)) {
+        st = lk_device_alloc(dev, cap, &s->data);
+        if (st == LK_STATUS_OUT_OF_MEMORY) { /* the device's own message, once: it names the bytes asked and free */
+            char again[512];
+            snprintf(again, sizeof again, "%s", lk_last_error());
+            lk_error(st, "%s (after the storage pool gave the device back every block it had cached)", again);
+        } else if (!st) {
+            lk_clear_error(); /* the retry worked: the first failure is no one's business */
+        }
+    }
+    if (st) {
         lk_free(s);
         return NULL;
     }
@@ -134,19 +153,28 @@ size_t lk_pool_reset_peak(void) {
     return live;
 }
 
-void lk_pool_trim(void) {
+/* Frees the cached blocks of one device (NULL: of every device); returns
+ * how many bytes went back. */
+static size_t pool_release(const lk_device *dev) {
+    size_t freed = 0;
     pthread_mutex_lock(&pool.mu);
     for (int i = 0; i < pool.nclasses; i++) {
         pool_class *c = &pool.classes[i];
+        if (dev && !lk_device_equal(c->device, *dev)) continue;
         for (int j = 0; j < c->n; j++) {
             lk_device_free(c->device, c->items[j]->data, c->cap);
             lk_free(c->items[j]);
         }
-        pool.stats.bytes_cached -= (size_t)c->n * c->cap;
+        freed += (size_t)c->n * c->cap;
         c->n = 0;
     }
+    pool.stats.bytes_cached -= freed;
+    if (dev && freed) pool.stats.oom_releases++;
     pthread_mutex_unlock(&pool.mu);
+    return freed;
 }
+
+void lk_pool_trim(void) { (void)pool_release(NULL); }
 
 void *lk__storage_data(const lk_storage *s) { return s->data; }
 size_t lk__storage_cap(const lk_storage *s) { return s->cap; }
