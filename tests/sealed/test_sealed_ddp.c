@@ -17,7 +17,7 @@
  * device-reading communicator (tests/sealed_comm.h, nccl's shape): ddp
  * hands it the device buckets and parameters as they are (no host stage),
  * and converts the buckets on the device when they travel in another
- * dtype; it must give the bits of the base model's CPU run, and each rank
+ * dtype (mlp_bf16c_dev: bf16 on the wire; mlp_bf16t_dev: f32); it must give the bits of the base model's CPU run, and each rank
  * reports what the communicator got from device memory. */
 #include <stdlib.h>
 #include <unistd.h>
@@ -122,13 +122,14 @@ static size_t slurp(const char *dir, const char *model, const char *accel, char 
     return n;
 }
 
-enum { NMODELS = 8 };
+enum { NMODELS = 10 };
 
 static bool is_dev(const char *model) { return strlen(model) > 4 && !strcmp(model + strlen(model) - 4, "_dev"); }
 
 int main(void) {
     sealed_comm_register();
-    static const char *const models[] = {"mlp", "cnn", "cnn_sbn", "mlp_bf16c", "mlp_bf16t", "mlp_one", "mlp_dev", "cnn_dev"},
+    static const char *const models[] = {"mlp", "cnn", "cnn_sbn", "mlp_bf16c", "mlp_bf16t", "mlp_one", "mlp_dev", "cnn_dev",
+                                          "mlp_bf16c_dev", "mlp_bf16t_dev"},
                              *const accels[] = {"cpu", "sealed"};
     if (getenv("RANK")) { /* a rank: every fit of the job, one after the other */
         lk_status st = LK_STATUS_OK;
