@@ -70,6 +70,13 @@ typedef struct lk_device_vtable {
     lk_status (*event_record)(void *ctx, int index, lk_stream *s, lk_event **out);
     lk_status (*event_wait)(void *ctx, int index, lk_stream *s, lk_event *e);
     void (*event_free)(void *ctx, int index, lk_event *e);
+
+    /* ---- peer copies ---- */
+    /* (optional) Copies between two devices of this kind, src_index's
+     * memory to dst_index's, without the host (CUDA: cudaMemcpyPeer, over
+     * NVLink or PCIe P2P). Ordered after earlier work on both devices, as
+     * `copy` is. NULL: lk_device_copy stages through a host buffer. */
+    lk_status (*copy_peer)(void *ctx, int dst_index, void *dst, int src_index, const void *src, size_t bytes);
 } lk_device_vtable;
 
 /* Registers a device kind (the vtable and ctx are borrowed for the life of
@@ -101,8 +108,10 @@ lk_status lk_device_set_thread_default(const lk_device *d);
 lk_status lk_device_alloc(lk_device d, size_t bytes, void **ptr);
 void lk_device_free(lk_device d, void *ptr, size_t bytes); /* NULL does nothing */
 lk_status lk_device_memset(lk_device d, void *ptr, int value, size_t bytes);
-/* Copies `bytes` from src (on src_dev) to dst (on dst_dev); between two
- * devices that are not the host it goes through a host buffer. */
+/* Copies `bytes` from src (on src_dev) to dst (on dst_dev): the device's
+ * own copy within one device, its copy_peer between two devices of one
+ * kind that has one; between other devices that are not the host it goes
+ * through a host buffer. */
 lk_status lk_device_copy(lk_device dst_dev, void *dst, lk_device src_dev, const void *src, size_t bytes);
 lk_status lk_device_synchronize(lk_device d);
 

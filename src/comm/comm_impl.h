@@ -126,6 +126,14 @@ extern const lk__comm_vtable lk__comm_mpi;
 lk_status lk__mpi_raw_allreduce_us(size_t bytes, int iters, double *us);
 #endif
 
+/* Tests only: one more backend, found by name (lk_comm_config.backend or
+ * LK_COMM_BACKEND) and never by "auto". It lets a test stand in for a
+ * communicator no CI machine can run — tests/sealed_comm.h is nccl's shape
+ * (device_memory) over the sealed device — so the code paths that only such
+ * a backend reaches run in every CI build. Registering again replaces it;
+ * NULL removes it. Not thread-safe against a concurrent lk_comm_create. */
+void lk__comm_register_test_backend(const lk__comm_vtable *vt);
+
 /* Waiting loops call this with each fresh clock reading: a jump of more than
  * LK__PAUSE_NS since the previous reading means this process did not run
  * (SIGSTOP, the whole job suspended). It returns the jump, which the caller

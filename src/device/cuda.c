@@ -130,6 +130,45 @@ static lk_status cuda_copy(void *ctx, int index, void *dst, const void *src, siz
     return (void)ctx, copy_kind(index, dst, src, bytes, cudaMemcpyDeviceToDevice, "device copy");
 }
 
+/* Between two GPUs: cudaMemcpyPeer, serialised with pending and later work
+ * on both devices (as cudaMemcpy between two pointers of one device is),
+ * so dp's sum on GPU 0 and replica k's next forward on GPU k see the bytes.
+ * Peer access is enabled once per pair of GPUs that
+ * cudaDeviceCanAccessPeer says can (both directions: dp copies gradients
+ * to GPU 0 and parameters back): then the copy is one DMA over NVLink or
+ * PCIe P2P. Without it (no P2P path, or enabling failed) the runtime still
+ * copies, staged through host memory by the driver, so the answer is only
+ * a speed, never an error. */
+static pthread_mutex_t peer_mu = PTHREAD_MUTEX_INITIALIZER;
+static unsigned char peer_tried[LK__GPU_MAX][LK__GPU_MAX];
+
+static void enable_peer(int a, int b) {
+    if (a == b || a < 0 || b < 0 || a >= LK__GPU_MAX || b >= LK__GPU_MAX) return;
+    pthread_mutex_lock(&peer_mu);
+    if (!peer_tried[a][b]) {
+        peer_tried[a][b] = peer_tried[b][a] = 1;
+        int ab = 0, ba = 0;
+        if (cudaDeviceCanAccessPeer(&ab, a, b) != cudaSuccess) ab = 0;
+        if (cudaDeviceCanAccessPeer(&ba, b, a) != cudaSuccess) ba = 0;
+        /* cudaErrorPeerAccessAlreadyEnabled (another library did it) is fine */
+        if (ab && cudaSetDevice(a) == cudaSuccess) (void)cudaDeviceEnablePeerAccess(b, 0);
+        if (ba && cudaSetDevice(b) == cudaSuccess) (void)cudaDeviceEnablePeerAccess(a, 0);
+        cudaGetLastError();
+    }
+    pthread_mutex_unlock(&peer_mu);
+}
+
+static lk_status cuda_copy_peer(void *ctx, int dst_index, void *dst, int src_index, const void *src, size_t bytes) {
+    (void)ctx;
+    enable_peer(dst_index, src_index);
+    LK_TRY(use(dst_index, "peer copy"));
+    cudaError_t e = cudaMemcpyPeer(dst, dst_index, src, src_index, bytes);
+    if (e == cudaSuccess) return LK_STATUS_OK;
+    cudaGetLastError();
+    return lk_error(LK_STATUS_DEVICE, "cuda:%d: peer copy of %zu bytes from cuda:%d failed: %s", dst_index, bytes,
+                    src_index, cudaGetErrorString(e));
+}
+
 static lk_status cuda_sync(void *ctx, int index) {
     (void)ctx;
     LK_TRY(use(index, "synchronize"));
@@ -202,6 +241,7 @@ static const lk_device_vtable cuda_vt = {
     .event_record = cuda_event_record,
     .event_wait = cuda_event_wait,
     .event_free = cuda_event_free,
+    .copy_peer = cuda_copy_peer,
 };
 
 lk_status lk__cuda_register(void) {

@@ -188,6 +188,9 @@ lk_status lk_device_copy(lk_device dst_dev, void *dst, lk_device src_dev, const 
         memcpy(dst, src, bytes);
         return LK_STATUS_OK;
     }
+    /* Two devices of one kind: directly, where the kind can (dp's replicas on GPUs). */
+    if (dst_dev.kind == src_dev.kind && de->vt->copy_peer)
+        return de->vt->copy_peer(de->ctx, dst_dev.index, dst, src_dev.index, src, bytes);
     /* Two devices, neither the host: through a host buffer. */
     void *tmp = lk_aligned_alloc(LK_ALIGN, bytes);
     if (!tmp) return lk_error(LK_STATUS_OUT_OF_MEMORY, "device copy: no host buffer of %zu bytes", bytes);

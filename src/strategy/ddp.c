@@ -15,7 +15,10 @@
  * On a device the host cannot read (lk_strategy_config.device), the flat
  * gradient buffer is device memory. A communicator that takes device memory
  * (nccl: lk_comm_reads_device) averages the buckets there, in place, and
- * broadcasts the parameters from device memory. One that reads host memory
+ * broadcasts the parameters from device memory; when gradients travel in
+ * another dtype, the wire buffer is device memory too and each bucket is
+ * converted into it (and the averages back) by the backend's cast, which
+ * rounds as the host conversion does. One that reads host memory
  * (shm, mpi) works on a host staging copy in its shared memory instead:
  * each bucket is copied out when it is complete (and widened or compressed
  * there into the wire buffer when gradients travel in another dtype),
@@ -47,7 +50,9 @@ typedef struct param_slot {
 } param_slot;
 
 typedef struct ddp {
-    void *wire; /* comm_dtype != param_dtype: the buckets as they travel (shared memory) */
+    void *wire; /* comm_dtype != param_dtype: the buckets as they travel (shared memory, or device memory below) */
+    size_t wire_bytes;
+    bool wire_on_device; /* a device-reading communicator: the wire buffer is on cfg.device, converted there */
     void *stage; /* the gradients on a device: their host copy the communicator reduces (shared memory) */
     bucket *buckets;
     int nbuckets, next_launch;
@@ -95,7 +100,8 @@ static void ddp_free(lk_strategy *s) {
     wait_all(s);
     for (int i = 0; i < s->nparams && d->common_params; i++)
         lk__tensor_own_storage(s->params[i]); /* the shared copy goes away too */
-    if (d->wire) lk_comm_free_shared(s->comm, d->wire);
+    if (d->wire && d->wire_on_device) lk_device_free(s->cfg.device, d->wire, d->wire_bytes);
+    else if (d->wire) lk_comm_free_shared(s->comm, d->wire);
     if (d->stage) lk_comm_free_shared(s->comm, d->stage);
     if (d->common_owner) { /* only the heap's block list changes: the bytes stay mapped until lk_comm_free, so a
                               peer still copying its parameters out (above) reads them intact */
@@ -133,6 +139,23 @@ static void convert(lk_dtype dd, void *dst, lk_dtype sd, const void *src, size_t
     else lk_half_to_f32_n(sd, dst, src, n);
 }
 
+/* The same conversion of n elements on the training device, for a
+ * device-reading communicator: the backend's cast (an LK_OP_COPY with two
+ * dtypes, over 1-d views of the two buffers). It gives convert()'s bits:
+ * the CPU's cast of a contiguous f32 <-> bf16/f16 run is
+ * lk_f32_to_half_n / lk_half_to_f32_n itself, and the cuda cast
+ * (common.cuh's lk_cu_f32_to_bf16 / _f16) rounds to nearest even as they
+ * do (gpu_ops_emu's copy_cast rows check it against the CPU bit for bit). */
+static lk_status convert_on_device(lk_strategy *s, lk_dtype dd, void *dst, lk_dtype sd, const void *src, size_t n) {
+    int64_t shape[1] = {(int64_t)n};
+    lk_tensor *t = lk__tensor_wrap_on(s->cfg.device, dd, 1, shape, dst);
+    lk_tensor *f = t ? lk__tensor_wrap_on(s->cfg.device, sd, 1, shape, (void *)src) : NULL;
+    lk_status st = f ? lk_tensor_copy(t, f) : lk_last_status() ? lk_last_status() : LK_STATUS_OUT_OF_MEMORY;
+    lk_tensor_release(f);
+    lk_tensor_release(t);
+    return st;
+}
+
 /* Starts bucket b's average: in place in the gradient buffer, or converted
  * into the wire buffer first when gradients travel in another dtype
  * (compressed f32 gradients; 16-bit gradients averaged in f32). */
@@ -144,10 +167,12 @@ static lk_status reduce_bucket(lk_strategy *s, bucket *b, bool async) {
         LK_TRY(lk_device_copy(LK_DEVICE_CPU, buf, s->cfg.device, elem(s->flat_grad, s->cfg.param_dtype, b->offset),
                               (size_t)b->count * lk_dtype_size(s->cfg.param_dtype)));
     }
-    if (d->wire) { /* from the host copy of the gradients (the buffer itself, or the stage) */
+    if (d->wire) { /* from the host copy of the gradients (the buffer itself, or the stage), or on the device */
         void *src = buf;
         buf = elem(d->wire, s->cfg.comm_dtype, b->offset);
-        convert(s->cfg.comm_dtype, buf, s->cfg.param_dtype, src, (size_t)b->count);
+        if (d->wire_on_device)
+            LK_TRY(convert_on_device(s, s->cfg.comm_dtype, buf, s->cfg.param_dtype, src, (size_t)b->count));
+        else convert(s->cfg.comm_dtype, buf, s->cfg.param_dtype, src, (size_t)b->count);
     }
     s->stats.allreduce_calls++;
     s->stats.bytes_reduced += bucket_bytes(s, b);
@@ -235,7 +260,11 @@ static lk_status ddp_setup(lk_strategy *s) {
     }
     if (s->cfg.comm_dtype != s->cfg.param_dtype && !d->wire) {
         void *mem;
-        LK_TRY(lk_comm_alloc_shared(s->comm, (size_t)(total ? total : 1) * lk_dtype_size(s->cfg.comm_dtype), &mem));
+        d->wire_bytes = (size_t)(total ? total : 1) * lk_dtype_size(s->cfg.comm_dtype);
+        /* where the communicator reads: its memory, or next to the device's gradients */
+        d->wire_on_device = on_device(s) && !staged(s);
+        if (d->wire_on_device) LK_TRY(lk_device_alloc(s->cfg.device, d->wire_bytes, &mem));
+        else LK_TRY(lk_comm_alloc_shared(s->comm, d->wire_bytes, &mem));
         d->wire = mem;
     }
     d->slots = lk_calloc((size_t)(n ? n : 1), sizeof *d->slots);
@@ -351,7 +380,10 @@ static lk_status ddp_finish_backward(lk_strategy *s) {
     double straggler = lk_comm_arrival_wait_s(s->comm) - w0;
     s->stats.comm_straggler_s += straggler;
     s->stats.comm_straggler_last_s = straggler;
-    if (d->wire && !d->async_err) /* widen the averages back into the gradients (or their host stage) */
+    if (d->wire && d->wire_on_device && !d->async_err) /* the averages back into the gradients, on the device */
+        d->async_err = convert_on_device(s, s->cfg.param_dtype, s->flat_grad, s->cfg.comm_dtype, d->wire,
+                                         (size_t)s->flat_numel);
+    else if (d->wire && !d->async_err) /* widen the averages back into the gradients (or their host stage) */
         convert(s->cfg.param_dtype, d->stage ? d->stage : s->flat_grad, s->cfg.comm_dtype, d->wire,
                 (size_t)s->flat_numel);
     if (d->stage && !d->async_err) /* the averages back onto the device, in one copy */

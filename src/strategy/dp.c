@@ -11,8 +11,11 @@
  * trainer.devices) and this file holds only their parameters, gradients
  * and buffers. Each replica's thread makes its replica's device its default,
  * so its batch slice and activations land there; the reduction and the copy
- * back are device copies (through the host between two devices that are
- * not the host) and one typed op each. */
+ * back are device copies (peer copies between two devices of one kind that
+ * has them, as GPUs do; through the host otherwise) and one typed op each.
+ * Replica k's gradients reach device 0 in a pool tensor (lk_tensor_to):
+ * after the first step the pool hands the same block back, so the sum
+ * allocates no device memory per step. */
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>

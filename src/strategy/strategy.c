@@ -68,19 +68,6 @@ lk_status lk_strategy_create(const lk_strategy_config *cfg, lk_strategy **out) {
     if (cfg->param_dtype != LK_F32 && cfg->comm_dtype != LK_F32 && cfg->comm_dtype != cfg->param_dtype)
         return lk_error(LK_STATUS_INVALID_ARGUMENT, "%s gradients travel as themselves or as f32, not %s",
                         lk_dtype_name(cfg->param_dtype), lk_dtype_name(cfg->comm_dtype));
-    /* A device the CPU cannot address with a communicator that takes device
-     * memory (nccl): the buckets are averaged where they are, in the
-     * parameters' dtype; converting them on the device is not written.
-     * (Through a host-memory communicator ddp converts its host stage.) */
-    if (!lk_device_is_host(cfg->device) && vt == &lk__strategy_ddp && cfg->comm_dtype != cfg->param_dtype &&
-        lk_comm_reads_device(cfg->comm)) {
-        char dv[32];
-        return lk_error(LK_STATUS_UNSUPPORTED,
-                        "ddp on device %s over %s: gradients travel in the parameters' dtype there (%s, not %s: set "
-                        "ddp_comm_hook to match the precision, or use the shm communicator)",
-                        lk_device_str(cfg->device, dv, sizeof dv), lk_comm_backend(cfg->comm),
-                        lk_dtype_name(cfg->param_dtype), lk_dtype_name(cfg->comm_dtype));
-    }
     if (!(cfg->bucket_cap_mb > 0))
         return lk_error(LK_STATUS_INVALID_ARGUMENT, "bucket_cap_mb must be > 0, got %g", cfg->bucket_cap_mb);
     lk_strategy *s = lk_calloc(1, sizeof *s);

@@ -1,5 +1,6 @@
 /* The device layer: the registry (names, numbers, indices, bad input), the
- * storage pool keyed by (device, size), copies between devices, and a small
+ * storage pool keyed by (device, size), copies between devices (peer copies
+ * between two of one kind), and a small
  * network trained on the tests' debug device (tests/debug_device.h) giving
  * the same bits as on the CPU while allocating nothing after its first step. */
 #include "debug_device.h"
@@ -49,6 +50,49 @@ static void far_tests(void) {
     if (h) memcpy(back, h->data, sizeof back);
     CHECK(h && memcmp(back, v, sizeof v) == 0);
     lk_tensor_release(t), lk_tensor_release(f), lk_tensor_release(g), lk_tensor_release(h);
+}
+
+/* Two devices of one kind: lk_device_copy takes the kind's copy_peer
+ * between two indexes, its own copy within one, and stages through the
+ * host for a kind without copy_peer (the fallback). */
+static long peer_calls;
+static int peer_last_dst = -1, peer_last_src = -1;
+static lk_status peer_copy(void *c, int di, void *dst, int si, const void *src, size_t n) {
+    (void)c;
+    peer_calls++, peer_last_dst = di, peer_last_src = si;
+    memcpy(dst, src, n);
+    return LK_STATUS_OK;
+}
+static void peer_copies(void) {
+    static const lk_device_vtable peer_vt = {.name = "farpeer", .count = dbg_count, .alloc = dbg_alloc, .free = dbg_free,
+                                             .memset = far_memset, .copy_to_host = dbg_to_host,
+                                             .copy_from_host = dbg_from_host, .copy = dbg_copy, .copy_peer = peer_copy};
+    static const lk_device_vtable stage_vt = {.name = "farstage", .count = dbg_count, .alloc = dbg_alloc, .free = dbg_free,
+                                              .memset = far_memset, .copy_to_host = dbg_to_host,
+                                              .copy_from_host = dbg_from_host, .copy = dbg_copy};
+    lk_device_kind kp, ks;
+    CHECK_OK(lk_device_register(&peer_vt, NULL, &kp));
+    CHECK_OK(lk_device_register(&stage_vt, NULL, &ks));
+    float v[3] = {1, 2, 3}, back[3] = {0};
+    for (int which = 0; which < 2; which++) {
+        lk_device a = {which ? ks : kp, 0}, b = {which ? ks : kp, 1};
+        void *pa, *pb, *pc;
+        CHECK_OK(lk_device_alloc(a, sizeof v, &pa));
+        CHECK_OK(lk_device_alloc(b, sizeof v, &pb));
+        CHECK_OK(lk_device_alloc(b, sizeof v, &pc));
+        CHECK_OK(lk_device_copy(a, pa, LK_DEVICE_CPU, v, sizeof v));
+        long calls = peer_calls, in = dbg.copies_in, out = dbg.copies_out, within = dbg.copies_within;
+        CHECK_OK(lk_device_copy(b, pb, a, pa, sizeof v)); /* 0 -> 1 */
+        if (!which) CHECK(peer_calls == calls + 1 && peer_last_dst == 1 && peer_last_src == 0 && dbg.copies_in == in &&
+                          dbg.copies_out == out);
+        else CHECK(peer_calls == calls && dbg.copies_out == out + 1 && dbg.copies_in == in + 1); /* staged */
+        calls = peer_calls;
+        CHECK_OK(lk_device_copy(b, pc, b, pb, sizeof v)); /* within device 1: the kind's copy */
+        CHECK(peer_calls == calls && dbg.copies_within == within + 1);
+        CHECK_OK(lk_device_copy(LK_DEVICE_CPU, back, b, pc, sizeof v));
+        CHECK(!memcmp(back, v, sizeof v));
+        lk_device_free(a, pa, sizeof v), lk_device_free(b, pb, sizeof v), lk_device_free(b, pc, sizeof v);
+    }
 }
 
 static void pool_is_keyed_by_device(void) {
@@ -150,5 +194,5 @@ static void training_on_the_debug_device(void) {
               dbg.live_bytes, dbg.bad_frees);
 }
 
-LK_TEST_MAIN(LK_TEST_CASE(registry), LK_TEST_CASE(far_tests), LK_TEST_CASE(pool_is_keyed_by_device), LK_TEST_CASE(pool_peak),
+LK_TEST_MAIN(LK_TEST_CASE(registry), LK_TEST_CASE(far_tests), LK_TEST_CASE(peer_copies), LK_TEST_CASE(pool_is_keyed_by_device), LK_TEST_CASE(pool_peak),
              LK_TEST_CASE(training_on_the_debug_device))

@@ -46,6 +46,7 @@ typedef struct {
     uint64_t misses[MAX_STEPS];
     sealed_stats at[MAX_STEPS];
     int64_t steps_seen;
+    sealed_peer_stats peer_before, peer_after; /* copies between sealed:0 and sealed:1 */
 } run_out;
 
 static char root[256];
@@ -108,8 +109,10 @@ static run_out fit(run_spec s) {
     }
     if (m && dm && tr) {
         o.before = sealed_get_stats();
+        o.peer_before = sealed_get_peer_stats();
         CHECK_OK(lk_trainer_fit(tr, m, dm, s.resume));
         o.after = sealed_get_stats();
+        o.peer_after = sealed_get_peer_stats();
         if (s.last) snprintf(s.last, 1024, "%s", lk_trainer_last_checkpoint(tr));
         o.loss = metric(tr, "train_loss");
         o.val_loss = metric(tr, "val_loss");
@@ -206,8 +209,9 @@ static void mlp_bf16_mixed(void) { single_fit("mlp", "bf16-mixed"); }
 static void cnn_bf16_mixed(void) { single_fit("cnn", "bf16-mixed"); }
 
 /* dp with two sealed devices: replica k on sealed:k (its batch slice is
- * copied there), the gradients summed on sealed:0 through device copies,
- * the parameters copied back out: the bits of dp x2 on the CPU. */
+ * copied there), the gradients summed on sealed:0 through peer copies (no
+ * host in between), the parameters copied back out the same way: the bits
+ * of dp x2 on the CPU. */
 static void dp_two_devices(void) {
     for (int m = 0; m < 2; m++) {
         const char *model = m ? "cnn" : "mlp";
@@ -220,6 +224,21 @@ static void dp_two_devices(void) {
                       sd.after.copies_in_to[0] > sd.before.copies_in_to[0],
                   "%s: replica 1 got no data on sealed:1 (%ld copies in) or replica 0 none on sealed:0 (%ld)", model,
                   sd.after.copies_in_to[1] - sd.before.copies_in_to[1], sd.after.copies_in_to[0] - sd.before.copies_in_to[0]);
+        long peer = sd.peer_after.copies - sd.peer_before.copies;
+        size_t out = sd.after.bytes_out - sd.before.bytes_out, in = sd.after.bytes_in - sd.before.bytes_in;
+        printf("%s dp x2: %ld peer copies (%zu bytes), %ld copies out (%zu bytes), %ld in (%zu bytes), params %lld bytes\n", model, peer,
+               sd.peer_after.bytes - sd.peer_before.bytes, sd.after.copies_out - sd.before.copies_out, out,
+               sd.after.copies_in - sd.before.copies_in, in, (long long)sd.param_bytes);
+        /* The replica sync is device to device: every step sends the
+         * gradients to sealed:0 and the parameters back as peer copies, and
+         * nothing of it crosses the host (staged, it would copy at least
+         * 2 x the parameters' bytes out per step; what does leave is the
+         * losses, metrics and checkpoints). */
+        CHECK_MSG(peer >= 2 * s.max_steps, "%s: %ld peer copies in %lld steps (expected 2 per step at least)", model, peer,
+                  (long long)s.max_steps);
+        CHECK_MSG(out < (size_t)(s.max_steps * sd.param_bytes), "%s: %zu bytes copied to the host in %lld steps of %lld "
+                  "bytes of parameters: the replica sync goes through the host", model, out, (long long)s.max_steps,
+                  (long long)sd.param_bytes);
         char what[64];
         snprintf(what, sizeof what, "%s dp x2", model);
         same_bits(what, &cpu, &sd);

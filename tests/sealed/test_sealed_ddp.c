@@ -12,13 +12,19 @@
  * bf16_compress) and "mlp_bf16t" trains in bf16-true, its bf16 gradients
  * averaged in f32: both convert the host stage of the device's buckets;
  * "mlp_one" puts both ranks on sealed:0 (one device visible,
- * LK_ALLOW_OVERSUBSCRIBE), as two ranks sharing one GPU over shm. */
+ * LK_ALLOW_OVERSUBSCRIBE), as two ranks sharing one GPU over shm.
+ * A "_dev" model is its base model on the sealed devices over the test's
+ * device-reading communicator (tests/sealed_comm.h, nccl's shape): ddp
+ * hands it the device buckets and parameters as they are (no host stage),
+ * and converts the buckets on the device when they travel in another
+ * dtype (mlp_bf16c_dev: bf16 on the wire; mlp_bf16t_dev: f32); it must give the bits of the base model's CPU run, and each rank
+ * reports what the communicator got from device memory. */
 #include <stdlib.h>
 #include <unistd.h>
 
 #include "lk_test.h"
 #include "lockstep/trainer.h"
-#include "sealed_device.h"
+#include "sealed_comm.h"
 
 static const lk_model_kv mlp_args[] = {{"input_dim", "16"}, {"hidden", "[32, 16]"}, {"num_classes", "4"}, {"dropout", "0.25"}};
 static const lk_model_kv cnn_args[] = {{"image_size", "8"}, {"channels", "[4, 6]"}, {"hidden", "10"}, {"num_classes", "4"}};
@@ -45,7 +51,13 @@ static void config(lk_trainer_config *cfg, const char *accel) {
 
 /* One fit: in the launcher it starts the ranks; in a rank it trains, and
  * rank 0 writes the parameters to <dir>/<model>.<accel>.bin. */
-static lk_status fit(const char *model, const char *accel) {
+static lk_status fit(const char *model_in, const char *accel) {
+    char model[64];
+    snprintf(model, sizeof model, "%s", model_in);
+    size_t ml = strlen(model);
+    bool dev = ml > 4 && !strcmp(model + ml - 4, "_dev"); /* over the device-reading test communicator */
+    if (dev) model[ml - 4] = 0;
+    if (dev) setenv("LK_COMM_BACKEND", "sealed_nccl", 1);
     bool cnn = !strncmp(model, "cnn", 3);
     lk_trainer_config cfg;
     config(&cfg, accel);
@@ -60,23 +72,27 @@ static lk_status fit(const char *model, const char *accel) {
     lk_datamodule *dm = NULL;
     lk_trainer *tr = NULL;
     sealed_stats s0 = sealed_get_stats(); /* the counters are the process's: this fit's are the difference */
+    sealed_comm_stats c0 = sealed_comm_get_stats();
+    sealed_comm_counts.dev_all_reduce_dtypes = 0; /* this fit's (no communicator runs between fits) */
     lk_status st = lk_module_create_builtin(cnn ? "cnn" : "mlp", cnn ? cnn_args : mlp_args, 4, 3, &m);
     if (!st) st = lk_datamodule_create_builtin("synthetic", cnn ? cnn_data : mlp_data, 5, 3, &dm);
     if (!st) st = lk_trainer_create(&cfg, NULL, NULL, &tr);
     if (!st) st = lk_trainer_fit(tr, m, dm, NULL);
     if (!st && !strcmp(accel, "sealed") && lk_trainer_rank(tr) >= 0) { /* which sealed device this rank used */
         char path[600];
-        snprintf(path, sizeof path, "%s/%s.sealed.r%d.txt", getenv("SEALED_DDP_DIR"), model, lk_trainer_rank(tr));
+        snprintf(path, sizeof path, "%s/%s.sealed.r%d.txt", getenv("SEALED_DDP_DIR"), model_in, lk_trainer_rank(tr));
         FILE *f = fopen(path, "w");
         sealed_stats ss = sealed_get_stats();
+        sealed_comm_stats cs = sealed_comm_get_stats();
         if (f)
-            fprintf(f, "%ld %ld %ld\n", ss.ops - s0.ops, ss.copies_in_to[0] - s0.copies_in_to[0],
-                    ss.copies_in_to[1] - s0.copies_in_to[1]),
+            fprintf(f, "%ld %ld %ld %ld %ld %u\n", ss.ops - s0.ops, ss.copies_in_to[0] - s0.copies_in_to[0],
+                    ss.copies_in_to[1] - s0.copies_in_to[1], cs.dev_all_reduce - c0.dev_all_reduce,
+                    cs.dev_broadcast - c0.dev_broadcast, cs.dev_all_reduce_dtypes),
                 fclose(f);
     }
     if (!st && lk_trainer_rank(tr) == 0) {
         char path[600];
-        snprintf(path, sizeof path, "%s/%s.%s.bin", getenv("SEALED_DDP_DIR"), model, accel);
+        snprintf(path, sizeof path, "%s/%s.%s.bin", getenv("SEALED_DDP_DIR"), model_in, accel);
         FILE *f = fopen(path, "wb");
         lk_named_tensors ps = {0};
         st = f ? lk_layer_named_parameters(m->net, &ps) : lk_error(LK_STATUS_IO, "cannot write %s", path);
@@ -89,6 +105,7 @@ static lk_status fit(const char *model, const char *accel) {
         if (f) fclose(f);
     }
     if (one) unsetenv("SEALED_DEVICES");
+    if (dev) unsetenv("LK_COMM_BACKEND");
     if (st) fprintf(stderr, "%s %s: %s\n", model, accel, lk_last_error());
     lk_trainer_free(tr);
     lk_module_free(m);
@@ -105,15 +122,19 @@ static size_t slurp(const char *dir, const char *model, const char *accel, char 
     return n;
 }
 
-enum { NMODELS = 6 };
+enum { NMODELS = 10 };
+
+static bool is_dev(const char *model) { return strlen(model) > 4 && !strcmp(model + strlen(model) - 4, "_dev"); }
 
 int main(void) {
-    sealed_device(0);
-    static const char *const models[] = {"mlp", "cnn", "cnn_sbn", "mlp_bf16c", "mlp_bf16t", "mlp_one"}, *const accels[] = {"cpu", "sealed"};
+    sealed_comm_register();
+    static const char *const models[] = {"mlp", "cnn", "cnn_sbn", "mlp_bf16c", "mlp_bf16t", "mlp_one", "mlp_dev", "cnn_dev",
+                                          "mlp_bf16c_dev", "mlp_bf16t_dev"},
+                             *const accels[] = {"cpu", "sealed"};
     if (getenv("RANK")) { /* a rank: every fit of the job, one after the other */
         lk_status st = LK_STATUS_OK;
         for (int mi = 0; mi < NMODELS && !st; mi++)
-            for (int ai = 0; ai < 2 && !st; ai++) st = fit(models[mi], accels[ai]);
+            for (int ai = is_dev(models[mi]) ? 1 : 0; ai < 2 && !st; ai++) st = fit(models[mi], accels[ai]);
         return st ? 1 : 0;
     }
     char dir[] = "/tmp/lk_sealed_ddp_XXXXXX";
@@ -125,7 +146,9 @@ int main(void) {
     CHECK_OK(fit(models[0], accels[0]));
     static char a[1 << 16], b[1 << 16];
     for (int mi = 0; mi < NMODELS; mi++) {
-        size_t na = slurp(dir, models[mi], "cpu", a, sizeof a), nb = slurp(dir, models[mi], "sealed", b, sizeof b);
+        char base[64]; /* a _dev model against its base model's CPU run */
+        snprintf(base, sizeof base, "%.*s", (int)strlen(models[mi]) - (is_dev(models[mi]) ? 4 : 0), models[mi]);
+        size_t na = slurp(dir, base, "cpu", a, sizeof a), nb = slurp(dir, models[mi], "sealed", b, sizeof b);
         CHECK_MSG(na > 0 && na == nb, "%s: %zu bytes of parameters from the cpu ranks, %zu from the sealed ranks", models[mi],
                   na, nb);
         CHECK_MSG(na == nb && !memcmp(a, b, na), "%s: ddp x2 on sealed:0/sealed:1 differs from ddp x2 on the CPU", models[mi]);
@@ -134,15 +157,28 @@ int main(void) {
             char path[600];
             snprintf(path, sizeof path, "%s/%s.sealed.r%d.txt", dir, models[mi], r);
             FILE *f = fopen(path, "r");
-            long ops = 0, in[2] = {0, 0};
-            CHECK_MSG(f && fscanf(f, "%ld %ld %ld", &ops, &in[0], &in[1]) == 3, "%s: no stats from rank %d", models[mi], r);
+            long ops = 0, in[2] = {0, 0}, dev_ar = 0, dev_bc = 0;
+            unsigned dts = 0;
+            CHECK_MSG(f && fscanf(f, "%ld %ld %ld %ld %ld %u", &ops, &in[0], &in[1], &dev_ar, &dev_bc, &dts) == 6,
+                      "%s: no stats from rank %d", models[mi], r);
             if (f) fclose(f);
+            if (is_dev(models[mi])) { /* ddp handed the communicator device memory, in the dtype gradients travel in */
+                unsigned want = 1u << (strstr(models[mi], "bf16c") ? LK_BF16 : LK_F32);
+                CHECK_MSG(dev_ar > 0 && dev_bc > 0 && dts == want,
+                          "%s rank %d: %ld all_reduces and %ld broadcasts of device memory, dtypes 0x%x (expected 0x%x)",
+                          models[mi], r, dev_ar, dev_bc, dts, want);
+            } else { /* shm reads host memory: ddp stages every device buffer */
+                CHECK_MSG(dev_ar == 0 && dev_bc == 0, "%s rank %d: the shm run handed device memory to a communicator",
+                          models[mi], r);
+            }
             int mine = one ? 0 : r;
             CHECK_MSG(ops > 0 && in[mine] > 0 && in[1 - mine] == 0,
                       "%s rank %d: %ld ops, %ld copies in to sealed:0, %ld to sealed:1", models[mi], r, ops, in[0], in[1]);
         }
         if (na == nb && !lk_t_failed_checks)
-            printf("ok   %s ddp x2 %s == on the cpu (%zu bytes)\n", models[mi], one ? "both on sealed:0" : "on sealed:0/sealed:1", na);
+            printf("ok   %s ddp x2 %s%s == on the cpu (%zu bytes)\n", models[mi],
+                   one ? "both on sealed:0" : "on sealed:0/sealed:1", is_dev(models[mi]) ? " over a device-reading comm" : "",
+                   na);
     }
     { /* sync_batchnorm took effect: its statistics over both ranks' halves train other bits than per-rank BN */
         size_t na = slurp(dir, "cnn", "cpu", a, sizeof a), nb = slurp(dir, "cnn_sbn", "cpu", b, sizeof b);
