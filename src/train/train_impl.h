@@ -116,6 +116,7 @@ struct lk_trainer {
     int64_t samples_steady;
     double sum_at_steady[6];
     lk_profiler *prof; /* profiler advanced / trace (profiler.c); NULL otherwise */
+    struct lk__prefetch *pf; /* fit on a device the CPU cannot read: the batch prefetch (prefetch.c); NULL otherwise */
 };
 
 /* step.c: the trainer's side of the strategy's step (lk_step_fn): the
