@@ -216,6 +216,8 @@ static void run_cleanup(lk_trainer *tr) {
     lk_logger_free(tr->logger);
     tr->logger = NULL;
     lk__prof_free(tr);
+    lk__prefetch_free(tr->pf_eval); /* its passes ended with their loops */
+    tr->pf_eval = NULL;
 }
 
 void lk_trainer_free(lk_trainer *tr) {
@@ -316,6 +318,16 @@ static void *device_host_alloc(void *ctx, size_t bytes) {
     return lk_device_host_alloc(*(const lk_device *)ctx, bytes, &p) ? NULL : p;
 }
 static void device_host_free(void *ctx, void *p) { lk_device_host_free(*(const lk_device *)ctx, p, 0); }
+
+/* The prefetcher of the evaluation loops (validation, test, predict; made
+ * on first use, kept until run_cleanup), or NULL on the synchronous path. */
+static lk_status eval_prefetcher(lk_trainer *tr, lk__prefetch **out) {
+    *out = NULL;
+    if (!prefetching(tr)) return LK_STATUS_OK;
+    if (!tr->pf_eval) LK_TRY(lk__prefetch_create(tr->dev, &tr->pf_eval));
+    *out = tr->pf_eval;
+    return LK_STATUS_OK;
+}
 
 static lk_status make_loader(lk_trainer *tr, lk_dataset *ds, bool train, lk_loader **out) {
     lk_loader_config lc = lk_loader_config_default();
@@ -483,11 +495,14 @@ static lk_status run_eval(lk_trainer *tr, lk_loader *loader, const char *stage, 
     lk_layer_train(m->net, false);
     bool prev = lk_set_grad_enabled(false);
     lk_status st = lk_loader_start(loader, epoch, 0);
+    lk__prefetch *pf = NULL;
+    if (!st) st = eval_prefetcher(tr, &pf);
+    if (!st && pf) st = lk__prefetch_begin(pf, loader, n);
     if (tr->progress) lk_progress_begin_eval(tr->progress, title, n);
     for (int64_t i = 0; i < n_all && !st; i++) {
         const lk_batch *b = NULL;
         if (i < n) {
-            st = lk_loader_next(loader, &b);
+            st = pf ? lk__prefetch_next(pf, &b) : lk_loader_next(loader, &b);
             if (st) break;
         }
         if (!b) continue;
@@ -501,6 +516,8 @@ static lk_status run_eval(lk_trainer *tr, lk_loader *loader, const char *stage, 
         lk_scope_end();
         if (tr->progress) lk_progress_update_eval(tr->progress, i + 1);
     }
+    lk_status end = lk__prefetch_end(pf); /* no copy in flight when the loader restarts or goes */
+    if (!st) st = end;
     lk_set_grad_enabled(prev);
     lk_layer_train(m->net, true);
     if (!st) st = lk__metrics_end_epoch(tr, stage);
@@ -961,12 +978,15 @@ lk_status lk_trainer_predict(lk_trainer *tr, lk_module *m, lk_datamodule *dm, co
     if (!st) st = lk__pred_create(&pred);
     int64_t n = st ? 0 : limit_batches(tr->cfg.limit_predict_batches, lk_loader_len(loader));
     if (!st) st = lk_loader_start(loader, 0, 0);
+    lk__prefetch *pf = NULL;
+    if (!st) st = eval_prefetcher(tr, &pf);
+    if (!st && pf) st = lk__prefetch_begin(pf, loader, n);
     tr->stage = "predict";
     lk_layer_train(m->net, false);
     bool prev = lk_set_grad_enabled(false);
     for (int64_t i = 0; i < n && !st; i++) {
         const lk_batch *b;
-        st = lk_loader_next(loader, &b);
+        st = pf ? lk__prefetch_next(pf, &b) : lk_loader_next(loader, &b);
         if (st || !b) break;
         lk_scope_begin();
         lk_autocast_enter(tr->autocast);
@@ -979,6 +999,8 @@ lk_status lk_trainer_predict(lk_trainer *tr, lk_module *m, lk_datamodule *dm, co
         lk_tensor_release(c);
         lk_scope_end();
     }
+    lk_status end = lk__prefetch_end(pf);
+    if (!st) st = end;
     lk_set_grad_enabled(prev);
     lk_layer_train(m->net, true);
     /* Rows of every rank, in dataset order, each sample once, in one .npy on

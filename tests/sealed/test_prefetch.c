@@ -2,7 +2,8 @@
  * prefetch.c), on the tests' sealed_async device (tests/sealed_device.h),
  * whose copy stream defers every copy until an event after it is waited
  * for: a missing wait, or the loader's host memory reused before its copy
- * ran, gives wrong bits here. The mlp and the cnn fit with the CPU's bits;
+ * ran, gives wrong bits here. The mlp and the cnn fit, validate, test and
+ * predict with the CPU's bits;
  * a step makes no synchronous batch copy and the asynchronous copies are
  * exactly (fields x batches taken); a mid-epoch resume, limit_train_batches,
  * a short last batch and gradient accumulation keep the CPU's bits; a
@@ -29,13 +30,16 @@ typedef struct {
     char *last;       /* last.ckpt's path goes here (1024 bytes), or NULL */
     int64_t fail_at;  /* > 0: the training set's get() fails at this call (0-based) */
     lk_status expect; /* the fit's status */
+    bool test_after;  /* lk_trainer_test and lk_trainer_predict after the fit */
 } run_spec;
 
 enum { MAX_STEPS = 64 };
 typedef struct {
     float *params;
     int64_t n;
-    double loss, val_loss;
+    double loss, val_loss, test_loss;
+    float pred[4]; /* test_after: the first prediction row */
+    long test_async; /* test_after: async copies made by test and predict */
     int64_t steps_seen; /* training_step calls */
     sealed_stats at[MAX_STEPS], before, after;
     sealed_async_counts aat[MAX_STEPS], abefore, aafter;
@@ -96,7 +100,7 @@ static double metric(lk_trainer *tr, const char *name) {
 }
 
 static run_out fit(run_spec s) {
-    run_out o = {.loss = NAN, .val_loss = NAN};
+    run_out o = {.loss = NAN, .val_loss = NAN, .test_loss = NAN};
     lk_trainer_config cfg;
     CHECK_OK(lk_trainer_config_default(&cfg));
     snprintf(cfg.accelerator, sizeof cfg.accelerator, "%s", s.accelerator);
@@ -147,6 +151,22 @@ static run_out fit(run_spec s) {
     if (s.last) snprintf(s.last, 1024, "%s", lk_trainer_last_checkpoint(tr));
     o.loss = metric(tr, "train_loss");
     o.val_loss = metric(tr, "val_loss");
+    if (s.test_after && !st) { /* the module stays on the device after fit: test and predict run there */
+        long a0 = sealed_async_get_stats().copies_async;
+        CHECK_OK(lk_trainer_test(tr, m, dm, NULL));
+        o.test_loss = metric(tr, "test_loss");
+        CHECK_OK(lk_trainer_predict(tr, m, dm, NULL));
+        o.test_async = sealed_async_get_stats().copies_async - a0;
+        char path[2200];
+        snprintf(path, sizeof path, "%s/predictions.npy", lk_trainer_log_dir(tr));
+        FILE *f = fopen(path, "rb");
+        char buf[4096];
+        size_t got = f ? fread(buf, 1, sizeof buf, f) : 0;
+        if (f) fclose(f);
+        size_t hl = got > 10 ? (size_t)(unsigned char)buf[8] | (size_t)(unsigned char)buf[9] << 8 : 0; /* .npy header */
+        CHECK_MSG(got >= 10 + hl + sizeof o.pred, "%s: no predictions", path);
+        if (got >= 10 + hl + sizeof o.pred) memcpy(o.pred, buf + 10 + hl, sizeof o.pred);
+    }
     lk_named_tensors ps = {0};
     CHECK_OK(lk_layer_named_parameters(m->net, &ps));
     for (int i = 0; i < ps.n; i++) o.n += ps.items[i].tensor->numel;
@@ -181,6 +201,8 @@ static void same_bits(const char *what, run_out *a, run_out *b) {
     }
     CHECK_MSG(same_double(a->loss, b->loss) && !isnan(a->loss), "%s: train_loss %.9g vs %.9g", what, a->loss, b->loss);
     CHECK_MSG(same_double(a->val_loss, b->val_loss), "%s: val_loss %.9g vs %.9g", what, a->val_loss, b->val_loss);
+    CHECK_MSG(same_double(a->test_loss, b->test_loss), "%s: test_loss %.9g vs %.9g", what, a->test_loss, b->test_loss);
+    CHECK_MSG(!memcmp(a->pred, b->pred, sizeof a->pred), "%s: predictions %g vs %g", what, a->pred[0], b->pred[0]);
     CHECK_MSG(a->steps_seen == b->steps_seen, "%s: %lld vs %lld training steps", what, (long long)a->steps_seen,
               (long long)b->steps_seen);
     free(a->params);
@@ -251,16 +273,18 @@ static void device_calls(void) {
 
 /* ---- fits ---- */
 
-/* 20 steps (an epoch of 16 batches, its validation, 4 steps more): the
- * CPU's bits; within the epoch a step copies nothing of the batch
- * synchronously (the mlp's two dropout masks are its only copies in) and
- * one asynchronous copy per field, its bytes; over the fit one async copy
- * per field of every batch taken: the 20 trained and the 21st, taken
- * during step 20 before max_steps stopped the fit. */
+/* 20 steps (an epoch of 16 batches, its validation, 4 steps more), then
+ * test and predict: the CPU's bits; within the epoch a step copies nothing
+ * of the batch synchronously (the mlp's two dropout masks are its only
+ * copies in) and one asynchronous copy per field, its bytes; over the fit
+ * one async copy per field of every batch taken: the 20 trained, the 21st
+ * (taken during step 20 before max_steps stopped the fit) and the 2
+ * validation batches; test and predict (2 batches each) copy theirs the
+ * same way. */
 static void fit_model(const char *model) {
     bool cnn = !strcmp(model, "cnn");
-    run_out cpu = fit((run_spec){.model = model, .accelerator = "cpu", .max_steps = 20});
-    run_out sd = fit((run_spec){.model = model, .accelerator = "sealed_async", .max_steps = 20});
+    run_out cpu = fit((run_spec){.model = model, .accelerator = "cpu", .max_steps = 20, .test_after = true});
+    run_out sd = fit((run_spec){.model = model, .accelerator = "sealed_async", .max_steps = 20, .test_after = true});
     CHECK_MSG(sd.steps_seen == 20, "%s: %lld steps", model, (long long)sd.steps_seen);
     long masks = cnn ? 0 : 2;
     int64_t batch = cnn ? 16 : 32, batch_bytes = batch * (cnn ? 64 : 16) * 4 + batch * 8; /* x f32, y i64 */
@@ -276,7 +300,10 @@ static void fit_model(const char *model) {
         CHECK_MSG(waits == 1, "%s step %d: the default stream waited %ld times for a batch", model, k, waits);
     }
     long async_all = sd.aafter.copies_async - sd.abefore.copies_async;
-    CHECK_MSG(async_all == 2 * 21, "%s: %ld async copies over the fit, expected 2 fields x 21 batches", model, async_all);
+    CHECK_MSG(async_all == 2 * (21 + 2), "%s: %ld async copies over the fit, expected 2 fields x (21 + 2) batches", model,
+              async_all);
+    CHECK_MSG(sd.test_async == 2 * (2 + 2), "%s: %ld async copies in test and predict, expected 2 fields x 4 batches",
+              model, sd.test_async);
     CHECK_MSG(sd.aafter.flushed - sd.abefore.flushed == async_all, "%s: %ld of %ld async copies ran", model,
               sd.aafter.flushed - sd.abefore.flushed, async_all);
     long hosts = sd.aafter.host_allocs - sd.abefore.host_allocs;
@@ -303,9 +330,10 @@ static void resume_mid_epoch(void) {
     same_bits("mlp: 5 steps, resumed to 12 on sealed_async", &whole, &rest);
 }
 
-/* 620 samples, 496 of them for training: 16 batches, the last of 16. Two whole epochs with their
- * short batch, then limit_train_batches=7: exactly the batches trained are
- * taken and copied. */
+/* 620 samples, 496 of them for training: 16 batches, the last of 16, and
+ * 62 for validation: 2 batches. Two whole epochs with their short batch,
+ * then limit_train_batches=7: exactly the batches trained (and validated)
+ * are taken and copied. */
 static void limits_and_short_batch(void) {
     run_spec s = {.model = "mlp", .max_steps = -1, .max_epochs = 2, .num_samples = "620"};
     s.accelerator = "cpu";
@@ -315,8 +343,8 @@ static void limits_and_short_batch(void) {
     CHECK_MSG(sd.steps_seen == 32, "%lld steps, expected 2 x 16", (long long)sd.steps_seen);
     long a = sd.aafter.copies_async - sd.abefore.copies_async;
     size_t bytes = sd.aafter.bytes_async - sd.abefore.bytes_async, row = 16 * 4 + 8;
-    CHECK_MSG(a == 2 * 32 && bytes == 2 * 496 * row, "%ld async copies (%zu bytes), expected 64 (%zu)", a, bytes,
-              2 * 496 * row);
+    CHECK_MSG(a == 2 * (32 + 4) && bytes == 2 * (496 + 62) * row, "%ld async copies (%zu bytes), expected 72 (%zu)", a,
+              bytes, 2 * (496 + 62) * row);
     same_bits("mlp, 496 training samples, short last batch", &cpu, &sd);
     s.limit = (lk_count_or_fraction){.is_count = true, .value = 7};
     s.accelerator = "cpu";
@@ -324,7 +352,7 @@ static void limits_and_short_batch(void) {
     s.accelerator = "sealed_async";
     sd = fit(s);
     a = sd.aafter.copies_async - sd.abefore.copies_async;
-    CHECK_MSG(sd.steps_seen == 14 && a == 2 * 14, "limit 7: %lld steps, %ld async copies, expected 14 and 28",
+    CHECK_MSG(sd.steps_seen == 14 && a == 2 * (14 + 4), "limit 7: %lld steps, %ld async copies, expected 14 and 36",
               (long long)sd.steps_seen, a);
     same_bits("mlp, limit_train_batches=7", &cpu, &sd);
 }
