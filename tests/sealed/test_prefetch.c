@@ -47,6 +47,7 @@ typedef struct {
 } run_out;
 
 static char root[256];
+static void setup(void);
 
 /* ---- the probe: counters at the start of every training_step ---- */
 static const lk_module_vtable *base_vt;
@@ -101,6 +102,7 @@ static double metric(lk_trainer *tr, const char *name) {
 
 static run_out fit(run_spec s) {
     run_out o = {.loss = NAN, .val_loss = NAN, .test_loss = NAN};
+    if (!root[0]) setup(); /* a case run alone */
     lk_trainer_config cfg;
     CHECK_OK(lk_trainer_config_default(&cfg));
     snprintf(cfg.accelerator, sizeof cfg.accelerator, "%s", s.accelerator);
