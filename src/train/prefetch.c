@@ -78,7 +78,8 @@ void lk__prefetch_free(lk__prefetch *p) {
 
 /* Waits for s's copies, then drops them; s is empty afterwards. */
 static lk_status retire(lk__prefetch *p, staged *s) {
-    lk_status st = lk_device_event_synchronize(p->dev, s->ready);
+    bool queued = p->stream && !s->ready && s->field[0]; /* staging failed between its copies and its event */
+    lk_status st = queued ? lk_device_synchronize(p->dev) : lk_device_event_synchronize(p->dev, s->ready);
     lk_device_event_free(p->dev, s->ready);
     for (int f = 0; f < LK_DATA_MAX_FIELDS; f++) lk_tensor_release(s->field[f]);
     memset(s, 0, sizeof *s);
