@@ -269,7 +269,7 @@ lk_tensor *lk_batch_tensor(const lk_batch *b, int field) {
     }
     const lk_array *a = &b->field[field];
     lk_device dev = lk_device_default();
-    if (!lk_device_is_host(dev)) { /* the fit loop may have copied it there already (prefetch.c) */
+    if (!lk_device_is_host(dev)) { /* the trainer's loops may have copied it there already (prefetch.c) */
         lk_tensor *staged = NULL;
         if (lk__prefetch_tensor(b, field, dev, &staged)) return NULL;
         if (staged) return lk_scope_adopt(staged);
