@@ -31,6 +31,7 @@ typedef struct {
     int64_t fail_at;  /* > 0: the training set's get() fails at this call (0-based) */
     lk_status expect; /* the fit's status */
     bool test_after;  /* lk_trainer_test and lk_trainer_predict after the fit */
+    const char *workers; /* data.num_workers (NULL: "0") */
 } run_spec;
 
 enum { MAX_STEPS = 64 };
@@ -43,6 +44,7 @@ typedef struct {
     int64_t steps_seen; /* training_step calls */
     sealed_stats at[MAX_STEPS], before, after;
     sealed_async_counts aat[MAX_STEPS], abefore, aafter;
+    uint64_t misses[MAX_STEPS]; /* the tensor pool's, at the start of every training_step */
     char err[1024];
 } run_out;
 
@@ -54,7 +56,10 @@ static const lk_module_vtable *base_vt;
 static run_out *probe_out;
 static lk_tensor *probe_step(lk_module *m, const lk_batch *b, int64_t i, lk_trainer *tr) {
     int64_t k = probe_out->steps_seen++;
-    if (k < MAX_STEPS) probe_out->at[k] = sealed_get_stats(), probe_out->aat[k] = sealed_async_get_stats();
+    if (k < MAX_STEPS) {
+        probe_out->at[k] = sealed_get_stats(), probe_out->aat[k] = sealed_async_get_stats();
+        probe_out->misses[k] = lk_pool_get_stats().misses;
+    }
     return base_vt->training_step(m, b, i, tr);
 }
 
@@ -122,7 +127,7 @@ static run_out fit(run_spec s) {
     bool cnn = !strcmp(s.model, "cnn");
     const char *ns = s.num_samples ? s.num_samples : cnn ? "320" : "640";
     const lk_model_kv data[] = {{"num_samples", ns}, {"input_shape", cnn ? "[1, 8, 8]" : "[16]"}, {"num_classes", "4"},
-                                {"batch_size", cnn ? "16" : "32"}, {"num_workers", "0"}};
+                                {"batch_size", cnn ? "16" : "32"}, {"num_workers", s.workers ? s.workers : "0"}};
     lk_module *m = NULL;
     lk_datamodule *dm = NULL;
     lk_trainer *tr = NULL;
@@ -300,6 +305,11 @@ static void fit_model(const char *model) {
         CHECK_MSG(async_in == 2 && abytes == batch_bytes, "%s step %d: %ld async copies, %lld bytes (the batch: 2, %lld)",
                   model, k, async_in, (long long)abytes, (long long)batch_bytes);
         CHECK_MSG(waits == 1, "%s step %d: the default stream waited %ld times for a batch", model, k, waits);
+        /* the staged batches' blocks come back from the pool: a repeated step allocates nothing */
+        if (k >= 3)
+            CHECK_MSG(sd.misses[k] == sd.misses[k - 1] && sd.at[k].allocs == sd.at[k - 1].allocs,
+                      "%s step %d: %llu pool misses, %ld device allocations", model, k,
+                      (unsigned long long)(sd.misses[k] - sd.misses[k - 1]), sd.at[k].allocs - sd.at[k - 1].allocs);
     }
     long async_all = sd.aafter.copies_async - sd.abefore.copies_async;
     CHECK_MSG(async_all == 2 * (21 + 2), "%s: %ld async copies over the fit, expected 2 fields x (21 + 2) batches", model,
@@ -359,6 +369,17 @@ static void limits_and_short_batch(void) {
     same_bits("mlp, limit_train_batches=7", &cpu, &sd);
 }
 
+/* Two loader workers filling ahead of the two batches the trainer holds:
+ * the bits of the CPU run. */
+static void workers_fill_ahead(void) {
+    run_spec s = {.model = "mlp", .max_steps = 20, .workers = "2"};
+    s.accelerator = "cpu";
+    run_out cpu = fit(s);
+    s.accelerator = "sealed_async";
+    run_out sd = fit(s);
+    same_bits("mlp, 2 loader workers", &cpu, &sd);
+}
+
 /* accumulate_grad_batches=3 over an epoch boundary (16 batches: the
  * epoch's last optimizer step takes one): the CPU's bits. */
 static void accumulation(void) {
@@ -398,5 +419,5 @@ static void cleanup(void) {
 }
 
 LK_TEST_MAIN(LK_TEST_CASE(setup), LK_TEST_CASE(device_calls), LK_TEST_CASE(mlp_fit), LK_TEST_CASE(cnn_fit),
-             LK_TEST_CASE(resume_mid_epoch), LK_TEST_CASE(limits_and_short_batch), LK_TEST_CASE(accumulation),
+             LK_TEST_CASE(resume_mid_epoch), LK_TEST_CASE(limits_and_short_batch), LK_TEST_CASE(accumulation), LK_TEST_CASE(workers_fill_ahead),
              LK_TEST_CASE(loader_error_at_its_step), LK_TEST_CASE(cleanup))
