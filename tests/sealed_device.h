@@ -296,5 +296,202 @@ static inline sealed_peer_stats sealed_get_peer_stats(void) {
     pthread_mutex_unlock(&sealed_arena.mu);
     return s;
 }
+/* ==== prefetch: a sealed device whose streams defer their work ================
+ * Kind "sealed_async": the sealed device (same arena, backend and counters)
+ * plus what the trainer's batch prefetch uses — a copy stream, events,
+ * asynchronous copies in, pinned host memory. A copy queued on a stream is
+ * only queued: it runs (reading the host source then, as a DMA would) when
+ * an event recorded after it is waited for on the default stream or
+ * synchronised on the host, when the device synchronises, or when its
+ * stream is freed. So an op that reads a batch whose event nobody waited
+ * for reads the block's old contents (NaN poison when fresh), and host
+ * memory reused before its copy ran is copied as it is then: both show up
+ * as wrong bits, not as luck. Its default stream (ops and the synchronous
+ * copies) runs at once, so an event recorded there is complete when
+ * recorded. Counted in sealed_async_stats. */
+enum { SEALED_QMAX = 1024, SEALED_MAX_STREAMS = 8 };
+typedef struct {
+    long copies_async, host_allocs, host_frees, waits_default, waits_stream, event_syncs, flushed, pending_max;
+    size_t bytes_async;
+} sealed_async_counts;
+static sealed_async_counts sealed_async_stats;
+
+typedef struct {
+    void *dst;
+    const void *src;
+    size_t bytes;
+    long seq; /* position in its stream: 1, 2, ... */
+} sealed_qop;
+typedef struct { /* what an lk_stream of this kind points to */
+    bool live;
+    sealed_qop q[SEALED_QMAX];
+    int head, n; /* pending: q[head .. head + n) mod SEALED_QMAX */
+    long queued, done;
+} sealed_qstream;
+static sealed_qstream sealed_streams[SEALED_MAX_STREAMS];
+typedef struct { /* what an lk_event of this kind points to */
+    int stream; /* -1: the default stream (complete when recorded) */
+    long seq;
+} sealed_qevent;
+
+/* Runs stream s's queued copies up to position seq (under the arena's lock). */
+static void sealed_flush(sealed_qstream *s, long seq) {
+    sealed_open();
+    while (s->n && s->q[s->head].seq <= seq) {
+        sealed_qop *op = &s->q[s->head];
+        memcpy(op->dst, op->src, op->bytes);
+        s->done = op->seq;
+        s->head = (s->head + 1) % SEALED_QMAX;
+        s->n--;
+        sealed_async_stats.flushed++;
+    }
+    sealed_close();
+}
+
+static lk_status sealed_stream_create(void *ctx, int index, lk_stream **out) {
+    (void)ctx, (void)index;
+    *out = NULL;
+    sealed_open();
+    for (int i = 0; i < SEALED_MAX_STREAMS && !*out; i++)
+        if (!sealed_streams[i].live) {
+            memset(&sealed_streams[i], 0, sizeof sealed_streams[i]);
+            sealed_streams[i].live = true;
+            *out = (lk_stream *)&sealed_streams[i];
+        }
+    sealed_close();
+    return *out ? LK_STATUS_OK : lk_error(LK_STATUS_OUT_OF_MEMORY, "sealed_async: %d streams at most", SEALED_MAX_STREAMS);
+}
+
+static void sealed_stream_free(void *ctx, int index, lk_stream *s) {
+    (void)ctx, (void)index;
+    sealed_qstream *q = (sealed_qstream *)s;
+    sealed_flush(q, q->queued); /* as cudaStreamDestroy: queued work still completes */
+    q->live = false;
+}
+
+static lk_status sealed_from_host_async(void *ctx, int index, lk_stream *stream, void *dst, const void *src, size_t bytes) {
+    (void)ctx, (void)index;
+    sealed_qstream *s = (sealed_qstream *)stream;
+    sealed_open();
+    if (!sealed_owns(dst, bytes) || s->n == SEALED_QMAX) {
+        sealed_close();
+        return lk_error(LK_STATUS_INTERNAL, "sealed_async: async copy of %zu bytes to %p: %s", bytes, dst,
+                        s->n == SEALED_QMAX ? "the stream's queue is full" : "not device memory");
+    }
+    s->q[(s->head + s->n) % SEALED_QMAX] = (sealed_qop){dst, src, bytes, ++s->queued};
+    s->n++;
+    if (s->n > sealed_async_stats.pending_max) sealed_async_stats.pending_max = s->n;
+    sealed_async_stats.copies_async++;
+    sealed_async_stats.bytes_async += bytes;
+    sealed_close();
+    return LK_STATUS_OK;
+}
+
+static lk_status sealed_event_record(void *ctx, int index, lk_stream *stream, lk_event **out) {
+    (void)ctx, (void)index;
+    sealed_qstream *s = (sealed_qstream *)stream;
+    sealed_qevent *e = malloc(sizeof *e);
+    if (!e) return LK_STATUS_OUT_OF_MEMORY;
+    sealed_open();
+    *e = s ? (sealed_qevent){(int)(s - sealed_streams), s->queued} : (sealed_qevent){-1, 0};
+    sealed_close();
+    *out = (lk_event *)e;
+    return LK_STATUS_OK;
+}
+
+/* Work queued on s after this waits for e: on the default stream, which
+ * runs at once, that means e's copies run now; a stream waiting for an
+ * event of the default stream has nothing to wait for. */
+static lk_status sealed_event_wait(void *ctx, int index, lk_stream *s, lk_event *ev) {
+    (void)ctx, (void)index;
+    const sealed_qevent *e = (const sealed_qevent *)ev;
+    sealed_open();
+    if (s) sealed_async_stats.waits_stream++;
+    else sealed_async_stats.waits_default++;
+    if (!s && e->stream >= 0 && sealed_streams[e->stream].live) sealed_flush(&sealed_streams[e->stream], e->seq);
+    sealed_close();
+    return LK_STATUS_OK;
+}
+
+static lk_status sealed_event_sync(void *ctx, int index, lk_event *ev) {
+    (void)ctx, (void)index;
+    const sealed_qevent *e = (const sealed_qevent *)ev;
+    sealed_open();
+    sealed_async_stats.event_syncs++;
+    if (e->stream >= 0 && sealed_streams[e->stream].live) sealed_flush(&sealed_streams[e->stream], e->seq);
+    sealed_close();
+    return LK_STATUS_OK;
+}
+
+static void sealed_event_free(void *ctx, int index, lk_event *e) {
+    (void)ctx, (void)index;
+    free(e);
+}
+
+static lk_status sealed_async_sync(void *ctx, int index) {
+    (void)ctx, (void)index;
+    for (int i = 0; i < SEALED_MAX_STREAMS; i++)
+        if (sealed_streams[i].live) sealed_flush(&sealed_streams[i], sealed_streams[i].queued);
+    return LK_STATUS_OK;
+}
+
+static lk_status sealed_host_alloc(void *ctx, int index, size_t bytes, void **ptr) {
+    (void)ctx, (void)index;
+    *ptr = lk_aligned_alloc(LK_ALIGN, bytes ? bytes : 1);
+    if (!*ptr) return LK_STATUS_OUT_OF_MEMORY;
+    sealed_open();
+    sealed_async_stats.host_allocs++;
+    sealed_close();
+    return LK_STATUS_OK;
+}
+
+static void sealed_host_free(void *ctx, int index, void *ptr, size_t bytes) {
+    (void)ctx, (void)index, (void)bytes;
+    lk_aligned_free(ptr);
+    sealed_open();
+    sealed_async_stats.host_frees++;
+    sealed_close();
+}
+
+static const lk_device_vtable sealed_async_vtable = {
+    .name = "sealed_async",
+    .host_addressable = false,
+    .count = sealed_count,
+    .alloc = sealed_alloc,
+    .free = sealed_free,
+    .memset = sealed_memset,
+    .copy_to_host = sealed_to_host,
+    .copy_from_host = sealed_from_host,
+    .copy = sealed_copy,
+    .synchronize = sealed_async_sync,
+    .stream_create = sealed_stream_create,
+    .stream_free = sealed_stream_free,
+    .event_record = sealed_event_record,
+    .event_wait = sealed_event_wait,
+    .event_free = sealed_event_free,
+    .host_alloc = sealed_host_alloc,
+    .host_free = sealed_host_free,
+    .copy_from_host_async = sealed_from_host_async,
+    .event_synchronize = sealed_event_sync,
+};
+
+/* Registers sealed_async (once per process) and returns sealed_async:index. */
+static inline lk_device sealed_async_device(int index) {
+    pthread_once(&sealed_once, sealed_init_once);
+    lk_device_kind k = LK_CPU;
+    if (lk_device_register(&sealed_async_vtable, NULL, &k) || lk__backend_register(k, &sealed_backend)) {
+        fprintf(stderr, "sealed_async device: %s\n", lk_last_error());
+        abort();
+    }
+    return (lk_device){k, index};
+}
+
+static inline sealed_async_counts sealed_async_get_stats(void) {
+    pthread_mutex_lock(&sealed_arena.mu);
+    sealed_async_counts s = sealed_async_stats;
+    pthread_mutex_unlock(&sealed_arena.mu);
+    return s;
+}
+/* ==== end of prefetch's block ================================================= */
 
 #endif

@@ -321,7 +321,8 @@ const int64_t *lk_sampler_indices(const lk_sampler *s);
  * ---------------------------------------------------------------------- */
 
 /* A batch: field f is fields[f] of the dataset with a leading batch dim.
- * Owned by the loader; valid until the next lk_loader_next/start/free. */
+ * Owned by the loader; valid until the next lk_loader_next/start/free
+ * (with lk_loader_config.hold = h: until h more lk_loader_next calls). */
 typedef struct lk_batch {
     int64_t index; /* batch number within the epoch */
     int64_t size;  /* samples (the last batch may be short) */
@@ -349,6 +350,11 @@ typedef struct lk_loader_config {
     lk_host_alloc_fn alloc; /* NULL: lk_aligned_alloc */
     lk_host_free_fn free;
     void *alloc_ctx;
+    /* Batches the caller holds at once (1): lk_loader_next releases the
+     * batch taken `hold` calls before, so with 2 the previous batch stays
+     * valid while the next is taken (the trainer's device prefetch copies
+     * batch i + 1 while step i may still read batch i's host memory). */
+    int hold;
 } lk_loader_config;
 lk_loader_config lk_loader_config_default(void);
 

@@ -77,6 +77,20 @@ typedef struct lk_device_vtable {
      * NVLink or PCIe P2P). Ordered after earlier work on both devices, as
      * `copy` is. NULL: lk_device_copy stages through a host buffer. */
     lk_status (*copy_peer)(void *ctx, int dst_index, void *dst, int src_index, const void *src, size_t bytes);
+
+    /* ---- prefetch: pinned host memory and asynchronous copies in (all optional) ---- */
+    /* Host memory the device copies from asynchronously (cuda: pinned),
+     * aligned to at least 64 bytes (optional: lk_aligned_alloc). */
+    lk_status (*host_alloc)(void *ctx, int index, size_t bytes, void **ptr);
+    void (*host_free)(void *ctx, int index, void *ptr, size_t bytes);
+    /* A copy from host memory queued on stream `s` (optional: the
+     * synchronous copy_from_host). Returns once queued: `host_src` must stay
+     * unchanged, and `dst` unread, until an event recorded on `s` after it
+     * has completed. */
+    lk_status (*copy_from_host_async)(void *ctx, int index, lk_stream *s, void *dst, const void *host_src, size_t bytes);
+    /* Blocks the calling thread until the work before event `e` is done
+     * (optional: synchronize, which waits for everything). */
+    lk_status (*event_synchronize)(void *ctx, int index, lk_event *e);
 } lk_device_vtable;
 
 /* Registers a device kind (the vtable and ctx are borrowed for the life of
@@ -114,6 +128,40 @@ lk_status lk_device_memset(lk_device d, void *ptr, int value, size_t bytes);
  * through a host buffer. */
 lk_status lk_device_copy(lk_device dst_dev, void *dst, lk_device src_dev, const void *src, size_t bytes);
 lk_status lk_device_synchronize(lk_device d);
+
+/* ---- prefetch: pinned host memory, asynchronous copies, streams and events ----
+ *
+ * The trainer stages the next batch on the training device while the
+ * current one computes: the loader's buffers come from lk_device_host_alloc
+ * (pinned on cuda, so the copy is a DMA the CPU does not wait for), the
+ * copies go on a stream of their own, and the step's ops, which run on the
+ * device's default stream (stream NULL everywhere below), wait for an
+ * event recorded after them. A kind without streams, events or
+ * asynchronous copies gets a NULL stream from lk_device_stream_create and
+ * then every call below is synchronous: correct, only not overlapped. */
+
+/* `bytes` of host memory the device copies from fastest, aligned to
+ * LK_ALIGN (plain aligned memory on kinds without their own); *ptr is NULL
+ * on failure. Free it with lk_device_host_free on the same device. */
+lk_status lk_device_host_alloc(lk_device d, size_t bytes, void **ptr);
+void lk_device_host_free(lk_device d, void *ptr, size_t bytes); /* NULL does nothing */
+/* A stream for copies, or *out = NULL (not an error) when the kind lacks
+ * streams, events or asynchronous copies. */
+lk_status lk_device_stream_create(lk_device d, lk_stream **out);
+void lk_device_stream_free(lk_device d, lk_stream *s); /* NULL does nothing */
+/* host_src -> dst (memory of d) queued on stream s; NULL s: a synchronous
+ * copy, complete on return. With a stream, host_src must stay unchanged and
+ * dst unused until an event recorded on s after it completed. */
+lk_status lk_device_copy_async(lk_device d, lk_stream *s, void *dst, const void *host_src, size_t bytes);
+/* An event marking the work queued on s so far (s NULL: the default
+ * stream); *out = NULL when the kind has no events, and the calls below
+ * then do nothing, since all its work was synchronous. */
+lk_status lk_device_event_record(lk_device d, lk_stream *s, lk_event **out);
+/* Work queued on s (NULL: the default stream) after this call waits for e. */
+lk_status lk_device_event_wait(lk_device d, lk_stream *s, lk_event *e);
+/* The calling thread waits until the work before e is done. */
+lk_status lk_device_event_synchronize(lk_device d, lk_event *e);
+void lk_device_event_free(lk_device d, lk_event *e); /* NULL does nothing */
 
 #ifdef __cplusplus
 }

@@ -29,7 +29,7 @@ struct lk_loader {
     lk_sampler *sampler;
     int64_t nbatches;
     size_t row_bytes[LK_DATA_MAX_FIELDS];
-    int nslots;
+    int nslots, hold;
     slot *slots;
     void **scratch; /* [max(num_workers, 1)] */
     pthread_t *threads;
@@ -55,6 +55,7 @@ lk_loader_config lk_loader_config_default(void) {
     c.world_size = 1;
     c.num_workers = 2;
     c.prefetch = 2;
+    c.hold = 1;
     return c;
 }
 
@@ -180,6 +181,8 @@ lk_status lk_loader_create(lk_dataset *ds, const lk_loader_config *cfg, lk_loade
         return lk_error(LK_STATUS_INVALID_ARGUMENT, "loader: num_workers %d, expected 0..256", cfg->num_workers);
     if (cfg->prefetch < 1 || cfg->prefetch > 64)
         return lk_error(LK_STATUS_INVALID_ARGUMENT, "loader: prefetch %d, expected 1..64", cfg->prefetch);
+    if (cfg->hold < 0 || cfg->hold > 8)
+        return lk_error(LK_STATUS_INVALID_ARGUMENT, "loader: hold %d, expected 1..8 (0 means 1)", cfg->hold);
     if (!cfg->alloc != !cfg->free)
         return lk_error(LK_STATUS_INVALID_ARGUMENT, "loader: give both alloc and free, or neither");
     lk_loader *l = lk_calloc(1, sizeof *l);
@@ -198,8 +201,9 @@ lk_status lk_loader_create(lk_dataset *ds, const lk_loader_config *cfg, lk_loade
     }
     int64_t per = lk_sampler_len(l->sampler);
     l->nbatches = cfg->drop_last ? per / cfg->batch_size : (per + cfg->batch_size - 1) / cfg->batch_size;
-    /* One slot for the batch the caller holds, `prefetch` per worker ahead. */
-    l->nslots = cfg->num_workers ? 1 + cfg->num_workers * cfg->prefetch : 1;
+    /* A slot per batch the caller holds, `prefetch` per worker ahead. */
+    l->hold = cfg->hold > 1 ? cfg->hold : 1;
+    l->nslots = l->hold + cfg->num_workers * cfg->prefetch;
     int nscratch = cfg->num_workers > 0 ? cfg->num_workers : 1;
     l->slots = lk_calloc((size_t)l->nslots, sizeof *l->slots);
     l->scratch = lk_calloc((size_t)nscratch, sizeof *l->scratch);
@@ -300,9 +304,10 @@ lk_status lk_loader_next(lk_loader *l, const lk_batch **out) {
         pthread_mutex_unlock(&l->mu);
         return lk_error(l->fail_status, "%s (the epoch stopped there; call lk_loader_start to begin again)", l->fail_msg);
     }
-    /* The caller is done with the batch it held: its slot may be refilled. */
-    if (l->released < l->next_take) {
-        l->released = l->next_take;
+    /* The caller is done with the batch it took `hold` calls ago: its slot
+     * may be refilled (hold 1: the batch it held until now). */
+    if (l->released < l->next_take - (l->hold - 1)) {
+        l->released = l->next_take - (l->hold - 1);
         pthread_cond_broadcast(&l->cv_work);
     }
     if (l->next_take >= l->end) {

@@ -225,6 +225,39 @@ static void cuda_event_free(void *ctx, int index, lk_event *ev) {
     if (ev) cudaEventDestroy((cudaEvent_t)ev);
 }
 
+/* ---- prefetch: pinned host memory and asynchronous copies in ----------------
+ * The trainer's batch prefetch (train/prefetch.c) copies the next batch on
+ * a stream of its own (cuda_stream_create: non-blocking, so it does not
+ * serialise with the legacy default stream every kernel and cudaMemcpy
+ * runs on). Because it does not, nothing orders the two streams for it:
+ * the prefetch records an event on the legacy stream and makes the copy
+ * stream wait for it before writing device blocks that earlier steps'
+ * kernels may still read, and records an event on the copy stream that the
+ * legacy stream waits for (cudaStreamWaitEvent on stream 0) before the
+ * step's first kernel reads the batch. cudaMemcpyAsync is asynchronous only
+ * from pinned memory (from pageable memory it stages through a driver
+ * buffer first), hence the loader's buffers from host_alloc. */
+static lk_status cuda_host_alloc(void *ctx, int index, size_t bytes, void **ptr) {
+    (void)ctx, (void)index; /* portable pinned memory serves every GPU of the process */
+    return lk__cuda_host_alloc(bytes, ptr);
+}
+static void cuda_host_free(void *ctx, int index, void *ptr, size_t bytes) {
+    (void)ctx, (void)index, (void)bytes;
+    lk__cuda_host_free(ptr);
+}
+static lk_status cuda_from_host_async(void *ctx, int index, lk_stream *s, void *dst, const void *src, size_t bytes) {
+    (void)ctx;
+    LK_TRY(use(index, "async copy from host"));
+    cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, (cudaStream_t)s);
+    return e == cudaSuccess ? LK_STATUS_OK : fail(e, index, "async copy from host", bytes);
+}
+static lk_status cuda_event_sync(void *ctx, int index, lk_event *ev) {
+    (void)ctx;
+    LK_TRY(use(index, "event_synchronize"));
+    cudaError_t e = cudaEventSynchronize((cudaEvent_t)ev);
+    return e == cudaSuccess ? LK_STATUS_OK : fail(e, index, "cudaEventSynchronize (an earlier copy failed)", 0);
+}
+
 static const lk_device_vtable cuda_vt = {
     .name = "cuda",
     .host_addressable = false,
@@ -242,6 +275,10 @@ static const lk_device_vtable cuda_vt = {
     .event_wait = cuda_event_wait,
     .event_free = cuda_event_free,
     .copy_peer = cuda_copy_peer,
+    .host_alloc = cuda_host_alloc, /* prefetch */
+    .host_free = cuda_host_free,
+    .copy_from_host_async = cuda_from_host_async,
+    .event_synchronize = cuda_event_sync,
 };
 
 lk_status lk__cuda_register(void) {

@@ -205,3 +205,81 @@ lk_status lk_device_synchronize(lk_device d) {
     if (!e) return unknown(d);
     return e->vt->synchronize ? e->vt->synchronize(e->ctx, d.index) : LK_STATUS_OK;
 }
+
+/* ---- prefetch: pinned host memory, asynchronous copies, streams and events ----
+ * The dispatch for the trainer's batch prefetch (lockstep/device.h says
+ * what each call promises). A kind gets the asynchronous path only when it
+ * has every piece of it — a stream, events to order the stream against the
+ * default one, and an asynchronous copy — since an asynchronous copy the
+ * consumer cannot wait for would be a race; otherwise it gets no stream and
+ * every call is the synchronous equivalent. */
+
+static bool has_async(const entry *e) {
+    const lk_device_vtable *v = e->vt;
+    return v->stream_create && v->stream_free && v->event_record && v->event_wait && v->event_free &&
+           v->copy_from_host_async;
+}
+
+lk_status lk_device_host_alloc(lk_device d, size_t bytes, void **ptr) {
+    const entry *e = get(d);
+    *ptr = NULL;
+    if (!e) return unknown(d);
+    if (e->vt->host_alloc && e->vt->host_free) return e->vt->host_alloc(e->ctx, d.index, bytes, ptr);
+    *ptr = lk_aligned_alloc(LK_ALIGN, bytes ? bytes : 1);
+    return *ptr ? LK_STATUS_OK : lk_error(LK_STATUS_OUT_OF_MEMORY, "cannot allocate %zu bytes of host memory", bytes);
+}
+
+void lk_device_host_free(lk_device d, void *ptr, size_t bytes) {
+    const entry *e = get(d);
+    if (!ptr) return;
+    /* the same test as the alloc, so each pointer goes back where it came from */
+    if (e && e->vt->host_alloc && e->vt->host_free) e->vt->host_free(e->ctx, d.index, ptr, bytes);
+    else lk_aligned_free(ptr);
+}
+
+lk_status lk_device_stream_create(lk_device d, lk_stream **out) {
+    const entry *e = get(d);
+    *out = NULL;
+    if (!e) return unknown(d);
+    return has_async(e) ? e->vt->stream_create(e->ctx, d.index, out) : LK_STATUS_OK;
+}
+
+void lk_device_stream_free(lk_device d, lk_stream *s) {
+    const entry *e = get(d);
+    if (s && e && e->vt->stream_free) e->vt->stream_free(e->ctx, d.index, s);
+}
+
+lk_status lk_device_copy_async(lk_device d, lk_stream *s, void *dst, const void *host_src, size_t bytes) {
+    const entry *e = get(d);
+    if (!e) return unknown(d);
+    if (!bytes) return LK_STATUS_OK;
+    if (s && has_async(e)) return e->vt->copy_from_host_async(e->ctx, d.index, s, dst, host_src, bytes);
+    return lk_device_copy(d, dst, LK_DEVICE_CPU, host_src, bytes);
+}
+
+lk_status lk_device_event_record(lk_device d, lk_stream *s, lk_event **out) {
+    const entry *e = get(d);
+    *out = NULL;
+    if (!e) return unknown(d);
+    return e->vt->event_record && e->vt->event_wait && e->vt->event_free ? e->vt->event_record(e->ctx, d.index, s, out)
+                                                                          : LK_STATUS_OK;
+}
+
+lk_status lk_device_event_wait(lk_device d, lk_stream *s, lk_event *ev) {
+    const entry *e = get(d);
+    if (!e) return unknown(d);
+    return ev ? e->vt->event_wait(e->ctx, d.index, s, ev) : LK_STATUS_OK;
+}
+
+lk_status lk_device_event_synchronize(lk_device d, lk_event *ev) {
+    const entry *e = get(d);
+    if (!e) return unknown(d);
+    if (!ev) return LK_STATUS_OK;
+    if (e->vt->event_synchronize) return e->vt->event_synchronize(e->ctx, d.index, ev);
+    return lk_device_synchronize(d);
+}
+
+void lk_device_event_free(lk_device d, lk_event *ev) {
+    const entry *e = get(d);
+    if (ev && e && e->vt->event_free) e->vt->event_free(e->ctx, d.index, ev);
+}

@@ -116,6 +116,8 @@ struct lk_trainer {
     int64_t samples_steady;
     double sum_at_steady[6];
     lk_profiler *prof; /* profiler advanced / trace (profiler.c); NULL otherwise */
+    struct lk__prefetch *pf; /* fit on a device the CPU cannot read: the batch prefetch (prefetch.c); NULL otherwise */
+    struct lk__prefetch *pf_eval; /* the same for validation, test and predict (made on first use) */
 };
 
 /* step.c: the trainer's side of the strategy's step (lk_step_fn): the

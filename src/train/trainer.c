@@ -17,6 +17,7 @@
 
 #include "lockstep/config.h"
 #include "device/gpu.h"
+#include "train/prefetch.h"
 #include "train/train_impl.h"
 
 /* ---- creation --------------------------------------------------------------- */
@@ -215,6 +216,8 @@ static void run_cleanup(lk_trainer *tr) {
     lk_logger_free(tr->logger);
     tr->logger = NULL;
     lk__prof_free(tr);
+    lk__prefetch_free(tr->pf_eval); /* its passes ended with their loops */
+    tr->pf_eval = NULL;
 }
 
 void lk_trainer_free(lk_trainer *tr) {
@@ -265,10 +268,15 @@ lk_tensor *lk_batch_tensor(const lk_batch *b, int field) {
         return NULL;
     }
     const lk_array *a = &b->field[field];
+    lk_device dev = lk_device_default();
+    if (!lk_device_is_host(dev)) { /* the trainer's loops may have copied it there already (prefetch.c) */
+        lk_tensor *staged = NULL;
+        if (lk__prefetch_tensor(b, field, dev, &staged)) return NULL;
+        if (staged) return lk_scope_adopt(staged);
+    }
     lk_tensor *t = lk_tensor_wrap(a->dtype, a->ndim, a->shape, a->data);
     /* The loader's batch is host memory: a run on another device gets one
      * copy of the field there (one check per field, not per element). */
-    lk_device dev = lk_device_default();
     if (t && !lk_device_is_host(dev)) {
         lk_tensor *d = lk_tensor_to(t, dev);
         lk_tensor_release(t);
@@ -298,6 +306,29 @@ static lk_status prepare_data(void *ctx) {
     return dm->vt->prepare_data ? dm->vt->prepare_data(dm) : LK_STATUS_OK;
 }
 
+/* Batches go onto a device the CPU cannot read ahead of their step
+ * (prefetch.c); dp cuts each batch into per-replica slices and copies
+ * those, so it keeps the synchronous copies of lk_batch_tensor. */
+static bool prefetching(const lk_trainer *tr) { return !lk_device_is_host(tr->dev) && !tr->dp_devices; }
+
+/* The loader's buffers on such a device: the memory its copies read fastest
+ * (pinned on cuda). ctx is the trainer's device, which outlives the loader. */
+static void *device_host_alloc(void *ctx, size_t bytes) {
+    void *p;
+    return lk_device_host_alloc(*(const lk_device *)ctx, bytes, &p) ? NULL : p;
+}
+static void device_host_free(void *ctx, void *p) { lk_device_host_free(*(const lk_device *)ctx, p, 0); }
+
+/* The prefetcher of the evaluation loops (validation, test, predict; made
+ * on first use, kept until run_cleanup), or NULL on the synchronous path. */
+static lk_status eval_prefetcher(lk_trainer *tr, lk__prefetch **out) {
+    *out = NULL;
+    if (!prefetching(tr)) return LK_STATUS_OK;
+    if (!tr->pf_eval) LK_TRY(lk__prefetch_create(tr->dev, &tr->pf_eval));
+    *out = tr->pf_eval;
+    return LK_STATUS_OK;
+}
+
 static lk_status make_loader(lk_trainer *tr, lk_dataset *ds, bool train, lk_loader **out) {
     lk_loader_config lc = lk_loader_config_default();
     lc.batch_size = tr->dm->batch_size > 0 ? tr->dm->batch_size : 32;
@@ -310,6 +341,10 @@ static lk_status make_loader(lk_trainer *tr, lk_dataset *ds, bool train, lk_load
      * (the metric reduction weighs each batch by its size). Training pads so
      * every rank runs the same number of steps. */
     lc.no_pad = !train;
+    if (!lk_device_is_host(tr->dev)) {
+        lc.alloc = device_host_alloc, lc.free = device_host_free, lc.alloc_ctx = &tr->dev;
+        if (prefetching(tr)) lc.hold = 2; /* batch i stays valid while i + 1 is taken */
+    }
     return lk_loader_create(ds, &lc, out);
 }
 
@@ -460,11 +495,14 @@ static lk_status run_eval(lk_trainer *tr, lk_loader *loader, const char *stage, 
     lk_layer_train(m->net, false);
     bool prev = lk_set_grad_enabled(false);
     lk_status st = lk_loader_start(loader, epoch, 0);
+    lk__prefetch *pf = NULL;
+    if (!st) st = eval_prefetcher(tr, &pf);
+    if (!st && pf) st = lk__prefetch_begin(pf, loader, n);
     if (tr->progress) lk_progress_begin_eval(tr->progress, title, n);
     for (int64_t i = 0; i < n_all && !st; i++) {
         const lk_batch *b = NULL;
         if (i < n) {
-            st = lk_loader_next(loader, &b);
+            st = pf ? lk__prefetch_next(pf, &b) : lk_loader_next(loader, &b);
             if (st) break;
         }
         if (!b) continue;
@@ -478,6 +516,8 @@ static lk_status run_eval(lk_trainer *tr, lk_loader *loader, const char *stage, 
         lk_scope_end();
         if (tr->progress) lk_progress_update_eval(tr->progress, i + 1);
     }
+    lk_status end = lk__prefetch_end(pf); /* no copy in flight when the loader restarts or goes */
+    if (!st) st = end;
     lk_set_grad_enabled(prev);
     lk_layer_train(m->net, true);
     if (!st) st = lk__metrics_end_epoch(tr, stage);
@@ -531,12 +571,13 @@ static lk_status fit_loop(lk_trainer *tr, lk_loader *train, lk_loader *val, int6
         lk__metrics_reset_epoch(tr, "train");
         LK_TRY(lk__log_lr_epoch(tr));
         LK_TRY(lk_loader_start(train, (uint64_t)tr->epoch, tr->resume_batch));
+        if (tr->pf) LK_TRY(lk__prefetch_begin(tr->pf, train, n_train - tr->resume_batch));
         if (tr->progress) lk_progress_begin_epoch(tr->progress, tr->epoch, c->max_epochs, n_train);
         bool validate_epoch = ((tr->epoch + 1) % c->check_val_every_n_epoch) == 0;
         for (int64_t i = tr->resume_batch; i < n_train; i++) {
             double t0 = lk_time_now();
             const lk_batch *b;
-            LK_TRY(lk_loader_next(train, &b));
+            LK_TRY(tr->pf ? lk__prefetch_next(tr->pf, &b) : lk_loader_next(train, &b));
             if (!b) break;
             double t1 = lk_time_now();
             tr->batch_idx = i;
@@ -634,6 +675,7 @@ static lk_status fit_loop(lk_trainer *tr, lk_loader *train, lk_loader *val, int6
             }
             if (stop || tr->should_stop) break;
         }
+        LK_TRY(lk__prefetch_end(tr->pf)); /* no copy in flight once the loader restarts */
         tr->resume_batch = 0;
         LK_TRY(lk__metrics_end_epoch(tr, "train"));
         if (tr->logger) LK_TRY(lk__metrics_log_epoch(tr, "train"));
@@ -717,6 +759,7 @@ lk_status lk_trainer_fit(lk_trainer *tr, lk_module *m, lk_datamodule *dm, const 
     if (!st && !train_ds) st = lk_error(LK_STATUS_INVALID_ARGUMENT, "data module '%s' has no training set", dm->name);
     if (!st && !m->vt->training_step) st = lk_error(LK_STATUS_INVALID_ARGUMENT, "module '%s' has no training_step", m->name);
     if (!st) st = make_loader(tr, train_ds, true, &train);
+    if (!st && prefetching(tr)) st = lk__prefetch_create(tr->dev, &tr->pf);
     if (!st && (val_ds || c->overfit_batches)) st = make_loader(tr, c->overfit_batches ? train_ds : val_ds, false, &val);
     int64_t n_train = 0, n_val = 0;
     if (!st) {
@@ -849,6 +892,8 @@ lk_status lk_trainer_fit(lk_trainer *tr, lk_module *m, lk_datamodule *dm, const 
     if (!st) st = lk__prof_finish(tr);
     lk__write_runinfo(tr, "fit", st);
     if (tr->logger) lk_logger_finalize(tr->logger, st ? "failed" : "success");
+    lk__prefetch_free(tr->pf); /* before its loader: its copies read the loader's memory */
+    tr->pf = NULL;
     lk_loader_free(train);
     lk_loader_free(val);
     if (c->sync_batchnorm && m) lk_layer_sync_batchnorm(m->net, NULL, NULL); /* the module outlives this trainer's comm */
@@ -933,12 +978,15 @@ lk_status lk_trainer_predict(lk_trainer *tr, lk_module *m, lk_datamodule *dm, co
     if (!st) st = lk__pred_create(&pred);
     int64_t n = st ? 0 : limit_batches(tr->cfg.limit_predict_batches, lk_loader_len(loader));
     if (!st) st = lk_loader_start(loader, 0, 0);
+    lk__prefetch *pf = NULL;
+    if (!st) st = eval_prefetcher(tr, &pf);
+    if (!st && pf) st = lk__prefetch_begin(pf, loader, n);
     tr->stage = "predict";
     lk_layer_train(m->net, false);
     bool prev = lk_set_grad_enabled(false);
     for (int64_t i = 0; i < n && !st; i++) {
         const lk_batch *b;
-        st = lk_loader_next(loader, &b);
+        st = pf ? lk__prefetch_next(pf, &b) : lk_loader_next(loader, &b);
         if (st || !b) break;
         lk_scope_begin();
         lk_autocast_enter(tr->autocast);
@@ -951,6 +999,8 @@ lk_status lk_trainer_predict(lk_trainer *tr, lk_module *m, lk_datamodule *dm, co
         lk_tensor_release(c);
         lk_scope_end();
     }
+    lk_status end = lk__prefetch_end(pf);
+    if (!st) st = end;
     lk_set_grad_enabled(prev);
     lk_layer_train(m->net, true);
     /* Rows of every rank, in dataset order, each sample once, in one .npy on

@@ -3,6 +3,7 @@
  * any worker count and any resume point, errors that reach the caller with
  * their message, and no allocation or hang whatever the caller does. */
 #include <stdatomic.h>
+#include <unistd.h>
 
 #include "lk_test.h"
 
@@ -424,6 +425,58 @@ static void loader_host_allocator(void) {
     lk_dataset_free(ds);
 }
 
+/* hold = 2 (the trainer's device prefetch): the batch taken before the
+ * last one keeps its memory and contents while workers fill ahead, and
+ * the ring has one slot more for it; the order and contents of an epoch
+ * are those of hold = 1. */
+static void loader_hold_two(void) {
+    lk_dataset *ds = seq_dataset(203);
+    for (int workers = 0; workers <= 3; workers += 3) {
+        int calls = 0;
+        lk_loader_config c = lk_loader_config_default();
+        c.batch_size = 4;
+        c.shuffle = true;
+        c.num_workers = workers;
+        c.prefetch = 2;
+        c.hold = 2;
+        c.alloc = counting_alloc, c.free = counting_free, c.alloc_ctx = &calls;
+        lk_loader *l = NULL;
+        CHECK_OK(lk_loader_create(ds, &c, &l));
+        if (!l) continue;
+        CHECK_MSG(calls == (2 + workers * 2) * 2, "workers %d: %d buffers, expected (2 + workers x prefetch) x 2 fields",
+                  workers, calls);
+        CHECK_OK(lk_loader_start(l, 1, 0));
+        const lk_batch *prev = NULL, *b = NULL;
+        int64_t prev_x[4 * 3], batches = 0;
+        while (lk_loader_next(l, &b) == LK_STATUS_OK && b) {
+            if (prev) { /* taken one call ago: still there, unchanged, and not the same slot */
+                CHECK(prev != b && prev->index == b->index - 1);
+                CHECK_MSG(!memcmp(prev->field[0].data, prev_x, (size_t)prev->size * 3 * sizeof(int64_t)),
+                          "workers %d: batch %lld changed while held", workers, (long long)prev->index);
+            }
+            if (workers) usleep(200); /* let the workers run ahead into the free slots */
+            memcpy(prev_x, b->field[0].data, (size_t)b->size * 3 * sizeof(int64_t));
+            prev = b;
+            batches++;
+        }
+        CHECK(batches == 51);
+        int64_t got[203], ref[203];
+        CHECK(run_epoch(l, 2, 0, got, NULL) == 203);
+        lk_loader_free(l);
+        c.hold = 1, c.alloc = NULL, c.free = NULL;
+        CHECK_OK(lk_loader_create(ds, &c, &l));
+        CHECK(run_epoch(l, 2, 0, ref, NULL) == 203);
+        CHECK(!memcmp(got, ref, sizeof got));
+        lk_loader_free(l);
+        CHECK(atomic_load(&live_allocs) == 0);
+    }
+    lk_loader_config c = lk_loader_config_default();
+    lk_loader *l = NULL;
+    c.hold = 9;
+    CHECK_ERR(lk_loader_create(ds, &c, &l), LK_STATUS_INVALID_ARGUMENT, "loader: hold 9, expected 1..8");
+    lk_dataset_free(ds);
+}
+
 /* Rank-0 prepare: a fake two-rank reduction run in one process. */
 static int prepared;
 static lk_status prep_ok(void *ctx) {
@@ -452,4 +505,4 @@ static void prepare(void) {
 LK_TEST_MAIN(LK_TEST_CASE(sampler_shards), LK_TEST_CASE(sampler_matches_pytorch), LK_TEST_CASE(sampler_epochs), LK_TEST_CASE(loader_same_for_any_worker_count),
              LK_TEST_CASE(loader_resume_and_drop_last), LK_TEST_CASE(loader_ranks_cover_dataset),
              LK_TEST_CASE(loader_no_alloc_in_steady_state), LK_TEST_CASE(loader_errors), LK_TEST_CASE(loader_passes_prefetch_hints),
-             LK_TEST_CASE(loader_free_while_busy), LK_TEST_CASE(loader_host_allocator), LK_TEST_CASE(prepare))
+             LK_TEST_CASE(loader_free_while_busy), LK_TEST_CASE(loader_host_allocator), LK_TEST_CASE(loader_hold_two), LK_TEST_CASE(prepare))

@@ -1,2 +1,5 @@
 lk_add_test(NAME sealed_train SOURCES sealed/test_sealed.c LABELS unit TIMEOUT 300)
 lk_add_test(NAME sealed_ddp SOURCES sealed/test_sealed_ddp.c LABELS unit multiproc TIMEOUT 300)
+# The batch prefetch onto the device (src/train/prefetch.c) on sealed_async,
+# whose copy stream defers its copies until an event is waited for.
+lk_add_test(NAME sealed_prefetch SOURCES sealed/test_prefetch.c LABELS unit TIMEOUT 300)
