@@ -4,7 +4,9 @@
  * bit (with gradient accumulation and a loss scale), and `dp` over two
  * replicas on threads gives the same parameters within float rounding (each
  * replica's loss is the mean over its half of the batch, weighted by its
- * share), with replica 1 a copy of replica 0 after every step. */
+ * share), with replica 1 a copy of replica 0 after every step. A
+ * non-finite loss reaches check_loss once backward has run, and stops the
+ * step. */
 #include <math.h>
 #include <string.h>
 
