@@ -38,6 +38,57 @@ static lk_tensor *index_contig(lk_tensor *t) {
     return lk_tensor_is_contiguous(t) ? lk_tensor_retain(t) : lk_tensor_clone(t);
 }
 
+/* ---- host shadows of device targets (lk__host_shadow_set) ----------------------- */
+
+enum { SHADOW_MAX = 8 };
+typedef struct {
+    lk_tensor *dev; /* retained */
+    const void *host, *owner;
+    int field;
+} host_shadow;
+static _Thread_local host_shadow shadows[SHADOW_MAX];
+static _Thread_local bool shadows_on;
+
+void lk__host_shadow_clear(void) {
+    for (int k = 0; k < SHADOW_MAX; k++) {
+        lk_tensor_release(shadows[k].dev);
+        shadows[k] = (host_shadow){0};
+    }
+}
+
+void lk__host_shadows_on(bool on) {
+    if (!on) lk__host_shadow_clear();
+    shadows_on = on;
+}
+
+void lk__host_shadow_set(lk_tensor *dev, const void *host, const void *owner, int field) {
+    if (!shadows_on || !dev || !host || lk_device_is_host(dev->device)) return;
+    int slot = -1;
+    for (int k = 0; k < SHADOW_MAX; k++) {
+        if (shadows[k].dev && shadows[k].owner != owner) { /* another batch's: its host memory may be reused */
+            lk__host_shadow_clear();
+            slot = 0;
+            break;
+        }
+        if (slot < 0 && (!shadows[k].dev || shadows[k].field == field)) slot = k;
+    }
+    if (slot < 0) return; /* full: the check reads the device instead */
+    lk_tensor_release(shadows[slot].dev);
+    shadows[slot] = (host_shadow){lk_tensor_retain(dev), host, owner, field};
+}
+
+/* A host tensor over t's shadow (wrapping, no copy), or NULL when t (all of
+ * it, contiguous) is not a registered device tensor. */
+static lk_tensor *shadow_of(const lk_tensor *t) {
+    for (int k = 0; k < SHADOW_MAX; k++) {
+        const lk_tensor *d = shadows[k].dev;
+        if (d && d->data == t->data && d->dtype == t->dtype && lk_device_equal(d->device, t->device) &&
+            d->numel == t->numel && lk_tensor_is_contiguous(t))
+            return lk_tensor_wrap(t->dtype, t->ndim, t->shape, (void *)shadows[k].host);
+    }
+    return NULL;
+}
+
 static inline int64_t index_at(const lk_tensor *t, int64_t i) {
     return t->dtype == LK_I64 ? ((const int64_t *)t->data)[i] : (int64_t)((const int32_t *)t->data)[i];
 }
@@ -162,6 +213,7 @@ typedef struct {
     int64_t N, C, D;
     lk_tensor *t; /* targets, contiguous i32/i64, one per row (owned) */
     lk_tensor *w; /* class weights, contiguous f32 [C], or NULL (owned) */
+    int64_t counted; /* rows whose target is not ignore_index (counted by the range check) */
 } cls_args;
 
 static void cls_args_release(cls_args *a) {
@@ -204,16 +256,21 @@ static lk_status cls_args_init(const char *op, lk_tensor *x, lk_tensor *target, 
     a->t = index_contig(target);
     if (!a->t) return lk_last_status();
     int64_t rows = a->N * a->D;
-    /* The range check reads the targets on the host: a device's are copied
-     * there first (an out-of-range class must be this error, never a read
-     * outside the logits). */
-    lk_tensor *ht = lk_device_is_host(a->t->device) ? lk_tensor_retain(a->t) : lk_tensor_to(a->t, LK_DEVICE_CPU);
+    /* The range check reads the targets on the host (an out-of-range class
+     * must be this error, never a read outside the logits): a device's from
+     * the loader's batch they were copied from when lk_batch_tensor made
+     * them (no device read: on a GPU that would be a synchronisation in the
+     * middle of forward), else copied to the host. */
+    lk_tensor *ht = lk_device_is_host(a->t->device) ? lk_tensor_retain(a->t) : shadow_of(a->t);
+    if (!ht && !lk_device_is_host(a->t->device)) ht = lk_tensor_to(a->t, LK_DEVICE_CPU);
     if (!ht) {
         cls_args_release(a);
         return lk_last_status();
     }
+    a->counted = 0;
     for (int64_t r = 0; r < rows; r++) {
         int64_t t = index_at(ht, r);
+        a->counted += t != o->ignore_index;
         if (t != o->ignore_index && (t < 0 || t >= a->C)) {
             char si[96];
             lk_tensor_release(ht);
@@ -231,6 +288,18 @@ static lk_status cls_args_init(const char *op, lk_tensor *x, lk_tensor *target, 
         cls_args_release(a);
         return lk_last_status();
     }
+    return LK_STATUS_OK;
+}
+
+/* The op's total weight (the mean's divisor, kept for backward). Without
+ * class weights it is the count of rows not ignored (a sum of 1.0s in f64:
+ * exact), which the range check counted on the host: the device's copy is
+ * not read back (a synchronisation on a GPU). With class weights, read. */
+static lk_status scalars_total_weight(lk__scalars *ws, const cls_args *a, double *wsum) {
+    if (!ws->dev || a->w) return lk__scalars_end(ws);
+    lk_tensor_release(ws->dev);
+    ws->dev = NULL;
+    *wsum = (double)a->counted;
     return LK_STATUS_OK;
 }
 
@@ -285,7 +354,7 @@ lk_tensor *lk_cross_entropy(lk_tensor *logits, lk_tensor *target, const lk_cross
     lk_status st = lk__scalars_begin(&ws, xc->device, LK_F64, 1, &wsum);
     if (!st) st = lk__backend_run(xc->device, &d, (void *[]){xc->data, a.t->data, a.w ? a.w->data : NULL, out->data,
                                                           P ? P->data : NULL, lk__scalars_at(&ws, 0)});
-    lk_status st2 = lk__scalars_end(&ws);
+    lk_status st2 = scalars_total_weight(&ws, &a, &wsum);
     if (st || st2) {
         lk_tensor_release(out);
         out = NULL;
@@ -361,7 +430,7 @@ lk_tensor *lk_nll_loss(lk_tensor *log_probs, lk_tensor *target, const lk_cross_e
     if (out && !st)
         st = lk__backend_run(xc->device, &d, (void *[]){xc->data, a.t->data, a.w ? a.w->data : NULL, out->data,
                                                         lk__scalars_at(&ws, 0)});
-    if (out && lk__scalars_end(&ws) && !st) st = lk_last_status();
+    if (out && scalars_total_weight(&ws, &a, &wsum) && !st) st = lk_last_status();
     if (out && st) {
         lk_tensor_release(out);
         out = NULL;

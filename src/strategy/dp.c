@@ -113,7 +113,7 @@ static void run_replica(dp *d, int k) {
     lk_autocast_exit();
     if (!loss) r->st = lk_last_status() ? lk_last_status() : lk_error(LK_STATUS_INVALID_USAGE, "training_step returned no loss");
     if (!r->st) {
-        r->loss = lk_tensor_item(loss);
+        lk_tensor *unscaled = loss;
         /* Each replica's loss is the mean over its slice: weighting by the
          * slice's share makes the summed gradient the full batch's. The
          * loss scale comes after the division, as the single-process path
@@ -122,6 +122,7 @@ static void run_replica(dp *d, int k) {
         r->t_fwd = lk_time_now() - t0;
         double t1 = lk_time_now();
         r->st = lk_backward(loss);
+        r->loss = lk_tensor_item(unscaled); /* after backward is queued: the read waits for it on a GPU */
         r->t_bwd = lk_time_now() - t1;
     }
     if (r->st) snprintf(r->err, sizeof r->err, "%s", lk_last_error());

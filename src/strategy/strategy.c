@@ -247,13 +247,19 @@ lk_status lk__strategy_local_step(lk_strategy *s, const lk_step_args *a, lk_step
     lk_tensor *loss = st ? NULL : fn->forward(fn->ctx, 0, a->batch, a->batch_idx);
     lk_autocast_exit();
     if (!st && !loss) st = lk_last_status() ? lk_last_status() : lk_error(LK_STATUS_INVALID_USAGE, "training_step returned no loss");
-    r->loss = loss ? lk_tensor_item(loss) : NAN;
-    if (!st && fn->check_loss) st = fn->check_loss(fn->ctx, r->loss);
-    if (!st) loss = lk__strategy_scale_loss(loss, a->loss_mul, a->loss_scale);
+    r->loss = NAN;
+    lk_tensor *scaled = st ? NULL : lk__strategy_scale_loss(loss, a->loss_mul, a->loss_scale);
     double t2 = lk_time_now();
     if (!st) {
         lk_strategy_begin_backward(s, a->sync);
-        st = lk_backward(loss);
+        st = lk_backward(scaled);
+        /* The step's one read of the loss (on a GPU a synchronisation: the
+         * host waits for the queue to drain), after backward is queued so
+         * forward and backward run back to back; a non-finite loss still
+         * stops the step before the gradients are communicated and the
+         * optimizer touches a parameter. */
+        r->loss = lk_tensor_item(loss);
+        if (!st && fn->check_loss) st = fn->check_loss(fn->ctx, r->loss);
         double t3 = lk_time_now();
         if (!st) st = lk_strategy_finish_backward(s);
         double t4 = lk_time_now();

@@ -33,7 +33,7 @@ static lk_tensor *model_loss(lk_module *m, const lk_batch *b, lk_tensor **out_lo
 
 static lk_tensor *builtin_training_step(lk_module *m, const lk_batch *b, int64_t i, lk_trainer *tr) {
     lk_tensor *loss = model_loss(m, b, NULL);
-    if (loss && lk_log_metric(tr, "train_loss", lk_tensor_item(loss), &(lk_log_opts){.prog_bar = true})) return NULL;
+    if (loss && lk__log_loss(tr, "train_loss", loss, &(lk_log_opts){.prog_bar = true})) return NULL;
     return loss;
 }
 

@@ -25,6 +25,7 @@ static lk_tensor *step_forward(void *ctx, int replica, const lk_batch *b, int64_
     /* Replica k of dp draws the randomness rank k would; single and ddp this rank's. */
     lk_layer_set_rng_step(m->net, (uint64_t)tr->cfg.seed, (uint32_t)(replica == 0 ? tr->rank : replica),
                           (uint64_t)tr->global_step);
+    t->pending_loss.armed = false; /* a failed step's leftover */
     return m->vt->training_step(m, b, batch_idx, t);
 }
 
@@ -32,6 +33,14 @@ static lk_tensor *step_forward(void *ctx, int replica, const lk_batch *b, int64_
  * writes "-nan" for 0 * inf), "inf" or "-inf". */
 static lk_status step_check_loss(void *ctx, double loss) {
     lk_trainer *tr = ctx;
+    if (tr->pending_loss.armed) { /* the loss training_step logged (lk__log_loss): this read's value */
+        tr->pending_loss.armed = false;
+        int64_t bs = tr->cur_batch_size;
+        tr->cur_batch_size = tr->pending_loss.batch_size;
+        lk_status st = lk_log_metric(tr, tr->pending_loss.name, loss, &tr->pending_loss.opts);
+        tr->cur_batch_size = bs;
+        LK_TRY(st);
+    }
     if (isfinite(loss)) return LK_STATUS_OK;
     char buf[32];
     if (isnan(loss)) snprintf(buf, sizeof buf, "nan");

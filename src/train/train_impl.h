@@ -77,6 +77,15 @@ struct lk_trainer {
     int64_t resume_batch; /* batches of the current epoch already done (resume) */
     bool at_epoch_end;    /* a checkpoint now resumes at epoch + 1, batch 0 */
     int64_t cur_batch_size;
+    /* A training step's loss logged by lk__log_loss on a device the host
+     * cannot read: logged when the strategy reads the loss once, after
+     * backward is queued (step.c's check_loss), not read a second time. */
+    struct {
+        bool armed;
+        char name[LK_METRIC_NAME];
+        lk_log_opts opts;
+        int64_t batch_size;
+    } pending_loss;
     int64_t accum;        /* accumulate_grad_batches in force */
     lk_named_tensors params, buffers;
     lk_tensor **param_arr, **buffer_arr;
@@ -144,6 +153,11 @@ lk_status lk__prof_finish(lk_trainer *tr);
 
 /* metrics.c */
 lk_metric *lk__metric_get(lk_trainer *tr, const char *name, bool create);
+/* lk_log_metric of the loss tensor a training_step returns: on the host its
+ * value now; on another device the value the strategy's one read of the
+ * step's loss gives (that read is a synchronisation on a GPU, and it comes
+ * after backward is queued). The caller must return this same tensor. */
+lk_status lk__log_loss(lk_trainer *tr, const char *name, const lk_tensor *loss, const lk_log_opts *opts);
 void lk__metrics_reset_epoch(lk_trainer *tr, const char *stage);
 /* Reduces epoch aggregates across ranks and turns them into values. */
 lk_status lk__metrics_end_epoch(lk_trainer *tr, const char *stage);

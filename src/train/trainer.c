@@ -18,6 +18,7 @@
 #include "lockstep/config.h"
 #include "device/gpu.h"
 #include "train/prefetch.h"
+#include "autograd/autograd_impl.h"
 #include "train/train_impl.h"
 
 /* ---- creation --------------------------------------------------------------- */
@@ -202,6 +203,7 @@ static void end_on_device(lk_trainer *tr) {
 }
 
 static void run_cleanup(lk_trainer *tr) {
+    lk__host_shadows_on(false);
     if (tr->strat) lk_strategy_detach(tr->strat); /* dp: its threads stop and its replicas go */
     end_on_device(tr);
     lk__replicas_free(tr);
@@ -272,6 +274,7 @@ lk_tensor *lk_batch_tensor(const lk_batch *b, int field) {
     if (!lk_device_is_host(dev)) { /* the trainer's loops may have copied it there already (prefetch.c) */
         lk_tensor *staged = NULL;
         if (lk__prefetch_tensor(b, field, dev, &staged)) return NULL;
+        if (staged) lk__host_shadow_set(staged, a->data, b, field); /* copied from a->data: its host shadow */
         if (staged) return lk_scope_adopt(staged);
     }
     lk_tensor *t = lk_tensor_wrap(a->dtype, a->ndim, a->shape, a->data);
@@ -281,6 +284,7 @@ lk_tensor *lk_batch_tensor(const lk_batch *b, int field) {
         lk_tensor *d = lk_tensor_to(t, dev);
         lk_tensor_release(t);
         t = d;
+        lk__host_shadow_set(t, a->data, b, field);
     }
     return lk_scope_adopt(t);
 }
@@ -588,7 +592,9 @@ static lk_status fit_loop(lk_trainer *tr, lk_loader *train, lk_loader *val, int6
                                .loss_scale = lk_grad_scaler_scale(tr->scaler), .autocast = tr->autocast};
             lk_step_result sr;
             size_t live0 = lk_pool_reset_peak();
-            LK_TRY(lk_strategy_training_step(tr->strat, &sa, &sr));
+            lk_status step_st = lk_strategy_training_step(tr->strat, &sa, &sr);
+            lk__host_shadow_clear(); /* the batch's host memory may be refilled from here on */
+            LK_TRY(step_st);
             if (tr->global_step >= 1) { /* the first step also makes the optimizer's state and caches */
                 size_t peak = lk_pool_get_stats().bytes_live_peak - live0;
                 if (peak > tr->step_peak_bytes) tr->step_peak_bytes = peak;
@@ -737,6 +743,7 @@ static lk_status begin_run(lk_trainer *tr, lk_module *m, lk_datamodule *dm, cons
         if (!tr->default_set) tr->prev_default = lk_device_default();
         LK_TRY(lk_device_set_default(tr->dev));
         tr->default_set = true;
+        lk__host_shadows_on(true); /* cross-entropy's target check reads the batch's host copy */
     }
     /* Local rank 0 may download and unpack for a long while: its own bound. */
     if (tr->world > 1 && dm->vt->prepare_data)

@@ -288,9 +288,9 @@ static void checkpoint_crosses_devices(void) {
 /* From the third step on the pool serves every storage (no device
  * allocation, no miss), and a step copies in the batch's two fields and
  * the dropout masks (drawn on the host), nothing else, never the
- * parameters; it copies out scalars (the loss, the logged metric, the
- * loss's weight sum, the non-finite check, batch norm's counters) and the
- * labels cross-entropy range-checks on the host, never a parameter. */
+ * parameters; it copies out scalars (the loss, the non-finite check,
+ * batch norm's counters), never a parameter (sealed_syncs holds the count
+ * of those reads). */
 static void steps_copy_the_batch_only(void) {
     for (int m = 0; m < 2; m++) {
         const char *model = m ? "cnn" : "mlp";

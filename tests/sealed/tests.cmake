@@ -3,3 +3,4 @@ lk_add_test(NAME sealed_ddp SOURCES sealed/test_sealed_ddp.c LABELS unit multipr
 # The batch prefetch onto the device (src/train/prefetch.c) on sealed_async,
 # whose copy stream defers its copies until an event is waited for.
 lk_add_test(NAME sealed_prefetch SOURCES sealed/test_prefetch.c LABELS unit TIMEOUT 300)
+lk_add_test(NAME sealed_syncs SOURCES sealed/test_syncs.c LABELS unit TIMEOUT 300)

@@ -4,7 +4,9 @@
  * bit (with gradient accumulation and a loss scale), and `dp` over two
  * replicas on threads gives the same parameters within float rounding (each
  * replica's loss is the mean over its half of the batch, weighted by its
- * share), with replica 1 a copy of replica 0 after every step. */
+ * share), with replica 1 a copy of replica 0 after every step. A
+ * non-finite loss reaches check_loss once backward has run, and stops the
+ * step. */
 #include <math.h>
 #include <string.h>
 
@@ -230,9 +232,74 @@ static void dp_needs_replicas(void) {
     lk_layer_free(x.nets[0]);
 }
 
+/* A non-finite loss: check_loss sees it once backward has run (the loss is
+ * read after backward is queued: on a GPU, reading it between forward and
+ * backward would stall the queue), the step returns check_loss's error and
+ * the parameters are untouched (the optimizer step is the caller's). */
+typedef struct {
+    ctx x;
+    const lk_tensor *fg;
+    int checks;
+    bool grads_at_check; /* some gradient element was non-zero when check_loss ran */
+} nan_ctx;
+
+static lk_tensor *nan_forward(void *c, int k, const lk_batch *b, int64_t batch_idx) {
+    lk_tensor *loss = forward(c, k, b, batch_idx);
+    return loss && batch_idx == 1 ? lk_mul_scalar(loss, NAN) : loss;
+}
+
+static lk_status nan_check(void *c, double loss) {
+    nan_ctx *n = c;
+    n->checks++;
+    const float *g = n->fg->data;
+    n->grads_at_check = false;
+    for (int64_t i = 0; i < n->fg->numel; i++) n->grads_at_check |= g[i] != 0.0f;
+    return isfinite(loss) ? LK_STATUS_OK : lk_error(LK_STATUS_ABORTED, "test: the loss is %g", loss);
+}
+
+static void nan_loss_checked_after_backward(void) {
+    lk_strategy_config sc = lk_strategy_config_default();
+    lk_strategy *s = NULL;
+    CHECK_OK(lk_strategy_create(&sc, &s));
+    nan_ctx n = {.x = {.nets = {make_net()}}};
+    int64_t total = lk_layer_num_parameters(n.x.nets[0]);
+    lk_tensor *gbuf = NULL, *fp = NULL, *fg = NULL;
+    CHECK_OK(lk_strategy_grad_buffer(s, total, &gbuf));
+    CHECK_OK(lk_params_flatten(n.x.nets[0], gbuf, &fp, &fg));
+    n.fg = fg;
+    lk_named_tensors params = {0};
+    CHECK_OK(lk_layer_named_parameters(n.x.nets[0], &params));
+    lk_tensor *arr[16];
+    for (int i = 0; i < params.n; i++) arr[i] = params.items[i].tensor;
+    CHECK_OK(lk_strategy_setup(s, arr, NULL, params.n, NULL, 0));
+    lk_step_fn fn = {.ctx = &n, .forward = nan_forward, .check_loss = nan_check};
+    CHECK_OK(lk_strategy_attach(s, &fn));
+    float *before = lk_calloc((size_t)fp->numel, sizeof(float));
+    memcpy(before, fp->data, lk_tensor_nbytes(fp));
+    lk_step_result r;
+    for (int t = 0; t < 2; t++) {
+        lk_batch b = batch_of(t);
+        lk_step_args a = {.batch = &b, .batch_idx = t, .sync = false, .loss_mul = 1.0f, .loss_scale = 1.0f, .autocast = LK_F32};
+        lk_status st = lk_strategy_training_step(s, &a, &r);
+        CHECK_MSG(n.checks == t + 1 && n.grads_at_check, "step %d: check_loss ran %d times, %s backward", t, n.checks,
+                  n.grads_at_check ? "after" : "before");
+        if (t == 0) CHECK_OK(st);
+        else CHECK_MSG(st == LK_STATUS_ABORTED && strstr(lk_last_error(), "test: the loss is"), "step 1: %s: %s",
+                       lk_status_str(st), lk_last_error());
+    }
+    CHECK(isnan(r.loss));
+    CHECK_MSG(!memcmp(before, fp->data, lk_tensor_nbytes(fp)), "the parameters changed");
+    lk_free(before);
+    lk_strategy_free(s);
+    lk_named_tensors_clear(&params);
+    lk_tensor_release(fp);
+    lk_tensor_release(fg);
+    lk_layer_free(n.x.nets[0]);
+}
+
 int main(int argc, char **argv) {
     make_data();
     static const lk_t_case cases[] = {LK_TEST_CASE(single_matches_hand_loop), LK_TEST_CASE(dp_matches_single),
-                                      LK_TEST_CASE(dp_needs_replicas)};
+                                      LK_TEST_CASE(dp_needs_replicas), LK_TEST_CASE(nan_loss_checked_after_backward)};
     return lk_t_run(cases, (int)(sizeof cases / sizeof cases[0]), argc, argv);
 }

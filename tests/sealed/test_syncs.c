@@ -1,0 +1,175 @@
+/* How often a training step waits for the device: every device->host copy
+ * inside a step is a synchronisation on a GPU (the host stops until the
+ * queue drains), so this counts the sealed device's copies out
+ * (tests/sealed_device.h) per steady-state step (steps 3 to 7) for the
+ * models and precisions issue 21 is about, prints them as a table (the one
+ * in docs/GPU.md) and holds each at the bound reached, so a new read in the
+ * step is a failure here. Nothing is read between forward and backward
+ * (an op hook notes the copies out at the first backward op), and the
+ * autoencoder's forward reads nothing at all. */
+#include <unistd.h>
+
+#include "lk_test.h"
+#include "lockstep/strategy.h"
+#include "lockstep/trainer.h"
+#include "sealed_device.h"
+
+static const lk_model_kv mlp_args[] = {{"input_dim", "16"}, {"hidden", "[32, 16]"}, {"num_classes", "4"}, {"dropout", "0.25"}};
+static const lk_model_kv cnn_args[] = {{"image_size", "8"}, {"channels", "[4, 6]"}, {"hidden", "10"}, {"num_classes", "4"}};
+static const lk_model_kv ae_args[] = {{"input_dim", "16"}, {"hidden", "[12, 8]"}, {"latent_dim", "4"}};
+static const lk_model_kv flat_data[] = {{"num_samples", "640"}, {"input_shape", "[16]"}, {"num_classes", "4"},
+                                        {"batch_size", "32"}, {"num_workers", "0"}};
+static const lk_model_kv cnn_data[] = {{"num_samples", "320"}, {"input_shape", "[1, 8, 8]"}, {"num_classes", "4"},
+                                       {"batch_size", "16"}, {"num_workers", "0"}};
+
+enum { STEPS = 8, FIRST = 3 };
+typedef struct {
+    const char *name, *model, *precision;
+    double clip;
+    long bound; /* copies out per step, at most */
+    long fwd;   /* of which in forward (training_step), at most */
+    long before; /* what a step read before this work (for the table) */
+} config;
+
+static sealed_stats at[STEPS + 1];
+static int64_t seen;
+/* per step: copies out when forward returned and when the first backward op ended */
+static long out_fwd_end[STEPS + 1], out_bwd_first[STEPS + 1];
+static bool in_bwd;
+static void on_op(void *ctx, const char *op, bool backward, double t0, double t1) {
+    (void)ctx, (void)op, (void)t0, (void)t1;
+    if (!backward || in_bwd || seen < 1 || seen > STEPS + 1) return;
+    in_bwd = true;
+    out_bwd_first[seen - 1] = sealed_get_stats().copies_out;
+}
+static const lk_module_vtable *base_vt;
+static lk_tensor *probe_step(lk_module *m, const lk_batch *b, int64_t i, lk_trainer *tr) {
+    int64_t k = lk_trainer_global_step(tr);
+    if (k <= STEPS) at[k] = sealed_get_stats(), seen = k + 1;
+    in_bwd = false;
+    lk_set_op_hook(on_op, NULL);
+    lk_tensor *loss = base_vt->training_step(m, b, i, tr);
+    if (k <= STEPS) out_fwd_end[k] = sealed_get_stats().copies_out;
+    return loss;
+}
+
+static char root[256];
+
+/* Fits STEPS + 1 steps on sealed:0; at[k] holds the counters at the start of step k. */
+static void fit(const config *c) {
+    lk_trainer_config cfg;
+    CHECK_OK(lk_trainer_config_default(&cfg));
+    snprintf(cfg.accelerator, sizeof cfg.accelerator, "sealed");
+    snprintf(cfg.strategy, sizeof cfg.strategy, "single");
+    snprintf(cfg.precision, sizeof cfg.precision, "%s", c->precision);
+    cfg.devices = 1;
+    cfg.max_steps = STEPS + 1;
+    cfg.max_epochs = 5;
+    cfg.enable_checkpointing = false;
+    cfg.enable_progress_bar = false;
+    cfg.enable_tensorboard = false;
+    cfg.enable_model_summary = false;
+    cfg.num_sanity_val_steps = 0;
+    cfg.log_every_n_steps = 1;
+    cfg.seed = 3;
+    cfg.gradient_clip_val = c->clip;
+    snprintf(cfg.default_root_dir, sizeof cfg.default_root_dir, "%s", root);
+    bool cnn = !strcmp(c->model, "cnn"), ae = !strcmp(c->model, "autoencoder");
+    lk_module *m = NULL;
+    lk_datamodule *dm = NULL;
+    lk_trainer *tr = NULL;
+    CHECK_OK(lk_module_create_builtin(c->model, cnn ? cnn_args : ae ? ae_args : mlp_args, ae ? 3 : 4, 3, &m));
+    CHECK_OK(lk_datamodule_create_builtin("synthetic", cnn ? cnn_data : flat_data, 5, 3, &dm));
+    CHECK_OK(lk_trainer_create(&cfg, NULL, NULL, &tr));
+    static lk_module_vtable probe_vt;
+    seen = 0;
+    if (m && dm && tr) {
+        base_vt = m->vt;
+        probe_vt = *m->vt;
+        probe_vt.training_step = probe_step;
+        m->vt = &probe_vt;
+        CHECK_OK(lk_trainer_fit(tr, m, dm, NULL));
+        lk_set_op_hook(NULL, NULL);
+        m->vt = base_vt;
+    }
+    lk_trainer_free(tr);
+    lk_module_free(m);
+    lk_datamodule_free(dm);
+}
+
+static void copies_out_per_step(void) {
+    /* before: what each step read when this test was written (docs/GPU.md's table) */
+    static const config cs[] = {
+        {"mlp f32", "mlp", "32-true", 0, 2, 0, 5},
+        {"cnn f32", "cnn", "32-true", 0, 4, 2, 7}, /* forward: batch norm's two */
+        {"mlp bf16-mixed", "mlp", "bf16-mixed", 0, 2, 0, 5},
+        {"mlp 16-mixed, clipped", "mlp", "16-mixed", 0.5, 3, 0, 6},
+        {"autoencoder (mse)", "autoencoder", "32-true", 0, 2, 0, 3},
+    };
+    printf("| run | copies out per step (before) | now | bytes out per step |\n|---|---|---|---|\n");
+    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
+        const config *c = &cs[i];
+        fit(c);
+        CHECK_MSG(seen == STEPS + 1, "%s: %lld steps probed", c->name, (long long)seen);
+        if (seen != STEPS + 1) continue;
+        long most = 0;
+        size_t bytes = 0;
+        for (int k = FIRST; k < STEPS; k++) {
+            long out = at[k + 1].copies_out - at[k].copies_out;
+            if (out > most) most = out, bytes = at[k + 1].bytes_out - at[k].bytes_out;
+        }
+        printf("| %s | %ld | %ld | %zu |\n", c->name, c->before, most, bytes);
+        for (int k = FIRST; k < STEPS; k++) {
+            /* nothing read between forward and backward: the host queues
+             * backward right behind forward (the loss is read after it) */
+            CHECK_MSG(out_bwd_first[k] == out_fwd_end[k], "%s step %d: %ld copies out between forward and backward",
+                      c->name, k, out_bwd_first[k] - out_fwd_end[k]);
+            /* train_loss is logged from the one read after backward, and
+             * cross-entropy reads neither the targets (their host copy) nor
+             * its total weight (counted there) */
+            CHECK_MSG(out_fwd_end[k] - at[k].copies_out <= c->fwd, "%s step %d: forward copies %ld out (at most %ld)",
+                      c->name, k, out_fwd_end[k] - at[k].copies_out, c->fwd);
+        }
+        CHECK_MSG(most <= c->bound, "%s: %ld copies out in a steady step (at most %ld expected)", c->name, most, c->bound);
+    }
+}
+
+/* A target out of range on the sealed device is still the range check's
+ * error, found in the batch's host copy: the model has 3 classes, the
+ * data 4. */
+static void target_out_of_range(void) {
+    lk_trainer_config cfg;
+    CHECK_OK(lk_trainer_config_default(&cfg));
+    snprintf(cfg.accelerator, sizeof cfg.accelerator, "sealed");
+    cfg.max_steps = 4;
+    cfg.enable_checkpointing = cfg.enable_progress_bar = cfg.enable_tensorboard = cfg.enable_model_summary = false;
+    cfg.num_sanity_val_steps = 0;
+    snprintf(cfg.default_root_dir, sizeof cfg.default_root_dir, "%s", root);
+    static const lk_model_kv three[] = {{"input_dim", "16"}, {"hidden", "[8]"}, {"num_classes", "3"}};
+    lk_module *m = NULL;
+    lk_datamodule *dm = NULL;
+    lk_trainer *tr = NULL;
+    CHECK_OK(lk_module_create_builtin("mlp", three, 3, 3, &m));
+    CHECK_OK(lk_datamodule_create_builtin("synthetic", flat_data, 5, 3, &dm));
+    CHECK_OK(lk_trainer_create(&cfg, NULL, NULL, &tr));
+    sealed_stats before = sealed_get_stats();
+    if (m && dm && tr) CHECK_ERR(lk_trainer_fit(tr, m, dm, NULL), LK_STATUS_INVALID_ARGUMENT, "= 3 is out of range for 3 classes");
+    sealed_stats after = sealed_get_stats();
+    CHECK_MSG(after.ops > before.ops, "nothing ran on the sealed device");
+    lk_trainer_free(tr);
+    lk_module_free(m);
+    lk_datamodule_free(dm);
+}
+
+static void setup(void) {
+    snprintf(root, sizeof root, "/tmp/lk_test_syncs_%d", (int)getpid());
+    sealed_device(0);
+}
+
+static void cleanup(void) {
+    char rm[300];
+    snprintf(rm, sizeof rm, "rm -rf %s", root);
+    CHECK(system(rm) == 0);
+}
+
+LK_TEST_MAIN(LK_TEST_CASE(setup), LK_TEST_CASE(copies_out_per_step), LK_TEST_CASE(target_out_of_range), LK_TEST_CASE(cleanup))
