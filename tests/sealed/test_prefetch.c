@@ -222,26 +222,25 @@ static void limits_and_short_batch(void) {
     same_bits("mlp, limit_train_batches=7", &cpu, &sd);
 }
 
-/* Two loader workers filling ahead of the two batches the trainer holds:
- * the bits of the CPU run. */
-static void workers_fill_ahead(void) {
-    run_spec s = {.model = "mlp", .max_steps = 20, .workers = "2"};
+/* The run on the cpu, then on sealed_async: the same bits. */
+static void same_as_cpu(const char *what, run_spec s) {
     s.accelerator = "cpu";
     run_out cpu = fit(s);
     s.accelerator = "sealed_async";
     run_out sd = fit(s);
-    same_bits("mlp, 2 loader workers", &cpu, &sd);
+    same_bits(what, &cpu, &sd);
+}
+
+/* Two loader workers filling ahead of the two batches the trainer holds:
+ * the bits of the CPU run. */
+static void workers_fill_ahead(void) {
+    same_as_cpu("mlp, 2 loader workers", (run_spec){.model = "mlp", .max_steps = 20, .workers = "2"});
 }
 
 /* accumulate_grad_batches=3 over an epoch boundary (16 batches: the
  * epoch's last optimizer step takes one): the CPU's bits. */
 static void accumulation(void) {
-    run_spec s = {.model = "mlp", .max_steps = 7, .accum = 3};
-    s.accelerator = "cpu";
-    run_out cpu = fit(s);
-    s.accelerator = "sealed_async";
-    run_out sd = fit(s);
-    same_bits("mlp, accumulate_grad_batches=3", &cpu, &sd);
+    same_as_cpu("mlp, accumulate_grad_batches=3", (run_spec){.model = "mlp", .max_steps = 7, .accum = 3});
 }
 
 /* The training set fails inside batch 5 (sample 161 read): batch 5 is taken
