@@ -247,15 +247,16 @@ static const lk_backend sealed_backend = {.name = "sealed", .supports = sealed_b
 
 /* Registers the sealed device and its backend (once per process) and
  * returns sealed:index. */
-static inline lk_device sealed_device(int index) {
+static inline lk_device sealed_register(const lk_device_vtable *vt, int index) {
     pthread_once(&sealed_once, sealed_init_once);
     lk_device_kind k = LK_CPU;
-    if (lk_device_register(&sealed_vtable, NULL, &k) || lk__backend_register(k, &sealed_backend)) {
-        fprintf(stderr, "sealed device: %s\n", lk_last_error());
+    if (lk_device_register(vt, NULL, &k) || lk__backend_register(k, &sealed_backend)) {
+        fprintf(stderr, "%s device: %s\n", vt->name, lk_last_error());
         abort();
     }
     return (lk_device){k, index};
 }
+static inline lk_device sealed_device(int index) { return sealed_register(&sealed_vtable, index); }
 
 /* Copies the counters (taken under the arena's lock, so dp's threads do not tear them). */
 static inline sealed_stats sealed_get_stats(void) {
@@ -476,15 +477,7 @@ static const lk_device_vtable sealed_async_vtable = {
 };
 
 /* Registers sealed_async (once per process) and returns sealed_async:index. */
-static inline lk_device sealed_async_device(int index) {
-    pthread_once(&sealed_once, sealed_init_once);
-    lk_device_kind k = LK_CPU;
-    if (lk_device_register(&sealed_async_vtable, NULL, &k) || lk__backend_register(k, &sealed_backend)) {
-        fprintf(stderr, "sealed_async device: %s\n", lk_last_error());
-        abort();
-    }
-    return (lk_device){k, index};
-}
+static inline lk_device sealed_async_device(int index) { return sealed_register(&sealed_async_vtable, index); }
 
 static inline sealed_async_counts sealed_async_get_stats(void) {
     pthread_mutex_lock(&sealed_arena.mu);

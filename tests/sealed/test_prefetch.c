@@ -11,57 +11,8 @@
  * i + 1 with its message, as on the CPU. The device calls' fallbacks (cpu,
  * sealed without streams) are synchronous. */
 #include <stdatomic.h>
-#include <unistd.h>
 
-#include "lk_test.h"
-#include "lockstep/trainer.h"
-#include "sealed_device.h"
-
-static const lk_model_kv mlp_args[] = {{"input_dim", "16"}, {"hidden", "[32, 16]"}, {"num_classes", "4"}, {"dropout", "0.25"}};
-static const lk_model_kv cnn_args[] = {{"image_size", "8"}, {"channels", "[4, 6]"}, {"hidden", "10"}, {"num_classes", "4"}};
-
-typedef struct {
-    const char *model, *accelerator;
-    int64_t max_steps, max_epochs; /* max_epochs 0: 5 */
-    const char *num_samples;       /* NULL: 640 (mlp, 20 batches of 32) or 320 (cnn, 20 of 16) */
-    lk_count_or_fraction limit;    /* limit_train_batches; value 0: all */
-    int64_t accum;                 /* accumulate_grad_batches (0: 1) */
-    const char *resume;
-    char *last;       /* last.ckpt's path goes here (1024 bytes), or NULL */
-    int64_t fail_at;  /* > 0: the training set's get() fails at this call (0-based) */
-    lk_status expect; /* the fit's status */
-    bool test_after;  /* lk_trainer_test and lk_trainer_predict after the fit */
-    const char *workers; /* data.num_workers (NULL: "0") */
-} run_spec;
-
-enum { MAX_STEPS = 64 };
-typedef struct {
-    float *params;
-    int64_t n;
-    double loss, val_loss, test_loss;
-    float pred[4]; /* test_after: the first prediction row */
-    long test_async; /* test_after: async copies made by test and predict */
-    int64_t steps_seen; /* training_step calls */
-    sealed_stats at[MAX_STEPS], before, after;
-    sealed_async_counts aat[MAX_STEPS], abefore, aafter;
-    uint64_t misses[MAX_STEPS]; /* the tensor pool's, at the start of every training_step */
-    char err[1024];
-} run_out;
-
-static char root[256];
-static void setup(void);
-
-/* ---- the probe: counters at the start of every training_step ---- */
-static const lk_module_vtable *base_vt;
-static run_out *probe_out;
-static lk_tensor *probe_step(lk_module *m, const lk_batch *b, int64_t i, lk_trainer *tr) {
-    int64_t k = probe_out->steps_seen++;
-    if (k < MAX_STEPS) {
-        probe_out->at[k] = sealed_get_stats(), probe_out->aat[k] = sealed_async_get_stats();
-        probe_out->misses[k] = lk_pool_get_stats().misses;
-    }
-    return base_vt->training_step(m, b, i, tr);
-}
+#include "sealed_harness.h"
 
 /* ---- a training set whose get() fails at the Nth call ---- */
 typedef struct {
@@ -85,6 +36,7 @@ static const lk_dataset_vtable failing_vt = {.kind = "failing", .get = failing_g
 static const lk_datamodule_vtable *base_dm_vt;
 static lk_dataset *failing_train;
 static int64_t fail_at;
+static lk_datamodule_vtable dm_vt;
 static lk_dataset *failing_dataset(lk_datamodule *dm, const char *split) {
     lk_dataset *ds = base_dm_vt->dataset(dm, split);
     if (strcmp(split, "train") || !ds) return ds;
@@ -100,121 +52,22 @@ static lk_dataset *failing_dataset(lk_datamodule *dm, const char *split) {
     return failing_train;
 }
 
-static double metric(lk_trainer *tr, const char *name) {
-    double v = NAN;
-    return lk_trainer_metric(tr, name, &v) ? v : NAN;
+/* Every prefetch run is probed by training_step call (a resumed or
+ * accumulating fit counts the calls it made); a run with fail_at trains on
+ * the failing set. */
+static void fail_train(lk_datamodule *dm) {
+    base_dm_vt = dm->vt;
+    dm_vt = *dm->vt;
+    dm_vt.dataset = failing_dataset;
+    dm->vt = &dm_vt;
 }
-
 static run_out fit(run_spec s) {
-    run_out o = {.loss = NAN, .val_loss = NAN, .test_loss = NAN};
-    if (!root[0]) setup(); /* a case run alone */
-    lk_trainer_config cfg;
-    CHECK_OK(lk_trainer_config_default(&cfg));
-    snprintf(cfg.accelerator, sizeof cfg.accelerator, "%s", s.accelerator);
-    snprintf(cfg.strategy, sizeof cfg.strategy, "single");
-    cfg.max_steps = s.max_steps;
-    cfg.max_epochs = s.max_epochs ? s.max_epochs : 5;
-    if (s.limit.value > 0) cfg.limit_train_batches = s.limit;
-    if (s.accum) cfg.accumulate_grad_batches = s.accum;
-    cfg.enable_checkpointing = true;
-    cfg.enable_progress_bar = false;
-    cfg.enable_tensorboard = false;
-    cfg.enable_model_summary = false;
-    cfg.num_sanity_val_steps = 0;
-    cfg.log_every_n_steps = 1;
-    cfg.seed = 3;
-    snprintf(cfg.default_root_dir, sizeof cfg.default_root_dir, "%s", root);
-    bool cnn = !strcmp(s.model, "cnn");
-    const char *ns = s.num_samples ? s.num_samples : cnn ? "320" : "640";
-    const lk_model_kv data[] = {{"num_samples", ns}, {"input_shape", cnn ? "[1, 8, 8]" : "[16]"}, {"num_classes", "4"},
-                                {"batch_size", cnn ? "16" : "32"}, {"num_workers", s.workers ? s.workers : "0"}};
-    lk_module *m = NULL;
-    lk_datamodule *dm = NULL;
-    lk_trainer *tr = NULL;
-    CHECK_OK(lk_module_create_builtin(s.model, cnn ? cnn_args : mlp_args, 4, 3, &m));
-    CHECK_OK(lk_datamodule_create_builtin("synthetic", data, 5, 3, &dm));
-    CHECK_OK(lk_trainer_create(&cfg, NULL, NULL, &tr));
-    if (!m || !dm || !tr) goto out;
-    static lk_module_vtable probe_vt;
-    base_vt = m->vt;
-    probe_vt = *m->vt;
-    probe_vt.training_step = probe_step;
-    m->vt = &probe_vt;
-    probe_out = &o;
-    static lk_datamodule_vtable dm_vt;
-    if (s.fail_at > 0) {
-        base_dm_vt = dm->vt;
-        dm_vt = *dm->vt;
-        dm_vt.dataset = failing_dataset;
-        dm->vt = &dm_vt;
-        fail_at = s.fail_at;
-    }
-    o.before = sealed_get_stats(), o.abefore = sealed_async_get_stats();
-    lk_status st = lk_trainer_fit(tr, m, dm, s.resume);
-    o.after = sealed_get_stats(), o.aafter = sealed_async_get_stats();
-    snprintf(o.err, sizeof o.err, "%s", st ? lk_last_error() : "");
-    CHECK_MSG(st == s.expect, "%s on %s: fit returned %d (%s), expected %d", s.model, s.accelerator, (int)st, o.err,
-              (int)s.expect);
-    if (s.last) snprintf(s.last, 1024, "%s", lk_trainer_last_checkpoint(tr));
-    o.loss = metric(tr, "train_loss");
-    o.val_loss = metric(tr, "val_loss");
-    if (s.test_after && !st) { /* the module stays on the device after fit: test and predict run there */
-        long a0 = sealed_async_get_stats().copies_async;
-        CHECK_OK(lk_trainer_test(tr, m, dm, NULL));
-        o.test_loss = metric(tr, "test_loss");
-        CHECK_OK(lk_trainer_predict(tr, m, dm, NULL));
-        o.test_async = sealed_async_get_stats().copies_async - a0;
-        char path[2200];
-        snprintf(path, sizeof path, "%s/predictions.npy", lk_trainer_log_dir(tr));
-        FILE *f = fopen(path, "rb");
-        char buf[4096];
-        size_t got = f ? fread(buf, 1, sizeof buf, f) : 0;
-        if (f) fclose(f);
-        size_t hl = got > 10 ? (size_t)(unsigned char)buf[8] | (size_t)(unsigned char)buf[9] << 8 : 0; /* .npy header */
-        CHECK_MSG(got >= 10 + hl + sizeof o.pred, "%s: no predictions", path);
-        if (got >= 10 + hl + sizeof o.pred) memcpy(o.pred, buf + 10 + hl, sizeof o.pred);
-    }
-    lk_named_tensors ps = {0};
-    CHECK_OK(lk_layer_named_parameters(m->net, &ps));
-    for (int i = 0; i < ps.n; i++) o.n += ps.items[i].tensor->numel;
-    o.params = calloc((size_t)o.n + 1, sizeof(float));
-    for (int64_t i = 0, k = 0; i < ps.n; k += ps.items[i].tensor->numel, i++) {
-        lk_tensor *h = lk_tensor_to(ps.items[i].tensor, LK_DEVICE_CPU);
-        CHECK(h && h->dtype == LK_F32);
-        if (h) memcpy(o.params + k, h->data, (size_t)h->numel * sizeof(float));
-        lk_tensor_release(h);
-    }
-    lk_named_tensors_clear(&ps);
-    m->vt = base_vt;
-    if (s.fail_at > 0) dm->vt = base_dm_vt;
-out:
-    probe_out = NULL;
-    lk_trainer_free(tr);
-    lk_module_free(m);
-    lk_datamodule_free(dm);
+    s.probe = s.probe_by_call = true;
+    if (s.fail_at > 0) s.datamodule_hook = fail_train, fail_at = s.fail_at;
+    run_out o = sh_fit(s);
     lk_dataset_free(failing_train);
     failing_train = NULL;
     return o;
-}
-
-static bool same_double(double a, double b) { return memcmp(&a, &b, sizeof a) == 0; }
-
-static void same_bits(const char *what, run_out *a, run_out *b) {
-    CHECK_MSG(a->params && b->params && a->n == b->n && a->n > 0, "%s: no parameters", what);
-    if (a->params && b->params && a->n == b->n) {
-        int64_t diff = 0;
-        for (int64_t i = 0; i < a->n; i++) diff += memcmp(&a->params[i], &b->params[i], sizeof(float)) != 0;
-        CHECK_MSG(diff == 0, "%s: %lld of %lld parameters differ", what, (long long)diff, (long long)a->n);
-    }
-    CHECK_MSG(same_double(a->loss, b->loss) && !isnan(a->loss), "%s: train_loss %.9g vs %.9g", what, a->loss, b->loss);
-    CHECK_MSG(same_double(a->val_loss, b->val_loss), "%s: val_loss %.9g vs %.9g", what, a->val_loss, b->val_loss);
-    CHECK_MSG(same_double(a->test_loss, b->test_loss), "%s: test_loss %.9g vs %.9g", what, a->test_loss, b->test_loss);
-    CHECK_MSG(!memcmp(a->pred, b->pred, sizeof a->pred), "%s: predictions %g vs %g", what, a->pred[0], b->pred[0]);
-    CHECK_MSG(a->steps_seen == b->steps_seen, "%s: %lld vs %lld training steps", what, (long long)a->steps_seen,
-              (long long)b->steps_seen);
-    free(a->params);
-    free(b->params);
-    a->params = b->params = NULL;
 }
 
 /* ---- the device calls ---- */
@@ -369,26 +222,25 @@ static void limits_and_short_batch(void) {
     same_bits("mlp, limit_train_batches=7", &cpu, &sd);
 }
 
-/* Two loader workers filling ahead of the two batches the trainer holds:
- * the bits of the CPU run. */
-static void workers_fill_ahead(void) {
-    run_spec s = {.model = "mlp", .max_steps = 20, .workers = "2"};
+/* The run on the cpu, then on sealed_async: the same bits. */
+static void same_as_cpu(const char *what, run_spec s) {
     s.accelerator = "cpu";
     run_out cpu = fit(s);
     s.accelerator = "sealed_async";
     run_out sd = fit(s);
-    same_bits("mlp, 2 loader workers", &cpu, &sd);
+    same_bits(what, &cpu, &sd);
+}
+
+/* Two loader workers filling ahead of the two batches the trainer holds:
+ * the bits of the CPU run. */
+static void workers_fill_ahead(void) {
+    same_as_cpu("mlp, 2 loader workers", (run_spec){.model = "mlp", .max_steps = 20, .workers = "2"});
 }
 
 /* accumulate_grad_batches=3 over an epoch boundary (16 batches: the
  * epoch's last optimizer step takes one): the CPU's bits. */
 static void accumulation(void) {
-    run_spec s = {.model = "mlp", .max_steps = 7, .accum = 3};
-    s.accelerator = "cpu";
-    run_out cpu = fit(s);
-    s.accelerator = "sealed_async";
-    run_out sd = fit(s);
-    same_bits("mlp, accumulate_grad_batches=3", &cpu, &sd);
+    same_as_cpu("mlp, accumulate_grad_batches=3", (run_spec){.model = "mlp", .max_steps = 7, .accum = 3});
 }
 
 /* The training set fails inside batch 5 (sample 161 read): batch 5 is taken
@@ -408,14 +260,8 @@ static void loader_error_at_its_step(void) {
 }
 
 static void setup(void) {
-    snprintf(root, sizeof root, "/tmp/lk_test_prefetch_%d", (int)getpid());
+    sh_root_init("prefetch");
     sealed_async_device(0);
-}
-
-static void cleanup(void) {
-    char rm[300];
-    snprintf(rm, sizeof rm, "rm -rf %s", root);
-    CHECK(system(rm) == 0);
 }
 
 LK_TEST_MAIN(LK_TEST_CASE(setup), LK_TEST_CASE(device_calls), LK_TEST_CASE(mlp_fit), LK_TEST_CASE(cnn_fit),

@@ -7,20 +7,10 @@
  * step is a failure here. Nothing is read between forward and backward
  * (an op hook notes the copies out at the first backward op), and the
  * autoencoder's forward reads nothing at all. */
-#include <unistd.h>
+#include "sealed_harness.h"
 
-#include "lk_test.h"
-#include "lockstep/strategy.h"
-#include "lockstep/trainer.h"
-#include "sealed_device.h"
-
-static const lk_model_kv mlp_args[] = {{"input_dim", "16"}, {"hidden", "[32, 16]"}, {"num_classes", "4"}, {"dropout", "0.25"}};
-static const lk_model_kv cnn_args[] = {{"image_size", "8"}, {"channels", "[4, 6]"}, {"hidden", "10"}, {"num_classes", "4"}};
-static const lk_model_kv ae_args[] = {{"input_dim", "16"}, {"hidden", "[12, 8]"}, {"latent_dim", "4"}};
 static const lk_model_kv flat_data[] = {{"num_samples", "640"}, {"input_shape", "[16]"}, {"num_classes", "4"},
                                         {"batch_size", "32"}, {"num_workers", "0"}};
-static const lk_model_kv cnn_data[] = {{"num_samples", "320"}, {"input_shape", "[1, 8, 8]"}, {"num_classes", "4"},
-                                       {"batch_size", "16"}, {"num_workers", "0"}};
 
 enum { STEPS = 8, FIRST = 3 };
 typedef struct {
@@ -31,7 +21,6 @@ typedef struct {
     long before; /* what a step read before this work (for the table) */
 } config;
 
-static sealed_stats at[STEPS + 1];
 static int64_t seen;
 /* per step: copies out when forward returned and when the first backward op ended */
 static long out_fwd_end[STEPS + 1], out_bwd_first[STEPS + 1];
@@ -42,59 +31,26 @@ static void on_op(void *ctx, const char *op, bool backward, double t0, double t1
     in_bwd = true;
     out_bwd_first[seen - 1] = sealed_get_stats().copies_out;
 }
-static const lk_module_vtable *base_vt;
-static lk_tensor *probe_step(lk_module *m, const lk_batch *b, int64_t i, lk_trainer *tr) {
-    int64_t k = lk_trainer_global_step(tr);
-    if (k <= STEPS) at[k] = sealed_get_stats(), seen = k + 1;
+/* Around the probed training_step (the harness has recorded the counters at its start). */
+static void around_step(run_out *o, int64_t k, bool after) {
+    if (after) {
+        if (k <= STEPS) out_fwd_end[k] = sealed_get_stats().copies_out;
+        return;
+    }
+    seen = o->steps_seen;
     in_bwd = false;
     lk_set_op_hook(on_op, NULL);
-    lk_tensor *loss = base_vt->training_step(m, b, i, tr);
-    if (k <= STEPS) out_fwd_end[k] = sealed_get_stats().copies_out;
-    return loss;
 }
 
-static char root[256];
-
-/* Fits STEPS + 1 steps on sealed:0; at[k] holds the counters at the start of step k. */
-static void fit(const config *c) {
-    lk_trainer_config cfg;
-    CHECK_OK(lk_trainer_config_default(&cfg));
-    snprintf(cfg.accelerator, sizeof cfg.accelerator, "sealed");
-    snprintf(cfg.strategy, sizeof cfg.strategy, "single");
-    snprintf(cfg.precision, sizeof cfg.precision, "%s", c->precision);
-    cfg.devices = 1;
-    cfg.max_steps = STEPS + 1;
-    cfg.max_epochs = 5;
-    cfg.enable_checkpointing = false;
-    cfg.enable_progress_bar = false;
-    cfg.enable_tensorboard = false;
-    cfg.enable_model_summary = false;
-    cfg.num_sanity_val_steps = 0;
-    cfg.log_every_n_steps = 1;
-    cfg.seed = 3;
-    cfg.gradient_clip_val = c->clip;
-    snprintf(cfg.default_root_dir, sizeof cfg.default_root_dir, "%s", root);
-    bool cnn = !strcmp(c->model, "cnn"), ae = !strcmp(c->model, "autoencoder");
-    lk_module *m = NULL;
-    lk_datamodule *dm = NULL;
-    lk_trainer *tr = NULL;
-    CHECK_OK(lk_module_create_builtin(c->model, cnn ? cnn_args : ae ? ae_args : mlp_args, ae ? 3 : 4, 3, &m));
-    CHECK_OK(lk_datamodule_create_builtin("synthetic", cnn ? cnn_data : flat_data, 5, 3, &dm));
-    CHECK_OK(lk_trainer_create(&cfg, NULL, NULL, &tr));
-    static lk_module_vtable probe_vt;
+/* Fits STEPS + 1 steps on sealed:0; o.at[k] holds the counters at the start of step k. */
+static run_out fit(const config *c) {
     seen = 0;
-    if (m && dm && tr) {
-        base_vt = m->vt;
-        probe_vt = *m->vt;
-        probe_vt.training_step = probe_step;
-        m->vt = &probe_vt;
-        CHECK_OK(lk_trainer_fit(tr, m, dm, NULL));
-        lk_set_op_hook(NULL, NULL);
-        m->vt = base_vt;
-    }
-    lk_trainer_free(tr);
-    lk_module_free(m);
-    lk_datamodule_free(dm);
+    run_out o = sh_fit((run_spec){.model = c->model, .accelerator = "sealed", .precision = c->precision, .clip = c->clip,
+                                  .max_steps = STEPS + 1, .no_checkpointing = true, .probe = true,
+                                  .step_hook = around_step});
+    lk_set_op_hook(NULL, NULL);
+    free(o.params);
+    return o;
 }
 
 static void copies_out_per_step(void) {
@@ -109,7 +65,9 @@ static void copies_out_per_step(void) {
     printf("| run | copies out per step (before) | now | bytes out per step |\n|---|---|---|---|\n");
     for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
         const config *c = &cs[i];
-        fit(c);
+        run_out o = fit(c);
+        const sealed_stats *at = o.at;
+        seen = o.steps_seen;
         CHECK_MSG(seen == STEPS + 1, "%s: %lld steps probed", c->name, (long long)seen);
         if (seen != STEPS + 1) continue;
         long most = 0;
@@ -144,7 +102,7 @@ static void target_out_of_range(void) {
     cfg.max_steps = 4;
     cfg.enable_checkpointing = cfg.enable_progress_bar = cfg.enable_tensorboard = cfg.enable_model_summary = false;
     cfg.num_sanity_val_steps = 0;
-    snprintf(cfg.default_root_dir, sizeof cfg.default_root_dir, "%s", root);
+    snprintf(cfg.default_root_dir, sizeof cfg.default_root_dir, "%s", sh_root);
     static const lk_model_kv three[] = {{"input_dim", "16"}, {"hidden", "[8]"}, {"num_classes", "3"}};
     lk_module *m = NULL;
     lk_datamodule *dm = NULL;
@@ -162,14 +120,8 @@ static void target_out_of_range(void) {
 }
 
 static void setup(void) {
-    snprintf(root, sizeof root, "/tmp/lk_test_syncs_%d", (int)getpid());
+    sh_root_init("syncs");
     sealed_device(0);
-}
-
-static void cleanup(void) {
-    char rm[300];
-    snprintf(rm, sizeof rm, "rm -rf %s", root);
-    CHECK(system(rm) == 0);
 }
 
 LK_TEST_MAIN(LK_TEST_CASE(setup), LK_TEST_CASE(copies_out_per_step), LK_TEST_CASE(target_out_of_range), LK_TEST_CASE(cleanup))
