@@ -124,6 +124,11 @@ void lk_comm_free(lk_comm *c);
  * with REMOTE quoting it, pending and later calls fail with ABORTED.
  * Safe from any thread; returns LK_STATUS_ABORTED (so `return lk_comm_abort(...)`). */
 lk_status lk_comm_abort(lk_comm *c, const char *reason);
+/* Why this rank is about to leave (lk_comm_free) while peers may still wait
+ * for it: the error that ended its run. A peer that finds it gone quotes
+ * the reason instead of guessing at a desynchronisation (shm; other
+ * backends ignore it). NULL or "" clears it. */
+void lk_comm_set_leave_reason(lk_comm *c, const char *reason);
 /* OK while healthy; otherwise the status of the first failure, with its
  * message set as this thread's last error. */
 lk_status lk_comm_error(lk_comm *c);

@@ -231,6 +231,10 @@ static void drain(lk_comm *c) {
     pthread_mutex_unlock(&c->mu);
 }
 
+void lk_comm_set_leave_reason(lk_comm *c, const char *reason) {
+    if (c) snprintf(c->leave_reason, sizeof c->leave_reason, "%s", reason ? reason : "");
+}
+
 void lk_comm_free(lk_comm *c) {
     if (!c) return;
     drain(c);

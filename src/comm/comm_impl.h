@@ -92,6 +92,8 @@ struct lk_comm {
     _Atomic int abort_requested;
     pthread_mutex_t err_mu;
     char err_msg[1024];
+    /* lk_comm_set_leave_reason: why this rank is leaving early ("": no reason given) */
+    char leave_reason[512];
 
     /* Async: works run in issue order on one thread, started on first use. */
     pthread_mutex_t mu;

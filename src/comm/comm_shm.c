@@ -203,6 +203,9 @@ static lk_status check_peer(lk_comm *c, shm_comm *s, int k, const char *what) {
     int state = atomic_load(&sl->state);
     if (state == ST_ABORTED)
         return lk_error(LK_STATUS_REMOTE, "%s failed: rank %d (pid %d) aborted: %.400s", what, k, pid, sl->reason);
+    if (state == ST_LEFT && sl->reason[0])
+        return lk_error(LK_STATUS_REMOTE, "%s failed: rank %d (pid %d) stopped after %llu collectives, on an error of its own: %.400s",
+                        what, k, pid, (unsigned long long)atomic_load(&sl->seq_done), sl->reason);
     if (state == ST_LEFT)
         return lk_error(LK_STATUS_REMOTE,
                         "%s failed: rank %d (pid %d) left the communicator (lk_comm_free) after %llu collectives; did the "
@@ -917,7 +920,11 @@ static void shm_destroy(lk_comm *c) {
     if (!s) return;
     if (s->base) {
         shm_slot *me = slot_of(s, s->rank);
-        if (atomic_load(&me->state) == ST_ATTACHED) atomic_store(&me->state, ST_LEFT);
+        if (atomic_load(&me->state) == ST_ATTACHED) {
+            /* the reason first: a peer reads it once it sees ST_LEFT (seq_cst store below) */
+            snprintf(me->reason, sizeof me->reason, "%s", c->leave_reason);
+            atomic_store(&me->state, ST_LEFT);
+        }
     }
     if (!s->unlinked && s->rank == 0) shm_unlink(s->name);
     unmap(s);

@@ -41,6 +41,8 @@ static const lk_env_var env_vars[] = {
     {"LK_TEST_STEP_DELAY_MS", "0", "tests only: sleep this many ms after every optimizer step (signal tests)"},
     {"LK_TEST_GRAD_OVERFLOW", NULL, "tests only: RANK:STEP makes that rank's first gradient +inf after the "
                                     "all-reduce of that optimizer step (loss scaler tests)"},
+    {"LK_TEST_LOSS_NAN", NULL, "tests only: RANK:STEP makes that rank's loss check see NaN at that step (one rank's "
+                               "non-finite loss under ddp)"},
     {"LK_MAX_RESTARTS", "0", "lockstep fit with devices > 1: restart the ranks from last.ckpt up to N times after a failure"},
     {"LK_ALLOW_OVERSUBSCRIBE", "0", "1: allow more ranks (trainer.devices) than CPU cores"},
     {"LK_ONEDNN", "1", "0: run bf16/f16 GEMMs through f32 instead of oneDNN (to compare)"},

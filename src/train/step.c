@@ -41,6 +41,7 @@ static lk_status step_check_loss(void *ctx, double loss) {
         tr->cur_batch_size = bs;
         LK_TRY(st);
     }
+    if (tr->rank == tr->test_nan_rank && tr->global_step == tr->test_nan_step) loss = NAN; /* LK_TEST_LOSS_NAN */
     if (isfinite(loss)) return LK_STATUS_OK;
     char buf[32];
     if (isnan(loss)) snprintf(buf, sizeof buf, "nan");

@@ -57,6 +57,8 @@ struct lk_trainer {
     lk_dtype param_dtype; /* the parameters' and gradients' dtype: f32, or bf16/f16 for the *-true precisions */
     long test_step_delay_ms; /* LK_TEST_STEP_DELAY_MS */
     int test_overflow_rank;  /* LK_TEST_GRAD_OVERFLOW=RANK:STEP (-1: off) */
+    int test_nan_rank;       /* LK_TEST_LOSS_NAN=RANK:STEP (-1: off) */
+    int64_t test_nan_step;
     int64_t test_overflow_step;
     lk_optim_settings opt;
     char *config_yaml;

@@ -153,6 +153,11 @@ lk_status lk_trainer_create(const lk_trainer_config *cfg, const lk_optim_setting
     long long ov_step;
     if (ov && sscanf(ov, "%d:%lld", &tr->test_overflow_rank, &ov_step) == 2) tr->test_overflow_step = ov_step;
     else tr->test_overflow_rank = -1;
+    tr->test_nan_rank = -1;
+    const char *tn = lk_env_get("LK_TEST_LOSS_NAN");
+    long long tn_step;
+    if (tn && sscanf(tn, "%d:%lld", &tr->test_nan_rank, &tn_step) == 2) tr->test_nan_step = tn_step;
+    else tr->test_nan_rank = -1;
     /* Ranks on one node share its cores: BLAS threads that outnumber them
      * spin against each other. */
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
@@ -905,6 +910,9 @@ lk_status lk_trainer_fit(lk_trainer *tr, lk_module *m, lk_datamodule *dm, const 
     lk_loader_free(val);
     if (c->sync_batchnorm && m) lk_layer_sync_batchnorm(m->net, NULL, NULL); /* the module outlives this trainer's comm */
     lk_status saved = st;
+    /* Peers still waiting for this rank (it failed alone: a non-finite loss,
+     * a bad file) then say why it left rather than suspect a desync. */
+    if (saved && tr->comm) lk_comm_set_leave_reason(tr->comm, msg[0] == '[' && strchr(msg, ']') ? strchr(msg, ']') + 2 : msg);
     run_cleanup(tr);
     lk__signals_restore(&sigs);
     if (saved) lk_error(saved, "%s", msg[0] == '[' ? strchr(msg, ']') + 2 : msg);

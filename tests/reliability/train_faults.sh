@@ -7,7 +7,9 @@
 #   resumes from that checkpoint by itself;
 # - a rank's error line names its rank once ("[rank 1] lockstep fit: error:");
 # - the closing "logs:" line names a file or directory that exists, also on a
-#   run too short to have written metrics.csv.
+#   run too short to have written metrics.csv;
+# - a NaN loss on one rank of two ends the job at once, and the other rank's
+#   error quotes that rank's.
 source "$(dirname "$0")/../cli/lib.sh"
 write_synth
 base=(-c "$T/synth.yaml" --trainer.enable_progress_bar false --trainer.num_sanity_val_steps 0
@@ -61,5 +63,25 @@ check "no line names its rank twice" bash -c "! grep -q '\[rank \([0-9]*\)\].*\[
 logs=$(sed -n 's/^logs: *//p' "$T/logs.out" | tail -1)
 check "the logs line is printed ($logs)" test -n "$logs"
 check "the logs line names something that exists" test -e "$logs"
+
+# 5. one rank's loss is NaN (LK_TEST_LOSS_NAN=RANK:STEP) while the other's is
+#    finite: the job ends at once, that rank names the step, and the other
+#    rank names that rank and quotes its error instead of suspecting a
+#    desync; no rank is left running
+for r in 0 1; do
+  o=$((1 - r))
+  s0=$(date +%s.%N)
+  LK_TEST_LOSS_NAN=$r:3 timeout 60 "$LK_BIN" fit "${base[@]}" --trainer.max_epochs 1 --trainer.devices 2 \
+    --trainer.strategy ddp --trainer.comm_timeout 30 >/dev/null 2>"$T/nan$r.err"
+  rc=$?
+  secs=$(awk -v a="$s0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
+  check "nan on rank $r: the job fails (exit $rc), not by timeout" test "$rc" -ne 0 -a "$rc" -ne 124
+  check "nan on rank $r: ended in ${secs}s, well inside comm_timeout (30 s)" awk -v s="$secs" 'BEGIN { exit !(s < 20) }'
+  check "nan on rank $r: it names the step" grep -q "the loss is nan at step 3" "$T/nan$r.err"
+  check "nan on rank $r: rank $o quotes it" \
+    grep -q "\[rank $o\].*rank $r (pid [0-9]*) stopped after [0-9]* collectives, on an error of its own: the loss is nan at step 3" "$T/nan$r.err"
+done
+left=$(pgrep -f "$T/synth.yaml" || true)
+check "nan on one rank: no rank left running ($left)" test -z "$left"
 
 finish
