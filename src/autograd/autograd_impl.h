@@ -100,18 +100,4 @@ int lk__norm_dim(int dim, int ndim);
             }                                                                \
     } while (0)
 
-/* Host shadows (ops_softmax.c): a device tensor made by copying host
- * memory that stays valid and unchanged while `owner` (the loader's batch)
- * is current, so cross-entropy's target range check reads the host copy
- * instead of reading the device (a synchronisation on a GPU). Per thread; a
- * new owner drops the previous one's; the shadow holds a reference to dev,
- * so its address is not reused while registered. Only a thread that turned
- * them on keeps any (the trainer's, for a run on a device: not dp's replica
- * threads, which would keep references past their end). Set by
- * lk_batch_tensor, cleared after each training step; off (and cleared) at
- * the end of a run. */
-void lk__host_shadows_on(bool on);
-void lk__host_shadow_set(lk_tensor *dev, const void *host, const void *owner, int field);
-void lk__host_shadow_clear(void);
-
 #endif

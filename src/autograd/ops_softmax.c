@@ -38,57 +38,6 @@ static lk_tensor *index_contig(lk_tensor *t) {
     return lk_tensor_is_contiguous(t) ? lk_tensor_retain(t) : lk_tensor_clone(t);
 }
 
-/* ---- host shadows of device targets (lk__host_shadow_set) ----------------------- */
-
-enum { SHADOW_MAX = 8 };
-typedef struct {
-    lk_tensor *dev; /* retained */
-    const void *host, *owner;
-    int field;
-} host_shadow;
-static _Thread_local host_shadow shadows[SHADOW_MAX];
-static _Thread_local bool shadows_on;
-
-void lk__host_shadow_clear(void) {
-    for (int k = 0; k < SHADOW_MAX; k++) {
-        lk_tensor_release(shadows[k].dev);
-        shadows[k] = (host_shadow){0};
-    }
-}
-
-void lk__host_shadows_on(bool on) {
-    if (!on) lk__host_shadow_clear();
-    shadows_on = on;
-}
-
-void lk__host_shadow_set(lk_tensor *dev, const void *host, const void *owner, int field) {
-    if (!shadows_on || !dev || !host || lk_device_is_host(dev->device)) return;
-    int slot = -1;
-    for (int k = 0; k < SHADOW_MAX; k++) {
-        if (shadows[k].dev && shadows[k].owner != owner) { /* another batch's: its host memory may be reused */
-            lk__host_shadow_clear();
-            slot = 0;
-            break;
-        }
-        if (slot < 0 && (!shadows[k].dev || shadows[k].field == field)) slot = k;
-    }
-    if (slot < 0) return; /* full: the check reads the device instead */
-    lk_tensor_release(shadows[slot].dev);
-    shadows[slot] = (host_shadow){lk_tensor_retain(dev), host, owner, field};
-}
-
-/* A host tensor over t's shadow (wrapping, no copy), or NULL when t (all of
- * it, contiguous) is not a registered device tensor. */
-static lk_tensor *shadow_of(const lk_tensor *t) {
-    for (int k = 0; k < SHADOW_MAX; k++) {
-        const lk_tensor *d = shadows[k].dev;
-        if (d && d->data == t->data && d->dtype == t->dtype && lk_device_equal(d->device, t->device) &&
-            d->numel == t->numel && lk_tensor_is_contiguous(t))
-            return lk_tensor_wrap(t->dtype, t->ndim, t->shape, (void *)shadows[k].host);
-    }
-    return NULL;
-}
-
 static inline int64_t index_at(const lk_tensor *t, int64_t i) {
     return t->dtype == LK_I64 ? ((const int64_t *)t->data)[i] : (int64_t)((const int32_t *)t->data)[i];
 }
@@ -261,7 +210,7 @@ static lk_status cls_args_init(const char *op, lk_tensor *x, lk_tensor *target, 
      * the loader's batch they were copied from when lk_batch_tensor made
      * them (no device read: on a GPU that would be a synchronisation in the
      * middle of forward), else copied to the host. */
-    lk_tensor *ht = lk_device_is_host(a->t->device) ? lk_tensor_retain(a->t) : shadow_of(a->t);
+    lk_tensor *ht = lk_device_is_host(a->t->device) ? lk_tensor_retain(a->t) : lk__tensor_host_shadow(a->t);
     if (!ht && !lk_device_is_host(a->t->device)) ht = lk_tensor_to(a->t, LK_DEVICE_CPU);
     if (!ht) {
         cls_args_release(a);

@@ -622,3 +622,52 @@ void lk_tensor_mark_flat_buffer(lk_tensor *t) {
 }
 
 bool lk_tensor_in_flat_buffer(const lk_tensor *t) { return t && t->storage && t->storage->flat; }
+
+/* ---- host shadows (lk__host_shadow_set) ---------------------------------------- */
+
+enum { SHADOW_MAX = 8 };
+typedef struct {
+    lk_tensor *dev; /* retained */
+    const void *host, *owner;
+    int field;
+} host_shadow;
+static _Thread_local host_shadow shadows[SHADOW_MAX];
+static _Thread_local bool shadows_on;
+
+void lk__host_shadow_clear(void) {
+    for (int k = 0; k < SHADOW_MAX; k++) {
+        lk_tensor_release(shadows[k].dev);
+        shadows[k] = (host_shadow){0};
+    }
+}
+
+void lk__host_shadows_on(bool on) {
+    if (!on) lk__host_shadow_clear();
+    shadows_on = on;
+}
+
+void lk__host_shadow_set(lk_tensor *dev, const void *host, const void *owner, int field) {
+    if (!shadows_on || !dev || !host || lk_device_is_host(dev->device)) return;
+    int slot = -1;
+    for (int k = 0; k < SHADOW_MAX; k++) {
+        if (shadows[k].dev && shadows[k].owner != owner) { /* another batch's: its host memory may be reused */
+            lk__host_shadow_clear();
+            slot = 0;
+            break;
+        }
+        if (slot < 0 && (!shadows[k].dev || shadows[k].field == field)) slot = k;
+    }
+    if (slot < 0) return; /* full: the check reads the device instead */
+    lk_tensor_release(shadows[slot].dev);
+    shadows[slot] = (host_shadow){lk_tensor_retain(dev), host, owner, field};
+}
+
+lk_tensor *lk__tensor_host_shadow(const lk_tensor *t) {
+    for (int k = 0; k < SHADOW_MAX; k++) {
+        const lk_tensor *d = shadows[k].dev;
+        if (d && d->data == t->data && d->dtype == t->dtype && lk_device_equal(d->device, t->device) &&
+            d->numel == t->numel && lk_tensor_is_contiguous(t))
+            return lk_tensor_wrap(t->dtype, t->ndim, t->shape, (void *)shadows[k].host);
+    }
+    return NULL;
+}

@@ -61,8 +61,8 @@ lk_status lk_log_metric(lk_trainer *tr, const char *name, double value, const lk
 lk_status lk__log_loss(lk_trainer *tr, const char *name, const lk_tensor *loss, const lk_log_opts *opts) {
     /* dp reads each replica's loss itself and checks their weighted mean, and
      * a dp replica's scratch trainer has no strategy: both log the value now */
-    bool defer = tr && loss && name && !lk_device_is_host(loss->device) && tr->strat &&
-                 strcmp(lk_strategy_name(tr->strat), "dp") && tr->stage && !strcmp(tr->stage, "train");
+    bool defer = tr && loss && name && !lk_device_is_host(loss->device) && tr->strat && !tr->dp_devices &&
+                 tr->stage && !strcmp(tr->stage, "train");
     if (!defer) return lk_log_metric(tr, name, lk_tensor_item(loss), opts);
     if (strlen(name) >= LK_METRIC_NAME - 8)
         return lk_error(LK_STATUS_INVALID_ARGUMENT, "lk_log_metric: metric name '%.40s...' is too long", name);

@@ -18,7 +18,7 @@
 #include "lockstep/config.h"
 #include "device/gpu.h"
 #include "train/prefetch.h"
-#include "autograd/autograd_impl.h"
+#include "tensor/tensor_impl.h"
 #include "train/train_impl.h"
 
 /* ---- creation --------------------------------------------------------------- */
