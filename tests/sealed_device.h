@@ -208,16 +208,14 @@ static int sealed_count(void *ctx) {
 
 static lk_status sealed_copy_peer(void *ctx, int dst_index, void *dst, int src_index, const void *src, size_t bytes);
 
+/* The methods every sealed kind shares: its memory and the plain copies. */
+#define SEALED_MEMORY_METHODS                                                                                          \
+    .host_addressable = false, .count = sealed_count, .alloc = sealed_alloc, .free = sealed_free,                     \
+    .memset = sealed_memset, .copy_to_host = sealed_to_host, .copy_from_host = sealed_from_host, .copy = sealed_copy
+
 static const lk_device_vtable sealed_vtable = {
     .name = "sealed",
-    .host_addressable = false,
-    .count = sealed_count,
-    .alloc = sealed_alloc,
-    .free = sealed_free,
-    .memset = sealed_memset,
-    .copy_to_host = sealed_to_host,
-    .copy_from_host = sealed_from_host,
-    .copy = sealed_copy,
+    SEALED_MEMORY_METHODS,
     .copy_peer = sealed_copy_peer, /* the peer-copy block at the end */
 };
 
@@ -456,14 +454,7 @@ static void sealed_host_free(void *ctx, int index, void *ptr, size_t bytes) {
 
 static const lk_device_vtable sealed_async_vtable = {
     .name = "sealed_async",
-    .host_addressable = false,
-    .count = sealed_count,
-    .alloc = sealed_alloc,
-    .free = sealed_free,
-    .memset = sealed_memset,
-    .copy_to_host = sealed_to_host,
-    .copy_from_host = sealed_from_host,
-    .copy = sealed_copy,
+    SEALED_MEMORY_METHODS,
     .synchronize = sealed_async_sync,
     .stream_create = sealed_stream_create,
     .stream_free = sealed_stream_free,
