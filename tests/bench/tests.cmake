@@ -3,3 +3,6 @@
 # OpenBLAS are installed (skipped otherwise: they are not build dependencies).
 lk_add_script_test(NAME bench_compare SCRIPT bench/test_compare.sh LABELS multiproc TIMEOUT 300)
 set_tests_properties(bench_compare PROPERTIES SKIP_RETURN_CODE 77)
+# bench/ab's bootstrap interval and --tool cpu's grid parsing (no build, no timing).
+lk_add_script_test(NAME bench_ab SCRIPT bench/test_ab.sh LABELS unit TIMEOUT 60)
+set_tests_properties(bench_ab PROPERTIES SKIP_RETURN_CODE 77)
