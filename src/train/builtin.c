@@ -69,7 +69,9 @@ static lk_status eval_step(lk_module *m, const lk_batch *b, lk_trainer *tr, cons
     if (!loss) return lk_last_status();
     char name[64];
     snprintf(name, sizeof name, "%s_loss", prefix);
-    LK_TRY(lk_log_metric(tr, name, lk_tensor_item(loss), &(lk_log_opts){.prog_bar = true, .sync_dist = true}));
+    /* on a device the loss stays there until the loop's end (one read per
+     * loop, not per batch); on the host it is logged now */
+    LK_TRY(lk__log_tensor(tr, name, loss, &(lk_log_opts){.prog_bar = true, .sync_dist = true}));
     if (!s->info->target_is_input && out && out->ndim == 2) {
         snprintf(name, sizeof name, "%s_acc", prefix);
         LK_TRY(lk_log_metric(tr, name, accuracy(out, b), &(lk_log_opts){.prog_bar = true, .sync_dist = true}));
