@@ -126,11 +126,11 @@ void lk__metrics_deferred_free(lk_trainer *tr) {
     tr->deferred = NULL;
 }
 
-/* Whether a value of tensor t logged now can wait on its device: an eval
- * loop's epoch metric of one element on a device other than the host (dp's
- * replicas and the host read their values now, as lk_log_metric). */
+/* Whether a value computed from tensor t can wait on t's device: an eval
+ * loop's epoch metric on a device other than the host (dp's replicas and
+ * the host read their values now, as lk_log_metric). */
 static bool can_defer(const lk_trainer *tr, const lk_tensor *t, const lk_log_opts *opts) {
-    if (!t || t->numel != 1 || lk_device_is_host(t->device) || tr->dp_devices) return false;
+    if (!t || lk_device_is_host(t->device) || tr->dp_devices) return false;
     if (!tr->stage || !strcmp(tr->stage, "train")) return false;
     return !opts || opts->on_epoch >= 0;
 }
@@ -211,7 +211,7 @@ static lk_status deferred_begin(lk_trainer *tr, const char *name, lk_device dev,
 lk_status lk__log_tensor(lk_trainer *tr, const char *name, const lk_tensor *t, const lk_log_opts *opts) {
     /* a float scalar widens exactly to the double slot; lk_tensor_item's f32
      * rounding would change an f64 value, so that one is read now */
-    bool fl = t && (t->dtype == LK_F32 || t->dtype == LK_BF16 || t->dtype == LK_F16);
+    bool fl = t && t->numel == 1 && (t->dtype == LK_F32 || t->dtype == LK_BF16 || t->dtype == LK_F16);
     if (!tr || !name || !*name || !fl || !can_defer(tr, t, opts)) return lk_log_metric(tr, name, lk_tensor_item(t), opts);
     double *slot;
     LK_TRY(deferred_begin(tr, name, t->device, -1, opts, &slot));
@@ -222,6 +222,45 @@ lk_status lk__log_tensor(lk_trainer *tr, const char *name, const lk_tensor *t, c
     LK_TRY(lk__backend_run(t->device, &d, ops));
     tr->deferred->n++;
     return LK_STATUS_OK;
+}
+
+/* The hit count of contiguous logits and targets into *hits (device memory
+ * on their device, or host memory when that is the host). */
+static lk_status count_hits(const lk_tensor *logits, const lk_tensor *target, double *hits) {
+    lk_op_desc d = {.op = LK_OP_ACCURACY, .dtype = {logits->dtype, target->dtype, LK_F64}};
+    d.accuracy = (lk_accuracy_params){logits->shape[0], logits->shape[1]};
+    void *ops[3] = {logits->data, target->data, hits};
+    return lk__backend_run(logits->device, &d, ops);
+}
+
+lk_status lk__log_accuracy(lk_trainer *tr, const char *name, const lk_tensor *logits_in, const lk_tensor *target_in,
+                           const lk_log_opts *opts) {
+    if (!tr || !name || !*name || !logits_in || !target_in || logits_in->ndim != 2 ||
+        target_in->numel != logits_in->shape[0] || !lk_device_equal(logits_in->device, target_in->device))
+        return lk_error(LK_STATUS_INVALID_ARGUMENT, "lk__log_accuracy: '%s' needs [N, C] logits and [N] targets on one device",
+                        name ? name : "");
+    int64_t n = logits_in->shape[0];
+    lk_device dev = logits_in->device;
+    /* the op reads contiguous rows; a strided view is copied on its device first */
+    lk_tensor *logits = lk_tensor_is_contiguous(logits_in) ? lk_tensor_retain((lk_tensor *)logits_in) : lk_tensor_clone(logits_in);
+    lk_tensor *target = lk_tensor_is_contiguous(target_in) ? lk_tensor_retain((lk_tensor *)target_in) : lk_tensor_clone(target_in);
+    lk_status st = logits && target ? LK_STATUS_OK : lk_last_status();
+    if (!st && can_defer(tr, logits, opts)) {
+        double *slot = NULL;
+        st = deferred_begin(tr, name, dev, n, opts, &slot);
+        if (!st && slot) st = count_hits(logits, target, slot);
+        if (!st && slot) tr->deferred->n++;
+    } else if (!st) { /* read now: the count alone, one double */
+        double hits = 0, *dh = &hits;
+        if (!lk_device_is_host(dev)) st = lk_device_alloc(dev, sizeof(double), (void **)&dh);
+        if (!st) st = count_hits(logits, target, dh);
+        if (!st && dh != &hits) st = lk_device_copy(LK_DEVICE_CPU, &hits, dev, dh, sizeof hits);
+        if (dh != &hits) lk_device_free(dev, dh, sizeof(double));
+        if (!st) st = lk_log_metric(tr, name, n ? hits / (double)n : 0, opts);
+    }
+    lk_tensor_release(logits);
+    lk_tensor_release(target);
+    return st;
 }
 
 void lk__metrics_reset_epoch(lk_trainer *tr, const char *stage) {

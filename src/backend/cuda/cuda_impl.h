@@ -77,6 +77,7 @@ static inline lk__cuda_launcher lk__cuda_launcher_for(const lk__cuda_launchers *
     case LK_OP_BATCH_NORM_BACKWARD:
     case LK_OP_BN_STATS:
     case LK_OP_BN_APPLY: return l->conv;
+    case LK_OP_ACCURACY: return l->rows;
     default: return l->rows;
     }
 }
