@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "backend/backend_impl.h"
+#include "tensor/tensor_impl.h"
 #include "train/train_impl.h"
 
 lk_metric *lk__metric_get(lk_trainer *tr, const char *name, bool create) {
@@ -250,12 +251,11 @@ lk_status lk__log_accuracy(lk_trainer *tr, const char *name, const lk_tensor *lo
         st = deferred_begin(tr, name, dev, n, opts, &slot);
         if (!st && slot) st = count_hits(logits, target, slot);
         if (!st && slot) tr->deferred->n++;
-    } else if (!st) { /* read now: the count alone, one double */
-        double hits = 0, *dh = &hits;
-        if (!lk_device_is_host(dev)) st = lk_device_alloc(dev, sizeof(double), (void **)&dh);
-        if (!st) st = count_hits(logits, target, dh);
-        if (!st && dh != &hits) st = lk_device_copy(LK_DEVICE_CPU, &hits, dev, dh, sizeof hits);
-        if (dh != &hits) lk_device_free(dev, dh, sizeof(double));
+    } else if (!st) { /* read now: the count alone, one double (a pooled tensor on dev) */
+        lk_tensor *h = lk__tensor_new_on(dev, LK_F64, 1, (int64_t[]){1});
+        st = h ? count_hits(logits, target, h->data) : lk_last_status();
+        double hits = st ? 0 : lk_tensor_get(h, 0);
+        lk_tensor_release(h);
         if (!st) st = lk_log_metric(tr, name, n ? hits / (double)n : 0, opts);
     }
     lk_tensor_release(logits);
