@@ -59,6 +59,7 @@ typedef enum {
     LK_OP_FILL,           /* dst: every element of a strided view set to one value (see lk_fill_params) */
     LK_OP_BN_STATS,       /* x, g, mean, out (f64): per-channel sums of one rank (SyncBatchNorm, see lk_bn_split_params) */
     LK_OP_BN_APPLY,       /* x, g, coef, y: the per-channel normalisation or input gradient from all-reduced sums */
+    LK_OP_ACCURACY,       /* logits, target, hits (f64 [1]): rows of [N, C] whose first maximum is the target */
     LK_OP_COUNT
 } lk_op_kind;
 
@@ -322,6 +323,17 @@ typedef struct lk_mask_scale_params {
     float scale;
 } lk_mask_scale_params;
 
+/* LK_OP_ACCURACY: logits [N, C] contiguous (f32, bf16 or f16: widened
+ * exactly), target [N] (i64, i32 or u8), hits[0] = (double) the number of
+ * rows r whose predicted class is target[r], the class found as the
+ * trainer's host loop finds it: the first index k with x[r, k] > the best
+ * so far, from k = 0 (ties keep the earlier class; a NaN never wins a
+ * comparison, so a row starting with NaN predicts class 0). Written, not
+ * accumulated: the count of one batch (val_acc = hits / N on the host). */
+typedef struct lk_accuracy_params {
+    int64_t N, C;
+} lk_accuracy_params;
+
 typedef struct lk_op_desc {
     lk_op_kind op;
     lk_dtype dtype[LK_OP_MAX_OPERANDS]; /* operand dtypes in run()'s order (see lk_op_kind) */
@@ -350,6 +362,7 @@ typedef struct lk_op_desc {
         lk_fill_params fill;
         lk_bn_split_params bn_split;
         lk_clamp_params clamp;
+        lk_accuracy_params accuracy;
     };
 } lk_op_desc;
 

@@ -72,6 +72,7 @@ int lk__op_arity(lk_op_kind op) {
     case LK_OP_FILL: return 1;
     case LK_OP_BN_STATS: return 4;
     case LK_OP_BN_APPLY: return 4;
+    case LK_OP_ACCURACY: return 3;
     case LK_OP_COUNT: break;
     }
     return 0;
@@ -340,6 +341,10 @@ const char *lk__op_desc_str(const lk_op_desc *d, char *buf, size_t size) {
         snprintf(buf, size, "fill %s (%s) with %g", DT(0), shape_str(d->fill.ndim, d->fill.shape, sh, sizeof sh), d->fill.value);
         return buf;
     }
+    case LK_OP_ACCURACY:
+        snprintf(buf, size, "accuracy %s, target %s -> %s (%lldx%lld)", DT(0), DT(1), DT(2), (long long)d->accuracy.N,
+                 (long long)d->accuracy.C);
+        return buf;
     case LK_OP_COUNT: break;
     }
 #undef DT

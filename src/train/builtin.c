@@ -22,17 +22,20 @@ typedef struct {
     int preview_n;
 } model_self;
 
-static lk_tensor *model_loss(lk_module *m, const lk_batch *b, lk_tensor **out_logits) {
+/* The loss of batch b; the model's output and the targets (the batch's
+ * field on the run's device) into *out_logits and *out_target when given. */
+static lk_tensor *model_loss(lk_module *m, const lk_batch *b, lk_tensor **out_logits, lk_tensor **out_target) {
     model_self *s = m->self;
     lk_tensor *x = lk_batch_tensor(b, 0);
     lk_tensor *y = s->info->target_is_input ? x : lk_batch_tensor(b, 1);
     lk_tensor *out = lk_layer_forward(m->net, x);
     if (out_logits) *out_logits = out;
+    if (out_target) *out_target = y;
     return lk_model_loss(s->info, out, x, y);
 }
 
 static lk_tensor *builtin_training_step(lk_module *m, const lk_batch *b, int64_t i, lk_trainer *tr) {
-    lk_tensor *loss = model_loss(m, b, NULL);
+    lk_tensor *loss = model_loss(m, b, NULL, NULL);
     if (loss && lk__log_loss(tr, "train_loss", loss, &(lk_log_opts){.prog_bar = true})) return NULL;
     return loss;
 }
@@ -64,15 +67,23 @@ static double accuracy(const lk_tensor *logits_in, const lk_batch *b) {
 
 static lk_status eval_step(lk_module *m, const lk_batch *b, lk_trainer *tr, const char *prefix) {
     model_self *s = m->self;
-    lk_tensor *out = NULL;
-    lk_tensor *loss = model_loss(m, b, &out);
+    lk_tensor *out = NULL, *y = NULL;
+    lk_tensor *loss = model_loss(m, b, &out, &y);
     if (!loss) return lk_last_status();
     char name[64];
     snprintf(name, sizeof name, "%s_loss", prefix);
-    LK_TRY(lk_log_metric(tr, name, lk_tensor_item(loss), &(lk_log_opts){.prog_bar = true, .sync_dist = true}));
+    /* on a device the loss stays there until the loop's end (one read per
+     * loop, not per batch); on the host it is logged now */
+    LK_TRY(lk__log_tensor(tr, name, loss, &(lk_log_opts){.prog_bar = true, .sync_dist = true}));
     if (!s->info->target_is_input && out && out->ndim == 2) {
         snprintf(name, sizeof name, "%s_acc", prefix);
-        LK_TRY(lk_log_metric(tr, name, accuracy(out, b), &(lk_log_opts){.prog_bar = true, .sync_dist = true}));
+        lk_log_opts o = {.prog_bar = true, .sync_dist = true};
+        /* On a device the rows' hits are counted there (LK_OP_ACCURACY, the
+         * host loop's tie rule) against the targets the loss used, already
+         * on the device, and read with the loss at the loop's end; the host
+         * keeps its loop over the loader's targets. */
+        if (y && !lk_device_is_host(out->device)) LK_TRY(lk__log_accuracy(tr, name, out, y, &o));
+        else LK_TRY(lk_log_metric(tr, name, accuracy(out, b), &o));
     }
     /* Keep the first test images and their reconstructions for the picture. */
     if (s->info->target_is_input && s->preview_n == 0 && out && out->numel / (out->shape[0] ? out->shape[0] : 1) == 784) {

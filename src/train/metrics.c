@@ -7,6 +7,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "backend/backend_impl.h"
+#include "tensor/tensor_impl.h"
 #include "train/train_impl.h"
 
 lk_metric *lk__metric_get(lk_trainer *tr, const char *name, bool create) {
@@ -21,17 +23,16 @@ lk_metric *lk__metric_get(lk_trainer *tr, const char *name, bool create) {
     return m;
 }
 
-lk_status lk_log_metric(lk_trainer *tr, const char *name, double value, const lk_log_opts *opts) {
-    if (!tr || !name || !*name) return lk_error(LK_STATUS_INVALID_ARGUMENT, "lk_log_metric: a trainer and a metric name are required");
-    if (strlen(name) >= LK_METRIC_NAME - 8)
-        return lk_error(LK_STATUS_INVALID_ARGUMENT, "lk_log_metric: metric name '%.40s...' is too long", name);
+/* The metric `name` with the attributes lk_log_metric gives it for `opts`
+ * in the current stage (created on first use); NULL when out of memory. */
+static lk_metric *metric_for_log(lk_trainer *tr, const char *name, const lk_log_opts *opts) {
     bool train = tr->stage && !strcmp(tr->stage, "train");
     lk_log_opts o = opts ? *opts : (lk_log_opts){0};
     bool on_step = o.on_step == 0 ? train : o.on_step > 0;
     bool on_epoch = o.on_epoch == 0 ? !train : o.on_epoch > 0;
     if (!train) on_step = false; /* Lightning: eval metrics are epoch-level */
     lk_metric *m = lk__metric_get(tr, name, true);
-    if (!m) return LK_STATUS_OUT_OF_MEMORY;
+    if (!m) return NULL;
     m->stage = tr->stage;
     m->prog_bar = o.prog_bar;
     m->on_step = on_step;
@@ -39,22 +40,39 @@ lk_status lk_log_metric(lk_trainer *tr, const char *name, double value, const lk
     m->sync_dist = o.sync_dist;
     m->reduce = o.reduce;
     m->logger = !o.no_logger;
-    if (on_step) {
+    return m;
+}
+
+/* One value into m's epoch aggregate, weighted by its batch's size. */
+static void epoch_add(lk_metric *m, double value, int64_t batch_size) {
+    double w = batch_size > 0 ? (double)batch_size : 1.0;
+    switch (m->reduce) {
+    case LK_LOG_REDUCE_MEAN: m->epoch_sum += value * w, m->epoch_weight += w; break;
+    case LK_LOG_REDUCE_SUM: m->epoch_sum += value, m->epoch_weight = 1; break;
+    case LK_LOG_REDUCE_MAX: m->epoch_ext = m->epoch_any ? fmax(m->epoch_ext, value) : value; break;
+    case LK_LOG_REDUCE_MIN: m->epoch_ext = m->epoch_any ? fmin(m->epoch_ext, value) : value; break;
+    }
+    m->epoch_any = true;
+}
+
+static lk_status check_name(const char *name) {
+    if (strlen(name) >= LK_METRIC_NAME - 8)
+        return lk_error(LK_STATUS_INVALID_ARGUMENT, "lk_log_metric: metric name '%.40s...' is too long", name);
+    return LK_STATUS_OK;
+}
+
+lk_status lk_log_metric(lk_trainer *tr, const char *name, double value, const lk_log_opts *opts) {
+    if (!tr || !name || !*name) return lk_error(LK_STATUS_INVALID_ARGUMENT, "lk_log_metric: a trainer and a metric name are required");
+    LK_TRY(check_name(name));
+    lk_metric *m = metric_for_log(tr, name, opts);
+    if (!m) return LK_STATUS_OUT_OF_MEMORY;
+    if (m->on_step) {
         m->step_value = value;
         m->step_fresh = true;
         m->value = value;
         m->has_value = true;
     }
-    if (on_epoch) {
-        double w = tr->cur_batch_size > 0 ? (double)tr->cur_batch_size : 1.0;
-        switch (o.reduce) {
-        case LK_LOG_REDUCE_MEAN: m->epoch_sum += value * w, m->epoch_weight += w; break;
-        case LK_LOG_REDUCE_SUM: m->epoch_sum += value, m->epoch_weight = 1; break;
-        case LK_LOG_REDUCE_MAX: m->epoch_ext = m->epoch_any ? fmax(m->epoch_ext, value) : value; break;
-        case LK_LOG_REDUCE_MIN: m->epoch_ext = m->epoch_any ? fmin(m->epoch_ext, value) : value; break;
-        }
-        m->epoch_any = true;
-    }
+    if (m->on_epoch) epoch_add(m, value, tr->cur_batch_size);
     return LK_STATUS_OK;
 }
 
@@ -73,7 +91,180 @@ lk_status lk__log_loss(lk_trainer *tr, const char *name, const lk_tensor *loss, 
     return LK_STATUS_OK;
 }
 
+/* ---- validation/test metrics kept on the device ----------------------------------
+ * A value logged by lk__log_tensor / lk__log_accuracy on a device the host
+ * cannot read goes into slot k of a device array of doubles (a device-side
+ * copy or the accuracy op: no read), and its metric, batch size and divisor
+ * into entry k here. lk__metrics_end_epoch reads all slots in one copy and
+ * adds them to their metrics in entry order with the same doubles
+ * lk_log_metric would have added per batch, so the aggregate has the same
+ * bits. The array doubles when full and stays for the run, so a repeated
+ * loop allocates nothing. */
+typedef struct {
+    int metric;         /* index in tr->metrics */
+    int64_t batch_size; /* the epoch weight */
+    int64_t rows;       /* accuracy: value = slot / rows (0 rows: 0); -1: value = slot */
+} deferred_entry;
+
+struct lk__deferred {
+    lk_device dev;
+    double *slots; /* device memory, [cap] */
+    double *host;  /* [cap]: where the one read lands */
+    int64_t cap;
+    deferred_entry *e; /* [cap] */
+    int64_t n;
+};
+
+static lk_status deferred_flush(lk_trainer *tr);
+
+void lk__metrics_deferred_free(lk_trainer *tr) {
+    lk__deferred *q = tr->deferred;
+    if (!q) return;
+    lk_device_free(q->dev, q->slots, (size_t)q->cap * sizeof(double));
+    lk_free(q->host);
+    lk_free(q->e);
+    lk_free(q);
+    tr->deferred = NULL;
+}
+
+/* Whether a value computed from tensor t can wait on t's device: an eval
+ * loop's epoch metric on a device other than the host (dp's replicas and
+ * the host read their values now, as lk_log_metric). */
+static bool can_defer(const lk_trainer *tr, const lk_tensor *t, const lk_log_opts *opts) {
+    if (!t || lk_device_is_host(t->device) || tr->dp_devices) return false;
+    if (!tr->stage || !strcmp(tr->stage, "train")) return false;
+    return !opts || opts->on_epoch >= 0;
+}
+
+/* Makes room for one more slot on dev (a loop on another device than the
+ * last one's starts a new array) and returns its index in *k. */
+static lk_status deferred_reserve(lk_trainer *tr, lk_device dev, int64_t *k) {
+    lk__deferred *q = tr->deferred;
+    if (q && !lk_device_equal(q->dev, dev)) { /* rare: what waits is read now, and the array moves */
+        LK_TRY(deferred_flush(tr));
+        lk__metrics_deferred_free(tr);
+        q = NULL;
+    }
+    if (!q) {
+        q = lk_calloc(1, sizeof *q);
+        if (!q) return LK_STATUS_OUT_OF_MEMORY;
+        q->dev = dev;
+        tr->deferred = q;
+    }
+    if (q->n == q->cap) {
+        int64_t cap = q->cap ? 2 * q->cap : 64;
+        double *slots = NULL, *host = lk_malloc((size_t)cap * sizeof(double));
+        deferred_entry *e = lk_malloc((size_t)cap * sizeof *e);
+        lk_status st = host && e ? lk_device_alloc(dev, (size_t)cap * sizeof(double), (void **)&slots) : LK_STATUS_OUT_OF_MEMORY;
+        /* the slots written so far move within the device (no read) */
+        if (!st && q->n) st = lk_device_copy(dev, slots, dev, q->slots, (size_t)q->n * sizeof(double));
+        if (st) {
+            if (slots) lk_device_free(dev, slots, (size_t)cap * sizeof(double));
+            lk_free(host);
+            lk_free(e);
+            return st;
+        }
+        if (q->n) memcpy(e, q->e, (size_t)q->n * sizeof *e);
+        lk_device_free(dev, q->slots, (size_t)q->cap * sizeof(double));
+        lk_free(q->host);
+        lk_free(q->e);
+        q->slots = slots, q->host = host, q->e = e, q->cap = cap;
+    }
+    *k = q->n;
+    return LK_STATUS_OK;
+}
+
+/* Reads the waiting slots in one copy and adds them to their metrics in
+ * the order they were logged. Nothing to do when none waits. */
+static lk_status deferred_flush(lk_trainer *tr) {
+    lk__deferred *q = tr->deferred;
+    if (!q || q->n == 0) return LK_STATUS_OK;
+    int64_t n = q->n;
+    q->n = 0;
+    LK_TRY(lk_device_copy(LK_DEVICE_CPU, q->host, q->dev, q->slots, (size_t)n * sizeof(double)));
+    for (int64_t k = 0; k < n; k++) {
+        const deferred_entry *e = &q->e[k];
+        /* rows < 0: the value itself; accuracy: hits / rows, the host's division */
+        double v = e->rows < 0 ? q->host[k] : e->rows ? q->host[k] / (double)e->rows : 0;
+        epoch_add(&tr->metrics[e->metric], v, e->batch_size);
+    }
+    return LK_STATUS_OK;
+}
+
+/* The metric and entry of a deferred value whose slot the caller fills
+ * (*slot: device memory); *slot is NULL when the metric is not kept per
+ * epoch (nothing to fill). */
+static lk_status deferred_begin(lk_trainer *tr, const char *name, lk_device dev, int64_t rows, const lk_log_opts *opts,
+                                double **slot) {
+    *slot = NULL;
+    LK_TRY(check_name(name));
+    int64_t k;
+    LK_TRY(deferred_reserve(tr, dev, &k));
+    lk_metric *m = metric_for_log(tr, name, opts);
+    if (!m) return LK_STATUS_OUT_OF_MEMORY;
+    if (!m->on_epoch) return LK_STATUS_OK;
+    lk__deferred *q = tr->deferred;
+    q->e[k] = (deferred_entry){(int)(m - tr->metrics), tr->cur_batch_size, rows};
+    *slot = q->slots + k;
+    return LK_STATUS_OK;
+}
+
+lk_status lk__log_tensor(lk_trainer *tr, const char *name, const lk_tensor *t, const lk_log_opts *opts) {
+    /* a float scalar widens exactly to the double slot; lk_tensor_item's f32
+     * rounding would change an f64 value, so that one is read now */
+    bool fl = t && t->numel == 1 && (t->dtype == LK_F32 || t->dtype == LK_BF16 || t->dtype == LK_F16);
+    if (!tr || !name || !*name || !fl || !can_defer(tr, t, opts)) return lk_log_metric(tr, name, lk_tensor_item(t), opts);
+    double *slot;
+    LK_TRY(deferred_begin(tr, name, t->device, -1, opts, &slot));
+    if (!slot) return LK_STATUS_OK;
+    lk_op_desc d = {.op = LK_OP_COPY, .dtype = {t->dtype, LK_F64}};
+    d.copy = (lk_copy_params){.ndim = 1, .shape = {1}, .ss = {1}, .sd = {1}};
+    void *ops[2] = {t->data, slot};
+    LK_TRY(lk__backend_run(t->device, &d, ops));
+    tr->deferred->n++;
+    return LK_STATUS_OK;
+}
+
+/* The hit count of contiguous logits and targets into *hits (device memory
+ * on their device, or host memory when that is the host). */
+static lk_status count_hits(const lk_tensor *logits, const lk_tensor *target, double *hits) {
+    lk_op_desc d = {.op = LK_OP_ACCURACY, .dtype = {logits->dtype, target->dtype, LK_F64}};
+    d.accuracy = (lk_accuracy_params){logits->shape[0], logits->shape[1]};
+    void *ops[3] = {logits->data, target->data, hits};
+    return lk__backend_run(logits->device, &d, ops);
+}
+
+lk_status lk__log_accuracy(lk_trainer *tr, const char *name, const lk_tensor *logits_in, const lk_tensor *target_in,
+                           const lk_log_opts *opts) {
+    if (!tr || !name || !*name || !logits_in || !target_in || logits_in->ndim != 2 ||
+        target_in->numel != logits_in->shape[0] || !lk_device_equal(logits_in->device, target_in->device))
+        return lk_error(LK_STATUS_INVALID_ARGUMENT, "lk__log_accuracy: '%s' needs [N, C] logits and [N] targets on one device",
+                        name ? name : "");
+    int64_t n = logits_in->shape[0];
+    lk_device dev = logits_in->device;
+    /* the op reads contiguous rows; a strided view is copied on its device first */
+    lk_tensor *logits = lk_tensor_is_contiguous(logits_in) ? lk_tensor_retain((lk_tensor *)logits_in) : lk_tensor_clone(logits_in);
+    lk_tensor *target = lk_tensor_is_contiguous(target_in) ? lk_tensor_retain((lk_tensor *)target_in) : lk_tensor_clone(target_in);
+    lk_status st = logits && target ? LK_STATUS_OK : lk_last_status();
+    if (!st && can_defer(tr, logits, opts)) {
+        double *slot = NULL;
+        st = deferred_begin(tr, name, dev, n, opts, &slot);
+        if (!st && slot) st = count_hits(logits, target, slot);
+        if (!st && slot) tr->deferred->n++;
+    } else if (!st) { /* read now: the count alone, one double (a pooled tensor on dev) */
+        lk_tensor *h = lk__tensor_new_on(dev, LK_F64, 1, (int64_t[]){1});
+        st = h ? count_hits(logits, target, h->data) : lk_last_status();
+        double hits = st ? 0 : lk_tensor_get(h, 0);
+        lk_tensor_release(h);
+        if (!st) st = lk_log_metric(tr, name, n ? hits / (double)n : 0, opts);
+    }
+    lk_tensor_release(logits);
+    lk_tensor_release(target);
+    return st;
+}
+
 void lk__metrics_reset_epoch(lk_trainer *tr, const char *stage) {
+    if (tr->deferred) tr->deferred->n = 0; /* a failed loop's leftovers */
     for (int i = 0; i < tr->nmetrics; i++) {
         lk_metric *m = &tr->metrics[i];
         if (stage && m->stage && strcmp(m->stage, stage)) continue;
@@ -91,6 +282,7 @@ lk_status lk__metrics_end_epoch(lk_trainer *tr, const char *stage) {
     /* Every rank logs the same metrics in the same order (the same code ran),
      * so one all-reduce per kind covers them all. A rank with no batch in
      * this loop contributes zero weight. */
+    LK_TRY(deferred_flush(tr)); /* the device-kept values first: they are part of the sums */
     int n = tr->nmetrics;
     if (n == 0) return LK_STATUS_OK;
     double *sum = lk_calloc((size_t)(3 * n), sizeof *sum);

@@ -13,6 +13,7 @@
 #define LK_PATH2 2048 /* a log dir plus a file name */
 
 typedef struct lk_profiler lk_profiler;
+typedef struct lk__deferred lk__deferred;
 
 typedef struct lk_metric {
     char name[LK_METRIC_NAME];
@@ -102,6 +103,7 @@ struct lk_trainer {
     /* metrics */
     lk_metric *metrics;
     int nmetrics, cap_metrics;
+    struct lk__deferred *deferred; /* eval metrics waiting on the device for the loop's end (metrics.c); NULL: none yet */
     /* outputs (rank 0) */
     lk_logger *logger;
     lk_progress *progress;
@@ -160,6 +162,22 @@ lk_metric *lk__metric_get(lk_trainer *tr, const char *name, bool create);
  * step's loss gives (that read is a synchronisation on a GPU, and it comes
  * after backward is queued). The caller must return this same tensor. */
 lk_status lk__log_loss(lk_trainer *tr, const char *name, const lk_tensor *loss, const lk_log_opts *opts);
+/* An eval loop's epoch metric whose value is the one-element float tensor
+ * t: on a device the host cannot read it is copied on the device into a
+ * slot read once at lk__metrics_end_epoch, and added to the epoch
+ * aggregate then, in logging order with this batch's size: the bits
+ * lk_log_metric(tr, name, lk_tensor_item(t), opts) gives now, which is
+ * what the host (and a training step, dp, an f64 value) does. */
+lk_status lk__log_tensor(lk_trainer *tr, const char *name, const lk_tensor *t, const lk_log_opts *opts);
+/* The accuracy of logits [N, C] (f32, bf16 or f16) against targets [N]
+ * (i64, i32 or u8), both on the same device the host cannot read, as
+ * lk__log_tensor does with a value: the count of rows whose first maximum
+ * is the target is kept on the device (LK_OP_ACCURACY), and hits / N is
+ * added at the loop's end. */
+lk_status lk__log_accuracy(lk_trainer *tr, const char *name, const lk_tensor *logits, const lk_tensor *target,
+                           const lk_log_opts *opts);
+/* Frees the device array of waiting values (run_cleanup). */
+void lk__metrics_deferred_free(lk_trainer *tr);
 void lk__metrics_reset_epoch(lk_trainer *tr, const char *stage);
 /* Reduces epoch aggregates across ranks and turns them into values. */
 lk_status lk__metrics_end_epoch(lk_trainer *tr, const char *stage);

@@ -225,6 +225,7 @@ static void run_cleanup(lk_trainer *tr) {
     lk__prof_free(tr);
     lk__prefetch_free(tr->pf_eval); /* its passes ended with their loops */
     tr->pf_eval = NULL;
+    lk__metrics_deferred_free(tr);
 }
 
 void lk_trainer_free(lk_trainer *tr) {

@@ -232,6 +232,24 @@ static void put_nonfinite_half(const op_case *c, void **h) {
     ((uint16_t *)h[0])[777] = bf ? 0x7f80 : 0x7c00;  /* +inf */
     ((uint16_t *)h[0])[1500] = bf ? 0x7fc0 : 0x7e00; /* NaN */
 }
+/* Accuracy's logits [300, 7]: ties (rows of one value, and the maximum
+ * twice) and NaN first or inside a row, in any float dtype, so that the
+ * tie and NaN rules are compared too. */
+static void put_ties(const op_case *c, void **h) {
+    int64_t C = c->d.accuracy.C;
+    size_t es = c->d.dtype[0] == LK_F32 ? 4 : 2;
+    char *x = h[0];
+    uint16_t nan16 = c->d.dtype[0] == LK_BF16 ? 0x7fc0 : 0x7e00;
+    float nan32 = NAN;
+    for (int64_t r = 0; r < c->d.accuracy.N; r++) {
+        char *row = x + (size_t)(r * C) * es;
+        if (r % 5 == 0)
+            for (int64_t k = 1; k < C; k++) memcpy(row + (size_t)k * es, row, es); /* all tied: class 0 */
+        if (r % 5 == 1) memcpy(row + 4 * es, row + 2 * es, es); /* one pair tied */
+        if (r % 7 == 2) memcpy(row, es == 4 ? (const void *)&nan32 : (const void *)&nan16, es);
+        if (r % 11 == 3) memcpy(row + 3 * es, es == 4 ? (const void *)&nan32 : (const void *)&nan16, es);
+    }
+}
 /* Integer sources past float's 24 bits (an i64 -> f32 cast rounds, an i64
  * -> i32 keeps the low bits), and negative ones. */
 static void big_ints(const op_case *c, void **h) {
@@ -425,6 +443,16 @@ static void add_half_forms(void) {
         dts(c, hd[h], hd[h], 0, 0);
         c->d.clamp = (lk_clamp_params){2000, -0.5f, 0.75f};
         ops(c, 0, 2000, I_RAND, 0), ops(c, 1, 2000, I_RAND, 0);
+    }
+    /* accuracy's hit count (val_acc on a device): f32 / bf16 / f16 logits, i64 / i32 / u8 targets */
+    static const lk_dtype acc_t[] = {LK_I64, LK_I32, LK_U8};
+    for (int k = 0; k < 9; k++) {
+        lk_dtype t = k < 3 ? LK_F32 : hd[k / 3 - 1];
+        c = add(NAME("accuracy_%s_%s", lk_dtype_name(t), lk_dtype_name(acc_t[k % 3])), LK_OP_ACCURACY, T_EXACT);
+        dts(c, t, acc_t[k % 3], LK_F64, 0);
+        c->d.accuracy = (lk_accuracy_params){300, 7};
+        ops(c, 0, 300 * 7, I_RAND, 0), ops(c, 1, 300, I_IDX, 7), ops(c, 2, 1, I_RAND, 0);
+        c->fix = put_ties;
     }
 #undef NAME
 }

@@ -5,7 +5,9 @@
  * broadcast through host copies. Run alone, this program is the launcher:
  * its first fit starts it again as 2 ranks, which run every fit (mlp and
  * cnn, cpu and sealed) one after the other; rank 0 writes the trained
- * parameters to files the launcher compares. "cnn_sbn" is the cnn with
+ * parameters and the last validation's val_loss and val_acc (all-reduced
+ * over the ranks; on the devices kept there per batch, one read per loop)
+ * to files the launcher compares. "cnn_sbn" is the cnn with
  * trainer.sync_batchnorm: SyncBatchNorm's statistics passes run on the
  * device and their per-channel sums cross through host copies;
  * "mlp_bf16c" compresses the f32 gradients to bf16 (ddp_comm_hook
@@ -101,6 +103,10 @@ static lk_status fit(const char *model_in, const char *accel) {
             if (!h || fwrite(h->data, lk_tensor_nbytes(h), 1, f) != 1) st = lk_error(LK_STATUS_IO, "cannot write %s", path);
             lk_tensor_release(h);
         }
+        double vm[2]; /* the validation metrics after the parameters, their bits compared with them */
+        if (!st && (!lk_trainer_metric(tr, "val_loss", &vm[0]) || !lk_trainer_metric(tr, "val_acc", &vm[1])))
+            st = lk_error(LK_STATUS_INTERNAL, "%s %s: no val_loss / val_acc after the fit", model_in, accel);
+        if (!st && fwrite(vm, sizeof vm, 1, f) != 1) st = lk_error(LK_STATUS_IO, "cannot write %s", path);
         lk_named_tensors_clear(&ps);
         if (f) fclose(f);
     }
@@ -152,6 +158,12 @@ int main(void) {
         CHECK_MSG(na > 0 && na == nb, "%s: %zu bytes of parameters from the cpu ranks, %zu from the sealed ranks", models[mi],
                   na, nb);
         CHECK_MSG(na == nb && !memcmp(a, b, na), "%s: ddp x2 on sealed:0/sealed:1 differs from ddp x2 on the CPU", models[mi]);
+        if (na == nb && na >= 16) { /* the trailing val_loss, val_acc */
+            double va[2], vb[2];
+            memcpy(va, a + na - 16, 16), memcpy(vb, b + nb - 16, 16);
+            CHECK_MSG(!memcmp(va, vb, 16), "%s: val_loss %.17g / %.17g, val_acc %.17g / %.17g (cpu / sealed)", models[mi],
+                      va[0], vb[0], va[1], vb[1]);
+        }
         bool one = !strcmp(models[mi], "mlp_one");
         for (int r = 0; r < 2; r++) { /* rank r trained on sealed:r (mlp_one: both on sealed:0), and only there */
             char path[600];

@@ -92,6 +92,129 @@ static void copies_out_per_step(void) {
     }
 }
 
+/* ---- validation and test: nothing read per batch ------------------------------
+ * The built-in modules log val_loss / test_loss and (classifiers) val_acc /
+ * test_acc per batch; on a device the values stay there (the loss copied
+ * into a device slot, the accuracy's hit count by LK_OP_ACCURACY) and the
+ * loop's end reads every slot in one copy. Counted: copies out inside each
+ * validation/test step, and from the last step's end to the loop's
+ * return; the metrics are the CPU's bit for bit. */
+enum { EVAL_SAMPLES = 64, MAX_EVAL_STEPS = EVAL_SAMPLES + 2 }; /* per split (640 samples, 10% each) */
+static const lk_module_vtable *eval_base_vt;
+static int eval_calls;
+static long eval_out[MAX_EVAL_STEPS]; /* copies out inside step k of the current loop */
+static sealed_stats eval_last_end;          /* at the end of the latest step */
+static lk_status eval_probe(lk_module *m, const lk_batch *b, int64_t i, lk_trainer *tr, bool test) {
+    long o0 = sealed_get_stats().copies_out;
+    lk_status st = test ? eval_base_vt->test_step(m, b, i, tr) : eval_base_vt->validation_step(m, b, i, tr);
+    eval_last_end = sealed_get_stats();
+    if (eval_calls < MAX_EVAL_STEPS) eval_out[eval_calls] = eval_last_end.copies_out - o0;
+    eval_calls++;
+    return st;
+}
+static lk_status eval_probe_val(lk_module *m, const lk_batch *b, int64_t i, lk_trainer *tr) { return eval_probe(m, b, i, tr, false); }
+static lk_status eval_probe_test(lk_module *m, const lk_batch *b, int64_t i, lk_trainer *tr) { return eval_probe(m, b, i, tr, true); }
+
+typedef struct {
+    double val_loss, val_acc, test_loss, test_acc, val_loss2, val_acc2;
+    long end_reads[3]; /* copies out after validate's / test's / validate's again last step */
+    long steps_out[3]; /* the most copies out in one step after the first (batch 0: the autoencoder's preview) */
+    long first_out[3]; /* in step 0 */
+    long allocs_again; /* device allocations of the second validate */
+} eval_out_t;
+
+/* validate, test, and validate again, of a freshly made module (seed 3) on
+ * `accel`: EVAL_SAMPLES / batch batches in each split. */
+static eval_out_t eval_run(const char *model, const char *accel, const char *precision, int batch) {
+    eval_out_t r = {NAN, NAN, NAN, NAN, NAN, NAN, {0}, {0}, {0}, 0};
+    char bs[16];
+    snprintf(bs, sizeof bs, "%d", batch);
+    bool cnn = !strcmp(model, "cnn"), ae = !strcmp(model, "autoencoder");
+    const lk_model_kv data[] = {{"num_samples", "640"}, {"input_shape", cnn ? "[1, 8, 8]" : "[16]"}, {"num_classes", "4"},
+                                {"batch_size", bs}, {"num_workers", "0"}};
+    lk_trainer_config cfg;
+    sh_config(&cfg, &(run_spec){.model = model, .accelerator = accel, .precision = precision, .no_checkpointing = true});
+    lk_module *m = NULL;
+    lk_datamodule *dm = NULL;
+    lk_trainer *tr = NULL;
+    CHECK_OK(lk_module_create_builtin(model, cnn ? sh_cnn_args : ae ? sh_ae_args : sh_mlp_args, ae ? 3 : 4, 3, &m));
+    CHECK_OK(lk_datamodule_create_builtin("synthetic", data, 5, 3, &dm));
+    CHECK_OK(lk_trainer_create(&cfg, NULL, NULL, &tr));
+    if (!m || !dm || !tr) goto done;
+    static lk_module_vtable vt;
+    eval_base_vt = m->vt;
+    vt = *m->vt;
+    vt.validation_step = eval_probe_val;
+    vt.test_step = eval_probe_test;
+    m->vt = &vt;
+    for (int pass = 0; pass < 3; pass++) {
+        eval_calls = 0;
+        long a0 = sealed_get_stats().allocs;
+        lk_status st = pass == 1 ? lk_trainer_test(tr, m, dm, NULL) : lk_trainer_validate(tr, m, dm, NULL);
+        CHECK_MSG(st == LK_STATUS_OK, "%s %s on %s: %s", pass == 1 ? "test" : "validate", model, accel, st ? lk_last_error() : "");
+        CHECK_MSG(eval_calls == EVAL_SAMPLES / batch, "%s on %s: %d eval steps, expected %d", model, accel, eval_calls,
+                  EVAL_SAMPLES / batch);
+        r.end_reads[pass] = sealed_get_stats().copies_out - eval_last_end.copies_out;
+        r.first_out[pass] = eval_out[0];
+        for (int k = 1; k < eval_calls && k < MAX_EVAL_STEPS; k++)
+            if (eval_out[k] > r.steps_out[pass]) r.steps_out[pass] = eval_out[k];
+        if (pass == 0) r.val_loss = metric(tr, "val_loss"), r.val_acc = ae ? NAN : metric(tr, "val_acc");
+        if (pass == 2) r.val_loss2 = metric(tr, "val_loss"), r.val_acc2 = ae ? NAN : metric(tr, "val_acc");
+        if (pass == 2) r.allocs_again = sealed_get_stats().allocs - a0;
+    }
+    r.test_loss = metric(tr, "test_loss");
+    if (!ae) r.test_acc = metric(tr, "test_acc");
+    m->vt = eval_base_vt;
+done:
+    lk_trainer_free(tr);
+    lk_module_free(m);
+    lk_datamodule_free(dm);
+    return r;
+}
+
+static void copies_out_per_eval_batch(void) {
+    static const struct {
+        const char *model, *precision;
+        long bound; /* copies out per validation/test step */
+        int batch;  /* 1: 64 batches, two values each: the device's slots double once (64 -> 128) */
+    } cs[] = {
+        {"mlp", "32-true", 0, 8}, {"cnn", "32-true", 0, 8}, {"mlp", "bf16-mixed", 0, 8}, {"autoencoder", "32-true", 0, 8},
+        {"mlp", "32-true", 0, 1},
+    };
+    printf("| eval run | copies out per batch | in batch 0 | at the loop's end |\n|---|---|---|---|\n");
+    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
+        const char *model = cs[i].model, *prec = cs[i].precision;
+        bool ae = !strcmp(model, "autoencoder");
+        eval_out_t cpu = eval_run(model, "cpu", prec, cs[i].batch);
+        eval_out_t sd = eval_run(model, "sealed", prec, cs[i].batch);
+        /* the second validate: the same values, and nothing new allocated on the device (the slots stay) */
+        CHECK_MSG(same_double(sd.val_loss, sd.val_loss2) && same_double(sd.val_acc, sd.val_acc2),
+                  "%s %s: a second validate gave other values", model, prec);
+        CHECK_MSG(sd.allocs_again == 0, "%s %s batch %d: the second validate allocated %ld times on the device", model,
+                  prec, cs[i].batch, sd.allocs_again);
+        for (int pass = 0; pass < 3; pass++) {
+            const char *what = pass == 1 ? "test" : pass ? "validate again" : "validate";
+            printf("| %s %s %s, batch %d | %ld | %ld | %ld |\n", model, prec, what, cs[i].batch, sd.steps_out[pass], sd.first_out[pass],
+                   sd.end_reads[pass]);
+            CHECK_MSG(sd.steps_out[pass] <= cs[i].bound, "%s %s %s: %ld copies out in one step (at most %ld)", model, prec,
+                      what, sd.steps_out[pass], cs[i].bound);
+            /* batch 0: the autoencoder copies its first reconstructions out for the picture */
+            CHECK_MSG(sd.first_out[pass] <= cs[i].bound + ae, "%s %s %s: %ld copies out in step 0", model, prec, what,
+                      sd.first_out[pass]);
+            CHECK_MSG(sd.end_reads[pass] == 1, "%s %s %s: %ld copies out at the loop's end (expected the one read)", model,
+                      prec, what, sd.end_reads[pass]);
+        }
+        CHECK_MSG(!isnan(sd.val_loss) && !isnan(sd.test_loss) && (ae || (!isnan(sd.val_acc) && !isnan(sd.test_acc))),
+                  "%s: no eval metrics", model);
+        CHECK_MSG(same_double(cpu.val_loss, sd.val_loss) && same_double(cpu.val_acc, sd.val_acc),
+                  "%s %s: val_loss %.17g vs %.17g, val_acc %.17g vs %.17g", model, prec, cpu.val_loss, sd.val_loss,
+                  cpu.val_acc, sd.val_acc);
+        CHECK_MSG(same_double(cpu.test_loss, sd.test_loss) && same_double(cpu.test_acc, sd.test_acc),
+                  "%s %s: test_loss %.17g vs %.17g, test_acc %.17g vs %.17g", model, prec, cpu.test_loss, sd.test_loss,
+                  cpu.test_acc, sd.test_acc);
+    }
+}
+
 /* A target out of range on the sealed device is still the range check's
  * error, found in the batch's host copy: the model has 3 classes, the
  * data 4. */
@@ -124,4 +247,5 @@ static void setup(void) {
     sealed_device(0);
 }
 
-LK_TEST_MAIN(LK_TEST_CASE(setup), LK_TEST_CASE(copies_out_per_step), LK_TEST_CASE(target_out_of_range), LK_TEST_CASE(cleanup))
+LK_TEST_MAIN(LK_TEST_CASE(setup), LK_TEST_CASE(copies_out_per_step), LK_TEST_CASE(target_out_of_range),
+             LK_TEST_CASE(copies_out_per_eval_batch), LK_TEST_CASE(cleanup))

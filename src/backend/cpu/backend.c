@@ -101,6 +101,10 @@ static bool cpu_supports(const lk_op_desc *d) {
     case LK_OP_EMBEDDING_BACKWARD:
         return (d->op == LK_OP_EMBEDDING ? d->dtype[0] == LK_F32 || is_half(d->dtype[0]) : d->dtype[0] == LK_F32) &&
                (d->dtype[1] == LK_I32 || d->dtype[1] == LK_I64) && d->dtype[2] == d->dtype[0];
+    case LK_OP_ACCURACY: /* 16-bit logits read by the kernel itself (no widening pass) */
+        return (d->dtype[0] == LK_F32 || is_half(d->dtype[0])) &&
+               (d->dtype[1] == LK_I64 || d->dtype[1] == LK_I32 || d->dtype[1] == LK_U8) && d->dtype[2] == LK_F64 &&
+               d->accuracy.N >= 0 && d->accuracy.C >= 0;
     case LK_OP_COUNT: break;
     }
     return false;
@@ -179,6 +183,7 @@ static lk_status cpu_run(const lk_op_desc *d, void *const *x) {
     case LK_OP_FILL: return lk__cpu_fill(d, x);
     case LK_OP_BN_STATS:
     case LK_OP_BN_APPLY: return lk__cpu_bn_split(d, x);
+    case LK_OP_ACCURACY: return lk__cpu_accuracy(d, x);
     case LK_OP_COUNT: break;
     }
     return lk_error(LK_STATUS_INTERNAL, "cpu backend: op %d", (int)d->op);

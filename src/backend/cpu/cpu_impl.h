@@ -69,4 +69,7 @@ lk_status lk__cpu_ln_half(const lk_op_desc *d, void *const *x, lk_status (*run)(
 bool lk__cpu_xent_supports(const lk_op_desc *d);
 lk_status lk__cpu_xent(const lk_op_desc *d, void *const *x);
 
+/* accuracy.c: LK_OP_ACCURACY (f32/bf16/f16 logits, i64/i32/u8 targets, f64 count). */
+lk_status lk__cpu_accuracy(const lk_op_desc *d, void *const *x);
+
 #endif

@@ -7,7 +7,8 @@
  *     operand (widened, computed in f32, rounded once: the CPU's semantics);
  *   rows.cu: softmax / log-softmax and their backward, the regression
  *     losses, cross-entropy and nll_loss, the gradient utilities (norm,
- *     first non-finite, fused unscale), embedding, BCE, layer norm;
+ *     first non-finite, fused unscale), embedding, BCE, layer norm,
+ *     accuracy's hit count (into device memory: no synchronisation);
  *   optim.cu: the optimizer updates (SGD, Adam/AdamW, RMSprop);
  *   conv.cu: im2col, col2im, bias add, bias gradient, pooling, batch norm,
  *     SyncBatchNorm's passes (BN_STATS, BN_APPLY) (f32; im2col also 16-bit);
@@ -77,6 +78,7 @@ static inline lk__cuda_launcher lk__cuda_launcher_for(const lk__cuda_launchers *
     case LK_OP_BATCH_NORM_BACKWARD:
     case LK_OP_BN_STATS:
     case LK_OP_BN_APPLY: return l->conv;
+    case LK_OP_ACCURACY: return l->rows;
     default: return l->rows;
     }
 }

@@ -95,6 +95,21 @@ __global__ void k_unscale(int64_t n, const float *x, float *y, float mul, unsign
     if (bad) atomicAdd(count, bad);
 }
 
+/* ---- accuracy: one block, each thread counting rows, the counts summed (exact in any order) ---- */
+
+__global__ void k_accuracy(int64_t N, int64_t C, const void *x, int kind, const void *t, int tkind, double *hits) {
+    __shared__ unsigned long long sh[LK_CU_THREADS];
+    unsigned long long n = 0;
+    for (int64_t r = threadIdx.x; r < N; r += blockDim.x) n += (unsigned long long)lk_k_row_hit(x, kind, C, r, t, tkind);
+    sh[threadIdx.x] = n;
+    __syncthreads();
+    for (int s = LK_CU_THREADS / 2; s > 0; s >>= 1) {
+        if ((int)threadIdx.x < s) sh[threadIdx.x] += sh[threadIdx.x + s];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) *hits = (double)sh[0];
+}
+
 /* ---- softmax ---- */
 
 __global__ void k_softmax_rows(int64_t rows, int64_t C, const float *x, float *y, int log_out) {
@@ -610,6 +625,12 @@ extern "C" int lk__cuda_rows(const lk_op_desc *d, void *const *x) {
             k_embedding_backward<<<lk_cu_blocks(d->embedding.D), LK_CU_THREADS>>>(
                 d->embedding, (const float *)x[0], x[1], (int)d->dtype[1], (float *)x[2]);
         return (int)cudaGetLastError();
+    case LK_OP_ACCURACY: { /* written even for no rows (0), as the CPU */
+        int kind = d->dtype[0] == LK_F32 ? 0 : d->dtype[0] == LK_BF16 ? 1 : 2;
+        int tkind = d->dtype[1] == LK_I64 ? 0 : d->dtype[1] == LK_I32 ? 1 : 2;
+        k_accuracy<<<1, LK_CU_THREADS>>>(d->accuracy.N, d->accuracy.C, x[0], kind, x[1], tkind, (double *)x[2]);
+        return (int)cudaGetLastError();
+    }
     default: return (int)cudaErrorInvalidValue;
     }
 }

@@ -398,4 +398,48 @@ LK_KERNEL void lk_k_philox4x32_10_x8(const uint32_t ctr[4], const uint32_t key[2
     }
 }
 
+/* ==== accuracy (owner: train/metrics.c's lk__log_accuracy, LK_OP_ACCURACY) ====
+ * The row loop of the trainer's host accuracy, so that the count a device
+ * keeps is the count the host made: one row per call, classes in order. */
+
+/* A 16-bit float's bits widened to f32 exactly, in plain arithmetic: bf16
+ * is the top half of an f32; f16 has a 5-bit exponent (bias 15) and a
+ * 10-bit mantissa, subnormals m * 2^-24 (exact in f32). */
+LK_KERNEL float lk_k_half_bits_to_f32(uint16_t h, int bf16) {
+    union { uint32_t u; float f; } v;
+    if (bf16) {
+        v.u = (uint32_t)h << 16;
+        return v.f;
+    }
+    uint32_t s = (uint32_t)(h & 0x8000u) << 16, e = (uint32_t)(h >> 10) & 0x1fu, m = (uint32_t)h & 0x3ffu;
+    if (e == 0) {
+        float r = (float)m * 5.9604644775390625e-8f;
+        return s ? -r : r;
+    }
+    v.u = s | (e == 31 ? 0x7f800000u : (e + 112u) << 23) | m << 13;
+    return v.f;
+}
+
+/* Element i of logits whose kind is 0 (f32), 1 (bf16) or 2 (f16), as f32. */
+LK_KERNEL float lk_k_ld_wide(const void *x, int kind, int64_t i) {
+    return kind == 0 ? ((const float *)x)[i] : lk_k_half_bits_to_f32(((const uint16_t *)x)[i], kind == 1);
+}
+
+/* Whether row r of [N, C] logits predicts target[r] (target kind 0: i64,
+ * 1: i32, 2: u8): the first class whose logit is greater (>) than every
+ * earlier one's best, from class 0, so ties keep the earlier class and a
+ * NaN neither wins nor, once first, loses. */
+LK_KERNEL int lk_k_row_hit(const void *x, int kind, int64_t C, int64_t r, const void *target, int tkind) {
+    int64_t arg = 0;
+    float best = C > 0 ? lk_k_ld_wide(x, kind, r * C) : 0.0f;
+    for (int64_t k = 1; k < C; k++) {
+        float v = lk_k_ld_wide(x, kind, r * C + k);
+        if (v > best) best = v, arg = k;
+    }
+    int64_t y = tkind == 0 ? ((const int64_t *)target)[r]
+              : tkind == 1 ? (int64_t)((const int32_t *)target)[r]
+                           : (int64_t)((const uint8_t *)target)[r];
+    return arg == y;
+}
+
 #endif /* LK_KERNELS_OPS_A_SECTION */
