@@ -72,6 +72,8 @@ int lk__op_arity(lk_op_kind op) {
     case LK_OP_FILL: return 1;
     case LK_OP_BN_STATS: return 4;
     case LK_OP_BN_APPLY: return 4;
+    case LK_OP_DROPOUT_MASK: return 1;
+    case LK_OP_INCREMENT: return 1;
     case LK_OP_COUNT: break;
     }
     return 0;
@@ -340,6 +342,13 @@ const char *lk__op_desc_str(const lk_op_desc *d, char *buf, size_t size) {
         snprintf(buf, size, "fill %s (%s) with %g", DT(0), shape_str(d->fill.ndim, d->fill.shape, sh, sizeof sh), d->fill.value);
         return buf;
     }
+    case LK_OP_DROPOUT_MASK:
+        snprintf(buf, size, "dropout_mask -> %s (%lld, p %g)", DT(0), (long long)d->dropout_mask.n,
+                 (double)d->dropout_mask.thr / 16777216.0);
+        return buf;
+    case LK_OP_INCREMENT:
+        snprintf(buf, size, "increment %s by %lld (%lld)", DT(0), (long long)d->increment.by, (long long)d->increment.n);
+        return buf;
     case LK_OP_COUNT: break;
     }
 #undef DT

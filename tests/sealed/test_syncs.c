@@ -24,6 +24,9 @@ typedef struct {
 static int64_t seen;
 /* per step: copies out when forward returned and when the first backward op ended */
 static long out_fwd_end[STEPS + 1], out_bwd_first[STEPS + 1];
+/* per step: copies in when forward returned (dropout's masks are drawn on
+ * the device: a forward copies nothing in, the batch came before it) */
+static long in_fwd_end[STEPS + 1];
 static bool in_bwd;
 static void on_op(void *ctx, const char *op, bool backward, double t0, double t1) {
     (void)ctx, (void)op, (void)t0, (void)t1;
@@ -35,6 +38,7 @@ static void on_op(void *ctx, const char *op, bool backward, double t0, double t1
 static void around_step(run_out *o, int64_t k, bool after) {
     if (after) {
         if (k <= STEPS) out_fwd_end[k] = sealed_get_stats().copies_out;
+        if (k <= STEPS) in_fwd_end[k] = sealed_get_stats().copies_in;
         return;
     }
     seen = o->steps_seen;
@@ -89,6 +93,9 @@ static void copies_out_per_step(void) {
                       c->name, k, out_fwd_end[k] - at[k].copies_out, c->fwd);
         }
         CHECK_MSG(most <= c->bound, "%s: %ld copies out in a steady step (at most %ld expected)", c->name, most, c->bound);
+        for (int k = FIRST; k < STEPS; k++) /* on a GPU a synchronous copy in waits for the queue too */
+            CHECK_MSG(in_fwd_end[k] == at[k].copies_in, "%s step %d: forward copies %ld in (the dropout masks need none)",
+                      c->name, k, in_fwd_end[k] - at[k].copies_in);
     }
 }
 
