@@ -114,9 +114,8 @@ static void checkpoint_crosses_devices(void) {
 /* From the third step on the pool serves every storage (no device
  * allocation, no miss), and a step copies in the batch's two fields,
  * nothing else (the dropout masks are drawn on the device), never the
- * parameters; it copies out scalars (the loss, the non-finite check,
- * batch norm's counters), never a parameter (sealed_syncs holds the count
- * of those reads). */
+ * parameters; it copies out scalars (the loss, the non-finite check),
+ * never a parameter (sealed_syncs holds the count of those reads). */
 static void steps_copy_the_batch_only(void) {
     for (int m = 0; m < 2; m++) {
         const char *model = m ? "cnn" : "mlp";
