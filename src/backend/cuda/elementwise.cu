@@ -2,9 +2,10 @@
  * (backend/kernels/elementwise.h): unary and its backward, broadcast binary,
  * axpy, affine, sum-to-shape, dropout's mask-scale, strided copy (and its
  * accumulating form) and clamp; dropout's keep mask (one thread per Philox
- * block, the words the host's stream would give) and the i64 increment. Every operand is f32, bf16 or f16 on its
- * own (copy: any dtype); each element is widened, computed in f32 with the
- * CPU's statements and rounded once into the output's dtype, so the f32
+ * block, the words the host's stream would give) and the i64 increment.
+ * Every float family's operand is f32, bf16 or f16 on its own (copy: any
+ * dtype); each element is widened, computed in f32 with the CPU's
+ * statements and rounded once into the output's dtype, so the f32
  * results are the CPU backend's bits wherever the body is plain arithmetic
  * (transcendentals differ by CUDA's libdevice ulps). One thread per output
  * element, grid-stride; sum-to gives each destination element one thread
