@@ -1,5 +1,6 @@
 /* Layer ops with state of their own: inverted dropout (its mask drawn from
- * the caller's Philox stream and kept for backward) and layer_norm (mean and
+ * the caller's Philox stream by the backend, on the tensor's device, and
+ * kept for backward) and layer_norm (mean and
  * rstd per row kept for the fused backward). Row math in backend/kernels.h. */
 #include <math.h>
 #include <stdio.h>
@@ -25,30 +26,34 @@ static void dropout_backward(lk_node *n, lk_tensor *g) {
     lk__accum_move(n->in[0], dx);
 }
 
-/* keep[i] = !(u_i < p) where u_i is the i-th lk_rng_uniform() of the stream:
- * the same draws, in the same order, as calling it per element, but once the
- * rng's buffer is empty whole Philox blocks are taken eight at a time (a
- * vectorised kernel) and then singly (uniform < p  <=>  (word >> 8) < p * 2^24,
- * exactly, since the scaling is by a power of two). */
-static void draw_keep_mask(lk_rng *rng, float p, uint8_t *keep, int64_t n) {
-    const float thr = p * 16777216.0f;
-    int64_t i = 0;
-    for (; i < n && rng->pos < 4; i++) keep[i] = !((float)(lk_rng_u32(rng) >> 8) < thr);
-    for (; i + 4 * LK_K_LANES <= n; i += 4 * LK_K_LANES) {
-        uint32_t w[4 * LK_K_LANES];
-        lk_k_philox4x32_10_x8(rng->ctr, rng->key, w);
-        uint32_t c0 = rng->ctr[0];
-        rng->ctr[0] += LK_K_LANES;
-        if (rng->ctr[0] < c0) rng->ctr[1]++;
-        for (int j = 0; j < 4 * LK_K_LANES; j++) keep[i + j] = !((float)(w[j] >> 8) < thr);
+/* The mask op for the next n draws of rng (keep[i] = !(u_i < p), u_i the
+ * stream's i-th lk_rng_uniform()): the 1-3 words rng still buffers travel
+ * in the descriptor, the rest are Philox blocks from rng's counter on, so
+ * the backend draws on its own device what per-element draws would give. */
+static lk_op_desc mask_desc(const lk_rng *rng, float p, int64_t n) {
+    lk_op_desc d = {.op = LK_OP_DROPOUT_MASK, .dtype = {LK_U8}};
+    lk_dropout_mask_params *m = &d.dropout_mask;
+    m->n = n;
+    m->thr = p * 16777216.0f;
+    memcpy(m->key, rng->key, sizeof m->key);
+    memcpy(m->ctr, rng->ctr, sizeof m->ctr);
+    for (int w = rng->pos; w < 4 && m->head_n < n; w++) m->head[m->head_n++] = rng->buf[w];
+    return d;
+}
+
+/* Advances rng past the mask's n draws exactly as the host draw did (the
+ * state stays bitwise what it was): the buffered words are used up, whole
+ * blocks only move the counter (carrying into ctr[1]), and a partial last
+ * block is buffered with its unused words, as lk_rng_u32 leaves it. */
+static void mask_advance(lk_rng *rng, const lk_dropout_mask_params *m) {
+    rng->pos += m->head_n;
+    int64_t rest = m->n - m->head_n;
+    uint64_t c = ((uint64_t)rng->ctr[1] << 32 | rng->ctr[0]) + (uint64_t)(rest / 4);
+    rng->ctr[0] = (uint32_t)c, rng->ctr[1] = (uint32_t)(c >> 32);
+    if (rest % 4) {
+        (void)lk_rng_u32(rng); /* pos is 4 here: refills buf from the counter and moves it on */
+        rng->pos = (int)(rest % 4);
     }
-    for (; i + 4 <= n; i += 4) {
-        uint32_t w[4];
-        lk_philox4x32_10(rng->ctr, rng->key, w); /* what lk_rng_u32 does on a refill */
-        if (++rng->ctr[0] == 0) rng->ctr[1]++;
-        for (int j = 0; j < 4; j++) keep[i + j] = !((float)(w[j] >> 8) < thr);
-    }
-    for (; i < n; i++) keep[i] = !((float)(lk_rng_u32(rng) >> 8) < thr);
 }
 
 lk_tensor *lk_dropout(lk_tensor *x, float p, bool training, lk_rng *rng) {
@@ -69,25 +74,18 @@ lk_tensor *lk_dropout(lk_tensor *x, float p, bool training, lk_rng *rng) {
     /* As PyTorch: out = x * noise, noise = keep / (1 - p), so inf * 0 stays
      * NaN; p == 1 draws nothing and zeroes everything. */
     float scale = p == 1.0f ? 0.0f : (float)(1.0 / (1.0 - (double)p));
-    /* The mask is drawn on the host: a device gets it in one copy. */
-    bool host = !mask || lk_device_is_host(mask->device);
-    uint8_t *hm = out && !host ? lk_aligned_alloc(LK_ALIGN, (size_t)x->numel + 1) : NULL;
-    lk_status st = out && !host && !hm ? lk_error(LK_STATUS_OUT_OF_MEMORY, "%s: no host buffer for a mask of %lld bytes",
-                                                 op, (long long)x->numel)
-                                       : LK_STATUS_OK;
-    if (out && !st) {
-        uint8_t *md = host ? mask->data : hm;
-        if (p < 1.0f) {
-            draw_keep_mask(rng, p, md, x->numel);
-        } else {
-            memset(md, 0, (size_t)x->numel);
-        }
-        if (!host) st = lk_device_copy(mask->device, mask->data, LK_DEVICE_CPU, hm, (size_t)x->numel);
+    /* The mask is drawn by the op's backend, on the tensor's device: no
+     * host buffer and no copy in. p == 1 keeps nothing and draws nothing
+     * (the stream stays where it is). */
+    lk_status st = LK_STATUS_OK;
+    if (out) {
+        lk_op_desc md = mask_desc(rng, p, x->numel);
+        st = lk__backend_run(mask->device, &md, (void *[]){mask->data});
+        if (!st && p < 1.0f) mask_advance(rng, &md.dropout_mask); /* a failed draw leaves the stream unchanged */
         lk_op_desc d = {.op = LK_OP_MASK_SCALE, .dtype = {xc->dtype, LK_U8, out->dtype}};
         d.mask_scale = (lk_mask_scale_params){x->numel, scale};
         if (!st) st = lk__backend_run(xc->device, &d, (void *[]){xc->data, mask->data, out->data});
     }
-    lk_aligned_free(hm);
     if (st) {
         lk_tensor_release(out);
         out = NULL;

@@ -60,6 +60,8 @@ typedef enum {
     LK_OP_BN_STATS,       /* x, g, mean, out (f64): per-channel sums of one rank (SyncBatchNorm, see lk_bn_split_params) */
     LK_OP_BN_APPLY,       /* x, g, coef, y: the per-channel normalisation or input gradient from all-reduced sums */
     LK_OP_ACCURACY,       /* logits, target, hits (f64 [1]): rows of [N, C] whose first maximum is the target */
+    LK_OP_DROPOUT_MASK,   /* keep (u8 [n]): dropout's keep mask drawn from a Philox stream (see lk_dropout_mask_params) */
+    LK_OP_INCREMENT,      /* x (i64 [n]): x[i] += by, in place (batch norm's num_batches_tracked) */
     LK_OP_COUNT
 } lk_op_kind;
 
@@ -333,6 +335,26 @@ typedef struct lk_mask_scale_params {
 typedef struct lk_accuracy_params {
     int64_t N, C;
 } lk_accuracy_params;
+/* LK_OP_DROPOUT_MASK: keep[i] = !((float)(w_i >> 8) < thr), w_0, w_1, ...
+ * the stream's 32-bit words: first the head_n (0..3) words of head (those
+ * the host's lk_rng still buffers), then Philox4x32-10 block b = 0, 1, ...
+ * of (key, ctr + b), four words each in order, where ctr + b adds b to the
+ * 64-bit counter ctr[1]:ctr[0] (ctr[2], ctr[3] kept), as lk_rng_u32
+ * advances it. thr = p * 2^24, so the test is lk_rng_uniform() < p exactly
+ * (the scaling is by a power of two); p = 1 (thr = 2^24) keeps nothing.
+ * Each word is a pure function of (key, counter, index): any device draws
+ * the host's mask bit for bit. */
+typedef struct lk_dropout_mask_params {
+    int64_t n;
+    uint32_t key[2], ctr[4], head[3];
+    int head_n;
+    float thr;
+} lk_dropout_mask_params;
+
+/* LK_OP_INCREMENT over n contiguous i64 elements (two's complement wrap). */
+typedef struct lk_increment_params {
+    int64_t n, by;
+} lk_increment_params;
 
 typedef struct lk_op_desc {
     lk_op_kind op;
@@ -363,6 +385,8 @@ typedef struct lk_op_desc {
         lk_bn_split_params bn_split;
         lk_clamp_params clamp;
         lk_accuracy_params accuracy;
+        lk_dropout_mask_params dropout_mask;
+        lk_increment_params increment;
     };
 } lk_op_desc;
 

@@ -73,6 +73,8 @@ int lk__op_arity(lk_op_kind op) {
     case LK_OP_BN_STATS: return 4;
     case LK_OP_BN_APPLY: return 4;
     case LK_OP_ACCURACY: return 3;
+    case LK_OP_DROPOUT_MASK: return 1;
+    case LK_OP_INCREMENT: return 1;
     case LK_OP_COUNT: break;
     }
     return 0;
@@ -344,6 +346,13 @@ const char *lk__op_desc_str(const lk_op_desc *d, char *buf, size_t size) {
     case LK_OP_ACCURACY:
         snprintf(buf, size, "accuracy %s, target %s -> %s (%lldx%lld)", DT(0), DT(1), DT(2), (long long)d->accuracy.N,
                  (long long)d->accuracy.C);
+        return buf;
+    case LK_OP_DROPOUT_MASK:
+        snprintf(buf, size, "dropout_mask -> %s (%lld, p %g)", DT(0), (long long)d->dropout_mask.n,
+                 (double)d->dropout_mask.thr / 16777216.0);
+        return buf;
+    case LK_OP_INCREMENT:
+        snprintf(buf, size, "increment %s by %lld (%lld)", DT(0), (long long)d->increment.by, (long long)d->increment.n);
         return buf;
     case LK_OP_COUNT: break;
     }

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "backend/backend_impl.h" /* batch norm's counter: LK_OP_INCREMENT */
 #include "lockstep/nn.h"
 
 /* A layer under construction that failed: frees it, keeps the error. */
@@ -161,6 +162,13 @@ static lk_status bn_reset(lk_layer *self, lk_rng *rng) {
     return LK_STATUS_OK;
 }
 
+/* num_batches_tracked += by, on the counter's own device (LK_OP_INCREMENT). */
+static lk_status bn_count(lk_tensor *nbt, int64_t by) {
+    lk_op_desc d = {.op = LK_OP_INCREMENT, .dtype = {LK_I64}};
+    d.increment = (lk_increment_params){1, by};
+    return lk__backend_run(nbt->device, &d, (void *[]){nbt->data});
+}
+
 static lk_tensor *bn_forward(lk_layer *self, lk_tensor *x) {
     bn_impl *b = self->impl;
     bool ok_dims = b->spatial == 2 ? x->ndim == 4 : (x->ndim == 2 || x->ndim == 3);
@@ -176,26 +184,21 @@ static lk_tensor *bn_forward(lk_layer *self, lk_tensor *x) {
     lk_tensor *nbt = b->track ? lk_layer_buffer(self, 2) : NULL;
     float factor = b->momentum < 0 ? 0.0f : b->momentum;
     bool counted = false;
-    bool host = !nbt || lk_device_is_host(nbt->device);
-    int64_t count = 0;
     if (self->training && nbt && nbt->dtype == LK_I64) {
-        if (host) {
-            int64_t *c = nbt->data;
-            count = ++*c;
-        } else { /* on a device: read it (one copy), then a fill op writes count + 1 */
-            count = (int64_t)lk_tensor_get(nbt, 0) + 1;
-            if (lk_tensor_fill(nbt, (double)count)) return NULL;
-        }
+        /* Counted by an op on the counter's device: no read back per step.
+         * momentum=None (cumulative average) needs the count as the factor
+         * 1/count, so only that form reads it (on a device, one copy out). */
+        if (bn_count(nbt, 1)) return NULL;
         counted = true;
-        if (b->momentum < 0) factor = 1.0f / (float)count; /* momentum=None: cumulative moving average */
+        if (b->momentum < 0) {
+            int64_t count = lk_device_is_host(nbt->device) ? *(const int64_t *)nbt->data : (int64_t)lk_tensor_get(nbt, 0);
+            factor = 1.0f / (float)count; /* momentum=None: cumulative moving average */
+        }
     }
     bool use_batch_stats = self->training || !b->track;
     lk_tensor *y = lk_batch_norm_sync(x, rm, rv, w, bias, use_batch_stats, factor, b->eps,
                                        self->training ? b->sync : NULL, b->sync_ctx); /* PyTorch syncs in training only */
-    if (!y && counted) {
-        if (host) (*(int64_t *)nbt->data)--;
-        else (void)lk_tensor_fill(nbt, (double)(count - 1)); /* the op's error is the one reported */
-    }
+    if (!y && counted) (void)bn_count(nbt, -1); /* undone; the op's error is the one reported */
     return y;
 }
 

@@ -496,6 +496,57 @@ static void dropout_determinism_and_identity(void) {
     lk_tensor_release(x);
 }
 
+/* Dropout's masks and its stream, bit for bit what they were when the mask
+ * was drawn on the host (draw_keep_mask) before the backend drew it
+ * (LK_OP_DROPOUT_MASK): an FNV-1a hash over a sequence of calls (odd
+ * lengths, n < 4, n = 0, p = 1, streams that start mid-block, a counter
+ * carrying across 2^32 in the x8 groups and in single blocks) of each keep
+ * mask and the whole rng state after each call (counter, position and the
+ * buffered block); the constant was printed by the host-drawn code. Each
+ * mask is also the stream's per-element lk_rng_uniform() < p. */
+static uint64_t fnv(uint64_t h, const void *p, size_t n) {
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ull;
+    return h;
+}
+static void dropout_mask_bits(void) {
+    static const int64_t lens[] = {0, 1, 3, 5, 2, 37, 64, 65, 131, 1000, 7, 33, 4, 0, 999, 3, 32, 31, 257};
+    static const float ps[] = {0.5f, 0.3f, 0.9f, 1.0f, 0.1f};
+    uint64_t h = 1469598103934665603ull;
+    int mism = 0, calls = 0;
+    lk_scope_begin();
+    for (int s = 0; s < 4; s++) {
+        lk_rng ra, rb;
+        memset(&ra, 0, sizeof ra); /* lk_rng_init leaves buf unset, and the hash reads it */
+        lk_rng_init(&ra, 11 + (uint64_t)s, LK_RNG_DROPOUT, 3, (uint32_t)s);
+        if (s >= 2) ra.ctr[0] = 0xFFFFFFFFu - (uint32_t)(s == 2 ? 5 : 1); /* the low word carries into ctr[1] */
+        for (int k = 0; k < s; k++) (void)lk_rng_u32(&ra);            /* mid-block: 1..3 words buffered */
+        rb = ra;
+        for (size_t c = 0; c < sizeof lens / sizeof lens[0]; c++) {
+            float p = ps[(c + (size_t)s) % 5];
+            lk_tensor *x = lk_tensor_full(LK_F32, 1, (int64_t[]){lens[c]}, 1.0);
+            lk_tensor *y = lk_dropout(x, p, true, &ra);
+            CHECK(y);
+            for (int64_t i = 0; y && i < lens[c]; i++) {
+                uint8_t keep = ((float *)y->data)[i] != 0.0f;
+                h = fnv(h, &keep, 1);
+                if (p < 1.0f) mism += keep != !(lk_rng_uniform(&rb) < p);
+                else mism += keep;
+            }
+            h = fnv(h, ra.ctr, sizeof ra.ctr);
+            h = fnv(h, &ra.pos, sizeof ra.pos);
+            h = fnv(h, ra.buf, sizeof ra.buf);
+            calls++;
+            lk_tensor_release(x);
+        }
+        CHECK(lk_rng_u32(&ra) == lk_rng_u32(&rb)); /* the stream ends where per-element draws would */
+    }
+    lk_scope_end();
+    printf("dropout masks: %d calls, hash %016llx\n", calls, (unsigned long long)h);
+    CHECK_MSG(mism == 0, "%d mask bits differ from the stream's per-element draws", mism);
+    CHECK_MSG(h == 0x0b589333273762e0ull, "the masks or the stream changed: hash %016llx", (unsigned long long)h);
+}
+
 typedef struct {
     float p;
     uint32_t step;
@@ -792,6 +843,6 @@ static void steady_state_allocations(void) {
 LK_TEST_MAIN(LK_TEST_CASE(expf_kernel_accuracy), LK_TEST_CASE(philox_x8_kernel), LK_TEST_CASE(softmax_values), LK_TEST_CASE(softmax_gradchecks),
              LK_TEST_CASE(cross_entropy_values), LK_TEST_CASE(cross_entropy_gradchecks), LK_TEST_CASE(bce_values),
              LK_TEST_CASE(bce_gradchecks), LK_TEST_CASE(dropout_statistics),
-             LK_TEST_CASE(dropout_determinism_and_identity), LK_TEST_CASE(dropout_gradchecks),
+             LK_TEST_CASE(dropout_determinism_and_identity), LK_TEST_CASE(dropout_mask_bits), LK_TEST_CASE(dropout_gradchecks),
              LK_TEST_CASE(layer_norm_values), LK_TEST_CASE(layer_norm_gradchecks), LK_TEST_CASE(embedding_tests),
              LK_TEST_CASE(bad_inputs), LK_TEST_CASE(empty_inputs), LK_TEST_CASE(allocation_failures), LK_TEST_CASE(steady_state_allocations))

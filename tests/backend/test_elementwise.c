@@ -225,5 +225,50 @@ static void every_kind_is_described(void) {
     }
 }
 
+/* LK_OP_DROPOUT_MASK against its definition: the head words first, then
+ * the words of Philox blocks ctr, ctr + 1, ... (the low counter word
+ * carrying into the next), keep = !(uniform < p) on each; n from 0 to 99
+ * (the x8 groups, single blocks and partial tails), every head length.
+ * LK_OP_INCREMENT adds with two's complement wrap. */
+static void dropout_mask_and_increment(void) {
+    static uint8_t keep[100];
+    const uint32_t key[2] = {0xdeadbeefu, 42}, head[3] = {0x00000000u, 0xffffffffu, 0x4c000000u};
+    int bad = 0;
+    for (int h = 0; h <= 3; h++)
+        for (int64_t n = h; n < 100; n++) {
+            lk_op_desc d = {.op = LK_OP_DROPOUT_MASK, .dtype = {LK_U8}};
+            d.dropout_mask = (lk_dropout_mask_params){.n = n, .key = {key[0], key[1]}, .ctr = {0xfffffffdu, 7, 1, 2},
+                                                      .head = {head[0], head[1], head[2]}, .head_n = h, .thr = 0.3f * 16777216.0f};
+            memset(keep, 0xAA, sizeof keep);
+            CHECK_OK(lk__backend_run(LK_DEVICE_CPU, &d, (void *[]){keep}));
+            uint32_t ctr[4] = {0xfffffffdu, 7, 1, 2}, w[4];
+            for (int64_t i = 0; i < n; i++) {
+                uint32_t word;
+                if (i < h) {
+                    word = head[i];
+                } else {
+                    int64_t j = i - h;
+                    if (j % 4 == 0) {
+                        lk_philox4x32_10(ctr, key, w);
+                        if (++ctr[0] == 0) ctr[1]++;
+                    }
+                    word = w[j % 4];
+                }
+                bad += keep[i] != !((float)(word >> 8) * (1.0f / 16777216.0f) < 0.3f);
+            }
+            bad += keep[n] != 0xAA; /* nothing past n */
+        }
+    CHECK_MSG(bad == 0, "%d mask bytes differ from the definition", bad);
+    int64_t v[3] = {5, -1, INT64_MAX};
+    lk_op_desc d = {.op = LK_OP_INCREMENT, .dtype = {LK_I64}};
+    d.increment = (lk_increment_params){3, 1};
+    CHECK_OK(lk__backend_run(LK_DEVICE_CPU, &d, (void *[]){v}));
+    CHECK(v[0] == 6 && v[1] == 0 && v[2] == INT64_MIN);
+    d.increment.by = -1;
+    CHECK_OK(lk__backend_run(LK_DEVICE_CPU, &d, (void *[]){v}));
+    CHECK(v[0] == 5 && v[1] == -1 && v[2] == INT64_MAX);
+}
+
 LK_TEST_MAIN(LK_TEST_CASE(lowp_equals_f32_rounded_once), LK_TEST_CASE(sum_to_lowp), LK_TEST_CASE(fallback_is_counted),
-             LK_TEST_CASE(unsupported_is_named), LK_TEST_CASE(every_kind_is_described))
+             LK_TEST_CASE(unsupported_is_named), LK_TEST_CASE(every_kind_is_described),
+             LK_TEST_CASE(dropout_mask_and_increment))

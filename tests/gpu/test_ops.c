@@ -808,6 +808,30 @@ static void build_table(void) {
         ops(c, 3, 4099, opt[half_opt[k]].s1 ? I_POS : I_NULL, 0), ops(c, 4, 4099, opt[half_opt[k]].s2 ? I_POS : I_NULL, 0);
         if (opt[half_opt[k]].p.rule == LK_OPTIM_RULE_RMSPROP && opt[half_opt[k]].s2) c->o[4].k = I_RAND;
     }
+    /* dropout's keep mask: buffered head words, a counter whose low word
+     * carries inside the x8 groups and the single blocks, n < 4, odd n, p = 1 */
+    static const struct {
+        const char *name;
+        int64_t n;
+        int head_n;
+        uint32_t c0;
+        float p;
+    } dm[] = {{"dropout_mask_head2_carry", 1001, 2, 0xFFFFFFF3u, 0.3f}, {"dropout_mask_small", 3, 0, 7, 0.5f},
+              {"dropout_mask_head3_short", 2, 2, 0xFFFFFFFFu, 0.9f}, {"dropout_mask_p1", 77, 1, 5, 1.0f}};
+    for (size_t k = 0; k < sizeof dm / sizeof dm[0]; k++) {
+        c = add(dm[k].name, LK_OP_DROPOUT_MASK, T_EXACT);
+        dts(c, LK_U8, 0, 0, 0);
+        c->d.dropout_mask = (lk_dropout_mask_params){.n = dm[k].n, .key = {0x1234567u, 0x9abcdefu},
+                                                    .ctr = {dm[k].c0, 41, 3, 9}, .head = {0x80000000u, 0x00000100u, 0xFFFFFFFFu},
+                                                    .head_n = dm[k].head_n, .thr = dm[k].p * 16777216.0f};
+        ops(c, 0, dm[k].n, I_IDX, 200);
+    }
+    for (int k = 0; k < 2; k++) { /* batch norm's counter, and its undo */
+        c = add(k ? "increment_minus_one" : "increment", LK_OP_INCREMENT, T_EXACT);
+        dts(c, LK_I64, 0, 0, 0);
+        c->d.increment = (lk_increment_params){k ? 300 : 1, k ? -1 : 1};
+        ops(c, 0, k ? 300 : 1, I_IDX, 1000);
+    }
     add_half_forms();
 #undef NAME
 }

@@ -24,6 +24,9 @@ typedef struct {
 static int64_t seen;
 /* per step: copies out when forward returned and when the first backward op ended */
 static long out_fwd_end[STEPS + 1], out_bwd_first[STEPS + 1];
+/* per step: copies in when forward returned (dropout's masks are drawn on
+ * the device: a forward copies nothing in, the batch came before it) */
+static long in_fwd_end[STEPS + 1];
 static bool in_bwd;
 static void on_op(void *ctx, const char *op, bool backward, double t0, double t1) {
     (void)ctx, (void)op, (void)t0, (void)t1;
@@ -35,6 +38,7 @@ static void on_op(void *ctx, const char *op, bool backward, double t0, double t1
 static void around_step(run_out *o, int64_t k, bool after) {
     if (after) {
         if (k <= STEPS) out_fwd_end[k] = sealed_get_stats().copies_out;
+        if (k <= STEPS) in_fwd_end[k] = sealed_get_stats().copies_in;
         return;
     }
     seen = o->steps_seen;
@@ -57,7 +61,7 @@ static void copies_out_per_step(void) {
     /* before: what each step read when this test was written (docs/GPU.md's table) */
     static const config cs[] = {
         {"mlp f32", "mlp", "32-true", 0, 2, 0, 5},
-        {"cnn f32", "cnn", "32-true", 0, 4, 2, 7}, /* forward: batch norm's two */
+        {"cnn f32", "cnn", "32-true", 0, 2, 0, 7}, /* batch norm's counters: counted on the device, not read */
         {"mlp bf16-mixed", "mlp", "bf16-mixed", 0, 2, 0, 5},
         {"mlp 16-mixed, clipped", "mlp", "16-mixed", 0.5, 3, 0, 6},
         {"autoencoder (mse)", "autoencoder", "32-true", 0, 2, 0, 3},
@@ -89,6 +93,9 @@ static void copies_out_per_step(void) {
                       c->name, k, out_fwd_end[k] - at[k].copies_out, c->fwd);
         }
         CHECK_MSG(most <= c->bound, "%s: %ld copies out in a steady step (at most %ld expected)", c->name, most, c->bound);
+        for (int k = FIRST; k < STEPS; k++) /* on a GPU a synchronous copy in waits for the queue too */
+            CHECK_MSG(in_fwd_end[k] == at[k].copies_in, "%s step %d: forward copies %ld in (the dropout masks need none)",
+                      c->name, k, in_fwd_end[k] - at[k].copies_in);
     }
 }
 
@@ -242,10 +249,74 @@ static void target_out_of_range(void) {
     lk_datamodule_free(dm);
 }
 
+/* Batch norm's num_batches_tracked on the sealed device: a training
+ * forward counts it with an op there and reads nothing back (momentum
+ * 0.1); momentum=None reads the count once per forward (its factor
+ * 1/count). Either way the count and the running statistics are the CPU's
+ * bit for bit, and a forward that fails after counting (a SyncBatchNorm
+ * whose all-reduce fails) takes its count back. */
+static bool bits_equal(const lk_tensor *a, const lk_tensor *b) {
+    lk_tensor *ha = lk_tensor_to(a, LK_DEVICE_CPU), *hb = lk_tensor_to(b, LK_DEVICE_CPU);
+    bool same = ha && hb && ha->numel == hb->numel && ha->dtype == hb->dtype &&
+                !memcmp(ha->data, hb->data, (size_t)ha->numel * lk_dtype_size(ha->dtype));
+    lk_tensor_release(ha);
+    lk_tensor_release(hb);
+    return same;
+}
+static lk_status failing_sum(void *ctx, double *vals, int n) {
+    (void)ctx, (void)vals, (void)n;
+    return lk_error(LK_STATUS_REMOTE, "test all-reduce: peer gone");
+}
+static void batch_norm_counter(void) {
+    lk_device dev = sealed_device(0);
+    for (int cum = 0; cum < 2; cum++) {
+        float momentum = cum ? -1.0f : 0.1f;
+        lk_layer *cpu = lk_batch_norm1d_create(4, 1e-5f, momentum, true, true);
+        lk_layer *sd = lk_batch_norm1d_create(4, 1e-5f, momentum, true, true);
+        CHECK(cpu && sd);
+        if (!cpu || !sd) return;
+        CHECK_OK(lk_layer_to(sd, dev));
+        lk_scope_begin();
+        lk_rng r;
+        lk_rng_init(&r, 17, LK_RNG_DATA, 0, 0);
+        for (int k = 0; k < 3; k++) {
+            lk_tensor *x = lk_tensor_randn(&r, 2, (int64_t[]){6, 4}, 0.5f, 2.0f), *xd = lk_tensor_to(x, dev);
+            CHECK(lk_layer_forward(cpu, x) != NULL);
+            sealed_stats a = sealed_get_stats();
+            CHECK_OK(lk_device_set_thread_default(&dev)); /* the op's results on the sealed device */
+            CHECK_MSG(lk_layer_forward(sd, xd) != NULL, "sealed forward: %s", lk_last_error());
+            long out = sealed_get_stats().copies_out - a.copies_out;
+            CHECK_OK(lk_device_set_thread_default(NULL));
+            CHECK_MSG(out == cum, "momentum %g, forward %d: %ld copies out (%d expected)", (double)momentum, k, out, cum);
+            lk_tensor_release(x);
+            lk_tensor_release(xd);
+        }
+        /* a SyncBatchNorm whose all-reduce fails: after the count */
+        lk_tensor *x = lk_tensor_randn(&r, 2, (int64_t[]){6, 4}, 0.5f, 2.0f), *xd = lk_tensor_to(x, dev);
+        CHECK(lk_layer_sync_batchnorm(sd, failing_sum, NULL) == 1);
+        CHECK_OK(lk_device_set_thread_default(&dev));
+        CHECK_ERR(lk_layer_forward(sd, xd) ? LK_STATUS_OK : lk_last_status(), LK_STATUS_REMOTE, "peer gone");
+        CHECK_OK(lk_device_set_thread_default(NULL));
+        lk_tensor_release(x);
+        lk_tensor_release(xd);
+        lk_scope_end();
+        static const char *const bufs[] = {"num_batches_tracked", "running_mean", "running_var"};
+        for (int i = 0; i < 3; i++)
+            CHECK_MSG(bits_equal(lk_layer_get_tensor(cpu, bufs[i]), lk_layer_get_tensor(sd, bufs[i])),
+                      "momentum %g: %s differs from the CPU's", (double)momentum, bufs[i]);
+        lk_tensor *n = lk_tensor_to(lk_layer_get_tensor(sd, "num_batches_tracked"), LK_DEVICE_CPU);
+        CHECK_MSG(n && *(int64_t *)n->data == 3, "num_batches_tracked %lld after 3 forwards and a failed one",
+                  n ? (long long)*(int64_t *)n->data : -1LL);
+        lk_tensor_release(n);
+        lk_layer_free(cpu);
+        lk_layer_free(sd);
+    }
+}
+
 static void setup(void) {
     sh_root_init("syncs");
     sealed_device(0);
 }
 
 LK_TEST_MAIN(LK_TEST_CASE(setup), LK_TEST_CASE(copies_out_per_step), LK_TEST_CASE(target_out_of_range),
-             LK_TEST_CASE(copies_out_per_eval_batch), LK_TEST_CASE(cleanup))
+             LK_TEST_CASE(copies_out_per_eval_batch), LK_TEST_CASE(batch_norm_counter), LK_TEST_CASE(cleanup))

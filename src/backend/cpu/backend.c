@@ -105,9 +105,21 @@ static bool cpu_supports(const lk_op_desc *d) {
         return (d->dtype[0] == LK_F32 || is_half(d->dtype[0])) &&
                (d->dtype[1] == LK_I64 || d->dtype[1] == LK_I32 || d->dtype[1] == LK_U8) && d->dtype[2] == LK_F64 &&
                d->accuracy.N >= 0 && d->accuracy.C >= 0;
+    case LK_OP_DROPOUT_MASK:
+        return d->dtype[0] == LK_U8 && d->dropout_mask.n >= 0 && d->dropout_mask.head_n >= 0 &&
+               d->dropout_mask.head_n <= 3 && d->dropout_mask.head_n <= d->dropout_mask.n;
+    case LK_OP_INCREMENT: return d->dtype[0] == LK_I64 && d->increment.n >= 0;
     case LK_OP_COUNT: break;
     }
     return false;
+}
+
+/* LK_OP_DROPOUT_MASK: the head words, then every Philox block in one call
+ * of the shared body (its x8 groups: the speed of the host draw it replaced). */
+static lk_status dropout_mask(const lk_dropout_mask_params *p, uint8_t *keep) {
+    for (int i = 0; i < p->head_n; i++) keep[i] = lk_k_keep(p->head[i], p->thr);
+    lk_k_dropout_mask_blocks(p->key, p->ctr, p->thr, keep + p->head_n, p->n - p->head_n);
+    return LK_STATUS_OK;
 }
 
 static lk_status cpu_run(const lk_op_desc *d, void *const *x) {
@@ -184,6 +196,12 @@ static lk_status cpu_run(const lk_op_desc *d, void *const *x) {
     case LK_OP_BN_STATS:
     case LK_OP_BN_APPLY: return lk__cpu_bn_split(d, x);
     case LK_OP_ACCURACY: return lk__cpu_accuracy(d, x);
+    case LK_OP_DROPOUT_MASK: return dropout_mask(&d->dropout_mask, x[0]);
+    case LK_OP_INCREMENT: {
+        int64_t *v = x[0];
+        for (int64_t i = 0; i < d->increment.n; i++) v[i] = (int64_t)((uint64_t)v[i] + (uint64_t)d->increment.by);
+        return LK_STATUS_OK;
+    }
     case LK_OP_COUNT: break;
     }
     return lk_error(LK_STATUS_INTERNAL, "cpu backend: op %d", (int)d->op);

@@ -6,7 +6,8 @@
  * element-wise families, strided copy, softmax, the regression and
  * classification losses, the gradient utilities, embedding and the
  * optimizer updates, convolution's im2col/col2im/bias pieces and pooling,
- * layer and batch norm, SyncBatchNorm's passes and BCE, with every bf16/f16
+ * layer and batch norm, SyncBatchNorm's passes and BCE, dropout's mask and
+ * the i64 increment (batch norm's counter), with every bf16/f16
  * form the CPU backend takes (see cuda_impl.h for which .cu file runs
  * which) — and everything else is the registry's UNSUPPORTED error naming
  * the op, its dtypes, this backend and the device: cuda memory is not
@@ -145,6 +146,10 @@ static bool cuda_supports(const lk_op_desc *d) {
     case LK_OP_ACCURACY: /* as the CPU: 16-bit logits read by the kernel itself */
         return is_elem(d->dtype[0]) && (d->dtype[1] == LK_I64 || d->dtype[1] == LK_I32 || d->dtype[1] == LK_U8) &&
                d->dtype[2] == LK_F64 && d->accuracy.N >= 0 && d->accuracy.C >= 0;
+    case LK_OP_DROPOUT_MASK: /* as the CPU */
+        return d->dtype[0] == LK_U8 && d->dropout_mask.n >= 0 && d->dropout_mask.head_n >= 0 &&
+               d->dropout_mask.head_n <= 3 && d->dropout_mask.head_n <= d->dropout_mask.n;
+    case LK_OP_INCREMENT: return d->dtype[0] == LK_I64 && d->increment.n >= 0;
     default: return false;
     }
 }

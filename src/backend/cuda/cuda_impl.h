@@ -5,6 +5,7 @@
  *   elementwise.cu: unary and its backward, broadcast binary, axpy, affine,
  *     sum-to, mask-scale, strided copy and cast, fill, clamp — f32, bf16 and f16 per
  *     operand (widened, computed in f32, rounded once: the CPU's semantics);
+ *     dropout's keep mask (Philox on the device) and the i64 increment;
  *   rows.cu: softmax / log-softmax and their backward, the regression
  *     losses, cross-entropy and nll_loss, the gradient utilities (norm,
  *     first non-finite, fused unscale), embedding, BCE, layer norm,
@@ -79,6 +80,8 @@ static inline lk__cuda_launcher lk__cuda_launcher_for(const lk__cuda_launchers *
     case LK_OP_BN_STATS:
     case LK_OP_BN_APPLY: return l->conv;
     case LK_OP_ACCURACY: return l->rows;
+    case LK_OP_DROPOUT_MASK:
+    case LK_OP_INCREMENT: return l->elementwise;
     default: return l->rows;
     }
 }

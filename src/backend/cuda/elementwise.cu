@@ -1,9 +1,11 @@
 /* The CUDA backend's element-wise families over the shared kernel bodies
  * (backend/kernels/elementwise.h): unary and its backward, broadcast binary,
  * axpy, affine, sum-to-shape, dropout's mask-scale, strided copy (and its
- * accumulating form) and clamp. Every operand is f32, bf16 or f16 on its
- * own (copy: any dtype); each element is widened, computed in f32 with the
- * CPU's statements and rounded once into the output's dtype, so the f32
+ * accumulating form) and clamp; dropout's keep mask (one thread per Philox
+ * block, the words the host's stream would give) and the i64 increment.
+ * Every float family's operand is f32, bf16 or f16 on its own (copy: any
+ * dtype); each element is widened, computed in f32 with the CPU's
+ * statements and rounded once into the output's dtype, so the f32
  * results are the CPU backend's bits wherever the body is plain arithmetic
  * (transcendentals differ by CUDA's libdevice ulps). One thread per output
  * element, grid-stride; sum-to gives each destination element one thread
@@ -107,6 +109,21 @@ __global__ void k_sum_to(sum_geom g, int64_t n_dst, const void *src, void *dst, 
 
 __global__ void k_mask_scale(int64_t n, const void *x, const uint8_t *m, void *y, float s, dts dt) {
     LK_CU_FOR(i, n) lk_cu_st(y, dt.t[2], i, lk_cu_ld(x, dt.t[0], i) * (m[i] ? s : 0.0f));
+}
+
+/* LK_OP_DROPOUT_MASK: thread b draws Philox block b (the shared body), and
+ * the thread of block 0 also writes the head words the host still buffered. */
+__global__ void k_dropout_mask(lk_dropout_mask_params p, int64_t nb, uint8_t *keep) {
+    LK_CU_FOR(b, nb > 0 ? nb : 1) {
+        if (b == 0)
+            for (int i = 0; i < p.head_n; i++) keep[i] = lk_k_keep(p.head[i], p.thr);
+        if (b < nb) lk_k_dropout_mask_block(p.key, p.ctr, p.thr, b, keep + p.head_n, p.n - p.head_n);
+    }
+}
+
+/* LK_OP_INCREMENT: x[i] += by, wrapping as the CPU's unsigned sum. */
+__global__ void k_increment(int64_t n, int64_t by, int64_t *x) {
+    LK_CU_FOR(i, n) x[i] = (int64_t)((uint64_t)x[i] + (uint64_t)by);
 }
 
 /* f32, or a bf16/f16 gradient widened, clamped in f32 and rounded once (as the CPU). */
@@ -355,6 +372,16 @@ extern "C" int lk__cuda_elementwise(const lk_op_desc *d, void *const *x) {
         break;
     case LK_OP_COPY: return (int)copy(d, x);
     case LK_OP_FILL: return (int)fill(d, x);
+    case LK_OP_DROPOUT_MASK: {
+        const lk_dropout_mask_params *p = &d->dropout_mask;
+        int64_t nb = (p->n - p->head_n + 3) / 4;
+        if (p->n > 0) k_dropout_mask<<<lk_cu_blocks(nb), LK_CU_THREADS>>>(*p, nb, (uint8_t *)x[0]);
+        break;
+    }
+    case LK_OP_INCREMENT:
+        if (d->increment.n > 0)
+            k_increment<<<lk_cu_blocks(d->increment.n), LK_CU_THREADS>>>(d->increment.n, d->increment.by, (int64_t *)x[0]);
+        break;
     default: return (int)cudaErrorInvalidValue;
     }
     return (int)cudaGetLastError();

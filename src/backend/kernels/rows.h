@@ -1,5 +1,5 @@
 /* Kernel bodies that run along rows in 8 lanes: softmax, cross-entropy, BCE,
- * layer norm, and the Philox block behind dropout's mask. Part of
+ * layer norm, and the Philox blocks behind dropout's mask. Part of
  * backend/kernels.h (include that: it defines LK_KERNEL). */
 /* ==== softmax / cross-entropy / BCE / layer-norm kernel bodies
  *      (owner: autograd/ops_softmax.c, autograd/ops_layers.c) ====
@@ -440,6 +440,55 @@ LK_KERNEL int lk_k_row_hit(const void *x, int kind, int64_t C, int64_t r, const 
               : tkind == 1 ? (int64_t)((const int32_t *)target)[r]
                            : (int64_t)((const uint8_t *)target)[r];
     return arg == y;
+}
+
+/* One Philox4x32-10 block: core/rng.c's lk_philox4x32_10 as a kernel body
+ * (a GPU thread's block of dropout's mask). */
+LK_KERNEL void lk_k_philox4x32_10(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4]) {
+    uint32_t x0 = ctr[0], x1 = ctr[1], x2 = ctr[2], x3 = ctr[3], k0 = key[0], k1 = key[1];
+    for (int round = 0; round < 10; round++) {
+        uint64_t p0 = (uint64_t)0xD2511F53u * x0, p1 = (uint64_t)0xCD9E8D57u * x2;
+        uint32_t n0 = (uint32_t)(p1 >> 32) ^ x1 ^ k0, n2 = (uint32_t)(p0 >> 32) ^ x3 ^ k1;
+        x0 = n0;
+        x1 = (uint32_t)p1;
+        x2 = n2;
+        x3 = (uint32_t)p0;
+        k0 += 0x9E3779B9u;
+        k1 += 0xBB67AE85u;
+    }
+    out[0] = x0, out[1] = x1, out[2] = x2, out[3] = x3;
+}
+
+/* Dropout's keep flag of one stream word: lk_rng_uniform() < p written on
+ * the word itself, thr = p * 2^24 (exact: a power-of-two scaling). */
+LK_KERNEL uint8_t lk_k_keep(uint32_t w, float thr) { return (uint8_t)!((float)(w >> 8) < thr); }
+
+/* Block b of LK_OP_DROPOUT_MASK's Philox part (after the head words): the
+ * block of counter ctr + b (64-bit over ctr[1]:ctr[0]) gives keep[4b ..
+ * 4b + 3], those below n. One GPU thread's work. */
+LK_KERNEL void lk_k_dropout_mask_block(const uint32_t key[2], const uint32_t ctr[4], float thr, int64_t b,
+                                       uint8_t *keep, int64_t n) {
+    uint64_t c = ((uint64_t)ctr[1] << 32 | ctr[0]) + (uint64_t)b;
+    uint32_t cb[4] = {(uint32_t)c, (uint32_t)(c >> 32), ctr[2], ctr[3]}, w[4];
+    lk_k_philox4x32_10(cb, key, w);
+    for (int j = 0; j < 4 && 4 * b + j < n; j++) keep[4 * b + j] = lk_k_keep(w[j], thr);
+}
+
+/* Every block of the Philox part, keep[0 .. n): whole groups of LK_K_LANES
+ * blocks through the vectorised lk_k_philox4x32_10_x8 (the speed of the
+ * host draw this replaced), the rest block by block; the same words either
+ * way (the x8 kernel carries into ctr[1] per lane). */
+LK_KERNEL void lk_k_dropout_mask_blocks(const uint32_t key[2], const uint32_t ctr[4], float thr, uint8_t *keep,
+                                        int64_t n) {
+    uint64_t c0 = (uint64_t)ctr[1] << 32 | ctr[0];
+    int64_t b = 0;
+    for (; 4 * (b + LK_K_LANES) <= n; b += LK_K_LANES) {
+        uint64_t c = c0 + (uint64_t)b;
+        uint32_t cb[4] = {(uint32_t)c, (uint32_t)(c >> 32), ctr[2], ctr[3]}, w[4 * LK_K_LANES];
+        lk_k_philox4x32_10_x8(cb, key, w);
+        for (int j = 0; j < 4 * LK_K_LANES; j++) keep[4 * b + j] = lk_k_keep(w[j], thr);
+    }
+    for (; 4 * b < n; b++) lk_k_dropout_mask_block(key, ctr, thr, b, keep, n);
 }
 
 #endif /* LK_KERNELS_OPS_A_SECTION */
