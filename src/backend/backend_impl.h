@@ -59,6 +59,9 @@ typedef enum {
     LK_OP_FILL,           /* dst: every element of a strided view set to one value (see lk_fill_params) */
     LK_OP_BN_STATS,       /* x, g, mean, out (f64): per-channel sums of one rank (SyncBatchNorm, see lk_bn_split_params) */
     LK_OP_BN_APPLY,       /* x, g, coef, y: the per-channel normalisation or input gradient from all-reduced sums */
+    /* clip_grad_norm_ without a read (onesync): */
+    LK_OP_CLIP_COEF,      /* norms (f64 [n]), coef (f32 [1]): clip_grad_norm_'s coefficient, see lk_clip_params */
+    LK_OP_SCALE_BY,       /* x, coef (f32 [1]), y: y[i] = x[i] * coef[0] (LK_OP_AFFINE's mul read from memory) */
     LK_OP_COUNT
 } lk_op_kind;
 
@@ -322,6 +325,19 @@ typedef struct lk_mask_scale_params {
     float scale;
 } lk_mask_scale_params;
 
+/* LK_OP_CLIP_COEF: from n gradients' raw norms (LK_OP_NORM's outputs: max
+ * |x| for p = inf, the sum of |x|^p otherwise) the coefficient
+ * min(max_norm / (total + 1e-6), 1) of torch.nn.utils.clip_grad_norm_, in
+ * clip.c's order and precisions (kernels/optim.h's lk_k_clip_coef); p is 1,
+ * 2 or inf (another p needs libm's pow, which a GPU does not match).
+ * LK_OP_SCALE_BY: y = x * coef[0] over n elements, exactly LK_OP_AFFINE
+ * without add, the multiplier read where the op runs (a device's own
+ * coefficient: no read by the host). p and max_norm unused. */
+typedef struct lk_clip_params {
+    int64_t n;
+    double p, max_norm;
+} lk_clip_params;
+
 typedef struct lk_op_desc {
     lk_op_kind op;
     lk_dtype dtype[LK_OP_MAX_OPERANDS]; /* operand dtypes in run()'s order (see lk_op_kind) */
@@ -350,6 +366,7 @@ typedef struct lk_op_desc {
         lk_fill_params fill;
         lk_bn_split_params bn_split;
         lk_clamp_params clamp;
+        lk_clip_params clip;
     };
 } lk_op_desc;
 

@@ -77,6 +77,8 @@ static inline lk__cuda_launcher lk__cuda_launcher_for(const lk__cuda_launchers *
     case LK_OP_BATCH_NORM_BACKWARD:
     case LK_OP_BN_STATS:
     case LK_OP_BN_APPLY: return l->conv;
+    case LK_OP_CLIP_COEF:
+    case LK_OP_SCALE_BY: return l->optim;
     default: return l->rows;
     }
 }
