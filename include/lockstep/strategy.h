@@ -111,10 +111,18 @@ typedef struct lk_step_fn {
      * error set. The strategy enters the step's autocast around it. */
     lk_tensor *(*forward)(void *ctx, int replica, const lk_batch *b, int64_t batch_idx);
     /* (optional) Sees the step's loss (the mean over the whole micro-batch)
-     * before any gradient is reduced where the strategy can (single and ddp:
-     * before backward), once the replicas are done otherwise (dp). An error
-     * ends the step with it. */
+     * once backward is queued, before the last gradients are reduced
+     * (single, ddp), or once the replicas are done (dp). An error ends the
+     * step with it. Not called by single and ddp when keep_loss is set. */
     lk_status (*check_loss)(void *ctx, double loss);
+    /* (optional; single and ddp, dp ignores it) Takes the loss instead of
+     * the strategy reading it: called once backward is queued, with the
+     * tensor training_step returned (valid during the call only). The
+     * caller keeps its value where it is and reads and checks it later,
+     * with whatever else it reads (the trainer: with the gradients'
+     * non-finite flags, in one device->host copy per step); r->loss is then
+     * NaN. An error ends the step with it. */
+    lk_status (*keep_loss)(void *ctx, const lk_tensor *loss);
     /* (optional) Around a step whose every op runs on the calling thread
      * (single, ddp; dp's replicas run on their own threads, so dp calls
      * neither): before the forward, and after the reduction with when

@@ -62,6 +62,9 @@ typedef enum {
     LK_OP_ACCURACY,       /* logits, target, hits (f64 [1]): rows of [N, C] whose first maximum is the target */
     LK_OP_DROPOUT_MASK,   /* keep (u8 [n]): dropout's keep mask drawn from a Philox stream (see lk_dropout_mask_params) */
     LK_OP_INCREMENT,      /* x (i64 [n]): x[i] += by, in place (batch norm's num_batches_tracked) */
+    /* clip_grad_norm_ without a read (onesync): */
+    LK_OP_CLIP_COEF,      /* norms (f64 [n]), coef (f32 [1]): clip_grad_norm_'s coefficient, see lk_clip_params */
+    LK_OP_SCALE_BY,       /* x, coef (f32 [1]), y: y[i] = x[i] * coef[0] (LK_OP_AFFINE's mul read from memory) */
     LK_OP_COUNT
 } lk_op_kind;
 
@@ -355,6 +358,18 @@ typedef struct lk_dropout_mask_params {
 typedef struct lk_increment_params {
     int64_t n, by;
 } lk_increment_params;
+/* LK_OP_CLIP_COEF: from n gradients' raw norms (LK_OP_NORM's outputs: max
+ * |x| for p = inf, the sum of |x|^p otherwise) the coefficient
+ * min(max_norm / (total + 1e-6), 1) of torch.nn.utils.clip_grad_norm_, in
+ * clip.c's order and precisions (kernels/optim.h's lk_k_clip_coef); p is 1,
+ * 2 or inf (another p needs libm's pow, which a GPU does not match).
+ * LK_OP_SCALE_BY: y = x * coef[0] over n elements, exactly LK_OP_AFFINE
+ * without add, the multiplier read where the op runs (a device's own
+ * coefficient: no read by the host). p and max_norm unused. */
+typedef struct lk_clip_params {
+    int64_t n;
+    double p, max_norm;
+} lk_clip_params;
 
 typedef struct lk_op_desc {
     lk_op_kind op;
@@ -387,6 +402,7 @@ typedef struct lk_op_desc {
         lk_accuracy_params accuracy;
         lk_dropout_mask_params dropout_mask;
         lk_increment_params increment;
+        lk_clip_params clip;
     };
 } lk_op_desc;
 

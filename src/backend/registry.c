@@ -75,6 +75,8 @@ int lk__op_arity(lk_op_kind op) {
     case LK_OP_ACCURACY: return 3;
     case LK_OP_DROPOUT_MASK: return 1;
     case LK_OP_INCREMENT: return 1;
+    case LK_OP_CLIP_COEF: return 2;
+    case LK_OP_SCALE_BY: return 3;
     case LK_OP_COUNT: break;
     }
     return 0;
@@ -332,6 +334,13 @@ const char *lk__op_desc_str(const lk_op_desc *d, char *buf, size_t size) {
     case LK_OP_BN_APPLY:
         snprintf(buf, size, "bn_apply%s x %s -> %s (%ldx%ldx%ld)", d->bn_split.backward ? " backward" : "", DT(0),
                  DT(3), d->bn_split.N, d->bn_split.C, d->bn_split.S);
+        return buf;
+    case LK_OP_CLIP_COEF:
+        snprintf(buf, size, "clip_coef p=%g max_norm=%g %s -> %s (%lld)", d->clip.p, d->clip.max_norm, DT(0), DT(1),
+                 (long long)d->clip.n);
+        return buf;
+    case LK_OP_SCALE_BY:
+        snprintf(buf, size, "scale_by %s x %s -> %s (%lld)", DT(0), DT(1), DT(2), (long long)d->clip.n);
         return buf;
     case LK_OP_COPY: {
         char sh[96];

@@ -19,4 +19,12 @@ void lk__optimizer_set_initial_lr(lk_optimizer *o, int group, double lr);
 int64_t lk__optimizer_state_floats(const lk_optimizer *o);
 lk_status lk__optimizer_shard(lk_optimizer *o, int64_t lo, int64_t hi, float *state, bool owner);
 
+/* lk_grad_scaler_unscale without the read, for a caller that reads the
+ * counts with more (the trainer's one read per step): checks the gradients
+ * and queues each one's unscale, its non-finite count into counts[i] (an
+ * i64 per parameter on the gradients' device, written only for those with
+ * a gradient), and marks the scaler unscaled. Nothing is queued on an error
+ * (every gradient is checked first) or when the scaler is disabled. */
+lk_status lk__grad_scaler_unscale_into(lk_grad_scaler *s, const lk_named_tensors *params, void *counts);
+
 #endif

@@ -68,9 +68,7 @@ int64_t lk_grad_scaler_growth_tracker(const lk_grad_scaler *s) { return s ? s->g
 
 bool lk_grad_scaler_is_enabled(const lk_grad_scaler *s) { return s && s->c.enabled; }
 
-lk_status lk_grad_scaler_unscale(lk_grad_scaler *s, const lk_named_tensors *params, bool *found_inf) {
-    if (found_inf) *found_inf = false;
-    if (!s || !params || !found_inf) return lk_error(LK_STATUS_INVALID_ARGUMENT, "grad_scaler_unscale: NULL argument");
+lk_status lk__grad_scaler_unscale_into(lk_grad_scaler *s, const lk_named_tensors *params, void *counts) {
     if (!s->c.enabled) return LK_STATUS_OK;
     if (s->unscaled)
         return lk_error(LK_STATUS_INVALID_USAGE,
@@ -84,7 +82,23 @@ lk_status lk_grad_scaler_unscale(lk_grad_scaler *s, const lk_named_tensors *para
     }
     /* PyTorch: inv_scale = self._scale.double().reciprocal().float(). */
     float inv = (float)(1.0 / (double)s->scale);
-    bool inf = false;
+    for (int i = 0; i < params->n; i++) {
+        lk_tensor *g = params->items[i].tensor->grad;
+        if (!g) continue;
+        /* one pass: each element checked (before it is scaled, as PyTorch
+         * checks) and multiplied by inv, in place */
+        lk_op_desc d = {.op = LK_OP_UNSCALE, .dtype = {LK_F32, LK_F32, LK_I64}};
+        d.nonfinite = (lk_nonfinite_params){g->numel, inv};
+        LK_TRY(lk__backend_run(g->device, &d, (void *[]){g->data, g->data, (int64_t *)counts + i}));
+    }
+    s->unscaled = true;
+    return LK_STATUS_OK;
+}
+
+lk_status lk_grad_scaler_unscale(lk_grad_scaler *s, const lk_named_tensors *params, bool *found_inf) {
+    if (found_inf) *found_inf = false;
+    if (!s || !params || !found_inf) return lk_error(LK_STATUS_INVALID_ARGUMENT, "grad_scaler_unscale: NULL argument");
+    if (!s->c.enabled) return LK_STATUS_OK;
     /* one count per gradient, where the gradients are; read back at once */
     lk_device dev = LK_DEVICE_CPU;
     for (int i = 0; i < params->n; i++)
@@ -93,20 +107,14 @@ lk_status lk_grad_scaler_unscale(lk_grad_scaler *s, const lk_named_tensors *para
     if (!count) return LK_STATUS_OUT_OF_MEMORY;
     lk__scalars cs;
     lk_status st = lk__scalars_begin(&cs, dev, LK_I64, params->n, count);
-    for (int i = 0; !st && i < params->n; i++) {
-        lk_tensor *g = params->items[i].tensor->grad;
-        if (!g) continue;
-        /* one pass: each element checked (before it is scaled, as PyTorch
-         * checks) and multiplied by inv, in place */
-        lk_op_desc d = {.op = LK_OP_UNSCALE, .dtype = {LK_F32, LK_F32, LK_I64}};
-        d.nonfinite = (lk_nonfinite_params){g->numel, inv};
-        st = lk__backend_run(g->device, &d, (void *[]){g->data, g->data, lk__scalars_at(&cs, i)});
-    }
+    bool was = s->unscaled;
+    if (!st) st = lk__grad_scaler_unscale_into(s, params, lk__scalars_at(&cs, 0));
     if (lk__scalars_end(&cs) && !st) st = lk_last_status();
+    bool inf = false;
     for (int i = 0; !st && i < params->n; i++) inf |= params->items[i].tensor->grad && count[i] > 0; /* the slots written */
     if (count != small) lk_free(count);
+    if (st) s->unscaled = was; /* a failed unscale is not one */
     LK_TRY(st);
-    s->unscaled = true;
     *found_inf = inf;
     return LK_STATUS_OK;
 }

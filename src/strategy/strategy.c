@@ -253,13 +253,19 @@ lk_status lk__strategy_local_step(lk_strategy *s, const lk_step_args *a, lk_step
     if (!st) {
         lk_strategy_begin_backward(s, a->sync);
         st = lk_backward(scaled);
-        /* The step's one read of the loss (on a GPU a synchronisation: the
-         * host waits for the queue to drain), after backward is queued so
-         * forward and backward run back to back; a non-finite loss still
-         * stops the step before the gradients are communicated and the
-         * optimizer touches a parameter. */
-        r->loss = lk_tensor_item(loss);
-        if (!st && fn->check_loss) st = fn->check_loss(fn->ctx, r->loss);
+        /* Nothing is read between forward and backward, so a GPU runs them
+         * back to back. With keep_loss the caller reads the loss later,
+         * together with its checks of the reduced gradients (the trainer's
+         * one read per step; a non-finite loss then stops the step after
+         * the last exchange, still before the optimizer touches a
+         * parameter); otherwise this is the step's read of the loss (on a
+         * GPU a synchronisation: the host waits for the queue to drain). */
+        if (fn->keep_loss) {
+            if (!st) st = fn->keep_loss(fn->ctx, loss);
+        } else {
+            r->loss = lk_tensor_item(loss);
+            if (!st && fn->check_loss) st = fn->check_loss(fn->ctx, r->loss);
+        }
         double t3 = lk_time_now();
         if (!st) st = lk_strategy_finish_backward(s);
         double t4 = lk_time_now();

@@ -1,50 +1,73 @@
 /* The gradients between the backward pass and the optimizer step, once
- * the strategy has reduced them: the fp16 unscale with its overflow flag
- * agreed across ranks, the check for a non-finite gradient (which names the
- * parameter and element), and gradient clipping by value or by norm. */
+ * the strategy has reduced them, and the step's one device->host read: the
+ * loss (kept on the device by step.c's keep_loss) comes back in the same
+ * copy as the gradients' checks — the fp16 unscale's found-inf counts
+ * (the flag then agreed across ranks) or each gradient's first non-finite
+ * index (the message names the parameter and element) — and gradient
+ * clipping by value or by norm reads nothing. */
 #include <math.h>
 #include <string.h>
 
 #include "backend/backend_impl.h"
+#include "optim/optim_impl.h"
 #include "tensor/tensor_impl.h"
 #include "train/train_impl.h"
 
 void lk__clip_gradients(lk_trainer *tr) {
     if (tr->cfg.gradient_clip_val <= 0) return;
     if (!strcmp(tr->cfg.gradient_clip_algorithm, "value")) lk_clip_grad_value(&tr->params, tr->cfg.gradient_clip_val);
-    else {
-        double norm;
-        lk_clip_grad_norm(&tr->params, tr->cfg.gradient_clip_val, 2.0, &norm);
-    }
+    else lk_clip_grad_norm(&tr->params, tr->cfg.gradient_clip_val, 2.0, NULL); /* no total norm: no read */
 }
 
-lk_status lk__first_nonfinite(lk_trainer *tr, double loss) {
-    int n = tr->params.n;
-    lk_device dev = LK_DEVICE_CPU;
-    for (int i = 0; i < n; i++)
-        if (tr->params.items[i].tensor->grad) dev = tr->params.items[i].tensor->grad->device;
-    /* each gradient's first non-finite index, where the gradients are, read
-     * back with one copy */
-    int64_t small[32], *idx = n <= 32 ? small : lk_calloc((size_t)n + 1, sizeof *idx); /* no malloc per step for small models */
-    if (!idx) return LK_STATUS_OUT_OF_MEMORY;
-    for (int i = 0; i < n; i++) idx[i] = -1;
-    lk__scalars ks;
-    lk_status st = lk__scalars_begin(&ks, dev, LK_I64, n, idx);
-    for (int i = 0; !st && i < n; i++) {
-        lk_tensor *g = tr->params.items[i].tensor->grad;
-        if (!g) continue;
-        /* LK_OP_NONFINITE tests the exponent bits blockwise without a branch
-         * (a per-element isfinite() with one costs as much as Adam itself) */
-        lk_op_desc nd = {.op = LK_OP_NONFINITE, .dtype = {g->dtype, LK_I64}};
-        nd.nonfinite = (lk_nonfinite_params){g->numel, 1.0f};
-        st = lk__backend_run(g->device, &nd, (void *[]){g->data, lk__scalars_at(&ks, i)});
-    }
-    if (lk__scalars_end(&ks) && !st) st = lk_last_status();
-    for (int i = 0; !st && i < n; i++) {
+/* The status slots (1 + one per parameter) on `dev`, allocated once per run. */
+static lk_status status_reserve(lk_trainer *tr, lk_device dev) {
+    struct lk__step_status *ss = &tr->step_status;
+    int64_t slots = (int64_t)tr->params.n + 1;
+    if (ss->host && ss->slots >= slots && lk_device_equal(ss->dev, dev)) return LK_STATUS_OK;
+    lk__step_status_free(tr);
+    if (!(ss->host = lk_calloc((size_t)slots, sizeof *ss->host))) return LK_STATUS_OUT_OF_MEMORY;
+    ss->slots = slots;
+    ss->dev = dev;
+    if (lk_device_is_host(dev)) ss->mem = ss->host;
+    else LK_TRY(lk_device_alloc(dev, (size_t)slots * sizeof *ss->host, &ss->mem));
+    return LK_STATUS_OK;
+}
+
+void lk__step_status_free(lk_trainer *tr) {
+    struct lk__step_status *ss = &tr->step_status;
+    if (ss->mem && ss->mem != ss->host) lk_device_free(ss->dev, ss->mem, (size_t)ss->slots * sizeof *ss->host);
+    lk_free(ss->host);
+    *ss = (struct lk__step_status){0};
+}
+
+/* Where the gradients are (the loss is copied there): the last gradient's
+ * device, `fallback` when there is none. */
+static lk_device grads_device(const lk_trainer *tr, lk_device fallback) {
+    for (int i = 0; i < tr->params.n; i++)
+        if (tr->params.items[i].tensor->grad) fallback = tr->params.items[i].tensor->grad->device;
+    return fallback;
+}
+
+lk_status lk__step_keep_loss(lk_trainer *tr, const lk_tensor *loss) {
+    if (loss->numel < 1 || lk_dtype_size(loss->dtype) > sizeof(int64_t))
+        return lk_error(LK_STATUS_INVALID_USAGE, "training_step returned a loss of %lld %s elements (expected one float)",
+                        (long long)loss->numel, lk_dtype_name(loss->dtype));
+    LK_TRY(status_reserve(tr, grads_device(tr, loss->device)));
+    size_t size = lk_dtype_size(loss->dtype);
+    /* a copy within the device (queued behind backward on a GPU), not a read */
+    LK_TRY(lk_device_copy(tr->step_status.dev, tr->step_status.mem, loss->device,
+                          (const char *)loss->data + lk__elem_offset(loss, 0) * (int64_t)size, size));
+    tr->step_status.loss_dtype = loss->dtype;
+    tr->step_status.held = true;
+    return LK_STATUS_OK;
+}
+
+/* The non-finite gradient message for the slots read back (-1: finite). */
+static lk_status nonfinite_message(lk_trainer *tr, const int64_t *idx, double loss) {
+    for (int i = 0; i < tr->params.n; i++) {
         lk_tensor *g = tr->params.items[i].tensor->grad;
         int64_t k = idx[i];
         if (g && k >= 0) {
-            if (idx != small) lk_free(idx);
             float v = (float)lk_tensor_get(g, k); /* the element (copied from a device) as f32, exact */
             return lk_error(LK_STATUS_ABORTED,
                             "non-finite gradient at step %lld (epoch %lld, batch %lld): parameter '%s' element %lld "
@@ -53,20 +76,60 @@ lk_status lk__first_nonfinite(lk_trainer *tr, double loss) {
                             tr->params.items[i].name, (long long)k, (double)v, loss);
         }
     }
-    if (idx != small) lk_free(idx);
-    return st;
+    return LK_STATUS_OK;
 }
 
-/* precision 16-mixed, once the step's gradients are reduced: unscales
- * them and decides whether the optimizer step is skipped. The overflow flag
- * is reduced across ranks (MAX) so that every rank skips or steps together,
- * whatever its own gradients held; a sharded optimizer step would otherwise
- * update some shards and not others. */
-lk_status lk__unscale_gradients(lk_trainer *tr, bool *skip) {
-    bool found;
-    LK_TRY(lk_grad_scaler_unscale(tr->scaler, &tr->params, &found));
-    double any = found ? 1.0 : 0.0;
-    LK_TRY(lk_strategy_reduce(tr->strat, &any, 1, LK_REDUCE_MAX));
-    *skip = any != 0.0;
-    return LK_STATUS_OK;
+lk_status lk__step_checks(lk_trainer *tr, bool sync, double *loss, bool *skip) {
+    struct lk__step_status *ss = &tr->step_status;
+    *skip = false;
+    bool held = ss->held;
+    ss->held = false;
+    if (!held && !sync) return LK_STATUS_OK;
+    int n = tr->params.n;
+    lk_device dev = held ? ss->dev : grads_device(tr, LK_DEVICE_CPU);
+    LK_TRY(status_reserve(tr, dev));
+    int64_t *slot = (int64_t *)ss->mem + 1; /* the gradients' slots, where the ops write */
+    if (sync && tr->scaler) {
+        /* one pass per gradient: checked (before it is scaled, as PyTorch
+         * checks), multiplied by 1/scale, its non-finite count in its slot */
+        LK_TRY(lk__grad_scaler_unscale_into(tr->scaler, &tr->params, slot));
+    } else if (sync) {
+        for (int i = 0; i < n; i++) {
+            lk_tensor *g = tr->params.items[i].tensor->grad;
+            if (!g) continue;
+            /* LK_OP_NONFINITE tests the exponent bits blockwise without a
+             * branch (a per-element isfinite() with one costs as much as Adam
+             * itself) */
+            lk_op_desc nd = {.op = LK_OP_NONFINITE, .dtype = {g->dtype, LK_I64}};
+            nd.nonfinite = (lk_nonfinite_params){g->numel, 1.0f};
+            LK_TRY(lk__backend_run(g->device, &nd, (void *[]){g->data, slot + i}));
+        }
+    }
+    /* The read: the loss and the gradients' slots in one copy (none on a
+     * host-addressable device). Only the slots written are looked at. */
+    int first = held ? 0 : 1, last = sync ? n + 1 : 1;
+    if (ss->mem != ss->host && last > first)
+        LK_TRY(lk_device_copy(LK_DEVICE_CPU, ss->host + first, ss->dev, (int64_t *)ss->mem + first,
+                              (size_t)(last - first) * sizeof *ss->host));
+    if (held) {
+        /* lk_tensor_item's conversion (through f32) of the bytes copied */
+        lk_tensor *l = lk__tensor_wrap_on(LK_DEVICE_CPU, ss->loss_dtype, 0, NULL, ss->host);
+        if (!l) return lk_last_status();
+        *loss = lk_tensor_item(l);
+        lk_tensor_release(l);
+        LK_TRY(lk__step_check_loss(tr, *loss));
+    }
+    if (!sync) return LK_STATUS_OK;
+    if (tr->scaler) {
+        /* The overflow flag is reduced across ranks (MAX) so that every rank
+         * skips or steps together, whatever its own gradients held; a
+         * sharded optimizer step would otherwise update some shards and not
+         * others. */
+        double any = 0.0;
+        for (int i = 0; i < n; i++) any = tr->params.items[i].tensor->grad && ss->host[1 + i] > 0 ? 1.0 : any;
+        LK_TRY(lk_strategy_reduce(tr->strat, &any, 1, LK_REDUCE_MAX));
+        *skip = any != 0.0;
+        return LK_STATUS_OK;
+    }
+    return nonfinite_message(tr, ss->host + 1, *loss);
 }

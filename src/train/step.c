@@ -1,6 +1,7 @@
 /* The trainer's side of a training step, as the strategy calls it
  * (lk_step_fn): the module's training_step on replica k with the dropout
- * streams re-keyed for this step, the check that the loss is finite, the
+ * streams re-keyed for this step, the check that the loss is finite (on the
+ * value grads.c reads with the gradients' checks; dp's as dp reads it), the
  * profiler's phases, and dp's replicas — each a module made by the module's
  * replicate() and a scratch trainer its training_step logs into
  * (discarded). The strategy runs them in the order and on the threads it
@@ -26,13 +27,14 @@ static lk_tensor *step_forward(void *ctx, int replica, const lk_batch *b, int64_
     lk_layer_set_rng_step(m->net, (uint64_t)tr->cfg.seed, (uint32_t)(replica == 0 ? tr->rank : replica),
                           (uint64_t)tr->global_step);
     t->pending_loss.armed = false; /* a failed step's leftover */
+    t->step_status.held = false;
     return m->vt->training_step(m, b, batch_idx, t);
 }
 
 /* A non-finite loss as users read it: "nan" whatever its sign bit (printf
- * writes "-nan" for 0 * inf), "inf" or "-inf". */
-static lk_status step_check_loss(void *ctx, double loss) {
-    lk_trainer *tr = ctx;
+ * writes "-nan" for 0 * inf), "inf" or "-inf". The loss training_step
+ * logged is logged first, as on the CPU, where it was logged at once. */
+lk_status lk__step_check_loss(lk_trainer *tr, double loss) {
     if (tr->pending_loss.armed) { /* the loss training_step logged (lk__log_loss): this read's value */
         tr->pending_loss.armed = false;
         int64_t bs = tr->cur_batch_size;
@@ -49,6 +51,12 @@ static lk_status step_check_loss(void *ctx, double loss) {
     return lk_error(LK_STATUS_ABORTED, "the loss is %s at step %lld (epoch %lld, batch %lld)", buf,
                     (long long)tr->global_step, (long long)tr->epoch, (long long)tr->batch_idx);
 }
+
+/* dp's replicas: each loss read as it comes (dp.c), their mean checked here. */
+static lk_status step_check_loss(void *ctx, double loss) { return lk__step_check_loss(ctx, loss); }
+
+/* single, ddp: the loss stays on the device until grads.c's one read. */
+static lk_status step_keep_loss(void *ctx, const lk_tensor *loss) { return lk__step_keep_loss(ctx, loss); }
 
 static void step_begin(void *ctx) {
     lk_trainer *tr = ctx;
@@ -115,6 +123,7 @@ lk_step_fn lk__step_fn(lk_trainer *tr) {
     return (lk_step_fn){.ctx = tr,
                         .forward = step_forward,
                         .check_loss = step_check_loss,
+                        .keep_loss = step_keep_loss,
                         .step_begin = step_begin,
                         .step_end = step_end,
                         .replicate = step_replicate,

@@ -89,6 +89,19 @@ struct lk_trainer {
         lk_log_opts opts;
         int64_t batch_size;
     } pending_loss;
+    /* The training step's one device->host read (grads.c): slot 0 holds
+     * the loss (its own dtype's bytes, put there by step.c's keep_loss),
+     * slots 1..n one i64 per gradient (its first non-finite index, or the
+     * scaler's found-inf count), copied back together. `mem` is on the
+     * gradients' device (`host` itself on a host-addressable one). */
+    struct lk__step_status {
+        void *mem;
+        int64_t *host;
+        lk_device dev;
+        int64_t slots;
+        lk_dtype loss_dtype;
+        bool held; /* slot 0 holds this micro-batch's loss, not yet read */
+    } step_status;
     int64_t accum;        /* accumulate_grad_batches in force */
     lk_named_tensors params, buffers;
     lk_tensor **param_arr, **buffer_arr;
@@ -275,11 +288,22 @@ void lk__print_profile(lk_trainer *tr);
 /* grads.c: the step's reduced gradients before the optimizer step. */
 /* trainer.gradient_clip_val/algorithm on tr->params (nothing when 0). */
 void lk__clip_gradients(lk_trainer *tr);
-/* An ABORTED error naming the first parameter and element whose gradient
- * is NaN or infinite (`loss` goes into the message); OK when all are finite. */
-lk_status lk__first_nonfinite(lk_trainer *tr, double loss);
-/* 16-mixed: unscales the gradients; *skip is true on every rank when any
- * rank's overflowed (a collective: every rank calls it). */
-lk_status lk__unscale_gradients(lk_trainer *tr, bool *skip);
+/* The checks after a micro-batch's strategy step, with one device->host
+ * copy: when `sync` (the gradients are reduced) the gradients' checks are
+ * queued first — 16-mixed: the scaler's unscale and found-inf counts,
+ * otherwise each gradient's first non-finite index — then the loss kept by
+ * keep_loss (when held) and those results are read back at once; then, on
+ * the host, the loss check and train_loss (lk__step_check_loss), and
+ * 16-mixed: *skip true on every rank when any rank's gradients overflowed
+ * (a collective: every rank calls it), otherwise an ABORTED error naming
+ * the first parameter and element whose gradient is NaN or infinite.
+ * *loss is the loss read (kept as is when none was held: dp's). */
+lk_status lk__step_checks(lk_trainer *tr, bool sync, double *loss, bool *skip);
+/* Places `loss` (a scalar on any device) in the step status's slot 0. */
+lk_status lk__step_keep_loss(lk_trainer *tr, const lk_tensor *loss);
+void lk__step_status_free(lk_trainer *tr);
+/* step.c: the loss check ("the loss is nan at step N ...") and the
+ * train_loss lk__log_loss deferred (pending_loss), on the loss read. */
+lk_status lk__step_check_loss(lk_trainer *tr, double loss);
 
 #endif

@@ -212,6 +212,7 @@ static void run_cleanup(lk_trainer *tr) {
     if (tr->strat) lk_strategy_detach(tr->strat); /* dp: its threads stop and its replicas go */
     end_on_device(tr);
     lk__replicas_free(tr);
+    lk__step_status_free(tr);
     lk_scheduler_free(tr->sched);
     tr->sched = NULL;
     lk_optimizer_free(tr->optim);
@@ -601,6 +602,8 @@ static lk_status fit_loop(lk_trainer *tr, lk_loader *train, lk_loader *val, int6
             lk_status step_st = lk_strategy_training_step(tr->strat, &sa, &sr);
             lk__host_shadow_clear(); /* the batch's host memory may be refilled from here on */
             LK_TRY(step_st);
+            bool skip = false;
+            if (!sync) LK_TRY(lk__step_checks(tr, false, &sr.loss, &skip)); /* the loss alone: no gradient is final */
             if (tr->global_step >= 1) { /* the first step also makes the optimizer's state and caches */
                 size_t peak = lk_pool_get_stats().bytes_live_peak - live0;
                 if (peak > tr->step_peak_bytes) tr->step_peak_bytes = peak;
@@ -613,7 +616,6 @@ static lk_status fit_loop(lk_trainer *tr, lk_loader *train, lk_loader *val, int6
             tr->samples_seen += b->size;
             if (sync) {
                 double t5 = lk_time_now();
-                bool skip = false;
                 if (tr->rank == tr->test_overflow_rank && tr->global_step == tr->test_overflow_step && tr->params.n &&
                     tr->params.items[0].tensor->grad) /* one rank only, after the all-reduce: only the reduced flag skips everywhere */
                 {
@@ -621,8 +623,8 @@ static lk_status fit_loop(lk_trainer *tr, lk_loader *train, lk_loader *val, int6
                     lk_tensor *g = tr->params.items[0].tensor->grad;
                     LK_TRY(lk_device_copy(g->device, g->data, LK_DEVICE_CPU, &inf, sizeof inf));
                 }
-                if (tr->scaler) LK_TRY(lk__unscale_gradients(tr, &skip));
-                else LK_TRY(lk__first_nonfinite(tr, sr.loss));
+                /* the step's one read: the loss with the gradients' checks */
+                LK_TRY(lk__step_checks(tr, true, &sr.loss, &skip));
                 if (!skip) lk__clip_gradients(tr);
                 /* the step unless skipped, then the strategy's part (shard sync, dp's copy out) and zero_grad */
                 LK_TRY(lk_strategy_optimizer_step(tr->strat, tr->optim, skip));

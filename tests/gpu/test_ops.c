@@ -833,6 +833,22 @@ static void build_table(void) {
         ops(c, 0, k ? 300 : 1, I_IDX, 1000);
     }
     add_half_forms();
+    /* clipping by norm on the device: the coefficient from raw norms (p = 2,
+     * 1, inf; max_norm 0.5 clips, 1e6 clamps to 1), and the scaling by it */
+    static const double cps[] = {2.0, 1.0, INFINITY, 2.0};
+    for (int k = 0; k < 4; k++) {
+        c = add(NAME("clip_coef_p%g%s", cps[k], k == 3 ? "_unclipped" : ""), LK_OP_CLIP_COEF, T_EXACT);
+        dts(c, LK_F64, LK_F32, 0, 0);
+        c->d.clip = (lk_clip_params){7, cps[k], k == 3 ? 1e6 : 0.5};
+        ops(c, 0, 7, I_POS, 0), ops(c, 1, 1, I_RAND, 0);
+    }
+    static const lk_dtype sdt[] = {LK_F32, LK_BF16, LK_F16};
+    for (int k = 0; k < 3; k++) {
+        c = add(NAME("scale_by_%s", lk_dtype_name(sdt[k])), LK_OP_SCALE_BY, T_EXACT);
+        dts(c, sdt[k], LK_F32, sdt[k], 0);
+        c->d.clip = (lk_clip_params){.n = 2000};
+        ops(c, 0, 2000, I_RAND, 0), ops(c, 1, 1, I_POS, 0), ops(c, 2, 2000, I_RAND, 0);
+    }
 #undef NAME
 }
 

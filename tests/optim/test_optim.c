@@ -447,6 +447,57 @@ static void clipping(void) {
     lk_named_tensors_clear(&ps);
 }
 
+/* Clipping by norm without total_norm (the trainer's call) computes the
+ * coefficient where the gradients are (LK_OP_CLIP_COEF, LK_OP_SCALE_BY)
+ * instead of reading the norms: the gradients come out bit for bit as with
+ * total_norm asked for (the host's arithmetic), for p = 2, 1, inf, clipping
+ * or not, with an inf or a NaN gradient, with a parameter that has no
+ * gradient, and for bf16 gradients. */
+static void clipping_without_a_read(void) {
+    static const double ps[] = {2.0, 1.0, INFINITY};
+    static const double maxes[] = {0.5, 0.05, 1e9};
+    for (int bad = 0; bad < 4; bad++) /* none, inf, NaN, p0 without a gradient */
+        for (int k = 0; k < 3; k++)
+            for (int mi = 0; mi < 3; mi++)
+                for (int half = 0; half < 2; half++) {
+                    lk_named_tensors a = {0}, b = {0};
+                    make_params(&a), make_params(&b);
+                    set_grads(&a, 5), set_grads(&b, 5);
+                    lk_named_tensors *both[2] = {&a, &b};
+                    for (int w = 0; w < 2; w++) {
+                        lk_named_tensors *x = both[w];
+                        if (bad == 1) ((float *)x->items[1].tensor->grad->data)[2] = INFINITY;
+                        if (bad == 2) ((float *)x->items[1].tensor->grad->data)[3] = NAN;
+                        for (int j = 0; half && j < x->n; j++) {
+                            lk_tensor *h = lk_tensor_cast(x->items[j].tensor->grad, LK_BF16);
+                            lk_tensor_release(x->items[j].tensor->grad);
+                            x->items[j].tensor->grad = h;
+                        }
+                        if (bad == 3) {
+                            lk_tensor_release(x->items[0].tensor->grad);
+                            x->items[0].tensor->grad = NULL;
+                        }
+                    }
+                    double total = 0;
+                    CHECK_OK(lk_clip_grad_norm(&a, maxes[mi], ps[k], &total));
+                    CHECK_OK(lk_clip_grad_norm(&b, maxes[mi], ps[k], NULL));
+                    for (int j = 0; j < a.n; j++) {
+                        lk_tensor *ga = a.items[j].tensor->grad, *gb = b.items[j].tensor->grad;
+                        CHECK_MSG((!ga && !gb) || (ga && gb && !memcmp(ga->data, gb->data, lk_tensor_nbytes(ga))),
+                                  "p=%g max %g case %d %s: gradient %d differs with and without the read", ps[k],
+                                  maxes[mi], bad, half ? "bf16" : "f32", j);
+                    }
+                    lk_named_tensors_clear(&a);
+                    lk_named_tensors_clear(&b);
+                }
+    /* another p still reads (the coefficient needs libm's pow) and clips as before */
+    lk_named_tensors c = {0};
+    make_params(&c);
+    set_grads(&c, 5);
+    CHECK_OK(lk_clip_grad_norm(&c, 0.5, 3.0, NULL));
+    lk_named_tensors_clear(&c);
+}
+
 /* bf16-true / 16-true: 16-bit parameters and gradients with f32 state. Each
  * update is the f32 update of the widened values, rounded once: bitwise the
  * same as an f32 optimizer whose parameters are reset to the widened 16-bit
@@ -520,4 +571,5 @@ static void half_parameters(void) {
 
 LK_TEST_MAIN(LK_TEST_CASE(optimizer_parity), LK_TEST_CASE(half_parameters), LK_TEST_CASE(optimizer_parity_flat), LK_TEST_CASE(flat_update_any_threads), LK_TEST_CASE(optimizer_groups),
              LK_TEST_CASE(optimizer_state_resume), LK_TEST_CASE(invalid_hyperparameters), LK_TEST_CASE(scheduler_parity),
-             LK_TEST_CASE(scheduler_resume), LK_TEST_CASE(scheduler_errors), LK_TEST_CASE(clipping))
+             LK_TEST_CASE(scheduler_resume), LK_TEST_CASE(scheduler_errors), LK_TEST_CASE(clipping),
+             LK_TEST_CASE(clipping_without_a_read))

@@ -60,11 +60,12 @@ static run_out fit(const config *c) {
 static void copies_out_per_step(void) {
     /* before: what each step read when this test was written (docs/GPU.md's table) */
     static const config cs[] = {
-        {"mlp f32", "mlp", "32-true", 0, 2, 0, 5},
-        {"cnn f32", "cnn", "32-true", 0, 2, 0, 7}, /* batch norm's counters: counted on the device, not read */
-        {"mlp bf16-mixed", "mlp", "bf16-mixed", 0, 2, 0, 5},
-        {"mlp 16-mixed, clipped", "mlp", "16-mixed", 0.5, 3, 0, 6},
-        {"autoencoder (mse)", "autoencoder", "32-true", 0, 2, 0, 3},
+        /* the loss, the gradients' checks (and the scaler's found-inf) in one read */
+        {"mlp f32", "mlp", "32-true", 0, 1, 0, 5},
+        {"cnn f32", "cnn", "32-true", 0, 1, 0, 7}, /* batch norm's counters: counted on the device, not read */
+        {"mlp bf16-mixed", "mlp", "bf16-mixed", 0, 1, 0, 5},
+        {"mlp 16-mixed, clipped", "mlp", "16-mixed", 0.5, 1, 0, 6}, /* clipping reads nothing */
+        {"autoencoder (mse)", "autoencoder", "32-true", 0, 1, 0, 3},
     };
     printf("| run | copies out per step (before) | now | bytes out per step |\n|---|---|---|---|\n");
     for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
@@ -313,10 +314,44 @@ static void batch_norm_counter(void) {
     }
 }
 
+/* The checks read with the loss keep their messages and their promise: a
+ * non-finite gradient (an inf written into the first parameter's gradient
+ * at step 3, LK_TEST_GRAD_OVERFLOW) or a NaN loss at step 3
+ * (LK_TEST_LOSS_NAN) ends the fit on the sealed device with the CPU's
+ * message (parameter, element, value, loss: the same bits) and before the
+ * optimizer touched a parameter at step 3: the parameters are those of a
+ * fit of 3 steps. */
+static void checks_after_the_read(void) {
+    run_spec three = {.model = "mlp", .accelerator = "sealed", .max_steps = 3, .no_checkpointing = true};
+    run_out ref = sh_fit(three);
+    for (int kind = 0; kind < 2; kind++) {
+        const char *want = kind ? "the loss is nan at step 3 (epoch 0, batch 3)"
+                                : "non-finite gradient at step 3 (epoch 0, batch 3): parameter '";
+        run_out o[2];
+        for (int k = 0; k < 2; k++) {
+            if (kind) setenv("LK_TEST_LOSS_NAN", "0:3", 1);
+            o[k] = sh_fit((run_spec){.model = "mlp", .accelerator = k ? "sealed" : "cpu", .max_steps = 8,
+                                     .no_checkpointing = true, .overflow = kind ? NULL : "0:3",
+                                     .expect = LK_STATUS_ABORTED});
+            unsetenv("LK_TEST_LOSS_NAN");
+            CHECK_MSG(strstr(o[k].err, want), "%s: '%s' (expected '%s')", k ? "sealed" : "cpu", o[k].err, want);
+        }
+        CHECK_MSG(!strcmp(o[0].err, o[1].err), "cpu: '%s', sealed: '%s'", o[0].err, o[1].err);
+        if (!kind) CHECK_MSG(strstr(o[1].err, "element 0 is inf (loss "), "%s", o[1].err);
+        CHECK_MSG(o[1].params && ref.params && o[1].n == ref.n &&
+                      !memcmp(o[1].params, ref.params, (size_t)ref.n * sizeof(float)),
+                  "%s: the parameters after the failed step 3 are not those after 3 steps", want);
+        free(o[0].params);
+        free(o[1].params);
+    }
+    free(ref.params);
+}
+
 static void setup(void) {
     sh_root_init("syncs");
     sealed_device(0);
 }
 
 LK_TEST_MAIN(LK_TEST_CASE(setup), LK_TEST_CASE(copies_out_per_step), LK_TEST_CASE(target_out_of_range),
-             LK_TEST_CASE(copies_out_per_eval_batch), LK_TEST_CASE(batch_norm_counter), LK_TEST_CASE(cleanup))
+             LK_TEST_CASE(copies_out_per_eval_batch), LK_TEST_CASE(batch_norm_counter), LK_TEST_CASE(checks_after_the_read),
+             LK_TEST_CASE(cleanup))

@@ -97,6 +97,11 @@ static bool cpu_supports(const lk_op_desc *d) {
                (unsigned)d->bn_split.stat <= LK_BN_GRAD;
     case LK_OP_BN_APPLY:
         return d->dtype[0] == LK_F32 && d->dtype[1] == LK_F32 && d->dtype[2] == LK_F32 && d->dtype[3] == LK_F32;
+    case LK_OP_CLIP_COEF:
+        return d->dtype[0] == LK_F64 && d->dtype[1] == LK_F32 && d->clip.n >= 0 &&
+               (d->clip.p == 1.0 || d->clip.p == 2.0 || (isinf(d->clip.p) && d->clip.p > 0));
+    case LK_OP_SCALE_BY:
+        return (d->dtype[0] == LK_F32 || is_half(d->dtype[0])) && d->dtype[1] == LK_F32 && d->dtype[2] == d->dtype[0];
     case LK_OP_EMBEDDING:
     case LK_OP_EMBEDDING_BACKWARD:
         return (d->op == LK_OP_EMBEDDING ? d->dtype[0] == LK_F32 || is_half(d->dtype[0]) : d->dtype[0] == LK_F32) &&
@@ -201,6 +206,12 @@ static lk_status cpu_run(const lk_op_desc *d, void *const *x) {
         int64_t *v = x[0];
         for (int64_t i = 0; i < d->increment.n; i++) v[i] = (int64_t)((uint64_t)v[i] + (uint64_t)d->increment.by);
         return LK_STATUS_OK;
+    }
+    case LK_OP_CLIP_COEF: *(float *)x[1] = lk_k_clip_coef(x[0], d->clip.n, d->clip.p, d->clip.max_norm); return LK_STATUS_OK;
+    case LK_OP_SCALE_BY: { /* LK_OP_AFFINE itself, so the bits are the host-computed coefficient's */
+        lk_op_desc a = {.op = LK_OP_AFFINE, .dtype = {d->dtype[0], d->dtype[2]}};
+        a.affine = (lk_affine_params){d->clip.n, *(const float *)x[1], 0.0f, false};
+        return cpu_run(&a, (void *[]){x[0], x[2]});
     }
     case LK_OP_COUNT: break;
     }

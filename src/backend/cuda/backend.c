@@ -150,6 +150,11 @@ static bool cuda_supports(const lk_op_desc *d) {
         return d->dtype[0] == LK_U8 && d->dropout_mask.n >= 0 && d->dropout_mask.head_n >= 0 &&
                d->dropout_mask.head_n <= 3 && d->dropout_mask.head_n <= d->dropout_mask.n;
     case LK_OP_INCREMENT: return d->dtype[0] == LK_I64 && d->increment.n >= 0;
+    /* clip_grad_norm_ on the device (optim.cu), as the CPU */
+    case LK_OP_CLIP_COEF:
+        return d->dtype[0] == LK_F64 && d->dtype[1] == LK_F32 && d->clip.n >= 0 &&
+               (d->clip.p == 1.0 || d->clip.p == 2.0 || (isinf(d->clip.p) && d->clip.p > 0));
+    case LK_OP_SCALE_BY: return is_elem(d->dtype[0]) && d->dtype[1] == LK_F32 && d->dtype[2] == d->dtype[0];
     default: return false;
     }
 }

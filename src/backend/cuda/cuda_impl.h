@@ -82,6 +82,8 @@ static inline lk__cuda_launcher lk__cuda_launcher_for(const lk__cuda_launchers *
     case LK_OP_ACCURACY: return l->rows;
     case LK_OP_DROPOUT_MASK:
     case LK_OP_INCREMENT: return l->elementwise;
+    case LK_OP_CLIP_COEF:
+    case LK_OP_SCALE_BY: return l->optim;
     default: return l->rows;
     }
 }

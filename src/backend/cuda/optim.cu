@@ -3,7 +3,9 @@
  * Adam / AdamW (amsgrad) and RMSprop, one thread per parameter over the
  * kernels/optim.h bodies the CPU backend runs too, with the scalars built
  * by the same lk__optim_*_consts. A 16-bit parameter is widened, updated
- * and rounded once, as on the CPU. */
+ * and rounded once, as on the CPU. Also clipping by norm's two steps after
+ * the norms (LK_OP_CLIP_COEF, LK_OP_SCALE_BY), so the coefficient never
+ * leaves the GPU. */
 #include "backend/cuda/common.cuh"
 
 namespace {
@@ -32,9 +34,31 @@ __global__ void k_rmsprop(int64_t n, void *p, const void *g, int pdt, float *sq,
     }
 }
 
+/* clip_grad_norm_ without a read: the coefficient by one thread (n
+ * gradients' norms, clip.c's order), then every gradient scaled by it as
+ * k_affine scales (widened, one f32 product, rounded once). */
+__global__ void k_clip_coef(int64_t n, double p, double max_norm, const double *norms, float *coef) {
+    if (blockIdx.x == 0 && threadIdx.x == 0) *coef = lk_k_clip_coef(norms, n, p, max_norm);
+}
+
+__global__ void k_scale_by(int64_t n, const void *x, const float *coef, void *y, int dt) {
+    LK_CU_FOR(i, n) lk_cu_st(y, dt, i, lk_cu_ld(x, dt, i) * *coef);
+}
+
+int clip_launch(const lk_op_desc *d, void *const *x) {
+    if (d->op == LK_OP_CLIP_COEF) {
+        k_clip_coef<<<1, 1>>>(d->clip.n, d->clip.p, d->clip.max_norm, (const double *)x[0], (float *)x[1]);
+    } else if (d->clip.n > 0) {
+        k_scale_by<<<lk_cu_blocks(d->clip.n), LK_CU_THREADS>>>(d->clip.n, x[0], (const float *)x[1], x[2],
+                                                               (int)d->dtype[0]);
+    }
+    return (int)cudaGetLastError();
+}
+
 } // namespace
 
 extern "C" int lk__cuda_optim(const lk_op_desc *d, void *const *x) {
+    if (d->op == LK_OP_CLIP_COEF || d->op == LK_OP_SCALE_BY) return clip_launch(d, x);
     const lk_optim_params *c = &d->optim;
     void *p = x[0];
     const void *g = x[1];

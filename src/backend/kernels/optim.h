@@ -90,4 +90,27 @@ LK_KERNEL float lk_k_rmsprop_step(const lk_k_rmsprop *c, float p, float g, float
     return p + c->neg_lr * (gi / avg); /* param.addcdiv_(grad, avg, value=-lr) */
 }
 
+/* torch.nn.utils.clip_grad_norm_'s coefficient from n gradients' raw norms
+ * (LK_OP_CLIP_COEF), with clip.c's arithmetic: each gradient's norm rounded
+ * to f32, the p-th powers summed in double in parameter order (p = 2: the
+ * f32 norm squared, exact in double, as pow(gn, 2) is), the total rounded
+ * to f32, then max_norm / (total + 1e-6) in f32, clamped to 1 (a NaN norm
+ * stays NaN). p is 1, 2 or inf. */
+LK_KERNEL float lk_k_clip_coef(const double *norms, int64_t n, double p, double max_norm) {
+    bool inf = isinf(p);
+    double acc = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        double s = norms[i];
+        if (inf) {
+            if (s > acc || isnan(s)) acc = isnan(acc) ? acc : s;
+        } else {
+            float gn = (float)(p == 2.0 ? sqrt(s) : s);
+            acc += p == 2.0 ? (double)gn * (double)gn : (double)gn;
+        }
+    }
+    float total = inf ? (float)acc : (float)(p == 2.0 ? sqrt(acc) : acc);
+    float coef = (float)max_norm / (total + 1e-6f);
+    return coef > 1.0f ? 1.0f : coef;
+}
+
 #endif
