@@ -134,12 +134,29 @@ typedef struct {
     lk_op_desc d;
     void *x[LK_OP_MAX_OPERANDS];
     int n;
+    long seq; /* position among the step's ops and device calls */
 } rec_op;
+/* The device's own calls in a step, which a graph would hold too (memsets,
+ * copies within) or feed from outside (copies in, with the bytes copied). */
+typedef enum { CALL_MEMSET, CALL_COPY, CALL_COPY_IN } call_kind;
+typedef struct {
+    call_kind what;
+    void *dst;
+    const void *src;
+    size_t bytes;
+    int value;
+    void *data; /* CALL_COPY_IN: the host bytes as they were copied */
+    long seq;
+} rec_call;
+enum { MAX_CALLS = 64 };
 static struct {
     pthread_mutex_t mu;
     int64_t step; /* the step being recorded, or -1 */
     rec_op *ops[STEPS];
     int n[STEPS], cap[STEPS];
+    rec_call calls[STEPS][MAX_CALLS];
+    int ncalls[STEPS];
+    long seq;
     bool oom;
 } rec = {.mu = PTHREAD_MUTEX_INITIALIZER, .step = -1};
 
@@ -157,6 +174,7 @@ static lk_status rec_run(const lk_op_desc *d, void *const *x) {
             rec_op *r = &rec.ops[k][rec.n[k]++];
             r->d = *d;
             r->n = lk__op_arity(d->op);
+            r->seq = rec.seq++;
             for (int i = 0; i < LK_OP_MAX_OPERANDS; i++) r->x[i] = i < r->n ? x[i] : NULL;
         }
     }
@@ -165,18 +183,59 @@ static lk_status rec_run(const lk_op_desc *d, void *const *x) {
 }
 static const lk_backend rec_backend = {.name = "sealed_recording", .supports = sealed_be_supports, .run = rec_run};
 
+static void rec_note_call(call_kind what, void *dst, const void *src, size_t bytes, int value) {
+    pthread_mutex_lock(&rec.mu);
+    int64_t k = rec.step;
+    if (k >= FIRST && k < STEPS) {
+        if (rec.ncalls[k] == MAX_CALLS) rec.oom = true;
+        else {
+            rec_call *c = &rec.calls[k][rec.ncalls[k]++];
+            *c = (rec_call){what, dst, src, bytes, value, NULL, rec.seq++};
+            if (what == CALL_COPY_IN && (c->data = malloc(bytes ? bytes : 1))) memcpy(c->data, src, bytes);
+            else if (what == CALL_COPY_IN) rec.oom = true;
+        }
+    }
+    pthread_mutex_unlock(&rec.mu);
+}
+static lk_status rec_memset(void *ctx, int index, void *ptr, int value, size_t bytes) {
+    rec_note_call(CALL_MEMSET, ptr, NULL, bytes, value);
+    return sealed_memset(ctx, index, ptr, value, bytes);
+}
+static lk_status rec_copy(void *ctx, int index, void *dst, const void *src, size_t bytes) {
+    rec_note_call(CALL_COPY, dst, src, bytes, 0);
+    return sealed_copy(ctx, index, dst, src, bytes);
+}
+static lk_status rec_from_host(void *ctx, int index, void *dst, const void *src, size_t bytes) {
+    rec_note_call(CALL_COPY_IN, dst, src, bytes, 0);
+    return sealed_from_host(ctx, index, dst, src, bytes);
+}
+/* The sealed device under its own name, with those three calls noted
+ * (registered before sealed_device() registers the plain one, so the name
+ * is this vtable's). */
+static lk_device_vtable rec_vtable;
+
 static void rec_reset(void) {
-    for (int k = 0; k < STEPS; k++) free(rec.ops[k]), rec.ops[k] = NULL, rec.n[k] = rec.cap[k] = 0;
+    for (int k = 0; k < STEPS; k++) {
+        free(rec.ops[k]), rec.ops[k] = NULL, rec.n[k] = rec.cap[k] = 0;
+        for (int i = 0; i < rec.ncalls[k]; i++) free(rec.calls[k][i].data);
+        rec.ncalls[k] = 0;
+    }
     rec.step = -1;
+    rec.seq = 0;
     rec.oom = false;
 }
 
 /* The probe's hook: step k's window runs from the start of its
  * training_step to the start of the next one (forward, backward, the
  * optimizer, the read, the next batch's copy in). */
+static void replay_at(int64_t k);
 static void around_step(run_out *o, int64_t k, bool after) {
     (void)o;
     if (after) return;
+    pthread_mutex_lock(&rec.mu);
+    rec.step = -1;
+    pthread_mutex_unlock(&rec.mu);
+    replay_at(k);
     pthread_mutex_lock(&rec.mu);
     rec.step = k < STEPS ? k : -1;
     pthread_mutex_unlock(&rec.mu);
@@ -256,6 +315,105 @@ static cmp_out compare(int a, int b) {
     return c;
 }
 
+/* ---- replaying a recorded step --------------------------------------------------
+ * What a graph would do, on the sealed device: the arena as it was at the
+ * start of step REPLAY_AS, then step REPLAY_FROM's record run over it (its
+ * ops with their recorded operands, its memsets and copies within), the
+ * batch's copies in taken from step REPLAY_AS (a graph is fed its batch
+ * from outside), and the arena compared byte for byte with what the eager
+ * step REPLAY_AS left. Two steps apart: the same batch parity. Once as
+ * recorded, once with the descriptor fields named in rp.fields taken from
+ * step REPLAY_AS (what device-resident step values would supply); the
+ * eager arena is put back after. */
+enum { REPLAY_FROM = 5, REPLAY_AS = 7 };
+typedef struct {
+    bool on;
+    const char *fields; /* "op.field ..." taken from step REPLAY_AS */
+    char *start;        /* the arena at the start of step REPLAY_AS */
+    size_t nstart;
+    long diff[2];       /* bytes that differ: as recorded, with the fields updated; -1: not run */
+    char why[256];      /* why it did not run */
+} replay_state;
+static replay_state rp;
+
+static bool field_listed(const char *list, const char *op, const char *field) {
+    char pat[96], l[520];
+    snprintf(pat, sizeof pat, " %s.%s ", op, field);
+    snprintf(l, sizeof l, " %s ", list);
+    return strstr(l, pat) != NULL;
+}
+
+/* Whether steps a and b made the same device calls (kind, destination, source, size, value) in the same order. */
+static bool same_calls(int a, int b) {
+    if (rec.ncalls[a] != rec.ncalls[b]) return false;
+    for (int j = 0; j < rec.ncalls[a]; j++) {
+        const rec_call *x = &rec.calls[a][j], *y = &rec.calls[b][j];
+        if (x->what != y->what || x->dst != y->dst || x->bytes != y->bytes || x->value != y->value ||
+            (x->what == CALL_COPY && x->src != y->src))
+            return false;
+    }
+    return true;
+}
+
+/* Runs step a's record over the arena (the caller holds it open). */
+static bool replay_run(int a, int b, bool update) {
+    for (int i = 0, j = 0; i < rec.n[a] || j < rec.ncalls[a];) {
+        if (j >= rec.ncalls[a] || (i < rec.n[a] && rec.ops[a][i].seq < rec.calls[a][j].seq)) {
+            const rec_op *r = &rec.ops[a][i], *q = &rec.ops[b][i];
+            lk_op_desc d = r->d;
+            const op_info *oi = &ops[d.op];
+            for (int f = 0; update && f < oi->n; f++)
+                if (field_listed(rp.fields, oi->name, oi->f[f].name))
+                    memcpy((char *)&d + oi->f[f].off, (const char *)&q->d + oi->f[f].off, oi->f[f].size);
+            if (sealed_be_run(&d, r->x)) return false;
+            i++;
+            continue;
+        }
+        const rec_call *c = &rec.calls[a][j], *cb = &rec.calls[b][j];
+        if (c->what == CALL_MEMSET) memset(c->dst, c->value, c->bytes);
+        else if (c->what == CALL_COPY) memmove(c->dst, c->src, c->bytes);
+        else memcpy(cb->dst, cb->data, cb->bytes);
+        j++;
+    }
+    return true;
+}
+
+static void replay_at(int64_t k) {
+    if (!rp.on) return;
+    if (k == REPLAY_AS) {
+        sealed_open();
+        rp.nstart = sealed_arena.bump;
+        rp.start = malloc(rp.nstart ? rp.nstart : 1);
+        if (rp.start) memcpy(rp.start, sealed_arena.base, rp.nstart);
+        sealed_close();
+        return;
+    }
+    if (k != REPLAY_AS + 1 || !rp.start) return;
+    cmp_out c = compare(REPLAY_FROM, REPLAY_AS);
+    sealed_open();
+    size_t n = sealed_arena.bump;
+    char *eager = n == rp.nstart ? malloc(n ? n : 1) : NULL;
+    if (n != rp.nstart) snprintf(rp.why, sizeof rp.why, "the arena grew during step %d", REPLAY_AS);
+    else if (!c.same_kinds || c.ptr_diff) snprintf(rp.why, sizeof rp.why, "steps %d and %d ran other ops or pointers", REPLAY_FROM, REPLAY_AS);
+    else if (!same_calls(REPLAY_FROM, REPLAY_AS)) snprintf(rp.why, sizeof rp.why, "steps %d and %d made other device calls", REPLAY_FROM, REPLAY_AS);
+    else if (eager) {
+        memcpy(eager, sealed_arena.base, n);
+        for (int update = 0; update < 2; update++) {
+            memcpy(sealed_arena.base, rp.start, n);
+            rp.diff[update] = -1;
+            if (!replay_run(REPLAY_FROM, REPLAY_AS, update)) continue;
+            long d = 0;
+            for (size_t i = 0; i < n; i++) d += sealed_arena.base[i] != eager[i];
+            rp.diff[update] = d;
+        }
+        memcpy(sealed_arena.base, eager, n); /* the fit goes on from the eager step */
+    }
+    sealed_close();
+    free(eager);
+    free(rp.start);
+    rp.start = NULL;
+}
+
 /* ---- the runs ----------------------------------------------------------------- */
 enum { MAX_PERIOD = 4 };
 typedef struct {
@@ -318,6 +476,7 @@ static void steady_steps(void) {
     for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
         const config *c = &cs[i];
         rec_reset();
+        rp = (replay_state){.on = !c->order_may_vary, .fields = c->fields_allowed, .diff = {-1, -1}};
         if (c->threads) setenv("LK_NUM_THREADS", c->threads, 1);
         run_out o = sh_fit((run_spec){.model = c->model, .accelerator = "sealed", .precision = c->precision,
                                       .clip = c->clip, .max_steps = STEPS + 1, .no_checkpointing = true, .probe = true,
@@ -367,6 +526,10 @@ static void steady_steps(void) {
         else snprintf(per, sizeof per, "not within %d steps", MAX_PERIOD);
         printf("| %s | %d | %d | %s | %d | %s | %ld | %ld / %ld / %ld | %ld |\n", c->name, nops, ptr1, per, par,
                fields[0] ? fields : "none", allocs, in, out, within, memsets);
+        if (rp.on)
+            printf("|   | replay of step %d's record as step %d: %ld bytes of the arena differ as recorded, %ld with %s "
+                   "from step %d%s%s |\n", REPLAY_FROM, REPLAY_AS, rp.diff[0], rp.diff[1],
+                   c->fields_allowed[0] ? c->fields_allowed : "nothing", REPLAY_AS, rp.why[0] ? ": " : "", rp.why);
         if (reordered) printf("|   | op order differs in %d of %d step pairs |\n", reordered, LAST - FIRST + 1);
         else if (ptr_ops[0]) printf("|   | pointers that differ from step k+1: %s |\n", ptr_ops);
         CHECK_MSG(nops <= c->ops, "%s: %d ops per step (at most %d)", c->name, nops, c->ops);
@@ -379,6 +542,11 @@ static void steady_steps(void) {
                   par, c->param_diff, fields);
         CHECK_MSG(c->order_may_vary || allowed(c->fields_allowed, fields), "%s: fields differ that did not: %s (allowed: %s)",
                   c->name, fields, c->fields_allowed);
+        /* the replay: the fields the table names are all that stand between step 5's record and step 7 */
+        CHECK_MSG(!rp.on || (rp.diff[1] == 0 && !rp.why[0]), "%s: the replay of step %d as step %d left %ld bytes "
+                  "different from the eager step%s%s", c->name, REPLAY_FROM, REPLAY_AS, rp.diff[1], rp.why[0] ? ": " : "", rp.why);
+        CHECK_MSG(!rp.on || rp.diff[0] > 0, "%s: the replay as recorded matched the eager step (%ld bytes differ): "
+                  "the comparison sees nothing", c->name, rp.diff[0]);
         CHECK_MSG(allocs <= c->allocs, "%s: %ld pool misses in a steady step (at most %ld)", c->name, allocs, c->allocs);
         CHECK_MSG(in <= c->copies_in && out <= c->copies_out && within <= c->copies_within,
                   "%s: copies in / out / within %ld / %ld / %ld per step (at most %ld / %ld / %ld)", c->name, in, out,
@@ -432,7 +600,20 @@ static void pool_order(void) {
 
 static void setup(void) {
     sh_root_init("graph_ready");
+    /* the sealed device with its memsets and copies noted, under the plain one's name */
+    pthread_once(&sealed_once, sealed_init_once);
+    rec_vtable = sealed_vtable;
+    rec_vtable.memset = rec_memset, rec_vtable.copy = rec_copy, rec_vtable.copy_from_host = rec_from_host;
+    lk_device_kind kind = LK_CPU;
+    if (lk_device_register(&rec_vtable, NULL, &kind)) {
+        fprintf(stderr, "graph_ready: %s\n", lk_last_error());
+        abort();
+    }
     sealed0 = sealed_device(0); /* registers the sealed backend: once, as the recorder replaces it */
+    if (sealed0.kind != kind) {
+        fprintf(stderr, "graph_ready: the sealed device was registered before the recording one\n");
+        abort();
+    }
     if (lk__backend_register(sealed0.kind, &rec_backend)) { /* in front of the sealed backend, for this process */
         fprintf(stderr, "graph_ready: %s\n", lk_last_error());
         abort();
