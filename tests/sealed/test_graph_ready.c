@@ -9,7 +9,10 @@
  * counts and the fields that differ are named); and finds the period after
  * which the pointers repeat (a graph per step parity serves a period of 2).
  * It also counts, per steady step, the tensor pool's misses (device
- * allocations), the device's copies in, out and within and its memsets.
+ * allocations), the device's copies in, out and within and its memsets,
+ * and replays step 5's record (ops, memsets, copies within) over the arena
+ * as step 7 found it: with the fields allowed to differ taken from step 7
+ * the arena must end as the eager step 7 left it, byte for byte.
  * The table it prints is docs/GPU.md's "What a CUDA graph of the step
  * needs"; each number is held at the bound reached and the fields allowed
  * to differ are listed per run, so a new per-step-varying parameter, a
