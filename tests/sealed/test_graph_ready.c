@@ -397,8 +397,10 @@ static void replay_at(int64_t k) {
     size_t n = sealed_arena.bump;
     char *eager = n == rp.nstart ? malloc(n ? n : 1) : NULL;
     if (n != rp.nstart) snprintf(rp.why, sizeof rp.why, "the arena grew during step %d", REPLAY_AS);
-    else if (!c.same_kinds || c.ptr_diff) snprintf(rp.why, sizeof rp.why, "steps %d and %d ran other ops or pointers", REPLAY_FROM, REPLAY_AS);
-    else if (!same_calls(REPLAY_FROM, REPLAY_AS)) snprintf(rp.why, sizeof rp.why, "steps %d and %d made other device calls", REPLAY_FROM, REPLAY_AS);
+    else if (!c.same_kinds || c.ptr_diff)
+        snprintf(rp.why, sizeof rp.why, "steps %d and %d ran other ops or pointers", REPLAY_FROM, REPLAY_AS);
+    else if (!same_calls(REPLAY_FROM, REPLAY_AS))
+        snprintf(rp.why, sizeof rp.why, "steps %d and %d made other device calls", REPLAY_FROM, REPLAY_AS);
     else if (eager) {
         memcpy(eager, sealed_arena.base, n);
         for (int update = 0; update < 2; update++) {
@@ -468,10 +470,12 @@ static void steady_steps(void) {
         {"mlp f32", "mlp", "32-true", NULL, false, 37, 2, 4, 3, "dropout_mask.ctr optim_update.step", 0, 2, 1, 2, 0},
         {"mlp bf16-mixed", "mlp", "bf16-mixed", NULL, false, 49, 2, 4, 3, "dropout_mask.ctr optim_update.step", 0, 2, 1, 1, 0},
         {"mlp 16-mixed", "mlp", "16-mixed", NULL, false, 51, 2, 4, 3, "dropout_mask.ctr optim_update.step", 0, 2, 1, 1, 0},
-        {"mlp 16-mixed, clipped", "mlp", "16-mixed", NULL, false, 64, 2, 4, 3, "dropout_mask.ctr optim_update.step", 0, 2, 1, 1, 0.5},
+        {"mlp 16-mixed, clipped", "mlp", "16-mixed", NULL, false, 64, 2, 4, 3, "dropout_mask.ctr optim_update.step", 0, 2,
+         1, 1, 0.5},
         {"cnn f32, 1 thread", "cnn", "32-true", "1", false, 87, 2, 10, 1, "optim_update.step", 0, 2, 1, 3, 0},
         /* conv's chunks from 2 host threads: the order of their ops varies from step to step */
-        {"cnn f32, 2 threads", "cnn", "32-true", "2", true, 89, MAX_PERIOD + 1, 89, 1, "optim_update.step", 0, 2, 1, 3, 0},
+        {"cnn f32, 2 threads", "cnn", "32-true", "2", true, 89, MAX_PERIOD + 1, 89, 1, "optim_update.step", 0, 2, 1, 3,
+         0},
         {"autoencoder f32", "autoencoder", "32-true", NULL, false, 59, 2, 4, 1, "optim_update.step", 0, 2, 1, 2, 0},
     };
     printf("| run | ops per step | pointers differ from step k+1 | pointers repeat every | params differ | fields that "
@@ -546,8 +550,9 @@ static void steady_steps(void) {
         CHECK_MSG(c->order_may_vary || allowed(c->fields_allowed, fields), "%s: fields differ that did not: %s (allowed: %s)",
                   c->name, fields, c->fields_allowed);
         /* the replay: the fields the table names are all that stand between step 5's record and step 7 */
-        CHECK_MSG(!rp.on || (rp.diff[1] == 0 && !rp.why[0]), "%s: the replay of step %d as step %d left %ld bytes "
-                  "different from the eager step%s%s", c->name, REPLAY_FROM, REPLAY_AS, rp.diff[1], rp.why[0] ? ": " : "", rp.why);
+        CHECK_MSG(!rp.on || (rp.diff[1] == 0 && !rp.why[0]),
+                  "%s: the replay of step %d as step %d left %ld bytes different from the eager step%s%s", c->name,
+                  REPLAY_FROM, REPLAY_AS, rp.diff[1], rp.why[0] ? ": " : "", rp.why);
         CHECK_MSG(!rp.on || rp.diff[0] > 0, "%s: the replay as recorded matched the eager step (%ld bytes differ): "
                   "the comparison sees nothing", c->name, rp.diff[0]);
         CHECK_MSG(allocs <= c->allocs, "%s: %ld pool misses in a steady step (at most %ld)", c->name, allocs, c->allocs);
