@@ -553,7 +553,7 @@ static void steady_steps(void) {
         CHECK_MSG(!rp.on || (rp.diff[1] == 0 && !rp.why[0]),
                   "%s: the replay of step %d as step %d left %ld bytes different from the eager step%s%s", c->name,
                   REPLAY_FROM, REPLAY_AS, rp.diff[1], rp.why[0] ? ": " : "", rp.why);
-        CHECK_MSG(!rp.on || rp.diff[0] > 0, "%s: the replay as recorded matched the eager step (%ld bytes differ): "
+        CHECK_MSG(!rp.on || rp.why[0] || rp.diff[0] > 0, "%s: the replay as recorded matched the eager step (%ld bytes differ): "
                   "the comparison sees nothing", c->name, rp.diff[0]);
         CHECK_MSG(allocs <= c->allocs, "%s: %ld pool misses in a steady step (at most %ld)", c->name, allocs, c->allocs);
         CHECK_MSG(in <= c->copies_in && out <= c->copies_out && within <= c->copies_within,
