@@ -143,12 +143,15 @@ static void storage_release(lk_storage *s) {
     }
     if (c && c->n == c->max) (void)lk_vec_reserve(c->items, c->max, c->n + 1, 8); /* failing: the storage is freed below */
     if (c && c->n < c->max) {
-        int at = c->n;
-        if (c->by_address)
+        if (c->by_address) {
+            int at = c->n;
             while (at > 0 && (uintptr_t)c->items[at - 1]->data < (uintptr_t)s->data) at--;
-        memmove(&c->items[at + 1], &c->items[at], (size_t)(c->n - at) * sizeof *c->items);
-        c->items[at] = s;
-        c->n++;
+            memmove(&c->items[at + 1], &c->items[at], (size_t)(c->n - at) * sizeof *c->items);
+            c->items[at] = s;
+            c->n++;
+        } else {
+            c->items[c->n++] = s;
+        }
         pool.stats.bytes_cached += s->cap;
         pthread_mutex_unlock(&pool.mu);
         return;
