@@ -490,6 +490,8 @@ static void steady_steps(void) {
                                       .step_hook = around_step});
         unsetenv("LK_NUM_THREADS");
         rec.step = -1;
+        free(rp.start); /* a fit that ended before the replay */
+        rp.start = NULL;
         free(o.params);
         CHECK_MSG(!rec.oom, "%s: the recorder ran out of memory", c->name);
         CHECK_MSG(o.steps_seen == STEPS + 1, "%s: %lld steps probed", c->name, (long long)o.steps_seen);
