@@ -30,7 +30,19 @@
  * batch, validation's batch), which a GPU's fixed memory cannot afford: when
  * a device says it is out of memory, the pool returns that device's cached
  * blocks to it and asks once more, as PyTorch's caching allocator does,
- * before the error reaches the caller. */
+ * before the error reaches the caller.
+ *
+ * Which cached block a request gets: on the host the one freed last (LIFO:
+ * its lines are likely still in cache). On a device that is not
+ * host-addressable, the one at the lowest address, as PyTorch's CUDA
+ * allocator breaks ties between blocks of one size: then the block a
+ * request gets depends on which blocks are cached, not on the order they
+ * came back in, so a step that allocates and frees the same sizes in the
+ * same order gets the same pointers as the step before it (a CUDA graph
+ * replays the pointers it recorded). With LIFO, blocks freed in the order
+ * they were taken come back reversed, and the pointers repeat only every
+ * 2 or 4 steps (sealed_graph_ready measures both). The class keeps such
+ * blocks sorted, highest address first, so the pop below stays O(1). */
 
 struct lk_storage {
     void *data;
@@ -47,6 +59,7 @@ typedef struct {
     size_t cap;
     lk_storage **items;
     int n, max;
+    bool by_address; /* a device's class: items sorted by address, descending (the lowest is popped) */
 } pool_class;
 
 static struct {
@@ -126,10 +139,19 @@ static void storage_release(lk_storage *s) {
         c = &pool.classes[pool.nclasses++];
         c->cap = s->cap;
         c->device = s->device;
+        c->by_address = !lk_device_is_host(s->device);
     }
     if (c && c->n == c->max) (void)lk_vec_reserve(c->items, c->max, c->n + 1, 8); /* failing: the storage is freed below */
     if (c && c->n < c->max) {
-        c->items[c->n++] = s;
+        if (c->by_address) {
+            int at = c->n;
+            while (at > 0 && (uintptr_t)c->items[at - 1]->data < (uintptr_t)s->data) at--;
+            memmove(&c->items[at + 1], &c->items[at], (size_t)(c->n - at) * sizeof *c->items);
+            c->items[at] = s;
+            c->n++;
+        } else {
+            c->items[c->n++] = s;
+        }
         pool.stats.bytes_cached += s->cap;
         pthread_mutex_unlock(&pool.mu);
         return;

@@ -4,3 +4,6 @@ lk_add_test(NAME sealed_ddp SOURCES sealed/test_sealed_ddp.c LABELS unit multipr
 # whose copy stream defers its copies until an event is waited for.
 lk_add_test(NAME sealed_prefetch SOURCES sealed/test_prefetch.c LABELS unit TIMEOUT 300)
 lk_add_test(NAME sealed_syncs SOURCES sealed/test_syncs.c LABELS unit TIMEOUT 300)
+# What stands between a training step and a CUDA graph: the ops, pointers
+# and descriptor fields that change from one steady step to the next.
+lk_add_test(NAME sealed_graph_ready SOURCES sealed/test_graph_ready.c LABELS unit TIMEOUT 300)
