@@ -81,6 +81,19 @@ __device__ static inline int64_t lk_cu_index(const void *p, int dt, int64_t i) {
     return dt == LK_I64 ? ((const int64_t *)p)[i] : (int64_t)((const int32_t *)p)[i];
 }
 
+/* Whether a kernel can write p: device (or managed) memory. The reductions'
+ * outputs (norm, first non-finite, unscale's count) are host memory by
+ * contract for callers that read them at once, or device memory for those
+ * that batch their reads (the trainer's step-status slots). */
+static inline bool lk_cu_on_device(const void *p) {
+    struct cudaPointerAttributes a;
+    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+        cudaGetLastError();
+        return false;
+    }
+    return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
+}
+
 /* Stream-ordered scratch on the legacy default stream (no device-wide
  * synchronisation, unlike cudaMalloc/cudaFree); freed the same way once the
  * kernels that use it are queued. */

@@ -424,11 +424,19 @@ cudaError_t norm(const lk_op_desc *d, void *const *x) {
     return e;
 }
 
+/* The first non-finite index (-1: none) or unscale's count, as the i64 the
+ * accumulator's bits make read as signed (~0 is -1). An output in device
+ * memory is the accumulator itself, so nothing comes back to the host (the
+ * trainer's step-status slots: its one read per step); a host output gets
+ * the value through a scratch accumulator and a copy, which waits for the
+ * kernel. */
 cudaError_t nonfinite(const lk_op_desc *d, void *const *x) {
-    unsigned long long *acc = NULL;
-    cudaError_t e = lk_cu_scratch((void **)&acc, sizeof *acc);
-    if (e != cudaSuccess) return e;
     bool unscale = d->op == LK_OP_UNSCALE;
+    void *out = x[unscale ? 2 : 1];
+    bool on_device = lk_cu_on_device(out);
+    unsigned long long *acc = (unsigned long long *)out;
+    cudaError_t e = on_device ? cudaSuccess : lk_cu_scratch((void **)&acc, sizeof *acc);
+    if (e != cudaSuccess) return e;
     e = cudaMemsetAsync(acc, unscale ? 0 : 0xff, sizeof *acc, 0);
     int64_t n = d->nonfinite.n;
     if (e == cudaSuccess && n > 0) {
@@ -437,12 +445,13 @@ cudaError_t nonfinite(const lk_op_desc *d, void *const *x) {
         else k_nonfinite<<<lk_cu_blocks(n), LK_CU_THREADS>>>(n, x[0], (int)d->dtype[0], acc);
         e = cudaGetLastError();
     }
+    if (on_device) return e;
     unsigned long long v = 0;
     if (e == cudaSuccess) e = cudaMemcpy(&v, acc, sizeof v, cudaMemcpyDeviceToHost);
     lk_cu_scratch_free(acc);
     if (e != cudaSuccess) return e;
     int64_t r = unscale ? (int64_t)v : v == ~0ull ? -1 : (int64_t)v;
-    return cudaMemcpy(x[unscale ? 2 : 1], &r, sizeof r, cudaMemcpyDefault);
+    return cudaMemcpy(out, &r, sizeof r, cudaMemcpyDefault);
 }
 
 cudaError_t softmax(const lk_op_desc *d, void *const *x) {

@@ -41,6 +41,18 @@ typedef void *cudaStream_t;
 enum cudaMemcpyKind { cudaMemcpyHostToHost, cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost, cudaMemcpyDeviceToDevice, cudaMemcpyDefault };
 
 static inline cudaError_t cudaGetLastError(void) { return cudaSuccess; }
+/* Every pointer here is "device memory" to the kernels: the reductions'
+ * outputs are then the accumulators themselves, the path a training step
+ * takes (gpu_ops on a GPU hands them host memory, the other path). */
+enum cudaMemoryType { cudaMemoryTypeUnregistered, cudaMemoryTypeHost, cudaMemoryTypeDevice, cudaMemoryTypeManaged };
+struct cudaPointerAttributes {
+    cudaMemoryType type;
+    int device;
+};
+static inline cudaError_t cudaPointerGetAttributes(cudaPointerAttributes *a, const void *) {
+    a->type = cudaMemoryTypeDevice, a->device = 0;
+    return cudaSuccess;
+}
 static inline const char *cudaGetErrorString(cudaError_t e) { return e ? "emulated error" : "no error"; }
 static inline cudaError_t cudaMallocAsync(void **p, size_t n, cudaStream_t) {
     *p = malloc(n);
