@@ -294,7 +294,8 @@ static void conv2d_backward(lk_node *n, lk_tensor *gout) {
                         .gl = gl ? gl->data : NULL,
                         .lcols = lcols ? lcols->data : NULL,
                         .width = width};
-    lk__parallel_run(width, conv_bwd_task, &job);
+    /* a device's ops from this thread, in chunk order (lk__parallel_run_ordered) */
+    (lk_device_is_host(job.dev) ? lk__parallel_run : lk__parallel_run_ordered)(width, conv_bwd_task, &job);
     if (job.st) goto done; /* a backend op failed (it said why): leave the gradients untouched */
     /* The partial sums of tasks 1.., added in task order: deterministic for a given thread count. */
     for (int t = 1; t < width; t++) {
@@ -453,7 +454,7 @@ lk_tensor *lk_conv2d(lk_tensor *x, lk_tensor *w, lk_tensor *b, lk_conv2d_params 
                         .wl = wl ? wl->data : NULL,
                         .lcols = lcols ? lcols->data : NULL,
                         .width = width};
-    lk__parallel_run(width, conv_fwd_task, &job);
+    (lk_device_is_host(job.dev) ? lk__parallel_run : lk__parallel_run_ordered)(width, conv_fwd_task, &job);
     if (job.st) {
         char sx[128], sw[128];
         lk_error(job.st, "conv2d: a backend op failed (%s GEMMs, input %s, weight %s)", lk_dtype_name(lowp),

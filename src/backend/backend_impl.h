@@ -537,6 +537,12 @@ static inline void lk__task_range(int64_t n, int t, int width, int64_t align, in
     *end = t + 1 == width ? n : (n * (t + 1) / width) & ~(align - 1);
 }
 void lk__parallel_run(int width, void (*fn)(void *ctx, int task), void *ctx);
+/* The same tasks one after another on the calling thread, each seeing the
+ * width a pool thread would (so the bits are lk__parallel_run's): for tasks
+ * that issue ops to a device the host cannot address, whose queue must get
+ * them in the same order every step (a CUDA graph replays that order) and
+ * gains nothing from several host threads launching. */
+void lk__parallel_run_ordered(int width, void (*fn)(void *ctx, int task), void *ctx);
 /* Frees the calling thread's f32 scratch of the CPU backend's bf16/f16
  * paths (src/backend/cpu/widen.c; lk_thread_cleanup). */
 void lk__cpu_widen_thread_cleanup(void);

@@ -112,6 +112,16 @@ static void *worker(void *arg) {
     return NULL;
 }
 
+void lk__parallel_run_ordered(int width, void (*fn)(void *ctx, int task), void *ctx) {
+    if (width > PARALLEL_MAX) width = PARALLEL_MAX;
+    bool was = in_task;
+    for (int t = 0; t < (width > 1 ? width : 1); t++) {
+        in_task = was || t > 0; /* as the pool runs them: task 0 as the caller, the others as its workers */
+        fn(ctx, t);
+    }
+    in_task = was;
+}
+
 void lk__parallel_run(int width, void (*fn)(void *ctx, int task), void *ctx) {
     if (width > PARALLEL_MAX) width = PARALLEL_MAX;
     if (width <= 1 || in_task) {
