@@ -400,10 +400,19 @@ __global__ void k_embedding_backward(lk_embedding_params p, const float *g, cons
 
 /* ---- launchers ---- */
 
+/* A result a kernel left in device scratch, delivered to the op's output:
+ * a stream-ordered copy when the output is device memory (the host does not
+ * wait; clipping's norms, cross-entropy's total weight on a device), a copy
+ * that waits for the kernel when it is host memory (read at once). */
+static cudaError_t deliver(void *out, const void *dev_src, size_t bytes) {
+    if (lk_cu_on_device(out)) return cudaMemcpyAsync(out, dev_src, bytes, cudaMemcpyDeviceToDevice, 0);
+    return cudaMemcpy(out, dev_src, bytes, cudaMemcpyDeviceToHost);
+}
+
 cudaError_t reduce_to_host(double *part, int nparts, bool max, void *host_out) {
     k_reduce_partials<<<1, LK_CU_THREADS>>>(nparts, max, part, part + RED_BLOCKS);
     cudaError_t e = cudaGetLastError();
-    if (e == cudaSuccess) e = cudaMemcpy(host_out, part + RED_BLOCKS, sizeof(double), cudaMemcpyDefault);
+    if (e == cudaSuccess) e = deliver(host_out, part + RED_BLOCKS, sizeof(double));
     return e;
 }
 
@@ -576,7 +585,7 @@ cudaError_t classify(const lk_op_desc *d, void *const *x) {
         }
         k_class_finish<<<1, 1>>>(*p, nll, x[1], tdt, rs, (float *)x[3], wsum);
         e = cudaGetLastError();
-        if (e == cudaSuccess) e = cudaMemcpy(x[nll ? 4 : 5], wsum, sizeof(double), cudaMemcpyDefault);
+        if (e == cudaSuccess) e = deliver(x[nll ? 4 : 5], wsum, sizeof(double));
         lk_cu_scratch_free(s);
         return e;
     }

@@ -62,6 +62,9 @@ static inline cudaError_t cudaMallocAsync(void **p, size_t n, cudaStream_t) {
 static inline cudaError_t cudaMallocAsync(void **p, size_t n, int) { return cudaMallocAsync(p, n, (cudaStream_t)0); }
 static inline cudaError_t cudaFreeAsync(void *p, int) { return free(p), cudaSuccess; }
 static inline cudaError_t cudaMemcpy(void *d, const void *s, size_t n, cudaMemcpyKind) { return memcpy(d, s, n), cudaSuccess; }
+static inline cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, cudaMemcpyKind, int) {
+    return memcpy(d, s, n), cudaSuccess;
+}
 static inline cudaError_t cudaMemsetAsync(void *p, int v, size_t n, int) { return memset(p, v, n), cudaSuccess; }
 
 static inline void __syncthreads(void) { pthread_barrier_wait(&lk_emu_barrier); }
