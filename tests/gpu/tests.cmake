@@ -83,3 +83,13 @@ if(LK_HAVE_CUDA)
   add_test(NAME gpu_fit COMMAND test_gpu_fit_sealed WORKING_DIRECTORY ${PROJECT_BINARY_DIR})
   set_tests_properties(gpu_fit PROPERTIES LABELS gpu TIMEOUT 600 SKIP_RETURN_CODE 77)
 endif()
+# Issue 21: two ddp ranks on one GPU (LK_ALLOW_OVERSUBSCRIBE, shm staging
+# through host memory) train as two CPU ranks do (label gpu). The _cpu form
+# runs the same script with both sides on the CPU, where they must agree
+# exactly: every CI run checks the script's own comparison.
+lk_add_script_test(NAME gpu_ddp_one_gpu_cpu SCRIPT gpu/test_ddp_one_gpu.sh LABELS unit multiproc TIMEOUT 300)
+set_property(TEST gpu_ddp_one_gpu_cpu APPEND PROPERTY ENVIRONMENT LK_TEST_ACCEL=cpu)
+if(LK_HAVE_CUDA)
+  lk_add_script_test(NAME gpu_ddp_one_gpu SCRIPT gpu/test_ddp_one_gpu.sh LABELS gpu TIMEOUT 600)
+  set_tests_properties(gpu_ddp_one_gpu PROPERTIES SKIP_RETURN_CODE 77)
+endif()
