@@ -191,8 +191,7 @@ static lk_tensor *bn_forward(lk_layer *self, lk_tensor *x) {
         if (bn_count(nbt, 1)) return NULL;
         counted = true;
         if (b->momentum < 0) {
-            int64_t count = lk_device_is_host(nbt->device) ? *(const int64_t *)nbt->data : (int64_t)lk_tensor_get(nbt, 0);
-            factor = 1.0f / (float)count; /* momentum=None: cumulative moving average */
+            factor = 1.0f / (float)(int64_t)lk_tensor_get(nbt, 0); /* momentum=None: cumulative moving average */
         }
     }
     bool use_batch_stats = self->training || !b->track;

@@ -64,8 +64,6 @@ lk_status lk_clip_grad_norm(const lk_named_tensors *params, double max_norm, dou
     if (!params) return lk_error(LK_STATUS_INVALID_ARGUMENT, "clip_grad_norm: NULL parameter list");
     if (!(norm_type > 0.0)) return lk_error(LK_STATUS_INVALID_ARGUMENT, "clip_grad_norm: norm_type must be > 0 (or INFINITY), got %g", norm_type);
     if (isnan(max_norm)) return lk_error(LK_STATUS_INVALID_ARGUMENT, "clip_grad_norm: max_norm is NaN");
-    int n_grads = 0;
-    double acc = 0.0; /* inf-norm: running max; p-norm: sum of per-gradient norms^p */
     bool inf_norm = isinf(norm_type);
     lk_device dev = LK_DEVICE_CPU;
     for (int i = 0; i < params->n; i++) {
@@ -95,24 +93,16 @@ lk_status lk_clip_grad_norm(const lk_named_tensors *params, double max_norm, dou
         if (norms != small) lk_free(norms);
         return st;
     }
-    for (int i = 0; i < params->n; i++) {
-        if (!params->items[i].tensor->grad) continue;
-        n_grads++;
-        double s = norms[i];
-        if (inf_norm) {
-            if (s > acc || isnan(s)) acc = isnan(acc) ? acc : s;
-        } else {
-            /* PyTorch: norm of the per-gradient norms, each rounded to f32. */
-            float gn = (float)(norm_type == 2.0 ? sqrt(s) : norm_type == 1.0 ? s : pow(s, 1.0 / norm_type));
-            acc += norm_type == 1.0 ? (double)gn : pow((double)gn, norm_type);
-        }
-    }
+    /* combined in PyTorch's order and precisions by the kernel body the
+     * device path runs (kernels/optim.h), over the gradients there are */
+    int64_t m = 0;
+    for (int i = 0; i < params->n; i++)
+        if (params->items[i].tensor->grad) norms[m++] = norms[i];
+    float total = m ? lk_k_clip_total(norms, m, inf_norm ? INFINITY : norm_type) : 0.0f;
     if (norms != small) lk_free(norms);
-    if (n_grads == 0) return LK_STATUS_OK;
-    float total = inf_norm ? (float)acc : (float)(norm_type == 1.0 ? acc : norm_type == 2.0 ? sqrt(acc) : pow(acc, 1.0 / norm_type));
+    if (m == 0) return LK_STATUS_OK;
     if (total_norm) *total_norm = total;
-    float coef = (float)max_norm / (total + 1e-6f);
-    if (coef > 1.0f) coef = 1.0f; /* clamp(max=1) keeps NaN: NaN norms give NaN gradients, as in PyTorch */
+    float coef = lk_k_clip_coef_of(total, max_norm);
     for (int i = 0; i < params->n; i++) {
         lk_tensor *g = params->items[i].tensor->grad;
         if (g) LK_TRY(lk__affine(g->device, g->dtype, g->numel, coef, 0.0f, false, g->data, g->data));

@@ -40,31 +40,6 @@ static lk_tensor *builtin_training_step(lk_module *m, const lk_batch *b, int64_t
     return loss;
 }
 
-static double accuracy(const lk_tensor *logits_in, const lk_batch *b) {
-    const lk_array *ya = &b->field[1];
-    /* under bf16-mixed the logits are bf16, as torch's (widening is exact) */
-    lk_tensor *logits = lk_tensor_cast(logits_in, LK_F32);
-    if (logits && !lk_device_is_host(logits->device)) { /* the logits to the host in one copy */
-        lk_tensor *h = lk_tensor_to(logits, LK_DEVICE_CPU);
-        lk_tensor_release(logits);
-        logits = h;
-    }
-    if (!logits) return NAN;
-    int64_t n = logits->shape[0], c = logits->shape[1], hit = 0;
-    const float *l = logits->data;
-    for (int64_t i = 0; i < n; i++) {
-        int64_t arg = 0;
-        for (int64_t k = 1; k < c; k++)
-            if (l[i * c + k] > l[i * c + arg]) arg = k;
-        int64_t y = ya->dtype == LK_I64 ? ((const int64_t *)ya->data)[i]
-                  : ya->dtype == LK_I32 ? ((const int32_t *)ya->data)[i]
-                                        : (int64_t)((const uint8_t *)ya->data)[i];
-        hit += arg == y;
-    }
-    lk_tensor_release(logits);
-    return n ? (double)hit / (double)n : 0;
-}
-
 static lk_status eval_step(lk_module *m, const lk_batch *b, lk_trainer *tr, const char *prefix) {
     model_self *s = m->self;
     lk_tensor *out = NULL, *y = NULL;
@@ -77,13 +52,10 @@ static lk_status eval_step(lk_module *m, const lk_batch *b, lk_trainer *tr, cons
     LK_TRY(lk__log_tensor(tr, name, loss, &(lk_log_opts){.prog_bar = true, .sync_dist = true}));
     if (!s->info->target_is_input && out && out->ndim == 2) {
         snprintf(name, sizeof name, "%s_acc", prefix);
-        lk_log_opts o = {.prog_bar = true, .sync_dist = true};
-        /* On a device the rows' hits are counted there (LK_OP_ACCURACY, the
-         * host loop's tie rule) against the targets the loss used, already
-         * on the device, and read with the loss at the loop's end; the host
-         * keeps its loop over the loader's targets. */
-        if (y && !lk_device_is_host(out->device)) LK_TRY(lk__log_accuracy(tr, name, out, y, &o));
-        else LK_TRY(lk_log_metric(tr, name, accuracy(out, b), &o));
+        /* The rows' hits counted by LK_OP_ACCURACY against the targets the
+         * loss used, where they are: on a device kept there and read with
+         * the loss at the loop's end, on the host logged now. */
+        LK_TRY(lk__log_accuracy(tr, name, out, y, &(lk_log_opts){.prog_bar = true, .sync_dist = true}));
     }
     /* Keep the first test images and their reconstructions for the picture. */
     if (s->info->target_is_input && s->preview_n == 0 && out && out->numel / (out->shape[0] ? out->shape[0] : 1) == 784) {

@@ -82,8 +82,7 @@ lk_status lk__log_loss(lk_trainer *tr, const char *name, const lk_tensor *loss, 
     bool defer = tr && loss && name && !lk_device_is_host(loss->device) && tr->strat && !tr->dp_devices &&
                  tr->stage && !strcmp(tr->stage, "train");
     if (!defer) return lk_log_metric(tr, name, lk_tensor_item(loss), opts);
-    if (strlen(name) >= LK_METRIC_NAME - 8)
-        return lk_error(LK_STATUS_INVALID_ARGUMENT, "lk_log_metric: metric name '%.40s...' is too long", name);
+    LK_TRY(check_name(name));
     tr->pending_loss.armed = true;
     snprintf(tr->pending_loss.name, sizeof tr->pending_loss.name, "%s", name);
     tr->pending_loss.opts = opts ? *opts : (lk_log_opts){0};

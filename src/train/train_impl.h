@@ -183,10 +183,11 @@ lk_status lk__log_loss(lk_trainer *tr, const char *name, const lk_tensor *loss, 
  * what the host (and a training step, dp, an f64 value) does. */
 lk_status lk__log_tensor(lk_trainer *tr, const char *name, const lk_tensor *t, const lk_log_opts *opts);
 /* The accuracy of logits [N, C] (f32, bf16 or f16) against targets [N]
- * (i64, i32 or u8), both on the same device the host cannot read, as
- * lk__log_tensor does with a value: the count of rows whose first maximum
- * is the target is kept on the device (LK_OP_ACCURACY), and hits / N is
- * added at the loop's end. */
+ * (i64, i32 or u8) on one device: the count of rows whose first maximum is
+ * the target (LK_OP_ACCURACY: ties keep the earlier class, a NaN never
+ * wins); as lk__log_tensor does with a value, on a device the host cannot
+ * read the count waits there and hits / N is added at the loop's end,
+ * elsewhere it is logged now. */
 lk_status lk__log_accuracy(lk_trainer *tr, const char *name, const lk_tensor *logits, const lk_tensor *target,
                            const lk_log_opts *opts);
 /* Frees the device array of waiting values (run_cleanup). */

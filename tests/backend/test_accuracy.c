@@ -1,5 +1,5 @@
-/* LK_OP_ACCURACY on the CPU backend against the trainer's host loop (the
- * definition the device count must reproduce: argmax by strict '>' from
+/* LK_OP_ACCURACY on the CPU backend against a plain loop (the definition
+ * every backend's count must reproduce: argmax by strict '>' from
  * class 0, so ties keep the earlier class and NaN never wins a comparison):
  * logits drawn from a few levels so that ties are common, rows with NaN
  * first, in the middle and everywhere, -inf and +inf, one class, no rows;
@@ -20,7 +20,8 @@ static int64_t t64[ROWS];
 static int32_t t32[ROWS];
 static uint8_t t8[ROWS];
 
-/* The host loop of src/train/builtin.c's accuracy(), on f32 values. */
+/* The definition, as the trainer's host loop counted before the op (and
+ * torch's argmax on the first maximum): on f32 values. */
 static int64_t host_hits(const float *l, int64_t n, int64_t c, const int64_t *y) {
     int64_t hit = 0;
     for (int64_t i = 0; i < n; i++) {

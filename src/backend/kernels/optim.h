@@ -90,13 +90,14 @@ LK_KERNEL float lk_k_rmsprop_step(const lk_k_rmsprop *c, float p, float g, float
     return p + c->neg_lr * (gi / avg); /* param.addcdiv_(grad, avg, value=-lr) */
 }
 
-/* torch.nn.utils.clip_grad_norm_'s coefficient from n gradients' raw norms
- * (LK_OP_CLIP_COEF), with clip.c's arithmetic: each gradient's norm rounded
- * to f32, the p-th powers summed in double in parameter order (p = 2: the
- * f32 norm squared, exact in double, as pow(gn, 2) is), the total rounded
- * to f32, then max_norm / (total + 1e-6) in f32, clamped to 1 (a NaN norm
- * stays NaN). p is 1, 2 or inf. */
-LK_KERNEL float lk_k_clip_coef(const double *norms, int64_t n, double p, double max_norm) {
+/* torch.nn.utils.clip_grad_norm_'s total norm from n gradients' raw norms
+ * (LK_OP_NORM's: max |x| for p = inf, sum |x|^p otherwise), in PyTorch's
+ * order and precisions: each gradient's norm rounded to f32, their p-th
+ * powers summed in double in parameter order (p = 2: the f32 norm squared,
+ * exact in double, as pow(gn, 2) is), the total rounded to f32; a NaN norm
+ * stays NaN. Any p > 0 on the host (lk_clip_grad_norm); a device runs only
+ * p = 1, 2 and inf, whose arithmetic has no pow a GPU would round otherwise. */
+LK_KERNEL float lk_k_clip_total(const double *norms, int64_t n, double p) {
     bool inf = isinf(p);
     double acc = 0.0;
     for (int64_t i = 0; i < n; i++) {
@@ -104,13 +105,23 @@ LK_KERNEL float lk_k_clip_coef(const double *norms, int64_t n, double p, double 
         if (inf) {
             if (s > acc || isnan(s)) acc = isnan(acc) ? acc : s;
         } else {
-            float gn = (float)(p == 2.0 ? sqrt(s) : s);
-            acc += p == 2.0 ? (double)gn * (double)gn : (double)gn;
+            float gn = (float)(p == 2.0 ? sqrt(s) : p == 1.0 ? s : pow(s, 1.0 / p));
+            acc += p == 2.0 ? (double)gn * (double)gn : p == 1.0 ? (double)gn : pow((double)gn, p);
         }
     }
-    float total = inf ? (float)acc : (float)(p == 2.0 ? sqrt(acc) : acc);
+    return inf ? (float)acc : (float)(p == 1.0 ? acc : p == 2.0 ? sqrt(acc) : pow(acc, 1.0 / p));
+}
+
+/* The clip coefficient of a total norm: max_norm / (total + 1e-6) in f32,
+ * clamped to 1 (clamp(max=1) keeps NaN: NaN norms give NaN gradients). */
+LK_KERNEL float lk_k_clip_coef_of(float total, double max_norm) {
     float coef = (float)max_norm / (total + 1e-6f);
     return coef > 1.0f ? 1.0f : coef;
+}
+
+/* LK_OP_CLIP_COEF: the coefficient from n gradients' raw norms. */
+LK_KERNEL float lk_k_clip_coef(const double *norms, int64_t n, double p, double max_norm) {
+    return lk_k_clip_coef_of(lk_k_clip_total(norms, n, p), max_norm);
 }
 
 #endif
