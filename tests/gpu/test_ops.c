@@ -962,6 +962,18 @@ static bool selected(const char *name, int argc, char **argv) {
     return false;
 }
 
+/* Every op kind has a case here, so a new op cannot reach the cuda
+ * backend unchecked (the table is the cuda side of the one op harness). */
+static void every_op_in_table(void) {
+    bool seen[LK_OP_COUNT] = {false};
+    for (int i = 0; i < ncases; i++) seen[table[i].d.op] = true;
+    for (int k = 0; k < LK_OP_COUNT; k++) {
+        lk_op_desc d = {.op = (lk_op_kind)k};
+        char what[160];
+        CHECK_MSG(seen[k], "op kind %d (%s) has no case in the gpu_ops table", k, lk__op_desc_str(&d, what, sizeof what));
+    }
+}
+
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     table_only = argc > 1 && !strcmp(argv[1], "--table");
@@ -980,7 +992,7 @@ int main(int argc, char **argv) {
 #endif
         if (selected(table[i].name, argc, argv)) run_case(&table[i]);
     }
-    if (table_only) supports_says_no(), cuda_takes_what_cpu_takes();
+    if (table_only) supports_says_no(), cuda_takes_what_cpu_takes(), every_op_in_table();
     else if (selected("unsupported", argc, argv)) unsupported_is_an_error();
     printf("%d descriptors compared, %d differ; %d failed checks\n", cases_run, cases_bad, lk_t_failed_checks);
     return lk_t_failed_checks ? 1 : 0;
