@@ -29,7 +29,8 @@
 
 typedef struct {
     long allocs, frees, copies_in, copies_out, copies_within, memsets, ops, bad_frees;
-    long copies_in_to[2]; /* copies in per device index: which of sealed:0, sealed:1 got data */
+    long copies_in_to[2];    /* copies in per device index: which of sealed:0, sealed:1 got data */
+    long copies_out_from[2]; /* copies out per device index: which device a read waited for (dp) */
     size_t bytes_in, bytes_out, live_bytes;
 } sealed_stats;
 
@@ -171,9 +172,10 @@ static lk_status sealed_memset(void *ctx, int index, void *ptr, int value, size_
 }
 
 static lk_status sealed_to_host(void *ctx, int index, void *dst, const void *src, size_t bytes) {
-    (void)ctx, (void)index;
+    (void)ctx;
     sealed_open();
     sealed.copies_out++;
+    if (index >= 0 && index < 2) sealed.copies_out_from[index]++;
     sealed.bytes_out += bytes;
     memcpy(dst, src, bytes);
     sealed_close();
