@@ -146,6 +146,11 @@ typedef struct lk_step_fn {
     void (*free_replica)(void *ctx, int k);
 } lk_step_fn;
 
+/* dp's cut of a micro-batch of `size` rows over n replicas: replica k
+ * takes rows [*start, *start + *rows), the first size % n replicas one row
+ * more than the others (the trainer's prefetch stages the same slices). */
+void lk_strategy_dp_slice(int64_t size, int n, int k, int64_t *start, int64_t *rows);
+
 typedef struct lk_step_args {
     const lk_batch *batch;
     int64_t batch_idx;

@@ -99,6 +99,12 @@ static void slice_batch(const lk_batch *b, int64_t start, int64_t count, lk_batc
     if (b->sample_index) out->sample_index = b->sample_index + start;
 }
 
+void lk_strategy_dp_slice(int64_t size, int n, int k, int64_t *start, int64_t *rows) {
+    int64_t per = n > 0 ? size / n : 0, extra = n > 0 ? size % n : 0;
+    *rows = per + (k < extra ? 1 : 0);
+    *start = (int64_t)k * per + (k < extra ? k : extra);
+}
+
 /* Forward and backward of one replica on its slice. */
 static void run_replica(dp *d, int k) {
     replica *r = &d->r[k];
@@ -250,11 +256,10 @@ static lk_status dp_step(lk_strategy *s, const lk_step_args *a, lk_step_result *
     /* DataParallel broadcasts buffers (BatchNorm statistics) from device 0. */
     for (int k = 1; k < d->n; k++)
         for (int i = 0; i < s->nbuffers; i++) lk_tensor_copy(d->r[k].buffers.items[i].tensor, s->buffers[i]);
-    int64_t per = b->size / d->n, extra = b->size % d->n, start = 0;
     for (int k = 0; k < d->n; k++) {
-        int64_t cnt = per + (k < extra ? 1 : 0);
+        int64_t start, cnt;
+        lk_strategy_dp_slice(b->size, d->n, k, &start, &cnt);
         slice_batch(b, start, cnt, &d->r[k].slice);
-        start += cnt;
     }
     d->job = a;
     d->total = b->size;

@@ -11,6 +11,7 @@
 
 #include "device/gpu.h"
 #include "tensor/tensor_impl.h"
+#include "train/prefetch.h"
 #include "train/train_impl.h"
 
 typedef struct lk__replica {
@@ -30,12 +31,14 @@ static lk_tensor *step_forward(void *ctx, int replica, const lk_batch *b, int64_
     t->pending_loss.armed = false; /* a failed step's leftover */
     t->step_status.held = false;
     if (replica == 0) return m->vt->training_step(m, b, batch_idx, t);
-    /* dp's replica k, on its own thread: cross-entropy's target check reads
-     * the slice's host copy there too, not the device (host shadows are
-     * per thread) */
+    /* dp's replica k, on its own thread: its slice was prefetched onto its
+     * device with the batch (prefetch.c), and cross-entropy's target check
+     * reads the slice's host copy, not the device; both are per thread */
+    if (tr->pf && lk__prefetch_enter(tr->pf)) return NULL;
     lk__host_shadows_on(true);
     lk_tensor *loss = m->vt->training_step(m, b, batch_idx, t);
     lk__host_shadows_on(false);
+    lk__prefetch_leave(tr->pf);
     return loss;
 }
 
