@@ -15,7 +15,14 @@
  * has them, as GPUs do; through the host otherwise) and one typed op each.
  * Replica k's gradients reach device 0 in a pool tensor (lk_tensor_to):
  * after the first step the pool hands the same block back, so the sum
- * allocates no device memory per step. */
+ * allocates no device memory per step. Nothing is read back here: each
+ * replica's loss stays on its device and goes to the caller after the
+ * combination (lk_step_fn.keep_replica_loss; the trainer reads them all
+ * with the gradients' checks, once per step), and the slices' rows may
+ * already be on the replicas' devices (the trainer's prefetch cuts the
+ * batch with lk_strategy_dp_slice too). A caller without
+ * keep_replica_loss gets the old path: each replica reads its loss, and
+ * check_loss sees their weighted mean. */
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>

@@ -303,7 +303,8 @@ void lk__clip_gradients(lk_trainer *tr);
  * 16-mixed: *skip true on every rank when any rank's gradients overflowed
  * (a collective: every rank calls it), otherwise an ABORTED error naming
  * the first parameter and element whose gradient is NaN or infinite.
- * *loss is the loss read (kept as is when none was held: dp's). */
+ * *loss is the loss read (dp: the replicas' mean weighted by their rows;
+ * kept as is when none was held). */
 lk_status lk__step_checks(lk_trainer *tr, bool sync, double *loss, bool *skip);
 /* Places `loss` (a scalar on any device) in the step status's slot 0. */
 lk_status lk__step_keep_loss(lk_trainer *tr, const lk_tensor *loss);
