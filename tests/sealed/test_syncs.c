@@ -449,6 +449,38 @@ static void checks_after_the_read(void) {
     free(ref.params);
 }
 
+/* An inf in the first gradient after dp's combination at step 3
+ * (LK_TEST_GRAD_OVERFLOW): the CPU's message, whose "(loss ...)" is the
+ * replicas' weighted mean read with the checks, the parameters of a
+ * 3-step fit, and no read of sealed:1 in the failed step (sealed:0: the
+ * one read and the element the message quotes). */
+static void dp_nonfinite_gradient(void) {
+    const char *want = "non-finite gradient at step 3 (epoch 0, batch 3): parameter '";
+    run_spec base = {.model = "mlp", .strategy = "dp", .devices = 2, .no_checkpointing = true};
+    run_spec three = base;
+    three.accelerator = "sealed", three.max_steps = 3;
+    run_out ref = sh_fit(three);
+    run_out o[2];
+    for (int k = 0; k < 2; k++) {
+        run_spec s = base;
+        s.accelerator = k ? "sealed" : "cpu";
+        s.max_steps = 8, s.expect = LK_STATUS_ABORTED, s.overflow = "0:3";
+        s.probe = true, s.step_hook = nan_around;
+        o[k] = sh_fit(s);
+        CHECK_MSG(strstr(o[k].err, want) && strstr(o[k].err, "is inf (loss "), "%s: '%s'", s.accelerator, o[k].err);
+    }
+    CHECK_MSG(!strcmp(o[0].err, o[1].err), "cpu: '%s', sealed: '%s'", o[0].err, o[1].err);
+    CHECK_MSG(o[1].params && ref.params && o[1].n == ref.n && !memcmp(o[1].params, ref.params, (size_t)ref.n * sizeof(float)),
+              "dp: the parameters after the failed step 3 are not those after 3 steps");
+    long out0 = o[1].after.copies_out_from[0] - nan_at3.copies_out_from[0];
+    long out1 = o[1].after.copies_out_from[1] - nan_at3.copies_out_from[1];
+    CHECK_MSG(out0 == 2 && out1 == 0, "dp: the failed step copied %ld out of sealed:0 and %ld out of sealed:1 (expected "
+              "the one read and the element quoted, on sealed:0)", out0, out1);
+    free(o[0].params);
+    free(o[1].params);
+    free(ref.params);
+}
+
 static void setup(void) {
     sh_root_init("syncs");
     sealed_device(0);
@@ -457,4 +489,5 @@ static void setup(void) {
 LK_TEST_MAIN(LK_TEST_CASE(setup), LK_TEST_CASE(copies_out_per_step), LK_TEST_CASE(target_out_of_range),
              LK_TEST_CASE(copies_out_per_eval_batch), LK_TEST_CASE(batch_norm_counter), LK_TEST_CASE(checks_after_the_read),
              LK_TEST_CASE(dp_copies_out_per_step), LK_TEST_CASE(dp_nan_in_one_replica),
+             LK_TEST_CASE(dp_nonfinite_gradient),
              LK_TEST_CASE(cleanup))
