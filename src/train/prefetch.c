@@ -26,7 +26,12 @@
  *     the pool never hands a block out with a copy still writing it.
  * Without a copy stream (a kind without streams/events/async copies, or
  * when none could be made) every copy is synchronous at the time it is
- * issued and the events are NULL: the same order, no overlap. */
+ * issued and the events are NULL: the same order, no overlap.
+ * Under dp a prefetcher spans the replicas' devices: device k gets the
+ * rows dp gives replica k (lk_strategy_dp_slice) on its own copy stream,
+ * and points 1, 2 and 4 hold per device (point 2 on replica k's thread,
+ * which sees the pass through lk__prefetch_enter while the thread that
+ * took the batch waits for the replicas). */
 #include <stdio.h>
 #include <string.h>
 

@@ -9,7 +9,8 @@
  * a short last batch and gradient accumulation keep the CPU's bits; a
  * loader error on batch i + 1 (taken during step i) fails the fit at step
  * i + 1 with its message, as on the CPU. The device calls' fallbacks (cpu,
- * sealed without streams) are synchronous. */
+ * sealed without streams) are synchronous. dp x2 prefetches each replica's
+ * slice onto its own device, with the CPU's dp bits. */
 #include <stdatomic.h>
 
 #include "sealed_harness.h"
