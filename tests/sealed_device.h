@@ -29,7 +29,8 @@
 
 typedef struct {
     long allocs, frees, copies_in, copies_out, copies_within, memsets, ops, bad_frees;
-    long copies_in_to[2]; /* copies in per device index: which of sealed:0, sealed:1 got data */
+    long copies_in_to[2];    /* copies in per device index: which of sealed:0, sealed:1 got data */
+    long copies_out_from[2]; /* copies out per device index: which device a read waited for (dp) */
     size_t bytes_in, bytes_out, live_bytes;
 } sealed_stats;
 
@@ -171,9 +172,10 @@ static lk_status sealed_memset(void *ctx, int index, void *ptr, int value, size_
 }
 
 static lk_status sealed_to_host(void *ctx, int index, void *dst, const void *src, size_t bytes) {
-    (void)ctx, (void)index;
+    (void)ctx;
     sealed_open();
     sealed.copies_out++;
+    if (index >= 0 && index < 2) sealed.copies_out_from[index]++;
     sealed.bytes_out += bytes;
     memcpy(dst, src, bytes);
     sealed_close();
@@ -311,6 +313,7 @@ static inline sealed_peer_stats sealed_get_peer_stats(void) {
 enum { SEALED_QMAX = 1024, SEALED_MAX_STREAMS = 8 };
 typedef struct {
     long copies_async, host_allocs, host_frees, waits_default, waits_stream, event_syncs, flushed, pending_max;
+    long copies_async_to[2]; /* per device index (dp: each replica's slice onto its device) */
     size_t bytes_async;
 } sealed_async_counts;
 static sealed_async_counts sealed_async_stats;
@@ -369,7 +372,7 @@ static void sealed_stream_free(void *ctx, int index, lk_stream *s) {
 }
 
 static lk_status sealed_from_host_async(void *ctx, int index, lk_stream *stream, void *dst, const void *src, size_t bytes) {
-    (void)ctx, (void)index;
+    (void)ctx;
     sealed_qstream *s = (sealed_qstream *)stream;
     sealed_open();
     if (!sealed_owns(dst, bytes) || s->n == SEALED_QMAX) {
@@ -381,6 +384,7 @@ static lk_status sealed_from_host_async(void *ctx, int index, lk_stream *stream,
     s->n++;
     if (s->n > sealed_async_stats.pending_max) sealed_async_stats.pending_max = s->n;
     sealed_async_stats.copies_async++;
+    if (index >= 0 && index < 2) sealed_async_stats.copies_async_to[index]++;
     sealed_async_stats.bytes_async += bytes;
     sealed_close();
     return LK_STATUS_OK;
@@ -465,6 +469,7 @@ static const lk_device_vtable sealed_async_vtable = {
     .host_free = sealed_host_free,
     .copy_from_host_async = sealed_from_host_async,
     .event_synchronize = sealed_event_sync,
+    .copy_peer = sealed_copy_peer, /* dp: gradients and parameters between the replicas without the host */
 };
 
 /* Registers sealed_async (once per process) and returns sealed_async:index. */

@@ -113,7 +113,8 @@ typedef struct lk_step_fn {
     /* (optional) Sees the step's loss (the mean over the whole micro-batch)
      * once backward is queued, before the last gradients are reduced
      * (single, ddp), or once the replicas are done (dp). An error ends the
-     * step with it. Not called by single and ddp when keep_loss is set. */
+     * step with it. Not called by single and ddp when keep_loss is set, nor
+     * by dp when keep_replica_loss is. */
     lk_status (*check_loss)(void *ctx, double loss);
     /* (optional; single and ddp, dp ignores it) Takes the loss instead of
      * the strategy reading it: called once backward is queued, with the
@@ -123,6 +124,14 @@ typedef struct lk_step_fn {
      * non-finite flags, in one device->host copy per step); r->loss is then
      * NaN. An error ends the step with it. */
     lk_status (*keep_loss)(void *ctx, const lk_tensor *loss);
+    /* (optional; dp) keep_loss for dp: replica `replica`'s loss (on its
+     * device), the mean over `rows` of the micro-batch's `total` rows,
+     * called on the calling thread once every replica is done and the
+     * gradients are combined, in replica order; a replica without rows is
+     * skipped. The caller reads the losses later (the trainer: in the
+     * step's one read, on device 0) and checks their mean weighted by
+     * rows / total, the value check_loss would have seen; r->loss is NaN. */
+    lk_status (*keep_replica_loss)(void *ctx, int replica, const lk_tensor *loss, int64_t rows, int64_t total);
     /* (optional) Around a step whose every op runs on the calling thread
      * (single, ddp; dp's replicas run on their own threads, so dp calls
      * neither): before the forward, and after the reduction with when
@@ -136,6 +145,11 @@ typedef struct lk_step_fn {
     lk_status (*replicate)(void *ctx, int k, lk_layer **net);
     void (*free_replica)(void *ctx, int k);
 } lk_step_fn;
+
+/* dp's cut of a micro-batch of `size` rows over n replicas: replica k
+ * takes rows [*start, *start + *rows), the first size % n replicas one row
+ * more than the others (the trainer's prefetch stages the same slices). */
+void lk_strategy_dp_slice(int64_t size, int n, int k, int64_t *start, int64_t *rows);
 
 typedef struct lk_step_args {
     const lk_batch *batch;

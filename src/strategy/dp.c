@@ -15,7 +15,14 @@
  * has them, as GPUs do; through the host otherwise) and one typed op each.
  * Replica k's gradients reach device 0 in a pool tensor (lk_tensor_to):
  * after the first step the pool hands the same block back, so the sum
- * allocates no device memory per step. */
+ * allocates no device memory per step. Nothing is read back here: each
+ * replica's loss stays on its device and goes to the caller after the
+ * combination (lk_step_fn.keep_replica_loss; the trainer reads them all
+ * with the gradients' checks, once per step), and the slices' rows may
+ * already be on the replicas' devices (the trainer's prefetch cuts the
+ * batch with lk_strategy_dp_slice too). A caller without
+ * keep_replica_loss gets the old path: each replica reads its loss, and
+ * check_loss sees their weighted mean. */
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -36,6 +43,7 @@ typedef struct replica {
     bool made;                  /* fn.replicate succeeded: fn.free_replica owes it */
     lk_batch slice;
     double loss, t_fwd, t_bwd;
+    lk_tensor *loss_t; /* with keep_replica_loss: the slice's loss, left on the replica's device */
     lk_status st;
     char err[1024];
     pthread_t thread;
@@ -98,6 +106,12 @@ static void slice_batch(const lk_batch *b, int64_t start, int64_t count, lk_batc
     if (b->sample_index) out->sample_index = b->sample_index + start;
 }
 
+void lk_strategy_dp_slice(int64_t size, int n, int k, int64_t *start, int64_t *rows) {
+    int64_t per = n > 0 ? size / n : 0, extra = n > 0 ? size % n : 0;
+    *rows = per + (k < extra ? 1 : 0);
+    *start = (int64_t)k * per + (k < extra ? k : extra);
+}
+
 /* Forward and backward of one replica on its slice. */
 static void run_replica(dp *d, int k) {
     replica *r = &d->r[k];
@@ -105,6 +119,8 @@ static void run_replica(dp *d, int k) {
     const lk_step_args *a = d->job;
     r->st = LK_STATUS_OK;
     r->loss = NAN;
+    lk_tensor_release(r->loss_t);
+    r->loss_t = NULL;
     if (r->slice.size == 0) return;
     double t0 = lk_time_now();
     lk_scope_begin();
@@ -122,7 +138,12 @@ static void run_replica(dp *d, int k) {
         r->t_fwd = lk_time_now() - t0;
         double t1 = lk_time_now();
         r->st = lk_backward(loss);
-        r->loss = lk_tensor_item(unscaled); /* after backward is queued: the read waits for it on a GPU */
+        /* Left where it is for the caller's one read per step (on a GPU a
+         * read here would stall this replica's queue each step); without
+         * keep_replica_loss read after backward is queued. Kept past the
+         * scope's end: the main thread hands it over and releases it. */
+        if (fn->keep_replica_loss) r->loss_t = lk_tensor_retain(unscaled);
+        else r->loss = lk_tensor_item(unscaled);
         r->t_bwd = lk_time_now() - t1;
     }
     if (r->st) snprintf(r->err, sizeof r->err, "%s", lk_last_error());
@@ -169,6 +190,7 @@ static void dp_detach(lk_strategy *s) {
         replica *r = &d->r[k];
         if (r->running) pthread_join(r->thread, NULL);
         lk_named_tensors_clear(&r->buffers);
+        lk_tensor_release(r->loss_t);
         lk_tensor_release(r->flat_p);
         lk_tensor_release(r->flat_g);
         if (r->made && s->fn.free_replica) s->fn.free_replica(s->fn.ctx, k);
@@ -231,7 +253,7 @@ static lk_status dp_attach(lk_strategy *s) {
 
 static lk_status dp_after_step(lk_strategy *s);
 
-static lk_status dp_training_step(lk_strategy *s, const lk_step_args *a, lk_step_result *res) {
+static lk_status dp_step(lk_strategy *s, const lk_step_args *a, lk_step_result *res) {
     dp *d = me(s);
     const lk_batch *b = a->batch;
     /* The replicas copied replica 0 at attach; what the caller did since
@@ -241,11 +263,10 @@ static lk_status dp_training_step(lk_strategy *s, const lk_step_args *a, lk_step
     /* DataParallel broadcasts buffers (BatchNorm statistics) from device 0. */
     for (int k = 1; k < d->n; k++)
         for (int i = 0; i < s->nbuffers; i++) lk_tensor_copy(d->r[k].buffers.items[i].tensor, s->buffers[i]);
-    int64_t per = b->size / d->n, extra = b->size % d->n, start = 0;
     for (int k = 0; k < d->n; k++) {
-        int64_t cnt = per + (k < extra ? 1 : 0);
+        int64_t start, cnt;
+        lk_strategy_dp_slice(b->size, d->n, k, &start, &cnt);
         slice_batch(b, start, cnt, &d->r[k].slice);
-        start += cnt;
     }
     d->job = a;
     d->total = b->size;
@@ -282,10 +303,28 @@ static lk_status dp_training_step(lk_strategy *s, const lk_step_args *a, lk_step
         LK_TRY(st);
     }
     res->t_comm = lk_time_now() - t0;
+    if (s->fn.keep_replica_loss) {
+        /* after the combination, as the loss was checked before: each
+         * replica's loss to the caller, who reads them all at once */
+        res->loss = NAN;
+        for (int k = 0; k < d->n; k++)
+            if (d->r[k].slice.size)
+                LK_TRY(s->fn.keep_replica_loss(s->fn.ctx, k, d->r[k].loss_t, d->r[k].slice.size, b->size));
+        return LK_STATUS_OK;
+    }
     double l = 0;
     for (int k = 0; k < d->n; k++) l += d->r[k].slice.size ? d->r[k].loss * (double)d->r[k].slice.size / (double)b->size : 0;
     res->loss = l;
     return s->fn.check_loss ? s->fn.check_loss(s->fn.ctx, l) : LK_STATUS_OK;
+}
+
+static lk_status dp_training_step(lk_strategy *s, const lk_step_args *a, lk_step_result *res) {
+    lk_status st = dp_step(s, a, res);
+    for (int k = 0; k < me(s)->n; k++) { /* the kept losses, whatever happened (the caller copied them) */
+        lk_tensor_release(me(s)->r[k].loss_t);
+        me(s)->r[k].loss_t = NULL;
+    }
+    return st;
 }
 
 /* After the optimizer step: replica 0's parameters to the others. */

@@ -19,14 +19,18 @@ void lk__clip_gradients(lk_trainer *tr) {
     else lk_clip_grad_norm(&tr->params, tr->cfg.gradient_clip_val, 2.0, NULL); /* no total norm: no read */
 }
 
-/* The status slots (1 + one per parameter) on `dev`, allocated once per run. */
+/* The status slots (the loss slots, then one per parameter) on `dev`,
+ * allocated once per run. */
 static lk_status status_reserve(lk_trainer *tr, lk_device dev) {
     struct lk__step_status *ss = &tr->step_status;
-    int64_t slots = (int64_t)tr->params.n + 1;
-    if (ss->host && ss->slots >= slots && lk_device_equal(ss->dev, dev)) return LK_STATUS_OK;
+    int nloss = tr->dp_devices > 1 ? tr->dp_devices : 1;
+    int64_t slots = (int64_t)tr->params.n + nloss;
+    if (ss->host && ss->slots >= slots && ss->nloss == nloss && lk_device_equal(ss->dev, dev)) return LK_STATUS_OK;
     lk__step_status_free(tr);
-    if (!(ss->host = lk_calloc((size_t)slots, sizeof *ss->host))) return LK_STATUS_OUT_OF_MEMORY;
+    if (!(ss->host = lk_calloc((size_t)slots, sizeof *ss->host)) || !(ss->rows = lk_calloc((size_t)nloss, sizeof *ss->rows)))
+        return LK_STATUS_OUT_OF_MEMORY;
     ss->slots = slots;
+    ss->nloss = nloss;
     ss->dev = dev;
     if (lk_device_is_host(dev)) ss->mem = ss->host;
     else LK_TRY(lk_device_alloc(dev, (size_t)slots * sizeof *ss->host, &ss->mem));
@@ -37,6 +41,7 @@ void lk__step_status_free(lk_trainer *tr) {
     struct lk__step_status *ss = &tr->step_status;
     if (ss->mem && ss->mem != ss->host) lk_device_free(ss->dev, ss->mem, (size_t)ss->slots * sizeof *ss->host);
     lk_free(ss->host);
+    lk_free(ss->rows);
     *ss = (struct lk__step_status){0};
 }
 
@@ -48,17 +53,52 @@ static lk_device grads_device(const lk_trainer *tr, lk_device fallback) {
     return fallback;
 }
 
-lk_status lk__step_keep_loss(lk_trainer *tr, const lk_tensor *loss) {
+/* The loss into loss slot k (reserved). */
+static lk_status keep_at(lk_trainer *tr, int k, const lk_tensor *loss) {
     if (loss->numel < 1 || lk_dtype_size(loss->dtype) > sizeof(int64_t))
         return lk_error(LK_STATUS_INVALID_USAGE, "training_step returned a loss of %lld %s elements (expected one float)",
                         (long long)loss->numel, lk_dtype_name(loss->dtype));
-    LK_TRY(status_reserve(tr, grads_device(tr, loss->device)));
     size_t size = lk_dtype_size(loss->dtype);
-    /* a copy within the device (queued behind backward on a GPU), not a read */
-    LK_TRY(lk_device_copy(tr->step_status.dev, tr->step_status.mem, loss->device,
-                          (const char *)loss->data + lk__elem_offset(loss, 0) * (int64_t)size, size));
+    /* a copy within the device (queued behind backward on a GPU; dp's
+     * replica k >= 1: a peer copy to device 0), not a read */
+    return lk_device_copy(tr->step_status.dev, (int64_t *)tr->step_status.mem + k, loss->device,
+                          (const char *)loss->data + lk__elem_offset(loss, 0) * (int64_t)size, size);
+}
+
+lk_status lk__step_keep_loss(lk_trainer *tr, const lk_tensor *loss) {
+    LK_TRY(status_reserve(tr, grads_device(tr, loss->device)));
+    LK_TRY(keep_at(tr, 0, loss));
     tr->step_status.loss_dtype = loss->dtype;
+    tr->step_status.replicas = false;
     tr->step_status.held = true;
+    return LK_STATUS_OK;
+}
+
+lk_status lk__step_keep_replica_loss(lk_trainer *tr, int k, const lk_tensor *loss, int64_t rows, int64_t total) {
+    struct lk__step_status *ss = &tr->step_status;
+    LK_TRY(status_reserve(tr, grads_device(tr, loss->device)));
+    if (k < 0 || k >= ss->nloss)
+        return lk_error(LK_STATUS_INTERNAL, "dp: the loss of replica %d of %d", k, ss->nloss);
+    if (!ss->held || !ss->replicas) { /* this micro-batch's first: the slots of the last are stale */
+        memset(ss->rows, 0, (size_t)ss->nloss * sizeof *ss->rows);
+        ss->loss_dtype = loss->dtype;
+    } else if (loss->dtype != ss->loss_dtype) { /* one conversion reads every slot */
+        return lk_error(LK_STATUS_INTERNAL, "dp: replica %d's loss is %s, an earlier replica's %s", k,
+                        lk_dtype_name(loss->dtype), lk_dtype_name(ss->loss_dtype));
+    }
+    LK_TRY(keep_at(tr, k, loss));
+    ss->rows[k] = rows;
+    ss->total = total;
+    ss->replicas = ss->held = true;
+    return LK_STATUS_OK;
+}
+
+/* Loss slot k as read back, converted as lk_tensor_item converts (through f32). */
+static lk_status slot_loss(struct lk__step_status *ss, int k, double *out) {
+    lk_tensor *l = lk__tensor_wrap_on(LK_DEVICE_CPU, ss->loss_dtype, 0, NULL, ss->host + k);
+    if (!l) return lk_last_status();
+    *out = lk_tensor_item(l);
+    lk_tensor_release(l);
     return LK_STATUS_OK;
 }
 
@@ -88,7 +128,8 @@ lk_status lk__step_checks(lk_trainer *tr, bool sync, double *loss, bool *skip) {
     int n = tr->params.n;
     lk_device dev = held ? ss->dev : grads_device(tr, LK_DEVICE_CPU);
     LK_TRY(status_reserve(tr, dev));
-    int64_t *slot = (int64_t *)ss->mem + 1; /* the gradients' slots, where the ops write */
+    int nl = ss->nloss;
+    int64_t *slot = (int64_t *)ss->mem + nl; /* the gradients' slots, where the ops write */
     if (sync && tr->scaler) {
         /* one pass per gradient: checked (before it is scaled, as PyTorch
          * checks), multiplied by 1/scale, its non-finite count in its slot */
@@ -107,17 +148,27 @@ lk_status lk__step_checks(lk_trainer *tr, bool sync, double *loss, bool *skip) {
     }
     /* The read: the loss and the gradients' slots in one copy (none on a
      * host-addressable device). Only the slots written are looked at. */
-    int first = held ? 0 : 1, last = sync ? n + 1 : 1;
+    int first = held ? 0 : nl, last = sync ? nl + n : nl;
     if (ss->mem != ss->host && last > first)
         LK_TRY(lk_device_copy(LK_DEVICE_CPU, ss->host + first, ss->dev, (int64_t *)ss->mem + first,
                               (size_t)(last - first) * sizeof *ss->host));
-    if (held) {
-        /* lk_tensor_item's conversion (through f32) of the bytes copied */
-        lk_tensor *l = lk__tensor_wrap_on(LK_DEVICE_CPU, ss->loss_dtype, 0, NULL, ss->host);
-        if (!l) return lk_last_status();
-        *loss = lk_tensor_item(l);
-        lk_tensor_release(l);
+    if (held && !ss->replicas) {
+        LK_TRY(slot_loss(ss, 0, loss));
         LK_TRY(lk__step_check_loss(tr, *loss));
+    } else if (held) {
+        /* dp: train_loss is replica 0's (what its training_step logged);
+         * the check is on the replicas' mean weighted by their rows, the
+         * value and the order of the sum dp's check_loss had */
+        double l = 0, v0 = NAN;
+        for (int k = 0; k < nl; k++) {
+            double v = NAN;
+            if (ss->rows[k]) LK_TRY(slot_loss(ss, k, &v));
+            if (k == 0) v0 = v;
+            l += ss->rows[k] ? v * (double)ss->rows[k] / (double)ss->total : 0;
+        }
+        LK_TRY(lk__step_log_pending(tr, v0));
+        *loss = l;
+        LK_TRY(lk__step_check_loss(tr, l));
     }
     if (!sync) return LK_STATUS_OK;
     if (tr->scaler) {
@@ -126,10 +177,10 @@ lk_status lk__step_checks(lk_trainer *tr, bool sync, double *loss, bool *skip) {
          * sharded optimizer step would otherwise update some shards and not
          * others. */
         double any = 0.0;
-        for (int i = 0; i < n; i++) any = tr->params.items[i].tensor->grad && ss->host[1 + i] > 0 ? 1.0 : any;
+        for (int i = 0; i < n; i++) any = tr->params.items[i].tensor->grad && ss->host[nl + i] > 0 ? 1.0 : any;
         LK_TRY(lk_strategy_reduce(tr->strat, &any, 1, LK_REDUCE_MAX));
         *skip = any != 0.0;
         return LK_STATUS_OK;
     }
-    return nonfinite_message(tr, ss->host + 1, *loss);
+    return nonfinite_message(tr, ss->host + nl, *loss);
 }

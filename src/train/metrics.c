@@ -77,10 +77,10 @@ lk_status lk_log_metric(lk_trainer *tr, const char *name, double value, const lk
 }
 
 lk_status lk__log_loss(lk_trainer *tr, const char *name, const lk_tensor *loss, const lk_log_opts *opts) {
-    /* dp reads each replica's loss itself and checks their weighted mean, and
-     * a dp replica's scratch trainer has no strategy: both log the value now */
-    bool defer = tr && loss && name && !lk_device_is_host(loss->device) && tr->strat && !tr->dp_devices &&
-                 tr->stage && !strcmp(tr->stage, "train");
+    bool defer = tr && loss && name && !lk_device_is_host(loss->device) && tr->stage && !strcmp(tr->stage, "train");
+    /* dp's replica k >= 1 logs into a scratch trainer (no strategy) whose
+     * metrics are discarded: on a device its loss is not read for it */
+    if (defer && !tr->strat) return check_name(name);
     if (!defer) return lk_log_metric(tr, name, lk_tensor_item(loss), opts);
     LK_TRY(check_name(name));
     tr->pending_loss.armed = true;

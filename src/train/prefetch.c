@@ -26,43 +26,70 @@
  *     the pool never hands a block out with a copy still writing it.
  * Without a copy stream (a kind without streams/events/async copies, or
  * when none could be made) every copy is synchronous at the time it is
- * issued and the events are NULL: the same order, no overlap. */
+ * issued and the events are NULL: the same order, no overlap.
+ * Under dp a prefetcher spans the replicas' devices: device k gets the
+ * rows dp gives replica k (lk_strategy_dp_slice) on its own copy stream,
+ * and points 1, 2 and 4 hold per device (point 2 on replica k's thread,
+ * which sees the pass through lk__prefetch_enter while the thread that
+ * took the batch waits for the replicas). */
 #include <stdio.h>
 #include <string.h>
 
+#include "lockstep/strategy.h"
 #include "tensor/tensor_impl.h"
 #include "train/prefetch.h"
 
+/* Device k's share of a staged batch: rows [start, start + rows) of every
+ * field (dp's slice for replica k; the whole batch with one device). */
 typedef struct {
-    const lk_batch *batch;                 /* the loader's, in its host memory; NULL: empty */
-    lk_tensor *field[LK_DATA_MAX_FIELDS];  /* the fields on the device */
-    lk_event *ready;                       /* on the copy stream after the copies (NULL: they were synchronous) */
-    bool waited;                           /* the default stream waits for `ready` already */
-    lk_status err;                         /* taking or staging this batch failed: returned at its turn */
+    int64_t start, rows;
+    lk_tensor *field[LK_DATA_MAX_FIELDS]; /* the fields' rows on the device */
+    lk_event *ready;                      /* on the copy stream after the copies (NULL: they were synchronous) */
+    bool waited;                          /* the default stream waits for `ready` already (touched only by
+                                           * the thread running device k's step: dp's replica thread) */
+} part;
+
+typedef struct {
+    const lk_batch *batch; /* the loader's, in its host memory; NULL: empty */
+    part *part;            /* [n], one per device */
+    lk_status err;         /* taking or staging this batch failed: returned at its turn */
     char msg[1024];
 } staged;
 
 struct lk__prefetch {
-    lk_device dev;
-    lk_stream *stream; /* NULL: synchronous copies */
-    lk_loader *loader; /* NULL: no pass open */
-    int64_t left;      /* batches still to take from the loader in this pass */
+    int n;              /* devices: 1, or dp's replicas */
+    lk_device *dev;     /* [n] */
+    lk_stream **stream; /* [n]; NULL: synchronous copies */
+    lk_loader *loader;  /* NULL: no pass open */
+    int64_t left;       /* batches still to take from the loader in this pass */
     staged cur, next;
 };
 
-/* The passes open on this thread: lk_batch_tensor has only the batch to go
+/* The passes open on this thread (and, for their forward, on dp's replica
+ * threads: lk__prefetch_enter): lk_batch_tensor has only the batch to go
  * by. Two, for a validation pass inside a fit pass. */
 enum { MAX_ACTIVE = 2 };
 static _Thread_local lk__prefetch *active[MAX_ACTIVE];
 
-lk_status lk__prefetch_create(lk_device d, lk__prefetch **out) {
+lk_status lk__prefetch_create(lk_device d, lk__prefetch **out) { return lk__prefetch_create_split(&d, 1, out); }
+
+lk_status lk__prefetch_create_split(const lk_device *devs, int n, lk__prefetch **out) {
     *out = NULL;
+    if (n < 1) return lk_error(LK_STATUS_INTERNAL, "prefetch: %d devices", n);
     lk__prefetch *p = lk_calloc(1, sizeof *p);
     if (!p) return LK_STATUS_OUT_OF_MEMORY;
-    p->dev = d;
-    lk_status st = lk_device_stream_create(d, &p->stream);
+    p->n = n;
+    p->dev = lk_calloc((size_t)n, sizeof *p->dev);
+    p->stream = lk_calloc((size_t)n, sizeof *p->stream);
+    p->cur.part = lk_calloc((size_t)n, sizeof *p->cur.part);
+    p->next.part = lk_calloc((size_t)n, sizeof *p->next.part);
+    lk_status st = p->dev && p->stream && p->cur.part && p->next.part ? LK_STATUS_OK : LK_STATUS_OUT_OF_MEMORY;
+    for (int k = 0; k < n && !st; k++) {
+        p->dev[k] = devs[k];
+        st = lk_device_stream_create(devs[k], &p->stream[k]);
+    }
     if (st) {
-        lk_free(p);
+        lk__prefetch_free(p);
         return st;
     }
     *out = p;
@@ -71,18 +98,30 @@ lk_status lk__prefetch_create(lk_device d, lk__prefetch **out) {
 
 void lk__prefetch_free(lk__prefetch *p) {
     if (!p) return;
-    lk__prefetch_end(p);
-    lk_device_stream_free(p->dev, p->stream);
+    if (p->cur.part && p->next.part) lk__prefetch_end(p);
+    for (int k = 0; p->stream && k < p->n; k++) lk_device_stream_free(p->dev[k], p->stream[k]);
+    lk_free(p->stream);
+    lk_free(p->dev);
+    lk_free(p->cur.part);
+    lk_free(p->next.part);
     lk_free(p);
 }
 
 /* Waits for s's copies, then drops them; s is empty afterwards. */
 static lk_status retire(lk__prefetch *p, staged *s) {
-    bool queued = p->stream && !s->ready && s->field[0]; /* staging failed between its copies and its event */
-    lk_status st = queued ? lk_device_synchronize(p->dev) : lk_device_event_synchronize(p->dev, s->ready);
-    lk_device_event_free(p->dev, s->ready);
-    for (int f = 0; f < LK_DATA_MAX_FIELDS; f++) lk_tensor_release(s->field[f]);
+    lk_status st = LK_STATUS_OK;
+    for (int k = 0; k < p->n; k++) {
+        part *q = &s->part[k];
+        bool queued = p->stream[k] && !q->ready && q->field[0]; /* staging failed between its copies and its event */
+        lk_status e = queued ? lk_device_synchronize(p->dev[k]) : lk_device_event_synchronize(p->dev[k], q->ready);
+        st = st ? st : e;
+        lk_device_event_free(p->dev[k], q->ready);
+        for (int f = 0; f < LK_DATA_MAX_FIELDS; f++) lk_tensor_release(q->field[f]);
+        memset(q, 0, sizeof *q);
+    }
+    part *keep = s->part;
     memset(s, 0, sizeof *s);
+    s->part = keep;
     return st;
 }
 
@@ -95,23 +134,44 @@ static void keep_error(staged *s, lk_status st) {
     snprintf(s->msg, sizeof s->msg, "%s", m);
 }
 
-/* Queues b's fields onto the device (ordering points 1 and 2 above). */
+/* Bytes of one row of a field. */
+static int64_t row_bytes(const lk_array *a) {
+    int64_t row = (int64_t)lk_dtype_size(a->dtype);
+    for (int d = 1; d < a->ndim; d++) row *= a->shape[d];
+    return row;
+}
+
+/* Queues b's fields onto the devices, device k's share of the rows onto
+ * device k (ordering points 1 and 2 above, per device). */
 static lk_status stage(lk__prefetch *p, staged *s, const lk_batch *b) {
     s->batch = b;
-    if (p->stream) {
-        lk_event *freed = NULL;
-        LK_TRY(lk_device_event_record(p->dev, NULL, &freed));
-        lk_status st = lk_device_event_wait(p->dev, p->stream, freed);
-        lk_device_event_free(p->dev, freed); /* the wait holds what it needs */
-        LK_TRY(st);
+    for (int k = 0; k < p->n; k++) {
+        part *q = &s->part[k];
+        lk_device dev = p->dev[k];
+        lk_stream *cs = p->stream[k];
+        if (p->n == 1) q->start = 0, q->rows = b->size;
+        else lk_strategy_dp_slice(b->size, p->n, k, &q->start, &q->rows);
+        if (q->rows <= 0) continue; /* a replica without rows: nothing to copy */
+        if (cs) {
+            lk_event *freed = NULL;
+            LK_TRY(lk_device_event_record(dev, NULL, &freed));
+            lk_status st = lk_device_event_wait(dev, cs, freed);
+            lk_device_event_free(dev, freed); /* the wait holds what it needs */
+            LK_TRY(st);
+        }
+        for (int f = 0; f < b->nfields; f++) {
+            const lk_array *a = &b->field[f];
+            int64_t shape[LK_MAX_DIMS];
+            memcpy(shape, a->shape, (size_t)a->ndim * sizeof *shape);
+            if (a->ndim > 0) shape[0] = q->rows;
+            lk_tensor *t = q->field[f] = lk__tensor_new_on(dev, a->dtype, a->ndim, shape);
+            if (!t) return lk_last_status() ? lk_last_status() : LK_STATUS_OUT_OF_MEMORY;
+            const char *src = (const char *)a->data + (a->ndim > 0 ? q->start * row_bytes(a) : 0);
+            LK_TRY(lk_device_copy_async(dev, cs, t->data, src, lk_tensor_nbytes(t)));
+        }
+        if (cs) LK_TRY(lk_device_event_record(dev, cs, &q->ready));
     }
-    for (int f = 0; f < b->nfields; f++) {
-        const lk_array *a = &b->field[f];
-        lk_tensor *t = s->field[f] = lk__tensor_new_on(p->dev, a->dtype, a->ndim, a->shape);
-        if (!t) return lk_last_status() ? lk_last_status() : LK_STATUS_OUT_OF_MEMORY;
-        LK_TRY(lk_device_copy_async(p->dev, p->stream, t->data, a->data, lk_tensor_nbytes(t)));
-    }
-    return p->stream ? lk_device_event_record(p->dev, p->stream, &s->ready) : LK_STATUS_OK;
+    return LK_STATUS_OK;
 }
 
 /* Takes the next batch from the loader into s and starts its copies; a
@@ -153,8 +213,9 @@ lk_status lk__prefetch_next(lk__prefetch *p, const lk_batch **out) {
         if (p->left <= 0) return LK_STATUS_OK;
         take(p, &p->next);
     }
+    staged emptied = p->cur; /* retired: its parts are zero */
     p->cur = p->next;
-    memset(&p->next, 0, sizeof p->next);
+    p->next = emptied;
     if (p->cur.err) {
         lk_status st = p->cur.err;
         p->cur.err = 0;
@@ -176,19 +237,52 @@ lk_status lk__prefetch_end(lk__prefetch *p) {
     return st ? st : st2;
 }
 
+lk_status lk__prefetch_enter(lk__prefetch *p) {
+    for (int k = 0; k < MAX_ACTIVE; k++)
+        if (active[k] == p) return LK_STATUS_OK;
+    for (int k = 0; k < MAX_ACTIVE; k++)
+        if (!active[k]) {
+            active[k] = p;
+            return LK_STATUS_OK;
+        }
+    return lk_error(LK_STATUS_INTERNAL, "prefetch: %d passes are open on this thread already", MAX_ACTIVE);
+}
+
+void lk__prefetch_leave(lk__prefetch *p) {
+    if (!p) return;
+    for (int k = 0; k < MAX_ACTIVE; k++)
+        if (active[k] == p) active[k] = NULL;
+}
+
+/* Whether field `field` of b is exactly what part q of the current batch
+ * holds: the same host rows (dp's slice is a view of the loader's batch). */
+static bool holds(const lk__prefetch *p, const part *q, const lk_batch *b, int field) {
+    const lk_batch *cb = p->cur.batch;
+    if (field >= cb->nfields || !q->field[field]) return false;
+    const lk_array *a = &b->field[field], *c = &cb->field[field];
+    const char *src = (const char *)c->data + (c->ndim > 0 ? q->start * row_bytes(c) : 0);
+    if (a->data != src || a->dtype != c->dtype || a->ndim != c->ndim) return false;
+    for (int d = 0; d < a->ndim; d++)
+        if (a->shape[d] != (d ? c->shape[d] : q->rows)) return false;
+    return true;
+}
+
 lk_status lk__prefetch_tensor(const lk_batch *b, int field, lk_device d, lk_tensor **out) {
     *out = NULL;
+    if (field < 0 || field >= b->nfields) return LK_STATUS_OK;
     for (int k = 0; k < MAX_ACTIVE; k++) {
         lk__prefetch *p = active[k];
-        if (!p || !p->cur.batch || p->cur.batch != b || !lk_device_equal(p->dev, d) || field < 0 ||
-            field >= b->nfields || !p->cur.field[field])
-            continue;
-        if (!p->cur.waited) { /* ordering point 2: once per batch, at its first use */
-            LK_TRY(lk_device_event_wait(p->dev, NULL, p->cur.ready));
-            p->cur.waited = true;
+        if (!p || !p->cur.batch) continue;
+        for (int j = 0; j < p->n; j++) {
+            part *q = &p->cur.part[j];
+            if (!lk_device_equal(p->dev[j], d) || !holds(p, q, b, field)) continue;
+            if (!q->waited) { /* ordering point 2: once per batch and device, at its first use */
+                LK_TRY(lk_device_event_wait(p->dev[j], NULL, q->ready));
+                q->waited = true;
+            }
+            *out = lk_tensor_retain(q->field[field]);
+            return LK_STATUS_OK;
         }
-        *out = lk_tensor_retain(p->cur.field[field]);
-        return LK_STATUS_OK;
     }
     return LK_STATUS_OK;
 }

@@ -13,6 +13,9 @@ typedef struct lk__prefetch lk__prefetch;
 
 /* A prefetcher for device d (its copy stream, if the kind has one). */
 lk_status lk__prefetch_create(lk_device d, lk__prefetch **out);
+/* dp's: one for n devices (a copy stream each), batch b's rows cut as dp
+ * cuts them (lk_strategy_dp_slice): replica k's slice goes to devs[k]. */
+lk_status lk__prefetch_create_split(const lk_device *devs, int n, lk__prefetch **out);
 /* Ends a pass left open (lk__prefetch_end) and frees; NULL does nothing. */
 void lk__prefetch_free(lk__prefetch *p);
 /* Starts a pass over `loader`, already started, of at most n batches: the
@@ -28,7 +31,14 @@ lk_status lk__prefetch_next(lk__prefetch *p, const lk_batch **out);
 lk_status lk__prefetch_end(lk__prefetch *p);
 /* Field `field` of the current batch b on device d, staged: a new
  * reference (*out), after making the default stream wait for its copy; *out
- * = NULL when b is not a batch being prefetched onto d on this thread. */
+ * = NULL when b is not a batch being prefetched onto d on this thread. b
+ * may be the loader's batch or a view of some of its rows (dp's slice):
+ * what is matched is the field's host rows. */
 lk_status lk__prefetch_tensor(const lk_batch *b, int field, lk_device d, lk_tensor **out);
+/* Makes p's current batch visible to lk__prefetch_tensor on the calling
+ * thread too, until lk__prefetch_leave (dp's replica threads, around their
+ * forward, while the thread that took the batch waits for them). */
+lk_status lk__prefetch_enter(lk__prefetch *p);
+void lk__prefetch_leave(lk__prefetch *p);
 
 #endif

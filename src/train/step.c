@@ -10,6 +10,8 @@
 #include <stdio.h>
 
 #include "device/gpu.h"
+#include "tensor/tensor_impl.h"
+#include "train/prefetch.h"
 #include "train/train_impl.h"
 
 typedef struct lk__replica {
@@ -28,21 +30,33 @@ static lk_tensor *step_forward(void *ctx, int replica, const lk_batch *b, int64_
                           (uint64_t)tr->global_step);
     t->pending_loss.armed = false; /* a failed step's leftover */
     t->step_status.held = false;
-    return m->vt->training_step(m, b, batch_idx, t);
+    if (replica == 0) return m->vt->training_step(m, b, batch_idx, t);
+    /* dp's replica k, on its own thread: its slice was prefetched onto its
+     * device with the batch (prefetch.c), and cross-entropy's target check
+     * reads the slice's host copy, not the device; both are per thread */
+    if (tr->pf && lk__prefetch_enter(tr->pf)) return NULL;
+    lk__host_shadows_on(true);
+    lk_tensor *loss = m->vt->training_step(m, b, batch_idx, t);
+    lk__host_shadows_on(false);
+    lk__prefetch_leave(tr->pf);
+    return loss;
 }
 
 /* A non-finite loss as users read it: "nan" whatever its sign bit (printf
  * writes "-nan" for 0 * inf), "inf" or "-inf". The loss training_step
  * logged is logged first, as on the CPU, where it was logged at once. */
+lk_status lk__step_log_pending(lk_trainer *tr, double loss) {
+    if (!tr->pending_loss.armed) return LK_STATUS_OK;
+    tr->pending_loss.armed = false;
+    int64_t bs = tr->cur_batch_size;
+    tr->cur_batch_size = tr->pending_loss.batch_size;
+    lk_status st = lk_log_metric(tr, tr->pending_loss.name, loss, &tr->pending_loss.opts);
+    tr->cur_batch_size = bs;
+    return st;
+}
+
 lk_status lk__step_check_loss(lk_trainer *tr, double loss) {
-    if (tr->pending_loss.armed) { /* the loss training_step logged (lk__log_loss): this read's value */
-        tr->pending_loss.armed = false;
-        int64_t bs = tr->cur_batch_size;
-        tr->cur_batch_size = tr->pending_loss.batch_size;
-        lk_status st = lk_log_metric(tr, tr->pending_loss.name, loss, &tr->pending_loss.opts);
-        tr->cur_batch_size = bs;
-        LK_TRY(st);
-    }
+    LK_TRY(lk__step_log_pending(tr, loss)); /* the loss training_step logged (lk__log_loss): this read's value */
     if (tr->rank == tr->test_nan_rank && tr->global_step == tr->test_nan_step) loss = NAN; /* LK_TEST_LOSS_NAN */
     if (isfinite(loss)) return LK_STATUS_OK;
     char buf[32];
@@ -52,11 +66,16 @@ lk_status lk__step_check_loss(lk_trainer *tr, double loss) {
                     (long long)tr->global_step, (long long)tr->epoch, (long long)tr->batch_idx);
 }
 
-/* dp's replicas: each loss read as it comes (dp.c), their mean checked here. */
+/* A strategy that reads the loss itself (dp without keep_replica_loss). */
 static lk_status step_check_loss(void *ctx, double loss) { return lk__step_check_loss(ctx, loss); }
 
 /* single, ddp: the loss stays on the device until grads.c's one read. */
 static lk_status step_keep_loss(void *ctx, const lk_tensor *loss) { return lk__step_keep_loss(ctx, loss); }
+
+/* dp: each replica's loss joins that read, on device 0. */
+static lk_status step_keep_replica_loss(void *ctx, int k, const lk_tensor *loss, int64_t rows, int64_t total) {
+    return lk__step_keep_replica_loss(ctx, k, loss, rows, total);
+}
 
 static void step_begin(void *ctx) {
     lk_trainer *tr = ctx;
@@ -124,6 +143,7 @@ lk_step_fn lk__step_fn(lk_trainer *tr) {
                         .forward = step_forward,
                         .check_loss = step_check_loss,
                         .keep_loss = step_keep_loss,
+                        .keep_replica_loss = step_keep_replica_loss,
                         .step_begin = step_begin,
                         .step_end = step_end,
                         .replicate = step_replicate,

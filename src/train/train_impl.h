@@ -90,17 +90,22 @@ struct lk_trainer {
         int64_t batch_size;
     } pending_loss;
     /* The training step's one device->host read (grads.c): slot 0 holds
-     * the loss (its own dtype's bytes, put there by step.c's keep_loss),
-     * slots 1..n one i64 per gradient (its first non-finite index, or the
-     * scaler's found-inf count), copied back together. `mem` is on the
-     * gradients' device (`host` itself on a host-addressable one). */
+     * the loss (its own dtype's bytes, put there by step.c's keep_loss;
+     * dp: slots 0..R-1 replica k's, put there by keep_replica_loss), the
+     * n slots after them one i64 per gradient (its first non-finite index,
+     * or the scaler's found-inf count), copied back together. `mem` is on
+     * the gradients' device (`host` itself on a host-addressable one). */
     struct lk__step_status {
         void *mem;
         int64_t *host;
         lk_device dev;
         int64_t slots;
         lk_dtype loss_dtype;
-        bool held; /* slot 0 holds this micro-batch's loss, not yet read */
+        bool held;     /* slot 0 holds this micro-batch's loss, not yet read */
+        int nloss;     /* loss slots before the gradients' (1; dp: one per replica) */
+        bool replicas; /* dp: the loss slots are the replicas' (keep_replica_loss) */
+        int64_t *rows; /* dp: [nloss] rows behind each replica's loss (0: none kept) */
+        int64_t total; /* dp: the micro-batch's rows */
     } step_status;
     int64_t accum;        /* accumulate_grad_batches in force */
     lk_named_tensors params, buffers;
@@ -298,13 +303,21 @@ void lk__clip_gradients(lk_trainer *tr);
  * 16-mixed: *skip true on every rank when any rank's gradients overflowed
  * (a collective: every rank calls it), otherwise an ABORTED error naming
  * the first parameter and element whose gradient is NaN or infinite.
- * *loss is the loss read (kept as is when none was held: dp's). */
+ * *loss is the loss read (dp: the replicas' mean weighted by their rows;
+ * kept as is when none was held). */
 lk_status lk__step_checks(lk_trainer *tr, bool sync, double *loss, bool *skip);
 /* Places `loss` (a scalar on any device) in the step status's slot 0. */
 lk_status lk__step_keep_loss(lk_trainer *tr, const lk_tensor *loss);
+/* dp: replica k's loss (on its device, over `rows` of `total` rows) into
+ * loss slot k, on device 0 (a copy between devices, not a read). The read
+ * logs train_loss with replica 0's (what its training_step logged) and
+ * checks the mean weighted by rows / total. */
+lk_status lk__step_keep_replica_loss(lk_trainer *tr, int k, const lk_tensor *loss, int64_t rows, int64_t total);
 void lk__step_status_free(lk_trainer *tr);
 /* step.c: the loss check ("the loss is nan at step N ...") and the
  * train_loss lk__log_loss deferred (pending_loss), on the loss read. */
 lk_status lk__step_check_loss(lk_trainer *tr, double loss);
+/* The train_loss lk__log_loss deferred, logged with `loss` (nothing when none is). */
+lk_status lk__step_log_pending(lk_trainer *tr, double loss);
 
 #endif

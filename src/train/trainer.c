@@ -318,9 +318,21 @@ static lk_status prepare_data(void *ctx) {
 }
 
 /* Batches go onto a device the CPU cannot read ahead of their step
- * (prefetch.c); dp cuts each batch into per-replica slices and copies
- * those, so it keeps the synchronous copies of lk_batch_tensor. */
-static bool prefetching(const lk_trainer *tr) { return !lk_device_is_host(tr->dev) && !tr->dp_devices; }
+ * (prefetch.c); under dp each replica's slice onto its device. */
+static bool prefetching(const lk_trainer *tr) { return !lk_device_is_host(tr->dev); }
+
+/* The fit's prefetcher: onto the trainer's device, or dp's slices onto
+ * their replicas' devices (replica k on device k, as step.c places it). */
+static lk_status fit_prefetcher(lk_trainer *tr) {
+    if (tr->dp_devices <= 1) return lk__prefetch_create(tr->dev, &tr->pf);
+    lk_device *devs = lk_calloc((size_t)tr->dp_devices, sizeof *devs);
+    if (!devs) return LK_STATUS_OUT_OF_MEMORY;
+    lk_status st = LK_STATUS_OK;
+    for (int k = 0; k < tr->dp_devices && !st; k++) st = lk__accelerator_device(&tr->cfg, k, &devs[k]);
+    if (!st) st = lk__prefetch_create_split(devs, tr->dp_devices, &tr->pf);
+    lk_free(devs);
+    return st;
+}
 
 /* The loader's buffers on such a device: the memory its copies read fastest
  * (pinned on cuda). ctx is the trainer's device, which outlives the loader. */
@@ -774,7 +786,7 @@ lk_status lk_trainer_fit(lk_trainer *tr, lk_module *m, lk_datamodule *dm, const 
     if (!st && !train_ds) st = lk_error(LK_STATUS_INVALID_ARGUMENT, "data module '%s' has no training set", dm->name);
     if (!st && !m->vt->training_step) st = lk_error(LK_STATUS_INVALID_ARGUMENT, "module '%s' has no training_step", m->name);
     if (!st) st = make_loader(tr, train_ds, true, &train);
-    if (!st && prefetching(tr)) st = lk__prefetch_create(tr->dev, &tr->pf);
+    if (!st && prefetching(tr)) st = fit_prefetcher(tr);
     if (!st && (val_ds || c->overfit_batches)) st = make_loader(tr, c->overfit_batches ? train_ds : val_ds, false, &val);
     int64_t n_train = 0, n_val = 0;
     if (!st) {

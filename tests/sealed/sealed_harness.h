@@ -54,6 +54,8 @@ typedef struct {
     bool probe_by_call;              /* index them by training_step call, not by global step */
     /* probe: called before (after = false) and after the module's training_step */
     void (*step_hook)(run_out *o, int64_t k, bool after);
+    /* replaces m->vt before the fit (after the probe's; the module is freed after the fit) */
+    void (*module_hook)(lk_module *m);
     /* replaces dm->vt before the fit (the harness puts the original back) */
     void (*datamodule_hook)(lk_datamodule *dm);
     int64_t fail_at; /* for prefetch's datamodule hook: > 0, the training set's get() fails at this call */
@@ -83,8 +85,10 @@ static void setup(void);
 static const lk_module_vtable *sh_base_vt;
 static run_out *sh_probe_out;
 static const run_spec *sh_probe_spec;
+static lk_trainer *sh_fit_tr; /* the fit's trainer: dp's replicas k >= 1 run the step on scratch trainers of their own */
 static inline lk_tensor *sh_probe_step(lk_module *m, const lk_batch *b, int64_t i, lk_trainer *tr) {
     run_out *o = sh_probe_out;
+    if (tr != sh_fit_tr) return sh_base_vt->training_step(m, b, i, tr); /* a dp replica, on its own thread */
     /* by call: a resumed or accumulating fit counts the calls it made */
     int64_t k = sh_probe_spec->probe_by_call ? o->steps_seen : lk_trainer_global_step(tr);
     if (k < MAX_STEPS) {
@@ -180,6 +184,8 @@ static inline run_out sh_fit(run_spec s) {
             sh_probe_out = &o;
             sh_probe_spec = &s;
         }
+        sh_fit_tr = tr;
+        if (s.module_hook) s.module_hook(m);
         if (s.datamodule_hook) s.datamodule_hook(dm);
         o.before = sealed_get_stats(), o.abefore = sealed_async_get_stats(), o.peer_before = sealed_get_peer_stats();
         lk_status st = lk_trainer_fit(tr, m, dm, s.resume);
@@ -219,6 +225,7 @@ static inline run_out sh_fit(run_spec s) {
     }
     sh_probe_out = NULL;
     sh_probe_spec = NULL;
+    sh_fit_tr = NULL;
     lk_trainer_free(tr);
     lk_module_free(m);
     lk_datamodule_free(dm);

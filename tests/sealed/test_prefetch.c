@@ -9,7 +9,8 @@
  * a short last batch and gradient accumulation keep the CPU's bits; a
  * loader error on batch i + 1 (taken during step i) fails the fit at step
  * i + 1 with its message, as on the CPU. The device calls' fallbacks (cpu,
- * sealed without streams) are synchronous. */
+ * sealed without streams) are synchronous. dp x2 prefetches each replica's
+ * slice onto its own device, with the CPU's dp bits. */
 #include <stdatomic.h>
 
 #include "sealed_harness.h"
@@ -257,6 +258,47 @@ static void loader_error_at_its_step(void) {
     }
 }
 
+/* dp x2 on sealed_async:0 and :1: batch i + 1's slices are queued onto
+ * their replicas' devices during step i, each device's default stream
+ * waits for its slice once, and no step copies anything in synchronously
+ * (before, each replica's forward copied its slice in); the CPU's bits. */
+static void dp_slices(void) {
+    run_spec s = {.model = "mlp", .strategy = "dp", .devices = 2, .max_steps = 20, .test_after = true};
+    s.accelerator = "cpu";
+    run_out cpu = fit(s);
+    s.accelerator = "sealed_async";
+    run_out sd = fit(s);
+    CHECK_MSG(sd.steps_seen == 20, "dp: %lld steps", (long long)sd.steps_seen);
+    int64_t batch_bytes = 32 * 16 * 4 + 32 * 8;
+    /* replica 1's thread runs beside replica 0's (whose training_step marks
+     * the steps): the counts are summed over steps 1 to 13, which take and
+     * queue batches 3 to 15 (the epoch's last: step 15 queues none) */
+    enum { FROM = 1, TO = 14, N = TO - FROM };
+    sealed_stats a = sd.at[FROM], b = sd.at[TO];
+    sealed_async_counts aa = sd.aat[FROM], ab = sd.aat[TO];
+    long sync_in = b.copies_in - a.copies_in, waits = sd.aafter.waits_default - sd.abefore.waits_default;
+    long to0 = ab.copies_async_to[0] - aa.copies_async_to[0], to1 = ab.copies_async_to[1] - aa.copies_async_to[1];
+    int64_t bytes = (int64_t)(ab.bytes_async - aa.bytes_async);
+    printf("dp x2, steps %d-%d: %ld synchronous copies in, async copies %ld to :0 and %ld to :1 (%lld bytes); "
+           "%ld waits in the fit\n", FROM, TO - 1, sync_in, to0, to1, (long long)bytes, waits);
+    CHECK_MSG(sync_in == 0, "dp: %ld synchronous copies in over %d steps (the slices are prefetched)", sync_in, N);
+    CHECK_MSG(to0 == 2 * N && to1 == 2 * N && bytes == N * batch_bytes,
+              "dp: %ld and %ld async copies to sealed_async:0 and :1, %lld bytes (expected %d each, %lld)", to0, to1,
+              (long long)bytes, 2 * N, (long long)(N * batch_bytes));
+    /* over the fit: once per device and step, once per validation batch (on device 0) */
+    CHECK_MSG(waits == 2 * 20 + 2, "dp: the default streams waited %ld times in 20 steps and 2 validation batches "
+              "(expected 42: once per device and batch)", waits);
+    for (int k = 0; k < 16; k++) /* batch k's slices (2 fields each) were queued before step k's forward */
+        for (int dev = 0; dev < 2; dev++)
+            CHECK_MSG(sd.aat[k].copies_async_to[dev] - sd.abefore.copies_async_to[dev] >= 2 * (k + 1),
+                      "dp step %d: %ld async copies to sealed_async:%d before its forward (batch %d's slice: %d)", k,
+                      sd.aat[k].copies_async_to[dev] - sd.abefore.copies_async_to[dev], dev, k, 2 * (k + 1));
+    CHECK_MSG(sd.aafter.flushed - sd.abefore.flushed == sd.aafter.copies_async - sd.abefore.copies_async,
+              "dp: %ld of %ld async copies ran", sd.aafter.flushed - sd.abefore.flushed,
+              sd.aafter.copies_async - sd.abefore.copies_async);
+    same_bits("mlp dp x2", &cpu, &sd);
+}
+
 static void setup(void) {
     sh_root_init("prefetch");
     sealed_async_device(0);
@@ -264,4 +306,4 @@ static void setup(void) {
 
 LK_TEST_MAIN(LK_TEST_CASE(setup), LK_TEST_CASE(device_calls), LK_TEST_CASE(mlp_fit), LK_TEST_CASE(cnn_fit),
              LK_TEST_CASE(resume_mid_epoch), LK_TEST_CASE(limits_and_short_batch), LK_TEST_CASE(accumulation), LK_TEST_CASE(workers_fill_ahead),
-             LK_TEST_CASE(loader_error_at_its_step), LK_TEST_CASE(cleanup))
+             LK_TEST_CASE(loader_error_at_its_step), LK_TEST_CASE(dp_slices), LK_TEST_CASE(cleanup))

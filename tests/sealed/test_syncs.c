@@ -100,6 +100,108 @@ static void copies_out_per_step(void) {
     }
 }
 
+/* ---- dp: the same one read per step, on device 0 ---------------------------------
+ * dp x2 on sealed:0 and sealed:1: each replica's loss reaches device 0's
+ * step status by a peer copy, and the step's one read there brings back
+ * every replica's loss with the gradients' checks; sealed:1 is never read
+ * in a step. Before, each device had 3: dp's read of the replica's loss,
+ * train_loss read in training_step (replica 1's for its scratch trainer,
+ * discarded) and, on sealed:0, the checks' read, on sealed:1 cross-entropy
+ * reading the targets (no host copy known on the replica's thread). */
+static void dp_copies_out_per_step(void) {
+    static const struct {
+        const char *name, *model, *precision;
+        double clip;
+        double before[2]; /* copies out per step from sealed:0, sealed:1 before this work */
+    } cs[] = {
+        {"dp x2 mlp f32", "mlp", "32-true", 0, {3, 3}},
+        {"dp x2 cnn f32", "cnn", "32-true", 0, {3, 3}},
+        {"dp x2 mlp bf16-mixed", "mlp", "bf16-mixed", 0, {3, 3}},
+        {"dp x2 mlp 16-mixed, clipped", "mlp", "16-mixed", 0.5, {3, 3}},
+    };
+    printf("| dp run | copies out per step, sealed:0 (before) | now | sealed:1 (before) | now |\n|---|---|---|---|---|\n");
+    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
+        seen = 0;
+        run_out o = sh_fit((run_spec){.model = cs[i].model, .accelerator = "sealed", .precision = cs[i].precision,
+                                      .clip = cs[i].clip, .strategy = "dp", .devices = 2, .max_steps = STEPS + 1,
+                                      .no_checkpointing = true, .probe = true, .step_hook = around_step});
+        lk_set_op_hook(NULL, NULL);
+        free(o.params);
+        CHECK_MSG(o.steps_seen == STEPS + 1, "%s: %lld steps probed", cs[i].name, (long long)o.steps_seen);
+        if (o.steps_seen != STEPS + 1) continue;
+        /* per step over the steady steps: replica 1's thread runs beside
+         * replica 0's, so its reads of step k + 1 may come before step k + 1's
+         * mark; the sum over the steps is exact */
+        double per[2];
+        for (int dev = 0; dev < 2; dev++)
+            per[dev] = (double)(o.at[STEPS].copies_out_from[dev] - o.at[FIRST].copies_out_from[dev]) / (STEPS - FIRST);
+        printf("| %s | %g | %g | %g | %g |\n", cs[i].name, cs[i].before[0], per[0], cs[i].before[1], per[1]);
+        CHECK_MSG(per[0] == 1 && per[1] == 0, "%s: %g copies out of sealed:0 and %g of sealed:1 per steady step "
+                  "(expected the one read, on sealed:0)", cs[i].name, per[0], per[1]);
+        for (int k = FIRST; k < STEPS; k++) { /* replica 0's forward and backward, on the calling thread */
+            CHECK_MSG(out_bwd_first[k] == out_fwd_end[k], "%s step %d: %ld copies out between forward and backward",
+                      cs[i].name, k, out_bwd_first[k] - out_fwd_end[k]);
+            CHECK_MSG(out_fwd_end[k] == o.at[k].copies_out, "%s step %d: forward copies %ld out", cs[i].name, k,
+                      out_fwd_end[k] - o.at[k].copies_out);
+        }
+    }
+}
+
+/* A NaN loss in replica 1 only (its training_step's loss times NaN at
+ * batch 3): the fit stops at step 3 with the message the CPU's dp gives
+ * ("the loss is nan at step 3"), read with the gradients' checks in the
+ * step's one read on sealed:0 (sealed:1 is not read), and before the
+ * optimizer touched a parameter: the parameters are those of 3 steps. */
+static const lk_module_vtable *nan_base_vt;
+static lk_module_vtable nan_vt;
+static lk_tensor *nan_step(lk_module *m, const lk_batch *b, int64_t i, lk_trainer *tr) {
+    lk_tensor *loss = nan_base_vt->training_step(m, b, i, tr);
+    if (loss && tr != sh_fit_tr && i == 3) loss = lk_mul_scalar(loss, NAN); /* replica 1's scratch trainer */
+    return loss;
+}
+static lk_status nan_replicate(lk_module *m, lk_module **out) {
+    LK_TRY(nan_base_vt->replicate(m, out));
+    (*out)->vt = &nan_vt;
+    return LK_STATUS_OK;
+}
+static void nan_module(lk_module *m) {
+    nan_base_vt = m->vt;
+    nan_vt = *m->vt;
+    nan_vt.training_step = nan_step;
+    nan_vt.replicate = nan_replicate;
+    m->vt = &nan_vt;
+}
+static sealed_stats nan_at3; /* the counters at step 3's start (replica 0's training_step) */
+static void nan_around(run_out *o, int64_t k, bool after) {
+    if (!after && k == 3) nan_at3 = o->at[3];
+}
+static void dp_nan_in_one_replica(void) {
+    const char *want = "the loss is nan at step 3 (epoch 0, batch 3)";
+    run_spec base = {.model = "mlp", .strategy = "dp", .devices = 2, .no_checkpointing = true};
+    run_spec three = base;
+    three.accelerator = "sealed", three.max_steps = 3;
+    run_out ref = sh_fit(three);
+    run_out o[2];
+    for (int k = 0; k < 2; k++) {
+        run_spec s = base;
+        s.accelerator = k ? "sealed" : "cpu";
+        s.max_steps = 8, s.expect = LK_STATUS_ABORTED, s.module_hook = nan_module;
+        s.probe = true, s.step_hook = nan_around;
+        o[k] = sh_fit(s);
+        CHECK_MSG(strstr(o[k].err, want), "%s: '%s' (expected '%s')", s.accelerator, o[k].err, want);
+    }
+    CHECK_MSG(!strcmp(o[0].err, o[1].err), "cpu: '%s', sealed: '%s'", o[0].err, o[1].err);
+    CHECK_MSG(o[1].params && ref.params && o[1].n == ref.n && !memcmp(o[1].params, ref.params, (size_t)ref.n * sizeof(float)),
+              "dp: the parameters after the failed step 3 are not those after 3 steps");
+    long out0 = o[1].after.copies_out_from[0] - nan_at3.copies_out_from[0];
+    long out1 = o[1].after.copies_out_from[1] - nan_at3.copies_out_from[1];
+    CHECK_MSG(out0 == 1 && out1 == 0, "dp: the failed step copied %ld out of sealed:0 and %ld out of sealed:1 (expected "
+              "the one read, on sealed:0)", out0, out1);
+    free(o[0].params);
+    free(o[1].params);
+    free(ref.params);
+}
+
 /* ---- validation and test: nothing read per batch ------------------------------
  * The built-in modules log val_loss / test_loss and (classifiers) val_acc /
  * test_acc per batch; on a device the values stay there (the loss copied
@@ -347,6 +449,38 @@ static void checks_after_the_read(void) {
     free(ref.params);
 }
 
+/* An inf in the first gradient after dp's combination at step 3
+ * (LK_TEST_GRAD_OVERFLOW): the CPU's message, whose "(loss ...)" is the
+ * replicas' weighted mean read with the checks, the parameters of a
+ * 3-step fit, and no read of sealed:1 in the failed step (sealed:0: the
+ * one read and the element the message quotes). */
+static void dp_nonfinite_gradient(void) {
+    const char *want = "non-finite gradient at step 3 (epoch 0, batch 3): parameter '";
+    run_spec base = {.model = "mlp", .strategy = "dp", .devices = 2, .no_checkpointing = true};
+    run_spec three = base;
+    three.accelerator = "sealed", three.max_steps = 3;
+    run_out ref = sh_fit(three);
+    run_out o[2];
+    for (int k = 0; k < 2; k++) {
+        run_spec s = base;
+        s.accelerator = k ? "sealed" : "cpu";
+        s.max_steps = 8, s.expect = LK_STATUS_ABORTED, s.overflow = "0:3";
+        s.probe = true, s.step_hook = nan_around;
+        o[k] = sh_fit(s);
+        CHECK_MSG(strstr(o[k].err, want) && strstr(o[k].err, "is inf (loss "), "%s: '%s'", s.accelerator, o[k].err);
+    }
+    CHECK_MSG(!strcmp(o[0].err, o[1].err), "cpu: '%s', sealed: '%s'", o[0].err, o[1].err);
+    CHECK_MSG(o[1].params && ref.params && o[1].n == ref.n && !memcmp(o[1].params, ref.params, (size_t)ref.n * sizeof(float)),
+              "dp: the parameters after the failed step 3 are not those after 3 steps");
+    long out0 = o[1].after.copies_out_from[0] - nan_at3.copies_out_from[0];
+    long out1 = o[1].after.copies_out_from[1] - nan_at3.copies_out_from[1];
+    CHECK_MSG(out0 == 2 && out1 == 0, "dp: the failed step copied %ld out of sealed:0 and %ld out of sealed:1 (expected "
+              "the one read and the element quoted, on sealed:0)", out0, out1);
+    free(o[0].params);
+    free(o[1].params);
+    free(ref.params);
+}
+
 static void setup(void) {
     sh_root_init("syncs");
     sealed_device(0);
@@ -354,4 +488,6 @@ static void setup(void) {
 
 LK_TEST_MAIN(LK_TEST_CASE(setup), LK_TEST_CASE(copies_out_per_step), LK_TEST_CASE(target_out_of_range),
              LK_TEST_CASE(copies_out_per_eval_batch), LK_TEST_CASE(batch_norm_counter), LK_TEST_CASE(checks_after_the_read),
+             LK_TEST_CASE(dp_copies_out_per_step), LK_TEST_CASE(dp_nan_in_one_replica),
+             LK_TEST_CASE(dp_nonfinite_gradient),
              LK_TEST_CASE(cleanup))

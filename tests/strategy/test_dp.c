@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include "lk_test.h"
+#include "lockstep/strategy.h"
 #include "lockstep/trainer.h"
 
 static const lk_model_kv model_args[] = {{"input_dim", "16"}, {"hidden", "[32, 16]"}, {"num_classes", "4"}};
@@ -132,4 +133,26 @@ static void dp_refuses_unreplicable_module(void) {
     CHECK(system(rm) == 0);
 }
 
-LK_TEST_MAIN(LK_TEST_CASE(dp_equals_single), LK_TEST_CASE(dp_refuses_unreplicable_module), LK_TEST_CASE(dp_resume_is_exact))
+/* dp's cut (which the trainer's prefetch stages too): contiguous slices
+ * covering the batch, the first size % n one row longer. */
+static void dp_slices_cover_the_batch(void) {
+    static const struct {
+        int64_t size;
+        int n;
+        int64_t rows[4];
+    } cs[] = {{32, 2, {16, 16}}, {33, 2, {17, 16}}, {7, 3, {3, 2, 2}}, {1, 3, {1, 0, 0}}, {0, 2, {0, 0}}, {10, 4, {3, 3, 2, 2}}};
+    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
+        int64_t next = 0;
+        for (int k = 0; k < cs[i].n; k++) {
+            int64_t start = -1, rows = -1;
+            lk_strategy_dp_slice(cs[i].size, cs[i].n, k, &start, &rows);
+            CHECK_MSG(start == next && rows == cs[i].rows[k], "%lld rows over %d, replica %d: [%lld, +%lld), expected [%lld, +%lld)",
+                      (long long)cs[i].size, cs[i].n, k, (long long)start, (long long)rows, (long long)next,
+                      (long long)cs[i].rows[k]);
+            next = start + rows;
+        }
+        CHECK(next == cs[i].size);
+    }
+}
+
+LK_TEST_MAIN(LK_TEST_CASE(dp_equals_single), LK_TEST_CASE(dp_slices_cover_the_batch), LK_TEST_CASE(dp_refuses_unreplicable_module), LK_TEST_CASE(dp_resume_is_exact))
