@@ -622,5 +622,14 @@ lk_status lk__cuda_host_alloc(size_t bytes, void **ptr) {
     return *ptr ? LK_STATUS_OK : lk_error(LK_STATUS_OUT_OF_MEMORY, "cannot allocate %zu bytes of host memory", bytes);
 }
 void lk__cuda_host_free(void *ptr) { lk_aligned_free(ptr); }
+lk_status lk__cuda_stream(int device, struct CUstream_st **out) {
+    *out = NULL;
+    return lk_error(LK_STATUS_UNSUPPORTED, "cuda:%d: this build has no CUDA backend", device);
+}
+bool lk__cuda_capturing(int device) { return (void)device, false; }
+lk_status lk__cuda_capture_refuse(int device, const char *what, int e) {
+    (void)e;
+    return lk_error(LK_STATUS_INVALID_USAGE, "cuda:%d: %s is not allowed while capturing a graph", device, what);
+}
 
 #endif

@@ -69,7 +69,6 @@ lk_status lk__lazy_get(lk__lazy_table *t, int index, lk__lazy_make make, void *c
 /* The handle of `index` if it was made, else NULL; never makes one. */
 void *lk__lazy_peek(lk__lazy_table *t, int index);
 
-#ifdef LK_HAVE_CUDA
 /* ---- the compute stream (cuda.c) -----------------------------------------
  * Every piece of device work for GPU `device` — the backend's kernels, its
  * cuBLASLt GEMMs and scratch, the device vtable's copies and memsets, the
@@ -79,7 +78,7 @@ void *lk__lazy_peek(lk__lazy_table *t, int index);
  * libraries in the process may use) and so that it can be captured into a
  * CUDA graph, which the legacy stream cannot. cudaStream_t is
  * `struct CUstream_st *`; declared that way so this header needs no CUDA
- * header. */
+ * header. Without CUDA: UNSUPPORTED, never capturing. */
 struct CUstream_st;
 lk_status lk__cuda_stream(int device, struct CUstream_st **out);
 /* Whether `device`'s compute stream is being captured into a graph (no
@@ -93,7 +92,6 @@ bool lk__cuda_capturing(int device);
  * reports it), and returns the error saying the call is not allowed while
  * capturing. */
 lk_status lk__cuda_capture_refuse(int device, const char *what, int e);
-#endif
 
 /* ---- choosing GPUs (gpu_select.c; pure functions, tested without a GPU) ---- */
 
