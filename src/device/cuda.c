@@ -113,9 +113,10 @@ lk_status lk__cuda_stream(int device, cudaStream_t *out) {
 
 /* For the kernel files (common.cuh's lk_cu_stream): the current device's
  * stream. backend.c's run made it (lk__cuda_stream, which reports a
- * failure) before any launcher runs, so this finds it; a failure to make
- * it here (unreachable through the backend) returns NULL, which the
- * launches then report as the runtime's error rather than run. */
+ * failure) before any launcher runs, so this finds it. NULL when it cannot
+ * be made here (not reachable through the backend): each launcher checks
+ * for that first (LK_CU_REQUIRE_STREAM) and fails, since a NULL stream
+ * would be the legacy one. */
 cudaStream_t lk__cuda_stream_current(void) {
     int d = 0;
     if (cudaGetDevice(&d) != cudaSuccess) cudaGetLastError(), d = 0;

@@ -1,6 +1,8 @@
 /* The device registry and dispatch: kinds by number (LK_CPU first, then
  * whatever registers), the process's default device, and the host defaults
- * for the vtable methods a host-addressable device leaves out. */
+ * for the vtable methods a host-addressable device leaves out, and the
+ * graph-capture wrappers (device/graph.h), which name a kind without graph
+ * methods instead of calling NULL. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>

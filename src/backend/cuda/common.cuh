@@ -103,6 +103,14 @@ static inline bool lk_cu_on_device(const void *p) {
 extern "C" cudaStream_t lk__cuda_stream_current(void);
 static inline cudaStream_t lk_cu_stream(void) { return lk__cuda_stream_current(); }
 #endif
+/* Each launcher's first statement: no compute stream (it could not be
+ * made; backend.c's run made it already, so this does not happen through
+ * the backend) fails the op instead of letting its launches go to the
+ * NULL stream, which is the legacy stream. */
+#define LK_CU_REQUIRE_STREAM()                                                                                        \
+    do {                                                                                                               \
+        if (!lk_cu_stream()) return (int)cudaErrorInvalidResourceHandle;                                               \
+    } while (0)
 
 /* Stream-ordered scratch on the compute stream (no device-wide
  * synchronisation, unlike cudaMalloc/cudaFree, and capturable into a graph

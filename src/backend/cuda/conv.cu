@@ -178,6 +178,7 @@ __global__ void k_bn_apply(lk_bn_split_params p, const float *xd, const float *g
 } // namespace
 
 extern "C" int lk__cuda_conv(const lk_op_desc *d, void *const *x) {
+    LK_CU_REQUIRE_STREAM();
     if (d->op != LK_OP_IM2COL && lk__op_has_half(d)) return lk__cuda_widened(d, x, lk__cuda_conv);
     switch (d->op) {
     case LK_OP_IM2COL:

@@ -332,6 +332,7 @@ cudaError_t fill(const lk_op_desc *d, void *const *x) {
 } // namespace
 
 extern "C" int lk__cuda_elementwise(const lk_op_desc *d, void *const *x) {
+    LK_CU_REQUIRE_STREAM();
     dts dt = dtypes_of(d);
     switch (d->op) {
     case LK_OP_UNARY: {

@@ -58,6 +58,7 @@ int clip_launch(const lk_op_desc *d, void *const *x) {
 } // namespace
 
 extern "C" int lk__cuda_optim(const lk_op_desc *d, void *const *x) {
+    LK_CU_REQUIRE_STREAM();
     if (d->op == LK_OP_CLIP_COEF || d->op == LK_OP_SCALE_BY) return clip_launch(d, x);
     const lk_optim_params *c = &d->optim;
     void *p = x[0];

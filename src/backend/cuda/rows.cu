@@ -617,6 +617,7 @@ cudaError_t classify(const lk_op_desc *d, void *const *x) {
 } // namespace
 
 extern "C" int lk__cuda_rows(const lk_op_desc *d, void *const *x) {
+    LK_CU_REQUIRE_STREAM();
     bool widened = d->op == LK_OP_LAYER_NORM || d->op == LK_OP_LAYER_NORM_BACKWARD || d->op == LK_OP_EMBEDDING_BACKWARD;
     if (widened && lk__op_has_half(d)) return lk__cuda_widened(d, x, lk__cuda_rows);
     switch (d->op) {

@@ -29,6 +29,7 @@ bool is_half(lk_dtype t) { return t == LK_BF16 || t == LK_F16; }
 } // namespace
 
 extern "C" int lk__cuda_widened(const lk_op_desc *d, void *const *x, lk__cuda_launcher run) {
+    LK_CU_REQUIRE_STREAM();
     int n = lk__op_arity(d->op);
     lk_op_desc f = lk__op_widened(d);
     void *ops[LK_OP_MAX_OPERANDS] = {NULL};
