@@ -154,12 +154,17 @@ static void end_capture_now(int device) {
 
 lk_status lk__cuda_capture_refuse(int device, const char *what, int e) {
     cudaGetLastError();
+    /* Only the capturing thread ends the capture (a thread-local capture
+     * must end on the thread that began it); a refusal the runtime reports
+     * on another thread is just that thread's error. */
+    bool ends = device >= 0 && device < LK__GPU_MAX && thread_capture == device;
     char msg[512];
     snprintf(msg, sizeof msg,
              "cuda:%d: %s is not allowed while capturing a graph (it needs the host to wait for work that is only "
-             "being recorded%s%s); the capture was ended",
-             device, what, e ? ": " : "", e ? cudaGetErrorString((cudaError_t)e) : "");
-    if (device >= 0 && device < LK__GPU_MAX) {
+             "being recorded%s%s)%s",
+             device, what, e ? ": " : "", e ? cudaGetErrorString((cudaError_t)e) : "",
+             ends ? "; the capture was ended" : "");
+    if (ends) {
         end_capture_now(device);
         pthread_mutex_lock(&cap_mu);
         if (cap[device].active && !cap[device].ended) {
@@ -167,7 +172,7 @@ lk_status lk__cuda_capture_refuse(int device, const char *what, int e) {
             snprintf(cap[device].why, sizeof cap[device].why, "%s", msg);
         }
         pthread_mutex_unlock(&cap_mu);
-        if (thread_capture == device) thread_capture = -1;
+        thread_capture = -1;
     }
     return lk_error(LK_STATUS_INVALID_USAGE, "%s", msg);
 }
