@@ -57,7 +57,10 @@ typedef struct lk_device_vtable {
     lk_status (*memset)(void *ctx, int index, void *ptr, int value, size_t bytes);
     /* Copies between this device's memory and host memory (optional on
      * host-addressable devices: memcpy). Ordered after earlier work on the
-     * device; complete when they return unless a stream says otherwise. */
+     * device (its compute stream) and before later work. When they return,
+     * a copy to host is complete and a copy from host no longer needs
+     * host_src (its device side may still be queued: later work on the
+     * device, and every stream ordered after it by an event, sees it). */
     lk_status (*copy_to_host)(void *ctx, int index, void *host_dst, const void *src, size_t bytes);
     lk_status (*copy_from_host)(void *ctx, int index, void *dst, const void *host_src, size_t bytes);
     /* Within the device (optional on host-addressable devices: memcpy). */

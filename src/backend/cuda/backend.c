@@ -164,6 +164,12 @@ static bool cuda_supports(const lk_op_desc *d) {
     }
 }
 
+/* Whether e is the runtime refusing a call because of a graph capture. */
+static bool capture_error(cudaError_t e) {
+    return e == cudaErrorStreamCaptureUnsupported || e == cudaErrorStreamCaptureInvalidated ||
+           e == cudaErrorStreamCaptureImplicit || e == cudaErrorStreamCaptureWrongThread;
+}
+
 /* The GPU that owns the operands, made current; -1 in *device when no
  * operand is a device pointer (nothing to run on: every one NULL or host).
  * A data operand in host memory is an error naming it. */
@@ -176,6 +182,9 @@ static lk_status pick_device(const lk_op_desc *d, void *const *x, int *device) {
         cudaError_t e = cudaPointerGetAttributes(&a, x[i]);
         if (e != cudaSuccess) {
             cudaGetLastError();
+            int cur = 0; /* a capture that refuses the query: said as such, and ended (gpu.h) */
+            if (capture_error(e) && cudaGetDevice(&cur) == cudaSuccess)
+                return lk__cuda_capture_refuse(cur, "cudaPointerGetAttributes (finding an op's GPU)", e);
             return lk_error(LK_STATUS_DEVICE, "cuda backend: %s: operand %d: %s", lk__op_desc_str(d, what, sizeof what),
                             i, cudaGetErrorString(e));
         }
@@ -237,9 +246,7 @@ static lk_status cuda_run(const lk_op_desc *d, void *const *x) {
     int e = lk__cuda_launcher_for(&launchers, d->op)(d, x);
     if (e == cudaSuccess) return LK_STATUS_OK;
     cudaGetLastError(); /* a launch error is not sticky: clear it so the next op starts clean */
-    if (e == cudaErrorStreamCaptureUnsupported || e == cudaErrorStreamCaptureInvalidated ||
-        e == cudaErrorStreamCaptureImplicit || e == cudaErrorStreamCaptureWrongThread)
-        return lk__cuda_capture_refuse(device, lk__op_desc_str(d, what, sizeof what), e);
+    if (capture_error((cudaError_t)e)) return lk__cuda_capture_refuse(device, lk__op_desc_str(d, what, sizeof what), e);
     if (e == cudaErrorMemoryAllocation)
         return lk_error(LK_STATUS_OUT_OF_MEMORY, "cuda:%d: %s: out of device memory for its scratch", device,
                         lk__op_desc_str(d, what, sizeof what));

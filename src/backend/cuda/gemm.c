@@ -287,5 +287,11 @@ lk_status lk__cuda_gemm_run(int device, const lk_op_desc *d, void *const *operan
     cublasStatus_t s = lt_fn.cublasLtMatmul(lt, p->md, &g->alpha, operands[1], p->la, operands[0], p->lb, &g->beta,
                                             operands[2], p->lc, operands[2], p->lc, &p->algo, ws, ws_bytes, stream);
     if (p == &tmp) plan_free(&tmp);
-    return s == CUBLAS_STATUS_SUCCESS ? LK_STATUS_OK : lt_fail(s, "matmul", d, device);
+    if (s == CUBLAS_STATUS_SUCCESS) return LK_STATUS_OK;
+    if (lk__cuda_capturing(device)) { /* the capture refused something cuBLASLt did: said as such, and ended */
+        char w[160];
+        snprintf(w, sizeof w, "cuBLASLt's matmul for %s (status %d)", lk__op_desc_str(d, buf, sizeof buf), (int)s);
+        return lk__cuda_capture_refuse(device, w, 0);
+    }
+    return lt_fail(s, "matmul", d, device);
 }
