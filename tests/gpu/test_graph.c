@@ -4,8 +4,9 @@
  * once on an identical second set and replayed K times: after K eager steps
  * and K replays the parameters are bitwise equal (the same kernels with the
  * same arguments on the same stream), the capture itself runs nothing, and
- * a read into host memory while capturing fails with the error saying it is
- * not allowed, ends the capture, and leaves the device working.
+ * a read into host memory while capturing, or an allocation the tensor
+ * pool cannot serve from its cache, fails with the error saying it is not
+ * allowed, ends the capture, and leaves the device working.
  *
  * Both sets take one eager warm-up step first: it makes the gradients and
  * the momentum buffers, fills the tensor pool's cache (a pool miss inside a
@@ -325,7 +326,29 @@ static void host_read_while_capturing(void) {
     free_set(&s);
 }
 
-static const lk_t_case cases[] = {LK_TEST_CASE(replay_equals_eager), LK_TEST_CASE(host_read_while_capturing)};
+/* A tensor of a size the pool has never cached needs the device's own
+ * allocation (cuda: cudaMalloc), which a capture cannot record. */
+static void pool_miss_while_capturing(void) {
+    const int64_t n = 1234567; /* no step of this file takes a block of this size */
+    CHECK_OK(lk__device_graph_begin(dev));
+    lk_clear_error();
+    lk_tensor *big = lk_tensor_full(LK_F32, 1, &n, 1.0);
+    CHECK_MSG(big == NULL && strstr(lk_last_error(), "not allowed while capturing"),
+              "a pool miss while capturing: got %p, \"%s\"", (void *)big, lk_last_error());
+    lk_graph *g = NULL;
+    CHECK_ERR(lk__device_graph_end(dev, &g), LK_STATUS_INVALID_USAGE, "not allowed while capturing");
+    CHECK(g == NULL);
+    /* outside a capture the same allocation works, and the device computes */
+    lk_tensor *again = lk_tensor_full(LK_F32, 1, &n, 3.0);
+    CHECK(again != NULL);
+    float last = 0;
+    if (again) CHECK_OK(lk_device_copy(LK_DEVICE_CPU, &last, dev, (float *)again->data + n - 1, sizeof last));
+    CHECK(last == 3.0f);
+    lk_tensor_release(big), lk_tensor_release(again);
+}
+
+static const lk_t_case cases[] = {LK_TEST_CASE(replay_equals_eager), LK_TEST_CASE(host_read_while_capturing),
+                                  LK_TEST_CASE(pool_miss_while_capturing)};
 static int g_argc;
 static char **g_argv;
 
