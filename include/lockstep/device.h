@@ -39,6 +39,7 @@ typedef struct lk_device {
 
 typedef struct lk_stream lk_stream; /* opaque, per device kind */
 typedef struct lk_event lk_event;
+typedef struct lk_graph lk_graph; /* opaque: captured device work, replayable */
 
 /* One device kind. Every method gets the `ctx` given at registration and
  * the device index. Methods marked (optional) may be NULL: the dispatcher
@@ -56,7 +57,10 @@ typedef struct lk_device_vtable {
     lk_status (*memset)(void *ctx, int index, void *ptr, int value, size_t bytes);
     /* Copies between this device's memory and host memory (optional on
      * host-addressable devices: memcpy). Ordered after earlier work on the
-     * device; complete when they return unless a stream says otherwise. */
+     * device (its compute stream) and before later work. When they return,
+     * a copy to host is complete and a copy from host no longer needs
+     * host_src (its device side may still be queued: later work on the
+     * device, and every stream ordered after it by an event, sees it). */
     lk_status (*copy_to_host)(void *ctx, int index, void *host_dst, const void *src, size_t bytes);
     lk_status (*copy_from_host)(void *ctx, int index, void *dst, const void *host_src, size_t bytes);
     /* Within the device (optional on host-addressable devices: memcpy). */
@@ -64,7 +68,10 @@ typedef struct lk_device_vtable {
     /* Waits for all work queued on the device (optional: nothing to wait for). */
     lk_status (*synchronize)(void *ctx, int index);
     /* (optional) streams and events: work queued on one stream runs in order;
-     * an event recorded on one stream can be waited for on another. */
+     * an event recorded on one stream can be waited for on another. A NULL
+     * stream passed to event_record / event_wait is the device's own
+     * compute stream: the one its backend's ops, memsets and copies run on
+     * (cuda: one non-blocking stream per GPU, not the legacy stream 0). */
     lk_status (*stream_create)(void *ctx, int index, lk_stream **out);
     void (*stream_free)(void *ctx, int index, lk_stream *s);
     lk_status (*event_record)(void *ctx, int index, lk_stream *s, lk_event **out);
@@ -91,6 +98,22 @@ typedef struct lk_device_vtable {
     /* Blocks the calling thread until the work before event `e` is done
      * (optional: synchronize, which waits for everything). */
     lk_status (*event_synchronize)(void *ctx, int index, lk_event *e);
+
+    /* ---- graph capture (all optional; NULL on the cpu device) ---- */
+    /* Starts recording, instead of running, the work the calling thread
+     * queues on device `index` (its ops, copies within the device, memsets)
+     * until graph_end. A call that needs the host to wait for the device
+     * meanwhile (a copy into host memory, an allocation the pool cannot
+     * serve from its cache, synchronize) fails with an error saying it is
+     * not allowed while capturing, and ends the capture (graph_end then
+     * fails too); the device keeps working. */
+    lk_status (*graph_begin)(void *ctx, int index);
+    /* Ends the capture into *out (NULL on failure, with the capture ended). */
+    lk_status (*graph_end)(void *ctx, int index, lk_graph **out);
+    /* Queues the recorded work again, with the same arguments and the same
+     * pointers, on the device's compute stream (asynchronous, as the ops). */
+    lk_status (*graph_launch)(void *ctx, int index, lk_graph *g);
+    void (*graph_free)(void *ctx, int index, lk_graph *g);
 } lk_device_vtable;
 
 /* Registers a device kind (the vtable and ctx are borrowed for the life of
@@ -135,8 +158,9 @@ lk_status lk_device_synchronize(lk_device d);
  * current one computes: the loader's buffers come from lk_device_host_alloc
  * (pinned on cuda, so the copy is a DMA the CPU does not wait for), the
  * copies go on a stream of their own, and the step's ops, which run on the
- * device's default stream (stream NULL everywhere below), wait for an
- * event recorded after them. A kind without streams, events or
+ * device's compute stream (stream NULL everywhere below; on cuda a
+ * non-blocking stream per GPU, not the legacy stream 0), wait for an event
+ * recorded after them. A kind without streams, events or
  * asynchronous copies gets a NULL stream from lk_device_stream_create and
  * then every call below is synchronous: correct, only not overlapped. */
 
@@ -153,11 +177,11 @@ void lk_device_stream_free(lk_device d, lk_stream *s); /* NULL does nothing */
  * copy, complete on return. With a stream, host_src must stay unchanged and
  * dst unused until an event recorded on s after it completed. */
 lk_status lk_device_copy_async(lk_device d, lk_stream *s, void *dst, const void *host_src, size_t bytes);
-/* An event marking the work queued on s so far (s NULL: the default
- * stream); *out = NULL when the kind has no events, and the calls below
+/* An event marking the work queued on s so far (s NULL: the device's
+ * compute stream, where its ops run); *out = NULL when the kind has no events, and the calls below
  * then do nothing, since all its work was synchronous. */
 lk_status lk_device_event_record(lk_device d, lk_stream *s, lk_event **out);
-/* Work queued on s (NULL: the default stream) after this call waits for e. */
+/* Work queued on s (NULL: the compute stream) after this call waits for e. */
 lk_status lk_device_event_wait(lk_device d, lk_stream *s, lk_event *e);
 /* The calling thread waits until the work before e is done. */
 lk_status lk_device_event_synchronize(lk_device d, lk_event *e);

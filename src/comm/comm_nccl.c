@@ -2,8 +2,11 @@
  * that each drive one GPU. Its unique id is made by rank 0 and broadcast
  * through a host communicator (shm on one node, mpi across nodes) that the
  * backend owns for its life; collectives run on a communication stream
- * that waits, through an event, for the work already queued on the default
- * stream that produced the buffer. The communicator's timeout and abort
+ * that waits, through an event, for the work already queued on the GPU's
+ * compute stream (device/gpu.h's lk__cuda_stream: the producer of the
+ * buffer), and the compute stream waits, through an event back, for the
+ * collective before the work queued after it (the optimizer reading the
+ * reduced gradient). The communicator's timeout and abort
  * semantics are kept: NCCL runs non-blocking, completion and
  * ncclCommGetAsyncError are polled against a deadline, and a timeout or an
  * abort ends in ncclCommAbort with an error — never a silent hang.
@@ -75,7 +78,8 @@ _Static_assert(sizeof(ncclUniqueId) == LK__NCCL_ID_BYTES, "ncclUniqueId size cha
 typedef struct {
     lk_comm *host; /* bootstrap, and tells peers this rank aborted */
     ncclComm_t nc;
-    cudaStream_t stream; /* communication stream */
+    cudaStream_t stream;  /* communication stream */
+    cudaStream_t compute; /* the GPU's compute stream (not owned) */
     cudaEvent_t produced, done;
     int gpu;
     void *scratch; /* one float on the GPU: barrier's all-reduce */
@@ -172,6 +176,7 @@ static lk_status nccl_init(lk_comm *c, const lk_comm_config *cfg) {
         cudaGetLastError();
         st = lk_error(LK_STATUS_DEVICE, "nccl: rank %d cannot select GPU %d", c->pg.rank, gpu);
     }
+    if (!st) st = lk__cuda_stream(gpu, &m->compute);
     if (!st && (cudaStreamCreateWithFlags(&m->stream, cudaStreamNonBlocking) != cudaSuccess ||
                 cudaEventCreateWithFlags(&m->produced, cudaEventDisableTiming) != cudaSuccess ||
                 cudaEventCreateWithFlags(&m->done, cudaEventDisableTiming) != cudaSuccess ||
@@ -295,9 +300,12 @@ static lk_status nccl_run(lk_comm *c, const lk__coll *op) {
     if (op->kind != LK__COLL_BARRIER && !nccl_type(op->dt, &t))
         return lk_error(LK_STATUS_UNSUPPORTED, "nccl: %s: dtype %s has no NCCL type", what, lk_dtype_name(op->dt));
     if (cudaSetDevice(m->gpu) != cudaSuccess) return lk_error(LK_STATUS_DEVICE, "nccl: %s: cannot select GPU %d", what, m->gpu);
-    /* Order after the producer: whatever the default stream has queued
-     * (kernels writing the buffer, copies into it) finishes first. */
-    if (cudaEventRecord(m->produced, 0) != cudaSuccess || cudaStreamWaitEvent(m->stream, m->produced, 0) != cudaSuccess) {
+    /* Order after the producer: whatever the compute stream has queued
+     * (kernels writing the buffer, copies into it) finishes first. The
+     * legacy stream 0 would not do: the compute stream is non-blocking, so
+     * nothing on it is ordered with stream 0. */
+    if (cudaEventRecord(m->produced, m->compute) != cudaSuccess ||
+        cudaStreamWaitEvent(m->stream, m->produced, 0) != cudaSuccess) {
         cudaGetLastError();
         return lk_error(LK_STATUS_DEVICE, "nccl: %s: cannot order the communication stream after the producer", what);
     }
@@ -324,9 +332,12 @@ static lk_status nccl_run(lk_comm *c, const lk__coll *op) {
     /* Non-blocking NCCL may still be enqueueing; then the stream's event
      * marks completion, polled with the async error against the deadline. */
     LK_TRY(wait_nccl(c, m, NULL, what));
-    if (cudaEventRecord(m->done, m->stream) != cudaSuccess) {
+    /* The event back: the compute stream's later work (the optimizer, the
+     * next step's kernels reusing the buffer) waits for the collective on
+     * the device, not only because the host waits for it below. */
+    if (cudaEventRecord(m->done, m->stream) != cudaSuccess || cudaStreamWaitEvent(m->compute, m->done, 0) != cudaSuccess) {
         cudaGetLastError();
-        return lk_error(LK_STATUS_DEVICE, "nccl: %s: cannot record completion", what);
+        return lk_error(LK_STATUS_DEVICE, "nccl: %s: cannot record completion or order the compute stream after it", what);
     }
     return wait_nccl(c, m, m->done, what);
 }

@@ -1,6 +1,8 @@
 /* The device registry and dispatch: kinds by number (LK_CPU first, then
  * whatever registers), the process's default device, and the host defaults
- * for the vtable methods a host-addressable device leaves out. */
+ * for the vtable methods a host-addressable device leaves out, and the
+ * graph-capture wrappers (device/graph.h), which name a kind without graph
+ * methods instead of calling NULL. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -9,6 +11,7 @@
 
 #include "backend/backend_impl.h"
 #include "device/device_impl.h"
+#include "device/graph.h"
 #include "device/gpu.h"
 
 typedef struct {
@@ -282,4 +285,53 @@ lk_status lk_device_event_synchronize(lk_device d, lk_event *ev) {
 void lk_device_event_free(lk_device d, lk_event *ev) {
     const entry *e = get(d);
     if (ev && e && e->vt->event_free) e->vt->event_free(e->ctx, d.index, ev);
+}
+
+/* ---- graph capture ----
+ * Thin: the kind does the work (cuda.c); here only the error for a kind
+ * that has no graphs, so that a caller on the cpu device gets a sentence
+ * instead of a NULL call. */
+
+static bool has_graphs(const entry *e) {
+    const lk_device_vtable *v = e->vt;
+    return v->graph_begin && v->graph_end && v->graph_launch && v->graph_free;
+}
+
+static lk_status no_graphs(const entry *e, lk_device d, const char *what) {
+    char name[32];
+    return lk_error(LK_STATUS_UNSUPPORTED, "%s: device '%s' cannot capture graphs (its kind '%s' has no graph methods)",
+                    what, lk_device_str(d, name, sizeof name), e->vt->name);
+}
+
+bool lk__device_can_capture(lk_device d) {
+    const entry *e = get(d);
+    return e && has_graphs(e);
+}
+
+lk_status lk__device_graph_begin(lk_device d) {
+    const entry *e = get(d);
+    if (!e) return unknown(d);
+    if (!has_graphs(e)) return no_graphs(e, d, "graph capture");
+    return e->vt->graph_begin(e->ctx, d.index);
+}
+
+lk_status lk__device_graph_end(lk_device d, lk_graph **out) {
+    const entry *e = get(d);
+    *out = NULL;
+    if (!e) return unknown(d);
+    if (!has_graphs(e)) return no_graphs(e, d, "graph capture end");
+    return e->vt->graph_end(e->ctx, d.index, out);
+}
+
+lk_status lk__device_graph_launch(lk_device d, lk_graph *g) {
+    const entry *e = get(d);
+    if (!e) return unknown(d);
+    if (!has_graphs(e)) return no_graphs(e, d, "graph launch");
+    if (!g) return lk_error(LK_STATUS_INVALID_ARGUMENT, "graph launch: no graph (NULL)");
+    return e->vt->graph_launch(e->ctx, d.index, g);
+}
+
+void lk__device_graph_free(lk_device d, lk_graph *g) {
+    const entry *e = get(d);
+    if (g && e && e->vt->graph_free) e->vt->graph_free(e->ctx, d.index, g);
 }

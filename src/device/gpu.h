@@ -7,11 +7,14 @@
 #ifndef LK_DEVICE_GPU_H
 #define LK_DEVICE_GPU_H
 
+#include <pthread.h>
 #include <stdbool.h>
 #include <stddef.h>
 
 #include "lockstep/device.h"
 #include "lockstep/trainer.h"
+
+#define LK__GPU_MAX 64
 
 /* ---- the cuda device (cuda.c) --------------------------------------------- */
 
@@ -46,9 +49,52 @@ lk_status lk__cuda_props_get(int index, lk__cuda_props *out);
 lk_status lk__cuda_host_alloc(size_t bytes, void **ptr);
 void lk__cuda_host_free(void *ptr); /* NULL does nothing */
 
+/* ---- one handle per device index, made on first use (lazy.c) -------------
+ * The cuda device's compute streams: each is created by the first call
+ * that needs it, from whichever thread that is (dp's replica threads and
+ * the comm thread call in at once), exactly once, and then read without a
+ * lock. Generic so that the once-per-index logic is tested on the host with
+ * a fake `make` (tests/device/test_graph_cpu.c). */
+typedef struct lk__lazy_table {
+    pthread_mutex_t mu;          /* held only while a handle is being made */
+    void *_Atomic slot[LK__GPU_MAX];
+} lk__lazy_table;
+#define LK__LAZY_TABLE_INIT {PTHREAD_MUTEX_INITIALIZER, {0}}
+typedef lk_status (*lk__lazy_make)(void *ctx, int index, void **out);
+/* The handle of `index`, made by make(ctx, index, &h) on the first call for
+ * that index (under the table's lock: concurrent first calls make it once);
+ * a failed make leaves the slot empty, so a later call tries again.
+ * INVALID_ARGUMENT for an index outside [0, LK__GPU_MAX). */
+lk_status lk__lazy_get(lk__lazy_table *t, int index, lk__lazy_make make, void *ctx, void **out);
+/* The handle of `index` if it was made, else NULL; never makes one. */
+void *lk__lazy_peek(lk__lazy_table *t, int index);
+
+/* ---- the compute stream (cuda.c) -----------------------------------------
+ * Every piece of device work for GPU `device` — the backend's kernels, its
+ * cuBLASLt GEMMs and scratch, the device vtable's copies and memsets, the
+ * stream NULL of lockstep/device.h's stream calls, NCCL's ordering events —
+ * goes on one non-blocking stream per GPU, made on first use. Non-blocking
+ * so that it never serialises with the legacy default stream (which other
+ * libraries in the process may use) and so that it can be captured into a
+ * CUDA graph, which the legacy stream cannot. cudaStream_t is
+ * `struct CUstream_st *`; declared that way so this header needs no CUDA
+ * header. Without CUDA: UNSUPPORTED, never capturing. */
+struct CUstream_st;
+lk_status lk__cuda_stream(int device, struct CUstream_st **out);
+/* Whether `device`'s compute stream is being captured into a graph (no
+ * stream yet: not capturing). */
+bool lk__cuda_capturing(int device);
+/* A call that cannot be captured (`what`: a read into host memory, a
+ * cudaMalloc, a synchronize) was made while `device`'s compute stream was
+ * being captured, or the runtime refused one with `e` (a
+ * cudaErrorStreamCapture* code; 0 when found by lk__cuda_capturing): ends
+ * the capture, keeping its graph from ever being launched (graph_end then
+ * reports it), and returns the error saying the call is not allowed while
+ * capturing. */
+lk_status lk__cuda_capture_refuse(int device, const char *what, int e);
+
 /* ---- choosing GPUs (gpu_select.c; pure functions, tested without a GPU) ---- */
 
-#define LK__GPU_MAX 64
 /* Resolves trainer.devices as written — "N", "-1" (all), "auto" (all) or a
  * list "0,2" / "[0, 2]" — against `visible` GPUs into ids[0..*n). Errors
  * (INVALID_ARGUMENT) name what was asked and what is visible: an index that

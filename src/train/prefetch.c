@@ -9,7 +9,7 @@
  * trainer's, as lk_batch_tensor is.
  *
  * Ordering, with S the default stream every op runs on (stream NULL; cuda:
- * the legacy default stream) and C this prefetcher's copy stream (cuda:
+ * the GPU's compute stream) and C this prefetcher's copy stream (cuda:
  * non-blocking, so the runtime orders nothing between S and C by itself):
  *  1. Before batch i + 1's copies, an event recorded on S is waited for on
  *     C: the device blocks the copies write come from the tensor pool and

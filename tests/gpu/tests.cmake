@@ -83,6 +83,16 @@ if(LK_HAVE_CUDA)
   add_test(NAME gpu_fit COMMAND test_gpu_fit_sealed WORKING_DIRECTORY ${PROJECT_BINARY_DIR})
   set_tests_properties(gpu_fit PROPERTIES LABELS gpu TIMEOUT 600 SKIP_RETURN_CODE 77)
 endif()
+# Issue 21: graph capture of a training step through the device vtable —
+# K replays equal K eager steps bit for bit, a read into host memory while
+# capturing is refused and ends the capture (label gpu). gpu_graph_sealed
+# runs the same cases on a fake that captures as the cuda device does
+# (tests/sealed_device.h plus recording graph methods), in every CI run.
+lk_add_test(NAME gpu_graph_sealed SOURCES gpu/test_graph.c LABELS unit TIMEOUT 120 ARGS --sealed)
+if(LK_HAVE_CUDA)
+  add_test(NAME gpu_graph COMMAND test_gpu_graph_sealed)
+  set_tests_properties(gpu_graph PROPERTIES LABELS gpu TIMEOUT 300 SKIP_RETURN_CODE 77)
+endif()
 # Issue 21: two ddp ranks on one GPU (LK_ALLOW_OVERSUBSCRIBE, shm staging
 # through host memory) train as two CPU ranks do (label gpu). The _cpu form
 # runs the same script with both sides on the CPU, where they must agree

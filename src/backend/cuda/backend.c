@@ -21,14 +21,19 @@
  * current device may belong to another GPU of a dp run), checks that every
  * data operand is device memory (a host pointer passed by mistake would
  * otherwise be an illegal address that poisons the whole CUDA context), and
- * queues the kernels on the legacy default stream, in order with the
- * device's copies. Nothing here has run on a GPU yet (docs/GPU.md). */
+ * queues the kernels on the GPU's compute stream (device/gpu.h's
+ * lk__cuda_stream), in order with the device's copies and memsets. While
+ * the calling thread captures a graph, an op whose result goes to host
+ * memory is refused with an error saying so (the host would read it before
+ * the graph runs), as is any launch the runtime refuses for the capture.
+ * Nothing here has run on a GPU yet (docs/GPU.md). */
 #include <stdio.h>
 
 #include <cuda_runtime_api.h>
 
 #include "backend/cuda/cuda_impl.h"
 #include "backend/cuda/gemm.h"
+#include "device/gpu.h"
 
 static bool is_half(lk_dtype t) { return t == LK_BF16 || t == LK_F16; }
 static bool is_elem(lk_dtype t) { return t == LK_F32 || is_half(t); }
@@ -159,6 +164,12 @@ static bool cuda_supports(const lk_op_desc *d) {
     }
 }
 
+/* Whether e is the runtime refusing a call because of a graph capture. */
+static bool capture_error(cudaError_t e) {
+    return e == cudaErrorStreamCaptureUnsupported || e == cudaErrorStreamCaptureInvalidated ||
+           e == cudaErrorStreamCaptureImplicit || e == cudaErrorStreamCaptureWrongThread;
+}
+
 /* The GPU that owns the operands, made current; -1 in *device when no
  * operand is a device pointer (nothing to run on: every one NULL or host).
  * A data operand in host memory is an error naming it. */
@@ -171,6 +182,9 @@ static lk_status pick_device(const lk_op_desc *d, void *const *x, int *device) {
         cudaError_t e = cudaPointerGetAttributes(&a, x[i]);
         if (e != cudaSuccess) {
             cudaGetLastError();
+            int cur = 0; /* a capture that refuses the query: said as such, and ended (gpu.h) */
+            if (capture_error(e) && cudaGetDevice(&cur) == cudaSuccess)
+                return lk__cuda_capture_refuse(cur, "cudaPointerGetAttributes (finding an op's GPU)", e);
             return lk_error(LK_STATUS_DEVICE, "cuda backend: %s: operand %d: %s", lk__op_desc_str(d, what, sizeof what),
                             i, cudaGetErrorString(e));
         }
@@ -194,6 +208,16 @@ static lk_status pick_device(const lk_op_desc *d, void *const *x, int *device) {
     return LK_STATUS_OK;
 }
 
+/* Device (or managed) memory, as common.cuh's lk_cu_on_device. */
+static bool on_device(const void *p) {
+    struct cudaPointerAttributes a;
+    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+        cudaGetLastError();
+        return false;
+    }
+    return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
+}
+
 static lk_status cuda_run(const lk_op_desc *d, void *const *x) {
     char what[160];
     if (!cuda_supports(d))
@@ -206,11 +230,23 @@ static lk_status cuda_run(const lk_op_desc *d, void *const *x) {
         if (d->op == LK_OP_UNSCALE) *(int64_t *)x[2] = 0;
         return LK_STATUS_OK;
     }
+    /* made here, where a failure can be reported: the launchers then find it (common.cuh) */
+    cudaStream_t stream;
+    LK_TRY(lk__cuda_stream(device, &stream));
+    if (lk__cuda_capturing(device))
+        for (int i = 0; i < lk__op_arity(d->op); i++)
+            if (lk__cuda_host_operand(d, i) && x[i] && !on_device(x[i])) {
+                char w[200];
+                snprintf(w, sizeof w, "%s with its result in host memory (operand %d: a read into host memory)",
+                         lk__op_desc_str(d, what, sizeof what), i);
+                return lk__cuda_capture_refuse(device, w, 0);
+            }
     if (d->op == LK_OP_GEMM) return lk__cuda_gemm_run(device, d, x, 0);
     static const lk__cuda_launchers launchers = {lk__cuda_elementwise, lk__cuda_rows, lk__cuda_optim, lk__cuda_conv};
     int e = lk__cuda_launcher_for(&launchers, d->op)(d, x);
     if (e == cudaSuccess) return LK_STATUS_OK;
     cudaGetLastError(); /* a launch error is not sticky: clear it so the next op starts clean */
+    if (capture_error((cudaError_t)e)) return lk__cuda_capture_refuse(device, lk__op_desc_str(d, what, sizeof what), e);
     if (e == cudaErrorMemoryAllocation)
         return lk_error(LK_STATUS_OUT_OF_MEMORY, "cuda:%d: %s: out of device memory for its scratch", device,
                         lk__op_desc_str(d, what, sizeof what));

@@ -94,12 +94,33 @@ static inline bool lk_cu_on_device(const void *p) {
     return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
 }
 
-/* Stream-ordered scratch on the legacy default stream (no device-wide
- * synchronisation, unlike cudaMalloc/cudaFree); freed the same way once the
- * kernels that use it are queued. */
-static inline cudaError_t lk_cu_scratch(void **p, size_t bytes) { return cudaMallocAsync(p, bytes ? bytes : 1, 0); }
+/* The stream every launch, scratch allocation and copy of the kernel files
+ * goes on: the current device's compute stream (device/cuda.c; made by
+ * backend.c's run before any launcher runs). Never the legacy stream 0,
+ * which a CUDA graph cannot capture. The host emulation (tests/gpu/emu/)
+ * supplies its own token. */
+#ifndef LK_CU_EMU
+extern "C" cudaStream_t lk__cuda_stream_current(void);
+static inline cudaStream_t lk_cu_stream(void) { return lk__cuda_stream_current(); }
+#endif
+/* Each launcher's first statement: no compute stream (it could not be
+ * made; backend.c's run made it already, so this does not happen through
+ * the backend) fails the op instead of letting its launches go to the
+ * NULL stream, which is the legacy stream. */
+#define LK_CU_REQUIRE_STREAM()                                                                                        \
+    do {                                                                                                               \
+        if (!lk_cu_stream()) return (int)cudaErrorInvalidResourceHandle;                                               \
+    } while (0)
+
+/* Stream-ordered scratch on the compute stream (no device-wide
+ * synchronisation, unlike cudaMalloc/cudaFree, and capturable into a graph
+ * as its allocation and free nodes); freed the same way once the kernels
+ * that use it are queued. */
+static inline cudaError_t lk_cu_scratch(void **p, size_t bytes) {
+    return cudaMallocAsync(p, bytes ? bytes : 1, lk_cu_stream());
+}
 static inline void lk_cu_scratch_free(void *p) {
-    if (p) cudaFreeAsync(p, 0);
+    if (p) cudaFreeAsync(p, lk_cu_stream());
 }
 
 #endif

@@ -178,6 +178,7 @@ __global__ void k_bn_apply(lk_bn_split_params p, const float *xd, const float *g
 } // namespace
 
 extern "C" int lk__cuda_conv(const lk_op_desc *d, void *const *x) {
+    LK_CU_REQUIRE_STREAM();
     if (d->op != LK_OP_IM2COL && lk__op_has_half(d)) return lk__cuda_widened(d, x, lk__cuda_conv);
     switch (d->op) {
     case LK_OP_IM2COL:
@@ -186,10 +187,10 @@ extern "C" int lk__cuda_conv(const lk_op_desc *d, void *const *x) {
         int64_t n = (int64_t)g->samples * g->C;
         if (n <= 0) return 0;
         if (d->op == LK_OP_IM2COL && d->dtype[0] != LK_F32)
-            k_im2col_u16<<<lk_cu_blocks(n), LK_CU_THREADS>>>(*g, (const uint16_t *)x[0], (uint16_t *)x[1]);
+            k_im2col_u16<<<lk_cu_blocks(n), LK_CU_THREADS, 0, lk_cu_stream()>>>(*g, (const uint16_t *)x[0], (uint16_t *)x[1]);
         else if (d->op == LK_OP_IM2COL)
-            k_im2col<<<lk_cu_blocks(n), LK_CU_THREADS>>>(*g, (const float *)x[0], (float *)x[1]);
-        else k_col2im<<<lk_cu_blocks(n), LK_CU_THREADS>>>(*g, (float *)x[0], (float *)x[1]);
+            k_im2col<<<lk_cu_blocks(n), LK_CU_THREADS, 0, lk_cu_stream()>>>(*g, (const float *)x[0], (float *)x[1]);
+        else k_col2im<<<lk_cu_blocks(n), LK_CU_THREADS, 0, lk_cu_stream()>>>(*g, (float *)x[0], (float *)x[1]);
         break;
     }
     case LK_OP_BIAS_ADD: {
@@ -197,46 +198,46 @@ extern "C" int lk__cuda_conv(const lk_op_desc *d, void *const *x) {
         bool in_place = p->samples == 1 && x[0] == x[2];
         int64_t n = (int64_t)p->samples * p->O;
         if (n > 0)
-            k_bias_add<<<lk_cu_blocks(n), LK_CU_THREADS>>>(*p, (const float *)x[0], (const float *)x[1], (float *)x[2],
+            k_bias_add<<<lk_cu_blocks(n), LK_CU_THREADS, 0, lk_cu_stream()>>>(*p, (const float *)x[0], (const float *)x[1], (float *)x[2],
                                                            in_place);
         break;
     }
     case LK_OP_CHANNEL_SUM:
         if (d->bias.O > 0)
-            k_channel_sum<<<lk_cu_blocks(d->bias.O), LK_CU_THREADS>>>(d->bias, (const float *)x[0], (float *)x[1]);
+            k_channel_sum<<<lk_cu_blocks(d->bias.O), LK_CU_THREADS, 0, lk_cu_stream()>>>(d->bias, (const float *)x[0], (float *)x[1]);
         break;
     case LK_OP_POOL2D:
         if (d->pool.planes > 0)
-            k_pool<<<lk_cu_blocks(d->pool.planes), LK_CU_THREADS>>>(d->pool, (const float *)x[0], (float *)x[1],
+            k_pool<<<lk_cu_blocks(d->pool.planes), LK_CU_THREADS, 0, lk_cu_stream()>>>(d->pool, (const float *)x[0], (float *)x[1],
                                                                     (int *)x[2]);
         break;
     case LK_OP_POOL2D_BACKWARD:
         if (d->pool.planes > 0)
-            k_pool_backward<<<lk_cu_blocks(d->pool.planes), LK_CU_THREADS>>>(d->pool, (const float *)x[0],
+            k_pool_backward<<<lk_cu_blocks(d->pool.planes), LK_CU_THREADS, 0, lk_cu_stream()>>>(d->pool, (const float *)x[0],
                                                                              (const int *)x[1], (float *)x[2]);
         break;
     case LK_OP_BATCH_NORM:
         if (d->batch_norm.C > 0)
-            k_batch_norm<<<lk_cu_blocks(d->batch_norm.C), LK_CU_THREADS>>>(
+            k_batch_norm<<<lk_cu_blocks(d->batch_norm.C), LK_CU_THREADS, 0, lk_cu_stream()>>>(
                 d->batch_norm, (const float *)x[0], (const float *)x[1], (const float *)x[2], (float *)x[3],
                 (float *)x[4], (float *)x[5], (float *)x[6]);
         break;
     case LK_OP_BATCH_NORM_BACKWARD:
         if (d->batch_norm.C > 0)
-            k_batch_norm_backward<<<lk_cu_blocks(d->batch_norm.C), LK_CU_THREADS>>>(
+            k_batch_norm_backward<<<lk_cu_blocks(d->batch_norm.C), LK_CU_THREADS, 0, lk_cu_stream()>>>(
                 d->batch_norm, (const float *)x[0], (const float *)x[1], (const float *)x[2], (const float *)x[3],
                 (float *)x[4], (float *)x[5], (float *)x[6]);
         break;
     case LK_OP_BN_STATS:
         if (d->bn_split.C > 0)
-            k_bn_stats<<<lk_cu_blocks(d->bn_split.C), LK_CU_THREADS>>>(d->bn_split, (const float *)x[0],
+            k_bn_stats<<<lk_cu_blocks(d->bn_split.C), LK_CU_THREADS, 0, lk_cu_stream()>>>(d->bn_split, (const float *)x[0],
                                                                         (const float *)x[1], (const float *)x[2],
                                                                         (double *)x[3]);
         break;
     case LK_OP_BN_APPLY: {
         int64_t n = (int64_t)d->bn_split.N * d->bn_split.C;
         if (n > 0)
-            k_bn_apply<<<lk_cu_blocks(n), LK_CU_THREADS>>>(d->bn_split, (const float *)x[0], (const float *)x[1],
+            k_bn_apply<<<lk_cu_blocks(n), LK_CU_THREADS, 0, lk_cu_stream()>>>(d->bn_split, (const float *)x[0], (const float *)x[1],
                                                             (const float *)x[2], (float *)x[3]);
         break;
     }

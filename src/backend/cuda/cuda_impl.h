@@ -16,13 +16,16 @@
  *   widen.cu: the bf16/f16 forms of the f32-only families (pooling, the
  *     norms, SyncBatchNorm's passes, embedding's backward, bias add and
  *     gradient): widened into f32 scratch, the f32 launcher, rounded once.
- * Every launch goes on the legacy default stream (stream 0), the stream the
- * cuda device's copies (cudaMemcpy) and the cuBLASLt GEMM use, so work is
- * ordered with them without events. A launcher returns a cudaError_t as int
- * (0: queued); it synchronises only where the descriptor hands a value back
- * through a host pointer (the norm, the non-finite index and count,
- * cross-entropy's total weight), which it copies with cudaMemcpyDefault so
- * that a device pointer works there too. Built only with LK_HAVE_CUDA. */
+ * Every launch, scratch allocation and copy goes on the current GPU's
+ * compute stream (common.cuh's lk_cu_stream; device/gpu.h's
+ * lk__cuda_stream), the stream the cuda device's copies and memsets and the
+ * cuBLASLt GEMM use too, so work is ordered with them without events and
+ * can be captured into a CUDA graph. A launcher returns a cudaError_t as
+ * int (0: queued); it synchronises (the compute stream) only where the
+ * descriptor hands a value back through a host pointer (the norm, the
+ * non-finite index and count, cross-entropy's total weight); a device
+ * pointer there gets a stream-ordered copy instead. Built only with
+ * LK_HAVE_CUDA. */
 #ifndef LK_BACKEND_CUDA_IMPL_H
 #define LK_BACKEND_CUDA_IMPL_H
 

@@ -268,7 +268,7 @@ cudaError_t sum_to(const lk_op_desc *d, void *const *x) {
             g.outer_summed *= p->shape[k];
         }
     }
-    k_sum_to<<<lk_cu_blocks(n_dst), LK_CU_THREADS>>>(g, n_dst, x[0], x[1], dtypes_of(d));
+    k_sum_to<<<lk_cu_blocks(n_dst), LK_CU_THREADS, 0, lk_cu_stream()>>>(g, n_dst, x[0], x[1], dtypes_of(d));
     return cudaGetLastError();
 }
 
@@ -280,18 +280,18 @@ cudaError_t copy(const lk_op_desc *d, void *const *x) {
     for (int k = 0; k < p->ndim; k++) serial |= p->sd[k] == 0 && p->shape[k] > 1;
     unsigned blocks = serial ? 1 : lk_cu_blocks(n);
     if (p->accumulate) {
-        k_copy<float, true><<<blocks, LK_CU_THREADS>>>(*p, n, (const float *)x[0], (float *)x[1], serial);
+        k_copy<float, true><<<blocks, LK_CU_THREADS, 0, lk_cu_stream()>>>(*p, n, (const float *)x[0], (float *)x[1], serial);
         return cudaGetLastError();
     }
     if (d->dtype[0] != d->dtype[1]) {
-        k_copy_cast<<<blocks, LK_CU_THREADS>>>(*p, n, x[0], (int)d->dtype[0], x[1], (int)d->dtype[1], serial);
+        k_copy_cast<<<blocks, LK_CU_THREADS, 0, lk_cu_stream()>>>(*p, n, x[0], (int)d->dtype[0], x[1], (int)d->dtype[1], serial);
         return cudaGetLastError();
     }
     switch (lk_dtype_size(d->dtype[0])) {
-    case 1: k_copy<uint8_t, false><<<blocks, LK_CU_THREADS>>>(*p, n, (const uint8_t *)x[0], (uint8_t *)x[1], serial); break;
-    case 2: k_copy<uint16_t, false><<<blocks, LK_CU_THREADS>>>(*p, n, (const uint16_t *)x[0], (uint16_t *)x[1], serial); break;
-    case 4: k_copy<uint32_t, false><<<blocks, LK_CU_THREADS>>>(*p, n, (const uint32_t *)x[0], (uint32_t *)x[1], serial); break;
-    default: k_copy<uint64_t, false><<<blocks, LK_CU_THREADS>>>(*p, n, (const uint64_t *)x[0], (uint64_t *)x[1], serial);
+    case 1: k_copy<uint8_t, false><<<blocks, LK_CU_THREADS, 0, lk_cu_stream()>>>(*p, n, (const uint8_t *)x[0], (uint8_t *)x[1], serial); break;
+    case 2: k_copy<uint16_t, false><<<blocks, LK_CU_THREADS, 0, lk_cu_stream()>>>(*p, n, (const uint16_t *)x[0], (uint16_t *)x[1], serial); break;
+    case 4: k_copy<uint32_t, false><<<blocks, LK_CU_THREADS, 0, lk_cu_stream()>>>(*p, n, (const uint32_t *)x[0], (uint32_t *)x[1], serial); break;
+    default: k_copy<uint64_t, false><<<blocks, LK_CU_THREADS, 0, lk_cu_stream()>>>(*p, n, (const uint64_t *)x[0], (uint64_t *)x[1], serial);
     }
     return cudaGetLastError();
 }
@@ -311,20 +311,20 @@ cudaError_t fill(const lk_op_desc *d, void *const *x) {
     if (lk__cpu_backend.run(&c, ops)) return cudaErrorInvalidValue;
     unsigned blocks = lk_cu_blocks(n);
     switch (lk_dtype_size(d->dtype[0])) {
-    case 1: k_fill<uint8_t><<<blocks, LK_CU_THREADS>>>(*p, n, (uint8_t)bits, (uint8_t *)x[0]); break;
+    case 1: k_fill<uint8_t><<<blocks, LK_CU_THREADS, 0, lk_cu_stream()>>>(*p, n, (uint8_t)bits, (uint8_t *)x[0]); break;
     case 2: {
         uint16_t h;
         memcpy(&h, &bits, 2);
-        k_fill<uint16_t><<<blocks, LK_CU_THREADS>>>(*p, n, h, (uint16_t *)x[0]);
+        k_fill<uint16_t><<<blocks, LK_CU_THREADS, 0, lk_cu_stream()>>>(*p, n, h, (uint16_t *)x[0]);
         break;
     }
     case 4: {
         uint32_t w;
         memcpy(&w, &bits, 4);
-        k_fill<uint32_t><<<blocks, LK_CU_THREADS>>>(*p, n, w, (uint32_t *)x[0]);
+        k_fill<uint32_t><<<blocks, LK_CU_THREADS, 0, lk_cu_stream()>>>(*p, n, w, (uint32_t *)x[0]);
         break;
     }
-    default: k_fill<uint64_t><<<blocks, LK_CU_THREADS>>>(*p, n, bits, (uint64_t *)x[0]);
+    default: k_fill<uint64_t><<<blocks, LK_CU_THREADS, 0, lk_cu_stream()>>>(*p, n, bits, (uint64_t *)x[0]);
     }
     return cudaGetLastError();
 }
@@ -332,42 +332,43 @@ cudaError_t fill(const lk_op_desc *d, void *const *x) {
 } // namespace
 
 extern "C" int lk__cuda_elementwise(const lk_op_desc *d, void *const *x) {
+    LK_CU_REQUIRE_STREAM();
     dts dt = dtypes_of(d);
     switch (d->op) {
     case LK_OP_UNARY: {
         int64_t n = d->unary.n;
-        if (n > 0) k_unary<<<lk_cu_blocks(n), LK_CU_THREADS>>>(d->unary.fn, n, x[0], x[1], d->unary.alpha, dt);
+        if (n > 0) k_unary<<<lk_cu_blocks(n), LK_CU_THREADS, 0, lk_cu_stream()>>>(d->unary.fn, n, x[0], x[1], d->unary.alpha, dt);
         break;
     }
     case LK_OP_UNARY_BACKWARD: {
         int64_t n = d->unary.n;
         if (n > 0)
-            k_unary_backward<<<lk_cu_blocks(n), LK_CU_THREADS>>>(d->unary.fn, n, x[0], x[1], x[2], x[3],
+            k_unary_backward<<<lk_cu_blocks(n), LK_CU_THREADS, 0, lk_cu_stream()>>>(d->unary.fn, n, x[0], x[1], x[2], x[3],
                                                                   d->unary.alpha, d->unary.acc, dt);
         break;
     }
     case LK_OP_BINARY: {
         int64_t n = numel_of(d->binary.ndim, d->binary.shape);
-        if (n > 0) k_binary<<<lk_cu_blocks(n), LK_CU_THREADS>>>(d->binary, n, x[0], x[1], x[2], dt);
+        if (n > 0) k_binary<<<lk_cu_blocks(n), LK_CU_THREADS, 0, lk_cu_stream()>>>(d->binary, n, x[0], x[1], x[2], dt);
         break;
     }
     case LK_OP_AXPY:
-        if (d->axpy.n > 0) k_axpy<<<lk_cu_blocks(d->axpy.n), LK_CU_THREADS>>>(d->axpy.n, d->axpy.alpha, x[0], x[1], dt);
+        if (d->axpy.n > 0) k_axpy<<<lk_cu_blocks(d->axpy.n), LK_CU_THREADS, 0, lk_cu_stream()>>>(d->axpy.n, d->axpy.alpha, x[0], x[1], dt);
         break;
     case LK_OP_AFFINE:
         if (d->affine.n > 0)
-            k_affine<<<lk_cu_blocks(d->affine.n), LK_CU_THREADS>>>(d->affine.n, d->affine.mul, d->affine.add,
+            k_affine<<<lk_cu_blocks(d->affine.n), LK_CU_THREADS, 0, lk_cu_stream()>>>(d->affine.n, d->affine.mul, d->affine.add,
                                                                    d->affine.has_add, x[0], x[1], dt);
         break;
     case LK_OP_SUM_TO: return (int)sum_to(d, x);
     case LK_OP_MASK_SCALE:
         if (d->mask_scale.n > 0)
-            k_mask_scale<<<lk_cu_blocks(d->mask_scale.n), LK_CU_THREADS>>>(
+            k_mask_scale<<<lk_cu_blocks(d->mask_scale.n), LK_CU_THREADS, 0, lk_cu_stream()>>>(
                 d->mask_scale.n, x[0], (const uint8_t *)x[1], x[2], d->mask_scale.scale, dt);
         break;
     case LK_OP_CLAMP:
         if (d->clamp.n > 0)
-            k_clamp<<<lk_cu_blocks(d->clamp.n), LK_CU_THREADS>>>(d->clamp.n, x[0], x[1], (int)d->dtype[0],
+            k_clamp<<<lk_cu_blocks(d->clamp.n), LK_CU_THREADS, 0, lk_cu_stream()>>>(d->clamp.n, x[0], x[1], (int)d->dtype[0],
                                                                  d->clamp.lo, d->clamp.hi);
         break;
     case LK_OP_COPY: return (int)copy(d, x);
@@ -375,12 +376,12 @@ extern "C" int lk__cuda_elementwise(const lk_op_desc *d, void *const *x) {
     case LK_OP_DROPOUT_MASK: {
         const lk_dropout_mask_params *p = &d->dropout_mask;
         int64_t nb = (p->n - p->head_n + 3) / 4;
-        if (p->n > 0) k_dropout_mask<<<lk_cu_blocks(nb), LK_CU_THREADS>>>(*p, nb, (uint8_t *)x[0]);
+        if (p->n > 0) k_dropout_mask<<<lk_cu_blocks(nb), LK_CU_THREADS, 0, lk_cu_stream()>>>(*p, nb, (uint8_t *)x[0]);
         break;
     }
     case LK_OP_INCREMENT:
         if (d->increment.n > 0)
-            k_increment<<<lk_cu_blocks(d->increment.n), LK_CU_THREADS>>>(d->increment.n, d->increment.by, (int64_t *)x[0]);
+            k_increment<<<lk_cu_blocks(d->increment.n), LK_CU_THREADS, 0, lk_cu_stream()>>>(d->increment.n, d->increment.by, (int64_t *)x[0]);
         break;
     default: return (int)cudaErrorInvalidValue;
     }

@@ -4,7 +4,9 @@
  * row-major C = op(A) op(B) read column-major is C^T = op(B)^T op(A)^T, so
  * the operands are passed swapped (B first, M and N exchanged) and no data
  * is transposed. One cuBLASLt handle and one workspace per GPU, made on
- * first use.
+ * first use (outside a graph capture: the workspace is a cudaMalloc). The
+ * matmul goes on the GPU's compute stream (device/gpu.h), with the
+ * kernels and copies, so it is ordered with them and can be captured.
  *
  * cuBLASLt is loaded with dlopen on the first GEMM, not linked: merely
  * loading it costs every process ~150 MB of resident memory and ~0.1-0.2 s
@@ -28,6 +30,7 @@
 #include <cuda_runtime_api.h>
 
 #include "backend/cuda/gemm.h"
+#include "device/gpu.h"
 
 #define MAX_GPUS 64
 /* 32 MiB: what cuBLAS documents for Hopper's larger kernels; smaller parts
@@ -141,6 +144,12 @@ static lk_status handle_for(int device, cublasLtHandle_t *lt, void **ws) {
     if (device < 0 || device >= MAX_GPUS)
         return lk_error(LK_STATUS_INVALID_ARGUMENT, "cuda GEMM: device %d out of range (0..%d)", device, MAX_GPUS - 1);
     LK_TRY(lk__cuda_gemm_load());
+    /* the first GEMM's handle and workspace (cudaMalloc) cannot be made inside a capture */
+    pthread_mutex_lock(&mu);
+    bool made = per_gpu[device].lt != NULL;
+    pthread_mutex_unlock(&mu);
+    if (!made && lk__cuda_capturing(device))
+        return lk__cuda_capture_refuse(device, "the first GEMM on this GPU (it allocates cuBLASLt's workspace)", 0);
     pthread_mutex_lock(&mu);
     lk_status st = LK_STATUS_OK;
     if (!per_gpu[device].lt) {
@@ -258,6 +267,8 @@ lk_status lk__cuda_gemm_run(int device, const lk_op_desc *d, void *const *operan
     }
     cublasLtHandle_t lt = NULL;
     void *ws = NULL;
+    cudaStream_t stream;
+    LK_TRY(lk__cuda_stream(device, &stream));
     LK_TRY(handle_for(device, &lt, &ws));
     size_t ws_bytes = ws ? WORKSPACE_BYTES : 0;
 
@@ -274,7 +285,13 @@ lk_status lk__cuda_gemm_run(int device, const lk_op_desc *d, void *const *operan
     LK_TRY(plan_for(&k, lt, ws_bytes, d, &p, &tmp));
     /* K == 0: cuBLASLt computes C = beta * C, as the CPU backend does. */
     cublasStatus_t s = lt_fn.cublasLtMatmul(lt, p->md, &g->alpha, operands[1], p->la, operands[0], p->lb, &g->beta,
-                                            operands[2], p->lc, operands[2], p->lc, &p->algo, ws, ws_bytes, 0);
+                                            operands[2], p->lc, operands[2], p->lc, &p->algo, ws, ws_bytes, stream);
     if (p == &tmp) plan_free(&tmp);
-    return s == CUBLAS_STATUS_SUCCESS ? LK_STATUS_OK : lt_fail(s, "matmul", d, device);
+    if (s == CUBLAS_STATUS_SUCCESS) return LK_STATUS_OK;
+    if (lk__cuda_capturing(device)) { /* the capture refused something cuBLASLt did: said as such, and ended */
+        char w[160];
+        snprintf(w, sizeof w, "cuBLASLt's matmul for %s (status %d)", lk__op_desc_str(d, buf, sizeof buf), (int)s);
+        return lk__cuda_capture_refuse(device, w, 0);
+    }
+    return lt_fail(s, "matmul", d, device);
 }

@@ -22,7 +22,7 @@ bool lk__cuda_gemm_supports(const lk_op_desc *d);
  * needs no GPU, so a test can check the toolkit's library loads. */
 lk_status lk__cuda_gemm_load(void);
 /* Runs it on GPU `device` over device pointers operands = {A, B, C}
- * (row-major, as the descriptor says), on the legacy default stream; returns
+ * (row-major, as the descriptor says), on the GPU's compute stream; returns
  * once queued (lk_device_synchronize waits). UNSUPPORTED for a descriptor
  * supports() refuses; DEVICE with cuBLASLt's status otherwise. */
 lk_status lk__cuda_gemm_run(int device, const lk_op_desc *d, void *const *operands, unsigned flags);

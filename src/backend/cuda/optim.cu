@@ -47,9 +47,9 @@ __global__ void k_scale_by(int64_t n, const void *x, const float *coef, void *y,
 
 int clip_launch(const lk_op_desc *d, void *const *x) {
     if (d->op == LK_OP_CLIP_COEF) {
-        k_clip_coef<<<1, 1>>>(d->clip.n, d->clip.p, d->clip.max_norm, (const double *)x[0], (float *)x[1]);
+        k_clip_coef<<<1, 1, 0, lk_cu_stream()>>>(d->clip.n, d->clip.p, d->clip.max_norm, (const double *)x[0], (float *)x[1]);
     } else if (d->clip.n > 0) {
-        k_scale_by<<<lk_cu_blocks(d->clip.n), LK_CU_THREADS>>>(d->clip.n, x[0], (const float *)x[1], x[2],
+        k_scale_by<<<lk_cu_blocks(d->clip.n), LK_CU_THREADS, 0, lk_cu_stream()>>>(d->clip.n, x[0], (const float *)x[1], x[2],
                                                                (int)d->dtype[0]);
     }
     return (int)cudaGetLastError();
@@ -58,6 +58,7 @@ int clip_launch(const lk_op_desc *d, void *const *x) {
 } // namespace
 
 extern "C" int lk__cuda_optim(const lk_op_desc *d, void *const *x) {
+    LK_CU_REQUIRE_STREAM();
     if (d->op == LK_OP_CLIP_COEF || d->op == LK_OP_SCALE_BY) return clip_launch(d, x);
     const lk_optim_params *c = &d->optim;
     void *p = x[0];
@@ -68,12 +69,12 @@ extern "C" int lk__cuda_optim(const lk_op_desc *d, void *const *x) {
     if (n <= 0) return 0;
     unsigned blocks = lk_cu_blocks(n);
     switch (c->rule) {
-    case LK_OPTIM_RULE_SGD: k_sgd<<<blocks, LK_CU_THREADS>>>(n, p, g, pdt, s0, lk__optim_sgd_consts(c)); break;
+    case LK_OPTIM_RULE_SGD: k_sgd<<<blocks, LK_CU_THREADS, 0, lk_cu_stream()>>>(n, p, g, pdt, s0, lk__optim_sgd_consts(c)); break;
     case LK_OPTIM_RULE_ADAM:
-        k_adam<<<blocks, LK_CU_THREADS>>>(n, p, g, pdt, s0, s1, s2, lk__optim_adam_consts(c, s2 != NULL));
+        k_adam<<<blocks, LK_CU_THREADS, 0, lk_cu_stream()>>>(n, p, g, pdt, s0, s1, s2, lk__optim_adam_consts(c, s2 != NULL));
         break;
     case LK_OPTIM_RULE_RMSPROP:
-        k_rmsprop<<<blocks, LK_CU_THREADS>>>(n, p, g, pdt, s0, s1, s2, lk__optim_rmsprop_consts(c, s1 != NULL, s2 != NULL));
+        k_rmsprop<<<blocks, LK_CU_THREADS, 0, lk_cu_stream()>>>(n, p, g, pdt, s0, s1, s2, lk__optim_rmsprop_consts(c, s1 != NULL, s2 != NULL));
         break;
     default: return (int)cudaErrorInvalidValue;
     }

@@ -14,6 +14,8 @@
  * two-level tree in double (deterministic; differs from the CPU's order by
  * double rounding only, far below the f32 result's ulp). Counts and maxima
  * are exact in any order. */
+#include <string.h>
+
 #include "backend/cuda/common.cuh"
 #include "lockstep/autograd.h"
 
@@ -403,14 +405,16 @@ __global__ void k_embedding_backward(lk_embedding_params p, const float *g, cons
 /* A result a kernel left in device scratch, delivered to the op's output:
  * a stream-ordered copy when the output is device memory (the host does not
  * wait; clipping's norms, cross-entropy's total weight on a device), a copy
- * that waits for the kernel when it is host memory (read at once). */
+ * that waits for the kernel when it is host memory (read at once: the
+ * compute stream is synchronised after it). */
 static cudaError_t deliver(void *out, const void *dev_src, size_t bytes) {
-    if (lk_cu_on_device(out)) return cudaMemcpyAsync(out, dev_src, bytes, cudaMemcpyDeviceToDevice, 0);
-    return cudaMemcpy(out, dev_src, bytes, cudaMemcpyDeviceToHost);
+    if (lk_cu_on_device(out)) return cudaMemcpyAsync(out, dev_src, bytes, cudaMemcpyDeviceToDevice, lk_cu_stream());
+    cudaError_t e = cudaMemcpyAsync(out, dev_src, bytes, cudaMemcpyDeviceToHost, lk_cu_stream());
+    return e == cudaSuccess ? cudaStreamSynchronize(lk_cu_stream()) : e;
 }
 
 cudaError_t reduce_to_host(double *part, int nparts, bool max, void *host_out) {
-    k_reduce_partials<<<1, LK_CU_THREADS>>>(nparts, max, part, part + RED_BLOCKS);
+    k_reduce_partials<<<1, LK_CU_THREADS, 0, lk_cu_stream()>>>(nparts, max, part, part + RED_BLOCKS);
     cudaError_t e = cudaGetLastError();
     if (e == cudaSuccess) e = deliver(host_out, part + RED_BLOCKS, sizeof(double));
     return e;
@@ -426,7 +430,7 @@ cudaError_t norm(const lk_op_desc *d, void *const *x) {
     cudaError_t e = lk_cu_scratch((void **)&part, (RED_BLOCKS + 1) * sizeof(double));
     if (e != cudaSuccess) return e;
     unsigned nb = red_blocks(d->norm.n);
-    k_norm_partial<<<nb, LK_CU_THREADS>>>(d->norm.n, d->norm.p, x[0], (int)d->dtype[0], part);
+    k_norm_partial<<<nb, LK_CU_THREADS, 0, lk_cu_stream()>>>(d->norm.n, d->norm.p, x[0], (int)d->dtype[0], part);
     e = cudaGetLastError();
     if (e == cudaSuccess) e = reduce_to_host(part, (int)nb, isinf(d->norm.p), x[1]);
     lk_cu_scratch_free(part);
@@ -446,21 +450,22 @@ cudaError_t nonfinite(const lk_op_desc *d, void *const *x) {
     unsigned long long *acc = (unsigned long long *)out;
     cudaError_t e = on_device ? cudaSuccess : lk_cu_scratch((void **)&acc, sizeof *acc);
     if (e != cudaSuccess) return e;
-    e = cudaMemsetAsync(acc, unscale ? 0 : 0xff, sizeof *acc, 0);
+    e = cudaMemsetAsync(acc, unscale ? 0 : 0xff, sizeof *acc, lk_cu_stream());
     int64_t n = d->nonfinite.n;
     if (e == cudaSuccess && n > 0) {
         if (unscale)
-            k_unscale<<<lk_cu_blocks(n), LK_CU_THREADS>>>(n, (const float *)x[0], (float *)x[1], d->nonfinite.mul, acc);
-        else k_nonfinite<<<lk_cu_blocks(n), LK_CU_THREADS>>>(n, x[0], (int)d->dtype[0], acc);
+            k_unscale<<<lk_cu_blocks(n), LK_CU_THREADS, 0, lk_cu_stream()>>>(n, (const float *)x[0], (float *)x[1], d->nonfinite.mul, acc);
+        else k_nonfinite<<<lk_cu_blocks(n), LK_CU_THREADS, 0, lk_cu_stream()>>>(n, x[0], (int)d->dtype[0], acc);
         e = cudaGetLastError();
     }
     if (on_device) return e;
     unsigned long long v = 0;
-    if (e == cudaSuccess) e = cudaMemcpy(&v, acc, sizeof v, cudaMemcpyDeviceToHost);
+    if (e == cudaSuccess) e = deliver(&v, acc, sizeof v);
     lk_cu_scratch_free(acc);
     if (e != cudaSuccess) return e;
     int64_t r = unscale ? (int64_t)v : v == ~0ull ? -1 : (int64_t)v;
-    return cudaMemcpy(out, &r, sizeof r, cudaMemcpyDefault);
+    memcpy(out, &r, sizeof r); /* out is host memory here (on_device is false): no runtime call */
+    return cudaSuccess;
 }
 
 cudaError_t softmax(const lk_op_desc *d, void *const *x) {
@@ -469,17 +474,17 @@ cudaError_t softmax(const lk_op_desc *d, void *const *x) {
     int lo = p->log_out;
     if (d->op == LK_OP_SOFTMAX) {
         if (p->inner == 1)
-            k_softmax_rows<<<lk_cu_blocks(p->outer), LK_CU_THREADS>>>(p->outer, p->C, (const float *)x[0],
+            k_softmax_rows<<<lk_cu_blocks(p->outer), LK_CU_THREADS, 0, lk_cu_stream()>>>(p->outer, p->C, (const float *)x[0],
                                                                      (float *)x[1], lo);
         else
-            k_softmax_cols<<<lk_cu_blocks(p->outer * p->inner), LK_CU_THREADS>>>(p->outer, p->C, p->inner,
+            k_softmax_cols<<<lk_cu_blocks(p->outer * p->inner), LK_CU_THREADS, 0, lk_cu_stream()>>>(p->outer, p->C, p->inner,
                                                                                  (const float *)x[0], (float *)x[1], lo);
     } else {
         if (p->inner == 1)
-            k_softmax_backward_rows<<<lk_cu_blocks(p->outer), LK_CU_THREADS>>>(
+            k_softmax_backward_rows<<<lk_cu_blocks(p->outer), LK_CU_THREADS, 0, lk_cu_stream()>>>(
                 p->outer, p->C, (const float *)x[0], (const float *)x[1], (float *)x[2], lo);
         else
-            k_softmax_backward_cols<<<lk_cu_blocks(p->outer * p->inner), LK_CU_THREADS>>>(
+            k_softmax_backward_cols<<<lk_cu_blocks(p->outer * p->inner), LK_CU_THREADS, 0, lk_cu_stream()>>>(
                 p->outer, p->C, p->inner, (const float *)x[0], (const float *)x[1], (float *)x[2], lo);
     }
     return cudaGetLastError();
@@ -490,20 +495,20 @@ cudaError_t loss(const lk_op_desc *d, void *const *x) {
     int xt = (int)d->dtype[0], tt = (int)d->dtype[1];
     if (d->op == LK_OP_LOSS_BACKWARD) {
         if (p->n > 0)
-            k_loss_backward<<<lk_cu_blocks(p->n), LK_CU_THREADS>>>(*p, x[0], x[1], (const float *)x[2], x[3], xt, tt);
+            k_loss_backward<<<lk_cu_blocks(p->n), LK_CU_THREADS, 0, lk_cu_stream()>>>(*p, x[0], x[1], (const float *)x[2], x[3], xt, tt);
         return cudaGetLastError();
     }
     if (p->reduction == LK_REDUCTION_NONE) {
-        if (p->n > 0) k_loss_none<<<lk_cu_blocks(p->n), LK_CU_THREADS>>>(*p, x[0], x[1], (float *)x[2], xt, tt);
+        if (p->n > 0) k_loss_none<<<lk_cu_blocks(p->n), LK_CU_THREADS, 0, lk_cu_stream()>>>(*p, x[0], x[1], (float *)x[2], xt, tt);
         return cudaGetLastError();
     }
     double *part = NULL;
     cudaError_t e = lk_cu_scratch((void **)&part, (RED_BLOCKS + 1) * sizeof(double));
     if (e != cudaSuccess) return e;
     unsigned nb = red_blocks(p->n);
-    k_loss_partial<<<nb, LK_CU_THREADS>>>(*p, x[0], x[1], xt, tt, part);
-    k_reduce_partials<<<1, LK_CU_THREADS>>>((int)nb, false, part, part + RED_BLOCKS);
-    k_loss_finish<<<1, 1>>>(part + RED_BLOCKS, p->n, p->reduction == LK_REDUCTION_MEAN, (float *)x[2]);
+    k_loss_partial<<<nb, LK_CU_THREADS, 0, lk_cu_stream()>>>(*p, x[0], x[1], xt, tt, part);
+    k_reduce_partials<<<1, LK_CU_THREADS, 0, lk_cu_stream()>>>((int)nb, false, part, part + RED_BLOCKS);
+    k_loss_finish<<<1, 1, 0, lk_cu_stream()>>>(part + RED_BLOCKS, p->n, p->reduction == LK_REDUCTION_MEAN, (float *)x[2]);
     e = cudaGetLastError();
     lk_cu_scratch_free(part);
     return e;
@@ -515,21 +520,21 @@ cudaError_t bce(const lk_op_desc *d, void *const *x) {
                 *pw = (const float *)x[3];
     if (d->op == LK_OP_BCE_BACKWARD) {
         if (p->n > 0)
-            k_bce_backward<<<lk_cu_blocks(p->n), LK_CU_THREADS>>>(*p, xd, td, w, pw, (const float *)x[4], (float *)x[5],
+            k_bce_backward<<<lk_cu_blocks(p->n), LK_CU_THREADS, 0, lk_cu_stream()>>>(*p, xd, td, w, pw, (const float *)x[4], (float *)x[5],
                                                                   (float *)x[6]);
         return cudaGetLastError();
     }
     if (p->reduction == LK_REDUCTION_NONE) {
-        if (p->n > 0) k_bce_none<<<lk_cu_blocks(p->n), LK_CU_THREADS>>>(*p, xd, td, w, pw, (float *)x[4]);
+        if (p->n > 0) k_bce_none<<<lk_cu_blocks(p->n), LK_CU_THREADS, 0, lk_cu_stream()>>>(*p, xd, td, w, pw, (float *)x[4]);
         return cudaGetLastError();
     }
     double *part = NULL;
     cudaError_t e = lk_cu_scratch((void **)&part, (RED_BLOCKS + 1) * sizeof(double));
     if (e != cudaSuccess) return e;
     unsigned nb = red_blocks(p->n);
-    k_bce_partial<<<nb, LK_CU_THREADS>>>(*p, xd, td, w, pw, part);
-    k_reduce_partials<<<1, LK_CU_THREADS>>>((int)nb, false, part, part + RED_BLOCKS);
-    k_bce_finish<<<1, 1>>>(part + RED_BLOCKS, p->n, p->reduction == LK_REDUCTION_MEAN, (float *)x[4]);
+    k_bce_partial<<<nb, LK_CU_THREADS, 0, lk_cu_stream()>>>(*p, xd, td, w, pw, part);
+    k_reduce_partials<<<1, LK_CU_THREADS, 0, lk_cu_stream()>>>((int)nb, false, part, part + RED_BLOCKS);
+    k_bce_finish<<<1, 1, 0, lk_cu_stream()>>>(part + RED_BLOCKS, p->n, p->reduction == LK_REDUCTION_MEAN, (float *)x[4]);
     e = cudaGetLastError();
     lk_cu_scratch_free(part);
     return e;
@@ -539,7 +544,7 @@ cudaError_t layer_norm(const lk_op_desc *d, void *const *x) {
     const lk_layer_norm_params *p = &d->layer_norm;
     if (p->L <= 0 || p->M <= 0) return cudaSuccess;
     if (d->op == LK_OP_LAYER_NORM) {
-        k_layer_norm<<<lk_cu_blocks(p->M), LK_CU_THREADS>>>(*p, (const float *)x[0], (const float *)x[1],
+        k_layer_norm<<<lk_cu_blocks(p->M), LK_CU_THREADS, 0, lk_cu_stream()>>>(*p, (const float *)x[0], (const float *)x[1],
                                                             (const float *)x[2], (float *)x[3], (float *)x[4]);
         return cudaGetLastError();
     }
@@ -548,12 +553,12 @@ cudaError_t layer_norm(const lk_op_desc *d, void *const *x) {
     cudaError_t e = cudaSuccess;
     if (dx) {
         if (w && (e = lk_cu_scratch((void **)&dyw, (size_t)(p->M * p->L) * sizeof(float))) != cudaSuccess) return e;
-        k_layer_norm_dx<<<lk_cu_blocks(p->M), LK_CU_THREADS>>>(*p, xd, g, st, w, dx, dyw);
+        k_layer_norm_dx<<<lk_cu_blocks(p->M), LK_CU_THREADS, 0, lk_cu_stream()>>>(*p, xd, g, st, w, dx, dyw);
         e = cudaGetLastError();
         lk_cu_scratch_free(dyw);
     }
     if (e == cudaSuccess && (dw || db)) {
-        k_layer_norm_dwdb<<<lk_cu_blocks(p->L), LK_CU_THREADS>>>(*p, xd, g, st, dw, db);
+        k_layer_norm_dwdb<<<lk_cu_blocks(p->L), LK_CU_THREADS, 0, lk_cu_stream()>>>(*p, xd, g, st, dw, db);
         e = cudaGetLastError();
     }
     return e;
@@ -576,14 +581,14 @@ cudaError_t classify(const lk_op_desc *d, void *const *x) {
         int tdt = (int)d->dtype[1];
         if (rows > 0) {
             if (nll)
-                k_nll_rows<<<lk_cu_blocks(rows), LK_CU_THREADS>>>(*p, (const float *)x[0], x[1], tdt,
+                k_nll_rows<<<lk_cu_blocks(rows), LK_CU_THREADS, 0, lk_cu_stream()>>>(*p, (const float *)x[0], x[1], tdt,
                                                                   (const float *)x[2], (float *)x[3], rs);
             else
-                k_xent_rows<<<lk_cu_blocks(rows), LK_CU_THREADS>>>(*p, (const float *)x[0], x[1], tdt,
+                k_xent_rows<<<lk_cu_blocks(rows), LK_CU_THREADS, 0, lk_cu_stream()>>>(*p, (const float *)x[0], x[1], tdt,
                                                                    (const float *)x[2], (float *)x[3], (float *)x[4],
                                                                    gather, ex, rs);
         }
-        k_class_finish<<<1, 1>>>(*p, nll, x[1], tdt, rs, (float *)x[3], wsum);
+        k_class_finish<<<1, 1, 0, lk_cu_stream()>>>(*p, nll, x[1], tdt, rs, (float *)x[3], wsum);
         e = cudaGetLastError();
         if (e == cudaSuccess) e = deliver(x[nll ? 4 : 5], wsum, sizeof(double));
         lk_cu_scratch_free(s);
@@ -593,7 +598,7 @@ cudaError_t classify(const lk_op_desc *d, void *const *x) {
         float *s = NULL;
         if (p->D > 1 && (e = lk_cu_scratch((void **)&s, (size_t)(rows * C) * sizeof(float))) != cudaSuccess) return e;
         if (rows > 0)
-            k_xent_backward<<<lk_cu_blocks(rows), LK_CU_THREADS>>>(*p, (const float *)x[0], x[1], (int)d->dtype[1],
+            k_xent_backward<<<lk_cu_blocks(rows), LK_CU_THREADS, 0, lk_cu_stream()>>>(*p, (const float *)x[0], x[1], (int)d->dtype[1],
                                                                    (const float *)x[2], (const float *)x[3],
                                                                    (float *)x[4], s);
         e = cudaGetLastError();
@@ -602,7 +607,7 @@ cudaError_t classify(const lk_op_desc *d, void *const *x) {
     }
     case LK_OP_NLL_BACKWARD:
         if (rows > 0)
-            k_nll_backward<<<lk_cu_blocks(rows), LK_CU_THREADS>>>(*p, x[0], (int)d->dtype[0], (const float *)x[1],
+            k_nll_backward<<<lk_cu_blocks(rows), LK_CU_THREADS, 0, lk_cu_stream()>>>(*p, x[0], (int)d->dtype[0], (const float *)x[1],
                                                                   (const float *)x[2], (float *)x[3]);
         return cudaGetLastError();
     default: return cudaErrorInvalidValue;
@@ -612,6 +617,7 @@ cudaError_t classify(const lk_op_desc *d, void *const *x) {
 } // namespace
 
 extern "C" int lk__cuda_rows(const lk_op_desc *d, void *const *x) {
+    LK_CU_REQUIRE_STREAM();
     bool widened = d->op == LK_OP_LAYER_NORM || d->op == LK_OP_LAYER_NORM_BACKWARD || d->op == LK_OP_EMBEDDING_BACKWARD;
     if (widened && lk__op_has_half(d)) return lk__cuda_widened(d, x, lk__cuda_rows);
     switch (d->op) {
@@ -632,21 +638,21 @@ extern "C" int lk__cuda_rows(const lk_op_desc *d, void *const *x) {
     case LK_OP_UNSCALE: return (int)nonfinite(d, x);
     case LK_OP_EMBEDDING:
         if (d->embedding.n * d->embedding.D > 0 && d->dtype[0] != LK_F32)
-            k_embedding_u16<<<lk_cu_blocks(d->embedding.n * d->embedding.D), LK_CU_THREADS>>>(
+            k_embedding_u16<<<lk_cu_blocks(d->embedding.n * d->embedding.D), LK_CU_THREADS, 0, lk_cu_stream()>>>(
                 d->embedding, (const uint16_t *)x[0], x[1], (int)d->dtype[1], (uint16_t *)x[2]);
         else if (d->embedding.n * d->embedding.D > 0)
-            k_embedding<<<lk_cu_blocks(d->embedding.n * d->embedding.D), LK_CU_THREADS>>>(
+            k_embedding<<<lk_cu_blocks(d->embedding.n * d->embedding.D), LK_CU_THREADS, 0, lk_cu_stream()>>>(
                 d->embedding, (const float *)x[0], x[1], (int)d->dtype[1], (float *)x[2]);
         return (int)cudaGetLastError();
     case LK_OP_EMBEDDING_BACKWARD:
         if (d->embedding.n * d->embedding.D > 0)
-            k_embedding_backward<<<lk_cu_blocks(d->embedding.D), LK_CU_THREADS>>>(
+            k_embedding_backward<<<lk_cu_blocks(d->embedding.D), LK_CU_THREADS, 0, lk_cu_stream()>>>(
                 d->embedding, (const float *)x[0], x[1], (int)d->dtype[1], (float *)x[2]);
         return (int)cudaGetLastError();
     case LK_OP_ACCURACY: { /* written even for no rows (0), as the CPU */
         int kind = d->dtype[0] == LK_F32 ? 0 : d->dtype[0] == LK_BF16 ? 1 : 2;
         int tkind = d->dtype[1] == LK_I64 ? 0 : d->dtype[1] == LK_I32 ? 1 : 2;
-        k_accuracy<<<1, LK_CU_THREADS>>>(d->accuracy.N, d->accuracy.C, x[0], kind, x[1], tkind, (double *)x[2]);
+        k_accuracy<<<1, LK_CU_THREADS, 0, lk_cu_stream()>>>(d->accuracy.N, d->accuracy.C, x[0], kind, x[1], tkind, (double *)x[2]);
         return (int)cudaGetLastError();
     }
     default: return (int)cudaErrorInvalidValue;

@@ -29,6 +29,7 @@ bool is_half(lk_dtype t) { return t == LK_BF16 || t == LK_F16; }
 } // namespace
 
 extern "C" int lk__cuda_widened(const lk_op_desc *d, void *const *x, lk__cuda_launcher run) {
+    LK_CU_REQUIRE_STREAM();
     int n = lk__op_arity(d->op);
     lk_op_desc f = lk__op_widened(d);
     void *ops[LK_OP_MAX_OPERANDS] = {NULL};
@@ -54,14 +55,14 @@ extern "C" int lk__cuda_widened(const lk_op_desc *d, void *const *x, lk__cuda_la
         ops[i] = buf[i];
         if (d->op == LK_OP_BATCH_NORM && i >= 1 && i <= 4) f.batch_norm.stride[i - 1] = 1;
         if (count[i] > 0) {
-            k_widen<<<lk_cu_blocks(count[i]), LK_CU_THREADS>>>(count[i], x[i], (int)d->dtype[i], stride[i], buf[i]);
+            k_widen<<<lk_cu_blocks(count[i]), LK_CU_THREADS, 0, lk_cu_stream()>>>(count[i], x[i], (int)d->dtype[i], stride[i], buf[i]);
             e = cudaGetLastError();
         }
     }
     if (e == cudaSuccess) e = (cudaError_t)run(&f, ops);
     for (int i = 0; i < n && e == cudaSuccess; i++) {
         if (!buf[i] || !written[i] || count[i] <= 0) continue;
-        k_narrow<<<lk_cu_blocks(count[i]), LK_CU_THREADS>>>(count[i], buf[i], x[i], (int)d->dtype[i], stride[i]);
+        k_narrow<<<lk_cu_blocks(count[i]), LK_CU_THREADS, 0, lk_cu_stream()>>>(count[i], buf[i], x[i], (int)d->dtype[i], stride[i]);
         e = cudaGetLastError();
     }
     lk_cu_scratch_free(base);

@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
 """Turns a CUDA kernel file into C++ for the host emulation (cuda_runtime.h
-here): every launch `kernel<<<grid, block>>>(args)` becomes
-`lk_emu_launch(grid, block, [=] { kernel(args); })`. Nothing else changes.
+here): every launch `kernel<<<grid, block, shared_bytes, stream>>>(args)`
+becomes `lk_emu_launch(grid, block, shared_bytes, stream, [=] { kernel(args); })`.
+The launch configuration is passed through as written, so a launch without
+a stream (the legacy stream 0) finds no matching lk_emu_launch and does not
+compile. Nothing else changes.
 
     cu2cpp.py in.cu out.cpp
 """

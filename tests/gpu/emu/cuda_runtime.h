@@ -4,6 +4,12 @@
  * runs its blocks one after another, each block as blockDim.x host threads
  * (so __syncthreads is a real barrier and __shared__ arrays are shared by
  * the block). Memory is host memory; the stream-ordered calls run at once.
+ * Streams are tokens: the kernel files' lk_cu_stream() (common.cuh) is the
+ * one token here, and a launch, scratch allocation or copy on any other
+ * stream (the legacy stream 0 above all, which a CUDA graph cannot
+ * capture) fails as a launch error, so the emulation also checks that
+ * every call goes on the compute stream; a launch without a stream does
+ * not compile.
  * It checks the kernels' indexing and arithmetic against the CPU backend;
  * it says nothing about the GPU's own behaviour (timing, memory model,
  * libdevice's transcendentals, launch limits). Test-only: never part of the
@@ -36,11 +42,31 @@ static thread_local dim3 threadIdx, blockIdx;
 static dim3 blockDim, gridDim;
 static pthread_barrier_t lk_emu_barrier;
 
-typedef enum { cudaSuccess = 0, cudaErrorInvalidValue = 1, cudaErrorMemoryAllocation = 2 } cudaError_t;
+typedef enum {
+    cudaSuccess = 0,
+    cudaErrorInvalidValue = 1,
+    cudaErrorMemoryAllocation = 2,
+    cudaErrorInvalidResourceHandle = 400
+} cudaError_t;
 typedef void *cudaStream_t;
 enum cudaMemcpyKind { cudaMemcpyHostToHost, cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost, cudaMemcpyDeviceToDevice, cudaMemcpyDefault };
 
-static inline cudaError_t cudaGetLastError(void) { return cudaSuccess; }
+/* The compute stream's token (common.cuh uses this instead of the
+ * library's lk__cuda_stream_current). */
+#define LK_CU_EMU 1
+static char lk_emu_compute_stream;
+static inline cudaStream_t lk_cu_stream(void) { return &lk_emu_compute_stream; }
+/* A launch's error, as the runtime keeps it until cudaGetLastError. */
+static thread_local cudaError_t lk_emu_last_error = cudaSuccess;
+static inline cudaError_t lk_emu_check_stream(cudaStream_t s) {
+    return s == &lk_emu_compute_stream ? cudaSuccess : cudaErrorInvalidResourceHandle;
+}
+
+static inline cudaError_t cudaGetLastError(void) {
+    cudaError_t e = lk_emu_last_error;
+    lk_emu_last_error = cudaSuccess;
+    return e;
+}
 /* Every pointer here is "device memory" to the kernels: the reductions'
  * outputs are then the accumulators themselves, the path a training step
  * takes (gpu_ops on a GPU hands them host memory, the other path). */
@@ -54,18 +80,26 @@ static inline cudaError_t cudaPointerGetAttributes(cudaPointerAttributes *a, con
     return cudaSuccess;
 }
 static inline const char *cudaGetErrorString(cudaError_t e) { return e ? "emulated error" : "no error"; }
-static inline cudaError_t cudaMallocAsync(void **p, size_t n, cudaStream_t) {
+static inline cudaError_t cudaMallocAsync(void **p, size_t n, cudaStream_t st) {
+    *p = NULL;
+    if (cudaError_t e = lk_emu_check_stream(st)) return e;
     *p = malloc(n);
     if (*p) memset(*p, 0xa5, n); /* garbage, as cudaMalloc's memory is */
     return *p ? cudaSuccess : cudaErrorMemoryAllocation;
 }
-static inline cudaError_t cudaMallocAsync(void **p, size_t n, int) { return cudaMallocAsync(p, n, (cudaStream_t)0); }
-static inline cudaError_t cudaFreeAsync(void *p, int) { return free(p), cudaSuccess; }
-static inline cudaError_t cudaMemcpy(void *d, const void *s, size_t n, cudaMemcpyKind) { return memcpy(d, s, n), cudaSuccess; }
-static inline cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, cudaMemcpyKind, int) {
+static inline cudaError_t cudaFreeAsync(void *p, cudaStream_t st) {
+    free(p); /* freed even on the wrong stream: the error is reported, nothing leaks */
+    return lk_emu_check_stream(st);
+}
+static inline cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, cudaMemcpyKind, cudaStream_t st) {
+    if (cudaError_t e = lk_emu_check_stream(st)) return e;
     return memcpy(d, s, n), cudaSuccess;
 }
-static inline cudaError_t cudaMemsetAsync(void *p, int v, size_t n, int) { return memset(p, v, n), cudaSuccess; }
+static inline cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t st) {
+    if (cudaError_t e = lk_emu_check_stream(st)) return e;
+    return memset(p, v, n), cudaSuccess;
+}
+static inline cudaError_t cudaStreamSynchronize(cudaStream_t st) { return lk_emu_check_stream(st); }
 
 static inline void __syncthreads(void) { pthread_barrier_wait(&lk_emu_barrier); }
 static inline uint32_t __float_as_uint(float f) {
@@ -88,8 +122,18 @@ static inline unsigned long long atomicAdd(unsigned long long *p, unsigned long 
     return __atomic_fetch_add(p, v, __ATOMIC_RELAXED);
 }
 
-/* kernel<<<grid, block>>>(args) becomes lk_emu_launch(grid, block, [=] { kernel(args); }) (check.sh). */
-static inline void lk_emu_launch(dim3 grid, dim3 block, const std::function<void()> &f) {
+/* kernel<<<grid, block, shared_bytes, stream>>>(args) becomes
+ * lk_emu_launch(grid, block, shared_bytes, stream, [=] { kernel(args); })
+ * (cu2cpp.py). Only the four-argument form exists: a launch on the
+ * implicit legacy stream does not compile, one on another stream than the
+ * compute stream's token is a launch error (cudaGetLastError). */
+static inline void lk_emu_launch(dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t st,
+                                 const std::function<void()> &f) {
+    (void)shared_bytes; /* the kernels' __shared__ arrays are static here */
+    if (cudaError_t e = lk_emu_check_stream(st)) {
+        lk_emu_last_error = e;
+        return;
+    }
     gridDim = grid, blockDim = block;
     for (unsigned b = 0; b < grid.x; b++) {
         pthread_barrier_init(&lk_emu_barrier, NULL, block.x);
