@@ -374,6 +374,11 @@ typedef struct lk_clip_params {
 typedef struct lk_op_desc {
     lk_op_kind op;
     lk_dtype dtype[LK_OP_MAX_OPERANDS]; /* operand dtypes in run()'s order (see lk_op_kind) */
+    /* NULL, or memory on the op's device holding its per-step values
+     * (lk__op_live_size bytes in lk__op_live_fill's layout), which the
+     * backend then reads when the op executes instead of the descriptor's
+     * live fields: what lets a captured graph replay with new values. */
+    const void *live;
     union {
         lk_gemm_params gemm;
         lk_unary_params unary;
@@ -405,6 +410,32 @@ typedef struct lk_op_desc {
         lk_clip_params clip;
     };
 } lk_op_desc;
+
+/* ---- descriptor fields (op_fields.c) ----------------------------------------
+ * Each op kind's parameter fields, for comparing two descriptors field by
+ * field (padding never counts) and naming the fields that differ. A field
+ * marked live is a per-step value: Adam's step (its bias corrections), a
+ * dropout mask's place in its Philox stream, the loss scale; the rest of a
+ * steady training step's descriptors repeat exactly. */
+typedef struct lk_op_field {
+    const char *name;
+    size_t off, size; /* within lk_op_desc */
+    bool live;
+} lk_op_field;
+typedef struct lk_op_info {
+    const char *name; /* "gemm", "optim_update", ... */
+    const lk_op_field *f;
+    int n;
+} lk_op_info;
+const lk_op_info *lk__op_info(lk_op_kind op);
+/* Same kind, same dtypes and every field of the kind's table equal; with
+ * but_live, the live fields may differ. */
+bool lk__op_desc_same(const lk_op_desc *a, const lk_op_desc *b, bool but_live);
+/* How many bytes of per-step values d's kind reads from `live` (0: none;
+ * such an op must match exactly to replay), and those values of d, in the
+ * layout its kernels read, into out (host memory). */
+size_t lk__op_live_size(const lk_op_desc *d);
+void lk__op_live_fill(const lk_op_desc *d, void *out);
 
 /* How many operands run() takes for an op (GEMM 3, unary backward 4, ...). */
 int lk__op_arity(lk_op_kind op);

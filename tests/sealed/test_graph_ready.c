@@ -23,113 +23,13 @@
 
 enum { FIRST = 3, LAST = 13, STEPS = LAST + 2 };
 
-/* ---- descriptor fields, per op kind ----------------------------------------- */
-typedef struct {
-    const char *name;
-    size_t off, size;
-} field;
-#define F(u, m) {#m, offsetof(lk_op_desc, u.m), sizeof(((lk_op_desc *)0)->u.m)}
-static const field gemm_f[] = {F(gemm, trans_a), F(gemm, trans_b), F(gemm, M),   F(gemm, N),    F(gemm, K),
-                               F(gemm, lda),     F(gemm, ldb),     F(gemm, ldc), F(gemm, alpha), F(gemm, beta)};
-static const field unary_f[] = {F(unary, fn), F(unary, n), F(unary, alpha), F(unary, acc)};
-static const field binary_f[] = {F(binary, fn), F(binary, ndim), F(binary, shape), F(binary, sa), F(binary, sb)};
-static const field axpy_f[] = {F(axpy, n), F(axpy, alpha)};
-static const field affine_f[] = {F(affine, n), F(affine, mul), F(affine, add), F(affine, has_add)};
-static const field sum_to_f[] = {F(sum_to, ndim), F(sum_to, shape), F(sum_to, sd)};
-static const field mask_scale_f[] = {F(mask_scale, n), F(mask_scale, scale)};
-static const field softmax_f[] = {F(softmax, outer), F(softmax, C), F(softmax, inner), F(softmax, log_out)};
-static const field loss_f[] = {F(loss, kind), F(loss, reduction), F(loss, n), F(loss, beta)};
-static const field bce_f[] = {F(bce, n), F(bce, reduction), F(bce, logits)};
-static const field xent_f[] = {F(xent, N),         F(xent, C),   F(xent, D),    F(xent, ignore_index),
-                               F(xent, reduction), F(xent, eps), F(xent, norm), F(xent, W)};
-static const field layer_norm_f[] = {F(layer_norm, M), F(layer_norm, L), F(layer_norm, eps)};
-static const field batch_norm_f[] = {F(batch_norm, N),   F(batch_norm, C),        F(batch_norm, S),
-                                     F(batch_norm, M),   F(batch_norm, eps),      F(batch_norm, momentum),
-                                     F(batch_norm, training), F(batch_norm, stride)};
-static const field optim_f[] = {F(optim, rule),         F(optim, n),     F(optim, step),  F(optim, lr),
-                                F(optim, momentum),     F(optim, dampening), F(optim, weight_decay),
-                                F(optim, beta1),        F(optim, beta2), F(optim, eps),   F(optim, alpha),
-                                F(optim, nesterov),     F(optim, maximize), F(optim, adamw)};
-static const field pool_f[] = {F(pool, kind), F(pool, planes), F(pool, H),  F(pool, W),  F(pool, OH),
-                               F(pool, OW),   F(pool, kh),     F(pool, kw), F(pool, sh), F(pool, sw),
-                               F(pool, ph),   F(pool, pw),     F(pool, count_include_pad)};
-static const field im2col_f[] = {F(im2col, samples), F(im2col, C),  F(im2col, H),  F(im2col, W),  F(im2col, kh),
-                                 F(im2col, kw),      F(im2col, sh), F(im2col, sw), F(im2col, ph), F(im2col, pw),
-                                 F(im2col, dh),      F(im2col, dw), F(im2col, OH), F(im2col, OW), F(im2col, ldc)};
-static const field bias_f[] = {F(bias, samples), F(bias, O), F(bias, P)};
-static const field norm_f[] = {F(norm, n), F(norm, p)};
-static const field nonfinite_f[] = {F(nonfinite, n), F(nonfinite, mul)};
-static const field clamp_f[] = {F(clamp, n), F(clamp, lo), F(clamp, hi)};
-static const field embedding_f[] = {F(embedding, n), F(embedding, V), F(embedding, D)};
-static const field copy_f[] = {F(copy, ndim), F(copy, shape), F(copy, ss), F(copy, sd), F(copy, accumulate)};
-static const field fill_f[] = {F(fill, ndim), F(fill, shape), F(fill, sd), F(fill, value)};
-static const field bn_split_f[] = {F(bn_split, N), F(bn_split, C), F(bn_split, S), F(bn_split, stat), F(bn_split, backward)};
-static const field accuracy_f[] = {F(accuracy, N), F(accuracy, C)};
-static const field dropout_mask_f[] = {F(dropout_mask, n),    F(dropout_mask, key),    F(dropout_mask, ctr),
-                                       F(dropout_mask, head), F(dropout_mask, head_n), F(dropout_mask, thr)};
-static const field increment_f[] = {F(increment, n), F(increment, by)};
-static const field clip_f[] = {F(clip, n), F(clip, p), F(clip, max_norm)};
-#undef F
-
-typedef struct {
-    const char *name;
-    const field *f;
-    int n;
-} op_info;
-#define OPI(name, arr) {name, arr, (int)(sizeof arr / sizeof arr[0])}
-/* Which parameter block each op reads (backend_impl.h's comments). A new
- * op kind without an entry fails every_op_has_fields below. */
-static const op_info ops[LK_OP_COUNT] = {
-    [LK_OP_GEMM] = OPI("gemm", gemm_f),
-    [LK_OP_UNARY] = OPI("unary", unary_f),
-    [LK_OP_UNARY_BACKWARD] = OPI("unary_backward", unary_f),
-    [LK_OP_BINARY] = OPI("binary", binary_f),
-    [LK_OP_AXPY] = OPI("axpy", axpy_f),
-    [LK_OP_AFFINE] = OPI("affine", affine_f),
-    [LK_OP_SUM_TO] = OPI("sum_to", sum_to_f),
-    [LK_OP_MASK_SCALE] = OPI("mask_scale", mask_scale_f),
-    [LK_OP_SOFTMAX] = OPI("softmax", softmax_f),
-    [LK_OP_SOFTMAX_BACKWARD] = OPI("softmax_backward", softmax_f),
-    [LK_OP_LOSS] = OPI("loss", loss_f),
-    [LK_OP_LOSS_BACKWARD] = OPI("loss_backward", loss_f),
-    [LK_OP_BCE] = OPI("bce", bce_f),
-    [LK_OP_BCE_BACKWARD] = OPI("bce_backward", bce_f),
-    [LK_OP_XENT] = OPI("xent", xent_f),
-    [LK_OP_XENT_BACKWARD] = OPI("xent_backward", xent_f),
-    [LK_OP_NLL] = OPI("nll", xent_f),
-    [LK_OP_NLL_BACKWARD] = OPI("nll_backward", xent_f),
-    [LK_OP_LAYER_NORM] = OPI("layer_norm", layer_norm_f),
-    [LK_OP_LAYER_NORM_BACKWARD] = OPI("layer_norm_backward", layer_norm_f),
-    [LK_OP_BATCH_NORM] = OPI("batch_norm", batch_norm_f),
-    [LK_OP_BATCH_NORM_BACKWARD] = OPI("batch_norm_backward", batch_norm_f),
-    [LK_OP_OPTIM_UPDATE] = OPI("optim_update", optim_f),
-    [LK_OP_POOL2D] = OPI("pool2d", pool_f),
-    [LK_OP_POOL2D_BACKWARD] = OPI("pool2d_backward", pool_f),
-    [LK_OP_IM2COL] = OPI("im2col", im2col_f),
-    [LK_OP_COL2IM] = OPI("col2im", im2col_f),
-    [LK_OP_BIAS_ADD] = OPI("bias_add", bias_f),
-    [LK_OP_CHANNEL_SUM] = OPI("channel_sum", bias_f),
-    [LK_OP_NORM] = OPI("norm", norm_f),
-    [LK_OP_NONFINITE] = OPI("nonfinite", nonfinite_f),
-    [LK_OP_UNSCALE] = OPI("unscale", nonfinite_f),
-    [LK_OP_CLAMP] = OPI("clamp", clamp_f),
-    [LK_OP_EMBEDDING] = OPI("embedding", embedding_f),
-    [LK_OP_EMBEDDING_BACKWARD] = OPI("embedding_backward", embedding_f),
-    [LK_OP_COPY] = OPI("copy", copy_f),
-    [LK_OP_FILL] = OPI("fill", fill_f),
-    [LK_OP_BN_STATS] = OPI("bn_stats", bn_split_f),
-    [LK_OP_BN_APPLY] = OPI("bn_apply", bn_split_f),
-    [LK_OP_ACCURACY] = OPI("accuracy", accuracy_f),
-    [LK_OP_DROPOUT_MASK] = OPI("dropout_mask", dropout_mask_f),
-    [LK_OP_INCREMENT] = OPI("increment", increment_f),
-    [LK_OP_CLIP_COEF] = OPI("clip_coef", clip_f),
-    [LK_OP_SCALE_BY] = OPI("scale_by", clip_f),
-};
-#undef OPI
+/* ---- descriptor fields, per op kind: the library's table (op_fields.c) ------ */
+typedef lk_op_field field;
+typedef lk_op_info op_info;
 
 static void every_op_has_fields(void) {
     for (int k = 0; k < LK_OP_COUNT; k++)
-        CHECK_MSG(ops[k].name && ops[k].n > 0, "op kind %d has no entry in this test's field table", k);
+        CHECK_MSG(lk__op_info(k) && lk__op_info(k)->n > 0, "op kind %d has no entry in op_fields.c's table", k);
 }
 
 /* ---- the recording backend ------------------------------------------------------ */
@@ -302,7 +202,7 @@ static cmp_out compare(int a, int b) {
     int nf = 0, np = 0;
     for (int i = 0; i < rec.n[a]; i++) {
         const rec_op *x = &rec.ops[a][i], *y = &rec.ops[b][i];
-        const op_info *oi = &ops[x->d.op];
+        const op_info *oi = lk__op_info(x->d.op);
         unsigned moved = 0;
         for (int j = 0; j < x->n; j++) moved |= (unsigned)(x->x[j] != y->x[j]) << j;
         if (moved) c.ptr_diff++, tally_add(ptrs, &np, 32, oi->name, moved);
@@ -369,7 +269,7 @@ static bool replay_run(int a, int b, bool update) {
         if (j >= rec.ncalls[a] || (i < rec.n[a] && rec.ops[a][i].seq < rec.calls[a][j].seq)) {
             const rec_op *r = &rec.ops[a][i], *q = &rec.ops[b][i];
             lk_op_desc d = r->d;
-            const op_info *oi = &ops[d.op];
+            const op_info *oi = lk__op_info(d.op);
             for (int f = 0; update && f < oi->n; f++)
                 if (field_listed(rp.fields, oi->name, oi->f[f].name))
                     memcpy((char *)&d + oi->f[f].off, (const char *)&q->d + oi->f[f].off, oi->f[f].size);

@@ -1,0 +1,136 @@
+/* Each op kind's parameter fields, by name, offset and size: what makes two
+ * descriptors "the same op" (a recorded step replayed as a graph must issue
+ * the same ops over the same shapes), compared field by field so padding
+ * never counts and a difference can be named. Fields marked live are the
+ * op's per-step values (see lk__op_live_size in backend_impl.h): they may
+ * differ between two descriptors of one replayed op, because the backend
+ * reads them at execution time from device memory when the descriptor's
+ * `live` is set. */
+#include <stddef.h>
+#include <string.h>
+
+#include "backend/backend_impl.h"
+
+#define F(u, m) {#m, offsetof(lk_op_desc, u.m), sizeof(((lk_op_desc *)0)->u.m), false}
+static const lk_op_field gemm_f[] = {F(gemm, trans_a), F(gemm, trans_b), F(gemm, M),   F(gemm, N),    F(gemm, K),
+                               F(gemm, lda),     F(gemm, ldb),     F(gemm, ldc), F(gemm, alpha), F(gemm, beta)};
+static const lk_op_field unary_f[] = {F(unary, fn), F(unary, n), F(unary, alpha), F(unary, acc)};
+static const lk_op_field binary_f[] = {F(binary, fn), F(binary, ndim), F(binary, shape), F(binary, sa), F(binary, sb)};
+static const lk_op_field axpy_f[] = {F(axpy, n), F(axpy, alpha)};
+static const lk_op_field affine_f[] = {F(affine, n), F(affine, mul), F(affine, add), F(affine, has_add)};
+static const lk_op_field sum_to_f[] = {F(sum_to, ndim), F(sum_to, shape), F(sum_to, sd)};
+static const lk_op_field mask_scale_f[] = {F(mask_scale, n), F(mask_scale, scale)};
+static const lk_op_field softmax_f[] = {F(softmax, outer), F(softmax, C), F(softmax, inner), F(softmax, log_out)};
+static const lk_op_field loss_f[] = {F(loss, kind), F(loss, reduction), F(loss, n), F(loss, beta)};
+static const lk_op_field bce_f[] = {F(bce, n), F(bce, reduction), F(bce, logits)};
+static const lk_op_field xent_f[] = {F(xent, N),         F(xent, C),   F(xent, D),    F(xent, ignore_index),
+                               F(xent, reduction), F(xent, eps), F(xent, norm), F(xent, W)};
+static const lk_op_field layer_norm_f[] = {F(layer_norm, M), F(layer_norm, L), F(layer_norm, eps)};
+static const lk_op_field batch_norm_f[] = {F(batch_norm, N),   F(batch_norm, C),        F(batch_norm, S),
+                                     F(batch_norm, M),   F(batch_norm, eps),      F(batch_norm, momentum),
+                                     F(batch_norm, training), F(batch_norm, stride)};
+static const lk_op_field optim_f[] = {F(optim, rule),         F(optim, n),     F(optim, step),  F(optim, lr),
+                                F(optim, momentum),     F(optim, dampening), F(optim, weight_decay),
+                                F(optim, beta1),        F(optim, beta2), F(optim, eps),   F(optim, alpha),
+                                F(optim, nesterov),     F(optim, maximize), F(optim, adamw)};
+static const lk_op_field pool_f[] = {F(pool, kind), F(pool, planes), F(pool, H),  F(pool, W),  F(pool, OH),
+                               F(pool, OW),   F(pool, kh),     F(pool, kw), F(pool, sh), F(pool, sw),
+                               F(pool, ph),   F(pool, pw),     F(pool, count_include_pad)};
+static const lk_op_field im2col_f[] = {F(im2col, samples), F(im2col, C),  F(im2col, H),  F(im2col, W),  F(im2col, kh),
+                                 F(im2col, kw),      F(im2col, sh), F(im2col, sw), F(im2col, ph), F(im2col, pw),
+                                 F(im2col, dh),      F(im2col, dw), F(im2col, OH), F(im2col, OW), F(im2col, ldc)};
+static const lk_op_field bias_f[] = {F(bias, samples), F(bias, O), F(bias, P)};
+static const lk_op_field norm_f[] = {F(norm, n), F(norm, p)};
+static const lk_op_field nonfinite_f[] = {F(nonfinite, n), F(nonfinite, mul)};
+static const lk_op_field clamp_f[] = {F(clamp, n), F(clamp, lo), F(clamp, hi)};
+static const lk_op_field embedding_f[] = {F(embedding, n), F(embedding, V), F(embedding, D)};
+static const lk_op_field copy_f[] = {F(copy, ndim), F(copy, shape), F(copy, ss), F(copy, sd), F(copy, accumulate)};
+static const lk_op_field fill_f[] = {F(fill, ndim), F(fill, shape), F(fill, sd), F(fill, value)};
+static const lk_op_field bn_split_f[] = {F(bn_split, N), F(bn_split, C), F(bn_split, S), F(bn_split, stat), F(bn_split, backward)};
+static const lk_op_field accuracy_f[] = {F(accuracy, N), F(accuracy, C)};
+static const lk_op_field dropout_mask_f[] = {F(dropout_mask, n),    F(dropout_mask, key),    F(dropout_mask, ctr),
+                                       F(dropout_mask, head), F(dropout_mask, head_n), F(dropout_mask, thr)};
+static const lk_op_field increment_f[] = {F(increment, n), F(increment, by)};
+static const lk_op_field clip_f[] = {F(clip, n), F(clip, p), F(clip, max_norm)};
+#undef F
+
+#define OPI(name, arr) {name, arr, (int)(sizeof arr / sizeof arr[0])}
+/* Which parameter block each op reads (backend_impl.h's comments). A new op
+ * kind without an entry fails backend_op_fields (tests/backend). */
+static const lk_op_info ops[LK_OP_COUNT] = {
+    [LK_OP_GEMM] = OPI("gemm", gemm_f),
+    [LK_OP_UNARY] = OPI("unary", unary_f),
+    [LK_OP_UNARY_BACKWARD] = OPI("unary_backward", unary_f),
+    [LK_OP_BINARY] = OPI("binary", binary_f),
+    [LK_OP_AXPY] = OPI("axpy", axpy_f),
+    [LK_OP_AFFINE] = OPI("affine", affine_f),
+    [LK_OP_SUM_TO] = OPI("sum_to", sum_to_f),
+    [LK_OP_MASK_SCALE] = OPI("mask_scale", mask_scale_f),
+    [LK_OP_SOFTMAX] = OPI("softmax", softmax_f),
+    [LK_OP_SOFTMAX_BACKWARD] = OPI("softmax_backward", softmax_f),
+    [LK_OP_LOSS] = OPI("loss", loss_f),
+    [LK_OP_LOSS_BACKWARD] = OPI("loss_backward", loss_f),
+    [LK_OP_BCE] = OPI("bce", bce_f),
+    [LK_OP_BCE_BACKWARD] = OPI("bce_backward", bce_f),
+    [LK_OP_XENT] = OPI("xent", xent_f),
+    [LK_OP_XENT_BACKWARD] = OPI("xent_backward", xent_f),
+    [LK_OP_NLL] = OPI("nll", xent_f),
+    [LK_OP_NLL_BACKWARD] = OPI("nll_backward", xent_f),
+    [LK_OP_LAYER_NORM] = OPI("layer_norm", layer_norm_f),
+    [LK_OP_LAYER_NORM_BACKWARD] = OPI("layer_norm_backward", layer_norm_f),
+    [LK_OP_BATCH_NORM] = OPI("batch_norm", batch_norm_f),
+    [LK_OP_BATCH_NORM_BACKWARD] = OPI("batch_norm_backward", batch_norm_f),
+    [LK_OP_OPTIM_UPDATE] = OPI("optim_update", optim_f),
+    [LK_OP_POOL2D] = OPI("pool2d", pool_f),
+    [LK_OP_POOL2D_BACKWARD] = OPI("pool2d_backward", pool_f),
+    [LK_OP_IM2COL] = OPI("im2col", im2col_f),
+    [LK_OP_COL2IM] = OPI("col2im", im2col_f),
+    [LK_OP_BIAS_ADD] = OPI("bias_add", bias_f),
+    [LK_OP_CHANNEL_SUM] = OPI("channel_sum", bias_f),
+    [LK_OP_NORM] = OPI("norm", norm_f),
+    [LK_OP_NONFINITE] = OPI("nonfinite", nonfinite_f),
+    [LK_OP_UNSCALE] = OPI("unscale", nonfinite_f),
+    [LK_OP_CLAMP] = OPI("clamp", clamp_f),
+    [LK_OP_EMBEDDING] = OPI("embedding", embedding_f),
+    [LK_OP_EMBEDDING_BACKWARD] = OPI("embedding_backward", embedding_f),
+    [LK_OP_COPY] = OPI("copy", copy_f),
+    [LK_OP_FILL] = OPI("fill", fill_f),
+    [LK_OP_BN_STATS] = OPI("bn_stats", bn_split_f),
+    [LK_OP_BN_APPLY] = OPI("bn_apply", bn_split_f),
+    [LK_OP_ACCURACY] = OPI("accuracy", accuracy_f),
+    [LK_OP_DROPOUT_MASK] = OPI("dropout_mask", dropout_mask_f),
+    [LK_OP_INCREMENT] = OPI("increment", increment_f),
+    [LK_OP_CLIP_COEF] = OPI("clip_coef", clip_f),
+    [LK_OP_SCALE_BY] = OPI("scale_by", clip_f),
+};
+#undef OPI
+
+const lk_op_info *lk__op_info(lk_op_kind op) {
+    return op >= 0 && op < LK_OP_COUNT && ops[op].name ? &ops[op] : NULL;
+}
+
+bool lk__op_desc_same(const lk_op_desc *a, const lk_op_desc *b, bool but_live) {
+    if (a->op != b->op) return false;
+    int arity = lk__op_arity(a->op);
+    for (int i = 0; i < arity; i++)
+        if (a->dtype[i] != b->dtype[i]) return false;
+    const lk_op_info *oi = lk__op_info(a->op);
+    if (!oi) return false;
+    for (int f = 0; f < oi->n; f++) {
+        const lk_op_field *fl = &oi->f[f];
+        if (but_live && fl->live) continue;
+        if (memcmp((const char *)a + fl->off, (const char *)b + fl->off, fl->size)) return false;
+    }
+    return true;
+}
+
+/* No op reads per-step values from device memory yet: every field must
+ * match for a replay. */
+size_t lk__op_live_size(const lk_op_desc *d) {
+    (void)d;
+    return 0;
+}
+
+void lk__op_live_fill(const lk_op_desc *d, void *out) {
+    (void)d, (void)out;
+}
