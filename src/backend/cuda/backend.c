@@ -151,9 +151,10 @@ static bool cuda_supports(const lk_op_desc *d) {
     case LK_OP_ACCURACY: /* as the CPU: 16-bit logits read by the kernel itself */
         return is_elem(d->dtype[0]) && (d->dtype[1] == LK_I64 || d->dtype[1] == LK_I32 || d->dtype[1] == LK_U8) &&
                d->dtype[2] == LK_F64 && d->accuracy.N >= 0 && d->accuracy.C >= 0;
-    case LK_OP_DROPOUT_MASK: /* as the CPU */
-        return d->dtype[0] == LK_U8 && d->dropout_mask.n >= 0 && d->dropout_mask.head_n >= 0 &&
-               d->dropout_mask.head_n <= 3 && d->dropout_mask.head_n <= d->dropout_mask.n;
+    case LK_OP_DROPOUT_MASK: /* as the CPU; a live head_n is clamped by the kernel (elementwise.cu) */
+        return d->dtype[0] == LK_U8 && d->dropout_mask.n >= 0 &&
+               (d->live || (d->dropout_mask.head_n >= 0 && d->dropout_mask.head_n <= 3 &&
+                            d->dropout_mask.head_n <= d->dropout_mask.n));
     case LK_OP_INCREMENT: return d->dtype[0] == LK_I64 && d->increment.n >= 0;
     /* clip_grad_norm_ on the device (optim.cu), as the CPU */
     case LK_OP_CLIP_COEF:
