@@ -909,6 +909,15 @@ static void unsupported_is_an_error(void) {
     CHECK_ERR(lk__backend_run(gpu0, &u, (void *[]){host, host}), LK_STATUS_INVALID_ARGUMENT,
               "operand 0");
     CHECK(strstr(lk_last_error(), "is host memory, expected cuda device memory"));
+    /* a live block in host memory: the kernel would read it from the device */
+    void *dx = NULL;
+    CHECK_OK(lk_device_alloc(gpu0, 4 * sizeof(float), &dx));
+    lk_affine_live lv = {2.0f, 0.0f};
+    lk_op_desc a = {.op = LK_OP_AFFINE, .dtype = {LK_F32, LK_F32}, .live = &lv};
+    a.affine = (lk_affine_params){4, 1.0f, 0.0f, false};
+    CHECK_ERR(lk__backend_run(gpu0, &a, (void *[]){dx, dx}), LK_STATUS_INVALID_ARGUMENT, "its live block");
+    CHECK(strstr(lk_last_error(), "is host memory, expected cuda device memory"));
+    lk_device_free(gpu0, dx, 4 * sizeof(float));
 }
 
 /* The operand the cuda backend keeps f32 where the CPU's supports() also

@@ -11,8 +11,9 @@
 namespace {
 
 /* live: NULL, or the update's constants in device memory (lk_optim_live,
- * computed on the host by lk__op_live_fill), read over c; the state arrays'
- * flags stay c's (the operands'). */
+ * computed on the host by lk__op_live_fill), read over c; which state
+ * arrays exist (Adam's amsgrad, RMSprop's momentum buffer and grad_avg)
+ * stays c's, the operands'. */
 __global__ void k_sgd(int64_t n, void *p, const void *g, int pdt, float *buf, lk_k_sgd c, const lk_k_sgd *live) {
     if (live) c = *live;
     LK_CU_FOR(i, n) {
