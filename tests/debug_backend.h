@@ -70,6 +70,8 @@ static int64_t dbg_offset(int ndim, const int64_t *shape, const int64_t *st, int
 }
 
 static lk_status dbg_be_run(const lk_op_desc *d, void *const *x) {
+    lk_op_desc tmp; /* per-step values from `live` (host memory here), as the CPU backend reads them */
+    d = lk__op_live_apply(d, &tmp);
     __atomic_fetch_add(&dbg_ran[d->op], 1, __ATOMIC_RELAXED);
     switch (d->op) {
     case LK_OP_GEMM: dbg_gemm(&d->gemm, x[0], x[1], x[2]); break;

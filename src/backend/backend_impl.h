@@ -183,6 +183,18 @@ static inline lk_k_rmsprop lk__optim_rmsprop_consts(const lk_optim_params *c, bo
                           (float)c->momentum, (float)(-c->lr), c->weight_decay != 0.0, c->maximize, centered, has_mom};
 }
 
+/* LK_OP_OPTIM_UPDATE's per-step values (its `live` block, the rule's member):
+ * the constants themselves, as lk__optim_*_consts compute them on the host
+ * from the descriptor (in double, rounded once), with the flags that say
+ * which state arrays exist left false; a backend takes those from its
+ * operands (kernels/optim.h's lk_k_*_live). Constants, not step and lr,
+ * because a device's pow would not round as glibc's does. */
+typedef union lk_optim_live {
+    lk_k_sgd sgd;
+    lk_k_adam adam;
+    lk_k_rmsprop rmsprop;
+} lk_optim_live;
+
 /* LK_OP_POOL2D / _BACKWARD over `planes` contiguous H x W planes into OH x
  * OW, PyTorch's geometry (kernels/conv.h); adaptive avg uses only the sizes. */
 typedef enum { LK_POOL_MAX, LK_POOL_AVG, LK_POOL_ADAPTIVE_AVG } lk_pool_kind;
@@ -353,6 +365,13 @@ typedef struct lk_dropout_mask_params {
     int head_n;
     float thr;
 } lk_dropout_mask_params;
+/* Its per-step values (`live`): the stream's place, the fields of the same
+ * names. With `live` set, head_n is not checked by supports (it may hold
+ * anything); the CPU checks the block's, a kernel clamps it to 0..3. */
+typedef struct lk_dropout_mask_live {
+    uint32_t ctr[4], head[3];
+    int head_n;
+} lk_dropout_mask_live;
 
 /* LK_OP_INCREMENT over n contiguous i64 elements (two's complement wrap). */
 typedef struct lk_increment_params {
@@ -436,6 +455,32 @@ bool lk__op_desc_same(const lk_op_desc *a, const lk_op_desc *b, bool but_live);
  * layout its kernels read, into out (host memory). */
 size_t lk__op_live_size(const lk_op_desc *d);
 void lk__op_live_fill(const lk_op_desc *d, void *out);
+/* LK_OP_AFFINE's per-step values: mul, add (the loss scale under
+ * 16-mixed); LK_OP_UNSCALE's: mul (1 / scale). */
+typedef struct lk_affine_live {
+    float mul, add;
+} lk_affine_live;
+typedef struct lk_unscale_live {
+    float mul;
+} lk_unscale_live;
+/* The descriptor a host-memory backend runs for d: d itself, or (`live`
+ * set, an affine, unscale or dropout mask) a copy in *tmp with the live
+ * fields read from `live`. An optimizer update reads its constants with
+ * lk__optim_*_consts_of instead. */
+const lk_op_desc *lk__op_live_apply(const lk_op_desc *d, lk_op_desc *tmp);
+/* An update's constants from host memory: d's `live` block when set (the
+ * state arrays' flags from the caller), else computed from its fields. */
+static inline lk_k_sgd lk__optim_sgd_consts_of(const lk_op_desc *d) {
+    return d->live ? ((const lk_optim_live *)d->live)->sgd : lk__optim_sgd_consts(&d->optim);
+}
+static inline lk_k_adam lk__optim_adam_consts_of(const lk_op_desc *d, bool amsgrad) {
+    return d->live ? lk_k_adam_live(&((const lk_optim_live *)d->live)->adam, amsgrad)
+                   : lk__optim_adam_consts(&d->optim, amsgrad);
+}
+static inline lk_k_rmsprop lk__optim_rmsprop_consts_of(const lk_op_desc *d, bool has_mom, bool centered) {
+    return d->live ? lk_k_rmsprop_live(&((const lk_optim_live *)d->live)->rmsprop, has_mom, centered)
+                   : lk__optim_rmsprop_consts(&d->optim, has_mom, centered);
+}
 
 /* How many operands run() takes for an op (GEMM 3, unary backward 4, ...). */
 int lk__op_arity(lk_op_kind op);

@@ -12,12 +12,14 @@
 #include "backend/backend_impl.h"
 
 #define F(u, m) {#m, offsetof(lk_op_desc, u.m), sizeof(((lk_op_desc *)0)->u.m), false}
+/* A per-step field: read from `live` when set (lk__op_live_fill's layout below). */
+#define L(u, m) {#m, offsetof(lk_op_desc, u.m), sizeof(((lk_op_desc *)0)->u.m), true}
 static const lk_op_field gemm_f[] = {F(gemm, trans_a), F(gemm, trans_b), F(gemm, M),   F(gemm, N),    F(gemm, K),
                                F(gemm, lda),     F(gemm, ldb),     F(gemm, ldc), F(gemm, alpha), F(gemm, beta)};
 static const lk_op_field unary_f[] = {F(unary, fn), F(unary, n), F(unary, alpha), F(unary, acc)};
 static const lk_op_field binary_f[] = {F(binary, fn), F(binary, ndim), F(binary, shape), F(binary, sa), F(binary, sb)};
 static const lk_op_field axpy_f[] = {F(axpy, n), F(axpy, alpha)};
-static const lk_op_field affine_f[] = {F(affine, n), F(affine, mul), F(affine, add), F(affine, has_add)};
+static const lk_op_field affine_f[] = {F(affine, n), L(affine, mul), L(affine, add), F(affine, has_add)};
 static const lk_op_field sum_to_f[] = {F(sum_to, ndim), F(sum_to, shape), F(sum_to, sd)};
 static const lk_op_field mask_scale_f[] = {F(mask_scale, n), F(mask_scale, scale)};
 static const lk_op_field softmax_f[] = {F(softmax, outer), F(softmax, C), F(softmax, inner), F(softmax, log_out)};
@@ -29,9 +31,11 @@ static const lk_op_field layer_norm_f[] = {F(layer_norm, M), F(layer_norm, L), F
 static const lk_op_field batch_norm_f[] = {F(batch_norm, N),   F(batch_norm, C),        F(batch_norm, S),
                                      F(batch_norm, M),   F(batch_norm, eps),      F(batch_norm, momentum),
                                      F(batch_norm, training), F(batch_norm, stride)};
-static const lk_op_field optim_f[] = {F(optim, rule),         F(optim, n),     F(optim, step),  F(optim, lr),
-                                F(optim, momentum),     F(optim, dampening), F(optim, weight_decay),
-                                F(optim, beta1),        F(optim, beta2), F(optim, eps),   F(optim, alpha),
+/* step, lr and what OneCycle cycles (SGD's and RMSprop's momentum, Adam's
+ * beta1) are per step; a scheduler changes nothing else. */
+static const lk_op_field optim_f[] = {F(optim, rule),         F(optim, n),     L(optim, step),  L(optim, lr),
+                                L(optim, momentum),     F(optim, dampening), F(optim, weight_decay),
+                                L(optim, beta1),        F(optim, beta2), F(optim, eps),   F(optim, alpha),
                                 F(optim, nesterov),     F(optim, maximize), F(optim, adamw)};
 static const lk_op_field pool_f[] = {F(pool, kind), F(pool, planes), F(pool, H),  F(pool, W),  F(pool, OH),
                                F(pool, OW),   F(pool, kh),     F(pool, kw), F(pool, sh), F(pool, sw),
@@ -42,17 +46,20 @@ static const lk_op_field im2col_f[] = {F(im2col, samples), F(im2col, C),  F(im2c
 static const lk_op_field bias_f[] = {F(bias, samples), F(bias, O), F(bias, P)};
 static const lk_op_field norm_f[] = {F(norm, n), F(norm, p)};
 static const lk_op_field nonfinite_f[] = {F(nonfinite, n), F(nonfinite, mul)};
+/* unscale's mul is 1 / the loss scale (nonfinite reads no mul) */
+static const lk_op_field unscale_f[] = {F(nonfinite, n), L(nonfinite, mul)};
 static const lk_op_field clamp_f[] = {F(clamp, n), F(clamp, lo), F(clamp, hi)};
 static const lk_op_field embedding_f[] = {F(embedding, n), F(embedding, V), F(embedding, D)};
 static const lk_op_field copy_f[] = {F(copy, ndim), F(copy, shape), F(copy, ss), F(copy, sd), F(copy, accumulate)};
 static const lk_op_field fill_f[] = {F(fill, ndim), F(fill, shape), F(fill, sd), F(fill, value)};
 static const lk_op_field bn_split_f[] = {F(bn_split, N), F(bn_split, C), F(bn_split, S), F(bn_split, stat), F(bn_split, backward)};
 static const lk_op_field accuracy_f[] = {F(accuracy, N), F(accuracy, C)};
-static const lk_op_field dropout_mask_f[] = {F(dropout_mask, n),    F(dropout_mask, key),    F(dropout_mask, ctr),
-                                       F(dropout_mask, head), F(dropout_mask, head_n), F(dropout_mask, thr)};
+static const lk_op_field dropout_mask_f[] = {F(dropout_mask, n),    F(dropout_mask, key),    L(dropout_mask, ctr),
+                                       L(dropout_mask, head), L(dropout_mask, head_n), F(dropout_mask, thr)};
 static const lk_op_field increment_f[] = {F(increment, n), F(increment, by)};
 static const lk_op_field clip_f[] = {F(clip, n), F(clip, p), F(clip, max_norm)};
 #undef F
+#undef L
 
 #define OPI(name, arr) {name, arr, (int)(sizeof arr / sizeof arr[0])}
 /* Which parameter block each op reads (backend_impl.h's comments). A new op
@@ -89,7 +96,7 @@ static const lk_op_info ops[LK_OP_COUNT] = {
     [LK_OP_CHANNEL_SUM] = OPI("channel_sum", bias_f),
     [LK_OP_NORM] = OPI("norm", norm_f),
     [LK_OP_NONFINITE] = OPI("nonfinite", nonfinite_f),
-    [LK_OP_UNSCALE] = OPI("unscale", nonfinite_f),
+    [LK_OP_UNSCALE] = OPI("unscale", unscale_f),
     [LK_OP_CLAMP] = OPI("clamp", clamp_f),
     [LK_OP_EMBEDDING] = OPI("embedding", embedding_f),
     [LK_OP_EMBEDDING_BACKWARD] = OPI("embedding_backward", embedding_f),
@@ -124,13 +131,90 @@ bool lk__op_desc_same(const lk_op_desc *a, const lk_op_desc *b, bool but_live) {
     return true;
 }
 
-/* No op reads per-step values from device memory yet: every field must
- * match for a replay. */
+/* The live blocks, one layout per kind (backend_impl.h's lk_*_live): what
+ * the kernels read, so a device reads the block as it is. An optimizer
+ * update's block is its constants, computed here in the same double
+ * arithmetic as the eager path, never on a device. */
 size_t lk__op_live_size(const lk_op_desc *d) {
-    (void)d;
-    return 0;
+    switch (d->op) {
+    case LK_OP_AFFINE: return sizeof(lk_affine_live);
+    case LK_OP_UNSCALE: return sizeof(lk_unscale_live);
+    case LK_OP_DROPOUT_MASK: return sizeof(lk_dropout_mask_live);
+    case LK_OP_OPTIM_UPDATE:
+        switch (d->optim.rule) {
+        case LK_OPTIM_RULE_SGD: return sizeof(lk_k_sgd);
+        case LK_OPTIM_RULE_ADAM: return sizeof(lk_k_adam);
+        case LK_OPTIM_RULE_RMSPROP: return sizeof(lk_k_rmsprop);
+        }
+        return 0;
+    default: return 0;
+    }
 }
 
 void lk__op_live_fill(const lk_op_desc *d, void *out) {
-    (void)d, (void)out;
+    switch (d->op) {
+    case LK_OP_AFFINE: {
+        const lk_affine_live v = {d->affine.mul, d->affine.add};
+        memcpy(out, &v, sizeof v);
+        break;
+    }
+    case LK_OP_UNSCALE: {
+        const lk_unscale_live v = {d->nonfinite.mul};
+        memcpy(out, &v, sizeof v);
+        break;
+    }
+    case LK_OP_DROPOUT_MASK: {
+        lk_dropout_mask_live v;
+        memset(&v, 0, sizeof v);
+        memcpy(v.ctr, d->dropout_mask.ctr, sizeof v.ctr);
+        memcpy(v.head, d->dropout_mask.head, sizeof v.head);
+        v.head_n = d->dropout_mask.head_n;
+        memcpy(out, &v, sizeof v);
+        break;
+    }
+    case LK_OP_OPTIM_UPDATE: {
+        /* the state arrays' flags false: the operands say (lk_k_*_live); the
+         * union zeroed first so its unused bytes are defined */
+        lk_optim_live v;
+        memset(&v, 0, sizeof v);
+        switch (d->optim.rule) {
+        case LK_OPTIM_RULE_SGD: v.sgd = lk__optim_sgd_consts(&d->optim); break;
+        case LK_OPTIM_RULE_ADAM: v.adam = lk__optim_adam_consts(&d->optim, false); break;
+        case LK_OPTIM_RULE_RMSPROP: v.rmsprop = lk__optim_rmsprop_consts(&d->optim, false, false); break;
+        }
+        memcpy(out, &v, lk__op_live_size(d));
+        break;
+    }
+    default: break;
+    }
+}
+
+const lk_op_desc *lk__op_live_apply(const lk_op_desc *d, lk_op_desc *tmp) {
+    if (!d->live) return d;
+    switch (d->op) {
+    case LK_OP_AFFINE: {
+        lk_affine_live v;
+        memcpy(&v, d->live, sizeof v);
+        *tmp = *d;
+        tmp->affine.mul = v.mul, tmp->affine.add = v.add;
+        return tmp;
+    }
+    case LK_OP_UNSCALE: {
+        lk_unscale_live v;
+        memcpy(&v, d->live, sizeof v);
+        *tmp = *d;
+        tmp->nonfinite.mul = v.mul;
+        return tmp;
+    }
+    case LK_OP_DROPOUT_MASK: {
+        lk_dropout_mask_live v;
+        memcpy(&v, d->live, sizeof v);
+        *tmp = *d;
+        memcpy(tmp->dropout_mask.ctr, v.ctr, sizeof v.ctr);
+        memcpy(tmp->dropout_mask.head, v.head, sizeof v.head);
+        tmp->dropout_mask.head_n = v.head_n;
+        return tmp;
+    }
+    default: return d; /* the optimizer reads its block itself; other kinds have none */
+    }
 }

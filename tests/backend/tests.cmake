@@ -5,3 +5,4 @@ lk_add_test(NAME backend_grad_utils SOURCES backend/test_grad_utils.c LABELS uni
 lk_add_test(NAME backend_copy SOURCES backend/test_copy.c LABELS unit parity)
 lk_add_test(NAME backend_bn_split SOURCES backend/test_bn_split.c LABELS unit parity)
 lk_add_test(NAME backend_accuracy SOURCES backend/test_accuracy.c LABELS unit parity)
+lk_add_test(NAME backend_live SOURCES backend/test_live.c LABELS unit parity)

@@ -61,6 +61,11 @@ typedef struct op_case {
     opnd o[LK_OP_MAX_OPERANDS];
     tol t;
     void (*fix)(const struct op_case *c, void **ops); /* adjusts the host inputs before both runs, or NULL */
+    /* the second run's descriptor has its live fields overwritten (0xA5
+     * bytes) and `live` pointing at lk__op_live_fill of the real one, in
+     * device memory on a GPU (host memory for the emulation and --table):
+     * the kernels must read their per-step values from there */
+    bool live;
 } op_case;
 
 static uint32_t rng = 12345;
@@ -161,7 +166,25 @@ static void run_case(const op_case *c) {
     lk__op_desc_str(&c->d, what, sizeof what);
     cases_run++;
     int bad0 = lk_t_failed_checks;
-    CHECK_MSG(lk__cuda_backend.supports(&c->d), "%s: the cuda backend does not take %s", c->name, what);
+    lk_op_desc d2 = c->d; /* the second run's */
+    unsigned char live_h[256];
+    void *live_dev = NULL;
+    size_t live_n = c->live ? lk__op_live_size(&c->d) : 0;
+    if (c->live) {
+        CHECK_MSG(live_n > 0 && live_n <= sizeof live_h, "%s: live size %zu", c->name, live_n);
+        if (live_n > sizeof live_h) live_n = sizeof live_h;
+        lk__op_live_fill(&c->d, live_h);
+        const lk_op_info *oi = lk__op_info(c->d.op);
+        for (int f = 0; f < oi->n; f++)
+            if (oi->f[f].live) memset((char *)&d2 + oi->f[f].off, 0xa5, oi->f[f].size);
+        if (table_only) d2.live = live_h;
+        else {
+            CHECK_OK(lk_device_alloc(gpu0, live_n, &live_dev));
+            CHECK_OK(lk_device_copy(gpu0, live_dev, LK_DEVICE_CPU, live_h, live_n));
+            d2.live = live_dev;
+        }
+    }
+    CHECK_MSG(lk__cuda_backend.supports(&d2), "%s: the cuda backend does not take %s", c->name, what);
     for (int i = 0; i < arity; i++) {
         if (c->o[i].k == I_NULL) continue;
         bytes[i] = (size_t)c->o[i].n * lk_dtype_size(c->d.dtype[i]);
@@ -182,7 +205,7 @@ static void run_case(const op_case *c) {
         if (bytes[i]) CHECK_OK(lk_device_copy(gpu0, gops[i], LK_DEVICE_CPU, host[i], bytes[i]));
     }
     CHECK_OK(lk__cpu_backend.run(&c->d, cpu));
-    lk_status st = table_only ? SECOND_RUN(&c->d, gops) : lk__backend_run(gpu0, &c->d, gops);
+    lk_status st = table_only ? SECOND_RUN(&d2, gops) : lk__backend_run(gpu0, &d2, gops);
     CHECK_MSG(st == LK_STATUS_OK, "%s (%s) on cuda:0: %s", c->name, what, lk_last_error());
     if (!table_only) CHECK_OK(lk_device_synchronize(gpu0));
     for (int i = 0; i < arity && st == LK_STATUS_OK; i++) {
@@ -195,6 +218,7 @@ static void run_case(const op_case *c) {
         if (gops[i] && !table_only && !lk__cuda_host_operand(&c->d, i)) lk_device_free(gpu0, gops[i], bytes[i] ? bytes[i] : 1);
         free(host[i]), free(cpu[i]), free(back[i]);
     }
+    if (live_dev) lk_device_free(gpu0, live_dev, live_n);
     if (lk_t_failed_checks != bad0) cases_bad++;
     else printf("ok   %s (%s)\n", c->name, what);
 }
@@ -296,6 +320,19 @@ static const char *case_name(const char *fmt, ...) {
  * SyncBatchNorm's passes in f32 and 16-bit. Exact: the cuda backend widens
  * exactly as the CPU does, runs the same f32 bodies in the same order and
  * rounds once. */
+/* Every case of an op kind with per-step values again, those values read
+ * from `live` (op_case.live): the same bits as the CPU's eager run. */
+static void add_live_forms(void) {
+    int n = ncases;
+    for (int i = 0; i < n; i++) {
+        if (!lk__op_live_size(&table[i].d)) continue;
+        op_case *c = add(case_name("%s_live", table[i].name), table[i].d.op, table[i].t);
+        const char *name = c->name;
+        *c = table[i];
+        c->name = name, c->live = true;
+    }
+}
+
 static void add_half_forms(void) {
 #define NAME(...) case_name(__VA_ARGS__)
     static const lk_dtype hd[2] = {LK_BF16, LK_F16};
@@ -833,6 +870,7 @@ static void build_table(void) {
         ops(c, 0, k ? 300 : 1, I_IDX, 1000);
     }
     add_half_forms();
+    add_live_forms();
     /* clipping by norm on the device: the coefficient from raw norms (p = 2,
      * 1, inf; max_norm 0.5 clips, 1e6 clamps to 1), and the scaling by it */
     static const double cps[] = {2.0, 1.0, INFINITY, 2.0};
@@ -871,6 +909,15 @@ static void unsupported_is_an_error(void) {
     CHECK_ERR(lk__backend_run(gpu0, &u, (void *[]){host, host}), LK_STATUS_INVALID_ARGUMENT,
               "operand 0");
     CHECK(strstr(lk_last_error(), "is host memory, expected cuda device memory"));
+    /* a live block in host memory: the kernel would read it from the device */
+    void *dx = NULL;
+    CHECK_OK(lk_device_alloc(gpu0, 4 * sizeof(float), &dx));
+    lk_affine_live lv = {2.0f, 0.0f};
+    lk_op_desc a = {.op = LK_OP_AFFINE, .dtype = {LK_F32, LK_F32}, .live = &lv};
+    a.affine = (lk_affine_params){4, 1.0f, 0.0f, false};
+    CHECK_ERR(lk__backend_run(gpu0, &a, (void *[]){dx, dx}), LK_STATUS_INVALID_ARGUMENT, "its live block");
+    CHECK(strstr(lk_last_error(), "is host memory, expected cuda device memory"));
+    lk_device_free(gpu0, dx, 4 * sizeof(float));
 }
 
 /* The operand the cuda backend keeps f32 where the CPU's supports() also

@@ -11,8 +11,11 @@
  * It also counts, per steady step, the tensor pool's misses (device
  * allocations), the device's copies in, out and within and its memsets,
  * and replays step 5's record (ops, memsets, copies within) over the arena
- * as step 7 found it: with the fields allowed to differ taken from step 7
- * the arena must end as the eager step 7 left it, byte for byte.
+ * as step 7 found it: with step 5's descriptors unchanged except for `live`,
+ * pointing at device memory that holds lk__op_live_fill of step 7's (what a
+ * graph replay copies in before launching), the arena must end as the eager
+ * step 7 left it, byte for byte. Every field that differs between steps
+ * must be one its op reads from `live` (op_fields.c marks it live).
  * The table it prints is docs/GPU.md's "What a CUDA graph of the step
  * needs"; each number is held at the bound reached and the fields allowed
  * to differ are listed per run, so a new per-step-varying parameter, a
@@ -155,7 +158,8 @@ typedef struct {
     bool same_kinds;     /* the same number of ops, kinds in the same order */
     int ptr_diff;        /* ops with an operand pointer that differs */
     int param_diff;      /* ops with a descriptor field (or dtype) that differs */
-    char fields[512];    /* "optim_update.step x6, ..." */
+    int fixed_diff;      /* of those, ops where a field not marked live (or a dtype) differs */
+    char fields[512];    /* "optim_update.step (live) x6, ..." */
     char ptr_ops[512];   /* "copy x2 (operands 0), ..." */
 } cmp_out;
 
@@ -206,17 +210,20 @@ static cmp_out compare(int a, int b) {
         unsigned moved = 0;
         for (int j = 0; j < x->n; j++) moved |= (unsigned)(x->x[j] != y->x[j]) << j;
         if (moved) c.ptr_diff++, tally_add(ptrs, &np, 32, oi->name, moved);
-        bool differs = memcmp(x->d.dtype, y->d.dtype, sizeof x->d.dtype) != 0;
+        bool differs = memcmp(x->d.dtype, y->d.dtype, sizeof x->d.dtype) != 0, fixed = differs;
         char name[64];
         if (differs) snprintf(name, sizeof name, "%s.dtype", oi->name), tally_add(fields, &nf, 32, name, 0);
         for (int f = 0; f < oi->n; f++) {
             const field *fl = &oi->f[f];
             if (!memcmp((const char *)&x->d + fl->off, (const char *)&y->d + fl->off, fl->size)) continue;
             differs = true;
-            snprintf(name, sizeof name, "%s.%s", oi->name, fl->name);
+            fixed |= !fl->live;
+            /* named with whether the backend reads it from `live` (a replay supplies it there) */
+            snprintf(name, sizeof name, "%s.%s%s", oi->name, fl->name, fl->live ? " (live)" : "");
             tally_add(fields, &nf, 32, name, 0);
         }
         c.param_diff += differs;
+        c.fixed_diff += fixed;
     }
     tally_str(fields, nf, false, c.fields, sizeof c.fields);
     tally_str(ptrs, np, true, c.ptr_ops, sizeof c.ptr_ops);
@@ -230,26 +237,25 @@ static cmp_out compare(int a, int b) {
  * batch's copies in taken from step REPLAY_AS (a graph is fed its batch
  * from outside), and the arena compared byte for byte with what the eager
  * step REPLAY_AS left. Two steps apart: the same batch parity. Once as
- * recorded, once with the descriptor fields named in rp.fields taken from
- * step REPLAY_AS (what device-resident step values would supply); the
+ * recorded, once with each op of a kind with per-step values given `live`:
+ * a slot of live_dev (sealed memory) holding lk__op_live_fill of step
+ * REPLAY_AS's descriptor, the recorded descriptor otherwise unchanged (what
+ * a graph replay does: one copy into the slots, then the launches); the
  * eager arena is put back after. */
-enum { REPLAY_FROM = 5, REPLAY_AS = 7 };
+enum { REPLAY_FROM = 5, REPLAY_AS = 7, LIVE_BYTES = 1 << 16 };
 typedef struct {
     bool on;
-    const char *fields; /* "op.field ..." taken from step REPLAY_AS */
     char *start;        /* the arena at the start of step REPLAY_AS */
     size_t nstart;
-    long diff[2];       /* bytes that differ: as recorded, with the fields updated; -1: not run */
+    long diff[2];       /* bytes that differ: as recorded, with live blocks; -1: not run */
+    int live_ops;       /* ops the second replay gave a live block */
     char why[256];      /* why it did not run */
 } replay_state;
 static replay_state rp;
-
-static bool field_listed(const char *list, const char *op, const char *field) {
-    char pat[96], l[520];
-    snprintf(pat, sizeof pat, " %s.%s ", op, field);
-    snprintf(l, sizeof l, " %s ", list);
-    return strstr(l, pat) != NULL;
-}
+/* The live slots, in the arena: allocated once in setup, before any fit, so
+ * they sit below every snapshot's high-water mark at a fixed place; their
+ * bytes are not the step's state and are left out of the comparison. */
+static char *live_dev;
 
 /* Whether steps a and b made the same device calls (kind, destination, source, size, value) in the same order. */
 static bool same_calls(int a, int b) {
@@ -263,16 +269,27 @@ static bool same_calls(int a, int b) {
     return true;
 }
 
-/* Runs step a's record over the arena (the caller holds it open). */
-static bool replay_run(int a, int b, bool update) {
+/* Runs step a's record over the arena (the caller holds it open); with
+ * live, each op with per-step values reads step b's from a live slot. */
+static bool replay_run(int a, int b, bool live) {
+    size_t used = 0;
     for (int i = 0, j = 0; i < rec.n[a] || j < rec.ncalls[a];) {
         if (j >= rec.ncalls[a] || (i < rec.n[a] && rec.ops[a][i].seq < rec.calls[a][j].seq)) {
             const rec_op *r = &rec.ops[a][i], *q = &rec.ops[b][i];
             lk_op_desc d = r->d;
-            const op_info *oi = lk__op_info(d.op);
-            for (int f = 0; update && f < oi->n; f++)
-                if (field_listed(rp.fields, oi->name, oi->f[f].name))
-                    memcpy((char *)&d + oi->f[f].off, (const char *)&q->d + oi->f[f].off, oi->f[f].size);
+            size_t n = live ? lk__op_live_size(&d) : 0;
+            if (n) {
+                /* what the replay layer checks before it replays: only live fields differ */
+                if (!lk__op_desc_same(&r->d, &q->d, true) || used + n > LIVE_BYTES) {
+                    snprintf(rp.why, sizeof rp.why, "op %d of step %d differs from step %d's beyond its live fields "
+                             "(or the live slots are full)", i, a, b);
+                    return false;
+                }
+                lk__op_live_fill(&q->d, live_dev + used);
+                d.live = live_dev + used;
+                used += (n + 15) & ~(size_t)15;
+                rp.live_ops++;
+            }
             if (sealed_be_run(&d, r->x)) return false;
             i++;
             continue;
@@ -308,13 +325,15 @@ static void replay_at(int64_t k) {
         snprintf(rp.why, sizeof rp.why, "steps %d and %d made other device calls", REPLAY_FROM, REPLAY_AS);
     else if (eager) {
         memcpy(eager, sealed_arena.base, n);
-        for (int update = 0; update < 2; update++) {
+        size_t lo = (size_t)(live_dev - sealed_arena.base), hi = lo + LIVE_BYTES; /* the live slots: not compared */
+        for (int live = 0; live < 2; live++) {
             memcpy(sealed_arena.base, rp.start, n);
-            rp.diff[update] = -1;
-            if (!replay_run(REPLAY_FROM, REPLAY_AS, update)) continue;
+            rp.diff[live] = -1;
+            rp.live_ops = 0;
+            if (!replay_run(REPLAY_FROM, REPLAY_AS, live)) continue;
             long d = 0;
-            for (size_t i = 0; i < n; i++) d += sealed_arena.base[i] != eager[i];
-            rp.diff[update] = d;
+            for (size_t i = 0; i < n; i++) d += (i < lo || i >= hi) && sealed_arena.base[i] != eager[i];
+            rp.diff[live] = d;
         }
         memcpy(sealed_arena.base, eager, n); /* the fit goes on from the eager step */
     }
@@ -387,7 +406,7 @@ static void steady_steps(void) {
     for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
         const config *c = &cs[i];
         rec_reset();
-        rp = (replay_state){.on = !c->order_may_vary, .fields = c->fields_allowed, .diff = {-1, -1}};
+        rp = (replay_state){.on = !c->order_may_vary, .diff = {-1, -1}};
         if (c->threads) setenv("LK_NUM_THREADS", c->threads, 1);
         run_out o = sh_fit((run_spec){.model = c->model, .accelerator = "sealed", .precision = c->precision,
                                       .clip = c->clip, .max_steps = STEPS + 1, .no_checkpointing = true, .probe = true,
@@ -400,7 +419,7 @@ static void steady_steps(void) {
         CHECK_MSG(!rec.oom, "%s: the recorder ran out of memory", c->name);
         CHECK_MSG(o.steps_seen == STEPS + 1, "%s: %lld steps probed", c->name, (long long)o.steps_seen);
         if (o.steps_seen != STEPS + 1) continue;
-        int nops = rec.n[FIRST], ptr1 = 0, par = 0, reordered = 0;
+        int nops = rec.n[FIRST], ptr1 = 0, par = 0, reordered = 0, fixed = 0;
         char fields[512] = "", ptr_ops[512] = "";
         long allocs = 0, in = 0, out = 0, within = 0, memsets = 0;
         for (int k = FIRST; k <= LAST; k++) {
@@ -415,6 +434,7 @@ static void steady_steps(void) {
                       k, k + 1);
             if (d1.ptr_diff > ptr1) ptr1 = d1.ptr_diff, snprintf(ptr_ops, sizeof ptr_ops, "%s", d1.ptr_ops);
             if (d1.param_diff > par) par = d1.param_diff;
+            if (d1.fixed_diff > fixed) fixed = d1.fixed_diff;
             if (strlen(d1.fields) > strlen(fields)) snprintf(fields, sizeof fields, "%s", d1.fields);
             const sealed_stats *s0 = &o.at[k], *s1 = &o.at[k + 1];
             long m = (long)(o.misses[k + 1] - o.misses[k]);
@@ -440,9 +460,9 @@ static void steady_steps(void) {
         printf("| %s | %d | %d | %s | %d | %s | %ld | %ld / %ld / %ld | %ld |\n", c->name, nops, ptr1, per, par,
                fields[0] ? fields : "none", allocs, in, out, within, memsets);
         if (rp.on)
-            printf("|   | replay of step %d's record as step %d: %ld bytes of the arena differ as recorded, %ld with %s "
-                   "from step %d%s%s |\n", REPLAY_FROM, REPLAY_AS, rp.diff[0], rp.diff[1],
-                   c->fields_allowed[0] ? c->fields_allowed : "nothing", REPLAY_AS, rp.why[0] ? ": " : "", rp.why);
+            printf("|   | replay of step %d's record as step %d: %ld bytes of the arena differ as recorded, %ld with "
+                   "`live` set on %d ops (lk__op_live_fill of step %d's descriptors)%s%s |\n", REPLAY_FROM, REPLAY_AS,
+                   rp.diff[0], rp.diff[1], rp.live_ops, REPLAY_AS, rp.why[0] ? ": " : "", rp.why);
         if (reordered) printf("|   | op order differs in %d of %d step pairs |\n", reordered, LAST - FIRST + 1);
         else if (ptr_ops[0]) printf("|   | pointers that differ from step k+1: %s |\n", ptr_ops);
         /* a queue takes its ops in the order one thread issues them: every
@@ -459,7 +479,10 @@ static void steady_steps(void) {
                   par, c->param_diff, fields);
         CHECK_MSG(c->order_may_vary || allowed(c->fields_allowed, fields), "%s: fields differ that did not: %s (allowed: %s)",
                   c->name, fields, c->fields_allowed);
-        /* the replay: the fields the table names are all that stand between step 5's record and step 7 */
+        /* every per-step field is one the backend reads from `live` */
+        CHECK_MSG(c->order_may_vary || fixed == 0, "%s: %d ops differ from the next step's in a field not marked live "
+                  "in op_fields.c: %s", c->name, fixed, fields);
+        /* the replay: step 7's live blocks are all that stand between step 5's record and step 7 */
         CHECK_MSG(!rp.on || (rp.diff[1] == 0 && !rp.why[0]),
                   "%s: the replay of step %d as step %d left %ld bytes different from the eager step%s%s", c->name,
                   REPLAY_FROM, REPLAY_AS, rp.diff[1], rp.why[0] ? ": " : "", rp.why);
@@ -528,6 +551,12 @@ static void setup(void) {
         abort();
     }
     sealed0 = sealed_device(0); /* registers the sealed backend: once, as the recorder replaces it */
+    void *slots = NULL;
+    if (sealed_alloc(NULL, 0, LIVE_BYTES, &slots)) {
+        fprintf(stderr, "graph_ready: %s\n", lk_last_error());
+        abort();
+    }
+    live_dev = slots;
     if (sealed0.kind != kind) {
         fprintf(stderr, "graph_ready: the sealed device was registered before the recording one\n");
         abort();

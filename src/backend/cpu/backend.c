@@ -110,9 +110,10 @@ static bool cpu_supports(const lk_op_desc *d) {
         return (d->dtype[0] == LK_F32 || is_half(d->dtype[0])) &&
                (d->dtype[1] == LK_I64 || d->dtype[1] == LK_I32 || d->dtype[1] == LK_U8) && d->dtype[2] == LK_F64 &&
                d->accuracy.N >= 0 && d->accuracy.C >= 0;
-    case LK_OP_DROPOUT_MASK:
-        return d->dtype[0] == LK_U8 && d->dropout_mask.n >= 0 && d->dropout_mask.head_n >= 0 &&
-               d->dropout_mask.head_n <= 3 && d->dropout_mask.head_n <= d->dropout_mask.n;
+    case LK_OP_DROPOUT_MASK: /* a live head_n is checked where it is read (cpu_run) */
+        return d->dtype[0] == LK_U8 && d->dropout_mask.n >= 0 &&
+               (d->live || (d->dropout_mask.head_n >= 0 && d->dropout_mask.head_n <= 3 &&
+                            d->dropout_mask.head_n <= d->dropout_mask.n));
     case LK_OP_INCREMENT: return d->dtype[0] == LK_I64 && d->increment.n >= 0;
     case LK_OP_COUNT: break;
     }
@@ -128,6 +129,14 @@ static lk_status dropout_mask(const lk_dropout_mask_params *p, uint8_t *keep) {
 }
 
 static lk_status cpu_run(const lk_op_desc *d, void *const *x) {
+    /* per-step values from `live` (host memory on the CPU) over the
+     * descriptor's; the optimizer reads its constants itself (cpu/optim.c) */
+    lk_op_desc tmp;
+    d = lk__op_live_apply(d, &tmp);
+    if (d->live && d->op == LK_OP_DROPOUT_MASK &&
+        (d->dropout_mask.head_n < 0 || d->dropout_mask.head_n > 3 || d->dropout_mask.head_n > d->dropout_mask.n))
+        return lk_error(LK_STATUS_INTERNAL, "cpu backend: dropout_mask's live head_n is %d (expected 0..3, at most n = %lld)",
+                        d->dropout_mask.head_n, (long long)d->dropout_mask.n);
     if (widens(d->op) && lk__op_has_half(d)) switch (d->op) {
         case LK_OP_POOL2D:
         case LK_OP_POOL2D_BACKWARD: return lk__cpu_pool2d(d, x);

@@ -12,15 +12,15 @@
  * -O3 vectorises each loop (the constants' flags are loop invariant; ISO C
  * mode: no FMA contraction; -fno-math-errno: sqrtf is one instruction). */
 static void sgd_update(float *restrict p, const float *restrict g, float *restrict buf, int64_t n,
-                       const lk_optim_params *c) {
-    const lk_k_sgd k = lk__optim_sgd_consts(c);
+                       const lk_op_desc *d) {
+    const lk_k_sgd k = lk__optim_sgd_consts_of(d);
     float none = 0.0f;
     for (int64_t i = 0; i < n; i++) p[i] = lk_k_sgd_step(&k, p[i], g[i], k.has_mom ? &buf[i] : &none);
 }
 
 static void adam_update(float *restrict p, const float *restrict g, float *restrict m, float *restrict v,
-                        float *restrict vmax, int64_t n, const lk_optim_params *c) {
-    const lk_k_adam k = lk__optim_adam_consts(c, vmax != NULL);
+                        float *restrict vmax, int64_t n, const lk_op_desc *d) {
+    const lk_k_adam k = lk__optim_adam_consts_of(d, vmax != NULL);
     float none = 0.0f;
     for (int64_t i = 0; i < n; i++) p[i] = lk_k_adam_step(&k, p[i], g[i], &m[i], &v[i], k.amsgrad ? &vmax[i] : &none);
 }
@@ -28,18 +28,19 @@ static void adam_update(float *restrict p, const float *restrict g, float *restr
 /* torch.optim.RMSprop (1.13, single tensor). State arrays: square_avg,
  * then momentum_buffer when momentum > 0, then grad_avg when centered. */
 static void rmsprop_update(float *restrict p, const float *restrict g, float *restrict sq, float *restrict buf,
-                           float *restrict gavg, int64_t n, const lk_optim_params *c) {
-    const lk_k_rmsprop k = lk__optim_rmsprop_consts(c, buf != NULL, gavg != NULL);
+                           float *restrict gavg, int64_t n, const lk_op_desc *d) {
+    const lk_k_rmsprop k = lk__optim_rmsprop_consts_of(d, buf != NULL, gavg != NULL);
     float none = 0.0f;
     for (int64_t i = 0; i < n; i++)
         p[i] = lk_k_rmsprop_step(&k, p[i], g[i], &sq[i], k.has_mom ? &buf[i] : &none, k.centered ? &gavg[i] : &none);
 }
 
-static void update_f32(const lk_optim_params *c, float *p, const float *g, float *s0, float *s1, float *s2, int64_t n) {
-    switch (c->rule) {
-    case LK_OPTIM_RULE_SGD: sgd_update(p, g, s0, n, c); break;
-    case LK_OPTIM_RULE_ADAM: adam_update(p, g, s0, s1, s2, n, c); break;
-    case LK_OPTIM_RULE_RMSPROP: rmsprop_update(p, g, s0, s1, s2, n, c); break;
+/* The constants come from d's live block when it has one (lk__optim_*_consts_of). */
+static void update_f32(const lk_op_desc *d, float *p, const float *g, float *s0, float *s1, float *s2, int64_t n) {
+    switch (d->optim.rule) {
+    case LK_OPTIM_RULE_SGD: sgd_update(p, g, s0, n, d); break;
+    case LK_OPTIM_RULE_ADAM: adam_update(p, g, s0, s1, s2, n, d); break;
+    case LK_OPTIM_RULE_RMSPROP: rmsprop_update(p, g, s0, s1, s2, n, d); break;
     }
 }
 
@@ -51,7 +52,7 @@ lk_status lk__cpu_optim_update(const lk_op_desc *d, void *const *x) {
         return lk_error(LK_STATUS_INTERNAL, "cpu backend: optimizer rule %d", (int)c->rule);
     float *s0 = x[2], *s1 = x[3], *s2 = x[4];
     if (d->dtype[0] == LK_F32) {
-        update_f32(c, x[0], x[1], s0, s1, s2, c->n);
+        update_f32(d, x[0], x[1], s0, s1, s2, c->n);
         return LK_STATUS_OK;
     }
     /* bf16/f16 parameters and gradients (the *-true precisions), f32 state:
@@ -66,7 +67,7 @@ lk_status lk__cpu_optim_update(const lk_op_desc *d, void *const *x) {
         int64_t m = c->n - i < CHUNK ? c->n - i : CHUNK;
         lk_half_to_f32_n(d->dtype[0], p, p16 + i, (size_t)m);
         lk_half_to_f32_n(d->dtype[1], g, g16 + i, (size_t)m);
-        update_f32(c, p, g, s0 ? s0 + i : NULL, s1 ? s1 + i : NULL, s2 ? s2 + i : NULL, m);
+        update_f32(d, p, g, s0 ? s0 + i : NULL, s1 ? s1 + i : NULL, s2 ? s2 + i : NULL, m);
         lk_f32_to_half_n(d->dtype[0], p16 + i, p, (size_t)m);
     }
     return LK_STATUS_OK;

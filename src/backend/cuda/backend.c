@@ -151,9 +151,10 @@ static bool cuda_supports(const lk_op_desc *d) {
     case LK_OP_ACCURACY: /* as the CPU: 16-bit logits read by the kernel itself */
         return is_elem(d->dtype[0]) && (d->dtype[1] == LK_I64 || d->dtype[1] == LK_I32 || d->dtype[1] == LK_U8) &&
                d->dtype[2] == LK_F64 && d->accuracy.N >= 0 && d->accuracy.C >= 0;
-    case LK_OP_DROPOUT_MASK: /* as the CPU */
-        return d->dtype[0] == LK_U8 && d->dropout_mask.n >= 0 && d->dropout_mask.head_n >= 0 &&
-               d->dropout_mask.head_n <= 3 && d->dropout_mask.head_n <= d->dropout_mask.n;
+    case LK_OP_DROPOUT_MASK: /* as the CPU; a live head_n is clamped by the kernel (elementwise.cu) */
+        return d->dtype[0] == LK_U8 && d->dropout_mask.n >= 0 &&
+               (d->live || (d->dropout_mask.head_n >= 0 && d->dropout_mask.head_n <= 3 &&
+                            d->dropout_mask.head_n <= d->dropout_mask.n));
     case LK_OP_INCREMENT: return d->dtype[0] == LK_I64 && d->increment.n >= 0;
     /* clip_grad_norm_ on the device (optim.cu), as the CPU */
     case LK_OP_CLIP_COEF:
@@ -241,6 +242,11 @@ static lk_status cuda_run(const lk_op_desc *d, void *const *x) {
                          lk__op_desc_str(d, what, sizeof what), i);
                 return lk__cuda_capture_refuse(device, w, 0);
             }
+    /* the kernels read a live block themselves: host memory would fault there */
+    if (d->live && !on_device(d->live))
+        return lk_error(LK_STATUS_INVALID_ARGUMENT,
+                        "cuda backend: %s: its live block (%p) is host memory, expected cuda device memory",
+                        lk__op_desc_str(d, what, sizeof what), d->live);
     if (d->op == LK_OP_GEMM) return lk__cuda_gemm_run(device, d, x, 0);
     static const lk__cuda_launchers launchers = {lk__cuda_elementwise, lk__cuda_rows, lk__cuda_optim, lk__cuda_conv};
     int e = lk__cuda_launcher_for(&launchers, d->op)(d, x);

@@ -57,7 +57,11 @@ __global__ void k_axpy(int64_t n, float alpha, const void *x, void *y, dts dt) {
     }
 }
 
-__global__ void k_affine(int64_t n, float mul, float add, bool has_add, const void *x, void *y, dts dt) {
+/* live: NULL, or the op's per-step mul and add in device memory (a graph
+ * replays with new values), read over the by-value ones. */
+__global__ void k_affine(int64_t n, float mul, float add, bool has_add, const void *x, void *y, dts dt,
+                         const lk_affine_live *live) {
+    if (live) mul = live->mul, add = live->add;
     LK_CU_FOR(i, n) {
         float xi = lk_cu_ld(x, dt.t[0], i);
         lk_cu_st(y, dt.t[1], i, has_add ? xi * mul + add : xi * mul);
@@ -112,8 +116,20 @@ __global__ void k_mask_scale(int64_t n, const void *x, const uint8_t *m, void *y
 }
 
 /* LK_OP_DROPOUT_MASK: thread b draws Philox block b (the shared body), and
- * the thread of block 0 also writes the head words the host still buffered. */
-__global__ void k_dropout_mask(lk_dropout_mask_params p, int64_t nb, uint8_t *keep) {
+ * the thread of block 0 also writes the head words the host still buffered.
+ * live: NULL, or the stream's place (ctr, head, head_n) in device memory,
+ * read over p's; the grid is then the largest any head_n needs (head_n 0)
+ * and the block count follows the live head_n here. A head_n outside 0..3
+ * (or past n) is clamped: a kernel cannot report it, and nothing is
+ * written out of bounds. */
+__global__ void k_dropout_mask(lk_dropout_mask_params p, int64_t nb, uint8_t *keep, const lk_dropout_mask_live *live) {
+    if (live) {
+        for (int i = 0; i < 4; i++) p.ctr[i] = live->ctr[i];
+        for (int i = 0; i < 3; i++) p.head[i] = live->head[i];
+        int h = live->head_n < 0 ? 0 : live->head_n > 3 ? 3 : live->head_n;
+        p.head_n = h > p.n ? (int)p.n : h;
+        nb = (p.n - p.head_n + 3) / 4;
+    }
     LK_CU_FOR(b, nb > 0 ? nb : 1) {
         if (b == 0)
             for (int i = 0; i < p.head_n; i++) keep[i] = lk_k_keep(p.head[i], p.thr);
@@ -357,8 +373,8 @@ extern "C" int lk__cuda_elementwise(const lk_op_desc *d, void *const *x) {
         break;
     case LK_OP_AFFINE:
         if (d->affine.n > 0)
-            k_affine<<<lk_cu_blocks(d->affine.n), LK_CU_THREADS, 0, lk_cu_stream()>>>(d->affine.n, d->affine.mul, d->affine.add,
-                                                                   d->affine.has_add, x[0], x[1], dt);
+            k_affine<<<lk_cu_blocks(d->affine.n), LK_CU_THREADS, 0, lk_cu_stream()>>>(
+                d->affine.n, d->affine.mul, d->affine.add, d->affine.has_add, x[0], x[1], dt, (const lk_affine_live *)d->live);
         break;
     case LK_OP_SUM_TO: return (int)sum_to(d, x);
     case LK_OP_MASK_SCALE:
@@ -375,8 +391,11 @@ extern "C" int lk__cuda_elementwise(const lk_op_desc *d, void *const *x) {
     case LK_OP_FILL: return (int)fill(d, x);
     case LK_OP_DROPOUT_MASK: {
         const lk_dropout_mask_params *p = &d->dropout_mask;
-        int64_t nb = (p->n - p->head_n + 3) / 4;
-        if (p->n > 0) k_dropout_mask<<<lk_cu_blocks(nb), LK_CU_THREADS, 0, lk_cu_stream()>>>(*p, nb, (uint8_t *)x[0]);
+        /* with `live`, a geometry no live field changes: head_n 0's, the most blocks */
+        int64_t nb = (p->n - (d->live ? 0 : p->head_n) + 3) / 4;
+        if (p->n > 0)
+            k_dropout_mask<<<lk_cu_blocks(nb), LK_CU_THREADS, 0, lk_cu_stream()>>>(*p, nb, (uint8_t *)x[0],
+                                                                           (const lk_dropout_mask_live *)d->live);
         break;
     }
     case LK_OP_INCREMENT:

@@ -10,14 +10,21 @@
 
 namespace {
 
-__global__ void k_sgd(int64_t n, void *p, const void *g, int pdt, float *buf, lk_k_sgd c) {
+/* live: NULL, or the update's constants in device memory (lk_optim_live,
+ * computed on the host by lk__op_live_fill), read over c; which state
+ * arrays exist (Adam's amsgrad, RMSprop's momentum buffer and grad_avg)
+ * stays c's, the operands'. */
+__global__ void k_sgd(int64_t n, void *p, const void *g, int pdt, float *buf, lk_k_sgd c, const lk_k_sgd *live) {
+    if (live) c = *live;
     LK_CU_FOR(i, n) {
         float none = 0.0f;
         lk_cu_st(p, pdt, i, lk_k_sgd_step(&c, lk_cu_ld(p, pdt, i), lk_cu_ld(g, pdt, i), c.has_mom ? &buf[i] : &none));
     }
 }
 
-__global__ void k_adam(int64_t n, void *p, const void *g, int pdt, float *m, float *v, float *vmax, lk_k_adam c) {
+__global__ void k_adam(int64_t n, void *p, const void *g, int pdt, float *m, float *v, float *vmax, lk_k_adam c,
+                       const lk_k_adam *live) {
+    if (live) c = lk_k_adam_live(live, c.amsgrad);
     LK_CU_FOR(i, n) {
         float none = 0.0f;
         lk_cu_st(p, pdt, i,
@@ -25,7 +32,9 @@ __global__ void k_adam(int64_t n, void *p, const void *g, int pdt, float *m, flo
     }
 }
 
-__global__ void k_rmsprop(int64_t n, void *p, const void *g, int pdt, float *sq, float *buf, float *gavg, lk_k_rmsprop c) {
+__global__ void k_rmsprop(int64_t n, void *p, const void *g, int pdt, float *sq, float *buf, float *gavg, lk_k_rmsprop c,
+                          const lk_k_rmsprop *live) {
+    if (live) c = lk_k_rmsprop_live(live, c.has_mom, c.centered);
     LK_CU_FOR(i, n) {
         float none = 0.0f;
         lk_cu_st(p, pdt, i,
@@ -68,13 +77,20 @@ extern "C" int lk__cuda_optim(const lk_op_desc *d, void *const *x) {
     int64_t n = c->n;
     if (n <= 0) return 0;
     unsigned blocks = lk_cu_blocks(n);
+    /* with `live` the by-value constants matter only for the state arrays' flags */
+    const lk_optim_live *live = (const lk_optim_live *)d->live;
     switch (c->rule) {
-    case LK_OPTIM_RULE_SGD: k_sgd<<<blocks, LK_CU_THREADS, 0, lk_cu_stream()>>>(n, p, g, pdt, s0, lk__optim_sgd_consts(c)); break;
+    case LK_OPTIM_RULE_SGD:
+        k_sgd<<<blocks, LK_CU_THREADS, 0, lk_cu_stream()>>>(n, p, g, pdt, s0, lk__optim_sgd_consts(c), live ? &live->sgd : NULL);
+        break;
     case LK_OPTIM_RULE_ADAM:
-        k_adam<<<blocks, LK_CU_THREADS, 0, lk_cu_stream()>>>(n, p, g, pdt, s0, s1, s2, lk__optim_adam_consts(c, s2 != NULL));
+        k_adam<<<blocks, LK_CU_THREADS, 0, lk_cu_stream()>>>(n, p, g, pdt, s0, s1, s2, lk__optim_adam_consts(c, s2 != NULL),
+                                                             live ? &live->adam : NULL);
         break;
     case LK_OPTIM_RULE_RMSPROP:
-        k_rmsprop<<<blocks, LK_CU_THREADS, 0, lk_cu_stream()>>>(n, p, g, pdt, s0, s1, s2, lk__optim_rmsprop_consts(c, s1 != NULL, s2 != NULL));
+        k_rmsprop<<<blocks, LK_CU_THREADS, 0, lk_cu_stream()>>>(n, p, g, pdt, s0, s1, s2,
+                                                                lk__optim_rmsprop_consts(c, s1 != NULL, s2 != NULL),
+                                                                live ? &live->rmsprop : NULL);
         break;
     default: return (int)cudaErrorInvalidValue;
     }

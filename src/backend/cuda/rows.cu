@@ -87,7 +87,10 @@ __global__ void k_nonfinite(int64_t n, const void *x, int dt, unsigned long long
     }
 }
 
-__global__ void k_unscale(int64_t n, const float *x, float *y, float mul, unsigned long long *count) {
+/* live: NULL, or the per-step mul (1 / scale) in device memory, read over mul. */
+__global__ void k_unscale(int64_t n, const float *x, float *y, float mul, unsigned long long *count,
+                          const lk_unscale_live *live) {
+    if (live) mul = live->mul;
     unsigned long long bad = 0;
     LK_CU_FOR(k, n) {
         float v = x[k];
@@ -454,7 +457,8 @@ cudaError_t nonfinite(const lk_op_desc *d, void *const *x) {
     int64_t n = d->nonfinite.n;
     if (e == cudaSuccess && n > 0) {
         if (unscale)
-            k_unscale<<<lk_cu_blocks(n), LK_CU_THREADS, 0, lk_cu_stream()>>>(n, (const float *)x[0], (float *)x[1], d->nonfinite.mul, acc);
+            k_unscale<<<lk_cu_blocks(n), LK_CU_THREADS, 0, lk_cu_stream()>>>(n, (const float *)x[0], (float *)x[1], d->nonfinite.mul, acc,
+                                                                          (const lk_unscale_live *)d->live);
         else k_nonfinite<<<lk_cu_blocks(n), LK_CU_THREADS, 0, lk_cu_stream()>>>(n, x[0], (int)d->dtype[0], acc);
         e = cudaGetLastError();
     }

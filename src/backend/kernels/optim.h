@@ -90,6 +90,21 @@ LK_KERNEL float lk_k_rmsprop_step(const lk_k_rmsprop *c, float p, float g, float
     return p + c->neg_lr * (gi / avg); /* param.addcdiv_(grad, avg, value=-lr) */
 }
 
+/* The constants of an update read from a descriptor's live block (computed
+ * on the host by lk__op_live_fill, which leaves the state arrays' flags
+ * false), with those flags from the operands, as the by-value path has them. */
+LK_KERNEL lk_k_adam lk_k_adam_live(const lk_k_adam *live, bool amsgrad) {
+    lk_k_adam k = *live;
+    k.amsgrad = amsgrad;
+    return k;
+}
+LK_KERNEL lk_k_rmsprop lk_k_rmsprop_live(const lk_k_rmsprop *live, bool has_mom, bool centered) {
+    lk_k_rmsprop k = *live;
+    k.has_mom = has_mom;
+    k.centered = centered;
+    return k;
+}
+
 /* torch.nn.utils.clip_grad_norm_'s total norm from n gradients' raw norms
  * (LK_OP_NORM's: max |x| for p = inf, sum |x|^p otherwise), in PyTorch's
  * order and precisions: each gradient's norm rounded to f32, their p-th
