@@ -150,8 +150,10 @@ static uint64_t mix(uint64_t h, const void *p, size_t n) { /* FNV-1a */
     return h;
 }
 
-/* shape: every field marked live is left out (what the segment would be
- * with live values everywhere); otherwise only those a slot carries. */
+/* shape: no parameter field at all (the same ops over the same memory,
+ * whatever their values: what tells a per-step value that no live slot
+ * carries yet from a different segment); otherwise every field but those
+ * a live slot carries. */
 static uint64_t item_sig(uint64_t h, const rp_item *it, bool shape) {
     h = mix(h, &it->kind, sizeof it->kind);
     if (it->kind == RP_MEMSET) {
@@ -170,7 +172,7 @@ static uint64_t item_sig(uint64_t h, const rp_item *it, bool shape) {
     const lk_op_info *oi = lk__op_info(d->op);
     bool slot = lk__op_live_size(d) > 0;
     for (int f = 0; oi && f < oi->n; f++) {
-        if (oi->f[f].live && (shape || slot)) continue;
+        if (shape || (oi->f[f].live && slot)) continue;
         h = mix(h, (const char *)d + oi->f[f].off, oi->f[f].size);
     }
     return h;
@@ -319,8 +321,9 @@ static lk_status issue_segment(const rp_list *s, bool may_graph) {
         return issue_eager(s);
     }
     uint64_t shape = seg_sig(s, true);
-    /* The same segment but for per-step values that no live slot carries
-     * (before lk__op_live_size knows them): eager, counted. */
+    /* The same ops over the same memory as a segment seen before, but a
+     * value differs that no live slot carries (Adam's step before
+     * lk__op_live_size knows it): eager, counted. */
     if (seen(R.seen_shape, shape)) R.stats.mismatches++;
     R.seen_full[R.seen_next] = full, R.seen_shape[R.seen_next] = shape;
     R.seen_next = (R.seen_next + 1) % RP_SEEN;

@@ -24,7 +24,7 @@ typedef struct lk__replay_stats {
     int64_t captures;       /* graphs captured */
     int64_t launches;       /* graph launches */
     int64_t capture_failures; /* captures the device refused: the segment ran eagerly */
-    int64_t mismatches;     /* segments seen twice by signature whose items differ in a value no live slot carries */
+    int64_t mismatches;     /* eager segments whose ops and operands equal one seen before, but a value no live slot carries differs */
     int64_t passthrough;    /* ops issued at the call inside a step (host operand, another device or thread) */
     int64_t drops;          /* times the cached graphs were all dropped (a free of device memory, a new device) */
     int64_t cached;         /* graphs cached now */
