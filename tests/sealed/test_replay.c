@@ -14,15 +14,14 @@
  * lk__op_live_size says those values live in device memory, and until
  * then the layer must have counted the mismatch and run eagerly.
  *
- * `--gpu` runs the mlp SGD case on cuda:0 (label gpu; 77 without a GPU). */
+ * `--gpu` runs the mlp SGD case on cuda:0 (ctest gpu_replay, label gpu;
+ * exit 77 without a GPU): the same fits, equal bits, graphs launched. */
 #include <math.h>
 
 #include "backend/replay.h"
 #include "device/graph.h"
+#include "gpu/gpu_test.h"
 #include "sealed_harness.h"
-#ifdef LK_REPLAY_GPU
-#include "gpu_test.h"
-#endif
 
 static const char *accel = "sealed_graph";
 
@@ -270,7 +269,30 @@ static const lk_t_case cases[] = {
     LK_TEST_CASE(nan_loss),
 };
 
+/* --gpu: the mlp SGD fit on cuda:0, LK_GRAPHS=0 against on: the same bits,
+ * and graphs were captured and launched (the cuda device's own capture). */
+static void gpu_mlp_sgd(void) {
+    pair p = run_pair((run_spec){.model = "mlp", .optimizer = "sgd", .no_dropout = true, .max_steps = 16}, "cuda:0 mlp f32 sgd");
+    lk__replay_stats d = delta(p.on0, p.on1);
+    same_bits("cuda:0 mlp f32 sgd", &p.off, &p.on);
+    CHECK_MSG(d.captures > 0 && d.launches > 0 && d.capture_failures == 0,
+              "cuda:0: %lld captures, %lld launches, %lld captures refused (LK_LOG_LEVEL=debug names the reason)",
+              (long long)d.captures, (long long)d.launches, (long long)d.capture_failures);
+}
+static const lk_t_case gpu_cases[] = {LK_TEST_CASE(gpu_mlp_sgd)};
+static int gpu_probe(void) {
+    gpu_test_require();
+    accel = "gpu";
+    int rc = lk_t_run(gpu_cases, 1, 1, (char *[]){"test_sealed_replay", NULL});
+    cleanup();
+    return rc;
+}
+
 int main(int argc, char **argv) {
+    if (argc > 1 && !strcmp(argv[1], "--gpu")) { /* the child checks for a GPU: CUDA must not start before the fork */
+        sh_root_init("gpu_replay");
+        return gpu_test_in_child(gpu_probe, "gpu_replay");
+    }
     setup();
     int rc = lk_t_run(cases, (int)(sizeof cases / sizeof cases[0]), argc, argv);
     cleanup();

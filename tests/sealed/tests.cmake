@@ -11,3 +11,7 @@ lk_add_test(NAME sealed_graph_ready SOURCES sealed/test_graph_ready.c LABELS uni
 # the capturing fake: the same fits with LK_GRAPHS=0 and on, bit for bit,
 # and the per-step launches, captures and eager items.
 lk_add_test(NAME sealed_replay SOURCES sealed/test_replay.c LABELS unit TIMEOUT 600)
+if(LK_HAVE_CUDA)
+  add_test(NAME gpu_replay COMMAND test_sealed_replay --gpu)
+  set_tests_properties(gpu_replay PROPERTIES LABELS gpu TIMEOUT 300 SKIP_RETURN_CODE 77)
+endif()
