@@ -472,6 +472,8 @@ void lk__replay_note_free(lk_device dev, void *ptr, size_t bytes) {
             if (st) lk_log_debug("replay: issuing the step's work before a free failed: %s", lk_last_error());
         }
         if (R.stats.cached && R.had_dev && lk_device_equal(dev, R.last_dev)) drop_all();
+        /* and what was seen: its pointers may name other memory from now on */
+        memset(R.seen_full, 0, sizeof R.seen_full), memset(R.seen_shape, 0, sizeof R.seen_shape);
     }
     int at = range_at((uintptr_t)ptr);
     if (at >= 0 && R.ranges[at].lo == (uintptr_t)ptr) {
