@@ -262,11 +262,75 @@ static void nan_loss(void) {
     free(off.params), free(on.params);
 }
 
+/* ---- the dispatch's rules, one op at a time ------------------------------------ */
+
+typedef struct {
+    lk_device dev;
+    const float *y;
+    float *z;
+    lk_status st;
+} other_args;
+static void *other_thread(void *p) {
+    other_args *a = p;
+    a->st = lk__axpy(a->dev, LK_F32, 4, 1.0f, a->y, a->z); /* z += y, y written by the step's deferred op */
+    return NULL;
+}
+
+/* Inside an open step: an op from another thread issues the step's
+ * deferred work first (never reordered), an op with a host operand is not
+ * deferred (its error comes at the call), and an op the backend does not
+ * take fails at the call with the message it has without the layer. */
+static void dispatch_rules(void) {
+    lk_device dev = sealed_register_capturing(0);
+    const int64_t n = 4;
+    CHECK_OK(lk_device_set_default(dev));
+    lk_tensor *x = lk_tensor_full(LK_F32, 1, &n, 3.0), *y = lk_tensor_full(LK_F32, 1, &n, 0.0),
+              *z = lk_tensor_full(LK_F32, 1, &n, 1.0);
+    CHECK_OK(lk_device_set_default(LK_DEVICE_CPU));
+    if (!x || !y || !z) return;
+    /* what the unsupported op says without the layer */
+    lk_op_desc bad = {.op = LK_OP_UNARY, .dtype = {LK_I64, LK_I64}};
+    bad.unary = (lk_unary_params){.fn = LK_UNARY_EXP, .n = n};
+    CHECK(lk__backend_run(dev, &bad, (void *[]){x->data, y->data}) != LK_STATUS_OK);
+    char eager_msg[512];
+    snprintf(eager_msg, sizeof eager_msg, "%s", lk_last_error());
+
+    setenv("LK_GRAPHS", "1", 1);
+    CHECK_OK(lk__replay_step_begin(dev));
+    lk__replay_stats s0 = lk__replay_get_stats();
+    CHECK_OK(lk__affine(dev, LK_F32, n, 2.0f, 0.0f, false, x->data, y->data)); /* y = 2x: deferred */
+    CHECK(lk__replay_get_stats().deferred == s0.deferred + 1);
+    other_args a = {dev, y->data, z->data, LK_STATUS_OK};
+    pthread_t t;
+    CHECK(pthread_create(&t, NULL, other_thread, &a) == 0);
+    pthread_join(t, NULL);
+    CHECK_OK(a.st);
+    lk__replay_stats s1 = lk__replay_get_stats();
+    CHECK_MSG(s1.segments_eager == s0.segments_eager + 1 && s1.deferred == s0.deferred + 1,
+              "the other thread's op: %lld eager segments, %lld deferred", (long long)(s1.segments_eager - s0.segments_eager),
+              (long long)(s1.deferred - s0.deferred));
+    /* an unsupported op: the same error, at the call */
+    CHECK(lk__backend_run(dev, &bad, (void *[]){x->data, y->data}) != LK_STATUS_OK);
+    CHECK_MSG(!strcmp(eager_msg, lk_last_error()), "unsupported op inside a step: \"%s\" vs \"%s\"", lk_last_error(), eager_msg);
+    /* a host operand: the deferred op first, then this one at the call (the sealed backend refuses it) */
+    CHECK_OK(lk__affine(dev, LK_F32, n, 2.0f, 0.0f, false, x->data, y->data));
+    float host[4] = {0};
+    CHECK_ERR(lk__affine(dev, LK_F32, n, 1.0f, 0.0f, false, x->data, host), LK_STATUS_INTERNAL, "not device memory");
+    lk__replay_stats s2 = lk__replay_get_stats();
+    CHECK(s2.passthrough == s1.passthrough + 1 && s2.segments_eager + s2.launches > s1.segments_eager + s1.launches);
+    CHECK_OK(lk__replay_step_end());
+    unsetenv("LK_GRAPHS");
+    float zh[4] = {0};
+    CHECK_OK(lk_device_copy(LK_DEVICE_CPU, zh, dev, z->data, sizeof zh));
+    for (int i = 0; i < 4; i++) CHECK_MSG(zh[i] == 7.0f, "z[%d] = %g, expected 1 + 2 * 3", i, zh[i]);
+    lk_tensor_release(x), lk_tensor_release(y), lk_tensor_release(z);
+}
+
 static const lk_t_case cases[] = {
     LK_TEST_CASE(mlp_sgd),     LK_TEST_CASE(mlp_adamw_dropout), LK_TEST_CASE(cnn),
     LK_TEST_CASE(autoencoder), LK_TEST_CASE(mixed),             LK_TEST_CASE(short_last_batch),
     LK_TEST_CASE(resume),      LK_TEST_CASE(pool_release),      LK_TEST_CASE(capture_refused),
-    LK_TEST_CASE(nan_loss),
+    LK_TEST_CASE(nan_loss),    LK_TEST_CASE(dispatch_rules),
 };
 
 /* --gpu: the mlp SGD fit on cuda:0, LK_GRAPHS=0 against on: the same bits,
