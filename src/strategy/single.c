@@ -25,6 +25,14 @@ static lk_status single_step(lk_strategy *s, const lk_step_args *a, lk_step_resu
 static void single_detach(lk_strategy *s) {
     (void)s;
     (void)lk__replay_step_end();
+    lk__replay_stats r = lk__replay_get_stats(); /* since the process started */
+    if (r.steps)
+        lk_log_debug("graphs: %lld steps deferred %lld items: %lld graphs captured, %lld launched, %lld segments "
+                     "issued eagerly (%lld items; %lld of those segments differ from an earlier one only in per-step values), "
+                     "%lld captures refused",
+                     (long long)r.steps, (long long)r.deferred, (long long)r.captures, (long long)r.launches,
+                     (long long)r.segments_eager, (long long)r.eager_items, (long long)r.mismatches,
+                     (long long)r.capture_failures);
 }
 
 const lk_strategy_vt lk__strategy_single = {

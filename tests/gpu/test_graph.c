@@ -165,7 +165,7 @@ static void host_read_while_capturing(void) {
     float host[OUT * IN];
     CHECK_OK(lk__device_graph_begin(dev));
     CHECK_ERR(lk_device_copy(LK_DEVICE_CPU, host, dev, s.w->data, sizeof host), LK_STATUS_INVALID_USAGE,
-              "not allowed while capturing");
+              "is not allowed while capturing a graph");
     printf("the read's error: %s\n", lk_last_error());
     /* the refusal ended the capture: no graph, and the reason again */
     lk_graph *g = NULL;
