@@ -22,6 +22,7 @@
 #include "device/graph.h"
 #include "gpu/gpu_test.h"
 #include "sealed_harness.h"
+#include "train/safetensors.h"
 
 static const char *accel = "sealed_graph";
 
@@ -71,13 +72,38 @@ static lk__replay_stats delta(lk__replay_stats a, lk__replay_stats b) {
                               .drops = b.drops - a.drops};
 }
 
-/* Both fits; the "on" one's per-step deltas. The caller compares and frees. */
+/* Two checkpoints hold the same tensors bit for bit: the parameters, the
+ * optimizer's state (momentum, Adam's moments), the grad scaler's. */
+static void same_ckpt(const char *a, const char *b, const char *what) {
+    lk_st_file *fa = NULL, *fb = NULL;
+    CHECK_MSG(a[0] && b[0], "%s: no last checkpoint ('%s', '%s')", what, a, b);
+    if (!a[0] || !b[0]) return;
+    CHECK_OK(lk_safetensors_open(a, &fa));
+    CHECK_OK(lk_safetensors_open(b, &fb));
+    int n = fa ? lk_safetensors_count(fa) : 0, optim = 0;
+    CHECK(fb && n > 0 && n == lk_safetensors_count(fb));
+    for (int i = 0; fb && i < n; i++) {
+        const lk_st_info *x = lk_safetensors_at(fa, i), *y = lk_safetensors_find(fb, x->name);
+        CHECK_MSG(y && x->nbytes == y->nbytes && !memcmp(x->data, y->data, x->nbytes), "%s: checkpoint tensor '%s' differs",
+                  what, x->name);
+        optim += strstr(x->name, "optim") != NULL;
+    }
+    CHECK_MSG(optim > 0, "%s: no optimizer state in %s", what, a);
+    lk_safetensors_close(fa), lk_safetensors_close(fb);
+}
+
+/* Both fits; the "on" one's per-step deltas; their last checkpoints
+ * compared. The caller compares the runs and frees them. */
 static pair run_pair(run_spec s, const char *what) {
     pair p = {0};
+    char last_off[1024] = "", last_on[1024] = "";
+    s.last = last_off;
     p.off = fit_with(s, "0");
     p.on0 = lk__replay_get_stats();
+    s.last = last_on;
     p.on = fit_with(s, "1");
     p.on1 = lk__replay_get_stats();
+    if (s.expect == LK_STATUS_OK) same_ckpt(last_off, last_on, what);
     p.steps = p.on.steps_seen < MAX_STEPS ? p.on.steps_seen : MAX_STEPS;
     for (int64_t k = 0; k + 1 < p.steps; k++) p.step[k] = delta(at[k], at[k + 1]);
     lk__replay_stats all = delta(p.on0, p.on1);
