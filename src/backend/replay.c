@@ -34,7 +34,8 @@
 enum {
     RP_GRAPHS = 8,    /* cached graphs (least recently used dropped) */
     RP_SEEN = 32,     /* signatures remembered from eager segments */
-    RP_MAX_SEG = 8192 /* items deferred at most; more are issued first */
+    RP_MAX_SEG = 8192, /* items deferred at most; more are issued first */
+    RP_REFUSALS = 4    /* refused captures in a row after which none is tried until device memory is freed */
 };
 
 typedef enum { RP_OP, RP_MEMSET, RP_COPY } rp_kind;
@@ -85,6 +86,7 @@ static struct {
     int seen_next;
     rp_graph graphs[RP_GRAPHS];
     uint64_t clock;
+    int refused; /* captures refused in a row */
     rp_range *ranges; /* device memory of capturing kinds, sorted by lo */
     int nranges, rcap;
     lk__replay_stats stats;
@@ -232,6 +234,7 @@ static void drop_all(void) {
     for (int i = 0; i < RP_GRAPHS; i++)
         if (R.graphs[i].used_slot) graph_free(&R.graphs[i]);
     in_flush = was;
+    R.refused = 0;
     R.stats.drops++;
 }
 
@@ -290,6 +293,7 @@ static rp_graph *capture(const rp_list *s, uint64_t sig) {
         lk_log_debug("replay: capture of a %d-item segment on the step's device refused: %s", s->n, lk_last_error());
         lk_clear_error();
         R.stats.capture_failures++;
+        R.refused++;
         lk__device_graph_free(R.dev, n.g);
         if (n.slot) lk_device_free(R.dev, n.slot, n.slot_bytes);
         lk_aligned_free(n.mirror);
@@ -297,6 +301,7 @@ static rp_graph *capture(const rp_list *s, uint64_t sig) {
         return NULL;
     }
     *g = n;
+    R.refused = 0;
     R.stats.captures++;
     R.stats.cached++;
     return g;
@@ -315,7 +320,9 @@ static lk_status issue_segment(const rp_list *s, bool may_graph) {
         rp_graph *g = &R.graphs[i];
         if (g->used_slot && g->sig == full && same_items(&g->items, s)) return fill_and_launch(g, s);
     }
-    if (seen(R.seen_full, full)) {
+    /* A device that keeps refusing (each try costs a capture and then the
+     * eager issue) is left alone until memory is freed. */
+    if (R.refused < RP_REFUSALS && seen(R.seen_full, full)) {
         rp_graph *g = capture(s, full);
         if (g) return fill_and_launch(g, s);
         return issue_eager(s);
@@ -474,6 +481,7 @@ void lk__replay_note_free(lk_device dev, void *ptr, size_t bytes) {
         if (R.stats.cached && R.had_dev && lk_device_equal(dev, R.last_dev)) drop_all();
         /* and what was seen: its pointers may name other memory from now on */
         memset(R.seen_full, 0, sizeof R.seen_full), memset(R.seen_shape, 0, sizeof R.seen_shape);
+        R.refused = 0;
     }
     int at = range_at((uintptr_t)ptr);
     if (at >= 0 && R.ranges[at].lo == (uintptr_t)ptr) {
