@@ -201,6 +201,20 @@ static void mixed(void) {
     same_bits("mlp 16-mixed adam overflow", &a.off, &a.on);
 }
 
+/* Gradient accumulation (a micro-batch without an optimizer step ends its
+ * own step) and clipping (its coefficient read from device memory inside
+ * the second segment). */
+static void accumulate_and_clip(void) {
+    pair a = run_pair((run_spec){.model = "mlp", .optimizer = "sgd", .no_dropout = true, .max_steps = 8, .accum = 2},
+                      "mlp sgd accumulate 2");
+    same_bits("mlp sgd accumulate 2", &a.off, &a.on);
+    CHECK(delta(a.on0, a.on1).launches > 0);
+    pair c = run_pair((run_spec){.model = "mlp", .optimizer = "sgd", .no_dropout = true, .max_steps = 12, .clip = 0.5},
+                      "mlp sgd clip 0.5");
+    same_bits("mlp sgd clip 0.5", &c.off, &c.on);
+    assert_steady(&c, 4, 2, 1, live(LK_OP_OPTIM_UPDATE), "mlp sgd clip 0.5");
+}
+
 /* 100 samples in batches of 32: the last batch of each epoch is short (4),
  * a different segment: it runs eagerly, and the next epoch replays again. */
 static void short_last_batch(void) {
@@ -357,7 +371,7 @@ static const lk_t_case cases[] = {
     LK_TEST_CASE(mlp_sgd),     LK_TEST_CASE(mlp_adamw_dropout), LK_TEST_CASE(cnn),
     LK_TEST_CASE(autoencoder), LK_TEST_CASE(mixed),             LK_TEST_CASE(short_last_batch),
     LK_TEST_CASE(resume),      LK_TEST_CASE(pool_release),      LK_TEST_CASE(capture_refused),
-    LK_TEST_CASE(nan_loss),    LK_TEST_CASE(dispatch_rules),
+    LK_TEST_CASE(nan_loss),    LK_TEST_CASE(dispatch_rules),    LK_TEST_CASE(accumulate_and_clip),
 };
 
 /* --gpu: the mlp SGD fit on cuda:0, LK_GRAPHS=0 against on: the same bits,
