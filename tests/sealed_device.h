@@ -483,4 +483,177 @@ static inline sealed_async_counts sealed_async_get_stats(void) {
 }
 /* ==== end of prefetch's block ================================================= */
 
+/* ==== graph capture: a sealed device that captures as cuda does ==============
+ * Kind "sealed_graph": the sealed device (same arena, backend and counters)
+ * plus the vtable's graph methods. Between graph_begin and graph_end every
+ * op, memset and copy within is recorded instead of run; a launch replays
+ * the record through the sealed backend. As cuda.c does, a capture refuses
+ * what it cannot record — an allocation, a free, a copy to or from the
+ * host, a synchronize, an op with an operand outside the arena — with "...
+ * is not allowed while capturing a graph; the capture was ended", drops
+ * what it recorded, and graph_end reports the reason again. The tests
+ * capture from one thread (the state is process-wide). sealed_graph_counts
+ * counts captures, launches and refusals; sealed_graph_refuse_next > 0
+ * makes that many of the next captures refuse their first recorded item
+ * (a runtime refusing a capture), for the fallback tests. */
+typedef enum { SEALED_REC_OP, SEALED_REC_MEMSET, SEALED_REC_COPY } sealed_rec_kind;
+typedef struct {
+    sealed_rec_kind kind;
+    lk_op_desc d;
+    void *x[LK_OP_MAX_OPERANDS];
+    void *dst;
+    const void *src;
+    int value;
+    size_t bytes;
+} sealed_rec_item;
+struct lk_graph { /* the fake's graph: what was recorded */
+    int n, cap;
+    sealed_rec_item *items;
+};
+typedef struct {
+    long begins, captures, launches, refusals, items_launched;
+} sealed_graph_counts;
+static sealed_graph_counts sealed_graph_stats;
+static int sealed_graph_refuse_next;
+static lk_graph *sealed_recording; /* non-NULL while capturing */
+static bool sealed_rec_active;      /* between graph_begin and graph_end */
+static char sealed_rec_why[256];    /* why an early refusal ended the capture */
+
+static void sealed_rec_drop(lk_graph *g) {
+    if (g) free(g->items);
+    free(g);
+}
+
+static lk_status sealed_rec_refuse(const char *what) {
+    snprintf(sealed_rec_why, sizeof sealed_rec_why, "sealed_graph:0: %s is not allowed while capturing a graph; the capture was ended", what);
+    sealed_rec_drop(sealed_recording);
+    sealed_recording = NULL;
+    sealed_graph_stats.refusals++;
+    return lk_error(LK_STATUS_INVALID_USAGE, "%s", sealed_rec_why);
+}
+
+static lk_status sealed_rec_push(sealed_rec_item it) {
+    if (sealed_graph_refuse_next > 0) {
+        sealed_graph_refuse_next--;
+        return sealed_rec_refuse("a call the test refuses (sealed_graph_refuse_next)");
+    }
+    if (sealed_recording->n == sealed_recording->cap) {
+        int cap = sealed_recording->cap ? 2 * sealed_recording->cap : 64;
+        sealed_rec_item *p = realloc(sealed_recording->items, (size_t)cap * sizeof *p);
+        if (!p) return lk_error(LK_STATUS_OUT_OF_MEMORY, "graph record: no memory");
+        sealed_recording->items = p, sealed_recording->cap = cap;
+    }
+    sealed_recording->items[sealed_recording->n++] = it;
+    return LK_STATUS_OK;
+}
+
+static lk_status sealed_rec_alloc(void *ctx, int index, size_t bytes, void **ptr) {
+    *ptr = NULL;
+    return sealed_recording ? sealed_rec_refuse("an allocation (the pool had no cached block)") : sealed_alloc(ctx, index, bytes, ptr);
+}
+static void sealed_rec_free(void *ctx, int index, void *ptr, size_t bytes) {
+    if (sealed_recording) (void)sealed_rec_refuse("a free of device memory");
+    sealed_free(ctx, index, ptr, bytes);
+}
+static lk_status sealed_rec_memset(void *ctx, int index, void *ptr, int value, size_t bytes) {
+    if (sealed_recording) return sealed_rec_push((sealed_rec_item){.kind = SEALED_REC_MEMSET, .dst = ptr, .value = value, .bytes = bytes});
+    return sealed_memset(ctx, index, ptr, value, bytes);
+}
+static lk_status sealed_rec_to_host(void *ctx, int index, void *dst, const void *src, size_t bytes) {
+    return sealed_recording ? sealed_rec_refuse("a copy to host") : sealed_to_host(ctx, index, dst, src, bytes);
+}
+static lk_status sealed_rec_from_host(void *ctx, int index, void *dst, const void *src, size_t bytes) {
+    return sealed_recording ? sealed_rec_refuse("a copy from host") : sealed_from_host(ctx, index, dst, src, bytes);
+}
+static lk_status sealed_rec_copy(void *ctx, int index, void *dst, const void *src, size_t bytes) {
+    if (sealed_recording) return sealed_rec_push((sealed_rec_item){.kind = SEALED_REC_COPY, .dst = dst, .src = src, .bytes = bytes});
+    return sealed_copy(ctx, index, dst, src, bytes);
+}
+static lk_status sealed_rec_sync(void *ctx, int index) {
+    (void)ctx, (void)index;
+    return sealed_recording ? sealed_rec_refuse("synchronize") : LK_STATUS_OK;
+}
+static lk_status sealed_rec_begin(void *ctx, int index) {
+    (void)ctx, (void)index;
+    if (sealed_rec_active) return lk_error(LK_STATUS_INVALID_USAGE, "sealed_graph:0: already capturing");
+    sealed_recording = calloc(1, sizeof *sealed_recording);
+    sealed_rec_active = sealed_recording != NULL, sealed_rec_why[0] = 0;
+    sealed_graph_stats.begins++;
+    return sealed_recording ? LK_STATUS_OK : lk_error(LK_STATUS_OUT_OF_MEMORY, "graph record: no memory");
+}
+static lk_status sealed_rec_end(void *ctx, int index, lk_graph **out) {
+    (void)ctx, (void)index;
+    *out = NULL;
+    if (!sealed_rec_active) return lk_error(LK_STATUS_INVALID_USAGE, "sealed_graph:0: graph capture end: no capture in progress");
+    sealed_rec_active = false;
+    if (!sealed_recording) return lk_error(LK_STATUS_INVALID_USAGE, "sealed_graph:0: graph capture failed, no graph: %s", sealed_rec_why);
+    *out = sealed_recording;
+    sealed_recording = NULL;
+    sealed_graph_stats.captures++;
+    return LK_STATUS_OK;
+}
+static lk_status sealed_rec_launch(void *ctx, int index, lk_graph *g) {
+    sealed_graph_stats.launches++;
+    for (int i = 0; i < g->n; i++) {
+        const sealed_rec_item *it = &g->items[i];
+        lk_status st = it->kind == SEALED_REC_OP       ? sealed_be_run(&it->d, it->x)
+                       : it->kind == SEALED_REC_MEMSET ? sealed_memset(ctx, index, it->dst, it->value, it->bytes)
+                                                       : sealed_copy(ctx, index, it->dst, it->src, it->bytes);
+        if (st) return st;
+        sealed_graph_stats.items_launched++;
+    }
+    return LK_STATUS_OK;
+}
+static void sealed_rec_graph_free(void *ctx, int index, lk_graph *g) {
+    (void)ctx, (void)index;
+    sealed_rec_drop(g);
+}
+
+static const lk_device_vtable sealed_graph_vtable = {
+    .name = "sealed_graph",
+    .host_addressable = false,
+    .count = sealed_count,
+    .alloc = sealed_rec_alloc,
+    .free = sealed_rec_free,
+    .memset = sealed_rec_memset,
+    .copy_to_host = sealed_rec_to_host,
+    .copy_from_host = sealed_rec_from_host,
+    .copy = sealed_rec_copy,
+    .synchronize = sealed_rec_sync,
+    .graph_begin = sealed_rec_begin,
+    .graph_end = sealed_rec_end,
+    .graph_launch = sealed_rec_launch,
+    .graph_free = sealed_rec_graph_free,
+};
+
+static lk_status sealed_rec_be_run(const lk_op_desc *d, void *const *x) {
+    if (!sealed_recording) return sealed_be_run(d, x);
+    sealed_rec_item it = {.kind = SEALED_REC_OP, .d = *d};
+    for (int i = 0; i < lk__op_arity(d->op); i++) {
+        if (x[i] && !sealed_owns(x[i], 1)) return sealed_rec_refuse("an op with an operand in host memory (a read into host memory)");
+        it.x[i] = x[i];
+    }
+    return sealed_rec_push(it);
+}
+static const lk_backend sealed_graph_backend = {.name = "sealed_graph", .supports = sealed_be_supports, .run = sealed_rec_be_run};
+
+/* Registers sealed_graph (once per process) and returns sealed_graph:index. */
+static inline lk_device sealed_register_capturing(int index) {
+    pthread_once(&sealed_once, sealed_init_once);
+    lk_device_kind k = LK_CPU;
+    if (lk_device_register(&sealed_graph_vtable, NULL, &k) || lk__backend_register(k, &sealed_graph_backend)) {
+        fprintf(stderr, "sealed_graph device: %s\n", lk_last_error());
+        abort();
+    }
+    return (lk_device){k, index};
+}
+
+static inline sealed_graph_counts sealed_graph_get_stats(void) {
+    pthread_mutex_lock(&sealed_arena.mu);
+    sealed_graph_counts s = sealed_graph_stats;
+    pthread_mutex_unlock(&sealed_arena.mu);
+    return s;
+}
+/* ==== end of graph capture's block ============================================ */
+
 #endif

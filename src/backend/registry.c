@@ -6,6 +6,7 @@
 #include <stdio.h>
 
 #include "backend/backend_impl.h"
+#include "backend/replay.h"
 
 static const lk_backend *registry[LK_DEVICE_KIND_MAX];
 static int64_t fallbacks;
@@ -372,6 +373,11 @@ const char *lk__op_desc_str(const lk_op_desc *d, char *buf, size_t size) {
 
 lk_status lk__backend_run(lk_device dev, const lk_op_desc *d, void *const *operands) {
     const lk_backend *be = lk__backend(dev);
+    if (__atomic_load_n(&lk__replay_open, __ATOMIC_RELAXED)) { /* inside a step replayed as a graph (replay.c) */
+        bool taken;
+        lk_status st = lk__replay_op(dev, be, d, operands, &taken);
+        if (st || taken) return st;
+    }
     if (be->supports(d)) return be->run(d, operands);
     /* The CPU kernels can read a host-addressable device's memory, so a
      * descriptor its backend lacks still runs, on the CPU backend. */

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "backend/backend_impl.h"
+#include "backend/replay.h"
 #include "device/device_impl.h"
 #include "device/graph.h"
 #include "device/gpu.h"
@@ -23,6 +24,14 @@ static entry kinds[LK_DEVICE_KIND_MAX] = {[LK_CPU] = {&lk__device_cpu, NULL}};
 static pthread_mutex_t reg_mu = PTHREAD_MUTEX_INITIALIZER;
 /* kind and index packed, so threads read it in one load */
 static atomic_int default_dev = 0;
+
+/* The step replayed as a graph (backend/replay.c) defers a step's work on
+ * a device that can capture: before the host needs d, it is issued. */
+#define REPLAY_SYNC(d)                                                                                                  \
+    do {                                                                                                               \
+        if (__atomic_load_n(&lk__replay_open, __ATOMIC_RELAXED)) LK_TRY(lk__replay_sync(d));                           \
+    } while (0)
+#define REPLAY_ON() __atomic_load_n(&lk__replay_open, __ATOMIC_RELAXED)
 
 lk_status lk_device_register(const lk_device_vtable *vt, void *ctx, lk_device_kind *kind) {
     if (!vt || !vt->name || !vt->alloc || !vt->free)
@@ -158,17 +167,25 @@ lk_status lk_device_alloc(lk_device d, size_t bytes, void **ptr) {
     const entry *e = get(d);
     *ptr = NULL;
     if (!e) return unknown(d);
-    return e->vt->alloc(e->ctx, d.index, bytes, ptr);
+    LK_TRY(e->vt->alloc(e->ctx, d.index, bytes, ptr));
+    if (e->vt->graph_begin) lk__replay_note_alloc(d, *ptr, bytes); /* what replay.c counts as device memory */
+    return LK_STATUS_OK;
 }
 
 void lk_device_free(lk_device d, void *ptr, size_t bytes) {
     const entry *e = get(d);
+    if (ptr && e && e->vt->graph_begin) lk__replay_note_free(d, ptr, bytes); /* deferred work first; graphs dropped */
     if (ptr && e) e->vt->free(e->ctx, d.index, ptr, bytes);
 }
 
 lk_status lk_device_memset(lk_device d, void *ptr, int value, size_t bytes) {
     const entry *e = get(d);
     if (!e) return unknown(d);
+    if (REPLAY_ON()) {
+        bool taken;
+        lk_status st = lk__replay_memset(d, ptr, value, bytes, &taken);
+        if (st || taken) return st;
+    }
     if (e->vt->memset) return e->vt->memset(e->ctx, d.index, ptr, value, bytes);
     memset(ptr, value, bytes);
     return LK_STATUS_OK;
@@ -179,6 +196,14 @@ lk_status lk_device_copy(lk_device dst_dev, void *dst, lk_device src_dev, const 
     if (!de) return unknown(dst_dev);
     if (!se) return unknown(src_dev);
     if (!bytes) return LK_STATUS_OK;
+    if (REPLAY_ON()) {
+        bool taken = false;
+        lk_status st = lk_device_equal(dst_dev, src_dev) && de->vt->copy
+                           ? lk__replay_copy(dst_dev, dst, src, bytes, &taken)
+                           : lk__replay_sync(dst_dev);
+        if (!st && !taken && !lk_device_equal(dst_dev, src_dev)) st = lk__replay_sync(src_dev);
+        if (st || taken) return st;
+    }
     if (lk_device_equal(dst_dev, src_dev) && de->vt->copy) return de->vt->copy(de->ctx, dst_dev.index, dst, src, bytes);
     bool dst_host = dst_dev.kind == LK_CPU, src_host = src_dev.kind == LK_CPU;
     /* One side is the CPU: the other device's own copy (or memcpy when it
@@ -206,6 +231,7 @@ lk_status lk_device_copy(lk_device dst_dev, void *dst, lk_device src_dev, const 
 lk_status lk_device_synchronize(lk_device d) {
     const entry *e = get(d);
     if (!e) return unknown(d);
+    REPLAY_SYNC(d);
     return e->vt->synchronize ? e->vt->synchronize(e->ctx, d.index) : LK_STATUS_OK;
 }
 
@@ -256,6 +282,7 @@ lk_status lk_device_copy_async(lk_device d, lk_stream *s, void *dst, const void 
     const entry *e = get(d);
     if (!e) return unknown(d);
     if (!bytes) return LK_STATUS_OK;
+    REPLAY_SYNC(d);
     if (s && has_async(e)) return e->vt->copy_from_host_async(e->ctx, d.index, s, dst, host_src, bytes);
     return lk_device_copy(d, dst, LK_DEVICE_CPU, host_src, bytes);
 }
@@ -264,6 +291,7 @@ lk_status lk_device_event_record(lk_device d, lk_stream *s, lk_event **out) {
     const entry *e = get(d);
     *out = NULL;
     if (!e) return unknown(d);
+    REPLAY_SYNC(d); /* the event follows the step's work issued so far */
     return e->vt->event_record && e->vt->event_wait && e->vt->event_free ? e->vt->event_record(e->ctx, d.index, s, out)
                                                                           : LK_STATUS_OK;
 }
@@ -271,6 +299,7 @@ lk_status lk_device_event_record(lk_device d, lk_stream *s, lk_event **out) {
 lk_status lk_device_event_wait(lk_device d, lk_stream *s, lk_event *ev) {
     const entry *e = get(d);
     if (!e) return unknown(d);
+    REPLAY_SYNC(d);
     return ev ? e->vt->event_wait(e->ctx, d.index, s, ev) : LK_STATUS_OK;
 }
 
@@ -278,6 +307,7 @@ lk_status lk_device_event_synchronize(lk_device d, lk_event *ev) {
     const entry *e = get(d);
     if (!e) return unknown(d);
     if (!ev) return LK_STATUS_OK;
+    REPLAY_SYNC(d);
     if (e->vt->event_synchronize) return e->vt->event_synchronize(e->ctx, d.index, ev);
     return lk_device_synchronize(d);
 }

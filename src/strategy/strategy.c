@@ -10,6 +10,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "backend/replay.h"
 #include "strategy/strategy_impl.h"
 #include "tensor/tensor_impl.h"
 
@@ -282,7 +283,7 @@ lk_status lk_strategy_optimizer_step(lk_strategy *s, lk_optimizer *o, bool skip)
     if (!skip) LK_TRY(lk_optimizer_step(o));
     LK_TRY(lk_strategy_after_step(s));
     lk_strategy_zero_grad(s);
-    return LK_STATUS_OK;
+    return lk__replay_step_end(); /* the step's last work is issued (backend/replay.c; nothing open: OK) */
 }
 
 /* ---- the lower-level calls ---------------------------------------------------------- */

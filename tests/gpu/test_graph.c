@@ -17,7 +17,7 @@
  * Without an argument it runs on cuda:0 (label gpu; exits 77 "no CUDA
  * device" without one), in a child process so that a fault is reported as
  * a failure. `--sealed` runs the same cases on a fake that captures as the
- * cuda device does — the tests' sealed device (memory the host cannot
+ * cuda device does (tests/sealed_device.h's sealed_graph kind) — the tests' sealed device (memory the host cannot
  * read) plus graph methods that record each op, memset and copy within
  * instead of running it, replay the record on launch, and refuse an
  * allocation, a free, a copy to or from the host, a synchronize or an op
@@ -33,144 +33,8 @@ enum { B = 16, IN = 8, OUT = 4, K = 5 };
 static lk_device dev;
 static const char *dev_name = "cuda:0";
 
-/* ---- --sealed: a device that captures as cuda does ---------------------------- */
-
-typedef enum { REC_OP, REC_MEMSET, REC_COPY } rec_kind;
-typedef struct {
-    rec_kind kind;
-    lk_op_desc d;
-    void *x[LK_OP_MAX_OPERANDS];
-    void *dst;
-    const void *src;
-    int value;
-    size_t bytes;
-} rec_item;
-struct lk_graph { /* the fake's graph: what was recorded */
-    int n, cap;
-    rec_item *items;
-};
-static lk_graph *recording; /* non-NULL while capturing (the tests capture from one thread) */
-static bool rec_active;      /* between graph_begin and graph_end */
-static char rec_why[256];    /* why an early refusal ended the capture */
-
-static void rec_drop(lk_graph *g) {
-    if (g) free(g->items);
-    free(g);
-}
-
-static lk_status rec_refuse(const char *what) {
-    snprintf(rec_why, sizeof rec_why, "sealed:0: %s is not allowed while capturing a graph; the capture was ended", what);
-    rec_drop(recording);
-    recording = NULL;
-    return lk_error(LK_STATUS_INVALID_USAGE, "%s", rec_why);
-}
-
-static lk_status rec_push(rec_item it) {
-    if (recording->n == recording->cap) {
-        int cap = recording->cap ? 2 * recording->cap : 64;
-        rec_item *p = realloc(recording->items, (size_t)cap * sizeof *p);
-        if (!p) return lk_error(LK_STATUS_OUT_OF_MEMORY, "graph record: no memory");
-        recording->items = p, recording->cap = cap;
-    }
-    recording->items[recording->n++] = it;
-    return LK_STATUS_OK;
-}
-
-static lk_status rec_alloc(void *ctx, int index, size_t bytes, void **ptr) {
-    *ptr = NULL;
-    return recording ? rec_refuse("an allocation (the pool had no cached block)") : sealed_alloc(ctx, index, bytes, ptr);
-}
-static void rec_free(void *ctx, int index, void *ptr, size_t bytes) {
-    if (recording) (void)rec_refuse("a free of device memory");
-    sealed_free(ctx, index, ptr, bytes);
-}
-static lk_status rec_memset(void *ctx, int index, void *ptr, int value, size_t bytes) {
-    if (recording) return rec_push((rec_item){.kind = REC_MEMSET, .dst = ptr, .value = value, .bytes = bytes});
-    return sealed_memset(ctx, index, ptr, value, bytes);
-}
-static lk_status rec_to_host(void *ctx, int index, void *dst, const void *src, size_t bytes) {
-    return recording ? rec_refuse("a copy to host") : sealed_to_host(ctx, index, dst, src, bytes);
-}
-static lk_status rec_from_host(void *ctx, int index, void *dst, const void *src, size_t bytes) {
-    return recording ? rec_refuse("a copy from host") : sealed_from_host(ctx, index, dst, src, bytes);
-}
-static lk_status rec_copy(void *ctx, int index, void *dst, const void *src, size_t bytes) {
-    if (recording) return rec_push((rec_item){.kind = REC_COPY, .dst = dst, .src = src, .bytes = bytes});
-    return sealed_copy(ctx, index, dst, src, bytes);
-}
-static lk_status rec_sync(void *ctx, int index) {
-    (void)ctx, (void)index;
-    return recording ? rec_refuse("synchronize") : LK_STATUS_OK;
-}
-static lk_status rec_begin(void *ctx, int index) {
-    (void)ctx, (void)index;
-    if (rec_active) return lk_error(LK_STATUS_INVALID_USAGE, "sealed:0: already capturing");
-    recording = calloc(1, sizeof *recording);
-    rec_active = recording != NULL, rec_why[0] = 0;
-    return recording ? LK_STATUS_OK : lk_error(LK_STATUS_OUT_OF_MEMORY, "graph record: no memory");
-}
-static lk_status rec_end(void *ctx, int index, lk_graph **out) {
-    (void)ctx, (void)index;
-    *out = NULL;
-    if (!rec_active) return lk_error(LK_STATUS_INVALID_USAGE, "sealed:0: graph capture end: no capture in progress");
-    rec_active = false;
-    if (!recording) return lk_error(LK_STATUS_INVALID_USAGE, "sealed:0: graph capture failed, no graph: %s", rec_why);
-    *out = recording;
-    recording = NULL;
-    return LK_STATUS_OK;
-}
-static lk_status rec_launch(void *ctx, int index, lk_graph *g) {
-    for (int i = 0; i < g->n; i++) {
-        const rec_item *it = &g->items[i];
-        lk_status st = it->kind == REC_OP       ? sealed_be_run(&it->d, it->x)
-                       : it->kind == REC_MEMSET ? sealed_memset(ctx, index, it->dst, it->value, it->bytes)
-                                                : sealed_copy(ctx, index, it->dst, it->src, it->bytes);
-        if (st) return st;
-    }
-    return LK_STATUS_OK;
-}
-static void rec_graph_free(void *ctx, int index, lk_graph *g) {
-    (void)ctx, (void)index;
-    rec_drop(g);
-}
-
-static const lk_device_vtable rec_vtable = {
-    .name = "sealed-graph",
-    .host_addressable = false,
-    .count = sealed_count,
-    .alloc = rec_alloc,
-    .free = rec_free,
-    .memset = rec_memset,
-    .copy_to_host = rec_to_host,
-    .copy_from_host = rec_from_host,
-    .copy = rec_copy,
-    .synchronize = rec_sync,
-    .graph_begin = rec_begin,
-    .graph_end = rec_end,
-    .graph_launch = rec_launch,
-    .graph_free = rec_graph_free,
-};
-
-static lk_status rec_be_run(const lk_op_desc *d, void *const *x) {
-    if (!recording) return sealed_be_run(d, x);
-    rec_item it = {.kind = REC_OP, .d = *d};
-    for (int i = 0; i < lk__op_arity(d->op); i++) {
-        if (x[i] && !sealed_owns(x[i], 1)) return rec_refuse("an op with an operand in host memory (a read into host memory)");
-        it.x[i] = x[i];
-    }
-    return rec_push(it);
-}
-static const lk_backend rec_backend = {.name = "sealed-graph", .supports = sealed_be_supports, .run = rec_be_run};
-
-static lk_device rec_device(void) {
-    pthread_once(&sealed_once, sealed_init_once);
-    lk_device_kind k = LK_CPU;
-    if (lk_device_register(&rec_vtable, NULL, &k) || lk__backend_register(k, &rec_backend)) {
-        fprintf(stderr, "sealed-graph device: %s\n", lk_last_error());
-        exit(1);
-    }
-    return (lk_device){k, 0};
-}
+/* --sealed: the tests' capturing fake, tests/sealed_device.h's sealed_graph
+ * kind (sealed_register_capturing). */
 
 /* ---- the step ------------------------------------------------------------------ */
 
@@ -301,7 +165,7 @@ static void host_read_while_capturing(void) {
     float host[OUT * IN];
     CHECK_OK(lk__device_graph_begin(dev));
     CHECK_ERR(lk_device_copy(LK_DEVICE_CPU, host, dev, s.w->data, sizeof host), LK_STATUS_INVALID_USAGE,
-              "not allowed while capturing");
+              "is not allowed while capturing a graph");
     printf("the read's error: %s\n", lk_last_error());
     /* the refusal ended the capture: no graph, and the reason again */
     lk_graph *g = NULL;
@@ -365,8 +229,8 @@ static int gpu_probe(void) {
 
 int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "--sealed")) {
-        dev = rec_device();
-        dev_name = "sealed-graph";
+        dev = sealed_register_capturing(0);
+        dev_name = "sealed_graph";
         g_argc = argc - 1, g_argv = argv + 1;
         return run_cases();
     }

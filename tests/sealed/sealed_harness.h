@@ -26,6 +26,7 @@
 
 static const lk_model_kv sh_mlp_args[] = {{"input_dim", "16"}, {"hidden", "[32, 16]"}, {"num_classes", "4"}, {"dropout", "0.25"}};
 static const lk_model_kv sh_cnn_args[] = {{"image_size", "8"}, {"channels", "[4, 6]"}, {"hidden", "10"}, {"num_classes", "4"}};
+static const lk_model_kv sh_mlp_nodrop_args[] = {{"input_dim", "16"}, {"hidden", "[32, 16]"}, {"num_classes", "4"}, {"dropout", "0"}};
 static const lk_model_kv sh_ae_args[] = {{"input_dim", "16"}, {"hidden", "[12, 8]"}, {"latent_dim", "4"}};
 
 enum { MAX_STEPS = 64 };
@@ -59,6 +60,8 @@ typedef struct {
     /* replaces dm->vt before the fit (the harness puts the original back) */
     void (*datamodule_hook)(lk_datamodule *dm);
     int64_t fail_at; /* for prefetch's datamodule hook: > 0, the training set's get() fails at this call */
+    const char *optimizer; /* NULL: the trainer's default (adam); "sgd" with momentum 0.9 */
+    bool no_dropout;       /* mlp: dropout 0 */
 } run_spec;
 
 struct run_out {
@@ -169,9 +172,16 @@ static inline run_out sh_fit(run_spec s) {
     lk_module *m = NULL;
     lk_datamodule *dm = NULL;
     lk_trainer *tr = NULL;
-    CHECK_OK(lk_module_create_builtin(s.model, cnn ? sh_cnn_args : ae ? sh_ae_args : sh_mlp_args, ae ? 3 : 4, 3, &m));
+    CHECK_OK(lk_module_create_builtin(s.model, cnn ? sh_cnn_args : ae ? sh_ae_args : s.no_dropout ? sh_mlp_nodrop_args : sh_mlp_args,
+                                      ae ? 3 : 4, 3, &m));
     CHECK_OK(lk_datamodule_create_builtin("synthetic", data, 5, 3, &dm));
-    CHECK_OK(lk_trainer_create(&cfg, NULL, NULL, &tr));
+    lk_optim_settings os;
+    CHECK_OK(lk_optim_settings_default(&os));
+    if (s.optimizer) {
+        snprintf(os.name, sizeof os.name, "%s", s.optimizer);
+        if (!strcmp(s.optimizer, "sgd")) os.lr = 0.05, os.momentum = 0.9;
+    }
+    CHECK_OK(lk_trainer_create(&cfg, s.optimizer ? &os : NULL, NULL, &tr));
     unsetenv("LK_TEST_GRAD_OVERFLOW");
     static lk_module_vtable probe_vt;
     const lk_datamodule_vtable *dm_vt = dm ? dm->vt : NULL;

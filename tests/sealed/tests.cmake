@@ -7,3 +7,11 @@ lk_add_test(NAME sealed_syncs SOURCES sealed/test_syncs.c LABELS unit TIMEOUT 30
 # What stands between a training step and a CUDA graph: the ops, pointers
 # and descriptor fields that change from one steady step to the next.
 lk_add_test(NAME sealed_graph_ready SOURCES sealed/test_graph_ready.c LABELS unit TIMEOUT 300)
+# Issue 21: the training step replayed as graphs (src/backend/replay.c) on
+# the capturing fake: the same fits with LK_GRAPHS=0 and on, bit for bit,
+# and the per-step launches, captures and eager items.
+lk_add_test(NAME sealed_replay SOURCES sealed/test_replay.c LABELS unit TIMEOUT 600)
+if(LK_HAVE_CUDA)
+  add_test(NAME gpu_replay COMMAND test_sealed_replay --gpu)
+  set_tests_properties(gpu_replay PROPERTIES LABELS gpu TIMEOUT 300 SKIP_RETURN_CODE 77)
+endif()
