@@ -1,9 +1,8 @@
 /* Private: graph capture through the device vtable (lockstep/device.h's
- * graph_* methods), for the code that will capture a training step — the
- * strategy, once the step's per-step values live in device memory
- * (docs/GPU.md, "What a CUDA graph of the step needs"). A kind without the
- * methods (the cpu device) answers every call with an error naming it;
- * nothing is captured and nothing crashes. */
+ * graph_* methods), for backend/replay.c, which captures a training step's
+ * segments and replays them (docs/GPU.md, "The step as a graph"). A kind
+ * without the methods (the cpu device) answers every call with an error
+ * naming it; nothing is captured and nothing crashes. */
 #ifndef LK_DEVICE_GRAPH_H
 #define LK_DEVICE_GRAPH_H
 

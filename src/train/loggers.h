@@ -218,6 +218,12 @@ typedef struct lk_runinfo {
     const char *log_dir;
     const char *last_checkpoint;
     lk_runinfo_times step_time;
+    /* The training step replayed as graphs (backend/replay.c) during this
+     * run: written only when used is set (else null). */
+    struct {
+        bool used;
+        int64_t steps, captures, launches, eager_segments, eager_ops, refused;
+    } graphs;
     double step_peak_mb;        /* tensor memory of one forward + backward beyond what was live before it; 0: unknown */
     const char *config_yaml;    /* the merged config, YAML text */
 } lk_runinfo;

@@ -148,6 +148,21 @@ lk_status lk_runinfo_to_json(const lk_runinfo *info, char **out) {
     ok = ok && add(times, "comm_wait_ms", number_or_null(t->comm_wait_ms));
     ok = ok && add(root, "step_time", times);
     if (ok) times = NULL;
+    if (info->graphs.used) {
+        cJSON *g = cJSON_CreateObject();
+        int gok = g != NULL;
+        gok = gok && add(g, "steps", cJSON_CreateNumber((double)info->graphs.steps));
+        gok = gok && add(g, "captures", cJSON_CreateNumber((double)info->graphs.captures));
+        gok = gok && add(g, "launches", cJSON_CreateNumber((double)info->graphs.launches));
+        gok = gok && add(g, "eager_segments", cJSON_CreateNumber((double)info->graphs.eager_segments));
+        gok = gok && add(g, "eager_ops", cJSON_CreateNumber((double)info->graphs.eager_ops));
+        gok = gok && add(g, "refused", cJSON_CreateNumber((double)info->graphs.refused));
+        if (gok && ok && add(root, "graphs", g)) g = NULL; /* owned by root now */
+        else ok = 0;
+        cJSON_Delete(g);
+    } else {
+        ok = ok && add(root, "graphs", cJSON_CreateNull());
+    }
     ok = ok && add(root, "config", string_or_null(info->config_yaml));
     char *text = ok ? cJSON_PrintUnformatted(root) : NULL;
     cJSON_Delete(root);

@@ -48,7 +48,22 @@ void lk__write_runinfo(lk_trainer *tr, const char *command, lk_status st) {
     ri.time_to_first_step_s = tr->t_first_step > 0 ? tr->t_first_step - tr->t_start : 0;
     ri.world_size = tr->world;
     ri.strategy = tr->dp_devices ? "dp" : lk_strategy_name(tr->strat);
-    ri.accelerator = "cpu";
+    /* the device this rank trained on: cpu, gpu (cuda) or a registered kind's name */
+    char kind[32];
+    lk_device_str((lk_device){tr->dev.kind, 0}, kind, sizeof kind);
+    char *colon = strchr(kind, ':');
+    if (colon) *colon = 0;
+    ri.accelerator = tr->dev.kind == LK_CPU ? "cpu" : tr->dev.kind == LK_CUDA ? "gpu" : kind;
+    lk__replay_stats rs = lk__replay_get_stats(), r0 = tr->replay_at_start;
+    if (rs.steps > r0.steps) {
+        ri.graphs.used = true;
+        ri.graphs.steps = rs.steps - r0.steps;
+        ri.graphs.captures = rs.captures - r0.captures;
+        ri.graphs.launches = rs.launches - r0.launches;
+        ri.graphs.eager_segments = rs.segments_eager - r0.segments_eager;
+        ri.graphs.eager_ops = rs.eager_items - r0.eager_items;
+        ri.graphs.refused = rs.capture_failures - r0.capture_failures;
+    }
     ri.precision = tr->cfg.precision;
     ri.gemm_path = lk_autocast_gemm_path(tr->autocast);
     ri.git_revision = LK_GIT_REV;

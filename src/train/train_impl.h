@@ -6,6 +6,7 @@
 #include <signal.h>
 
 #include "lockstep/trainer.h"
+#include "backend/replay.h"
 #include "train/loggers.h"
 
 #define LK_METRIC_NAME 96
@@ -137,6 +138,7 @@ struct lk_trainer {
     char stop_reason[512];
     /* timing */
     double t_start, t_first_step, t_fit_start;
+    lk__replay_stats replay_at_start; /* the graph replay's counters when the trainer was made (run.json counts from here) */
     double sum_data, sum_fwd, sum_bwd, sum_comm, sum_opt;
     double sum_comm_wait; /* the part of sum_comm spent waiting for the last rank to arrive */
     size_t step_peak_bytes; /* the most tensor memory one forward + backward held beyond what was live before it

@@ -85,6 +85,7 @@ lk_status lk_trainer_create(const lk_trainer_config *cfg, const lk_optim_setting
     tr->config_yaml = config_yaml ? lk_strdup(config_yaml) : NULL;
     tr->best_score = NAN;
     tr->t_start = lk_time_now();
+    tr->replay_at_start = lk__replay_get_stats();
     lk_status st = lk__callbacks_init(tr);
     if (!st) st = lk_pg_info_from_env(&tr->pg);
     if (st) goto fail;

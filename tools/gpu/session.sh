@@ -12,7 +12,8 @@
 #     --quick: gpu tests only, no unit tests
 #     --bench: (a second call, the build kept) bench/gpu-compare only: lockstep
 #              against PyTorch with CUDA, mlp and autoencoder, batch 256 and
-#              1024, 32-true and bf16-mixed (gpu-compare.txt, gpu-compare.csv)
+#              1024, 32-true and bf16-mixed, lockstep with and without the
+#              step replayed as graphs (gpu-compare.txt, gpu-compare.csv)
 set -uo pipefail
 OUT=${OUT:-/tmp/lk-gpu-out}
 P=${LK_GPU_PREFIX:-/tmp/lk-prefix}
@@ -55,7 +56,8 @@ echo "built in $(( $(date +%s) - T0 )) s"
 
 if [ $bench = 1 ]; then
   step "bench/gpu-compare (lockstep vs PyTorch $(python3 -c 'import torch; print(torch.__version__)' 2>/dev/null))"
-  bench/gpu-compare --lockstep "$BUILD/lockstep" --csv "$OUT/gpu-compare.csv" | tee "$OUT/gpu-compare.txt"
+  # 2 pairs of 3 runs per cell (graphs, LK_GRAPHS=0, PyTorch): 48 runs, as 3 pairs of 2 were, inside one call's 10 minutes
+  bench/gpu-compare --lockstep "$BUILD/lockstep" --pairs 2 --eager-too --csv "$OUT/gpu-compare.csv" | tee "$OUT/gpu-compare.txt"
   rc=${PIPESTATUS[0]}
   echo "session --bench done in $(( $(date +%s) - T0 )) s; exit $rc; files in $OUT: $(ls "$OUT" | tr '\n' ' ')"
   exit "$rc"
