@@ -175,8 +175,12 @@ static sealed_stats nan_at3; /* the counters at step 3's start (replica 0's trai
 static void nan_around(run_out *o, int64_t k, bool after) {
     if (!after && k == 3) nan_at3 = o->at[3];
 }
-static void dp_nan_in_one_replica(void) {
-    const char *want = "the loss is nan at step 3 (epoch 0, batch 3)";
+/* A dp fit over two devices that fails at step 3 (`fail` sets how), on
+ * the CPU and on sealed devices: the message holds `want` (and `also`)
+ * and is the CPU's, the parameters are those of a 3-step fit, and the
+ * failed step copied `reads0` times out of sealed:0 and never out of
+ * sealed:1. */
+static void dp_fails_at_3(void (*fail)(run_spec *s), const char *want, const char *also, long reads0) {
     run_spec base = {.model = "mlp", .strategy = "dp", .devices = 2, .no_checkpointing = true};
     run_spec three = base;
     three.accelerator = "sealed", three.max_steps = 3;
@@ -185,21 +189,29 @@ static void dp_nan_in_one_replica(void) {
     for (int k = 0; k < 2; k++) {
         run_spec s = base;
         s.accelerator = k ? "sealed" : "cpu";
-        s.max_steps = 8, s.expect = LK_STATUS_ABORTED, s.module_hook = nan_module;
+        s.max_steps = 8, s.expect = LK_STATUS_ABORTED;
         s.probe = true, s.step_hook = nan_around;
+        fail(&s);
         o[k] = sh_fit(s);
-        CHECK_MSG(strstr(o[k].err, want), "%s: '%s' (expected '%s')", s.accelerator, o[k].err, want);
+        CHECK_MSG(strstr(o[k].err, want) && (!also || strstr(o[k].err, also)), "%s: '%s' (expected '%s')",
+                  s.accelerator, o[k].err, want);
     }
     CHECK_MSG(!strcmp(o[0].err, o[1].err), "cpu: '%s', sealed: '%s'", o[0].err, o[1].err);
     CHECK_MSG(o[1].params && ref.params && o[1].n == ref.n && !memcmp(o[1].params, ref.params, (size_t)ref.n * sizeof(float)),
               "dp: the parameters after the failed step 3 are not those after 3 steps");
     long out0 = o[1].after.copies_out_from[0] - nan_at3.copies_out_from[0];
     long out1 = o[1].after.copies_out_from[1] - nan_at3.copies_out_from[1];
-    CHECK_MSG(out0 == 1 && out1 == 0, "dp: the failed step copied %ld out of sealed:0 and %ld out of sealed:1 (expected "
-              "the one read, on sealed:0)", out0, out1);
+    CHECK_MSG(out0 == reads0 && out1 == 0, "dp: the failed step copied %ld out of sealed:0 and %ld out of sealed:1 "
+              "(expected %ld, on sealed:0)", out0, out1, reads0);
     free(o[0].params);
     free(o[1].params);
     free(ref.params);
+}
+
+static void nan_in_replica_1(run_spec *s) { s->module_hook = nan_module; }
+/* the one read, on sealed:0 */
+static void dp_nan_in_one_replica(void) {
+    dp_fails_at_3(nan_in_replica_1, "the loss is nan at step 3 (epoch 0, batch 3)", NULL, 1);
 }
 
 /* ---- validation and test: nothing read per batch ------------------------------
@@ -454,31 +466,10 @@ static void checks_after_the_read(void) {
  * replicas' weighted mean read with the checks, the parameters of a
  * 3-step fit, and no read of sealed:1 in the failed step (sealed:0: the
  * one read and the element the message quotes). */
+static void inf_gradient_at_3(run_spec *s) { s->overflow = "0:3"; }
+/* the one read and the element the message quotes, on sealed:0 */
 static void dp_nonfinite_gradient(void) {
-    const char *want = "non-finite gradient at step 3 (epoch 0, batch 3): parameter '";
-    run_spec base = {.model = "mlp", .strategy = "dp", .devices = 2, .no_checkpointing = true};
-    run_spec three = base;
-    three.accelerator = "sealed", three.max_steps = 3;
-    run_out ref = sh_fit(three);
-    run_out o[2];
-    for (int k = 0; k < 2; k++) {
-        run_spec s = base;
-        s.accelerator = k ? "sealed" : "cpu";
-        s.max_steps = 8, s.expect = LK_STATUS_ABORTED, s.overflow = "0:3";
-        s.probe = true, s.step_hook = nan_around;
-        o[k] = sh_fit(s);
-        CHECK_MSG(strstr(o[k].err, want) && strstr(o[k].err, "is inf (loss "), "%s: '%s'", s.accelerator, o[k].err);
-    }
-    CHECK_MSG(!strcmp(o[0].err, o[1].err), "cpu: '%s', sealed: '%s'", o[0].err, o[1].err);
-    CHECK_MSG(o[1].params && ref.params && o[1].n == ref.n && !memcmp(o[1].params, ref.params, (size_t)ref.n * sizeof(float)),
-              "dp: the parameters after the failed step 3 are not those after 3 steps");
-    long out0 = o[1].after.copies_out_from[0] - nan_at3.copies_out_from[0];
-    long out1 = o[1].after.copies_out_from[1] - nan_at3.copies_out_from[1];
-    CHECK_MSG(out0 == 2 && out1 == 0, "dp: the failed step copied %ld out of sealed:0 and %ld out of sealed:1 (expected "
-              "the one read and the element quoted, on sealed:0)", out0, out1);
-    free(o[0].params);
-    free(o[1].params);
-    free(ref.params);
+    dp_fails_at_3(inf_gradient_at_3, "non-finite gradient at step 3 (epoch 0, batch 3): parameter '", "is inf (loss ", 2);
 }
 
 static void setup(void) {
