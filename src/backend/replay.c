@@ -497,9 +497,3 @@ lk__replay_stats lk__replay_get_stats(void) {
     unlock();
     return s;
 }
-
-void lk__replay_drop_graphs(void) {
-    lock();
-    if (R.stats.cached) drop_all();
-    unlock();
-}

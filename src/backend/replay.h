@@ -56,7 +56,5 @@ void lk__replay_note_alloc(lk_device dev, void *ptr, size_t bytes);
 void lk__replay_note_free(lk_device dev, void *ptr, size_t bytes);
 
 lk__replay_stats lk__replay_get_stats(void);
-/* Drops every cached graph (tests; the step's device changing does it too). */
-void lk__replay_drop_graphs(void);
 
 #endif

@@ -164,44 +164,37 @@ static void assert_steady(const pair *p, int64_t from, int segments, const char 
     }
 }
 
+/* A fit that, once steady, is nothing but graph launches (two a step),
+ * bit for bit the fit without the layer. */
+static void replays_fully(run_spec s, const char *what) {
+    pair p = run_pair(s, what);
+    same_bits(what, &p.off, &p.on);
+    assert_steady(&p, 4, 2, what);
+}
+
 /* SGD without dropout: forward, backward and the checks replay (one graph
  * per batch parity), then the update (its step number in a live slot). */
 static void mlp_sgd(void) {
-    pair p = run_pair((run_spec){.model = "mlp", .optimizer = "sgd", .no_dropout = true, .max_steps = 16}, "mlp f32 sgd");
-    same_bits("mlp f32 sgd", &p.off, &p.on);
-    assert_steady(&p, 4, 2, "mlp f32 sgd");
+    replays_fully((run_spec){.model = "mlp", .optimizer = "sgd", .no_dropout = true, .max_steps = 16}, "mlp f32 sgd");
 }
 
 /* Dropout's counter is in the first segment, Adam's step in the second. */
 static void mlp_adamw_dropout(void) {
-    pair p = run_pair((run_spec){.model = "mlp", .optimizer = "adamw", .max_steps = 16}, "mlp adamw dropout");
-    same_bits("mlp adamw dropout", &p.off, &p.on);
-    assert_steady(&p, 4, 2, "mlp adamw dropout");
+    replays_fully((run_spec){.model = "mlp", .optimizer = "adamw", .max_steps = 16}, "mlp adamw dropout");
 }
 
 static void cnn(void) {
-    pair p = run_pair((run_spec){.model = "cnn", .optimizer = "sgd", .max_steps = 12}, "cnn f32 sgd");
-    same_bits("cnn f32 sgd", &p.off, &p.on);
-    assert_steady(&p, 4, 2, "cnn f32 sgd");
-    pair a = run_pair((run_spec){.model = "cnn", .max_steps = 10}, "cnn f32 adam");
-    same_bits("cnn f32 adam", &a.off, &a.on);
-    assert_steady(&a, 4, 2, "cnn f32 adam");
+    replays_fully((run_spec){.model = "cnn", .optimizer = "sgd", .max_steps = 12}, "cnn f32 sgd");
+    replays_fully((run_spec){.model = "cnn", .max_steps = 10}, "cnn f32 adam");
 }
 
 static void autoencoder(void) {
-    pair p = run_pair((run_spec){.model = "autoencoder", .optimizer = "sgd", .max_steps = 12}, "autoencoder sgd");
-    same_bits("autoencoder sgd", &p.off, &p.on);
-    assert_steady(&p, 4, 2, "autoencoder sgd");
-    pair a = run_pair((run_spec){.model = "autoencoder", .max_steps = 10}, "autoencoder adam");
-    same_bits("autoencoder adam", &a.off, &a.on);
-    assert_steady(&a, 4, 2, "autoencoder adam");
+    replays_fully((run_spec){.model = "autoencoder", .optimizer = "sgd", .max_steps = 12}, "autoencoder sgd");
+    replays_fully((run_spec){.model = "autoencoder", .max_steps = 10}, "autoencoder adam");
 }
 
 static void mixed(void) {
-    pair b = run_pair((run_spec){.model = "mlp", .precision = "bf16-mixed", .optimizer = "sgd", .no_dropout = true, .max_steps = 12},
-                      "mlp bf16-mixed sgd");
-    same_bits("mlp bf16-mixed sgd", &b.off, &b.on);
-    assert_steady(&b, 4, 2, "mlp bf16-mixed sgd");
+    replays_fully((run_spec){.model = "mlp", .precision = "bf16-mixed", .optimizer = "sgd", .no_dropout = true, .max_steps = 12}, "mlp bf16-mixed sgd");
     /* 16-mixed: an inf gradient at step 6 (written from the host: one more
      * flush) runs that step eagerly and skips its update; the halved loss
      * scale is a live value, so the next steps replay the same graphs */
@@ -226,10 +219,7 @@ static void accumulate_and_clip(void) {
                       "mlp sgd accumulate 2");
     same_bits("mlp sgd accumulate 2", &a.off, &a.on);
     CHECK(delta(a.on0, a.on1).launches > 0);
-    pair c = run_pair((run_spec){.model = "mlp", .optimizer = "sgd", .no_dropout = true, .max_steps = 12, .clip = 0.5},
-                      "mlp sgd clip 0.5");
-    same_bits("mlp sgd clip 0.5", &c.off, &c.on);
-    assert_steady(&c, 4, 2, "mlp sgd clip 0.5");
+    replays_fully((run_spec){.model = "mlp", .optimizer = "sgd", .no_dropout = true, .max_steps = 12, .clip = 0.5}, "mlp sgd clip 0.5");
 }
 
 /* 100 samples in batches of 32: the last batch of each epoch is short (4),
