@@ -354,8 +354,8 @@ static bool mine(void) { return pthread_equal(R.owner, pthread_self()); }
 
 lk_status lk__replay_step_begin(lk_device dev) {
     LK_TRY(lk__replay_step_end());
-    const char *e = lk_env_get("LK_GRAPHS");
-    if ((e && !strcmp(e, "0")) || !lk__device_can_capture(dev)) return LK_STATUS_OK;
+    /* LK_GRAPHS read as every LK_* number is (lk_env_get_long) */
+    if (!lk__device_can_capture(dev) || lk_env_get_long("LK_GRAPHS", 1) == 0) return LK_STATUS_OK;
     lock();
     if (R.had_dev && !lk_device_equal(R.last_dev, dev) && R.stats.cached) drop_all(); /* their pointers are the old device's */
     R.dev = R.last_dev = dev, R.had_dev = true;
