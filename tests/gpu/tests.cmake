@@ -103,3 +103,8 @@ if(LK_HAVE_CUDA)
   lk_add_script_test(NAME gpu_ddp_one_gpu SCRIPT gpu/test_ddp_one_gpu.sh LABELS gpu TIMEOUT 600)
   set_tests_properties(gpu_ddp_one_gpu PROPERTIES SKIP_RETURN_CODE 77)
 endif()
+# The gpu tests on the fake GPU (tests/gpu/fake/: a host CUDA runtime over
+# the emulated kernels), in every CI run.
+if(LK_HAVE_CUDA AND Python3_FOUND)
+  include(${PROJECT_SOURCE_DIR}/tests/gpu/fake/fake.cmake)
+endif()

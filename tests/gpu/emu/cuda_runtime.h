@@ -51,6 +51,34 @@ typedef enum {
 typedef void *cudaStream_t;
 enum cudaMemcpyKind { cudaMemcpyHostToHost, cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost, cudaMemcpyDeviceToDevice, cudaMemcpyDefault };
 
+#ifdef LK_FAKE_GPU
+/* Built into the fake GPU (tests/gpu/fake/): the runtime calls are the
+ * fake runtime's, the stream is the library's compute stream (device/cuda.c
+ * made it), and a launch is queued on it to run later, in stream order, or
+ * recorded into a graph while the stream captures. The types here match
+ * the runtime's ABI (enums are ints, handles pointers, the attribute
+ * struct's layout). */
+#define LK_CU_EMU 1
+enum cudaMemoryType { cudaMemoryTypeUnregistered, cudaMemoryTypeHost, cudaMemoryTypeDevice, cudaMemoryTypeManaged };
+struct cudaPointerAttributes {
+    cudaMemoryType type;
+    int device;
+    void *devicePointer, *hostPointer;
+};
+extern "C" {
+cudaStream_t lk__cuda_stream_current(void);
+cudaError_t cudaGetLastError(void);
+const char *cudaGetErrorString(cudaError_t e);
+cudaError_t cudaPointerGetAttributes(cudaPointerAttributes *a, const void *p);
+cudaError_t cudaMallocAsync(void **p, size_t n, cudaStream_t st);
+cudaError_t cudaFreeAsync(void *p, cudaStream_t st);
+cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, cudaMemcpyKind k, cudaStream_t st);
+cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t st);
+cudaError_t cudaStreamSynchronize(cudaStream_t st);
+}
+static inline cudaStream_t lk_cu_stream(void) { return lk__cuda_stream_current(); }
+#include "gpu/fake/fake.h"
+#else
 /* The compute stream's token (common.cuh uses this instead of the
  * library's lk__cuda_stream_current). */
 #define LK_CU_EMU 1
@@ -101,6 +129,8 @@ static inline cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t
 }
 static inline cudaError_t cudaStreamSynchronize(cudaStream_t st) { return lk_emu_check_stream(st); }
 
+#endif
+
 static inline void __syncthreads(void) { pthread_barrier_wait(&lk_emu_barrier); }
 static inline uint32_t __float_as_uint(float f) {
     uint32_t u;
@@ -127,13 +157,7 @@ static inline unsigned long long atomicAdd(unsigned long long *p, unsigned long 
  * (cu2cpp.py). Only the four-argument form exists: a launch on the
  * implicit legacy stream does not compile, one on another stream than the
  * compute stream's token is a launch error (cudaGetLastError). */
-static inline void lk_emu_launch(dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t st,
-                                 const std::function<void()> &f) {
-    (void)shared_bytes; /* the kernels' __shared__ arrays are static here */
-    if (cudaError_t e = lk_emu_check_stream(st)) {
-        lk_emu_last_error = e;
-        return;
-    }
+static inline void lk_emu_run_blocks(dim3 grid, dim3 block, const std::function<void()> &f) {
     gridDim = grid, blockDim = block;
     for (unsigned b = 0; b < grid.x; b++) {
         pthread_barrier_init(&lk_emu_barrier, NULL, block.x);
@@ -147,5 +171,23 @@ static inline void lk_emu_launch(dim3 grid, dim3 block, size_t shared_bytes, cud
         pthread_barrier_destroy(&lk_emu_barrier);
     }
 }
+#ifdef LK_FAKE_GPU
+/* Queued (the fake runtime keeps the launch error as its last error). */
+static inline void lk_emu_launch(dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t st,
+                                 const std::function<void()> &f) {
+    (void)shared_bytes;
+    lk_fake_enqueue(st, "kernel", [grid, block, f] { lk_emu_run_blocks(grid, block, f); });
+}
+#else
+static inline void lk_emu_launch(dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t st,
+                                 const std::function<void()> &f) {
+    (void)shared_bytes; /* the kernels' __shared__ arrays are static here */
+    if (cudaError_t e = lk_emu_check_stream(st)) {
+        lk_emu_last_error = e;
+        return;
+    }
+    lk_emu_run_blocks(grid, block, f);
+}
+#endif
 
 #endif

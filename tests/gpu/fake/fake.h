@@ -16,8 +16,8 @@
  * records it into the graph being captured when s captures. `what` names
  * the work in error messages. fn runs with the fake's device memory
  * readable and writable (the host may touch it at no other time). Returns
- * the cudaError_t value (0: queued); the caller keeps it as the
- * runtime's last error. */
+ * the cudaError_t value (0: queued), which is also kept as the calling
+ * thread's last error, as a failed launch is. */
 int lk_fake_enqueue(void *s, const char *what, std::function<void()> fn);
 
 /* Whether [p, p + n) lies inside one allocation of the fake's device

@@ -1,0 +1,56 @@
+# The fake GPU (tests/gpu/fake/): the library's own C objects — the cuda
+# device, the backend's dispatch and launchers' callers, cuBLASLt's use —
+# linked with a host implementation of the CUDA runtime (fake_cudart.cpp),
+# the kernel files' host emulation (emu_sources, from tests/gpu/tests.cmake,
+# built here with their real names, their launches queued on the fake's
+# streams), a fake cuBLASLt (lt.cmake) and an NCCL that refuses. The gpu
+# tests then run against it in every CI run, as fake_<name>: what they
+# check on a GPU, checked here for everything but the GPU itself.
+# Included from tests/gpu/tests.cmake inside if(LK_HAVE_CUDA AND Python3_FOUND).
+set(LK_FAKE_DIR ${PROJECT_SOURCE_DIR}/tests/gpu/fake)
+
+# The kernels: emulated, launched through the fake runtime.
+add_library(lk_fakegpu_kernels OBJECT ${emu_sources})
+target_include_directories(lk_fakegpu_kernels BEFORE PRIVATE ${PROJECT_SOURCE_DIR}/tests/gpu/emu
+                           ${PROJECT_SOURCE_DIR}/tests ${PROJECT_SOURCE_DIR}/src ${PROJECT_SOURCE_DIR}/include)
+target_compile_definitions(lk_fakegpu_kernels PRIVATE LK_FAKE_GPU=1 LK_CU_THREADS=32 LK_CU_MAX_BLOCKS=2 RED_BLOCKS=3
+                           _GNU_SOURCE LK_HAVE_CUDA=1)
+set_target_properties(lk_fakegpu_kernels PROPERTIES CXX_STANDARD 17)
+
+# The runtime and NCCL stand-ins, with the real headers for the exact ABI.
+add_library(lk_fakegpu_rt OBJECT ${LK_FAKE_DIR}/fake_cudart.cpp ${LK_FAKE_DIR}/fake_nccl.c)
+target_include_directories(lk_fakegpu_rt PRIVATE ${CUDAToolkit_INCLUDE_DIRS} ${NCCL_INCLUDE_DIR}
+                           ${PROJECT_SOURCE_DIR}/tests)
+set_target_properties(lk_fakegpu_rt PROPERTIES CXX_STANDARD 17)
+target_compile_options(lk_fakegpu_rt PRIVATE -Wall -Wextra -Werror)
+
+# The library as the fake GPU programs link it: without libcudart and NCCL.
+set(LK_FAKE_LINK ${LK_LINK})
+list(REMOVE_ITEM LK_FAKE_LINK CUDA::cudart ${NCCL_LIB})
+add_library(lockstep_fakegpu STATIC $<TARGET_OBJECTS:lockstep_obj> $<TARGET_OBJECTS:lk_fakegpu_kernels>
+            $<TARGET_OBJECTS:lk_fakegpu_rt>)
+target_include_directories(lockstep_fakegpu PUBLIC ${PROJECT_SOURCE_DIR}/include)
+target_compile_definitions(lockstep_fakegpu PUBLIC _GNU_SOURCE LK_HAVE_CUDA=1)
+target_link_libraries(lockstep_fakegpu PUBLIC ${LK_FAKE_LINK} Threads::Threads ${CMAKE_DL_LIBS})
+set_target_properties(lockstep_fakegpu PROPERTIES LINKER_LANGUAGE CXX)
+
+include(${LK_FAKE_DIR}/lt.cmake OPTIONAL)
+
+# fake_<name>: a gpu test's program, linked with the fake GPU. The
+# executable exports its symbols: the fake cuBLASLt (a dlopened library)
+# queues its work through the fake runtime's lk_fake_enqueue.
+set(LK_FAKE_ENV "LK_FAKE_GPUS=2;LD_LIBRARY_PATH=${CMAKE_CURRENT_BINARY_DIR}/fakegpu-lib")
+function(lk_add_fake_test)
+  cmake_parse_arguments(T "" "NAME;TIMEOUT" "SOURCES;ARGS" ${ARGN})
+  add_executable(fake_${T_NAME} ${T_SOURCES})
+  target_include_directories(fake_${T_NAME} PRIVATE ${PROJECT_SOURCE_DIR}/tests ${PROJECT_SOURCE_DIR}/src
+                             ${CBLAS_INCLUDE_DIR})
+  target_compile_definitions(fake_${T_NAME} PRIVATE LK_SOURCE_DIR="${PROJECT_SOURCE_DIR}"
+                             LK_BUILD_DIR="${PROJECT_BINARY_DIR}" LK_HAVE_CUDA=1)
+  target_link_libraries(fake_${T_NAME} PRIVATE lockstep_fakegpu)
+  set_target_properties(fake_${T_NAME} PROPERTIES LINKER_LANGUAGE CXX ENABLE_EXPORTS ON)
+  add_test(NAME fake_${T_NAME} COMMAND fake_${T_NAME} ${T_ARGS} WORKING_DIRECTORY ${PROJECT_BINARY_DIR})
+  set_tests_properties(fake_${T_NAME} PROPERTIES TIMEOUT ${T_TIMEOUT} LABELS "unit;fakegpu" ENVIRONMENT "${LK_FAKE_ENV}")
+endfunction()
+
+lk_add_fake_test(NAME gpu_device SOURCES ${PROJECT_SOURCE_DIR}/tests/gpu/test_device.c TIMEOUT 120)
