@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Turns a CUDA kernel file into C++ for the host emulation (cuda_runtime.h
 here): every launch `kernel<<<grid, block, shared_bytes, stream>>>(args)`
-becomes `lk_emu_launch(grid, block, shared_bytes, stream, [=] { kernel(args); })`.
+becomes `lk_emu_launch(grid, block, shared_bytes, stream, kernel, args)`: the
+arguments are evaluated at the launch, as a GPU launch copies them, even
+when the fake GPU (tests/gpu/fake/) runs the kernel later.
 The launch configuration is passed through as written, so a launch without
 a stream (the legacy stream 0) finds no matching lk_emu_launch and does not
 compile. Nothing else changes.
@@ -25,6 +27,6 @@ while True:
         depth += {"(": 1, ")": -1}.get(src[i], 0)
         i += 1
     args = src[m.end():i - 1]
-    out.append("lk_emu_launch(%s, [=] { %s(%s); })" % (m.group(2), m.group(1), args))
+    out.append("lk_emu_launch(%s, %s%s)" % (m.group(2), m.group(1), (", " + args) if args.strip() else ""))
     pos = i
 open(sys.argv[2], "w").write('#line 1 "%s"\n' % sys.argv[1] + "".join(out))

@@ -24,6 +24,7 @@
 #include <string.h>
 
 #include <functional>
+#include <tuple>
 #include <thread>
 #include <vector>
 
@@ -60,10 +61,11 @@ enum cudaMemcpyKind { cudaMemcpyHostToHost, cudaMemcpyHostToDevice, cudaMemcpyDe
  * struct's layout). */
 #define LK_CU_EMU 1
 enum cudaMemoryType { cudaMemoryTypeUnregistered, cudaMemoryTypeHost, cudaMemoryTypeDevice, cudaMemoryTypeManaged };
-struct cudaPointerAttributes {
+struct cudaPointerAttributes { /* the runtime's layout, reserved words included (it writes them) */
     cudaMemoryType type;
     int device;
     void *devicePointer, *hostPointer;
+    long reserved[8];
 };
 extern "C" {
 cudaStream_t lk__cuda_stream_current(void);
@@ -153,7 +155,7 @@ static inline unsigned long long atomicAdd(unsigned long long *p, unsigned long 
 }
 
 /* kernel<<<grid, block, shared_bytes, stream>>>(args) becomes
- * lk_emu_launch(grid, block, shared_bytes, stream, [=] { kernel(args); })
+ * lk_emu_launch(grid, block, shared_bytes, stream, kernel, args)
  * (cu2cpp.py). Only the four-argument form exists: a launch on the
  * implicit legacy stream does not compile, one on another stream than the
  * compute stream's token is a launch error (cudaGetLastError). */
@@ -171,22 +173,32 @@ static inline void lk_emu_run_blocks(dim3 grid, dim3 block, const std::function<
         pthread_barrier_destroy(&lk_emu_barrier);
     }
 }
+/* The launch's arguments are copied here, at the launch, as the GPU's
+ * launch copies them: a kernel that runs later (on the fake GPU) sees the
+ * values they had then, not whatever the launcher's variables hold by the
+ * time it runs. */
+template <class K, class... A>
+static inline std::function<void()> lk_emu_bind(K *kernel, A... args) {
+    auto t = std::make_tuple(args...);
+    return [kernel, t] { std::apply(kernel, t); };
+}
 #ifdef LK_FAKE_GPU
 /* Queued (the fake runtime keeps the launch error as its last error). */
-static inline void lk_emu_launch(dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t st,
-                                 const std::function<void()> &f) {
+template <class K, class... A>
+static inline void lk_emu_launch(dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t st, K *kernel, A... args) {
     (void)shared_bytes;
+    std::function<void()> f = lk_emu_bind(kernel, args...);
     lk_fake_enqueue(st, "kernel", [grid, block, f] { lk_emu_run_blocks(grid, block, f); });
 }
 #else
-static inline void lk_emu_launch(dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t st,
-                                 const std::function<void()> &f) {
+template <class K, class... A>
+static inline void lk_emu_launch(dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t st, K *kernel, A... args) {
     (void)shared_bytes; /* the kernels' __shared__ arrays are static here */
     if (cudaError_t e = lk_emu_check_stream(st)) {
         lk_emu_last_error = e;
         return;
     }
-    lk_emu_run_blocks(grid, block, f);
+    lk_emu_run_blocks(grid, block, lk_emu_bind(kernel, args...));
 }
 #endif
 

@@ -64,6 +64,13 @@
 
 #include "fake.h"
 
+/* The kernel files see these types through the emulation's header
+ * (tests/gpu/emu/cuda_runtime.h), which cannot include the runtime's: its
+ * copy of the attribute struct must have the runtime's size, since
+ * cudaPointerGetAttributes writes all of it. */
+static_assert(sizeof(struct cudaPointerAttributes) == 2 * sizeof(int) + 2 * sizeof(void *) + 8 * sizeof(long),
+              "cudaPointerAttributes changed: update tests/gpu/emu/cuda_runtime.h's copy");
+
 namespace {
 
 constexpr int kMaxGpus = 16;
