@@ -103,3 +103,7 @@ if(LK_HAVE_CUDA)
   lk_add_script_test(NAME gpu_ddp_one_gpu SCRIPT gpu/test_ddp_one_gpu.sh LABELS gpu TIMEOUT 600)
   set_tests_properties(gpu_ddp_one_gpu PROPERTIES SKIP_RETURN_CODE 77)
 endif()
+# The fake GPU's cuBLASLt and its unit test (tests/gpu/fake/lt.cmake).
+if(LK_HAVE_CUDA)
+  include(${CMAKE_CURRENT_LIST_DIR}/fake/lt.cmake)
+endif()
