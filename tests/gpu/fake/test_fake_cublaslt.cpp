@@ -222,6 +222,7 @@ static void numeric(const Types &ty, int32_t ta, int32_t tb, float beta) {
 static void refusals(void) {
     /* A base problem that runs: f32, m 4, n 3, k 2, no transposes. */
     float *buf = (float *)lk_stub_alloc(4096, 0), *other_gpu = (float *)lk_stub_alloc(4096, 1);
+    alignas(256) static float host[256]; /* host memory, aligned as any promise */
     Problem base;
     base.L[0] = {CUDA_R_32F, 4, 2, 4};
     base.L[1] = {CUDA_R_32F, 2, 3, 2};
@@ -259,16 +260,16 @@ static void refusals(void) {
     add("f64 scale", NS, NS, [](Problem &p) { p.scale = CUDA_R_64F; });
     add("f64 matrices", NS, NS, [](Problem &p) { for (Lay &l : p.L) l.type = CUDA_R_64F; });
     add("workspace size without a workspace", OK, INV, [](Problem &p) { p.ws_bytes = 1024; });
-    add("workspace in host memory", OK, INV, [](Problem &p) { p.ws_bytes = 1024, p.ws = malloc(1024); });
+    add("workspace in host memory", OK, INV, [&](Problem &p) { p.ws_bytes = 1024, p.ws = host; });
     add("workspace in device memory", OK, OK, [&](Problem &p) { p.ws_bytes = 1024, p.ws = buf + 768; });
     add("algo NULL", OK, INV, [](Problem &p) { p.null_algo = true; });
     add("B less aligned than promised", OK, INV, [&](Problem &p) { p.B = buf + 260; });
     add("B aligned as promised (16)", OK, OK, [&](Problem &p) { p.B = buf + 260, p.align[1] = 16; });
     add("alignment promise below the element (the matmul runs with the base's algo)", NS, OK, [&](Problem &p) { p.align[0] = 2; });
-    add("A in host memory", OK, INV, [](Problem &p) { p.A = calloc(64, 4), p.align[0] = 16; });
+    add("A in host memory", OK, INV, [&](Problem &p) { p.A = host; });
     add("C past its allocation's end", OK, INV, [&](Problem &p) { p.C = p.D = buf + 1020, p.align[2] = p.align[3] = 16; });
-    add("C in host memory but beta 0: not read", OK, OK, [](Problem &p) { p.C = calloc(64, 4); });
-    add("C in host memory, beta 1", OK, INV, [](Problem &p) { p.C = calloc(64, 4), p.beta = 1, p.align[2] = 16; });
+    add("C in host memory but beta 0: not read", OK, OK, [&](Problem &p) { p.C = host; });
+    add("C in host memory, beta 1", OK, INV, [&](Problem &p) { p.C = host, p.beta = 1; });
     add("NULL handle", INV, INV, [](Problem &p) { p.null_handle = true; });
     add("D on another GPU", OK, INV, [&](Problem &p) { p.C = p.D = other_gpu; });
     add("NULL stream", OK, CUBLAS_STATUS_EXECUTION_FAILED, [](Problem &p) { p.stream = nullptr; });
