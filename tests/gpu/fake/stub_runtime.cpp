@@ -29,9 +29,11 @@ void protect(int prot) {
 }
 } // namespace
 
+/* The test's side, C linkage so that a C test can use it too. */
+extern "C" {
 /* A new device buffer of n bytes (page aligned, so 256-byte aligned) on GPU device. */
 void *lk_stub_alloc(size_t n, int device) {
-    size_t len = (n + 4095) / 4096 * 4096;
+    size_t len = n ? (n + 4095) / 4096 * 4096 : 4096;
     void *p = mmap(nullptr, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) {
         perror("stub_runtime: mmap");
@@ -39,6 +41,15 @@ void *lk_stub_alloc(size_t n, int device) {
     }
     regions.push_back(Region{(char *)p, n, len, device});
     return p;
+}
+
+void lk_stub_free(void *p) {
+    for (size_t i = 0; i < regions.size(); i++)
+        if (regions[i].p == p) {
+            munmap(regions[i].p, regions[i].len);
+            regions.erase(regions.begin() + (ptrdiff_t)i);
+            return;
+        }
 }
 
 /* Host <-> device copies; dst or src is device memory. */
@@ -57,6 +68,7 @@ int lk_stub_sync(void) {
     queued.clear();
     return n;
 }
+} // extern "C"
 
 int lk_fake_enqueue(void *s, const char *what, std::function<void()> fn) {
     (void)what;

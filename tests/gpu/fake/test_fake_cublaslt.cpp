@@ -22,9 +22,9 @@
 
 #include <cublasLt.h>
 
-void *lk_stub_alloc(size_t n, int device);
-void lk_stub_copy(void *dst, const void *src, size_t n);
-int lk_stub_sync(void);
+extern "C" void *lk_stub_alloc(size_t n, int device); /* stub_runtime.cpp */
+extern "C" void lk_stub_copy(void *dst, const void *src, size_t n);
+extern "C" int lk_stub_sync(void);
 
 #define STR_(x) #x
 #define STR(x) STR_(x)
