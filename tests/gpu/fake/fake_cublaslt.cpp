@@ -39,13 +39,26 @@
 
 #include "fake.h"
 
-struct cublasLtContext { int unused; };
+struct cublasLtContext {
+    int unused;
+};
 
 namespace {
 
-struct Layout { cudaDataType_t type; uint64_t rows, cols; int64_t ld; };
-struct Desc { cublasComputeType_t compute; cudaDataType_t scale; int32_t transa = CUBLAS_OP_N, transb = CUBLAS_OP_N; };
-struct Pref { uint64_t max_ws = 0; uint32_t align[4] = {256, 256, 256, 256}; };
+struct Layout {
+    cudaDataType_t type;
+    uint64_t rows, cols;
+    int64_t ld;
+};
+struct Desc {
+    cublasComputeType_t compute;
+    cudaDataType_t scale;
+    int32_t transa = CUBLAS_OP_N, transb = CUBLAS_OP_N;
+};
+struct Pref {
+    uint64_t max_ws = 0;
+    uint32_t align[4] = {256, 256, 256, 256};
+};
 enum Kind { HANDLE, DESC, LAYOUT, PREF };
 const uint64_t ALGO_MAGIC = 0x6c6b66616b656c74ull; /* "lkfakelt": marks an algorithm this heuristic made */
 
@@ -107,27 +120,31 @@ cublasStatus_t check_problem(const char *fn, const Desc &d, const Layout *L[4]) 
         if (l.type != CUDA_R_32F && l.type != CUDA_R_16BF && l.type != CUDA_R_16F)
             return fail(CUBLAS_STATUS_NOT_SUPPORTED, fn, "%c's type %d is not f32, bf16 or f16", name[i], (int)l.type);
         if (l.ld < 1 || (uint64_t)l.ld < l.rows)
-            return fail(CUBLAS_STATUS_INVALID_VALUE, fn, "%c's ld %lld < its rows %llu (column-major: ld >= max(1, rows))",
-                        name[i], (long long)l.ld, (unsigned long long)l.rows);
+            return fail(CUBLAS_STATUS_INVALID_VALUE, fn,
+                        "%c's ld %lld < its rows %llu (column-major: ld >= max(1, rows))", name[i], (long long)l.ld,
+                        (unsigned long long)l.rows);
     }
     const Layout &a = *L[0], &b = *L[1], &c = *L[2], &dd = *L[3];
-    if (d.scale != CUDA_R_32F) return fail(CUBLAS_STATUS_NOT_SUPPORTED, fn, "scale type %d is not CUDA_R_32F", (int)d.scale);
-    if (a.type != b.type) return fail(CUBLAS_STATUS_NOT_SUPPORTED, fn, "A is %s but B is %s", tname(a.type), tname(b.type));
-    bool ok = a.type == CUDA_R_32F ? c.type == CUDA_R_32F && (d.compute == CUBLAS_COMPUTE_32F ||
-                                                               d.compute == CUBLAS_COMPUTE_32F_FAST_TF32)
+    if (d.scale != CUDA_R_32F)
+        return fail(CUBLAS_STATUS_NOT_SUPPORTED, fn, "scale type %d is not CUDA_R_32F", (int)d.scale);
+    if (a.type != b.type)
+        return fail(CUBLAS_STATUS_NOT_SUPPORTED, fn, "A is %s but B is %s", tname(a.type), tname(b.type));
+    bool ok = a.type == CUDA_R_32F ? c.type == CUDA_R_32F &&
+                                         (d.compute == CUBLAS_COMPUTE_32F || d.compute == CUBLAS_COMPUTE_32F_FAST_TF32)
                                    : (c.type == CUDA_R_32F || c.type == a.type) && d.compute == CUBLAS_COMPUTE_32F;
     if (!ok)
         return fail(CUBLAS_STATUS_NOT_SUPPORTED, fn, "A/B %s, C %s with compute type %d is not a supported combination",
                     tname(a.type), tname(c.type), (int)d.compute);
     if (c.type != dd.type || c.rows != dd.rows || c.cols != dd.cols || c.ld != dd.ld)
-        return fail(CUBLAS_STATUS_INVALID_VALUE, fn, "C's layout (%s %llux%llu ld %lld) differs from D's (%s %llux%llu ld %lld)",
-                    tname(c.type), (unsigned long long)c.rows, (unsigned long long)c.cols, (long long)c.ld,
-                    tname(dd.type), (unsigned long long)dd.rows, (unsigned long long)dd.cols, (long long)dd.ld);
+        return fail(CUBLAS_STATUS_INVALID_VALUE, fn,
+                    "C's layout (%s %llux%llu ld %lld) differs from D's (%s %llux%llu ld %lld)", tname(c.type),
+                    (unsigned long long)c.rows, (unsigned long long)c.cols, (long long)c.ld, tname(dd.type),
+                    (unsigned long long)dd.rows, (unsigned long long)dd.cols, (long long)dd.ld);
     uint64_t am = d.transa == CUBLAS_OP_N ? a.rows : a.cols, ak = d.transa == CUBLAS_OP_N ? a.cols : a.rows;
     uint64_t bk = d.transb == CUBLAS_OP_N ? b.rows : b.cols, bn = d.transb == CUBLAS_OP_N ? b.cols : b.rows;
     if (am != c.rows || bn != c.cols || ak != bk)
         return fail(CUBLAS_STATUS_INVALID_VALUE, fn,
-                    "op(A) is %llux%llu (trans %d), op(B) %llux%llu (trans %d), C %llux%llu: need op(A) m x k, op(B) k x n, C m x n",
+                    "op(A) is %llux%llu (trans %d), op(B) %llux%llu (trans %d), C %llux%llu: want m x k, k x n, m x n",
                     (unsigned long long)am, (unsigned long long)ak, (int)d.transa, (unsigned long long)bk,
                     (unsigned long long)bn, (int)d.transb, (unsigned long long)c.rows, (unsigned long long)c.cols);
     return CUBLAS_STATUS_SUCCESS;
@@ -139,8 +156,16 @@ uint64_t fingerprint(const Desc &d, const Layout *L[4]) {
            (uint64_t)L[2]->type << 32;
 }
 
-float from_bits(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
-uint32_t to_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+float from_bits(uint32_t u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+uint32_t to_bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
 
 float f16_to_f32(uint16_t h) {
     uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
@@ -151,7 +176,7 @@ float f16_to_f32(uint16_t h) {
 uint16_t f32_to_f16(float f) {
     uint32_t x = to_bits(f), sign = (x >> 16) & 0x8000u;
     x &= 0x7fffffffu;
-    if (x > 0x7f800000u) return (uint16_t)(sign | 0x7e00u); /* NaN, quiet */
+    if (x > 0x7f800000u) return (uint16_t)(sign | 0x7e00u);  /* NaN, quiet */
     if (x >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* >= 65520 (and inf): inf */
     if (x < 0x38800000u) return (uint16_t)(sign | (uint32_t)std::nearbyint(from_bits(x) * 0x1p24f)); /* subnormal */
     uint32_t r = x + 0xfffu + ((x >> 13) & 1u); /* nearest even on the 13 dropped bits */
@@ -177,8 +202,10 @@ float load(const void *p, cudaDataType_t t, uint64_t i) {
 }
 
 void store(void *p, cudaDataType_t t, uint64_t i, float v) {
-    if (t == CUDA_R_32F) ((float *)p)[i] = v;
-    else ((uint16_t *)p)[i] = t == CUDA_R_16BF ? f32_to_bf16(v) : f32_to_f16(v);
+    if (t == CUDA_R_32F)
+        ((float *)p)[i] = v;
+    else
+        ((uint16_t *)p)[i] = t == CUDA_R_16BF ? f32_to_bf16(v) : f32_to_f16(v);
 }
 
 } // namespace
@@ -193,17 +220,20 @@ cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t *d, cublasComputeTy
     init.compute = compute, init.scale = scale;
     return make(d, DESC, "cublasLtMatmulDescCreate", init);
 }
-cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t d) { return destroy<Desc>(d, DESC, "cublasLtMatmulDescDestroy"); }
+cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t d) {
+    return destroy<Desc>(d, DESC, "cublasLtMatmulDescDestroy");
+}
 
-cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t md, cublasLtMatmulDescAttributes_t attr, const void *buf,
-                                              size_t n) {
+cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t md, cublasLtMatmulDescAttributes_t attr,
+                                              const void *buf, size_t n) {
     const char *fn = "cublasLtMatmulDescSetAttribute";
     Desc *d = get<Desc>(md, DESC);
     if (!d) return fail(CUBLAS_STATUS_INVALID_VALUE, fn, "%p is not a live matmul descriptor", (void *)md);
     if (attr != CUBLASLT_MATMUL_DESC_TRANSA && attr != CUBLASLT_MATMUL_DESC_TRANSB)
         return fail(CUBLAS_STATUS_NOT_SUPPORTED, fn, "attribute %d is not modelled by the fake", (int)attr);
     if (!buf || n != sizeof(int32_t))
-        return fail(CUBLAS_STATUS_INVALID_VALUE, fn, "attribute %d takes an int32_t: got %zu bytes at %p", (int)attr, n, buf);
+        return fail(CUBLAS_STATUS_INVALID_VALUE, fn, "attribute %d takes an int32_t: got %zu bytes at %p", (int)attr, n,
+                    buf);
     int32_t op;
     memcpy(&op, buf, sizeof op);
     if (op != CUBLAS_OP_N && op != CUBLAS_OP_T)
@@ -228,7 +258,8 @@ cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t p) {
 }
 
 cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t pref,
-                                                    cublasLtMatmulPreferenceAttributes_t attr, const void *buf, size_t n) {
+                                                    cublasLtMatmulPreferenceAttributes_t attr, const void *buf,
+                                                    size_t n) {
     const char *fn = "cublasLtMatmulPreferenceSetAttribute";
     Pref *p = get<Pref>(pref, PREF);
     if (!p) return fail(CUBLAS_STATUS_INVALID_VALUE, fn, "%p is not a live preference", (void *)pref);
@@ -237,9 +268,12 @@ cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p
     if (!ws && !al) return fail(CUBLAS_STATUS_NOT_SUPPORTED, fn, "attribute %d is not modelled by the fake", (int)attr);
     size_t want = ws ? sizeof(uint64_t) : sizeof(uint32_t);
     if (!buf || n != want)
-        return fail(CUBLAS_STATUS_INVALID_VALUE, fn, "attribute %d takes %zu bytes: got %zu at %p", (int)attr, want, n, buf);
-    if (ws) memcpy(&p->max_ws, buf, n);
-    else memcpy(&p->align[attr - CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES], buf, n);
+        return fail(CUBLAS_STATUS_INVALID_VALUE, fn, "attribute %d takes %zu bytes: got %zu at %p", (int)attr, want, n,
+                    buf);
+    if (ws)
+        memcpy(&p->max_ws, buf, n);
+    else
+        memcpy(&p->align[attr - CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES], buf, n);
     return CUBLAS_STATUS_SUCCESS;
 }
 
@@ -249,7 +283,8 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmul
                                               cublasLtMatmulHeuristicResult_t results[], int *returned) {
     const char *fn = "cublasLtMatmulAlgoGetHeuristic";
     const Desc *d = get<Desc>(md, DESC);
-    const Layout *L[4] = {get<Layout>(la, LAYOUT), get<Layout>(lb, LAYOUT), get<Layout>(lc, LAYOUT), get<Layout>(ld, LAYOUT)};
+    const Layout *L[4] = {get<Layout>(la, LAYOUT), get<Layout>(lb, LAYOUT), get<Layout>(lc, LAYOUT),
+                          get<Layout>(ld, LAYOUT)};
     const Pref *p = get<Pref>(pref, PREF);
     if (!get<cublasLtContext>(h, HANDLE) || !d || !L[0] || !L[1] || !L[2] || !L[3] || !p)
         return fail(CUBLAS_STATUS_INVALID_VALUE, fn, "a NULL or dead handle, descriptor, layout or preference");
@@ -261,8 +296,9 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmul
     if (s != CUBLAS_STATUS_SUCCESS) return s;
     for (int i = 0; i < 4; i++) /* no kernel reads a matrix less aligned than its element */
         if (p->align[i] < esize(L[i]->type) || p->align[i] % esize(L[i]->type))
-            return fail(CUBLAS_STATUS_NOT_SUPPORTED, fn, "%c's minimum alignment %u bytes is not a multiple of its %zu-byte element",
-                        "ABCD"[i], p->align[i], esize(L[i]->type));
+            return fail(CUBLAS_STATUS_NOT_SUPPORTED, fn,
+                        "%c's minimum alignment %u bytes is not a multiple of its %zu-byte element", "ABCD"[i],
+                        p -> align[i], esize(L[i]->type));
     memset(&results[0], 0, sizeof results[0]);
     uint64_t *a = results[0].algo.data;
     a[0] = ALGO_MAGIC;
@@ -281,24 +317,26 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t md, const
                               const cublasLtMatmulAlgo_t *algo, void *workspace, size_t ws_bytes, cudaStream_t stream) {
     const char *fn = "cublasLtMatmul";
     const Desc *dp = get<Desc>(md, DESC);
-    const Layout *L[4] = {get<Layout>(la, LAYOUT), get<Layout>(lb, LAYOUT), get<Layout>(lc, LAYOUT), get<Layout>(ld, LAYOUT)};
+    const Layout *L[4] = {get<Layout>(la, LAYOUT), get<Layout>(lb, LAYOUT), get<Layout>(lc, LAYOUT),
+                          get<Layout>(ld, LAYOUT)};
     if (!get<cublasLtContext>(h, HANDLE) || !dp || !L[0] || !L[1] || !L[2] || !L[3])
         return fail(CUBLAS_STATUS_INVALID_VALUE, fn, "a NULL or dead handle, descriptor or layout");
     if (!alpha || !beta || lk_fake_is_device(alpha, 4, nullptr) || lk_fake_is_device(beta, 4, nullptr))
-        return fail(CUBLAS_STATUS_INVALID_VALUE, fn, "alpha %p or beta %p is NULL or device memory (pointer mode is host)",
-                    alpha, beta);
+        return fail(CUBLAS_STATUS_INVALID_VALUE, fn,
+                    "alpha %p or beta %p is NULL or device memory (pointer mode is host)", alpha, beta);
     float al, be; /* read now, as the real library reads host scalars */
     memcpy(&al, alpha, 4);
     memcpy(&be, beta, 4);
     cublasStatus_t s = check_problem(fn, *dp, L);
     if (s != CUBLAS_STATUS_SUCCESS) return s;
     if (!algo || algo->data[0] != ALGO_MAGIC)
-        return fail(CUBLAS_STATUS_INVALID_VALUE, fn, "the algorithm %p is NULL or not from cublasLtMatmulAlgoGetHeuristic",
-                    (const void *)algo);
+        return fail(CUBLAS_STATUS_INVALID_VALUE, fn,
+                    "the algorithm %p is NULL or not from cublasLtMatmulAlgoGetHeuristic", (const void *)algo);
     if (algo->data[1] != fingerprint(*dp, L))
         return fail(CUBLAS_STATUS_INVALID_VALUE, fn, "the algorithm was chosen for other types or transposes");
     if (ws_bytes > 0 && (!workspace || !lk_fake_is_device(workspace, ws_bytes, nullptr)))
-        return fail(CUBLAS_STATUS_INVALID_VALUE, fn, "workspace %p of %zu bytes is not device memory", workspace, ws_bytes);
+        return fail(CUBLAS_STATUS_INVALID_VALUE, fn, "workspace %p of %zu bytes is not device memory", workspace,
+                    ws_bytes);
     const void *ptr[4] = {A, B, C, D};
     int dev0 = -1;
     for (int i = 0; i < 4; i++) {
@@ -306,15 +344,17 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t md, const
         if (n == 0 || (i == 2 && be == 0.0f)) continue; /* never read */
         uint64_t al = algo->data[2 + i], es = esize(L[i]->type);
         if ((uintptr_t)ptr[i] % al || (uintptr_t)ptr[i] % es)
-            return fail(CUBLAS_STATUS_INVALID_VALUE, fn, "%c at %p is less aligned than the %llu bytes promised to the heuristic",
-                        "ABCD"[i], ptr[i], (unsigned long long)(al > es ? al : es));
+            return fail(CUBLAS_STATUS_INVALID_VALUE, fn,
+                        "%c at %p is less aligned than the %llu bytes promised to the heuristic", "ABCD"[i], ptr[i],
+                        (unsigned long long)(al > es ? al : es));
         int dev = -1;
         if (!lk_fake_is_device(ptr[i], n * es, &dev))
-            return fail(CUBLAS_STATUS_INVALID_VALUE, fn, "%c: [%p, +%llu bytes) (ld %lld x %llu cols) is not device memory",
-                        "ABCD"[i], ptr[i], (unsigned long long)(n * es), (long long)L[i]->ld,
-                        (unsigned long long)L[i]->cols);
+            return fail(CUBLAS_STATUS_INVALID_VALUE, fn,
+                        "%c: [%p, +%llu bytes) (ld %lld x %llu cols) is not device memory", "ABCD"[i], ptr[i],
+                        (unsigned long long)(n * es), (long long)L[i] -> ld, (unsigned long long)L[i] -> cols);
         if (dev0 >= 0 && dev != dev0)
-            return fail(CUBLAS_STATUS_INVALID_VALUE, fn, "%c is on GPU %d, the other matrices on GPU %d", "ABCD"[i], dev, dev0);
+            return fail(CUBLAS_STATUS_INVALID_VALUE, fn, "%c is on GPU %d, the other matrices on GPU %d", "ABCD"[i],
+                        dev, dev0);
         dev0 = dev;
     }
     /* Copies of everything the queued work reads: the caller may destroy
@@ -338,8 +378,9 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t md, const
         for (uint64_t j = 0; j < n; j++)
             for (uint64_t i = 0; i < m; i++) store(D, c.type, i + j * c.ld, out[i + j * m]);
     });
-    if (err) return fail(CUBLAS_STATUS_EXECUTION_FAILED, fn, "lk_fake_enqueue on stream %p refused the work: error %d",
-                         (void *)stream, err);
+    if (err)
+        return fail(CUBLAS_STATUS_EXECUTION_FAILED, fn, "lk_fake_enqueue on stream %p refused the work: error %d",
+                    (void *)stream, err);
     return CUBLAS_STATUS_SUCCESS;
 }
 

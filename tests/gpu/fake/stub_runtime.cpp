@@ -16,7 +16,11 @@
 #include "fake.h"
 
 namespace {
-struct Region { char *p; size_t n, len; int device; }; /* n asked for, len mapped */
+struct Region {
+    char *p;
+    size_t n, len;
+    int device;
+}; /* n asked for, len mapped */
 std::vector<Region> regions;
 std::vector<std::function<void()>> queued;
 

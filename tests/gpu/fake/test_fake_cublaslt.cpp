@@ -30,10 +30,11 @@ extern "C" int lk_stub_sync(void);
 #define STR(x) STR_(x)
 
 #define LT_FUNCS(X)                                                                                                    \
-    X(cublasLtCreate) X(cublasLtDestroy) X(cublasLtMatmulDescCreate) X(cublasLtMatmulDescSetAttribute)                 \
-    X(cublasLtMatmulDescDestroy) X(cublasLtMatrixLayoutCreate) X(cublasLtMatrixLayoutDestroy)                          \
-    X(cublasLtMatmulPreferenceCreate) X(cublasLtMatmulPreferenceSetAttribute) X(cublasLtMatmulPreferenceDestroy)       \
-    X(cublasLtMatmulAlgoGetHeuristic) X(cublasLtMatmul)
+    X(cublasLtCreate)                                                                                                  \
+    X(cublasLtDestroy) X(cublasLtMatmulDescCreate) X(cublasLtMatmulDescSetAttribute) X(cublasLtMatmulDescDestroy)      \
+        X(cublasLtMatrixLayoutCreate) X(cublasLtMatrixLayoutDestroy) X(cublasLtMatmulPreferenceCreate)                 \
+            X(cublasLtMatmulPreferenceSetAttribute) X(cublasLtMatmulPreferenceDestroy)                                 \
+                X(cublasLtMatmulAlgoGetHeuristic) X(cublasLtMatmul)
 static struct {
 #define X(f) decltype(&::f) f;
     LT_FUNCS(X)
@@ -45,7 +46,7 @@ static int failures;
     do {                                                                                                               \
         if (!(c)) {                                                                                                    \
             failures++;                                                                                                \
-            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #c);                                              \
+            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #c);                                               \
             fprintf(stderr, __VA_ARGS__);                                                                              \
             fprintf(stderr, "\n");                                                                                     \
         }                                                                                                              \
@@ -70,11 +71,14 @@ static void put(std::vector<unsigned char> &buf, cudaDataType_t t, size_t i, dou
     float f = (float)v;
     uint32_t u;
     memcpy(&u, &f, 4);
-    if (t == CUDA_R_32F) memcpy(&buf[i * 4], &f, 4);
+    if (t == CUDA_R_32F)
+        memcpy(&buf[i * 4], &f, 4);
     else {
         uint16_t h;
-        if (t == CUDA_R_16BF) h = (uint16_t)(u >> 16); /* callers pass bf16-exact values or NaN */
-        else if (isnan(f)) h = 0x7e00;
+        if (t == CUDA_R_16BF)
+            h = (uint16_t)(u >> 16); /* callers pass bf16-exact values or NaN */
+        else if (isnan(f))
+            h = 0x7e00;
         else { /* f16 from an f16-exact normal or zero value */
             int e;
             double m = frexp(fabs(v), &e);
@@ -104,7 +108,11 @@ static double get(const std::vector<unsigned char> &buf, cudaDataType_t t, size_
 }
 
 /* ---- one problem: descriptors, the heuristic and the matmul --------------- */
-struct Lay { cudaDataType_t type; uint64_t rows, cols; int64_t ld; };
+struct Lay {
+    cudaDataType_t type;
+    uint64_t rows, cols;
+    int64_t ld;
+};
 struct Problem {
     cublasComputeType_t compute = CUBLAS_COMPUTE_32F;
     cudaDataType_t scale = CUDA_R_32F;
@@ -120,7 +128,10 @@ struct Problem {
     bool null_algo = false, null_handle = false;
     const cublasLtMatmulAlgo_t *algo = nullptr; /* used when the heuristic refuses */
 };
-struct Result { cublasStatus_t heur, mm; cublasLtMatmulAlgo_t algo; };
+struct Result {
+    cublasStatus_t heur, mm;
+    cublasLtMatmulAlgo_t algo;
+};
 
 static cublasLtHandle_t handle;
 
@@ -132,14 +143,17 @@ static Result run(Problem &p) {
     CHECK(!lt.cublasLtMatmulDescCreate(&md, p.compute, p.scale), "desc");
     CHECK(!lt.cublasLtMatmulDescSetAttribute(md, CUBLASLT_MATMUL_DESC_TRANSA, &p.ta, sizeof p.ta), "transa");
     CHECK(!lt.cublasLtMatmulDescSetAttribute(md, CUBLASLT_MATMUL_DESC_TRANSB, &p.tb, sizeof p.tb), "transb");
-    for (int i = 0; i < 4; i++) CHECK(!lt.cublasLtMatrixLayoutCreate(&l[i], p.L[i].type, p.L[i].rows, p.L[i].cols, p.L[i].ld), "layout");
+    for (int i = 0; i < 4; i++)
+        CHECK(!lt.cublasLtMatrixLayoutCreate(&l[i], p.L[i].type, p.L[i].rows, p.L[i].cols, p.L[i].ld), "layout");
     CHECK(!lt.cublasLtMatmulPreferenceCreate(&pref), "pref");
     uint64_t ws = p.ws_bytes;
-    CHECK(!lt.cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws), "ws");
+    CHECK(!lt.cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws),
+          "ws");
     for (int i = 0; i < 4; i++)
         CHECK(!lt.cublasLtMatmulPreferenceSetAttribute(
-                  pref, (cublasLtMatmulPreferenceAttributes_t)(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES + i), &p.align[i],
-                  sizeof p.align[i]), "align");
+                  pref, (cublasLtMatmulPreferenceAttributes_t)(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES + i),
+                  &p.align[i], sizeof p.align[i]),
+              "align");
     cublasLtMatmulHeuristicResult_t heur;
     int found = -1;
     cublasLtHandle_t hd = p.null_handle ? nullptr : handle;
@@ -147,7 +161,8 @@ static Result run(Problem &p) {
     if (!r.heur) {
         CHECK(found == 1 && heur.state == CUBLAS_STATUS_SUCCESS && heur.workspaceSize == 0, "heuristic result");
         r.algo = heur.algo;
-    } else if (p.algo) r.algo = *p.algo;
+    } else if (p.algo)
+        r.algo = *p.algo;
     r.mm = lt.cublasLtMatmul(hd, md, &p.alpha, p.A, l[0], p.B, l[1], &p.beta, p.C, l[2], p.D, l[3],
                              p.null_algo ? nullptr : &r.algo, p.ws, p.ws_bytes, (cudaStream_t)p.stream);
     p.alpha = p.beta = NAN; /* read at call time: the queued work must not see these */
@@ -158,7 +173,11 @@ static Result run(Problem &p) {
 }
 
 /* ---- the numeric cases ---------------------------------------------------- */
-struct Types { const char *name; cudaDataType_t ab, c; cublasComputeType_t compute; };
+struct Types {
+    const char *name;
+    cudaDataType_t ab, c;
+    cublasComputeType_t compute;
+};
 
 static void numeric(const Types &ty, int32_t ta, int32_t tb, float beta) {
     const uint64_t m = 5, n = 7, k = 9;
@@ -175,13 +194,15 @@ static void numeric(const Types &ty, int32_t ta, int32_t tb, float beta) {
         const Lay &l = p.L[i];
         h[i].resize(l.ld * l.cols * esize(l.type));
         for (uint64_t j = 0; j < l.ld * l.cols; j++) /* NaN in the padding, and in C when beta is 0 */
-            put(h[i], l.type, j, (j % l.ld) >= l.rows || (i == 2 && beta == 0) ? NAN : value((int)(j + 100 * i), l.type));
+            put(h[i], l.type, j,
+                (j % l.ld) >= l.rows || (i == 2 && beta == 0) ? NAN : value((int)(j + 100 * i), l.type));
         dev[i] = lk_stub_alloc(h[i].size(), 0);
         lk_stub_copy(dev[i], h[i].data(), h[i].size());
     }
     p.A = dev[0], p.B = dev[1], p.C = dev[2], p.D = dev[2];
     Result r = run(p);
-    CHECK(r.heur == CUBLAS_STATUS_SUCCESS && r.mm == CUBLAS_STATUS_SUCCESS, "%s: statuses %d %d", ty.name, r.heur, r.mm);
+    CHECK(r.heur == CUBLAS_STATUS_SUCCESS && r.mm == CUBLAS_STATUS_SUCCESS, "%s: statuses %d %d", ty.name, r.heur,
+          r.mm);
     CHECK(lk_stub_sync() == 1, "%s: one queued matmul", ty.name);
     std::vector<unsigned char> out(h[2].size());
     lk_stub_copy(out.data(), dev[2], out.size());
@@ -211,8 +232,8 @@ static void numeric(const Types &ty, int32_t ta, int32_t tb, float beta) {
             double tol = (k + 2) * 0x1p-24 * mag + out_eps * fabs(ref);
             if (!(fabs(got - ref) <= tol)) {
                 if (bad++ < 3)
-                    fprintf(stderr, "  %s ta %d tb %d beta %g: D(%llu,%llu) = %.9g, want %.9g +- %.3g\n", ty.name, ta, tb,
-                            beta, (unsigned long long)i, (unsigned long long)j, got, ref, tol);
+                    fprintf(stderr, "  %s ta %d tb %d beta %g: D(%llu,%llu) = %.9g, want %.9g +- %.3g\n", ty.name, ta,
+                            tb, beta, (unsigned long long)i, (unsigned long long)j, got, ref, tol);
             }
         }
     CHECK(bad == 0, "%s ta %d tb %d beta %g: %d elements wrong", ty.name, ta, tb, beta, bad);
@@ -232,7 +253,11 @@ static void refusals(void) {
     Result good = run(q);
     CHECK(!good.heur && !good.mm, "the base problem: %d %d", good.heur, good.mm);
     lk_stub_sync();
-    struct Case { const char *what; Problem p; cublasStatus_t heur, mm; };
+    struct Case {
+        const char *what;
+        Problem p;
+        cublasStatus_t heur, mm;
+    };
     std::vector<Case> cases;
     auto add = [&](const char *what, cublasStatus_t heur, cublasStatus_t mm, auto edit) {
         Case c{what, base, heur, mm};
@@ -240,11 +265,15 @@ static void refusals(void) {
         edit(c.p);
         cases.push_back(c);
     };
-    const cublasStatus_t OK = CUBLAS_STATUS_SUCCESS, INV = CUBLAS_STATUS_INVALID_VALUE, NS = CUBLAS_STATUS_NOT_SUPPORTED;
+    const cublasStatus_t OK = CUBLAS_STATUS_SUCCESS, INV = CUBLAS_STATUS_INVALID_VALUE,
+                         NS = CUBLAS_STATUS_NOT_SUPPORTED;
     add("A's ld < rows", INV, INV, [](Problem &p) { p.L[0].ld = 3; });
     add("C's ld 0", INV, INV, [](Problem &p) { p.L[2].ld = p.L[3].ld = 0; });
     add("op(A) rows != C rows", INV, INV, [](Problem &p) { p.ta = CUBLAS_OP_T; });
-    add("op(B) cols != C cols", INV, INV, [](Problem &p) { p.L[1].cols = 4; p.L[1].ld = 2; });
+    add("op(B) cols != C cols", INV, INV, [](Problem &p) {
+        p.L[1].cols = 4;
+        p.L[1].ld = 2;
+    });
     add("inner dims differ", INV, INV, [](Problem &p) { p.L[1].rows = 1; });
     add("C and D layouts differ", INV, INV, [](Problem &p) { p.L[3].ld = 5; });
     add("A f32, B bf16", NS, NS, [](Problem &p) { p.L[1].type = CUDA_R_16BF; });
@@ -258,16 +287,20 @@ static void refusals(void) {
         p.compute = CUBLAS_COMPUTE_32F_FAST_TF32;
     });
     add("f64 scale", NS, NS, [](Problem &p) { p.scale = CUDA_R_64F; });
-    add("f64 matrices", NS, NS, [](Problem &p) { for (Lay &l : p.L) l.type = CUDA_R_64F; });
+    add("f64 matrices", NS, NS, [](Problem &p) {
+        for (Lay &l : p.L) l.type = CUDA_R_64F;
+    });
     add("workspace size without a workspace", OK, INV, [](Problem &p) { p.ws_bytes = 1024; });
     add("workspace in host memory", OK, INV, [&](Problem &p) { p.ws_bytes = 1024, p.ws = host; });
     add("workspace in device memory", OK, OK, [&](Problem &p) { p.ws_bytes = 1024, p.ws = buf + 768; });
     add("algo NULL", OK, INV, [](Problem &p) { p.null_algo = true; });
     add("B less aligned than promised", OK, INV, [&](Problem &p) { p.B = buf + 260; });
     add("B aligned as promised (16)", OK, OK, [&](Problem &p) { p.B = buf + 260, p.align[1] = 16; });
-    add("alignment promise below the element (the matmul runs with the base's algo)", NS, OK, [&](Problem &p) { p.align[0] = 2; });
+    add("alignment promise below the element (the matmul runs with the base's algo)", NS, OK,
+        [&](Problem &p) { p.align[0] = 2; });
     add("A in host memory", OK, INV, [&](Problem &p) { p.A = host; });
-    add("C past its allocation's end", OK, INV, [&](Problem &p) { p.C = p.D = buf + 1020, p.align[2] = p.align[3] = 16; });
+    add("C past its allocation's end", OK, INV,
+        [&](Problem &p) { p.C = p.D = buf + 1020, p.align[2] = p.align[3] = 16; });
     add("C in host memory but beta 0: not read", OK, OK, [&](Problem &p) { p.C = host; });
     add("C in host memory, beta 1", OK, INV, [&](Problem &p) { p.C = host, p.beta = 1; });
     add("NULL handle", INV, INV, [](Problem &p) { p.null_handle = true; });
@@ -275,8 +308,8 @@ static void refusals(void) {
     add("NULL stream", OK, CUBLAS_STATUS_EXECUTION_FAILED, [](Problem &p) { p.stream = nullptr; });
     for (Case &c : cases) {
         Result r = run(c.p);
-        CHECK(r.heur == c.heur && r.mm == c.mm, "%s: heuristic %d (want %d), matmul %d (want %d)", c.what, r.heur, c.heur,
-              r.mm, c.mm);
+        CHECK(r.heur == c.heur && r.mm == c.mm, "%s: heuristic %d (want %d), matmul %d (want %d)", c.what, r.heur,
+              c.heur, r.mm, c.mm);
         int ran = lk_stub_sync();
         CHECK(ran == (c.mm == OK), "%s: %d matmuls queued", c.what, ran);
     }
@@ -289,17 +322,22 @@ static void refusals(void) {
     lt.cublasLtMatmulDescCreate(&md, CUBLAS_COMPUTE_32F, CUDA_R_32F);
     float one = 1, zero = 0;
     CHECK(lt.cublasLtMatmul(handle, md, &one, buf, dead, buf, dead, &zero, buf, dead, buf, dead, &good.algo, nullptr, 0,
-                            (cudaStream_t)1) == INV, "a destroyed layout");
+                            (cudaStream_t)1) == INV,
+          "a destroyed layout");
     int64_t op64 = CUBLAS_OP_T;
     int32_t bad_op = 7;
-    CHECK(lt.cublasLtMatmulDescSetAttribute(md, CUBLASLT_MATMUL_DESC_TRANSA, &op64, sizeof op64) == INV, "8-byte TRANSA");
-    CHECK(lt.cublasLtMatmulDescSetAttribute(md, CUBLASLT_MATMUL_DESC_TRANSA, &bad_op, sizeof bad_op) == INV, "TRANSA 7");
-    CHECK(lt.cublasLtMatmulDescSetAttribute(nullptr, CUBLASLT_MATMUL_DESC_TRANSA, &bad_op, 4) == INV, "NULL descriptor");
+    CHECK(lt.cublasLtMatmulDescSetAttribute(md, CUBLASLT_MATMUL_DESC_TRANSA, &op64, sizeof op64) == INV,
+          "8-byte TRANSA");
+    CHECK(lt.cublasLtMatmulDescSetAttribute(md, CUBLASLT_MATMUL_DESC_TRANSA, &bad_op, sizeof bad_op) == INV,
+          "TRANSA 7");
+    CHECK(lt.cublasLtMatmulDescSetAttribute(nullptr, CUBLASLT_MATMUL_DESC_TRANSA, &bad_op, 4) == INV,
+          "NULL descriptor");
     lt.cublasLtMatmulDescDestroy(md);
     cublasLtMatmulPreference_t pref;
     lt.cublasLtMatmulPreferenceCreate(&pref);
     uint32_t ws32 = 0;
-    CHECK(lt.cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws32, sizeof ws32) == INV,
+    CHECK(lt.cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws32, sizeof ws32) ==
+              INV,
           "4-byte MAX_WORKSPACE_BYTES");
     lt.cublasLtMatmulPreferenceDestroy(pref);
     CHECK(lk_stub_sync() == 0, "nothing queued by the refusals");
@@ -313,7 +351,7 @@ int main(void) {
         return 1;
     }
 #define X(f)                                                                                                           \
-    if (!(*(void **)&lt.f = dlsym(h, #f))) {                                                                         \
+    if (!(*(void **)&lt.f = dlsym(h, #f))) {                                                                           \
         fprintf(stderr, "FAIL: %s has no %s\n", name, #f);                                                             \
         return 1;                                                                                                      \
     }

@@ -72,8 +72,10 @@ static double rd(const void *p, lk_dtype t, size_t i) {
     return t == LK_BF16 ? lk_bf16_bits_to_f32(h) : lk_f16_bits_to_f32(h);
 }
 static void wr(void *p, lk_dtype t, size_t i, float v) {
-    if (t == LK_F32) ((float *)p)[i] = v;
-    else ((uint16_t *)p)[i] = t == LK_BF16 ? lk_f32_to_bf16_bits(v) : lk_f32_to_f16_bits(v);
+    if (t == LK_F32)
+        ((float *)p)[i] = v;
+    else
+        ((uint16_t *)p)[i] = t == LK_BF16 ? lk_f32_to_bf16_bits(v) : lk_f32_to_f16_bits(v);
 }
 
 typedef struct {
@@ -132,16 +134,16 @@ static int one(const types *ty, bool ta, bool tb, int64_t K, bool misaligned, bo
             double rel = ty->c == LK_BF16 ? 0x1p-8 : ty->c == LK_F16 || ty->flags ? 0x1p-11 : 0;
             double got = rd(out, ty->c, off + i * g->ldc + j), tol = 1e-6 * mag + rel * (fabs(ref) + mag);
             if (!(fabs(got - ref) <= tol) && bad++ < 3)
-                fprintf(stderr, "FAIL %s trans %d %d K %lld misaligned %d beta %d: C(%lld,%lld) = %g, want %g\n", ty->name,
-                        ta, tb, (long long)K, misaligned, beta, (long long)i, (long long)j, got, ref);
+                fprintf(stderr, "FAIL %s trans %d %d K %lld misaligned %d beta %d: C(%lld,%lld) = %g, want %g\n",
+                        ty->name, ta, tb, (long long)K, misaligned, beta, (long long)i, (long long)j, got, ref);
         }
     return bad;
 }
 
 int main(void) {
-    static const types ty[] = {{LK_F32, LK_F32, 0, "f32"},         {LK_F32, LK_F32, LK__CUDA_GEMM_TF32, "tf32"},
-                               {LK_BF16, LK_F32, 0, "bf16->f32"},  {LK_BF16, LK_BF16, 0, "bf16->bf16"},
-                               {LK_F16, LK_F32, 0, "f16->f32"},    {LK_F16, LK_F16, 0, "f16->f16"}};
+    static const types ty[] = {{LK_F32, LK_F32, 0, "f32"},        {LK_F32, LK_F32, LK__CUDA_GEMM_TF32, "tf32"},
+                               {LK_BF16, LK_F32, 0, "bf16->f32"}, {LK_BF16, LK_BF16, 0, "bf16->bf16"},
+                               {LK_F16, LK_F32, 0, "f16->f32"},   {LK_F16, LK_F16, 0, "f16->f16"}};
     int bad = 0, n = 0;
     for (size_t t = 0; t < sizeof ty / sizeof ty[0]; t++)
         for (int ta = 0; ta < 2; ta++)
