@@ -104,7 +104,7 @@ if(LK_HAVE_CUDA)
   set_tests_properties(gpu_ddp_one_gpu PROPERTIES SKIP_RETURN_CODE 77)
 endif()
 # The gpu tests on the fake GPU (tests/gpu/fake/: a host CUDA runtime over
-# the emulated kernels), in every CI run.
+# the emulated kernels and a fake cuBLASLt), in every CI run.
 if(LK_HAVE_CUDA AND Python3_FOUND)
   include(${PROJECT_SOURCE_DIR}/tests/gpu/fake/fake.cmake)
 endif()

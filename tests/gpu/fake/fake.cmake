@@ -34,7 +34,7 @@ target_compile_definitions(lockstep_fakegpu PUBLIC _GNU_SOURCE LK_HAVE_CUDA=1)
 target_link_libraries(lockstep_fakegpu PUBLIC ${LK_FAKE_LINK} Threads::Threads ${CMAKE_DL_LIBS})
 set_target_properties(lockstep_fakegpu PROPERTIES LINKER_LANGUAGE CXX)
 
-include(${LK_FAKE_DIR}/lt.cmake OPTIONAL)
+include(${LK_FAKE_DIR}/lt.cmake)
 
 # fake_<name>: a gpu test's program, linked with the fake GPU. The
 # executable exports its symbols: the fake cuBLASLt (a dlopened library)
