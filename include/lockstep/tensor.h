@@ -105,7 +105,7 @@ lk_status lk_tensor_set_name(lk_tensor *t, const char *name);
 
 /* dst <- src (same shape; any dtypes, any strides; float casts round to nearest even). */
 lk_status lk_tensor_copy(lk_tensor *dst, const lk_tensor *src);
-lk_tensor *lk_tensor_cast(const lk_tensor *t, lk_dtype dt); /* new contiguous tensor, no autograd */
+lk_tensor *lk_tensor_cast(const lk_tensor *t, lk_dtype dt); /* new contiguous tensor on t's device, no autograd */
 /* A contiguous copy on `dev` (the caller owns it; no autograd). */
 lk_tensor *lk_tensor_to(const lk_tensor *t, lk_device dev);
 /* Marks t's storage as a flat buffer that other tensors view (the one
@@ -114,7 +114,7 @@ lk_tensor *lk_tensor_to(const lk_tensor *t, lk_device dev);
  * storage. */
 void lk_tensor_mark_flat_buffer(lk_tensor *t);
 bool lk_tensor_in_flat_buffer(const lk_tensor *t);
-lk_tensor *lk_tensor_clone(const lk_tensor *t);              /* new contiguous copy, no autograd */
+lk_tensor *lk_tensor_clone(const lk_tensor *t);              /* new contiguous copy on t's device, no autograd */
 lk_status lk_tensor_fill(lk_tensor *t, double value);
 
 /* Scalar conversions (round to nearest even; NaN stays NaN). */

@@ -514,7 +514,10 @@ lk_status lk_tensor_copy(lk_tensor *dst, const lk_tensor *src) {
 
 lk_tensor *lk_tensor_cast(const lk_tensor *t, lk_dtype dt) {
     if (!t) return NULL;
-    lk_tensor *r = lk__tensor_new(dt, t->ndim, t->shape);
+    /* on t's device, as torch's t.to(dtype) and clone(): not the default
+     * device, which would make a cast of a CPU tensor under a GPU default a
+     * cross-device cast (refused), and a clone a silent move */
+    lk_tensor *r = lk__tensor_new_on(t->device, dt, t->ndim, t->shape);
     if (r && lk_tensor_copy(r, t)) {
         lk_tensor_release(r);
         return NULL;

@@ -11,22 +11,25 @@
 #
 # LK_TEST_ACCEL=cpu runs both sides on the CPU (they must then agree
 # exactly): how this script's own comparison is checked without a GPU.
+# LK_TEST_STRATEGY=dp runs dp over two devices instead (on GPUs: one
+# process, cuda:0 and cuda:1, peer copies), against dp on the CPU.
 source "$LK_SOURCE_DIR/tests/cli/lib.sh"
 accel=${LK_TEST_ACCEL:-gpu}
+strategy=${LK_TEST_STRATEGY:-ddp}
 if [ "$accel" = gpu ] && ! "$LK_BIN" env | grep -qE "^gpus +: [0-9]+ visible to CUDA"; then
   echo "no CUDA device: skipped"; exit 77
 fi
 write_synth
 run() { # run NAME ACCEL: a ddp x 2 fit of 4 epochs (32 steps), logging every step
   LK_ALLOW_OVERSUBSCRIBE=1 "$LK_BIN" fit -c "$T/synth.yaml" --trainer.accelerator "$2" --trainer.devices 2 \
-    --trainer.strategy ddp --trainer.max_epochs 4 --trainer.log_every_n_steps 1 --trainer.enable_progress_bar false \
+    --trainer.strategy "$strategy" --trainer.max_epochs 4 --trainer.log_every_n_steps 1 --trainer.enable_progress_bar false \
     --trainer.default_root_dir "$T/$1" >"$T/$1.out" 2>&1
 }
 run cpu cpu
-check "ddp x 2 on the CPU trains" [ $? = 0 ]
+check "$strategy x 2 on the CPU trains" [ $? = 0 ]
 run dev "$accel"
 rc=$?
-check "ddp x 2 on $accel trains (on a GPU, rank 1 shares cuda:0)" [ "$rc" = 0 ]
+check "$strategy x 2 on $accel trains (ddp on one GPU: rank 1 shares cuda:0)" [ "$rc" = 0 ]
 [ "$rc" = 0 ] || tail -20 "$T/dev.out"
 if [ "$accel" = gpu ]; then
   check "run.json says the run was on the GPU" grep -qE '"accelerator": *"(gpu|cuda)' "$T"/dev/lightning_logs/version_*/run.json

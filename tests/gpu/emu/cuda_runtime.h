@@ -24,6 +24,7 @@
 #include <string.h>
 
 #include <functional>
+#include <mutex>
 #include <tuple>
 #include <thread>
 #include <vector>
@@ -159,19 +160,62 @@ static inline unsigned long long atomicAdd(unsigned long long *p, unsigned long 
  * (cu2cpp.py). Only the four-argument form exists: a launch on the
  * implicit legacy stream does not compile, one on another stream than the
  * compute stream's token is a launch error (cudaGetLastError). */
-static inline void lk_emu_run_blocks(dim3 grid, dim3 block, const std::function<void()> &f) {
-    gridDim = grid, blockDim = block;
-    for (unsigned b = 0; b < grid.x; b++) {
-        pthread_barrier_init(&lk_emu_barrier, NULL, block.x);
-        std::vector<std::thread> ts;
-        for (unsigned t = 0; t < block.x; t++)
-            ts.emplace_back([&f, b, t] {
-                blockIdx.x = b, threadIdx.x = t;
-                f();
-            });
-        for (auto &t : ts) t.join();
-        pthread_barrier_destroy(&lk_emu_barrier);
+/* A block's threads are a pool of host threads kept from launch to launch
+ * (remade when the block size changes): making 32 threads per block per
+ * launch cost the fake GPU's fits most of their time. The blocks run one
+ * after another; the pool's threads wait at the block barrier between two,
+ * so a block's static __shared__ arrays are never shared with the next.
+ * Never destroyed: its threads wait at a barrier until the process ends. */
+struct lk_emu_pool_t {
+    unsigned n = 0;
+    std::vector<std::thread> *ts = nullptr;
+    pthread_barrier_t start, done; /* n + 1: the pool and the launcher */
+    const std::function<void()> *f = nullptr;
+    unsigned blocks = 0;
+    bool quit = false;
+};
+static lk_emu_pool_t *lk_emu_pool;
+static std::mutex lk_emu_pool_mu;
+
+static inline void lk_emu_worker(lk_emu_pool_t *p, unsigned t) {
+    for (;;) {
+        pthread_barrier_wait(&p->start);
+        if (p->quit) return;
+        for (unsigned b = 0; b < p->blocks; b++) {
+            blockIdx.x = b, threadIdx.x = t;
+            (*p->f)();
+            pthread_barrier_wait(&lk_emu_barrier);
+        }
+        pthread_barrier_wait(&p->done);
     }
+}
+
+static inline void lk_emu_run_blocks(dim3 grid, dim3 block, const std::function<void()> &f) {
+    std::lock_guard<std::mutex> l(lk_emu_pool_mu);
+    lk_emu_pool_t *p = lk_emu_pool;
+    if (p && p->n != block.x) { /* another block size: the old pool ends */
+        p->quit = true;
+        pthread_barrier_wait(&p->start);
+        for (auto &t : *p->ts) t.join();
+        pthread_barrier_destroy(&p->start), pthread_barrier_destroy(&p->done);
+        pthread_barrier_destroy(&lk_emu_barrier);
+        delete p->ts;
+        delete p;
+        p = lk_emu_pool = nullptr;
+    }
+    if (!p) {
+        p = lk_emu_pool = new lk_emu_pool_t;
+        p->n = block.x;
+        pthread_barrier_init(&p->start, NULL, block.x + 1);
+        pthread_barrier_init(&p->done, NULL, block.x + 1);
+        pthread_barrier_init(&lk_emu_barrier, NULL, block.x);
+        p->ts = new std::vector<std::thread>;
+        for (unsigned t = 0; t < block.x; t++) p->ts->emplace_back(lk_emu_worker, p, t);
+    }
+    gridDim = grid, blockDim = block;
+    p->f = &f, p->blocks = grid.x;
+    pthread_barrier_wait(&p->start);
+    pthread_barrier_wait(&p->done);
 }
 /* The launch's arguments are copied here, at the launch, as the GPU's
  * launch copies them: a kernel that runs later (on the fake GPU) sees the

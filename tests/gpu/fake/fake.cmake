@@ -41,22 +41,45 @@ include(${LK_FAKE_DIR}/lt.cmake)
 # queues its work through the fake runtime's lk_fake_enqueue.
 set(LK_FAKE_ENV "LK_FAKE_GPUS=2;LD_LIBRARY_PATH=${CMAKE_CURRENT_BINARY_DIR}/fakegpu-lib")
 function(lk_add_fake_test)
-  cmake_parse_arguments(T "" "NAME;TIMEOUT" "SOURCES;ARGS" ${ARGN})
+  cmake_parse_arguments(T "" "NAME;TIMEOUT" "SOURCES;ARGS;LABELS" ${ARGN})
   add_executable(fake_${T_NAME} ${T_SOURCES})
   target_include_directories(fake_${T_NAME} PRIVATE ${PROJECT_SOURCE_DIR}/tests ${PROJECT_SOURCE_DIR}/src
                              ${CBLAS_INCLUDE_DIR})
   target_compile_definitions(fake_${T_NAME} PRIVATE LK_SOURCE_DIR="${PROJECT_SOURCE_DIR}"
                              LK_BUILD_DIR="${PROJECT_BINARY_DIR}" LK_HAVE_CUDA=1)
   target_link_libraries(fake_${T_NAME} PRIVATE lockstep_fakegpu)
+  add_dependencies(fake_${T_NAME} lk_fake_cublaslt)
   set_target_properties(fake_${T_NAME} PROPERTIES LINKER_LANGUAGE CXX ENABLE_EXPORTS ON)
   add_test(NAME fake_${T_NAME} COMMAND fake_${T_NAME} ${T_ARGS} WORKING_DIRECTORY ${PROJECT_BINARY_DIR})
-  set_tests_properties(fake_${T_NAME} PROPERTIES TIMEOUT ${T_TIMEOUT} LABELS "unit;fakegpu" ENVIRONMENT "${LK_FAKE_ENV}")
+  set_tests_properties(fake_${T_NAME} PROPERTIES TIMEOUT ${T_TIMEOUT} LABELS "unit;fakegpu;${T_LABELS}" ENVIRONMENT "${LK_FAKE_ENV}")
 endfunction()
 
 lk_add_fake_test(NAME gpu_device SOURCES ${PROJECT_SOURCE_DIR}/tests/gpu/test_device.c TIMEOUT 120)
 lk_add_fake_test(NAME gpu_ops SOURCES ${PROJECT_SOURCE_DIR}/tests/gpu/test_ops.c TIMEOUT 300)
 lk_add_fake_test(NAME gpu_mlp_step SOURCES ${PROJECT_SOURCE_DIR}/tests/gpu/test_mlp_step.c TIMEOUT 300)
 lk_add_fake_test(NAME gpu_graph SOURCES ${PROJECT_SOURCE_DIR}/tests/gpu/test_graph.c TIMEOUT 300)
-lk_add_fake_test(NAME gpu_fit SOURCES ${PROJECT_SOURCE_DIR}/tests/gpu/test_fit.c TIMEOUT 600)
-lk_add_fake_test(NAME gpu_replay SOURCES ${PROJECT_SOURCE_DIR}/tests/sealed/test_replay.c TIMEOUT 600 ARGS --gpu)
+# The long ones (whole fits: minutes on the emulated kernels) are nosan:
+# the sanitizer builds run the ops, graph and step programs above.
+lk_add_fake_test(NAME gpu_fit SOURCES ${PROJECT_SOURCE_DIR}/tests/gpu/test_fit.c TIMEOUT 900 LABELS nosan)
+lk_add_fake_test(NAME gpu_replay SOURCES ${PROJECT_SOURCE_DIR}/tests/sealed/test_replay.c TIMEOUT 900 ARGS --gpu LABELS nosan)
 lk_add_fake_test(NAME gpu_sync_bn SOURCES ${PROJECT_SOURCE_DIR}/tests/gpu/test_sync_bn.c TIMEOUT 300)
+
+# The program itself on the fake GPU, for the gpu script tests: ddp's two
+# ranks (two processes, each its own fake GPU, shm between them) and dp
+# over two fake GPUs in one process (peer copies and their events).
+add_executable(lockstep_fakegpu_cli ${LK_CLI_SOURCES})
+target_include_directories(lockstep_fakegpu_cli PRIVATE ${PROJECT_SOURCE_DIR}/src ${CBLAS_INCLUDE_DIR})
+target_compile_definitions(lockstep_fakegpu_cli PRIVATE LK_GIT_REV="${LK_GIT_REV}")
+target_link_libraries(lockstep_fakegpu_cli PRIVATE lockstep_fakegpu)
+set_target_properties(lockstep_fakegpu_cli PROPERTIES LINKER_LANGUAGE CXX ENABLE_EXPORTS ON OUTPUT_NAME lockstep-fakegpu)
+add_dependencies(lockstep_fakegpu_cli lk_fake_cublaslt)
+foreach(s ddp dp)
+  set(gpus 2)
+  if(s STREQUAL "ddp")
+    set(gpus 1) # both ranks on cuda:0, as on the one-GPU machine
+  endif()
+  add_test(NAME fake_gpu_${s}_two COMMAND bash ${PROJECT_SOURCE_DIR}/tests/gpu/test_ddp_one_gpu.sh
+           WORKING_DIRECTORY ${PROJECT_BINARY_DIR})
+  set_tests_properties(fake_gpu_${s}_two PROPERTIES LABELS "unit;fakegpu;multiproc;nosan" TIMEOUT 600
+                       ENVIRONMENT "LK_FAKE_GPUS=${gpus};LD_LIBRARY_PATH=${CMAKE_CURRENT_BINARY_DIR}/fakegpu-lib;LK_TEST_STRATEGY=${s};LK_BIN=$<TARGET_FILE:lockstep_fakegpu_cli>;LK_SOURCE_DIR=${PROJECT_SOURCE_DIR}")
+endforeach()

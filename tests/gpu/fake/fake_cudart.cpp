@@ -44,7 +44,8 @@
  * GPU, default 8 GiB; mappings are reserved, not committed),
  * CUDA_VISIBLE_DEVICES (as the runtime reads it: a list hides the rest,
  * empty hides all). LK_FAKE_GPU_TRACE=1 prints every queued op when it
- * runs. */
+ * runs; LK_FAKE_GPU_PROTECT=0 leaves device memory readable (faster, and
+ * blind to host accesses). */
 #include <cuda_runtime_api.h>
 #include <errno.h>
 #include <pthread.h>
@@ -153,7 +154,9 @@ void say(const char *fmt, const char *a, const char *b = "") {
     fprintf(stderr, "\n");
 }
 
+bool protect = true;
 void protect_all(int prot) {
+    if (!protect) return;
     for (auto &kv : blocks)
         if (kv.second.device_mem && mprotect(kv.second.base, kv.second.mapped, prot) != 0) {
             perror("fake GPU: mprotect");
@@ -191,6 +194,7 @@ void init_locked() {
     const char *m = getenv("LK_FAKE_GPU_MEM");
     if (m && *m) capacity = strtoull(m, NULL, 0);
     trace = getenv("LK_FAKE_GPU_TRACE") && atoi(getenv("LK_FAKE_GPU_TRACE"));
+    protect = !getenv("LK_FAKE_GPU_PROTECT") || atoi(getenv("LK_FAKE_GPU_PROTECT"));
     ngpus = 0;
     const char *vis = getenv("CUDA_VISIBLE_DEVICES");
     if (!vis) {
@@ -320,7 +324,7 @@ void *map_block(size_t bytes, int device, bool device_mem) {
     size_t page = (size_t)sysconf(_SC_PAGESIZE);
     size_t mapped = (bytes + page - 1) / page * page;
     if (!mapped) mapped = page;
-    int prot = device_mem && running == 0 ? PROT_NONE : PROT_READ | PROT_WRITE;
+    int prot = device_mem && running == 0 && protect ? PROT_NONE : PROT_READ | PROT_WRITE;
     void *p = mmap(NULL, mapped, prot, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (p == MAP_FAILED) return nullptr;
     blocks[(uintptr_t)p] = Block{(char *)p, bytes ? bytes : 1, mapped, device, device_mem};
