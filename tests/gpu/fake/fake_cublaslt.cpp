@@ -30,6 +30,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include <algorithm>
 #include <cmath>
 #include <mutex>
 #include <unordered_map>
@@ -364,17 +365,29 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t md, const
     int err = lk_fake_enqueue((void *)stream, "cublasLtMatmul", [=]() {
         uint64_t m = c.rows, n = c.cols, k = d.transa == CUBLAS_OP_N ? a.cols : a.rows;
         bool t32 = d.compute == CUBLAS_COMPUTE_32F_FAST_TF32;
-        std::vector<float> out(m * n);
-        for (uint64_t j = 0; j < n; j++)
+        /* op(A) as f32 [k][m] and op(B) as f32 [n][k], converted once; each
+         * output's sum still runs over p in order (acc[i] += ...), with the
+         * loop over i innermost, where the compiler can vectorise it */
+        std::vector<float> at(k * m), bt(n * k), acc(m), out(m * n);
+        for (uint64_t p = 0; p < k; p++)
             for (uint64_t i = 0; i < m; i++) {
-                float acc = 0.0f;
-                for (uint64_t p = 0; p < k; p++) {
-                    float x = load(A, a.type, d.transa == CUBLAS_OP_N ? i + p * a.ld : p + i * a.ld);
-                    float y = load(B, b.type, d.transb == CUBLAS_OP_N ? p + j * b.ld : j + p * b.ld);
-                    acc += t32 ? tf32(x) * tf32(y) : x * y;
-                }
-                out[i + j * m] = be == 0.0f ? al * acc : al * acc + be * load(C, c.type, i + j * c.ld);
+                float x = load(A, a.type, d.transa == CUBLAS_OP_N ? i + p * a.ld : p + i * a.ld);
+                at[p * m + i] = t32 ? tf32(x) : x;
             }
+        for (uint64_t j = 0; j < n; j++)
+            for (uint64_t p = 0; p < k; p++) {
+                float y = load(B, b.type, d.transb == CUBLAS_OP_N ? p + j * b.ld : j + p * b.ld);
+                bt[j * k + p] = t32 ? tf32(y) : y;
+            }
+        for (uint64_t j = 0; j < n; j++) {
+            std::fill(acc.begin(), acc.end(), 0.0f);
+            for (uint64_t p = 0; p < k; p++) {
+                const float y = bt[j * k + p], *x = &at[p * m];
+                for (uint64_t i = 0; i < m; i++) acc[i] += x[i] * y;
+            }
+            for (uint64_t i = 0; i < m; i++)
+                out[i + j * m] = be == 0.0f ? al * acc[i] : al * acc[i] + be * load(C, c.type, i + j * c.ld);
+        }
         for (uint64_t j = 0; j < n; j++)
             for (uint64_t i = 0; i < m; i++) store(D, c.type, i + j * c.ld, out[i + j * m]);
     });
