@@ -55,6 +55,7 @@ function(lk_add_fake_test)
 endfunction()
 
 lk_add_fake_test(NAME gpu_device SOURCES ${PROJECT_SOURCE_DIR}/tests/gpu/test_device.c TIMEOUT 120)
+lk_add_fake_test(NAME gpu_gemm SOURCES ${PROJECT_SOURCE_DIR}/tests/gpu/test_gemm.c TIMEOUT 300)
 lk_add_fake_test(NAME gpu_ops SOURCES ${PROJECT_SOURCE_DIR}/tests/gpu/test_ops.c TIMEOUT 300)
 lk_add_fake_test(NAME gpu_mlp_step SOURCES ${PROJECT_SOURCE_DIR}/tests/gpu/test_mlp_step.c TIMEOUT 300)
 lk_add_fake_test(NAME gpu_graph SOURCES ${PROJECT_SOURCE_DIR}/tests/gpu/test_graph.c TIMEOUT 300)

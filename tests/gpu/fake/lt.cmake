@@ -41,18 +41,3 @@ add_dependencies(test_fake_cublaslt lk_fake_cublaslt)
 add_test(NAME fake_cublaslt COMMAND test_fake_cublaslt)
 set_tests_properties(fake_cublaslt PROPERTIES LABELS unit TIMEOUT 60
                      ENVIRONMENT "LD_LIBRARY_PATH=${CMAKE_CURRENT_BINARY_DIR}/fakegpu-lib")
-
-# gemm.c itself over the fake cuBLASLt and the stub runtime (its few other
-# calls stood in for in the test): lockstep's row-major GEMMs in every
-# supported dtype, transpose and alignment against a double reference.
-add_executable(test_fake_cublaslt_gemm ${lk_fake_dir}/test_fake_cublaslt_gemm.c ${PROJECT_SOURCE_DIR}/src/backend/cuda/gemm.c
-               ${lk_fake_dir}/stub_runtime.cpp)
-target_include_directories(test_fake_cublaslt_gemm PRIVATE ${PROJECT_SOURCE_DIR}/src ${PROJECT_SOURCE_DIR}/include
-                           ${CUDAToolkit_INCLUDE_DIRS})
-target_compile_options(test_fake_cublaslt_gemm PRIVATE "$<$<COMPILE_LANGUAGE:CXX>:${lk_fake_cxx_flags}>")
-target_link_libraries(test_fake_cublaslt_gemm PRIVATE ${CMAKE_DL_LIBS} Threads::Threads m)
-set_target_properties(test_fake_cublaslt_gemm PROPERTIES CXX_STANDARD 17 ENABLE_EXPORTS ON LINKER_LANGUAGE CXX)
-add_dependencies(test_fake_cublaslt_gemm lk_fake_cublaslt)
-add_test(NAME fake_cublaslt_gemm COMMAND test_fake_cublaslt_gemm)
-set_tests_properties(fake_cublaslt_gemm PROPERTIES LABELS unit TIMEOUT 60
-                     ENVIRONMENT "LD_LIBRARY_PATH=${CMAKE_CURRENT_BINARY_DIR}/fakegpu-lib")
