@@ -127,10 +127,12 @@ void lk__metrics_deferred_free(lk_trainer *tr) {
 }
 
 /* Whether a value computed from tensor t can wait on t's device: an eval
- * loop's epoch metric on a device other than the host (dp's replicas and
- * the host read their values now, as lk_log_metric). */
+ * loop's epoch metric on a device other than the host (the host reads its
+ * values now, as lk_log_metric). dp's evaluation runs on device 0 alone
+ * (run_eval: the module's own step over the whole batch), so its values
+ * wait there as a single device's do. */
 static bool can_defer(const lk_trainer *tr, const lk_tensor *t, const lk_log_opts *opts) {
-    if (!t || lk_device_is_host(t->device) || tr->dp_devices) return false;
+    if (!t || lk_device_is_host(t->device)) return false;
     if (!tr->stage || !strcmp(tr->stage, "train")) return false;
     return !opts || opts->on_epoch >= 0;
 }

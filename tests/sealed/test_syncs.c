@@ -247,7 +247,7 @@ typedef struct {
 
 /* validate, test, and validate again, of a freshly made module (seed 3) on
  * `accel`: EVAL_SAMPLES / batch batches in each split. */
-static eval_out_t eval_run(const char *model, const char *accel, const char *precision, int batch) {
+static eval_out_t eval_run(const char *model, const char *accel, const char *precision, int batch, bool dp) {
     eval_out_t r = {NAN, NAN, NAN, NAN, NAN, NAN, {0}, {0}, {0}, 0};
     char bs[16];
     snprintf(bs, sizeof bs, "%d", batch);
@@ -255,7 +255,8 @@ static eval_out_t eval_run(const char *model, const char *accel, const char *pre
     const lk_model_kv data[] = {{"num_samples", "640"}, {"input_shape", cnn ? "[1, 8, 8]" : "[16]"}, {"num_classes", "4"},
                                 {"batch_size", bs}, {"num_workers", "0"}};
     lk_trainer_config cfg;
-    sh_config(&cfg, &(run_spec){.model = model, .accelerator = accel, .precision = precision, .no_checkpointing = true});
+    sh_config(&cfg, &(run_spec){.model = model, .accelerator = accel, .precision = precision, .no_checkpointing = true,
+                                .strategy = dp ? "dp" : NULL, .devices = dp ? 2 : 0});
     lk_module *m = NULL;
     lk_datamodule *dm = NULL;
     lk_trainer *tr = NULL;
@@ -299,16 +300,17 @@ static void copies_out_per_eval_batch(void) {
         const char *model, *precision;
         long bound; /* copies out per validation/test step */
         int batch;  /* 1: 64 batches, two values each: the device's slots double once (64 -> 128) */
+        bool dp;    /* dp over two devices: evaluation runs on device 0, its values wait there (read per batch before) */
     } cs[] = {
-        {"mlp", "32-true", 0, 8}, {"cnn", "32-true", 0, 8}, {"mlp", "bf16-mixed", 0, 8}, {"autoencoder", "32-true", 0, 8},
-        {"mlp", "32-true", 0, 1},
+        {"mlp", "32-true", 0, 8, false}, {"cnn", "32-true", 0, 8, false}, {"mlp", "bf16-mixed", 0, 8, false},
+        {"autoencoder", "32-true", 0, 8, false}, {"mlp", "32-true", 0, 1, false}, {"mlp", "32-true", 0, 8, true},
     };
     printf("| eval run | copies out per batch | in batch 0 | at the loop's end |\n|---|---|---|---|\n");
     for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
         const char *model = cs[i].model, *prec = cs[i].precision;
         bool ae = !strcmp(model, "autoencoder");
-        eval_out_t cpu = eval_run(model, "cpu", prec, cs[i].batch);
-        eval_out_t sd = eval_run(model, "sealed", prec, cs[i].batch);
+        eval_out_t cpu = eval_run(model, "cpu", prec, cs[i].batch, cs[i].dp);
+        eval_out_t sd = eval_run(model, "sealed", prec, cs[i].batch, cs[i].dp);
         /* the second validate: the same values, and nothing new allocated on the device (the slots stay) */
         CHECK_MSG(same_double(sd.val_loss, sd.val_loss2) && same_double(sd.val_acc, sd.val_acc2),
                   "%s %s: a second validate gave other values", model, prec);
@@ -316,8 +318,8 @@ static void copies_out_per_eval_batch(void) {
                   prec, cs[i].batch, sd.allocs_again);
         for (int pass = 0; pass < 3; pass++) {
             const char *what = pass == 1 ? "test" : pass ? "validate again" : "validate";
-            printf("| %s %s %s, batch %d | %ld | %ld | %ld |\n", model, prec, what, cs[i].batch, sd.steps_out[pass], sd.first_out[pass],
-                   sd.end_reads[pass]);
+            printf("| %s%s %s %s, batch %d | %ld | %ld | %ld |\n", cs[i].dp ? "dp x2 " : "", model, prec, what, cs[i].batch,
+                   sd.steps_out[pass], sd.first_out[pass], sd.end_reads[pass]);
             CHECK_MSG(sd.steps_out[pass] <= cs[i].bound, "%s %s %s: %ld copies out in one step (at most %ld)", model, prec,
                       what, sd.steps_out[pass], cs[i].bound);
             /* batch 0: the autoencoder copies its first reconstructions out for the picture */
