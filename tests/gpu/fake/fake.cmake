@@ -87,3 +87,6 @@ endforeach()
 add_test(NAME fake_gpu_cli COMMAND bash ${PROJECT_SOURCE_DIR}/tests/gpu/fake/test_cli.sh WORKING_DIRECTORY ${PROJECT_BINARY_DIR})
 set_tests_properties(fake_gpu_cli PROPERTIES LABELS "unit;fakegpu;multiproc" TIMEOUT 300
                      ENVIRONMENT "${LK_FAKE_ENV};LK_BIN=$<TARGET_FILE:lockstep_fakegpu_cli>;LK_SOURCE_DIR=${PROJECT_SOURCE_DIR}")
+add_test(NAME fake_gpu_run COMMAND bash ${PROJECT_SOURCE_DIR}/tests/gpu/fake/test_run.sh WORKING_DIRECTORY ${PROJECT_BINARY_DIR})
+set_tests_properties(fake_gpu_run PROPERTIES LABELS "unit;fakegpu;multiproc;nosan" TIMEOUT 300
+                     ENVIRONMENT "LK_FAKE_GPUS=1;LD_LIBRARY_PATH=${CMAKE_CURRENT_BINARY_DIR}/fakegpu-lib;LK_BIN=$<TARGET_FILE:lockstep_fakegpu_cli>;LK_CPU_BIN=$<TARGET_FILE:lockstep>;LK_SOURCE_DIR=${PROJECT_SOURCE_DIR}")
