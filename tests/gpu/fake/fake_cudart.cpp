@@ -48,6 +48,7 @@
  * blind to host accesses). */
 #include <cuda_runtime_api.h>
 #include <errno.h>
+#include <stdarg.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -148,10 +149,14 @@ cudaError_t set_err(cudaError_t e) {
     return e;
 }
 
-void say(const char *fmt, const char *a, const char *b = "") {
+/* One line on stderr saying why a call was refused or what failed. */
+__attribute__((format(printf, 1, 2))) void say(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
     fprintf(stderr, "fake GPU: ");
-    fprintf(stderr, fmt, a, b);
+    vfprintf(stderr, fmt, ap);
     fprintf(stderr, "\n");
+    va_end(ap);
 }
 
 bool protect = true;
@@ -432,7 +437,7 @@ cudaError_t cudaFree(void *p) {
     if (refused_in_capture("cudaFree")) return cudaErrorStreamCaptureUnsupported;
     if (!p) return cudaSuccess;
     if (!is_dev(p, 1) || !blocks.count((uintptr_t)p)) {
-        say("cudaFree of a pointer that is not the start of a device block%s", "");
+        say("cudaFree of %p: not the start of a device block", p);
         return set_err(cudaErrorInvalidValue);
     }
     run_all(); /* cudaFree waits for the device */
@@ -526,14 +531,14 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, enum cudaMemcp
     bool ok = (kind == cudaMemcpyHostToDevice && dd && !sd) || (kind == cudaMemcpyDeviceToHost && sd && !dd) ||
               (kind == cudaMemcpyDeviceToDevice && sd && dd);
     if (!ok) {
-        say("cudaMemcpyAsync: the kind does not match the pointers (or a range leaves its device block)", "");
+        say("cudaMemcpyAsync: the kind does not match the pointers (or a range leaves its device block)");
         return set_err(cudaErrorInvalidValue);
     }
     bool pageable = (kind == cudaMemcpyHostToDevice && !sp) || (kind == cudaMemcpyDeviceToHost && !dp);
     Stream *s = (Stream *)st;
     if (pageable && st && valid_stream(st) && s->cap) {
         s->cap->invalid = true, s->cap->why = "a copy with pageable host memory";
-        say("cudaMemcpyAsync with pageable host memory in a capture: refused (capture invalidated)", "");
+        say("cudaMemcpyAsync with pageable host memory in a capture: refused (capture invalidated)");
         return set_err(cudaErrorStreamCaptureUnsupported);
     }
     Op op;
@@ -556,7 +561,7 @@ cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t st) {
     std::lock_guard<std::recursive_mutex> l(G);
     if (n == 0) return cudaSuccess;
     if (!is_dev(p, n)) {
-        say("cudaMemsetAsync: not (all) device memory", "");
+        say("cudaMemsetAsync: not (all) device memory");
         return set_err(cudaErrorInvalidValue);
     }
     Op op;
@@ -573,7 +578,7 @@ cudaError_t cudaMemcpyPeerAsync(void *dst, int dd, const void *src, int sd, size
     if (x && x->device_mem) a = x->device;
     if (y && y->device_mem) b = y->device;
     if (a != dd || b != sd) {
-        say("cudaMemcpyPeerAsync: a pointer is not device memory of the GPU named", "");
+        say("cudaMemcpyPeerAsync: a pointer is not device memory of the GPU named");
         return set_err(cudaErrorInvalidValue);
     }
     Op op;
@@ -637,14 +642,14 @@ cudaError_t cudaEventDestroy(cudaEvent_t e) {
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t st) {
     std::lock_guard<std::recursive_mutex> l(G);
     if (!st) {
-        say("cudaEventRecord on the legacy stream (NULL): lockstep must use its own streams", "");
+        say("cudaEventRecord on the legacy stream (NULL): lockstep must use its own streams");
         return set_err(cudaErrorInvalidResourceHandle);
     }
     if (!valid_stream(st)) return set_err(cudaErrorInvalidResourceHandle);
     Event *ev = (Event *)e;
     Stream *s = (Stream *)st;
     if (ev->device != s->device) {
-        say("cudaEventRecord: the event and the stream belong to different GPUs", "");
+        say("cudaEventRecord: the event and the stream belong to different GPUs");
         return set_err(cudaErrorInvalidResourceHandle);
     }
     if (s->cap) {
@@ -661,7 +666,7 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t st, cudaEvent_t e, unsigned int fla
     std::lock_guard<std::recursive_mutex> l(G);
     (void)flags;
     if (!st) {
-        say("cudaStreamWaitEvent on the legacy stream (NULL): lockstep must use its own streams", "");
+        say("cudaStreamWaitEvent on the legacy stream (NULL): lockstep must use its own streams");
         return set_err(cudaErrorInvalidResourceHandle);
     }
     if (!valid_stream(st)) return set_err(cudaErrorInvalidResourceHandle);
@@ -680,7 +685,7 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t st, cudaEvent_t e, unsigned int fla
     if (s->cap) { /* capturing, waiting for work outside the capture */
         if (!ev->stream || ev->stream->done >= ev->pos) return cudaSuccess; /* already complete: no dependency */
         s->cap->invalid = true, s->cap->why = "a wait for work outside the capture";
-        say("cudaStreamWaitEvent: a capturing stream waits for uncaptured work (capture invalidated)", "");
+        say("cudaStreamWaitEvent: a capturing stream waits for uncaptured work (capture invalidated)");
         return set_err(cudaErrorStreamCaptureIsolation);
     }
     if (!ev->stream) return cudaSuccess; /* never recorded: nothing to wait for */
@@ -749,7 +754,7 @@ cudaError_t cudaStreamBeginCapture(cudaStream_t st, enum cudaStreamCaptureMode m
     std::lock_guard<std::recursive_mutex> l(G);
     if (!st || !valid_stream(st)) return set_err(cudaErrorInvalidResourceHandle);
     if (mode != cudaStreamCaptureModeThreadLocal) {
-        say("cudaStreamBeginCapture: the fake models thread-local capture only", "");
+        say("cudaStreamBeginCapture: the fake models thread-local capture only");
         return set_err(cudaErrorInvalidValue);
     }
     Stream *s = (Stream *)st;
@@ -790,7 +795,7 @@ cudaError_t cudaStreamEndCapture(cudaStream_t st, cudaGraph_t *g) {
     if (thread_cap == c) thread_cap = nullptr;
     if (c->invalid) return set_err(cudaErrorStreamCaptureInvalidated);
     if (unjoined) {
-        say("cudaStreamEndCapture: a stream that joined the capture did not join back to its origin", "");
+        say("cudaStreamEndCapture: a stream that joined the capture did not join back to its origin");
         return set_err(cudaErrorStreamCaptureUnjoined);
     }
     *g = (cudaGraph_t) new std::shared_ptr<Graph>(c->g);
@@ -822,7 +827,7 @@ cudaError_t cudaGraphLaunch(cudaGraphExec_t x, cudaStream_t st) {
     std::lock_guard<std::recursive_mutex> l(G);
     if (!x) return set_err(cudaErrorInvalidValue);
     if (st && valid_stream(st) && ((Stream *)st)->cap) {
-        say("cudaGraphLaunch into a capturing stream: not modelled", "");
+        say("cudaGraphLaunch into a capturing stream: not modelled");
         return set_err(cudaErrorStreamCaptureUnsupported);
     }
     std::shared_ptr<Graph> g = *(std::shared_ptr<Graph> *)x;
