@@ -81,7 +81,9 @@ foreach(s ddp dp)
   endif()
   add_test(NAME fake_gpu_${s}_two COMMAND bash ${PROJECT_SOURCE_DIR}/tests/gpu/test_ddp_one_gpu.sh
            WORKING_DIRECTORY ${PROJECT_BINARY_DIR})
-  set_tests_properties(fake_gpu_${s}_two PROPERTIES LABELS "unit;fakegpu;multiproc;nosan" TIMEOUT 600
+  # threads: under ThreadSanitizer too (dp's replica threads, the loader's
+  # and the prefetch's, all calling into the cuda device)
+  set_tests_properties(fake_gpu_${s}_two PROPERTIES LABELS "unit;fakegpu;multiproc;nosan;threads" TIMEOUT 600
                        ENVIRONMENT "LK_FAKE_GPUS=${gpus};LD_LIBRARY_PATH=${CMAKE_CURRENT_BINARY_DIR}/fakegpu-lib;LK_TEST_STRATEGY=${s};LK_BIN=$<TARGET_FILE:lockstep_fakegpu_cli>;LK_SOURCE_DIR=${PROJECT_SOURCE_DIR}")
 endforeach()
 add_test(NAME fake_gpu_cli COMMAND bash ${PROJECT_SOURCE_DIR}/tests/gpu/fake/test_cli.sh WORKING_DIRECTORY ${PROJECT_BINARY_DIR})
