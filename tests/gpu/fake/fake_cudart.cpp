@@ -325,6 +325,13 @@ cudaError_t enqueue(cudaStream_t st, Op op) {
     return cudaSuccess;
 }
 
+cudaError_t enqueue(cudaStream_t st, const char *what, std::function<void()> fn) {
+    Op op;
+    op.what = what;
+    op.fn = std::move(fn);
+    return enqueue(st, std::move(op));
+}
+
 void *map_block(size_t bytes, int device, bool device_mem) {
     size_t page = (size_t)sysconf(_SC_PAGESIZE);
     size_t mapped = (bytes + page - 1) / page * page;
@@ -350,10 +357,7 @@ void unmap_block(void *p) {
 /* ---- fake.h ---- */
 int lk_fake_enqueue(void *s, const char *what, std::function<void()> fn) {
     std::lock_guard<std::recursive_mutex> l(G);
-    Op op;
-    op.what = what;
-    op.fn = std::move(fn);
-    return (int)enqueue((cudaStream_t)s, std::move(op));
+    return (int)enqueue((cudaStream_t)s, what, std::move(fn));
 }
 
 bool lk_fake_is_device(const void *p, size_t n, int *device) {
@@ -478,10 +482,7 @@ cudaError_t cudaFreeAsync(void *p, cudaStream_t st) {
         s->cap->invalid = true, s->cap->why = "cudaFreeAsync of memory allocated outside the capture";
         return set_err(cudaErrorStreamCaptureUnsupported);
     }
-    Op op;
-    op.what = "cudaFreeAsync";
-    op.fn = [p] { unmap_block(p); };
-    return enqueue(st, std::move(op));
+    return enqueue(st, "cudaFreeAsync", [p] { unmap_block(p); });
 }
 
 cudaError_t cudaHostAlloc(void **p, size_t bytes, unsigned int flags) {
@@ -564,10 +565,7 @@ cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t st) {
         say("cudaMemsetAsync: not (all) device memory");
         return set_err(cudaErrorInvalidValue);
     }
-    Op op;
-    op.what = "memset";
-    op.fn = [p, v, n] { memset(p, v, n); };
-    return enqueue(st, std::move(op));
+    return enqueue(st, "memset", [p, v, n] { memset(p, v, n); });
 }
 
 cudaError_t cudaMemcpyPeerAsync(void *dst, int dd, const void *src, int sd, size_t n, cudaStream_t st) {
@@ -581,10 +579,7 @@ cudaError_t cudaMemcpyPeerAsync(void *dst, int dd, const void *src, int sd, size
         say("cudaMemcpyPeerAsync: a pointer is not device memory of the GPU named");
         return set_err(cudaErrorInvalidValue);
     }
-    Op op;
-    op.what = "peer copy";
-    op.fn = [dst, src, n] { memcpy(dst, src, n); };
-    return enqueue(st, std::move(op));
+    return enqueue(st, "peer copy", [dst, src, n] { memcpy(dst, src, n); });
 }
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *out, unsigned int flags) {
