@@ -302,16 +302,23 @@ bool refused_in_capture(const char *what) {
     return true;
 }
 
-/* Queues op on s, or records it when s captures. */
-cudaError_t enqueue(cudaStream_t st, Op op) {
+/* The legacy stream (NULL) and streams that do not exist are refused,
+ * saying which call used them. */
+cudaError_t check_stream(cudaStream_t st, const char *what) {
     if (!st) {
-        say("%s on the legacy stream (NULL): lockstep must use its own streams", op.what.c_str());
+        say("%s on the legacy stream (NULL): lockstep must use its own streams", what);
         return set_err(cudaErrorInvalidResourceHandle);
     }
     if (!valid_stream(st)) {
-        say("%s on a stream that does not exist (destroyed, or not a stream)", op.what.c_str());
+        say("%s on a stream that does not exist (destroyed, or not a stream)", what);
         return set_err(cudaErrorInvalidResourceHandle);
     }
+    return cudaSuccess;
+}
+
+/* Queues op on s, or records it when s captures. */
+cudaError_t enqueue(cudaStream_t st, Op op) {
+    if (cudaError_t bad = check_stream(st, op.what.c_str())) return bad;
     if (sticky) return set_err(sticky);
     Stream *s = (Stream *)st;
     if (s->cap) {
@@ -636,11 +643,7 @@ cudaError_t cudaEventDestroy(cudaEvent_t e) {
 
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t st) {
     std::lock_guard<std::recursive_mutex> l(G);
-    if (!st) {
-        say("cudaEventRecord on the legacy stream (NULL): lockstep must use its own streams");
-        return set_err(cudaErrorInvalidResourceHandle);
-    }
-    if (!valid_stream(st)) return set_err(cudaErrorInvalidResourceHandle);
+    if (cudaError_t bad = check_stream(st, "cudaEventRecord")) return bad;
     Event *ev = (Event *)e;
     Stream *s = (Stream *)st;
     if (ev->device != s->device) {
@@ -660,11 +663,7 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t st) {
 cudaError_t cudaStreamWaitEvent(cudaStream_t st, cudaEvent_t e, unsigned int flags) {
     std::lock_guard<std::recursive_mutex> l(G);
     (void)flags;
-    if (!st) {
-        say("cudaStreamWaitEvent on the legacy stream (NULL): lockstep must use its own streams");
-        return set_err(cudaErrorInvalidResourceHandle);
-    }
-    if (!valid_stream(st)) return set_err(cudaErrorInvalidResourceHandle);
+    if (cudaError_t bad = check_stream(st, "cudaStreamWaitEvent")) return bad;
     Stream *s = (Stream *)st;
     Event *ev = (Event *)e;
     if (ev->cap) { /* an event of a capture: s joins it (or, already in it, orders within the graph) */
