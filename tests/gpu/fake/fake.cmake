@@ -39,7 +39,8 @@ include(${LK_FAKE_DIR}/lt.cmake)
 # fake_<name>: a gpu test's program, linked with the fake GPU. The
 # executable exports its symbols: the fake cuBLASLt (a dlopened library)
 # queues its work through the fake runtime's lk_fake_enqueue.
-set(LK_FAKE_ENV "LK_FAKE_GPUS=2;LD_LIBRARY_PATH=${CMAKE_CURRENT_BINARY_DIR}/fakegpu-lib")
+set(LK_FAKE_LIB ${CMAKE_CURRENT_BINARY_DIR}/fakegpu-lib) # where lt.cmake puts the fake libcublasLt
+set(LK_FAKE_ENV "LK_FAKE_GPUS=2;LD_LIBRARY_PATH=${LK_FAKE_LIB}")
 function(lk_add_fake_test)
   cmake_parse_arguments(T "" "NAME;TIMEOUT" "SOURCES;ARGS;LABELS" ${ARGN})
   add_executable(fake_${T_NAME} ${T_SOURCES})
@@ -84,11 +85,11 @@ foreach(s ddp dp)
   # threads: under ThreadSanitizer too (dp's replica threads, the loader's
   # and the prefetch's, all calling into the cuda device)
   set_tests_properties(fake_gpu_${s}_two PROPERTIES LABELS "unit;fakegpu;multiproc;nosan;threads" TIMEOUT 600
-                       ENVIRONMENT "LK_FAKE_GPUS=${gpus};LD_LIBRARY_PATH=${CMAKE_CURRENT_BINARY_DIR}/fakegpu-lib;LK_TEST_STRATEGY=${s};LK_BIN=$<TARGET_FILE:lockstep_fakegpu_cli>;LK_SOURCE_DIR=${PROJECT_SOURCE_DIR}")
+                       ENVIRONMENT "LK_FAKE_GPUS=${gpus};LD_LIBRARY_PATH=${LK_FAKE_LIB};LK_TEST_STRATEGY=${s};LK_BIN=$<TARGET_FILE:lockstep_fakegpu_cli>;LK_SOURCE_DIR=${PROJECT_SOURCE_DIR}")
 endforeach()
 add_test(NAME fake_gpu_cli COMMAND bash ${PROJECT_SOURCE_DIR}/tests/gpu/fake/test_cli.sh WORKING_DIRECTORY ${PROJECT_BINARY_DIR})
 set_tests_properties(fake_gpu_cli PROPERTIES LABELS "unit;fakegpu;multiproc" TIMEOUT 300
                      ENVIRONMENT "${LK_FAKE_ENV};LK_BIN=$<TARGET_FILE:lockstep_fakegpu_cli>;LK_SOURCE_DIR=${PROJECT_SOURCE_DIR}")
 add_test(NAME fake_gpu_run COMMAND bash ${PROJECT_SOURCE_DIR}/tests/gpu/fake/test_run.sh WORKING_DIRECTORY ${PROJECT_BINARY_DIR})
 set_tests_properties(fake_gpu_run PROPERTIES LABELS "unit;fakegpu;multiproc;nosan" TIMEOUT 300
-                     ENVIRONMENT "LK_FAKE_GPUS=1;LD_LIBRARY_PATH=${CMAKE_CURRENT_BINARY_DIR}/fakegpu-lib;LK_BIN=$<TARGET_FILE:lockstep_fakegpu_cli>;LK_CPU_BIN=$<TARGET_FILE:lockstep>;LK_SOURCE_DIR=${PROJECT_SOURCE_DIR}")
+                     ENVIRONMENT "LK_FAKE_GPUS=1;LD_LIBRARY_PATH=${LK_FAKE_LIB};LK_BIN=$<TARGET_FILE:lockstep_fakegpu_cli>;LK_CPU_BIN=$<TARGET_FILE:lockstep>;LK_SOURCE_DIR=${PROJECT_SOURCE_DIR}")

@@ -24,9 +24,4 @@ int lk_fake_enqueue(void *s, const char *what, std::function<void()> fn);
  * memory (cudaMalloc or cudaMallocAsync); *device gets its GPU. */
 bool lk_fake_is_device(const void *p, size_t n, int *device);
 
-/* Records a failure of queued work (a kernel's launch error, a GEMM's bad
- * argument found at run time): the next synchronising call returns it,
- * as an asynchronous CUDA error would be. */
-void lk_fake_fail(int cuda_error, const char *why);
-
 #endif

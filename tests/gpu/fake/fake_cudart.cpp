@@ -31,9 +31,7 @@
  *    work outside the capture) are refused with the runtime's error codes
  *    and invalidate the capture. A graph's launch replays the recorded
  *    work in order; memory a capture allocated belongs to the graph.
- *  - Errors as the runtime keeps them: a per-thread last error, and a
- *    failure of queued work (a kernel's, a GEMM's) reported by the next
- *    synchronising call and by every call after it (a sticky error).
+ *  - Errors as the runtime keeps them: a per-thread last error.
  *  - The legacy stream (NULL) is refused everywhere: lockstep never uses
  *    it (a graph cannot capture it), so any use is a bug.
  * What it does not model: timing, concurrency between streams (queued
@@ -47,7 +45,6 @@
  * runs; LK_FAKE_GPU_PROTECT=0 leaves device memory readable (faster, and
  * blind to host accesses). */
 #include <cuda_runtime_api.h>
-#include <errno.h>
 #include <stdarg.h>
 #include <pthread.h>
 #include <signal.h>
@@ -137,8 +134,6 @@ int ngpus = -1;
 int visible_map[kMaxGpus]; /* runtime index -> fake GPU */
 bool peer_enabled[kMaxGpus][kMaxGpus];
 int running = 0; /* nesting of queued work running: device memory is accessible while > 0 */
-cudaError_t sticky = cudaSuccess;
-std::string sticky_why;
 bool trace = false;
 thread_local cudaError_t last_error = cudaSuccess;
 thread_local int current = 0;
@@ -319,7 +314,6 @@ cudaError_t check_stream(cudaStream_t st, const char *what) {
 /* Queues op on s, or records it when s captures. */
 cudaError_t enqueue(cudaStream_t st, Op op) {
     if (cudaError_t bad = check_stream(st, op.what.c_str())) return bad;
-    if (sticky) return set_err(sticky);
     Stream *s = (Stream *)st;
     if (s->cap) {
         if (s->cap->invalid) return set_err(cudaErrorStreamCaptureInvalidated);
@@ -375,12 +369,6 @@ bool lk_fake_is_device(const void *p, size_t n, int *device) {
     return true;
 }
 
-void lk_fake_fail(int e, const char *why) {
-    std::lock_guard<std::recursive_mutex> l(G);
-    say("queued work failed: %s", why);
-    if (!sticky) sticky = (cudaError_t)e, sticky_why = why;
-}
-
 /* ---- the runtime ---- */
 extern "C" {
 
@@ -407,10 +395,10 @@ cudaError_t cudaGetDevice(int *device) {
 cudaError_t cudaGetLastError(void) {
     cudaError_t e = last_error;
     last_error = cudaSuccess;
-    return e != cudaSuccess ? e : sticky;
+    return e;
 }
 
-cudaError_t cudaPeekAtLastError(void) { return last_error != cudaSuccess ? last_error : sticky; }
+cudaError_t cudaPeekAtLastError(void) { return last_error; }
 
 const char *cudaGetErrorString(cudaError_t e) {
     switch (e) {
@@ -437,7 +425,6 @@ cudaError_t cudaMalloc(void **p, size_t bytes) {
     std::lock_guard<std::recursive_mutex> l(G);
     *p = NULL;
     if (refused_in_capture("cudaMalloc")) return cudaErrorStreamCaptureUnsupported;
-    if (sticky) return set_err(sticky);
     if (used[current] + bytes > capacity) return set_err(cudaErrorMemoryAllocation);
     *p = map_block(bytes, current, true);
     return *p ? cudaSuccess : set_err(cudaErrorMemoryAllocation);
@@ -453,7 +440,7 @@ cudaError_t cudaFree(void *p) {
     }
     run_all(); /* cudaFree waits for the device */
     unmap_block(p);
-    return sticky ? set_err(sticky) : cudaSuccess;
+    return cudaSuccess;
 }
 
 cudaError_t cudaMallocAsync(void **p, size_t bytes, cudaStream_t st) {
@@ -560,7 +547,6 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, enum cudaMemcp
     cudaError_t e = enqueue(st, std::move(op));
     if (e == cudaSuccess && kind == cudaMemcpyDeviceToHost && pageable) { /* returns once the bytes are there */
         run_until(s, s->issued);
-        if (sticky) return set_err(sticky);
     }
     return e;
 }
@@ -615,14 +601,14 @@ cudaError_t cudaStreamSynchronize(cudaStream_t st) {
     Stream *s = (Stream *)st;
     if (s->cap) return set_err(cudaErrorStreamCaptureUnsupported);
     run_until(s, s->issued);
-    return sticky ? set_err(sticky) : cudaSuccess;
+    return cudaSuccess;
 }
 
 cudaError_t cudaDeviceSynchronize(void) {
     std::lock_guard<std::recursive_mutex> l(G);
     if (refused_in_capture("cudaDeviceSynchronize")) return cudaErrorStreamCaptureUnsupported;
     run_device(current);
-    return sticky ? set_err(sticky) : cudaSuccess;
+    return cudaSuccess;
 }
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned int flags) {
@@ -695,7 +681,7 @@ cudaError_t cudaEventSynchronize(cudaEvent_t e) {
     Event *ev = (Event *)e;
     if (ev->cap) return set_err(cudaErrorStreamCaptureUnsupported);
     if (ev->stream) run_until(ev->stream, ev->pos);
-    return sticky ? set_err(sticky) : cudaSuccess;
+    return cudaSuccess;
 }
 
 cudaError_t cudaEventQuery(cudaEvent_t e) {
@@ -707,7 +693,7 @@ cudaError_t cudaEventQuery(cudaEvent_t e) {
         run_until(ev->stream, ev->pos);
         return cudaErrorNotReady;
     }
-    return sticky ? sticky : cudaSuccess;
+    return cudaSuccess;
 }
 
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b) {

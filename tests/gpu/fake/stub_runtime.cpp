@@ -90,8 +90,3 @@ bool lk_fake_is_device(const void *p, size_t n, int *device) {
         }
     return false;
 }
-
-void lk_fake_fail(int cuda_error, const char *why) {
-    (void)cuda_error;
-    (void)why;
-}
