@@ -90,7 +90,12 @@ void lk__error_trace(const char *file, int line);
  * (the trainer flushes its logs there), then aborts. */
 typedef void (*lk_panic_hook)(const char *msg);
 void lk_set_panic_hook(lk_panic_hook hook);
-_Noreturn void lk__panic(const char *file, int line, const char *fmt, ...) LK_PRINTF(3, 4);
+#ifdef __cplusplus
+#define LK_NORETURN [[noreturn]] /* this header is C11; C++ (CUDA files, tests) includes it too */
+#else
+#define LK_NORETURN _Noreturn
+#endif
+LK_NORETURN void lk__panic(const char *file, int line, const char *fmt, ...) LK_PRINTF(3, 4);
 #define lk_panic(...) lk__panic(__FILE__, __LINE__, __VA_ARGS__)
 #define LK_ASSERT(cond) \
     do { if (!(cond)) lk_panic("assertion failed: %s", #cond); } while (0)

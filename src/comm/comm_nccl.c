@@ -94,7 +94,8 @@ static lk_status make_id(void *ctx, unsigned char id[LK__NCCL_ID_BYTES]) {
     (void)ctx;
     ncclUniqueId u;
     ncclResult_t r = ncclGetUniqueId(&u);
-    if (r != ncclSuccess) return lk_error(LK_STATUS_DEVICE, "ncclGetUniqueId: %s", ncclGetErrorString(r));
+    if (r != ncclSuccess)
+        return lk_error(LK_STATUS_DEVICE, "ncclGetUniqueId: %s (%s)", ncclGetErrorString(r), ncclGetLastError(NULL));
     memcpy(id, u.internal, LK__NCCL_ID_BYTES);
     return LK_STATUS_OK;
 }

@@ -66,7 +66,7 @@ void lk__error_trace(const char *file, int line) {
 static lk_panic_hook panic_hook;
 void lk_set_panic_hook(lk_panic_hook hook) { panic_hook = hook; }
 
-_Noreturn void lk__panic(const char *file, int line, const char *fmt, ...) {
+LK_NORETURN void lk__panic(const char *file, int line, const char *fmt, ...) {
     char msg[1024];
     va_list ap;
     va_start(ap, fmt);

@@ -210,6 +210,7 @@ typedef struct lk_runinfo {
     double time_to_first_step_s;
     int world_size;
     const char *strategy;
+    const char *comm_backend;   /* the communicator's backend (shm, nccl, mpi, self); NULL without one (dp) */
     const char *accelerator;
     const char *precision;      /* trainer.precision as given ("32-true", "bf16-mixed", ...) */
     const char *gemm_path;      /* the kernels the precision's GEMMs take on this machine */

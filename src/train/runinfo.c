@@ -131,6 +131,7 @@ lk_status lk_runinfo_to_json(const lk_runinfo *info, char **out) {
     ok = ok && add(root, "step_peak_mb", info->step_peak_mb > 0 ? cJSON_CreateNumber(info->step_peak_mb) : cJSON_CreateNull());
     ok = ok && add(root, "world_size", cJSON_CreateNumber(info->world_size));
     ok = ok && add(root, "strategy", string_or_null(info->strategy));
+    ok = ok && add(root, "comm_backend", string_or_null(info->comm_backend));
     ok = ok && add(root, "precision", string_or_null(info->precision));
     ok = ok && add(root, "gemm_path", string_or_null(info->gemm_path));
     ok = ok && add(root, "accelerator", string_or_null(info->accelerator));

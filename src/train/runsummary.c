@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "device/gpu.h"
 #include "train/train_impl.h"
 
 #ifndef LK_GIT_REV
@@ -65,7 +66,8 @@ void lk__write_runinfo(lk_trainer *tr, const char *command, lk_status st) {
         ri.graphs.refused = rs.capture_failures - r0.capture_failures;
     }
     ri.precision = tr->cfg.precision;
-    ri.gemm_path = lk_autocast_gemm_path(tr->autocast);
+    ri.gemm_path = lk__train_gemm_path(tr);
+    ri.comm_backend = tr->comm ? lk_comm_backend(tr->comm) : NULL;
     ri.git_revision = LK_GIT_REV;
     ri.log_dir = tr->log_dir;
     ri.last_checkpoint = tr->last_ckpt[0] ? tr->last_ckpt : NULL;
@@ -87,6 +89,11 @@ void lk__write_runinfo(lk_trainer *tr, const char *command, lk_status st) {
         lk_log_warn("could not write %s: %s", path, lk_last_error());
         if (st) lk_error(st, "%s", first);
     }
+}
+
+const char *lk__train_gemm_path(const lk_trainer *tr) {
+    if (tr->dev.kind == LK_CUDA) return lk__cuda_gemm_path(tr->autocast);
+    return lk_autocast_gemm_path(tr->autocast);
 }
 
 void lk__print_profile(lk_trainer *tr) {

@@ -292,6 +292,9 @@ void lk__write_runinfo(lk_trainer *tr, const char *command, lk_status st);
 /* Prints the mean phase times per optimizer step on rank 0 when
  * trainer.profiler is not none and a step ran. */
 void lk__print_profile(lk_trainer *tr);
+/* What this run's GEMMs (in its autocast dtype) run through on its device:
+ * the CPU's path (lk_autocast_gemm_path) or the GPU's (cuBLASLt). */
+const char *lk__train_gemm_path(const lk_trainer *tr);
 
 /* grads.c: the step's reduced gradients before the optimizer step. */
 /* trainer.gradient_clip_val/algorithm on tr->params (nothing when 0). */

@@ -858,7 +858,9 @@ lk_status lk_trainer_fit(lk_trainer *tr, lk_module *m, lk_datamodule *dm, const 
             /* said once: a precision the CPU cannot multiply natively still
              * trains correctly, but through f32 and so not faster */
             const char *dt = lk_dtype_name(tr->autocast);
-            if (lk_cpu_native(tr->autocast))
+            if (tr->dev.kind == LK_CUDA)
+                lk_log0("precision %s: matrix products in %s on the GPU (%s)", c->precision, dt, lk__train_gemm_path(tr));
+            else if (lk_cpu_native(tr->autocast))
                 lk_log0("precision %s: matrix products in %s on this CPU's own units (%s)", c->precision, dt,
                         lk_autocast_gemm_path(tr->autocast));
             else

@@ -14,7 +14,7 @@ done
 check "tensorboard event file" bash -c "ls $d/events.out.tfevents.* >/dev/null"
 check "metrics.csv columns" bash -c "head -1 $d/metrics.csv | grep -q epoch && head -1 $d/metrics.csv | grep -q train_loss && head -1 $d/metrics.csv | grep -q val_loss && head -1 $d/metrics.csv | grep -q val_acc"
 check "run.json status ok" grep -q '"status":[[:space:]]*"ok"' "$d/run.json"
-for key in metrics best samples_per_s wall_s time_to_first_step_s world_size strategy version log_dir last_checkpoint; do
+for key in metrics best samples_per_s wall_s time_to_first_step_s world_size strategy comm_backend version log_dir last_checkpoint; do
   check "run.json has $key" grep -q "\"$key\"" "$d/run.json"
 done
 check "hparams.yaml names the model" grep -q "mlp" "$d/hparams.yaml"
@@ -41,6 +41,7 @@ done
 check "fit ddp 2 ranks" "$LK_BIN" fit -c "$T/synth.yaml" --trainer.devices 2 --trainer.strategy ddp --trainer.enable_progress_bar false
 d=$(latest)
 check "ddp run.json world_size 2" grep -q '"world_size":[[:space:]]*2' "$d/run.json"
+check "ddp run.json names its communicator (shm on one node)" grep -q '"comm_backend":[[:space:]]*"shm"' "$d/run.json"
 check "ddp test on 2 ranks" "$LK_BIN" test -c "$T/synth.yaml" --trainer.devices 2 --ckpt_path last --trainer.enable_progress_bar false
 
 # --print_config feeds back unchanged; overrides beat files, later files beat earlier ones

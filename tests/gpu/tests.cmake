@@ -98,7 +98,7 @@ endif()
 # runs the same script with both sides on the CPU, where they must agree
 # exactly: every CI run checks the script's own comparison.
 lk_add_script_test(NAME gpu_ddp_one_gpu_cpu SCRIPT gpu/test_ddp_one_gpu.sh LABELS unit multiproc TIMEOUT 300)
-set_property(TEST gpu_ddp_one_gpu_cpu APPEND PROPERTY ENVIRONMENT LK_TEST_ACCEL=cpu)
+set_property(TEST gpu_ddp_one_gpu_cpu APPEND PROPERTY ENVIRONMENT LK_TEST_ACCEL=cpu LK_TEST_COMM=shm)
 if(LK_HAVE_CUDA)
   lk_add_script_test(NAME gpu_ddp_one_gpu SCRIPT gpu/test_ddp_one_gpu.sh LABELS gpu TIMEOUT 600)
   set_tests_properties(gpu_ddp_one_gpu PROPERTIES SKIP_RETURN_CODE 77)

@@ -30,9 +30,6 @@
 #define LK_BACKEND_CUDA_IMPL_H
 
 #ifdef __cplusplus
-#ifndef _Noreturn
-#define _Noreturn [[noreturn]] /* lockstep/core.h is C11 */
-#endif
 extern "C" {
 #endif
 

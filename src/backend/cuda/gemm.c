@@ -117,6 +117,14 @@ static int nplans;
 
 static bool ab_type(lk_dtype t) { return t == LK_F32 || t == LK_BF16 || t == LK_F16; }
 
+const char *lk__cuda_gemm_path(lk_dtype dt) {
+    switch (dt) { /* what run_gemm picks: the compute type follows A/B's dtype; TF32 only when asked */
+    case LK_BF16: return "cublaslt bf16 on tensor cores, f32 accumulate";
+    case LK_F16: return "cublaslt f16 on tensor cores, f32 accumulate";
+    default: return "cublaslt f32, CUBLAS_COMPUTE_32F (no TF32)";
+    }
+}
+
 bool lk__cuda_gemm_supports(const lk_op_desc *d) {
     if (d->op != LK_OP_GEMM) return false;
     lk_dtype a = d->dtype[0], b = d->dtype[1], c = d->dtype[2];

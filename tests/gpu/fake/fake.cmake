@@ -3,7 +3,8 @@
 # linked with a host implementation of the CUDA runtime (fake_cudart.cpp),
 # the kernel files' host emulation (emu_sources, from tests/gpu/tests.cmake,
 # built here with their real names, their launches queued on the fake's
-# streams), a fake cuBLASLt (lt.cmake) and an NCCL that refuses. The gpu
+# streams), a fake cuBLASLt (lt.cmake) and an NCCL between processes
+# (fake_nccl.cpp). The gpu
 # tests then run against it in every CI run, as fake_<name>: what they
 # check on a GPU, checked here for everything but the GPU itself.
 # Included from tests/gpu/tests.cmake inside if(LK_HAVE_CUDA AND Python3_FOUND).
@@ -18,9 +19,9 @@ target_compile_definitions(lk_fakegpu_kernels PRIVATE LK_FAKE_GPU=1 LK_CU_THREAD
 set_target_properties(lk_fakegpu_kernels PROPERTIES CXX_STANDARD 17)
 
 # The runtime and NCCL stand-ins, with the real headers for the exact ABI.
-add_library(lk_fakegpu_rt OBJECT ${LK_FAKE_DIR}/fake_cudart.cpp ${LK_FAKE_DIR}/fake_nccl.c)
+add_library(lk_fakegpu_rt OBJECT ${LK_FAKE_DIR}/fake_cudart.cpp ${LK_FAKE_DIR}/fake_nccl.cpp)
 target_include_directories(lk_fakegpu_rt PRIVATE ${CUDAToolkit_INCLUDE_DIRS} ${NCCL_INCLUDE_DIR}
-                           ${PROJECT_SOURCE_DIR}/tests)
+                           ${PROJECT_SOURCE_DIR}/tests ${PROJECT_SOURCE_DIR}/include)
 set_target_properties(lk_fakegpu_rt PROPERTIES CXX_STANDARD 17)
 target_compile_options(lk_fakegpu_rt PRIVATE -Wall -Wextra -Werror)
 
@@ -42,7 +43,7 @@ include(${LK_FAKE_DIR}/lt.cmake)
 set(LK_FAKE_LIB ${CMAKE_CURRENT_BINARY_DIR}/fakegpu-lib) # where lt.cmake puts the fake libcublasLt
 set(LK_FAKE_ENV "LK_FAKE_GPUS=2;LD_LIBRARY_PATH=${LK_FAKE_LIB}")
 function(lk_add_fake_test)
-  cmake_parse_arguments(T "" "NAME;TIMEOUT" "SOURCES;ARGS;LABELS" ${ARGN})
+  cmake_parse_arguments(T "" "NAME;TIMEOUT" "SOURCES;ARGS;LABELS;ENV" ${ARGN})
   add_executable(fake_${T_NAME} ${T_SOURCES})
   target_include_directories(fake_${T_NAME} PRIVATE ${PROJECT_SOURCE_DIR}/tests ${PROJECT_SOURCE_DIR}/src
                              ${CBLAS_INCLUDE_DIR})
@@ -52,7 +53,7 @@ function(lk_add_fake_test)
   add_dependencies(fake_${T_NAME} lk_fake_cublaslt)
   set_target_properties(fake_${T_NAME} PROPERTIES LINKER_LANGUAGE CXX ENABLE_EXPORTS ON)
   add_test(NAME fake_${T_NAME} COMMAND fake_${T_NAME} ${T_ARGS} WORKING_DIRECTORY ${PROJECT_BINARY_DIR})
-  set_tests_properties(fake_${T_NAME} PROPERTIES TIMEOUT ${T_TIMEOUT} LABELS "unit;fakegpu;${T_LABELS}" ENVIRONMENT "${LK_FAKE_ENV}")
+  set_tests_properties(fake_${T_NAME} PROPERTIES TIMEOUT ${T_TIMEOUT} LABELS "unit;fakegpu;${T_LABELS}" ENVIRONMENT "${LK_FAKE_ENV};${T_ENV}")
 endfunction()
 
 lk_add_fake_test(NAME gpu_device SOURCES ${PROJECT_SOURCE_DIR}/tests/gpu/test_device.c TIMEOUT 120)
@@ -64,6 +65,10 @@ lk_add_fake_test(NAME gpu_graph SOURCES ${PROJECT_SOURCE_DIR}/tests/gpu/test_gra
 # the sanitizer builds run the ops, graph and step programs above.
 lk_add_fake_test(NAME gpu_fit SOURCES ${PROJECT_SOURCE_DIR}/tests/gpu/test_fit.c TIMEOUT 900 LABELS nosan)
 lk_add_fake_test(NAME gpu_replay SOURCES ${PROJECT_SOURCE_DIR}/tests/sealed/test_replay.c TIMEOUT 900 ARGS --gpu LABELS nosan)
+# nccl between two processes (fake_nccl.cpp), staging in rounds of 4 KiB so
+# that every collective of the test takes several
+lk_add_fake_test(NAME gpu_nccl SOURCES ${PROJECT_SOURCE_DIR}/tests/gpu/test_nccl.c TIMEOUT 600 LABELS multiproc
+                 ENV LK_FAKE_NCCL_SLOT=4096)
 lk_add_fake_test(NAME gpu_sync_bn SOURCES ${PROJECT_SOURCE_DIR}/tests/gpu/test_sync_bn.c TIMEOUT 300)
 
 # The program itself on the fake GPU, for the gpu script tests: ddp's two
@@ -75,17 +80,20 @@ target_compile_definitions(lockstep_fakegpu_cli PRIVATE LK_GIT_REV="${LK_GIT_REV
 target_link_libraries(lockstep_fakegpu_cli PRIVATE lockstep_fakegpu)
 set_target_properties(lockstep_fakegpu_cli PROPERTIES LINKER_LANGUAGE CXX ENABLE_EXPORTS ON OUTPUT_NAME lockstep-fakegpu)
 add_dependencies(lockstep_fakegpu_cli lk_fake_cublaslt)
-foreach(s ddp dp)
-  set(gpus 2)
-  if(s STREQUAL "ddp")
-    set(gpus 1) # both ranks on cuda:0, as on the one-GPU machine
-  endif()
-  add_test(NAME fake_gpu_${s}_two COMMAND bash ${PROJECT_SOURCE_DIR}/tests/gpu/test_ddp_one_gpu.sh
+# name strategy GPUs communicator: ddp's two ranks on one GPU talk over shm;
+# on two GPUs, one rank each, over nccl (fake_nccl.cpp, in rounds of 256
+# bytes so that every bucket takes many); dp has no communicator.
+foreach(t "ddp_two;ddp;1;shm" "ddp_nccl;ddp;2;nccl" "dp_two;dp;2;")
+  list(GET t 0 name)
+  list(GET t 1 s)
+  list(GET t 2 gpus)
+  list(GET t 3 comm)
+  add_test(NAME fake_gpu_${name} COMMAND bash ${PROJECT_SOURCE_DIR}/tests/gpu/test_ddp_one_gpu.sh
            WORKING_DIRECTORY ${PROJECT_BINARY_DIR})
   # threads: under ThreadSanitizer too (dp's replica threads, the loader's
   # and the prefetch's, all calling into the cuda device)
-  set_tests_properties(fake_gpu_${s}_two PROPERTIES LABELS "unit;fakegpu;multiproc;nosan;threads" TIMEOUT 600
-                       ENVIRONMENT "LK_FAKE_GPUS=${gpus};LD_LIBRARY_PATH=${LK_FAKE_LIB};LK_TEST_STRATEGY=${s};LK_BIN=$<TARGET_FILE:lockstep_fakegpu_cli>;LK_SOURCE_DIR=${PROJECT_SOURCE_DIR}")
+  set_tests_properties(fake_gpu_${name} PROPERTIES LABELS "unit;fakegpu;multiproc;nosan;threads" TIMEOUT 600
+                       ENVIRONMENT "LK_FAKE_GPUS=${gpus};LD_LIBRARY_PATH=${LK_FAKE_LIB};LK_TEST_STRATEGY=${s};LK_TEST_COMM=${comm};LK_FAKE_NCCL_SLOT=256;LK_BIN=$<TARGET_FILE:lockstep_fakegpu_cli>;LK_SOURCE_DIR=${PROJECT_SOURCE_DIR}")
 endforeach()
 add_test(NAME fake_gpu_cli COMMAND bash ${PROJECT_SOURCE_DIR}/tests/gpu/fake/test_cli.sh WORKING_DIRECTORY ${PROJECT_BINARY_DIR})
 set_tests_properties(fake_gpu_cli PROPERTIES LABELS "unit;fakegpu;multiproc" TIMEOUT 300

@@ -20,6 +20,23 @@
  * thread's last error, as a failed launch is. */
 int lk_fake_enqueue(void *s, const char *what, std::function<void()> fn);
 
+/* As lk_fake_enqueue, for work that may have to wait for something outside
+ * this process (fake_nccl.cpp's collectives waiting for their peers):
+ * step() is called, with device memory accessible, whenever the host waits
+ * for the stream, until it returns true; meanwhile the stream's later work
+ * waits and an event query says "not ready". Refused in a capture. */
+int lk_fake_enqueue_poll(void *s, const char *what, std::function<bool()> step);
+
+/* Runs the work queued on stream s as far as it can go without blocking:
+ * true when none is left. What an asynchronous library's progress call
+ * does. */
+bool lk_fake_progress(void *s);
+
+/* The GPU a stream belongs to, as the fake numbers its GPUs (the same on
+ * every process: what CUDA_VISIBLE_DEVICES selects from); -1 when s is not
+ * a live stream. */
+int lk_fake_stream_gpu(void *s);
+
 /* Whether [p, p + n) lies inside one allocation of the fake's device
  * memory (cudaMalloc or cudaMallocAsync); *device gets its GPU. */
 bool lk_fake_is_device(const void *p, size_t n, int *device);

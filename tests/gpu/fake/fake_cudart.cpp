@@ -31,12 +31,17 @@
  *    work outside the capture) are refused with the runtime's error codes
  *    and invalidate the capture. A graph's launch replays the recorded
  *    work in order; memory a capture allocated belongs to the graph.
+ *  - Work that waits for another process (fake_nccl.cpp's collectives,
+ *    through lk_fake_enqueue_poll): it stays at its stream's front until
+ *    its step says it is done; an event query then says "not ready", and a
+ *    blocking call (a synchronisation, cudaFree) waits as the real one
+ *    would, as long as it takes.
  *  - Errors as the runtime keeps them: a per-thread last error.
  *  - The legacy stream (NULL) is refused everywhere: lockstep never uses
  *    it (a graph cannot capture it), so any use is a bug.
  * What it does not model: timing, concurrency between streams (queued
  * work runs one op at a time), the GPU's memory model, launch limits, and
- * anything of NCCL (fake_nccl.c refuses every call).
+ * NCCL beyond what fake_nccl.cpp models.
  *
  * Environment: LK_FAKE_GPUS (GPUs, default 2), LK_FAKE_GPU_MEM (bytes per
  * GPU, default 8 GiB; mappings are reserved, not committed),
@@ -81,6 +86,8 @@ struct Capture;
 struct Op {
     std::string what;
     std::function<void()> fn;
+    std::function<bool()> poll; /* instead of fn: work that may have to wait (a collective waiting for its peers) */
+    bool started = false;
     struct Stream *wait_stream = nullptr;
     uint64_t wait_pos = 0;
 };
@@ -243,48 +250,73 @@ bool is_pinned(const void *p, size_t n) {
     return b && !b->device_mem;
 }
 
-void run_until(Stream *s, uint64_t pos);
+bool run_until(Stream *s, uint64_t pos);
 
-/* Runs one op of s (its front). */
-void run_one(Stream *s) {
-    Op op = std::move(s->q.front());
-    s->q.pop_front();
-    if (op.wait_stream) run_until(op.wait_stream, op.wait_pos);
-    if (op.fn) {
-        if (trace) fprintf(stderr, "fake GPU: cuda:%d stream %p runs %s\n", s->device, (void *)s, op.what.c_str());
-        op.fn();
+/* Runs the front op of s; false when it cannot complete yet: it waits for
+ * a stream that is itself held up, or it is polled work (fake_nccl.cpp's
+ * collectives) whose peers have not arrived. It then stays at the front. */
+bool run_one(Stream *s) {
+    Op &front = s->q.front();
+    if (front.wait_stream && !run_until(front.wait_stream, front.wait_pos)) return false;
+    front.wait_stream = nullptr;
+    if (trace && !front.started)
+        fprintf(stderr, "fake GPU: cuda:%d stream %p runs %s\n", s->device, (void *)s, front.what.c_str());
+    front.started = true;
+    if (front.poll) {
+        if (!front.poll()) return false;
+        s->q.pop_front();
+    } else {
+        Op op = std::move(front);
+        s->q.pop_front();
+        if (op.fn) op.fn();
     }
     s->done++;
+    return true;
 }
 
 int depth = 0;
-/* Device memory is accessible while queued work runs: opened once by the
+/* Runs s up to position pos, as far as it can: true when it got there.
+ * Device memory is accessible while queued work runs: opened once by the
  * outermost run (one mprotect per block), closed when it ends. */
-void run_until(Stream *s, uint64_t pos) {
-    if (s->done >= pos || s->q.empty()) return;
+bool run_until(Stream *s, uint64_t pos) {
+    if (s->done >= pos || s->q.empty()) return true;
     if (++depth > 10000) {
         fprintf(stderr, "fake GPU: streams wait for each other in a cycle (a deadlock on a real GPU)\n");
         abort();
     }
     if (running++ == 0) protect_all(PROT_READ | PROT_WRITE);
-    while (s->done < pos && !s->q.empty()) run_one(s);
+    bool ok = true;
+    while (ok && s->done < pos && !s->q.empty()) ok = run_one(s);
     if (--running == 0) protect_all(PROT_NONE);
     depth--;
+    return ok;
 }
 
+/* Runs the streams of one GPU (dev >= 0) or all of them as far as they
+ * can go: true when every queue is empty. */
+bool run_streams(int dev) {
+    bool idle = true;
+    for (size_t i = 0; i < streams.size(); i++) /* by index: polled work may create none, but be safe */
+        if ((dev < 0 || streams[i]->device == dev) && !run_until(streams[i], streams[i]->issued)) idle = false;
+    return idle;
+}
+
+/* What a blocking call does: runs queued work until `done` holds. Only
+ * polled work can hold it up, and that waits for other processes (a
+ * peer's collective), never for this one, so holding G while waiting
+ * cannot deadlock; it waits as long as the real call would (forever, if a
+ * peer never comes: the library's own timeout must never let it). */
+template <class F> void block(F done) {
+    while (!done()) usleep(20);
+}
+void sync_stream(Stream *s) {
+    block([s] { return run_until(s, s->issued); });
+}
 void run_device(int dev) {
-    for (bool more = true; more;) {
-        more = false;
-        for (Stream *s : streams)
-            if (s->device == dev && !s->q.empty()) run_until(s, s->issued), more = true;
-    }
+    block([dev] { return run_streams(dev); });
 }
 void run_all() {
-    for (bool more = true; more;) {
-        more = false;
-        for (Stream *s : streams)
-            if (!s->q.empty()) run_until(s, s->issued), more = true;
-    }
+    block([] { return run_streams(-1); });
 }
 
 /* A call the calling thread's capture cannot record: refused, and the
@@ -317,6 +349,10 @@ cudaError_t enqueue(cudaStream_t st, Op op) {
     Stream *s = (Stream *)st;
     if (s->cap) {
         if (s->cap->invalid) return set_err(cudaErrorStreamCaptureInvalidated);
+        if (op.poll) {
+            say("%s in a capture: not modelled by the fake GPU", op.what.c_str());
+            return set_err(cudaErrorStreamCaptureUnsupported);
+        }
         s->cap->g->nodes.push_back(std::move(op));
         s->cap_ops++;
         return cudaSuccess;
@@ -359,6 +395,27 @@ void unmap_block(void *p) {
 int lk_fake_enqueue(void *s, const char *what, std::function<void()> fn) {
     std::lock_guard<std::recursive_mutex> l(G);
     return (int)enqueue((cudaStream_t)s, what, std::move(fn));
+}
+
+int lk_fake_enqueue_poll(void *s, const char *what, std::function<bool()> step) {
+    std::lock_guard<std::recursive_mutex> l(G);
+    Op op;
+    op.what = what;
+    op.poll = std::move(step);
+    return (int)enqueue((cudaStream_t)s, std::move(op));
+}
+
+bool lk_fake_progress(void *st) {
+    std::lock_guard<std::recursive_mutex> l(G);
+    if (!valid_stream((cudaStream_t)st)) return true;
+    Stream *s = (Stream *)st;
+    return run_until(s, s->issued);
+}
+
+int lk_fake_stream_gpu(void *st) {
+    std::lock_guard<std::recursive_mutex> l(G);
+    if (!st || !valid_stream((cudaStream_t)st)) return -1;
+    return visible_map[((Stream *)st)->device];
 }
 
 bool lk_fake_is_device(const void *p, size_t n, int *device) {
@@ -546,7 +603,7 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, enum cudaMemcp
     }
     cudaError_t e = enqueue(st, std::move(op));
     if (e == cudaSuccess && kind == cudaMemcpyDeviceToHost && pageable) { /* returns once the bytes are there */
-        run_until(s, s->issued);
+        sync_stream(s);
     }
     return e;
 }
@@ -589,7 +646,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t st) {
     std::lock_guard<std::recursive_mutex> l(G);
     if (!st || !valid_stream(st)) return set_err(cudaErrorInvalidResourceHandle);
     Stream *s = (Stream *)st;
-    run_until(s, s->issued); /* its queued work still completes */
+    sync_stream(s); /* its queued work still completes */
     s->destroyed = true;       /* kept, so a stale handle is recognised */
     return cudaSuccess;
 }
@@ -600,7 +657,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t st) {
     if (refused_in_capture("cudaStreamSynchronize")) return cudaErrorStreamCaptureUnsupported;
     Stream *s = (Stream *)st;
     if (s->cap) return set_err(cudaErrorStreamCaptureUnsupported);
-    run_until(s, s->issued);
+    sync_stream(s);
     return cudaSuccess;
 }
 
@@ -680,7 +737,11 @@ cudaError_t cudaEventSynchronize(cudaEvent_t e) {
     if (refused_in_capture("cudaEventSynchronize")) return cudaErrorStreamCaptureUnsupported;
     Event *ev = (Event *)e;
     if (ev->cap) return set_err(cudaErrorStreamCaptureUnsupported);
-    if (ev->stream) run_until(ev->stream, ev->pos);
+    if (ev->stream) {
+        Stream *s = ev->stream;
+        uint64_t pos = ev->pos;
+        block([s, pos] { return run_until(s, pos); });
+    }
     return cudaSuccess;
 }
 

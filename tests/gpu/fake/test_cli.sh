@@ -2,8 +2,9 @@
 # `lockstep fit --trainer.accelerator gpu` where GPUs are visible (the fake
 # GPU's two): the bad `devices` forms fail with one error before any rank
 # starts, and ddp over two GPUs, which picks nccl, ends cleanly on every
-# rank when NCCL cannot start (the fake's NCCL refuses; on a real machine:
-# a driver or network failure), with rank 0's reason on each.
+# rank when NCCL cannot start (LK_FAKE_NCCL_FAIL=id makes the fake's
+# ncclGetUniqueId fail; on a real machine: a driver or network failure),
+# with rank 0's reason on each.
 source "$LK_SOURCE_DIR/tests/cli/lib.sh"
 write_synth
 fit() { timeout 120 "$LK_BIN" fit -c "$T/synth.yaml" --trainer.accelerator gpu "$@" 2>&1; }
@@ -15,8 +16,11 @@ out=$(fit --trainer.devices 3); rc=$?
 check "devices 3 with 2 GPUs fails with exit 1" [ "$rc" = 1 ]
 check "the error says more than visible" grep -qF "trainer.devices=3 asks for more GPUs than the 2 visible" <<<"$out"
 check "nothing was written" [ ! -d "$T/runs" ]
-out=$(fit --trainer.devices 2 --trainer.strategy ddp); rc=$?
+out=$(LK_FAKE_NCCL_FAIL=id fit --trainer.devices 2 --trainer.strategy ddp); rc=$?
 check "ddp x 2 whose NCCL cannot start fails (exit 1, not a hang: $rc)" [ "$rc" = 1 ]
 check "rank 1 reports rank 0's NCCL error" grep -qF "[rank 1] lockstep fit: error: NCCL id bootstrap: rank 0 could not create the NCCL unique id" <<<"$out"
-check "the reason is NCCL's" grep -qF "ncclGetUniqueId: system error" <<<"$out"
+check "the reason is NCCL's, with its last error" grep -qF "ncclGetUniqueId: unhandled system error (fake NCCL) (ncclGetUniqueId: failed on purpose" <<<"$out"
+out=$(fit --trainer.devices 2 --trainer.strategy ddp --trainer.max_epochs 1 --trainer.enable_progress_bar false); rc=$?
+check "ddp x 2 over nccl trains (exit $rc)" [ "$rc" = 0 ]
+check "and says so in run.json" grep -q '"comm_backend":[[:space:]]*"nccl"' "$(ls -d "$T"/runs/lightning_logs/version_* | tail -1)/run.json"
 finish
