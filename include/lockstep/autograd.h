@@ -107,6 +107,14 @@ lk_dtype lk_autocast_dtype(void);
  * "onednn brg:avx512_core_amx (cpu isa avx512_core_amx)" or "f32 fallback
  * (...)" (a static per-thread string). */
 const char *lk_autocast_gemm_path(lk_dtype dt);
+/* How f32 matrix products may run, as torch.set_float32_matmul_precision:
+ * "highest" (the default: f32 multiplies, f32 sums), "high" or "medium"
+ * (a GPU may multiply f32 GEMMs in TF32, a 10-bit mantissa, on its tensor
+ * cores; the CPU's f32 GEMMs stay exact). Process-wide; INVALID_ARGUMENT
+ * naming the accepted values for anything else. trainer's
+ * float32_matmul_precision sets it for a run. */
+lk_status lk_set_float32_matmul_precision(const char *precision);
+const char *lk_float32_matmul_precision(void); /* "highest", "high" or "medium" */
 /* Whether this CPU multiplies dt in hardware (bf16: AVX512-BF16 or AMX;
  * f16: AVX512-FP16 or AMX-FP16); "cpu: avx512_bf16 yes, ..." into buf. */
 bool lk_cpu_native(lk_dtype dt);

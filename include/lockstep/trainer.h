@@ -76,7 +76,8 @@ typedef struct lk_trainer_config {
     char devices_spec[LK_PARAM_STR]; /* devices when a list or -1 was written ("[0, 2]", "0,2", "-1"); "" otherwise */
     char strategy[LK_PARAM_STR];    /* auto | single | ddp | ddp_spawn | dp */
     int64_t num_nodes;
-    char precision[LK_PARAM_STR];   /* 32-true (mixed precision later) */
+    char precision[LK_PARAM_STR];   /* 32-true | bf16-mixed | 16-mixed | bf16-true | 16-true | 64-true (and aliases) */
+    char float32_matmul_precision[LK_PARAM_STR]; /* highest | high | medium (lk_set_float32_matmul_precision) */
     int64_t max_epochs;             /* -1: unlimited (then max_steps or max_time must stop it) */
     int64_t min_epochs;
     int64_t max_steps;              /* -1: no limit */

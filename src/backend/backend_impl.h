@@ -515,6 +515,9 @@ const lk_backend *lk__backend(lk_device dev);
  * it either, it is an UNSUPPORTED error naming the op, the dtypes, the
  * backend and the device. */
 lk_status lk__backend_run(lk_device dev, const lk_op_desc *d, void *const *operands);
+/* Whether f32 GEMMs may take a reduced-precision mode (TF32 on a GPU):
+ * lk_set_float32_matmul_precision("high" or "medium"). */
+bool lk__f32_matmul_reduced(void);
 /* How many descriptors ran on the CPU backend because their device's own
  * backend did not support them, since the process started (all threads). */
 int64_t lk__backend_fallbacks(void);

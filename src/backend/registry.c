@@ -3,7 +3,9 @@
  * backend for descriptors its own backend does not take (counted), the
  * UNSUPPORTED error that names the descriptor, and the descriptor builders
  * the autograd ops call. Dispatch happens once per op call. */
+#include <stdatomic.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "backend/backend_impl.h"
 #include "backend/replay.h"
@@ -370,6 +372,21 @@ const char *lk__op_desc_str(const lk_op_desc *d, char *buf, size_t size) {
     snprintf(buf, size, "op %d", (int)d->op);
     return buf;
 }
+
+/* lk_set_float32_matmul_precision: 0 highest, 1 high, 2 medium. A backend
+ * whose f32 GEMMs have a faster, less exact mode (cuda: TF32) asks
+ * lk__f32_matmul_reduced() per GEMM. */
+static _Atomic int f32_matmul = 0;
+static const char *const f32_matmul_names[] = {"highest", "high", "medium"};
+
+lk_status lk_set_float32_matmul_precision(const char *precision) {
+    for (int i = 0; i < 3; i++)
+        if (precision && !strcmp(precision, f32_matmul_names[i])) return atomic_store(&f32_matmul, i), LK_STATUS_OK;
+    return lk_error(LK_STATUS_INVALID_ARGUMENT, "float32_matmul_precision '%s': expected highest, high or medium",
+                    precision ? precision : "(null)");
+}
+const char *lk_float32_matmul_precision(void) { return f32_matmul_names[atomic_load(&f32_matmul)]; }
+bool lk__f32_matmul_reduced(void) { return atomic_load(&f32_matmul) != 0; }
 
 lk_status lk__backend_run(lk_device dev, const lk_op_desc *d, void *const *operands) {
     const lk_backend *be = lk__backend(dev);

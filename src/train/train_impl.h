@@ -72,6 +72,7 @@ struct lk_trainer {
     int launcher; /* > 0: this process starts that many ranks and is none of them (self_launch.c) */
     lk_device dev;          /* the device this rank trains on (trainer.accelerator, trainer.devices) */
     lk_device prev_default; /* the process's default device before a run made dev the default */
+    const char *prev_f32_matmul; /* lk_float32_matmul_precision before this trainer set its own */
     bool default_set;       /* a run set dev as the default: run_cleanup restores prev_default */
     /* the current run */
     lk_module *module;

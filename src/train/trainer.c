@@ -52,6 +52,10 @@ static lk_status check_config(const lk_trainer_config *cfg, lk_dtype *autocast, 
                         "trainer.deterministic is true but trainer.max_time is set: stopping on wall time "
                         "depends on machine speed, so runs would not be reproducible");
     LK_TRY(parse_precision(cfg->precision, autocast, param_dtype));
+    const char *mp = cfg->float32_matmul_precision;
+    if (mp[0] && strcmp(mp, "highest") && strcmp(mp, "high") && strcmp(mp, "medium"))
+        return lk_error(LK_STATUS_INVALID_ARGUMENT, "trainer.float32_matmul_precision '%s': expected highest, high or "
+                        "medium", mp);
     *comm_dtype = !strcmp(cfg->ddp_comm_hook, "bf16_compress")   ? LK_BF16
                   : !strcmp(cfg->ddp_comm_hook, "fp16_compress") ? LK_F16
                                                                   : LK_F32;
@@ -85,6 +89,8 @@ lk_status lk_trainer_create(const lk_trainer_config *cfg, const lk_optim_setting
     tr->config_yaml = config_yaml ? lk_strdup(config_yaml) : NULL;
     tr->best_score = NAN;
     tr->t_start = lk_time_now();
+    tr->prev_f32_matmul = lk_float32_matmul_precision(); /* process-wide, as torch's: put back by lk_trainer_free */
+    if (cfg->float32_matmul_precision[0]) lk_set_float32_matmul_precision(cfg->float32_matmul_precision);
     tr->replay_at_start = lk__replay_get_stats();
     lk_status st = lk__callbacks_init(tr);
     if (!st) st = lk_pg_info_from_env(&tr->pg);
@@ -233,6 +239,7 @@ static void run_cleanup(lk_trainer *tr) {
 void lk_trainer_free(lk_trainer *tr) {
     if (!tr) return;
     run_cleanup(tr);
+    if (tr->prev_f32_matmul) lk_set_float32_matmul_precision(tr->prev_f32_matmul);
     lk_strategy_free(tr->strat); /* borrows the parameter arrays below */
     lk_named_tensors_clear(&tr->params);
     lk_named_tensors_clear(&tr->buffers);
@@ -868,6 +875,13 @@ lk_status lk_trainer_fit(lk_trainer *tr, lk_module *m, lk_datamodule *dm, const 
                         "not faster than 32-true)",
                         c->precision, dt, lk_autocast_gemm_path(tr->autocast));
         }
+        lk__cuda_props gp;
+        if (tr->dev.kind == LK_CUDA && tr->autocast == LK_F32 && tr->param_dtype == LK_F32 &&
+            !strcmp(lk_float32_matmul_precision(), "highest") && !lk__cuda_props_get(tr->dev.index, &gp) && gp.major >= 8)
+            /* as Lightning's hint on a GPU with tensor cores */
+            lk_log0("%s has TF32 tensor cores: trainer.float32_matmul_precision high lets 32-true's matrix products "
+                    "use them (faster, with a 10-bit mantissa), as torch.set_float32_matmul_precision('high') does",
+                    gp.name);
         if (c->enable_model_summary && c->model_summary_max_depth != 0) {
             char *table = NULL;
             if (lk_model_summary(m->net, (int)c->model_summary_max_depth, &table) == LK_STATUS_OK) {

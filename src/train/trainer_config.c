@@ -27,6 +27,9 @@ static const lk_param trainer_params[] = {
     T("num_nodes", INT, num_nodes, "1", 1, 1e6, NULL, "machines (launched by mpirun or srun)"),
     T("precision", ENUM, precision, "32-true", 1, 0, "32-true|32|bf16-mixed|bf16|16-mixed|16|bf16-true|16-true|64-true|64",
       "numeric precision: *-mixed multiplies in bf16/f16 with f32 master weights (docs/PRECISION.md)"),
+    T("float32_matmul_precision", ENUM, float32_matmul_precision, "highest", 1, 0, "highest|high|medium",
+      "f32 matrix products: highest multiplies in f32; high and medium let a GPU use TF32 tensor cores "
+      "(torch.set_float32_matmul_precision; the CPU stays exact)"),
     T("max_epochs", INT, max_epochs, "1000", -1, 1e12, NULL, "stop after this many epochs (-1: no limit)"),
     T("min_epochs", INT, min_epochs, "0", 0, 1e12, NULL, "train at least this many epochs (early stopping waits)"),
     T("max_steps", INT, max_steps, "-1", -1, 1e15, NULL, "stop after this many optimizer steps (-1: no limit)"),

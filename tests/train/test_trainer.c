@@ -177,6 +177,26 @@ static void bad_modules(void) {
     CHECK_ERR(lk_trainer_create(&cfg, NULL, NULL, &tr), LK_STATUS_INVALID_USAGE, "needs 2 processes");
 }
 
+/* trainer.float32_matmul_precision: checked, set for the trainer's life
+ * (process-wide, as torch's), put back when it is freed. */
+static void float32_matmul_precision(void) {
+    CHECK(!strcmp(lk_float32_matmul_precision(), "highest"));
+    CHECK_ERR(lk_set_float32_matmul_precision("fast"), LK_STATUS_INVALID_ARGUMENT, "expected highest, high or medium");
+    CHECK(!strcmp(lk_float32_matmul_precision(), "highest"));
+    lk_trainer_config cfg;
+    lk_trainer_config_default(&cfg);
+    CHECK(!strcmp(cfg.float32_matmul_precision, "highest"));
+    snprintf(cfg.float32_matmul_precision, sizeof cfg.float32_matmul_precision, "tf32");
+    lk_trainer *tr = NULL;
+    CHECK_ERR(lk_trainer_create(&cfg, NULL, NULL, &tr), LK_STATUS_INVALID_ARGUMENT,
+              "trainer.float32_matmul_precision 'tf32': expected highest, high or medium");
+    snprintf(cfg.float32_matmul_precision, sizeof cfg.float32_matmul_precision, "high");
+    CHECK_OK(lk_trainer_create(&cfg, NULL, NULL, &tr));
+    CHECK(!strcmp(lk_float32_matmul_precision(), "high"));
+    lk_trainer_free(tr);
+    CHECK(!strcmp(lk_float32_matmul_precision(), "highest"));
+}
+
 LK_TEST_MAIN(LK_TEST_CASE(nan_loss_names_the_step), LK_TEST_CASE(inf_gradient_names_the_parameter),
              LK_TEST_CASE(logging_rules), LK_TEST_CASE(early_stopping_modes),
-             LK_TEST_CASE(bad_modules))
+             LK_TEST_CASE(bad_modules), LK_TEST_CASE(float32_matmul_precision))

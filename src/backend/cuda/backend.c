@@ -247,7 +247,7 @@ static lk_status cuda_run(const lk_op_desc *d, void *const *x) {
         return lk_error(LK_STATUS_INVALID_ARGUMENT,
                         "cuda backend: %s: its live block (%p) is host memory, expected cuda device memory",
                         lk__op_desc_str(d, what, sizeof what), d->live);
-    if (d->op == LK_OP_GEMM) return lk__cuda_gemm_run(device, d, x, 0);
+    if (d->op == LK_OP_GEMM) return lk__cuda_gemm_run(device, d, x, lk__f32_matmul_reduced() ? LK__CUDA_GEMM_TF32 : 0);
     static const lk__cuda_launchers launchers = {lk__cuda_elementwise, lk__cuda_rows, lk__cuda_optim, lk__cuda_conv};
     int e = lk__cuda_launcher_for(&launchers, d->op)(d, x);
     if (e == cudaSuccess) return LK_STATUS_OK;

@@ -121,7 +121,10 @@ const char *lk__cuda_gemm_path(lk_dtype dt) {
     switch (dt) { /* what run_gemm picks: the compute type follows A/B's dtype; TF32 only when asked */
     case LK_BF16: return "cublaslt bf16 on tensor cores, f32 accumulate";
     case LK_F16: return "cublaslt f16 on tensor cores, f32 accumulate";
-    default: return "cublaslt f32, CUBLAS_COMPUTE_32F (no TF32)";
+    default:
+        return lk__f32_matmul_reduced() ? "cublaslt f32 in TF32 on tensor cores, CUBLAS_COMPUTE_32F_FAST_TF32 "
+                                          "(float32_matmul_precision high)"
+                                        : "cublaslt f32, CUBLAS_COMPUTE_32F (no TF32)";
     }
 }
 

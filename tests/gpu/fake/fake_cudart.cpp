@@ -134,7 +134,10 @@ struct Capture {
 
 std::recursive_mutex G; /* every call: the fake is one device queue, run by whoever waits */
 std::map<uintptr_t, Block> blocks; /* by base address */
-std::vector<Stream *> streams;
+/* never destroyed: a destroyed stream stays known (a stale handle is
+ * recognised), and the leak checker, which runs after static destructors,
+ * must still reach every stream from here */
+std::vector<Stream *> &streams = *new std::vector<Stream *>;
 size_t used[kMaxGpus];
 size_t capacity = (size_t)8 << 30;
 int ngpus = -1;

@@ -20,7 +20,17 @@ out=$(LK_FAKE_NCCL_FAIL=id fit --trainer.devices 2 --trainer.strategy ddp); rc=$
 check "ddp x 2 whose NCCL cannot start fails (exit 1, not a hang: $rc)" [ "$rc" = 1 ]
 check "rank 1 reports rank 0's NCCL error" grep -qF "[rank 1] lockstep fit: error: NCCL id bootstrap: rank 0 could not create the NCCL unique id" <<<"$out"
 check "the reason is NCCL's, with its last error" grep -qF "ncclGetUniqueId: unhandled system error (fake NCCL) (ncclGetUniqueId: failed on purpose" <<<"$out"
+# float32_matmul_precision: the hint on a GPU with tensor cores, then TF32 in run.json
+latest() { ls -d "$T"/runs/lightning_logs/version_* | sort -t_ -k3 -n | tail -1; }
+out=$(fit --trainer.max_epochs 1 --trainer.enable_progress_bar false); rc=$?
+check "a 32-true fit on the GPU trains (exit $rc)" [ "$rc" = 0 ]
+check "it says the GPU's TF32 tensor cores could be used" grep -qF "has TF32 tensor cores: trainer.float32_matmul_precision high" <<<"$out"
+check "run.json: f32 GEMMs without TF32" grep -q '"gemm_path":[[:space:]]*"cublaslt f32, CUBLAS_COMPUTE_32F (no TF32)"' "$(latest)/run.json"
+out=$(fit --trainer.max_epochs 1 --trainer.enable_progress_bar false --trainer.float32_matmul_precision high); rc=$?
+check "float32_matmul_precision high trains (exit $rc)" [ "$rc" = 0 ]
+check "without the hint" bash -c '! grep -q "TF32 tensor cores:" <<<"$1"' _ "$out"
+check "run.json: f32 GEMMs in TF32" grep -q '"gemm_path":[[:space:]]*"cublaslt f32 in TF32' "$(latest)/run.json"
 out=$(fit --trainer.devices 2 --trainer.strategy ddp --trainer.max_epochs 1 --trainer.enable_progress_bar false); rc=$?
 check "ddp x 2 over nccl trains (exit $rc)" [ "$rc" = 0 ]
-check "and says so in run.json" grep -q '"comm_backend":[[:space:]]*"nccl"' "$(ls -d "$T"/runs/lightning_logs/version_* | tail -1)/run.json"
+check "and says so in run.json" grep -q '"comm_backend":[[:space:]]*"nccl"' "$(latest)/run.json"
 finish
