@@ -94,6 +94,27 @@ static void out_of_memory(void) {
     lk_device_free(gpu0, p, 256);
 }
 
+/* An op on a GPU tensor while the default device (where ops make their
+ * results) is the CPU: an error that says so and what to do, not a fault;
+ * with the GPU the default, the same op runs. */
+static void op_off_the_default_device(void) {
+    float v[3] = {1, 2, 3};
+    lk_tensor *t = lk_tensor_from_data(LK_F32, LK_SHAPE(3), v);
+    lk_tensor *g = t ? lk_tensor_to(t, gpu0) : NULL;
+    CHECK(g != NULL);
+    lk_tensor *y = g ? lk_mul_scalar(g, 2.0f) : NULL;
+    CHECK(y == NULL);
+    CHECK_MSG(strstr(lk_last_error(), "ops make their results on the default device, now cpu: lk_device_set_default"),
+              "error: %s", lk_last_error());
+    lk_clear_error();
+    CHECK_OK(lk_device_set_default(gpu0));
+    y = lk_mul_scalar(g, 2.0f);
+    lk_device_set_default(LK_DEVICE_CPU);
+    lk_tensor *h = y ? lk_tensor_to(y, LK_DEVICE_CPU) : NULL;
+    CHECK(h && ((float *)h->data)[2] == 6.0f);
+    lk_tensor_release(h), lk_tensor_release(y), lk_tensor_release(g), lk_tensor_release(t);
+}
+
 /* With a GPU visible, accelerator: gpu makes a trainer on cuda:0 (the
  * refusal that stood here until GPU training was built is gone). */
 static void trainer_on_gpu(void) {
@@ -109,6 +130,7 @@ static void trainer_on_gpu(void) {
 int main(int argc, char **argv) {
     gpu_test_require();
     static const lk_t_case cases[] = {LK_TEST_CASE(registry), LK_TEST_CASE(round_trip), LK_TEST_CASE(tensors_and_pool),
-                                      LK_TEST_CASE(out_of_memory), LK_TEST_CASE(trainer_on_gpu)};
+                                      LK_TEST_CASE(out_of_memory), LK_TEST_CASE(op_off_the_default_device),
+                                      LK_TEST_CASE(trainer_on_gpu)};
     return lk_t_run(cases, (int)(sizeof cases / sizeof cases[0]), argc, argv);
 }
