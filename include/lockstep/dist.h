@@ -42,7 +42,7 @@
  *    whatever the chunking. bf16/f16 are reduced in f32 and rounded to
  *    nearest even once.
  *
- * Environment: LK_COMM_TIMEOUT (seconds), LK_COMM_BACKEND (force shm|mpi),
+ * Environment: LK_COMM_TIMEOUT (seconds), LK_COMM_BACKEND (force shm|mpi|nccl|self),
  * LK_JOB_ID (names the shm segment; set by the launcher), LK_COMM_SHM_BYTES
  * (per-rank shared heap), LK_COMM_CHECK_DESYNC=0 (mpi: skip the signature
  * exchange), LK_COMM_SHM_SMALL / LK_COMM_SHM_SLICE (shm tuning: single-step

@@ -28,7 +28,7 @@ static const lk_env_var env_vars[] = {
     {"LK_LOG_LEVEL", "info", "log level: debug, info, warn, error, off"},
     {"LK_NUM_THREADS", NULL, "BLAS/compute threads per rank (default: cores / local ranks)"},
     {"LK_COMM_TIMEOUT", "120", "seconds any collective may wait before failing"},
-    {"LK_COMM_BACKEND", NULL, "force a communicator backend: shm, mpi"},
+    {"LK_COMM_BACKEND", NULL, "force a communicator backend: shm, mpi, nccl, self"},
     {"LK_JOB_ID", NULL, "job id naming the shared-memory segment (set by the launcher)"},
     {"LK_DATA_ROOT", NULL, "default root for datasets"},
     {"PL_GLOBAL_SEED", NULL, "Lightning's: the seed when the config sets neither seed_everything nor trainer.seed"},
