@@ -98,9 +98,12 @@ struct Comm {
     int gpu = -1, cuda_index = 0; /* the GPU as the fake numbers it, and as this process's runtime does */
     bool blocking = true;
     uint64_t phase = 0; /* this rank's meetings so far (advanced in stream order) */
-    ncclResult_t state = ncclSuccess;
-    bool aborted = false, finalizing = false;
-    int pending = 0;                /* queued collectives not yet complete */
+    /* Atomic: the stream's work runs on whichever thread waits for it
+     * (under the fake runtime's lock), while the communicator is polled
+     * and aborted from the library's thread (outside it). */
+    std::atomic<ncclResult_t> state{ncclSuccess};
+    std::atomic<bool> aborted{false}, finalizing{false};
+    std::atomic<int> pending{0}; /* queued collectives not yet complete */
     std::set<void *> streams;       /* where they were queued: what finalize flushes */
     std::string last;               /* the reason of the last error */
     char *slot(int r) { return (char *)(sh + 1) + (size_t)r * slot_bytes(); }
@@ -271,7 +274,7 @@ ncclResult_t enqueue(Kind kind, const char *name, const void *send, void *recv, 
     if (c->aborted) return fail(ncclInvalidUsage, "%s on rank %d: the communicator was aborted", name, c->rank);
     if (c->state != ncclSuccess)
         return fail(ncclInvalidUsage, "%s on rank %d: the communicator is not ready (state %d)", name, c->rank,
-                    (int)c->state);
+                    (int)c->state.load());
     lk_dtype dt;
     lk_reduce_op op = LK_REDUCE_SUM;
     if (!lk_type(t, &dt)) return fail(ncclInvalidArgument, "%s: data type %d is not modelled", name, (int)t);
@@ -399,7 +402,7 @@ ncclResult_t ncclCommDestroy(ncclComm_t comm) {
     if (!comm) return ncclSuccess;
     if (comm->c && comm->c->pending && !comm->c->aborted)
         fail(ncclInvalidUsage, "ncclCommDestroy on rank %d with %d collectives outstanding (finalize first)",
-             comm->c->rank, comm->c->pending);
+             comm->c->rank, comm->c->pending.load());
     if (comm->c) comm->c->aborted = true; /* anything still queued ends */
     delete comm;
     return ncclSuccess;
@@ -407,7 +410,10 @@ ncclResult_t ncclCommDestroy(ncclComm_t comm) {
 
 ncclResult_t ncclCommAbort(ncclComm_t comm) {
     if (!comm) return ncclSuccess;
-    if (comm->c) comm->c->aborted = true, comm->c->last = "aborted (ncclCommAbort)";
+    if (comm->c) {
+        comm->c->aborted = true, comm->c->last = "aborted (ncclCommAbort)";
+        shm_unlink(comm->c->name.c_str()); /* a peer that never joined left the name behind */
+    }
     delete comm; /* as NCCL: abort frees the communicator */
     return ncclSuccess;
 }
