@@ -67,7 +67,7 @@ lk_add_fake_test(NAME gpu_fit SOURCES ${PROJECT_SOURCE_DIR}/tests/gpu/test_fit.c
 lk_add_fake_test(NAME gpu_replay SOURCES ${PROJECT_SOURCE_DIR}/tests/sealed/test_replay.c TIMEOUT 900 ARGS --gpu LABELS nosan)
 # nccl between two processes (fake_nccl.cpp), staging in rounds of 4 KiB so
 # that every collective of the test takes several
-lk_add_fake_test(NAME gpu_nccl SOURCES ${PROJECT_SOURCE_DIR}/tests/gpu/test_nccl.c TIMEOUT 600 LABELS multiproc
+lk_add_fake_test(NAME gpu_nccl SOURCES ${PROJECT_SOURCE_DIR}/tests/gpu/test_nccl.c TIMEOUT 600 LABELS multiproc threads
                  ENV LK_FAKE_NCCL_SLOT=4096)
 lk_add_fake_test(NAME gpu_sync_bn SOURCES ${PROJECT_SOURCE_DIR}/tests/gpu/test_sync_bn.c TIMEOUT 300)
 
