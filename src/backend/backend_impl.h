@@ -518,6 +518,9 @@ lk_status lk__backend_run(lk_device dev, const lk_op_desc *d, void *const *opera
 /* Whether f32 GEMMs may take a reduced-precision mode (TF32 on a GPU):
  * lk_set_float32_matmul_precision("high" or "medium"). */
 bool lk__f32_matmul_reduced(void);
+/* Checks a float32_matmul_precision name (INVALID_ARGUMENT "<what> '<name>':
+ * expected ..."); *level (may be NULL): 0 highest, 1 high, 2 medium. */
+lk_status lk__f32_matmul_parse(const char *what, const char *precision, int *level);
 /* How many descriptors ran on the CPU backend because their device's own
  * backend did not support them, since the process started (all threads). */
 int64_t lk__backend_fallbacks(void);

@@ -379,11 +379,20 @@ const char *lk__op_desc_str(const lk_op_desc *d, char *buf, size_t size) {
 static _Atomic int f32_matmul = 0;
 static const char *const f32_matmul_names[] = {"highest", "high", "medium"};
 
-lk_status lk_set_float32_matmul_precision(const char *precision) {
+lk_status lk__f32_matmul_parse(const char *what, const char *precision, int *level) {
     for (int i = 0; i < 3; i++)
-        if (precision && !strcmp(precision, f32_matmul_names[i])) return atomic_store(&f32_matmul, i), LK_STATUS_OK;
-    return lk_error(LK_STATUS_INVALID_ARGUMENT, "float32_matmul_precision '%s': expected highest, high or medium",
+        if (precision && !strcmp(precision, f32_matmul_names[i])) {
+            if (level) *level = i;
+            return LK_STATUS_OK;
+        }
+    return lk_error(LK_STATUS_INVALID_ARGUMENT, "%s '%s': expected highest, high or medium", what,
                     precision ? precision : "(null)");
+}
+lk_status lk_set_float32_matmul_precision(const char *precision) {
+    int level;
+    LK_TRY(lk__f32_matmul_parse("float32_matmul_precision", precision, &level));
+    atomic_store(&f32_matmul, level);
+    return LK_STATUS_OK;
 }
 const char *lk_float32_matmul_precision(void) { return f32_matmul_names[atomic_load(&f32_matmul)]; }
 bool lk__f32_matmul_reduced(void) { return atomic_load(&f32_matmul) != 0; }

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "lockstep/config.h"
+#include "backend/backend_impl.h"
 #include "device/gpu.h"
 #include "train/prefetch.h"
 #include "tensor/tensor_impl.h"
@@ -52,10 +53,8 @@ static lk_status check_config(const lk_trainer_config *cfg, lk_dtype *autocast, 
                         "trainer.deterministic is true but trainer.max_time is set: stopping on wall time "
                         "depends on machine speed, so runs would not be reproducible");
     LK_TRY(parse_precision(cfg->precision, autocast, param_dtype));
-    const char *mp = cfg->float32_matmul_precision;
-    if (mp[0] && strcmp(mp, "highest") && strcmp(mp, "high") && strcmp(mp, "medium"))
-        return lk_error(LK_STATUS_INVALID_ARGUMENT, "trainer.float32_matmul_precision '%s': expected highest, high or "
-                        "medium", mp);
+    if (cfg->float32_matmul_precision[0])
+        LK_TRY(lk__f32_matmul_parse("trainer.float32_matmul_precision", cfg->float32_matmul_precision, NULL));
     *comm_dtype = !strcmp(cfg->ddp_comm_hook, "bf16_compress")   ? LK_BF16
                   : !strcmp(cfg->ddp_comm_hook, "fp16_compress") ? LK_F16
                                                                   : LK_F32;
@@ -877,7 +876,7 @@ lk_status lk_trainer_fit(lk_trainer *tr, lk_module *m, lk_datamodule *dm, const 
         }
         lk__cuda_props gp;
         if (tr->dev.kind == LK_CUDA && tr->autocast == LK_F32 && tr->param_dtype == LK_F32 &&
-            !strcmp(lk_float32_matmul_precision(), "highest") && !lk__cuda_props_get(tr->dev.index, &gp) && gp.major >= 8)
+            !lk__f32_matmul_reduced() && !lk__cuda_props_get(tr->dev.index, &gp) && gp.major >= 8)
             /* as Lightning's hint on a GPU with tensor cores */
             lk_log0("%s has TF32 tensor cores: trainer.float32_matmul_precision high lets 32-true's matrix products "
                     "use them (faster, with a 10-bit mantissa), as torch.set_float32_matmul_precision('high') does",

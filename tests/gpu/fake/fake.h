@@ -37,6 +37,10 @@ bool lk_fake_progress(void *s);
  * a live stream. */
 int lk_fake_stream_gpu(void *s);
 
+/* The calling thread's current GPU (cudaSetDevice), numbered as
+ * lk_fake_stream_gpu numbers them. */
+int lk_fake_current_gpu(void);
+
 /* Whether [p, p + n) lies inside one allocation of the fake's device
  * memory (cudaMalloc or cudaMallocAsync); *device gets its GPU. */
 bool lk_fake_is_device(const void *p, size_t n, int *device);

@@ -299,8 +299,8 @@ bool run_until(Stream *s, uint64_t pos) {
  * can go: true when every queue is empty. */
 bool run_streams(int dev) {
     bool idle = true;
-    for (size_t i = 0; i < streams.size(); i++) /* by index: polled work may create none, but be safe */
-        if ((dev < 0 || streams[i]->device == dev) && !run_until(streams[i], streams[i]->issued)) idle = false;
+    for (Stream *s : streams)
+        if ((dev < 0 || s->device == dev) && !run_until(s, s->issued)) idle = false;
     return idle;
 }
 
@@ -419,6 +419,12 @@ int lk_fake_stream_gpu(void *st) {
     std::lock_guard<std::recursive_mutex> l(G);
     if (!st || !valid_stream((cudaStream_t)st)) return -1;
     return visible_map[((Stream *)st)->device];
+}
+
+int lk_fake_current_gpu(void) {
+    std::lock_guard<std::recursive_mutex> l(G);
+    init_locked();
+    return visible_map[current];
 }
 
 bool lk_fake_is_device(const void *p, size_t n, int *device) {

@@ -331,11 +331,7 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t *out, int nranks, ncclUniqueId id
                     kMaxRanks);
     int cur = 0;
     cudaGetDevice(&cur);
-    cudaStream_t probe; /* the GPU as every process numbers it: through a stream of the current device */
-    if (cudaStreamCreateWithFlags(&probe, cudaStreamNonBlocking) != cudaSuccess)
-        return fail(ncclUnhandledCudaError, "ncclCommInitRank: no current CUDA device");
-    int gpu = lk_fake_stream_gpu(probe);
-    cudaStreamDestroy(probe);
+    int gpu = lk_fake_current_gpu();
     auto c = std::make_shared<Comm>();
     c->name = id.internal + strlen(kIdMagic);
     c->rank = rank, c->nranks = nranks, c->gpu = gpu, c->cuda_index = cur;
