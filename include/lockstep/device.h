@@ -10,7 +10,7 @@
  *     static const lk_device_vtable my_vt = {.name = "mydev", .alloc = ..., .free = ...};
  *     lk_device_kind k;
  *     lk_device_register(&my_vt, ctx, &k);
- *     lk_device_set_default((lk_device){k, 0});   // new tensors live there
+ *     lk_device_set_default((lk_device){k, 0});   // constructors make tensors there
  *
  * Host-addressable devices (cpu, the tests' debug device, pinned or managed
  * memory) can be read by the CPU kernels directly; the others are only
@@ -128,12 +128,16 @@ bool lk_device_equal(lk_device a, lk_device b);
 bool lk_device_is_host(lk_device d); /* host-addressable memory */
 int lk_device_count(lk_device_kind kind);
 
-/* The device new tensors are created on: one for the process, the CPU until
- * set (the trainer sets it from trainer.accelerator). */
+/* The device the constructors (lk_tensor_empty, _zeros, _full, _from_data,
+ * _rand, _randn) make new tensors on: one for the process, the CPU until
+ * set (the trainer sets it from trainer.accelerator for a run). Ops do not
+ * use it: they run on their inputs' device and put their results there, as
+ * torch's do; an op given tensors of two devices (other than two the CPU
+ * can address) fails with INVALID_ARGUMENT naming both. */
 lk_device lk_device_default(void);
 /* A device the CPU cannot address can be the default only once a backend
- * for its kind is registered (ops create their results on the default
- * device and run there): UNSUPPORTED otherwise. */
+ * for its kind is registered (no op could use the tensors made there
+ * otherwise): UNSUPPORTED otherwise. */
 lk_status lk_device_set_default(lk_device d);
 /* This thread's default instead of the process's (NULL: the process's
  * again), as CUDA's current device is per thread: dp drives one device per

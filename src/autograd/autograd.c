@@ -142,6 +142,30 @@ lk_tensor *lk__contig_keep(lk_tensor *t) {
     return lk_tensor_is_contiguous(t) ? lk_tensor_retain(t) : lk_tensor_clone(t);
 }
 
+lk_status lk__same_device(const char *op, int n, lk_tensor *const *t) {
+    int first = -1;
+    for (int i = 0; i < n; i++) {
+        if (!t[i]) continue;
+        if (first < 0) {
+            first = i;
+            continue;
+        }
+        if (lk_device_equal(t[first]->device, t[i]->device)) continue;
+        /* memory the CPU addresses is one memory to the CPU kernels: the
+         * loader's batch, a strategy's flat buffers and a host-addressable
+         * device's tensors mix freely */
+        if (lk_device_is_host(t[first]->device) && lk_device_is_host(t[i]->device)) continue;
+        char a[32], b[32];
+        lk_device_str(t[first]->device, a, sizeof a);
+        lk_device_str(t[i]->device, b, sizeof b);
+        return lk_error(LK_STATUS_INVALID_ARGUMENT,
+                        "%s: expected all tensors on one device, but argument %d is on %s and argument %d on %s "
+                        "(an op runs on its inputs' device: move one with lk_tensor_to)",
+                        op, first, a, i, b);
+    }
+    return LK_STATUS_OK;
+}
+
 lk_status lk__check_float(const char *op, const lk_tensor *t, const char *arg) {
     if (t->dtype != LK_F32 && t->dtype != LK_BF16 && t->dtype != LK_F16)
         return lk_error(LK_STATUS_UNSUPPORTED, "%s: %s has dtype %s; this op supports f32, bf16 and f16 (cast with lk_tensor_cast)",
@@ -184,7 +208,7 @@ lk_tensor *lk__reduce_to_shape(lk_tensor *g, int ndim, const int64_t *shape) {
     bool same = g->ndim == ndim;
     for (int i = 0; same && i < ndim; i++) same = g->shape[i] == shape[i];
     if (same) return lk_tensor_retain(g);
-    lk_tensor *r = lk_tensor_zeros(LK_F32, ndim, shape);
+    lk_tensor *r = lk__tensor_zeros_on(g->device, LK_F32, ndim, shape);
     if (!r) return NULL;
     /* Strides of r seen from g's shape: 0 where r broadcasts. */
     int64_t rs[LK_MAX_DIMS];
@@ -214,6 +238,14 @@ static lk_status add_into(lk_tensor **slot, lk_tensor *g, bool persistent) {
         return *slot ? LK_STATUS_OK : LK_STATUS_OUT_OF_MEMORY;
     }
     lk_tensor *d = *slot;
+    if (!lk_device_equal(d->device, g->device) && !(lk_device_is_host(d->device) && lk_device_is_host(g->device))) {
+        /* a gradient kept from before its tensor moved */
+        char a[32], b[32];
+        return lk_error(LK_STATUS_INVALID_ARGUMENT,
+                        "backward: a gradient on %s cannot be added to the one already held on %s (zero the "
+                        "gradients after moving the parameters)",
+                        lk_device_str(g->device, a, sizeof a), lk_device_str(d->device, b, sizeof b));
+    }
     if (lk_tensor_is_contiguous(d) && lk_tensor_is_contiguous(g)) {
         if (d->dtype == LK_F32 && g->dtype == LK_F32) return lk__axpy_f32(d->device, d->numel, 1.0f, g->data, d->data);
         lk_op_desc ad = {.op = LK_OP_AXPY, .dtype = {g->dtype, d->dtype}}; /* a 16-bit grad: widen, add, round once */
@@ -276,6 +308,7 @@ lk_status lk_backward_with(lk_tensor *out, lk_tensor *grad_out) {
                         "backward: the tensor does not require grad (no parameter with requires_grad took part, "
                         "or it was computed with grad mode off)");
     if (!lk_tensor_same_shape(out, grad_out)) return lk__error_shapes("backward", "output and its gradient differ", out, grad_out);
+    if (lk__same_device("backward", 2, (lk_tensor *[]){out, grad_out})) return lk_last_status();
     size_t top = 0;
     while (top < tape_n && tape[top] != out->grad_fn) top++;
     if (top == tape_n) return lk_error(LK_STATUS_INVALID_USAGE, "backward: the graph of this tensor was already freed");
@@ -324,7 +357,7 @@ lk_status lk_backward(lk_tensor *loss) {
                         "backward: the loss must hold one element, got shape %s (reduce it with lk_sum or lk_mean)",
                         lk_shape_str(loss, s, sizeof s));
     }
-    lk_tensor *one = lk_tensor_full(LK_F32, loss->ndim, loss->shape, 1.0);
+    lk_tensor *one = lk__tensor_full_on(loss->device, LK_F32, loss->ndim, loss->shape, 1.0);
     if (!one) return lk_last_status();
     lk_status st = lk_backward_with(loss, one);
     lk_tensor_release(one);

@@ -6,7 +6,11 @@
  *   2. validate dtypes/shapes with lk__check_f32 (or lk__check_float for
  *      an op that runs 16-bit tensors: see the autocast policy below) and
  *      lk__error_shapes;
- *   3. compute the output with lk__tensor_new and the backend kernels;
+ *   3. compute the output with lk__tensor_new_on(<an input>->device, ...)
+ *      and the backend kernels: results live on their inputs' device (as
+ *      torch's), never on the default device, which only the public
+ *      constructors use; an op with optional tensor arguments passes them
+ *      all to lk__same_device;
  *   4. lk__record(...) attaches a node when grad mode is on and an input
  *      requires grad; save what backward needs in node->saved / node->a;
  *   5. return lk__op_result(out) — hands it to the current scope.
@@ -89,6 +93,16 @@ lk_status lk__error_shapes(const char *op, const char *what, const lk_tensor *a,
 lk_status lk__broadcast_shape(const char *op, const lk_tensor *a, const lk_tensor *b, int *ndim, int64_t *shape);
 int lk__norm_dim(int dim, int ndim);
 
+/* Every tensor of an op on one device, or every one in memory the CPU can
+ * address (host-addressable devices' memory is one memory to the CPU
+ * kernels): INVALID_ARGUMENT naming the op, the two arguments (by position
+ * among t[]) and their devices otherwise. NULL entries (optional arguments
+ * left out) are skipped. The op's results go on its first tensor
+ * argument's device. */
+lk_status lk__same_device(const char *op, int n, lk_tensor *const *t);
+
+/* The op's required inputs: none NULL (NULL in, NULL out: the first error
+ * stays) and all on one device. */
 #define LK_OP_CHECK_INPUTS(...)                                              \
     do {                                                                     \
         lk_tensor *lk__ins[] = {__VA_ARGS__};                                \
@@ -98,6 +112,7 @@ int lk__norm_dim(int dim, int ndim);
                     lk_error(LK_STATUS_INVALID_ARGUMENT, "%s: input %zu is NULL", __func__, lk__i); \
                 return NULL;                                                 \
             }                                                                \
+        if (lk__same_device(__func__, (int)(sizeof lk__ins / sizeof *lk__ins), lk__ins)) return NULL; \
     } while (0)
 
 #endif

@@ -252,25 +252,25 @@ static void conv2d_backward(lk_node *n, lk_tensor *gout) {
     int width = lk__parallel_width(g.nchunks);
     /* col2im accumulates into dx; the 1x1 path's GEMMs write all of it */
     lk_tensor *dx = !need_x ? NULL
-                    : g.pointwise ? lk__tensor_new(LK_F32, 4, xc->shape)
-                                  : lk_tensor_zeros(LK_F32, 4, xc->shape);
+                    : g.pointwise ? lk__tensor_new_on(xc->device, LK_F32, 4, xc->shape)
+                                  : lk__tensor_zeros_on(xc->device, LK_F32, 4, xc->shape);
     /* dW accumulates straight into a leaf's existing f32 gradient (as linear
      * does); a 16-bit weight's gradient is summed in f32 and rounded by lk__accum */
     bool direct_w = need_w && !w->grad_fn && w->grad && w->grad->dtype == LK_F32 && lk_tensor_is_contiguous(w->grad);
-    lk_tensor *dw = need_w && !direct_w ? lk_tensor_zeros(LK_F32, 4, wc->shape) : NULL;
-    lk_tensor *db = need_b ? lk_tensor_zeros(LK_F32, 1, b->shape) : NULL;
+    lk_tensor *dw = need_w && !direct_w ? lk__tensor_zeros_on(xc->device, LK_F32, 4, wc->shape) : NULL;
+    lk_tensor *db = need_b ? lk__tensor_zeros_on(xc->device, LK_F32, 1, b->shape) : NULL;
     /* Per task: scratch columns and dY gathers; tasks 1.. also partial dW and db. */
     bool parts = width > 1;
-    lk_tensor *cols = need_cols ? lk__tensor_new(LK_F32, 1, (int64_t[]){width * g.cols_n}) : NULL;
-    lk_tensor *dyt = g.nb > 1 ? lk__tensor_new(lowp, 1, (int64_t[]){width * g.out_n}) : NULL;
+    lk_tensor *cols = need_cols ? lk__tensor_new_on(xc->device, LK_F32, 1, (int64_t[]){width * g.cols_n}) : NULL;
+    lk_tensor *dyt = g.nb > 1 ? lk__tensor_new_on(xc->device, lowp, 1, (int64_t[]){width * g.out_n}) : NULL;
     /* autocast: dY in the GEMM dtype (the output's dtype already: no copy); the
      * columns dW multiplies, rounded per task */
     lk_tensor *gl = NULL;
     if (lowp != LK_F32 && (need_w || need_x))
         gl = gout->dtype == lowp ? lk__contig_keep(gout) : lk_tensor_cast(gout, lowp);
-    lk_tensor *lcols = need_lcols ? lk__tensor_new(lowp, 1, (int64_t[]){width * g.cols_n}) : NULL;
-    lk_tensor *dwp = need_w && parts ? lk_tensor_zeros(LK_F32, 1, (int64_t[]){(width - 1) * g.O * g.Kg}) : NULL;
-    lk_tensor *dbp = need_b && parts ? lk_tensor_zeros(LK_F32, 1, (int64_t[]){(width - 1) * g.O}) : NULL;
+    lk_tensor *lcols = need_lcols ? lk__tensor_new_on(xc->device, lowp, 1, (int64_t[]){width * g.cols_n}) : NULL;
+    lk_tensor *dwp = need_w && parts ? lk__tensor_zeros_on(xc->device, LK_F32, 1, (int64_t[]){(width - 1) * g.O * g.Kg}) : NULL;
+    lk_tensor *dbp = need_b && parts ? lk__tensor_zeros_on(xc->device, LK_F32, 1, (int64_t[]){(width - 1) * g.O}) : NULL;
     if ((need_x && !dx) || (need_w && !direct_w && !dw) || (need_b && !db) || (need_cols && !cols) ||
         (g.nb > 1 && !dyt) || (need_w && parts && !dwp) || (need_b && parts && !dbp) ||
         (lowp != LK_F32 && (need_w || need_x) && !gl) || (need_lcols && !lcols))
@@ -415,7 +415,7 @@ static void conv_fwd_task(void *ctx, int t) {
 
 lk_tensor *lk_conv2d(lk_tensor *x, lk_tensor *w, lk_tensor *b, lk_conv2d_params p) {
     LK_OP_CHECK_INPUTS(x, w);
-    if (conv2d_check(x, w, b, p)) return NULL;
+    if (lk__same_device("conv2d", 3, (lk_tensor *[]){x, w, b}) || conv2d_check(x, w, b, p)) return NULL;
     int64_t a[7] = {p.stride[0], p.stride[1], p.padding[0], p.padding[1], p.dilation[0], p.dilation[1], p.groups};
     conv_geom g;
     conv_geom_init(&g, x, w, a);
@@ -430,11 +430,11 @@ lk_tensor *lk_conv2d(lk_tensor *x, lk_tensor *w, lk_tensor *b, lk_conv2d_params 
     if (lp) wl = w->dtype == lowp ? lk__contig_keep(w) : lk_tensor_cast(w, lowp);
     if (b) bc = !lp ? lk__contig(b) : b->dtype == lowp ? lk__contig_keep(b) : lk_tensor_cast(b, lowp);
     int width = lk__parallel_width(g.nchunks);
-    lk_tensor *out = lk__tensor_new(lowp, 4, (int64_t[]){g.N, g.O, g.OH, g.OW});
+    lk_tensor *out = lk__tensor_new_on(x->device, lowp, 4, (int64_t[]){g.N, g.O, g.OH, g.OW});
     bool need_cols = !g.pointwise && xt == LK_F32, need_lcols = lp && !(g.pointwise && xt == lowp);
-    lk_tensor *cols = need_cols ? lk__tensor_new(LK_F32, 1, (int64_t[]){width * g.cols_n}) : NULL;
-    lk_tensor *tmp = g.nb > 1 || lp ? lk__tensor_new(LK_F32, 1, (int64_t[]){width * g.out_n}) : NULL;
-    lk_tensor *lcols = need_lcols ? lk__tensor_new(lowp, 1, (int64_t[]){width * g.cols_n}) : NULL;
+    lk_tensor *cols = need_cols ? lk__tensor_new_on(x->device, LK_F32, 1, (int64_t[]){width * g.cols_n}) : NULL;
+    lk_tensor *tmp = g.nb > 1 || lp ? lk__tensor_new_on(x->device, LK_F32, 1, (int64_t[]){width * g.out_n}) : NULL;
+    lk_tensor *lcols = need_lcols ? lk__tensor_new_on(x->device, lowp, 1, (int64_t[]){width * g.cols_n}) : NULL;
     if (!xc || (!lp && !wc) || (lp && !wl) || (b && !bc) || !out || (need_cols && !cols) || ((g.nb > 1 || lp) && !tmp) ||
         (need_lcols && !lcols)) {
         lk_tensor_release(out);
@@ -564,7 +564,7 @@ static lk_op_desc pool_desc(lk_op_kind op, lk_pool_kind kind, const pool_geom *g
 /* dx = zeros, then the backend adds the pooling's adjoint of gout into it. */
 static void pool_backward(lk_node *n, lk_tensor *gout, lk_pool_kind kind, const pool_geom *g, const lk_tensor *idx) {
     lk_tensor *x = n->in[0];
-    lk_tensor *dx = lk_tensor_zeros(x->dtype, x->ndim, x->shape); /* the input's dtype: its gradient's */
+    lk_tensor *dx = lk__tensor_zeros_on(x->device, x->dtype, x->ndim, x->shape); /* the input's dtype: its gradient's */
     if (!dx) return;
     lk_op_desc d = pool_desc(LK_OP_POOL2D_BACKWARD, kind, g);
     d.dtype[0] = gout->dtype, d.dtype[1] = idx ? LK_I32 : LK_F32, d.dtype[2] = x->dtype;
@@ -587,8 +587,8 @@ lk_tensor *lk_max_pool2d(lk_tensor *x, lk_pool2d_params p) {
     int64_t oshape[4];
     if (pool_setup("max_pool2d", x, p, &g, oshape)) return NULL;
     lk_tensor *xc = lk__contig_keep(x);
-    lk_tensor *out = xc ? lk__tensor_new(x->dtype, x->ndim, oshape) : NULL;
-    lk_tensor *idx = out ? lk__tensor_new(LK_I32, x->ndim, oshape) : NULL;
+    lk_tensor *out = xc ? lk__tensor_new_on(x->device, x->dtype, x->ndim, oshape) : NULL;
+    lk_tensor *idx = out ? lk__tensor_new_on(x->device, LK_I32, x->ndim, oshape) : NULL;
     if (!idx) {
         lk_tensor_release(xc);
         lk_tensor_release(out);
@@ -624,7 +624,7 @@ lk_tensor *lk_avg_pool2d(lk_tensor *x, lk_pool2d_params p) {
     int64_t oshape[4];
     if (pool_setup("avg_pool2d", x, p, &g, oshape)) return NULL;
     lk_tensor *xc = lk__contig_keep(x);
-    lk_tensor *out = xc ? lk__tensor_new(x->dtype, x->ndim, oshape) : NULL;
+    lk_tensor *out = xc ? lk__tensor_new_on(x->device, x->dtype, x->ndim, oshape) : NULL;
     if (!out) {
         lk_tensor_release(xc);
         return NULL;
@@ -669,7 +669,7 @@ lk_tensor *lk_adaptive_avg_pool2d(lk_tensor *x, int out_h, int out_w) {
     oshape[x->ndim - 2] = out_h;
     oshape[x->ndim - 1] = out_w;
     lk_tensor *xc = lk__contig_keep(x);
-    lk_tensor *out = xc ? lk__tensor_new(x->dtype, x->ndim, oshape) : NULL;
+    lk_tensor *out = xc ? lk__tensor_new_on(x->device, x->dtype, x->ndim, oshape) : NULL;
     if (!out) {
         lk_tensor_release(xc);
         return NULL;

@@ -16,7 +16,7 @@ static void bcast_strides(const lk_tensor *t, int ndim, const int64_t *shape, in
 
 /* Caller-owned contiguous tensor of `shape` (and t's dtype) holding t broadcast to it. */
 lk_tensor *lk__expand(lk_tensor *t, int ndim, const int64_t *shape) {
-    lk_tensor *out = lk__tensor_new(t->dtype, ndim, shape);
+    lk_tensor *out = lk__tensor_new_on(t->device, t->dtype, ndim, shape);
     if (!out) return NULL;
     static const float zero = 0.0f;
     int64_t sa[LK_MAX_DIMS], sb[LK_MAX_DIMS] = {0};
@@ -44,7 +44,7 @@ static lk_tensor *binary_raw(lk_binary_op op, lk_tensor *a, lk_tensor *b, const 
     if (lk__check_float(name, a, "a") || lk__check_float(name, b, "b")) return NULL;
     if (lk__broadcast_shape(name, a, b, &ndim, shape)) return NULL;
     lk_dtype dt = lk__autocast_dtype_for(LK_CAST_SAME, lk__promote(a->dtype, b->dtype));
-    lk_tensor *out = lk__tensor_new(dt, ndim, shape);
+    lk_tensor *out = lk__tensor_new_on(a->device, dt, ndim, shape);
     if (!out) return NULL;
     bcast_strides(a, ndim, shape, sa);
     bcast_strides(b, ndim, shape, sb);
@@ -86,7 +86,7 @@ static void binary_backward(lk_node *n, lk_tensor *g) {
     case LK_BINARY_SUB:
         if (a->requires_grad) lk__accum(a, g);
         if (b->requires_grad) {
-            lk_tensor *ng = lk__tensor_new(g->dtype, g->ndim, g->shape);
+            lk_tensor *ng = lk__tensor_new_on(g->device, g->dtype, g->ndim, g->shape);
             if (!ng) return;
             if (unary_run(LK_UNARY_NEG, g, ng, 0)) {
                 lk_tensor_release(ng);
@@ -150,7 +150,7 @@ static void affine_backward(lk_node *n, lk_tensor *g) {
         lk__accum(x, g);
         return;
     }
-    lk_tensor *d = lk__tensor_new(g->dtype, g->ndim, g->shape);
+    lk_tensor *d = lk__tensor_new_on(g->device, g->dtype, g->ndim, g->shape);
     if (!d) return;
     if (affine_run(g, d, m, 0.0f, false)) {
         lk_tensor_release(d);
@@ -163,7 +163,7 @@ static lk_tensor *affine(lk_tensor *x, float mul, float add, const char *name) {
     if (lk__check_float(name, x, "input")) return NULL;
     lk_tensor *xc = lk__contig_keep(x);
     if (!xc) return NULL;
-    lk_tensor *out = lk__tensor_new(lk__autocast_dtype_for(LK_CAST_SAME, x->dtype), x->ndim, x->shape);
+    lk_tensor *out = lk__tensor_new_on(x->device, lk__autocast_dtype_for(LK_CAST_SAME, x->dtype), x->ndim, x->shape);
     if (out && affine_run(xc, out, mul, add, true)) {
         lk_tensor_release(out);
         out = NULL;
@@ -193,7 +193,7 @@ lk_tensor *lk_neg(lk_tensor *a) {
 
 static void unary_backward(lk_node *n, lk_tensor *g) {
     lk_tensor *x = n->saved[0], *y = n->out;
-    lk_tensor *d = lk__tensor_new(g->dtype, g->ndim, g->shape);
+    lk_tensor *d = lk__tensor_new_on(g->device, g->dtype, g->ndim, g->shape);
     if (!d) return;
     lk_unary_op op = (lk_unary_op)n->a.i[0];
     /* hand over only what the derivative reads (lk_k_unary_grad): a 16-bit
@@ -213,7 +213,7 @@ lk_tensor *lk__unary(lk_unary_op op, lk_tensor *x, float alpha, const char *name
     if (lk__check_float(name, x, "input")) return NULL;
     lk_tensor *xc = lk__contig_keep(x);
     if (!xc) return NULL;
-    lk_tensor *out = lk__tensor_new(lk__autocast_dtype_for(LK_CAST_SAME, x->dtype), x->ndim, x->shape);
+    lk_tensor *out = lk__tensor_new_on(x->device, lk__autocast_dtype_for(LK_CAST_SAME, x->dtype), x->ndim, x->shape);
     if (out && unary_run(op, xc, out, alpha)) {
         lk_tensor_release(out);
         out = NULL;

@@ -15,7 +15,7 @@
 static void dropout_backward(lk_node *n, lk_tensor *g) {
     const lk_tensor *mask = n->saved[0];
     float scale = n->a.f[0];
-    lk_tensor *dx = lk__tensor_new(g->dtype, g->ndim, g->shape);
+    lk_tensor *dx = lk__tensor_new_on(g->device, g->dtype, g->ndim, g->shape);
     if (!dx) return;
     lk_op_desc d = {.op = LK_OP_MASK_SCALE, .dtype = {g->dtype, LK_U8, g->dtype}};
     d.mask_scale = (lk_mask_scale_params){g->numel, scale};
@@ -69,8 +69,8 @@ lk_tensor *lk_dropout(lk_tensor *x, float p, bool training, lk_rng *rng) {
                         (double)p),
                NULL;
     lk_tensor *xc = lk__contig_keep(x);
-    lk_tensor *mask = xc ? lk__tensor_new(LK_U8, x->ndim, x->shape) : NULL;
-    lk_tensor *out = mask ? lk__tensor_new(lk__autocast_dtype_for(LK_CAST_SAME, x->dtype), x->ndim, x->shape) : NULL;
+    lk_tensor *mask = xc ? lk__tensor_new_on(x->device, LK_U8, x->ndim, x->shape) : NULL;
+    lk_tensor *out = mask ? lk__tensor_new_on(x->device, lk__autocast_dtype_for(LK_CAST_SAME, x->dtype), x->ndim, x->shape) : NULL;
     /* As PyTorch: out = x * noise, noise = keep / (1 - p), so inf * 0 stays
      * NaN; p == 1 draws nothing and zeroes everything. */
     float scale = p == 1.0f ? 0.0f : (float)(1.0 / (1.0 - (double)p));
@@ -115,9 +115,9 @@ static void layer_norm_backward(lk_node *n, lk_tensor *g) {
     lk_tensor *dx = NULL, *dw = NULL, *db = NULL;
     /* dX in the input's dtype (rounded once by the backend); dW, dB summed in
      * f32 and rounded by lk__accum to a 16-bit parameter's dtype */
-    if (xin->requires_grad && !(dx = lk__tensor_new(x->dtype, x->ndim, x->shape))) goto done;
-    if (win && win->requires_grad && !(dw = lk_tensor_zeros(LK_F32, win->ndim, win->shape))) goto done;
-    if (bin && bin->requires_grad && !(db = lk_tensor_zeros(LK_F32, bin->ndim, bin->shape))) goto done;
+    if (xin->requires_grad && !(dx = lk__tensor_new_on(x->device, x->dtype, x->ndim, x->shape))) goto done;
+    if (win && win->requires_grad && !(dw = lk__tensor_zeros_on(x->device, LK_F32, win->ndim, win->shape))) goto done;
+    if (bin && bin->requires_grad && !(db = lk__tensor_zeros_on(x->device, LK_F32, bin->ndim, bin->shape))) goto done;
     lk_op_desc d = {.op = LK_OP_LAYER_NORM_BACKWARD,
                     .dtype = {x->dtype, g->dtype, LK_F32, wt ? wt->dtype : LK_F32, x->dtype, LK_F32, LK_F32}};
     d.layer_norm = (lk_layer_norm_params){M, L, 0.0f};
@@ -147,6 +147,7 @@ static lk_status check_norm_param(const lk_tensor *x, int k, const lk_tensor *p,
 lk_tensor *lk_layer_norm(lk_tensor *x, int normalized_ndim, lk_tensor *weight, lk_tensor *bias, float eps) {
     LK_OP_CHECK_INPUTS(x);
     static const char *op = "layer_norm";
+    if (lk__same_device(op, 3, (lk_tensor *[]){x, weight, bias})) return NULL;
     char s[128];
     if (lk__check_float(op, x, "input") || (weight && lk__check_float(op, weight, "weight")) ||
         (bias && lk__check_float(op, bias, "bias")))
@@ -174,8 +175,8 @@ lk_tensor *lk_layer_norm(lk_tensor *x, int normalized_ndim, lk_tensor *weight, l
      * row statistics in f32, the output in x's dtype */
     lk_tensor *xc = lk__contig_keep(x), *wc = NULL, *bc = NULL, *stats = NULL, *out = NULL;
     if (!xc || (weight && !(wc = lk__contig_keep(weight))) || (bias && !(bc = lk__contig_keep(bias)))) goto done;
-    if (need && !(stats = lk__tensor_new(LK_F32, 2, (int64_t[]){M, 2}))) goto done;
-    if (!(out = lk__tensor_new(x->dtype, x->ndim, x->shape))) goto done;
+    if (need && !(stats = lk__tensor_new_on(x->device, LK_F32, 2, (int64_t[]){M, 2}))) goto done;
+    if (!(out = lk__tensor_new_on(x->device, x->dtype, x->ndim, x->shape))) goto done;
     lk_op_desc d = {.op = LK_OP_LAYER_NORM,
                     .dtype = {x->dtype, wc ? wc->dtype : LK_F32, bc ? bc->dtype : LK_F32, x->dtype, LK_F32}};
     d.layer_norm = (lk_layer_norm_params){M, L, eps};

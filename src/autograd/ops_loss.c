@@ -16,7 +16,7 @@ static void pointwise_loss_backward(lk_node *n, lk_tensor *g) {
     lk_reduction red = (lk_reduction)n->a.i[1];
     float beta = n->a.f[0];
     int64_t N = x->numel;
-    lk_tensor *dx = lk__tensor_new(x->dtype, x->ndim, x->shape); /* 16-bit x: rounded once by the backend */
+    lk_tensor *dx = lk__tensor_new_on(x->device, x->dtype, x->ndim, x->shape); /* 16-bit x: rounded once by the backend */
     if (!dx) return;
     lk_op_desc d = {.op = LK_OP_LOSS_BACKWARD, .dtype = {x->dtype, y->dtype, LK_F32, dx->dtype}};
     d.loss = (lk_loss_params){kind, red, N, beta};
@@ -51,8 +51,8 @@ static lk_tensor *pointwise_loss(lk_tensor *x, lk_tensor *y, lk_reduction red, l
     bool half = x->dtype != LK_F32;
     lk_tensor *xc = half ? lk__contig_keep(x) : lk__contig(x);
     lk_tensor *yc = !xc ? NULL : half ? lk__contig_keep(y) : lk__contig(y);
-    lk_tensor *out = yc ? (red == LK_REDUCTION_NONE ? lk__tensor_new(LK_F32, x->ndim, x->shape)
-                                                    : lk__tensor_new(LK_F32, 0, NULL))
+    lk_tensor *out = yc ? (red == LK_REDUCTION_NONE ? lk__tensor_new_on(x->device, LK_F32, x->ndim, x->shape)
+                                                    : lk__tensor_new_on(x->device, LK_F32, 0, NULL))
                         : NULL;
     if (!out) {
         lk_tensor_release(xc);

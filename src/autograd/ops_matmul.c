@@ -90,7 +90,7 @@ static lk_tensor *round_panel(const lk_tensor *t, int dim, int64_t r0, int64_t n
     }
     /* rows of a column panel are contiguous: round them row by row (the
      * generic strided copy goes element by element) */
-    lk_tensor *r = lk__tensor_new(dt, 2, v->shape);
+    lk_tensor *r = lk__tensor_new_on(v->device, dt, 2, v->shape);
     for (int64_t i = 0; r && i < v->shape[0]; i++)
         lk_f32_to_half_n(dt, (uint16_t *)r->data + i * v->shape[1], (const float *)v->data + i * v->stride[0],
                          (size_t)v->shape[1]);
@@ -159,7 +159,7 @@ static void matmul_backward(lk_node *n, lk_tensor *g) {
         lk_tensor *a2 = fold_rows(a), *g2 = fold_rows(g);
         if (!a2 || !g2) goto done2;
         if (ga->requires_grad) {
-            lk_tensor *da = lk__tensor_new(ga->dtype, a->ndim, a->shape);
+            lk_tensor *da = lk__tensor_new_on(a->device, ga->dtype, a->ndim, a->shape);
             if (!da) goto done2;
             lk_tensor *da2 = fold_rows(da);
             if (da2 && !gemm2d(g2, false, b, true, 0.0f, da2)) lk__accum(ga, da);
@@ -167,7 +167,7 @@ static void matmul_backward(lk_node *n, lk_tensor *g) {
             lk_tensor_release(da);
         }
         if (gb->requires_grad) {
-            lk_tensor *db = lk__tensor_new(gb->dtype, 2, b->shape);
+            lk_tensor *db = lk__tensor_new_on(a->device, gb->dtype, 2, b->shape);
             if (db && !gemm2d(a2, true, g2, false, 0.0f, db)) lk__accum(gb, db);
             lk_tensor_release(db);
         }
@@ -178,8 +178,8 @@ static void matmul_backward(lk_node *n, lk_tensor *g) {
         return;
     }
     int64_t B = a->shape[0];
-    lk_tensor *da = ga->requires_grad ? lk__tensor_new(ga->dtype, 3, a->shape) : NULL;
-    lk_tensor *db = gb->requires_grad ? lk__tensor_new(gb->dtype, 3, b->shape) : NULL;
+    lk_tensor *da = ga->requires_grad ? lk__tensor_new_on(a->device, ga->dtype, 3, a->shape) : NULL;
+    lk_tensor *db = gb->requires_grad ? lk__tensor_new_on(a->device, gb->dtype, 3, b->shape) : NULL;
     for (int64_t i = 0; i < B; i++) {
         lk_tensor *ai = lk__tensor_view(a, 2, a->shape + 1, a->stride + 1, a->offset + i * a->stride[0]);
         lk_tensor *bi = lk__tensor_view(b, 2, b->shape + 1, b->stride + 1, b->offset + i * b->stride[0]);
@@ -218,7 +218,7 @@ lk_tensor *lk_matmul(lk_tensor *a, lk_tensor *b) {
     int64_t shape[LK_MAX_DIMS];
     for (int i = 0; i < a->ndim - 1; i++) shape[i] = a->shape[i];
     shape[a->ndim - 1] = b->shape[b->ndim - 1];
-    lk_tensor *out = lk__tensor_new(lowp, a->ndim, shape);
+    lk_tensor *out = lk__tensor_new_on(a->device, lowp, a->ndim, shape);
     if (!out) return NULL;
     lk_status st = LK_STATUS_OK;
     lk_tensor *al = NULL, *bl = NULL, *a_in = a, *b_in = b;
@@ -283,7 +283,7 @@ static void linear_backward(lk_node *n, lk_tensor *g) {
     if (!gg) goto done;
     if (x->requires_grad) {
         lk_tensor *ww = n->saved[1] ? n->saved[1] : w; /* a leaf weight: rounded in panels */
-        lk_tensor *dx = lk__tensor_new(x->dtype, x->ndim, x->shape); /* bf16 for a bf16 activation */
+        lk_tensor *dx = lk__tensor_new_on(x->device, x->dtype, x->ndim, x->shape); /* bf16 for a bf16 activation */
         lk_tensor *dx2 = dx ? lk__tensor_view(dx, 2, (int64_t[]){M, x2->shape[1]}, (int64_t[]){x2->shape[1], 1}, 0) : NULL;
         bool ok = dx2 && !(lowp == LK_F32 ? gemm2d(gg, false, ww, false, 0.0f, dx2)
                                           : gemm2d_round(gg, false, ww, false, 0.0f, dx2, lowp));
@@ -299,7 +299,7 @@ static void linear_backward(lk_node *n, lk_tensor *g) {
             if (lowp == LK_F32) gemm2d(gg, true, x2, false, 1.0f, w->grad);
             else gemm2d_round(gg, true, x2, false, 1.0f, w->grad, lowp);
         } else {
-            lk_tensor *dw = lk__tensor_new(LK_F32, 2, w->shape);
+            lk_tensor *dw = lk__tensor_new_on(x2->device, LK_F32, 2, w->shape);
             if (dw && !(lowp == LK_F32 ? gemm2d(gg, true, x2, false, 0.0f, dw)
                                        : gemm2d_round(gg, true, x2, false, 0.0f, dw, lowp)))
                 lk__accum_move(w, dw);
@@ -307,7 +307,7 @@ static void linear_backward(lk_node *n, lk_tensor *g) {
         }
     }
     if (b && b->requires_grad) {
-        lk_tensor *db = lk_tensor_zeros(LK_F32, 1, b->shape);
+        lk_tensor *db = lk__tensor_zeros_on(g2->device, LK_F32, 1, b->shape);
         /* the column sums of g2 [M, out_f], row after row, in f32 (g2 may be bf16/f16) */
         lk_op_desc sd = {.op = LK_OP_SUM_TO, .dtype = {g2->dtype, LK_F32}};
         sd.sum_to = (lk_sum_to_params){.ndim = 2, .shape = {M, out_f}, .sd = {0, 1}};
@@ -321,6 +321,7 @@ done:
 
 lk_tensor *lk_linear(lk_tensor *x, lk_tensor *w, lk_tensor *b) {
     LK_OP_CHECK_INPUTS(x, w);
+    if (lk__same_device("linear", 3, (lk_tensor *[]){x, w, b})) return NULL;
     lk_dtype lowp = lk__autocast_dtype_for(LK_CAST_LOWER, LK_F32);
     lk_status (*check)(const char *, const lk_tensor *, const char *) = lowp == LK_F32 ? lk__check_f32 : lk__check_float;
     if (check("linear", x, "input") || check("linear", w, "weight")) return NULL;
@@ -346,7 +347,7 @@ lk_tensor *lk_linear(lk_tensor *x, lk_tensor *w, lk_tensor *b) {
     int64_t shape[LK_MAX_DIMS];
     for (int i = 0; i < x->ndim - 1; i++) shape[i] = x->shape[i];
     shape[x->ndim - 1] = out_f;
-    lk_tensor *out = lk__tensor_new(lowp, x->ndim, shape);
+    lk_tensor *out = lk__tensor_new_on(x->device, lowp, x->ndim, shape);
     lk_tensor *o2 = out ? lk__tensor_view(out, 2, (int64_t[]){M, out_f}, (int64_t[]){out_f, 1}, 0) : NULL;
     lk_status st = o2 ? LK_STATUS_OK : lk_last_status();
     if (!st && b) { /* the output starts as the bias (rounded to bf16/f16 under autocast, as torch's epilogue) */

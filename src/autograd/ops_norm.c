@@ -133,9 +133,9 @@ static void batch_norm_backward(lk_node *n, lk_tensor *gout) {
     const void *xd = xc->data, *gd = gout->data;
     /* dX in the input's dtype (the backend rounds it once); dW and dB in f32,
      * rounded by lk__accum to a 16-bit parameter's dtype */
-    lk_tensor *dx = x->requires_grad ? lk__tensor_new(xc->dtype, x->ndim, x->shape) : NULL;
-    lk_tensor *dw = w && w->requires_grad ? lk__tensor_new(LK_F32, 1, w->shape) : NULL;
-    lk_tensor *db = b && b->requires_grad ? lk__tensor_new(LK_F32, 1, b->shape) : NULL;
+    lk_tensor *dx = x->requires_grad ? lk__tensor_new_on(xc->device, xc->dtype, x->ndim, x->shape) : NULL;
+    lk_tensor *dw = w && w->requires_grad ? lk__tensor_new_on(xc->device, LK_F32, 1, w->shape) : NULL;
+    lk_tensor *db = b && b->requires_grad ? lk__tensor_new_on(xc->device, LK_F32, 1, b->shape) : NULL;
     if ((x->requires_grad && !dx) || (w && w->requires_grad && !dw) || (b && b->requires_grad && !db)) goto done;
     lk_tensor *wc = w ? lk__contig(w) : NULL;
     if (w && !wc) goto done;
@@ -306,6 +306,7 @@ static lk_tensor *batch_norm_impl(lk_tensor *x, lk_tensor *running_mean, lk_tens
                                   lk_tensor *bias, bool training, float momentum, float eps, const bn_sync *sync) {
     LK_OP_CHECK_INPUTS(x);
     char sx[128];
+    if (lk__same_device("batch_norm", 5, (lk_tensor *[]){x, running_mean, running_var, weight, bias})) return NULL;
     if (lk__check_float("batch_norm", x, "input")) return NULL;
     lk_shape_str(x, sx, sizeof sx);
     if (x->ndim < 2)
@@ -335,8 +336,8 @@ static lk_tensor *batch_norm_impl(lk_tensor *x, lk_tensor *running_mean, lk_tens
     /* same as input: a 16-bit x is kept as it is (no f32 copy) and gives a
      * 16-bit output; the statistics are f32 (stats), the backend widens */
     lk_tensor *xc = lk__contig_keep(x);
-    lk_tensor *stats = xc ? lk__tensor_new(LK_F32, 2, (int64_t[]){2, C}) : NULL;
-    lk_tensor *out = stats ? lk__tensor_new(x->dtype, x->ndim, x->shape) : NULL;
+    lk_tensor *stats = xc ? lk__tensor_new_on(x->device, LK_F32, 2, (int64_t[]){2, C}) : NULL;
+    lk_tensor *out = stats ? lk__tensor_new_on(x->device, x->dtype, x->ndim, x->shape) : NULL;
     if (!out) {
         lk_tensor_release(xc);
         lk_tensor_release(stats);

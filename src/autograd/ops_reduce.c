@@ -57,7 +57,7 @@ static lk_tensor *reduce(lk_tensor *x, const int *dims, int ndims, bool keepdim,
     lk_tensor_release(xc);
     if (!r) return NULL;
     /* reduce_to_shape retains its input when nothing is reduced: copy then. */
-    lk_tensor *out = lk__tensor_new(LK_F32, on, oshape);
+    lk_tensor *out = lk__tensor_new_on(r->device, LK_F32, on, oshape);
     if (!out) {
         lk_tensor_release(r);
         return NULL;

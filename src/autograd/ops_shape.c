@@ -23,7 +23,7 @@ static lk_status copy_into(lk_tensor *dst, const lk_tensor *src) {
 
 /* A contiguous copy of t (what lk_tensor_clone makes), through copy_into. */
 static lk_tensor *clone(const lk_tensor *t) {
-    lk_tensor *r = lk__tensor_new(t->dtype, t->ndim, t->shape);
+    lk_tensor *r = lk__tensor_new_on(t->device, t->dtype, t->ndim, t->shape);
     if (r && copy_into(r, t)) {
         lk_tensor_release(r);
         return NULL;
@@ -113,7 +113,7 @@ static void slice_backward(lk_node *n, lk_tensor *g) {
     lk_tensor *x = n->in[0];
     int dim = (int)n->a.i[0];
     int64_t start = n->a.i[1];
-    lk_tensor *d = lk_tensor_zeros(LK_F32, x->ndim, x->shape);
+    lk_tensor *d = lk__tensor_zeros_on(x->device, LK_F32, x->ndim, x->shape);
     if (!d) return;
     lk_tensor *v = lk__tensor_view(d, d->ndim, g->shape, d->stride, start * d->stride[dim]);
     if (v && !copy_into(v, g)) lk__accum(x, d);
@@ -204,6 +204,7 @@ lk_tensor *lk_concat(lk_tensor *const *ts, int n, int dim) {
     if (n <= 0) return lk_error(LK_STATUS_INVALID_ARGUMENT, "concat: no tensors given"), NULL;
     for (int i = 0; i < n; i++)
         if (!ts[i]) return lk_last_status() ? NULL : (lk_error(LK_STATUS_INVALID_ARGUMENT, "concat: tensor %d is NULL", i), NULL);
+    if (lk__same_device("concat", n, ts)) return NULL;
     const lk_tensor *t0 = ts[0];
     int d = lk__norm_dim(dim, t0->ndim);
     if (d < 0 || t0->ndim == 0) return lk_error(LK_STATUS_INVALID_ARGUMENT, "concat: dim %d out of range", dim), NULL;
@@ -220,7 +221,7 @@ lk_tensor *lk_concat(lk_tensor *const *ts, int n, int dim) {
                 return lk__error_shapes("concat", "sizes differ outside the concat dim", t0, ts[i]), NULL;
         shape[d] += ts[i]->shape[d];
     }
-    lk_tensor *out = lk__tensor_new(dt, t0->ndim, shape);
+    lk_tensor *out = lk__tensor_new_on(t0->device, dt, t0->ndim, shape);
     if (!out) return NULL;
     int64_t off = 0;
     for (int i = 0; i < n; i++) {

@@ -72,7 +72,7 @@ static lk_tensor *broadcast_to(const char *op, const char *what, lk_tensor *t, c
         lk__error_shapes(op, what, t, ref);
         return NULL;
     }
-    lk_tensor *out = lk__tensor_new(LK_F32, ref->ndim, ref->shape);
+    lk_tensor *out = lk__tensor_new_on(t->device, LK_F32, ref->ndim, ref->shape);
     if (!out) return NULL;
     static const float zero = 0.0f;
     if (lk__binary_f32(t->device, LK_BINARY_ADD, ref->ndim, ref->shape, t->data, st, &zero, zs, out->data)) {
@@ -100,7 +100,7 @@ static void softmax_backward(lk_node *n, lk_tensor *g) {
     int log_out = (int)n->a.i[0];
     int64_t outer = n->a.i[1], C = n->a.i[2], inner = n->a.i[3];
     lk_tensor *y = n->out;
-    lk_tensor *dx = lk__tensor_new(LK_F32, y->ndim, y->shape);
+    lk_tensor *dx = lk__tensor_new_on(y->device, LK_F32, y->ndim, y->shape);
     if (!dx) return;
     lk_op_desc d = {.op = LK_OP_SOFTMAX_BACKWARD, .dtype = {LK_F32, LK_F32, LK_F32}};
     d.softmax = (lk_softmax_params){outer, C, inner, log_out};
@@ -124,7 +124,7 @@ static lk_tensor *softmax_op(lk_tensor *x, int dim, int log_out, const char *nam
     dim_split s = split_at(x, d);
     lk_tensor *xc = lk__contig(x);
     if (!xc) return NULL;
-    lk_tensor *out = lk__tensor_new(LK_F32, x->ndim, x->shape);
+    lk_tensor *out = lk__tensor_new_on(x->device, LK_F32, x->ndim, x->shape);
     lk_op_desc desc = {.op = LK_OP_SOFTMAX, .dtype = {LK_F32, LK_F32}};
     desc.softmax = (lk_softmax_params){s.outer, s.C, s.inner, log_out};
     if (out && lk__backend_run(xc->device, &desc, (void *[]){xc->data, out->data})) {
@@ -174,6 +174,7 @@ static void cls_args_release(cls_args *a) {
 static lk_status cls_args_init(const char *op, lk_tensor *x, lk_tensor *target, const lk_cross_entropy_opts *o,
                                cls_args *a) {
     memset(a, 0, sizeof *a);
+    LK_TRY(lk__same_device(op, 3, (lk_tensor *[]){x, target, o->weight}));
     LK_TRY(lk__check_float(op, x, "input")); /* LK_CAST_FP32: widened, the loss in f32 */
     LK_TRY(check_index_dtype(op, target, "target"));
     LK_TRY(check_reduction(op, o->reduction));
@@ -253,8 +254,8 @@ static lk_status scalars_total_weight(lk__scalars *ws, const cls_args *a, double
 }
 
 static lk_tensor *loss_out(lk_reduction red, const lk_tensor *shape_of) {
-    return red == LK_REDUCTION_NONE ? lk__tensor_new(LK_F32, shape_of->ndim, shape_of->shape)
-                                    : lk__tensor_new(LK_F32, 0, NULL);
+    return red == LK_REDUCTION_NONE ? lk__tensor_new_on(shape_of->device, LK_F32, shape_of->ndim, shape_of->shape)
+                                    : lk__tensor_new_on(shape_of->device, LK_F32, 0, NULL);
 }
 
 /* a.i: 0 reduction, 1 ignore_index, 2 N, 3 C, 4 D; a.f: 0 total weight (the
@@ -265,7 +266,7 @@ static void xent_backward(lk_node *n, lk_tensor *g) {
     lk_reduction red = (lk_reduction)n->a.i[0];
     int64_t ignore = n->a.i[1], N = n->a.i[2], C = n->a.i[3], D = n->a.i[4];
     float norm = n->a.f[0], eps = n->a.f[1], W = n->a.f[2];
-    lk_tensor *dx = lk__tensor_new(LK_F32, x->ndim, x->shape);
+    lk_tensor *dx = lk__tensor_new_on(x->device, LK_F32, x->ndim, x->shape);
     if (!dx) return;
     lk_op_desc d = {.op = LK_OP_XENT_BACKWARD, .dtype = {LK_F32, tt->dtype, LK_F32, LK_F32, LK_F32}};
     d.xent = (lk_xent_params){N, C, D, ignore, red, eps, norm, W};
@@ -292,7 +293,7 @@ lk_tensor *lk_cross_entropy(lk_tensor *logits, lk_tensor *target, const lk_cross
     const float eps = o.label_smoothing;
     bool need = lk__needs_grad(1, &logits);
     lk_tensor *xc = lk__contig(logits);
-    lk_tensor *P = xc && need ? lk__tensor_new(LK_F32, 2, (int64_t[]){rows, C}) : NULL;
+    lk_tensor *P = xc && need ? lk__tensor_new_on(xc->device, LK_F32, 2, (int64_t[]){rows, C}) : NULL;
     lk_tensor *out = xc && (P || !need) ? loss_out(o.reduction, target) : NULL;
     if (!out) goto done;
     const float *w = a.w ? a.w->data : NULL;
@@ -344,7 +345,7 @@ static void nll_backward(lk_node *n, lk_tensor *g) {
     lk_reduction red = (lk_reduction)n->a.i[0];
     int64_t ignore = n->a.i[1], N = n->a.i[2], C = n->a.i[3], D = n->a.i[4];
     float norm = n->a.f[0];
-    lk_tensor *dx = lk_tensor_zeros(LK_F32, x->ndim, x->shape);
+    lk_tensor *dx = lk__tensor_zeros_on(x->device, LK_F32, x->ndim, x->shape);
     if (!dx) return;
     lk_op_desc d = {.op = LK_OP_NLL_BACKWARD, .dtype = {tt->dtype, LK_F32, LK_F32, LK_F32}};
     d.xent = (lk_xent_params){N, C, D, ignore, red, 0.0f, norm, 0.0f};
@@ -412,7 +413,7 @@ static void bce_backward(lk_node *n, lk_tensor *g) {
     bool logits = n->a.i[1] != 0;
     lk_tensor *dd[2] = {NULL, NULL};
     for (int k = 0; k < 2; k++)
-        if (n->in[k]->requires_grad && !(dd[k] = lk__tensor_new(LK_F32, xt->ndim, xt->shape))) goto done;
+        if (n->in[k]->requires_grad && !(dd[k] = lk__tensor_new_on(xt->device, LK_F32, xt->ndim, xt->shape))) goto done;
     lk_op_desc d = {.op = LK_OP_BCE_BACKWARD, .dtype = {LK_F32, LK_F32, LK_F32, LK_F32, LK_F32, LK_F32, LK_F32}};
     d.bce = (lk_bce_params){xt->numel, red, logits};
     if (lk__backend_run(xt->device, &d,
@@ -428,6 +429,7 @@ done:
 
 static lk_tensor *bce_op(lk_tensor *x, lk_tensor *t, lk_tensor *w, lk_tensor *pw, lk_reduction red, bool logits,
                          const char *op) {
+    if (lk__same_device(op, 4, (lk_tensor *[]){x, t, w, pw})) return NULL;
     if (lk__check_float(op, x, "input") || lk__check_float(op, t, "target") || (w && lk__check_f32(op, w, "weight")) ||
         (pw && lk__check_f32(op, pw, "pos_weight")) || check_reduction(op, red))
         return NULL;
@@ -500,7 +502,7 @@ static void embedding_backward(lk_node *n, lk_tensor *g) {
     int64_t D = w->shape[1];
     /* rows summed in f32 (a repeated index adds many rows); lk__accum rounds
      * the sum once to a 16-bit table's dtype */
-    lk_tensor *dw = lk_tensor_zeros(LK_F32, 2, w->shape);
+    lk_tensor *dw = lk__tensor_zeros_on(w->device, LK_F32, 2, w->shape);
     if (!dw) return;
     lk_op_desc d = {.op = LK_OP_EMBEDDING_BACKWARD, .dtype = {g->dtype, ic->dtype, LK_F32}};
     d.embedding = (lk_embedding_params){ic->numel, w->shape[0], D};
@@ -539,7 +541,7 @@ lk_tensor *lk_embedding(lk_tensor *weight, lk_tensor *idx) {
     shape[idx->ndim] = D;
     /* the rows in the table's own dtype (a bf16 table gives bf16 rows) */
     lk_tensor *wc = lk__contig_keep(weight);
-    lk_tensor *out = wc ? lk__tensor_new(wc->dtype, idx->ndim + 1, shape) : NULL;
+    lk_tensor *out = wc ? lk__tensor_new_on(wc->device, wc->dtype, idx->ndim + 1, shape) : NULL;
     lk_op_desc d = {.op = LK_OP_EMBEDDING, .dtype = {wc ? wc->dtype : LK_F32, ic->dtype, wc ? wc->dtype : LK_F32}};
     d.embedding = (lk_embedding_params){ic->numel, V, D};
     if (out && lk__backend_run(wc->device, &d, (void *[]){wc->data, ic->data, out->data})) {

@@ -125,8 +125,9 @@ int lk_device_count(lk_device_kind kind) {
     return e->vt->count ? e->vt->count(e->ctx) : 1;
 }
 
-/* Ops create their results on the default device, so a device the CPU
- * cannot address needs a backend of its own that runs them there. */
+/* The constructors make tensors on the default device, and ops run where
+ * their inputs are, so a device the CPU cannot address needs a backend of
+ * its own before anything made there can be used. */
 static lk_status check_default(lk_device d) {
     const entry *e = get(d);
     if (!e) return unknown(d);

@@ -156,7 +156,7 @@ static void *worker(void *arg) {
     int k = r->k;
     uint64_t seen = 0;
     lk_set_grad_enabled(true);
-    lk_device dev = r->flat_p->device; /* the replica's device: its ops' results go there */
+    lk_device dev = r->flat_p->device; /* the replica's device: what its module code makes goes there */
     lk_status dev_st = lk_device_set_thread_default(&dev);
     char dev_err[512];
     snprintf(dev_err, sizeof dev_err, "%s", dev_st ? lk_last_error() : "");

@@ -261,10 +261,6 @@ static void fill_contiguous(lk_tensor *t, lk_dtype dt, int ndim, const int64_t *
     t->refcount = 1;
 }
 
-lk_tensor *lk__tensor_new(lk_dtype dt, int ndim, const int64_t *shape) {
-    return lk__tensor_new_on(lk_device_default(), dt, ndim, shape);
-}
-
 lk_tensor *lk__tensor_new_on(lk_device dev, lk_dtype dt, int ndim, const int64_t *shape) {
     int64_t numel = 0;
     if ((unsigned)dt >= LK_DTYPE_COUNT) {
@@ -306,10 +302,15 @@ lk_tensor *lk__tensor_view(lk_tensor *base, int ndim, const int64_t *shape, cons
     return t;
 }
 
-lk_tensor *lk_tensor_empty(lk_dtype dt, int ndim, const int64_t *shape) { return lk__tensor_new(dt, ndim, shape); }
+/* The public constructors make their tensors on the default device (the
+ * CPU unless set, as torch's default device); ops put their results on
+ * their inputs' device through the _on forms. */
+lk_tensor *lk_tensor_empty(lk_dtype dt, int ndim, const int64_t *shape) {
+    return lk__tensor_new_on(lk_device_default(), dt, ndim, shape);
+}
 
-lk_tensor *lk_tensor_zeros(lk_dtype dt, int ndim, const int64_t *shape) {
-    lk_tensor *t = lk__tensor_new(dt, ndim, shape);
+lk_tensor *lk__tensor_zeros_on(lk_device dev, lk_dtype dt, int ndim, const int64_t *shape) {
+    lk_tensor *t = lk__tensor_new_on(dev, dt, ndim, shape);
     if (t && lk_device_memset(t->device, t->data, 0, lk_tensor_nbytes(t))) {
         lk_tensor_release(t);
         return NULL;
@@ -317,8 +318,12 @@ lk_tensor *lk_tensor_zeros(lk_dtype dt, int ndim, const int64_t *shape) {
     return t;
 }
 
-lk_tensor *lk_tensor_full(lk_dtype dt, int ndim, const int64_t *shape, double value) {
-    lk_tensor *t = lk__tensor_new(dt, ndim, shape);
+lk_tensor *lk_tensor_zeros(lk_dtype dt, int ndim, const int64_t *shape) {
+    return lk__tensor_zeros_on(lk_device_default(), dt, ndim, shape);
+}
+
+lk_tensor *lk__tensor_full_on(lk_device dev, lk_dtype dt, int ndim, const int64_t *shape, double value) {
+    lk_tensor *t = lk__tensor_new_on(dev, dt, ndim, shape);
     if (t && lk_tensor_fill(t, value)) {
         lk_tensor_release(t);
         return NULL;
@@ -326,8 +331,12 @@ lk_tensor *lk_tensor_full(lk_dtype dt, int ndim, const int64_t *shape, double va
     return t;
 }
 
+lk_tensor *lk_tensor_full(lk_dtype dt, int ndim, const int64_t *shape, double value) {
+    return lk__tensor_full_on(lk_device_default(), dt, ndim, shape, value);
+}
+
 lk_tensor *lk_tensor_from_data(lk_dtype dt, int ndim, const int64_t *shape, const void *data) {
-    lk_tensor *t = lk__tensor_new(dt, ndim, shape);
+    lk_tensor *t = lk_tensor_empty(dt, ndim, shape);
     if (t && t->numel && lk_device_copy(t->device, t->data, LK_DEVICE_CPU, data, lk_tensor_nbytes(t))) {
         lk_tensor_release(t);
         return NULL;
@@ -361,20 +370,27 @@ lk_tensor *lk__tensor_wrap_on(lk_device dev, lk_dtype dt, int ndim, const int64_
 
 lk_tensor *lk_tensor_scalar(float v) { return lk_tensor_from_data(LK_F32, 0, NULL, &v); }
 
-lk_tensor *lk_tensor_rand(lk_rng *rng, int ndim, const int64_t *shape, float lo, float hi) {
-    lk_tensor *t = lk__tensor_new(LK_F32, ndim, shape);
-    if (!t) return NULL;
-    float *d = t->data;
-    for (int64_t i = 0; i < t->numel; i++) d[i] = lo + (hi - lo) * lk_rng_uniform(rng);
+/* Random values are drawn on the host (the one generator stream, whatever
+ * the device) and copied once to a default device the CPU cannot address. */
+static lk_tensor *random_tensor(lk_rng *rng, int ndim, const int64_t *shape, bool normal, float a, float b) {
+    lk_device dev = lk_device_default();
+    bool host = lk_device_is_host(dev);
+    lk_tensor *h = lk__tensor_new_on(host ? dev : LK_DEVICE_CPU, LK_F32, ndim, shape);
+    if (!h) return NULL;
+    float *d = h->data;
+    for (int64_t i = 0; i < h->numel; i++) d[i] = normal ? a + b * lk_rng_normal(rng) : a + (b - a) * lk_rng_uniform(rng);
+    if (host) return h;
+    lk_tensor *t = lk_tensor_to(h, dev);
+    lk_tensor_release(h);
     return t;
 }
 
+lk_tensor *lk_tensor_rand(lk_rng *rng, int ndim, const int64_t *shape, float lo, float hi) {
+    return random_tensor(rng, ndim, shape, false, lo, hi);
+}
+
 lk_tensor *lk_tensor_randn(lk_rng *rng, int ndim, const int64_t *shape, float mean, float std) {
-    lk_tensor *t = lk__tensor_new(LK_F32, ndim, shape);
-    if (!t) return NULL;
-    float *d = t->data;
-    for (int64_t i = 0; i < t->numel; i++) d[i] = mean + std * lk_rng_normal(rng);
-    return t;
+    return random_tensor(rng, ndim, shape, true, mean, std);
 }
 
 /* ---- lifetime ------------------------------------------------------------------ */

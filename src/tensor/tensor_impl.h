@@ -5,10 +5,14 @@
 
 #include "lockstep/tensor.h"
 
-/* New contiguous tensor owned by the caller (never adopted by a scope). */
-lk_tensor *lk__tensor_new(lk_dtype dt, int ndim, const int64_t *shape);
-/* The same on a given device (lk__tensor_new uses lk_device_default()). */
+/* New contiguous tensor on `dev`, owned by the caller (never adopted by a
+ * scope). An op makes its results with these on its inputs' device (one
+ * device, checked by lk__same_device), never on the default device, which
+ * is only where the public constructors (lk_tensor_empty, _zeros, ...) put
+ * new tensors. */
 lk_tensor *lk__tensor_new_on(lk_device dev, lk_dtype dt, int ndim, const int64_t *shape);
+lk_tensor *lk__tensor_zeros_on(lk_device dev, lk_dtype dt, int ndim, const int64_t *shape);
+lk_tensor *lk__tensor_full_on(lk_device dev, lk_dtype dt, int ndim, const int64_t *shape, double value);
 /* View of base's storage with the given geometry (stride NULL: contiguous);
  * caller owns it; no autograd. */
 lk_tensor *lk__tensor_view(lk_tensor *base, int ndim, const int64_t *shape, const int64_t *stride, int64_t offset);

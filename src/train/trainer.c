@@ -291,9 +291,11 @@ lk_tensor *lk_batch_tensor(const lk_batch *b, int field) {
         if (staged) lk__host_shadow_set(staged, a->data, b, field); /* copied from a->data: its host shadow */
         if (staged) return lk_scope_adopt(staged);
     }
-    lk_tensor *t = lk_tensor_wrap(a->dtype, a->ndim, a->shape, a->data);
-    /* The loader's batch is host memory: a run on another device gets one
-     * copy of the field there (one check per field, not per element). */
+    /* The loader's batch is host memory: on a host-addressable device the
+     * field is that device's tensor as it is (the run's ops then put their
+     * results there: they follow their first input); a run on another device
+     * gets one copy of the field there (one check per field, not per element). */
+    lk_tensor *t = lk__tensor_wrap_on(lk_device_is_host(dev) ? dev : LK_DEVICE_CPU, a->dtype, a->ndim, a->shape, a->data);
     if (t && !lk_device_is_host(dev)) {
         lk_tensor *d = lk_tensor_to(t, dev);
         lk_tensor_release(t);

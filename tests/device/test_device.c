@@ -30,12 +30,16 @@ static void registry(void) {
 /* A device the CPU cannot address: data only moves through its copies, and it
  * cannot be the default until a backend runs ops there. */
 static lk_status far_memset(void *c, int i, void *p, int v, size_t n) { return (void)c, (void)i, memset(p, v, n), LK_STATUS_OK; }
-static void far_tests(void) {
+static lk_device far_device(void) {
     static const lk_device_vtable far_vt = {.name = "far", .alloc = dbg_alloc, .free = dbg_free, .memset = far_memset,
                                             .copy_to_host = dbg_to_host, .copy_from_host = dbg_from_host, .copy = dbg_copy};
-    lk_device_kind k;
+    lk_device_kind k = LK_CPU;
     CHECK_OK(lk_device_register(&far_vt, NULL, &k));
-    lk_device far = {k, 0}, d = dbg_device();
+    return (lk_device){k, 0};
+}
+
+static void far_tests(void) {
+    lk_device far = far_device(), d = dbg_device();
     CHECK(!lk_device_is_host(far));
     CHECK_ERR(lk_device_set_default(far), LK_STATUS_UNSUPPORTED, "device 'far' cannot be the default yet");
     float v[5] = {1, -2, 3.5f, 0, 1e-30f}, back[5];
@@ -137,13 +141,25 @@ static void pool_peak(void) {
 
 enum { IN = 7, HID = 11, OUT = 5, BATCH = 13, STEPS = 4 };
 
-/* Forward + backward + SGD of a 2-layer tanh network on the default device;
- * writes the parameters after STEPS steps and the last loss. */
-static void train_small(float *params_out, float *loss_out, long *allocs_after_first) {
+/* t moved to *to (NULL: t itself). */
+static lk_tensor *place(lk_tensor *t, const lk_device *to) {
+    if (!to) return t;
+    lk_tensor *m = lk_tensor_to(t, *to);
+    lk_tensor_release(t);
+    return m;
+}
+
+/* Forward + backward + SGD of a 2-layer tanh network on the default device,
+ * or with every tensor moved to *to after it is made (the default device
+ * left alone: ops follow their inputs); writes the parameters after STEPS
+ * steps and the last loss. */
+static void train_small(const lk_device *to, float *params_out, float *loss_out, long *allocs_after_first) {
     lk_rng r;
     lk_rng_init(&r, 3, LK_RNG_INIT, 0, 0);
-    lk_tensor *w1 = lk_tensor_randn(&r, LK_SHAPE(HID, IN), 0, 0.4f), *b1 = lk_tensor_randn(&r, LK_SHAPE(HID), 0, 0.1f);
-    lk_tensor *w2 = lk_tensor_randn(&r, LK_SHAPE(OUT, HID), 0, 0.4f), *b2 = lk_tensor_zeros(LK_F32, LK_SHAPE(OUT));
+    lk_tensor *w1 = place(lk_tensor_randn(&r, LK_SHAPE(HID, IN), 0, 0.4f), to);
+    lk_tensor *b1 = place(lk_tensor_randn(&r, LK_SHAPE(HID), 0, 0.1f), to);
+    lk_tensor *w2 = place(lk_tensor_randn(&r, LK_SHAPE(OUT, HID), 0, 0.4f), to);
+    lk_tensor *b2 = place(lk_tensor_zeros(LK_F32, LK_SHAPE(OUT)), to);
     lk_tensor *ps[4] = {w1, b1, w2, b2};
     for (int i = 0; i < 4; i++) lk_tensor_set_requires_grad(ps[i], true);
     float xs[BATCH * IN], ys[BATCH * OUT];
@@ -152,10 +168,12 @@ static void train_small(float *params_out, float *loss_out, long *allocs_after_f
     for (int s = 0; s < STEPS; s++) {
         if (s == 2) *allocs_after_first = dbg.allocs; /* step 0 keeps its gradients as .grad, step 1 refills the pool */
         lk_scope_begin();
-        lk_tensor *x = lk_scope_adopt(lk_tensor_from_data(LK_F32, LK_SHAPE(BATCH, IN), xs));
-        lk_tensor *y = lk_scope_adopt(lk_tensor_from_data(LK_F32, LK_SHAPE(BATCH, OUT), ys));
+        lk_tensor *x = lk_scope_adopt(place(lk_tensor_from_data(LK_F32, LK_SHAPE(BATCH, IN), xs), to));
+        lk_tensor *y = lk_scope_adopt(place(lk_tensor_from_data(LK_F32, LK_SHAPE(BATCH, OUT), ys), to));
         lk_tensor *loss = lk_mse_loss(lk_linear(lk_tanh(lk_linear(x, w1, b1)), w2, b2), y, LK_REDUCTION_MEAN);
+        CHECK(loss && lk_device_equal(loss->device, w1->device));
         CHECK_OK(lk_backward(loss));
+        for (int i = 0; i < 4; i++) CHECK(ps[i]->grad && lk_device_equal(ps[i]->grad->device, w1->device));
         *loss_out = loss ? lk_tensor_item(loss) : NAN;
         lk_scope_end();
         for (int i = 0; i < 4; i++) {
@@ -177,11 +195,11 @@ static void training_on_the_debug_device(void) {
     static float on_cpu[NP], on_dbg[NP];
     float l_cpu, l_dbg;
     long first = 0;
-    train_small(on_cpu, &l_cpu, &first);
+    train_small(NULL, on_cpu, &l_cpu, &first);
     lk_device d = dbg_device();
     CHECK_OK(lk_device_set_default(d));
     long a0 = dbg.allocs;
-    train_small(on_dbg, &l_dbg, &first);
+    train_small(NULL, on_dbg, &l_dbg, &first);
     long a1 = dbg.allocs;
     CHECK_OK(lk_device_set_default(LK_DEVICE_CPU));
     CHECK_MSG(a1 > a0, "nothing was allocated on the debug device");
@@ -194,5 +212,51 @@ static void training_on_the_debug_device(void) {
               dbg.live_bytes, dbg.bad_frees);
 }
 
+/* The same network with the default device left at the CPU and every
+ * tensor moved to the debug device: the ops run there and put their results
+ * and gradients there (torch's rule), the same bits as on the CPU. Tensors
+ * of two devices in one op are an error naming both. */
+static void ops_follow_their_inputs(void) {
+    enum { NP = HID * IN + HID + OUT * HID + OUT };
+    static float on_cpu[NP], moved[NP];
+    float l_cpu, l_moved;
+    long first = 0;
+    train_small(NULL, on_cpu, &l_cpu, &first);
+    lk_device d = dbg_device();
+    CHECK(lk_device_equal(lk_device_default(), LK_DEVICE_CPU));
+    long a0 = dbg.allocs;
+    train_small(&d, moved, &l_moved, &first);
+    CHECK_MSG(dbg.allocs > a0, "nothing was allocated on the debug device");
+    CHECK_MSG(memcmp(on_cpu, moved, sizeof on_cpu) == 0 && l_cpu == l_moved,
+              "parameters or loss differ between cpu and debug (loss %.9g vs %.9g)", l_cpu, l_moved);
+    /* A host-addressable device and the CPU mix (one memory to the CPU
+     * kernels: the loader's batch meets the parameters so); the result
+     * follows the first argument. */
+    lk_scope_begin();
+    lk_tensor *c = lk_scope_adopt(lk_tensor_zeros(LK_F32, LK_SHAPE(3)));
+    lk_tensor *g = lk_scope_adopt(lk_tensor_to(c, d));
+    lk_tensor *gc = lk_add(g, c), *cg = lk_add(c, g);
+    CHECK(gc && lk_device_equal(gc->device, d) && cg && lk_device_equal(cg->device, LK_DEVICE_CPU));
+    /* A device the CPU cannot address does not mix: refused by name before
+     * any kernel is given memory it cannot read. */
+    lk_tensor *f = lk_scope_adopt(lk_tensor_to(c, far_device()));
+    CHECK(f != NULL);
+    CHECK(lk_add(c, f) == NULL);
+    CHECK_MSG(strstr(lk_last_error(), "lk_add: expected all tensors on one device, but argument 0 is on cpu and argument 1 on far"),
+              "error: %s", lk_last_error());
+    lk_clear_error();
+    lk_tensor *ts[3] = {g, g, f};
+    CHECK(lk_concat(ts, 3, 0) == NULL);
+    CHECK_MSG(strstr(lk_last_error(), "concat: expected all tensors on one device, but argument 0 is on debug:0 and argument 2 on far"),
+              "error: %s", lk_last_error());
+    lk_clear_error();
+    CHECK(lk_linear(c, c, f) == NULL && strstr(lk_last_error(), "argument 2 on far"));
+    lk_clear_error();
+    lk_scope_end();
+    lk_pool_trim();
+    CHECK_MSG(dbg.live_bytes == 0 && dbg.bad_frees == 0, "%zu bytes still live on the debug device, %ld bad frees",
+              dbg.live_bytes, dbg.bad_frees);
+}
+
 LK_TEST_MAIN(LK_TEST_CASE(registry), LK_TEST_CASE(far_tests), LK_TEST_CASE(peer_copies), LK_TEST_CASE(pool_is_keyed_by_device), LK_TEST_CASE(pool_peak),
-             LK_TEST_CASE(training_on_the_debug_device))
+             LK_TEST_CASE(training_on_the_debug_device), LK_TEST_CASE(ops_follow_their_inputs))

@@ -97,22 +97,39 @@ static void out_of_memory(void) {
 /* An op on a GPU tensor while the default device (where ops make their
  * results) is the CPU: an error that says so and what to do, not a fault;
  * with the GPU the default, the same op runs. */
-static void op_off_the_default_device(void) {
+/* Ops run where their inputs are and put their results there, whatever the
+ * default device (torch's rule): GPU tensors with the CPU as the default
+ * train on the GPU, gradients included. Tensors of two devices in one op
+ * are refused, in either order, before any kernel reads memory it cannot
+ * address (the CPU backend given a device pointer would crash). */
+static void ops_follow_their_inputs(void) {
+    CHECK(lk_device_equal(lk_device_default(), LK_DEVICE_CPU));
     float v[3] = {1, 2, 3};
     lk_tensor *t = lk_tensor_from_data(LK_F32, LK_SHAPE(3), v);
     lk_tensor *g = t ? lk_tensor_to(t, gpu0) : NULL;
     CHECK(g != NULL);
+    if (g) g->requires_grad = true;
+    lk_scope_begin(); /* owns the ops' results */
     lk_tensor *y = g ? lk_mul_scalar(g, 2.0f) : NULL;
-    CHECK(y == NULL);
-    CHECK_MSG(strstr(lk_last_error(), "ops make their results on the default device, now cpu: lk_device_set_default"),
+    CHECK_MSG(y != NULL, "error: %s", lk_last_error());
+    CHECK(y && lk_device_equal(y->device, gpu0));
+    lk_tensor *loss = y ? lk_sum(lk_mul(y, y), NULL, 0, false) : NULL; /* sum 4 v^2: d/dv = 8 v */
+    CHECK(loss && lk_device_equal(loss->device, gpu0));
+    CHECK_OK(loss ? lk_backward(loss) : lk_last_status());
+    CHECK(g && g->grad && lk_device_equal(g->grad->device, gpu0));
+    lk_tensor *h = y ? lk_tensor_to(y, LK_DEVICE_CPU) : NULL;
+    lk_tensor *gh = g && g->grad ? lk_tensor_to(g->grad, LK_DEVICE_CPU) : NULL;
+    CHECK(h && ((float *)h->data)[2] == 6.0f);
+    CHECK(gh && ((float *)gh->data)[2] == 24.0f);
+    CHECK(lk_add(g, t) == NULL);
+    CHECK_MSG(strstr(lk_last_error(), "lk_add: expected all tensors on one device, but argument 0 is on cuda:0 and argument 1 on cpu"),
               "error: %s", lk_last_error());
     lk_clear_error();
-    CHECK_OK(lk_device_set_default(gpu0));
-    y = lk_mul_scalar(g, 2.0f);
-    lk_device_set_default(LK_DEVICE_CPU);
-    lk_tensor *h = y ? lk_tensor_to(y, LK_DEVICE_CPU) : NULL;
-    CHECK(h && ((float *)h->data)[2] == 6.0f);
-    lk_tensor_release(h), lk_tensor_release(y), lk_tensor_release(g), lk_tensor_release(t);
+    CHECK(lk_linear(t, g, NULL) == NULL);
+    CHECK_MSG(strstr(lk_last_error(), "argument 0 is on cpu and argument 1 on cuda:0"), "error: %s", lk_last_error());
+    lk_clear_error();
+    lk_scope_end();
+    lk_tensor_release(gh), lk_tensor_release(h), lk_tensor_release(g), lk_tensor_release(t);
 }
 
 /* With a GPU visible, accelerator: gpu makes a trainer on cuda:0 (the
@@ -130,7 +147,7 @@ static void trainer_on_gpu(void) {
 int main(int argc, char **argv) {
     gpu_test_require();
     static const lk_t_case cases[] = {LK_TEST_CASE(registry), LK_TEST_CASE(round_trip), LK_TEST_CASE(tensors_and_pool),
-                                      LK_TEST_CASE(out_of_memory), LK_TEST_CASE(op_off_the_default_device),
+                                      LK_TEST_CASE(out_of_memory), LK_TEST_CASE(ops_follow_their_inputs),
                                       LK_TEST_CASE(trainer_on_gpu)};
     return lk_t_run(cases, (int)(sizeof cases / sizeof cases[0]), argc, argv);
 }

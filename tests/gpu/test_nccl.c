@@ -208,11 +208,9 @@ static int role_collectives(int rank) {
      * reads it, the next kernel reads the result; only the events between
      * the two streams order them (nothing here synchronises). */
     lk_tensor *x = filled(g, LK_F32, n, rank, 0);
-    lk_device_set_default(g); /* ops make their results on the default device */
-    lk_tensor *y = x ? lk_mul_scalar(x, 2.0f) : NULL;
+    lk_tensor *y = x ? lk_mul_scalar(x, 2.0f) : NULL; /* on x's GPU: ops follow their inputs */
     R_CHECK(rank, y && !lk_comm_all_reduce(c, y->data, (size_t)n, LK_F32, LK_REDUCE_SUM), "all_reduce between kernels");
     lk_tensor *z = y ? lk_add_scalar(y, 1.0f) : NULL;
-    lk_device_set_default(LK_DEVICE_CPU);
     v = z ? host_values(z) : NULL;
     bad = 0;
     for (int64_t i = 0; i < n; i++) bad += !v || v[i] != 2 * want_sum(i, LK_F32) + 1;

@@ -189,18 +189,11 @@ static lk_status pick_device(const lk_op_desc *d, void *const *x, int *device) {
             return lk_error(LK_STATUS_DEVICE, "cuda backend: %s: operand %d: %s", lk__op_desc_str(d, what, sizeof what),
                             i, cudaGetErrorString(e));
         }
-        if (a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged) {
-            /* the usual cause: an op's inputs on a GPU while the default
-             * device, where ops make their results, is the CPU */
-            lk_device def = lk_device_default();
-            char ds[32] = "";
-            if (def.kind != LK_CUDA) lk_device_str(def, ds, sizeof ds);
-            return lk_error(LK_STATUS_INVALID_ARGUMENT,
-                            "cuda backend: %s: operand %d (%p) is host memory, expected cuda device memory%s%s%s",
-                            lk__op_desc_str(d, what, sizeof what), i, x[i],
-                            ds[0] ? " (ops make their results on the default device, now " : "", ds,
-                            ds[0] ? ": lk_device_set_default to the inputs' GPU, or move the inputs with lk_tensor_to)" : "");
-        }
+        if (a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged)
+            /* ops check that their tensors share a device (lk__same_device),
+             * so this is a caller below the ops handing over host memory */
+            return lk_error(LK_STATUS_INVALID_ARGUMENT, "cuda backend: %s: operand %d (%p) is host memory, expected cuda device memory",
+                            lk__op_desc_str(d, what, sizeof what), i, x[i]);
         if (*device < 0) *device = a.device;
         else if (a.device != *device)
             return lk_error(LK_STATUS_INVALID_ARGUMENT,
