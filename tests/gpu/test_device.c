@@ -132,6 +132,27 @@ static void ops_follow_their_inputs(void) {
     lk_tensor_release(gh), lk_tensor_release(h), lk_tensor_release(g), lk_tensor_release(t);
 }
 
+/* The random constructors on a GPU default: drawn on the host (the same
+ * generator stream as on the CPU) and copied once; they wrote the GPU's
+ * memory from the host before. */
+static void random_on_the_default_gpu(void) {
+    lk_rng a, b;
+    lk_rng_init(&a, 11, LK_RNG_INIT, 0, 0);
+    lk_rng_init(&b, 11, LK_RNG_INIT, 0, 0);
+    lk_tensor *c = lk_tensor_randn(&a, LK_SHAPE(5, 7), 0.5f, 2.0f);
+    lk_tensor *cu = lk_tensor_rand(&a, LK_SHAPE(9), -1.0f, 1.0f);
+    CHECK_OK(lk_device_set_default(gpu0));
+    lk_tensor *g = lk_tensor_randn(&b, LK_SHAPE(5, 7), 0.5f, 2.0f);
+    lk_tensor *gu = lk_tensor_rand(&b, LK_SHAPE(9), -1.0f, 1.0f);
+    lk_device_set_default(LK_DEVICE_CPU);
+    CHECK(g && lk_device_equal(g->device, gpu0) && gu && lk_device_equal(gu->device, gpu0));
+    lk_tensor *h = g ? lk_tensor_to(g, LK_DEVICE_CPU) : NULL, *hu = gu ? lk_tensor_to(gu, LK_DEVICE_CPU) : NULL;
+    CHECK(c && h && !memcmp(c->data, h->data, lk_tensor_nbytes(c)));
+    CHECK(cu && hu && !memcmp(cu->data, hu->data, lk_tensor_nbytes(cu)));
+    lk_tensor_release(c), lk_tensor_release(cu), lk_tensor_release(g), lk_tensor_release(gu);
+    lk_tensor_release(h), lk_tensor_release(hu);
+}
+
 /* With a GPU visible, accelerator: gpu makes a trainer on cuda:0 (the
  * refusal that stood here until GPU training was built is gone). */
 static void trainer_on_gpu(void) {
@@ -147,7 +168,7 @@ static void trainer_on_gpu(void) {
 int main(int argc, char **argv) {
     gpu_test_require();
     static const lk_t_case cases[] = {LK_TEST_CASE(registry), LK_TEST_CASE(round_trip), LK_TEST_CASE(tensors_and_pool),
-                                      LK_TEST_CASE(out_of_memory), LK_TEST_CASE(ops_follow_their_inputs),
+                                      LK_TEST_CASE(out_of_memory), LK_TEST_CASE(ops_follow_their_inputs), LK_TEST_CASE(random_on_the_default_gpu),
                                       LK_TEST_CASE(trainer_on_gpu)};
     return lk_t_run(cases, (int)(sizeof cases / sizeof cases[0]), argc, argv);
 }
