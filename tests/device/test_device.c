@@ -190,10 +190,15 @@ static void train_small(const lk_device *to, float *params_out, float *loss_out,
     }
 }
 
+/* The network on the CPU, then with the debug device as the default, then
+ * with the default left at the CPU and every tensor moved to the debug
+ * device (the ops run there and put their results and gradients there:
+ * torch's rule): the same bits each time, nothing allocated after the
+ * second step, nothing left live. */
 static void training_on_the_debug_device(void) {
     enum { NP = HID * IN + HID + OUT * HID + OUT };
-    static float on_cpu[NP], on_dbg[NP];
-    float l_cpu, l_dbg;
+    static float on_cpu[NP], on_dbg[NP], moved[NP];
+    float l_cpu, l_dbg, l_moved;
     long first = 0;
     train_small(NULL, on_cpu, &l_cpu, &first);
     lk_device d = dbg_device();
@@ -204,31 +209,23 @@ static void training_on_the_debug_device(void) {
     CHECK_OK(lk_device_set_default(LK_DEVICE_CPU));
     CHECK_MSG(a1 > a0, "nothing was allocated on the debug device");
     CHECK_MSG(a1 == first, "steps after the second allocated %ld blocks on the device (the pool should serve them)", a1 - first);
+    lk_pool_trim(); /* the moved run's blocks come from the device again */
+    train_small(&d, moved, &l_moved, &first);
+    CHECK_MSG(dbg.allocs > a1, "nothing was allocated on the debug device with the tensors moved there");
     CHECK_MSG(memcmp(on_cpu, on_dbg, sizeof on_cpu) == 0 && l_cpu == l_dbg,
               "parameters or loss differ between cpu and debug (loss %.9g vs %.9g)", l_cpu, l_dbg);
+    CHECK_MSG(memcmp(on_cpu, moved, sizeof on_cpu) == 0 && l_cpu == l_moved,
+              "parameters or loss differ between cpu and the tensors moved to debug (loss %.9g vs %.9g)", l_cpu, l_moved);
     CHECK(isfinite(l_dbg)); /* poisoned (NaN) memory read before written would show here */
     lk_pool_trim();
     CHECK_MSG(dbg.live_bytes == 0 && dbg.bad_frees == 0, "%zu bytes still live on the debug device, %ld bad frees",
               dbg.live_bytes, dbg.bad_frees);
 }
 
-/* The same network with the default device left at the CPU and every
- * tensor moved to the debug device: the ops run there and put their results
- * and gradients there (torch's rule), the same bits as on the CPU. Tensors
- * of two devices in one op are an error naming both. */
+/* Which tensors one op may take: one device, or any mix of memory the CPU
+ * addresses; anything else is an error naming both devices. */
 static void ops_follow_their_inputs(void) {
-    enum { NP = HID * IN + HID + OUT * HID + OUT };
-    static float on_cpu[NP], moved[NP];
-    float l_cpu, l_moved;
-    long first = 0;
-    train_small(NULL, on_cpu, &l_cpu, &first);
     lk_device d = dbg_device();
-    CHECK(lk_device_equal(lk_device_default(), LK_DEVICE_CPU));
-    long a0 = dbg.allocs;
-    train_small(&d, moved, &l_moved, &first);
-    CHECK_MSG(dbg.allocs > a0, "nothing was allocated on the debug device");
-    CHECK_MSG(memcmp(on_cpu, moved, sizeof on_cpu) == 0 && l_cpu == l_moved,
-              "parameters or loss differ between cpu and debug (loss %.9g vs %.9g)", l_cpu, l_moved);
     /* A host-addressable device and the CPU mix (one memory to the CPU
      * kernels: the loader's batch meets the parameters so); the result
      * follows the first argument. */
