@@ -5,8 +5,9 @@
  * this adds is the autograd layer around them: an op that still reads or
  * writes tensor memory from the host would crash here (device memory is not
  * host-addressable). The step runs in a child process so that such a crash
- * is reported as a failure naming the signal, not a lost test. Until it has
- * passed on a GPU, `accelerator: gpu` stays refused (docs/GPU.md).
+ * is reported as a failure naming the signal, not a lost test. The default
+ * device stays the CPU: the tensors are moved, and the ops follow them, as a
+ * torch user's code does.
  *
  * Tolerance: the GEMMs are cuBLASLt's (another summation order than
  * OpenBLAS, K <= 64): 1e-5 relative plus 1e-5 of the largest magnitude, as
@@ -27,7 +28,6 @@ typedef struct {
 
 /* The step on dev over copies of the CPU tensors params[] and x, target. */
 static int step(lk_device dev, lk_tensor *const *params, lk_tensor *x, lk_tensor *target, step_result *r) {
-    if (lk_device_set_default(dev)) return fprintf(stderr, "set default %s\n", lk_last_error()), 1;
     lk_tensor *p[NPAR], *xd = lk_tensor_to(x, dev), *td = lk_tensor_to(target, dev);
     for (int i = 0; i < NPAR; i++) {
         p[i] = lk_tensor_to(params[i], dev);
@@ -39,8 +39,8 @@ static int step(lk_device dev, lk_tensor *const *params, lk_tensor *x, lk_tensor
     lk_tensor *loss = h ? lk_cross_entropy(lk_linear(h, p[2], p[3]), td, NULL) : NULL;
     if (!loss) return fprintf(stderr, "forward on the device: %s\n", lk_last_error()), 1;
     if (lk_backward(loss)) return fprintf(stderr, "backward on the device: %s\n", lk_last_error()), 1;
+    if (!lk_device_equal(loss->device, dev)) return fprintf(stderr, "the loss is not on the step's device\n"), 1;
     if (lk_device_synchronize(dev)) return fprintf(stderr, "synchronize: %s\n", lk_last_error()), 1;
-    lk_device_set_default(LK_DEVICE_CPU);
     lk_tensor *lh = lk_tensor_to(loss, LK_DEVICE_CPU);
     if (!lh) return fprintf(stderr, "loss to host: %s\n", lk_last_error()), 1;
     r->loss = ((float *)lh->data)[0];
