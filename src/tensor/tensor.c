@@ -545,11 +545,7 @@ lk_tensor *lk_tensor_to(const lk_tensor *t, lk_device dev) {
     if (!t) return NULL;
     const lk_tensor *src = t;
     lk_tensor *tmp = NULL;
-    if (!lk_tensor_is_contiguous(t)) { /* gather the view on its own device first */
-        if (!lk_device_is_host(t->device)) {
-            lk_error(LK_STATUS_UNSUPPORTED, "lk_tensor_to: a strided view on a device the CPU cannot read");
-            return NULL;
-        }
+    if (!lk_tensor_is_contiguous(t)) { /* gather the view on its own device first (its backend's strided copy) */
         src = tmp = lk__tensor_new_on(t->device, t->dtype, t->ndim, t->shape);
         if (!tmp || lk_tensor_copy(tmp, t)) {
             lk_tensor_release(tmp);

@@ -128,6 +128,15 @@ static void ops_follow_their_inputs(void) {
     CHECK(lk_linear(t, g, NULL) == NULL);
     CHECK_MSG(strstr(lk_last_error(), "argument 0 is on cpu and argument 1 on cuda:0"), "error: %s", lk_last_error());
     lk_clear_error();
+    /* a strided view of GPU memory moves as torch's t.to() does: gathered on
+     * its GPU by the backend's copy, then one copy across */
+    float m[6] = {1, 2, 3, 4, 5, 6};
+    lk_tensor *mc = lk_scope_adopt(lk_tensor_from_data(LK_F32, LK_SHAPE(2, 3), m));
+    lk_tensor *mt = lk_transpose(lk_scope_adopt(lk_tensor_to(mc, gpu0)), 0, 1); /* [3, 2] view */
+    lk_tensor *back = mt ? lk_scope_adopt(lk_tensor_to(mt, LK_DEVICE_CPU)) : NULL;
+    CHECK_MSG(back != NULL, "error: %s", lk_last_error());
+    static const float want[6] = {1, 4, 2, 5, 3, 6};
+    CHECK(back && back->shape[0] == 3 && !memcmp(back->data, want, sizeof want));
     lk_scope_end();
     lk_tensor_release(gh), lk_tensor_release(h), lk_tensor_release(g), lk_tensor_release(t);
 }
