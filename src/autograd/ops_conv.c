@@ -250,27 +250,28 @@ static void conv2d_backward(lk_node *n, lk_tensor *gout) {
     /* rounded columns for dW unless a 16-bit x is multiplied as it is (pointwise) */
     bool need_lcols = lowp != LK_F32 && need_w && !(g.pointwise && xt == lowp);
     int width = lk__parallel_width(g.nchunks);
+    lk_device dev = xc->device; /* where x and so every buffer here lives */
     /* col2im accumulates into dx; the 1x1 path's GEMMs write all of it */
     lk_tensor *dx = !need_x ? NULL
-                    : g.pointwise ? lk__tensor_new_on(xc->device, LK_F32, 4, xc->shape)
-                                  : lk__tensor_zeros_on(xc->device, LK_F32, 4, xc->shape);
+                    : g.pointwise ? lk__tensor_new_on(dev, LK_F32, 4, xc->shape)
+                                  : lk__tensor_zeros_on(dev, LK_F32, 4, xc->shape);
     /* dW accumulates straight into a leaf's existing f32 gradient (as linear
      * does); a 16-bit weight's gradient is summed in f32 and rounded by lk__accum */
     bool direct_w = need_w && !w->grad_fn && w->grad && w->grad->dtype == LK_F32 && lk_tensor_is_contiguous(w->grad);
-    lk_tensor *dw = need_w && !direct_w ? lk__tensor_zeros_on(xc->device, LK_F32, 4, wc->shape) : NULL;
-    lk_tensor *db = need_b ? lk__tensor_zeros_on(xc->device, LK_F32, 1, b->shape) : NULL;
+    lk_tensor *dw = need_w && !direct_w ? lk__tensor_zeros_on(dev, LK_F32, 4, wc->shape) : NULL;
+    lk_tensor *db = need_b ? lk__tensor_zeros_on(dev, LK_F32, 1, b->shape) : NULL;
     /* Per task: scratch columns and dY gathers; tasks 1.. also partial dW and db. */
     bool parts = width > 1;
-    lk_tensor *cols = need_cols ? lk__tensor_new_on(xc->device, LK_F32, 1, (int64_t[]){width * g.cols_n}) : NULL;
-    lk_tensor *dyt = g.nb > 1 ? lk__tensor_new_on(xc->device, lowp, 1, (int64_t[]){width * g.out_n}) : NULL;
+    lk_tensor *cols = need_cols ? lk__tensor_new_on(dev, LK_F32, 1, (int64_t[]){width * g.cols_n}) : NULL;
+    lk_tensor *dyt = g.nb > 1 ? lk__tensor_new_on(dev, lowp, 1, (int64_t[]){width * g.out_n}) : NULL;
     /* autocast: dY in the GEMM dtype (the output's dtype already: no copy); the
      * columns dW multiplies, rounded per task */
     lk_tensor *gl = NULL;
     if (lowp != LK_F32 && (need_w || need_x))
         gl = gout->dtype == lowp ? lk__contig_keep(gout) : lk_tensor_cast(gout, lowp);
-    lk_tensor *lcols = need_lcols ? lk__tensor_new_on(xc->device, lowp, 1, (int64_t[]){width * g.cols_n}) : NULL;
-    lk_tensor *dwp = need_w && parts ? lk__tensor_zeros_on(xc->device, LK_F32, 1, (int64_t[]){(width - 1) * g.O * g.Kg}) : NULL;
-    lk_tensor *dbp = need_b && parts ? lk__tensor_zeros_on(xc->device, LK_F32, 1, (int64_t[]){(width - 1) * g.O}) : NULL;
+    lk_tensor *lcols = need_lcols ? lk__tensor_new_on(dev, lowp, 1, (int64_t[]){width * g.cols_n}) : NULL;
+    lk_tensor *dwp = need_w && parts ? lk__tensor_zeros_on(dev, LK_F32, 1, (int64_t[]){(width - 1) * g.O * g.Kg}) : NULL;
+    lk_tensor *dbp = need_b && parts ? lk__tensor_zeros_on(dev, LK_F32, 1, (int64_t[]){(width - 1) * g.O}) : NULL;
     if ((need_x && !dx) || (need_w && !direct_w && !dw) || (need_b && !db) || (need_cols && !cols) ||
         (g.nb > 1 && !dyt) || (need_w && parts && !dwp) || (need_b && parts && !dbp) ||
         (lowp != LK_F32 && (need_w || need_x) && !gl) || (need_lcols && !lcols))

@@ -70,7 +70,8 @@ lk_tensor *lk_dropout(lk_tensor *x, float p, bool training, lk_rng *rng) {
                NULL;
     lk_tensor *xc = lk__contig_keep(x);
     lk_tensor *mask = xc ? lk__tensor_new_on(x->device, LK_U8, x->ndim, x->shape) : NULL;
-    lk_tensor *out = mask ? lk__tensor_new_on(x->device, lk__autocast_dtype_for(LK_CAST_SAME, x->dtype), x->ndim, x->shape) : NULL;
+    lk_dtype odt = lk__autocast_dtype_for(LK_CAST_SAME, x->dtype);
+    lk_tensor *out = mask ? lk__tensor_new_on(x->device, odt, x->ndim, x->shape) : NULL;
     /* As PyTorch: out = x * noise, noise = keep / (1 - p), so inf * 0 stays
      * NaN; p == 1 draws nothing and zeroes everything. */
     float scale = p == 1.0f ? 0.0f : (float)(1.0 / (1.0 - (double)p));

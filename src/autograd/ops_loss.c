@@ -16,7 +16,8 @@ static void pointwise_loss_backward(lk_node *n, lk_tensor *g) {
     lk_reduction red = (lk_reduction)n->a.i[1];
     float beta = n->a.f[0];
     int64_t N = x->numel;
-    lk_tensor *dx = lk__tensor_new_on(x->device, x->dtype, x->ndim, x->shape); /* 16-bit x: rounded once by the backend */
+    /* 16-bit x: rounded once by the backend */
+    lk_tensor *dx = lk__tensor_new_on(x->device, x->dtype, x->ndim, x->shape);
     if (!dx) return;
     lk_op_desc d = {.op = LK_OP_LOSS_BACKWARD, .dtype = {x->dtype, y->dtype, LK_F32, dx->dtype}};
     d.loss = (lk_loss_params){kind, red, N, beta};

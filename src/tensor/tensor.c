@@ -378,7 +378,8 @@ static lk_tensor *random_tensor(lk_rng *rng, int ndim, const int64_t *shape, boo
     lk_tensor *h = lk__tensor_new_on(host ? dev : LK_DEVICE_CPU, LK_F32, ndim, shape);
     if (!h) return NULL;
     float *d = h->data;
-    for (int64_t i = 0; i < h->numel; i++) d[i] = normal ? a + b * lk_rng_normal(rng) : a + (b - a) * lk_rng_uniform(rng);
+    for (int64_t i = 0; i < h->numel; i++)
+        d[i] = normal ? a + b * lk_rng_normal(rng) : a + (b - a) * lk_rng_uniform(rng);
     if (host) return h;
     lk_tensor *t = lk_tensor_to(h, dev);
     lk_tensor_release(h);

@@ -295,7 +295,8 @@ lk_tensor *lk_batch_tensor(const lk_batch *b, int field) {
      * field is that device's tensor as it is (the run's ops then put their
      * results there: they follow their first input); a run on another device
      * gets one copy of the field there (one check per field, not per element). */
-    lk_tensor *t = lk__tensor_wrap_on(lk_device_is_host(dev) ? dev : LK_DEVICE_CPU, a->dtype, a->ndim, a->shape, a->data);
+    lk_device at = lk_device_is_host(dev) ? dev : LK_DEVICE_CPU;
+    lk_tensor *t = lk__tensor_wrap_on(at, a->dtype, a->ndim, a->shape, a->data);
     if (t && !lk_device_is_host(dev)) {
         lk_tensor *d = lk_tensor_to(t, dev);
         lk_tensor_release(t);
@@ -865,16 +866,15 @@ lk_status lk_trainer_fit(lk_trainer *tr, lk_module *m, lk_datamodule *dm, const 
         if (tr->autocast != LK_F32) {
             /* said once: a precision the CPU cannot multiply natively still
              * trains correctly, but through f32 and so not faster */
-            const char *dt = lk_dtype_name(tr->autocast);
+            const char *dt = lk_dtype_name(tr->autocast), *path = lk__train_gemm_path(tr);
             if (tr->dev.kind == LK_CUDA)
-                lk_log0("precision %s: matrix products in %s on the GPU (%s)", c->precision, dt, lk__train_gemm_path(tr));
+                lk_log0("precision %s: matrix products in %s on the GPU (%s)", c->precision, dt, path);
             else if (lk_cpu_native(tr->autocast))
-                lk_log0("precision %s: matrix products in %s on this CPU's own units (%s)", c->precision, dt,
-                        lk_autocast_gemm_path(tr->autocast));
+                lk_log0("precision %s: matrix products in %s on this CPU's own units (%s)", c->precision, dt, path);
             else
                 lk_log0("precision %s: this CPU has no native %s multiply; matrix products run through %s (correct, "
                         "not faster than 32-true)",
-                        c->precision, dt, lk_autocast_gemm_path(tr->autocast));
+                        c->precision, dt, path);
         }
         lk__cuda_props gp;
         if (tr->dev.kind == LK_CUDA && tr->autocast == LK_F32 && tr->param_dtype == LK_F32 &&

@@ -192,7 +192,8 @@ static lk_status pick_device(const lk_op_desc *d, void *const *x, int *device) {
         if (a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged)
             /* ops check that their tensors share a device (lk__same_device),
              * so this is a caller below the ops handing over host memory */
-            return lk_error(LK_STATUS_INVALID_ARGUMENT, "cuda backend: %s: operand %d (%p) is host memory, expected cuda device memory",
+            return lk_error(LK_STATUS_INVALID_ARGUMENT,
+                            "cuda backend: %s: operand %d (%p) is host memory, expected cuda device memory",
                             lk__op_desc_str(d, what, sizeof what), i, x[i]);
         if (*device < 0) *device = a.device;
         else if (a.device != *device)
