@@ -266,8 +266,7 @@ lk_tensor *lk_matmul(lk_tensor *a, lk_tensor *b) {
 /* ---- linear ---------------------------------------------------------------------- */
 
 /* saved: 0 x folded to [M, in] (f32 outside autocast; under it the 16-bit
- * input itself, its rounded copy, or — for an f32 leaf such as the batch,
- * which outlives the step anyway — x itself, rounded again here); 1 w
+ * input itself or its rounded copy); 1 w
  * rounded, only for a weight that is not a leaf (a leaf is rounded again
  * here: one transient copy instead of every layer's kept all step).
  * a.i[0]: autocast on, a.i[1] its dtype. */
@@ -293,8 +292,7 @@ static void linear_backward(lk_node *n, lk_tensor *g) {
     }
     if (w->requires_grad) {
         /* Accumulate straight into w->grad when it is a plain contiguous leaf
-         * gradient (the common case: saves a temporary and an add). An f32
-         * x2 under autocast (the batch) is rounded in panels. */
+         * gradient (the common case: saves a temporary and an add). */
         if (!w->grad_fn && w->grad && lk_tensor_is_contiguous(w->grad)) {
             if (lowp == LK_F32) gemm2d(gg, true, x2, false, 1.0f, w->grad);
             else gemm2d_round(gg, true, x2, false, 1.0f, w->grad, lowp);
@@ -332,13 +330,13 @@ lk_tensor *lk_linear(lk_tensor *x, lk_tensor *w, lk_tensor *b) {
         return lk__error_shapes("linear", "bias must be [out] for weight [out, in]", b, w), NULL;
     int64_t in_f = w->shape[1], out_f = w->shape[0], M = x->numel / (in_f ? in_f : 1);
     /* autocast: x in the region's dtype. An input already in it (a previous
-     * layer's bf16 output) is used and kept as is: no copy. An f32 leaf (the
-     * batch) is kept itself, alive anyway, and rounded again in backward; any
-     * other f32 input is kept as its rounded copy (half its bytes). */
-    bool keep_f32 = lowp != LK_F32 && x->dtype == LK_F32 && !x->grad_fn && lk_tensor_is_contiguous(x);
-    lk_tensor *xc = lowp == LK_F32 || keep_f32 ? lk__contig(x)
-                    : x->dtype == lowp         ? lk__contig_keep(x)
-                                               : lk_tensor_cast(x, lowp);
+     * layer's bf16 output) is used and kept as is: no copy. An f32 input,
+     * the batch included, is rounded once and its rounded copy kept for
+     * backward's dW, as torch's autocast keeps it: rounding the batch again
+     * there cost a bf16-mixed mlp step 8% of its time on an AMX Xeon (the
+     * batch is cold: the loader's thread wrote it), for 0.1 MB less step
+     * memory at batch 256 (docs/BENCHMARKS.md). */
+    lk_tensor *xc = lowp == LK_F32 ? lk__contig(x) : x->dtype == lowp ? lk__contig_keep(x) : lk_tensor_cast(x, lowp);
     if (!xc) return NULL;
     lk_tensor *x2 = lk__tensor_view(xc, 2, (int64_t[]){M, in_f}, (int64_t[]){in_f, 1}, xc->offset);
     lk_tensor_release(xc);

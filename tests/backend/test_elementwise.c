@@ -269,6 +269,48 @@ static void dropout_mask_and_increment(void) {
     CHECK(v[0] == 5 && v[1] == -1 && v[2] == INT64_MAX);
 }
 
+/* ReLU with every operand in bf16 (or f16) runs on the bits (relu16 in
+ * elementwise.c): over every one of the 65536 inputs, and dy taken from
+ * every pattern too (NaNs of both signs and payloads, infinities,
+ * subnormals, -0), forward and backward give exactly the bits of the f32
+ * loop over the widened operands rounded once — the NaNs' bits included,
+ * which check_lowp lets pass as any NaN. */
+static void relu16_every_bit_pattern(void) {
+    enum { M = 65536 };
+    static uint16_t h[M], dy[M], got[M];
+    static float f[M], fdy[M], fout[M];
+    const lk_dtype dts[] = {LK_BF16, LK_F16};
+    for (size_t c = 0; c < 2; c++) {
+        lk_dtype dt = dts[c];
+        for (int i = 0; i < M; i++) {
+            h[i] = (uint16_t)i, dy[i] = (uint16_t)(i * 40503u + 12345u); /* every pattern once, in another order */
+            f[i] = widen(dt, h[i]), fdy[i] = widen(dt, dy[i]);
+        }
+        lk_op_desc d = {.op = LK_OP_UNARY, .dtype = {dt, dt}};
+        d.unary = (lk_unary_params){LK_UNARY_RELU, M - 3, 0.0f, false}; /* a tail the vector loop leaves */
+        lk_op_desc fd = d;
+        fd.dtype[0] = fd.dtype[1] = LK_F32;
+        CHECK_OK(lk__backend_run(LK_DEVICE_CPU, &d, (void *[]){h, got}));
+        CHECK_OK(lk__backend_run(LK_DEVICE_CPU, &fd, (void *[]){f, fout}));
+        int bad = 0;
+        for (int i = 0; i < M - 3; i++)
+            if (got[i] != round_to(dt, fout[i]) && !bad++)
+                fprintf(stderr, "relu %s: input 0x%04x gives 0x%04x, the f32 loop rounded 0x%04x\n", lk_dtype_name(dt),
+                        h[i], got[i], round_to(dt, fout[i]));
+        CHECK_MSG(bad == 0, "relu %s forward: %d of %d inputs differ", lk_dtype_name(dt), bad, M - 3);
+        d.op = fd.op = LK_OP_UNARY_BACKWARD;
+        d.dtype[2] = d.dtype[3] = dt, fd.dtype[2] = fd.dtype[3] = LK_F32;
+        CHECK_OK(lk__backend_run(LK_DEVICE_CPU, &d, (void *[]){h, NULL, dy, got}));
+        CHECK_OK(lk__backend_run(LK_DEVICE_CPU, &fd, (void *[]){f, NULL, fdy, fout}));
+        bad = 0;
+        for (int i = 0; i < M - 3; i++)
+            if (got[i] != round_to(dt, fout[i]) && !bad++)
+                fprintf(stderr, "relu backward %s: x 0x%04x dy 0x%04x gives 0x%04x, the f32 loop rounded 0x%04x\n",
+                        lk_dtype_name(dt), h[i], dy[i], got[i], round_to(dt, fout[i]));
+        CHECK_MSG(bad == 0, "relu %s backward: %d of %d inputs differ", lk_dtype_name(dt), bad, M - 3);
+    }
+}
+
 LK_TEST_MAIN(LK_TEST_CASE(lowp_equals_f32_rounded_once), LK_TEST_CASE(sum_to_lowp), LK_TEST_CASE(fallback_is_counted),
              LK_TEST_CASE(unsupported_is_named), LK_TEST_CASE(every_kind_is_described),
-             LK_TEST_CASE(dropout_mask_and_increment))
+             LK_TEST_CASE(dropout_mask_and_increment), LK_TEST_CASE(relu16_every_bit_pattern))
