@@ -72,7 +72,7 @@ static lk_tensor *round_panel_view(const lk_tensor *t, int dim, int64_t r0, int6
     return lk__tensor_view((lk_tensor *)t, 2, shape, t->stride, t->offset + r0 * t->stride[dim]);
 }
 
-/* Under autocast a large f32 operand (the batch, a weight) is rounded to
+/* Under autocast a large f32 operand (a master weight) is rounded to
  * the GEMM's 16-bit dtype in panels, never as a whole copy: each panel of
  * about LOWP_PANEL elements covers a block of C's rows (A) or columns (B), so
  * every element of C is still one GEMM over the whole K, rounded once — the
@@ -292,14 +292,13 @@ static void linear_backward(lk_node *n, lk_tensor *g) {
     }
     if (w->requires_grad) {
         /* Accumulate straight into w->grad when it is a plain contiguous leaf
-         * gradient (the common case: saves a temporary and an add). */
+         * gradient (the common case: saves a temporary and an add). gg and
+         * x2 are both in the forward's dtype already: nothing to round. */
         if (!w->grad_fn && w->grad && lk_tensor_is_contiguous(w->grad)) {
-            if (lowp == LK_F32) gemm2d(gg, true, x2, false, 1.0f, w->grad);
-            else gemm2d_round(gg, true, x2, false, 1.0f, w->grad, lowp);
+            gemm2d(gg, true, x2, false, 1.0f, w->grad);
         } else {
             lk_tensor *dw = lk__tensor_new_on(x2->device, LK_F32, 2, w->shape);
-            if (dw && !(lowp == LK_F32 ? gemm2d(gg, true, x2, false, 0.0f, dw)
-                                       : gemm2d_round(gg, true, x2, false, 0.0f, dw, lowp)))
+            if (dw && !gemm2d(gg, true, x2, false, 0.0f, dw))
                 lk__accum_move(w, dw);
             else lk_tensor_release(dw);
         }

@@ -8,12 +8,11 @@
 #include "backend/backend_impl.h"
 
 #include <math.h>
-#if defined(__F16C__) && defined(__AVX__)
+#if (defined(__F16C__) && defined(__AVX__)) || defined(__AVX512F__)
 #include <immintrin.h>
-#define LK_HAVE_F16C 1
 #endif
-#ifdef __AVX512F__
-#include <immintrin.h>
+#if defined(__F16C__) && defined(__AVX__)
+#define LK_HAVE_F16C 1
 #endif
 #include <pthread.h>
 #include <stdatomic.h>
