@@ -567,9 +567,10 @@ lk_status lk__cpu_gemm_lowp(const lk_op_desc *d, const void *A, const void *B, v
 lk_status lk__cpu_gemm_dnnl(const lk_op_desc *d, const void *A, const void *B, void *C);
 /* Whether those GEMMs may use oneDNN (default: unless LK_ONEDNN=0). */
 void lk__cpu_lowp_use_dnnl(bool on);
-/* LK_F32_GEMM=onednn (read once; default openblas): the f32 GEMMs through
- * oneDNN, split as the 16-bit ones (lk__cpu_gemm_f32_dnnl). The setter is
- * for tests. */
+/* Whether the f32 GEMMs run through oneDNN, split as the 16-bit ones
+ * (lk__cpu_gemm_f32_dnnl), rather than OpenBLAS: LK_F32_GEMM=auto|onednn|
+ * openblas, read once; auto is oneDNN on an AMX-class CPU (cpu_lowp.c says
+ * why). The setter is for tests. */
 bool lk__cpu_f32_gemm_dnnl(void);
 void lk__cpu_f32_gemm_use_dnnl(bool on);
 lk_status lk__cpu_gemm_f32_dnnl(const lk_op_desc *d, const void *A, const void *B, void *C);

@@ -55,23 +55,42 @@ static bool use_dnnl(void) {
     return s;
 }
 
-/* LK_F32_GEMM=onednn sends the f32 GEMMs through oneDNN too (each piece of
- * the split; a piece oneDNN has no fast code for takes OpenBLAS). The
- * default, openblas, keeps 32-true's bits those of every earlier release:
- * oneDNN sums in another order (docs/BENCHMARKS.md has both rates). */
+/* Which library runs the f32 GEMMs (32-true, the f32 ops, the 16-bit
+ * fallback's widened panels): LK_F32_GEMM=auto (default), onednn or openblas.
+ * auto takes oneDNN where its f32 kernels were measured faster for whole
+ * training steps: an AMX-class Intel CPU (oneDNN's isa avx512_core_amx,
+ * Sapphire Rapids and later), 4-16% on every cell of the mlp, autoencoder
+ * and cnn (docs/BENCHMARKS.md, "f32 GEMMs: the automatic choice"). Elsewhere
+ * OpenBLAS: on AMD EPYC (AVX-512) oneDNN's GEMMs alone were 2-23% ahead but
+ * whole steps 0-7%, inside the noise, and a CPU without AVX-512 was never
+ * measured. Either library sums in its own order, so the choice shows in a
+ * 32-true result's last bits; it is fixed per machine (cpuid), never timed at
+ * run time, so a machine's runs stay bitwise repeatable. */
 static int f32_state = -1;
+
+static bool f32_auto(void) {
+#ifdef LK_HAVE_DNNL
+    return !strcmp(lk__dnnl_isa(), "avx512_core_amx");
+#else
+    return false;
+#endif
+}
 
 bool lk__cpu_f32_gemm_dnnl(void) {
     int s = __atomic_load_n(&f32_state, __ATOMIC_RELAXED);
     if (s < 0) {
         const char *v = lk_env_get("LK_F32_GEMM");
+        if (v && (!*v || !strcmp(v, "auto"))) v = NULL;
+        if (v && strcmp(v, "onednn") && strcmp(v, "openblas")) {
+            lk_log_warn("LK_F32_GEMM=%s is none of auto, onednn, openblas: f32 GEMMs take the automatic choice (%s)", v,
+                        f32_auto() ? "onednn" : "openblas");
+            v = NULL;
+        }
 #ifdef LK_HAVE_DNNL
-        s = v && !strcmp(v, "onednn");
+        s = v ? !strcmp(v, "onednn") : f32_auto();
 #else
-        s = 0;
+        s = 0; /* built without oneDNN: LK_F32_GEMM=onednn has nothing to take */
 #endif
-        if (v && strcmp(v, "onednn") && strcmp(v, "openblas"))
-            lk_log_warn("LK_F32_GEMM=%s is neither onednn nor openblas: f32 GEMMs take openblas", v);
         __atomic_store_n(&f32_state, s, __ATOMIC_RELAXED);
     }
     return s;

@@ -89,7 +89,7 @@ int lk_cmd_env(int argc, char **argv) {
            lk_get_num_threads());
     char caps[256];
     printf("cpu low-prec.   : %s\n", lk_cpu_lowp_features(caps, sizeof caps));
-    printf("32-true GEMM    : %s (LK_F32_GEMM=openblas|onednn)\n", lk_autocast_gemm_path(LK_F32));
+    printf("32-true GEMM    : %s (LK_F32_GEMM=auto|onednn|openblas)\n", lk_autocast_gemm_path(LK_F32));
     printf("bf16-mixed GEMM : %s\n", lk_autocast_gemm_path(LK_BF16));
     printf("16-mixed GEMM   : %s\n", lk_autocast_gemm_path(LK_F16));
     printf("blas            : OpenBLAS, core %s, single-threaded (lockstep splits GEMMs), config: %s\n",

@@ -46,7 +46,8 @@ static const lk_env_var env_vars[] = {
     {"LK_MAX_RESTARTS", "0", "lockstep fit with devices > 1: restart the ranks from last.ckpt up to N times after a failure"},
     {"LK_ALLOW_OVERSUBSCRIBE", "0", "1: allow more ranks (trainer.devices) than CPU cores"},
     {"LK_ONEDNN", "1", "0: run bf16/f16 GEMMs through f32 instead of oneDNN (to compare)"},
-    {"LK_F32_GEMM", "openblas", "onednn: run the f32 GEMMs (32-true, f32 ops) through oneDNN instead of OpenBLAS (faster on AVX-512; other last bits)"},
+    {"LK_F32_GEMM", "auto", "onednn|openblas: which library runs the f32 GEMMs (32-true, f32 ops); auto: oneDNN on an "
+                        "AMX-class CPU, where it was measured faster, else OpenBLAS (the two differ in the last bits)"},
     {"LK_GRAPHS", "1", "0: issue a training step's device work op by op instead of replaying it as graphs (single strategy, devices that capture)"},
     {"LK_NVML_LIBRARY", "libnvidia-ml.so.1", "NVML library dlopened for GPU stats (tests point it at a missing file)"},
 };

@@ -32,7 +32,15 @@ expect_fail "model.init_args type error names file:line:col" 2 "model_type.yaml:
 out=$("$LK_BIN" fit --help)
 check "--help lists trainer keys with defaults" grep -q -- "--trainer.max_epochs" <<<"$out"
 check "--help lists models" grep -q "autoencoder" <<<"$out"
+# LK_F32_GEMM: auto (the default) is oneDNN exactly on an AMX-class CPU
+# (oneDNN's isa avx512_core_amx), an explicit choice wins, and an unknown
+# value is named and takes the automatic choice
+auto=$("$LK_BIN" env 2>&1 | grep "^32-true GEMM")
+if "$LK_BIN" env 2>&1 | grep -q "^bf16-mixed GEMM : onednn .*(cpu isa avx512_core_amx)"; then want="onednn"; else want="openblas sgemm"; fi
+check "LK_F32_GEMM=auto: $want on this CPU ($auto)" grep -q "^32-true GEMM    : $want" <<<"$auto"
+check "LK_F32_GEMM=auto is the default" bash -c '[ "$1" = "$(LK_F32_GEMM=auto "$2" env 2>&1 | grep "^32-true GEMM")" ]' _ "$auto" "$LK_BIN"
+check "LK_F32_GEMM=openblas takes OpenBLAS" bash -c 'LK_F32_GEMM=openblas "$1" env 2>&1 | grep -q "^32-true GEMM    : openblas sgemm"' _ "$LK_BIN"
 out=$(LK_F32_GEMM=mkl "$LK_BIN" env 2>&1)
-check "an unknown LK_F32_GEMM is named and falls back to openblas" \
-  bash -c 'grep -q "LK_F32_GEMM=mkl is neither onednn nor openblas: f32 GEMMs take openblas" <<<"$1" && grep -q "^32-true GEMM    : openblas sgemm" <<<"$1"' _ "$out"
+check "an unknown LK_F32_GEMM is named and takes the automatic choice" \
+  bash -c 'grep -q "LK_F32_GEMM=mkl is none of auto, onednn, openblas: f32 GEMMs take the automatic choice" <<<"$1" && [ "$(grep "^32-true GEMM" <<<"$1")" = "$2" ]' _ "$out" "$auto"
 finish
