@@ -1,105 +1,113 @@
-/* The CPU backend's pointwise losses, f32: the regression losses (mse, l1,
- * smooth_l1) and binary cross-entropy (on probabilities or on logits, with
- * optional element weights and pos_weight): per-element losses, or their
- * mean or sum accumulated in double in element order, and the gradients.
- * The regression losses also take a bf16/f16 input and target (autocast's
- * fp32 list without an f32 copy): each element widened (exact), the same
- * f32 arithmetic, the input's gradient rounded once to the input's dtype. */
+/* The CPU backend's pointwise losses: the regression losses (mse, l1,
+ * smooth_l1; f32, bf16 or f16 input and target) and binary cross-entropy
+ * (f32; on probabilities or on logits, with optional element weights and
+ * pos_weight): per-element losses, or their mean or sum accumulated in
+ * double, and the gradients. A 16-bit input or target (autocast's fp32 list
+ * without an f32 copy) is widened (exact) to the same f32 arithmetic, and
+ * the input's gradient rounded once to the input's dtype. */
 #include <math.h>
 #include <string.h>
 
 #include "backend/cpu/cpu_impl.h"
 #include "lockstep/autograd.h"
 
-/* The regression losses over a 16-bit input (and target) in blocks: each
- * block widened into stack buffers (exact), the f32 arithmetic of the f32
- * path element by element (mean and sum in double, in element order: the
- * same result), the gradient block rounded once to dx's dtype. */
-enum { LOSS_BLOCK = 1024 };
+/* The regression losses in blocks of LOSS_BLOCK elements: a 16-bit input
+ * (or target) widened into stack buffers (exact), an f32 one read in place;
+ * the f32 arithmetic one loop per loss kind (no branch per element: the
+ * loops vectorise); a 16-bit gradient rounded once per element. A mean or
+ * sum adds the per-element losses in double in eight partial sums, element
+ * i into sum i mod 8, combined pairwise at the end: the same result for any
+ * block size (a multiple of 8), eight times shorter a dependency chain than
+ * one running sum (which bounded a 200K-element mse at ~0.16 ms, one double
+ * add latency per element), and as exact — the losses are >= 0, so each sum's
+ * relative error stays below n * 2^-53, far under f32's 2^-24. */
+enum { LOSS_BLOCK = 1024, LANES = 8 };
 
-static void widen_block(lk_dtype dt, const void *p, int64_t i0, int64_t m, float *w) {
-    if (dt == LK_F32) memcpy(w, (const float *)p + i0, (size_t)m * sizeof(float));
-    else lk_half_to_f32_n(dt, w, (const uint16_t *)p + i0, (size_t)m);
+static const float *block_of(lk_dtype dt, const void *p, int64_t i0, int64_t m, float *w) {
+    if (dt == LK_F32) return (const float *)p + i0;
+    lk_half_to_f32_n(dt, w, (const uint16_t *)p + i0, (size_t)m);
+    return w;
 }
 
-static lk_status loss_lowp(const lk_op_desc *d, void *const *x) {
-    const lk_loss_params *p = &d->loss;
-    lk_dtype xt = d->dtype[0], yt = d->dtype[1];
-    float beta = p->beta;
-    lk_reduction red = (lk_reduction)p->reduction;
-    float xb[LOSS_BLOCK], yb[LOSS_BLOCK], db[LOSS_BLOCK];
-    double acc = 0;
-    float scale = red == LK_REDUCTION_MEAN ? 1.0f / (float)p->n : 1.0f;
-    for (int64_t i0 = 0; i0 < p->n; i0 += LOSS_BLOCK) {
-        int64_t m = p->n - i0 < LOSS_BLOCK ? p->n - i0 : LOSS_BLOCK;
-        widen_block(xt, x[0], i0, m, xb);
-        widen_block(yt, x[1], i0, m, yb);
-        if (d->op == LK_OP_LOSS) {
-            float *od = x[2];
-            for (int64_t j = 0; j < m; j++) {
-                float diff = xb[j] - yb[j], v;
-                switch (p->kind) {
-                case LK_PLOSS_MSE: v = diff * diff; break;
-                case LK_PLOSS_L1: v = fabsf(diff); break;
-                default: v = fabsf(diff) < beta ? 0.5f * diff * diff / beta : fabsf(diff) - 0.5f * beta;
-                }
-                if (red == LK_REDUCTION_NONE) od[i0 + j] = v;
-                else acc += v;
-            }
-            continue;
-        }
-        const float *gd = x[2];
+/* v[j] = the per-element loss of x[j] against y[j] */
+static void loss_values(lk_ploss_kind kind, float beta, const float *restrict x, const float *restrict y, int64_t m,
+                        float *restrict v) {
+    switch (kind) {
+    case LK_PLOSS_MSE:
+        for (int64_t j = 0; j < m; j++) v[j] = (x[j] - y[j]) * (x[j] - y[j]);
+        break;
+    case LK_PLOSS_L1:
+        for (int64_t j = 0; j < m; j++) v[j] = fabsf(x[j] - y[j]);
+        break;
+    default:
         for (int64_t j = 0; j < m; j++) {
-            float diff = xb[j] - yb[j], gi = red == LK_REDUCTION_NONE ? gd[i0 + j] : gd[0] * scale, v;
-            switch (p->kind) {
-            case LK_PLOSS_MSE: v = 2.0f * diff; break;
-            case LK_PLOSS_L1: v = diff > 0 ? 1.0f : (diff < 0 ? -1.0f : 0.0f); break;
-            default: v = fabsf(diff) < beta ? diff / beta : (diff > 0 ? 1.0f : (diff < 0 ? -1.0f : 0.0f));
-            }
-            db[j] = gi * v;
+            float diff = x[j] - y[j];
+            v[j] = fabsf(diff) < beta ? 0.5f * diff * diff / beta : fabsf(diff) - 0.5f * beta;
         }
-        if (xt == LK_F32) memcpy((float *)x[3] + i0, db, (size_t)m * sizeof(float));
-        else lk_f32_to_half_n(xt, (uint16_t *)x[3] + i0, db, (size_t)m);
     }
-    if (d->op == LK_OP_LOSS && red == LK_REDUCTION_SUM) ((float *)x[2])[0] = (float)acc;
-    if (d->op == LK_OP_LOSS && red == LK_REDUCTION_MEAN) ((float *)x[2])[0] = p->n ? (float)(acc / (double)p->n) : NAN;
-    return LK_STATUS_OK;
+}
+
+/* v[j] = d loss / d x[j], before the incoming gradient */
+static void loss_grads(lk_ploss_kind kind, float beta, const float *restrict x, const float *restrict y, int64_t m,
+                       float *restrict v) {
+    switch (kind) {
+    case LK_PLOSS_MSE:
+        for (int64_t j = 0; j < m; j++) v[j] = 2.0f * (x[j] - y[j]);
+        break;
+    case LK_PLOSS_L1:
+        for (int64_t j = 0; j < m; j++) {
+            float diff = x[j] - y[j];
+            v[j] = diff > 0 ? 1.0f : (diff < 0 ? -1.0f : 0.0f);
+        }
+        break;
+    default:
+        for (int64_t j = 0; j < m; j++) {
+            float diff = x[j] - y[j];
+            v[j] = fabsf(diff) < beta ? diff / beta : (diff > 0 ? 1.0f : (diff < 0 ? -1.0f : 0.0f));
+        }
+    }
 }
 
 lk_status lk__cpu_loss(const lk_op_desc *d, void *const *x) {
-    if (d->dtype[0] != LK_F32 || d->dtype[1] != LK_F32) return loss_lowp(d, x);
     const lk_loss_params *p = &d->loss;
-    const float *xd = x[0], *yd = x[1];
-    float beta = p->beta;
+    lk_dtype xt = d->dtype[0], yt = d->dtype[1];
+    lk_ploss_kind kind = (lk_ploss_kind)p->kind;
     lk_reduction red = (lk_reduction)p->reduction;
-    if (d->op == LK_OP_LOSS) {
-        float *od = x[2];
-        double acc = 0;
-        for (int64_t i = 0; i < p->n; i++) {
-            float diff = xd[i] - yd[i], v;
-            switch (p->kind) {
-            case LK_PLOSS_MSE: v = diff * diff; break;
-            case LK_PLOSS_L1: v = fabsf(diff); break;
-            default: v = fabsf(diff) < beta ? 0.5f * diff * diff / beta : fabsf(diff) - 0.5f * beta;
-            }
-            if (red == LK_REDUCTION_NONE) od[i] = v;
-            else acc += v;
-        }
-        if (red == LK_REDUCTION_SUM) od[0] = (float)acc;
-        if (red == LK_REDUCTION_MEAN) od[0] = p->n ? (float)(acc / (double)p->n) : NAN;
-        return LK_STATUS_OK;
-    }
-    const float *gd = x[2];
-    float *dd = x[3];
+    float xw[LOSS_BLOCK], yw[LOSS_BLOCK], vb[LOSS_BLOCK];
+    double lane[LANES] = {0};
     float scale = red == LK_REDUCTION_MEAN ? 1.0f / (float)p->n : 1.0f;
-    for (int64_t i = 0; i < p->n; i++) {
-        float diff = xd[i] - yd[i], gi = red == LK_REDUCTION_NONE ? gd[i] : gd[0] * scale, v;
-        switch (p->kind) {
-        case LK_PLOSS_MSE: v = 2.0f * diff; break;
-        case LK_PLOSS_L1: v = diff > 0 ? 1.0f : (diff < 0 ? -1.0f : 0.0f); break;
-        default: v = fabsf(diff) < beta ? diff / beta : (diff > 0 ? 1.0f : (diff < 0 ? -1.0f : 0.0f));
+    for (int64_t i0 = 0; i0 < p->n; i0 += LOSS_BLOCK) {
+        int64_t m = p->n - i0 < LOSS_BLOCK ? p->n - i0 : LOSS_BLOCK;
+        const float *xb = block_of(xt, x[0], i0, m, xw), *yb = block_of(yt, x[1], i0, m, yw);
+        if (d->op == LK_OP_LOSS) {
+            if (red == LK_REDUCTION_NONE) { /* the output is f32 */
+                loss_values(kind, p->beta, xb, yb, m, (float *)x[2] + i0);
+                continue;
+            }
+            loss_values(kind, p->beta, xb, yb, m, vb);
+            int64_t j = 0;
+            for (; j + LANES <= m; j += LANES)
+                for (int k = 0; k < LANES; k++) lane[k] += vb[j + k];
+            for (int k = 0; j < m; j++, k++) lane[k] += vb[j]; /* the last block's tail: i0 + j == k mod 8 */
+            continue;
         }
-        dd[i] = gi * v;
+        /* backward: dx = incoming gradient * d loss / dx, in dx's dtype */
+        const float *gd = x[2];
+        float *db = xt == LK_F32 ? (float *)x[3] + i0 : vb;
+        loss_grads(kind, p->beta, xb, yb, m, db);
+        if (red == LK_REDUCTION_NONE)
+            for (int64_t j = 0; j < m; j++) db[j] = gd[i0 + j] * db[j];
+        else {
+            float gi = gd[0] * scale;
+            for (int64_t j = 0; j < m; j++) db[j] = gi * db[j];
+        }
+        if (xt != LK_F32) lk_f32_to_half_n(xt, (uint16_t *)x[3] + i0, db, (size_t)m);
+    }
+    if (d->op == LK_OP_LOSS && red != LK_REDUCTION_NONE) {
+        double acc = ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+        float *od = x[2];
+        if (red == LK_REDUCTION_SUM) od[0] = (float)acc;
+        else od[0] = p->n ? (float)(acc / (double)p->n) : NAN;
     }
     return LK_STATUS_OK;
 }
