@@ -47,6 +47,8 @@ bfrow=$(grep -E '^mlp +1 +64 +bf16-mixed ' <<<"$out" | head -1)
   bad "bf16-mixed held to the f32 bound (or no row): $bfrow"
 grep -qE "^mlp +1 +64  lockstep [0-9.]+ -> [0-9.]+ \([0-9.]+x, [-+][0-9.]+\); PyTorch " <<<"$out" &&
   ok "RSS bf16-mixed / 32-true line" || bad "RSS line"
+grep -qE "^lockstep 32-true GEMMs: (openblas sgemm|onednn .+) \(the bound below times OpenBLAS's cblas_sgemm\)$" <<<"$out" &&
+  ok "the header names lockstep's f32 GEMM path" || bad "f32 GEMM path line"
 header=$(head -1 "$T/c.csv" | tr -d "\r")  # csv writes CRLF
 case "$header" in
   model,world,batch,pairs_ok,pairs,lk_sps,pt_sps,ratio,*,precision,lk_gemm_path,pt_output_dtype,cpu)
