@@ -3,6 +3,8 @@
  * backward, one plane at a time over the plane kernels of kernels/conv.h.
  * Max pooling's forward gives whole planes to the compute threads once the
  * input is about a megabyte. */
+#include <math.h>
+
 #include "backend/cpu/cpu_impl.h"
 
 typedef struct {
@@ -13,15 +15,57 @@ typedef struct {
     int width;
 } max_pool_job;
 
+/* The 2x2, stride 2, unpadded window every window of which lies inside the
+ * plane (the common max pool): one output row at a time, the four values of
+ * each window read as two rows' even and odd columns, and PyTorch's loop
+ * (row-major order; a value replaces the running maximum when greater or
+ * NaN, so the first maximum and the last NaN win) spelled as four selects:
+ * no branch and no inner loop per window, which the compiler vectorises
+ * over the row (the plane kernel took ~10 ns per window on the cnn). The
+ * same values and indices as lk_k_max_pool_plane, bit for bit
+ * (backend_pool checks it). */
+static bool max_pool_2x2(const lk_pool_params *g) {
+    return g->kh == 2 && g->kw == 2 && g->sh == 2 && g->sw == 2 && g->ph == 0 && g->pw == 0 && 2 * g->OH <= g->H &&
+           2 * g->OW <= g->W;
+}
+
+static void max_pool_2x2_plane(const float *restrict x, long W, long OH, long OW, float *restrict y, int *restrict idx) {
+    for (long oh = 0; oh < OH; oh++) {
+        const float *r0 = x + 2 * oh * W, *r1 = r0 + W;
+        float *yo = y + oh * OW;
+        int *io = idx + oh * OW;
+        int base = (int)(2 * oh * W);
+        for (long ow = 0; ow < OW; ow++) {
+            float a = r0[2 * ow], b = r0[2 * ow + 1], c = r1[2 * ow], d = r1[2 * ow + 1];
+            int k = base + (int)(2 * ow);
+            float m = -INFINITY;
+            int mi = k;
+            bool t = a > m || a != a;
+            m = t ? a : m;
+            t = b > m || b != b;
+            m = t ? b : m, mi = t ? k + 1 : mi;
+            t = c > m || c != c;
+            m = t ? c : m, mi = t ? k + (int)W : mi;
+            t = d > m || d != d;
+            m = t ? d : m, mi = t ? k + (int)W + 1 : mi;
+            yo[ow] = m;
+            io[ow] = mi;
+        }
+    }
+}
+
 static void max_pool_task(void *ctx, int t) {
     const max_pool_job *j = ctx;
     const lk_pool_params *g = j->g;
     long no = g->OH * g->OW, ni = g->H * g->W;
     int64_t c0, c1;
     lk__task_range(g->planes, t, j->width, 1, &c0, &c1);
+    bool fast = max_pool_2x2(g);
     for (long c = c0; c < c1; c++)
-        lk_k_max_pool_plane(j->x + c * ni, g->H, g->W, g->kh, g->kw, g->sh, g->sw, g->ph, g->pw, g->OH, g->OW,
-                            j->out + c * no, j->idx + c * no);
+        if (fast) max_pool_2x2_plane(j->x + c * ni, g->W, g->OH, g->OW, j->out + c * no, j->idx + c * no);
+        else
+            lk_k_max_pool_plane(j->x + c * ni, g->H, g->W, g->kh, g->kw, g->sh, g->sw, g->ph, g->pw, g->OH, g->OW,
+                                j->out + c * no, j->idx + c * no);
 }
 
 static lk_status pool2d_f32(const lk_op_desc *d, void *const *x);
