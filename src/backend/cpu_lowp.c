@@ -59,7 +59,7 @@ static bool use_dnnl(void) {
  * fallback's widened panels): LK_F32_GEMM=auto (default), onednn or openblas.
  * auto takes oneDNN where its f32 kernels were measured faster for whole
  * training steps: an AMX-class Intel CPU (oneDNN's isa avx512_core_amx,
- * Sapphire Rapids and later), 4-16% on every cell of the mlp, autoencoder
+ * Sapphire Rapids and later), 3-17% on every cell of the mlp, autoencoder
  * and cnn (docs/BENCHMARKS.md, "f32 GEMMs: the automatic choice"). Elsewhere
  * OpenBLAS: on AMD EPYC (AVX-512) oneDNN's GEMMs alone were 2-23% ahead but
  * whole steps 0-7%, inside the noise, and a CPU without AVX-512 was never

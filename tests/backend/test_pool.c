@@ -51,7 +51,8 @@ static void check(lk_dtype dt, long H, long W, long k, long st, long pad, int sp
         lk_k_max_pool_plane(x + c * ni, H, W, k, k, st, st, pad, pad, OH, OW, yr + c * no, idxr + c * no);
     lk_op_desc d = {.op = LK_OP_POOL2D, .dtype = {dt, dt, LK_I32}};
     d.pool = (lk_pool_params){LK_POOL_MAX, PLANES, H, W, OH, OW, k, k, st, st, pad, pad, false};
-    CHECK_OK(lk__backend_run(LK_DEVICE_CPU, &d, (void *[]){dt == LK_F32 ? (void *)x : xh, dt == LK_F32 ? (void *)y : yh, idx}));
+    void *xo = dt == LK_F32 ? (void *)x : xh, *yo = dt == LK_F32 ? (void *)y : yh;
+    CHECK_OK(lk__backend_run(LK_DEVICE_CPU, &d, (void *[]){xo, yo, idx}));
     if (dt != LK_F32) lk_half_to_f32_n(dt, y, yh, (size_t)(PLANES * no)); /* a maximum is one of the inputs: exact */
     int bad = bits_differ(y, yr, PLANES * no) || memcmp(idx, idxr, (size_t)(PLANES * no) * sizeof(int));
     if (bad)

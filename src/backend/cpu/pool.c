@@ -29,7 +29,8 @@ static bool max_pool_2x2(const lk_pool_params *g) {
            2 * g->OW <= g->W;
 }
 
-static void max_pool_2x2_plane(const float *restrict x, long W, long OH, long OW, float *restrict y, int *restrict idx) {
+static void max_pool_2x2_plane(const float *restrict x, long W, long OH, long OW, float *restrict y,
+                               int *restrict idx) {
     for (long oh = 0; oh < OH; oh++) {
         const float *r0 = x + 2 * oh * W, *r1 = r0 + W;
         float *yo = y + oh * OW;
