@@ -142,6 +142,14 @@ lk_tensor *lk__contig_keep(lk_tensor *t) {
     return lk_tensor_is_contiguous(t) ? lk_tensor_retain(t) : lk_tensor_clone(t);
 }
 
+/* Whether tensors on a and b may meet in one op: the same device, or memory
+ * the CPU addresses on both sides, which is one memory to the CPU kernels
+ * (the loader's batch, a strategy's flat buffers, a host-addressable
+ * device's tensors mix freely). */
+static bool one_memory(lk_device a, lk_device b) {
+    return lk_device_equal(a, b) || (lk_device_is_host(a) && lk_device_is_host(b));
+}
+
 lk_status lk__same_device(const char *op, int n, lk_tensor *const *t) {
     int first = -1;
     for (int i = 0; i < n; i++) {
@@ -150,11 +158,7 @@ lk_status lk__same_device(const char *op, int n, lk_tensor *const *t) {
             first = i;
             continue;
         }
-        if (lk_device_equal(t[first]->device, t[i]->device)) continue;
-        /* memory the CPU addresses is one memory to the CPU kernels: the
-         * loader's batch, a strategy's flat buffers and a host-addressable
-         * device's tensors mix freely */
-        if (lk_device_is_host(t[first]->device) && lk_device_is_host(t[i]->device)) continue;
+        if (one_memory(t[first]->device, t[i]->device)) continue;
         char a[32], b[32];
         lk_device_str(t[first]->device, a, sizeof a);
         lk_device_str(t[i]->device, b, sizeof b);
@@ -238,7 +242,7 @@ static lk_status add_into(lk_tensor **slot, lk_tensor *g, bool persistent) {
         return *slot ? LK_STATUS_OK : LK_STATUS_OUT_OF_MEMORY;
     }
     lk_tensor *d = *slot;
-    if (!lk_device_equal(d->device, g->device) && !(lk_device_is_host(d->device) && lk_device_is_host(g->device))) {
+    if (!one_memory(d->device, g->device)) {
         /* a gradient kept from before its tensor moved */
         char a[32], b[32];
         return lk_error(LK_STATUS_INVALID_ARGUMENT,

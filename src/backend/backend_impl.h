@@ -127,8 +127,8 @@ typedef struct lk_softmax_params {
 /* LK_OP_LOSS / LK_OP_LOSS_BACKWARD over n contiguous elements. reduction is
  * an lk_reduction (lockstep/autograd.h): NONE writes n losses (backward: dout
  * has n), MEAN and SUM one (dout has one); mean and sum accumulate in
- * double. beta: smooth_l1's threshold (> 0; 0 is l1). */
-typedef enum { LK_PLOSS_MSE, LK_PLOSS_L1, LK_PLOSS_SMOOTH_L1 } lk_ploss_kind;
+ * double. beta: smooth_l1's threshold (> 0; 0 is l1). The kinds and their
+ * formulas: kernels/rows.h (lk_k_ploss). */
 typedef struct lk_loss_params {
     lk_ploss_kind kind;
     int reduction;

@@ -29,42 +29,19 @@ static const float *block_of(lk_dtype dt, const void *p, int64_t i0, int64_t m, 
     return w;
 }
 
-/* v[j] = the per-element loss of x[j] against y[j] */
-static void loss_values(lk_ploss_kind kind, float beta, const float *restrict x, const float *restrict y, int64_t m,
-                        float *restrict v) {
-    switch (kind) {
-    case LK_PLOSS_MSE:
-        for (int64_t j = 0; j < m; j++) v[j] = (x[j] - y[j]) * (x[j] - y[j]);
-        break;
-    case LK_PLOSS_L1:
-        for (int64_t j = 0; j < m; j++) v[j] = fabsf(x[j] - y[j]);
-        break;
-    default:
-        for (int64_t j = 0; j < m; j++) {
-            float diff = x[j] - y[j];
-            v[j] = fabsf(diff) < beta ? 0.5f * diff * diff / beta : fabsf(diff) - 0.5f * beta;
-        }
-    }
-}
+/* v[j] = the per-element loss of x[j] against y[j] (dx 0), or its
+ * derivative in x[j] (dx 1): one loop per kind, each with the kernel's
+ * formula for a constant kind, so each vectorises. */
+#define PLOSS_LOOP(K)                                                                                \
+    for (int64_t j = 0; j < m; j++)                                                                  \
+        v[j] = dx ? lk_k_ploss_dx(K, x[j] - y[j], beta) : lk_k_ploss(K, x[j] - y[j], beta)
 
-/* v[j] = d loss / d x[j], before the incoming gradient */
-static void loss_grads(lk_ploss_kind kind, float beta, const float *restrict x, const float *restrict y, int64_t m,
-                       float *restrict v) {
+static void ploss_block(lk_ploss_kind kind, bool dx, float beta, const float *restrict x, const float *restrict y,
+                        int64_t m, float *restrict v) {
     switch (kind) {
-    case LK_PLOSS_MSE:
-        for (int64_t j = 0; j < m; j++) v[j] = 2.0f * (x[j] - y[j]);
-        break;
-    case LK_PLOSS_L1:
-        for (int64_t j = 0; j < m; j++) {
-            float diff = x[j] - y[j];
-            v[j] = diff > 0 ? 1.0f : (diff < 0 ? -1.0f : 0.0f);
-        }
-        break;
-    default:
-        for (int64_t j = 0; j < m; j++) {
-            float diff = x[j] - y[j];
-            v[j] = fabsf(diff) < beta ? diff / beta : (diff > 0 ? 1.0f : (diff < 0 ? -1.0f : 0.0f));
-        }
+    case LK_PLOSS_MSE: PLOSS_LOOP(LK_PLOSS_MSE); break;
+    case LK_PLOSS_L1: PLOSS_LOOP(LK_PLOSS_L1); break;
+    default: PLOSS_LOOP(LK_PLOSS_SMOOTH_L1);
     }
 }
 
@@ -81,10 +58,10 @@ lk_status lk__cpu_loss(const lk_op_desc *d, void *const *x) {
         const float *xb = block_of(xt, x[0], i0, m, xw), *yb = block_of(yt, x[1], i0, m, yw);
         if (d->op == LK_OP_LOSS) {
             if (red == LK_REDUCTION_NONE) { /* the output is f32 */
-                loss_values(kind, p->beta, xb, yb, m, (float *)x[2] + i0);
+                ploss_block(kind, false, p->beta, xb, yb, m, (float *)x[2] + i0);
                 continue;
             }
-            loss_values(kind, p->beta, xb, yb, m, vb);
+            ploss_block(kind, false, p->beta, xb, yb, m, vb);
             int64_t j = 0;
             for (; j + LANES <= m; j += LANES)
                 for (int k = 0; k < LANES; k++) lane[k] += vb[j + k];
@@ -94,7 +71,7 @@ lk_status lk__cpu_loss(const lk_op_desc *d, void *const *x) {
         /* backward: dx = incoming gradient * d loss / dx, in dx's dtype */
         const float *gd = x[2];
         float *db = xt == LK_F32 ? (float *)x[3] + i0 : vb;
-        loss_grads(kind, p->beta, xb, yb, m, db);
+        ploss_block(kind, true, p->beta, xb, yb, m, db);
         if (red == LK_REDUCTION_NONE)
             for (int64_t j = 0; j < m; j++) db[j] = gd[i0 + j] * db[j];
         else {

@@ -163,16 +163,8 @@ __global__ void k_softmax_backward_cols(int64_t outer, int64_t C, int64_t inner,
 
 /* ---- regression losses ---- */
 
-__device__ float loss_value(int kind, float diff, float beta) {
-    switch (kind) {
-    case LK_PLOSS_MSE: return diff * diff;
-    case LK_PLOSS_L1: return fabsf(diff);
-    default: return fabsf(diff) < beta ? 0.5f * diff * diff / beta : fabsf(diff) - 0.5f * beta;
-    }
-}
-
 __global__ void k_loss_none(lk_loss_params p, const void *x, const void *t, float *out, int xt, int tt) {
-    LK_CU_FOR(i, p.n) out[i] = loss_value(p.kind, lk_cu_ld(x, xt, i) - lk_cu_ld(t, tt, i), p.beta);
+    LK_CU_FOR(i, p.n) out[i] = lk_k_ploss(p.kind, lk_cu_ld(x, xt, i) - lk_cu_ld(t, tt, i), p.beta);
 }
 
 __global__ void k_loss_partial(lk_loss_params p, const void *x, const void *t, int xt, int tt, double *part) {
@@ -181,7 +173,7 @@ __global__ void k_loss_partial(lk_loss_params p, const void *x, const void *t, i
     chunk_of(p.n, &lo, &hi);
     double acc = 0.0;
     for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x)
-        acc += loss_value(p.kind, lk_cu_ld(x, xt, i) - lk_cu_ld(t, tt, i), p.beta);
+        acc += lk_k_ploss(p.kind, lk_cu_ld(x, xt, i) - lk_cu_ld(t, tt, i), p.beta);
     double r = block_sum(acc, sh);
     if (threadIdx.x == 0) part[blockIdx.x] = r;
 }
@@ -194,14 +186,8 @@ __global__ void k_loss_backward(lk_loss_params p, const void *x, const void *t, 
                                 int tt) {
     float scale = p.reduction == LK_REDUCTION_MEAN ? 1.0f / (float)p.n : 1.0f, beta = p.beta;
     LK_CU_FOR(i, p.n) {
-        float diff = lk_cu_ld(x, xt, i) - lk_cu_ld(t, tt, i), v;
         float gi = p.reduction == LK_REDUCTION_NONE ? gd[i] : gd[0] * scale;
-        switch (p.kind) {
-        case LK_PLOSS_MSE: v = 2.0f * diff; break;
-        case LK_PLOSS_L1: v = diff > 0 ? 1.0f : (diff < 0 ? -1.0f : 0.0f); break;
-        default: v = fabsf(diff) < beta ? diff / beta : (diff > 0 ? 1.0f : (diff < 0 ? -1.0f : 0.0f));
-        }
-        lk_cu_st(dx, xt, i, gi * v);
+        lk_cu_st(dx, xt, i, gi * lk_k_ploss_dx(p.kind, lk_cu_ld(x, xt, i) - lk_cu_ld(t, tt, i), beta));
     }
 }
 

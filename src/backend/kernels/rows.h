@@ -256,6 +256,29 @@ LK_KERNEL void lk_k_xent_row_grad(const float *LK_K_RESTRICT p, float *LK_K_REST
     dx[t] -= coef * (1.0f - eps) * wt;
 }
 
+/* The regression losses of one element, of diff = x - t (LK_OP_LOSS), and
+ * their derivative in x: mse diff^2; l1 |diff|; smooth_l1 0.5 diff^2 / beta
+ * below beta, |diff| - 0.5 beta above. A backend's loop over elements calls
+ * these with a constant kind, so each kind's loop compiles on its own. */
+typedef enum { LK_PLOSS_MSE, LK_PLOSS_L1, LK_PLOSS_SMOOTH_L1 } lk_ploss_kind;
+
+LK_KERNEL float lk_k_ploss(int kind, float diff, float beta) {
+    switch (kind) {
+    case LK_PLOSS_MSE: return diff * diff;
+    case LK_PLOSS_L1: return fabsf(diff);
+    default: return fabsf(diff) < beta ? 0.5f * diff * diff / beta : fabsf(diff) - 0.5f * beta;
+    }
+}
+
+LK_KERNEL float lk_k_ploss_dx(int kind, float diff, float beta) {
+    float sign = diff > 0 ? 1.0f : (diff < 0 ? -1.0f : 0.0f);
+    switch (kind) {
+    case LK_PLOSS_MSE: return 2.0f * diff;
+    case LK_PLOSS_L1: return sign;
+    default: return fabsf(diff) < beta ? diff / beta : sign;
+    }
+}
+
 /* Binary cross-entropy on probabilities, PyTorch's form with each log clamped
  * to >= -100 so x = 0 or 1 gives a finite loss:
  *   loss = (t - 1) * max(log1p(-x), -100) - t * max(log(x), -100). */
