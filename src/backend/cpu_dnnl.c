@@ -95,6 +95,13 @@ static dnnl_primitive_t make(const lk_op_desc *d, dnnl_engine_t eng, const char 
 
 static lk_status setup(void) {
     if (tl) return LK_STATUS_OK;
+    /* One OpenMP thread for every oneDNN call on this thread: lockstep's pool
+     * already cut the GEMM (cpu_lowp.c). Set before the first primitive is
+     * made: a primitive sizes its work split by the thread count at creation
+     * and asks OpenMP for that team at every execution, whatever the setting
+     * then (made first with the default, one per core, a pool thread's GEMMs
+     * each started a second OpenMP team that fought the pool for the cores). */
+    omp_set_num_threads(1);
     cache *c = lk_calloc(1, sizeof *c);
     if (!c) return LK_STATUS_OUT_OF_MEMORY;
     if (dnnl_engine_create(&c->eng, dnnl_cpu, 0) || dnnl_stream_create(&c->strm, c->eng, dnnl_stream_default_flags)) {
@@ -141,10 +148,6 @@ lk_status lk__dnnl_gemm(const lk_op_desc *d, const void *A, const void *B, void 
     }
     e->used = ++c->tick;
     if (!e->prim) return LK_STATUS_UNSUPPORTED;
-    /* single-threaded: lockstep's pool already cut the GEMM (cpu_lowp.c);
-     * the setting is per thread in OpenMP, so each pool thread makes it once */
-    static _Thread_local bool one_thread;
-    if (!one_thread) omp_set_num_threads(1), one_thread = true;
     dnnl_memory_set_data_handle(e->a, (void *)A);
     dnnl_memory_set_data_handle(e->b, (void *)B);
     dnnl_memory_set_data_handle(e->c, C);
