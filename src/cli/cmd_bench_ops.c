@@ -94,6 +94,64 @@ static void run_dnnl_f32(void *p) {
     if (lk__cpu_gemm_dnnl(&t->d, t->a, t->b, t->c)) lk_panic("onednn f32 gemm: %s", lk_last_error());
 }
 
+/* The optimizer's update: AdamW (torch 1.13's single-tensor formula, f32
+ * state) over n f32 parameters as one typed op per range, the range cut for
+ * `width` compute threads as lk_optimizer_step cuts a flat group. Per
+ * element it reads parameter, gradient and both moments and writes back
+ * three (28 bytes), with a square root and two divisions. */
+typedef struct {
+    lk_op_desc d;
+    float *p, *g, *m, *v;
+    int width;
+} optim_ctx;
+
+static void optim_task(void *p, int t) {
+    optim_ctx *o = p;
+    int64_t a, b;
+    lk__task_range(o->d.optim.n, t, o->width, 16, &a, &b);
+    lk_op_desc d = o->d;
+    d.optim.n = b - a;
+    if (b > a && lk__backend_run(LK_DEVICE_CPU, &d, (void *[]){o->p + a, o->g + a, o->m + a, o->v + a, NULL}))
+        lk_panic("optimizer update: %s", lk_last_error());
+}
+
+static void run_optim(void *p) {
+    optim_ctx *o = p;
+    lk__parallel_run(o->width, optim_task, o);
+}
+
+/* Whether the update is bound by memory or by its arithmetic: the mlp's
+ * 535,040 parameters (784-512-256-10; 8.6 MB with gradient and moments,
+ * more than a core's L2) and 16,384 (in cache), on 1..N threads. */
+static void optim_table(double budget) {
+    static const int64_t sizes[] = {535040, 16384};
+    int threads = lk_get_num_threads();
+    printf("\noptimizer update, AdamW in f32 (28 bytes and a sqrt + 2 divisions per parameter):\n");
+    printf("%-12s %8s %12s %10s %8s\n", "parameters", "threads", "us/update", "ns/param", "GB/s");
+    for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
+        int64_t n = sizes[s];
+        float *buf = lk_aligned_alloc(LK_ALIGN, 4 * (size_t)n * sizeof(float));
+        if (!buf) lk_panic("bench ops: no memory for the optimizer's buffers");
+        for (int64_t i = 0; i < n; i++) {
+            buf[i] = 0.01f * (float)(i % 13);                 /* parameter */
+            buf[n + i] = 1e-3f * (float)(i % 7 - 3) + 5e-4f; /* gradient, never 0: no subnormal moments */
+            buf[2 * n + i] = 0.0f, buf[3 * n + i] = 1e-6f;   /* moments */
+        }
+        optim_ctx o = {{.op = LK_OP_OPTIM_UPDATE, .dtype = {LK_F32, LK_F32, LK_F32, LK_F32, LK_F32}},
+                       buf, buf + n, buf + 2 * n, buf + 3 * n, 1};
+        o.d.optim = (lk_optim_params){LK_OPTIM_RULE_ADAM, n, 10, 1e-3, 0, 0, 1e-2, 0.9, 0.999, 1e-8, 0, false, false, true};
+        for (int w = 1; w <= threads; w = w < threads && 2 * w > threads ? threads : 2 * w) {
+            lk_set_num_threads(w);
+            o.width = lk__parallel_width(w);
+            double t = time_it(run_optim, &o, budget / 2);
+            printf("%-12lld %8d %12.1f %10.3f %8.1f\n", (long long)n, w, t * 1e6, t * 1e9 / (double)n,
+                   28.0 * (double)n / t / 1e9);
+        }
+        lk_set_num_threads(threads);
+        lk_aligned_free(buf);
+    }
+}
+
 /* The GEMMs of bf16-mixed and 16-mixed against f32, at the shapes of a
  * training step (forward x W^T, backward dY W and dY^T X), same buffers sizes. */
 static void lowp_table(double budget) {
@@ -158,7 +216,8 @@ int lk_cmd_bench_ops(int argc, char **argv) {
             printf("usage: lockstep bench ops [--seconds S]\n"
                    "GFLOP/s of lk_matmul vs direct cblas_sgemm on the same buffers (median of 7 rounds,\n"
                    "about S seconds per cell); the training step's GEMMs in f32 (OpenBLAS and oneDNN), bf16 and f16;\n"
-                   "and forward+backward time of a 784-512-256-64 MLP at batch 256.\n");
+                   "the optimizer's update (AdamW over the mlp's parameters, and over a set that fits in cache)\n"
+                   "on 1 to N compute threads; and forward+backward time of a 784-512-256-64 MLP at batch 256.\n");
             return 0;
         } else {
             fprintf(stderr, "lockstep bench ops: unknown option '%s'\n", argv[i]);
@@ -204,6 +263,7 @@ int lk_cmd_bench_ops(int argc, char **argv) {
     lk_set_grad_enabled(prev);
 
     lowp_table(budget);
+    optim_table(budget);
 
     mlp_ctx m;
     static const int64_t widths[] = {784, 512, 256, 64};

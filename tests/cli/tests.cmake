@@ -5,5 +5,7 @@ lk_add_script_test(NAME cli_errors SCRIPT cli/test_errors.sh LABELS unit TIMEOUT
 lk_add_test(NAME cli_bench_report SOURCES cli/test_bench_report.c ${PROJECT_SOURCE_DIR}/src/cli/bench_report.c
             LABELS unit TIMEOUT 60)
 lk_add_script_test(NAME cli_bench_train SCRIPT cli/test_bench_train.sh LABELS multiproc TIMEOUT 180)
+# bench ops at a tiny budget: every table printed (its numbers are not checked)
+lk_add_script_test(NAME cli_bench_ops SCRIPT cli/test_bench_ops.sh LABELS unit TIMEOUT 120)
 lk_add_script_test(NAME cli_profiler SCRIPT cli/test_profiler.sh LABELS multiproc TIMEOUT 300)
 lk_add_script_test(NAME cli_lightning_cfg SCRIPT cli/test_lightning_cfg.sh LABELS multiproc TIMEOUT 300)
