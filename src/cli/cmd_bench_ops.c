@@ -1,6 +1,8 @@
 /* `lockstep bench ops`: GEMM throughput through lk_matmul against calling
- * cblas_sgemm directly on the same buffers, and the forward+backward time of
- * a 784-512-256-64 MLP. A benchmark, never a test: it prints a table. */
+ * cblas_sgemm directly on the same buffers, the training step's GEMMs in
+ * every precision, the optimizer's update, and the forward+backward time of
+ * a 784-512-256-64 MLP in f32 and under bf16 autocast, on 1 to N compute
+ * threads. A benchmark, never a test: it prints tables. */
 #include <cblas.h>
 #include <stdlib.h>
 #include <string.h>
@@ -61,17 +63,20 @@ static void run_lockstep(void *p) {
 
 typedef struct {
     lk_tensor *x, *w[3], *b[3];
+    lk_dtype autocast; /* LK_F32: none */
 } mlp_ctx;
 
 static void run_mlp(void *p) {
     mlp_ctx *m = p;
     lk_scope_begin();
+    if (m->autocast != LK_F32) lk_autocast_enter(m->autocast);
     lk_tensor *h = m->x;
     for (int i = 0; i < 3; i++) {
         h = lk_linear(h, m->w[i], m->b[i]);
         if (i < 2) h = lk_relu(h);
     }
     lk_tensor *loss = lk_mean(lk_mul(h, h), NULL, 0, false);
+    if (m->autocast != LK_F32) lk_autocast_exit();
     if (!loss || lk_backward(loss)) lk_panic("mlp step failed: %s", lk_last_error());
     lk_scope_end();
 }
@@ -120,11 +125,11 @@ static void run_optim(void *p) {
     lk__parallel_run(o->width, optim_task, o);
 }
 
-/* Whether the update is bound by memory or by its arithmetic: the mlp's
- * 535,040 parameters (784-512-256-10; 8.6 MB with gradient and moments,
- * more than a core's L2) and 16,384 (in cache), on 1..N threads. */
+/* Whether the update is bound by memory or by its arithmetic: bench train's
+ * mlp's 235,146 parameters (784-256-128-10; 3.8 MB with gradient and
+ * moments, more than a core's L2) and 16,384 (in cache), on 1..N threads. */
 static void optim_table(double budget) {
-    static const int64_t sizes[] = {535040, 16384};
+    static const int64_t sizes[] = {235146, 16384};
     int threads = lk_get_num_threads();
     printf("\noptimizer update, AdamW in f32 (28 bytes and a sqrt + 2 divisions per parameter):\n");
     printf("%-12s %8s %12s %10s %8s\n", "parameters", "threads", "us/update", "ns/param", "GB/s");
@@ -217,7 +222,8 @@ int lk_cmd_bench_ops(int argc, char **argv) {
                    "GFLOP/s of lk_matmul vs direct cblas_sgemm on the same buffers (median of 7 rounds,\n"
                    "about S seconds per cell); the training step's GEMMs in f32 (OpenBLAS and oneDNN), bf16 and f16;\n"
                    "the optimizer's update (AdamW over the mlp's parameters, and over a set that fits in cache)\n"
-                   "on 1 to N compute threads; and forward+backward time of a 784-512-256-64 MLP at batch 256.\n");
+                   "on 1 to N compute threads; and forward+backward time of a 784-512-256-64 MLP at batch 256,\n"
+                   "in f32 and under bf16 autocast (bf16-mixed), on 1 to N compute threads.\n");
             return 0;
         } else {
             fprintf(stderr, "lockstep bench ops: unknown option '%s'\n", argv[i]);
@@ -278,9 +284,20 @@ int lk_cmd_bench_ops(int argc, char **argv) {
     }
     /* forward 1x, backward 2x (dW for all, dX for layers 2..3) */
     double total_flops = flops * 3 - 2.0 * 256 * 784 * 512;
-    double t = time_it(run_mlp, &m, budget * 2);
-    printf("\nMLP 784-512-256-64, batch 256, forward+backward: %.3f ms/step, %.1f GFLOP/s, %.0f samples/s\n",
-           t * 1e3, total_flops / t / 1e9, 256 / t);
+    /* f32, then under bf16 autocast (bf16-mixed's forward and backward), on 1..N threads */
+    int threads = lk_get_num_threads();
+    printf("\nMLP 784-512-256-64, batch 256, forward+backward (%.0f MFLOP):\n", total_flops / 1e6);
+    printf("%-10s %8s %10s %10s %12s\n", "precision", "threads", "ms/step", "GFLOP/s", "samples/s");
+    for (int p = 0; p < 2; p++) {
+        m.autocast = p ? LK_BF16 : LK_F32;
+        for (int w = 1; w <= threads; w = w < threads && 2 * w > threads ? threads : 2 * w) {
+            lk_set_num_threads(w);
+            double t = time_it(run_mlp, &m, budget * 2);
+            printf("%-10s %8d %10.3f %10.1f %12.0f\n", p ? "bf16-mixed" : "32-true", w, t * 1e3, total_flops / t / 1e9,
+                   256 / t);
+        }
+        lk_set_num_threads(threads);
+    }
     lk_tensor_release(m.x);
     for (int i = 0; i < 3; i++) {
         lk_tensor_release(m.w[i]);
