@@ -168,12 +168,36 @@ static void lowp_task(void *ctx, int t) {
     j->st[t] = j->dnnl_only ? dnnl_one(&d, A, B, C) : gemm_one(&d, A, B, C);
 }
 
-#define LOWP_SPLIT_FLOPS (8.0 * 1024 * 1024) /* bf16 runs ~2x f32's rate: twice f32's threshold */
+/* The work below which a GEMM runs whole on the calling thread. A cut
+ * moves operands the caller has just written (the rounded weight, the
+ * activations) to the other cores' caches, a cost that grows with their size
+ * while the time saved shrinks with the kernel's speed. 8 MFLOP for f32 and
+ * the 16-bit fallback. 256 MFLOP for bf16 through oneDNN on AMX, ~5x f32's
+ * rate (bench ops): on a 2-core AMX Xeon, cut at 8 MFLOP, a bf16-mixed
+ * mlp or autoencoder step (GEMMs up to 205 MFLOP) ran slower on two compute
+ * threads than on one; uncut below 256 MFLOP, the autoencoder gained 16-28%
+ * and the mlp 1-8%, the cnn nothing (docs/BENCHMARKS.md, "bf16 GEMMs on AMX
+ * stay on one core"). Decided by cpuid, like the library choice: the cut
+ * never depends on timing. */
+static double split_flops(const lk_op_desc *d, bool dnnl_only) {
+    static int amx = -1;
+    if (d->dtype[0] != LK_BF16 || !(dnnl_only || use_dnnl())) return 8.0 * 1024 * 1024;
+    if (__atomic_load_n(&amx, __ATOMIC_RELAXED) < 0) {
+#ifdef LK_HAVE_DNNL
+        __atomic_store_n(&amx, !strcmp(lk__dnnl_isa(), "avx512_core_amx"), __ATOMIC_RELAXED);
+#else
+        __atomic_store_n(&amx, 0, __ATOMIC_RELAXED);
+#endif
+    }
+    return __atomic_load_n(&amx, __ATOMIC_RELAXED) ? 256.0 * 1024 * 1024 : 8.0 * 1024 * 1024;
+}
 
 static lk_status split_run(const lk_op_desc *d, const void *A, const void *B, void *C, bool dnnl_only) {
     const lk_gemm_params *g = &d->gemm;
     if (g->M == 0 || g->N == 0) return LK_STATUS_OK;
-    int width = 2.0 * (double)g->M * (double)g->N * (double)g->K >= LOWP_SPLIT_FLOPS ? lk__parallel_width(INT64_MAX) : 1;
+    int width = 2.0 * (double)g->M * (double)g->N * (double)g->K >= split_flops(d, dnnl_only)
+                    ? lk__parallel_width(INT64_MAX)
+                    : 1;
     bool by_cols = g->N >= 32 * width || g->N >= g->M;
     int64_t parts = (by_cols ? g->N : g->M) / 16;
     if (width > parts) width = parts > 1 ? (int)parts : 1;
