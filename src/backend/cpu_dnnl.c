@@ -97,10 +97,10 @@ static lk_status setup(void) {
     if (tl) return LK_STATUS_OK;
     /* One OpenMP thread for every oneDNN call on this thread: lockstep's pool
      * already cut the GEMM (cpu_lowp.c). Set before the first primitive is
-     * made: a primitive sizes its work split by the thread count at creation
-     * and asks OpenMP for that team at every execution, whatever the setting
-     * then (made first with the default, one per core, a pool thread's GEMMs
-     * each started a second OpenMP team that fought the pool for the cores). */
+     * made, not just before the first execution: set only after making it,
+     * oneDNN's executions still started OpenMP teams of one thread per core
+     * on the main thread and the pool's worker (gdb, a 2-thread bf16-mixed
+     * fit: 5 threads instead of 3, six times the context switches). */
     omp_set_num_threads(1);
     cache *c = lk_calloc(1, sizeof *c);
     if (!c) return LK_STATUS_OUT_OF_MEMORY;
