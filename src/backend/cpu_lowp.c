@@ -68,13 +68,24 @@ static bool use_dnnl(void) {
  * run time, so a machine's runs stay bitwise repeatable. */
 static int f32_state = -1;
 
-static bool f32_auto(void) {
+/* Whether oneDNN runs on AMX here (its isa avx512_core_amx: Sapphire Rapids
+ * and later), from cpuid, asked once: the f32 library choice and the bf16
+ * GEMMs' cut both follow it. */
+static bool cpu_amx(void) {
+    static int amx = -1;
+    int a = __atomic_load_n(&amx, __ATOMIC_RELAXED);
+    if (a < 0) {
 #ifdef LK_HAVE_DNNL
-    return !strcmp(lk__dnnl_isa(), "avx512_core_amx");
+        a = !strcmp(lk__dnnl_isa(), "avx512_core_amx");
 #else
-    return false;
+        a = 0;
 #endif
+        __atomic_store_n(&amx, a, __ATOMIC_RELAXED);
+    }
+    return a;
 }
+
+static bool f32_auto(void) { return cpu_amx(); }
 
 bool lk__cpu_f32_gemm_dnnl(void) {
     int s = __atomic_load_n(&f32_state, __ATOMIC_RELAXED);
@@ -180,16 +191,8 @@ static void lowp_task(void *ctx, int t) {
  * stay on one core"). Decided by cpuid, like the library choice: the cut
  * never depends on timing. */
 static double split_flops(const lk_op_desc *d, bool dnnl_only) {
-    static int amx = -1;
-    if (d->dtype[0] != LK_BF16 || !(dnnl_only || use_dnnl())) return 8.0 * 1024 * 1024;
-    if (__atomic_load_n(&amx, __ATOMIC_RELAXED) < 0) {
-#ifdef LK_HAVE_DNNL
-        __atomic_store_n(&amx, !strcmp(lk__dnnl_isa(), "avx512_core_amx"), __ATOMIC_RELAXED);
-#else
-        __atomic_store_n(&amx, 0, __ATOMIC_RELAXED);
-#endif
-    }
-    return __atomic_load_n(&amx, __ATOMIC_RELAXED) ? 256.0 * 1024 * 1024 : 8.0 * 1024 * 1024;
+    bool amx_bf16 = d->dtype[0] == LK_BF16 && (dnnl_only || use_dnnl()) && cpu_amx();
+    return (amx_bf16 ? 256.0 : 8.0) * 1024 * 1024;
 }
 
 static lk_status split_run(const lk_op_desc *d, const void *A, const void *B, void *C, bool dnnl_only) {

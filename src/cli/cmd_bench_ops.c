@@ -99,6 +99,9 @@ static void run_dnnl_f32(void *p) {
     if (lk__cpu_gemm_dnnl(&t->d, t->a, t->b, t->c)) lk_panic("onednn f32 gemm: %s", lk_last_error());
 }
 
+/* The thread counts a table steps through: 1, 2, 4, ... and the process's own. */
+static int next_width(int w, int threads) { return w < threads && 2 * w > threads ? threads : 2 * w; }
+
 /* The optimizer's update: AdamW (torch 1.13's single-tensor formula, f32
  * state) over n f32 parameters as one typed op per range, the range cut for
  * `width` compute threads as lk_optimizer_step cuts a flat group. Per
@@ -145,7 +148,7 @@ static void optim_table(double budget) {
         optim_ctx o = {{.op = LK_OP_OPTIM_UPDATE, .dtype = {LK_F32, LK_F32, LK_F32, LK_F32, LK_F32}},
                        buf, buf + n, buf + 2 * n, buf + 3 * n, 1};
         o.d.optim = (lk_optim_params){LK_OPTIM_RULE_ADAM, n, 10, 1e-3, 0, 0, 1e-2, 0.9, 0.999, 1e-8, 0, false, false, true};
-        for (int w = 1; w <= threads; w = w < threads && 2 * w > threads ? threads : 2 * w) {
+        for (int w = 1; w <= threads; w = next_width(w, threads)) {
             lk_set_num_threads(w);
             o.width = lk__parallel_width(w);
             double t = time_it(run_optim, &o, budget / 2);
@@ -290,7 +293,7 @@ int lk_cmd_bench_ops(int argc, char **argv) {
     printf("%-10s %8s %10s %10s %12s\n", "precision", "threads", "ms/step", "GFLOP/s", "samples/s");
     for (int p = 0; p < 2; p++) {
         m.autocast = p ? LK_BF16 : LK_F32;
-        for (int w = 1; w <= threads; w = w < threads && 2 * w > threads ? threads : 2 * w) {
+        for (int w = 1; w <= threads; w = next_width(w, threads)) {
             lk_set_num_threads(w);
             double t = time_it(run_mlp, &m, budget * 2);
             printf("%-10s %8d %10.3f %10.1f %12.0f\n", p ? "bf16-mixed" : "32-true", w, t * 1e3, total_flops / t / 1e9,
