@@ -62,7 +62,8 @@ static void check(lk_dtype dt, long H, long W, long k, long st, long pad, int sp
 }
 
 static void max_pool_matches_plane_kernel(void) {
-    static const long sizes[][2] = {{2, 2}, {3, 3}, {4, 6}, {7, 5}, {14, 14}, {28, 28}, {29, 27}, {1, 8}};
+    static const long sizes[][2] = {{2, 2}, {3, 3}, {4, 6}, {7, 5}, {14, 14}, {28, 28}, {29, 27}, {1, 8},
+                                     {4, 70}, {5, 65}, {2, 64}, {3, 33}}; /* rows of 16+ windows, and tails */
     int cases = 0;
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
         for (int special = 0; special < 2; special++)
@@ -72,7 +73,7 @@ static void max_pool_matches_plane_kernel(void) {
                 if (sizes[i][0] >= 2 && sizes[i][1] >= 2) check(t, sizes[i][0], sizes[i][1], 3, 2, 1, special), cases++;
             }
     printf("%d max-pool cases (2x2/2 fast path and 3x3/2 padded) match the plane kernel\n", cases);
-    CHECK(cases >= 56);
+    CHECK(cases >= 88);
 }
 
 LK_TEST_MAIN(LK_TEST_CASE(max_pool_matches_plane_kernel))
