@@ -141,7 +141,8 @@ static lk_status cpu_run(const lk_op_desc *d, void *const *x) {
         case LK_OP_POOL2D:
         case LK_OP_POOL2D_BACKWARD: return lk__cpu_pool2d(d, x);
         case LK_OP_BATCH_NORM:
-        case LK_OP_BATCH_NORM_BACKWARD: return lk__cpu_bn_half(d, x, cpu_run);
+        case LK_OP_BATCH_NORM_BACKWARD:
+            return lk__cpu_bn_native_half(d, x) ? lk__cpu_batch_norm(d, x) : lk__cpu_bn_half(d, x, cpu_run);
         case LK_OP_LAYER_NORM:
         case LK_OP_LAYER_NORM_BACKWARD: return lk__cpu_ln_half(d, x, cpu_run);
         default: return lk__cpu_run_widened(d, x, cpu_run);

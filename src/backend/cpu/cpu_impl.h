@@ -38,6 +38,7 @@ lk_status lk__cpu_bce(const lk_op_desc *d, void *const *x);
 lk_status lk__cpu_layer_norm(const lk_op_desc *d, void *const *x);
 /* norm.c: LK_OP_BATCH_NORM and LK_OP_BATCH_NORM_BACKWARD, f32. */
 lk_status lk__cpu_batch_norm(const lk_op_desc *d, void *const *x);
+bool lk__cpu_bn_native_half(const lk_op_desc *d, void *const *x);
 /* norm.c: LK_OP_BN_STATS and LK_OP_BN_APPLY (SyncBatchNorm's passes), f32. */
 lk_status lk__cpu_bn_split(const lk_op_desc *d, void *const *x);
 /* optim.c: LK_OP_OPTIM_UPDATE, f32. */

@@ -49,15 +49,52 @@ lk_status lk__cpu_layer_norm(const lk_op_desc *d, void *const *x) {
 
 /* ---- batch norm ----------------------------------------------------------------
  * Channels are independent: whole channels per core once the input is large
- * enough to pay for a thread (about a megabyte). */
+ * enough to pay for a thread (about a megabyte). The big operands (x, y, dy,
+ * dx: [N, C, S]) may be bf16/f16 when every per-channel vector is f32 (the
+ * mixed precisions' case): each plane is then widened into a per-thread
+ * buffer of S floats (exact) and the f32 plane kernels run on it, the same
+ * arithmetic in the same order as on f32 operands, its output rounded once.
+ * A channel's planes were widened in chunks of a megabyte or more before
+ * (widen.c), which made a bf16 batch norm no faster than f32's: the chunks
+ * went through memory, not the core's caches. */
 static int bn_width(long N, long C, long S) {
     return (int64_t)N * C * S >= (1 << 18) ? lk__parallel_width(C) : 1;
 }
 
+/* Plane `at` (element offset) of a big operand as f32: in place, or widened into buf. */
+static const float *bn_plane(lk_dtype t, const void *base, int64_t at, long S, float *buf) {
+    if (t == LK_F32) return (const float *)base + at;
+    lk_half_to_f32_n(t, buf, (const uint16_t *)base + at, (size_t)S);
+    return buf;
+}
+
+/* Plane `at` of a big operand on its way into the cache. A plane is a
+ * short run (1.5 KB for a bf16 28x28) at a stride of C planes, too short
+ * for the hardware prefetcher to get going before it ends: a first pass
+ * over a channel asks for the next sample's plane while it works on this
+ * one. */
+static void bn_prefetch(lk_dtype t, const void *base, int64_t at, long S) {
+    size_t es = t == LK_F32 ? 4 : 2;
+    const char *p = (const char *)base + (size_t)at * es;
+    for (size_t o = 0; o < (size_t)S * es; o += 64) __builtin_prefetch(p + o);
+}
+
+/* Where a plane of an output is computed (in place, or buf), and its rounding into place. */
+static float *bn_out(lk_dtype t, void *base, int64_t at, float *buf) {
+    return t == LK_F32 ? (float *)base + at : buf;
+}
+static void bn_out_done(lk_dtype t, void *base, int64_t at, long S, const float *buf) {
+    if (t != LK_F32) lk_f32_to_half_n(t, (uint16_t *)base + at, buf, (size_t)S);
+}
+
 typedef struct {
     const lk_batch_norm_params *p;
-    const float *xd, *w, *b;
-    float *rm, *rv, *od, *stats;
+    const void *xd;
+    const float *w, *b;
+    float *rm, *rv, *stats;
+    void *od;
+    lk_dtype xt, ot;
+    float *buf; /* 2 S floats per task, when x or y is 16-bit */
     int width;
 } bn_fwd_job;
 
@@ -67,16 +104,19 @@ static void bn_fwd_task(void *ctx, int t) {
     long N = p->N, C = p->C, S = p->S;
     const int64_t sw = p->stride[0], sb = p->stride[1], srm = p->stride[2], srv = p->stride[3];
     double M = p->M;
-    const float *xd = j->xd;
-    float *mean = j->stats, *invstd = j->stats + C, *od = j->od;
+    float *mean = j->stats, *invstd = j->stats + C;
+    float *xb = j->buf ? j->buf + (size_t)t * 2 * S : NULL, *yb = xb ? xb + S : NULL;
     int64_t c0, c1;
     lk__task_range(C, t, j->width, 1, &c0, &c1);
     for (long c = c0; c < c1; c++) {
         if (p->training) {
             double s = 0, q = 0;
-            for (long i = 0; i < N; i++) s += lk_k_plane_sum(xd + (i * C + c) * S, S);
+            for (long i = 0; i < N; i++) {
+                if (i + 1 < N) bn_prefetch(j->xt, j->xd, ((i + 1) * C + c) * S, S);
+                s += lk_k_plane_sum(bn_plane(j->xt, j->xd, (i * C + c) * S, S, xb), S);
+            }
             float m = (float)(s / M);
-            for (long i = 0; i < N; i++) q += lk_k_plane_sqdev(xd + (i * C + c) * S, S, m);
+            for (long i = 0; i < N; i++) q += lk_k_plane_sqdev(bn_plane(j->xt, j->xd, (i * C + c) * S, S, xb), S, m);
             double var = q / M;
             mean[c] = m;
             invstd[c] = (float)(1.0 / sqrt(var + (double)p->eps));
@@ -90,14 +130,22 @@ static void bn_fwd_task(void *ctx, int t) {
         }
         float scale = invstd[c] * (j->w ? j->w[c * sw] : 1.0f);
         float shift = (j->b ? j->b[c * sb] : 0.0f) - mean[c] * scale;
-        for (long i = 0; i < N; i++) lk_k_plane_affine(xd + (i * C + c) * S, S, scale, shift, od + (i * C + c) * S);
+        for (long i = 0; i < N; i++) {
+            int64_t at = (i * C + c) * S;
+            lk_k_plane_affine(bn_plane(j->xt, j->xd, at, S, xb), S, scale, shift, bn_out(j->ot, j->od, at, yb));
+            bn_out_done(j->ot, j->od, at, S, yb);
+        }
     }
 }
 
 typedef struct {
     const lk_batch_norm_params *p;
-    const float *xd, *gd, *mean, *invstd, *w;
-    float *dx, *dw, *db;
+    const void *xd, *gd;
+    const float *mean, *invstd, *w;
+    void *dx;
+    float *dw, *db;
+    lk_dtype xt, gt, dxt;
+    float *buf; /* 3 S floats per task, when x, dy or dx is 16-bit */
     int width;
 } bn_bwd_job;
 
@@ -105,12 +153,22 @@ static void bn_bwd_task(void *ctx, int t) {
     const bn_bwd_job *j = ctx;
     const lk_batch_norm_params *p = j->p;
     long N = p->N, C = p->C, S = p->S;
+    float *xb = j->buf ? j->buf + (size_t)t * 3 * S : NULL, *gb = xb ? xb + S : NULL, *dxb = xb ? gb + S : NULL;
     int64_t c0, c1;
     lk__task_range(C, t, j->width, 1, &c0, &c1);
     for (long c = c0; c < c1; c++) {
-        /* channel c's sums of g and g * (x - mean) over the batch and the plane */
-        double sg, sgx;
-        lk_k_bn_channel_grad_sums(j->gd, j->xd, N, C, S, c, j->mean[c], &sg, &sgx);
+        /* channel c's sums of g and g * (x - mean) over the batch and the
+         * plane (lk_k_bn_channel_grad_sums, a plane at a time) */
+        double sg = 0, sgx = 0;
+        for (long i = 0; i < N; i++) {
+            int64_t at = (i * C + c) * S;
+            if (i + 1 < N) bn_prefetch(j->gt, j->gd, at + C * S, S), bn_prefetch(j->xt, j->xd, at + C * S, S);
+            float a = 0.0f, q = 0.0f;
+            lk_k_bn_backward_sums(bn_plane(j->gt, j->gd, at, S, gb), bn_plane(j->xt, j->xd, at, S, xb), S, j->mean[c],
+                                  &a, &q);
+            sg += a;
+            sgx += q;
+        }
         float is = j->invstd[c], wv = j->w ? j->w[c] : 1.0f;
         if (j->db) j->db[c] = (float)sg;
         if (j->dw) j->dw[c] = (float)(sgx * is);
@@ -122,24 +180,48 @@ static void bn_bwd_task(void *ctx, int t) {
                 k0 = (float)(-(double)k1 * sg / p->M);
                 k2 = (float)(-(double)k1 * is * is * sgx / p->M);
             }
-            for (long i = 0; i < N; i++)
-                lk_k_bn_backward_plane(j->gd + (i * C + c) * S, j->xd + (i * C + c) * S, S, j->mean[c], k0, k1, k2,
-                                       j->dx + (i * C + c) * S);
+            for (long i = 0; i < N; i++) {
+                int64_t at = (i * C + c) * S;
+                lk_k_bn_backward_plane(bn_plane(j->gt, j->gd, at, S, gb), bn_plane(j->xt, j->xd, at, S, xb), S,
+                                       j->mean[c], k0, k1, k2, bn_out(j->dxt, j->dx, at, dxb));
+                bn_out_done(j->dxt, j->dx, at, S, dxb);
+            }
         }
     }
 }
 
+/* The big operands' dtypes are the descriptor's; every other is f32 here
+ * (lk__cpu_bn_native_half says when a 16-bit descriptor may come). */
 lk_status lk__cpu_batch_norm(const lk_op_desc *d, void *const *x) {
     const lk_batch_norm_params *p = &d->batch_norm;
-    if (d->op == LK_OP_BATCH_NORM) {
-        bn_fwd_job job = {p, x[0], x[1], x[2], x[3], x[4], x[5], x[6], bn_width(p->N, p->C, p->S)};
+    bool fwd = d->op == LK_OP_BATCH_NORM;
+    int width = bn_width(p->N, p->C, p->S), per = fwd ? 2 : 3;
+    float *buf = NULL;
+    if (lk__op_has_half(d) && !(buf = lk_malloc((size_t)width * (size_t)per * (size_t)(p->S > 0 ? p->S : 1) * sizeof *buf)))
+        return lk_last_status();
+    if (fwd) {
+        bn_fwd_job job = {p, x[0], x[1], x[2], x[3], x[4], x[6], x[5], d->dtype[0], d->dtype[5], buf, width};
         lk__parallel_run(job.width, bn_fwd_task, &job);
-        return LK_STATUS_OK;
+    } else {
+        const float *stats = x[2];
+        bn_bwd_job job = {p,          x[0],     x[1], stats, stats + p->C, x[3], x[4], x[5], x[6], d->dtype[0],
+                          d->dtype[1], d->dtype[4], buf,  width};
+        lk__parallel_run(job.width, bn_bwd_task, &job);
     }
-    const float *stats = x[2];
-    bn_bwd_job job = {p, x[0], x[1], stats, stats + p->C, x[3], x[4], x[5], x[6], bn_width(p->N, p->C, p->S)};
-    lk__parallel_run(job.width, bn_bwd_task, &job);
+    lk_free(buf);
     return LK_STATUS_OK;
+}
+
+/* Whether a 16-bit batch norm runs natively (above): only its big operands
+ * are 16-bit. A 16-bit weight, bias or running statistic (bf16-true,
+ * 16-true) takes widen.c's chunks. */
+bool lk__cpu_bn_native_half(const lk_op_desc *d, void *const *x) {
+    bool fwd = d->op == LK_OP_BATCH_NORM;
+    static const int vec_f[] = {1, 2, 3, 4, 6}, vec_b[] = {2, 3, 5, 6};
+    const int *v = fwd ? vec_f : vec_b;
+    for (int k = 0; k < (fwd ? 5 : 4); k++)
+        if (x[v[k]] && d->dtype[v[k]] != LK_F32) return false;
+    return true;
 }
 
 /* ---- SyncBatchNorm's split passes ------------------------------------------------- */
