@@ -6,8 +6,10 @@
  * normalised or pooled with f32 statistics and sums, exactly as the f32 op
  * would on the widened values, and its result is rounded once, which is
  * what torch's CPU kernels do for bf16 (they accumulate in float).
- * Pooling goes through it in chunks of planes (pool.c), batch norm in
- * chunks of whole channels and layer norm in chunks of rows (below), so the
+ * Pooling goes through it in chunks of planes (pool.c), batch norm with a
+ * 16-bit weight, bias or running statistic in chunks of whole channels (one
+ * whose only 16-bit operands are the activations runs natively, norm.c) and
+ * layer norm in chunks of rows (below), so the
  * f32 scratch stays a few megabytes whatever the activation's size; the
  * scratch is one grow-only buffer per thread (like oneDNN's scratchpad), so
  * a repeated step neither allocates nor faults pages in. What an op keeps
