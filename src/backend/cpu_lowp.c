@@ -85,8 +85,6 @@ static bool cpu_amx(void) {
     return a;
 }
 
-static bool f32_auto(void) { return cpu_amx(); }
-
 bool lk__cpu_f32_gemm_dnnl(void) {
     int s = __atomic_load_n(&f32_state, __ATOMIC_RELAXED);
     if (s < 0) {
@@ -94,11 +92,11 @@ bool lk__cpu_f32_gemm_dnnl(void) {
         if (v && (!*v || !strcmp(v, "auto"))) v = NULL;
         if (v && strcmp(v, "onednn") && strcmp(v, "openblas")) {
             lk_log_warn("LK_F32_GEMM=%s is none of auto, onednn, openblas: f32 GEMMs take the automatic choice (%s)", v,
-                        f32_auto() ? "onednn" : "openblas");
+                        cpu_amx() ? "onednn" : "openblas");
             v = NULL;
         }
 #ifdef LK_HAVE_DNNL
-        s = v ? !strcmp(v, "onednn") : f32_auto();
+        s = v ? !strcmp(v, "onednn") : cpu_amx();
 #else
         s = 0; /* built without oneDNN: LK_F32_GEMM=onednn has nothing to take */
 #endif

@@ -3,8 +3,10 @@
  * path over even and odd plane sizes (the last row or column left out),
  * values drawn from a few levels so windows tie, with +-0, +-inf and NaNs
  * (first maximum wins, the last NaN wins), in f32 and through bf16; and a
- * 3x3 stride-2 padded pool, which takes the plane kernel. */
+ * 3x3 stride-2 padded pool, which takes the plane kernel; and an input
+ * large enough to be cut across the compute threads, forward and backward. */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "backend/backend_impl.h"
@@ -76,4 +78,46 @@ static void max_pool_matches_plane_kernel(void) {
     CHECK(cases >= 88);
 }
 
-LK_TEST_MAIN(LK_TEST_CASE(max_pool_matches_plane_kernel))
+/* An input of a megabyte or more is cut across the compute threads by
+ * planes, forward and backward, and its 16-bit form widened in L2-sized
+ * chunks: the same values, indices and input gradients as the plane
+ * kernels one plane after another. */
+static void large_input_cut_by_planes(void) {
+    enum { P = 400, H = 28, W = 28, OH = 14, OW = 14 }; /* 313,600 inputs: over the 2^18 threshold */
+    size_t ni = (size_t)P * H * W, no = (size_t)P * OH * OW;
+    float *xl = malloc(ni * 4), *yl = malloc(no * 4), *yrl = malloc(no * 4), *dy = malloc(no * 4),
+          *dx = malloc(ni * 4), *dxr = malloc(ni * 4);
+    int *il = malloc(no * sizeof(int)), *irl = malloc(no * sizeof(int));
+    uint16_t *xhl = malloc(ni * 2), *yhl = malloc(no * 2), *dyh = malloc(no * 2), *dxh = malloc(ni * 2);
+    CHECK(xl && yl && yrl && dy && dx && dxr && il && irl && xhl && yhl && dyh && dxh);
+    for (int dt = 0; dt < 2; dt++) {
+        lk_dtype t = dt ? LK_BF16 : LK_F32;
+        for (size_t i = 0; i < ni; i++) xl[i] = draw(1);
+        for (size_t i = 0; i < no; i++) dy[i] = draw(0);
+        if (dt) {
+            lk_f32_to_half_n(t, xhl, xl, ni), lk_half_to_f32_n(t, xl, xhl, ni);
+            lk_f32_to_half_n(t, dyh, dy, no), lk_half_to_f32_n(t, dy, dyh, no);
+        }
+        memset(dxr, 0, ni * 4);
+        for (long c = 0; c < P; c++) {
+            lk_k_max_pool_plane(xl + c * H * W, H, W, 2, 2, 2, 2, 0, 0, OH, OW, yrl + c * OH * OW, irl + c * OH * OW);
+            lk_k_max_pool_backward_plane(dy + c * OH * OW, irl + c * OH * OW, OH * OW, dxr + c * H * W);
+        }
+        lk_op_desc f = {.op = LK_OP_POOL2D, .dtype = {t, t, LK_I32}};
+        f.pool = (lk_pool_params){LK_POOL_MAX, P, H, W, OH, OW, 2, 2, 2, 2, 0, 0, false};
+        CHECK_OK(lk__backend_run(LK_DEVICE_CPU, &f, (void *[]){dt ? (void *)xhl : xl, dt ? (void *)yhl : yl, il}));
+        if (dt) lk_half_to_f32_n(t, yl, yhl, no);
+        CHECK_MSG(!bits_differ(yl, yrl, (long)no) && !memcmp(il, irl, no * sizeof(int)), "%s forward differs",
+                  lk_dtype_name(t));
+        lk_op_desc b = {.op = LK_OP_POOL2D_BACKWARD, .dtype = {t, LK_I32, t}};
+        b.pool = f.pool;
+        memset(dx, 0, ni * 4), memset(dxh, 0, ni * 2);
+        CHECK_OK(lk__backend_run(LK_DEVICE_CPU, &b, (void *[]){dt ? (void *)dyh : dy, irl, dt ? (void *)dxh : dx}));
+        if (dt) lk_half_to_f32_n(t, dx, dxh, ni); /* each input gets one dy or none: exact */
+        CHECK_MSG(!bits_differ(dx, dxr, (long)ni), "%s backward differs", lk_dtype_name(t));
+    }
+    free(xl), free(yl), free(yrl), free(dy), free(dx), free(dxr), free(il), free(irl);
+    free(xhl), free(yhl), free(dyh), free(dxh);
+}
+
+LK_TEST_MAIN(LK_TEST_CASE(max_pool_matches_plane_kernel), LK_TEST_CASE(large_input_cut_by_planes))

@@ -61,6 +61,10 @@ lk_status lk__cpu_fill(const lk_op_desc *d, void *const *x);
  * descriptors and run on what). */
 lk_status lk__cpu_run_widened(const lk_op_desc *d, void *const *x,
                               lk_status (*run)(const lk_op_desc *d, void *const *x));
+/* The calling thread's f32 scratch that they carve: at least n floats,
+ * grow-only, so a repeated step neither allocates nor faults pages in; NULL
+ * on OOM. One user at a time per thread: valid until the next call. */
+float *lk__cpu_scratch(size_t n);
 /* Batch norm and layer norm (forward and backward) with 16-bit operands, in
  * chunks of channels / rows through the same scratch. */
 lk_status lk__cpu_bn_half(const lk_op_desc *d, void *const *x, lk_status (*run)(const lk_op_desc *d, void *const *x));

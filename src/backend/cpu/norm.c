@@ -196,9 +196,14 @@ lk_status lk__cpu_batch_norm(const lk_op_desc *d, void *const *x) {
     const lk_batch_norm_params *p = &d->batch_norm;
     bool fwd = d->op == LK_OP_BATCH_NORM;
     int width = bn_width(p->N, p->C, p->S), per = fwd ? 2 : 3;
+    /* the tasks' plane buffers, carved from this thread's grow-only scratch
+     * (a malloc per call would fault in a fresh mapping above glibc's mmap
+     * threshold: 3 planes of a 224x224 image per task are 600 KB). Free here:
+     * widen.c holds it only around its own calls, and its chunk path runs
+     * this function on all-f32 descriptors, which take no buffer. */
     float *buf = NULL;
-    if (lk__op_has_half(d) && !(buf = lk_malloc((size_t)width * (size_t)per * (size_t)(p->S > 0 ? p->S : 1) * sizeof *buf)))
-        return lk_last_status();
+    if (lk__op_has_half(d) && !(buf = lk__cpu_scratch((size_t)width * (size_t)per * (size_t)(p->S > 0 ? p->S : 1))))
+        return lk_error(LK_STATUS_OUT_OF_MEMORY, "cpu backend: out of memory for batch norm's 16-bit plane buffers");
     if (fwd) {
         bn_fwd_job job = {p, x[0], x[1], x[2], x[3], x[4], x[6], x[5], d->dtype[0], d->dtype[5], buf, width};
         lk__parallel_run(job.width, bn_fwd_task, &job);
@@ -208,7 +213,6 @@ lk_status lk__cpu_batch_norm(const lk_op_desc *d, void *const *x) {
                           d->dtype[1], d->dtype[4], buf,  width};
         lk__parallel_run(job.width, bn_bwd_task, &job);
     }
-    lk_free(buf);
     return LK_STATUS_OK;
 }
 

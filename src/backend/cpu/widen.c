@@ -25,7 +25,7 @@ static bool is_half(lk_dtype t) { return t == LK_BF16 || t == LK_F16; }
 /* The calling thread's scratch: at least n floats (grow-only; NULL on OOM). */
 static _Thread_local float *arena;
 static _Thread_local size_t arena_cap;
-static float *scratch(size_t n) {
+float *lk__cpu_scratch(size_t n) {
     if (n > arena_cap) {
         lk_free(arena);
         arena_cap = 0;
@@ -81,7 +81,7 @@ lk_status lk__cpu_run_widened(const lk_op_desc *d, void *const *x,
             return lk_error(LK_STATUS_INTERNAL, "cpu backend: op %d has no 16-bit path", (int)d->op);
         total += (size_t)(count > 0 ? count : 1);
     }
-    float *base = scratch(total);
+    float *base = lk__cpu_scratch(total);
     if (total && !base) return LK_STATUS_OUT_OF_MEMORY;
     for (int i = 0; i < n; i++) {
         ops[i] = x[i];
@@ -141,7 +141,7 @@ lk_status lk__cpu_bn_half(const lk_op_desc *d, void *const *x,
     const int *big = fwd ? big_f : big_b;
     int nbig = fwd ? 2 : 3;
     int64_t chunk = (int64_t)N * cc * S;
-    float *base = scratch((size_t)(nbig * chunk + 8 * cc + 1));
+    float *base = lk__cpu_scratch((size_t)(nbig * chunk + 8 * cc + 1));
     if (!base) return LK_STATUS_OUT_OF_MEMORY;
     for (long c0 = 0; c0 < C; c0 += cc) {
         long n = C - c0 < cc ? C - c0 : cc;
@@ -229,7 +229,7 @@ lk_status lk__cpu_ln_half(const lk_op_desc *d, void *const *x,
     /* fwd: w 1, b 2 (L each); bwd: w 3; dw 5 and db 6 must be f32 (they accumulate) */
     if (!fwd && ((x[5] && d->dtype[5] != LK_F32) || (x[6] && d->dtype[6] != LK_F32)))
         return lk__cpu_run_widened(d, x, run);
-    float *base = scratch((size_t)(nbig * rows * L + 2 * L + 1));
+    float *base = lk__cpu_scratch((size_t)(nbig * rows * L + 2 * L + 1));
     if (!base) return LK_STATUS_OUT_OF_MEMORY;
     for (int64_t r0 = 0; r0 < M; r0 += rows) {
         int64_t n = M - r0 < rows ? M - r0 : rows;
