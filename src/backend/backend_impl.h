@@ -620,6 +620,10 @@ static inline void lk__task_range(int64_t n, int t, int width, int64_t align, in
     *end = t + 1 == width ? n : (n * (t + 1) / width) & ~(align - 1);
 }
 void lk__parallel_run(int width, void (*fn)(void *ctx, int task), void *ctx);
+/* Wakes parked workers so that they spin for the next job: for a caller
+ * that knows a parallel phase is near (the optimizer's step after the
+ * gradients' checks) and has work of its own to do meanwhile. */
+void lk__parallel_prewake(void);
 /* The same tasks one after another on the calling thread, each seeing the
  * width a pool thread would (so the bits are lk__parallel_run's): for tasks
  * that issue ops to a device the host cannot address, whose queue must get

@@ -36,6 +36,7 @@ static struct {
     pthread_cond_t go, done;
     int nworkers;        /* started; worker w runs task w + 1 */
     atomic_uint_fast64_t gen; /* job generation: bumped (under mu) to post a job */
+    atomic_uint_fast64_t poke; /* bumped (under mu) by lk__parallel_prewake */
     void (*fn)(void *ctx, int task);
     void *ctx;
     int width;           /* tasks in the posted job */
@@ -95,7 +96,14 @@ static void *worker(void *arg) {
             if (!(spins & 255) && lk_time_ns() - t0 > SPIN_NS) break;
         }
         pthread_mutex_lock(&pool.mu);
-        while (atomic_load_explicit(&pool.gen, memory_order_relaxed) == seen) pthread_cond_wait(&pool.go, &pool.mu);
+        uint64_t poked = atomic_load_explicit(&pool.poke, memory_order_relaxed);
+        while (atomic_load_explicit(&pool.gen, memory_order_relaxed) == seen &&
+               atomic_load_explicit(&pool.poke, memory_order_relaxed) == poked)
+            pthread_cond_wait(&pool.go, &pool.mu);
+        if (atomic_load_explicit(&pool.gen, memory_order_relaxed) == seen) { /* woken ahead of a job: spin for it */
+            pthread_mutex_unlock(&pool.mu);
+            continue;
+        }
         seen = atomic_load_explicit(&pool.gen, memory_order_relaxed);
         bool mine = w + 1 < pool.width;
         void (*fn)(void *, int) = pool.fn;
@@ -110,6 +118,16 @@ static void *worker(void *arg) {
         }
     }
     return NULL;
+}
+
+void lk__parallel_prewake(void) {
+    if (in_task || lk_get_num_threads() < 2) return;
+    pthread_mutex_lock(&pool.mu);
+    if (pool.nworkers > 0 && !pool.busy) {
+        atomic_fetch_add_explicit(&pool.poke, 1, memory_order_relaxed);
+        pthread_cond_broadcast(&pool.go);
+    }
+    pthread_mutex_unlock(&pool.mu);
 }
 
 void lk__parallel_run_ordered(int width, void (*fn)(void *ctx, int task), void *ctx) {

@@ -4,7 +4,10 @@
  * flattened parameters, parameter groups, state save/load mid-run, every
  * scheduler's lr (and momentum) sequence, zero_grad, gradient clipping and
  * PyTorch's hyperparameter checks. */
+#include <time.h>
+
 #include "nn/nn_fixtures.h"
+#include "optim/optim_impl.h"
 
 #define N_STEPS 100
 static const int64_t P0_SHAPE[2] = {3, 4}, P1_SHAPE[1] = {5};
@@ -153,7 +156,9 @@ static void optimizer_parity_flat(void) {
 }
 
 /* A flat group large enough to be cut across threads updates bitwise the
- * same with 1, 2 or 3 compute threads, for every optimizer. */
+ * same with 1, 2 or 3 compute threads, for every optimizer, whether the
+ * trainer woke the threads ahead of the step (lk__optimizer_prewake, some of
+ * them after a pause long enough for the workers to have parked) or not. */
 static void flat_update_any_threads(void) {
     opt_case cases[16];
     int nc = opt_cases(cases);
@@ -176,6 +181,8 @@ static void flat_update_any_threads(void) {
             CHECK_OK(lk_optimizer_create(&cases[c].cfg, &ps, &o));
             for (int step = 0; step < 4 && o; step++) {
                 set_grads(&ps, step);
+                if (step == 2) nanosleep(&(struct timespec){0, 2000000}, NULL); /* 2 ms: the workers park */
+                if (step >= 1) lk__optimizer_prewake(o);
                 CHECK_OK(lk_optimizer_step(o));
             }
             result[threads - 1] = fp ? lk_tensor_clone(fp) : NULL;
