@@ -6,6 +6,7 @@
  * in it is used as is, no copy), products accumulated in f32, the output
  * rounded once to bf16/f16 as torch's; a gradient has its tensor's dtype (the
  * f32 weights' dW is a bf16 x bf16 -> f32 GEMM into their f32 grad). */
+#include <stdio.h>
 #include <string.h>
 
 #include "autograd/autograd_impl.h"
@@ -270,6 +271,45 @@ lk_tensor *lk_matmul(lk_tensor *a, lk_tensor *b) {
  * rounded, only for a weight that is not a leaf (a leaf is rounded again
  * here: one transient copy instead of every layer's kept all step).
  * a.i[0]: autocast on, a.i[1] its dtype. */
+/* linear's two backward GEMMs, dX = dY W and dW (+)= dY^T X: the same
+ * FLOPs, independent, both reading dY. On the CPU with two or more compute
+ * threads, two that the backend would each run whole on one core (bf16 on
+ * AMX below 256 MFLOP: cpu_lowp.c) run side by side, one per core, from
+ * PAIR_MFLOP each: on a 2-core AMX Xeon that took the bf16-mixed
+ * autoencoder's backward from 1.6 to 1.25 ms, while the mlp's 17-MFLOP
+ * pairs lost more to the hand-over than they gained (docs/BENCHMARKS.md). */
+#define PAIR_MFLOP 32.0
+
+typedef struct {
+    lk_tensor *gg, *ww, *dx2, *x2, *dw;
+    lk_dtype lowp;
+    float dw_beta;
+    lk_status st[2];
+    char msg[2][256];
+} lin_pair;
+
+static void lin_pair_task(void *ctx, int t) {
+    lin_pair *j = ctx;
+    lk_status st;
+    if (t == 0)
+        st = j->lowp == LK_F32 ? gemm2d(j->gg, false, j->ww, false, 0.0f, j->dx2)
+                               : gemm2d_round(j->gg, false, j->ww, false, 0.0f, j->dx2, j->lowp);
+    else
+        st = gemm2d(j->gg, true, j->x2, false, j->dw_beta, j->dw);
+    j->st[t] = st;
+    if (st) snprintf(j->msg[t], sizeof j->msg[t], "%s", lk_last_error());
+}
+
+/* Whether j's two GEMMs run side by side (see lin_pair). */
+static bool pair_linear(const lin_pair *j, lk_device dev) {
+    int64_t M = j->gg->shape[0], out_f = j->gg->shape[1], in_f = j->dx2->shape[1];
+    if (!lk_device_is_host(dev) || lk__parallel_width(2) < 2 || 2.0 * M * out_f * in_f < PAIR_MFLOP * 1024 * 1024)
+        return false;
+    lk_op_desc d = {.op = LK_OP_GEMM, .dtype = {j->gg->dtype, j->gg->dtype, j->dx2->dtype}};
+    d.gemm = (lk_gemm_params){.M = M, .N = in_f, .K = out_f};
+    return !lk__cpu_gemm_cut(&d);
+}
+
 static void linear_backward(lk_node *n, lk_tensor *g) {
     lk_tensor *x = n->in[0], *w = n->in[1], *b = n->n_in > 2 ? n->in[2] : NULL;
     lk_tensor *x2 = n->saved[0];
@@ -279,29 +319,46 @@ static void linear_backward(lk_node *n, lk_tensor *g) {
     if (!g2) return;
     /* dY in the forward's dtype (it is already, unless the output's gradient came in f32) */
     lk_tensor *gg = lowp == LK_F32 || g2->dtype == lowp ? lk_tensor_retain(g2) : lk_tensor_cast(g2, lowp);
+    lk_tensor *dx = NULL, *dx2 = NULL, *dw = NULL;
     if (!gg) goto done;
+    lin_pair j = {.gg = gg, .ww = n->saved[1] ? n->saved[1] : w, /* a leaf weight: rounded in panels */
+                  .x2 = x2, .lowp = lowp};
     if (x->requires_grad) {
-        lk_tensor *ww = n->saved[1] ? n->saved[1] : w; /* a leaf weight: rounded in panels */
-        lk_tensor *dx = lk__tensor_new_on(x->device, x->dtype, x->ndim, x->shape); /* bf16 for a bf16 activation */
-        lk_tensor *dx2 = dx ? lk__tensor_view(dx, 2, (int64_t[]){M, x2->shape[1]}, (int64_t[]){x2->shape[1], 1}, 0) : NULL;
-        bool ok = dx2 && !(lowp == LK_F32 ? gemm2d(gg, false, ww, false, 0.0f, dx2)
-                                          : gemm2d_round(gg, false, ww, false, 0.0f, dx2, lowp));
-        lk_tensor_release(dx2);
-        if (ok) lk__accum_move(x, dx); /* the slot takes the buffer */
-        else lk_tensor_release(dx);
+        dx = lk__tensor_new_on(x->device, x->dtype, x->ndim, x->shape); /* bf16 for a bf16 activation */
+        dx2 = dx ? lk__tensor_view(dx, 2, (int64_t[]){M, x2->shape[1]}, (int64_t[]){x2->shape[1], 1}, 0) : NULL;
+        if (!dx2) goto done;
     }
     if (w->requires_grad) {
         /* Accumulate straight into w->grad when it is a plain contiguous leaf
          * gradient (the common case: saves a temporary and an add). gg and
          * x2 are both in the forward's dtype already: nothing to round. */
         if (!w->grad_fn && w->grad && lk_tensor_is_contiguous(w->grad)) {
-            gemm2d(gg, true, x2, false, 1.0f, w->grad);
+            j.dw = lk_tensor_retain(w->grad), j.dw_beta = 1.0f;
         } else {
-            lk_tensor *dw = lk__tensor_new_on(x2->device, LK_F32, 2, w->shape);
-            if (dw && !gemm2d(gg, true, x2, false, 0.0f, dw))
-                lk__accum_move(w, dw);
-            else lk_tensor_release(dw);
+            dw = lk__tensor_new_on(x2->device, LK_F32, 2, w->shape);
+            if (!dw) goto done;
+            j.dw = lk_tensor_retain(dw);
         }
+    }
+    j.dx2 = dx2;
+    if (dx2 && j.dw && pair_linear(&j, x->device)) {
+        lk__parallel_run(2, lin_pair_task, &j);
+    } else {
+        if (dx2) lin_pair_task(&j, 0);
+        if (j.dw) lin_pair_task(&j, 1);
+    }
+    for (int t = 0; t < 2; t++)
+        if (j.st[t]) lk_error(j.st[t], "%s", j.msg[t]);
+    lk_tensor_release(j.dw);
+    lk_tensor_release(dx2); /* the view's reference before the slot takes dx's buffer */
+    dx2 = NULL;
+    if (dx && !j.st[0]) {
+        lk__accum_move(x, dx); /* the slot takes the buffer */
+        dx = NULL;
+    }
+    if (dw && !j.st[1]) {
+        lk__accum_move(w, dw);
+        dw = NULL;
     }
     if (b && b->requires_grad) {
         lk_tensor *db = lk__tensor_zeros_on(g2->device, LK_F32, 1, b->shape);
@@ -312,6 +369,9 @@ static void linear_backward(lk_node *n, lk_tensor *g) {
         lk_tensor_release(db);
     }
 done:
+    lk_tensor_release(dx2);
+    lk_tensor_release(dx);
+    lk_tensor_release(dw);
     lk_tensor_release(gg);
     lk_tensor_release(g2);
 }

@@ -574,6 +574,11 @@ void lk__cpu_lowp_use_dnnl(bool on);
 bool lk__cpu_f32_gemm_dnnl(void);
 void lk__cpu_f32_gemm_use_dnnl(bool on);
 lk_status lk__cpu_gemm_f32_dnnl(const lk_op_desc *d, const void *A, const void *B, void *C);
+/* Whether the CPU backend would cut d (a GEMM) across the compute threads
+ * rather than run it whole on the calling thread: a caller with two
+ * independent GEMMs that would each run whole (linear's backward) runs
+ * them side by side instead. */
+bool lk__cpu_gemm_cut(const lk_op_desc *d);
 /* Which path a GEMM of these dtypes takes on this machine ("onednn:avx512_core_bf16",
  * "f32 fallback"), for `lockstep env` and run.json. */
 const char *lk__cpu_gemm_path(lk_dtype ab, lk_dtype c);

@@ -193,6 +193,13 @@ static double split_flops(const lk_op_desc *d, bool dnnl_only) {
     return (amx_bf16 ? 256.0 : 8.0) * 1024 * 1024;
 }
 
+bool lk__cpu_gemm_cut(const lk_op_desc *d) {
+    const lk_gemm_params *g = &d->gemm;
+    bool f32 = d->dtype[0] == LK_F32;
+    double lim = f32 && !lk__cpu_f32_gemm_dnnl() ? LK__CPU_SGEMM_SPLIT_FLOPS : split_flops(d, false);
+    return lk__parallel_width(INT64_MAX) > 1 && 2.0 * (double)g->M * (double)g->N * (double)g->K >= lim;
+}
+
 static lk_status split_run(const lk_op_desc *d, const void *A, const void *B, void *C, bool dnnl_only) {
     const lk_gemm_params *g = &d->gemm;
     if (g->M == 0 || g->N == 0) return LK_STATUS_OK;

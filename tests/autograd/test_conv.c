@@ -3,8 +3,10 @@
  * a direct-loop reference for the per-sample, chunked, "same"-padding and
  * 1x1 paths, pooling values and shapes in ceil mode, max-pool ties and NaN,
  * the running-statistics update, steady-state allocation, and the error
- * messages for bad input. */
+ * messages for bad input; linear's GEMMs cut across threads or run side by
+ * side against one thread. */
 #include "gradcheck.h"
+#include "backend/backend_impl.h"
 
 typedef struct {
     lk_conv2d_params p;
@@ -209,6 +211,66 @@ static void gemm_split_matches_serial(void) {
         lk_tensor_release(w);
     }
     lk_set_num_threads(2);
+}
+
+/* Under bf16 autocast, a linear's two backward GEMMs (dX and dW, 67 MFLOP
+ * each here) run side by side on two compute threads when the backend would
+ * run each whole (bf16 on AMX: lin_pair in ops_matmul.c). y, dx, dw and db
+ * match one thread bitwise then (the same uncut GEMMs, only on two cores),
+ * and to 1e-6 on a CPU where the GEMMs are cut instead; three threads
+ * twice are bitwise repeatable. */
+static void linear_pair_matches_serial(void) {
+    const int64_t M = 256, K = 512, N = 256;
+    lk_tensor *x = lk_gc_param(81, LK_SHAPE(M, K)), *w = lk_gc_param(82, LK_SHAPE(N, K)), *b = lk_gc_param(83, LK_SHAPE(N));
+    lk_tensor *res[4][4] = {{NULL}};
+    for (int run = 1; run <= 4; run++) {
+        lk_set_num_threads(run == 4 ? 3 : run);
+        lk_tensor_zero_grad(x, true);
+        lk_tensor_zero_grad(w, true);
+        lk_tensor_zero_grad(b, true);
+        lk_scope_begin();
+        lk_autocast_enter(LK_BF16);
+        lk_tensor *y = lk_linear(x, w, b);
+        lk_autocast_exit();
+        lk_rng r;
+        lk_rng_init(&r, 4, LK_RNG_USER, 0, 0);
+        lk_tensor *gy32 = y ? lk_tensor_randn(&r, 2, y->shape, 0.0f, 1.0f) : NULL;
+        lk_tensor *gy = gy32 ? lk_tensor_cast(gy32, LK_BF16) : NULL;
+        CHECK_OK(lk_backward_with(y, gy));
+        res[run - 1][0] = y ? lk_tensor_cast(y, LK_F32) : NULL;
+        res[run - 1][1] = x->grad ? lk_tensor_clone(x->grad) : NULL;
+        res[run - 1][2] = w->grad ? lk_tensor_clone(w->grad) : NULL;
+        res[run - 1][3] = b->grad ? lk_tensor_clone(b->grad) : NULL;
+        lk_scope_end();
+    }
+    lk_set_num_threads(2);
+    lk_op_desc d = {.op = LK_OP_GEMM, .dtype = {LK_BF16, LK_BF16, LK_F32}};
+    d.gemm = (lk_gemm_params){.M = M, .N = K, .K = N};
+    bool cut = lk__cpu_gemm_cut(&d); /* on two threads: then no pair, and the cut may sum in another order */
+    static const char *names[4] = {"y", "dx", "dw", "db"};
+    for (int i = 0; i < 4; i++) {
+        if (!res[0][i] || !res[1][i] || !res[2][i] || !res[3][i]) {
+            CHECK(0);
+            continue;
+        }
+        size_t bytes = (size_t)res[0][i]->numel * 4;
+        const float *e = res[0][i]->data, *a = res[1][i]->data;
+        double err = 0, scale = 1e-12;
+        for (int64_t q = 0; q < res[0][i]->numel; q++) {
+            err = fmax(err, fabs((double)a[q] - e[q]));
+            scale = fmax(scale, fabs((double)e[q]));
+        }
+        if (cut) CHECK_MSG(err / scale < 1e-6, "bf16 linear, 2 threads: %s differs by %g", names[i], err / scale);
+        else CHECK_MSG(!memcmp(e, a, bytes), "bf16 linear, 2 threads (GEMMs side by side): %s not bitwise one thread's",
+                       names[i]);
+        CHECK_MSG(!memcmp(res[2][i]->data, res[3][i]->data, bytes), "3 threads twice: %s not bitwise repeatable",
+                  names[i]);
+    }
+    for (int t = 0; t < 4; t++)
+        for (int i = 0; i < 4; i++) lk_tensor_release(res[t][i]);
+    lk_tensor_release(x);
+    lk_tensor_release(w);
+    lk_tensor_release(b);
 }
 
 /* A known answer from PyTorch 1.13: conv2d(arange(16).view(1,1,4,4),
@@ -550,7 +612,7 @@ static void bad_input(void) {
     for (size_t i = 0; i < sizeof ts / sizeof *ts; i++) lk_tensor_release(ts[i]);
 }
 
-LK_TEST_MAIN(LK_TEST_CASE(conv_gradchecks), LK_TEST_CASE(conv_matches_direct_loops), LK_TEST_CASE(parallel_matches_serial), LK_TEST_CASE(gemm_split_matches_serial), LK_TEST_CASE(conv_known_values),
+LK_TEST_MAIN(LK_TEST_CASE(conv_gradchecks), LK_TEST_CASE(conv_matches_direct_loops), LK_TEST_CASE(parallel_matches_serial), LK_TEST_CASE(gemm_split_matches_serial), LK_TEST_CASE(linear_pair_matches_serial), LK_TEST_CASE(conv_known_values),
              LK_TEST_CASE(pool_gradchecks), LK_TEST_CASE(pool_known_values), LK_TEST_CASE(max_pool_ties_and_nan),
              LK_TEST_CASE(batch_norm_gradchecks), LK_TEST_CASE(batch_norm_running_stats),
              LK_TEST_CASE(conv_net_steady_state), LK_TEST_CASE(bad_input))

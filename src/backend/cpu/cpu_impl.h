@@ -52,6 +52,9 @@ lk_status lk__cpu_grads(const lk_op_desc *d, void *const *x);
 /* embedding.c: LK_OP_EMBEDDING and _BACKWARD, f32 rows, i32 or i64 indices. */
 lk_status lk__cpu_embedding(const lk_op_desc *d, void *const *x);
 /* copy.c: LK_OP_COPY (copies and casts) and LK_OP_FILL, any dtype. */
+/* The work from which OpenBLAS's f32 GEMM is cut across the compute
+ * threads (gemm.c): below ~30 us of one core, a second one does not pay. */
+#define LK__CPU_SGEMM_SPLIT_FLOPS (4.0 * 1024 * 1024)
 lk_status lk__cpu_copy(const lk_op_desc *d, void *const *x);
 lk_status lk__cpu_fill(const lk_op_desc *d, void *const *x);
 /* widen.c: the bf16/f16 path of the f32-only families (pooling, the norms,
