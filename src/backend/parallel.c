@@ -8,11 +8,13 @@
  *
  * Workers start on first use. Between jobs a worker spins briefly (the next
  * GEMM of a step usually follows within microseconds), then parks on a
- * condition variable, so an idle pool costs nothing. One job at a time: a
- * caller that finds the pool busy, or that is itself a task, runs its
- * tasks inline, which gives the same results. Workers are detached and stay
- * parked at exit. After fork() the child has no workers (pthread_atfork),
- * so ranks that ddp_spawn forks start their own. */
+ * condition variable, so an idle pool costs nothing. A caller that knows a
+ * cut phase is near wakes them early (lk__parallel_prewake: the optimizer's
+ * step), since a parked worker can take longer to wake than its share
+ * saves. One job at a time: a caller that finds the pool busy, or that is
+ * itself a task, runs its tasks inline, which gives the same results.
+ * Workers are detached and stay parked at exit. After fork() the child has
+ * no workers (pthread_atfork), so ranks that ddp_spawn forks start their own. */
 #include <cblas.h>
 #include <pthread.h>
 #include <stdatomic.h>

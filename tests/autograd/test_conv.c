@@ -221,7 +221,8 @@ static void gemm_split_matches_serial(void) {
  * twice are bitwise repeatable. */
 static void linear_pair_matches_serial(void) {
     const int64_t M = 256, K = 512, N = 256;
-    lk_tensor *x = lk_gc_param(81, LK_SHAPE(M, K)), *w = lk_gc_param(82, LK_SHAPE(N, K)), *b = lk_gc_param(83, LK_SHAPE(N));
+    lk_tensor *x = lk_gc_param(81, LK_SHAPE(M, K)), *w = lk_gc_param(82, LK_SHAPE(N, K));
+    lk_tensor *b = lk_gc_param(83, LK_SHAPE(N));
     lk_tensor *res[4][4] = {{NULL}};
     for (int run = 1; run <= 4; run++) {
         lk_set_num_threads(run == 4 ? 3 : run);
@@ -241,6 +242,8 @@ static void linear_pair_matches_serial(void) {
         res[run - 1][1] = x->grad ? lk_tensor_clone(x->grad) : NULL;
         res[run - 1][2] = w->grad ? lk_tensor_clone(w->grad) : NULL;
         res[run - 1][3] = b->grad ? lk_tensor_clone(b->grad) : NULL;
+        lk_tensor_release(gy);
+        lk_tensor_release(gy32);
         lk_scope_end();
     }
     lk_set_num_threads(2);
@@ -612,7 +615,8 @@ static void bad_input(void) {
     for (size_t i = 0; i < sizeof ts / sizeof *ts; i++) lk_tensor_release(ts[i]);
 }
 
-LK_TEST_MAIN(LK_TEST_CASE(conv_gradchecks), LK_TEST_CASE(conv_matches_direct_loops), LK_TEST_CASE(parallel_matches_serial), LK_TEST_CASE(gemm_split_matches_serial), LK_TEST_CASE(linear_pair_matches_serial), LK_TEST_CASE(conv_known_values),
+LK_TEST_MAIN(LK_TEST_CASE(conv_gradchecks), LK_TEST_CASE(conv_matches_direct_loops), LK_TEST_CASE(parallel_matches_serial), LK_TEST_CASE(gemm_split_matches_serial),
+             LK_TEST_CASE(linear_pair_matches_serial), LK_TEST_CASE(conv_known_values),
              LK_TEST_CASE(pool_gradchecks), LK_TEST_CASE(pool_known_values), LK_TEST_CASE(max_pool_ties_and_nan),
              LK_TEST_CASE(batch_norm_gradchecks), LK_TEST_CASE(batch_norm_running_stats),
              LK_TEST_CASE(conv_net_steady_state), LK_TEST_CASE(bad_input))

@@ -48,7 +48,8 @@ void lk__cpu_sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alph
             for (int64_t j = 0; j < N; j++) C[i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[i * ldc + j];
         return;
     }
-    int width = 2.0 * (double)M * (double)N * (double)K >= LK__CPU_SGEMM_SPLIT_FLOPS ? lk__parallel_width(INT64_MAX) : 1;
+    double flops = 2.0 * (double)M * (double)N * (double)K;
+    int width = flops >= LK__CPU_SGEMM_SPLIT_FLOPS ? lk__parallel_width(INT64_MAX) : 1;
     bool by_cols = N >= 32 * width || N >= M;
     int64_t parts = (by_cols ? N : M) / 16;
     if (width > parts) width = parts > 1 ? (int)parts : 1;
