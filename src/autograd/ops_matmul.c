@@ -266,11 +266,6 @@ lk_tensor *lk_matmul(lk_tensor *a, lk_tensor *b) {
 
 /* ---- linear ---------------------------------------------------------------------- */
 
-/* saved: 0 x folded to [M, in] (f32 outside autocast; under it the 16-bit
- * input itself or its rounded copy); 1 w
- * rounded, only for a weight that is not a leaf (a leaf is rounded again
- * here: one transient copy instead of every layer's kept all step).
- * a.i[0]: autocast on, a.i[1] its dtype. */
 /* linear's two backward GEMMs, dX = dY W and dW (+)= dY^T X: the same
  * FLOPs, independent, both reading dY. On the CPU with two or more compute
  * threads, two that the backend would each run whole on one core (bf16 on
@@ -310,6 +305,11 @@ static bool pair_linear(const lin_pair *j, lk_device dev) {
     return !lk__cpu_gemm_cut(&d);
 }
 
+/* saved: 0 x folded to [M, in] (f32 outside autocast; under it the 16-bit
+ * input itself or its rounded copy); 1 w
+ * rounded, only for a weight that is not a leaf (a leaf is rounded again
+ * here: one transient copy instead of every layer's kept all step).
+ * a.i[0]: autocast on, a.i[1] its dtype. */
 static void linear_backward(lk_node *n, lk_tensor *g) {
     lk_tensor *x = n->in[0], *w = n->in[1], *b = n->n_in > 2 ? n->in[2] : NULL;
     lk_tensor *x2 = n->saved[0];

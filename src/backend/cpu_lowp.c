@@ -195,20 +195,16 @@ static double split_flops(const lk_op_desc *d, bool dnnl_only) {
 
 bool lk__cpu_gemm_cut(const lk_op_desc *d) {
     const lk_gemm_params *g = &d->gemm;
-    bool f32 = d->dtype[0] == LK_F32;
-    double lim = f32 && !lk__cpu_f32_gemm_dnnl() ? LK__CPU_SGEMM_SPLIT_FLOPS : split_flops(d, false);
-    return lk__parallel_width(INT64_MAX) > 1 && 2.0 * (double)g->M * (double)g->N * (double)g->K >= lim;
+    bool by_cols, openblas = d->dtype[0] == LK_F32 && !lk__cpu_f32_gemm_dnnl();
+    return lk__cpu_gemm_width(g->M, g->N, g->K, openblas ? LK__CPU_SGEMM_SPLIT_FLOPS : split_flops(d, false),
+                              &by_cols) > 1;
 }
 
 static lk_status split_run(const lk_op_desc *d, const void *A, const void *B, void *C, bool dnnl_only) {
     const lk_gemm_params *g = &d->gemm;
     if (g->M == 0 || g->N == 0) return LK_STATUS_OK;
-    int width = 2.0 * (double)g->M * (double)g->N * (double)g->K >= split_flops(d, dnnl_only)
-                    ? lk__parallel_width(INT64_MAX)
-                    : 1;
-    bool by_cols = g->N >= 32 * width || g->N >= g->M;
-    int64_t parts = (by_cols ? g->N : g->M) / 16;
-    if (width > parts) width = parts > 1 ? (int)parts : 1;
+    bool by_cols;
+    int width = lk__cpu_gemm_width(g->M, g->N, g->K, split_flops(d, dnnl_only), &by_cols);
     if (width > 64) width = 64;
     if (width <= 1) return dnnl_only ? dnnl_one(d, A, B, C) : gemm_one(d, A, B, C);
     lowp_job job = {d, A, B, C, lk_dtype_size(d->dtype[0]), lk_dtype_size(d->dtype[2]), by_cols, dnnl_only, width, {0}};

@@ -6,6 +6,8 @@
 #include "lockstep/optim.h"
 
 /* group['initial_lr']: NAN until a scheduler sets it. */
+double lk__optimizer_initial_lr(const lk_optimizer *o, int group);
+void lk__optimizer_set_initial_lr(lk_optimizer *o, int group, double lr);
 /* Tells the optimizer its step is near: the compute threads it will cut the
  * update across are woken now, so that they are spinning by the time it
  * posts the work instead of parked (on a 2-core KVM Xeon a parked worker took
@@ -13,8 +15,6 @@
  * was no faster than one thread: 0.19 ms). The trainer calls it before the
  * gradients' checks, which then overlap the wake-up. */
 void lk__optimizer_prewake(const lk_optimizer *o);
-double lk__optimizer_initial_lr(const lk_optimizer *o, int group);
-void lk__optimizer_set_initial_lr(lk_optimizer *o, int group, double lr);
 
 /* The sharded update behind DDP's shared parameters (lk_strategy): the
  * parameters of the one group lie back to back in memory several processes

@@ -293,15 +293,17 @@ static void flat_task(void *ctx, int t) {
 
 #define PARALLEL_MIN_ELEMS (64 << 10) /* below this, waking a thread costs more than it saves */
 
-/* Whether group g's update is cut across the compute threads (flat_job's rule). */
-static bool group_cut(const opt_group *g) {
-    return g->n > 1 && group_is_flat(g) && g->hi - g->lo >= PARALLEL_MIN_ELEMS &&
-           lk_device_is_host(g->ps[0].p->device) && lk__parallel_width((g->hi - g->lo) / PARALLEL_MIN_ELEMS + 1) > 1;
+/* How many compute threads a flat group's update is cut across. */
+static int flat_width(const opt_group *g) {
+    int64_t n = g->hi - g->lo;
+    return n >= PARALLEL_MIN_ELEMS && lk_device_is_host(g->ps[0].p->device)
+               ? lk__parallel_width(n / PARALLEL_MIN_ELEMS + 1)
+               : 1; /* a device runs the whole range as one op */
 }
 
 void lk__optimizer_prewake(const lk_optimizer *o) {
     for (int gi = 0; o && gi < o->n_groups; gi++)
-        if (group_cut(&o->groups[gi])) {
+        if (o->groups[gi].n > 1 && group_is_flat(&o->groups[gi]) && flat_width(&o->groups[gi]) > 1) {
             lk__parallel_prewake();
             return;
         }
@@ -323,9 +325,7 @@ lk_status lk_optimizer_step(lk_optimizer *o) {
             for (int i = 1; i < g->n; i++) g->ps[i].step = step;
             int64_t n = g->hi - g->lo;
             flat_job job = {g, g->ps[0].p->device, g->ps[0].p->data, g->ps[0].p->grad->data, g->lo, n, step,
-                            group_cut(g) ? lk__parallel_width(n / PARALLEL_MIN_ELEMS + 1)
-                                         : 1, /* a device runs the whole range as one op */
-                            {0}};
+                            flat_width(g), {0}};
             lk__parallel_run(job.width, flat_task, &job);
             for (int t = 0; t < job.width; t++)
                 if (job.st[t])

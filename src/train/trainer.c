@@ -638,8 +638,8 @@ static lk_status fit_loop(lk_trainer *tr, lk_loader *train, lk_loader *val, int6
             tr->sum_comm += sr.t_comm;
             tr->samples_seen += b->size;
             if (sync) {
-                lk__optimizer_prewake(tr->optim);
                 double t5 = lk_time_now();
+                lk__optimizer_prewake(tr->optim);
                 if (tr->rank == tr->test_overflow_rank && tr->global_step == tr->test_overflow_step && tr->params.n &&
                     tr->params.items[0].tensor->grad) /* one rank only, after the all-reduce: only the reduced flag skips everywhere */
                 {

@@ -21,6 +21,19 @@ void lk__cpu_sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alph
 /* The same on the calling thread only (a piece of a GEMM another split cut). */
 void lk__cpu_sgemm1(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
                     const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
+/* The work from which lk__cpu_sgemm is cut: below ~30 us of one core, a
+ * second one does not pay. */
+#define LK__CPU_SGEMM_SPLIT_FLOPS (4.0 * 1024 * 1024)
+/* How many tasks a GEMM of M x N x K is cut into when it does at least
+ * min_flops (1: run whole), and whether by C's columns (else its rows), in
+ * pieces of at least 16: the rule of lk__cpu_sgemm and the oneDNN GEMMs. */
+static inline int lk__cpu_gemm_width(int64_t M, int64_t N, int64_t K, double min_flops, bool *by_cols) {
+    int width = 2.0 * (double)M * (double)N * (double)K >= min_flops ? lk__parallel_width(INT64_MAX) : 1;
+    *by_cols = N >= 32 * width || N >= M;
+    int64_t parts = (*by_cols ? N : M) / 16;
+    if (width > parts) width = parts > 1 ? (int)parts : 1;
+    return width;
+}
 
 /* elementwise.c: the element-wise families with every operand f32, bf16 or
  * f16 (each operand its own dtype). All-f32 descriptors take the vectorised
@@ -52,9 +65,6 @@ lk_status lk__cpu_grads(const lk_op_desc *d, void *const *x);
 /* embedding.c: LK_OP_EMBEDDING and _BACKWARD, f32 rows, i32 or i64 indices. */
 lk_status lk__cpu_embedding(const lk_op_desc *d, void *const *x);
 /* copy.c: LK_OP_COPY (copies and casts) and LK_OP_FILL, any dtype. */
-/* The work from which OpenBLAS's f32 GEMM is cut across the compute
- * threads (gemm.c): below ~30 us of one core, a second one does not pay. */
-#define LK__CPU_SGEMM_SPLIT_FLOPS (4.0 * 1024 * 1024)
 lk_status lk__cpu_copy(const lk_op_desc *d, void *const *x);
 lk_status lk__cpu_fill(const lk_op_desc *d, void *const *x);
 /* widen.c: the bf16/f16 path of the f32-only families (pooling, the norms,

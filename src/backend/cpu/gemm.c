@@ -39,7 +39,6 @@ static void gemm_task(void *ctx, int t) {
                j->beta, j->C + a * j->ldc, j->ldc);
 }
 
-
 void lk__cpu_sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
                    const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
     if (M == 0 || N == 0) return;
@@ -48,11 +47,8 @@ void lk__cpu_sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alph
             for (int64_t j = 0; j < N; j++) C[i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[i * ldc + j];
         return;
     }
-    double flops = 2.0 * (double)M * (double)N * (double)K;
-    int width = flops >= LK__CPU_SGEMM_SPLIT_FLOPS ? lk__parallel_width(INT64_MAX) : 1;
-    bool by_cols = N >= 32 * width || N >= M;
-    int64_t parts = (by_cols ? N : M) / 16;
-    if (width > parts) width = parts > 1 ? (int)parts : 1;
+    bool by_cols;
+    int width = lk__cpu_gemm_width(M, N, K, LK__CPU_SGEMM_SPLIT_FLOPS, &by_cols);
     if (width <= 1) {
         lk__cpu_sgemm1(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
         return;
