@@ -579,6 +579,14 @@ lk_status lk__cpu_gemm_f32_dnnl(const lk_op_desc *d, const void *A, const void *
  * independent GEMMs that would each run whole (linear's backward) runs
  * them side by side instead. */
 bool lk__cpu_gemm_cut(const lk_op_desc *d);
+/* Whether f16 GEMMs run as bf16x3 (cpu_lowp.c): oneDNN runs bf16 on AMX here
+ * but has no f16 GEMM, and LK_ONEDNN is not 0. */
+bool lk__cpu_f16_via_bf16(void);
+/* Whether GEMMs of dt run on the CPU's low-precision units (oneDNN's own
+ * code for dt, or bf16x3 for f16) rather than widened to f32; f32: true. */
+bool lk__cpu_gemm_native(lk_dtype dt);
+/* Frees the calling thread's bf16x3 scratch (lk_thread_cleanup). */
+void lk__cpu_lowp_thread_cleanup(void);
 /* Which path a GEMM of these dtypes takes on this machine ("onednn:avx512_core_bf16",
  * "f32 fallback"), for `lockstep env` and run.json. */
 const char *lk__cpu_gemm_path(lk_dtype ab, lk_dtype c);
@@ -599,6 +607,9 @@ const char *lk__cpu_caps_str(char *buf, size_t size);
 lk_status lk__dnnl_gemm(const lk_op_desc *d, const void *A, const void *B, void *C);
 /* Frees this thread's cached primitives, engine and stream (lk_thread_cleanup). */
 void lk__dnnl_thread_cleanup(void);
+/* Whether oneDNN has its own (not reference) code for a dt x dt -> f32
+ * GEMM on this CPU (probed once per dtype). */
+bool lk__dnnl_native(lk_dtype dt);
 /* oneDNN's best instruction set on this CPU, e.g. "avx512_core_amx". */
 const char *lk__dnnl_isa(void);
 #endif

@@ -180,9 +180,35 @@ const char *lk__dnnl_isa(void) {
     }
 }
 
+bool lk__dnnl_native(lk_dtype ab) {
+    static int known[2] = {-1, -1}; /* bf16, f16 */
+    if (ab != LK_BF16 && ab != LK_F16) return ab == LK_F32;
+    int *k = &known[ab == LK_F16], v = __atomic_load_n(k, __ATOMIC_RELAXED);
+    if (v < 0) {
+        dnnl_engine_t eng;
+        v = 0;
+        if (!dnnl_engine_create(&eng, dnnl_cpu, 0)) {
+            lk_op_desc d = {.op = LK_OP_GEMM, .dtype = {ab, ab, LK_F32}};
+            d.gemm = (lk_gemm_params){false, true, 256, 256, 256, 256, 256, 256, 1.0f, 0.0f};
+            dnnl_primitive_t p = make(&d, eng, NULL);
+            v = p != NULL;
+            if (p) dnnl_primitive_destroy(p);
+            dnnl_engine_destroy(eng);
+        }
+        __atomic_store_n(k, v, __ATOMIC_RELAXED);
+    }
+    return v;
+}
+
 const char *lk__cpu_gemm_path(lk_dtype ab, lk_dtype ct) {
-    static _Thread_local char buf[160];
+    static _Thread_local char buf[320];
     if (ab == LK_F32 && !lk__cpu_f32_gemm_dnnl()) return "openblas sgemm";
+    if (ab == LK_F16 && lk__cpu_f16_via_bf16()) {
+        char bf[160];
+        snprintf(bf, sizeof bf, "%s", lk__cpu_gemm_path(LK_BF16, LK_F32));
+        snprintf(buf, sizeof buf, "bf16x3: each f16 split into two bf16, three bf16 products through %s", bf);
+        return buf;
+    }
     dnnl_engine_t eng;
     if (dnnl_engine_create(&eng, dnnl_cpu, 0)) return "f32 fallback (oneDNN has no CPU engine)";
     lk_op_desc d = {.op = LK_OP_GEMM, .dtype = {ab, ab, ct}};

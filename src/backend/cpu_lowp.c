@@ -4,7 +4,12 @@
  * GEMM runs — the same products accumulated in f32, so the same result up to
  * summation order, only slower. C is f32 or the operands' 16-bit type
  * (rounded to nearest even once, at the end). */
+#include <float.h>
+#include <math.h>
 #include <string.h>
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
 
 #include "backend/cpu/cpu_impl.h"
 
@@ -214,7 +219,166 @@ static lk_status split_run(const lk_op_desc *d, const void *A, const void *B, vo
     return LK_STATUS_OK;
 }
 
+/* ---- f16 as bf16 pairs (bf16x3) ---------------------------------------------
+ * oneDNN 2 has no f16 GEMM on a CPU without AMX-FP16, so on an AMX-BF16 CPU
+ * (Sapphire Rapids, Emerald Rapids) 16-mixed's GEMMs would fall back to f32.
+ * They run on the bf16 units instead: every f16 value x is exactly hi + lo,
+ * hi its rounding to bf16 (8 significant bits) and lo = x - hi (at most 3,
+ * |lo| <= 2^-8 |x|; f16's exponent range lies inside bf16's, so both are
+ * exact bf16 values, subnormal f16 included). Then
+ *     a b = ah bh + ah bl + al bh + al bl,
+ * every product exact in f32. The first three run as one bf16 GEMM over
+ * K' = 3K, A' = [Ah Ah Al] and B' = [Bh; Bl; Bh], summed in f32 by AMX. The
+ * fourth, below 2^-16 |a b|, is left out: over a sum that is at most
+ * 2^-16 sum|a b|, the order of f32 summation's own worst case over 256 terms
+ * and 32 times below the rounding each f16 operand already carries. Three
+ * bf16 products on AMX cost less than one f32 product (bench ops: bf16 runs
+ * at 5-7x f32 at the training steps' shapes). An inf or NaN reaches C as
+ * the f32 GEMM's sum would carry it (split_f16). */
+
+static bool f16_split_state(void) {
+#ifdef LK_HAVE_DNNL
+    return use_dnnl() && cpu_amx() && lk__dnnl_native(LK_BF16) && !lk__dnnl_native(LK_F16);
+#else
+    return false;
+#endif
+}
+
+bool lk__cpu_f16_via_bf16(void) {
+    static int state = -1;
+    int s = __atomic_load_n(&state, __ATOMIC_RELAXED);
+    if (s < 0) {
+        s = f16_split_state();
+        __atomic_store_n(&state, s, __ATOMIC_RELAXED);
+    }
+    return s && use_dnnl(); /* LK_ONEDNN=0 (lk__cpu_lowp_use_dnnl) still turns it off */
+}
+
+/* The calling thread's grow-only scratch for the split operands and a
+ * 16-bit C's f32 sums: a repeated step neither allocates nor faults pages. */
+static _Thread_local char *split_mem;
+static _Thread_local size_t split_cap;
+
+static void *split_scratch(size_t bytes) {
+    if (bytes > split_cap) {
+        lk_aligned_free(split_mem);
+        split_cap = 0;
+        if (!(split_mem = lk_aligned_alloc(LK_ALIGN, bytes))) return NULL;
+        split_cap = bytes;
+    }
+    return split_mem;
+}
+
+void lk__cpu_lowp_thread_cleanup(void) {
+    lk_aligned_free(split_mem);
+    split_mem = NULL;
+    split_cap = 0;
+}
+
+/* n f16 values into their bf16 parts: hi[k] + lo[k] == src[k] exactly;
+ * hi is written twice (A' and B' hold it in two blocks): to hi, and to hi2,
+ * the copy multiplied by the other operand's lo, as 0 when it is inf or
+ * NaN. So an inf meets only the other side's hi, as the f32 GEMM's product
+ * would: inf x 1 stays inf instead of gaining the NaN of inf x lo(1) = inf x 0. */
+static void split_f16(const uint16_t *src, uint16_t *hi, uint16_t *hi2, uint16_t *lo, int64_t n) {
+    int64_t i = 0;
+#ifdef __AVX512F__
+    /* lk_f32_to_bf16_bits 16 at a time (as lk_f32_to_half_n), then lo's bf16
+     * is the top half of the exact f32 difference */
+    const __m512i one = _mm512_set1_epi32(1), bias = _mm512_set1_epi32(0x7fff), abs = _mm512_set1_epi32(0x7fffffff),
+                  inf = _mm512_set1_epi32(0x7f800000), quiet = _mm512_set1_epi32(0x40);
+    for (; i + 16 <= n; i += 16) {
+        __m512 f = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(src + i)));
+        __m512i u = _mm512_castps_si512(f), top = _mm512_srli_epi32(u, 16), mag = _mm512_and_si512(u, abs);
+        __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, bias), _mm512_and_si512(top, one)), 16);
+        r = _mm512_mask_mov_epi32(r, _mm512_cmpgt_epu32_mask(mag, inf), _mm512_or_si512(top, quiet));
+        __mmask16 finite = _mm512_cmplt_epu32_mask(mag, inf);
+        __m512 d = _mm512_maskz_sub_ps(finite, f, _mm512_castsi512_ps(_mm512_slli_epi32(r, 16)));
+        _mm256_storeu_si256((__m256i *)(hi + i), _mm512_cvtepi32_epi16(r));
+        _mm256_storeu_si256((__m256i *)(hi2 + i), _mm512_cvtepi32_epi16(_mm512_maskz_mov_epi32(finite, r)));
+        _mm256_storeu_si256((__m256i *)(lo + i),
+                            _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(d), 16)));
+    }
+#endif
+    for (; i < n; i++) {
+        float f = lk_f16_bits_to_f32(src[i]);
+        uint16_t h = lk_f32_to_bf16_bits(f);
+        bool finite = fabsf(f) <= FLT_MAX;
+        hi[i] = h;
+        hi2[i] = finite ? h : 0;
+        lo[i] = lk_f32_to_bf16_bits(finite ? f - lk_bf16_bits_to_f32(h) : 0.0f); /* exact */
+    }
+}
+
+/* A stored rows x cols matrix (leading dimension ld) written to dst as the
+ * three blocks part[0..2] (0: hi, 1: lo) along K: stacked (K runs down the
+ * stored rows: dst is 3 rows x cols, leading dimension cols) or side by
+ * side (K runs along a row: dst is rows x 3 cols). */
+static void split_operand(const uint16_t *src, int64_t rows, int64_t cols, int64_t ld, bool k_down,
+                          const int part[3], uint16_t *dst) {
+    int64_t step = k_down ? rows * cols : cols, ldd = k_down ? cols : 3 * cols;
+    int l = part[0] == 1 ? 0 : part[1] == 1 ? 1 : 2, h = l == 0 ? 1 : 0, h2 = 3 - h - l; /* the lo and hi blocks */
+    for (int64_t r = 0; r < rows; r++) {
+        uint16_t *row = dst + r * ldd;
+        split_f16(src + r * ld, row + h * step, row + h2 * step, row + l * step, cols);
+    }
+}
+
+static lk_status gemm_f16_split(const lk_op_desc *d, const void *A, const void *B, void *C) {
+    const lk_gemm_params *g = &d->gemm;
+    if (g->M == 0 || g->N == 0) return LK_STATUS_OK;
+    static const int a_parts[3] = {0, 0, 1}, b_parts[3] = {0, 1, 0};
+    int64_t M = g->M, N = g->N, K = g->K;
+    bool c16 = d->dtype[2] != LK_F32;
+    size_t nb = (size_t)(3 * K * N), nc = c16 ? (size_t)(M * N) : 0;
+    /* A in panels of C's rows, so the split copy stays a few MB whatever M */
+    int64_t mp = K > 0 && M * K > (1 << 20) ? ((1 << 20) / K + 15) & ~(int64_t)15 : M;
+    if (mp < 16) mp = 16;
+    if (mp > M) mp = M;
+    size_t na = (size_t)(3 * K * mp);
+    char *mem = split_scratch((na + nb) * sizeof(uint16_t) + nc * sizeof(float) + 2 * LK_ALIGN);
+    if (!mem) return lk_error(LK_STATUS_OUT_OF_MEMORY, "gemm f16: no room to split the operands into bf16 pairs");
+    uint16_t *bs = (uint16_t *)mem, *as = bs + nb;
+    float *cs = (float *)(mem + (((na + nb) * sizeof(uint16_t) + LK_ALIGN - 1) & ~(size_t)(LK_ALIGN - 1)));
+    if (g->trans_b) split_operand(B, N, K, g->ldb, false, b_parts, bs);
+    else split_operand(B, K, N, g->ldb, true, b_parts, bs);
+    if (c16 && g->beta != 0.0f)
+        for (int64_t r = 0; r < M; r++)
+            lk_half_to_f32_n(d->dtype[2], cs + r * N, (const uint16_t *)C + r * g->ldc, (size_t)N);
+    lk_op_desc e = *d;
+    e.dtype[0] = e.dtype[1] = LK_BF16;
+    e.dtype[2] = LK_F32;
+    e.gemm.K = 3 * K;
+    e.gemm.ldb = g->trans_b ? 3 * K : N;
+    if (c16) e.gemm.ldc = N;
+    lk_status st = LK_STATUS_OK;
+    for (int64_t m0 = 0; m0 < M && !st; m0 += mp) {
+        int64_t m = M - m0 < mp ? M - m0 : mp;
+        const uint16_t *a = (const uint16_t *)A + (g->trans_a ? m0 : m0 * g->lda);
+        if (g->trans_a) split_operand(a, K, m, g->lda, true, a_parts, as);
+        else split_operand(a, m, K, g->lda, false, a_parts, as);
+        e.gemm.M = m;
+        e.gemm.lda = g->trans_a ? m : 3 * K;
+        void *c = c16 ? (void *)(cs + m0 * N) : (void *)((float *)C + m0 * g->ldc);
+        st = split_run(&e, as, bs, c, false);
+    }
+    for (int64_t r = 0; c16 && !st && r < M; r++)
+        lk_f32_to_half_n(d->dtype[2], (uint16_t *)C + r * g->ldc, cs + r * N, (size_t)N);
+    return st;
+}
+
+bool lk__cpu_gemm_native(lk_dtype dt) {
+    if (dt == LK_F32) return true;
+#ifdef LK_HAVE_DNNL
+    return use_dnnl() && (lk__dnnl_native(dt) || (dt == LK_F16 && lk__cpu_f16_via_bf16()));
+#else
+    return false;
+#endif
+}
+
 lk_status lk__cpu_gemm_lowp(const lk_op_desc *d, const void *A, const void *B, void *C) {
+    if (d->dtype[0] == LK_F16 && d->dtype[1] == LK_F16 && d->gemm.K > 0 && lk__cpu_f16_via_bf16())
+        return gemm_f16_split(d, A, B, C);
     return split_run(d, A, B, C, false);
 }
 

@@ -871,7 +871,7 @@ lk_status lk_trainer_fit(lk_trainer *tr, lk_module *m, lk_datamodule *dm, const 
             const char *dt = lk_dtype_name(tr->autocast), *path = lk__train_gemm_path(tr);
             if (tr->dev.kind == LK_CUDA)
                 lk_log0("precision %s: matrix products in %s on the GPU (%s)", c->precision, dt, path);
-            else if (lk_cpu_native(tr->autocast))
+            else if (lk__cpu_gemm_native(tr->autocast))
                 lk_log0("precision %s: matrix products in %s on this CPU's own units (%s)", c->precision, dt, path);
             else
                 lk_log0("precision %s: this CPU has no native %s multiply; matrix products run through %s (correct, "
