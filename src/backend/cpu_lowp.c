@@ -199,9 +199,14 @@ static double split_flops(const lk_op_desc *d, bool dnnl_only) {
 }
 
 bool lk__cpu_gemm_cut(const lk_op_desc *d) {
-    const lk_gemm_params *g = &d->gemm;
-    bool by_cols, openblas = d->dtype[0] == LK_F32 && !lk__cpu_f32_gemm_dnnl();
-    return lk__cpu_gemm_width(g->M, g->N, g->K, openblas ? LK__CPU_SGEMM_SPLIT_FLOPS : split_flops(d, false),
+    lk_op_desc e = *d;
+    if (e.dtype[0] == LK_F16 && lk__cpu_f16_via_bf16()) { /* as gemm_f16_split runs it */
+        e.dtype[0] = e.dtype[1] = LK_BF16;
+        e.gemm.K *= 3;
+    }
+    const lk_gemm_params *g = &e.gemm;
+    bool by_cols, openblas = e.dtype[0] == LK_F32 && !lk__cpu_f32_gemm_dnnl();
+    return lk__cpu_gemm_width(g->M, g->N, g->K, openblas ? LK__CPU_SGEMM_SPLIT_FLOPS : split_flops(&e, false),
                               &by_cols) > 1;
 }
 
