@@ -558,8 +558,9 @@ lk_status lk__affine(lk_device dev, lk_dtype dt, int64_t n, float mul, float add
 
 /* cpu_lowp.c: GEMMs over bf16 or f16 A and B (the same dtype), C in f32 or
  * that dtype. oneDNN runs them where it is built and takes the shape (AMX,
- * AVX512-BF16/FP16 or its own emulation); otherwise A and B are widened to
- * f32 panels and the f32 GEMM runs (correct, slower). */
+ * AVX512-BF16/FP16 or its own emulation); f16 on an AMX-BF16 CPU without
+ * oneDNN f16 code runs as bf16x3 (three bf16 products of exact bf16 splits);
+ * otherwise A and B are widened to f32 and the f32 GEMM runs (correct, slower). */
 lk_status lk__cpu_gemm_lowp(const lk_op_desc *d, const void *A, const void *B, void *C);
 /* The same split, every piece through oneDNN in d's dtypes (f32 x f32 -> f32
  * too), never the fallback: UNSUPPORTED where oneDNN has no fast code for a

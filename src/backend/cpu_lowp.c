@@ -1,9 +1,10 @@
 /* bf16 and f16 GEMMs on the CPU. oneDNN runs them where it is built and has
  * a real implementation for the shape on this CPU (AMX, AVX512-BF16/FP16, or
- * its AVX512 emulation); otherwise A and B are widened to f32 and the f32
- * GEMM runs — the same products accumulated in f32, so the same result up to
- * summation order, only slower. C is f32 or the operands' 16-bit type
- * (rounded to nearest even once, at the end). */
+ * its AVX512 emulation); f16 on an AMX-BF16 CPU whose oneDNN has no f16 GEMM
+ * runs as three bf16 GEMMs in one (bf16x3, below); otherwise A and B are
+ * widened to f32 and the f32 GEMM runs — the same products accumulated in
+ * f32, so the same result up to summation order, only slower. C is f32 or
+ * the operands' 16-bit type (rounded to nearest even once, at the end). */
 #include <float.h>
 #include <math.h>
 #include <string.h>
@@ -234,12 +235,14 @@ static lk_status split_run(const lk_op_desc *d, const void *A, const void *B, vo
  *     a b = ah bh + ah bl + al bh + al bl,
  * every product exact in f32. The first three run as one bf16 GEMM over
  * K' = 3K, A' = [Ah Ah Al] and B' = [Bh; Bl; Bh], summed in f32 by AMX. The
- * fourth, below 2^-16 |a b|, is left out: over a sum that is at most
- * 2^-16 sum|a b|, the order of f32 summation's own worst case over 256 terms
- * and 32 times below the rounding each f16 operand already carries. Three
- * bf16 products on AMX cost less than one f32 product (bench ops: bf16 runs
- * at 5-7x f32 at the training steps' shapes). An inf or NaN reaches C as
- * the f32 GEMM's sum would carry it (split_f16). */
+ * fourth, at most 2^-16 |a b|, is left out: a dot product gains at most
+ * 2^-16 sum |a b|, the order of f32 summation's own worst case over 256
+ * terms and 32 times below the rounding each f16 operand already carries.
+ * Three bf16 products on AMX take less time than one f32 product: 1.3x
+ * f32's rate at the training steps' shapes with the split included, where
+ * four (exact products) would be no faster than f32 (docs/BENCHMARKS.md,
+ * "16-mixed on AMX"). An inf or NaN reaches C as the f32 GEMM's sum would
+ * carry it (split_f16). */
 
 static bool f16_split_state(void) {
 #ifdef LK_HAVE_DNNL
@@ -340,11 +343,14 @@ static lk_status gemm_f16_split(const lk_op_desc *d, const void *A, const void *
     int64_t mp = K > 0 && M * K > (1 << 20) ? ((1 << 20) / K + 15) & ~(int64_t)15 : M;
     if (mp < 16) mp = 16;
     if (mp > M) mp = M;
-    size_t na = (size_t)(3 * K * mp);
-    char *mem = split_scratch((na + nb) * sizeof(uint16_t) + nc * sizeof(float) + 2 * LK_ALIGN);
-    if (!mem) return lk_error(LK_STATUS_OUT_OF_MEMORY, "gemm f16: no room to split the operands into bf16 pairs");
-    uint16_t *bs = (uint16_t *)mem, *as = bs + nb;
-    float *cs = (float *)(mem + (((na + nb) * sizeof(uint16_t) + LK_ALIGN - 1) & ~(size_t)(LK_ALIGN - 1)));
+    size_t na = (size_t)(3 * K * mp), up = LK_ALIGN - 1;
+    size_t aoff = (nb * sizeof(uint16_t) + up) & ~up, coff = (aoff + na * sizeof(uint16_t) + up) & ~up;
+    char *mem = split_scratch(coff + nc * sizeof(float));
+    if (!mem)
+        return lk_error(LK_STATUS_OUT_OF_MEMORY, "gemm f16 %lldx%lldx%lld: no room (%zu bytes) to split its operands",
+                        (long long)M, (long long)N, (long long)K, coff + nc * sizeof(float));
+    uint16_t *bs = (uint16_t *)mem, *as = (uint16_t *)(mem + aoff);
+    float *cs = (float *)(mem + coff);
     if (g->trans_b) split_operand(B, N, K, g->ldb, false, b_parts, bs);
     else split_operand(B, K, N, g->ldb, true, b_parts, bs);
     if (c16 && g->beta != 0.0f)
