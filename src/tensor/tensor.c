@@ -650,6 +650,10 @@ void lk_f32_to_half_n(lk_dtype dt, uint16_t *dst, const float *src, size_t n) {
         for (; i < n; i++) dst[i] = lk_f32_to_bf16_bits(src[i]);
         return;
     }
+#ifdef __AVX512F__
+    for (; i + 16 <= n; i += 16)
+        _mm256_storeu_si256((__m256i *)(dst + i), _mm512_cvtps_ph(_mm512_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+#endif
 #ifdef LK_HAVE_F16C
     for (; i + 8 <= n; i += 8)
         _mm_storeu_si128((__m128i *)(dst + i), _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
@@ -666,6 +670,9 @@ void lk_half_to_f32_n(lk_dtype dt, float *dst, const uint16_t *src, size_t n) {
         }
         return;
     }
+#ifdef __AVX512F__
+    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(src + i))));
+#endif
 #ifdef LK_HAVE_F16C
     for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));
 #endif

@@ -169,10 +169,13 @@ static lk_status cpu_run(const lk_op_desc *d, void *const *x) {
         if (is_half(d->dtype[0])) { /* widen, scale in f32, round once */
             const uint16_t *xh = x[0];
             uint16_t *yh = x[2];
-            bool bf = d->dtype[0] == LK_BF16;
-            for (int64_t i = 0; i < d->mask_scale.n; i++) {
-                float v = (bf ? lk_bf16_bits_to_f32(xh[i]) : lk_f16_bits_to_f32(xh[i])) * (m[i] ? s : 0.0f);
-                yh[i] = bf ? lk_f32_to_bf16_bits(v) : lk_f32_to_f16_bits(v);
+            enum { B = 256 }; /* a block widened and rounded through the bulk conversions */
+            float v[B];
+            for (int64_t i0 = 0; i0 < d->mask_scale.n; i0 += B) {
+                int64_t n = d->mask_scale.n - i0 < B ? d->mask_scale.n - i0 : B;
+                lk_half_to_f32_n(d->dtype[0], v, xh + i0, (size_t)n);
+                for (int64_t i = 0; i < n; i++) v[i] = v[i] * (m[i0 + i] ? s : 0.0f);
+                lk_f32_to_half_n(d->dtype[0], yh + i0, v, (size_t)n);
             }
             return LK_STATUS_OK;
         }

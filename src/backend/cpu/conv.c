@@ -8,6 +8,8 @@
  * threading here would only oversubscribe the cores. */
 #include "backend/cpu/cpu_impl.h"
 
+enum { BIAS_BLOCK = 256 }; /* floats of a 16-bit bias add's sums on the stack */
+
 static inline float half_get(lk_dtype t, const void *p, long i) {
     uint16_t h = ((const uint16_t *)p)[i];
     return t == LK_BF16 ? lk_bf16_bits_to_f32(h) : lk_f16_bits_to_f32(h);
@@ -56,10 +58,13 @@ lk_status lk__cpu_conv(const lk_op_desc *d, void *const *x) {
                     long off = (s * p->O + o) * p->P;
                     if (ot == LK_F32)
                         for (long i = 0; i < p->P; i++) ((float *)x[2])[off + i] = yr[i] + bo;
-                    else if (ot == LK_BF16)
-                        for (long i = 0; i < p->P; i++) ((uint16_t *)x[2])[off + i] = lk_f32_to_bf16_bits(yr[i] + bo);
-                    else
-                        for (long i = 0; i < p->P; i++) ((uint16_t *)x[2])[off + i] = lk_f32_to_f16_bits(yr[i] + bo);
+                    else /* rounded through the bulk conversion (F16C / AVX-512), a block at a time */
+                        for (long i0 = 0; i0 < p->P; i0 += BIAS_BLOCK) {
+                            float sum[BIAS_BLOCK];
+                            long m = p->P - i0 < BIAS_BLOCK ? p->P - i0 : BIAS_BLOCK;
+                            for (long i = 0; i < m; i++) sum[i] = yr[i0 + i] + bo;
+                            lk_f32_to_half_n(ot, (uint16_t *)x[2] + off + i0, sum, (size_t)m);
+                        }
                 }
             return LK_STATUS_OK;
         }
