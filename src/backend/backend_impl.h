@@ -566,8 +566,9 @@ lk_status lk__cpu_gemm_lowp(const lk_op_desc *d, const void *A, const void *B, v
  * too), never the fallback: UNSUPPORTED where oneDNN has no fast code for a
  * piece or lockstep was built without it. For bench ops' measurement only. */
 lk_status lk__cpu_gemm_dnnl(const lk_op_desc *d, const void *A, const void *B, void *C);
-/* Whether those GEMMs may use oneDNN (default: unless LK_ONEDNN=0). */
+/* Whether those GEMMs may use oneDNN (default: unless LK_ONEDNN=0): set, asked. */
 void lk__cpu_lowp_use_dnnl(bool on);
+bool lk__cpu_lowp_dnnl_on(void);
 /* Whether the f32 GEMMs run through oneDNN, split as the 16-bit ones
  * (lk__cpu_gemm_f32_dnnl), rather than OpenBLAS: LK_F32_GEMM=auto|onednn|
  * openblas, read once; auto is oneDNN on an AMX-class CPU (cpu_lowp.c says

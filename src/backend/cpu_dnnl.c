@@ -203,6 +203,7 @@ bool lk__dnnl_native(lk_dtype ab) {
 const char *lk__cpu_gemm_path(lk_dtype ab, lk_dtype ct) {
     static _Thread_local char buf[320];
     if (ab == LK_F32 && !lk__cpu_f32_gemm_dnnl()) return "openblas sgemm";
+    if (ab != LK_F32 && !lk__cpu_lowp_dnnl_on()) return "f32 fallback (LK_ONEDNN=0)";
     if (ab == LK_F16 && lk__cpu_f16_via_bf16()) {
         char bf[160];
         snprintf(bf, sizeof bf, "%s", lk__cpu_gemm_path(LK_BF16, LK_F32));

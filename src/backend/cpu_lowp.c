@@ -61,6 +61,8 @@ static bool use_dnnl(void) {
     return s;
 }
 
+bool lk__cpu_lowp_dnnl_on(void) { return use_dnnl(); }
+
 /* Which library runs the f32 GEMMs (32-true, the f32 ops, the 16-bit
  * fallback's widened panels): LK_F32_GEMM=auto (default), onednn or openblas.
  * auto takes oneDNN where its f32 kernels were measured faster for whole
@@ -244,22 +246,20 @@ static lk_status split_run(const lk_op_desc *d, const void *A, const void *B, vo
  * "16-mixed on AMX"). An inf or NaN reaches C as the f32 GEMM's sum would
  * carry it (split_f16). */
 
-static bool f16_split_state(void) {
-#ifdef LK_HAVE_DNNL
-    return use_dnnl() && cpu_amx() && lk__dnnl_native(LK_BF16) && !lk__dnnl_native(LK_F16);
-#else
-    return false;
-#endif
-}
-
+/* Whether this CPU and oneDNN call for it (asked once; LK_ONEDNN=0 turns it
+ * off with the rest of oneDNN, per call). */
 bool lk__cpu_f16_via_bf16(void) {
     static int state = -1;
     int s = __atomic_load_n(&state, __ATOMIC_RELAXED);
     if (s < 0) {
-        s = f16_split_state();
+#ifdef LK_HAVE_DNNL
+        s = cpu_amx() && lk__dnnl_native(LK_BF16) && !lk__dnnl_native(LK_F16);
+#else
+        s = 0;
+#endif
         __atomic_store_n(&state, s, __ATOMIC_RELAXED);
     }
-    return s && use_dnnl(); /* LK_ONEDNN=0 (lk__cpu_lowp_use_dnnl) still turns it off */
+    return s && use_dnnl();
 }
 
 /* The calling thread's grow-only scratch for the split operands and a

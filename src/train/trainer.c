@@ -866,7 +866,8 @@ lk_status lk_trainer_fit(lk_trainer *tr, lk_module *m, lk_datamodule *dm, const 
                 tr->accum > 1 ? " (accumulating gradients)" : "");
         if (tr->log_dir[0]) lk_log0("logs: %s", tr->log_dir);
         if (tr->autocast != LK_F32) {
-            /* said once: a precision the CPU cannot multiply natively still
+            /* said once: a precision whose GEMMs cannot run natively here
+             * (no instructions for it, or none that oneDNN uses) still
              * trains correctly, but through f32 and so not faster */
             const char *dt = lk_dtype_name(tr->autocast), *path = lk__train_gemm_path(tr);
             if (tr->dev.kind == LK_CUDA)
@@ -874,7 +875,7 @@ lk_status lk_trainer_fit(lk_trainer *tr, lk_module *m, lk_datamodule *dm, const 
             else if (lk__cpu_gemm_native(tr->autocast))
                 lk_log0("precision %s: matrix products in %s on this CPU's own units (%s)", c->precision, dt, path);
             else
-                lk_log0("precision %s: this CPU has no native %s multiply; matrix products run through %s (correct, "
+                lk_log0("precision %s: no %s matrix product runs natively here; they run through %s (correct, "
                         "not faster than 32-true)",
                         c->precision, dt, path);
         }
