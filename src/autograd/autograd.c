@@ -94,7 +94,6 @@ void lk_thread_cleanup(void) {
     }
     lk__scope_thread_cleanup();
     lk__cpu_widen_thread_cleanup(); /* the CPU backend's 16-bit scratch */
-    lk__cpu_lowp_thread_cleanup();  /* and its bf16x3 GEMMs' */
 #ifdef LK_HAVE_DNNL
     lk__dnnl_thread_cleanup(); /* the thread's cached oneDNN primitives */
 #endif

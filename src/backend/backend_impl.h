@@ -587,8 +587,6 @@ bool lk__cpu_f16_via_bf16(void);
 /* Whether GEMMs of dt run on the CPU's low-precision units (oneDNN's own
  * code for dt, or bf16x3 for f16) rather than widened to f32; f32: true. */
 bool lk__cpu_gemm_native(lk_dtype dt);
-/* Frees the calling thread's bf16x3 scratch (lk_thread_cleanup). */
-void lk__cpu_lowp_thread_cleanup(void);
 /* Which path a GEMM of these dtypes takes on this machine ("onednn:avx512_core_bf16",
  * "f32 fallback"), for `lockstep env` and run.json. */
 const char *lk__cpu_gemm_path(lk_dtype ab, lk_dtype c);
@@ -648,8 +646,9 @@ void lk__parallel_prewake(void);
  * them in the same order every step (a CUDA graph replays that order) and
  * gains nothing from several host threads launching. */
 void lk__parallel_run_ordered(int width, void (*fn)(void *ctx, int task), void *ctx);
-/* Frees the calling thread's f32 scratch of the CPU backend's bf16/f16
- * paths (src/backend/cpu/widen.c; lk_thread_cleanup). */
+/* Frees the calling thread's scratch of the CPU backend's bf16/f16 paths
+ * (the widening's f32 arrays, bf16x3's split operands: src/backend/cpu/widen.c;
+ * lk_thread_cleanup). */
 void lk__cpu_widen_thread_cleanup(void);
 extern const lk_backend lk__cpu_backend;
 

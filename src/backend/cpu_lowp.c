@@ -262,27 +262,6 @@ bool lk__cpu_f16_via_bf16(void) {
     return s && use_dnnl();
 }
 
-/* The calling thread's grow-only scratch for the split operands and a
- * 16-bit C's f32 sums: a repeated step neither allocates nor faults pages. */
-static _Thread_local char *split_mem;
-static _Thread_local size_t split_cap;
-
-static void *split_scratch(size_t bytes) {
-    if (bytes > split_cap) {
-        lk_aligned_free(split_mem);
-        split_cap = 0;
-        if (!(split_mem = lk_aligned_alloc(LK_ALIGN, bytes))) return NULL;
-        split_cap = bytes;
-    }
-    return split_mem;
-}
-
-void lk__cpu_lowp_thread_cleanup(void) {
-    lk_aligned_free(split_mem);
-    split_mem = NULL;
-    split_cap = 0;
-}
-
 /* n f16 values into their bf16 parts: hi[k] + lo[k] == src[k] exactly;
  * hi is written twice (A' and B' hold it in two blocks): to hi, and to hi2,
  * the copy multiplied by the other operand's lo, as 0 when it is inf or
@@ -345,7 +324,7 @@ static lk_status gemm_f16_split(const lk_op_desc *d, const void *A, const void *
     if (mp > M) mp = M;
     size_t na = (size_t)(3 * K * mp), up = LK_ALIGN - 1;
     size_t aoff = (nb * sizeof(uint16_t) + up) & ~up, coff = (aoff + na * sizeof(uint16_t) + up) & ~up;
-    char *mem = split_scratch(coff + nc * sizeof(float));
+    char *mem = lk__cpu_scratch_for(LK__SCRATCH_GEMM, coff + nc * sizeof(float));
     if (!mem)
         return lk_error(LK_STATUS_OUT_OF_MEMORY, "gemm f16 %lldx%lldx%lld: no room (%zu bytes) to split its operands",
                         (long long)M, (long long)N, (long long)K, coff + nc * sizeof(float));

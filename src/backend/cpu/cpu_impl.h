@@ -74,10 +74,16 @@ lk_status lk__cpu_fill(const lk_op_desc *d, void *const *x);
  * descriptors and run on what). */
 lk_status lk__cpu_run_widened(const lk_op_desc *d, void *const *x,
                               lk_status (*run)(const lk_op_desc *d, void *const *x));
-/* The calling thread's f32 scratch that they carve: at least n floats,
- * grow-only, so a repeated step neither allocates nor faults pages in; NULL
- * on OOM. One user at a time per thread: valid until the next call. */
-float *lk__cpu_scratch(size_t n);
+/* The calling thread's grow-only scratch buffers, one per use, so a
+ * repeated step neither allocates nor faults pages in: the widening paths'
+ * f32 arrays and the bf16x3 GEMMs' split operands (../cpu_lowp.c), apart so
+ * that neither can clobber the other. At least `bytes`, LK_ALIGN-aligned;
+ * NULL on OOM; valid until the next call for the same use on this thread
+ * (lk__cpu_widen_thread_cleanup frees them). */
+enum { LK__SCRATCH_WIDEN, LK__SCRATCH_GEMM, LK__SCRATCH_USES };
+void *lk__cpu_scratch_for(int use, size_t bytes);
+/* The widening paths' f32 scratch: at least n floats. */
+static inline float *lk__cpu_scratch(size_t n) { return lk__cpu_scratch_for(LK__SCRATCH_WIDEN, n * sizeof(float)); }
 /* Batch norm and layer norm (forward and backward) with 16-bit operands, in
  * chunks of channels / rows through the same scratch. */
 lk_status lk__cpu_bn_half(const lk_op_desc *d, void *const *x, lk_status (*run)(const lk_op_desc *d, void *const *x));

@@ -22,23 +22,25 @@
 
 static bool is_half(lk_dtype t) { return t == LK_BF16 || t == LK_F16; }
 
-/* The calling thread's scratch: at least n floats (grow-only; NULL on OOM). */
-static _Thread_local float *arena;
-static _Thread_local size_t arena_cap;
-float *lk__cpu_scratch(size_t n) {
-    if (n > arena_cap) {
-        lk_free(arena);
-        arena_cap = 0;
-        if (!(arena = lk_malloc(n * sizeof *arena))) return NULL;
-        arena_cap = n;
+static _Thread_local void *arena[LK__SCRATCH_USES];
+static _Thread_local size_t arena_cap[LK__SCRATCH_USES];
+
+void *lk__cpu_scratch_for(int use, size_t bytes) {
+    if (bytes > arena_cap[use]) {
+        lk_aligned_free(arena[use]);
+        arena_cap[use] = 0;
+        if (!(arena[use] = lk_aligned_alloc(LK_ALIGN, bytes))) return NULL;
+        arena_cap[use] = bytes;
     }
-    return arena;
+    return arena[use];
 }
 
 void lk__cpu_widen_thread_cleanup(void) {
-    lk_free(arena);
-    arena = NULL;
-    arena_cap = 0;
+    for (int u = 0; u < LK__SCRATCH_USES; u++) {
+        lk_aligned_free(arena[u]);
+        arena[u] = NULL;
+        arena_cap[u] = 0;
+    }
 }
 
 /* n elements of dtype t at p (element stride `stride`) into f32, and back. */
