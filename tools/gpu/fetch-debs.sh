@@ -26,6 +26,7 @@ pkgs=(
   zlib1g-dev zlib1g
   libstb-dev libstb0
   pkgconf pkgconf-bin libpkgconf3
+  libdnnl-dev libdnnl2 ocl-icd-libopencl1 libgomp1
 )
 # The image is x86-64 (device README); ask for amd64 whatever this machine is.
 arch=amd64
