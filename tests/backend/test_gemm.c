@@ -18,10 +18,13 @@ static float rnd(uint32_t *s) {
 
 /* Fills a stored matrix (rows x cols, leading dim ld) of dtype dt with values
  * that dt represents exactly; also returns them widened. */
+static int spread; /* > 0: values times 2^e, e uniform in [-spread, spread / 2] (f16's whole range at 24) */
+
 static void fill(lk_dtype dt, void *p, float *wide, int64_t rows, int64_t cols, int64_t ld, uint32_t seed) {
     for (int64_t r = 0; r < rows; r++)
         for (int64_t c = 0; c < ld; c++) {
             float v = rnd(&seed) * (c < cols ? 1.0f : 0.0f) + (c < cols ? 0.0f : NAN); /* padding: NaN, never read */
+            if (spread) v = ldexpf(v, (int)((seed >> 3) % (uint32_t)(spread + spread / 2 + 1)) - spread);
             if (dt == LK_F32) ((float *)p)[r * ld + c] = v;
             else {
                 uint16_t h;
@@ -164,6 +167,14 @@ static void f16_split_panels_and_edges(void) {
     one(LK_F16, LK_F32, false, true, 1100, 24, 1000, 1.0f, 0.0f);
     one(LK_F16, LK_F32, true, false, 1100, 24, 1000, 0.5f, 1.0f);
     one(LK_F16, LK_F16, false, false, 1100, 20, 1000, 1.0f, 1.0f);
+    /* f16's whole exponent range, subnormals included: the bound is relative
+     * to each dot product's sum of |products|, whatever their scale */
+    spread = 24;
+    for (int t = 0; t < 4; t++) {
+        one(LK_F16, LK_F32, t & 1, t & 2, 64, 48, 130, 1.0f, 0.0f);
+        one(LK_F16, LK_F32, t & 1, t & 2, 33, 20, 640, 0.5f, 1.0f);
+    }
+    spread = 0;
     /* C[i][j] = sum_k A[i][k] B[k][j], K = 2, B = [[1, 1], [0, 1]] */
     static const float a[][2] = {{65504.0f, 0.0f}, {0x1p-24f, 0.0f}, {INFINITY, 0.0f}, {-INFINITY, 1.0f},
                                  {NAN, 0.0f}, {65504.0f, -65504.0f}, {0.1f, 0.2f}};
