@@ -180,21 +180,27 @@ const char *lk__dnnl_isa(void) {
     }
 }
 
+/* Whether oneDNN has its own code for a 256^3 ab x ab -> ct GEMM on this
+ * CPU (-1: no CPU engine); impl, when given, gets the implementation's name. */
+static int probe(lk_dtype ab, lk_dtype ct, char *impl, size_t size) {
+    dnnl_engine_t eng;
+    if (dnnl_engine_create(&eng, dnnl_cpu, 0)) return -1;
+    lk_op_desc d = {.op = LK_OP_GEMM, .dtype = {ab, ab, ct}};
+    d.gemm = (lk_gemm_params){false, true, 256, 256, 256, 256, 256, 256, 1.0f, 0.0f};
+    const char *name = NULL;
+    dnnl_primitive_t p = make(&d, eng, &name);
+    if (p && impl) snprintf(impl, size, "%s", name);
+    if (p) dnnl_primitive_destroy(p);
+    dnnl_engine_destroy(eng);
+    return p != NULL;
+}
+
 bool lk__dnnl_native(lk_dtype ab) {
     static int known[2] = {-1, -1}; /* bf16, f16 */
     if (ab != LK_BF16 && ab != LK_F16) return ab == LK_F32;
     int *k = &known[ab == LK_F16], v = __atomic_load_n(k, __ATOMIC_RELAXED);
     if (v < 0) {
-        dnnl_engine_t eng;
-        v = 0;
-        if (!dnnl_engine_create(&eng, dnnl_cpu, 0)) {
-            lk_op_desc d = {.op = LK_OP_GEMM, .dtype = {ab, ab, LK_F32}};
-            d.gemm = (lk_gemm_params){false, true, 256, 256, 256, 256, 256, 256, 1.0f, 0.0f};
-            dnnl_primitive_t p = make(&d, eng, NULL);
-            v = p != NULL;
-            if (p) dnnl_primitive_destroy(p);
-            dnnl_engine_destroy(eng);
-        }
+        v = probe(ab, LK_F32, NULL, 0) > 0;
         __atomic_store_n(k, v, __ATOMIC_RELAXED);
     }
     return v;
@@ -210,16 +216,11 @@ const char *lk__cpu_gemm_path(lk_dtype ab, lk_dtype ct) {
         snprintf(buf, sizeof buf, "bf16x3: each f16 split into two bf16, three bf16 products through %s", bf);
         return buf;
     }
-    dnnl_engine_t eng;
-    if (dnnl_engine_create(&eng, dnnl_cpu, 0)) return "f32 fallback (oneDNN has no CPU engine)";
-    lk_op_desc d = {.op = LK_OP_GEMM, .dtype = {ab, ab, ct}};
-    d.gemm = (lk_gemm_params){false, true, 256, 256, 256, 256, 256, 256, 1.0f, 0.0f};
-    const char *impl = NULL;
-    dnnl_primitive_t p = make(&d, eng, &impl);
-    if (p) snprintf(buf, sizeof buf, "onednn %s (cpu isa %s)", impl, lk__dnnl_isa());
+    char impl[128];
+    int native = probe(ab, ct, impl, sizeof impl);
+    if (native < 0) return "f32 fallback (oneDNN has no CPU engine)";
+    if (native) snprintf(buf, sizeof buf, "onednn %s (cpu isa %s)", impl, lk__dnnl_isa());
     else snprintf(buf, sizeof buf, "f32 fallback (oneDNN %s has no native %s GEMM on this cpu, isa %s)",
                   dnnl_version()->major == 2 ? "2" : "3", lk_dtype_name(ab), lk__dnnl_isa());
-    if (p) dnnl_primitive_destroy(p);
-    dnnl_engine_destroy(eng);
     return buf;
 }

@@ -201,12 +201,19 @@ static double split_flops(const lk_op_desc *d, bool dnnl_only) {
     return (amx_bf16 ? 256.0 : 8.0) * 1024 * 1024;
 }
 
-bool lk__cpu_gemm_cut(const lk_op_desc *d) {
+/* The bf16 GEMM an f16 one runs as under bf16x3 (below): bf16 operands over
+ * 3K, C in f32 (the caller sets the split operands' and C's leading
+ * dimensions). */
+static lk_op_desc bf16x3_desc(const lk_op_desc *d) {
     lk_op_desc e = *d;
-    if (e.dtype[0] == LK_F16 && lk__cpu_f16_via_bf16()) { /* as gemm_f16_split runs it */
-        e.dtype[0] = e.dtype[1] = LK_BF16;
-        e.gemm.K *= 3;
-    }
+    e.dtype[0] = e.dtype[1] = LK_BF16;
+    e.dtype[2] = LK_F32;
+    e.gemm.K = 3 * d->gemm.K;
+    return e;
+}
+
+bool lk__cpu_gemm_cut(const lk_op_desc *d) {
+    lk_op_desc e = d->dtype[0] == LK_F16 && lk__cpu_f16_via_bf16() ? bf16x3_desc(d) : *d; /* as it runs */
     const lk_gemm_params *g = &e.gemm;
     bool by_cols, openblas = e.dtype[0] == LK_F32 && !lk__cpu_f32_gemm_dnnl();
     return lk__cpu_gemm_width(g->M, g->N, g->K, openblas ? LK__CPU_SGEMM_SPLIT_FLOPS : split_flops(&e, false),
@@ -270,16 +277,12 @@ bool lk__cpu_f16_via_bf16(void) {
 static void split_f16(const uint16_t *src, uint16_t *hi, uint16_t *hi2, uint16_t *lo, int64_t n) {
     int64_t i = 0;
 #ifdef __AVX512F__
-    /* lk_f32_to_bf16_bits 16 at a time (as lk_f32_to_half_n), then lo's bf16
-     * is the top half of the exact f32 difference */
-    const __m512i one = _mm512_set1_epi32(1), bias = _mm512_set1_epi32(0x7fff), abs = _mm512_set1_epi32(0x7fffffff),
-                  inf = _mm512_set1_epi32(0x7f800000), quiet = _mm512_set1_epi32(0x40);
+    /* lo's bf16 is the top half of the exact f32 difference */
+    const __m512i abs = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
     for (; i + 16 <= n; i += 16) {
         __m512 f = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(src + i)));
-        __m512i u = _mm512_castps_si512(f), top = _mm512_srli_epi32(u, 16), mag = _mm512_and_si512(u, abs);
-        __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, bias), _mm512_and_si512(top, one)), 16);
-        r = _mm512_mask_mov_epi32(r, _mm512_cmpgt_epu32_mask(mag, inf), _mm512_or_si512(top, quiet));
-        __mmask16 finite = _mm512_cmplt_epu32_mask(mag, inf);
+        __m512i r = lk__bf16_round16(_mm512_castps_si512(f));
+        __mmask16 finite = _mm512_cmplt_epu32_mask(_mm512_and_si512(_mm512_castps_si512(f), abs), inf);
         __m512 d = _mm512_maskz_sub_ps(finite, f, _mm512_castsi512_ps(_mm512_slli_epi32(r, 16)));
         _mm256_storeu_si256((__m256i *)(hi + i), _mm512_cvtepi32_epi16(r));
         _mm256_storeu_si256((__m256i *)(hi2 + i), _mm512_cvtepi32_epi16(_mm512_maskz_mov_epi32(finite, r)));
@@ -297,24 +300,29 @@ static void split_f16(const uint16_t *src, uint16_t *hi, uint16_t *hi2, uint16_t
     }
 }
 
-/* A stored rows x cols matrix (leading dimension ld) written to dst as the
- * three blocks part[0..2] (0: hi, 1: lo) along K: stacked (K runs down the
- * stored rows: dst is 3 rows x cols, leading dimension cols) or side by
- * side (K runs along a row: dst is rows x 3 cols). */
-static void split_operand(const uint16_t *src, int64_t rows, int64_t cols, int64_t ld, bool k_down,
-                          const int part[3], uint16_t *dst) {
+/* Which of an operand's three blocks along K hold hi, hi2 and lo: A' = [Ah Ah Al], B' = [Bh; Bl; Bh]. */
+typedef struct {
+    int hi, hi2, lo;
+} split_blocks;
+static const split_blocks A_BLOCKS = {0, 1, 2}, B_BLOCKS = {0, 2, 1};
+
+/* A stored rows x cols matrix (leading dimension ld) written to dst as its
+ * three blocks along K: stacked (K runs down the stored rows: dst is 3 rows
+ * x cols, leading dimension cols) or side by side (K runs along a row: dst
+ * is rows x 3 cols). */
+static void split_operand(const uint16_t *src, int64_t rows, int64_t cols, int64_t ld, bool k_down, split_blocks b,
+                          uint16_t *dst) {
     int64_t step = k_down ? rows * cols : cols, ldd = k_down ? cols : 3 * cols;
-    int l = part[0] == 1 ? 0 : part[1] == 1 ? 1 : 2, h = l == 0 ? 1 : 0, h2 = 3 - h - l; /* the lo and hi blocks */
     for (int64_t r = 0; r < rows; r++) {
         uint16_t *row = dst + r * ldd;
-        split_f16(src + r * ld, row + h * step, row + h2 * step, row + l * step, cols);
+        split_f16(src + r * ld, row + b.hi * step, row + b.hi2 * step, row + b.lo * step, cols);
     }
 }
+
 
 static lk_status gemm_f16_split(const lk_op_desc *d, const void *A, const void *B, void *C) {
     const lk_gemm_params *g = &d->gemm;
     if (g->M == 0 || g->N == 0) return LK_STATUS_OK;
-    static const int a_parts[3] = {0, 0, 1}, b_parts[3] = {0, 1, 0};
     int64_t M = g->M, N = g->N, K = g->K;
     bool c16 = d->dtype[2] != LK_F32;
     size_t nb = (size_t)(3 * K * N), nc = c16 ? (size_t)(M * N) : 0;
@@ -330,23 +338,20 @@ static lk_status gemm_f16_split(const lk_op_desc *d, const void *A, const void *
                         (long long)M, (long long)N, (long long)K, coff + nc * sizeof(float));
     uint16_t *bs = (uint16_t *)mem, *as = (uint16_t *)(mem + aoff);
     float *cs = (float *)(mem + coff);
-    if (g->trans_b) split_operand(B, N, K, g->ldb, false, b_parts, bs);
-    else split_operand(B, K, N, g->ldb, true, b_parts, bs);
+    if (g->trans_b) split_operand(B, N, K, g->ldb, false, B_BLOCKS, bs);
+    else split_operand(B, K, N, g->ldb, true, B_BLOCKS, bs);
     if (c16 && g->beta != 0.0f)
         for (int64_t r = 0; r < M; r++)
             lk_half_to_f32_n(d->dtype[2], cs + r * N, (const uint16_t *)C + r * g->ldc, (size_t)N);
-    lk_op_desc e = *d;
-    e.dtype[0] = e.dtype[1] = LK_BF16;
-    e.dtype[2] = LK_F32;
-    e.gemm.K = 3 * K;
+    lk_op_desc e = bf16x3_desc(d);
     e.gemm.ldb = g->trans_b ? 3 * K : N;
     if (c16) e.gemm.ldc = N;
     lk_status st = LK_STATUS_OK;
     for (int64_t m0 = 0; m0 < M && !st; m0 += mp) {
         int64_t m = M - m0 < mp ? M - m0 : mp;
         const uint16_t *a = (const uint16_t *)A + (g->trans_a ? m0 : m0 * g->lda);
-        if (g->trans_a) split_operand(a, K, m, g->lda, true, a_parts, as);
-        else split_operand(a, m, K, g->lda, false, a_parts, as);
+        if (g->trans_a) split_operand(a, K, m, g->lda, true, A_BLOCKS, as);
+        else split_operand(a, m, K, g->lda, false, A_BLOCKS, as);
         e.gemm.M = m;
         e.gemm.lda = g->trans_a ? m : 3 * K;
         void *c = c16 ? (void *)(cs + m0 * N) : (void *)((float *)C + m0 * g->ldc);

@@ -107,6 +107,27 @@ static void through_onednn(void) {
     printf("f16: %s\n", lk__cpu_gemm_path(LK_F16, LK_F32)); /* one call per printf: the text is one buffer */
 }
 
+/* The path each 16-bit dtype takes and whether it counts as native (the
+ * trainer's precision line) agree, and LK_ONEDNN=0 says so in both. */
+static void path_and_native_agree(void) {
+    for (int off = 0; off < 2; off++) {
+        lk__cpu_lowp_use_dnnl(!off);
+        for (int k = 0; k < 2; k++) {
+            lk_dtype dt = k ? LK_F16 : LK_BF16;
+            char path[320];
+            snprintf(path, sizeof path, "%s", lk__cpu_gemm_path(dt, LK_F32));
+            bool fallback = !strncmp(path, "f32 fallback", 12);
+            CHECK_MSG(lk__cpu_gemm_native(dt) == !fallback, "%s: native %d, path %s", lk_dtype_name(dt),
+                      (int)lk__cpu_gemm_native(dt), path);
+            if (off && !strstr(path, "built without oneDNN"))
+                CHECK_MSG(!strcmp(path, "f32 fallback (LK_ONEDNN=0)"), "%s with LK_ONEDNN=0: %s", lk_dtype_name(dt),
+                          path);
+            if (dt == LK_F16) CHECK(lk__cpu_f16_via_bf16() == !strncmp(path, "bf16x3", 6));
+        }
+    }
+    lk__cpu_lowp_use_dnnl(true);
+}
+
 static void through_f32_fallback(void) {
     lk__cpu_lowp_use_dnnl(false);
     cases_run = 0;
@@ -207,4 +228,5 @@ static void unsupported_is_named(void) {
 }
 
 LK_TEST_MAIN(LK_TEST_CASE(through_onednn), LK_TEST_CASE(through_f32_fallback), LK_TEST_CASE(f32_through_onednn), LK_TEST_CASE(f32_training_path_onednn),
-             LK_TEST_CASE(f16_split_panels_and_edges), LK_TEST_CASE(unsupported_is_named))
+             LK_TEST_CASE(f16_split_panels_and_edges), LK_TEST_CASE(path_and_native_agree),
+             LK_TEST_CASE(unsupported_is_named))

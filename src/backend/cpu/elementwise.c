@@ -154,18 +154,6 @@ static int64_t span(int ndim, const int64_t *shape, const int64_t *st) {
     return s;
 }
 
-/* The bulk conversions (F16C / AVX-512 where built for them): the scalar
- * f16 conversion is a branch per element, and a 16-mixed linear's bias
- * gradient (an f16 dY of 65K elements widened whole) spent 10% of an mlp
- * step in it. */
-static void widen_into(lk_dtype dt, const void *p, int64_t n, float *w) {
-    lk_half_to_f32_n(dt, w, p, (size_t)n);
-}
-
-static void narrow_into(lk_dtype dt, const float *w, int64_t n, void *p) {
-    lk_f32_to_half_n(dt, p, w, (size_t)n);
-}
-
 /* Operand i as f32: itself when it is f32, else a scratch copy (widened when
  * `load`; an output that is only written needs no load). */
 typedef struct {
@@ -181,7 +169,10 @@ static lk_status as_f32(const lk_op_desc *d, void *const *x, int i, int64_t n, b
     if (!s->buf[i])
         return lk_error(LK_STATUS_OUT_OF_MEMORY, "cpu backend: no memory to widen %lld %s elements to f32",
                         (long long)n, lk_dtype_name(d->dtype[i]));
-    if (load) widen_into(d->dtype[i], x[i], n, s->buf[i]);
+    /* the bulk conversion (F16C / AVX-512): f16's scalar one branches per
+     * element, and a 16-mixed linear's bias gradient (an f16 dY of 65K
+     * elements widened whole) spent 10% of an mlp step in it */
+    if (load) lk_half_to_f32_n(d->dtype[i], s->buf[i], x[i], (size_t)n);
     *out = s->buf[i];
     return LK_STATUS_OK;
 }
@@ -277,7 +268,7 @@ static lk_status run_lowp(const lk_op_desc *d, void *const *x) {
         case LK_OP_SUM_TO: sum_to_f32(d->sum_to.ndim, d->sum_to.shape, w[0], d->sum_to.sd, w[1]); break;
         default: break;
         }
-        if (s.buf[out]) narrow_into(d->dtype[out], s.buf[out], n[out], x[out]);
+        if (s.buf[out]) lk_f32_to_half_n(d->dtype[out], x[out], s.buf[out], (size_t)n[out]);
     }
     for (int i = 0; i < 4; i++) free(s.buf[i]);
     return st;
