@@ -651,6 +651,15 @@ static inline void lk__task_range(int64_t n, int t, int width, int64_t align, in
     *end = t + 1 == width ? n : (n * (t + 1) / width) & ~(align - 1);
 }
 void lk__parallel_run(int width, void (*fn)(void *ctx, int task), void *ctx);
+/* How many tasks a streaming pass over n elements (the optimizer's flat
+ * update, the gradients' zeroing) is cut into: one below 64K elements, where
+ * waking a thread costs more than it saves. The passes over one buffer share
+ * it, so each thread touches the same range in each (the lines already in
+ * its cache). */
+#define LK__PARALLEL_STREAM_MIN (64 << 10)
+static inline int lk__parallel_stream_width(int64_t n) {
+    return n >= LK__PARALLEL_STREAM_MIN ? lk__parallel_width(n / LK__PARALLEL_STREAM_MIN + 1) : 1;
+}
 /* Wakes parked workers so that they spin for the next job: for a caller
  * that knows a parallel phase is near (the optimizer's step after the
  * gradients' checks) and has work of its own to do meanwhile. */

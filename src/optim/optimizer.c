@@ -291,14 +291,11 @@ static void flat_task(void *ctx, int t) {
     if (b > a) j->st[t] = run_range(j->g, j->dev, j->p + a * es, j->gr + a * es, a, b - a, j->step);
 }
 
-#define PARALLEL_MIN_ELEMS (64 << 10) /* below this, waking a thread costs more than it saves */
-
-/* How many compute threads a flat group's update is cut across. */
+/* How many compute threads a flat group's update is cut across: the rule
+ * the gradients' zeroing after it follows (LK_OP_FILL). */
 static int flat_width(const opt_group *g) {
-    int64_t n = g->hi - g->lo;
-    return n >= PARALLEL_MIN_ELEMS && lk_device_is_host(g->ps[0].p->device)
-               ? lk__parallel_width(n / PARALLEL_MIN_ELEMS + 1)
-               : 1; /* a device runs the whole range as one op */
+    return lk_device_is_host(g->ps[0].p->device) ? lk__parallel_stream_width(g->hi - g->lo)
+                                                 : 1; /* a device runs the whole range as one op */
 }
 
 void lk__optimizer_prewake(const lk_optimizer *o) {

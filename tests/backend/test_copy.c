@@ -2,7 +2,7 @@
  * transposed source, a destination slab (concat's), size-1 and size-0
  * dimensions, a scalar, 2-byte elements; bits move unchanged (NaN payloads
  * included); a dtype change is a cast, element by element as the scalar
- * conversions; fills (LK_OP_FILL);
+ * conversions; fills (LK_OP_FILL, and a large one cut across threads);
  * a stride-0 source (linear's bias rows), conv's dY gather, and the f32
  * accumulating form (strided gradient accumulation). */
 #include <string.h>
@@ -124,6 +124,39 @@ static void fills(void) {
     CHECK(q[0] == -3 && q[4] == -3);
 }
 
+/* A contiguous fill large enough to be cut across the compute threads
+ * (lk_strategy_zero_grad's): every element set, with 1, 2 and 3 threads, for
+ * zero, -0.0 (not memset's zero), a value, in 4-, 2- and 8-byte dtypes,
+ * n not a multiple of the cut's 16; nothing past the end touched. */
+static void fills_cut(void) {
+    enum { N = 300007 };
+    static uint64_t buf[N + 1];
+    static const struct { lk_dtype dt; double v; uint64_t bits; } cases[] = {
+        {LK_F32, 0.0, 0}, {LK_F32, -0.0, 0x80000000u}, {LK_F32, 1.5, 0x3fc00000u},
+        {LK_BF16, -2.0, 0xc000u}, {LK_I64, 7.0, 7}, {LK_I64, 0.0, 0},
+    };
+    for (int threads = 1; threads <= 3; threads++) {
+        lk_set_num_threads(threads);
+        for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+            size_t es = lk_dtype_size(cases[c].dt);
+            memset(buf, 0xa5, sizeof buf);
+            lk_op_desc d = {.op = LK_OP_FILL, .dtype = {cases[c].dt}, .fill = {1, {N}, {1}, cases[c].v}};
+            CHECK_OK(lk__backend_run(LK_DEVICE_CPU, &d, (void *[]){buf}));
+            int64_t bad = -1;
+            for (int64_t i = 0; i < N && bad < 0; i++) {
+                uint64_t b = 0;
+                memcpy(&b, (char *)buf + i * (int64_t)es, es);
+                if (b != cases[c].bits) bad = i;
+            }
+            const unsigned char *end = (const unsigned char *)buf + (size_t)N * es;
+            CHECK_MSG(bad < 0 && end[0] == 0xa5 && end[es - 1] == 0xa5,
+                      "%d threads, %s fill with %g: element %lld wrong or past the end touched", threads,
+                      lk_dtype_name(cases[c].dt), cases[c].v, (long long)bad);
+        }
+    }
+    lk_set_num_threads(2);
+}
+
 /* The accumulating form: dst[i] += src[i] in f32, each sum exactly the
  * reference's (one add per element); 16-bit accumulation is refused. */
 static void check_accumulate(lk_copy_params p, const char *what) {
@@ -156,4 +189,5 @@ static void accumulates(void) {
               "the cpu backend has no copy accumulate bf16 -> bf16 (3)");
 }
 
-LK_TEST_MAIN(LK_TEST_CASE(copies), LK_TEST_CASE(casts), LK_TEST_CASE(fills), LK_TEST_CASE(accumulates))
+LK_TEST_MAIN(LK_TEST_CASE(copies), LK_TEST_CASE(casts), LK_TEST_CASE(fills), LK_TEST_CASE(fills_cut),
+             LK_TEST_CASE(accumulates))

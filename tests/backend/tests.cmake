@@ -2,7 +2,7 @@ lk_add_test(NAME backend_gemm SOURCES backend/test_gemm.c LABELS unit parity TIM
 lk_add_test(NAME backend_elementwise SOURCES backend/test_elementwise.c LABELS unit parity)
 lk_add_test(NAME backend_conv SOURCES backend/test_conv.c LABELS unit parity)
 lk_add_test(NAME backend_grad_utils SOURCES backend/test_grad_utils.c LABELS unit parity)
-lk_add_test(NAME backend_copy SOURCES backend/test_copy.c LABELS unit parity)
+lk_add_test(NAME backend_copy SOURCES backend/test_copy.c LABELS unit parity threads)
 lk_add_test(NAME backend_bn_split SOURCES backend/test_bn_split.c LABELS unit parity)
 lk_add_test(NAME backend_bn_half SOURCES backend/test_bn_half.c LABELS unit parity)
 lk_add_test(NAME backend_accuracy SOURCES backend/test_accuracy.c LABELS unit parity)

@@ -124,6 +124,33 @@ lk_status lk__cpu_copy(const lk_op_desc *d, void *const *x) {
     return LK_STATUS_OK;
 }
 
+/* A contiguous fill, cut like the optimizer's flat update: after a step,
+ * each thread zeroes the gradients it has just read (lk_strategy_zero_grad). */
+typedef struct {
+    char *dst;
+    const char *one; /* the value in dst's dtype */
+    size_t es;
+    int64_t n;
+    int width;
+} fill_job;
+
+static void fill_task(void *ctx, int t) {
+    const fill_job *j = ctx;
+    int64_t a, b;
+    lk__task_range(j->n, t, j->width, 16, &a, &b);
+    char *p = j->dst + a * (int64_t)j->es;
+    static const char zero[8];
+    if (!memcmp(j->one, zero, j->es)) {
+        memset(p, 0, (size_t)(b - a) * j->es);
+    } else if (j->es == 4) { /* a loop the compiler vectorises */
+        uint32_t v, *f = (uint32_t *)p;
+        memcpy(&v, j->one, 4);
+        for (int64_t i = 0; i < b - a; i++) f[i] = v;
+    } else {
+        for (int64_t i = 0; i < b - a; i++) memcpy(p + i * (int64_t)j->es, j->one, j->es);
+    }
+}
+
 lk_status lk__cpu_fill(const lk_op_desc *d, void *const *x) {
     const lk_fill_params *p = &d->fill;
     lk_dtype dt = d->dtype[0];
@@ -138,10 +165,9 @@ lk_status lk__cpu_fill(const lk_op_desc *d, void *const *x) {
     char one[8];
     store(dt, one, p->value, (int64_t)p->value, false); /* the value in dst's dtype, once */
     char *dst = x[0];
-    if (contiguous && dt == LK_F32) { /* the common case: a loop the compiler vectorises */
-        float v, *f = (float *)dst;
-        memcpy(&v, one, 4);
-        for (int64_t i = 0; i < n; i++) f[i] = v;
+    if (contiguous) { /* the common case (zeroed gradients, new tensors): cut across the compute threads */
+        fill_job j = {dst, one, es, n, lk__parallel_stream_width(n)};
+        lk__parallel_run(j.width, fill_task, &j);
         return LK_STATUS_OK;
     }
     for (int64_t i = 0; i < n; i++) {
