@@ -28,12 +28,27 @@ check "predict writes predictions" "$LK_BIN" predict -c "$T/synth.yaml" --ckpt_p
 pred1="$(latest)/predictions.npy"
 check "predictions.npy has every test sample, shape in the header" grep -q "'shape': (51, 4)" "$pred1"
 # ddp predict gathers every rank's rows on rank 0, in dataset order, each
-# sample once: the same file, bit for bit, as one process (2 ranks: shards of
-# 26 + 25; 4 ranks: 13 + 13 + 13 + 12)
+# sample once: the same file as one process (2 ranks: shards of 26 + 25; 4
+# ranks: 13 + 13 + 13 + 12). Bit for bit where the BLAS computes a row the
+# same wherever it sits in the batch (OpenBLAS's AVX-512 kernels); its
+# Haswell/Zen kernels round a row by its position, so elsewhere the same
+# header and values to 1e-5 of their scale (a row out of order is off by O(1)).
+same_predictions() {
+  cmp -s "$1" "$2" && return 0
+  python3 -c "
+import struct, sys
+def load(p):  # .npy v1: magic, version, header length, header; then '<f4' values
+    b = open(p, 'rb').read(); n = 10 + int.from_bytes(b[8:10], 'little')
+    return b[:n], struct.unpack('<%df' % ((len(b) - n) // 4), b[n:])
+(ha, a), (hb, b) = load('$1'), load('$2')
+d = max(abs(x - y) for x, y in zip(a, b)) / max(max(abs(x) for x in a), 1e-30) if ha == hb and len(a) == len(b) else 1e9
+print('not bitwise (the BLAS rounds a row by its place in the batch): max difference', d, 'of the scale')
+sys.exit(not d < 1e-5)"
+}
 for w in 2 4; do
   out=$(LK_ALLOW_OVERSUBSCRIBE=1 "$LK_BIN" predict -c "$T/synth.yaml" --trainer.devices $w --ckpt_path last --trainer.enable_progress_bar false 2>&1)
   check "ddp predict on $w ranks says where the 51 rows went" grep -q "predictions: 51 x 4 f32 in .*predictions.npy" <<<"$out"
-  check "ddp predict on $w ranks == one process, bitwise" cmp "$pred1" "$(latest)/predictions.npy"
+  check "ddp predict on $w ranks == one process" same_predictions "$pred1" "$(latest)/predictions.npy"
   check "ddp predict on $w ranks writes no per-rank files" bash -c "! ls $(latest)/predictions.rank* 2>/dev/null"
 done
 
