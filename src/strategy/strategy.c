@@ -316,8 +316,8 @@ void lk_strategy_zero_grad(lk_strategy *s) {
     if (lk_device_is_host(s->cfg.device)) {
         /* a fill op, cut across the compute threads as the optimizer's flat
          * update just was: each clears the gradients it read, in its own
-         * cache (one thread's memset pulled the other's lines across: 6-8%
-         * of a 2-thread bf16-mixed mlp step) */
+         * cache (one thread's memset pulled the other's lines across: 30-40
+         * us of a 1 ms bf16-mixed mlp step on two threads) */
         lk_op_desc d = {.op = LK_OP_FILL, .dtype = {s->cfg.param_dtype}};
         d.fill = (lk_fill_params){.ndim = 1, .shape = {s->flat_numel}, .sd = {1}, .value = 0.0};
         if (!lk__backend_run(s->cfg.device, &d, (void *[]){s->flat_grad})) return;
