@@ -7,9 +7,11 @@
 #
 # Chosen for the CUDA image (nvcc, gcc, cmake, ninja, python3 — no -dev
 # libraries): OpenBLAS and what it loads (libgfortran5, libquadmath0),
-# libyaml, cJSON, zlib, stb (PNG writer), pkgconf. Left out because
-# the build does without them: oneDNN (bf16 GEMMs on the CPU go through f32),
-# OpenMPI (no mpi communicator), libcurl (no dataset downloads).
+# libyaml, cJSON, zlib, stb (PNG writer), pkgconf, and oneDNN with what it
+# loads (libgomp1, ocl-icd-libopencl1), without which the host's bf16 and
+# f16 CPU figures would take the f32 fallback. Left out because the build
+# does without them: OpenMPI (no mpi communicator), libcurl (no dataset
+# downloads).
 # It also packs the issue-18 base commit (LK_AB_BASE, default ae767dc: the
 # tree before the milestone-2 reshaping) as base-src.tar.gz, which
 # tools/gpu/cpu-bench.sh builds there for its A/B run (the device machine
