@@ -25,4 +25,25 @@ check "the default grid has issue 18's 8 cells" test "$(ab 'print(len(ab.grid_ce
 check "a grid after -- gives its own cells" \
   test "$(ab "print(ab.grid_cells(['--model', 'mlp', '--strategies', 'ddp', '--devices', '2', '--batch-sizes', '256', '--steps', '9']))")" = \
        "[('mlp', 'ddp', '2', '256')]"
+# --deadline with two fake binaries that answer `bench train --csv F` at
+# once: a generous deadline runs every pair (exit 0), a spent one none
+# (exit 4, a table of 0 pairs), so a GPU session's cut step keeps its table.
+tmp=$T # lib.sh's, removed on exit
+for side in base head; do
+  sps=$([ $side = base ] && echo 1000 || echo 1100)
+  cat >"$tmp/$side" <<FAKE
+#!/bin/sh
+while [ \$# -gt 1 ]; do [ "\$1" = --csv ] && out=\$2; shift; done
+printf 'model,strategy,devices,batch_size,samples_per_s,status\nmlp,ddp,1,64,$sps,ok\n' >"\$out"
+FAKE
+  chmod +x "$tmp/$side"
+done
+out=$("$PY" "$SRC/bench/ab" "$tmp/base" "$tmp/head" --pairs 3 --deadline 60 2>&1)
+rc=$?
+check "a deadline that holds every pair runs them all (exit $rc)" test $rc = 0
+check "... and prints their ratios" grep -q "| mlp ddp 1 x batch 64 | 1.100 1.100 1.100 | 1.100 |" <<<"$out"
+out=$("$PY" "$SRC/bench/ab" "$tmp/base" "$tmp/head" --pairs 3 --deadline 0 2>&1)
+rc=$?
+check "a spent deadline runs no pair and exits 4 (exit $rc)" test $rc = 4
+check "... saying so" grep -q "stopping after 0 of 3 pairs" <<<"$out"
 finish
