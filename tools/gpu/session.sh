@@ -102,6 +102,7 @@ step "machine"
 uname -a
 echo "$(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-)"
 (command -v nvcc && nvcc --version | tail -2) || echo "nvcc: not on PATH"
+(command -v gcc && gcc --version | head -1) || echo "gcc: not on PATH"
 command -v cmake && cmake --version | head -1
 nvidia-smi 2>&1 | head -20 || echo "nvidia-smi failed"
 
@@ -120,7 +121,9 @@ gen=()
 command -v ninja >/dev/null && gen=(-G Ninja)
 cuda_ok=1
 if [ ! -x "$BUILD/lockstep" ] || [ ! -x "$BUILD/tests/test_gpu_ops" ]; then
-  cmake -S . -B "$BUILD" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DLK_CUDA=ON \
+  # LK_WERROR=OFF: the image's gcc is not CI's (Debian 12's gcc 12), and a
+  # warning new to it must not cost the one call; warnings are listed below.
+  cmake -S . -B "$BUILD" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DLK_CUDA=ON -DLK_WERROR=OFF \
     -DCMAKE_CUDA_ARCHITECTURES="${LK_GPU_CUDA_ARCH:-90}" >>"$OUT/build.log" 2>&1 &&
     cmake --build "$BUILD" -j "$(nproc)" >>"$OUT/build.log" 2>&1 || cuda_ok=0
 fi
@@ -170,7 +173,8 @@ keys = [k for k in rows[0] if k.startswith("device_stats/")]
 print("metrics.csv, %d rows; the device_stats columns of the last 4 rows that have them:" % len(rows))
 for r in [r for r in rows if any(r[k] for k in keys)][-4:]:
     print("  step %s: %s" % (r.get("step"), ", ".join("%s=%s" % (k.split("/")[-1], r[k]) for k in keys if r[k])))
-sys.exit(0 if keys else 1)
+if not any("utilization.gpu" in k for k in keys):
+    sys.exit("no utilization.gpu column: NVML gave no GPU stats (lockstep env's 'gpu stats' line says why)")
 EOF
   }
   export -f gpu_tests gpu_ops gemm stats
