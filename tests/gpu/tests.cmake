@@ -65,7 +65,7 @@ if(LK_HAVE_CUDA AND Python3_FOUND)
                              lk__cuda_elementwise=lk__emu_elementwise lk__cuda_rows=lk__emu_rows
                              lk__cuda_optim=lk__emu_optim lk__cuda_conv=lk__emu_conv
                              lk__cuda_widened=lk__emu_widened LK_CU_THREADS=32 LK_CU_MAX_BLOCKS=3 RED_BLOCKS=5)
-  set(emu_flags -ffp-contract=off -Drestrict=__restrict -Wall -Wno-unused-function -Werror)
+  set(emu_flags -ffp-contract=off -Drestrict=__restrict -Wall -Wno-unused-function $<$<BOOL:${LK_WERROR}>:-Werror>)
   if(LK_SANITIZE STREQUAL "address") # the kernels' indexing under ASan: the point of running them here
     list(APPEND emu_flags -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined)
   endif()

@@ -23,7 +23,7 @@ add_library(lk_fakegpu_rt OBJECT ${LK_FAKE_DIR}/fake_cudart.cpp ${LK_FAKE_DIR}/f
 target_include_directories(lk_fakegpu_rt PRIVATE ${CUDAToolkit_INCLUDE_DIRS} ${NCCL_INCLUDE_DIR}
                            ${PROJECT_SOURCE_DIR}/tests ${PROJECT_SOURCE_DIR}/include)
 set_target_properties(lk_fakegpu_rt PROPERTIES CXX_STANDARD 17)
-target_compile_options(lk_fakegpu_rt PRIVATE -Wall -Wextra -Werror)
+target_compile_options(lk_fakegpu_rt PRIVATE -Wall -Wextra $<$<BOOL:${LK_WERROR}>:-Werror>)
 
 # The library as the fake GPU programs link it: without libcudart and NCCL.
 set(LK_FAKE_LINK ${LK_LINK})
