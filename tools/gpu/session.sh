@@ -13,7 +13,8 @@
 #            build build-gpu/ with CUDA; meanwhile, in the background and
 #            niced, build-cpu/ (this tree, CUDA off) and the issue-18 base
 #            commit (.gpu-debs/base-src.tar.gz) for the CPU steps
-#   tests    nvidia-smi, `lockstep env`, `ctest -L gpu` (each test <= 120 s)
+#   tests    nvidia-smi, `lockstep env`, `ctest -L gpu` (each test <= 120 s;
+#            gpu_fit is the fit step's program, run there with its output)
 #   ops      test_gpu_ops again for its per-descriptor lines: every op,
 #            forward and backward, f32/bf16/f16, cuda backend vs cpu backend
 #   gemm     cuBLASLt GEMM rates at the models' shapes (bench_gpu_gemm)
@@ -144,7 +145,7 @@ if [ $cuda_ok = 1 ]; then
   gpu_tests() {
     "$BUILD/lockstep" env >"$OUT/env.txt" 2>&1
     sed -n '/^cpu/,/^process group/p' "$OUT/env.txt"
-    (cd "$BUILD" && ctest -L '^gpu$' --output-on-failure --timeout 120) >"$OUT/ctest-gpu.log" 2>&1
+    (cd "$BUILD" && ctest -L '^gpu$' -E '^gpu_fit$' --output-on-failure --timeout 120) >"$OUT/ctest-gpu.log" 2>&1
     local rc=$?
     tail -30 "$OUT/ctest-gpu.log"
     if grep -q "(Skipped)" "$OUT/ctest-gpu.log"; then
