@@ -137,7 +137,7 @@ for f in lockstep tests/test_gpu_ops tests/test_gpu_device tests/test_gpu_fit_se
   [ -x "$BUILD/$f" ] || { echo "not built: $BUILD/$f"; cuda_ok=0; }
 done
 if [ $build_rc = 0 ]; then note build ok $(($(date +%s) - tb))
-elif [ $cuda_ok = 1 ]; then grep -B2 -A8 -m3 "error" "$OUT/build.log" | head -40; note build "partial (build.log)" $(($(date +%s) - tb))
+elif [ $cuda_ok = 1 ]; then grep -E "^FAILED:|error:" "$OUT/build.log" | cut -c1-300 | head -20; note build "partial (build.log)" $(($(date +%s) - tb))
 else tail -40 "$OUT/build.log"; note build "FAILED (build.log)" $(($(date +%s) - tb)); fi
 
 gpu_skipped=0
