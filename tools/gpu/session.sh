@@ -26,6 +26,7 @@
 #   compare  bench/gpu-compare: lockstep vs PyTorch with CUDA, mlp and
 #            autoencoder, batch 256 and 1024, 32-true and bf16-mixed,
 #            lockstep with and without graph replay
+#   memcheck compute-sanitizer's memcheck over test_gpu_ops (into gpu-ops.log)
 #   scaling  lockstep bench train over 1-16 CPU devices (cpu-bench.sh scaling)
 #   threads  one CPU device with 1-16 compute threads (cpu-bench.sh threads)
 #   unit     ctest -L unit on this build (sanity of the build on this image)
@@ -213,6 +214,21 @@ if [ $cuda_ok = 1 ] && [ $gpu_skipped = 0 ]; then
   export -f compare
   run compare 170 compare
 fi
+# compute-sanitizer's memcheck over the op-by-op test: an out-of-bounds
+# access or a failed launch named by kernel and address (after the figures:
+# it runs the kernels 10-100x slower). Its report goes to gpu-ops.log.
+memcheck() {
+  local cs
+  cs=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer /usr/local/cuda/compute-sanitizer/compute-sanitizer 2>/dev/null | head -1)
+  [ -n "$cs" ] || { echo "compute-sanitizer: not found"; return 1; }
+  echo "== compute-sanitizer --tool memcheck test_gpu_ops" >>"$OUT/gpu-ops.log"
+  "$cs" --tool memcheck --error-exitcode 9 --print-limit 20 "$BUILD/tests/test_gpu_ops" >>"$OUT/gpu-ops.log" 2>&1
+  local rc=$?
+  grep -E "^=========|ERROR SUMMARY" "$OUT/gpu-ops.log" | head -30
+  return $rc
+}
+export -f memcheck
+[ $cuda_ok = 1 ] && [ $gpu_skipped = 0 ] && run memcheck 90 memcheck
 run scaling 150 tools/gpu/cpu-bench.sh scaling
 run threads 100 tools/gpu/cpu-bench.sh threads
 unit() { cd "$BUILD" && ctest -L '^unit$' -j "$(nproc)" --timeout 60 >>"$OUT/ctest-gpu.log" 2>&1; }
