@@ -120,7 +120,7 @@ if wanted ab || wanted scaling || wanted threads; then
 fi
 tb=$(date +%s)
 gen=()
-keep=(-k) # keep going past a failed target: what built still runs
+keep=(-k) # keep going past a failed target: what built still runs (and at most 6 minutes: then the CPU steps)
 command -v ninja >/dev/null && gen=(-G Ninja) keep=(-k 0)
 build_rc=0
 if [ ! -x "$BUILD/lockstep" ] || [ ! -x "$BUILD/tests/test_gpu_ops" ]; then
@@ -128,7 +128,7 @@ if [ ! -x "$BUILD/lockstep" ] || [ ! -x "$BUILD/tests/test_gpu_ops" ]; then
   # warning new to it must not cost the one call; warnings are listed below.
   cmake -S . -B "$BUILD" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DLK_CUDA=ON -DLK_WERROR=OFF \
     -DCMAKE_CUDA_ARCHITECTURES="${LK_GPU_CUDA_ARCH:-90}" >>"$OUT/build.log" 2>&1 &&
-    cmake --build "$BUILD" -j "$(nproc)" -- "${keep[@]}" >>"$OUT/build.log" 2>&1 || build_rc=1
+    timeout 360 cmake --build "$BUILD" -j "$(nproc)" -- "${keep[@]}" >>"$OUT/build.log" 2>&1 || build_rc=1
 fi
 grep -E "^-- (lockstep|  )" "$OUT/build.log" | tail -20
 grep -E "(warning|error)[: ]" "$OUT/build.log" | grep -v "Building\|Linking" | head -20
