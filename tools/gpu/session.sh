@@ -107,6 +107,8 @@ echo "$(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-)"
 (command -v gcc && gcc --version | head -1) || echo "gcc: not on PATH"
 command -v cmake && cmake --version | head -1
 nvidia-smi 2>&1 | head -20 || echo "nvidia-smi failed"
+python3 -c 'import torch; print("PyTorch", torch.__version__, "cuda available:", torch.cuda.is_available(),
+  torch.cuda.get_device_name(0) if torch.cuda.is_available() else "")' 2>&1 | tail -1
 
 # The .deb prefix, build paths and NCCL (shared with cpu-bench.sh).
 . "$(dirname "$0")/prefix.sh"
@@ -130,8 +132,8 @@ if [ ! -x "$BUILD/lockstep" ] || [ ! -x "$BUILD/tests/test_gpu_ops" ]; then
     -DCMAKE_CUDA_ARCHITECTURES="${LK_GPU_CUDA_ARCH:-90}" >>"$OUT/build.log" 2>&1 &&
     timeout 360 cmake --build "$BUILD" -j "$(nproc)" -- "${keep[@]}" >>"$OUT/build.log" 2>&1 || build_rc=1
 fi
-grep -E "^-- (lockstep|  )" "$OUT/build.log" | tail -20
-grep -E "(warning|error)[: ]" "$OUT/build.log" | grep -v "Building\|Linking" | head -20
+grep -E "^-- (lockstep|  )" "$OUT/build.log" 2>/dev/null | tail -20
+grep -E "(warning|error)[: ]" "$OUT/build.log" 2>/dev/null | grep -v "Building\|Linking" | head -20
 # The GPU steps need the program and the gpu tests; a failed test-only target elsewhere does not stop them.
 cuda_ok=1
 for f in lockstep tests/test_gpu_ops tests/test_gpu_device tests/test_gpu_fit_sealed; do
