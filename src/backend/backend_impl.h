@@ -187,9 +187,9 @@ static inline lk_k_sgd lk__optim_sgd_consts(const lk_optim_params *c) {
 
 static inline lk_k_adam lk__optim_adam_consts(const lk_optim_params *c, bool amsgrad) {
     const double bc1 = 1.0 - pow(c->beta1, (double)c->step), bc2 = 1.0 - pow(c->beta2, (double)c->step);
-    const float decay = (float)(1.0 - c->lr * c->weight_decay);
+    const float decay = (float)(1.0 - c->lr * c->weight_decay), bc2s = (float)sqrt(bc2);
     return (lk_k_adam){(float)c->beta1, (float)c->beta2, (float)(1.0 - c->beta1), (float)(1.0 - c->beta2),
-                       (float)sqrt(bc2), (float)c->eps, (float)(-(c->lr / bc1)), (float)c->weight_decay, decay,
+                       bc2s, 1.0f / bc2s, (float)c->eps, (float)(-(c->lr / bc1)), (float)c->weight_decay, decay,
                        c->maximize, !c->adamw && c->weight_decay != 0.0, c->adamw && decay != 1.0f, amsgrad};
 }
 

@@ -106,7 +106,8 @@ static int next_width(int w, int threads) { return w < threads && 2 * w > thread
  * state) over n f32 parameters as one typed op per range, the range cut for
  * `width` compute threads as lk_optimizer_step cuts a flat group. Per
  * element it reads parameter, gradient and both moments and writes back
- * three (28 bytes), with a square root and two divisions. */
+ * three (28 bytes), with a square root and one division (the division by
+ * the step's constant is a multiply and two FMAs: kernels/optim.h). */
 typedef struct {
     lk_op_desc d;
     float *p, *g, *m, *v;
@@ -134,7 +135,7 @@ static void run_optim(void *p) {
 static void optim_table(double budget) {
     static const int64_t sizes[] = {235146, 16384};
     int threads = lk_get_num_threads();
-    printf("\noptimizer update, AdamW in f32 (28 bytes and a sqrt + 2 divisions per parameter):\n");
+    printf("\noptimizer update, AdamW in f32 (28 bytes, a sqrt and a division per parameter):\n");
     printf("%-12s %8s %12s %10s %8s\n", "parameters", "threads", "us/update", "ns/param", "GB/s");
     for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
         int64_t n = sizes[s];

@@ -9,3 +9,4 @@ lk_add_test(NAME backend_accuracy SOURCES backend/test_accuracy.c LABELS unit pa
 lk_add_test(NAME backend_live SOURCES backend/test_live.c LABELS unit parity)
 lk_add_test(NAME backend_loss SOURCES backend/test_loss.c LABELS unit parity)
 lk_add_test(NAME backend_pool SOURCES backend/test_pool.c LABELS unit parity)
+lk_add_test(NAME backend_optim_bits SOURCES backend/test_optim_bits.c LABELS unit parity)

@@ -18,12 +18,35 @@ static void sgd_update(float *restrict p, const float *restrict g, float *restri
     for (int64_t i = 0; i < n; i++) p[i] = lk_k_sgd_step(&k, p[i], g[i], k.has_mom ? &buf[i] : &none);
 }
 
+/* One loop per setting of the flags, each with them as constants: with the
+ * selects left in, GCC leaves the loop scalar rather than unswitch a body
+ * this size. Which flags are on changes nothing else: the same kernel body. */
+#define ADAM_LOOP(MAXI, L2, DEC)                                                                              \
+    case (MAXI) * 4 + (L2) * 2 + (DEC): {                                                                     \
+        lk_k_adam kc = k;                                                                                     \
+        kc.maxi = MAXI, kc.l2 = L2, kc.dec = DEC;                                                             \
+        if ((kc.amsgrad = k.amsgrad))                                                                         \
+            for (int64_t i = 0; i < n; i++) p[i] = lk_k_adam_step(&kc, p[i], g[i], &m[i], &v[i], &vmax[i]);   \
+        else                                                                                                  \
+            for (int64_t i = 0; i < n; i++) p[i] = lk_k_adam_step(&kc, p[i], g[i], &m[i], &v[i], &none);      \
+    } break
+
 static void adam_update(float *restrict p, const float *restrict g, float *restrict m, float *restrict v,
                         float *restrict vmax, int64_t n, const lk_op_desc *d) {
     const lk_k_adam k = lk__optim_adam_consts_of(d, vmax != NULL);
     float none = 0.0f;
-    for (int64_t i = 0; i < n; i++) p[i] = lk_k_adam_step(&k, p[i], g[i], &m[i], &v[i], k.amsgrad ? &vmax[i] : &none);
+    switch (k.maxi * 4 + k.l2 * 2 + k.dec) {
+        ADAM_LOOP(0, 0, 0);
+        ADAM_LOOP(0, 0, 1);
+        ADAM_LOOP(0, 1, 0);
+        ADAM_LOOP(0, 1, 1);
+        ADAM_LOOP(1, 0, 0);
+        ADAM_LOOP(1, 0, 1);
+        ADAM_LOOP(1, 1, 0);
+        ADAM_LOOP(1, 1, 1);
+    }
 }
+#undef ADAM_LOOP
 
 /* torch.optim.RMSprop (1.13, single tensor). State arrays: square_avg,
  * then momentum_buffer when momentum > 0, then grad_avg when centered. */

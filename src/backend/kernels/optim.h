@@ -32,8 +32,22 @@ LK_KERNEL float lk_k_sgd_step(const lk_k_sgd *c, float p, float g, float *buf) {
     return p + c->neg_lr * d;
 }
 
+/* x / b correctly rounded, as a multiply and two FMAs given rb = 1/b
+ * rounded to f32: q = x rb is within an ulp of x / b, the FMA gives its
+ * remainder x - q b exactly, and q + (x - q b) rb rounds to x / b itself
+ * (Markstein's theorem; tests/backend/test_optim_bits.c checks it against
+ * the division for every significand of x). For x / b in f32's normal
+ * range, as Adam's sqrt(v) / sqrt(1 - beta2^t) is; x = 0, inf or NaN take
+ * x rb, the quotient exactly (the correction would turn inf into NaN). On
+ * the CPU a division costs the divider's throughput, the FMAs do not. */
+LK_KERNEL float lk_k_div_by(float x, float b, float rb) {
+    float q = x * rb;
+    float q1 = fmaf(fmaf(-q, b, x), rb, q);
+    return x != 0.0f && isfinite(x) ? q1 : q;
+}
+
 typedef struct lk_k_adam {
-    float b1, b2, omb1, omb2, bc2s, eps, neg_step, wd, decay;
+    float b1, b2, omb1, omb2, bc2s, rbc2s, eps, neg_step, wd, decay; /* rbc2s: 1 / bc2s, rounded */
     bool maxi, l2, dec, amsgrad;
 } lk_k_adam;
 
@@ -54,7 +68,7 @@ LK_KERNEL float lk_k_adam_step(const lk_k_adam *c, float p, float g, float *m, f
         vd = *vmax > vi ? *vmax : vi;
         *vmax = vd;
     }
-    float denom = sqrtf(vd) / c->bc2s + c->eps;
+    float denom = lk_k_div_by(sqrtf(vd), c->bc2s, c->rbc2s) + c->eps; /* sqrt(v) / bc2s, the same bits */
     return pi + (c->neg_step * mi) / denom;
 }
 
