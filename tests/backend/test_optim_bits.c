@@ -65,7 +65,9 @@ static void div_by_every_significand(void) {
 }
 
 /* torch.optim.Adam / AdamW 1.13, single tensor, with the divisions as
- * written there: the reference the CPU backend's bits must equal. */
+ * written there: the reference the CPU backend's bits must equal. A copy of
+ * kernels/optim.h's body on purpose, the one line that differs being the
+ * point: a shared body would check the kernel against itself. */
 static float torch_adam(const lk_k_adam *c, float p, float g, float *m, float *v, float *vmax) {
     float gi = c->maxi ? -g : g;
     float pi = p;

@@ -18,14 +18,15 @@ static void sgd_update(float *restrict p, const float *restrict g, float *restri
     for (int64_t i = 0; i < n; i++) p[i] = lk_k_sgd_step(&k, p[i], g[i], k.has_mom ? &buf[i] : &none);
 }
 
-/* One loop per setting of the flags, each with them as constants: with the
- * selects left in, GCC leaves the loop scalar rather than unswitch a body
- * this size. Which flags are on changes nothing else: the same kernel body. */
+/* One loop per setting of maximize, L2 and decoupled decay (and amsgrad's
+ * or not), each with the flags as constants: with the selects left in, GCC
+ * leaves the loop scalar rather than unswitch a body this size. Every loop
+ * runs the same kernel body, so the setting changes nothing else. */
 #define ADAM_LOOP(MAXI, L2, DEC)                                                                              \
     case (MAXI) * 4 + (L2) * 2 + (DEC): {                                                                     \
         lk_k_adam kc = k;                                                                                     \
         kc.maxi = MAXI, kc.l2 = L2, kc.dec = DEC;                                                             \
-        if ((kc.amsgrad = k.amsgrad))                                                                         \
+        if (kc.amsgrad)                                                                                       \
             for (int64_t i = 0; i < n; i++) p[i] = lk_k_adam_step(&kc, p[i], g[i], &m[i], &v[i], &vmax[i]);   \
         else                                                                                                  \
             for (int64_t i = 0; i < n; i++) p[i] = lk_k_adam_step(&kc, p[i], g[i], &m[i], &v[i], &none);      \
