@@ -225,7 +225,13 @@ double lk_scheduler_last_lr(const lk_scheduler *s, int group);
 const char *lk_scheduler_name(const lk_scheduler *s);
 /* Counters by name ("last_epoch", "step_count", "best", "num_bad_epochs",
  * "cooldown_counter", "last_lr.<g>", "s<i>.<...>" for SequentialLR's
- * children) as f64 scalars; load restores them (same kind and structure). */
+ * children) and, under torch's names, the hyperparameters ("T_max",
+ * "eta_min", "step_size", "gamma", "start_factor", "end_factor",
+ * "total_iters", "total_steps") as f64 scalars. Load checks every value,
+ * restores them (same kind and structure) and, as torch's
+ * load_state_dict, lets the saved hyperparameters replace the
+ * scheduler's own (saying so where they differ); a state without them
+ * keeps the scheduler's. */
 lk_status lk_scheduler_state_get(const lk_scheduler *s, lk_named_tensors *out);
 lk_status lk_scheduler_state_load(lk_scheduler *s, const lk_named_tensors *state);
 void lk_scheduler_free(lk_scheduler *s);

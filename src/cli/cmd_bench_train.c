@@ -7,6 +7,9 @@
  * samples/s), recommendations drawn from it, and optionally CSV and two SVG
  * charts (bench_report.c). */
 #include <cjson/cJSON.h>
+#include <ctype.h>
+#include <errno.h>
+#include <stdbool.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -222,6 +225,21 @@ static void csv_quoted(FILE *f, const char *s) {
     fputc('"', f);
 }
 
+/* A count on the command line: digits only, from 1 to max. */
+static bool whole(const char *s, long max, int *out) {
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (end == s || *end || errno || v < 1 || v > max || !isdigit((unsigned char)s[0])) return false;
+    *out = (int)v;
+    return true;
+}
+
+static int bad_number(const char *opt, const char *v) {
+    fprintf(stderr, "lockstep bench train: %s '%s' is not a whole number >= 1\n", opt, v);
+    return 2;
+}
+
 int lk_cmd_bench_train(int argc, char **argv) {
     const char *models[MAXV] = {"autoencoder"}, *strategies[MAXV] = {"ddp"}, *dev_s[MAXV] = {"1", "2"},
                *batch_s[MAXV] = {"64", "128", "256"}, *precisions[MAXV] = {"32-true"};
@@ -250,8 +268,11 @@ int lk_cmd_bench_train(int argc, char **argv) {
         else if (!strcmp(argv[i], "--batch-sizes")) nb = parse_list(argc, argv, &i, batch_s, MAXV);
         else if (!strcmp(argv[i], "--precision") || !strcmp(argv[i], "--precisions"))
             np = parse_list(argc, argv, &i, precisions, MAXV);
-        else if (!strcmp(argv[i], "--steps") && i + 1 < argc) steps = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--repeats") && i + 1 < argc) repeats = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--steps") && i + 1 < argc) {
+            if (!whole(argv[++i], 1000000000, &steps)) return bad_number("--steps", argv[i]);
+        } else if (!strcmp(argv[i], "--repeats") && i + 1 < argc) {
+            if (!whole(argv[++i], 1000, &repeats)) return bad_number("--repeats", argv[i]);
+        }
         else if (!strcmp(argv[i], "--csv") && i + 1 < argc) csv = argv[++i];
         else if (!strcmp(argv[i], "--plot") && i + 1 < argc) plot = argv[++i];
         else if (!strcmp(argv[i], "--help")) {
@@ -290,6 +311,11 @@ int lk_cmd_bench_train(int argc, char **argv) {
             return 2;
         }
     }
+    int v;
+    for (int d = 0; d < nd; d++)
+        if (!whole(dev_s[d], 4096, &v)) return bad_number("--devices", dev_s[d]);
+    for (int b = 0; b < nb; b++)
+        if (!whole(batch_s[b], 1 << 24, &v)) return bad_number("--batch-sizes", batch_s[b]);
     if (!nm || !ns || !nd || !nb || !np || steps < 10 || repeats < 1 || repeats > MAXR) {
         fprintf(stderr, "lockstep bench train: empty list, --steps < 10 or --repeats outside 1..%d\n", MAXR);
         return 2;

@@ -25,9 +25,14 @@ lk_status lk_errorv(lk_status code, const char *fmt, va_list ap) {
     int rank = lk_log_rank();
     char body[sizeof err_msg - 32];
     vsnprintf(body, sizeof body, fmt, ap);
-    /* A message passed on from another error already names its rank. */
+    /* A message passed on from another error already names its rank, at
+     * its start or after the context a caller put in front of it ("checkpoint
+     * X: [rank 0] ..."): said once, first. */
     char prefix[32] = "";
     if (rank >= 0) snprintf(prefix, sizeof prefix, "[rank %d] ", rank);
+    size_t pl = strlen(prefix);
+    for (char *in = pl ? strstr(body + 1, prefix) : NULL; in; in = strstr(in, prefix))
+        memmove(in, in + pl, strlen(in + pl) + 1);
     if (prefix[0] && strncmp(body, prefix, strlen(prefix)) != 0)
         snprintf(err_msg, sizeof err_msg, "%s%s", prefix, body);
     else

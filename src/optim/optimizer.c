@@ -547,9 +547,13 @@ lk_status lk_optimizer_state_load(lk_optimizer *o, const lk_named_tensors *state
             else if (t->numel != 1) PROBLEM("%s: expected a scalar", nm);
             else {
                 const char *f = end + 1;
-                if (strcmp(f, "lr") && strcmp(f, "weight_decay") && strcmp(f, "momentum") && strcmp(f, "beta1") &&
-                    strcmp(f, "beta2") && strcmp(f, "initial_lr") && strcmp(f, "alpha"))
+                double v = lk_tensor_get(t, 0);
+                bool beta = !strcmp(f, "beta1") || !strcmp(f, "beta2");
+                if (strcmp(f, "lr") && strcmp(f, "weight_decay") && strcmp(f, "momentum") && !beta &&
+                    strcmp(f, "initial_lr") && strcmp(f, "alpha"))
                     PROBLEM("%s: unknown group field", nm);
+                else if (beta ? !(v >= 0.0 && v < 1.0) : !(isfinite(v) && v >= 0.0))
+                    PROBLEM("%s is %g, expected %s", nm, v, beta ? "a value in [0, 1)" : "a finite value >= 0");
             }
             continue;
         }
@@ -563,6 +567,11 @@ lk_status lk_optimizer_state_load(lk_optimizer *o, const lk_named_tensors *state
         if (field < 0 ? t->numel != 1 : !lk_tensor_same_shape(p, t))
             PROBLEM("%s: shape %s, expected %s", nm, lk_shape_str(t, s1, sizeof s1),
                     field < 0 ? "[] (scalar)" : lk_shape_str(p, s2, sizeof s2));
+        else if (field < 0) { /* a count a step is added to, exact in a double */
+            double v = lk_tensor_get(t, 0);
+            if (!(v >= 0.0 && v <= 0x1p53 && v == floor(v)))
+                PROBLEM("%s is %g, expected a whole number from 0 to 2^53", nm, v);
+        }
     }
     if (nprob) return lk_error(LK_STATUS_INVALID_ARGUMENT, "optimizer_state_load: %s", problems);
 #undef PROBLEM

@@ -185,6 +185,9 @@ lk_status lk_grad_scaler_state_load(lk_grad_scaler *s, const lk_named_tensors *s
             len += (size_t)snprintf(bad + len, sizeof bad - len, "%sunexpected %s", nb++ ? ", " : "", state->items[k].name);
     }
     if (nb) return lk_error(LK_STATUS_INVALID_ARGUMENT, "grad_scaler_state_load: %s", bad);
+    if (!(v[3] >= 1 && v[3] <= 0x1p53 && v[3] == floor(v[3]))) /* before the cast, which would be undefined */
+        return lk_error(LK_STATUS_INVALID_ARGUMENT,
+                        "grad_scaler_state_load: growth_interval is %g, expected a whole number from 1 to 2^53", v[3]);
     lk_grad_scaler_config c = s->c;
     c.init_scale = v[0];
     c.growth_factor = v[1];

@@ -2,8 +2,8 @@
  * the same recursive get_lr forms (lr_t from the group's current lr), the
  * same closed forms where PyTorch uses them (SequentialLR's milestone
  * restarts), the same initial step at construction, and OneCycleLR's
- * momentum cycling through the optimizer. State is a handful of counters,
- * saved and loaded by name. */
+ * momentum cycling through the optimizer. State is a handful of counters
+ * and the scalar hyperparameters, saved and loaded by torch's names. */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -458,33 +458,60 @@ lk_status lk_scheduler_step_metric(lk_scheduler *s, double metric) {
 
 /* ---- state ------------------------------------------------------------------------------------- */
 
+/* A state entry: a counter (required on load) or, as torch's state_dict
+ * also holds them, a hyperparameter (optional on load: checkpoints written
+ * before they were saved keep this run's). */
+typedef enum { K_COUNT, K_EPOCH, K_LR, K_BEST, K_HYPER_INT, K_HYPER_POS, K_HYPER_FACTOR, K_HYPER_NONNEG } field_kind;
+
 typedef struct {
     char name[64];
-    double *v;
+    double *v; /* or */
+    int *iv;
+    field_kind kind;
 } field;
 
 static int fields(lk_scheduler *s, const char *prefix, field *f, int max) {
     int n = 0;
-#define F(nm, ptr)                                                       \
+#define F(nm, ptr, k)                                                    \
     if (n < max) {                                                       \
         snprintf(f[n].name, sizeof f[n].name, "%s%s", prefix, nm);       \
-        f[n++].v = (ptr);                                                \
+        f[n].v = (ptr), f[n].iv = NULL, f[n++].kind = (k);               \
     }
-    F("last_epoch", &s->last_epoch);
-    F("step_count", &s->step_count);
+#define FI(nm, ptr)                                                      \
+    if (n < max) {                                                       \
+        snprintf(f[n].name, sizeof f[n].name, "%s%s", prefix, nm);       \
+        f[n].v = NULL, f[n].iv = (ptr), f[n++].kind = K_HYPER_INT;       \
+    }
+    F("last_epoch", &s->last_epoch, K_EPOCH);
+    F("step_count", &s->step_count, K_COUNT);
     if (s->kind == S_PLATEAU) {
-        F("best", &s->best);
-        F("num_bad_epochs", &s->num_bad);
-        F("cooldown_counter", &s->cooldown_counter);
+        F("best", &s->best, K_BEST);
+        F("num_bad_epochs", &s->num_bad, K_COUNT);
+        F("cooldown_counter", &s->cooldown_counter, K_COUNT);
     }
     for (int g = 0; g < s->n_groups && g < MAX_GROUPS_STATE; g++) {
         char nm[32];
         snprintf(nm, sizeof nm, "last_lr.%d", g);
-        F(nm, &s->last_lr[g]);
+        F(nm, &s->last_lr[g], K_LR);
         snprintf(nm, sizeof nm, "base_lr.%d", g);
-        F(nm, &s->base_lrs[g]);
+        F(nm, &s->base_lrs[g], K_LR);
+    }
+    /* torch's names for them */
+    switch (s->kind) {
+    case S_STEP: FI("step_size", &s->step_size); F("gamma", &s->gamma, K_HYPER_POS); break;
+    case S_MULTISTEP:
+    case S_EXP: F("gamma", &s->gamma, K_HYPER_POS); break;
+    case S_COSINE: FI("T_max", &s->t_max); F("eta_min", &s->eta_min, K_HYPER_NONNEG); break;
+    case S_LINEAR:
+        F("start_factor", &s->start_factor, K_HYPER_FACTOR);
+        F("end_factor", &s->end_factor, K_HYPER_FACTOR);
+        FI("total_iters", &s->total_iters);
+        break;
+    case S_ONECYCLE: FI("total_steps", &s->oc.total_steps); break;
+    default: break;
     }
 #undef F
+#undef FI
     for (int i = 0; i < s->n_children; i++) {
         char p[64];
         snprintf(p, sizeof p, "%ss%d.", prefix, i);
@@ -495,6 +522,24 @@ static int fields(lk_scheduler *s, const char *prefix, field *f, int max) {
 
 #define MAX_FIELDS 1024
 
+static bool is_hyper(field_kind k) { return k >= K_HYPER_INT; }
+static double field_get(const field *f) { return f->iv ? (double)*f->iv : *f->v; }
+
+/* What a value of this kind may be; NULL when v is one. */
+static const char *field_bad(field_kind k, double v) {
+    switch (k) {
+    case K_EPOCH: return v >= -1 && v <= 0x1p53 && v == floor(v) ? NULL : "a whole number from -1 to 2^53";
+    case K_COUNT: return v >= 0 && v <= 0x1p53 && v == floor(v) ? NULL : "a whole number from 0 to 2^53";
+    case K_LR: return isfinite(v) && v >= 0 ? NULL : "a finite learning rate >= 0";
+    case K_BEST: return !isnan(v) ? NULL : "a number or +-inf";
+    case K_HYPER_INT: return v >= 1 && v <= 2147483647.0 && v == floor(v) ? NULL : "a whole number from 1 to 2^31-1";
+    case K_HYPER_POS: return isfinite(v) && v > 0 ? NULL : "a finite value > 0";
+    case K_HYPER_FACTOR: return v >= 0 && v <= 1 ? NULL : "a value in [0, 1]";
+    case K_HYPER_NONNEG: return isfinite(v) && v >= 0 ? NULL : "a finite value >= 0";
+    }
+    return NULL;
+}
+
 lk_status lk_scheduler_state_get(const lk_scheduler *s, lk_named_tensors *out) {
     if (!s || !out) return lk_error(LK_STATUS_INVALID_ARGUMENT, "scheduler_state_get: NULL argument");
     field *f = lk_malloc(MAX_FIELDS * sizeof *f);
@@ -502,7 +547,7 @@ lk_status lk_scheduler_state_get(const lk_scheduler *s, lk_named_tensors *out) {
     int n = fields((lk_scheduler *)s, "", f, MAX_FIELDS);
     lk_status st = LK_STATUS_OK;
     for (int i = 0; i < n && !st; i++) {
-        lk_tensor *t = lk_tensor_full(LK_F64, 0, NULL, *f[i].v);
+        lk_tensor *t = lk_tensor_full(LK_F64, 0, NULL, field_get(&f[i]));
         st = t ? lk_named_tensors_append(out, f[i].name, t) : lk_last_status();
         lk_tensor_release(t);
     }
@@ -515,30 +560,51 @@ lk_status lk_scheduler_state_load(lk_scheduler *s, const lk_named_tensors *state
     field *f = lk_malloc(MAX_FIELDS * sizeof *f);
     if (!f) return LK_STATUS_OUT_OF_MEMORY;
     int n = fields(s, "", f, MAX_FIELDS);
-    char missing[1024] = "";
+    char bad[1024] = "";
     size_t len = 0;
-    int nm = 0;
+    int nb = 0;
+#define BAD(...)                                                                                   \
+    do {                                                                                           \
+        if (len < sizeof bad - 120) {                                                              \
+            len += (size_t)snprintf(bad + len, sizeof bad - len, "%s", nb ? ", " : "");            \
+            len += (size_t)snprintf(bad + len, sizeof bad - len, __VA_ARGS__);                     \
+        }                                                                                          \
+        nb++;                                                                                      \
+    } while (0)
     for (int i = 0; i < n; i++) {
         const lk_tensor *t = lk_named_tensors_find(state, f[i].name);
+        if (!t && is_hyper(f[i].kind)) continue;
         if (!t || t->numel != 1) {
-            if (len < sizeof missing - 80) len += (size_t)snprintf(missing + len, sizeof missing - len, "%s%s", nm ? ", " : "", f[i].name);
-            nm++;
+            BAD("%s %s", t ? "non-scalar" : "missing", f[i].name);
+            continue;
         }
+        double v = lk_tensor_get(t, 0);
+        const char *want = field_bad(f[i].kind, v);
+        if (want) BAD("%s is %g, expected %s", f[i].name, v, want);
     }
     for (int k = 0; k < state->n; k++) {
         bool known = false;
         for (int i = 0; i < n && !known; i++) known = !strcmp(state->items[k].name, f[i].name);
-        if (!known) {
-            if (len < sizeof missing - 80)
-                len += (size_t)snprintf(missing + len, sizeof missing - len, "%sunexpected %s", nm ? ", " : "", state->items[k].name);
-            nm++;
-        }
+        if (!known) BAD("unexpected %s", state->items[k].name);
     }
-    if (nm) {
+#undef BAD
+    if (nb) {
         lk_free(f);
-        return lk_error(LK_STATUS_INVALID_ARGUMENT, "scheduler_state_load (%s): missing or bad: %s", kind_names[s->kind], missing);
+        return lk_error(LK_STATUS_INVALID_ARGUMENT, "scheduler_state_load (%s): %s", kind_names[s->kind], bad);
     }
-    for (int i = 0; i < n; i++) *f[i].v = lk_tensor_get(lk_named_tensors_find(state, f[i].name), 0);
+    for (int i = 0; i < n; i++) {
+        const lk_tensor *t = lk_named_tensors_find(state, f[i].name);
+        if (!t) continue;
+        double v = lk_tensor_get(t, 0), was = field_get(&f[i]);
+        /* As torch's load_state_dict: the saved hyperparameters replace the
+         * ones this scheduler was made with; said, because a run resumed
+         * with another max_epochs may expect its own horizon. */
+        if (is_hyper(f[i].kind) && v != was)
+            lk_log0("lr_scheduler: %s %s is %g in the checkpoint and %g in this run: the checkpoint's is kept (as "
+                    "PyTorch's load_state_dict does)", kind_names[s->kind], f[i].name, v, was);
+        if (f[i].iv) *f[i].iv = (int)v;
+        else *f[i].v = v;
+    }
     lk_free(f);
     return LK_STATUS_OK;
 }

@@ -38,6 +38,22 @@ static const char *precision_name(const char *p) {
     return p;
 }
 
+/* Where a ModelCheckpoint instance writes: its dirpath, else the log
+ * directory's checkpoints/ (the default_root_dir's without a logger). */
+static void instance_dir(const lk_trainer *tr, const lk_ckpt_state *k, char *dir, size_t size) {
+    if (k->c.dirpath[0]) snprintf(dir, size, "%s", k->c.dirpath);
+    else if (tr->log_dir[0]) snprintf(dir, size, "%s/checkpoints", tr->log_dir);
+    else snprintf(dir, size, "%s/checkpoints", tr->cfg.default_root_dir[0] ? tr->cfg.default_root_dir : ".");
+}
+
+/* Whether path names a file directly inside dir: the only files top-k ever
+ * deletes. */
+static bool file_in_dir(const char *path, const char *dir) {
+    size_t n = strlen(dir);
+    while (n > 1 && dir[n - 1] == '/') n--;
+    return !strncmp(path, dir, n) && path[n] == '/' && path[n + 1] && !strchr(path + n + 1, '/');
+}
+
 lk_status lk__ckpt_save(lk_trainer *tr, const char *path) { return lk__ckpt_save_ex(tr, path, false); }
 
 /* weights_only (ModelCheckpoint save_weights_only): the model's state dict
@@ -85,19 +101,27 @@ lk_status lk__ckpt_save_ex(lk_trainer *tr, const char *path, bool weights_only) 
     enum { KEYLEN = 48, VALLEN = 64 };
     char (*keys)[KEYLEN] = st ? NULL : lk_calloc(6 * (2 * LK_MAX_CALLBACKS + 2), KEYLEN);
     char (*vals)[VALLEN] = st ? NULL : lk_calloc(6 * (2 * LK_MAX_CALLBACKS + 2), VALLEN);
-    char *topk = st ? NULL : lk_calloc((size_t)(LK_MAX_CALLBACKS + 1), 4096);
-    if (!st && (!keys || !vals || !topk)) st = LK_STATUS_OUT_OF_MEMORY;
+    char (*dirs)[LK_PATH2] = st ? NULL : lk_calloc(LK_MAX_CALLBACKS + 1, LK_PATH2);
+    char *topk[LK_MAX_CALLBACKS + 1] = {0};
+    if (!st && (!keys || !vals || !dirs)) st = LK_STATUS_OUT_OF_MEMORY;
     int nk = 0;
     for (int j = 0; !st && j < tr->nckpts; j++) {
         const lk_ckpt_state *k = &tr->ckpts[j];
         char sfx[16] = "";
         if (j) snprintf(sfx, sizeof sfx, ".%d", j);
-        char *tk = topk + (size_t)j * 4096;
-        for (int i = 0; i < k->ntopk; i++) {
-            char one[LK_PATH2 + 64];
-            snprintf(one, sizeof one, "%s%.17g\t%s", i ? "\n" : "", k->topk[i].score, k->topk[i].path);
-            strncat(tk, one, 4096 - strlen(tk) - 1);
+        /* "<score>\t<path>" lines, whole: a list cut short would name a
+         * file that is not the one to delete */
+        size_t cap = 1;
+        for (int i = 0; i < k->ntopk; i++) cap += strlen(k->topk[i].path) + 32;
+        char *tk = topk[j] = lk_malloc(cap);
+        if (!tk) {
+            st = LK_STATUS_OUT_OF_MEMORY;
+            break;
         }
+        size_t len = 0;
+        tk[0] = 0;
+        for (int i = 0; i < k->ntopk; i++)
+            len += (size_t)snprintf(tk + len, cap - len, "%s%.17g\t%s", i ? "\n" : "", k->topk[i].score, k->topk[i].path);
         snprintf(keys[nk], KEYLEN, "best_monitor%s", sfx);
         meta[nmeta++] = (lk_st_meta){keys[nk++], k->c.monitor};
         snprintf(keys[nk], KEYLEN, "best_score%s", sfx);
@@ -108,6 +132,9 @@ lk_status lk__ckpt_save_ex(lk_trainer *tr, const char *path, bool weights_only) 
         meta[nmeta++] = (lk_st_meta){keys[nk++], k->best_path};
         snprintf(keys[nk], KEYLEN, "top_k%s", sfx);
         meta[nmeta++] = (lk_st_meta){keys[nk++], tk};
+        snprintf(keys[nk], KEYLEN, "dirpath%s", sfx); /* Lightning's ModelCheckpoint state["dirpath"] */
+        instance_dir(tr, k, dirs[j], LK_PATH2);
+        meta[nmeta++] = (lk_st_meta){keys[nk++], dirs[j]};
     }
     for (int j = 0; !st && j < tr->nes; j++) {
         char sfx[16] = "";
@@ -124,7 +151,8 @@ lk_status lk__ckpt_save_ex(lk_trainer *tr, const char *path, bool weights_only) 
     if (!st) st = lk_safetensors_write(path, e, all.n, meta, nmeta);
     lk_free(keys);
     lk_free(vals);
-    lk_free(topk);
+    lk_free(dirs);
+    for (int j = 0; j <= LK_MAX_CALLBACKS; j++) lk_free(topk[j]);
     lk_free(e);
     lk_named_tensors_clear(&all);
     return st;
@@ -224,6 +252,148 @@ static void precision_note(lk_trainer *tr, const lk_st_file *f, const char *path
                 (double)tr->cfg.grad_scaler_init_scale);
 }
 
+/* Metadata a user's file may hold anything in: parsed whole, in range, or
+ * an error naming the file, the key, the value and what was expected. */
+static lk_status meta_int(const lk_st_file *f, const char *path, const char *key, long long dflt, long long lo,
+                          long long hi, long long *out) {
+    const char *v = lk_safetensors_meta(f, key);
+    *out = dflt;
+    if (!v) return LK_STATUS_OK;
+    char *end;
+    errno = 0;
+    long long x = strtoll(v, &end, 10);
+    if (end == v || *end || errno || x < lo || x > hi)
+        return lk_error(LK_STATUS_INVALID_ARGUMENT,
+                        "checkpoint %s: metadata '%s' is '%.40s%s', expected an integer from %lld to %lld", path, key, v,
+                        strlen(v) > 40 ? "..." : "", lo, hi);
+    *out = x;
+    return LK_STATUS_OK;
+}
+
+/* A score: a number, nan (none yet) or +-inf; nothing else. */
+static lk_status parse_score(const char *v, double *out) {
+    char *end;
+    errno = 0;
+    double x = strtod(v, &end);
+    if (end == v || *end || (errno == ERANGE && isinf(x))) return LK_STATUS_INVALID_ARGUMENT;
+    *out = x;
+    return LK_STATUS_OK;
+}
+
+static lk_status meta_real(const lk_st_file *f, const char *path, const char *key, double *out) {
+    const char *v = lk_safetensors_meta(f, key);
+    *out = NAN;
+    if (v && parse_score(v, out))
+        return lk_error(LK_STATUS_INVALID_ARGUMENT, "checkpoint %s: metadata '%s' is '%.40s%s', expected a number, nan or inf",
+                        path, key, v, strlen(v) > 40 ? "..." : "");
+    return LK_STATUS_OK;
+}
+
+/* top_k: "<score>\t<path>" lines, each score finite and each path whole. */
+static lk_status meta_topk(const lk_st_file *f, const char *path, const char *key, lk_ckpt_state *k) {
+    const char *tk = meta_or(f, key, "");
+    k->ntopk = 0;
+    for (int line = 1; *tk; line++) {
+        const char *nl = strchr(tk, '\n'), *tab = memchr(tk, '\t', nl ? (size_t)(nl - tk) : strlen(tk));
+        size_t len = nl ? (size_t)(nl - tk) : strlen(tk);
+        char num[64];
+        double score = NAN;
+        size_t nlen = tab ? (size_t)(tab - tk) : 0, plen = tab ? len - nlen - 1 : 0;
+        if (nlen < sizeof num) memcpy(num, tk, nlen), num[nlen] = 0;
+        if (!tab || nlen >= sizeof num || parse_score(num, &score) || !isfinite(score) || plen == 0 || plen >= LK_PATH2)
+            return lk_error(LK_STATUS_INVALID_ARGUMENT,
+                            "checkpoint %s: metadata '%s' line %d is '%.40s%s', expected a finite score, a tab and a "
+                            "path of under %d bytes", path, key, line, tk, len > 40 ? "..." : "", LK_PATH2);
+        lk_topk *n = lk_realloc(k->topk, (size_t)(k->ntopk + 1) * sizeof *n);
+        if (!n) return LK_STATUS_OUT_OF_MEMORY;
+        k->topk = n;
+        n[k->ntopk].score = score;
+        memcpy(n[k->ntopk].path, tab + 1, plen);
+        n[k->ntopk].path[plen] = 0;
+        k->ntopk++;
+        tk = nl ? nl + 1 : tk + len;
+    }
+    return LK_STATUS_OK;
+}
+
+/* The loop's counters and the callbacks' state. Counters stay below 2^53
+ * (a double holds them exactly, and a step can still be added). */
+static lk_status load_counters(lk_trainer *tr, const lk_st_file *f, const char *path) {
+    const long long big = 1LL << 53;
+    long long epoch, step, batch, world;
+    LK_TRY(meta_int(f, path, "epoch", 0, 0, big, &epoch));
+    LK_TRY(meta_int(f, path, "global_step", 0, 0, big, &step));
+    LK_TRY(meta_int(f, path, "batch_in_epoch", 0, 0, big, &batch));
+    LK_TRY(meta_int(f, path, "world_size", 1, 1, 1 << 24, &world));
+    for (int j = 0; j < tr->nckpts; j++) {
+        lk_ckpt_state *k = &tr->ckpts[j];
+        char key[48], sfx[16] = "";
+        if (j) snprintf(sfx, sizeof sfx, ".%d", j);
+        snprintf(key, sizeof key, "best_score%s", sfx);
+        LK_TRY(meta_real(f, path, key, &k->best_score));
+        snprintf(key, sizeof key, "best_path%s", sfx);
+        const char *bp = meta_or(f, key, "");
+        if (strlen(bp) >= sizeof k->best_path)
+            return lk_error(LK_STATUS_INVALID_ARGUMENT, "checkpoint %s: metadata '%s' is longer than %d bytes", path, key,
+                            (int)sizeof k->best_path - 1);
+        snprintf(k->best_path, sizeof k->best_path, "%s", bp);
+        snprintf(key, sizeof key, "top_k%s", sfx);
+        LK_TRY(meta_topk(f, path, key, k));
+        snprintf(key, sizeof key, "dirpath%s", sfx);
+        snprintf(k->loaded_dir, sizeof k->loaded_dir, "%s", meta_or(f, key, ""));
+        k->loaded = true;
+    }
+    for (int j = 0; j < tr->nes; j++) {
+        char key[48], sfx[16] = "";
+        long long wait;
+        if (j) snprintf(sfx, sizeof sfx, ".%d", j);
+        snprintf(key, sizeof key, "early_stopping_wait%s", sfx);
+        LK_TRY(meta_int(f, path, key, 0, 0, 1 << 30, &wait));
+        tr->es[j].wait = (int)wait;
+        snprintf(key, sizeof key, "early_stopping_best%s", sfx);
+        LK_TRY(meta_real(f, path, key, &tr->es[j].best));
+    }
+    tr->epoch = epoch;
+    tr->global_step = step;
+    tr->resume_batch = batch;
+    if (world != tr->world) {
+        lk_warn0("%s was written by %lld process%s, this run has %d: weights, optimizer state and counters "
+                 "are restored, but the data order differs from an uninterrupted run",
+                 path, world, world > 1 ? "es" : "", tr->world);
+        tr->resume_batch = tr->resume_batch * world / tr->world;
+    }
+    if (tr->nckpts) { /* what ckpt_path=best and run.json report */
+        tr->best_score = tr->ckpts[0].best_score;
+        snprintf(tr->best_ckpt, sizeof tr->best_ckpt, "%s", tr->ckpts[0].best_path);
+    }
+    return LK_STATUS_OK;
+}
+
+void lk__ckpt_adopt(lk_trainer *tr) {
+    for (int j = 0; j < tr->nckpts; j++) {
+        lk_ckpt_state *k = &tr->ckpts[j];
+        if (!k->loaded) continue;
+        k->loaded = false;
+        char dir[LK_PATH2];
+        instance_dir(tr, k, dir, sizeof dir);
+        /* A checkpoint from before the dirpath key: its directory is the
+         * one its top-k files are in, when they all share one. */
+        bool same = k->loaded_dir[0] ? !strcmp(k->loaded_dir, dir) : true;
+        for (int i = 0; same && i < k->ntopk; i++) same = file_in_dir(k->topk[i].path, dir);
+        if (same) continue;
+        char which[32] = "";
+        if (tr->nckpts > 1) snprintf(which, sizeof which, " %d", j + 1);
+        if (k->ntopk || !isnan(k->best_score))
+            lk_warn0("ModelCheckpoint%s: the checkpoint's instance saved into %s, this run saves into %s: its best "
+                     "score and top-k files are not taken over (nor ever deleted), only its best path %s",
+                     which, k->loaded_dir[0] ? k->loaded_dir : "another directory", dir,
+                     k->best_path[0] ? k->best_path : "(none)");
+        k->ntopk = 0;
+        k->best_score = NAN;
+        if (j == 0) tr->best_score = NAN;
+    }
+}
+
 lk_status lk__ckpt_load(lk_trainer *tr, const char *path, bool restore_training) {
     lk_st_file *f;
     LK_TRY(lk_safetensors_open(path, &f));
@@ -231,6 +401,14 @@ lk_status lk__ckpt_load(lk_trainer *tr, const char *path, bool restore_training)
     const char *fmt = lk_safetensors_meta(f, "format");
     if (!fmt || strcmp(fmt, CKPT_FORMAT))
         lk_log_warn("%s has no lockstep checkpoint metadata: loading its weights by name only", path);
+    const char *ver = fmt ? lk_safetensors_meta(f, "format_version") : NULL;
+    if (ver && strcmp(ver, CKPT_VERSION)) {
+        lk_status e = lk_error(LK_STATUS_UNSUPPORTED,
+                               "checkpoint %s has format_version '%.20s'; this lockstep %s reads version %s", path, ver,
+                               LK_VERSION_STRING, CKPT_VERSION);
+        lk_safetensors_close(f); /* ver lives in f */
+        return e;
+    }
     const char *model = lk_safetensors_meta(f, "model");
     if (model && tr->module->name && *model && strcmp(model, tr->module->name))
         lk_log_warn("%s was written for model '%s', this run uses '%s'", path, model, tr->module->name);
@@ -262,7 +440,8 @@ lk_status lk__ckpt_load(lk_trainer *tr, const char *path, bool restore_training)
                 if (!st) st = lk_named_tensors_append(&fromfile, info->name + 10, t);
                 lk_tensor_release(t);
             }
-            if (!st) st = lk_optimizer_state_load(tr->optim, &fromfile);
+            if (!st && lk_optimizer_state_load(tr->optim, &fromfile))
+                st = lk_error(lk_last_status(), "checkpoint %s: %s", path, lk_last_error());
             lk_named_tensors_clear(&fromfile);
             lk_named_tensors_clear(&part);
         }
@@ -277,7 +456,8 @@ lk_status lk__ckpt_load(lk_trainer *tr, const char *path, bool restore_training)
                 if (!st) st = lk_named_tensors_append(&fromfile, info->name + 13, t);
                 lk_tensor_release(t);
             }
-            if (!st && fromfile.n) st = lk_scheduler_state_load(tr->sched, &fromfile);
+            if (!st && fromfile.n && lk_scheduler_state_load(tr->sched, &fromfile))
+                st = lk_error(lk_last_status(), "checkpoint %s: %s", path, lk_last_error());
             lk_named_tensors_clear(&fromfile);
         }
         if (!st && tr->scaler) {
@@ -298,57 +478,7 @@ lk_status lk__ckpt_load(lk_trainer *tr, const char *path, bool restore_training)
                 st = lk_error(LK_STATUS_INVALID_ARGUMENT, "checkpoint %s: %s", path, lk_last_error());
             lk_named_tensors_clear(&fromfile);
         }
-        if (!st) {
-            tr->epoch = atoll(meta_or(f, "epoch", "0"));
-            tr->global_step = atoll(meta_or(f, "global_step", "0"));
-            tr->resume_batch = atoll(meta_or(f, "batch_in_epoch", "0"));
-            int world = atoi(meta_or(f, "world_size", "1"));
-            if (world != tr->world) {
-                lk_warn0("%s was written by %d process%s, this run has %d: weights, optimizer state and counters "
-                         "are restored, but the data order differs from an uninterrupted run",
-                         path, world, world > 1 ? "es" : "", tr->world);
-                tr->resume_batch = tr->resume_batch * world / tr->world;
-            }
-            for (int j = 0; j < tr->nckpts; j++) {
-                lk_ckpt_state *k = &tr->ckpts[j];
-                char key[48], sfx[16] = "";
-                if (j) snprintf(sfx, sizeof sfx, ".%d", j);
-                snprintf(key, sizeof key, "best_score%s", sfx);
-                k->best_score = strtod(meta_or(f, key, "nan"), NULL);
-                snprintf(key, sizeof key, "best_path%s", sfx);
-                snprintf(k->best_path, sizeof k->best_path, "%s", meta_or(f, key, ""));
-                snprintf(key, sizeof key, "top_k%s", sfx);
-                const char *tk = meta_or(f, key, "");
-                k->ntopk = 0;
-                while (*tk) {
-                    lk_topk *n = lk_realloc(k->topk, (size_t)(k->ntopk + 1) * sizeof *n);
-                    if (!n) break;
-                    k->topk = n;
-                    char *end;
-                    n[k->ntopk].score = strtod(tk, &end);
-                    if (*end == '\t') end++;
-                    const char *nl = strchr(end, '\n');
-                    size_t len = nl ? (size_t)(nl - end) : strlen(end);
-                    if (len >= LK_PATH2) len = LK_PATH2 - 1;
-                    memcpy(n[k->ntopk].path, end, len);
-                    n[k->ntopk].path[len] = 0;
-                    k->ntopk++;
-                    tk = nl ? nl + 1 : end + len;
-                }
-                if (j == 0) { /* what ckpt_path=best and run.json report */
-                    tr->best_score = k->best_score;
-                    snprintf(tr->best_ckpt, sizeof tr->best_ckpt, "%s", k->best_path);
-                }
-            }
-            for (int j = 0; j < tr->nes; j++) {
-                char key[48], sfx[16] = "";
-                if (j) snprintf(sfx, sizeof sfx, ".%d", j);
-                snprintf(key, sizeof key, "early_stopping_wait%s", sfx);
-                tr->es[j].wait = atoi(meta_or(f, key, "0"));
-                snprintf(key, sizeof key, "early_stopping_best%s", sfx);
-                tr->es[j].best = strtod(meta_or(f, key, "nan"), NULL);
-            }
-        }
+        if (!st) st = load_counters(tr, f, path);
     }
     lk_safetensors_close(f);
     return st;
@@ -491,10 +621,8 @@ lk_status lk__callbacks_init(lk_trainer *tr) {
 static lk_status ckpt_one(lk_trainer *tr, lk_ckpt_state *k, bool primary, bool last_only, char *wrote_last,
                           size_t wl_size) {
     const lk_checkpoint_config *c = &k->c;
-    char dir[LK_PATH + 16];
-    if (c->dirpath[0]) snprintf(dir, sizeof dir, "%s", c->dirpath);
-    else if (tr->log_dir[0]) snprintf(dir, sizeof dir, "%s/checkpoints", tr->log_dir);
-    else snprintf(dir, sizeof dir, "%s/checkpoints", tr->cfg.default_root_dir[0] ? tr->cfg.default_root_dir : ".");
+    char dir[LK_PATH2];
+    instance_dir(tr, k, dir, sizeof dir);
     lk_status st = lk_file_mkdirs(dir);
     /* The flat instance without a monitor keeps last.ckpt only; step-driven
      * saves of the flat instance are last.ckpt only (its old meaning). */
@@ -531,14 +659,19 @@ static lk_status ckpt_one(lk_trainer *tr, lk_ckpt_state *k, bool primary, bool l
             bool keep = c->save_top_k < 0 || k->ntopk < c->save_top_k ||
                         (worst >= 0 && (max ? v > k->topk[worst].score : v < k->topk[worst].score));
             if (keep) {
-                char name[512], path[LK_PATH + 600];
+                char name[512], path[LK_PATH2];
                 st = render_name(tr, c->filename, c->auto_insert_metric_name, name, sizeof name);
-                snprintf(path, sizeof path, "%s/%s.ckpt", dir, name);
+                if (!st && snprintf(path, sizeof path, "%s/%s.ckpt", dir, name) >= (int)sizeof path)
+                    st = lk_error(LK_STATUS_INVALID_ARGUMENT, "ModelCheckpoint: the path %s/%s.ckpt is longer than %d bytes",
+                                  dir, name, LK_PATH2 - 1);
                 if (!st) st = lk__ckpt_save_ex(tr, path, c->save_weights_only);
                 if (!st && c->verbose) lk_log0("ModelCheckpoint: saved %s", path);
                 if (!st) {
                     if (c->save_top_k > 0 && k->ntopk >= c->save_top_k) {
-                        if (strcmp(k->topk[worst].path, path)) unlink(k->topk[worst].path);
+                        /* lk__ckpt_adopt kept only files of this directory; checked again here
+                         * because a deletion cannot be taken back */
+                        if (strcmp(k->topk[worst].path, path) && file_in_dir(k->topk[worst].path, dir))
+                            unlink(k->topk[worst].path);
                         k->topk[worst] = k->topk[--k->ntopk];
                     }
                     for (int i = 0; i < k->ntopk; i++) /* the same name again (e.g. {epoch} twice in an epoch) */
@@ -563,8 +696,10 @@ static lk_status ckpt_one(lk_trainer *tr, lk_ckpt_state *k, bool primary, bool l
         }
     }
     if (!st && (c->save_last || (k->flat && last_only) || no_value)) {
-        char path[LK_PATH + 32];
-        snprintf(path, sizeof path, "%s/last.ckpt", dir);
+        char path[LK_PATH2];
+        if (snprintf(path, sizeof path, "%s/last.ckpt", dir) >= (int)sizeof path)
+            return lk_error(LK_STATUS_INVALID_ARGUMENT, "ModelCheckpoint: the path %s/last.ckpt is longer than %d bytes",
+                            dir, LK_PATH2 - 1);
         if (strcmp(wrote_last, path)) {
             st = lk__ckpt_save(tr, path);
             if (!st) snprintf(wrote_last, wl_size, "%s", path);
@@ -586,7 +721,7 @@ static lk_status ckpt_callback(lk_trainer *tr, bool last_only) {
     }
     lk_status st = LK_STATUS_OK;
     if (tr->rank == 0) {
-        char wrote_last[LK_PATH + 32] = "";
+        char wrote_last[LK_PATH2] = "";
         for (int j = 0; !st && j < tr->nckpts; j++)
             if (!last_only || due_steps(tr, &tr->ckpts[j]))
                 st = ckpt_one(tr, &tr->ckpts[j], j == 0, last_only, wrote_last, sizeof wrote_last);

@@ -44,6 +44,12 @@ typedef struct lk_ckpt_state {
     lk_topk *topk;
     int ntopk;
     bool warned;       /* the "monitor has no value yet" warning was printed */
+    /* Resumed state waits here until this run's directory is known
+     * (lk__ckpt_adopt): the directory the checkpoint's instance saved into
+     * ("" when the checkpoint predates the key), and whether a checkpoint
+     * was loaded at all. */
+    char loaded_dir[LK_PATH2];
+    bool loaded;
 } lk_ckpt_state;
 
 /* One EarlyStopping instance and its state. */
@@ -232,6 +238,11 @@ lk_status lk__self_launch(lk_trainer *tr, const char *command);
 lk_status lk__ckpt_save(lk_trainer *tr, const char *path);
 lk_status lk__ckpt_save_ex(lk_trainer *tr, const char *path, bool weights_only);
 lk_status lk__ckpt_load(lk_trainer *tr, const char *path, bool restore_training);
+/* After a resume, once the log directory is known: each ModelCheckpoint
+ * instance keeps its top-k list only if it saves into the directory the
+ * checkpoint's instance saved into, as Lightning's load_state_dict does
+ * (never deleting another run's files); otherwise only its best path. */
+void lk__ckpt_adopt(lk_trainer *tr);
 /* The ModelCheckpoint callback at the end of a validation/epoch. */
 lk_status lk__ckpt_callback(lk_trainer *tr);
 /* The instances whose every_n_train_steps falls on this step (the flat

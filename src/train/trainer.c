@@ -858,6 +858,7 @@ lk_status lk_trainer_fit(lk_trainer *tr, lk_module *m, lk_datamodule *dm, const 
                          (long long)tr->global_step, (long long)tr->resume_batch);
     }
     if (!st) st = open_outputs(tr, true);
+    if (!st) lk__ckpt_adopt(tr); /* the resumed top-k, now that the checkpoint directory is known */
     if (!st && is_rank0(tr)) {
         lk_log0("lockstep %s: fit %s on %d process%s (%s), %lld parameters, %lld train / %lld val batches per epoch%s",
                 LK_VERSION_STRING, m->name, tr->world, tr->world > 1 ? "es" : "",

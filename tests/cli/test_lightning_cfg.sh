@@ -21,10 +21,17 @@ check "run.json names the first ModelCheckpoint's monitor" grep -q '"monitor":[[
 check "config.yaml keeps the callbacks list" grep -q "class_path: lightning.pytorch.callbacks.EarlyStopping" "$d/config.yaml"
 (cd "$T" && "$LK_BIN" fit -c "$d/config.yaml" --print_config >"$T/p1.yaml" && "$LK_BIN" fit -c "$T/p1.yaml" --print_config >"$T/p2.yaml")
 check "config.yaml with callbacks feeds back unchanged" cmp -s "$T/p1.yaml" "$T/p2.yaml"
-# resume restores each instance's top-k: one more epoch keeps exactly 2 val_loss files
-(cd "$T" && "$LK_BIN" fit -c "$d/config.yaml" --trainer.max_epochs 5 --ckpt_path "$d/checkpoints/last.ckpt" --trainer.enable_progress_bar false >/dev/null 2>&1)
-n=$(ls "$T"/lightning_style_runs/synthetic_mlp/version_*/checkpoints/epoch=*-val_loss=*.ckpt 2>/dev/null | wc -l)
-check "resume restores each instance's top-k (2 val_loss files over both runs: $n)" test "$n" = 2
+# A resume into a new version directory takes over no top-k (Lightning: the
+# dirpath changed) and deletes none of version_0's files; each instance says so.
+(cd "$T" && "$LK_BIN" fit -c "$d/config.yaml" --trainer.max_epochs 5 --ckpt_path "$d/checkpoints/last.ckpt" --trainer.enable_progress_bar false >"$T/resume1.out" 2>&1)
+check "resume into version_1 keeps version_0's top-2 and top-1" bash -c "test \$(ls $d/checkpoints/epoch=*-val_loss=*.ckpt | wc -l) = 2 && test \$(ls $d/checkpoints/best-acc-*.ckpt | wc -l) = 1"
+check "resume into version_1 says so for both instances" test "$(grep -c 'are not taken over (nor ever deleted)' "$T/resume1.out")" = 2
+# Into the same version directory, each instance's top-k goes on: one more
+# epoch still leaves exactly 2 val_loss files and 1 val_acc file there.
+sed 's/^      name: synthetic_mlp$/      name: synthetic_mlp\n      version: 0/' "$d/config.yaml" >"$T/same.yaml"
+(cd "$T" && "$LK_BIN" fit -c "$T/same.yaml" --trainer.max_epochs 6 --ckpt_path "$d/checkpoints/last.ckpt" --trainer.enable_progress_bar false >"$T/resume0.out" 2>&1)
+n=$(ls "$d"/checkpoints/epoch=*-val_loss=*.ckpt 2>/dev/null | wc -l)
+check "resume into the same directory restores each instance's top-k (2 val_loss files: $n)" bash -c "test $n = 2 && ls $d/checkpoints/epoch=5-*.ckpt && test \$(ls $d/checkpoints/best-acc-*.ckpt | wc -l) = 1 && ! grep -q 'not taken over' $T/resume0.out"
 check "the resumed run saved a new best" bash -c "ls $T/lightning_style_runs/synthetic_mlp/version_1/checkpoints/epoch=4-val_loss=*.ckpt >/dev/null"
 
 # logger: false -> no metrics.csv; config.yaml, run.json and checkpoints/ in default_root_dir

@@ -401,7 +401,38 @@ static void scheduler_errors(void) {
     lk_named_tensors st = {0};
     CHECK_OK(lk_plateau_config_default().factor == 0.1 ? LK_STATUS_OK : LK_STATUS_INTERNAL);
     CHECK_OK(lk_step_lr_create(o, 3, 0.5, &s));
-    CHECK_ERR(lk_scheduler_state_load(s, &st), LK_STATUS_INVALID_ARGUMENT, "missing or bad: last_epoch");
+    CHECK_ERR(lk_scheduler_state_load(s, &st), LK_STATUS_INVALID_ARGUMENT, "missing last_epoch");
+    /* every value is checked; the hyperparameters are optional, and replace the scheduler's */
+    CHECK_OK(lk_scheduler_state_get(s, &st));
+    lk_named_tensors bad = {0};
+    for (int i = 0; i < st.n; i++) {
+        const char *nm = st.items[i].name;
+        double v = !strcmp(nm, "last_epoch") ? NAN : !strcmp(nm, "step_size") ? 0.0 : lk_tensor_get(st.items[i].tensor, 0);
+        lk_tensor *t = lk_tensor_full(LK_F64, 0, NULL, v);
+        CHECK_OK(lk_named_tensors_append(&bad, nm, t));
+        lk_tensor_release(t);
+    }
+    CHECK_ERR(lk_scheduler_state_load(s, &bad), LK_STATUS_INVALID_ARGUMENT,
+              "last_epoch is nan, expected a whole number from -1 to 2^53, step_size is 0, expected a whole number from 1");
+    lk_named_tensors_clear(&bad);
+    lk_scheduler *s7;
+    CHECK_OK(lk_step_lr_create(o, 7, 0.5, &s7));
+    for (int i = 0; i < st.n; i++) /* a state without its hyperparameters keeps step_size 7 */
+        if (strcmp(st.items[i].name, "step_size") && strcmp(st.items[i].name, "gamma"))
+            CHECK_OK(lk_named_tensors_append(&bad, st.items[i].name, st.items[i].tensor));
+    CHECK_OK(lk_scheduler_state_load(s7, &bad));
+    lk_named_tensors_clear(&bad);
+    lk_named_tensors_clear(&st);
+    CHECK_OK(lk_scheduler_state_get(s7, &st));
+    CHECK(lk_tensor_get(lk_named_tensors_find(&st, "step_size"), 0) == 7);
+    CHECK_OK(lk_scheduler_state_get(s, &bad)); /* the full state: step_size 3 replaces 7 */
+    CHECK_OK(lk_scheduler_state_load(s7, &bad));
+    lk_named_tensors_clear(&st);
+    CHECK_OK(lk_scheduler_state_get(s7, &st));
+    CHECK(lk_tensor_get(lk_named_tensors_find(&st, "step_size"), 0) == 3);
+    lk_named_tensors_clear(&st);
+    lk_named_tensors_clear(&bad);
+    lk_scheduler_free(s7);
     lk_scheduler_free(s);
     lk_optimizer_free(o);
     lk_named_tensors_clear(&ps);
