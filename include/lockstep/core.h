@@ -244,7 +244,10 @@ typedef struct lk_env_var {
 const lk_env_var *lk_env_vars(int *count);
 /* getenv for a declared variable, falling back to its default. */
 const char *lk_env_get(const char *name);
+/* lk_env_get parsed as a number; a value that is not one is warned about
+ * once per variable and the fallback used. */
 long lk_env_get_long(const char *name, long fallback);
+double lk_env_get_double(const char *name, double fallback);
 
 
 /* ------------------------------------------------------------------------

@@ -235,8 +235,8 @@ static bool whole(const char *s, long max, int *out) {
     return true;
 }
 
-static int bad_number(const char *opt, const char *v) {
-    fprintf(stderr, "lockstep bench train: %s '%s' is not a whole number >= 1\n", opt, v);
+static int bad_number(const char *opt, const char *v, long max) {
+    fprintf(stderr, "lockstep bench train: %s '%s' is not a whole number from 1 to %ld\n", opt, v, max);
     return 2;
 }
 
@@ -269,9 +269,9 @@ int lk_cmd_bench_train(int argc, char **argv) {
         else if (!strcmp(argv[i], "--precision") || !strcmp(argv[i], "--precisions"))
             np = parse_list(argc, argv, &i, precisions, MAXV);
         else if (!strcmp(argv[i], "--steps") && i + 1 < argc) {
-            if (!whole(argv[++i], 1000000000, &steps)) return bad_number("--steps", argv[i]);
+            if (!whole(argv[++i], 1000000000, &steps)) return bad_number("--steps", argv[i], 1000000000);
         } else if (!strcmp(argv[i], "--repeats") && i + 1 < argc) {
-            if (!whole(argv[++i], 1000, &repeats)) return bad_number("--repeats", argv[i]);
+            if (!whole(argv[++i], MAXR, &repeats)) return bad_number("--repeats", argv[i], MAXR);
         }
         else if (!strcmp(argv[i], "--csv") && i + 1 < argc) csv = argv[++i];
         else if (!strcmp(argv[i], "--plot") && i + 1 < argc) plot = argv[++i];
@@ -313,11 +313,11 @@ int lk_cmd_bench_train(int argc, char **argv) {
     }
     int v;
     for (int d = 0; d < nd; d++)
-        if (!whole(dev_s[d], 4096, &v)) return bad_number("--devices", dev_s[d]);
+        if (!whole(dev_s[d], 4096, &v)) return bad_number("--devices", dev_s[d], 4096);
     for (int b = 0; b < nb; b++)
-        if (!whole(batch_s[b], 1 << 24, &v)) return bad_number("--batch-sizes", batch_s[b]);
-    if (!nm || !ns || !nd || !nb || !np || steps < 10 || repeats < 1 || repeats > MAXR) {
-        fprintf(stderr, "lockstep bench train: empty list, --steps < 10 or --repeats outside 1..%d\n", MAXR);
+        if (!whole(batch_s[b], 1 << 24, &v)) return bad_number("--batch-sizes", batch_s[b], 1 << 24);
+    if (!nm || !ns || !nd || !nb || !np || steps < 10) {
+        fprintf(stderr, "lockstep bench train: an empty list, or --steps under 10\n");
         return 2;
     }
     ssize_t len = readlink("/proc/self/exe", self_exe, sizeof self_exe - 1);

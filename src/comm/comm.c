@@ -76,8 +76,7 @@ lk_comm_config lk_comm_config_default(void) {
     memset(&c, 0, sizeof c);
     c.struct_size = sizeof c;
     c.backend = "auto";
-    const char *t = lk_env_get("LK_COMM_TIMEOUT");
-    c.timeout_s = t ? atof(t) : 120.0;
+    c.timeout_s = lk_env_get_double("LK_COMM_TIMEOUT", 120.0);
     if (!(c.timeout_s > 0)) c.timeout_s = 120.0;
     c.check_desync = lk_env_get_long("LK_COMM_CHECK_DESYNC", 1) != 0;
     return c;

@@ -2,6 +2,9 @@
 #define _POSIX_C_SOURCE 200809L
 #include "lockstep/core.h"
 
+#include <errno.h>
+#include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -65,10 +68,36 @@ const char *lk_env_get(const char *name) {
     return NULL;
 }
 
+/* A value that is not a number is said once per variable (rank 0), never
+ * silently replaced by the default: LK_NUM_THREADS=four would otherwise
+ * look like a setting that took. */
+static _Atomic unsigned long long warned;
+
+static void bad_value(const char *name, const char *v, const char *what) {
+    unsigned long long bit = 0;
+    for (size_t i = 0; i < sizeof env_vars / sizeof env_vars[0] && i < 64; i++)
+        if (!strcmp(env_vars[i].name, name)) bit = 1ull << i;
+    if (bit && (atomic_fetch_or(&warned, bit) & bit)) return;
+    lk_warn0("%s='%s' is not %s: ignored, as if it were unset", name, v, what);
+}
+
 long lk_env_get_long(const char *name, long fallback) {
     const char *v = lk_env_get(name);
     if (!v) return fallback;
     char *end;
+    errno = 0;
     long x = strtol(v, &end, 10);
-    return (end != v && *end == 0) ? x : fallback;
+    if (end != v && *end == 0 && !errno) return x;
+    bad_value(name, v, "an integer");
+    return fallback;
+}
+
+double lk_env_get_double(const char *name, double fallback) {
+    const char *v = lk_env_get(name);
+    if (!v) return fallback;
+    char *end;
+    double x = strtod(v, &end);
+    if (end != v && *end == 0 && isfinite(x)) return x;
+    bad_value(name, v, "a finite number");
+    return fallback;
 }

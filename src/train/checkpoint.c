@@ -29,15 +29,6 @@ static lk_status append_prefixed(lk_named_tensors *dst, const lk_named_tensors *
     return LK_STATUS_OK;
 }
 
-/* trainer.precision under Lightning's full name (its aliases 32, bf16, 16
- * name the same run): what a checkpoint records and compares. */
-static const char *precision_name(const char *p) {
-    if (!strcmp(p, "32")) return "32-true";
-    if (!strcmp(p, "bf16")) return "bf16-mixed";
-    if (!strcmp(p, "16")) return "16-mixed";
-    return p;
-}
-
 /* Where a ModelCheckpoint instance writes: its dirpath, else the log
  * directory's checkpoints/ (the default_root_dir's without a logger). */
 static void instance_dir(const lk_trainer *tr, const lk_ckpt_state *k, char *dir, size_t size) {
@@ -92,7 +83,7 @@ lk_status lk__ckpt_save_ex(lk_trainer *tr, const char *path, bool weights_only) 
         {"batch_in_epoch", batch}, {"world_size", world}, {"strategy", lk_strategy_name(tr->strat)},
         {"seed", seed}, {"config", tr->config_yaml ? tr->config_yaml : ""},
         {"hparams", tr->module->hparams_yaml ? tr->module->hparams_yaml : ""},
-        {"precision", precision_name(tr->cfg.precision)},
+        {"precision", lk__precision_name(tr->cfg.precision)},
     };
     int nmeta = 13;
     if (weights_only) meta[nmeta++] = (lk_st_meta){"weights_only", "true"};
@@ -234,9 +225,9 @@ static void precision_note(lk_trainer *tr, const lk_st_file *f, const char *path
         has_scaler = !strncmp(lk_safetensors_at(f, i)->name, "grad_scaler.", 12);
     const char *saved = lk_safetensors_meta(f, "precision");
     if (!saved || !*saved) saved = has_scaler ? "16-mixed" : NULL;
-    const char *now = precision_name(tr->cfg.precision);
-    if (saved && strcmp(precision_name(saved), now)) {
-        const char *from = weights_dtype(precision_name(saved)), *to = weights_dtype(now);
+    const char *now = lk__precision_name(tr->cfg.precision);
+    if (saved && strcmp(lk__precision_name(saved), now)) {
+        const char *from = weights_dtype(lk__precision_name(saved)), *to = weights_dtype(now);
         lk_log0("%s was saved in precision %s, this run uses %s: the %s weights are %s%s", path, saved, now, from,
                 !strcmp(from, to) ? "loaded as they are" : !strcmp(to, "f32") ? "widened to f32 (exact)"
                 : !strcmp(from, "f32") ? (to[0] == 'b' ? "rounded to bf16" : "rounded to f16")

@@ -234,6 +234,10 @@ lk_status lk__pred_write(lk__pred *p, lk_comm *comm, int rank, int world, int64_
  * returns the job's status (once per process; later calls repeat it). */
 lk_status lk__self_launch(lk_trainer *tr, const char *command);
 
+/* trainer.precision under Lightning's full name: its aliases 32, bf16 and 16
+ * give 32-true, bf16-mixed and 16-mixed; any other string is returned as it is. */
+const char *lk__precision_name(const char *p);
+
 /* checkpoint.c */
 lk_status lk__ckpt_save(lk_trainer *tr, const char *path);
 lk_status lk__ckpt_save_ex(lk_trainer *tr, const char *path, bool weights_only);

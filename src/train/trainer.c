@@ -44,6 +44,10 @@ static lk_status parse_precision(const char *p, lk_dtype *autocast, lk_dtype *pa
                     "16-true, 64-true, 64", p);
 }
 
+const char *lk__precision_name(const char *p) {
+    return !strcmp(p, "32") ? "32-true" : !strcmp(p, "bf16") ? "bf16-mixed" : !strcmp(p, "16") ? "16-mixed" : p;
+}
+
 /* The checks that need nothing started, and the dtypes they decide: the
  * steps' autocast, the parameters' and the one ddp gradients travel in. */
 static lk_status check_config(const lk_trainer_config *cfg, lk_dtype *autocast, lk_dtype *param_dtype,
@@ -87,6 +91,15 @@ lk_status lk_trainer_create(const lk_trainer_config *cfg, const lk_optim_setting
     if (optim) tr->opt = *optim;
     else lk_optim_settings_default(&tr->opt);
     tr->config_yaml = config_yaml ? lk_strdup(config_yaml) : NULL;
+    /* Lightning's aliases become the names they stand for, as its Trainer
+     * does: what the log, run.json and checkpoints say. */
+    const char *canon = lk__precision_name(cfg->precision);
+    if (canon != cfg->precision) {
+        if (strcmp(cfg->precision, "32")) /* Lightning warns for these two, not for 32 */
+            lk_warn0("trainer.precision %s is Lightning's older name for %s: it runs %s (write %s to say so)",
+                     cfg->precision, canon, canon, canon);
+        snprintf(tr->cfg.precision, sizeof tr->cfg.precision, "%s", canon);
+    }
     tr->best_score = NAN;
     tr->t_start = lk_time_now();
     tr->prev_f32_matmul = lk_float32_matmul_precision(); /* process-wide, as torch's: put back by lk_trainer_free */

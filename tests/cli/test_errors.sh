@@ -43,4 +43,10 @@ check "LK_F32_GEMM=openblas takes OpenBLAS" bash -c 'LK_F32_GEMM=openblas "$1" e
 out=$(LK_F32_GEMM=mkl "$LK_BIN" env 2>&1)
 check "an unknown LK_F32_GEMM is named and takes the automatic choice" \
   bash -c 'grep -q "LK_F32_GEMM=mkl is none of auto, onednn, openblas: f32 GEMMs take the automatic choice" <<<"$1" && [ "$(grep "^32-true GEMM" <<<"$1")" = "$2" ]' _ "$out" "$auto"
+# A numeric LK_* variable that is not a number is said once, not silently replaced by its default
+out=$(LK_NUM_THREADS=four LK_COMM_TIMEOUT=soon "$LK_BIN" fit -c "$T/synth.yaml" --trainer.max_epochs 1 \
+  --trainer.devices 2 --trainer.enable_progress_bar false 2>&1)
+check "LK_NUM_THREADS=four is named once" \
+  test "$(grep -c "LK_NUM_THREADS='four' is not an integer: ignored, as if it were unset" <<<"$out")" = 1
+check "LK_COMM_TIMEOUT=soon is named" grep -q "LK_COMM_TIMEOUT='soon' is not a finite number: ignored" <<<"$out"
 finish

@@ -48,6 +48,10 @@ out=$("$LK_BIN" fit -c "$T/synth.yaml" "${quiet[@]}" --trainer.default_root_dir 
   --trainer.precision 16 --trainer.max_steps $((2 * N)) 2>&1)
 check "16-mixed -> 16: resumed at step $N" grep -q "resumed from .* step $N," <<<"$out"
 check "16-mixed -> 16: no precision or scaler note" bash -c '! grep -q "saved in precision\|loss scaler" <<<"$1"' _ "$out"
+# As Lightning's Trainer: the alias is warned about once and recorded under the name it stands for
+check "16: warned as Lightning's older name" \
+  test "$(grep -c "trainer.precision 16 is Lightning's older name for 16-mixed: it runs 16-mixed" <<<"$out")" = 1
+check "16: run.json records 16-mixed" grep -q '"precision":[[:space:]]*"16-mixed"' "$root/lightning_logs/version_1/run.json"
 
 # ddp on 2 ranks: 16-mixed -> bf16-mixed, every note from rank 0 only, once
 root="$T/runs-ddp"
