@@ -314,7 +314,8 @@ static lk_status load_counters(lk_trainer *tr, const lk_st_file *f, const char *
     long long epoch, step, batch, world;
     LK_TRY(meta_int(f, path, "epoch", 0, 0, big, &epoch));
     LK_TRY(meta_int(f, path, "global_step", 0, 0, big, &step));
-    LK_TRY(meta_int(f, path, "batch_in_epoch", 0, 0, big, &batch));
+    /* (times world_size below, within int64) */
+    LK_TRY(meta_int(f, path, "batch_in_epoch", 0, 0, INT32_MAX, &batch));
     LK_TRY(meta_int(f, path, "world_size", 1, 1, 1 << 24, &world));
     for (int j = 0; j < tr->nckpts; j++) {
         lk_ckpt_state *k = &tr->ckpts[j];
