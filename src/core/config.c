@@ -514,7 +514,17 @@ lk_status lk_config_load_file(lk_config *cfg, const char *path) {
     size_t cap = 1 << 14, len = 0;
     char *buf = lk_malloc(cap);
     lk_status st = buf ? LK_STATUS_OK : LK_STATUS_OUT_OF_MEMORY;
+    /* A config is kilobytes; a bound keeps -c /dev/zero or a mistaken
+     * multi-gigabyte file from reading until memory runs out. Pipes
+     * (-c <(...)) are read as files are. */
+    enum { MAX_CONFIG_BYTES = 64 << 20 };
     while (!st) {
+        if (len == cap && cap >= MAX_CONFIG_BYTES) {
+            st = lk_error(LK_STATUS_INVALID_ARGUMENT,
+                          "config file '%s' is larger than %d MiB: a config is a YAML file of a few KB (is it the right "
+                          "file?)", path, MAX_CONFIG_BYTES >> 20);
+            break;
+        }
         if (len == cap) {
             char *nb = lk_realloc(buf, cap * 2);
             if (!nb) {

@@ -5,6 +5,7 @@ source "$(dirname "$0")/lib.sh"
 write_synth
 printf 'trainer:\n  max_epochs: [1\n' > "$T/broken.yaml"
 expect_fail "malformed YAML names file and line" 2 "broken.yaml:3:1: invalid YAML" "$LK_BIN" fit -c "$T/broken.yaml"
+expect_fail "an endless config file is refused, not read until memory runs out" 2 "config file '/dev/zero' is larger than 64 MiB" timeout 60 "$LK_BIN" fit -c /dev/zero
 printf 'trainer:\n  max_epoch: 3\n' > "$T/typo.yaml"
 expect_fail "unknown key suggests the nearest" 2 "did you mean 'max_epochs'" "$LK_BIN" fit -c "$T/synth.yaml" -c "$T/typo.yaml"
 expect_fail "unknown key names file:line" 2 "typo.yaml:2" "$LK_BIN" fit -c "$T/synth.yaml" -c "$T/typo.yaml"
