@@ -10,7 +10,7 @@ secs=${1:-60}
 shift || true
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${LK_FUZZ_BUILD:-$root/build-fuzz}
-targets=${*:-fuzz_safetensors fuzz_config fuzz_data_readers}
+targets=${*:-fuzz_safetensors fuzz_config fuzz_data_readers fuzz_resume}
 CC=${CC:-clang} cmake -S "$root/fuzz" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 cmake --build "$build" -j"$(nproc)" --target $targets >/dev/null
 for t in $targets; do

@@ -5,6 +5,8 @@
  * conversions; fills (LK_OP_FILL, and a large one cut across threads);
  * a stride-0 source (linear's bias rows), conv's dY gather, and the f32
  * accumulating form (strided gradient accumulation). */
+#include <math.h>
+#include <stdint.h>
 #include <string.h>
 
 #include "backend/backend_impl.h"
@@ -122,6 +124,31 @@ static void fills(void) {
     d = (lk_op_desc){.op = LK_OP_FILL, .dtype = {LK_I64}, .fill = {1, {5}, {1}, -3.0}};
     CHECK_OK(lk__backend_run(LK_DEVICE_CPU, &d, (void *[]){q}));
     CHECK(q[0] == -3 && q[4] == -3);
+    /* a float outside an integer's range: defined (saturated; NaN 0), never
+     * C's undefined cast, which UBSan reports (the f64 fill of a loss
+     * scaler's growth factor 1e163 computed one: found by fuzz_resume) */
+    static double big[1];
+    d = (lk_op_desc){.op = LK_OP_FILL, .dtype = {LK_F64}, .fill = {1, {1}, {1}, 1.4e163}};
+    CHECK_OK(lk__backend_run(LK_DEVICE_CPU, &d, (void *[]){big}));
+    CHECK(big[0] == 1.4e163);
+    d = (lk_op_desc){.op = LK_OP_FILL, .dtype = {LK_I64}, .fill = {1, {5}, {1}, 1e300}};
+    CHECK_OK(lk__backend_run(LK_DEVICE_CPU, &d, (void *[]){q}));
+    CHECK(q[0] == INT64_MAX && q[4] == INT64_MAX);
+    lk_tensor *src = lk_tensor_empty(LK_F64, 1, (int64_t[]){4});
+    double *sv = src ? src->data : NULL;
+    if (sv) sv[0] = 1e300, sv[1] = -1e300, sv[2] = NAN, sv[3] = -7.9;
+    lk_tensor *i64 = src ? lk_tensor_cast(src, LK_I64) : NULL, *i32 = src ? lk_tensor_cast(src, LK_I32) : NULL,
+              *u8 = src ? lk_tensor_cast(src, LK_U8) : NULL;
+    CHECK_MSG(i64 && i32 && u8, "casts of f64 to integers");
+    if (i64 && i32 && u8) {
+        const int64_t *a = i64->data;
+        const int32_t *b = i32->data;
+        const uint8_t *c = u8->data;
+        CHECK(a[0] == INT64_MAX && a[1] == INT64_MIN && a[2] == 0 && a[3] == -7);
+        CHECK(b[0] == INT32_MAX && b[1] == INT32_MIN && b[2] == 0 && b[3] == -7);
+        CHECK(c[0] == 255 && c[1] == 0 && c[2] == 0 && c[3] == 0);
+    }
+    lk_tensor_release(src), lk_tensor_release(i64), lk_tensor_release(i32), lk_tensor_release(u8);
 }
 
 /* A contiguous fill large enough to be cut across the compute threads

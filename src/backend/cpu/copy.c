@@ -25,12 +25,19 @@ static double load_f(lk_dtype dt, const char *p) {
     }
 }
 
+/* A float to an integer: C leaves a value outside the integer's range
+ * undefined; here it saturates, and NaN gives 0 (a fill of 1e300 into an
+ * f64 scalar used to compute such a cast on the way). */
+static int64_t f_to_i64(double v) { return v != v ? 0 : v >= 0x1p63 ? INT64_MAX : v <= -0x1p63 ? INT64_MIN : (int64_t)v; }
+static int32_t f_to_i32(double v) { return v != v ? 0 : v >= 0x1p31 ? INT32_MAX : v <= -0x1p31 ? INT32_MIN : (int32_t)v; }
+static uint8_t f_to_u8(double v) { return v != v || v <= 0 ? 0 : v >= 255 ? 255 : (uint8_t)v; }
+
 static int64_t load_i(lk_dtype dt, const char *p) {
     switch (dt) {
     case LK_I32: return *(const int32_t *)p;
     case LK_I64: return *(const int64_t *)p;
     case LK_U8: return *(const uint8_t *)p;
-    default: return (int64_t)load_f(dt, p);
+    default: return f_to_i64(load_f(dt, p));
     }
 }
 
@@ -40,9 +47,9 @@ static void store(lk_dtype dt, char *p, double v, int64_t iv, bool integer) {
     case LK_F64: *(double *)p = integer ? (double)iv : v; break;
     case LK_BF16: *(uint16_t *)p = lk_f32_to_bf16(integer ? (float)iv : (float)v); break;
     case LK_F16: *(uint16_t *)p = lk_f32_to_f16(integer ? (float)iv : (float)v); break;
-    case LK_I32: *(int32_t *)p = integer ? (int32_t)iv : (int32_t)v; break;
-    case LK_I64: *(int64_t *)p = integer ? iv : (int64_t)v; break;
-    case LK_U8: *(uint8_t *)p = integer ? (uint8_t)iv : (uint8_t)v; break;
+    case LK_I32: *(int32_t *)p = integer ? (int32_t)iv : f_to_i32(v); break;
+    case LK_I64: *(int64_t *)p = integer ? iv : f_to_i64(v); break;
+    case LK_U8: *(uint8_t *)p = integer ? (uint8_t)iv : f_to_u8(v); break;
     default: break;
     }
 }
@@ -163,7 +170,7 @@ lk_status lk__cpu_fill(const lk_op_desc *d, void *const *x) {
     }
     if (n == 0) return LK_STATUS_OK;
     char one[8];
-    store(dt, one, p->value, (int64_t)p->value, false); /* the value in dst's dtype, once */
+    store(dt, one, p->value, 0, false); /* the value in dst's dtype, once */
     char *dst = x[0];
     if (contiguous) { /* the common case (zeroed gradients, new tensors): cut across the compute threads */
         fill_job j = {dst, one, es, n, lk__parallel_stream_width(n)};
