@@ -31,7 +31,7 @@ lk_status lk_errorv(lk_status code, const char *fmt, va_list ap) {
     char prefix[32] = "";
     if (rank >= 0) snprintf(prefix, sizeof prefix, "[rank %d] ", rank);
     size_t pl = strlen(prefix);
-    for (char *in = pl ? strstr(body + 1, prefix) : NULL; in; in = strstr(in, prefix))
+    for (char *in = pl && body[0] ? strstr(body + 1, prefix) : NULL; in; in = strstr(in, prefix))
         memmove(in, in + pl, strlen(in + pl) + 1);
     if (prefix[0] && strncmp(body, prefix, strlen(prefix)) != 0)
         snprintf(err_msg, sizeof err_msg, "%s%s", prefix, body);

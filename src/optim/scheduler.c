@@ -461,7 +461,7 @@ lk_status lk_scheduler_step_metric(lk_scheduler *s, double metric) {
 /* A state entry: a counter (required on load) or, as torch's state_dict
  * also holds them, a hyperparameter (optional on load: checkpoints written
  * before they were saved keep this run's). */
-typedef enum { K_COUNT, K_EPOCH, K_LR, K_BEST, K_HYPER_INT, K_HYPER_POS, K_HYPER_FACTOR, K_HYPER_NONNEG } field_kind;
+typedef enum { K_COUNT, K_EPOCH, K_LR, K_BEST, K_HYPER_INT, K_HYPER_START, K_HYPER_FACTOR, K_HYPER_NONNEG } field_kind;
 
 typedef struct {
     char name[64];
@@ -498,12 +498,12 @@ static int fields(lk_scheduler *s, const char *prefix, field *f, int max) {
     }
     /* torch's names for them */
     switch (s->kind) {
-    case S_STEP: FI("step_size", &s->step_size); F("gamma", &s->gamma, K_HYPER_POS); break;
+    case S_STEP: FI("step_size", &s->step_size); F("gamma", &s->gamma, K_HYPER_NONNEG); break;
     case S_MULTISTEP:
-    case S_EXP: F("gamma", &s->gamma, K_HYPER_POS); break;
+    case S_EXP: F("gamma", &s->gamma, K_HYPER_NONNEG); break;
     case S_COSINE: FI("T_max", &s->t_max); F("eta_min", &s->eta_min, K_HYPER_NONNEG); break;
     case S_LINEAR:
-        F("start_factor", &s->start_factor, K_HYPER_FACTOR);
+        F("start_factor", &s->start_factor, K_HYPER_START);
         F("end_factor", &s->end_factor, K_HYPER_FACTOR);
         FI("total_iters", &s->total_iters);
         break;
@@ -533,7 +533,7 @@ static const char *field_bad(field_kind k, double v) {
     case K_LR: return isfinite(v) && v >= 0 ? NULL : "a finite learning rate >= 0";
     case K_BEST: return !isnan(v) ? NULL : "a number or +-inf";
     case K_HYPER_INT: return v >= 1 && v <= 2147483647.0 && v == floor(v) ? NULL : "a whole number from 1 to 2^31-1";
-    case K_HYPER_POS: return isfinite(v) && v > 0 ? NULL : "a finite value > 0";
+    case K_HYPER_START: return v > 0 && v <= 1 ? NULL : "a value in (0, 1]"; /* LinearLR divides by it */
     case K_HYPER_FACTOR: return v >= 0 && v <= 1 ? NULL : "a value in [0, 1]";
     case K_HYPER_NONNEG: return isfinite(v) && v >= 0 ? NULL : "a finite value >= 0";
     }

@@ -142,7 +142,7 @@ static const lk_param optim_params[] = {
     O("scheduler", ENUM, scheduler, "none", 1, 0, "none|step|multistep|exponential|cosine|linear|onecycle|plateau",
       "learning-rate scheduler"),
     O("interval", ENUM, interval, "epoch", 1, 0, "epoch|step", "step the scheduler every epoch or every optimizer step"),
-    O("step_size", INT, step_size, "0", 0, 1e12, NULL, "step: period; cosine: T_max (0: the whole run); linear: iterations"),
+    O("step_size", INT, step_size, "0", 0, 2147483647, NULL, "step: period; cosine: T_max (0: the whole run); linear: iterations"),
     O("gamma", FLOAT, gamma, "0.1", 0, 1e6, NULL, "step/multistep/exponential decay factor"),
     O("milestones", INTS, milestones, "[]", 0, 1e12, NULL, "multistep: epochs (or steps) where lr *= gamma"),
     O("eta_min", FLOAT, eta_min, "0", 0, 1e6, NULL, "cosine: final learning rate"),
