@@ -40,6 +40,7 @@ static const lk_model_kv data_args[] = {{"num_samples", "40"}, {"input_shape", "
 /* Every file under dir/checkpoints is one the fit wrote; the canary
  * beside it must outlive any top-k list a checkpoint names. */
 static char root[64], ckdir[96], canary[96], ckpt[64];
+static int fd = -1; /* the checkpoint's memory file, read through the path ckpt */
 
 static void setup(void) {
     setenv("LK_NUM_THREADS", "1", 1);
@@ -50,17 +51,13 @@ static void setup(void) {
     if (mkdir(root, 0700) != 0 && errno != EEXIST) abort();
     snprintf(ckdir, sizeof ckdir, "%s/checkpoints", root);
     snprintf(canary, sizeof canary, "%s/canary.ckpt", root);
-    int fd = memfd_create("lk_fuzz_ckpt", 0);
+    fd = memfd_create("lk_fuzz_ckpt", 0);
     if (fd < 0) abort();
     snprintf(ckpt, sizeof ckpt, "/proc/self/fd/%d", fd);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-    static int fd = -1;
-    if (fd < 0) {
-        setup();
-        fd = atoi(strrchr(ckpt, '/') + 1);
-    }
+    if (fd < 0) setup();
     if (ftruncate(fd, 0) != 0 || pwrite(fd, data, size, 0) != (ssize_t)size) return 0;
     FILE *c = fopen(canary, "w");
     if (!c) abort();
