@@ -75,6 +75,10 @@ const char *lk_last_error_trace(void);
 void lk_clear_error(void);
 /* Internal: appends "file:line" to the trace. */
 void lk__error_trace(const char *file, int line);
+/* Problems gathered for one error ("a; b; c"): appends sep (after the first
+ * item) and the formatted item to the string in buf while there is room,
+ * and counts every item in *n, those past the room included. */
+void lk__list_add(char *buf, size_t size, int *n, const char *sep, const char *fmt, ...) LK_PRINTF(5, 6);
 
 /* Returns from the calling function with the callee's status on failure. */
 #define LK_TRY(call)                                  \

@@ -60,6 +60,18 @@ void lk_clear_error(void) {
     err_code = LK_STATUS_OK;
 }
 
+void lk__list_add(char *buf, size_t size, int *n, const char *sep, const char *fmt, ...) {
+    size_t len = strlen(buf);
+    if (len + 120 < size) { /* an item that would not fit whole is left to the count */
+        len += (size_t)snprintf(buf + len, size - len, "%s", *n ? sep : "");
+        va_list ap;
+        va_start(ap, fmt);
+        if (len < size) vsnprintf(buf + len, size - len, fmt, ap);
+        va_end(ap);
+    }
+    (*n)++;
+}
+
 void lk__error_trace(const char *file, int line) {
     size_t n = strlen(err_trace);
     const char *base = strrchr(file, '/');

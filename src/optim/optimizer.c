@@ -523,19 +523,8 @@ static bool parse_state_name(const lk_optimizer *o, const char *name, int *gi, i
 lk_status lk_optimizer_state_load(lk_optimizer *o, const lk_named_tensors *state) {
     if (!o || !state) return lk_error(LK_STATUS_INVALID_ARGUMENT, "optimizer_state_load: NULL argument");
     char problems[1500] = "";
-    size_t plen = 0;
     int nprob = 0;
-#define PROBLEM(...)                                                                            \
-    do {                                                                                        \
-        if (plen < sizeof problems - 200) {                                                     \
-            int w_ = snprintf(problems + plen, sizeof problems - plen, "%s", nprob ? "; " : ""); \
-            plen += (size_t)w_;                                                                 \
-            w_ = snprintf(problems + plen, sizeof problems - plen, __VA_ARGS__);                \
-            if (w_ > 0) plen += (size_t)w_;                                                     \
-            if (plen >= sizeof problems) plen = sizeof problems - 1;                           \
-        }                                                                                       \
-        nprob++;                                                                                \
-    } while (0)
+#define PROBLEM(...) lk__list_add(problems, sizeof problems, &nprob, "; ", __VA_ARGS__)
     /* Pass 1: validate everything. */
     for (int k = 0; k < state->n; k++) {
         const char *nm = state->items[k].name;

@@ -561,16 +561,8 @@ lk_status lk_scheduler_state_load(lk_scheduler *s, const lk_named_tensors *state
     if (!f) return LK_STATUS_OUT_OF_MEMORY;
     int n = fields(s, "", f, MAX_FIELDS);
     char bad[1024] = "";
-    size_t len = 0;
     int nb = 0;
-#define BAD(...)                                                                                   \
-    do {                                                                                           \
-        if (len < sizeof bad - 120) {                                                              \
-            len += (size_t)snprintf(bad + len, sizeof bad - len, "%s", nb ? ", " : "");            \
-            len += (size_t)snprintf(bad + len, sizeof bad - len, __VA_ARGS__);                     \
-        }                                                                                          \
-        nb++;                                                                                      \
-    } while (0)
+#define BAD(...) lk__list_add(bad, sizeof bad, &nb, ", ", __VA_ARGS__)
     for (int i = 0; i < n; i++) {
         const lk_tensor *t = lk_named_tensors_find(state, f[i].name);
         if (!t && is_hyper(f[i].kind)) continue;

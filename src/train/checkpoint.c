@@ -83,7 +83,7 @@ lk_status lk__ckpt_save_ex(lk_trainer *tr, const char *path, bool weights_only) 
         {"batch_in_epoch", batch}, {"world_size", world}, {"strategy", lk_strategy_name(tr->strat)},
         {"seed", seed}, {"config", tr->config_yaml ? tr->config_yaml : ""},
         {"hparams", tr->module->hparams_yaml ? tr->module->hparams_yaml : ""},
-        {"precision", lk__precision_name(tr->cfg.precision)},
+        {"precision", tr->cfg.precision}, /* Lightning's full name: lk_trainer_create resolved an alias */
     };
     int nmeta = 13;
     if (weights_only) meta[nmeta++] = (lk_st_meta){"weights_only", "true"};
@@ -225,7 +225,7 @@ static void precision_note(lk_trainer *tr, const lk_st_file *f, const char *path
         has_scaler = !strncmp(lk_safetensors_at(f, i)->name, "grad_scaler.", 12);
     const char *saved = lk_safetensors_meta(f, "precision");
     if (!saved || !*saved) saved = has_scaler ? "16-mixed" : NULL;
-    const char *now = lk__precision_name(tr->cfg.precision);
+    const char *now = tr->cfg.precision; /* already the full name; a file's may be an alias */
     if (saved && strcmp(lk__precision_name(saved), now)) {
         const char *from = weights_dtype(lk__precision_name(saved)), *to = weights_dtype(now);
         lk_log0("%s was saved in precision %s, this run uses %s: the %s weights are %s%s", path, saved, now, from,

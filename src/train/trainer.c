@@ -25,16 +25,21 @@
 
 /* ---- creation --------------------------------------------------------------- */
 
+const char *lk__precision_name(const char *p) {
+    return !strcmp(p, "32") ? "32-true" : !strcmp(p, "bf16") ? "bf16-mixed" : !strcmp(p, "16") ? "16-mixed" : p;
+}
+
 /* trainer.precision (with Lightning's aliases) -> the autocast dtype of the
  * steps (LK_F32: none) and the parameters' dtype. The *-true precisions
  * keep the parameters (and so the gradients) themselves in the low dtype
  * and run the steps under autocast of it: the GEMMs take the 16-bit
  * weights as they are, the fp32-list ops (softmax, losses) still widen. */
-static lk_status parse_precision(const char *p, lk_dtype *autocast, lk_dtype *params) {
+static lk_status parse_precision(const char *given, lk_dtype *autocast, lk_dtype *params) {
     *autocast = *params = LK_F32;
-    if (!strcmp(p, "32-true") || !strcmp(p, "32")) return LK_STATUS_OK;
-    if (!strcmp(p, "bf16-mixed") || !strcmp(p, "bf16")) return (*autocast = LK_BF16), LK_STATUS_OK;
-    if (!strcmp(p, "16-mixed") || !strcmp(p, "16")) return (*autocast = LK_F16), LK_STATUS_OK;
+    const char *p = lk__precision_name(given);
+    if (!strcmp(p, "32-true")) return LK_STATUS_OK;
+    if (!strcmp(p, "bf16-mixed")) return (*autocast = LK_BF16), LK_STATUS_OK;
+    if (!strcmp(p, "16-mixed")) return (*autocast = LK_F16), LK_STATUS_OK;
     if (!strcmp(p, "bf16-true")) return (*autocast = *params = LK_BF16), LK_STATUS_OK;
     if (!strcmp(p, "16-true")) return (*autocast = *params = LK_F16), LK_STATUS_OK;
     if (!strcmp(p, "64-true") || !strcmp(p, "64"))
@@ -42,10 +47,6 @@ static lk_status parse_precision(const char *p, lk_dtype *autocast, lk_dtype *pa
     return lk_error(LK_STATUS_INVALID_ARGUMENT,
                     "trainer.precision '%s' is not one of 32-true, 32, bf16-mixed, bf16, 16-mixed, 16, bf16-true, "
                     "16-true, 64-true, 64", p);
-}
-
-const char *lk__precision_name(const char *p) {
-    return !strcmp(p, "32") ? "32-true" : !strcmp(p, "bf16") ? "bf16-mixed" : !strcmp(p, "16") ? "16-mixed" : p;
 }
 
 /* The checks that need nothing started, and the dtypes they decide: the
