@@ -33,6 +33,8 @@ bad_ckpt "checkpoint @: metadata 'epoch' is '-1', expected an integer from 0 to 
 bad_ckpt "checkpoint @: metadata 'epoch' is '-9223372036854775808'" meta:epoch=-9223372036854775808
 bad_ckpt "checkpoint @: metadata 'global_step' is '9223372036854775807'" meta:global_step=9223372036854775807
 bad_ckpt "checkpoint @: metadata 'batch_in_epoch' is 'abc'" meta:batch_in_epoch=abc
+bad_ckpt "metadata 'batch_in_epoch' is '2147483648', expected an integer from 0 to 2147483647" \
+  meta:batch_in_epoch=2147483648
 bad_ckpt "checkpoint @: metadata 'world_size' is '0', expected an integer from 1 to" meta:world_size=0
 bad_ckpt "checkpoint @: metadata 'early_stopping_wait' is '-2147483649'" meta:early_stopping_wait=-2147483649
 bad_ckpt "checkpoint @: metadata 'best_score' is 'x', expected a number, nan or inf" meta:best_score=x
