@@ -87,6 +87,12 @@ lk_status lk__ckpt_save_ex(lk_trainer *tr, const char *path, bool weights_only) 
     };
     int nmeta = 13;
     if (weights_only) meta[nmeta++] = (lk_st_meta){"weights_only", "true"};
+    /* The logged metrics (inside an epoch with every rank's sums so far:
+     * lk__metrics_gather) and a validation still due (trainer.c). */
+    char *mtext = st ? NULL : lk__metrics_state(tr);
+    if (!st && !mtext) st = LK_STATUS_OUT_OF_MEMORY;
+    if (!st) meta[nmeta++] = (lk_st_meta){"metrics", mtext};
+    if (!tr->at_epoch_end && tr->resume_batch > 0 && tr->val_pending) meta[nmeta++] = (lk_st_meta){"val_pending", "true"};
     /* Callback state: instance 0 under the original key names, instance i
      * under "<key>.<i>" (keys and values are kept in `cbtext`). */
     enum { KEYLEN = 48, VALLEN = 64 };
@@ -140,6 +146,7 @@ lk_status lk__ckpt_save_ex(lk_trainer *tr, const char *path, bool weights_only) 
         nk++;
     }
     if (!st) st = lk_safetensors_write(path, e, all.n, meta, nmeta);
+    lk_free(mtext);
     lk_free(keys);
     lk_free(vals);
     lk_free(dirs);
@@ -345,6 +352,17 @@ static lk_status load_counters(lk_trainer *tr, const lk_st_file *f, const char *
         snprintf(key, sizeof key, "early_stopping_best%s", sfx);
         LK_TRY(meta_real(f, path, key, &tr->es[j].best));
     }
+    const char *vp = meta_or(f, "val_pending", "false");
+    if (strcmp(vp, "true") && strcmp(vp, "false"))
+        return lk_error(LK_STATUS_INVALID_ARGUMENT, "checkpoint %s: metadata 'val_pending' is '%.40s%s', expected true or false",
+                        path, vp, strlen(vp) > 40 ? "..." : "");
+    const char *mt = lk_safetensors_meta(f, "metrics");
+    tr->epoch_restored = false;
+    if (mt) LK_TRY(lk__metrics_restore(tr, path, mt, world));
+    /* Inside an epoch the epoch's sums so far came back (a checkpoint
+     * without them resumes the epoch's row from the resumed batches). */
+    tr->epoch_restored = tr->epoch_restored && batch > 0;
+    tr->val_pending = batch > 0 && !strcmp(vp, "true");
     tr->epoch = epoch;
     tr->global_step = step;
     tr->resume_batch = batch;
@@ -550,9 +568,15 @@ static lk_status render_name(lk_trainer *tr, const char *tpl, bool auto_insert, 
     return LK_STATUS_OK;
 }
 
-static lk_status ckpt_callback(lk_trainer *tr, bool last_only);
-lk_status lk__ckpt_callback(lk_trainer *tr) { return ckpt_callback(tr, false); }
-lk_status lk__ckpt_callback_last(lk_trainer *tr) { return ckpt_callback(tr, true); }
+/* When the callback runs: at the end of a validation or an epoch (top-k
+ * and last.ckpt), on a step (the instances due then), or at a stop inside
+ * an epoch (last.ckpt of every instance that keeps one, no top-k: a resume
+ * must find the top-k lists an uninterrupted run has there). */
+typedef enum { CKPT_EVAL, CKPT_STEPS, CKPT_STOP } ckpt_when;
+static lk_status ckpt_callback(lk_trainer *tr, ckpt_when when);
+lk_status lk__ckpt_callback(lk_trainer *tr) { return ckpt_callback(tr, CKPT_EVAL); }
+lk_status lk__ckpt_callback_last(lk_trainer *tr) { return ckpt_callback(tr, CKPT_STEPS); }
+lk_status lk__ckpt_callback_stop(lk_trainer *tr) { return ckpt_callback(tr, CKPT_STOP); }
 
 static bool due_steps(const lk_trainer *tr, const lk_ckpt_state *k) {
     return k->c.every_n_train_steps > 0 && tr->global_step > 0 && tr->global_step % k->c.every_n_train_steps == 0;
@@ -610,8 +634,9 @@ lk_status lk__callbacks_init(lk_trainer *tr) {
 /* One ModelCheckpoint instance: top-k by its monitor (or by step when it
  * has none), then last.ckpt. `wrote_last` avoids writing the same
  * last.ckpt twice when instances share a directory. */
-static lk_status ckpt_one(lk_trainer *tr, lk_ckpt_state *k, bool primary, bool last_only, char *wrote_last,
+static lk_status ckpt_one(lk_trainer *tr, lk_ckpt_state *k, bool primary, ckpt_when when, char *wrote_last,
                           size_t wl_size) {
+    bool last_only = when != CKPT_EVAL;
     const lk_checkpoint_config *c = &k->c;
     char dir[LK_PATH2];
     instance_dir(tr, k, dir, sizeof dir);
@@ -621,6 +646,16 @@ static lk_status ckpt_one(lk_trainer *tr, lk_ckpt_state *k, bool primary, bool l
     bool topk = !(k->flat && (last_only || !c->monitor[0])) && c->save_top_k != 0;
     if (!k->flat && !last_only) /* Lightning: every_n_train_steps instances save on steps, not at epoch ends */
         topk = topk && c->every_n_train_steps == 0 && c->every_n_epochs > 0 && (tr->epoch + 1) % c->every_n_epochs == 0;
+    if (when == CKPT_STOP) { /* no top-k here; but a monitor no validation ever fed is said, as below */
+        double v;
+        if (c->save_top_k != 0 && c->monitor[0] && !tr->val_ran && !k->warned && !lk_trainer_metric(tr, c->monitor, &v)) {
+            k->warned = true;
+            lk_log_warn("ModelCheckpoint: %s '%s' has no value at step %lld (no validation has run yet); "
+                        "saving last.ckpt only, no top-k checkpoint",
+                        k->flat ? "trainer.monitor" : "monitor", c->monitor, (long long)tr->global_step);
+        }
+        topk = false;
+    }
     bool no_value = false;
     if (!st && topk) {
         double v;
@@ -701,9 +736,11 @@ static lk_status ckpt_one(lk_trainer *tr, lk_ckpt_state *k, bool primary, bool l
     return st;
 }
 
-static lk_status ckpt_callback(lk_trainer *tr, bool last_only) {
+static lk_status ckpt_callback(lk_trainer *tr, ckpt_when when) {
     const lk_trainer_config *c = &tr->cfg;
     if (!c->enable_checkpointing || c->fast_dev_run) return LK_STATUS_OK;
+    /* Inside an epoch the checkpoint keeps every rank's epoch sums so far. */
+    if (!tr->at_epoch_end && tr->resume_batch > 0) LK_TRY(lk__metrics_gather(tr));
     /* The others wait for this write in the all_reduce below: bound that wait
      * by checkpoint_timeout, not comm_timeout, and name the write. */
     if (tr->world > 1) {
@@ -715,9 +752,11 @@ static lk_status ckpt_callback(lk_trainer *tr, bool last_only) {
     if (tr->rank == 0) {
         char wrote_last[LK_PATH2] = "";
         for (int j = 0; !st && j < tr->nckpts; j++)
-            if (!last_only || due_steps(tr, &tr->ckpts[j]))
-                st = ckpt_one(tr, &tr->ckpts[j], j == 0, last_only, wrote_last, sizeof wrote_last);
+            if (when != CKPT_STEPS || due_steps(tr, &tr->ckpts[j]))
+                st = ckpt_one(tr, &tr->ckpts[j], j == 0, when, wrote_last, sizeof wrote_last);
     }
+    lk_free(tr->ckpt_rows); /* another checkpoint (OnExceptionCheckpoint) must not take them */
+    tr->ckpt_rows = NULL;
     /* Everyone learns whether rank 0 succeeded, and nobody runs ahead of a
      * checkpoint that is still being written. */
     int32_t code = (int32_t)st;

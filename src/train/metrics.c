@@ -3,8 +3,10 @@
  * size (on_epoch); when both, it appears as name_step and name_epoch.
  * Epoch aggregates are reduced across ranks as weighted sums, so a
  * validation metric is exactly the mean over every sample of the split. */
+#include <ctype.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "backend/backend_impl.h"
@@ -387,4 +389,172 @@ bool lk_trainer_metric(const lk_trainer *tr, const char *name, double *value) {
             return true;
         }
     return false;
+}
+
+/* ---- the metrics in a checkpoint ------------------------------------------------ */
+
+/* Flags of one metric in the checkpoint's "metrics" lines. */
+enum { MF_PROG_BAR = 1, MF_ON_STEP = 2, MF_ON_EPOCH = 4, MF_SYNC_DIST = 8, MF_LOGGER = 16, MF_HAS_VALUE = 32 };
+
+/* A name that would break the tab- and line-separated text is not kept
+ * (a metric row in CSV would break on it too). */
+static bool storable(const lk_metric *m) { return m->stage && !strpbrk(m->name, "\t\n\r"); }
+
+lk_status lk__metrics_gather(lk_trainer *tr) {
+    lk_free(tr->ckpt_rows);
+    tr->ckpt_rows = NULL;
+    tr->ckpt_rows_n = 0;
+    LK_TRY(deferred_flush(tr)); /* (eval loops only: none waits inside a training epoch) */
+    int n = tr->nmetrics, w = tr->world > 1 ? tr->world : 1;
+    if (n == 0) return LK_STATUS_OK;
+    if ((int64_t)w * n * 4 > INT32_MAX)
+        return lk_error(LK_STATUS_INVALID_ARGUMENT, "checkpoint: %d metrics on %d ranks are too many to keep", n, w);
+    double *rows = lk_calloc((size_t)w * (size_t)n * 4, sizeof *rows);
+    if (!rows) return LK_STATUS_OUT_OF_MEMORY;
+    double *mine = rows + (size_t)(w > 1 ? tr->rank : 0) * (size_t)n * 4;
+    for (int i = 0; i < n; i++) {
+        const lk_metric *m = &tr->metrics[i];
+        if (!m->stage || strcmp(m->stage, "train")) continue;
+        mine[4 * i] = m->epoch_sum, mine[4 * i + 1] = m->epoch_weight;
+        mine[4 * i + 2] = m->epoch_ext, mine[4 * i + 3] = m->epoch_any;
+    }
+    /* An all-gather as a sum: every other rank adds exact zeros to a row. */
+    lk_status st = w > 1 ? lk_strategy_reduce(tr->strat, rows, w * n * 4, LK_REDUCE_SUM) : LK_STATUS_OK;
+    if (st) {
+        lk_free(rows);
+        return st;
+    }
+    tr->ckpt_rows = rows;
+    tr->ckpt_rows_n = n;
+    return LK_STATUS_OK;
+}
+
+char *lk__metrics_state(const lk_trainer *tr) {
+    int w = tr->world > 1 ? tr->world : 1;
+    size_t cap = 1;
+    for (int i = 0; i < tr->nmetrics; i++) cap += strlen(tr->metrics[i].name) + 64 + (size_t)w * 4 * 26;
+    char *s = lk_malloc(cap), *p = s;
+    if (!s) return NULL;
+    *p = 0;
+    for (int i = 0; i < tr->nmetrics; i++) {
+        const lk_metric *m = &tr->metrics[i];
+        if (!storable(m)) continue;
+        int flags = (m->prog_bar ? MF_PROG_BAR : 0) | (m->on_step ? MF_ON_STEP : 0) | (m->on_epoch ? MF_ON_EPOCH : 0) |
+                    (m->sync_dist ? MF_SYNC_DIST : 0) | (m->logger ? MF_LOGGER : 0) | (m->has_value ? MF_HAS_VALUE : 0);
+        p += snprintf(p, cap - (size_t)(p - s), "%s%s\t%s\t%d\t%d\t%.17g\t", p == s ? "" : "\n", m->name, m->stage,
+                      flags, (int)m->reduce, m->has_value ? m->value : NAN);
+        if (tr->ckpt_rows && i < tr->ckpt_rows_n && !strcmp(m->stage, "train"))
+            for (int r = 0; r < w; r++) {
+                const double *x = tr->ckpt_rows + ((size_t)r * (size_t)tr->ckpt_rows_n + (size_t)i) * 4;
+                p += snprintf(p, cap - (size_t)(p - s), "%s%.17g %.17g %.17g %d", r ? ";" : "", x[0], x[1], x[2],
+                              x[3] != 0);
+            }
+    }
+    return s;
+}
+
+/* One parsed line of the "metrics" text. */
+typedef struct {
+    char name[LK_METRIC_NAME];
+    const char *stage;
+    int flags, reduce;
+    double value;
+    const char *rows; /* inside the text; NULL: none */
+} saved_metric;
+
+static bool parse_double(const char **p, double *out) {
+    if (isspace((unsigned char)**p)) return false; /* strtod would skip a line's end */
+    char *end;
+    *out = strtod(*p, &end);
+    if (end == *p) return false;
+    *p = end;
+    return true;
+}
+
+/* One line (up to its end) into *m; false when it is not one. */
+static bool parse_line(const char *line, const char *eol, long long world, saved_metric *m) {
+    const char *tab = memchr(line, '\t', (size_t)(eol - line));
+    if (!tab || tab == line || tab - line >= LK_METRIC_NAME - 8) return false;
+    memcpy(m->name, line, (size_t)(tab - line));
+    m->name[tab - line] = 0;
+    const char *p = tab + 1;
+    static const char *const stages[] = {"train", "val", "test"};
+    m->stage = NULL;
+    for (int k = 0; k < 3 && !m->stage; k++) {
+        size_t len = strlen(stages[k]);
+        if ((size_t)(eol - p) > len && !strncmp(p, stages[k], len) && p[len] == '\t') m->stage = stages[k], p += len + 1;
+    }
+    if (!m->stage) return false;
+    char *end;
+    long flags = strtol(p, &end, 10);
+    if (end == p || *end != '\t' || flags < 0 || flags > 63) return false;
+    p = end + 1;
+    long reduce = strtol(p, &end, 10);
+    if (end == p || *end != '\t' || reduce < LK_LOG_REDUCE_MEAN || reduce > LK_LOG_REDUCE_MIN) return false;
+    p = end + 1;
+    if (!parse_double(&p, &m->value) || *p != '\t') return false;
+    m->flags = (int)flags, m->reduce = (int)reduce;
+    p++;
+    m->rows = p < eol ? p : NULL;
+    if (m->rows && strcmp(m->stage, "train")) return false;
+    for (long long r = 0; m->rows && r < world; r++) { /* "sum weight ext any" per rank, ';' between */
+        double x[3];
+        for (int k = 0; k < 3; k++) {
+            if (!parse_double(&p, &x[k]) || *p != ' ') return false;
+            p++;
+        }
+        if ((*p != '0' && *p != '1') || p + 1 > eol) return false;
+        p++;
+        if (r + 1 < world && *p++ != ';') return false;
+    }
+    return p == eol;
+}
+
+lk_status lk__metrics_restore(lk_trainer *tr, const char *path, const char *text, long long world) {
+    bool rows = false;
+    for (int pass = 0; pass < 2; pass++) { /* the whole text checked before anything changes */
+        const char *line = text;
+        for (int no = 1; *line; no++) {
+            const char *eol = strchr(line, '\n');
+            if (!eol) eol = line + strlen(line);
+            saved_metric s;
+            if (!parse_line(line, eol, world, &s))
+                return lk_error(LK_STATUS_INVALID_ARGUMENT,
+                                "checkpoint %s: metadata 'metrics' line %d is '%.60s%s', expected name, stage "
+                                "(train/val/test), flags, reduction, value and, inside an epoch, %lld rank sum%s",
+                                path, no, line, eol - line > 60 ? "..." : "", world, world > 1 ? "s" : "");
+            rows = rows || s.rows;
+            if (pass == 1) {
+                lk_metric *m = lk__metric_get(tr, s.name, true);
+                if (!m) return LK_STATUS_OUT_OF_MEMORY;
+                m->stage = s.stage;
+                m->prog_bar = s.flags & MF_PROG_BAR, m->on_step = s.flags & MF_ON_STEP;
+                m->on_epoch = s.flags & MF_ON_EPOCH, m->sync_dist = s.flags & MF_SYNC_DIST;
+                m->logger = s.flags & MF_LOGGER, m->has_value = s.flags & MF_HAS_VALUE;
+                m->reduce = (lk_log_reduce)s.reduce;
+                m->value = s.value;
+                m->epoch_sum = m->epoch_weight = m->epoch_ext = 0;
+                m->epoch_any = false;
+                /* This rank's own sums when the world is the one that wrote
+                 * them; in another world rank 0 carries them all (the order
+                 * of the additions differs, the sums are the same). */
+                const char *p = s.rows;
+                for (long long r = 0; p && r < world; r++) {
+                    double x[3] = {0, 0, 0}; /* (parsed in the first pass) */
+                    for (int k = 0; k < 3; k++) parse_double(&p, &x[k]), p++;
+                    bool any = *p == '1';
+                    p += 2;
+                    bool take = world == tr->world ? r == tr->rank : tr->rank == 0;
+                    if (!take || !any) continue;
+                    bool first = !m->epoch_any;
+                    m->epoch_sum += x[0], m->epoch_weight = m->reduce == LK_LOG_REDUCE_SUM ? 1 : m->epoch_weight + x[1];
+                    m->epoch_ext = first ? x[2] : m->reduce == LK_LOG_REDUCE_MIN ? fmin(m->epoch_ext, x[2]) : fmax(m->epoch_ext, x[2]);
+                    m->epoch_any = true;
+                }
+            }
+            line = *eol ? eol + 1 : eol;
+        }
+    }
+    tr->epoch_restored = rows;
+    return LK_STATUS_OK;
 }

@@ -87,6 +87,18 @@ struct lk_trainer {
     int64_t epoch, global_step, batch_idx;
     int64_t resume_batch; /* batches of the current epoch already done (resume) */
     bool at_epoch_end;    /* a checkpoint now resumes at epoch + 1, batch 0 */
+    /* A checkpoint written inside an epoch resumes at resume_batch; one
+     * written before a validation that was due after the batch before it
+     * (a step checkpoint, a stop) says so, and the resume runs it first. */
+    bool val_pending;
+    /* The resumed epoch's train metrics were restored from the checkpoint
+     * (lk__metrics_restore): the epoch's start neither resets nor logs them. */
+    bool epoch_restored;
+    /* The train metrics' epoch sums of every rank, gathered for the next
+     * checkpoint written inside an epoch ([world][nmetrics][4]: sum, weight,
+     * max/min, any), or NULL (lk__metrics_gather). */
+    double *ckpt_rows;
+    int ckpt_rows_n;
     int64_t cur_batch_size;
     /* A training step's loss logged by lk__log_loss on a device the host
      * cannot read: logged when the strategy reads the loss once, after
@@ -213,6 +225,16 @@ lk_status lk__metrics_end_epoch(lk_trainer *tr, const char *stage);
 lk_status lk__metrics_log_step(lk_trainer *tr);
 /* Writes epoch values logged since the last call to the loggers (rank 0). */
 lk_status lk__metrics_log_epoch(lk_trainer *tr, const char *stage);
+/* Collective (every rank, inside an epoch): gathers every rank's train
+ * epoch sums for the checkpoint about to be written (tr->ckpt_rows). */
+lk_status lk__metrics_gather(lk_trainer *tr);
+/* The metrics' state as a checkpoint keeps it (metadata "metrics"): each
+ * metric's latest value, and inside an epoch every rank's sums so far, so
+ * a resumed epoch logs the row an uninterrupted one does. lk_malloc'd. */
+char *lk__metrics_state(const lk_trainer *tr);
+/* Restores lk__metrics_state's text written by `world` ranks (checked
+ * whole first: an error names the file and the line). */
+lk_status lk__metrics_restore(lk_trainer *tr, const char *path, const char *text, long long world);
 /* "a, b, c": the metrics that have a value now (what lk_trainer_metric finds), or "(none)". */
 void lk__metrics_available(const lk_trainer *tr, char *out, size_t size);
 /* Names/values of the progress-bar metrics (borrowed; up to `max`). */
@@ -252,6 +274,8 @@ lk_status lk__ckpt_callback(lk_trainer *tr);
 /* The instances whose every_n_train_steps falls on this step (the flat
  * one writes last.ckpt only). */
 lk_status lk__ckpt_callback_last(lk_trainer *tr);
+/* A stop inside an epoch (signal, max_time, max_steps): last.ckpt only. */
+lk_status lk__ckpt_callback_stop(lk_trainer *tr);
 /* Whether any instance saves at this global step (the same on every rank). */
 bool lk__ckpt_due_steps(const lk_trainer *tr);
 /* Fills tr->ckpts and tr->es from the config (list entries, then the flat keys). */

@@ -248,6 +248,9 @@ static void run_cleanup(lk_trainer *tr) {
     lk__prefetch_free(tr->pf_eval); /* its passes ended with their loops */
     tr->pf_eval = NULL;
     lk__metrics_deferred_free(tr);
+    lk_free(tr->ckpt_rows);
+    tr->ckpt_rows = NULL;
+    tr->val_pending = tr->epoch_restored = false;
 }
 
 void lk_trainer_free(lk_trainer *tr) {
@@ -264,6 +267,7 @@ void lk_trainer_free(lk_trainer *tr) {
     lk_tensor_release(tr->flat_grads);
     lk_comm_free(tr->comm);
     lk_free(tr->metrics);
+    lk_free(tr->ckpt_rows);
     for (int j = 0; j < tr->nckpts; j++) lk_free(tr->ckpts[j].topk);
     lk_free(tr->config_yaml);
     lk_free(tr);
@@ -604,6 +608,19 @@ static lk_status validate_now(lk_trainer *tr, lk_loader *val, int64_t limit) {
 
 /* ---- fit ------------------------------------------------------------------------- */
 
+/* A checkpoint written inside the epoch, after `done` of its batches: it
+ * resumes at the next one, with the validation due after batch done - 1
+ * when `val_due` (it has not run yet). */
+static lk_status ckpt_inside_epoch(lk_trainer *tr, int64_t done, bool val_due, lk_status (*write)(lk_trainer *)) {
+    int64_t saved = tr->resume_batch;
+    tr->resume_batch = done;
+    tr->val_pending = val_due;
+    lk_status st = write(tr);
+    tr->resume_batch = saved;
+    tr->val_pending = false;
+    return st;
+}
+
 static lk_status fit_loop(lk_trainer *tr, lk_loader *train, lk_loader *val, int64_t n_train, int64_t n_val) {
     lk_module *m = tr->module;
     const lk_trainer_config *c = &tr->cfg;
@@ -616,12 +633,28 @@ static lk_status fit_loop(lk_trainer *tr, lk_loader *train, lk_loader *val, int6
     bool stop = false;
     bool epoch_timer = !strcmp(c->time_check_interval, "epoch"); /* Timer(interval="epoch") */
     for (; !stop && !tr->should_stop && (c->max_epochs < 0 || tr->epoch < c->max_epochs); tr->epoch++) {
-        lk__metrics_reset_epoch(tr, "train");
-        LK_TRY(lk__log_lr_epoch(tr));
+        if (!tr->epoch_restored) { /* a resumed epoch's sums so far came with its checkpoint */
+            lk__metrics_reset_epoch(tr, "train");
+            LK_TRY(lk__log_lr_epoch(tr));
+        }
+        tr->epoch_restored = false;
         LK_TRY(lk_loader_start(train, (uint64_t)tr->epoch, tr->resume_batch));
         if (tr->pf) LK_TRY(lk__prefetch_begin(tr->pf, train, n_train - tr->resume_batch));
         if (tr->progress) lk_progress_begin_epoch(tr->progress, tr->epoch, c->max_epochs, n_train);
         bool validate_epoch = ((tr->epoch + 1) % c->check_val_every_n_epoch) == 0;
+        bool int_interval = c->val_check_interval.is_count;
+        if (tr->val_pending) { /* the validation due after the batch the checkpoint was written at */
+            tr->val_pending = false;
+            LK_TRY(validate_now(tr, val, n_val));
+            LK_TRY(ckpt_inside_epoch(tr, tr->resume_batch, false, lk__ckpt_callback));
+            tr->stage = "train";
+        }
+        /* Stopped (a signal, max_time, max_steps) with batches of the epoch
+         * done: its end (row, validation, scheduler, epoch checkpoint) is
+         * left to the resume, and last.ckpt resumes at the next batch. Only
+         * max_steps on the epoch's last batch ends the epoch here: that is
+         * where training ends. */
+        bool defer_end = false;
         for (int64_t i = tr->resume_batch; i < n_train; i++) {
             double t0 = lk_time_now();
             const lk_batch *b;
@@ -697,19 +730,23 @@ static lk_status fit_loop(lk_trainer *tr, lk_loader *train, lk_loader *val, int6
                     LK_TRY(lk__log_device_stats(tr));
                     if (tr->logger) LK_TRY(lk__metrics_log_step(tr));
                 }
-                if (lk__ckpt_due_steps(tr) && i + 1 < n_train) {
-                    tr->resume_batch = i + 1; /* resumes at the next batch of this epoch */
-                    lk_status cs = lk__ckpt_callback_last(tr);
-                    tr->resume_batch = 0;
-                    LK_TRY(cs);
-                }
-                if (c->max_steps >= 0 && tr->global_step >= c->max_steps) {
+                /* A fraction validates at its multiples and at the epoch end (below); an
+                 * integer N validates every N batches only, as Lightning does. */
+                bool val_due = validate_epoch && (i + 1) % val_every == 0 && (int_interval || i + 1 < n_train);
+                if (lk__ckpt_due_steps(tr) && i + 1 < n_train)
+                    LK_TRY(ckpt_inside_epoch(tr, i + 1, val_due, lk__ckpt_callback_last));
+                bool max_steps = c->max_steps >= 0 && tr->global_step >= c->max_steps;
+                if (max_steps) {
                     stop = true;
                     snprintf(tr->stop_reason, sizeof tr->stop_reason, "max_steps=%lld reached", (long long)c->max_steps);
                 }
                 bool agreed;
                 LK_TRY(agree_stop(tr, !epoch_timer, &agreed));
                 stop = stop || agreed;
+                if (stop && (agreed || i + 1 < n_train)) {
+                    defer_end = true;
+                    LK_TRY(ckpt_inside_epoch(tr, i + 1, val_due, lk__ckpt_callback_stop));
+                }
             }
             if (tr->progress) {
                 const char *names[16];
@@ -717,15 +754,17 @@ static lk_status fit_loop(lk_trainer *tr, lk_loader *train, lk_loader *val, int6
                 int k = lk__metrics_prog_bar(tr, names, vals, 16);
                 lk_progress_update(tr->progress, i + 1, names, vals, k);
             }
-            /* A fraction validates at its multiples and at the epoch end (below); an
-             * integer N validates every N batches only, as Lightning does. */
-            bool int_interval = c->val_check_interval.is_count;
-            if (validate_epoch && (i + 1) % val_every == 0 && (int_interval || i + 1 < n_train) && !stop) {
+            if (validate_epoch && (i + 1) % val_every == 0 && (int_interval || i + 1 < n_train) && !defer_end) {
                 LK_TRY(validate_now(tr, val, n_val));
-                LK_TRY(lk__ckpt_callback(tr));
+                LK_TRY(ckpt_inside_epoch(tr, i + 1, false, lk__ckpt_callback));
                 tr->stage = "train";
             }
             if (stop || tr->should_stop) break;
+        }
+        if (defer_end) {
+            LK_TRY(lk__prefetch_end(tr->pf));
+            tr->resume_batch = 0;
+            break; /* (the epoch counter stays: the resume finishes this epoch) */
         }
         LK_TRY(lk__prefetch_end(tr->pf)); /* no copy in flight once the loader restarts */
         tr->resume_batch = 0;
@@ -737,17 +776,10 @@ static lk_status fit_loop(lk_trainer *tr, lk_loader *train, lk_loader *val, int6
             int k = lk__metrics_prog_bar(tr, names, vals, 16);
             lk_progress_end_epoch(tr->progress, names, vals, k);
         }
-        if (validate_epoch && !stop && !c->val_check_interval.is_count) LK_TRY(validate_now(tr, val, n_val));
+        if (validate_epoch && !c->val_check_interval.is_count) LK_TRY(validate_now(tr, val, n_val));
         if (tr->sched && !strcmp(tr->opt.interval, "epoch") && strcmp(tr->opt.scheduler, "plateau"))
             LK_TRY(lk_scheduler_step(tr->sched));
         tr->stage = "train";
-        if (stop && tr->batch_idx + 1 < n_train) {
-            /* stopped inside the epoch: last.ckpt resumes at the next batch */
-            tr->resume_batch = tr->batch_idx + 1;
-            LK_TRY(lk__ckpt_callback(tr));
-            tr->resume_batch = 0;
-            break;
-        }
         tr->at_epoch_end = true; /* checkpoints written now resume at the next epoch */
         lk_status st = lk__ckpt_callback(tr);
         tr->at_epoch_end = false;

@@ -6,3 +6,4 @@ lk_add_script_test(NAME resume_ckpt_tamper SCRIPT resume/test_ckpt_tamper.sh LAB
 # each a fit resumed from it, replayed without libFuzzer.
 lk_add_test(NAME fuzz_replay_resume SOURCES ../fuzz/fuzz_resume.c ../fuzz/replay.c LABELS unit TIMEOUT 120
             ARGS ${PROJECT_SOURCE_DIR}/fuzz/corpus/fuzz_resume)
+lk_add_script_test(NAME resume_sched SCRIPT resume/test_resume_sched.sh LABELS multiproc fault TIMEOUT 300)

@@ -28,6 +28,9 @@ static lk_tensor *step(lk_module *m, const lk_batch *b, int64_t i, lk_trainer *t
         lk_log_metric(tr, "plain", (double)i, NULL);                                    /* step only */
         lk_log_metric(tr, "both", 1.0, &(lk_log_opts){.on_step = 1, .on_epoch = 1});     /* _step and _epoch */
         lk_log_metric(tr, "size", (double)b->size, &(lk_log_opts){.on_step = -1, .on_epoch = 1});
+        /* an epoch mean whose bits depend on every batch's value and order */
+        lk_log_metric(tr, "mean_i", 0.1 * (double)i + 1.0 / 3.0, &(lk_log_opts){.on_step = -1, .on_epoch = 1});
+        lk_log_metric(tr, "max_i", (double)((i * 7) % 11), &(lk_log_opts){.on_step = -1, .on_epoch = 1, .reduce = LK_LOG_REDUCE_MAX});
     }
     return loss;
 }
@@ -40,6 +43,7 @@ static lk_status val_step(lk_module *m, const lk_batch *b, int64_t i, lk_trainer
 
 static const lk_module_vtable vt = {.training_step = step, .validation_step = val_step};
 
+static const char *fit_ckpt_path; /* fit()'s ckpt_path (NULL: none) */
 static lk_status fit(mode md, int64_t max_steps, lk_trainer **keep) {
     test_mode = md;
     lk_trainer_config cfg;
@@ -58,7 +62,7 @@ static lk_status fit(mode md, int64_t max_steps, lk_trainer **keep) {
     lk_module m = {.name = "probe", .vt = &vt, .net = lk_linear_create(4, 1, false, NULL)};
     lk_status st = lk_datamodule_create_builtin("synthetic", data_args, 5, 1, &dm);
     if (!st) st = lk_trainer_create(&cfg, NULL, NULL, &tr);
-    if (!st) st = lk_trainer_fit(tr, &m, dm, NULL);
+    if (!st) st = lk_trainer_fit(tr, &m, dm, fit_ckpt_path);
     char msg[1024];
     snprintf(msg, sizeof msg, "%s", lk_last_error());
     if (keep && tr) *keep = tr;
@@ -145,6 +149,80 @@ static void early_stopping_modes(void) {
     CHECK(system(rm) == 0);
 }
 
+/* A run stopped inside an epoch (max_steps here; a signal takes the same
+ * path) and resumed from last.ckpt logs the rows an uninterrupted run
+ * logs, the stopped epoch's means from every batch, bit for bit, and no
+ * partial row of its own. */
+static char resume_root[128];
+static void resume_config(lk_trainer_config *c) {
+    c->max_epochs = 2;
+    c->enable_checkpointing = true;
+    c->log_every_n_steps = 3;
+    snprintf(c->default_root_dir, sizeof c->default_root_dir, "%s", resume_root);
+}
+
+static char *slurp_rows(const char *dir, int skip_header) {
+    char path[2300];
+    snprintf(path, sizeof path, "%s/metrics.csv", dir);
+    FILE *f = fopen(path, "r");
+    if (!f) return NULL;
+    static char buf[3][65536];
+    static int k;
+    char *out = buf[k++ % 3];
+    size_t n = 0;
+    char line[4096];
+    for (int no = 0; fgets(line, sizeof line, f); no++)
+        if (no >= skip_header) n += (size_t)snprintf(out + n, sizeof buf[0] - n, "%s", line);
+    out[n] = 0;
+    fclose(f);
+    return out;
+}
+
+static void resume_inside_epoch_logs_exact_rows(void) {
+    snprintf(resume_root, sizeof resume_root, "/tmp/lk_test_trainer_resume_%d", (int)getpid());
+    tweak = resume_config;
+    lk_trainer *tr = NULL;
+    double full_mean = 0, full_max = 0, mean = 1, mx = 1;
+    char full_dir[2048] = "", stop_dir[2048] = "", res_dir[2048] = "";
+    CHECK_OK(fit(MODE_LOGGING, -1, &tr));
+    if (tr) {
+        CHECK(lk_trainer_metric(tr, "mean_i", &full_mean) && lk_trainer_metric(tr, "max_i", &full_max));
+        snprintf(full_dir, sizeof full_dir, "%s", lk_trainer_log_dir(tr));
+        lk_trainer_free(tr), tr = NULL;
+    }
+    /* 16 batches an epoch: step 21 is batch 5 of epoch 1 */
+    CHECK_OK(fit(MODE_LOGGING, 21, &tr));
+    if (tr) {
+        snprintf(stop_dir, sizeof stop_dir, "%s", lk_trainer_log_dir(tr));
+        lk_trainer_free(tr), tr = NULL;
+    }
+    char last[2200];
+    snprintf(last, sizeof last, "%s/checkpoints/last.ckpt", stop_dir);
+    fit_ckpt_path = last;
+    CHECK_OK(fit(MODE_LOGGING, -1, &tr));
+    fit_ckpt_path = NULL;
+    if (tr) {
+        CHECK(lk_trainer_metric(tr, "mean_i", &mean) && lk_trainer_metric(tr, "max_i", &mx));
+        snprintf(res_dir, sizeof res_dir, "%s", lk_trainer_log_dir(tr));
+        CHECK(lk_trainer_global_step(tr) == 32);
+        lk_trainer_free(tr), tr = NULL;
+    }
+    tweak = NULL;
+    CHECK_MSG(memcmp(&mean, &full_mean, sizeof mean) == 0, "mean_i %.17g, uninterrupted %.17g", mean, full_mean);
+    CHECK_MSG(mx == full_max, "max_i %g, uninterrupted %g", mx, full_max);
+    /* the stopped run's rows followed by the resumed run's are the uninterrupted run's */
+    char *full = slurp_rows(full_dir, 0), *a = slurp_rows(stop_dir, 0), *b = slurp_rows(res_dir, 1);
+    CHECK(full && a && b);
+    if (full && a && b) {
+        char both[131072];
+        snprintf(both, sizeof both, "%s%s", a, b);
+        CHECK_MSG(!strcmp(both, full), "rows differ:\n--- uninterrupted\n%s--- stopped + resumed\n%s", full, both);
+    }
+    char rm[160];
+    snprintf(rm, sizeof rm, "rm -rf %s", resume_root);
+    CHECK(system(rm) == 0);
+}
+
 static void bad_modules(void) {
     lk_trainer_config cfg;
     lk_trainer_config_default(&cfg);
@@ -199,4 +277,5 @@ static void float32_matmul_precision(void) {
 
 LK_TEST_MAIN(LK_TEST_CASE(nan_loss_names_the_step), LK_TEST_CASE(inf_gradient_names_the_parameter),
              LK_TEST_CASE(logging_rules), LK_TEST_CASE(early_stopping_modes),
+             LK_TEST_CASE(resume_inside_epoch_logs_exact_rows),
              LK_TEST_CASE(bad_modules), LK_TEST_CASE(float32_matmul_precision))
