@@ -259,7 +259,9 @@ lk_status lk_dataset_npy_create(const char *x_path, const char *y_path, lk_datas
     memset(a, 0, sizeof a);
     int n = y_path ? 2 : 1;
     lk_status st = lk_npy_read(x_path, &a[0]);
+    if (!st) st = lk__finite_check(&a[0], x_path);
     if (!st && y_path) st = lk_npy_read(y_path, &a[1]);
+    if (!st && y_path) st = lk__finite_check(&a[1], y_path);
     if (!st && a[0].ndim < 1)
         st = lk_error(LK_STATUS_INVALID_ARGUMENT, "%s: a 0-d array is not a dataset; expected shape [N, ...]", x_path);
     if (!st && y_path && (a[1].ndim < 1 || a[1].shape[0] != a[0].shape[0])) {
