@@ -42,20 +42,20 @@ static void gf2_square(uint32_t *sq, const uint32_t *mat) {
     for (int i = 0; i < 32; i++) sq[i] = gf2_times(mat, mat[i]);
 }
 
-/* The operator that feeds `len` zero bytes into a raw CRC register, as
- * four byte-indexed tables (the register's bytes contribute independently). */
-static void zeros_tables(uint32_t *tab, size_t len) {
-    uint32_t odd[32], even[32], op[32];
+/* The operator (a matrix) that feeds `len` zero bytes into a raw CRC
+ * register, by squaring the one-zero-bit operator: O(log len). */
+static void zeros_op(uint32_t op[32], size_t len) {
+    uint32_t odd[32], even[32];
     /* one zero bit: shift right, fold in the polynomial */
     odd[0] = POLY;
     for (int i = 1; i < 32; i++) odd[i] = 1u << (i - 1);
     gf2_square(even, odd); /* two bits */
     gf2_square(odd, even); /* four bits */
-    /* op starts as the identity; squaring odd/even walks 1, 2, 4, ... bytes */
+    /* op starts as the identity; squaring walks 1, 2, 4, ... bytes */
     for (int i = 0; i < 32; i++) op[i] = 1u << i;
     uint32_t *sq = odd;
     uint32_t *other = even;
-    for (;;) {
+    while (len) {
         gf2_square(other, sq); /* other = sq^2: one byte, two bytes, ... */
         uint32_t *t = sq;
         sq = other;
@@ -63,11 +63,17 @@ static void zeros_tables(uint32_t *tab, size_t len) {
         if (len & 1) {
             uint32_t next[32];
             for (int i = 0; i < 32; i++) next[i] = gf2_times(sq, op[i]);
-            memcpy(op, next, sizeof op);
+            memcpy(op, next, sizeof next);
         }
         len >>= 1;
-        if (!len) break;
     }
+}
+
+/* The same operator for a fixed length as four byte-indexed tables (the
+ * register's bytes contribute independently): four lookups per shift. */
+static void zeros_tables(uint32_t *tab, size_t len) {
+    uint32_t op[32];
+    zeros_op(op, len);
     for (int k = 0; k < 4; k++)
         for (uint32_t b = 0; b < 256; b++) tab[k * 256 + b] = gf2_times(op, b << (8 * k));
 }
@@ -176,6 +182,14 @@ uint32_t lk__crc32c(uint32_t crc, const void *data, size_t n) {
     if (have_hw) return ~hw_raw(~crc, data, n);
 #endif
     return ~portable_raw(~crc, data, n);
+}
+
+uint32_t lk__crc32c_combine(uint32_t crc1, uint32_t crc2, size_t len2) {
+    /* zlib's crc32_combine rule, which holds for the finished (inverted)
+     * values too: crc(A||B) = zeros(|B|)(crc(A)) ^ crc(B) */
+    uint32_t op[32];
+    zeros_op(op, len2);
+    return gf2_times(op, crc1) ^ crc2;
 }
 
 bool lk__crc32c_hardware(void) {

@@ -21,6 +21,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "backend/backend_impl.h"
 #include "tensor/tensor_impl.h"
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -141,7 +142,7 @@ static lk_status put(writer *w, const void *p, size_t n) {
 /* A big tensor is checksummed and written a slice at a time, so that
  * write(2) copies bytes the checksum has just brought into the cache
  * instead of reading the tensor from memory a second time. */
-#define CRC_SLICE (1u << 20)
+#define CRC_SLICE (256u << 10)
 
 /* One tensor's bytes: small ones are gathered into the buffer, big ones go
  * straight from the tensor's memory; *crc gets their CRC-32C. */
@@ -511,6 +512,85 @@ static lk_status parse_metadata(lk_st_file *f, const cJSON *m) {
     return LK_STATUS_OK;
 }
 
+/* Checksumming a file is a pass over all its data: above 8 MiB it is cut
+ * into equal byte ranges, one per compute thread (a model's tensors vary
+ * from bytes to gigabytes, so ranges balance where whole tensors would
+ * not). Each task checksums the pieces of the tensors inside its range;
+ * a tensor's pieces are then joined with lk__crc32c_combine. */
+#define CRC_TASK_MIN (4u << 20)
+
+typedef struct {
+    const lk_st_file *f;
+    const unsigned char *buf; /* the data buffer: the first tensor's offset */
+    size_t len;
+    int width;
+    const int *first_task, *last_task; /* the tasks each tensor's bytes fall in */
+    const int *base;                   /* its first piece in piece[] */
+    uint32_t *piece;
+} crc_job;
+
+static void task_range(const crc_job *j, int t, size_t *lo, size_t *hi) {
+    *lo = j->len / (size_t)j->width * (size_t)t;
+    *hi = t + 1 == j->width ? j->len : j->len / (size_t)j->width * (size_t)(t + 1);
+}
+
+static void crc_task(void *ctx, int t) {
+    const crc_job *j = ctx;
+    size_t lo, hi;
+    task_range(j, t, &lo, &hi);
+    for (int i = 0; i < j->f->n; i++) { /* tensors in offset order */
+        if (j->first_task[i] > t) break;
+        if (j->last_task[i] < t) continue;
+        const lk_st_info *in = &j->f->infos[i];
+        size_t b = (size_t)((const unsigned char *)in->data - j->buf), e = b + in->nbytes;
+        size_t pb = b > lo ? b : lo, pe = e < hi ? e : hi;
+        j->piece[j->base[i] + t - j->first_task[i]] = lk__crc32c(0, j->buf + pb, pe - pb);
+    }
+}
+
+static lk_status checksum_all(const lk_st_file *f, uint32_t *got) {
+    size_t len = 0;
+    for (int i = 0; i < f->n; i++) len += f->infos[i].nbytes;
+    int width = len >= 2 * (size_t)CRC_TASK_MIN ? lk__parallel_width((int64_t)(len / CRC_TASK_MIN)) : 1;
+    if (width <= 1 || f->n == 0) {
+        for (int i = 0; i < f->n; i++) got[i] = lk__crc32c(0, f->infos[i].data, f->infos[i].nbytes);
+        return LK_STATUS_OK;
+    }
+    int *first = lk_malloc((size_t)f->n * sizeof *first), *last = lk_malloc((size_t)f->n * sizeof *last),
+        *base = lk_malloc((size_t)f->n * sizeof *base);
+    uint32_t *piece = lk_malloc(((size_t)f->n + (size_t)width) * sizeof *piece);
+    if (!first || !last || !base || !piece) {
+        lk_free(first), lk_free(last), lk_free(base), lk_free(piece);
+        return LK_STATUS_OUT_OF_MEMORY;
+    }
+    crc_job j = {f, f->infos[0].data, len, width, first, last, base, piece};
+    /* which tasks each tensor's bytes fall in (an empty one: the task of its offset) */
+    int nb = 0;
+    for (int i = 0, t = 0; i < f->n; i++) {
+        size_t b = (size_t)((const unsigned char *)f->infos[i].data - j.buf), e = b + f->infos[i].nbytes, lo, hi;
+        for (task_range(&j, t, &lo, &hi); t + 1 < width && b >= hi; task_range(&j, ++t, &lo, &hi)) {}
+        first[i] = t;
+        int u = t;
+        for (task_range(&j, u, &lo, &hi); u + 1 < width && e > hi; task_range(&j, ++u, &lo, &hi)) {}
+        last[i] = u;
+        base[i] = nb;
+        nb += u - t + 1;
+    }
+    lk__parallel_run(width, crc_task, &j);
+    for (int i = 0; i < f->n; i++) {
+        size_t b = (size_t)((const unsigned char *)f->infos[i].data - j.buf), e = b + f->infos[i].nbytes;
+        uint32_t c = piece[base[i]];
+        for (int t = first[i] + 1; t <= last[i]; t++) {
+            size_t lo, hi;
+            task_range(&j, t, &lo, &hi);
+            c = lk__crc32c_combine(c, piece[base[i] + t - first[i]], (e < hi ? e : hi) - lo);
+        }
+        got[i] = c;
+    }
+    lk_free(first), lk_free(last), lk_free(base), lk_free(piece);
+    return LK_STATUS_OK;
+}
+
 /* Matches the checksums to the tensors and checks every tensor's bytes:
  * all tensors have one or none does (a file lockstep wrote has all; a key
  * lost or added means the header was edited or damaged), and each one
@@ -532,16 +612,23 @@ static lk_status verify_checksums(lk_st_file *f) {
             return bad(f, "tensor '%s' has no crc32c checksum (metadata '" LK_ST_CRC_PREFIX "%s') while %d other "
                           "tensor%s of the file %s one: the header was edited or damaged",
                        f->infos[i].name, f->infos[i].name, f->ncrc, f->ncrc > 1 ? "s" : "", f->ncrc > 1 ? "have" : "has");
+    uint32_t *got = lk_malloc(((size_t)f->n + 1) * sizeof *got);
+    if (!got) return LK_STATUS_OUT_OF_MEMORY;
+    lk_status st = checksum_all(f, got);
+    if (st) {
+        lk_free(got);
+        return st;
+    }
     char others[512] = "";
     int nothers = 0, first = -1;
     uint32_t first_got = 0;
     for (int i = 0; i < f->n; i++) {
         const lk_st_info *in = &f->infos[i];
-        uint32_t got = lk__crc32c(0, in->data, in->nbytes);
-        if (got == in->crc32c) continue;
-        if (first < 0) first = i, first_got = got;
+        if (got[i] == in->crc32c) continue;
+        if (first < 0) first = i, first_got = got[i];
         else lk__list_add(others, sizeof others, &nothers, ", ", "'%s'", in->name);
     }
+    lk_free(got);
     if (first >= 0) {
         const lk_st_info *in = &f->infos[first];
         char more[600] = "";

@@ -46,6 +46,9 @@
 uint32_t lk__crc32c(uint32_t crc, const void *data, size_t n);
 uint32_t lk__crc32c_portable(uint32_t crc, const void *data, size_t n);
 bool lk__crc32c_hardware(void);
+/* The CRC-32C of A||B from crc1 = CRC(A), crc2 = CRC(B) and B's length:
+ * pieces checksummed on several threads are joined with it. */
+uint32_t lk__crc32c_combine(uint32_t crc1, uint32_t crc2, size_t len2);
 
 /* ---- writing -------------------------------------------------------------- */
 

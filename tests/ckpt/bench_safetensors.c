@@ -91,7 +91,7 @@ int main(int argc, char **argv) {
     qsort(w_t, (size_t)reps, sizeof(double), cmp_double);
     double dd_s = dd_t[reps / 2], w_s = w_t[reps / 2];
 
-    double rd[2], t0, hot[50];
+    double rd[2] = {0, 0}, t0, hot[50];
     for (int pass = 0; pass < reps + 1; pass++) { /* reps hot reads, then a cold one */
         if (pass == reps) drop_cache(path);
         t0 = lk_time_now();
@@ -116,7 +116,7 @@ int main(int argc, char **argv) {
     printf("  dd conv=fsync write : %6.3f s  %6.2f GB/s  (best %.2f GB/s, median of %d)\n", dd_s, gb / dd_s, gb / dd_t[0], reps);
     printf("  lockstep write+fsync: %6.3f s  %6.2f GB/s  (best %.2f GB/s; median %.0f%% of dd's)\n", w_s, gb / w_s,
            gb / w_t[0], 100 * dd_s / w_s);
-    printf("  lockstep read (hot) : %6.3f s  %6.2f GB/s\n", rd[0], gb / rd[0]);
+    printf("  lockstep read (hot) : %6.3f s  %6.2f GB/s  (best %.2f GB/s)\n", rd[0], gb / rd[0], gb / hot[0]);
     printf("  lockstep read (cold): %6.3f s  %6.2f GB/s\n", rd[1], gb / rd[1]);
 #ifdef LK_ST_CRC_PREFIX
     double crc_t[50];
@@ -127,8 +127,8 @@ int main(int argc, char **argv) {
         crc_t[k] = lk_time_now() - t0;
     }
     qsort(crc_t, (size_t)reps, sizeof(double), cmp_double);
-    printf("  crc32c of the tensors: %6.3f s  %6.2f GB/s  (%s; %08x)\n", crc_t[reps / 2], gb / crc_t[reps / 2],
-           lk__crc32c_hardware() ? "SSE4.2" : "table", (unsigned)sink);
+    printf("  crc32c of the tensors: %6.3f s  %6.2f GB/s  (best %.2f GB/s; %s, one thread; %08x)\n", crc_t[reps / 2],
+           gb / crc_t[reps / 2], gb / crc_t[0], lk__crc32c_hardware() ? "SSE4.2" : "table", (unsigned)sink);
 #endif
     for (int i = 0; i < nt; i++) {
         lk_tensor_release(ts[i]);

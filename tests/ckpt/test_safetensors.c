@@ -591,8 +591,12 @@ static void test_crc32c(void) {
         }
     uint32_t whole = crc32c_bitwise(b, big);
     CHECK(lk__crc32c(0, b, big) == whole);
-    for (size_t cut = 0; cut < big; cut += 4099) /* in two pieces, cut anywhere */
+    for (size_t cut = 0; cut < big; cut += 4099) { /* in two pieces, cut anywhere: continued, and joined */
         CHECK_MSG(lk__crc32c(lk__crc32c(0, b, cut), b + cut, big - cut) == whole, "cut at %zu", cut);
+        CHECK_MSG(lk__crc32c_combine(lk__crc32c(0, b, cut), lk__crc32c(0, b + cut, big - cut), big - cut) == whole,
+                  "joined at %zu", cut);
+    }
+    CHECK(lk__crc32c_combine(whole, 0, 0) == whole);
     free(b);
 }
 
@@ -653,6 +657,64 @@ static void test_checksum_flips(void) {
     lk_safetensors_close(f);
     free(m);
     free(b);
+}
+
+/* Files over 8 MiB are checksummed on several threads, cut into equal
+ * byte ranges whatever the tensors: tensors spanning several ranges, empty
+ * ones on the cuts, and a changed byte on either side of a cut. */
+static void test_checksum_threads(void) {
+    int threads = lk_get_num_threads();
+    lk_set_num_threads(5);
+    static const size_t sizes[] = {3, 0, (9u << 20) + 4, 1, 0, (7u << 20) + 8, 1000, 0};
+    enum { NS = sizeof sizes / sizeof sizes[0] };
+    lk_st_entry e[NS];
+    unsigned char *data[NS];
+    int64_t shape[NS];
+    char names[NS][32];
+    lk_rng r;
+    lk_rng_init(&r, 3, LK_RNG_USER, 0, 0);
+    for (int i = 0; i < NS; i++) {
+        data[i] = malloc(sizes[i] + 1);
+        for (size_t k = 0; k < sizes[i]; k++) data[i][k] = (unsigned char)lk_rng_u32(&r);
+        shape[i] = (int64_t)sizes[i];
+        snprintf(names[i], sizeof names[i], "t%d", i);
+        e[i] = (lk_st_entry){.name = names[i], .dtype = LK_U8, .ndim = 1, .shape = &shape[i], .data = data[i]};
+    }
+    const char *p = tpath("big.safetensors");
+    CHECK_OK(lk_safetensors_write(p, e, NS, NULL, 0));
+    size_t len = 0;
+    unsigned char *b = read_all(p, &len);
+    lk_st_file *f;
+    CHECK_OK(lk_safetensors_open_memory(b, len, "big", &f));
+    CHECK(f && lk_safetensors_verified(f) == NS);
+    for (int i = 0; f && i < NS; i++) {
+        const lk_st_info *in = lk_safetensors_find(f, names[i]);
+        CHECK(in && in->crc32c == lk__crc32c(0, data[i], sizes[i]));
+    }
+    uint64_t hl;
+    memcpy(&hl, b, 8);
+    size_t total = len - 8 - (size_t)hl;
+    /* around each of the 4 ranges' cuts, and the ends */
+    size_t cuts[] = {0, total / 4 - 1, total / 4, total / 2 - 1, total / 2, total / 4 * 3, total - 1};
+    for (size_t k = 0; f && k < sizeof cuts / sizeof cuts[0]; k++) {
+        size_t at = 8 + (size_t)hl + cuts[k];
+        const char *owner = NULL;
+        for (int i = 0; i < NS; i++) {
+            const lk_st_info *in = lk_safetensors_at(f, i);
+            size_t tb = (size_t)((const unsigned char *)in->data - b);
+            if (at >= tb && at < tb + in->nbytes) owner = in->name;
+        }
+        b[at] ^= 0x10;
+        char want[200];
+        snprintf(want, sizeof want, "big: tensor '%s' fails its crc32c check", owner ? owner : "?");
+        lk_st_file *g;
+        CHECK_ERR(lk_safetensors_open_memory(b, len, "big", &g), LK_STATUS_INVALID_ARGUMENT, want);
+        b[at] ^= 0x10;
+    }
+    lk_safetensors_close(f);
+    free(b);
+    for (int i = 0; i < NS; i++) free(data[i]);
+    lk_set_num_threads(threads);
 }
 
 /* Rewrites the header of the file image `b` through `edit` (on its
@@ -789,4 +851,5 @@ static void cleanup(void) {
 LK_TEST_MAIN(LK_TEST_CASE(test_round_trip), LK_TEST_CASE(test_tensors_and_read_into), LK_TEST_CASE(test_write_errors),
              LK_TEST_CASE(test_fault_hook), LK_TEST_CASE(test_corruptions), LK_TEST_CASE(test_random_damage),
              LK_TEST_CASE(test_open_alloc_failures), LK_TEST_CASE(test_crc32c), LK_TEST_CASE(test_checksum_flips),
+             LK_TEST_CASE(test_checksum_threads),
              LK_TEST_CASE(test_checksum_absent_or_damaged), LK_TEST_CASE(cleanup))
