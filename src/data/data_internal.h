@@ -54,5 +54,10 @@ lk_status lk__labels_check(const lk_array *labels, int64_t num_classes, const ch
  * it, with no file named. A bit test over blocks the compiler vectorises;
  * the block holding a bad value is scanned again for the first one. */
 lk_status lk__finite_check(const lk_array *a, const char *path);
+/* The pieces, for a reader that checks each block as it reads it (while it
+ * is in the cache): the first non-finite of n values (-1: none), and the
+ * error for element `at` of `a` (OK when at < 0). */
+int64_t lk__first_nonfinite(const void *data, int64_t n, lk_dtype dt);
+lk_status lk__nonfinite_error(const lk_array *a, int64_t at, const char *path);
 
 #endif

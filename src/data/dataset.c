@@ -265,7 +265,7 @@ static const lk_dataset_vtable arrays_vt = {"arrays", arrays_get, arrays_free, a
         return -1;                                                                      \
     } while (0)
 
-static int64_t first_nonfinite(const void *data, int64_t n, lk_dtype dt) {
+int64_t lk__first_nonfinite(const void *data, int64_t n, lk_dtype dt) {
     switch (dt) {
     case LK_F32: FIRST_BAD(uint32_t, 0x7f800000u);
     case LK_F64: FIRST_BAD(uint64_t, 0x7ff0000000000000ull);
@@ -277,8 +277,10 @@ static int64_t first_nonfinite(const void *data, int64_t n, lk_dtype dt) {
 
 lk_status lk__finite_check(const lk_array *a, const char *path) {
     if (!a || !a->data) return LK_STATUS_OK;
-    int64_t n = lk_array_numel(a);
-    int64_t at = first_nonfinite(a->data, n, a->dtype);
+    return lk__nonfinite_error(a, lk__first_nonfinite(a->data, lk_array_numel(a), a->dtype), path);
+}
+
+lk_status lk__nonfinite_error(const lk_array *a, int64_t at, const char *path) {
     if (at < 0) return LK_STATUS_OK;
     /* nan or +-inf: a set mantissa is a NaN; the sign bit is the top one */
     size_t es = lk_data_dtype_size(a->dtype);
