@@ -16,7 +16,11 @@
  *     --optimizer.scheduler cosine --trainer.logger false
  * and, as same_dir.ckpt, that file with its dirpath, best_path and top_k
  * moved to /tmp/lk_fuzz_resume/checkpoints (tests/resume/ckpt_edit.py),
- * the directory this target's fit saves into. */
+ * the directory this target's fit saves into. Those seeds predate the
+ * tensor checksums and load with a note; crc_other_dir.ckpt is the same fit
+ * resumed from other_dir.ckpt to epoch 2 by a lockstep that writes them
+ * (its config metadata set back to other_dir.ckpt's), so the checksums'
+ * parsing and checking are fuzzed too. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif

@@ -60,6 +60,12 @@ const lk_model_info *lk_model_find(const char *name);
  * the expected type) and parameters drawn by lk_layer_reset_parameters(seed).
  * *out is a new layer the caller frees with lk_layer_free. */
 lk_status lk_model_create(const char *name, const lk_model_kv *args, int n_args, uint64_t seed, lk_layer **out);
+/* The per-sample input the model built from these args takes: [input_dim]
+ * for autoencoder and mlp (any sample of input_dim elements; they flatten
+ * it), [in_channels, image_size, image_size] for cnn (or the same elements
+ * as one flat row); `why` gets the args that set it ("input_dim 784"). */
+lk_status lk_model_input_shape(const char *name, const lk_model_kv *args, int n_args, int *ndim, int64_t shape[3],
+                               char *why, size_t why_size);
 /* The model's training loss for a batch: MSE of output against x (reshaped
  * to the output's shape) for target_is_input models, cross-entropy of
  * output (logits) against the i64 labels y otherwise. Scope-owned result. */

@@ -195,6 +195,19 @@ lk_status lk_csv_read(const char *path, const lk_csv_config *cfg_in, lk_array *f
                                   (int)(cells[c].n > 40 ? 40 : cells[c].n), cells[c].p);
                     break;
                 }
+                /* NaN and inf (strtod reads "nan", "inf") and values beyond
+                 * f32 would make the loss nan: refused with the cell */
+                bool f32_cell = c != label_col || cfg.label_dtype == LK_F32;
+                if (!isfinite(v) || (f32_cell && !isfinite((float)v))) {
+                    char hn[80] = "";
+                    if (has_header) snprintf(hn, sizeof hn, " ('%.*s')", (int)hcells[c].n, hcells[c].p);
+                    st = lk_error(LK_STATUS_INVALID_ARGUMENT,
+                                  "csv %s: line %zu (data row %lld), column %d%s: '%.*s' is %s; NaN and inf inputs make "
+                                  "the loss nan",
+                                  path, ln.line_no, (long long)r, c + 1, hn, (int)(cells[c].n > 40 ? 40 : cells[c].n),
+                                  cells[c].p, isfinite(v) ? "beyond f32's range (+-3.4e38)" : "not a finite number");
+                    break;
+                }
                 if (c != label_col) {
                     x[r * nfeat + j++] = (float)v;
                     continue;

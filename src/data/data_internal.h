@@ -47,4 +47,17 @@ lk_status lk__write_atomic(const char *path, lk__write_fn fn, const void *ctx);
  * steps later. num_classes <= 0 checks nothing. */
 lk_status lk__labels_check(const lk_array *labels, int64_t num_classes, const char *path);
 
+/* Fails at the first NaN or inf of a floating-point array (f32, f64, f16,
+ * bf16; other dtypes pass), naming `path`, the element's flat index, its
+ * index in every dimension and the value: checked once when a dataset is
+ * opened, since a NaN input makes the loss nan at whatever step first reads
+ * it, with no file named. A bit test over blocks the compiler vectorises;
+ * the block holding a bad value is scanned again for the first one. */
+lk_status lk__finite_check(const lk_array *a, const char *path);
+/* The pieces, for a reader that checks each block as it reads it (while it
+ * is in the cache): the first non-finite of n values (-1: none), and the
+ * error for element `at` of `a` (OK when at < 0). */
+int64_t lk__first_nonfinite(const void *data, int64_t n, lk_dtype dt);
+lk_status lk__nonfinite_error(const lk_array *a, int64_t at, const char *path);
+
 #endif

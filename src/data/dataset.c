@@ -245,6 +245,68 @@ static void arrays_free(void *ctx) {
 
 static const lk_dataset_vtable arrays_vt = {"arrays", arrays_get, arrays_free, arrays_prefetch};
 
+/* Every exponent bit set (inf or NaN) in an IEEE value whose exponent field
+ * is M: (x & M) + (M's lowest bit) carries into the top bit exactly then.
+ * OR-ing that over a block is branch-free, so it vectorises; the top bit of
+ * the OR says whether the block holds one. */
+#define FINITE_BLOCK 4096
+#define FIRST_BAD(T, M)                                                                 \
+    do {                                                                                \
+        const T *p = data;                                                              \
+        const T lo = (T)((M) & (T)(~(M) + 1)), top = (T)((T)1 << (sizeof(T) * 8 - 1)); \
+        for (int64_t b = 0; b < n; b += FINITE_BLOCK) {                                 \
+            int64_t e = n - b < FINITE_BLOCK ? n : b + FINITE_BLOCK;                    \
+            T acc = 0;                                                                  \
+            for (int64_t i = b; i < e; i++) acc |= (T)((T)(p[i] & (M)) + lo);           \
+            if (!(acc & top)) continue;                                                 \
+            for (int64_t i = b; i < e; i++)                                             \
+                if ((T)((T)(p[i] & (M)) + lo) & top) return i;                          \
+        }                                                                               \
+        return -1;                                                                      \
+    } while (0)
+
+int64_t lk__first_nonfinite(const void *data, int64_t n, lk_dtype dt) {
+    switch (dt) {
+    case LK_F32: FIRST_BAD(uint32_t, 0x7f800000u);
+    case LK_F64: FIRST_BAD(uint64_t, 0x7ff0000000000000ull);
+    case LK_F16: FIRST_BAD(uint16_t, 0x7c00u);
+    case LK_BF16: FIRST_BAD(uint16_t, 0x7f80u);
+    default: return -1;
+    }
+}
+
+lk_status lk__finite_check(const lk_array *a, const char *path) {
+    if (!a || !a->data) return LK_STATUS_OK;
+    return lk__nonfinite_error(a, lk__first_nonfinite(a->data, lk_array_numel(a), a->dtype), path);
+}
+
+lk_status lk__nonfinite_error(const lk_array *a, int64_t at, const char *path) {
+    if (at < 0) return LK_STATUS_OK;
+    /* nan or +-inf: a set mantissa is a NaN; the sign bit is the top one */
+    size_t es = lk_data_dtype_size(a->dtype);
+    uint64_t bits = 0;
+    memcpy(&bits, (const unsigned char *)a->data + (size_t)at * es, es); /* little-endian host */
+    uint64_t mant = es == 8 ? bits & 0xfffffffffffffull : es == 4 ? bits & 0x7fffffu
+                    : a->dtype == LK_F16 ? bits & 0x3ffu : bits & 0x7fu;
+    bool neg = bits >> (es * 8 - 1);
+    const char *what = mant ? "nan" : neg ? "-inf" : "inf";
+    char idx[200], sb[160];
+    size_t k = 0;
+    int64_t rest = at;
+    int64_t stride[LK_MAX_DIMS], s = 1;
+    for (int d = a->ndim - 1; d >= 0; d--) stride[d] = s, s *= a->shape[d];
+    k += (size_t)snprintf(idx, sizeof idx, "[");
+    for (int d = 0; d < a->ndim && k < sizeof idx; d++) {
+        k += (size_t)snprintf(idx + k, sizeof idx - k, "%s%lld", d ? ", " : "", (long long)(rest / stride[d]));
+        rest %= stride[d];
+    }
+    if (k < sizeof idx) snprintf(idx + k, sizeof idx - k, "]");
+    return lk_error(LK_STATUS_INVALID_ARGUMENT,
+                    "%s: element %lld (index %s in shape %s) is %s: a NaN or inf input makes the loss nan at the first "
+                    "step that reads it; replace it (numpy.nan_to_num) or drop that sample",
+                    path, (long long)at, idx, lk_data_shape_str(a->ndim, a->shape, sb, sizeof sb), what);
+}
+
 lk_status lk__labels_check(const lk_array *labels, int64_t num_classes, const char *path) {
     if (num_classes <= 0 || !labels || !labels->data) return LK_STATUS_OK;
     int64_t n = lk_array_numel(labels);

@@ -183,15 +183,37 @@ lk_status lk_idx_write(const char *path, const lk_array *a) {
 
 /* ---- datasets ------------------------------------------------------------------- */
 
-/* The pair, with labels checked against num_classes (0: unchecked). */
-static lk_status idx_pair_load(const char *images_path, const char *labels_path, int64_t num_classes,
+/* The pair, with labels checked against num_classes (0: unchecked) and,
+ * when `side` > 0, the images' header against [N, side, side]: MNIST's
+ * 28x28, whose consumers reshape to 784 pixels or [1, 28, 28]; another
+ * geometry is reported here, with the file, not by a reshape or a matmul at
+ * the first batch. Float data (idx types 0d, 0e) must be finite. */
+static lk_status idx_pair_load(const char *images_path, const char *labels_path, int64_t num_classes, int64_t side,
                                lk_dataset **out) {
     *out = NULL;
     lk_array a[2];
     LK_TRY(lk_idx_read(images_path, &a[0]));
-    lk_status st = lk_idx_read(labels_path, &a[1]);
+    char sb[160];
+    lk_status st = LK_STATUS_OK;
+    if (side > 0 && (a[0].ndim != 3 || a[0].shape[1] != side || a[0].shape[2] != side)) {
+        char geo[64] = "";
+        if (a[0].ndim == 3) snprintf(geo, sizeof geo, " (%lldx%lld images)", (long long)a[0].shape[1], (long long)a[0].shape[2]);
+        st = lk_error(LK_STATUS_INVALID_ARGUMENT,
+                      "%s: the idx header's dimensions are %s%s; MNIST-layout images (Fashion-MNIST, MNIST) are "
+                      "%lldx%lld: expected [N, %lld, %lld]",
+                      images_path, lk_data_shape_str(a[0].ndim, a[0].shape, sb, sizeof sb), geo, (long long)side,
+                      (long long)side, (long long)side, (long long)side);
+    }
+    if (!st) st = lk__finite_check(&a[0], images_path);
     if (st) {
         lk_array_release(&a[0]);
+        return st;
+    }
+    st = lk_idx_read(labels_path, &a[1]);
+    if (!st) st = lk__finite_check(&a[1], labels_path);
+    if (st) {
+        lk_array_release(&a[0]);
+        lk_array_release(&a[1]);
         return st;
     }
     if (a[1].ndim != 1 || a[0].shape[0] != a[1].shape[0]) {
@@ -209,7 +231,7 @@ static lk_status idx_pair_load(const char *images_path, const char *labels_path,
 }
 
 lk_status lk_dataset_idx_pair_create(const char *images_path, const char *labels_path, lk_dataset **out) {
-    return idx_pair_load(images_path, labels_path, 0, out);
+    return idx_pair_load(images_path, labels_path, 0, 0, out);
 }
 
 static bool file_exists(const char *p) {
@@ -253,7 +275,7 @@ lk_status lk_dataset_mnist_create(const char *root, const char *split, lk_datase
     for (int d = 0; d < ndirs; d++) {
         if (find_file(dirs[d], img_base, img, sizeof img, tried, sizeof tried) &&
             find_file(dirs[d], lab_base, lab, sizeof lab, tried, sizeof tried))
-            return idx_pair_load(img, lab, 10, out); /* MNIST and Fashion-MNIST: 10 classes */
+            return idx_pair_load(img, lab, 10, 28, out); /* MNIST and Fashion-MNIST: 10 classes of 28x28 */
     }
     return lk_error(LK_STATUS_IO,
                     "mnist %s split not found; tried %s (install dataset-fashion-mnist, set LK_DATA_ROOT, or pass "

@@ -292,6 +292,25 @@ lk_status lk_model_create(const char *name, const lk_model_kv *args, int n_args,
     return LK_STATUS_OK;
 }
 
+lk_status lk_model_input_shape(const char *name, const lk_model_kv *args, int n_args, int *ndim, int64_t shape[3],
+                               char *why, size_t why_size) {
+    const lk_model_info *m = lk_model_find(name);
+    if (!m) return lk_last_status();
+    parsed_args p;
+    LK_TRY(parse_args(m, args, n_args, &p));
+    if (!strcmp(m->name, "cnn")) { /* [in_channels, image_size, image_size] */
+        *ndim = 3;
+        shape[0] = p.i[0];
+        shape[1] = shape[2] = p.i[1];
+        snprintf(why, why_size, "in_channels %lld, image_size %lld", (long long)p.i[0], (long long)p.i[1]);
+    } else { /* autoencoder, mlp: flattened rows of input_dim */
+        *ndim = 1;
+        shape[0] = p.i[0];
+        snprintf(why, why_size, "input_dim %lld", (long long)p.i[0]);
+    }
+    return LK_STATUS_OK;
+}
+
 lk_tensor *lk_model_loss(const lk_model_info *info, lk_tensor *output, lk_tensor *x, lk_tensor *y) {
     if (!info || !output) {
         if (!lk_last_status()) lk_error(LK_STATUS_INVALID_ARGUMENT, "model_loss: NULL %s", info ? "output" : "model info");

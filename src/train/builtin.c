@@ -231,6 +231,8 @@ typedef struct {
     lk_dataset *train, *val, *test;
 } dm_self;
 
+/* Fashion-MNIST images are 28x28: lk_dataset_mnist_create refuses an idx
+ * header of another geometry, naming the file, before the reshape below. */
 static lk_status fmnist_split(dm_self *s, const char *split, lk_dataset **out) {
     lk_dataset *raw = NULL, *mapped = NULL, *sel = NULL;
     LK_TRY(lk_dataset_mnist_create(s->a.root[0] ? s->a.root : NULL, split, &raw));
@@ -327,6 +329,50 @@ static void dm_destroy(lk_datamodule *dm) {
 
 static const lk_datamodule_vtable dm_vt = {
     .prepare_data = NULL, .setup = dm_setup, .dataset = dm_dataset, .destroy = dm_destroy};
+
+static void shape_str(int ndim, const int64_t *shape, char *buf, size_t size) {
+    size_t k = (size_t)snprintf(buf, size, "[");
+    for (int i = 0; i < ndim && k < size; i++)
+        k += (size_t)snprintf(buf + k, size - k, "%s%lld", i ? ", " : "", (long long)shape[i]);
+    if (k < size) snprintf(buf + k, size - k, "]");
+}
+
+lk_status lk__builtin_input_check(const lk_module *m, lk_datamodule *dm, const char *stage) {
+    if (!m || !dm || m->vt != &builtin_vt_owned || dm->vt != &dm_vt) return LK_STATUS_OK;
+    const model_self *ms = m->self;
+    const dm_self *ds = dm->self;
+    const char *split = !strcmp(stage, "fit") ? "train" : !strcmp(stage, "validate") ? "val" : stage;
+    lk_dataset *d = dm_dataset(dm, split);
+    const lk_field *x = d ? lk_dataset_field(d, 0) : NULL;
+    if (!x) return LK_STATUS_OK;
+    int ndim;
+    int64_t want[3], n = 1, wn = 1;
+    char why[128];
+    LK_TRY(lk_model_input_shape(ms->info->name, ms->args, ms->n_args, &ndim, want, why, sizeof why));
+    for (int i = 0; i < x->ndim; i++) n *= x->shape[i];
+    for (int i = 0; i < ndim; i++) wn *= want[i];
+    /* mlp and autoencoder flatten any sample; cnn takes [C, H, W] or one flat row */
+    bool fits = n == wn && (ndim == 1 || x->ndim == 1 || x->ndim == ndim);
+    for (int i = 0; fits && ndim == 3 && x->ndim == 3 && i < 3; i++) fits = x->shape[i] == want[i];
+    if (fits) return LK_STATUS_OK;
+    char ws[96], gs[96], src[LK_PARAM_STR + 96], hint[160] = "";
+    shape_str(ndim, want, ws, sizeof ws);
+    shape_str(x->ndim, x->shape, gs, sizeof gs);
+    if (ds->kind == 0)
+        snprintf(src, sizeof src, "28x28 images, flatten %s", ds->a.flatten ? "true" : "false");
+    else {
+        char is[96];
+        shape_str(ds->a.input_shape.n, ds->a.input_shape.v, is, sizeof is);
+        snprintf(src, sizeof src, "input_shape %s", is);
+    }
+    if (ndim == 1) snprintf(hint, sizeof hint, " (model.init_args.input_dim: %lld fits the data)", (long long)n);
+    else if (x->ndim == 3 && x->shape[1] == x->shape[2] && x->shape[1] % 4 == 0)
+        snprintf(hint, sizeof hint, " (model.init_args in_channels: %lld and image_size: %lld fit the data)",
+                 (long long)x->shape[0], (long long)x->shape[1]);
+    return lk_error(LK_STATUS_INVALID_ARGUMENT,
+                    "model %s expects samples of %s (%s), but data %s gives %s (%s)%s", ms->info->name, ws, why,
+                    dm->name, gs, src, hint);
+}
 
 lk_status lk_datamodule_create_builtin(const char *name, const lk_model_kv *args, int n_args, uint64_t seed,
                                        lk_datamodule **out) {

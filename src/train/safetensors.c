@@ -13,6 +13,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,6 +21,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "backend/backend_impl.h"
 #include "tensor/tensor_impl.h"
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -85,8 +87,8 @@ typedef struct {
     uint64_t written, total;
 } writer;
 
-/* write(2) with the fault hook in front. */
-static ssize_t raw_write(int fd, const void *p, size_t n) {
+/* write(2), or pwrite(2) at `at` when at >= 0, with the fault hook in front. */
+static ssize_t raw_write(int fd, const void *p, size_t n, off_t at) {
     if (hook_limit >= 0) {
         long long left = hook_limit - hook_written;
         if (left <= 0) {
@@ -95,15 +97,16 @@ static ssize_t raw_write(int fd, const void *p, size_t n) {
         }
         if ((long long)n > left) n = (size_t)left;
     }
-    ssize_t w = write(fd, p, n);
+    ssize_t w = at >= 0 ? pwrite(fd, p, n, at) : write(fd, p, n);
     if (w > 0 && hook_limit >= 0) hook_written += w;
     return w;
 }
 
-static lk_status write_all(writer *w, const void *p, size_t n) {
+/* Writes n bytes at the end (at < 0) or at offset `at`. */
+static lk_status write_at(writer *w, const void *p, size_t n, off_t at) {
     const unsigned char *s = p;
     while (n) {
-        ssize_t k = raw_write(w->fd, s, n < WRITE_CHUNK ? n : WRITE_CHUNK);
+        ssize_t k = raw_write(w->fd, s, n < WRITE_CHUNK ? n : WRITE_CHUNK, at);
         if (k < 0 && errno == EINTR) continue;
         if (k <= 0)
             return lk_error(LK_STATUS_IO, "writing '%s': %s (after %llu of %llu bytes; the previous file is kept)", w->path,
@@ -112,9 +115,12 @@ static lk_status write_all(writer *w, const void *p, size_t n) {
         s += k;
         n -= (size_t)k;
         w->written += (uint64_t)k;
+        if (at >= 0) at += k;
     }
     return LK_STATUS_OK;
 }
+
+static lk_status write_all(writer *w, const void *p, size_t n) { return write_at(w, p, n, -1); }
 
 static lk_status flush_buf(writer *w) {
     lk_status st = write_all(w, w->buf, w->blen);
@@ -123,13 +129,38 @@ static lk_status flush_buf(writer *w) {
 }
 
 static lk_status put(writer *w, const void *p, size_t n) {
-    if (n >= WRITE_BUF / 2) { /* big: straight from the tensor's memory */
+    if (n >= WRITE_BUF / 2) { /* big: straight from the caller's memory */
         if (w->blen) LK_TRY(flush_buf(w));
         return write_all(w, p, n);
     }
     if (w->blen + n > WRITE_BUF) LK_TRY(flush_buf(w));
     memcpy(w->buf + w->blen, p, n);
     w->blen += n;
+    return LK_STATUS_OK;
+}
+
+/* A big tensor is checksummed and written a slice at a time, so that
+ * write(2) copies bytes the checksum has just brought into the cache
+ * instead of reading the tensor from memory a second time. */
+#define CRC_SLICE (256u << 10)
+
+/* One tensor's bytes: small ones are gathered into the buffer, big ones go
+ * straight from the tensor's memory; *crc gets their CRC-32C. */
+static lk_status put_tensor(writer *w, const void *p, size_t n, uint32_t *crc) {
+    const unsigned char *s = p;
+    if (n < WRITE_BUF / 2) {
+        *crc = lk__crc32c(0, s, n);
+        return put(w, s, n);
+    }
+    if (w->blen) LK_TRY(flush_buf(w));
+    uint32_t c = 0;
+    for (size_t at = 0; at < n;) {
+        size_t k = n - at < CRC_SLICE ? n - at : CRC_SLICE;
+        c = lk__crc32c(c, s + at, k);
+        LK_TRY(write_all(w, s + at, k));
+        at += k;
+    }
+    *crc = c;
     return LK_STATUS_OK;
 }
 
@@ -144,6 +175,7 @@ typedef struct {
     const void *data;
     size_t nbytes;
     uint64_t begin;
+    uint32_t crc; /* of the bytes written, known once they are */
 } wentry;
 
 static lk_status resolve(const char *path, const lk_st_entry *e, wentry *out) {
@@ -195,26 +227,46 @@ static int cmp_names(const void *a, const void *b) {
     return strcmp((*(const wentry *const *)a)->name, (*(const wentry *const *)b)->name);
 }
 
-/* The JSON header, padded with spaces to a multiple of 8 bytes. */
-static lk_status build_header(const char *path, wentry *ents, int n, const lk_st_meta *meta, int nmeta, char **out,
-                              size_t *len) {
+/* The JSON header, padded with spaces to a multiple of 8 bytes. Without
+ * `with_crc` each checksum is "00000000", a stand-in of the same length:
+ * the header is written before the data (whose checksums are computed as
+ * it is written) and rewritten in place after it. */
+static lk_status build_header(const char *path, wentry *ents, int n, const lk_st_meta *meta, int nmeta, bool with_crc,
+                              char **out, size_t *len) {
+    size_t plen = strlen(LK_ST_CRC_PREFIX), klen = 0;
+    for (int i = 0; i < n; i++)
+        if (strlen(ents[i].name) > klen) klen = strlen(ents[i].name);
+    char *key = n ? lk_malloc(plen + klen + 1) : NULL;
+    if (n && !key) return LK_STATUS_OUT_OF_MEMORY;
     cJSON *root = cJSON_CreateObject();
     bool ok = root != NULL;
-    if (ok && nmeta > 0) {
+    if (ok && (nmeta > 0 || n > 0)) {
         cJSON *m = cJSON_AddObjectToObject(root, "__metadata__");
         ok = m != NULL;
         for (int i = 0; ok && i < nmeta; i++) {
-            if (!meta[i].key || !meta[i].value) {
+            const char *why = !meta[i].key || !meta[i].value ? "has a NULL key or value"
+                              : !strncmp(meta[i].key, LK_ST_CRC_PREFIX, plen)
+                                  ? "uses the reserved prefix '" LK_ST_CRC_PREFIX "' (the writer stores the checksums)"
+                              : cJSON_GetObjectItemCaseSensitive(m, meta[i].key) ? "given twice"
+                                                                                 : NULL;
+            if (why) {
                 cJSON_Delete(root);
-                return lk_error(LK_STATUS_INVALID_ARGUMENT, "writing '%s': metadata entry %d has a NULL key or value", path, i);
-            }
-            if (cJSON_GetObjectItemCaseSensitive(m, meta[i].key)) {
-                cJSON_Delete(root);
-                return lk_error(LK_STATUS_INVALID_ARGUMENT, "writing '%s': metadata key '%s' given twice", path, meta[i].key);
+                lk_free(key);
+                if (!meta[i].key || !meta[i].value)
+                    return lk_error(LK_STATUS_INVALID_ARGUMENT, "writing '%s': metadata entry %d %s", path, i, why);
+                return lk_error(LK_STATUS_INVALID_ARGUMENT, "writing '%s': metadata key '%s' %s", path, meta[i].key, why);
             }
             ok = cJSON_AddStringToObject(m, meta[i].key, meta[i].value) != NULL;
         }
+        for (int i = 0; ok && i < n; i++) {
+            char hex[16];
+            snprintf(hex, sizeof hex, "%08x", with_crc ? (unsigned)ents[i].crc : 0u);
+            memcpy(key, LK_ST_CRC_PREFIX, plen);
+            strcpy(key + plen, ents[i].name);
+            ok = cJSON_AddStringToObject(m, key, hex) != NULL;
+        }
     }
+    lk_free(key);
     for (int i = 0; ok && i < n; i++) {
         cJSON *t = cJSON_AddObjectToObject(root, ents[i].name);
         cJSON *shape = t ? cJSON_CreateArray() : NULL, *offs = shape ? cJSON_CreateArray() : NULL;
@@ -247,15 +299,16 @@ static lk_status build_header(const char *path, wentry *ents, int n, const lk_st
 static lk_status write_body(writer *w, wentry **order, int n) {
     for (int i = 0; i < n; i++) {
         wentry *e = order[i];
+        e->crc = 0; /* the CRC of no bytes */
         if (!e->nbytes) continue;
         if (e->tensor) {
             lk_tensor *c = lk_tensor_clone(e->tensor);
             if (!c) return LK_STATUS_OUT_OF_MEMORY;
-            lk_status st = put(w, c->data, e->nbytes);
+            lk_status st = put_tensor(w, c->data, e->nbytes, &e->crc);
             lk_tensor_release(c);
             LK_TRY(st);
         } else {
-            LK_TRY(put(w, e->data, e->nbytes));
+            LK_TRY(put_tensor(w, e->data, e->nbytes, &e->crc));
         }
     }
     return w->blen ? flush_buf(w) : LK_STATUS_OK;
@@ -308,7 +361,7 @@ lk_status lk_safetensors_write(const char *path, const lk_st_entry *entries, int
                     order[k++] = &ents[i];
                 }
         w.total = off;
-        st = build_header(path, ents, n, meta, nmeta, &header, &hlen);
+        st = build_header(path, ents, n, meta, nmeta, false, &header, &hlen);
         w.total += hlen;
     }
     if (!st) {
@@ -324,6 +377,14 @@ lk_status lk_safetensors_write(const char *path, const lk_st_entry *entries, int
     }
     if (!st) st = put(&w, header, hlen);
     if (!st) st = write_body(&w, order, n);
+    if (!st && n) { /* the header again, now with the checksums: the same length */
+        char *full = NULL;
+        size_t flen = 0;
+        st = build_header(path, ents, n, meta, nmeta, true, &full, &flen);
+        if (!st && flen != hlen) st = lk_error(LK_STATUS_INTERNAL, "writing '%s': the header changed length", path);
+        if (!st) st = write_at(&w, full, flen, 0);
+        lk_free(full);
+    }
     if (!st && fsync(w.fd)) st = lk_error(LK_STATUS_IO, "syncing '%s': %s", tmp, strerror(errno));
     if (w.fd >= 0) {
         if (close(w.fd) && !st) st = lk_error(LK_STATUS_IO, "closing '%s': %s", tmp, strerror(errno));
@@ -354,6 +415,10 @@ struct lk_st_file {
     int *by_name; /* indices sorted by name */
     char **meta_keys, **meta_values;
     int nmeta;
+    char **crc_names; /* the checksum keys' tensor names, in metadata order */
+    uint32_t *crc_values;
+    int ncrc;
+    int verified; /* tensors checked against their checksum */
 };
 
 static lk_status bad(const lk_st_file *f, const char *fmt, ...) LK_PRINTF(2, 3);
@@ -396,15 +461,42 @@ static int cmp_by_name(const void *a, const void *b, void *ctx) { /* glibc qsort
     return strcmp(f->infos[*(const int *)a].name, f->infos[*(const int *)b].name);
 }
 
+/* 8 hex digits, either case. */
+static bool parse_crc(const char *v, uint32_t *out) {
+    uint32_t x = 0;
+    for (int i = 0; i < 8; i++) {
+        char c = v[i];
+        int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+        if (d < 0) return false;
+        x = x << 4 | (uint32_t)d;
+    }
+    *out = x;
+    return v[8] == 0;
+}
+
 static lk_status parse_metadata(lk_st_file *f, const cJSON *m) {
     if (!cJSON_IsObject(m)) return bad(f, "'__metadata__' must be an object of strings, got %s", json_kind(m));
     int cnt = cJSON_GetArraySize(m);
     f->meta_keys = lk_calloc((size_t)cnt + 1, sizeof *f->meta_keys);
     f->meta_values = lk_calloc((size_t)cnt + 1, sizeof *f->meta_values);
-    if (!f->meta_keys || !f->meta_values) return LK_STATUS_OUT_OF_MEMORY;
+    f->crc_names = lk_calloc((size_t)cnt + 1, sizeof *f->crc_names);
+    f->crc_values = lk_calloc((size_t)cnt + 1, sizeof *f->crc_values);
+    if (!f->meta_keys || !f->meta_values || !f->crc_names || !f->crc_values) return LK_STATUS_OUT_OF_MEMORY;
+    size_t plen = strlen(LK_ST_CRC_PREFIX);
     for (const cJSON *e = m->child; e; e = e->next) {
         if (!cJSON_IsString(e) || !e->string)
             return bad(f, "metadata '%s' must be a string, got %s", e->string ? e->string : "?", json_kind(e));
+        if (!strncmp(e->string, LK_ST_CRC_PREFIX, plen)) {
+            /* a checksum: kept apart (duplicates are found when they are
+             * matched to the tensors, in O(n log n) for big models) */
+            uint32_t v;
+            if (!parse_crc(e->valuestring, &v))
+                return bad(f, "metadata '%.300s' is '%.40s', expected a crc32c checksum of 8 hex digits", e->string,
+                           e->valuestring);
+            if (!(f->crc_names[f->ncrc] = lk_strdup(e->string + plen))) return LK_STATUS_OUT_OF_MEMORY;
+            f->crc_values[f->ncrc++] = v;
+            continue;
+        }
         for (int i = 0; i < f->nmeta; i++)
             if (!strcmp(f->meta_keys[i], e->string)) return bad(f, "metadata key '%s' appears twice", e->string);
         char *k = lk_strdup(e->string), *v = lk_strdup(e->valuestring);
@@ -417,6 +509,138 @@ static lk_status parse_metadata(lk_st_file *f, const cJSON *m) {
         f->meta_values[f->nmeta] = v;
         f->nmeta++;
     }
+    return LK_STATUS_OK;
+}
+
+/* Checksumming a file is a pass over all its data: above 8 MiB it is cut
+ * into equal byte ranges, one per compute thread (a model's tensors vary
+ * from bytes to gigabytes, so ranges balance where whole tensors would
+ * not). Each task checksums the pieces of the tensors inside its range;
+ * a tensor's pieces are then joined with lk__crc32c_combine. */
+#define CRC_TASK_MIN (4u << 20)
+
+typedef struct {
+    const lk_st_file *f;
+    const unsigned char *buf; /* the data buffer: the first tensor's offset */
+    size_t len;
+    int width;
+    const int *first_task, *last_task; /* the tasks each tensor's bytes fall in */
+    const int *base;                   /* its first piece in piece[] */
+    uint32_t *piece;
+} crc_job;
+
+static void task_range(const crc_job *j, int t, size_t *lo, size_t *hi) {
+    *lo = j->len / (size_t)j->width * (size_t)t;
+    *hi = t + 1 == j->width ? j->len : j->len / (size_t)j->width * (size_t)(t + 1);
+}
+
+static void crc_task(void *ctx, int t) {
+    const crc_job *j = ctx;
+    size_t lo, hi;
+    task_range(j, t, &lo, &hi);
+    for (int i = 0; i < j->f->n; i++) { /* tensors in offset order */
+        if (j->first_task[i] > t) break;
+        if (j->last_task[i] < t) continue;
+        const lk_st_info *in = &j->f->infos[i];
+        size_t b = (size_t)((const unsigned char *)in->data - j->buf), e = b + in->nbytes;
+        size_t pb = b > lo ? b : lo, pe = e < hi ? e : hi;
+        j->piece[j->base[i] + t - j->first_task[i]] = lk__crc32c(0, j->buf + pb, pe - pb);
+    }
+}
+
+static lk_status checksum_all(const lk_st_file *f, uint32_t *got) {
+    size_t len = 0;
+    for (int i = 0; i < f->n; i++) len += f->infos[i].nbytes;
+    int width = len >= 2 * (size_t)CRC_TASK_MIN ? lk__parallel_width((int64_t)(len / CRC_TASK_MIN)) : 1;
+    if (width <= 1 || f->n == 0) {
+        for (int i = 0; i < f->n; i++) got[i] = lk__crc32c(0, f->infos[i].data, f->infos[i].nbytes);
+        return LK_STATUS_OK;
+    }
+    int *first = lk_malloc((size_t)f->n * sizeof *first), *last = lk_malloc((size_t)f->n * sizeof *last),
+        *base = lk_malloc((size_t)f->n * sizeof *base);
+    uint32_t *piece = lk_malloc(((size_t)f->n + (size_t)width) * sizeof *piece);
+    if (!first || !last || !base || !piece) {
+        lk_free(first), lk_free(last), lk_free(base), lk_free(piece);
+        return LK_STATUS_OUT_OF_MEMORY;
+    }
+    crc_job j = {f, f->infos[0].data, len, width, first, last, base, piece};
+    /* which tasks each tensor's bytes fall in (an empty one: the task of its offset) */
+    int nb = 0;
+    for (int i = 0, t = 0; i < f->n; i++) {
+        size_t b = (size_t)((const unsigned char *)f->infos[i].data - j.buf), e = b + f->infos[i].nbytes, lo, hi;
+        for (task_range(&j, t, &lo, &hi); t + 1 < width && b >= hi; task_range(&j, ++t, &lo, &hi)) {}
+        first[i] = t;
+        int u = t;
+        for (task_range(&j, u, &lo, &hi); u + 1 < width && e > hi; task_range(&j, ++u, &lo, &hi)) {}
+        last[i] = u;
+        base[i] = nb;
+        nb += u - t + 1;
+    }
+    lk__parallel_run(width, crc_task, &j);
+    for (int i = 0; i < f->n; i++) {
+        size_t b = (size_t)((const unsigned char *)f->infos[i].data - j.buf), e = b + f->infos[i].nbytes;
+        uint32_t c = piece[base[i]];
+        for (int t = first[i] + 1; t <= last[i]; t++) {
+            size_t lo, hi;
+            task_range(&j, t, &lo, &hi);
+            c = lk__crc32c_combine(c, piece[base[i] + t - first[i]], (e < hi ? e : hi) - lo);
+        }
+        got[i] = c;
+    }
+    lk_free(first), lk_free(last), lk_free(base), lk_free(piece);
+    return LK_STATUS_OK;
+}
+
+/* Matches the checksums to the tensors and checks every tensor's bytes:
+ * all tensors have one or none does (a file lockstep wrote has all; a key
+ * lost or added means the header was edited or damaged), and each one
+ * holds. Runs before the handle exists, so no caller sees corrupt data. */
+static lk_status verify_checksums(lk_st_file *f) {
+    for (int i = 0; i < f->ncrc; i++) {
+        lk_st_info *in = (lk_st_info *)lk_safetensors_find(f, f->crc_names[i]);
+        if (!in)
+            return bad(f, "metadata '" LK_ST_CRC_PREFIX "%.300s' is the checksum of a tensor '%.300s' that the file does "
+                          "not hold (the header was edited or damaged)",
+                       f->crc_names[i], f->crc_names[i]);
+        if (in->has_crc32c) return bad(f, "tensor '%s' has two crc32c checksums", in->name);
+        in->has_crc32c = true;
+        in->crc32c = f->crc_values[i];
+    }
+    if (f->ncrc == 0) return LK_STATUS_OK; /* an older lockstep's file, or another writer's */
+    for (int i = 0; i < f->n; i++)
+        if (!f->infos[i].has_crc32c)
+            return bad(f, "tensor '%s' has no crc32c checksum (metadata '" LK_ST_CRC_PREFIX "%s') while %d other "
+                          "tensor%s of the file %s one: the header was edited or damaged",
+                       f->infos[i].name, f->infos[i].name, f->ncrc, f->ncrc > 1 ? "s" : "", f->ncrc > 1 ? "have" : "has");
+    uint32_t *got = lk_malloc(((size_t)f->n + 1) * sizeof *got);
+    if (!got) return LK_STATUS_OUT_OF_MEMORY;
+    lk_status st = checksum_all(f, got);
+    if (st) {
+        lk_free(got);
+        return st;
+    }
+    char others[512] = "";
+    int nothers = 0, first = -1;
+    uint32_t first_got = 0;
+    for (int i = 0; i < f->n; i++) {
+        const lk_st_info *in = &f->infos[i];
+        if (got[i] == in->crc32c) continue;
+        if (first < 0) first = i, first_got = got[i];
+        else lk__list_add(others, sizeof others, &nothers, ", ", "'%s'", in->name);
+    }
+    lk_free(got);
+    if (first >= 0) {
+        const lk_st_info *in = &f->infos[first];
+        char more[600] = "";
+        if (nothers)
+            snprintf(more, sizeof more, " (%d more tensor%s fail%s too: %s)", nothers, nothers > 1 ? "s" : "",
+                     nothers > 1 ? "" : "s", others);
+        return bad(f, "tensor '%s' fails its crc32c check (stored %08x, computed %08x): the file is corrupt (its bytes "
+                      "changed after lockstep wrote it: a disk, copy or transfer error); use an intact copy or another "
+                      "checkpoint%s",
+                   in->name, (unsigned)in->crc32c, (unsigned)first_got, more);
+    }
+    f->verified = f->n;
     return LK_STATUS_OK;
 }
 
@@ -553,7 +777,26 @@ static lk_status parse_header(lk_st_file *f) {
     /* by_name held indices into the unsorted array: rebuild */
     for (int i = 0; i < f->n; i++) f->by_name[i] = i;
     qsort_r(f->by_name, (size_t)f->n, sizeof *f->by_name, cmp_by_name, f);
-    return LK_STATUS_OK;
+    return verify_checksums(f);
+}
+
+/* The note for a file without checksums, once per path in a process (a
+ * run may open the same checkpoint for fit, then test): a small table of
+ * path hashes; past its size the note repeats, which is harmless. */
+static void note_unverified(const char *path) {
+    static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    static uint64_t seen[64];
+    static int nseen;
+    uint64_t h = 1469598103934665603ull; /* FNV-1a */
+    for (const char *p = path; *p; p++) h = (h ^ (unsigned char)*p) * 1099511628211ull;
+    pthread_mutex_lock(&mu);
+    bool first = true;
+    for (int i = 0; i < nseen && first; i++) first = seen[i] != h;
+    if (first && nseen < 64) seen[nseen++] = h;
+    pthread_mutex_unlock(&mu);
+    if (first)
+        lk_log0("note: %s has no tensor checksums (written by a lockstep before they existed, or by another tool): "
+                "its tensor data is loaded without a corruption check", path);
 }
 
 static lk_status open_common(lk_st_file *f, lk_st_file **out) {
@@ -614,7 +857,9 @@ lk_status lk_safetensors_open(const char *path, lk_st_file **out) {
         f->mapped = true;
     }
     close(fd);
-    return open_common(f, out);
+    LK_TRY(open_common(f, out));
+    if ((*out)->n && !(*out)->verified) note_unverified(path);
+    return LK_STATUS_OK;
 }
 
 void lk_safetensors_close(lk_st_file *f) {
@@ -631,12 +876,16 @@ void lk_safetensors_close(lk_st_file *f) {
     }
     lk_free(f->meta_keys);
     lk_free(f->meta_values);
+    for (int i = 0; i < f->ncrc; i++) lk_free(f->crc_names[i]);
+    lk_free(f->crc_names);
+    lk_free(f->crc_values);
     if (f->mapped) munmap((void *)f->base, f->size);
     lk_free(f->path);
     lk_free(f);
 }
 
 const char *lk_safetensors_path(const lk_st_file *f) { return f ? f->path : NULL; }
+int lk_safetensors_verified(const lk_st_file *f) { return f ? f->verified : 0; }
 int lk_safetensors_count(const lk_st_file *f) { return f ? f->n : 0; }
 const lk_st_info *lk_safetensors_at(const lk_st_file *f, int i) { return f && i >= 0 && i < f->n ? &f->infos[i] : NULL; }
 

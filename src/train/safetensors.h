@@ -13,6 +13,18 @@
  * tensor lockstep writes is aligned to its element size in the file (and in
  * an mmap). Files from elsewhere may hold unaligned tensors: the reader's
  * copies handle that; raw pointers from lk_st_get may then be unaligned.
+ *
+ * Checksums: the writer stores the CRC-32C of every tensor's bytes (as they
+ * are in the file) in "__metadata__", one string per tensor:
+ *   "lk.crc32c.<tensor name>": "<8 lowercase hex digits>"
+ * e.g. "lk.crc32c.layers.0.weight": "e3069283". Metadata is a map of
+ * strings in the format, so every safetensors reader still reads the file
+ * (and ignores the keys); lockstep's reader checks them at open, before a
+ * pointer to the data is handed out, and refuses a file whose bytes changed
+ * after it was written, naming the tensor. A file without any such key (an
+ * older lockstep's, PyTorch's) opens unverified, with a note. The keys are
+ * the reader's: they are not listed by lk_safetensors_meta*, and callers
+ * cannot write them (the prefix is reserved).
  */
 #ifndef LK_TRAIN_SAFETENSORS_H
 #define LK_TRAIN_SAFETENSORS_H
@@ -24,6 +36,19 @@
 #define LK_ST_MAX_HEADER (100u << 20)
 /* The most dimensions the reader accepts for one tensor. */
 #define LK_ST_MAX_DIMS 64
+/* The metadata key prefix of a tensor's checksum (see above). */
+#define LK_ST_CRC_PREFIX "lk.crc32c."
+
+/* CRC-32C (Castagnoli) of n bytes, continuing from `crc` (0 to start):
+ * lk__crc32c(0, "123456789", 9) == 0xe3069283. Uses SSE4.2's crc32
+ * instruction where the CPU has it (cpuid at run time), else a table;
+ * _portable always takes the table (tests compare the two). */
+uint32_t lk__crc32c(uint32_t crc, const void *data, size_t n);
+uint32_t lk__crc32c_portable(uint32_t crc, const void *data, size_t n);
+bool lk__crc32c_hardware(void);
+/* The CRC-32C of A||B from crc1 = CRC(A), crc2 = CRC(B) and B's length:
+ * pieces checksummed on several threads are joined with it. */
+uint32_t lk__crc32c_combine(uint32_t crc1, uint32_t crc2, size_t len2);
 
 /* ---- writing -------------------------------------------------------------- */
 
@@ -45,7 +70,8 @@ typedef struct lk_st_meta {
     const char *value;
 } lk_st_meta;
 
-/* Writes `entries` and the `meta` strings to `path` atomically: the bytes
+/* Writes `entries`, the `meta` strings and every tensor's checksum to
+ * `path` atomically: the bytes
  * go to "<path>.tmp.<pid>" in the same directory, which is fsync'ed and
  * renamed over `path`, then the directory is fsync'ed. On any failure the
  * temporary file is removed and whatever was at `path` before is left
@@ -82,21 +108,32 @@ typedef struct lk_st_info {
     int64_t numel;
     const void *data; /* nbytes of raw little-endian data, possibly unaligned */
     size_t nbytes;
+    bool has_crc32c; /* the file holds its checksum (then verified at open) */
+    uint32_t crc32c;
 } lk_st_info;
 
 /* Opens and validates `path`: header length within the file, JSON that is
  * an object of tensor entries (dtype, shape, data_offsets) plus an optional
  * "__metadata__" object of strings, known dtypes, shape × element size ==
  * the offsets' span, offsets inside the buffer without overlaps or gaps,
- * the buffer fully covered, unique names. Every error names the file and,
- * where there is one, the tensor. *out is NULL on failure. */
+ * the buffer fully covered, unique names; then the checksums: each names a
+ * tensor of the file and is 8 hex digits, all tensors have one or none
+ * does, and every tensor's bytes match its own ("FILE: tensor 'w' fails its
+ * crc32c check (stored ..., computed ...): the file is corrupt ..."). Every
+ * error names the file and, where there is one, the tensor. *out is NULL on
+ * failure. A file with tensors but no checksums opens with a note, logged
+ * once per path in a process. */
 lk_status lk_safetensors_open(const char *path, lk_st_file **out);
 /* The same for a file image in memory (`data` is borrowed and must outlive
- * the handle); `name` stands for the path in messages. */
+ * the handle); `name` stands for the path in messages. Checksums are
+ * verified alike; an unverified image is not noted (no file to name). */
 lk_status lk_safetensors_open_memory(const void *data, size_t size, const char *name, lk_st_file **out);
 void lk_safetensors_close(lk_st_file *f); /* NULL does nothing */
 
 const char *lk_safetensors_path(const lk_st_file *f);
+/* How many tensors were verified against their checksum at open: all of
+ * them, or 0 for a file without checksums. */
+int lk_safetensors_verified(const lk_st_file *f);
 /* Tensors in file (data offset) order. */
 int lk_safetensors_count(const lk_st_file *f);
 const lk_st_info *lk_safetensors_at(const lk_st_file *f, int i);

@@ -828,7 +828,8 @@ static lk_status begin_run(lk_trainer *tr, lk_module *m, lk_datamodule *dm, cons
         LK_TRY(lk_comm_long_work(tr->comm, 0, "data preparation (prepare_data: download, unpack)", "trainer.checkpoint_timeout",
                                  tr->cfg.checkpoint_timeout));
     LK_TRY(lk_data_prepare(tr->pg.local_rank, prepare_data, dm, status_reduce, tr));
-    return dm->vt->setup(dm, stage);
+    LK_TRY(dm->vt->setup(dm, stage));
+    return lk__builtin_input_check(m, dm, stage);
 }
 
 lk_status lk_trainer_fit(lk_trainer *tr, lk_module *m, lk_datamodule *dm, const char *ckpt_path) {

@@ -3,8 +3,11 @@
 Usage: st_check.py IN OUT
 Reads IN (written by tests/ckpt/test_st_python.c) with a reader written here
 from the format description alone (struct + json, no `safetensors` package),
-checks the layout rules and compares every tensor with the values the C side
-generated (the same formula) through numpy and torch; then writes OUT with a
+checks the layout rules, the metadata (strings only, as the safetensors
+library requires) and every tensor's CRC-32C in it ("lk.crc32c.<name>",
+computed here from the definition), and compares every tensor with the
+values the C side generated (the same formula) through numpy and torch;
+then writes OUT with a
 writer of its own, deliberately unaligned and holding dtypes lockstep cannot
 compute with, for the C side to read back.
 """
@@ -32,6 +35,16 @@ TORCH = {"F32": torch.float32, "F64": torch.float64, "BF16": torch.bfloat16, "F1
 SIZE = {"F32": 4, "F64": 8, "BF16": 2, "F16": 2, "I32": 4, "I64": 8, "U8": 1, "BOOL": 1, "I16": 2}
 
 
+def crc32c(data):
+    """CRC-32C bit by bit from the definition (reflected 0x82F63B78)."""
+    c = 0xFFFFFFFF
+    for b in data:
+        c ^= b
+        for _ in range(8):
+            c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
+    return c ^ 0xFFFFFFFF
+
+
 def expected(t, dtype, shape):
     n = int(np.prod(shape)) if shape else 1
     i = np.arange(n, dtype=np.int64)
@@ -56,10 +69,13 @@ def read(path):
         at = e
     assert at == len(data), f"tensors cover {at} of {len(data)} bytes"
     out = {}
+    md = meta.get("__metadata__", {})
+    assert all(isinstance(k, str) and isinstance(v, str) for k, v in md.items()), md
     for k, v in meta.items():
         if k == "__metadata__":
             continue
         b, e = v["data_offsets"]
+        assert md.get("lk.crc32c." + k) == "%08x" % crc32c(data[b:e]), (k, md.get("lk.crc32c." + k))
         shape = v["shape"]
         numel = int(np.prod(shape)) if shape else 1
         assert e - b == numel * SIZE[v["dtype"]], k
@@ -82,6 +98,7 @@ def main():
         if dtype not in ("BF16",):  # numpy has no bfloat16; the torch check covers it
             assert np.array_equal(got.numpy(), want.numpy()), name
     assert meta.get("format") == "pt" and meta.get("writer") == "lockstep", meta
+    assert sorted(k for k in meta if k.startswith("lk.crc32c.")) == sorted("lk.crc32c." + t[0] for t in TENSORS), meta
 
     # Our own writer: a 5-byte U8 tensor first, so the F32 after it sits at an
     # odd offset; BOOL and I16 are valid safetensors dtypes lockstep only lists.

@@ -1,9 +1,11 @@
 /* Safetensors I/O: round trips of every dtype (empty and 0-d tensors
  * included) checked by an independent reader written here (its own header
- * parse with cJSON, its own offset checks), read_into with shape and dtype
- * checks, every corruption class giving a clear error that names the file
- * and tensor, random damage never crashing, and the write fault hook
- * leaving the previous file intact. */
+ * parse with cJSON, its own offset checks, its own bitwise CRC-32C of every
+ * tensor), read_into with shape and dtype checks, every corruption class
+ * giving a clear error that names the file and tensor, a changed byte
+ * anywhere in the tensor data refused at open naming its tensor, files
+ * without checksums opening with a note, random damage never crashing, and
+ * the write fault hook leaving the previous file intact. */
 #include <cjson/cJSON.h>
 #include <dirent.h>
 #include <errno.h>
@@ -127,6 +129,18 @@ static lk_status write_refs(const char *path) {
 
 /* ---- the independent reader ------------------------------------------------------ */
 
+/* CRC-32C one bit at a time, from the definition (reflected polynomial
+ * 0x82F63B78, initial and final inversion): nothing shared with crc32c.c. */
+static uint32_t crc32c_bitwise(const void *data, size_t n) {
+    const unsigned char *p = data;
+    uint32_t c = 0xffffffffu;
+    for (size_t i = 0; i < n; i++) {
+        c ^= p[i];
+        for (int k = 0; k < 8; k++) c = c & 1 ? (c >> 1) ^ 0x82F63B78u : c >> 1;
+    }
+    return ~c;
+}
+
 static const char *st_name(lk_dtype d) {
     static const char *n[] = {"F32", "F64", "BF16", "F16", "I32", "I64", "U8"};
     return n[d];
@@ -155,10 +169,19 @@ static void independent_check(const unsigned char *b, size_t len) {
     const unsigned char *buf = b + 8 + n;
     CHECK(cJSON_GetArraySize(root) == nrefs + 1);
     cJSON *meta = cJSON_GetObjectItemCaseSensitive(root, "__metadata__");
-    CHECK(cJSON_IsObject(meta) && cJSON_GetArraySize(meta) == NMETA);
+    /* the caller's strings, then one checksum per tensor */
+    CHECK(cJSON_IsObject(meta) && cJSON_GetArraySize(meta) == NMETA + nrefs);
     for (int i = 0; i < NMETA; i++) {
         cJSON *v = cJSON_GetObjectItemCaseSensitive(meta, ref_meta[i].key);
         CHECK(cJSON_IsString(v) && !strcmp(v->valuestring, ref_meta[i].value));
+    }
+    for (int i = 0; i < nrefs; i++) {
+        char key[128], want[16];
+        snprintf(key, sizeof key, "lk.crc32c.%.64s", refs[i].name);
+        snprintf(want, sizeof want, "%08x", (unsigned)crc32c_bitwise(refs[i].data, refs[i].nbytes));
+        cJSON *v = cJSON_GetObjectItemCaseSensitive(meta, key);
+        CHECK_MSG(cJSON_IsString(v) && !strcmp(v->valuestring, want), "%s: %s, expected %s", key,
+                  cJSON_IsString(v) ? v->valuestring : "missing", want);
     }
     /* coverage: every byte of the buffer belongs to exactly one tensor */
     unsigned char *owner = calloc(buflen + 1, 1);
@@ -226,6 +249,12 @@ static void test_round_trip(void) {
         CHECK(!strcmp(lk_safetensors_meta_key(f, i), ref_meta[i].key));
     }
     CHECK(lk_safetensors_meta(f, "nope") == NULL);
+    /* the checksums were all checked, and are the reader's, not metadata */
+    CHECK(lk_safetensors_verified(f) == nrefs);
+    char ckey[128];
+    snprintf(ckey, sizeof ckey, "lk.crc32c.%.64s", refs[0].name);
+    CHECK(lk_safetensors_meta(f, ckey) == NULL);
+    for (int i = 0; i < nrefs; i++) CHECK(lk_safetensors_at(f, i)->has_crc32c);
     lk_safetensors_close(f);
     lk_safetensors_close(NULL);
 
@@ -299,6 +328,9 @@ static void test_write_errors(void) {
     CHECK_ERR(lk_safetensors_write(p, negs, 1, NULL, 0), LK_STATUS_INVALID_ARGUMENT, "tensor 'n' has an invalid size -2");
     lk_st_meta m2[] = {{"k", "1"}, {"k", "2"}};
     CHECK_ERR(lk_safetensors_write(p, NULL, 0, m2, 2), LK_STATUS_INVALID_ARGUMENT, "metadata key 'k' given twice");
+    lk_st_meta mc[] = {{"lk.crc32c.w", "00000000"}};
+    CHECK_ERR(lk_safetensors_write(p, NULL, 0, mc, 1), LK_STATUS_INVALID_ARGUMENT,
+              "metadata key 'lk.crc32c.w' uses the reserved prefix 'lk.crc32c.'");
     CHECK_ERR(lk_safetensors_write("/nonexistent/dir/x.safetensors", NULL, 0, NULL, 0), LK_STATUS_IO,
               "/nonexistent/dir/x.safetensors");
     CHECK(access(p, F_OK) != 0);
@@ -525,6 +557,291 @@ static void test_open_alloc_failures(void) {
     CHECK(n < 1000);
 }
 
+/* ---- checksums -------------------------------------------------------------------------- */
+
+/* Known answers (RFC 3720 B.4 and the customary "123456789"), the hardware
+ * and table paths against each other and against the bitwise definition at
+ * every alignment and at lengths around the three-stream blocks, and
+ * chaining (a checksum continued over a second piece). */
+static void test_crc32c(void) {
+    CHECK(lk__crc32c(0, "123456789", 9) == 0xe3069283u);
+    CHECK(lk__crc32c_portable(0, "123456789", 9) == 0xe3069283u);
+    CHECK(lk__crc32c(0, NULL, 0) == 0);
+    unsigned char v[32];
+    memset(v, 0, 32);
+    CHECK(lk__crc32c(0, v, 32) == 0x8a9136aau);
+    memset(v, 0xff, 32);
+    CHECK(lk__crc32c(0, v, 32) == 0x62a8ab43u);
+    for (int i = 0; i < 32; i++) v[i] = (unsigned char)i;
+    CHECK(lk__crc32c(0, v, 32) == 0x46dd794eu);
+    for (int i = 0; i < 32; i++) v[i] = (unsigned char)(31 - i);
+    CHECK(lk__crc32c(0, v, 32) == 0x113fdb5cu);
+    printf("  crc32c: %s\n", lk__crc32c_hardware() ? "SSE4.2 instruction" : "table (no SSE4.2)");
+    size_t big = 3 * 8192 * 2 + 3 * 256 * 3 + 77;
+    unsigned char *b = malloc(big + 8);
+    lk_rng r;
+    lk_rng_init(&r, 5, LK_RNG_USER, 0, 0);
+    for (size_t i = 0; i < big + 8; i++) b[i] = (unsigned char)lk_rng_u32(&r);
+    static const size_t lens[] = {0, 1, 7, 8, 9, 63, 255, 256, 767, 768, 769, 1000, 24575, 24576, 24577, 50000};
+    for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++)
+        for (int off = 0; off < 8; off++) {
+            uint32_t want = crc32c_bitwise(b + off, lens[li]);
+            CHECK_MSG(lk__crc32c(0, b + off, lens[li]) == want, "length %zu at offset %d", lens[li], off);
+            CHECK_MSG(lk__crc32c_portable(0, b + off, lens[li]) == want, "table: length %zu at offset %d", lens[li], off);
+        }
+    uint32_t whole = crc32c_bitwise(b, big);
+    CHECK(lk__crc32c(0, b, big) == whole);
+    for (size_t cut = 0; cut < big; cut += 4099) { /* in two pieces, cut anywhere: continued, and joined */
+        CHECK_MSG(lk__crc32c(lk__crc32c(0, b, cut), b + cut, big - cut) == whole, "cut at %zu", cut);
+        CHECK_MSG(lk__crc32c_combine(lk__crc32c(0, b, cut), lk__crc32c(0, b + cut, big - cut), big - cut) == whole,
+                  "joined at %zu", cut);
+    }
+    CHECK(lk__crc32c_combine(whole, 0, 0) == whole);
+    free(b);
+}
+
+/* One bit changed anywhere in the tensor data (every byte of every tensor
+ * in turn) is refused at open, naming the file and the tensor holding the
+ * byte; two damaged tensors are both named. */
+static void test_checksum_flips(void) {
+    const char *p = tpath("flip.safetensors"), *q = tpath("flipped.safetensors");
+    CHECK_OK(write_refs(p));
+    size_t len = 0;
+    unsigned char *b = read_all(p, &len);
+    lk_st_file *f;
+    CHECK_OK(lk_safetensors_open_memory(b, len, p, &f)); /* pointers into b: the bytes' offsets */
+    if (!f) return;
+    unsigned char *m = malloc(len);
+    int nt = lk_safetensors_count(f), named = 0, nonempty = 0;
+    for (int i = 0; i < nt; i++) {
+        const lk_st_info *in = lk_safetensors_at(f, i);
+        size_t begin = (size_t)((const unsigned char *)in->data - b);
+        nonempty += in->nbytes > 0;
+        for (size_t k = 0; k < in->nbytes; k++) {
+            memcpy(m, b, len);
+            m[begin + k] ^= (unsigned char)(1u << (k % 8));
+            lk_st_file *g = (lk_st_file *)1;
+            lk_clear_error();
+            lk_status st = lk_safetensors_open_memory(m, len, "mem", &g);
+            char needle[200];
+            snprintf(needle, sizeof needle, "mem: tensor '%s' fails its crc32c check (stored %08x, computed ", in->name,
+                     (unsigned)in->crc32c);
+            CHECK_MSG(st == LK_STATUS_INVALID_ARGUMENT && !g && strstr(lk_last_error(), needle),
+                      "byte %zu of tensor '%s' changed: %s", k, in->name, lk_last_error());
+            if (k == in->nbytes / 2) { /* and once per tensor through a file, the whole message */
+                write_all_file(q, m, len);
+                char want[800];
+                snprintf(want, sizeof want,
+                         "%s: tensor '%s' fails its crc32c check (stored %08x, computed %08x): the file is corrupt", q,
+                         in->name, (unsigned)in->crc32c,
+                         (unsigned)crc32c_bitwise(m + begin, in->nbytes));
+                CHECK_ERR(lk_safetensors_open(q, &g), LK_STATUS_INVALID_ARGUMENT, want);
+                CHECK(g == NULL);
+                named++;
+            }
+        }
+    }
+    CHECK_MSG(named == nonempty && nonempty > nt / 2, "%d of %d tensors named, %d not empty", named, nt, nonempty);
+    /* two tensors at once */
+    const lk_st_info *t0 = lk_safetensors_at(f, 0), *t1 = lk_safetensors_at(f, 1);
+    CHECK(t0->nbytes && t1->nbytes);
+    memcpy(m, b, len);
+    m[(const unsigned char *)t0->data - b] ^= 1;
+    m[(const unsigned char *)t1->data - b] ^= 1;
+    char want[300];
+    snprintf(want, sizeof want, "tensor '%s' fails its crc32c check", t0->name);
+    lk_st_file *g;
+    CHECK_ERR(lk_safetensors_open_memory(m, len, "two", &g), LK_STATUS_INVALID_ARGUMENT, want);
+    snprintf(want, sizeof want, "(1 more tensor fails too: '%s')", t1->name);
+    CHECK_MSG(strstr(lk_last_error(), want) != NULL, "expected '%s' in: %s", want, lk_last_error());
+    lk_safetensors_close(f);
+    free(m);
+    free(b);
+}
+
+/* Files over 8 MiB are checksummed on several threads, cut into equal
+ * byte ranges whatever the tensors: tensors spanning several ranges, empty
+ * ones on the cuts, and a changed byte on either side of a cut. */
+static void test_checksum_threads(void) {
+    int threads = lk_get_num_threads();
+    lk_set_num_threads(5);
+    static const size_t sizes[] = {3, 0, (9u << 20) + 4, 1, 0, (7u << 20) + 8, 1000, 0};
+    enum { NS = sizeof sizes / sizeof sizes[0] };
+    lk_st_entry e[NS];
+    unsigned char *data[NS];
+    int64_t shape[NS];
+    char names[NS][32];
+    lk_rng r;
+    lk_rng_init(&r, 3, LK_RNG_USER, 0, 0);
+    for (int i = 0; i < NS; i++) {
+        data[i] = malloc(sizes[i] + 1);
+        for (size_t k = 0; k < sizes[i]; k++) data[i][k] = (unsigned char)lk_rng_u32(&r);
+        shape[i] = (int64_t)sizes[i];
+        snprintf(names[i], sizeof names[i], "t%d", i);
+        e[i] = (lk_st_entry){.name = names[i], .dtype = LK_U8, .ndim = 1, .shape = &shape[i], .data = data[i]};
+    }
+    const char *p = tpath("big.safetensors");
+    CHECK_OK(lk_safetensors_write(p, e, NS, NULL, 0));
+    size_t len = 0;
+    unsigned char *b = read_all(p, &len);
+    lk_st_file *f;
+    CHECK_OK(lk_safetensors_open_memory(b, len, "big", &f));
+    CHECK(f && lk_safetensors_verified(f) == NS);
+    for (int i = 0; f && i < NS; i++) {
+        const lk_st_info *in = lk_safetensors_find(f, names[i]);
+        CHECK(in && in->crc32c == lk__crc32c(0, data[i], sizes[i]));
+    }
+    uint64_t hl;
+    memcpy(&hl, b, 8);
+    size_t total = len - 8 - (size_t)hl;
+    /* around each of the 4 ranges' cuts, and the ends */
+    size_t cuts[] = {0, total / 4 - 1, total / 4, total / 2 - 1, total / 2, total / 4 * 3, total - 1};
+    for (size_t k = 0; f && k < sizeof cuts / sizeof cuts[0]; k++) {
+        size_t at = 8 + (size_t)hl + cuts[k];
+        const char *owner = NULL;
+        for (int i = 0; i < NS; i++) {
+            const lk_st_info *in = lk_safetensors_at(f, i);
+            size_t tb = (size_t)((const unsigned char *)in->data - b);
+            if (at >= tb && at < tb + in->nbytes) owner = in->name;
+        }
+        b[at] ^= 0x10;
+        char want[200];
+        snprintf(want, sizeof want, "big: tensor '%s' fails its crc32c check", owner ? owner : "?");
+        lk_st_file *g;
+        CHECK_ERR(lk_safetensors_open_memory(b, len, "big", &g), LK_STATUS_INVALID_ARGUMENT, want);
+        b[at] ^= 0x10;
+    }
+    lk_safetensors_close(f);
+    free(b);
+    for (int i = 0; i < NS; i++) free(data[i]);
+    lk_set_num_threads(threads);
+}
+
+/* Rewrites the header of the file image `b` through `edit` (on its
+ * __metadata__ object) into `out`, data unchanged. */
+static void edit_meta(const unsigned char *b, size_t len, const char *out, void (*edit)(cJSON *meta, void *ctx),
+                      void *ctx) {
+    uint64_t hl;
+    memcpy(&hl, b, 8);
+    cJSON *root = cJSON_ParseWithLength((const char *)b + 8, (size_t)hl);
+    CHECK(root != NULL);
+    if (!root) return;
+    edit(cJSON_GetObjectItemCaseSensitive(root, "__metadata__"), ctx);
+    char *js = cJSON_PrintUnformatted(root);
+    size_t jl = strlen(js), padded = (jl + 7) & ~(size_t)7, dl = len - 8 - (size_t)hl;
+    unsigned char *o = malloc(8 + padded + dl + 1);
+    uint64_t n = padded;
+    memcpy(o, &n, 8);
+    memcpy(o + 8, js, jl);
+    memset(o + 8 + jl, ' ', padded - jl);
+    memcpy(o + 8 + padded, b + 8 + hl, dl);
+    write_all_file(out, o, 8 + padded + dl);
+    free(o);
+    cJSON_free(js);
+    cJSON_Delete(root);
+}
+
+static void strip_crcs(cJSON *meta, void *ctx) { /* as an older lockstep wrote its files */
+    (void)ctx;
+    for (cJSON *e = meta->child, *next; e; e = next) {
+        next = e->next;
+        if (!strncmp(e->string, "lk.crc32c.", 10)) cJSON_DeleteItemFromObjectCaseSensitive(meta, e->string);
+    }
+}
+static void drop_one_crc(cJSON *meta, void *ctx) { cJSON_DeleteItemFromObjectCaseSensitive(meta, ctx); }
+static void add_ghost_crc(cJSON *meta, void *ctx) {
+    (void)ctx;
+    cJSON_AddStringToObject(meta, "lk.crc32c.ghost.weight", "00000000");
+}
+static void bad_hex_crc(cJSON *meta, void *ctx) { cJSON_ReplaceItemInObjectCaseSensitive(meta, ctx, cJSON_CreateString("12345g78")); }
+static void short_crc(cJSON *meta, void *ctx) { cJSON_ReplaceItemInObjectCaseSensitive(meta, ctx, cJSON_CreateString("1234567")); }
+static void dup_crc(cJSON *meta, void *ctx) { cJSON_AddStringToObject(meta, ctx, "00000000"); }
+
+/* stdout (where notes go) into a file while `fn` runs; returns what it got. */
+static char *capture_stdout(void (*fn)(void *), void *ctx) {
+    const char *path = tpath("stdout.txt");
+    fflush(stdout);
+    int saved = dup(1);
+    FILE *f = fopen(path, "w");
+    dup2(fileno(f), 1);
+    fn(ctx);
+    fflush(stdout);
+    dup2(saved, 1);
+    close(saved);
+    fclose(f);
+    size_t n = 0;
+    char *s = (char *)read_all(path, &n);
+    if (s) s[n] = 0;
+    return s;
+}
+
+static void open_close(void *path) {
+    lk_st_file *f = NULL;
+    CHECK_OK(lk_safetensors_open(path, &f));
+    CHECK(f && lk_safetensors_verified(f) == 0 && lk_safetensors_count(f) == nrefs);
+    lk_safetensors_close(f);
+}
+
+static int count(const char *hay, const char *needle) {
+    int n = 0;
+    for (const char *p = hay; p && (p = strstr(p, needle)); p++) n++;
+    return n;
+}
+
+/* A file without checksums (an older lockstep's, PyTorch's) opens and
+ * reads, with a note naming it, once per path; damaged checksum keys are
+ * errors naming the key or tensor. */
+static void test_checksum_absent_or_damaged(void) {
+    const char *good = tpath("crcs.safetensors");
+    CHECK_OK(write_refs(good));
+    size_t len = 0;
+    unsigned char *b = read_all(good, &len);
+    const char *old1 = tpath("old1.safetensors"), *old2 = tpath("old2.safetensors");
+    edit_meta(b, len, old1, strip_crcs, NULL);
+    edit_meta(b, len, old2, strip_crcs, NULL);
+    char *out = capture_stdout(open_close, (void *)old1);
+    char note[600];
+    snprintf(note, sizeof note,
+             "note: %s has no tensor checksums (written by a lockstep before they existed, or by another tool): its "
+             "tensor data is loaded without a corruption check", old1);
+    CHECK_MSG(out && count(out, note) == 1, "expected the note once, got: %s", out ? out : "(nothing)");
+    free(out);
+    out = capture_stdout(open_close, (void *)old1); /* the same path again: no second note */
+    CHECK_MSG(out && !strstr(out, "no tensor checksums"), "noted twice: %s", out ? out : "");
+    free(out);
+    out = capture_stdout(open_close, (void *)old2); /* another file: its own note */
+    CHECK_MSG(out && count(out, old2) == 1 && strstr(out, "no tensor checksums"), "got: %s", out ? out : "");
+    free(out);
+    /* and its tensors read back as written */
+    lk_st_file *f;
+    CHECK_OK(lk_safetensors_open(old1, &f));
+    for (int i = 0; f && i < nrefs; i++) {
+        const lk_st_info *in = lk_safetensors_find(f, refs[i].name);
+        CHECK(in && !in->has_crc32c && (!in->nbytes || !memcmp(in->data, refs[i].data, in->nbytes)));
+    }
+    lk_safetensors_close(f);
+
+    const char *p = tpath("crcbad.safetensors");
+    char key[128], want[400];
+    snprintf(key, sizeof key, "lk.crc32c.%.64s", refs[2].name);
+    edit_meta(b, len, p, drop_one_crc, key);
+    snprintf(want, sizeof want, "tensor '%s' has no crc32c checksum (metadata '%s') while %d other tensors of the file "
+             "have one: the header was edited or damaged", refs[2].name, key, nrefs - 1);
+    expect_open_error(p, want, NULL);
+    edit_meta(b, len, p, add_ghost_crc, NULL);
+    expect_open_error(p, "metadata 'lk.crc32c.ghost.weight' is the checksum of a tensor 'ghost.weight' that the file "
+                         "does not hold", NULL);
+    edit_meta(b, len, p, bad_hex_crc, key);
+    snprintf(want, sizeof want, "metadata '%s' is '12345g78', expected a crc32c checksum of 8 hex digits", key);
+    expect_open_error(p, want, NULL);
+    edit_meta(b, len, p, short_crc, key);
+    expect_open_error(p, "is '1234567', expected a crc32c checksum of 8 hex digits", NULL);
+    edit_meta(b, len, p, dup_crc, key);
+    snprintf(want, sizeof want, "tensor '%s' has two crc32c checksums", refs[2].name);
+    expect_open_error(p, want, NULL);
+    free(b);
+}
+
 static void cleanup(void) {
     for (int i = 0; i < nrefs; i++) free(refs[i].data);
     nrefs = 0;
@@ -533,4 +850,6 @@ static void cleanup(void) {
 
 LK_TEST_MAIN(LK_TEST_CASE(test_round_trip), LK_TEST_CASE(test_tensors_and_read_into), LK_TEST_CASE(test_write_errors),
              LK_TEST_CASE(test_fault_hook), LK_TEST_CASE(test_corruptions), LK_TEST_CASE(test_random_damage),
-             LK_TEST_CASE(test_open_alloc_failures), LK_TEST_CASE(cleanup))
+             LK_TEST_CASE(test_open_alloc_failures), LK_TEST_CASE(test_crc32c), LK_TEST_CASE(test_checksum_flips),
+             LK_TEST_CASE(test_checksum_threads),
+             LK_TEST_CASE(test_checksum_absent_or_damaged), LK_TEST_CASE(cleanup))

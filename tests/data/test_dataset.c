@@ -2,6 +2,8 @@
  * selection, synthetic data, and every transform op checked element by
  * element against a direct computation, including its determinism in
  * (seed, epoch, index) and its shape errors. */
+#include <unistd.h>
+
 #include "lk_test.h"
 
 static lk_dataset *counting_dataset(int64_t n) {
@@ -456,6 +458,55 @@ static void materialize(void) {
     lk_dataset_free(src);
 }
 
+/* A built-in model and data module whose samples do not fit are refused
+ * once the data is set up, naming both sides' settings and the value that
+ * fits, instead of a matmul shape error at the first step. */
+static lk_status fit_builtin(const char *model, const lk_model_kv *margs, int nm, const char *shape) {
+    lk_trainer_config cfg;
+    lk_trainer_config_default(&cfg);
+    cfg.max_steps = 1;
+    cfg.enable_progress_bar = cfg.enable_checkpointing = cfg.enable_tensorboard = cfg.enable_model_summary = false;
+    cfg.logger_set = true, cfg.n_loggers = 0;
+    cfg.num_sanity_val_steps = 0;
+    snprintf(cfg.default_root_dir, sizeof cfg.default_root_dir, "/tmp/lk_test_dataset_%d", (int)getpid());
+    lk_model_kv dargs[] = {{"num_samples", "40"}, {"input_shape", shape}, {"num_classes", "4"}, {"batch_size", "8"}};
+    lk_module *m = NULL;
+    lk_datamodule *dm = NULL;
+    lk_trainer *tr = NULL;
+    lk_status st = lk_module_create_builtin(model, margs, nm, 1, &m);
+    if (!st) st = lk_datamodule_create_builtin("synthetic", dargs, 4, 1, &dm);
+    if (!st) st = lk_trainer_create(&cfg, NULL, NULL, &tr);
+    if (!st) st = lk_trainer_fit(tr, m, dm, NULL);
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", lk_last_error());
+    lk_trainer_free(tr);
+    lk_datamodule_free(dm);
+    lk_module_free(m);
+    if (st) lk_error(st, "%s", msg);
+    return st;
+}
+
+static void model_data_mismatch(void) {
+    lk_model_kv mlp[] = {{"input_dim", "1024"}, {"hidden", "[8]"}, {"num_classes", "4"}};
+    CHECK_ERR(fit_builtin("mlp", mlp, 3, "[16]"), LK_STATUS_INVALID_ARGUMENT,
+              "model mlp expects samples of [1024] (input_dim 1024), but data synthetic gives [16] (input_shape [16]) "
+              "(model.init_args.input_dim: 16 fits the data)");
+    mlp[0].value = "16";
+    CHECK_OK(fit_builtin("mlp", mlp, 3, "[16]"));
+    CHECK_OK(fit_builtin("mlp", mlp, 3, "[1, 4, 4]")); /* mlp flattens any sample of 16 */
+    lk_model_kv cnn[] = {{"image_size", "8"}, {"channels", "[2, 2]"}, {"hidden", "4"}, {"num_classes", "4"}};
+    CHECK_ERR(fit_builtin("cnn", cnn, 4, "[1, 12, 12]"), LK_STATUS_INVALID_ARGUMENT,
+              "model cnn expects samples of [1, 8, 8] (in_channels 1, image_size 8), but data synthetic gives [1, 12, 12] "
+              "(input_shape [1, 12, 12]) (model.init_args in_channels: 1 and image_size: 12 fit the data)");
+    CHECK_ERR(fit_builtin("cnn", cnn, 4, "[2, 8, 4]"), LK_STATUS_INVALID_ARGUMENT, "but data synthetic gives [2, 8, 4]");
+    CHECK_OK(fit_builtin("cnn", cnn, 4, "[1, 8, 8]"));
+    CHECK_OK(fit_builtin("cnn", cnn, 4, "[64]")); /* one flat row of 1x8x8 */
+    char rm[128];
+    snprintf(rm, sizeof rm, "rm -rf /tmp/lk_test_dataset_%d", (int)getpid());
+    CHECK(system(rm) == 0);
+}
+
 LK_TEST_MAIN(LK_TEST_CASE(arrays), LK_TEST_CASE(subsets_and_splits), LK_TEST_CASE(concat), LK_TEST_CASE(select_fields),
              LK_TEST_CASE(synthetic), LK_TEST_CASE(transforms_deterministic), LK_TEST_CASE(transforms_random),
-             LK_TEST_CASE(transform_errors), LK_TEST_CASE(custom_dataset), LK_TEST_CASE(materialize))
+             LK_TEST_CASE(transform_errors), LK_TEST_CASE(custom_dataset), LK_TEST_CASE(materialize),
+             LK_TEST_CASE(model_data_mismatch))

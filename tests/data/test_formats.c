@@ -4,6 +4,7 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE /* mkdtemp */
 #endif
+#include <math.h>
 #include <stdlib.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -228,6 +229,133 @@ static void label_out_of_range(void) {
     CHECK_ERR(lk_dataset_csv_create(tmp("c.csv"), &cfg, &ds), LK_STATUS_INVALID_ARGUMENT,
               "c.csv: label -1 at sample 1 is outside [0, 3) (num_classes 3)");
     CHECK(ds == NULL);
+    teardown();
+}
+
+/* ---- inputs a model cannot train on ------------------------------------------- */
+
+/* NaN and inf in npy, idx (float types) and csv inputs are refused when the
+ * dataset is opened, naming the file and the first bad position (flat and
+ * per-dimension index; csv: line, data row and column), wherever it lies
+ * in the vectorised check's blocks; finite data and the array readers
+ * themselves (an array may hold NaN) are unaffected. */
+static void nonfinite_inputs(void) {
+    setup();
+    lk_dataset *ds = NULL;
+    lk_array a, y;
+    /* npy x, f32: one NaN at [2, 1, 3] */
+    CHECK_OK(lk_array_alloc(&a, LK_F32, 3, (int64_t[]){3, 4, 5}));
+    for (int i = 0; i < 60; i++) ((float *)a.data)[i] = (float)i * 0.5f;
+    CHECK_OK(lk_npy_write(tmp("x.npy"), &a));
+    CHECK_OK(lk_dataset_npy_create(tmp("x.npy"), NULL, &ds)); /* finite: loads */
+    lk_dataset_free(ds);
+    ds = NULL;
+    ((float *)a.data)[2 * 20 + 1 * 5 + 3] = NAN;
+    CHECK_OK(lk_npy_write(tmp("x.npy"), &a));
+    char want[600];
+    snprintf(want, sizeof want, "%s: element 48 (index [2, 1, 3] in shape [3, 4, 5]) is nan: a NaN or inf input makes "
+             "the loss nan", tmp("x.npy"));
+    CHECK_ERR(lk_dataset_npy_create(tmp("x.npy"), NULL, &ds), LK_STATUS_INVALID_ARGUMENT, want);
+    CHECK(ds == NULL);
+    lk_array r;
+    CHECK_OK(lk_npy_read(tmp("x.npy"), &r)); /* the reader alone returns what the file holds */
+    lk_array_release(&r);
+    lk_array_release(&a);
+    /* npy y, f64 (regression targets): -inf; at every position around the
+     * 4096-element blocks, the first bad one is the one named */
+    CHECK_OK(lk_array_alloc(&a, LK_F32, 2, (int64_t[]){10000, 1}));
+    memset(a.data, 0, 40000);
+    CHECK_OK(lk_npy_write(tmp("x2.npy"), &a));
+    lk_array_release(&a);
+    static const int64_t at[] = {0, 4095, 4096, 8191, 9999};
+    for (size_t k = 0; k < sizeof at / sizeof at[0]; k++) {
+        CHECK_OK(lk_array_alloc(&y, LK_F64, 1, (int64_t[]){10000}));
+        for (int i = 0; i < 10000; i++) ((double *)y.data)[i] = 1e300;
+        ((double *)y.data)[at[k]] = -INFINITY;
+        if (at[k] < 9999) ((double *)y.data)[9999] = NAN; /* a later one is not the first */
+        CHECK_OK(lk_npy_write(tmp("y.npy"), &y));
+        snprintf(want, sizeof want, "y.npy: element %lld (index [%lld] in shape [10000]) is -inf", (long long)at[k],
+                 (long long)at[k]);
+        CHECK_ERR(lk_dataset_npy_create(tmp("x2.npy"), tmp("y.npy"), &ds), LK_STATUS_INVALID_ARGUMENT, want);
+        lk_array_release(&y);
+    }
+    /* f16: +inf is 0x7c00 */
+    CHECK_OK(lk_array_alloc(&a, LK_F16, 2, (int64_t[]){2, 3}));
+    memset(a.data, 0, 12);
+    ((uint16_t *)a.data)[4] = 0x7c00;
+    CHECK_OK(lk_npy_write(tmp("h.npy"), &a));
+    lk_array_release(&a);
+    CHECK_ERR(lk_dataset_npy_create(tmp("h.npy"), NULL, &ds), LK_STATUS_INVALID_ARGUMENT,
+              "h.npy: element 4 (index [1, 1] in shape [2, 3]) is inf");
+    /* idx f32 images (type 0x0d) with an inf; u8 idx data cannot hold one */
+    CHECK_OK(lk_array_alloc(&a, LK_F32, 3, (int64_t[]){4, 2, 2}));
+    CHECK_OK(lk_array_alloc(&y, LK_U8, 1, (int64_t[]){4}));
+    memset(a.data, 0, 64);
+    memset(y.data, 1, 4);
+    ((float *)a.data)[13] = INFINITY;
+    CHECK_OK(lk_idx_write(tmp("img.idx"), &a));
+    CHECK_OK(lk_idx_write(tmp("lab.idx"), &y));
+    CHECK_ERR(lk_dataset_idx_pair_create(tmp("img.idx"), tmp("lab.idx"), &ds), LK_STATUS_INVALID_ARGUMENT,
+              "img.idx: element 13 (index [3, 0, 1] in shape [4, 2, 2]) is inf");
+    ((float *)a.data)[13] = 0;
+    CHECK_OK(lk_idx_write(tmp("img.idx"), &a));
+    CHECK_OK(lk_dataset_idx_pair_create(tmp("img.idx"), tmp("lab.idx"), &ds));
+    lk_dataset_free(ds);
+    ds = NULL;
+    lk_array_release(&a);
+    lk_array_release(&y);
+    /* csv: strtod's "nan", "inf", "-Infinity", and a value beyond f32 */
+    lk_array x, l;
+    lk_csv_config cfg = lk_csv_config_default();
+    static const struct {
+        const char *text, *needle;
+    } cases[] = {
+        {"a,b,y\n1,2,0\n3,nan,1\n", "line 3 (data row 1), column 2 ('b'): 'nan' is not a finite number; NaN and inf inputs make the loss nan"},
+        {"a,b,y\n\n1,inf,0\n", "line 3 (data row 0), column 2 ('b'): 'inf' is not a finite number"},
+        {"1,2,0\n3,4,1\n-Infinity,4,1\n", "line 3 (data row 2), column 1: '-Infinity' is not a finite number"},
+        {"a,b,y\n1,2,0\n1e39,2,0\n", "line 3 (data row 1), column 1 ('a'): '1e39' is beyond f32's range (+-3.4e38)"},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        write_bytes(tmp("f.csv"), cases[k].text, strlen(cases[k].text));
+        CHECK_ERR(lk_csv_read(tmp("f.csv"), &cfg, &x, &l), LK_STATUS_INVALID_ARGUMENT, cases[k].needle);
+        CHECK_ERR(lk_dataset_csv_create(tmp("f.csv"), &cfg, &ds), LK_STATUS_INVALID_ARGUMENT, "f.csv: line 3");
+    }
+    cfg.label_dtype = LK_F32; /* regression targets: checked too */
+    write_bytes(tmp("f.csv"), "a,y\n1,2\n3,NaN\n", 14);
+    CHECK_ERR(lk_csv_read(tmp("f.csv"), &cfg, &x, &l), LK_STATUS_INVALID_ARGUMENT,
+              "line 3 (data row 1), column 2 ('y'): 'NaN' is not a finite number");
+    write_bytes(tmp("f.csv"), "a,y\n1,2\n3,-1e300\n", 17);
+    CHECK_ERR(lk_csv_read(tmp("f.csv"), &cfg, &x, &l), LK_STATUS_INVALID_ARGUMENT, "'-1e300' is beyond f32's range");
+    teardown();
+}
+
+/* MNIST-layout files whose idx header holds another geometry than 28x28
+ * (a 32x32 set dropped into the fashion_mnist directory) are refused when
+ * opened, naming the file, the header's dimensions and the expected ones,
+ * instead of a reshape error at the first batch. */
+static void mnist_geometry(void) {
+    setup();
+    lk_array img, lab;
+    CHECK_OK(lk_array_alloc(&lab, LK_U8, 1, (int64_t[]){5}));
+    CHECK_OK(lk_idx_write(tmp("train-labels-idx1-ubyte"), &lab));
+    lk_dataset *ds = NULL;
+    char want[600];
+    CHECK_OK(lk_array_alloc(&img, LK_U8, 3, (int64_t[]){5, 32, 32}));
+    CHECK_OK(lk_idx_write(tmp("train-images-idx3-ubyte"), &img));
+    snprintf(want, sizeof want, "%s: the idx header's dimensions are [5, 32, 32] (32x32 images); MNIST-layout images "
+             "(Fashion-MNIST, MNIST) are 28x28: expected [N, 28, 28]", tmp("train-images-idx3-ubyte"));
+    CHECK_ERR(lk_dataset_mnist_create(tmpdir, "train", &ds), LK_STATUS_INVALID_ARGUMENT, want);
+    CHECK(ds == NULL);
+    lk_array_release(&img);
+    CHECK_OK(lk_array_alloc(&img, LK_U8, 2, (int64_t[]){5, 784})); /* flat rows: also not the layout */
+    CHECK_OK(lk_idx_write(tmp("train-images-idx3-ubyte"), &img));
+    CHECK_ERR(lk_dataset_mnist_create(tmpdir, "train", &ds), LK_STATUS_INVALID_ARGUMENT,
+              "train-images-idx3-ubyte: the idx header's dimensions are [5, 784]; MNIST-layout images");
+    /* the generic pair takes any geometry */
+    CHECK_OK(lk_dataset_idx_pair_create(tmp("train-images-idx3-ubyte"), tmp("train-labels-idx1-ubyte"), &ds));
+    lk_dataset_free(ds);
+    lk_array_release(&img);
+    lk_array_release(&lab);
     teardown();
 }
 
@@ -476,4 +604,5 @@ static void tokens(void) {
 
 LK_TEST_MAIN(LK_TEST_CASE(idx_roundtrip), LK_TEST_CASE(idx_widening_and_endianness), LK_TEST_CASE(idx_errors),
              LK_TEST_CASE(fashion_mnist), LK_TEST_CASE(npy_fixtures), LK_TEST_CASE(npy_roundtrip_and_errors),
-             LK_TEST_CASE(csv_read), LK_TEST_CASE(csv_errors), LK_TEST_CASE(label_out_of_range), LK_TEST_CASE(tokens))
+             LK_TEST_CASE(csv_read), LK_TEST_CASE(csv_errors), LK_TEST_CASE(label_out_of_range), LK_TEST_CASE(tokens),
+             LK_TEST_CASE(nonfinite_inputs), LK_TEST_CASE(mnist_geometry))

@@ -63,6 +63,23 @@ lrs=$(awk -F, 'NR == 1 { for (i = 1; i <= NF; i++) if ($i == "lr-Adam") c = i; n
                $c != "" { print $1 ":" $c }' "$T/a/lightning_logs/version_1/metrics.csv" | sort -u | tr '\n' ' ')
 check "lr per epoch as torch's periodic cosine (got: $lrs)" test "$lrs" = "1:0 2:0.01 "
 
+# One byte changed in each tensor in turn (weights, optimizer, scheduler and
+# loss scaler state): refused before the first step, the file and the tensor named.
+nt=0
+runs=$(ls -d "$T"/a/lightning_logs/version_* | wc -l)
+while IFS= read -r name; do
+  nt=$((nt + 1))
+  c="$T/flip$nt.ckpt"
+  /usr/bin/python3 "$edit" "$base" "$c" "flip:$name" || { bad "ckpt_edit flip:$name"; continue; }
+  expect_fail "a byte of '$name' changed" 1 "$c: tensor '$name' fails its crc32c check (stored " \
+    timeout 60 "$LK_BIN" fit "${a[@]}" --trainer.max_epochs 2 --ckpt_path "$c"
+done < <(/usr/bin/python3 "$edit" --list "$base")
+check "every tensor of the checkpoint tried ($nt)" test "$nt" -ge 10
+check "no run started from a damaged checkpoint" test "$(ls -d "$T"/a/lightning_logs/version_* | wc -l)" = "$runs"
+expect_fail "lockstep export names the damaged tensor" 1 "$T/flip1.ckpt: tensor '$(/usr/bin/python3 "$edit" --list "$base" | head -1)' fails its crc32c check" \
+  "$LK_BIN" export --ckpt "$T/flip1.ckpt" --out "$T/flip1.safetensors"
+check "and writes nothing" test ! -e "$T/flip1.safetensors"
+
 # Top-k across directories (32-true, no scheduler: the loss keeps falling).
 b=(-c "$T/synth.yaml" "${q[@]}" --trainer.monitor val_loss --trainer.save_top_k 1)
 "$LK_BIN" fit "${b[@]}" --trainer.default_root_dir "$T/b" --trainer.max_epochs 1 >"$T/b.log" 2>&1
@@ -89,4 +106,20 @@ out=$("$LK_BIN" fit "${b[@]}" --trainer.logger false --trainer.default_root_dir 
 check "forged top-k: resumes (exit $rc)" test "$rc" = 0
 check "forged top-k: the file it names survives" grep -q precious "$T/victim.ckpt"
 check "forged top-k: said" grep -qF "not taken over (nor ever deleted)" <<<"$out"
+
+# A checkpoint from before the checksums (none in its metadata) resumes, with a note, once.
+/usr/bin/python3 "$edit" "$base" "$T/old.ckpt" strip-crc
+out=$("$LK_BIN" fit "${a[@]}" --trainer.default_root_dir "$T/old" --trainer.max_epochs 2 --ckpt_path "$T/old.ckpt" 2>&1); rc=$?
+check "a checkpoint without checksums resumes (exit $rc)" test "$rc" = 0
+check "with the note, once" test "$(grep -cF "note: $T/old.ckpt has no tensor checksums (written by a lockstep before they existed, or by another tool): its tensor data is loaded without a corruption check" <<<"$out")" = 1
+# What lockstep writes now carries them (the resumed run's last.ckpt, an export of it), each verified.
+new="$T/old/lightning_logs/version_0/checkpoints/last.ckpt"
+check "the resumed run's checkpoint has a checksum per tensor" \
+  /usr/bin/python3 -c 'import json, struct, sys
+raw = open(sys.argv[1], "rb").read(); n = struct.unpack("<Q", raw[:8])[0]; h = json.loads(raw[8:8 + n])
+names = [k for k in h if k != "__metadata__"]
+assert names and all("lk.crc32c." + k in h["__metadata__"] for k in names), names' "$new"
+check "export of it" "$LK_BIN" export --ckpt "$new" --out "$T/new.safetensors"
+out=$("$LK_BIN" export --ckpt "$T/new.safetensors" --out "$T/new2.safetensors" 2>&1); rc=$?
+check "the export is verified when read (exit $rc, no note)" bash -c "[ $rc = 0 ] && ! grep -q 'no tensor checksums' <<<\"\$0\"" "$out"
 finish
