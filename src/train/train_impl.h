@@ -76,6 +76,10 @@ struct lk_trainer {
     lk_strategy *strat;
     int rank, world;
     int launcher; /* > 0: this process starts that many ranks and is none of them (self_launch.c) */
+    /* Where settings an LK_* variable can also give came from (run.json's
+     * "settings"; one rule, core.h's lk_env_var) */
+    char comm_timeout_from[LK_PARAM_STR];
+    const char *comm_backend_from; /* "LK_COMM_BACKEND" or "default" */
     lk_device dev;          /* the device this rank trains on (trainer.accelerator, trainer.devices) */
     lk_device prev_default; /* the process's default device before a run made dev the default */
     const char *prev_f32_matmul; /* lk_float32_matmul_precision before this trainer set its own */
@@ -340,5 +344,10 @@ void lk__step_status_free(lk_trainer *tr);
 lk_status lk__step_check_loss(lk_trainer *tr, double loss);
 /* The train_loss lk__log_loss deferred, logged with `loss` (nothing when none is). */
 lk_status lk__step_log_pending(lk_trainer *tr, double loss);
+
+/* The fashion_mnist data module's directory once set up, and the setting
+ * that named it (data.init_args.root, LK_DATA_ROOT or default); false for
+ * another data module, or before setup. */
+bool lk__builtin_data_root(const lk_datamodule *dm, const char **dir, const char **from);
 
 #endif
