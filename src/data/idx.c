@@ -294,8 +294,9 @@ lk_status lk__mnist_locate(const char *root, const char *split, char *img, char 
              * search: falling through to another copy would train on data
              * they did not ask for. */
             const char *what = culprit(dirs[d], fi < 0 ? img : lab, &err);
-            return lk_error(LK_STATUS_IO, "mnist %s split: cannot read %s: %s (the directory is %s's)", prefix, what,
-                            strerror(err), froms[d]);
+            bool def = !strcmp(froms[d], "default");
+            return lk_error(LK_STATUS_IO, "mnist %s split: cannot read %s: %s (%s%s)", prefix, what, strerror(err),
+                            def ? "the default directory" : "from ", def ? "" : froms[d]);
         }
         if (fi == 1 && fl == 1) {
             if (dir_used) snprintf(dir_used, dir_size, "%s", dirs[d]);
