@@ -92,20 +92,19 @@ static int rank_share(int local, int *cpus) {
  * cores spin against each other (100000, once silently cut to 64 on two
  * cores, ran 5.8x slower than the default): the cap is said once per
  * count it leads to, with what was asked and why. */
-static int env_threads(int local, bool warn) {
+static int env_threads(int local) {
     if (!lk_env_is_set("LK_NUM_THREADS")) return 0;
     long v = lk_env_get_long("LK_NUM_THREADS", LONG_MIN);
     if (v == LONG_MIN) return 0; /* not an integer: lk_env_get_long said so */
     int cpus, share = rank_share(local, &cpus);
     if (v <= 0) {
-        if (warn)
-            lk__env_warn_once("LK_NUM_THREADS", "LK_NUM_THREADS=%ld is not a positive number of threads: ignored, "
-                              "as if it were unset (the default: %d, this rank's share of %d CPU%s)", v, share, cpus,
-                              cpus == 1 ? "" : "s");
+        lk__env_warn_once("LK_NUM_THREADS", "LK_NUM_THREADS=%ld is not a positive number of threads: ignored, "
+                          "as if it were unset (the default: %d, this rank's share of %d CPU%s)", v, share, cpus,
+                          cpus == 1 ? "" : "s");
         return 0;
     }
     if (v <= share) return (int)v;
-    if (warn && atomic_exchange(&capped_to, share) != share) {
+    if (atomic_exchange(&capped_to, share) != share) {
         if (cpus / (local > 0 ? local : 1) > PARALLEL_MAX)
             lk_warn0("LK_NUM_THREADS=%ld is more than the %d compute threads a rank can use: using %d", v, PARALLEL_MAX,
                      share);
@@ -118,14 +117,14 @@ static int env_threads(int local, bool warn) {
 }
 
 int lk__threads_preview(int local, const char **from) {
-    int cpus, share = rank_share(local, &cpus), env = env_threads(local, true);
+    int cpus, share = rank_share(local, &cpus), env = env_threads(local);
     if (from) *from = env > 0 ? "LK_NUM_THREADS" : "default";
     return env > 0 ? env : share;
 }
 
 static void init_threads(void) {
     pthread_atfork(NULL, NULL, reset_in_child);
-    int cpus, local = atomic_load(&local_ranks), n = rank_share(local, &cpus), env = env_threads(local, true);
+    int cpus, local = atomic_load(&local_ranks), n = rank_share(local, &cpus), env = env_threads(local);
     atomic_store(&threads_from_env, env > 0);
     atomic_store(&compute_threads, env > 0 ? env : n);
     openblas_set_num_threads(1);
@@ -133,7 +132,7 @@ static void init_threads(void) {
 
 void lk_set_num_threads(int n) {
     pthread_once(&init_once, init_threads);
-    int env = env_threads(atomic_load(&local_ranks), true);
+    int env = env_threads(atomic_load(&local_ranks));
     atomic_store(&threads_from_env, env > 0);
     if (env > 0) n = env;
     atomic_store(&compute_threads, n < 1 ? 1 : n > PARALLEL_MAX ? PARALLEL_MAX : n);
