@@ -1,4 +1,6 @@
-/* Clocks, and the single table of every LK_* environment variable. */
+/* Clocks, the single table of every LK_* environment variable (with the
+ * config key or flag that wins over it, core.h's one precedence rule), and
+ * the once-only warnings about their values. */
 #define _POSIX_C_SOURCE 200809L
 #include "lockstep/core.h"
 
@@ -35,10 +37,11 @@ static const lk_env_var env_vars[] = {
      "compute threads per rank (default: the CPUs this process may use / local ranks; more than that is capped)", NULL},
     {"LK_COMM_TIMEOUT", "120", "seconds any collective may wait before failing", "trainer.comm_timeout"},
     {"LK_COMM_BACKEND", NULL, "force a communicator backend: shm, mpi, nccl, self", NULL},
-    {"LK_JOB_ID", NULL, "job id naming the shared-memory segment (set by the launcher)", "lockstep launch --job-id"},
+    {"LK_JOB_ID", NULL, "job id naming the shared-memory segment (the launcher sets it for its ranks: lockstep "
+                        "launch --job-id, else a fresh one)", NULL},
     {"LK_DATA_ROOT", NULL, "default root for datasets", "data.init_args.root"},
     {"PL_GLOBAL_SEED", NULL, "Lightning's: the seed when the config sets neither seed_everything nor trainer.seed",
-     "seed_everything"},
+     "seed_everything or trainer.seed"},
     {"PL_SEED_WORKERS", NULL, "Lightning's: accepted; lockstep always seeds data workers", NULL},
     {"LK_COMM_SHM_BYTES", "1073741824", "per-rank shared heap of the shm communicator (virtual until touched)", NULL},
     {"LK_COMM_CHECK_DESYNC", "1", "mpi: exchange collective signatures to catch desync (0: off)", NULL},
