@@ -112,6 +112,10 @@ int lk_config_node_line(const lk_config_node *node);
 int lk_config_node_column(const lk_config_node *node);
 /* "FILE:LINE:COL" (or just FILE when the line is 0) into buf; returns buf. */
 char *lk_config_node_where(const lk_config_node *node, char *buf, size_t size);
+/* Where the value of dotted key `key` came from, as messages and run.json
+ * name a setting's source: "trainer.comm_timeout in run.yaml:4:3", or
+ * "--trainer.comm_timeout on the command line" for an override. */
+char *lk_config_node_origin(const lk_config_node *node, const char *key, char *buf, size_t size);
 
 /* ------------------------------------------------------------------------
  * Applying a map to a parameter table (core.h). Every key of `map` must be

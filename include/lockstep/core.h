@@ -114,6 +114,8 @@ void lk_log_set_rank(int rank, int world_size); /* rank < 0: unknown */
 int lk_log_rank(void);
 void lk_log_set_level(lk_log_level level);
 lk_log_level lk_log_get_level(void);
+/* Where the level came from: "LK_LOG_LEVEL", "lk_log_set_level" or "default". */
+const char *lk__log_level_from(void);
 void lk_logf(lk_log_level level, bool rank0_only, const char *fmt, ...) LK_PRINTF(3, 4);
 #define lk_log_debug(...) lk_logf(LK_LOG_DEBUG, false, __VA_ARGS__)
 #define lk_log_info(...) lk_logf(LK_LOG_INFO, false, __VA_ARGS__)
@@ -239,19 +241,37 @@ double lk_time_cpu(void);      /* this process's CPU seconds */
 uint64_t lk_time_ns(void);     /* monotonic nanoseconds */
 
 /* Every LK_* environment variable is declared once (src/core/env.c) so
- * `lockstep env` can list them. */
+ * `lockstep env` can list them.
+ *
+ * One precedence rule for a variable that a config key (or a command-line
+ * flag) can also set, as in Lightning: the key, when the config sets it
+ * (a -c file or a --section.key override), wins; otherwise the variable,
+ * when it is set; otherwise the built-in default. `setting` names that key
+ * (NULL: the variable is the only way to set it). */
 typedef struct lk_env_var {
     const char *name;
     const char *default_value;
     const char *help;
+    const char *setting; /* the config key or flag that wins over the variable, or NULL */
 } lk_env_var;
 const lk_env_var *lk_env_vars(int *count);
 /* getenv for a declared variable, falling back to its default. */
 const char *lk_env_get(const char *name);
+/* True when the variable is set to something (lk_env_get cannot tell a
+ * set variable from its declared default). */
+bool lk_env_is_set(const char *name);
 /* lk_env_get parsed as a number; a value that is not one is warned about
  * once per variable and the fallback used. */
 long lk_env_get_long(const char *name, long fallback);
 double lk_env_get_double(const char *name, double fallback);
+/* The variable as a number in [lo, hi]: true with *out set when it is set
+ * and valid. A value that is not a number or lies outside [lo, hi] is
+ * warned about once per variable (rank 0) and false returned, as if the
+ * variable were unset. */
+bool lk_env_get_number(const char *name, double lo, double hi, double *out);
+/* A warning about variable `name`'s value, said once per process and
+ * variable (rank 0), however many places read it. */
+void lk__env_warn_once(const char *name, const char *fmt, ...) LK_PRINTF(2, 3);
 
 
 /* ------------------------------------------------------------------------

@@ -190,8 +190,10 @@ lk_status lk_dataset_idx_pair_create(const char *images_path, const char *labels
  * (train-images-idx3-ubyte[.gz], ...; split "train" or "test") under `root`;
  * both declare 10 classes, so a label outside [0, 10) fails here, naming the
  * label file and the sample;
- * root NULL searches $LK_DATA_ROOT, $LK_DATA_ROOT/fashion-mnist and
- * /usr/share/datasets/fashion-mnist. The error lists every path tried. */
+ * root NULL (or "") searches $LK_DATA_ROOT, $LK_DATA_ROOT/fashion-mnist and
+ * /usr/share/datasets/fashion-mnist. When the files are in none of them
+ * the error lists every path tried; a place that exists but cannot be
+ * read (no permission, not a directory) ends the search with that cause. */
 lk_status lk_dataset_mnist_create(const char *root, const char *split, lk_dataset **out);
 /* Downloads the four MNIST-layout files (train/t10k images/labels, .gz)
  * from `base_url` (NULL: Fashion-MNIST's canonical address) into `root`,

@@ -22,7 +22,8 @@
  *    sequence. Each carries a sequence number and a signature (kind, dtype,
  *    count, op, root); a mismatch fails on every rank with INVALID_USAGE and
  *    a message listing what each rank called.
- *  - No wait is unbounded: comm_timeout (default 120 s, LK_COMM_TIMEOUT)
+ *  - No wait is unbounded: comm_timeout (default 120 s, LK_COMM_TIMEOUT;
+ *    trainer.comm_timeout, when a config sets it, wins over the variable)
  *    bounds each collective (TIMEOUT, naming the collective and the ranks
  *    that did not arrive); a dead peer is noticed within about 100 ms
  *    (REMOTE, naming the rank, its pid and the collective in flight).
@@ -105,12 +106,17 @@ typedef struct lk_comm_config {
     size_t struct_size;   /* sizeof(lk_comm_config), set by the default */
     const char *backend;  /* "auto" (world 1: self; one node: shm; else mpi), "shm", "mpi", "self";
                              LK_COMM_BACKEND overrides "auto" */
-    double timeout_s;     /* bound on every wait; LK_COMM_TIMEOUT, default 120 */
+    double timeout_s;     /* bound on every wait; the default: LK_COMM_TIMEOUT, else 120 */
     const char *job_id;   /* names the shm segment; NULL: pg->job_id / LK_JOB_ID */
     const lk_pg_info *pg; /* borrowed, copied; NULL: lk_pg_info_from_env() */
     size_t shared_bytes;  /* shm: bytes per rank for lk_comm_alloc_shared (virtual until touched);
                              0: LK_COMM_SHM_BYTES or 1 GiB */
     bool check_desync;    /* mpi: exchange signatures before each collective (shm checks for free) */
+    /* Where timeout_s came from, as the timeout message names it
+     * ("LK_COMM_TIMEOUT", "trainer.comm_timeout in run.yaml:4:3"); NULL:
+     * worked out from the value (the variable's, 120's "default", else
+     * "lk_comm_config.timeout_s"). */
+    const char *timeout_from;
 } lk_comm_config;
 lk_comm_config lk_comm_config_default(void);
 

@@ -129,8 +129,11 @@ void lk_half_to_f32_n(lk_dtype dt, float *dst, const uint16_t *src, size_t n);
 
 /* ---- compute threads -------------------------------------------------------
  * Threads the CPU backend (BLAS) may use in this process. The trainer sets
- * cores / local ranks so ranks do not oversubscribe the machine; the
- * LK_NUM_THREADS environment variable overrides it. */
+ * each rank's share of the CPUs the process may use (its affinity mask /
+ * local ranks) so ranks do not oversubscribe the machine; the
+ * LK_NUM_THREADS environment variable overrides it (and any count set
+ * here), capped at that share with a warning: threads beyond the cores only
+ * spin against each other. */
 void lk_set_num_threads(int n);
 int lk_get_num_threads(void);
 

@@ -148,6 +148,14 @@ typedef struct lk_trainer_config {
      * scheduler steps (epoch for an epoch-interval scheduler, else step) */
     char lr_logging_interval[16];
     char time_check_interval[16]; /* Timer.interval: "" or "step": max_time checked after every step; "epoch": after each epoch */
+    /* Where comm_timeout came from, for run.json, `lockstep env` and the
+     * timeout message: "default"; "LK_COMM_TIMEOUT" (lk_trainer_config_default
+     * puts the variable's value in place of the built-in default); or
+     * "trainer.comm_timeout in FILE:LINE:COL" / "--trainer.comm_timeout on
+     * the command line" (lk_trainer_config_apply: a key the config sets
+     * wins over the variable). A program that assigns comm_timeout itself
+     * may leave this alone: lk_trainer_config_comm_timeout_from notices. */
+    char comm_timeout_from[LK_PARAM_STR];
 } lk_trainer_config;
 
 /* The parameter table behind the config (YAML validation and --help). */
@@ -159,6 +167,11 @@ lk_status lk_trainer_config_default(lk_trainer_config *cfg);
  * the callbacks / logger lists. Errors name FILE:LINE and the accepted
  * names. Keys applied before a failing one keep their new values. */
 lk_status lk_trainer_config_apply(const lk_config_node *trainer, lk_trainer_config *cfg);
+/* Where cfg->comm_timeout came from, as run.json and the timeout message
+ * say it: cfg->comm_timeout_from, or "trainer.comm_timeout (set by the
+ * program)" when the value is not the one that names (a program assigned
+ * it). Returns buf. */
+const char *lk_trainer_config_comm_timeout_from(const lk_trainer_config *cfg, char *buf, size_t size);
 /* The init_args tables, for --help: class names (short) and their tables. */
 typedef struct lk_callback_info {
     const char *name; /* "ModelCheckpoint" */

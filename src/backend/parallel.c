@@ -16,12 +16,15 @@
  * Workers are detached and stay parked at exit. After fork() the child has
  * no workers (pthread_atfork), so ranks that ddp_spawn forks start their own. */
 #include <cblas.h>
+#include <limits.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <unistd.h>
 
 #include "backend/backend_impl.h"
+#include "backend/threads.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -48,6 +51,9 @@ static struct {
 } pool = {.mu = PTHREAD_MUTEX_INITIALIZER, .go = PTHREAD_COND_INITIALIZER, .done = PTHREAD_COND_INITIALIZER};
 
 static atomic_int compute_threads; /* set once at first use, then by lk_set_num_threads */
+static atomic_int local_ranks = 1;  /* ranks sharing this node's CPUs (lk__threads_for_ranks) */
+static atomic_bool threads_from_env; /* compute_threads is LK_NUM_THREADS's */
+static atomic_int capped_to;         /* the count the "more than the CPUs" warning named (0: none yet) */
 static _Thread_local bool in_task;
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;
 
@@ -60,19 +66,88 @@ static void reset_in_child(void) {
     pool.busy = false;
 }
 
+int lk__cpus_available(void) {
+    /* The affinity mask, not the machine: under taskset, a cpuset or a
+     * batch system's binding the process may run on fewer CPUs than are
+     * online, and threads beyond those only take turns. */
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0) {
+        int n = CPU_COUNT(&set);
+        if (n > 0) return n;
+    }
+    long n = sysconf(_SC_NPROCESSORS_ONLN); /* more CPUs than a cpu_set_t holds, or no affinity call */
+    return n > 0 ? (int)n : 1;
+}
+
+/* The CPUs a rank may use: what the process may run on, shared among the
+ * ranks on its node (at least 1, at most the pool's width). */
+static int rank_share(int local, int *cpus) {
+    *cpus = lk__cpus_available();
+    int s = *cpus / (local > 0 ? local : 1);
+    return s < 1 ? 1 : s > PARALLEL_MAX ? PARALLEL_MAX : s;
+}
+
+/* LK_NUM_THREADS as this rank can use it: 0 when unset or unusable (said
+ * once), else at most the rank's share of the CPUs. More threads than
+ * cores spin against each other (100000, once silently cut to 64 on two
+ * cores, ran 5.8x slower than the default): the cap is said once per
+ * count it leads to, with what was asked and why. */
+static int env_threads(int local) {
+    if (!lk_env_is_set("LK_NUM_THREADS")) return 0;
+    long v = lk_env_get_long("LK_NUM_THREADS", LONG_MIN);
+    if (v == LONG_MIN) return 0; /* not an integer: lk_env_get_long said so */
+    int cpus, share = rank_share(local, &cpus);
+    if (v <= 0) {
+        lk__env_warn_once("LK_NUM_THREADS", "LK_NUM_THREADS=%ld is not a positive number of threads: ignored, "
+                          "as if it were unset (the default: %d, this rank's share of %d CPU%s)", v, share, cpus,
+                          cpus == 1 ? "" : "s");
+        return 0;
+    }
+    if (v <= share) return (int)v;
+    if (atomic_exchange(&capped_to, share) != share) {
+        if (cpus / (local > 0 ? local : 1) > PARALLEL_MAX)
+            lk_warn0("LK_NUM_THREADS=%ld is more than the %d compute threads a rank can use: using %d", v, PARALLEL_MAX,
+                     share);
+        else
+            lk_warn0("LK_NUM_THREADS=%ld asks for more compute threads than the %d core%s available to this rank "
+                     "(%d CPU%s this process may run on, %d rank%s on this node): using %d",
+                     v, share, share == 1 ? "" : "s", cpus, cpus == 1 ? "" : "s", local, local == 1 ? "" : "s", share);
+    }
+    return share;
+}
+
+int lk__threads_preview(int local, const char **from) {
+    int cpus, share = rank_share(local, &cpus), env = env_threads(local);
+    if (from) *from = env > 0 ? "LK_NUM_THREADS" : "default";
+    return env > 0 ? env : share;
+}
+
 static void init_threads(void) {
     pthread_atfork(NULL, NULL, reset_in_child);
-    long env = lk_env_get_long("LK_NUM_THREADS", 0), cores = sysconf(_SC_NPROCESSORS_ONLN);
-    long n = env > 0 ? env : cores > 0 ? cores : 1;
-    atomic_store(&compute_threads, (int)(n > PARALLEL_MAX ? PARALLEL_MAX : n));
+    int cpus, local = atomic_load(&local_ranks), n = rank_share(local, &cpus), env = env_threads(local);
+    atomic_store(&threads_from_env, env > 0);
+    atomic_store(&compute_threads, env > 0 ? env : n);
     openblas_set_num_threads(1);
 }
 
 void lk_set_num_threads(int n) {
     pthread_once(&init_once, init_threads);
-    long env = lk_env_get_long("LK_NUM_THREADS", 0);
-    if (env > 0) n = (int)env;
+    int env = env_threads(atomic_load(&local_ranks));
+    atomic_store(&threads_from_env, env > 0);
+    if (env > 0) n = env;
     atomic_store(&compute_threads, n < 1 ? 1 : n > PARALLEL_MAX ? PARALLEL_MAX : n);
+}
+
+void lk__threads_for_ranks(int local) {
+    /* Before the pool's first use, so that it starts with this share. */
+    atomic_store(&local_ranks, local > 0 ? local : 1);
+    int cpus;
+    lk_set_num_threads(rank_share(local, &cpus));
+}
+
+const char *lk__num_threads_from(void) {
+    pthread_once(&init_once, init_threads);
+    return atomic_load(&threads_from_env) ? "LK_NUM_THREADS" : "default";
 }
 
 int lk_get_num_threads(void) {

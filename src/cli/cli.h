@@ -16,4 +16,9 @@ int lk_cmd_bench_comm(int argc, char **argv);  /* cmd_bench_comm.c */
 int lk_cmd_bench_data(int argc, char **argv);  /* cmd_bench_data.c */
 int lk_cmd_bench_train(int argc, char **argv); /* cmd_bench_train.c */
 
+/* LK_MAX_RESTARTS for a launcher whose command line did not say
+ * --max-restarts (the flag wins over the variable, which wins over 0);
+ * *from is "LK_MAX_RESTARTS" or "default". cmd_launch.c. */
+int lk_cli_max_restarts_from_env(const char **from);
+
 #endif

@@ -1,16 +1,22 @@
 /* `lockstep env`: what this machine and this process group look like —
  * cores, memory, CPU, the OpenBLAS kernel set, GPUs, the detected process
- * group and its variables, the communicator backends built, and every LK_*
- * variable with its value. The first thing to paste into a bug report. */
+ * group and its variables, the communicator backends built, every LK_*
+ * variable with its value, and the settings a variable can also give with
+ * their effective values and sources (given the config files and overrides
+ * of a fit, the keys they set win). The first thing to paste into a bug
+ * report. */
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include <cblas.h>
 
+#include "backend/threads.h"
 #include "cli/cli.h"
 #include "device/gpu.h"
 #include "lockstep.h"
+#include "lockstep/config.h"
+#include "lockstep/trainer.h"
 
 static void read_field(const char *path, const char *key, char *out, size_t size) {
     out[0] = 0;
@@ -67,16 +73,9 @@ static void gpus(void) {
     }
 }
 
-int lk_cmd_env(int argc, char **argv) {
-    if (argc > 1 && (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help"))) {
-        printf("usage: lockstep env\n\nPrints the hardware, the process group detected from the environment,\n"
-               "the communicator backends built and the LK_* variables.\n");
-        return 0;
-    }
-    if (argc > 1) {
-        fprintf(stderr, "lockstep env: unexpected argument '%s' (it takes none)\n", argv[1]);
-        return 2;
-    }
+static int settings(const lk_config *cfg);
+
+static int env_report(const lk_config *cfg) {
     char model[256], mem[128];
     read_field("/proc/cpuinfo", "model name", model, sizeof model);
     read_field("/proc/meminfo", "MemTotal", mem, sizeof mem);
@@ -85,8 +84,8 @@ int lk_cmd_env(int argc, char **argv) {
     printf("cores           : %ld online (%ld configured)\n", sysconf(_SC_NPROCESSORS_ONLN), sysconf(_SC_NPROCESSORS_CONF));
     long kb = atol(mem);
     printf("memory          : %.1f GiB\n", (double)kb / (1024.0 * 1024.0));
-    printf("compute threads : %d per process (LK_NUM_THREADS; a trainer uses cores / local ranks)\n",
-           lk_get_num_threads());
+    printf("compute threads : %d per process (%s; a trainer gives each rank its share of the %d CPUs this process "
+           "may use)\n", lk_get_num_threads(), lk__num_threads_from(), lk__cpus_available());
     char caps[256];
     printf("cpu low-prec.   : %s\n", lk_cpu_lowp_features(caps, sizeof caps));
     printf("32-true GEMM    : %s (LK_F32_GEMM=auto|onednn|openblas)\n", lk_autocast_gemm_path(LK_F32));
@@ -125,8 +124,9 @@ int lk_cmd_env(int argc, char **argv) {
     printf("LK_* variables  :\n");
     for (int i = 0; i < n; i++) {
         const char *v = getenv(ev[i].name);
-        printf("  %-18s = %-10s %s%s%s\n", ev[i].name, v ? v : (ev[i].default_value ? ev[i].default_value : "-"),
-               v ? "(set)" : "(default)", ev[i].help ? "  " : "", ev[i].help ? ev[i].help : "");
+        printf("  %-18s = %-10s %s%s%s%s%s%s\n", ev[i].name, v ? v : (ev[i].default_value ? ev[i].default_value : "-"),
+               v ? "(set)" : "(default)", ev[i].help ? "  " : "", ev[i].help ? ev[i].help : "",
+               ev[i].setting ? " [" : "", ev[i].setting ? ev[i].setting : "", ev[i].setting ? " wins when set]" : "");
     }
     /* dist tunables not (yet) in the core table: shown when set */
     const char *extra[] = {"LK_COMM_SHM_BYTES", "LK_COMM_CHECK_DESYNC", "LK_COMM_SHM_SMALL", "LK_COMM_SHM_SLICE"};
@@ -136,5 +136,116 @@ int lk_cmd_env(int argc, char **argv) {
         const char *v = getenv(extra[i]);
         if (!declared && v) printf("  %-18s = %s (set)\n", extra[i], v);
     }
+    return settings(cfg);
+}
+
+/* One line of the settings section: "name = value (from SOURCE)", or
+ * "(default...)" when nothing set it. */
+static void setting(const char *name, const char *value, const char *from, const char *note) {
+    bool def = !strcmp(from, "default");
+    printf("  %-14s = %s (%s%s%s%s)\n", name, value, def ? "default" : "from ", def ? "" : from, note ? "; " : "",
+           note ? note : "");
+}
+
+/* The settings an LK_* variable can also give: their effective values and
+ * where each came from, under the one rule (core.h, lk_env_var): a key
+ * the config sets wins over the variable, which wins over the default.
+ * `cfg` is the config given to this command (-c files, --key overrides:
+ * those of the fit it stands for). */
+static int settings(const lk_config *cfg) {
+    lk_trainer_config tc;
+    if (lk_trainer_config_default(&tc) || lk_trainer_config_apply(lk_config_get(cfg, "trainer"), &tc)) {
+        fprintf(stderr, "lockstep env: error: %s\n", lk_last_error());
+        return 2;
+    }
+    char v[LK_PARAM_STR + 64], from[LK_PARAM_STR], note[256];
+    printf("settings        : effective values; a key the config sets wins over its LK_* variable, which wins "
+           "over the default\n");
+    snprintf(v, sizeof v, "%g", tc.comm_timeout);
+    setting("comm_timeout", v, lk_trainer_config_comm_timeout_from(&tc, from, sizeof from), NULL);
+
+    /* Threads per rank: ranks already launched share this node as the
+     * launcher said; a fit started here launches trainer.devices ranks. */
+    lk_pg_info pg;
+    int local = 1;
+    bool launched = !lk_pg_info_from_env(&pg) && pg.world_size > 1;
+    if (launched) local = pg.local_world_size;
+    else if (tc.devices > 1 && strcmp(tc.strategy, "single") && strcmp(tc.strategy, "dp")) local = (int)tc.devices;
+    lk_clear_error(); /* an invalid process group is reported above */
+    const char *tfrom;
+    int threads = lk__threads_preview(local, &tfrom);
+    int cpus = lk__cpus_available();
+    snprintf(v, sizeof v, "%d", threads);
+    snprintf(note, sizeof note, "a rank's share: %d CPU%s this process may use / %d rank%s on this node", cpus,
+             cpus == 1 ? "" : "s", local, local == 1 ? "" : "s");
+    bool capped = strcmp(tfrom, "default") && atol(getenv("LK_NUM_THREADS")) != threads;
+    if (capped)
+        snprintf(note, sizeof note, "it asks for %s; a rank's share of the %d CPU%s is %d", getenv("LK_NUM_THREADS"),
+                 cpus, cpus == 1 ? "" : "s", threads);
+    setting("num_threads", v, tfrom, strcmp(tfrom, "default") && !capped ? NULL : note);
+
+    const char *forced = lk_env_get("LK_COMM_BACKEND");
+    bool by_env = forced && *forced && strcmp(forced, "auto");
+    setting("comm_backend", by_env ? forced : "auto", by_env ? "LK_COMM_BACKEND" : "default",
+            by_env ? NULL : "self for one process, shm on one node, mpi across nodes, nccl between GPUs");
+
+    const lk_config_node *root = lk_config_get(cfg, "data.init_args.root");
+    const char *rt = lk_config_node_text(root);
+    if (rt && *rt && !lk_config_node_is_null(root)) {
+        setting("data_root", rt, lk_config_node_origin(root, "data.init_args.root", from, sizeof from), NULL);
+    } else if (lk_env_is_set("LK_DATA_ROOT")) {
+        setting("data_root", getenv("LK_DATA_ROOT"), "LK_DATA_ROOT", "then $LK_DATA_ROOT/fashion-mnist");
+    } else {
+        setting("data_root", "/usr/share/datasets/fashion-mnist", "default", "the dataset-fashion-mnist package");
+    }
+
+    const char *rfrom;
+    snprintf(v, sizeof v, "%d", lk_cli_max_restarts_from_env(&rfrom));
+    setting("max_restarts", v, rfrom, "lockstep fit with devices > 1, and lockstep launch without --max-restarts");
+
+    static const char *const levels[] = {"debug", "info", "warn", "error", "off"};
+    setting("log_level", levels[lk_log_get_level()], lk__log_level_from(), NULL);
     return 0;
+}
+
+int lk_cmd_env(int argc, char **argv) {
+    if (argc > 1 && (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help"))) {
+        printf("usage: lockstep env [-c CONFIG.yaml]... [--SECTION.KEY VALUE]...\n\n"
+               "Prints the hardware, the process group detected from the environment,\n"
+               "the communicator backends built, the settings an LK_* variable can also\n"
+               "give (their effective values and where each came from) and the LK_*\n"
+               "variables. Config files and overrides, as `lockstep fit` takes them,\n"
+               "show which of their keys win over a variable.\n");
+        return 0;
+    }
+    lk_config_args args;
+    if (lk_config_args_parse(argc - 1, argv + 1, NULL, 0, &args)) {
+        fprintf(stderr, "lockstep env: error: %s\n", lk_last_error());
+        return 2;
+    }
+    if (args.nrest > 0) {
+        fprintf(stderr, "lockstep env: unexpected argument '%s' (it takes -c files and --key overrides only)\n",
+                args.rest[0]);
+        lk_config_args_free(&args);
+        return 2;
+    }
+    lk_config *cfg = lk_config_create();
+    if (!cfg || lk_config_load_args(cfg, &args)) {
+        fprintf(stderr, "lockstep env: error: %s\n", cfg ? lk_last_error() : "out of memory");
+        lk_config_free(cfg);
+        lk_config_args_free(&args);
+        return 2;
+    }
+    /* A config the settings cannot read is refused before anything is printed */
+    lk_trainer_config tc;
+    if (lk_trainer_config_default(&tc) || lk_trainer_config_apply(lk_config_get(cfg, "trainer"), &tc)) {
+        fprintf(stderr, "lockstep env: error: %s\n", lk_last_error());
+        lk_config_free(cfg);
+        lk_config_args_free(&args);
+        return 2;
+    }
+    int rc = env_report(cfg);
+    lk_config_free(cfg);
+    lk_config_args_free(&args);
+    return rc;
 }

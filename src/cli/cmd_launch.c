@@ -23,7 +23,8 @@ static void usage(FILE *f) {
             "  --master-addr ADDR                default 127.0.0.1\n"
             "  --master-port PORT                default: a free port\n"
             "  --job-id ID                       names the shm segment (default: unique)\n"
-            "  --max-restarts K                  restart the job up to K times after a rank fails (default 0)\n"
+            "  --max-restarts K                  restart the job up to K times after a rank fails\n"
+            "                                    (default: LK_MAX_RESTARTS, else 0)\n"
             "  --prefix-all                      prefix rank 0's lines too\n"
             "  --quiet                           no launcher status lines\n");
 }
@@ -39,9 +40,17 @@ static int parse_int(const char *opt, const char *v, int lo, int hi, int *out) {
     return 1;
 }
 
+int lk_cli_max_restarts_from_env(const char **from) {
+    double v;
+    bool set = lk_env_get_number("LK_MAX_RESTARTS", 0, 1000000, &v); /* lk_launch's range; else said once */
+    if (from) *from = set ? "LK_MAX_RESTARTS" : "default";
+    return set ? (int)v : 0;
+}
+
 int lk_cmd_launch(int argc, char **argv) {
     lk_launch_options opt = lk_launch_options_default();
     int n = 0, i = 1;
+    bool restarts_given = false;
     for (; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--")) {
@@ -66,6 +75,7 @@ int lk_cmd_launch(int argc, char **argv) {
             i++;
         } else if (!strcmp(a, "--max-restarts") || !strcmp(a, "--max_restarts")) {
             if (!parse_int(a, v, 0, 1000000, &opt.max_restarts)) return 2;
+            restarts_given = true;
             i++;
         } else if (!strcmp(a, "--prefix-all")) {
             opt.prefix_all = true;
@@ -87,6 +97,13 @@ int lk_cmd_launch(int argc, char **argv) {
         fprintf(stderr, "lockstep launch: no command given (expected: lockstep launch -n %d -- command args...)\n", n);
         return 2;
     }
+    /* The flag wins over LK_MAX_RESTARTS, which wins over the default 0:
+     * the rule every LK_* variable follows (lockstep fit reads it too). */
+    const char *from = "--max-restarts";
+    if (!restarts_given) opt.max_restarts = lk_cli_max_restarts_from_env(&from);
+    if (opt.max_restarts > 0 && !opt.quiet)
+        fprintf(stderr, "lockstep launch: up to %d restart%s (from %s)\n", opt.max_restarts,
+                opt.max_restarts == 1 ? "" : "s", from);
     int code = 1;
     if (lk_launch(n, argv + i, &opt, &code)) {
         fprintf(stderr, "lockstep launch: %s\n", lk_last_error());

@@ -494,7 +494,7 @@ int lk_cmd_fit(int argc, char **argv) {
         for (int i = 0; i < argc; i++) child[i + 1] = argv[i];
         lk_launch_options lo = lk_launch_options_default();
         lo.quiet = true;
-        lo.max_restarts = (int)lk_env_get_long("LK_MAX_RESTARTS", 0); /* launch --max-restarts for fit's own ranks */
+        lo.max_restarts = lk_cli_max_restarts_from_env(NULL); /* launch --max-restarts for fit's own ranks */
         if (!strcmp(rs.trainer.strategy, "ddp_spawn")) { /* fork this process instead of executing it again */
             lo.child_main = run_local;
             lo.child_ctx = &local;

@@ -76,8 +76,9 @@ lk_comm_config lk_comm_config_default(void) {
     memset(&c, 0, sizeof c);
     c.struct_size = sizeof c;
     c.backend = "auto";
-    c.timeout_s = lk_env_get_double("LK_COMM_TIMEOUT", 120.0);
-    if (!(c.timeout_s > 0)) c.timeout_s = 120.0;
+    /* The variable fills the default (within trainer.comm_timeout's bounds,
+     * one range however the value is given); a caller's own timeout_s wins. */
+    if (!lk_env_get_number("LK_COMM_TIMEOUT", 0.1, 1e6, &c.timeout_s)) c.timeout_s = 120.0;
     c.check_desync = lk_env_get_long("LK_COMM_CHECK_DESYNC", 1) != 0;
     return c;
 }
@@ -96,6 +97,26 @@ lk_status lk__comm_fail(lk_comm *c, lk_status st) {
         pthread_mutex_unlock(&c->err_mu);
     }
     return st;
+}
+
+const char *lk__comm_timeout_words(const lk_comm *c, char *buf, size_t size) {
+    if (!strcmp(c->timeout_from, "default"))
+        snprintf(buf, size, "comm_timeout, the default; trainer.comm_timeout or LK_COMM_TIMEOUT sets it");
+    else
+        snprintf(buf, size, "comm_timeout from %s", c->timeout_from);
+    return buf;
+}
+
+/* A backend that names the bound as "(comm_timeout, LK_COMM_TIMEOUT)"
+ * (shm) gets the setting's actual source put in: the variable is not the
+ * setting when a config's trainer.comm_timeout won over it. */
+static void name_timeout_source(lk_comm *c, lk_status st) {
+    static const char generic[] = "(comm_timeout, LK_COMM_TIMEOUT)";
+    const char *msg = lk_last_error(), *at = strstr(msg, generic);
+    if (st != LK_STATUS_TIMEOUT || !at) return;
+    char words[LK_PARAM_STR + 96];
+    lk__comm_timeout_words(c, words, sizeof words);
+    lk_error(st, "%.*s(%s)%s", (int)(at - msg), msg, words, at + sizeof generic - 1);
 }
 
 static lk_status failed_fast(lk_comm *c, const char *what) {
@@ -201,6 +222,15 @@ lk_status lk_comm_create(const lk_comm_config *cfg_in, lk_comm **out) {
     c->vt = vt;
     c->pg = pg;
     c->timeout_s = cfg.timeout_s;
+    double env_s;
+    if (cfg.timeout_from && *cfg.timeout_from)
+        snprintf(c->timeout_from, sizeof c->timeout_from, "%s", cfg.timeout_from);
+    else if (lk_env_get_number("LK_COMM_TIMEOUT", 0.1, 1e6, &env_s) && env_s == cfg.timeout_s)
+        snprintf(c->timeout_from, sizeof c->timeout_from, "LK_COMM_TIMEOUT");
+    else if (!lk_env_is_set("LK_COMM_TIMEOUT") && cfg.timeout_s == 120.0)
+        snprintf(c->timeout_from, sizeof c->timeout_from, "default");
+    else
+        snprintf(c->timeout_from, sizeof c->timeout_from, "lk_comm_config.timeout_s");
     c->check_desync = cfg.check_desync;
     c->next_seq = 1;
     c->long_root = -1;
@@ -347,7 +377,10 @@ static lk_status run_one(lk_comm *c, const lk__coll *op) {
         return failed_fast(c, d);
     }
     lk_status st = c->vt->run(c, op);
-    if (st) lk__comm_fail(c, st);
+    if (st) {
+        name_timeout_source(c, st);
+        lk__comm_fail(c, st);
+    }
     return st;
 }
 

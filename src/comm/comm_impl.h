@@ -73,6 +73,7 @@ struct lk_comm {
     void *impl;
     lk_pg_info pg;
     double timeout_s;
+    char timeout_from[LK_PARAM_STR]; /* where timeout_s came from (lk_comm_config.timeout_from) */
     bool check_desync;
     char job_id[96];
     uint64_t next_seq; /* issuing thread only */
@@ -150,6 +151,10 @@ static inline uint64_t lk__paused_ns(uint64_t now, uint64_t *prev) {
 
 /* Sets the sticky failure (first one wins) and tells peers. Returns `st`. */
 lk_status lk__comm_fail(lk_comm *c, lk_status st);
+/* The words a timeout message puts in parentheses after "timed out after
+ * N s": the setting and where its value came from ("comm_timeout from
+ * LK_COMM_TIMEOUT"). Returns buf. */
+const char *lk__comm_timeout_words(const lk_comm *c, char *buf, size_t size);
 
 /* ---- reductions (reduce.c) ---- */
 /* dst[i] = op(srcs[0][i], ..., srcs[n-1][i]) folded strictly in order

@@ -161,10 +161,10 @@ static lk_status finish(lk_comm *c, MPI_Request *req, const lk__coll *op) {
                             what, (double)(now - t0) * 1e-9, c->long_root, c->long_what, c->long_limit_name, c->long_limit_s);
         }
         if (now - t0 >= limit) {
+            char words[LK_PARAM_STR + 96];
             lk__coll_describe(op, what, sizeof what);
-            return lk_error(LK_STATUS_TIMEOUT,
-                            "%s timed out after %.1f s (comm_timeout, LK_COMM_TIMEOUT) in MPI; some rank did not arrive",
-                            what, (double)(now - t0) * 1e-9);
+            return lk_error(LK_STATUS_TIMEOUT, "%s timed out after %.1f s (%s) in MPI; some rank did not arrive", what,
+                            (double)(now - t0) * 1e-9, lk__comm_timeout_words(c, words, sizeof words));
         }
     }
 }

@@ -137,11 +137,12 @@ static lk_status wait_nccl(lk_comm *c, nccl_impl *m, cudaEvent_t ev, const char 
             return lk_error(LK_STATUS_ABORTED, "nccl: %s on rank %d: aborted (lk_comm_abort)", what, c->pg.rank);
         }
         if ((double)(now - start) * 1e-9 > c->timeout_s) {
+            char words[LK_PARAM_STR + 96];
             ncclCommAbort(m->nc), m->dead = true;
             return lk_error(LK_STATUS_TIMEOUT,
-                            "nccl: %s on rank %d did not complete within %.0f s (comm_timeout): a peer died, hangs or "
+                            "nccl: %s on rank %d did not complete within %.0f s (%s): a peer died, hangs or "
                             "is in another collective; the communicator was aborted",
-                            what, c->pg.rank, c->timeout_s);
+                            what, c->pg.rank, c->timeout_s, lk__comm_timeout_words(c, words, sizeof words));
         }
         sleep_us(50);
     }

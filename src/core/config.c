@@ -761,6 +761,16 @@ char *lk_config_node_where(const lk_config_node *n, char *buf, size_t size) {
     return where_at(n->file, n->line, n->col, buf, size);
 }
 
+char *lk_config_node_origin(const lk_config_node *n, const char *key, char *buf, size_t size) {
+    if (n && n->file && !strcmp(n->file, "command line")) {
+        snprintf(buf, size, "--%s on the command line", key);
+        return buf;
+    }
+    char w[1024];
+    snprintf(buf, size, "%s in %s", key, lk_config_node_where(n, w, sizeof w));
+    return buf;
+}
+
 /* ---- applying to parameter tables ----------------------------------------------------- */
 
 static const char *param_type_word(const lk_param *p) {

@@ -1,10 +1,14 @@
-/* Clocks, and the single table of every LK_* environment variable. */
+/* Clocks, the single table of every LK_* environment variable (with the
+ * config key or flag that wins over it, core.h's one precedence rule), and
+ * the once-only warnings about their values. */
 #define _POSIX_C_SOURCE 200809L
 #include "lockstep/core.h"
 
 #include <errno.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -28,31 +32,39 @@ double lk_time_cpu(void) {
 }
 
 static const lk_env_var env_vars[] = {
-    {"LK_LOG_LEVEL", "info", "log level: debug, info, warn, error, off"},
-    {"LK_NUM_THREADS", NULL, "BLAS/compute threads per rank (default: cores / local ranks)"},
-    {"LK_COMM_TIMEOUT", "120", "seconds any collective may wait before failing"},
-    {"LK_COMM_BACKEND", NULL, "force a communicator backend: shm, mpi, nccl, self"},
-    {"LK_JOB_ID", NULL, "job id naming the shared-memory segment (set by the launcher)"},
-    {"LK_DATA_ROOT", NULL, "default root for datasets"},
-    {"PL_GLOBAL_SEED", NULL, "Lightning's: the seed when the config sets neither seed_everything nor trainer.seed"},
-    {"PL_SEED_WORKERS", NULL, "Lightning's: accepted; lockstep always seeds data workers"},
-    {"LK_COMM_SHM_BYTES", "1073741824", "per-rank shared heap of the shm communicator (virtual until touched)"},
-    {"LK_COMM_CHECK_DESYNC", "1", "mpi: exchange collective signatures to catch desync (0: off)"},
-    {"LK_COMM_SHM_SMALL", "65536", "shm: all-reduce messages up to this many bytes take one step"},
-    {"LK_COMM_SHM_SLICE", "16384", "shm: bytes an in-segment all-reduce reduces, then writes to every rank, at a time"},
-    {"LK_COMM_TEST_DELAY_MS", "0", "tests only: delay every asynchronous collective by this many ms"},
-    {"LK_TEST_STEP_DELAY_MS", "0", "tests only: sleep this many ms after every optimizer step (signal tests)"},
+    {"LK_LOG_LEVEL", "info", "log level: debug, info, warn, error, off", NULL},
+    {"LK_NUM_THREADS", NULL,
+     "compute threads per rank (default: the CPUs this process may use / local ranks; more than that is capped)", NULL},
+    {"LK_COMM_TIMEOUT", "120", "seconds any collective may wait before failing", "trainer.comm_timeout"},
+    {"LK_COMM_BACKEND", NULL, "force a communicator backend: shm, mpi, nccl, self", NULL},
+    {"LK_JOB_ID", NULL, "job id naming the shared-memory segment (the launcher sets it for its ranks: lockstep "
+                        "launch --job-id, else a fresh one)", NULL},
+    {"LK_DATA_ROOT", NULL, "default root for datasets", "data.init_args.root"},
+    {"PL_GLOBAL_SEED", NULL, "Lightning's: the seed when the config sets neither seed_everything nor trainer.seed",
+     "seed_everything or trainer.seed"},
+    {"PL_SEED_WORKERS", NULL, "Lightning's: accepted; lockstep always seeds data workers", NULL},
+    {"LK_COMM_SHM_BYTES", "1073741824", "per-rank shared heap of the shm communicator (virtual until touched)", NULL},
+    {"LK_COMM_CHECK_DESYNC", "1", "mpi: exchange collective signatures to catch desync (0: off)", NULL},
+    {"LK_COMM_SHM_SMALL", "65536", "shm: all-reduce messages up to this many bytes take one step", NULL},
+    {"LK_COMM_SHM_SLICE", "16384", "shm: bytes an in-segment all-reduce reduces, then writes to every rank, at a time",
+     NULL},
+    {"LK_COMM_TEST_DELAY_MS", "0", "tests only: delay every asynchronous collective by this many ms", NULL},
+    {"LK_TEST_STEP_DELAY_MS", "0", "tests only: sleep this many ms after every optimizer step (signal tests)", NULL},
     {"LK_TEST_GRAD_OVERFLOW", NULL, "tests only: RANK:STEP makes that rank's first gradient +inf after the "
-                                    "all-reduce of that optimizer step (loss scaler tests)"},
+                                    "all-reduce of that optimizer step (loss scaler tests)", NULL},
     {"LK_TEST_LOSS_NAN", NULL, "tests only: RANK:STEP makes that rank's loss check see NaN at that step (one rank's "
-                               "non-finite loss under ddp)"},
-    {"LK_MAX_RESTARTS", "0", "lockstep fit with devices > 1: restart the ranks from last.ckpt up to N times after a failure"},
-    {"LK_ALLOW_OVERSUBSCRIBE", "0", "1: allow more ranks (trainer.devices) than CPU cores"},
-    {"LK_ONEDNN", "1", "0: run bf16/f16 GEMMs through f32 instead of oneDNN (to compare)"},
+                               "non-finite loss under ddp)", NULL},
+    {"LK_MAX_RESTARTS", "0",
+     "restart the ranks (lockstep fit from last.ckpt) up to N times after a failure: lockstep fit with devices > 1, "
+     "lockstep launch", "lockstep launch --max-restarts"},
+    {"LK_ALLOW_OVERSUBSCRIBE", "0", "1: allow more ranks (trainer.devices) than CPU cores", NULL},
+    {"LK_ONEDNN", "1", "0: run bf16/f16 GEMMs through f32 instead of oneDNN (to compare)", NULL},
     {"LK_F32_GEMM", "auto", "onednn|openblas: which library runs the f32 GEMMs (32-true, f32 ops); auto: oneDNN on an "
-                        "AMX-class CPU, where it was measured faster, else OpenBLAS (the two differ in the last bits)"},
-    {"LK_GRAPHS", "1", "0: issue a training step's device work op by op instead of replaying it as graphs (single strategy, devices that capture)"},
-    {"LK_NVML_LIBRARY", "libnvidia-ml.so.1", "NVML library dlopened for GPU stats (tests point it at a missing file)"},
+                        "AMX-class CPU, where it was measured faster, else OpenBLAS (the two differ in the last bits)", NULL},
+    {"LK_GRAPHS", "1", "0: issue a training step's device work op by op instead of replaying it as graphs (single "
+                       "strategy, devices that capture)", NULL},
+    {"LK_NVML_LIBRARY", "libnvidia-ml.so.1", "NVML library dlopened for GPU stats (tests point it at a missing file)",
+     NULL},
 };
 
 const lk_env_var *lk_env_vars(int *count) {
@@ -68,17 +80,31 @@ const char *lk_env_get(const char *name) {
     return NULL;
 }
 
-/* A value that is not a number is said once per variable (rank 0), never
- * silently replaced by the default: LK_NUM_THREADS=four would otherwise
- * look like a setting that took. */
+bool lk_env_is_set(const char *name) {
+    const char *v = getenv(name);
+    return v && *v;
+}
+
+/* A bad value is said once per variable (rank 0), never silently replaced
+ * by the default: LK_NUM_THREADS=four would otherwise look like a setting
+ * that took. One bit per declared variable, shared by every reader. */
 static _Atomic unsigned long long warned;
 
-static void bad_value(const char *name, const char *v, const char *what) {
+void lk__env_warn_once(const char *name, const char *fmt, ...) {
     unsigned long long bit = 0;
     for (size_t i = 0; i < sizeof env_vars / sizeof env_vars[0] && i < 64; i++)
         if (!strcmp(env_vars[i].name, name)) bit = 1ull << i;
     if (bit && (atomic_fetch_or(&warned, bit) & bit)) return;
-    lk_warn0("%s='%s' is not %s: ignored, as if it were unset", name, v, what);
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    lk_warn0("%s", msg);
+}
+
+static void bad_value(const char *name, const char *v, const char *what) {
+    lk__env_warn_once(name, "%s='%s' is not %s: ignored, as if it were unset", name, v, what);
 }
 
 long lk_env_get_long(const char *name, long fallback) {
@@ -100,4 +126,16 @@ double lk_env_get_double(const char *name, double fallback) {
     if (end != v && *end == 0 && isfinite(x)) return x;
     bad_value(name, v, "a finite number");
     return fallback;
+}
+
+bool lk_env_get_number(const char *name, double lo, double hi, double *out) {
+    if (!lk_env_is_set(name)) return false;
+    double x = lk_env_get_double(name, NAN); /* not a number: said there */
+    if (isnan(x)) return false;
+    if (x < lo || x > hi) {
+        lk__env_warn_once(name, "%s=%s is outside %g..%g: ignored, as if it were unset", name, getenv(name), lo, hi);
+        return false;
+    }
+    *out = x;
+    return true;
 }

@@ -10,26 +10,42 @@
 static int log_rank = -1;
 static int log_world = 0;
 static int log_level = -1; /* -1: read LK_LOG_LEVEL on first use */
+static const char *log_level_from = "default";
 
 void lk_log_set_rank(int rank, int world_size) {
     log_rank = rank;
     log_world = world_size;
 }
 int lk_log_rank(void) { return log_rank; }
-void lk_log_set_level(lk_log_level level) { log_level = (int)level; }
+void lk_log_set_level(lk_log_level level) {
+    log_level = (int)level;
+    log_level_from = "lk_log_set_level";
+}
 
 lk_log_level lk_log_get_level(void) {
     if (log_level < 0) {
-        const char *s = lk_env_get("LK_LOG_LEVEL");
-        log_level = LK_LOG_INFO;
-        if (s) {
-            if (!strcmp(s, "debug")) log_level = LK_LOG_DEBUG;
-            else if (!strcmp(s, "warn")) log_level = LK_LOG_WARN;
-            else if (!strcmp(s, "error")) log_level = LK_LOG_ERROR;
-            else if (!strcmp(s, "off")) log_level = LK_LOG_OFF;
+        static const char *const names[] = {"debug", "info", "warn", "error", "off"};
+        log_level = LK_LOG_INFO; /* set first: the warning below logs */
+        if (lk_env_is_set("LK_LOG_LEVEL")) {
+            const char *s = getenv("LK_LOG_LEVEL");
+            int found = -1;
+            for (int i = 0; i < 5; i++)
+                if (!strcmp(s, names[i])) found = i;
+            if (found >= 0) {
+                log_level = found;
+                log_level_from = "LK_LOG_LEVEL";
+            } else {
+                lk__env_warn_once("LK_LOG_LEVEL", "LK_LOG_LEVEL=%s is none of debug, info, warn, error, off: "
+                                  "ignored, as if it were unset (info)", s);
+            }
         }
     }
     return (lk_log_level)log_level;
+}
+
+const char *lk__log_level_from(void) {
+    lk_log_get_level();
+    return log_level_from;
 }
 
 void lk_logf(lk_log_level level, bool rank0_only, const char *fmt, ...) {

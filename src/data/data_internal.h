@@ -28,6 +28,15 @@ void lk__field_init(lk_field *f, const char *name, int pos, lk_dtype dt, int ndi
 
 /* n = product of shape, or -1 when it overflows int64 or a dim is negative. */
 int64_t lk__shape_numel(int ndim, const int64_t *shape);
+/* lk_dataset_mnist_create's lookup: the image and label files of `split`,
+ * the directory they are in and the setting it came from
+ * ("data.init_args.root" for a root given, "LK_DATA_ROOT", "default").
+ * dir_used and from may be NULL. */
+lk_status lk__mnist_locate(const char *root, const char *split, char *img, char *lab, size_t size, char *dir_used,
+                           size_t dir_size, const char **from);
+/* lk_dataset_mnist_create, also saying where the files were found. */
+lk_status lk__dataset_mnist_create_from(const char *root, const char *split, lk_dataset **out, char *dir_used,
+                                        size_t dir_size, const char **from);
 
 /* lk_array_alloc without zeroing, for readers that fill every byte. */
 lk_status lk__array_alloc_uninit(lk_array *a, lk_dtype dt, int ndim, const int64_t *shape);

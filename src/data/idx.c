@@ -7,6 +7,7 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -234,53 +235,113 @@ lk_status lk_dataset_idx_pair_create(const char *images_path, const char *labels
     return idx_pair_load(images_path, labels_path, 0, 0, out);
 }
 
-static bool file_exists(const char *p) {
+/* What cannot be read when a look into `dir` failed with *err: the
+ * directory itself when it is the culprit (no search permission, not a
+ * directory), else the file. */
+static const char *culprit(const char *dir, const char *file, int *err) {
     struct stat s;
-    return stat(p, &s) == 0 && S_ISREG(s.st_mode);
+    if (stat(dir, &s) != 0) {
+        if (errno == ENOENT) return file;
+        *err = errno;
+        return dir;
+    }
+    if (!S_ISDIR(s.st_mode)) {
+        *err = ENOTDIR;
+        return dir;
+    }
+    if (access(dir, X_OK) != 0) {
+        *err = errno;
+        return dir;
+    }
+    return file;
 }
 
-/* Finds "<dir>/<base>" or "<dir>/<base>.gz"; appends each try to `tried`. */
-static bool find_file(const char *dir, const char *base, char *found, size_t n, char *tried, size_t tn) {
+/* Finds "<dir>/<base>" or "<dir>/<base>.gz"; appends each try to `tried`.
+ * 1: found (in `found`); 0: neither is there; -1: a look failed for
+ * another reason than absence (permissions, not a directory): *err holds
+ * it and `found` the path it failed on. Only ENOENT means "not there":
+ * a directory that exists but cannot be read is reported as such, never
+ * as a dataset to install. */
+static int find_file(const char *dir, const char *base, char *found, size_t n, char *tried, size_t tn, int *err) {
     static const char *const ext[] = {".gz", ""};
     for (int e = 0; e < 2; e++) {
         if (snprintf(found, n, "%s/%s%s", dir, base, ext[e]) >= (int)n) continue;
-        if (file_exists(found)) return true;
+        struct stat s;
+        if (stat(found, &s) == 0) {
+            if (S_ISREG(s.st_mode)) return 1;
+        } else if (errno != ENOENT) {
+            *err = errno;
+            return -1;
+        }
         size_t k = strlen(tried);
         if (k + 4 < tn && snprintf(tried + k, tn - k, "%s%s", k ? ", " : "", found) >= (int)(tn - k))
             tried[tn - 1] = 0;
     }
-    return false;
+    return 0;
 }
 
-lk_status lk_dataset_mnist_create(const char *root, const char *split, lk_dataset **out) {
-    *out = NULL;
+lk_status lk__mnist_locate(const char *root, const char *split, char *img, char *lab, size_t size, char *dir_used,
+                           size_t dir_size, const char **from) {
     const char *prefix;
     if (!split || !strcmp(split, "train")) prefix = "train";
     else if (!strcmp(split, "test") || !strcmp(split, "t10k")) prefix = "t10k";
     else return lk_error(LK_STATUS_INVALID_ARGUMENT, "mnist: split '%s', expected 'train' or 'test'", split);
+    /* Where to look, each with the setting it comes from: a root given
+     * wins over LK_DATA_ROOT, which wins over the Debian package's place. */
     char dirs[3][PATH_MAX];
+    const char *froms[3];
     int ndirs = 0;
-    if (root) snprintf(dirs[ndirs++], PATH_MAX, "%s", root);
-    else {
-        const char *env = lk_env_get("LK_DATA_ROOT");
+    if (root && *root) {
+        snprintf(dirs[ndirs], PATH_MAX, "%s", root);
+        froms[ndirs++] = "data.init_args.root";
+    } else {
+        const char *env = lk_env_is_set("LK_DATA_ROOT") ? getenv("LK_DATA_ROOT") : NULL;
         if (env) {
-            snprintf(dirs[ndirs++], PATH_MAX, "%s", env);
-            snprintf(dirs[ndirs++], PATH_MAX, "%.*s/fashion-mnist", PATH_MAX - 20, env);
+            snprintf(dirs[ndirs], PATH_MAX, "%s", env);
+            froms[ndirs++] = "LK_DATA_ROOT";
+            snprintf(dirs[ndirs], PATH_MAX, "%.*s/fashion-mnist", PATH_MAX - 20, env);
+            froms[ndirs++] = "LK_DATA_ROOT";
         }
-        snprintf(dirs[ndirs++], PATH_MAX, "/usr/share/datasets/fashion-mnist");
+        snprintf(dirs[ndirs], PATH_MAX, "/usr/share/datasets/fashion-mnist");
+        froms[ndirs++] = "default";
     }
-    char img_base[64], lab_base[64], img[PATH_MAX + 64], lab[PATH_MAX + 64], tried[4096] = "";
+    char img_base[64], lab_base[64], tried[4096] = "";
     snprintf(img_base, sizeof img_base, "%s-images-idx3-ubyte", prefix);
     snprintf(lab_base, sizeof lab_base, "%s-labels-idx1-ubyte", prefix);
     for (int d = 0; d < ndirs; d++) {
-        if (find_file(dirs[d], img_base, img, sizeof img, tried, sizeof tried) &&
-            find_file(dirs[d], lab_base, lab, sizeof lab, tried, sizeof tried))
-            return idx_pair_load(img, lab, 10, 28, out); /* MNIST and Fashion-MNIST: 10 classes of 28x28 */
+        int err = 0, fi = find_file(dirs[d], img_base, img, size, tried, sizeof tried, &err);
+        int fl = fi == 1 ? find_file(dirs[d], lab_base, lab, size, tried, sizeof tried, &err) : 0;
+        if (fi < 0 || fl < 0) {
+            /* A place the user pointed at that cannot be read ends the
+             * search: falling through to another copy would train on data
+             * they did not ask for. */
+            const char *what = culprit(dirs[d], fi < 0 ? img : lab, &err);
+            bool def = !strcmp(froms[d], "default");
+            return lk_error(LK_STATUS_IO, "mnist %s split: cannot read %s: %s (%s%s)", prefix, what, strerror(err),
+                            def ? "the default directory" : "from ", def ? "" : froms[d]);
+        }
+        if (fi == 1 && fl == 1) {
+            if (dir_used) snprintf(dir_used, dir_size, "%s", dirs[d]);
+            if (from) *from = froms[d];
+            return LK_STATUS_OK;
+        }
     }
     return lk_error(LK_STATUS_IO,
                     "mnist %s split not found; tried %s (install dataset-fashion-mnist, set LK_DATA_ROOT, or pass "
                     "the directory holding %s[.gz])",
                     prefix, tried, img_base);
+}
+
+lk_status lk__dataset_mnist_create_from(const char *root, const char *split, lk_dataset **out, char *dir_used,
+                                        size_t dir_size, const char **from) {
+    *out = NULL;
+    char img[PATH_MAX + 64], lab[PATH_MAX + 64];
+    LK_TRY(lk__mnist_locate(root, split, img, lab, sizeof img, dir_used, dir_size, from));
+    return idx_pair_load(img, lab, 10, 28, out); /* MNIST and Fashion-MNIST: 10 classes of 28x28 */
+}
+
+lk_status lk_dataset_mnist_create(const char *root, const char *split, lk_dataset **out) {
+    return lk__dataset_mnist_create_from(root, split, out, NULL, 0, NULL);
 }
 
 lk_status lk_data_mnist_download(const char *root, const char *base_url, long timeout_s) {
@@ -294,7 +355,14 @@ lk_status lk_data_mnist_download(const char *root, const char *base_url, long ti
         if (snprintf(dest, sizeof dest, "%s/%s", root, files[i]) >= (int)sizeof dest ||
             snprintf(url, sizeof url, "%s%s%s", base_url, sep, files[i]) >= (int)sizeof url)
             return lk_error(LK_STATUS_INVALID_ARGUMENT, "mnist download: root or URL too long");
-        if (file_exists(dest)) continue;
+        struct stat sb;
+        int rc = stat(dest, &sb);
+        if (rc == 0 && S_ISREG(sb.st_mode)) continue;
+        if (rc != 0 && errno != ENOENT) { /* there but unreadable: say so instead of downloading over it */
+            int err = errno;
+            const char *what = culprit(root, dest, &err);
+            return lk_error(LK_STATUS_IO, "mnist download: cannot read %s: %s", what, strerror(err));
+        }
         LK_TRY(lk_data_download(url, dest, timeout_s));
         /* A proxy's error page saved as data would fail much later: check now. */
         lk_array a;

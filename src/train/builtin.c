@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "data/data_internal.h"
 #include "train/train_impl.h"
 
 /* ---- modules -------------------------------------------------------------------- */
@@ -224,18 +225,22 @@ const lk_datamodule_info *lk_datamodules(int *count) {
     return datamodules;
 }
 
+static const lk_datamodule_vtable dm_vt;
+
 typedef struct {
     dm_args a;
     int kind; /* 0 fashion_mnist, 1 synthetic */
     uint64_t seed;
     lk_dataset *train, *val, *test;
+    char data_dir[LK_PATH]; /* fashion_mnist: the directory the files came from, once set up */
+    const char *data_from;  /* and the setting that named it: data.init_args.root, LK_DATA_ROOT or default */
 } dm_self;
 
 /* Fashion-MNIST images are 28x28: lk_dataset_mnist_create refuses an idx
  * header of another geometry, naming the file, before the reshape below. */
 static lk_status fmnist_split(dm_self *s, const char *split, lk_dataset **out) {
     lk_dataset *raw = NULL, *mapped = NULL, *sel = NULL;
-    LK_TRY(lk_dataset_mnist_create(s->a.root[0] ? s->a.root : NULL, split, &raw));
+    LK_TRY(lk__dataset_mnist_create_from(s->a.root, split, &raw, s->data_dir, sizeof s->data_dir, &s->data_from));
     lk_transform *t = NULL;
     lk_status st = lk_transform_create(&t);
     if (!st) st = lk_transform_cast(t, LK_F32);
@@ -308,6 +313,15 @@ static lk_status dm_setup(lk_datamodule *dm, const char *stage) {
     s->val = parts[1];
     s->test = parts[2];
     return LK_STATUS_OK;
+}
+
+bool lk__builtin_data_root(const lk_datamodule *dm, const char **dir, const char **from) {
+    if (!dm || dm->vt != &dm_vt) return false;
+    const dm_self *s = dm->self;
+    if (s->kind != 0 || !s->data_from) return false;
+    *dir = s->data_dir;
+    *from = s->data_from;
+    return true;
 }
 
 static lk_dataset *dm_dataset(lk_datamodule *dm, const char *split) {

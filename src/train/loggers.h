@@ -227,7 +227,18 @@ typedef struct lk_runinfo {
     } graphs;
     double step_peak_mb;        /* tensor memory of one forward + backward beyond what was live before it; 0: unknown */
     const char *config_yaml;    /* the merged config, YAML text */
+    /* Settings an LK_* variable can also give, with where each effective
+     * value came from (one rule: a config key beats the variable, which
+     * beats the default); written as "settings": {name: {value, from}}. */
+    int n_settings;
+    const struct lk_runinfo_setting {
+        const char *name;   /* "comm_timeout" */
+        const char *text;   /* the value as a string; NULL: `number` is the value (null when not finite) */
+        double number;
+        const char *from;   /* "LK_COMM_TIMEOUT", "trainer.comm_timeout in run.yaml:4:3", "default", ... */
+    } *settings;
 } lk_runinfo;
+typedef struct lk_runinfo_setting lk_runinfo_setting;
 
 /* A runinfo with numbers zeroed, best_score NaN, status "ok". */
 lk_runinfo lk_runinfo_default(void);

@@ -104,6 +104,8 @@ lk_status lk_runinfo_to_json(const lk_runinfo *info, char **out) {
     *out = NULL;
     if (info->n_metrics < 0 || (info->n_metrics > 0 && (!info->metric_names || !info->metric_values)))
         return lk_error(LK_STATUS_INVALID_ARGUMENT, "run.json: %d metrics without names or values", info->n_metrics);
+    if (info->n_settings < 0 || (info->n_settings > 0 && !info->settings))
+        return lk_error(LK_STATUS_INVALID_ARGUMENT, "run.json: %d settings without their table", info->n_settings);
     cJSON *root = cJSON_CreateObject(), *metrics = cJSON_CreateObject(), *best = cJSON_CreateObject(),
           *times = cJSON_CreateObject();
     int ok = root && metrics && best && times;
@@ -164,6 +166,21 @@ lk_status lk_runinfo_to_json(const lk_runinfo *info, char **out) {
     } else {
         ok = ok && add(root, "graphs", cJSON_CreateNull());
     }
+    cJSON *settings = ok ? cJSON_CreateObject() : NULL;
+    ok = ok && settings;
+    for (int i = 0; ok && i < info->n_settings; i++) {
+        const lk_runinfo_setting *e = &info->settings[i];
+        cJSON *one = e->name ? cJSON_CreateObject() : NULL;
+        if (!e->name) continue;
+        ok = one && add(one, "value", e->text ? cJSON_CreateString(e->text) : number_or_null(e->number)) &&
+             add(one, "from", string_or_null(e->from));
+        if (ok && add(settings, e->name, one)) one = NULL; /* owned by settings now */
+        else ok = 0;
+        cJSON_Delete(one);
+    }
+    if (ok && add(root, "settings", settings)) settings = NULL;
+    else ok = 0;
+    cJSON_Delete(settings);
     ok = ok && add(root, "config", string_or_null(info->config_yaml));
     char *text = ok ? cJSON_PrintUnformatted(root) : NULL;
     cJSON_Delete(root);

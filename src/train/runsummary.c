@@ -3,9 +3,11 @@
  * throughput and mean step phases, and written by runinfo.c) and the
  * profiler's table of mean phase times per optimizer step. Both read the
  * trainer's state and change nothing in it. */
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
+#include "backend/threads.h"
 #include "device/gpu.h"
 #include "train/train_impl.h"
 
@@ -82,6 +84,19 @@ void lk__write_runinfo(lk_trainer *tr, const char *command, lk_status st) {
                                       1e3 * (tr->sum_opt - z[4]) / n, 1e3 * (tr->sum_comm_wait - z[5]) / n};
     ri.step_peak_mb = (double)tr->step_peak_bytes / (1024.0 * 1024.0);
     ri.config_yaml = tr->config_yaml;
+    /* The settings an LK_* variable can also give, and where each value came from */
+    lk_runinfo_setting set[6];
+    int ns = 0;
+    set[ns++] = (lk_runinfo_setting){"comm_timeout", NULL, tr->cfg.comm_timeout, tr->comm_timeout_from};
+    set[ns++] = (lk_runinfo_setting){"num_threads", NULL, lk_get_num_threads(), lk__num_threads_from()};
+    set[ns++] = (lk_runinfo_setting){"comm_backend", ri.comm_backend, NAN, tr->comm_backend_from}; /* null without one (dp) */
+    static const char *const levels[] = {"debug", "info", "warn", "error", "off"};
+    set[ns++] = (lk_runinfo_setting){"log_level", levels[lk_log_get_level()], 0, lk__log_level_from()};
+    const char *data_dir, *data_from;
+    if (lk__builtin_data_root(tr->dm, &data_dir, &data_from))
+        set[ns++] = (lk_runinfo_setting){"data_root", data_dir, 0, data_from};
+    ri.n_settings = ns;
+    ri.settings = set;
     char path[LK_PATH + 16];
     snprintf(path, sizeof path, "%s/run.json", tr->log_dir);
     lk_status wst = lk_runinfo_write(path, &ri);

@@ -76,6 +76,10 @@ struct lk_trainer {
     lk_strategy *strat;
     int rank, world;
     int launcher; /* > 0: this process starts that many ranks and is none of them (self_launch.c) */
+    /* Where settings an LK_* variable can also give came from (run.json's
+     * "settings"; one rule, core.h's lk_env_var) */
+    char comm_timeout_from[LK_PARAM_STR];
+    const char *comm_backend_from; /* "LK_COMM_BACKEND" or "default" */
     lk_device dev;          /* the device this rank trains on (trainer.accelerator, trainer.devices) */
     lk_device prev_default; /* the process's default device before a run made dev the default */
     const char *prev_f32_matmul; /* lk_float32_matmul_precision before this trainer set its own */
@@ -370,5 +374,9 @@ lk_status lk__step_log_pending(lk_trainer *tr, double loss);
  * settings once the data is set up, not a matmul shape error at the first
  * step. Other modules and data modules pass. */
 lk_status lk__builtin_input_check(const lk_module *m, lk_datamodule *dm, const char *stage);
+/* The fashion_mnist data module's directory once set up, and the setting
+ * that named it (data.init_args.root, LK_DATA_ROOT or default); false for
+ * another data module, or before setup. */
+bool lk__builtin_data_root(const lk_datamodule *dm, const char **dir, const char **from);
 
 #endif

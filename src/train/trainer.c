@@ -17,6 +17,7 @@
 
 #include "lockstep/config.h"
 #include "backend/backend_impl.h"
+#include "backend/threads.h"
 #include "optim/optim_impl.h"
 #include "device/gpu.h"
 #include "train/prefetch.h"
@@ -181,16 +182,17 @@ lk_status lk_trainer_create(const lk_trainer_config *cfg, const lk_optim_setting
     else tr->test_nan_rank = -1;
     /* Ranks on one node share its cores: BLAS threads that outnumber them
      * spin against each other. */
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    int local = tr->pg.local_world_size > 0 ? tr->pg.local_world_size : 1;
-    lk_set_num_threads((int)(cores / local > 0 ? cores / local : 1));
+    lk__threads_for_ranks(tr->pg.local_world_size > 0 ? tr->pg.local_world_size : 1);
+    lk_trainer_config_comm_timeout_from(cfg, tr->comm_timeout_from, sizeof tr->comm_timeout_from);
+    const char *forced = lk_env_get("LK_COMM_BACKEND");
+    tr->comm_backend_from = forced && *forced && strcmp(forced, "auto") ? "LK_COMM_BACKEND" : "default";
     if (tr->world > 1) {
         lk_comm_config cc = lk_comm_config_default();
-        cc.timeout_s = cfg->comm_timeout;
+        cc.timeout_s = cfg->comm_timeout; /* LK_COMM_TIMEOUT is in it unless the config set the key */
+        cc.timeout_from = tr->comm_timeout_from;
         /* Ranks on GPUs talk over nccl where it was built (Lightning's
          * default there), unless LK_COMM_BACKEND names another, or ranks
          * share a GPU (LK_ALLOW_OVERSUBSCRIBE), which nccl refuses: shm. */
-        const char *forced = lk_env_get("LK_COMM_BACKEND");
         bool shared_gpu = tr->pg.local_world_size > lk_device_count(LK_CUDA);
         for (int i = 0; tr->dev.kind == LK_CUDA && !shared_gpu && !(forced && *forced) && i < lk_comm_backend_count(); i++)
             if (!strcmp(lk_comm_backend_name_at(i), "nccl")) cc.backend = "nccl";

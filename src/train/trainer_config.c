@@ -116,11 +116,45 @@ const lk_param *lk_trainer_params(int *count) {
     return trainer_params;
 }
 
+/* trainer.comm_timeout and LK_COMM_TIMEOUT follow the one precedence rule
+ * (core.h, lk_env_var): the default puts the variable's value, when it is
+ * set and valid, in place of the table's default; lk_trainer_config_apply
+ * replaces it with a key the config sets. comm_timeout_from says which of
+ * the three gave the value. The variable is checked against the key's own
+ * bounds: one range, however the value is given. */
+static const lk_param *comm_timeout_param(void) {
+    return lk_params_find(trainer_params, (int)(sizeof trainer_params / sizeof trainer_params[0]), "comm_timeout");
+}
+
 lk_status lk_trainer_config_default(lk_trainer_config *cfg) {
     memset(cfg, 0, sizeof *cfg); /* the callback and logger lists start empty */
     int n;
     const lk_param *p = lk_trainer_params(&n);
-    return lk_params_defaults(p, n, cfg);
+    LK_TRY(lk_params_defaults(p, n, cfg));
+    const lk_param *ct = comm_timeout_param();
+    double v;
+    if (lk_env_get_number("LK_COMM_TIMEOUT", ct->min, ct->max, &v)) {
+        cfg->comm_timeout = v;
+        snprintf(cfg->comm_timeout_from, sizeof cfg->comm_timeout_from, "LK_COMM_TIMEOUT");
+    } else {
+        snprintf(cfg->comm_timeout_from, sizeof cfg->comm_timeout_from, "default");
+    }
+    return LK_STATUS_OK;
+}
+
+const char *lk_trainer_config_comm_timeout_from(const lk_trainer_config *cfg, char *buf, size_t size) {
+    const char *from = cfg->comm_timeout_from;
+    const lk_param *ct = comm_timeout_param();
+    double v = 0;
+    bool holds;
+    if (!strcmp(from, "LK_COMM_TIMEOUT"))
+        holds = lk_env_get_number("LK_COMM_TIMEOUT", ct->min, ct->max, &v) && v == cfg->comm_timeout;
+    else if (!strcmp(from, "default"))
+        holds = cfg->comm_timeout == strtod(ct->def, NULL);
+    else
+        holds = from[0] != 0; /* a key in the config: lk_trainer_config_apply wrote value and origin together */
+    snprintf(buf, size, "%s", holds ? from : "trainer.comm_timeout (set by the program)");
+    return buf;
 }
 
 #define O(name, type, field, def, lo, hi, choices, help) \
@@ -560,6 +594,10 @@ lk_status lk_trainer_config_apply(const lk_config_node *t, lk_trainer_config *cf
     if (!t || lk_config_node_is_null(t) || lk_config_node_type(t) != LK_CONFIG_MAP)
         return lk_config_apply_params(t, tp, n, cfg, "trainer");
     LK_TRY(lk_config_apply_params_except(t, tp, n, cfg, "trainer", special, NP(special)));
+    const lk_config_node *ct = lk_config_node_get(t, "comm_timeout");
+    const char *ct_file = lk_config_node_file(ct);
+    if (ct && !(ct_file && !strcmp(ct_file, "(default)"))) /* not a default written back into the tree */
+        lk_config_node_origin(ct, "trainer.comm_timeout", cfg->comm_timeout_from, sizeof cfg->comm_timeout_from);
     for (int i = 0; i < lk_config_node_count(t); i++) {
         const lk_config_node *c = lk_config_node_child(t, i);
         const char *key = lk_config_node_key(c), *text = lk_config_node_text(c);

@@ -51,4 +51,50 @@ out=$(LK_NUM_THREADS=four LK_COMM_TIMEOUT=soon "$LK_BIN" fit -c "$T/synth.yaml" 
 check "LK_NUM_THREADS=four is named once" \
   test "$(grep -c "LK_NUM_THREADS='four' is not an integer: ignored, as if it were unset" <<<"$out")" = 1
 check "LK_COMM_TIMEOUT=soon is named" grep -q "LK_COMM_TIMEOUT='soon' is not a finite number: ignored" <<<"$out"
+# LK_NUM_THREADS beyond the CPUs a rank may use is capped at its share, said
+# once with the value asked, the value used and the cores available (it was
+# once silently cut to 64 and ran 5.8x slower than the default); 0 and
+# negative values are said and ignored
+cpus=$(nproc) # the affinity mask, as lockstep counts them
+for devices in 1 2; do
+  share=$((cpus / devices)); [ "$share" -ge 1 ] || share=1; [ "$share" -le 64 ] || share=64
+  ranks=$([ "$devices" = 1 ] && echo "1 rank" || echo "$devices ranks")
+  out=$(LK_NUM_THREADS=100000 "$LK_BIN" fit -c "$T/synth.yaml" --trainer.max_epochs 1 --trainer.devices $devices \
+    --trainer.enable_progress_bar false --trainer.default_root_dir "$T/nt$devices" 2>&1)
+  check "LK_NUM_THREADS=100000 on $devices rank(s): said once, with what was asked, used and available" \
+    test "$(grep -c "LK_NUM_THREADS=100000 asks for more compute threads than the $share cores\? available to this rank ($cpus CPUs\? this process may run on, $ranks on this node): using $share$" <<<"$out")" = 1
+  check "... and the run used $share thread(s)" test "$(python3 -c 'import json,sys; s=json.load(open(sys.argv[1]))["settings"]["num_threads"]; print(s["value"], s["from"])' "$T/nt$devices/lightning_logs/version_0/run.json")" = "$share LK_NUM_THREADS"
+done
+for v in 0 -3; do
+  out=$(LK_NUM_THREADS=$v "$LK_BIN" fit -c "$T/synth.yaml" --trainer.max_epochs 1 --trainer.devices 2 \
+    --trainer.enable_progress_bar false --trainer.default_root_dir "$T/nz" 2>&1)
+  check "LK_NUM_THREADS=$v is said once and ignored" \
+    test "$(grep -c "LK_NUM_THREADS=$v is not a positive number of threads: ignored, as if it were unset" <<<"$out")" = 1
+done
+# A data directory that exists but cannot be read says why (EACCES), not "not
+# found ... install dataset-fashion-mnist"; a missing one keeps that hint.
+# Root reads everything: the run drops to nobody (setpriv) to be refused.
+mkdir -p "$T/pub/data" && chmod 755 "$T" && chmod 777 "$T/pub"
+printf 'trainer:\n  max_epochs: 1\n  default_root_dir: %s/pub/runs\nmodel:\n  class_path: mlp\ndata:\n  class_path: fashion_mnist\n' "$T" > "$T/pub/fm.yaml"
+chmod 644 "$T/pub/fm.yaml"
+chmod 000 "$T/pub/data"
+as_user=()
+if [ "$(id -u)" = 0 ]; then as_user=(setpriv --reuid=65534 --regid=65534 --clear-groups); fi
+if [ ${#as_user[@]} -gt 0 ] && ! "${as_user[@]}" test -x "$LK_BIN" 2>/dev/null; then
+  echo "skip unreadable data directory: running as root and cannot drop to nobody with setpriv (or nobody cannot run $LK_BIN)"
+else
+  expect_fail "an unreadable data.init_args.root names the directory and EACCES" 1 \
+    "mnist train split: cannot read $T/pub/data: Permission denied (from data.init_args.root)" \
+    "${as_user[@]}" "$LK_BIN" fit -c "$T/pub/fm.yaml" --data.init_args.root "$T/pub/data"
+  expect_fail "an unreadable LK_DATA_ROOT: the same, naming the variable" 1 \
+    "cannot read $T/pub/data: Permission denied (from LK_DATA_ROOT)" \
+    "${as_user[@]}" env LK_DATA_ROOT="$T/pub/data" "$LK_BIN" fit -c "$T/pub/fm.yaml"
+  out=$("${as_user[@]}" "$LK_BIN" fit -c "$T/pub/fm.yaml" --data.init_args.root "$T/pub/data" 2>&1)
+  check "... and no install hint for it" bash -c '! grep -q "install dataset-fashion-mnist" <<<"$1"' _ "$out"
+fi
+chmod 755 "$T/pub/data"
+expect_fail "a data root that is a file: Not a directory" 1 "cannot read $T/pub/fm.yaml: Not a directory" \
+  "$LK_BIN" fit -c "$T/pub/fm.yaml" --data.init_args.root "$T/pub/fm.yaml"
+expect_fail "a missing data directory keeps the install hint" 1 "install dataset-fashion-mnist" \
+  "$LK_BIN" fit -c "$T/pub/fm.yaml" --data.init_args.root "$T/pub/none"
 finish

@@ -1,5 +1,8 @@
 lk_add_script_test(NAME cli_fit SCRIPT cli/test_fit.sh LABELS multiproc TIMEOUT 300)
 lk_add_script_test(NAME cli_errors SCRIPT cli/test_errors.sh LABELS unit TIMEOUT 120)
+# LK_* variables against their config keys and flags: one precedence rule, and
+# the source of each effective value in `lockstep env` and run.json
+lk_add_script_test(NAME cli_settings SCRIPT cli/test_settings.sh LABELS multiproc TIMEOUT 180)
 # bench train's report (recommendations, charts) on a synthetic table; its
 # source is part of the program, not the library, so the test compiles it in.
 lk_add_test(NAME cli_bench_report SOURCES cli/test_bench_report.c ${PROJECT_SOURCE_DIR}/src/cli/bench_report.c
