@@ -33,6 +33,8 @@ static const lk_env_var env_vars[] = {
     {"LK_COMM_TIMEOUT", "120", "seconds any collective may wait before failing"},
     {"LK_COMM_BACKEND", NULL, "force a communicator backend: shm, mpi, nccl, self"},
     {"LK_JOB_ID", NULL, "job id naming the shared-memory segment (set by the launcher)"},
+    {"LK_JOB_NONCE", NULL, "set by the launcher: a random number per launch; an shm rank joins only a segment made by "
+                           "its own launch's rank 0, so two jobs with the same LK_JOB_ID never pair up"},
     {"LK_DATA_ROOT", NULL, "default root for datasets"},
     {"PL_GLOBAL_SEED", NULL, "Lightning's: the seed when the config sets neither seed_everything nor trainer.seed"},
     {"PL_SEED_WORKERS", NULL, "Lightning's: accepted; lockstep always seeds data workers"},
@@ -41,6 +43,9 @@ static const lk_env_var env_vars[] = {
     {"LK_COMM_SHM_SMALL", "65536", "shm: all-reduce messages up to this many bytes take one step"},
     {"LK_COMM_SHM_SLICE", "16384", "shm: bytes an in-segment all-reduce reduces, then writes to every rank, at a time"},
     {"LK_COMM_TEST_DELAY_MS", "0", "tests only: delay every asynchronous collective by this many ms"},
+    {"LK_COMM_TEST_RDV_PAUSE", NULL, "tests only: all, or a comma-separated list of the shm rendezvous steps claim, "
+                                     "open, slot, publish, wait, seal, done: the process stops itself (SIGSTOP) before "
+                                     "each, so a test can interleave two jobs' ranks"},
     {"LK_TEST_STEP_DELAY_MS", "0", "tests only: sleep this many ms after every optimizer step (signal tests)"},
     {"LK_TEST_GRAD_OVERFLOW", NULL, "tests only: RANK:STEP makes that rank's first gradient +inf after the "
                                     "all-reduce of that optimizer step (loss scaler tests)"},

@@ -2,6 +2,8 @@
 lk_add_test(NAME dist_unit SOURCES comm/test_dist_unit.c LABELS unit TIMEOUT 60)
 lk_add_test(NAME dist_shm SOURCES comm/test_dist_shm.c LABELS multiproc threads TIMEOUT 120)
 lk_add_test(NAME dist_fault SOURCES comm/test_dist_fault.c LABELS multiproc fault threads TIMEOUT 90)
+# Two jobs with one job id / MASTER_PORT, their rendezvous steps forced into many interleavings.
+lk_add_test(NAME dist_clash SOURCES comm/test_dist_clash.c LABELS multiproc fault TIMEOUT 240)
 lk_add_script_test(NAME dist_launch SCRIPT comm/test_launch.sh LABELS multiproc fault TIMEOUT 90)
 
 # The mpi backend under mpirun (CI installs OpenMPI): 2 and 3 ranks, plus the
