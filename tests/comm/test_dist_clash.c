@@ -488,6 +488,7 @@ static void late_second_job(void) {
         CHECK_MSG(clear_error(sh->msg[3], &cf, segname) && strstr(sh->msg[3], pidstr[launched ? 0 : 1]), "job B rank 1: %s",
                   sh->msg[3]);
         CHECK(!segment_exists(sh->job_id[0]));
+        printf("     %s: the second job failed %.3f s after it started\n", launched ? "launched" : "by hand", secs);
         printf("     %s, rank 0: %s\n", launched ? "launched" : "by hand", sh->msg[2]);
         printf("     %s, rank 1: %s\n", launched ? "launched" : "by hand", sh->msg[3]);
     }
