@@ -846,7 +846,8 @@ static bool probe_name(const struct sockaddr_un *a, socklen_t len, int *pid) {
 }
 
 /* Takes the name for this process (released when *fd is closed or the
- * process dies): 0 taken; 1 a live process holds it (pid in *holder, 0
+ * process dies; close-on-exec, but a child forked without exec keeps it
+ * until it exits): 0 taken; 1 a live process holds it (pid in *holder, 0
  * unknown), and now has our connection queued; -1 error (errno). Probing
  * before binding makes "find it held" and "tell the holder" one step: the
  * holder can only miss the notice if it looked before we found it held. */
@@ -855,7 +856,9 @@ static int claim_name(const struct sockaddr_un *a, socklen_t len, int *fd, int *
         if (probe_name(a, len, holder)) return 1;
         int sfd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
         if (sfd < 0) return -1;
-        if (!bind(sfd, (const struct sockaddr *)a, len) && !listen(sfd, 16)) {
+        /* The queue holds the notices (and probes) of other jobs' ranks; a
+         * full one still reads as held, only without the holder's pid. */
+        if (!bind(sfd, (const struct sockaddr *)a, len) && !listen(sfd, 128)) {
             *fd = sfd;
             return 0;
         }
