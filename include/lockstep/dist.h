@@ -44,7 +44,8 @@
  *    nearest even once.
  *
  * Environment: LK_COMM_TIMEOUT (seconds), LK_COMM_BACKEND (force shm|mpi|nccl|self),
- * LK_JOB_ID (names the shm segment; set by the launcher), LK_COMM_SHM_BYTES
+ * LK_JOB_ID (names the shm segment; set by the launcher), LK_JOB_NONCE (set
+ * by the launcher: ranks of two launches with one job id never pair up), LK_COMM_SHM_BYTES
  * (per-rank shared heap), LK_COMM_CHECK_DESYNC=0 (mpi: skip the signature
  * exchange), LK_COMM_SHM_SMALL / LK_COMM_SHM_SLICE (shm tuning: single-step
  * threshold and pipeline slice in bytes; must be equal on all ranks).

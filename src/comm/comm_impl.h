@@ -168,5 +168,12 @@ void lk__reduce(void *dst, const void *const *srcs, int n, size_t count, lk_dtyp
 bool lk__pid_alive(int pid);
 /* One char of /proc/<pid>/stat: 'R', 'S', 'T' (stopped), 'Z', ... or '?' */
 char lk__pid_state(int pid);
+/* LK_JOB_NONCE's text as the number the shm rendezvous compares (never 0;
+ * 0 for NULL or ""): the launcher's 16 hex digits read back as they were. */
+uint64_t lk__job_nonce(const char *text);
+/* The launcher, once its ranks are gone: removes the job's segment name if
+ * it is that launch's (nonce) or stale (nobody holds the id), never another
+ * live job's. */
+void lk__shm_cleanup(const char *job_id, uint64_t nonce);
 
 #endif

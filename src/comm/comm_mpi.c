@@ -10,19 +10,70 @@
  * waits for every peer, and a stopped or wedged one never comes. So once a
  * communicator has failed, the exit handler aborts the whole MPI job
  * (MPI_Abort: mpirun kills every rank) instead, after the caller has printed
- * its error. */
+ * its error.
+ *
+ * A rank that dies (SIGKILL, a crash) is not reported by OpenMPI to its
+ * peers: without ULFM a shared-memory transport just never completes, and
+ * mpirun ends the job itself, SIGTERM to every other rank and SIGKILL one
+ * second later (odls_base_sigkill_timeout), printing only its own notice.
+ * So the ranks exchange pids and hosts at init, and a wait checks every
+ * 100 ms whether a peer on this host is gone: the waiting rank then fails
+ * the collective naming it ("rank 1 (pid N) died ... in all_reduce #7"),
+ * which a process that survives SIGTERM long enough to print (lockstep fit
+ * finishes its step on SIGTERM) reports before mpirun's SIGKILL. A process
+ * that does not catch SIGTERM dies at once and says nothing; a dead peer on
+ * another host is seen only if MPI's transport reports it (MPI_ERRORS_RETURN
+ * makes that an error naming the collective). */
 #include <mpi.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "comm/comm_impl.h"
 
 typedef struct {
     MPI_Comm comm;
     int rank, world;
+    int *pids;    /* every rank's pid, for the liveness check */
+    bool *local;  /* a peer on this host whose pid this process can see */
 } mpi_comm;
+
+static uint64_t host_hash(void) {
+    char name[256] = "";
+    gethostname(name, sizeof name - 1);
+    uint64_t h = 1469598103934665603ull;
+    for (const char *p = name; *p; p++) h = (h ^ (unsigned char)*p) * 1099511628211ull;
+    return h;
+}
+
+/* Who shares this host and can be checked for life (same pid namespace:
+ * the pid is alive here at init). Collective over m->comm. Without it
+ * (out of memory, an MPI error) waits fall back to comm_timeout alone. */
+static void exchange_pids(mpi_comm *m) {
+    int64_t me[2] = {(int64_t)getpid(), (int64_t)host_hash()};
+    int64_t *all = lk_malloc(sizeof me * (size_t)m->world);
+    int fail = !all, any_fail = 1;
+    MPI_Allreduce(&fail, &any_fail, 1, MPI_INT, MPI_MAX, m->comm); /* every rank takes part in the gather, or none */
+    if (any_fail || MPI_Allgather(me, 2, MPI_INT64_T, all, 2, MPI_INT64_T, m->comm) != MPI_SUCCESS) {
+        lk_free(all);
+        return;
+    }
+    m->pids = lk_calloc((size_t)m->world, sizeof *m->pids);
+    m->local = lk_calloc((size_t)m->world, sizeof *m->local);
+    for (int k = 0; m->pids && m->local && k < m->world; k++) {
+        m->pids[k] = (int)all[2 * k];
+        m->local[k] = k != m->rank && all[2 * k + 1] == me[1] && lk__pid_alive(m->pids[k]);
+    }
+    if (!m->pids || !m->local) {
+        lk_free(m->pids);
+        lk_free(m->local);
+        m->pids = NULL;
+        m->local = NULL;
+    }
+    lk_free(all);
+}
 
 static _Atomic int job_failed;  /* some communicator of this process failed */
 static bool we_initialized;     /* MPI_Init was ours, so MPI_Finalize is ours too */
@@ -73,11 +124,14 @@ static lk_status mpi_init(lk_comm *c, const lk_comm_config *cfg) {
     MPI_Comm_set_errhandler(m->comm, MPI_ERRORS_RETURN);
     MPI_Comm_rank(m->comm, &m->rank);
     MPI_Comm_size(m->comm, &m->world);
+    exchange_pids(m);
     if (c->pg.world_size != m->world || c->pg.rank != m->rank) {
         if (strcmp(c->pg.source, "none") && strcmp(c->pg.source, "openmpi") && strcmp(c->pg.source, "pmi") &&
             strcmp(c->pg.source, "slurm")) {
             int w = c->pg.world_size, r = c->pg.rank, mr = m->rank, mw = m->world;
             MPI_Comm_free(&m->comm);
+            lk_free(m->pids);
+            lk_free(m->local);
             lk_free(m);
             return lk_error(LK_STATUS_INVALID_ARGUMENT,
                             "mpi backend: the environment says rank %d of %d (%s) but MPI says rank %d of %d; start the "
@@ -99,6 +153,8 @@ static void mpi_destroy(lk_comm *c) {
     int fin = 0;
     MPI_Finalized(&fin);
     if (!fin && !atomic_load(&c->failed)) MPI_Comm_free(&m->comm);
+    lk_free(m->pids);
+    lk_free(m->local);
     lk_free(m);
     c->impl = NULL;
 }
@@ -129,7 +185,8 @@ static MPI_Op mpi_op(lk_reduce_op op) {
  * call would), yielding between polls after 2 ms. */
 static lk_status finish(lk_comm *c, MPI_Request *req, const lk__coll *op) {
     char what[160];
-    uint64_t t0 = 0, prev = 0, limit = (uint64_t)(c->timeout_s * 1e9);
+    mpi_comm *m = c->impl;
+    uint64_t t0 = 0, prev = 0, limit = (uint64_t)(c->timeout_s * 1e9), next_check = 0;
     /* Announced long work of another rank (lk_comm_long_work): MPI cannot
      * tell who is late, so this collective waits up to that work's limit. */
     bool long_wait = c->long_root >= 0 && op->seq == c->long_seq && c->pg.rank != c->long_root &&
@@ -152,6 +209,17 @@ static lk_status finish(lk_comm *c, MPI_Request *req, const lk__coll *op) {
         if (atomic_load(&c->abort_requested)) {
             lk__coll_describe(op, what, sizeof what);
             return lk_error(LK_STATUS_ABORTED, "%s: aborted while waiting", what);
+        }
+        if (m->local && now >= next_check) {
+            next_check = now + 100000000ull;
+            for (int k = 0; k < m->world; k++) {
+                if (!m->local[k] || lk__pid_alive(m->pids[k])) continue;
+                lk__coll_describe(op, what, sizeof what);
+                return lk_error(LK_STATUS_REMOTE,
+                                "%s failed: rank %d (pid %d) died (process gone: killed, crashed or exited) while rank %d "
+                                "waited for it in MPI; the job cannot continue (mpirun ends it)",
+                                what, k, m->pids[k], m->rank);
+            }
         }
         if (now - t0 >= limit && long_wait) {
             lk__coll_describe(op, what, sizeof what);

@@ -22,7 +22,41 @@
  * finishes reading a slot before it arrives at its next sync point, and a
  * writer reuses a slot only after waiting on a later sync point, so no
  * closing barrier is needed after staged collectives. Collectives that read
- * peers' own buffers (in-segment paths) end with a closing sync. */
+ * peers' own buffers (in-segment paths) end with a closing sync.
+ *
+ * Who may join (the job's identity is its job id, so its segment name):
+ * two jobs started on one host with the same LK_JOB_ID or MASTER_PORT must
+ * never pair up, whatever order their ranks run in. The claims are abstract
+ * unix sockets named after the segment (bind is atomic and exclusive, the
+ * kernel releases it when the process dies, nothing is left in any file
+ * system): rank 0 holds "<name>" for the communicator's life, so a second
+ * job's rank 0 fails at once, naming the holder's pid (SO_PEERCRED).
+ *  - Ranks of one `lockstep launch` share LK_JOB_NONCE, a random number the
+ *    launcher makes per attempt. Rank 0 writes it into the header and also
+ *    holds "<name>#<nonce>"; a joiner attaches only to a segment with its
+ *    own nonce, and fails at once when "<name>" is held by a rank 0 that is
+ *    not its launch's (its "#<nonce>" is not held). So the first job to
+ *    claim the id wins and no rank of the other can enter it: this holds in
+ *    every interleaving.
+ *  - Ranks started without the launcher (RANK/WORLD_SIZE/MASTER_PORT) share
+ *    nothing the other job could not have, so rank k (k > 0) also holds
+ *    "<name>/rank<k>", and whoever finds a rank's name held fails at once
+ *    and leaves a connection queued on the holder's socket. After every rank
+ *    has attached, each checks its queue (the "seal"): a queued connection
+ *    means a second process wanted its rank while the job formed, so the
+ *    job's ranks may come from two jobs, and it aborts before any
+ *    collective, which needs every rank. Guarantee: a set of ranks stops
+ *    before its first collective as soon as one of its members finds a
+ *    notice at its seal, that is, when the other job's process for that
+ *    rank made its claim before that seal. So ranks of two jobs can only
+ *    complete a collective together if every one of their rivals claimed
+ *    after the rank it rivals had sealed, which is indistinguishable from
+ *    one job formed and a second started later; two jobs started together
+ *    (every claim before any seal) never mix, and both fail. A job started
+ *    after the first one sealed fails at once and the first runs on (as a
+ *    second torchrun fails to bind MASTER_PORT).
+ * The steps (claim, open, slot, publish, wait, seal, done) can each stop the
+ * process (LK_COMM_TEST_RDV_PAUSE) so tests force every interleaving. */
 #include <errno.h>
 #include <fcntl.h>
 #include <ifaddrs.h>
@@ -36,7 +70,9 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <stddef.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -70,6 +106,9 @@ typedef struct {
     _Atomic int32_t attached;
     uint64_t small_bytes, chunk_shared; /* the creator's tunables: every rank must run the same algorithm */
     char job_id[96];
+    /* The creator's LK_JOB_NONCE (0: none). Added in version 5 after the old
+     * fields, so an older segment reads as 0 and the magic could stay. */
+    uint64_t nonce;
 } shm_header;
 
 typedef struct {
@@ -123,6 +162,15 @@ typedef struct {
     pthread_mutex_t heap_mu;
     blk *blks;
     int nblk, cap;
+    /* Rendezvous: who may join (see the top of the file). */
+    uint64_t nonce;        /* LK_JOB_NONCE: this rank's launch; 0 when started without lockstep launch */
+    int claim_fd;          /* held while the communicator lives: "<name>" (rank 0) or "<name>/rank<k>"; -1 */
+    int nonce_fd;          /* rank 0 of a launch: "<name>#<nonce>"; -1 */
+    bool created;          /* rank 0 made the segment under the name, so it removes the name */
+    unsigned pause_mask;   /* LK_COMM_TEST_RDV_PAUSE: steps that stop this process */
+    char sockbase[96];     /* abstract socket names are sockbase + a suffix */
+    char ident[200];       /* the identity as messages name it */
+    char remedy[160];      /* what to do when two jobs share it */
 } shm_comm;
 
 static inline shm_slot *slot_of(shm_comm *s, int k) {
@@ -710,6 +758,288 @@ static void unmap(shm_comm *s) {
     s->fd = -1;
 }
 
+static bool same_segment(const char *name, int fd);
+
+/* ------------------------------------------------------------------------
+ * Identity: the claims that keep two jobs with one job id apart.
+ * ---------------------------------------------------------------------- */
+enum { RDV_CLAIM, RDV_OPEN, RDV_SLOT, RDV_PUBLISH, RDV_WAIT, RDV_SEAL, RDV_DONE, RDV_NSTEPS };
+static const char *const rdv_step_names[RDV_NSTEPS] = {"claim", "open", "slot", "publish", "wait", "seal", "done"};
+
+/* LK_COMM_TEST_RDV_PAUSE: "all" or a comma-separated list of step names. */
+static unsigned rdv_pause_mask(void) {
+    const char *v = lk_env_get("LK_COMM_TEST_RDV_PAUSE");
+    if (!v || !*v) return 0;
+    char buf[160];
+    snprintf(buf, sizeof buf, "%s", v);
+    unsigned mask = 0;
+    char *save = NULL;
+    for (char *t = strtok_r(buf, ", ", &save); t; t = strtok_r(NULL, ", ", &save)) {
+        int i = 0;
+        while (i < RDV_NSTEPS && strcmp(t, rdv_step_names[i])) i++;
+        if (!strcmp(t, "all")) mask = (1u << RDV_NSTEPS) - 1;
+        else if (i < RDV_NSTEPS) mask |= 1u << i;
+        else lk_log_warn("LK_COMM_TEST_RDV_PAUSE: unknown step '%s' (expected all or claim, open, slot, publish, wait, "
+                         "seal, done): ignored", t);
+    }
+    return mask;
+}
+
+/* Tests stop here (SIGSTOP) and continue the process when they choose: the
+ * steps of two jobs' ranks then run in the order the test forces. */
+static void rdv_step(const shm_comm *s, int step) {
+    if (s->pause_mask >> step & 1u) raise(SIGSTOP);
+}
+
+static uint64_t fnv1a64(const char *p) {
+    uint64_t h = 1469598103934665603ull;
+    for (; *p; p++) h = (h ^ (unsigned char)*p) * 1099511628211ull;
+    return h;
+}
+
+/* LK_JOB_NONCE as a number: the launcher's 16 hex digits, or any other text
+ * hashed; never 0, which means "no nonce". */
+static uint64_t parse_nonce(const char *v) {
+    if (!v || !*v) return 0;
+    char *end;
+    errno = 0;
+    unsigned long long x = strtoull(v, &end, 16);
+    uint64_t n = !*end && !errno && strlen(v) == 16 ? (uint64_t)x : fnv1a64(v);
+    return n ? n : 1;
+}
+
+/* The abstract socket names of a segment: "lockstep-<job>" (hashed when long:
+ * an address holds 107 bytes). Abstract names live in the network namespace:
+ * ranks in containers that share /dev/shm but not the network do not see
+ * each other's claims, and only the segment's own checks remain. */
+static void sock_base(const char *segname, char *buf, size_t size) {
+    const char *n = segname[0] == '/' ? segname + 1 : segname;
+    if (strlen(n) <= 64) snprintf(buf, size, "%s", n);
+    else snprintf(buf, size, "%.40s~%016llx", n, (unsigned long long)fnv1a64(n));
+}
+
+static socklen_t sock_addr(const char *base, const char *suffix, struct sockaddr_un *a) {
+    memset(a, 0, sizeof *a);
+    a->sun_family = AF_UNIX;
+    int n = snprintf(a->sun_path + 1, sizeof a->sun_path - 1, "%s%s", base, suffix); /* sun_path[0] = 0: abstract */
+    if (n < 0) n = 0;
+    if ((size_t)n > sizeof a->sun_path - 2) n = (int)(sizeof a->sun_path - 2);
+    return (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)n);
+}
+
+/* Whether a live process holds the name (listens on it); its pid in *pid
+ * (0: unknown: its queue is full). The connection stays queued on the
+ * holder's socket: for a rank of a job without a nonce that is the notice
+ * it reads at its seal. */
+static bool probe_name(const struct sockaddr_un *a, socklen_t len, int *pid) {
+    if (pid) *pid = 0;
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) return false;
+    int rc = connect(fd, (const struct sockaddr *)a, len), e = errno;
+    if (rc == 0 && pid) {
+        struct ucred cr;
+        socklen_t cl = sizeof cr;
+        if (!getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &cl)) *pid = cr.pid;
+    }
+    close(fd);
+    return rc == 0 || e == EAGAIN;
+}
+
+/* Takes the name for this process (released when *fd is closed or the
+ * process dies; close-on-exec, but a child forked without exec keeps it
+ * until it exits): 0 taken; 1 a live process holds it (pid in *holder, 0
+ * unknown), and now has our connection queued; -1 error (errno). Probing
+ * before binding makes "find it held" and "tell the holder" one step: the
+ * holder can only miss the notice if it looked before we found it held. */
+static int claim_name(const struct sockaddr_un *a, socklen_t len, int *fd, int *holder) {
+    for (int tries = 0;; tries++) {
+        if (probe_name(a, len, holder)) return 1;
+        int sfd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+        if (sfd < 0) return -1;
+        /* The queue holds the notices (and probes) of other jobs' ranks; a
+         * full one still reads as held, only without the holder's pid. */
+        if (!bind(sfd, (const struct sockaddr *)a, len) && !listen(sfd, 128)) {
+            *fd = sfd;
+            return 0;
+        }
+        int e = errno;
+        close(sfd);
+        if (e != EADDRINUSE) {
+            errno = e;
+            return -1;
+        }
+        /* Bound but not listening yet (its holder is between the two calls),
+         * or just released. Something that binds and never listens is not
+         * lockstep: after 2 s it counts as a holder. */
+        if (tries >= 2000) {
+            *holder = 0;
+            return 1;
+        }
+        sleep_ms(1);
+    }
+}
+
+static void holder_words(int pid, char *buf, size_t size) {
+    if (pid > 0) snprintf(buf, size, "pid %d", pid);
+    else snprintf(buf, size, "a live process (its pid unknown)");
+}
+
+/* The pids of the ranks attached to the segment now under the name, for
+ * messages ("" when there is none). */
+static void segment_pids(const char *name, char *buf, size_t size) {
+    buf[0] = 0;
+    int fd = shm_open(name, O_RDONLY, 0600);
+    if (fd < 0) return;
+    struct stat st;
+    shm_header *h = NULL;
+    size_t map = 0; /* the header page and the control slots, not the heaps */
+    if (!fstat(fd, &st) && (size_t)st.st_size >= 4096) {
+        map = (size_t)st.st_size < 4096 + MAXW * sizeof(shm_slot) ? (size_t)st.st_size : 4096 + MAXW * sizeof(shm_slot);
+        h = mmap(NULL, map, PROT_READ, MAP_SHARED, fd, 0);
+        if (h == MAP_FAILED) h = NULL;
+    }
+    if (h && atomic_load(&h->magic) == SHM_MAGIC && h->world > 0 && h->world <= MAXW &&
+        h->slots_off + (uint64_t)h->world * h->slot_bytes <= (uint64_t)map) {
+        size_t len = (size_t)snprintf(buf, size, "; its ranks: ");
+        int n = 0;
+        for (int k = 0; k < h->world && len + 40 < size; k++) {
+            const shm_slot *sl = (const shm_slot *)((const uint8_t *)h + h->slots_off + (size_t)k * h->slot_bytes);
+            int pid = atomic_load(&((shm_slot *)sl)->pid);
+            if (pid) len += (size_t)snprintf(buf + len, size - len, "%s%d = pid %d", n++ ? ", " : "", k, pid);
+        }
+        if (!n) buf[0] = 0;
+    }
+    if (h) munmap(h, map);
+    close(fd);
+}
+
+/* Step 1: rank 0 takes "<name>#<nonce>" (a launch's) and then "<name>";
+ * without a nonce, rank k > 0 takes "<name>/rank<k>". Joiners of a launch
+ * take nothing: the nonce keeps them out of other segments. */
+static lk_status claim(shm_comm *s) {
+    struct sockaddr_un a;
+    socklen_t len;
+    char suffix[40], who[64], pids[400];
+    int holder = 0, rc;
+    if (s->rank == 0 && s->nonce) {
+        snprintf(suffix, sizeof suffix, "#%016llx", (unsigned long long)s->nonce);
+        len = sock_addr(s->sockbase, suffix, &a);
+        rc = claim_name(&a, len, &s->nonce_fd, &holder);
+        if (rc < 0) return lk_error(LK_STATUS_IO, "rendezvous: cannot claim the socket @%s: %s", a.sun_path + 1, strerror(errno));
+        if (rc > 0) {
+            holder_words(holder, who, sizeof who);
+            return lk_error(LK_STATUS_INVALID_USAGE,
+                            "rendezvous: rank 0 of this launch of %s is already running as %s (two processes started with "
+                            "RANK=0 and the same LK_JOB_NONCE?)",
+                            s->ident, who);
+        }
+    }
+    if (s->rank == 0) {
+        len = sock_addr(s->sockbase, "", &a);
+        rc = claim_name(&a, len, &s->claim_fd, &holder);
+        if (rc < 0) return lk_error(LK_STATUS_IO, "rendezvous: cannot claim the socket @%s: %s", a.sun_path + 1, strerror(errno));
+        if (rc > 0) {
+            holder_words(holder, who, sizeof who);
+            segment_pids(s->name, pids, sizeof pids);
+            return lk_error(LK_STATUS_INVALID_USAGE,
+                            "rendezvous: %s is already in use on this host: %s holds it (rank 0 of another job, shm segment "
+                            "%s%s); two jobs cannot share it: %s, or stop the other job",
+                            s->ident, who, s->name, pids, s->remedy);
+        }
+        return LK_STATUS_OK;
+    }
+    if (s->nonce) return LK_STATUS_OK;
+    snprintf(suffix, sizeof suffix, "/rank%d", s->rank);
+    len = sock_addr(s->sockbase, suffix, &a);
+    rc = claim_name(&a, len, &s->claim_fd, &holder);
+    if (rc < 0) return lk_error(LK_STATUS_IO, "rendezvous: cannot claim the socket @%s: %s", a.sun_path + 1, strerror(errno));
+    if (rc > 0) {
+        holder_words(holder, who, sizeof who);
+        segment_pids(s->name, pids, sizeof pids);
+        return lk_error(LK_STATUS_INVALID_USAGE,
+                        "rendezvous: rank %d of %s is already held on this host by %s, a live process of another job (shm "
+                        "segment %s%s); two jobs cannot share it: %s, or stop the other job",
+                        s->rank, s->ident, who, s->name, pids, s->remedy);
+    }
+    return LK_STATUS_OK;
+}
+
+/* A joiner of a launch waiting for its segment: "<name>" held while
+ * "<name>#<our nonce>" is not means rank 0 of another job holds the id (our
+ * rank 0 takes its nonce's name first and releases it last), so ours cannot
+ * get it: fail now instead of at comm_timeout. */
+static lk_status check_foreign_holder(shm_comm *s) {
+    struct sockaddr_un a;
+    int holder = 0;
+    socklen_t len = sock_addr(s->sockbase, "", &a);
+    if (!probe_name(&a, len, &holder)) return LK_STATUS_OK;
+    char suffix[40], who[64];
+    snprintf(suffix, sizeof suffix, "#%016llx", (unsigned long long)s->nonce);
+    len = sock_addr(s->sockbase, suffix, &a);
+    if (probe_name(&a, len, NULL)) return LK_STATUS_OK;
+    holder_words(holder, who, sizeof who);
+    return lk_error(LK_STATUS_INVALID_USAGE,
+                    "rendezvous: %s is already in use on this host: %s holds it, and it is not rank 0 of this rank's launch "
+                    "(another job with the same id; shm segment %s): %s, or stop the other job",
+                    s->ident, who, s->name, s->remedy);
+}
+
+/* Step 6, after every rank attached: a notice queued on this rank's claim
+ * means another process wanted this rank while the job formed (see the top
+ * of the file). This rank then aborts with the reason in its slot: no
+ * collective can complete without it, and a peer that sealed first fails
+ * its first collective quoting that reason. */
+static lk_status seal(shm_comm *s) {
+    shm_slot *me = slot_of(s, s->rank);
+    if (!s->nonce && s->claim_fd >= 0) {
+        int fd = accept4(s->claim_fd, NULL, NULL, SOCK_CLOEXEC);
+        if (fd >= 0) {
+            struct ucred cr = {0};
+            socklen_t cl = sizeof cr;
+            if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &cl)) cr.pid = 0;
+            close(fd);
+            char who[64], pids[400];
+            holder_words(cr.pid, who, sizeof who);
+            segment_pids(s->name, pids, sizeof pids);
+            lk_status st = lk_error(LK_STATUS_INVALID_USAGE,
+                                    "rendezvous: %s also wanted rank %d of %s while this job formed (shm segment %s%s): "
+                                    "two jobs with the same id started together on this host, so this job's ranks may "
+                                    "come from both, and it stops before any collective mixes their data: %s",
+                                    who, s->rank, s->ident, s->name, pids, s->remedy);
+            snprintf(me->reason, sizeof me->reason, "%s", lk_last_error());
+            atomic_store(&me->state, ST_ABORTED);
+            return st;
+        }
+    }
+    return LK_STATUS_OK;
+}
+
+/* The launcher, after its ranks are gone: removes the segment name when it
+ * is its job's (same nonce), or nobody holds the id any more (a stale one).
+ * Another live job's segment is left alone. */
+void lk__shm_cleanup(const char *job_id, uint64_t nonce) {
+    char name[256], base[96];
+    lk_comm_shm_segment_name(job_id, name, sizeof name);
+    int fd = shm_open(name, O_RDONLY, 0600);
+    if (fd < 0) return;
+    bool ours = false;
+    struct stat st;
+    if (!fstat(fd, &st) && (size_t)st.st_size >= sizeof(shm_header)) {
+        shm_header *h = mmap(NULL, sizeof *h, PROT_READ, MAP_SHARED, fd, 0);
+        if (h != MAP_FAILED) {
+            ours = atomic_load(&h->magic) == SHM_MAGIC && h->nonce == nonce;
+            munmap(h, sizeof *h);
+        }
+    }
+    struct sockaddr_un a;
+    sock_base(name, base, sizeof base);
+    socklen_t len = sock_addr(base, "", &a);
+    if ((ours || !probe_name(&a, len, NULL)) && same_segment(name, fd)) shm_unlink(name);
+    close(fd);
+}
+
+uint64_t lk__job_nonce(const char *text) { return parse_nonce(text); }
+
 /* Creator (rank 0): a fresh segment; a stale one left by a dead job is replaced. */
 static lk_status create_segment(lk_comm *c, shm_comm *s) {
     shm_header want = {0};
@@ -734,11 +1064,16 @@ static lk_status create_segment(lk_comm *c, shm_comm *s) {
                 sleep_ms(2);
                 continue;
             }
-            if (owner && lk__pid_alive(owner) && owner != getpid())
+            /* We hold the id's claim, so a live creator is a job we cannot
+             * see claims of (another network namespace sharing /dev/shm). */
+            if (owner && lk__pid_alive(owner) && owner != getpid()) {
+                char pids[400];
+                segment_pids(s->name, pids, sizeof pids);
                 return lk_error(LK_STATUS_INVALID_USAGE,
-                                "shm segment %s already belongs to a live job (creator pid %d): two jobs with the same "
-                                "LK_JOB_ID/MASTER_PORT on this host?",
-                                s->name, owner);
+                                "rendezvous: %s is already in use on this host: shm segment %s belongs to a live job "
+                                "(creator pid %d%s); two jobs cannot share it: %s, or stop the other job",
+                                s->ident, s->name, owner, pids, s->remedy);
+            }
             shm_unlink(s->name); /* stale: its creator is gone */
             continue;
         }
@@ -768,8 +1103,10 @@ static lk_status create_segment(lk_comm *c, shm_comm *s) {
         s->total = want.total;
         s->hdr = p;
         s->fd = fd;
+        s->created = true;
         shm_header *h = s->hdr;
-        h->version = 4;
+        h->version = 5;
+        h->nonce = s->nonce;
         h->world = s->world;
         h->creator_pid = getpid();
         h->total = want.total;
@@ -801,7 +1138,12 @@ static bool same_segment(const char *name, int fd) {
 
 static lk_status attach_segment(lk_comm *c, shm_comm *s, uint64_t deadline) {
     char why[700] = "not created yet";
+    uint64_t next_probe = 0;
     while (lk_time_ns() < deadline) {
+        if (s->nonce && lk_time_ns() >= next_probe) {
+            LK_TRY(check_foreign_holder(s));
+            next_probe = lk_time_ns() + 20000000ull; /* each probe queues a connection on the holder */
+        }
         int fd = shm_open(s->name, O_RDWR, 0600);
         if (fd < 0) {
             sleep_ms(2);
@@ -846,6 +1188,21 @@ static lk_status attach_segment(lk_comm *c, shm_comm *s, uint64_t deadline) {
             sleep_ms(5);
             continue;
         }
+        if (h->nonce != s->nonce) {
+            /* A live job's segment, not our launch's: never take a slot in it. */
+            int owner = h->creator_pid;
+            const char *how = !h->nonce ? ", started without 'lockstep launch'"
+                              : s->nonce ? ", started by another 'lockstep launch'"
+                                         : ", started by 'lockstep launch'";
+            char pids[400];
+            munmap(p, (size_t)st.st_size);
+            close(fd);
+            segment_pids(s->name, pids, sizeof pids);
+            return lk_error(LK_STATUS_INVALID_USAGE,
+                            "rendezvous: %s is already in use on this host: shm segment %s belongs to another job (its rank "
+                            "0 is pid %d%s%s); two jobs cannot share it: %s, or stop the other job",
+                            s->ident, s->name, owner, how, pids, s->remedy);
+        }
         s->base = p;
         s->total = (size_t)st.st_size;
         s->hdr = h;
@@ -860,8 +1217,12 @@ static lk_status attach_segment(lk_comm *c, shm_comm *s, uint64_t deadline) {
 
 static lk_status rendezvous(lk_comm *c, shm_comm *s) {
     uint64_t t0 = lk_time_ns(), deadline = t0 + (uint64_t)(c->timeout_s * 1e9);
+    rdv_step(s, RDV_CLAIM);
+    LK_TRY(claim(s));
+    rdv_step(s, RDV_OPEN);
     if (s->rank == 0) LK_TRY(create_segment(c, s));
     else LK_TRY(attach_segment(c, s, deadline));
+    rdv_step(s, RDV_SLOT);
     shm_header *h = s->hdr;
     if (h->world != s->world)
         return lk_error(LK_STATUS_INVALID_ARGUMENT,
@@ -874,12 +1235,15 @@ static lk_status rendezvous(lk_comm *c, shm_comm *s) {
     int expected = 0, mypid = getpid();
     if (!atomic_compare_exchange_strong(&me->pid, &expected, mypid))
         return lk_error(LK_STATUS_INVALID_ARGUMENT,
-                        "rendezvous: rank %d is already taken by pid %d (two processes started with the same RANK?)", s->rank,
-                        expected);
+                        "rendezvous: rank %d of %s is already taken by pid %d (shm segment %s): two processes started with "
+                        "the same RANK, or two jobs with the same id (%s)",
+                        s->rank, s->ident, expected, s->name, s->remedy);
     me->world = s->world;
     atomic_store(&me->active_ns, lk_time_ns());
+    rdv_step(s, RDV_PUBLISH);
     atomic_store(&me->state, ST_ATTACHED);
     atomic_fetch_add(&h->attached, 1);
+    rdv_step(s, RDV_WAIT);
     uint64_t next_check = lk_time_ns() + CHECK_NS;
     while (atomic_load(&h->attached) < s->world) {
         uint64_t now = lk_time_ns();
@@ -907,12 +1271,27 @@ static lk_status rendezvous(lk_comm *c, shm_comm *s) {
         }
         sleep_ms(1);
     }
+    rdv_step(s, RDV_SEAL);
+    LK_TRY(seal(s));
+    rdv_step(s, RDV_DONE);
     /* Peers in another pid namespace (containers sharing /dev/shm) have pids
      * that mean nothing here: for them only timeouts and abort states count. */
     for (int k = 0; k < s->world; k++) s->pid_visible[k] = lk__pid_alive(atomic_load(&slot_of(s, k)->pid));
-    /* Everyone is in: remove the name now, so no crash can leak it. */
-    if (shm_unlink(s->name) == 0 || errno == ENOENT) s->unlinked = true;
+    /* Everyone is in: remove the name now, so no crash can leak it. Rank 0
+     * holds the id, so the name is still its segment; another rank removes
+     * it only while it still is (rank 0 may have moved on to a new
+     * communicator under the same name). */
+    if (s->rank == 0 || same_segment(s->name, s->fd)) shm_unlink(s->name);
+    s->unlinked = true;
     return LK_STATUS_OK;
+}
+
+/* Releases the claims: "<name>" before "<name>#<nonce>", so a joiner never
+ * sees the id held and its launch's name free while its own rank 0 has it. */
+static void release_claims(shm_comm *s) {
+    if (s->claim_fd >= 0) close(s->claim_fd);
+    if (s->nonce_fd >= 0) close(s->nonce_fd);
+    s->claim_fd = s->nonce_fd = -1;
 }
 
 static void shm_destroy(lk_comm *c) {
@@ -926,12 +1305,30 @@ static void shm_destroy(lk_comm *c) {
             atomic_store(&me->state, ST_LEFT);
         }
     }
-    if (!s->unlinked && s->rank == 0) shm_unlink(s->name);
+    if (!s->unlinked && s->created) shm_unlink(s->name);
     unmap(s);
+    release_claims(s); /* after the name is gone: the next job with this id may start now */
     pthread_mutex_destroy(&s->heap_mu);
     lk_free(s->blks);
     lk_free(s);
     c->impl = NULL;
+}
+
+/* How messages name the identity, and what to change: the job id, or the
+ * MASTER_PORT it was derived from (lk_pg_info_from_env). */
+static void describe_identity(const lk_comm *c, shm_comm *s) {
+    char pre[32];
+    int port = c->pg.master_port;
+    snprintf(pre, sizeof pre, "p%d-", port);
+    const char *env_id = getenv("LK_JOB_ID");
+    bool from_port = port > 0 && !strncmp(c->job_id, pre, strlen(pre)) && !(env_id && !strcmp(env_id, c->job_id));
+    if (from_port) {
+        snprintf(s->ident, sizeof s->ident, "job id '%s' (derived from MASTER_PORT=%d)", c->job_id, port);
+        snprintf(s->remedy, sizeof s->remedy, "give one of the jobs another MASTER_PORT (or its own LK_JOB_ID)");
+    } else {
+        snprintf(s->ident, sizeof s->ident, "job id '%s'", c->job_id);
+        snprintf(s->remedy, sizeof s->remedy, "start one of the jobs with another --job-id (lockstep launch) or LK_JOB_ID");
+    }
 }
 
 static lk_status shm_init(lk_comm *c, const lk_comm_config *cfg) {
@@ -954,6 +1351,9 @@ static lk_status shm_init(lk_comm *c, const lk_comm_config *cfg) {
     s->rank = pg->rank;
     s->world = pg->world_size;
     s->fd = -1;
+    s->claim_fd = s->nonce_fd = -1;
+    s->nonce = parse_nonce(lk_env_get("LK_JOB_NONCE"));
+    s->pause_mask = rdv_pause_mask();
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     s->spin_ns = cores > 0 && pg->local_world_size > cores ? 0 : 20000;
     long small = lk_env_get_long("LK_COMM_SHM_SMALL", (long)SMALL_BYTES_DEFAULT);
@@ -962,16 +1362,24 @@ static lk_status shm_init(lk_comm *c, const lk_comm_config *cfg) {
     s->chunk_shared = slice >= 4096 ? (size_t)slice : CHUNK_SHARED_DEFAULT;
     pthread_mutex_init(&s->heap_mu, NULL);
     lk_comm_shm_segment_name(c->job_id, s->name, sizeof s->name);
+    sock_base(s->name, s->sockbase, sizeof s->sockbase);
+    describe_identity(c, s);
     c->impl = s;
     lk_status st = rendezvous(c, s);
     if (st) {
-        shm_unlink(s->name); /* a failed start leaves nothing behind */
+        /* A failed start leaves nothing behind; only the rank that made the
+         * segment removes the name: a rank refused by another job must not
+         * take that job's segment away. */
+        if (s->created && !s->unlinked) shm_unlink(s->name);
         s->unlinked = true;
         if (s->base) {
             shm_slot *me = slot_of(s, s->rank);
-            if (atomic_load(&me->pid) == getpid()) atomic_store(&me->state, ST_LEFT);
+            /* an abort (the seal's) keeps its reason for the peers */
+            int attached = ST_ATTACHED;
+            if (atomic_load(&me->pid) == getpid()) atomic_compare_exchange_strong(&me->state, &attached, ST_LEFT);
         }
         unmap(s);
+        release_claims(s);
         pthread_mutex_destroy(&s->heap_mu);
         lk_free(s);
         c->impl = NULL;

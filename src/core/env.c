@@ -39,6 +39,8 @@ static const lk_env_var env_vars[] = {
     {"LK_COMM_BACKEND", NULL, "force a communicator backend: shm, mpi, nccl, self", NULL},
     {"LK_JOB_ID", NULL, "job id naming the shared-memory segment (the launcher sets it for its ranks: lockstep "
                         "launch --job-id, else a fresh one)", NULL},
+    {"LK_JOB_NONCE", NULL, "set by the launcher: a random number per launch; an shm rank joins only a segment made by "
+                           "its own launch's rank 0, so two jobs with the same LK_JOB_ID never pair up", NULL},
     {"LK_DATA_ROOT", NULL, "default root for datasets", "data.init_args.root"},
     {"PL_GLOBAL_SEED", NULL, "Lightning's: the seed when the config sets neither seed_everything nor trainer.seed",
      "seed_everything or trainer.seed"},
@@ -49,6 +51,9 @@ static const lk_env_var env_vars[] = {
     {"LK_COMM_SHM_SLICE", "16384", "shm: bytes an in-segment all-reduce reduces, then writes to every rank, at a time",
      NULL},
     {"LK_COMM_TEST_DELAY_MS", "0", "tests only: delay every asynchronous collective by this many ms", NULL},
+    {"LK_COMM_TEST_RDV_PAUSE", NULL, "tests only: all, or a comma-separated list of the shm rendezvous steps claim, "
+                                     "open, slot, publish, wait, seal, done: the process stops itself (SIGSTOP) before "
+                                     "each, so a test can interleave two jobs' ranks", NULL},
     {"LK_TEST_STEP_DELAY_MS", "0", "tests only: sleep this many ms after every optimizer step (signal tests)", NULL},
     {"LK_TEST_GRAD_OVERFLOW", NULL, "tests only: RANK:STEP makes that rank's first gradient +inf after the "
                                     "all-reduce of that optimizer step (loss scaler tests)", NULL},

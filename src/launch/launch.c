@@ -7,7 +7,10 @@
  * process groups (so a signal reaches a rank's whole tree and the terminal's
  * Ctrl-C is not delivered twice) and die with the launcher
  * (PR_SET_PDEATHSIG). The job's shm segment name is removed at the end,
- * whatever happened. */
+ * whatever happened, unless it belongs to another live job with the same id.
+ * Each attempt's ranks get LK_JOB_NONCE, a random number of that attempt: a
+ * rank joins only a segment its own attempt's rank 0 made, so two launches
+ * with the same --job-id never pair up (comm_shm.c). */
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -18,11 +21,13 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/random.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "comm/comm_impl.h"
 #include "lockstep/dist.h"
 
 extern char **environ;
@@ -119,7 +124,7 @@ static void pump(child *ch, int r, int stream, bool prefix) {
 
 static bool is_ours(const char *e) {
     static const char *names[] = {"RANK=", "LOCAL_RANK=", "WORLD_SIZE=", "LOCAL_WORLD_SIZE=", "GROUP_RANK=", "NODE_RANK=",
-                                  "MASTER_ADDR=", "MASTER_PORT=", "LK_JOB_ID=", "ROLE_RANK=", "ROLE_WORLD_SIZE=",
+                                  "MASTER_ADDR=", "MASTER_PORT=", "LK_JOB_ID=", "LK_JOB_NONCE=", "ROLE_RANK=", "ROLE_WORLD_SIZE=",
                                   "TORCHELASTIC_RESTART_COUNT=", "TORCHELASTIC_MAX_RESTARTS="};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if (!strncmp(e, names[i], strlen(names[i]))) return true;
@@ -148,16 +153,27 @@ static void signal_all(child *ch, int n, int sig) {
         }
 }
 
+/* 16 hex digits no other launch on this host will pick: the kernel's
+ * random bytes, or (if it has none to give) clock, pid and address mixed. */
+static void make_nonce(char *buf, size_t size) {
+    uint64_t x = 0;
+    if (getrandom(&x, sizeof x, GRND_NONBLOCK) != (ssize_t)sizeof x) {
+        x = lk_time_ns() ^ ((uint64_t)getpid() << 32) ^ (uint64_t)(uintptr_t)buf;
+        x = (x ^ (x >> 31)) * 0x9e3779b97f4a7c15ull;
+    }
+    snprintf(buf, size, "%016llx", (unsigned long long)(x ? x : 1));
+}
+
 /* One attempt: starts the ranks, relays their output, handles signals and
  * failures, reaps every rank. *signalled is the signal the launcher got (0:
  * none), *failed_rank the first rank that failed (-1: none). */
-#define NKV 10
+#define NKV 11
 static lk_status launch_once(int nprocs, char *const argv[], const lk_launch_options *opt, const char *job_base,
                              int attempt, int sfd, const sigset_t *old, int *exit_code, int *signalled, int *failed_rank) {
     *exit_code = 1;
     *signalled = 0;
     *failed_rank = -1;
-    char job[128], port[16], nbuf[16], rcount[16], rmax[16];
+    char job[128], port[16], nbuf[16], rcount[16], rmax[16], nonce[24];
     /* a fresh job id (so a fresh shm segment) and port per attempt: nothing of the failed attempt is reused */
     if (attempt) snprintf(job, sizeof job, "%s-r%d", job_base, attempt);
     else snprintf(job, sizeof job, "%s", job_base);
@@ -165,8 +181,7 @@ static lk_status launch_once(int nprocs, char *const argv[], const lk_launch_opt
     snprintf(nbuf, sizeof nbuf, "%d", nprocs);
     snprintf(rcount, sizeof rcount, "%d", attempt);
     snprintf(rmax, sizeof rmax, "%d", opt->max_restarts);
-    char segname[256];
-    lk_comm_shm_segment_name(job, segname, sizeof segname);
+    make_nonce(nonce, sizeof nonce);
 
     /* Environment per rank, built before fork (the child only execs). */
     int nenv = 0;
@@ -189,7 +204,7 @@ static lk_status launch_once(int nprocs, char *const argv[], const lk_launch_opt
             if (!is_ours(environ[i])) e[k++] = environ[i];
         const char *kv[NKV][2] = {{"RANK", NULL}, {"LOCAL_RANK", NULL}, {"WORLD_SIZE", nbuf}, {"LOCAL_WORLD_SIZE", nbuf},
                                   {"GROUP_RANK", "0"}, {"MASTER_ADDR", opt->master_addr}, {"MASTER_PORT", port},
-                                  {"LK_JOB_ID", job}, {"TORCHELASTIC_RESTART_COUNT", rcount},
+                                  {"LK_JOB_ID", job}, {"LK_JOB_NONCE", nonce}, {"TORCHELASTIC_RESTART_COUNT", rcount},
                                   {"TORCHELASTIC_MAX_RESTARTS", rmax}};
         char rb[16];
         snprintf(rb, sizeof rb, "%d", r);
@@ -370,7 +385,7 @@ static lk_status launch_once(int nprocs, char *const argv[], const lk_launch_opt
     else *exit_code = 0;
     *signalled = got_signal;
     *failed_rank = first_fail;
-    shm_unlink(segname); /* normally gone already; a crash during startup could leave it */
+    lk__shm_cleanup(job, lk__job_nonce(nonce)); /* normally gone already; a crash during startup could leave it */
     lk_free(envs);
     lk_free(strs);
     lk_free(ch);

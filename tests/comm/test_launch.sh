@@ -2,8 +2,9 @@
 # The launcher end to end: variables and output prefixes, exit status of the
 # first failing rank, stopping the others, SIGKILL of a rank in the middle of
 # a real all-reduce job, SIGTERM forwarding, SIGKILL of the launcher itself.
-# --max-restarts (torchrun's elastic restart). After each: no process of the
-# job and no /dev/shm segment remain.
+# --max-restarts (torchrun's elastic restart). Two jobs with one job id or
+# MASTER_PORT. After each: no process of the job and no /dev/shm segment
+# remain.
 set -u
 BIN=${LK_BIN:?LK_BIN must point to the lockstep binary}
 fail=0
@@ -132,6 +133,52 @@ rc=$?
 check "SIGTERM to a --max-restarts launcher ends it (rc $rc), no restart" [ $rc = 143 ] && ! grep -q restarting "$tmp/el3.err"
 "$BIN" launch -n 2 --max-restarts -1 -- true 2>/dev/null
 check "--max-restarts -1 is a usage error" [ $? = 2 ]
+
+# 10. two launches with the same --job-id started together (issue 43): exactly one job runs, the
+#     other fails at once saying what clashed and what to change, and its launcher leaves the
+#     winner's segment alone (the winner would then time out: both would fail). 5 trials.
+job=lt-clash-$$
+clash_ok=0; clash_msg=0
+for trial in 1 2 3 4 5; do
+  for j in a b; do
+    "$BIN" launch -n 2 --quiet --job-id $job -- "$BIN" bench comm --worker shm --min 4K --max 64K --time 0.1 \
+      --out "$tmp/clash-$j.csv" >"$tmp/clash-$j.out" 2>"$tmp/clash-$j.err" &
+    eval "pid_$j=\$!"
+  done
+  wait $pid_a; rc_a=$?
+  wait $pid_b; rc_b=$?
+  if { [ $rc_a = 0 ] && [ $rc_b != 0 ]; } || { [ $rc_a != 0 ] && [ $rc_b = 0 ]; }; then clash_ok=$((clash_ok + 1)); fi
+  loser=b; [ $rc_a != 0 ] && loser=a
+  grep -q "job id '$job' is already in use on this host: pid [0-9]* holds it" "$tmp/clash-$loser.err" &&
+    grep -q "start one of the jobs with another --job-id" "$tmp/clash-$loser.err" && clash_msg=$((clash_msg + 1))
+  [ $trial = 1 ] && grep -m1 "already in use" "$tmp/clash-$loser.err" | sed 's/^/     /'
+done
+check "same --job-id twice: exactly one job completed in each of 5 trials ($clash_ok)" [ $clash_ok = 5 ]
+check "... and the other named the clash, the holder's pid and --job-id ($clash_msg)" [ $clash_msg = 5 ]
+check "... and no segment was left" no_segment $job
+
+# 11. the same for two jobs started by hand with one MASTER_PORT and no LK_JOB_ID: never both
+#     complete, a rank names the clash and MASTER_PORT, every rank ends by itself well before
+#     comm_timeout (started together, both jobs usually fail: see docs/RELIABILITY.md).
+port=$((20000 + $$ % 20000))
+start=$(date +%s.%N)
+pids=""
+for j in a b; do
+  for r in 0 1; do
+    env -u LK_JOB_ID -u LK_JOB_NONCE RANK=$r WORLD_SIZE=2 LOCAL_RANK=$r LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 \
+      MASTER_PORT=$port LK_COMM_TIMEOUT=20 "$BIN" bench comm --worker shm --min 4K --max 64K --time 0.1 \
+      --out "$tmp/hand-$j.csv" >/dev/null 2>"$tmp/hand-$j$r.err" &
+    pids="$pids $!"
+  done
+done
+codes=""
+for p in $pids; do wait $p; codes="$codes$?"; done
+el=$(awk -v a="$(date +%s.%N)" -v b="$start" 'BEGIN{printf "%.2f", a-b}')
+check "same MASTER_PORT by hand: not both jobs completed (exit codes $codes)" [ "$codes" != 0000 ]
+check "... a rank named the clash and MASTER_PORT" \
+  grep -q "(derived from MASTER_PORT=$port).*give one of the jobs another MASTER_PORT" "$tmp"/hand-*.err
+check "... every rank ended within 10 s ($el s)" awk -v e="$el" 'BEGIN{exit !(e < 10)}'
+grep -h -m1 "MASTER_PORT=$port" "$tmp"/hand-*.err | head -1 | sed 's/^/     /'
 
 [ $fail = 0 ] && echo "all launcher checks passed"
 exit $fail

@@ -6,6 +6,9 @@
 #  2. `lockstep fit` on 2 ranks, rank 1 SIGSTOPped while training: rank 0
 #     times out after comm_timeout (3 s) and the whole job, the stopped rank
 #     included, is gone within comm_timeout + 10 s.
+#  3. the same, rank 1 SIGKILLed: mpirun ends the job (SIGTERM, then SIGKILL
+#     a second later), and rank 0 first says which rank died and in which
+#     collective (OpenMPI alone prints only its own notice).
 # Environment (from ctest): LK_BIN, LK_MPIRUN, LK_MPIRUN_FLAGS, LK_TEST_DIST_MPI.
 source "$(dirname "$0")/../cli/lib.sh"
 read -r -a flags <<<"${LK_MPIRUN_FLAGS:-}"
@@ -78,4 +81,35 @@ check "stall: no process of the job left (${left:-none})" test -z "$left"
 grep -m1 "timed out after" "$T/fit.out" | sed 's/^/     /'
 echo "     job ended ${secs}s after SIGSTOP of rank 1"
 [ "$fail" = 0 ] || sed "s/^/     fit: /" "$T/fit.out" >&2
+
+# 3. a killed rank in `lockstep fit`
+rm -rf "$T/runs"
+"$LK_MPIRUN" "${flags[@]}" -np 2 -x LK_COMM_BACKEND=mpi "$LK_BIN" fit -c "$marker" --trainer.devices 2 \
+  --trainer.strategy ddp --trainer.max_epochs 100000 --trainer.every_n_train_steps 20 \
+  --trainer.enable_progress_bar false --trainer.comm_timeout 30 --trainer.num_sanity_val_steps 0 \
+  --data.init_args.num_samples 4096 >"$T/kill.out" 2>&1 &
+mpid=$!
+started=""
+for _ in $(seq 1 3000); do
+  if ls "$T"/runs/lightning_logs/version_*/checkpoints/last.ckpt >/dev/null 2>&1 && [ -n "$(rank_pid 1)" ]; then
+    started=yes; break
+  fi
+  kill -0 $mpid 2>/dev/null || break
+  sleep 0.01
+done
+check "kill: the job started training" test -n "$started"
+r1=$(rank_pid 1)
+t0=$(date +%s.%N)
+[ -n "$r1" ] && kill -KILL "$r1"
+for _ in $(seq 1 400); do kill -0 $mpid 2>/dev/null || break; sleep 0.05; done
+secs=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.2f", b - a }')
+left=$(pgrep -f -- "$marker" | tr '\n' ' ')
+for p in $left $mpid; do kill -CONT "$p" 2>/dev/null; kill -KILL "$p" 2>/dev/null; done
+wait $mpid 2>/dev/null; rc=$?
+check "kill: mpirun ended within 10 s (${secs}s), exit status non-zero ($rc)" \
+  awk -v s="$secs" -v r="$rc" 'BEGIN { exit !(s <= 10 && r != 0) }'
+check "kill: rank 0 names the dead rank, its pid and the collective" \
+  grep -qE "\[rank 0\] (all_reduce|broadcast|barrier|all_gather) #[0-9]+ .*failed: rank 1 \(pid $r1\) died" "$T/kill.out"
+grep -m1 "died" "$T/kill.out" | sed 's/^/     /'
+[ "$fail" = 0 ] || sed "s/^/     kill: /" "$T/kill.out" >&2
 finish

@@ -5,6 +5,8 @@ lk_add_test(NAME dist_fault SOURCES comm/test_dist_fault.c LABELS multiproc faul
 # comm_timeout vs LK_COMM_TIMEOUT (a config key wins, then the variable, then
 # 120) and the timeout message naming the source of the bound that ran out
 lk_add_test(NAME comm_timeout_source SOURCES comm/test_timeout_source.c LABELS multiproc fault TIMEOUT 60)
+# Two jobs with one job id / MASTER_PORT, their rendezvous steps forced into many interleavings.
+lk_add_test(NAME dist_clash SOURCES comm/test_dist_clash.c LABELS multiproc fault TIMEOUT 240)
 lk_add_script_test(NAME dist_launch SCRIPT comm/test_launch.sh LABELS multiproc fault TIMEOUT 90)
 
 # The mpi backend under mpirun (CI installs OpenMPI): 2 and 3 ranks, plus the
