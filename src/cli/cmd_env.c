@@ -8,6 +8,7 @@
 
 #include <cblas.h>
 
+#include "backend/isa.h"
 #include "cli/cli.h"
 #include "device/gpu.h"
 #include "lockstep.h"
@@ -89,6 +90,8 @@ int lk_cmd_env(int argc, char **argv) {
            lk_get_num_threads());
     char caps[256];
     printf("cpu low-prec.   : %s\n", lk_cpu_lowp_features(caps, sizeof caps));
+    printf("cpu loops       : %s (build: %s; LK_CPU_ISA=auto|avx512|avx2|baseline lowers it)\n",
+           lk__cpu_isa_name(lk__cpu_isa()), lk__cpu_isa_build());
     printf("32-true GEMM    : %s (LK_F32_GEMM=auto|onednn|openblas)\n", lk_autocast_gemm_path(LK_F32));
     printf("bf16-mixed GEMM : %s\n", lk_autocast_gemm_path(LK_BF16));
     printf("16-mixed GEMM   : %s\n", lk_autocast_gemm_path(LK_F16));
