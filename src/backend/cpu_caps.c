@@ -41,13 +41,13 @@ static unsigned long long xcr0(void) {
 static cpu_info cpu_read(void) {
     cpu_info r = {0};
 #if defined(__x86_64__) || defined(__i386__)
-    unsigned a, b, c, d, max = __get_cpuid_max(0, NULL);
+    unsigned a, b, c, d, max = (unsigned)__get_cpuid_max(0, NULL);
     if (max < 1) return r;
     __cpuid(1, a, b, c, d);
     bool ssse3 = c >> 9 & 1, cx16 = c >> 13 & 1, sse41 = c >> 19 & 1, sse42 = c >> 20 & 1, popcnt = c >> 23 & 1;
     bool fma = c >> 12 & 1, movbe = c >> 22 & 1, osxsave = c >> 27 & 1, avx = c >> 28 & 1, f16c = c >> 29 & 1;
     bool lzcnt = false;
-    if (__get_cpuid_max(0x80000000u, NULL) >= 0x80000001u) {
+    if ((unsigned)__get_cpuid_max(0x80000000u, NULL) >= 0x80000001u) { /* int in clang's cpuid.h */
         __cpuid(0x80000001u, a, b, c, d);
         lzcnt = c >> 5 & 1;
     }
@@ -142,6 +142,8 @@ const char *lk__cpu_isa_build(void) {
         " + avx512 copies"
 #elif LK_ISA_AVX2_BUILT
         " + avx2 copies"
+#else
+        ", no copies"
 #endif
         ;
 }
