@@ -22,3 +22,11 @@ if(LK_X86 AND NOT LK_NATIVE)
                           $<IF:$<CONFIG:Release>,${LK_X86_BASELINE},x86-64>)
   set_tests_properties(isa_objects PROPERTIES SKIP_RETURN_CODE 77)
 endif()
+# The backend tests again on the baseline copies (LK_CPU_ISA=baseline: what a
+# CPU with nothing above the build's baseline runs), against the same
+# references; the plain runs above take the best copy this CPU has.
+foreach(t gemm elementwise conv grad_utils copy bn_split bn_half accuracy live loss pool optim_bits)
+  add_test(NAME backend_${t}_baseline COMMAND test_backend_${t} WORKING_DIRECTORY ${PROJECT_BINARY_DIR})
+  get_test_property(backend_${t} LABELS labels)
+  set_tests_properties(backend_${t}_baseline PROPERTIES ENVIRONMENT LK_CPU_ISA=baseline LABELS "${labels}" TIMEOUT 120)
+endforeach()
