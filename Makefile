@@ -14,7 +14,12 @@ deps:
 $(BUILD)/CMakeCache.txt: | deps
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS)
 
+# CMAKE_FLAGS on an existing build directory configures it again, so that
+# `make CMAKE_FLAGS=-DLK_NATIVE=ON` takes (the setting then stays in its cache).
 build: deps $(BUILD)/CMakeCache.txt
+ifneq ($(strip $(CMAKE_FLAGS)),)
+	@cmake -S . -B $(BUILD) $(CMAKE_FLAGS) >/dev/null
+endif
 	@cmake --build $(BUILD) -j $(JOBS)
 
 # The library, headers, the lockstep program and lockstep.pc under PREFIX

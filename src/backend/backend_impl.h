@@ -8,24 +8,10 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "backend/isa.h"
 #include "backend/kernels.h"
 #include "lockstep/device.h"
 #include "lockstep/tensor.h"
-#ifdef __AVX512F__
-#include <immintrin.h>
-
-/* lk_f32_to_bf16_bits on 16 floats' bits at once (nearest even, a NaN kept
- * quiet), each result in its lane's low 16 bits: lk_f32_to_half_n's bulk
- * rounding and bf16x3's split (cpu_lowp.c) share it. GCC vectorises the
- * scalar function into code about 3x slower. */
-static inline __m512i lk__bf16_round16(__m512i u) {
-    __m512i top = _mm512_srli_epi32(u, 16), odd = _mm512_and_si512(top, _mm512_set1_epi32(1));
-    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), odd), 16);
-    __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
-                                            _mm512_set1_epi32(0x7f800000));
-    return _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(top, _mm512_set1_epi32(0x40)));
-}
-#endif
 
 /* ---- typed ops ------------------------------------------------------------
  * A backend says which op descriptors it runs — the op, the dtype of every
@@ -605,6 +591,13 @@ bool lk__cpu_gemm_native(lk_dtype dt);
 /* Which path a GEMM of these dtypes takes on this machine ("onednn:avx512_core_bf16",
  * "f32 fallback"), for `lockstep env` and run.json. */
 const char *lk__cpu_gemm_path(lk_dtype ab, lk_dtype c);
+/* cpu/convert.c, one copy per instruction set (backend/isa.h): the bulk
+ * conversions behind lk_f32_to_half_n and lk_half_to_f32_n, and bf16x3's
+ * split of n f16 values into bf16 parts (hi + lo == src exactly; hi2 is hi
+ * with 0 where src is inf or NaN, cpu_lowp.c says why). */
+LK_ISA_DECLARE(void, lk__cpu_f32_to_half_n, (lk_dtype dt, uint16_t *dst, const float *src, size_t n));
+LK_ISA_DECLARE(void, lk__cpu_half_to_f32_n, (lk_dtype dt, float *dst, const uint16_t *src, size_t n));
+LK_ISA_DECLARE(void, lk__cpu_split_f16, (const uint16_t *src, uint16_t *hi, uint16_t *hi2, uint16_t *lo, int64_t n));
 /* cpu_caps.c: the CPU's low-precision instructions (cpuid, at run time). */
 typedef struct lk_cpu_caps {
     bool avx2, avx512f, avx512_bf16, avx512_fp16, amx_tile, amx_bf16, amx_fp16;

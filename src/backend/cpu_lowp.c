@@ -5,12 +5,8 @@
  * widened to f32 and the f32 GEMM runs — the same products accumulated in
  * f32, so the same result up to summation order, only slower. C is f32 or
  * the operands' 16-bit type (rounded to nearest even once, at the end). */
-#include <float.h>
 #include <math.h>
 #include <string.h>
-#ifdef __AVX512F__
-#include <immintrin.h>
-#endif
 
 #include "backend/cpu/cpu_impl.h"
 
@@ -251,7 +247,7 @@ static lk_status split_run(const lk_op_desc *d, const void *A, const void *B, vo
  * f32's rate at the training steps' shapes with the split included, where
  * four (exact products) would be no faster than f32 (docs/BENCHMARKS.md,
  * "16-mixed on AMX"). An inf or NaN reaches C as the f32 GEMM's sum would
- * carry it (split_f16). */
+ * carry it (lk__cpu_split_f16, cpu/convert.c). */
 
 /* Whether this CPU and oneDNN call for it (asked once; LK_ONEDNN=0 turns it
  * off with the rest of oneDNN, per call). */
@@ -269,37 +265,6 @@ bool lk__cpu_f16_via_bf16(void) {
     return s && use_dnnl();
 }
 
-/* n f16 values into their bf16 parts: hi[k] + lo[k] == src[k] exactly;
- * hi is written twice (A' and B' hold it in two blocks): to hi, and to hi2,
- * the copy multiplied by the other operand's lo, as 0 when it is inf or
- * NaN. So an inf meets only the other side's hi, as the f32 GEMM's product
- * would: inf x 1 stays inf instead of gaining the NaN of inf x lo(1) = inf x 0. */
-static void split_f16(const uint16_t *src, uint16_t *hi, uint16_t *hi2, uint16_t *lo, int64_t n) {
-    int64_t i = 0;
-#ifdef __AVX512F__
-    /* lo's bf16 is the top half of the exact f32 difference */
-    const __m512i abs = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
-    for (; i + 16 <= n; i += 16) {
-        __m512 f = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(src + i)));
-        __m512i r = lk__bf16_round16(_mm512_castps_si512(f));
-        __mmask16 finite = _mm512_cmplt_epu32_mask(_mm512_and_si512(_mm512_castps_si512(f), abs), inf);
-        __m512 d = _mm512_maskz_sub_ps(finite, f, _mm512_castsi512_ps(_mm512_slli_epi32(r, 16)));
-        _mm256_storeu_si256((__m256i *)(hi + i), _mm512_cvtepi32_epi16(r));
-        _mm256_storeu_si256((__m256i *)(hi2 + i), _mm512_cvtepi32_epi16(_mm512_maskz_mov_epi32(finite, r)));
-        _mm256_storeu_si256((__m256i *)(lo + i),
-                            _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(d), 16)));
-    }
-#endif
-    for (; i < n; i++) {
-        float f = lk_f16_bits_to_f32(src[i]);
-        uint16_t h = lk_f32_to_bf16_bits(f);
-        bool finite = fabsf(f) <= FLT_MAX;
-        hi[i] = h;
-        hi2[i] = finite ? h : 0;
-        lo[i] = lk_f32_to_bf16_bits(finite ? f - lk_bf16_bits_to_f32(h) : 0.0f); /* exact */
-    }
-}
-
 /* Which of an operand's three blocks along K hold hi, hi2 and lo: A' = [Ah Ah Al], B' = [Bh; Bl; Bh]. */
 typedef struct {
     int hi, hi2, lo;
@@ -315,7 +280,7 @@ static void split_operand(const uint16_t *src, int64_t rows, int64_t cols, int64
     int64_t step = k_down ? rows * cols : cols, ldd = k_down ? cols : 3 * cols;
     for (int64_t r = 0; r < rows; r++) {
         uint16_t *row = dst + r * ldd;
-        split_f16(src + r * ld, row + b.hi * step, row + b.hi2 * step, row + b.lo * step, cols);
+        LK_ISA_PICK(lk__cpu_split_f16)(src + r * ld, row + b.hi * step, row + b.hi2 * step, row + b.lo * step, cols);
     }
 }
 

@@ -11,6 +11,7 @@
 
 #include <cblas.h>
 
+#include "backend/isa.h"
 #include "backend/threads.h"
 #include "cli/cli.h"
 #include "device/gpu.h"
@@ -88,6 +89,8 @@ static int env_report(const lk_config *cfg) {
            "may use)\n", lk_get_num_threads(), lk__num_threads_from(), lk__cpus_available());
     char caps[256];
     printf("cpu low-prec.   : %s\n", lk_cpu_lowp_features(caps, sizeof caps));
+    printf("cpu loops       : %s (build: %s; LK_CPU_ISA=auto|avx512|avx2|baseline lowers it)\n",
+           lk__cpu_isa_name(lk__cpu_isa()), lk__cpu_isa_build());
     printf("32-true GEMM    : %s (LK_F32_GEMM=auto|onednn|openblas)\n", lk_autocast_gemm_path(LK_F32));
     printf("bf16-mixed GEMM : %s\n", lk_autocast_gemm_path(LK_BF16));
     printf("16-mixed GEMM   : %s\n", lk_autocast_gemm_path(LK_F16));

@@ -8,6 +8,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
+#include "backend/isa.h"
 #include "lockstep/dist.h"
 
 typedef enum {
@@ -162,6 +163,9 @@ const char *lk__comm_timeout_words(const lk_comm *c, char *buf, size_t size);
  * accumulate in f32 and round once. dst may alias any src. */
 void lk__reduce(void *dst, const void *const *srcs, int n, size_t count, lk_dtype dt, lk_reduce_op op,
                 int avg_div);
+/* Its copy per instruction set (backend/isa.h); lk__reduce picks one. */
+LK_ISA_DECLARE(void, lk__reduce_run,
+               (void *dst, const void *const *srcs, int n, size_t count, lk_dtype dt, lk_reduce_op op, int avg_div));
 
 /* ---- process helpers of the shm backend ---- */
 /* true when pid exists and is not a zombie. */

@@ -10,6 +10,9 @@
 
 #include "comm/comm_impl.h"
 
+/* One of the files compiled once per instruction set (backend/isa.h): the
+ * F16C path below is in the AVX2 and AVX-512 copies, or in the baseline
+ * itself when that has F16C. */
 #if defined(__F16C__) && defined(__AVX__)
 #include <immintrin.h>
 #define LK_HAVE_F16C 1
@@ -122,8 +125,8 @@ static void reduce_f16(uint16_t *dst, const uint16_t *const *s, int n, size_t co
 #define reduce_f16 reduce_f16_soft
 #endif
 
-void lk__reduce(void *dst, const void *const *srcs, int n, size_t count, lk_dtype dt, lk_reduce_op op,
-                int avg_div) {
+void LK_ISA(lk__reduce_run)(void *dst, const void *const *srcs, int n, size_t count, lk_dtype dt, lk_reduce_op op,
+                            int avg_div) {
     if (count == 0) return;
     if (avg_div < 1) avg_div = 1;
     switch (dt) {
@@ -147,3 +150,10 @@ void lk__reduce(void *dst, const void *const *srcs, int n, size_t count, lk_dtyp
     default: LK_ASSERT(!"unsupported dtype in lk__reduce");
     }
 }
+
+#if !LK_ISA_VARIANT
+void lk__reduce(void *dst, const void *const *srcs, int n, size_t count, lk_dtype dt, lk_reduce_op op,
+                int avg_div) {
+    LK_ISA_PICK(lk__reduce_run)(dst, srcs, n, count, dt, op, avg_div);
+}
+#endif

@@ -66,6 +66,8 @@ static const lk_env_var env_vars[] = {
     {"LK_ONEDNN", "1", "0: run bf16/f16 GEMMs through f32 instead of oneDNN (to compare)", NULL},
     {"LK_F32_GEMM", "auto", "onednn|openblas: which library runs the f32 GEMMs (32-true, f32 ops); auto: oneDNN on an "
                         "AMX-class CPU, where it was measured faster, else OpenBLAS (the two differ in the last bits)", NULL},
+    {"LK_CPU_ISA", "auto", "avx512|avx2|baseline: the highest instruction set lockstep's own CPU loops may use (only "
+                       "lowers the CPU's; every level gives the same bits), to run a weaker CPU's code here", NULL},
     {"LK_GRAPHS", "1", "0: issue a training step's device work op by op instead of replaying it as graphs (single "
                        "strategy, devices that capture)", NULL},
     {"LK_NVML_LIBRARY", "libnvidia-ml.so.1", "NVML library dlopened for GPU stats (tests point it at a missing file)",

@@ -8,12 +8,6 @@
 #include "backend/backend_impl.h"
 
 #include <math.h>
-#if (defined(__F16C__) && defined(__AVX__)) || defined(__AVX512F__)
-#include <immintrin.h>
-#endif
-#if defined(__F16C__) && defined(__AVX__)
-#define LK_HAVE_F16C 1
-#endif
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -626,48 +620,14 @@ float lk_bf16_to_f32(uint16_t h) { return lk_bf16_bits_to_f32(h); }
 uint16_t lk_f32_to_f16(float f) { return lk_f32_to_f16_bits(f); }
 float lk_f16_to_f32(uint16_t h) { return lk_f16_bits_to_f32(h); }
 
-/* Bulk conversions: branch-free loops the compiler vectorises (bf16), or
- * the F16C instructions (f16), which round to nearest even as the scalar
- * code does. */
+/* Bulk conversions: the copy for this CPU (backend/cpu/convert.c, one per
+ * instruction set). */
 void lk_f32_to_half_n(lk_dtype dt, uint16_t *dst, const float *src, size_t n) {
-    size_t i = 0;
-    if (dt == LK_BF16) {
-#ifdef __AVX512F__
-        /* 16 at a time (lk__bf16_round16, backend_impl.h) */
-        for (; i + 16 <= n; i += 16)
-            _mm256_storeu_si256((__m256i *)(dst + i),
-                                _mm512_cvtepi32_epi16(lk__bf16_round16(_mm512_loadu_si512(src + i))));
-#endif
-        for (; i < n; i++) dst[i] = lk_f32_to_bf16_bits(src[i]);
-        return;
-    }
-#ifdef __AVX512F__
-    for (; i + 16 <= n; i += 16)
-        _mm256_storeu_si256((__m256i *)(dst + i), _mm512_cvtps_ph(_mm512_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
-#endif
-#ifdef LK_HAVE_F16C
-    for (; i + 8 <= n; i += 8)
-        _mm_storeu_si128((__m128i *)(dst + i), _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
-#endif
-    for (; i < n; i++) dst[i] = lk_f32_to_f16(src[i]);
+    LK_ISA_PICK(lk__cpu_f32_to_half_n)(dt, dst, src, n);
 }
 
 void lk_half_to_f32_n(lk_dtype dt, float *dst, const uint16_t *src, size_t n) {
-    size_t i = 0;
-    if (dt == LK_BF16) {
-        for (; i < n; i++) {
-            uint32_t u = (uint32_t)src[i] << 16;
-            memcpy(&dst[i], &u, 4);
-        }
-        return;
-    }
-#ifdef __AVX512F__
-    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(src + i))));
-#endif
-#ifdef LK_HAVE_F16C
-    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));
-#endif
-    for (; i < n; i++) dst[i] = lk_f16_to_f32(src[i]);
+    LK_ISA_PICK(lk__cpu_half_to_f32_n)(dt, dst, src, n);
 }
 
 void lk_tensor_mark_flat_buffer(lk_tensor *t) {

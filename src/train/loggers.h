@@ -214,6 +214,7 @@ typedef struct lk_runinfo {
     const char *accelerator;
     const char *precision;      /* trainer.precision as given ("32-true", "bf16-mixed", ...) */
     const char *gemm_path;      /* the kernels the precision's GEMMs take on this machine */
+    const char *cpu_isa;        /* the instruction set lockstep's own CPU loops run (backend/isa.h) */
     const char *version;        /* NULL: LK_VERSION_STRING */
     const char *git_revision;   /* NULL: the revision the library was built from */
     const char *log_dir;

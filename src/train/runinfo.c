@@ -136,6 +136,7 @@ lk_status lk_runinfo_to_json(const lk_runinfo *info, char **out) {
     ok = ok && add(root, "comm_backend", string_or_null(info->comm_backend));
     ok = ok && add(root, "precision", string_or_null(info->precision));
     ok = ok && add(root, "gemm_path", string_or_null(info->gemm_path));
+    ok = ok && add(root, "cpu_isa", string_or_null(info->cpu_isa));
     ok = ok && add(root, "accelerator", string_or_null(info->accelerator));
     ok = ok && add(root, "version", cJSON_CreateString(info->version ? info->version : LK_VERSION_STRING));
     const char *rev = info->git_revision ? info->git_revision : LK_GIT_REV;

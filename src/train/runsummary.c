@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "backend/isa.h"
 #include "backend/threads.h"
 #include "device/gpu.h"
 #include "train/train_impl.h"
@@ -69,6 +70,7 @@ void lk__write_runinfo(lk_trainer *tr, const char *command, lk_status st) {
     }
     ri.precision = tr->cfg.precision;
     ri.gemm_path = lk__train_gemm_path(tr);
+    ri.cpu_isa = lk__cpu_isa_name(lk__cpu_isa());
     ri.comm_backend = tr->comm ? lk_comm_backend(tr->comm) : NULL;
     ri.git_revision = LK_GIT_REV;
     ri.log_dir = tr->log_dir;

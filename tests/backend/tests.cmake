@@ -10,3 +10,23 @@ lk_add_test(NAME backend_live SOURCES backend/test_live.c LABELS unit parity)
 lk_add_test(NAME backend_loss SOURCES backend/test_loss.c LABELS unit parity)
 lk_add_test(NAME backend_pool SOURCES backend/test_pool.c LABELS unit parity)
 lk_add_test(NAME backend_optim_bits SOURCES backend/test_optim_bits.c LABELS unit parity)
+# Run-time instruction-set dispatch (src/backend/isa.h): every level this CPU
+# can run gives the same checkpoint bits (isa_levels), and no object holds an
+# instruction above what it may assume (isa_objects: objdump; x86 builds with
+# copies only, not LK_NATIVE).
+lk_add_script_test(NAME isa_levels SCRIPT backend/test_isa_levels.sh LABELS unit multiproc TIMEOUT 300)
+set_tests_properties(isa_levels PROPERTIES SKIP_RETURN_CODE 77)
+if(LK_X86 AND NOT LK_NATIVE)
+  lk_add_script_test(NAME isa_objects SCRIPT backend/test_isa_objects.sh LABELS unit TIMEOUT 120
+                     ARGS ${PROJECT_BINARY_DIR}/CMakeFiles/lockstep_obj.dir
+                          $<IF:$<CONFIG:Release>,${LK_X86_BASELINE},x86-64>)
+  set_tests_properties(isa_objects PROPERTIES SKIP_RETURN_CODE 77)
+endif()
+# The backend tests again on the baseline copies (LK_CPU_ISA=baseline: what a
+# CPU with nothing above the build's baseline runs), against the same
+# references; the plain runs above take the best copy this CPU has.
+foreach(t gemm elementwise conv grad_utils copy bn_split bn_half accuracy live loss pool optim_bits)
+  add_test(NAME backend_${t}_baseline COMMAND test_backend_${t} WORKING_DIRECTORY ${PROJECT_BINARY_DIR})
+  get_test_property(backend_${t} LABELS labels)
+  set_tests_properties(backend_${t}_baseline PROPERTIES ENVIRONMENT LK_CPU_ISA=baseline LABELS "${labels}" TIMEOUT 120)
+endforeach()

@@ -1,7 +1,8 @@
 # bench/ab's statistics and grid parsing, without building or timing
 # anything: the 95% interval of a median (seeded, so fixed ratios give a
 # fixed interval; none below 5 pairs) and --tool cpu's cells from a
-# bench-train grid (the issue-18 default and one given after --).
+# bench-train grid (the issue-18 default and one given after --, with its
+# precisions).
 . "$(dirname "$0")/../cli/lib.sh"
 SRC=${LK_SOURCE_DIR:-.}
 PY=/usr/bin/python3
@@ -24,7 +25,10 @@ check "the interval is the same on a second call (seeded)" \
 check "the default grid has issue 18's 8 cells" test "$(ab 'print(len(ab.grid_cells([])))')" = 8
 check "a grid after -- gives its own cells" \
   test "$(ab "print(ab.grid_cells(['--model', 'mlp', '--strategies', 'ddp', '--devices', '2', '--batch-sizes', '256', '--steps', '9']))")" = \
-       "[('mlp', 'ddp', '2', '256')]"
+       "[('mlp', 'ddp', '2', '256', None)]"
+check "--precision after -- is part of each cell" \
+  test "$(ab "print(ab.grid_cells(['--model', 'mlp', '--batch-sizes', '256', '--precision', '32-true', 'bf16-mixed']))")" = \
+       "[('mlp', 'ddp', '1', '256', '32-true'), ('mlp', 'ddp', '1', '256', 'bf16-mixed')]"
 # --deadline with two fake binaries that answer `bench train --csv F` at
 # once: a generous deadline runs every pair (exit 0), a spent one none
 # (exit 4, a table of 0 pairs), so a GPU session's cut step keeps its table.

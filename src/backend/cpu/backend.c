@@ -1,7 +1,9 @@
 /* The CPU backend: the reference every other backend is tested against. It
  * answers supports() for each op family and hands run() to that family's
  * file (gemm.c, elementwise.c, softmax.c, loss.c; the bf16/f16 GEMMs in
- * ../cpu_lowp.c). */
+ * ../cpu_lowp.c), to the file's copy for this CPU's instruction set
+ * (LK_ISA_PICK, backend/isa.h). This file is compiled for the baseline
+ * only: no loop over a tensor's elements belongs here. */
 #include "backend/cpu/cpu_impl.h"
 
 static bool is_half(lk_dtype t) { return t == LK_BF16 || t == LK_F16; }
@@ -120,14 +122,6 @@ static bool cpu_supports(const lk_op_desc *d) {
     return false;
 }
 
-/* LK_OP_DROPOUT_MASK: the head words, then every Philox block in one call
- * of the shared body (its x8 groups: the speed of the host draw it replaced). */
-static lk_status dropout_mask(const lk_dropout_mask_params *p, uint8_t *keep) {
-    for (int i = 0; i < p->head_n; i++) keep[i] = lk_k_keep(p->head[i], p->thr);
-    lk_k_dropout_mask_blocks(p->key, p->ctr, p->thr, keep + p->head_n, p->n - p->head_n);
-    return LK_STATUS_OK;
-}
-
 static lk_status cpu_run(const lk_op_desc *d, void *const *x) {
     /* per-step values from `live` (host memory on the CPU) over the
      * descriptor's; the optimizer reads its constants itself (cpu/optim.c) */
@@ -139,10 +133,10 @@ static lk_status cpu_run(const lk_op_desc *d, void *const *x) {
                         d->dropout_mask.head_n, (long long)d->dropout_mask.n);
     if (widens(d->op) && lk__op_has_half(d)) switch (d->op) {
         case LK_OP_POOL2D:
-        case LK_OP_POOL2D_BACKWARD: return lk__cpu_pool2d(d, x);
+        case LK_OP_POOL2D_BACKWARD: return LK_ISA_PICK(lk__cpu_pool2d)(d, x);
         case LK_OP_BATCH_NORM:
         case LK_OP_BATCH_NORM_BACKWARD:
-            return lk__cpu_bn_native_half(d, x) ? lk__cpu_batch_norm(d, x) : lk__cpu_bn_half(d, x, cpu_run);
+            return lk__cpu_bn_native_half(d, x) ? LK_ISA_PICK(lk__cpu_batch_norm)(d, x) : lk__cpu_bn_half(d, x, cpu_run);
         case LK_OP_LAYER_NORM:
         case LK_OP_LAYER_NORM_BACKWARD: return lk__cpu_ln_half(d, x, cpu_run);
         default: return lk__cpu_run_widened(d, x, cpu_run);
@@ -161,60 +155,41 @@ static lk_status cpu_run(const lk_op_desc *d, void *const *x) {
     case LK_OP_BINARY:
     case LK_OP_AXPY:
     case LK_OP_AFFINE:
-    case LK_OP_SUM_TO: return lk__cpu_elementwise(d, x);
-    case LK_OP_MASK_SCALE: {
-        const float *xd = x[0];
-        const uint8_t *m = x[1];
-        float *y = x[2], s = d->mask_scale.scale;
-        if (is_half(d->dtype[0])) { /* widen, scale in f32, round once */
-            const uint16_t *xh = x[0];
-            uint16_t *yh = x[2];
-            enum { B = 256 }; /* a block widened and rounded through the bulk conversions */
-            float v[B];
-            for (int64_t i0 = 0; i0 < d->mask_scale.n; i0 += B) {
-                int64_t n = d->mask_scale.n - i0 < B ? d->mask_scale.n - i0 : B;
-                lk_half_to_f32_n(d->dtype[0], v, xh + i0, (size_t)n);
-                for (int64_t i = 0; i < n; i++) v[i] = v[i] * (m[i0 + i] ? s : 0.0f);
-                lk_f32_to_half_n(d->dtype[0], yh + i0, v, (size_t)n);
-            }
-            return LK_STATUS_OK;
-        }
-        for (int64_t i = 0; i < d->mask_scale.n; i++) y[i] = xd[i] * (m[i] ? s : 0.0f);
-        return LK_STATUS_OK;
-    }
+    case LK_OP_SUM_TO:
+    case LK_OP_MASK_SCALE:
+    case LK_OP_DROPOUT_MASK: return LK_ISA_PICK(lk__cpu_elementwise)(d, x);
     case LK_OP_SOFTMAX:
-    case LK_OP_SOFTMAX_BACKWARD: return lk__cpu_softmax(d, x);
+    case LK_OP_SOFTMAX_BACKWARD: return LK_ISA_PICK(lk__cpu_softmax)(d, x);
     case LK_OP_LOSS:
-    case LK_OP_LOSS_BACKWARD: return lk__cpu_loss(d, x);
+    case LK_OP_LOSS_BACKWARD: return LK_ISA_PICK(lk__cpu_loss)(d, x);
     case LK_OP_BCE:
-    case LK_OP_BCE_BACKWARD: return lk__cpu_bce(d, x);
+    case LK_OP_BCE_BACKWARD: return LK_ISA_PICK(lk__cpu_bce)(d, x);
     case LK_OP_XENT:
     case LK_OP_XENT_BACKWARD:
     case LK_OP_NLL:
-    case LK_OP_NLL_BACKWARD: return lk__cpu_xent(d, x);
+    case LK_OP_NLL_BACKWARD: return LK_ISA_PICK(lk__cpu_xent)(d, x);
     case LK_OP_LAYER_NORM:
-    case LK_OP_LAYER_NORM_BACKWARD: return lk__cpu_layer_norm(d, x);
+    case LK_OP_LAYER_NORM_BACKWARD: return LK_ISA_PICK(lk__cpu_layer_norm)(d, x);
     case LK_OP_BATCH_NORM:
-    case LK_OP_BATCH_NORM_BACKWARD: return lk__cpu_batch_norm(d, x);
-    case LK_OP_OPTIM_UPDATE: return lk__cpu_optim_update(d, x);
+    case LK_OP_BATCH_NORM_BACKWARD: return LK_ISA_PICK(lk__cpu_batch_norm)(d, x);
+    case LK_OP_OPTIM_UPDATE: return LK_ISA_PICK(lk__cpu_optim_update)(d, x);
     case LK_OP_POOL2D:
-    case LK_OP_POOL2D_BACKWARD: return lk__cpu_pool2d(d, x);
+    case LK_OP_POOL2D_BACKWARD: return LK_ISA_PICK(lk__cpu_pool2d)(d, x);
     case LK_OP_IM2COL:
     case LK_OP_COL2IM:
     case LK_OP_BIAS_ADD:
-    case LK_OP_CHANNEL_SUM: return lk__cpu_conv(d, x);
+    case LK_OP_CHANNEL_SUM: return LK_ISA_PICK(lk__cpu_conv)(d, x);
     case LK_OP_NORM:
     case LK_OP_NONFINITE:
     case LK_OP_UNSCALE:
-    case LK_OP_CLAMP: return lk__cpu_grads(d, x);
+    case LK_OP_CLAMP: return LK_ISA_PICK(lk__cpu_grads)(d, x);
     case LK_OP_EMBEDDING:
-    case LK_OP_EMBEDDING_BACKWARD: return lk__cpu_embedding(d, x);
-    case LK_OP_COPY: return lk__cpu_copy(d, x);
-    case LK_OP_FILL: return lk__cpu_fill(d, x);
+    case LK_OP_EMBEDDING_BACKWARD: return LK_ISA_PICK(lk__cpu_embedding)(d, x);
+    case LK_OP_COPY: return LK_ISA_PICK(lk__cpu_copy)(d, x);
+    case LK_OP_FILL: return LK_ISA_PICK(lk__cpu_fill)(d, x);
     case LK_OP_BN_STATS:
-    case LK_OP_BN_APPLY: return lk__cpu_bn_split(d, x);
-    case LK_OP_ACCURACY: return lk__cpu_accuracy(d, x);
-    case LK_OP_DROPOUT_MASK: return dropout_mask(&d->dropout_mask, x[0]);
+    case LK_OP_BN_APPLY: return LK_ISA_PICK(lk__cpu_bn_split)(d, x);
+    case LK_OP_ACCURACY: return LK_ISA_PICK(lk__cpu_accuracy)(d, x);
     case LK_OP_INCREMENT: {
         int64_t *v = x[0];
         for (int64_t i = 0; i < d->increment.n; i++) v[i] = (int64_t)((uint64_t)v[i] + (uint64_t)d->increment.by);

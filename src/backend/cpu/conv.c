@@ -15,7 +15,7 @@ static inline float half_get(lk_dtype t, const void *p, long i) {
     return t == LK_BF16 ? lk_bf16_bits_to_f32(h) : lk_f16_bits_to_f32(h);
 }
 
-lk_status lk__cpu_conv(const lk_op_desc *d, void *const *x) {
+lk_status LK_ISA(lk__cpu_conv)(const lk_op_desc *d, void *const *x) {
     switch (d->op) {
     case LK_OP_IM2COL:
         if (d->dtype[0] != LK_F32) { /* bf16/f16 images into columns of that dtype */

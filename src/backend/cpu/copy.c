@@ -85,7 +85,7 @@ static int merge_dims(const lk_copy_params *p, int64_t *shape, int64_t *ss, int6
     return nd;
 }
 
-lk_status lk__cpu_copy(const lk_op_desc *d, void *const *x) {
+lk_status LK_ISA(lk__cpu_copy)(const lk_op_desc *d, void *const *x) {
     const lk_copy_params *p = &d->copy;
     size_t es = lk_dtype_size(d->dtype[0]);
     bool cast = d->dtype[0] != d->dtype[1];
@@ -158,7 +158,7 @@ static void fill_task(void *ctx, int t) {
     }
 }
 
-lk_status lk__cpu_fill(const lk_op_desc *d, void *const *x) {
+lk_status LK_ISA(lk__cpu_fill)(const lk_op_desc *d, void *const *x) {
     const lk_fill_params *p = &d->fill;
     lk_dtype dt = d->dtype[0];
     size_t es = lk_dtype_size(dt);

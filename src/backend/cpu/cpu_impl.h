@@ -15,6 +15,11 @@
 
 #include "backend/backend_impl.h"
 
+/* The op families below (each LK_ISA_DECLAREd) live in the files compiled
+ * once per instruction set (backend/isa.h, LK_ISA_SOURCES in
+ * CMakeLists.txt); backend.c calls the copy for this CPU with LK_ISA_PICK.
+ * Their supports() predicates exist in the baseline copy only. */
+
 /* gemm.c: C = alpha op(A) op(B) + beta C in f32, cut across the compute threads. */
 void lk__cpu_sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
                    const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
@@ -40,33 +45,33 @@ static inline int lk__cpu_gemm_width(int64_t M, int64_t N, int64_t K, double min
  * loops; the others widen their operands to f32, run the same loops and
  * round each output element once. */
 bool lk__cpu_elementwise_supports(const lk_op_desc *d);
-lk_status lk__cpu_elementwise(const lk_op_desc *d, void *const *x);
+LK_ISA_DECLARE(lk_status, lk__cpu_elementwise, (const lk_op_desc *d, void *const *x));
 
 /* softmax.c: LK_OP_SOFTMAX and LK_OP_SOFTMAX_BACKWARD, f32. */
-lk_status lk__cpu_softmax(const lk_op_desc *d, void *const *x);
+LK_ISA_DECLARE(lk_status, lk__cpu_softmax, (const lk_op_desc *d, void *const *x));
 /* loss.c: LK_OP_LOSS, LK_OP_BCE and their backwards, f32. */
-lk_status lk__cpu_loss(const lk_op_desc *d, void *const *x);
-lk_status lk__cpu_bce(const lk_op_desc *d, void *const *x);
+LK_ISA_DECLARE(lk_status, lk__cpu_loss, (const lk_op_desc *d, void *const *x));
+LK_ISA_DECLARE(lk_status, lk__cpu_bce, (const lk_op_desc *d, void *const *x));
 /* norm.c: LK_OP_LAYER_NORM and LK_OP_LAYER_NORM_BACKWARD, f32. */
-lk_status lk__cpu_layer_norm(const lk_op_desc *d, void *const *x);
+LK_ISA_DECLARE(lk_status, lk__cpu_layer_norm, (const lk_op_desc *d, void *const *x));
 /* norm.c: LK_OP_BATCH_NORM and LK_OP_BATCH_NORM_BACKWARD, f32. */
-lk_status lk__cpu_batch_norm(const lk_op_desc *d, void *const *x);
+LK_ISA_DECLARE(lk_status, lk__cpu_batch_norm, (const lk_op_desc *d, void *const *x));
 bool lk__cpu_bn_native_half(const lk_op_desc *d, void *const *x);
 /* norm.c: LK_OP_BN_STATS and LK_OP_BN_APPLY (SyncBatchNorm's passes), f32. */
-lk_status lk__cpu_bn_split(const lk_op_desc *d, void *const *x);
+LK_ISA_DECLARE(lk_status, lk__cpu_bn_split, (const lk_op_desc *d, void *const *x));
 /* optim.c: LK_OP_OPTIM_UPDATE, f32. */
-lk_status lk__cpu_optim_update(const lk_op_desc *d, void *const *x);
+LK_ISA_DECLARE(lk_status, lk__cpu_optim_update, (const lk_op_desc *d, void *const *x));
 /* pool.c: LK_OP_POOL2D and LK_OP_POOL2D_BACKWARD, f32 (i32 indices). */
-lk_status lk__cpu_pool2d(const lk_op_desc *d, void *const *x);
+LK_ISA_DECLARE(lk_status, lk__cpu_pool2d, (const lk_op_desc *d, void *const *x));
 /* conv.c: LK_OP_IM2COL, LK_OP_COL2IM, LK_OP_BIAS_ADD, LK_OP_CHANNEL_SUM, f32. */
-lk_status lk__cpu_conv(const lk_op_desc *d, void *const *x);
+LK_ISA_DECLARE(lk_status, lk__cpu_conv, (const lk_op_desc *d, void *const *x));
 /* grads.c: LK_OP_NORM, LK_OP_NONFINITE, LK_OP_UNSCALE and LK_OP_CLAMP, f32 (f64 sums, i64 index). */
-lk_status lk__cpu_grads(const lk_op_desc *d, void *const *x);
+LK_ISA_DECLARE(lk_status, lk__cpu_grads, (const lk_op_desc *d, void *const *x));
 /* embedding.c: LK_OP_EMBEDDING and _BACKWARD, f32 rows, i32 or i64 indices. */
-lk_status lk__cpu_embedding(const lk_op_desc *d, void *const *x);
+LK_ISA_DECLARE(lk_status, lk__cpu_embedding, (const lk_op_desc *d, void *const *x));
 /* copy.c: LK_OP_COPY (copies and casts) and LK_OP_FILL, any dtype. */
-lk_status lk__cpu_copy(const lk_op_desc *d, void *const *x);
-lk_status lk__cpu_fill(const lk_op_desc *d, void *const *x);
+LK_ISA_DECLARE(lk_status, lk__cpu_copy, (const lk_op_desc *d, void *const *x));
+LK_ISA_DECLARE(lk_status, lk__cpu_fill, (const lk_op_desc *d, void *const *x));
 /* widen.c: the bf16/f16 path of the f32-only families (pooling, the norms,
  * SyncBatchNorm's passes, embedding's backward): 16-bit operands widened to
  * f32 scratch, `run` on the all-f32 descriptor, written operands rounded
@@ -91,9 +96,9 @@ lk_status lk__cpu_ln_half(const lk_op_desc *d, void *const *x, lk_status (*run)(
 /* xent.c: cross-entropy and nll_loss, forward and backward (f32 data, i32
  * or i64 targets, f64 total weight). */
 bool lk__cpu_xent_supports(const lk_op_desc *d);
-lk_status lk__cpu_xent(const lk_op_desc *d, void *const *x);
+LK_ISA_DECLARE(lk_status, lk__cpu_xent, (const lk_op_desc *d, void *const *x));
 
 /* accuracy.c: LK_OP_ACCURACY (f32/bf16/f16 logits, i64/i32/u8 targets, f64 count). */
-lk_status lk__cpu_accuracy(const lk_op_desc *d, void *const *x);
+LK_ISA_DECLARE(lk_status, lk__cpu_accuracy, (const lk_op_desc *d, void *const *x));
 
 #endif

@@ -1,6 +1,7 @@
 /* The CPU backend's element-wise families: unary, unary backward, binary
- * with broadcast strides, axpy, affine (the scalar ops) and sum-to-shape
- * (the reduction of a broadcast gradient). The all-f32 loops are the ones the
+ * with broadcast strides, axpy, affine (the scalar ops), sum-to-shape
+ * (the reduction of a broadcast gradient), and dropout's mask and scaling.
+ * The all-f32 loops are the ones the
  * autograd ops ran before the descriptors (same bits): the hot functions get
  * loops of their own so GCC vectorises them, the rest call the kernel bodies
  * of kernels.h. A descriptor with bf16 or f16 operands widens each operand
@@ -125,6 +126,7 @@ static void sum_to_f32(int ndim, const int64_t *shape, const float *src, const i
     }
 }
 
+#if !LK_ISA_VARIANT /* the baseline copy answers supports() */
 static bool elem_dtype(lk_dtype t) { return t == LK_F32 || t == LK_BF16 || t == LK_F16; }
 
 bool lk__cpu_elementwise_supports(const lk_op_desc *d) {
@@ -141,6 +143,7 @@ bool lk__cpu_elementwise_supports(const lk_op_desc *d) {
     default: return false;
     }
 }
+#endif
 
 /* ---- bf16 / f16 operands ------------------------------------------------------ */
 
@@ -303,7 +306,40 @@ static bool relu16(const lk_op_desc *d, void *const *x) {
     return true;
 }
 
-lk_status lk__cpu_elementwise(const lk_op_desc *d, void *const *x) {
+/* LK_OP_MASK_SCALE (dropout's y = x * (mask ? scale : 0)): f32, or a 16-bit
+ * x and y widened a block at a time, scaled in f32 and rounded once. */
+static lk_status mask_scale(const lk_op_desc *d, void *const *x) {
+    const float *xd = x[0];
+    const uint8_t *m = x[1];
+    float *y = x[2], s = d->mask_scale.scale;
+    if (d->dtype[0] != LK_F32) {
+        const uint16_t *xh = x[0];
+        uint16_t *yh = x[2];
+        enum { B = 256 }; /* a block widened and rounded through the bulk conversions */
+        float v[B];
+        for (int64_t i0 = 0; i0 < d->mask_scale.n; i0 += B) {
+            int64_t n = d->mask_scale.n - i0 < B ? d->mask_scale.n - i0 : B;
+            lk_half_to_f32_n(d->dtype[0], v, xh + i0, (size_t)n);
+            for (int64_t i = 0; i < n; i++) v[i] = v[i] * (m[i0 + i] ? s : 0.0f);
+            lk_f32_to_half_n(d->dtype[0], yh + i0, v, (size_t)n);
+        }
+        return LK_STATUS_OK;
+    }
+    for (int64_t i = 0; i < d->mask_scale.n; i++) y[i] = xd[i] * (m[i] ? s : 0.0f);
+    return LK_STATUS_OK;
+}
+
+/* LK_OP_DROPOUT_MASK: the head words, then every Philox block in one call
+ * of the shared body (its x8 groups: the speed of the host draw it replaced). */
+static lk_status dropout_mask(const lk_dropout_mask_params *p, uint8_t *keep) {
+    for (int i = 0; i < p->head_n; i++) keep[i] = lk_k_keep(p->head[i], p->thr);
+    lk_k_dropout_mask_blocks(p->key, p->ctr, p->thr, keep + p->head_n, p->n - p->head_n);
+    return LK_STATUS_OK;
+}
+
+lk_status LK_ISA(lk__cpu_elementwise)(const lk_op_desc *d, void *const *x) {
+    if (d->op == LK_OP_MASK_SCALE) return mask_scale(d, x);
+    if (d->op == LK_OP_DROPOUT_MASK) return dropout_mask(&d->dropout_mask, x[0]);
     int arity = lk__op_arity(d->op);
     for (int i = 0; i < arity; i++)
         if (d->dtype[i] != LK_F32) {

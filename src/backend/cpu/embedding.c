@@ -10,7 +10,7 @@ static inline int64_t index_at(lk_dtype dt, const void *idx, int64_t i) {
     return dt == LK_I64 ? ((const int64_t *)idx)[i] : (int64_t)((const int32_t *)idx)[i];
 }
 
-lk_status lk__cpu_embedding(const lk_op_desc *d, void *const *x) {
+lk_status LK_ISA(lk__cpu_embedding)(const lk_op_desc *d, void *const *x) {
     const lk_embedding_params *p = &d->embedding;
     lk_dtype it = d->dtype[1];
     if (d->op == LK_OP_EMBEDDING) {

@@ -98,7 +98,7 @@ static lk_status grads_half(const lk_op_desc *d, void *const *x) {
     return LK_STATUS_OK;
 }
 
-lk_status lk__cpu_grads(const lk_op_desc *d, void *const *x) {
+lk_status LK_ISA(lk__cpu_grads)(const lk_op_desc *d, void *const *x) {
     if (d->dtype[0] != LK_F32 && d->op != LK_OP_UNSCALE) return grads_half(d, x);
     switch (d->op) {
     case LK_OP_NORM:

@@ -45,7 +45,7 @@ static void ploss_block(lk_ploss_kind kind, bool dx, float beta, const float *re
     }
 }
 
-lk_status lk__cpu_loss(const lk_op_desc *d, void *const *x) {
+lk_status LK_ISA(lk__cpu_loss)(const lk_op_desc *d, void *const *x) {
     const lk_loss_params *p = &d->loss;
     lk_dtype xt = d->dtype[0], yt = d->dtype[1];
     lk_ploss_kind kind = (lk_ploss_kind)p->kind;
@@ -89,7 +89,7 @@ lk_status lk__cpu_loss(const lk_op_desc *d, void *const *x) {
     return LK_STATUS_OK;
 }
 
-lk_status lk__cpu_bce(const lk_op_desc *d, void *const *x) {
+lk_status LK_ISA(lk__cpu_bce)(const lk_op_desc *d, void *const *x) {
     const lk_bce_params *p = &d->bce;
     const float *xd = x[0], *td = x[1], *wd = x[2], *pwd = x[3];
     lk_reduction red = (lk_reduction)p->reduction;

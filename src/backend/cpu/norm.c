@@ -10,7 +10,7 @@
 
 #include "backend/cpu/cpu_impl.h"
 
-lk_status lk__cpu_layer_norm(const lk_op_desc *d, void *const *x) {
+lk_status LK_ISA(lk__cpu_layer_norm)(const lk_op_desc *d, void *const *x) {
     int64_t M = d->layer_norm.M, L = d->layer_norm.L;
     if (d->op == LK_OP_LAYER_NORM) {
         const float *xd = x[0], *wd = x[1], *bd = x[2];
@@ -192,7 +192,7 @@ static void bn_bwd_task(void *ctx, int t) {
 
 /* The big operands' dtypes are the descriptor's; every other is f32 here
  * (lk__cpu_bn_native_half says when a 16-bit descriptor may come). */
-lk_status lk__cpu_batch_norm(const lk_op_desc *d, void *const *x) {
+lk_status LK_ISA(lk__cpu_batch_norm)(const lk_op_desc *d, void *const *x) {
     const lk_batch_norm_params *p = &d->batch_norm;
     bool fwd = d->op == LK_OP_BATCH_NORM;
     int width = bn_width(p->N, p->C, p->S), per = fwd ? 2 : 3;
@@ -216,6 +216,7 @@ lk_status lk__cpu_batch_norm(const lk_op_desc *d, void *const *x) {
     return LK_STATUS_OK;
 }
 
+#if !LK_ISA_VARIANT /* the baseline copy answers it */
 /* Whether a 16-bit batch norm runs natively (above): only its big operands
  * are 16-bit. A 16-bit weight, bias or running statistic (bf16-true,
  * 16-true) takes widen.c's chunks. */
@@ -227,6 +228,7 @@ bool lk__cpu_bn_native_half(const lk_op_desc *d, void *const *x) {
         if (x[v[k]] && d->dtype[v[k]] != LK_F32) return false;
     return true;
 }
+#endif
 
 /* ---- SyncBatchNorm's split passes ------------------------------------------------- */
 /* Each pass its own function: with all five in one function GCC 12 spilled
@@ -268,7 +270,7 @@ __attribute__((noinline)) static void bn_dx_pass(const float *xd, const float *g
                                    k[3 * C + c], dx + (i * C + c) * S);
 }
 
-lk_status lk__cpu_bn_split(const lk_op_desc *d, void *const *x) {
+lk_status LK_ISA(lk__cpu_bn_split)(const lk_op_desc *d, void *const *x) {
     const lk_bn_split_params *p = &d->bn_split;
     long N = p->N, C = p->C, S = p->S;
     if (d->op == LK_OP_BN_STATS) {

@@ -70,7 +70,7 @@ static void update_f32(const lk_op_desc *d, float *p, const float *g, float *s0,
 
 #define CHUNK 512 /* 16-bit parameters: widened a chunk at a time, on the stack */
 
-lk_status lk__cpu_optim_update(const lk_op_desc *d, void *const *x) {
+lk_status LK_ISA(lk__cpu_optim_update)(const lk_op_desc *d, void *const *x) {
     const lk_optim_params *c = &d->optim;
     if (c->rule != LK_OPTIM_RULE_SGD && c->rule != LK_OPTIM_RULE_ADAM && c->rule != LK_OPTIM_RULE_RMSPROP)
         return lk_error(LK_STATUS_INTERNAL, "cpu backend: optimizer rule %d", (int)c->rule);

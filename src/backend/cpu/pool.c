@@ -179,7 +179,7 @@ static lk_status pool2d_half(const lk_op_desc *d, void *const *x) {
     return LK_STATUS_OK;
 }
 
-lk_status lk__cpu_pool2d(const lk_op_desc *d, void *const *x) {
+lk_status LK_ISA(lk__cpu_pool2d)(const lk_op_desc *d, void *const *x) {
     return lk__op_has_half(d) ? pool2d_half(d, x) : pool2d_f32(d, x);
 }
 

@@ -4,7 +4,7 @@
  * axes the column forms, with `inner` floats of scratch per array. */
 #include "backend/cpu/cpu_impl.h"
 
-lk_status lk__cpu_softmax(const lk_op_desc *d, void *const *x) {
+lk_status LK_ISA(lk__cpu_softmax)(const lk_op_desc *d, void *const *x) {
     const lk_softmax_params *p = &d->softmax;
     int log_out = p->log_out;
     float *scratch = NULL;

@@ -12,6 +12,7 @@ static inline int64_t target_at(lk_dtype dt, const void *t, int64_t i) {
     return dt == LK_I64 ? ((const int64_t *)t)[i] : (int64_t)((const int32_t *)t)[i];
 }
 
+#if !LK_ISA_VARIANT /* the baseline copy answers supports() */
 bool lk__cpu_xent_supports(const lk_op_desc *d) {
     int ti = d->op == LK_OP_NLL_BACKWARD ? 0 : 1, n = lk__op_arity(d->op);
     if (d->dtype[ti] != LK_I32 && d->dtype[ti] != LK_I64) return false;
@@ -21,6 +22,7 @@ bool lk__cpu_xent_supports(const lk_op_desc *d) {
     }
     return d->xent.reduction >= 0 && d->xent.reduction <= 2;
 }
+#endif
 
 static lk_status xent_forward(const lk_xent_params *p, lk_dtype tdt, void *const *x) {
     const float *xd = x[0], *w = x[2];
@@ -126,7 +128,7 @@ static void nll_backward(const lk_xent_params *p, lk_dtype tdt, void *const *x) 
     }
 }
 
-lk_status lk__cpu_xent(const lk_op_desc *d, void *const *x) {
+lk_status LK_ISA(lk__cpu_xent)(const lk_op_desc *d, void *const *x) {
     switch (d->op) {
     case LK_OP_XENT: return xent_forward(&d->xent, d->dtype[1], x);
     case LK_OP_XENT_BACKWARD: return xent_backward(&d->xent, d->dtype[1], x);
