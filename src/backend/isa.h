@@ -33,7 +33,7 @@ static inline lk_isa_level lk__cpu_isa(void) {
 }
 /* The level's name ("baseline", "avx2", "avx512"). */
 const char *lk__cpu_isa_name(lk_isa_level level);
-/* What this build compiled: "x86-64-v2 + avx2, avx512 copies", "native". */
+/* What this build compiled: "x86-64-v2 + avx2, avx512 copies", "native, no copies". */
 const char *lk__cpu_isa_build(void);
 
 /* LK_ISA_AVX2_BUILT / LK_ISA_AVX512_BUILT (compile definitions of the
