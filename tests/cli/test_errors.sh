@@ -45,6 +45,14 @@ check "LK_F32_GEMM=openblas takes OpenBLAS" bash -c 'LK_F32_GEMM=openblas "$1" e
 out=$(LK_F32_GEMM=mkl "$LK_BIN" env 2>&1)
 check "an unknown LK_F32_GEMM is named and takes the automatic choice" \
   bash -c 'grep -q "LK_F32_GEMM=mkl is none of auto, onednn, openblas: f32 GEMMs take the automatic choice" <<<"$1" && [ "$(grep "^32-true GEMM" <<<"$1")" = "$2" ]' _ "$out" "$auto"
+# LK_CPU_ISA: baseline lowers lockstep's loops to the baseline copy; an
+# unknown value is named and ignored (the CPU's own level runs)
+cpu_loops=$("$LK_BIN" env 2>&1 | grep "^cpu loops")
+check "LK_CPU_ISA=baseline: env says the baseline copy runs" \
+  bash -c 'LK_CPU_ISA=baseline "$1" env 2>&1 | grep -q "^cpu loops       : baseline "' _ "$LK_BIN"
+out=$(LK_CPU_ISA=sse9 "$LK_BIN" env 2>&1)
+check "an unknown LK_CPU_ISA is named and ignored" \
+  bash -c 'grep -q "LK_CPU_ISA=sse9 is none of auto, avx512, avx2, baseline: ignored" <<<"$1" && [ "$(grep "^cpu loops" <<<"$1")" = "$2" ]' _ "$out" "$cpu_loops"
 # A numeric LK_* variable that is not a number is said once, not silently replaced by its default
 out=$(LK_NUM_THREADS=four LK_COMM_TIMEOUT=soon "$LK_BIN" fit -c "$T/synth.yaml" --trainer.max_epochs 1 \
   --trainer.devices 2 --trainer.enable_progress_bar false 2>&1)
