@@ -1,4 +1,5 @@
-/* The predict loop's output: every rank keeps the rows predict_step returned
+/* The predict command: predict_step over the predict (or test) set, and
+ * its output: every rank keeps the rows predict_step returned
  * together with the dataset index of each row; at the end the rows are
  * gathered on rank 0 and written as one .npy in dataset order, each sample
  * once. A sample seen twice (a sampler that pads repeats its first samples)
@@ -8,6 +9,7 @@
 #include <string.h>
 
 #include "lockstep/data.h"
+#include "train/prefetch.h"
 #include "train/train_impl.h"
 
 #define PRED_MAX_DIMS 6 /* per-sample dims carried through the agreement below */
@@ -181,5 +183,73 @@ lk_status lk__pred_write(lk__pred *p, lk_comm *comm, int rank, int world, int64_
         if (!st && cs) st = cs;
         if (!st && code) st = lk_error((lk_status)code, "rank 0 failed to write the predictions");
     }
+    return st;
+}
+
+lk_status lk_trainer_predict(lk_trainer *tr, lk_module *m, lk_datamodule *dm, const char *ckpt_path) {
+    if (tr->launcher) return lk__self_launch(tr, "predict");
+    lk_loader *loader = NULL;
+    lk_status st = lk__begin_run(tr, m, dm, "predict");
+    lk_dataset *ds = st ? NULL : dm->vt->dataset(dm, "predict");
+    if (!st && !ds) ds = dm->vt->dataset(dm, "test");
+    if (!st && !ds) st = lk_error(LK_STATUS_INVALID_ARGUMENT, "data module '%s' has no predict (or test) set", dm->name);
+    if (!st && !m->vt->predict_step) st = lk_error(LK_STATUS_INVALID_ARGUMENT, "module '%s' has no predict_step", m->name);
+    if (!st && ckpt_path && *ckpt_path) {
+        char path[LK_PATH];
+        st = lk__ckpt_resolve(tr, ckpt_path, path, sizeof path);
+        if (!st) st = lk__ckpt_load(tr, path, false);
+    }
+    if (!st) st = lk__make_loader(tr, ds, false, &loader);
+    if (!st && !tr->log_dir[0]) st = lk__open_outputs(tr, true);
+    lk__pred *pred = NULL;
+    if (!st) st = lk__pred_create(&pred);
+    int64_t n = st ? 0 : lk__limit_batches(tr->cfg.limit_predict_batches, lk_loader_len(loader));
+    if (!st) st = lk_loader_start(loader, 0, 0);
+    lk__prefetch *pf = NULL;
+    if (!st) st = lk__eval_prefetcher(tr, &pf);
+    if (!st && pf) st = lk__prefetch_begin(pf, loader, n);
+    tr->stage = "predict";
+    lk_layer_train(m->net, false);
+    bool prev = lk_set_grad_enabled(false);
+    for (int64_t i = 0; i < n && !st; i++) {
+        const lk_batch *b;
+        st = pf ? lk__prefetch_next(pf, &b) : lk_loader_next(loader, &b);
+        if (st || !b) break;
+        lk_scope_begin();
+        lk_autocast_enter(tr->autocast);
+        lk_tensor *p = m->vt->predict_step(m, b, i, tr);
+        lk_autocast_exit();
+        if (!p) st = lk_last_status() ? lk_last_status() : lk_error(LK_STATUS_INVALID_USAGE, "predict_step returned nothing");
+        lk_tensor *c = p ? lk_tensor_cast(p, LK_F32) : NULL;
+        if (p && !c) st = lk_last_status() ? lk_last_status() : LK_STATUS_OUT_OF_MEMORY;
+        if (c) st = lk__pred_add(pred, c, b);
+        lk_tensor_release(c);
+        lk_scope_end();
+    }
+    lk_status end = lk__prefetch_end(pf);
+    if (!st) st = end;
+    lk_set_grad_enabled(prev);
+    lk_layer_train(m->net, true);
+    /* Rows of every rank, in dataset order, each sample once, in one .npy on
+     * rank 0. A rank that failed above must not leave the others waiting in
+     * the gather: all agree first. */
+    if (tr->world > 1) {
+        int32_t code = (int32_t)st;
+        lk_status cs = lk_comm_all_reduce(tr->comm, &code, 1, LK_I32, LK_REDUCE_MAX);
+        if (!st && cs) st = cs;
+        if (!st && code) st = lk_error((lk_status)code, "another rank failed in predict");
+    }
+    char path[LK_PATH + 64] = "", shape[128] = "";
+    int64_t rows = 0;
+    snprintf(path, sizeof path, "%s/predictions.npy", tr->log_dir);
+    if (!st) st = lk__pred_write(pred, tr->comm, tr->rank, tr->world, lk_dataset_len(ds), path, &rows, shape, sizeof shape);
+    lk__pred_free(pred);
+    if (!st && tr->rank == 0) {
+        if (rows) lk_log0("predictions: %s f32 in %s (dataset order; numpy.load reads it)", shape, path);
+        else lk_log0("predictions: none (no predict batch ran)");
+    }
+    lk__write_runinfo(tr, "predict", st);
+    lk_loader_free(loader);
+    lk__run_end_on_device(tr);
     return st;
 }

@@ -1,7 +1,7 @@
 /* The trainer's side of a training step, as the strategy calls it
  * (lk_step_fn): the module's training_step on replica k with the dropout
- * streams re-keyed for this step, the check that the loss is finite (on the
- * value grads.c reads with the gradients' checks; dp's as dp reads it), the
+ * streams re-keyed for this step, the loss handed to step_checks.c (kept
+ * on the device for the step's one read, or checked as dp reads it), the
  * profiler's phases, and dp's replicas — each a module made by the module's
  * replicate() and a scratch trainer its training_step logs into
  * (discarded). The strategy runs them in the order and on the threads it
@@ -42,34 +42,10 @@ static lk_tensor *step_forward(void *ctx, int replica, const lk_batch *b, int64_
     return loss;
 }
 
-/* A non-finite loss as users read it: "nan" whatever its sign bit (printf
- * writes "-nan" for 0 * inf), "inf" or "-inf". The loss training_step
- * logged is logged first, as on the CPU, where it was logged at once. */
-lk_status lk__step_log_pending(lk_trainer *tr, double loss) {
-    if (!tr->pending_loss.armed) return LK_STATUS_OK;
-    tr->pending_loss.armed = false;
-    int64_t bs = tr->cur_batch_size;
-    tr->cur_batch_size = tr->pending_loss.batch_size;
-    lk_status st = lk_log_metric(tr, tr->pending_loss.name, loss, &tr->pending_loss.opts);
-    tr->cur_batch_size = bs;
-    return st;
-}
-
-lk_status lk__step_check_loss(lk_trainer *tr, double loss) {
-    LK_TRY(lk__step_log_pending(tr, loss)); /* the loss training_step logged (lk__log_loss): this read's value */
-    if (tr->rank == tr->test_nan_rank && tr->global_step == tr->test_nan_step) loss = NAN; /* LK_TEST_LOSS_NAN */
-    if (isfinite(loss)) return LK_STATUS_OK;
-    char buf[32];
-    if (isnan(loss)) snprintf(buf, sizeof buf, "nan");
-    else snprintf(buf, sizeof buf, "%g", loss);
-    return lk_error(LK_STATUS_ABORTED, "the loss is %s at step %lld (epoch %lld, batch %lld)", buf,
-                    (long long)tr->global_step, (long long)tr->epoch, (long long)tr->batch_idx);
-}
-
 /* A strategy that reads the loss itself (dp without keep_replica_loss). */
 static lk_status step_check_loss(void *ctx, double loss) { return lk__step_check_loss(ctx, loss); }
 
-/* single, ddp: the loss stays on the device until grads.c's one read. */
+/* single, ddp: the loss stays on the device until step_checks.c's one read. */
 static lk_status step_keep_loss(void *ctx, const lk_tensor *loss) { return lk__step_keep_loss(ctx, loss); }
 
 /* dp: each replica's loss joins that read, on device 0. */

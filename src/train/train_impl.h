@@ -1,5 +1,7 @@
-/* Private to src/train: the trainer's state, shared by the loops
- * (trainer.c), metric logging (metrics.c) and checkpoints (checkpoint.c). */
+/* Private to src/train: the trainer's state, shared by the trainer object
+ * (trainer.c), the loops (run.c, fit.c, eval.c, predict.c), metric logging
+ * (metrics.c) and checkpoints (checkpoint.c), and the functions one of
+ * them calls in another. */
 #ifndef LK_TRAIN_IMPL_H
 #define LK_TRAIN_IMPL_H
 
@@ -106,14 +108,14 @@ struct lk_trainer {
     int64_t cur_batch_size;
     /* A training step's loss logged by lk__log_loss on a device the host
      * cannot read: logged when the strategy reads the loss once, after
-     * backward is queued (step.c's check_loss), not read a second time. */
+     * backward is queued (step_checks.c), not read a second time. */
     struct {
         bool armed;
         char name[LK_METRIC_NAME];
         lk_log_opts opts;
         int64_t batch_size;
     } pending_loss;
-    /* The training step's one device->host read (grads.c): slot 0 holds
+    /* The training step's one device->host read (step_checks.c): slot 0 holds
      * the loss (its own dtype's bytes, put there by step.c's keep_loss;
      * dp: slots 0..R-1 replica k's, put there by keep_replica_loss), the
      * n slots after them one i64 per gradient (its first non-finite index,
@@ -175,6 +177,48 @@ struct lk_trainer {
     struct lk__prefetch *pf; /* fit on a device the CPU cannot read: the batch prefetch (prefetch.c); NULL otherwise */
     struct lk__prefetch *pf_eval; /* the same for validation, test and predict (made on first use) */
 };
+
+/* run.c: what every loop sets up and tears down. */
+/* The module and data module checked and made the run's, the module on the
+ * training device (the run's default device), prepare_data on local rank 0
+ * and setup(stage). */
+lk_status lk__begin_run(lk_trainer *tr, lk_module *m, lk_datamodule *dm, const char *stage);
+/* The process's own default device back, when a run made the trainer's its default. */
+void lk__run_end_on_device(lk_trainer *tr);
+/* Frees what a run made (strategy's attachment, optimizer, loggers, ...);
+ * the trainer can be freed or run an evaluation after it. */
+void lk__run_cleanup(lk_trainer *tr);
+/* limit_*_batches applied to a loader of n batches. */
+int64_t lk__limit_batches(lk_count_or_fraction limit, int64_t n);
+/* Batches go onto a device the CPU cannot read ahead of their step. */
+bool lk__prefetching(const lk_trainer *tr);
+/* The fit's prefetcher (tr->pf): onto the trainer's device, or dp's slices onto their replicas' devices. */
+lk_status lk__fit_prefetcher(lk_trainer *tr);
+/* The evaluation loops' prefetcher (made on first use), or NULL on the synchronous path. */
+lk_status lk__eval_prefetcher(lk_trainer *tr, struct lk__prefetch **out);
+/* A loader over `ds` for this rank: shuffled and padded for training, each sample once otherwise. */
+lk_status lk__make_loader(lk_trainer *tr, lk_dataset *ds, bool train, lk_loader **out);
+
+/* outputs.c: rank 0's progress bar and, when `want_logs`, the loggers, the
+ * log directory, hparams.yaml and config.yaml (nothing on other ranks). */
+lk_status lk__open_outputs(lk_trainer *tr, bool want_logs);
+
+/* eval.c: one pass of validation_step ("val") or test_step ("test") over
+ * `loader` (at most `limit` batches, every rank the same count), its epoch
+ * metrics reduced; `title` names it on the progress bar. */
+lk_status lk__run_eval(lk_trainer *tr, lk_loader *loader, const char *stage, int64_t limit, uint64_t epoch,
+                       const char *title);
+
+/* faults.c: the tests' fault hooks (LK_TEST_STEP_DELAY_MS,
+ * LK_TEST_GRAD_OVERFLOW, LK_TEST_LOSS_NAN), read once by lk__faults_init;
+ * each does nothing when its variable is unset. */
+void lk__faults_init(lk_trainer *tr);
+/* After the gradients are reduced: an infinite first element of the first gradient on the chosen rank and step. */
+lk_status lk__fault_grad_overflow(lk_trainer *tr);
+/* After an optimizer step: sleeps the delay. */
+void lk__fault_step_delay(const lk_trainer *tr);
+/* The loss the loss check sees: NaN on the chosen rank and step, `loss` otherwise. */
+double lk__fault_loss(const lk_trainer *tr, double loss);
 
 /* step.c: the trainer's side of the strategy's step (lk_step_fn): the
  * module's training_step on replica k (dp's replicas are modules and
@@ -260,9 +304,13 @@ lk_status lk__pred_write(lk__pred *p, lk_comm *comm, int rank, int world, int64_
  * returns the job's status (once per process; later calls repeat it). */
 lk_status lk__self_launch(lk_trainer *tr, const char *command);
 
-/* trainer.precision under Lightning's full name: its aliases 32, bf16 and 16
- * give 32-true, bf16-mixed and 16-mixed; any other string is returned as it is. */
+/* precision.c: trainer.precision under Lightning's full name: its aliases
+ * 32, bf16 and 16 give 32-true, bf16-mixed and 16-mixed; any other string
+ * is returned as it is. */
 const char *lk__precision_name(const char *p);
+/* trainer.precision (with its aliases) -> the steps' autocast dtype (LK_F32:
+ * none) and the parameters' dtype; an error naming the choices otherwise. */
+lk_status lk__precision_parse(const char *given, lk_dtype *autocast, lk_dtype *params);
 
 /* checkpoint.c */
 lk_status lk__ckpt_save(lk_trainer *tr, const char *path);
@@ -340,9 +388,11 @@ void lk__print_profile(lk_trainer *tr);
  * the CPU's path (lk_autocast_gemm_path) or the GPU's (cuBLASLt). */
 const char *lk__train_gemm_path(const lk_trainer *tr);
 
-/* grads.c: the step's reduced gradients before the optimizer step. */
-/* trainer.gradient_clip_val/algorithm on tr->params (nothing when 0). */
+/* grads.c: the step's reduced gradients before the optimizer step:
+ * trainer.gradient_clip_val/algorithm on tr->params (nothing when 0). */
 void lk__clip_gradients(lk_trainer *tr);
+
+/* step_checks.c: the step's one device->host read, and the loss check. */
 /* The checks after a micro-batch's strategy step, with one device->host
  * copy: when `sync` (the gradients are reduced) the gradients' checks are
  * queued first — 16-mixed: the scaler's unscale and found-inf counts,
@@ -363,7 +413,7 @@ lk_status lk__step_keep_loss(lk_trainer *tr, const lk_tensor *loss);
  * checks the mean weighted by rows / total. */
 lk_status lk__step_keep_replica_loss(lk_trainer *tr, int k, const lk_tensor *loss, int64_t rows, int64_t total);
 void lk__step_status_free(lk_trainer *tr);
-/* step.c: the loss check ("the loss is nan at step N ...") and the
+/* The loss check ("the loss is nan at step N ...") and the
  * train_loss lk__log_loss deferred (pending_loss), on the loss read. */
 lk_status lk__step_check_loss(lk_trainer *tr, double loss);
 /* The train_loss lk__log_loss deferred, logged with `loss` (nothing when none is). */

@@ -1,0 +1,125 @@
+/* The evaluation loops: one pass of validation_step or test_step over a
+ * loader (also fit's validation and sanity check), and the validate and
+ * test commands. */
+#include <stdio.h>
+#include <string.h>
+
+#include "train/prefetch.h"
+#include "train/train_impl.h"
+
+static bool is_rank0(const lk_trainer *tr) { return tr->rank == 0; }
+
+lk_status lk__run_eval(lk_trainer *tr, lk_loader *loader, const char *stage, int64_t limit, uint64_t epoch,
+                          const char *title) {
+    lk_module *m = tr->module;
+    const char *saved_stage = tr->stage;
+    tr->stage = stage;
+    lk__metrics_reset_epoch(tr, stage);
+    int64_t n = lk_loader_len(loader);
+    if (limit >= 0 && limit < n) n = limit;
+    /* Every rank runs the same number of batches (uneven shards: the
+     * metric reduction weighs each batch by its size). */
+    int64_t n_all = n;
+    if (tr->world > 1) {
+        double v = (double)n;
+        LK_TRY(lk_strategy_reduce(tr->strat, &v, 1, LK_REDUCE_MAX));
+        n_all = (int64_t)v;
+    }
+    lk_layer_train(m->net, false);
+    bool prev = lk_set_grad_enabled(false);
+    lk_status st = lk_loader_start(loader, epoch, 0);
+    lk__prefetch *pf = NULL;
+    if (!st) st = lk__eval_prefetcher(tr, &pf);
+    if (!st && pf) st = lk__prefetch_begin(pf, loader, n);
+    if (tr->progress) lk_progress_begin_eval(tr->progress, title, n);
+    for (int64_t i = 0; i < n_all && !st; i++) {
+        const lk_batch *b = NULL;
+        if (i < n) {
+            st = pf ? lk__prefetch_next(pf, &b) : lk_loader_next(loader, &b);
+            if (st) break;
+        }
+        if (!b) continue;
+        tr->cur_batch_size = b->size;
+        tr->batch_idx = i;
+        lk_scope_begin();
+        lk_autocast_enter(tr->autocast); /* evaluation runs in the precision it trains in, as Lightning's */
+        if (!strcmp(stage, "test")) st = m->vt->test_step ? m->vt->test_step(m, b, i, tr) : LK_STATUS_OK;
+        else st = m->vt->validation_step ? m->vt->validation_step(m, b, i, tr) : LK_STATUS_OK;
+        lk_autocast_exit();
+        lk_scope_end();
+        if (tr->progress) lk_progress_update_eval(tr->progress, i + 1);
+    }
+    lk_status end = lk__prefetch_end(pf); /* no copy in flight when the loader restarts or goes */
+    if (!st) st = end;
+    lk_set_grad_enabled(prev);
+    lk_layer_train(m->net, true);
+    if (!st) st = lk__metrics_end_epoch(tr, stage);
+    if (!st && tr->progress) {
+        const char *names[32];
+        double vals[32];
+        int k = 0;
+        for (int i = 0; i < tr->nmetrics && k < 32; i++)
+            if (tr->metrics[i].stage == stage && tr->metrics[i].has_value && tr->metrics[i].on_epoch) {
+                names[k] = tr->metrics[i].name;
+                vals[k++] = tr->metrics[i].value;
+            }
+        lk_progress_end_eval(tr->progress, names, vals, k);
+    }
+    tr->stage = saved_stage;
+    return st;
+}
+
+/* validate / test share one shape. */
+static lk_status eval_command(lk_trainer *tr, lk_module *m, lk_datamodule *dm, const char *ckpt_path,
+                              const char *command, const char *stage, const char *split, lk_count_or_fraction limit_frac,
+                              const char *title) {
+    lk_loader *loader = NULL;
+    tr->t_fit_start = lk_time_now();
+    lk_status st = lk__begin_run(tr, m, dm, !strcmp(command, "validate") ? "validate" : "test");
+    lk_dataset *ds = st ? NULL : dm->vt->dataset(dm, split);
+    if (!st && !ds) st = lk_error(LK_STATUS_INVALID_ARGUMENT, "data module '%s' has no %s set", dm->name, split);
+    if (!st && ckpt_path && *ckpt_path) {
+        char path[LK_PATH];
+        st = lk__ckpt_resolve(tr, ckpt_path, path, sizeof path);
+        if (!st) st = lk__ckpt_load(tr, path, false);
+        if (!st) snprintf(tr->last_ckpt, sizeof tr->last_ckpt, "%s", path); /* the checkpoint evaluated */
+    }
+    if (!st) st = lk__make_loader(tr, ds, false, &loader);
+    if (!st && !tr->log_dir[0]) st = lk__open_outputs(tr, true);
+    else if (!st && is_rank0(tr) && !tr->progress && tr->cfg.enable_progress_bar) {
+        lk_progress_options po = lk_progress_options_default();
+        st = lk_progress_create(&po, &tr->progress);
+    }
+    if (!st) {
+        int64_t n = lk__limit_batches(limit_frac, lk_loader_len(loader));
+        if (tr->cfg.fast_dev_run && tr->cfg.fast_dev_run < n) n = tr->cfg.fast_dev_run;
+        st = lk__run_eval(tr, loader, stage, n, 0, title);
+    }
+    if (!st) st = lk__metrics_log_epoch(tr, stage);
+    if (!st && is_rank0(tr)) {
+        printf("\n%-24s %s\n", !strcmp(stage, "test") ? "Test metric" : "Validate metric", "DataLoader 0");
+        for (int i = 0; i < tr->nmetrics; i++)
+            if (tr->metrics[i].stage && !strcmp(tr->metrics[i].stage, stage) && tr->metrics[i].has_value)
+                printf("%-24s %.6g\n", tr->metrics[i].name, tr->metrics[i].value);
+        fflush(stdout);
+    }
+    if (!st && m->vt->on_stage_end && is_rank0(tr)) {
+        lk_status s2 = m->vt->on_stage_end(m, tr, stage);
+        if (s2) lk_log_warn("on_stage_end: %s", lk_last_error());
+    }
+    lk__write_runinfo(tr, command, st);
+    if (tr->logger) lk_logger_flush(tr->logger);
+    lk_loader_free(loader);
+    lk__run_end_on_device(tr);
+    return st;
+}
+
+lk_status lk_trainer_validate(lk_trainer *tr, lk_module *m, lk_datamodule *dm, const char *ckpt_path) {
+    if (tr->launcher) return lk__self_launch(tr, "validate");
+    return eval_command(tr, m, dm, ckpt_path, "validate", "val", "val", tr->cfg.limit_val_batches, "Validation");
+}
+
+lk_status lk_trainer_test(lk_trainer *tr, lk_module *m, lk_datamodule *dm, const char *ckpt_path) {
+    if (tr->launcher) return lk__self_launch(tr, "test");
+    return eval_command(tr, m, dm, ckpt_path, "test", "test", "test", tr->cfg.limit_test_batches, "Testing");
+}

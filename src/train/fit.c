@@ -1,0 +1,450 @@
+/* lk_trainer_fit and its loop: the parameters and the optimizer set up,
+ * resume, the epochs of strategy steps with gradient accumulation,
+ * clipping, the optimizer and scheduler, validation inside the epoch,
+ * checkpoints, early stopping and the agreed stop. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "lockstep/config.h"
+#include "backend/backend_impl.h"
+#include "optim/optim_impl.h"
+#include "device/gpu.h"
+#include "train/prefetch.h"
+#include "tensor/tensor_impl.h"
+#include "train/train_impl.h"
+
+static bool is_rank0(const lk_trainer *tr) { return tr->rank == 0; }
+
+
+/* SyncBatchNorm's all-reduce (trainer.sync_batchnorm). */
+static lk_status sum_over_ranks(void *ctx, double *vals, int n) {
+    lk_trainer *tr = ctx;
+    return lk_comm_all_reduce(tr->comm, vals, (size_t)n, LK_F64, LK_REDUCE_SUM);
+}
+
+/* Parameters and buffers of the module, flattened into the strategy's
+ * gradient buffer, and the optimizer and scheduler (optim_factory.c). */
+static lk_status setup_params(lk_trainer *tr, int64_t steps_per_epoch) {
+    lk_module *m = tr->module;
+    if (!tr->flat_params) { /* once per trainer: the layer keeps its flat views */
+        int64_t total = lk_layer_num_parameters(m->net);
+        lk_tensor *gbuf, *pbuf; /* the strategy's */
+        bool copy_values;
+        LK_TRY(lk_strategy_grad_buffer(tr->strat, total, &gbuf));
+        LK_TRY(lk_strategy_param_buffer(tr->strat, total, &pbuf, &copy_values));
+        LK_TRY(lk_params_flatten_into(m->net, pbuf, copy_values, gbuf, &tr->flat_params, &tr->flat_grads));
+    }
+    if (tr->param_arr) /* the strategy holds these from an earlier fit on this trainer */
+        return lk_error(LK_STATUS_INVALID_USAGE, "fit: call lk_trainer_fit once per trainer (create another to fit again)");
+    LK_TRY(lk_layer_named_parameters(m->net, &tr->params));
+    LK_TRY(lk_layer_named_buffers(m->net, &tr->buffers));
+    int np = tr->params.n, nb = tr->buffers.n;
+    tr->param_arr = lk_calloc((size_t)np + 1, sizeof *tr->param_arr);
+    tr->param_names = lk_calloc((size_t)np + 1, sizeof *tr->param_names);
+    tr->buffer_arr = lk_calloc((size_t)nb + 1, sizeof *tr->buffer_arr);
+    if (!tr->param_arr || !tr->param_names || !tr->buffer_arr) return LK_STATUS_OUT_OF_MEMORY;
+    for (int i = 0; i < np; i++) {
+        tr->param_arr[i] = tr->params.items[i].tensor;
+        tr->param_names[i] = tr->params.items[i].name;
+    }
+    int nbf = 0; /* num_batches_tracked (i64) is broadcast too */
+    for (int i = 0; i < nb; i++) tr->buffer_arr[nbf++] = tr->buffers.items[i].tensor;
+    LK_TRY(lk_strategy_setup(tr->strat, tr->param_arr, tr->param_names, np, tr->buffer_arr, nbf));
+
+    return lk__optim_setup(tr, steps_per_epoch);
+}
+
+/* Every rank agrees whether to stop (max_time, a signal), with one tiny
+ * all-reduce per step only when something could make ranks disagree.
+ * `check_time` false leaves max_time to the epoch end (Timer(interval="epoch")). */
+static lk_status agree_stop(lk_trainer *tr, bool check_time, bool *stop) {
+    int32_t local = 0;
+    if (lk__stop_signal()) local = 2;
+    else if (check_time && tr->cfg.max_time > 0 && lk_time_now() - tr->t_fit_start >= tr->cfg.max_time) local = 1;
+    if (tr->world > 1) LK_TRY(lk_comm_all_reduce(tr->comm, &local, 1, LK_I32, LK_REDUCE_MAX));
+    if (local == 2) snprintf(tr->stop_reason, sizeof tr->stop_reason, "stopped by a signal");
+    else if (local == 1) snprintf(tr->stop_reason, sizeof tr->stop_reason, "max_time (%gs) reached", tr->cfg.max_time);
+    *stop = local != 0;
+    return LK_STATUS_OK;
+}
+
+/* ---- validation inside fit ------------------------------------------------------ */
+
+static lk_status validate_now(lk_trainer *tr, lk_loader *val, int64_t limit) {
+    if (!val || limit == 0) return LK_STATUS_OK;
+    LK_TRY(lk__run_eval(tr, val, "val", limit, 0, "Validation"));
+    tr->val_ran = true;
+    LK_TRY(lk__metrics_log_epoch(tr, "val"));
+    if (tr->sched && !strcmp(tr->opt.scheduler, "plateau")) {
+        double v;
+        if (!lk_trainer_metric(tr, tr->opt.monitor, &v))
+            return lk_error(LK_STATUS_INVALID_ARGUMENT, "lr_scheduler plateau: monitor '%s' was never logged",
+                            tr->opt.monitor);
+        LK_TRY(lk_scheduler_step_metric(tr->sched, v));
+    }
+    for (int j = 0; j < tr->nes; j++) LK_TRY(lk__early_stopping_check(tr, &tr->es[j]));
+    return LK_STATUS_OK;
+}
+
+/* ---- fit ------------------------------------------------------------------------- */
+
+/* A checkpoint written inside the epoch, after `done` of its batches: it
+ * resumes at the next one, with the validation due after batch done - 1
+ * when `val_due` (it has not run yet). */
+static lk_status ckpt_inside_epoch(lk_trainer *tr, int64_t done, bool val_due, lk_status (*write)(lk_trainer *)) {
+    int64_t saved = tr->resume_batch;
+    tr->resume_batch = done;
+    tr->val_pending = val_due;
+    lk_status st = write(tr);
+    tr->resume_batch = saved;
+    tr->val_pending = false;
+    return st;
+}
+
+static lk_status fit_loop(lk_trainer *tr, lk_loader *train, lk_loader *val, int64_t n_train, int64_t n_val) {
+    lk_module *m = tr->module;
+    const lk_trainer_config *c = &tr->cfg;
+    int64_t accum = tr->accum;
+    int64_t val_every = c->val_check_interval.is_count ? (int64_t)c->val_check_interval.value
+                                                       : (int64_t)floor(c->val_check_interval.value * (double)n_train);
+    if (val_every < 1) val_every = 1;
+    lk_layer_train(m->net, true);
+    tr->stage = "train";
+    bool stop = false;
+    bool epoch_timer = !strcmp(c->time_check_interval, "epoch"); /* Timer(interval="epoch") */
+    for (; !stop && !tr->should_stop && (c->max_epochs < 0 || tr->epoch < c->max_epochs); tr->epoch++) {
+        if (!tr->epoch_restored) { /* a resumed epoch's sums so far came with its checkpoint */
+            lk__metrics_reset_epoch(tr, "train");
+            LK_TRY(lk__log_lr_epoch(tr));
+        }
+        tr->epoch_restored = false;
+        LK_TRY(lk_loader_start(train, (uint64_t)tr->epoch, tr->resume_batch));
+        if (tr->pf) LK_TRY(lk__prefetch_begin(tr->pf, train, n_train - tr->resume_batch));
+        if (tr->progress) lk_progress_begin_epoch(tr->progress, tr->epoch, c->max_epochs, n_train);
+        bool validate_epoch = ((tr->epoch + 1) % c->check_val_every_n_epoch) == 0;
+        bool int_interval = c->val_check_interval.is_count;
+        if (tr->val_pending) { /* the validation due after the batch the checkpoint was written at */
+            tr->val_pending = false;
+            LK_TRY(validate_now(tr, val, n_val));
+            LK_TRY(ckpt_inside_epoch(tr, tr->resume_batch, false, lk__ckpt_callback));
+            tr->stage = "train";
+        }
+        /* Stopped (a signal, max_time, max_steps) with batches of the epoch
+         * done: its end (row, validation, scheduler, epoch checkpoint) is
+         * left to the resume, and last.ckpt resumes at the next batch. Only
+         * max_steps on the epoch's last batch ends the epoch here: that is
+         * where training ends. */
+        bool defer_end = false;
+        for (int64_t i = tr->resume_batch; i < n_train; i++) {
+            double t0 = lk_time_now();
+            const lk_batch *b;
+            LK_TRY(tr->pf ? lk__prefetch_next(tr->pf, &b) : lk_loader_next(train, &b));
+            if (!b) break;
+            double t1 = lk_time_now();
+            tr->batch_idx = i;
+            tr->cur_batch_size = b->size;
+            bool sync = ((i + 1) % accum == 0) || i + 1 == n_train;
+            tr->step_t0 = t0, tr->step_t1 = t1;
+            lk_step_args sa = {.batch = b, .batch_idx = i, .sync = sync, .loss_mul = 1.0f / (float)accum,
+                               .loss_scale = lk_grad_scaler_scale(tr->scaler), .autocast = tr->autocast};
+            lk_step_result sr;
+            size_t live0 = lk_pool_reset_peak();
+            lk_status step_st = lk_strategy_training_step(tr->strat, &sa, &sr);
+            lk__host_shadow_clear(); /* the batch's host memory may be refilled from here on */
+            LK_TRY(step_st);
+            bool skip = false;
+            if (!sync) LK_TRY(lk__step_checks(tr, false, &sr.loss, &skip)); /* the loss alone: no gradient is final */
+            if (tr->global_step >= 1) { /* the first step also makes the optimizer's state and caches */
+                size_t peak = lk_pool_get_stats().bytes_live_peak - live0;
+                if (peak > tr->step_peak_bytes) tr->step_peak_bytes = peak;
+            }
+            if (sync) tr->sum_comm_wait += lk_strategy_get_stats(tr->strat).comm_straggler_last_s;
+            tr->sum_data += t1 - t0;
+            tr->sum_fwd += sr.t_fwd;
+            tr->sum_bwd += sr.t_bwd;
+            tr->sum_comm += sr.t_comm;
+            tr->samples_seen += b->size;
+            if (sync) {
+                double t5 = lk_time_now();
+                lk__optimizer_prewake(tr->optim);
+                LK_TRY(lk__fault_grad_overflow(tr)); /* LK_TEST_GRAD_OVERFLOW */
+                /* the step's one read: the loss with the gradients' checks */
+                LK_TRY(lk__step_checks(tr, true, &sr.loss, &skip));
+                if (!skip) lk__clip_gradients(tr);
+                /* the step unless skipped, then the strategy's part (shard sync, dp's copy out) and zero_grad */
+                LK_TRY(lk_strategy_optimizer_step(tr->strat, tr->optim, skip));
+                if (tr->scaler) LK_TRY(lk_grad_scaler_update(tr->scaler, skip));
+                { /* the shards' sync is communication: booked there, not as optimizer time */
+                    lk_strategy_stats ss = lk_strategy_get_stats(tr->strat);
+                    tr->sum_comm += ss.step_sync_last_s;
+                    tr->sum_comm_wait += ss.step_straggler_last_s;
+                    t5 += ss.step_sync_last_s;
+                }
+                if (tr->sched && !strcmp(tr->opt.interval, "step") && strcmp(tr->opt.scheduler, "plateau"))
+                    LK_TRY(lk_scheduler_step(tr->sched));
+                tr->sum_opt += lk_time_now() - t5;
+                lk__prof_optimizer(tr->prof, t5, lk_time_now());
+                lk__fault_step_delay(tr); /* LK_TEST_STEP_DELAY_MS: tests that signal a run mid-way need it to last */
+                tr->timed_steps++;
+                tr->global_step++;
+                if (tr->global_step == 1) tr->t_first_step = lk_time_now();
+                /* Throughput counts from the 5th step on: the first ones warm
+                 * caches, the storage pool and the BLAS threads. */
+                if (tr->global_step == 5) {
+                    tr->t_steady = lk_time_now();
+                    tr->samples_steady = tr->samples_seen;
+                    tr->sum_at_steady[0] = tr->sum_data, tr->sum_at_steady[1] = tr->sum_fwd;
+                    tr->sum_at_steady[2] = tr->sum_bwd, tr->sum_at_steady[3] = tr->sum_comm;
+                    tr->sum_at_steady[4] = tr->sum_opt, tr->sum_at_steady[5] = tr->sum_comm_wait;
+                }
+                if (tr->global_step % c->log_every_n_steps == 0) {
+                    LK_TRY(lk__log_lr(tr));
+                    LK_TRY(lk__log_scale(tr));
+                    LK_TRY(lk__log_device_stats(tr));
+                    if (tr->logger) LK_TRY(lk__metrics_log_step(tr));
+                }
+                /* A fraction validates at its multiples and at the epoch end (below); an
+                 * integer N validates every N batches only, as Lightning does. */
+                bool val_due = validate_epoch && (i + 1) % val_every == 0 && (int_interval || i + 1 < n_train);
+                if (lk__ckpt_due_steps(tr) && i + 1 < n_train)
+                    LK_TRY(ckpt_inside_epoch(tr, i + 1, val_due, lk__ckpt_callback_last));
+                bool max_steps = c->max_steps >= 0 && tr->global_step >= c->max_steps;
+                if (max_steps) {
+                    stop = true;
+                    snprintf(tr->stop_reason, sizeof tr->stop_reason, "max_steps=%lld reached", (long long)c->max_steps);
+                }
+                bool agreed;
+                LK_TRY(agree_stop(tr, !epoch_timer, &agreed));
+                stop = stop || agreed;
+                if (stop && (agreed || i + 1 < n_train)) {
+                    defer_end = true;
+                    LK_TRY(ckpt_inside_epoch(tr, i + 1, val_due, lk__ckpt_callback_stop));
+                }
+            }
+            if (tr->progress) {
+                const char *names[16];
+                double vals[16];
+                int k = lk__metrics_prog_bar(tr, names, vals, 16);
+                lk_progress_update(tr->progress, i + 1, names, vals, k);
+            }
+            if (validate_epoch && (i + 1) % val_every == 0 && (int_interval || i + 1 < n_train) && !defer_end) {
+                LK_TRY(validate_now(tr, val, n_val));
+                LK_TRY(ckpt_inside_epoch(tr, i + 1, false, lk__ckpt_callback));
+                tr->stage = "train";
+            }
+            if (stop || tr->should_stop) break;
+        }
+        if (defer_end) {
+            LK_TRY(lk__prefetch_end(tr->pf));
+            tr->resume_batch = 0;
+            break; /* (the epoch counter stays: the resume finishes this epoch) */
+        }
+        LK_TRY(lk__prefetch_end(tr->pf)); /* no copy in flight once the loader restarts */
+        tr->resume_batch = 0;
+        LK_TRY(lk__metrics_end_epoch(tr, "train"));
+        if (tr->logger) LK_TRY(lk__metrics_log_epoch(tr, "train"));
+        if (tr->progress) {
+            const char *names[16];
+            double vals[16];
+            int k = lk__metrics_prog_bar(tr, names, vals, 16);
+            lk_progress_end_epoch(tr->progress, names, vals, k);
+        }
+        if (validate_epoch && !c->val_check_interval.is_count) LK_TRY(validate_now(tr, val, n_val));
+        if (tr->sched && !strcmp(tr->opt.interval, "epoch") && strcmp(tr->opt.scheduler, "plateau"))
+            LK_TRY(lk_scheduler_step(tr->sched));
+        tr->stage = "train";
+        tr->at_epoch_end = true; /* checkpoints written now resume at the next epoch */
+        lk_status st = lk__ckpt_callback(tr);
+        tr->at_epoch_end = false;
+        LK_TRY(st);
+        if (epoch_timer && !stop) LK_TRY(agree_stop(tr, true, &stop)); /* the whole epoch ran: now the time */
+    }
+    return LK_STATUS_OK;
+}
+
+/* How many times this job was restarted: torchrun's (and `lockstep launch
+ * --max-restarts`') TORCHELASTIC_RESTART_COUNT or SLURM's requeue count. */
+static long restart_count(const char **which) {
+    static const char *const vars[] = {"TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT"};
+    long best = 0;
+    *which = vars[0];
+    for (int i = 0; i < 2; i++) {
+        const char *v = getenv(vars[i]);
+        long x = v && *v ? strtol(v, NULL, 10) : 0;
+        if (x > best) best = x, *which = vars[i];
+    }
+    return best;
+}
+
+lk_status lk_trainer_fit(lk_trainer *tr, lk_module *m, lk_datamodule *dm, const char *ckpt_path) {
+    if (tr->launcher) return lk__self_launch(tr, "fit");
+    const lk_trainer_config *c = &tr->cfg;
+    tr->t_fit_start = lk_time_now();
+    lk_loader *train = NULL, *val = NULL;
+    lk__sig_state sigs;
+    lk__signals_install(&sigs);
+    lk_status st = lk__begin_run(tr, m, dm, "fit");
+    lk_dataset *train_ds = st ? NULL : dm->vt->dataset(dm, "train");
+    lk_dataset *val_ds = st ? NULL : dm->vt->dataset(dm, "val");
+    if (!st && !train_ds) st = lk_error(LK_STATUS_INVALID_ARGUMENT, "data module '%s' has no training set", dm->name);
+    if (!st && !m->vt->training_step) st = lk_error(LK_STATUS_INVALID_ARGUMENT, "module '%s' has no training_step", m->name);
+    if (!st) st = lk__make_loader(tr, train_ds, true, &train);
+    if (!st && lk__prefetching(tr)) st = lk__fit_prefetcher(tr);
+    if (!st && (val_ds || c->overfit_batches)) st = lk__make_loader(tr, c->overfit_batches ? train_ds : val_ds, false, &val);
+    int64_t n_train = 0, n_val = 0;
+    if (!st) {
+        n_train = lk__limit_batches(c->limit_train_batches, lk_loader_len(train));
+        n_val = val ? lk__limit_batches(c->limit_val_batches, lk_loader_len(val)) : 0;
+        if (c->overfit_batches) n_train = n_val = c->overfit_batches < lk_loader_len(train) ? c->overfit_batches : lk_loader_len(train);
+        if (c->fast_dev_run) {
+            n_train = c->fast_dev_run < n_train ? c->fast_dev_run : n_train;
+            n_val = c->fast_dev_run < n_val ? c->fast_dev_run : n_val;
+        }
+        tr->accum = c->accumulate_grad_batches;
+        if (c->global_batch_size > 0) {
+            int64_t per = dm->batch_size * tr->world;
+            if (c->global_batch_size % per)
+                st = lk_error(LK_STATUS_INVALID_ARGUMENT,
+                              "trainer.global_batch_size %lld is not a multiple of batch_size %lld x %d ranks = %lld",
+                              (long long)c->global_batch_size, (long long)dm->batch_size, tr->world, (long long)per);
+            else tr->accum = c->global_batch_size / per;
+        }
+        if (n_train == 0 && !st) st = lk_error(LK_STATUS_INVALID_ARGUMENT, "no training batches (limit_train_batches=%g)", c->limit_train_batches.value);
+    }
+    if (!st) st = setup_params(tr, n_train / (tr->accum ? tr->accum : 1) + 1);
+    if (!st) st = lk__prof_create(tr);
+    if (!st && c->sync_batchnorm && tr->world > 1) {
+        int k = lk_layer_sync_batchnorm(m->net, sum_over_ranks, tr);
+        lk_log0("sync_batchnorm: %d batch norm layer%s compute statistics over all %d ranks", k, k == 1 ? "" : "s",
+                tr->world);
+    }
+    if (!st) {
+        lk_step_fn fn = lk__step_fn(tr);
+        st = lk_strategy_attach(tr->strat, &fn);
+    }
+    if (!st && is_rank0(tr)) { /* temporaries of writers killed before their rename (a full-size last.ckpt.tmp.<pid>) */
+        char root[LK_PATH + 32];
+        snprintf(root, sizeof root, "%s/lightning_logs", c->default_root_dir[0] ? c->default_root_dir : ".");
+        int removed = lk__out_remove_stale_tmp(root);
+        if (removed) lk_log0("removed %d stale temporary file%s of dead writers under %s", removed, removed > 1 ? "s" : "", root);
+    }
+    const char *restart_var = NULL;
+    long restarts = restart_count(&restart_var);
+    if (!st && (!ckpt_path || !*ckpt_path) && restarts > 0) {
+        /* A restarted job (launch --max-restarts, a requeued SLURM job)
+         * resumes from its last checkpoint by itself, as Lightning's
+         * auto-requeue does; with none written yet it starts over. */
+        char path[LK_PATH];
+        if (lk__ckpt_resolve(tr, "last", path, sizeof path) == LK_STATUS_OK) ckpt_path = "last";
+        else lk_clear_error();
+        lk_log0("%s=%ld: %s", restart_var, restarts,
+                ckpt_path ? "a restarted job: resuming from the last checkpoint"
+                          : "a restarted job, but no last.ckpt was written yet: training from the start");
+    }
+    if (!st && ckpt_path && *ckpt_path) {
+        char path[LK_PATH];
+        st = lk__ckpt_resolve(tr, ckpt_path, path, sizeof path);
+        if (!st) st = lk__ckpt_load(tr, path, true);
+        if (!st) lk_log0("resumed from %s at epoch %lld, step %lld, batch %lld", path, (long long)tr->epoch,
+                         (long long)tr->global_step, (long long)tr->resume_batch);
+    }
+    if (!st) st = lk__open_outputs(tr, true);
+    if (!st) lk__ckpt_adopt(tr); /* the resumed top-k, now that the checkpoint directory is known */
+    if (!st && is_rank0(tr)) {
+        lk_log0("lockstep %s: fit %s on %d process%s (%s), %lld parameters, %lld train / %lld val batches per epoch%s",
+                LK_VERSION_STRING, m->name, tr->world, tr->world > 1 ? "es" : "",
+                lk_strategy_summary(tr->strat),
+                (long long)lk_layer_num_parameters(m->net), (long long)n_train, (long long)n_val,
+                tr->accum > 1 ? " (accumulating gradients)" : "");
+        if (tr->log_dir[0]) lk_log0("logs: %s", tr->log_dir);
+        if (tr->autocast != LK_F32) {
+            /* said once: a precision whose GEMMs cannot run natively here
+             * (no instructions for it, or none that oneDNN uses) still
+             * trains correctly, but through f32 and so not faster */
+            const char *dt = lk_dtype_name(tr->autocast), *path = lk__train_gemm_path(tr);
+            if (tr->dev.kind == LK_CUDA)
+                lk_log0("precision %s: matrix products in %s on the GPU (%s)", c->precision, dt, path);
+            else if (lk__cpu_gemm_native(tr->autocast))
+                lk_log0("precision %s: matrix products in %s on this CPU's own units (%s)", c->precision, dt, path);
+            else
+                lk_log0("precision %s: no %s matrix product runs natively here; they run through %s (correct, "
+                        "not faster than 32-true)",
+                        c->precision, dt, path);
+        }
+        lk__cuda_props gp;
+        if (tr->dev.kind == LK_CUDA && tr->autocast == LK_F32 && tr->param_dtype == LK_F32 &&
+            !lk__f32_matmul_reduced() && !lk__cuda_props_get(tr->dev.index, &gp) && gp.major >= 8)
+            /* as Lightning's hint on a GPU with tensor cores */
+            lk_log0("%s has TF32 tensor cores: trainer.float32_matmul_precision high lets 32-true's matrix products "
+                    "use them (faster, with a 10-bit mantissa), as torch.set_float32_matmul_precision('high') does",
+                    gp.name);
+        if (c->enable_model_summary && c->model_summary_max_depth != 0) {
+            char *table = NULL;
+            if (lk_model_summary(m->net, (int)c->model_summary_max_depth, &table) == LK_STATUS_OK) {
+                printf("\n%s\n", table);
+                fflush(stdout);
+            } else {
+                lk_log_warn("model summary: %s", lk_last_error()); /* a table is not worth failing the fit */
+            }
+            lk_free(table);
+        }
+    }
+    /* Sanity check: a few validation batches before training (not logged). */
+    if (!st && val && c->num_sanity_val_steps != 0 && !ckpt_path && !c->fast_dev_run) {
+        int64_t k = c->num_sanity_val_steps < 0 ? n_val : (c->num_sanity_val_steps < n_val ? c->num_sanity_val_steps : n_val);
+        if (k > 0) st = lk__run_eval(tr, val, "val", k, 0, "Sanity Checking");
+        for (int i = 0; i < tr->nmetrics; i++)
+            if (tr->metrics[i].stage && !strcmp(tr->metrics[i].stage, "val")) tr->metrics[i].has_value = false, tr->metrics[i].epoch_any = false;
+    }
+    double t_train = lk_time_now();
+    /* fast_dev_run: N batches of one epoch, as Lightning's (max_epochs=1) */
+    if (c->fast_dev_run) tr->cfg.max_epochs = 1;
+    if (!st) st = fit_loop(tr, train, val, n_train, n_val);
+    if (st && c->on_exception_ckpt[0] && tr->param_arr && is_rank0(tr)) {
+        /* OnExceptionCheckpoint: the state as it was when fit failed (rank 0
+         * alone: the other ranks may be gone, so no barrier). */
+        char msg[2048], dir[LK_PARAM_STR];
+        snprintf(msg, sizeof msg, "%s", lk_last_error());
+        snprintf(dir, sizeof dir, "%s", c->on_exception_ckpt);
+        char *slash = strrchr(dir, '/');
+        if (slash) *slash = 0;
+        lk_status s2 = slash ? lk_file_mkdirs(dir) : LK_STATUS_OK;
+        if (!s2) s2 = lk__ckpt_save(tr, c->on_exception_ckpt);
+        if (s2) lk_log_warn("OnExceptionCheckpoint: could not write %s: %s", c->on_exception_ckpt, lk_last_error());
+        else lk_log0("OnExceptionCheckpoint: saved %s", c->on_exception_ckpt);
+        const char *m = msg; /* lk_error adds the rank prefix again */
+        if (!strncmp(m, "[rank ", 6) && strstr(m, "] ")) m = strstr(m, "] ") + 2;
+        lk_error(st, "%s", m);
+    }
+    tr->t_train_end = lk_time_now();
+    tr->train_time = tr->t_train_end - t_train;
+    if (!st && tr->stop_reason[0]) lk_log0("%s", tr->stop_reason);
+    if (!st && lk__stop_signal()) st = lk_error(LK_STATUS_ABORTED, "stopped by signal %d after writing last.ckpt", lk__stop_signal());
+    /* The run's error, before run.json, the logger or cleanup (which may
+     * fail on the same full disk) can replace it. */
+    char msg[2048];
+    snprintf(msg, sizeof msg, "%s", lk_last_error());
+    if (!st && is_rank0(tr) && m->vt->on_stage_end) {
+        lk_status s2 = m->vt->on_stage_end(m, tr, "fit");
+        if (s2) lk_log_warn("on_stage_end: %s", lk_last_error());
+    }
+    lk__print_profile(tr);
+    if (!st) st = lk__prof_finish(tr);
+    lk__write_runinfo(tr, "fit", st);
+    if (tr->logger) lk_logger_finalize(tr->logger, st ? "failed" : "success");
+    lk__prefetch_free(tr->pf); /* before its loader: its copies read the loader's memory */
+    tr->pf = NULL;
+    lk_loader_free(train);
+    lk_loader_free(val);
+    if (c->sync_batchnorm && m) lk_layer_sync_batchnorm(m->net, NULL, NULL); /* the module outlives this trainer's comm */
+    lk_status saved = st;
+    /* Peers still waiting for this rank (it failed alone: a non-finite loss,
+     * a bad file) then say why it left rather than suspect a desync. */
+    if (saved && tr->comm) lk_comm_set_leave_reason(tr->comm, msg[0] == '[' && strchr(msg, ']') ? strchr(msg, ']') + 2 : msg);
+    lk__run_cleanup(tr);
+    lk__signals_restore(&sigs);
+    if (saved) lk_error(saved, "%s", msg[0] == '[' ? strchr(msg, ']') + 2 : msg);
+    return saved;
+}
