@@ -12,7 +12,8 @@
  * clipping and the scheduler:
  *
  *     lk_strategy_config sc = lk_strategy_config_default();
- *     sc.name = "ddp"; sc.comm = comm;                 // comm borrowed
+ *     lk_ddp_options ddp = lk_ddp_options_default(); ddp.bucket_cap_mb = 5;
+ *     sc.name = "ddp"; sc.comm = comm; sc.ddp = &ddp;  // comm borrowed, ddp copied
  *     lk_strategy *s; LK_TRY(lk_strategy_create(&sc, &s));
  *     lk_tensor *grads, *pbuf; bool copy;
  *     LK_TRY(lk_strategy_grad_buffer(s, n_elems, &grads));
@@ -46,28 +47,38 @@ extern "C" {
 
 typedef struct lk_strategy lk_strategy;
 
-typedef struct lk_strategy_config {
-    const char *name;         /* "auto" (single for one process, ddp for several), "single", "ddp",
-                                 "ddp_spawn" (ddp: how the ranks were started is the launcher's business),
-                                 "dp" (one process; with devices <= 1 it is single) */
-    lk_comm *comm;            /* borrowed; required for ddp; NULL for single and dp */
-    int devices;              /* dp: replicas, one thread each (default 1) */
-    double bucket_cap_mb;     /* ddp: gradient bucket size (default 25) */
-    bool broadcast_buffers;   /* ddp: buffers (BatchNorm stats) from rank 0 before each forward (default true) */
-    bool report_unused;       /* ddp: a parameter that got no gradient in a synced step is an error naming it
+/* ddp's own options (lk_strategy_config.ddp). The strategies that take
+ * them say so in lk_strategy_info.ddp_options (ddp, ddp_spawn, and auto
+ * when it becomes ddp); the others ignore them. */
+typedef struct lk_ddp_options {
+    double bucket_cap_mb;     /* gradient bucket size (default 25) */
+    bool broadcast_buffers;   /* buffers (BatchNorm stats) from rank 0 before each forward (default true) */
+    bool report_unused;       /* a parameter that got no gradient in a synced step is an error naming it
                                  (default false: its zero gradient is reduced like any other) */
-    lk_dtype comm_dtype;      /* ddp: the dtype gradients travel in. LK_F32 (default) is exact; LK_BF16 or
+    lk_dtype comm_dtype;      /* the dtype gradients travel in. LK_F32 (default) is exact; LK_BF16 or
                                  LK_F16 halve the bytes (PyTorch's bf16/fp16_compress_hook): each bucket is
-                                 rounded to it, averaged in f32 and rounded once more, then widened back */
-    lk_dtype param_dtype;     /* the parameters' and gradients' dtype: LK_F32 (default), or LK_BF16 / LK_F16
-                                 for the *-true precisions (lk_layer_cast_parameters first). With 16-bit
-                                 gradients and comm_dtype LK_F32, ddp widens each bucket to f32, averages
-                                 it and rounds once; comm_dtype equal to param_dtype averages in place */
-    bool shared_params;       /* ddp over shm (one node): one copy of the parameters and the optimizer state
+                                 rounded to it, averaged in f32 and rounded once more, then widened back.
+                                 With 16-bit gradients (lk_strategy_config.param_dtype) and LK_F32, each
+                                 bucket is widened to f32, averaged and rounded once; equal to param_dtype
+                                 averages in place */
+    bool shared_params;       /* over shm (one node): one copy of the parameters and the optimizer state
                                  for all ranks, each rank updating a 1/W shard of it after the all-reduce
                                  (same bits, a W-th of the optimizer's memory traffic and memory per rank).
                                  Default true; ignored where ranks share no memory (mpi). false: every rank
                                  keeps a replica and updates all of it, as PyTorch DDP does */
+} lk_ddp_options;
+lk_ddp_options lk_ddp_options_default(void);
+
+typedef struct lk_strategy_config {
+    const char *name;         /* "auto" (single for one process, ddp for several), "single", "ddp",
+                                 "ddp_spawn" (ddp: how the ranks were started is the launcher's business),
+                                 "dp" (one process; with devices <= 1 it is single), or any other name
+                                 lk_strategy_info_get knows (Lightning's aliases and class names) */
+    lk_comm *comm;            /* borrowed; required for ddp; NULL for single and dp */
+    int devices;              /* dp: replicas, one thread each (default 1) */
+    const lk_ddp_options *ddp; /* ddp's options (copied by lk_strategy_create); NULL: lk_ddp_options_default() */
+    lk_dtype param_dtype;     /* the parameters' and gradients' dtype: LK_F32 (default), or LK_BF16 / LK_F16
+                                 for the *-true precisions (lk_layer_cast_parameters first) */
     lk_device device;         /* where the flat gradient buffer lives: the training device (default the CPU;
                                  the module must be there too, lk_layer_to) */
 } lk_strategy_config;
@@ -75,6 +86,35 @@ lk_strategy_config lk_strategy_config_default(void);
 
 /* Names the strategies can take (for --help and the "did you mean" hint). */
 const char *const *lk_strategy_names(int *count);
+
+/* How a strategy's ranks run: the launcher, the device selection and the
+ * data loader ask this, never the strategy's name. */
+typedef enum lk_process_model {
+    LK_PROCESS_SINGLE,     /* one process on one device (single) */
+    LK_PROCESS_PER_DEVICE, /* one process per device, started by a launcher (ddp, ddp_spawn, auto) */
+    LK_PROCESS_THREADS,    /* one process drives every device, one thread each (dp) */
+} lk_process_model;
+
+/* What a strategy is, before one is made. */
+typedef struct lk_strategy_info {
+    const char *name;       /* lockstep's name ("ddp_spawn"), what lk_strategy_config.name takes */
+    const char *class_name; /* Lightning's class ("DDPStrategy"), for class_path */
+    lk_process_model process_model;
+    bool forks;             /* its ranks are forked from this process (ddp_spawn): nothing that does not
+                               survive a fork (CUDA) may start before they are */
+    bool ddp_options;       /* it reads lk_strategy_config.ddp */
+} lk_strategy_info;
+/* The strategy `name` stands for: one of lk_strategy_names, one of
+ * Lightning's aliases ("ddp_find_unused_parameters_true", "ddp_fork",
+ * "ddp_notebook", "single_device") or a class name with or without its
+ * module path ("DDPStrategy", "lightning.pytorch.strategies.DDPStrategy").
+ * NULL when it is none of them (no error set). Static storage. */
+const lk_strategy_info *lk_strategy_info_get(const char *name);
+/* The class names class_path takes, and their strategies' init_args keys
+ * (for --help and the "did you mean" hint): class k's keys are keys[k],
+ * a NULL-terminated list. */
+const char *const *lk_strategy_class_names(int *count);
+const char *const *lk_strategy_init_args(const char *class_name);
 
 lk_status lk_strategy_create(const lk_strategy_config *cfg, lk_strategy **out);
 void lk_strategy_free(lk_strategy *s);
@@ -86,7 +126,7 @@ void lk_strategy_free(lk_strategy *s);
  * are the same memory. Borrowed: owned by the strategy. */
 lk_status lk_strategy_grad_buffer(lk_strategy *s, int64_t numel, lk_tensor **out);
 /* The memory the parameters live in when ranks share one copy
- * (cfg.shared_params where the communicator's ranks share memory;
+ * (ddp's shared_params where the communicator's ranks share memory;
  * collective), as a 1-d tensor of cfg.param_dtype, numel elements: pass it to
  * lk_params_flatten_into, with copy_values, before lk_strategy_setup. *buf
  * is NULL where each rank keeps its own replica: flatten into private memory

@@ -133,7 +133,8 @@ static bool run_cell(cell *c, int steps, const char *tmp, int rep) {
     size_t len = 0;
     long samples = (long)steps * c->batch * (indep ? 1 : c->devices) * 5 / 4 + 64; /* 80% train split */
     /* per-device batch B: dp's one loader feeds all replicas, so it loads N x B */
-    int loader_batch = !strcmp(c->strategy, "dp") ? c->batch * c->devices : c->batch;
+    const lk_strategy_info *si = lk_strategy_info_get(c->strategy); /* NULL: independent */
+    int loader_batch = si && si->process_model == LK_PROCESS_THREADS ? c->batch * c->devices : c->batch;
     const char *input = !strcmp(c->model, "cnn") ? "[1, 28, 28]" : "[784]";
     len += (size_t)snprintf(cmd + len, sizeof cmd - len, "(");
     for (int k = 0; k < copies && len < sizeof cmd; k++) {
@@ -360,7 +361,8 @@ int lk_cmd_bench_train(int argc, char **argv) {
                 for (int d = 0; d < nd; d++) {
                     cell c = {.model = models[m], .strategy = strategies[s], .devices = atoi(dev_s[d]),
                               .batch = atoi(batch_s[b]), .precision = precisions[p]};
-                    if (!strcmp(c.strategy, "single") && c.devices > 1) continue;
+                    const lk_strategy_info *si = lk_strategy_info_get(c.strategy);
+                    if (si && si->process_model == LK_PROCESS_SINGLE && c.devices > 1) continue;
                     for (int r = 0; r < repeats; r++) w->runs[w->n][r] = c;
                     w->out[w->n++] = &cells[n++];
                 }

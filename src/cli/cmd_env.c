@@ -173,7 +173,9 @@ static int settings(const lk_config *cfg) {
     int local = 1;
     bool launched = !lk_pg_info_from_env(&pg) && pg.world_size > 1;
     if (launched) local = pg.local_world_size;
-    else if (tc.devices > 1 && strcmp(tc.strategy, "single") && strcmp(tc.strategy, "dp")) local = (int)tc.devices;
+    else if (tc.devices > 1 && (!lk_strategy_info_get(tc.strategy) ||
+                                lk_strategy_info_get(tc.strategy)->process_model == LK_PROCESS_PER_DEVICE))
+        local = (int)tc.devices; /* a process per device */
     lk_clear_error(); /* an invalid process group is reported above */
     const char *tfrom;
     int threads = lk__threads_preview(local, &tfrom);

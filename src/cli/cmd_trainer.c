@@ -487,7 +487,9 @@ int lk_cmd_fit(int argc, char **argv) {
     local_run local = {cmd, &rs, module, dm, yaml};
     bool launched = getenv("WORLD_SIZE") || getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE") || getenv("SLURM_NTASKS");
     int64_t devices = rs.trainer.devices > 0 ? rs.trainer.devices : 1;
-    if (!launched && devices > 1 && strcmp(rs.trainer.strategy, "single") && strcmp(rs.trainer.strategy, "dp")) {
+    /* (an unknown name is the trainer's error, in the ranks as in one process) */
+    const lk_strategy_info *si = lk_strategy_info_get(rs.trainer.strategy);
+    if (!launched && devices > 1 && (!si || si->process_model == LK_PROCESS_PER_DEVICE)) {
         /* Lightning's subprocess launcher: run this same command as N ranks. */
         char **child = calloc((size_t)argc + 2, sizeof *child);
         child[0] = "/proc/self/exe";
@@ -495,12 +497,12 @@ int lk_cmd_fit(int argc, char **argv) {
         lk_launch_options lo = lk_launch_options_default();
         lo.quiet = true;
         lo.max_restarts = lk_cli_max_restarts_from_env(NULL); /* launch --max-restarts for fit's own ranks */
-        if (!strcmp(rs.trainer.strategy, "ddp_spawn")) { /* fork this process instead of executing it again */
+        if (si && si->forks) { /* fork this process instead of executing it again */
             lo.child_main = run_local;
             lo.child_ctx = &local;
-            lk_log_info("strategy ddp_spawn: the %lld ranks are forked from this process (PyTorch would spawn fresh "
+            lk_log_info("strategy %s: the %lld ranks are forked from this process (PyTorch would spawn fresh "
                         "interpreters); from there they train exactly as ddp, which is what run.json records",
-                        (long long)devices);
+                        si->name, (long long)devices);
         }
         int code = 0;
         if (lk_launch((int)devices, child, &lo, &code)) rc = fail(cmd, 1);

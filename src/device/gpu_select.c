@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "lockstep/strategy.h" /* the strategy registry: does it fork its ranks */
 #include "device/gpu.h"
 
 lk_status lk__gpu_select(const char *spec, int visible, int *ids, int cap, int *n) {
@@ -125,11 +126,12 @@ lk_status lk__accelerator_resolve(const lk_trainer_config *cfg, bool cuda_built,
      * CUDA by now (counting the GPUs does), and CUDA does not survive a
      * fork: PyTorch's answer is the same ("Cannot re-initialize CUDA in
      * forked subprocess"). ddp starts each rank as a new process. */
-    if (!strcmp(cfg->strategy, "ddp_spawn"))
+    const lk_strategy_info *si = lk_strategy_info_get(cfg->strategy);
+    if (si && si->forks)
         return lk_error(LK_STATUS_UNSUPPORTED,
-                        "trainer.strategy 'ddp_spawn' forks its ranks, and CUDA does not survive a fork: use ddp on GPUs "
+                        "trainer.strategy '%s' forks its ranks, and CUDA does not survive a fork: use ddp on GPUs "
                         "(trainer.accelerator '%s', trainer.devices=%s)",
-                        a, spec);
+                        cfg->strategy, a, spec);
     *out = LK__ACCEL_GPU;
     return LK_STATUS_OK;
 }

@@ -74,7 +74,7 @@ static lk_status ddp_create(lk_strategy *s) {
 }
 
 static size_t bucket_bytes(const lk_strategy *s, const bucket *b) {
-    return (size_t)b->count * lk_dtype_size(s->cfg.comm_dtype);
+    return (size_t)b->count * lk_dtype_size(s->ddp.comm_dtype);
 }
 
 static void wait_all(lk_strategy *s) {
@@ -169,15 +169,15 @@ static lk_status reduce_bucket(lk_strategy *s, bucket *b, bool async) {
     }
     if (d->wire) { /* from the host copy of the gradients (the buffer itself, or the stage), or on the device */
         void *src = buf;
-        buf = elem(d->wire, s->cfg.comm_dtype, b->offset);
+        buf = elem(d->wire, s->ddp.comm_dtype, b->offset);
         if (d->wire_on_device)
-            LK_TRY(convert_on_device(s, s->cfg.comm_dtype, buf, s->cfg.param_dtype, src, (size_t)b->count));
-        else convert(s->cfg.comm_dtype, buf, s->cfg.param_dtype, src, (size_t)b->count);
+            LK_TRY(convert_on_device(s, s->ddp.comm_dtype, buf, s->cfg.param_dtype, src, (size_t)b->count));
+        else convert(s->ddp.comm_dtype, buf, s->cfg.param_dtype, src, (size_t)b->count);
     }
     s->stats.allreduce_calls++;
     s->stats.bytes_reduced += bucket_bytes(s, b);
-    if (async) return lk_comm_all_reduce_async(s->comm, buf, (size_t)b->count, s->cfg.comm_dtype, LK_REDUCE_AVG, &b->work);
-    return lk_comm_all_reduce(s->comm, buf, (size_t)b->count, s->cfg.comm_dtype, LK_REDUCE_AVG);
+    if (async) return lk_comm_all_reduce_async(s->comm, buf, (size_t)b->count, s->ddp.comm_dtype, LK_REDUCE_AVG, &b->work);
+    return lk_comm_all_reduce(s->comm, buf, (size_t)b->count, s->ddp.comm_dtype, LK_REDUCE_AVG);
 }
 
 /* Starts the complete buckets in index order, on the communication thread.
@@ -215,7 +215,7 @@ static lk_status ddp_alloc_grads(lk_strategy *s, size_t bytes, void **mem, bool 
 static lk_status ddp_param_buffer(lk_strategy *s, int64_t numel, void **buf, bool *copy_values) {
     ddp *d = me(s);
     /* one copy only where every rank can map the same bytes (shm, one node) */
-    if (!s->cfg.shared_params || s->world < 2 || !lk_comm_shares_memory(s->comm) || on_device(s)) return LK_STATUS_OK;
+    if (!s->ddp.shared_params || s->world < 2 || !lk_comm_shares_memory(s->comm) || on_device(s)) return LK_STATUS_OK;
     if (d->common_params) return lk_error(LK_STATUS_INVALID_USAGE, "strategy: the parameter buffer is already allocated");
     void *mem;
     LK_TRY(lk_comm_alloc_common(s->comm, (size_t)(numel ? numel : 1) * lk_dtype_size(s->cfg.param_dtype), &mem,
@@ -258,9 +258,9 @@ static lk_status ddp_setup(lk_strategy *s) {
         LK_TRY(lk_comm_alloc_shared(s->comm, (size_t)(total ? total : 1) * lk_dtype_size(s->cfg.param_dtype), &mem));
         d->stage = mem;
     }
-    if (s->cfg.comm_dtype != s->cfg.param_dtype && !d->wire) {
+    if (s->ddp.comm_dtype != s->cfg.param_dtype && !d->wire) {
         void *mem;
-        d->wire_bytes = (size_t)(total ? total : 1) * lk_dtype_size(s->cfg.comm_dtype);
+        d->wire_bytes = (size_t)(total ? total : 1) * lk_dtype_size(s->ddp.comm_dtype);
         /* where the communicator reads: its memory, or next to the device's gradients */
         d->wire_on_device = on_device(s) && !staged(s);
         if (d->wire_on_device) LK_TRY(lk_device_alloc(s->cfg.device, d->wire_bytes, &mem));
@@ -275,7 +275,7 @@ static lk_status ddp_setup(lk_strategy *s) {
      * parameters, so the optimizer sees one flat range); buckets are cut
      * walking backwards — the order backward produces gradients — so each
      * bucket is one contiguous range. */
-    int64_t cap = (int64_t)(s->cfg.bucket_cap_mb * 1024 * 1024 / (double)lk_dtype_size(s->cfg.param_dtype));
+    int64_t cap = (int64_t)(s->ddp.bucket_cap_mb * 1024 * 1024 / (double)lk_dtype_size(s->cfg.param_dtype));
     if (cap < 1) cap = 1;
     int64_t off = total;
     d->nbuckets = 0;
@@ -334,7 +334,7 @@ static lk_status ddp_after_step(lk_strategy *s) {
 static bool ddp_shares_params(const lk_strategy *s) { return me(s)->common_params != NULL; }
 
 static lk_status ddp_before_forward(lk_strategy *s) {
-    if (!s->cfg.broadcast_buffers) return LK_STATUS_OK;
+    if (!s->ddp.broadcast_buffers) return LK_STATUS_OK;
     for (int i = 0; i < s->nbuffers; i++) LK_TRY(bcast(s, s->buffers[i], 0));
     return LK_STATUS_OK;
 }
@@ -353,7 +353,7 @@ static lk_status ddp_finish_backward(lk_strategy *s) {
     if (d->common_params && !d->sharded) /* every rank would update all of one copy */
         return lk_error(LK_STATUS_INVALID_USAGE, "ddp: the parameters are shared (lk_strategy_param_buffer) but no optimizer "
                         "is sharded over them: call lk_strategy_shard_optimizer before the first step");
-    if (s->cfg.report_unused) {
+    if (s->ddp.report_unused) {
         for (int i = 0; i < s->nparams; i++)
             if (!d->slots[i].got_grad) {
                 wait_all(s);
@@ -381,10 +381,10 @@ static lk_status ddp_finish_backward(lk_strategy *s) {
     s->stats.comm_straggler_s += straggler;
     s->stats.comm_straggler_last_s = straggler;
     if (d->wire && d->wire_on_device && !d->async_err) /* the averages back into the gradients, on the device */
-        d->async_err = convert_on_device(s, s->cfg.param_dtype, s->flat_grad, s->cfg.comm_dtype, d->wire,
+        d->async_err = convert_on_device(s, s->cfg.param_dtype, s->flat_grad, s->ddp.comm_dtype, d->wire,
                                          (size_t)s->flat_numel);
     else if (d->wire && !d->async_err) /* widen the averages back into the gradients (or their host stage) */
-        convert(s->cfg.param_dtype, d->stage ? d->stage : s->flat_grad, s->cfg.comm_dtype, d->wire,
+        convert(s->cfg.param_dtype, d->stage ? d->stage : s->flat_grad, s->ddp.comm_dtype, d->wire,
                 (size_t)s->flat_numel);
     if (d->stage && !d->async_err) /* the averages back onto the device, in one copy */
         d->async_err = lk_device_copy(s->cfg.device, s->flat_grad, LK_DEVICE_CPU, d->stage,

@@ -56,6 +56,7 @@ struct lk_strategy {
     const lk_strategy_vt *vt;
     void *self; /* the strategy's own state */
     lk_strategy_config cfg;
+    lk_ddp_options ddp; /* cfg.ddp's copy (its defaults when none was given); cfg.ddp points here */
     lk_comm *comm;
     int rank, world;
     /* lk_strategy_setup's arrays (borrowed) */

@@ -80,7 +80,12 @@ lk_status lk_trainer_create(const lk_trainer_config *cfg, const lk_optim_setting
     if (st) goto fail;
     tr->rank = tr->pg.rank;
     tr->world = tr->pg.world_size;
-    bool dp = !strcmp(cfg->strategy, "dp");
+    /* What the strategy is decides how this process runs: one rank of a
+     * launched job, a launcher, or one process driving every device. An
+     * unknown name is lk_strategy_create's error, below (as one rank). */
+    const lk_strategy_info *si = lk_strategy_info_get(cfg->strategy);
+    lk_process_model pm = si ? si->process_model : LK_PROCESS_PER_DEVICE;
+    bool dp = pm == LK_PROCESS_THREADS;
     /* The training device: the CPU, or (kind, index for this local rank) */
     st = lk__accelerator_device(cfg, dp ? 0 : tr->pg.local_rank, &tr->dev);
     if (st) goto fail;
@@ -104,13 +109,13 @@ lk_status lk_trainer_create(const lk_trainer_config *cfg, const lk_optim_setting
         tr->dp_devices = (int)(cfg->devices > 0 ? cfg->devices : 1);
         want = 1;
         if (cfg->num_nodes > 1) {
-            st = lk_error(LK_STATUS_INVALID_ARGUMENT, "strategy 'dp' runs on one node (num_nodes=%lld): use ddp",
-                          (long long)cfg->num_nodes);
+            st = lk_error(LK_STATUS_INVALID_ARGUMENT, "strategy '%s' runs on one node (num_nodes=%lld): use ddp",
+                          si->name, (long long)cfg->num_nodes);
             goto fail;
         }
     }
     if (tr->world == 1 && want > 1 && !strcmp(tr->pg.source, "none") && cfg->num_nodes <= 1 &&
-        strcmp(cfg->strategy, "single") && !dp) { /* auto, or a ddp */
+        pm == LK_PROCESS_PER_DEVICE) { /* auto, or a ddp */
         /* A program of the user's started alone: this process becomes the
          * job's launcher, and its first run starts the ranks (self_launch.c).
          * More than one node needs a launcher on each, so that stays an error. */
@@ -131,7 +136,7 @@ lk_status lk_trainer_create(const lk_trainer_config *cfg, const lk_optim_setting
                       tr->world, (long long)cfg->devices, (long long)cfg->num_nodes, (long long)want);
         goto fail;
     }
-    if (!strcmp(cfg->strategy, "single") && tr->world > 1) {
+    if (pm == LK_PROCESS_SINGLE && tr->world > 1) {
         st = lk_error(LK_STATUS_INVALID_ARGUMENT, "trainer.strategy 'single' runs one process, but %d were started",
                       tr->world);
         goto fail;
@@ -160,20 +165,24 @@ lk_status lk_trainer_create(const lk_trainer_config *cfg, const lk_optim_setting
     }
     lk_strategy_config sc = lk_strategy_config_default();
     sc.name = cfg->strategy;
-    if (tr->world == 1 && !dp) sc.name = "single"; /* nothing to reduce across processes */
+    if (tr->world == 1 && !dp) sc.name = "auto"; /* one process: auto is single, nothing to reduce across processes */
     sc.devices = tr->dp_devices;
     sc.comm = tr->comm;
-    sc.bucket_cap_mb = cfg->bucket_cap_mb;
-    sc.shared_params = cfg->ddp_shared_params;
+    /* ddp's options from the trainer's keys (and trainer.strategy's init_args, which set them) */
+    lk_ddp_options ddp = lk_ddp_options_default();
+    ddp.bucket_cap_mb = cfg->bucket_cap_mb;
+    ddp.shared_params = cfg->ddp_shared_params;
+    ddp.comm_dtype = comm_dtype;
+    sc.ddp = &ddp;
     sc.param_dtype = param_dtype;
-    sc.comm_dtype = comm_dtype;
     sc.device = tr->dev;
     st = lk_strategy_create(&sc, &tr->strat);
     if (st) goto fail;
-    if (sc.comm_dtype != LK_F32 && strcmp(lk_strategy_name(tr->strat), "ddp") && tr->rank == 0)
+    const lk_strategy_info *made = lk_strategy_info_get(lk_strategy_name(tr->strat));
+    if (comm_dtype != LK_F32 && !(made && made->ddp_options) && tr->rank == 0)
         lk_log_warn("trainer.ddp_comm_hook %s has no effect: the strategy is %s on %d process%s (it compresses ddp's "
                     "gradient all-reduce between processes)",
-                    cfg->ddp_comm_hook, dp ? "dp" : lk_strategy_name(tr->strat), tr->world, tr->world == 1 ? "" : "es");
+                    cfg->ddp_comm_hook, dp ? si->name : lk_strategy_name(tr->strat), tr->world, tr->world == 1 ? "" : "es");
     *out = tr;
     return LK_STATUS_OK;
 fail:

@@ -568,19 +568,6 @@ static lk_status apply_logger(const lk_config_node *e, const char *what, lk_trai
     return LK_STATUS_OK;
 }
 
-/* strategy names Lightning users type -> lockstep's */
-static const struct {
-    const char *from, *to;
-} strategy_alias[] = {
-    {"ddp_find_unused_parameters_true", "ddp"}, /* unused parameters get zero gradients in the flat buffer */
-    {"ddp_find_unused_parameters_false", "ddp"},
-    {"ddp_spawn_find_unused_parameters_true", "ddp_spawn"},
-    {"ddp_spawn_find_unused_parameters_false", "ddp_spawn"},
-    {"ddp_fork", "ddp_spawn"}, /* lockstep's ddp_spawn forks */
-    {"ddp_notebook", "ddp_spawn"},
-    {"single_device", "single"},
-};
-
 static lk_status set_scalar(const lk_param *tp, int n, lk_trainer_config *cfg, const lk_config_node *c,
                             const char *value) {
     if (lk_params_set(tp, n, cfg, "trainer", lk_config_node_key(c), value)) return at(c, "%s", lk_last_error());
@@ -686,10 +673,8 @@ lk_status lk_trainer_config_apply(const lk_config_node *t, lk_trainer_config *cf
             else return at(c, "trainer.fast_dev_run: expected true, false or a number of batches");
         } else if (!strcmp(key, "strategy")) {
             if (!text) return at(c, "trainer.strategy: expected a name such as ddp");
-            const char *v = text;
-            for (size_t k = 0; k < sizeof strategy_alias / sizeof strategy_alias[0]; k++)
-                if (!strcmp(v, strategy_alias[k].from)) v = strategy_alias[k].to;
-            LK_TRY(set_scalar(tp, n, cfg, c, v));
+            const lk_strategy_info *si = lk_strategy_info_get(text); /* Lightning's aliases and class names */
+            LK_TRY(set_scalar(tp, n, cfg, c, si ? si->name : text));
         }
     }
     return LK_STATUS_OK;

@@ -108,8 +108,10 @@ static int train(const run_cfg *rc, lk_comm *comm, uint64_t *allreduces) {
     net_init(&n);
     lk_strategy_config sc = lk_strategy_config_default();
     sc.comm = comm;
-    sc.bucket_cap_mb = rc->bucket_mb;
-    sc.comm_dtype = rc->comm_dtype;
+    lk_ddp_options ddp = lk_ddp_options_default();
+    ddp.bucket_cap_mb = rc->bucket_mb;
+    ddp.comm_dtype = rc->comm_dtype;
+    sc.ddp = &ddp;
     lk_strategy *s = NULL;
     if (lk_strategy_create(&sc, &s) || lk_strategy_setup(s, n.params, n.names, 4, NULL, 0)) {
         fprintf(stderr, "setup: %s\n", lk_last_error());
@@ -324,7 +326,9 @@ static int train_optim(const run_cfg *rc, lk_comm *comm) {
     net_init(&n);
     lk_strategy_config sc = lk_strategy_config_default();
     sc.comm = comm;
-    sc.shared_params = rc->shared;
+    lk_ddp_options ddp = lk_ddp_options_default();
+    ddp.shared_params = rc->shared;
+    sc.ddp = &ddp;
     lk_strategy *s = NULL;
     lk_tensor *pbuf_t = NULL;
     bool copy = true;
@@ -435,7 +439,9 @@ static void bad_config(void) {
     sc.name = "ddp";
     CHECK_ERR(lk_strategy_create(&sc, &s), LK_STATUS_INVALID_ARGUMENT, "needs a communicator");
     sc.name = "single";
-    sc.comm_dtype = LK_I32;
+    lk_ddp_options ddp = lk_ddp_options_default();
+    ddp.comm_dtype = LK_I32;
+    sc.ddp = &ddp;
     CHECK_ERR(lk_strategy_create(&sc, &s), LK_STATUS_INVALID_ARGUMENT, "gradients travel as f32, bf16 or f16, not i32");
 }
 
@@ -570,7 +576,9 @@ static int overlap_rank(int rank) {
     if (lk_comm_create(&cc, &comm)) return 2;
     lk_strategy_config sc = lk_strategy_config_default();
     sc.comm = comm;
-    sc.bucket_cap_mb = (double)D * D * 4 / (1024.0 * 1024.0); /* one layer per bucket */
+    lk_ddp_options ddp = lk_ddp_options_default();
+    ddp.bucket_cap_mb = (double)D * D * 4 / (1024.0 * 1024.0); /* one layer per bucket */
+    sc.ddp = &ddp;
     lk_strategy *s = NULL;
     int rc = 0;
     if (lk_strategy_create(&sc, &s) || lk_strategy_setup(s, params, names, L, NULL, 0)) rc = 3;
