@@ -141,6 +141,66 @@ lk_status lk_strategy_param_buffer(lk_strategy *s, int64_t numel, lk_tensor **bu
  * borrowed and must stay valid until lk_strategy_free. */
 lk_status lk_strategy_setup(lk_strategy *s, lk_tensor *const *params, const char *const *names, int n,
                             lk_tensor *const *buffers, int nbuf);
+/* ---- the parameter layout and the state ---------------------------------------
+ * The strategy decides which parameters this rank holds and where: it wraps
+ * the module's network into one or more units, each a flat parameter buffer
+ * and a flat gradient buffer every parameter and .grad of the unit is a view
+ * of. single, ddp and dp hold every parameter whole on every rank in one
+ * unit over all of them, in registration order (ddp's gradient buffer in the
+ * communicator's shared memory, its parameters there too with shared_params);
+ * a sharded strategy (ZeRO-3, FSDP) will hold a shard of each unit.
+ *
+ *     LK_TRY(lk_strategy_wrap(s, net));   // flatten + lk_strategy_setup
+ *     LK_TRY(lk_optimizer_create(&oc, lk_strategy_local_params(s), &optim));
+ *     LK_TRY(lk_strategy_shard_optimizer(s, optim));
+ */
+/* Wraps `net` (once per strategy; the net must outlive the strategy): the
+ * units' flat buffers made (lk_strategy_grad_buffer, lk_strategy_param_buffer,
+ * lk_params_flatten_into for a replica strategy) and lk_strategy_setup run on
+ * the parameters and buffers this rank holds. A second call is an
+ * INVALID_USAGE error. On failure what was made stays for lk_strategy_free. */
+lk_status lk_strategy_wrap(lk_strategy *s, lk_layer *net);
+/* Whether lk_strategy_wrap was called. */
+bool lk_strategy_wrapped(const lk_strategy *s);
+/* The parameters this rank holds, by name (what its optimizer updates and
+ * its gradients' checks and clipping see): empty before lk_strategy_wrap.
+ * Borrowed: owned by the strategy. */
+const lk_named_tensors *lk_strategy_local_params(const lk_strategy *s);
+/* The units lk_strategy_wrap made (0 before), and unit i's flat parameter
+ * and gradient buffers (borrowed; *params NULL where the parameters stay
+ * separate tensors). */
+int lk_strategy_num_units(const lk_strategy *s);
+lk_status lk_strategy_unit(const lk_strategy *s, int i, lk_tensor **params, lk_tensor **grads);
+/* Gradient clipping by total norm across whatever the strategy shards
+ * (torch.nn.utils.clip_grad_norm_ over the whole model): replicas clip
+ * their local parameters as they are, which is the whole model (no read);
+ * a sharded strategy sums the squared norms over its group first. */
+lk_status lk_strategy_clip_grad_norm(lk_strategy *s, double max_norm, double norm_type);
+/* The model's state dict a checkpoint writes (lk_state_dict_get of the
+ * wrapped net, or of `net` before a wrap), whole: replicas hold it as it
+ * is (views, nothing moves); a sharded strategy gathers its units here
+ * (collective). The caller clears *out. */
+lk_status lk_strategy_state_dict(lk_strategy *s, lk_layer *net, lk_named_tensors *out);
+/* Whether this rank writes checkpoint files (replicas: global rank 0). */
+bool lk_strategy_writes_checkpoint(const lk_strategy *s);
+/* After a checkpoint's full state dict was loaded into the net on this
+ * rank: a sharded strategy keeps its shard and lets the rest go. Replicas
+ * (and any strategy before lk_strategy_wrap): nothing to do. */
+lk_status lk_strategy_state_dict_loaded(lk_strategy *s);
+
+/* ---- the data-parallel group ----------------------------------------------------
+ * The ranks that see different data and average their gradients: the
+ * sampler's shards, the linear LR scaling, the global batch, SyncBatchNorm's
+ * statistics and sync_dist metrics are over this group, not the world.
+ * ddp: the world; single and dp (whose replicas are threads of this one
+ * process, fed by one loader): this process alone (comm NULL, size 1). */
+lk_comm *lk_strategy_dp_comm(const lk_strategy *s);
+int lk_strategy_dp_size(const lk_strategy *s);
+int lk_strategy_dp_rank(const lk_strategy *s);
+/* In-place reduction of n doubles over the data-parallel group (sync_dist
+ * metrics); nothing to do on a group of one. */
+lk_status lk_strategy_dp_reduce(lk_strategy *s, double *vals, int n, lk_reduce_op op);
+
 /* ---- the training step --------------------------------------------------------
  * The caller's side of a step: what runs on one replica. */
 typedef struct lk_step_fn {
@@ -244,14 +304,10 @@ lk_status lk_strategy_shard_optimizer(lk_strategy *s, lk_optimizer *o);
  * otherwise. */
 lk_status lk_strategy_after_step(lk_strategy *s);
 bool lk_strategy_shares_params(const lk_strategy *s);
-/* State dicts: single, ddp and dp hold every parameter whole on every rank
- * (with shared parameters, one copy every rank maps), so a checkpoint reads
- * and writes the parameters as they are and rank 0 writes. A sharded
- * strategy (ZeRO-3, FSDP) will add a gather before a save and a shard after
- * a load here, as vtable slots the present strategies leave empty. */
 /* grads <- 0 (one memset over the flat buffer). */
 void lk_strategy_zero_grad(lk_strategy *s);
-/* In-place reduction of n doubles across ranks (metrics). */
+/* In-place reduction of n doubles across every rank (decisions every rank
+ * must share: a batch count, the loss scaler's overflow flag). */
 lk_status lk_strategy_reduce(lk_strategy *s, double *vals, int n, lk_reduce_op op);
 lk_status lk_strategy_broadcast(lk_strategy *s, void *buf, size_t count, lk_dtype dt, int root);
 lk_status lk_strategy_barrier(lk_strategy *s);

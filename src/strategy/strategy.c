@@ -150,6 +150,11 @@ lk_status lk_strategy_create(const lk_strategy_config *cfg, lk_strategy **out) {
         lk_free(s);
         return st;
     }
+    /* The data-parallel group: the communicator's ranks unless the strategy
+     * names a subgroup; none (this process alone) without a communicator. */
+    s->dp_comm = vt->dp_comm ? vt->dp_comm(s) : s->comm;
+    s->dp_size = s->dp_comm ? lk_comm_world_size(s->dp_comm) : 1;
+    s->dp_rank = s->dp_comm ? lk_comm_rank(s->dp_comm) : 0;
     *out = s;
     return LK_STATUS_OK;
 }
@@ -181,6 +186,18 @@ void lk_strategy_free(lk_strategy *s) {
                                                             lk_dtype_size(s->cfg.param_dtype));
         else lk_aligned_free(s->flat_grad);
     }
+    /* what lk_strategy_wrap made, after the memory above went (the order the
+     * trainer freed them in when it made them) */
+    lk_named_tensors_clear(&s->local);
+    lk_named_tensors_clear(&s->local_buffers);
+    lk_free(s->local_arr);
+    lk_free(s->buffer_arr);
+    lk_free(s->local_names);
+    for (int i = 0; i < s->nunits; i++) {
+        lk_tensor_release(s->units[i].params);
+        lk_tensor_release(s->units[i].grads);
+    }
+    lk_free(s->units);
     lk_free(s);
 }
 
@@ -272,6 +289,82 @@ lk_status lk_strategy_setup(lk_strategy *s, lk_tensor *const *params, const char
     if (s->vt->setup) return s->vt->setup(s);
     LK_TRY(lk__strategy_alloc_flat(s, total));
     return lk__strategy_grads_to_flat(s);
+}
+
+/* ---- the parameter layout and the state ---------------------------------------- */
+
+lk_status lk__strategy_wrap_whole(lk_strategy *s, lk_layer *net) {
+    /* one unit over every parameter: the flat buffers first (ddp's in shared
+     * memory), then the parameters and gradients become views of them */
+    int64_t total = lk_layer_num_parameters(net);
+    lk_tensor *gbuf, *pbuf;
+    bool copy_values;
+    LK_TRY(lk_strategy_grad_buffer(s, total, &gbuf));
+    LK_TRY(lk_strategy_param_buffer(s, total, &pbuf, &copy_values));
+    if (!(s->units = lk_calloc(1, sizeof *s->units))) return LK_STATUS_OUT_OF_MEMORY;
+    s->nunits = 1;
+    LK_TRY(lk_params_flatten_into(net, pbuf, copy_values, gbuf, &s->units[0].params, &s->units[0].grads));
+    LK_TRY(lk_layer_named_parameters(net, &s->local));
+    LK_TRY(lk_layer_named_buffers(net, &s->local_buffers));
+    int np = s->local.n, nb = s->local_buffers.n;
+    s->local_arr = lk_calloc((size_t)np + 1, sizeof *s->local_arr);
+    s->local_names = lk_calloc((size_t)np + 1, sizeof *s->local_names);
+    s->buffer_arr = lk_calloc((size_t)nb + 1, sizeof *s->buffer_arr);
+    if (!s->local_arr || !s->local_names || !s->buffer_arr) return LK_STATUS_OUT_OF_MEMORY;
+    for (int i = 0; i < np; i++) {
+        s->local_arr[i] = s->local.items[i].tensor;
+        s->local_names[i] = s->local.items[i].name;
+    }
+    for (int i = 0; i < nb; i++) s->buffer_arr[i] = s->local_buffers.items[i].tensor; /* num_batches_tracked (i64) too */
+    return lk_strategy_setup(s, s->local_arr, s->local_names, np, s->buffer_arr, nb);
+}
+
+lk_status lk_strategy_wrap(lk_strategy *s, lk_layer *net) {
+    if (!net) return lk_error(LK_STATUS_INVALID_ARGUMENT, "lk_strategy_wrap: no network");
+    if (s->wrapped)
+        return lk_error(LK_STATUS_INVALID_USAGE, "lk_strategy_wrap: this strategy already wraps a network (one per strategy)");
+    s->wrapped = true; /* from here on, even on failure: the parameters may be views of its buffers already */
+    s->net = net;
+    return s->vt->wrap ? s->vt->wrap(s, net) : lk__strategy_wrap_whole(s, net);
+}
+
+bool lk_strategy_wrapped(const lk_strategy *s) { return s->wrapped; }
+const lk_named_tensors *lk_strategy_local_params(const lk_strategy *s) { return &s->local; }
+int lk_strategy_num_units(const lk_strategy *s) { return s->nunits; }
+
+lk_status lk_strategy_unit(const lk_strategy *s, int i, lk_tensor **params, lk_tensor **grads) {
+    if (i < 0 || i >= s->nunits)
+        return lk_error(LK_STATUS_INVALID_ARGUMENT, "lk_strategy_unit: unit %d of %d", i, s->nunits);
+    if (params) *params = s->units[i].params;
+    if (grads) *grads = s->units[i].grads;
+    return LK_STATUS_OK;
+}
+
+lk_status lk_strategy_clip_grad_norm(lk_strategy *s, double max_norm, double norm_type) {
+    if (s->vt->clip_grad_norm) return s->vt->clip_grad_norm(s, max_norm, norm_type);
+    /* every rank holds the whole model: its local norm is the total one
+     * (no total asked for: nothing is read back) */
+    return lk_clip_grad_norm(&s->local, max_norm, norm_type, NULL);
+}
+
+lk_status lk_strategy_state_dict(lk_strategy *s, lk_layer *net, lk_named_tensors *out) {
+    if (s->vt->state_dict) return s->vt->state_dict(s, s->wrapped ? s->net : net, out);
+    return lk_state_dict_get(s->wrapped ? s->net : net, out);
+}
+
+bool lk_strategy_writes_checkpoint(const lk_strategy *s) { return s->rank == 0; }
+
+lk_status lk_strategy_state_dict_loaded(lk_strategy *s) {
+    return s->wrapped && s->vt->state_dict_loaded ? s->vt->state_dict_loaded(s) : LK_STATUS_OK;
+}
+
+lk_comm *lk_strategy_dp_comm(const lk_strategy *s) { return s->dp_comm; }
+int lk_strategy_dp_size(const lk_strategy *s) { return s->dp_size; }
+int lk_strategy_dp_rank(const lk_strategy *s) { return s->dp_rank; }
+
+lk_status lk_strategy_dp_reduce(lk_strategy *s, double *vals, int n, lk_reduce_op op) {
+    if (s->dp_size == 1 || n == 0) return LK_STATUS_OK;
+    return lk_comm_all_reduce(s->dp_comm, vals, (size_t)n, LK_F64, op);
 }
 
 /* ---- the step --------------------------------------------------------------------- */

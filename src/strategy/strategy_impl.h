@@ -46,6 +46,19 @@ typedef struct lk_strategy_vt {
     bool (*shares_params)(const lk_strategy *s);
     /* Uneven inputs: this rank has no more data (PyTorch's Join). */
     lk_status (*join)(lk_strategy *s);
+    /* The parameter layout and the state (optional: NULL gives the replica
+     * strategies' behaviour, strategy.c's lk__strategy_wrap_whole etc.) */
+    /* Wraps the net: makes s->units, fills s->local (the parameters this
+     * rank holds) and s->local_buffers, and calls lk_strategy_setup. */
+    lk_status (*wrap)(lk_strategy *s, lk_layer *net);
+    /* Clipping by the total norm over what the strategy shards. */
+    lk_status (*clip_grad_norm)(lk_strategy *s, double max_norm, double norm_type);
+    /* The full state dict for a checkpoint (gathered), and the shard kept after a load. */
+    lk_status (*state_dict)(lk_strategy *s, lk_layer *net, lk_named_tensors *out);
+    lk_status (*state_dict_loaded)(lk_strategy *s);
+    /* The data-parallel group when it is not the whole communicator (a
+     * subgroup: pipeline stages, tensor parallelism); NULL: s->comm. */
+    lk_comm *(*dp_comm)(lk_strategy *s);
 } lk_strategy_vt;
 
 extern const lk_strategy_vt lk__strategy_single;
@@ -78,7 +91,26 @@ struct lk_strategy {
     lk_strategy_stats stats;
     lk_strategy_bucket_fn bucket_fn; /* profiler (optional) */
     void *bucket_ctx;
+    /* the layout lk_strategy_wrap made */
+    bool wrapped;
+    lk_layer *net;                 /* borrowed */
+    lk_named_tensors local;        /* the parameters this rank holds */
+    lk_named_tensors local_buffers;
+    lk_tensor **local_arr, **buffer_arr; /* lk_strategy_setup's arrays, owned here when wrap made them */
+    const char **local_names;
+    struct lk__unit {
+        lk_tensor *params, *grads; /* flat views (owned references) */
+    } *units;
+    int nunits;
+    /* the data-parallel group (lk_strategy_dp_comm): dp_comm NULL alone */
+    lk_comm *dp_comm;
+    int dp_rank, dp_size;
 };
+
+/* The replica strategies' wrap (vt->wrap NULL): one unit over every
+ * parameter, in registration order, as lk_strategy_grad_buffer,
+ * lk_strategy_param_buffer and lk_params_flatten_into make it. */
+lk_status lk__strategy_wrap_whole(lk_strategy *s, lk_layer *net);
 
 /* The flat gradient buffer of `numel` floats, allocated once (vt->alloc_grads). */
 lk_status lk__strategy_alloc_flat(lk_strategy *s, int64_t numel);

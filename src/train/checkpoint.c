@@ -52,7 +52,8 @@ lk_status lk__ckpt_save(lk_trainer *tr, const char *path) { return lk__ckpt_save
  * that resuming from it fails with a reason instead of a missing tensor. */
 lk_status lk__ckpt_save_ex(lk_trainer *tr, const char *path, bool weights_only) {
     lk_named_tensors all = {0}, part = {0};
-    lk_status st = lk_state_dict_get(tr->module->net, &all);
+    /* the whole model's state dict, as the strategy gathers it (replicas: as it is) */
+    lk_status st = lk_strategy_state_dict(tr->strat, tr->module->net, &all);
     if (!st && tr->optim && !weights_only) {
         st = lk_optimizer_state_get(tr->optim, &part);
         if (!st) st = append_prefixed(&all, &part, "optimizer.");
@@ -434,6 +435,8 @@ lk_status lk__ckpt_load(lk_trainer *tr, const char *path, bool restore_training)
     st = lk_state_dict_get(tr->module->net, &sd);
     if (!st) st = load_named(f, &sd, "", "model");
     lk_named_tensors_clear(&sd);
+    /* every rank read the whole model: a sharded strategy keeps its part */
+    if (!st) st = lk_strategy_state_dict_loaded(tr->strat);
     if (!st && restore_training && fmt) {
         if (tr->optim) {
             st = lk_optimizer_state_get(tr->optim, &part);
@@ -749,7 +752,7 @@ static lk_status ckpt_callback(lk_trainer *tr, ckpt_when when) {
         LK_TRY(lk_comm_long_work(tr->comm, 0, what, "trainer.checkpoint_timeout", c->checkpoint_timeout));
     }
     lk_status st = LK_STATUS_OK;
-    if (tr->rank == 0) {
+    if (lk_strategy_writes_checkpoint(tr->strat)) {
         char wrote_last[LK_PATH2] = "";
         for (int j = 0; !st && j < tr->nckpts; j++)
             if (when != CKPT_STEPS || due_steps(tr, &tr->ckpts[j]))

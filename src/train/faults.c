@@ -27,11 +27,11 @@ void lk__faults_init(lk_trainer *tr) {
 
 lk_status lk__fault_grad_overflow(lk_trainer *tr) {
     /* one rank only, after the all-reduce: only the reduced flag skips everywhere */
-    if (tr->rank != tr->test_overflow_rank || tr->global_step != tr->test_overflow_step || !tr->params.n ||
-        !tr->params.items[0].tensor->grad)
+    if (tr->rank != tr->test_overflow_rank || tr->global_step != tr->test_overflow_step || !tr->params->n ||
+        !tr->params->items[0].tensor->grad)
         return LK_STATUS_OK;
     static const float inf = INFINITY; /* written where the gradient lives */
-    lk_tensor *g = tr->params.items[0].tensor->grad;
+    lk_tensor *g = tr->params->items[0].tensor->grad;
     return lk_device_copy(g->device, g->data, LK_DEVICE_CPU, &inf, sizeof inf);
 }
 

@@ -18,40 +18,20 @@
 static bool is_rank0(const lk_trainer *tr) { return tr->rank == 0; }
 
 
-/* SyncBatchNorm's all-reduce (trainer.sync_batchnorm). */
+/* SyncBatchNorm's all-reduce (trainer.sync_batchnorm), over the ranks that
+ * see different data: the strategy's data-parallel group. */
 static lk_status sum_over_ranks(void *ctx, double *vals, int n) {
     lk_trainer *tr = ctx;
-    return lk_comm_all_reduce(tr->comm, vals, (size_t)n, LK_F64, LK_REDUCE_SUM);
+    return lk_strategy_dp_reduce(tr->strat, vals, n, LK_REDUCE_SUM);
 }
 
-/* Parameters and buffers of the module, flattened into the strategy's
- * gradient buffer, and the optimizer and scheduler (optim_factory.c). */
+/* The module wrapped by the strategy, which decides the parameter layout
+ * (which parameters this rank holds, in which flat buffers: tr->params is
+ * its list), then the optimizer and scheduler over them (optim_factory.c). */
 static lk_status setup_params(lk_trainer *tr, int64_t steps_per_epoch) {
-    lk_module *m = tr->module;
-    if (!tr->flat_params) { /* once per trainer: the layer keeps its flat views */
-        int64_t total = lk_layer_num_parameters(m->net);
-        lk_tensor *gbuf, *pbuf; /* the strategy's */
-        bool copy_values;
-        LK_TRY(lk_strategy_grad_buffer(tr->strat, total, &gbuf));
-        LK_TRY(lk_strategy_param_buffer(tr->strat, total, &pbuf, &copy_values));
-        LK_TRY(lk_params_flatten_into(m->net, pbuf, copy_values, gbuf, &tr->flat_params, &tr->flat_grads));
-    }
-    if (tr->param_arr) /* the strategy holds these from an earlier fit on this trainer */
+    if (lk_strategy_wrapped(tr->strat)) /* the strategy holds the module of an earlier fit on this trainer */
         return lk_error(LK_STATUS_INVALID_USAGE, "fit: call lk_trainer_fit once per trainer (create another to fit again)");
-    LK_TRY(lk_layer_named_parameters(m->net, &tr->params));
-    LK_TRY(lk_layer_named_buffers(m->net, &tr->buffers));
-    int np = tr->params.n, nb = tr->buffers.n;
-    tr->param_arr = lk_calloc((size_t)np + 1, sizeof *tr->param_arr);
-    tr->param_names = lk_calloc((size_t)np + 1, sizeof *tr->param_names);
-    tr->buffer_arr = lk_calloc((size_t)nb + 1, sizeof *tr->buffer_arr);
-    if (!tr->param_arr || !tr->param_names || !tr->buffer_arr) return LK_STATUS_OUT_OF_MEMORY;
-    for (int i = 0; i < np; i++) {
-        tr->param_arr[i] = tr->params.items[i].tensor;
-        tr->param_names[i] = tr->params.items[i].name;
-    }
-    int nbf = 0; /* num_batches_tracked (i64) is broadcast too */
-    for (int i = 0; i < nb; i++) tr->buffer_arr[nbf++] = tr->buffers.items[i].tensor;
-    LK_TRY(lk_strategy_setup(tr->strat, tr->param_arr, tr->param_names, np, tr->buffer_arr, nbf));
+    LK_TRY(lk_strategy_wrap(tr->strat, tr->module->net));
 
     return lk__optim_setup(tr, steps_per_epoch);
 }
@@ -303,22 +283,23 @@ lk_status lk_trainer_fit(lk_trainer *tr, lk_module *m, lk_datamodule *dm, const 
             n_val = c->fast_dev_run < n_val ? c->fast_dev_run : n_val;
         }
         tr->accum = c->accumulate_grad_batches;
-        if (c->global_batch_size > 0) {
-            int64_t per = dm->batch_size * tr->world;
+        if (c->global_batch_size > 0) { /* over the ranks that see different data */
+            int dp = lk_strategy_dp_size(tr->strat);
+            int64_t per = dm->batch_size * dp;
             if (c->global_batch_size % per)
                 st = lk_error(LK_STATUS_INVALID_ARGUMENT,
                               "trainer.global_batch_size %lld is not a multiple of batch_size %lld x %d ranks = %lld",
-                              (long long)c->global_batch_size, (long long)dm->batch_size, tr->world, (long long)per);
+                              (long long)c->global_batch_size, (long long)dm->batch_size, dp, (long long)per);
             else tr->accum = c->global_batch_size / per;
         }
         if (n_train == 0 && !st) st = lk_error(LK_STATUS_INVALID_ARGUMENT, "no training batches (limit_train_batches=%g)", c->limit_train_batches.value);
     }
     if (!st) st = setup_params(tr, n_train / (tr->accum ? tr->accum : 1) + 1);
     if (!st) st = lk__prof_create(tr);
-    if (!st && c->sync_batchnorm && tr->world > 1) {
+    if (!st && c->sync_batchnorm && lk_strategy_dp_size(tr->strat) > 1) {
         int k = lk_layer_sync_batchnorm(m->net, sum_over_ranks, tr);
         lk_log0("sync_batchnorm: %d batch norm layer%s compute statistics over all %d ranks", k, k == 1 ? "" : "s",
-                tr->world);
+                lk_strategy_dp_size(tr->strat));
     }
     if (!st) {
         lk_step_fn fn = lk__step_fn(tr);
@@ -402,7 +383,7 @@ lk_status lk_trainer_fit(lk_trainer *tr, lk_module *m, lk_datamodule *dm, const 
     /* fast_dev_run: N batches of one epoch, as Lightning's (max_epochs=1) */
     if (c->fast_dev_run) tr->cfg.max_epochs = 1;
     if (!st) st = fit_loop(tr, train, val, n_train, n_val);
-    if (st && c->on_exception_ckpt[0] && tr->param_arr && is_rank0(tr)) {
+    if (st && c->on_exception_ckpt[0] && lk_strategy_wrapped(tr->strat) && lk_strategy_writes_checkpoint(tr->strat)) {
         /* OnExceptionCheckpoint: the state as it was when fit failed (rank 0
          * alone: the other ranks may be gone, so no barrier). */
         char msg[2048], dir[LK_PARAM_STR];

@@ -8,6 +8,6 @@
 
 void lk__clip_gradients(lk_trainer *tr) {
     if (tr->cfg.gradient_clip_val <= 0) return;
-    if (!strcmp(tr->cfg.gradient_clip_algorithm, "value")) lk_clip_grad_value(&tr->params, tr->cfg.gradient_clip_val);
-    else lk_clip_grad_norm(&tr->params, tr->cfg.gradient_clip_val, 2.0, NULL); /* no total norm: no read */
+    if (!strcmp(tr->cfg.gradient_clip_algorithm, "value")) lk_clip_grad_value(tr->params, tr->cfg.gradient_clip_val);
+    else lk_strategy_clip_grad_norm(tr->strat, tr->cfg.gradient_clip_val, 2.0); /* the norm over what the strategy shards */
 }

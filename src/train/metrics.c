@@ -300,9 +300,9 @@ lk_status lk__metrics_end_epoch(lk_trainer *tr, const char *stage) {
         mx[i] = m->epoch_any ? (m->reduce == LK_LOG_REDUCE_MIN ? -m->epoch_ext : m->epoch_ext) : -INFINITY;
     }
     lk_status st = LK_STATUS_OK;
-    if (tr->strat && tr->world > 1) {
-        st = lk_strategy_reduce(tr->strat, sum, 2 * n, LK_REDUCE_SUM);
-        if (!st) st = lk_strategy_reduce(tr->strat, mx, n, LK_REDUCE_MAX);
+    if (tr->strat && lk_strategy_dp_size(tr->strat) > 1) { /* over the ranks that saw different data */
+        st = lk_strategy_dp_reduce(tr->strat, sum, 2 * n, LK_REDUCE_SUM);
+        if (!st) st = lk_strategy_dp_reduce(tr->strat, mx, n, LK_REDUCE_MAX);
     }
     for (int i = 0; i < n && !st; i++) {
         lk_metric *m = &tr->metrics[i];

@@ -28,13 +28,14 @@ lk_status lk__optim_setup(lk_trainer *tr, int64_t steps_per_epoch) {
         oc.eps = tr->opt.eps;
         oc.amsgrad = tr->opt.amsgrad;
     }
-    if (!strcmp(tr->cfg.scale_lr, "linear")) {
-        double f = (double)tr->world * (double)tr->accum;
-        lk_log0("scale_lr: linear scaling rule: lr %g x %d ranks x %lld accumulation = %g", oc.lr, tr->world,
+    if (!strcmp(tr->cfg.scale_lr, "linear")) { /* by the data-parallel ranks: the global batch grows with them */
+        int dp = lk_strategy_dp_size(tr->strat);
+        double f = (double)dp * (double)tr->accum;
+        lk_log0("scale_lr: linear scaling rule: lr %g x %d ranks x %lld accumulation = %g", oc.lr, dp,
                 (long long)tr->accum, oc.lr * f);
         oc.lr *= f;
     }
-    LK_TRY(lk_optimizer_create(&oc, &tr->params, &tr->optim));
+    LK_TRY(lk_optimizer_create(&oc, tr->params, &tr->optim)); /* over the parameters this rank holds */
     LK_TRY(lk_strategy_shard_optimizer(tr->strat, tr->optim));
     /* fp16's narrow range needs the loss scaler; bf16's does not, and 16-true
      * has none (as Lightning: torch's GradScaler refuses f16 gradients) */

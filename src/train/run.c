@@ -100,8 +100,9 @@ lk_status lk__make_loader(lk_trainer *tr, lk_dataset *ds, bool train, lk_loader 
     lc.batch_size = tr->dm->batch_size > 0 ? tr->dm->batch_size : 32;
     lc.shuffle = train && tr->cfg.overfit_batches == 0;
     lc.seed = (uint64_t)tr->cfg.seed;
-    lc.rank = tr->rank;
-    lc.world_size = tr->world;
+    /* the sampler shards over the ranks that see different data */
+    lc.rank = lk_strategy_dp_rank(tr->strat);
+    lc.world_size = lk_strategy_dp_size(tr->strat);
     lc.num_workers = tr->dm->num_workers;
     /* Evaluation counts every sample exactly once: no padding, uneven shards
      * (the metric reduction weighs each batch by its size). Training pads so

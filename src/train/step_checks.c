@@ -44,7 +44,7 @@ lk_status lk__step_check_loss(lk_trainer *tr, double loss) {
 static lk_status status_reserve(lk_trainer *tr, lk_device dev) {
     struct lk__step_status *ss = &tr->step_status;
     int nloss = tr->dp_devices > 1 ? tr->dp_devices : 1;
-    int64_t slots = (int64_t)tr->params.n + nloss;
+    int64_t slots = (int64_t)tr->params->n + nloss;
     if (ss->host && ss->slots >= slots && ss->nloss == nloss && lk_device_equal(ss->dev, dev)) return LK_STATUS_OK;
     lk__step_status_free(tr);
     if (!(ss->host = lk_calloc((size_t)slots, sizeof *ss->host)) || !(ss->rows = lk_calloc((size_t)nloss, sizeof *ss->rows)))
@@ -68,8 +68,8 @@ void lk__step_status_free(lk_trainer *tr) {
 /* Where the gradients are (the loss is copied there): the last gradient's
  * device, `fallback` when there is none. */
 static lk_device grads_device(const lk_trainer *tr, lk_device fallback) {
-    for (int i = 0; i < tr->params.n; i++)
-        if (tr->params.items[i].tensor->grad) fallback = tr->params.items[i].tensor->grad->device;
+    for (int i = 0; i < tr->params->n; i++)
+        if (tr->params->items[i].tensor->grad) fallback = tr->params->items[i].tensor->grad->device;
     return fallback;
 }
 
@@ -124,8 +124,8 @@ static lk_status slot_loss(struct lk__step_status *ss, int k, double *out) {
 
 /* The non-finite gradient message for the slots read back (-1: finite). */
 static lk_status nonfinite_message(lk_trainer *tr, const int64_t *idx, double loss) {
-    for (int i = 0; i < tr->params.n; i++) {
-        lk_tensor *g = tr->params.items[i].tensor->grad;
+    for (int i = 0; i < tr->params->n; i++) {
+        lk_tensor *g = tr->params->items[i].tensor->grad;
         int64_t k = idx[i];
         if (g && k >= 0) {
             float v = (float)lk_tensor_get(g, k); /* the element (copied from a device) as f32, exact */
@@ -133,7 +133,7 @@ static lk_status nonfinite_message(lk_trainer *tr, const int64_t *idx, double lo
                             "non-finite gradient at step %lld (epoch %lld, batch %lld): parameter '%s' element %lld "
                             "is %g (loss %g)",
                             (long long)tr->global_step, (long long)tr->epoch, (long long)tr->batch_idx,
-                            tr->params.items[i].name, (long long)k, (double)v, loss);
+                            tr->params->items[i].name, (long long)k, (double)v, loss);
         }
     }
     return LK_STATUS_OK;
@@ -145,7 +145,7 @@ lk_status lk__step_checks(lk_trainer *tr, bool sync, double *loss, bool *skip) {
     bool held = ss->held;
     ss->held = false;
     if (!held && !sync) return LK_STATUS_OK;
-    int n = tr->params.n;
+    int n = tr->params->n;
     lk_device dev = held ? ss->dev : grads_device(tr, LK_DEVICE_CPU);
     LK_TRY(status_reserve(tr, dev));
     int nl = ss->nloss;
@@ -153,10 +153,10 @@ lk_status lk__step_checks(lk_trainer *tr, bool sync, double *loss, bool *skip) {
     if (sync && tr->scaler) {
         /* one pass per gradient: checked (before it is scaled, as PyTorch
          * checks), multiplied by 1/scale, its non-finite count in its slot */
-        LK_TRY(lk__grad_scaler_unscale_into(tr->scaler, &tr->params, slot));
+        LK_TRY(lk__grad_scaler_unscale_into(tr->scaler, tr->params, slot));
     } else if (sync) {
         for (int i = 0; i < n; i++) {
-            lk_tensor *g = tr->params.items[i].tensor->grad;
+            lk_tensor *g = tr->params->items[i].tensor->grad;
             if (!g) continue;
             /* LK_OP_NONFINITE tests the exponent bits blockwise without a
              * branch (a per-element isfinite() with one costs as much as Adam
@@ -197,7 +197,7 @@ lk_status lk__step_checks(lk_trainer *tr, bool sync, double *loss, bool *skip) {
          * sharded optimizer step would otherwise update some shards and not
          * others. */
         double any = 0.0;
-        for (int i = 0; i < n; i++) any = tr->params.items[i].tensor->grad && ss->host[nl + i] > 0 ? 1.0 : any;
+        for (int i = 0; i < n; i++) any = tr->params->items[i].tensor->grad && ss->host[nl + i] > 0 ? 1.0 : any;
         LK_TRY(lk_strategy_reduce(tr->strat, &any, 1, LK_REDUCE_MAX));
         *skip = any != 0.0;
         return LK_STATUS_OK;

@@ -134,10 +134,9 @@ struct lk_trainer {
         int64_t total; /* dp: the micro-batch's rows */
     } step_status;
     int64_t accum;        /* accumulate_grad_batches in force */
-    lk_named_tensors params, buffers;
-    lk_tensor **param_arr, **buffer_arr;
-    const char **param_names;
-    lk_tensor *flat_params, *flat_grads;
+    /* The parameters this rank holds, by name: the strategy's list
+     * (lk_strategy_local_params; empty until fit wraps the module). */
+    const lk_named_tensors *params;
     lk_optimizer *optim;
     int dp_devices;  /* strategy dp: replicas (0: another strategy) */
     struct lk__replica *replicas; /* dp: replica k's module and scratch trainer (step.c), [dp_devices] */

@@ -178,6 +178,7 @@ lk_status lk_trainer_create(const lk_trainer_config *cfg, const lk_optim_setting
     sc.device = tr->dev;
     st = lk_strategy_create(&sc, &tr->strat);
     if (st) goto fail;
+    tr->params = lk_strategy_local_params(tr->strat);
     const lk_strategy_info *made = lk_strategy_info_get(lk_strategy_name(tr->strat));
     if (comm_dtype != LK_F32 && !(made && made->ddp_options) && tr->rank == 0)
         lk_log_warn("trainer.ddp_comm_hook %s has no effect: the strategy is %s on %d process%s (it compresses ddp's "
@@ -194,14 +195,7 @@ void lk_trainer_free(lk_trainer *tr) {
     if (!tr) return;
     lk__run_cleanup(tr);
     if (tr->prev_f32_matmul) lk_set_float32_matmul_precision(tr->prev_f32_matmul);
-    lk_strategy_free(tr->strat); /* borrows the parameter arrays below */
-    lk_named_tensors_clear(&tr->params);
-    lk_named_tensors_clear(&tr->buffers);
-    lk_free(tr->param_arr);
-    lk_free(tr->buffer_arr);
-    lk_free(tr->param_names);
-    lk_tensor_release(tr->flat_params);
-    lk_tensor_release(tr->flat_grads);
+    lk_strategy_free(tr->strat); /* with the parameter layout it made (tr->params) */
     lk_comm_free(tr->comm);
     lk_free(tr->metrics);
     lk_free(tr->ckpt_rows);

@@ -118,6 +118,12 @@ static int train(const run_cfg *rc, lk_comm *comm, uint64_t *allreduces) {
         return 1;
     }
     int rank = lk_strategy_rank(s), world = lk_strategy_world_size(s);
+    /* ddp's data-parallel group is the communicator's world (single's: this process) */
+    if (lk_strategy_dp_size(s) != world || lk_strategy_dp_rank(s) != rank || lk_strategy_dp_comm(s) != comm) {
+        fprintf(stderr, "dp group: size %d rank %d, world %d rank %d\n", lk_strategy_dp_size(s), lk_strategy_dp_rank(s),
+                world, rank);
+        return 1;
+    }
     int64_t per_rank = (int64_t)B * (rc->world / world) / rc->accum; /* single run: the whole global batch */
     for (int t = 1; t <= STEPS; t++) {
         for (int a = 0; a < rc->accum; a++) {

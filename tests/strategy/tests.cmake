@@ -1,6 +1,7 @@
 lk_add_test(NAME strategy_ddp SOURCES strategy/test_ddp.c LABELS multiproc threads TIMEOUT 180)
 lk_add_test(NAME strategy_dp SOURCES strategy/test_dp.c LABELS unit threads TIMEOUT 120)
 lk_add_test(NAME strategy_step SOURCES strategy/test_step.c LABELS unit threads TIMEOUT 60)
+lk_add_test(NAME strategy_layout SOURCES strategy/test_layout.c LABELS unit TIMEOUT 60)
 # The overlap check times backward against a slowed communicator: alone, it
 # measures the strategy rather than the other tests' load.
 set_tests_properties(strategy_ddp PROPERTIES RUN_SERIAL TRUE)
