@@ -105,6 +105,7 @@ typedef struct lk_trainer_config {
     double bucket_cap_mb;           /* ddp bucket size */
     char ddp_comm_hook[LK_PARAM_STR]; /* none | bf16_compress | fp16_compress (PyTorch's compression hooks) */
     bool ddp_shared_params;         /* ddp on one node: ranks share one copy of parameters + optimizer state */
+    bool ddp_broadcast_buffers;     /* ddp: buffers from rank 0 before each forward (default true) */
     char scale_lr[LK_PARAM_STR];    /* none | linear (base lr × world size × accumulation) */
     int64_t global_batch_size;      /* 0: off; else accumulation is derived from it */
     char profiler[LK_PARAM_STR];    /* none | simple | advanced | trace (pytorch: the same as trace) */

@@ -52,6 +52,15 @@ static void print_help(const char *cmd) {
             lk_params_print_help(ci[i].params, ci[i].n_params, stdout, "init_args");
         }
     }
+    printf("\ntrainer.strategy: a name above, or {class_path: CLASS, init_args: {...}} (init_args set the keys above):\n");
+    const char *const *classes = lk_strategy_class_names(&n);
+    for (int i = 0; i < n; i++) {
+        printf("  %-22s -> %-9s init_args:", classes[i], lk_strategy_info_get(classes[i])->name);
+        const char *const *keys = lk_strategy_init_args(classes[i]);
+        if (!keys[0]) printf(" none");
+        for (int k = 0; keys[k]; k++) printf("%s %s", k ? "," : "", keys[k]);
+        printf("\n");
+    }
     printf("\noptimizer / lr_scheduler (one table; lr_scheduler.class_path sets optimizer.scheduler):\n");
     const lk_param *op = lk_optim_settings_params(&n);
     lk_params_print_help(op, n, stdout, "optimizer");

@@ -77,10 +77,10 @@ const lk_strategy_info *lk_strategy_info_get(const char *name) {
  * the flat buffer, gradients are always views of the buckets, and the
  * graph is never assumed static), Lightning's ddp_comm_hook (by name:
  * bf16_compress, fp16_compress), start_method (spawn and fork: ddp_spawn)
- * and timeout, and lockstep's shared_params. */
+ * and lockstep's shared_params. */
 static const char *const ddp_args[] = {"bucket_cap_mb", "broadcast_buffers", "ddp_comm_hook", "find_unused_parameters",
                                        "gradient_as_bucket_view", "shared_params", "start_method", "static_graph",
-                                       "timeout", NULL};
+                                       NULL};
 static const char *const no_args[] = {NULL};
 static const char *const class_names[] = {"DDPStrategy", "DDPSpawnStrategy", "DataParallelStrategy",
                                           "SingleDeviceStrategy"};

@@ -172,6 +172,7 @@ lk_status lk_trainer_create(const lk_trainer_config *cfg, const lk_optim_setting
     lk_ddp_options ddp = lk_ddp_options_default();
     ddp.bucket_cap_mb = cfg->bucket_cap_mb;
     ddp.shared_params = cfg->ddp_shared_params;
+    ddp.broadcast_buffers = cfg->ddp_broadcast_buffers;
     ddp.comm_dtype = comm_dtype;
     sc.ddp = &ddp;
     sc.param_dtype = param_dtype;

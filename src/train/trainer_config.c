@@ -66,6 +66,8 @@ static const lk_param trainer_params[] = {
       "ddp: gradients travel as bf16/fp16 (half the bytes, rounded) instead of exact f32"),
     T("ddp_shared_params", BOOL, ddp_shared_params, "true", 1, 0, NULL,
       "ddp on one node: one copy of parameters and optimizer state, each rank updates 1/N (false: a replica per rank)"),
+    T("ddp_broadcast_buffers", BOOL, ddp_broadcast_buffers, "true", 1, 0, NULL,
+      "ddp: buffers (BatchNorm statistics) from rank 0 before each forward, as DistributedDataParallel"),
     T("scale_lr", ENUM, scale_lr, "none", 1, 0, "none|linear", "linear: lr x world size x accumulate_grad_batches"),
     T("global_batch_size", INT, global_batch_size, "0", 0, 1e12, NULL,
       "samples per optimizer step over all ranks; derives accumulate_grad_batches (0: off)"),
@@ -568,6 +570,84 @@ static lk_status apply_logger(const lk_config_node *e, const char *what, lk_trai
     return LK_STATUS_OK;
 }
 
+/* trainer.strategy as Lightning's {class_path, init_args} node: the class
+ * (DDPStrategy, ... with or without its module path: the strategy registry
+ * knows them) names the strategy, and its init_args set the trainer keys
+ * of that strategy's options (they win over the flat keys beside them).
+ * Which init_args a class takes is the strategy's list
+ * (lk_strategy_init_args); what each sets is the trainer's. */
+static lk_status apply_strategy_node(const lk_param *tp, int n, lk_trainer_config *cfg, const lk_config_node *c) {
+    for (int i = 0; i < lk_config_node_count(c); i++) {
+        const char *key = lk_config_node_key(lk_config_node_child(c, i));
+        if (strcmp(key, "class_path") && strcmp(key, "init_args"))
+            return at(lk_config_node_child(c, i),
+                      "trainer.strategy: unknown key '%s' (a strategy node has class_path and init_args)", key);
+    }
+    int ncls;
+    const char *const *classes = lk_strategy_class_names(&ncls);
+    char list[256] = "";
+    for (int i = 0; i < ncls; i++)
+        snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", i ? ", " : "", classes[i]);
+    const lk_config_node *cp = lk_config_node_get(c, "class_path");
+    const char *cls = cp ? lk_config_node_text(cp) : NULL;
+    if (!cls) return at(cp ? cp : c, "trainer.strategy.class_path: expected a class name (one of %s)", list);
+    const lk_strategy_info *si = lk_strategy_info_get(cls);
+    if (!si || !si->class_name) {
+        const char *dot = strrchr(cls, '.');
+        const char *hint = lk_suggest(dot ? dot + 1 : cls, classes, ncls);
+        return at(cp, "trainer.strategy.class_path: unknown class '%s'%s%s%s (lockstep accepts %s, optionally with a "
+                  "module path such as lightning.pytorch.strategies.)",
+                  cls, hint ? " (did you mean '" : "", hint ? hint : "", hint ? "'?)" : "", list);
+    }
+    const char *name = si->name;
+    const lk_config_node *ia = lk_config_node_get(c, "init_args");
+    if (ia && !lk_config_node_is_null(ia)) {
+        if (lk_config_node_type(ia) != LK_CONFIG_MAP)
+            return at(ia, "trainer.strategy.init_args: expected a map of %s's arguments", si->class_name);
+        const char *const *keys = lk_strategy_init_args(cls);
+        int nkeys = 0;
+        char takes[256] = "";
+        for (; keys[nkeys]; nkeys++)
+            snprintf(takes + strlen(takes), sizeof takes - strlen(takes), "%s%s", nkeys ? ", " : "", keys[nkeys]);
+        for (int i = 0; i < lk_config_node_count(ia); i++) {
+            const lk_config_node *e = lk_config_node_child(ia, i);
+            const char *key = lk_config_node_key(e), *v = lk_config_node_text(e);
+            bool known = false;
+            for (int k = 0; k < nkeys; k++) known |= !strcmp(key, keys[k]);
+            if (!known) {
+                const char *hint = lk_suggest(key, keys, nkeys);
+                return at(e, "trainer.strategy.init_args: unknown argument '%s' for %s%s%s%s (%s takes %s)", key,
+                          si->class_name, hint ? " (did you mean '" : "", hint ? hint : "", hint ? "'?)" : "",
+                          si->class_name, nkeys ? takes : "none");
+            }
+            bool null = lk_config_node_is_null(e);
+            if (!v && !null) return at(e, "trainer.strategy.init_args.%s: expected a value, not a collection", key);
+            /* the trainer key each argument sets (NULL: checked, changes nothing here) */
+            const char *tkey = !strcmp(key, "bucket_cap_mb")       ? "bucket_cap_mb"
+                               : !strcmp(key, "ddp_comm_hook")     ? "ddp_comm_hook"
+                               : !strcmp(key, "shared_params")     ? "ddp_shared_params"
+                               : !strcmp(key, "broadcast_buffers") ? "ddp_broadcast_buffers"
+                                                                   : NULL;
+            if (!strcmp(key, "ddp_comm_hook") && null) v = "none"; /* Lightning's default: no hook */
+            else if (null) return at(e, "trainer.strategy.init_args.%s: expected a value, got null", key);
+            if (!strcmp(key, "start_method")) { /* lockstep's ddp_spawn forks; popen starts fresh processes: ddp */
+                if (!strcmp(v, "spawn") || !strcmp(v, "fork") || !strcmp(v, "forkserver")) name = "ddp_spawn";
+                else if (!strcmp(v, "popen")) name = "ddp";
+                else return at(e, "trainer.strategy.init_args.start_method: expected popen, spawn, fork or forkserver, got '%s'", v);
+            } else if (tkey) {
+                if (lk_params_set(tp, n, cfg, "trainer", tkey, v))
+                    return at(e, "trainer.strategy.init_args.%s: %s", key, lk_last_error());
+            } else if (strcmp(v, "true") && strcmp(v, "false") && strcmp(v, "True") && strcmp(v, "False")) {
+                /* find_unused_parameters (an unused parameter's gradient is a zero in the flat buffer),
+                 * gradient_as_bucket_view (always), static_graph (never assumed): booleans */
+                return at(e, "trainer.strategy.init_args.%s: expected true or false, got '%s'", key, v);
+            }
+        }
+    }
+    if (lk_params_set(tp, n, cfg, "trainer", "strategy", name)) return at(c, "%s", lk_last_error());
+    return LK_STATUS_OK;
+}
+
 static lk_status set_scalar(const lk_param *tp, int n, lk_trainer_config *cfg, const lk_config_node *c,
                             const char *value) {
     if (lk_params_set(tp, n, cfg, "trainer", lk_config_node_key(c), value)) return at(c, "%s", lk_last_error());
@@ -672,7 +752,11 @@ lk_status lk_trainer_config_apply(const lk_config_node *t, lk_trainer_config *cf
             else if (text) LK_TRY(set_scalar(tp, n, cfg, c, text));
             else return at(c, "trainer.fast_dev_run: expected true, false or a number of batches");
         } else if (!strcmp(key, "strategy")) {
-            if (!text) return at(c, "trainer.strategy: expected a name such as ddp");
+            if (lk_config_node_type(c) == LK_CONFIG_MAP) {
+                LK_TRY(apply_strategy_node(tp, n, cfg, c));
+                continue;
+            }
+            if (!text) return at(c, "trainer.strategy: expected a name such as ddp, or {class_path: DDPStrategy, init_args: {...}}");
             const lk_strategy_info *si = lk_strategy_info_get(text); /* Lightning's aliases and class names */
             LK_TRY(set_scalar(tp, n, cfg, c, si ? si->name : text));
         }

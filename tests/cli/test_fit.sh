@@ -118,6 +118,16 @@ check "ddp_spawn (fork) trains exactly what ddp (exec) trains" cmp -s "$T/ddp.st
 "$LK_BIN" fit -c "$T/synth.yaml" --trainer.devices 2 --trainer.ddp_comm_hook bf16_compress --trainer.enable_progress_bar false >/dev/null 2>&1
 "$LK_BIN" export --ckpt "$(latest)/checkpoints/last.ckpt" --out "$T/bf16.st" --with-optimizer >/dev/null
 check "ddp_comm_hook bf16_compress trains, rounding the gradients" bash -c "grep -q '\"status\":[[:space:]]*\"ok\"' '$(latest)/run.json' && test -s '$T/bf16.st' && ! cmp -s '$T/ddp.st' '$T/bf16.st'"
+# trainer.strategy as Lightning's {class_path, init_args} node: the same run as the flat keys, bit for bit
+printf 'trainer:\n  strategy:\n    class_path: lightning.pytorch.strategies.DDPStrategy\n    init_args: {ddp_comm_hook: bf16_compress, find_unused_parameters: true}\n' >"$T/strategy_node.yaml"
+out=$("$LK_BIN" fit -c "$T/synth.yaml" -c "$T/strategy_node.yaml" --print_config 2>&1)
+check "--print_config shows the strategy node" bash -c "grep -q 'class_path: lightning.pytorch.strategies.DDPStrategy' <<<'$out' && grep -q 'ddp_comm_hook: bf16_compress' <<<'$out'"
+"$LK_BIN" fit -c "$T/synth.yaml" -c "$T/strategy_node.yaml" --trainer.devices 2 --trainer.enable_progress_bar false >/dev/null 2>&1
+"$LK_BIN" export --ckpt "$(latest)/checkpoints/last.ckpt" --out "$T/node.st" --with-optimizer >/dev/null
+check "strategy {class_path: DDPStrategy, init_args} trains what the flat keys train" cmp -s "$T/bf16.st" "$T/node.st"
+printf 'trainer:\n  strategy:\n    class_path: DDPStrategy\n    init_args: {bucket_cap: 1}\n' >"$T/strategy_bad.yaml"
+out=$("$LK_BIN" fit -c "$T/synth.yaml" -c "$T/strategy_bad.yaml" 2>&1)
+check "an unknown strategy init_arg is named with a hint" grep -q "unknown argument 'bucket_cap' for DDPStrategy (did you mean 'bucket_cap_mb'?)" <<<"$out"
 # The *-true precisions: parameters in bf16/f16 under every strategy; dp's
 # replicas are cast too; 16-true has no loss scaler (as Lightning's); the
 # summary counts 2 bytes a parameter.

@@ -1,7 +1,8 @@
 /* A Lightning config's trainer section through lk_trainer_config_apply:
  * trainer.callbacks and trainer.logger as class_path lists (short and full
  * names, several ModelCheckpoints), the value forms Lightning accepts
- * (devices, max_time, fast_dev_run, strategy aliases), and the errors for
+ * (devices, max_time, fast_dev_run, strategy aliases, the strategy as a
+ * {class_path, init_args} node), and the errors for
  * unknown classes and arguments (FILE:LINE, the accepted names). */
 #include <unistd.h>
 
@@ -139,5 +140,49 @@ static void test_value_forms(void) {
     CHECK_ERR(apply("trainer:\n  max_epoch: 3\n", &t), LK_STATUS_INVALID_ARGUMENT, "did you mean 'max_epochs'");
 }
 
+/* trainer.strategy as {class_path, init_args}: the class names the
+ * strategy, init_args set its options (over the flat keys); unknown
+ * classes and arguments are errors with the place and a hint. */
+static void test_strategy_node(void) {
+    lk_trainer_config t;
+    CHECK_OK(apply("trainer:\n"
+                   "  bucket_cap_mb: 7\n"
+                   "  strategy:\n"
+                   "    class_path: lightning.pytorch.strategies.DDPStrategy\n"
+                   "    init_args:\n"
+                   "      bucket_cap_mb: 2.5\n"
+                   "      find_unused_parameters: true\n"
+                   "      ddp_comm_hook: bf16_compress\n"
+                   "      broadcast_buffers: false\n"
+                   "      shared_params: false\n",
+                   &t));
+    CHECK(!strcmp(t.strategy, "ddp") && t.bucket_cap_mb == 2.5 && !strcmp(t.ddp_comm_hook, "bf16_compress"));
+    CHECK(!t.ddp_broadcast_buffers && !t.ddp_shared_params);
+    CHECK_OK(apply("trainer:\n  strategy:\n    class_path: DDPStrategy\n    init_args: {start_method: spawn}\n", &t));
+    CHECK(!strcmp(t.strategy, "ddp_spawn"));
+    CHECK_OK(apply("trainer:\n  strategy: {class_path: DataParallelStrategy}\n", &t));
+    CHECK(!strcmp(t.strategy, "dp") && t.ddp_broadcast_buffers && t.bucket_cap_mb == 25);
+    CHECK_OK(apply("trainer:\n  strategy: SingleDeviceStrategy\n", &t)); /* a class name as a plain value */
+    CHECK(!strcmp(t.strategy, "single"));
+    CHECK_OK(apply("trainer:\n  strategy: ddp_find_unused_parameters_true\n", &t));
+    CHECK(!strcmp(t.strategy, "ddp"));
+    CHECK_ERR(apply("trainer:\n  strategy:\n    class_path: DDPStrategy\n    init_args:\n      bucket_cap: 5\n", &t),
+              LK_STATUS_INVALID_ARGUMENT,
+              "test.yaml:5:19: trainer.strategy.init_args: unknown argument 'bucket_cap' for DDPStrategy (did you mean "
+              "'bucket_cap_mb'?)");
+    CHECK_ERR(apply("trainer:\n  strategy:\n    class_path: DDPStrategy\n    init_args: {static_graph: maybe}\n", &t),
+              LK_STATUS_INVALID_ARGUMENT, "static_graph: expected true or false, got 'maybe'");
+    CHECK_ERR(apply("trainer:\n  strategy:\n    class_path: DDPStrategy\n    init_args: {bucket_cap_mb: -1}\n", &t),
+              LK_STATUS_INVALID_ARGUMENT, "trainer.strategy.init_args.bucket_cap_mb:");
+    CHECK_ERR(apply("trainer:\n  strategy:\n    class_path: DataParallelStrategy\n    init_args: {bucket_cap_mb: 5}\n", &t),
+              LK_STATUS_INVALID_ARGUMENT, "unknown argument 'bucket_cap_mb' for DataParallelStrategy (DataParallelStrategy takes none)");
+    CHECK_ERR(apply("trainer:\n  strategy:\n    class_path: DDPStrategi\n", &t), LK_STATUS_INVALID_ARGUMENT,
+              "test.yaml:3:17: trainer.strategy.class_path: unknown class 'DDPStrategi' (did you mean 'DDPStrategy'?)");
+    CHECK_ERR(apply("trainer:\n  strategy:\n    name: ddp\n", &t), LK_STATUS_INVALID_ARGUMENT,
+              "trainer.strategy: unknown key 'name' (a strategy node has class_path and init_args)");
+    CHECK_ERR(apply("trainer:\n  strategy:\n    init_args: {}\n", &t), LK_STATUS_INVALID_ARGUMENT,
+              "trainer.strategy.class_path: expected a class name (one of DDPStrategy, DDPSpawnStrategy");
+}
+
 LK_TEST_MAIN(LK_TEST_CASE(test_callbacks_list), LK_TEST_CASE(test_callback_errors), LK_TEST_CASE(test_loggers),
-             LK_TEST_CASE(test_value_forms))
+             LK_TEST_CASE(test_value_forms), LK_TEST_CASE(test_strategy_node))
