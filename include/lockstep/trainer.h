@@ -210,7 +210,9 @@ typedef struct lk_module_vtable {
     lk_status (*on_stage_end)(lk_module *m, lk_trainer *tr, const char *stage);
     void (*destroy)(lk_module *m); /* (optional) frees self */
     /* (optional) A new module with the same architecture (values need not
-     * match: the trainer copies them). Only the `dp` strategy needs it. */
+     * match: the strategy copies them). Asked for only by a strategy
+     * that keeps replicas in one process (LK_PROCESS_THREADS: dp), through
+     * lk_step_fn.replicate; the trainer's loops never call it. */
     lk_status (*replicate)(lk_module *m, lk_module **out);
 } lk_module_vtable;
 

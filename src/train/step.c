@@ -71,9 +71,9 @@ static lk_status step_replicate(void *ctx, int k, lk_layer **net) {
     *net = NULL;
     if (!m->vt->replicate)
         return lk_error(LK_STATUS_INVALID_ARGUMENT,
-                        "strategy 'dp' needs one replica of module '%s' per device, but the module cannot be "
+                        "strategy '%s' needs one replica of module '%s' per device, but the module cannot be "
                         "replicated (its vtable has no replicate()); use ddp, which needs no replicas",
-                        m->name ? m->name : "?");
+                        lk_strategy_name(tr->strat), m->name ? m->name : "?");
     if (k < 1 || k >= tr->dp_devices)
         return lk_error(LK_STATUS_INTERNAL, "dp: replica %d of %d devices", k, tr->dp_devices);
     if (!tr->replicas && !(tr->replicas = lk_calloc((size_t)tr->dp_devices, sizeof *tr->replicas)))

@@ -137,8 +137,8 @@ lk_status lk_trainer_create(const lk_trainer_config *cfg, const lk_optim_setting
         goto fail;
     }
     if (pm == LK_PROCESS_SINGLE && tr->world > 1) {
-        st = lk_error(LK_STATUS_INVALID_ARGUMENT, "trainer.strategy 'single' runs one process, but %d were started",
-                      tr->world);
+        st = lk_error(LK_STATUS_INVALID_ARGUMENT, "trainer.strategy '%s' runs one process, but %d were started",
+                      si->name, tr->world);
         goto fail;
     }
     lk_log_set_rank(tr->rank, tr->world);
