@@ -38,6 +38,9 @@ static const char *const top_keys[] = {"seed_everything", "trainer", "model", "d
 static void print_help(const char *cmd) {
     printf("usage: lockstep %s [-c CONFIG.yaml]... [--SECTION.KEY VALUE]... [--print_config[=skip_null]] [--help]\n\n", cmd);
     printf("Config files are merged in order (later files win); --section.key overrides beat files.\n"
+           "Beside a class_path, --section.key is short for --section.init_args.key (--optimizer.lr 0.5);\n"
+           "--trainer.callbacks+=NAME appends a callback, --trainer.callbacks.KEY sets the last one's argument,\n"
+           "--trainer.callbacks.N.KEY the N-th one's (as LightningCLI).\n"
            "Top-level sections: seed_everything, trainer, model, data, optimizer, lr_scheduler, ckpt_path.\n\n");
     int n;
     printf("trainer:\n");

@@ -323,7 +323,8 @@ const lk_callback_info *lk_logger_infos(int *count) {
     return logger_infos;
 }
 
-/* Lightning classes lockstep does not have, and what to use instead. */
+/* Lightning classes lockstep does not have, and what to use instead (NULL:
+ * nothing does that job here yet). */
 static const struct {
     const char *name, *instead;
 } not_here[] = {
@@ -331,9 +332,9 @@ static const struct {
     {"RichProgressBar", "trainer.enable_progress_bar (lockstep draws its own progress)"},
     {"RichModelSummary", "ModelSummary"},
     {"GradientAccumulationScheduler", "trainer.accumulate_grad_batches (a constant)"},
-    {"StochasticWeightAveraging", "nothing yet"},
-    {"LearningRateFinder", "nothing yet (set optimizer.init_args.lr)"},
-    {"BatchSizeFinder", "nothing yet (set data.init_args.batch_size)"},
+    {"StochasticWeightAveraging", NULL},
+    {"LearningRateFinder", "a fixed optimizer.init_args.lr"},
+    {"BatchSizeFinder", "a fixed data.init_args.batch_size"},
     {"ThroughputMonitor", "run.json, which records samples_per_s"},
     {"WandbLogger", "CSVLogger or TensorBoardLogger"},
     {"MLFlowLogger", "CSVLogger or TensorBoardLogger"},
@@ -448,8 +449,11 @@ static lk_status read_entry(const lk_config_node *e, const char *what, const lk_
     }
     for (size_t k = 0; k < sizeof not_here / sizeof not_here[0]; k++)
         if (!strcmp(name, not_here[k].name))
-            return at(cp, "%s.class_path: lockstep has no %s; use %s instead (lockstep accepts %s)", what, name,
-                      not_here[k].instead, list);
+            return not_here[k].instead
+                       ? at(cp, "%s.class_path: lockstep has no %s; use %s instead (lockstep accepts %s)", what, name,
+                            not_here[k].instead, list)
+                       : at(cp, "%s.class_path: lockstep has no %s yet, and nothing else does its job: remove the entry "
+                            "(lockstep accepts %s)", what, name, list);
     const char *s = lk_suggest(name, names, ninfos);
     return at(cp, "%s.class_path: unknown class '%s'%s%s%s (lockstep accepts %s, optionally with a module path such as "
               "lightning.pytorch.callbacks.)", what, full, s ? " (did you mean '" : "", s ? s : "", s ? "'?)" : "", list);

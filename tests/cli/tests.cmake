@@ -12,3 +12,6 @@ lk_add_script_test(NAME cli_bench_train SCRIPT cli/test_bench_train.sh LABELS mu
 lk_add_script_test(NAME cli_bench_ops SCRIPT cli/test_bench_ops.sh LABELS unit TIMEOUT 120)
 lk_add_script_test(NAME cli_profiler SCRIPT cli/test_profiler.sh LABELS multiproc TIMEOUT 300)
 lk_add_script_test(NAME cli_lightning_cfg SCRIPT cli/test_lightning_cfg.sh LABELS multiproc TIMEOUT 300)
+# --section.key as jsonargparse reads it beside a class_path, and the
+# --trainer.callbacks forms (the last entry, an index, +=)
+lk_add_script_test(NAME cli_overrides SCRIPT cli/test_overrides.sh LABELS unit TIMEOUT 120)
