@@ -104,6 +104,24 @@ lk_status lk_model_input_shape(const char *name, const lk_model_kv *args, int n_
  * output (logits) against the i64 labels y otherwise. Scope-owned result. */
 lk_tensor *lk_model_loss(const lk_model_info *info, lk_tensor *output, lk_tensor *x, lk_tensor *y);
 
+/* ---- blocks: where a pipeline strategy cuts ---------------------------------------- */
+
+/* A built-in model is a sequence of blocks: its forward brings the input to
+ * the model's input shape (lk_model_input_shape: rows [N, input_dim], images
+ * [N, C, S, S]) and then runs its top-level children in order, so for an
+ * input of that shape running blocks [0, k) and then [k, n) is the model's
+ * forward — the cut points of a pipeline. *count gets the number of blocks
+ * and *blocks the array of them (name: the child's name, the prefix of its
+ * parameters' names, "conv1", "encoder"; layer: the block); both borrowed
+ * from `model`, valid until it is freed or changed.
+ *   autoencoder  encoder, decoder
+ *   mlp          layers (itself a Sequential: pass it here to cut inside)
+ *   cnn          conv1 bn1 relu1 pool1 conv2 bn2 relu2 pool2 flatten fc1 relu3 fc2
+ * A plain Sequential (lk_sequential_create) answers with its children too.
+ * Any other layer computes something of its own between its children: an
+ * INVALID_ARGUMENT error naming its type, *count 0 and *blocks NULL. */
+lk_status lk_model_blocks(const lk_layer *model, int *count, const lk_named_layer **blocks);
+
 /* ---- parsed arguments, for builders ------------------------------------------------- */
 
 /* The value of the argument `name` of the model's table. Asking for a name

@@ -1,7 +1,8 @@
 /* The autoencoder: encoder Linear stack input_dim-hidden...-latent_dim with
  * ReLU between, decoder mirrored (optional final sigmoid), trained with MSE
  * against its own (flattened) input. Parameter names as the PyTorch module
- * with `encoder`/`decoder` nn.Sequential ("encoder.0.weight"). */
+ * with `encoder`/`decoder` nn.Sequential ("encoder.0.weight"); those two are
+ * its blocks. */
 #include <string.h>
 
 #include "models/models_impl.h"
@@ -12,11 +13,6 @@ static const lk_model_arg autoencoder_args[] = {
     {"latent_dim", LK_ARG_INT, "64", "width of the code"},
     {"final_activation", LK_ARG_STRING, "none", "decoder output activation: none or sigmoid"},
 };
-
-static lk_tensor *autoencoder_forward(lk_layer *self, lk_tensor *x) {
-    lk_tensor *z = lk_layer_forward(lk_layer_child(self, 0), lk__flat_rows(x));
-    return lk_layer_forward(lk_layer_child(self, 1), z);
-}
 
 static lk_status build_autoencoder(const lk_model_args *a, uint64_t seed, lk_layer **out) {
     const int64_t *hidden;
@@ -34,7 +30,8 @@ static lk_status build_autoencoder(const lk_model_args *a, uint64_t seed, lk_lay
     else return lk_error(LK_STATUS_INVALID_ARGUMENT, "model autoencoder: final_activation = '%s': expected none or sigmoid", act);
     lk_rng rng;
     lk__model_rng(&rng, seed);
-    lk_layer *m = lk_layer_create("Autoencoder", autoencoder_forward, NULL, NULL);
+    /* blocks: encoder, decoder, on rows of input_dim */
+    lk_layer *m = lk__model_seq_create("Autoencoder", 1, &w[0]);
     if (!m) return LK_STATUS_OUT_OF_MEMORY;
     lk_status st = lk_layer_add_child(m, "encoder", lk__mlp_stack(w, n, 0, false, &rng));
     if (!st) st = lk_layer_add_child(m, "decoder", lk__mlp_stack(rw, n, 0, sigmoid, &rng));

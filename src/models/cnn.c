@@ -1,6 +1,9 @@
 /* The cnn: conv1(3x3, pad 1)-bn1-ReLU-maxpool(2), conv2-bn2-ReLU-maxpool,
  * fc1 (C2 * (S/4)^2 -> hidden), ReLU, fc2 (-> num_classes); cross-entropy.
- * Takes [N, C, S, S] images or the same elements as flat rows. */
+ * Takes [N, C, S, S] images or the same elements as flat rows. A sequence
+ * of blocks (conv1, bn1, relu1, pool1, conv2, ..., fc1, relu3, fc2) that a
+ * strategy can cut anywhere; the same ops in the same order as the
+ * hand-written forward it replaced, so results are bitwise the same. */
 #include <stdio.h>
 
 #include "models/models_impl.h"
@@ -13,26 +16,6 @@ static const lk_model_arg cnn_args[] = {
     {"num_classes", LK_ARG_INT, "10", "output classes"},
 };
 
-typedef struct {
-    int64_t c, h, w; /* image geometry for reshaping flat input */
-} cnn_impl;
-
-static lk_tensor *cnn_forward(lk_layer *self, lk_tensor *x) {
-    cnn_impl *m = self->impl;
-    if (x->ndim == 2) x = lk_reshape(x, LK_SHAPE(x->shape[0], m->c, m->h, m->w));
-    lk_pool2d_params pool = {{2, 2}, {2, 2}, {0, 0}, true, false};
-    lk_tensor *h = x;
-    for (int b = 0; b < 2; b++) {
-        h = lk_layer_forward(lk_layer_child(self, 2 * b), h);     /* conv */
-        h = lk_layer_forward(lk_layer_child(self, 2 * b + 1), h); /* bn */
-        h = h ? lk_max_pool2d(lk_relu(h), pool) : NULL;
-    }
-    h = h ? lk_flatten(h, 1, -1) : NULL;
-    h = lk_layer_forward(lk_layer_child(self, 4), h);
-    h = h ? lk_relu(h) : NULL;
-    return lk_layer_forward(lk_layer_child(self, 5), h);
-}
-
 static lk_status build_cnn(const lk_model_args *a, uint64_t seed, lk_layer **out) {
     int64_t cin = lk_model_args_int(a, "in_channels"), size = lk_model_args_int(a, "image_size");
     int64_t hidden = lk_model_args_int(a, "hidden"), classes = lk_model_args_int(a, "num_classes");
@@ -44,19 +27,26 @@ static lk_status build_cnn(const lk_model_args *a, uint64_t seed, lk_layer **out
         return lk_error(LK_STATUS_INVALID_ARGUMENT, "model cnn: image_size = %lld: expected a multiple of 4 (two 2x2 poolings)",
                         (long long)size);
     int64_t c1 = ch[0], c2 = ch[1];
-    cnn_impl *mi = lk_malloc(sizeof *mi);
-    if (!mi) return LK_STATUS_OUT_OF_MEMORY;
-    *mi = (cnn_impl){cin, size, size};
-    lk_layer *m = lk_layer_create("CNN", cnn_forward, mi, NULL);
+    lk_layer *m = lk__model_seq_create("CNN", 3, (int64_t[]){cin, size, size});
     if (!m) return LK_STATUS_OUT_OF_MEMORY;
     lk_rng rng;
     lk__model_rng(&rng, seed);
+    /* The blocks, in forward order. Only conv*, bn* and fc* hold tensors, so
+     * the state dict is the PyTorch CNN's (conv1.weight, ..., fc2.bias);
+     * the parameter-free blocks only name the cut points. */
     lk_conv2d_params cp = {{1, 1}, {1, 1}, {1, 1}, 1};
+    lk_pool2d_params pool = {{2, 2}, {2, 2}, {0, 0}, true, false};
     lk_status st = lk_layer_add_child(m, "conv1", lk_conv2d_create(cin, c1, 3, 3, cp, true, &rng));
     if (!st) st = lk_layer_add_child(m, "bn1", lk_batch_norm2d_create(c1, 1e-5f, 0.1f, true, true));
+    if (!st) st = lk_layer_add_child(m, "relu1", lk_relu_create());
+    if (!st) st = lk_layer_add_child(m, "pool1", lk_max_pool2d_create(pool));
     if (!st) st = lk_layer_add_child(m, "conv2", lk_conv2d_create(c1, c2, 3, 3, cp, true, &rng));
     if (!st) st = lk_layer_add_child(m, "bn2", lk_batch_norm2d_create(c2, 1e-5f, 0.1f, true, true));
+    if (!st) st = lk_layer_add_child(m, "relu2", lk_relu_create());
+    if (!st) st = lk_layer_add_child(m, "pool2", lk_max_pool2d_create(pool));
+    if (!st) st = lk_layer_add_child(m, "flatten", lk_flatten_create(1, -1));
     if (!st) st = lk_layer_add_child(m, "fc1", lk_linear_create(c2 * (size / 4) * (size / 4), hidden, true, &rng));
+    if (!st) st = lk_layer_add_child(m, "relu3", lk_relu_create());
     if (!st) st = lk_layer_add_child(m, "fc2", lk_linear_create(hidden, classes, true, &rng));
     if (st) {
         lk_layer_free(m);

@@ -10,10 +10,6 @@ static const lk_model_arg mlp_args[] = {
     {"dropout", LK_ARG_FLOAT, "0.0", "dropout probability after each hidden ReLU (0: none)"},
 };
 
-static lk_tensor *mlp_forward(lk_layer *self, lk_tensor *x) {
-    return lk_layer_forward(lk_layer_child(self, 0), lk__flat_rows(x));
-}
-
 static lk_status build_mlp(const lk_model_args *a, uint64_t seed, lk_layer **out) {
     double dropout = lk_model_args_float(a, "dropout");
     if (!(dropout >= 0 && dropout < 1))
@@ -27,7 +23,8 @@ static lk_status build_mlp(const lk_model_args *a, uint64_t seed, lk_layer **out
     w[n++] = lk_model_args_int(a, "num_classes");
     lk_rng rng;
     lk__model_rng(&rng, seed);
-    lk_layer *m = lk_layer_create("MLP", mlp_forward, NULL, NULL);
+    /* one block, `layers` (itself a Sequential a strategy can cut further), on rows of input_dim */
+    lk_layer *m = lk__model_seq_create("MLP", 1, &w[0]);
     if (!m) return LK_STATUS_OUT_OF_MEMORY;
     lk_status st = lk_layer_add_child(m, "layers", lk__mlp_stack(w, n, dropout, false, &rng));
     if (st) {

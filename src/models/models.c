@@ -186,6 +186,23 @@ lk_status lk_model_input_shape(const char *name, const lk_model_kv *args, int n_
     return m->input_shape ? m->input_shape(&p, ndim, shape, why, why_size) : LK_STATUS_OK;
 }
 
+/* ---- blocks ------------------------------------------------------------------------ */
+
+lk_status lk_model_blocks(const lk_layer *model, int *count, const lk_named_layer **blocks) {
+    if (count) *count = 0;
+    if (blocks) *blocks = NULL;
+    if (!model || !count || !blocks)
+        return lk_error(LK_STATUS_INVALID_ARGUMENT, "model_blocks: NULL %s", !model ? "model" : !count ? "count" : "blocks");
+    if (!lk__is_model_seq(model) && !lk_layer_is_sequential(model))
+        return lk_error(LK_STATUS_INVALID_ARGUMENT,
+                        "model_blocks: a %s is not a sequence of blocks (expected a built-in model or a Sequential: "
+                        "its forward runs code of its own between its children)",
+                        model->type ? model->type : "layer");
+    *count = model->n_children;
+    *blocks = model->children;
+    return LK_STATUS_OK;
+}
+
 lk_tensor *lk_model_loss(const lk_model_info *info, lk_tensor *output, lk_tensor *x, lk_tensor *y) {
     if (!info || !output) {
         if (!lk_last_status()) lk_error(LK_STATUS_INVALID_ARGUMENT, "model_loss: NULL %s", info ? "output" : "model info");

@@ -30,9 +30,15 @@ void lk__model_rng(lk_rng *rng, uint64_t seed);
  * "0", "1", ...), optional Dropout after each hidden ReLU, optional final
  * Sigmoid. NULL with the error set on failure. */
 lk_layer *lk__mlp_stack(const int64_t *w, int n, double dropout, bool sigmoid, lk_rng *rng);
-/* [N, ...] -> [N, prod(...)]: the models accept images or flat rows (a 2-d
- * input passes through untouched, no reshape node). */
-lk_tensor *lk__flat_rows(lk_tensor *x);
+/* A built-in model's top layer, of type `type` (static string): its forward
+ * brings the input to the model's per-sample shape — sample_ndim 1: rows
+ * [N, -1] (a 2-d input untouched); 3: [N, shape...] from a 2-d input of flat
+ * rows (other inputs untouched) — then runs its children in order. The
+ * children added with lk_layer_add_child are its blocks (lk_model_blocks).
+ * NULL with the error set on failure. */
+lk_layer *lk__model_seq_create(const char *type, int sample_ndim, const int64_t *sample_shape);
+/* True for a layer lk__model_seq_create made. */
+bool lk__is_model_seq(const lk_layer *l);
 /* The input shape of the models that flatten their input: [input_dim]. */
 lk_status lk__flat_input_shape(const lk_model_args *a, int *ndim, int64_t shape[3], char *why, size_t why_size);
 
