@@ -1,7 +1,7 @@
 /* lockstep/models.h — the built-in models, registered by name for the CLI
  * (`model.class_path: autoencoder` in YAML), each with a table of init
  * arguments (name, type, default, help) that drives --help, YAML validation
- * and "did you mean" hints, and the loss it trains with.
+ * and "did you mean" hints, a builder, and the loss it trains with.
  *
  *   autoencoder  encoder Linear 784-512-256-64 with ReLU between, decoder
  *                mirrored 64-256-512-784 (optional final sigmoid); MSE
@@ -18,6 +18,18 @@
  *     lk_layer *m;
  *     lk_model_kv args[] = {{"hidden", "128,64"}, {"dropout", "0.1"}};
  *     if (lk_model_create("mlp", args, 2, 42, &m)) fprintf(stderr, "%s\n", lk_last_error());
+ *
+ * A new built-in model is one file, src/models/<name>.c, that defines
+ * `const lk_model_info lk__model_<name>` (its argument table, builder, input
+ * shape and loss), plus one line in the built-in list in src/models/models.c.
+ * Its builder reads the parsed arguments by name:
+ *
+ *     static lk_status build_wide(const lk_model_args *a, uint64_t seed, lk_layer **out) {
+ *         lk_rng rng;
+ *         lk_rng_init(&rng, seed, LK_RNG_INIT, 0, 0);
+ *         *out = lk_linear_create(lk_model_args_int(a, "input_dim"), lk_model_args_int(a, "width"), true, &rng);
+ *         return *out ? LK_STATUS_OK : lk_last_status();
+ *     }
  */
 #ifndef LOCKSTEP_MODELS_H
 #define LOCKSTEP_MODELS_H
@@ -38,6 +50,24 @@ typedef struct lk_model_arg {
     const char *help;
 } lk_model_arg;
 
+/* A model's init arguments parsed against its table (defaults filled in,
+ * every value checked against its type). Opaque; read with the accessors
+ * below. At most LK_MODEL_MAX_ARGS arguments per model. */
+typedef struct lk_model_args lk_model_args;
+#define LK_MODEL_MAX_ARGS 16
+#define LK_MODEL_MAX_WIDTHS 16 /* entries of an LK_ARG_INT_LIST */
+
+/* Builds the architecture from parsed arguments; `seed` keys any randomness
+ * the construction needs (lk_model_create redraws every parameter with
+ * lk_layer_reset_parameters(seed) afterwards). *out: a new layer the caller
+ * owns; on error NULL with the error set (a bad combination of values names
+ * the argument, its value and what was expected). */
+typedef lk_status (*lk_model_build_fn)(const lk_model_args *args, uint64_t seed, lk_layer **out);
+/* The per-sample input shape the built model takes (ndim 1..3); `why` gets
+ * the arguments that set it ("input_dim 784"). */
+typedef lk_status (*lk_model_input_shape_fn)(const lk_model_args *args, int *ndim, int64_t shape[3], char *why,
+                                             size_t why_size);
+
 typedef struct lk_model_info {
     const char *name;
     const char *help;
@@ -45,13 +75,15 @@ typedef struct lk_model_info {
     bool target_is_input; /* autoencoder: reconstructs its input; else class labels */
     const lk_model_arg *args;
     int n_args;
+    lk_model_build_fn build;
+    lk_model_input_shape_fn input_shape; /* (optional) NULL: the input is not checked before a run */
 } lk_model_info;
 
 typedef struct lk_model_kv {
     const char *key, *value;
 } lk_model_kv;
 
-/* The registered models (static table; never NULL). */
+/* The registered models, in the built-in list's order (static table; never NULL). */
 const lk_model_info *lk_models(int *count);
 /* The model of that name, or NULL with an error listing the registered ones. */
 const lk_model_info *lk_model_find(const char *name);
@@ -63,13 +95,45 @@ lk_status lk_model_create(const char *name, const lk_model_kv *args, int n_args,
 /* The per-sample input the model built from these args takes: [input_dim]
  * for autoencoder and mlp (any sample of input_dim elements; they flatten
  * it), [in_channels, image_size, image_size] for cnn (or the same elements
- * as one flat row); `why` gets the args that set it ("input_dim 784"). */
+ * as one flat row); `why` gets the args that set it ("input_dim 784").
+ * *ndim 0: the model does not say (no input_shape function). */
 lk_status lk_model_input_shape(const char *name, const lk_model_kv *args, int n_args, int *ndim, int64_t shape[3],
                                char *why, size_t why_size);
 /* The model's training loss for a batch: MSE of output against x (reshaped
  * to the output's shape) for target_is_input models, cross-entropy of
  * output (logits) against the i64 labels y otherwise. Scope-owned result. */
 lk_tensor *lk_model_loss(const lk_model_info *info, lk_tensor *output, lk_tensor *x, lk_tensor *y);
+
+/* ---- blocks: where a pipeline strategy cuts ---------------------------------------- */
+
+/* A built-in model is a sequence of blocks: its forward brings the input to
+ * the model's input shape (lk_model_input_shape: rows [N, input_dim], images
+ * [N, C, S, S]) and then runs its top-level children in order, so for an
+ * input of that shape running blocks [0, k) and then [k, n) is the model's
+ * forward — the cut points of a pipeline. *count gets the number of blocks
+ * and *blocks the array of them (name: the child's name, the prefix of its
+ * parameters' names, "conv1", "encoder"; layer: the block); both borrowed
+ * from `model`, valid until it is freed or changed.
+ *   autoencoder  encoder, decoder
+ *   mlp          layers (itself a Sequential: pass it here to cut inside)
+ *   cnn          conv1 bn1 relu1 pool1 conv2 bn2 relu2 pool2 flatten fc1 relu3 fc2
+ * A plain Sequential (lk_sequential_create) answers with its children too.
+ * Any other layer computes something of its own between its children: an
+ * INVALID_ARGUMENT error naming its type, *count 0 and *blocks NULL. */
+lk_status lk_model_blocks(const lk_layer *model, int *count, const lk_named_layer **blocks);
+
+/* ---- parsed arguments, for builders ------------------------------------------------- */
+
+/* The value of the argument `name` of the model's table. Asking for a name
+ * the table does not declare, or with the accessor of another type, is a bug
+ * in the model and panics. _int: LK_ARG_INT; _bool: LK_ARG_BOOL; _float:
+ * LK_ARG_FLOAT; _string: the text as given (any type; borrowed, lives as long
+ * as `a`); _list: LK_ARG_INT_LIST, returns the count, *values borrowed. */
+int64_t lk_model_args_int(const lk_model_args *a, const char *name);
+bool lk_model_args_bool(const lk_model_args *a, const char *name);
+double lk_model_args_float(const lk_model_args *a, const char *name);
+const char *lk_model_args_string(const lk_model_args *a, const char *name);
+int lk_model_args_list(const lk_model_args *a, const char *name, const int64_t **values);
 
 #ifdef __cplusplus
 }

@@ -294,6 +294,9 @@ lk_layer *lk_identity_create(void);
 lk_layer *lk_sequential_create(int n, lk_layer *const *layers);
 /* Appends one layer as child "<n>" (takes ownership, even on failure). */
 lk_status lk_sequential_append(lk_layer *seq, lk_layer *layer);
+/* True when l is a Sequential: its forward runs its children in order and
+ * nothing else, so it can be cut between any two of them. */
+bool lk_layer_is_sequential(const lk_layer *l);
 
 #ifdef __cplusplus
 }

@@ -413,6 +413,8 @@ lk_status lk_sequential_append(lk_layer *seq, lk_layer *layer) {
     return lk_layer_add_child(seq, name, layer);
 }
 
+bool lk_layer_is_sequential(const lk_layer *l) { return l && l->forward == sequential_forward; }
+
 lk_layer *lk_sequential_create(int n, lk_layer *const *layers) {
     lk_layer *seq = lk_layer_create("Sequential", sequential_forward, NULL, NULL);
     lk_status st = seq ? LK_STATUS_OK : LK_STATUS_OUT_OF_MEMORY;

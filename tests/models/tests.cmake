@@ -1,3 +1,7 @@
 lk_add_test(NAME models SOURCES models/test_models.c LABELS unit parity TIMEOUT 120)
 # The benchmark program; ctest only runs its one-iteration smoke mode.
 lk_add_test(NAME models_bench_smoke SOURCES models/bench_models.c LABELS unit ARGS --quick TIMEOUT 60)
+# The built-in list: a builder per model, one file per model, no name compared in the registry.
+lk_add_test(NAME model_registry SOURCES models/test_model_registry.c LABELS unit TIMEOUT 60)
+# lk_model_blocks: the cut points; blocks run in order are bitwise the model's forward (output, gradients, buffers).
+lk_add_test(NAME model_blocks SOURCES models/test_model_blocks.c LABELS unit TIMEOUT 60)

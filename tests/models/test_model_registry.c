@@ -1,0 +1,90 @@
+/* model_registry: the built-in list as data — every registered model has a
+ * builder and an input shape, is defined in exactly one file,
+ * src/models/<name>.c, and the registry itself (models.c) names no model
+ * (no strcmp chain: a new model is a file and a line in the list). */
+#include <dirent.h>
+#include <stdio.h>
+
+#include "lk_test.h"
+#include "lockstep/models.h"
+
+/* The whole file as a string (caller frees), or NULL. */
+static char *slurp(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *s = malloc((size_t)n + 1);
+    if (s && fread(s, 1, (size_t)n, f) != (size_t)n) n = 0;
+    if (s) s[n] = 0;
+    fclose(f);
+    return s;
+}
+
+static void every_builtin_has_a_builder(void) {
+    int n = 0;
+    const lk_model_info *m = lk_models(&n);
+    CHECK(n >= 3);
+    for (int i = 0; i < n; i++) {
+        CHECK_MSG(m[i].build && m[i].input_shape, "model %s: builder %p, input_shape %p", m[i].name, (void *)m[i].build,
+                  (void *)m[i].input_shape);
+        CHECK_MSG(m[i].n_args <= LK_MODEL_MAX_ARGS, "model %s: %d args", m[i].name, m[i].n_args);
+        CHECK(lk_model_find(m[i].name) == &m[i]);
+        /* built with its defaults through lk_model_create: a layer with parameters */
+        lk_layer *l = NULL;
+        CHECK_OK(lk_model_create(m[i].name, NULL, 0, 3, &l));
+        CHECK_MSG(l && lk_layer_num_parameters(l) > 0, "model %s built nothing", m[i].name);
+        int nd = -1;
+        int64_t shape[3];
+        char why[128];
+        CHECK_OK(lk_model_input_shape(m[i].name, NULL, 0, &nd, shape, why, sizeof why));
+        CHECK_MSG(nd >= 1 && nd <= 3 && why[0], "model %s: input ndim %d (%s)", m[i].name, nd, why);
+        lk_layer_free(l);
+    }
+}
+
+static void one_file_per_model(void) {
+    int n = 0;
+    const lk_model_info *m = lk_models(&n);
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/src/models", LK_SOURCE_DIR);
+    for (int i = 0; i < n; i++) {
+        char def[128];
+        snprintf(def, sizeof def, "const lk_model_info lk__model_%s = {", m[i].name);
+        int found = 0;
+        char where[512] = "";
+        DIR *d = opendir(dir);
+        CHECK_MSG(d, "cannot open %s", dir);
+        for (struct dirent *e; d && (e = readdir(d));) {
+            size_t len = strlen(e->d_name);
+            if (len < 3 || strcmp(e->d_name + len - 2, ".c")) continue;
+            char path[1024];
+            snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+            char *s = slurp(path);
+            if (s && strstr(s, def)) {
+                found++;
+                snprintf(where, sizeof where, "%s", e->d_name);
+            }
+            free(s);
+        }
+        if (d) closedir(d);
+        char want[128];
+        snprintf(want, sizeof want, "%s.c", m[i].name);
+        CHECK_MSG(found == 1 && !strcmp(where, want), "model %s: defined in %d files (last %s), expected once in %s",
+                  m[i].name, found, where, want);
+    }
+    /* the registry compares no model names: the builders do the work */
+    char path[1024];
+    snprintf(path, sizeof path, "%s/models.c", dir);
+    char *s = slurp(path);
+    CHECK_MSG(s, "cannot read %s", path);
+    for (int i = 0; s && i < n; i++) {
+        char quoted[64];
+        snprintf(quoted, sizeof quoted, "\"%s\"", m[i].name);
+        CHECK_MSG(!strstr(s, quoted), "src/models/models.c names model %s", quoted);
+    }
+    free(s);
+}
+
+LK_TEST_MAIN(LK_TEST_CASE(every_builtin_has_a_builder), LK_TEST_CASE(one_file_per_model))
