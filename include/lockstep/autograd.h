@@ -1,10 +1,25 @@
 /* lockstep/autograd.h — differentiable ops and reverse-mode autograd.
  *
  * Ops record themselves on a per-thread tape when grad mode is on and an
- * input requires grad; lk_backward(loss) walks the tape in reverse and
- * accumulates into the .grad of leaf tensors (parameters). The moment a
- * leaf's gradient is final for this pass its grad hook fires — the DDP
- * strategy starts bucket all-reduces from there, while backward goes on.
+ * input requires grad; lk_backward(loss) runs the nodes its loss reaches in
+ * reverse order of recording and accumulates into the .grad of leaf tensors
+ * (parameters). The moment a leaf's gradient is final for this pass its
+ * grad hook fires — the DDP strategy starts bucket all-reduces from there,
+ * while backward goes on.
+ *
+ * Many graphs: several forward graphs may be alive at once on one thread
+ * (a pipeline's micro-batches), and their backwards may run in any order.
+ * A backward frees the nodes it reached that no live node still consumes:
+ * its own graph. A subgraph two graphs share (one trunk, two heads) stays
+ * until the last of them has run its backward, and each backward runs it
+ * with its own gradient, so every graph's gradients are bitwise what its
+ * backward alone gives. Parameters are leaves, not nodes: sharing them
+ * keeps nothing alive; each backward adds into their .grad. A backward may
+ * run forwards and backwards inside it (a custom function's, activation
+ * checkpointing's recompute): such a nested backward accumulates into
+ * leaves but fires no grad hooks — the outermost pass fires them when it
+ * is done with the leaf — and it stops at the nodes of the passes around
+ * it.
  *
  * Every op returns a new tensor owned by the innermost lk_scope (or by the
  * caller when none is open), or NULL with the error set. A NULL input makes
@@ -32,7 +47,9 @@ extern "C" {
 
 /* ---- scopes: who owns an op's result ----------------------------------------- */
 
-/* Autorelease scopes (per thread, nestable). */
+/* Autorelease scopes (per thread, nestable). lk_scope_end releases the
+ * tensors adopted inside and the tape nodes recorded inside (a tensor kept
+ * past it loses its grad_fn). */
 void lk_scope_begin(void);
 void lk_scope_end(void);
 /* Hands a tensor the caller owns to the innermost scope (returns it). */
@@ -66,15 +83,18 @@ void lk_tensor_zero_grad(lk_tensor *t, bool set_to_none);
 void lk_tensor_set_grad_hook(lk_tensor *t, lk_grad_hook fn, void *ctx);
 
 /* d(loss)/d(leaf) accumulated into every reachable leaf's .grad. `loss` must
- * hold one element. The part of the tape it used is released afterwards. */
+ * hold one element. Afterwards the nodes it reached are released, except
+ * those another live graph still consumes (see "Many graphs" above). */
 lk_status lk_backward(lk_tensor *loss);
 /* The same with an explicit output gradient (same shape as `out`). */
 lk_status lk_backward_with(lk_tensor *out, lk_tensor *grad_out);
 /* Frees this thread's tape, scope stack and node cache. A thread that ran
  * ops calls it before it exits (the main thread need not). */
 void lk_thread_cleanup(void);
-/* Drops the whole tape of this thread (scope ends do this for their part). */
+/* Drops the whole tape of this thread, every live graph (scope ends do this
+ * for the nodes recorded inside them, whether or not a backward ran). */
 void lk_tape_reset(void);
+/* The number of live nodes on this thread's tape, all graphs together. */
 size_t lk_tape_len(void);
 
 /* Op timing for profilers (trainer.profiler: advanced, trace). While a hook

@@ -1,0 +1,156 @@
+/* Many graphs on one thread: several forward graphs alive at once, their
+ * backwards run in another order than their forwards, each freeing only its
+ * own nodes; a subgraph two graphs share lives until the last of them has
+ * run its backward; leaf hooks count per pass. */
+#include <string.h>
+
+#include "gradcheck.h"
+
+enum { NG = 4 };
+
+/* A small net: loss_k = mse(tanh(linear(relu(linear(x_k, w1, b1)), w2)), y_k). */
+static lk_tensor *net_loss(lk_tensor *x, lk_tensor *y, lk_tensor *w1, lk_tensor *b1, lk_tensor *w2) {
+    lk_tensor *h = lk_relu(lk_linear(x, w1, b1));
+    return lk_mse_loss(lk_tanh(lk_linear(h, w2, NULL)), y, LK_REDUCTION_MEAN);
+}
+
+static lk_tensor *copy_grad(const lk_tensor *p) { return p->grad ? lk_tensor_clone(p->grad) : NULL; }
+
+static bool same_bits(const lk_tensor *a, const lk_tensor *b) {
+    return a && b && a->numel == b->numel && !memcmp(a->data, b->data, (size_t)a->numel * sizeof(float));
+}
+
+static int hooks_fired[3];
+static void count_hook(lk_tensor *p, void *ctx) {
+    (void)p;
+    hooks_fired[(intptr_t)ctx]++;
+}
+
+static void four_graphs_out_of_order(void) {
+    lk_tensor *w1 = lk_gc_param(1, LK_SHAPE(6, 5)), *b1 = lk_gc_param(2, LK_SHAPE(6)), *w2 = lk_gc_param(3, LK_SHAPE(3, 6));
+    lk_tensor *p[3] = {w1, b1, w2};
+    lk_tensor *x[NG], *y[NG];
+    for (int k = 0; k < NG; k++) {
+        x[k] = lk_gc_param(10 + (uint32_t)k, LK_SHAPE(4, 5));
+        y[k] = lk_gc_param(20 + (uint32_t)k, LK_SHAPE(4, 3));
+        lk_tensor_set_requires_grad(y[k], false);
+    }
+    /* one by one: forward, backward, the gradients */
+    lk_tensor *ref[NG][4];
+    size_t nodes = 0;
+    for (int k = 0; k < NG; k++) {
+        for (int i = 0; i < 3; i++) lk_tensor_zero_grad(p[i], true);
+        lk_tensor_zero_grad(x[k], true);
+        lk_scope_begin();
+        lk_tensor *loss = net_loss(x[k], y[k], w1, b1, w2);
+        nodes = lk_tape_len();
+        CHECK_OK(lk_backward(loss));
+        CHECK(lk_tape_len() == 0);
+        lk_scope_end();
+        for (int i = 0; i < 3; i++) ref[k][i] = copy_grad(p[i]);
+        ref[k][3] = copy_grad(x[k]);
+    }
+    CHECK(nodes > 4);
+    /* four alive at once, backwards in the order 2, 0, 3, 1 */
+    for (int i = 0; i < 3; i++) lk_tensor_set_grad_hook(p[i], count_hook, (void *)(intptr_t)i);
+    lk_scope_begin();
+    lk_tensor *loss[NG];
+    for (int k = 0; k < NG; k++) loss[k] = net_loss(x[k], y[k], w1, b1, w2);
+    CHECK(lk_tape_len() == NG * nodes);
+    static const int order[NG] = {2, 0, 3, 1};
+    for (int j = 0; j < NG; j++) {
+        int k = order[j];
+        for (int i = 0; i < 3; i++) lk_tensor_zero_grad(p[i], true);
+        lk_tensor_zero_grad(x[k], true);
+        memset(hooks_fired, 0, sizeof hooks_fired);
+        CHECK_OK(lk_backward(loss[k]));
+        CHECK_MSG(lk_tape_len() == (size_t)(NG - 1 - j) * nodes, "after backward %d: %zu nodes live, want %zu", j,
+                  lk_tape_len(), (size_t)(NG - 1 - j) * nodes);
+        CHECK(loss[k]->grad_fn == NULL); /* its graph is gone, the others' are not */
+        for (int o = j + 1; o < NG; o++) CHECK(loss[order[o]]->grad_fn != NULL);
+        for (int i = 0; i < 3; i++) {
+            CHECK_MSG(same_bits(p[i]->grad, ref[k][i]), "graph %d: parameter %d's gradient differs", k, i);
+            CHECK_MSG(hooks_fired[i] == 1, "graph %d: parameter %d's hook fired %d times", k, i, hooks_fired[i]);
+        }
+        CHECK_MSG(same_bits(x[k]->grad, ref[k][3]), "graph %d: the input's gradient differs", k);
+    }
+    CHECK_ERR(lk_backward(loss[2]), LK_STATUS_INVALID_USAGE, "does not require grad");
+    lk_scope_end();
+    CHECK(lk_tape_len() == 0);
+    for (int k = 0; k < NG; k++) {
+        for (int i = 0; i < 4; i++) lk_tensor_release(ref[k][i]);
+        lk_tensor_release(x[k]);
+        lk_tensor_release(y[k]);
+    }
+    for (int i = 0; i < 3; i++) lk_tensor_release(p[i]);
+}
+
+/* Two heads on one trunk: the trunk's nodes stay until both heads' backwards
+ * have run, and each head's gradients are those of running it alone. */
+static void shared_trunk(void) {
+    lk_tensor *x = lk_gc_param(30, LK_SHAPE(4, 5)), *w1 = lk_gc_param(31, LK_SHAPE(6, 5)), *w2 = lk_gc_param(32, LK_SHAPE(2, 6));
+    lk_tensor *ga[2], *gb[2];
+    for (int head = 0; head < 2; head++) { /* alone */
+        lk_tensor_zero_grad(x, true);
+        lk_tensor_zero_grad(w1, true);
+        lk_scope_begin();
+        lk_tensor *h = lk_relu(lk_linear(x, w1, NULL));
+        lk_tensor *l = head == 0 ? lk_sum(lk_linear(h, w2, NULL), NULL, 0, false) : lk_sum(lk_mul(h, h), NULL, 0, false);
+        CHECK_OK(lk_backward(l));
+        lk_scope_end();
+        (head == 0 ? ga : gb)[0] = copy_grad(x);
+        (head == 0 ? ga : gb)[1] = copy_grad(w1);
+    }
+    lk_tensor_zero_grad(x, true);
+    lk_tensor_zero_grad(w1, true);
+    lk_scope_begin();
+    lk_tensor *h = lk_relu(lk_linear(x, w1, NULL));
+    size_t trunk = lk_tape_len();
+    lk_tensor *la = lk_sum(lk_linear(h, w2, NULL), NULL, 0, false);
+    lk_tensor *lb = lk_sum(lk_mul(h, h), NULL, 0, false);
+    size_t all = lk_tape_len();
+    CHECK_OK(lk_backward(lb)); /* the later head first */
+    CHECK(same_bits(x->grad, gb[0]) && same_bits(w1->grad, gb[1]));
+    CHECK_MSG(lk_tape_len() == all - 2 && h->grad_fn, "%zu nodes live, want %zu (the trunk and head a)", lk_tape_len(),
+              all - 2);
+    lk_tensor_zero_grad(x, true);
+    lk_tensor_zero_grad(w1, true);
+    CHECK_OK(lk_backward(la));
+    CHECK(same_bits(x->grad, ga[0]) && same_bits(w1->grad, ga[1]));
+    CHECK(lk_tape_len() == 0 && h->grad_fn == NULL);
+    (void)trunk;
+    lk_scope_end();
+    /* a scope's end still drops what was recorded inside it, backward or not */
+    lk_scope_begin();
+    lk_tensor *kept = lk_tensor_keep(lk_relu(lk_linear(x, w1, NULL)));
+    lk_scope_begin();
+    lk_tensor *inner = lk_sum(kept, NULL, 0, false);
+    CHECK(lk_tape_len() == 3 && inner->grad_fn);
+    lk_scope_end();
+    CHECK(lk_tape_len() == 2 && kept->grad_fn);
+    lk_scope_end();
+    CHECK(lk_tape_len() == 0 && kept->grad_fn == NULL);
+    lk_tensor_release(kept);
+    for (int i = 0; i < 2; i++) {
+        lk_tensor_release(ga[i]);
+        lk_tensor_release(gb[i]);
+    }
+    lk_tensor_release(x);
+    lk_tensor_release(w1);
+    lk_tensor_release(w2);
+}
+
+static lk_tensor *f_net(lk_tensor **in, void *ctx) {
+    (void)ctx;
+    return net_loss(in[0], in[4], in[1], in[2], in[3]);
+}
+
+/* The net the tests above run, checked against finite differences once. */
+static void net_gradcheck(void) {
+    lk_tensor *in[5] = {lk_gc_param(40, LK_SHAPE(4, 5)), lk_gc_param(41, LK_SHAPE(6, 5)), lk_gc_param(42, LK_SHAPE(6)),
+                        lk_gc_param(43, LK_SHAPE(3, 6)), lk_gc_param(44, LK_SHAPE(4, 3))};
+    lk_gradcheck("net", f_net, in, 5, NULL);
+    for (int i = 0; i < 5; i++) lk_tensor_release(in[i]);
+}
+
+LK_TEST_MAIN(LK_TEST_CASE(four_graphs_out_of_order), LK_TEST_CASE(shared_trunk), LK_TEST_CASE(net_gradcheck))
