@@ -109,6 +109,66 @@ typedef void (*lk_op_hook)(void *ctx, const char *op, bool backward, double t_st
 void lk_set_op_hook(lk_op_hook fn, void *ctx);
 void lk_op_hook_mark(void);
 
+/* ---- custom functions ------------------------------------------------------------
+ * torch.autograd.Function: a forward the tape does not look inside and the
+ * backward that goes with it. The forward runs with grad mode off (what it
+ * computes is not recorded) inside a scope of its own: its temporaries go
+ * when it returns, its result becomes the output. One node is recorded for
+ * the output when grad mode is on and an input requires grad; its backward
+ * receives the output's gradient (contiguous, the output's shape and dtype)
+ * and fills grad_in[i] (NULL: none) for the inputs it differentiates, each
+ * of that input's shape; they are added into the inputs' gradients. The
+ * backward runs with grad mode off inside a scope (results of ops are fine
+ * as grad_in) and may turn grad mode on, run a forward and a nested
+ * lk_backward (a recompute). Every tensor whose gradient the backward
+ * produces, parameters included, must be an input: a nested backward fires
+ * no grad hooks, and the input's place is where the outer pass fires them.
+ *
+ *     // y = x * w, saving both for backward
+ *     static lk_tensor *mul_fwd(lk_function_ctx *c, int n, lk_tensor *const *in) {
+ *         (void)n;
+ *         if (lk_function_save(c, in[0]) || lk_function_save(c, in[1])) return NULL;
+ *         return lk_mul(in[0], in[1]);
+ *     }
+ *     static lk_status mul_bwd(lk_function_ctx *c, lk_tensor *g, lk_tensor **grad_in) {
+ *         lk_tensor *x = lk_function_saved(c, 0), *w = lk_function_saved(c, 1);
+ *         if (lk_function_needs_grad(c, 0)) grad_in[0] = lk_mul(g, w);
+ *         if (lk_function_needs_grad(c, 1)) grad_in[1] = lk_mul(g, x);
+ *         return lk_last_status();
+ *     }
+ *     static const lk_function my_mul = {"my_mul", mul_fwd, mul_bwd, NULL};
+ *     ...
+ *     lk_tensor *y = lk_function_apply(&my_mul, 2, (lk_tensor *[]){x, w}, NULL);
+ *
+ * (tests/autograd/test_graphs.c runs this one, and a recompute.) */
+typedef struct lk_function_ctx lk_function_ctx;
+typedef struct lk_function {
+    const char *name; /* in errors and the profiler's op table */
+    /* The output, as an op returns it, or NULL with the error set. */
+    lk_tensor *(*forward)(lk_function_ctx *ctx, int n_in, lk_tensor *const *in);
+    /* LK_STATUS_OK, or the error (set with lk_error) that stops the backward. */
+    lk_status (*backward)(lk_function_ctx *ctx, lk_tensor *grad_out, lk_tensor **grad_in);
+    /* (optional) frees the state given to lk_function_apply */
+    void (*destroy)(void *state);
+} lk_function;
+/* Runs fn on in[0..n_in) and returns its output as an op does (NULL with
+ * the error set on failure; a NULL input keeps the first error). `state`
+ * is the function's (lk_function_state), given to fn->destroy when the
+ * node goes — after the backward, or at once when none is recorded or on
+ * failure. fn must outlive the node. */
+lk_tensor *lk_function_apply(const lk_function *fn, int n_in, lk_tensor *const *in, void *state);
+/* Keeps t (a reference) for the backward: torch's save_for_backward. */
+lk_status lk_function_save(lk_function_ctx *ctx, lk_tensor *t);
+/* The i-th saved tensor (borrowed), or NULL. */
+lk_tensor *lk_function_saved(const lk_function_ctx *ctx, int i);
+void *lk_function_state(const lk_function_ctx *ctx);
+/* Whether input i requires a gradient in this call (false when no node
+ * was recorded). */
+bool lk_function_needs_grad(const lk_function_ctx *ctx, int i);
+/* A view of t's memory without its graph (requires_grad false): torch's
+ * detach. */
+lk_tensor *lk_detach(lk_tensor *t);
+
 /* ---- autocast (mixed precision) ---------------------------------------------
  * Inside an autocast region of dtype LK_BF16 or LK_F16 (per thread,
  * nestable), as torch.autocast: matmul and linear (forward and backward)

@@ -153,4 +153,134 @@ static void net_gradcheck(void) {
     for (int i = 0; i < 5; i++) lk_tensor_release(in[i]);
 }
 
-LK_TEST_MAIN(LK_TEST_CASE(four_graphs_out_of_order), LK_TEST_CASE(shared_trunk), LK_TEST_CASE(net_gradcheck))
+/* ---- lk_function ------------------------------------------------------------ */
+
+/* The header's example: y = x * w. */
+static lk_tensor *mul_fwd(lk_function_ctx *c, int n, lk_tensor *const *in) {
+    (void)n;
+    if (lk_function_save(c, in[0]) || lk_function_save(c, in[1])) return NULL;
+    return lk_mul(in[0], in[1]);
+}
+static lk_status mul_bwd(lk_function_ctx *c, lk_tensor *g, lk_tensor **grad_in) {
+    lk_tensor *x = lk_function_saved(c, 0), *w = lk_function_saved(c, 1);
+    if (lk_function_needs_grad(c, 0)) grad_in[0] = lk_mul(g, w);
+    if (lk_function_needs_grad(c, 1)) grad_in[1] = lk_mul(g, x);
+    return lk_last_status();
+}
+static const lk_function my_mul = {"my_mul", mul_fwd, mul_bwd, NULL};
+
+/* A recompute: the forward keeps only its inputs; the backward runs the
+ * forward again with grad mode on and differentiates it with a nested
+ * backward. y = tanh(linear(x, w, b)) * 2. */
+static int destroyed, fwd_grad_on;
+static void count_destroy(void *state) { destroyed += *(int *)state; }
+static lk_tensor *body(lk_tensor *x, lk_tensor *w, lk_tensor *b) { return lk_mul_scalar(lk_tanh(lk_linear(x, w, b)), 2.0f); }
+static lk_tensor *re_fwd(lk_function_ctx *c, int n, lk_tensor *const *in) {
+    (void)n;
+    fwd_grad_on += lk_grad_enabled();
+    for (int i = 0; i < 3; i++)
+        if (lk_function_save(c, in[i])) return NULL;
+    return body(in[0], in[1], in[2]);
+}
+static lk_status re_bwd(lk_function_ctx *c, lk_tensor *g, lk_tensor **grad_in) {
+    lk_tensor *x = lk_detach(lk_function_saved(c, 0));
+    if (!x) return lk_last_status();
+    lk_tensor_set_requires_grad(x, true);
+    size_t live = lk_tape_len();
+    bool prev = lk_set_grad_enabled(true); /* a forward inside the backward */
+    lk_tensor *y = body(x, lk_function_saved(c, 1), lk_function_saved(c, 2));
+    lk_set_grad_enabled(prev);
+    CHECK(lk_tape_len() > live);
+    lk_status st = y ? lk_backward_with(y, g) : lk_last_status(); /* and a nested backward */
+    CHECK(lk_tape_len() == live); /* it freed its own graph, not the outer one */
+    if (!st) grad_in[0] = x->grad; /* the parameters' gradients went straight into them */
+    return st;
+}
+static lk_tensor *id_fwd(lk_function_ctx *c, int n, lk_tensor *const *in) {
+    (void)c;
+    (void)n;
+    return in[0];
+}
+static lk_status id_bwd(lk_function_ctx *c, lk_tensor *g, lk_tensor **grad_in) {
+    (void)c;
+    grad_in[0] = g;
+    return LK_STATUS_OK;
+}
+static const lk_function recompute = {"recompute", re_fwd, re_bwd, count_destroy};
+
+static lk_tensor *f_my_mul(lk_tensor **in, void *ctx) {
+    (void)ctx;
+    return lk_function_apply(&my_mul, 2, in, NULL);
+}
+static lk_tensor *f_recompute(lk_tensor **in, void *ctx) {
+    (void)ctx;
+    return lk_tanh(lk_function_apply(&recompute, 3, in, NULL));
+}
+
+static void function_gradcheck(void) {
+    lk_tensor *in[3] = {lk_gc_param(50, LK_SHAPE(4, 5)), lk_gc_param(51, LK_SHAPE(4, 5)), NULL};
+    lk_gradcheck("my_mul", f_my_mul, in, 2, NULL);
+    lk_tensor_set_requires_grad(in[0], false); /* one input without a gradient */
+    lk_gradcheck("my_mul x fixed", f_my_mul, in, 2, NULL);
+    CHECK(in[0]->grad == NULL);
+    lk_tensor_release(in[0]);
+    lk_tensor_release(in[1]);
+    lk_tensor *r[3] = {lk_gc_param(52, LK_SHAPE(3, 5)), lk_gc_param(53, LK_SHAPE(4, 5)), lk_gc_param(54, LK_SHAPE(4))};
+    lk_gradcheck("recompute", f_recompute, r, 3, NULL);
+    for (int i = 0; i < 3; i++) lk_tensor_release(r[i]);
+    CHECK(lk_tape_len() == 0);
+}
+
+/* A forward run inside a backward, and its nested backward: the gradients
+ * are bitwise those of the plain graph, every hook fires once, from the
+ * outer pass, and the state goes with the node. */
+static void nested_forward_in_backward(void) {
+    lk_tensor *x = lk_gc_param(60, LK_SHAPE(3, 5)), *w = lk_gc_param(61, LK_SHAPE(4, 5)), *b = lk_gc_param(62, LK_SHAPE(4));
+    lk_tensor *p[3] = {x, w, b}, *ref[3];
+    lk_scope_begin();
+    CHECK_OK(lk_backward(lk_sum(lk_tanh(body(x, w, b)), NULL, 0, false)));
+    lk_scope_end();
+    for (int i = 0; i < 3; i++) {
+        ref[i] = copy_grad(p[i]);
+        lk_tensor_zero_grad(p[i], true);
+        lk_tensor_set_grad_hook(p[i], count_hook, (void *)(intptr_t)i);
+    }
+    memset(hooks_fired, 0, sizeof hooks_fired);
+    int *state = lk_malloc(sizeof *state);
+    *state = 1;
+    destroyed = fwd_grad_on = 0;
+    lk_scope_begin();
+    lk_tensor *y = lk_function_apply(&recompute, 3, p, state);
+    CHECK(y && y->grad_fn && lk_tape_len() == 1 && fwd_grad_on == 0);
+    lk_tensor *loss = lk_sum(lk_tanh(y), NULL, 0, false);
+    CHECK_OK(lk_backward(loss));
+    CHECK(lk_tape_len() == 0 && destroyed == 1);
+    lk_scope_end();
+    lk_free(state);
+    for (int i = 0; i < 3; i++) {
+        CHECK_MSG(same_bits(p[i]->grad, ref[i]), "input %d: the recomputed gradient differs", i);
+        CHECK_MSG(hooks_fired[i] == 1, "input %d: its hook fired %d times", i, hooks_fired[i]);
+        lk_tensor_release(ref[i]);
+    }
+    /* without grad mode: no node, the state goes at once */
+    state = lk_malloc(sizeof *state);
+    *state = 1;
+    lk_scope_begin();
+    bool prev = lk_set_grad_enabled(false);
+    y = lk_function_apply(&recompute, 3, p, state);
+    lk_set_grad_enabled(prev);
+    CHECK(y && !y->grad_fn && destroyed == 2 && lk_tape_len() == 0);
+    lk_scope_end();
+    lk_free(state);
+    /* an identity function's output is a tensor of its own */
+    lk_scope_begin();
+    lk_tensor *same = lk_function_apply(&(lk_function){"id", id_fwd, id_bwd, NULL}, 1, &w, NULL);
+    CHECK(same && same != w && same->grad_fn && !w->grad_fn && same->data == w->data);
+    lk_scope_end();
+    CHECK_ERR(lk_function_apply(&(lk_function){"broken", NULL, id_bwd, NULL}, 1, &w, NULL) ? 0 : lk_last_status(),
+              LK_STATUS_INVALID_ARGUMENT, "needs a function with forward and backward");
+    for (int i = 0; i < 3; i++) lk_tensor_release(p[i]);
+}
+
+LK_TEST_MAIN(LK_TEST_CASE(four_graphs_out_of_order), LK_TEST_CASE(shared_trunk), LK_TEST_CASE(net_gradcheck),
+             LK_TEST_CASE(function_gradcheck), LK_TEST_CASE(nested_forward_in_backward))
