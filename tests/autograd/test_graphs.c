@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "gradcheck.h"
+#include "lockstep/nn.h"
 
 enum { NG = 4 };
 
@@ -282,5 +283,63 @@ static void nested_forward_in_backward(void) {
     for (int i = 0; i < 3; i++) lk_tensor_release(p[i]);
 }
 
-LK_TEST_MAIN(LK_TEST_CASE(four_graphs_out_of_order), LK_TEST_CASE(shared_trunk), LK_TEST_CASE(net_gradcheck),
+/* ---- layer hooks ------------------------------------------------------------------ */
+
+static char events[256];
+static lk_status log_hook(lk_layer *l, lk_layer_hook_when when, void *ctx) {
+    (void)l;
+    char e[8];
+    snprintf(e, sizeof e, "%c%d%s ", "FBA"[when], (int)(intptr_t)ctx, lk_layer_recomputing() ? "r" : "");
+    strncat(events, e, sizeof events - strlen(events) - 1);
+    /* after backward: this layer's parameter gradients are there */
+    if (when == LK_LAYER_AFTER_BACKWARD && lk_layer_param(l, 0) && !lk_layer_param(l, 0)->grad)
+        strncat(events, "(no grad!) ", sizeof events - strlen(events) - 1);
+    return LK_STATUS_OK;
+}
+
+/* Linear, Tanh, Linear, each with every hook; the middle one checkpointed
+ * in the second run: the hooks fire in the documented order, the recompute
+ * fires the middle layer's BEFORE_FORWARD again, the gradients are the
+ * same bits. */
+static void layer_hooks_order(void) {
+    lk_rng rng;
+    lk_rng_init(&rng, 5, LK_RNG_INIT, 0, 0);
+    lk_layer *seq = lk_sequential_create(3, (lk_layer *[]){lk_linear_create(5, 6, true, &rng), lk_tanh_create(),
+                                                            lk_linear_create(6, 2, true, &rng)});
+    CHECK(seq != NULL);
+    for (int k = 0; k < 3; k++)
+        for (int w = 0; w < 3; w++) CHECK_OK(lk_layer_add_hook(lk_layer_child(seq, k), w, log_hook, (void *)(intptr_t)k));
+    lk_tensor *x = lk_gc_param(70, LK_SHAPE(3, 5));
+    lk_tensor_set_requires_grad(x, false); /* the first layer's input needs no gradient: its hooks fire all the same */
+    lk_tensor *ref = NULL;
+    static const char *const want[2] = {"F0 F1 F2 B2 A2 B1 A1 B0 A0 ", "F0 F1 F2 B2 A2 B1 F1r A1 B0 A0 "};
+    for (int run = 0; run < 2; run++) {
+        CHECK_OK(lk_layer_set_checkpoint(lk_layer_child(seq, 1), run == 1));
+        lk_layer_zero_grad(seq, true);
+        events[0] = '\0';
+        lk_scope_begin();
+        CHECK_OK(lk_backward(lk_sum(lk_layer_forward(seq, x), NULL, 0, false)));
+        lk_scope_end();
+        CHECK_MSG(!strcmp(events, want[run]), "run %d: hooks fired \"%s\", want \"%s\"", run, events, want[run]);
+        lk_tensor *g = lk_layer_param(lk_layer_child(seq, 0), 0)->grad;
+        if (run == 0) ref = lk_tensor_clone(g);
+        else CHECK_MSG(same_bits(g, ref), "the checkpointed run's first-layer gradient differs");
+    }
+    CHECK(lk_tape_len() == 0);
+    /* no grad mode: only BEFORE_FORWARD, and no recompute */
+    events[0] = '\0';
+    lk_scope_begin();
+    bool prev = lk_set_grad_enabled(false);
+    CHECK(lk_layer_forward(seq, x) != NULL);
+    lk_set_grad_enabled(prev);
+    lk_scope_end();
+    CHECK_MSG(!strcmp(events, "F0 F1 F2 "), "no grad: hooks fired \"%s\"", events);
+    CHECK_ERR(lk_layer_add_hook(seq, (lk_layer_hook_when)7, log_hook, NULL), LK_STATUS_INVALID_ARGUMENT,
+              "one of LK_LAYER_BEFORE_FORWARD");
+    lk_tensor_release(ref);
+    lk_tensor_release(x);
+    lk_layer_free(seq);
+}
+
+LK_TEST_MAIN(LK_TEST_CASE(layer_hooks_order), LK_TEST_CASE(four_graphs_out_of_order), LK_TEST_CASE(shared_trunk), LK_TEST_CASE(net_gradcheck),
              LK_TEST_CASE(function_gradcheck), LK_TEST_CASE(nested_forward_in_backward))
