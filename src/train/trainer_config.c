@@ -110,10 +110,11 @@ static const lk_param trainer_params[] = {
       "DeviceStatsMonitor: log CPU utilisation and resident memory (rank 0, and the largest RSS of any rank)"),
     T("enable_tensorboard", BOOL, enable_tensorboard, "true", 1, 0, NULL, "also write TensorBoard event files"),
     T("activation_checkpointing", BOOL, activation_checkpointing, "false", 1, 0, NULL,
-      "keep only each top-level block's input in the forward and recompute the block in the backward (less memory, "
-      "more compute; the gradients are the same bits)"),
+      "keep only each top-level block's input in the forward and recompute the block in the backward (saves the "
+      "activations inside multi-layer blocks, costs a forward; the gradients are the same bits; docs/PROFILING.md)"),
     T("activation_checkpointing_policy", STRING, activation_checkpointing_policy, "", 1, 0, NULL,
-      "FSDP's policy: checkpoint every layer of these classes instead, e.g. \"Linear,Conv2d\" or \"[Sequential]\""),
+      "FSDP's policy: checkpoint every layer of these classes instead, a comma-separated string, e.g. "
+      "\"Linear,Conv2d\" or Sequential"),
 };
 
 const lk_param *lk_trainer_params(int *count) {
