@@ -1,10 +1,25 @@
 /* lockstep/autograd.h — differentiable ops and reverse-mode autograd.
  *
  * Ops record themselves on a per-thread tape when grad mode is on and an
- * input requires grad; lk_backward(loss) walks the tape in reverse and
- * accumulates into the .grad of leaf tensors (parameters). The moment a
- * leaf's gradient is final for this pass its grad hook fires — the DDP
- * strategy starts bucket all-reduces from there, while backward goes on.
+ * input requires grad; lk_backward(loss) runs the nodes its loss reaches in
+ * reverse order of recording and accumulates into the .grad of leaf tensors
+ * (parameters). The moment a leaf's gradient is final for this pass its
+ * grad hook fires — the DDP strategy starts bucket all-reduces from there,
+ * while backward goes on.
+ *
+ * Many graphs: several forward graphs may be alive at once on one thread
+ * (a pipeline's micro-batches), and their backwards may run in any order.
+ * A backward frees the nodes it reached that no live node still consumes:
+ * its own graph. A subgraph two graphs share (one trunk, two heads) stays
+ * until the last of them has run its backward, and each backward runs it
+ * with its own gradient, so every graph's gradients are bitwise what its
+ * backward alone gives. Parameters are leaves, not nodes: sharing them
+ * keeps nothing alive; each backward adds into their .grad. A backward may
+ * run forwards and backwards inside it (a custom function's, activation
+ * checkpointing's recompute): such a nested backward accumulates into
+ * leaves but fires no grad hooks — the outermost pass fires them when it
+ * is done with the leaf — and it stops at the nodes of the passes around
+ * it.
  *
  * Every op returns a new tensor owned by the innermost lk_scope (or by the
  * caller when none is open), or NULL with the error set. A NULL input makes
@@ -32,7 +47,9 @@ extern "C" {
 
 /* ---- scopes: who owns an op's result ----------------------------------------- */
 
-/* Autorelease scopes (per thread, nestable). */
+/* Autorelease scopes (per thread, nestable). lk_scope_end releases the
+ * tensors adopted inside and the tape nodes recorded inside (a tensor kept
+ * past it loses its grad_fn). */
 void lk_scope_begin(void);
 void lk_scope_end(void);
 /* Hands a tensor the caller owns to the innermost scope (returns it). */
@@ -66,15 +83,18 @@ void lk_tensor_zero_grad(lk_tensor *t, bool set_to_none);
 void lk_tensor_set_grad_hook(lk_tensor *t, lk_grad_hook fn, void *ctx);
 
 /* d(loss)/d(leaf) accumulated into every reachable leaf's .grad. `loss` must
- * hold one element. The part of the tape it used is released afterwards. */
+ * hold one element. Afterwards the nodes it reached are released, except
+ * those another live graph still consumes (see "Many graphs" above). */
 lk_status lk_backward(lk_tensor *loss);
 /* The same with an explicit output gradient (same shape as `out`). */
 lk_status lk_backward_with(lk_tensor *out, lk_tensor *grad_out);
 /* Frees this thread's tape, scope stack and node cache. A thread that ran
  * ops calls it before it exits (the main thread need not). */
 void lk_thread_cleanup(void);
-/* Drops the whole tape of this thread (scope ends do this for their part). */
+/* Drops the whole tape of this thread, every live graph (scope ends do this
+ * for the nodes recorded inside them, whether or not a backward ran). */
 void lk_tape_reset(void);
+/* The number of live nodes on this thread's tape, all graphs together. */
 size_t lk_tape_len(void);
 
 /* Op timing for profilers (trainer.profiler: advanced, trace). While a hook
@@ -88,6 +108,66 @@ size_t lk_tape_len(void);
 typedef void (*lk_op_hook)(void *ctx, const char *op, bool backward, double t_start, double t_end);
 void lk_set_op_hook(lk_op_hook fn, void *ctx);
 void lk_op_hook_mark(void);
+
+/* ---- custom functions ------------------------------------------------------------
+ * torch.autograd.Function: a forward the tape does not look inside and the
+ * backward that goes with it. The forward runs with grad mode off (what it
+ * computes is not recorded) inside a scope of its own: its temporaries go
+ * when it returns, its result becomes the output. One node is recorded for
+ * the output when grad mode is on and an input requires grad; its backward
+ * receives the output's gradient (contiguous, the output's shape and dtype)
+ * and fills grad_in[i] (NULL: none) for the inputs it differentiates, each
+ * of that input's shape; they are added into the inputs' gradients. The
+ * backward runs with grad mode off inside a scope (results of ops are fine
+ * as grad_in) and may turn grad mode on, run a forward and a nested
+ * lk_backward (a recompute). Every tensor whose gradient the backward
+ * produces, parameters included, must be an input: a nested backward fires
+ * no grad hooks, and the input's place is where the outer pass fires them.
+ *
+ *     // y = x * w, saving both for backward
+ *     static lk_tensor *mul_fwd(lk_function_ctx *c, int n, lk_tensor *const *in) {
+ *         (void)n;
+ *         if (lk_function_save(c, in[0]) || lk_function_save(c, in[1])) return NULL;
+ *         return lk_mul(in[0], in[1]);
+ *     }
+ *     static lk_status mul_bwd(lk_function_ctx *c, lk_tensor *g, lk_tensor **grad_in) {
+ *         lk_tensor *x = lk_function_saved(c, 0), *w = lk_function_saved(c, 1);
+ *         if (lk_function_needs_grad(c, 0)) grad_in[0] = lk_mul(g, w);
+ *         if (lk_function_needs_grad(c, 1)) grad_in[1] = lk_mul(g, x);
+ *         return lk_last_status();
+ *     }
+ *     static const lk_function my_mul = {"my_mul", mul_fwd, mul_bwd, NULL};
+ *     ...
+ *     lk_tensor *y = lk_function_apply(&my_mul, 2, (lk_tensor *[]){x, w}, NULL);
+ *
+ * (tests/autograd/test_graphs.c runs this one, and a recompute.) */
+typedef struct lk_function_ctx lk_function_ctx;
+typedef struct lk_function {
+    const char *name; /* in errors and the profiler's op table */
+    /* The output, as an op returns it, or NULL with the error set. */
+    lk_tensor *(*forward)(lk_function_ctx *ctx, int n_in, lk_tensor *const *in);
+    /* LK_STATUS_OK, or the error (set with lk_error) that stops the backward. */
+    lk_status (*backward)(lk_function_ctx *ctx, lk_tensor *grad_out, lk_tensor **grad_in);
+    /* (optional) frees the state given to lk_function_apply */
+    void (*destroy)(void *state);
+} lk_function;
+/* Runs fn on in[0..n_in) and returns its output as an op does (NULL with
+ * the error set on failure; a NULL input keeps the first error). `state`
+ * is the function's (lk_function_state), given to fn->destroy when the
+ * node goes — after the backward, or at once when none is recorded or on
+ * failure. fn must outlive the node. */
+lk_tensor *lk_function_apply(const lk_function *fn, int n_in, lk_tensor *const *in, void *state);
+/* Keeps t (a reference) for the backward: torch's save_for_backward. */
+lk_status lk_function_save(lk_function_ctx *ctx, lk_tensor *t);
+/* The i-th saved tensor (borrowed), or NULL. */
+lk_tensor *lk_function_saved(const lk_function_ctx *ctx, int i);
+void *lk_function_state(const lk_function_ctx *ctx);
+/* Whether input i requires a gradient in this call (false when no node
+ * was recorded). */
+bool lk_function_needs_grad(const lk_function_ctx *ctx, int i);
+/* A view of t's memory without its graph (requires_grad false): torch's
+ * detach. */
+lk_tensor *lk_detach(lk_tensor *t);
 
 /* ---- autocast (mixed precision) ---------------------------------------------
  * Inside an autocast region of dtype LK_BF16 or LK_F16 (per thread,

@@ -101,6 +101,11 @@ struct lk_layer {
     lk_named_tensors buffers;     /* own buffers (running stats, ...) */
     int n_children, cap_children;
     lk_named_layer *children;     /* registration order */
+    /* A layer that draws randomness points this at its own stream (Dropout
+     * does): activation checkpointing replays it in the recompute. */
+    lk_rng *rng;
+    bool checkpoint;              /* lk_layer_set_checkpoint */
+    struct lk__layer_hooks *hooks; /* lk_layer_add_hook; NULL when none */
 };
 
 /* A new layer with no parameters; takes ownership of impl (even on failure,
@@ -125,8 +130,58 @@ lk_layer *lk_layer_child(const lk_layer *l, int i);
 lk_tensor *lk_layer_get_tensor(const lk_layer *l, const char *dotted_name);
 lk_layer *lk_layer_get_child(const lk_layer *l, const char *dotted_name);
 
-/* Runs l->forward; NULL in (layer or x), NULL out with the first error kept. */
+/* Runs l->forward, with l's hooks and checkpointing when set; NULL in
+ * (layer or x), NULL out with the first error kept. */
 lk_tensor *lk_layer_forward(lk_layer *l, lk_tensor *x);
+
+/* ---- hooks at a layer's boundaries (where FSDP gathers and reduces) ------------
+ * Each fires from lk_layer_forward of the layer it is set on, in the order
+ * the hooks were added, on the thread running the forward or backward:
+ *   BEFORE_FORWARD  at the start of the layer's forward, before its forward
+ *                   function runs — and again before a checkpointed layer's
+ *                   forward is recomputed in the backward
+ *                   (lk_layer_recomputing() is then true);
+ *   BEFORE_BACKWARD in the backward pass, just before the first gradient of
+ *                   the layer's output is propagated into the layer (once
+ *                   per backward; not when the output needs no gradient);
+ *   AFTER_BACKWARD  in the backward pass, once every node the layer's
+ *                   forward recorded has been differentiated: the gradients
+ *                   its parameters get from this layer are final (a
+ *                   parameter the layer shares with another layer may still
+ *                   get more from that one). The layer's input then gets a
+ *                   gradient even when it needs none (discarded).
+ * The backward hooks need grad mode on and something in the layer that
+ * requires a gradient during the forward. A hook returning an error stops
+ * the forward (NULL) or the backward (lk_backward returns it). */
+typedef enum { LK_LAYER_BEFORE_FORWARD, LK_LAYER_BEFORE_BACKWARD, LK_LAYER_AFTER_BACKWARD } lk_layer_hook_when;
+typedef lk_status (*lk_layer_hook_fn)(lk_layer *l, lk_layer_hook_when when, void *ctx);
+/* Adds a hook (ctx borrowed while it is set). */
+lk_status lk_layer_add_hook(lk_layer *l, lk_layer_hook_when when, lk_layer_hook_fn fn, void *ctx);
+/* Removes every hook of l (not its children's). */
+void lk_layer_clear_hooks(lk_layer *l);
+
+/* ---- activation checkpointing ---------------------------------------------------
+ * A checkpointed layer keeps only its input from the forward (its forward
+ * runs with grad mode off: no intermediate activation is saved) and runs
+ * its forward again in the backward, with grad mode on, in the autocast
+ * dtype of the first run and with the random streams of the layers under
+ * it (lk_layer.rng: Dropout's masks) rewound to where they were, so the
+ * recompute is bitwise the first run; its gradients are those of the
+ * plain layer. Layers with state a forward updates skip the update when
+ * recomputing (BatchNorm's running statistics and batch count). */
+lk_status lk_layer_set_checkpoint(lk_layer *l, bool on);
+/* True while this thread recomputes a checkpointed layer's forward. */
+bool lk_layer_recomputing(void);
+/* Checkpoints the layers of l's tree whose type is one of types[0..n)
+ * (FSDP's activation_checkpointing_policy: "Linear", "Sequential", ...; a
+ * layer under one already checkpointed is left alone), or with n == 0 the
+ * top-level blocks: the children of the first layer from l down that has
+ * more than one child (mlp: its Sequential's layers; cnn: conv1 .. fc2;
+ * autoencoder: encoder and decoder). Returns how many it set (0 with the
+ * error set on NULL arguments). */
+int lk_layer_checkpoint_policy(lk_layer *l, const char *const *types, int n);
+/* Turns checkpointing off in every layer of l's tree. */
+void lk_layer_checkpoint_clear(lk_layer *l);
 /* Sets the training flag on l and every descendant (dropout, batch norm). */
 void lk_layer_train(lk_layer *l, bool training);
 

@@ -113,6 +113,8 @@ typedef struct lk_trainer_config {
     bool enable_model_summary;      /* print the layer table at fit start (rank 0) */
     int64_t model_summary_max_depth;/* rows down to this depth (-1: all) */
     bool sync_batchnorm;            /* ddp: batch norm statistics over all ranks (SyncBatchNorm) */
+    bool activation_checkpointing;  /* recompute each top-level block in the backward (lk_layer_checkpoint_policy) */
+    char activation_checkpointing_policy[LK_PARAM_STR]; /* "Linear,Conv2d": checkpoint layers of these classes instead */
     /* precision 16-mixed: the loss scaler (torch.cuda.amp.GradScaler's arguments) */
     double grad_scaler_init_scale;      /* 65536 */
     double grad_scaler_growth_factor;   /* 2 (> 1) */

@@ -1,6 +1,7 @@
 /* The tape and reverse-mode differentiation: grad mode, node recording,
  * lk_backward, gradient accumulation into leaves and their ready hooks, and
  * the argument checks shared by every op. */
+#include <stdlib.h>
 #include <string.h>
 
 #include "autograd/autograd_impl.h"
@@ -13,6 +14,15 @@ static _Thread_local int autocast_n;
 static _Thread_local lk_node **tape;
 static _Thread_local size_t tape_n, tape_max;
 static _Thread_local lk_node *node_free; /* free list through ->extra */
+static _Thread_local uint64_t tape_seq;   /* the next node's seq */
+/* The nodes of the running backward passes, innermost last (a nested
+ * backward pushes its own above its caller's), and the search's stack. */
+static _Thread_local lk_node **pass_stack;
+static _Thread_local size_t pass_n, pass_max;
+static _Thread_local lk_node **dfs;
+static _Thread_local size_t dfs_max;
+static _Thread_local int pass_depth;      /* backward passes running on this thread */
+static _Thread_local uint64_t visit_gen;  /* marks the nodes one collection saw */
 /* Op timing (lk_set_op_hook): the hook, and the end of the last op timed. */
 static _Thread_local lk_op_hook op_hook;
 static _Thread_local void *op_hook_ctx;
@@ -62,8 +72,31 @@ bool lk__needs_grad(int n_in, lk_tensor *const *in) {
     return false;
 }
 
+/* ---- the tape -------------------------------------------------------------------
+ * Every live node of this thread, in creation order (seq increasing). The
+ * tape owns its nodes (a node holds its output, so output and node keep
+ * each other alive: the tape breaks the cycle). Several graphs may live on
+ * it at once; a node leaves it when
+ *   - a backward that reached it is done and no live node consumes its
+ *     output any more (consumers == 0): a subgraph two graphs share (the
+ *     trunk under two heads) stays until the last of them has run its
+ *     backward — each backward runs it once with its own gradient, so each
+ *     graph's gradients are what its backward alone would give;
+ *   - a scope recorded it and ends (lk_scope_end), backward or not;
+ *   - lk_tape_reset drops everything.
+ * Parameters are leaves, not nodes: sharing them between graphs keeps
+ * nothing alive; each backward accumulates into their .grad.
+ * Backward runs the nodes it reaches in decreasing seq, which is the order
+ * one tape walked in reverse gave, so results do not depend on what else is
+ * alive. */
+
 static void node_release(lk_node *n) {
-    for (int i = 0; i < n->n_in; i++) lk_tensor_release(n->in[i]);
+    if (n->release) n->release(n);
+    for (int i = 0; i < n->n_in; i++) {
+        lk_node *p = n->in[i]->grad_fn; /* NULL once its producer is gone */
+        if (p) p->consumers--;
+        lk_tensor_release(n->in[i]);
+    }
     for (int i = 0; i < 4; i++) lk_tensor_release(n->saved[i]);
     if (n->out) {
         n->out->grad_fn = NULL;
@@ -72,21 +105,45 @@ static void node_release(lk_node *n) {
     lk_tensor_release(n->grad);
     if (n->in != n->in_inline) lk_free(n->in);
     lk_free(n->extra);
+    n->backward = NULL; /* dead: tape_compact drops it */
     n->extra = node_free;
     node_free = n;
 }
 
-void lk__tape_truncate(size_t mark) {
-    while (tape_n > mark) node_release(tape[--tape_n]);
+uint64_t lk__tape_mark(void) { return tape_seq; }
+
+void lk__tape_truncate(uint64_t mark) {
+    while (tape_n > 0 && tape[tape_n - 1]->seq >= mark) node_release(tape[--tape_n]);
+}
+
+/* Drops the released nodes from the tape, keeping the order. */
+static void tape_compact(void) {
+    size_t k = 0;
+    for (size_t i = 0; i < tape_n; i++)
+        if (tape[i]->backward) tape[k++] = tape[i];
+    tape_n = k;
 }
 
 void lk_tape_reset(void) { lk__tape_truncate(0); }
+
+void lk_scope_begin(void) { lk__scope_push(tape_seq); }
+
+void lk_scope_end(void) {
+    lk__tape_truncate(lk__scope_top_mark()); /* the part of the tape recorded inside it, first */
+    lk__scope_pop();
+}
 
 void lk_thread_cleanup(void) {
     lk_tape_reset();
     lk_free(tape);
     tape = NULL;
     tape_n = tape_max = 0;
+    lk_free(pass_stack);
+    pass_stack = NULL;
+    pass_n = pass_max = 0;
+    lk_free(dfs);
+    dfs = NULL;
+    dfs_max = 0;
     while (node_free) {
         lk_node *n = node_free;
         node_free = n->extra;
@@ -112,12 +169,17 @@ lk_node *lk__record(const char *name, lk_backward_fn bw, lk_tensor *out, int n_i
     n->n_in = n_in;
     n->in = n->in_inline;
     if (n_in > LK_NODE_INLINE_IN && !(n->in = lk_malloc((size_t)n_in * sizeof *n->in))) {
+        n->backward = NULL;
         n->extra = node_free;
         node_free = n;
         return NULL;
     }
-    for (int i = 0; i < n_in; i++) n->in[i] = lk_tensor_retain(in[i]);
+    for (int i = 0; i < n_in; i++) {
+        n->in[i] = lk_tensor_retain(in[i]);
+        if (in[i]->grad_fn) in[i]->grad_fn->consumers++;
+    }
     n->out = lk_tensor_retain(out);
+    n->seq = tape_seq++;
     out->requires_grad = true;
     out->grad_fn = n;
     tape[tape_n++] = n;
@@ -305,35 +367,102 @@ static void mark_leaf_uses(lk_node *n, int delta, bool fire) {
     }
 }
 
+static int by_seq_desc(const void *a, const void *b) {
+    uint64_t x = (*(lk_node *const *)a)->seq, y = (*(lk_node *const *)b)->seq;
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+/* Pushes every node reachable from root onto pass_stack (from `base` on),
+ * sorted by decreasing seq, and marks them as this pass's. The nodes of an
+ * enclosing pass are a boundary: a nested backward neither runs nor frees
+ * them (a gradient it sends into one is picked up by that pass, if the
+ * node is still ahead of it there). */
+static lk_status collect(lk_node *root, size_t base) {
+    uint64_t gen = ++visit_gen;
+    size_t top = 0;
+    if (!dfs && !(dfs = lk_malloc((dfs_max = 64) * sizeof *dfs))) return LK_STATUS_OUT_OF_MEMORY;
+    dfs[top++] = root;
+    root->visit = gen;
+    while (top) {
+        lk_node *n = dfs[--top];
+        if (pass_n == pass_max && lk_vec_reserve(pass_stack, pass_max, pass_n + 1, 256)) return LK_STATUS_OUT_OF_MEMORY;
+        pass_stack[pass_n++] = n;
+        n->pass = pass_depth;
+        for (int i = 0; i < n->n_in; i++) {
+            lk_node *p = n->in[i]->grad_fn;
+            if (!p || p->visit == gen || p->pass) continue;
+            p->visit = gen;
+            if (top == dfs_max && lk_vec_reserve(dfs, dfs_max, top + 1, 64)) return LK_STATUS_OUT_OF_MEMORY;
+            dfs[top++] = p;
+        }
+    }
+    qsort(pass_stack + base, pass_n - base, sizeof *pass_stack, by_seq_desc);
+    return LK_STATUS_OK;
+}
+
+/* The end of a pass: the gradients it left on its nodes dropped, and the
+ * nodes no live node consumes any more released — consumers before their
+ * producers (decreasing seq), so a chain goes at once and a subgraph
+ * another graph still consumes stays, with everything under it. */
+static void finish_pass(size_t base) {
+    bool freed = false;
+    for (size_t i = base; i < pass_n; i++) {
+        lk_node *n = pass_stack[i];
+        n->pass = 0;
+        lk_tensor_release(n->grad);
+        n->grad = NULL;
+        if (n->consumers == 0) {
+            node_release(n);
+            freed = true;
+        }
+    }
+    pass_n = base;
+    if (freed) tape_compact();
+}
+
 lk_status lk_backward_with(lk_tensor *out, lk_tensor *grad_out) {
     if (!out || !grad_out) return lk_last_status() ? lk_last_status() : lk_error(LK_STATUS_INVALID_ARGUMENT, "backward: NULL tensor");
     if (!out->requires_grad || !out->grad_fn)
         return lk_error(LK_STATUS_INVALID_USAGE,
                         "backward: the tensor does not require grad (no parameter with requires_grad took part, "
-                        "or it was computed with grad mode off)");
+                        "or it was computed with grad mode off), or its graph was already freed");
+    if (out->grad_fn->pass)
+        return lk_error(LK_STATUS_INVALID_USAGE, "backward: the graph of this tensor is being differentiated by a "
+                        "backward that is still running on this thread");
     if (!lk_tensor_same_shape(out, grad_out)) return lk__error_shapes("backward", "output and its gradient differ", out, grad_out);
     if (lk__same_device("backward", 2, (lk_tensor *[]){out, grad_out})) return lk_last_status();
-    size_t top = 0;
-    while (top < tape_n && tape[top] != out->grad_fn) top++;
-    if (top == tape_n) return lk_error(LK_STATUS_INVALID_USAGE, "backward: the graph of this tensor was already freed");
-    for (size_t i = 0; i <= top; i++)
-        for (int k = 0; k < tape[i]->n_in; k++)
-            if (!tape[i]->in[k]->grad_fn) tape[i]->in[k]->lk__pending = 0;
-    for (size_t i = 0; i <= top; i++) mark_leaf_uses(tape[i], 1, false);
+    size_t base = pass_n;
+    pass_depth++;
+    /* Only the outermost pass counts leaf uses and fires grad hooks: a
+     * nested one (a recompute's, a custom function's) adds into the leaves
+     * the outer pass will count as final when it is done with them. */
+    bool outer = pass_depth == 1;
+    lk_status st = collect(out->grad_fn, base);
+    if (!st && outer) {
+        for (size_t i = base; i < pass_n; i++)
+            for (int k = 0; k < pass_stack[i]->n_in; k++)
+                if (!pass_stack[i]->in[k]->grad_fn) pass_stack[i]->in[k]->lk__pending = 0;
+        for (size_t i = base; i < pass_n; i++) mark_leaf_uses(pass_stack[i], 1, false);
+    }
 
     bool prev = lk_set_grad_enabled(false);
-    lk_status st = LK_STATUS_OK;
-    lk_tensor *g0 = grad_out->dtype == out->dtype && lk_tensor_is_contiguous(grad_out) ? lk_tensor_retain(grad_out)
-                                                                                      : lk_tensor_cast(grad_out, out->dtype);
-    if (!g0) st = lk_last_status();
-    else {
-        out->grad_fn->grad = g0;
+    if (!st) {
+        lk_tensor *g0 = grad_out->dtype == out->dtype && lk_tensor_is_contiguous(grad_out)
+                            ? lk_tensor_retain(grad_out)
+                            : lk_tensor_cast(grad_out, out->dtype);
+        if (!g0) st = lk_last_status();
+        else {
+            lk_tensor_release(out->grad_fn->grad);
+            out->grad_fn->grad = g0;
+        }
     }
-    for (size_t i = top + 1; i-- > 0 && !st;) {
-        lk_node *n = tape[i];
+    /* pass_stack may move while a node runs (a nested pass pushes above
+     * this one's part): index it afresh each time */
+    for (size_t i = base; i < pass_n && !st; i++) {
+        lk_node *n = pass_stack[i];
         if (n->grad) {
             lk_clear_error();
-            if (op_hook) {
+            if (op_hook && outer) {
                 double t0 = lk_time_now();
                 op_in_backward = true;
                 n->backward(n, n->grad);
@@ -346,10 +475,11 @@ lk_status lk_backward_with(lk_tensor *out, lk_tensor *grad_out) {
             lk_tensor_release(n->grad);
             n->grad = NULL;
         }
-        if (!st) mark_leaf_uses(n, 0, true);
+        if (!st && outer) mark_leaf_uses(n, 0, true);
     }
     lk_set_grad_enabled(prev);
-    lk_tape_reset();
+    finish_pass(base);
+    pass_depth--;
     return st;
 }
 

@@ -43,6 +43,14 @@ struct lk_node {
     } a; /* op arguments */
     lk_rng rng;   /* ops that draw randomness replay it in backward */
     void *extra;  /* op-owned heap memory, lk_free'd with the node */
+    /* (optional) frees what extra owns beyond its own block (a custom
+     * function's saved tensors); called before extra is lk_free'd */
+    void (*release)(lk_node *n);
+    /* bookkeeping of the tape (autograd.c), not for ops */
+    uint64_t seq;   /* creation order on this thread: backward runs nodes in decreasing seq */
+    uint64_t visit; /* the pass that last collected it (a per-thread generation) */
+    int consumers;  /* live nodes that take out as an input */
+    int pass;       /* depth of the running backward that holds it, 0 when none */
 };
 
 /* Records a node for `out` if grad mode is on and any input requires grad;
@@ -70,6 +78,16 @@ lk_status lk__check_f32(const char *op, const lk_tensor *t, const char *arg);
 lk_status lk__check_float(const char *op, const lk_tensor *t, const char *arg);
 /* Caller-owned contiguous copy of t in its own dtype (t retained when contiguous). */
 lk_tensor *lk__contig_keep(lk_tensor *t);
+/* The mark a scope keeps: nodes recorded after it have seq >= it. */
+uint64_t lk__tape_mark(void);
+/* Releases the nodes recorded at or after `mark` (scope ends call it). */
+void lk__tape_truncate(uint64_t mark);
+/* The scope stack (scope.c; below the tape, which it knows nothing of):
+ * push a frame remembering `mark`, pop the innermost one (releasing its
+ * tensors) and return its mark. */
+void lk__scope_push(uint64_t mark);
+uint64_t lk__scope_top_mark(void);
+void lk__scope_pop(void);
 
 /* ---- the autocast policy ------------------------------------------------------
  * One table says which dtype each op family runs in (docs/PRECISION.md has

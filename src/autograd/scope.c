@@ -1,23 +1,25 @@
 /* Autorelease scopes: a per-thread stack of tensor lists. An op's result
- * goes to the innermost scope; a scope's end releases them and drops the
- * part of the tape recorded inside it. Scopes live with the tape, above the
- * tensor layer, which knows nothing of either. */
+ * goes to the innermost scope; popping a frame releases its tensors. Each
+ * frame also keeps an opaque mark for the tape (the seq of the first node
+ * recorded inside it); lk_scope_begin/end in autograd.c pair the two, so
+ * this file knows nothing of the tape (and the tensor layer nothing of
+ * either). */
 #include <string.h>
 
 #include "autograd/autograd_impl.h"
 
-/* Scopes: a per-thread stack of tensor lists. Each keeps its capacity after
- * it ends, so steady-state steps allocate nothing here either. */
+/* Each frame keeps its capacity after it ends, so steady-state steps
+ * allocate nothing here either. */
 typedef struct {
     lk_tensor **items;
     int n, max;
-    size_t tape_mark;
+    uint64_t mark;
 } scope_frame;
 
 static _Thread_local scope_frame *scopes;
 static _Thread_local int scope_depth, scope_max;
 
-void lk_scope_begin(void) {
+void lk__scope_push(uint64_t mark) {
     if (scope_depth == scope_max) {
         int old = scope_max;
         if (lk_vec_reserve(scopes, scope_max, scope_depth + 1, 8)) lk_panic("out of memory growing the scope stack");
@@ -25,13 +27,17 @@ void lk_scope_begin(void) {
     }
     scope_frame *f = &scopes[scope_depth++];
     f->n = 0;
-    f->tape_mark = lk_tape_len();
+    f->mark = mark;
 }
 
-void lk_scope_end(void) {
+uint64_t lk__scope_top_mark(void) {
+    LK_ASSERT(scope_depth > 0);
+    return scopes[scope_depth - 1].mark;
+}
+
+void lk__scope_pop(void) {
     LK_ASSERT(scope_depth > 0);
     scope_frame *f = &scopes[--scope_depth];
-    lk__tape_truncate(f->tape_mark);
     for (int i = f->n - 1; i >= 0; i--) lk_tensor_release(f->items[i]);
     f->n = 0;
 }
@@ -52,4 +58,3 @@ lk_tensor *lk_scope_adopt(lk_tensor *t) {
     f->items[f->n++] = t;
     return t;
 }
-

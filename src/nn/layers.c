@@ -184,6 +184,8 @@ static lk_tensor *bn_forward(lk_layer *self, lk_tensor *x) {
     lk_tensor *nbt = b->track ? lk_layer_buffer(self, 2) : NULL;
     float factor = b->momentum < 0 ? 0.0f : b->momentum;
     bool counted = false;
+    if (self->training && lk_layer_recomputing()) /* a checkpoint's recompute: the first run updated them */
+        rm = rv = nbt = NULL;
     if (self->training && nbt && nbt->dtype == LK_I64) {
         /* Counted by an op on the counter's device: no read back per step.
          * momentum=None (cumulative average) needs the count as the factor
@@ -327,6 +329,7 @@ lk_layer *lk_dropout_create(float p) {
     d->p = p;
     lk_rng_init(&d->rng, 0, LK_RNG_DROPOUT, 0, 0);
     lk_layer *l = lk_layer_create("Dropout", dropout_forward, d, NULL);
+    if (l) l->rng = &d->rng; /* checkpointing rewinds it for the recompute */
     if (l) l->reseed = dropout_reseed;
     return l;
 }

@@ -49,8 +49,6 @@ size_t lk__storage_cap(const lk_storage *s);
 bool lk__scope_active(void);
 /* Frees this thread's scope stack (lk_thread_cleanup). */
 void lk__scope_thread_cleanup(void);
-/* Releases tape nodes recorded after `mark` (scope ends call it). */
-void lk__tape_truncate(size_t mark);
 
 /* Host shadows: a device tensor made by copying host memory that stays
  * valid and unchanged while `owner` (the loader's batch) is current, so cross-entropy's target range check reads the host copy

@@ -302,6 +302,11 @@ lk_status lk_trainer_fit(lk_trainer *tr, lk_module *m, lk_datamodule *dm, const 
                 lk_strategy_dp_size(tr->strat));
     }
     if (!st) {
+        int k = 0;
+        st = lk__activation_checkpointing(c, m->net, &k);
+        if (!st && k) lk_log0("activation_checkpointing: %d layer%s recomputed in the backward", k, k == 1 ? "" : "s");
+    }
+    if (!st) {
         lk_step_fn fn = lk__step_fn(tr);
         st = lk_strategy_attach(tr->strat, &fn);
     }
@@ -420,6 +425,7 @@ lk_status lk_trainer_fit(lk_trainer *tr, lk_module *m, lk_datamodule *dm, const 
     lk_loader_free(train);
     lk_loader_free(val);
     if (c->sync_batchnorm && m) lk_layer_sync_batchnorm(m->net, NULL, NULL); /* the module outlives this trainer's comm */
+    if (m) lk_layer_checkpoint_clear(m->net); /* and this trainer's activation_checkpointing */
     lk_status saved = st;
     /* Peers still waiting for this rank (it failed alone: a non-finite loss,
      * a bad file) then say why it left rather than suspect a desync. */

@@ -81,7 +81,9 @@ static lk_status step_replicate(void *ctx, int k, lk_layer **net) {
     lk__replica *r = &tr->replicas[k];
     LK_TRY(m->vt->replicate(m, &r->module));
     lk_device dev = LK_DEVICE_CPU; /* replica k on device k of trainer.devices (the CPU: all on it) */
+    int ck;
     if (lk__accelerator_device(&tr->cfg, k, &dev) || lk_layer_cast_parameters(r->module->net, tr->param_dtype) ||
+        lk__activation_checkpointing(&tr->cfg, r->module->net, &ck) || /* as replica 0's */
         lk_layer_to(r->module->net, dev)) { /* as replica 0's (*-true), where replica k runs */
         lk_status st = lk_last_status();
         step_free_replica(tr, k);

@@ -225,6 +225,10 @@ double lk__fault_loss(const lk_trainer *tr, double loss);
  * profiler's phases. lk__replicas_free frees what replicate left
  * (after lk_strategy_detach). */
 lk_step_fn lk__step_fn(lk_trainer *tr);
+/* trainer.activation_checkpointing[_policy] on net (trainer_config.c):
+ * *count layers set; INVALID_ARGUMENT naming the model's layer classes for
+ * a class it lacks. */
+lk_status lk__activation_checkpointing(const lk_trainer_config *c, lk_layer *net, int *count);
 void lk__replicas_free(lk_trainer *tr);
 
 /* profiler.c: trainer.profiler advanced and trace. Every call takes NULL

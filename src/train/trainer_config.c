@@ -111,6 +111,12 @@ static const lk_param trainer_params[] = {
     T("device_stats_monitor", BOOL, device_stats_monitor, "false", 1, 0, NULL,
       "DeviceStatsMonitor: log CPU utilisation and resident memory (rank 0, and the largest RSS of any rank)"),
     T("enable_tensorboard", BOOL, enable_tensorboard, "true", 1, 0, NULL, "also write TensorBoard event files"),
+    T("activation_checkpointing", BOOL, activation_checkpointing, "false", 1, 0, NULL,
+      "keep only each top-level block's input in the forward and recompute the block in the backward (saves the "
+      "activations inside multi-layer blocks, costs a forward; the gradients are the same bits; docs/PROFILING.md)"),
+    T("activation_checkpointing_policy", STRING, activation_checkpointing_policy, "", 1, 0, NULL,
+      "FSDP's policy: checkpoint every layer of these classes instead, a comma-separated string, e.g. "
+      "\"Linear,Conv2d\" or Sequential"),
 };
 
 const lk_param *lk_trainer_params(int *count) {
@@ -765,5 +771,53 @@ lk_status lk_trainer_config_apply(const lk_config_node *t, lk_trainer_config *cf
             LK_TRY(set_scalar(tp, n, cfg, c, si ? si->name : text));
         }
     }
+    return LK_STATUS_OK;
+}
+
+/* ---- activation checkpointing (trainer.activation_checkpointing[_policy]) ---- */
+
+static void collect_types(const lk_layer *l, const char **types, int *n, int max) {
+    bool seen = false;
+    for (int i = 0; i < *n && !seen; i++) seen = !strcmp(types[i], l->type);
+    if (!seen && *n < max) types[(*n)++] = l->type;
+    for (int c = 0; c < l->n_children; c++) collect_types(l->children[c].layer, types, n, max);
+}
+
+lk_status lk__activation_checkpointing(const lk_trainer_config *c, lk_layer *net, int *count) {
+    *count = 0;
+    bool policy = c->activation_checkpointing_policy[0] != '\0';
+    if (!net || (!c->activation_checkpointing && !policy)) return LK_STATUS_OK;
+    if (c->sync_batchnorm)
+        return lk_error(LK_STATUS_UNSUPPORTED, "trainer.activation_checkpointing with trainer.sync_batchnorm: a "
+                        "recompute would all-reduce the statistics again inside the backward; turn one of them off");
+    if (!policy) {
+        *count = lk_layer_checkpoint_policy(net, NULL, 0);
+        return LK_STATUS_OK;
+    }
+    /* "Linear,Conv2d", "[Linear, Conv2d]": class names, checked against the model's */
+    enum { MAX = 64 };
+    const char *have[MAX];
+    int nhave = 0;
+    collect_types(net, have, &nhave, MAX);
+    char buf[LK_PARAM_STR];
+    snprintf(buf, sizeof buf, "%s", c->activation_checkpointing_policy);
+    const char *names[MAX];
+    int n = 0;
+    for (char *tok = strtok(buf, "[], \t"); tok; tok = strtok(NULL, "[], \t")) {
+        bool ok = false;
+        for (int i = 0; i < nhave && !ok; i++) ok = !strcmp(have[i], tok);
+        if (!ok) {
+            char list[512] = "";
+            for (int i = 0; i < nhave; i++)
+                snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", i ? ", " : "", have[i]);
+            return lk_error(LK_STATUS_INVALID_ARGUMENT, "trainer.activation_checkpointing_policy: no layer of class "
+                            "'%s' in the model (its layer classes: %s)", tok, list);
+        }
+        if (n < MAX) names[n++] = tok;
+    }
+    if (n == 0)
+        return lk_error(LK_STATUS_INVALID_ARGUMENT, "trainer.activation_checkpointing_policy: '%s' names no layer class",
+                        c->activation_checkpointing_policy);
+    *count = lk_layer_checkpoint_policy(net, names, n);
     return LK_STATUS_OK;
 }
