@@ -34,7 +34,7 @@ static void shm_destroy(lk_comm *c) {
     lk_free(s);
     c->impl = NULL;
 }
-static lk_status shm_init(lk_comm *c, const lk_comm_config *cfg) {
+lk_status lk__shm_init(lk_comm *c, const lk_comm_config *cfg) {
     (void)cfg;
     const lk_pg_info *pg = &c->pg;
     if (pg->world_size > MAXW)
@@ -113,7 +113,7 @@ static void shm_abort(lk_comm *c, const char *reason) {
 
 const lk__comm_vtable lk__comm_shm = {
     .name = "shm",
-    .init = shm_init,
+    .init = lk__shm_init,
     .destroy = shm_destroy,
     .run = lk__shm_run,
     .alloc_shared = lk__shm_alloc_shared,
@@ -122,4 +122,7 @@ const lk__comm_vtable lk__comm_shm = {
     .shared_at = lk__shm_shared_at,
     .abort = shm_abort,
     .long_work = shm_long_work,
+    .split = lk__shm_split,
+    .p2p_start = lk__shm_p2p_start,
+    .p2p_progress = lk__shm_p2p_progress,
 };

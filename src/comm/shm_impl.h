@@ -3,8 +3,11 @@
  * state, and the functions each file offers the others.
  *
  * Segment: header | one control slot per rank (progress tick, pid, state,
- * the collective in flight) | two staging slots per rank | one heap per rank
- * (lk_comm_alloc_shared).
+ * the collective in flight) | two staging slots per rank | one mailbox
+ * control block per ordered pair of ranks | one heap per rank
+ * (lk_comm_alloc_shared) | one mailbox data slot per ordered pair. Pages
+ * up to the heaps are reserved at creation; a heap's when it is allocated,
+ * a data slot's at the pair's first send.
  *
  * Files, one concern each:
  *   comm_shm.c     the vtable: init (tunables, then the rendezvous), destroy, abort, long work
@@ -13,6 +16,7 @@
  *   shm_wait.c     waiting and liveness: sync points, dead peers, timeouts and their messages
  *   shm_coll.c     the collectives' algorithms and the desync check
  *   shm_heap.c     the per-rank shared heaps (lk_comm_alloc_shared)
+ *   shm_p2p.c      point-to-point through the per-pair mailboxes, and split
  */
 #ifndef LK_COMM_SHM_IMPL_H
 #define LK_COMM_SHM_IMPL_H
@@ -33,7 +37,7 @@
 
 #define MAXW 256                   /* ranks per segment */
 #define LINE 128                   /* two cache lines: adjacent-line prefetch must not couple ranks */
-#define SHM_MAGIC 0x34304d48534b4cULL /* "LKSHM04" */
+#define SHM_MAGIC 0x35304d48534b4cULL /* "LKSHM05": version 6 added the mailboxes */
 #define STAGE_SLOT ((size_t)1 << 20)  /* bytes per staging slot; two per rank */
 #define SMALL_BYTES_DEFAULT ((size_t)64 << 10)   /* single-step all_reduce up to this; LK_COMM_SHM_SMALL */
 #define CHUNK_SHARED_DEFAULT ((size_t)16 << 10) /* in-segment all_reduce: bytes reduced, then written to every rank, at a time; LK_COMM_SHM_SLICE */
@@ -54,7 +58,29 @@ typedef struct {
     /* The creator's LK_JOB_NONCE (0: none). Added in version 5 after the old
      * fields, so an older segment reads as 0 and the magic could stay. */
     uint64_t nonce;
+    /* Version 6: the mailboxes (shm_p2p.c). */
+    uint64_t mbox_off, mbox_bytes; /* control blocks: W * W of mbox_bytes */
+    uint64_t mdata_off, mdata_slot; /* data slots: W * W of mdata_slot bytes, after the heaps */
 } shm_header;
+
+/* The header of one message as one side posted it. */
+typedef struct {
+    uint64_t seq, count;
+    int32_t dt, pad;
+} shm_msghdr;
+
+/* The mailbox of the ordered pair src -> dst. Each counter has one writer;
+ * the other side only reads it. Headers are double-buffered by the parity
+ * of the sequence number: a side may post message n + 1 while the other
+ * still reads n's header, never n + 2 (n + 1 cannot start before n is done). */
+typedef struct {
+    alignas(LINE) _Atomic uint64_t send_seq; /* src: the last message posted */
+    _Atomic uint64_t written;                 /* src: chunks written into the slot, over the pair's life */
+    shm_msghdr send_hdr[2];
+    alignas(LINE) _Atomic uint64_t recv_seq; /* dst: the last receive posted */
+    _Atomic uint64_t consumed;                /* dst: chunks read out of the slot, over the pair's life */
+    shm_msghdr recv_hdr[2];
+} shm_mbox;
 
 typedef struct {
     uint64_t seq;
@@ -116,6 +142,7 @@ typedef struct {
     char sockbase[96];     /* abstract socket names are sockbase + a suffix */
     char ident[200];       /* the identity as messages name it */
     char remedy[160];      /* what to do when two jobs share it */
+    bool mdata_ready[MAXW]; /* this rank's data slot to each peer is reserved (posix_fallocate) */
 } shm_comm;
 
 static inline shm_slot *slot_of(shm_comm *s, int k) {
@@ -123,6 +150,12 @@ static inline shm_slot *slot_of(shm_comm *s, int k) {
 }
 static inline uint8_t *stage_of(shm_comm *s, int k, uint64_t use) {
     return s->base + s->hdr->stage_off + (size_t)k * s->hdr->stage_bytes + (use & 1) * STAGE_SLOT;
+}
+static inline shm_mbox *mbox_of(shm_comm *s, int src, int dst) {
+    return (shm_mbox *)(s->base + s->hdr->mbox_off + ((size_t)src * (size_t)s->world + (size_t)dst) * s->hdr->mbox_bytes);
+}
+static inline uint8_t *mdata_of(shm_comm *s, int src, int dst) {
+    return s->base + s->hdr->mdata_off + ((size_t)src * (size_t)s->world + (size_t)dst) * s->hdr->mdata_slot;
 }
 static inline uint8_t *heap_of(shm_comm *s, int k) { return s->base + s->hdr->heap_off + (size_t)k * s->hdr->heap_bytes; }
 
@@ -144,6 +177,14 @@ lk_status lk__shm_alloc_shared(lk_comm *c, size_t bytes, void **ptr);
 void lk__shm_free_shared(lk_comm *c, void *ptr);
 int64_t lk__shm_shared_offset(lk_comm *c, const void *p);
 void *lk__shm_shared_at(lk_comm *c, int k, int64_t off);
+
+/* ---- shm_p2p.c: point-to-point and split ---- */
+lk_status lk__shm_p2p_start(lk_comm *c, lk__p2p *op);
+lk_status lk__shm_p2p_progress(lk_comm *c, lk__p2p *op, bool *done);
+/* A group: a segment of its own, named after child->job_id. */
+lk_status lk__shm_split(lk_comm *parent, lk_comm *child, int colour, int key);
+/* comm_shm.c's init, which a group runs too. */
+lk_status lk__shm_init(lk_comm *c, const lk_comm_config *cfg);
 
 /* ---- shm_segment.c: the segment ---- */
 /* Rank 0: a fresh segment (a stale one is replaced); fills s->base/hdr/fd. */

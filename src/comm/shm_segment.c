@@ -33,9 +33,17 @@ static void layout(int W, size_t heap, shm_header *h) {
     h->slot_bytes = sizeof(shm_slot);
     h->stage_off = (h->slots_off + (size_t)W * h->slot_bytes + page - 1) / page * page;
     h->stage_bytes = 2 * STAGE_SLOT;
-    h->heap_off = h->stage_off + (size_t)W * h->stage_bytes;
+    h->mbox_off = h->stage_off + (size_t)W * h->stage_bytes;
+    h->mbox_bytes = sizeof(shm_mbox);
+    h->heap_off = (h->mbox_off + (size_t)W * (size_t)W * h->mbox_bytes + page - 1) / page * page;
     h->heap_bytes = (heap + page - 1) / page * page;
-    h->total = h->heap_off + (size_t)W * h->heap_bytes;
+    h->mdata_off = h->heap_off + (size_t)W * h->heap_bytes;
+    /* Two chunks per slot (one written while the other is read): 1 MiB, or
+     * less when the pairs are many, so that the slots stay near 64 MiB. */
+    size_t slot = (size_t)1 << 20;
+    while (slot > ((size_t)16 << 10) && (size_t)W * (size_t)W * slot > ((size_t)64 << 20)) slot /= 2;
+    h->mdata_slot = slot;
+    h->total = h->mdata_off + (size_t)W * (size_t)W * slot;
 }
 
 void lk__shm_unmap(shm_comm *s) {
@@ -139,7 +147,7 @@ lk_status lk__shm_create_segment(lk_comm *c, shm_comm *s) {
         s->fd = fd;
         s->created = true;
         shm_header *h = s->hdr;
-        h->version = 5;
+        h->version = 6;
         h->nonce = s->nonce;
         h->world = s->world;
         h->creator_pid = getpid();
@@ -150,6 +158,10 @@ lk_status lk__shm_create_segment(lk_comm *c, shm_comm *s) {
         h->stage_bytes = want.stage_bytes;
         h->heap_off = want.heap_off;
         h->heap_bytes = want.heap_bytes;
+        h->mbox_off = want.mbox_off;
+        h->mbox_bytes = want.mbox_bytes;
+        h->mdata_off = want.mdata_off;
+        h->mdata_slot = want.mdata_slot;
         h->small_bytes = s->small_bytes;
         h->chunk_shared = s->chunk_shared;
         snprintf(h->job_id, sizeof h->job_id, "%s", c->job_id);
