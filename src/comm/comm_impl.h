@@ -182,6 +182,9 @@ extern const lk__comm_vtable lk__comm_nccl; /* comm_nccl.c: GPU buffers only */
 extern const lk__comm_vtable lk__comm_mpi;
 /* bench: raw MPI_Allreduce timing on MPI_COMM_WORLD (µs per call), for the table. */
 lk_status lk__mpi_raw_allreduce_us(size_t bytes, int iters, double *us);
+/* bench: raw MPI_Send/MPI_Recv ping-pong between ranks 0 and 1 of
+ * MPI_COMM_WORLD (µs one way, half the round trip). */
+lk_status lk__mpi_raw_pingpong_us(size_t bytes, int iters, double *us);
 #endif
 
 /* Tests only: one more backend, found by name (lk_comm_config.backend or

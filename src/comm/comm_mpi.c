@@ -551,3 +551,32 @@ lk_status lk__mpi_raw_allreduce_us(size_t bytes, int iters, double *us) {
     lk_aligned_free(buf);
     return LK_STATUS_OK;
 }
+
+lk_status lk__mpi_raw_pingpong_us(size_t bytes, int iters, double *us) {
+    int inited = 0, rank = 0;
+    MPI_Initialized(&inited);
+    if (!inited) return lk_error(LK_STATUS_INVALID_USAGE, "raw MPI bench: MPI is not initialised (create an mpi comm first)");
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    unsigned char *buf = lk_aligned_alloc(64, bytes + 64);
+    if (!buf) return LK_STATUS_OUT_OF_MEMORY;
+    memset(buf, 0, bytes);
+    double t = 0;
+    for (int pass = 0; pass < 2; pass++) { /* a warm-up round trip, then the timed ones */
+        int n = pass ? iters : 1;
+        MPI_Barrier(MPI_COMM_WORLD);
+        double t0 = MPI_Wtime();
+        for (int i = 0; i < n; i++) {
+            if (rank == 0) {
+                MPI_Send(buf, (int)bytes, MPI_BYTE, 1, 7, MPI_COMM_WORLD);
+                MPI_Recv(buf, (int)bytes, MPI_BYTE, 1, 7, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+            } else if (rank == 1) {
+                MPI_Recv(buf, (int)bytes, MPI_BYTE, 0, 7, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+                MPI_Send(buf, (int)bytes, MPI_BYTE, 0, 7, MPI_COMM_WORLD);
+            }
+        }
+        t = (MPI_Wtime() - t0) / n / 2 * 1e6; /* one way */
+    }
+    MPI_Allreduce(&t, us, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    lk_aligned_free(buf);
+    return LK_STATUS_OK;
+}
