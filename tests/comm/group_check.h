@@ -132,6 +132,12 @@ static inline int gc_exchange(lk_comm *c) {
     enum { N = 70000, M = 3 };
     static double out[M][N], in[M][N];
     lk_work *ws[2 * M] = {0};
+    /* A collective of the same communicator runs meanwhile, on its own thread. */
+    enum { NC = 50000 };
+    static float coll[NC];
+    for (int i = 0; i < NC; i++) coll[i] = (float)(r + i % 10);
+    lk_work *cw = NULL;
+    if (lk_comm_all_reduce_async(c, coll, NC, LK_F32, LK_REDUCE_SUM, &cw)) GC_FAIL("all_reduce_async: %s", lk_last_error());
     for (int m = 0; m < M; m++) {
         for (int i = 0; i < N; i++) out[m][i] = gc_val(LK_F64, r, m, (size_t)i);
         if (lk_comm_send_async(c, out[m], N, LK_F64, next, &ws[2 * m])) GC_FAIL("send_async: %s", lk_last_error());
@@ -141,6 +147,13 @@ static inline int gc_exchange(lk_comm *c) {
         if (ws[k] && lk_work_wait(ws[k])) GC_FAIL("rank %d: work %d: %s", r, k, lk_last_error());
         lk_work_free(ws[k]);
     }
+    if (cw && lk_work_wait(cw)) GC_FAIL("rank %d: all_reduce next to the sends: %s", r, lk_last_error());
+    lk_work_free(cw);
+    for (int i = 0; i < NC; i++)
+        if (coll[i] != (float)(W * (W - 1) / 2 + W * (i % 10))) {
+            GC_FAIL("rank %d: all_reduce next to the sends: [%d] = %g", r, i, coll[i]);
+            break;
+        }
     for (int m = 0; m < M; m++)
         for (int i = 0; i < N; i++)
             if (in[m][i] != gc_val(LK_F64, prev, m, (size_t)i)) {
