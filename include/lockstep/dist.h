@@ -155,7 +155,7 @@ int lk_comm_rank(const lk_comm *c);
 int lk_comm_world_size(const lk_comm *c);
 int lk_comm_local_rank(const lk_comm *c);
 int lk_comm_local_world_size(const lk_comm *c);
-const char *lk_comm_backend(const lk_comm *c); /* "self", "shm", "mpi" */
+const char *lk_comm_backend(const lk_comm *c); /* "self", "shm", "mpi", "nccl" */
 const lk_pg_info *lk_comm_pg(const lk_comm *c);
 /* Seconds this rank's collectives have spent waiting for the last rank to
  * arrive, summed since creation: the stragglers' share of communication
@@ -225,6 +225,78 @@ lk_status lk_comm_gather_async(lk_comm *c, const void *send, void *recv, size_t 
 lk_status lk_comm_scatter_async(lk_comm *c, const void *send, void *recv, size_t count, lk_dtype dt, int root,
                                 lk_work **work);
 lk_status lk_comm_barrier_async(lk_comm *c, lk_work **work);
+
+/* ------------------------------------------------------------------------
+ * Process groups: communicators over a subset of the ranks.
+ *
+ * lk_comm_split is MPI_Comm_split: collective over c (every rank calls it,
+ * in the same order as its collectives); the ranks that pass one colour
+ * form a group, ordered by key, then by their rank in c. A negative colour
+ * (LK_COMM_NO_GROUP) joins no group: *out is NULL and OK is returned. The
+ * group is a communicator of the same backend with every rule above (its
+ * own sequence numbers, timeouts, dead-peer checks and abort; comm_timeout
+ * and its source are c's), independent of c once made: the groups and c
+ * may run collectives and point-to-point at the same time (shm: each group
+ * its own segment; mpi: MPI_Comm_split; nccl: a fresh NCCL communicator
+ * whose id travels over the split host communicator). Free it with
+ * lk_comm_free, before or after c. If any rank fails to join its group,
+ * every rank's call fails (naming that rank) and no group is left.
+ *
+ *     // 4 ranks as 2 stages x 2 replicas: rank = stage * 2 + replica
+ *     lk_comm_mesh_2d mesh;
+ *     LK_TRY(lk_comm_mesh_2d_create(world, 2, 2, &mesh));
+ *     lk_comm_all_reduce(mesh.dp, grad, n, LK_F32, LK_REDUCE_AVG); // my stage's replicas
+ *     lk_comm_send(mesh.pp, act, m, LK_F32, mesh.pp_rank + 1);     // the next stage
+ *     lk_comm_mesh_2d_free(&mesh);
+ * ---------------------------------------------------------------------- */
+#define LK_COMM_NO_GROUP (-1)
+lk_status lk_comm_split(lk_comm *c, int colour, int key, lk_comm **out);
+
+/* Data parallel x pipeline on dp_size * pp_size == world ranks, laid out as
+ * rank = pp_rank * dp_size + dp_rank (torch's DeviceMesh over ("pp", "dp"):
+ * the last dimension varies fastest). The replicas of one stage are
+ * neighbours, so the data-parallel all-reduces, the most bytes of a step,
+ * stay among consecutive ranks (one node, when nodes hold consecutive
+ * ranks), and only the smaller stage-to-stage sends cross; Megatron and
+ * DeepSpeed put the pipeline outermost for the same reason. */
+typedef struct lk_comm_mesh_2d {
+    lk_comm *dp; /* this rank's data-parallel group: its stage's dp_size replicas, rank dp_rank */
+    lk_comm *pp; /* this rank's pipeline: pp_size stages of replica dp_rank, rank pp_rank */
+    int dp_size, pp_size;
+    int dp_rank, pp_rank;
+} lk_comm_mesh_2d;
+/* Collective over c; every rank passes the same sizes (checked: a mismatch
+ * fails everywhere with INVALID_ARGUMENT). On failure *out holds no group. */
+lk_status lk_comm_mesh_2d_create(lk_comm *c, int dp_size, int pp_size, lk_comm_mesh_2d *out);
+/* Frees both groups (not c). Safe on a zeroed or already freed mesh. */
+void lk_comm_mesh_2d_free(lk_comm_mesh_2d *mesh);
+
+/* ------------------------------------------------------------------------
+ * Point-to-point.
+ *
+ * lk_comm_send sends buf[count] of dt to rank `peer`, lk_comm_recv receives
+ * count elements of dt from it. They are matched per ordered pair in issue
+ * order: the n-th send from a to b meets the n-th receive by b from a
+ * (n is the pair's sequence number, counted apart from the collectives).
+ * Both sides must agree on dt and count: a mismatch fails both at once
+ * (shm; mpi: the receiver at once, the sender at its timeout) with
+ * INVALID_USAGE naming the pair, the sequence number and both sides' dtype
+ * and count. A send completes when the receiver has the data (as
+ * MPI_Ssend), so two ranks that both send first and receive second wait for
+ * each other: order the pair (even ranks send first, odd receive first) or
+ * use the async forms, which progress together on a thread of their own
+ * (never behind a collective). The same bounds as the collectives:
+ * comm_timeout counted while nothing moves (TIMEOUT naming the pair, the
+ * number and what the peer is doing), a dead or aborted peer within about
+ * 100 ms (REMOTE naming the pair), and any failure aborts the communicator.
+ * Issue from one thread at a time (the collectives' rule); peer != own rank.
+ * nccl has no point-to-point yet (UNSUPPORTED). */
+lk_status lk_comm_send(lk_comm *c, const void *buf, size_t count, lk_dtype dt, int peer);
+lk_status lk_comm_recv(lk_comm *c, void *buf, size_t count, lk_dtype dt, int peer);
+/* Async forms: *work as for the async collectives; the buffer must stay
+ * valid (and, for a send, unchanged) until the work completes. */
+lk_status lk_comm_send_async(lk_comm *c, const void *buf, size_t count, lk_dtype dt, int peer, lk_work **work);
+lk_status lk_comm_recv_async(lk_comm *c, void *buf, size_t count, lk_dtype dt, int peer, lk_work **work);
 
 /* Blocks until done; returns the collective's status (message set on this
  * thread). May be called again; returns the same status. */

@@ -6,7 +6,13 @@
  * rank 0 of each job writes CSV rows to a temporary file the parent merges.
  * Rows: shm (buffer inside the segment: the DDP bucket path), shm-private
  * (ordinary memory, copied through staging), mpi (lockstep's mpi backend,
- * with its desync check), MPI_Allreduce (raw OpenMPI). */
+ * with its desync check), MPI_Allreduce (raw OpenMPI).
+ *
+ * --op sendrecv: point-to-point instead, a ping-pong between ranks 0 and 1
+ * (rank 0 sends, rank 1 sends it back; the time is half the round trip,
+ * the bandwidth the size over it), 8 B to 64 MiB by default. Rows:
+ * shm-sendrecv, mpi-sendrecv (lockstep's lk_comm_send/recv) and
+ * MPI_Send/Recv (raw OpenMPI on the same sizes). */
 #include <errno.h>
 #include <spawn.h>
 #include <stdlib.h>
@@ -20,6 +26,7 @@
 extern char **environ;
 /* Defined by the mpi backend when it is built; absent otherwise. */
 extern lk_status lk__mpi_raw_allreduce_us(size_t bytes, int iters, double *us) __attribute__((weak));
+extern lk_status lk__mpi_raw_pingpong_us(size_t bytes, int iters, double *us) __attribute__((weak));
 
 typedef struct {
     const char *backend, *worker, *csv, *out;
@@ -29,7 +36,14 @@ typedef struct {
     int iters;  /* fixed count, 0: from time_s */
     int repeat; /* measurements per size; the fastest is reported (a shared machine only ever adds noise) */
     bool touch; /* every rank rewrites its buffer before each all-reduce, as backward does (not timed) */
+    bool p2p;   /* --op sendrecv: the ping-pong instead of all_reduce */
 } bench_opts;
+
+/* The sizes: x4 steps from min, and max itself when the steps miss it. */
+static size_t next_size(const bench_opts *o, size_t bytes) {
+    if (bytes >= o->max) return 0;
+    return bytes * 4 > o->max ? o->max : bytes * 4;
+}
 
 static int parse_size(const char *s, size_t *out) {
     char *end;
@@ -46,8 +60,8 @@ static int parse_size(const char *s, size_t *out) {
 }
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: lockstep bench comm [--backend shm|mpi|all] [-n RANKS] [--min 4K] [--max 256M]\n"
-               "                           [--time SECONDS] [--iters N] [--repeat K] [--touch 0|1] [--csv FILE]\n\n"
+    fprintf(f, "usage: lockstep bench comm [--op allreduce|sendrecv] [--backend shm|mpi|all] [-n RANKS] [--min 4K]\n"
+               "                           [--max 256M] [--time SECONDS] [--iters N] [--repeat K] [--touch 0|1] [--csv FILE]\n\n"
                "All-reduce (f32, sum) time and bandwidth per size, x4 steps from --min to --max,\n"
                "for each backend built and raw MPI_Allreduce (when MPI and mpirun exist).\n"
                "Each size runs K times (--repeat, default 5) for about --time seconds (0.1);\n"
@@ -55,7 +69,9 @@ static void usage(FILE *f) {
                "--touch 1: every rank rewrites its buffer before each all-reduce (untimed), as a\n"
                "training step's backward does, so the data starts in the writer's cache, not\n"
                "where the last all-reduce left it (lockstep's rows; raw MPI_Allreduce is left out).\n"
-               "busbw = algbw * 2(n-1)/n. CSV columns: backend,ranks,bytes,time_us,algbw_gbps,busbw_gbps\n");
+               "busbw = algbw * 2(n-1)/n. CSV columns: backend,ranks,bytes,time_us,algbw_gbps,busbw_gbps\n"
+               "--op sendrecv: lk_comm_send/recv ping-pong between 2 ranks (and raw MPI_Send/Recv),\n"
+               "time one way (half the round trip), bandwidth = bytes / time; default sizes 8 to 64M.\n");
 }
 
 /* ---- worker: one rank of a benchmark job ---- */
@@ -70,10 +86,22 @@ static double measure(lk_comm *c, void *buf, size_t count, int iters, bool touch
     return spent / iters;
 }
 
+/* Ping-pong between ranks 0 and 1 (others idle): seconds one way. */
+static double measure_pp(lk_comm *c, void *buf, size_t bytes, int iters) {
+    int r = lk_comm_rank(c);
+    double t0 = lk_time_now();
+    for (int i = 0; i < iters && r < 2; i++) {
+        lk_status st = r == 0 ? lk_comm_send(c, buf, bytes, LK_U8, 1) : lk_comm_recv(c, buf, bytes, LK_U8, 0);
+        if (!st) st = r == 0 ? lk_comm_recv(c, buf, bytes, LK_U8, 1) : lk_comm_send(c, buf, bytes, LK_U8, 0);
+        if (st) return -1;
+    }
+    return (lk_time_now() - t0) / iters / 2;
+}
+
 static int pick_iters(lk_comm *c, void *buf, size_t count, const bench_opts *o) {
     int32_t iters = o->iters;
     if (!iters) {
-        double t = measure(c, buf, count, 3, o->touch);
+        double t = o->p2p ? measure_pp(c, buf, count * sizeof(float), 3) : measure(c, buf, count, 3, o->touch);
         if (t < 0) return -1;
         iters = (int32_t)(o->time_s / (t > 1e-7 ? t : 1e-7));
         if (iters < 5) iters = 5;
@@ -120,7 +148,32 @@ static int worker(const bench_opts *o) {
         rc = 1;
     }
     if (priv) memset(priv, 0, o->max);
-    for (size_t bytes = o->min; !rc && bytes <= o->max; bytes *= 4) {
+    for (size_t bytes = o->min; !rc && o->p2p && bytes; bytes = next_size(o, bytes)) {
+        const char *names[2] = {is_shm ? "shm-sendrecv" : "mpi-sendrecv", "MPI_Send/Recv"};
+        for (int pass = 0; pass < (is_shm ? 1 : 2) && !rc; pass++) {
+            /* pick_iters takes floats: round the probe down, it only sizes the loop */
+            int iters = pick_iters(c, priv, bytes / sizeof(float) ? bytes / sizeof(float) : 1, o);
+            double best = 1e30;
+            for (int rep = 0; rep < o->repeat && iters > 0 && !rc; rep++) {
+                double t, us;
+                if (pass == 1) {
+                    if (!lk__mpi_raw_pingpong_us || lk__mpi_raw_pingpong_us(bytes, iters, &us)) rc = 1;
+                    t = us * 1e-6;
+                } else {
+                    if (lk_comm_barrier(c) || (t = measure_pp(c, priv, bytes, iters)) < 0) rc = 1;
+                    else if (lk_comm_all_reduce(c, &t, 1, LK_F64, LK_REDUCE_MAX)) rc = 1;
+                }
+                if (!rc && t < best) best = t;
+            }
+            if (iters < 0) rc = 1;
+            if (!rc && lk_comm_rank(c) == 0 && out) {
+                fprintf(out, "%s,2,%zu,%.3f,%.4f,%.4f\n", names[pass], bytes, best * 1e6, (double)bytes / best / 1e9,
+                        (double)bytes / best / 1e9);
+                fflush(out);
+            }
+        }
+    }
+    for (size_t bytes = o->min; !rc && !o->p2p && bytes <= o->max; bytes *= 4) {
         size_t count = bytes / sizeof(float);
         for (int pass = 0; pass < 2 && !rc; pass++) {
             void *buf = pass == 0 ? shared : priv;
@@ -178,8 +231,9 @@ static int run_job(const bench_opts *o, const char *self, const char *backend, c
     snprintf(maxb, sizeof maxb, "%zu", o->max);
     snprintf(tb, sizeof tb, "%g", o->time_s);
     snprintf(ib, sizeof ib, "%d", o->iters);
-    char *wargs[] = {(char *)self, "bench", "comm", "--worker", (char *)backend, "--min", minb, "--max", maxb,
-                     "--time", tb, "--iters", ib, "--repeat", rb, "--touch", tch, "--out", (char *)outfile, NULL};
+    char *wargs[] = {(char *)self, "bench", "comm", "--worker", (char *)backend, "--op", o->p2p ? "sendrecv" : "allreduce",
+                     "--min", minb, "--max", maxb, "--time", tb, "--iters", ib, "--repeat", rb, "--touch", tch,
+                     "--out", (char *)outfile, NULL};
     if (!strcmp(backend, "shm")) {
         lk_launch_options lo = lk_launch_options_default();
         lo.quiet = true;
@@ -190,7 +244,7 @@ static int run_job(const bench_opts *o, const char *self, const char *backend, c
         }
         return code;
     }
-    char *margs[40];
+    char *margs[48];
     int k = 0;
     margs[k++] = "mpirun";
     if (geteuid() == 0) margs[k++] = "--allow-run-as-root";
@@ -231,6 +285,7 @@ static void human(size_t b, char *buf, size_t size) {
 
 int lk_cmd_bench_comm(int argc, char **argv) {
     bench_opts o = {.backend = "all", .n = 2, .min = 4096, .max = 256u << 20, .time_s = 0.1, .repeat = 5};
+    bool min_set = false, max_set = false;
     for (int i = 1; i < argc; i += 2) { /* every option takes a value */
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         bool takes = strcmp(a, "-h") && strcmp(a, "--help");
@@ -250,6 +305,7 @@ int lk_cmd_bench_comm(int argc, char **argv) {
             if (!parse_size(v, &s) || s < 4)
                 return fprintf(stderr, "lockstep bench comm: %s expects a size like 4K, 1M, 256M; got '%s'\n", a, v), 2;
             *(!strcmp(a, "--min") ? &o.min : &o.max) = s;
+            *(!strcmp(a, "--min") ? &min_set : &max_set) = true;
         } else if (!strcmp(a, "--csv")) o.csv = v;
         else if (!strcmp(a, "--time")) o.time_s = atof(v);
         else if (!strcmp(a, "--iters")) o.iters = atoi(v);
@@ -261,6 +317,11 @@ int lk_cmd_bench_comm(int argc, char **argv) {
             if (strcmp(v, "0") && strcmp(v, "1")) return fprintf(stderr, "lockstep bench comm: --touch expects 0 or 1, got '%s'\n", v), 2;
             o.touch = v[0] == '1';
         }
+        else if (!strcmp(a, "--op")) {
+            if (strcmp(v, "allreduce") && strcmp(v, "sendrecv"))
+                return fprintf(stderr, "lockstep bench comm: --op expects allreduce or sendrecv, got '%s'\n", v), 2;
+            o.p2p = !strcmp(v, "sendrecv");
+        }
         else if (!strcmp(a, "--worker")) o.worker = v;
         else if (!strcmp(a, "--out")) o.out = v;
         else {
@@ -268,6 +329,11 @@ int lk_cmd_bench_comm(int argc, char **argv) {
             usage(stderr);
             return 2;
         }
+    }
+    if (o.p2p) { /* a ping-pong: two ranks, 8 B to 64 MiB unless told */
+        if (!min_set) o.min = 8;
+        if (!max_set) o.max = 64u << 20;
+        o.n = 2;
     }
     if (o.min > o.max) return fprintf(stderr, "lockstep bench comm: --min %zu exceeds --max %zu\n", o.min, o.max), 2;
     if (o.time_s <= 0) o.time_s = 0.25;
@@ -292,8 +358,10 @@ int lk_cmd_bench_comm(int argc, char **argv) {
     char tmp_shm[64], tmp_mpi[64];
     snprintf(tmp_shm, sizeof tmp_shm, "/tmp/lk-bench-comm-%d-shm.csv", (int)getpid());
     snprintf(tmp_mpi, sizeof tmp_mpi, "/tmp/lk-bench-comm-%d-mpi.csv", (int)getpid());
-    printf("all_reduce f32 sum, %d ranks, %zu..%zu bytes%s\n", o.n, o.min, o.max,
-           o.touch ? ", every buffer rewritten before each call" : "");
+    if (o.p2p) printf("send/recv ping-pong, 2 ranks, %zu..%zu bytes\n", o.min, o.max);
+    else
+        printf("all_reduce f32 sum, %d ranks, %zu..%zu bytes%s\n", o.n, o.min, o.max,
+               o.touch ? ", every buffer rewritten before each call" : "");
     fflush(stdout);
     int rc = 0;
     if (want_shm && run_job(&o, self, "shm", tmp_shm)) rc = 1, fprintf(stderr, "lockstep bench comm: the shm job failed\n");
@@ -305,15 +373,18 @@ int lk_cmd_bench_comm(int argc, char **argv) {
     unlink(tmp_shm);
     unlink(tmp_mpi);
 
-    const char *order[] = {"shm", "shm-private", "mpi", "MPI_Allreduce"};
+    const char *order_ar[] = {"shm", "shm-private", "mpi", "MPI_Allreduce"};
+    const char *order_pp[] = {"shm-sendrecv", "mpi-sendrecv", "MPI_Send/Recv", ""};
+    const char **order = o.p2p ? order_pp : order_ar;
     printf("\n%-8s", "size");
     for (int b = 0; b < 4; b++) {
         bool any = false;
         for (int i = 0; i < nres; i++) any |= !strcmp(res[i].backend, order[b]);
-        if (any) printf(" | %-13s %9s %7s %7s", order[b], "time_us", "algbw", "busbw");
+        if (any && o.p2p) printf(" | %-13s %9s %7s", order[b], "time_us", "GB/s");
+        else if (any) printf(" | %-13s %9s %7s %7s", order[b], "time_us", "algbw", "busbw");
     }
     printf("\n");
-    for (size_t bytes = o.min; bytes <= o.max; bytes *= 4) {
+    for (size_t bytes = o.min; bytes && bytes <= o.max; bytes = o.p2p ? next_size(&o, bytes) : bytes * 4) {
         char hb[32];
         human(bytes, hb, sizeof hb);
         printf("%-8s", hb);
@@ -324,12 +395,15 @@ int lk_cmd_bench_comm(int argc, char **argv) {
             int k = -1;
             for (int i = 0; i < nres; i++)
                 if (!strcmp(res[i].backend, order[b]) && res[i].bytes == bytes) k = i;
-            if (k < 0) printf(" | %-13s %9s %7s %7s", "", "-", "-", "-");
+            if (o.p2p && k < 0) printf(" | %-13s %9s %7s", "", "-", "-");
+            else if (o.p2p) printf(" | %-13s %9.2f %7.3f", "", res[k].us, res[k].alg);
+            else if (k < 0) printf(" | %-13s %9s %7s %7s", "", "-", "-", "-");
             else printf(" | %-13s %9.2f %7.2f %7.2f", "", res[k].us, res[k].alg, res[k].bus);
         }
         printf("\n");
     }
-    printf("(time in µs per all_reduce, bandwidth in GB/s; busbw = algbw * 2(n-1)/n)\n");
+    if (o.p2p) printf("(time in µs one way, half the round trip; bandwidth in GB/s = bytes / time)\n");
+    else printf("(time in µs per all_reduce, bandwidth in GB/s; busbw = algbw * 2(n-1)/n)\n");
     if (o.csv) {
         FILE *f = fopen(o.csv, "w");
         if (!f) return fprintf(stderr, "lockstep bench comm: cannot write %s: %s\n", o.csv, strerror(errno)), 1;

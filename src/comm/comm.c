@@ -110,7 +110,7 @@ const char *lk__comm_timeout_words(const lk_comm *c, char *buf, size_t size) {
 /* A backend that names the bound as "(comm_timeout, LK_COMM_TIMEOUT)"
  * (shm) gets the setting's actual source put in: the variable is not the
  * setting when a config's trainer.comm_timeout won over it. */
-static void name_timeout_source(lk_comm *c, lk_status st) {
+void lk__comm_name_timeout_source(lk_comm *c, lk_status st) {
     static const char generic[] = "(comm_timeout, LK_COMM_TIMEOUT)";
     const char *msg = lk_last_error(), *at = strstr(msg, generic);
     if (st != LK_STATUS_TIMEOUT || !at) return;
@@ -119,7 +119,7 @@ static void name_timeout_source(lk_comm *c, lk_status st) {
     lk_error(st, "%.*s(%s)%s", (int)(at - msg), msg, words, at + sizeof generic - 1);
 }
 
-static lk_status failed_fast(lk_comm *c, const char *what) {
+lk_status lk__comm_failed_fast(lk_comm *c, const char *what) {
     pthread_mutex_lock(&c->err_mu);
     lk_status st = lk_error(LK_STATUS_ABORTED, "%s: communicator already failed: %s", what, c->err_msg);
     pthread_mutex_unlock(&c->err_mu);
@@ -162,6 +162,44 @@ lk_status lk_comm_long_work(lk_comm *c, int root, const char *what, const char *
 /* ------------------------------------------------------------------------
  * Create / free.
  * ---------------------------------------------------------------------- */
+/* A communicator object without its backend (vt->init or vt->split fills
+ * c->impl): locks, sequence numbers, the per-pair counters. NULL when out
+ * of memory. */
+lk_comm *lk__comm_new(const lk__comm_vtable *vt, const lk_pg_info *pg) {
+    lk_comm *c = lk_calloc(1, sizeof *c);
+    if (!c) return NULL;
+    c->p2p_send_seq = lk_calloc((size_t)pg->world_size, sizeof *c->p2p_send_seq);
+    c->p2p_recv_seq = lk_calloc((size_t)pg->world_size, sizeof *c->p2p_recv_seq);
+    if (!c->p2p_send_seq || !c->p2p_recv_seq) {
+        lk_free(c->p2p_send_seq);
+        lk_free(c->p2p_recv_seq);
+        lk_free(c);
+        return NULL;
+    }
+    c->vt = vt;
+    c->pg = *pg;
+    c->next_seq = 1;
+    c->long_root = -1;
+    pthread_mutex_init(&c->err_mu, NULL);
+    pthread_mutex_init(&c->mu, NULL);
+    pthread_cond_init(&c->cv_work, NULL);
+    pthread_cond_init(&c->cv_done, NULL);
+    pthread_cond_init(&c->cv_p2p, NULL);
+    return c;
+}
+
+/* Frees what comm_new made (the backend is already gone). */
+void lk__comm_delete(lk_comm *c) {
+    pthread_mutex_destroy(&c->err_mu);
+    pthread_mutex_destroy(&c->mu);
+    pthread_cond_destroy(&c->cv_work);
+    pthread_cond_destroy(&c->cv_done);
+    pthread_cond_destroy(&c->cv_p2p);
+    lk_free(c->p2p_send_seq);
+    lk_free(c->p2p_recv_seq);
+    lk_free(c);
+}
+
 lk_status lk_comm_create(const lk_comm_config *cfg_in, lk_comm **out) {
     if (!out) return lk_error(LK_STATUS_INVALID_ARGUMENT, "lk_comm_create: out is NULL");
     *out = NULL;
@@ -217,10 +255,8 @@ lk_status lk_comm_create(const lk_comm_config *cfg_in, lk_comm **out) {
 
     /* Errors and logs of a multi-rank job name their rank, unless the caller chose already. */
     if (pg.world_size > 1 && lk_log_rank() < 0) lk_log_set_rank(pg.rank, pg.world_size);
-    lk_comm *c = lk_calloc(1, sizeof *c);
+    lk_comm *c = lk__comm_new(vt, &pg);
     if (!c) return LK_STATUS_OUT_OF_MEMORY;
-    c->vt = vt;
-    c->pg = pg;
     c->timeout_s = cfg.timeout_s;
     double env_s;
     if (cfg.timeout_from && *cfg.timeout_from)
@@ -232,31 +268,21 @@ lk_status lk_comm_create(const lk_comm_config *cfg_in, lk_comm **out) {
     else
         snprintf(c->timeout_from, sizeof c->timeout_from, "lk_comm_config.timeout_s");
     c->check_desync = cfg.check_desync;
-    c->next_seq = 1;
-    c->long_root = -1;
     const char *job = cfg.job_id ? cfg.job_id : pg.job_id;
     snprintf(c->job_id, sizeof c->job_id, "%s", job ? job : "");
     c->shared_bytes = cfg.shared_bytes ? cfg.shared_bytes : (size_t)lk_env_get_long("LK_COMM_SHM_BYTES", 1L << 30);
-    pthread_mutex_init(&c->err_mu, NULL);
-    pthread_mutex_init(&c->mu, NULL);
-    pthread_cond_init(&c->cv_work, NULL);
-    pthread_cond_init(&c->cv_done, NULL);
     lk_status st = vt->init(c, &cfg);
     if (st) {
-        pthread_mutex_destroy(&c->err_mu);
-        pthread_mutex_destroy(&c->mu);
-        pthread_cond_destroy(&c->cv_work);
-        pthread_cond_destroy(&c->cv_done);
-        lk_free(c);
+        lk__comm_delete(c);
         return st;
     }
     *out = c;
     return LK_STATUS_OK;
 }
 
-static void drain(lk_comm *c) {
+void lk__comm_drain(lk_comm *c) {
     pthread_mutex_lock(&c->mu);
-    while (c->pending > 0) pthread_cond_wait(&c->cv_done, &c->mu);
+    while (c->pending > 0 || c->p2p_pending > 0) pthread_cond_wait(&c->cv_done, &c->mu);
     pthread_mutex_unlock(&c->mu);
 }
 
@@ -266,7 +292,8 @@ void lk_comm_set_leave_reason(lk_comm *c, const char *reason) {
 
 void lk_comm_free(lk_comm *c) {
     if (!c) return;
-    drain(c);
+    lk__comm_drain(c);
+    lk__p2p_shutdown(c);
     if (c->thread_started) {
         pthread_mutex_lock(&c->mu);
         c->stop = true;
@@ -275,11 +302,7 @@ void lk_comm_free(lk_comm *c) {
         pthread_join(c->thread, NULL);
     }
     c->vt->destroy(c);
-    pthread_mutex_destroy(&c->err_mu);
-    pthread_mutex_destroy(&c->mu);
-    pthread_cond_destroy(&c->cv_work);
-    pthread_cond_destroy(&c->cv_done);
-    lk_free(c);
+    lk__comm_delete(c);
 }
 
 int lk_comm_rank(const lk_comm *c) { return c->pg.rank; }
@@ -374,11 +397,11 @@ static lk_status run_one(lk_comm *c, const lk__coll *op) {
     if (atomic_load(&c->failed)) {
         char d[160];
         lk__coll_describe(op, d, sizeof d);
-        return failed_fast(c, d);
+        return lk__comm_failed_fast(c, d);
     }
     lk_status st = c->vt->run(c, op);
     if (st) {
-        name_timeout_source(c, st);
+        lk__comm_name_timeout_source(c, st);
         lk__comm_fail(c, st);
     }
     return st;
@@ -589,6 +612,10 @@ static lk_status self_init(lk_comm *c, const lk_comm_config *cfg) {
     return LK_STATUS_OK;
 }
 static void self_destroy(lk_comm *c) { (void)c; }
+static lk_status self_split(lk_comm *parent, lk_comm *child, int colour, int key) {
+    (void)parent, (void)colour, (void)key;
+    return child ? self_init(child, NULL) : LK_STATUS_OK;
+}
 static lk_status self_run(lk_comm *c, const lk__coll *op) {
     (void)c;
     size_t bytes = op->count * lk_dtype_size(op->dt);
@@ -602,5 +629,5 @@ static lk_status self_run(lk_comm *c, const lk__coll *op) {
     }
 }
 const lk__comm_vtable lk__comm_self = {
-    .name = "self", .init = self_init, .destroy = self_destroy, .run = self_run,
+    .name = "self", .init = self_init, .destroy = self_destroy, .run = self_run, .split = self_split,
 };

@@ -35,6 +35,29 @@ typedef struct lk__coll {
     uint64_t seq; /* issue order on this communicator, from 1 */
 } lk__coll;
 
+/* One point-to-point operation as issued (lk_comm_send/recv and their
+ * async forms). Sends and receives are matched per ordered pair in issue
+ * order: the n-th send from a to b meets the n-th receive by b from a. */
+typedef struct lk__p2p {
+    bool send;     /* a send to peer; else a receive from it */
+    int peer;      /* the other rank, != this rank */
+    void *buf;     /* count elements of dt (read for a send, written for a receive) */
+    size_t count;
+    lk_dtype dt;
+    uint64_t seq;  /* on this ordered pair, from 1 */
+    /* Progress state: zero at issue, the backend's to use. */
+    bool progressed; /* p2p_progress moved something (the waiter's back-off restarts) */
+    int phase;
+    uint64_t base, next, t0, prev, next_check;
+    _Alignas(16) unsigned char priv[96]; /* backend handles (MPI requests) */
+} lk__p2p;
+
+/* "send #3 from rank 0 to rank 1 (f32 x 1024)", "recv #3 by rank 1 from rank 0 (f32 x 1024)" */
+void lk__p2p_describe(const lk_comm *c, const lk__p2p *op, char *buf, size_t size);
+/* INVALID_USAGE naming the pair, op's number and both sides' dtype and count
+ * (the peer's are other_*): the same text on the sender and the receiver. */
+lk_status lk__p2p_mismatch(const lk_comm *c, const lk__p2p *op, lk_dtype other_dt, size_t other_count);
+
 const char *lk__coll_kind_name(lk__coll_kind k);
 /* "all_reduce #7 (f32 x 1024, sum)" */
 void lk__coll_describe(const lk__coll *op, char *buf, size_t size);
@@ -65,6 +88,22 @@ typedef struct lk__comm_vtable {
     /* (optional) c->long_* was just set by lk_comm_long_work: publish it if
      * this rank is the one doing the work. Issuing thread. */
     void (*long_work)(lk_comm *c);
+    /* (optional) lk_comm_split, called on every rank of parent once the
+     * groups are known: child is prepared (its pg with the group's ranks,
+     * timeout, job id, vt) or NULL on a rank whose colour is negative (mpi
+     * still takes part in MPI_Comm_split). Sets child->impl; on failure
+     * leaves nothing behind. No work of parent is in flight. */
+    lk_status (*split)(lk_comm *parent, lk_comm *child, int colour, int key);
+    /* (optional, both or neither) point-to-point. p2p_start posts op;
+     * p2p_progress advances it without blocking and sets *done when it is
+     * complete (a send: the receiver has all the data). Progress checks, at
+     * most every 100 ms, abort, the peer's liveness and comm_timeout counted
+     * while nothing moves; a failure names the pair and the sequence number.
+     * Several ops may be active at once (on other pairs or directions, and
+     * next to a collective on another thread); of one direction of one pair
+     * only the oldest. */
+    lk_status (*p2p_start)(lk_comm *c, lk__p2p *op);
+    lk_status (*p2p_progress)(lk_comm *c, lk__p2p *op, bool *done);
 } lk__comm_vtable;
 
 typedef struct lk__queue_item lk__queue_item;
@@ -106,10 +145,25 @@ struct lk_comm {
     lk_work *head, *tail; /* queued, not yet started */
     _Atomic long pending; /* issued and not finished (queued + running); changed under mu */
     size_t shared_bytes;
+
+    /* Point-to-point (p2p.c): per-pair sequence numbers (issuing thread),
+     * and async sends/receives progressed together on their own thread, so
+     * that a send and a receive, or two pairs, never wait for each other
+     * (the collectives' thread runs one thing at a time). */
+    uint64_t *p2p_send_seq, *p2p_recv_seq; /* [world]: last issued to / from each rank */
+    pthread_cond_t cv_p2p;                 /* p2p queue non-empty or stop */
+    pthread_t p2p_thread;
+    bool p2p_started, p2p_stop;
+    lk_work *p2p_head, *p2p_tail; /* queued, not yet taken by the p2p thread */
+    _Atomic long p2p_pending;     /* issued and not finished; changed under mu */
+    uint64_t nsplit;              /* lk_comm_split calls so far (equal on every rank): names shm groups */
 };
 
 struct lk_work {
     lk__coll op;
+    bool is_p2p; /* a send or receive: p2p below, not op */
+    bool p2p_begun;
+    lk__p2p p2p;
     lk_comm *comm;
     lk_work *next;
     bool done; /* under comm->mu */
@@ -128,6 +182,9 @@ extern const lk__comm_vtable lk__comm_nccl; /* comm_nccl.c: GPU buffers only */
 extern const lk__comm_vtable lk__comm_mpi;
 /* bench: raw MPI_Allreduce timing on MPI_COMM_WORLD (µs per call), for the table. */
 lk_status lk__mpi_raw_allreduce_us(size_t bytes, int iters, double *us);
+/* bench: raw MPI_Send/MPI_Recv ping-pong between ranks 0 and 1 of
+ * MPI_COMM_WORLD (µs one way, half the round trip). */
+lk_status lk__mpi_raw_pingpong_us(size_t bytes, int iters, double *us);
 #endif
 
 /* Tests only: one more backend, found by name (lk_comm_config.backend or
@@ -152,6 +209,20 @@ static inline uint64_t lk__paused_ns(uint64_t now, uint64_t *prev) {
 
 /* Sets the sticky failure (first one wins) and tells peers. Returns `st`. */
 lk_status lk__comm_fail(lk_comm *c, lk_status st);
+/* ABORTED "<what>: communicator already failed: <first error>". */
+lk_status lk__comm_failed_fast(lk_comm *c, const char *what);
+/* A timeout message naming "(comm_timeout, LK_COMM_TIMEOUT)" gets the
+ * setting's actual source put in (the last error is rewritten). */
+void lk__comm_name_timeout_source(lk_comm *c, lk_status st);
+/* A communicator object for vt and pg without its backend (init or split
+ * sets impl): locks, sequence numbers, per-pair counters; NULL when out of
+ * memory. lk__comm_delete frees it once the backend is gone. */
+lk_comm *lk__comm_new(const lk__comm_vtable *vt, const lk_pg_info *pg);
+void lk__comm_delete(lk_comm *c);
+/* Waits until no collective and no point-to-point work is pending. */
+void lk__comm_drain(lk_comm *c);
+/* Stops the p2p thread after draining (lk_comm_free). */
+void lk__p2p_shutdown(lk_comm *c);
 /* The words a timeout message puts in parentheses after "timed out after
  * N s": the setting and where its value came from ("comm_timeout from
  * LK_COMM_TIMEOUT"). Returns buf. */

@@ -148,6 +148,8 @@ static lk_status wait_nccl(lk_comm *c, nccl_impl *m, cudaEvent_t ev, const char 
     }
 }
 
+static lk_status setup(lk_comm *c, lk_comm *host, int gpu);
+
 static lk_status nccl_init(lk_comm *c, const lk_comm_config *cfg) {
     int visible = lk__cuda_visible();
     if (visible == 0)
@@ -156,9 +158,6 @@ static lk_status nccl_init(lk_comm *c, const lk_comm_config *cfg) {
     int ids[LK__GPU_MAX], n = visible < LK__GPU_MAX ? visible : LK__GPU_MAX, gpu;
     for (int i = 0; i < n; i++) ids[i] = i;
     LK_TRY(lk__gpu_for_rank(ids, n, c->pg.local_rank, &gpu));
-    nccl_impl *m = lk_calloc(1, sizeof *m);
-    if (!m) return LK_STATUS_OUT_OF_MEMORY;
-    m->gpu = gpu;
     /* The host communicator: its own shm segment name, so it never meets a
      * trainer's shm communicator of the same job. */
     lk_comm_config hc = *cfg;
@@ -168,7 +167,22 @@ static lk_status nccl_init(lk_comm *c, const lk_comm_config *cfg) {
     hc.pg = &c->pg;
     hc.shared_bytes = 1 << 20;
     hc.backend = c->pg.world_size == 1 ? "self" : c->pg.local_world_size == c->pg.world_size ? "shm" : "mpi";
-    lk_status st = lk_comm_create(&hc, &m->host);
+    lk_comm *host = NULL;
+    LK_TRY(lk_comm_create(&hc, &host));
+    return setup(c, host, gpu);
+}
+
+/* The NCCL communicator of c on GPU `gpu`, its id made by c's rank 0 and
+ * sent over `host` (which it owns from here on, on failure too: freed). */
+static lk_status setup(lk_comm *c, lk_comm *host, int gpu) {
+    nccl_impl *m = lk_calloc(1, sizeof *m);
+    if (!m) {
+        lk_comm_abort(host, "out of memory"), lk_comm_free(host);
+        return LK_STATUS_OUT_OF_MEMORY;
+    }
+    m->gpu = gpu;
+    m->host = host;
+    lk_status st = LK_STATUS_OK;
     unsigned char id[LK__NCCL_ID_BYTES];
     if (!st) {
         lk__nccl_transport t = {m->host, host_broadcast};
@@ -215,6 +229,19 @@ static lk_status nccl_init(lk_comm *c, const lk_comm_config *cfg) {
         return lk_error(st, "%s", msg);
     }
     return LK_STATUS_OK;
+}
+
+/* A group: the host communicator is split the same way (every rank of the
+ * parent takes part), and the group's NCCL communicator is a fresh one over
+ * a fresh unique id sent over the split host (which NCCL of every version
+ * has; ncclCommSplit would share the parent's resources, 2.18 and later),
+ * on the GPU the parent's rank drives. */
+static lk_status nccl_split(lk_comm *parent, lk_comm *child, int colour, int key) {
+    nccl_impl *pm = parent->impl;
+    lk_comm *host = NULL;
+    LK_TRY(lk_comm_split(pm->host, colour, key, &host));
+    if (!child) return LK_STATUS_OK;
+    return setup(child, host, pm->gpu);
 }
 
 static void nccl_destroy(lk_comm *c) {
@@ -353,6 +380,7 @@ static void nccl_abort(lk_comm *c, const char *reason) {
 
 const lk__comm_vtable lk__comm_nccl = {
     .name = "nccl",
+    .split = nccl_split,
     .device_memory = true,
     .init = nccl_init,
     .destroy = nccl_destroy,

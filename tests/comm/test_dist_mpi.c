@@ -3,8 +3,12 @@
  * across ranks through MPI itself); "desync" makes the ranks disagree, which
  * must fail on every rank and then abort the MPI job at exit (run by
  * test_mpi_fault.sh, which expects the abort); "shm" checks that the shm
- * backend finds its process group and job id in OpenMPI's variables. */
+ * backend finds its process group and job id in OpenMPI's variables;
+ * "group" (4 ranks) runs group_check.h's mesh, exchange and split checks on
+ * the mpi backend; "p2pfault" (2 ranks, run by test_mpi_fault.sh) a send
+ * whose receive never comes and a receive of another size, each named. */
 #include "coll_check.h"
+#include "comm/group_check.h"
 
 static const char *backend = "mpi";
 
@@ -51,8 +55,63 @@ static void desync_under_mpirun(void) {
     lk_comm_free(c);
 }
 
+static lk_comm *mpi_comm_for_test(double timeout) {
+    lk_comm_config cfg = lk_comm_config_default();
+    cfg.backend = "mpi";
+    cfg.timeout_s = timeout;
+    lk_comm *c = NULL;
+    CHECK_OK(lk_comm_create(&cfg, &c));
+    return c;
+}
+
+static void groups_under_mpirun(void) {
+    lk_comm *c = mpi_comm_for_test(30);
+    if (!c) return;
+    CHECK(lk_comm_world_size(c) == 4);
+    CHECK(gc_mesh(c) == 0);
+    CHECK(gc_exchange(c) == 0);
+    CHECK(gc_split(c) == 0);
+    lk_comm_free(c);
+}
+
+/* Each failure ends the communicator, so each gets its own. */
+static void p2p_faults_under_mpirun(void) {
+    lk_comm *c = mpi_comm_for_test(1.0);
+    if (!c) return;
+    int r = lk_comm_rank(c);
+    float buf[100] = {0};
+    /* a receive of another size: the receiver names both sides at once */
+    if (r == 0) (void)lk_comm_send(c, buf, 100, LK_F32, 1); /* eager: may complete before rank 1 looks */
+    else
+        CHECK_ERR(lk_comm_recv(c, buf, 50, LK_F32, 0), LK_STATUS_INVALID_USAGE,
+                  "on the pair rank 0 -> rank 1, message #1: rank 0 sends f32 x 100 (400 bytes), rank 1 receives f32 x 50");
+    lk_comm_free(c);
+    c = mpi_comm_for_test(1.0);
+    if (!c) return;
+    /* a send whose receive never comes: rank 1 only sleeps past the timeout */
+    if (r == 0)
+        CHECK_ERR(lk_comm_send(c, buf, 10, LK_F32, 1), LK_STATUS_TIMEOUT,
+                  "send #1 from rank 0 to rank 1 (f32 x 10) timed out after");
+    else
+        sleep(2);
+    lk_comm_free(c);
+    /* Both ranks finish together: the first to exit aborts the job (its
+     * communicators failed), and the other must have reported by then. */
+    c = mpi_comm_for_test(30);
+    if (c) CHECK_OK(lk_comm_barrier(c));
+    lk_comm_free(c);
+}
+
 int main(int argc, char **argv) {
     if (argc > 1) backend = argv[1];
+    if (!strcmp(backend, "group")) {
+        static const lk_t_case cases[] = {LK_TEST_CASE(groups_under_mpirun)};
+        return lk_t_run(cases, 1, 1, argv);
+    }
+    if (!strcmp(backend, "p2pfault")) {
+        static const lk_t_case cases[] = {LK_TEST_CASE(p2p_faults_under_mpirun)};
+        return lk_t_run(cases, 1, 1, argv);
+    }
     if (!strcmp(backend, "desync")) {
         static const lk_t_case cases[] = {LK_TEST_CASE(desync_under_mpirun)};
         return lk_t_run(cases, 1, 1, argv);

@@ -106,6 +106,13 @@ check "bench comm --touch 1 runs and says so" grep -q "every buffer rewritten be
 check "bench comm --touch 1 writes both shm rows per size" [ "$(grep -c '^shm' "$tmp/touch.csv")" = 4 ]
 "$BIN" bench comm --touch 2 >/dev/null 2>"$tmp/touch.err"
 check "bench comm --touch 2 is refused with exit 2" [ $? = 2 ]
+# 8b. bench comm --op sendrecv: the ping-pong rows (8 B, x4 steps, and --max itself)
+out=$("$BIN" bench comm --op sendrecv --backend shm --max 4K --time 0.01 --repeat 1 --csv "$tmp/pp.csv" 2>&1)
+check "bench comm --op sendrecv runs and says so" grep -q "send/recv ping-pong, 2 ranks, 8..4096 bytes" <<<"$out"
+check "bench comm --op sendrecv writes a shm-sendrecv row per size (8 32 128 512 2K 4K)" \
+  [ "$(grep -c '^shm-sendrecv,2,' "$tmp/pp.csv")" = 6 ]
+"$BIN" bench comm --op bogus >/dev/null 2>"$tmp/op.err"
+check "bench comm --op bogus is refused with exit 2" [ $? = 2 ]
 check "... saying what it expects" grep -q "touch expects 0 or 1, got '2'" "$tmp/touch.err"
 
 # 9. --max-restarts: a failing rank restarts every rank with TORCHELASTIC_RESTART_COUNT 1, 2, ...;

@@ -9,6 +9,9 @@
 #  3. the same, rank 1 SIGKILLed: mpirun ends the job (SIGTERM, then SIGKILL
 #     a second later), and rank 0 first says which rank died and in which
 #     collective (OpenMPI alone prints only its own notice).
+#  4. point-to-point: a receive of another size (named by the receiver at
+#     once) and a send whose receive never comes (at a 1 s timeout); the
+#     failed communicators then end the job with MPI_Abort.
 # Environment (from ctest): LK_BIN, LK_MPIRUN, LK_MPIRUN_FLAGS, LK_TEST_DIST_MPI.
 source "$(dirname "$0")/../cli/lib.sh"
 read -r -a flags <<<"${LK_MPIRUN_FLAGS:-}"
@@ -112,4 +115,11 @@ check "kill: rank 0 names the dead rank, its pid and the collective" \
   grep -qE "\[rank 0\] (all_reduce|broadcast|barrier|all_gather) #[0-9]+ .*failed: rank 1 \(pid $r1\) died" "$T/kill.out"
 grep -m1 "died" "$T/kill.out" | sed 's/^/     /'
 [ "$fail" = 0 ] || sed "s/^/     kill: /" "$T/kill.out" >&2
+
+# 4. point-to-point faults
+run_bounded 60 "$LK_MPIRUN" "${flags[@]}" -np 2 "$LK_TEST_DIST_MPI" p2pfault
+check "p2p: both ranks' checks passed (${secs}s, rc $rc)" \
+  bash -c "[ \$(grep -c '^1 passed, 0 failed' '$T/out') = 2 ] && awk -v s='$secs' 'BEGIN { exit !(s < 30) }'"
+check "p2p: the job was aborted, not finalized (rc $rc)" test "$rc" -ne 0
+[ "$fail" = 0 ] || sed "s/^/     p2p: /" "$T/out" >&2
 finish

@@ -7,6 +7,8 @@ lk_add_test(NAME dist_fault SOURCES comm/test_dist_fault.c LABELS multiproc faul
 lk_add_test(NAME comm_timeout_source SOURCES comm/test_timeout_source.c LABELS multiproc fault TIMEOUT 60)
 # Two jobs with one job id / MASTER_PORT, their rendezvous steps forced into many interleavings.
 lk_add_test(NAME dist_clash SOURCES comm/test_dist_clash.c LABELS multiproc fault TIMEOUT 240)
+# Process groups (split, the 2 x 2 mesh) and point-to-point on shm, and their failures named per pair.
+lk_add_test(NAME dist_group SOURCES comm/test_dist_group.c LABELS multiproc fault threads TIMEOUT 120)
 lk_add_script_test(NAME dist_launch SCRIPT comm/test_launch.sh LABELS multiproc fault TIMEOUT 90)
 
 # The mpi backend under mpirun (CI installs OpenMPI): 2 and 3 ranks, plus the
@@ -38,6 +40,10 @@ if(LK_HAVE_MPI)
     string(REPLACE ";" " " LK_MPIRUN_FLAGS_STR "${LK_MPIRUN_FLAGS}")
     set_tests_properties(dist_mpi_fault PROPERTIES TIMEOUT 120 LABELS "multiproc;fault;mpi" RUN_SERIAL TRUE
                          ENVIRONMENT "${LK_MPI_TEST_ENV};LK_BIN=$<TARGET_FILE:lockstep>;LK_MPIRUN=${LK_MPIRUN};LK_MPIRUN_FLAGS=${LK_MPIRUN_FLAGS_STR};LK_TEST_DIST_MPI=$<TARGET_FILE:test_dist_mpi>")
+    # Groups and point-to-point on the mpi backend: the 2 x 2 mesh (4 ranks, oversubscribed) etc.
+    add_test(NAME dist_mpi_group COMMAND ${LK_MPIRUN} ${LK_MPIRUN_FLAGS} -np 4 $<TARGET_FILE:test_dist_mpi> group)
+    set_tests_properties(dist_mpi_group PROPERTIES TIMEOUT 90 LABELS "multiproc;threads;mpi"
+                         ENVIRONMENT "${LK_MPI_TEST_ENV}")
     add_test(NAME dist_mpi_env_shm COMMAND ${LK_MPIRUN} ${LK_MPIRUN_FLAGS} -np 2 $<TARGET_FILE:test_dist_mpi> shm)
     set_tests_properties(dist_mpi_env_shm PROPERTIES TIMEOUT 60 LABELS "multiproc;threads;mpi"
                          ENVIRONMENT "${LK_MPI_TEST_ENV}")

@@ -63,6 +63,15 @@ static void one_rank(void) {
     int64_t flag = 3;
     CHECK_OK(lk_comm_broadcast(c, &flag, 1, LK_I64, 0));
     CHECK(flag == 3);
+    /* A group (lk_comm_split): a fresh NCCL communicator over the split
+     * host communicator, on the same GPU; a negative colour gives none. */
+    lk_comm *grp = NULL, *none = (lk_comm *)1;
+    CHECK_OK(lk_comm_split(c, 0, 0, &grp));
+    CHECK(grp && !strcmp(lk_comm_backend(grp), "nccl") && lk_comm_world_size(grp) == 1);
+    if (grp) CHECK_OK(lk_comm_all_reduce(grp, d, N, LK_F32, LK_REDUCE_SUM));
+    lk_comm_free(grp);
+    CHECK_OK(lk_comm_split(c, LK_COMM_NO_GROUP, 0, &none));
+    CHECK(none == NULL);
     lk_device_free(g, d, sizeof h);
     lk_device_free(g, all, sizeof h);
     lk_comm_free(c);
