@@ -564,8 +564,8 @@ static lk_status run_eval(lk_trainer *tr, lk_loader *loader, const char *stage, 
         tr->batch_idx = i;
         lk_scope_begin();
         lk_autocast_enter(tr->autocast); /* evaluation runs in the precision it trains in, as Lightning's */
-        if (!strcmp(stage, "test")) st = m->vt->test_step ? m->vt->test_step(m, b, i, tr) : LK_STATUS_OK;
-        else st = m->vt->validation_step ? m->vt->validation_step(m, b, i, tr) : LK_STATUS_OK;
+        if (!strcmp(stage, "test")) st = lk_module_test_step(m, b, i, tr);
+        else st = lk_module_validation_step(m, b, i, tr);
         lk_autocast_exit();
         lk_scope_end();
         if (tr->progress) lk_progress_update_eval(tr->progress, i + 1);
@@ -845,7 +845,8 @@ lk_status lk_trainer_fit(lk_trainer *tr, lk_module *m, lk_datamodule *dm, const 
     lk_dataset *train_ds = st ? NULL : dm->vt->dataset(dm, "train");
     lk_dataset *val_ds = st ? NULL : dm->vt->dataset(dm, "val");
     if (!st && !train_ds) st = lk_error(LK_STATUS_INVALID_ARGUMENT, "data module '%s' has no training set", dm->name);
-    if (!st && !m->vt->training_step) st = lk_error(LK_STATUS_INVALID_ARGUMENT, "module '%s' has no training_step", m->name);
+    if (!st && !m->vt->training_step && !(m->vt->forward && m->vt->loss))
+        st = lk_error(LK_STATUS_INVALID_ARGUMENT, "module '%s' has no training_step (and no forward and loss to compose one)", m->name);
     if (!st) st = make_loader(tr, train_ds, true, &train);
     if (!st && prefetching(tr)) st = fit_prefetcher(tr);
     if (!st && (val_ds || c->overfit_batches)) st = make_loader(tr, c->overfit_batches ? train_ds : val_ds, false, &val);
@@ -1067,7 +1068,8 @@ lk_status lk_trainer_predict(lk_trainer *tr, lk_module *m, lk_datamodule *dm, co
     lk_dataset *ds = st ? NULL : dm->vt->dataset(dm, "predict");
     if (!st && !ds) ds = dm->vt->dataset(dm, "test");
     if (!st && !ds) st = lk_error(LK_STATUS_INVALID_ARGUMENT, "data module '%s' has no predict (or test) set", dm->name);
-    if (!st && !m->vt->predict_step) st = lk_error(LK_STATUS_INVALID_ARGUMENT, "module '%s' has no predict_step", m->name);
+    if (!st && !m->vt->predict_step && !m->vt->forward)
+        st = lk_error(LK_STATUS_INVALID_ARGUMENT, "module '%s' has no predict_step (and no forward)", m->name);
     if (!st && ckpt_path && *ckpt_path) {
         char path[LK_PATH];
         st = lk__ckpt_resolve(tr, ckpt_path, path, sizeof path);
@@ -1091,7 +1093,7 @@ lk_status lk_trainer_predict(lk_trainer *tr, lk_module *m, lk_datamodule *dm, co
         if (st || !b) break;
         lk_scope_begin();
         lk_autocast_enter(tr->autocast);
-        lk_tensor *p = m->vt->predict_step(m, b, i, tr);
+        lk_tensor *p = lk_module_predict_step(m, b, i, tr);
         lk_autocast_exit();
         if (!p) st = lk_last_status() ? lk_last_status() : lk_error(LK_STATUS_INVALID_USAGE, "predict_step returned nothing");
         lk_tensor *c = p ? lk_tensor_cast(p, LK_F32) : NULL;
