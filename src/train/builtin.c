@@ -40,7 +40,7 @@ static lk_tensor *builtin_loss(lk_module *m, lk_tensor *out, const lk_batch *b) 
     model_self *s = m->self;
     lk_tensor *x = lk_batch_tensor(b, 0);
     lk_tensor *y = s->info->target_is_input ? x : lk_batch_tensor(b, 1);
-    return lk_model_loss(s->info, out, x, y);
+    return lk_model_loss(s->info, out, x, y); /* the model info's loss_fn, after the targets' checks */
 }
 
 /* The loss of batch b; the model's output and the targets into *out_logits
