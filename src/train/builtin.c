@@ -384,6 +384,7 @@ lk_status lk__builtin_input_check(const lk_module *m, lk_datamodule *dm, const c
     int64_t want[3], n = 1, wn = 1;
     char why[128];
     LK_TRY(lk_model_input_shape(ms->info->name, ms->args, ms->n_args, &ndim, want, why, sizeof why));
+    if (ndim == 0) return LK_STATUS_OK; /* a model that does not declare its input */
     for (int i = 0; i < x->ndim; i++) n *= x->shape[i];
     for (int i = 0; i < ndim; i++) wn *= want[i];
     /* mlp and autoencoder flatten any sample; cnn takes [C, H, W] or one flat row */
