@@ -21,7 +21,7 @@
  *
  * A new built-in model is one file, src/models/<name>.c, that defines
  * `const lk_model_info lk__model_<name>` (its argument table, builder, input
- * shape and loss), plus one line in the built-in list in src/models/models.c.
+ * shape and loss function), plus one line in the built-in list in src/models/models.c.
  * Its builder reads the parsed arguments by name:
  *
  *     static lk_status build_wide(const lk_model_args *a, uint64_t seed, lk_layer **out) {
@@ -68,6 +68,11 @@ typedef lk_status (*lk_model_build_fn)(const lk_model_args *args, uint64_t seed,
 typedef lk_status (*lk_model_input_shape_fn)(const lk_model_args *args, int *ndim, int64_t shape[3], char *why,
                                              size_t why_size);
 
+/* The loss the model trains with (scope-owned, one element) of its output
+ * against the batch: x the input, y the labels (NULL for models whose target
+ * is their input). */
+typedef lk_tensor *(*lk_model_loss_fn)(lk_tensor *output, lk_tensor *x, lk_tensor *y);
+
 typedef struct lk_model_info {
     const char *name;
     const char *help;
@@ -77,6 +82,7 @@ typedef struct lk_model_info {
     int n_args;
     lk_model_build_fn build;
     lk_model_input_shape_fn input_shape; /* (optional) NULL: the input is not checked before a run */
+    lk_model_loss_fn loss_fn;            /* (optional) NULL: the loss by `loss` (lk_model_loss) */
 } lk_model_info;
 
 typedef struct lk_model_kv {
@@ -99,9 +105,11 @@ lk_status lk_model_create(const char *name, const lk_model_kv *args, int n_args,
  * *ndim 0: the model does not say (no input_shape function). */
 lk_status lk_model_input_shape(const char *name, const lk_model_kv *args, int n_args, int *ndim, int64_t shape[3],
                                char *why, size_t why_size);
-/* The model's training loss for a batch: MSE of output against x (reshaped
- * to the output's shape) for target_is_input models, cross-entropy of
- * output (logits) against the i64 labels y otherwise. Scope-owned result. */
+/* The model's training loss for a batch: its loss_fn — for the built-ins MSE
+ * of output against x (reshaped to the output's shape) for target_is_input
+ * models, cross-entropy of output (logits) against the i64 labels y
+ * otherwise; the same by `loss` for an info without loss_fn. A missing x
+ * (target_is_input) or y (otherwise) is an error. Scope-owned result. */
 lk_tensor *lk_model_loss(const lk_model_info *info, lk_tensor *output, lk_tensor *x, lk_tensor *y);
 
 /* ---- blocks: where a pipeline strategy cuts ---------------------------------------- */

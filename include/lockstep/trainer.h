@@ -14,6 +14,18 @@
  *         return loss;
  *     }
  *
+ * Or the forward and the loss apart (a pipeline stage runs the forward
+ * without the loss); training_step, validation_step, test_step and
+ * predict_step then come for free (train_loss, val_loss, test_loss logged):
+ *
+ *     static lk_tensor *my_forward(lk_module *m, const lk_batch *b) {
+ *         return lk_layer_forward(m->net, lk_batch_tensor(b, 0));
+ *     }
+ *     static lk_tensor *my_loss(lk_module *m, lk_tensor *out, const lk_batch *b) {
+ *         return lk_cross_entropy(out, lk_batch_tensor(b, 1), NULL);
+ *     }
+ *     static const lk_module_vtable my_vt = {.forward = my_forward, .loss = my_loss};
+ *
  * Every run writes under <default_root_dir>/lightning_logs/version_N/:
  * metrics.csv, hparams.yaml, config.yaml, run.json, checkpoints/.
  */
@@ -202,11 +214,17 @@ lk_status lk_log_metric(lk_trainer *tr, const char *name, double value, const lk
 /* ---- modules ---------------------------------------------------------------- */
 
 typedef struct lk_module_vtable {
-    /* Returns the loss (a scope-owned one-element tensor) or NULL on error. */
+    /* Returns the loss (a scope-owned one-element tensor) or NULL on error.
+     * (optional when forward and loss are set: the default is
+     * loss(forward(b), b), logged as train_loss on the progress bar) */
     lk_tensor *(*training_step)(lk_module *m, const lk_batch *b, int64_t batch_idx, lk_trainer *tr);
+    /* (optional) NULL: with forward and loss set, the loss of forward(b)
+     * logged as val_loss (test_loss), on the progress bar and reduced over
+     * the ranks (sync_dist); without them, nothing. */
     lk_status (*validation_step)(lk_module *m, const lk_batch *b, int64_t batch_idx, lk_trainer *tr);
     lk_status (*test_step)(lk_module *m, const lk_batch *b, int64_t batch_idx, lk_trainer *tr);
-    /* (optional) Returns the prediction (scope-owned) or NULL on error. */
+    /* (optional) Returns the prediction (scope-owned) or NULL on error.
+     * NULL: forward(b) when forward is set. */
     lk_tensor *(*predict_step)(lk_module *m, const lk_batch *b, int64_t batch_idx, lk_trainer *tr);
     /* (optional) End of fit/test on rank 0, e.g. to draw a picture into log_dir. */
     lk_status (*on_stage_end)(lk_module *m, lk_trainer *tr, const char *stage);
@@ -216,6 +234,12 @@ typedef struct lk_module_vtable {
      * that keeps replicas in one process (LK_PROCESS_THREADS: dp), through
      * lk_step_fn.replicate; the trainer's loops never call it. */
     lk_status (*replicate)(lk_module *m, lk_module **out);
+    /* (optional) The network's output for batch b (scope-owned), without the
+     * loss: what a pipeline stage that holds no loss runs. */
+    lk_tensor *(*forward)(lk_module *m, const lk_batch *b);
+    /* (optional) The loss (scope-owned, one element) of `output` — what
+     * forward returned for b — against b's targets. */
+    lk_tensor *(*loss)(lk_module *m, lk_tensor *output, const lk_batch *b);
 } lk_module_vtable;
 
 struct lk_module {
@@ -226,6 +250,18 @@ struct lk_module {
     char *hparams_yaml;         /* save_hyperparameters(): written to hparams.yaml (owned, may be NULL) */
 };
 void lk_module_free(lk_module *m);
+
+/* The module's steps as the trainer runs them: the vtable's slot when set,
+ * else its default from forward and loss (above); a slot with neither is an
+ * INVALID_ARGUMENT error naming the module and what it lacks. A strategy
+ * (or a step of your own) calls these rather than the slots. forward and
+ * loss return scope-owned tensors, or NULL with the error set. */
+lk_tensor *lk_module_forward(lk_module *m, const lk_batch *b);
+lk_tensor *lk_module_loss(lk_module *m, lk_tensor *output, const lk_batch *b);
+lk_tensor *lk_module_training_step(lk_module *m, const lk_batch *b, int64_t batch_idx, lk_trainer *tr);
+lk_status lk_module_validation_step(lk_module *m, const lk_batch *b, int64_t batch_idx, lk_trainer *tr);
+lk_status lk_module_test_step(lk_module *m, const lk_batch *b, int64_t batch_idx, lk_trainer *tr);
+lk_tensor *lk_module_predict_step(lk_module *m, const lk_batch *b, int64_t batch_idx, lk_trainer *tr);
 /* Loads weights by PyTorch state-dict name from a safetensors file — one
  * PyTorch wrote (a weights-only file), `lockstep export` wrote, or a lockstep
  * checkpoint (its optimizer state is ignored). Every missing or misshaped

@@ -52,4 +52,5 @@ const lk_model_info lk__model_autoencoder = {
     .n_args = (int)(sizeof autoencoder_args / sizeof autoencoder_args[0]),
     .build = build_autoencoder,
     .input_shape = lk__flat_input_shape,
+    .loss_fn = lk__loss_reconstruction,
 };

@@ -1,7 +1,7 @@
 /* Pieces the built-in models share: their construction stream, the
  * Linear/ReLU stack (autoencoder halves, mlp), the top layer every built-in
  * model is (a sequence of blocks after bringing the input to its shape), and
- * the input shape of the models that flatten it. */
+ * the input shape of the models that flatten it, and their two losses. */
 #include <stdio.h>
 
 #include "models/models_impl.h"
@@ -53,6 +53,17 @@ lk_layer *lk__model_seq_create(const char *type, int sample_ndim, const int64_t 
 }
 
 bool lk__is_model_seq(const lk_layer *l) { return l && l->forward == model_seq_forward; }
+
+lk_tensor *lk__loss_reconstruction(lk_tensor *output, lk_tensor *x, lk_tensor *y) {
+    (void)y;
+    lk_tensor *t = x->numel == output->numel ? lk_reshape(x, output->ndim, output->shape) : x;
+    return lk_mse_loss(output, t, LK_REDUCTION_MEAN);
+}
+
+lk_tensor *lk__loss_classification(lk_tensor *output, lk_tensor *x, lk_tensor *y) {
+    (void)x;
+    return lk_cross_entropy(output, y, NULL);
+}
 
 lk_status lk__flat_input_shape(const lk_model_args *a, int *ndim, int64_t shape[3], char *why, size_t why_size) {
     int64_t d = lk_model_args_int(a, "input_dim");

@@ -75,4 +75,5 @@ const lk_model_info lk__model_cnn = {
     .n_args = (int)(sizeof cnn_args / sizeof cnn_args[0]),
     .build = build_cnn,
     .input_shape = cnn_input_shape,
+    .loss_fn = lk__loss_classification,
 };

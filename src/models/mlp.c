@@ -44,4 +44,5 @@ const lk_model_info lk__model_mlp = {
     .n_args = (int)(sizeof mlp_args / sizeof mlp_args[0]),
     .build = build_mlp,
     .input_shape = lk__flat_input_shape,
+    .loss_fn = lk__loss_classification,
 };

@@ -208,12 +208,16 @@ lk_tensor *lk_model_loss(const lk_model_info *info, lk_tensor *output, lk_tensor
         if (!lk_last_status()) lk_error(LK_STATUS_INVALID_ARGUMENT, "model_loss: NULL %s", info ? "output" : "model info");
         return NULL;
     }
-    if (info->target_is_input) {
-        if (!x) return lk_error(LK_STATUS_INVALID_ARGUMENT, "model_loss (%s): NULL input", info->name), NULL;
-        lk_tensor *t = x->numel == output->numel ? lk_reshape(x, output->ndim, output->shape) : x;
-        return info->loss == LK_LOSS_MSE ? lk_mse_loss(output, t, LK_REDUCTION_MEAN) : NULL;
-    }
-    if (!y) return lk_error(LK_STATUS_INVALID_ARGUMENT, "model_loss (%s): NULL labels", info->name), NULL;
-    if (info->loss == LK_LOSS_CROSS_ENTROPY) return lk_cross_entropy(output, y, NULL);
+    if (info->target_is_input && !x) return lk_error(LK_STATUS_INVALID_ARGUMENT, "model_loss (%s): NULL input", info->name), NULL;
+    if (!info->target_is_input && !y) return lk_error(LK_STATUS_INVALID_ARGUMENT, "model_loss (%s): NULL labels", info->name), NULL;
+    if (info->loss_fn) return info->loss_fn(output, x, y); /* the model brings its own */
+    /* an info without a loss function: the loss its kind names */
+    if (info->target_is_input)
+        return info->loss == LK_LOSS_MSE ? lk__loss_reconstruction(output, x, y)
+                                         : (lk_error(LK_STATUS_INVALID_ARGUMENT,
+                                                     "model_loss (%s): a model whose target is its input trains with MSE",
+                                                     info->name),
+                                            NULL);
+    if (info->loss == LK_LOSS_CROSS_ENTROPY) return lk__loss_classification(output, x, y);
     return lk_mse_loss(output, y, LK_REDUCTION_MEAN);
 }

@@ -39,6 +39,10 @@ lk_layer *lk__mlp_stack(const int64_t *w, int n, double dropout, bool sigmoid, l
 lk_layer *lk__model_seq_create(const char *type, int sample_ndim, const int64_t *sample_shape);
 /* True for a layer lk__model_seq_create made. */
 bool lk__is_model_seq(const lk_layer *l);
+/* The built-ins' losses: MSE of output against x (reshaped to output's
+ * shape when the sizes agree), and cross-entropy of logits against y. */
+lk_tensor *lk__loss_reconstruction(lk_tensor *output, lk_tensor *x, lk_tensor *y);
+lk_tensor *lk__loss_classification(lk_tensor *output, lk_tensor *x, lk_tensor *y);
 /* The input shape of the models that flatten their input: [input_dim]. */
 lk_status lk__flat_input_shape(const lk_model_args *a, int *ndim, int64_t shape[3], char *why, size_t why_size);
 

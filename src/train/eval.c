@@ -43,8 +43,8 @@ lk_status lk__run_eval(lk_trainer *tr, lk_loader *loader, const char *stage, int
         tr->batch_idx = i;
         lk_scope_begin();
         lk_autocast_enter(tr->autocast); /* evaluation runs in the precision it trains in, as Lightning's */
-        if (!strcmp(stage, "test")) st = m->vt->test_step ? m->vt->test_step(m, b, i, tr) : LK_STATUS_OK;
-        else st = m->vt->validation_step ? m->vt->validation_step(m, b, i, tr) : LK_STATUS_OK;
+        if (!strcmp(stage, "test")) st = lk_module_test_step(m, b, i, tr);
+        else st = lk_module_validation_step(m, b, i, tr);
         lk_autocast_exit();
         lk_scope_end();
         if (tr->progress) lk_progress_update_eval(tr->progress, i + 1);

@@ -269,7 +269,8 @@ lk_status lk_trainer_fit(lk_trainer *tr, lk_module *m, lk_datamodule *dm, const 
     lk_dataset *train_ds = st ? NULL : dm->vt->dataset(dm, "train");
     lk_dataset *val_ds = st ? NULL : dm->vt->dataset(dm, "val");
     if (!st && !train_ds) st = lk_error(LK_STATUS_INVALID_ARGUMENT, "data module '%s' has no training set", dm->name);
-    if (!st && !m->vt->training_step) st = lk_error(LK_STATUS_INVALID_ARGUMENT, "module '%s' has no training_step", m->name);
+    if (!st && !m->vt->training_step && !(m->vt->forward && m->vt->loss))
+        st = lk_error(LK_STATUS_INVALID_ARGUMENT, "module '%s' has no training_step (and no forward and loss to compose one)", m->name);
     if (!st) st = lk__make_loader(tr, train_ds, true, &train);
     if (!st && lk__prefetching(tr)) st = lk__fit_prefetcher(tr);
     if (!st && (val_ds || c->overfit_batches)) st = lk__make_loader(tr, c->overfit_batches ? train_ds : val_ds, false, &val);

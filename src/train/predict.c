@@ -193,7 +193,8 @@ lk_status lk_trainer_predict(lk_trainer *tr, lk_module *m, lk_datamodule *dm, co
     lk_dataset *ds = st ? NULL : dm->vt->dataset(dm, "predict");
     if (!st && !ds) ds = dm->vt->dataset(dm, "test");
     if (!st && !ds) st = lk_error(LK_STATUS_INVALID_ARGUMENT, "data module '%s' has no predict (or test) set", dm->name);
-    if (!st && !m->vt->predict_step) st = lk_error(LK_STATUS_INVALID_ARGUMENT, "module '%s' has no predict_step", m->name);
+    if (!st && !m->vt->predict_step && !m->vt->forward)
+        st = lk_error(LK_STATUS_INVALID_ARGUMENT, "module '%s' has no predict_step (and no forward)", m->name);
     if (!st && ckpt_path && *ckpt_path) {
         char path[LK_PATH];
         st = lk__ckpt_resolve(tr, ckpt_path, path, sizeof path);
@@ -217,7 +218,7 @@ lk_status lk_trainer_predict(lk_trainer *tr, lk_module *m, lk_datamodule *dm, co
         if (st || !b) break;
         lk_scope_begin();
         lk_autocast_enter(tr->autocast);
-        lk_tensor *p = m->vt->predict_step(m, b, i, tr);
+        lk_tensor *p = lk_module_predict_step(m, b, i, tr);
         lk_autocast_exit();
         if (!p) st = lk_last_status() ? lk_last_status() : lk_error(LK_STATUS_INVALID_USAGE, "predict_step returned nothing");
         lk_tensor *c = p ? lk_tensor_cast(p, LK_F32) : NULL;

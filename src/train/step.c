@@ -30,13 +30,13 @@ static lk_tensor *step_forward(void *ctx, int replica, const lk_batch *b, int64_
                           (uint64_t)tr->global_step);
     t->pending_loss.armed = false; /* a failed step's leftover */
     t->step_status.held = false;
-    if (replica == 0) return m->vt->training_step(m, b, batch_idx, t);
+    if (replica == 0) return lk_module_training_step(m, b, batch_idx, t);
     /* dp's replica k, on its own thread: its slice was prefetched onto its
      * device with the batch (prefetch.c), and cross-entropy's target check
      * reads the slice's host copy, not the device; both are per thread */
     if (tr->pf && lk__prefetch_enter(tr->pf)) return NULL;
     lk__host_shadows_on(true);
-    lk_tensor *loss = m->vt->training_step(m, b, batch_idx, t);
+    lk_tensor *loss = lk_module_training_step(m, b, batch_idx, t);
     lk__host_shadows_on(false);
     lk__prefetch_leave(tr->pf);
     return loss;

@@ -3,6 +3,7 @@
  * src/models/<name>.c, and the registry itself (models.c) names no model
  * (no strcmp chain: a new model is a file and a line in the list). */
 #include <dirent.h>
+#include <math.h>
 #include <stdio.h>
 
 #include "lk_test.h"
@@ -27,8 +28,8 @@ static void every_builtin_has_a_builder(void) {
     const lk_model_info *m = lk_models(&n);
     CHECK(n >= 3);
     for (int i = 0; i < n; i++) {
-        CHECK_MSG(m[i].build && m[i].input_shape, "model %s: builder %p, input_shape %p", m[i].name, (void *)m[i].build,
-                  (void *)m[i].input_shape);
+        CHECK_MSG(m[i].build && m[i].input_shape && m[i].loss_fn, "model %s: builder %d, input_shape %d, loss_fn %d",
+                  m[i].name, m[i].build != NULL, m[i].input_shape != NULL, m[i].loss_fn != NULL);
         CHECK_MSG(m[i].n_args <= LK_MODEL_MAX_ARGS, "model %s: %d args", m[i].name, m[i].n_args);
         CHECK(lk_model_find(m[i].name) == &m[i]);
         /* built with its defaults through lk_model_create: a layer with parameters */
@@ -87,4 +88,28 @@ static void one_file_per_model(void) {
     free(s);
 }
 
-LK_TEST_MAIN(LK_TEST_CASE(every_builtin_has_a_builder), LK_TEST_CASE(one_file_per_model))
+/* A model brings its own loss: lk_model_loss calls the info's loss_fn. */
+static int custom_calls;
+static lk_tensor *custom_loss(lk_tensor *out, lk_tensor *x, lk_tensor *y) {
+    custom_calls++;
+    return lk_sum(out, NULL, 0, false);
+}
+
+static void a_model_brings_its_loss(void) {
+    lk_model_info info = *lk_model_find("mlp");
+    info.loss_fn = custom_loss;
+    lk_tensor *x = lk_tensor_full(LK_F32, LK_SHAPE(2, 3), 0.5), *y = lk_tensor_full(LK_I64, LK_SHAPE(2), 1);
+    CHECK(x && y);
+    lk_scope_begin();
+    lk_tensor *l = lk_model_loss(&info, x, x, y);
+    CHECK(custom_calls == 1 && l && lk_tensor_item(l) == 3.0);
+    /* the built-in's own: cross-entropy of uniform logits over 3 classes = log 3 */
+    l = lk_model_loss(lk_model_find("mlp"), x, x, y);
+    CHECK(l && fabs(lk_tensor_item(l) - log(3.0)) < 1e-6);
+    lk_scope_end();
+    lk_tensor_release(x);
+    lk_tensor_release(y);
+}
+
+LK_TEST_MAIN(LK_TEST_CASE(every_builtin_has_a_builder), LK_TEST_CASE(one_file_per_model),
+             LK_TEST_CASE(a_model_brings_its_loss))

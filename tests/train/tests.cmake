@@ -4,3 +4,5 @@ lk_add_test(NAME trainer_faults SOURCES train/test_trainer_faults.c LABELS unit 
 lk_add_test(NAME train_summary SOURCES train/test_summary.c LABELS unit TIMEOUT 60)
 lk_add_script_test(NAME train_grad_scaler SCRIPT train/test_grad_scaler.sh LABELS multiproc TIMEOUT 300)
 lk_add_script_test(NAME train_activation_checkpointing SCRIPT train/test_activation_checkpointing.sh LABELS multiproc TIMEOUT 300)
+# The module contract: forward + loss give every step for free; training_step alone works as before.
+lk_add_test(NAME module_contract SOURCES train/test_module_contract.c LABELS unit TIMEOUT 60)
