@@ -126,7 +126,7 @@ typedef struct lk_softmax_params {
 } lk_softmax_params;
 
 /* LK_OP_LOSS / LK_OP_LOSS_BACKWARD over n contiguous elements. reduction is
- * an lk_reduction (lockstep/autograd.h): NONE writes n losses (backward: dout
+ * an lk_reduction (lockstep/tensor.h): NONE writes n losses (backward: dout
  * has n), MEAN and SUM one (dout has one); mean and sum accumulate in
  * double. beta: smooth_l1's threshold (> 0; 0 is l1). The kinds and their
  * formulas: kernels/rows.h (lk_k_ploss). */
@@ -620,6 +620,12 @@ void lk__dnnl_thread_cleanup(void);
 bool lk__dnnl_native(lk_dtype dt);
 /* oneDNN's best instruction set on this CPU, e.g. "avx512_core_amx". */
 const char *lk__dnnl_isa(void);
+/* Whether oneDNN has its own code for a GEMM of ab x ab -> ct on this CPU:
+ * 1 yes (its implementation's name into impl), 0 only its reference code,
+ * -1 no CPU engine. For lk__cpu_gemm_path (cpu_lowp.c). */
+int lk__dnnl_gemm_impl(lk_dtype ab, lk_dtype ct, char *impl, size_t size);
+/* oneDNN's major version (2 or 3). */
+int lk__dnnl_major(void);
 #endif
 
 /* Intra-op parallelism over independent items (the samples of a

@@ -8,7 +8,11 @@
 #include <string.h>
 
 #include "backend/backend_impl.h"
+#include "backend/gemm_path.h"
 #include "backend/replay.h"
+#ifdef LK_HAVE_CUDA
+#include "backend/cuda/gemm.h"
+#endif
 
 static const lk_backend *registry[LK_DEVICE_KIND_MAX];
 static int64_t fallbacks;
@@ -30,6 +34,17 @@ const lk_backend *lk__backend(lk_device dev) {
     if ((int)dev.kind > LK_CPU && (int)dev.kind < LK_DEVICE_KIND_MAX)
         be = __atomic_load_n(&registry[dev.kind], __ATOMIC_ACQUIRE);
     return be ? be : &lk__cpu_backend;
+}
+
+const char *lk__backend_gemm_path(lk_device_kind kind, lk_dtype dt) {
+    if (kind == LK_CUDA) {
+#ifdef LK_HAVE_CUDA
+        return lk__cuda_gemm_path(dt);
+#else
+        return NULL;
+#endif
+    }
+    return lk__cpu_gemm_path(dt, LK_F32);
 }
 
 int64_t lk__backend_fallbacks(void) { return __atomic_load_n(&fallbacks, __ATOMIC_RELAXED); }
