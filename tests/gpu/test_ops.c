@@ -1057,6 +1057,77 @@ static lk_device dbg_dev;
  * them, the CPU backend's (the counted fallback) elsewhere. */
 static lk_status on_debug(const lk_op_desc *d, void *const *x) { return lk__backend_run(dbg_dev, d, x); }
 
+/* ---- gradient checks: a backward descriptor against central differences of
+ * its forward. L = sum w[i] y[i] for fixed random w, so dy = w; dL/dx[j] is
+ * (L(x + h e_j) - L(x - h e_j)) / 2h with h = 1e-2 in double over f32
+ * outputs: error O(h^2) from the curvature plus ~1e-5 from the rounding of
+ * L, hence 2e-2 relative to max(1, |dx|): a wrong formula or a swapped
+ * operand is off by far more. Inputs keep |x| >= 0.1, away from the kinks of
+ * relu, abs, leaky_relu and elu at 0 (log and sqrt: x > 0). */
+enum { GN = 12 };
+static double weighted(const float *y, const float *w, int n) {
+    double s = 0;
+    for (int i = 0; i < n; i++) s += (double)w[i] * y[i];
+    return s;
+}
+static void grad_close(const char *what, const char *be, int j, double fd, float an) {
+    CHECK_MSG(fabs(fd - an) <= 2e-2 * fmax(1.0, fabs(an)), "%s on %s: dx[%d] = %.6g, central difference %.6g", what, be,
+              j, (double)an, fd);
+}
+static void gradcheck_unary(lk_status (*run)(const lk_op_desc *, void *const *), const char *be) {
+    for (int fn = 0; fn < LK_UNARY_COUNT; fn++) {
+        bool pos = fn == LK_UNARY_LOG || fn == LK_UNARY_SQRT;
+        float x[GN], y[GN], w[GN], dx[GN], xp[GN], yp[GN];
+        for (int i = 0; i < GN; i++) {
+            float m = 0.1f + 1.9f * (urand() * 0.25f + 0.5f);
+            x[i] = pos || i % 2 ? m : -m;
+            w[i] = urand();
+        }
+        lk_op_desc f = {.op = LK_OP_UNARY, .dtype = {LK_F32, LK_F32}};
+        f.unary = (lk_unary_params){(lk_unary_op)fn, GN, 0.1f, false};
+        lk_op_desc b = f;
+        b.op = LK_OP_UNARY_BACKWARD;
+        b.dtype[2] = b.dtype[3] = LK_F32;
+        CHECK_OK(run(&f, (void *[]){x, y}));
+        CHECK_OK(run(&b, (void *[]){x, y, w, dx}));
+        for (int j = 0; j < GN; j++) {
+            const double h = 1e-2;
+            memcpy(xp, x, sizeof x);
+            xp[j] = (float)(x[j] + h);
+            CHECK_OK(run(&f, (void *[]){xp, yp}));
+            double up = weighted(yp, w, GN);
+            xp[j] = (float)(x[j] - h);
+            CHECK_OK(run(&f, (void *[]){xp, yp}));
+            double fd = (up - weighted(yp, w, GN)) / ((double)(float)(x[j] + h) - (double)(float)(x[j] - h));
+            grad_close(lk__unary_name((lk_unary_op)fn), be, j, fd, dx[j]);
+        }
+    }
+}
+static void gradcheck_softmax(lk_status (*run)(const lk_op_desc *, void *const *), const char *be) {
+    for (int lg = 0; lg < 2; lg++) { /* [outer 2, C 3, inner 2] */
+        float x[GN], y[GN], w[GN], dx[GN], xp[GN], yp[GN];
+        for (int i = 0; i < GN; i++) x[i] = 2.0f * urand(), w[i] = urand();
+        lk_op_desc f = {.op = LK_OP_SOFTMAX, .dtype = {LK_F32, LK_F32}};
+        f.softmax = (lk_softmax_params){2, 3, 2, lg == 1};
+        lk_op_desc b = f;
+        b.op = LK_OP_SOFTMAX_BACKWARD;
+        b.dtype[2] = LK_F32;
+        CHECK_OK(run(&f, (void *[]){x, y}));
+        CHECK_OK(run(&b, (void *[]){y, w, dx}));
+        for (int j = 0; j < GN; j++) {
+            const double h = 1e-2;
+            memcpy(xp, x, sizeof x);
+            xp[j] = (float)(x[j] + h);
+            CHECK_OK(run(&f, (void *[]){xp, yp}));
+            double up = weighted(yp, w, GN);
+            xp[j] = (float)(x[j] - h);
+            CHECK_OK(run(&f, (void *[]){xp, yp}));
+            double fd = (up - weighted(yp, w, GN)) / ((double)(float)(x[j] + h) - (double)(float)(x[j] - h));
+            grad_close(lg ? "log_softmax" : "softmax", be, j, fd, dx[j]);
+        }
+    }
+}
+
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     table_only = true;
@@ -1079,6 +1150,11 @@ int main(int argc, char **argv) {
     printf("debug backend: %ld descriptors run natively, %lld through the CPU fallback\n",
            dbg_backend_ran_total() - before, (long long)(lk__backend_fallbacks() - fb));
     CHECK(dbg_backend_ran_total() > before);
+    int bad0 = lk_t_failed_checks;
+    gradcheck_unary(lk__cpu_backend.run, "cpu"), gradcheck_unary(on_debug, "debug");
+    gradcheck_softmax(lk__cpu_backend.run, "cpu"), gradcheck_softmax(on_debug, "debug");
+    printf("gradient checks (unary x %d, softmax, log_softmax; cpu and debug): %s\n", LK_UNARY_COUNT,
+           lk_t_failed_checks == bad0 ? "ok" : "FAILED");
     printf("%d descriptors compared, %d differ; %d failed checks\n", cases_run, cases_bad, lk_t_failed_checks);
     return lk_t_failed_checks ? 1 : 0;
 }
