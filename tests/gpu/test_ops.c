@@ -173,8 +173,13 @@ static bool compare(const op_case *c, int i, const void *cpu, const void *gpu) {
         else if (isinf(want) || isinf(got)) ok = want == got;
         else ok = fabs(got - want) <= rtol * fabs(want) + t.mtol * maxref;
         if (!ok) {
+#ifdef LK_OPS_ALL_BACKENDS
+            fprintf(stderr, "%s: operand %d (%s), element %lld: %s %.9g, cpu %.9g (rtol %g, mtol %g of max %g)\n",
+                    c->name, i, lk_dtype_name(dt), (long long)k, second_name, got, want, rtol, t.mtol, maxref);
+#else
             fprintf(stderr, "%s: operand %d (%s), element %lld: gpu %.9g, cpu %.9g (rtol %g, mtol %g of max %g)\n",
                     c->name, i, lk_dtype_name(dt), (long long)k, got, want, rtol, t.mtol, maxref);
+#endif
             return false;
         }
     }
@@ -230,7 +235,11 @@ static void run_case(const op_case *c) {
     }
     CHECK_OK(lk__cpu_backend.run(&c->d, cpu));
     lk_status st = table_only ? SECOND_RUN(&d2, gops) : lk__backend_run(gpu0, &d2, gops);
+#ifdef LK_OPS_ALL_BACKENDS
+    CHECK_MSG(st == LK_STATUS_OK, "%s (%s) on the %s backend: %s", c->name, what, second_name, lk_last_error());
+#else
     CHECK_MSG(st == LK_STATUS_OK, "%s (%s) on cuda:0: %s", c->name, what, lk_last_error());
+#endif
     if (!table_only) CHECK_OK(lk_device_synchronize(gpu0));
     for (int i = 0; i < arity && st == LK_STATUS_OK; i++) {
         if (!host[i]) continue;
