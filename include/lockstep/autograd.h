@@ -241,7 +241,7 @@ lk_tensor *lk_log_softmax(lk_tensor *x, int dim);
 
 /* ---- losses ----------------------------------------------------------------------- */
 
-typedef enum { LK_REDUCTION_MEAN, LK_REDUCTION_SUM, LK_REDUCTION_NONE } lk_reduction;
+/* lk_reduction (MEAN, SUM, NONE) is declared in lockstep/tensor.h, below the backend. */
 
 typedef struct lk_cross_entropy_opts {
     lk_reduction reduction;   /* default MEAN */

@@ -127,6 +127,12 @@ float lk_f16_to_f32(uint16_t h);
 void lk_f32_to_half_n(lk_dtype dt, uint16_t *dst, const float *src, size_t n);
 void lk_half_to_f32_n(lk_dtype dt, float *dst, const uint16_t *src, size_t n);
 
+/* ---- reductions --------------------------------------------------------------
+ * How a loss folds its per-element values (torch's `reduction`): used by the
+ * losses of lockstep/autograd.h and carried in the backend's loss
+ * descriptors, so it sits here, below both. */
+typedef enum { LK_REDUCTION_MEAN, LK_REDUCTION_SUM, LK_REDUCTION_NONE } lk_reduction;
+
 /* ---- compute threads -------------------------------------------------------
  * Threads the CPU backend (BLAS) may use in this process. The trainer sets
  * each rank's share of the CPUs the process may use (its affinity mask /

@@ -20,52 +20,12 @@
  * device changes backends, never ops. Dispatch is once per op call: a
  * backend's run() loops over the elements itself (no per-element calls). */
 #define LK_OP_MAX_OPERANDS 8
+/* One kind per row of backend/ops.def, in its order (the operands of each
+ * are listed there). */
 typedef enum {
-    LK_OP_GEMM,           /* A, B, C (see lk_gemm_params) */
-    LK_OP_UNARY,          /* x, y: y[i] = f(x[i]) over n contiguous elements */
-    LK_OP_UNARY_BACKWARD, /* x, y, dy, dx: dx[i] (+)= dy[i] * f'(x[i]) given y = f(x) */
-    LK_OP_BINARY,         /* a, b, out: out = a (op) b, broadcast strides */
-    LK_OP_AXPY,           /* x, y: y[i] += alpha * x[i] (alpha == 1: y += x) */
-    LK_OP_AFFINE,         /* x, y: y[i] = x[i] * mul + add (the scalar ops) */
-    LK_OP_SUM_TO,         /* src, dst: dst += src summed over the dims dst broadcasts on */
-    LK_OP_MASK_SCALE,     /* x, mask (u8), y: y[i] = x[i] * (mask[i] ? scale : 0) (dropout) */
-    LK_OP_SOFTMAX,        /* x, y: softmax or log-softmax over the middle axis of [outer, C, inner] */
-    LK_OP_SOFTMAX_BACKWARD, /* y, dy, dx: its gradient from the output y */
-    LK_OP_LOSS,           /* x, target, out: mse / l1 / smooth_l1, reduced (mean, sum) or not */
-    LK_OP_LOSS_BACKWARD,  /* x, target, dout, dx: d loss / dx (the target's gradient is -dx) */
-    LK_OP_BCE,            /* x, target, w, pos_w, out: binary cross-entropy (on logits); w, pos_w may be NULL */
-    LK_OP_BCE_BACKWARD,   /* x, target, w, pos_w, dout, dx, dtarget: either gradient may be NULL */
-    LK_OP_XENT,           /* x, target, w, out, P, wsum: cross-entropy; w and P (softmax rows kept) may be NULL */
-    LK_OP_XENT_BACKWARD,  /* P, target, w, dout, dx */
-    LK_OP_NLL,            /* x, target, w, out, wsum: nll_loss over log-probabilities */
-    LK_OP_NLL_BACKWARD,   /* target, w, dout, dx: dx zeroed by the caller */
-    LK_OP_LAYER_NORM,     /* x, w, b, y, stats: rows of L normalised; w, b, stats may be NULL */
-    LK_OP_LAYER_NORM_BACKWARD, /* x, dy, stats, w, dx, dw, db: w and any of dx, dw, db may be NULL */
-    LK_OP_BATCH_NORM,     /* x, w, b, running_mean, running_var, y, stats: one process's batch norm */
-    LK_OP_BATCH_NORM_BACKWARD, /* x, dy, stats, w, dx, dw, db: w and any of dx, dw, db may be NULL */
-    LK_OP_OPTIM_UPDATE,   /* p, g, s0, s1, s2: one optimizer step over n elements, in place */
-    LK_OP_POOL2D,         /* x, y, idx: max / avg / adaptive avg pooling per plane; idx (i32) for max only */
-    LK_OP_POOL2D_BACKWARD, /* dy, idx, dx: dx += the pooling's adjoint (dx zeroed by the caller) */
-    LK_OP_IM2COL,         /* x, cols: `samples` NCHW images unrolled into columns (see lk_im2col_params) */
-    LK_OP_COL2IM,         /* cols, dx: dx += im2col's adjoint of cols (cols is scratch: it may be changed) */
-    LK_OP_BIAS_ADD,       /* y, b, out: out[s, o, :] = y[o, s*P : (s+1)*P] + b[o]; b may be NULL */
-    LK_OP_CHANNEL_SUM,    /* dy, db: db[o] += the sum of dy[s, o, :] over samples and the plane */
-    LK_OP_NORM,           /* x, out (f64 [1]): max |x| (p = inf) or sum |x|^p, see lk_norm_params */
-    LK_OP_NONFINITE,      /* x, idx (i64 [1]): the index of the first inf or NaN of x, or -1 */
-    LK_OP_UNSCALE,        /* x, y, count (i64 [1]): y = x * mul; count = how many x were inf or NaN */
-    LK_OP_CLAMP,          /* x, y: y[i] = x[i] clamped to [lo, hi], NaN kept (clip_grad_value) */
-    LK_OP_EMBEDDING,      /* w [V, D], idx (i32/i64 [n]), out [n, D]: out[i] = w[idx[i]] */
-    LK_OP_EMBEDDING_BACKWARD, /* g [n, D], idx, dw [V, D]: dw[idx[i]] += g[i], in order (dw zeroed by the caller) */
-    LK_OP_COPY,           /* src, dst: a strided copy or cast, same shape (see lk_copy_params) */
-    LK_OP_FILL,           /* dst: every element of a strided view set to one value (see lk_fill_params) */
-    LK_OP_BN_STATS,       /* x, g, mean, out (f64): per-channel sums of one rank (SyncBatchNorm, see lk_bn_split_params) */
-    LK_OP_BN_APPLY,       /* x, g, coef, y: the per-channel normalisation or input gradient from all-reduced sums */
-    LK_OP_ACCURACY,       /* logits, target, hits (f64 [1]): rows of [N, C] whose first maximum is the target */
-    LK_OP_DROPOUT_MASK,   /* keep (u8 [n]): dropout's keep mask drawn from a Philox stream (see lk_dropout_mask_params) */
-    LK_OP_INCREMENT,      /* x (i64 [n]): x[i] += by, in place (batch norm's num_batches_tracked) */
-    /* clip_grad_norm_ without a read (onesync): */
-    LK_OP_CLIP_COEF,      /* norms (f64 [n]), coef (f32 [1]): clip_grad_norm_'s coefficient, see lk_clip_params */
-    LK_OP_SCALE_BY,       /* x, coef (f32 [1]), y: y[i] = x[i] * coef[0] (LK_OP_AFFINE's mul read from memory) */
+#define LK_OP(KIND, name, arity, fields, cpu, cuda, widen) LK_OP_##KIND,
+#include "backend/ops.def"
+#undef LK_OP
     LK_OP_COUNT
 } lk_op_kind;
 
@@ -126,7 +86,7 @@ typedef struct lk_softmax_params {
 } lk_softmax_params;
 
 /* LK_OP_LOSS / LK_OP_LOSS_BACKWARD over n contiguous elements. reduction is
- * an lk_reduction (lockstep/autograd.h): NONE writes n losses (backward: dout
+ * an lk_reduction (lockstep/tensor.h): NONE writes n losses (backward: dout
  * has n), MEAN and SUM one (dout has one); mean and sum accumulate in
  * double. beta: smooth_l1's threshold (> 0; 0 is l1). The kinds and their
  * formulas: kernels/rows.h (lk_k_ploss). */
@@ -483,8 +443,15 @@ static inline lk_k_rmsprop lk__optim_rmsprop_consts_of(const lk_op_desc *d, bool
                    : lk__optim_rmsprop_consts(&d->optim, has_mom, centered);
 }
 
-/* How many operands run() takes for an op (GEMM 3, unary backward 4, ...). */
+/* How many operands run() takes for an op (GEMM 3, unary backward 4, ...;
+ * ops.def's arity; 0 for a kind out of range). */
 int lk__op_arity(lk_op_kind op);
+/* The op's name in ops.def ("gemm", "optim_update"); "?" out of range. */
+const char *lk__op_name(lk_op_kind op);
+/* Whether a descriptor of op with a bf16/f16 operand runs as its f32 form on
+ * widened scratch (ops.def's WIDEN), and which operand the cuda backend
+ * keeps f32 (*keep_f32, -1: none; may be NULL). */
+bool lk__op_widens(lk_op_kind op, int *keep_f32);
 /* Operand i of d as the backends' 16-bit widening paths see it
  * (cpu/widen.c, cuda/widen.cu: one table, so the two widen the same
  * extents): its element count, its element stride (batch norm's strided
@@ -620,6 +587,12 @@ void lk__dnnl_thread_cleanup(void);
 bool lk__dnnl_native(lk_dtype dt);
 /* oneDNN's best instruction set on this CPU, e.g. "avx512_core_amx". */
 const char *lk__dnnl_isa(void);
+/* Whether oneDNN has its own code for a GEMM of ab x ab -> ct on this CPU:
+ * 1 yes (its implementation's name into impl), 0 only its reference code,
+ * -1 no CPU engine. For lk__cpu_gemm_path (cpu_lowp.c). */
+int lk__dnnl_gemm_impl(lk_dtype ab, lk_dtype ct, char *impl, size_t size);
+/* oneDNN's major version (2 or 3). */
+int lk__dnnl_major(void);
 #endif
 
 /* Intra-op parallelism over independent items (the samples of a

@@ -206,21 +206,6 @@ bool lk__dnnl_native(lk_dtype ab) {
     return v;
 }
 
-const char *lk__cpu_gemm_path(lk_dtype ab, lk_dtype ct) {
-    static _Thread_local char buf[320];
-    if (ab == LK_F32 && !lk__cpu_f32_gemm_dnnl()) return "openblas sgemm";
-    if (ab != LK_F32 && !lk__cpu_lowp_dnnl_on()) return "f32 fallback (LK_ONEDNN=0)";
-    if (ab == LK_F16 && lk__cpu_f16_via_bf16()) {
-        char bf[160];
-        snprintf(bf, sizeof bf, "%s", lk__cpu_gemm_path(LK_BF16, LK_F32));
-        snprintf(buf, sizeof buf, "bf16x3: each f16 split into two bf16, three bf16 products through %s", bf);
-        return buf;
-    }
-    char impl[128];
-    int native = probe(ab, ct, impl, sizeof impl);
-    if (native < 0) return "f32 fallback (oneDNN has no CPU engine)";
-    if (native) snprintf(buf, sizeof buf, "onednn %s (cpu isa %s)", impl, lk__dnnl_isa());
-    else snprintf(buf, sizeof buf, "f32 fallback (oneDNN %s has no native %s GEMM on this cpu, isa %s)",
-                  dnnl_version()->major == 2 ? "2" : "3", lk_dtype_name(ab), lk__dnnl_isa());
-    return buf;
-}
+int lk__dnnl_gemm_impl(lk_dtype ab, lk_dtype ct, char *impl, size_t size) { return probe(ab, ct, impl, size); }
+
+int lk__dnnl_major(void) { return (int)dnnl_version()->major; }

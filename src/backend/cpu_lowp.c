@@ -6,6 +6,7 @@
  * f32, so the same result up to summation order, only slower. C is f32 or
  * the operands' 16-bit type (rounded to nearest even once, at the end). */
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "backend/cpu/cpu_impl.h"
@@ -351,9 +352,29 @@ lk_status lk__cpu_gemm_dnnl(const lk_op_desc *d, const void *A, const void *B, v
     return split_run(d, A, B, C, true);
 }
 
-#ifndef LK_HAVE_DNNL
-const char *lk__cpu_gemm_path(lk_dtype ab, lk_dtype c) {
-    (void)c;
+/* The policy above is this file's, so the words for it are too; cpu_dnnl.c
+ * only answers what oneDNN has (lk__dnnl_gemm_impl), and never calls back
+ * here. */
+const char *lk__cpu_gemm_path(lk_dtype ab, lk_dtype ct) {
+#ifdef LK_HAVE_DNNL
+    static _Thread_local char buf[320];
+    if (ab == LK_F32 && !lk__cpu_f32_gemm_dnnl()) return "openblas sgemm";
+    if (ab != LK_F32 && !lk__cpu_lowp_dnnl_on()) return "f32 fallback (LK_ONEDNN=0)";
+    if (ab == LK_F16 && lk__cpu_f16_via_bf16()) {
+        char bf[160];
+        snprintf(bf, sizeof bf, "%s", lk__cpu_gemm_path(LK_BF16, LK_F32));
+        snprintf(buf, sizeof buf, "bf16x3: each f16 split into two bf16, three bf16 products through %s", bf);
+        return buf;
+    }
+    char impl[128];
+    int native = lk__dnnl_gemm_impl(ab, ct, impl, sizeof impl);
+    if (native < 0) return "f32 fallback (oneDNN has no CPU engine)";
+    if (native) snprintf(buf, sizeof buf, "onednn %s (cpu isa %s)", impl, lk__dnnl_isa());
+    else snprintf(buf, sizeof buf, "f32 fallback (oneDNN %s has no native %s GEMM on this cpu, isa %s)",
+                  lk__dnnl_major() == 2 ? "2" : "3", lk_dtype_name(ab), lk__dnnl_isa());
+    return buf;
+#else
+    (void)ct;
     return ab == LK_F32 ? "openblas sgemm" : "f32 fallback (built without oneDNN)";
-}
 #endif
+}

@@ -62,53 +62,11 @@ static const lk_op_field clip_f[] = {F(clip, n), F(clip, p), F(clip, max_norm)};
 #undef L
 
 #define OPI(name, arr) {name, arr, (int)(sizeof arr / sizeof arr[0])}
-/* Which parameter block each op reads (backend_impl.h's comments). A new op
- * kind without an entry fails backend_op_fields (tests/backend). */
+/* Which parameter block each op reads: ops.def's `fields` column. */
 static const lk_op_info ops[LK_OP_COUNT] = {
-    [LK_OP_GEMM] = OPI("gemm", gemm_f),
-    [LK_OP_UNARY] = OPI("unary", unary_f),
-    [LK_OP_UNARY_BACKWARD] = OPI("unary_backward", unary_f),
-    [LK_OP_BINARY] = OPI("binary", binary_f),
-    [LK_OP_AXPY] = OPI("axpy", axpy_f),
-    [LK_OP_AFFINE] = OPI("affine", affine_f),
-    [LK_OP_SUM_TO] = OPI("sum_to", sum_to_f),
-    [LK_OP_MASK_SCALE] = OPI("mask_scale", mask_scale_f),
-    [LK_OP_SOFTMAX] = OPI("softmax", softmax_f),
-    [LK_OP_SOFTMAX_BACKWARD] = OPI("softmax_backward", softmax_f),
-    [LK_OP_LOSS] = OPI("loss", loss_f),
-    [LK_OP_LOSS_BACKWARD] = OPI("loss_backward", loss_f),
-    [LK_OP_BCE] = OPI("bce", bce_f),
-    [LK_OP_BCE_BACKWARD] = OPI("bce_backward", bce_f),
-    [LK_OP_XENT] = OPI("xent", xent_f),
-    [LK_OP_XENT_BACKWARD] = OPI("xent_backward", xent_f),
-    [LK_OP_NLL] = OPI("nll", xent_f),
-    [LK_OP_NLL_BACKWARD] = OPI("nll_backward", xent_f),
-    [LK_OP_LAYER_NORM] = OPI("layer_norm", layer_norm_f),
-    [LK_OP_LAYER_NORM_BACKWARD] = OPI("layer_norm_backward", layer_norm_f),
-    [LK_OP_BATCH_NORM] = OPI("batch_norm", batch_norm_f),
-    [LK_OP_BATCH_NORM_BACKWARD] = OPI("batch_norm_backward", batch_norm_f),
-    [LK_OP_OPTIM_UPDATE] = OPI("optim_update", optim_f),
-    [LK_OP_POOL2D] = OPI("pool2d", pool_f),
-    [LK_OP_POOL2D_BACKWARD] = OPI("pool2d_backward", pool_f),
-    [LK_OP_IM2COL] = OPI("im2col", im2col_f),
-    [LK_OP_COL2IM] = OPI("col2im", im2col_f),
-    [LK_OP_BIAS_ADD] = OPI("bias_add", bias_f),
-    [LK_OP_CHANNEL_SUM] = OPI("channel_sum", bias_f),
-    [LK_OP_NORM] = OPI("norm", norm_f),
-    [LK_OP_NONFINITE] = OPI("nonfinite", nonfinite_f),
-    [LK_OP_UNSCALE] = OPI("unscale", unscale_f),
-    [LK_OP_CLAMP] = OPI("clamp", clamp_f),
-    [LK_OP_EMBEDDING] = OPI("embedding", embedding_f),
-    [LK_OP_EMBEDDING_BACKWARD] = OPI("embedding_backward", embedding_f),
-    [LK_OP_COPY] = OPI("copy", copy_f),
-    [LK_OP_FILL] = OPI("fill", fill_f),
-    [LK_OP_BN_STATS] = OPI("bn_stats", bn_split_f),
-    [LK_OP_BN_APPLY] = OPI("bn_apply", bn_split_f),
-    [LK_OP_ACCURACY] = OPI("accuracy", accuracy_f),
-    [LK_OP_DROPOUT_MASK] = OPI("dropout_mask", dropout_mask_f),
-    [LK_OP_INCREMENT] = OPI("increment", increment_f),
-    [LK_OP_CLIP_COEF] = OPI("clip_coef", clip_f),
-    [LK_OP_SCALE_BY] = OPI("scale_by", clip_f),
+#define LK_OP(KIND, name, arity, fields, cpu, cuda, widen) [LK_OP_##KIND] = OPI(name, fields),
+#include "backend/ops.def"
+#undef LK_OP
 };
 #undef OPI
 

@@ -8,7 +8,11 @@
 #include <string.h>
 
 #include "backend/backend_impl.h"
+#include "backend/gemm_path.h"
 #include "backend/replay.h"
+#ifdef LK_HAVE_CUDA
+#include "backend/cuda/gemm.h"
+#endif
 
 static const lk_backend *registry[LK_DEVICE_KIND_MAX];
 static int64_t fallbacks;
@@ -32,57 +36,51 @@ const lk_backend *lk__backend(lk_device dev) {
     return be ? be : &lk__cpu_backend;
 }
 
+const char *lk__backend_gemm_path(lk_device_kind kind, lk_dtype dt) {
+    if (kind == LK_CUDA) {
+#ifdef LK_HAVE_CUDA
+        return lk__cuda_gemm_path(dt);
+#else
+        return NULL;
+#endif
+    }
+    return lk__cpu_gemm_path(dt, LK_F32);
+}
+
 int64_t lk__backend_fallbacks(void) { return __atomic_load_n(&fallbacks, __ATOMIC_RELAXED); }
 
 int lk__op_arity(lk_op_kind op) {
-    switch (op) {
-    case LK_OP_GEMM: return 3;
-    case LK_OP_UNARY: return 2;
-    case LK_OP_UNARY_BACKWARD: return 4;
-    case LK_OP_BINARY: return 3;
-    case LK_OP_AXPY: return 2;
-    case LK_OP_AFFINE: return 2;
-    case LK_OP_SUM_TO: return 2;
-    case LK_OP_MASK_SCALE: return 3;
-    case LK_OP_SOFTMAX: return 2;
-    case LK_OP_SOFTMAX_BACKWARD: return 3;
-    case LK_OP_LOSS: return 3;
-    case LK_OP_LOSS_BACKWARD: return 4;
-    case LK_OP_LAYER_NORM: return 5;
-    case LK_OP_LAYER_NORM_BACKWARD: return 7;
-    case LK_OP_BATCH_NORM: return 7;
-    case LK_OP_BATCH_NORM_BACKWARD: return 7;
-    case LK_OP_OPTIM_UPDATE: return 5;
-    case LK_OP_BCE: return 5;
-    case LK_OP_BCE_BACKWARD: return 7;
-    case LK_OP_XENT: return 6;
-    case LK_OP_XENT_BACKWARD: return 5;
-    case LK_OP_NLL: return 5;
-    case LK_OP_NLL_BACKWARD: return 4;
-    case LK_OP_POOL2D: return 3;
-    case LK_OP_POOL2D_BACKWARD: return 3;
-    case LK_OP_IM2COL: return 2;
-    case LK_OP_COL2IM: return 2;
-    case LK_OP_BIAS_ADD: return 3;
-    case LK_OP_CHANNEL_SUM: return 2;
-    case LK_OP_NORM: return 2;
-    case LK_OP_NONFINITE: return 2;
-    case LK_OP_UNSCALE: return 3;
-    case LK_OP_CLAMP: return 2;
-    case LK_OP_EMBEDDING: return 3;
-    case LK_OP_EMBEDDING_BACKWARD: return 3;
-    case LK_OP_COPY: return 2;
-    case LK_OP_FILL: return 1;
-    case LK_OP_BN_STATS: return 4;
-    case LK_OP_BN_APPLY: return 4;
-    case LK_OP_ACCURACY: return 3;
-    case LK_OP_DROPOUT_MASK: return 1;
-    case LK_OP_INCREMENT: return 1;
-    case LK_OP_CLIP_COEF: return 2;
-    case LK_OP_SCALE_BY: return 3;
-    case LK_OP_COUNT: break;
-    }
-    return 0;
+    static const signed char arity[LK_OP_COUNT] = {
+#define LK_OP(KIND, name, n, fields, cpu, cuda, widen) n,
+#include "backend/ops.def"
+#undef LK_OP
+    };
+    return (int)op >= 0 && op < LK_OP_COUNT ? arity[op] : 0;
+}
+
+const char *lk__op_name(lk_op_kind op) {
+    static const char *const names[LK_OP_COUNT] = {
+#define LK_OP(KIND, name, n, fields, cpu, cuda, widen) name,
+#include "backend/ops.def"
+#undef LK_OP
+    };
+    return (int)op >= 0 && op < LK_OP_COUNT ? names[op] : "?";
+}
+
+bool lk__op_widens(lk_op_kind op, int *keep_f32) {
+    /* NO: -2, WIDEN(k): k (-1: every operand widens) */
+#define NO (-2)
+#define WIDEN(k) (k)
+    static const signed char keep[LK_OP_COUNT] = {
+#define LK_OP(KIND, name, n, fields, cpu, cuda, widen) widen,
+#include "backend/ops.def"
+#undef LK_OP
+    };
+#undef NO
+#undef WIDEN
+    int k = (int)op >= 0 && op < LK_OP_COUNT ? keep[op] : -2;
+    if (keep_f32) *keep_f32 = k < 0 ? -1 : k;
+    return k >= -1;
 }
 
 static bool is_half(lk_dtype t) { return t == LK_BF16 || t == LK_F16; }
@@ -366,10 +364,17 @@ const char *lk__op_desc_str(const lk_op_desc *d, char *buf, size_t size) {
     case LK_OP_INCREMENT:
         snprintf(buf, size, "increment %s by %lld (%lld)", DT(0), (long long)d->increment.by, (long long)d->increment.n);
         return buf;
-    case LK_OP_COUNT: break;
+    default: break; /* a kind without words of its own: its name and dtypes */
     }
+    int arity = lk__op_arity(d->op);
+    if (!arity) {
+        snprintf(buf, size, "op %d", (int)d->op);
+        return buf;
+    }
+    size_t k = (size_t)snprintf(buf, size, "%s", lk__op_name(d->op));
+    for (int i = 0; i < arity && k < size; i++)
+        k += (size_t)snprintf(buf + k, size - k, "%s%s", i ? ", " : " ", DT(i));
 #undef DT
-    snprintf(buf, size, "op %d", (int)d->op);
     return buf;
 }
 

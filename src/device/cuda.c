@@ -633,7 +633,6 @@ lk_status lk__cuda_stream(int device, struct CUstream_st **out) {
     return lk_error(LK_STATUS_UNSUPPORTED, "cuda:%d: this build has no CUDA backend", device);
 }
 bool lk__cuda_capturing(int device) { return (void)device, false; }
-const char *lk__cuda_gemm_path(lk_dtype dt) { return (void)dt, NULL; }
 lk_status lk__cuda_capture_refuse(int device, const char *what, int e) {
     (void)e;
     return lk_error(LK_STATUS_INVALID_USAGE, "cuda:%d: %s is not allowed while capturing a graph", device, what);

@@ -29,10 +29,6 @@ int lk__cuda_visible(void);
 /* Why lk__cuda_visible() is 0: "built without CUDA", "no CUDA device visible
  * (driver not loaded)", ... ; "" when GPUs are visible. */
 const char *lk__cuda_why_none(void);
-/* What the cuda backend's GEMMs of dtype dt (A and B; the autocast dtype)
- * run through, for run.json and the fit's opening lines, as
- * lk_autocast_gemm_path says it for the CPU; NULL in a build without CUDA. */
-const char *lk__cuda_gemm_path(lk_dtype dt);
 /* Registers the device kind "cuda" (number LK_CUDA) when at least one GPU is
  * visible; UNSUPPORTED naming why otherwise. Idempotent and thread-safe. The
  * registration is lazy rather than at library load for the fork reason above. */

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "backend/gemm_path.h"
 #include "backend/isa.h"
 #include "backend/threads.h"
 #include "device/gpu.h"
@@ -109,8 +110,7 @@ void lk__write_runinfo(lk_trainer *tr, const char *command, lk_status st) {
 }
 
 const char *lk__train_gemm_path(const lk_trainer *tr) {
-    if (tr->dev.kind == LK_CUDA) return lk__cuda_gemm_path(tr->autocast);
-    return lk_autocast_gemm_path(tr->autocast);
+    return lk__backend_gemm_path(tr->dev.kind, tr->autocast);
 }
 
 void lk__print_profile(lk_trainer *tr) {

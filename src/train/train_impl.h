@@ -388,7 +388,7 @@ void lk__write_runinfo(lk_trainer *tr, const char *command, lk_status st);
  * trainer.profiler is not none and a step ran. */
 void lk__print_profile(lk_trainer *tr);
 /* What this run's GEMMs (in its autocast dtype) run through on its device:
- * the CPU's path (lk_autocast_gemm_path) or the GPU's (cuBLASLt). */
+ * lk__backend_gemm_path for its device kind. */
 const char *lk__train_gemm_path(const lk_trainer *tr);
 
 /* grads.c: the step's reduced gradients before the optimizer step:

@@ -30,3 +30,10 @@ foreach(t gemm elementwise conv grad_utils copy bn_split bn_half accuracy live l
   get_test_property(backend_${t} LABELS labels)
   set_tests_properties(backend_${t}_baseline PROPERTIES ENVIRONMENT LK_CPU_ISA=baseline LABELS "${labels}" TIMEOUT 120)
 endforeach()
+# The one op table's test on the backends every build has (tests/gpu/test_ops.c
+# built without CUDA): every case of its table (a case per row of
+# src/backend/ops.def, or it fails naming the kind) on the CPU backend's copy
+# for each instruction set below this CPU's best and on the debug backend,
+# against the CPU backend. gpu_ops/gpu_ops_emu run the same table on cuda.
+lk_add_test(NAME backend_ops SOURCES gpu/test_ops.c LABELS unit parity TIMEOUT 120)
+target_compile_definitions(test_backend_ops PRIVATE LK_OPS_ALL_BACKENDS=1)

@@ -36,6 +36,16 @@
 #include "gpu_test.h"
 #include "lk_test.h"
 #include "lockstep/autograd.h"
+#ifdef LK_OPS_ALL_BACKENDS
+/* test_backend_ops (backend_ops): the same table on the backends every
+ * build has, with no CUDA: the CPU backend's copy for each instruction set
+ * below this CPU's best, and the tests' debug backend on the debug device,
+ * each against the CPU backend at its best level. Nothing of cuda runs. */
+#include "debug_backend.h"
+#define CUDA_TAKES(d) true
+#else
+#define CUDA_TAKES(d) lk__cuda_backend.supports(d)
+#endif
 
 static const lk_device gpu0 = {LK_CUDA, 0};
 
@@ -124,16 +134,30 @@ static lk_status emu_run(const lk_op_desc *d, void *const *x) {
     return e ? lk_error(LK_STATUS_DEVICE, "emulated launch failed: %d", e) : LK_STATUS_OK;
 }
 #define SECOND_RUN(d, x) emu_run(d, x)
+#elif defined(LK_OPS_ALL_BACKENDS)
+/* The backend under test for this pass over the table (main). */
+static lk_status (*second_run)(const lk_op_desc *d, void *const *x);
+static const char *second_name = "cpu";
+#define SECOND_RUN(d, x) second_run(d, x)
 #else
 #define SECOND_RUN(d, x) lk__cpu_backend.run(d, x)
 #endif
 
 /* Operand i after both runs: element-wise within the case's tolerance. */
+#ifdef LK_OPS_ALL_BACKENDS
+/* The debug backend's sum-to adds each element straight into its
+ * destination (debug_backend.h), not in the CPU's order: T_SUM for it. */
+static bool sums_reordered;
+#endif
 static bool compare(const op_case *c, int i, const void *cpu, const void *gpu) {
     lk_dtype dt = c->d.dtype[i];
     size_t es = lk_dtype_size(dt);
-    bool exact = (c->t.rtol == 0 && c->t.mtol == 0) || dt == LK_I32 || dt == LK_I64 || dt == LK_U8;
-    double rtol = c->t.rtol, maxref = 0;
+    tol t = c->t;
+#ifdef LK_OPS_ALL_BACKENDS
+    if (sums_reordered && c->d.op == LK_OP_SUM_TO && t.rtol < T_SUM.rtol) t = T_SUM;
+#endif
+    bool exact = (t.rtol == 0 && t.mtol == 0) || dt == LK_I32 || dt == LK_I64 || dt == LK_U8;
+    double rtol = t.rtol, maxref = 0;
     if (dt == LK_BF16 && !exact) rtol += 1.0 / 128;
     if (dt == LK_F16 && !exact) rtol += 1.0 / 1024;
     if (dt == LK_F64) rtol += 1e-12;
@@ -147,10 +171,15 @@ static bool compare(const op_case *c, int i, const void *cpu, const void *gpu) {
         if (exact) ok = !memcmp((const char *)cpu + k * es, (const char *)gpu + k * es, es) || (isnan(want) && isnan(got));
         else if (isnan(want) || isnan(got)) ok = isnan(want) && isnan(got);
         else if (isinf(want) || isinf(got)) ok = want == got;
-        else ok = fabs(got - want) <= rtol * fabs(want) + c->t.mtol * maxref;
+        else ok = fabs(got - want) <= rtol * fabs(want) + t.mtol * maxref;
         if (!ok) {
+#ifdef LK_OPS_ALL_BACKENDS
+            fprintf(stderr, "%s: operand %d (%s), element %lld: %s %.9g, cpu %.9g (rtol %g, mtol %g of max %g)\n",
+                    c->name, i, lk_dtype_name(dt), (long long)k, second_name, got, want, rtol, t.mtol, maxref);
+#else
             fprintf(stderr, "%s: operand %d (%s), element %lld: gpu %.9g, cpu %.9g (rtol %g, mtol %g of max %g)\n",
-                    c->name, i, lk_dtype_name(dt), (long long)k, got, want, rtol, c->t.mtol, maxref);
+                    c->name, i, lk_dtype_name(dt), (long long)k, got, want, rtol, t.mtol, maxref);
+#endif
             return false;
         }
     }
@@ -184,7 +213,7 @@ static void run_case(const op_case *c) {
             d2.live = live_dev;
         }
     }
-    CHECK_MSG(lk__cuda_backend.supports(&d2), "%s: the cuda backend does not take %s", c->name, what);
+    CHECK_MSG(CUDA_TAKES(&d2), "%s: the cuda backend does not take %s", c->name, what);
     for (int i = 0; i < arity; i++) {
         if (c->o[i].k == I_NULL) continue;
         bytes[i] = (size_t)c->o[i].n * lk_dtype_size(c->d.dtype[i]);
@@ -206,7 +235,11 @@ static void run_case(const op_case *c) {
     }
     CHECK_OK(lk__cpu_backend.run(&c->d, cpu));
     lk_status st = table_only ? SECOND_RUN(&d2, gops) : lk__backend_run(gpu0, &d2, gops);
+#ifdef LK_OPS_ALL_BACKENDS
+    CHECK_MSG(st == LK_STATUS_OK, "%s (%s) on the %s backend: %s", c->name, what, second_name, lk_last_error());
+#else
     CHECK_MSG(st == LK_STATUS_OK, "%s (%s) on cuda:0: %s", c->name, what, lk_last_error());
+#endif
     if (!table_only) CHECK_OK(lk_device_synchronize(gpu0));
     for (int i = 0; i < arity && st == LK_STATUS_OK; i++) {
         if (!host[i]) continue;
@@ -890,6 +923,7 @@ static void build_table(void) {
 #undef NAME
 }
 
+#ifndef LK_OPS_ALL_BACKENDS /* the cuda backend's own checks */
 /* What the cuda backend lacks is an UNSUPPORTED error naming the op, the
  * backend and the device, never a silent run on the CPU. */
 static void unsupported_is_an_error(void) {
@@ -928,15 +962,8 @@ static void unsupported_is_an_error(void) {
  * or past their end (widen.c's count for BN_STATS' mean and BN_APPLY's
  * forward coefficients), so there is nothing right to match. -1: none. */
 static int kept_f32_operand(lk_op_kind op) {
-    switch (op) {
-    case LK_OP_LAYER_NORM: return 4;
-    case LK_OP_BATCH_NORM: return 6;
-    case LK_OP_LAYER_NORM_BACKWARD:
-    case LK_OP_BATCH_NORM_BACKWARD:
-    case LK_OP_BN_STATS:
-    case LK_OP_BN_APPLY: return 2;
-    default: return -1;
-    }
+    int keep = -1; /* ops.def's WIDEN(k) */
+    return lk__op_widens(op, &keep) ? keep : -1;
 }
 
 /* For every descriptor of the table, and every way of making each of its
@@ -1002,6 +1029,8 @@ static void supports_says_no(void) {
     CHECK(!lk__cuda_backend.supports(&d));
 }
 
+#endif
+
 static bool selected(const char *name, int argc, char **argv) {
     if (argc <= 1) return true;
     for (int a = 1; a < argc; a++)
@@ -1021,6 +1050,124 @@ static void every_op_in_table(void) {
     }
 }
 
+#ifdef LK_OPS_ALL_BACKENDS
+static lk_isa_level isa_under_test;
+/* The CPU backend with its loops taken from another instruction set's copy
+ * (the level is a process-wide cache; the reference run takes the best). */
+static lk_status cpu_at_level(const lk_op_desc *d, void *const *x) {
+    int best = __atomic_load_n(&lk__cpu_isa_level, __ATOMIC_RELAXED);
+    __atomic_store_n(&lk__cpu_isa_level, (int)isa_under_test, __ATOMIC_RELAXED);
+    lk_status st = lk__cpu_backend.run(d, x);
+    __atomic_store_n(&lk__cpu_isa_level, best, __ATOMIC_RELAXED);
+    return st;
+}
+static lk_device dbg_dev;
+/* Through the registry on the debug device: its own loops where it has
+ * them, the CPU backend's (the counted fallback) elsewhere. */
+static lk_status on_debug(const lk_op_desc *d, void *const *x) { return lk__backend_run(dbg_dev, d, x); }
+
+/* ---- gradient checks: a backward descriptor against central differences of
+ * its forward. L = sum w[i] y[i] for fixed random w, so dy = w; dL/dx[j] is
+ * (L(x + h e_j) - L(x - h e_j)) / 2h with h = 1e-2 in double over f32
+ * outputs: error O(h^2) from the curvature plus ~1e-5 from the rounding of
+ * L, hence 2e-2 relative to max(1, |dx|): a wrong formula or a swapped
+ * operand is off by far more. Inputs keep |x| >= 0.1, away from the kinks of
+ * relu, abs, leaky_relu and elu at 0 (log and sqrt: x > 0). */
+enum { GN = 12 };
+static double weighted(const float *y, const float *w, int n) {
+    double s = 0;
+    for (int i = 0; i < n; i++) s += (double)w[i] * y[i];
+    return s;
+}
+static void grad_close(const char *what, const char *be, int j, double fd, float an) {
+    CHECK_MSG(fabs(fd - an) <= 2e-2 * fmax(1.0, fabs(an)), "%s on %s: dx[%d] = %.6g, central difference %.6g", what, be,
+              j, (double)an, fd);
+}
+static void gradcheck_unary(lk_status (*run)(const lk_op_desc *, void *const *), const char *be) {
+    for (int fn = 0; fn < LK_UNARY_COUNT; fn++) {
+        bool pos = fn == LK_UNARY_LOG || fn == LK_UNARY_SQRT;
+        float x[GN], y[GN], w[GN], dx[GN], xp[GN], yp[GN];
+        for (int i = 0; i < GN; i++) {
+            float m = 0.1f + 1.9f * (urand() * 0.25f + 0.5f);
+            x[i] = pos || i % 2 ? m : -m;
+            w[i] = urand();
+        }
+        lk_op_desc f = {.op = LK_OP_UNARY, .dtype = {LK_F32, LK_F32}};
+        f.unary = (lk_unary_params){(lk_unary_op)fn, GN, 0.1f, false};
+        lk_op_desc b = f;
+        b.op = LK_OP_UNARY_BACKWARD;
+        b.dtype[2] = b.dtype[3] = LK_F32;
+        CHECK_OK(run(&f, (void *[]){x, y}));
+        CHECK_OK(run(&b, (void *[]){x, y, w, dx}));
+        for (int j = 0; j < GN; j++) {
+            const double h = 1e-2;
+            memcpy(xp, x, sizeof x);
+            xp[j] = (float)(x[j] + h);
+            CHECK_OK(run(&f, (void *[]){xp, yp}));
+            double up = weighted(yp, w, GN);
+            xp[j] = (float)(x[j] - h);
+            CHECK_OK(run(&f, (void *[]){xp, yp}));
+            double fd = (up - weighted(yp, w, GN)) / ((double)(float)(x[j] + h) - (double)(float)(x[j] - h));
+            grad_close(lk__unary_name((lk_unary_op)fn), be, j, fd, dx[j]);
+        }
+    }
+}
+static void gradcheck_softmax(lk_status (*run)(const lk_op_desc *, void *const *), const char *be) {
+    for (int lg = 0; lg < 2; lg++) { /* [outer 2, C 3, inner 2] */
+        float x[GN], y[GN], w[GN], dx[GN], xp[GN], yp[GN];
+        for (int i = 0; i < GN; i++) x[i] = 2.0f * urand(), w[i] = urand();
+        lk_op_desc f = {.op = LK_OP_SOFTMAX, .dtype = {LK_F32, LK_F32}};
+        f.softmax = (lk_softmax_params){2, 3, 2, lg == 1};
+        lk_op_desc b = f;
+        b.op = LK_OP_SOFTMAX_BACKWARD;
+        b.dtype[2] = LK_F32;
+        CHECK_OK(run(&f, (void *[]){x, y}));
+        CHECK_OK(run(&b, (void *[]){y, w, dx}));
+        for (int j = 0; j < GN; j++) {
+            const double h = 1e-2;
+            memcpy(xp, x, sizeof x);
+            xp[j] = (float)(x[j] + h);
+            CHECK_OK(run(&f, (void *[]){xp, yp}));
+            double up = weighted(yp, w, GN);
+            xp[j] = (float)(x[j] - h);
+            CHECK_OK(run(&f, (void *[]){xp, yp}));
+            double fd = (up - weighted(yp, w, GN)) / ((double)(float)(x[j] + h) - (double)(float)(x[j] - h));
+            grad_close(lg ? "log_softmax" : "softmax", be, j, fd, dx[j]);
+        }
+    }
+}
+
+int main(int argc, char **argv) {
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    table_only = true;
+    build_table();
+    every_op_in_table();
+    lk_isa_level best = lk__cpu_isa();
+    for (int lvl = LK_ISA_BASELINE; lvl < (int)best; lvl++) {
+        isa_under_test = (lk_isa_level)lvl;
+        second_run = cpu_at_level, second_name = lk__cpu_isa_name(isa_under_test);
+        printf("== cpu backend, %s copies, against %s\n", second_name, lk__cpu_isa_name(best));
+        for (int i = 0; i < ncases; i++)
+            if (selected(table[i].name, argc, argv)) run_case(&table[i]);
+    }
+    dbg_dev = dbg_backend_device();
+    second_run = on_debug, second_name = "debug", sums_reordered = true;
+    long before = dbg_backend_ran_total(), fb = lk__backend_fallbacks();
+    printf("== debug backend on the debug device, against the cpu backend\n");
+    for (int i = 0; i < ncases; i++)
+        if (selected(table[i].name, argc, argv)) run_case(&table[i]);
+    printf("debug backend: %ld descriptors run natively, %lld through the CPU fallback\n",
+           dbg_backend_ran_total() - before, (long long)(lk__backend_fallbacks() - fb));
+    CHECK(dbg_backend_ran_total() > before);
+    int bad0 = lk_t_failed_checks;
+    gradcheck_unary(lk__cpu_backend.run, "cpu"), gradcheck_unary(on_debug, "debug");
+    gradcheck_softmax(lk__cpu_backend.run, "cpu"), gradcheck_softmax(on_debug, "debug");
+    printf("gradient checks (unary x %d, softmax, log_softmax; cpu and debug): %s\n", LK_UNARY_COUNT,
+           lk_t_failed_checks == bad0 ? "ok" : "FAILED");
+    printf("%d descriptors compared, %d differ; %d failed checks\n", cases_run, cases_bad, lk_t_failed_checks);
+    return lk_t_failed_checks ? 1 : 0;
+}
+#else
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     table_only = argc > 1 && !strcmp(argv[1], "--table");
@@ -1044,3 +1191,4 @@ int main(int argc, char **argv) {
     printf("%d descriptors compared, %d differ; %d failed checks\n", cases_run, cases_bad, lk_t_failed_checks);
     return lk_t_failed_checks ? 1 : 0;
 }
+#endif

@@ -8,21 +8,9 @@
 
 static bool is_half(lk_dtype t) { return t == LK_BF16 || t == LK_F16; }
 
-/* The families widen.c runs in bf16/f16 (embedding's forward is a plain row copy in any float dtype). */
-static bool widens(lk_op_kind op) {
-    switch (op) {
-    case LK_OP_POOL2D:
-    case LK_OP_POOL2D_BACKWARD:
-    case LK_OP_LAYER_NORM:
-    case LK_OP_LAYER_NORM_BACKWARD:
-    case LK_OP_BATCH_NORM:
-    case LK_OP_BATCH_NORM_BACKWARD:
-    case LK_OP_BN_STATS:
-    case LK_OP_BN_APPLY:
-    case LK_OP_EMBEDDING_BACKWARD: return true;
-    default: return false;
-    }
-}
+/* The families widen.c runs in bf16/f16 (ops.def's WIDEN; embedding's
+ * forward is a plain row copy in any float dtype). */
+static bool widens(lk_op_kind op) { return lk__op_widens(op, NULL); }
 
 static bool cpu_supports(const lk_op_desc *d) {
     if (widens(d->op) && lk__op_has_half(d)) { /* as the f32 descriptor, each operand f32, bf16 or f16 */
@@ -117,9 +105,39 @@ static bool cpu_supports(const lk_op_desc *d) {
                (d->live || (d->dropout_mask.head_n >= 0 && d->dropout_mask.head_n <= 3 &&
                             d->dropout_mask.head_n <= d->dropout_mask.n));
     case LK_OP_INCREMENT: return d->dtype[0] == LK_I64 && d->increment.n >= 0;
-    case LK_OP_COUNT: break;
+    default: break; /* a kind without a rule here is not taken */
     }
     return false;
+}
+
+static lk_status cpu_run(const lk_op_desc *d, void *const *x);
+
+/* ops.def's HERE(fn) rows: the ops with no loop worth an instruction-set copy. */
+static lk_status cpu_gemm(const lk_op_desc *d, void *const *x) {
+    const lk_gemm_params *g = &d->gemm;
+    if (d->dtype[0] != LK_F32) return lk__cpu_gemm_lowp(d, x[0], x[1], x[2]);
+    if (lk__cpu_f32_gemm_dnnl()) return lk__cpu_gemm_f32_dnnl(d, x[0], x[1], x[2]);
+    lk__cpu_sgemm(g->trans_a, g->trans_b, g->M, g->N, g->K, g->alpha, x[0], g->lda, x[1], g->ldb, g->beta, x[2],
+                  g->ldc);
+    return LK_STATUS_OK;
+}
+
+static lk_status cpu_increment(const lk_op_desc *d, void *const *x) {
+    int64_t *v = x[0];
+    for (int64_t i = 0; i < d->increment.n; i++) v[i] = (int64_t)((uint64_t)v[i] + (uint64_t)d->increment.by);
+    return LK_STATUS_OK;
+}
+
+static lk_status cpu_clip_coef(const lk_op_desc *d, void *const *x) {
+    *(float *)x[1] = lk_k_clip_coef(x[0], d->clip.n, d->clip.p, d->clip.max_norm);
+    return LK_STATUS_OK;
+}
+
+static lk_status cpu_scale_by(const lk_op_desc *d, void *const *x) {
+    /* LK_OP_AFFINE itself, so the bits are the host-computed coefficient's */
+    lk_op_desc a = {.op = LK_OP_AFFINE, .dtype = {d->dtype[0], d->dtype[2]}};
+    a.affine = (lk_affine_params){d->clip.n, *(const float *)x[1], 0.0f, false};
+    return cpu_run(&a, (void *[]){x[0], x[2]});
 }
 
 static lk_status cpu_run(const lk_op_desc *d, void *const *x) {
@@ -141,67 +159,16 @@ static lk_status cpu_run(const lk_op_desc *d, void *const *x) {
         case LK_OP_LAYER_NORM_BACKWARD: return lk__cpu_ln_half(d, x, cpu_run);
         default: return lk__cpu_run_widened(d, x, cpu_run);
         }
-    switch (d->op) {
-    case LK_OP_GEMM: {
-        const lk_gemm_params *g = &d->gemm;
-        if (d->dtype[0] != LK_F32) return lk__cpu_gemm_lowp(d, x[0], x[1], x[2]);
-        if (lk__cpu_f32_gemm_dnnl()) return lk__cpu_gemm_f32_dnnl(d, x[0], x[1], x[2]);
-        lk__cpu_sgemm(g->trans_a, g->trans_b, g->M, g->N, g->K, g->alpha, x[0], g->lda, x[1], g->ldb, g->beta, x[2],
-                      g->ldc);
-        return LK_STATUS_OK;
-    }
-    case LK_OP_UNARY:
-    case LK_OP_UNARY_BACKWARD:
-    case LK_OP_BINARY:
-    case LK_OP_AXPY:
-    case LK_OP_AFFINE:
-    case LK_OP_SUM_TO:
-    case LK_OP_MASK_SCALE:
-    case LK_OP_DROPOUT_MASK: return LK_ISA_PICK(lk__cpu_elementwise)(d, x);
-    case LK_OP_SOFTMAX:
-    case LK_OP_SOFTMAX_BACKWARD: return LK_ISA_PICK(lk__cpu_softmax)(d, x);
-    case LK_OP_LOSS:
-    case LK_OP_LOSS_BACKWARD: return LK_ISA_PICK(lk__cpu_loss)(d, x);
-    case LK_OP_BCE:
-    case LK_OP_BCE_BACKWARD: return LK_ISA_PICK(lk__cpu_bce)(d, x);
-    case LK_OP_XENT:
-    case LK_OP_XENT_BACKWARD:
-    case LK_OP_NLL:
-    case LK_OP_NLL_BACKWARD: return LK_ISA_PICK(lk__cpu_xent)(d, x);
-    case LK_OP_LAYER_NORM:
-    case LK_OP_LAYER_NORM_BACKWARD: return LK_ISA_PICK(lk__cpu_layer_norm)(d, x);
-    case LK_OP_BATCH_NORM:
-    case LK_OP_BATCH_NORM_BACKWARD: return LK_ISA_PICK(lk__cpu_batch_norm)(d, x);
-    case LK_OP_OPTIM_UPDATE: return LK_ISA_PICK(lk__cpu_optim_update)(d, x);
-    case LK_OP_POOL2D:
-    case LK_OP_POOL2D_BACKWARD: return LK_ISA_PICK(lk__cpu_pool2d)(d, x);
-    case LK_OP_IM2COL:
-    case LK_OP_COL2IM:
-    case LK_OP_BIAS_ADD:
-    case LK_OP_CHANNEL_SUM: return LK_ISA_PICK(lk__cpu_conv)(d, x);
-    case LK_OP_NORM:
-    case LK_OP_NONFINITE:
-    case LK_OP_UNSCALE:
-    case LK_OP_CLAMP: return LK_ISA_PICK(lk__cpu_grads)(d, x);
-    case LK_OP_EMBEDDING:
-    case LK_OP_EMBEDDING_BACKWARD: return LK_ISA_PICK(lk__cpu_embedding)(d, x);
-    case LK_OP_COPY: return LK_ISA_PICK(lk__cpu_copy)(d, x);
-    case LK_OP_FILL: return LK_ISA_PICK(lk__cpu_fill)(d, x);
-    case LK_OP_BN_STATS:
-    case LK_OP_BN_APPLY: return LK_ISA_PICK(lk__cpu_bn_split)(d, x);
-    case LK_OP_ACCURACY: return LK_ISA_PICK(lk__cpu_accuracy)(d, x);
-    case LK_OP_INCREMENT: {
-        int64_t *v = x[0];
-        for (int64_t i = 0; i < d->increment.n; i++) v[i] = (int64_t)((uint64_t)v[i] + (uint64_t)d->increment.by);
-        return LK_STATUS_OK;
-    }
-    case LK_OP_CLIP_COEF: *(float *)x[1] = lk_k_clip_coef(x[0], d->clip.n, d->clip.p, d->clip.max_norm); return LK_STATUS_OK;
-    case LK_OP_SCALE_BY: { /* LK_OP_AFFINE itself, so the bits are the host-computed coefficient's */
-        lk_op_desc a = {.op = LK_OP_AFFINE, .dtype = {d->dtype[0], d->dtype[2]}};
-        a.affine = (lk_affine_params){d->clip.n, *(const float *)x[1], 0.0f, false};
-        return cpu_run(&a, (void *[]){x[0], x[2]});
-    }
-    case LK_OP_COUNT: break;
+    switch (d->op) { /* ops.def's cpu column */
+#define ISA(family) LK_ISA_PICK(lk__cpu_##family)
+#define HERE(fn) cpu_##fn
+#define LK_OP(KIND, name, arity, fields, cpu, cuda, widen) \
+    case LK_OP_##KIND: return cpu(d, x);
+#include "backend/ops.def"
+#undef LK_OP
+#undef ISA
+#undef HERE
+    default: break;
     }
     return lk_error(LK_STATUS_INTERNAL, "cpu backend: op %d", (int)d->op);
 }

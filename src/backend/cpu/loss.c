@@ -9,7 +9,6 @@
 #include <string.h>
 
 #include "backend/cpu/cpu_impl.h"
-#include "lockstep/autograd.h"
 
 /* The regression losses in blocks of LOSS_BLOCK elements: a 16-bit input
  * (or target) widened into stack buffers (exact), an f32 one read in place;

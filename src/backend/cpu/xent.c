@@ -6,7 +6,6 @@
 #include <string.h>
 
 #include "backend/cpu/cpu_impl.h"
-#include "lockstep/autograd.h"
 
 static inline int64_t target_at(lk_dtype dt, const void *t, int64_t i) {
     return dt == LK_I64 ? ((const int64_t *)t)[i] : (int64_t)((const int32_t *)t)[i];

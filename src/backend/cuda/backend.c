@@ -44,23 +44,11 @@ static bool all_f32(const lk_op_desc *d) {
     return true;
 }
 
-/* The families widen.cu runs with bf16/f16 operands (the CPU's widens()):
- * taken when the all-f32 descriptor is, the operand whose index this
- * returns (saved statistics, per-channel coefficients) kept f32; -1: none. */
-static bool widens(lk_op_kind op, int *f32_operand) {
-    switch (op) {
-    case LK_OP_POOL2D:
-    case LK_OP_POOL2D_BACKWARD:
-    case LK_OP_EMBEDDING_BACKWARD: *f32_operand = -1; return true;
-    case LK_OP_LAYER_NORM: *f32_operand = 4; return true;
-    case LK_OP_BATCH_NORM: *f32_operand = 6; return true;
-    case LK_OP_LAYER_NORM_BACKWARD:
-    case LK_OP_BATCH_NORM_BACKWARD:
-    case LK_OP_BN_STATS:
-    case LK_OP_BN_APPLY: *f32_operand = 2; return true;
-    default: return false;
-    }
-}
+/* The families widen.cu runs with bf16/f16 operands (ops.def's WIDEN, the
+ * CPU's list): taken when the all-f32 descriptor is, the operand whose
+ * index *f32_operand gets (saved statistics, per-channel coefficients) kept
+ * f32; -1: none. */
+static bool widens(lk_op_kind op, int *f32_operand) { return lk__op_widens(op, f32_operand); }
 
 static bool cuda_supports(const lk_op_desc *d) {
     int keep;

@@ -57,33 +57,21 @@ typedef struct {
 int lk__cuda_widened(const lk_op_desc *d, void *const *x, lk__cuda_launcher run);
 
 static inline lk__cuda_launcher lk__cuda_launcher_for(const lk__cuda_launchers *l, lk_op_kind op) {
-    switch (op) {
-    case LK_OP_UNARY:
-    case LK_OP_UNARY_BACKWARD:
-    case LK_OP_BINARY:
-    case LK_OP_AXPY:
-    case LK_OP_AFFINE:
-    case LK_OP_SUM_TO:
-    case LK_OP_MASK_SCALE:
-    case LK_OP_CLAMP:
-    case LK_OP_COPY:
-    case LK_OP_FILL: return l->elementwise;
-    case LK_OP_OPTIM_UPDATE: return l->optim;
-    case LK_OP_IM2COL:
-    case LK_OP_COL2IM:
-    case LK_OP_BIAS_ADD:
-    case LK_OP_CHANNEL_SUM:
-    case LK_OP_POOL2D:
-    case LK_OP_POOL2D_BACKWARD:
-    case LK_OP_BATCH_NORM:
-    case LK_OP_BATCH_NORM_BACKWARD:
-    case LK_OP_BN_STATS:
-    case LK_OP_BN_APPLY: return l->conv;
-    case LK_OP_ACCURACY: return l->rows;
-    case LK_OP_DROPOUT_MASK:
-    case LK_OP_INCREMENT: return l->elementwise;
-    case LK_OP_CLIP_COEF:
-    case LK_OP_SCALE_BY: return l->optim;
+    switch (op) { /* ops.def's cuda column; gemm runs through cuBLASLt (backend.c), never here */
+#define LK__CUDA_FILE_elementwise l->elementwise
+#define LK__CUDA_FILE_rows l->rows
+#define LK__CUDA_FILE_optim l->optim
+#define LK__CUDA_FILE_conv l->conv
+#define LK__CUDA_FILE_gemm l->rows
+#define LK_OP(KIND, name, arity, fields, cpu, cuda, widen) \
+    case LK_OP_##KIND: return LK__CUDA_FILE_##cuda;
+#include "backend/ops.def"
+#undef LK_OP
+#undef LK__CUDA_FILE_elementwise
+#undef LK__CUDA_FILE_rows
+#undef LK__CUDA_FILE_optim
+#undef LK__CUDA_FILE_conv
+#undef LK__CUDA_FILE_gemm
     default: return l->rows;
     }
 }

@@ -12,6 +12,9 @@ enum {
     LK__CUDA_GEMM_TF32 = 1, /* f32 GEMMs may multiply in TF32 (10-bit mantissa): an explicit opt-in, never the default */
 };
 
+/* What a GEMM of dtype dt (A and B) runs through (lk__backend_gemm_path's
+ * cuda answer); f32 says whether TF32 is on. Cannot fail. */
+const char *lk__cuda_gemm_path(lk_dtype dt);
 /* Whether the descriptor is a GEMM this runs: A and B both f32, bf16 or
  * f16; C f32, or for 16-bit A/B also their own dtype; products accumulate
  * in f32 in every case. Cannot fail. */

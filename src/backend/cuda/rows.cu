@@ -17,7 +17,6 @@
 #include <string.h>
 
 #include "backend/cuda/common.cuh"
-#include "lockstep/autograd.h"
 
 namespace {
 
