@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "lockstep.h"
-#include "train/safetensors.h"
+#include "io/safetensors.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -17,6 +17,10 @@
 
 #include "lockstep/core.h"
 
+/* The most dimensions a tensor has (here, below the tensor layer, since the
+ * backend's op descriptors are sized by it). */
+#define LK_MAX_DIMS 8
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -89,6 +93,18 @@ static inline uint16_t lk_f32_to_f16_bits(float f) {
     x += 0xc8000fffu + ((x >> 13) & 1u); /* rebias the exponent by -112 and round to nearest even */
     return (uint16_t)(sign | (uint16_t)(x >> 13));
 }
+
+/* Scalar conversions (round to nearest even; NaN stays NaN; src/core/dtype.c). */
+uint16_t lk_f32_to_bf16(float f);
+float lk_bf16_to_f32(uint16_t h);
+uint16_t lk_f32_to_f16(float f);
+float lk_f16_to_f32(uint16_t h);
+/* The same over n values, vectorised (dt is LK_BF16 or LK_F16); bitwise
+ * equal to the scalar conversions except for NaN payloads (still NaN).
+ * Defined by the CPU backend (src/backend/cpu/convert.c: the copy for this
+ * CPU's instruction set), so a core file may not call them. */
+void lk_f32_to_half_n(lk_dtype dt, uint16_t *dst, const float *src, size_t n);
+void lk_half_to_f32_n(lk_dtype dt, float *dst, const uint16_t *src, size_t n);
 
 #ifdef __cplusplus
 }

@@ -32,7 +32,7 @@ extern "C" {
 
 
 
-#define LK_MAX_DIMS 8
+/* LK_MAX_DIMS (the most dimensions a tensor has) is in lockstep/dtype.h. */
 
 typedef struct lk_storage lk_storage; /* opaque: bytes + refcount + device */
 typedef struct lk_node lk_node;       /* autograd: the op that produced a tensor */
@@ -117,15 +117,7 @@ bool lk_tensor_in_flat_buffer(const lk_tensor *t);
 lk_tensor *lk_tensor_clone(const lk_tensor *t);              /* new contiguous copy on t's device, no autograd */
 lk_status lk_tensor_fill(lk_tensor *t, double value);
 
-/* Scalar conversions (round to nearest even; NaN stays NaN). */
-uint16_t lk_f32_to_bf16(float f);
-float lk_bf16_to_f32(uint16_t h);
-uint16_t lk_f32_to_f16(float f);
-float lk_f16_to_f32(uint16_t h);
-/* The same over n values, vectorised (dt is LK_BF16 or LK_F16); bitwise
- * equal to the scalar conversions except for NaN payloads (still NaN). */
-void lk_f32_to_half_n(lk_dtype dt, uint16_t *dst, const float *src, size_t n);
-void lk_half_to_f32_n(lk_dtype dt, float *dst, const uint16_t *src, size_t n);
+/* The 16-bit conversions (lk_f32_to_bf16, lk_f32_to_half_n, ...) are in lockstep/dtype.h. */
 
 /* ---- reductions --------------------------------------------------------------
  * How a loss folds its per-element values (torch's `reduction`): used by the

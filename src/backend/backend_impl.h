@@ -11,7 +11,7 @@
 #include "backend/isa.h"
 #include "backend/kernels.h"
 #include "lockstep/device.h"
-#include "lockstep/tensor.h"
+#include "lockstep/dtype.h"
 
 /* ---- typed ops ------------------------------------------------------------
  * A backend says which op descriptors it runs — the op, the dtype of every

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "backend/backend_impl.h"
+#include "backend/builtin.h"
 #include "backend/gemm_path.h"
 #include "backend/replay.h"
 #ifdef LK_HAVE_CUDA
@@ -26,8 +27,26 @@ lk_status lk__backend_register(lk_device_kind kind, const lk_backend *be) {
         return lk_error(LK_STATUS_INVALID_ARGUMENT,
                         "lk__backend_register: the backend for kind %d lacks a name, supports() or run()", (int)kind);
     __atomic_store_n(&registry[kind], be, __ATOMIC_RELEASE);
+    lk__device_note_backend(kind, be != NULL); /* for the device layer's check of a default device */
     return LK_STATUS_OK;
 }
+
+lk_status lk__builtin_register(const char *name, size_t len) {
+    for (int i = 0; i < lk__builtin_count; i++) {
+        const lk__builtin_kind *b = &lk__builtin_kinds[i];
+        if (strlen(b->name) != len || strncmp(b->name, name, len)) continue;
+        LK_TRY(b->register_device());
+        return b->backend ? lk__backend_register(b->kind, b->backend) : LK_STATUS_OK;
+    }
+    return LK_STATUS_OK;
+}
+
+lk_status lk__cuda_register(void) { return lk__builtin_register("cuda", 4); }
+
+/* The built-in kinds that register on first use (backend/builtin.c) are
+ * known to the device layer from load on; here, since every program that
+ * runs an op links this file. */
+__attribute__((constructor)) static void install_builtins(void) { lk__device_set_provider(lk__builtin_register); }
 
 const lk_backend *lk__backend(lk_device dev) {
     const lk_backend *be = NULL;
@@ -404,7 +423,7 @@ bool lk__f32_matmul_reduced(void) { return atomic_load(&f32_matmul) != 0; }
 
 lk_status lk__backend_run(lk_device dev, const lk_op_desc *d, void *const *operands) {
     const lk_backend *be = lk__backend(dev);
-    if (__atomic_load_n(&lk__replay_open, __ATOMIC_RELAXED)) { /* inside a step replayed as a graph (replay.c) */
+    if (__atomic_load_n(&lk__device_intercept_open, __ATOMIC_RELAXED)) { /* inside a step replayed as a graph (replay.c) */
         bool taken;
         lk_status st = lk__replay_op(dev, be, d, operands, &taken);
         if (st || taken) return st;

@@ -71,7 +71,6 @@ typedef struct {
     lk_device dev;
 } rp_range;
 
-int lk__replay_open;
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static pthread_mutex_t mu;
@@ -363,17 +362,17 @@ lk_status lk__replay_step_begin(lk_device dev) {
     R.owner = pthread_self();
     R.open = true;
     R.stats.steps++;
-    __atomic_store_n(&lk__replay_open, 1, __ATOMIC_RELEASE);
+    __atomic_store_n(&lk__device_intercept_open, 1, __ATOMIC_RELEASE);
     unlock();
     return LK_STATUS_OK;
 }
 
 lk_status lk__replay_step_end(void) {
-    if (!__atomic_load_n(&lk__replay_open, __ATOMIC_ACQUIRE)) return LK_STATUS_OK;
+    if (!__atomic_load_n(&lk__device_intercept_open, __ATOMIC_ACQUIRE)) return LK_STATUS_OK;
     lock();
     lk_status st = R.open ? flush(mine()) : LK_STATUS_OK;
     R.open = false;
-    __atomic_store_n(&lk__replay_open, 0, __ATOMIC_RELEASE);
+    __atomic_store_n(&lk__device_intercept_open, 0, __ATOMIC_RELEASE);
     unlock();
     return st;
 }
@@ -497,3 +496,16 @@ lk__replay_stats lk__replay_get_stats(void) {
     unlock();
     return s;
 }
+
+/* The device layer's interceptor slot (device/graph.h), filled at load so
+ * that every block a capturing kind allocates is noted, as when device.c
+ * called these functions by name. Any program that runs an op links this
+ * file (registry.c calls lk__replay_op); one that runs none opens no step. */
+static const lk__device_interceptor interceptor = {
+    .memset = lk__replay_memset,
+    .copy = lk__replay_copy,
+    .sync = lk__replay_sync,
+    .note_alloc = lk__replay_note_alloc,
+    .note_free = lk__replay_note_free,
+};
+__attribute__((constructor)) static void install_interceptor(void) { lk__device_set_interceptor(&interceptor); }

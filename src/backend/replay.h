@@ -7,12 +7,14 @@
  * end): as a cached graph's launch when the same segment was captured
  * before, captured now when it was seen once before, eagerly otherwise.
  * Results are those of eager execution, bit for bit. The hooks below are
- * called by src/backend/registry.c and src/device/device.c; each is one
- * relaxed load when no step is open. */
+ * called by src/backend/registry.c and, through the interceptor slot that
+ * replay.c fills at load (device/graph.h), by src/device/device.c; each is
+ * one relaxed load when no step is open. */
 #ifndef LK_BACKEND_REPLAY_H
 #define LK_BACKEND_REPLAY_H
 
 #include "backend/backend_impl.h"
+#include "device/graph.h"
 #include "lockstep/device.h"
 
 /* Counters since the process started (tests and bench read them). */
@@ -30,8 +32,9 @@ typedef struct lk__replay_stats {
     int64_t cached;         /* graphs cached now */
 } lk__replay_stats;
 
-/* Any step open right now (a relaxed read: the hooks' fast path). */
-extern int lk__replay_open;
+/* Any step open right now (a relaxed read: the hooks' fast path) is the
+ * device layer's lk__device_intercept_open (device/graph.h): replay.c sets
+ * it, the device layer and registry.c read it. */
 
 /* Opens a step on dev for the calling thread when dev can capture graphs
  * and LK_GRAPHS is not 0 (else nothing happens). A step still open is

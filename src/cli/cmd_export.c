@@ -8,7 +8,7 @@
 
 #include "cli/cli.h"
 #include "lockstep.h"
-#include "train/safetensors.h"
+#include "io/safetensors.h"
 
 int lk_cmd_export(int argc, char **argv) {
     const char *ckpt = NULL, *out = NULL;

@@ -29,3 +29,9 @@ lk_status lk_dtype_parse(const char *s, lk_dtype *out) {
     return lk_error(LK_STATUS_INVALID_ARGUMENT, "unknown dtype '%s' (expected f32, f64, bf16, f16, i32, i64 or u8)", s);
 }
 
+/* ---- half-precision conversions (round to nearest even) ------------------------ */
+
+uint16_t lk_f32_to_bf16(float f) { return lk_f32_to_bf16_bits(f); }
+float lk_bf16_to_f32(uint16_t h) { return lk_bf16_bits_to_f32(h); }
+uint16_t lk_f32_to_f16(float f) { return lk_f32_to_f16_bits(f); }
+float lk_f16_to_f32(uint16_t h) { return lk_f16_bits_to_f32(h); }

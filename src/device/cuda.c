@@ -7,8 +7,9 @@
  * device vtable of lockstep/device.h and registers as kind LK_CUDA, lazily
  * (lk__cuda_register) and only when the runtime shows a GPU. The tensor
  * layer's pool keyed by device caches the memory, so a repeated step calls
- * cudaMalloc nothing. Registering the kind also registers the cuda backend
- * (backend/cuda/backend.c) that runs the typed ops on this memory.
+ * cudaMalloc nothing. The built-in list (backend/builtin.c) registers this
+ * kind together with the cuda backend (backend/cuda/backend.c) that runs the
+ * typed ops on this memory; this file names nothing of the backend.
  * Without LK_HAVE_CUDA this file is a stub that reports no GPU. */
 #include <pthread.h>
 #include <stdio.h>
@@ -19,8 +20,6 @@
 
 #ifdef LK_HAVE_CUDA
 #include <cuda_runtime_api.h>
-
-#include "backend/cuda/cuda_impl.h"
 
 bool lk__cuda_built(void) { return true; }
 
@@ -561,14 +560,13 @@ static const lk_device_vtable cuda_vt = {
     .graph_free = cuda_graph_free,
 };
 
-lk_status lk__cuda_register(void) {
+lk_status lk__cuda_device_register(void) {
     if (lk__cuda_visible() == 0)
         return lk_error(LK_STATUS_UNSUPPORTED, "device 'cuda': %s", lk__cuda_why_none());
     lk_device_kind k;
     LK_TRY(lk_device_register(&cuda_vt, NULL, &k));
     if (k != LK_CUDA) return lk_error(LK_STATUS_INTERNAL, "device 'cuda' registered as kind %d, not %d", (int)k, LK_CUDA);
-    /* the kind's ops run on the cuda backend from now on (backend/cuda/backend.c) */
-    return lk__backend_register(LK_CUDA, &lk__cuda_backend);
+    return LK_STATUS_OK; /* its backend: the built-in list's lk__cuda_register (backend/builtin.c) */
 }
 
 lk_status lk__cuda_props_get(int index, lk__cuda_props *out) {
@@ -616,7 +614,7 @@ void lk__cuda_host_free(void *ptr) {
 bool lk__cuda_built(void) { return false; }
 int lk__cuda_visible(void) { return 0; }
 const char *lk__cuda_why_none(void) { return "built without CUDA"; }
-lk_status lk__cuda_register(void) {
+lk_status lk__cuda_device_register(void) {
     return lk_error(LK_STATUS_UNSUPPORTED, "device 'cuda': this build has no CUDA backend (configure with -DLK_CUDA=ON)");
 }
 lk_status lk__cuda_props_get(int index, lk__cuda_props *out) {

@@ -9,11 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend/backend_impl.h"
-#include "backend/replay.h"
 #include "device/device_impl.h"
 #include "device/graph.h"
-#include "device/gpu.h"
 
 typedef struct {
     const lk_device_vtable *vt;
@@ -25,13 +22,28 @@ static pthread_mutex_t reg_mu = PTHREAD_MUTEX_INITIALIZER;
 /* kind and index packed, so threads read it in one load */
 static atomic_int default_dev = 0;
 
-/* The step replayed as a graph (backend/replay.c) defers a step's work on
- * a device that can capture: before the host needs d, it is issued. */
+/* The interceptor (device/graph.h; the step replayed as a graph,
+ * backend/replay.c, installs itself at load) defers a step's work on a
+ * device that can capture: before the host needs d, it is issued. */
+int lk__device_intercept_open;
+static const lk__device_interceptor *_Atomic icpt;
+static bool has_backend[LK_DEVICE_KIND_MAX]; /* lk__device_note_backend */
+static lk__device_provider _Atomic provider;
+
+void lk__device_set_interceptor(const lk__device_interceptor *ic) { atomic_store(&icpt, ic); }
+void lk__device_note_backend(lk_device_kind k, bool present) {
+    if ((unsigned)k < LK_DEVICE_KIND_MAX) __atomic_store_n(&has_backend[k], present, __ATOMIC_RELEASE);
+}
+void lk__device_set_provider(lk__device_provider provide) { atomic_store(&provider, provide); }
+
+static const lk__device_interceptor *interceptor(void) {
+    return atomic_load_explicit(&icpt, memory_order_acquire);
+}
+#define REPLAY_ON() (__atomic_load_n(&lk__device_intercept_open, __ATOMIC_RELAXED) && interceptor())
 #define REPLAY_SYNC(d)                                                                                                  \
     do {                                                                                                               \
-        if (__atomic_load_n(&lk__replay_open, __ATOMIC_RELAXED)) LK_TRY(lk__replay_sync(d));                           \
+        if (REPLAY_ON()) LK_TRY(interceptor()->sync(d));                                                               \
     } while (0)
-#define REPLAY_ON() __atomic_load_n(&lk__replay_open, __ATOMIC_RELAXED)
 
 lk_status lk_device_register(const lk_device_vtable *vt, void *ctx, lk_device_kind *kind) {
     if (!vt || !vt->name || !vt->alloc || !vt->free)
@@ -84,9 +96,16 @@ lk_status lk_device_parse(const char *name, lk_device *out) { /* *out is left un
             return lk_error(LK_STATUS_INVALID_ARGUMENT, "device '%s': expected KIND or KIND:INDEX (e.g. cuda:1)", name);
         index = (int)v;
     }
-    /* The cuda kind registers on first use, not at load (device/gpu.h says
-     * why); naming it is such a use, and its failure says why there is none. */
-    if (len == 4 && !strncmp(name, "cuda", 4) && !kinds[LK_CUDA].vt) LK_TRY(lk__cuda_register());
+    /* Some kinds register on first use, not at load (cuda: device/gpu.h says
+     * why); naming one is such a use, and its failure says why there is none.
+     * The built-in list (backend/builtin.c) knows them; this layer does not. */
+    lk__device_provider provide = atomic_load(&provider);
+    if (provide) {
+        bool known_kind = false;
+        for (int k = 0; k < LK_DEVICE_KIND_MAX && !known_kind; k++)
+            known_kind = kinds[k].vt && strlen(kinds[k].vt->name) == len && !strncmp(kinds[k].vt->name, name, len);
+        if (!known_kind) LK_TRY(provide(name, len));
+    }
     char known[256] = "";
     for (int k = 0; k < LK_DEVICE_KIND_MAX; k++) {
         if (!kinds[k].vt) continue;
@@ -131,7 +150,7 @@ int lk_device_count(lk_device_kind kind) {
 static lk_status check_default(lk_device d) {
     const entry *e = get(d);
     if (!e) return unknown(d);
-    if (!e->vt->host_addressable && lk__backend(d) == &lk__cpu_backend)
+    if (!e->vt->host_addressable && (d.kind == LK_CPU || !__atomic_load_n(&has_backend[d.kind], __ATOMIC_ACQUIRE)))
         return lk_error(LK_STATUS_UNSUPPORTED,
                         "device '%s' cannot be the default yet: no backend runs ops on its memory in this build "
                         "(it is not host-addressable and no backend is registered for its kind)",
@@ -169,13 +188,15 @@ lk_status lk_device_alloc(lk_device d, size_t bytes, void **ptr) {
     *ptr = NULL;
     if (!e) return unknown(d);
     LK_TRY(e->vt->alloc(e->ctx, d.index, bytes, ptr));
-    if (e->vt->graph_begin) lk__replay_note_alloc(d, *ptr, bytes); /* what replay.c counts as device memory */
+    const lk__device_interceptor *ic = interceptor();
+    if (e->vt->graph_begin && ic) ic->note_alloc(d, *ptr, bytes); /* what replay.c counts as device memory */
     return LK_STATUS_OK;
 }
 
 void lk_device_free(lk_device d, void *ptr, size_t bytes) {
     const entry *e = get(d);
-    if (ptr && e && e->vt->graph_begin) lk__replay_note_free(d, ptr, bytes); /* deferred work first; graphs dropped */
+    const lk__device_interceptor *ic = interceptor();
+    if (ptr && e && e->vt->graph_begin && ic) ic->note_free(d, ptr, bytes); /* deferred work first; graphs dropped */
     if (ptr && e) e->vt->free(e->ctx, d.index, ptr, bytes);
 }
 
@@ -184,7 +205,7 @@ lk_status lk_device_memset(lk_device d, void *ptr, int value, size_t bytes) {
     if (!e) return unknown(d);
     if (REPLAY_ON()) {
         bool taken;
-        lk_status st = lk__replay_memset(d, ptr, value, bytes, &taken);
+        lk_status st = interceptor()->memset(d, ptr, value, bytes, &taken);
         if (st || taken) return st;
     }
     if (e->vt->memset) return e->vt->memset(e->ctx, d.index, ptr, value, bytes);
@@ -199,10 +220,10 @@ lk_status lk_device_copy(lk_device dst_dev, void *dst, lk_device src_dev, const 
     if (!bytes) return LK_STATUS_OK;
     if (REPLAY_ON()) {
         bool taken = false;
-        lk_status st = lk_device_equal(dst_dev, src_dev) && de->vt->copy
-                           ? lk__replay_copy(dst_dev, dst, src, bytes, &taken)
-                           : lk__replay_sync(dst_dev);
-        if (!st && !taken && !lk_device_equal(dst_dev, src_dev)) st = lk__replay_sync(src_dev);
+        const lk__device_interceptor *ic = interceptor();
+        lk_status st = lk_device_equal(dst_dev, src_dev) && de->vt->copy ? ic->copy(dst_dev, dst, src, bytes, &taken)
+                                                                          : ic->sync(dst_dev);
+        if (!st && !taken && !lk_device_equal(dst_dev, src_dev)) st = ic->sync(src_dev);
         if (st || taken) return st;
     }
     if (lk_device_equal(dst_dev, src_dev) && de->vt->copy) return de->vt->copy(de->ctx, dst_dev.index, dst, src, bytes);

@@ -31,8 +31,10 @@ int lk__cuda_visible(void);
 const char *lk__cuda_why_none(void);
 /* Registers the device kind "cuda" (number LK_CUDA) when at least one GPU is
  * visible; UNSUPPORTED naming why otherwise. Idempotent and thread-safe. The
- * registration is lazy rather than at library load for the fork reason above. */
-lk_status lk__cuda_register(void);
+ * registration is lazy rather than at library load for the fork reason above.
+ * The device alone: lk__cuda_register (backend/builtin.h), the built-in
+ * list's row, registers it with its backend, as everything else should. */
+lk_status lk__cuda_device_register(void);
 
 typedef struct lk__cuda_props {
     char name[256];

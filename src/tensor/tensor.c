@@ -613,23 +613,6 @@ lk_status lk_tensor_fill(lk_tensor *t, double value) {
     return lk__backend_run(t->device, &d, (void *[]){t->data});
 }
 
-/* ---- half-precision conversions (round to nearest even) ------------------------ */
-
-uint16_t lk_f32_to_bf16(float f) { return lk_f32_to_bf16_bits(f); }
-float lk_bf16_to_f32(uint16_t h) { return lk_bf16_bits_to_f32(h); }
-uint16_t lk_f32_to_f16(float f) { return lk_f32_to_f16_bits(f); }
-float lk_f16_to_f32(uint16_t h) { return lk_f16_bits_to_f32(h); }
-
-/* Bulk conversions: the copy for this CPU (backend/cpu/convert.c, one per
- * instruction set). */
-void lk_f32_to_half_n(lk_dtype dt, uint16_t *dst, const float *src, size_t n) {
-    LK_ISA_PICK(lk__cpu_f32_to_half_n)(dt, dst, src, n);
-}
-
-void lk_half_to_f32_n(lk_dtype dt, float *dst, const uint16_t *src, size_t n) {
-    LK_ISA_PICK(lk__cpu_half_to_f32_n)(dt, dst, src, n);
-}
-
 void lk_tensor_mark_flat_buffer(lk_tensor *t) {
     if (t && t->storage) t->storage->flat = true;
 }

@@ -14,7 +14,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "train/safetensors.h"
+#include "io/safetensors.h"
 #include "train/train_impl.h"
 
 #define CKPT_FORMAT "lockstep-checkpoint"

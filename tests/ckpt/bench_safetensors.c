@@ -17,7 +17,7 @@
 #include <unistd.h>
 
 #include "lockstep.h"
-#include "train/safetensors.h"
+#include "io/safetensors.h"
 
 static void drop_cache(const char *path) {
     int fd = open(path, O_RDONLY);

@@ -12,7 +12,7 @@
 #include <unistd.h>
 
 #include "lk_test.h"
-#include "train/safetensors.h"
+#include "io/safetensors.h"
 
 static char tmpdir[256];
 

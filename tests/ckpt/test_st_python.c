@@ -8,7 +8,7 @@
 #include <unistd.h>
 
 #include "lk_test.h"
-#include "train/safetensors.h"
+#include "io/safetensors.h"
 
 static const struct {
     const char *name;

@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "backend/builtin.h"
 #include "device/gpu.h"
 
 #define LK_GPU_SKIP 77

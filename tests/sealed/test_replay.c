@@ -21,7 +21,7 @@
 #include "device/graph.h"
 #include "gpu/gpu_test.h"
 #include "sealed_harness.h"
-#include "train/safetensors.h"
+#include "io/safetensors.h"
 
 static const char *accel = "sealed_graph";
 

@@ -11,7 +11,7 @@
 
 #include "lk_test.h"
 #include "lockstep/trainer.h"
-#include "train/safetensors.h"
+#include "io/safetensors.h"
 
 static const lk_model_kv data_args[] = {{"num_samples", "320"}, {"input_shape", "[4]"}, {"num_classes", "2"},
                                         {"batch_size", "16"}, {"num_workers", "0"}};

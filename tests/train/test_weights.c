@@ -63,7 +63,7 @@ static void other_model_is_refused(void) {
     lk_module_free(m);
 }
 
-#include "train/safetensors.h"
+#include "io/safetensors.h"
 
 /* lockstep -> PyTorch: weights written the way `lockstep export` writes them
  * load into PyTorch with strict=True and give lockstep's outputs. */

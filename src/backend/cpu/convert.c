@@ -1,6 +1,6 @@
 /* The bulk 16-bit conversions every bf16/f16 path goes through (the public
- * lk_f32_to_half_n and lk_half_to_f32_n of tensor.c call the copy for this
- * CPU), and bf16x3's split of f16 values into bf16 parts (../cpu_lowp.c).
+ * lk_f32_to_half_n and lk_half_to_f32_n at the end of this file call the
+ * copy for this CPU), and bf16x3's split of f16 values into bf16 parts (../cpu_lowp.c).
  * One of the files compiled once per instruction set (backend/isa.h): the
  * scalar loops below vectorise at each level, and the AVX-512 copy adds the
  * hand-written paths under `#ifdef __AVX512F__`, the F16C one those under
@@ -100,3 +100,16 @@ void LK_ISA(lk__cpu_split_f16)(const uint16_t *src, uint16_t *hi, uint16_t *hi2,
         lo[i] = lk_f32_to_bf16_bits(finite ? f - lk_bf16_bits_to_f32(h) : 0.0f); /* exact */
     }
 }
+
+#if !LK_ISA_VARIANT
+/* The public bulk conversions (lockstep/dtype.h): the copy for this CPU.
+ * Defined here, in the backend, rather than in the tensor layer above it,
+ * since the backend's own kernels call them. */
+void lk_f32_to_half_n(lk_dtype dt, uint16_t *dst, const float *src, size_t n) {
+    LK_ISA_PICK(lk__cpu_f32_to_half_n)(dt, dst, src, n);
+}
+
+void lk_half_to_f32_n(lk_dtype dt, float *dst, const uint16_t *src, size_t n) {
+    LK_ISA_PICK(lk__cpu_half_to_f32_n)(dt, dst, src, n);
+}
+#endif

@@ -16,7 +16,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "train/safetensors.h"
+#include "io/safetensors.h"
 
 #define POLY 0x82F63B78u
 

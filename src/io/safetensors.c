@@ -6,7 +6,7 @@
  * field against the file before handing out a single pointer, so corrupt
  * or hostile files produce an error naming the file and tensor, never a
  * crash. JSON goes through cJSON. */
-#include "train/safetensors.h"
+#include "io/safetensors.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
