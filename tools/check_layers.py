@@ -42,7 +42,7 @@ import re
 import sys
 
 SOURCE_EXT = ('.c', '.cu', '.cpp')
-HEADER_EXT = ('.h', '.cuh')
+HEADER_EXT = ('.h', '.cuh', '.def')  # .def: an X-macro table included like a header (backend/ops.def)
 
 
 def read_layers(path):

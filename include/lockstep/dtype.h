@@ -106,6 +106,12 @@ float lk_f16_to_f32(uint16_t h);
 void lk_f32_to_half_n(lk_dtype dt, uint16_t *dst, const float *src, size_t n);
 void lk_half_to_f32_n(lk_dtype dt, float *dst, const uint16_t *src, size_t n);
 
+/* How a loss folds its per-element values (torch's `reduction`): used by the
+ * losses of lockstep/autograd.h and carried in the backend's loss
+ * descriptors, so it sits here, below both (the backend sits below the
+ * tensor layer: docs/layers.txt). */
+typedef enum { LK_REDUCTION_MEAN, LK_REDUCTION_SUM, LK_REDUCTION_NONE } lk_reduction;
+
 #ifdef __cplusplus
 }
 #endif

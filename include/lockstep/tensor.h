@@ -117,13 +117,8 @@ bool lk_tensor_in_flat_buffer(const lk_tensor *t);
 lk_tensor *lk_tensor_clone(const lk_tensor *t);              /* new contiguous copy on t's device, no autograd */
 lk_status lk_tensor_fill(lk_tensor *t, double value);
 
-/* The 16-bit conversions (lk_f32_to_bf16, lk_f32_to_half_n, ...) are in lockstep/dtype.h. */
-
-/* ---- reductions --------------------------------------------------------------
- * How a loss folds its per-element values (torch's `reduction`): used by the
- * losses of lockstep/autograd.h and carried in the backend's loss
- * descriptors, so it sits here, below both. */
-typedef enum { LK_REDUCTION_MEAN, LK_REDUCTION_SUM, LK_REDUCTION_NONE } lk_reduction;
+/* The 16-bit conversions (lk_f32_to_bf16, lk_f32_to_half_n, ...) and
+ * lk_reduction (a loss's folding) are in lockstep/dtype.h. */
 
 /* ---- compute threads -------------------------------------------------------
  * Threads the CPU backend (BLAS) may use in this process. The trainer sets
