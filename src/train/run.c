@@ -6,6 +6,7 @@
 
 #include "tensor/tensor_impl.h"
 #include "device/gpu.h"
+#include "train/accelerator.h"
 #include "train/prefetch.h"
 #include "train/train_impl.h"
 
