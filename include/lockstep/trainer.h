@@ -240,6 +240,12 @@ typedef struct lk_module_vtable {
     /* (optional) The loss (scope-owned, one element) of `output` — what
      * forward returned for b — against b's targets. */
     lk_tensor *(*loss)(lk_module *m, lk_tensor *output, const lk_batch *b);
+    /* (optional) Called once the data module is set up for `stage` ("fit",
+     * "validate", "test", "predict"), before the first batch (Lightning's
+     * LightningModule.setup after LightningDataModule.setup): e.g. to check
+     * the data's samples against what the network takes. An error stops the
+     * run before any step. */
+    lk_status (*setup)(lk_module *m, lk_datamodule *dm, const char *stage);
 } lk_module_vtable;
 
 struct lk_module {

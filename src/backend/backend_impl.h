@@ -544,6 +544,11 @@ bool lk__cpu_lowp_dnnl_on(void);
 bool lk__cpu_f32_gemm_dnnl(void);
 void lk__cpu_f32_gemm_use_dnnl(bool on);
 lk_status lk__cpu_gemm_f32_dnnl(const lk_op_desc *d, const void *A, const void *B, void *C);
+/* The CPU's f32 GEMM as its backend runs it: through oneDNN when the
+ * above says so, else lk__cpu_sgemm. Here rather than only in the backend's
+ * run() so that the bf16/f16 fallback, which widens to f32, runs it without
+ * going back through lk__cpu_backend (cpu/backend.c names this file). */
+lk_status lk__cpu_gemm_f32(const lk_op_desc *d, const void *A, const void *B, void *C);
 /* Whether the CPU backend would cut d (a GEMM) across the compute threads
  * rather than run it whole on the calling thread: a caller with two
  * independent GEMMs that would each run whole (linear's backward) runs

@@ -32,11 +32,11 @@ static lk_status gemm_via_f32(const lk_op_desc *d, const void *A, const void *B,
     f.gemm.lda = ac > 0 ? ac : 1, f.gemm.ldb = bc > 0 ? bc : 1;
     lk_status st;
     if (ct == LK_F32) {
-        st = lk__cpu_backend.run(&f, (void *[]){a, b, C});
+        st = lk__cpu_gemm_f32(&f, a, b, C);
     } else {
         if (g->beta != 0.0f) widen(ct, C, g->M, g->N, g->ldc, c);
         f.gemm.ldc = g->N > 0 ? g->N : 1;
-        st = lk__cpu_backend.run(&f, (void *[]){a, b, c});
+        st = lk__cpu_gemm_f32(&f, a, b, c);
         for (int64_t r = 0; !st && r < g->M; r++)
             lk_f32_to_half_n(ct, (uint16_t *)C + r * g->ldc, c + r * g->N, (size_t)g->N);
     }
@@ -341,6 +341,13 @@ lk_status lk__cpu_gemm_lowp(const lk_op_desc *d, const void *A, const void *B, v
     if (d->dtype[0] == LK_F16 && d->dtype[1] == LK_F16 && d->gemm.K > 0 && lk__cpu_f16_via_bf16())
         return gemm_f16_split(d, A, B, C);
     return split_run(d, A, B, C, false);
+}
+
+lk_status lk__cpu_gemm_f32(const lk_op_desc *d, const void *A, const void *B, void *C) {
+    const lk_gemm_params *g = &d->gemm;
+    if (lk__cpu_f32_gemm_dnnl()) return lk__cpu_gemm_f32_dnnl(d, A, B, C);
+    lk__cpu_sgemm(g->trans_a, g->trans_b, g->M, g->N, g->K, g->alpha, A, g->lda, B, g->ldb, g->beta, C, g->ldc);
+    return LK_STATUS_OK;
 }
 
 lk_status lk__cpu_gemm_f32_dnnl(const lk_op_desc *d, const void *A, const void *B, void *C) {

@@ -10,6 +10,7 @@
 
 #include "cli/cli.h"
 #include "device/gpu.h"
+#include "train/accelerator.h"
 #include "lockstep.h"
 #include "lockstep/config.h"
 #include "lockstep/trainer.h"

@@ -1,7 +1,12 @@
 /* Rank-aware logging: one line per call, written whole so ranks that share
- * a terminal do not interleave inside a line. */
+ * a terminal do not interleave inside a line. The lowest file of the core
+ * that says anything: env.c warns about bad LK_ values through it, so it
+ * reads its one variable, LK_LOG_LEVEL (declared in env.c's table with the
+ * others), with getenv itself and says a bad value itself, once, rather
+ * than through env.c (which would make the two need each other). */
 #include "lockstep/core.h"
 
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,6 +16,7 @@ static int log_rank = -1;
 static int log_world = 0;
 static int log_level = -1; /* -1: read LK_LOG_LEVEL on first use */
 static const char *log_level_from = "default";
+static _Atomic int level_warned;
 
 void lk_log_set_rank(int rank, int world_size) {
     log_rank = rank;
@@ -26,17 +32,17 @@ lk_log_level lk_log_get_level(void) {
     if (log_level < 0) {
         static const char *const names[] = {"debug", "info", "warn", "error", "off"};
         log_level = LK_LOG_INFO; /* set first: the warning below logs */
-        if (lk_env_is_set("LK_LOG_LEVEL")) {
-            const char *s = getenv("LK_LOG_LEVEL");
+        const char *s = getenv("LK_LOG_LEVEL");
+        if (s && *s) { /* set and not empty: what lk_env_is_set means */
             int found = -1;
             for (int i = 0; i < 5; i++)
                 if (!strcmp(s, names[i])) found = i;
             if (found >= 0) {
                 log_level = found;
                 log_level_from = "LK_LOG_LEVEL";
-            } else {
-                lk__env_warn_once("LK_LOG_LEVEL", "LK_LOG_LEVEL=%s is none of debug, info, warn, error, off: "
-                                  "ignored, as if it were unset (info)", s);
+            } else if (!atomic_exchange(&level_warned, 1)) { /* once, as env.c says a bad value */
+                lk_warn0("LK_LOG_LEVEL=%s is none of debug, info, warn, error, off: "
+                         "ignored, as if it were unset (info)", s);
             }
         }
     }

@@ -1,7 +1,8 @@
 /* Private: the GPU side of the device layer, as the trainer, `lockstep env`
  * and the gpu tests see it — the cuda device kind (cuda.c), choosing GPUs
  * from trainer.devices and binding ranks to them (gpu_select.c), and NVML's
- * device stats (nvml.c). Every function here exists in every build: without
+ * device stats (nvml.c). What trainer.accelerator asks for is train policy:
+ * train/accelerator.h. Every function here exists in every build: without
  * CUDA they answer "no GPU" instead of being absent, so callers need no
  * #ifdef. */
 #ifndef LK_DEVICE_GPU_H
@@ -12,7 +13,6 @@
 #include <stddef.h>
 
 #include "lockstep/device.h"
-#include "lockstep/trainer.h"
 
 #define LK__GPU_MAX 64
 
@@ -105,32 +105,6 @@ lk_status lk__gpu_select(const char *spec, int visible, int *ids, int cap, int *
 /* The GPU a rank drives: ids[local_rank % n] would hide a launch error, so a
  * local_rank outside [0, n) is INVALID_USAGE naming both. */
 lk_status lk__gpu_for_rank(const int *ids, int n, int local_rank, int *gpu);
-/* trainer.devices as text for lk__gpu_select: cfg->devices_spec when the
- * config gave a list or -1, else the number ("auto" for 0). */
-const char *lk__devices_spec(const lk_trainer_config *cfg, char *buf, size_t size);
-
-/* What trainer.accelerator asks for, decided before anything starts. */
-typedef enum {
-    LK__ACCEL_CPU,
-    LK__ACCEL_GPU,
-    LK__ACCEL_DEVICE /* a device kind registered through the C API, named by trainer.accelerator */
-} lk__accel;
-/* Pure: decides from the config, whether CUDA is built and how many GPUs
- * are visible. "cpu" -> CPU; "auto" -> CPU (until GPU training has run on
- * a GPU in this project's tests it keeps the CPU even with a GPU visible);
- * "gpu"/"cuda" -> the GPU ids chosen by trainer.devices, or an error naming
- * what was asked and what is visible (and ddp_spawn, which forks after
- * CUDA is initialised, refused). `ids`/`n` may be NULL. */
-lk_status lk__accelerator_resolve(const lk_trainer_config *cfg, bool cuda_built, int visible, lk__accel *out,
-                                  int *ids, int *n);
-/* The trainer's check at creation: lk__accelerator_resolve against this
- * process's build and GPUs (queried only when a GPU is asked for). */
-lk_status lk__accelerator_check(const lk_trainer_config *cfg);
-/* The device a run trains on: the CPU for cpu/auto; for gpu/cuda or a
- * registered kind's name, trainer.devices resolved against that kind's
- * count (lk__gpu_select) and the entry of `slot` (the local rank; dp's
- * replica index). Everything after this is the same code for every kind. */
-lk_status lk__accelerator_device(const lk_trainer_config *cfg, int slot, lk_device *out);
 
 /* ---- NVML device stats (nvml.c; libnvidia-ml.so.1 loaded at run time) ---- */
 

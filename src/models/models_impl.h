@@ -1,6 +1,6 @@
-/* Internal to src/models: the parsed-arguments struct, the built-in models'
- * infos (one file each, listed in models.c) and the pieces they share
- * (blocks.c). */
+/* Internal to src/models: the parsed-arguments struct and its parser
+ * (args.c), the built-in models' infos (one file each, listed in models.c)
+ * and the pieces they share (blocks.c). */
 #ifndef LK_MODELS_IMPL_H
 #define LK_MODELS_IMPL_H
 
@@ -15,6 +15,14 @@ struct lk_model_args {
     int64_t list[LK_MODEL_MAX_ARGS][LK_MODEL_MAX_WIDTHS];
     int list_n[LK_MODEL_MAX_ARGS];
 };
+
+/* ---- args.c ---- */
+
+/* Parses args[0..n_args) against m's table into *p (defaults for the ones
+ * not given): INVALID_ARGUMENT naming the model and the argument on an
+ * unknown name (with the nearest valid one), a missing value or a value
+ * of the wrong form. */
+lk_status lk__model_args_parse(const lk_model_info *m, const lk_model_kv *args, int n_args, lk_model_args *p);
 
 /* The built-in models (autoencoder.c, mlp.c, cnn.c). */
 extern const lk_model_info lk__model_autoencoder;

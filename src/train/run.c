@@ -6,6 +6,7 @@
 
 #include "tensor/tensor_impl.h"
 #include "device/gpu.h"
+#include "train/accelerator.h"
 #include "train/prefetch.h"
 #include "train/train_impl.h"
 
@@ -141,5 +142,5 @@ lk_status lk__begin_run(lk_trainer *tr, lk_module *m, lk_datamodule *dm, const c
                                  tr->cfg.checkpoint_timeout));
     LK_TRY(lk_data_prepare(tr->pg.local_rank, prepare_data, dm, status_reduce, tr));
     LK_TRY(dm->vt->setup(dm, stage));
-    return lk__builtin_input_check(m, dm, stage);
+    return m->vt->setup ? m->vt->setup(m, dm, stage) : LK_STATUS_OK;
 }

@@ -10,6 +10,7 @@
 #include <stdio.h>
 
 #include "device/gpu.h"
+#include "train/accelerator.h"
 #include "tensor/tensor_impl.h"
 #include "train/prefetch.h"
 #include "train/train_impl.h"

@@ -422,11 +422,6 @@ lk_status lk__step_check_loss(lk_trainer *tr, double loss);
 /* The train_loss lk__log_loss deferred, logged with `loss` (nothing when none is). */
 lk_status lk__step_log_pending(lk_trainer *tr, double loss);
 
-/* builtin.c: a built-in model and data module whose samples do not fit
- * (mlp input_dim 1024 fed 28x28 images): an error naming both sides'
- * settings once the data is set up, not a matmul shape error at the first
- * step. Other modules and data modules pass. */
-lk_status lk__builtin_input_check(const lk_module *m, lk_datamodule *dm, const char *stage);
 /* The fashion_mnist data module's directory once set up, and the setting
  * that named it (data.init_args.root, LK_DATA_ROOT or default); false for
  * another data module, or before setup. */

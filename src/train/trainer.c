@@ -16,6 +16,7 @@
 #include "backend/backend_impl.h"
 #include "backend/threads.h"
 #include "device/gpu.h"
+#include "train/accelerator.h"
 #include "train/train_impl.h"
 
 /* The checks that need nothing started, and the dtypes they decide: the

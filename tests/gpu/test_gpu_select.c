@@ -6,6 +6,7 @@
  * with an error that names what was asked and what is visible. */
 #include "device/gpu.h"
 #include "lk_test.h"
+#include "train/accelerator.h"
 
 static int sel(const char *spec, int visible, int *ids) {
     int n = -1;

@@ -114,12 +114,8 @@ static lk_status cpu_run(const lk_op_desc *d, void *const *x);
 
 /* ops.def's HERE(fn) rows: the ops with no loop worth an instruction-set copy. */
 static lk_status cpu_gemm(const lk_op_desc *d, void *const *x) {
-    const lk_gemm_params *g = &d->gemm;
     if (d->dtype[0] != LK_F32) return lk__cpu_gemm_lowp(d, x[0], x[1], x[2]);
-    if (lk__cpu_f32_gemm_dnnl()) return lk__cpu_gemm_f32_dnnl(d, x[0], x[1], x[2]);
-    lk__cpu_sgemm(g->trans_a, g->trans_b, g->M, g->N, g->K, g->alpha, x[0], g->lda, x[1], g->ldb, g->beta, x[2],
-                  g->ldc);
-    return LK_STATUS_OK;
+    return lk__cpu_gemm_f32(d, x[0], x[1], x[2]);
 }
 
 static lk_status cpu_increment(const lk_op_desc *d, void *const *x) {
