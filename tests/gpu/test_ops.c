@@ -1083,10 +1083,26 @@ static void grad_close(const char *what, const char *be, int j, double fd, float
     CHECK_MSG(fabs(fd - an) <= 2e-2 * fmax(1.0, fabs(an)), "%s on %s: dx[%d] = %.6g, central difference %.6g", what, be,
               j, (double)an, fd);
 }
+/* Central differences of sum(w * f(x)) against the backward's dx, element by element. */
+static void fd_check(lk_status (*run)(const lk_op_desc *, void *const *), const lk_op_desc *f, const float *x,
+                     const float *w, const float *dx, const char *what, const char *be) {
+    float xp[GN], yp[GN];
+    for (int j = 0; j < GN; j++) {
+        const double h = 1e-2;
+        memcpy(xp, x, sizeof xp);
+        xp[j] = (float)(x[j] + h);
+        CHECK_OK(run(f, (void *[]){xp, yp}));
+        double up = weighted(yp, w, GN);
+        xp[j] = (float)(x[j] - h);
+        CHECK_OK(run(f, (void *[]){xp, yp}));
+        double fd = (up - weighted(yp, w, GN)) / ((double)(float)(x[j] + h) - (double)(float)(x[j] - h));
+        grad_close(what, be, j, fd, dx[j]);
+    }
+}
 static void gradcheck_unary(lk_status (*run)(const lk_op_desc *, void *const *), const char *be) {
     for (int fn = 0; fn < LK_UNARY_COUNT; fn++) {
         bool pos = fn == LK_UNARY_LOG || fn == LK_UNARY_SQRT;
-        float x[GN], y[GN], w[GN], dx[GN], xp[GN], yp[GN];
+        float x[GN], y[GN], w[GN], dx[GN];
         for (int i = 0; i < GN; i++) {
             float m = 0.1f + 1.9f * (urand() * 0.25f + 0.5f);
             x[i] = pos || i % 2 ? m : -m;
@@ -1099,22 +1115,12 @@ static void gradcheck_unary(lk_status (*run)(const lk_op_desc *, void *const *),
         b.dtype[2] = b.dtype[3] = LK_F32;
         CHECK_OK(run(&f, (void *[]){x, y}));
         CHECK_OK(run(&b, (void *[]){x, y, w, dx}));
-        for (int j = 0; j < GN; j++) {
-            const double h = 1e-2;
-            memcpy(xp, x, sizeof x);
-            xp[j] = (float)(x[j] + h);
-            CHECK_OK(run(&f, (void *[]){xp, yp}));
-            double up = weighted(yp, w, GN);
-            xp[j] = (float)(x[j] - h);
-            CHECK_OK(run(&f, (void *[]){xp, yp}));
-            double fd = (up - weighted(yp, w, GN)) / ((double)(float)(x[j] + h) - (double)(float)(x[j] - h));
-            grad_close(lk__unary_name((lk_unary_op)fn), be, j, fd, dx[j]);
-        }
+        fd_check(run, &f, x, w, dx, lk__unary_name((lk_unary_op)fn), be);
     }
 }
 static void gradcheck_softmax(lk_status (*run)(const lk_op_desc *, void *const *), const char *be) {
     for (int lg = 0; lg < 2; lg++) { /* [outer 2, C 3, inner 2] */
-        float x[GN], y[GN], w[GN], dx[GN], xp[GN], yp[GN];
+        float x[GN], y[GN], w[GN], dx[GN];
         for (int i = 0; i < GN; i++) x[i] = 2.0f * urand(), w[i] = urand();
         lk_op_desc f = {.op = LK_OP_SOFTMAX, .dtype = {LK_F32, LK_F32}};
         f.softmax = (lk_softmax_params){2, 3, 2, lg == 1};
@@ -1123,17 +1129,7 @@ static void gradcheck_softmax(lk_status (*run)(const lk_op_desc *, void *const *
         b.dtype[2] = LK_F32;
         CHECK_OK(run(&f, (void *[]){x, y}));
         CHECK_OK(run(&b, (void *[]){y, w, dx}));
-        for (int j = 0; j < GN; j++) {
-            const double h = 1e-2;
-            memcpy(xp, x, sizeof x);
-            xp[j] = (float)(x[j] + h);
-            CHECK_OK(run(&f, (void *[]){xp, yp}));
-            double up = weighted(yp, w, GN);
-            xp[j] = (float)(x[j] - h);
-            CHECK_OK(run(&f, (void *[]){xp, yp}));
-            double fd = (up - weighted(yp, w, GN)) / ((double)(float)(x[j] + h) - (double)(float)(x[j] - h));
-            grad_close(lg ? "log_softmax" : "softmax", be, j, fd, dx[j]);
-        }
+        fd_check(run, &f, x, w, dx, lg ? "log_softmax" : "softmax", be);
     }
 }
 
