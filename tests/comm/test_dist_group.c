@@ -43,13 +43,16 @@ static int fault_rank(int r, int W, void *arg) {
     static float buf[1 << 20]; /* 4 MiB: several mailbox chunks */
     lk_status st = LK_STATUS_OK;
     if (mode == F_KILL) {
+        /* Both sides loop until the kill (bounded by time, not by a count: a
+         * fast machine moved 1000 x 4 MiB before the parent's 0.2 s sleep
+         * ended, and the test then saw two clean exits). */
+        double t0 = lk_time_now();
         if (r == 0) {
             du->ready[0] = 1;
-            for (int i = 0; i < 1000 && !st; i++) st = lk_comm_send(c, buf, 1 << 20, LK_F32, 1); /* killed inside */
+            while (!st && lk_time_now() - t0 < 20) st = lk_comm_send(c, buf, 1 << 20, LK_F32, 1); /* killed inside */
         } else {
             while (!du->ready[0]) usleep(1000);
-            /* Take one chunk's worth at a time, so rank 0 is still sending when it dies. */
-            for (int i = 0; i < 1000 && !st; i++) st = lk_comm_recv(c, buf, 1 << 20, LK_F32, 0);
+            while (!st && lk_time_now() - t0 < 20) st = lk_comm_recv(c, buf, 1 << 20, LK_F32, 0);
         }
     } else if (mode == F_NO_RECV) {
         if (r == 0) st = lk_comm_send(c, buf, 10, LK_F32, 1);
