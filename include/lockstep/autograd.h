@@ -280,6 +280,15 @@ lk_tensor *lk_dropout(lk_tensor *x, float p, bool training, lk_rng *rng);
 lk_tensor *lk_layer_norm(lk_tensor *x, int normalized_ndim, lk_tensor *weight, lk_tensor *bias, float eps);
 /* weight [V, D], idx i64/i32 of any shape -> [..., D]. Out-of-range indices are an error. */
 lk_tensor *lk_embedding(lk_tensor *weight, lk_tensor *idx);
+/* Causal multi-head self-attention on GPT-2's packed projections: qkv
+ * [B, T, 3C] holds q, k and v side by side, each [B, T, n_head, C/n_head];
+ * y [B, T, C] is, per head, softmax(q k^T / sqrt(C/n_head) + causal mask) v
+ * with the heads side by side again (ready for c_proj). dropout_p drops
+ * attention probabilities when training (mask from rng, as lk_dropout).
+ * _naive materialises the [B*n_head, T, T] scores from the elementary ops:
+ * the reference the fused version is checked and measured against. */
+lk_tensor *lk_causal_self_attention(lk_tensor *qkv, int n_head, float dropout_p, bool training, lk_rng *rng);
+lk_tensor *lk_causal_self_attention_naive(lk_tensor *qkv, int n_head, float dropout_p, bool training, lk_rng *rng);
 
 typedef struct lk_conv2d_params {
     int stride[2], padding[2], dilation[2], groups;
