@@ -56,7 +56,10 @@ GPU_PRECISIONS = PRECISIONS + ("16-mixed", "16-true")
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", choices=["autoencoder", "mlp", "cnn"], default="autoencoder")
+    p.add_argument("--model", choices=["autoencoder", "mlp", "cnn", "gpt"], default="autoencoder")
+    p.add_argument("--gpt", default="4,4,128,64,256", metavar="L,H,C,T,V",
+                   help="gpt: n_layer, n_head, n_embd, block_size, vocab_size (default 4,4,128,64,256; "
+                        "GPT-2 124M: 12,12,768,1024,50304); a sample is one window of block_size tokens")
     p.add_argument("--batch-size", type=int, default=64, help="per-rank batch (default 64)")
     p.add_argument("--world-size", type=int, default=1, help="ranks (default 1)")
     p.add_argument("--steps", type=int, default=60,
@@ -103,6 +106,12 @@ def parse_args():
         p.error(f"--warmup = {a.warmup}: expected 1 <= warmup < steps ({a.steps}); the first step pays one-off costs")
     if a.num_samples < a.batch_size * a.world_size:
         p.error(f"--num-samples = {a.num_samples}: expected at least batch x world = {a.batch_size * a.world_size}")
+    try:
+        a.gpt = [int(v) for v in a.gpt.split(",")]
+        assert len(a.gpt) == 5 and min(a.gpt) >= 1 and a.gpt[2] % a.gpt[1] == 0
+    except (ValueError, AssertionError):
+        p.error(f"--gpt {a.gpt}: expected n_layer,n_head,n_embd,block_size,vocab_size (positive, n_embd divisible "
+                "by n_head)")
     cores = os.cpu_count() or 1
     if a.threads <= 0:
         a.threads = max(1, cores // a.world_size)
@@ -174,6 +183,65 @@ class CNN(nn.Module):
         return self.fc2(F.relu(self.fc1(x.flatten(1))))
 
 
+class CausalSelfAttention(nn.Module):
+    """nanoGPT's attention as a PyTorch 1.13 user writes it (no
+    scaled_dot_product_attention in 1.13): the explicit masked softmax."""
+
+    def __init__(self, c, h, t):
+        super().__init__()
+        self.h = h
+        self.c_attn = nn.Linear(c, 3 * c)
+        self.c_proj = nn.Linear(c, c)
+        self.register_buffer("bias", torch.tril(torch.ones(t, t)).view(1, 1, t, t))
+
+    def forward(self, x):
+        b, t, c = x.shape
+        q, k, v = self.c_attn(x).split(c, dim=2)
+        q, k, v = (z.view(b, t, self.h, c // self.h).transpose(1, 2) for z in (q, k, v))
+        att = (q @ k.transpose(-2, -1)) * (1.0 / (k.size(-1) ** 0.5))
+        att = F.softmax(att.masked_fill(self.bias[:, :, :t, :t] == 0, float("-inf")), dim=-1)
+        return self.c_proj((att @ v).transpose(1, 2).contiguous().view(b, t, c))
+
+
+class Block(nn.Module):
+    def __init__(self, c, h, t):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(c)
+        self.attn = CausalSelfAttention(c, h, t)
+        self.ln_2 = nn.LayerNorm(c)
+        self.mlp = nn.Sequential(nn.Linear(c, 4 * c), nn.GELU(), nn.Linear(4 * c, c))
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    """nanoGPT's GPT (dropout 0, bias on): token + position embeddings,
+    pre-LayerNorm blocks, final LayerNorm, lm_head tied to wte."""
+
+    def __init__(self, n_layer, n_head, n_embd, block_size, vocab_size):
+        super().__init__()
+        self.transformer = nn.ModuleDict(dict(
+            wte=nn.Embedding(vocab_size, n_embd), wpe=nn.Embedding(block_size, n_embd),
+            h=nn.ModuleList([Block(n_embd, n_head, block_size) for _ in range(n_layer)]), ln_f=nn.LayerNorm(n_embd)))
+        self.lm_head = nn.Linear(n_embd, vocab_size, bias=False)
+        self.lm_head.weight = self.transformer.wte.weight
+        for name, p in self.named_parameters():  # GPT-2's initialisation, as nanoGPT and lockstep's gpt
+            if p.dim() == 2:
+                std = 0.02 / (2 * n_layer) ** 0.5 if name.endswith("c_proj.weight") or name.endswith("mlp.2.weight") else 0.02
+                torch.nn.init.normal_(p, 0.0, std)
+            elif name.endswith("bias"):
+                torch.nn.init.zeros_(p)
+
+    def forward(self, idx):
+        tr = self.transformer
+        x = tr.wte(idx) + tr.wpe(torch.arange(idx.size(1), device=idx.device))
+        for blk in tr.h:
+            x = blk(x)
+        return self.lm_head(tr.ln_f(x))
+
+
 MODELS = {"autoencoder": Autoencoder, "mlp": MLP, "cnn": CNN}
 
 
@@ -186,7 +254,15 @@ def load_idx(path):
 
 
 def make_dataset(a):
-    """Inputs shaped [784] (autoencoder, mlp) or [1, 28, 28] (cnn), labels int64."""
+    """Inputs shaped [784] (autoencoder, mlp) or [1, 28, 28] (cnn), labels int64;
+    gpt: windows of block_size random tokens and the same shifted by one."""
+    if a.model == "gpt":
+        t, v = a.gpt[3], a.gpt[4]
+        g = torch.Generator().manual_seed(a.seed)
+        stream = torch.randint(0, v, (a.num_samples * t + 1,), generator=g)
+        x = stream[:-1].view(a.num_samples, t).clone()
+        y = stream[1:].view(a.num_samples, t).clone()
+        return TensorDataset(x, y), x.numel() * x.element_size() + y.numel() * y.element_size()
     shape = (1, 28, 28) if a.model == "cnn" else (784,)
     if a.data == "fashion_mnist":
         try:
@@ -223,7 +299,7 @@ def train(rank, a, out_dir):
                                  drop_last=True) if world > 1 else None
     loader = DataLoader(dataset, batch_size=a.batch_size, shuffle=sampler is None, sampler=sampler,
                         drop_last=True, num_workers=a.num_workers, pin_memory=gpu)
-    model = MODELS[a.model]().to(dev)
+    model = (GPT(*a.gpt) if a.model == "gpt" else MODELS[a.model]()).to(dev)
     true16 = a.precision in ("bf16-true", "16-true")
     low = torch.float16 if a.precision.startswith("16") else torch.bfloat16
     if true16:  # parameters, gradients and Adam's state in 16 bits, as Lightning's HalfPrecision plugin
@@ -255,7 +331,9 @@ def train(rank, a, out_dir):
                 x = x.to(low)
             with torch.autocast(dev.type, dtype=low, enabled=mixed):
                 out = model(x)
-                if a.model != "autoencoder":
+                if a.model == "gpt":
+                    loss = F.cross_entropy(out.flatten(0, 1), y.flatten())
+                elif a.model != "autoencoder":
                     loss = F.cross_entropy(out, y)
                 elif true16 and not gpu:  # torch 1.13 has no CPU bf16 mse_loss kernel: its formula, on the bf16 tensors
                     loss = ((out - x.flatten(1)) ** 2).mean()
@@ -293,6 +371,7 @@ def train(rank, a, out_dir):
     res = {
         "rank": rank,
         "samples_per_s": timed * a.batch_size * world / (t_end - t_steady),
+        "tokens_per_s": timed * a.batch_size * world * a.gpt[3] / (t_end - t_steady) if a.model == "gpt" else None,
         "launch_to_first_step_s": t_first - a.t0,
         "peak_rss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
         "dataset_mb": dataset_bytes / 2**20,
@@ -354,6 +433,8 @@ def main():
         "grad_dtype": r0["grad_dtype"],
         "torch_cpu_capability": cpu_capability(),
         "samples_per_s": r0["samples_per_s"],
+        "tokens_per_s": r0["tokens_per_s"],
+        "gpt": a.gpt if a.model == "gpt" else None,
         "launch_to_first_step_s": r0["launch_to_first_step_s"],
         "peak_rss_kb_per_rank": [r["peak_rss_kb"] for r in ranks],
         "dataset_mb_per_rank": r0["dataset_mb"],
