@@ -247,6 +247,10 @@ lk_runinfo lk_runinfo_default(void);
 lk_status lk_runinfo_write(const char *path, const lk_runinfo *info);
 /* The same JSON text, malloc'd with lk_malloc (caller lk_frees). */
 lk_status lk_runinfo_to_json(const lk_runinfo *info, char **out);
+/* ckpt_path "best" in a new process: the best checkpoint of the newest
+ * run under `logs_dir` (its version_N/run.json) whose file is still there.
+ * Returns false, out empty, when no run recorded one. */
+bool lk__runinfo_find_best(const char *logs_dir, char *out, size_t size);
 
 /* Removes the temporaries of writers that died before their rename
  * (lk_file_remove_stale_tmp) from root, root/version_N and
