@@ -153,8 +153,16 @@ static char *kv_yaml(const char *section, const char *name, const lk_model_kv *a
     size_t len = 0;
     FILE *f = open_memstream(&buf, &len);
     if (!f) return NULL;
-    fprintf(f, "%s:\n  class_path: %s\n", section, name);
-    for (int i = 0; i < n; i++) fprintf(f, "  %s: %s\n", args[i].key, args[i].value);
+    /* save_hyperparameters() as Lightning writes hparams.yaml: the init args
+     * as flat keys, the class under _class_path as LightningCLI records it
+     * (the section is implied: the trainer merges model and data keys) */
+    (void)section;
+    fprintf(f, "_class_path: %s\n", name);
+    for (int i = 0; i < n; i++) {
+        int len = (int)strlen(args[i].value);
+        while (len > 0 && args[i].value[len - 1] == ' ') len--; /* "[32] " as the flattened list reads */
+        fprintf(f, "%s: %.*s\n", args[i].key, len, args[i].value);
+    }
     fclose(f);
     char *out = lk_strdup(buf);
     free(buf);

@@ -117,13 +117,19 @@ void lk_csv_logger_set_flush_every(lk_logger *csv, int rows);
  * framing with masked CRC32C; the first record is file_version
  * "brain.Event:2"; each log_metrics call is one Event{wall_time, step,
  * summary{value{tag, simple_value}...}}; hyperparameters go in as a text
- * summary "hparams" at step 0). The file is flushed after every call so a
+ * summary "hparams" at step 0, and for the HParams tab through
+ * lk_tb_logger_log_hparams_session). The file is flushed after every call so a
  * running TensorBoard sees it. */
 lk_status lk_tb_logger_create(const char *dir, lk_logger **out);
 /* Same with Lightning's versioned directory (see lk_log_dir_resolve). */
 lk_status lk_tb_logger_create_versioned(const char *root, const char *name, int version, lk_logger **out);
 /* The event file's path (borrowed). */
 const char *lk_tb_logger_path(const lk_logger *tb);
+/* TensorBoard's HParams tab, as Lightning's TensorBoardLogger fills it:
+ * hp_metric = -1 at step 0, then the hparams plugin's experiment, session
+ * start (each "key: value" line of `flat_yaml`: numbers, booleans, the
+ * rest as text) and session end summaries. */
+lk_status lk_tb_logger_log_hparams_session(lk_logger *tb, const char *flat_yaml);
 
 /* CRC32C (Castagnoli) of `len` bytes, continuing from `crc` (start with 0). */
 uint32_t lk_crc32c(uint32_t crc, const void *data, size_t len);

@@ -128,4 +128,18 @@ for cmd in validate test; do
   check "$cmd --ckpt_path best loads the recorded best ($best)" bash -c "test -n '$best' && grep -qF 'checkpoint:      $best' <<<\"\$0\"" "$out"
 done
 
+# --- hparams.yaml flat as Lightning's save_hyperparameters writes it, and TensorBoard's HParams tab
+rm -rf "$T/runs"
+"$LK_BIN" fit -c "$T/synth.yaml" --trainer.max_epochs 1 $q >/dev/null 2>&1
+d=$(latest)
+check "hparams.yaml is flat: the model's init args at the top level" bash -c "grep -qx 'input_dim: 16' $d/hparams.yaml && grep -qx 'hidden: \[32\]' $d/hparams.yaml && ! grep -q '^model:' $d/hparams.yaml"
+check "hparams.yaml names the class as LightningCLI does (_class_path) and merges the data module's args" bash -c "grep -qx '_class_path: mlp' $d/hparams.yaml && grep -qx 'batch_size: 32' $d/hparams.yaml"
+if [ -x /usr/bin/python3 ]; then
+  tb=$(/usr/bin/python3 "$(dirname "$0")/../../tools/tb_read.py" "$d"/events.out.tfevents.*)
+  check "TensorBoard: hp_metric -1 at step 0 (Lightning's default_hp_metric)" grep -qP '^0\thp_metric\t-1$' <<<"$tb"
+  check "TensorBoard: the hparams plugin's experiment lists the hparams and hp_metric" grep -qP '^0\t_hparams_/experiment\texperiment:.*input_dim:3,.*;metrics:hp_metric$' <<<"$tb"
+  check "TensorBoard: the session start carries the values" grep -qP '^0\t_hparams_/session_start_info\tsession_start:_class_path=mlp,input_dim=16,hidden=\[32\],' <<<"$tb"
+  check "TensorBoard: the session end says success" grep -qP '^0\t_hparams_/session_end_info\tsession_end:status=1$' <<<"$tb"
+fi
+
 finish
