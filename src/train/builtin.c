@@ -114,7 +114,7 @@ static lk_status builtin_on_stage_end(lk_module *m, lk_trainer *tr, const char *
      * pictures show [0, 1] pixels; values outside are clamped. */
     char path[LK_PATH + 32];
     snprintf(path, sizeof path, "%s/reconstructions.png", lk_trainer_log_dir(tr));
-    return lk_image_recon_png(path, s->preview_x, s->preview_r, s->preview_n, 28, 28, 3);
+    return lk_image_recon_png_labeled(path, s->preview_x, s->preview_r, s->preview_n, 28, 28, 3);
 }
 
 static void builtin_destroy(lk_module *m) {

@@ -277,6 +277,11 @@ lk_status lk_image_grid_png(const char *path, const float *images, int n, int h,
  * reconstructions (both [n, h, w]), scale and 2-pixel separators. */
 lk_status lk_image_recon_png(const char *path, const float *originals, const float *recons, int n, int h, int w,
                              int scale);
+/* The same with each row named in a band above it ("input",
+ * "reconstruction", black on the separators' gray, font pixels of scale x
+ * scale): what the autoencoder writes. */
+lk_status lk_image_recon_png_labeled(const char *path, const float *originals, const float *recons, int n, int h,
+                                     int w, int scale);
 
 #ifdef __cplusplus
 }
