@@ -338,7 +338,8 @@ typedef struct lk_datamodule_info {
 } lk_datamodule_info;
 /* fashion_mnist (root, batch_size, num_workers, val_size, flatten, normalize)
  * and synthetic (task, num_samples, input_shape, num_classes, seed,
- * batch_size, num_workers). */
+ * batch_size, num_workers); npy and csv read a user's files (their
+ * arguments: `lockstep fit --help`). */
 const lk_datamodule_info *lk_datamodules(int *count);
 lk_status lk_datamodule_create_builtin(const char *name, const lk_model_kv *args, int n_args, uint64_t seed,
                                        lk_datamodule **out);

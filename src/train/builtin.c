@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "data/data_internal.h"
+#include "train/dm_files.h"
 #include "train/train_impl.h"
 
 /* ---- modules -------------------------------------------------------------------- */
@@ -253,6 +254,9 @@ static const lk_datamodule_info datamodules[] = {
      (int)(sizeof fmnist_params / sizeof fmnist_params[0])},
     {"synthetic", "generated classification or regression data (Philox, from a seed)", synth_params,
      (int)(sizeof synth_params / sizeof synth_params[0])},
+    {"npy", "your .npy arrays: inputs x [N, ...] and targets y", lk__dm_npy_params, LK__DM_NPY_NPARAMS},
+    {"csv", "your numeric CSV: a label column by name or index, the others features", lk__dm_csv_params,
+     LK__DM_CSV_NPARAMS},
 };
 
 const lk_datamodule_info *lk_datamodules(int *count) {
@@ -427,17 +431,21 @@ static lk_status builtin_setup(lk_module *m, lk_datamodule *dm, const char *stag
 lk_status lk_datamodule_create_builtin(const char *name, const lk_model_kv *args, int n_args, uint64_t seed,
                                        lk_datamodule **out) {
     *out = NULL;
+    if (lk__dm_files_has(name)) return lk__dm_files_create(name, args, n_args, seed, out); /* the user's files */
     int n, kind = -1;
     const lk_datamodule_info *all = lk_datamodules(&n);
     for (int i = 0; i < n; i++)
         if (!strcmp(all[i].name, name)) kind = i;
     if (kind < 0) {
-        const char *names[8];
-        for (int i = 0; i < n; i++) names[i] = all[i].name;
-        const char *s = lk_suggest(name, names, n);
-        return lk_error(LK_STATUS_INVALID_ARGUMENT,
-                        "unknown data class_path '%s'%s%s%s; registered data modules: fashion_mnist, synthetic", name,
-                        s ? " (did you mean '" : "", s ? s : "", s ? "'?)" : "");
+        const char *names[16];
+        char list[256] = ""; /* the table's names: a row added there is listed here */
+        for (int i = 0; i < n && i < 16; i++) {
+            names[i] = all[i].name;
+            snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", i ? ", " : "", all[i].name);
+        }
+        const char *s = lk_suggest(name, names, n < 16 ? n : 16);
+        return lk_error(LK_STATUS_INVALID_ARGUMENT, "unknown data class_path '%s'%s%s%s; registered data modules: %s",
+                        name, s ? " (did you mean '" : "", s ? s : "", s ? "'?)" : "", list);
     }
     dm_self *s = lk_calloc(1, sizeof *s);
     lk_datamodule *dm = lk_calloc(1, sizeof *dm);
