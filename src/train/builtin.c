@@ -257,6 +257,8 @@ static const lk_datamodule_info datamodules[] = {
     {"npy", "your .npy arrays: inputs x [N, ...] and targets y", lk__dm_npy_params, LK__DM_NPY_NPARAMS},
     {"csv", "your numeric CSV: a label column by name or index, the others features", lk__dm_csv_params,
      LK__DM_CSV_NPARAMS},
+    {"image_folder", "your images: root/<class_name>/*.png|jpg, as torchvision's ImageFolder", lk__dm_images_params,
+     LK__DM_IMAGES_NPARAMS},
 };
 
 const lk_datamodule_info *lk_datamodules(int *count) {
@@ -432,6 +434,7 @@ lk_status lk_datamodule_create_builtin(const char *name, const lk_model_kv *args
                                        lk_datamodule **out) {
     *out = NULL;
     if (lk__dm_files_has(name)) return lk__dm_files_create(name, args, n_args, seed, out); /* the user's files */
+    if (!strcmp(name, "image_folder")) return lk__dm_images_create(args, n_args, seed, out);
     int n, kind = -1;
     const lk_datamodule_info *all = lk_datamodules(&n);
     for (int i = 0; i < n; i++)

@@ -12,6 +12,11 @@
 extern const lk_param lk__dm_npy_params[LK__DM_NPY_NPARAMS];
 extern const lk_param lk__dm_csv_params[LK__DM_CSV_NPARAMS];
 
+/* image_folder (dm_images.c): root/<class_name>/ of .png or .jpg files, as torchvision's ImageFolder. */
+#define LK__DM_IMAGES_NPARAMS 8
+extern const lk_param lk__dm_images_params[LK__DM_IMAGES_NPARAMS];
+lk_status lk__dm_images_create(const lk_model_kv *args, int n_args, uint64_t seed, lk_datamodule **out);
+
 /* True when `name` is one of this file's data modules. */
 bool lk__dm_files_has(const char *name);
 /* Builds data module `name` from its init_args; nothing is read before

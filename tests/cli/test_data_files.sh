@@ -70,4 +70,41 @@ sys.exit(0 if a.shape[0] == 300 and h.shape[0] == 40 and np.allclose(a[:40], h, 
 else
   echo "skipped the npy checks: /usr/bin/python3 with numpy writes their files"
 fi
+# an image folder as torchvision's ImageFolder: root/<class>/*.png (PNGs written with Python's zlib alone)
+if command -v python3 >/dev/null; then
+  python3 - <<'PY'
+import zlib, struct, random, os
+def png(path, w, h, px):
+    raw = b"".join(b"\x00" + bytes(px[y * w:(y + 1) * w]) for y in range(h))
+    chunk = lambda t, d: struct.pack(">I", len(d)) + t + d + struct.pack(">I", zlib.crc32(t + d) & 0xffffffff)
+    open(path, "wb").write(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 0, 0, 0, 0))
+                           + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b""))
+r = random.Random(1)
+for split, n in (("imgs", 40), ("imgs_test", 6)):
+    for c, name in enumerate(("left", "right")):  # which half of the 8x8 image is bright
+        os.makedirs(f"{split}/{name}", exist_ok=True)
+        for i in range(n):
+            png(f"{split}/{name}/{i:03d}.png", 8, 8,
+                [min(255, max(0, (200 if (x < 4) == (c == 0) else 40) + r.randint(-30, 30))) for y in range(8) for x in range(8)])
+os.makedirs("odd/left", exist_ok=True); os.makedirs("odd/right", exist_ok=True)
+png("odd/left/a.png", 8, 8, [0] * 64); png("odd/right/b.png", 6, 8, [0] * 48)
+os.makedirs("broken/left", exist_ok=True); open("broken/left/x.png", "wb").write(b"not a png")
+PY
+  img="--model.class_path mlp --model.init_args.input_dim 64 --model.init_args.num_classes 2 --data.class_path image_folder --data.init_args.batch_size 8"
+  "$LK_BIN" fit $img --data.init_args.root imgs --data.init_args.test_root imgs_test --trainer.devices 2 --trainer.max_epochs 6 $q >img.out 2>&1
+  a=$(acc)
+  check "image_folder: the mlp trains on the user's PNGs with ddp on 2 ranks (val_acc $a > 0.8)" bash -c \
+    "awk -v a='$a' 'BEGIN { exit !(a > 0.8) }' && grep -q '\"world_size\":[[:space:]]*2' $(latest)/run.json"
+  out=$("$LK_BIN" test $img --data.init_args.root imgs --data.init_args.test_root imgs_test --ckpt_path "$(latest)/checkpoints/last.ckpt" $q 2>&1)
+  check "image_folder: test runs on test_root" grep -q "test_acc" <<<"$out"
+  expect_fail "image_folder: images of two sizes name the file and both sizes" 1 "odd/right/b.png is 6x8 but the images before it are 8x8" \
+    "$LK_BIN" fit $img --data.init_args.root odd --data.init_args.val_split 0 $q
+  expect_fail "image_folder: an undecodable image is named" 1 "image_folder: cannot decode broken/left/x.png" \
+    "$LK_BIN" fit $img --data.init_args.root broken $q
+  expect_fail "image_folder: a root without class directories says the layout" 1 "has no class directories (expected" \
+    "$LK_BIN" fit $img --data.init_args.root imgs/left $q
+else
+  echo "skipped the image_folder checks: python3 writes their PNGs"
+fi
+
 finish
