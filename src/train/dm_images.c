@@ -13,7 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "lockstep.h"
+#include "lockstep/data.h"
+#include "lockstep/trainer.h"
 #include "train/dm_files.h"
 
 #define STB_IMAGE_IMPLEMENTATION

@@ -129,11 +129,12 @@ lk_status lk_trainer_create(const lk_trainer_config *cfg, const lk_optim_setting
     }
     if (tr->world == 1 && want > 1 && cfg->num_nodes > 1) { /* fit's own launcher starts ranks on this node only */
         st = lk_error(LK_STATUS_INVALID_USAGE,
-                      "trainer.num_nodes=%lld: a job on several nodes needs a launcher on every node, and "
-                      "`lockstep fit` and `lockstep launch` start processes on this one only: start the %lld ranks "
-                      "with mpirun (e.g. mpirun -np %lld -H node1:%lld,node2:%lld lockstep fit ...) or srun "
-                      "--ntasks-per-node=%lld (lockstep reads the rank variables they set)",
-                      (long long)cfg->num_nodes, (long long)want, (long long)want,
+                      "trainer.devices=%lld x num_nodes=%lld needs %lld processes: a job on several nodes needs a "
+                      "launcher on every node, and `lockstep fit` and `lockstep launch` start processes on this one "
+                      "only: start the ranks with mpirun (e.g. mpirun -np %lld -H node1:%lld,node2:%lld lockstep fit "
+                      "...) or srun --ntasks-per-node=%lld (lockstep reads the rank variables they set)",
+                      (long long)(cfg->devices > 0 ? cfg->devices : 1), (long long)cfg->num_nodes, (long long)want,
+                      (long long)want,
                       (long long)(cfg->devices > 0 ? cfg->devices : 1), (long long)(cfg->devices > 0 ? cfg->devices : 1),
                       (long long)(cfg->devices > 0 ? cfg->devices : 1));
         goto fail;
