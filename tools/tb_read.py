@@ -114,8 +114,50 @@ def decode_event(data):
                         for tnum, _, tval in fields(vval):
                             if tnum == 8:
                                 v["text"] = tval.decode()
+                    elif vnum == 9:  # SummaryMetadata.plugin_data{plugin_name, content}
+                        for mnum, _, mval in fields(vval):
+                            if mnum == 1:
+                                pd = dict((n, x) for n, _, x in fields(mval))
+                                if pd.get(1) == b"hparams":
+                                    v["hparams"] = hparams_plugin(pd.get(2, b""))
                 ev["values"].append(v)
     return ev
+
+
+def hparams_plugin(content):
+    """HParamsPluginData as one line: the experiment's hparam names (with
+    DataType 1 string, 2 bool, 3 float64) and metric tags, the session
+    start's key=value pairs, or the session end's status."""
+    for num, _, val in fields(content):
+        if num == 2:  # Experiment: hparam_infos 4 {name 1, type 4}, metric_infos 5 {name 1 {tag 2}}
+            hps, mts = [], []
+            for enum, _, eval_ in fields(val):
+                if enum == 4:
+                    info = dict((n, x) for n, _, x in fields(eval_))
+                    hps.append("%s:%d" % (info.get(1, b"").decode(), info.get(4, 0)))
+                elif enum == 5:
+                    for n, _, x in fields(eval_):
+                        if n == 1:
+                            mts += [t.decode() for k, _, t in fields(x) if k == 2]
+            return "experiment:%s;metrics:%s" % (",".join(hps), ",".join(mts))
+        if num == 3:  # SessionStartInfo.hparams: map<string, Value{2 number, 3 string, 4 bool}>
+            pairs = []
+            for snum, _, sval in fields(val):
+                if snum != 1:
+                    continue
+                entry = dict((n, x) for n, _, x in fields(sval))
+                kind = dict((n, (wt, x)) for n, wt, x in fields(entry.get(2, b"")))
+                if 2 in kind:
+                    text = fmt(struct.unpack("<d", kind[2][1])[0])
+                elif 3 in kind:
+                    text = kind[3][1].decode()
+                else:
+                    text = "true" if kind.get(4, (0, 0))[1] else "false"
+                pairs.append("%s=%s" % (entry.get(1, b"").decode(), text))
+            return "session_start:" + ",".join(pairs)
+        if num == 4:  # SessionEndInfo.status
+            return "session_end:status=%d" % dict((n, x) for n, _, x in fields(val)).get(1, 0)
+    return "hparams:?"
 
 
 def fmt(x):
@@ -160,6 +202,8 @@ def main(argv):
                     print("%d\t%s\t%s" % (ev.get("step", 0), v["tag"], fmt(v["simple_value"])))
                 elif "text" in v:
                     print("%d\t%s\ttext:%d" % (ev.get("step", 0), v["tag"], len(v["text"].encode())))
+                elif "hparams" in v:
+                    print("%d\t%s\t%s" % (ev.get("step", 0), v["tag"], v["hparams"]))
     except (ValueError, IndexError, struct.error, UnicodeDecodeError) as e:
         print("%s: %s" % (argv[1], e), file=sys.stderr)
         return 1

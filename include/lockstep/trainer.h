@@ -103,14 +103,14 @@ typedef struct lk_trainer_config {
     lk_count_or_fraction limit_test_batches;
     lk_count_or_fraction limit_predict_batches;
     lk_count_or_fraction val_check_interval;  /* float: fraction of an epoch; int: every N training batches */
-    int64_t check_val_every_n_epoch;
+    int64_t check_val_every_n_epoch; /* 0 (null in a config): val_check_interval counts batches across epochs */
     int64_t log_every_n_steps;
     bool enable_progress_bar;
     bool enable_checkpointing;
     char default_root_dir[LK_PARAM_STR];
     bool deterministic;
     int64_t fast_dev_run;           /* 0 off; N: N batches of each loop, no logs or checkpoints */
-    int64_t overfit_batches;
+    lk_count_or_fraction overfit_batches; /* int: the first N training batches; float: that fraction of them */
     int64_t seed;                   /* seed_everything(seed, workers=True) */
     double comm_timeout;            /* seconds any collective may wait */
     double checkpoint_timeout;      /* seconds the other ranks wait for rank 0's checkpoint write or data download */
@@ -171,6 +171,9 @@ typedef struct lk_trainer_config {
      * wins over the variable). A program that assigns comm_timeout itself
      * may leave this alone: lk_trainer_config_comm_timeout_from notices. */
     char comm_timeout_from[LK_PARAM_STR];
+    /* Lightning's flags read since (docs/LIGHTNING.md's table) */
+    int64_t min_steps;              /* early stopping waits for this many optimizer steps (-1: none) */
+    bool deterministic_warn;        /* deterministic: "warn": what true refuses is a warning instead */
 } lk_trainer_config;
 
 /* The parameter table behind the config (YAML validation and --help). */
@@ -335,7 +338,8 @@ typedef struct lk_datamodule_info {
 } lk_datamodule_info;
 /* fashion_mnist (root, batch_size, num_workers, val_size, flatten, normalize)
  * and synthetic (task, num_samples, input_shape, num_classes, seed,
- * batch_size, num_workers). */
+ * batch_size, num_workers); npy and csv read a user's files (their
+ * arguments: `lockstep fit --help`). */
 const lk_datamodule_info *lk_datamodules(int *count);
 lk_status lk_datamodule_create_builtin(const char *name, const lk_model_kv *args, int n_args, uint64_t seed,
                                        lk_datamodule **out);

@@ -233,6 +233,9 @@ static void dp_line(const lk__bench_cell *cells, int n, const char *model, char 
     snprintf(line, LK__BENCH_LINE, "dp against ddp at %d devices:", dmax);
     int slower = 0, faster = 0, pairs = 0;
     double worst = 0;
+    /* a difference counts only beyond 1% and beyond the noise the run measured around either cell */
+    double even = 100 * lk__bench_noise(cells, n);
+    if (even < 1) even = 1;
     for (int i = 0; i < n; i++) {
         const lk__bench_cell *dp = &cells[i];
         if (!dp->ok || dp->devices != dmax || strcmp(dp->model, model) || strcmp(dp->strategy, "dp")) continue;
@@ -242,8 +245,8 @@ static void dp_line(const lk__bench_cell *cells, int n, const char *model, char 
         char a[32], b[32];
         cat(line, "%s batch %d %.1f%% %s (%s against %s samples/s)", pairs++ ? "," : "", dp->batch, fabs(pct),
             pct >= 0 ? "slower" : "faster", thousands(dp->sps, a, sizeof a), thousands(ddp->sps, b, sizeof b));
-        if (pct > 1) slower++;
-        if (pct < -1) faster++;
+        if (pct > even) slower++;
+        if (pct < -even) faster++;
         if (pct > worst) worst = pct;
     }
     if (slower == pairs)
@@ -251,8 +254,11 @@ static void dp_line(const lk__bench_cell *cells, int n, const char *model, char 
                   "for every device): use ddp", worst);
     else if (faster == pairs)
         cat(line, ". dp is faster at every batch size measured: prefer dp for this model on this machine");
+    else if (even > 1 && !slower && !faster)
+        cat(line, ". every difference is within the %.1f%% noise this run measured: no advice (run --repeats 3 "
+                  "or more on a quieter machine to tell them apart)", even);
     else
-        cat(line, ". neither wins at every batch size (differences within 1%% count as even)");
+        cat(line, ". neither wins at every batch size (differences within %.1f%% count as even)", even);
 }
 
 /* How samples/s change with the per-device batch for the best cell's
@@ -277,12 +283,26 @@ static void batch_line(const lk__bench_cell *cells, int n, const lk__bench_cell 
     double all = 100 * (last->sps / first->sps - 1), step = 100 * (last->sps / prev->sps - 1);
     cat(line, " samples/s; %+.1f%% from %d to %d", all, b[0], b[nb - 1]);
     if (nb > 2) cat(line, ", %+.1f%% from %d to %d", step, b[nb - 2], b[nb - 1]);
-    if (best->batch == b[nb - 1] && step < 5)
+    double lo = first->sps, hi = first->sps, noise = 100 * lk__bench_noise(cells, n);
+    for (int i = 1; i < nb; i++) {
+        double v = find(cells, n, best->model, best->strategy, best->devices, b[i])->sps;
+        lo = v < lo ? v : lo, hi = v > hi ? v : hi;
+    }
+    if (noise > 0 && 100 * (hi / lo - 1) <= noise)
+        cat(line, ": all within the %.1f%% noise this run measured, so no batch size is clearly faster", noise);
+    else if (best->batch == b[nb - 1] && step < 5)
         cat(line, ": the largest batch is fastest but the gain has flattened; larger ones will add little");
     else if (best->batch == b[nb - 1])
         cat(line, ": still rising, a larger batch may be faster (if the model trains as well with it)");
     else
         cat(line, ": batch %d is fastest; larger batches do not pay here", best->batch);
+}
+
+double lk__bench_noise(const lk__bench_cell *cells, int n) {
+    double noise = 0;
+    for (int i = 0; i < n; i++)
+        if (cells[i].ok && cells[i].spread > noise) noise = cells[i].spread;
+    return noise;
 }
 
 int lk__bench_recommend(const lk__bench_cell *cells, int n, int cores, char (*lines)[LK__BENCH_LINE], int max) {
@@ -333,6 +353,12 @@ int lk__bench_recommend(const lk__bench_cell *cells, int n, int cores, char (*li
         }
     }
     char *l;
+    double noise = lk__bench_noise(cells, n);
+    if (nm && noise > 0 && (l = NEXT())) {
+        snprintf(l, LK__BENCH_LINE, "noise: cells this run measured twice (repeats, or identical 1-device cells of "
+                 "different strategies) differed by up to %.1f%%; a smaller difference is not advice", 100 * noise);
+        KEEP(l);
+    }
     if (!nm && (l = NEXT())) {
         snprintf(l, LK__BENCH_LINE, "no cell finished, so there is nothing to recommend (the notes above say why)");
         KEEP(l);

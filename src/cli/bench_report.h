@@ -26,6 +26,8 @@ typedef struct {
     double t[LK__BT_PHASES];  /* ms per step, steady state */
     double steal;             /* the hypervisor's share of CPU time during the run, or NAN */
     double step_mb;           /* run.json's step_peak_mb (activations of one step, per process), or NAN */
+    double spread;            /* the noise this run measured around sps, as a fraction (0.15: 15%): its repeats'
+                               * range over their median, or identical cells' difference; 0: not measured */
     bool ok;                  /* the cell's (median) run finished and its run.json was read */
     char error[240];          /* why it failed (the run's own error message); "" when ok */
     char log[520];            /* the failed run's log file; "" when ok */
@@ -45,6 +47,10 @@ void lk__bench_short_reason(const char *full, char *out, size_t cap);
  * returns how many; a table with no ok cell gives one line saying so.
  * Cannot fail. */
 int lk__bench_recommend(const lk__bench_cell *cells, int n, int cores, char (*lines)[LK__BENCH_LINE], int max);
+
+/* The run's noise as the recommendations use it: the largest spread of
+ * the ok cells (a fraction), 0 when none was measured. Cannot fail. */
+double lk__bench_noise(const lk__bench_cell *cells, int n);
 
 /* When the table has several precisions: per (model, strategy, devices,
  * batch) each precision's samples/s against the first precision's, e.g.

@@ -14,6 +14,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <ftw.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -59,6 +61,14 @@ static int parse_list(int argc, char **argv, int *i, const char **out, int max) 
 static const char *prec_of(const cell *c) { return c->precision ? c->precision : "32-true"; }
 
 static char self_exe[1024];
+
+/* Removes the runs' directory and all in it (nftw, depth first). */
+static int remove_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
+    (void)sb, (void)flag, (void)ftw;
+    remove(path); /* what cannot be removed is left; the rest goes on */
+    return 0;
+}
+static void remove_tree(const char *dir) { nftw(dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS); }
 static char extra_args[4096]; /* after `--`: appended to every fit, shell-quoted */
 
 /* Reads samples/s and the step split of one run into c (summing samples/s
@@ -107,7 +117,10 @@ static void failure_reason(cell *c, const char *log, int rc, bool ran) {
         line[strcspn(line, "\r\n")] = 0;
         const char *e = strstr(line, "error: ");
         if (e) {
-            copy_cut(c->error, sizeof c->error, e + 7);
+            e += 7;
+            int skip = 0; /* a rank's own "[rank R] " after "error: ": the cell's message starts after it */
+            if (sscanf(e, "[rank %*d] %n", &skip) == 0 && skip > 0) e += skip;
+            copy_cut(c->error, sizeof c->error, e);
             fclose(f);
             return;
         }
@@ -178,8 +191,8 @@ static bool run_cell(cell *c, int steps, const char *tmp, int rep) {
     }
     if (!ok) {
         c->sps = 0;
-        fprintf(stderr, "bench train: %s %s %s x%d batch %d failed: %s (see %s)\n", c->model, c->strategy, prec_of(c),
-                c->devices, c->batch, c->error, c->log);
+        fprintf(stderr, "bench train: %s %s %s x%d batch %d failed: %s\n", c->model, c->strategy, prec_of(c),
+                c->devices, c->batch, c->error);
         return false;
     }
     c->ok = true;
@@ -298,9 +311,14 @@ int lk_cmd_bench_train(int argc, char **argv) {
                    "--gpus is another name for --devices (on the CPU a device is a core).\n"
                    "A cell whose run fails shows `failed` and a short reason, with the full message in a note\n"
                    "under the table; it is left out of the scaling, the recommendations and the charts, and\n"
-                   "the command exits with status 1. The recommendations after the table are read off its\n"
+                   "the command exits with status 1. A device count above this machine's cores is said before\n"
+                   "the table and its cells are not run (LK_ALLOW_OVERSUBSCRIBE=1 runs them). The runs'\n"
+                   "temporary directory ($TMPDIR or /tmp, lkbench.*) is removed at the end, failures or not.\n"
+                   "The recommendations after the table are read off its\n"
                    "ok cells: the best cell, each strategy's scaling at its largest device count and which\n"
-                   "phases the loss is in, dp against ddp, and how the batch size matters.\n"
+                   "phases the loss is in, dp against ddp, and how the batch size matters. A difference no\n"
+                   "larger than the noise the run measured (the range of a cell's repeats, or the difference\n"
+                   "between 1-device cells of two strategies, which run the same process) is not advice.\n"
                    "--csv adds status (ok|failed) and error columns after the measured ones; a failed cell's\n"
                    "numbers are empty. --plot FILE.svg writes the throughput chart to FILE.svg and the\n"
                    "scaling-efficiency chart to FILE-scaling.svg.\n"
@@ -327,8 +345,32 @@ int lk_cmd_bench_train(int argc, char **argv) {
         return 1;
     }
     self_exe[len] = 0;
-    char tmp[] = "/tmp/lkbench.XXXXXX";
-    if (!mkdtemp(tmp)) return 1;
+    /* Cells that cannot run are said up front and not started: a rank per
+     * core is what the fit itself insists on (it refuses more, and every
+     * such cell would fail after starting its processes). */
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    bool oversubscribe = lk_env_get_long("LK_ALLOW_OVERSUBSCRIBE", 0) != 0;
+    int nd_ok = 0;
+    for (int d = 0; d < nd; d++) {
+        if (cores > 0 && atoi(dev_s[d]) > cores && !oversubscribe)
+            printf("bench train: --devices %s is more than the %ld CPU cores of this machine: its cells are skipped "
+                   "(each rank needs a core; set LK_ALLOW_OVERSUBSCRIBE=1 to run them anyway)\n", dev_s[d], cores);
+        else dev_s[nd_ok++] = dev_s[d];
+    }
+    if (!nd_ok) {
+        fprintf(stderr, "lockstep bench train: no device count given fits the %ld CPU cores of this machine\n", cores);
+        return 2;
+    }
+    nd = nd_ok;
+    /* the runs' directories, removed at the end whatever happened (a failed cell's message is in the table's notes) */
+    const char *tmpdir = getenv("TMPDIR");
+    char tmp[256];
+    if (!tmpdir || !*tmpdir || strlen(tmpdir) > 200) tmpdir = "/tmp";
+    snprintf(tmp, sizeof tmp, "%.200s/lkbench.XXXXXX", tmpdir);
+    if (!mkdtemp(tmp)) {
+        fprintf(stderr, "lockstep bench train: cannot make a directory %s: %s\n", tmp, strerror(errno));
+        return 1;
+    }
     int n = 0;
     cell *cells = calloc((size_t)(nm * ns * np * nb * nd), sizeof *cells);
     int *partial = calloc((size_t)(nm * ns * np * nb * nd), sizeof *partial); /* failed runs of a cell that is ok */
@@ -336,6 +378,7 @@ int lk_cmd_bench_train(int argc, char **argv) {
         free(cells);
         free(partial);
         fprintf(stderr, "lockstep bench train: out of memory for %d cells\n", nm * ns * np * nb * nd);
+        remove_tree(tmp);
         return 1;
     }
     printf("%-12s %-11s %-10s %7s %6s %12s %8s %8s %8s %9s %8s %8s %8s %8s %6s  %s\n", "model", "strategy", "precision",
@@ -351,6 +394,7 @@ int lk_cmd_bench_train(int argc, char **argv) {
     if (!rows) {
         free(cells);
         free(partial);
+        remove_tree(tmp);
         return 1;
     }
     for (int m = 0; m < nm; m++)
@@ -401,6 +445,15 @@ int lk_cmd_bench_train(int argc, char **argv) {
                 ratio[j] = e;
             }
             c->eff = nr ? ratio[(nr - 1) / 2] : NAN;
+            /* the noise around this cell: its repeats' range over their median */
+            double rlo = INFINITY, rhi = 0;
+            int nok = 0;
+            for (int r = 0; c->ok && r < repeats; r++)
+                if (w->runs[d][r].ok) {
+                    nok++;
+                    rlo = fmin(rlo, w->runs[d][r].sps), rhi = fmax(rhi, w->runs[d][r].sps);
+                }
+            c->spread = nok > 1 && c->sps > 0 ? (rhi - rlo) / c->sps : 0;
             if (nr) lo = ratio[0], hi = ratio[nr - 1];
             if (!c->ok) {
                 char why[48];
@@ -420,13 +473,23 @@ int lk_cmd_bench_train(int argc, char **argv) {
         }
     }
     free(rows);
+    /* 1-device cells of different strategies run the same single process:
+     * their difference is noise too, measured whatever --repeats is */
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < n; j++) {
+            cell *a = &cells[i], *b = &cells[j];
+            if (i == j || !a->ok || !b->ok || a->devices != 1 || b->devices != 1 || a->batch != b->batch ||
+                strcmp(a->model, b->model) || strcmp(prec_of(a), prec_of(b)) || !(b->sps > 0) || a->sps < b->sps)
+                continue;
+            double diff = a->sps / b->sps - 1;
+            a->spread = fmax(a->spread, diff), b->spread = fmax(b->spread, diff);
+        }
     /* The footnotes: each failed cell's full reason and where its log is
      * (the run's directory is kept when any cell failed). */
     for (int i = 0, k = 0; i < n; i++)
         if (!cells[i].ok)
-            printf("[%d] %s %s %s x%d batch %d failed: %s (log: %s)\n", ++k, cells[i].model, cells[i].strategy,
-                   prec_of(&cells[i]), cells[i].devices, cells[i].batch, cells[i].error,
-                   cells[i].log[0] ? cells[i].log : "none");
+            printf("[%d] %s %s %s x%d batch %d failed: %s\n", ++k, cells[i].model, cells[i].strategy,
+                   prec_of(&cells[i]), cells[i].devices, cells[i].batch, cells[i].error);
     for (int i = 0; i < n; i++)
         if (partial[i])
             printf("note: %s %s x%d batch %d: %d of %d runs failed; the cell is the median of all its runs, the "
@@ -437,7 +500,6 @@ int lk_cmd_bench_train(int argc, char **argv) {
         printf("hypervisor steal over the whole benchmark: %.2f%% of all CPU time\n",
                100 * (st1 - st0) / (tot1 - tot0));
     char lines[64][LK__BENCH_LINE];
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
     printf("\nrecommendations (from the measured cells above):\n");
     /* per precision (cells are in row order, so each precision's cells are
      * filtered into one table of its own), then the precisions compared */
@@ -512,11 +574,6 @@ int lk_cmd_bench_train(int argc, char **argv) {
     }
     free(cells);
     free(labels);
-    if (all_ok) {
-        char rm[64];
-        snprintf(rm, sizeof rm, "rm -rf %s", tmp);
-        if (system(rm)) {
-        }
-    }
+    remove_tree(tmp);
     return all_ok ? 0 : 1;
 }

@@ -502,7 +502,8 @@ int lk_cmd_fit(int argc, char **argv) {
     int64_t devices = rs.trainer.devices > 0 ? rs.trainer.devices : 1;
     /* (an unknown name is the trainer's error, in the ranks as in one process) */
     const lk_strategy_info *si = lk_strategy_info_get(rs.trainer.strategy);
-    if (!launched && devices > 1 && (!si || si->process_model == LK_PROCESS_PER_DEVICE)) {
+    /* (num_nodes > 1 needs a launcher on every node: the trainer says so, before any rank starts) */
+    if (!launched && devices > 1 && rs.trainer.num_nodes <= 1 && (!si || si->process_model == LK_PROCESS_PER_DEVICE)) {
         /* Lightning's subprocess launcher: run this same command as N ranks. */
         char **child = calloc((size_t)argc + 2, sizeof *child);
         child[0] = "/proc/self/exe";

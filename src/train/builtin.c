@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "data/data_internal.h"
+#include "train/dm_files.h"
 #include "train/train_impl.h"
 
 /* ---- modules -------------------------------------------------------------------- */
@@ -114,7 +115,7 @@ static lk_status builtin_on_stage_end(lk_module *m, lk_trainer *tr, const char *
      * pictures show [0, 1] pixels; values outside are clamped. */
     char path[LK_PATH + 32];
     snprintf(path, sizeof path, "%s/reconstructions.png", lk_trainer_log_dir(tr));
-    return lk_image_recon_png(path, s->preview_x, s->preview_r, s->preview_n, 28, 28, 3);
+    return lk_image_recon_png_labeled(path, s->preview_x, s->preview_r, s->preview_n, 28, 28, 3);
 }
 
 static void builtin_destroy(lk_module *m) {
@@ -153,8 +154,16 @@ static char *kv_yaml(const char *section, const char *name, const lk_model_kv *a
     size_t len = 0;
     FILE *f = open_memstream(&buf, &len);
     if (!f) return NULL;
-    fprintf(f, "%s:\n  class_path: %s\n", section, name);
-    for (int i = 0; i < n; i++) fprintf(f, "  %s: %s\n", args[i].key, args[i].value);
+    /* save_hyperparameters() as Lightning writes hparams.yaml: the init args
+     * as flat keys, the class under _class_path as LightningCLI records it
+     * (the section is implied: the trainer merges model and data keys) */
+    (void)section;
+    fprintf(f, "_class_path: %s\n", name);
+    for (int i = 0; i < n; i++) {
+        int len = (int)strlen(args[i].value);
+        while (len > 0 && args[i].value[len - 1] == ' ') len--; /* "[32] " as the flattened list reads */
+        fprintf(f, "%s: %.*s\n", args[i].key, len, args[i].value);
+    }
     fclose(f);
     char *out = lk_strdup(buf);
     free(buf);
@@ -245,6 +254,11 @@ static const lk_datamodule_info datamodules[] = {
      (int)(sizeof fmnist_params / sizeof fmnist_params[0])},
     {"synthetic", "generated classification or regression data (Philox, from a seed)", synth_params,
      (int)(sizeof synth_params / sizeof synth_params[0])},
+    {"npy", "your .npy arrays: inputs x [N, ...] and targets y", lk__dm_npy_params, LK__DM_NPY_NPARAMS},
+    {"csv", "your numeric CSV: a label column by name or index, the others features", lk__dm_csv_params,
+     LK__DM_CSV_NPARAMS},
+    {"image_folder", "your images: root/<class_name>/*.png|jpg, as torchvision's ImageFolder", lk__dm_images_params,
+     LK__DM_IMAGES_NPARAMS},
 };
 
 const lk_datamodule_info *lk_datamodules(int *count) {
@@ -419,17 +433,22 @@ static lk_status builtin_setup(lk_module *m, lk_datamodule *dm, const char *stag
 lk_status lk_datamodule_create_builtin(const char *name, const lk_model_kv *args, int n_args, uint64_t seed,
                                        lk_datamodule **out) {
     *out = NULL;
+    if (lk__dm_files_has(name)) return lk__dm_files_create(name, args, n_args, seed, out); /* the user's files */
+    if (!strcmp(name, "image_folder")) return lk__dm_images_create(args, n_args, seed, out);
     int n, kind = -1;
     const lk_datamodule_info *all = lk_datamodules(&n);
     for (int i = 0; i < n; i++)
         if (!strcmp(all[i].name, name)) kind = i;
     if (kind < 0) {
-        const char *names[8];
-        for (int i = 0; i < n; i++) names[i] = all[i].name;
-        const char *s = lk_suggest(name, names, n);
-        return lk_error(LK_STATUS_INVALID_ARGUMENT,
-                        "unknown data class_path '%s'%s%s%s; registered data modules: fashion_mnist, synthetic", name,
-                        s ? " (did you mean '" : "", s ? s : "", s ? "'?)" : "");
+        const char *names[16];
+        char list[256] = ""; /* the table's names: a row added there is listed here */
+        for (int i = 0; i < n && i < 16; i++) {
+            names[i] = all[i].name;
+            snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", i ? ", " : "", all[i].name);
+        }
+        const char *s = lk_suggest(name, names, n < 16 ? n : 16);
+        return lk_error(LK_STATUS_INVALID_ARGUMENT, "unknown data class_path '%s'%s%s%s; registered data modules: %s",
+                        name, s ? " (did you mean '" : "", s ? s : "", s ? "'?)" : "", list);
     }
     dm_self *s = lk_calloc(1, sizeof *s);
     lk_datamodule *dm = lk_calloc(1, sizeof *dm);

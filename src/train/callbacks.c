@@ -53,7 +53,7 @@ lk_status lk__early_stopping_check(lk_trainer *tr, lk_es_state *es) {
     if (better) {
         es->best = v;
         es->wait = 0;
-    } else if (++es->wait >= e->patience && tr->epoch + 1 >= tr->cfg.min_epochs) {
+    } else if (++es->wait >= e->patience && tr->epoch + 1 >= tr->cfg.min_epochs && tr->global_step >= tr->cfg.min_steps) {
         tr->should_stop = true;
         snprintf(tr->stop_reason, sizeof tr->stop_reason,
                  "EarlyStopping: %s did not improve by %g for %d checks (best %.6g)", mon, delta, es->wait,

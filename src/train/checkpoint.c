@@ -499,11 +499,18 @@ lk_status lk__ckpt_load(lk_trainer *tr, const char *path, bool restore_training)
 
 lk_status lk__ckpt_resolve(lk_trainer *tr, const char *spec, char *out, size_t size) {
     if (!strcmp(spec, "best")) {
-        if (!tr->best_ckpt[0])
-            return lk_error(LK_STATUS_INVALID_ARGUMENT,
-                            "ckpt_path: 'best' needs a monitored checkpoint from this run (trainer.monitor); pass a path");
-        snprintf(out, size, "%s", tr->best_ckpt);
-        return LK_STATUS_OK;
+        if (tr->best_ckpt[0]) {
+            snprintf(out, size, "%s", tr->best_ckpt);
+            return LK_STATUS_OK;
+        }
+        /* a new process (validate, test, predict): the best file the newest fit recorded in its run.json */
+        char dir[LK_PATH];
+        snprintf(dir, sizeof dir, "%s/lightning_logs", tr->cfg.default_root_dir[0] ? tr->cfg.default_root_dir : ".");
+        if (lk__runinfo_find_best(dir, out, size)) return LK_STATUS_OK;
+        return lk_error(LK_STATUS_INVALID_ARGUMENT,
+                        "ckpt_path: 'best' found no best checkpoint: no run under %s/version_*/run.json recorded one "
+                        "that still exists (a fit records it when a ModelCheckpoint monitors a metric); pass last or "
+                        "a path", dir);
     }
     if (!strcmp(spec, "last")) {
         if (tr->last_ckpt[0] && access(tr->last_ckpt, R_OK) == 0) {

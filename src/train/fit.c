@@ -103,8 +103,13 @@ static lk_status fit_loop(lk_trainer *tr, lk_loader *train, lk_loader *val, int6
         LK_TRY(lk_loader_start(train, (uint64_t)tr->epoch, tr->resume_batch));
         if (tr->pf) LK_TRY(lk__prefetch_begin(tr->pf, train, n_train - tr->resume_batch));
         if (tr->progress) lk_progress_begin_epoch(tr->progress, tr->epoch, c->max_epochs, n_train);
-        bool validate_epoch = ((tr->epoch + 1) % c->check_val_every_n_epoch) == 0;
+        /* check_val_every_n_epoch null (0): Lightning counts val_check_interval
+         * in training batches across epochs (its total_batch_idx), every
+         * epoch being n_train batches long */
+        bool by_total = c->check_val_every_n_epoch == 0;
+        bool validate_epoch = by_total || ((tr->epoch + 1) % c->check_val_every_n_epoch) == 0;
         bool int_interval = c->val_check_interval.is_count;
+        int64_t first_idx = by_total ? tr->epoch * n_train : 0; /* the counter at the epoch's batch 0 */
         if (tr->val_pending) { /* the validation due after the batch the checkpoint was written at */
             tr->val_pending = false;
             LK_TRY(validate_now(tr, val, n_val));
@@ -185,9 +190,12 @@ static lk_status fit_loop(lk_trainer *tr, lk_loader *train, lk_loader *val, int6
                     LK_TRY(lk__log_device_stats(tr));
                     if (tr->logger) LK_TRY(lk__metrics_log_step(tr));
                 }
-                /* A fraction validates at its multiples and at the epoch end (below); an
-                 * integer N validates every N batches only, as Lightning does. */
-                bool val_due = validate_epoch && (i + 1) % val_every == 0 && (int_interval || i + 1 < n_train);
+                /* Lightning 2.x validates after batch_idx when (batch_idx + 1) %
+                 * val_check_batch == 0, val_check_batch being N for an integer and
+                 * floor(f x batches) for a fraction f: a fraction's multiple that
+                 * is the epoch's last batch validates at the epoch end (below),
+                 * and the last batch does not validate otherwise. */
+                bool val_due = validate_epoch && (first_idx + i + 1) % val_every == 0 && (int_interval || i + 1 < n_train);
                 if (lk__ckpt_due_steps(tr) && i + 1 < n_train)
                     LK_TRY(ckpt_inside_epoch(tr, i + 1, val_due, lk__ckpt_callback_last));
                 bool max_steps = c->max_steps >= 0 && tr->global_step >= c->max_steps;
@@ -209,7 +217,7 @@ static lk_status fit_loop(lk_trainer *tr, lk_loader *train, lk_loader *val, int6
                 int k = lk__metrics_prog_bar(tr, names, vals, 16);
                 lk_progress_update(tr->progress, i + 1, names, vals, k);
             }
-            if (validate_epoch && (i + 1) % val_every == 0 && (int_interval || i + 1 < n_train) && !defer_end) {
+            if (validate_epoch && (first_idx + i + 1) % val_every == 0 && (int_interval || i + 1 < n_train) && !defer_end) {
                 LK_TRY(validate_now(tr, val, n_val));
                 LK_TRY(ckpt_inside_epoch(tr, i + 1, false, lk__ckpt_callback));
                 tr->stage = "train";
@@ -231,7 +239,8 @@ static lk_status fit_loop(lk_trainer *tr, lk_loader *train, lk_loader *val, int6
             int k = lk__metrics_prog_bar(tr, names, vals, 16);
             lk_progress_end_epoch(tr->progress, names, vals, k);
         }
-        if (validate_epoch && !c->val_check_interval.is_count) LK_TRY(validate_now(tr, val, n_val));
+        if (validate_epoch && !c->val_check_interval.is_count && (first_idx + n_train) % val_every == 0)
+            LK_TRY(validate_now(tr, val, n_val));
         if (tr->sched && !strcmp(tr->opt.interval, "epoch") && strcmp(tr->opt.scheduler, "plateau"))
             LK_TRY(lk_scheduler_step(tr->sched));
         tr->stage = "train";
@@ -273,12 +282,13 @@ lk_status lk_trainer_fit(lk_trainer *tr, lk_module *m, lk_datamodule *dm, const 
         st = lk_error(LK_STATUS_INVALID_ARGUMENT, "module '%s' has no training_step (and no forward and loss to compose one)", m->name);
     if (!st) st = lk__make_loader(tr, train_ds, true, &train);
     if (!st && lk__prefetching(tr)) st = lk__fit_prefetcher(tr);
-    if (!st && (val_ds || c->overfit_batches)) st = lk__make_loader(tr, c->overfit_batches ? train_ds : val_ds, false, &val);
+    bool overfit = c->overfit_batches.value > 0;
+    if (!st && (val_ds || overfit)) st = lk__make_loader(tr, overfit ? train_ds : val_ds, false, &val);
     int64_t n_train = 0, n_val = 0;
     if (!st) {
         n_train = lk__limit_batches(c->limit_train_batches, lk_loader_len(train));
         n_val = val ? lk__limit_batches(c->limit_val_batches, lk_loader_len(val)) : 0;
-        if (c->overfit_batches) n_train = n_val = c->overfit_batches < lk_loader_len(train) ? c->overfit_batches : lk_loader_len(train);
+        if (overfit) n_train = n_val = lk__limit_batches(c->overfit_batches, lk_loader_len(train)); /* int or fraction */
         if (c->fast_dev_run) {
             n_train = c->fast_dev_run < n_train ? c->fast_dev_run : n_train;
             n_val = c->fast_dev_run < n_val ? c->fast_dev_run : n_val;
@@ -294,6 +304,15 @@ lk_status lk_trainer_fit(lk_trainer *tr, lk_module *m, lk_datamodule *dm, const 
             else tr->accum = c->global_batch_size / per;
         }
         if (n_train == 0 && !st) st = lk_error(LK_STATUS_INVALID_ARGUMENT, "no training batches (limit_train_batches=%g)", c->limit_train_batches.value);
+        /* Lightning's fit loop raises this too: such an interval never comes within an epoch */
+        if (!st && c->val_check_interval.is_count && c->check_val_every_n_epoch > 0 && !c->fast_dev_run &&
+            (int64_t)c->val_check_interval.value > n_train)
+            st = lk_error(LK_STATUS_INVALID_ARGUMENT,
+                          "trainer.val_check_interval (%lld) must be less than or equal to the number of training "
+                          "batches per epoch (%lld): set trainer.check_val_every_n_epoch to null to validate every "
+                          "%lld batches across epochs, or trainer.limit_val_batches to 0 to turn validation off",
+                          (long long)c->val_check_interval.value, (long long)n_train,
+                          (long long)c->val_check_interval.value);
     }
     if (!st) st = setup_params(tr, n_train / (tr->accum ? tr->accum : 1) + 1);
     if (!st) st = lk__prof_create(tr);

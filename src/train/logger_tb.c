@@ -13,6 +13,7 @@
  * is the real clock, which TensorBoard plots against; it orders nothing. */
 #include <errno.h>
 #include <fcntl.h>
+#include <stdlib.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <string.h>
@@ -197,6 +198,71 @@ static lk_status tb_hparams(lk_logger *lg, const char *yaml) {
     pb_int64(&event, 2, 0);
     pb_message(&event, 5, &summary);
     return write_record(t, &event);
+}
+
+/* One Summary of the hparams plugin (what torch.utils.tensorboard's
+ * hparams() writes): Value{tag, metadata{plugin_data{"hparams", content}}},
+ * content being an HParamsPluginData whose field `which` (2 experiment,
+ * 3 session_start_info, 4 session_end_info) holds `body`. */
+static lk_status hparams_summary(tb_logger *t, const char *tag, int which, pb *body) {
+    pb content = {0}, plugin = {0}, meta = {0}, value = {0}, summary = {0}, event = {0};
+    pb_message(&content, which, body); /* version 0: the default, not written */
+    pb_string(&plugin, 1, "hparams");
+    pb_message(&plugin, 2, &content);
+    pb_message(&meta, 1, &plugin);
+    pb_string(&value, 1, tag);
+    pb_message(&value, 9, &meta);
+    pb_message(&summary, 1, &value);
+    pb_double(&event, 1, wall_time());
+    pb_int64(&event, 2, 0);
+    pb_message(&event, 5, &summary);
+    return write_record(t, &event);
+}
+
+lk_status lk_tb_logger_log_hparams_session(lk_logger *lg, const char *flat_yaml) {
+    tb_logger *t = (tb_logger *)lg;
+    /* hp_metric -1 at step 0, as Lightning's default_hp_metric: the metric the HParams tab lists */
+    const char *hp_name = "hp_metric";
+    double hp_value = -1;
+    LK_TRY(tb_metrics(lg, 0, &hp_name, &hp_value, 1));
+    pb infos = {0}, start = {0}, info = {0}, entry = {0}, val = {0}, name = {0}, metric = {0};
+    char line[1024];
+    for (const char *p = flat_yaml ? flat_yaml : ""; *p;) {
+        size_t n = strcspn(p, "\n");
+        snprintf(line, sizeof line, "%.*s", (int)(n < sizeof line ? n : sizeof line - 1), p);
+        p += n + (p[n] == '\n');
+        char *colon = strstr(line, ": ");
+        if (!colon || line[0] == ' ' || line[0] == '#') continue; /* "key: value" lines only */
+        *colon = 0;
+        const char *key = line, *v = colon + 2;
+        char *end;
+        double x = strtod(v, &end);
+        bool number = end != v && !*end, boolean = !strcmp(v, "true") || !strcmp(v, "false");
+        /* google.protobuf.Value: number_value 2, string_value 3, bool_value 4;
+         * HParamInfo.type: DATA_TYPE_STRING 1, BOOL 2, FLOAT64 3 */
+        if (number) pb_double(&val, 2, x);
+        else if (boolean) pb_key(&val, 4, WT_VARINT), pb_varint(&val, v[0] == 't');
+        else pb_string(&val, 3, v);
+        pb_string(&entry, 1, key);
+        pb_message(&entry, 2, &val);
+        pb_message(&start, 1, &entry); /* SessionStartInfo.hparams: map<string, Value> */
+        pb_string(&info, 1, key);
+        pb_key(&info, 4, WT_VARINT);
+        pb_varint(&info, number ? 3 : boolean ? 2 : 1);
+        pb_message(&infos, 4, &info); /* Experiment.hparam_infos */
+    }
+    pb_string(&name, 2, hp_name); /* MetricName.tag */
+    pb_message(&metric, 1, &name);
+    pb_message(&infos, 5, &metric); /* Experiment.metric_infos */
+    pb_double(&start, 5, wall_time()); /* SessionStartInfo.start_time_secs */
+    pb end = {0};
+    pb_key(&end, 1, WT_VARINT);
+    pb_varint(&end, 1); /* SessionEndInfo.status: STATUS_SUCCESS */
+    lk_status st = hparams_summary(t, "_hparams_/experiment", 2, &infos);
+    if (!st) st = hparams_summary(t, "_hparams_/session_start_info", 3, &start);
+    if (!st) st = hparams_summary(t, "_hparams_/session_end_info", 4, &end);
+    lk_free(infos.p), lk_free(start.p), lk_free(end.p);
+    return st;
 }
 
 static lk_status tb_flush(lk_logger *lg) {

@@ -117,13 +117,19 @@ void lk_csv_logger_set_flush_every(lk_logger *csv, int rows);
  * framing with masked CRC32C; the first record is file_version
  * "brain.Event:2"; each log_metrics call is one Event{wall_time, step,
  * summary{value{tag, simple_value}...}}; hyperparameters go in as a text
- * summary "hparams" at step 0). The file is flushed after every call so a
+ * summary "hparams" at step 0, and for the HParams tab through
+ * lk_tb_logger_log_hparams_session). The file is flushed after every call so a
  * running TensorBoard sees it. */
 lk_status lk_tb_logger_create(const char *dir, lk_logger **out);
 /* Same with Lightning's versioned directory (see lk_log_dir_resolve). */
 lk_status lk_tb_logger_create_versioned(const char *root, const char *name, int version, lk_logger **out);
 /* The event file's path (borrowed). */
 const char *lk_tb_logger_path(const lk_logger *tb);
+/* TensorBoard's HParams tab, as Lightning's TensorBoardLogger fills it:
+ * hp_metric = -1 at step 0, then the hparams plugin's experiment, session
+ * start (each "key: value" line of `flat_yaml`: numbers, booleans, the
+ * rest as text) and session end summaries. */
+lk_status lk_tb_logger_log_hparams_session(lk_logger *tb, const char *flat_yaml);
 
 /* CRC32C (Castagnoli) of `len` bytes, continuing from `crc` (start with 0). */
 uint32_t lk_crc32c(uint32_t crc, const void *data, size_t len);
@@ -247,6 +253,10 @@ lk_runinfo lk_runinfo_default(void);
 lk_status lk_runinfo_write(const char *path, const lk_runinfo *info);
 /* The same JSON text, malloc'd with lk_malloc (caller lk_frees). */
 lk_status lk_runinfo_to_json(const lk_runinfo *info, char **out);
+/* ckpt_path "best" in a new process: the best checkpoint of the newest
+ * run under `logs_dir` (its version_N/run.json) whose file is still there.
+ * Returns false, out empty, when no run recorded one. */
+bool lk__runinfo_find_best(const char *logs_dir, char *out, size_t size);
 
 /* Removes the temporaries of writers that died before their rename
  * (lk_file_remove_stale_tmp) from root, root/version_N and
@@ -267,6 +277,11 @@ lk_status lk_image_grid_png(const char *path, const float *images, int n, int h,
  * reconstructions (both [n, h, w]), scale and 2-pixel separators. */
 lk_status lk_image_recon_png(const char *path, const float *originals, const float *recons, int n, int h, int w,
                              int scale);
+/* The same with each row named in a band above it ("input",
+ * "reconstruction", black on the separators' gray, font pixels of scale x
+ * scale): what the autoencoder writes. */
+lk_status lk_image_recon_png_labeled(const char *path, const float *originals, const float *recons, int n, int h,
+                                     int w, int scale);
 
 #ifdef __cplusplus
 }

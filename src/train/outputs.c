@@ -19,6 +19,8 @@ lk_status lk__open_outputs(lk_trainer *tr, bool want_logs) {
     if (!want_logs || tr->cfg.fast_dev_run) return LK_STATUS_OK;
     char root[LK_PATH];
     snprintf(root, sizeof root, "%s", tr->cfg.default_root_dir[0] ? tr->cfg.default_root_dir : ".");
+    lk_logger *tbs[LK_MAX_CALLBACKS + 1]; /* the TensorBoard loggers, for their HParams tab */
+    int ntb = 0;
     if (tr->cfg.logger_set && tr->cfg.n_loggers == 0) {
         /* logger: false. Lightning's log_dir is then default_root_dir:
          * config.yaml, run.json and checkpoints/ go there. */
@@ -37,6 +39,7 @@ lk_status lk__open_outputs(lk_trainer *tr, bool want_logs) {
                 lk_logger *tb;
                 LK_TRY(lk_tb_logger_create(tr->log_dir, &tb));
                 LK_TRY(lk_logger_list_add(list, tb));
+                tbs[ntb++] = tb;
             }
         }
         int versions[LK_MAX_CALLBACKS];
@@ -52,7 +55,10 @@ lk_status lk__open_outputs(lk_trainer *tr, bool want_logs) {
             }
             lk_logger *lg;
             if (!strcmp(lc->kind, "csv")) LK_TRY(lk_csv_logger_create(save, lc->name, version, &lg));
-            else LK_TRY(lk_tb_logger_create_versioned(save, lc->name, version, &lg));
+            else {
+                LK_TRY(lk_tb_logger_create_versioned(save, lc->name, version, &lg));
+                tbs[ntb++] = lg;
+            }
             versions[i] = lk_logger_version(lg);
             LK_TRY(lk_logger_list_add(list, lg));
             if (i == 0) {
@@ -62,15 +68,27 @@ lk_status lk__open_outputs(lk_trainer *tr, bool want_logs) {
         }
     }
     lk_logger *list = tr->logger;
-    /* hparams.yaml: the model's and data module's init args (save_hyperparameters) */
+    /* hparams.yaml: the model's and data module's init args (save_hyperparameters),
+     * merged into one flat map as Lightning's loggers get them: a key the
+     * model has keeps the model's value */
     char *hp = NULL;
     size_t hl = 0;
     FILE *f = open_memstream(&hp, &hl);
     if (f) {
         if (tr->module && tr->module->hparams_yaml) fputs(tr->module->hparams_yaml, f);
-        if (tr->dm && tr->dm->hparams_yaml) fputs(tr->dm->hparams_yaml, f);
+        const char *d = tr->dm ? tr->dm->hparams_yaml : NULL;
+        for (const char *p = d; p && *p;) {
+            size_t n = strcspn(p, "\n"), k = strcspn(p, ":");
+            bool dup = false;
+            const char *m = tr->module ? tr->module->hparams_yaml : NULL;
+            for (const char *q = m; q && *q && !dup && k < n; q += strcspn(q, "\n") + (q[strcspn(q, "\n")] != 0))
+                dup = !strncmp(q, p, k + 1);
+            if (!dup) fprintf(f, "%.*s\n", (int)n, p);
+            p += n + (p[n] == '\n');
+        }
         fclose(f);
         if (list) lk_logger_log_hyperparams(list, hp && *hp ? hp : "{}\n");
+        for (int i = 0; list && i < ntb; i++) LK_TRY(lk_tb_logger_log_hparams_session(tbs[i], hp ? hp : ""));
         free(hp);
     }
     if (tr->config_yaml) {

@@ -99,7 +99,7 @@ lk_status lk__eval_prefetcher(lk_trainer *tr, lk__prefetch **out) {
 lk_status lk__make_loader(lk_trainer *tr, lk_dataset *ds, bool train, lk_loader **out) {
     lk_loader_config lc = lk_loader_config_default();
     lc.batch_size = tr->dm->batch_size > 0 ? tr->dm->batch_size : 32;
-    lc.shuffle = train && tr->cfg.overfit_batches == 0;
+    lc.shuffle = train && tr->cfg.overfit_batches.value == 0;
     lc.seed = (uint64_t)tr->cfg.seed;
     /* the sampler shards over the ranks that see different data */
     lc.rank = lk_strategy_dp_rank(tr->strat);

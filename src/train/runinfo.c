@@ -2,8 +2,11 @@
  * struct the trainer fills, one writer; the schema (docs/RUN_JSON.md) is
  * versioned by "schema_version" and only ever grows. Written through a
  * temporary file + rename so a reader never sees half a file. */
+#include <dirent.h>
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cjson/cJSON.h>
 
@@ -201,4 +204,37 @@ lk_status lk_runinfo_write(const char *path, const lk_runinfo *info) {
     lk_status st = lk_file_write_atomic(path, text, strlen(text));
     lk_free(text);
     return st;
+}
+
+/* best.path of one run.json, when it names a readable file. */
+static bool best_of(const char *run_json, char *out, size_t size) {
+    FILE *f = fopen(run_json, "rb");
+    if (!f) return false;
+    char buf[1 << 16]; /* run.json is a few KiB */
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    cJSON *root = cJSON_Parse(buf);
+    const cJSON *p = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(root, "best"), "path");
+    bool ok = cJSON_IsString(p) && p->valuestring[0] && strlen(p->valuestring) < size && access(p->valuestring, R_OK) == 0;
+    if (ok) snprintf(out, size, "%s", p->valuestring);
+    cJSON_Delete(root);
+    return ok;
+}
+
+bool lk__runinfo_find_best(const char *logs_dir, char *out, size_t size) {
+    out[0] = 0;
+    DIR *d = opendir(logs_dir);
+    if (!d) return false;
+    long newest = -1;
+    struct dirent *de;
+    char probe[4096], path[4096];
+    while ((de = readdir(d))) { /* validate/test runs record no best: older fits are looked at too */
+        long v;
+        if (sscanf(de->d_name, "version_%ld", &v) != 1 || v <= newest) continue;
+        snprintf(probe, sizeof probe, "%s/%s/run.json", logs_dir, de->d_name);
+        if (best_of(probe, path, sizeof path)) newest = v, snprintf(out, size, "%s", path);
+    }
+    closedir(d);
+    return newest >= 0;
 }

@@ -24,7 +24,7 @@
 static lk_status check_config(const lk_trainer_config *cfg, lk_dtype *autocast, lk_dtype *param_dtype,
                               lk_dtype *comm_dtype) {
     *autocast = *param_dtype = *comm_dtype = LK_F32;
-    if (cfg->deterministic && cfg->max_time > 0)
+    if (cfg->deterministic && !cfg->deterministic_warn && cfg->max_time > 0)
         return lk_error(LK_STATUS_INVALID_ARGUMENT,
                         "trainer.deterministic is true but trainer.max_time is set: stopping on wall time "
                         "depends on machine speed, so runs would not be reproducible");
@@ -71,6 +71,9 @@ lk_status lk_trainer_create(const lk_trainer_config *cfg, const lk_optim_setting
                      cfg->precision, canon, canon, canon);
         snprintf(tr->cfg.precision, sizeof tr->cfg.precision, "%s", canon);
     }
+    if (cfg->deterministic_warn && cfg->max_time > 0)
+        lk_warn0("trainer.deterministic is \"warn\" and trainer.max_time is set: stopping on wall time depends on "
+                 "machine speed, so runs may not be reproducible");
     tr->best_score = NAN;
     tr->t_start = lk_time_now();
     tr->prev_f32_matmul = lk_float32_matmul_precision(); /* process-wide, as torch's: put back by lk_trainer_free */
@@ -123,6 +126,18 @@ lk_status lk_trainer_create(const lk_trainer_config *cfg, const lk_optim_setting
         tr->launcher = (int)want;
         *out = tr;
         return LK_STATUS_OK;
+    }
+    if (tr->world == 1 && want > 1 && cfg->num_nodes > 1) { /* fit's own launcher starts ranks on this node only */
+        st = lk_error(LK_STATUS_INVALID_USAGE,
+                      "trainer.devices=%lld x num_nodes=%lld needs %lld processes: a job on several nodes needs a "
+                      "launcher on every node, and `lockstep fit` and `lockstep launch` start processes on this one "
+                      "only: start the ranks with mpirun (e.g. mpirun -np %lld -H node1:%lld,node2:%lld lockstep fit "
+                      "...) or srun --ntasks-per-node=%lld (lockstep reads the rank variables they set)",
+                      (long long)(cfg->devices > 0 ? cfg->devices : 1), (long long)cfg->num_nodes, (long long)want,
+                      (long long)want,
+                      (long long)(cfg->devices > 0 ? cfg->devices : 1), (long long)(cfg->devices > 0 ? cfg->devices : 1),
+                      (long long)(cfg->devices > 0 ? cfg->devices : 1));
+        goto fail;
     }
     if (tr->world == 1 && want > 1) {
         st = lk_error(LK_STATUS_INVALID_USAGE,

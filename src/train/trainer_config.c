@@ -32,6 +32,7 @@ static const lk_param trainer_params[] = {
       "(torch.set_float32_matmul_precision; the CPU stays exact)"),
     T("max_epochs", INT, max_epochs, "1000", -1, 1e12, NULL, "stop after this many epochs (-1: no limit)"),
     T("min_epochs", INT, min_epochs, "0", 0, 1e12, NULL, "train at least this many epochs (early stopping waits)"),
+    T("min_steps", INT, min_steps, "-1", -1, 1e15, NULL, "train at least this many optimizer steps (early stopping waits; -1: none)"),
     T("max_steps", INT, max_steps, "-1", -1, 1e15, NULL, "stop after this many optimizer steps (-1: no limit)"),
     T("max_time", FLOAT, max_time, "0", 0, 1e12, NULL, "stop after this many seconds of training (0: no limit)"),
     T("accumulate_grad_batches", INT, accumulate_grad_batches, "1", 1, 1e6, NULL,
@@ -49,14 +50,17 @@ static const lk_param trainer_params[] = {
       "predict batches: int count or float fraction"),
     T("val_check_interval", COUNT_OR_FRACTION, val_check_interval, "1.0", 1, 1e15, NULL,
       "validate every fraction (float) of an epoch or every N (int) training batches"),
-    T("check_val_every_n_epoch", INT, check_val_every_n_epoch, "1", 1, 1e9, NULL, "validate every N epochs"),
+    T("check_val_every_n_epoch", INT, check_val_every_n_epoch, "1", 1, 1e9, NULL,
+      "validate every N epochs (null: an integer val_check_interval counts training batches across epochs)"),
     T("log_every_n_steps", INT, log_every_n_steps, "50", 1, 1e9, NULL, "write step metrics every N steps"),
     T("enable_progress_bar", BOOL, enable_progress_bar, "true", 1, 0, NULL, "show progress (a bar on a terminal, lines otherwise)"),
     T("enable_checkpointing", BOOL, enable_checkpointing, "true", 1, 0, NULL, "write checkpoints (last.ckpt and top-k)"),
     T("default_root_dir", STRING, default_root_dir, ".", 1, 0, NULL, "where lightning_logs/version_N/ is created"),
-    T("deterministic", BOOL, deterministic, "false", 1, 0, NULL, "refuse options that would break bitwise reproducibility"),
+    T("deterministic", BOOL, deterministic, "false", 1, 0, NULL,
+      "refuse options that would break bitwise reproducibility (\"warn\": warn about them instead)"),
     T("fast_dev_run", INT, fast_dev_run, "0", 0, 1e9, NULL, "run N batches of each loop, no logs or checkpoints (0: off)"),
-    T("overfit_batches", INT, overfit_batches, "0", 0, 1e9, NULL, "train and validate on the first N training batches"),
+    T("overfit_batches", COUNT_OR_FRACTION, overfit_batches, "0", 0, 1e9, NULL,
+      "train and validate on the first N training batches (an int), or on that fraction of them (a float)"),
     T("seed", INT, seed, "0", 0, 4294967295.0, NULL, "seed_everything: parameters, data order, dropout, augmentation"),
     T("comm_timeout", FLOAT, comm_timeout, "120", 0.1, 1e6, NULL, "seconds any collective may wait before failing"),
     T("checkpoint_timeout", FLOAT, checkpoint_timeout, "1800", 0.1, 1e7, NULL,
@@ -664,113 +668,254 @@ static lk_status set_scalar(const lk_param *tp, int n, lk_trainer_config *cfg, c
     return LK_STATUS_OK;
 }
 
+/* The keys the flat table cannot hold (their value forms are Lightning's). */
+static const char *const special_keys[] = {"callbacks", "logger", "devices", "max_time", "fast_dev_run", "strategy"};
+
+static lk_status apply_special(const lk_param *tp, int n, lk_trainer_config *cfg, const lk_config_node *c) {
+    const char *key = lk_config_node_key(c), *text = lk_config_node_text(c);
+    bool null = lk_config_node_is_null(c);
+    char what[64];
+    if (!strcmp(key, "callbacks")) {
+        cfg->n_checkpoints = cfg->n_early_stopping = 0;
+        cfg->lr_logging_interval[0] = cfg->time_check_interval[0] = 0;
+        if (null) return LK_STATUS_OK;
+        if (lk_config_node_type(c) == LK_CONFIG_MAP) {
+            LK_TRY(apply_callback(c, "trainer.callbacks", cfg));
+            return LK_STATUS_OK;
+        }
+        if (lk_config_node_type(c) != LK_CONFIG_SEQ)
+            return at(c, "trainer.callbacks: expected a list of {class_path, init_args} entries");
+        for (int j = 0; j < lk_config_node_count(c); j++) {
+            snprintf(what, sizeof what, "trainer.callbacks[%d]", j);
+            LK_TRY(apply_callback(lk_config_node_child(c, j), what, cfg));
+        }
+    } else if (!strcmp(key, "logger")) {
+        cfg->n_loggers = 0;
+        cfg->logger_set = false;
+        if (null) return LK_STATUS_OK;
+        if (text) {
+            if (!strcmp(text, "false") || !strcmp(text, "False")) cfg->logger_set = true;
+            else if (strcmp(text, "true") && strcmp(text, "True"))
+                LK_TRY(apply_logger(c, "trainer.logger", cfg));
+        } else if (lk_config_node_type(c) == LK_CONFIG_MAP) {
+            LK_TRY(apply_logger(c, "trainer.logger", cfg));
+        } else {
+            cfg->logger_set = true; /* an empty list: no loggers */
+            for (int j = 0; j < lk_config_node_count(c); j++) {
+                snprintf(what, sizeof what, "trainer.logger[%d]", j);
+                LK_TRY(apply_logger(lk_config_node_child(c, j), what, cfg));
+            }
+        }
+    } else if (!strcmp(key, "devices")) {
+        /* Lightning: an int, "auto", -1 (all), a list of indices or "0,1" */
+        if (lk_config_node_type(c) == LK_CONFIG_MAP) return at(c, "trainer.devices: expected an int, auto, -1 or a list");
+        int count = 0;
+        cfg->devices_spec[0] = 0; /* the GPU ids, kept for lk__gpu_select (a count alone loses them) */
+        if (lk_config_node_type(c) == LK_CONFIG_SEQ) {
+            for (int j = 0; j < lk_config_node_count(c); j++) {
+                const lk_config_node *e = lk_config_node_child(c, j);
+                const char *et = lk_config_node_text(e);
+                char *end;
+                long v = et ? strtol(et, &end, 10) : -1;
+                if (!et || end == et || *end || v < 0)
+                    return at(e, "trainer.devices[%d]: expected a device index (0, 1, ...), got '%s'", j,
+                              et ? et : "(a collection)");
+                for (int q = 0; q < j; q++)
+                    if (!strcmp(lk_config_node_text(lk_config_node_child(c, q)), et))
+                        return at(e, "trainer.devices: index %s is listed twice", et);
+                /* kept as "[0, 2]": a one-element list names a GPU, where "1" alone is a count */
+                size_t sl = strlen(cfg->devices_spec);
+                snprintf(cfg->devices_spec + sl, sizeof cfg->devices_spec - sl, "%s%ld", sl ? ", " : "[", v);
+                count++;
+            }
+            if (!count) return at(c, "trainer.devices: an empty list selects no device (use auto or a number)");
+            size_t sl = strlen(cfg->devices_spec);
+            snprintf(cfg->devices_spec + sl, sizeof cfg->devices_spec - sl, "]");
+            char v[32];
+            snprintf(v, sizeof v, "%d", count);
+            LK_TRY(set_scalar(tp, n, cfg, c, v));
+        } else if (null || !strcmp(text, "auto")) {
+            cfg->devices = 0;
+        } else if (!strcmp(text, "-1")) { /* every device: a process per core on the CPU */
+            snprintf(cfg->devices_spec, sizeof cfg->devices_spec, "-1");
+            long cores = sysconf(_SC_NPROCESSORS_ONLN);
+            cfg->devices = cores > 0 ? cores : 1;
+        } else if (strchr(text, ',')) { /* "0,1": indices as a string */
+            snprintf(cfg->devices_spec, sizeof cfg->devices_spec, "%s", text);
+            for (const char *p = text; *p; p++) count += *p == ',';
+            char v[32];
+            snprintf(v, sizeof v, "%d", count + (text[strlen(text) - 1] != ','));
+            LK_TRY(set_scalar(tp, n, cfg, c, v));
+        } else {
+            char *end;
+            long long v = strtoll(text, &end, 10);
+            if (end != text && !*end && v == 0) /* Lightning: "devices=0 is not a valid input" */
+                return at(c, "trainer.devices: 0 selects no device (Lightning refuses it too): use a count of 1 or "
+                          "more, auto, -1 (every core or GPU) or a list of indices such as [0]");
+            LK_TRY(set_scalar(tp, n, cfg, c, text));
+        }
+    } else if (!strcmp(key, "max_time")) {
+        LK_TRY(parse_duration(c, "trainer.max_time", &cfg->max_time));
+    } else if (!strcmp(key, "fast_dev_run")) {
+        if (text && (!strcmp(text, "true") || !strcmp(text, "True"))) cfg->fast_dev_run = 1;
+        else if (text && (!strcmp(text, "false") || !strcmp(text, "False"))) cfg->fast_dev_run = 0;
+        else if (text) LK_TRY(set_scalar(tp, n, cfg, c, text));
+        else return at(c, "trainer.fast_dev_run: expected true, false or a number of batches");
+    } else if (!strcmp(key, "strategy")) {
+        if (lk_config_node_type(c) == LK_CONFIG_MAP) {
+            LK_TRY(apply_strategy_node(tp, n, cfg, c));
+            return LK_STATUS_OK;
+        }
+        if (!text) return at(c, "trainer.strategy: expected a name such as ddp, or {class_path: DDPStrategy, init_args: {...}}");
+        const lk_strategy_info *si = lk_strategy_info_get(text); /* Lightning's aliases and class names */
+        LK_TRY(set_scalar(tp, n, cfg, c, si ? si->name : text));
+    }
+    return LK_STATUS_OK;
+}
+
+/* Lightning's Trainer flags whose default is None: --print_config writes
+ * them as null, which means the same default here (max_epochs' None is
+ * resolved after the other keys, as Lightning's fit loop does). */
+static const char *const none_default[] = {
+    "max_epochs", "min_epochs", "min_steps", "limit_train_batches", "limit_val_batches", "limit_test_batches",
+    "limit_predict_batches", "val_check_interval", "num_sanity_val_steps", "log_every_n_steps",
+    "enable_checkpointing", "enable_progress_bar", "enable_model_summary", "gradient_clip_val",
+    "gradient_clip_algorithm", "deterministic", "profiler", "default_root_dir"};
+
+/* Lightning's Trainer flags that have no key of their own here, the values
+ * accepted, and why another value is refused (the flag table in
+ * docs/LIGHTNING.md says what each accepted value means here). */
+enum { ANY_BOOL, ONLY_TRUE, ONLY_FALSE, ONLY_NULL, ANY_COUNT };
+static const struct {
+    const char *name;
+    int accepts;
+    const char *why; /* for a value outside `accepts` */
+} lightning_flags[] = {
+    /* a speed hint for cuDNN's autotuner: lockstep chooses its kernels without one */
+    {"benchmark", ANY_BOOL, NULL},
+    /* evaluation runs without the tape either way (torch.inference_mode or torch.no_grad) */
+    {"inference_mode", ANY_BOOL, NULL},
+    /* the loss and every gradient are checked for NaN/inf at every step, always */
+    {"detect_anomaly", ANY_BOOL, NULL},
+    /* the CLI's data modules read fixed data: reloading yields the same loaders, reshuffled each epoch anyway */
+    {"reload_dataloaders_every_n_epochs", ANY_COUNT, NULL},
+    {"use_distributed_sampler", ONLY_TRUE,
+     "lockstep's loaders always give each rank its own shard of every split with the distributed sampler "
+     "(Lightning's true)"},
+    {"barebones", ONLY_FALSE,
+     "lockstep has no one switch for it: set logger: false, enable_checkpointing: false, enable_progress_bar: false "
+     "and enable_model_summary: false"},
+    {"plugins", ONLY_NULL,
+     "lockstep has no plugin classes: the precision is trainer.precision, and the cluster environment is read from "
+     "the launcher's variables (torchrun, mpirun, srun)"},
+};
+
+static bool is_word(const char *t, const char *lower) {
+    return t && (!strcmp(t, lower) || (t[0] == lower[0] - 32 && !strcmp(t + 1, lower + 1)));
+}
+
+static lk_status lightning_flag(int k, const lk_config_node *c) {
+    const char *name = lightning_flags[k].name, *text = lk_config_node_text(c);
+    int acc = lightning_flags[k].accepts;
+    if (lk_config_node_is_null(c)) return LK_STATUS_OK; /* Lightning's default */
+    if (acc == ANY_COUNT) {
+        char *end;
+        long long v = text ? strtoll(text, &end, 10) : -1;
+        if (!text || end == text || *end || v < 0)
+            return at(c, "trainer.%s: expected a number of epochs (0: never), got '%s'", name,
+                      text ? text : "(a collection)");
+        return LK_STATUS_OK;
+    }
+    if (acc == ONLY_NULL) {
+        if (lk_config_node_type(c) == LK_CONFIG_SEQ && lk_config_node_count(c) == 0) return LK_STATUS_OK;
+        return at(c, "trainer.%s is not supported (only null): %s", name, lightning_flags[k].why);
+    }
+    bool t = is_word(text, "true"), f = is_word(text, "false");
+    if (!t && !f) return at(c, "trainer.%s: expected true or false, got '%s'", name, text ? text : "(a collection)");
+    if ((acc == ONLY_TRUE && f) || (acc == ONLY_FALSE && t))
+        return at(c, "trainer.%s: %s is not supported: %s", name, t ? "true" : "false", lightning_flags[k].why);
+    return LK_STATUS_OK;
+}
+
+/* One key of the trainer section `t` (its child i); `others` is scratch
+ * for the names of the keys the table must skip. */
+static lk_status apply_key(const lk_param *tp, int n, lk_trainer_config *cfg, const lk_config_node *t, int i,
+                           const char **others) {
+    const lk_config_node *c = lk_config_node_child(t, i);
+    const char *key = lk_config_node_key(c), *text = lk_config_node_text(c);
+    bool null = lk_config_node_is_null(c);
+    for (int k = 0; k < NP(lightning_flags); k++)
+        if (!strcmp(key, lightning_flags[k].name)) return lightning_flag(k, c);
+    if (null && !strcmp(key, "check_val_every_n_epoch")) { /* Lightning's None: by batches across epochs */
+        cfg->check_val_every_n_epoch = 0;
+        return LK_STATUS_OK;
+    }
+    for (int k = 0; null && k < NP(none_default); k++)
+        if (!strcmp(key, none_default[k])) return set_scalar(tp, n, cfg, c, lk_params_find(tp, n, key)->def);
+    if (!strcmp(key, "deterministic")) {
+        cfg->deterministic_warn = text && !strcmp(text, "warn"); /* torch's warn_only */
+        if (cfg->deterministic_warn) {
+            cfg->deterministic = true;
+            return LK_STATUS_OK;
+        }
+    }
+    int k = 0;
+    for (int j = 0; j < lk_config_node_count(t); j++)
+        if (j != i) others[k++] = lk_config_node_key(lk_config_node_child(t, j));
+    return lk_config_apply_params_except(t, tp, n, cfg, "trainer", others, k);
+}
+
+/* The message of the last error without the "[rank N] " that lk_error puts
+ * in front (added again when the collected messages are raised). */
+static const char *bare_error(void) {
+    const char *m = lk_last_error();
+    if (!strncmp(m, "[rank ", 6) && strstr(m, "] ")) m = strstr(m, "] ") + 2;
+    return m;
+}
+
 lk_status lk_trainer_config_apply(const lk_config_node *t, lk_trainer_config *cfg) {
-    static const char *const special[] = {"callbacks", "logger", "devices", "max_time", "fast_dev_run", "strategy"};
     int n;
     const lk_param *tp = lk_trainer_params(&n);
     if (!t || lk_config_node_is_null(t) || lk_config_node_type(t) != LK_CONFIG_MAP)
         return lk_config_apply_params(t, tp, n, cfg, "trainer");
-    LK_TRY(lk_config_apply_params_except(t, tp, n, cfg, "trainer", special, NP(special)));
+    enum { MAX_KEYS = 256 };
+    int count = lk_config_node_count(t);
+    if (count > MAX_KEYS) return at(t, "trainer: %d keys; at most %d", count, MAX_KEYS);
+    const char *others[MAX_KEYS];
+    /* Every key is applied and every problem reported at once: a config
+     * written by another program is fixed in one round, not one per run. */
+    char errs[8192] = "";
+    int nerr = 0;
+    lk_status first = LK_STATUS_OK;
+    for (int i = 0; i < 2 * count; i++) { /* the table's keys first: callbacks check some of them */
+        const lk_config_node *c = lk_config_node_child(t, i % count);
+        bool special = false;
+        for (int k = 0; k < NP(special_keys) && !special; k++) special = !strcmp(lk_config_node_key(c), special_keys[k]);
+        if (special != (i >= count)) continue;
+        lk_status st = special ? apply_special(tp, n, cfg, c) : apply_key(tp, n, cfg, t, i, others);
+        if (!st) continue;
+        if (!nerr++) first = st;
+        size_t l = strlen(errs);
+        snprintf(errs + l, sizeof errs - l, "%s%s", l ? "\n  " : "", bare_error());
+    }
+    if (!nerr) {
+        /* Lightning: max_epochs None is 1000 unless max_steps or max_time stops the run */
+        if (lk_config_node_is_null(lk_config_node_get(t, "max_epochs")))
+            cfg->max_epochs = cfg->max_steps == -1 && cfg->max_time <= 0 ? 1000 : -1;
+        /* Lightning refuses a fraction here too: epochs are not counted */
+        const lk_config_node *vci = lk_config_node_get(t, "val_check_interval");
+        if (cfg->check_val_every_n_epoch == 0 && !cfg->val_check_interval.is_count && cfg->val_check_interval.value != 1.0)
+            return at(vci ? vci : t,
+                      "trainer.val_check_interval %g is a fraction of an epoch, but trainer.check_val_every_n_epoch is "
+                      "null (validation every val_check_interval training batches, across epochs): give a number of "
+                      "batches", cfg->val_check_interval.value);
+    }
     const lk_config_node *ct = lk_config_node_get(t, "comm_timeout");
     const char *ct_file = lk_config_node_file(ct);
     if (ct && !(ct_file && !strcmp(ct_file, "(default)"))) /* not a default written back into the tree */
         lk_config_node_origin(ct, "trainer.comm_timeout", cfg->comm_timeout_from, sizeof cfg->comm_timeout_from);
-    for (int i = 0; i < lk_config_node_count(t); i++) {
-        const lk_config_node *c = lk_config_node_child(t, i);
-        const char *key = lk_config_node_key(c), *text = lk_config_node_text(c);
-        bool null = lk_config_node_is_null(c);
-        char what[64];
-        if (!strcmp(key, "callbacks")) {
-            cfg->n_checkpoints = cfg->n_early_stopping = 0;
-            cfg->lr_logging_interval[0] = cfg->time_check_interval[0] = 0;
-            if (null) continue;
-            if (lk_config_node_type(c) == LK_CONFIG_MAP) {
-                LK_TRY(apply_callback(c, "trainer.callbacks", cfg));
-                continue;
-            }
-            if (lk_config_node_type(c) != LK_CONFIG_SEQ)
-                return at(c, "trainer.callbacks: expected a list of {class_path, init_args} entries");
-            for (int j = 0; j < lk_config_node_count(c); j++) {
-                snprintf(what, sizeof what, "trainer.callbacks[%d]", j);
-                LK_TRY(apply_callback(lk_config_node_child(c, j), what, cfg));
-            }
-        } else if (!strcmp(key, "logger")) {
-            cfg->n_loggers = 0;
-            cfg->logger_set = false;
-            if (null) continue;
-            if (text) {
-                if (!strcmp(text, "false") || !strcmp(text, "False")) cfg->logger_set = true;
-                else if (strcmp(text, "true") && strcmp(text, "True"))
-                    LK_TRY(apply_logger(c, "trainer.logger", cfg));
-            } else if (lk_config_node_type(c) == LK_CONFIG_MAP) {
-                LK_TRY(apply_logger(c, "trainer.logger", cfg));
-            } else {
-                cfg->logger_set = true; /* an empty list: no loggers */
-                for (int j = 0; j < lk_config_node_count(c); j++) {
-                    snprintf(what, sizeof what, "trainer.logger[%d]", j);
-                    LK_TRY(apply_logger(lk_config_node_child(c, j), what, cfg));
-                }
-            }
-        } else if (!strcmp(key, "devices")) {
-            /* Lightning: an int, "auto", -1 (all), a list of indices or "0,1" */
-            if (lk_config_node_type(c) == LK_CONFIG_MAP) return at(c, "trainer.devices: expected an int, auto, -1 or a list");
-            int count = 0;
-            cfg->devices_spec[0] = 0; /* the GPU ids, kept for lk__gpu_select (a count alone loses them) */
-            if (lk_config_node_type(c) == LK_CONFIG_SEQ) {
-                for (int j = 0; j < lk_config_node_count(c); j++) {
-                    const lk_config_node *e = lk_config_node_child(c, j);
-                    const char *et = lk_config_node_text(e);
-                    char *end;
-                    long v = et ? strtol(et, &end, 10) : -1;
-                    if (!et || end == et || *end || v < 0)
-                        return at(e, "trainer.devices[%d]: expected a device index (0, 1, ...), got '%s'", j,
-                                  et ? et : "(a collection)");
-                    for (int q = 0; q < j; q++)
-                        if (!strcmp(lk_config_node_text(lk_config_node_child(c, q)), et))
-                            return at(e, "trainer.devices: index %s is listed twice", et);
-                    /* kept as "[0, 2]": a one-element list names a GPU, where "1" alone is a count */
-                    size_t sl = strlen(cfg->devices_spec);
-                    snprintf(cfg->devices_spec + sl, sizeof cfg->devices_spec - sl, "%s%ld", sl ? ", " : "[", v);
-                    count++;
-                }
-                if (!count) return at(c, "trainer.devices: an empty list selects no device (use auto or a number)");
-                size_t sl = strlen(cfg->devices_spec);
-                snprintf(cfg->devices_spec + sl, sizeof cfg->devices_spec - sl, "]");
-                char v[32];
-                snprintf(v, sizeof v, "%d", count);
-                LK_TRY(set_scalar(tp, n, cfg, c, v));
-            } else if (null || !strcmp(text, "auto")) {
-                cfg->devices = 0;
-            } else if (!strcmp(text, "-1")) { /* every device: a process per core on the CPU */
-                snprintf(cfg->devices_spec, sizeof cfg->devices_spec, "-1");
-                long cores = sysconf(_SC_NPROCESSORS_ONLN);
-                cfg->devices = cores > 0 ? cores : 1;
-            } else if (strchr(text, ',')) { /* "0,1": indices as a string */
-                snprintf(cfg->devices_spec, sizeof cfg->devices_spec, "%s", text);
-                for (const char *p = text; *p; p++) count += *p == ',';
-                char v[32];
-                snprintf(v, sizeof v, "%d", count + (text[strlen(text) - 1] != ','));
-                LK_TRY(set_scalar(tp, n, cfg, c, v));
-            } else {
-                LK_TRY(set_scalar(tp, n, cfg, c, text));
-            }
-        } else if (!strcmp(key, "max_time")) {
-            LK_TRY(parse_duration(c, "trainer.max_time", &cfg->max_time));
-        } else if (!strcmp(key, "fast_dev_run")) {
-            if (text && (!strcmp(text, "true") || !strcmp(text, "True"))) cfg->fast_dev_run = 1;
-            else if (text && (!strcmp(text, "false") || !strcmp(text, "False"))) cfg->fast_dev_run = 0;
-            else if (text) LK_TRY(set_scalar(tp, n, cfg, c, text));
-            else return at(c, "trainer.fast_dev_run: expected true, false or a number of batches");
-        } else if (!strcmp(key, "strategy")) {
-            if (lk_config_node_type(c) == LK_CONFIG_MAP) {
-                LK_TRY(apply_strategy_node(tp, n, cfg, c));
-                continue;
-            }
-            if (!text) return at(c, "trainer.strategy: expected a name such as ddp, or {class_path: DDPStrategy, init_args: {...}}");
-            const lk_strategy_info *si = lk_strategy_info_get(text); /* Lightning's aliases and class names */
-            LK_TRY(set_scalar(tp, n, cfg, c, si ? si->name : text));
-        }
-    }
+    if (nerr == 1) return lk_error(first, "%s", errs);
+    if (nerr) return lk_error(first, "%d problems in the trainer section:\n  %s", nerr, errs);
     return LK_STATUS_OK;
 }
 

@@ -15,3 +15,9 @@ lk_add_script_test(NAME cli_lightning_cfg SCRIPT cli/test_lightning_cfg.sh LABEL
 # --section.key as jsonargparse reads it beside a class_path, and the
 # --trainer.callbacks forms (the last entry, an index, +=)
 lk_add_script_test(NAME cli_overrides SCRIPT cli/test_overrides.sh LABELS unit TIMEOUT 120)
+# issue 48: a config as Lightning writes it (nulls, its flags lockstep has no
+# key for), every problem in one run, val_check_interval as Lightning counts
+# it, devices 0, num_nodes, ckpt_path best in a new process
+lk_add_script_test(NAME cli_conformance SCRIPT cli/test_conformance.sh LABELS unit TIMEOUT 180)
+# issue 48: the npy and csv data modules (the user's files, no C), 1 and 2 ranks, predict order
+lk_add_script_test(NAME cli_data_files SCRIPT cli/test_data_files.sh LABELS multiproc TIMEOUT 180)

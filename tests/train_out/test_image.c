@@ -82,6 +82,33 @@ static void recon_grid(void) {
     else out_rm_rf(root);
 }
 
+/* Issue 48: the autoencoder's picture names its rows: a band above each
+ * with "input" / "reconstruction" in black on gray, the images below. */
+static void recon_grid_labeled(void) {
+    char root[256], path[512];
+    out_tmpdir(root, sizeof root, "reconl");
+    snprintf(path, sizeof path, "%s/reconstructions.png", root);
+    enum { N = 8, H = 28, W = 28, S = 3 };
+    static float orig[N * H * W], rec[N * H * W];
+    for (int i = 0; i < N * H * W; i++) orig[i] = 1.0f, rec[i] = 0.5f;
+    CHECK_OK(lk_image_recon_png_labeled(path, orig, rec, N, H, W, S));
+    int w = 0, h = 0, c = 0;
+    unsigned char *px = stbi_load(path, &w, &h, &c, 1);
+    CHECK(px != NULL);
+    if (!px) return;
+    int band = 7 * S + 2, row = band + H * S + 2;
+    CHECK(w == 2 + N * (W * S + 2) && h == 2 + 2 * row);
+    int black[2] = {0, 0};
+    for (int r = 0; r < 2; r++) /* the label's pixels, in its band: "reconstruction" is the longer */
+        for (int y = 2 + r * row; y < 2 + r * row + 7 * S; y++)
+            for (int x = 0; x < w; x++) black[r] += px[y * w + x] == 0;
+    CHECK_MSG(black[0] > 20 && black[1] > 2 * black[0], "label pixels: %d, %d", black[0], black[1]);
+    CHECK(px[(2 + band) * w + 2] == 255);                    /* the first original starts below its band */
+    CHECK(px[(2 + row + band) * w + 2] == expect_byte(0.5f)); /* and its reconstruction below the second */
+    stbi_image_free(px);
+    out_rm_rf(root);
+}
+
 static void bad_input(void) {
     float x[4] = {0};
     CHECK_ERR(lk_image_grid_png("/tmp/x.png", x, 0, 2, 2, 1, 1, 1), LK_STATUS_INVALID_ARGUMENT, "n=0");
@@ -92,4 +119,4 @@ static void bad_input(void) {
     CHECK_ERR(lk_image_recon_png("/tmp/x.png", x, NULL, 1, 2, 2, 1), LK_STATUS_INVALID_ARGUMENT, "NULL");
 }
 
-LK_TEST_MAIN(LK_TEST_CASE(grid_pixels), LK_TEST_CASE(recon_grid), LK_TEST_CASE(bad_input))
+LK_TEST_MAIN(LK_TEST_CASE(grid_pixels), LK_TEST_CASE(recon_grid), LK_TEST_CASE(recon_grid_labeled), LK_TEST_CASE(bad_input))
