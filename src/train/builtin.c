@@ -245,6 +245,7 @@ static const lk_datamodule_info datamodules[] = {
      (int)(sizeof fmnist_params / sizeof fmnist_params[0])},
     {"synthetic", "generated classification or regression data (Philox, from a seed)", synth_params,
      (int)(sizeof synth_params / sizeof synth_params[0])},
+    {"tokens", LK__DM_TOKENS_HELP, lk__dm_tokens_params, LK__DM_TOKENS_NPARAMS}, /* dm_tokens.c */
 };
 
 const lk_datamodule_info *lk_datamodules(int *count) {
@@ -379,6 +380,9 @@ static void shape_str(int ndim, const int64_t *shape, char *buf, size_t size) {
 }
 
 static lk_status builtin_setup(lk_module *m, lk_datamodule *dm, const char *stage) {
+    if (m && m->vt == &builtin_vt_owned && lk__dm_is_tokens(dm)) /* vocab_size, block_size: dm_tokens.c */
+        return lk__dm_tokens_check_model(((const model_self *)m->self)->info, ((const model_self *)m->self)->args,
+                                         ((const model_self *)m->self)->n_args, dm);
     if (!m || !dm || m->vt != &builtin_vt_owned || dm->vt != &dm_vt) return LK_STATUS_OK;
     const model_self *ms = m->self;
     const dm_self *ds = dm->self;
@@ -431,6 +435,7 @@ lk_status lk_datamodule_create_builtin(const char *name, const lk_model_kv *args
                         "unknown data class_path '%s'%s%s%s; registered data modules: fashion_mnist, synthetic", name,
                         s ? " (did you mean '" : "", s ? s : "", s ? "'?)" : "");
     }
+    if (!strcmp(name, "tokens")) return lk__dm_tokens_create(args, n_args, seed, out); /* dm_tokens.c */
     dm_self *s = lk_calloc(1, sizeof *s);
     lk_datamodule *dm = lk_calloc(1, sizeof *dm);
     if (!s || !dm) {
