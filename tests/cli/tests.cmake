@@ -15,3 +15,6 @@ lk_add_script_test(NAME cli_lightning_cfg SCRIPT cli/test_lightning_cfg.sh LABEL
 # --section.key as jsonargparse reads it beside a class_path, and the
 # --trainer.callbacks forms (the last entry, an index, +=)
 lk_add_script_test(NAME cli_overrides SCRIPT cli/test_overrides.sh LABELS unit TIMEOUT 120)
+# lockstep prepare (bytes, a handmade GPT-2 vocabulary), the tokens data
+# module's config errors and lockstep generate's errors
+lk_add_script_test(NAME cli_tokens SCRIPT cli/test_tokens.sh LABELS unit TIMEOUT 120)
