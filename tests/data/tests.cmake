@@ -15,3 +15,6 @@ lk_add_test(NAME data_fetch SOURCES data/test_fetch.c LABELS unit TIMEOUT 90)
 # vocabulary), the tokens data module (random/sequential windows, shards, the
 # Bible default, bad input) and generation with a tiny model.
 lk_add_test(NAME data_tokens SOURCES data/test_tokens.c LABELS unit TIMEOUT 60)
+# GPT-2 BPE against a Python reference of GPT-2's encoder on the Bible and a
+# Unicode sample (skips without python3's regex module or bible-kjv)
+lk_add_script_test(NAME data_bpe_reference SCRIPT data/test_bpe_reference.sh LABELS unit TIMEOUT 120)
