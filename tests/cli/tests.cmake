@@ -18,3 +18,6 @@ lk_add_script_test(NAME cli_overrides SCRIPT cli/test_overrides.sh LABELS unit T
 # lockstep prepare (bytes, a handmade GPT-2 vocabulary), the tokens data
 # module's config errors and lockstep generate's errors
 lk_add_script_test(NAME cli_tokens SCRIPT cli/test_tokens.sh LABELS unit TIMEOUT 120)
+# A tiny GPT on the Bible default end to end: rank-0 preparation on 2 ranks,
+# exact resume with random windows, generate (skips without the gpt model)
+lk_add_script_test(NAME cli_gpt_tokens SCRIPT cli/test_gpt_tokens.sh LABELS multiproc TIMEOUT 240)
