@@ -19,6 +19,7 @@
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <locale.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <wctype.h>
@@ -365,63 +366,67 @@ static lk_status tokbuf_push(tokbuf *b, int32_t v) {
 }
 
 /* The symbols of a piece are contiguous spans of its mapped UTF-8 text `w`,
- * so merging two neighbours extends the left span over the right one. */
+ * so merging two neighbours extends the left span over the right one.
+ * The whole piece is merged at once, however long (a line of 1000 dashes),
+ * as GPT-2's encoder does: small pieces use the stack, long ones the heap. */
 static lk_status bpe_piece(const lk_tokenizer *t, const unsigned char *piece, size_t plen, tokbuf *out) {
-    enum { MAXB = 256 };
-    char wbuf[MAXB * 2];
-    int start[MAXB + 1], nsym = 0;
-    char key[MAXB * 2 + 2];
-    /* Long pieces (a run of 1000 dashes) go through in chunks: BPE never
-     * merges across more than a vocabulary entry's length anyway. */
-    for (size_t off = 0; off < plen; off += MAXB) {
-        size_t m = plen - off < MAXB ? plen - off : MAXB;
-        int wl = 0;
-        nsym = 0;
-        for (size_t i = 0; i < m; i++) {
-            start[nsym++] = wl;
-            wl += utf8_put(t->byte_to_cp[piece[off + i]], wbuf + wl);
-        }
-        start[nsym] = wl;
-        for (;;) {
-            int32_t best = INT32_MAX;
-            int at = -1;
-            for (int i = 0; i + 1 < nsym; i++) {
-                int la = start[i + 1] - start[i], lb = start[i + 2] - start[i + 1];
-                memcpy(key, wbuf + start[i], (size_t)la);
-                key[la] = ' ';
-                memcpy(key + la + 1, wbuf + start[i + 1], (size_t)lb);
-                int32_t r = strmap_get(&t->ranks, key, (size_t)(la + lb + 1));
-                if (r >= 0 && r < best) best = r, at = i;
-            }
-            if (at < 0) break;
-            /* merge every occurrence of that pair, left to right */
-            int la = start[at + 1] - start[at], lb = start[at + 2] - start[at + 1];
-            char a[MAXB * 2], b[MAXB * 2];
-            memcpy(a, wbuf + start[at], (size_t)la);
-            memcpy(b, wbuf + start[at + 1], (size_t)lb);
-            int k = 0;
-            for (int i = 0; i < nsym; k++) {
-                start[k] = start[i];
-                if (i + 1 < nsym && start[i + 1] - start[i] == la && start[i + 2] - start[i + 1] == lb &&
-                    !memcmp(wbuf + start[i], a, (size_t)la) && !memcmp(wbuf + start[i + 1], b, (size_t)lb))
-                    i += 2;
-                else
-                    i += 1;
-            }
-            start[k] = wl;
-            nsym = k;
-        }
-        for (int i = 0; i < nsym; i++) {
-            int32_t id = strmap_get(&t->encoder, wbuf + start[i], (size_t)(start[i + 1] - start[i]));
-            if (id < 0)
-                return lk_error(LK_STATUS_INVALID_ARGUMENT,
-                                "gpt2 tokenizer: merges produce \"%.*s\", which vocab.json does not have (vocab and "
-                                "merges from different tokenizers?)",
-                                start[i + 1] - start[i], wbuf + start[i]);
-            LK_TRY(tokbuf_push(out, id));
-        }
+    enum { SMALL = 64 };
+    char wsmall[SMALL * 2], ksmall[SMALL * 4 + 2], asmall[SMALL * 2], bsmall[SMALL * 2];
+    size_t ssmall[SMALL + 1];
+    char *wbuf = wsmall, *key = ksmall, *pa = asmall, *pb = bsmall, *heap = NULL;
+    size_t *start = ssmall;
+    if (plen > SMALL) { /* one block: wbuf 2n, key 4n + 2, a 2n, b 2n, then the n + 1 starts */
+        heap = lk_malloc(plen * 10 + 2 + (plen + 1) * sizeof *start + sizeof *start);
+        if (!heap) return LK_STATUS_OUT_OF_MEMORY;
+        wbuf = heap, key = wbuf + 2 * plen, pa = key + 4 * plen + 2, pb = pa + 2 * plen;
+        start = (size_t *)(void *)(pb + 2 * plen + (sizeof *start - (uintptr_t)(pb + 2 * plen) % sizeof *start) % sizeof *start);
     }
-    return LK_STATUS_OK;
+    size_t wl = 0, nsym = 0;
+    for (size_t i = 0; i < plen; i++) {
+        start[nsym++] = wl;
+        wl += (size_t)utf8_put(t->byte_to_cp[piece[i]], wbuf + wl);
+    }
+    start[nsym] = wl;
+    for (;;) {
+        int32_t best = INT32_MAX;
+        size_t at = SIZE_MAX;
+        for (size_t i = 0; i + 1 < nsym; i++) {
+            size_t la = start[i + 1] - start[i], lb = start[i + 2] - start[i + 1];
+            memcpy(key, wbuf + start[i], la);
+            key[la] = ' ';
+            memcpy(key + la + 1, wbuf + start[i + 1], lb);
+            int32_t r = strmap_get(&t->ranks, key, la + lb + 1);
+            if (r >= 0 && r < best) best = r, at = i;
+        }
+        if (at == SIZE_MAX) break;
+        /* merge every occurrence of that pair, left to right */
+        size_t la = start[at + 1] - start[at], lb = start[at + 2] - start[at + 1];
+        memcpy(pa, wbuf + start[at], la);
+        memcpy(pb, wbuf + start[at + 1], lb);
+        size_t k = 0;
+        for (size_t i = 0; i < nsym; k++) {
+            start[k] = start[i];
+            if (i + 1 < nsym && start[i + 1] - start[i] == la && start[i + 2] - start[i + 1] == lb &&
+                !memcmp(wbuf + start[i], pa, la) && !memcmp(wbuf + start[i + 1], pb, lb))
+                i += 2;
+            else
+                i += 1;
+        }
+        start[k] = wl;
+        nsym = k;
+    }
+    lk_status st = LK_STATUS_OK;
+    for (size_t i = 0; i < nsym && !st; i++) {
+        int32_t id = strmap_get(&t->encoder, wbuf + start[i], start[i + 1] - start[i]);
+        if (id < 0)
+            st = lk_error(LK_STATUS_INVALID_ARGUMENT,
+                          "gpt2 tokenizer: merges produce \"%.*s\", which vocab.json does not have (vocab and merges "
+                          "from different tokenizers?)",
+                          (int)(start[i + 1] - start[i] > 200 ? 200 : start[i + 1] - start[i]), wbuf + start[i]);
+        else st = tokbuf_push(out, id);
+    }
+    lk_free(heap);
+    return st;
 }
 
 lk_status lk_tokenizer_encode(const lk_tokenizer *t, const char *text, size_t len, int32_t **tokens, int64_t *n) {
