@@ -16,6 +16,7 @@ pkgs=(
   libcurl4-openssl-dev # rank-0 dataset downloads
   libopenmpi-dev openmpi-bin  # the mpi communicator
   dataset-fashion-mnist       # the default dataset
+  bible-kjv bible-kjv-text    # the language models' default text (the King James Bible, `bible`)
   python3              # the local HTTP server in the download tests
   python3-numpy        # tests cross-check our .npy and safetensors files with numpy
   procps               # pgrep in the fault-injection tests

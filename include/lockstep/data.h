@@ -215,9 +215,38 @@ typedef struct lk_tokens_config {
     int64_t stride;  /* 0: seq_len (non-overlapping windows) */
     lk_dtype dtype;  /* LK_I64 (default) or LK_I32 */
     int64_t vocab_size; /* > 0: every token is checked against it when the file is opened */
+    int64_t samples;    /* > 0: random windows: that many samples, sample i of epoch e starting at a
+                           position drawn from (seed, e, i) (stride is then unused); 0: strided windows */
+    uint64_t seed;      /* keys the random windows */
 } lk_tokens_config;
 lk_tokens_config lk_tokens_config_default(void);
 lk_status lk_dataset_tokens_create(const char *path, const lk_tokens_config *cfg, lk_dataset **out);
+/* Checks a token file's header and size; its token count and largest token
+ * (-1 when empty) into the pointers that are not NULL. */
+lk_status lk_tokens_file_info(const char *path, int64_t *ntokens, int *largest);
+/* Writes n u16 tokens in llm.c's format (1 KiB header: magic 20240520,
+ * version 1, count), to a temporary file renamed into place. */
+lk_status lk_tokens_write(const char *path, const uint16_t *tokens, int64_t n);
+
+/* Tokenizers: text <-> token ids. "bytes": each byte is a token (vocabulary
+ * 256, no files). "gpt2": GPT-2's byte-level BPE from its vocab.json and
+ * merges.txt (the pre-tokenisation pattern, the byte-to-unicode map, merges
+ * by rank; read from the files, no network). Immutable once created, so
+ * threads may share one. */
+typedef struct lk_tokenizer lk_tokenizer;
+lk_status lk_tokenizer_bytes_create(lk_tokenizer **out);
+/* Errors name the file and the entry (a malformed merge line, a vocabulary
+ * missing one of the 256 byte symbols, an id given twice). */
+lk_status lk_tokenizer_gpt2_create(const char *vocab_json, const char *merges_txt, lk_tokenizer **out);
+void lk_tokenizer_free(lk_tokenizer *t); /* NULL does nothing */
+/* The largest id + 1 (bytes: 256). */
+int64_t lk_tokenizer_vocab_size(const lk_tokenizer *t);
+const char *lk_tokenizer_kind(const lk_tokenizer *t); /* "bytes" or "gpt2" */
+/* *tokens (lk_malloc'd; the caller lk_frees it) gets the n ids of text[0..len). */
+lk_status lk_tokenizer_encode(const lk_tokenizer *t, const char *text, size_t len, int32_t **tokens, int64_t *n);
+/* *text (lk_malloc'd, NUL-terminated; *len bytes without the NUL) gets the
+ * bytes of the tokens; an id outside the vocabulary is an error naming it. */
+lk_status lk_tokenizer_decode(const lk_tokenizer *t, const int32_t *tokens, int64_t n, char **text, size_t *len);
 
 /* Synthetic data computed from (seed, index) on demand (no memory), so any
  * rank can produce any sample. classification: "x" f32 [dim] drawn around

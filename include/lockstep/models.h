@@ -130,6 +130,25 @@ lk_tensor *lk_model_loss(const lk_model_info *info, lk_tensor *output, lk_tensor
  * INVALID_ARGUMENT error naming its type, *count 0 and *blocks NULL. */
 lk_status lk_model_blocks(const lk_layer *model, int *count, const lk_named_layer **blocks);
 
+/* ---- generation: sampling from a language model ----------------------------------- */
+
+typedef struct lk_generate_config {
+    int64_t max_new_tokens; /* tokens to add (>= 1; default 256) */
+    double temperature;     /* logits / temperature (> 0; default 1) */
+    int64_t top_k;          /* sample among the k most likely (0: all; default 0) */
+    int64_t block_size;     /* feed at most the last block_size tokens (the model's context; 0: all) */
+    uint64_t seed;          /* keys the draws: the same seed gives the same tokens */
+} lk_generate_config;
+lk_generate_config lk_generate_config_default(void);
+/* Extends `prompt` (n_prompt >= 1 tokens) by max_new_tokens tokens sampled
+ * from `net`, any layer whose forward maps i64 [1, t] to logits [1, t, V]
+ * (run without gradients, in eval mode, restored after). *out (lk_malloc'd,
+ * the caller lk_frees it) gets the prompt and the new tokens, *n_out their
+ * count. Errors: a bad setting, a prompt token outside [0, V), a model
+ * whose output is not [1, t, V]. */
+lk_status lk_generate(lk_layer *net, const int64_t *prompt, int64_t n_prompt, const lk_generate_config *cfg,
+                      int64_t **out, int64_t *n_out);
+
 /* ---- parsed arguments, for builders ------------------------------------------------- */
 
 /* The value of the argument `name` of the model's table. Asking for a name

@@ -534,3 +534,28 @@ out:
     run_spec_free(&rs);
     return rc;
 }
+
+/* For `lockstep generate` (cmd_generate.c): the config's module and data
+ * module built exactly as fit builds them (every section validated, the
+ * defaults written into `cfg`), the seed that runs and trainer.default_root_dir. */
+lk_status lk_cli_build_from_config(lk_config *cfg, lk_module **module, lk_datamodule **dm, int64_t *seed,
+                                   char *root_dir, size_t size) {
+    *module = NULL;
+    *dm = NULL;
+    run_spec rs;
+    memset(&rs, 0, sizeof rs);
+    lk_status st = read_spec(cfg, &rs);
+    if (!st) st = fill_defaults(cfg, &rs);
+    if (!st) st = build_class(cfg, "model", rs.model, rs.model_args, rs.n_model_args, (uint64_t)rs.trainer.seed, module, NULL);
+    if (!st) st = build_class(cfg, "data", rs.data, rs.data_args, rs.n_data_args, (uint64_t)rs.trainer.seed, NULL, dm);
+    *seed = rs.trainer.seed;
+    snprintf(root_dir, size, "%s", rs.trainer.default_root_dir[0] ? rs.trainer.default_root_dir : ".");
+    run_spec_free(&rs);
+    if (st) {
+        lk_module_free(*module);
+        lk_datamodule_free(*dm);
+        *module = NULL;
+        *dm = NULL;
+    }
+    return st;
+}

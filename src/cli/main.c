@@ -23,6 +23,8 @@ static const cmd commands[] = {
     {"launch", lk_cmd_launch, "start N local processes: lockstep launch -n N -- CMD..."},
     {"env", lk_cmd_env, "print the detected hardware, process group and backends"},
     {"export", lk_cmd_export, "write a checkpoint's weights as safetensors"},
+    {"prepare", lk_cmd_prepare, "text into token files: lockstep prepare --input FILE.txt --out DIR"},
+    {"generate", lk_cmd_generate, "sample text from a trained language model (lockstep generate -c CONFIG --prompt ...)"},
 };
 
 static const cmd bench_commands[] = {

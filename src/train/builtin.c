@@ -259,6 +259,7 @@ static const lk_datamodule_info datamodules[] = {
      LK__DM_CSV_NPARAMS},
     {"image_folder", "your images: root/<class_name>/*.png|jpg, as torchvision's ImageFolder", lk__dm_images_params,
      LK__DM_IMAGES_NPARAMS},
+    {"tokens", LK__DM_TOKENS_HELP, lk__dm_tokens_params, LK__DM_TOKENS_NPARAMS}, /* dm_tokens.c */
 };
 
 const lk_datamodule_info *lk_datamodules(int *count) {
@@ -393,6 +394,9 @@ static void shape_str(int ndim, const int64_t *shape, char *buf, size_t size) {
 }
 
 static lk_status builtin_setup(lk_module *m, lk_datamodule *dm, const char *stage) {
+    if (m && m->vt == &builtin_vt_owned && lk__dm_is_tokens(dm)) /* vocab_size, block_size: dm_tokens.c */
+        return lk__dm_tokens_check_model(((const model_self *)m->self)->info, ((const model_self *)m->self)->args,
+                                         ((const model_self *)m->self)->n_args, dm);
     if (!m || !dm || m->vt != &builtin_vt_owned || dm->vt != &dm_vt) return LK_STATUS_OK;
     const model_self *ms = m->self;
     const dm_self *ds = dm->self;
@@ -450,6 +454,7 @@ lk_status lk_datamodule_create_builtin(const char *name, const lk_model_kv *args
         return lk_error(LK_STATUS_INVALID_ARGUMENT, "unknown data class_path '%s'%s%s%s; registered data modules: %s",
                         name, s ? " (did you mean '" : "", s ? s : "", s ? "'?)" : "", list);
     }
+    if (!strcmp(name, "tokens")) return lk__dm_tokens_create(args, n_args, seed, out); /* dm_tokens.c */
     dm_self *s = lk_calloc(1, sizeof *s);
     lk_datamodule *dm = lk_calloc(1, sizeof *dm);
     if (!s || !dm) {

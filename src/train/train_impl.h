@@ -427,4 +427,24 @@ lk_status lk__step_log_pending(lk_trainer *tr, double loss);
  * another data module, or before setup. */
 bool lk__builtin_data_root(const lk_datamodule *dm, const char **dir, const char **from);
 
+/* The tokens data module (dm_tokens.c): its parameter table (one row of
+ * builtin.c's list), its constructor, and the check of a built-in model's
+ * vocab_size and block_size against the data once it is set up. */
+#define LK__DM_TOKENS_NPARAMS 9
+#define LK__DM_TOKENS_HELP "token files (llm.c/nanoGPT u16; default: the King James Bible as bytes, Debian's bible-kjv)"
+extern const lk_param lk__dm_tokens_params[LK__DM_TOKENS_NPARAMS];
+lk_status lk__dm_tokens_create(const lk_model_kv *args, int n_args, uint64_t seed, lk_datamodule **out);
+bool lk__dm_is_tokens(const lk_datamodule *dm);
+lk_status lk__dm_tokens_check_model(const lk_model_info *info, const lk_model_kv *args, int n_args,
+                                    const lk_datamodule *dm);
+/* The training file the data module reads or would read ("" when it has no place). */
+const char *lk__dm_tokens_train_file(const lk_datamodule *dm);
+/* Encodes text[0..len) with `tok`, splits it (the last val_fraction of
+ * the text for validation) and writes dir/train.bin, dir/val.bin (llm.c's
+ * format) and dir/meta.json (tokenizer, vocab_size, counts, source; the
+ * vocab/merges paths for gpt2), meta.json last. */
+lk_status lk__tokens_prepare_dir(const char *dir, const char *text, size_t len, const lk_tokenizer *tok,
+                                 double val_fraction, const char *source, const char *vocab_json,
+                                 const char *merges_txt, int64_t *ntrain, int64_t *nval);
+
 #endif

@@ -21,3 +21,9 @@ lk_add_script_test(NAME cli_overrides SCRIPT cli/test_overrides.sh LABELS unit T
 lk_add_script_test(NAME cli_conformance SCRIPT cli/test_conformance.sh LABELS unit TIMEOUT 180)
 # issue 48: the npy and csv data modules (the user's files, no C), 1 and 2 ranks, predict order
 lk_add_script_test(NAME cli_data_files SCRIPT cli/test_data_files.sh LABELS multiproc TIMEOUT 180)
+# lockstep prepare (bytes, a handmade GPT-2 vocabulary), the tokens data
+# module's config errors and lockstep generate's errors
+lk_add_script_test(NAME cli_tokens SCRIPT cli/test_tokens.sh LABELS unit TIMEOUT 120)
+# A tiny GPT on the Bible default end to end: rank-0 preparation on 2 ranks,
+# exact resume with random windows, generate (skips without the gpt model)
+lk_add_script_test(NAME cli_gpt_tokens SCRIPT cli/test_gpt_tokens.sh LABELS multiproc TIMEOUT 240)

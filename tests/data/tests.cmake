@@ -11,3 +11,10 @@ lk_add_test(NAME data_eval_sampler SOURCES data/test_eval_sampler.c LABELS unit 
 lk_add_test(NAME fuzz_replay_data_readers SOURCES ../fuzz/fuzz_data_readers.c ../fuzz/replay.c LABELS unit TIMEOUT 60
             ARGS ${PROJECT_SOURCE_DIR}/fuzz/corpus/fuzz_data_readers)
 lk_add_test(NAME data_fetch SOURCES data/test_fetch.c LABELS unit TIMEOUT 90)
+# Token data for language models: tokenizers (bytes, GPT-2 BPE on a handmade
+# vocabulary), the tokens data module (random/sequential windows, shards, the
+# Bible default, bad input) and generation with a tiny model.
+lk_add_test(NAME data_tokens SOURCES data/test_tokens.c LABELS unit TIMEOUT 60)
+# GPT-2 BPE against a Python reference of GPT-2's encoder on the Bible and a
+# Unicode sample (skips without python3's regex module or bible-kjv)
+lk_add_script_test(NAME data_bpe_reference SCRIPT data/test_bpe_reference.sh LABELS unit TIMEOUT 120)
