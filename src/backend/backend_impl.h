@@ -334,6 +334,24 @@ typedef struct lk_dropout_mask_live {
     int head_n;
 } lk_dropout_mask_live;
 
+/* LK_OP_ATTENTION / _BACKWARD: causal multi-head self-attention on GPT-2's
+ * packed projections, qkv [B, T, 3, H, D] -> y [B, T, H, D], in the
+ * flash-attention manner: each query row runs over its keys j <= i with an
+ * online softmax (running max and sum), so no [T, T] matrix exists; its
+ * logsumexp lse [B, H, T] is kept, and the backward recomputes each
+ * probability from it (kernels/attention.h). scale: 1/sqrt(D) as a rule.
+ * Dropout on the probabilities when thr > 0 (thr = p * 2^24, keep_scale =
+ * 1/(1-p)): probability (b, h, i, j) is kept by word e % 4 of the Philox
+ * block of counter ctr + e / 4, e = ((b H + h) T + i) T + j — a pure
+ * function of the position, so the backward draws the same mask without
+ * storing it. */
+typedef struct lk_attention_params {
+    int64_t B, T, H, D;
+    float scale, thr, keep_scale;
+    uint32_t key[2], ctr[4];
+} lk_attention_params;
+#define LK_ATTENTION_MAX_D 256 /* a head's width: the row accumulators live in registers/stack */
+
 /* LK_OP_INCREMENT over n contiguous i64 elements (two's complement wrap). */
 typedef struct lk_increment_params {
     int64_t n, by;
@@ -386,6 +404,7 @@ typedef struct lk_op_desc {
         lk_clamp_params clamp;
         lk_accuracy_params accuracy;
         lk_dropout_mask_params dropout_mask;
+        lk_attention_params attention;
         lk_increment_params increment;
         lk_clip_params clip;
     };

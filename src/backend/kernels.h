@@ -21,5 +21,6 @@
 #include "backend/kernels/conv.h"
 #include "backend/kernels/rows.h"
 #include "backend/kernels/optim.h"
+#include "backend/kernels/attention.h"
 
 #endif

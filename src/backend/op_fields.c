@@ -56,6 +56,11 @@ static const lk_op_field bn_split_f[] = {F(bn_split, N), F(bn_split, C), F(bn_sp
 static const lk_op_field accuracy_f[] = {F(accuracy, N), F(accuracy, C)};
 static const lk_op_field dropout_mask_f[] = {F(dropout_mask, n),    F(dropout_mask, key),    L(dropout_mask, ctr),
                                        L(dropout_mask, head), L(dropout_mask, head_n), F(dropout_mask, thr)};
+/* ctr moves every step, but is not live: a replayed step whose mask moved
+ * differs from its recording and is not replayed (kernels read no `live`). */
+static const lk_op_field attention_f[] = {F(attention, B),     F(attention, T),          F(attention, H),
+                                          F(attention, D),     F(attention, scale),      F(attention, thr),
+                                          F(attention, keep_scale), F(attention, key), F(attention, ctr)};
 static const lk_op_field increment_f[] = {F(increment, n), F(increment, by)};
 static const lk_op_field clip_f[] = {F(clip, n), F(clip, p), F(clip, max_norm)};
 #undef F

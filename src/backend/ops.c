@@ -111,6 +111,14 @@ bool lk__op_operand_extent(const lk_op_desc *d, int i, int64_t *count, int64_t *
         *written = i == 3;
         return true;
     }
+    case LK_OP_ATTENTION: /* qkv, y, lse */
+    case LK_OP_ATTENTION_BACKWARD: { /* qkv, y, lse, dy, dqkv */
+        const lk_attention_params *p = &d->attention;
+        int64_t rows = p->B * p->T * p->H;
+        *count = i == 0 || i == 4 ? 3 * rows * p->D : i == 2 ? rows : rows * p->D;
+        *written = d->op == LK_OP_ATTENTION ? i >= 1 : i == 4;
+        return true;
+    }
     case LK_OP_EMBEDDING_BACKWARD: { /* g [n, D], idx, dw [V, D] */
         const lk_embedding_params *p = &d->embedding;
         *count = i == 0 ? p->n * p->D : i == 2 ? p->V * p->D : p->n;

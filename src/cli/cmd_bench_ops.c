@@ -217,17 +217,78 @@ static void lowp_table(double budget) {
     }
 }
 
+/* ---- causal self-attention: the fused op against the composed one -------------------- */
+
+typedef struct {
+    lk_tensor *qkv, *dy;
+    int n_head;
+    bool naive;
+    size_t peak; /* bytes the forward+backward held at most above what was live before */
+} attn_ctx;
+
+static void run_attention(void *vctx) {
+    attn_ctx *c = vctx;
+    size_t base = lk_pool_reset_peak();
+    lk_scope_begin();
+    lk_tensor *y = c->naive ? lk_causal_self_attention_naive(c->qkv, c->n_head, 0, false, NULL)
+                            : lk_causal_self_attention(c->qkv, c->n_head, 0, false, NULL);
+    if (!y || lk_backward_with(y, c->dy)) {
+        fprintf(stderr, "lockstep bench ops: attention: %s\n", lk_last_error());
+        exit(1);
+    }
+    lk_scope_end();
+    c->peak = lk_pool_get_stats().bytes_live_peak - base;
+    lk_tensor_zero_grad(c->qkv, true);
+}
+
+/* Forward + backward of one attention layer (B 4, H 4, head 64: GPT-2
+ * small's head width) at T = 64, 256, 1024: time, and the bytes each way
+ * holds at its peak beyond its inputs (the naive one keeps the [B H, T, T]
+ * probabilities, and builds the scores and their gradients beside them). */
+static void attention_table(double budget) {
+    const int64_t B = 4, H = 4, D = 64, C = H * D;
+    static const int64_t Ts[] = {64, 256, 1024};
+    printf("\ncausal self-attention, forward+backward, B %lld, %lld heads of %lld (f32, %d compute threads):\n",
+           (long long)B, (long long)H, (long long)D, lk_get_num_threads());
+    printf("%-6s %12s %12s %8s %14s %14s\n", "T", "fused ms", "naive ms", "speedup", "fused peak MB", "naive peak MB");
+    lk_rng rng;
+    lk_rng_init(&rng, 2, LK_RNG_USER, 0, 0);
+    for (size_t k = 0; k < sizeof Ts / sizeof Ts[0]; k++) {
+        int64_t T = Ts[k];
+        attn_ctx c[2];
+        c[0].qkv = lk_tensor_randn(&rng, LK_SHAPE(B, T, 3 * C), 0, 1);
+        c[0].dy = lk_tensor_randn(&rng, LK_SHAPE(B, T, C), 0, 1);
+        lk_tensor_set_requires_grad(c[0].qkv, true);
+        c[0].n_head = (int)H, c[0].naive = false, c[0].peak = 0;
+        c[1] = c[0];
+        c[1].naive = true;
+        /* interleaved, the better of two rounds each */
+        double tf = time_it(run_attention, &c[0], budget / 2), tn = time_it(run_attention, &c[1], budget / 2);
+        double tf2 = time_it(run_attention, &c[0], budget / 2), tn2 = time_it(run_attention, &c[1], budget / 2);
+        tf = tf < tf2 ? tf : tf2;
+        tn = tn < tn2 ? tn : tn2;
+        printf("%-6lld %12.2f %12.2f %7.2fx %14.1f %14.1f\n", (long long)T, tf * 1e3, tn * 1e3, tn / tf,
+               (double)c[0].peak / 1048576.0, (double)c[1].peak / 1048576.0);
+        lk_tensor_release(c[0].qkv);
+        lk_tensor_release(c[0].dy);
+    }
+}
+
 int lk_cmd_bench_ops(int argc, char **argv) {
     double budget = 1.0;
+    bool attention_only = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--seconds") && i + 1 < argc) budget = atof(argv[++i]);
+        else if (!strcmp(argv[i], "--attention")) attention_only = true;
         else if (!strcmp(argv[i], "--help")) {
-            printf("usage: lockstep bench ops [--seconds S]\n"
+            printf("usage: lockstep bench ops [--seconds S] [--attention]\n"
                    "GFLOP/s of lk_matmul vs direct cblas_sgemm on the same buffers (median of 7 rounds,\n"
                    "about S seconds per cell); the training step's GEMMs in f32 (OpenBLAS and oneDNN), bf16 and f16;\n"
                    "the optimizer's update (AdamW over the mlp's parameters, and over a set that fits in cache)\n"
                    "on 1 to N compute threads; and forward+backward time of a 784-512-256-64 MLP at batch 256,\n"
-                   "in f32 and under bf16 autocast (bf16-mixed), on 1 to N compute threads.\n");
+                   "in f32 and under bf16 autocast (bf16-mixed), on 1 to N compute threads; and causal\n"
+                   "self-attention's forward+backward, fused against composed, at T = 64, 256, 1024\n"
+                   "(--attention: that table only).\n");
             return 0;
         } else {
             fprintf(stderr, "lockstep bench ops: unknown option '%s'\n", argv[i]);
@@ -236,6 +297,10 @@ int lk_cmd_bench_ops(int argc, char **argv) {
     }
     printf("BLAS: %s; lockstep compute threads: %d (GEMMs split by lockstep, BLAS single-threaded)\n",
            openblas_get_config(), lk_get_num_threads());
+    if (attention_only) {
+        attention_table(budget);
+        return 0;
+    }
     static const struct { int64_t M, K, N; bool tb; const char *what; } shapes[] = {
         {256, 784, 512, false, "MLP layer 1 (x @ W)"},
         {256, 784, 512, true, "MLP layer 1 (x @ W^T view)"},
@@ -307,5 +372,6 @@ int lk_cmd_bench_ops(int argc, char **argv) {
         lk_tensor_release(m.w[i]);
         lk_tensor_release(m.b[i]);
     }
+    attention_table(budget);
     return 0;
 }

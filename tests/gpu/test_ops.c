@@ -277,6 +277,25 @@ static void dts(op_case *c, lk_dtype a, lk_dtype b, lk_dtype x, lk_dtype y) {
 }
 static void ops(op_case *c, int i, int64_t n, init_kind k, int64_t max) { c->o[i] = (opnd){n, k, max}; }
 
+/* Attention's backward on the y and lse its forward gives for these qkv
+ * (random ones would overflow exp(s - lse)): the forward's row bodies run
+ * here over a widened copy, y rounded to the case's dtype. */
+static void attention_consistent(const op_case *c, void **h) {
+    const lk_attention_params *a = &c->d.attention;
+    int64_t n = a->B * a->T * a->H * a->D;
+    bool half = c->d.dtype[0] != LK_F32;
+    float *q = malloc((size_t)(4 * n) * sizeof *q), *y = q + 3 * n;
+    for (int64_t i = 0; i < 3 * n; i++) q[i] = half ? lk_bf16_bits_to_f32(((uint16_t *)h[0])[i]) : ((float *)h[0])[i];
+    for (int64_t r = 0; r < a->B * a->H * a->T; r++)
+        lk_k_attn_forward_row(q, y, h[2], a->T, a->H, a->D, a->scale, a->key, a->ctr, a->thr, a->keep_scale,
+                              r / a->T / a->H, r / a->T % a->H, r % a->T);
+    for (int64_t i = 0; i < n; i++) {
+        if (half) ((uint16_t *)h[1])[i] = lk_f32_to_bf16_bits(y[i]);
+        else ((float *)h[1])[i] = y[i];
+    }
+    free(q);
+}
+
 /* The non-finite ops need some: an inf at 777 and a NaN at 1500. */
 static void put_nonfinite(const op_case *c, void **h) {
     (void)c;
@@ -523,6 +542,28 @@ static void add_half_forms(void) {
         c->d.accuracy = (lk_accuracy_params){300, 7};
         ops(c, 0, 300 * 7, I_RAND, 0), ops(c, 1, 300, I_IDX, 7), ops(c, 2, 1, I_RAND, 0);
         c->fix = put_ties;
+    }
+    /* causal self-attention [B 2, T 13, H 3, D 8]: f32 and bf16 qkv, with
+     * and without dropout; the backward on the forward's own y and lse
+     * (attention_consistent), so its probabilities are real ones */
+    for (int k = 0; k < 6; k++) {
+        bool bwd = k >= 3, drop = k % 3 == 1, half = k % 3 == 2;
+        lk_dtype t = half ? LK_BF16 : LK_F32;
+        c = add(NAME("attention%s%s_%s", bwd ? "_backward" : "", drop ? "_dropout" : "", lk_dtype_name(t)),
+                bwd ? LK_OP_ATTENTION_BACKWARD : LK_OP_ATTENTION, T_TRANSC);
+        lk_attention_params *a = &c->d.attention;
+        *a = (lk_attention_params){2, 13, 3, 8, 0.35355339f, drop ? 0.25f * 16777216.0f : 0.0f, drop ? 4.0f / 3.0f : 1.0f,
+                                   {0x1234, 0x5678}, {7, 0, 0, 0}};
+        int64_t n = 2 * 13 * 3 * 8;
+        if (!bwd) {
+            dts(c, t, t, LK_F32, 0);
+            ops(c, 0, 3 * n, I_RAND, 0), ops(c, 1, n, I_RAND, 0), ops(c, 2, 2 * 3 * 13, I_RAND, 0);
+        } else {
+            dts(c, t, t, LK_F32, t), c->d.dtype[4] = t;
+            ops(c, 0, 3 * n, I_RAND, 0), ops(c, 1, n, I_RAND, 0), ops(c, 2, 2 * 3 * 13, I_RAND, 0);
+            ops(c, 3, n, I_RAND, 0), ops(c, 4, 3 * n, I_RAND, 0);
+            c->fix = attention_consistent;
+        }
     }
 #undef NAME
 }

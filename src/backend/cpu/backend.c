@@ -70,6 +70,12 @@ static bool cpu_supports(const lk_op_desc *d) {
                (d->dtype[2] == LK_F32 || is_half(d->dtype[2]));
     case LK_OP_CHANNEL_SUM: /* dY f32 or 16-bit, db f32 */
         return (d->dtype[0] == LK_F32 || is_half(d->dtype[0])) && d->dtype[1] == LK_F32;
+    case LK_OP_ATTENTION:
+    case LK_OP_ATTENTION_BACKWARD: /* f32 (16-bit operands widen: ops.def), heads up to LK_ATTENTION_MAX_D wide */
+        for (int i = 0; i < lk__op_arity(d->op); i++)
+            if (d->dtype[i] != LK_F32) return false;
+        return d->attention.D >= 1 && d->attention.D <= LK_ATTENTION_MAX_D && d->attention.thr >= 0 &&
+               d->attention.thr <= 16777216.0f;
     case LK_OP_COL2IM: /* f32 only */
         for (int i = 0; i < lk__op_arity(d->op); i++)
             if (d->dtype[i] != LK_F32) return false;

@@ -69,6 +69,8 @@ LK_ISA_DECLARE(lk_status, lk__cpu_conv, (const lk_op_desc *d, void *const *x));
 LK_ISA_DECLARE(lk_status, lk__cpu_grads, (const lk_op_desc *d, void *const *x));
 /* embedding.c: LK_OP_EMBEDDING and _BACKWARD, f32 rows, i32 or i64 indices. */
 LK_ISA_DECLARE(lk_status, lk__cpu_embedding, (const lk_op_desc *d, void *const *x));
+/* attention.c: LK_OP_ATTENTION and _BACKWARD, f32 (lse f32). */
+LK_ISA_DECLARE(lk_status, lk__cpu_attention, (const lk_op_desc *d, void *const *x));
 /* copy.c: LK_OP_COPY (copies and casts) and LK_OP_FILL, any dtype. */
 LK_ISA_DECLARE(lk_status, lk__cpu_copy, (const lk_op_desc *d, void *const *x));
 LK_ISA_DECLARE(lk_status, lk__cpu_fill, (const lk_op_desc *d, void *const *x));

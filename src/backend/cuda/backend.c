@@ -136,6 +136,10 @@ static bool cuda_supports(const lk_op_desc *d) {
         return d->dtype[0] == LK_F32 && d->dtype[1] == LK_F32 && d->dtype[2] == LK_F32 && d->dtype[3] == LK_F64 &&
                (unsigned)d->bn_split.stat <= LK_BN_GRAD;
     case LK_OP_BN_APPLY: return all_f32(d);
+    case LK_OP_ATTENTION: /* f32 (16-bit operands widen: ops.def), as the CPU */
+    case LK_OP_ATTENTION_BACKWARD:
+        return all_f32(d) && d->attention.D >= 1 && d->attention.D <= LK_ATTENTION_MAX_D && d->attention.thr >= 0 &&
+               d->attention.thr <= 16777216.0f;
     case LK_OP_ACCURACY: /* as the CPU: 16-bit logits read by the kernel itself */
         return is_elem(d->dtype[0]) && (d->dtype[1] == LK_I64 || d->dtype[1] == LK_I32 || d->dtype[1] == LK_U8) &&
                d->dtype[2] == LK_F64 && d->accuracy.N >= 0 && d->accuracy.C >= 0;

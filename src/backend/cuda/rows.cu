@@ -603,11 +603,56 @@ cudaError_t classify(const lk_op_desc *d, void *const *x) {
     }
 }
 
+/* ---- causal self-attention: a thread per query row (forward, dq) or key
+ * column (dk, dv), the bodies of kernels/attention.h ---- */
+__global__ void k_attention(lk_attention_params p, const float *qkv, float *y, float *lse) {
+    for (int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; r < p.B * p.H * p.T;
+         r += (int64_t)gridDim.x * blockDim.x) {
+        int64_t i = r % p.T, bh = r / p.T;
+        lk_k_attn_forward_row(qkv, y, lse, p.T, p.H, p.D, p.scale, p.key, p.ctr, p.thr, p.keep_scale, bh / p.H,
+                              bh % p.H, i);
+    }
+}
+
+__global__ void k_attention_backward(lk_attention_params p, const float *qkv, const float *y, const float *lse,
+                                     const float *dy, float *dqkv, int columns) {
+    for (int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; r < p.B * p.H * p.T;
+         r += (int64_t)gridDim.x * blockDim.x) {
+        int64_t i = r % p.T, bh = r / p.T;
+        if (columns)
+            lk_k_attn_dkv_col(qkv, y, lse, dy, NULL, dqkv, p.T, p.H, p.D, p.scale, p.key, p.ctr, p.thr, p.keep_scale,
+                              bh / p.H, bh % p.H, i);
+        else
+            lk_k_attn_dq_row(qkv, y, lse, dy, dqkv, p.T, p.H, p.D, p.scale, p.key, p.ctr, p.thr, p.keep_scale,
+                             bh / p.H, bh % p.H, i);
+    }
+}
+
+static cudaError_t attention(const lk_op_desc *d, void *const *x) {
+    const lk_attention_params *p = &d->attention;
+    int64_t rows = p->B * p->H * p->T;
+    if (rows == 0) return cudaSuccess;
+    if (d->op == LK_OP_ATTENTION) {
+        k_attention<<<lk_cu_blocks(rows), LK_CU_THREADS, 0, lk_cu_stream()>>>(*p, (const float *)x[0], (float *)x[1],
+                                                                            (float *)x[2]);
+        return cudaGetLastError();
+    }
+    for (int columns = 0; columns < 2; columns++) { /* dq by rows, then dk and dv by columns: disjoint writes */
+        k_attention_backward<<<lk_cu_blocks(rows), LK_CU_THREADS, 0, lk_cu_stream()>>>(
+            *p, (const float *)x[0], (const float *)x[1], (const float *)x[2], (const float *)x[3], (float *)x[4],
+            columns);
+        cudaError_t e = cudaGetLastError();
+        if (e != cudaSuccess) return e;
+    }
+    return cudaSuccess;
+}
+
 } // namespace
 
 extern "C" int lk__cuda_rows(const lk_op_desc *d, void *const *x) {
     LK_CU_REQUIRE_STREAM();
-    bool widened = d->op == LK_OP_LAYER_NORM || d->op == LK_OP_LAYER_NORM_BACKWARD || d->op == LK_OP_EMBEDDING_BACKWARD;
+    bool widened = d->op == LK_OP_LAYER_NORM || d->op == LK_OP_LAYER_NORM_BACKWARD || d->op == LK_OP_EMBEDDING_BACKWARD ||
+                   d->op == LK_OP_ATTENTION || d->op == LK_OP_ATTENTION_BACKWARD;
     if (widened && lk__op_has_half(d)) return lk__cuda_widened(d, x, lk__cuda_rows);
     switch (d->op) {
     case LK_OP_SOFTMAX:
@@ -625,6 +670,8 @@ extern "C" int lk__cuda_rows(const lk_op_desc *d, void *const *x) {
     case LK_OP_LAYER_NORM_BACKWARD: return (int)layer_norm(d, x);
     case LK_OP_NONFINITE:
     case LK_OP_UNSCALE: return (int)nonfinite(d, x);
+    case LK_OP_ATTENTION:
+    case LK_OP_ATTENTION_BACKWARD: return (int)attention(d, x);
     case LK_OP_EMBEDDING:
         if (d->embedding.n * d->embedding.D > 0 && d->dtype[0] != LK_F32)
             k_embedding_u16<<<lk_cu_blocks(d->embedding.n * d->embedding.D), LK_CU_THREADS, 0, lk_cu_stream()>>>(
