@@ -395,6 +395,14 @@ static lk_status builtin_setup(lk_module *m, lk_datamodule *dm, const char *stag
     for (int i = 0; i < ndim; i++) wn *= want[i];
     /* mlp and autoencoder flatten any sample; cnn takes [C, H, W] or one flat row */
     bool fits = n == wn && (ndim == 1 || x->ndim == 1 || x->ndim == ndim);
+    if (ms->info->tokens) { /* token ids: a sequence of at most the model's length */
+        if (x->ndim == 1 && n <= wn) return LK_STATUS_OK;
+        char gs[96];
+        shape_str(x->ndim, x->shape, gs, sizeof gs);
+        return lk_error(LK_STATUS_INVALID_ARGUMENT,
+                        "model %s takes token sequences [T] with T <= %lld (%s), but data %s gives samples of %s",
+                        ms->info->name, (long long)wn, why, dm->name, gs);
+    }
     for (int i = 0; fits && ndim == 3 && x->ndim == 3 && i < 3; i++) fits = x->shape[i] == want[i];
     if (fits) return LK_STATUS_OK;
     char ws[96], gs[96], src[LK_PARAM_STR + 96], hint[160] = "";
