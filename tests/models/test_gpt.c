@@ -391,11 +391,11 @@ static void bad_input(void) {
     lk_tensor *x = tokens(41, 1, 17, 64);
     lk_scope_begin();
     CHECK(lk_layer_forward(m, x) == NULL);
-    CHECK_MSG(strstr(lk_last_error(), "a sequence of 17 tokens is longer than block_size = 16"), "%s", lk_last_error());
+    CHECK_MSG(strstr(lk_last_error(), "model gpt: a sequence of 17 tokens is longer than block_size = 16"), "%s", lk_last_error());
     lk_clear_error();
     lk_tensor *f = lk_tensor_zeros(LK_F32, 2, (int64_t[]){1, 4});
     CHECK(lk_layer_forward(m, f) == NULL);
-    CHECK_MSG(strstr(lk_last_error(), "model gpt: expected token ids i64 [B, T]"), "%s", lk_last_error());
+    CHECK_MSG(strstr(lk_last_error(), "model gpt: expected token ids i64 [B, T] (or [T]), got f32 [1, 4]"), "%s", lk_last_error());
     lk_clear_error();
     lk_tensor_release(f);
     lk_scope_end();
