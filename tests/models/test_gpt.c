@@ -142,8 +142,10 @@ static void parity_block(void) {
     lk_layer_free(m);
 }
 
-/* nanoGPT's configure_optimizers: decay on parameters of >= 2 dims. */
-static void parity_adamw_steps(void) {
+/* nanoGPT's configure_optimizers: decay on parameters of >= 2 dims; as two
+ * groups (nanoGPT's form) or one group with the others exempt
+ * (lk_optimizer_no_weight_decay, what optimizer.weight_decay_params uses). */
+static void adamw_steps(bool one_group) {
     lk_layer *m = tiny_gpt();
     if (!m) return;
     lk_named_tensors ps = {0}, decay = {0}, nodecay = {0};
@@ -158,8 +160,14 @@ static void parity_adamw_steps(void) {
     c.eps = 1e-8;
     c.weight_decay = 0.1;
     lk_optimizer *opt = NULL;
-    CHECK_OK(lk_optimizer_create(&c, &decay, &opt));
-    CHECK_OK(lk_optimizer_add_param_group(opt, &nodecay, NAN, 0.0));
+    if (one_group) {
+        CHECK_OK(lk_optimizer_create(&c, &ps, &opt));
+        for (int i = 0; opt && i < nodecay.n; i++) CHECK_OK(lk_optimizer_no_weight_decay(opt, nodecay.items[i].name));
+        if (opt) CHECK_ERR(lk_optimizer_no_weight_decay(opt, "nope"), LK_STATUS_INVALID_ARGUMENT, "no parameter 'nope'");
+    } else {
+        CHECK_OK(lk_optimizer_create(&c, &decay, &opt));
+        CHECK_OK(lk_optimizer_add_param_group(opt, &nodecay, NAN, 0.0));
+    }
     lk_tensor *want_losses = fx("adamw.loss");
     for (int s = 0; s < 10 && opt; s++) {
         double l = loss_and_grads(m, LK_F32, NULL);
@@ -194,8 +202,8 @@ static void parity_adamw_steps(void) {
         nn_check_close(n, ps.items[i].tensor, want, 1e-5);
         lk_tensor_release(want);
     }
-    printf("AdamW: %d parameters after 10 steps, worst relative error %.3g (key biases: %.3g absolute)\n", ps.n, worst,
-           key_bias);
+    printf("AdamW (%s): %d parameters after 10 steps, worst relative error %.3g (key biases: %.3g absolute)\n",
+           one_group ? "one group, exemptions" : "two groups", ps.n, worst, key_bias);
     lk_tensor_release(want_losses);
     lk_optimizer_free(opt);
     lk_named_tensors_clear(&ps);
@@ -203,6 +211,9 @@ static void parity_adamw_steps(void) {
     lk_named_tensors_clear(&nodecay);
     lk_layer_free(m);
 }
+
+static void parity_adamw_steps(void) { adamw_steps(false); }
+static void parity_adamw_steps_one_group(void) { adamw_steps(true); }
 
 /* ---- the model's own contracts ---------------------------------------------------- */
 
@@ -404,5 +415,5 @@ static void bad_input(void) {
 }
 
 LK_TEST_MAIN(LK_TEST_CASE(parity_f32), LK_TEST_CASE(parity_bf16_mixed), LK_TEST_CASE(parity_block),
-             LK_TEST_CASE(parity_adamw_steps), LK_TEST_CASE(names_and_tying), LK_TEST_CASE(blocks),
+             LK_TEST_CASE(parity_adamw_steps), LK_TEST_CASE(parity_adamw_steps_one_group), LK_TEST_CASE(names_and_tying), LK_TEST_CASE(blocks),
              LK_TEST_CASE(checkpointing), LK_TEST_CASE(bad_input))

@@ -66,6 +66,8 @@ typedef struct {
     int devices, accumulate;
     double clip;
     bool checkpointing;
+    const char *wd_params; /* optimizer.weight_decay_params (NULL: all) */
+    int warmup;            /* optimizer.warmup_steps, with a per-step cosine */
 } run_opts;
 
 /* Fits 8 optimizer steps; the weights after it (f32 copies, state-dict
@@ -94,6 +96,12 @@ static void fit(const run_opts *o, lk_named_tensors *out, double loss[2]) {
     snprintf(opt.name, sizeof opt.name, "adamw");
     opt.lr = 3e-3;
     opt.weight_decay = 0.1;
+    if (o->wd_params) snprintf(opt.weight_decay_params, sizeof opt.weight_decay_params, "%s", o->wd_params);
+    if (o->warmup) {
+        opt.warmup_steps = o->warmup;
+        snprintf(opt.scheduler, sizeof opt.scheduler, "cosine");
+        snprintf(opt.interval, sizeof opt.interval, "step");
+    }
     lk_datamodule *dm = token_datamodule();
     lk_module *m = NULL;
     lk_trainer *tr = NULL;
@@ -162,8 +170,32 @@ static void other_precisions(void) {
     }
 }
 
+/* nanoGPT's AdamW groups and its warm-up + cosine: train, and differ from
+ * decaying everything; checkpointing still bitwise under them */
+static void adamw_groups_warmup_cosine(void) {
+    lk_named_tensors all = {0}, mat = {0}, noemb = {0};
+    double l[2];
+    fit(&(run_opts){.precision = "32-true", .warmup = 3}, &all, l);
+    fit(&(run_opts){.precision = "32-true", .warmup = 3, .wd_params = "matrices"}, &mat, l);
+    CHECK_MSG(isfinite(l[1]) && l[1] < log(32.0), "matrices: train_loss %.6g", l[1]);
+    fit(&(run_opts){.precision = "32-true", .warmup = 3, .wd_params = "matrices_no_embeddings"}, &noemb, l);
+    CHECK_MSG(isfinite(l[1]) && l[1] < log(32.0), "matrices_no_embeddings: train_loss %.6g", l[1]);
+    /* a bias decays under all only; wte under all and matrices only */
+    lk_tensor *b0 = lk_named_tensors_find(&all, "transformer.h.0.attn.c_attn.bias");
+    lk_tensor *b1 = lk_named_tensors_find(&mat, "transformer.h.0.attn.c_attn.bias");
+    lk_tensor *e1 = lk_named_tensors_find(&mat, "transformer.wte.weight");
+    lk_tensor *e2 = lk_named_tensors_find(&noemb, "transformer.wte.weight");
+    CHECK(b0 && b1 && memcmp(b0->data, b1->data, (size_t)b0->numel * 4));
+    CHECK(e1 && e2 && memcmp(e1->data, e2->data, (size_t)e1->numel * 4));
+    lk_named_tensors_clear(&all);
+    lk_named_tensors_clear(&mat);
+    lk_named_tensors_clear(&noemb);
+    same_bits((run_opts){.precision = "32-true", .warmup = 3, .wd_params = "matrices"}, "32-true nanoGPT groups, warm-up");
+}
+
 static void setup(void) { write_tokens(); }
 static void teardown(void) { unlink(token_path); }
 
 LK_TEST_MAIN(LK_TEST_CASE(setup), LK_TEST_CASE(checkpointing_single), LK_TEST_CASE(checkpointing_bf16_accumulate_clip),
-             LK_TEST_CASE(checkpointing_dp), LK_TEST_CASE(other_precisions), LK_TEST_CASE(teardown))
+             LK_TEST_CASE(checkpointing_dp), LK_TEST_CASE(other_precisions), LK_TEST_CASE(adamw_groups_warmup_cosine),
+             LK_TEST_CASE(teardown))
