@@ -19,6 +19,7 @@
  * [k, n) = the forward bitwise (output and gradients, dropout on),
  * activation checkpointing of the Blocks bitwise with dropout on, bad init
  * args and inputs. */
+#include "lockstep/trainer.h" /* lk_model_summary */
 #include "nn/nn_fixtures.h"
 
 #define GPT_DIR LK_SOURCE_DIR "/tests/fixtures/gpt"
@@ -163,7 +164,8 @@ static void adamw_steps(bool one_group) {
     if (one_group) {
         CHECK_OK(lk_optimizer_create(&c, &ps, &opt));
         for (int i = 0; opt && i < nodecay.n; i++) CHECK_OK(lk_optimizer_no_weight_decay(opt, nodecay.items[i].name));
-        if (opt) CHECK_ERR(lk_optimizer_no_weight_decay(opt, "nope"), LK_STATUS_INVALID_ARGUMENT, "no parameter 'nope'");
+        if (opt) CHECK_ERR(lk_optimizer_no_weight_decay(opt, "nope"), LK_STATUS_INVALID_ARGUMENT,
+                           "optimizer_no_weight_decay: the optimizer has no parameter 'nope'");
     } else {
         CHECK_OK(lk_optimizer_create(&c, &decay, &opt));
         CHECK_OK(lk_optimizer_add_param_group(opt, &nodecay, NAN, 0.0));
@@ -335,6 +337,13 @@ static void blocks(void) {
     CHECK_MSG(hp.n == 3 && hp.items[2].tensor == lk_layer_get_tensor(a, "transformer.wte.weight"), "head: %d", hp.n);
     lk_named_tensors_clear(&ep);
     lk_named_tensors_clear(&hp);
+    /* ModelSummary's top-level rows are the blocks */
+    char *sum = NULL;
+    CHECK_OK(lk_model_summary(a, 1, &sum));
+    CHECK_MSG(sum && strstr(sum, "| embedding       | GPTEmbedding |") && strstr(sum, "| transformer.h.2 | Block ") &&
+                  strstr(sum, "| head            | GPTHead "),
+              "summary:\n%s", sum ? sum : "");
+    lk_free(sum);
     lk_tensor *x = tokens(21, 3, 8, 32), *y = tokens(22, 3, 8, 32);
     lk_tensor *oa = run(a, x, y, -1);
     for (int k = 0; k <= n; k++) {
