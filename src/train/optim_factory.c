@@ -52,18 +52,18 @@ static lk_status add_warmup(lk_trainer *tr) {
     if (o->warmup_steps > 2147483646)
         return lk_error(LK_STATUS_INVALID_ARGUMENT, "optimizer.warmup_steps %lld: too many", (long long)o->warmup_steps);
     int w = (int)o->warmup_steps;
-    lk_scheduler *main = tr->sched, *warm = NULL;
+    lk_scheduler *after = tr->sched, *warm = NULL;
     tr->sched = NULL;
     lk_status st = lk_linear_lr_create(tr->optim, 1.0 / (w + 1.0), 1.0, w, &warm);
     if (st) {
-        lk_scheduler_free(main);
+        lk_scheduler_free(after);
         return st;
     }
-    if (!main) {
+    if (!after) {
         tr->sched = warm;
         return LK_STATUS_OK;
     }
-    return lk_sequential_lr_create(tr->optim, (lk_scheduler *[]){warm, main}, 2, &w, &tr->sched);
+    return lk_sequential_lr_create(tr->optim, (lk_scheduler *[]){warm, after}, 2, &w, &tr->sched);
 }
 
 lk_status lk__optim_setup(lk_trainer *tr, int64_t steps_per_epoch) {
