@@ -49,8 +49,8 @@ same() { # NAME ARGS...: with and without activation checkpointing, the same bit
     cmp -s "$T/p$n.st" "$T/c$n.st"
 }
 same "gpt ddp 2" --trainer.devices 2 --trainer.strategy ddp
-check "gpt ddp 2: one AdamW group with exemptions (shared parameters kept)" \
-  grep -q "weight decay on 10 of 28 parameters" "$T/p1.log"
+check "gpt ddp 2: one AdamW group with exemptions" grep -q "weight decay on 10 of 28 parameters" "$T/p1.log"
+check "gpt ddp 2: the ranks still share one copy of the parameters" grep -q "share one copy of the parameters" "$T/p1.log"
 check "gpt ddp 2: the blocks are the checkpointed units" grep -q "activation_checkpointing: 2 layers" "$T/c1.log"
 same "gpt bf16-mixed accumulate 2" --trainer.precision bf16-mixed --trainer.accumulate_grad_batches 2
 
@@ -68,4 +68,7 @@ check "gpt resumed at step 6: bitwise the straight run" cmp -s "$T/full.st" "$T/
 expect_fail "gpt: data longer than block_size refused before training" 1 \
   "model gpt takes token sequences [T] with T <= 8" \
   "$LK_BIN" fit -c "$T/gpt.yaml" --trainer.default_root_dir "$T/bad" --model.init_args.block_size 8
+expect_fail "warm-up before ReduceLROnPlateau refused" 1 \
+  "optimizer.warmup_steps 3 with scheduler plateau: ReduceLROnPlateau cannot follow a warm-up" \
+  "$LK_BIN" fit -c "$T/gpt.yaml" --trainer.default_root_dir "$T/bad2" --optimizer.scheduler plateau
 finish
