@@ -56,7 +56,9 @@ same "gpt bf16-mixed accumulate 2" --trainer.precision bf16-mixed --trainer.accu
 
 # exact resume: 12 steps straight, or 6 then 6 from the step-6 checkpoint (T_max fixed by step_size:
 # otherwise the cosine would span each run's own max_steps)
-"$LK_BIN" fit -c "$T/gpt.yaml" --trainer.default_root_dir "$T/full" >"$T/full.log" 2>&1
+"$LK_BIN" fit -c "$T/gpt.yaml" --trainer.default_root_dir "$T/full" --trainer.enable_progress_bar true >"$T/full.log" 2>&1
+# 4 samples x 16 tokens a step: the progress lines show tokens/s beside it/s
+check "gpt: the progress bar shows tokens/s" grep -qE "it/s, [0-9.]+k? tok/s" "$T/full.log"
 "$LK_BIN" fit -c "$T/gpt.yaml" --trainer.default_root_dir "$T/half" --trainer.max_steps 6 >"$T/half.log" 2>&1
 "$LK_BIN" fit -c "$T/gpt.yaml" --trainer.default_root_dir "$T/half" \
   --ckpt_path "$T/half/lightning_logs/version_0/checkpoints/last.ckpt" >"$T/resume.log" 2>&1
