@@ -111,7 +111,10 @@ lk_status lk_model_summary(const lk_layer *net, int max_depth, char **out) {
             summary_row *row = &r.rows[r.n++];
             snprintf(row->name, sizeof row->name, "%s", bl[i].name);
             row->type = bl[i].layer->type;
-            row->training = bl[i].layer->training;
+            /* a view's own flag is not the model's (lk_layer_train walks the
+             * model's tree): its layers' is */
+            const lk_layer *bk = bl[i].layer;
+            row->training = bk->n_children && bk->children[0].borrowed ? bk->children[0].layer->training : bk->training;
             human_count(count_params(bl[i].layer, false, &st), row->params, sizeof row->params);
             if (!st && (max_depth < 0 || max_depth >= 2)) {
                 summary_rows sub = {0};

@@ -219,6 +219,17 @@ static void parity_adamw_steps_one_group(void) { adamw_steps(true); }
 
 /* ---- the model's own contracts ---------------------------------------------------- */
 
+/* the tied weight's grad hook (where DDP marks a bucket ready): its
+ * gradient's sum of squares when it fired */
+static double hook_sq;
+static int hook_fired;
+static void tied_hook(lk_tensor *t, void *ctx) {
+    (void)ctx;
+    hook_fired++;
+    hook_sq = 0;
+    for (int64_t i = 0; t->grad && i < t->grad->numel; i++) hook_sq += lk_tensor_get(t->grad, i) * lk_tensor_get(t->grad, i);
+}
+
 static void names_and_tying(void) {
     lk_layer *m = NULL;
     CHECK_OK(lk_model_create("GPT", tiny, 6, 3, &m)); /* the alias */
@@ -248,6 +259,21 @@ static void names_and_tying(void) {
     CHECK_MSG(fabs(s1 - 0.02) < 0.002 && fabs(s2 - 0.01) < 0.001, "init std %.4g (0.02), c_proj %.4g (0.01)", s1, s2);
     CHECK(lk_tensor_get(lk_layer_get_tensor(m, "transformer.ln_f.weight"), 0) == 1.0);
     CHECK(lk_tensor_get(lk_layer_get_tensor(m, "transformer.h.0.attn.c_attn.bias"), 5) == 0.0);
+    /* both uses' gradients are in before the tied weight's hook fires, once */
+    lk_tensor *wte = lk_layer_get_tensor(m, "transformer.wte.weight");
+    lk_tensor_set_grad_hook(wte, tied_hook, NULL);
+    lk_tensor *x = fx("x");
+    lk_scope_begin();
+    lk_tensor *out = lk_layer_forward(m, x);
+    if (out) CHECK_OK(lk_backward(lk_sum(out, NULL, 0, false)));
+    lk_scope_end();
+    double fin = 0;
+    for (int64_t i = 0; wte->grad && i < wte->grad->numel; i++) fin += lk_tensor_get(wte->grad, i) * lk_tensor_get(wte->grad, i);
+    CHECK_MSG(hook_fired == 1 && hook_sq == fin && fin > 0, "tied weight's hook: fired %d, |g|^2 %.9g then, %.9g at the end",
+              hook_fired, hook_sq, fin);
+    lk_tensor_set_grad_hook(wte, NULL, NULL);
+    lk_layer_zero_grad(m, true);
+    lk_tensor_release(x);
     /* flattened: the tied weight has one slot */
     lk_tensor *flat = NULL;
     CHECK_OK(lk_params_flatten(m, NULL, &flat, NULL));
