@@ -11,6 +11,17 @@
  *                `layers` (nn.Sequential); cross-entropy.
  *   cnn          conv1(3x3, pad 1)-bn1-ReLU-maxpool(2), conv2-bn2-ReLU-maxpool,
  *                fc1 (C2*7*7 -> 128), ReLU, fc2 (-> 10); cross-entropy.
+ *   gpt (GPT)    nanoGPT's GPT-2: token + position embeddings, dropout,
+ *                n_layer pre-LayerNorm blocks (causal self-attention,
+ *                GELU MLP of 4 x n_embd, residuals), ln_f, lm_head tied to
+ *                the token embedding; init args and defaults as nanoGPT's
+ *                GPTConfig (n_layer 12, n_head 12, n_embd 768, block_size
+ *                1024, vocab_size 50304, dropout 0, bias true) and GPT-2's
+ *                initialisation. Input i64 tokens [B, T] (T <= block_size),
+ *                output logits [B, T, vocab_size]; cross-entropy against
+ *                the next tokens y [B, T]. Names as nanoGPT's model.py
+ *                ("transformer.h.0.attn.c_attn.weight", "lm_head.weight"
+ *                tied: docs/MODELS.md has the table).
  *
  * The PyTorch equivalents are written out in tools/gen_nn_fixtures.py; a
  * state dict from lockstep loads into them with strict=True.
@@ -83,6 +94,10 @@ typedef struct lk_model_info {
     lk_model_build_fn build;
     lk_model_input_shape_fn input_shape; /* (optional) NULL: the input is not checked before a run */
     lk_model_loss_fn loss_fn;            /* (optional) NULL: the loss by `loss` (lk_model_loss) */
+    const char *alias;                   /* (optional) a second name lk_model_find accepts ("GPT") */
+    /* The input is a sequence of token ids (i64 [T]) of at most the input
+     * shape's length (gpt: block_size), not a sample of exactly that shape. */
+    bool tokens;
 } lk_model_info;
 
 typedef struct lk_model_kv {
@@ -119,12 +134,23 @@ lk_tensor *lk_model_loss(const lk_model_info *info, lk_tensor *output, lk_tensor
  * [N, C, S, S]) and then runs its top-level children in order, so for an
  * input of that shape running blocks [0, k) and then [k, n) is the model's
  * forward — the cut points of a pipeline. *count gets the number of blocks
- * and *blocks the array of them (name: the child's name, the prefix of its
- * parameters' names, "conv1", "encoder"; layer: the block); both borrowed
- * from `model`, valid until it is freed or changed.
+ * and *blocks the array of them; both borrowed from `model`, valid until it
+ * is freed or changed. A block's name is its dotted path in the model
+ * when the block is one of the model's layers (lk_layer_get_child(model,
+ * name) is the block; the prefix of its parameters' names: "conv1",
+ * "encoder", "transformer.h.3"); a block that gathers layers from several
+ * places of the tree is a view holding them as borrowed children
+ * (lk_layer_add_child_ref) and has a name with no dot that is no child of
+ * the model ("embedding", "head"). Either way a block's parameters are
+ * those of its layer's tree (lk_layer_named_parameters(block)); their
+ * names in the model's state dict are those the model gives the same
+ * tensors. A tied parameter is in two blocks (gpt's wte: embedding and head).
  *   autoencoder  encoder, decoder
  *   mlp          layers (itself a Sequential: pass it here to cut inside)
  *   cnn          conv1 bn1 relu1 pool1 conv2 bn2 relu2 pool2 flatten fc1 relu3 fc2
+ *   gpt          embedding (transformer.wte, .wpe, .drop: tokens [B, T] to
+ *                [B, T, C]), transformer.h.0 .. transformer.h.<n_layer-1>,
+ *                head (transformer.ln_f, lm_head: to logits [B, T, V])
  * A plain Sequential (lk_sequential_create) answers with its children too.
  * Any other layer computes something of its own between its children: an
  * INVALID_ARGUMENT error naming its type, *count 0 and *blocks NULL. */

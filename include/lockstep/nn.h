@@ -87,6 +87,7 @@ typedef void (*lk_layer_reseed_fn)(lk_layer *self, uint64_t seed, uint32_t strea
 typedef struct lk_named_layer {
     char *name;
     lk_layer *layer;
+    bool borrowed; /* lk_layer_add_child_ref: the parent does not own (free) it */
 } lk_named_layer;
 
 struct lk_layer {
@@ -105,6 +106,10 @@ struct lk_layer {
      * does): activation checkpointing replays it in the recompute. */
     lk_rng *rng;
     bool checkpoint;              /* lk_layer_set_checkpoint */
+    /* A repeated unit of a model (GPT's transformer blocks): what
+     * lk_layer_checkpoint_policy with no class names recomputes when the
+     * tree marks any. Set by the model's builder. */
+    bool checkpoint_unit;
     struct lk__layer_hooks *hooks; /* lk_layer_add_hook; NULL when none */
 };
 
@@ -121,6 +126,23 @@ void lk_layer_free(lk_layer *l);
 lk_status lk_layer_add_parameter(lk_layer *l, const char *name, lk_tensor *t);
 lk_status lk_layer_add_buffer(lk_layer *l, const char *name, lk_tensor *t);
 lk_status lk_layer_add_child(lk_layer *l, const char *name, lk_layer *child);
+/* Adds a child l does not own: lk_layer_free(l) leaves it alone, and it
+ * must outlive l. For a view over layers that live elsewhere in a tree (a
+ * model's pipeline stage made of layers from several places: GPT's
+ * embedding stage holds transformer.wte, .wpe and .drop), so the view's
+ * named parameters, hooks and checkpointing see them. A view is not put
+ * into the tree it borrows from (its parameters would be listed twice). On
+ * failure nothing is added (child untouched). */
+lk_status lk_layer_add_child_ref(lk_layer *l, const char *name, lk_layer *child);
+/* Ties l's parameter `name` to the tensor t, which another layer holds:
+ * PyTorch's `lm_head.weight = transformer.wte.weight`. t must have the
+ * shape and dtype of the parameter it replaces. The state dict then lists
+ * the tensor under both names (so PyTorch's module loads it with
+ * strict=True), while named_parameters, lk_layer_num_parameters,
+ * lk_params_flatten (one slot in the flat buffer), the optimizers and the
+ * gradient reduction see it once, under its first name; both uses add into
+ * its one gradient. Retains t; on error nothing has changed. */
+lk_status lk_layer_tie_parameter(lk_layer *l, const char *name, lk_tensor *t);
 
 /* Borrowed accessors (NULL when out of range / not found). */
 lk_tensor *lk_layer_param(const lk_layer *l, int i);
@@ -175,10 +197,12 @@ bool lk_layer_recomputing(void);
 /* Checkpoints the layers of l's tree whose type is one of types[0..n)
  * (FSDP's activation_checkpointing_policy: "Linear", "Sequential", ...; a
  * layer under one already checkpointed is left alone), or with n == 0 the
- * top-level blocks: the children of the first layer from l down that has
- * more than one child (mlp: its Sequential's layers; cnn: conv1 .. fc2;
- * autoencoder: encoder and decoder). Returns how many it set (0 with the
- * error set on NULL arguments). */
+ * top-level blocks: the layers of the tree marked checkpoint_unit when there
+ * are any (gpt: its transformer blocks transformer.h.N; the embeddings and
+ * the head are not recomputed), else the children of the first layer from
+ * l down that has more than one child (mlp: its Sequential's layers; cnn:
+ * conv1 .. fc2; autoencoder: encoder and decoder). Returns how many it set
+ * (0 with the error set on NULL arguments). */
 int lk_layer_checkpoint_policy(lk_layer *l, const char *const *types, int n);
 /* Turns checkpointing off in every layer of l's tree. */
 void lk_layer_checkpoint_clear(lk_layer *l);
@@ -328,6 +352,10 @@ lk_layer *lk_batch_norm2d_create(int64_t num_features, float eps, float momentum
 int lk_layer_sync_batchnorm(lk_layer *l, lk_sum_fn sum, void *ctx);
 /* LayerNorm over the last `ndim` dims of the given shape; eps 1e-5 in PyTorch. */
 lk_layer *lk_layer_norm_create(int ndim, const int64_t *normalized_shape, float eps, bool elementwise_affine);
+/* The same with bias chosen apart (PyTorch 2.1's LayerNorm(bias=False),
+ * nanoGPT's bias=False): elementwise_affine with bias false has a weight
+ * and no bias. */
+lk_layer *lk_layer_norm_create_ex(int ndim, const int64_t *normalized_shape, float eps, bool elementwise_affine, bool bias);
 /* Dropout(p): masks from the layer's own stream, see lk_layer_set_rng_step. */
 lk_layer *lk_dropout_create(float p);
 /* Embedding: weight [num, dim] ~ N(0, 1). */

@@ -76,6 +76,13 @@ lk_status lk_optimizer_create(const lk_optim_config *cfg, const lk_named_tensors
  * defaults). A parameter may be in one group only. */
 lk_status lk_optimizer_add_param_group(lk_optimizer *o, const lk_named_tensors *params, double lr, double weight_decay);
 void lk_optimizer_free(lk_optimizer *o);
+/* Exempts the parameter `name` (of any group) from weight decay: it is
+ * updated with weight_decay 0 while the rest of its group decays. That is
+ * nanoGPT's second parameter group (biases and LayerNorm weights) without
+ * a second group, so a flat group stays one range and DDP's shared-parameter
+ * sharding (one group) still applies; the bits are those of a second group
+ * with weight_decay 0. INVALID_ARGUMENT for a name the optimizer lacks. */
+lk_status lk_optimizer_no_weight_decay(lk_optimizer *o, const char *name);
 
 /* One update of every parameter that has a gradient. */
 lk_status lk_optimizer_step(lk_optimizer *o);

@@ -296,6 +296,13 @@ typedef struct lk_optim_settings {
     char monitor[LK_PARAM_STR];   /* plateau */
     double factor;                /* plateau */
     int64_t patience;             /* plateau */
+    /* Which parameters weight_decay applies to: all (every one: torch's
+     * single group, the default) | matrices (those of >= 2 dims: nanoGPT's
+     * configure_optimizers; biases and norm weights do not decay) |
+     * matrices_no_embeddings (and not the weights of Embedding layers, a
+     * tied lm_head's included: the issue's and GPT-2's original groups). */
+    char weight_decay_params[LK_PARAM_STR];
+    int64_t warmup_steps;         /* > 0: the lr rises linearly from lr/(N+1) to lr over N scheduler steps, then the scheduler runs */
 } lk_optim_settings;
 const lk_param *lk_optim_settings_params(int *count);
 lk_status lk_optim_settings_default(lk_optim_settings *s);

@@ -148,7 +148,21 @@ static bool run_cell(cell *c, int steps, const char *tmp, int rep) {
     /* per-device batch B: dp's one loader feeds all replicas, so it loads N x B */
     const lk_strategy_info *si = lk_strategy_info_get(c->strategy); /* NULL: independent */
     int loader_batch = si && si->process_model == LK_PROCESS_THREADS ? c->batch * c->devices : c->batch;
-    const char *input = !strcmp(c->model, "cnn") ? "[1, 28, 28]" : "[784]";
+    /* gpt (any token model) trains on synthetic token ids: 64 per sample
+     * (the issue's GPT-2-124M cell is batch 4 x 64 tokens) of its default
+     * vocabulary; `-- --model.init_args.vocab_size V --data.init_args.num_classes V`
+     * for another model shape */
+    const lk_model_info *mi = lk_model_find(c->model);
+    if (!mi) lk_clear_error();
+    bool tok = mi && mi->tokens;
+    const char *input = tok ? "[64]" : !strcmp(c->model, "cnn") ? "[1, 28, 28]" : "[784]";
+    char data_extra[160] = "--data.init_args.num_classes 10";
+    if (tok) {
+        const char *vocab = "50304";
+        for (int i = 0; i < mi->n_args; i++)
+            if (!strcmp(mi->args[i].name, "vocab_size")) vocab = mi->args[i].default_value;
+        snprintf(data_extra, sizeof data_extra, "--data.init_args.task tokens --data.init_args.num_classes %s", vocab);
+    }
     len += (size_t)snprintf(cmd + len, sizeof cmd - len, "(");
     for (int k = 0; k < copies && len < sizeof cmd; k++) {
         snprintf(root, sizeof root, "%s/%s-%s-%s-%d-%d-r%d-%d", tmp, c->model, c->strategy, prec_of(c), c->devices,
@@ -156,13 +170,13 @@ static bool run_cell(cell *c, int steps, const char *tmp, int rep) {
         len += (size_t)snprintf(
             cmd + len, sizeof cmd - len,
             "'%s' fit --model.class_path %s --data.class_path synthetic "
-            "--data.init_args.num_samples %ld --data.init_args.input_shape '%s' --data.init_args.num_classes 10 "
+            "--data.init_args.num_samples %ld --data.init_args.input_shape '%s' %s "
             "--data.init_args.batch_size %d --data.init_args.num_workers 1 "
             "--trainer.devices %d --trainer.strategy %s --trainer.precision %s --trainer.max_steps %d --trainer.max_epochs 1 "
             "--trainer.limit_val_batches 0 --trainer.num_sanity_val_steps 0 --trainer.enable_checkpointing false "
             "--trainer.enable_progress_bar false --trainer.enable_tensorboard false "
             "--trainer.default_root_dir '%s'%s > '%s.log' 2>&1 %s",
-            self_exe, c->model, samples, input, loader_batch, indep ? 1 : c->devices, indep ? "single" : c->strategy,
+            self_exe, c->model, samples, input, data_extra, loader_batch, indep ? 1 : c->devices, indep ? "single" : c->strategy,
             prec_of(c), steps, root, extra_args, root, copies > 1 ? "&" : "");
     }
     if (len + 16 >= sizeof cmd) {

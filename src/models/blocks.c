@@ -72,3 +72,65 @@ lk_status lk__flat_input_shape(const lk_model_args *a, int *ndim, int64_t shape[
     snprintf(why, why_size, "input_dim %lld", (long long)d);
     return LK_STATUS_OK;
 }
+
+/* ---- models whose blocks are views (gpt) ---- */
+
+typedef struct {
+    int n, cap;
+    lk_named_layer *blocks; /* names owned; layer owned when !borrowed */
+    void *data;
+} model_staged;
+
+static void staged_destroy(lk_layer *self) {
+    model_staged *m = self->impl;
+    if (!m) return;
+    for (int i = 0; i < m->n; i++) {
+        if (!m->blocks[i].borrowed) lk_layer_free(m->blocks[i].layer);
+        lk_free(m->blocks[i].name);
+    }
+    lk_free(m->blocks);
+    lk_free(m->data);
+    lk_free(m);
+}
+
+static lk_tensor *staged_forward(lk_layer *self, lk_tensor *x) {
+    model_staged *m = self->impl;
+    for (int i = 0; i < m->n && x; i++) x = lk_layer_forward(m->blocks[i].layer, x);
+    return x;
+}
+
+lk_layer *lk__model_staged_create(const char *type, void *data) {
+    model_staged *m = lk_calloc(1, sizeof *m);
+    if (!m) {
+        lk_free(data);
+        return NULL;
+    }
+    m->data = data;
+    return lk_layer_create(type, staged_forward, m, staged_destroy);
+}
+
+bool lk__is_model_staged(const lk_layer *l) { return l && l->forward == staged_forward; }
+
+void *lk__model_staged_data(const lk_layer *l) { return lk__is_model_staged(l) ? ((model_staged *)l->impl)->data : NULL; }
+
+lk_status lk__model_staged_add(lk_layer *l, const char *name, lk_layer *block, bool owned) {
+    if (!block) return lk_last_status() ? lk_last_status() : lk_error(LK_STATUS_INVALID_ARGUMENT, "block '%s': NULL layer", name);
+    model_staged *m = lk__is_model_staged(l) ? l->impl : NULL;
+    lk_status st = m ? LK_STATUS_OK : lk_error(LK_STATUS_INTERNAL, "model_staged_add: not a staged model");
+    if (!st && m->n == m->cap) st = lk_vec_reserve(m->blocks, m->cap, m->n + 1, 8);
+    char *nm = st ? NULL : lk_strdup(name);
+    if (!st && !nm) st = LK_STATUS_OUT_OF_MEMORY;
+    if (st) {
+        if (owned) lk_layer_free(block);
+        return st;
+    }
+    m->blocks[m->n++] = (lk_named_layer){nm, block, !owned};
+    return LK_STATUS_OK;
+}
+
+lk_status lk__model_staged_blocks(const lk_layer *l, int *count, const lk_named_layer **blocks) {
+    model_staged *m = l->impl;
+    *count = m->n;
+    *blocks = m->blocks;
+    return LK_STATUS_OK;
+}

@@ -19,6 +19,7 @@ static const lk_model_info *const builtin[] = {
     &lk__model_autoencoder,
     &lk__model_mlp,
     &lk__model_cnn,
+    &lk__model_gpt,
 };
 #define N_BUILTIN (int)(sizeof builtin / sizeof builtin[0])
 
@@ -39,7 +40,7 @@ const lk_model_info *lk_models(int *count) {
 const lk_model_info *lk_model_find(const char *name) {
     const lk_model_info *all = lk_models(NULL);
     for (int i = 0; i < N_BUILTIN; i++)
-        if (name && !strcmp(all[i].name, name)) return &all[i];
+        if (name && (!strcmp(all[i].name, name) || (all[i].alias && !strcmp(all[i].alias, name)))) return &all[i];
     char list[256] = "";
     for (int i = 0; i < N_BUILTIN; i++)
         snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", i ? ", " : "", all[i].name);
@@ -88,6 +89,7 @@ lk_status lk_model_blocks(const lk_layer *model, int *count, const lk_named_laye
     if (blocks) *blocks = NULL;
     if (!model || !count || !blocks)
         return lk_error(LK_STATUS_INVALID_ARGUMENT, "model_blocks: NULL %s", !model ? "model" : !count ? "count" : "blocks");
+    if (lk__is_model_staged(model)) return lk__model_staged_blocks(model, count, blocks);
     if (!lk__is_model_seq(model) && !lk_layer_is_sequential(model))
         return lk_error(LK_STATUS_INVALID_ARGUMENT,
                         "model_blocks: a %s is not a sequence of blocks (expected a built-in model or a Sequential: "

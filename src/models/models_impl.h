@@ -28,6 +28,7 @@ lk_status lk__model_args_parse(const lk_model_info *m, const lk_model_kv *args, 
 extern const lk_model_info lk__model_autoencoder;
 extern const lk_model_info lk__model_mlp;
 extern const lk_model_info lk__model_cnn;
+extern const lk_model_info lk__model_gpt;
 
 /* ---- blocks.c ---- */
 
@@ -47,6 +48,20 @@ lk_layer *lk__mlp_stack(const int64_t *w, int n, double dropout, bool sigmoid, l
 lk_layer *lk__model_seq_create(const char *type, int sample_ndim, const int64_t *sample_shape);
 /* True for a layer lk__model_seq_create made. */
 bool lk__is_model_seq(const lk_layer *l);
+/* A built-in model whose blocks are not (all) its children (gpt: its
+ * embedding and head stages gather layers from several places of the tree
+ * that carries PyTorch's names). Its forward runs the blocks added with
+ * lk__model_staged_add in order, so the blocks are the forward by
+ * construction. `data`: the model's own (lk_free'd with the layer;
+ * lk__model_staged_data). NULL with the error set on failure. */
+lk_layer *lk__model_staged_create(const char *type, void *data);
+/* Appends a block: `block` is one of the model's own layers (owned false:
+ * its name is its dotted path) or a view the model owns (owned true,
+ * freed with the model, even on failure). */
+lk_status lk__model_staged_add(lk_layer *m, const char *name, lk_layer *block, bool owned);
+bool lk__is_model_staged(const lk_layer *l);
+void *lk__model_staged_data(const lk_layer *l);
+lk_status lk__model_staged_blocks(const lk_layer *m, int *count, const lk_named_layer **blocks);
 /* The built-ins' losses: MSE of output against x (reshaped to output's
  * shape when the sizes agree), and cross-entropy of logits against y. */
 lk_tensor *lk__loss_reconstruction(lk_tensor *output, lk_tensor *x, lk_tensor *y);

@@ -72,7 +72,7 @@ lk_layer *lk_layer_create(const char *type, lk_layer_forward_fn forward, void *i
 void lk_layer_free(lk_layer *l) {
     if (!l) return;
     for (int i = 0; i < l->n_children; i++) {
-        lk_layer_free(l->children[i].layer);
+        if (!l->children[i].borrowed) lk_layer_free(l->children[i].layer);
         lk_free(l->children[i].name);
     }
     lk_free(l->children);
@@ -126,10 +126,41 @@ lk_status lk_layer_add_child(lk_layer *l, const char *name, lk_layer *child) {
         lk_layer_free(child);
         return st;
     }
-    l->children[l->n_children].name = nm;
-    l->children[l->n_children].layer = child;
+    l->children[l->n_children] = (lk_named_layer){nm, child, false};
     l->n_children++;
     return LK_STATUS_OK;
+}
+
+lk_status lk_layer_add_child_ref(lk_layer *l, const char *name, lk_layer *child) {
+    if (!child) return lk_last_status() ? lk_last_status() : lk_error(LK_STATUS_INVALID_ARGUMENT, "child '%s': NULL layer", name);
+    lk_status st = l ? check_name(l, "child", name) : lk_error(LK_STATUS_INVALID_ARGUMENT, "add_child_ref: NULL layer");
+    if (!st && l->n_children == l->cap_children)
+        st = lk_vec_reserve(l->children, l->cap_children, l->n_children + 1, 4);
+    char *nm = st ? NULL : lk_strdup(name);
+    if (!st && !nm) st = LK_STATUS_OUT_OF_MEMORY;
+    if (st) return st;
+    l->children[l->n_children] = (lk_named_layer){nm, child, true};
+    l->n_children++;
+    return LK_STATUS_OK;
+}
+
+lk_status lk_layer_tie_parameter(lk_layer *l, const char *name, lk_tensor *t) {
+    if (!l || !name || !t) return lk_error(LK_STATUS_INVALID_ARGUMENT, "tie_parameter: NULL %s", !l ? "layer" : !name ? "name" : "tensor");
+    for (int i = 0; i < l->params.n; i++) {
+        lk_named_tensor *p = &l->params.items[i];
+        if (strcmp(p->name, name)) continue;
+        char s1[128], s2[128];
+        if (!lk_tensor_same_shape(p->tensor, t) || p->tensor->dtype != t->dtype)
+            return lk_error(LK_STATUS_INVALID_ARGUMENT, "tie_parameter: %s.%s is %s %s, the tensor tied to it %s %s",
+                            l->type, name, lk_dtype_name(p->tensor->dtype), lk_shape_str(p->tensor, s1, sizeof s1),
+                            lk_dtype_name(t->dtype), lk_shape_str(t, s2, sizeof s2));
+        lk_tensor *old = p->tensor;
+        p->tensor = lk_tensor_retain(t);
+        lk_tensor_set_requires_grad(t, true);
+        lk_tensor_release(old);
+        return LK_STATUS_OK;
+    }
+    return lk_error(LK_STATUS_INVALID_ARGUMENT, "tie_parameter: %s has no parameter '%s'", l->type, name);
 }
 
 lk_tensor *lk_layer_param(const lk_layer *l, int i) {

@@ -243,6 +243,17 @@ static void checkpoint_rec(lk_layer *l, const char *const *types, int n, int *co
     for (int c = 0; c < l->n_children; c++) checkpoint_rec(l->children[c].layer, types, n, count);
 }
 
+/* Checkpoints the layers marked checkpoint_unit (not below one that is). */
+static int mark_units(lk_layer *l) {
+    if (l->checkpoint_unit) {
+        l->checkpoint = true;
+        return 1;
+    }
+    int n = 0;
+    for (int c = 0; c < l->n_children; c++) n += mark_units(l->children[c].layer);
+    return n;
+}
+
 void lk_layer_checkpoint_clear(lk_layer *l) {
     if (!l) return;
     l->checkpoint = false;
@@ -259,6 +270,7 @@ int lk_layer_checkpoint_policy(lk_layer *l, const char *const *types, int n) {
         checkpoint_rec(l, types, n, &count);
         return count;
     }
+    if ((count = mark_units(l)) > 0) return count;
     while (l->n_children == 1) l = l->children[0].layer;
     for (int c = 0; c < l->n_children; c++, count++) l->children[c].layer->checkpoint = true;
     return count;

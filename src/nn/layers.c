@@ -257,10 +257,8 @@ typedef struct {
 } ln_impl;
 
 static lk_status ln_reset(lk_layer *self, lk_rng *rng) {
-    if (self->params.n == 2) {
-        LK_TRY(lk_init_ones(lk_layer_param(self, 0)));
-        LK_TRY(lk_init_zeros(lk_layer_param(self, 1)));
-    }
+    if (self->params.n >= 1) LK_TRY(lk_init_ones(lk_layer_param(self, 0)));
+    if (self->params.n == 2) LK_TRY(lk_init_zeros(lk_layer_param(self, 1)));
     return LK_STATUS_OK;
 }
 
@@ -280,6 +278,10 @@ static lk_tensor *ln_forward(lk_layer *self, lk_tensor *x) {
 }
 
 lk_layer *lk_layer_norm_create(int ndim, const int64_t *normalized_shape, float eps, bool elementwise_affine) {
+    return lk_layer_norm_create_ex(ndim, normalized_shape, eps, elementwise_affine, true);
+}
+
+lk_layer *lk_layer_norm_create_ex(int ndim, const int64_t *normalized_shape, float eps, bool elementwise_affine, bool bias) {
     if (ndim <= 0 || ndim > LK_MAX_DIMS || !normalized_shape || !(eps > 0)) {
         lk_error(LK_STATUS_INVALID_ARGUMENT, "LayerNorm: normalized shape needs 1..%d dims (got %d) and eps > 0 (got %g)",
                  LK_MAX_DIMS, ndim, eps);
@@ -295,7 +297,7 @@ lk_layer *lk_layer_norm_create(int ndim, const int64_t *normalized_shape, float 
     if (!l) return NULL;
     l->reset = ln_reset;
     if (elementwise_affine && (lk_layer_add_parameter(l, "weight", new_param(ndim, normalized_shape)) ||
-                               lk_layer_add_parameter(l, "bias", new_param(ndim, normalized_shape))))
+                               (bias && lk_layer_add_parameter(l, "bias", new_param(ndim, normalized_shape)))))
         return abandon(l);
     return init_with(l, NULL);
 }

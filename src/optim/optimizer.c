@@ -19,6 +19,7 @@ typedef struct {
     char *name;
     int64_t off;  /* into the group's state arrays */
     int64_t step; /* PyTorch's state['step']; 0: no state yet */
+    bool no_decay; /* lk_optimizer_no_weight_decay: updated with weight_decay 0 */
 } opt_param;
 
 typedef struct {
@@ -36,6 +37,7 @@ typedef struct {
      * only the state's owner writes it when a checkpoint is loaded. */
     int64_t lo, hi;
     bool state_shared, state_writer;
+    bool any_no_decay; /* some parameter is exempt from weight decay: ranges split at its bounds */
 } opt_group;
 
 struct lk_optimizer {
@@ -232,8 +234,34 @@ lk_status lk_optimizer_create(const lk_optim_config *cfg, const lk_named_tensors
 /* One update over elements [off, off + n) of the group, as a typed op on the
  * parameters' device (the loops: src/backend/cpu/optim.c). p and gr point at
  * the range's first element (of g->dt); the state is always f32. */
+static lk_status run_range_wd(opt_group *g, lk_device dev, void *p, const void *gr, int64_t off, int64_t n,
+                              int64_t step, double weight_decay);
+
+/* The update of elements [off, off + n): one op, or with parameters exempt
+ * from weight decay one op per run of parameters that decay alike (the
+ * update is element-wise, so the cut changes no bits). */
 static lk_status run_range(opt_group *g, lk_device dev, void *p, const void *gr, int64_t off, int64_t n,
                            int64_t step) {
+    if (!g->any_no_decay) return run_range_wd(g, dev, p, gr, off, n, step, g->cfg.weight_decay);
+    size_t es = lk_dtype_size(g->dt);
+    int64_t end = off + n, a = off;
+    while (a < end) {
+        /* the parameter holding element a, and how far parameters decaying like it go */
+        int i = 0;
+        while (i + 1 < g->n && g->ps[i + 1].off <= a) i++;
+        bool nd = g->ps[i].no_decay;
+        int64_t b = g->ps[i].off + g->ps[i].p->numel;
+        for (int k = i + 1; k < g->n && g->ps[k].no_decay == nd && b < end; k++) b = g->ps[k].off + g->ps[k].p->numel;
+        if (b > end) b = end;
+        LK_TRY(run_range_wd(g, dev, (char *)p + (a - off) * es, (const char *)gr + (a - off) * es, a, b - a, step,
+                            nd ? 0.0 : g->cfg.weight_decay));
+        a = b;
+    }
+    return LK_STATUS_OK;
+}
+
+static lk_status run_range_wd(opt_group *g, lk_device dev, void *p, const void *gr, int64_t off, int64_t n,
+                              int64_t step, double weight_decay) {
     const lk_optim_config *c = &g->cfg;
     float *s0 = g->state ? g->state + off : NULL, *s1 = NULL, *s2 = NULL;
     lk_optim_rule rule = LK_OPTIM_RULE_ADAM;
@@ -250,7 +278,7 @@ static lk_status run_range(opt_group *g, lk_device dev, void *p, const void *gr,
     }
     lk_op_desc d = {.op = LK_OP_OPTIM_UPDATE, .dtype = {g->dt, g->dt, LK_F32, LK_F32, LK_F32}};
     d.optim = (lk_optim_params){rule,          n,         step,    c->lr,    c->momentum,
-                                c->dampening,  c->weight_decay, c->beta1, c->beta2, c->eps,
+                                c->dampening,  weight_decay,    c->beta1, c->beta2, c->eps,
                                 c->alpha,      c->nesterov,     c->maximize, c->kind == LK_OPTIM_ADAMW};
     return lk__backend_run(dev, &d, (void *[]){p, (void *)gr, s0, s1, s2});
 }
@@ -363,6 +391,18 @@ void lk_optimizer_zero_grad(lk_optimizer *o, bool set_to_none) {
 }
 
 /* ---- groups ---------------------------------------------------------------------------------- */
+
+lk_status lk_optimizer_no_weight_decay(lk_optimizer *o, const char *name) {
+    if (!o || !name) return lk_error(LK_STATUS_INVALID_ARGUMENT, "optimizer_no_weight_decay: NULL %s", o ? "name" : "optimizer");
+    for (int gi = 0; gi < o->n_groups; gi++)
+        for (int i = 0; i < o->groups[gi].n; i++)
+            if (!strcmp(o->groups[gi].ps[i].name, name)) {
+                o->groups[gi].ps[i].no_decay = true;
+                o->groups[gi].any_no_decay = true;
+                return LK_STATUS_OK;
+            }
+    return lk_error(LK_STATUS_INVALID_ARGUMENT, "optimizer_no_weight_decay: the optimizer has no parameter '%s'", name);
+}
 
 int lk_optimizer_num_groups(const lk_optimizer *o) { return o ? o->n_groups : 0; }
 

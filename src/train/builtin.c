@@ -240,7 +240,8 @@ static const lk_param fmnist_params[] = {
 };
 
 static const lk_param synth_params[] = {
-    D("task", ENUM, task, "classification", 1, 0, "classification|regression", "what the targets are"),
+    D("task", ENUM, task, "classification", 1, 0, "classification|regression|tokens",
+      "what the targets are (tokens: i64 token ids x [T] = input_shape, vocab num_classes, y the next tokens)"),
     D("num_samples", INT, num_samples, "4096", 3, 1e10, NULL, "samples (split 80/10/10 into train/val/test)"),
     D("input_shape", INTS, input_shape, "[32]", 1, 1e7, NULL, "per-sample input shape"),
     D("num_classes", INT, num_classes, "4", 2, 1e6, NULL, "classes (classification) or outputs (regression)"),
@@ -306,6 +307,45 @@ static lk_status fmnist_split(dm_self *s, const char *split, lk_dataset **out) {
     return LK_STATUS_OK;
 }
 
+/* synthetic task tokens (for token models, `bench train --model gpt`): one
+ * stream of uniform token ids in [0, num_classes) from (seed, LK_RNG_DATA);
+ * sample i is x = stream[i*T, (i+1)*T) and y the same window one token on,
+ * as a token file's windows; split 80/10/10 like the other tasks. */
+static lk_status synth_tokens(dm_self *s) {
+    int64_t T = s->a.input_shape.v[0], n = s->a.num_samples;
+    for (int i = 1; i < s->a.input_shape.n; i++) T *= s->a.input_shape.v[i];
+    lk_array a[2] = {{0}, {0}};
+    LK_TRY(lk_array_alloc(&a[0], LK_I64, 2, (int64_t[]){n, T}));
+    lk_status st = lk_array_alloc(&a[1], LK_I64, 2, (int64_t[]){n, T});
+    if (st) {
+        lk_array_release(&a[0]);
+        return st;
+    }
+    lk_rng rng;
+    lk_rng_init(&rng, (uint64_t)s->a.seed, LK_RNG_DATA, 0, 0);
+    int64_t *x = a[0].data, *y = a[1].data, prev = lk_rng_below(&rng, (uint32_t)s->a.num_classes);
+    for (int64_t k = 0; k < n * T; k++) {
+        int64_t next = lk_rng_below(&rng, (uint32_t)s->a.num_classes);
+        x[k] = prev;
+        y[k] = next;
+        prev = next;
+    }
+    lk_dataset *full = NULL, *parts[3] = {NULL, NULL, NULL};
+    st = lk_dataset_from_arrays(2, a, NULL, false, &full);
+    if (st) {
+        lk_array_release(&a[0]);
+        lk_array_release(&a[1]);
+        return st;
+    }
+    st = lk_dataset_random_split(full, 3, (double[]){0.8, 0.1, 0.1}, s->seed, parts);
+    lk_dataset_free(full);
+    LK_TRY(st);
+    s->train = parts[0];
+    s->val = parts[1];
+    s->test = parts[2];
+    return LK_STATUS_OK;
+}
+
 static lk_status dm_setup(lk_datamodule *dm, const char *stage) {
     dm_self *s = dm->self;
     if (s->train || s->test) return LK_STATUS_OK; /* once */
@@ -322,6 +362,7 @@ static lk_status dm_setup(lk_datamodule *dm, const char *stage) {
         s->val = parts[1];
         return fmnist_split(s, "test", &s->test);
     }
+    if (!strcmp(s->a.task, "tokens")) return synth_tokens(s);
     lk_synthetic_config sc = lk_synthetic_config_default();
     sc.kind = !strcmp(s->a.task, "regression") ? LK_SYNTH_REGRESSION : LK_SYNTH_CLASSIFICATION;
     sc.len = s->a.num_samples;
@@ -413,6 +454,14 @@ static lk_status builtin_setup(lk_module *m, lk_datamodule *dm, const char *stag
     for (int i = 0; i < ndim; i++) wn *= want[i];
     /* mlp and autoencoder flatten any sample; cnn takes [C, H, W] or one flat row */
     bool fits = n == wn && (ndim == 1 || x->ndim == 1 || x->ndim == ndim);
+    if (ms->info->tokens) { /* token ids: a sequence of at most the model's length */
+        if (x->ndim == 1 && n <= wn) return LK_STATUS_OK;
+        char gs[96];
+        shape_str(x->ndim, x->shape, gs, sizeof gs);
+        return lk_error(LK_STATUS_INVALID_ARGUMENT,
+                        "model %s takes token sequences [T] with T <= %lld (%s), but data %s gives samples of %s",
+                        ms->info->name, (long long)wn, why, dm->name, gs);
+    }
     for (int i = 0; fits && ndim == 3 && x->ndim == 3 && i < 3; i++) fits = x->shape[i] == want[i];
     if (fits) return LK_STATUS_OK;
     char ws[96], gs[96], src[LK_PARAM_STR + 96], hint[160] = "";

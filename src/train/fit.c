@@ -357,6 +357,12 @@ lk_status lk_trainer_fit(lk_trainer *tr, lk_module *m, lk_datamodule *dm, const 
                          (long long)tr->global_step, (long long)tr->resume_batch);
     }
     if (!st) st = lk__open_outputs(tr, true);
+    if (!st && tr->progress) { /* token models (i64/i32 [T] samples): tokens/s beside it/s */
+        const lk_field *x = lk_dataset_field(train_ds, 0);
+        if (x && x->ndim == 1 && (x->dtype == LK_I64 || x->dtype == LK_I32))
+            lk_progress_set_tokens(tr->progress, (double)x->shape[0] * (double)dm->batch_size *
+                                                     (double)lk_strategy_dp_size(tr->strat));
+    }
     if (!st) lk__ckpt_adopt(tr); /* the resumed top-k, now that the checkpoint directory is known */
     if (!st && is_rank0(tr)) {
         lk_log0("lockstep %s: fit %s on %d process%s (%s), %lld parameters, %lld train / %lld val batches per epoch%s",

@@ -164,6 +164,10 @@ lk_status lk_progress_create(const lk_progress_options *opt, lk_progress **out);
 void lk_progress_free(lk_progress *p); /* NULL is a no-op; ends a drawn bar's line */
 /* True when drawing the in-place bar (resolved mode). */
 int lk_progress_is_bar(const lk_progress *p);
+/* Token models (gpt): each training step consumes `tokens_per_step` tokens
+ * (all data-parallel ranks together); the training rate then also shows
+ * tokens per second ("41.2 it/s, 10.5k tok/s"). <= 0: off (the default). */
+void lk_progress_set_tokens(lk_progress *p, double tokens_per_step);
 
 /* A training epoch. `epoch` is 0-based (Lightning's current_epoch) and shown
  * 1-based: "Epoch 4/10" is epoch 3 of max_epochs 10; max_epochs <= 0 shows no

@@ -8,6 +8,64 @@
 
 #include "train/train_impl.h"
 
+/* The tensors of the Embedding layers of l's tree. */
+static lk_status embedding_weights(const lk_layer *l, lk_named_tensors *out) {
+    if (!strcmp(l->type, "Embedding"))
+        for (int i = 0; i < l->params.n; i++) LK_TRY(lk_named_tensors_append(out, "e", l->params.items[i].tensor));
+    for (int c = 0; c < l->n_children; c++) LK_TRY(embedding_weights(l->children[c].layer, out));
+    return LK_STATUS_OK;
+}
+
+/* optimizer.weight_decay_params: the parameters weight decay skips, as
+ * lk_optimizer_no_weight_decay (one group kept). */
+static lk_status exempt_from_decay(lk_trainer *tr) {
+    const char *mode = tr->opt.weight_decay_params;
+    if (!mode[0] || !strcmp(mode, "all")) return LK_STATUS_OK;
+    lk_named_tensors emb = {0};
+    lk_status st = !strcmp(mode, "matrices_no_embeddings") && tr->module && tr->module->net
+                       ? embedding_weights(tr->module->net, &emb)
+                       : LK_STATUS_OK;
+    int n = 0;
+    for (int i = 0; !st && i < tr->params->n; i++) {
+        const lk_named_tensor *p = &tr->params->items[i];
+        bool skip = p->tensor->ndim < 2;
+        for (int k = 0; !skip && k < emb.n; k++) skip = emb.items[k].tensor == p->tensor;
+        if (skip && !(st = lk_optimizer_no_weight_decay(tr->optim, p->name))) n++;
+    }
+    lk_named_tensors_clear(&emb);
+    if (!st) lk_log0("optimizer.weight_decay_params %s: weight decay on %d of %d parameters", mode, tr->params->n - n,
+                     tr->params->n);
+    return st;
+}
+
+/* optimizer.warmup_steps N: LinearLR from 1/(N+1) to 1 over N steps, then
+ * the configured scheduler (SequentialLR with milestone N) — nanoGPT's
+ * lr * (it + 1) / (N + 1) during the warm-up. */
+static lk_status add_warmup(lk_trainer *tr) {
+    const lk_optim_settings *o = &tr->opt;
+    if (!strcmp(o->scheduler, "plateau") || !strcmp(o->scheduler, "onecycle"))
+        return lk_error(LK_STATUS_INVALID_ARGUMENT,
+                        "optimizer.warmup_steps %lld with scheduler %s: %s (use cosine, linear, step, ... or none)",
+                        (long long)o->warmup_steps, o->scheduler,
+                        !strcmp(o->scheduler, "onecycle") ? "onecycle warms up itself (pct_start)"
+                                                          : "ReduceLROnPlateau cannot follow a warm-up (torch's SequentialLR refuses it too)");
+    if (o->warmup_steps > 2147483646)
+        return lk_error(LK_STATUS_INVALID_ARGUMENT, "optimizer.warmup_steps %lld: too many", (long long)o->warmup_steps);
+    int w = (int)o->warmup_steps;
+    lk_scheduler *after = tr->sched, *warm = NULL;
+    tr->sched = NULL;
+    lk_status st = lk_linear_lr_create(tr->optim, 1.0 / (w + 1.0), 1.0, w, &warm);
+    if (st) {
+        lk_scheduler_free(after);
+        return st;
+    }
+    if (!after) {
+        tr->sched = warm;
+        return LK_STATUS_OK;
+    }
+    return lk_sequential_lr_create(tr->optim, (lk_scheduler *[]){warm, after}, 2, &w, &tr->sched);
+}
+
 lk_status lk__optim_setup(lk_trainer *tr, int64_t steps_per_epoch) {
     lk_optim_config oc;
     LK_TRY(lk_optim_config_for(tr->opt.name, &oc));
@@ -36,6 +94,7 @@ lk_status lk__optim_setup(lk_trainer *tr, int64_t steps_per_epoch) {
         oc.lr *= f;
     }
     LK_TRY(lk_optimizer_create(&oc, tr->params, &tr->optim)); /* over the parameters this rank holds */
+    LK_TRY(exempt_from_decay(tr));
     LK_TRY(lk_strategy_shard_optimizer(tr->strat, tr->optim));
     /* fp16's narrow range needs the loss scaler; bf16's does not, and 16-true
      * has none (as Lightning: torch's GradScaler refuses f16 gradients) */
@@ -64,9 +123,11 @@ lk_status lk__optim_setup(lk_trainer *tr, int64_t steps_per_epoch) {
         LK_TRY(lk_multistep_lr_create(tr->optim, ms, o->milestones.n, o->gamma, &tr->sched));
     } else if (!strcmp(o->scheduler, "exponential"))
         LK_TRY(lk_exponential_lr_create(tr->optim, o->gamma, &tr->sched));
-    else if (!strcmp(o->scheduler, "cosine"))
-        LK_TRY(lk_cosine_annealing_lr_create(tr->optim, (int)(o->step_size > 0 ? o->step_size : horizon), o->eta_min,
-                                             &tr->sched));
+    else if (!strcmp(o->scheduler, "cosine")) /* after a warm-up: over the steps left */
+        LK_TRY(lk_cosine_annealing_lr_create(tr->optim,
+                                             (int)(o->step_size > 0 ? o->step_size
+                                                                    : (horizon - o->warmup_steps > 1 ? horizon - o->warmup_steps : 1)),
+                                             o->eta_min, &tr->sched));
     else if (!strcmp(o->scheduler, "linear"))
         LK_TRY(lk_linear_lr_create(tr->optim, o->start_factor, o->end_factor,
                                    (int)(o->step_size > 0 ? o->step_size : horizon), &tr->sched));
@@ -79,5 +140,6 @@ lk_status lk__optim_setup(lk_trainer *tr, int64_t steps_per_epoch) {
         lk_plateau_config c = {.factor = o->factor, .patience = (int)o->patience, .threshold = 1e-4, .eps = 1e-8};
         LK_TRY(lk_reduce_lr_on_plateau_create(tr->optim, &c, &tr->sched));
     }
+    if (o->warmup_steps > 0) LK_TRY(add_warmup(tr));
     return LK_STATUS_OK;
 }

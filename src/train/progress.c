@@ -43,7 +43,12 @@ struct lk_progress {
     metric_set train_m, eval_m;
     int64_t last_line_done;
     int drawn; /* a bar is on screen, the cursor at the end of its line */
+    double tokens_per_step; /* > 0: the training rate shows tok/s too */
 };
+
+void lk_progress_set_tokens(lk_progress *p, double tokens_per_step) {
+    if (p) p->tokens_per_step = tokens_per_step;
+}
 
 lk_progress_options lk_progress_options_default(void) {
     return (lk_progress_options){NULL, LK_PROGRESS_AUTO, 50, 0, 0.1, NULL, -1};
@@ -119,6 +124,16 @@ static void fmt_rate(char *buf, size_t size, int64_t done, double elapsed) {
     else snprintf(buf, size, "%.2f s/it", elapsed / (double)done);
 }
 
+/* ", 10.5k tok/s" after the rate when the run's steps carry tokens */
+static void add_tokens(const lk_progress *p, char *buf, size_t size, int64_t done, double elapsed) {
+    if (p->tokens_per_step <= 0 || done <= 0 || elapsed <= 0) return;
+    double r = (double)done * p->tokens_per_step / elapsed;
+    size_t n = strlen(buf);
+    if (r >= 1e6) snprintf(buf + n, size - n, ", %.2fM tok/s", r / 1e6);
+    else if (r >= 1e3) snprintf(buf + n, size - n, ", %.1fk tok/s", r / 1e3);
+    else snprintf(buf + n, size - n, ", %.0f tok/s", r);
+}
+
 /* Four significant digits, exponents shortened the way tqdm does (1e-5). */
 static void fmt_value(char *buf, size_t size, double v) {
     char t[48];
@@ -173,9 +188,10 @@ static void cut_columns(char *s, int cols) {
 static void render_bar(const lk_progress *p, const bar_state *b, const metric_set *m, double now, char *line,
                        size_t size) {
     double elapsed = now - b->t0;
-    char el[32], eta[32], rate[32], tail[LINE_MAX_BYTES];
+    char el[32], eta[32], rate[64], tail[LINE_MAX_BYTES];
     fmt_interval(el, sizeof el, elapsed);
     fmt_rate(rate, sizeof rate, b->done, elapsed);
+    if (b == &p->train) add_tokens(p, rate, sizeof rate, b->done, elapsed);
     size_t at = 0;
     if (b->total > 0) {
         double remaining = b->done > 0 && elapsed > 0 ? (double)(b->total - b->done) * elapsed / (double)b->done : -1;
@@ -290,10 +306,11 @@ void lk_progress_update(lk_progress *p, int64_t done, const char *const *names, 
     if (done <= 0 || done % p->every != 0 || done == p->last_line_done) return;
     if (p->train.total > 0 && done >= p->train.total) return; /* the epoch's own line follows */
     p->last_line_done = done;
-    char line[LINE_MAX_BYTES], label[64], rate[32];
+    char line[LINE_MAX_BYTES], label[64], rate[64];
     size_t at = 0;
     epoch_label(p, label, sizeof label, 0);
     fmt_rate(rate, sizeof rate, done, now - p->train.t0);
+    add_tokens(p, rate, sizeof rate, done, now - p->train.t0);
     if (p->train.total > 0)
         put(line, sizeof line, &at, "%s step %lld/%lld (%d%%) %s", label, (long long)done,
             (long long)p->train.total, (int)(100.0 * (double)done / (double)p->train.total), rate);
@@ -315,11 +332,12 @@ void lk_progress_end_epoch(lk_progress *p, const char *const *names, const doubl
         fflush(p->out);
         p->drawn = 0;
     } else {
-        char line[LINE_MAX_BYTES], label[64], el[32], rate[32];
+        char line[LINE_MAX_BYTES], label[64], el[32], rate[64];
         size_t at = 0;
         epoch_label(p, label, sizeof label, 0);
         fmt_interval(el, sizeof el, now - p->train.t0);
         fmt_rate(rate, sizeof rate, p->train.done, now - p->train.t0);
+        add_tokens(p, rate, sizeof rate, p->train.done, now - p->train.t0);
         put(line, sizeof line, &at, "%s done %lld steps in %s (%s)", label, (long long)p->train.done, el, rate);
         put_metrics(line, sizeof line, &at, &p->train_m, " ", " ");
         fprintf(p->out, "%s\n", line);

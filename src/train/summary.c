@@ -96,7 +96,39 @@ lk_status lk_model_summary(const lk_layer *net, int max_depth, char **out) {
     *out = NULL;
     if (!net) return lk_error(LK_STATUS_INVALID_ARGUMENT, "lk_model_summary: the network is NULL");
     summary_rows r = {0};
-    lk_status st = collect(net, "", 1, max_depth, &r);
+    lk_status st = LK_STATUS_OK;
+    /* A model whose pipeline blocks are not its children (gpt: embedding,
+     * transformer.h.N, head) shows its blocks as the top-level rows; the
+     * train/eval counts stay those of its own tree. */
+    int nb = 0;
+    const lk_named_layer *bl = NULL;
+    bool staged = lk_model_blocks(net, &nb, &bl) == LK_STATUS_OK && bl && bl != net->children;
+    if (!bl) lk_clear_error();
+    if (staged) {
+        st = collect(net, "", 1, 0, &r); /* the counts only */
+        for (int i = 0; !st && i < nb && max_depth != 0; i++) {
+            if (r.n == r.cap && (st = lk_vec_reserve(r.rows, r.cap, r.n + 1, 16))) break;
+            summary_row *row = &r.rows[r.n++];
+            snprintf(row->name, sizeof row->name, "%s", bl[i].name);
+            row->type = bl[i].layer->type;
+            /* a view's own flag is not the model's (lk_layer_train walks the
+             * model's tree): its layers' is */
+            const lk_layer *bk = bl[i].layer;
+            row->training = bk->n_children && bk->children[0].borrowed ? bk->children[0].layer->training : bk->training;
+            human_count(count_params(bl[i].layer, false, &st), row->params, sizeof row->params);
+            if (!st && (max_depth < 0 || max_depth >= 2)) {
+                summary_rows sub = {0};
+                st = collect(bl[i].layer, bl[i].name, 2, max_depth, &sub);
+                for (int k = 0; !st && k < sub.n; k++) {
+                    if (r.n == r.cap && (st = lk_vec_reserve(r.rows, r.cap, r.n + 1, 16))) break;
+                    r.rows[r.n++] = sub.rows[k];
+                }
+                lk_free(sub.rows);
+            }
+        }
+    } else {
+        st = collect(net, "", 1, max_depth, &r);
+    }
     int64_t total = st ? 0 : count_params(net, false, &st);
     int64_t trainable = st ? 0 : count_params(net, true, &st);
     char *buf = NULL;

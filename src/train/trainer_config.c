@@ -198,6 +198,11 @@ static const lk_param optim_params[] = {
     O("monitor", STRING, monitor, "val_loss", 1, 0, NULL, "plateau: metric to watch"),
     O("factor", FLOAT, factor, "0.1", 0, 0.999999, NULL, "plateau: lr *= factor"),
     O("patience", INT, patience, "10", 0, 1e9, NULL, "plateau: epochs without improvement"),
+    O("weight_decay_params", ENUM, weight_decay_params, "all", 1, 0, "all|matrices|matrices_no_embeddings",
+      "parameters weight_decay applies to (matrices: >= 2 dims, nanoGPT's groups; matrices_no_embeddings: not "
+      "Embedding weights either)"),
+    O("warmup_steps", INT, warmup_steps, "0", 0, 2147483647, NULL,
+      "linear warm-up from lr/(N+1) over N scheduler steps before the scheduler (nanoGPT's; 0: none)"),
 };
 
 const lk_param *lk_optim_settings_params(int *count) {

@@ -5,3 +5,6 @@ lk_add_test(NAME models_bench_smoke SOURCES models/bench_models.c LABELS unit AR
 lk_add_test(NAME model_registry SOURCES models/test_model_registry.c LABELS unit TIMEOUT 60)
 # lk_model_blocks: the cut points; blocks run in order are bitwise the model's forward (output, gradients, buffers).
 lk_add_test(NAME model_blocks SOURCES models/test_model_blocks.c LABELS unit TIMEOUT 60)
+# gpt: parity with nanoGPT's GPT in PyTorch 1.13 (tools/gen_gpt_fixtures.py: loss, logits, every gradient in f32
+# and bf16-mixed, one block, 10 AdamW steps), names and tying, blocks = forward, checkpointing bitwise, bad input.
+lk_add_test(NAME model_gpt SOURCES models/test_gpt.c LABELS unit parity TIMEOUT 120)

@@ -6,3 +6,9 @@ lk_add_script_test(NAME train_grad_scaler SCRIPT train/test_grad_scaler.sh LABEL
 lk_add_script_test(NAME train_activation_checkpointing SCRIPT train/test_activation_checkpointing.sh LABELS multiproc TIMEOUT 300)
 # The module contract: forward + loss give every step for free; training_step alone works as before.
 lk_add_test(NAME module_contract SOURCES train/test_module_contract.c LABELS unit TIMEOUT 60)
+# A tiny gpt through lk_trainer_fit on a token file: activation checkpointing bitwise (dropout on; single,
+# bf16-mixed + accumulation + clipping, dp x2), 16-mixed and bf16-true train.
+lk_add_test(NAME train_gpt_fit SOURCES train/test_gpt_fit.c LABELS unit TIMEOUT 120)
+# The gpt through `lockstep fit` (synthetic tokens): ddp x2 and bf16-mixed checkpointing bitwise, nanoGPT's AdamW
+# groups with warm-up + cosine, exact resume, block_size against the data.
+lk_add_script_test(NAME train_gpt_cli SCRIPT train/test_gpt_cli.sh LABELS multiproc TIMEOUT 180)
