@@ -12,8 +12,9 @@
  *     rounding; measured: loss 1.5e-5, worst gradient 5.9e-3);
  *   - one block (transformer.h.0): output and input gradient, 1e-5;
  *   - 10 AdamW steps with nanoGPT's groups (decay 0.1 on >= 2-dim
- *     parameters, none on biases and LayerNorm weights): each loss and every
- *     final parameter to 1e-5 (llm.c's test_gpt2 checks the same way).
+ *     parameters, none on biases and LayerNorm weights): each loss to 1e-5
+ *     and every final parameter to 5e-5 normwise (llm.c's test_gpt2 checks
+ *     the same way; measured 1.9e-5 with the fused attention).
  * Contracts: names and the tied lm_head.weight (state dict twice,
  * parameters once, one gradient, GPT-2 init statistics), blocks [0, k) +
  * [k, n) = the forward bitwise (output and gradients, dropout on),
@@ -201,7 +202,11 @@ static void adamw_steps(bool one_group) {
         }
         double e = nn_rel_err(got, want);
         if (e > worst) worst = e;
-        nn_check_close(n, ps.items[i].tensor, want, 1e-5);
+        /* 5e-5: the fused attention's dq sums in another order than
+         * PyTorch's GEMMs (gradients agree to ~5e-7), and Adam's
+         * normalisation magnifies that in parameters with small gradients:
+         * measured 1.9e-5 on c_attn.bias's query part after 10 steps */
+        nn_check_close(n, ps.items[i].tensor, want, 5e-5);
         lk_tensor_release(want);
     }
     printf("AdamW (%s): %d parameters after 10 steps, worst relative error %.3g (key biases: %.3g absolute)\n",
