@@ -4,7 +4,7 @@
  * and without dropout; dropout's mask reproducible from the stream and the
  * share it keeps; bf16 under autocast against f32; PyTorch 1.13's values
  * (tools/gen_attention_fixtures.py prints them: explicit softmax(QK^T/sqrt(d)
- * + mask) V); and the argument errors. */
+ * + mask) V); the same bits on 1 and 2 threads; and the argument errors. */
 #include <string.h>
 
 #include "gradcheck.h"
@@ -153,6 +153,33 @@ static void pytorch_values(void) {
     lk_tensor_release(qkv);
 }
 
+/* one task owns each output element: the same bits on 1 and 2 threads */
+static void thread_count_bitwise(void) {
+    lk_tensor *qkv = lk_gc_param(11, LK_SHAPE(2, 150, 3 * 3 * 16));
+    lk_rng r;
+    lk_rng_init(&r, 6, LK_RNG_USER, 0, 0);
+    lk_tensor *dy = lk_tensor_randn(&r, 3, (int64_t[]){2, 150, 48}, 0.0f, 1.0f);
+    lk_tensor *y[2], *g[2];
+    int threads = lk_get_num_threads();
+    for (int k = 0; k < 2; k++) {
+        lk_set_num_threads(k ? 2 : 1);
+        lk_tensor_zero_grad(qkv, true);
+        lk_scope_begin();
+        att_ctx c = {3, 0.2f, false};
+        lk_tensor *out = att(&qkv, &c);
+        y[k] = out ? lk_tensor_clone(out) : NULL;
+        if (out) CHECK_OK(lk_backward_with(out, dy));
+        lk_scope_end();
+        g[k] = qkv->grad ? lk_tensor_clone(qkv->grad) : NULL;
+    }
+    lk_set_num_threads(threads);
+    CHECK(y[0] && y[1] && !memcmp(y[0]->data, y[1]->data, (size_t)y[0]->numel * 4));
+    CHECK(g[0] && g[1] && !memcmp(g[0]->data, g[1]->data, (size_t)g[0]->numel * 4));
+    for (int k = 0; k < 2; k++) lk_tensor_release(y[k]), lk_tensor_release(g[k]);
+    lk_tensor_release(dy);
+    lk_tensor_release(qkv);
+}
+
 static void errors(void) {
     lk_tensor *bad = lk_tensor_zeros(LK_F32, 3, (int64_t[]){2, 4, 10});
     CHECK(!lk_causal_self_attention(bad, 2, 0, false, NULL) && strstr(lk_last_error(), "C divisible by n_head"));
@@ -169,4 +196,4 @@ static void errors(void) {
 }
 
 LK_TEST_MAIN(LK_TEST_CASE(fused_matches_naive), LK_TEST_CASE(finite_differences), LK_TEST_CASE(dropout_mask),
-             LK_TEST_CASE(bf16_autocast), LK_TEST_CASE(pytorch_values), LK_TEST_CASE(errors))
+             LK_TEST_CASE(bf16_autocast), LK_TEST_CASE(pytorch_values), LK_TEST_CASE(thread_count_bitwise), LK_TEST_CASE(errors))
