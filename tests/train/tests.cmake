@@ -6,3 +6,4 @@ lk_add_script_test(NAME train_grad_scaler SCRIPT train/test_grad_scaler.sh LABEL
 lk_add_script_test(NAME train_activation_checkpointing SCRIPT train/test_activation_checkpointing.sh LABELS multiproc TIMEOUT 300)
 # The module contract: forward + loss give every step for free; training_step alone works as before.
 lk_add_test(NAME module_contract SOURCES train/test_module_contract.c LABELS unit TIMEOUT 60)
+lk_add_test(NAME train_dp_groups SOURCES train/test_dp_groups.c LABELS multiproc TIMEOUT 180)
