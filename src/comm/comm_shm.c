@@ -100,6 +100,15 @@ lk_status lk__shm_init(lk_comm *c, const lk_comm_config *cfg) {
     return LK_STATUS_OK;
 }
 
+/* A group: a segment of its own, named after child->job_id (group.c made
+ * the name unique in the job and equal on the group's ranks), joined by
+ * the same rendezvous as the world's. */
+static lk_status shm_split(lk_comm *parent, lk_comm *child, int colour, int key) {
+    (void)parent, (void)colour, (void)key;
+    if (!child) return LK_STATUS_OK;
+    return lk__shm_init(child, NULL);
+}
+
 /* This rank announces long work: peers waiting on it read the slot. */
 static void shm_long_work(lk_comm *c) {
     shm_comm *s = c->impl;
@@ -131,7 +140,7 @@ const lk__comm_vtable lk__comm_shm = {
     .shared_at = lk__shm_shared_at,
     .abort = shm_abort,
     .long_work = shm_long_work,
-    .split = lk__shm_split,
+    .split = shm_split,
     .p2p_start = lk__shm_p2p_start,
     .p2p_progress = lk__shm_p2p_progress,
 };
