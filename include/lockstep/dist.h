@@ -290,7 +290,13 @@ void lk_comm_mesh_2d_free(lk_comm_mesh_2d *mesh);
  * number and what the peer is doing), a dead or aborted peer within about
  * 100 ms (REMOTE naming the pair), and any failure aborts the communicator.
  * Issue from one thread at a time (the collectives' rule); peer != own rank.
- * nccl has no point-to-point yet (UNSUPPORTED). */
+ * nccl: device memory moves by ncclSend/ncclRecv after a header on its host
+ * communicator (a mismatch is named by the receiver at once; its sender
+ * fails at comm_timeout), in the order the messages started on this rank,
+ * and NCCL runs a rank's sends and receives one after another even in the
+ * async forms: order exchanges there (one side receives first), or both
+ * sides wait for comm_timeout; host memory is the host communicator's.
+ * self has no point-to-point (UNSUPPORTED). */
 lk_status lk_comm_send(lk_comm *c, const void *buf, size_t count, lk_dtype dt, int peer);
 lk_status lk_comm_recv(lk_comm *c, void *buf, size_t count, lk_dtype dt, int peer);
 /* Async forms: *work as for the async collectives; the buffer must stay

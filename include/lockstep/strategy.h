@@ -181,6 +181,10 @@ lk_status lk_strategy_clip_grad_norm(lk_strategy *s, double max_norm, double nor
  * is (views, nothing moves); a sharded strategy gathers its units here
  * (collective). The caller clears *out. */
 lk_status lk_strategy_state_dict(lk_strategy *s, lk_layer *net, lk_named_tensors *out);
+/* Whether lk_strategy_state_dict is a collective, which every rank must
+ * call in the same order (a sharded strategy's gather), not only the rank
+ * that writes: false for the replicas. */
+bool lk_strategy_state_dict_collective(const lk_strategy *s);
 /* Whether this rank writes checkpoint files (replicas: global rank 0). */
 bool lk_strategy_writes_checkpoint(const lk_strategy *s);
 /* After a checkpoint's full state dict was loaded into the net on this

@@ -182,10 +182,23 @@ void lk_comm_set_leave_reason(lk_comm *c, const char *reason) {
     if (c) snprintf(c->leave_reason, sizeof c->leave_reason, "%s", reason ? reason : "");
 }
 
+/* Stops the point-to-point thread (p2p.c starts it on first use; it ends
+ * when its queue is empty and p2p_stop is set). Here, beside the
+ * collectives' thread's stop, so that comm.c needs nothing of p2p.c. */
+static void stop_p2p_thread(lk_comm *c) {
+    if (!c->p2p_started) return;
+    pthread_mutex_lock(&c->mu);
+    c->p2p_stop = true;
+    pthread_cond_signal(&c->cv_p2p);
+    pthread_mutex_unlock(&c->mu);
+    pthread_join(c->p2p_thread, NULL);
+    c->p2p_started = false;
+}
+
 void lk_comm_free(lk_comm *c) {
     if (!c) return;
     lk__comm_drain(c);
-    lk__p2p_shutdown(c);
+    stop_p2p_thread(c);
     if (c->thread_started) {
         pthread_mutex_lock(&c->mu);
         c->stop = true;

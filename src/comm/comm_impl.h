@@ -221,8 +221,6 @@ lk_comm *lk__comm_new(const lk__comm_vtable *vt, const lk_pg_info *pg);
 void lk__comm_delete(lk_comm *c);
 /* Waits until no collective and no point-to-point work is pending. */
 void lk__comm_drain(lk_comm *c);
-/* Stops the p2p thread after draining (lk_comm_free). */
-void lk__p2p_shutdown(lk_comm *c);
 /* The words a timeout message puts in parentheses after "timed out after
  * N s": the setting and where its value came from ("comm_timeout from
  * LK_COMM_TIMEOUT"). Returns buf. */

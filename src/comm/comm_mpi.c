@@ -38,6 +38,7 @@
 #include <mpi.h>
 #include <pthread.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -69,17 +70,42 @@ static uint64_t host_hash(void) {
     return h;
 }
 
+static lk_status wait_req(lk_comm *c, MPI_Request *req, const lk__coll *op, const char *label);
+
 /* Who shares this host and can be checked for life (same pid namespace:
  * the pid is alive here at init). Collective over m->comm. Without it
- * (out of memory, an MPI error) waits fall back to comm_timeout alone. */
-static void exchange_pids(mpi_comm *m) {
+ * (out of memory, an MPI error) waits fall back to comm_timeout alone.
+ * waiter NULL: blocking calls, under mpi_mu held by the caller (init, when
+ * every rank is starting). Otherwise (a group being made) non-blocking
+ * calls waited for with waiter's bounds (its timeout, abort and dead-peer
+ * checks), mpi_mu not held: a peer that dies or stops here fails the wait
+ * instead of wedging this process inside MPI with the lock held; that
+ * failure is the only error. */
+static lk_status exchange_pids(mpi_comm *m, lk_comm *waiter) {
+    static const lk__coll op = {.kind = LK__COLL_ALL_GATHER, .seq = UINT64_MAX};
+    const char *what = "lk_comm_split (the new group's pid exchange)";
     int64_t me[2] = {(int64_t)getpid(), (int64_t)host_hash()};
     int64_t *all = lk_malloc(sizeof me * (size_t)m->world);
-    int fail = !all, any_fail = 1;
-    MPI_Allreduce(&fail, &any_fail, 1, MPI_INT, MPI_MAX, m->comm); /* every rank takes part in the gather, or none */
-    if (any_fail || MPI_Allgather(me, 2, MPI_INT64_T, all, 2, MPI_INT64_T, m->comm) != MPI_SUCCESS) {
+    int fail = !all, any_fail = 1, rc;
+    if (!waiter) {
+        MPI_Allreduce(&fail, &any_fail, 1, MPI_INT, MPI_MAX, m->comm); /* every rank takes part in the gather, or none */
+        rc = any_fail ? MPI_SUCCESS : MPI_Allgather(me, 2, MPI_INT64_T, all, 2, MPI_INT64_T, m->comm);
+    } else {
+        MPI_Request req;
+        LOCKED(rc = MPI_Iallreduce(&fail, &any_fail, 1, MPI_INT, MPI_MAX, m->comm, &req));
+        lk_status st = rc == MPI_SUCCESS ? wait_req(waiter, &req, &op, what) : LK_STATUS_OK;
+        if (!st && rc == MPI_SUCCESS && !any_fail) {
+            LOCKED(rc = MPI_Iallgather(me, 2, MPI_INT64_T, all, 2, MPI_INT64_T, m->comm, &req));
+            if (rc == MPI_SUCCESS) st = wait_req(waiter, &req, &op, what);
+        }
+        if (st) {
+            lk_free(all);
+            return st;
+        }
+    }
+    if (any_fail || rc != MPI_SUCCESS) {
         lk_free(all);
-        return;
+        return LK_STATUS_OK;
     }
     m->pids = lk_calloc((size_t)m->world, sizeof *m->pids);
     m->local = lk_calloc((size_t)m->world, sizeof *m->local);
@@ -94,6 +120,7 @@ static void exchange_pids(mpi_comm *m) {
         m->local = NULL;
     }
     lk_free(all);
+    return LK_STATUS_OK;
 }
 
 static _Atomic int job_failed;  /* some communicator of this process failed */
@@ -146,7 +173,7 @@ static lk_status mpi_init(lk_comm *c, const lk_comm_config *cfg) {
     MPI_Comm_set_errhandler(m->comm, MPI_ERRORS_RETURN);
     MPI_Comm_rank(m->comm, &m->rank);
     MPI_Comm_size(m->comm, &m->world);
-    exchange_pids(m);
+    (void)exchange_pids(m, NULL);
     pthread_mutex_unlock(&mpi_mu);
     if (c->pg.world_size != m->world || c->pg.rank != m->rank) {
         if (strcmp(c->pg.source, "none") && strcmp(c->pg.source, "openmpi") && strcmp(c->pg.source, "pmi") &&
@@ -203,11 +230,19 @@ static MPI_Op mpi_op(lk_reduce_op op) {
     }
 }
 
+/* What a wait names: `label`, or the collective op. */
+static void describe(const lk__coll *op, const char *label, char *what, size_t size) {
+    if (label) snprintf(what, size, "%s", label);
+    else lk__coll_describe(op, what, size);
+}
+
 /* Completes req, polling so the wait is bounded and abortable: tight
  * MPI_Test polling first (it drives MPI's progress engine, as a blocking
- * call would), yielding between polls after 2 ms. */
-static lk_status finish(lk_comm *c, MPI_Request *req, const lk__coll *op) {
-    char what[160];
+ * call would), yielding between polls after 2 ms. c's timeout, abort flag
+ * and peers' pids bound it; the caller does not hold mpi_mu. Errors name
+ * `label`, or op when label is NULL. */
+static lk_status wait_req(lk_comm *c, MPI_Request *req, const lk__coll *op, const char *label) {
+    char what[200];
     mpi_comm *m = c->impl;
     uint64_t t0 = 0, prev = 0, limit = (uint64_t)(c->timeout_s * 1e9), next_check = 0;
     /* Announced long work of another rank (lk_comm_long_work): MPI cannot
@@ -220,7 +255,7 @@ static lk_status finish(lk_comm *c, MPI_Request *req, const lk__coll *op) {
         int rc;
         LOCKED(rc = MPI_Test(req, &done, MPI_STATUS_IGNORE));
         if (rc != MPI_SUCCESS) {
-            lk__coll_describe(op, what, sizeof what);
+            describe(op, label, what, sizeof what);
             return mpi_err(rc, what);
         }
         if (done) return LK_STATUS_OK;
@@ -231,14 +266,14 @@ static lk_status finish(lk_comm *c, MPI_Request *req, const lk__coll *op) {
         if (now - t0 < 2000000ull) continue;
         sched_yield();
         if (atomic_load(&c->abort_requested)) {
-            lk__coll_describe(op, what, sizeof what);
+            describe(op, label, what, sizeof what);
             return lk_error(LK_STATUS_ABORTED, "%s: aborted while waiting", what);
         }
         if (m->local && now >= next_check) {
             next_check = now + 100000000ull;
             for (int k = 0; k < m->world; k++) {
                 if (!m->local[k] || lk__pid_alive(m->pids[k])) continue;
-                lk__coll_describe(op, what, sizeof what);
+                describe(op, label, what, sizeof what);
                 return lk_error(LK_STATUS_REMOTE,
                                 "%s failed: rank %d (pid %d) died (process gone: killed, crashed or exited) while rank %d "
                                 "waited for it in MPI; the job cannot continue (mpirun ends it)",
@@ -246,7 +281,7 @@ static lk_status finish(lk_comm *c, MPI_Request *req, const lk__coll *op) {
             }
         }
         if (now - t0 >= limit && long_wait) {
-            lk__coll_describe(op, what, sizeof what);
+            describe(op, label, what, sizeof what);
             return lk_error(LK_STATUS_TIMEOUT,
                             "%s timed out after %.1f s in MPI: rank %d's %s took longer than %s (%g s), or some rank did "
                             "not arrive",
@@ -254,12 +289,14 @@ static lk_status finish(lk_comm *c, MPI_Request *req, const lk__coll *op) {
         }
         if (now - t0 >= limit) {
             char words[LK_PARAM_STR + 96];
-            lk__coll_describe(op, what, sizeof what);
+            describe(op, label, what, sizeof what);
             return lk_error(LK_STATUS_TIMEOUT, "%s timed out after %.1f s (%s) in MPI; some rank did not arrive", what,
                             (double)(now - t0) * 1e-9, lk__comm_timeout_words(c, words, sizeof words));
         }
     }
 }
+
+static lk_status finish(lk_comm *c, MPI_Request *req, const lk__coll *op) { return wait_req(c, req, op, NULL); }
 
 typedef struct {
     uint64_t seq, count;
@@ -384,13 +421,27 @@ static void mpi_abort_cb(lk_comm *c, const char *reason) {
 }
 
 /* A group: MPI_Comm_split of the parent's communicator (ranks ordered by
- * key, then parent rank, as lk_comm_split worked out). Blocking, like the
- * split itself: every rank of the parent has just finished lk_comm_split's
- * all_gather, so all of them are here. */
+ * key, then parent rank, as lk_comm_split worked out). MPI_Comm_split
+ * blocks and has no non-blocking form, and it runs under mpi_mu, which no
+ * wait's timeout or dead-peer check can interrupt: a peer that died or
+ * stopped before entering it would wedge this rank (and every MPI call of
+ * its other threads) for good. So the ranks first meet in an MPI_Ibarrier
+ * waited for with the parent's bounds (comm_timeout, abort, the dead-peer
+ * check that names the rank), without the lock held; only ranks known to
+ * have reached the split then enter it, and the new group's pid exchange
+ * is bounded the same way. What stays unbounded is a peer dying in the
+ * instants between its barrier and its MPI_Comm_split (mpirun then ends
+ * the job) or being stopped exactly there. */
 static lk_status mpi_split(lk_comm *parent, lk_comm *child, int colour, int key) {
+    static const lk__coll arrive = {.kind = LK__COLL_BARRIER, .seq = UINT64_MAX};
     mpi_comm *pm = parent->impl;
     MPI_Comm nc = MPI_COMM_NULL;
+    MPI_Request req;
     int rc;
+    if (lk_env_get_long("LK_COMM_TEST_SPLIT_KILL", -1) == parent->pg.rank) raise(SIGKILL); /* tests only */
+    LOCKED(rc = MPI_Ibarrier(pm->comm, &req));
+    if (rc != MPI_SUCCESS) return mpi_err(rc, "lk_comm_split (MPI_Ibarrier)");
+    LK_TRY(wait_req(parent, &req, &arrive, "lk_comm_split (the ranks' arrival before MPI_Comm_split)"));
     LOCKED(rc = MPI_Comm_split(pm->comm, colour < 0 ? MPI_UNDEFINED : colour, key, &nc));
     if (rc != MPI_SUCCESS) return mpi_err(rc, "lk_comm_split (MPI_Comm_split)");
     if (!child) {
@@ -407,8 +458,16 @@ static lk_status mpi_split(lk_comm *parent, lk_comm *child, int colour, int key)
     MPI_Comm_set_errhandler(m->comm, MPI_ERRORS_RETURN);
     MPI_Comm_rank(m->comm, &m->rank);
     MPI_Comm_size(m->comm, &m->world);
-    exchange_pids(m);
     pthread_mutex_unlock(&mpi_mu);
+    lk_status st = exchange_pids(m, parent);
+    if (st) {
+        /* a peer failed the exchange: MPI_Comm_free is collective over the
+         * group, so the communicator is left to the job's abort */
+        lk_free(m->pids);
+        lk_free(m->local);
+        lk_free(m);
+        return st;
+    }
     if (m->rank != child->pg.rank || m->world != child->pg.world_size) {
         int mr = m->rank, mw = m->world;
         LOCKED(MPI_Comm_free(&m->comm));

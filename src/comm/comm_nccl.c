@@ -84,6 +84,9 @@ typedef struct {
     int gpu;
     void *scratch; /* one float on the GPU: barrier's all-reduce */
     bool dead;     /* ncclCommAbort was called: destroy must not finalize */
+    /* Point-to-point in device memory: NCCL calls are made in the order the
+     * messages started here (tickets), whatever order their headers came in. */
+    _Atomic uint64_t p2p_tickets, p2p_next;
 } nccl_impl;
 
 static lk_status host_broadcast(void *ctx, void *buf, size_t bytes, int root) {
@@ -371,6 +374,164 @@ static lk_status nccl_run(lk_comm *c, const lk__coll *op) {
     return wait_nccl(c, m, m->done, what);
 }
 
+/* ---- point-to-point ----
+ * A message in host memory travels whole on the host communicator (NCCL
+ * cannot take it), with that backend's semantics. A message in device
+ * memory is a header on the host communicator (sequence number, dtype,
+ * count; the host send completes once the receiver took it), then the data
+ * by ncclSend/ncclRecv (NCCL >= 2.7) on the communication stream, ordered
+ * after the compute stream's producer and before its consumers as the
+ * collectives are. Every message of this communicator, header or whole,
+ * is one host message of the same pair and direction, in issue order, so
+ * the host's sequence numbers are this communicator's. What the host
+ * brings: a dead or aborted peer is seen during the header, a receive of
+ * another dtype or count is named by the receiver at once (the pair, the
+ * sequence number, both sides' sizes) before any NCCL call; its sender,
+ * whose ncclSend then finds no receive, fails at comm_timeout. What NCCL
+ * imposes: a communicator's sends and receives run one after another on
+ * the GPU, each blocking until its peer's matching call runs. So the NCCL
+ * calls are made in the order the messages started on this rank (issue
+ * order, an older message of the same pair and direction first), not in
+ * the order their headers came through, and the semantics are blocking
+ * MPI_Ssend's: an exchange works when one side receives first (DeepSpeed's
+ * even and odd pipeline stages), and one in which both ranks send first
+ * waits for comm_timeout (an error naming the pair; the communicator is
+ * aborted). */
+typedef struct {
+    uint64_t seq, count;
+    int32_t dt, pad;
+} p2p_hdr;
+
+typedef struct {
+    lk_work *work;   /* the header's (or the whole host message's) transfer on the host communicator */
+    cudaEvent_t ev;  /* device memory: recorded after the NCCL call */
+    p2p_hdr hdr;     /* this side's, or the sender's once received */
+    uint64_t ticket; /* device memory: its place in this rank's order of NCCL calls */
+    bool host;       /* host memory: the whole message is the host's */
+} p2p_priv;
+_Static_assert(sizeof(p2p_priv) <= sizeof(((lk__p2p *)0)->priv), "lk__p2p.priv is too small for nccl's state");
+
+static lk_status nccl_p2p_start(lk_comm *c, lk__p2p *op) {
+    nccl_impl *m = c->impl;
+    p2p_priv *p = (p2p_priv *)op->priv;
+    char what[200];
+    lk__p2p_describe(c, op, what, sizeof what);
+    if (m->dead) return lk_error(LK_STATUS_ABORTED, "nccl: %s: the communicator was aborted earlier", what);
+    memset(p, 0, sizeof *p);
+    p->host = host_memory(op->buf);
+    op->phase = 0;
+    if (p->host)
+        return op->send ? lk_comm_send_async(m->host, op->buf, op->count, op->dt, op->peer, &p->work)
+                        : lk_comm_recv_async(m->host, op->buf, op->count, op->dt, op->peer, &p->work);
+    ncclDataType_t t;
+    if (!nccl_type(op->dt, &t))
+        return lk_error(LK_STATUS_UNSUPPORTED, "nccl: %s: dtype %s has no NCCL type", what, lk_dtype_name(op->dt));
+    if (op->send) p->hdr = (p2p_hdr){op->seq, op->count, (int32_t)op->dt, 0};
+    p->ticket = atomic_fetch_add(&m->p2p_tickets, 1);
+    return op->send ? lk_comm_send_async(m->host, &p->hdr, sizeof p->hdr, LK_U8, op->peer, &p->work)
+                    : lk_comm_recv_async(m->host, &p->hdr, sizeof p->hdr, LK_U8, op->peer, &p->work);
+}
+
+/* The header is through: the data's NCCL call, between the producer and
+ * the consumers on the compute stream. */
+static lk_status p2p_launch(lk_comm *c, nccl_impl *m, lk__p2p *op, p2p_priv *p, const char *what) {
+    ncclDataType_t t = ncclFloat32;
+    (void)nccl_type(op->dt, &t);
+    if (cudaSetDevice(m->gpu) != cudaSuccess || cudaEventCreateWithFlags(&p->ev, cudaEventDisableTiming) != cudaSuccess ||
+        cudaEventRecord(m->produced, m->compute) != cudaSuccess || cudaStreamWaitEvent(m->stream, m->produced, 0) != cudaSuccess) {
+        cudaGetLastError();
+        return lk_error(LK_STATUS_DEVICE, "nccl: %s: cannot order the communication stream after the producer", what);
+    }
+    ncclResult_t r = op->send ? ncclSend(op->buf, op->count, t, op->peer, m->nc, m->stream)
+                              : ncclRecv(op->buf, op->count, t, op->peer, m->nc, m->stream);
+    if (r != ncclSuccess && r != ncclInProgress) {
+        ncclCommAbort(m->nc), m->dead = true;
+        return lk_error(LK_STATUS_DEVICE, "nccl: %s on rank %d: %s (%s)", what, c->pg.rank, ncclGetErrorString(r),
+                        ncclGetLastError(NULL));
+    }
+    if (cudaEventRecord(p->ev, m->stream) != cudaSuccess || cudaStreamWaitEvent(m->compute, p->ev, 0) != cudaSuccess) {
+        cudaGetLastError();
+        return lk_error(LK_STATUS_DEVICE, "nccl: %s: cannot record completion or order the compute stream after it", what);
+    }
+    uint64_t now = lk_time_ns();
+    op->t0 = op->prev = now;
+    op->phase = 1;
+    op->progressed = true;
+    atomic_fetch_add(&m->p2p_next, 1);
+    return LK_STATUS_OK;
+}
+
+static void p2p_release(p2p_priv *p) {
+    lk_work_free(p->work); /* done (or failed) by now: no wait */
+    p->work = NULL;
+    if (p->ev) cudaEventDestroy(p->ev);
+    p->ev = NULL;
+}
+
+static lk_status nccl_p2p_progress(lk_comm *c, lk__p2p *op, bool *done) {
+    nccl_impl *m = c->impl;
+    p2p_priv *p = (p2p_priv *)op->priv;
+    char what[200];
+    lk__p2p_describe(c, op, what, sizeof what);
+    lk_status st = LK_STATUS_OK;
+    if (op->phase == 0) { /* the host's part: it checks abort, the peer's life and the timeout itself */
+        bool fin = !p->work; /* NULL: the header came earlier, its turn had not */
+        st = p->work ? lk_work_test(p->work, &fin) : LK_STATUS_OK;
+        if (!st && !fin) return LK_STATUS_OK;
+        if (!st && p->work) lk_work_free(p->work), p->work = NULL; /* the header is through (kept in p->hdr) */
+        /* an older message's NCCL call first: issue order on the GPU */
+        if (!st && !p->host && atomic_load(&m->p2p_next) != p->ticket) {
+            if (atomic_load(&c->abort_requested))
+                return lk_error(LK_STATUS_ABORTED, "nccl: %s on rank %d: aborted (lk_comm_abort)", what, c->pg.rank);
+            return LK_STATUS_OK;
+        }
+        if (st) {
+            char why[1024]; /* the host's message, copied before a new error is made */
+            snprintf(why, sizeof why, "%s", lk_last_error());
+            st = lk_error(st, "nccl: %s: %s", what, why);
+        }
+        else if (p->host) *done = true;
+        else if (!op->send && (p->hdr.seq != op->seq || p->hdr.count != op->count || p->hdr.dt != (int32_t)op->dt))
+            st = lk__p2p_mismatch(c, op, (lk_dtype)p->hdr.dt, (size_t)p->hdr.count);
+        else st = p2p_launch(c, m, op, p, what);
+        if (st || *done) p2p_release(p);
+        return st;
+    }
+    /* NCCL's part: its async error and the event, polled against the deadline */
+    ncclResult_t as;
+    if (ncclCommGetAsyncError(m->nc, &as) != ncclSuccess) as = ncclInternalError;
+    if (as != ncclSuccess && as != ncclInProgress) {
+        ncclCommAbort(m->nc), m->dead = true;
+        st = lk_error(LK_STATUS_REMOTE, "nccl: %s failed on rank %d: %s (%s); the communicator was aborted", what,
+                      c->pg.rank, ncclGetErrorString(as), ncclGetLastError(NULL));
+    } else if (as == ncclSuccess) {
+        cudaError_t e = cudaEventQuery(p->ev);
+        if (e == cudaSuccess) *done = true;
+        else if (e != cudaErrorNotReady) {
+            cudaGetLastError();
+            ncclCommAbort(m->nc), m->dead = true;
+            st = lk_error(LK_STATUS_DEVICE, "nccl: %s on rank %d: %s", what, c->pg.rank, cudaGetErrorString(e));
+        }
+    }
+    uint64_t now = lk_time_ns();
+    op->t0 += lk__paused_ns(now, &op->prev); /* a stopped process does not time out on resume */
+    if (!st && !*done && atomic_load(&c->abort_requested)) {
+        ncclCommAbort(m->nc), m->dead = true;
+        st = lk_error(LK_STATUS_ABORTED, "nccl: %s on rank %d: aborted (lk_comm_abort)", what, c->pg.rank);
+    }
+    if (!st && !*done && (double)(now - op->t0) * 1e-9 > c->timeout_s) {
+        char words[LK_PARAM_STR + 96];
+        ncclCommAbort(m->nc), m->dead = true;
+        st = lk_error(LK_STATUS_TIMEOUT,
+                      "nccl: %s did not complete within %.0f s (%s) after its header went through: rank %d's matching "
+                      "NCCL call never ran (it died, hangs, or sends to this rank first while this rank sends to it: "
+                      "NCCL runs a communicator's sends and receives one after another); the communicator was aborted",
+                      what, c->timeout_s, lk__comm_timeout_words(c, words, sizeof words), op->peer);
+    }
+    if (st || *done) p2p_release(p);
+    return st;
+}
+
 static void nccl_abort(lk_comm *c, const char *reason) {
     nccl_impl *m = c->impl;
     /* Peers learn through the host communicator; this rank's run loop sees
@@ -386,5 +547,7 @@ const lk__comm_vtable lk__comm_nccl = {
     .destroy = nccl_destroy,
     .run = nccl_run,
     .abort = nccl_abort,
+    .p2p_start = nccl_p2p_start,
+    .p2p_progress = nccl_p2p_progress,
 };
 #endif

@@ -72,8 +72,17 @@ lk_status lk__shm_init(lk_comm *c, const lk_comm_config *cfg) {
     if (st) {
         /* A failed start leaves nothing behind; only the rank that made the
          * segment removes the name: a rank refused by another job must not
-         * take that job's segment away. */
+         * take that job's segment away. But when the maker died while the
+         * job was starting, nobody else ever would (it unlinks on its own
+         * failure, or once every rank attached; a group's segment has no
+         * next job to replace it), so a rank that attached to that very
+         * segment removes it: attaching took a live creator, so a dead one
+         * now is this job's, and the name still meaning the segment we
+         * mapped keeps a successor's alone. */
         if (s->created && !s->unlinked) shm_unlink(s->name);
+        else if (!s->unlinked && s->hdr && s->hdr->creator_pid && !lk__pid_alive(s->hdr->creator_pid) &&
+                 lk__shm_same_segment(s->name, s->fd))
+            shm_unlink(s->name);
         s->unlinked = true;
         if (s->base) {
             shm_slot *me = slot_of(s, s->rank);
@@ -89,6 +98,15 @@ lk_status lk__shm_init(lk_comm *c, const lk_comm_config *cfg) {
         return st;
     }
     return LK_STATUS_OK;
+}
+
+/* A group: a segment of its own, named after child->job_id (group.c made
+ * the name unique in the job and equal on the group's ranks), joined by
+ * the same rendezvous as the world's. */
+static lk_status shm_split(lk_comm *parent, lk_comm *child, int colour, int key) {
+    (void)parent, (void)colour, (void)key;
+    if (!child) return LK_STATUS_OK;
+    return lk__shm_init(child, NULL);
 }
 
 /* This rank announces long work: peers waiting on it read the slot. */
@@ -122,7 +140,7 @@ const lk__comm_vtable lk__comm_shm = {
     .shared_at = lk__shm_shared_at,
     .abort = shm_abort,
     .long_work = shm_long_work,
-    .split = lk__shm_split,
+    .split = shm_split,
     .p2p_start = lk__shm_p2p_start,
     .p2p_progress = lk__shm_p2p_progress,
 };

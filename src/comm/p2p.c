@@ -170,16 +170,6 @@ static void *p2p_thread(void *arg) {
     return NULL;
 }
 
-void lk__p2p_shutdown(lk_comm *c) {
-    if (!c->p2p_started) return;
-    pthread_mutex_lock(&c->mu);
-    c->p2p_stop = true;
-    pthread_cond_signal(&c->cv_p2p);
-    pthread_mutex_unlock(&c->mu);
-    pthread_join(c->p2p_thread, NULL);
-    c->p2p_started = false;
-}
-
 static lk_status enqueue(lk_comm *c, const lk__p2p *op, lk_work **work, const char *fn) {
     lk_work *w = lk_calloc(1, sizeof *w);
     if (!w) return LK_STATUS_OUT_OF_MEMORY;

@@ -178,19 +178,20 @@ void lk__shm_free_shared(lk_comm *c, void *ptr);
 int64_t lk__shm_shared_offset(lk_comm *c, const void *p);
 void *lk__shm_shared_at(lk_comm *c, int k, int64_t off);
 
-/* ---- shm_p2p.c: point-to-point and split ---- */
+/* ---- shm_p2p.c: point-to-point ---- */
 lk_status lk__shm_p2p_start(lk_comm *c, lk__p2p *op);
 lk_status lk__shm_p2p_progress(lk_comm *c, lk__p2p *op, bool *done);
-/* A group: a segment of its own, named after child->job_id. */
-lk_status lk__shm_split(lk_comm *parent, lk_comm *child, int colour, int key);
-/* comm_shm.c's init, which a group runs too. */
+/* comm_shm.c's init, which a group (comm_shm.c's split) runs too. */
 lk_status lk__shm_init(lk_comm *c, const lk_comm_config *cfg);
 
 /* ---- shm_segment.c: the segment ---- */
 /* Rank 0: a fresh segment (a stale one is replaced); fills s->base/hdr/fd. */
 lk_status lk__shm_create_segment(lk_comm *c, shm_comm *s);
-/* Other ranks: waits (until deadline) for rank 0's segment of this launch and maps it. */
-lk_status lk__shm_attach_segment(lk_comm *c, shm_comm *s, uint64_t deadline);
+/* Other ranks: waits (until deadline) for rank 0's segment of this launch
+ * and maps it. While it is not there, between_tries (NULL: none) runs every
+ * 20 ms and its error ends the wait (the rendezvous's check that no other
+ * job holds the id). */
+lk_status lk__shm_attach_segment(lk_comm *c, shm_comm *s, uint64_t deadline, lk_status (*between_tries)(shm_comm *s));
 /* Whether the name still refers to the object opened as fd. */
 bool lk__shm_same_segment(const char *name, int fd);
 void lk__shm_unmap(shm_comm *s);
@@ -200,8 +201,6 @@ void lk__shm_segment_pids(const char *name, char *buf, size_t size);
 /* ---- shm_rdv.c: the rendezvous ---- */
 lk_status lk__shm_check_master_addr(const char *addr);
 lk_status lk__shm_rendezvous(lk_comm *c, shm_comm *s);
-/* A joiner of a launch: fails at once when rank 0 of another job holds the id. */
-lk_status lk__shm_check_foreign_holder(shm_comm *s);
 void lk__shm_release_claims(shm_comm *s);
 void lk__shm_describe_identity(const lk_comm *c, shm_comm *s);
 uint64_t lk__shm_parse_nonce(const char *v);

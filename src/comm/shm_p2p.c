@@ -199,8 +199,3 @@ lk_status lk__shm_p2p_progress(lk_comm *c, lk__p2p *op, bool *done) {
     return op->send ? progress_send(c, s, op, done) : progress_recv(c, s, op, done);
 }
 
-lk_status lk__shm_split(lk_comm *parent, lk_comm *child, int colour, int key) {
-    (void)parent, (void)colour, (void)key;
-    if (!child) return LK_STATUS_OK;
-    return lk__shm_init(child, NULL);
-}

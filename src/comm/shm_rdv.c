@@ -272,8 +272,9 @@ static lk_status claim(shm_comm *s) {
 /* A joiner of a launch waiting for its segment: "<name>" held while
  * "<name>#<our nonce>" is not means rank 0 of another job holds the id (our
  * rank 0 takes its nonce's name first and releases it last), so ours cannot
- * get it: fail now instead of at comm_timeout. */
-lk_status lk__shm_check_foreign_holder(shm_comm *s) {
+ * get it: fail now instead of at comm_timeout (lk__shm_attach_segment runs
+ * it between its tries). */
+static lk_status check_foreign_holder(shm_comm *s) {
     struct sockaddr_un a;
     int holder = 0;
     socklen_t len = sock_addr(s->sockbase, "", &a);
@@ -351,7 +352,7 @@ lk_status lk__shm_rendezvous(lk_comm *c, shm_comm *s) {
     LK_TRY(claim(s));
     rdv_step(s, RDV_OPEN);
     if (s->rank == 0) LK_TRY(lk__shm_create_segment(c, s));
-    else LK_TRY(lk__shm_attach_segment(c, s, deadline));
+    else LK_TRY(lk__shm_attach_segment(c, s, deadline, s->nonce ? check_foreign_holder : NULL));
     rdv_step(s, RDV_SLOT);
     shm_header *h = s->hdr;
     if (h->world != s->world)

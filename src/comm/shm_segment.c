@@ -182,12 +182,12 @@ bool lk__shm_same_segment(const char *name, int fd) {
     return same;
 }
 
-lk_status lk__shm_attach_segment(lk_comm *c, shm_comm *s, uint64_t deadline) {
+lk_status lk__shm_attach_segment(lk_comm *c, shm_comm *s, uint64_t deadline, lk_status (*between_tries)(shm_comm *s)) {
     char why[700] = "not created yet";
     uint64_t next_probe = 0;
     while (lk_time_ns() < deadline) {
-        if (s->nonce && lk_time_ns() >= next_probe) {
-            LK_TRY(lk__shm_check_foreign_holder(s));
+        if (between_tries && lk_time_ns() >= next_probe) {
+            LK_TRY(between_tries(s));
             next_probe = lk_time_ns() + 20000000ull; /* each probe queues a connection on the holder */
         }
         int fd = shm_open(s->name, O_RDWR, 0600);

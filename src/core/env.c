@@ -54,6 +54,8 @@ static const lk_env_var env_vars[] = {
     {"LK_COMM_TEST_RDV_PAUSE", NULL, "tests only: all, or a comma-separated list of the shm rendezvous steps claim, "
                                      "open, slot, publish, wait, seal, done: the process stops itself (SIGSTOP) before "
                                      "each, so a test can interleave two jobs' ranks", NULL},
+    {"LK_COMM_TEST_SPLIT_KILL", NULL, "tests only: that rank of an mpi communicator kills itself (SIGKILL) inside "
+                                      "lk_comm_split, after the ranks' all_gather, just before MPI_Comm_split", NULL},
     {"LK_TEST_STEP_DELAY_MS", "0", "tests only: sleep this many ms after every optimizer step (signal tests)", NULL},
     {"LK_TEST_GRAD_OVERFLOW", NULL, "tests only: RANK:STEP makes that rank's first gradient +inf after the "
                                     "all-reduce of that optimizer step (loss scaler tests)", NULL},

@@ -209,6 +209,8 @@ lk_status lk_strategy_state_dict(lk_strategy *s, lk_layer *net, lk_named_tensors
 
 bool lk_strategy_writes_checkpoint(const lk_strategy *s) { return s->rank == 0; }
 
+bool lk_strategy_state_dict_collective(const lk_strategy *s) { return s->vt->state_dict != NULL; }
+
 lk_status lk_strategy_state_dict_loaded(lk_strategy *s) {
     return s->wrapped && s->vt->state_dict_loaded ? s->vt->state_dict_loaded(s) : LK_STATUS_OK;
 }

@@ -107,6 +107,12 @@ struct lk_strategy {
     int dp_rank, dp_size;
 };
 
+/* Tests only: one more strategy, found by info->name (copied) and not
+ * listed among the names; its vtable is borrowed for the process's life.
+ * A test that needs a strategy of another shape (a data-parallel group
+ * that is a subgroup) registers it before lk_trainer_create. */
+void lk__strategy_register_test(const lk_strategy_info *info, const lk_strategy_vt *vt);
+
 /* The replica strategies' wrap (vt->wrap NULL): one unit over every
  * parameter, in registration order, as lk_strategy_grad_buffer,
  * lk_strategy_param_buffer and lk_params_flatten_into make it. */

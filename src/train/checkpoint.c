@@ -52,8 +52,10 @@ lk_status lk__ckpt_save(lk_trainer *tr, const char *path) { return lk__ckpt_save
  * that resuming from it fails with a reason instead of a missing tensor. */
 lk_status lk__ckpt_save_ex(lk_trainer *tr, const char *path, bool weights_only) {
     lk_named_tensors all = {0}, part = {0};
-    /* the whole model's state dict, as the strategy gathers it (replicas: as it is) */
-    lk_status st = lk_strategy_state_dict(tr->strat, tr->module->net, &all);
+    /* the whole model's state dict, as the strategy gathers it (replicas: as
+     * it is, here; a collective gather ran on every rank in ckpt_callback) */
+    lk_status st = tr->ckpt_state_ready ? append_prefixed(&all, &tr->ckpt_state, "")
+                                        : lk_strategy_state_dict(tr->strat, tr->module->net, &all);
     if (!st && tr->optim && !weights_only) {
         st = lk_optimizer_state_get(tr->optim, &part);
         if (!st) st = append_prefixed(&all, &part, "optimizer.");
@@ -759,12 +761,23 @@ static lk_status ckpt_callback(lk_trainer *tr, ckpt_when when) {
         LK_TRY(lk_comm_long_work(tr->comm, 0, what, "trainer.checkpoint_timeout", c->checkpoint_timeout));
     }
     lk_status st = LK_STATUS_OK;
-    if (lk_strategy_writes_checkpoint(tr->strat)) {
+    /* A sharded strategy's state dict is a gather every rank takes part in,
+     * while only the writer knows which files (top-k, last) are due: every
+     * rank gathers once here and the writer's files share the result. A
+     * failed gather is this rank's error, agreed below like a failed write.
+     * Replicas keep reading theirs inside the write (views, no collective). */
+    if (lk_strategy_state_dict_collective(tr->strat)) {
+        st = lk_strategy_state_dict(tr->strat, tr->module->net, &tr->ckpt_state);
+        tr->ckpt_state_ready = !st;
+    }
+    if (!st && lk_strategy_writes_checkpoint(tr->strat)) {
         char wrote_last[LK_PATH2] = "";
         for (int j = 0; !st && j < tr->nckpts; j++)
             if (when != CKPT_STEPS || due_steps(tr, &tr->ckpts[j]))
                 st = ckpt_one(tr, &tr->ckpts[j], j == 0, when, wrote_last, sizeof wrote_last);
     }
+    lk_named_tensors_clear(&tr->ckpt_state);
+    tr->ckpt_state_ready = false;
     lk_free(tr->ckpt_rows); /* another checkpoint (OnExceptionCheckpoint) must not take them */
     tr->ckpt_rows = NULL;
     /* Everyone learns whether rank 0 succeeded, and nobody runs ahead of a
@@ -774,6 +787,10 @@ static lk_status ckpt_callback(lk_trainer *tr, ckpt_when when) {
         lk_status cs = lk_comm_all_reduce(tr->comm, &code, 1, LK_I32, LK_REDUCE_MAX);
         if (cs) return cs;
     }
-    if (code && !st) return lk_error((lk_status)code, "rank 0 failed to write a checkpoint");
+    if (code && !st)
+        return lk_error((lk_status)code, lk_strategy_state_dict_collective(tr->strat)
+                                             ? "another rank failed to gather the state dict for a checkpoint, or "
+                                               "rank 0 to write it"
+                                             : "rank 0 failed to write a checkpoint");
     return st;
 }

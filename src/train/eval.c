@@ -18,7 +18,10 @@ lk_status lk__run_eval(lk_trainer *tr, lk_loader *loader, const char *stage, int
     int64_t n = lk_loader_len(loader);
     if (limit >= 0 && limit < n) n = limit;
     /* Every rank runs the same number of batches (uneven shards: the
-     * metric reduction weighs each batch by its size). */
+     * metric reduction weighs each batch by its size): the most over the
+     * world, a bound for every data-parallel group, so that ranks of
+     * different groups (pipeline stages, which pass batches between them)
+     * run the same loop too. */
     int64_t n_all = n;
     if (tr->world > 1) {
         double v = (double)n;

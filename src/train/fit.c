@@ -38,6 +38,9 @@ static lk_status setup_params(lk_trainer *tr, int64_t steps_per_epoch) {
 
 /* Every rank agrees whether to stop (max_time, a signal), with one tiny
  * all-reduce per step only when something could make ranks disagree.
+ * Over the world, not the data-parallel group: every rank runs this loop
+ * and its collectives, so a group (a pipeline stage) that stopped alone
+ * would leave the others waiting in theirs.
  * `check_time` false leaves max_time to the epoch end (Timer(interval="epoch")). */
 static lk_status agree_stop(lk_trainer *tr, bool check_time, bool *stop) {
     int32_t local = 0;
@@ -52,6 +55,24 @@ static lk_status agree_stop(lk_trainer *tr, bool check_time, bool *stop) {
 
 /* ---- validation inside fit ------------------------------------------------------ */
 
+/* EarlyStopping decides on epoch metrics, which are reduced over the
+ * data-parallel group: the ranks of one group decide alike, but a strategy
+ * with several groups (each pipeline stage its own) may see them decide
+ * differently, and a group that stopped alone would leave the others
+ * waiting in their next collective. Any group's stop stops every rank, as
+ * Lightning's reduce_boolean_decision(all=False). With one group (single,
+ * ddp, dp) every rank already decided alike: no collective. */
+static lk_status agree_early_stop(lk_trainer *tr) {
+    if (lk_strategy_dp_size(tr->strat) >= tr->world) return LK_STATUS_OK;
+    double v = tr->should_stop ? 1 : 0;
+    LK_TRY(lk_strategy_reduce(tr->strat, &v, 1, LK_REDUCE_MAX));
+    if (v != 0 && !tr->should_stop) {
+        tr->should_stop = true;
+        snprintf(tr->stop_reason, sizeof tr->stop_reason, "EarlyStopping: another data-parallel group's monitor stopped the run");
+    }
+    return LK_STATUS_OK;
+}
+
 static lk_status validate_now(lk_trainer *tr, lk_loader *val, int64_t limit) {
     if (!val || limit == 0) return LK_STATUS_OK;
     LK_TRY(lk__run_eval(tr, val, "val", limit, 0, "Validation"));
@@ -65,6 +86,7 @@ static lk_status validate_now(lk_trainer *tr, lk_loader *val, int64_t limit) {
         LK_TRY(lk_scheduler_step_metric(tr->sched, v));
     }
     for (int j = 0; j < tr->nes; j++) LK_TRY(lk__early_stopping_check(tr, &tr->es[j]));
+    if (tr->nes) LK_TRY(agree_early_stop(tr));
     return LK_STATUS_OK;
 }
 
@@ -414,7 +436,12 @@ lk_status lk_trainer_fit(lk_trainer *tr, lk_module *m, lk_datamodule *dm, const 
     /* fast_dev_run: N batches of one epoch, as Lightning's (max_epochs=1) */
     if (c->fast_dev_run) tr->cfg.max_epochs = 1;
     if (!st) st = fit_loop(tr, train, val, n_train, n_val);
-    if (st && c->on_exception_ckpt[0] && lk_strategy_wrapped(tr->strat) && lk_strategy_writes_checkpoint(tr->strat)) {
+    if (st && c->on_exception_ckpt[0] && lk_strategy_wrapped(tr->strat) && lk_strategy_writes_checkpoint(tr->strat) &&
+        lk_strategy_state_dict_collective(tr->strat))
+        /* its gather needs every rank, and the others may be gone: waiting for them would hang the failure */
+        lk_log_warn("OnExceptionCheckpoint: not written: strategy %s gathers the state dict from every rank, which "
+                    "cannot be waited for after a failure", lk_strategy_name(tr->strat));
+    else if (st && c->on_exception_ckpt[0] && lk_strategy_wrapped(tr->strat) && lk_strategy_writes_checkpoint(tr->strat)) {
         /* OnExceptionCheckpoint: the state as it was when fit failed (rank 0
          * alone: the other ranks may be gone, so no barrier). */
         char msg[2048], dir[LK_PARAM_STR];

@@ -418,7 +418,10 @@ lk_status lk__metrics_gather(lk_trainer *tr) {
         mine[4 * i] = m->epoch_sum, mine[4 * i + 1] = m->epoch_weight;
         mine[4 * i + 2] = m->epoch_ext, mine[4 * i + 3] = m->epoch_any;
     }
-    /* An all-gather as a sum: every other rank adds exact zeros to a row. */
+    /* An all-gather as a sum: every other rank adds exact zeros to a row.
+     * Over the world, not the data-parallel group: the one writer keeps
+     * every rank's own sums, and each group reduces its rows over itself
+     * when the resumed epoch ends. */
     lk_status st = w > 1 ? lk_strategy_reduce(tr->strat, rows, w * n * 4, LK_REDUCE_SUM) : LK_STATUS_OK;
     if (st) {
         lk_free(rows);

@@ -78,9 +78,10 @@ lk_status lk__pred_add(lk__pred *p, const lk_tensor *t, const lk_batch *b) {
     return LK_STATUS_OK;
 }
 
-/* Every rank must call this (it runs collectives); only rank 0 writes. */
-lk_status lk__pred_write(lk__pred *p, lk_comm *comm, int rank, int world, int64_t dataset_len, const char *path,
-                         int64_t *rows_out, char *shape_out, size_t shape_size) {
+/* Every rank of comm must call this (it runs collectives); only its rank 0
+ * gathers, and writes when `writes`. */
+lk_status lk__pred_write(lk__pred *p, lk_comm *comm, int rank, int world, bool writes, int64_t dataset_len,
+                         const char *path, int64_t *rows_out, char *shape_out, size_t shape_size) {
     *rows_out = 0;
     /* Agree on the row shape and the largest shard: [rows, cols, sdim, shape...]
      * by MAX; then every rank checks its own against it and all learn
@@ -135,7 +136,7 @@ lk_status lk__pred_write(lk__pred *p, lk_comm *comm, int rank, int world, int64_
         all_index = p->index;
     }
     int64_t total = world > 1 ? world * max_rows : p->n;
-    if (!st && rank == 0) {
+    if (!st && rank == 0 && writes) {
         /* slot[dataset index] = first gathered row with that index */
         slot = lk_malloc((size_t)(dataset_len > 0 ? dataset_len : 1) * sizeof *slot);
         if (!slot) st = LK_STATUS_OUT_OF_MEMORY;
@@ -243,7 +244,20 @@ lk_status lk_trainer_predict(lk_trainer *tr, lk_module *m, lk_datamodule *dm, co
     char path[LK_PATH + 64] = "", shape[128] = "";
     int64_t rows = 0;
     snprintf(path, sizeof path, "%s/predictions.npy", tr->log_dir);
-    if (!st) st = lk__pred_write(pred, tr->comm, tr->rank, tr->world, lk_dataset_len(ds), path, &rows, shape, sizeof shape);
+    /* The rows come from the data-parallel group, whose ranks saw different
+     * samples (another group's are the same samples again); rank 0's group
+     * writes the file. With several groups, the world then learns whether
+     * it did. */
+    int dp = lk_strategy_dp_size(tr->strat);
+    if (!st)
+        st = lk__pred_write(pred, lk_strategy_dp_comm(tr->strat), lk_strategy_dp_rank(tr->strat), dp, tr->rank == 0,
+                            lk_dataset_len(ds), path, &rows, shape, sizeof shape);
+    if (dp < tr->world) {
+        int32_t code = (int32_t)st;
+        lk_status cs = lk_comm_all_reduce(tr->comm, &code, 1, LK_I32, LK_REDUCE_MAX);
+        if (!st && cs) st = cs;
+        if (!st && code) st = lk_error((lk_status)code, "another data-parallel group failed in predict");
+    }
     lk__pred_free(pred);
     if (!st && tr->rank == 0) {
         if (rows) lk_log0("predictions: %s f32 in %s (dataset order; numpy.load reads it)", shape, path);

@@ -209,7 +209,9 @@ static lk_status rank_json(lk_profiler *p, int rank, double origin, char **out, 
 
 /* Collective when tracing over several ranks: every rank's events travel to
  * rank 0 in one gather (each padded with spaces, which JSON ignores, to the
- * longest), so a multi-node run needs no shared file system. */
+ * longest), so a multi-node run needs no shared file system. Over the
+ * world, not the data-parallel group: the trace shows every rank's track,
+ * whichever group (pipeline stage) it is in. */
 static lk_status write_trace(lk_trainer *tr) {
     lk_profiler *p = tr->prof;
     double origin = p->nev ? p->ev[0].t0 : lk_time_now();

@@ -195,7 +195,9 @@ lk_status lk__step_checks(lk_trainer *tr, bool sync, double *loss, bool *skip) {
         /* The overflow flag is reduced across ranks (MAX) so that every rank
          * skips or steps together, whatever its own gradients held; a
          * sharded optimizer step would otherwise update some shards and not
-         * others. */
+         * others. Over the world, not the data-parallel group: the ranks
+         * holding other parts of the model (pipeline stages) must skip too,
+         * and keep one loss scale. */
         double any = 0.0;
         for (int i = 0; i < n; i++) any = tr->params->items[i].tensor->grad && ss->host[nl + i] > 0 ? 1.0 : any;
         LK_TRY(lk_strategy_reduce(tr->strat, &any, 1, LK_REDUCE_MAX));

@@ -105,6 +105,11 @@ struct lk_trainer {
      * max/min, any), or NULL (lk__metrics_gather). */
     double *ckpt_rows;
     int ckpt_rows_n;
+    /* The model's state dict gathered on every rank before a checkpoint
+     * write, when the strategy's gather is a collective (checkpoint.c);
+     * the writer's files take it from here. */
+    lk_named_tensors ckpt_state;
+    bool ckpt_state_ready;
     int64_t cur_batch_size;
     /* A training step's loss logged by lk__log_loss on a device the host
      * cannot read: logged when the strategy reads the loss once, after
@@ -298,10 +303,12 @@ lk_status lk__pred_create(lk__pred **out);
 void lk__pred_free(lk__pred *p);
 /* `t` is f32 [batch size, ...]; copies it. */
 lk_status lk__pred_add(lk__pred *p, const lk_tensor *t, const lk_batch *b);
-/* Collective: every rank calls it; rank 0 writes `path` and fills rows_out
- * and shape_out ("N x 10"). No file when no rank predicted anything. */
-lk_status lk__pred_write(lk__pred *p, lk_comm *comm, int rank, int world, int64_t dataset_len, const char *path,
-                         int64_t *rows_out, char *shape_out, size_t shape_size);
+/* Collective over `comm` (the data-parallel group, whose ranks saw
+ * different samples): every rank of it calls it; its rank 0 gathers the
+ * rows and, when `writes`, writes `path` and fills rows_out and shape_out
+ * ("N x 10"). No file when no rank predicted anything. */
+lk_status lk__pred_write(lk__pred *p, lk_comm *comm, int rank, int world, bool writes, int64_t dataset_len,
+                         const char *path, int64_t *rows_out, char *shape_out, size_t shape_size);
 
 /* self_launch.c: runs this program as the job's tr->launcher ranks and
  * returns the job's status (once per process; later calls repeat it). */

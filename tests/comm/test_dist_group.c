@@ -4,7 +4,9 @@
  * split and negative colours; async exchanges; and the failures, each
  * named per pair: a rank killed mid-send (the job ends within 5 s), a send
  * whose receive never comes (at a 1 s timeout), a receive of another size
- * and of another dtype (at once, on both ranks), and argument errors. */
+ * and of another dtype (at once, on both ranks), argument errors, and a
+ * group's segment maker killed inside the group's rendezvous (no segment
+ * left in /dev/shm). */
 #include <signal.h>
 
 #include "comm/dist_util.h"
@@ -121,6 +123,64 @@ static void receive_mismatch(void) {
     CHECK_MSG(du->t[0] > 0 && du->t[1] > 0, "times");
 }
 
+/* Ranks 2 and 3 form group 1, whose segment rank 2 makes. Both stop in the
+ * group's rendezvous (LK_COMM_TEST_RDV_PAUSE, set after the world
+ * communicator exists, so only the group's stops): rank 2 with its slot
+ * taken but before it counts itself attached (publish), rank 3 once it
+ * has attached and is about to wait for rank 2 (wait). The parent kills
+ * rank 2 there and lets rank 3 go on. */
+static int group_rdv_rank(int r, int W, void *arg) {
+    (void)arg;
+    lk_comm *c, *g = NULL;
+    if (du_comm(r, W, "shm", 10, &c)) {
+        snprintf(du->msg[r], sizeof du->msg[r], "%s", lk_last_error());
+        return 1;
+    }
+    if (r >= 2) setenv("LK_COMM_TEST_RDV_PAUSE", r == 2 ? "publish" : "wait", 1);
+    lk_status st = lk_comm_split(c, r / 2, r, &g);
+    du->status[r] = st;
+    snprintf(du->msg[r], sizeof du->msg[r], "%s", st ? lk_last_error() : "");
+    lk_comm_free(g);
+    lk_comm_free(c);
+    return st != 0;
+}
+
+/* A group's maker dies inside the group's rendezvous, after its peer
+ * attached: the peer fails naming it and removes the segment, which no one
+ * else would (the maker removes it on its own failure or once all attached,
+ * and no next job replaces a group's). No /dev/shm entry of the job is left. */
+static void killed_in_group_rendezvous(void) {
+    du_map();
+    int pid[DU_MAXW], codes[DU_MAXW] = {0};
+    du_start(4, group_rdv_rank, NULL, pid);
+    bool stopped[DU_MAXW] = {false};
+    double t_end = lk_time_now() + 20;
+    while (!(stopped[2] && stopped[3]) && lk_time_now() < t_end) { /* both paused where they should be */
+        for (int r = 2; r < 4; r++) {
+            int st;
+            if (!stopped[r] && waitpid(pid[r], &st, WNOHANG | WUNTRACED) == pid[r] && WIFSTOPPED(st)) stopped[r] = true;
+        }
+        usleep(1000);
+    }
+    CHECK_MSG(stopped[2] && stopped[3], "ranks 2 and 3 did not both stop in the group's rendezvous (%d %d)", stopped[2],
+              stopped[3]);
+    kill(pid[2], SIGKILL);
+    kill(pid[3], SIGCONT);
+    du_wait(4, pid, 30, codes);
+    CHECK(codes[2] == 128 + SIGKILL);
+    CHECK_MSG(du->status[3] == LK_STATUS_REMOTE && strstr(du->msg[3], "rendezvous: rank 0 (pid") &&
+                  strstr(du->msg[3], "died while the job was starting"),
+              "rank 3: status %d: %s", du->status[3], du->msg[3]);
+    for (int r = 0; r < 2; r++) CHECK_MSG(codes[r] == 1, "rank %d: exit %d (%s)", r, codes[r], du->msg[r]);
+    char job[160];
+    static const char *const sfx[] = {"", ".g1.c0", ".g1.c1"};
+    for (int k = 0; k < 3; k++) {
+        snprintf(job, sizeof job, "%s%s", du_job, sfx[k]);
+        CHECK_MSG(!du_segment_exists(job), "/dev/shm still holds the segment of %s", job);
+    }
+    printf("killed in the group rendezvous: rank 3: %s\n", du->msg[3]);
+}
+
 static int args_rank(int r, int W, void *arg) {
     (void)arg;
     lk_comm *c;
@@ -170,4 +230,4 @@ static void argument_errors(void) {
 }
 
 LK_TEST_MAIN(LK_TEST_CASE(mesh_2x2_and_splits), LK_TEST_CASE(killed_mid_send), LK_TEST_CASE(send_without_receive),
-             LK_TEST_CASE(receive_mismatch), LK_TEST_CASE(argument_errors))
+             LK_TEST_CASE(receive_mismatch), LK_TEST_CASE(argument_errors), LK_TEST_CASE(killed_in_group_rendezvous))

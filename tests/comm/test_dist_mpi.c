@@ -6,7 +6,12 @@
  * backend finds its process group and job id in OpenMPI's variables;
  * "group" (4 ranks) runs group_check.h's mesh, exchange and split checks on
  * the mpi backend; "p2pfault" (2 ranks, run by test_mpi_fault.sh) a send
- * whose receive never comes and a receive of another size, each named. */
+ * whose receive never comes and a receive of another size, each named;
+ * "p2pkill" (2 ranks, run by test_mpi_fault.sh) a rank killed mid-send;
+ * "splitkill" (2 ranks, the same) a rank that dies inside lk_comm_split. */
+#include <signal.h>
+#include <time.h>
+
 #include "coll_check.h"
 #include "comm/group_check.h"
 
@@ -102,6 +107,67 @@ static void p2p_faults_under_mpirun(void) {
     lk_comm_free(c);
 }
 
+/* A rank killed mid-send (2 ranks, run by test_mpi_fault.sh, which
+ * SIGKILLs rank 0 once "p2pkill: traffic flowing" is printed): rank 0 sends
+ * 1 MiB messages to rank 1 until it is killed (at most 60 s: bounded by
+ * time, not by a count that a fast machine finishes before the kill), and
+ * rank 1, receiving, must fail naming the pair and the dead rank. Rank 1
+ * ignores mpirun's SIGTERM (SIGKILL follows a second later) so that it can
+ * report; it prints the wall clock time of the failure for the script to
+ * compare with the kill's. */
+static void p2p_kill_under_mpirun(void) {
+    lk_comm *c = mpi_comm_for_test(10.0);
+    if (!c) return;
+    int r = lk_comm_rank(c);
+    enum { N = 1 << 18 };
+    static float buf[N];
+    double t0 = lk_time_now();
+    if (r == 0) {
+        while (lk_time_now() - t0 < 60 && !lk_comm_send(c, buf, N, LK_F32, 1)) {
+        }
+        CHECK_MSG(false, "rank 0 was not killed within 60 s: %s", lk_last_error());
+        lk_comm_free(c);
+        return;
+    }
+    signal(SIGTERM, SIG_IGN);
+    lk_status st = LK_STATUS_OK;
+    for (long k = 0; !st && lk_time_now() - t0 < 60; k++) {
+        st = lk_comm_recv(c, buf, N, LK_F32, 0);
+        if (k == 20) printf("p2pkill: traffic flowing\n"), fflush(stdout);
+    }
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    CHECK_MSG(st == LK_STATUS_REMOTE, "rank 1: status %d: %s", st, st ? lk_last_error() : "no failure within 60 s");
+    CHECK_MSG(st && strstr(lk_last_error(), "from rank 0") && strstr(lk_last_error(), "rank 0 (pid") &&
+                  strstr(lk_last_error(), "died"),
+              "rank 1's message: %s", lk_last_error());
+    printf("p2pkill: rank 1 failed at %lld.%09ld: %s\n", (long long)now.tv_sec, now.tv_nsec, lk_last_error());
+    fflush(stdout);
+    lk_comm_free(c);
+}
+
+/* A rank that dies inside lk_comm_split, after the ranks agreed on the
+ * groups and before MPI_Comm_split (LK_COMM_TEST_SPLIT_KILL=1, set by
+ * test_mpi_fault.sh; 2 ranks): rank 0 must fail naming it, not sit in the
+ * blocking MPI_Comm_split until mpirun kills it. Rank 0 ignores mpirun's
+ * SIGTERM so that it can report. */
+static void split_kill_under_mpirun(void) {
+    lk_comm *c = mpi_comm_for_test(10.0);
+    if (!c) return;
+    if (lk_comm_rank(c) == 0) signal(SIGTERM, SIG_IGN);
+    lk_comm *g = NULL;
+    double t0 = lk_time_now();
+    CHECK_ERR(lk_comm_split(c, 0, 0, &g), LK_STATUS_REMOTE, "rank 1 (pid");
+    CHECK_MSG(strstr(lk_last_error(), "lk_comm_split (the ranks' arrival before MPI_Comm_split) failed") &&
+                  strstr(lk_last_error(), "died"),
+              "rank 0's message: %s", lk_last_error());
+    CHECK_MSG(lk_time_now() - t0 < 5, "rank 0 noticed after %.2f s", lk_time_now() - t0);
+    printf("splitkill: rank 0 after %.2f s: %s\n", lk_time_now() - t0, lk_last_error());
+    fflush(stdout);
+    lk_comm_free(g);
+    lk_comm_free(c);
+}
+
 int main(int argc, char **argv) {
     if (argc > 1) backend = argv[1];
     if (!strcmp(backend, "group")) {
@@ -110,6 +176,14 @@ int main(int argc, char **argv) {
     }
     if (!strcmp(backend, "p2pfault")) {
         static const lk_t_case cases[] = {LK_TEST_CASE(p2p_faults_under_mpirun)};
+        return lk_t_run(cases, 1, 1, argv);
+    }
+    if (!strcmp(backend, "p2pkill")) {
+        static const lk_t_case cases[] = {LK_TEST_CASE(p2p_kill_under_mpirun)};
+        return lk_t_run(cases, 1, 1, argv);
+    }
+    if (!strcmp(backend, "splitkill")) {
+        static const lk_t_case cases[] = {LK_TEST_CASE(split_kill_under_mpirun)};
         return lk_t_run(cases, 1, 1, argv);
     }
     if (!strcmp(backend, "desync")) {

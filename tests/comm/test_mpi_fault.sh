@@ -12,6 +12,9 @@
 #  4. point-to-point: a receive of another size (named by the receiver at
 #     once) and a send whose receive never comes (at a 1 s timeout); the
 #     failed communicators then end the job with MPI_Abort.
+#  5. point-to-point: a rank SIGKILLed mid-send; the receiver names the
+#     pair and the dead rank within 5 s, and mpirun ends the job.
+#  6. a rank that dies inside lk_comm_split is named by the other.
 # Environment (from ctest): LK_BIN, LK_MPIRUN, LK_MPIRUN_FLAGS, LK_TEST_DIST_MPI.
 source "$(dirname "$0")/../cli/lib.sh"
 read -r -a flags <<<"${LK_MPIRUN_FLAGS:-}"
@@ -122,4 +125,48 @@ check "p2p: both ranks' checks passed (${secs}s, rc $rc)" \
   bash -c "[ \$(grep -c '^1 passed, 0 failed' '$T/out') = 2 ] && awk -v s='$secs' 'BEGIN { exit !(s < 30) }'"
 check "p2p: the job was aborted, not finalized (rc $rc)" test "$rc" -ne 0
 [ "$fail" = 0 ] || sed "s/^/     p2p: /" "$T/out" >&2
+# 5. point-to-point: rank 0 SIGKILLed while it sends to rank 1, which is
+#    receiving: rank 1 names the pair and the dead rank within 5 s of the
+#    kill, and mpirun ends the job.
+"$LK_MPIRUN" "${flags[@]}" -np 2 "$LK_TEST_DIST_MPI" p2pkill >"$T/p2pkill.out" 2>&1 &
+mpid=$!
+started=""
+for _ in $(seq 1 3000); do # until rank 1 has received 20 messages, at most 30 s
+  grep -q "^p2pkill: traffic flowing" "$T/p2pkill.out" 2>/dev/null && { started=yes; break; }
+  kill -0 $mpid 2>/dev/null || break
+  sleep 0.01
+done
+check "p2p kill: the ranks were exchanging messages" test -n "$started"
+r0=""
+for p in $(pgrep -f -- "$LK_TEST_DIST_MPI p2pkill"); do
+  [ "$p" = "$mpid" ] && continue
+  tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=0" && r0=$p
+done
+t_kill=$(date +%s.%N)
+[ -n "$r0" ] && kill -KILL "$r0"
+for _ in $(seq 1 400); do kill -0 $mpid 2>/dev/null || break; sleep 0.05; done
+secs=$(awk -v a="$t_kill" -v b="$(date +%s.%N)" 'BEGIN { printf "%.2f", b - a }')
+left=$(pgrep -f -- "$LK_TEST_DIST_MPI p2pkill" | tr '\n' ' ')
+for p in $left $mpid; do kill -KILL "$p" 2>/dev/null; done
+wait $mpid 2>/dev/null; rc=$?
+line=$(grep -m1 "^p2pkill: rank 1 failed at" "$T/p2pkill.out")
+t_fail=$(awk '{ print $6 }' <<<"$line" | tr -d ':')
+check "p2p kill: rank 1 names the pair and the dead rank (pid ${r0:-?})" \
+  grep -qE "recv #[0-9]+ by rank 1 from rank 0 .*failed: rank 0 \(pid ${r0:-x}\) died" "$T/p2pkill.out"
+check "p2p kill: rank 1 failed within 5 s of the kill" \
+  awk -v a="$t_kill" -v b="${t_fail:-0}" 'BEGIN { exit !(b > 0 && b - a <= 5) }'
+check "p2p kill: rank 1's checks passed" grep -q "^1 passed, 0 failed" "$T/p2pkill.out"
+check "p2p kill: mpirun ended within 20 s (${secs}s), exit status non-zero ($rc), nothing left (${left:-none})" \
+  awk -v s="$secs" -v r="$rc" -v l="$left" 'BEGIN { exit !(s <= 20 && r != 0 && l == "") }'
+[ -n "$line" ] && echo "     $line (killed at $t_kill)"
+[ "$fail" = 0 ] || sed "s/^/     p2pkill: /" "$T/p2pkill.out" >&2
+# 6. lk_comm_split: rank 1 dies after the ranks agreed on the groups, just
+#    before MPI_Comm_split (LK_COMM_TEST_SPLIT_KILL): rank 0 names it within
+#    5 s instead of blocking in MPI_Comm_split (holding the MPI lock) until
+#    mpirun kills it without a word.
+run_bounded 60 "$LK_MPIRUN" "${flags[@]}" -np 2 -x LK_COMM_TEST_SPLIT_KILL=1 "$LK_TEST_DIST_MPI" splitkill
+check "split kill: rank 0 names the dead rank within 5 s (job ${secs}s, rc $rc)" \
+  bash -c "grep -q '^1 passed, 0 failed' '$T/out' && grep -q '^splitkill: rank 0 after' '$T/out' && [ '$rc' -ne 0 ]"
+grep -m1 "^splitkill:" "$T/out" | sed 's/^/     /'
+[ "$fail" = 0 ] || sed "s/^/     splitkill: /" "$T/out" >&2
 finish

@@ -8,7 +8,10 @@
  * communicator, the order of a collective between the compute stream's
  * producer and consumer kernels, and the failure paths: a peer that never
  * comes ends in TIMEOUT within comm_timeout, lk_comm_abort from another
- * thread ends a collective in flight, and every later call fails fast.
+ * thread ends a collective in flight, and every later call fails fast;
+ * point-to-point (ncclSend/ncclRecv after a header on the host
+ * communicator) in every dtype, both ways, a mismatch named, and sends
+ * crossed in NCCL's order ended at comm_timeout.
  * Runs on a GPU machine (label gpu) and on the fake GPU (fake_gpu_nccl:
  * tests/gpu/fake/fake_nccl.cpp), where the collectives run between the two
  * processes through shared memory in rounds of LK_FAKE_NCCL_SLOT bytes. */
@@ -272,6 +275,153 @@ static int role_timeout(int rank) {
     return rank_failed;
 }
 
+/* Point-to-point: device memory by ncclSend/ncclRecv after a header on
+ * the host communicator, host memory on the host communicator. Each dtype
+ * both ways (rank 0 -> 1, then 1 -> 0) against the values computed here, a
+ * message larger than any staging round, an empty one, async sends and
+ * receives, an exchange ordered as NCCL needs it (one side receives
+ * first), a message between a producer and a consumer kernel, and a
+ * double array in host memory. */
+static int role_p2p(int rank) {
+    lk_device g = {LK_CUDA, rank};
+    lk_comm *c = make_comm(rank, getenv("LK_NCCL_TEST_JOB"), 60);
+    if (!c) return 1;
+    int peer = 1 - rank;
+    static const lk_dtype dts[] = {LK_F32, LK_F64, LK_BF16, LK_F16, LK_I32, LK_I64, LK_U8};
+    int64_t first = 0;
+    for (size_t k = 0; k < sizeof dts / sizeof dts[0]; k++) {
+        lk_dtype dt = dts[k];
+        for (int from = 0; from < 2; from++) {
+            lk_tensor *t = filled(g, dt, N2, rank == from ? from : 9, 0);
+            R_CHECK(rank, t, "buffer");
+            if (!t) continue;
+            lk_status st = rank == from ? lk_comm_send(c, t->data, N2, dt, peer) : lk_comm_recv(c, t->data, N2, dt, peer);
+            R_CHECK(rank, !st, "%s %s from rank %d", rank == from ? "send" : "recv", lk_dtype_name(dt), from);
+            if (rank != from) {
+                double *v = host_values(t);
+                int bad = 0;
+                for (int64_t i = 0; i < N2; i++)
+                    if (!v || v[i] != val(from, i, dt)) bad += !bad ? (first = i, 1) : 1;
+                R_CHECK(rank, !bad, "recv %s from rank %d: %d of %d wrong, first at %lld", lk_dtype_name(dt), from, bad,
+                        N2, (long long)first);
+                free(v);
+            }
+            lk_tensor_release(t);
+        }
+    }
+    /* 3 Mi floats (several staging rounds), and an empty message */
+    int64_t big = 3 << 20;
+    lk_tensor *t = filled(g, LK_F32, big, rank == 0 ? 0 : 9, 0);
+    R_CHECK(rank, t && !(rank == 0 ? lk_comm_send(c, t->data, (size_t)big, LK_F32, 1) : lk_comm_recv(c, t->data, (size_t)big, LK_F32, 0)),
+            "12 MiB message");
+    if (rank == 1) {
+        double *v = t ? host_values(t) : NULL;
+        int bad = 0;
+        for (int64_t i = 0; i < big; i++) bad += !v || v[i] != val(0, i, LK_F32);
+        R_CHECK(rank, !bad, "12 MiB message: %d wrong", bad);
+        free(v);
+    }
+    R_CHECK(rank, t && !(rank == 0 ? lk_comm_send(c, t->data, 0, LK_F32, 1) : lk_comm_recv(c, t->data, 0, LK_F32, 0)),
+            "empty message");
+    lk_tensor_release(t);
+    /* An exchange, async, ordered: rank 0 sends first, rank 1 receives first */
+    lk_tensor *out = filled(g, LK_F32, N2, rank, 0), *in = filled(g, LK_F32, N2, 9, 0);
+    lk_work *ws = NULL, *wr = NULL;
+    if (rank == 0) {
+        R_CHECK(rank, out && in && !lk_comm_send_async(c, out->data, N2, LK_F32, 1, &ws), "send_async");
+        R_CHECK(rank, in && !lk_comm_recv_async(c, in->data, N2, LK_F32, 1, &wr), "recv_async");
+    } else {
+        R_CHECK(rank, out && in && !lk_comm_recv_async(c, in->data, N2, LK_F32, 0, &wr), "recv_async");
+        R_CHECK(rank, out && !lk_comm_send_async(c, out->data, N2, LK_F32, 0, &ws), "send_async");
+    }
+    R_CHECK(rank, ws && !lk_work_wait(ws), "exchange: send");
+    R_CHECK(rank, wr && !lk_work_wait(wr), "exchange: recv");
+    lk_work_free(ws), lk_work_free(wr);
+    double *v = in ? host_values(in) : NULL;
+    int bad = 0;
+    for (int64_t i = 0; i < N2; i++) bad += !v || v[i] != val(peer, i, LK_F32);
+    R_CHECK(rank, !bad, "exchange: %d of %d wrong", bad, N2);
+    free(v), lk_tensor_release(out), lk_tensor_release(in);
+    /* Order: a kernel writes the buffer, the send reads it; the receive
+     * writes its buffer, a kernel reads it (only events order them). */
+    lk_tensor *x = filled(g, LK_F32, N2, rank, 0);
+    lk_tensor *y = x ? lk_mul_scalar(x, 2.0f) : NULL;
+    R_CHECK(rank, y && !(rank == 0 ? lk_comm_send(c, y->data, N2, LK_F32, 1) : lk_comm_recv(c, y->data, N2, LK_F32, 0)),
+            "message between kernels");
+    lk_tensor *z = y ? lk_add_scalar(y, 1.0f) : NULL;
+    if (rank == 1) {
+        v = z ? host_values(z) : NULL;
+        bad = 0;
+        for (int64_t i = 0; i < N2; i++) bad += !v || v[i] != 2 * val(0, i, LK_F32) + 1;
+        R_CHECK(rank, !bad, "kernel, send/recv, kernel: %d of %d wrong", bad, N2);
+        free(v);
+    }
+    lk_tensor_release(x), lk_tensor_release(y), lk_tensor_release(z);
+    /* Host memory: the host communicator's point-to-point */
+    double hm[3] = {rank + 0.25, 2.0 * rank, -1.0};
+    R_CHECK(rank, !(rank == 1 ? lk_comm_send(c, hm, 3, LK_F64, 0) : lk_comm_recv(c, hm, 3, LK_F64, 1)), "host message");
+    if (rank == 0) R_CHECK(rank, hm[0] == 1.25 && hm[1] == 2.0 && hm[2] == -1.0, "host message: %g %g %g", hm[0], hm[1], hm[2]);
+    lk_comm_free(c);
+    return rank_failed;
+}
+
+/* A receive of another count than its send: the receiver names both sides
+ * at once, before any NCCL call; the sender, whose ncclSend finds no
+ * receive, fails at comm_timeout (2 s). */
+static int role_p2p_mismatch(int rank) {
+    lk_device g = {LK_CUDA, rank};
+    lk_comm *c = make_comm(rank, getenv("LK_NCCL_TEST_JOB"), 2);
+    if (!c) return 1;
+    lk_tensor *t = filled(g, LK_F32, 100, rank, 0);
+    double t0 = seconds();
+    lk_status st = !t ? LK_STATUS_OK : rank == 0 ? lk_comm_send(c, t->data, 100, LK_F32, 1) : lk_comm_recv(c, t->data, 50, LK_F32, 0);
+    double took = seconds() - t0;
+    if (rank == 1) {
+        R_CHECK(rank, st == LK_STATUS_INVALID_USAGE &&
+                          strstr(lk_last_error(), "point-to-point mismatch (desync) on the pair rank 0 -> rank 1, message #1: "
+                                                  "rank 0 sends f32 x 100 (400 bytes), rank 1 receives f32 x 50 (200 bytes)"),
+                "the receiver names the mismatch: status %d", (int)st);
+        R_CHECK(rank, took < 1.5, "the receiver took %.1f s", took);
+        printf("[rank 1] after %.2f s: %s\n", took, lk_last_error());
+        sleep(3); /* alive while rank 0 times out */
+    } else {
+        R_CHECK(rank, st == LK_STATUS_TIMEOUT && strstr(lk_last_error(), "send #1 from rank 0 to rank 1 (f32 x 100) did not complete"),
+                "the sender times out: status %d", (int)st);
+        R_CHECK(rank, took > 1.5 && took < 10, "the sender took %.1f s, comm_timeout is 2 s", took);
+        printf("[rank 0] after %.1f s: %s\n", took, lk_last_error());
+    }
+    lk_tensor_release(t);
+    lk_comm_free(c);
+    return rank_failed;
+}
+
+/* Both ranks send before they receive (async): NCCL runs each rank's
+ * send, then its receive, each blocking until the peer's matching call
+ * runs, so neither receive ever runs. Both ranks end at comm_timeout (2 s)
+ * with an error naming the pair, never a hang. */
+static int role_p2p_crossed(int rank) {
+    lk_device g = {LK_CUDA, rank};
+    lk_comm *c = make_comm(rank, getenv("LK_NCCL_TEST_JOB"), 2);
+    if (!c) return 1;
+    lk_tensor *out = filled(g, LK_F32, 100, rank, 0), *in = filled(g, LK_F32, 100, 9, 0);
+    lk_work *ws = NULL, *wr = NULL;
+    double t0 = seconds();
+    R_CHECK(rank, out && in && !lk_comm_send_async(c, out->data, 100, LK_F32, 1 - rank, &ws), "send_async");
+    R_CHECK(rank, in && !lk_comm_recv_async(c, in->data, 100, LK_F32, 1 - rank, &wr), "recv_async");
+    lk_status s1 = ws ? lk_work_wait(ws) : LK_STATUS_OK, s2 = wr ? lk_work_wait(wr) : LK_STATUS_OK;
+    double took = seconds() - t0;
+    R_CHECK(rank, s1 == LK_STATUS_TIMEOUT || s2 == LK_STATUS_TIMEOUT || s1 == LK_STATUS_ABORTED,
+            "crossed sends: status %d / %d, want a TIMEOUT", (int)s1, (int)s2);
+    R_CHECK(rank, strstr(lk_last_error(), "did not complete within 2 s") || strstr(lk_last_error(), "communicator already failed"),
+            "the error says the timeout");
+    R_CHECK(rank, took > 1.5 && took < 10, "it took %.1f s, comm_timeout is 2 s", took);
+    printf("[rank %d] crossed sends ended after %.1f s: %s\n", rank, took, lk_last_error());
+    lk_work_free(ws), lk_work_free(wr);
+    lk_tensor_release(out), lk_tensor_release(in);
+    lk_comm_free(c);
+    return rank_failed;
+}
+
 static void *abort_later(void *c) {
     usleep(500 * 1000);
     lk_comm_abort(c, "the test aborts it");
@@ -363,6 +513,15 @@ static void two_ranks_timeout(void) {
 static void two_ranks_abort(void) {
     if (nccl_built() && two_gpus()) CHECK(two_processes("abort", 60));
 }
+static void two_ranks_p2p(void) {
+    if (nccl_built() && two_gpus()) CHECK(two_processes("p2p", 300));
+}
+static void two_ranks_p2p_mismatch(void) {
+    if (nccl_built() && two_gpus()) CHECK(two_processes("p2p_mismatch", 60));
+}
+static void two_ranks_p2p_crossed(void) {
+    if (nccl_built() && two_gpus()) CHECK(two_processes("p2p_crossed", 60));
+}
 
 int main(int argc, char **argv) {
     const char *role = getenv("LK_NCCL_TEST_ROLE");
@@ -372,10 +531,14 @@ int main(int argc, char **argv) {
         if (!strcmp(role, "collectives")) return role_collectives(rank);
         if (!strcmp(role, "timeout")) return role_timeout(rank);
         if (!strcmp(role, "abort")) return role_abort(rank);
+        if (!strcmp(role, "p2p")) return role_p2p(rank);
+        if (!strcmp(role, "p2p_mismatch")) return role_p2p_mismatch(rank);
+        if (!strcmp(role, "p2p_crossed")) return role_p2p_crossed(rank);
         return fprintf(stderr, "unknown role %s\n", role), 1;
     }
     gpu_test_require();
     static const lk_t_case cases[] = {LK_TEST_CASE(one_rank), LK_TEST_CASE(two_ranks), LK_TEST_CASE(two_ranks_timeout),
-                                      LK_TEST_CASE(two_ranks_abort)};
+                                      LK_TEST_CASE(two_ranks_abort), LK_TEST_CASE(two_ranks_p2p),
+                                      LK_TEST_CASE(two_ranks_p2p_mismatch), LK_TEST_CASE(two_ranks_p2p_crossed)};
     return lk_t_run(cases, (int)(sizeof cases / sizeof cases[0]), argc, argv);
 }

@@ -12,3 +12,5 @@ lk_add_test(NAME train_gpt_fit SOURCES train/test_gpt_fit.c LABELS unit TIMEOUT 
 # The gpt through `lockstep fit` (synthetic tokens): ddp x2 and bf16-mixed checkpointing bitwise, nanoGPT's AdamW
 # groups with warm-up + cosine, exact resume, block_size against the data.
 lk_add_script_test(NAME train_gpt_cli SCRIPT train/test_gpt_cli.sh LABELS multiproc TIMEOUT 180)
+# 4 ranks as 2 data-parallel groups: sampler, metrics, EarlyStopping, checkpoints and predict per group.
+lk_add_test(NAME train_dp_groups SOURCES train/test_dp_groups.c LABELS multiproc TIMEOUT 180)

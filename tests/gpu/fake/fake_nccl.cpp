@@ -33,6 +33,11 @@
  *    memory of the communicator's GPU, or shorter than the count; a
  *    stream of another GPU; an unsupported type or op; a collective in
  *    a capture (not modelled); a call after abort or destroy.
+ *  - ncclSend/ncclRecv: through a mailbox per ordered pair, in chunks of
+ *    LK_FAKE_NCCL_SLOT; each blocks its stream until the peer's matching
+ *    call has moved the whole message (so a send queued before a receive
+ *    on both ranks waits forever, as on NCCL); a receive of another size
+ *    than its send is an async error (NCCL would hang or corrupt).
  * What it does not model: speed, NCCL's own algorithms and their rounding
  * (every reduction here is in rank order), several communicators sharing
  * one stream's order across processes, and anything across nodes.
@@ -107,10 +112,28 @@ struct Comm {
     std::set<void *> streams;       /* where they were queued: what finalize flushes */
     std::string last;               /* the reason of the last error */
     char *slot(int r) { return (char *)(sh + 1) + (size_t)r * slot_bytes(); }
+    /* The mailbox of the ordered pair src -> dst (ncclSend/ncclRecv), after the slots. */
+    struct Mbox *mbox(int src, int dst);
     ~Comm() {
         if (sh) munmap(sh, map_bytes);
     }
 };
+
+/* One ordered pair's mailbox: one chunk of up to slot_bytes() at a time;
+ * posted counts the chunks the sender put, taken those the receiver took. */
+struct Mbox {
+    std::atomic<uint64_t> posted, taken;
+    uint64_t total, chunk; /* the message's bytes (the receiver checks its own), this chunk's */
+    char pad[32];
+    char *data() { return (char *)(this + 1); }
+};
+static_assert(sizeof(Mbox) == 64, "the mailbox header is one cache line");
+
+size_t mbox_bytes() { return sizeof(Mbox) + slot_bytes(); }
+
+Mbox *Comm::mbox(int src, int dst) {
+    return (Mbox *)((char *)(sh + 1) + (size_t)nranks * slot_bytes() + (size_t)(src * nranks + dst) * mbox_bytes());
+}
 
 std::string global_last;
 
@@ -306,6 +329,89 @@ ncclResult_t enqueue(Kind kind, const char *name, const void *send, void *recv, 
     return ncclSuccess;
 }
 
+/* One ncclSend or ncclRecv, as its stream runs it: blocking for the
+ * stream (as NCCL's kernel is) until the peer's matching call has moved
+ * every chunk through the pair's mailbox. */
+struct P2p {
+    std::shared_ptr<Comm> c;
+    bool send;
+    int peer;
+    char *buf;
+    size_t bytes, done = 0;
+    bool posted = false; /* send: a chunk is in the mailbox, not yet taken */
+    bool moved = false;  /* at least one chunk (a message of 0 bytes is one empty chunk) */
+    uint64_t mark = 0;
+
+    bool finish() {
+        c->pending--;
+        return true;
+    }
+    bool step() {
+        for (;;) {
+            if (c->aborted) return true;
+            if (moved && done >= bytes) return finish();
+            if (send) {
+                Mbox *mb = c->mbox(c->rank, peer);
+                if (!posted) {
+                    if (mb->taken.load(std::memory_order_acquire) != mb->posted.load(std::memory_order_acquire)) return false;
+                    size_t n = bytes - done < slot_bytes() ? bytes - done : slot_bytes();
+                    memcpy(mb->data(), buf + done, n);
+                    mb->total = bytes, mb->chunk = n;
+                    mark = mb->posted.load() + 1;
+                    mb->posted.store(mark, std::memory_order_release);
+                    posted = true;
+                }
+                if (mb->taken.load(std::memory_order_acquire) < mark) return false;
+                done += mb->chunk, posted = false, moved = true;
+            } else {
+                Mbox *mb = c->mbox(peer, c->rank);
+                uint64_t t = mb->taken.load(std::memory_order_acquire);
+                if (mb->posted.load(std::memory_order_acquire) <= t) return false;
+                if (mb->total != bytes) { /* NCCL would hang or corrupt; the fake names it */
+                    c->last = "ncclRecv on rank " + std::to_string(c->rank) + " from rank " + std::to_string(peer) + ": " +
+                              std::to_string(bytes) + " bytes, but the matching ncclSend has " + std::to_string(mb->total);
+                    fail(ncclInvalidUsage, "%s", c->last.c_str());
+                    c->state = ncclInvalidUsage;
+                    return finish();
+                }
+                memcpy(buf + done, mb->data(), mb->chunk);
+                done += mb->chunk, moved = true;
+                mb->taken.store(t + 1, std::memory_order_release);
+            }
+        }
+    }
+};
+
+ncclResult_t enqueue_p2p(bool send, const char *name, void *buf, size_t count, ncclDataType_t t, int peer,
+                         ncclComm_t comm, cudaStream_t st) {
+    if (!comm || !comm->c) return fail(ncclInvalidArgument, "%s: no communicator", name);
+    Comm *c = comm->c.get();
+    if (c->aborted) return fail(ncclInvalidUsage, "%s on rank %d: the communicator was aborted", name, c->rank);
+    if (c->state != ncclSuccess)
+        return fail(ncclInvalidUsage, "%s on rank %d: the communicator is not ready (state %d)", name, c->rank,
+                    (int)c->state.load());
+    lk_dtype dt;
+    if (!lk_type(t, &dt)) return fail(ncclInvalidArgument, "%s: data type %d is not modelled", name, (int)t);
+    if (peer < 0 || peer >= c->nranks || peer == c->rank)
+        return fail(ncclInvalidArgument, "%s on rank %d: peer %d of %d ranks", name, c->rank, peer, c->nranks);
+    size_t b = count * lk_dtype_size(dt);
+    int dev = -1;
+    if (count && (!lk_fake_is_device(buf, b, &dev) || dev != c->cuda_index))
+        return fail(ncclInvalidArgument, "%s on rank %d: the buffer %p (%zu bytes) is not device memory of the "
+                    "communicator's GPU", name, c->rank, buf, b);
+    if (lk_fake_stream_gpu(st) != c->gpu)
+        return fail(ncclInvalidArgument, "%s on rank %d: the stream is not a stream of the communicator's GPU %d",
+                    name, c->rank, c->gpu);
+    auto k = std::make_shared<P2p>();
+    k->c = comm->c, k->send = send, k->peer = peer, k->buf = (char *)buf, k->bytes = b;
+    if (lk_fake_enqueue_poll(st, name, [k] { return k->step(); }) != 0)
+        return fail(ncclInvalidUsage, "%s on rank %d: the fake runtime refused to queue it (in a capture?)", name,
+                    c->rank);
+    c->pending++;
+    c->streams.insert(st);
+    return ncclSuccess;
+}
+
 } // namespace
 
 extern "C" {
@@ -338,7 +444,7 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t *out, int nranks, ncclUniqueId id
     c->blocking = !config || config->blocking != 0;
     int fd = shm_open(c->name.c_str(), O_CREAT | O_RDWR, 0600);
     if (fd < 0) return fail(ncclSystemError, "ncclCommInitRank: shm_open %s: %s", c->name.c_str(), strerror(errno));
-    c->map_bytes = sizeof(Shared) + (size_t)nranks * slot_bytes();
+    c->map_bytes = sizeof(Shared) + (size_t)nranks * slot_bytes() + (size_t)nranks * (size_t)nranks * mbox_bytes();
     void *p = MAP_FAILED;
     if (ftruncate(fd, (off_t)c->map_bytes) == 0) p = mmap(NULL, c->map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     close(fd);
@@ -446,6 +552,12 @@ ncclResult_t ncclAllGather(const void *s, void *r, size_t n, ncclDataType_t t, n
 }
 ncclResult_t ncclBroadcast(const void *s, void *r, size_t n, ncclDataType_t t, int root, ncclComm_t c, cudaStream_t st) {
     return enqueue(BROADCAST, "ncclBroadcast", s, r, n, t, ncclSum, root, c, st);
+}
+ncclResult_t ncclSend(const void *s, size_t n, ncclDataType_t t, int peer, ncclComm_t c, cudaStream_t st) {
+    return enqueue_p2p(true, "ncclSend", const_cast<void *>(s), n, t, peer, c, st);
+}
+ncclResult_t ncclRecv(void *r, size_t n, ncclDataType_t t, int peer, ncclComm_t c, cudaStream_t st) {
+    return enqueue_p2p(false, "ncclRecv", r, n, t, peer, c, st);
 }
 
 } // extern "C"
