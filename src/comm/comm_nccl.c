@@ -171,7 +171,7 @@ static lk_status nccl_init(lk_comm *c, const lk_comm_config *cfg) {
     hc.shared_bytes = 1 << 20;
     hc.backend = c->pg.world_size == 1 ? "self" : c->pg.local_world_size == c->pg.world_size ? "shm" : "mpi";
     lk_comm *host = NULL;
-    LK_TRY(lk_comm_create(&hc, &host));
+    LK_TRY(c->make_host(&hc, &host));
     return setup(c, host, gpu);
 }
 

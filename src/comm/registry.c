@@ -106,6 +106,7 @@ lk_status lk_comm_create(const lk_comm_config *cfg_in, lk_comm **out) {
     const char *job = cfg.job_id ? cfg.job_id : pg.job_id;
     snprintf(c->job_id, sizeof c->job_id, "%s", job ? job : "");
     c->shared_bytes = cfg.shared_bytes ? cfg.shared_bytes : (size_t)lk_env_get_long("LK_COMM_SHM_BYTES", 1L << 30);
+    c->make_host = lk_comm_create;
     lk_status st = vt->init(c, &cfg);
     if (st) {
         lk__comm_delete(c);
