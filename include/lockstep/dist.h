@@ -111,7 +111,8 @@ typedef struct lk_comm_config {
     const char *job_id;   /* names the shm segment; NULL: pg->job_id / LK_JOB_ID */
     const lk_pg_info *pg; /* borrowed, copied; NULL: lk_pg_info_from_env() */
     size_t shared_bytes;  /* shm: bytes per rank for lk_comm_alloc_shared (virtual until touched);
-                             0: LK_COMM_SHM_BYTES or 1 GiB */
+                             0: LK_COMM_SHM_BYTES, else the node's /dev/shm size divided
+                             by its ranks, at least 1 GiB */
     bool check_desync;    /* mpi: exchange signatures before each collective (shm checks for free) */
     /* Where timeout_s came from, as the timeout message names it
      * ("LK_COMM_TIMEOUT", "trainer.comm_timeout in run.yaml:4:3"); NULL:

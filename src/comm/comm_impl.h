@@ -104,6 +104,11 @@ typedef struct lk__comm_vtable {
      * only the oldest. */
     lk_status (*p2p_start)(lk_comm *c, lk__p2p *op);
     lk_status (*p2p_progress)(lk_comm *c, lk__p2p *op, bool *done);
+    /* (optional) An op that started is ended by p2p.c without a last
+     * p2p_progress (another op failed first, so this one fails fast): give
+     * back what the backend holds for it (nccl: its event and its host
+     * work). The communicator has failed; nothing more is sent. */
+    void (*p2p_cancel)(lk_comm *c, lk__p2p *op);
 } lk__comm_vtable;
 
 typedef struct lk__queue_item lk__queue_item;

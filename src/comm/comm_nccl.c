@@ -532,6 +532,16 @@ static lk_status nccl_p2p_progress(lk_comm *c, lk__p2p *op, bool *done) {
     return st;
 }
 
+/* Another op failed first: this one's header may still be in flight on
+ * the host communicator, which is aborted so that its work ends now. */
+static void nccl_p2p_cancel(lk_comm *c, lk__p2p *op) {
+    nccl_impl *m = c->impl;
+    p2p_priv *p = (p2p_priv *)op->priv;
+    bool fin = true;
+    if (p->work && !lk_work_test(p->work, &fin) && !fin) lk_comm_abort(m->host, "nccl: another point-to-point op failed");
+    p2p_release(p);
+}
+
 static void nccl_abort(lk_comm *c, const char *reason) {
     nccl_impl *m = c->impl;
     /* Peers learn through the host communicator; this rank's run loop sees
@@ -549,5 +559,6 @@ const lk__comm_vtable lk__comm_nccl = {
     .abort = nccl_abort,
     .p2p_start = nccl_p2p_start,
     .p2p_progress = nccl_p2p_progress,
+    .p2p_cancel = nccl_p2p_cancel,
 };
 #endif

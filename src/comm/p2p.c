@@ -147,6 +147,7 @@ static void *p2p_thread(void *arg) {
                 lk__p2p_describe(c, &w->p2p, d, sizeof d);
                 st = lk__comm_failed_fast(c, d);
                 done = true;
+                if (c->vt->p2p_cancel) c->vt->p2p_cancel(c, &w->p2p);
             }
             if (!done) {
                 st = p2p_step(c, &w->p2p, &done);

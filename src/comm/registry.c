@@ -5,6 +5,7 @@
 #include <stddef.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/statvfs.h>
 
 #include "comm/comm_impl.h"
 
@@ -33,6 +34,23 @@ static const lk__comm_vtable *find_backend(const char *name) {
         if (!strcmp(backends[i]->name, name)) return backends[i];
     if (test_backend && !strcmp(test_backend->name, name)) return test_backend;
     return NULL;
+}
+
+/* The shm heap's default per rank: this rank's share of /dev/shm, at least
+ * 1 GiB. The heap is virtual until an allocation reserves its pages
+ * (posix_fallocate, so a full /dev/shm is a clear error, not a SIGBUS), so a
+ * large default costs nothing and lets a model's flat buffers fit without a
+ * setting (GPT-2 124M's parameters, gradients and Adam state on 2 ranks do
+ * not fit 1 GiB); a small /dev/shm (a container's 64 MB) keeps 1 GiB, which
+ * fails at the allocation that does not fit, naming /dev/shm, as before. */
+static size_t default_shared_bytes(const lk_pg_info *pg) {
+    size_t floor = (size_t)1 << 30, share = 0;
+    struct statvfs fs;
+    if (!statvfs("/dev/shm", &fs)) {
+        int local = pg->local_world_size > 0 ? pg->local_world_size : 1;
+        share = (size_t)((double)fs.f_blocks * (double)fs.f_frsize / local) & ~(((size_t)1 << 20) - 1);
+    }
+    return share > floor ? share : floor;
 }
 
 lk_status lk_comm_create(const lk_comm_config *cfg_in, lk_comm **out) {
@@ -105,7 +123,8 @@ lk_status lk_comm_create(const lk_comm_config *cfg_in, lk_comm **out) {
     c->check_desync = cfg.check_desync;
     const char *job = cfg.job_id ? cfg.job_id : pg.job_id;
     snprintf(c->job_id, sizeof c->job_id, "%s", job ? job : "");
-    c->shared_bytes = cfg.shared_bytes ? cfg.shared_bytes : (size_t)lk_env_get_long("LK_COMM_SHM_BYTES", 1L << 30);
+    c->shared_bytes = cfg.shared_bytes ? cfg.shared_bytes
+                                       : (size_t)lk_env_get_long("LK_COMM_SHM_BYTES", (long)default_shared_bytes(&pg));
     c->make_host = lk_comm_create;
     lk_status st = vt->init(c, &cfg);
     if (st) {

@@ -45,7 +45,9 @@ static const lk_env_var env_vars[] = {
     {"PL_GLOBAL_SEED", NULL, "Lightning's: the seed when the config sets neither seed_everything nor trainer.seed",
      "seed_everything or trainer.seed"},
     {"PL_SEED_WORKERS", NULL, "Lightning's: accepted; lockstep always seeds data workers", NULL},
-    {"LK_COMM_SHM_BYTES", "1073741824", "per-rank shared heap of the shm communicator (virtual until touched)", NULL},
+    {"LK_COMM_SHM_BYTES", NULL,
+     "per-rank shared heap of the shm communicator in bytes, virtual until touched (default: /dev/shm's size / "
+     "ranks on the node, at least 1 GiB)", NULL},
     {"LK_COMM_CHECK_DESYNC", "1", "mpi: exchange collective signatures to catch desync (0: off)", NULL},
     {"LK_COMM_SHM_SMALL", "65536", "shm: all-reduce messages up to this many bytes take one step", NULL},
     {"LK_COMM_SHM_SLICE", "16384", "shm: bytes an in-segment all-reduce reduces, then writes to every rank, at a time",
