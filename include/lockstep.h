@@ -10,6 +10,7 @@
 #include "lockstep/tensor.h"
 #include "lockstep/autograd.h"
 #include "lockstep/strategy.h"
+#include "lockstep/pipeline.h"
 #include "lockstep/data.h"
 #include "lockstep/dist.h"
 #include "lockstep/nn.h"

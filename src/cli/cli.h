@@ -16,6 +16,7 @@ int lk_cmd_env(int argc, char **argv);      /* cmd_env.c */
 int lk_cmd_export(int argc, char **argv);   /* cmd_export.c */
 int lk_cmd_prepare(int argc, char **argv);  /* cmd_prepare.c */
 int lk_cmd_generate(int argc, char **argv); /* cmd_generate.c */
+int lk_cmd_pipeline(int argc, char **argv); /* cmd_pipeline.c: pipeline-schedule */
 /* cmd_trainer.c, for cmd_generate.c: the config's module and data module as
  * fit builds them, the seed that runs and trainer.default_root_dir ("."
  * when empty). On failure both are NULL. */

@@ -25,6 +25,7 @@ static const cmd commands[] = {
     {"export", lk_cmd_export, "write a checkpoint's weights as safetensors"},
     {"prepare", lk_cmd_prepare, "text into token files: lockstep prepare --input FILE.txt --out DIR"},
     {"generate", lk_cmd_generate, "sample text from a trained language model (lockstep generate -c CONFIG --prompt ...)"},
+    {"pipeline-schedule", lk_cmd_pipeline, "print and check a pipeline schedule (--schedule 1f1b --stages 4 --chunks 8)"},
 };
 
 static const cmd bench_commands[] = {

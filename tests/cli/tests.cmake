@@ -27,3 +27,4 @@ lk_add_script_test(NAME cli_tokens SCRIPT cli/test_tokens.sh LABELS unit TIMEOUT
 # A tiny GPT on the Bible default end to end: rank-0 preparation on 2 ranks,
 # exact resume with random windows, generate (skips without the gpt model)
 lk_add_script_test(NAME cli_gpt_tokens SCRIPT cli/test_gpt_tokens.sh LABELS multiproc TIMEOUT 240)
+lk_add_script_test(NAME cli_pipeline_schedule SCRIPT cli/test_pipeline_schedule.sh LABELS unit TIMEOUT 30)

@@ -5,3 +5,5 @@ lk_add_test(NAME strategy_layout SOURCES strategy/test_layout.c LABELS unit TIME
 # The overlap check times backward against a slowed communicator: alone, it
 # measures the strategy rather than the other tests' load.
 set_tests_properties(strategy_ddp PROPERTIES RUN_SERIAL TRUE)
+# Pipeline schedules as data: every gpipe/1f1b/forward schedule for 1..8 stages x 1..16 micro-batches complete, matched, deadlock-free, bubble = theory; the checker catches broken lists.
+lk_add_test(NAME strategy_pipe_schedule SOURCES strategy/test_pipe_schedule.c LABELS unit TIMEOUT 60)

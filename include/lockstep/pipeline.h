@@ -1,0 +1,133 @@
+/* lockstep/pipeline.h — pipeline schedules as data.
+ *
+ * A pipeline cuts the model into p consecutive stages, one per rank, and
+ * the batch into m micro-batches ("chunks"). A schedule says, for every
+ * stage, the order of its work: the forward and backward of each
+ * micro-batch and the messages between neighbouring stages (activations go
+ * forward, their gradients come back). Here a schedule is a list of actions
+ * per stage, made by one generator per schedule and run by one interpreter
+ * (torch.distributed.pipelining and DeepSpeed's TrainSchedule work the same
+ * way), so that it can be printed, and checked before anything runs:
+ *
+ *     lk_pipe_schedule *s;
+ *     LK_TRY(lk_pipe_schedule_make("1f1b", 4, 8, &s));   // 4 stages, 8 micro-batches
+ *     lk_pipe_report r;
+ *     LK_TRY(lk_pipe_schedule_check(s, &r));             // complete, matched, no deadlock
+ *     for (int i = 0; i < lk_pipe_schedule_length(s, stage); i++) {
+ *         const lk_pipe_action *a = lk_pipe_schedule_action(s, stage, i);
+ *         ... run a ...
+ *     }
+ *     lk_pipe_schedule_free(s);
+ *
+ * Messages. The actions that move data are COMM actions, each a group of at
+ * most two point-to-point operations posted together and waited for
+ * together (Megatron's send_forward_recv_backward): a stage that sends its
+ * activation on and needs the next stage's gradient posts both at once, so
+ * no order of the two can deadlock however the transport blocks. The
+ * checker assumes the worst transport: a send completes only when its
+ * receive is posted (rendezvous), the n-th send from a to b meets the n-th
+ * receive by b from a, and both must name the same tensor.
+ */
+#ifndef LOCKSTEP_PIPELINE_H
+#define LOCKSTEP_PIPELINE_H
+
+#include <stdio.h>
+
+#include "lockstep/core.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum lk_pipe_kind {
+    LK_PIPE_FORWARD,        /* the stage's forward of micro-batch `chunk` (the last stage: and its loss) */
+    LK_PIPE_BACKWARD,       /* its backward (the last stage: from the loss), gradients accumulated */
+    LK_PIPE_COMM,           /* ops[0..nops) posted together, then waited for together */
+    LK_PIPE_REDUCE_GRADS,   /* the stage's gradients all-reduced over its data-parallel group */
+    LK_PIPE_OPTIMIZER_STEP, /* the stage's optimizer step, once per batch */
+} lk_pipe_kind;
+
+typedef enum lk_pipe_msg {
+    LK_PIPE_ACTIVATION, /* a stage's output, to the next stage */
+    LK_PIPE_GRADIENT,   /* the gradient of the previous stage's output, back to it */
+} lk_pipe_msg;
+
+typedef struct lk_pipe_op {
+    bool send;       /* a send to `peer`; else a receive from it */
+    lk_pipe_msg msg;
+    int chunk;       /* the micro-batch it belongs to */
+    int peer;        /* the other stage */
+} lk_pipe_op;
+
+typedef struct lk_pipe_action {
+    lk_pipe_kind kind;
+    int chunk;          /* FORWARD, BACKWARD: the micro-batch; -1 otherwise */
+    int nops;           /* COMM: 1 or 2 */
+    lk_pipe_op ops[2];
+} lk_pipe_action;
+
+typedef struct lk_pipe_schedule lk_pipe_schedule;
+
+/* The schedule names lk_pipe_schedule_make takes, NULL-terminated:
+ * "gpipe" (every forward, then every backward), "1f1b" (after a warm-up of
+ * p - 1 - stage forwards, one forward then one backward, so a stage keeps
+ * at most p - stage micro-batches' activations), "forward" (forwards only:
+ * validation, test and predict). */
+const char *const *lk_pipe_schedule_names(void);
+/* The schedule `name` for `stages` stages and `chunks` micro-batches
+ * (both >= 1; stages <= 4096, chunks <= 65536). A training schedule ends
+ * each stage with REDUCE_GRADS and OPTIMIZER_STEP. INVALID_ARGUMENT names
+ * the unknown schedule or the value out of range. */
+lk_status lk_pipe_schedule_make(const char *name, int stages, int chunks, lk_pipe_schedule **out);
+void lk_pipe_schedule_free(lk_pipe_schedule *s);
+
+const char *lk_pipe_schedule_name(const lk_pipe_schedule *s);
+int lk_pipe_schedule_stages(const lk_pipe_schedule *s);
+int lk_pipe_schedule_chunks(const lk_pipe_schedule *s);
+int lk_pipe_schedule_length(const lk_pipe_schedule *s, int stage);
+/* Action i of `stage` (borrowed); NULL out of range. */
+const lk_pipe_action *lk_pipe_schedule_action(const lk_pipe_schedule *s, int stage, int i);
+
+/* What lk_pipe_schedule_check found out by running the lists. */
+typedef struct lk_pipe_report {
+    int steps;             /* rounds of the simulation until every stage was done */
+    int peak_alive[64];    /* per stage (the first 64): most micro-batches whose forward ran and backward not yet */
+    int peak_alive_max;    /* ... over every stage */
+    /* A timeline with a forward costing 1, a backward 2 and messages free:
+     * each stage's idle share of the makespan, averaged over the stages.
+     * GPipe's and 1F1B's equal the theory (p - 1) / (m + p - 1). */
+    double bubble;
+    double makespan;       /* in forward units */
+} lk_pipe_report;
+
+/* Runs every stage's list against the others as a blocking transport
+ * would and checks, before anything trains: every op has its partner (the
+ * same tensor, in the same order per pair), no stage waits forever (a
+ * deadlock is named: each stuck stage and the action it waits in), and the
+ * schedule is complete (a training schedule: each stage runs the forward
+ * and the backward of every micro-batch once, the backward after the
+ * forward, a micro-batch's input received before its forward and its
+ * output's gradient before its backward, sent on after them, then
+ * REDUCE_GRADS and OPTIMIZER_STEP once). INVALID_ARGUMENT with the first
+ * fault; `report` (may be NULL) is filled on success. */
+lk_status lk_pipe_schedule_check(const lk_pipe_schedule *s, lk_pipe_report *report);
+
+/* The theory's idle share of a pipeline of p stages and m micro-batches. */
+double lk_pipe_bubble_theory(int stages, int chunks);
+
+/* Prints the schedule: a line per stage in a compact notation (F3: forward
+ * of micro-batch 3, B3: backward, >a3 send activation 3 on, <a3 receive it,
+ * >g3 send gradient 3 back, <g3 receive it, [..] ops posted together, R:
+ * reduce gradients, S: optimizer step), the peak of live micro-batches per
+ * stage and the bubble. */
+lk_status lk_pipe_schedule_print(const lk_pipe_schedule *s, FILE *f);
+
+/* Tests only: a schedule from hand-made lists (lists[k]: stage k's n[k]
+ * actions, copied), so that the checker can be shown a broken one. */
+lk_status lk_pipe_schedule_from_lists(const char *name, int stages, int chunks, bool training,
+                                      const lk_pipe_action *const *lists, const int *n, lk_pipe_schedule **out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
