@@ -34,6 +34,8 @@
 #include <stdio.h>
 
 #include "lockstep/core.h"
+#include "lockstep/dist.h"
+#include "lockstep/nn.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -121,6 +123,39 @@ double lk_pipe_bubble_theory(int stages, int chunks);
  * reduce gradients, S: optimizer step), the peak of live micro-batches per
  * stage and the bubble. */
 lk_status lk_pipe_schedule_print(const lk_pipe_schedule *s, FILE *f);
+
+/* ---- the interpreter ---------------------------------------------------------------
+ * One stage's side of a pipeline step: its blocks and how its micro-batches
+ * begin (stage 0) and end (the last stage). */
+typedef struct lk_pipe_stage {
+    lk_comm *comm;           /* the pipeline group (borrowed): its rank k is stage k, its size the stages */
+    lk_layer *const *blocks; /* this stage's blocks in order (borrowed): its forward runs them one after another */
+    int nblocks;
+    void *ctx;
+    /* Stage 0: micro-batch c's input to the first block (in the current scope). */
+    lk_tensor *(*input)(void *ctx, int chunk);
+    /* The last stage: micro-batch c's loss (one element, in the current scope) from the last block's output. */
+    lk_tensor *(*loss)(void *ctx, int chunk, lk_tensor *out);
+    float loss_mul; /* each micro-batch's loss times this before its backward (1/chunks: the batch's mean; 0: 1) */
+    /* (optional) What REDUCE_GRADS and OPTIMIZER_STEP do; NULL: nothing. */
+    lk_status (*reduce_grads)(void *ctx);
+    lk_status (*optimizer_step)(void *ctx);
+} lk_pipe_stage;
+
+/* Runs this rank's list of schedule `s` (stage lk_comm_rank(st->comm);
+ * checked first with lk_pipe_schedule_check): each FORWARD runs the blocks
+ * on the micro-batch's input (stage 0: st->input; else the activation
+ * received, a leaf that requires grad), each BACKWARD runs lk_backward from
+ * the loss (the last stage) or lk_backward_with from the output with the
+ * gradient received, so the blocks' parameters accumulate their gradients
+ * over the micro-batches; messages are the activations (a small header with
+ * dtype and shape, then the data) and the gradients of the inputs, posted
+ * together per COMM action with the async point-to-point calls. The
+ * micro-batches' graphs live until the end of the run (one scope). On the
+ * last stage *loss_sum (may be NULL) gets the sum of the micro-batches'
+ * losses before loss_mul; elsewhere 0. Any failure (a peer's included)
+ * aborts the communicator, so every stage stops. */
+lk_status lk_pipe_run(const lk_pipe_schedule *s, const lk_pipe_stage *st, double *loss_sum);
 
 /* Tests only: a schedule from hand-made lists (lists[k]: stage k's n[k]
  * actions, copied), so that the checker can be shown a broken one. */

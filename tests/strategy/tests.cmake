@@ -7,3 +7,5 @@ lk_add_test(NAME strategy_layout SOURCES strategy/test_layout.c LABELS unit TIME
 set_tests_properties(strategy_ddp PROPERTIES RUN_SERIAL TRUE)
 # Pipeline schedules as data: every gpipe/1f1b/forward schedule for 1..8 stages x 1..16 micro-batches complete, matched, deadlock-free, bubble = theory; the checker catches broken lists.
 lk_add_test(NAME strategy_pipe_schedule SOURCES strategy/test_pipe_schedule.c LABELS unit TIMEOUT 60)
+# The pipeline interpreter against one process: mlp and a tiny gpt on 2-4 stages (forked ranks, shm), gpipe and 1f1b, gradients bitwise.
+lk_add_test(NAME strategy_pipe_run SOURCES strategy/test_pipe_run.c LABELS multiproc TIMEOUT 120)

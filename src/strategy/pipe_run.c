@@ -1,0 +1,164 @@
+/* The pipeline interpreter (lk_pipe_run): runs one stage's list of a
+ * schedule — the only place that turns the schedule's actions into
+ * forwards, backwards and messages. Each micro-batch keeps its own graph
+ * (several are alive at once: 1F1B starts micro-batch k+1's forward before
+ * k's backward), from a leaf that stands for the input the previous stage
+ * sent (its gradient is what goes back) to the output that goes on (or the
+ * loss). */
+#include <string.h>
+
+#include "lockstep/autograd.h"
+#include "lockstep/pipeline.h"
+
+/* An activation's header: dtype, ndim, dims. A gradient needs none: its
+ * receiver made the tensor it belongs to. */
+enum { HDR = 2 + LK_MAX_DIMS };
+
+typedef struct chunk_state {
+    lk_tensor *in;   /* the input leaf (stages after the first), or stage 0's input */
+    lk_tensor *out;  /* the stage's output (its graph alive until the backward) */
+    lk_tensor *loss; /* the last stage's (scaled) loss */
+    lk_tensor *gout; /* the gradient of out, received */
+    int64_t hdr[HDR];
+} chunk_state;
+
+typedef struct run {
+    const lk_pipe_schedule *s;
+    const lk_pipe_stage *st;
+    int k, p;
+    chunk_state *c;
+    double loss_sum;
+} run;
+
+static lk_status forward(run *r, int c) {
+    chunk_state *x = &r->c[c];
+    lk_tensor *h = r->k == 0 ? r->st->input(r->st->ctx, c) : x->in;
+    if (!h) return lk_error(LK_STATUS_INVALID_ARGUMENT, "pipeline stage %d: no input for micro-batch %d%s", r->k, c,
+                            r->k == 0 ? "" : " (its activation never arrived)");
+    if (r->k == 0) x->in = h;
+    for (int b = 0; b < r->st->nblocks && h; b++) h = lk_layer_forward(r->st->blocks[b], h);
+    if (!h) return lk_error(lk_last_status(), "pipeline stage %d, micro-batch %d: %s", r->k, c, lk_last_error());
+    x->out = h;
+    if (r->k == r->p - 1) {
+        lk_tensor *loss = r->st->loss(r->st->ctx, c, h);
+        if (!loss) return lk_error(lk_last_status(), "pipeline last stage, micro-batch %d: loss: %s", c, lk_last_error());
+        r->loss_sum += lk_tensor_item(loss);
+        float mul = r->st->loss_mul > 0 ? r->st->loss_mul : 1.0f;
+        x->loss = mul == 1.0f ? loss : lk_mul_scalar(loss, mul);
+        if (!x->loss) return lk_last_status();
+    }
+    return LK_STATUS_OK;
+}
+
+static lk_status backward(run *r, int c) {
+    chunk_state *x = &r->c[c];
+    if (r->k == r->p - 1) return lk_backward(x->loss);
+    if (!x->gout) return lk_error(LK_STATUS_INTERNAL, "pipeline stage %d: micro-batch %d's gradient is missing", r->k, c);
+    return lk_backward_with(x->out, x->gout);
+}
+
+/* Posts the ops of one COMM action and waits for all of them. An
+ * activation's data can only be received once its header says how much,
+ * so receives of activations go in two rounds. */
+static lk_status comm(run *r, const lk_pipe_action *a) {
+    lk_comm *cm = r->st->comm;
+    lk_work *w[8] = {0};
+    int nw = 0;
+    lk_status st = LK_STATUS_OK;
+    for (int i = 0; i < a->nops && !st; i++) {
+        const lk_pipe_op *o = &a->ops[i];
+        chunk_state *x = &r->c[o->chunk];
+        if (o->send && o->msg == LK_PIPE_ACTIVATION) {
+            lk_tensor *t = lk_contiguous(x->out);
+            if (!t) return lk_last_status();
+            memset(x->hdr, 0, sizeof x->hdr);
+            x->hdr[0] = t->dtype, x->hdr[1] = t->ndim;
+            for (int d = 0; d < t->ndim; d++) x->hdr[2 + d] = t->shape[d];
+            st = lk_comm_send_async(cm, x->hdr, HDR, LK_I64, o->peer, &w[nw++]);
+            if (!st) st = lk_comm_send_async(cm, t->data, (size_t)t->numel, t->dtype, o->peer, &w[nw++]);
+        } else if (o->send) { /* the gradient of this stage's input */
+            const lk_tensor *g = x->in ? x->in->grad : NULL;
+            if (!g) {
+                st = lk_error(LK_STATUS_INTERNAL, "pipeline stage %d: micro-batch %d's input got no gradient", r->k, o->chunk);
+                break;
+            }
+            st = lk_comm_send_async(cm, g->data, (size_t)g->numel, g->dtype, o->peer, &w[nw++]);
+        } else if (o->msg == LK_PIPE_ACTIVATION) {
+            st = lk_comm_recv_async(cm, x->hdr, HDR, LK_I64, o->peer, &w[nw++]);
+        } else {
+            x->gout = lk_tensor_empty(x->out->dtype, x->out->ndim, x->out->shape);
+            if (!x->gout || !lk_scope_adopt(x->gout)) {
+                st = lk_last_status();
+                break;
+            }
+            st = lk_comm_recv_async(cm, x->gout->data, (size_t)x->gout->numel, x->gout->dtype, o->peer, &w[nw++]);
+        }
+    }
+    /* the activations' data, once their headers are in */
+    for (int i = 0; i < a->nops && !st; i++) {
+        const lk_pipe_op *o = &a->ops[i];
+        if (o->send || o->msg != LK_PIPE_ACTIVATION) continue;
+        for (int j = 0; j < nw && !st; j++) st = lk_work_wait(w[j]); /* the header is among them */
+        if (st) break;
+        chunk_state *x = &r->c[o->chunk];
+        int64_t dt = x->hdr[0], nd = x->hdr[1];
+        if (nd < 0 || nd > LK_MAX_DIMS || dt < 0 || dt >= LK_DTYPE_COUNT) {
+            st = lk_error(LK_STATUS_INVALID_USAGE, "pipeline stage %d: the header of activation %d from stage %d is "
+                          "corrupt (dtype %lld, %lld dims)", r->k, o->chunk, o->peer, (long long)dt, (long long)nd);
+            break;
+        }
+        lk_tensor *in = lk_tensor_empty((lk_dtype)dt, (int)nd, x->hdr + 2);
+        if (!in || !lk_scope_adopt(in)) {
+            st = lk_last_status();
+            break;
+        }
+        in->requires_grad = true; /* a leaf: its gradient goes back to the previous stage */
+        x->in = in;
+        st = lk_comm_recv_async(cm, in->data, (size_t)in->numel, in->dtype, o->peer, &w[nw++]);
+    }
+    for (int j = 0; j < nw; j++) {
+        lk_status sj = lk_work_wait(w[j]);
+        if (!st) st = sj;
+    }
+    for (int j = 0; j < nw; j++) lk_work_free(w[j]);
+    return st;
+}
+
+lk_status lk_pipe_run(const lk_pipe_schedule *s, const lk_pipe_stage *st, double *loss_sum) {
+    if (loss_sum) *loss_sum = 0.0;
+    if (!s || !st || !st->comm || (st->nblocks > 0 && !st->blocks))
+        return lk_error(LK_STATUS_INVALID_ARGUMENT, "lk_pipe_run: NULL schedule, stage, communicator or blocks");
+    run r = {.s = s, .st = st, .k = lk_comm_rank(st->comm), .p = lk_comm_world_size(st->comm)};
+    if (r.p != lk_pipe_schedule_stages(s))
+        return lk_error(LK_STATUS_INVALID_ARGUMENT, "lk_pipe_run: the schedule has %d stages but the pipeline group %d ranks",
+                        lk_pipe_schedule_stages(s), r.p);
+    if ((r.k == 0 && !st->input) || (r.k == r.p - 1 && !st->loss))
+        return lk_error(LK_STATUS_INVALID_ARGUMENT, "lk_pipe_run: stage %d needs %s", r.k,
+                        r.k == 0 && !st->input ? "an input function (stage 0)" : "a loss function (the last stage)");
+    LK_TRY(lk_pipe_schedule_check(s, NULL));
+    int m = lk_pipe_schedule_chunks(s);
+    r.c = lk_calloc((size_t)m, sizeof *r.c);
+    if (!r.c) return LK_STATUS_OUT_OF_MEMORY;
+    lk_status res = LK_STATUS_OK;
+    lk_scope_begin();
+    for (int i = 0; i < lk_pipe_schedule_length(s, r.k) && !res; i++) {
+        const lk_pipe_action *a = lk_pipe_schedule_action(s, r.k, i);
+        switch (a->kind) {
+        case LK_PIPE_FORWARD: res = forward(&r, a->chunk); break;
+        case LK_PIPE_BACKWARD: res = backward(&r, a->chunk); break;
+        case LK_PIPE_COMM: res = comm(&r, a); break;
+        case LK_PIPE_REDUCE_GRADS: res = st->reduce_grads ? st->reduce_grads(st->ctx) : LK_STATUS_OK; break;
+        case LK_PIPE_OPTIMIZER_STEP: res = st->optimizer_step ? st->optimizer_step(st->ctx) : LK_STATUS_OK; break;
+        }
+    }
+    lk_scope_end();
+    lk_free(r.c);
+    if (res) {
+        char why[1024];
+        snprintf(why, sizeof why, "%s", lk_last_error());
+        lk_comm_abort(st->comm, why); /* the other stages wait on this one: stop them too */
+        return lk_error(res, "%s", why);
+    }
+    if (loss_sum) *loss_sum = r.k == r.p - 1 ? r.loss_sum : 0.0;
+    return LK_STATUS_OK;
+}
