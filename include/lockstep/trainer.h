@@ -63,6 +63,8 @@ typedef struct lk_checkpoint_config { /* ModelCheckpoint */
     int64_t every_n_epochs;      /* top-k at the end of every Nth epoch (0: never) */
     bool save_weights_only;      /* top-k files hold the model's weights only (last.ckpt stays complete) */
     bool save_on_train_epoch_end; /* accepted (any value): lockstep saves after validation, and at the epoch end */
+    bool enable_version_counter;  /* accepted (any value): file names carry the epoch and step */
+    char train_time_interval[LK_PARAM_STR]; /* only "" (null): lockstep saves by steps and epochs */
 } lk_checkpoint_config;
 typedef struct lk_early_stopping_config { /* EarlyStopping */
     char monitor[LK_PARAM_STR];
@@ -72,6 +74,7 @@ typedef struct lk_early_stopping_config { /* EarlyStopping */
     bool strict;        /* a monitor that was never logged is an error (false: skip the check) */
     bool check_finite, verbose;
     double stopping_threshold, divergence_threshold; /* NaN: off */
+    bool check_on_train_epoch_end, log_rank_zero_only; /* accepted (any value): checked after each validation, on rank 0's word */
 } lk_early_stopping_config;
 typedef struct lk_logger_config { /* CSVLogger, TensorBoardLogger */
     char kind[LK_PARAM_STR];     /* csv | tensorboard */
@@ -148,6 +151,7 @@ typedef struct lk_trainer_config {
     bool early_stopping_check_finite;           /* stop when the monitor is NaN or inf */
     bool device_stats_monitor;      /* log CPU utilisation and RSS per rank */
     bool enable_tensorboard;
+    bool enable_autolog_hparams;    /* the loggers get the init args (hparams.yaml, TensorBoard's HParams); false: {} */
     /* trainer.callbacks / trainer.logger lists (not in the parameter table:
      * lk_trainer_config_apply fills them) */
     int n_checkpoints;
@@ -303,6 +307,13 @@ typedef struct lk_optim_settings {
      * tied lm_head's included: the issue's and GPT-2's original groups). */
     char weight_decay_params[LK_PARAM_STR];
     int64_t warmup_steps;         /* > 0: the lr rises linearly from lr/(N+1) to lr over N scheduler steps, then the scheduler runs */
+    /* plateau (ReduceLROnPlateau's arguments beyond monitor, factor, patience) */
+    char mode[LK_PARAM_STR];      /* min | max: which way the monitored metric improves */
+    double threshold;             /* 1e-4: the least change that counts as better */
+    char threshold_mode[LK_PARAM_STR]; /* rel | abs */
+    int64_t cooldown;             /* epochs to wait after a reduction */
+    double min_lr;                /* the lr never goes below this */
+    double plateau_eps;           /* lr_scheduler.init_args.eps: smaller lr changes are skipped (0: torch's 1e-8) */
 } lk_optim_settings;
 const lk_param *lk_optim_settings_params(int *count);
 lk_status lk_optim_settings_default(lk_optim_settings *s);
