@@ -43,4 +43,9 @@ for svg in layers ddp-step; do
   check "docs/$svg.svg is linked from ARCHITECTURE.md and is well-formed XML" bash -c \
     "grep -q '($svg.svg)' '$src/docs/ARCHITECTURE.md' && python3 -c 'import sys, xml.dom.minidom as m; m.parse(sys.argv[1])' '$src/docs/$svg.svg'"
 done
+# docs/BENCHMARKS.md's figures of record each name the HISTORY.md section that holds their table
+while IFS= read -r sec; do
+  grep -q "^#.* $sec" "$src/bench/results/HISTORY.md" || bad "BENCHMARKS.md cites HISTORY.md section '$sec', which is not there"
+done < <(awk -F'|' '/^\| / && NF > 6 && $(NF-1) !~ /HISTORY.md section|---/ { s = $(NF-1); gsub(/^ +| +$/, "", s); print s }' "$src/docs/BENCHMARKS.md")
+check "BENCHMARKS.md's rows cite sections of bench/results/HISTORY.md" grep -q 'HISTORY.md section' "$src/docs/BENCHMARKS.md"
 finish
