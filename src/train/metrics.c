@@ -397,8 +397,9 @@ lk_status lk_trainer_get_metric(const lk_trainer *tr, const char *name, double *
     if (lk_trainer_metric(tr, name, value)) return LK_STATUS_OK;
     char names[1024];
     lk__metrics_available(tr, names, sizeof names);
+    /* the rank as lk_trainer_rank says it, read here: trainer.c uses this file, not the other way */
     return lk_error(LK_STATUS_INVALID_ARGUMENT, "metric '%s' has no value on rank %d; logged metrics: %s", name,
-                    lk_trainer_rank(tr), names);
+                    tr->launcher ? -1 : tr->rank, names);
 }
 
 lk_status lk_log_accuracy(lk_trainer *tr, const char *name, const lk_tensor *logits, const lk_tensor *target,
