@@ -45,11 +45,18 @@ typedef struct {
     lk_dataset *train, *val;
 } rings_data;
 
-static lk_status rings_setup(lk_datamodule *dm, const char *stage) {
-    rings_data *d = dm->self;
-    if (!d->train && ring_dataset(&d->train_seed, 4096, &d->train)) return lk_last_status();
-    if (!d->val && ring_dataset(&d->val_seed, 1024, &d->val)) return lk_last_status();
-    return LK_STATUS_OK;
+/* The datasets are made here, once: nothing to download or split per
+ * stage, so the data module needs no setup() (Lightning's is optional too). */
+static rings_data *rings_data_create(void) {
+    rings_data *d = lk_calloc(1, sizeof *d);
+    if (!d) return NULL;
+    *d = (rings_data){.train_seed = 1, .val_seed = 2};
+    if (ring_dataset(&d->train_seed, 4096, &d->train) || ring_dataset(&d->val_seed, 1024, &d->val)) {
+        lk_dataset_free(d->train);
+        lk_free(d);
+        return NULL;
+    }
+    return d;
 }
 
 static lk_dataset *rings_dataset(lk_datamodule *dm, const char *split) {
@@ -59,12 +66,13 @@ static lk_dataset *rings_dataset(lk_datamodule *dm, const char *split) {
 
 static void rings_destroy(lk_datamodule *dm) {
     rings_data *d = dm->self;
+    if (!d) return;
     lk_dataset_free(d->train);
     lk_dataset_free(d->val);
     lk_free(d);
 }
 
-static const lk_datamodule_vtable rings_vt = {.setup = rings_setup, .dataset = rings_dataset, .destroy = rings_destroy};
+static const lk_datamodule_vtable rings_vt = {.dataset = rings_dataset, .destroy = rings_destroy};
 
 /* ---- the network: a layer of our own (a residual block) in a Sequential -- */
 
@@ -103,19 +111,10 @@ static lk_status validation_step(lk_module *m, const lk_batch *b, int64_t batch_
     lk_tensor *logits = lk_layer_forward(m->net, lk_batch_tensor(b, 0));
     lk_tensor *loss = lk_cross_entropy(logits, lk_batch_tensor(b, 1), NULL);
     if (!loss) return lk_last_status();
-    const float *l = logits->data; /* [B, RINGS] */
-    const int64_t *y = b->field[1].data;
-    int64_t hits = 0;
-    for (int64_t i = 0; i < b->size; i++) {
-        int best = 0;
-        for (int k = 1; k < RINGS; k++)
-            if (l[i * RINGS + k] > l[i * RINGS + best]) best = k;
-        hits += best == y[i];
-    }
     /* sync_dist: the epoch value is the mean over every rank's shard */
     lk_log_opts o = {.prog_bar = true, .sync_dist = true};
     if (lk_log_metric(tr, "val_loss", lk_tensor_item(loss), &o)) return lk_last_status();
-    return lk_log_metric(tr, "val_acc", (double)hits / (double)b->size, &o);
+    return lk_log_accuracy(tr, "val_acc", logits, lk_batch_tensor(b, 1), &o); /* top-1 of logits [B, RINGS] */
 }
 
 static void destroy(lk_module *m) { lk_free(m->self); } /* lk_module_free frees the net and m */
@@ -144,19 +143,18 @@ int main(int argc, char **argv) {
     lk_optim_settings optim;
     configure_optimizers(&optim);
 
-    /* The module and data module own what they point to (freed below). */
+    /* The module and data module own what they are given (freed below). */
     lk_rng init;
     lk_rng_init(&init, (uint64_t)cfg.seed, LK_RNG_INIT, 0, 0); /* the same weights on every rank */
     lk_layer *layers[] = {lk_linear_create(2, HIDDEN, true, &init), residual_create(HIDDEN, &init),
                           residual_create(HIDDEN, &init), lk_linear_create(HIDDEN, RINGS, true, &init)};
-    lk_module *m = lk_calloc(1, sizeof *m);
-    if (m) *m = (lk_module){.name = "rings", .vt = &rings_module_vt, .net = lk_sequential_create(4, layers),
-                            .self = lk_calloc(1, sizeof(rings_model))};
-    lk_datamodule *dm = lk_calloc(1, sizeof *dm);
-    if (dm) *dm = (lk_datamodule){.name = "rings", .vt = &rings_vt, .self = lk_calloc(1, sizeof(rings_data)),
-                                  .batch_size = 64};
-    lk_status st = m && m->net && m->self && dm && dm->self ? LK_STATUS_OK : LK_STATUS_OUT_OF_MEMORY;
-    if (!st) *(rings_data *)dm->self = (rings_data){.train_seed = 1, .val_seed = 2};
+    /* The constructors take what they are given, on failure too: no cleanup here. */
+    lk_module *m = NULL;
+    lk_datamodule *dm = NULL;
+    lk_status st = lk_module_create("rings", &rings_module_vt, lk_sequential_create(4, layers),
+                                    lk_calloc(1, sizeof(rings_model)), &m);
+    if (!st) st = lk_datamodule_create("rings", &rings_vt, rings_data_create(), 64, &dm);
+    if (!st && (!m->self || !dm->self)) st = lk_error(LK_STATUS_OUT_OF_MEMORY, "rings: out of memory");
 
     lk_trainer *tr = NULL;
     if (!st) st = lk_trainer_create(&cfg, &optim, NULL, &tr);
@@ -169,7 +167,7 @@ int main(int argc, char **argv) {
         printf("rank %d of %d: %lld steps, train_loss %.4f -> %.4f\n", lk_trainer_rank(tr), lk_trainer_world_size(tr),
                (long long)lk_trainer_global_step(tr), s->first_loss, s->last_loss);
         double acc;
-        if (lk_trainer_rank(tr) == 0 && lk_trainer_metric(tr, "val_acc", &acc))
+        if (lk_trainer_rank(tr) == 0 && !(st = lk_trainer_get_metric(tr, "val_acc", &acc)))
             printf("val_acc %.3f; logs in %s\n", acc, lk_trainer_log_dir(tr));
     }
     if (st) fprintf(stderr, "custom_module: %s\n", lk_last_error());

@@ -63,6 +63,8 @@ typedef struct lk_checkpoint_config { /* ModelCheckpoint */
     int64_t every_n_epochs;      /* top-k at the end of every Nth epoch (0: never) */
     bool save_weights_only;      /* top-k files hold the model's weights only (last.ckpt stays complete) */
     bool save_on_train_epoch_end; /* accepted (any value): lockstep saves after validation, and at the epoch end */
+    bool enable_version_counter;  /* accepted (any value): file names carry the epoch and step */
+    char train_time_interval[LK_PARAM_STR]; /* only "" (null): lockstep saves by steps and epochs */
 } lk_checkpoint_config;
 typedef struct lk_early_stopping_config { /* EarlyStopping */
     char monitor[LK_PARAM_STR];
@@ -72,6 +74,7 @@ typedef struct lk_early_stopping_config { /* EarlyStopping */
     bool strict;        /* a monitor that was never logged is an error (false: skip the check) */
     bool check_finite, verbose;
     double stopping_threshold, divergence_threshold; /* NaN: off */
+    bool check_on_train_epoch_end, log_rank_zero_only; /* accepted (any value): checked after each validation, on rank 0's word */
 } lk_early_stopping_config;
 typedef struct lk_logger_config { /* CSVLogger, TensorBoardLogger */
     char kind[LK_PARAM_STR];     /* csv | tensorboard */
@@ -148,6 +151,7 @@ typedef struct lk_trainer_config {
     bool early_stopping_check_finite;           /* stop when the monitor is NaN or inf */
     bool device_stats_monitor;      /* log CPU utilisation and RSS per rank */
     bool enable_tensorboard;
+    bool enable_autolog_hparams;    /* the loggers get the init args (hparams.yaml, TensorBoard's HParams); false: {} */
     /* trainer.callbacks / trainer.logger lists (not in the parameter table:
      * lk_trainer_config_apply fills them) */
     int n_checkpoints;
@@ -213,6 +217,13 @@ typedef struct lk_log_opts {
 } lk_log_opts;
 /* Logs a scalar (Lightning's self.log; lk_log is the natural-log op). opts may be NULL. */
 lk_status lk_log_metric(lk_trainer *tr, const char *name, double value, const lk_log_opts *opts);
+/* Logs the share of rows of logits [N, C] whose largest entry is at the
+ * class index of target [N] (torchmetrics' multiclass accuracy, top-1), as
+ * lk_log_metric would log it, without reading the tensors on the host when
+ * they live on a GPU (the count waits on the device until the epoch ends).
+ * Weighted by N in the epoch mean. opts may be NULL. */
+lk_status lk_log_accuracy(lk_trainer *tr, const char *name, const lk_tensor *logits, const lk_tensor *target,
+                          const lk_log_opts *opts);
 
 /* ---- modules ---------------------------------------------------------------- */
 
@@ -258,6 +269,14 @@ struct lk_module {
     void *self;                 /* the module's own data */
     char *hparams_yaml;         /* save_hyperparameters(): written to hparams.yaml (owned, may be NULL) */
 };
+/* A new module (*out) instead of a compound literal: name and vt are
+ * borrowed (a string literal, a static table); net and self become the
+ * module's, on failure too (then they are freed at once: lk_layer_free and
+ * vt->destroy, and *out is NULL), so constructors can be passed straight
+ * in. A NULL net (a layer constructor that failed) is an error carrying
+ * that constructor's message. lk_module_free frees net, then self through
+ * vt->destroy. */
+lk_status lk_module_create(const char *name, const lk_module_vtable *vt, lk_layer *net, void *self, lk_module **out);
 void lk_module_free(lk_module *m);
 
 /* The module's steps as the trainer runs them: the vtable's slot when set,
@@ -303,6 +322,13 @@ typedef struct lk_optim_settings {
      * tied lm_head's included: the issue's and GPT-2's original groups). */
     char weight_decay_params[LK_PARAM_STR];
     int64_t warmup_steps;         /* > 0: the lr rises linearly from lr/(N+1) to lr over N scheduler steps, then the scheduler runs */
+    /* plateau (ReduceLROnPlateau's arguments beyond monitor, factor, patience) */
+    char mode[LK_PARAM_STR];      /* min | max: which way the monitored metric improves */
+    double threshold;             /* 1e-4: the least change that counts as better */
+    char threshold_mode[LK_PARAM_STR]; /* rel | abs */
+    int64_t cooldown;             /* epochs to wait after a reduction */
+    double min_lr;                /* the lr never goes below this */
+    double plateau_eps;           /* lr_scheduler.init_args.eps: smaller lr changes are skipped (0: torch's 1e-8) */
 } lk_optim_settings;
 const lk_param *lk_optim_settings_params(int *count);
 lk_status lk_optim_settings_default(lk_optim_settings *s);
@@ -312,10 +338,14 @@ lk_status lk_optim_settings_default(lk_optim_settings *s);
 typedef struct lk_datamodule_vtable {
     /* (optional) Downloads; runs on local rank 0 only, the others wait. */
     lk_status (*prepare_data)(lk_datamodule *dm);
-    /* Builds datasets for "fit", "validate", "test" or "predict". */
+    /* (optional) Builds datasets for "fit", "validate", "test" or
+     * "predict", on every rank after prepare_data. NULL: the datasets were
+     * made before the run (at creation) and dataset() returns them. */
     lk_status (*setup)(lk_datamodule *dm, const char *stage);
-    lk_dataset *(*dataset)(lk_datamodule *dm, const char *split); /* "train", "val", "test", "predict"; borrowed */
-    void (*destroy)(lk_datamodule *dm);
+    /* "train", "val", "test", "predict" -> the split's dataset (borrowed),
+     * or NULL when the data module has none (no validation, no test set). */
+    lk_dataset *(*dataset)(lk_datamodule *dm, const char *split);
+    void (*destroy)(lk_datamodule *dm); /* (optional) frees self */
 } lk_datamodule_vtable;
 
 struct lk_datamodule {
@@ -326,6 +356,13 @@ struct lk_datamodule {
     int num_workers;
     char *hparams_yaml;
 };
+/* A new data module (*out): name and vt are borrowed as in
+ * lk_module_create (vt needs dataset()); self becomes the data module's, on
+ * failure too (freed through vt->destroy, *out NULL); batch_size >= 1
+ * samples per batch on each rank; num_workers starts at 0 (loading inline)
+ * and may be set after. */
+lk_status lk_datamodule_create(const char *name, const lk_datamodule_vtable *vt, void *self, int64_t batch_size,
+                               lk_datamodule **out);
 void lk_datamodule_free(lk_datamodule *dm);
 
 /* ---- built-in modules and data modules (the CLI's class_path names) ---------- */
@@ -375,7 +412,7 @@ lk_status lk_datamodule_create_builtin(const char *name, const lk_model_kv *args
  *     lk_status st = lk_trainer_fit(tr, m, dm, NULL);    // launcher: the whole job
  *     if (!st) st = lk_trainer_test(tr, m, dm, "last");  // launcher: fit's status again
  *     double v;
- *     if (lk_trainer_rank(tr) == 0 && lk_trainer_metric(tr, "test_loss", &v))
+ *     if (lk_trainer_rank(tr) == 0 && !lk_trainer_get_metric(tr, "test_loss", &v))
  *         printf("test_loss %.4f\n", v);                 // once per job: rank 0
  *     if (st) fprintf(stderr, "%s\n", lk_last_error());
  *     ...free...; return st ? 1 : 0;
@@ -408,7 +445,13 @@ int lk_trainer_world_size(const lk_trainer *tr);
 int64_t lk_trainer_current_epoch(const lk_trainer *tr);
 int64_t lk_trainer_global_step(const lk_trainer *tr);
 const char *lk_trainer_log_dir(const lk_trainer *tr); /* "" before the first run */
-/* The last value of a logged metric (epoch aggregate when there is one). */
+/* The last value of a logged metric (epoch aggregate when there is one)
+ * in *value. A metric with no value (never logged, or only on another rank
+ * without sync_dist) is INVALID_ARGUMENT naming it and the metrics there are. */
+lk_status lk_trainer_get_metric(const lk_trainer *tr, const char *name, double *value);
+/* Deprecated: lk_trainer_get_metric, which returns lk_status like the rest
+ * of the API. Kept for programs written against it: true when the metric
+ * has a value (then in *value), false (and no error set) when not. */
 bool lk_trainer_metric(const lk_trainer *tr, const char *name, double *value);
 const char *lk_trainer_last_checkpoint(const lk_trainer *tr);
 const char *lk_trainer_best_checkpoint(const lk_trainer *tr);

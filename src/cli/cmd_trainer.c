@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
 #include "cli/cli.h"
@@ -26,6 +27,7 @@ typedef struct {
     int64_t seed;
     char *owned[128]; /* YAML text of list-valued init_args */
     int n_owned;
+    bool quiet; /* --print_config: stdout carries the YAML alone */
 } run_spec;
 
 static void run_spec_free(run_spec *rs) {
@@ -198,7 +200,7 @@ static lk_status resolve_seed(lk_config *cfg, run_spec *rs) {
             const char *env = getenv("PL_GLOBAL_SEED");
             if (env && *env) LK_TRY(lk_params_set(sp, 1, &v, "PL_GLOBAL_SEED", "seed_everything", env));
             else v = (int64_t)((lk_time_ns() ^ ((uint64_t)getpid() << 16)) % 4294967296ull);
-            if (is_rank0_or_alone()) lk_log_info("seed_everything: true -> seed %lld", (long long)v);
+            if (is_rank0_or_alone() && !rs->quiet) lk_log_info("seed_everything: true -> seed %lld", (long long)v);
         } else {
             lk_config_node_where(se, w, sizeof w);
             LK_TRY(lk_params_set(sp, 1, &v, w, "seed_everything", se_text ? se_text : ""));
@@ -224,7 +226,7 @@ static lk_status resolve_seed(lk_config *cfg, run_spec *rs) {
     } else if (!has_ts && getenv("PL_GLOBAL_SEED") && *getenv("PL_GLOBAL_SEED")) {
         int64_t v;
         LK_TRY(lk_params_set(sp, 1, &v, "PL_GLOBAL_SEED", "seed_everything", getenv("PL_GLOBAL_SEED")));
-        if (is_rank0_or_alone()) lk_log_info("seed %lld from PL_GLOBAL_SEED", (long long)v);
+        if (is_rank0_or_alone() && !rs->quiet) lk_log_info("seed %lld from PL_GLOBAL_SEED", (long long)v);
         seed = v;
     }
     const char *sw = getenv("PL_SEED_WORKERS");
@@ -239,6 +241,35 @@ static lk_status resolve_seed(lk_config *cfg, run_spec *rs) {
     snprintf(o2, sizeof o2, "%s", has_ts && lk_config_node_file(ts) ? lk_config_node_file(ts) : "(default)");
     LK_TRY(lk_config_set(cfg, "seed_everything", val, o1));
     LK_TRY(lk_config_set(cfg, "trainer.seed", val, o2));
+    return LK_STATUS_OK;
+}
+
+/* PyTorch's optimizer and scheduler arguments with no key in lockstep's
+ * table: those that pick torch's implementation are accepted at any value
+ * (the arithmetic is the same), the others at the value that means what
+ * lockstep does; another value is refused saying why (docs/LIGHTNING.md). */
+static lk_status torch_arg(const lk_config_node *c, const char *sec, const char *key) {
+    static const struct {
+        const char *name, *only, *why; /* only: the one value accepted (NULL: any) */
+    } args[] = {
+        {"foreach", NULL, NULL},    /* torch's multi-tensor kernels */
+        {"fused", NULL, NULL},      /* torch's fused CUDA kernel */
+        {"capturable", NULL, NULL}, /* CUDA graph capture */
+        {"verbose", NULL, NULL},    /* torch prints each lr change (deprecated in torch 2.2) */
+        {"differentiable", "false", "lockstep does not differentiate through the optimizer step"},
+        {"maximize", "false", "lockstep's optimizers minimise: return the negated objective as the loss"},
+        {"last_epoch", "-1", "a scheduler starts from its beginning, and a resumed run restores its position from the "
+                             "checkpoint: use ckpt_path"},
+    };
+    for (size_t k = 0; k < sizeof args / sizeof args[0]; k++) {
+        if (strcmp(key, args[k].name)) continue;
+        const char *t = lk_config_node_text(c);
+        if (!args[k].only || lk_config_node_is_null(c) || (t && !strcasecmp(t, args[k].only))) return LK_STATUS_OK;
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s.init_args.%s: %s is not supported (only %s): %s", sec, key,
+                 t ? t : "(a collection)", args[k].only, args[k].why);
+        return where_error(c, msg);
+    }
     return LK_STATUS_OK;
 }
 
@@ -286,17 +317,27 @@ static lk_status read_spec(lk_config *cfg, run_spec *rs) {
             char w[256];
             lk_config_node_where(cp, w, sizeof w);
             LK_TRY(lk_params_set(op, n, &rs->optim, w, pass ? "scheduler" : "name", lower));
-            /* PyTorch's argument names that lockstep's table spells differently */
-            static const char *const torch_names[] = {"betas", "T_max", "total_iters"};
+            /* PyTorch's argument names that lockstep's table spells differently
+             * or that choose how torch runs rather than what it computes (the
+             * full init_args LightningCLI writes; torch_arg checks them) */
+            static const char *const torch_names[] = {"betas", "T_max", "total_iters", "foreach", "fused",
+                                                      "capturable", "differentiable", "maximize", "last_epoch",
+                                                      "verbose", "eps"};
             const lk_config_node *ia = lk_config_node_get(node, "init_args");
             char prefix[64];
             snprintf(prefix, sizeof prefix, "%s.init_args", sec);
-            LK_TRY(lk_config_apply_params_except(ia, op, n, &rs->optim, prefix, torch_names, 3));
+            /* eps is Adam's in optimizer and ReduceLROnPlateau's (a smallest lr change) in lr_scheduler */
+            LK_TRY(lk_config_apply_params_except(ia, op, n, &rs->optim, prefix, torch_names, pass ? 11 : 10));
             for (int i = 0; i < lk_config_node_count(ia); i++) {
                 const lk_config_node *c = lk_config_node_child(ia, i);
                 const char *key = lk_config_node_key(c);
                 lk_config_node_where(c, w, sizeof w);
-                if (!strcmp(key, "betas")) {
+                LK_TRY(torch_arg(c, sec, key));
+                if (pass && !strcmp(key, "eps") && !lk_config_node_is_null(c)) {
+                    static const lk_param ep[] = {{"eps", LK_PARAM_FLOAT, 0, "1e-8", 0, 1, NULL, "plateau eps"}};
+                    LK_TRY(lk_params_set(ep, 1, &rs->optim.plateau_eps, w, "eps",
+                                         lk_config_node_text(c) ? lk_config_node_text(c) : ""));
+                } else if (!strcmp(key, "betas")) {
                     const lk_config_node *b0 = lk_config_node_child(c, 0), *b1 = lk_config_node_child(c, 1);
                     if (lk_config_node_type(c) != LK_CONFIG_SEQ || lk_config_node_count(c) != 2 ||
                         !lk_config_node_text(b0) || !lk_config_node_text(b1))
@@ -459,6 +500,7 @@ int lk_cmd_fit(int argc, char **argv) {
     lk_config *cfg = lk_config_create();
     run_spec rs;
     memset(&rs, 0, sizeof rs);
+    rs.quiet = print_config;
     lk_module *module = NULL;
     lk_datamodule *dm = NULL;
     char *yaml = NULL;

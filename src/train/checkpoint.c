@@ -572,8 +572,14 @@ static lk_status render_name(lk_trainer *tr, const char *tpl, bool auto_insert, 
         else if (!lk_trainer_metric(tr, key, &v))
             return lk_error(LK_STATUS_INVALID_ARGUMENT, "ModelCheckpoint filename: '{%s}' was never logged", key);
         char val[64];
+        size_t fl = strlen(fmt);
         if (fmt[0] && strpbrk(fmt, "efg")) snprintf(val, sizeof val, fmt, v);
-        else snprintf(val, sizeof val, "%lld", (long long)llround(v));
+        else if (fl >= 2 && fmt[fl - 1] == 'd' && strspn(fmt + 1, "0123456789+- ") == fl - 2) {
+            /* Python's {epoch:02d}: the width and flags, on an integer */
+            char f2[40];
+            snprintf(f2, sizeof f2, "%.*slld", (int)(fl - 1), fmt);
+            snprintf(val, sizeof val, f2, (long long)llround(v));
+        } else snprintf(val, sizeof val, "%lld", (long long)llround(v));
         k += (size_t)(auto_insert ? snprintf(out + k, size - k, "%s=%s", key, val) : snprintf(out + k, size - k, "%s", val));
         p = end + 1;
     }
@@ -656,8 +662,10 @@ static lk_status ckpt_one(lk_trainer *tr, lk_ckpt_state *k, bool primary, ckpt_w
     /* The flat instance without a monitor keeps last.ckpt only; step-driven
      * saves of the flat instance are last.ckpt only (its old meaning). */
     bool topk = !(k->flat && (last_only || !c->monitor[0])) && c->save_top_k != 0;
-    if (!k->flat && !last_only) /* Lightning: every_n_train_steps instances save on steps, not at epoch ends */
-        topk = topk && c->every_n_train_steps == 0 && c->every_n_epochs > 0 && (tr->epoch + 1) % c->every_n_epochs == 0;
+    if (!k->flat && !last_only) /* Lightning: every_n_train_steps instances save on steps, not at epoch ends; */
+        topk = topk && (c->every_n_train_steps > 0 /* a step due on the epoch's last batch saves here */
+                            ? tr->at_epoch_end && due_steps(tr, k)
+                            : c->every_n_epochs > 0 && (tr->epoch + 1) % c->every_n_epochs == 0);
     if (when == CKPT_STOP) { /* no top-k here; but a monitor no validation ever fed is said, as below */
         double v;
         if (c->save_top_k != 0 && c->monitor[0] && !tr->val_ran && !k->warned && !lk_trainer_metric(tr, c->monitor, &v)) {

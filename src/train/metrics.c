@@ -391,6 +391,28 @@ bool lk_trainer_metric(const lk_trainer *tr, const char *name, double *value) {
     return false;
 }
 
+lk_status lk_trainer_get_metric(const lk_trainer *tr, const char *name, double *value) {
+    if (!tr || !name || !value)
+        return lk_error(LK_STATUS_INVALID_ARGUMENT, "lk_trainer_get_metric: trainer, name and value are required");
+    if (lk_trainer_metric(tr, name, value)) return LK_STATUS_OK;
+    char names[1024];
+    lk__metrics_available(tr, names, sizeof names);
+    /* the rank as lk_trainer_rank says it, read here: trainer.c uses this file, not the other way */
+    return lk_error(LK_STATUS_INVALID_ARGUMENT, "metric '%s' has no value on rank %d; logged metrics: %s", name,
+                    tr->launcher ? -1 : tr->rank, names);
+}
+
+lk_status lk_log_accuracy(lk_trainer *tr, const char *name, const lk_tensor *logits, const lk_tensor *target,
+                          const lk_log_opts *opts) {
+    if (!tr || !name || !*name || !logits || !target)
+        return lk_error(LK_STATUS_INVALID_ARGUMENT, "lk_log_accuracy: trainer, name, logits and target are required");
+    if (logits->ndim != 2 || target->numel != logits->shape[0] || !lk_device_equal(logits->device, target->device))
+        return lk_error(LK_STATUS_INVALID_ARGUMENT, "lk_log_accuracy: '%s' needs logits [N, C] and class indices [N] on "
+                        "one device, got logits of %d dims (%lld rows) and %lld targets", name, logits->ndim,
+                        (long long)(logits->ndim ? logits->shape[0] : 0), (long long)target->numel);
+    return lk__log_accuracy(tr, name, logits, target, opts);
+}
+
 /* ---- the metrics in a checkpoint ------------------------------------------------ */
 
 /* Flags of one metric in the checkpoint's "metrics" lines. */

@@ -4,6 +4,62 @@
 #include "train/prefetch.h"
 #include "train/train_impl.h"
 
+/* What a failed constructor was given is freed as a successful one's would
+ * be later: the caller's code stays one straight line (as
+ * lk_layer_add_child takes its child either way). */
+static void drop_module_parts(const char *name, const lk_module_vtable *vt, lk_layer *net, void *self) {
+    lk_layer_free(net);
+    lk_module tmp = {.name = name, .vt = vt, .self = self};
+    if (vt && vt->destroy && self) vt->destroy(&tmp);
+}
+
+lk_status lk_module_create(const char *name, const lk_module_vtable *vt, lk_layer *net, void *self, lk_module **out) {
+    lk_status st = LK_STATUS_OK;
+    if (!out) st = lk_error(LK_STATUS_INVALID_ARGUMENT, "lk_module_create: out is NULL");
+    else *out = NULL;
+    if (!st && !vt)
+        st = lk_error(LK_STATUS_INVALID_ARGUMENT, "lk_module_create: module '%s' has no vtable", name ? name : "");
+    if (!st && !net) { /* most often a layer constructor that failed just before: its message is the useful one */
+        lk_status why = lk_last_status();
+        char last[1024];
+        snprintf(last, sizeof last, "%s", why ? lk_last_error() : "");
+        st = lk_error(why ? why : LK_STATUS_INVALID_ARGUMENT, "lk_module_create: module '%s' has no network%s%s%s",
+                      name ? name : "", why ? " (" : "", last, why ? ")" : "");
+    }
+    lk_module *m = st ? NULL : lk_calloc(1, sizeof *m);
+    if (!st && !m) st = lk_last_status();
+    if (st) {
+        drop_module_parts(name, vt, net, self);
+        return st;
+    }
+    *m = (lk_module){.name = name ? name : "module", .vt = vt, .net = net, .self = self};
+    *out = m;
+    return LK_STATUS_OK;
+}
+
+lk_status lk_datamodule_create(const char *name, const lk_datamodule_vtable *vt, void *self, int64_t batch_size,
+                               lk_datamodule **out) {
+    lk_status st = LK_STATUS_OK;
+    if (!out) st = lk_error(LK_STATUS_INVALID_ARGUMENT, "lk_datamodule_create: out is NULL");
+    else *out = NULL;
+    if (!st && (!vt || !vt->dataset))
+        st = lk_error(LK_STATUS_INVALID_ARGUMENT, "lk_datamodule_create: data module '%s' needs a vtable with "
+                      "dataset()", name ? name : "");
+    if (!st && batch_size < 1)
+        st = lk_error(LK_STATUS_INVALID_ARGUMENT, "lk_datamodule_create: data module '%s': batch_size %lld, expected "
+                      "1 or more", name ? name : "", (long long)batch_size);
+    lk_datamodule *dm = st ? NULL : lk_calloc(1, sizeof *dm);
+    if (!st && !dm) st = lk_last_status();
+    if (st) {
+        lk_datamodule tmp = {.name = name, .vt = vt, .self = self};
+        if (vt && vt->destroy && self) vt->destroy(&tmp);
+        return st;
+    }
+    *dm = (lk_datamodule){.name = name ? name : "data", .vt = vt, .self = self, .batch_size = batch_size};
+    *out = dm;
+    return LK_STATUS_OK;
+}
+
 void lk_module_free(lk_module *m) {
     if (!m) return;
     if (m->vt && m->vt->destroy) m->vt->destroy(m);

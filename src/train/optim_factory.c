@@ -137,7 +137,10 @@ lk_status lk__optim_setup(lk_trainer *tr, int64_t steps_per_epoch) {
                                  .max_momentum = 0.95, .div_factor = 25, .final_div_factor = 1e4};
         LK_TRY(lk_one_cycle_lr_create(tr->optim, &c, &tr->sched));
     } else if (!strcmp(o->scheduler, "plateau")) {
-        lk_plateau_config c = {.factor = o->factor, .patience = (int)o->patience, .threshold = 1e-4, .eps = 1e-8};
+        lk_plateau_config c = {.factor = o->factor, .patience = (int)o->patience, .threshold = o->threshold,
+                               .mode_max = !strcmp(o->mode, "max"), .threshold_abs = !strcmp(o->threshold_mode, "abs"),
+                               .cooldown = (int)o->cooldown, .min_lr = o->min_lr,
+                               .eps = o->plateau_eps > 0 ? o->plateau_eps : 1e-8};
         LK_TRY(lk_reduce_lr_on_plateau_create(tr->optim, &c, &tr->sched));
     }
     if (o->warmup_steps > 0) LK_TRY(add_warmup(tr));

@@ -87,8 +87,10 @@ lk_status lk__open_outputs(lk_trainer *tr, bool want_logs) {
             p += n + (p[n] == '\n');
         }
         fclose(f);
-        if (list) lk_logger_log_hyperparams(list, hp && *hp ? hp : "{}\n");
-        for (int i = 0; list && i < ntb; i++) LK_TRY(lk_tb_logger_log_hparams_session(tbs[i], hp ? hp : ""));
+        /* trainer.enable_autolog_hparams false: Lightning logs none (its CSVLogger still writes hparams.yaml: {}) */
+        bool autolog = tr->cfg.enable_autolog_hparams;
+        if (list) lk_logger_log_hyperparams(list, autolog && hp && *hp ? hp : "{}\n");
+        for (int i = 0; list && autolog && i < ntb; i++) LK_TRY(lk_tb_logger_log_hparams_session(tbs[i], hp ? hp : ""));
         free(hp);
     }
     if (tr->config_yaml) {

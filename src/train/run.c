@@ -118,8 +118,8 @@ lk_status lk__make_loader(lk_trainer *tr, lk_dataset *ds, bool train, lk_loader 
 
 lk_status lk__begin_run(lk_trainer *tr, lk_module *m, lk_datamodule *dm, const char *stage) {
     if (!m || !m->vt || !m->net) return lk_error(LK_STATUS_INVALID_ARGUMENT, "trainer: a module with a network is required");
-    if (!dm || !dm->vt || !dm->vt->setup || !dm->vt->dataset)
-        return lk_error(LK_STATUS_INVALID_ARGUMENT, "trainer: a data module with setup() and dataset() is required");
+    if (!dm || !dm->vt || !dm->vt->dataset)
+        return lk_error(LK_STATUS_INVALID_ARGUMENT, "trainer: a data module with dataset() is required");
     tr->module = m;
     tr->dm = dm;
     /* bf16-true / 16-true: the module's parameters in that dtype, as
@@ -141,6 +141,6 @@ lk_status lk__begin_run(lk_trainer *tr, lk_module *m, lk_datamodule *dm, const c
         LK_TRY(lk_comm_long_work(tr->comm, 0, "data preparation (prepare_data: download, unpack)", "trainer.checkpoint_timeout",
                                  tr->cfg.checkpoint_timeout));
     LK_TRY(lk_data_prepare(tr->pg.local_rank, prepare_data, dm, status_reduce, tr));
-    LK_TRY(dm->vt->setup(dm, stage));
+    if (dm->vt->setup) LK_TRY(dm->vt->setup(dm, stage)); /* optional: datasets made at creation need none */
     return m->vt->setup ? m->vt->setup(m, dm, stage) : LK_STATUS_OK;
 }

@@ -115,6 +115,9 @@ static const lk_param trainer_params[] = {
     T("device_stats_monitor", BOOL, device_stats_monitor, "false", 1, 0, NULL,
       "DeviceStatsMonitor: log CPU utilisation and resident memory (rank 0, and the largest RSS of any rank)"),
     T("enable_tensorboard", BOOL, enable_tensorboard, "true", 1, 0, NULL, "also write TensorBoard event files"),
+    T("enable_autolog_hparams", BOOL, enable_autolog_hparams, "true", 1, 0, NULL,
+      "log the model's and data module's init args (hparams.yaml, TensorBoard's HParams tab); false: hparams.yaml "
+      "is {}"),
     T("activation_checkpointing", BOOL, activation_checkpointing, "false", 1, 0, NULL,
       "keep only each top-level block's input in the forward and recompute the block in the backward (saves the "
       "activations inside multi-layer blocks, costs a forward; the gradients are the same bits; docs/PROFILING.md)"),
@@ -198,6 +201,11 @@ static const lk_param optim_params[] = {
     O("monitor", STRING, monitor, "val_loss", 1, 0, NULL, "plateau: metric to watch"),
     O("factor", FLOAT, factor, "0.1", 0, 0.999999, NULL, "plateau: lr *= factor"),
     O("patience", INT, patience, "10", 0, 1e9, NULL, "plateau: epochs without improvement"),
+    O("mode", ENUM, mode, "min", 1, 0, "min|max", "plateau: min (the metric should fall) or max"),
+    O("threshold", FLOAT, threshold, "0.0001", 0, 1e30, NULL, "plateau: the least change that counts as an improvement"),
+    O("threshold_mode", ENUM, threshold_mode, "rel", 1, 0, "rel|abs", "plateau: threshold relative to the best, or absolute"),
+    O("cooldown", INT, cooldown, "0", 0, 1e9, NULL, "plateau: epochs to wait after a reduction"),
+    O("min_lr", FLOAT, min_lr, "0", 0, 1e6, NULL, "plateau: lower bound of the learning rate"),
     O("weight_decay_params", ENUM, weight_decay_params, "all", 1, 0, "all|matrices|matrices_no_embeddings",
       "parameters weight_decay applies to (matrices: >= 2 dims, nanoGPT's groups; matrices_no_embeddings: not "
       "Embedding weights either)"),
@@ -213,6 +221,7 @@ const lk_param *lk_optim_settings_params(int *count) {
 lk_status lk_optim_settings_default(lk_optim_settings *s) {
     int n;
     const lk_param *p = lk_optim_settings_params(&n);
+    s->plateau_eps = 1e-8; /* torch's; not in the table (optimizer.eps is Adam's) */
     return lk_params_defaults(p, n, s);
 }
 
@@ -236,6 +245,10 @@ static const lk_param checkpoint_params[] = {
        "top-k files hold the model's weights only, no optimizer state (last.ckpt stays complete for resuming)"),
     CK("save_on_train_epoch_end", BOOL, save_on_train_epoch_end, "false", 1, 0, NULL,
        "accepted; lockstep saves after each validation and at the epoch end either way"),
+    CK("enable_version_counter", BOOL, enable_version_counter, "true", 1, 0, NULL,
+       "accepted; the file names carry the epoch and step"),
+    CK("train_time_interval", STRING, train_time_interval, "", 1, 0, NULL,
+       "only null: lockstep saves by every_n_train_steps and every_n_epochs"),
 };
 
 #define ES(name, type, field, def, lo, hi, choices, help) \
@@ -250,6 +263,10 @@ static const lk_param early_stopping_params[] = {
     ES("check_finite", BOOL, check_finite, "true", 1, 0, NULL, "stop when the monitor becomes NaN or infinite"),
     ES("stopping_threshold", FLOAT, stopping_threshold, ".nan", 1, 0, NULL, "stop once the monitor is this good"),
     ES("divergence_threshold", FLOAT, divergence_threshold, ".nan", 1, 0, NULL, "stop once it is worse than this"),
+    ES("check_on_train_epoch_end", BOOL, check_on_train_epoch_end, "false", 1, 0, NULL,
+       "accepted; lockstep checks after each validation (null: Lightning's choice, the same)"),
+    ES("log_rank_zero_only", BOOL, log_rank_zero_only, "false", 1, 0, NULL,
+       "accepted; the stop is agreed over the ranks and said on rank 0"),
 };
 
 /* Arguments that configure something the trainer already does: parsed (so
@@ -310,6 +327,7 @@ typedef struct {
     char prefix[LK_PARAM_STR];
     int64_t flush_logs_every_n_steps;
     bool log_graph, default_hp_metric;
+    char sub_dir[LK_PARAM_STR];
 } logger_args;
 #define LA(name, type, field, def, lo, hi, choices, help) \
     {name, LK_PARAM_##type, offsetof(logger_args, field), def, lo, hi, choices, help}
@@ -327,6 +345,7 @@ static const lk_param tb_logger_params[] = {
     LA("prefix", STRING, prefix, "", 1, 0, NULL, "accepted; must be empty"),
     LA("log_graph", BOOL, log_graph, "false", 1, 0, NULL, "accepted; lockstep writes no graph"),
     LA("default_hp_metric", BOOL, default_hp_metric, "true", 1, 0, NULL, "accepted"),
+    LA("sub_dir", STRING, sub_dir, "", 1, 0, NULL, "only null: the event files go in the version directory"),
 };
 static const lk_callback_info logger_infos[] = {
     {"CSVLogger", csv_logger_params, NP(csv_logger_params), "metrics.csv and hparams.yaml"},
@@ -377,7 +396,13 @@ static void join_names(const lk_param *t, int n, char *buf, size_t size) {
 
 /* "00:01:30:00", "90" (seconds) or {days: 1, hours: 2, ...} (Python's
  * timedelta arguments) -> seconds. */
+static lk_status parse_duration_hms(const lk_config_node *n, const char *what, bool hms, double *out);
 static lk_status parse_duration(const lk_config_node *n, const char *what, double *out) {
+    return parse_duration_hms(n, what, false, out);
+}
+
+/* As parse_duration; hms: "H:MM:SS" too (str(timedelta), a DDPStrategy timeout). */
+static lk_status parse_duration_hms(const lk_config_node *n, const char *what, bool hms, double *out) {
     *out = 0;
     if (!n || lk_config_node_is_null(n)) return LK_STATUS_OK;
     if (lk_config_node_type(n) == LK_CONFIG_MAP) {
@@ -418,10 +443,14 @@ static lk_status parse_duration(const lk_config_node *n, const char *what, doubl
         else if (!*end) break;
         else { np = -1; break; }
     }
-    if (np != 1 && np != 4)
-        return at(n, "%s: expected \"DD:HH:MM:SS\" (Lightning's max_time form), a number of seconds or "
-                  "{days, hours, minutes, seconds}, got '%s'", what, t);
-    *out = np == 1 ? part[0] : part[0] * 86400 + part[1] * 3600 + part[2] * 60 + part[3];
+    if (np == 3 && !hms) np = -1; /* Lightning's max_time takes four fields only */
+    if (np != 1 && np != 3 && np != 4)
+        return at(n, "%s: expected \"DD:HH:MM:SS\" (Lightning's max_time form), %sa number of seconds or "
+                  "{days, hours, minutes, seconds}, got '%s'", what,
+                  hms ? "\"H:MM:SS\" (a timedelta as LightningCLI prints it), " : "", t);
+    *out = np == 1 ? part[0]
+           : np == 3 ? part[0] * 3600 + part[1] * 60 + part[2]
+                     : part[0] * 86400 + part[1] * 3600 + part[2] * 60 + part[3];
     return LK_STATUS_OK;
 }
 
@@ -490,9 +519,16 @@ static lk_status apply_init_args(const lk_callback_info *info, const lk_config_n
         return at(c, "%s.init_args: unknown key '%s' for %s%s%s%s (accepted: %s)", what, key, info->name,
                   s ? " (did you mean '" : "", s ? s : "", s ? "'?)" : "", list);
     }
+    /* null is Lightning's None, which for every argument here means the
+     * table's default (LightningCLI's config.yaml writes them all) */
+    const char *keep[64];
+    int nkeep = 0;
+    for (int i = 0; i < nskip && nkeep < 64; i++) keep[nkeep++] = skip[i];
+    for (int i = 0; i < lk_config_node_count(ia) && nkeep < 64; i++)
+        if (lk_config_node_is_null(lk_config_node_child(ia, i))) keep[nkeep++] = lk_config_node_key(lk_config_node_child(ia, i));
     char prefix[128];
     snprintf(prefix, sizeof prefix, "%s.init_args", what);
-    return lk_config_apply_params_except(ia, info->params, info->n_params, obj, prefix, skip, nskip);
+    return lk_config_apply_params_except(ia, info->params, info->n_params, obj, prefix, keep, nkeep);
 }
 
 static lk_status apply_callback(const lk_config_node *e, const char *what, lk_trainer_config *cfg) {
@@ -509,6 +545,9 @@ static lk_status apply_callback(const lk_config_node *e, const char *what, lk_tr
         lk_checkpoint_config *c = &cfg->checkpoints[cfg->n_checkpoints];
         LK_TRY(apply_init_args(info, ia, c, what, NULL, 0));
         if (!c->filename[0]) snprintf(c->filename, sizeof c->filename, "{epoch}-{step}");
+        if (c->train_time_interval[0])
+            return at(lk_config_node_get(ia, "train_time_interval"), "%s.init_args.train_time_interval is not supported "
+                      "(only null): lockstep saves by steps and epochs; use every_n_train_steps or every_n_epochs", what);
         cfg->n_checkpoints++;
         return LK_STATUS_OK;
     }
@@ -571,6 +610,9 @@ static lk_status apply_logger(const lk_config_node *e, const char *what, lk_trai
     memset(&la, 0, sizeof la);
     LK_TRY(apply_init_args(&logger_infos[k], ia, &la, what, NULL, 0));
     if (la.prefix[0]) return at(ia, "%s.init_args.prefix: lockstep writes metric names without a prefix", what);
+    if (la.sub_dir[0])
+        return at(lk_config_node_get(ia, "sub_dir"), "%s.init_args.sub_dir is not supported (only null): the event "
+                  "files go in the version directory, beside metrics.csv", what);
     la.c.version = -1;
     if (la.version[0]) {
         char *end;
@@ -633,6 +675,28 @@ static lk_status apply_strategy_node(const lk_param *tp, int n, lk_trainer_confi
             const char *key = lk_config_node_key(e), *v = lk_config_node_text(e);
             bool known = false;
             for (int k = 0; k < nkeys; k++) known |= !strcmp(key, keys[k]);
+            if (nkeys && !strcmp(key, "timeout")) { /* torch.distributed's process-group timeout: comm_timeout */
+                double sec;
+                LK_TRY(parse_duration_hms(e, "trainer.strategy.init_args.timeout", true, &sec));
+                if (sec <= 0) continue; /* null: Lightning's default_pg_timeout; lockstep's comm_timeout stays */
+                char val[64];
+                snprintf(val, sizeof val, "%.17g", sec);
+                if (lk_params_set(tp, n, cfg, "trainer", "comm_timeout", val))
+                    return at(e, "trainer.strategy.init_args.timeout: %s", lk_last_error());
+                lk_config_node_origin(e, "trainer.strategy.init_args.timeout", cfg->comm_timeout_from,
+                                      sizeof cfg->comm_timeout_from);
+                continue;
+            }
+            if (!known && nkeys && lk_config_node_is_null(e)) {
+                /* the constructor arguments LightningCLI prints at their None:
+                 * the Trainer's own flags and lockstep's launcher fill them */
+                static const char *const at_none[] = {"accelerator", "parallel_devices", "cluster_environment",
+                                                      "checkpoint_io", "precision_plugin", "precision",
+                                                      "ddp_comm_state", "ddp_comm_wrapper", "model_averaging_period",
+                                                      "process_group_backend"};
+                for (size_t k = 0; k < sizeof at_none / sizeof at_none[0] && !known; k++) known = !strcmp(key, at_none[k]);
+                if (known) continue;
+            }
             if (!known) {
                 const char *hint = lk_suggest(key, keys, nkeys);
                 return at(e, "trainer.strategy.init_args: unknown argument '%s' for %s%s%s%s (%s takes %s)", key,
@@ -785,7 +849,8 @@ static const char *const none_default[] = {
     "max_epochs", "min_epochs", "min_steps", "limit_train_batches", "limit_val_batches", "limit_test_batches",
     "limit_predict_batches", "val_check_interval", "num_sanity_val_steps", "log_every_n_steps",
     "enable_checkpointing", "enable_progress_bar", "enable_model_summary", "gradient_clip_val",
-    "gradient_clip_algorithm", "deterministic", "profiler", "default_root_dir"};
+    "gradient_clip_algorithm", "deterministic", "profiler", "default_root_dir",
+    "precision" /* None from Lightning 2.1 on: 32-true unless a plugin says otherwise */};
 
 /* Lightning's Trainer flags that have no key of their own here, the values
  * accepted, and why another value is refused (the flag table in
@@ -810,6 +875,9 @@ static const struct {
     {"barebones", ONLY_FALSE,
      "lockstep has no one switch for it: set logger: false, enable_checkpointing: false, enable_progress_bar: false "
      "and enable_model_summary: false"},
+    {"model_registry", ONLY_NULL,
+     "lockstep uploads no model to a registry (Lightning 2.5's litmodels): the checkpoints are in the log directory, "
+     "and `lockstep export` writes their weights as safetensors"},
     {"plugins", ONLY_NULL,
      "lockstep has no plugin classes: the precision is trainer.precision, and the cluster environment is read from "
      "the launcher's variables (torchrun, mpirun, srun)"},
@@ -917,7 +985,8 @@ lk_status lk_trainer_config_apply(const lk_config_node *t, lk_trainer_config *cf
     }
     const lk_config_node *ct = lk_config_node_get(t, "comm_timeout");
     const char *ct_file = lk_config_node_file(ct);
-    if (ct && !(ct_file && !strcmp(ct_file, "(default)"))) /* not a default written back into the tree */
+    if (ct && !(ct_file && !strcmp(ct_file, "(default)")) && /* not a default written back into the tree */
+        strncmp(cfg->comm_timeout_from, "trainer.strategy", 16)) /* the strategy's timeout wins over the flat key */
         lk_config_node_origin(ct, "trainer.comm_timeout", cfg->comm_timeout_from, sizeof cfg->comm_timeout_from);
     if (nerr == 1) return lk_error(first, "%s", errs);
     if (nerr) return lk_error(first, "%d problems in the trainer section:\n  %s", nerr, errs);

@@ -10,3 +10,9 @@ lk_add_script_test(NAME capi_example SCRIPT capi/test_example.sh LABELS multipro
 # compile against it lacks: not run under the sanitizers.
 lk_add_script_test(NAME capi_install SCRIPT capi/test_install.sh LABELS multiproc nosan TIMEOUT 300
                    ARGS ${PROJECT_BINARY_DIR} ${CMAKE_C_COMPILER})
+# issue 48: Libs.private names CUDA libraries only in a build that uses them
+lk_add_script_test(NAME capi_pc SCRIPT capi/test_pc.sh LABELS unit nosan TIMEOUT 120
+                   ARGS ${PROJECT_BINARY_DIR} ${PROJECT_SOURCE_DIR})
+# issue 48: lk_module_create / lk_datamodule_create, setup() optional,
+# lk_trainer_get_metric (lk_status), lk_log_accuracy
+lk_add_test(NAME capi_c_api SOURCES capi/test_c_api.c LABELS unit TIMEOUT 60)

@@ -28,3 +28,6 @@ lk_add_script_test(NAME cli_tokens SCRIPT cli/test_tokens.sh LABELS unit TIMEOUT
 # exact resume with random windows, generate (skips without the gpt model)
 lk_add_script_test(NAME cli_gpt_tokens SCRIPT cli/test_gpt_tokens.sh LABELS multiproc TIMEOUT 240)
 lk_add_script_test(NAME cli_pipeline_schedule SCRIPT cli/test_pipeline_schedule.sh LABELS unit TIMEOUT 30)
+# issue 48: LightningCLI configs as Lightning 2.x writes them (tests/cli/lightning_configs)
+# train with only the model and data class_path changed; the flag table covers them
+lk_add_script_test(NAME cli_lightning_configs SCRIPT cli/test_lightning_configs.sh LABELS multiproc TIMEOUT 180)
