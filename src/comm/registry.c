@@ -12,6 +12,7 @@ static const lk__comm_vtable *const backends[] = {
     &lk__comm_shm,
 #ifdef LK_HAVE_MPI
     &lk__comm_mpi,
+    &lk__comm_hier, /* by name (LK_COMM_BACKEND=hier); see lk_comm_create for auto */
 #endif
     &lk__comm_self,
 #ifdef LK_HAVE_NCCL

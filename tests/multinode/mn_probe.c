@@ -1,5 +1,5 @@
 /* A rank's view of the job across namespace nodes, for test_multinode.sh:
- * makes an mpi communicator, prints one line "probe rank R/W host H local
+ * makes a communicator (argv[1]: the backend, default mpi), prints one line "probe rank R/W host H local
  * L/LW node N/NN shm S" (S: the number of entries in this node's /dev/shm,
  * to show each node has its own) and checks a 1 MiB all-reduce of
  * rank-dependent values against the sum computed locally. Exit 0 on
@@ -11,9 +11,9 @@
 
 #include "lockstep.h"
 
-int main(void) {
+int main(int argc, char **argv) {
     lk_comm_config cfg = lk_comm_config_default();
-    cfg.backend = "mpi";
+    cfg.backend = argc > 1 ? argv[1] : "mpi";
     cfg.timeout_s = 20;
     lk_comm *c = NULL;
     if (lk_comm_create(&cfg, &c)) {
@@ -43,7 +43,7 @@ int main(void) {
             rc = 1;
         }
     }
-    printf("probe rank %d/%d host %s local %d/%d node %d/%d shm %d %s\n", r, W, host, pg->local_rank,
+    printf("probe %s rank %d/%d host %s local %d/%d node %d/%d shm %d %s\n", lk_comm_backend(c), r, W, host, pg->local_rank,
            pg->local_world_size, pg->node_rank, pg->num_nodes, shm, rc ? "FAIL" : "ok");
     fflush(stdout);
     lk_comm_free(c);
