@@ -10,8 +10,8 @@
 #  2. `lockstep fit` ddp on the mpi backend, 2 nodes x 2 ranks, ends with
 #     the same parameters, bit for bit, as 4 ranks of mpirun on one node
 #     (the same MPI reduction, so the same order of additions); on the
-#     hier backend (shm in a node, mpi between node leaders) it ends within
-#     1e-4 of that;
+#     hier backend (shm in a node, mpi between node leaders; what auto
+#     picks for a job across nodes) it ends within 1e-4 of that;
 #  3. a rank on node 1 SIGKILLed mid-run: the whole job ends within
 #     comm_timeout + 10 s, non-zero, and some line names rank 3;
 #  4. nothing is left: no process of the jobs, no namespace, no /dev/shm
@@ -82,12 +82,12 @@ check "fit: 2 nodes x 2 ranks end with the same weights and optimizer state, bit
 # (rank 0 + rank 1) + (rank 2 + rank 3), which OpenMPI's 4-rank all-reduce
 # of small buffers happens to share (the difference is 0 here), but nothing
 # promises that: checked to a relative 1e-4 of each tensor's largest value
-mpirun_nodes -np 4 --map-by ppr:2:node -x LK_COMM_BACKEND=hier -x LK_ALLOW_OVERSUBSCRIBE \
+mpirun_nodes -np 4 --map-by ppr:2:node -x LK_ALLOW_OVERSUBSCRIBE \
   "$LK_BIN" "${fitargs[@]}" --trainer.devices 2 --trainer.num_nodes 2 --trainer.default_root_dir "$T/hier" >"$T/hier.out" 2>&1
 rc3=$?
 "$LK_BIN" export --ckpt "$T/hier/lightning_logs/version_0/checkpoints/last.ckpt" --out "$T/hier.st" >/dev/null 2>&1
 "$LK_BIN" export --ckpt "$T/two/lightning_logs/version_0/checkpoints/last.ckpt" --out "$T/flat.st" >/dev/null 2>&1
-check "fit hier: 2 nodes x 2 ranks trained on the hier backend (rc $rc3)" \
+check "fit hier: 2 nodes x 2 ranks trained, on the hier backend that auto picks across nodes (rc $rc3)" \
   bash -c "[ $rc3 = 0 ] && [ -s '$T/hier.st' ] && grep -q '\"comm_backend\": *\"hier\"' '$T'/hier/lightning_logs/version_0/run.json"
 cmpout=$(python3 - "$T/flat.st" "$T/hier.st" <<'PY'
 import json, struct, sys
