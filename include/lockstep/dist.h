@@ -105,8 +105,9 @@ typedef struct lk_work lk_work;
 
 typedef struct lk_comm_config {
     size_t struct_size;   /* sizeof(lk_comm_config), set by the default */
-    const char *backend;  /* "auto" (world 1: self; one node: shm; else mpi), "shm", "mpi", "self";
-                             LK_COMM_BACKEND overrides "auto" */
+    const char *backend;  /* "auto" (world 1: self; one node: shm; several nodes: hier with several
+                             ranks per node, else mpi), "shm", "mpi", "hier" (shm in a node, mpi
+                             between nodes), "self"; LK_COMM_BACKEND overrides "auto" */
     double timeout_s;     /* bound on every wait; the default: LK_COMM_TIMEOUT, else 120 */
     const char *job_id;   /* names the shm segment; NULL: pg->job_id / LK_JOB_ID */
     const lk_pg_info *pg; /* borrowed, copied; NULL: lk_pg_info_from_env() */

@@ -191,6 +191,8 @@ extern const lk__comm_vtable lk__comm_nccl; /* comm_nccl.c: GPU buffers only */
 #endif
 #ifdef LK_HAVE_MPI
 extern const lk__comm_vtable lk__comm_mpi;
+/* comm_hier.c: shm inside a node, mpi across (the hierarchical all-reduce) */
+extern const lk__comm_vtable lk__comm_hier;
 /* bench: raw MPI_Allreduce timing on MPI_COMM_WORLD (µs per call), for the table. */
 lk_status lk__mpi_raw_allreduce_us(size_t bytes, int iters, double *us);
 /* bench: raw MPI_Send/MPI_Recv ping-pong between ranks 0 and 1 of

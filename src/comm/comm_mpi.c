@@ -60,6 +60,9 @@ typedef struct {
     int rank, world;
     int *pids;    /* every rank's pid, for the liveness check */
     bool *local;  /* a peer on this host whose pid this process can see */
+    /* The job's nodes as the host names say (world communicator only; -1
+     * when the exchange failed): this rank's node, index on it, counts. */
+    int node_rank, num_nodes, local_rank, local_world;
 } mpi_comm;
 
 static uint64_t host_hash(void) {
@@ -87,6 +90,7 @@ static lk_status exchange_pids(mpi_comm *m, lk_comm *waiter) {
     int64_t me[2] = {(int64_t)getpid(), (int64_t)host_hash()};
     int64_t *all = lk_malloc(sizeof me * (size_t)m->world);
     int fail = !all, any_fail = 1, rc;
+    m->num_nodes = -1;
     if (!waiter) {
         MPI_Allreduce(&fail, &any_fail, 1, MPI_INT, MPI_MAX, m->comm); /* every rank takes part in the gather, or none */
         rc = any_fail ? MPI_SUCCESS : MPI_Allgather(me, 2, MPI_INT64_T, all, 2, MPI_INT64_T, m->comm);
@@ -112,6 +116,22 @@ static lk_status exchange_pids(mpi_comm *m, lk_comm *waiter) {
     for (int k = 0; m->pids && m->local && k < m->world; k++) {
         m->pids[k] = (int)all[2 * k];
         m->local[k] = k != m->rank && all[2 * k + 1] == me[1] && lk__pid_alive(m->pids[k]);
+    }
+    /* Nodes numbered in the order of their lowest rank, ranks on a node in
+     * rank order: OpenMPI's local rank, and the node index that
+     * rank / local_world_size gives only when ranks fill nodes in order
+     * (mpirun's default; not --map-by node). */
+    m->node_rank = m->local_rank = 0;
+    m->num_nodes = m->local_world = 0;
+    for (int k = 0; k < m->world; k++) {
+        bool first = true;
+        for (int j = 0; j < k && first; j++) first = all[2 * j + 1] != all[2 * k + 1];
+        if (first && all[2 * k + 1] == me[1]) m->node_rank = m->num_nodes;
+        if (first) m->num_nodes++;
+        if (all[2 * k + 1] == me[1]) {
+            if (k < m->rank) m->local_rank++;
+            m->local_world++;
+        }
     }
     if (!m->pids || !m->local) {
         lk_free(m->pids);
@@ -192,6 +212,20 @@ static lk_status mpi_init(lk_comm *c, const lk_comm_config *cfg) {
         c->pg.rank = m->rank;
         c->pg.world_size = m->world;
         if (c->pg.local_world_size > m->world) c->pg.local_world_size = m->world;
+    }
+    /* Who shares a node is what the host names say (the launcher's
+     * variables give the local rank but not the node under every mapping). */
+    if (m->num_nodes > 0 && m->world == c->pg.world_size) {
+        if (m->node_rank != c->pg.node_rank || m->num_nodes != c->pg.num_nodes || m->local_rank != c->pg.local_rank ||
+            m->local_world != c->pg.local_world_size)
+            lk_log_debug("mpi backend: host names place rank %d as local rank %d/%d on node %d/%d (the %s variables said "
+                         "%d/%d on node %d/%d)",
+                         m->rank, m->local_rank, m->local_world, m->node_rank, m->num_nodes, c->pg.source,
+                         c->pg.local_rank, c->pg.local_world_size, c->pg.node_rank, c->pg.num_nodes);
+        c->pg.node_rank = m->node_rank;
+        c->pg.num_nodes = m->num_nodes;
+        c->pg.local_rank = m->local_rank;
+        c->pg.local_world_size = m->local_world;
     }
     c->impl = m;
     return LK_STATUS_OK;

@@ -1,6 +1,7 @@
 /* The communicator backends' registry: the built-in list (shm, mpi, self,
  * nccl as built), a test's stand-in, and lk_comm_create, which picks the
- * backend (auto: self for one rank, shm on one node, mpi across nodes) and
+ * backend (auto: self for one rank, shm on one node, hier across nodes with
+ * several ranks per node, mpi with one) and
  * starts it. The one file naming the backends; they use comm.c. */
 #include <stddef.h>
 #include <stdio.h>
@@ -13,6 +14,7 @@ static const lk__comm_vtable *const backends[] = {
     &lk__comm_shm,
 #ifdef LK_HAVE_MPI
     &lk__comm_mpi,
+    &lk__comm_hier, /* by name (LK_COMM_BACKEND=hier); see lk_comm_create for auto */
 #endif
     &lk__comm_self,
 #ifdef LK_HAVE_NCCL
@@ -84,7 +86,9 @@ lk_status lk_comm_create(const lk_comm_config *cfg_in, lk_comm **out) {
         else if (pg.local_world_size == pg.world_size) vt = &lk__comm_shm;
         else {
 #ifdef LK_HAVE_MPI
-            vt = &lk__comm_mpi;
+            /* Several ranks per node: the hierarchical all-reduce sends one
+             * buffer per node over the network instead of one per rank. */
+            vt = pg.local_world_size > 1 ? &lk__comm_hier : &lk__comm_mpi;
 #else
             return lk_error(LK_STATUS_UNSUPPORTED,
                             "lk_comm_create: the job spans %d nodes (world %d, %d per node) but the mpi backend was not built "

@@ -1,0 +1,165 @@
+#!/usr/bin/env bash
+# Multi-node on one machine: a 2-node cluster of namespaces
+# (scripts/netns-cluster.sh: own network, host name and /dev/shm per node),
+# mpirun across it with the rsh agent, then
+#  1. the process group (mpi and hier backends): with ranks dealt round-robin over the nodes
+#     (--map-by node), each rank's node / local rank / local world size as
+#     the mpi communicator works them out from the host names; a 1 MiB
+#     all-reduce across the nodes is right and went over the nodes' links
+#     (bytes counted on node 0's eth0);
+#  2. `lockstep fit` ddp on the mpi backend, 2 nodes x 2 ranks, ends with
+#     the same parameters, bit for bit, as 4 ranks of mpirun on one node
+#     (the same MPI reduction, so the same order of additions); on the
+#     hier backend (shm in a node, mpi between node leaders; what auto
+#     picks for a job across nodes) it ends within 1e-4 of that;
+#  3. a rank on node 1 SIGKILLed mid-run: the whole job ends within
+#     comm_timeout + 10 s, non-zero, and some line names rank 3;
+#  4. nothing is left: no process of the jobs, no namespace, no /dev/shm
+#     entry of the cluster's nodes on this machine.
+# Skipped (exit 77, "skipped: why") without root, namespaces or mpirun.
+# Environment (from ctest): LK_BIN, LK_SOURCE_DIR, LK_MPIRUN, LK_MN_PROBE.
+source "$(dirname "$0")/../cli/lib.sh"
+CLUSTER="$LK_SOURCE_DIR/scripts/netns-cluster.sh"
+[ -n "${LK_MPIRUN:-}" ] && [ -x "${LK_MN_PROBE:-}" ] || { echo "skipped: lockstep was built without MPI or mpirun was not found"; exit 77; }
+why=$(bash "$CLUSTER" check) || { echo "${why:-skipped: netns-cluster.sh check failed}"; exit 77; }
+
+export LK_NETNS_ID=lkt$$
+export LK_ALLOW_OVERSUBSCRIBE=1 # 4 ranks on however few cores CI has
+TIMEOUT=5
+BOUND=$((TIMEOUT + 10))
+jobs_pids=()
+cleanup() {
+  local p
+  for p in "${jobs_pids[@]}"; do kill -KILL "$p" 2>/dev/null; done
+  bash "$CLUSTER" down >/dev/null 2>&1
+  rm -rf "$T"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM HUP
+
+bash "$CLUSTER" up 2 >"$T/up.out" 2>&1
+check "the cluster is up: 2 nodes" grep -q "2 nodes" "$T/up.out"
+[ "$fail" = 0 ] || { cat "$T/up.out"; finish; exit 1; }
+mpirun_nodes() { timeout -s KILL 90 bash "$CLUSTER" mpirun "$@"; }
+
+# 1. process group and the network, on the flat mpi backend and on hier
+f0=$fail
+for be in mpi hier; do
+  before=$(bash "$CLUSTER" bytes 0 | awk '{ print $1 + $2 }')
+  mpirun_nodes -np 4 --map-by node "$LK_MN_PROBE" $be >"$T/probe.out" 2>&1; rc=$?
+  after=$(bash "$CLUSTER" bytes 0 | awk '{ print $1 + $2 }')
+  check "probe $be: 4 ranks ran, the all-reduce is right on each (rc $rc)" \
+    bash -c "[ $rc = 0 ] && [ \$(grep -c '^probe $be .* ok\$' '$T/probe.out') = 4 ]"
+  # round-robin: even ranks on node 0, odd ranks on node 1
+  for r in 0 1 2 3; do
+    check "probe $be: rank $r is on node $((r % 2)) (host $LK_NETNS_ID-node$((r % 2))), local rank $((r / 2))/2, 2 nodes" \
+      grep -q "^probe $be rank $r/4 host $LK_NETNS_ID-node$((r % 2)) local $((r / 2))/2 node $((r % 2))/2 " "$T/probe.out"
+  done
+  check "probe $be: the all-reduce crossed the nodes' link (node 0's eth0: $((after - before)) bytes, expected >= 1 MiB)" \
+    test $((after - before)) -ge 1048576
+  check "probe $be: no shm segment of the nodes appeared in this machine's /dev/shm" \
+    bash -c "! ls /dev/shm | grep -q -- '$LK_NETNS_ID-node'"
+  [ "$fail" = "$f0" ] || sed 's/^/     probe: /' "$T/probe.out" >&2
+done
+
+# 2. a 2 x 2 fit, bitwise against 4 ranks on one node
+f0=$fail
+write_synth
+fitargs=(fit -c "$T/synth.yaml" --trainer.strategy ddp --trainer.enable_progress_bar false --trainer.comm_timeout 30)
+"$LK_MPIRUN" ${LK_MPIRUN_FLAGS:-} -np 4 -x LK_COMM_BACKEND=mpi -x LK_ALLOW_OVERSUBSCRIBE \
+  "$LK_BIN" "${fitargs[@]}" --trainer.devices 4 --trainer.default_root_dir "$T/one" >"$T/one.out" 2>&1
+rc1=$?
+mpirun_nodes -np 4 --map-by ppr:2:node -x LK_COMM_BACKEND=mpi -x LK_ALLOW_OVERSUBSCRIBE \
+  "$LK_BIN" "${fitargs[@]}" --trainer.devices 2 --trainer.num_nodes 2 --trainer.default_root_dir "$T/two" >"$T/two.out" 2>&1
+rc2=$?
+"$LK_BIN" export --ckpt "$T/one/lightning_logs/version_0/checkpoints/last.ckpt" --out "$T/one.st" --with-optimizer >/dev/null 2>&1
+"$LK_BIN" export --ckpt "$T/two/lightning_logs/version_0/checkpoints/last.ckpt" --out "$T/two.st" --with-optimizer >/dev/null 2>&1
+check "fit: 4 ranks on one node and 2 nodes x 2 ranks both trained (rc $rc1, $rc2)" \
+  bash -c "[ $rc1 = 0 ] && [ $rc2 = 0 ] && [ -s '$T/one.st' ] && [ -s '$T/two.st' ]"
+check "fit: 2 nodes x 2 ranks end with the same weights and optimizer state, bit for bit" cmp -s "$T/one.st" "$T/two.st"
+[ "$fail" = "$f0" ] || { sed 's/^/     one: /' "$T/one.out" | tail -20; sed 's/^/     two: /' "$T/two.out" | tail -20; } >&2
+# the same fit on the hierarchical all-reduce: its order of additions is
+# (rank 0 + rank 1) + (rank 2 + rank 3), which OpenMPI's 4-rank all-reduce
+# of small buffers happens to share (the difference is 0 here), but nothing
+# promises that: checked to a relative 1e-4 of each tensor's largest value
+mpirun_nodes -np 4 --map-by ppr:2:node -x LK_ALLOW_OVERSUBSCRIBE \
+  "$LK_BIN" "${fitargs[@]}" --trainer.devices 2 --trainer.num_nodes 2 --trainer.default_root_dir "$T/hier" >"$T/hier.out" 2>&1
+rc3=$?
+"$LK_BIN" export --ckpt "$T/hier/lightning_logs/version_0/checkpoints/last.ckpt" --out "$T/hier.st" >/dev/null 2>&1
+"$LK_BIN" export --ckpt "$T/two/lightning_logs/version_0/checkpoints/last.ckpt" --out "$T/flat.st" >/dev/null 2>&1
+check "fit hier: 2 nodes x 2 ranks trained, on the hier backend that auto picks across nodes (rc $rc3)" \
+  bash -c "[ $rc3 = 0 ] && [ -s '$T/hier.st' ] && grep -q '\"comm_backend\": *\"hier\"' '$T'/hier/lightning_logs/version_0/run.json"
+cmpout=$(python3 - "$T/flat.st" "$T/hier.st" <<'PY'
+import json, struct, sys
+def load(p):
+    b = open(p, "rb").read()
+    n = struct.unpack("<Q", b[:8])[0]
+    h = json.loads(b[8:8 + n]); d = b[8 + n:]
+    return {k: struct.unpack("<%df" % ((v["data_offsets"][1] - v["data_offsets"][0]) // 4),
+                             d[v["data_offsets"][0]:v["data_offsets"][1]])
+            for k, v in h.items() if k != "__metadata__" and v["dtype"] == "F32"}
+a, b = load(sys.argv[1]), load(sys.argv[2])
+worst = 0.0
+for k in a:
+    scale = max(1e-6, max(abs(x) for x in a[k]))
+    worst = max(worst, max(abs(x - y) for x, y in zip(a[k], b[k])) / scale)
+print("%d tensors, largest relative difference %.3g" % (len(a), worst))
+sys.exit(0 if a.keys() == b.keys() and worst <= 1e-4 else 1)
+PY
+)
+check "fit hier: the weights match the flat mpi fit's to 1e-4 ($cmpout)" test $? = 0
+[ "$fail" = "$f0" ] || sed 's/^/     hier: /' "$T/hier.out" | tail -20 >&2
+
+# 3. a rank on node 1 killed mid-run
+f0=$fail
+cp "$T/synth.yaml" "$T/kill.yaml"
+marker="$T/kill.yaml"
+bash "$CLUSTER" mpirun -np 4 --map-by ppr:2:node -x LK_COMM_BACKEND=mpi -x LK_ALLOW_OVERSUBSCRIBE \
+  "$LK_BIN" fit -c "$marker" --trainer.strategy ddp --trainer.devices 2 --trainer.num_nodes 2 \
+  --trainer.max_epochs 100000 --trainer.every_n_train_steps 20 --trainer.enable_progress_bar false \
+  --trainer.comm_timeout $TIMEOUT --trainer.num_sanity_val_steps 0 --data.init_args.num_samples 4096 \
+  --trainer.default_root_dir "$T/kill" >"$T/kill.out" 2>&1 &
+mpid=$!
+jobs_pids+=("$mpid")
+rank_pid() { # rank -> pid of that rank of the job
+  local p
+  for p in $(pgrep -f -- "fit -c $marker"); do
+    tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$1" && { echo "$p"; return; }
+  done
+}
+started=""
+for _ in $(seq 1 600); do # at most 30 s
+  if ls "$T"/kill/lightning_logs/version_*/checkpoints/last.ckpt >/dev/null 2>&1 && [ -n "$(rank_pid 3)" ]; then
+    started=yes; break
+  fi
+  kill -0 $mpid 2>/dev/null || break
+  sleep 0.05
+done
+check "kill: the 2 x 2 job started training (a checkpoint was written)" test -n "$started"
+r3=$(rank_pid 3)
+host3=$(nsenter -t "${r3:-1}" --uts hostname 2>/dev/null)
+check "kill: rank 3 runs on node 1 ($host3)" test "$host3" = "$LK_NETNS_ID-node1"
+t0=$(date +%s.%N)
+[ -n "$r3" ] && kill -KILL "$r3"
+for _ in $(seq 1 $(((BOUND + 10) * 20))); do kill -0 $mpid 2>/dev/null || break; sleep 0.05; done
+secs=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.2f", b - a }')
+alive=""
+kill -0 $mpid 2>/dev/null && alive=yes
+left=$(pgrep -f -- "fit -c $marker" | tr '\n' ' ')
+for p in $left $mpid; do kill -KILL "$p" 2>/dev/null; done
+wait $mpid 2>/dev/null; rc=$?
+check "kill: the job ended within comm_timeout + 10 s = ${BOUND}s (${secs}s), exit status non-zero ($rc)" \
+  awk -v s="$secs" -v b="$BOUND" -v a="$alive" -v r="$rc" 'BEGIN { exit !(a == "" && s <= b && r != 0) }'
+check "kill: the output names rank 3" grep -qE "rank 3 \(pid ${r3:-x}\) died|process rank 3 with PID ${r3:-x}" "$T/kill.out"
+check "kill: no process of the job left (${left:-none})" test -z "$left"
+grep -m2 -E "rank 3 \(pid|process rank 3" "$T/kill.out" | sed 's/^/     /'
+[ "$fail" = "$f0" ] || sed 's/^/     kill: /' "$T/kill.out" | tail -30 >&2
+
+# 4. teardown leaves nothing
+bash "$CLUSTER" down >/dev/null 2>&1
+check "down: no namespace of the cluster left" bash -c "! ip netns list | grep -q '^$LK_NETNS_ID-'"
+no_procs() { ! pgrep -f -- "$T/" >/dev/null; }
+check "down: no process of the test's jobs left" no_procs
+check "down: no /dev/shm entry of the cluster's nodes here" bash -c "! ls /dev/shm | grep -q -- '$LK_NETNS_ID'"
+check "down: the cluster's state is gone" test ! -e "/run/lk-netns/$LK_NETNS_ID"
+finish

@@ -1,0 +1,16 @@
+# multinode: a cluster of network/UTS/mount namespaces on this machine
+# (scripts/netns-cluster.sh) and mpirun across it. Needs root, namespaces and
+# mpirun; prints "skipped: why" (exit 77) where any is missing, so it is
+# registered everywhere and skips cleanly in a container without CAP_NET_ADMIN.
+set(LK_MN_ENV "LK_BIN=$<TARGET_FILE:lockstep>" "LK_SOURCE_DIR=${PROJECT_SOURCE_DIR}" "ASAN_OPTIONS=detect_leaks=0"
+    "TSAN_OPTIONS=suppressions=${PROJECT_SOURCE_DIR}/tests/comm/sanitizer_mpi.supp")
+if(LK_HAVE_MPI AND LK_MPIRUN)
+  add_executable(mn_probe multinode/mn_probe.c)
+  target_include_directories(mn_probe PRIVATE ${PROJECT_SOURCE_DIR}/include)
+  target_link_libraries(mn_probe PRIVATE lockstep_static)
+  list(APPEND LK_MN_ENV "LK_MPIRUN=${LK_MPIRUN}" "LK_MPIRUN_FLAGS=${LK_MPIRUN_FLAGS_STR}" "LK_MN_PROBE=$<TARGET_FILE:mn_probe>")
+endif()
+add_test(NAME multinode_mpirun COMMAND bash ${PROJECT_SOURCE_DIR}/tests/multinode/test_multinode.sh
+         WORKING_DIRECTORY ${PROJECT_BINARY_DIR})
+set_tests_properties(multinode_mpirun PROPERTIES TIMEOUT 120 LABELS "multinode;multiproc;fault;mpi" SKIP_RETURN_CODE 77
+                     RUN_SERIAL TRUE ENVIRONMENT "${LK_MN_ENV}")
