@@ -41,7 +41,7 @@ static lk_status hier_init(lk_comm *c, const lk_comm_config *cfg) {
     wc.job_id = c->job_id;
     wc.timeout_s = c->timeout_s;
     wc.timeout_from = c->timeout_from;
-    lk_status st = lk_comm_create(&wc, &h->world);
+    lk_status st = c->make_host(&wc, &h->world); /* lk_comm_create, through the registry (no file cycle) */
     if (st) {
         lk_free(h);
         return st;
@@ -64,7 +64,7 @@ static lk_status hier_init(lk_comm *c, const lk_comm_config *cfg) {
         ncfg.job_id = job;
         ncfg.timeout_s = c->timeout_s;
         ncfg.timeout_from = c->timeout_from;
-        st = lk_comm_create(&ncfg, &h->node);
+        st = c->make_host(&ncfg, &h->node);
         /* every rank learns whether every node's group was made */
         int bad = st != LK_STATUS_OK, any = 0;
         char msg[1024];

@@ -162,8 +162,9 @@ struct lk_comm {
     lk_work *p2p_head, *p2p_tail; /* queued, not yet taken by the p2p thread */
     _Atomic long p2p_pending;     /* issued and not finished; changed under mu */
     uint64_t nsplit;              /* lk_comm_split calls so far (equal on every rank): names shm groups */
-    /* How a backend built on another one (nccl, over a host communicator
-     * for its bootstrap and host memory) makes that one: registry.c sets it
+    /* How a backend built on others (nccl, over a host communicator for its
+     * bootstrap and host memory; hier, over mpi and a node's shm) makes
+     * them: registry.c sets it
      * to lk_comm_create before vt->init, so the layered backend never names
      * the registry that lists it (no two-file cycle). NULL in split children,
      * which split their parent's host instead. */
