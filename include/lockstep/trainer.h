@@ -329,6 +329,15 @@ typedef struct lk_optim_settings {
     int64_t cooldown;             /* epochs to wait after a reduction */
     double min_lr;                /* the lr never goes below this */
     double plateau_eps;           /* lr_scheduler.init_args.eps: smaller lr changes are skipped (0: torch's 1e-8) */
+    /* onecycle (torch's OneCycleLR arguments beyond max_lr) */
+    double pct_start;             /* 0.3: share of the cycle spent rising */
+    char anneal_strategy[LK_PARAM_STR]; /* cos | linear */
+    bool cycle_momentum;          /* momentum (Adam's beta1) cycled inversely to the lr; false here unless set (torch: true) */
+    double base_momentum, max_momentum; /* 0.85, 0.95 */
+    double div_factor, final_div_factor; /* 25, 1e4: initial lr = max_lr / div_factor, final = initial / final_div_factor */
+    bool three_phase;             /* a third phase down to the final lr */
+    int64_t total_steps;          /* 0: epochs x steps_per_epoch when both are set, else the run's length */
+    int64_t epochs, steps_per_epoch;
 } lk_optim_settings;
 const lk_param *lk_optim_settings_params(int *count);
 lk_status lk_optim_settings_default(lk_optim_settings *s);

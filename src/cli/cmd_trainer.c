@@ -317,6 +317,8 @@ static lk_status read_spec(lk_config *cfg, run_spec *rs) {
             char w[256];
             lk_config_node_where(cp, w, sizeof w);
             LK_TRY(lk_params_set(op, n, &rs->optim, w, pass ? "scheduler" : "name", lower));
+            /* torch's OneCycleLR cycles the momentum unless told not to (the flat key's default keeps lockstep's false) */
+            if (pass && !strcmp(lower, "onecycle")) rs->optim.cycle_momentum = true;
             /* PyTorch's argument names that lockstep's table spells differently
              * or that choose how torch runs rather than what it computes (the
              * full init_args LightningCLI writes; torch_arg checks them) */
@@ -326,8 +328,15 @@ static lk_status read_spec(lk_config *cfg, run_spec *rs) {
             const lk_config_node *ia = lk_config_node_get(node, "init_args");
             char prefix[64];
             snprintf(prefix, sizeof prefix, "%s.init_args", sec);
-            /* eps is Adam's in optimizer and ReduceLROnPlateau's (a smallest lr change) in lr_scheduler */
-            LK_TRY(lk_config_apply_params_except(ia, op, n, &rs->optim, prefix, torch_names, pass ? 11 : 10));
+            /* eps is Adam's in optimizer and ReduceLROnPlateau's (a smallest lr change) in lr_scheduler;
+             * null is torch's None, which for these arguments is the default (OneCycleLR's total_steps) */
+            const char *skip[64];
+            int nskip = 0;
+            for (int k = 0; k < (pass ? 11 : 10); k++) skip[nskip++] = torch_names[k];
+            for (int i = 0; i < lk_config_node_count(ia) && nskip < 64; i++)
+                if (lk_config_node_is_null(lk_config_node_child(ia, i)))
+                    skip[nskip++] = lk_config_node_key(lk_config_node_child(ia, i));
+            LK_TRY(lk_config_apply_params_except(ia, op, n, &rs->optim, prefix, skip, nskip));
             for (int i = 0; i < lk_config_node_count(ia); i++) {
                 const lk_config_node *c = lk_config_node_child(ia, i);
                 const char *key = lk_config_node_key(c);

@@ -132,9 +132,17 @@ lk_status lk__optim_setup(lk_trainer *tr, int64_t steps_per_epoch) {
         LK_TRY(lk_linear_lr_create(tr->optim, o->start_factor, o->end_factor,
                                    (int)(o->step_size > 0 ? o->step_size : horizon), &tr->sched));
     else if (!strcmp(o->scheduler, "onecycle")) {
-        lk_one_cycle_config c = {.max_lr = o->max_lr > 0 ? o->max_lr : 10 * oc.lr, .total_steps = (int)horizon,
-                                 .pct_start = 0.3, .cycle_momentum = false, .base_momentum = 0.85,
-                                 .max_momentum = 0.95, .div_factor = 25, .final_div_factor = 1e4};
+        /* torch's OneCycleLR: total_steps, else epochs x steps_per_epoch; lockstep's default: the run */
+        int64_t total = o->total_steps > 0 ? o->total_steps
+                        : o->epochs > 0 && o->steps_per_epoch > 0 ? o->epochs * o->steps_per_epoch
+                                                                   : horizon;
+        if (total > 2147483647)
+            return lk_error(LK_STATUS_INVALID_ARGUMENT, "OneCycleLR: %lld total steps is too many", (long long)total);
+        lk_one_cycle_config c = {.max_lr = o->max_lr > 0 ? o->max_lr : 10 * oc.lr, .total_steps = (int)total,
+                                 .pct_start = o->pct_start, .anneal_linear = !strcmp(o->anneal_strategy, "linear"),
+                                 .cycle_momentum = o->cycle_momentum, .base_momentum = o->base_momentum,
+                                 .max_momentum = o->max_momentum, .div_factor = o->div_factor,
+                                 .final_div_factor = o->final_div_factor, .three_phase = o->three_phase};
         LK_TRY(lk_one_cycle_lr_create(tr->optim, &c, &tr->sched));
     } else if (!strcmp(o->scheduler, "plateau")) {
         lk_plateau_config c = {.factor = o->factor, .patience = (int)o->patience, .threshold = o->threshold,

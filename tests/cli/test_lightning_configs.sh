@@ -57,6 +57,41 @@ check "ddp_sgd: every_n_train_steps 4 saved at steps 4, 8, 12 ... (on an epoch's
 check "enable_autolog_hparams false: hparams.yaml is {} (Lightning's CSVLogger writes it empty)" \
   bash -c "test \"\$(cat print_config_2.5/off/lightning_logs/version_0/hparams.yaml)\" = '{}'"
 
+# OneCycleLR with every torch argument as LightningCLI writes it (None for total_steps): the
+# lr of each epoch is torch's, and the momentum cycles (torch's default cycle_momentum true)
+cat > oc.yaml <<'YAML'
+trainer:
+  callbacks:
+  - class_path: lightning.pytorch.callbacks.LearningRateMonitor
+    init_args: {logging_interval: epoch}
+optimizer:
+  class_path: torch.optim.Adam
+  init_args: {lr: 0.001}
+lr_scheduler:
+  class_path: torch.optim.lr_scheduler.OneCycleLR
+  init_args:
+    max_lr: 0.1
+    total_steps: null
+    epochs: 6
+    steps_per_epoch: 1
+    pct_start: 0.3
+    anneal_strategy: cos
+    cycle_momentum: true
+    base_momentum: 0.85
+    max_momentum: 0.95
+    div_factor: 25.0
+    final_div_factor: 10000.0
+    three_phase: false
+    last_epoch: -1
+    verbose: false
+YAML
+(cd print_config_2.0 && "$LK_BIN" fit -c config.yaml -c ../oc.yaml --trainer.max_epochs 6 --trainer.default_root_dir oc $q >oc.out 2>&1)
+lrs=$(awk -F, 'NR == 1 { for (i = 1; i <= NF; i++) if ($i == "lr-Adam") c = i; next } c && $c != "" { printf "%.12g ", $c }' \
+  print_config_2.0/oc/lightning_logs/version_0/metrics.csv)
+# torch 1.13's OneCycleLR(max_lr=0.1, epochs=6, steps_per_epoch=1) on Adam, printed with %.12g
+want="0.004 0.0994415435451 0.081174565395 0.0462637102667 0.0133477530189 4e-07 "
+check "OneCycleLR's full torch arguments give torch's lr per epoch ($lrs)" test "$lrs" = "$want"
+
 # the Trainer flag table lists every flag the print_config files carry
 for f in "$CFG"/print_config_*.yaml; do
   for k in $(awk '/^trainer:/ { t = 1; next } /^[^ ]/ { t = 0 } t && /^  [a-z_]+:/ { sub(":.*", ""); print $1 }' "$f"); do
