@@ -192,7 +192,7 @@ static int settings(const lk_config *cfg) {
     const char *forced = lk_env_get("LK_COMM_BACKEND");
     bool by_env = forced && *forced && strcmp(forced, "auto");
     setting("comm_backend", by_env ? forced : "auto", by_env ? "LK_COMM_BACKEND" : "default",
-            by_env ? NULL : "self for one process, shm on one node, mpi across nodes, nccl between GPUs");
+            by_env ? NULL : "self for one process, shm on one node, hier across nodes (mpi with one rank per node), nccl between GPUs");
 
     const lk_config_node *root = lk_config_get(cfg, "data.init_args.root");
     const char *rt = lk_config_node_text(root);

@@ -14,3 +14,5 @@ add_test(NAME multinode_mpirun COMMAND bash ${PROJECT_SOURCE_DIR}/tests/multinod
          WORKING_DIRECTORY ${PROJECT_BINARY_DIR})
 set_tests_properties(multinode_mpirun PROPERTIES TIMEOUT 120 LABELS "multinode;multiproc;fault;mpi" SKIP_RETURN_CODE 77
                      RUN_SERIAL TRUE ENVIRONMENT "${LK_MN_ENV}")
+# SLURM's variables, faked (no daemons): rank, node and job id per rank, and bad launches named at once.
+lk_add_script_test(NAME multinode_slurm_env SCRIPT multinode/test_slurm_env.sh LABELS multinode unit TIMEOUT 60)
