@@ -32,6 +32,16 @@ typedef struct pipe_self {
     lk_layer **blayer;
     int *first;              /* [p + 1] the first block of each stage, first[p] = nblocks */
     lk_named_tensors *stage_params; /* [p] each stage's parameters (for the broadcast after the step) */
+    /* tied parameters (gpt's wte: the embedding's and the head's) held by
+     * several stages: each holder's gradient is its blocks' part; the parts
+     * are summed over the world before the optimizer step */
+    int ntied;
+    struct tied {
+        lk_tensor *t;
+        int first; /* the first stage holding it: its norm is counted there */
+    } *tied;
+    void *scratch; /* zeros for the ranks that hold no part */
+    size_t scratch_bytes;
     lk_pipe_schedule *sched;
     /* the step in flight */
     lk_batch *mb;            /* [chunks] the micro-batches (views of the batch's rows) */
@@ -86,6 +96,8 @@ static void pipe_free(lk_strategy *s) {
     lk_free(ps->stage_params);
     lk_pipe_schedule_free(ps->sched);
     lk_free(ps->mb);
+    lk_free(ps->tied);
+    lk_free(ps->scratch);
     lk_free(ps);
     s->self = NULL;
 }
@@ -212,14 +224,18 @@ static lk_status stage_params(pipe_self *ps, const lk_named_tensors *all) {
             bool in = false;
             for (int q = 0; q < mine.n && !in; q++) in = mine.items[q].tensor == all->items[j].tensor;
             if (!in) continue;
-            for (int o = 0; o < k; o++)
+            lk_status st = LK_STATUS_OK;
+            for (int o = 0; o < k && !st; o++)
                 if (lk_named_tensors_find(&ps->stage_params[o], all->items[j].name)) {
-                    lk_named_tensors_clear(&mine);
-                    return lk_error(LK_STATUS_INVALID_ARGUMENT, "strategy %s: parameter '%s' is in stage %d and in stage "
-                                    "%d (a tied weight across stages is not supported yet: choose a split that keeps "
-                                    "its blocks together)", ps->s->vt->name, all->items[j].name, o, k);
+                    bool known = false;
+                    for (int q = 0; q < ps->ntied; q++) known |= ps->tied[q].t == all->items[j].tensor;
+                    if (known) break;
+                    struct tied *nt = lk_realloc(ps->tied, (size_t)(ps->ntied + 1) * sizeof *nt);
+                    if (!nt) st = LK_STATUS_OUT_OF_MEMORY;
+                    else ps->tied = nt, ps->tied[ps->ntied++] = (struct tied){all->items[j].tensor, o};
+                    break;
                 }
-            lk_status st = lk_named_tensors_append(&ps->stage_params[k], all->items[j].name, all->items[j].tensor);
+            if (!st) st = lk_named_tensors_append(&ps->stage_params[k], all->items[j].name, all->items[j].tensor);
             if (st) {
                 lk_named_tensors_clear(&mine);
                 return st;
@@ -254,7 +270,7 @@ static lk_status wrap(lk_strategy *s, lk_layer *net) {
     LK_TRY(st);
     /* the parameters no block holds (none in the models lockstep builds) would never train */
     LK_TRY(lk_layer_named_parameters(net, &all));
-    int64_t held = 0;
+    int64_t held = -ps->ntied; /* a tied parameter counts once */
     for (int k = 0; k < ps->p; k++) held += ps->stage_params[k].n;
     int nall = all.n;
     lk_named_tensors_clear(&all);
@@ -291,6 +307,31 @@ static lk_tensor *stage_input(void *ctx, int chunk) {
 static lk_tensor *stage_loss(void *ctx, int chunk, lk_tensor *out) {
     pipe_self *ps = ctx;
     return ps->s->fn.pipe_loss(ps->s->fn.ctx, out, &ps->mb[chunk]);
+}
+
+/* A tied parameter's gradient parts summed where every holder sees it (the
+ * ranks holding no part add zeros): then each holder's optimizer makes the
+ * same update. The gradients are final here (the step's last micro-batch). */
+static lk_status reduce_tied(lk_strategy *s) {
+    pipe_self *ps = s->self;
+    for (int q = 0; q < ps->ntied && s->world > 1; q++) {
+        lk_tensor *t = ps->tied[q].t;
+        bool mine = false;
+        for (int i = 0; i < s->local.n && !mine; i++) mine = s->local.items[i].tensor == t;
+        size_t bytes = (size_t)t->numel * lk_dtype_size(t->dtype);
+        void *buf = mine && t->grad ? t->grad->data : NULL;
+        if (!buf) {
+            if (bytes > ps->scratch_bytes) {
+                lk_free(ps->scratch);
+                if (!(ps->scratch = lk_malloc(bytes))) return ps->scratch_bytes = 0, LK_STATUS_OUT_OF_MEMORY;
+                ps->scratch_bytes = bytes;
+            }
+            memset(ps->scratch, 0, bytes);
+            buf = ps->scratch;
+        }
+        LK_TRY(lk_comm_all_reduce(s->comm, buf, (size_t)t->numel, t->dtype, LK_REDUCE_SUM));
+    }
+    return LK_STATUS_OK;
 }
 
 static lk_status training_step(lk_strategy *s, const lk_step_args *a, lk_step_result *r) {
@@ -342,6 +383,7 @@ static lk_status training_step(lk_strategy *s, const lk_step_args *a, lk_step_re
     r->t_comm = t2 - t1;
     if (fn->step_end) fn->step_end(fn->ctx, t1, t1, t2);
     if (rc) return rc;
+    if (a->sync) LK_TRY(reduce_tied(s));
     r->loss = loss_sum / m;
     if (fn->pipe_log_loss) LK_TRY(fn->pipe_log_loss(fn->ctx, r->loss));
     if (fn->check_loss) LK_TRY(fn->check_loss(fn->ctx, r->loss));
@@ -354,12 +396,16 @@ static lk_status after_step(lk_strategy *s) { return sync_params(s); }
 /* torch.nn.utils.clip_grad_norm_ over the whole model: the squares summed
  * on each stage, then over the stages, one coefficient for all. */
 static lk_status clip_grad_norm(lk_strategy *s, double max_norm, double norm_type) {
+    pipe_self *ps = s->self;
     if (norm_type != 2.0)
         return lk_error(LK_STATUS_INVALID_ARGUMENT, "strategy %s clips by the 2-norm only, not %g", s->vt->name, norm_type);
     double sq = 0;
     for (int i = 0; i < s->local.n; i++) {
         const lk_tensor *g = s->local.items[i].tensor->grad;
         if (!g) continue;
+        bool other = false; /* a tied parameter's norm is its first holder's to count */
+        for (int q = 0; q < ps->ntied; q++) other |= ps->tied[q].t == s->local.items[i].tensor && ps->tied[q].first != s->rank;
+        if (other) continue;
         if (g->dtype != LK_F32 || !lk_device_is_host(g->device))
             return lk_error(LK_STATUS_INVALID_ARGUMENT, "strategy %s clips f32 gradients on the host only, not %s",
                             s->vt->name, lk_dtype_name(g->dtype));
