@@ -12,3 +12,4 @@ lk_add_test(NAME strategy_pipe_run SOURCES strategy/test_pipe_run.c LABELS multi
 # model_parallel and pipeline through `lockstep fit` (mlp, 2-3 stages, gpipe and 1f1b) against single after 20 steps:
 # bitwise where the arithmetic is the same, 1e-5 otherwise; accumulation, clipping, bf16-mixed; bad input refused.
 lk_add_script_test(NAME strategy_pipeline_fit SCRIPT strategy/test_pipeline_fit.sh LABELS multiproc TIMEOUT 240)
+lk_add_test(NAME strategy_pipeline_checks SOURCES strategy/test_pipeline_strategy.c LABELS unit TIMEOUT 60)
