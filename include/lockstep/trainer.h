@@ -118,7 +118,7 @@ typedef struct lk_trainer_config {
     char ddp_comm_hook[LK_PARAM_STR]; /* none | bf16_compress | fp16_compress (PyTorch's compression hooks) */
     bool ddp_shared_params;         /* ddp on one node: ranks share one copy of parameters + optimizer state */
     bool ddp_broadcast_buffers;     /* ddp: buffers from rank 0 before each forward (default true) */
-    int pipeline_chunks;            /* model_parallel, pipeline: trainer.pipeline.chunks (default 4) */
+    int64_t pipeline_chunks;        /* model_parallel, pipeline: trainer.pipeline.chunks (default 4) */
     char pipeline_schedule[LK_PARAM_STR]; /* trainer.pipeline.schedule: gpipe | 1f1b (default) */
     char pipeline_split[LK_PARAM_STR];    /* trainer.pipeline.split: each stage's first block after the first */
     char scale_lr[LK_PARAM_STR];    /* none | linear (base lr × world size × accumulation) */
