@@ -69,6 +69,17 @@ for s in gpipe 1f1b; do
       check "pipeline $p stages $s 4 chunks: bitwise single accumulating 4 x 8" cmp -s "$T/single_acc.st" "$T/pp$p$s.st"
   done
 done
+# the same over the mpi communicator, where mpirun is installed
+if command -v mpirun >/dev/null && "$LK_BIN" env 2>/dev/null | grep -q "comm backends.* mpi"; then
+  mflags=(--oversubscribe)
+  [ "$(id -u)" = 0 ] && mflags+=(--allow-run-as-root)
+  if timeout 120 mpirun "${mflags[@]}" -np 2 -x LK_COMM_BACKEND=mpi "$LK_BIN" fit -c "$T/mlp.yaml" \
+    --trainer.default_root_dir "$T/mpi" --trainer.devices 2 --trainer.strategy pipeline --trainer.pipeline.chunks 4 \
+    >"$T/mpi.log" 2>&1; then
+    "$LK_BIN" export --ckpt "$T/mpi/lightning_logs/version_0/checkpoints/last.ckpt" --out "$T/mpi.st" >/dev/null
+    check "pipeline 2 stages 1f1b over mpi: bitwise single accumulating 4 x 8" cmp -s "$T/single_acc.st" "$T/mpi.st"
+  else bad "pipeline over mpi failed: $(tail -3 "$T/mpi.log")"; fi
+else echo "skip: no mpirun or no mpi backend"; fi
 check "pipeline 2 stages 1f1b: within 1e-5 of single on the whole batch ($(near "$T/single.st" "$T/pp21f1b.st" 1))" \
   near "$T/single.st" "$T/pp21f1b.st" 1e-5
 # accumulation on top of the micro-batches: 2 batches of 2 x 8 per step
