@@ -81,6 +81,12 @@ typedef struct lk_strategy_config {
                                  for the *-true precisions (lk_layer_cast_parameters first) */
     lk_device device;         /* where the flat gradient buffer lives: the training device (default the CPU;
                                  the module must be there too, lk_layer_to) */
+    /* model_parallel and pipeline (trainer.pipeline.*): micro-batches per batch (pipeline; 0: 4),
+     * the schedule ("gpipe", "1f1b"; NULL: 1f1b), the first block of each stage after the first,
+     * comma-separated ("decoder"; NULL or "": balanced by parameter count). Borrowed until create returns. */
+    int pipe_chunks;
+    const char *pipe_schedule;
+    const char *pipe_split;
 } lk_strategy_config;
 lk_strategy_config lk_strategy_config_default(void);
 
@@ -192,6 +198,17 @@ bool lk_strategy_writes_checkpoint(const lk_strategy *s);
  * (and any strategy before lk_strategy_wrap): nothing to do. */
 lk_status lk_strategy_state_dict_loaded(lk_strategy *s);
 
+/* ---- pipelines (model_parallel, pipeline) ---------------------------------------
+ * A pipeline strategy cuts the network into stages of consecutive blocks
+ * (lk_model_blocks, which lives above this layer: the caller passes them
+ * in before lk_strategy_wrap). */
+/* Whether the strategy needs the network's blocks (lk_strategy_set_blocks). */
+bool lk_strategy_needs_blocks(const lk_strategy *s);
+/* The network's blocks in order (borrowed until lk_strategy_free); checks
+ * the split against them (a name that is no block, more stages than
+ * blocks: INVALID_ARGUMENT naming them). Nothing to do for other strategies. */
+lk_status lk_strategy_set_blocks(lk_strategy *s, const lk_named_layer *blocks, int n);
+
 /* ---- the data-parallel group ----------------------------------------------------
  * The ranks that see different data and average their gradients: the
  * sampler's shards, the linear LR scaling, the global batch, SyncBatchNorm's
@@ -248,6 +265,14 @@ typedef struct lk_step_fn {
      * tensors). */
     lk_status (*replicate)(void *ctx, int k, lk_layer **net);
     void (*free_replica)(void *ctx, int k);
+    /* model_parallel and pipeline (required there, ignored elsewhere): the
+     * first stage's input of a micro-batch (the module's forward without
+     * the network: the batch's field 0), the last stage's loss of the
+     * network's output (the module's loss), and the step's mean loss over
+     * the micro-batches, known on every rank, logged as train_loss. */
+    lk_tensor *(*pipe_input)(void *ctx, const lk_batch *b);
+    lk_tensor *(*pipe_loss)(void *ctx, lk_tensor *out, const lk_batch *b);
+    lk_status (*pipe_log_loss)(void *ctx, double loss);
 } lk_step_fn;
 
 /* dp's cut of a micro-batch of `size` rows over n replicas: replica k

@@ -89,7 +89,7 @@ typedef struct lk_trainer_config {
     char accelerator[LK_PARAM_STR]; /* cpu | gpu | cuda | auto, or (C API) a registered device kind's name */
     int64_t devices;                /* processes (CPU) or GPUs; 0 = auto (1 on CPU) */
     char devices_spec[LK_PARAM_STR]; /* devices when a list or -1 was written ("[0, 2]", "0,2", "-1"); "" otherwise */
-    char strategy[LK_PARAM_STR];    /* auto | single | ddp | ddp_spawn | dp */
+    char strategy[LK_PARAM_STR];    /* auto | single | ddp | ddp_spawn | dp | model_parallel | pipeline */
     int64_t num_nodes;
     char precision[LK_PARAM_STR];   /* 32-true | bf16-mixed | 16-mixed | bf16-true | 16-true | 64-true (and aliases) */
     char float32_matmul_precision[LK_PARAM_STR]; /* highest | high | medium (lk_set_float32_matmul_precision) */
@@ -121,6 +121,9 @@ typedef struct lk_trainer_config {
     char ddp_comm_hook[LK_PARAM_STR]; /* none | bf16_compress | fp16_compress (PyTorch's compression hooks) */
     bool ddp_shared_params;         /* ddp on one node: ranks share one copy of parameters + optimizer state */
     bool ddp_broadcast_buffers;     /* ddp: buffers from rank 0 before each forward (default true) */
+    int64_t pipeline_chunks;        /* model_parallel, pipeline: trainer.pipeline.chunks (default 4) */
+    char pipeline_schedule[LK_PARAM_STR]; /* trainer.pipeline.schedule: gpipe | 1f1b (default) */
+    char pipeline_split[LK_PARAM_STR];    /* trainer.pipeline.split: each stage's first block after the first */
     char scale_lr[LK_PARAM_STR];    /* none | linear (base lr × world size × accumulation) */
     int64_t global_batch_size;      /* 0: off; else accumulation is derived from it */
     char profiler[LK_PARAM_STR];    /* none | simple | advanced | trace (pytorch: the same as trace) */

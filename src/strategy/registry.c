@@ -22,6 +22,9 @@ static const struct entry {
     /* Lightning 1.x's class; 2.x writes DDPStrategy with start_method spawn */
     {{"ddp_spawn", "DDPSpawnStrategy", LK_PROCESS_PER_DEVICE, true, true}, &lk__strategy_ddp},
     {{"dp", "DataParallelStrategy", LK_PROCESS_THREADS, false, false}, &lk__strategy_dp},
+    /* pipelines (pipeline.c): stages of blocks, one per process */
+    {{"model_parallel", NULL, LK_PROCESS_PER_DEVICE, false, false}, &lk__strategy_model_parallel},
+    {{"pipeline", NULL, LK_PROCESS_PER_DEVICE, false, false}, &lk__strategy_pipeline},
 };
 #define NREG ((int)(sizeof registry / sizeof registry[0]))
 
@@ -38,7 +41,7 @@ static const struct {
     {"single_device", "single"},
 };
 
-static const char *const strategy_names[] = {"auto", "single", "ddp", "ddp_spawn", "dp"};
+static const char *const strategy_names[] = {"auto", "single", "ddp", "ddp_spawn", "dp", "model_parallel", "pipeline"};
 
 const char *const *lk_strategy_names(int *count) {
     *count = (int)(sizeof strategy_names / sizeof strategy_names[0]);
@@ -119,7 +122,7 @@ lk_status lk_strategy_create(const lk_strategy_config *cfg, lk_strategy **out) {
         int n;
         const char *const *names = lk_strategy_names(&n);
         const char *s = lk_suggest(name, names, n);
-        return lk_error(LK_STATUS_INVALID_ARGUMENT, "unknown strategy '%s'%s%s%s (expected auto, single, ddp, ddp_spawn or dp)", name,
+        return lk_error(LK_STATUS_INVALID_ARGUMENT, "unknown strategy '%s'%s%s%s (expected auto, single, ddp, ddp_spawn, dp, model_parallel or pipeline)", name,
                         s ? " (did you mean '" : "", s ? s : "", s ? "'?)" : "");
     }
     if (vt == &lk__strategy_single && world > 1)

@@ -184,6 +184,12 @@ lk_status lk_strategy_wrap(lk_strategy *s, lk_layer *net) {
 }
 
 bool lk_strategy_wrapped(const lk_strategy *s) { return s->wrapped; }
+
+bool lk_strategy_needs_blocks(const lk_strategy *s) { return s->vt->set_blocks != NULL; }
+
+lk_status lk_strategy_set_blocks(lk_strategy *s, const lk_named_layer *blocks, int n) {
+    return s->vt->set_blocks ? s->vt->set_blocks(s, blocks, n) : LK_STATUS_OK;
+}
 const lk_named_tensors *lk_strategy_local_params(const lk_strategy *s) { return &s->local; }
 int lk_strategy_num_units(const lk_strategy *s) { return s->nunits; }
 

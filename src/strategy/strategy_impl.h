@@ -59,11 +59,16 @@ typedef struct lk_strategy_vt {
     /* The data-parallel group when it is not the whole communicator (a
      * subgroup: pipeline stages, tensor parallelism); NULL: s->comm. */
     lk_comm *(*dp_comm)(lk_strategy *s);
+    /* (pipelines) The network's blocks before wrap (lk_strategy_set_blocks);
+     * NULL: the strategy needs none. */
+    lk_status (*set_blocks)(lk_strategy *s, const lk_named_layer *blocks, int n);
 } lk_strategy_vt;
 
 extern const lk_strategy_vt lk__strategy_single;
 extern const lk_strategy_vt lk__strategy_ddp;
 extern const lk_strategy_vt lk__strategy_dp;
+extern const lk_strategy_vt lk__strategy_model_parallel; /* pipeline.c */
+extern const lk_strategy_vt lk__strategy_pipeline;
 
 struct lk_strategy {
     const lk_strategy_vt *vt;

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "lockstep/config.h"
+#include "lockstep/models.h"
 #include "backend/backend_impl.h"
 #include "optim/optim_impl.h"
 #include "device/gpu.h"
@@ -31,6 +32,14 @@ static lk_status sum_over_ranks(void *ctx, double *vals, int n) {
 static lk_status setup_params(lk_trainer *tr, int64_t steps_per_epoch) {
     if (lk_strategy_wrapped(tr->strat)) /* the strategy holds the module of an earlier fit on this trainer */
         return lk_error(LK_STATUS_INVALID_USAGE, "fit: call lk_trainer_fit once per trainer (create another to fit again)");
+    if (lk_strategy_needs_blocks(tr->strat)) { /* model_parallel, pipeline: stages of the model's blocks */
+        int nb = 0;
+        const lk_named_layer *blocks = NULL;
+        if (lk_model_blocks(tr->module->net, &nb, &blocks))
+            return lk_error(lk_last_status(), "strategy %s cuts the model into stages of blocks: %s", lk_strategy_name(tr->strat),
+                            lk_last_error());
+        LK_TRY(lk_strategy_set_blocks(tr->strat, blocks, nb));
+    }
     LK_TRY(lk_strategy_wrap(tr->strat, tr->module->net));
 
     return lk__optim_setup(tr, steps_per_epoch);

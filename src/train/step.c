@@ -117,6 +117,25 @@ void lk__replicas_free(lk_trainer *tr) {
     tr->replicas = NULL;
 }
 
+/* model_parallel, pipeline: the module's forward and loss apart. The first
+ * stage's input is the batch's field 0 (what a module's forward from its
+ * net takes); the last stage's loss is the module's. */
+static lk_tensor *step_pipe_input(void *ctx, const lk_batch *b) {
+    (void)ctx;
+    return lk_batch_tensor(b, 0);
+}
+
+static lk_tensor *step_pipe_loss(void *ctx, lk_tensor *out, const lk_batch *b) {
+    lk_trainer *tr = ctx;
+    tr->stage = "train";
+    return lk_module_loss(tr->module, out, b);
+}
+
+static lk_status step_pipe_log_loss(void *ctx, double loss) {
+    lk_trainer *tr = ctx;
+    return lk_log_metric(tr, "train_loss", loss, &(lk_log_opts){.prog_bar = true});
+}
+
 lk_step_fn lk__step_fn(lk_trainer *tr) {
     return (lk_step_fn){.ctx = tr,
                         .forward = step_forward,
@@ -126,5 +145,8 @@ lk_step_fn lk__step_fn(lk_trainer *tr) {
                         .step_begin = step_begin,
                         .step_end = step_end,
                         .replicate = step_replicate,
-                        .free_replica = step_free_replica};
+                        .free_replica = step_free_replica,
+                        .pipe_input = step_pipe_input,
+                        .pipe_loss = step_pipe_loss,
+                        .pipe_log_loss = step_pipe_log_loss};
 }

@@ -193,6 +193,10 @@ lk_status lk_trainer_create(const lk_trainer_config *cfg, const lk_optim_setting
     sc.ddp = &ddp;
     sc.param_dtype = param_dtype;
     sc.device = tr->dev;
+    /* model_parallel and pipeline: trainer.pipeline.*; chunks only where the strategy runs several */
+    sc.pipe_chunks = !strcmp(cfg->strategy, "model_parallel") ? 1 : (int)cfg->pipeline_chunks;
+    sc.pipe_schedule = cfg->pipeline_schedule;
+    sc.pipe_split = cfg->pipeline_split;
     st = lk_strategy_create(&sc, &tr->strat);
     if (st) goto fail;
     tr->params = lk_strategy_local_params(tr->strat);

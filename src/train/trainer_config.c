@@ -21,7 +21,7 @@
 static const lk_param trainer_params[] = {
     T("accelerator", ENUM, accelerator, "auto", 1, 0, "cpu|gpu|cuda|auto", "hardware to run on (gpu needs the CUDA backend)"),
     T("devices", INT, devices, "1", 0, 4096, NULL, "processes (cpu) or GPUs per node; 0 = auto"),
-    T("strategy", ENUM, strategy, "auto", 1, 0, "auto|single|ddp|ddp_spawn|dp",
+    T("strategy", ENUM, strategy, "auto", 1, 0, "auto|single|ddp|ddp_spawn|dp|model_parallel|pipeline",
       "how training is spread over devices (dp: one process, a replica per device on threads; ddp_spawn: "
       "ranks forked from this process, then trained as ddp)"),
     T("num_nodes", INT, num_nodes, "1", 1, 1e6, NULL, "machines (launched by mpirun or srun)"),
@@ -65,6 +65,13 @@ static const lk_param trainer_params[] = {
     T("comm_timeout", FLOAT, comm_timeout, "120", 0.1, 1e6, NULL, "seconds any collective may wait before failing"),
     T("checkpoint_timeout", FLOAT, checkpoint_timeout, "1800", 0.1, 1e7, NULL,
       "seconds the other ranks wait for rank 0 to write a checkpoint or prepare data (instead of comm_timeout)"),
+    /* trainer.pipeline: {chunks, schedule, split} (apply_special) */
+    T("pipeline_chunks", INT, pipeline_chunks, "4", 1, 65536, NULL,
+      "pipeline: micro-batches per batch (trainer.pipeline.chunks; must divide the batch)"),
+    T("pipeline_schedule", ENUM, pipeline_schedule, "1f1b", 1, 0, "gpipe|1f1b",
+      "pipeline: the schedule (trainer.pipeline.schedule; docs/PIPELINE.md)"),
+    T("pipeline_split", STRING, pipeline_split, "", 1, 0, NULL,
+      "model_parallel, pipeline: each stage's first block after the first, comma-separated (empty: balanced by parameter count)"),
     T("bucket_cap_mb", FLOAT, bucket_cap_mb, "25", 1e-6, 1e6, NULL, "ddp gradient bucket size in MB"),
     T("ddp_comm_hook", ENUM, ddp_comm_hook, "none", 1, 0, "none|bf16_compress|fp16_compress",
       "ddp: gradients travel as bf16/fp16 (half the bytes, rounded) instead of exact f32"),
@@ -753,7 +760,8 @@ static lk_status set_scalar(const lk_param *tp, int n, lk_trainer_config *cfg, c
 }
 
 /* The keys the flat table cannot hold (their value forms are Lightning's). */
-static const char *const special_keys[] = {"callbacks", "logger", "devices", "max_time", "fast_dev_run", "strategy"};
+static const char *const special_keys[] = {"callbacks", "logger", "devices", "max_time", "fast_dev_run", "strategy",
+                                           "pipeline"};
 
 static lk_status apply_special(const lk_param *tp, int n, lk_trainer_config *cfg, const lk_config_node *c) {
     const char *key = lk_config_node_key(c), *text = lk_config_node_text(c);
@@ -845,6 +853,18 @@ static lk_status apply_special(const lk_param *tp, int n, lk_trainer_config *cfg
         else if (text && (!strcmp(text, "false") || !strcmp(text, "False"))) cfg->fast_dev_run = 0;
         else if (text) LK_TRY(set_scalar(tp, n, cfg, c, text));
         else return at(c, "trainer.fast_dev_run: expected true, false or a number of batches");
+    } else if (!strcmp(key, "pipeline")) { /* trainer.pipeline.{chunks,schedule,split} */
+        if (null) return LK_STATUS_OK;
+        if (lk_config_node_type(c) != LK_CONFIG_MAP) return at(c, "trainer.pipeline: expected a map of chunks, schedule and split");
+        for (int j = 0; j < lk_config_node_count(c); j++) {
+            const lk_config_node *e = lk_config_node_child(c, j);
+            const char *k = lk_config_node_key(e), *v = lk_config_node_text(e);
+            const char *tkey = !strcmp(k, "chunks") ? "pipeline_chunks" : !strcmp(k, "schedule") ? "pipeline_schedule"
+                               : !strcmp(k, "split") ? "pipeline_split" : NULL;
+            if (!tkey) return at(e, "trainer.pipeline: unknown key '%s' (expected chunks, schedule or split)", k);
+            if (!v) return at(e, "trainer.pipeline.%s: expected a value, not a collection", k);
+            if (lk_params_set(tp, n, cfg, "trainer", tkey, v)) return at(e, "trainer.pipeline.%s: %s", k, lk_last_error());
+        }
     } else if (!strcmp(key, "strategy")) {
         if (lk_config_node_type(c) == LK_CONFIG_MAP) {
             LK_TRY(apply_strategy_node(tp, n, cfg, c));

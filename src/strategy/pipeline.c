@@ -1,0 +1,457 @@
+/* The model_parallel and pipeline strategies: the network's blocks cut into
+ * consecutive stages, one per rank of the communicator; each step runs this
+ * rank's list of a schedule (lockstep/pipeline.h, lk_pipe_run) over the
+ * batch cut into micro-batches (model_parallel: one), so activations go
+ * forward and their gradients come back through point-to-point messages and
+ * each stage's parameters accumulate their gradients over the micro-batches.
+ * The trainer then clips (the global norm over every stage) and steps each
+ * rank's optimizer, which holds only its stage's parameters and state.
+ *
+ * What is simpler here than it will be: every rank builds the whole model
+ * and, after each optimizer step, gets every other stage's updated
+ * parameters by broadcast from their stage, so validation, test, predict
+ * and checkpoints run the whole model as single does (their memory is
+ * not yet a stage's; the optimizer state and the gradients are). */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "lockstep/autograd.h"
+#include "lockstep/pipeline.h"
+#include "strategy/strategy_impl.h"
+
+typedef struct pipe_self {
+    bool mp;                 /* model_parallel: one micro-batch */
+    int chunks;
+    char schedule[16];
+    char split[512];
+    int p;                   /* stages (the world) */
+    /* the blocks (descended into a lone Sequential), names owned */
+    int nblocks;
+    char **bname;
+    lk_layer **blayer;
+    int *first;              /* [p + 1] the first block of each stage, first[p] = nblocks */
+    lk_named_tensors *stage_params; /* [p] each stage's parameters (for the broadcast after the step) */
+    /* tied parameters (gpt's wte: the embedding's and the head's) held by
+     * several stages: each holder's gradient is its blocks' part; the parts
+     * are summed over the world before the optimizer step */
+    int ntied;
+    struct tied {
+        lk_tensor *t;
+        int first; /* the first stage holding it: its norm is counted there */
+    } *tied;
+    void *scratch; /* zeros for the ranks that hold no part */
+    size_t scratch_bytes;
+    lk_pipe_schedule *sched;
+    /* the step in flight */
+    lk_batch *mb;            /* [chunks] the micro-batches (views of the batch's rows) */
+    lk_strategy *s;
+} pipe_self;
+
+static lk_status create(lk_strategy *s, bool mp) {
+    pipe_self *ps = lk_calloc(1, sizeof *ps);
+    if (!ps) return LK_STATUS_OUT_OF_MEMORY;
+    s->self = ps;
+    ps->s = s;
+    ps->mp = mp;
+    ps->p = s->world;
+    const char *name = mp ? "model_parallel" : "pipeline";
+    if (mp && s->cfg.pipe_chunks > 1)
+        return lk_error(LK_STATUS_INVALID_ARGUMENT, "strategy model_parallel runs one micro-batch, but "
+                        "trainer.pipeline.chunks is %d (use strategy pipeline)", s->cfg.pipe_chunks);
+    ps->chunks = mp ? 1 : s->cfg.pipe_chunks > 0 ? s->cfg.pipe_chunks : 4;
+    snprintf(ps->schedule, sizeof ps->schedule, "%s", s->cfg.pipe_schedule && *s->cfg.pipe_schedule ? s->cfg.pipe_schedule : "1f1b");
+    snprintf(ps->split, sizeof ps->split, "%s", s->cfg.pipe_split ? s->cfg.pipe_split : "");
+    if (ps->chunks < 1 || ps->chunks > 65536)
+        return lk_error(LK_STATUS_INVALID_ARGUMENT, "strategy %s: trainer.pipeline.chunks must be 1..65536, got %d", name,
+                        ps->chunks);
+    if (s->world > 1 && !s->comm) return lk_error(LK_STATUS_INVALID_ARGUMENT, "strategy %s needs a communicator", name);
+    lk_status st = lk_pipe_schedule_make(ps->schedule, ps->p, ps->chunks, &ps->sched);
+    if (st) return lk_error(st, "strategy %s: trainer.pipeline.schedule: %s", name, lk_last_error());
+    return lk_pipe_schedule_check(ps->sched, NULL);
+}
+
+static void pipe_free(lk_strategy *s);
+
+/* strategy.c frees the head alone when create fails: the state goes here */
+static lk_status create_mp(lk_strategy *s) {
+    lk_status st = create(s, true);
+    if (st) pipe_free(s);
+    return st;
+}
+static lk_status create_pipe(lk_strategy *s) {
+    lk_status st = create(s, false);
+    if (st) pipe_free(s);
+    return st;
+}
+
+static void pipe_free(lk_strategy *s) {
+    pipe_self *ps = s->self;
+    if (!ps) return;
+    for (int i = 0; i < ps->nblocks && ps->bname; i++) lk_free(ps->bname[i]);
+    lk_free(ps->bname);
+    lk_free(ps->blayer);
+    lk_free(ps->first);
+    for (int k = 0; ps->stage_params && k < ps->p; k++) lk_named_tensors_clear(&ps->stage_params[k]);
+    lk_free(ps->stage_params);
+    lk_pipe_schedule_free(ps->sched);
+    lk_free(ps->mb);
+    lk_free(ps->tied);
+    lk_free(ps->scratch);
+    lk_free(ps);
+    s->self = NULL;
+}
+
+static char *dup_name(const char *a, const char *b) {
+    size_t n = strlen(a) + (b ? strlen(b) + 1 : 0) + 1;
+    char *r = lk_malloc(n);
+    if (r) snprintf(r, n, b ? "%s.%s" : "%s", a, b ? b : "");
+    return r;
+}
+
+/* The stages' boundaries balanced by parameter count: stage k's first block
+ * is the one whose prefix sum comes nearest k/p of the total, leaving at
+ * least one block to each stage. */
+static void split_balanced(pipe_self *ps, const int64_t *np) {
+    int64_t total = 0;
+    for (int i = 0; i < ps->nblocks; i++) total += np[i];
+    ps->first[0] = 0;
+    for (int k = 1; k < ps->p; k++) {
+        double target = (double)total * k / ps->p;
+        int lo = ps->first[k - 1] + 1, hi = ps->nblocks - (ps->p - k), best = lo;
+        double best_d = INFINITY;
+        int64_t pre = 0;
+        for (int i = 0; i < lo; i++) pre += np[i];
+        for (int i = lo; i <= hi; i++) {
+            double d = fabs((double)pre - target);
+            if (d < best_d) best_d = d, best = i;
+            pre += np[i];
+        }
+        ps->first[k] = best;
+    }
+    ps->first[ps->p] = ps->nblocks;
+}
+
+static lk_status split_named(pipe_self *ps, const char *name) {
+    char buf[512], list[1024];
+    snprintf(buf, sizeof buf, "%s", ps->split);
+    size_t len = 0;
+    list[0] = 0;
+    for (int i = 0; i < ps->nblocks && len < sizeof list; i++)
+        len += (size_t)snprintf(list + len, sizeof list - len, "%s%s", i ? ", " : "", ps->bname[i]);
+    int k = 1;
+    ps->first[0] = 0;
+    for (char *save = NULL, *tok = strtok_r(buf, ", ", &save); tok; tok = strtok_r(NULL, ", ", &save)) {
+        int at = -1;
+        for (int i = 0; i < ps->nblocks; i++)
+            if (!strcmp(ps->bname[i], tok)) at = i;
+        if (at < 0)
+            return lk_error(LK_STATUS_INVALID_ARGUMENT, "strategy %s: trainer.pipeline.split names '%s', which is no "
+                            "block of the model (its blocks: %s)", name, tok, list);
+        if (k >= ps->p)
+            return lk_error(LK_STATUS_INVALID_ARGUMENT, "strategy %s: trainer.pipeline.split '%s' names %s first blocks "
+                            "for %d stages (expected %d: each stage's first block after the first stage's)",
+                            name, ps->split, "more", ps->p, ps->p - 1);
+        if (at <= ps->first[k - 1])
+            return lk_error(LK_STATUS_INVALID_ARGUMENT, "strategy %s: trainer.pipeline.split: '%s' does not come after "
+                            "the previous stage's first block (blocks in order: %s)", name, tok, list);
+        ps->first[k++] = at;
+    }
+    if (k != ps->p)
+        return lk_error(LK_STATUS_INVALID_ARGUMENT, "strategy %s: trainer.pipeline.split '%s' names %d first block%s "
+                        "for %d stages (expected %d: each stage's first block after the first stage's)",
+                        name, ps->split, k - 1, k - 1 == 1 ? "" : "s", ps->p, ps->p - 1);
+    ps->first[ps->p] = ps->nblocks;
+    return LK_STATUS_OK;
+}
+
+static lk_status set_blocks(lk_strategy *s, const lk_named_layer *blocks, int n) {
+    pipe_self *ps = s->self;
+    const char *name = s->vt->name;
+    /* a lone Sequential block (the mlp's "layers") is cut inside */
+    const char *prefix = NULL;
+    if (n == 1 && ps->p > 1 && blocks[0].layer->type && !strcmp(blocks[0].layer->type, "Sequential") &&
+        blocks[0].layer->n_children > 1) {
+        prefix = blocks[0].name;
+        n = blocks[0].layer->n_children;
+        blocks = blocks[0].layer->children;
+    }
+    if (n < 1) return lk_error(LK_STATUS_INVALID_ARGUMENT, "strategy %s: the model has no blocks to cut into stages", name);
+    if (ps->p > n)
+        return lk_error(LK_STATUS_INVALID_ARGUMENT, "strategy %s: %d stages (one per process) but the model has only %d "
+                        "block%s to cut: use at most %d devices", name, ps->p, n, n == 1 ? "" : "s", n);
+    ps->nblocks = n;
+    ps->bname = lk_calloc((size_t)n, sizeof *ps->bname);
+    ps->blayer = lk_calloc((size_t)n, sizeof *ps->blayer);
+    ps->first = lk_calloc((size_t)ps->p + 1, sizeof *ps->first);
+    ps->stage_params = lk_calloc((size_t)ps->p, sizeof *ps->stage_params);
+    int64_t *np = lk_calloc((size_t)n, sizeof *np);
+    lk_status st = ps->bname && ps->blayer && ps->first && ps->stage_params && np ? LK_STATUS_OK : LK_STATUS_OUT_OF_MEMORY;
+    for (int i = 0; i < n && !st; i++) {
+        ps->bname[i] = prefix ? dup_name(prefix, blocks[i].name) : dup_name(blocks[i].name, NULL);
+        ps->blayer[i] = blocks[i].layer;
+        np[i] = lk_layer_num_parameters(blocks[i].layer);
+        if (!ps->bname[i]) st = LK_STATUS_OUT_OF_MEMORY;
+    }
+    if (!st) {
+        if (ps->split[0]) st = split_named(ps, name);
+        else split_balanced(ps, np);
+    }
+    if (!st && s->rank == 0) {
+        char line[1024];
+        size_t len = (size_t)snprintf(line, sizeof line, "%s: %d stage%s (%s; schedule %s, %d micro-batch%s):", name, ps->p,
+                                      ps->p == 1 ? "" : "s", ps->split[0] ? "trainer.pipeline.split" : "balanced by parameter count",
+                                      ps->schedule, ps->chunks, ps->chunks == 1 ? "" : "es");
+        for (int k = 0; k < ps->p && len < sizeof line; k++) {
+            int64_t c = 0;
+            for (int i = ps->first[k]; i < ps->first[k + 1]; i++) c += np[i];
+            len += (size_t)snprintf(line + len, sizeof line - len, " [%s%s%s: %lld params]", ps->bname[ps->first[k]],
+                                    ps->first[k + 1] - ps->first[k] > 1 ? " .. " : "",
+                                    ps->first[k + 1] - ps->first[k] > 1 ? ps->bname[ps->first[k + 1] - 1] : "", (long long)c);
+        }
+        lk_log0("%s", line);
+    }
+    lk_free(np);
+    return st;
+}
+
+/* Stage k's parameters, named as the network names them (the same tensors). */
+static lk_status stage_params(pipe_self *ps, const lk_named_tensors *all) {
+    for (int k = 0; k < ps->p; k++) {
+        lk_named_tensors mine = {0};
+        for (int i = ps->first[k]; i < ps->first[k + 1]; i++) LK_TRY(lk_layer_named_parameters(ps->blayer[i], &mine));
+        for (int j = 0; j < all->n; j++) {
+            bool in = false;
+            for (int q = 0; q < mine.n && !in; q++) in = mine.items[q].tensor == all->items[j].tensor;
+            if (!in) continue;
+            lk_status st = LK_STATUS_OK;
+            for (int o = 0; o < k && !st; o++)
+                if (lk_named_tensors_find(&ps->stage_params[o], all->items[j].name)) {
+                    bool known = false;
+                    for (int q = 0; q < ps->ntied; q++) known |= ps->tied[q].t == all->items[j].tensor;
+                    if (known) break;
+                    struct tied *nt = lk_realloc(ps->tied, (size_t)(ps->ntied + 1) * sizeof *nt);
+                    if (!nt) st = LK_STATUS_OUT_OF_MEMORY;
+                    else ps->tied = nt, ps->tied[ps->ntied++] = (struct tied){all->items[j].tensor, o};
+                    break;
+                }
+            if (!st) st = lk_named_tensors_append(&ps->stage_params[k], all->items[j].name, all->items[j].tensor);
+            if (st) {
+                lk_named_tensors_clear(&mine);
+                return st;
+            }
+        }
+        lk_named_tensors_clear(&mine);
+    }
+    return LK_STATUS_OK;
+}
+
+/* Every stage's parameters from the rank that owns them. */
+static lk_status sync_params(lk_strategy *s) {
+    pipe_self *ps = s->self;
+    if (s->world == 1) return LK_STATUS_OK;
+    for (int k = 0; k < ps->p; k++)
+        for (int j = 0; j < ps->stage_params[k].n; j++) {
+            lk_tensor *t = ps->stage_params[k].items[j].tensor;
+            LK_TRY(lk_comm_broadcast(s->comm, t->data, (size_t)t->numel, t->dtype, k));
+        }
+    return LK_STATUS_OK;
+}
+
+static lk_status wrap(lk_strategy *s, lk_layer *net) {
+    pipe_self *ps = s->self;
+    if (!ps->first)
+        return lk_error(LK_STATUS_INVALID_USAGE, "strategy %s: the model's blocks were not given before wrap "
+                        "(lk_strategy_set_blocks)", s->vt->name);
+    lk_named_tensors all = {0};
+    LK_TRY(lk_layer_named_parameters(net, &all));
+    lk_status st = stage_params(ps, &all);
+    lk_named_tensors_clear(&all);
+    LK_TRY(st);
+    /* the parameters no block holds (none in the models lockstep builds) would never train */
+    LK_TRY(lk_layer_named_parameters(net, &all));
+    int64_t held = -ps->ntied; /* a tied parameter counts once */
+    for (int k = 0; k < ps->p; k++) held += ps->stage_params[k].n;
+    int nall = all.n;
+    lk_named_tensors_clear(&all);
+    if (held != nall)
+        return lk_error(LK_STATUS_INVALID_ARGUMENT, "strategy %s: %lld of the model's %d parameters are in no block",
+                        s->vt->name, (long long)(nall - held), nall);
+    const lk_named_tensors *mine = &ps->stage_params[s->rank];
+    for (int j = 0; j < mine->n; j++) LK_TRY(lk_named_tensors_append(&s->local, mine->items[j].name, mine->items[j].tensor));
+    LK_TRY(lk_layer_named_buffers(net, &s->local_buffers));
+    int np = s->local.n, nb = s->local_buffers.n;
+    s->local_arr = lk_calloc((size_t)np + 1, sizeof *s->local_arr);
+    s->local_names = lk_calloc((size_t)np + 1, sizeof *s->local_names);
+    s->buffer_arr = lk_calloc((size_t)nb + 1, sizeof *s->buffer_arr);
+    if (!s->local_arr || !s->local_names || !s->buffer_arr) return LK_STATUS_OUT_OF_MEMORY;
+    for (int i = 0; i < np; i++) {
+        s->local_arr[i] = s->local.items[i].tensor;
+        s->local_names[i] = s->local.items[i].name;
+    }
+    for (int i = 0; i < nb; i++) s->buffer_arr[i] = s->local_buffers.items[i].tensor;
+    for (int i = 0; i < np; i++)
+        if (!lk_device_is_host(s->local_arr[i]->device))
+            return lk_error(LK_STATUS_INVALID_ARGUMENT, "strategy %s runs on the CPU only for now", s->vt->name);
+    LK_TRY(sync_params(s)); /* every rank starts from stage k's values of stage k's blocks */
+    return lk_strategy_setup(s, s->local_arr, s->local_names, np, s->buffer_arr, nb);
+}
+
+/* ---- the step ------------------------------------------------------------- */
+
+static lk_tensor *stage_input(void *ctx, int chunk) {
+    pipe_self *ps = ctx;
+    return ps->s->fn.pipe_input(ps->s->fn.ctx, &ps->mb[chunk]);
+}
+
+static lk_tensor *stage_loss(void *ctx, int chunk, lk_tensor *out) {
+    pipe_self *ps = ctx;
+    return ps->s->fn.pipe_loss(ps->s->fn.ctx, out, &ps->mb[chunk]);
+}
+
+/* A tied parameter's gradient parts summed where every holder sees it (the
+ * ranks holding no part add zeros): then each holder's optimizer makes the
+ * same update. The gradients are final here (the step's last micro-batch). */
+static lk_status reduce_tied(lk_strategy *s) {
+    pipe_self *ps = s->self;
+    for (int q = 0; q < ps->ntied && s->world > 1; q++) {
+        lk_tensor *t = ps->tied[q].t;
+        bool mine = false;
+        for (int i = 0; i < s->local.n && !mine; i++) mine = s->local.items[i].tensor == t;
+        size_t bytes = (size_t)t->numel * lk_dtype_size(t->dtype);
+        void *buf = mine && t->grad ? t->grad->data : NULL;
+        if (!buf) {
+            if (bytes > ps->scratch_bytes) {
+                lk_free(ps->scratch);
+                if (!(ps->scratch = lk_malloc(bytes))) return ps->scratch_bytes = 0, LK_STATUS_OUT_OF_MEMORY;
+                ps->scratch_bytes = bytes;
+            }
+            memset(ps->scratch, 0, bytes);
+            buf = ps->scratch;
+        }
+        LK_TRY(lk_comm_all_reduce(s->comm, buf, (size_t)t->numel, t->dtype, LK_REDUCE_SUM));
+    }
+    return LK_STATUS_OK;
+}
+
+static lk_status training_step(lk_strategy *s, const lk_step_args *a, lk_step_result *r) {
+    pipe_self *ps = s->self;
+    const lk_step_fn *fn = &s->fn;
+    const lk_batch *b = a->batch;
+    int m = ps->chunks;
+    if (!fn->pipe_input || !fn->pipe_loss)
+        return lk_error(LK_STATUS_INVALID_USAGE, "strategy %s: the caller gave no pipe_input/pipe_loss", s->vt->name);
+    if (b->size % m)
+        return lk_error(LK_STATUS_INVALID_ARGUMENT, "strategy %s: batch %lld has %lld samples, which do not divide into "
+                        "trainer.pipeline.chunks = %d equal micro-batches (make the batch size a multiple of the chunks; "
+                        "a short last batch needs data drop_last)", s->vt->name, (long long)b->index,
+                        (long long)b->size, m);
+    if (!ps->mb && !(ps->mb = lk_calloc((size_t)m, sizeof *ps->mb))) return LK_STATUS_OUT_OF_MEMORY;
+    int64_t rows = b->size / m;
+    for (int c = 0; c < m; c++) {
+        lk_batch *x = &ps->mb[c];
+        *x = *b;
+        x->size = rows;
+        x->sample_index = b->sample_index ? b->sample_index + c * rows : NULL;
+        for (int f = 0; f < b->nfields; f++) {
+            lk_array *fa = &x->field[f];
+            if (fa->ndim < 1 || fa->shape[0] != b->size) continue; /* not per sample */
+            size_t row = lk_array_nbytes(fa) / (size_t)fa->shape[0];
+            fa->shape[0] = rows;
+            fa->data = (char *)fa->data + (size_t)c * (size_t)rows * row;
+        }
+    }
+    /* each micro-batch's loss is its mean: 1/m of it makes the batch's mean
+     * (m = 1: untouched, the bits single has), then accumulation and the
+     * loss scaler as the local step applies them */
+    float mul = a->loss_mul / (float)m;
+    if (a->loss_scale != 1.0f) mul *= a->loss_scale;
+    lk_pipe_stage st = {.comm = s->comm, .blocks = ps->blayer + ps->first[s->rank],
+                        .nblocks = ps->first[s->rank + 1] - ps->first[s->rank], .ctx = ps,
+                        .input = stage_input, .loss = stage_loss, .loss_mul = mul};
+    double t0 = lk_time_now(), loss_sum = 0;
+    if (fn->step_begin) fn->step_begin(fn->ctx);
+    lk_autocast_enter(a->autocast);
+    lk_status rc = lk_pipe_run(ps->sched, &st, &loss_sum);
+    lk_autocast_exit();
+    double t1 = lk_time_now();
+    /* the loss is the last stage's: every rank logs and checks the same value */
+    if (!rc && s->world > 1) rc = lk_comm_broadcast(s->comm, &loss_sum, 1, LK_F64, ps->p - 1);
+    double t2 = lk_time_now();
+    r->t_fwd = t1 - t0; /* forwards and backwards interleave: booked as one */
+    r->t_bwd = 0;
+    r->t_comm = t2 - t1;
+    if (fn->step_end) fn->step_end(fn->ctx, t1, t1, t2);
+    if (rc) return rc;
+    if (a->sync) LK_TRY(reduce_tied(s));
+    r->loss = loss_sum / m;
+    if (fn->pipe_log_loss) LK_TRY(fn->pipe_log_loss(fn->ctx, r->loss));
+    if (fn->check_loss) LK_TRY(fn->check_loss(fn->ctx, r->loss));
+    return LK_STATUS_OK;
+}
+
+/* After the optimizer step: every rank gets every stage's new values. */
+static lk_status after_step(lk_strategy *s) { return sync_params(s); }
+
+/* torch.nn.utils.clip_grad_norm_ over the whole model: the squares summed
+ * on each stage, then over the stages, one coefficient for all. */
+static lk_status clip_grad_norm(lk_strategy *s, double max_norm, double norm_type) {
+    pipe_self *ps = s->self;
+    if (norm_type != 2.0)
+        return lk_error(LK_STATUS_INVALID_ARGUMENT, "strategy %s clips by the 2-norm only, not %g", s->vt->name, norm_type);
+    double sq = 0;
+    for (int i = 0; i < s->local.n; i++) {
+        const lk_tensor *g = s->local.items[i].tensor->grad;
+        if (!g) continue;
+        bool other = false; /* a tied parameter's norm is its first holder's to count */
+        for (int q = 0; q < ps->ntied; q++) other |= ps->tied[q].t == s->local.items[i].tensor && ps->tied[q].first != s->rank;
+        if (other) continue;
+        if (g->dtype != LK_F32 || !lk_device_is_host(g->device))
+            return lk_error(LK_STATUS_INVALID_ARGUMENT, "strategy %s clips f32 gradients on the host only, not %s",
+                            s->vt->name, lk_dtype_name(g->dtype));
+        const float *d = g->data;
+        for (int64_t j = 0; j < g->numel; j++) sq += (double)d[j] * d[j];
+    }
+    if (s->world > 1) LK_TRY(lk_comm_all_reduce(s->comm, &sq, 1, LK_F64, LK_REDUCE_SUM));
+    double coef = max_norm / (sqrt(sq) + 1e-6);
+    if (!(coef < 1.0)) return LK_STATUS_OK;
+    for (int i = 0; i < s->local.n; i++) {
+        lk_tensor *g = s->local.items[i].tensor->grad;
+        if (!g) continue;
+        float *d = g->data;
+        for (int64_t j = 0; j < g->numel; j++) d[j] *= (float)coef;
+    }
+    return LK_STATUS_OK;
+}
+
+/* Every stage sees the whole batch: the data-parallel group is this process. */
+static lk_comm *dp_comm(lk_strategy *s) {
+    (void)s;
+    return NULL;
+}
+
+const lk_strategy_vt lk__strategy_model_parallel = {
+    .name = "model_parallel",
+    .summary = "model_parallel, the model's blocks in stages, one per process",
+    .create = create_mp,
+    .free = pipe_free,
+    .set_blocks = set_blocks,
+    .wrap = wrap,
+    .training_step = training_step,
+    .after_step = after_step,
+    .clip_grad_norm = clip_grad_norm,
+    .dp_comm = dp_comm,
+};
+
+const lk_strategy_vt lk__strategy_pipeline = {
+    .name = "pipeline",
+    .summary = "pipeline, the model's blocks in stages, one per process, micro-batches in a schedule",
+    .create = create_pipe,
+    .free = pipe_free,
+    .set_blocks = set_blocks,
+    .wrap = wrap,
+    .training_step = training_step,
+    .after_step = after_step,
+    .clip_grad_norm = clip_grad_norm,
+    .dp_comm = dp_comm,
+};

@@ -1,0 +1,157 @@
+#!/usr/bin/env bash
+# model_parallel and pipeline through `lockstep fit` against single (mlp on
+# synthetic data, 20 optimizer steps, the same global batch):
+# model_parallel on 2 stages ends with bitwise single's weights (one micro-batch: the same arithmetic, the stages' blocks
+# run one after the other); pipeline on 2 and 3 stages, gpipe and 1f1b, ends
+# bitwise equal to single accumulating the same micro-batches (batch 8 x 4:
+# each micro-batch's mean loss times 1/4, gradients summed in micro-batch
+# order, as the pipeline does), and within 1e-5 of single on the whole batch
+# (the mean over 32 rows against four means over 8); with accumulation,
+# clipping by the norm over every stage and bf16-mixed the same. Bad input
+# is refused before training: a split naming no block, more stages than
+# blocks, chunks that do not divide the batch, an unknown schedule. A tiny gpt
+# (its embedding tied to its head across the first and last stage) the same.
+source "$(dirname "$0")/../cli/lib.sh"
+export LK_ALLOW_OVERSUBSCRIBE=1 # 3 stages on a 2-core machine
+cat >"$T/mlp.yaml" <<YAML
+seed_everything: 3
+trainer:
+  max_steps: 20
+  max_epochs: 10
+  log_every_n_steps: 5
+  enable_progress_bar: false
+  enable_tensorboard: false
+  num_sanity_val_steps: 0
+  limit_val_batches: 2
+model:
+  class_path: mlp
+  init_args: {input_dim: 16, hidden: [32, 24], num_classes: 4}
+data:
+  class_path: synthetic
+  init_args: {num_samples: 640, input_shape: [16], num_classes: 4, batch_size: 32, num_workers: 0}
+optimizer:
+  name: adamw
+  lr: 0.01
+YAML
+run() { # NAME ARGS...: fit, then the checkpoint's weights as $T/NAME.st (a stage's optimizer state stays on its rank)
+  local name=$1; shift
+  if ! "$LK_BIN" fit -c "$T/mlp.yaml" --trainer.default_root_dir "$T/$name" "$@" >"$T/$name.log" 2>&1; then
+    bad "$name: the run failed: $(tail -3 "$T/$name.log")"; return 1
+  fi
+  "$LK_BIN" export --ckpt "$T/$name/lightning_logs/version_0/checkpoints/last.ckpt" --out "$T/$name.st" >/dev/null
+}
+# the largest difference between two safetensors files' f32 tensors, and that their names agree
+near() { # A B TOL
+  python3 - "$1" "$2" "$3" <<'PY'
+import json, struct, sys
+def load(p):
+    b = open(p, 'rb').read(); n = struct.unpack('<Q', b[:8])[0]; h = json.loads(b[8:8 + n]); d = b[8 + n:]
+    out = {}
+    for k, v in h.items():
+        if k == '__metadata__' or v['dtype'] != 'F32': continue
+        s, e = v['data_offsets']; out[k] = struct.unpack('<%df' % ((e - s) // 4), d[s:e])
+    return out
+a, b, tol = load(sys.argv[1]), load(sys.argv[2]), float(sys.argv[3])
+if sorted(a) != sorted(b): print('names differ'); sys.exit(1)
+m = max(max(abs(x - y) for x, y in zip(a[k], b[k])) for k in a)
+print('max |diff| %.3g' % m); sys.exit(0 if m <= tol else 1)
+PY
+}
+run single
+run single_acc --data.init_args.batch_size 8 --trainer.accumulate_grad_batches 4
+run mp2 --trainer.devices 2 --trainer.strategy model_parallel &&
+  check "model_parallel 2 stages: bitwise single" cmp -s "$T/single.st" "$T/mp2.st"
+check "model_parallel: the stages balanced by parameter count" \
+  grep -q "model_parallel: 2 stages (balanced by parameter count" "$T/mp2.log"
+for s in gpipe 1f1b; do
+  for p in 2 3; do
+    run "pp$p$s" --trainer.devices $p --trainer.strategy pipeline --trainer.pipeline.schedule $s --trainer.pipeline.chunks 4 &&
+      check "pipeline $p stages $s 4 chunks: bitwise single accumulating 4 x 8" cmp -s "$T/single_acc.st" "$T/pp$p$s.st"
+  done
+done
+# the same over the mpi communicator, where mpirun is installed
+if command -v mpirun >/dev/null && "$LK_BIN" env 2>/dev/null | grep -q "comm backends.* mpi"; then
+  mflags=(--oversubscribe)
+  [ "$(id -u)" = 0 ] && mflags+=(--allow-run-as-root)
+  if timeout 120 mpirun "${mflags[@]}" -np 2 -x LK_COMM_BACKEND=mpi "$LK_BIN" fit -c "$T/mlp.yaml" \
+    --trainer.default_root_dir "$T/mpi" --trainer.devices 2 --trainer.strategy pipeline --trainer.pipeline.chunks 4 \
+    >"$T/mpi.log" 2>&1; then
+    "$LK_BIN" export --ckpt "$T/mpi/lightning_logs/version_0/checkpoints/last.ckpt" --out "$T/mpi.st" >/dev/null
+    check "pipeline 2 stages 1f1b over mpi: bitwise single accumulating 4 x 8" cmp -s "$T/single_acc.st" "$T/mpi.st"
+  else bad "pipeline over mpi failed: $(tail -3 "$T/mpi.log")"; fi
+else echo "skip: no mpirun or no mpi backend"; fi
+check "pipeline 2 stages 1f1b: within 1e-5 of single on the whole batch ($(near "$T/single.st" "$T/pp21f1b.st" 1))" \
+  near "$T/single.st" "$T/pp21f1b.st" 1e-5
+# accumulation on top of the micro-batches: 2 batches of 2 x 8 per step
+run single_acc2 --data.init_args.batch_size 8 --trainer.accumulate_grad_batches 4 --trainer.max_steps 10
+run pp_acc --trainer.devices 2 --trainer.strategy pipeline --trainer.pipeline.chunks 2 --data.init_args.batch_size 16 \
+  --trainer.accumulate_grad_batches 2 --trainer.max_steps 10 &&
+  check "pipeline 2 stages, 2 chunks x accumulate 2: bitwise single accumulating 4 x 8" cmp -s "$T/single_acc2.st" "$T/pp_acc.st"
+# clipping: the norm over both stages' gradients (summed in f64 per stage; single sums otherwise)
+run single_clip --trainer.gradient_clip_val 0.05
+run mp_clip --trainer.devices 2 --trainer.strategy model_parallel --trainer.gradient_clip_val 0.05 &&
+  check "model_parallel clipped at 0.05: within 1e-5 of single ($(near "$T/single_clip.st" "$T/mp_clip.st" 1))" \
+    near "$T/single_clip.st" "$T/mp_clip.st" 1e-5
+check "clipping at 0.05 changed the run" bash -c "! cmp -s '$T/single.st' '$T/single_clip.st'"
+run single_bf16 --trainer.precision bf16-mixed
+run mp_bf16 --trainer.devices 2 --trainer.strategy model_parallel --trainer.precision bf16-mixed &&
+  check "model_parallel bf16-mixed: bitwise single" cmp -s "$T/single_bf16.st" "$T/mp_bf16.st"
+# a tiny gpt: its token embedding is tied to the head, so the first and the
+# last stage each hold it and its gradient's parts are summed between them
+# before the step (model_parallel: the same bits; pipeline: the parts summed
+# over the micro-batches first, then added, where single adds them per
+# micro-batch: 3.5e-6 measured after 20 AdamW steps)
+cat >"$T/gpt.yaml" <<YAML
+seed_everything: 5
+trainer: {max_steps: 20, max_epochs: 10, enable_progress_bar: false, enable_tensorboard: false, num_sanity_val_steps: 0, limit_val_batches: 2}
+model:
+  class_path: GPT
+  init_args: {n_layer: 2, n_head: 2, n_embd: 16, block_size: 16, vocab_size: 32, dropout: 0.0}
+data:
+  class_path: synthetic
+  init_args: {task: tokens, num_samples: 400, input_shape: [16], num_classes: 32, batch_size: 8, num_workers: 0}
+optimizer: {name: adamw, lr: 0.003}
+YAML
+gpt() { # NAME ARGS...
+  local name=$1; shift
+  if ! "$LK_BIN" fit -c "$T/gpt.yaml" --trainer.default_root_dir "$T/$name" "$@" >"$T/$name.log" 2>&1; then
+    bad "$name: the run failed: $(tail -3 "$T/$name.log")"; return 1
+  fi
+  "$LK_BIN" export --ckpt "$T/$name/lightning_logs/version_0/checkpoints/last.ckpt" --out "$T/$name.st" >/dev/null
+}
+gpt gpt_single
+gpt gpt_acc --data.init_args.batch_size 2 --trainer.accumulate_grad_batches 4
+gpt gpt_mp2 --trainer.devices 2 --trainer.strategy model_parallel &&
+  check "gpt model_parallel 2 stages (wte tied across them): bitwise single" cmp -s "$T/gpt_single.st" "$T/gpt_mp2.st"
+gpt gpt_pp3 --trainer.devices 3 --trainer.strategy pipeline --trainer.pipeline.chunks 4 &&
+  check "gpt pipeline 3 stages 1f1b: within 1e-5 of single accumulating 4 x 2 ($(near "$T/gpt_acc.st" "$T/gpt_pp3.st" 1))" \
+    near "$T/gpt_acc.st" "$T/gpt_pp3.st" 1e-5
+check "gpt pipeline 3 stages: within 1e-5 of single ($(near "$T/gpt_single.st" "$T/gpt_pp3.st" 1))" \
+  near "$T/gpt_single.st" "$T/gpt_pp3.st" 1e-5
+# an explicit split: the autoencoder's encoder | decoder, the seeds' example
+cat >"$T/ae.yaml" <<YAML
+seed_everything: 3
+trainer: {max_steps: 4, enable_progress_bar: false, enable_tensorboard: false, num_sanity_val_steps: 0, limit_val_batches: 1}
+model:
+  class_path: autoencoder
+data:
+  class_path: synthetic
+  init_args: {task: regression, num_samples: 64, input_shape: [784], batch_size: 16, num_workers: 0}
+YAML
+if "$LK_BIN" fit -c "$T/ae.yaml" --trainer.default_root_dir "$T/ae" --trainer.devices 2 --trainer.strategy model_parallel \
+  --trainer.pipeline.split decoder >"$T/ae.log" 2>&1; then
+  check "autoencoder split encoder | decoder" grep -q "\[encoder: .*\] \[decoder: " "$T/ae.log"
+else bad "autoencoder model_parallel failed: $(tail -3 "$T/ae.log")"; fi
+# bad input, before any step
+expect_fail "a split naming no block" 1 "trainer.pipeline.split names 'decodr', which is no block of the model (its blocks: encoder, decoder)" \
+  "$LK_BIN" fit -c "$T/ae.yaml" --trainer.default_root_dir "$T/b1" --trainer.devices 2 --trainer.strategy model_parallel \
+  --trainer.pipeline.split decodr
+expect_fail "more stages than blocks" 1 "3 stages (one per process) but the model has only 2 blocks" \
+  "$LK_BIN" fit -c "$T/ae.yaml" --trainer.default_root_dir "$T/b2" --trainer.devices 3 --trainer.strategy pipeline
+expect_fail "chunks that do not divide the batch" 1 "do not divide into trainer.pipeline.chunks = 5 equal micro-batches" \
+  "$LK_BIN" fit -c "$T/mlp.yaml" --trainer.default_root_dir "$T/b3" --trainer.devices 2 --trainer.strategy pipeline \
+  --trainer.pipeline.chunks 5
+expect_fail "an unknown schedule" 2 "trainer.pipeline.schedule: trainer.pipeline_schedule: expected one of gpipe|1f1b, got '1f2b'" \
+  "$LK_BIN" fit -c "$T/mlp.yaml" --trainer.default_root_dir "$T/b4" --trainer.devices 2 --trainer.strategy pipeline \
+  --trainer.pipeline.schedule 1f2b
+finish
