@@ -1,5 +1,10 @@
-/* The module and data module helpers of the public API (free) and
- * lk_batch_tensor: a batch field as a tensor on the run's device. */
+/* The module and data module helpers of the public API (free),
+ * lk_batch_tensor: a batch field as a tensor on the run's device, and which
+ * layers of a module's network recompute in the backward
+ * (trainer.activation_checkpointing and its policy). */
+#include <stdio.h>
+#include <string.h>
+
 #include "tensor/tensor_impl.h"
 #include "train/prefetch.h"
 #include "train/train_impl.h"
@@ -102,4 +107,52 @@ lk_tensor *lk_batch_tensor(const lk_batch *b, int field) {
         lk__host_shadow_set(t, a->data, b, field);
     }
     return lk_scope_adopt(t);
+}
+
+/* ---- activation checkpointing (trainer.activation_checkpointing[_policy]) ---------- */
+
+static void collect_types(const lk_layer *l, const char **types, int *n, int max) {
+    bool seen = false;
+    for (int i = 0; i < *n && !seen; i++) seen = !strcmp(types[i], l->type);
+    if (!seen && *n < max) types[(*n)++] = l->type;
+    for (int c = 0; c < l->n_children; c++) collect_types(l->children[c].layer, types, n, max);
+}
+
+lk_status lk__activation_checkpointing(const lk_trainer_config *c, lk_layer *net, int *count) {
+    *count = 0;
+    bool policy = c->activation_checkpointing_policy[0] != '\0';
+    if (!net || (!c->activation_checkpointing && !policy)) return LK_STATUS_OK;
+    if (c->sync_batchnorm)
+        return lk_error(LK_STATUS_UNSUPPORTED, "trainer.activation_checkpointing with trainer.sync_batchnorm: a "
+                        "recompute would all-reduce the statistics again inside the backward; turn one of them off");
+    if (!policy) {
+        *count = lk_layer_checkpoint_policy(net, NULL, 0);
+        return LK_STATUS_OK;
+    }
+    /* "Linear,Conv2d", "[Linear, Conv2d]": class names, checked against the model's */
+    enum { MAX = 64 };
+    const char *have[MAX];
+    int nhave = 0;
+    collect_types(net, have, &nhave, MAX);
+    char buf[LK_PARAM_STR];
+    snprintf(buf, sizeof buf, "%s", c->activation_checkpointing_policy);
+    const char *names[MAX];
+    int n = 0;
+    for (char *tok = strtok(buf, "[], \t"); tok; tok = strtok(NULL, "[], \t")) {
+        bool ok = false;
+        for (int i = 0; i < nhave && !ok; i++) ok = !strcmp(have[i], tok);
+        if (!ok) {
+            char list[512] = "";
+            for (int i = 0; i < nhave; i++)
+                snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", i ? ", " : "", have[i]);
+            return lk_error(LK_STATUS_INVALID_ARGUMENT, "trainer.activation_checkpointing_policy: no layer of class "
+                            "'%s' in the model (its layer classes: %s)", tok, list);
+        }
+        if (n < MAX) names[n++] = tok;
+    }
+    if (n == 0)
+        return lk_error(LK_STATUS_INVALID_ARGUMENT, "trainer.activation_checkpointing_policy: '%s' names no layer class",
+                        c->activation_checkpointing_policy);
+    *count = lk_layer_checkpoint_policy(net, names, n);
+    return LK_STATUS_OK;
 }
