@@ -64,10 +64,13 @@ typedef struct lk_strategy_vt {
 extern const lk_strategy_vt lk__strategy_single;
 extern const lk_strategy_vt lk__strategy_ddp;
 extern const lk_strategy_vt lk__strategy_dp;
+extern const lk_strategy_vt lk__strategy_zero1; /* zero.c: deepspeed_stage_1 */
+extern const lk_strategy_vt lk__strategy_zero2; /* zero.c: deepspeed_stage_2 */
 
 struct lk_strategy {
     const lk_strategy_vt *vt;
     void *self; /* the strategy's own state */
+    void *ext;  /* a strategy built over another's vtable (zero.c over ddp's): its own state, beside self */
     lk_strategy_config cfg;
     lk_ddp_options ddp; /* cfg.ddp's copy (its defaults when none was given); cfg.ddp points here */
     lk_comm *comm;
