@@ -18,12 +18,13 @@
  * whole and unreduced until the last micro-batch, then one reduce-scatter.
  *
  * Built over ddp's vtable (s->self is ddp's state); this strategy's own state
- * is s->ext. The optimizer state is allocated for the whole flat range on
- * every rank (lk__optimizer_shard indexes it by position) and only the
- * rank's chunk is updated: the compute and the update's memory traffic are
- * sharded, the state's memory is not yet. A checkpoint gathers the chunks'
- * state first (state_dict, a collective), so resume is exact. Host devices
- * only for now. */
+ * is s->ext. The optimizer keeps the state of its chunk only (arrays x
+ * chunk floats, lk__optimizer_state_layout): ZeRO's 12 bytes per parameter
+ * of Adam's f32 master state divided by N. Around a checkpoint the state is
+ * made whole: gathered from every rank before a save (state_dict, a
+ * collective), or loaded whole by every rank (state_dict_loaded makes room);
+ * the next synced backward cuts it back to the chunk before the optimizer
+ * steps. Resume at the same world size is exact. Host devices only for now. */
 #include <string.h>
 
 #include <math.h>
@@ -38,8 +39,9 @@ typedef struct zero {
     int stage;
     int64_t numel, chunk, lo, hi; /* flat elements, per-rank chunk, this rank's [lo, hi) */
     void *params;                 /* chunk * world elements of param_dtype: the replicas' flat parameters */
-    float *ostate;                /* the optimizer's state (nstate floats), private */
-    int64_t nstate;
+    int64_t arrays;               /* the optimizer's state arrays (Adam: 2) */
+    float *chunk_state;           /* arrays x chunk floats: the state of this rank's chunk, all it keeps */
+    float *whole_state;           /* arrays x numel floats, around a checkpoint only (NULL otherwise) */
     lk_optimizer *optim;          /* borrowed: the one sharded over the chunks */
     void *recv;                   /* stage 2: the rank's reduced chunk */
     bool sync;                    /* stage 2: this backward's reduce-scatter is due */
@@ -81,7 +83,8 @@ static void z_free(lk_strategy *s) {
     lk__strategy_ddp.free(s);
     if (!z) return;
     lk_aligned_free(z->params);
-    lk_free(z->ostate);
+    lk_free(z->chunk_state);
+    lk_free(z->whole_state);
     lk_aligned_free(z->recv);
     lk_free(z);
     s->ext = NULL;
@@ -148,11 +151,44 @@ static lk_status z_shard_optimizer(lk_strategy *s, lk_optimizer *o) {
     if (nstate < 0)
         return lk_error(LK_STATUS_UNSUPPORTED, "%s shards one parameter group over the ranks (this optimizer has %d); "
                         "use ddp for several groups", s->vt->name, lk_optimizer_num_groups(o));
-    if (nstate > 0 && !(z->ostate = lk_calloc((size_t)nstate, sizeof(float)))) return LK_STATUS_OUT_OF_MEMORY;
-    z->nstate = nstate;
-    LK_TRY(lk__optimizer_shard(o, z->lo, z->hi, z->ostate, true));
+    z->arrays = z->numel ? nstate / z->numel : 0;
+    /* the update restricted to the chunk over a whole copy of the state (its
+     * values copied in), then only the chunk's part kept */
+    float *whole = lk_calloc((size_t)nstate + 1, sizeof(float));
+    z->chunk_state = lk_calloc((size_t)(z->arrays * z->chunk) + 1, sizeof(float));
+    lk_status st = whole && z->chunk_state ? LK_STATUS_OK : LK_STATUS_OUT_OF_MEMORY;
+    if (!st) st = lk__optimizer_shard(o, z->lo, z->hi, whole, true);
+    for (int64_t k = 0; !st && k < z->arrays; k++)
+        memcpy(z->chunk_state + k * z->chunk, whole + k * z->numel + z->lo, (size_t)(z->hi - z->lo) * sizeof(float));
+    if (!st) st = lk__optimizer_state_layout(o, z->chunk_state, z->lo, z->chunk);
+    lk_free(whole);
+    LK_TRY(st);
     z->optim = o;
     return LK_STATUS_OK;
+}
+
+/* The optimizer back on its chunk's state after a checkpoint made it whole
+ * (before the optimizer steps again). */
+static lk_status to_chunk(lk_strategy *s) {
+    zero *z = z_of(s);
+    if (!z->whole_state) return LK_STATUS_OK;
+    for (int64_t k = 0; k < z->arrays; k++)
+        memcpy(z->chunk_state + k * z->chunk, z->whole_state + k * z->numel + z->lo, (size_t)(z->hi - z->lo) * sizeof(float));
+    LK_TRY(lk__optimizer_state_layout(z->optim, z->chunk_state, z->lo, z->chunk));
+    lk_free(z->whole_state);
+    z->whole_state = NULL;
+    return LK_STATUS_OK;
+}
+
+/* Room for the whole state, with this rank's chunk in it (the rest zero
+ * until a gather or a load fills it), and the optimizer pointed at it. */
+static lk_status to_whole(lk_strategy *s) {
+    zero *z = z_of(s);
+    if (z->whole_state || !z->optim) return LK_STATUS_OK;
+    if (!(z->whole_state = lk_calloc((size_t)(z->arrays * z->numel) + 1, sizeof(float)))) return LK_STATUS_OUT_OF_MEMORY;
+    for (int64_t k = 0; k < z->arrays; k++)
+        memcpy(z->whole_state + k * z->numel + z->lo, z->chunk_state + k * z->chunk, (size_t)(z->hi - z->lo) * sizeof(float));
+    return lk__optimizer_state_layout(z->optim, z->whole_state, 0, z->numel);
 }
 
 static void z_begin_backward(lk_strategy *s, bool sync) {
@@ -166,6 +202,7 @@ static void z_begin_backward(lk_strategy *s, bool sync) {
 
 static lk_status z_finish_backward(lk_strategy *s) {
     zero *z = z_of(s);
+    if ((z->stage == 1 ? s->sync : z->sync) && z->whole_state) LK_TRY(to_chunk(s)); /* the step comes: back to the chunk */
     if (z->stage == 1) return lk__strategy_ddp.finish_backward(s);
     if (!z->sync) return LK_STATUS_OK;
     if (!z->optim)
@@ -238,28 +275,32 @@ static lk_status z_clip_grad_norm(lk_strategy *s, double max_norm, double norm_t
     return LK_STATUS_OK;
 }
 
-/* The whole optimizer state into every rank's copy before a checkpoint
- * reads it (each array's chunks gathered through a padded scratch), then
- * the model's state dict, which every replica holds whole. Collective. */
+/* The whole optimizer state on every rank before a checkpoint reads it
+ * (each array's chunks all-gathered through a padded scratch; a state
+ * already whole — a second checkpoint before the next step — is every
+ * rank's same values, so no rank gathers), then the model's state dict,
+ * which every replica holds whole. Collective. */
 static lk_status z_state_dict(lk_strategy *s, lk_layer *net, lk_named_tensors *out) {
     zero *z = z_of(s);
-    int64_t arrays = z->numel ? z->nstate / z->numel : 0;
-    if (arrays > 0) {
+    if (z->optim && !z->whole_state && z->arrays > 0) {
         float *tmp = lk_aligned_alloc(LK_ALIGN, (size_t)(z->chunk * s->world) * sizeof(float));
         if (!tmp) return LK_STATUS_OUT_OF_MEMORY;
-        lk_status st = LK_STATUS_OK;
-        for (int64_t k = 0; k < arrays && !st; k++) {
-            float *a = z->ostate + k * z->numel;
-            memset(tmp + z->chunk * s->rank, 0, (size_t)z->chunk * sizeof(float));
-            memcpy(tmp + z->chunk * s->rank, a + z->lo, (size_t)(z->hi - z->lo) * sizeof(float));
-            st = lk_comm_all_gather(s->comm, tmp + z->chunk * s->rank, tmp, (size_t)z->chunk, LK_F32);
-            if (!st) memcpy(a, tmp, (size_t)z->numel * sizeof(float));
+        lk_status st = to_whole(s);
+        for (int64_t k = 0; k < z->arrays && !st; k++) {
+            float *mine = tmp + z->chunk * s->rank;
+            memcpy(mine, z->chunk_state + k * z->chunk, (size_t)z->chunk * sizeof(float));
+            st = lk_comm_all_gather(s->comm, mine, tmp, (size_t)z->chunk, LK_F32);
+            if (!st) memcpy(z->whole_state + k * z->numel, tmp, (size_t)z->numel * sizeof(float));
         }
         lk_aligned_free(tmp);
         LK_TRY(st);
     }
     return lk_state_dict_get(net, out);
 }
+
+/* Every rank read the whole checkpoint: the optimizer's state is loaded
+ * whole next (checkpoint.c), so it gets room for it here. */
+static lk_status z_state_dict_loaded(lk_strategy *s) { return to_whole(s); }
 
 static bool z_shares_params(const lk_strategy *s) { (void)s; return false; }
 
@@ -288,6 +329,7 @@ const lk_strategy_vt lk__strategy_zero1 = {
     .shares_params = z_shares_params,
     .join = z_join,
     .state_dict = z_state_dict,
+    .state_dict_loaded = z_state_dict_loaded,
 };
 
 const lk_strategy_vt lk__strategy_zero2 = {
@@ -308,4 +350,5 @@ const lk_strategy_vt lk__strategy_zero2 = {
     .join = z_join,
     .clip_grad_norm = z_clip_grad_norm,
     .state_dict = z_state_dict,
+    .state_dict_loaded = z_state_dict_loaded,
 };
