@@ -116,6 +116,15 @@ fit straight --trainer.devices 3 --trainer.strategy deepspeed_stage_2
 check "stage 2 x3: resumed at step 10 == 20 straight steps, bitwise (optimizer chunks gathered into the checkpoint)" \
   same resumed straight
 
+# the checkpoint is the ordinary whole one: saved by stage 2 on 3 ranks (above, step 10), it resumes at
+# other world sizes and strategies; stage 1 x2 and ddp x2 from it end equal, bitwise
+c="$T/half/lightning_logs/version_0/checkpoints/last.ckpt"
+fit from_z1 --trainer.devices 2 --trainer.strategy deepspeed_stage_1 --ckpt_path "$c"
+fit from_ddp --trainer.devices 2 --trainer.strategy ddp --ckpt_path "$c"
+check "a stage-2 checkpoint from 3 ranks resumes as stage 1 on 2 ranks == as ddp on 2 ranks, bitwise" same from_z1 from_ddp
+fit from_single --trainer.devices 1 --trainer.strategy single --ckpt_path "$c"
+check "a stage-2 checkpoint from 3 ranks resumes on one process" test -s "$T/from_single.st"
+
 # refusals
 expect_fail "stage 3 is refused with a reason" 2 "ZeRO stage 3 (sharded parameters) is not built yet" \
   timeout 60 "$LK_BIN" fit -c "$T/z.yaml" --trainer.devices 2 \
