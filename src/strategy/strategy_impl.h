@@ -59,6 +59,9 @@ typedef struct lk_strategy_vt {
     /* The data-parallel group when it is not the whole communicator (a
      * subgroup: pipeline stages, tensor parallelism); NULL: s->comm. */
     lk_comm *(*dp_comm)(lk_strategy *s);
+    /* (optional) The model state this rank holds, when it is not every
+     * buffer whole (lk_strategy_get_memory's default). */
+    void (*memory)(const lk_strategy *s, lk_strategy_memory *m);
 } lk_strategy_vt;
 
 extern const lk_strategy_vt lk__strategy_single;
@@ -108,6 +111,7 @@ struct lk_strategy {
     /* the data-parallel group (lk_strategy_dp_comm): dp_comm NULL alone */
     lk_comm *dp_comm;
     int dp_rank, dp_size;
+    int64_t optim_state_floats; /* lk_strategy_shard_optimizer's optimizer's, whole (0: none) */
 };
 
 /* Tests only: one more strategy, found by info->name (copied) and not

@@ -304,6 +304,19 @@ static lk_status z_state_dict_loaded(lk_strategy *s) { return to_whole(s); }
 
 static bool z_shares_params(const lk_strategy *s) { (void)s; return false; }
 
+/* Parameters and gradients in their padded buffers (stage 2's gradient
+ * buffer is still whole: the backward writes every gradient before the
+ * reduce-scatter), the optimizer state of the chunk: what a step holds
+ * (the whole copy a checkpoint makes lives until the next synced backward,
+ * and is not counted). */
+static void z_memory(const lk_strategy *s, lk_strategy_memory *m) {
+    const zero *z = z_of(s);
+    int64_t padded = z->chunk * s->world * (int64_t)esz(s);
+    m->param_bytes = padded;
+    m->grad_bytes = z->stage == 2 ? padded : s->flat_numel * (int64_t)esz(s);
+    m->optim_state_bytes = z->optim ? z->chunk * z->arrays * (int64_t)sizeof(float) : 0;
+}
+
 static lk_status z_join(lk_strategy *s) {
     return lk_error(LK_STATUS_UNSUPPORTED, "%s: uneven inputs (join) are not supported: a rank that ran out takes no "
                     "optimizer step, so its chunk would not be updated; give every rank the same number of batches "
@@ -330,6 +343,7 @@ const lk_strategy_vt lk__strategy_zero1 = {
     .join = z_join,
     .state_dict = z_state_dict,
     .state_dict_loaded = z_state_dict_loaded,
+    .memory = z_memory,
 };
 
 const lk_strategy_vt lk__strategy_zero2 = {
@@ -351,4 +365,5 @@ const lk_strategy_vt lk__strategy_zero2 = {
     .clip_grad_norm = z_clip_grad_norm,
     .state_dict = z_state_dict,
     .state_dict_loaded = z_state_dict_loaded,
+    .memory = z_memory,
 };

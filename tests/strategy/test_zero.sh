@@ -82,6 +82,13 @@ for n in 2 3 4; do
       same z$s.$n ddp$n
   done
 done
+# model state per rank in run.json: 697 parameters, Adam (2 f32 arrays), 4 ranks: chunks of 175
+state_bytes() { python3 -c "
+import json, sys; m = json.load(open(sys.argv[1]))['model_state_bytes']
+print(m['parameters'], m['gradients'], m['optimizer_state'])" "$(ls -d "$T"/runs/lightning_logs/version_*)/run.json"; }
+got=$(state_bytes)
+check "stage 2 x4 run.json model_state_bytes: padded 700-element buffers, Adam state of one chunk ($got)" \
+  test "$got" = "2800 2800 1400"
 grep -q "deepspeed_stage_2 (lockstep's ZeRO-2" "$T/z2.4.log" && ok "the fit's opening line names lockstep's ZeRO-2" \
   || bad "the fit's opening line names lockstep's ZeRO-2"
 
