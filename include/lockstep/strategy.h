@@ -385,6 +385,17 @@ typedef struct lk_strategy_stats {
 } lk_strategy_stats;
 lk_strategy_stats lk_strategy_get_stats(const lk_strategy *s);
 
+/* The model state this rank holds, in bytes (ZeRO's accounting): the flat
+ * parameters, the flat gradients and the optimizer's state (that of
+ * lk_strategy_shard_optimizer's optimizer; 0 before). The replicas hold
+ * everything whole (ddp's shared_params: the node's one copy, counted whole
+ * here); deepspeed_stage_1/2 hold 1/N of the optimizer state (and their
+ * padded buffers). Zero before lk_strategy_wrap. */
+typedef struct lk_strategy_memory {
+    int64_t param_bytes, grad_bytes, optim_state_bytes;
+} lk_strategy_memory;
+lk_strategy_memory lk_strategy_get_memory(const lk_strategy *s);
+
 #ifdef __cplusplus
 }
 #endif

@@ -25,6 +25,12 @@ void lk__optimizer_prewake(const lk_optimizer *o);
  * Steps and hyperparameters stay per process, identical on every rank. */
 int64_t lk__optimizer_state_floats(const lk_optimizer *o);
 lk_status lk__optimizer_shard(lk_optimizer *o, int64_t lo, int64_t hi, float *state, bool owner);
+/* After lk__optimizer_shard: the state now lives in `state` (borrowed; the
+ * caller moved the values), element i of array k at state[k * stride + i -
+ * base], which must cover [lo, hi). ZeRO keeps only its chunk this way
+ * (base lo, stride the chunk's length) and switches to a whole copy
+ * (0, numel) around a checkpoint; state_get and state_load refuse a chunk. */
+lk_status lk__optimizer_state_layout(lk_optimizer *o, float *state, int64_t base, int64_t stride);
 
 /* lk_grad_scaler_unscale without the read, for a caller that reads the
  * counts with more (the trainer's one read per step): checks the gradients

@@ -37,6 +37,10 @@ typedef struct {
      * only the state's owner writes it when a checkpoint is loaded. */
     int64_t lo, hi;
     bool state_shared, state_writer;
+    /* The state's layout: element i of array k at state[k * sstride + i - sbase].
+     * The whole group (0, numel) unless a ZeRO strategy keeps only its chunk
+     * (lk__optimizer_state_layout). */
+    int64_t sbase, sstride;
     bool any_no_decay; /* some parameter is exempt from weight decay: ranges split at its bounds */
 } opt_group;
 
@@ -196,6 +200,7 @@ lk_status lk_optimizer_add_param_group(lk_optimizer *o, const lk_named_tensors *
         g.ps[i].off = g.numel;
         g.numel += params->items[i].tensor->numel;
         g.hi = g.numel;
+        g.sstride = g.numel;
         if (!g.ps[i].name) {
             group_clear(&g);
             return LK_STATUS_OUT_OF_MEMORY;
@@ -263,18 +268,19 @@ static lk_status run_range(opt_group *g, lk_device dev, void *p, const void *gr,
 static lk_status run_range_wd(opt_group *g, lk_device dev, void *p, const void *gr, int64_t off, int64_t n,
                               int64_t step, double weight_decay) {
     const lk_optim_config *c = &g->cfg;
-    float *s0 = g->state ? g->state + off : NULL, *s1 = NULL, *s2 = NULL;
+    int64_t at = off - g->sbase; /* the range's first element in the state arrays (a ZeRO chunk starts at sbase) */
+    float *s0 = g->state ? g->state + at : NULL, *s1 = NULL, *s2 = NULL;
     lk_optim_rule rule = LK_OPTIM_RULE_ADAM;
     if (c->kind == LK_OPTIM_SGD) {
         rule = LK_OPTIM_RULE_SGD;
     } else if (c->kind == LK_OPTIM_RMSPROP) {
         int k = 1;
         rule = LK_OPTIM_RULE_RMSPROP;
-        s1 = c->momentum > 0.0 ? g->state + (k++) * g->numel + off : NULL;
-        s2 = c->centered ? g->state + k * g->numel + off : NULL;
+        s1 = c->momentum > 0.0 ? g->state + (k++) * g->sstride + at : NULL;
+        s2 = c->centered ? g->state + k * g->sstride + at : NULL;
     } else {
-        s1 = g->state + g->numel + off;
-        s2 = g->n_state > 2 ? g->state + 2 * g->numel + off : NULL;
+        s1 = g->state + g->sstride + at;
+        s2 = g->n_state > 2 ? g->state + 2 * g->sstride + at : NULL;
     }
     lk_op_desc d = {.op = LK_OP_OPTIM_UPDATE, .dtype = {g->dt, g->dt, LK_F32, LK_F32, LK_F32}};
     d.optim = (lk_optim_params){rule,          n,         step,    c->lr,    c->momentum,
@@ -508,6 +514,10 @@ lk_status lk_optimizer_state_get(const lk_optimizer *o, lk_named_tensors *out) {
             snprintf(name, sizeof name, "param_groups.%d.initial_lr", gi);
             LK_TRY(put_scalar(out, name, LK_F64, g->initial_lr));
         }
+        if (g->n_state && g->sstride != g->numel)
+            return lk_error(LK_STATUS_INVALID_USAGE, "optimizer state_get: this rank holds only elements [%lld, %lld) of "
+                            "the state (a ZeRO strategy): gather it through lk_strategy_state_dict first",
+                            (long long)g->sbase, (long long)(g->sbase + g->sstride));
         for (int i = 0; i < g->n; i++) {
             const opt_param *op = &g->ps[i];
             if (op->step == 0) continue; /* PyTorch creates state lazily */
@@ -609,7 +619,7 @@ lk_status lk_optimizer_state_load(lk_optimizer *o, const lk_named_tensors *state
         opt_group *gr = &o->groups[g];
         for (int i = 0; i < gr->n; i++) gr->ps[i].step = 0;
         if (gr->state && gr->state_writer)
-            LK_TRY(lk_device_memset(gr->dev, gr->state, 0, (size_t)gr->n_state * (size_t)gr->numel * sizeof(float)));
+            LK_TRY(lk_device_memset(gr->dev, gr->state, 0, (size_t)gr->n_state * (size_t)gr->sstride * sizeof(float)));
     }
     for (int k = 0; k < state->n; k++) {
         const char *nm = state->items[k].name;
@@ -634,6 +644,9 @@ lk_status lk_optimizer_state_load(lk_optimizer *o, const lk_named_tensors *state
         opt_group *gr = &o->groups[gi];
         if (field < 0) {
             gr->ps[pi].step = (int64_t)lk_tensor_get(t, 0);
+        } else if (gr->state_writer && gr->sstride != gr->numel) {
+            return lk_error(LK_STATUS_INVALID_USAGE, "optimizer_state_load: this rank holds only a chunk of the state "
+                            "(a ZeRO strategy): lk_strategy_state_dict_loaded makes it whole first");
         } else if (gr->state_writer) {
             lk_tensor *dst = lk__tensor_wrap_on(gr->dev, LK_F32, gr->ps[pi].p->ndim, gr->ps[pi].p->shape,
                                                 gr->state + field * gr->numel + gr->ps[pi].off);
@@ -650,6 +663,19 @@ lk_status lk_optimizer_state_load(lk_optimizer *o, const lk_named_tensors *state
 
 int64_t lk__optimizer_state_floats(const lk_optimizer *o) {
     return o && o->n_groups == 1 ? (int64_t)o->groups[0].n_state * o->groups[0].numel : -1;
+}
+
+lk_status lk__optimizer_state_layout(lk_optimizer *o, float *state, int64_t base, int64_t stride) {
+    if (!o || o->n_groups != 1) return lk_error(LK_STATUS_UNSUPPORTED, "a sharded optimizer state needs exactly one parameter group");
+    opt_group *g = &o->groups[0];
+    if (!g->state_shared) return lk_error(LK_STATUS_INVALID_USAGE, "optimizer state layout: shard the update first (lk__optimizer_shard)");
+    if (!(0 <= base && base <= g->lo && g->hi <= base + stride))
+        return lk_error(LK_STATUS_INVALID_ARGUMENT, "optimizer state layout [%lld, +%lld) does not cover the update's [%lld, %lld)",
+                        (long long)base, (long long)stride, (long long)g->lo, (long long)g->hi);
+    if (g->n_state) g->state = state;
+    g->sbase = base;
+    g->sstride = stride;
+    return LK_STATUS_OK;
 }
 
 lk_status lk__optimizer_shard(lk_optimizer *o, int64_t lo, int64_t hi, float *state, bool owner) {

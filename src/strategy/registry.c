@@ -25,6 +25,12 @@ static const struct entry {
     /* pipelines (pipeline.c): stages of blocks, one per process */
     {{"model_parallel", NULL, LK_PROCESS_PER_DEVICE, false, false}, &lk__strategy_model_parallel},
     {{"pipeline", NULL, LK_PROCESS_PER_DEVICE, false, false}, &lk__strategy_pipeline},
+    /* zero.c, lockstep's own ZeRO (no DeepSpeed inside). DeepSpeedStrategy's
+     * stage defaults to 2, as Lightning's: stage 2 comes first; init_args.stage
+     * picks the other (trainer_config.c). They read ddp's options (buckets,
+     * broadcast_buffers; stage 1 also its comm hooks). */
+    {{"deepspeed_stage_2", "DeepSpeedStrategy", LK_PROCESS_PER_DEVICE, false, true}, &lk__strategy_zero2},
+    {{"deepspeed_stage_1", "DeepSpeedStrategy", LK_PROCESS_PER_DEVICE, false, true}, &lk__strategy_zero1},
 };
 #define NREG ((int)(sizeof registry / sizeof registry[0]))
 
@@ -41,7 +47,8 @@ static const struct {
     {"single_device", "single"},
 };
 
-static const char *const strategy_names[] = {"auto", "single", "ddp", "ddp_spawn", "dp", "model_parallel", "pipeline"};
+static const char *const strategy_names[] = {"auto", "single", "ddp", "ddp_spawn", "dp", "deepspeed_stage_1",
+                                             "deepspeed_stage_2", "model_parallel", "pipeline"};
 
 const char *const *lk_strategy_names(int *count) {
     *count = (int)(sizeof strategy_names / sizeof strategy_names[0]);
@@ -86,8 +93,12 @@ static const char *const ddp_args[] = {"bucket_cap_mb", "broadcast_buffers", "dd
                                        "gradient_as_bucket_view", "shared_params", "start_method", "static_graph",
                                        NULL};
 static const char *const no_args[] = {NULL};
+/* DeepSpeedStrategy: stage (1 or 2 here) and the DeepSpeed switches that
+ * change nothing in lockstep's ZeRO (booleans: the gradients are always
+ * one contiguous buffer; stage 2's overlap is not built yet). */
+static const char *const zero_args[] = {"stage", "contiguous_gradients", "overlap_comm", NULL};
 static const char *const class_names[] = {"DDPStrategy", "DDPSpawnStrategy", "DataParallelStrategy",
-                                          "SingleDeviceStrategy"};
+                                          "SingleDeviceStrategy", "DeepSpeedStrategy"};
 
 const char *const *lk_strategy_class_names(int *count) {
     *count = (int)(sizeof class_names / sizeof class_names[0]);
@@ -96,6 +107,7 @@ const char *const *lk_strategy_class_names(int *count) {
 
 const char *const *lk_strategy_init_args(const char *class_name) {
     const struct entry *e = find_entry(class_name);
+    if (e && (e->vt == &lk__strategy_zero1 || e->vt == &lk__strategy_zero2)) return zero_args;
     return e && e->info.ddp_options ? ddp_args : no_args;
 }
 
@@ -122,7 +134,8 @@ lk_status lk_strategy_create(const lk_strategy_config *cfg, lk_strategy **out) {
         int n;
         const char *const *names = lk_strategy_names(&n);
         const char *s = lk_suggest(name, names, n);
-        return lk_error(LK_STATUS_INVALID_ARGUMENT, "unknown strategy '%s'%s%s%s (expected auto, single, ddp, ddp_spawn, dp, model_parallel or pipeline)", name,
+        return lk_error(LK_STATUS_INVALID_ARGUMENT, "unknown strategy '%s'%s%s%s (expected auto, single, ddp, ddp_spawn, dp, "
+                        "deepspeed_stage_1, deepspeed_stage_2, model_parallel or pipeline)", name,
                         s ? " (did you mean '" : "", s ? s : "", s ? "'?)" : "");
     }
     if (vt == &lk__strategy_single && world > 1)

@@ -11,6 +11,7 @@
 
 #include "backend/backend_impl.h"
 #include "backend/replay.h"
+#include "optim/optim_impl.h" /* lk__optimizer_state_floats: the state's size for lk_strategy_get_memory */
 #include "strategy/strategy_impl.h"
 #include "tensor/tensor_impl.h"
 
@@ -311,7 +312,18 @@ lk_status lk_strategy_optimizer_step(lk_strategy *s, lk_optimizer *o, bool skip)
 /* ---- the lower-level calls ---------------------------------------------------------- */
 
 lk_status lk_strategy_shard_optimizer(lk_strategy *s, lk_optimizer *o) {
+    int64_t f = o ? lk__optimizer_state_floats(o) : 0;
+    s->optim_state_floats = f > 0 ? f : 0; /* several groups (-1): not counted */
     return s->vt->shard_optimizer ? s->vt->shard_optimizer(s, o) : LK_STATUS_OK;
+}
+
+lk_strategy_memory lk_strategy_get_memory(const lk_strategy *s) {
+    lk_strategy_memory m = {0};
+    if (!s->wrapped) return m;
+    int64_t b = s->flat_numel * (int64_t)lk_dtype_size(s->cfg.param_dtype);
+    m = (lk_strategy_memory){b, b, s->optim_state_floats * (int64_t)sizeof(float)};
+    if (s->vt->memory) s->vt->memory(s, &m);
+    return m;
 }
 
 lk_status lk_strategy_after_step(lk_strategy *s) { return s->vt->after_step ? s->vt->after_step(s) : LK_STATUS_OK; }

@@ -62,6 +62,9 @@ typedef struct lk_strategy_vt {
     /* (pipelines) The network's blocks before wrap (lk_strategy_set_blocks);
      * NULL: the strategy needs none. */
     lk_status (*set_blocks)(lk_strategy *s, const lk_named_layer *blocks, int n);
+    /* (optional) The model state this rank holds, when it is not every
+     * buffer whole (lk_strategy_get_memory's default). */
+    void (*memory)(const lk_strategy *s, lk_strategy_memory *m);
 } lk_strategy_vt;
 
 extern const lk_strategy_vt lk__strategy_single;
@@ -69,10 +72,13 @@ extern const lk_strategy_vt lk__strategy_ddp;
 extern const lk_strategy_vt lk__strategy_dp;
 extern const lk_strategy_vt lk__strategy_model_parallel; /* pipeline.c */
 extern const lk_strategy_vt lk__strategy_pipeline;
+extern const lk_strategy_vt lk__strategy_zero1; /* zero.c: deepspeed_stage_1 */
+extern const lk_strategy_vt lk__strategy_zero2; /* zero.c: deepspeed_stage_2 */
 
 struct lk_strategy {
     const lk_strategy_vt *vt;
     void *self; /* the strategy's own state */
+    void *ext;  /* a strategy built over another's vtable (zero.c over ddp's): its own state, beside self */
     lk_strategy_config cfg;
     lk_ddp_options ddp; /* cfg.ddp's copy (its defaults when none was given); cfg.ddp points here */
     lk_comm *comm;
@@ -110,6 +116,7 @@ struct lk_strategy {
     /* the data-parallel group (lk_strategy_dp_comm): dp_comm NULL alone */
     lk_comm *dp_comm;
     int dp_rank, dp_size;
+    int64_t optim_state_floats; /* lk_strategy_shard_optimizer's optimizer's, whole (0: none) */
 };
 
 /* Tests only: one more strategy, found by info->name (copied) and not

@@ -134,6 +134,16 @@ lk_status lk_runinfo_to_json(const lk_runinfo *info, char **out) {
     ok = ok && add(root, "wall_s", number_or_null(info->wall_s));
     ok = ok && add(root, "time_to_first_step_s", number_or_null(info->time_to_first_step_s));
     ok = ok && add(root, "step_peak_mb", info->step_peak_mb > 0 ? cJSON_CreateNumber(info->step_peak_mb) : cJSON_CreateNull());
+    if (info->has_model_state) {
+        cJSON *ms = cJSON_CreateObject();
+        ok = ok && ms && add(ms, "parameters", cJSON_CreateNumber((double)info->model_state_bytes[0]));
+        ok = ok && ms && add(ms, "gradients", cJSON_CreateNumber((double)info->model_state_bytes[1]));
+        ok = ok && ms && add(ms, "optimizer_state", cJSON_CreateNumber((double)info->model_state_bytes[2]));
+        ok = ok && ms && add(root, "model_state_bytes", ms);
+        if (!ok) cJSON_Delete(ms);
+    } else {
+        ok = ok && add(root, "model_state_bytes", cJSON_CreateNull());
+    }
     ok = ok && add(root, "world_size", cJSON_CreateNumber(info->world_size));
     ok = ok && add(root, "strategy", string_or_null(info->strategy));
     ok = ok && add(root, "comm_backend", string_or_null(info->comm_backend));

@@ -86,6 +86,13 @@ void lk__write_runinfo(lk_trainer *tr, const char *command, lk_status st) {
                                       1e3 * (tr->sum_bwd - z[2]) / n, 1e3 * (tr->sum_comm - z[3]) / n,
                                       1e3 * (tr->sum_opt - z[4]) / n, 1e3 * (tr->sum_comm_wait - z[5]) / n};
     ri.step_peak_mb = (double)tr->step_peak_bytes / (1024.0 * 1024.0);
+    if (!tr->dp_devices && lk_strategy_wrapped(tr->strat)) { /* dp's replicas are threads: one process holds them all */
+        lk_strategy_memory mem = lk_strategy_get_memory(tr->strat);
+        ri.has_model_state = true;
+        ri.model_state_bytes[0] = mem.param_bytes;
+        ri.model_state_bytes[1] = mem.grad_bytes;
+        ri.model_state_bytes[2] = mem.optim_state_bytes;
+    }
     ri.config_yaml = tr->config_yaml;
     /* The settings an LK_* variable can also give, and where each value came from */
     lk_runinfo_setting set[6];

@@ -24,9 +24,12 @@
 static const lk_param trainer_params[] = {
     T("accelerator", ENUM, accelerator, "auto", 1, 0, "cpu|gpu|cuda|auto", "hardware to run on (gpu needs the CUDA backend)"),
     T("devices", INT, devices, "1", 0, 4096, NULL, "processes (cpu) or GPUs per node; 0 = auto"),
-    T("strategy", ENUM, strategy, "auto", 1, 0, "auto|single|ddp|ddp_spawn|dp|model_parallel|pipeline",
+    T("strategy", ENUM, strategy, "auto", 1, 0,
+      "auto|single|ddp|ddp_spawn|dp|deepspeed_stage_1|deepspeed_stage_2|model_parallel|pipeline",
       "how training is spread over devices (dp: one process, a replica per device on threads; ddp_spawn: "
-      "ranks forked from this process, then trained as ddp)"),
+      "ranks forked from this process, then trained as ddp; deepspeed_stage_1/2: lockstep's own ZeRO, the "
+      "optimizer update (and with 2 the gradients) sharded over the ranks, docs/STRATEGIES.md; model_parallel, "
+      "pipeline: the model's blocks cut into stages, one per process, docs/PIPELINE.md)"),
     T("num_nodes", INT, num_nodes, "1", 1, 1e6, NULL, "machines (launched by mpirun or srun)"),
     T("precision", ENUM, precision, "32-true", 1, 0, "32-true|32|bf16-mixed|bf16|16-mixed|16|bf16-true|16-true|64-true|64",
       "numeric precision: *-mixed multiplies in bf16/f16 with f32 master weights (docs/PRECISION.md)"),
@@ -333,7 +336,14 @@ static lk_status apply_strategy_node(const lk_param *tp, int n, lk_trainer_confi
                                                                    : NULL;
             if (!strcmp(key, "ddp_comm_hook") && null) v = "none"; /* Lightning's default: no hook */
             else if (null) return lk__cfg_at(e, "trainer.strategy.init_args.%s: expected a value, got null", key);
-            if (!strcmp(key, "start_method")) { /* lockstep's ddp_spawn forks; popen starts fresh processes: ddp */
+            if (!strcmp(key, "stage")) { /* DeepSpeedStrategy: which ZeRO stage */
+                if (!strcmp(v, "1")) name = "deepspeed_stage_1";
+                else if (!strcmp(v, "2")) name = "deepspeed_stage_2";
+                else if (!strcmp(v, "3"))
+                    return lk__cfg_at(e, "trainer.strategy.init_args.stage: ZeRO stage 3 (sharded parameters) is not built yet; "
+                              "use stage 1 or 2");
+                else return lk__cfg_at(e, "trainer.strategy.init_args.stage: expected 1 or 2, got '%s'", v);
+            } else if (!strcmp(key, "start_method")) { /* lockstep's ddp_spawn forks; popen starts fresh processes: ddp */
                 if (!strcmp(v, "spawn") || !strcmp(v, "fork") || !strcmp(v, "forkserver")) name = "ddp_spawn";
                 else if (!strcmp(v, "popen")) name = "ddp";
                 else return lk__cfg_at(e, "trainer.strategy.init_args.start_method: expected popen, spawn, fork or forkserver, got '%s'", v);

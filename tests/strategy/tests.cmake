@@ -13,3 +13,13 @@ lk_add_test(NAME strategy_pipe_run SOURCES strategy/test_pipe_run.c LABELS multi
 # bitwise where the arithmetic is the same, 1e-5 otherwise; accumulation, clipping, bf16-mixed; bad input refused.
 lk_add_script_test(NAME strategy_pipeline_fit SCRIPT strategy/test_pipeline_fit.sh LABELS multiproc TIMEOUT 240)
 lk_add_test(NAME strategy_pipeline_checks SOURCES strategy/test_pipeline_strategy.c LABELS unit TIMEOUT 60)
+# ZeRO stages 1 and 2 against ddp on 2, 3 and 4 ranks: bitwise, with clipping, accumulation, bf16-mixed,
+# 16-mixed, a parameter count no world size divides, exact resume, the class node and the refusals.
+lk_add_script_test(NAME strategy_zero SCRIPT strategy/test_zero.sh LABELS multiproc TIMEOUT 300)
+if(LK_HAVE_MPI AND LK_MPIRUN)
+  string(REPLACE ";" " " LK_ZERO_MPIRUN_FLAGS "${LK_MPIRUN_FLAGS}")
+  add_test(NAME strategy_zero_mpi COMMAND bash ${PROJECT_SOURCE_DIR}/tests/strategy/test_zero.sh mpi
+           WORKING_DIRECTORY ${PROJECT_BINARY_DIR})
+  set_tests_properties(strategy_zero_mpi PROPERTIES TIMEOUT 180 LABELS "multiproc;mpi"
+                       ENVIRONMENT "${LK_MPI_TEST_ENV};LK_BIN=$<TARGET_FILE:lockstep>;LK_MPIRUN=${LK_MPIRUN};LK_MPIRUN_FLAGS=${LK_ZERO_MPIRUN_FLAGS}")
+endif()

@@ -1,0 +1,369 @@
+/* ZeRO stages 1 and 2 (`deepspeed_stage_1`, `deepspeed_stage_2`; Lightning's
+ * DeepSpeedStrategy, lockstep's own implementation — no DeepSpeed inside).
+ * Parameters stay replicated; the flat parameter range is cut into N equal
+ * chunks of ceil(numel / N) elements (the last ones padded with elements
+ * nobody reads, never refused), and rank r's optimizer updates only chunk r.
+ * After the step the updated chunks are all-gathered into every replica,
+ * in place in a padded parameter buffer.
+ *
+ * Stage 1 is ddp's gradient path unchanged (bucketed all-reduce during the
+ * backward, compress hooks, accumulation inside no_sync): the averaged
+ * gradients are whole on every rank, so clipping and the loss scaler's
+ * check see what ddp sees and the result is ddp's bit for bit. Stage 2
+ * reduce-scatters the whole flat gradient once after the backward (not
+ * bucketed yet: a bucket of ddp's layout crosses the chunk bounds, so its
+ * reduce-scatter is future work), keeps only its own chunk of the averages
+ * and zeroes the rest, so clipping sums each parameter's squared norm over
+ * the group (clip_grad_norm below). Accumulation: gradients accumulate
+ * whole and unreduced until the last micro-batch, then one reduce-scatter.
+ *
+ * Built over ddp's vtable (s->self is ddp's state); this strategy's own state
+ * is s->ext. The optimizer keeps the state of its chunk only (arrays x
+ * chunk floats, lk__optimizer_state_layout): ZeRO's 12 bytes per parameter
+ * of Adam's f32 master state divided by N. Around a checkpoint the state is
+ * made whole: gathered from every rank before a save (state_dict, a
+ * collective), or loaded whole by every rank (state_dict_loaded makes room);
+ * the next synced backward cuts it back to the chunk before the optimizer
+ * steps. Resume at the same world size is exact. Host devices only for now. */
+#include <string.h>
+
+#include <math.h>
+
+#include "backend/backend_impl.h"
+#include "backend/kernels.h" /* lk_k_clip_total / lk_k_clip_coef_of: the combination lk_clip_grad_norm uses */
+#include "optim/optim_impl.h"
+#include "tensor/tensor_impl.h"
+#include "strategy/strategy_impl.h"
+
+typedef struct zero {
+    int stage;
+    int64_t numel, chunk, lo, hi; /* flat elements, per-rank chunk, this rank's [lo, hi) */
+    void *params;                 /* chunk * world elements of param_dtype: the replicas' flat parameters */
+    int64_t arrays;               /* the optimizer's state arrays (Adam: 2) */
+    float *chunk_state;           /* arrays x chunk floats: the state of this rank's chunk, all it keeps */
+    float *whole_state;           /* arrays x numel floats, around a checkpoint only (NULL otherwise) */
+    lk_optimizer *optim;          /* borrowed: the one sharded over the chunks */
+    void *recv;                   /* stage 2: the rank's reduced chunk */
+    bool sync;                    /* stage 2: this backward's reduce-scatter is due */
+} zero;
+
+static zero *z_of(const lk_strategy *s) { return s->ext; }
+static size_t esz(const lk_strategy *s) { return lk_dtype_size(s->cfg.param_dtype); }
+static void *at(void *base, const lk_strategy *s, int64_t i) { return (char *)base + i * (int64_t)esz(s); }
+
+static lk_status z_create(lk_strategy *s, int stage) {
+    const char *name = stage == 1 ? "deepspeed_stage_1" : "deepspeed_stage_2";
+    if (!s->comm) return lk_error(LK_STATUS_INVALID_ARGUMENT, "strategy '%s' needs a communicator", name);
+    if (!lk_device_is_host(s->cfg.device))
+        return lk_error(LK_STATUS_UNSUPPORTED, "strategy '%s' runs on the CPU only for now (not on %s); use ddp there",
+                        name, lk_device_str(s->cfg.device, (char[32]){0}, 32));
+    if (stage == 2 && (s->cfg.param_dtype != LK_F32 || s->ddp.comm_dtype != LK_F32))
+        return lk_error(LK_STATUS_UNSUPPORTED, "strategy 'deepspeed_stage_2' reduce-scatters f32 gradients only for now "
+                        "(got %s gradients travelling as %s): use a *-mixed precision without a ddp_comm_hook, or "
+                        "deepspeed_stage_1", lk_dtype_name(s->cfg.param_dtype), lk_dtype_name(s->ddp.comm_dtype));
+    s->ddp.shared_params = false; /* each rank keeps its replica: the chunks are gathered into it */
+    zero *z = lk_calloc(1, sizeof *z);
+    if (!z) return LK_STATUS_OUT_OF_MEMORY;
+    z->stage = stage;
+    s->ext = z;
+    lk_status st = lk__strategy_ddp.create(s);
+    if (st) {
+        lk_free(z);
+        s->ext = NULL;
+    }
+    return st;
+}
+static lk_status z1_create(lk_strategy *s) { return z_create(s, 1); }
+static lk_status z2_create(lk_strategy *s) { return z_create(s, 2); }
+
+static void z_free(lk_strategy *s) {
+    zero *z = z_of(s);
+    if (z && z->params)
+        for (int i = 0; i < s->nparams; i++) lk__tensor_own_storage(s->params[i]); /* the padded buffer goes */
+    lk__strategy_ddp.free(s);
+    if (!z) return;
+    lk_aligned_free(z->params);
+    lk_free(z->chunk_state);
+    lk_free(z->whole_state);
+    lk_aligned_free(z->recv);
+    lk_free(z);
+    s->ext = NULL;
+}
+
+/* The chunks of n elements over the world: ceil(n / N) each, so every rank
+ * sends and receives the same count; the last chunks cover padding. */
+static void cut(lk_strategy *s, int64_t n) {
+    zero *z = z_of(s);
+    int64_t W = s->world;
+    z->numel = n;
+    z->chunk = (n + W - 1) / W;
+    if (z->chunk < 1) z->chunk = 1;
+    z->lo = z->chunk * s->rank < n ? z->chunk * s->rank : n;
+    z->hi = z->lo + z->chunk < n ? z->lo + z->chunk : n;
+}
+
+/* Stage 2 reduce-scatters the whole gradient buffer: it is padded to
+ * chunk * world elements (the padding stays zero). */
+static lk_status z_alloc_grads(lk_strategy *s, size_t bytes, void **mem, bool *shared) {
+    zero *z = z_of(s);
+    cut(s, (int64_t)(bytes / esz(s)));
+    size_t padded = (size_t)(z->chunk * s->world) * esz(s);
+    LK_TRY(lk__strategy_ddp.alloc_grads(s, padded > bytes ? padded : bytes, mem, shared));
+    memset(*mem, 0, padded > bytes ? padded : bytes);
+    return LK_STATUS_OK;
+}
+
+/* The replica's flat parameters in a buffer padded to chunk * world, so the
+ * chunks are all-gathered in place. */
+static lk_status z_param_buffer(lk_strategy *s, int64_t numel, void **buf, bool *copy_values) {
+    zero *z = z_of(s);
+    if (z->params) return lk_error(LK_STATUS_INVALID_USAGE, "strategy: the parameter buffer is already allocated");
+    cut(s, numel);
+    size_t bytes = (size_t)(z->chunk * s->world) * esz(s);
+    if (!(z->params = lk_aligned_alloc(LK_ALIGN, bytes))) return LK_STATUS_OUT_OF_MEMORY;
+    memset(z->params, 0, bytes);
+    *buf = z->params;
+    *copy_values = true;
+    return LK_STATUS_OK;
+}
+
+static lk_status z_setup(lk_strategy *s) {
+    zero *z = z_of(s);
+    LK_TRY(lk__strategy_ddp.setup(s));
+    if (!z->params)
+        return lk_error(LK_STATUS_INVALID_USAGE, "%s: the parameters are not in the strategy's parameter buffer "
+                        "(wrap the net with lk_strategy_wrap)", s->vt->name);
+    int64_t off = 0;
+    for (int i = 0; i < s->nparams; i++) {
+        if (s->params[i]->data != at(z->params, s, off))
+            return lk_error(LK_STATUS_INVALID_USAGE, "%s: parameter '%s' is not where the flat parameter buffer puts it",
+                            s->vt->name, s->names ? s->names[i] : "?");
+        off += s->params[i]->numel;
+    }
+    if (z->stage == 2 && !(z->recv = lk_aligned_alloc(LK_ALIGN, (size_t)z->chunk * esz(s)))) return LK_STATUS_OUT_OF_MEMORY;
+    return LK_STATUS_OK;
+}
+
+static lk_status z_shard_optimizer(lk_strategy *s, lk_optimizer *o) {
+    zero *z = z_of(s);
+    if (z->optim) return lk_error(LK_STATUS_INVALID_USAGE, "%s: an optimizer is already sharded", s->vt->name);
+    int64_t nstate = lk__optimizer_state_floats(o);
+    if (nstate < 0)
+        return lk_error(LK_STATUS_UNSUPPORTED, "%s shards one parameter group over the ranks (this optimizer has %d); "
+                        "use ddp for several groups", s->vt->name, lk_optimizer_num_groups(o));
+    z->arrays = z->numel ? nstate / z->numel : 0;
+    /* the update restricted to the chunk over a whole copy of the state (its
+     * values copied in), then only the chunk's part kept */
+    float *whole = lk_calloc((size_t)nstate + 1, sizeof(float));
+    z->chunk_state = lk_calloc((size_t)(z->arrays * z->chunk) + 1, sizeof(float));
+    lk_status st = whole && z->chunk_state ? LK_STATUS_OK : LK_STATUS_OUT_OF_MEMORY;
+    if (!st) st = lk__optimizer_shard(o, z->lo, z->hi, whole, true);
+    for (int64_t k = 0; !st && k < z->arrays; k++)
+        memcpy(z->chunk_state + k * z->chunk, whole + k * z->numel + z->lo, (size_t)(z->hi - z->lo) * sizeof(float));
+    if (!st) st = lk__optimizer_state_layout(o, z->chunk_state, z->lo, z->chunk);
+    lk_free(whole);
+    LK_TRY(st);
+    z->optim = o;
+    return LK_STATUS_OK;
+}
+
+/* The optimizer back on its chunk's state after a checkpoint made it whole
+ * (before the optimizer steps again). */
+static lk_status to_chunk(lk_strategy *s) {
+    zero *z = z_of(s);
+    if (!z->whole_state) return LK_STATUS_OK;
+    for (int64_t k = 0; k < z->arrays; k++)
+        memcpy(z->chunk_state + k * z->chunk, z->whole_state + k * z->numel + z->lo, (size_t)(z->hi - z->lo) * sizeof(float));
+    LK_TRY(lk__optimizer_state_layout(z->optim, z->chunk_state, z->lo, z->chunk));
+    lk_free(z->whole_state);
+    z->whole_state = NULL;
+    return LK_STATUS_OK;
+}
+
+/* Room for the whole state, with this rank's chunk in it (the rest zero
+ * until a gather or a load fills it), and the optimizer pointed at it. */
+static lk_status to_whole(lk_strategy *s) {
+    zero *z = z_of(s);
+    if (z->whole_state || !z->optim) return LK_STATUS_OK;
+    if (!(z->whole_state = lk_calloc((size_t)(z->arrays * z->numel) + 1, sizeof(float)))) return LK_STATUS_OUT_OF_MEMORY;
+    for (int64_t k = 0; k < z->arrays; k++)
+        memcpy(z->whole_state + k * z->numel + z->lo, z->chunk_state + k * z->chunk, (size_t)(z->hi - z->lo) * sizeof(float));
+    return lk__optimizer_state_layout(z->optim, z->whole_state, 0, z->numel);
+}
+
+static void z_begin_backward(lk_strategy *s, bool sync) {
+    zero *z = z_of(s);
+    lk__strategy_ddp.begin_backward(s, sync);
+    if (z->stage == 2) { /* ddp's buckets stay idle (its hooks read s->sync): one reduce-scatter at the end */
+        z->sync = sync;
+        s->sync = false;
+    }
+}
+
+static lk_status z_finish_backward(lk_strategy *s) {
+    zero *z = z_of(s);
+    if ((z->stage == 1 ? s->sync : z->sync) && z->whole_state) LK_TRY(to_chunk(s)); /* the step comes: back to the chunk */
+    if (z->stage == 1) return lk__strategy_ddp.finish_backward(s);
+    if (!z->sync) return LK_STATUS_OK;
+    if (!z->optim)
+        return lk_error(LK_STATUS_INVALID_USAGE, "%s: no optimizer is sharded over the chunks: call "
+                        "lk_strategy_shard_optimizer before the first step", s->vt->name);
+    double t0 = lk_time_now(), w0 = lk_comm_arrival_wait_s(s->comm);
+    s->stats.allreduce_calls++;
+    s->stats.bytes_reduced += (size_t)(z->chunk * s->world) * esz(s);
+    lk_status st = lk_comm_reduce_scatter(s->comm, s->flat_grad, z->recv, (size_t)z->chunk, s->cfg.param_dtype,
+                                          LK_REDUCE_AVG);
+    if (!st) { /* only the chunk's averages remain: the rest would be some rank's unreduced sum */
+        memset(s->flat_grad, 0, (size_t)z->numel * esz(s));
+        memcpy(at(s->flat_grad, s, z->lo), z->recv, (size_t)(z->hi - z->lo) * esz(s));
+    }
+    double straggler = lk_comm_arrival_wait_s(s->comm) - w0, dt = lk_time_now() - t0;
+    s->stats.comm_straggler_s += straggler;
+    s->stats.comm_straggler_last_s = straggler;
+    s->stats.comm_exposed_s += dt;
+    s->stats.comm_wait_last_s = dt;
+    if (st) return lk_comm_error(s->comm) ? lk_last_status() : st;
+    return LK_STATUS_OK;
+}
+
+/* Every replica takes the chunks their owners just updated (after a
+ * skipped step too: the chunks are then unchanged, and every rank must
+ * issue the same collectives). */
+static lk_status z_after_step(lk_strategy *s) {
+    zero *z = z_of(s);
+    double t0 = lk_time_now(), w0 = lk_comm_arrival_wait_s(s->comm);
+    lk_status st = lk_comm_all_gather(s->comm, at(z->params, s, z->chunk * s->rank), z->params, (size_t)z->chunk,
+                                      s->cfg.param_dtype);
+    double straggler = lk_comm_arrival_wait_s(s->comm) - w0, dt = lk_time_now() - t0;
+    s->stats.comm_exposed_s += dt;
+    s->stats.comm_straggler_s += straggler;
+    s->stats.step_sync_last_s = dt;
+    s->stats.step_straggler_last_s = straggler;
+    return st;
+}
+
+/* Stage 2's clipping by the total norm: each rank holds its chunk of the
+ * averaged gradients, so each parameter's raw norm (sum of |g|^p, or max
+ * |g| for inf) is taken over the part of it in the chunk, the raw norms are
+ * summed (max for inf) over the group, and the total and the coefficient
+ * come from them exactly as lk_clip_grad_norm combines them (kernels/optim.h).
+ * Only the split of each parameter's sum differs from ddp's. */
+static lk_status z_clip_grad_norm(lk_strategy *s, double max_norm, double norm_type) {
+    zero *z = z_of(s);
+    if (!(norm_type > 0.0)) return lk_error(LK_STATUS_INVALID_ARGUMENT, "clip_grad_norm: norm_type must be > 0 (or INFINITY), got %g", norm_type);
+    bool inf = isinf(norm_type);
+    int n = s->nparams;
+    double *norms = lk_calloc((size_t)n + 1, sizeof *norms);
+    if (!norms) return LK_STATUS_OUT_OF_MEMORY;
+    lk_status st = LK_STATUS_OK;
+    int64_t off = 0;
+    for (int i = 0; i < n && !st; i++) {
+        int64_t pn = s->params[i]->numel, a = off > z->lo ? off : z->lo, b = off + pn < z->hi ? off + pn : z->hi;
+        off += pn;
+        if (b <= a) continue;
+        lk_op_desc nd = {.op = LK_OP_NORM, .dtype = {s->cfg.param_dtype, LK_F64}};
+        nd.norm = (lk_norm_params){b - a, inf ? INFINITY : norm_type};
+        st = lk__backend_run(s->cfg.device, &nd, (void *[]){at(s->flat_grad, s, a), &norms[i]});
+    }
+    if (!st) st = lk_comm_all_reduce(s->comm, norms, (size_t)n, LK_F64, inf ? LK_REDUCE_MAX : LK_REDUCE_SUM);
+    float coef = st || n == 0 ? 1.0f : lk_k_clip_coef_of(lk_k_clip_total(norms, n, inf ? INFINITY : norm_type), max_norm);
+    lk_free(norms);
+    LK_TRY(st);
+    if (z->hi > z->lo)
+        LK_TRY(lk__affine(s->cfg.device, s->cfg.param_dtype, z->hi - z->lo, coef, 0.0f, false, at(s->flat_grad, s, z->lo),
+                          at(s->flat_grad, s, z->lo)));
+    return LK_STATUS_OK;
+}
+
+/* The whole optimizer state on every rank before a checkpoint reads it
+ * (each array's chunks all-gathered through a padded scratch; a state
+ * already whole — a second checkpoint before the next step — is every
+ * rank's same values, so no rank gathers), then the model's state dict,
+ * which every replica holds whole. Collective. */
+static lk_status z_state_dict(lk_strategy *s, lk_layer *net, lk_named_tensors *out) {
+    zero *z = z_of(s);
+    if (z->optim && !z->whole_state && z->arrays > 0) {
+        float *tmp = lk_aligned_alloc(LK_ALIGN, (size_t)(z->chunk * s->world) * sizeof(float));
+        if (!tmp) return LK_STATUS_OUT_OF_MEMORY;
+        lk_status st = to_whole(s);
+        for (int64_t k = 0; k < z->arrays && !st; k++) {
+            float *mine = tmp + z->chunk * s->rank;
+            memcpy(mine, z->chunk_state + k * z->chunk, (size_t)z->chunk * sizeof(float));
+            st = lk_comm_all_gather(s->comm, mine, tmp, (size_t)z->chunk, LK_F32);
+            if (!st) memcpy(z->whole_state + k * z->numel, tmp, (size_t)z->numel * sizeof(float));
+        }
+        lk_aligned_free(tmp);
+        LK_TRY(st);
+    }
+    return lk_state_dict_get(net, out);
+}
+
+/* Every rank read the whole checkpoint: the optimizer's state is loaded
+ * whole next (checkpoint.c), so it gets room for it here. */
+static lk_status z_state_dict_loaded(lk_strategy *s) { return to_whole(s); }
+
+static bool z_shares_params(const lk_strategy *s) { (void)s; return false; }
+
+/* Parameters and gradients in their padded buffers (stage 2's gradient
+ * buffer is still whole: the backward writes every gradient before the
+ * reduce-scatter), the optimizer state of the chunk: what a step holds
+ * (the whole copy a checkpoint makes lives until the next synced backward,
+ * and is not counted). */
+static void z_memory(const lk_strategy *s, lk_strategy_memory *m) {
+    const zero *z = z_of(s);
+    int64_t padded = z->chunk * s->world * (int64_t)esz(s);
+    m->param_bytes = padded;
+    m->grad_bytes = z->stage == 2 ? padded : s->flat_numel * (int64_t)esz(s);
+    m->optim_state_bytes = z->optim ? z->chunk * z->arrays * (int64_t)sizeof(float) : 0;
+}
+
+static lk_status z_join(lk_strategy *s) {
+    return lk_error(LK_STATUS_UNSUPPORTED, "%s: uneven inputs (join) are not supported: a rank that ran out takes no "
+                    "optimizer step, so its chunk would not be updated; give every rank the same number of batches "
+                    "(use_distributed_sampler, drop_last) or use ddp", s->vt->name);
+}
+
+static lk_status z_before_forward(lk_strategy *s) { return lk__strategy_ddp.before_forward(s); }
+
+const lk_strategy_vt lk__strategy_zero1 = {
+    .name = "deepspeed_stage_1",
+    .summary = "deepspeed_stage_1 (lockstep's ZeRO-1: optimizer update sharded, gradients all-reduced)",
+    .create = z1_create,
+    .free = z_free,
+    .alloc_grads = z_alloc_grads,
+    .param_buffer = z_param_buffer,
+    .setup = z_setup,
+    .training_step = lk__strategy_local_step,
+    .before_forward = z_before_forward,
+    .begin_backward = z_begin_backward,
+    .finish_backward = z_finish_backward,
+    .after_step = z_after_step,
+    .shard_optimizer = z_shard_optimizer,
+    .shares_params = z_shares_params,
+    .join = z_join,
+    .state_dict = z_state_dict,
+    .state_dict_loaded = z_state_dict_loaded,
+    .memory = z_memory,
+};
+
+const lk_strategy_vt lk__strategy_zero2 = {
+    .name = "deepspeed_stage_2",
+    .summary = "deepspeed_stage_2 (lockstep's ZeRO-2: optimizer update sharded, gradients reduce-scattered)",
+    .create = z2_create,
+    .free = z_free,
+    .alloc_grads = z_alloc_grads,
+    .param_buffer = z_param_buffer,
+    .setup = z_setup,
+    .training_step = lk__strategy_local_step,
+    .before_forward = z_before_forward,
+    .begin_backward = z_begin_backward,
+    .finish_backward = z_finish_backward,
+    .after_step = z_after_step,
+    .shard_optimizer = z_shard_optimizer,
+    .shares_params = z_shares_params,
+    .join = z_join,
+    .clip_grad_norm = z_clip_grad_norm,
+    .state_dict = z_state_dict,
+    .state_dict_loaded = z_state_dict_loaded,
+    .memory = z_memory,
+};
