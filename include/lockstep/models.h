@@ -22,6 +22,12 @@
  *                the next tokens y [B, T]. Names as nanoGPT's model.py
  *                ("transformer.h.0.attn.c_attn.weight", "lm_head.weight"
  *                tied: docs/MODELS.md has the table).
+ *   resnet (ResNet) torchvision's ResNet (depth 18/34 basic blocks, 50
+ *                bottlenecks) and the CIFAR ResNets (20/32/44/56/110),
+ *                width, small 3x3 stem for image_size <= 64 (else 7x7/2 +
+ *                max-pool), kaiming fan_out init, zero_init_residual;
+ *                torchvision's names ("layer1.0.conv1.weight",
+ *                "layer2.0.downsample.0.weight", "fc.weight"); cross-entropy.
  *
  * The PyTorch equivalents are written out in tools/gen_nn_fixtures.py; a
  * state dict from lockstep loads into them with strict=True.
@@ -151,6 +157,8 @@ lk_tensor *lk_model_loss(const lk_model_info *info, lk_tensor *output, lk_tensor
  *   gpt          embedding (transformer.wte, .wpe, .drop: tokens [B, T] to
  *                [B, T, C]), transformer.h.0 .. transformer.h.<n_layer-1>,
  *                head (transformer.ln_f, lm_head: to logits [B, T, V])
+ *   resnet       stem (conv1, bn1, relu, maxpool), layer1.0 .. layerS.B (every
+ *                residual block), head (avgpool, flatten, fc)
  * A plain Sequential (lk_sequential_create) answers with its children too.
  * Any other layer computes something of its own between its children: an
  * INVALID_ARGUMENT error naming its type, *count 0 and *blocks NULL. */

@@ -20,6 +20,7 @@ static const lk_model_info *const builtin[] = {
     &lk__model_mlp,
     &lk__model_cnn,
     &lk__model_gpt,
+    &lk__model_resnet,
 };
 #define N_BUILTIN (int)(sizeof builtin / sizeof builtin[0])
 

@@ -29,6 +29,7 @@ extern const lk_model_info lk__model_autoencoder;
 extern const lk_model_info lk__model_mlp;
 extern const lk_model_info lk__model_cnn;
 extern const lk_model_info lk__model_gpt;
+extern const lk_model_info lk__model_resnet;
 
 /* ---- blocks.c ---- */
 

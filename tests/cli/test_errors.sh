@@ -14,7 +14,7 @@ expect_fail "out of range" 2 "expected a value in" "$LK_BIN" fit -c "$T/synth.ya
 expect_fail "optimizer.step_size past int's range is refused, not cut" 2 "optimizer.step_size: expected a value in [0, 2.14748e+09], got '5000000000'" "$LK_BIN" fit -c "$T/synth.yaml" --optimizer.step_size 5000000000
 expect_fail "a comm hook of the other 16-bit dtype under a *-true precision names both" 2 "trainer.ddp_comm_hook fp16_compress sends f16 gradients, but under trainer.precision bf16-true the gradients are bf16" "$LK_BIN" fit -c "$T/synth.yaml" --trainer.devices 2 --trainer.precision bf16-true --trainer.ddp_comm_hook fp16_compress
 expect_fail "bad enum" 2 "one of auto|single|ddp|ddp_spawn" "$LK_BIN" fit -c "$T/synth.yaml" --trainer.strategy dpp
-expect_fail "unknown model lists the registered ones" 2 "registered models: " "$LK_BIN" fit -c "$T/synth.yaml" --model.class_path resnet
+expect_fail "unknown model lists the registered ones" 2 "registered models: " "$LK_BIN" fit -c "$T/synth.yaml" --model.class_path vgg
 expect_fail "unknown data module" 2 "unknown data class_path 'mnist_fashion'" "$LK_BIN" fit -c "$T/synth.yaml" --data.class_path mnist_fashion
 expect_fail "unknown top-level key" 2 "did you mean 'trainer'" "$LK_BIN" fit -c "$T/synth.yaml" --trainr.max_epochs 1
 expect_fail "missing config file" 2 "nope.yaml" "$LK_BIN" fit -c "$T/nope.yaml"

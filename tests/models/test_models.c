@@ -12,15 +12,15 @@
 static void registry(void) {
     int n = 0;
     const lk_model_info *m = lk_models(&n);
-    CHECK(n == 4 && !strcmp(m[0].name, "autoencoder") && !strcmp(m[1].name, "mlp") && !strcmp(m[2].name, "cnn") &&
-          !strcmp(m[3].name, "gpt"));
+    CHECK(n == 5 && !strcmp(m[0].name, "autoencoder") && !strcmp(m[1].name, "mlp") && !strcmp(m[2].name, "cnn") &&
+          !strcmp(m[3].name, "gpt") && !strcmp(m[4].name, "resnet"));
     for (int i = 0; i < n; i++)
         for (int k = 0; k < m[i].n_args; k++) CHECK(m[i].args[k].name && m[i].args[k].default_value && m[i].args[k].help);
     CHECK(lk_model_find("autoencoder")->loss == LK_LOSS_MSE && lk_model_find("autoencoder")->target_is_input);
     CHECK(lk_model_find("cnn")->loss == LK_LOSS_CROSS_ENTROPY);
     lk_layer *l = NULL;
-    CHECK_ERR(lk_model_create("resnet", NULL, 0, 0, &l), LK_STATUS_INVALID_ARGUMENT,
-              "unknown model 'resnet' (registered models: autoencoder, mlp, cnn, gpt)");
+    CHECK_ERR(lk_model_create("vgg", NULL, 0, 0, &l), LK_STATUS_INVALID_ARGUMENT,
+              "unknown model 'vgg' (registered models: autoencoder, mlp, cnn, gpt, resnet)");
     CHECK_ERR(lk_model_create("mlp", (lk_model_kv[]){{"hiden", "64"}}, 1, 0, &l), LK_STATUS_INVALID_ARGUMENT,
               "unknown argument 'hiden'; did you mean 'hidden'?");
     CHECK_ERR(lk_model_create("mlp", (lk_model_kv[]){{"dropout", "lots"}}, 1, 0, &l), LK_STATUS_INVALID_ARGUMENT,

@@ -9,3 +9,6 @@ lk_add_test(NAME model_blocks SOURCES models/test_model_blocks.c LABELS unit TIM
 # gpt: parity with nanoGPT's GPT in PyTorch 1.13 (tools/gen_gpt_fixtures.py: loss, logits, every gradient in f32
 # and bf16-mixed, one block, 10 AdamW steps), names and tying, blocks = forward, checkpointing bitwise, bad input.
 lk_add_test(NAME model_gpt SOURCES models/test_gpt.c LABELS unit parity TIMEOUT 120)
+# resnet: parity with torchvision's ResNet in PyTorch 1.13 (tools/gen_resnet_fixtures.py: a basic block, a bottleneck,
+# a CIFAR ResNet-20 in f32 and bf16-mixed, 5 SGD steps with the running statistics), names, init, blocks, bad input.
+lk_add_test(NAME model_resnet SOURCES models/test_resnet.c LABELS unit parity TIMEOUT 120)

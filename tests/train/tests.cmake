@@ -14,3 +14,5 @@ lk_add_test(NAME train_gpt_fit SOURCES train/test_gpt_fit.c LABELS unit TIMEOUT 
 lk_add_script_test(NAME train_gpt_cli SCRIPT train/test_gpt_cli.sh LABELS multiproc TIMEOUT 180)
 # 4 ranks as 2 data-parallel groups: sampler, metrics, EarlyStopping, checkpoints and predict per group.
 lk_add_test(NAME train_dp_groups SOURCES train/test_dp_groups.c LABELS multiproc TIMEOUT 180)
+# resnet through the CLI: ddp x2 on synthetic images, torchvision's names exported, a too-small image refused.
+lk_add_script_test(NAME train_resnet_cli SCRIPT train/test_resnet_cli.sh LABELS multiproc TIMEOUT 180)
