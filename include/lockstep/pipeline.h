@@ -137,6 +137,10 @@ typedef struct lk_pipe_stage {
     /* The last stage: micro-batch c's loss (one element, in the current scope) from the last block's output. */
     lk_tensor *(*loss)(void *ctx, int chunk, lk_tensor *out);
     float loss_mul; /* each micro-batch's loss times this before its backward (1/chunks: the batch's mean; 0: 1) */
+    /* (optional) [chunks] micro-batch c's loss also times chunk_weight[c],
+     * and counted so in *loss_sum: micro-batches of unequal rows weighted
+     * by their rows (rows_c * chunks / rows); NULL: all 1. */
+    const float *chunk_weight;
     /* (optional) What REDUCE_GRADS and OPTIMIZER_STEP do; NULL: nothing. */
     lk_status (*reduce_grads)(void *ctx);
     lk_status (*optimizer_step)(void *ctx);
@@ -153,7 +157,7 @@ typedef struct lk_pipe_stage {
  * together per COMM action with the async point-to-point calls. The
  * micro-batches' graphs live until the end of the run (one scope). On the
  * last stage *loss_sum (may be NULL) gets the sum of the micro-batches'
- * losses before loss_mul; elsewhere 0. Any failure (a peer's included)
+ * losses (times chunk_weight when given) before loss_mul; elsewhere 0. Any failure (a peer's included)
  * aborts the communicator, so every stage stops. */
 lk_status lk_pipe_run(const lk_pipe_schedule *s, const lk_pipe_stage *st, double *loss_sum);
 

@@ -42,8 +42,9 @@ static lk_status forward(run *r, int c) {
     if (r->k == r->p - 1) {
         lk_tensor *loss = r->st->loss(r->st->ctx, c, h);
         if (!loss) return lk_error(lk_last_status(), "pipeline last stage, micro-batch %d: loss: %s", c, lk_last_error());
-        r->loss_sum += lk_tensor_item(loss);
-        float mul = r->st->loss_mul > 0 ? r->st->loss_mul : 1.0f;
+        float w = r->st->chunk_weight ? r->st->chunk_weight[c] : 1.0f;
+        r->loss_sum += (double)lk_tensor_item(loss) * w;
+        float mul = (r->st->loss_mul > 0 ? r->st->loss_mul : 1.0f) * w;
         x->loss = mul == 1.0f ? loss : lk_mul_scalar(loss, mul);
         if (!x->loss) return lk_last_status();
     }

@@ -45,6 +45,9 @@ typedef struct pipe_self {
     lk_pipe_schedule *sched;
     /* the step in flight */
     lk_batch *mb;            /* [chunks] the micro-batches (views of the batch's rows) */
+    float *weight;           /* [chunks] a short batch's micro-batch weights (rows_c * m / rows) */
+    int64_t full_rows;       /* the first batch's rows: later batches with fewer are an epoch's short last one */
+    lk_pipe_schedule *short_sched; /* the schedule for a short batch of fewer rows than chunks (its m) */
     lk_strategy *s;
 } pipe_self;
 
@@ -95,7 +98,9 @@ static void pipe_free(lk_strategy *s) {
     for (int k = 0; ps->stage_params && k < ps->p; k++) lk_named_tensors_clear(&ps->stage_params[k]);
     lk_free(ps->stage_params);
     lk_pipe_schedule_free(ps->sched);
+    lk_pipe_schedule_free(ps->short_sched);
     lk_free(ps->mb);
+    lk_free(ps->weight);
     lk_free(ps->tied);
     lk_free(ps->scratch);
     lk_free(ps);
@@ -341,25 +346,48 @@ static lk_status training_step(lk_strategy *s, const lk_step_args *a, lk_step_re
     int m = ps->chunks;
     if (!fn->pipe_input || !fn->pipe_loss)
         return lk_error(LK_STATUS_INVALID_USAGE, "strategy %s: the caller gave no pipe_input/pipe_loss", s->vt->name);
-    if (b->size % m)
-        return lk_error(LK_STATUS_INVALID_ARGUMENT, "strategy %s: batch %lld has %lld samples, which do not divide into "
-                        "trainer.pipeline.chunks = %d equal micro-batches (make the batch size a multiple of the chunks; "
-                        "a short last batch needs data drop_last)", s->vt->name, (long long)b->index,
-                        (long long)b->size, m);
-    if (!ps->mb && !(ps->mb = lk_calloc((size_t)m, sizeof *ps->mb))) return LK_STATUS_OUT_OF_MEMORY;
-    int64_t rows = b->size / m;
+    /* The batch size must divide into the chunks (checked on the first
+     * batch, before any update). An epoch's short last batch is cut into
+     * micro-batches that differ by at most one row, each loss weighted by
+     * its rows, so the step still takes the batch's mean, as torch's
+     * tensor_split chunks would; with fewer rows than chunks, that many
+     * micro-batches of one row (the schedule made for them). */
+    if (!ps->full_rows) {
+        if (b->size % m)
+            return lk_error(LK_STATUS_INVALID_ARGUMENT, "strategy %s: batch %lld has %lld samples, which do not divide into "
+                            "trainer.pipeline.chunks = %d equal micro-batches (make the batch size a multiple of the chunks)",
+                            s->vt->name, (long long)b->index, (long long)b->size, m);
+        ps->full_rows = b->size;
+    }
+    if (b->size < 1) return lk_error(LK_STATUS_INVALID_ARGUMENT, "strategy %s: an empty batch", s->vt->name);
+    const lk_pipe_schedule *sched = ps->sched;
+    if (b->size < m) {
+        m = (int)b->size;
+        if (!ps->short_sched || lk_pipe_schedule_chunks(ps->short_sched) != m) {
+            lk_pipe_schedule_free(ps->short_sched);
+            ps->short_sched = NULL;
+            LK_TRY(lk_pipe_schedule_make(ps->schedule, ps->p, m, &ps->short_sched));
+        }
+        sched = ps->short_sched;
+    }
+    if (!ps->mb && !(ps->mb = lk_calloc((size_t)ps->chunks, sizeof *ps->mb))) return LK_STATUS_OUT_OF_MEMORY;
+    if (!ps->weight && !(ps->weight = lk_calloc((size_t)ps->chunks, sizeof *ps->weight))) return LK_STATUS_OUT_OF_MEMORY;
+    int64_t base = b->size / m, extra = b->size % m, at = 0;
     for (int c = 0; c < m; c++) {
+        int64_t rows = base + (c < extra);
         lk_batch *x = &ps->mb[c];
         *x = *b;
         x->size = rows;
-        x->sample_index = b->sample_index ? b->sample_index + c * rows : NULL;
+        x->sample_index = b->sample_index ? b->sample_index + at : NULL;
         for (int f = 0; f < b->nfields; f++) {
             lk_array *fa = &x->field[f];
             if (fa->ndim < 1 || fa->shape[0] != b->size) continue; /* not per sample */
             size_t row = lk_array_nbytes(fa) / (size_t)fa->shape[0];
             fa->shape[0] = rows;
-            fa->data = (char *)fa->data + (size_t)c * (size_t)rows * row;
+            fa->data = (char *)fa->data + (size_t)at * row;
         }
+        ps->weight[c] = (float)((double)rows * m / (double)b->size);
+        at += rows;
     }
     /* each micro-batch's loss is its mean: 1/m of it makes the batch's mean
      * (m = 1: untouched, the bits single has), then accumulation and the
@@ -368,11 +396,12 @@ static lk_status training_step(lk_strategy *s, const lk_step_args *a, lk_step_re
     if (a->loss_scale != 1.0f) mul *= a->loss_scale;
     lk_pipe_stage st = {.comm = s->comm, .blocks = ps->blayer + ps->first[s->rank],
                         .nblocks = ps->first[s->rank + 1] - ps->first[s->rank], .ctx = ps,
-                        .input = stage_input, .loss = stage_loss, .loss_mul = mul};
+                        .input = stage_input, .loss = stage_loss, .loss_mul = mul,
+                        .chunk_weight = extra ? ps->weight : NULL};
     double t0 = lk_time_now(), loss_sum = 0;
     if (fn->step_begin) fn->step_begin(fn->ctx);
     lk_autocast_enter(a->autocast);
-    lk_status rc = lk_pipe_run(ps->sched, &st, &loss_sum);
+    lk_status rc = lk_pipe_run(sched, &st, &loss_sum);
     lk_autocast_exit();
     double t1 = lk_time_now();
     /* the loss is the last stage's: every rank logs and checks the same value */

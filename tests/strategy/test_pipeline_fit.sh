@@ -9,7 +9,8 @@
 # (the mean over 32 rows against four means over 8); with accumulation,
 # clipping by the norm over every stage and bf16-mixed the same. Bad input
 # is refused before training: a split naming no block, more stages than
-# blocks, chunks that do not divide the batch, an unknown schedule. A tiny gpt
+# blocks, chunks that do not divide the batch size, an unknown schedule; an
+# epoch's short last batch is cut into unequal micro-batches, weighted. A tiny gpt
 # (its embedding tied to its head across the first and last stage) the same.
 source "$(dirname "$0")/../cli/lib.sh"
 export LK_ALLOW_OVERSUBSCRIBE=1 # 3 stages on a 2-core machine
@@ -68,6 +69,16 @@ for s in gpipe 1f1b; do
     run "pp$p$s" --trainer.devices $p --trainer.strategy pipeline --trainer.pipeline.schedule $s --trainer.pipeline.chunks 4 &&
       check "pipeline $p stages $s 4 chunks: bitwise single accumulating 4 x 8" cmp -s "$T/single_acc.st" "$T/pp$p$s.st"
   done
+done
+# an epoch's short last batch: 5 rows cut 2+1+1+1, 3 rows (fewer than the
+# chunks) as 3 micro-batches, each loss weighted by its rows: the batch's
+# mean as single takes it (646 and 643 samples give 16 batches of 32 and
+# one of 5 and of 3 for training)
+for n in 646 643; do
+  run "short$n" --data.init_args.num_samples $n &&
+    run "pshort$n" --data.init_args.num_samples $n --trainer.devices 2 --trainer.strategy pipeline --trainer.pipeline.chunks 4 &&
+    check "pipeline with a short last batch ($n samples): single's weights within 1e-6 ($(near "$T/short$n.st" "$T/pshort$n.st" 1e-6))" \
+      near "$T/short$n.st" "$T/pshort$n.st" 1e-6
 done
 # the same over the mpi communicator, where mpirun is installed
 if command -v mpirun >/dev/null && "$LK_BIN" env 2>/dev/null | grep -q "comm backends.* mpi"; then
