@@ -197,6 +197,12 @@ bool lk_strategy_writes_checkpoint(const lk_strategy *s);
  * rank: a sharded strategy keeps its shard and lets the rest go. Replicas
  * (and any strategy before lk_strategy_wrap): nothing to do. */
 lk_status lk_strategy_state_dict_loaded(lk_strategy *s);
+/* Before a checkpoint's training state (optimizer, scheduler, counters) is
+ * restored: UNSUPPORTED with the reason where this strategy cannot restore
+ * it exactly (a pipeline of several stages, whose checkpoint holds stage 0's
+ * optimizer state only); OK otherwise. Loading weights alone is not
+ * concerned. */
+lk_status lk_strategy_check_resume(const lk_strategy *s);
 
 /* ---- pipelines (model_parallel, pipeline) ---------------------------------------
  * A pipeline strategy cuts the network into stages of consecutive blocks

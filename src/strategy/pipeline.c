@@ -459,6 +459,14 @@ static lk_comm *dp_comm(lk_strategy *s) {
     return NULL;
 }
 
+/* Each stage's optimizer holds its own blocks' state, and the checkpoint is
+ * rank 0's: resuming would leave stages 1.. without theirs. */
+static const char *resume_unsupported(const lk_strategy *s) {
+    return s->world > 1 ? "its checkpoint holds stage 0's optimizer state only; gathering every stage's is not "
+                          "built yet (validate, test and predict load the weights, which are whole)"
+                        : NULL;
+}
+
 const lk_strategy_vt lk__strategy_model_parallel = {
     .name = "model_parallel",
     .summary = "model_parallel, the model's blocks in stages, one per process",
@@ -470,6 +478,7 @@ const lk_strategy_vt lk__strategy_model_parallel = {
     .after_step = after_step,
     .clip_grad_norm = clip_grad_norm,
     .dp_comm = dp_comm,
+    .resume_unsupported = resume_unsupported,
 };
 
 const lk_strategy_vt lk__strategy_pipeline = {
@@ -483,4 +492,5 @@ const lk_strategy_vt lk__strategy_pipeline = {
     .after_step = after_step,
     .clip_grad_norm = clip_grad_norm,
     .dp_comm = dp_comm,
+    .resume_unsupported = resume_unsupported,
 };

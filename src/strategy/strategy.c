@@ -218,6 +218,13 @@ bool lk_strategy_writes_checkpoint(const lk_strategy *s) { return s->rank == 0; 
 
 bool lk_strategy_state_dict_collective(const lk_strategy *s) { return s->vt->state_dict != NULL; }
 
+lk_status lk_strategy_check_resume(const lk_strategy *s) {
+    const char *why = s->vt->resume_unsupported ? s->vt->resume_unsupported(s) : NULL;
+    return why ? lk_error(LK_STATUS_UNSUPPORTED, "strategy %s cannot resume a checkpoint's training state: %s",
+                          s->vt->name, why)
+               : LK_STATUS_OK;
+}
+
 lk_status lk_strategy_state_dict_loaded(lk_strategy *s) {
     return s->wrapped && s->vt->state_dict_loaded ? s->vt->state_dict_loaded(s) : LK_STATUS_OK;
 }

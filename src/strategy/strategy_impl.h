@@ -59,6 +59,9 @@ typedef struct lk_strategy_vt {
     /* The data-parallel group when it is not the whole communicator (a
      * subgroup: pipeline stages, tensor parallelism); NULL: s->comm. */
     lk_comm *(*dp_comm)(lk_strategy *s);
+    /* (optional) Why a checkpoint's training state cannot be resumed under
+     * this strategy here (NULL: it can); lk_strategy_check_resume's. */
+    const char *(*resume_unsupported)(const lk_strategy *s);
     /* (pipelines) The network's blocks before wrap (lk_strategy_set_blocks);
      * NULL: the strategy needs none. */
     lk_status (*set_blocks)(lk_strategy *s, const lk_named_layer *blocks, int n);

@@ -439,6 +439,7 @@ lk_status lk__ckpt_load(lk_trainer *tr, const char *path, bool restore_training)
     lk_named_tensors_clear(&sd);
     /* every rank read the whole model: a sharded strategy keeps its part */
     if (!st) st = lk_strategy_state_dict_loaded(tr->strat);
+    if (!st && restore_training && fmt) st = lk_strategy_check_resume(tr->strat);
     if (!st && restore_training && fmt) {
         if (tr->optim) {
             st = lk_optimizer_state_get(tr->optim, &part);

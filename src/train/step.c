@@ -56,6 +56,12 @@ static lk_status step_keep_replica_loss(void *ctx, int k, const lk_tensor *loss,
 
 static void step_begin(void *ctx) {
     lk_trainer *tr = ctx;
+    /* The step's dropout streams, keyed by (seed, data-parallel rank, step):
+     * a pipeline's stages run the module's blocks without step_forward, so
+     * this is where theirs are keyed (the same keys single uses: each layer
+     * lives on one stage). step_forward keys again for the others, alike. */
+    lk_layer_set_rng_step(tr->module->net, (uint64_t)tr->cfg.seed, (uint32_t)lk_strategy_dp_rank(tr->strat),
+                          (uint64_t)tr->global_step);
     lk__prof_forward_begin(tr->prof, tr->global_step);
 }
 

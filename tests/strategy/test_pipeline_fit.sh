@@ -80,6 +80,13 @@ for n in 646 643; do
     check "pipeline with a short last batch ($n samples): single's weights within 1e-6 ($(near "$T/short$n.st" "$T/pshort$n.st" 1e-6))" \
       near "$T/short$n.st" "$T/pshort$n.st" 1e-6
 done
+# resuming a pipeline's training state is refused, named (its checkpoint
+# holds stage 0's optimizer state only); testing its weights works
+expect_fail "a pipeline's resume is refused" 1 "strategy pipeline cannot resume a checkpoint's training state: its checkpoint holds stage 0's optimizer state only" \
+  "$LK_BIN" fit -c "$T/mlp.yaml" --trainer.default_root_dir "$T/pp2gpipe" --trainer.devices 2 --trainer.strategy pipeline \
+  --trainer.max_steps 30 --ckpt_path "$T/pp2gpipe/lightning_logs/version_0/checkpoints/last.ckpt"
+check "a pipeline's checkpoint tests on 2 stages" "$LK_BIN" test -c "$T/mlp.yaml" --trainer.default_root_dir "$T/pp2gpipe" \
+  --trainer.devices 2 --trainer.strategy pipeline --ckpt_path "$T/pp2gpipe/lightning_logs/version_0/checkpoints/last.ckpt"
 # the same over the mpi communicator, where mpirun is installed
 if command -v mpirun >/dev/null && "$LK_BIN" env 2>/dev/null | grep -q "comm backends.* mpi"; then
   mflags=(--oversubscribe)
