@@ -93,29 +93,6 @@ static void hier_destroy(lk_comm *c) {
     c->impl = NULL;
 }
 
-static void divide(void *buf, size_t n, lk_dtype dt, int w) {
-    for (size_t i = 0; i < n; i++) {
-        switch (dt) {
-        case LK_F32: ((float *)buf)[i] /= (float)w; break;
-        case LK_F64: ((double *)buf)[i] /= (double)w; break;
-        case LK_I32: ((int32_t *)buf)[i] /= w; break;
-        case LK_I64: ((int64_t *)buf)[i] /= w; break;
-        case LK_U8: ((uint8_t *)buf)[i] = (uint8_t)(((uint8_t *)buf)[i] / w); break;
-        case LK_BF16: {
-            uint16_t *p = (uint16_t *)buf + i;
-            *p = lk_f32_to_bf16_bits(lk_bf16_bits_to_f32(*p) / (float)w);
-            break;
-        }
-        case LK_F16: {
-            uint16_t *p = (uint16_t *)buf + i;
-            *p = lk_f32_to_f16_bits(lk_f16_bits_to_f32(*p) / (float)w);
-            break;
-        }
-        default: break;
-        }
-    }
-}
-
 /* The leaders' step. Two leaders with a large f32 buffer swap their
  * buffers (a send and a receive at once, both directions of the link busy)
  * and each adds the other's: (OpenMPI's non-blocking all-reduce of 2 ranks
@@ -159,7 +136,7 @@ static lk_status hier_run(lk_comm *c, const lk__coll *op) {
         if (h->node) LK_TRY(lk_comm_all_reduce(h->node, op->recv, op->count, op->dt, rop));
         if (h->leaders) LK_TRY(leaders_all_reduce(h, op, rop));
         if (h->node) LK_TRY(lk_comm_broadcast(h->node, op->recv, op->count, op->dt, 0));
-        if (op->op == LK_REDUCE_AVG) divide(op->recv, op->count, op->dt, c->pg.world_size);
+        if (op->op == LK_REDUCE_AVG) lk__reduce_divide(op->recv, op->count, op->dt, c->pg.world_size);
         return LK_STATUS_OK;
     }
     case LK__COLL_BROADCAST: return lk_comm_broadcast(h->world, op->recv, op->count, op->dt, op->root);

@@ -246,6 +246,9 @@ const char *lk__comm_timeout_words(const lk_comm *c, char *buf, size_t size);
  * accumulate in f32 and round once. dst may alias any src. */
 void lk__reduce(void *dst, const void *const *srcs, int n, size_t count, lk_dtype dt, lk_reduce_op op,
                 int avg_div);
+/* buf[i] /= w in place, exactly as lk__reduce's AVG divides its sum: the
+ * AVG of a library that only sums (MPI's all-reduce, hier's leaders). */
+void lk__reduce_divide(void *buf, size_t count, lk_dtype dt, int w);
 /* Its copy per instruction set (backend/isa.h); lk__reduce picks one. */
 LK_ISA_DECLARE(void, lk__reduce_run,
                (void *dst, const void *const *srcs, int n, size_t count, lk_dtype dt, lk_reduce_op op, int avg_div));

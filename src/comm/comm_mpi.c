@@ -375,20 +375,6 @@ static void narrow(uint16_t *dst, const float *src, size_t n, lk_dtype dt) {
     for (size_t i = 0; i < n; i++) dst[i] = dt == LK_BF16 ? lk_f32_to_bf16_bits(src[i]) : lk_f32_to_f16_bits(src[i]);
 }
 
-/* In-place division for AVG after an MPI_SUM. */
-static void divide(void *buf, size_t n, lk_dtype dt, int w) {
-    for (size_t i = 0; i < n; i++) {
-        switch (dt) {
-        case LK_F32: ((float *)buf)[i] /= (float)w; break;
-        case LK_F64: ((double *)buf)[i] /= (double)w; break;
-        case LK_I32: ((int32_t *)buf)[i] /= w; break;
-        case LK_I64: ((int64_t *)buf)[i] /= w; break;
-        case LK_U8: ((uint8_t *)buf)[i] = (uint8_t)(((uint8_t *)buf)[i] / w); break;
-        default: break;
-        }
-    }
-}
-
 static lk_status reduce_call(lk_comm *c, mpi_comm *m, const lk__coll *op, const void *send, void *recv, size_t n,
                              lk_dtype dt, bool scatter) {
     MPI_Request req;
@@ -399,7 +385,7 @@ static lk_status reduce_call(lk_comm *c, mpi_comm *m, const lk__coll *op, const 
                                          m->comm, &req));
     if (rc != MPI_SUCCESS) return mpi_err(rc, lk__coll_kind_name(op->kind));
     LK_TRY(finish(c, &req, op));
-    if (op->op == LK_REDUCE_AVG) divide(recv, n, dt, m->world);
+    if (op->op == LK_REDUCE_AVG) lk__reduce_divide(recv, n, dt, m->world);
     return LK_STATUS_OK;
 }
 

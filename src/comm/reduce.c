@@ -156,4 +156,9 @@ void lk__reduce(void *dst, const void *const *srcs, int n, size_t count, lk_dtyp
                 int avg_div) {
     LK_ISA_PICK(lk__reduce_run)(dst, srcs, n, count, dt, op, avg_div);
 }
+
+void lk__reduce_divide(void *buf, size_t count, lk_dtype dt, int w) {
+    const void *src[1] = {buf};
+    lk__reduce(buf, src, 1, count, dt, LK_REDUCE_AVG, w);
+}
 #endif
