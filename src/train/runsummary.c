@@ -46,10 +46,14 @@ void lk__write_runinfo(lk_trainer *tr, const char *command, lk_status st) {
     ri.epochs = tr->epoch;
     ri.global_step = tr->global_step;
     ri.wall_s = lk_time_now() - tr->t_start;
+    /* Each data-parallel replica sees its own samples; the ranks of one
+     * pipeline (or one model cut into stages) see the same ones: count the
+     * replicas, not the ranks. */
+    double replicas = tr->strat ? (double)lk_strategy_dp_size(tr->strat) : (double)tr->world;
     if (tr->t_steady > 0 && tr->t_train_end > tr->t_steady && tr->timed_steps > 5)
-        ri.samples_per_s = (double)(tr->samples_seen - tr->samples_steady) * tr->world / (tr->t_train_end - tr->t_steady);
+        ri.samples_per_s = (double)(tr->samples_seen - tr->samples_steady) * replicas / (tr->t_train_end - tr->t_steady);
     else
-        ri.samples_per_s = tr->train_time > 0 ? (double)tr->samples_seen * tr->world / tr->train_time : 0;
+        ri.samples_per_s = tr->train_time > 0 ? (double)tr->samples_seen * replicas / tr->train_time : 0;
     ri.time_to_first_step_s = tr->t_first_step > 0 ? tr->t_first_step - tr->t_start : 0;
     ri.world_size = tr->world;
     ri.strategy = tr->dp_devices ? "dp" : lk_strategy_name(tr->strat);
