@@ -67,7 +67,7 @@ typedef struct {
     files_args a;
     bool csv;
     uint64_t seed;
-    lk_dataset *train, *val, *test, *predict;
+    lk__dm_splits sp;
 } files_self;
 
 bool lk__dm_files_has(const char *name) { return name && (!strcmp(name, "npy") || !strcmp(name, "csv")); }
@@ -124,7 +124,7 @@ static lk_status open_split(files_self *s, const char *x, const char *y, const c
 static lk_status files_setup(lk_datamodule *dm, const char *stage) {
     files_self *s = dm->self;
     (void)stage;
-    if (s->train) return LK_STATUS_OK; /* once */
+    if (s->sp.train) return LK_STATUS_OK; /* once */
     const files_args *a = &s->a;
     const char *xk = s->csv ? "path" : "x";
     if (!a->x[0]) return lk_error(LK_STATUS_INVALID_ARGUMENT, "data.init_args.%s is required (the training %s)", xk,
@@ -139,42 +139,26 @@ static lk_status files_setup(lk_datamodule *dm, const char *stage) {
     LK_TRY(open_split(s, a->x, a->y, xk, &full));
     lk_status st = LK_STATUS_OK;
     if (a->val_x[0]) {
-        s->train = lk_dataset_retain(full);
-        st = open_split(s, a->val_x, a->val_y, s->csv ? "val_path" : "val_x", &s->val);
-    } else if (a->val_split > 0) {
-        int64_t n = lk_dataset_len(full), nval = (int64_t)((double)n * a->val_split);
-        if (nval < 1 || nval >= n)
-            st = lk_error(LK_STATUS_INVALID_ARGUMENT, "data.init_args.val_split %g of %lld samples in %s leaves %s",
-                          a->val_split, (long long)n, a->x, nval < 1 ? "no validation sample" : "no training sample");
-        lk_dataset *parts[2] = {NULL, NULL};
-        if (!st) st = lk_dataset_random_split(full, 2, (double[]){(double)(n - nval), (double)nval}, s->seed, parts);
-        s->train = parts[0], s->val = parts[1];
+        s->sp.train = lk_dataset_retain(full);
+        st = open_split(s, a->val_x, a->val_y, s->csv ? "val_path" : "val_x", &s->sp.val);
     } else {
-        s->train = lk_dataset_retain(full);
+        st = lk__dm_splits_cut(&s->sp, full, a->val_split, s->seed, a->x, "sample");
     }
-    if (!st && a->test_x[0]) st = open_split(s, a->test_x, a->test_y, s->csv ? "test_path" : "test_x", &s->test);
-    if (!st && a->predict_x[0]) st = open_split(s, a->predict_x, NULL, s->csv ? "predict_path" : "predict_x", &s->predict);
-    if (!st && !s->predict) s->predict = lk_dataset_retain(s->test ? s->test : full); /* in file order */
+    if (!st && a->test_x[0]) st = open_split(s, a->test_x, a->test_y, s->csv ? "test_path" : "test_x", &s->sp.test);
+    if (!st && a->predict_x[0]) st = open_split(s, a->predict_x, NULL, s->csv ? "predict_path" : "predict_x", &s->sp.predict);
+    if (!st && !s->sp.predict) s->sp.predict = lk_dataset_retain(s->sp.test ? s->sp.test : full); /* in file order */
     lk_dataset_free(full);
     return st;
 }
 
 static lk_dataset *files_dataset(lk_datamodule *dm, const char *split) {
-    files_self *s = dm->self;
-    if (!strcmp(split, "train")) return s->train;
-    if (!strcmp(split, "val")) return s->val;
-    if (!strcmp(split, "test")) return s->test;
-    if (!strcmp(split, "predict")) return s->predict;
-    return NULL;
+    return lk__dm_splits_get(&((files_self *)dm->self)->sp, split);
 }
 
 static void files_destroy(lk_datamodule *dm) {
     files_self *s = dm->self;
     if (!s) return;
-    lk_dataset_free(s->train);
-    lk_dataset_free(s->val);
-    lk_dataset_free(s->test);
-    lk_dataset_free(s->predict);
+    lk__dm_splits_free(&s->sp);
     lk_free(s);
 }
 
@@ -221,4 +205,36 @@ lk_status lk__dm_files_create(const char *name, const lk_model_kv *args, int n_a
     }
     *out = dm;
     return LK_STATUS_OK;
+}
+
+lk_status lk__dm_splits_cut(lk__dm_splits *sp, lk_dataset *full, double val_split, uint64_t seed, const char *src,
+                            const char *noun) {
+    if (!(val_split > 0)) {
+        sp->train = lk_dataset_retain(full);
+        return LK_STATUS_OK;
+    }
+    int64_t n = lk_dataset_len(full), nval = (int64_t)((double)n * val_split);
+    if (nval < 1 || nval >= n)
+        return lk_error(LK_STATUS_INVALID_ARGUMENT, "data.init_args.val_split %g of %lld %ss in %s leaves no %s %s",
+                        val_split, (long long)n, noun, src, nval < 1 ? "validation" : "training", noun);
+    lk_dataset *parts[2] = {NULL, NULL};
+    lk_status st = lk_dataset_random_split(full, 2, (double[]){(double)(n - nval), (double)nval}, seed, parts);
+    sp->train = parts[0], sp->val = parts[1];
+    return st;
+}
+
+lk_dataset *lk__dm_splits_get(const lk__dm_splits *sp, const char *split) {
+    if (!strcmp(split, "train")) return sp->train;
+    if (!strcmp(split, "val")) return sp->val;
+    if (!strcmp(split, "test")) return sp->test;
+    if (!strcmp(split, "predict")) return sp->predict;
+    return NULL;
+}
+
+void lk__dm_splits_free(lk__dm_splits *sp) {
+    lk_dataset_free(sp->train);
+    lk_dataset_free(sp->val);
+    lk_dataset_free(sp->test);
+    lk_dataset_free(sp->predict);
+    *sp = (lk__dm_splits){0};
 }

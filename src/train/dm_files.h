@@ -13,6 +13,20 @@ extern const lk_param lk__dm_npy_params[LK__DM_NPY_NPARAMS];
 extern const lk_param lk__dm_csv_params[LK__DM_CSV_NPARAMS];
 
 /* image_folder (dm_images.c): root/<class_name>/ of .png or .jpg files, as torchvision's ImageFolder. */
+/* The four splits a file data module serves (dm_files.c, dm_images.c). */
+typedef struct lk__dm_splits {
+    lk_dataset *train, *val, *test, *predict;
+} lk__dm_splits;
+/* train and val from the full set (borrowed; what it keeps is retained):
+ * a fraction val_split > 0 of it cut at random with the seed (an error names
+ * `src` and the `noun` counted when either part would be empty), else all of
+ * it for training and no validation set. */
+lk_status lk__dm_splits_cut(lk__dm_splits *sp, lk_dataset *full, double val_split, uint64_t seed, const char *src,
+                            const char *noun);
+/* The split by its data module name ("train", "val", "test", "predict"). */
+lk_dataset *lk__dm_splits_get(const lk__dm_splits *sp, const char *split);
+void lk__dm_splits_free(lk__dm_splits *sp);
+
 #define LK__DM_IMAGES_NPARAMS 8
 extern const lk_param lk__dm_images_params[LK__DM_IMAGES_NPARAMS];
 lk_status lk__dm_images_create(const lk_model_kv *args, int n_args, uint64_t seed, lk_datamodule **out);

@@ -66,7 +66,7 @@ _Static_assert(sizeof lk__dm_images_params / sizeof lk__dm_images_params[0] == L
 typedef struct {
     images_args a;
     uint64_t seed;
-    lk_dataset *train, *val, *test, *predict;
+    lk__dm_splits sp;
     char **classes; /* the training root's class names, sorted: label i is classes[i] */
     int nclasses;
 } images_self;
@@ -212,47 +212,31 @@ static lk_status load_root(images_self *s, const char *root, const char *key, lk
 static lk_status images_setup(lk_datamodule *dm, const char *stage) {
     images_self *s = dm->self;
     (void)stage;
-    if (s->train) return LK_STATUS_OK; /* once */
+    if (s->sp.train) return LK_STATUS_OK; /* once */
     if (!s->a.root[0]) return lk_error(LK_STATUS_INVALID_ARGUMENT, "data.init_args.root is required (root/<class_name>/*.png)");
     lk_dataset *full = NULL;
     LK_TRY(load_root(s, s->a.root, "root", &full));
     lk_status st = LK_STATUS_OK;
     if (s->a.val_root[0]) {
-        s->train = lk_dataset_retain(full);
-        st = load_root(s, s->a.val_root, "val_root", &s->val);
-    } else if (s->a.val_split > 0) {
-        int64_t n = lk_dataset_len(full), nval = (int64_t)((double)n * s->a.val_split);
-        if (nval < 1 || nval >= n)
-            st = lk_error(LK_STATUS_INVALID_ARGUMENT, "data.init_args.val_split %g of %lld images in %s leaves %s",
-                          s->a.val_split, (long long)n, s->a.root, nval < 1 ? "no validation image" : "no training image");
-        lk_dataset *parts[2] = {NULL, NULL};
-        if (!st) st = lk_dataset_random_split(full, 2, (double[]){(double)(n - nval), (double)nval}, s->seed, parts);
-        s->train = parts[0], s->val = parts[1];
+        s->sp.train = lk_dataset_retain(full);
+        st = load_root(s, s->a.val_root, "val_root", &s->sp.val);
     } else {
-        s->train = lk_dataset_retain(full);
+        st = lk__dm_splits_cut(&s->sp, full, s->a.val_split, s->seed, s->a.root, "image");
     }
-    if (!st && s->a.test_root[0]) st = load_root(s, s->a.test_root, "test_root", &s->test);
-    if (!st) s->predict = lk_dataset_retain(s->test ? s->test : full); /* sorted order */
+    if (!st && s->a.test_root[0]) st = load_root(s, s->a.test_root, "test_root", &s->sp.test);
+    if (!st) s->sp.predict = lk_dataset_retain(s->sp.test ? s->sp.test : full); /* sorted order */
     lk_dataset_free(full);
     return st;
 }
 
 static lk_dataset *images_dataset(lk_datamodule *dm, const char *split) {
-    images_self *s = dm->self;
-    if (!strcmp(split, "train")) return s->train;
-    if (!strcmp(split, "val")) return s->val;
-    if (!strcmp(split, "test")) return s->test;
-    if (!strcmp(split, "predict")) return s->predict;
-    return NULL;
+    return lk__dm_splits_get(&((images_self *)dm->self)->sp, split);
 }
 
 static void images_destroy(lk_datamodule *dm) {
     images_self *s = dm->self;
     if (!s) return;
-    lk_dataset_free(s->train);
-    lk_dataset_free(s->val);
-    lk_dataset_free(s->test);
-    lk_dataset_free(s->predict);
+    lk__dm_splits_free(&s->sp);
     free_names(s->classes, s->nclasses);
     lk_free(s);
 }
