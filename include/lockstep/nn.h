@@ -166,6 +166,8 @@ lk_tensor *lk_layer_forward(lk_layer *l, lk_tensor *x);
  *   BEFORE_BACKWARD in the backward pass, just before the first gradient of
  *                   the layer's output is propagated into the layer (once
  *                   per backward; not when the output needs no gradient);
+ *   AFTER_FORWARD   when the layer's forward returned (not after the
+ *                   recompute of a checkpointed layer in the backward);
  *   AFTER_BACKWARD  in the backward pass, once every node the layer's
  *                   forward recorded has been differentiated: the gradients
  *                   its parameters get from this layer are final (a
@@ -175,7 +177,12 @@ lk_tensor *lk_layer_forward(lk_layer *l, lk_tensor *x);
  * The backward hooks need grad mode on and something in the layer that
  * requires a gradient during the forward. A hook returning an error stops
  * the forward (NULL) or the backward (lk_backward returns it). */
-typedef enum { LK_LAYER_BEFORE_FORWARD, LK_LAYER_BEFORE_BACKWARD, LK_LAYER_AFTER_BACKWARD } lk_layer_hook_when;
+typedef enum {
+    LK_LAYER_BEFORE_FORWARD,
+    LK_LAYER_BEFORE_BACKWARD,
+    LK_LAYER_AFTER_BACKWARD,
+    LK_LAYER_AFTER_FORWARD,
+} lk_layer_hook_when;
 typedef lk_status (*lk_layer_hook_fn)(lk_layer *l, lk_layer_hook_when when, void *ctx);
 /* Adds a hook (ctx borrowed while it is set). */
 lk_status lk_layer_add_hook(lk_layer *l, lk_layer_hook_when when, lk_layer_hook_fn fn, void *ctx);

@@ -69,6 +69,30 @@ typedef struct lk_ddp_options {
 } lk_ddp_options;
 lk_ddp_options lk_ddp_options_default(void);
 
+/* fsdp's and deepspeed_stage_3's options (lk_strategy_config.fsdp; PyTorch
+ * FSDP's names). */
+typedef enum lk_fsdp_sharding {
+    LK_FSDP_FULL_SHARD,    /* parameters, gradients and optimizer state sharded; a unit's parameters
+                              are given back after its forward and gathered again for its backward */
+    LK_FSDP_SHARD_GRAD_OP, /* the same, but a unit's gathered parameters stay from its forward to its backward */
+    LK_FSDP_NO_SHARD,      /* one chunk per rank: every rank holds everything, gradients all-reduced */
+    LK_FSDP_HYBRID_SHARD,  /* FULL_SHARD inside each node, replicated across nodes */
+} lk_fsdp_sharding;
+typedef struct lk_fsdp_options {
+    lk_fsdp_sharding sharding;  /* default FULL_SHARD */
+    const char *wrap_types;     /* auto_wrap_policy: the layer classes that become units, comma-separated
+                                   ("Block", "Linear,Conv2d"); "none": the whole net is one unit; NULL or "":
+                                   min_num_params when set, else the model's repeated blocks (gpt's
+                                   transformer blocks; otherwise the children of its first layer with
+                                   several). Borrowed until create returns */
+    int64_t min_num_params;     /* size_based_auto_wrap_policy: > 0 wraps, bottom up, each layer whose
+                                   parameters no wrapped layer below it took reach this many */
+    bool forward_prefetch;      /* issue the next unit's all-gather while this one computes (default true) */
+    bool backward_prefetch;     /* the same in the backward, in reverse (default true: BACKWARD_PRE) */
+} lk_fsdp_options;
+lk_fsdp_options lk_fsdp_options_default(void);
+const char *lk_fsdp_sharding_name(lk_fsdp_sharding s); /* "FULL_SHARD", ... */
+
 typedef struct lk_strategy_config {
     const char *name;         /* "auto" (single for one process, ddp for several), "single", "ddp",
                                  "ddp_spawn" (ddp: how the ranks were started is the launcher's business),
@@ -87,6 +111,7 @@ typedef struct lk_strategy_config {
     int pipe_chunks;
     const char *pipe_schedule;
     const char *pipe_split;
+    const lk_fsdp_options *fsdp; /* fsdp, deepspeed_stage_3 (copied by create); NULL: lk_fsdp_options_default() */
 } lk_strategy_config;
 lk_strategy_config lk_strategy_config_default(void);
 
@@ -191,6 +216,14 @@ lk_status lk_strategy_state_dict(lk_strategy *s, lk_layer *net, lk_named_tensors
  * call in the same order (a sharded strategy's gather), not only the rank
  * that writes: false for the replicas. */
 bool lk_strategy_state_dict_collective(const lk_strategy *s);
+/* The optimizer's state by the net's parameter names (lk_optimizer_state_get's
+ * form), as a checkpoint holds it: the optimizer's own for the replicas and
+ * ZeRO 1/2; fsdp's chunks gathered and cut per parameter (collective when
+ * lk_strategy_state_dict_collective). The caller clears *out. */
+lk_status lk_strategy_optimizer_state(lk_strategy *s, lk_optimizer *o, lk_named_tensors *out);
+/* Loads such a state (from any strategy's checkpoint) into `o`, this rank's
+ * part of it where the strategy shards. */
+lk_status lk_strategy_optimizer_state_load(lk_strategy *s, lk_optimizer *o, const lk_named_tensors *state);
 /* Whether this rank writes checkpoint files (replicas: global rank 0). */
 bool lk_strategy_writes_checkpoint(const lk_strategy *s);
 /* After a checkpoint's full state dict was loaded into the net on this
@@ -399,6 +432,8 @@ lk_strategy_stats lk_strategy_get_stats(const lk_strategy *s);
  * padded buffers). Zero before lk_strategy_wrap. */
 typedef struct lk_strategy_memory {
     int64_t param_bytes, grad_bytes, optim_state_bytes;
+    int64_t gathered_bytes; /* fsdp, deepspeed_stage_3: the peak of the units' gathered parameters held at
+                               once (whole units beside the shards); 0 for the others */
 } lk_strategy_memory;
 lk_strategy_memory lk_strategy_get_memory(const lk_strategy *s);
 

@@ -121,6 +121,10 @@ typedef struct lk_trainer_config {
     char ddp_comm_hook[LK_PARAM_STR]; /* none | bf16_compress | fp16_compress (PyTorch's compression hooks) */
     bool ddp_shared_params;         /* ddp on one node: ranks share one copy of parameters + optimizer state */
     bool ddp_broadcast_buffers;     /* ddp: buffers from rank 0 before each forward (default true) */
+    char fsdp_sharding_strategy[LK_PARAM_STR]; /* fsdp, deepspeed_stage_3: FULL_SHARD | SHARD_GRAD_OP | NO_SHARD | HYBRID_SHARD */
+    char fsdp_auto_wrap_policy[LK_PARAM_STR];  /* layer classes that become units ("": the model's blocks; "none") */
+    int64_t fsdp_min_num_params;    /* size-based wrapping when > 0 */
+    bool fsdp_forward_prefetch, fsdp_backward_prefetch;
     int64_t pipeline_chunks;        /* model_parallel, pipeline: trainer.pipeline.chunks (default 4) */
     char pipeline_schedule[LK_PARAM_STR]; /* trainer.pipeline.schedule: gpipe | 1f1b (default) */
     char pipeline_split[LK_PARAM_STR];    /* trainer.pipeline.split: each stage's first block after the first */

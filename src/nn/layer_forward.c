@@ -20,7 +20,7 @@ typedef struct hook {
 struct lk__layer_hooks {
     int n, cap;
     hook *v;
-    bool has[3]; /* any hook of each kind */
+    bool has[4]; /* any hook of each kind */
 };
 
 static _Thread_local int recomputing; /* depth of checkpoint recomputes running on this thread */
@@ -28,9 +28,9 @@ static _Thread_local int recomputing; /* depth of checkpoint recomputes running 
 bool lk_layer_recomputing(void) { return recomputing > 0; }
 
 lk_status lk_layer_add_hook(lk_layer *l, lk_layer_hook_when when, lk_layer_hook_fn fn, void *ctx) {
-    if (!l || !fn || (unsigned)when > LK_LAYER_AFTER_BACKWARD)
+    if (!l || !fn || (unsigned)when > LK_LAYER_AFTER_FORWARD)
         return lk_error(LK_STATUS_INVALID_ARGUMENT, "layer_add_hook: needs a layer, a hook function and one of "
-                        "LK_LAYER_BEFORE_FORWARD, LK_LAYER_BEFORE_BACKWARD, LK_LAYER_AFTER_BACKWARD");
+                        "LK_LAYER_BEFORE_FORWARD, LK_LAYER_AFTER_FORWARD, LK_LAYER_BEFORE_BACKWARD, LK_LAYER_AFTER_BACKWARD");
     if (!l->hooks && !(l->hooks = lk_calloc(1, sizeof *l->hooks))) return LK_STATUS_OUT_OF_MEMORY;
     struct lk__layer_hooks *h = l->hooks;
     if (h->n == h->cap) LK_TRY(lk_vec_reserve(h->v, h->cap, h->n + 1, 4));
@@ -223,13 +223,14 @@ lk_tensor *lk_layer_forward(lk_layer *l, lk_tensor *x) {
         return NULL;
     }
     if (!l->hooks && !l->checkpoint) return l->forward(l, x);
-    const bool *has = l->hooks ? l->hooks->has : (const bool[3]){false, false, false};
+    const bool *has = l->hooks ? l->hooks->has : (const bool[4]){false, false, false, false};
     if (has[LK_LAYER_BEFORE_FORWARD] && fire(l, LK_LAYER_BEFORE_FORWARD)) return NULL;
     bool grad = lk_grad_enabled();
     if (grad && has[LK_LAYER_AFTER_BACKWARD] && !(x = after_backward_boundary(l, x))) return NULL;
     lk_tensor *y = l->checkpoint && grad ? checkpointed(l, x) : l->forward(l, x);
     if (y && grad && has[LK_LAYER_BEFORE_BACKWARD] && y->requires_grad)
         y = lk_function_apply(&before_bw_fn, 1, &y, l);
+    if (y && has[LK_LAYER_AFTER_FORWARD] && fire(l, LK_LAYER_AFTER_FORWARD)) return NULL;
     return y;
 }
 

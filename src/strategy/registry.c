@@ -31,6 +31,9 @@ static const struct entry {
      * broadcast_buffers; stage 1 also its comm hooks). */
     {{"deepspeed_stage_2", "DeepSpeedStrategy", LK_PROCESS_PER_DEVICE, false, true}, &lk__strategy_zero2},
     {{"deepspeed_stage_1", "DeepSpeedStrategy", LK_PROCESS_PER_DEVICE, false, true}, &lk__strategy_zero1},
+    /* fsdp.c: parameters sharded too (FSDPStrategy; DeepSpeedStrategy stage 3) */
+    {{"fsdp", "FSDPStrategy", LK_PROCESS_PER_DEVICE, false, false}, &lk__strategy_fsdp},
+    {{"deepspeed_stage_3", "DeepSpeedStrategy", LK_PROCESS_PER_DEVICE, false, false}, &lk__strategy_zero3},
 };
 #define NREG ((int)(sizeof registry / sizeof registry[0]))
 
@@ -45,10 +48,14 @@ static const struct {
     {"ddp_fork", "ddp_spawn"}, /* lockstep's ddp_spawn forks */
     {"ddp_notebook", "ddp_spawn"},
     {"single_device", "single"},
+    {"deepspeed_stage_3_offload", "deepspeed_stage_3"}, /* on the CPU the state is in host memory already */
+    {"deepspeed_stage_2_offload", "deepspeed_stage_2"},
+    {"fsdp_cpu_offload", "fsdp"},
 };
 
 static const char *const strategy_names[] = {"auto", "single", "ddp", "ddp_spawn", "dp", "deepspeed_stage_1",
-                                             "deepspeed_stage_2", "model_parallel", "pipeline"};
+                                             "deepspeed_stage_2", "deepspeed_stage_3", "fsdp", "model_parallel",
+                                             "pipeline"};
 
 const char *const *lk_strategy_names(int *count) {
     *count = (int)(sizeof strategy_names / sizeof strategy_names[0]);
@@ -97,8 +104,21 @@ static const char *const no_args[] = {NULL};
  * change nothing in lockstep's ZeRO (booleans: the gradients are always
  * one contiguous buffer; stage 2's overlap is not built yet). */
 static const char *const zero_args[] = {"stage", "contiguous_gradients", "overlap_comm", NULL};
+/* FSDPStrategy: PyTorch FSDP's options lockstep has (sharding_strategy,
+ * auto_wrap_policy as layer class names, lockstep's min_num_params,
+ * forward_prefetch, backward_prefetch, activation_checkpointing_policy),
+ * and those that change nothing here: cpu_offload (the state is in host
+ * memory already on the CPU), limit_all_gathers (at most the next unit is
+ * prefetched), use_orig_params and sync_module_states (the parameters keep
+ * their tensors; rank 0's values are broadcast at the start), state_dict_type
+ * "full" (checkpoints are gathered), and mixed_precision null (the trainer's
+ * precision decides). */
+static const char *const fsdp_args[] = {"sharding_strategy", "auto_wrap_policy", "min_num_params", "cpu_offload",
+                                        "forward_prefetch", "backward_prefetch", "limit_all_gathers",
+                                        "use_orig_params", "sync_module_states", "state_dict_type",
+                                        "activation_checkpointing_policy", "mixed_precision", NULL};
 static const char *const class_names[] = {"DDPStrategy", "DDPSpawnStrategy", "DataParallelStrategy",
-                                          "SingleDeviceStrategy", "DeepSpeedStrategy"};
+                                          "SingleDeviceStrategy", "DeepSpeedStrategy", "FSDPStrategy"};
 
 const char *const *lk_strategy_class_names(int *count) {
     *count = (int)(sizeof class_names / sizeof class_names[0]);
@@ -107,7 +127,8 @@ const char *const *lk_strategy_class_names(int *count) {
 
 const char *const *lk_strategy_init_args(const char *class_name) {
     const struct entry *e = find_entry(class_name);
-    if (e && (e->vt == &lk__strategy_zero1 || e->vt == &lk__strategy_zero2)) return zero_args;
+    if (e && (e->vt == &lk__strategy_zero1 || e->vt == &lk__strategy_zero2 || e->vt == &lk__strategy_zero3)) return zero_args;
+    if (e && e->vt == &lk__strategy_fsdp) return fsdp_args;
     return e && e->info.ddp_options ? ddp_args : no_args;
 }
 
@@ -135,7 +156,7 @@ lk_status lk_strategy_create(const lk_strategy_config *cfg, lk_strategy **out) {
         const char *const *names = lk_strategy_names(&n);
         const char *s = lk_suggest(name, names, n);
         return lk_error(LK_STATUS_INVALID_ARGUMENT, "unknown strategy '%s'%s%s%s (expected auto, single, ddp, ddp_spawn, dp, "
-                        "deepspeed_stage_1, deepspeed_stage_2, model_parallel or pipeline)", name,
+                        "deepspeed_stage_1, deepspeed_stage_2, deepspeed_stage_3, fsdp, model_parallel or pipeline)", name,
                         s ? " (did you mean '" : "", s ? s : "", s ? "'?)" : "");
     }
     if (vt == &lk__strategy_single && world > 1)
@@ -158,6 +179,8 @@ lk_status lk_strategy_create(const lk_strategy_config *cfg, lk_strategy **out) {
     s->cfg = *cfg;
     s->ddp = ddp;
     s->cfg.ddp = &s->ddp; /* the copy: the caller's may go */
+    s->fsdp = cfg->fsdp ? *cfg->fsdp : lk_fsdp_options_default();
+    s->cfg.fsdp = &s->fsdp; /* (its wrap_types is copied by fsdp.c's create) */
     s->comm = cfg->comm;
     s->rank = cfg->comm ? lk_comm_rank(cfg->comm) : 0;
     s->world = world;

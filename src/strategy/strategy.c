@@ -216,6 +216,15 @@ lk_status lk_strategy_state_dict(lk_strategy *s, lk_layer *net, lk_named_tensors
 
 bool lk_strategy_writes_checkpoint(const lk_strategy *s) { return s->rank == 0; }
 
+lk_status lk_strategy_optimizer_state(lk_strategy *s, lk_optimizer *o, lk_named_tensors *out) {
+    return s->wrapped && s->vt->optimizer_state ? s->vt->optimizer_state(s, o, out) : lk_optimizer_state_get(o, out);
+}
+
+lk_status lk_strategy_optimizer_state_load(lk_strategy *s, lk_optimizer *o, const lk_named_tensors *state) {
+    return s->wrapped && s->vt->optimizer_state_load ? s->vt->optimizer_state_load(s, o, state)
+                                                      : lk_optimizer_state_load(o, state);
+}
+
 bool lk_strategy_state_dict_collective(const lk_strategy *s) { return s->vt->state_dict != NULL; }
 
 lk_status lk_strategy_check_resume(const lk_strategy *s) {
@@ -328,7 +337,7 @@ lk_strategy_memory lk_strategy_get_memory(const lk_strategy *s) {
     lk_strategy_memory m = {0};
     if (!s->wrapped) return m;
     int64_t b = s->flat_numel * (int64_t)lk_dtype_size(s->cfg.param_dtype);
-    m = (lk_strategy_memory){b, b, s->optim_state_floats * (int64_t)sizeof(float)};
+    m = (lk_strategy_memory){b, b, s->optim_state_floats * (int64_t)sizeof(float), 0};
     if (s->vt->memory) s->vt->memory(s, &m);
     return m;
 }

@@ -56,6 +56,10 @@ typedef struct lk_strategy_vt {
     /* The full state dict for a checkpoint (gathered), and the shard kept after a load. */
     lk_status (*state_dict)(lk_strategy *s, lk_layer *net, lk_named_tensors *out);
     lk_status (*state_dict_loaded)(lk_strategy *s);
+    /* (optional) The optimizer's state under the net's names, and its load
+     * (NULL: the optimizer's own, lk_optimizer_state_get / _load). */
+    lk_status (*optimizer_state)(lk_strategy *s, lk_optimizer *o, lk_named_tensors *out);
+    lk_status (*optimizer_state_load)(lk_strategy *s, lk_optimizer *o, const lk_named_tensors *state);
     /* The data-parallel group when it is not the whole communicator (a
      * subgroup: pipeline stages, tensor parallelism); NULL: s->comm. */
     lk_comm *(*dp_comm)(lk_strategy *s);
@@ -77,6 +81,8 @@ extern const lk_strategy_vt lk__strategy_model_parallel; /* pipeline.c */
 extern const lk_strategy_vt lk__strategy_pipeline;
 extern const lk_strategy_vt lk__strategy_zero1; /* zero.c: deepspeed_stage_1 */
 extern const lk_strategy_vt lk__strategy_zero2; /* zero.c: deepspeed_stage_2 */
+extern const lk_strategy_vt lk__strategy_fsdp;  /* fsdp.c: fsdp */
+extern const lk_strategy_vt lk__strategy_zero3; /* fsdp.c: deepspeed_stage_3 */
 
 struct lk_strategy {
     const lk_strategy_vt *vt;
@@ -84,6 +90,7 @@ struct lk_strategy {
     void *ext;  /* a strategy built over another's vtable (zero.c over ddp's): its own state, beside self */
     lk_strategy_config cfg;
     lk_ddp_options ddp; /* cfg.ddp's copy (its defaults when none was given); cfg.ddp points here */
+    lk_fsdp_options fsdp; /* cfg.fsdp's copy, likewise */
     lk_comm *comm;
     int rank, world;
     /* lk_strategy_setup's arrays (borrowed) */

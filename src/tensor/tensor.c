@@ -572,6 +572,23 @@ lk_status lk__tensor_own_storage(lk_tensor *t) {
     return LK_STATUS_OK;
 }
 
+lk_status lk__tensor_rehome(lk_tensor *t, lk_tensor *base, int64_t offset, bool copy_values) {
+    lk_tensor *r = lk__tensor_view(base, t->ndim, t->shape, NULL, base->offset + offset);
+    if (!r) return lk_last_status() ? lk_last_status() : LK_STATUS_OUT_OF_MEMORY;
+    if (copy_values && lk_tensor_copy(r, t)) {
+        lk_tensor_release(r);
+        return lk_last_status();
+    }
+    lk_storage *old = t->storage; /* as own_storage: t takes the view's storage, the view the old one */
+    t->storage = r->storage, r->storage = old;
+    t->device = r->device;
+    t->data = r->data;
+    t->offset = r->offset;
+    set_contiguous_strides(t);
+    lk_tensor_release(r);
+    return LK_STATUS_OK;
+}
+
 lk_status lk__tensor_move_to(lk_tensor *t, lk_device dev) {
     if (lk_device_equal(t->device, dev)) return LK_STATUS_OK;
     lk_tensor *r = lk_tensor_to(t, dev);

@@ -20,6 +20,12 @@ lk_tensor *lk__tensor_view(lk_tensor *base, int ndim, const int64_t *shape, cons
  * storage, and every other view keeps the old one (a parameter leaving a
  * buffer that is going away). On failure t is unchanged. */
 lk_status lk__tensor_own_storage(lk_tensor *t);
+/* t becomes a contiguous view of base's storage at `offset` elements (its
+ * values copied there first when copy_values), keeping its identity: the
+ * layers' slots, tied weights and autograd's saved references stay valid.
+ * A sharded strategy puts each parameter of a unit into the unit's buffer
+ * this way. On failure t is unchanged. */
+lk_status lk__tensor_rehome(lk_tensor *t, lk_tensor *base, int64_t offset, bool copy_values);
 /* Moves t's values to `dev` in place: t gets fresh contiguous storage there
  * (other views keep the old storage); its gradient is left alone. On
  * failure t is unchanged. lk_layer_to's step per tensor. */

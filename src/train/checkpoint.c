@@ -57,8 +57,10 @@ lk_status lk__ckpt_save_ex(lk_trainer *tr, const char *path, bool weights_only) 
     lk_status st = tr->ckpt_state_ready ? append_prefixed(&all, &tr->ckpt_state, "")
                                         : lk_strategy_state_dict(tr->strat, tr->module->net, &all);
     if (!st && tr->optim && !weights_only) {
-        st = lk_optimizer_state_get(tr->optim, &part);
-        if (!st) st = append_prefixed(&all, &part, "optimizer.");
+        /* gathered with the state dict when that is a collective (fsdp's is too) */
+        st = tr->ckpt_state_ready ? append_prefixed(&all, &tr->ckpt_optim, "optimizer.")
+                                  : lk_strategy_optimizer_state(tr->strat, tr->optim, &part);
+        if (!st && !tr->ckpt_state_ready) st = append_prefixed(&all, &part, "optimizer.");
         lk_named_tensors_clear(&part);
     }
     if (!st && tr->sched && !weights_only) {
@@ -456,7 +458,7 @@ lk_status lk__ckpt_load(lk_trainer *tr, const char *path, bool restore_training)
                 if (!st) st = lk_named_tensors_append(&fromfile, info->name + 10, t);
                 lk_tensor_release(t);
             }
-            if (!st && lk_optimizer_state_load(tr->optim, &fromfile))
+            if (!st && lk_strategy_optimizer_state_load(tr->strat, tr->optim, &fromfile))
                 st = lk_error(lk_last_status(), "checkpoint %s: %s", path, lk_last_error());
             lk_named_tensors_clear(&fromfile);
             lk_named_tensors_clear(&part);
@@ -777,6 +779,7 @@ static lk_status ckpt_callback(lk_trainer *tr, ckpt_when when) {
      * Replicas keep reading theirs inside the write (views, no collective). */
     if (lk_strategy_state_dict_collective(tr->strat)) {
         st = lk_strategy_state_dict(tr->strat, tr->module->net, &tr->ckpt_state);
+        if (!st && tr->optim) st = lk_strategy_optimizer_state(tr->strat, tr->optim, &tr->ckpt_optim);
         tr->ckpt_state_ready = !st;
     }
     if (!st && lk_strategy_writes_checkpoint(tr->strat)) {
@@ -786,6 +789,7 @@ static lk_status ckpt_callback(lk_trainer *tr, ckpt_when when) {
                 st = ckpt_one(tr, &tr->ckpts[j], j == 0, when, wrote_last, sizeof wrote_last);
     }
     lk_named_tensors_clear(&tr->ckpt_state);
+    lk_named_tensors_clear(&tr->ckpt_optim);
     tr->ckpt_state_ready = false;
     lk_free(tr->ckpt_rows); /* another checkpoint (OnExceptionCheckpoint) must not take them */
     tr->ckpt_rows = NULL;

@@ -109,6 +109,7 @@ struct lk_trainer {
      * write, when the strategy's gather is a collective (checkpoint.c);
      * the writer's files take it from here. */
     lk_named_tensors ckpt_state;
+    lk_named_tensors ckpt_optim; /* the optimizer's state, gathered with it (lk_strategy_optimizer_state) */
     bool ckpt_state_ready;
     int64_t cur_batch_size;
     /* A training step's loss logged by lk__log_loss on a device the host

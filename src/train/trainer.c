@@ -197,6 +197,15 @@ lk_status lk_trainer_create(const lk_trainer_config *cfg, const lk_optim_setting
     sc.pipe_chunks = !strcmp(cfg->strategy, "model_parallel") ? 1 : (int)cfg->pipeline_chunks;
     sc.pipe_schedule = cfg->pipeline_schedule;
     sc.pipe_split = cfg->pipeline_split;
+    /* fsdp, deepspeed_stage_3: trainer.fsdp_* (FSDPStrategy's init_args set them) */
+    lk_fsdp_options fo = lk_fsdp_options_default();
+    for (int k = 0; k < 4; k++)
+        if (!strcmp(cfg->fsdp_sharding_strategy, lk_fsdp_sharding_name((lk_fsdp_sharding)k))) fo.sharding = (lk_fsdp_sharding)k;
+    fo.wrap_types = cfg->fsdp_auto_wrap_policy;
+    fo.min_num_params = cfg->fsdp_min_num_params;
+    fo.forward_prefetch = cfg->fsdp_forward_prefetch;
+    fo.backward_prefetch = cfg->fsdp_backward_prefetch;
+    sc.fsdp = &fo;
     st = lk_strategy_create(&sc, &tr->strat);
     if (st) goto fail;
     tr->params = lk_strategy_local_params(tr->strat);

@@ -25,7 +25,7 @@ static const lk_param trainer_params[] = {
     T("accelerator", ENUM, accelerator, "auto", 1, 0, "cpu|gpu|cuda|auto", "hardware to run on (gpu needs the CUDA backend)"),
     T("devices", INT, devices, "1", 0, 4096, NULL, "processes (cpu) or GPUs per node; 0 = auto"),
     T("strategy", ENUM, strategy, "auto", 1, 0,
-      "auto|single|ddp|ddp_spawn|dp|deepspeed_stage_1|deepspeed_stage_2|model_parallel|pipeline",
+      "auto|single|ddp|ddp_spawn|dp|deepspeed_stage_1|deepspeed_stage_2|deepspeed_stage_3|fsdp|model_parallel|pipeline",
       "how training is spread over devices (dp: one process, a replica per device on threads; ddp_spawn: "
       "ranks forked from this process, then trained as ddp; deepspeed_stage_1/2: lockstep's own ZeRO, the "
       "optimizer update (and with 2 the gradients) sharded over the ranks, docs/STRATEGIES.md; model_parallel, "
@@ -83,6 +83,18 @@ static const lk_param trainer_params[] = {
       "ddp: gradients travel as bf16/fp16 (half the bytes, rounded) instead of exact f32"),
     T("ddp_shared_params", BOOL, ddp_shared_params, "true", 1, 0, NULL,
       "ddp on one node: one copy of parameters and optimizer state, each rank updates 1/N (false: a replica per rank)"),
+    T("fsdp_sharding_strategy", ENUM, fsdp_sharding_strategy, "FULL_SHARD", 1, 0,
+      "FULL_SHARD|SHARD_GRAD_OP|NO_SHARD|HYBRID_SHARD",
+      "fsdp, deepspeed_stage_3: what is sharded (FSDPStrategy's sharding_strategy; docs/STRATEGIES.md)"),
+    T("fsdp_auto_wrap_policy", STRING, fsdp_auto_wrap_policy, "", 1, 0, NULL,
+      "fsdp, deepspeed_stage_3: the layer classes that become units, comma-separated (\"Block\"); \"none\": one unit; "
+      "empty: the model's repeated blocks"),
+    T("fsdp_min_num_params", INT, fsdp_min_num_params, "0", 0, 1e15, NULL,
+      "fsdp, deepspeed_stage_3: wrap layers by size instead (torch's size_based_auto_wrap_policy; 0: off)"),
+    T("fsdp_forward_prefetch", BOOL, fsdp_forward_prefetch, "true", 1, 0, NULL,
+      "fsdp, deepspeed_stage_3: gather the next unit while this one computes"),
+    T("fsdp_backward_prefetch", BOOL, fsdp_backward_prefetch, "true", 1, 0, NULL,
+      "fsdp, deepspeed_stage_3: gather the unit the backward reaches next while this one computes"),
     T("ddp_broadcast_buffers", BOOL, ddp_broadcast_buffers, "true", 1, 0, NULL,
       "ddp: buffers (BatchNorm statistics) from rank 0 before each forward, as DistributedDataParallel"),
     T("scale_lr", ENUM, scale_lr, "none", 1, 0, "none|linear", "linear: lr x world size x accumulate_grad_batches"),
@@ -260,6 +272,56 @@ lk_status lk_optim_settings_default(lk_optim_settings *s) {
  * of that strategy's options (they win over the flat keys beside them).
  * Which init_args a class takes is the strategy's list
  * (lk_strategy_init_args); what each sets is the trainer's. */
+/* One of FSDPStrategy's init_args: the trainer key it sets, or a check of
+ * an argument that changes nothing in lockstep (registry.c says why). */
+static lk_status apply_fsdp_arg(const lk_param *tp, int n, lk_trainer_config *cfg, const lk_config_node *e,
+                                const char *key, const char *v, bool null) {
+    const char *tkey = !strcmp(key, "sharding_strategy")                 ? "fsdp_sharding_strategy"
+                       : !strcmp(key, "auto_wrap_policy")                ? "fsdp_auto_wrap_policy"
+                       : !strcmp(key, "min_num_params")                  ? "fsdp_min_num_params"
+                       : !strcmp(key, "forward_prefetch")                ? "fsdp_forward_prefetch"
+                       : !strcmp(key, "activation_checkpointing_policy") ? "activation_checkpointing_policy"
+                                                                         : NULL;
+    char val[LK_PARAM_STR];
+    if (!strcmp(key, "backward_prefetch")) { /* torch's BackwardPrefetch: BACKWARD_PRE (lockstep's), or none */
+        const char *d = v ? strrchr(v, '.') : NULL;
+        const char *b = d ? d + 1 : v;
+        if (null || !strcmp(b, "None") || !strcmp(b, "none")) v = "false";
+        else if (!strcmp(b, "BACKWARD_PRE") || !strcmp(b, "BACKWARD_POST")) v = "true"; /* POST: PRE's overlap, which is not worse */
+        else return lk__cfg_at(e, "trainer.strategy.init_args.backward_prefetch: expected BACKWARD_PRE, BACKWARD_POST or null, got '%s'", b);
+        tkey = "fsdp_backward_prefetch";
+    } else if (!strcmp(key, "sharding_strategy") && v) { /* "FULL_SHARD", ShardingStrategy.FULL_SHARD, or its number */
+        const char *d = strrchr(v, '.');
+        static const char *const by_number[] = {"FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD"};
+        snprintf(val, sizeof val, "%s", d ? d + 1 : v);
+        if (val[0] >= '1' && val[0] <= '4' && !val[1]) snprintf(val, sizeof val, "%s", by_number[val[0] - '1']);
+        v = val;
+    } else if (!strcmp(key, "mixed_precision")) {
+        if (!null) return lk__cfg_at(e, "trainer.strategy.init_args.mixed_precision: set trainer.precision instead "
+                             "(bf16-mixed, 16-mixed: the shards stay f32, the compute runs in the low precision)");
+        return LK_STATUS_OK;
+    } else if (!strcmp(key, "state_dict_type")) {
+        if (null || !strcmp(v, "full")) return LK_STATUS_OK;
+        return lk__cfg_at(e, "trainer.strategy.init_args.state_dict_type: expected full (checkpoints are gathered into one "
+                  "file), got '%s'", v);
+    }
+    if (null) {
+        if (!strcmp(key, "auto_wrap_policy")) v = ""; /* the model's blocks */
+        else if (!strcmp(key, "activation_checkpointing_policy")) v = "";
+        else return lk__cfg_at(e, "trainer.strategy.init_args.%s: expected a value, got null", key);
+    }
+    if (tkey) {
+        if (lk_params_set(tp, n, cfg, "trainer", tkey, v))
+            return lk__cfg_at(e, "trainer.strategy.init_args.%s: %s", key, lk_last_error());
+        if (!strcmp(key, "activation_checkpointing_policy") && *v && lk_params_set(tp, n, cfg, "trainer", "activation_checkpointing", "true"))
+            return lk__cfg_at(e, "trainer.strategy.init_args.%s: %s", key, lk_last_error());
+        return LK_STATUS_OK;
+    }
+    if (strcmp(v, "true") && strcmp(v, "false") && strcmp(v, "True") && strcmp(v, "False"))
+        return lk__cfg_at(e, "trainer.strategy.init_args.%s: expected true or false, got '%s'", key, v);
+    return LK_STATUS_OK;
+}
+
 static lk_status apply_strategy_node(const lk_param *tp, int n, lk_trainer_config *cfg, const lk_config_node *c) {
     for (int i = 0; i < lk_config_node_count(c); i++) {
         const char *key = lk_config_node_key(lk_config_node_child(c, i));
@@ -327,7 +389,25 @@ static lk_status apply_strategy_node(const lk_param *tp, int n, lk_trainer_confi
                           si->class_name, nkeys ? takes : "none");
             }
             bool null = lk_config_node_is_null(e);
+            /* FSDPStrategy's class lists (auto_wrap_policy, activation_checkpointing_policy) may be YAML lists
+             * of class names or dotted class paths: joined with commas, each name's last component */
+            char joined[LK_PARAM_STR];
+            if (!v && !null && lk_config_node_type(e) == LK_CONFIG_SEQ &&
+                (!strcmp(key, "auto_wrap_policy") || !strcmp(key, "activation_checkpointing_policy"))) {
+                joined[0] = 0;
+                for (int j = 0; j < lk_config_node_count(e); j++) {
+                    const char *t = lk_config_node_text(lk_config_node_child(e, j));
+                    if (!t) return lk__cfg_at(e, "trainer.strategy.init_args.%s: expected a list of layer class names", key);
+                    const char *d = strrchr(t, '.');
+                    snprintf(joined + strlen(joined), sizeof joined - strlen(joined), "%s%s", j ? "," : "", d ? d + 1 : t);
+                }
+                v = joined;
+            }
             if (!v && !null) return lk__cfg_at(e, "trainer.strategy.init_args.%s: expected a value, not a collection", key);
+            if (!strcmp(si->class_name, "FSDPStrategy")) {
+                LK_TRY(apply_fsdp_arg(tp, n, cfg, e, key, v, null));
+                continue;
+            }
             /* the trainer key each argument sets (NULL: checked, changes nothing here) */
             const char *tkey = !strcmp(key, "bucket_cap_mb")       ? "bucket_cap_mb"
                                : !strcmp(key, "ddp_comm_hook")     ? "ddp_comm_hook"
@@ -339,10 +419,8 @@ static lk_status apply_strategy_node(const lk_param *tp, int n, lk_trainer_confi
             if (!strcmp(key, "stage")) { /* DeepSpeedStrategy: which ZeRO stage */
                 if (!strcmp(v, "1")) name = "deepspeed_stage_1";
                 else if (!strcmp(v, "2")) name = "deepspeed_stage_2";
-                else if (!strcmp(v, "3"))
-                    return lk__cfg_at(e, "trainer.strategy.init_args.stage: ZeRO stage 3 (sharded parameters) is not built yet; "
-                              "use stage 1 or 2");
-                else return lk__cfg_at(e, "trainer.strategy.init_args.stage: expected 1 or 2, got '%s'", v);
+                else if (!strcmp(v, "3")) name = "deepspeed_stage_3";
+                else return lk__cfg_at(e, "trainer.strategy.init_args.stage: expected 1, 2 or 3, got '%s'", v);
             } else if (!strcmp(key, "start_method")) { /* lockstep's ddp_spawn forks; popen starts fresh processes: ddp */
                 if (!strcmp(v, "spawn") || !strcmp(v, "fork") || !strcmp(v, "forkserver")) name = "ddp_spawn";
                 else if (!strcmp(v, "popen")) name = "ddp";

@@ -1,0 +1,938 @@
+/* Fully sharded data parallel (`fsdp`, Lightning's FSDPStrategy) and ZeRO
+ * stage 3 (`deepspeed_stage_3`): lockstep's own implementation, no PyTorch
+ * or DeepSpeed inside. The network is cut into units (the auto-wrap
+ * policy: the model's repeated blocks by default, or layers of the named
+ * classes, or by parameter count) plus the root, which holds every
+ * parameter no unit does (and every parameter two units share: GPT's tied
+ * wte/lm_head). Each unit's parameters are laid out back to back in a flat
+ * range padded to S equal chunks (S the shard group's size: never refused
+ * for a count S does not divide), and rank r keeps chunk r only: its
+ * master parameters (what the optimizer updates), its gradients and its
+ * optimizer state — FSDP's 16 Psi / N.
+ *
+ * The unit's whole parameters exist only around its use: they are
+ * all-gathered into the unit's `full` buffer just before its forward (the
+ * next unit's gather is issued while this one computes: forward prefetch,
+ * in the order the first forward recorded), released after it
+ * (reshard_after_forward; SHARD_GRAD_OP keeps them to the backward),
+ * gathered again before its backward (the unit before it prefetched), and
+ * released after its backward once its gradients were reduce-scattered into
+ * each rank's chunk (one reduce-scatter in flight while the backward goes
+ * on). `full` and `gfull` are anonymous mappings whose pages go back to the
+ * kernel on release (madvise DONTNEED: the next touch reads zeros), so the
+ * tensors keep their addresses — autograd's saved references and the
+ * layers' slots never move — while the memory is really given back, and a
+ * released gradient buffer is a zeroed one.
+ *
+ * HYBRID_SHARD shards inside a node and replicates across nodes (the shard
+ * group is the node's ranks; the chunks' gradients are then all-reduced
+ * over the ranks with the same local rank); NO_SHARD is one chunk per rank
+ * (S = 1) with the gradients all-reduced: ddp's arithmetic in FSDP's
+ * structure. Accumulation keeps the unreduced whole gradients of every unit
+ * until the micro-batch that syncs (memory for speed, as FSDP's no_sync).
+ * Host devices only for now. */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "backend/backend_impl.h"
+#include "backend/kernels.h" /* lk_k_clip_total / lk_k_clip_coef_of: the combination lk_clip_grad_norm uses */
+#include "optim/optim_impl.h"
+#include "strategy/strategy_impl.h"
+#include "tensor/tensor_impl.h"
+
+typedef struct fsdp fsdp;
+
+typedef struct unit {
+    fsdp *f;
+    lk_layer *layer;      /* the wrapped layer; NULL for the root */
+    char *name;           /* its dotted path ("" for the root) */
+    int np;
+    lk_tensor **p;        /* borrowed: the net's parameters, named_parameters order */
+    const char **pname;   /* borrowed from f->named: their state-dict names */
+    int *pglobal;         /* their index in the net's named_parameters (clipping's order) */
+    int64_t *poff;        /* where each starts in the unit's flat range */
+    int64_t numel, chunk; /* elements; chunk = ceil(numel / S) */
+    size_t map_bytes;     /* chunk * S elements, rounded to pages */
+    void *full, *gfull;   /* the gathered parameters and whole gradients */
+    lk_tensor *full_t, *gfull_t;
+    int64_t shard_off;    /* the unit's chunk in f->shards (elements) */
+    bool gathered;        /* full holds the current parameters */
+    bool reduced;         /* this step's reduction was issued */
+    lk_work *gather;      /* a prefetch in flight */
+    int pos;              /* position in the recorded forward order (-1: not seen) */
+} unit;
+
+struct fsdp {
+    lk_strategy *s; /* back: the hooks get the unit only */
+    lk_fsdp_options o;
+    char wrap_types[512];
+    lk_comm *shard, *replica; /* owned when split (HYBRID_SHARD); NULL: a group of one */
+    bool own_groups;
+    int S, sr, R;
+    unit *u;                  /* u[0] is the root */
+    int nu;
+    lk_named_tensors named;   /* the net's named parameters (references) */
+    void *shards;             /* every unit's chunk, back to back: the master parameters */
+    int64_t shard_numel;
+    lk_tensor *shards_t;
+    char **shard_name;        /* the optimizer's parameters (s->local): one chunk per unit with parameters */
+    int *shard_unit;
+    int nshard;
+    int *order;               /* units in the order the forward reached them */
+    int norder;
+    bool order_done, in_fwd;
+    unit *rs_unit;            /* the unit whose reduce-scatter is in flight */
+    lk_work *rs_work;
+    bool sync;                /* this backward reduces */
+    bool hold;                /* every unit gathered for a state dict, until the next forward */
+    int64_t gathered_bytes, peak_gathered_bytes;
+};
+
+static fsdp *f_of(const lk_strategy *s) { return s->self; }
+static size_t esz(const lk_strategy *s) { return lk_dtype_size(s->cfg.param_dtype); }
+static void *at(void *base, size_t es, int64_t i) { return (char *)base + i * (int64_t)es; }
+
+lk_fsdp_options lk_fsdp_options_default(void) {
+    return (lk_fsdp_options){.sharding = LK_FSDP_FULL_SHARD, .wrap_types = NULL, .min_num_params = 0,
+                             .forward_prefetch = true, .backward_prefetch = true};
+}
+
+const char *lk_fsdp_sharding_name(lk_fsdp_sharding s) {
+    static const char *const names[] = {"FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD"};
+    return (unsigned)s < 4 ? names[s] : "?";
+}
+
+/* ---- create: the shard and replica groups ---------------------------------------- */
+
+static void f_free(lk_strategy *s);
+
+static lk_status f_create_(lk_strategy *s) {
+    const char *name = s->vt->name;
+    if (!s->comm) return lk_error(LK_STATUS_INVALID_ARGUMENT, "strategy '%s' needs a communicator", name);
+    if (!lk_device_is_host(s->cfg.device))
+        return lk_error(LK_STATUS_UNSUPPORTED, "strategy '%s' runs on the CPU only for now (not on %s); use ddp there",
+                        name, lk_device_str(s->cfg.device, (char[32]){0}, 32));
+    if (s->cfg.param_dtype != LK_F32)
+        return lk_error(LK_STATUS_UNSUPPORTED, "strategy '%s' shards f32 parameters only for now (got %s, a *-true "
+                        "precision): use 32-true or a *-mixed precision (the master shards stay f32, the compute "
+                        "runs in the low precision)", name, lk_dtype_name(s->cfg.param_dtype));
+    fsdp *f = lk_calloc(1, sizeof *f);
+    if (!f) return LK_STATUS_OUT_OF_MEMORY;
+    s->self = f;
+    f->s = s;
+    f->o = s->cfg.fsdp ? *s->cfg.fsdp : lk_fsdp_options_default();
+    if (f->o.wrap_types) snprintf(f->wrap_types, sizeof f->wrap_types, "%s", f->o.wrap_types);
+    f->o.wrap_types = f->wrap_types;
+    if ((unsigned)f->o.sharding > LK_FSDP_HYBRID_SHARD)
+        return lk_error(LK_STATUS_INVALID_ARGUMENT, "%s: unknown sharding strategy %d", name, (int)f->o.sharding);
+    int W = s->world, L = lk_comm_local_world_size(s->comm);
+    switch (f->o.sharding) {
+    case LK_FSDP_FULL_SHARD:
+    case LK_FSDP_SHARD_GRAD_OP:
+        f->shard = s->comm;
+        break;
+    case LK_FSDP_NO_SHARD:
+        f->replica = s->comm;
+        break;
+    case LK_FSDP_HYBRID_SHARD: {
+        /* the node's ranks shard; the ranks with one local rank replicate */
+        const lk_pg_info *pg = lk_comm_pg(s->comm);
+        int node = pg && pg->num_nodes > 1 ? pg->node_rank : (L > 0 ? s->rank / L : 0);
+        int nodes = pg && pg->num_nodes > 1 ? pg->num_nodes : (L > 0 ? W / L : 1);
+        if (nodes <= 1) {
+            f->shard = s->comm; /* one node: FULL_SHARD */
+            break;
+        }
+        if (L <= 0 || W != L * nodes)
+            return lk_error(LK_STATUS_INVALID_ARGUMENT, "%s: HYBRID_SHARD needs the same number of ranks on every node "
+                            "(%d ranks, %d per node on this one, %d nodes)", name, W, L, nodes);
+        LK_TRY(lk_comm_split(s->comm, node, s->rank, &f->shard));
+        LK_TRY(lk_comm_split(s->comm, lk_comm_local_rank(s->comm), s->rank, &f->replica));
+        f->own_groups = true;
+        break;
+    }
+    }
+    f->S = f->shard ? lk_comm_world_size(f->shard) : 1;
+    f->sr = f->shard ? lk_comm_rank(f->shard) : 0;
+    f->R = f->replica ? lk_comm_world_size(f->replica) : 1;
+    return LK_STATUS_OK;
+}
+
+static lk_status f_create(lk_strategy *s) {
+    lk_status st = f_create_(s);
+    if (st) f_free(s);
+    return st;
+}
+
+/* ---- the units --------------------------------------------------------------------- */
+
+static bool type_listed(const char *types, const char *type) {
+    size_t n = strlen(type);
+    for (const char *p = types; p && *p;) {
+        const char *e = strchr(p, ',');
+        size_t len = e ? (size_t)(e - p) : strlen(p);
+        while (len && *p == ' ') p++, len--;
+        while (len && p[len - 1] == ' ') len--;
+        if (len == n && !strncmp(p, type, n)) return true;
+        p = e ? e + 1 : NULL;
+    }
+    return false;
+}
+
+typedef struct {
+    lk_layer **v;
+    char **path;
+    int n, cap;
+} pick;
+
+static lk_status pick_add(pick *k, lk_layer *l, const char *path) {
+    if (k->n == k->cap) {
+        int cap = k->cap ? 2 * k->cap : 8;
+        lk_layer **v = lk_realloc(k->v, (size_t)cap * sizeof *v);
+        if (!v) return LK_STATUS_OUT_OF_MEMORY;
+        k->v = v;
+        char **p = lk_realloc(k->path, (size_t)cap * sizeof *p);
+        if (!p) return LK_STATUS_OUT_OF_MEMORY;
+        k->path = p;
+        k->cap = cap;
+    }
+    if (!(k->path[k->n] = lk_strdup(path))) return LK_STATUS_OUT_OF_MEMORY;
+    k->v[k->n++] = l;
+    return LK_STATUS_OK;
+}
+
+static void join_path(char *out, size_t size, const char *prefix, const char *name) {
+    snprintf(out, size, "%s%s%s", prefix, *prefix ? "." : "", name);
+}
+
+/* By class: every layer of a listed type, not below one picked. */
+static lk_status pick_types(lk_layer *l, const char *path, const char *types, pick *k) {
+    if (*path && type_listed(types, l->type)) return pick_add(k, l, path);
+    for (int c = 0; c < l->n_children; c++) {
+        char sub[512];
+        join_path(sub, sizeof sub, path, l->children[c].name);
+        LK_TRY(pick_types(l->children[c].layer, sub, types, k));
+    }
+    return LK_STATUS_OK;
+}
+
+/* The default: the layers the model marks as its repeated units (gpt's
+ * blocks), else the children of the first layer with several (the
+ * autoencoder's encoder and decoder, the mlp's layers), as activation
+ * checkpointing's default policy picks them. */
+static int pick_marked(lk_layer *l, const char *path, pick *k, lk_status *st) {
+    if (l->checkpoint_unit && *path) {
+        *st = pick_add(k, l, path);
+        return 1;
+    }
+    int n = 0;
+    for (int c = 0; c < l->n_children && !*st; c++) {
+        char sub[512];
+        join_path(sub, sizeof sub, path, l->children[c].name);
+        n += pick_marked(l->children[c].layer, sub, k, st);
+    }
+    return n;
+}
+
+static lk_status pick_default(lk_layer *net, pick *k) {
+    lk_status st = LK_STATUS_OK;
+    if (pick_marked(net, "", k, &st) > 0 || st) return st;
+    char path[512] = "";
+    lk_layer *l = net;
+    while (l->n_children == 1) {
+        char sub[512];
+        join_path(sub, sizeof sub, path, l->children[0].name);
+        snprintf(path, sizeof path, "%s", sub);
+        l = l->children[0].layer;
+    }
+    for (int c = 0; c < l->n_children; c++) {
+        char sub[512];
+        join_path(sub, sizeof sub, path, l->children[c].name);
+        LK_TRY(pick_add(k, l->children[c].layer, sub));
+    }
+    return LK_STATUS_OK;
+}
+
+/* By size (torch's size_based_auto_wrap_policy): bottom up, a layer is
+ * wrapped when the parameters under it that no wrapped layer took reach
+ * min_num_params. Returns those left to the layer's parent. */
+static int64_t pick_size(lk_layer *l, const char *path, int64_t min, pick *k, lk_status *st) {
+    int64_t left = 0;
+    for (int i = 0; i < l->params.n; i++) left += l->params.items[i].tensor->numel;
+    for (int c = 0; c < l->n_children && !*st; c++) {
+        char sub[512];
+        join_path(sub, sizeof sub, path, l->children[c].name);
+        left += pick_size(l->children[c].layer, sub, min, k, st);
+    }
+    if (*path && left >= min && !*st) {
+        *st = pick_add(k, l, path);
+        return 0;
+    }
+    return left;
+}
+
+/* Which unit holds each parameter: the unit of the layers that use it, or
+ * the root when layers of two units (or a unit and the root) use it. */
+static void assign(lk_layer *l, const pick *k, int cur, const lk_named_tensors *named, int *owner) {
+    for (int j = 0; j < k->n; j++)
+        if (k->v[j] == l) cur = j + 1;
+    for (int i = 0; i < l->params.n; i++) {
+        const lk_tensor *t = l->params.items[i].tensor;
+        for (int g = 0; g < named->n; g++)
+            if (named->items[g].tensor == t) {
+                owner[g] = owner[g] < 0 ? cur : owner[g] == cur ? cur : 0;
+                break;
+            }
+    }
+    for (int c = 0; c < l->n_children; c++) assign(l->children[c].layer, k, cur, named, owner);
+}
+
+static void *map_pages(size_t bytes) {
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    return p == MAP_FAILED ? NULL : p;
+}
+
+/* ---- gather, release, reduce ----------------------------------------------------------- */
+
+static lk_status count_gathered(fsdp *f, unit *u, bool on) {
+    int64_t b = (int64_t)u->map_bytes;
+    f->gathered_bytes += on ? b : -b;
+    if (f->gathered_bytes > f->peak_gathered_bytes) f->peak_gathered_bytes = f->gathered_bytes;
+    return LK_STATUS_OK;
+}
+
+static lk_status comm_fail(lk_strategy *s, lk_comm *c, lk_status st) {
+    (void)s;
+    return st && c && lk_comm_error(c) ? lk_last_status() : st;
+}
+
+/* The unit's whole parameters into `full`: its prefetch waited for, or a
+ * blocking all-gather over the shard group. */
+static lk_status gather(lk_strategy *s, unit *u) {
+    fsdp *f = f_of(s);
+    if (u->gather) {
+        double t0 = lk_time_now();
+        lk_status st = lk_work_wait(u->gather);
+        lk_work_free(u->gather);
+        u->gather = NULL;
+        s->stats.comm_exposed_s += lk_time_now() - t0;
+        if (st) return comm_fail(s, f->shard, st);
+        u->gathered = true;
+        return LK_STATUS_OK;
+    }
+    if (u->gathered || !u->numel) return LK_STATUS_OK;
+    double t0 = lk_time_now();
+    void *mine = at(f->shards, esz(s), u->shard_off);
+    lk_status st = f->S > 1 ? lk_comm_all_gather(f->shard, mine, u->full, (size_t)u->chunk, s->cfg.param_dtype)
+                            : (memcpy(u->full, mine, (size_t)u->chunk * esz(s)), LK_STATUS_OK);
+    s->stats.comm_exposed_s += lk_time_now() - t0;
+    if (st) return comm_fail(s, f->shard, st);
+    u->gathered = true;
+    return count_gathered(f, u, true);
+}
+
+/* Issues the unit's all-gather without waiting (a prefetch). */
+static lk_status prefetch(lk_strategy *s, unit *u) {
+    fsdp *f = f_of(s);
+    if (!u || u->gathered || u->gather || !u->numel || f->S == 1) return LK_STATUS_OK;
+    LK_TRY(lk_comm_all_gather_async(f->shard, at(f->shards, esz(s), u->shard_off), u->full, (size_t)u->chunk,
+                                    s->cfg.param_dtype, &u->gather));
+    return count_gathered(f, u, true);
+}
+
+/* The unit's whole parameters go (their pages back to the kernel). With
+ * one chunk per rank (NO_SHARD) they stay: nothing would be saved. */
+static void release(lk_strategy *s, unit *u) {
+    fsdp *f = f_of(s);
+    if (!u->gathered || f->S == 1 || f->hold || u == &f->u[0]) return; /* the root stays whole */
+    (void)madvise(u->full, u->map_bytes, MADV_DONTNEED);
+    u->gathered = false;
+    count_gathered(f, u, false);
+}
+
+/* The reduce-scatter in flight finished: its unit's chunk of the averaged
+ * gradients is in place, averaged over the replicas too, and the whole
+ * gradients go. */
+static lk_status finish_reduce(lk_strategy *s) {
+    fsdp *f = f_of(s);
+    unit *u = f->rs_unit;
+    if (!u) return LK_STATUS_OK;
+    f->rs_unit = NULL;
+    lk_status st = LK_STATUS_OK;
+    double t0 = lk_time_now();
+    if (f->rs_work) {
+        st = lk_work_wait(f->rs_work);
+        lk_work_free(f->rs_work);
+        f->rs_work = NULL;
+        st = comm_fail(s, f->shard, st);
+    }
+    void *mine = at(s->flat_grad, esz(s), u->shard_off);
+    if (!st && f->R > 1) st = comm_fail(s, f->replica, lk_comm_all_reduce(f->replica, mine, (size_t)u->chunk,
+                                                                          s->cfg.param_dtype, LK_REDUCE_AVG));
+    s->stats.comm_exposed_s += lk_time_now() - t0;
+    (void)madvise(u->gfull, u->map_bytes, MADV_DONTNEED); /* zeros: the next backward accumulates from there */
+    return st;
+}
+
+/* The unit's gradients are final: reduce-scatter them into this rank's
+ * chunk (the previous unit's reduction finished first: one in flight). */
+static lk_status reduce(lk_strategy *s, unit *u) {
+    fsdp *f = f_of(s);
+    LK_TRY(finish_reduce(s));
+    u->reduced = true;
+    if (!u->numel) return LK_STATUS_OK;
+    void *mine = at(s->flat_grad, esz(s), u->shard_off);
+    s->stats.allreduce_calls++;
+    s->stats.bytes_reduced += (size_t)(u->chunk * f->S) * esz(s);
+    f->rs_unit = u;
+    if (f->S == 1) {
+        memcpy(mine, u->gfull, (size_t)u->chunk * esz(s));
+        return LK_STATUS_OK;
+    }
+    return lk_comm_reduce_scatter_async(f->shard, u->gfull, mine, (size_t)u->chunk, s->cfg.param_dtype, LK_REDUCE_AVG,
+                                        &f->rs_work);
+}
+
+/* ---- the hooks --------------------------------------------------------------------- */
+
+static unit *at_pos(fsdp *f, int pos) { return pos >= 0 && pos < f->norder ? &f->u[f->order[pos]] : NULL; }
+
+/* Before the unit's forward: its parameters (waiting for the prefetch),
+ * and the next unit's gather issued. The first forward records the order. */
+static lk_status before_forward(lk_strategy *s, unit *u) {
+    fsdp *f = f_of(s);
+    if (!f->order_done && u->pos < 0 && !lk_layer_recomputing()) {
+        u->pos = f->norder;
+        f->order[f->norder++] = (int)(u - f->u);
+    }
+    LK_TRY(gather(s, u));
+    if (f->o.forward_prefetch && f->order_done && u->pos >= 0 && !lk_layer_recomputing())
+        LK_TRY(prefetch(s, at_pos(f, u->pos + 1)));
+    return LK_STATUS_OK;
+}
+
+static lk_status on_unit(lk_layer *l, lk_layer_hook_when when, void *ctx) {
+    (void)l;
+    unit *u = ctx;
+    fsdp *f = u->f;
+    lk_strategy *s = f->s;
+    switch (when) {
+    case LK_LAYER_BEFORE_FORWARD:
+        return before_forward(s, u);
+    case LK_LAYER_AFTER_FORWARD:
+        /* training: FULL_SHARD gives them back now (gathered again for the
+         * backward), SHARD_GRAD_OP keeps them; a forward without a backward
+         * (validation, prediction) always gives them back */
+        if (!lk_grad_enabled() || f->o.sharding != LK_FSDP_SHARD_GRAD_OP) release(s, u);
+        return LK_STATUS_OK;
+    case LK_LAYER_BEFORE_BACKWARD:
+        LK_TRY(gather(s, u));
+        if (f->o.backward_prefetch && u->pos > 0) LK_TRY(prefetch(s, at_pos(f, u->pos - 1)));
+        return LK_STATUS_OK;
+    case LK_LAYER_AFTER_BACKWARD:
+        release(s, u);
+        return f->sync ? reduce(s, u) : LK_STATUS_OK;
+    }
+    return LK_STATUS_OK;
+}
+
+/* The root (the parameters no unit holds) stays whole on every rank: it
+ * is gathered again after each optimizer step, so a forward that reaches
+ * it outside any hook (a module's own code around its layers) always sees
+ * current values. Its hook on the net only ends the order's recording. */
+static lk_status on_root(lk_layer *l, lk_layer_hook_when when, void *ctx) {
+    (void)l;
+    (void)when;
+    fsdp *f = ((unit *)ctx)->f;
+    if (f->norder > 0) f->order_done = true;
+    return LK_STATUS_OK;
+}
+
+/* ---- wrap ----------------------------------------------------------------------------- */
+
+static lk_status build_unit(lk_strategy *s, unit *u, lk_layer *layer, const char *path, const int *owner, int id) {
+    fsdp *f = f_of(s);
+    u->f = f;
+    u->layer = layer;
+    u->pos = -1;
+    if (!(u->name = lk_strdup(path))) return LK_STATUS_OUT_OF_MEMORY;
+    int n = 0;
+    for (int g = 0; g < f->named.n; g++) n += owner[g] == id;
+    u->p = lk_calloc((size_t)n + 1, sizeof *u->p);
+    u->pname = lk_calloc((size_t)n + 1, sizeof *u->pname);
+    u->pglobal = lk_calloc((size_t)n + 1, sizeof *u->pglobal);
+    u->poff = lk_calloc((size_t)n + 1, sizeof *u->poff);
+    if (!u->p || !u->pname || !u->pglobal || !u->poff) return LK_STATUS_OUT_OF_MEMORY;
+    for (int g = 0; g < f->named.n; g++) {
+        if (owner[g] != id) continue;
+        lk_tensor *t = f->named.items[g].tensor;
+        if (t->dtype != s->cfg.param_dtype)
+            return lk_error(LK_STATUS_INVALID_ARGUMENT, "%s: parameter '%s' has dtype %s, the strategy shards %s", s->vt->name,
+                            f->named.items[g].name, lk_dtype_name(t->dtype), lk_dtype_name(s->cfg.param_dtype));
+        u->p[u->np] = t;
+        u->pname[u->np] = f->named.items[g].name;
+        u->pglobal[u->np] = g;
+        u->poff[u->np] = u->numel;
+        u->numel += t->numel;
+        u->np++;
+    }
+    u->chunk = (u->numel + f->S - 1) / f->S;
+    if (u->numel && u->chunk < 1) u->chunk = 1;
+    long page = sysconf(_SC_PAGESIZE);
+    size_t bytes = (size_t)(u->chunk * f->S) * esz(s), pg = page > 0 ? (size_t)page : 4096;
+    u->map_bytes = bytes ? (bytes + pg - 1) / pg * pg : 0;
+    if (!u->numel) return LK_STATUS_OK;
+    if (!(u->full = map_pages(u->map_bytes)) || !(u->gfull = map_pages(u->map_bytes)))
+        return lk_error(LK_STATUS_OUT_OF_MEMORY, "%s: could not map %zu bytes for unit '%s'", s->vt->name, u->map_bytes,
+                        *path ? path : "(root)");
+    int64_t shape[1] = {u->chunk * f->S};
+    if (!(u->full_t = lk__tensor_wrap_on(s->cfg.device, s->cfg.param_dtype, 1, shape, u->full)) ||
+        !(u->gfull_t = lk__tensor_wrap_on(s->cfg.device, s->cfg.param_dtype, 1, shape, u->gfull)))
+        return lk_last_status();
+    return LK_STATUS_OK;
+}
+
+/* Every parameter of the unit becomes a view of its full buffer (values
+ * copied in), with its gradient a view of gfull. */
+static lk_status rehome(lk_strategy *s, unit *u) {
+    for (int i = 0; i < u->np; i++) {
+        lk_tensor *p = u->p[i];
+        LK_TRY(lk__tensor_rehome(p, u->full_t, u->poff[i], true));
+        lk_tensor *g = lk__tensor_wrap_on(s->cfg.device, s->cfg.param_dtype, p->ndim, p->shape,
+                                          at(u->gfull, esz(s), u->poff[i]));
+        if (!g) return lk_last_status();
+        lk_tensor_release(p->grad);
+        p->grad = g;
+    }
+    return LK_STATUS_OK;
+}
+
+static lk_status f_wrap(lk_strategy *s, lk_layer *net) {
+    fsdp *f = f_of(s);
+    LK_TRY(lk_layer_named_parameters(net, &f->named));
+    LK_TRY(lk_layer_named_buffers(net, &s->local_buffers));
+    pick k = {0};
+    lk_status st = LK_STATUS_OK;
+    const char *types = f->o.wrap_types;
+    if (types && !strcmp(types, "none")) {
+    } else if (types && *types) st = pick_types(net, "", types, &k);
+    else if (f->o.min_num_params > 0) (void)pick_size(net, "", f->o.min_num_params, &k, &st);
+    else st = pick_default(net, &k);
+    if (!st && types && *types && strcmp(types, "none") && k.n == 0)
+        st = lk_error(LK_STATUS_INVALID_ARGUMENT, "%s: auto_wrap_policy '%s' names no layer of this model (its layer "
+                      "classes are the types the model summary lists)", s->vt->name, types);
+    int *owner = st ? NULL : lk_malloc(((size_t)f->named.n + 1) * sizeof *owner);
+    if (!st && !owner) st = LK_STATUS_OUT_OF_MEMORY;
+    for (int g = 0; !st && g < f->named.n; g++) owner[g] = -1;
+    if (!st) assign(net, &k, 0, &f->named, owner);
+    for (int g = 0; !st && g < f->named.n; g++)
+        if (owner[g] < 0) owner[g] = 0;
+    /* the units: the root, then every picked layer that holds a parameter */
+    if (!st && !(f->u = lk_calloc((size_t)k.n + 1, sizeof *f->u))) st = LK_STATUS_OUT_OF_MEMORY;
+    if (!st && !(f->order = lk_calloc((size_t)k.n + 1, sizeof *f->order))) st = LK_STATUS_OUT_OF_MEMORY;
+    if (!st) {
+        f->nu = 1;
+        st = build_unit(s, &f->u[0], NULL, "", owner, 0);
+    }
+    for (int j = 0; !st && j < k.n; j++) {
+        bool any = false;
+        for (int g = 0; g < f->named.n && !any; g++) any = owner[g] == j + 1;
+        if (!any) continue;
+        st = build_unit(s, &f->u[f->nu], k.v[j], k.path[j], owner, j + 1);
+        if (!st) f->nu++;
+    }
+    for (int j = 0; j < k.n; j++) lk_free(k.path[j]);
+    lk_free(k.v);
+    lk_free(k.path);
+    lk_free(owner);
+    LK_TRY(st);
+    /* rank 0's values everywhere (as ddp's broadcast), then each rank's
+     * chunk into the master shards; the whole copies go */
+    int64_t total = 0;
+    for (int i = 0; i < f->nu; i++) {
+        unit *u = &f->u[i];
+        u->shard_off = total;
+        total += (u->chunk + 15) / 16 * 16; /* each chunk 64-byte aligned */
+        if (u->numel) f->nshard++;
+    }
+    f->shard_numel = total;
+    size_t sbytes = (size_t)(total ? total : 1) * esz(s);
+    if (!(f->shards = lk_aligned_alloc(LK_ALIGN, (sbytes + LK_ALIGN - 1) / LK_ALIGN * LK_ALIGN))) return LK_STATUS_OUT_OF_MEMORY;
+    memset(f->shards, 0, sbytes);
+    int64_t n1[1] = {total};
+    if (!(f->shards_t = lk__tensor_wrap_on(s->cfg.device, s->cfg.param_dtype, 1, n1, f->shards))) return lk_last_status();
+    /* the optimizer's parameters: arrays strategy.c frees after its last use of them */
+    s->local_arr = lk_calloc((size_t)f->nshard + 1, sizeof *s->local_arr);
+    s->local_names = lk_calloc((size_t)f->nshard + 1, sizeof *s->local_names);
+    f->shard_name = lk_calloc((size_t)f->nshard + 1, sizeof *f->shard_name);
+    f->shard_unit = lk_calloc((size_t)f->nshard + 1, sizeof *f->shard_unit);
+    if (!s->local_arr || !s->local_names || !f->shard_name || !f->shard_unit) return LK_STATUS_OUT_OF_MEMORY;
+    int j = 0;
+    for (int i = 0; i < f->nu; i++) {
+        unit *u = &f->u[i];
+        if (!u->numel) continue;
+        LK_TRY(rehome(s, u));
+        if (s->world > 1) LK_TRY(lk_comm_broadcast(s->comm, u->full, (size_t)u->numel, s->cfg.param_dtype, 0));
+        memcpy(at(f->shards, esz(s), u->shard_off), at(u->full, esz(s), u->chunk * f->sr),
+               (size_t)u->chunk * esz(s));
+        u->gathered = true;
+        count_gathered(f, u, true);
+        release(s, u); /* (the root stays) */
+        /* what the optimizer sees: the unit's chunk, FSDP's flat parameter */
+        char name[600];
+        snprintf(name, sizeof name, "%s%s_flat_param", u->name, *u->name ? "." : "");
+        if (!(f->shard_name[j] = lk_strdup(name))) return LK_STATUS_OUT_OF_MEMORY;
+        lk_tensor *t = lk_tensor_view_storage(f->shards_t, u->shard_off, 1, (int64_t[]){u->chunk});
+        if (!t) return lk_last_status();
+        t->requires_grad = true;
+        f->shard_unit[j] = i;
+        lk_status st2 = lk_named_tensors_append(&s->local, name, t);
+        lk_tensor_release(t);
+        LK_TRY(st2);
+        s->local_arr[j] = t;
+        s->local_names[j] = s->local.items[j].name;
+        j++;
+    }
+    /* the hooks: the root on the net, each unit on its layer */
+    LK_TRY(lk_layer_add_hook(net, LK_LAYER_AFTER_FORWARD, on_root, &f->u[0]));
+    for (int i = 1; i < f->nu; i++)
+        for (int w = 0; w < 4; w++) LK_TRY(lk_layer_add_hook(f->u[i].layer, (lk_layer_hook_when)w, on_unit, &f->u[i]));
+    int nb = s->local_buffers.n;
+    if (!(s->buffer_arr = lk_calloc((size_t)nb + 1, sizeof *s->buffer_arr))) return LK_STATUS_OUT_OF_MEMORY;
+    for (int i = 0; i < nb; i++) s->buffer_arr[i] = s->local_buffers.items[i].tensor;
+    return lk_strategy_setup(s, s->local_arr, s->local_names, f->nshard, s->buffer_arr, nb);
+}
+
+/* The shards' gradients: one flat buffer (zeroed by lk_strategy_zero_grad);
+ * the buffers from rank 0, as ddp starts. */
+static lk_status f_setup(lk_strategy *s) {
+    fsdp *f = f_of(s);
+    LK_TRY(lk__strategy_alloc_flat(s, f->shard_numel));
+    /* the shard tensors are views at their units' offsets, not packed: each
+     * one's gradient is the view at the same offset */
+    for (int j = 0; j < f->nshard; j++) {
+        lk_tensor *t = s->local_arr[j];
+        lk_tensor *g = lk__tensor_wrap_on(s->cfg.device, s->cfg.param_dtype, 1, t->shape,
+                                          at(s->flat_grad, esz(s), f->u[f->shard_unit[j]].shard_off));
+        if (!g) return lk_last_status();
+        lk_tensor_release(t->grad);
+        t->grad = g;
+    }
+    for (int i = 0; i < s->nbuffers && s->world > 1; i++) {
+        lk_tensor *b = s->buffers[i];
+        LK_TRY(lk_comm_broadcast(s->comm, b->data, (size_t)b->numel, b->dtype, 0));
+    }
+    return LK_STATUS_OK;
+}
+
+static void f_free(lk_strategy *s) {
+    fsdp *f = f_of(s);
+    if (!f) return;
+    if (f->rs_work) {
+        (void)lk_work_wait(f->rs_work);
+        lk_work_free(f->rs_work);
+    }
+    for (int i = 0; i < f->nu; i++) {
+        unit *u = &f->u[i];
+        if (u->gather) {
+            (void)lk_work_wait(u->gather);
+            lk_work_free(u->gather);
+        }
+        /* the net outlives the strategy: its parameters leave the mappings
+         * with the values last gathered (lk_strategy_state_dict gathers them
+         * all first), their gradients with theirs */
+        for (int k = 0; k < u->np && u->full; k++) {
+            lk_tensor *p = u->p[k];
+            if (p->storage && p->data >= u->full && (char *)p->data < (char *)u->full + u->map_bytes)
+                (void)lk__tensor_own_storage(p);
+            if (p->grad && p->grad->data >= u->gfull && (char *)p->grad->data < (char *)u->gfull + u->map_bytes) {
+                lk_tensor *own = lk_tensor_to(p->grad, p->grad->device);
+                lk_tensor_release(p->grad);
+                p->grad = own;
+            }
+        }
+        lk_tensor_release(u->full_t);
+        lk_tensor_release(u->gfull_t);
+        if (u->full) munmap(u->full, u->map_bytes);
+        if (u->gfull) munmap(u->gfull, u->map_bytes);
+        lk_free(u->name);
+        lk_free(u->p);
+        lk_free(u->pname);
+        lk_free(u->pglobal);
+        lk_free(u->poff);
+    }
+    if (s->net) lk_layer_clear_hooks(s->net);
+    for (int i = 1; i < f->nu; i++) lk_layer_clear_hooks(f->u[i].layer);
+    lk_free(f->u);
+    lk_free(f->order);
+    lk_named_tensors_clear(&f->named);
+    for (int j = 0; j < f->nshard && f->shard_name; j++) lk_free(f->shard_name[j]);
+    lk_free(f->shard_name);
+    lk_free(f->shard_unit);
+    lk_tensor_release(f->shards_t);
+    lk_aligned_free(f->shards);
+    if (f->own_groups) {
+        lk_comm_free(f->shard);
+        lk_comm_free(f->replica);
+    }
+    lk_free(f);
+    s->self = NULL;
+}
+
+/* ---- the step ----------------------------------------------------------------------- */
+
+static void release_held(lk_strategy *s) {
+    fsdp *f = f_of(s);
+    if (!f->hold) return;
+    f->hold = false;
+    for (int i = 0; i < f->nu; i++) release(s, &f->u[i]);
+}
+
+static lk_status f_before_forward(lk_strategy *s) {
+    release_held(s);
+    return gather(s, &f_of(s)->u[0]);
+}
+
+static void f_begin_backward(lk_strategy *s, bool sync) {
+    fsdp *f = f_of(s);
+    f->sync = sync;
+    for (int i = 0; i < f->nu && sync; i++) f->u[i].reduced = false;
+}
+
+/* After the backward: the root's gradients reduced (after the last unit's
+ * reduce-scatter, still in flight, then both waited for). Units the
+ * backward did not reach (no gradient flowed through them) are reduced
+ * too, so every rank issues the same collectives. */
+static lk_status f_finish_backward(lk_strategy *s) {
+    fsdp *f = f_of(s);
+    lk_status st = LK_STATUS_OK;
+    for (int i = f->nu - 1; f->sync && i >= 0 && !st; i--)
+        if (!f->u[i].reduced) st = reduce(s, &f->u[i]);
+    if (!st) st = finish_reduce(s);
+    for (int i = 0; i < f->nu; i++) {
+        unit *u = &f->u[i];
+        if (u->gather) { /* a prefetch nobody waited for (a unit the backward skipped) */
+            lk_status w = lk_work_wait(u->gather);
+            lk_work_free(u->gather);
+            u->gather = NULL;
+            u->gathered = true;
+            if (!st) st = comm_fail(s, f->shard, w);
+        }
+        release(s, u);
+    }
+    return st;
+}
+
+/* The optimizer updated the chunks: every gathered copy is stale; the
+ * root is gathered again at once (it stays whole). After a skipped step
+ * too: every rank issues the same collectives. */
+static lk_status f_after_step(lk_strategy *s) {
+    fsdp *f = f_of(s);
+    if (f->norder > 0) f->order_done = true;
+    f->hold = false;
+    for (int i = 0; i < f->nu; i++) {
+        unit *u = &f->u[i];
+        if (f->S == 1 || i == 0) {
+            if (u->gathered) count_gathered(f, u, false);
+            u->gathered = false; /* refreshed below (the root) or at the next use */
+        } else release(s, u);
+    }
+    return gather(s, &f->u[0]);
+}
+
+/* Clipping by the total norm: each original parameter's raw norm over the
+ * part of it in this rank's chunks, summed (max for inf) over the shard
+ * group, then combined in the net's parameter order exactly as
+ * lk_clip_grad_norm does; only the split of each sum differs from ddp's. */
+static lk_status f_clip_grad_norm(lk_strategy *s, double max_norm, double norm_type) {
+    fsdp *f = f_of(s);
+    if (!(norm_type > 0.0)) return lk_error(LK_STATUS_INVALID_ARGUMENT, "clip_grad_norm: norm_type must be > 0 (or INFINITY), got %g", norm_type);
+    bool inf = isinf(norm_type);
+    int n = f->named.n;
+    double *norms = lk_calloc((size_t)n + 1, sizeof *norms);
+    if (!norms) return LK_STATUS_OUT_OF_MEMORY;
+    lk_status st = LK_STATUS_OK;
+    for (int i = 0; i < f->nu && !st; i++) {
+        unit *u = &f->u[i];
+        int64_t lo = u->chunk * f->sr, hi = lo + u->chunk;
+        for (int k = 0; k < u->np && !st; k++) {
+            int64_t a = u->poff[k] > lo ? u->poff[k] : lo, b = u->poff[k] + u->p[k]->numel < hi ? u->poff[k] + u->p[k]->numel : hi;
+            if (b <= a) continue;
+            lk_op_desc nd = {.op = LK_OP_NORM, .dtype = {s->cfg.param_dtype, LK_F64}};
+            nd.norm = (lk_norm_params){b - a, inf ? INFINITY : norm_type};
+            st = lk__backend_run(s->cfg.device, &nd,
+                                 (void *[]){at(s->flat_grad, esz(s), u->shard_off + a - lo), &norms[u->pglobal[k]]});
+        }
+    }
+    if (!st && f->S > 1) st = lk_comm_all_reduce(f->shard, norms, (size_t)n, LK_F64, inf ? LK_REDUCE_MAX : LK_REDUCE_SUM);
+    float coef = st || n == 0 ? 1.0f : lk_k_clip_coef_of(lk_k_clip_total(norms, n, inf ? INFINITY : norm_type), max_norm);
+    lk_free(norms);
+    LK_TRY(st);
+    if (s->flat_numel)
+        LK_TRY(lk__affine(s->cfg.device, s->cfg.param_dtype, s->flat_numel, coef, 0.0f, false, s->flat_grad, s->flat_grad));
+    return LK_STATUS_OK;
+}
+
+/* ---- the state ------------------------------------------------------------------------- */
+
+/* The whole model for a checkpoint: every unit gathered (collective, in
+ * unit order) and held until the next forward. */
+static lk_status f_state_dict(lk_strategy *s, lk_layer *net, lk_named_tensors *out) {
+    fsdp *f = f_of(s);
+    f->hold = false;
+    for (int i = 0; i < f->nu; i++) LK_TRY(gather(s, &f->u[i]));
+    f->hold = true;
+    return lk_state_dict_get(net, out);
+}
+
+/* A whole checkpoint was loaded into the parameters (into the units' full
+ * buffers, every rank): each rank keeps its chunks. */
+static lk_status f_state_dict_loaded(lk_strategy *s) {
+    fsdp *f = f_of(s);
+    f->hold = false;
+    for (int i = 0; i < f->nu; i++) {
+        unit *u = &f->u[i];
+        if (!u->numel) continue;
+        memcpy(at(f->shards, esz(s), u->shard_off), at(u->full, esz(s), u->chunk * f->sr), (size_t)u->chunk * esz(s));
+        if (!u->gathered) {
+            u->gathered = true;
+            count_gathered(f, u, true);
+        }
+        release(s, u);
+    }
+    return LK_STATUS_OK;
+}
+
+/* The optimizer's state under the net's parameter names, as a replica
+ * strategy's optimizer writes it: each unit's chunk state all-gathered and
+ * cut per parameter (collective). */
+static const char *const state_arrays[] = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer"};
+
+static lk_status f_optimizer_state(lk_strategy *s, lk_optimizer *o, lk_named_tensors *out) {
+    fsdp *f = f_of(s);
+    lk_named_tensors mine = {0};
+    lk_status st = lk_optimizer_state_get(o, &mine);
+    float *tmp = NULL;
+    for (int i = 0; !st && i < mine.n; i++) /* param_groups.*: the same on every rank */
+        if (strncmp(mine.items[i].name, "state.", 6)) st = lk_named_tensors_append(out, mine.items[i].name, mine.items[i].tensor);
+    for (int j = 0; !st && j < f->nshard; j++) {
+        unit *u = &f->u[f->shard_unit[j]];
+        char key[700];
+        snprintf(key, sizeof key, "state.%s.step", f->shard_name[j]);
+        lk_tensor *step = lk_named_tensors_find(&mine, key);
+        for (int k = 0; !st && step && k < u->np; k++) {
+            snprintf(key, sizeof key, "state.%s.step", u->pname[k]);
+            st = lk_named_tensors_append(out, key, step);
+        }
+        for (size_t a = 0; !st && a < sizeof state_arrays / sizeof *state_arrays; a++) {
+            snprintf(key, sizeof key, "state.%s.%s", f->shard_name[j], state_arrays[a]);
+            lk_tensor *t = lk_named_tensors_find(&mine, key);
+            if (!t) continue; /* every rank has the same arrays: the same optimizer, the same steps */
+            lk_free(tmp);
+            if (!(tmp = lk_aligned_alloc(LK_ALIGN, (size_t)(u->chunk * f->S) * sizeof(float) + LK_ALIGN))) {
+                st = LK_STATUS_OUT_OF_MEMORY;
+                break;
+            }
+            st = f->S > 1 ? lk_comm_all_gather(f->shard, t->data, tmp, (size_t)u->chunk, LK_F32)
+                          : (memcpy(tmp, t->data, (size_t)u->chunk * sizeof(float)), LK_STATUS_OK);
+            for (int k = 0; !st && k < u->np; k++) {
+                lk_tensor *p = u->p[k];
+                lk_tensor *v = lk_tensor_from_data(LK_F32, p->ndim, p->shape, tmp + u->poff[k]);
+                if (!v) st = lk_last_status();
+                snprintf(key, sizeof key, "state.%s.%s", u->pname[k], state_arrays[a]);
+                if (!st) st = lk_named_tensors_append(out, key, v);
+                lk_tensor_release(v);
+            }
+            lk_aligned_free(tmp);
+            tmp = NULL;
+        }
+    }
+    lk_named_tensors_clear(&mine);
+    return st;
+}
+
+/* The inverse: a state under the net's names (from any strategy's
+ * checkpoint) cut into this rank's chunks. */
+static lk_status f_optimizer_state_load(lk_strategy *s, lk_optimizer *o, const lk_named_tensors *state) {
+    fsdp *f = f_of(s);
+    lk_named_tensors conv = {0};
+    lk_status st = LK_STATUS_OK;
+    for (int i = 0; !st && i < state->n; i++)
+        if (strncmp(state->items[i].name, "state.", 6)) st = lk_named_tensors_append(&conv, state->items[i].name, state->items[i].tensor);
+    for (int j = 0; !st && j < f->nshard; j++) {
+        unit *u = &f->u[f->shard_unit[j]];
+        char key[700];
+        snprintf(key, sizeof key, "state.%s.step", u->pname[0]);
+        lk_tensor *step = lk_named_tensors_find(state, key);
+        if (step) {
+            snprintf(key, sizeof key, "state.%s.step", f->shard_name[j]);
+            st = lk_named_tensors_append(&conv, key, step);
+        }
+        int64_t lo = u->chunk * f->sr, hi = lo + u->chunk;
+        for (size_t a = 0; !st && a < sizeof state_arrays / sizeof *state_arrays; a++) {
+            snprintf(key, sizeof key, "state.%s.%s", u->pname[0], state_arrays[a]);
+            if (!lk_named_tensors_find(state, key)) continue;
+            lk_tensor *c = lk_tensor_zeros(LK_F32, 1, (int64_t[]){u->chunk});
+            if (!c) st = lk_last_status();
+            for (int k = 0; !st && k < u->np; k++) {
+                snprintf(key, sizeof key, "state.%s.%s", u->pname[k], state_arrays[a]);
+                lk_tensor *v = lk_named_tensors_find(state, key);
+                if (!v || v->dtype != LK_F32 || v->numel != u->p[k]->numel || !lk_tensor_is_contiguous(v)) {
+                    st = lk_error(LK_STATUS_INVALID_ARGUMENT, "optimizer state: '%s' is %s (expected %lld f32 elements, "
+                                  "as every parameter of its FSDP unit has)", key, v ? "of another shape or dtype" : "missing",
+                                  (long long)u->p[k]->numel);
+                    break;
+                }
+                int64_t s0 = u->poff[k], e0 = s0 + v->numel, a0 = s0 > lo ? s0 : lo, b0 = e0 < hi ? e0 : hi;
+                if (b0 > a0) memcpy((float *)c->data + (a0 - lo), (const float *)v->data + (a0 - s0), (size_t)(b0 - a0) * sizeof(float));
+            }
+            snprintf(key, sizeof key, "state.%s.%s", f->shard_name[j], state_arrays[a]);
+            if (!st) st = lk_named_tensors_append(&conv, key, c);
+            lk_tensor_release(c);
+        }
+    }
+    if (!st) st = lk_optimizer_state_load(o, &conv);
+    lk_named_tensors_clear(&conv);
+    return st;
+}
+
+static lk_status f_shard_optimizer(lk_strategy *s, lk_optimizer *o) {
+    if (o && lk_optimizer_num_groups(o) != 1)
+        return lk_error(LK_STATUS_UNSUPPORTED, "%s updates each unit's flat chunk with one parameter group (this optimizer "
+                        "has %d: optimizer.weight_decay_params other than all splits them); use ddp or deepspeed_stage_1/2 "
+                        "for several groups", s->vt->name, lk_optimizer_num_groups(o));
+    return LK_STATUS_OK;
+}
+
+static void f_memory(const lk_strategy *s, lk_strategy_memory *m) {
+    const fsdp *f = f_of(s);
+    m->param_bytes = f->shard_numel * (int64_t)esz(s);
+    m->grad_bytes = f->shard_numel * (int64_t)esz(s);
+    m->gathered_bytes = f->peak_gathered_bytes;
+}
+
+static lk_status f_join(lk_strategy *s) {
+    return lk_error(LK_STATUS_UNSUPPORTED, "%s: uneven inputs (join) are not supported: every rank gathers each unit "
+                    "for every batch; give every rank the same number of batches (use_distributed_sampler, drop_last) "
+                    "or use ddp", s->vt->name);
+}
+
+static bool f_shares_params(const lk_strategy *s) { (void)s; return false; }
+
+#define FSDP_VT(NAME, SUMMARY)                                                                                         \
+    {                                                                                                                  \
+        .name = NAME, .summary = SUMMARY, .create = f_create, .free = f_free, .wrap = f_wrap, .setup = f_setup,        \
+        .training_step = lk__strategy_local_step, .before_forward = f_before_forward,                                  \
+        .begin_backward = f_begin_backward, .finish_backward = f_finish_backward, .after_step = f_after_step,          \
+        .shard_optimizer = f_shard_optimizer, .shares_params = f_shares_params, .join = f_join,                        \
+        .clip_grad_norm = f_clip_grad_norm, .state_dict = f_state_dict, .state_dict_loaded = f_state_dict_loaded,      \
+        .optimizer_state = f_optimizer_state, .optimizer_state_load = f_optimizer_state_load, .memory = f_memory,      \
+    }
+
+const lk_strategy_vt lk__strategy_fsdp =
+    FSDP_VT("fsdp", "fsdp (lockstep's fully sharded data parallel: parameters, gradients and optimizer state sharded)");
+const lk_strategy_vt lk__strategy_zero3 =
+    FSDP_VT("deepspeed_stage_3", "deepspeed_stage_3 (lockstep's ZeRO-3: parameters, gradients and optimizer state sharded)");
