@@ -88,6 +88,7 @@ struct fsdp {
     lk_work *rs_work;
     bool sync;                /* this backward reduces */
     bool hold;                /* every unit gathered for a state dict, until the next forward */
+    bool saving;              /* gathering for a state dict: not a step's peak */
     int64_t gathered_bytes, peak_gathered_bytes;
 };
 
@@ -300,7 +301,7 @@ static void *map_pages(size_t bytes) {
 static lk_status count_gathered(fsdp *f, unit *u, bool on) {
     int64_t b = (int64_t)u->map_bytes;
     f->gathered_bytes += on ? b : -b;
-    if (f->gathered_bytes > f->peak_gathered_bytes) f->peak_gathered_bytes = f->gathered_bytes;
+    if (!f->saving && f->gathered_bytes > f->peak_gathered_bytes) f->peak_gathered_bytes = f->gathered_bytes;
     return LK_STATUS_OK;
 }
 
@@ -783,8 +784,12 @@ static lk_status f_clip_grad_norm(lk_strategy *s, double max_norm, double norm_t
 static lk_status f_state_dict(lk_strategy *s, lk_layer *net, lk_named_tensors *out) {
     fsdp *f = f_of(s);
     f->hold = false;
-    for (int i = 0; i < f->nu; i++) LK_TRY(gather(s, &f->u[i]));
+    f->saving = true; /* the whole model for a moment: not what a step holds (the peak reported) */
+    lk_status st = LK_STATUS_OK;
+    for (int i = 0; i < f->nu && !st; i++) st = gather(s, &f->u[i]);
+    f->saving = false;
     f->hold = true;
+    LK_TRY(st);
     return lk_state_dict_get(net, out);
 }
 
@@ -811,45 +816,64 @@ static lk_status f_state_dict_loaded(lk_strategy *s) {
  * cut per parameter (collective). */
 static const char *const state_arrays[] = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer"};
 
+#define NARRAYS ((int)(sizeof state_arrays / sizeof *state_arrays))
+
 static lk_status f_optimizer_state(lk_strategy *s, lk_optimizer *o, lk_named_tensors *out) {
     fsdp *f = f_of(s);
     lk_named_tensors mine = {0};
     lk_status st = lk_optimizer_state_get(o, &mine);
-    float *tmp = NULL;
-    for (int i = 0; !st && i < mine.n; i++) /* param_groups.*: the same on every rank */
-        if (strncmp(mine.items[i].name, "state.", 6)) st = lk_named_tensors_append(out, mine.items[i].name, mine.items[i].tensor);
+    int n = f->named.n;
+    /* each parameter's unit and place in it; each unit's arrays gathered whole */
+    int *gu = lk_calloc((size_t)n + 1, sizeof *gu), *gk = lk_calloc((size_t)n + 1, sizeof *gk);
+    int *shard_of = lk_calloc((size_t)f->nu + 1, sizeof *shard_of);
+    float **whole = lk_calloc((size_t)(f->nshard * NARRAYS) + 1, sizeof *whole);
+    if (!st && (!gu || !gk || !shard_of || !whole)) st = LK_STATUS_OUT_OF_MEMORY;
+    for (int i = 0; !st && i < f->nu; i++)
+        for (int k = 0; k < f->u[i].np; k++) {
+            gu[f->u[i].pglobal[k]] = i;
+            gk[f->u[i].pglobal[k]] = k;
+        }
+    for (int j = 0; !st && j < f->nshard; j++) shard_of[f->shard_unit[j]] = j;
+    char key[700];
     for (int j = 0; !st && j < f->nshard; j++) {
         unit *u = &f->u[f->shard_unit[j]];
-        char key[700];
-        snprintf(key, sizeof key, "state.%s.step", f->shard_name[j]);
-        lk_tensor *step = lk_named_tensors_find(&mine, key);
-        for (int k = 0; !st && step && k < u->np; k++) {
-            snprintf(key, sizeof key, "state.%s.step", u->pname[k]);
-            st = lk_named_tensors_append(out, key, step);
-        }
-        for (size_t a = 0; !st && a < sizeof state_arrays / sizeof *state_arrays; a++) {
+        for (int a = 0; !st && a < NARRAYS; a++) {
             snprintf(key, sizeof key, "state.%s.%s", f->shard_name[j], state_arrays[a]);
             lk_tensor *t = lk_named_tensors_find(&mine, key);
             if (!t) continue; /* every rank has the same arrays: the same optimizer, the same steps */
-            lk_free(tmp);
-            if (!(tmp = lk_aligned_alloc(LK_ALIGN, (size_t)(u->chunk * f->S) * sizeof(float) + LK_ALIGN))) {
-                st = LK_STATUS_OUT_OF_MEMORY;
-                break;
-            }
-            st = f->S > 1 ? lk_comm_all_gather(f->shard, t->data, tmp, (size_t)u->chunk, LK_F32)
-                          : (memcpy(tmp, t->data, (size_t)u->chunk * sizeof(float)), LK_STATUS_OK);
-            for (int k = 0; !st && k < u->np; k++) {
-                lk_tensor *p = u->p[k];
-                lk_tensor *v = lk_tensor_from_data(LK_F32, p->ndim, p->shape, tmp + u->poff[k]);
-                if (!v) st = lk_last_status();
-                snprintf(key, sizeof key, "state.%s.%s", u->pname[k], state_arrays[a]);
-                if (!st) st = lk_named_tensors_append(out, key, v);
-                lk_tensor_release(v);
-            }
-            lk_aligned_free(tmp);
-            tmp = NULL;
+            float *w = whole[j * NARRAYS + a] = lk_aligned_alloc(LK_ALIGN, (size_t)(u->chunk * f->S) * sizeof(float) + LK_ALIGN);
+            if (!w) st = LK_STATUS_OUT_OF_MEMORY;
+            else if (f->S > 1) st = lk_comm_all_gather(f->shard, t->data, w, (size_t)u->chunk, LK_F32);
+            else memcpy(w, t->data, (size_t)u->chunk * sizeof(float));
         }
     }
+    /* in lk_optimizer_state_get's order: the groups, every step, then each parameter's arrays */
+    for (int i = 0; !st && i < mine.n; i++)
+        if (strncmp(mine.items[i].name, "state.", 6)) st = lk_named_tensors_append(out, mine.items[i].name, mine.items[i].tensor);
+    for (int g = 0; !st && g < n; g++) {
+        snprintf(key, sizeof key, "state.%s.step", f->shard_name[shard_of[gu[g]]]);
+        lk_tensor *step = lk_named_tensors_find(&mine, key);
+        snprintf(key, sizeof key, "state.%s.step", f->named.items[g].name);
+        if (step) st = lk_named_tensors_append(out, key, step);
+    }
+    for (int g = 0; !st && g < n; g++) {
+        unit *u = &f->u[gu[g]];
+        lk_tensor *p = u->p[gk[g]];
+        for (int a = 0; !st && a < NARRAYS; a++) {
+            const float *w = whole[shard_of[gu[g]] * NARRAYS + a];
+            if (!w) continue;
+            lk_tensor *v = lk_tensor_from_data(LK_F32, p->ndim, p->shape, w + u->poff[gk[g]]);
+            if (!v) st = lk_last_status();
+            snprintf(key, sizeof key, "state.%s.%s", f->named.items[g].name, state_arrays[a]);
+            if (!st) st = lk_named_tensors_append(out, key, v);
+            lk_tensor_release(v);
+        }
+    }
+    for (int j = 0; whole && j < f->nshard * NARRAYS; j++) lk_aligned_free(whole[j]);
+    lk_free(whole);
+    lk_free(gu);
+    lk_free(gk);
+    lk_free(shard_of);
     lk_named_tensors_clear(&mine);
     return st;
 }
@@ -872,7 +896,7 @@ static lk_status f_optimizer_state_load(lk_strategy *s, lk_optimizer *o, const l
             st = lk_named_tensors_append(&conv, key, step);
         }
         int64_t lo = u->chunk * f->sr, hi = lo + u->chunk;
-        for (size_t a = 0; !st && a < sizeof state_arrays / sizeof *state_arrays; a++) {
+        for (int a = 0; !st && a < NARRAYS; a++) {
             snprintf(key, sizeof key, "state.%s.%s", u->pname[0], state_arrays[a]);
             if (!lk_named_tensors_find(state, key)) continue;
             lk_tensor *c = lk_tensor_zeros(LK_F32, 1, (int64_t[]){u->chunk});

@@ -238,7 +238,7 @@ typedef struct lk_runinfo {
     } graphs;
     double step_peak_mb;        /* tensor memory of one forward + backward beyond what was live before it; 0: unknown */
     bool has_model_state;       /* model_state_bytes below is known (a strategy wrapped the module) */
-    int64_t model_state_bytes[3]; /* this rank's parameters, gradients, optimizer state (lk_strategy_get_memory) */
+    int64_t model_state_bytes[4]; /* this rank's parameters, gradients, optimizer state, peak gathered units (lk_strategy_get_memory) */
     const char *config_yaml;    /* the merged config, YAML text */
     /* Settings an LK_* variable can also give, with where each effective
      * value came from (one rule: a config key beats the variable, which

@@ -139,6 +139,8 @@ lk_status lk_runinfo_to_json(const lk_runinfo *info, char **out) {
         ok = ok && ms && add(ms, "parameters", cJSON_CreateNumber((double)info->model_state_bytes[0]));
         ok = ok && ms && add(ms, "gradients", cJSON_CreateNumber((double)info->model_state_bytes[1]));
         ok = ok && ms && add(ms, "optimizer_state", cJSON_CreateNumber((double)info->model_state_bytes[2]));
+        /* fsdp, deepspeed_stage_3: the most whole units' parameters held at once beside the shards */
+        ok = ok && ms && add(ms, "gathered_units", cJSON_CreateNumber((double)info->model_state_bytes[3]));
         ok = ok && ms && add(root, "model_state_bytes", ms);
         if (!ok) cJSON_Delete(ms);
     } else {

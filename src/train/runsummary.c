@@ -96,6 +96,7 @@ void lk__write_runinfo(lk_trainer *tr, const char *command, lk_status st) {
         ri.model_state_bytes[0] = mem.param_bytes;
         ri.model_state_bytes[1] = mem.grad_bytes;
         ri.model_state_bytes[2] = mem.optim_state_bytes;
+        ri.model_state_bytes[3] = mem.gathered_bytes;
     }
     ri.config_yaml = tr->config_yaml;
     /* The settings an LK_* variable can also give, and where each value came from */

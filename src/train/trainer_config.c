@@ -403,6 +403,7 @@ static lk_status apply_strategy_node(const lk_param *tp, int n, lk_trainer_confi
                 }
                 v = joined;
             }
+            if (!v && !null && !strcmp(key, "mixed_precision")) v = "(a policy)"; /* refused with the key to use */
             if (!v && !null) return lk__cfg_at(e, "trainer.strategy.init_args.%s: expected a value, not a collection", key);
             if (!strcmp(si->class_name, "FSDPStrategy")) {
                 LK_TRY(apply_fsdp_arg(tp, n, cfg, e, key, v, null));

@@ -12,7 +12,7 @@
 # f32 total (the same f32 value here). Also: 16-mixed (the loss scaler's
 # overflow check over the chunks), clipping really engaged, exact resume at
 # the same world size, DeepSpeedStrategy's class_path node with init_args
-# stage, and the refusals (stage 3, stage 2 in bf16-true, join is a unit
+# stage, and the refusals (a stage 4, stage 2 in bf16-true, join is a unit
 # matter not reachable from the CLI).
 source "$(dirname "$0")/../cli/lib.sh"
 export LK_ALLOW_OVERSUBSCRIBE=1 # 4 ranks on a 2-core CI machine: slow, not wrong
@@ -133,9 +133,9 @@ fit from_single --trainer.devices 1 --trainer.strategy single --ckpt_path "$c"
 check "a stage-2 checkpoint from 3 ranks resumes on one process" test -s "$T/from_single.st"
 
 # refusals
-expect_fail "stage 3 is refused with a reason" 2 "ZeRO stage 3 (sharded parameters) is not built yet" \
+expect_fail "a stage that does not exist is refused" 2 "expected 1, 2 or 3, got '4'" \
   timeout 60 "$LK_BIN" fit -c "$T/z.yaml" --trainer.devices 2 \
-  --trainer.strategy '{class_path: DeepSpeedStrategy, init_args: {stage: 3}}'
+  --trainer.strategy '{class_path: DeepSpeedStrategy, init_args: {stage: 4}}'
 expect_fail "stage 2 in bf16-true is refused with a reason" 1 "reduce-scatters f32 gradients only for now" \
   timeout 60 "$LK_BIN" fit -c "$T/z.yaml" --trainer.devices 2 --trainer.strategy deepspeed_stage_2 \
   --trainer.precision bf16-true

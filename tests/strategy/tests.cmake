@@ -16,6 +16,10 @@ lk_add_test(NAME strategy_pipeline_checks SOURCES strategy/test_pipeline_strateg
 # ZeRO stages 1 and 2 against ddp on 2, 3 and 4 ranks: bitwise, with clipping, accumulation, bf16-mixed,
 # 16-mixed, a parameter count no world size divides, exact resume, the class node and the refusals.
 lk_add_script_test(NAME strategy_zero SCRIPT strategy/test_zero.sh LABELS multiproc TIMEOUT 300)
+# fsdp and deepspeed_stage_3 against ddp on 2, 3 and 4 ranks: bitwise, every sharding strategy and wrap
+# policy, clipping, accumulation, bf16/16-mixed, an uneven parameter count, a GPT with tied weights and
+# activation checkpointing, exact resume and resume across strategies, the class node and the refusals.
+lk_add_script_test(NAME strategy_fsdp SCRIPT strategy/test_fsdp.sh LABELS multiproc TIMEOUT 400)
 if(LK_HAVE_MPI AND LK_MPIRUN)
   string(REPLACE ";" " " LK_ZERO_MPIRUN_FLAGS "${LK_MPIRUN_FLAGS}")
   add_test(NAME strategy_zero_mpi COMMAND bash ${PROJECT_SOURCE_DIR}/tests/strategy/test_zero.sh mpi
