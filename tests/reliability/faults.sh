@@ -8,9 +8,13 @@
 # no shared-memory segment of the job is left; the last checkpoint loads and
 # a resume from it completes.
 # docs/RELIABILITY.md's table comes from running this script 5 times.
+# With strategy names as arguments (`faults.sh fsdp deepspeed_stage_2`):
+# the rank-death scenarios under each sharded strategy instead, whose
+# ranks spend the step in all-gathers and reduce-scatters.
 source "$(dirname "$0")/../cli/lib.sh"
 write_synth
 TIMEOUT=3
+STRATEGY=ddp
 job=(-c "$T/synth.yaml" --trainer.devices 2 --trainer.strategy ddp --trainer.max_epochs 100000
      --trainer.every_n_train_steps 20 --trainer.enable_progress_bar false --trainer.comm_timeout $TIMEOUT
      --trainer.num_sanity_val_steps 0 --data.init_args.num_samples 4096)
@@ -58,9 +62,9 @@ leftovers() { # prints what the job left behind, if anything
 resume_ok() { # the last checkpoint loads and training resumes from it
   "$LK_BIN" export --ckpt "$d/checkpoints/last.ckpt" --out "$T/x.st" >/dev/null 2>&1 &&
     "$LK_BIN" fit -c "$T/synth.yaml" --trainer.max_epochs 1 --trainer.max_steps 1000000 --trainer.enable_progress_bar false \
-      --ckpt_path "$d/checkpoints/last.ckpt" --trainer.devices 2 --trainer.strategy ddp --data.init_args.num_samples 4096 \
+      --ckpt_path "$d/checkpoints/last.ckpt" --trainer.devices 2 --trainer.strategy $STRATEGY --data.init_args.num_samples 4096 \
       >/dev/null 2>&1 || "$LK_BIN" fit -c "$T/synth.yaml" --trainer.enable_progress_bar false \
-      --ckpt_path "$d/checkpoints/last.ckpt" --trainer.devices 2 --trainer.strategy ddp --data.init_args.num_samples 4096 \
+      --ckpt_path "$d/checkpoints/last.ckpt" --trainer.devices 2 --trainer.strategy $STRATEGY --data.init_args.num_samples 4096 \
       --trainer.max_epochs 100000 --trainer.max_time 2 >/dev/null 2>&1
 }
 
@@ -93,6 +97,18 @@ cont_all() { pkill -CONT -f "$T/synth.yaml.*comm_timeout $TIMEOUT" || true; }
 # of a flake seen in CI (rank 0 gone before its SIGCONT, "timed out" in the
 # log). scenario() kills it once its job has ended.
 stop_rank1() { kill -STOP "$(rank_pid $lpid 1)"; (sleep $((TIMEOUT + 6)); cont_all) & net=$!; }
+
+if [ $# -gt 0 ]; then
+  base_job=("${job[@]}")
+  for STRATEGY in "$@"; do
+    job=("${base_job[@]}" --trainer.strategy "$STRATEGY")
+    scenario "$STRATEGY: SIGKILL of rank 1 while training" 5 "-ne 0" "rank 1" kill_rank KILL 1
+    scenario "$STRATEGY: SIGKILL of rank 0 while training" 5 "-ne 0" "rank 0" kill_rank KILL 0
+    scenario "$STRATEGY: SIGSTOP of rank 1 (comm_timeout ${TIMEOUT}s)" $((TIMEOUT + 6)) "-ne 0" "did not arrive" stop_rank1
+  done
+  finish
+  exit
+fi
 
 scenario "SIGKILL of rank 1 while training" 5 "-ne 0" "rank 1" kill_rank KILL 1
 # a stopped rank cannot take SIGTERM: the launcher's term delay (2 s) and kill grace (3 s) follow the timeout

@@ -55,6 +55,24 @@ same() { [ -s "$T/$1.st" ] && cmp -s "$T/$1.st" "$T/$2.st"; }
 run_json() { ls -d "$T"/runs/lightning_logs/version_*/run.json; }
 
 X=(--trainer.gradient_clip_val 0.05 --trainer.accumulate_grad_batches 2 --trainer.precision bf16-mixed)
+if [ "${1:-}" = mpi ]; then
+  # The same fsdp run over the mpi communicator (3 ranks under mpirun; its prefetches and reduce-scatters
+  # are the mpi thread's non-blocking collectives): equal to ddp over shm, bitwise.
+  # Environment (from ctest): LK_MPIRUN, LK_MPIRUN_FLAGS.
+  read -r -a flags <<<"${LK_MPIRUN_FLAGS:-}"
+  fit ddp3 --trainer.devices 3 --trainer.strategy ddp "${X[@]}"
+  for s in fsdp deepspeed_stage_3; do
+    rm -rf "$T/runs"
+    timeout 120 "$LK_MPIRUN" "${flags[@]}" -np 3 -x LK_ALLOW_OVERSUBSCRIBE=1 -x LK_COMM_BACKEND=mpi "$LK_BIN" fit \
+      -c "$T/z.yaml" --trainer.devices 3 --trainer.strategy $s "${X[@]}" >"$T/mpi.log" 2>&1
+    "$LK_BIN" export --ckpt "$(ls -d "$T"/runs/lightning_logs/version_*)/checkpoints/last.ckpt" --out "$T/mpi$s.st" \
+      --with-optimizer >/dev/null 2>&1
+    check "$s x3 over mpi: it ran on the mpi communicator" grep -q '"comm_backend": "mpi"' "$(run_json)"
+    check "$s x3 over mpi == ddp x3 over shm, bitwise" same mpi$s ddp3
+  done
+  finish
+  exit
+fi
 for n in 2 3 4; do
   fit ddp$n --trainer.devices $n --trainer.strategy ddp "${X[@]}"
   fit fsdp$n --trainer.devices $n --trainer.strategy fsdp "${X[@]}"

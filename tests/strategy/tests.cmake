@@ -26,4 +26,8 @@ if(LK_HAVE_MPI AND LK_MPIRUN)
            WORKING_DIRECTORY ${PROJECT_BINARY_DIR})
   set_tests_properties(strategy_zero_mpi PROPERTIES TIMEOUT 180 LABELS "multiproc;mpi"
                        ENVIRONMENT "${LK_MPI_TEST_ENV};LK_BIN=$<TARGET_FILE:lockstep>;LK_MPIRUN=${LK_MPIRUN};LK_MPIRUN_FLAGS=${LK_ZERO_MPIRUN_FLAGS}")
+  add_test(NAME strategy_fsdp_mpi COMMAND bash ${PROJECT_SOURCE_DIR}/tests/strategy/test_fsdp.sh mpi
+           WORKING_DIRECTORY ${PROJECT_BINARY_DIR})
+  set_tests_properties(strategy_fsdp_mpi PROPERTIES TIMEOUT 180 LABELS "multiproc;mpi"
+                       ENVIRONMENT "${LK_MPI_TEST_ENV};LK_BIN=$<TARGET_FILE:lockstep>;LK_MPIRUN=${LK_MPIRUN};LK_MPIRUN_FLAGS=${LK_ZERO_MPIRUN_FLAGS}")
 endif()
