@@ -61,6 +61,7 @@ typedef struct unit {
     int64_t shard_off;    /* the unit's chunk in f->shards (elements) */
     bool gathered;        /* full holds the current parameters */
     bool reduced;         /* this step's reduction was issued */
+    bool grads_stale;     /* gfull was released after a reduction: zero it before it is written again */
     lk_work *gather;      /* a prefetch in flight */
     int pos;              /* position in the recorded forward order (-1: not seen) */
 } unit;
@@ -291,6 +292,18 @@ static void assign(lk_layer *l, const pick *k, int cur, const lk_named_tensors *
     for (int c = 0; c < l->n_children; c++) assign(l->children[c].layer, k, cur, named, owner);
 }
 
+/* A released unit's pages: MADV_FREE lets the kernel take them when it
+ * needs memory, and leaves them in place when it does not (no fault and
+ * no zeroing by the kernel at the next use: a gather overwrites every
+ * byte, and the gradients are zeroed by us just before the unit's next
+ * backward, as a zero_grad would — 300,000 page faults in 200 mlp steps
+ * with MADV_DONTNEED on both). */
+#ifdef MADV_FREE
+#define RELEASE_PARAMS MADV_FREE
+#else
+#define RELEASE_PARAMS MADV_DONTNEED
+#endif
+
 static void *map_pages(size_t bytes) {
     void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     return p == MAP_FAILED ? NULL : p;
@@ -349,7 +362,7 @@ static lk_status prefetch(lk_strategy *s, unit *u) {
 static void release(lk_strategy *s, unit *u) {
     fsdp *f = f_of(s);
     if (!u->gathered || f->S == 1 || f->hold || u == &f->u[0]) return; /* the root stays whole */
-    (void)madvise(u->full, u->map_bytes, MADV_DONTNEED);
+    (void)madvise(u->full, u->map_bytes, RELEASE_PARAMS);
     u->gathered = false;
     count_gathered(f, u, false);
 }
@@ -374,7 +387,8 @@ static lk_status finish_reduce(lk_strategy *s) {
     if (!st && f->R > 1) st = comm_fail(s, f->replica, lk_comm_all_reduce(f->replica, mine, (size_t)u->chunk,
                                                                           s->cfg.param_dtype, LK_REDUCE_AVG));
     s->stats.comm_exposed_s += lk_time_now() - t0;
-    (void)madvise(u->gfull, u->map_bytes, MADV_DONTNEED); /* zeros: the next backward accumulates from there */
+    (void)madvise(u->gfull, u->map_bytes, RELEASE_PARAMS);
+    u->grads_stale = true; /* zeroed just before the next backward writes it */
     return st;
 }
 
@@ -399,6 +413,12 @@ static lk_status reduce(lk_strategy *s, unit *u) {
 
 /* ---- the hooks --------------------------------------------------------------------- */
 
+static void zero_grads(lk_strategy *s, unit *u) {
+    if (!u->grads_stale) return;
+    memset(u->gfull, 0, (size_t)(u->chunk * u->f->S) * esz(s));
+    u->grads_stale = false;
+}
+
 static unit *at_pos(fsdp *f, int pos) { return pos >= 0 && pos < f->norder ? &f->u[f->order[pos]] : NULL; }
 
 /* Before the unit's forward: its parameters (waiting for the prefetch),
@@ -415,6 +435,10 @@ static lk_status before_forward(lk_strategy *s, unit *u) {
     return LK_STATUS_OK;
 }
 
+/* The backward starts with the forward's last unit: kept gathered (FSDP's
+ * too), instead of released and gathered again at once. */
+static bool last_of_forward(const fsdp *f, const unit *u) { return f->order_done && u->pos == f->norder - 1; }
+
 static lk_status on_unit(lk_layer *l, lk_layer_hook_when when, void *ctx) {
     (void)l;
     unit *u = ctx;
@@ -427,9 +451,10 @@ static lk_status on_unit(lk_layer *l, lk_layer_hook_when when, void *ctx) {
         /* training: FULL_SHARD gives them back now (gathered again for the
          * backward), SHARD_GRAD_OP keeps them; a forward without a backward
          * (validation, prediction) always gives them back */
-        if (!lk_grad_enabled() || f->o.sharding != LK_FSDP_SHARD_GRAD_OP) release(s, u);
+        if (!lk_grad_enabled() || (f->o.sharding != LK_FSDP_SHARD_GRAD_OP && !last_of_forward(f, u))) release(s, u);
         return LK_STATUS_OK;
     case LK_LAYER_BEFORE_BACKWARD:
+        zero_grads(s, u);
         LK_TRY(gather(s, u));
         if (f->o.backward_prefetch && u->pos > 0) LK_TRY(prefetch(s, at_pos(f, u->pos - 1)));
         return LK_STATUS_OK;
@@ -700,6 +725,7 @@ static lk_status f_before_forward(lk_strategy *s) {
 static void f_begin_backward(lk_strategy *s, bool sync) {
     fsdp *f = f_of(s);
     f->sync = sync;
+    zero_grads(s, &f->u[0]); /* the root's gradients come from anywhere in the backward */
     for (int i = 0; i < f->nu && sync; i++) f->u[i].reduced = false;
 }
 
@@ -711,7 +737,10 @@ static lk_status f_finish_backward(lk_strategy *s) {
     fsdp *f = f_of(s);
     lk_status st = LK_STATUS_OK;
     for (int i = f->nu - 1; f->sync && i >= 0 && !st; i--)
-        if (!f->u[i].reduced) st = reduce(s, &f->u[i]);
+        if (!f->u[i].reduced) {
+            zero_grads(s, &f->u[i]); /* (a unit the backward did not reach: no gradient, zeros reduced) */
+            st = reduce(s, &f->u[i]);
+        }
     if (!st) st = finish_reduce(s);
     for (int i = 0; i < f->nu; i++) {
         unit *u = &f->u[i];
