@@ -58,7 +58,8 @@ typedef struct unit {
     size_t map_bytes;     /* chunk * S elements, rounded to pages */
     void *full, *gfull;   /* the gathered parameters and whole gradients */
     lk_tensor *full_t, *gfull_t;
-    int64_t shard_off;    /* the unit's chunk in f->shards (elements) */
+    int64_t shard_off;    /* the unit's chunk in f->shards and in the shards' gradients (elements) */
+    void *mine;           /* this rank's master chunk: in f->shards, or in `full` when the parameters stay whole */
     bool gathered;        /* full holds the current parameters */
     bool reduced;         /* this step's reduction was issued */
     bool grads_stale;     /* gfull was released after a reduction: zero it before it is written again */
@@ -90,6 +91,7 @@ struct fsdp {
     bool sync;                /* this backward reduces */
     bool hold;                /* every unit gathered for a state dict, until the next forward */
     bool saving;              /* gathering for a state dict: not a step's peak */
+    bool params_whole;        /* deepspeed_stage_2: parameters replicated, chunks all-gathered after the step */
     int64_t gathered_bytes, peak_gathered_bytes;
 };
 
@@ -128,6 +130,10 @@ static lk_status f_create_(lk_strategy *s) {
     f->o = s->cfg.fsdp ? *s->cfg.fsdp : lk_fsdp_options_default();
     if (f->o.wrap_types) snprintf(f->wrap_types, sizeof f->wrap_types, "%s", f->o.wrap_types);
     f->o.wrap_types = f->wrap_types;
+    /* ZeRO-2: the parameters stay whole (their chunks all-gathered after the
+     * step, in place), gradients and optimizer state sharded as FULL_SHARD's */
+    f->params_whole = s->vt == &lk__strategy_zero2;
+    if (f->params_whole) f->o.sharding = LK_FSDP_FULL_SHARD;
     if ((unsigned)f->o.sharding > LK_FSDP_HYBRID_SHARD)
         return lk_error(LK_STATUS_INVALID_ARGUMENT, "%s: unknown sharding strategy %d", name, (int)f->o.sharding);
     int W = s->world, L = lk_comm_local_world_size(s->comm);
@@ -339,9 +345,8 @@ static lk_status gather(lk_strategy *s, unit *u) {
     }
     if (u->gathered || !u->numel) return LK_STATUS_OK;
     double t0 = lk_time_now();
-    void *mine = at(f->shards, esz(s), u->shard_off);
-    lk_status st = f->S > 1 ? lk_comm_all_gather(f->shard, mine, u->full, (size_t)u->chunk, s->cfg.param_dtype)
-                            : (memcpy(u->full, mine, (size_t)u->chunk * esz(s)), LK_STATUS_OK);
+    lk_status st = f->S > 1 ? lk_comm_all_gather(f->shard, u->mine, u->full, (size_t)u->chunk, s->cfg.param_dtype)
+                            : (u->mine != u->full ? memcpy(u->full, u->mine, (size_t)u->chunk * esz(s)) : NULL, LK_STATUS_OK);
     s->stats.comm_exposed_s += lk_time_now() - t0;
     if (st) return comm_fail(s, f->shard, st);
     u->gathered = true;
@@ -352,7 +357,7 @@ static lk_status gather(lk_strategy *s, unit *u) {
 static lk_status prefetch(lk_strategy *s, unit *u) {
     fsdp *f = f_of(s);
     if (!u || u->gathered || u->gather || !u->numel || f->S == 1) return LK_STATUS_OK;
-    LK_TRY(lk_comm_all_gather_async(f->shard, at(f->shards, esz(s), u->shard_off), u->full, (size_t)u->chunk,
+    LK_TRY(lk_comm_all_gather_async(f->shard, u->mine, u->full, (size_t)u->chunk,
                                     s->cfg.param_dtype, &u->gather));
     return count_gathered(f, u, true);
 }
@@ -361,7 +366,7 @@ static lk_status prefetch(lk_strategy *s, unit *u) {
  * one chunk per rank (NO_SHARD) they stay: nothing would be saved. */
 static void release(lk_strategy *s, unit *u) {
     fsdp *f = f_of(s);
-    if (!u->gathered || f->S == 1 || f->hold || u == &f->u[0]) return; /* the root stays whole */
+    if (!u->gathered || f->S == 1 || f->hold || f->params_whole || u == &f->u[0]) return; /* the root stays whole */
     (void)madvise(u->full, u->map_bytes, RELEASE_PARAMS);
     u->gathered = false;
     count_gathered(f, u, false);
@@ -602,8 +607,9 @@ static lk_status f_wrap(lk_strategy *s, lk_layer *net) {
         if (!u->numel) continue;
         LK_TRY(rehome(s, u));
         if (s->world > 1) LK_TRY(lk_comm_broadcast(s->comm, u->full, (size_t)u->numel, s->cfg.param_dtype, 0));
-        memcpy(at(f->shards, esz(s), u->shard_off), at(u->full, esz(s), u->chunk * f->sr),
-               (size_t)u->chunk * esz(s));
+        u->mine = f->params_whole ? at(u->full, esz(s), u->chunk * f->sr) : at(f->shards, esz(s), u->shard_off);
+        if (u->mine != at(u->full, esz(s), u->chunk * f->sr))
+            memcpy(u->mine, at(u->full, esz(s), u->chunk * f->sr), (size_t)u->chunk * esz(s));
         u->gathered = true;
         count_gathered(f, u, true);
         release(s, u); /* (the root stays) */
@@ -611,7 +617,8 @@ static lk_status f_wrap(lk_strategy *s, lk_layer *net) {
         char name[600];
         snprintf(name, sizeof name, "%s%s_flat_param", u->name, *u->name ? "." : "");
         if (!(f->shard_name[j] = lk_strdup(name))) return LK_STATUS_OUT_OF_MEMORY;
-        lk_tensor *t = lk_tensor_view_storage(f->shards_t, u->shard_off, 1, (int64_t[]){u->chunk});
+        lk_tensor *t = f->params_whole ? lk_tensor_view_storage(u->full_t, u->chunk * f->sr, 1, (int64_t[]){u->chunk})
+                                       : lk_tensor_view_storage(f->shards_t, u->shard_off, 1, (int64_t[]){u->chunk});
         if (!t) return lk_last_status();
         t->requires_grad = true;
         f->shard_unit[j] = i;
@@ -765,11 +772,15 @@ static lk_status f_after_step(lk_strategy *s) {
     f->hold = false;
     for (int i = 0; i < f->nu; i++) {
         unit *u = &f->u[i];
-        if (f->S == 1 || i == 0) {
+        if (f->S == 1 || i == 0 || f->params_whole) {
             if (u->gathered) count_gathered(f, u, false);
-            u->gathered = false; /* refreshed below (the root) or at the next use */
+            u->gathered = false; /* refreshed below (the root; every unit of stage 2) or at the next use */
         } else release(s, u);
     }
+    /* stage 2: every unit's all-gather issued now, each waited for by its
+     * next use (its forward's hook), so the gathers overlap the step's end,
+     * the loader and the forwards of the units before it */
+    for (int i = 1; f->params_whole && i < f->nu; i++) LK_TRY(prefetch(s, &f->u[i]));
     return gather(s, &f->u[0]);
 }
 
@@ -830,7 +841,8 @@ static lk_status f_state_dict_loaded(lk_strategy *s) {
     for (int i = 0; i < f->nu; i++) {
         unit *u = &f->u[i];
         if (!u->numel) continue;
-        memcpy(at(f->shards, esz(s), u->shard_off), at(u->full, esz(s), u->chunk * f->sr), (size_t)u->chunk * esz(s));
+        if (u->mine != at(u->full, esz(s), u->chunk * f->sr))
+            memcpy(u->mine, at(u->full, esz(s), u->chunk * f->sr), (size_t)u->chunk * esz(s));
         if (!u->gathered) {
             u->gathered = true;
             count_gathered(f, u, true);
@@ -965,6 +977,11 @@ static void f_memory(const lk_strategy *s, lk_strategy_memory *m) {
     m->param_bytes = f->shard_numel * (int64_t)esz(s);
     m->grad_bytes = f->shard_numel * (int64_t)esz(s);
     m->gathered_bytes = f->peak_gathered_bytes;
+    if (f->params_whole) { /* stage 2: the whole (padded) parameters, the master chunks inside them */
+        m->param_bytes = 0;
+        for (int i = 0; i < f->nu; i++) m->param_bytes += f->u[i].chunk * f->S * (int64_t)esz(s);
+        m->gathered_bytes = 0;
+    }
 }
 
 static lk_status f_join(lk_strategy *s) {
@@ -987,5 +1004,8 @@ static bool f_shares_params(const lk_strategy *s) { (void)s; return false; }
 
 const lk_strategy_vt lk__strategy_fsdp =
     FSDP_VT("fsdp", "fsdp (lockstep's fully sharded data parallel: parameters, gradients and optimizer state sharded)");
+const lk_strategy_vt lk__strategy_zero2 =
+    FSDP_VT("deepspeed_stage_2", "deepspeed_stage_2 (lockstep's ZeRO-2: gradients reduce-scattered per unit during the "
+                                 "backward, gradients and optimizer state sharded)");
 const lk_strategy_vt lk__strategy_zero3 =
     FSDP_VT("deepspeed_stage_3", "deepspeed_stage_3 (lockstep's ZeRO-3: parameters, gradients and optimizer state sharded)");

@@ -25,11 +25,12 @@ static const struct entry {
     /* pipelines (pipeline.c): stages of blocks, one per process */
     {{"model_parallel", NULL, LK_PROCESS_PER_DEVICE, false, false}, &lk__strategy_model_parallel},
     {{"pipeline", NULL, LK_PROCESS_PER_DEVICE, false, false}, &lk__strategy_pipeline},
-    /* zero.c, lockstep's own ZeRO (no DeepSpeed inside). DeepSpeedStrategy's
-     * stage defaults to 2, as Lightning's: stage 2 comes first; init_args.stage
-     * picks the other (trainer_config.c). They read ddp's options (buckets,
-     * broadcast_buffers; stage 1 also its comm hooks). */
-    {{"deepspeed_stage_2", "DeepSpeedStrategy", LK_PROCESS_PER_DEVICE, false, true}, &lk__strategy_zero2},
+    /* lockstep's own ZeRO (no DeepSpeed inside): stage 1 over ddp (zero.c,
+     * which reads ddp's options: buckets, broadcast_buffers, comm hooks),
+     * stages 2 and 3 fsdp.c's. DeepSpeedStrategy's stage defaults to 2, as
+     * Lightning's: stage 2 comes first; init_args.stage picks another
+     * (trainer_config.c). */
+    {{"deepspeed_stage_2", "DeepSpeedStrategy", LK_PROCESS_PER_DEVICE, false, false}, &lk__strategy_zero2},
     {{"deepspeed_stage_1", "DeepSpeedStrategy", LK_PROCESS_PER_DEVICE, false, true}, &lk__strategy_zero1},
     /* fsdp.c: parameters sharded too (FSDPStrategy; DeepSpeedStrategy stage 3) */
     {{"fsdp", "FSDPStrategy", LK_PROCESS_PER_DEVICE, false, false}, &lk__strategy_fsdp},
@@ -100,9 +101,10 @@ static const char *const ddp_args[] = {"bucket_cap_mb", "broadcast_buffers", "dd
                                        "gradient_as_bucket_view", "shared_params", "start_method", "static_graph",
                                        NULL};
 static const char *const no_args[] = {NULL};
-/* DeepSpeedStrategy: stage (1 or 2 here) and the DeepSpeed switches that
+/* DeepSpeedStrategy: stage (1, 2 or 3) and the DeepSpeed switches that
  * change nothing in lockstep's ZeRO (booleans: the gradients are always
- * one contiguous buffer; stage 2's overlap is not built yet). */
+ * contiguous buffers; stage 2 and 3 always overlap their reduce-scatters
+ * with the backward). */
 static const char *const zero_args[] = {"stage", "contiguous_gradients", "overlap_comm", NULL};
 /* FSDPStrategy: PyTorch FSDP's options lockstep has (sharding_strategy,
  * auto_wrap_policy as layer class names, lockstep's min_num_params,

@@ -80,7 +80,7 @@ extern const lk_strategy_vt lk__strategy_dp;
 extern const lk_strategy_vt lk__strategy_model_parallel; /* pipeline.c */
 extern const lk_strategy_vt lk__strategy_pipeline;
 extern const lk_strategy_vt lk__strategy_zero1; /* zero.c: deepspeed_stage_1 */
-extern const lk_strategy_vt lk__strategy_zero2; /* zero.c: deepspeed_stage_2 */
+extern const lk_strategy_vt lk__strategy_zero2; /* fsdp.c: deepspeed_stage_2 (parameters kept whole) */
 extern const lk_strategy_vt lk__strategy_fsdp;  /* fsdp.c: fsdp */
 extern const lk_strategy_vt lk__strategy_zero3; /* fsdp.c: deepspeed_stage_3 */
 

@@ -1,21 +1,16 @@
-/* ZeRO stages 1 and 2 (`deepspeed_stage_1`, `deepspeed_stage_2`; Lightning's
- * DeepSpeedStrategy, lockstep's own implementation — no DeepSpeed inside).
- * Parameters stay replicated; the flat parameter range is cut into N equal
- * chunks of ceil(numel / N) elements (the last ones padded with elements
- * nobody reads, never refused), and rank r's optimizer updates only chunk r.
- * After the step the updated chunks are all-gathered into every replica,
- * in place in a padded parameter buffer.
+/* ZeRO stage 1 (`deepspeed_stage_1`; Lightning's DeepSpeedStrategy with
+ * stage 1, lockstep's own implementation — no DeepSpeed inside). Stage 2
+ * and 3 are fsdp.c's (gradients reduce-scattered unit by unit during the
+ * backward). Parameters stay replicated; the flat parameter range is cut
+ * into N equal chunks of ceil(numel / N) elements (the last ones padded
+ * with elements nobody reads, never refused), and rank r's optimizer
+ * updates only chunk r. After the step the updated chunks are all-gathered
+ * into every replica, in place in a padded parameter buffer.
  *
- * Stage 1 is ddp's gradient path unchanged (bucketed all-reduce during the
+ * The gradients take ddp's path unchanged (bucketed all-reduce during the
  * backward, compress hooks, accumulation inside no_sync): the averaged
  * gradients are whole on every rank, so clipping and the loss scaler's
- * check see what ddp sees and the result is ddp's bit for bit. Stage 2
- * reduce-scatters the whole flat gradient once after the backward (not
- * bucketed yet: a bucket of ddp's layout crosses the chunk bounds, so its
- * reduce-scatter is future work), keeps only its own chunk of the averages
- * and zeroes the rest, so clipping sums each parameter's squared norm over
- * the group (clip_grad_norm below). Accumulation: gradients accumulate
- * whole and unreduced until the last micro-batch, then one reduce-scatter.
+ * check see what ddp sees and the result is ddp's bit for bit.
  *
  * Built over ddp's vtable (s->self is ddp's state); this strategy's own state
  * is s->ext. The optimizer keeps the state of its chunk only (arrays x
@@ -27,44 +22,33 @@
  * steps. Resume at the same world size is exact. Host devices only for now. */
 #include <string.h>
 
-#include <math.h>
 
-#include "backend/backend_impl.h"
-#include "backend/kernels.h" /* lk_k_clip_total / lk_k_clip_coef_of: the combination lk_clip_grad_norm uses */
 #include "optim/optim_impl.h"
 #include "tensor/tensor_impl.h"
 #include "strategy/strategy_impl.h"
 
 typedef struct zero {
-    int stage;
     int64_t numel, chunk, lo, hi; /* flat elements, per-rank chunk, this rank's [lo, hi) */
     void *params;                 /* chunk * world elements of param_dtype: the replicas' flat parameters */
     int64_t arrays;               /* the optimizer's state arrays (Adam: 2) */
     float *chunk_state;           /* arrays x chunk floats: the state of this rank's chunk, all it keeps */
     float *whole_state;           /* arrays x numel floats, around a checkpoint only (NULL otherwise) */
     lk_optimizer *optim;          /* borrowed: the one sharded over the chunks */
-    void *recv;                   /* stage 2: the rank's reduced chunk */
-    bool sync;                    /* stage 2: this backward's reduce-scatter is due */
 } zero;
 
 static zero *z_of(const lk_strategy *s) { return s->ext; }
 static size_t esz(const lk_strategy *s) { return lk_dtype_size(s->cfg.param_dtype); }
 static void *at(void *base, const lk_strategy *s, int64_t i) { return (char *)base + i * (int64_t)esz(s); }
 
-static lk_status z_create(lk_strategy *s, int stage) {
-    const char *name = stage == 1 ? "deepspeed_stage_1" : "deepspeed_stage_2";
+static lk_status z_create(lk_strategy *s) {
+    const char *name = "deepspeed_stage_1";
     if (!s->comm) return lk_error(LK_STATUS_INVALID_ARGUMENT, "strategy '%s' needs a communicator", name);
     if (!lk_device_is_host(s->cfg.device))
         return lk_error(LK_STATUS_UNSUPPORTED, "strategy '%s' runs on the CPU only for now (not on %s); use ddp there",
                         name, lk_device_str(s->cfg.device, (char[32]){0}, 32));
-    if (stage == 2 && (s->cfg.param_dtype != LK_F32 || s->ddp.comm_dtype != LK_F32))
-        return lk_error(LK_STATUS_UNSUPPORTED, "strategy 'deepspeed_stage_2' reduce-scatters f32 gradients only for now "
-                        "(got %s gradients travelling as %s): use a *-mixed precision without a ddp_comm_hook, or "
-                        "deepspeed_stage_1", lk_dtype_name(s->cfg.param_dtype), lk_dtype_name(s->ddp.comm_dtype));
     s->ddp.shared_params = false; /* each rank keeps its replica: the chunks are gathered into it */
     zero *z = lk_calloc(1, sizeof *z);
     if (!z) return LK_STATUS_OUT_OF_MEMORY;
-    z->stage = stage;
     s->ext = z;
     lk_status st = lk__strategy_ddp.create(s);
     if (st) {
@@ -73,8 +57,6 @@ static lk_status z_create(lk_strategy *s, int stage) {
     }
     return st;
 }
-static lk_status z1_create(lk_strategy *s) { return z_create(s, 1); }
-static lk_status z2_create(lk_strategy *s) { return z_create(s, 2); }
 
 static void z_free(lk_strategy *s) {
     zero *z = z_of(s);
@@ -85,7 +67,6 @@ static void z_free(lk_strategy *s) {
     lk_aligned_free(z->params);
     lk_free(z->chunk_state);
     lk_free(z->whole_state);
-    lk_aligned_free(z->recv);
     lk_free(z);
     s->ext = NULL;
 }
@@ -100,17 +81,6 @@ static void cut(lk_strategy *s, int64_t n) {
     if (z->chunk < 1) z->chunk = 1;
     z->lo = z->chunk * s->rank < n ? z->chunk * s->rank : n;
     z->hi = z->lo + z->chunk < n ? z->lo + z->chunk : n;
-}
-
-/* Stage 2 reduce-scatters the whole gradient buffer: it is padded to
- * chunk * world elements (the padding stays zero). */
-static lk_status z_alloc_grads(lk_strategy *s, size_t bytes, void **mem, bool *shared) {
-    zero *z = z_of(s);
-    cut(s, (int64_t)(bytes / esz(s)));
-    size_t padded = (size_t)(z->chunk * s->world) * esz(s);
-    LK_TRY(lk__strategy_ddp.alloc_grads(s, padded > bytes ? padded : bytes, mem, shared));
-    memset(*mem, 0, padded > bytes ? padded : bytes);
-    return LK_STATUS_OK;
 }
 
 /* The replica's flat parameters in a buffer padded to chunk * world, so the
@@ -140,7 +110,6 @@ static lk_status z_setup(lk_strategy *s) {
                             s->vt->name, s->names ? s->names[i] : "?");
         off += s->params[i]->numel;
     }
-    if (z->stage == 2 && !(z->recv = lk_aligned_alloc(LK_ALIGN, (size_t)z->chunk * esz(s)))) return LK_STATUS_OUT_OF_MEMORY;
     return LK_STATUS_OK;
 }
 
@@ -191,39 +160,12 @@ static lk_status to_whole(lk_strategy *s) {
     return lk__optimizer_state_layout(z->optim, z->whole_state, 0, z->numel);
 }
 
-static void z_begin_backward(lk_strategy *s, bool sync) {
-    zero *z = z_of(s);
-    lk__strategy_ddp.begin_backward(s, sync);
-    if (z->stage == 2) { /* ddp's buckets stay idle (its hooks read s->sync): one reduce-scatter at the end */
-        z->sync = sync;
-        s->sync = false;
-    }
-}
+static void z_begin_backward(lk_strategy *s, bool sync) { lk__strategy_ddp.begin_backward(s, sync); }
 
 static lk_status z_finish_backward(lk_strategy *s) {
     zero *z = z_of(s);
-    if ((z->stage == 1 ? s->sync : z->sync) && z->whole_state) LK_TRY(to_chunk(s)); /* the step comes: back to the chunk */
-    if (z->stage == 1) return lk__strategy_ddp.finish_backward(s);
-    if (!z->sync) return LK_STATUS_OK;
-    if (!z->optim)
-        return lk_error(LK_STATUS_INVALID_USAGE, "%s: no optimizer is sharded over the chunks: call "
-                        "lk_strategy_shard_optimizer before the first step", s->vt->name);
-    double t0 = lk_time_now(), w0 = lk_comm_arrival_wait_s(s->comm);
-    s->stats.allreduce_calls++;
-    s->stats.bytes_reduced += (size_t)(z->chunk * s->world) * esz(s);
-    lk_status st = lk_comm_reduce_scatter(s->comm, s->flat_grad, z->recv, (size_t)z->chunk, s->cfg.param_dtype,
-                                          LK_REDUCE_AVG);
-    if (!st) { /* only the chunk's averages remain: the rest would be some rank's unreduced sum */
-        memset(s->flat_grad, 0, (size_t)z->numel * esz(s));
-        memcpy(at(s->flat_grad, s, z->lo), z->recv, (size_t)(z->hi - z->lo) * esz(s));
-    }
-    double straggler = lk_comm_arrival_wait_s(s->comm) - w0, dt = lk_time_now() - t0;
-    s->stats.comm_straggler_s += straggler;
-    s->stats.comm_straggler_last_s = straggler;
-    s->stats.comm_exposed_s += dt;
-    s->stats.comm_wait_last_s = dt;
-    if (st) return lk_comm_error(s->comm) ? lk_last_status() : st;
-    return LK_STATUS_OK;
+    if (s->sync && z->whole_state) LK_TRY(to_chunk(s)); /* the step comes: back to the chunk */
+    return lk__strategy_ddp.finish_backward(s);
 }
 
 /* Every replica takes the chunks their owners just updated (after a
@@ -240,39 +182,6 @@ static lk_status z_after_step(lk_strategy *s) {
     s->stats.step_sync_last_s = dt;
     s->stats.step_straggler_last_s = straggler;
     return st;
-}
-
-/* Stage 2's clipping by the total norm: each rank holds its chunk of the
- * averaged gradients, so each parameter's raw norm (sum of |g|^p, or max
- * |g| for inf) is taken over the part of it in the chunk, the raw norms are
- * summed (max for inf) over the group, and the total and the coefficient
- * come from them exactly as lk_clip_grad_norm combines them (kernels/optim.h).
- * Only the split of each parameter's sum differs from ddp's. */
-static lk_status z_clip_grad_norm(lk_strategy *s, double max_norm, double norm_type) {
-    zero *z = z_of(s);
-    if (!(norm_type > 0.0)) return lk_error(LK_STATUS_INVALID_ARGUMENT, "clip_grad_norm: norm_type must be > 0 (or INFINITY), got %g", norm_type);
-    bool inf = isinf(norm_type);
-    int n = s->nparams;
-    double *norms = lk_calloc((size_t)n + 1, sizeof *norms);
-    if (!norms) return LK_STATUS_OUT_OF_MEMORY;
-    lk_status st = LK_STATUS_OK;
-    int64_t off = 0;
-    for (int i = 0; i < n && !st; i++) {
-        int64_t pn = s->params[i]->numel, a = off > z->lo ? off : z->lo, b = off + pn < z->hi ? off + pn : z->hi;
-        off += pn;
-        if (b <= a) continue;
-        lk_op_desc nd = {.op = LK_OP_NORM, .dtype = {s->cfg.param_dtype, LK_F64}};
-        nd.norm = (lk_norm_params){b - a, inf ? INFINITY : norm_type};
-        st = lk__backend_run(s->cfg.device, &nd, (void *[]){at(s->flat_grad, s, a), &norms[i]});
-    }
-    if (!st) st = lk_comm_all_reduce(s->comm, norms, (size_t)n, LK_F64, inf ? LK_REDUCE_MAX : LK_REDUCE_SUM);
-    float coef = st || n == 0 ? 1.0f : lk_k_clip_coef_of(lk_k_clip_total(norms, n, inf ? INFINITY : norm_type), max_norm);
-    lk_free(norms);
-    LK_TRY(st);
-    if (z->hi > z->lo)
-        LK_TRY(lk__affine(s->cfg.device, s->cfg.param_dtype, z->hi - z->lo, coef, 0.0f, false, at(s->flat_grad, s, z->lo),
-                          at(s->flat_grad, s, z->lo)));
-    return LK_STATUS_OK;
 }
 
 /* The whole optimizer state on every rank before a checkpoint reads it
@@ -304,16 +213,14 @@ static lk_status z_state_dict_loaded(lk_strategy *s) { return to_whole(s); }
 
 static bool z_shares_params(const lk_strategy *s) { (void)s; return false; }
 
-/* Parameters and gradients in their padded buffers (stage 2's gradient
- * buffer is still whole: the backward writes every gradient before the
- * reduce-scatter), the optimizer state of the chunk: what a step holds
- * (the whole copy a checkpoint makes lives until the next synced backward,
- * and is not counted). */
+/* Parameters in their padded buffer, ddp's whole gradients, the optimizer
+ * state of the chunk: what a step holds (the whole copy a checkpoint makes
+ * lives until the next synced backward, and is not counted). */
 static void z_memory(const lk_strategy *s, lk_strategy_memory *m) {
     const zero *z = z_of(s);
     int64_t padded = z->chunk * s->world * (int64_t)esz(s);
     m->param_bytes = padded;
-    m->grad_bytes = z->stage == 2 ? padded : s->flat_numel * (int64_t)esz(s);
+    m->grad_bytes = s->flat_numel * (int64_t)esz(s);
     m->optim_state_bytes = z->optim ? z->chunk * z->arrays * (int64_t)sizeof(float) : 0;
 }
 
@@ -328,9 +235,8 @@ static lk_status z_before_forward(lk_strategy *s) { return lk__strategy_ddp.befo
 const lk_strategy_vt lk__strategy_zero1 = {
     .name = "deepspeed_stage_1",
     .summary = "deepspeed_stage_1 (lockstep's ZeRO-1: optimizer update sharded, gradients all-reduced)",
-    .create = z1_create,
+    .create = z_create,
     .free = z_free,
-    .alloc_grads = z_alloc_grads,
     .param_buffer = z_param_buffer,
     .setup = z_setup,
     .training_step = lk__strategy_local_step,
@@ -341,28 +247,6 @@ const lk_strategy_vt lk__strategy_zero1 = {
     .shard_optimizer = z_shard_optimizer,
     .shares_params = z_shares_params,
     .join = z_join,
-    .state_dict = z_state_dict,
-    .state_dict_loaded = z_state_dict_loaded,
-    .memory = z_memory,
-};
-
-const lk_strategy_vt lk__strategy_zero2 = {
-    .name = "deepspeed_stage_2",
-    .summary = "deepspeed_stage_2 (lockstep's ZeRO-2: optimizer update sharded, gradients reduce-scattered)",
-    .create = z2_create,
-    .free = z_free,
-    .alloc_grads = z_alloc_grads,
-    .param_buffer = z_param_buffer,
-    .setup = z_setup,
-    .training_step = lk__strategy_local_step,
-    .before_forward = z_before_forward,
-    .begin_backward = z_begin_backward,
-    .finish_backward = z_finish_backward,
-    .after_step = z_after_step,
-    .shard_optimizer = z_shard_optimizer,
-    .shares_params = z_shares_params,
-    .join = z_join,
-    .clip_grad_norm = z_clip_grad_norm,
     .state_dict = z_state_dict,
     .state_dict_loaded = z_state_dict_loaded,
     .memory = z_memory,

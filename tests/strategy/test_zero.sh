@@ -5,11 +5,12 @@
 # prime: no world size here divides it, so the last chunks are padded), must
 # end with the same weights and the same Adam state as ddp, bit for bit.
 # Why bitwise and not a tolerance: the gradients are averaged by the same
-# shm reduction (all-reduce for stage 1, reduce-scatter for stage 2: both
-# sum the ranks in rank order, then divide), Adam is element-wise so a
-# chunk's update is the whole update's restricted to it, and stage 2's norm
-# sums each parameter's squared norm over the chunks in double before the
-# f32 total (the same f32 value here). Also: 16-mixed (the loss scaler's
+# shm reduction (all-reduce for stage 1, reduce-scatter per unit for stage
+# 2, which is fsdp.c's with the parameters kept whole: both sum the ranks in
+# rank order, then divide), Adam is element-wise so a chunk's update is the
+# whole update's restricted to it, and stage 2's norm sums each parameter's
+# squared norm over the chunks in double before the f32 total (the same f32
+# value here). Also: 16-mixed (the loss scaler's
 # overflow check over the chunks), clipping really engaged, exact resume at
 # the same world size, DeepSpeedStrategy's class_path node with init_args
 # stage, and the refusals (a stage 4, stage 2 in bf16-true, join is a unit
@@ -82,13 +83,15 @@ for n in 2 3 4; do
       same z$s.$n ddp$n
   done
 done
-# model state per rank in run.json: 697 parameters, Adam (2 f32 arrays), 4 ranks: chunks of 175
+# model state per rank in run.json: 697 parameters in two units (layers.0: 561, layers.2: 136), Adam (2 f32
+# arrays), 4 ranks: whole parameters padded to 564 + 136 = 700 elements, gradient chunks of 141 and 34 (each
+# padded to 16 elements: 192 floats), Adam's state of 175 elements
 state_bytes() { python3 -c "
 import json, sys; m = json.load(open(sys.argv[1]))['model_state_bytes']
 print(m['parameters'], m['gradients'], m['optimizer_state'])" "$(ls -d "$T"/runs/lightning_logs/version_*)/run.json"; }
 got=$(state_bytes)
-check "stage 2 x4 run.json model_state_bytes: padded 700-element buffers, Adam state of one chunk ($got)" \
-  test "$got" = "2800 2800 1400"
+check "stage 2 x4 run.json model_state_bytes: whole padded parameters, gradient and Adam chunks ($got)" \
+  test "$got" = "2800 768 1400"
 grep -q "deepspeed_stage_2 (lockstep's ZeRO-2" "$T/z2.4.log" && ok "the fit's opening line names lockstep's ZeRO-2" \
   || bad "the fit's opening line names lockstep's ZeRO-2"
 
@@ -136,7 +139,7 @@ check "a stage-2 checkpoint from 3 ranks resumes on one process" test -s "$T/fro
 expect_fail "a stage that does not exist is refused" 2 "expected 1, 2 or 3, got '4'" \
   timeout 60 "$LK_BIN" fit -c "$T/z.yaml" --trainer.devices 2 \
   --trainer.strategy '{class_path: DeepSpeedStrategy, init_args: {stage: 4}}'
-expect_fail "stage 2 in bf16-true is refused with a reason" 1 "reduce-scatters f32 gradients only for now" \
+expect_fail "stage 2 in bf16-true is refused with a reason" 1 "shards f32 parameters only for now" \
   timeout 60 "$LK_BIN" fit -c "$T/z.yaml" --trainer.devices 2 --trainer.strategy deepspeed_stage_2 \
   --trainer.precision bf16-true
 finish
