@@ -119,10 +119,6 @@ static lk_status f_create_(lk_strategy *s) {
     if (!lk_device_is_host(s->cfg.device))
         return lk_error(LK_STATUS_UNSUPPORTED, "strategy '%s' runs on the CPU only for now (not on %s); use ddp there",
                         name, lk_device_str(s->cfg.device, (char[32]){0}, 32));
-    if (s->cfg.param_dtype != LK_F32)
-        return lk_error(LK_STATUS_UNSUPPORTED, "strategy '%s' shards f32 parameters only for now (got %s, a *-true "
-                        "precision): use 32-true or a *-mixed precision (the master shards stay f32, the compute "
-                        "runs in the low precision)", name, lk_dtype_name(s->cfg.param_dtype));
     fsdp *f = lk_calloc(1, sizeof *f);
     if (!f) return LK_STATUS_OUT_OF_MEMORY;
     s->self = f;

@@ -106,6 +106,13 @@ for s in ddp fsdp; do fit f16$s --trainer.devices 3 --trainer.strategy $s --trai
   --trainer.gradient_clip_val 0.05; done
 check "fsdp x3, 16-mixed + clipping == ddp, bitwise" same f16fsdp f16ddp
 
+# the *-true precisions: bf16 or f16 chunks, gathered and reduce-scattered in that dtype
+for p in bf16-true 16-true; do
+  for s in ddp fsdp; do fit $p$s --trainer.devices 3 --trainer.strategy $s --trainer.precision $p \
+    --trainer.gradient_clip_val 0.05 --trainer.accumulate_grad_batches 2; done
+  check "fsdp x3, $p + clipping + accumulation == ddp, bitwise" same ${p}fsdp ${p}ddp
+done
+
 # Lightning's class node: FSDPStrategy with its init_args
 cat > "$T/node.yaml" <<YAML
 trainer:
@@ -176,8 +183,6 @@ fi
 # refusals
 expect_fail "an auto_wrap_policy naming no layer is refused" 1 "auto_wrap_policy 'Conv2d' names no layer of this model" \
   timeout 60 "$LK_BIN" fit -c "$T/z.yaml" --trainer.devices 2 --trainer.strategy fsdp --trainer.fsdp_auto_wrap_policy Conv2d
-expect_fail "fsdp in bf16-true is refused with a reason" 1 "shards f32 parameters only for now" \
-  timeout 60 "$LK_BIN" fit -c "$T/z.yaml" --trainer.devices 2 --trainer.strategy fsdp --trainer.precision bf16-true
 expect_fail "FSDPStrategy's mixed_precision is refused with the key to use" 2 "set trainer.precision instead" \
   timeout 60 "$LK_BIN" fit -c "$T/z.yaml" --trainer.devices 2 \
   --trainer.strategy '{class_path: FSDPStrategy, init_args: {mixed_precision: {param_dtype: bf16}}}'

@@ -13,7 +13,7 @@
 # value here). Also: 16-mixed (the loss scaler's
 # overflow check over the chunks), clipping really engaged, exact resume at
 # the same world size, DeepSpeedStrategy's class_path node with init_args
-# stage, and the refusals (a stage 4, stage 2 in bf16-true, join is a unit
+# stage, bf16-true, and the refusals (a stage 4 in bf16-true, join is a unit
 # matter not reachable from the CLI).
 source "$(dirname "$0")/../cli/lib.sh"
 export LK_ALLOW_OVERSUBSCRIBE=1 # 4 ranks on a 2-core CI machine: slow, not wrong
@@ -139,7 +139,7 @@ check "a stage-2 checkpoint from 3 ranks resumes on one process" test -s "$T/fro
 expect_fail "a stage that does not exist is refused" 2 "expected 1, 2 or 3, got '4'" \
   timeout 60 "$LK_BIN" fit -c "$T/z.yaml" --trainer.devices 2 \
   --trainer.strategy '{class_path: DeepSpeedStrategy, init_args: {stage: 4}}'
-expect_fail "stage 2 in bf16-true is refused with a reason" 1 "shards f32 parameters only for now" \
-  timeout 60 "$LK_BIN" fit -c "$T/z.yaml" --trainer.devices 2 --trainer.strategy deepspeed_stage_2 \
-  --trainer.precision bf16-true
+for s in ddp deepspeed_stage_2; do fit bt$s --trainer.devices 2 --trainer.strategy $s --trainer.precision bf16-true \
+  --trainer.gradient_clip_val 0.05; done
+check "stage 2 x2, bf16-true + clipping == ddp, bitwise (bf16 chunks reduce-scattered in bf16)" same btdeepspeed_stage_2 btddp
 finish
