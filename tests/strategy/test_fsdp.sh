@@ -106,6 +106,24 @@ for s in ddp fsdp; do fit f16$s --trainer.devices 3 --trainer.strategy $s --trai
   --trainer.gradient_clip_val 0.05; done
 check "fsdp x3, 16-mixed + clipping == ddp, bitwise" same f16fsdp f16ddp
 
+# validation inside the fit, test and predict (forwards without a backward: each unit gathered and given
+# back around its forward) give ddp's numbers
+for s in ddp fsdp; do
+  rm -rf "$T/ev$s"
+  timeout 120 "$LK_BIN" fit -c "$T/z.yaml" --trainer.devices 2 --trainer.strategy $s --trainer.max_steps 30 \
+    --trainer.val_check_interval 10 --trainer.default_root_dir "$T/ev$s" >"$T/ev$s.log" 2>&1
+  c=$T/ev$s/lightning_logs/version_0/checkpoints/last.ckpt
+  grep -v "^$" "$T/ev$s/lightning_logs/version_0/metrics.csv" >"$T/ev$s.val" # epoch, step, val_acc, val_loss
+  timeout 60 "$LK_BIN" test -c "$T/z.yaml" --trainer.devices 2 --trainer.strategy $s --ckpt_path "$c" \
+    --trainer.default_root_dir "$T/ev$s" 2>&1 | grep test_loss >"$T/ev$s.test"
+  timeout 60 "$LK_BIN" predict -c "$T/z.yaml" --trainer.devices 2 --trainer.strategy $s --ckpt_path "$c" \
+    --trainer.default_root_dir "$T/ev$s" >/dev/null 2>&1
+done
+check "fsdp x2: validation metrics inside the fit == ddp's ($(tail -1 "$T/evfsdp.val"))" cmp -s "$T/evfsdp.val" "$T/evddp.val"
+check "fsdp x2: test_loss == ddp's ($(cat "$T/evfsdp.test"))" bash -c "[ -s '$T/evfsdp.test' ] && cmp -s '$T/evfsdp.test' '$T/evddp.test'"
+check "fsdp x2: predictions == ddp's, bitwise" cmp -s "$(ls "$T"/evfsdp/lightning_logs/version_*/predictions.npy)" \
+  "$(ls "$T"/evddp/lightning_logs/version_*/predictions.npy)"
+
 # the *-true precisions: bf16 or f16 chunks, gathered and reduce-scattered in that dtype
 for p in bf16-true 16-true; do
   for s in ddp fsdp; do fit $p$s --trainer.devices 3 --trainer.strategy $s --trainer.precision $p \
