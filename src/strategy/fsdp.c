@@ -625,6 +625,24 @@ static lk_status f_wrap(lk_strategy *s, lk_layer *net) {
         s->local_names[j] = s->local.items[j].name;
         j++;
     }
+    if (s->rank == 0) { /* what was wrapped, once: the units, the root, the chunks */
+        char line[1024];
+        size_t len = (size_t)snprintf(line, sizeof line, "%s: %d unit%s (%s), %s %s", s->vt->name, f->nu - 1,
+                                      f->nu == 2 ? "" : "s",
+                                      f->o.wrap_types[0] ? f->o.wrap_types
+                                      : f->o.min_num_params > 0 ? "min_num_params" : "default policy",
+                                      f->params_whole ? "parameters whole," : lk_fsdp_sharding_name(f->o.sharding),
+                                      f->S > 1 ? "over" : "");
+        if (f->S > 1 && len < sizeof line) len += (size_t)snprintf(line + len, sizeof line - len, " %d ranks:", f->S);
+        for (int i = 1; i < f->nu && len < sizeof line; i++)
+            if (i < 3 || i == f->nu - 1)
+                len += (size_t)snprintf(line + len, sizeof line - len, " [%s: %lld params]", f->u[i].name, (long long)f->u[i].numel);
+            else if (i == 3)
+                len += (size_t)snprintf(line + len, sizeof line - len, " ..");
+        if (len < sizeof line)
+            snprintf(line + len, sizeof line - len, " [root: %lld params, kept whole]", (long long)f->u[0].numel);
+        lk_log0("%s", line);
+    }
     /* the hooks: the root on the net, each unit on its layer */
     LK_TRY(lk_layer_add_hook(net, LK_LAYER_AFTER_FORWARD, on_root, &f->u[0]));
     for (int i = 1; i < f->nu; i++)
