@@ -96,7 +96,9 @@ static const char *const no_args[] = {NULL};
 /* DeepSpeedStrategy: stage (1 or 2 here) and the DeepSpeed switches that
  * change nothing in lockstep's ZeRO (booleans: the gradients are always
  * one contiguous buffer; stage 2's overlap is not built yet). */
-static const char *const zero_args[] = {"stage", "contiguous_gradients", "overlap_comm", NULL};
+/* state_dict_type (FSDPStrategy's spelling): full (one checkpoint file) or
+ * sharded (a set of one file per rank, docs/CHECKPOINTS.md). */
+static const char *const zero_args[] = {"stage", "contiguous_gradients", "overlap_comm", "state_dict_type", NULL};
 static const char *const class_names[] = {"DDPStrategy", "DDPSpawnStrategy", "DataParallelStrategy",
                                           "SingleDeviceStrategy", "DeepSpeedStrategy"};
 

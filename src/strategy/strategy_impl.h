@@ -68,6 +68,12 @@ typedef struct lk_strategy_vt {
     /* (optional) The model state this rank holds, when it is not every
      * buffer whole (lk_strategy_get_memory's default). */
     void (*memory)(const lk_strategy *s, lk_strategy_memory *m);
+    /* (optional, sharded strategies) The pieces this rank owns for a
+     * sharded checkpoint (lk_strategy_shard_pieces; NULL: the replicas'
+     * default, every parameter whole), and what follows filling them on a
+     * load (lk_strategy_shard_pieces_loaded). */
+    lk_status (*shard_pieces)(lk_strategy *s, lk_shard_piece **out, int *n);
+    lk_status (*shard_pieces_loaded)(lk_strategy *s);
 } lk_strategy_vt;
 
 extern const lk_strategy_vt lk__strategy_single;
