@@ -494,7 +494,7 @@ static lk_status ckpt_load(lk_trainer *tr, const char *path, bool restore_traini
     if (!st && restore_training && fmt) st = lk_strategy_check_resume(tr->strat);
     if (!st && restore_training && fmt) {
         if (tr->optim) {
-            st = lk_optimizer_state_get(tr->optim, &part);
+            st = lk__optimizer_state_get_ex(tr->optim, &part, !set); /* a set into ZeRO: its state stays a chunk */
             /* The live state may be empty before the first step: load what
              * the file has under "optimizer." by name. */
             lk_named_tensors fromfile = {0};

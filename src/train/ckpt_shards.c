@@ -592,6 +592,17 @@ lk_status lk__shards_load_model(lk_trainer *tr, const lk__shard_set *set, const 
     for (int i = 0; i < live->n; i++)
         if (lk_safetensors_find(set->state, live->items[i].name))
             LK_TRY(lk_safetensors_read_into(set->state, live->items[i].name, live->items[i].tensor));
+    if (!lk_strategy_wrapped(tr->strat)) { /* validate, test, predict: the plain net, every tensor whole */
+        for (int i = 0; i < live->n; i++) {
+            lk_tensor *t = live->items[i].tensor;
+            if (lk_safetensors_find(set->state, live->items[i].name)) continue;
+            if (!lk_tensor_is_contiguous(t) || !lk_device_is_host(t->device))
+                return lk_error(LK_STATUS_UNSUPPORTED, "checkpoint set %s: '%s' is not a contiguous host tensor here",
+                                set->path, live->items[i].name);
+            LK_TRY(read_range(set, live->items[i].name, NULL, 0, t->numel, t->data, t->dtype));
+        }
+        return LK_STATUS_OK;
+    }
     lk_shard_piece *p;
     int n;
     LK_TRY(lk_strategy_shard_pieces(tr->strat, &p, &n));

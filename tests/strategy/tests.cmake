@@ -16,6 +16,9 @@ lk_add_test(NAME strategy_pipeline_checks SOURCES strategy/test_pipeline_strateg
 # ZeRO stages 1 and 2 against ddp on 2, 3 and 4 ranks: bitwise, with clipping, accumulation, bf16-mixed,
 # 16-mixed, a parameter count no world size divides, exact resume, the class node and the refusals.
 lk_add_script_test(NAME strategy_zero SCRIPT strategy/test_zero.sh LABELS multiproc TIMEOUT 300)
+# Sharded checkpoint sets: saved by stage 2 on 2 ranks, resumed at 1 (single, stage 1), 2, 3 and ddp == from the
+# whole checkpoint, bitwise; export loads in torch by name; missing, truncated, foreign shards and no index refused.
+lk_add_script_test(NAME strategy_ckpt_shards SCRIPT strategy/test_ckpt_shards.sh LABELS multiproc TIMEOUT 300)
 if(LK_HAVE_MPI AND LK_MPIRUN)
   string(REPLACE ";" " " LK_ZERO_MPIRUN_FLAGS "${LK_MPIRUN_FLAGS}")
   add_test(NAME strategy_zero_mpi COMMAND bash ${PROJECT_SOURCE_DIR}/tests/strategy/test_zero.sh mpi
