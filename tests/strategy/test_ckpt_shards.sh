@@ -119,6 +119,12 @@ PY
 fit other "${Z2[@]}" --trainer.max_steps 40 --trainer.state_dict_type sharded # two saves: the second swapped in
 check "a set saved twice in a run is whole, with no temporary sets left" \
   test "$(ls "$T/other.ckpt" | wc -l)" = 4 -a -z "$(ls -A "$T/runs/lightning_logs/version_0/checkpoints")"
+# top-k sets: the ones that fall out of the best 2 are removed with their files
+rm -rf "$T/runs"
+timeout 120 "$LK_BIN" fit -c "$T/z.yaml" --trainer.max_steps -1 --trainer.max_epochs 4 --trainer.limit_train_batches 5 \
+  "${Z2[@]}" --trainer.state_dict_type sharded --trainer.monitor val_loss --trainer.save_top_k 2 >"$T/topk.log" 2>&1
+check "top-k 2 of 4 epochs as sets: two epoch sets and last.ckpt remain, each whole" test \
+  "$(cd "$T/runs/lightning_logs/version_0/checkpoints" && ls -A | wc -l) $(ls "$T"/runs/lightning_logs/version_0/checkpoints/*/model.safetensors.index.json | wc -l)" = "3 3"
 R=(timeout 60 "$LK_BIN" fit -c "$T/z.yaml" --trainer.max_steps 12 --ckpt_path)
 cp -r "$S" "$T/miss"; rm "$T/miss/shard-00002-of-00002.safetensors"
 expect_fail "a set with a shard missing is refused, naming it" 1 \
