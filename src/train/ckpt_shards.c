@@ -25,6 +25,19 @@
 #define SHARD_FORMAT "lockstep-checkpoint-shard"
 #define RANGE_PREFIX "range."
 
+/* Test hook: LK_TEST_SHARD_CRASH=RANK:STEP ends this process in the save at
+ * global step STEP, as a crash would: rank 0 with its new set built but
+ * not yet swapped in, another rank after staging its shard. Unset: nothing. */
+static void crash_point(const lk_trainer *tr) {
+    const char *v = lk_env_get("LK_TEST_SHARD_CRASH");
+    int rank;
+    long long step;
+    if (v && sscanf(v, "%d:%lld", &rank, &step) == 2 && rank == tr->rank && step == tr->global_step) {
+        fprintf(stderr, "LK_TEST_SHARD_CRASH: rank %d ends itself in the save at step %lld\n", rank, step);
+        _exit(3);
+    }
+}
+
 static void shard_name(char *out, size_t size, int r, int n) {
     snprintf(out, size, "shard-%05d-of-%05d.safetensors", r + 1, n);
 }
@@ -140,17 +153,16 @@ lk_status lk__shards_stage(lk_trainer *tr, const char *dir) {
     lk_free(vals);
     lk_free(keys);
     lk_free(len);
+    if (!st && tr->rank != 0) crash_point(tr);
     /* every rank learns whether every shard is on disk before rank 0 uses them */
     int32_t code = (int32_t)st;
-    if (tr->world > 1) {
-        lk_status cs = lk_comm_all_reduce(tr->comm, &code, 1, LK_I32, LK_REDUCE_MAX);
-        if (cs) return cs;
-    }
-    if (code) {
+    lk_status cs = tr->world > 1 ? lk_comm_all_reduce(tr->comm, &code, 1, LK_I32, LK_REDUCE_MAX) : LK_STATUS_OK;
+    if (cs || code) {
         if (tr->rank == 0 && msg.dir[0]) {
             snprintf(tr->shard_stage, sizeof tr->shard_stage, "%s", msg.dir);
             lk__shards_unstage(tr);
         }
+        if (cs) return cs; /* a rank gone: the staging went, the previous checkpoint stays */
         return st ? st : lk_error((lk_status)code, "sharded checkpoint: another rank failed to write its shard");
     }
     snprintf(tr->shard_stage, sizeof tr->shard_stage, "%s", msg.dir);
@@ -305,6 +317,7 @@ lk_status lk__shards_write_set(lk_trainer *tr, const char *path, bool weights_on
     if (!st) st = write_state(tr, b, weights_only, extra, 3);
     if (!st) st = write_index(tmp, tr->world, tr->shard_set_id); /* last: the set is whole */
     sync_dir(tmp);
+    if (!st) crash_point(tr);
     /* swapped in: the previous checkpoint under that name (set or file)
      * stays whole until the new set is in its place */
     if (!st) {

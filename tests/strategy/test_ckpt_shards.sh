@@ -125,6 +125,19 @@ timeout 120 "$LK_BIN" fit -c "$T/z.yaml" --trainer.max_steps -1 --trainer.max_ep
   "${Z2[@]}" --trainer.state_dict_type sharded --trainer.monitor val_loss --trainer.save_top_k 2 >"$T/topk.log" 2>&1
 check "top-k 2 of 4 epochs as sets: two epoch sets and last.ckpt remain, each whole" test \
   "$(cd "$T/runs/lightning_logs/version_0/checkpoints" && ls -A | wc -l) $(ls "$T"/runs/lightning_logs/version_0/checkpoints/*/model.safetensors.index.json | wc -l)" = "3 3"
+# a crash inside a save (LK_TEST_SHARD_CRASH: rank 1 after staging its shard, rank 0 with the new set built but not
+# swapped in) leaves the previous set (epoch 0's, step 35) whole under its name, loadable
+for r in 1 0; do
+  rm -rf "$T/runs"
+  LK_TEST_SHARD_CRASH=$r:40 timeout 60 "$LK_BIN" fit -c "$T/z.yaml" --trainer.max_steps 40 "${Z2[@]}" \
+    --trainer.state_dict_type sharded >"$T/crash$r.log" 2>&1
+  c="$(last)"
+  check "rank $r ended inside the save at step 40: last.ckpt is still step 35's set, whole, and exports" bash -c "
+    grep -q 'LK_TEST_SHARD_CRASH: rank $r ends itself' '$T/crash$r.log' &&
+    /usr/bin/python3 -c \"import json,struct,sys; b=open(sys.argv[1],'rb').read(); n=struct.unpack('<Q',b[:8])[0]
+assert json.loads(b[8:8+n])['__metadata__']['global_step'] == '35'\" '$c/trainer_state.safetensors' &&
+    '$LK_BIN' export --ckpt '$c' --out '$T/crash$r.st' >/dev/null"
+done
 R=(timeout 60 "$LK_BIN" fit -c "$T/z.yaml" --trainer.max_steps 12 --ckpt_path)
 cp -r "$S" "$T/miss"; rm "$T/miss/shard-00002-of-00002.safetensors"
 expect_fail "a set with a shard missing is refused, naming it" 1 \
