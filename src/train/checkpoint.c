@@ -4,7 +4,10 @@
  * step, position inside the epoch, callback state, config, world size).
  * Rank 0 writes through a temporary file and rename, the others wait at a
  * barrier; a checkpoint is never half-written under its final name. Also
- * the ModelCheckpoint callback (last.ckpt and the top-k by a monitor). */
+ * the ModelCheckpoint callback (last.ckpt and the top-k by a monitor).
+ * With trainer.state_dict_type sharded and a sharded strategy, a
+ * checkpoint is a set of per-rank shards instead (ckpt_shards.c): this
+ * file writes and reads its trainer state as it does a whole file. */
 #include <dirent.h>
 #include <errno.h>
 #include <math.h>
@@ -49,9 +52,6 @@ static bool file_in_dir(const char *path, const char *dir) {
 
 lk_status lk__ckpt_save(lk_trainer *tr, const char *path) { return lk__ckpt_save_ex(tr, path, false); }
 
-/* weights_only (ModelCheckpoint save_weights_only): the model's state dict
- * and the metadata, no optimizer.* or lr_scheduler.* tensors; marked so
- * that resuming from it fails with a reason instead of a missing tensor. */
 /* The state dict's entries that are not parameters (buffers): a sharded
  * set's trainer state holds them whole, the shards hold the parameters. */
 static lk_status buffers_only(const lk_layer *net, lk_named_tensors *out) {
@@ -70,6 +70,9 @@ static lk_status buffers_only(const lk_layer *net, lk_named_tensors *out) {
 
 static lk_status write_state(lk_trainer *tr, const char *path, bool weights_only, const lk_st_meta *extra, int nextra);
 
+/* weights_only (ModelCheckpoint save_weights_only): the model's state dict
+ * and the metadata, no optimizer.* or lr_scheduler.* tensors; marked so
+ * that resuming from it fails with a reason instead of a missing tensor. */
 lk_status lk__ckpt_save_ex(lk_trainer *tr, const char *path, bool weights_only) {
     /* shards staged by every rank (ckpt_callback): rank 0 makes the set */
     if (tr->shard_stage[0]) return lk__shards_write_set(tr, path, weights_only, write_state);
