@@ -835,6 +835,10 @@ static lk_status ckpt_callback(lk_trainer *tr, ckpt_when when) {
         char dir[LK_PATH2];
         instance_dir(tr, &tr->ckpts[0], dir, sizeof dir);
         st = tr->nckpts ? lk__shards_stage(tr, dir) : LK_STATUS_OK;
+    } else if (!strcmp(c->state_dict_type, "sharded") && !tr->shard_noted) {
+        tr->shard_noted = true;
+        lk_log0("trainer.state_dict_type sharded: strategy %s holds every parameter whole on each rank, so its "
+                "checkpoints stay one file (sets are written by deepspeed_stage_1/2)", lk_strategy_name(tr->strat));
     }
     /* A sharded strategy's state dict is a gather every rank takes part in,
      * while only the writer knows which files (top-k, last) are due: every

@@ -115,6 +115,12 @@ a, b = read(sys.argv[1]), read(sys.argv[2])
 assert set(a) == set(b) and all(a[k] == b[k] for k in a), sorted(k for k in a if a.get(k) != b.get(k))
 PY
 
+# a replica strategy has nothing to shard: one file, said once
+rm -rf "$T/runs"
+timeout 60 "$LK_BIN" fit -c "$T/z.yaml" --trainer.max_steps 2 --trainer.state_dict_type sharded >"$T/single.log" 2>&1
+check "single with state_dict_type sharded writes the one file and says why" bash -c \
+  "test -f '$(echo "$T")/runs/lightning_logs/version_0/checkpoints/last.ckpt' && grep -q 'holds every parameter whole on each rank, so its checkpoints stay one file' '$T/single.log'"
+
 # refusals, each naming the file, before anything is loaded
 fit other "${Z2[@]}" --trainer.max_steps 40 --trainer.state_dict_type sharded # two saves: the second swapped in
 check "a set saved twice in a run is whole, with no temporary sets left" \
