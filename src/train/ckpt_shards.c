@@ -266,6 +266,21 @@ static lk_status write_index(const char *tmp, int nshards, const char *id) {
                 fprintf(f, ": \"%s\"", fname);
             }
         }
+        /* the buffers rank 0 keeps whole in the trainer state */
+        char sp[LK_PATH2 + 200];
+        snprintf(sp, sizeof sp, "%s/%s", tmp, LK_SHARDS_STATE);
+        lk_st_file *tf = NULL;
+        if (!lk_safetensors_open(sp, &tf)) {
+            for (int i = 0; i < lk_safetensors_count(tf); i++) {
+                const char *nm = lk_safetensors_at(tf, i)->name;
+                if (!strncmp(nm, "optimizer.", 10) || !strncmp(nm, "lr_scheduler.", 13) || !strncmp(nm, "grad_scaler.", 12))
+                    continue;
+                fprintf(f, "%s\n    ", nw++ ? "," : "");
+                json_str(f, nm);
+                fprintf(f, ": \"%s\"", LK_SHARDS_STATE);
+            }
+            lk_safetensors_close(tf);
+        }
         fprintf(f, "\n  },\n  \"lockstep_files\": {");
         for (int r = 0; r < nshards; r++) {
             shard_name(fname, sizeof fname, r, nshards);

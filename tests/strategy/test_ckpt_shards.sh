@@ -42,7 +42,7 @@ last() { echo "$(ls -d "$T"/runs/lightning_logs/version_*)/checkpoints/last.ckpt
 fit() {
   local name=$1; shift
   rm -rf "$T/runs" "$T/$name.ckpt"
-  if timeout 120 "$LK_BIN" fit -c "$T/z.yaml" "$@" >"$T/$name.log" 2>&1; then
+  if timeout 120 "$LK_BIN" fit -c "${CFG:-$T/z.yaml}" "$@" >"$T/$name.log" 2>&1; then
     mv "$(last)" "$T/$name.ckpt"
     "$LK_BIN" export --ckpt "$T/$name.ckpt" --out "$T/$name.st" --with-optimizer >/dev/null
   else
@@ -113,6 +113,29 @@ def read(p):
     return {k: d[v['data_offsets'][0]:v['data_offsets'][1]] for k, v in h.items() if k != '__metadata__'}
 a, b = read(sys.argv[1]), read(sys.argv[2])
 assert set(a) == set(b) and all(a[k] == b[k] for k in a), sorted(k for k in a if a.get(k) != b.get(k))
+PY
+
+# buffers (a ResNet's BatchNorm statistics) live whole in the trainer state and are in the index's weight_map
+sed -n '/^model:/q;p' "$T/z.yaml" >"$T/r.yaml" # z.yaml's trainer section
+cat >> "$T/r.yaml" <<YAML
+model:
+  class_path: resnet
+  init_args: {depth: 20, width: 4, in_channels: 1, image_size: 8, num_classes: 4}
+data:
+  class_path: synthetic
+  init_args: {num_samples: 64, input_shape: [1, 8, 8], num_classes: 4, batch_size: 8}
+YAML
+CFG="$T/r.yaml" fit rset "${Z2[@]}" --trainer.max_steps 3 --trainer.state_dict_type sharded
+CFG="$T/r.yaml" fit rwhole "${Z2[@]}" --trainer.max_steps 3
+check "resnet (BatchNorm buffers): the set's export == the whole checkpoint's, by name; buffers in weight_map" \
+  /usr/bin/python3 - "$T/rset.st" "$T/rwhole.st" "$T/rset.ckpt/model.safetensors.index.json" <<'PY'
+import json, struct, sys
+def read(p):
+    b = open(p, 'rb').read(); n = struct.unpack('<Q', b[:8])[0]; h = json.loads(b[8:8 + n]); d = b[8 + n:]
+    return {k: d[v['data_offsets'][0]:v['data_offsets'][1]] for k, v in h.items() if k != '__metadata__'}
+a, b = read(sys.argv[1]), read(sys.argv[2])
+assert set(a) == set(b) and all(a[k] == b[k] for k in a), sorted(k for k in a if a.get(k) != b.get(k))
+assert json.load(open(sys.argv[3]))['weight_map']['bn1.running_mean'] == 'trainer_state.safetensors'
 PY
 
 # a replica strategy has nothing to shard: one file, said once
