@@ -221,6 +221,10 @@ bool lk_strategy_state_dict_collective(const lk_strategy *s);
  * ZeRO 1/2; fsdp's chunks gathered and cut per parameter (collective when
  * lk_strategy_state_dict_collective). The caller clears *out. */
 lk_status lk_strategy_optimizer_state(lk_strategy *s, lk_optimizer *o, lk_named_tensors *out);
+/* The same, without the per-element arrays when `arrays` is false (the
+ * hyperparameters and each parameter's step: a sharded checkpoint set's
+ * trainer state, whose shards hold the arrays). Never a collective then. */
+lk_status lk_strategy_optimizer_state_ex(lk_strategy *s, lk_optimizer *o, lk_named_tensors *out, bool arrays);
 /* Loads such a state (from any strategy's checkpoint) into `o`, this rank's
  * part of it where the strategy shards. */
 lk_status lk_strategy_optimizer_state_load(lk_strategy *s, lk_optimizer *o, const lk_named_tensors *state);
@@ -236,6 +240,38 @@ lk_status lk_strategy_state_dict_loaded(lk_strategy *s);
  * optimizer state only); OK otherwise. Loading weights alone is not
  * concerned. */
 lk_status lk_strategy_check_resume(const lk_strategy *s);
+
+/* ---- sharded checkpoints (docs/CHECKPOINTS.md) ----------------------------------
+ * A piece: the range [lo, hi) of one parameter's flattened elements that
+ * this rank holds, by the parameter's state-dict name. A sharded
+ * checkpoint set stores the pieces each rank owns; loading asks each rank's
+ * pieces under its current layout and fills them from whichever files
+ * cover them, so a set loads at any world size. Pointers are borrowed from
+ * the strategy and live until its layout changes (the next step). */
+#define LK_SHARD_MAX_STATE 4
+typedef struct lk_shard_piece {
+    const char *name;     /* the parameter's state-dict name */
+    lk_dtype dtype;       /* of value: the parameters' dtype */
+    int ndim;
+    const int64_t *shape; /* the whole tensor's */
+    int64_t numel;        /* the whole tensor's */
+    int64_t lo, hi;       /* the flattened range held here */
+    void *value;          /* hi - lo elements of dtype */
+    int nstate;           /* the optimizer's state arrays given (0: the strategy does not hold them) */
+    float *state[LK_SHARD_MAX_STATE]; /* hi - lo f32 elements each, in the optimizer's order */
+} lk_shard_piece;
+/* Whether the strategy shards the model state and so can write a sharded
+ * checkpoint set (each rank its own pieces); false for the replicas. */
+bool lk_strategy_shards_state(const lk_strategy *s);
+/* This rank's pieces (*out: lk_free it). Sharded strategies: the pieces
+ * this rank owns, with the optimizer state of their elements. Replicas:
+ * every parameter whole, without optimizer state (rank 0's to save, every
+ * rank's to load). Not a collective. */
+lk_status lk_strategy_shard_pieces(lk_strategy *s, lk_shard_piece **out, int *n);
+/* After every rank filled its pieces' values from a checkpoint set: a
+ * strategy that keeps replicated parameters shares the pieces (ZeRO 1/2:
+ * an all-gather). Collective for such strategies; nothing for replicas. */
+lk_status lk_strategy_shard_pieces_loaded(lk_strategy *s);
 
 /* ---- pipelines (model_parallel, pipeline) ---------------------------------------
  * A pipeline strategy cuts the network into stages of consecutive blocks

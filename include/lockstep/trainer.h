@@ -118,6 +118,7 @@ typedef struct lk_trainer_config {
     double comm_timeout;            /* seconds any collective may wait */
     double checkpoint_timeout;      /* seconds the other ranks wait for rank 0's checkpoint write or data download */
     double bucket_cap_mb;           /* ddp bucket size */
+    char state_dict_type[LK_PARAM_STR]; /* full | sharded: a sharded strategy's checkpoints (docs/CHECKPOINTS.md) */
     char ddp_comm_hook[LK_PARAM_STR]; /* none | bf16_compress | fp16_compress (PyTorch's compression hooks) */
     bool ddp_shared_params;         /* ddp on one node: ranks share one copy of parameters + optimizer state */
     bool ddp_broadcast_buffers;     /* ddp: buffers from rank 0 before each forward (default true) */

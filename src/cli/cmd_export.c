@@ -2,13 +2,16 @@
  * checkpoint (its model state dict under PyTorch's names) as a plain
  * safetensors file that torch/safetensors loads with strict=True. With
  * --with-optimizer the optimizer, scheduler and loss scaler state come along (used by the
- * reproducibility tests to compare whole training states bit for bit). */
+ * reproducibility tests to compare whole training states bit for bit).
+ * A sharded checkpoint set (a directory) is consolidated: each parameter
+ * whole from the shards that hold its pieces (docs/CHECKPOINTS.md). */
 #include <stdio.h>
 #include <string.h>
 
 #include "cli/cli.h"
 #include "lockstep.h"
 #include "io/safetensors.h"
+#include "train/ckpt_shards.h"
 
 int lk_cmd_export(int argc, char **argv) {
     const char *ckpt = NULL, *out = NULL;
@@ -19,7 +22,8 @@ int lk_cmd_export(int argc, char **argv) {
         else if (!strcmp(argv[i], "--with-optimizer")) with_opt = true;
         else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             printf("usage: lockstep export --ckpt CHECKPOINT --out WEIGHTS.safetensors [--with-optimizer]\n"
-                   "Writes the model's weights (PyTorch state-dict names) from a lockstep checkpoint.\n");
+                   "Writes the model's weights (PyTorch state-dict names) from a lockstep checkpoint: a file, or a\n"
+                   "sharded checkpoint set (a directory), whose shards are consolidated into whole tensors.\n");
             return 0;
         } else {
             fprintf(stderr, "lockstep export: unexpected argument '%s' (see --help)\n", argv[i]);
@@ -29,6 +33,15 @@ int lk_cmd_export(int argc, char **argv) {
     if (!ckpt || !out) {
         fprintf(stderr, "lockstep export: --ckpt and --out are required (see --help)\n");
         return 2;
+    }
+    if (lk__shards_is_set(ckpt)) {
+        int k = 0;
+        if (lk__shards_export(ckpt, out, with_opt, &k)) {
+            fprintf(stderr, "lockstep export: error: %s\n", lk_last_error());
+            return 1;
+        }
+        printf("wrote %d tensors to %s (consolidated from the sharded set)\n", k, out);
+        return 0;
     }
     lk_st_file *f;
     if (lk_safetensors_open(ckpt, &f)) {

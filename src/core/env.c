@@ -65,6 +65,8 @@ static const lk_env_var env_vars[] = {
                                     "all-reduce of that optimizer step (loss scaler tests)", NULL},
     {"LK_TEST_LOSS_NAN", NULL, "tests only: RANK:STEP makes that rank's loss check see NaN at that step (one rank's "
                                "non-finite loss under ddp)", NULL},
+    {"LK_TEST_SHARD_CRASH", NULL, "tests only: RANK:STEP ends that rank in the sharded checkpoint save at that step "
+                                  "(rank 0: its new set built, not swapped in; others: after staging the shard)", NULL},
     {"LK_MAX_RESTARTS", "0",
      "restart the ranks (lockstep fit from last.ckpt) up to N times after a failure: lockstep fit with devices > 1, "
      "lockstep launch", "lockstep launch --max-restarts"},

@@ -32,6 +32,18 @@ lk_status lk__optimizer_shard(lk_optimizer *o, int64_t lo, int64_t hi, float *st
  * (0, numel) around a checkpoint; state_get and state_load refuse a chunk. */
 lk_status lk__optimizer_state_layout(lk_optimizer *o, float *state, int64_t base, int64_t stride);
 
+/* Sharded checkpoints (src/train/ckpt_shards.c): the state without its
+ * per-element arrays (arrays false: hyperparameters and steps only, which
+ * every rank holds whole even when a ZeRO strategy keeps a chunk of the
+ * arrays), and the arrays' count and names ("exp_avg", ...) in the order
+ * the state memory holds them. */
+lk_status lk__optimizer_state_get_ex(const lk_optimizer *o, lk_named_tensors *out, bool arrays);
+int lk__optimizer_state_arrays(const lk_optimizer *o);
+/* Array k of the state of group 0's parameter p (its numel floats), where
+ * the state lives now; NULL when p is not in group 0 or k is out of range. */
+float *lk__optimizer_state_of(const lk_optimizer *o, const lk_tensor *p, int k);
+const char *lk__optimizer_state_array_name(const lk_optimizer *o, int k);
+
 /* lk_grad_scaler_unscale without the read, for a caller that reads the
  * counts with more (the trainer's one read per step): checks the gradients
  * and queues each one's unscale, its non-finite count into counts[i] (an

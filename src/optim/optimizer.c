@@ -488,6 +488,25 @@ static lk_status put_scalar(lk_named_tensors *out, const char *name, lk_dtype dt
 }
 
 lk_status lk_optimizer_state_get(const lk_optimizer *o, lk_named_tensors *out) {
+    return lk__optimizer_state_get_ex(o, out, true);
+}
+
+float *lk__optimizer_state_of(const lk_optimizer *o, const lk_tensor *p, int k) {
+    if (!o || !o->n_groups) return NULL;
+    const opt_group *g = &o->groups[0];
+    if (k < 0 || k >= g->n_state || !g->state) return NULL;
+    for (int i = 0; i < g->n; i++)
+        if (g->ps[i].p == p) return g->state + k * g->sstride + (g->ps[i].off - g->sbase);
+    return NULL;
+}
+
+int lk__optimizer_state_arrays(const lk_optimizer *o) { return o && o->n_groups ? o->groups[0].n_state : 0; }
+
+const char *lk__optimizer_state_array_name(const lk_optimizer *o, int k) {
+    return o && o->n_groups && k >= 0 && k < o->groups[0].n_state ? state_name(&o->groups[0].cfg, k) : NULL;
+}
+
+lk_status lk__optimizer_state_get_ex(const lk_optimizer *o, lk_named_tensors *out, bool arrays) {
     if (!o || !out) return lk_error(LK_STATUS_INVALID_ARGUMENT, "optimizer_state_get: NULL argument");
     char name[600];
     for (int gi = 0; gi < o->n_groups; gi++) {
@@ -514,7 +533,7 @@ lk_status lk_optimizer_state_get(const lk_optimizer *o, lk_named_tensors *out) {
             snprintf(name, sizeof name, "param_groups.%d.initial_lr", gi);
             LK_TRY(put_scalar(out, name, LK_F64, g->initial_lr));
         }
-        if (g->n_state && g->sstride != g->numel)
+        if (arrays && g->n_state && g->sstride != g->numel)
             return lk_error(LK_STATUS_INVALID_USAGE, "optimizer state_get: this rank holds only elements [%lld, %lld) of "
                             "the state (a ZeRO strategy): gather it through lk_strategy_state_dict first",
                             (long long)g->sbase, (long long)(g->sbase + g->sstride));
@@ -523,7 +542,7 @@ lk_status lk_optimizer_state_get(const lk_optimizer *o, lk_named_tensors *out) {
             if (op->step == 0) continue; /* PyTorch creates state lazily */
             snprintf(name, sizeof name, "state.%s.step", op->name);
             LK_TRY(put_scalar(out, name, LK_I64, (double)op->step));
-            for (int s = 0; s < g->n_state; s++) {
+            for (int s = 0; arrays && s < g->n_state; s++) {
                 snprintf(name, sizeof name, "state.%s.%s", op->name, state_name(c, s));
                 float *src = g->state + s * g->numel + op->off;
                 lk_tensor *t = NULL;

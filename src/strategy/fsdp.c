@@ -92,6 +92,7 @@ struct fsdp {
     bool hold;                /* every unit gathered for a state dict, until the next forward */
     bool saving;              /* gathering for a state dict: not a step's peak */
     bool params_whole;        /* deepspeed_stage_2: parameters replicated, chunks all-gathered after the step */
+    lk_optimizer *optim;      /* borrowed: lk_strategy_shard_optimizer's (the pieces' state) */
     int64_t gathered_bytes, peak_gathered_bytes;
 };
 
@@ -873,10 +874,10 @@ static const char *const state_arrays[] = {"exp_avg", "exp_avg_sq", "max_exp_avg
 
 #define NARRAYS ((int)(sizeof state_arrays / sizeof *state_arrays))
 
-static lk_status f_optimizer_state(lk_strategy *s, lk_optimizer *o, lk_named_tensors *out) {
+static lk_status f_optimizer_state(lk_strategy *s, lk_optimizer *o, lk_named_tensors *out, bool arrays) {
     fsdp *f = f_of(s);
     lk_named_tensors mine = {0};
-    lk_status st = lk_optimizer_state_get(o, &mine);
+    lk_status st = lk__optimizer_state_get_ex(o, &mine, arrays);
     int n = f->named.n;
     /* each parameter's unit and place in it; each unit's arrays gathered whole */
     int *gu = lk_calloc((size_t)n + 1, sizeof *gu), *gk = lk_calloc((size_t)n + 1, sizeof *gk);
@@ -978,7 +979,60 @@ static lk_status f_optimizer_state_load(lk_strategy *s, lk_optimizer *o, const l
     return st;
 }
 
+/* A sharded checkpoint's pieces (docs/CHECKPOINTS.md): each parameter's
+ * intersection with this rank's chunk of its unit, its values in the
+ * master chunk and its optimizer state in the chunk's arrays. Not a
+ * collective. */
+static lk_status f_shard_pieces(lk_strategy *s, lk_shard_piece **out, int *n) {
+    fsdp *f = f_of(s);
+    lk_optimizer *o = f->optim;
+    int arrays = o ? lk__optimizer_state_arrays(o) : 0;
+    if (arrays > LK_SHARD_MAX_STATE)
+        return lk_error(LK_STATUS_UNSUPPORTED, "%s: a sharded checkpoint holds at most %d optimizer state arrays "
+                        "(this optimizer has %d)", s->vt->name, LK_SHARD_MAX_STATE, arrays);
+    lk_shard_piece *p = lk_calloc((size_t)f->named.n + 1, sizeof *p);
+    if (!p) return LK_STATUS_OUT_OF_MEMORY;
+    int m = 0;
+    for (int j = 0; j < f->nshard; j++) {
+        unit *u = &f->u[f->shard_unit[j]];
+        int64_t lo = u->chunk * f->sr, hi = lo + u->chunk;
+        for (int k = 0; k < u->np; k++) {
+            lk_tensor *t = u->p[k];
+            int64_t s0 = u->poff[k], a = s0 > lo ? s0 : lo, b = s0 + t->numel < hi ? s0 + t->numel : hi;
+            if (b <= a) continue;
+            p[m] = (lk_shard_piece){.name = u->pname[k], .dtype = t->dtype, .ndim = t->ndim, .shape = t->shape,
+                                    .numel = t->numel, .lo = a - s0, .hi = b - s0, .value = at(u->mine, esz(s), a - lo)};
+            for (int q = 0; q < arrays; q++) {
+                float *st = lk__optimizer_state_of(o, s->local_arr[j], q);
+                if (!st) continue;
+                p[m].state[p[m].nstate++] = st + (a - lo);
+            }
+            m++;
+        }
+    }
+    *out = p;
+    *n = m;
+    return LK_STATUS_OK;
+}
+
+/* Every rank filled its chunks: the whole copies are stale; the root (and
+ * every unit of stage 2) is gathered again at once, the other units at
+ * their next use. Collective. */
+static lk_status f_shard_pieces_loaded(lk_strategy *s) {
+    fsdp *f = f_of(s);
+    f->hold = false;
+    for (int i = 0; i < f->nu; i++) {
+        unit *u = &f->u[i];
+        if (u->gathered) count_gathered(f, u, false);
+        u->gathered = false;
+    }
+    for (int i = 0; i < f->nu; i++)
+        if (i == 0 || f->params_whole || f->S == 1) LK_TRY(gather(s, &f->u[i]));
+    return LK_STATUS_OK;
+}
+
 static lk_status f_shard_optimizer(lk_strategy *s, lk_optimizer *o) {
+    f_of(s)->optim = o;
     if (o && lk_optimizer_num_groups(o) != 1)
         return lk_error(LK_STATUS_UNSUPPORTED, "%s updates each unit's flat chunk with one parameter group (this optimizer "
                         "has %d: optimizer.weight_decay_params other than all splits them); use ddp or deepspeed_stage_1/2 "
@@ -1014,6 +1068,7 @@ static bool f_shares_params(const lk_strategy *s) { (void)s; return false; }
         .shard_optimizer = f_shard_optimizer, .shares_params = f_shares_params, .join = f_join,                        \
         .clip_grad_norm = f_clip_grad_norm, .state_dict = f_state_dict, .state_dict_loaded = f_state_dict_loaded,      \
         .optimizer_state = f_optimizer_state, .optimizer_state_load = f_optimizer_state_load, .memory = f_memory,      \
+        .shard_pieces = f_shard_pieces, .shard_pieces_loaded = f_shard_pieces_loaded,                                  \
     }
 
 const lk_strategy_vt lk__strategy_fsdp =

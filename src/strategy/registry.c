@@ -105,16 +105,18 @@ static const char *const no_args[] = {NULL};
  * change nothing in lockstep's ZeRO (booleans: the gradients are always
  * contiguous buffers; stage 2 and 3 always overlap their reduce-scatters
  * with the backward). */
-static const char *const zero_args[] = {"stage", "contiguous_gradients", "overlap_comm", NULL};
+/* state_dict_type (FSDPStrategy's spelling): full (one checkpoint file) or
+ * sharded (a set of one file per rank, docs/CHECKPOINTS.md). */
+static const char *const zero_args[] = {"stage", "contiguous_gradients", "overlap_comm", "state_dict_type", NULL};
 /* FSDPStrategy: PyTorch FSDP's options lockstep has (sharding_strategy,
  * auto_wrap_policy as layer class names, lockstep's min_num_params,
  * forward_prefetch, backward_prefetch, activation_checkpointing_policy),
  * and those that change nothing here: cpu_offload (the state is in host
  * memory already on the CPU), limit_all_gathers (at most the next unit is
  * prefetched), use_orig_params and sync_module_states (the parameters keep
- * their tensors; rank 0's values are broadcast at the start), state_dict_type
- * "full" (checkpoints are gathered), and mixed_precision null (the trainer's
- * precision decides). */
+ * their tensors; rank 0's values are broadcast at the start), and
+ * mixed_precision null (the trainer's precision decides); state_dict_type
+ * full or sharded is trainer.state_dict_type. */
 static const char *const fsdp_args[] = {"sharding_strategy", "auto_wrap_policy", "min_num_params", "cpu_offload",
                                         "forward_prefetch", "backward_prefetch", "limit_all_gathers",
                                         "use_orig_params", "sync_module_states", "state_dict_type",

@@ -217,7 +217,12 @@ lk_status lk_strategy_state_dict(lk_strategy *s, lk_layer *net, lk_named_tensors
 bool lk_strategy_writes_checkpoint(const lk_strategy *s) { return s->rank == 0; }
 
 lk_status lk_strategy_optimizer_state(lk_strategy *s, lk_optimizer *o, lk_named_tensors *out) {
-    return s->wrapped && s->vt->optimizer_state ? s->vt->optimizer_state(s, o, out) : lk_optimizer_state_get(o, out);
+    return lk_strategy_optimizer_state_ex(s, o, out, true);
+}
+
+lk_status lk_strategy_optimizer_state_ex(lk_strategy *s, lk_optimizer *o, lk_named_tensors *out, bool arrays) {
+    if (s->wrapped && s->vt->optimizer_state) return s->vt->optimizer_state(s, o, out, arrays);
+    return lk__optimizer_state_get_ex(o, out, arrays);
 }
 
 lk_status lk_strategy_optimizer_state_load(lk_strategy *s, lk_optimizer *o, const lk_named_tensors *state) {
@@ -236,6 +241,32 @@ lk_status lk_strategy_check_resume(const lk_strategy *s) {
 
 lk_status lk_strategy_state_dict_loaded(lk_strategy *s) {
     return s->wrapped && s->vt->state_dict_loaded ? s->vt->state_dict_loaded(s) : LK_STATUS_OK;
+}
+
+bool lk_strategy_shards_state(const lk_strategy *s) { return s && s->vt->shard_pieces != NULL; }
+
+lk_status lk_strategy_shard_pieces(lk_strategy *s, lk_shard_piece **out, int *n) {
+    *out = NULL;
+    *n = 0;
+    if (!s->wrapped && !s->params)
+        return lk_error(LK_STATUS_INVALID_USAGE, "strategy %s: no parameters yet (shard pieces before lk_strategy_wrap)",
+                        s->vt->name);
+    if (s->vt->shard_pieces) return s->vt->shard_pieces(s, out, n);
+    /* replicas: every parameter whole, here as on every rank */
+    lk_shard_piece *p = lk_calloc((size_t)s->nparams + 1, sizeof *p);
+    if (!p) return LK_STATUS_OUT_OF_MEMORY;
+    for (int i = 0; i < s->nparams; i++) {
+        lk_tensor *t = s->params[i];
+        p[i] = (lk_shard_piece){.name = s->names ? s->names[i] : "", .dtype = t->dtype, .ndim = t->ndim,
+                                .shape = t->shape, .numel = t->numel, .lo = 0, .hi = t->numel, .value = t->data};
+    }
+    *out = p;
+    *n = s->nparams;
+    return LK_STATUS_OK;
+}
+
+lk_status lk_strategy_shard_pieces_loaded(lk_strategy *s) {
+    return s->vt->shard_pieces_loaded ? s->vt->shard_pieces_loaded(s) : LK_STATUS_OK;
 }
 
 lk_comm *lk_strategy_dp_comm(const lk_strategy *s) { return s->dp_comm; }

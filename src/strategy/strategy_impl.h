@@ -58,7 +58,7 @@ typedef struct lk_strategy_vt {
     lk_status (*state_dict_loaded)(lk_strategy *s);
     /* (optional) The optimizer's state under the net's names, and its load
      * (NULL: the optimizer's own, lk_optimizer_state_get / _load). */
-    lk_status (*optimizer_state)(lk_strategy *s, lk_optimizer *o, lk_named_tensors *out);
+    lk_status (*optimizer_state)(lk_strategy *s, lk_optimizer *o, lk_named_tensors *out, bool arrays);
     lk_status (*optimizer_state_load)(lk_strategy *s, lk_optimizer *o, const lk_named_tensors *state);
     /* The data-parallel group when it is not the whole communicator (a
      * subgroup: pipeline stages, tensor parallelism); NULL: s->comm. */
@@ -72,6 +72,12 @@ typedef struct lk_strategy_vt {
     /* (optional) The model state this rank holds, when it is not every
      * buffer whole (lk_strategy_get_memory's default). */
     void (*memory)(const lk_strategy *s, lk_strategy_memory *m);
+    /* (optional, sharded strategies) The pieces this rank owns for a
+     * sharded checkpoint (lk_strategy_shard_pieces; NULL: the replicas'
+     * default, every parameter whole), and what follows filling them on a
+     * load (lk_strategy_shard_pieces_loaded). */
+    lk_status (*shard_pieces)(lk_strategy *s, lk_shard_piece **out, int *n);
+    lk_status (*shard_pieces_loaded)(lk_strategy *s);
 } lk_strategy_vt;
 
 extern const lk_strategy_vt lk__strategy_single;

@@ -211,6 +211,46 @@ static lk_status z_state_dict(lk_strategy *s, lk_layer *net, lk_named_tensors *o
  * whole next (checkpoint.c), so it gets room for it here. */
 static lk_status z_state_dict_loaded(lk_strategy *s) { return to_whole(s); }
 
+/* A sharded checkpoint's pieces: each parameter's intersection with this
+ * rank's chunk [lo, hi) of the flat buffer, its values in the replica's
+ * padded buffer and its optimizer state in the chunk's arrays (or in the
+ * whole copy a checkpoint made, until the next synced backward). Not a
+ * collective: nothing is gathered for a sharded checkpoint. */
+static lk_status z_shard_pieces(lk_strategy *s, lk_shard_piece **out, int *n) {
+    zero *z = z_of(s);
+    if (z->arrays > LK_SHARD_MAX_STATE)
+        return lk_error(LK_STATUS_UNSUPPORTED, "%s: a sharded checkpoint holds at most %d optimizer state arrays "
+                        "(this optimizer has %lld)", s->vt->name, LK_SHARD_MAX_STATE, (long long)z->arrays);
+    lk_shard_piece *p = lk_calloc((size_t)s->nparams + 1, sizeof *p);
+    if (!p) return LK_STATUS_OUT_OF_MEMORY;
+    int k = 0;
+    int64_t off = 0;
+    for (int i = 0; i < s->nparams; i++) {
+        lk_tensor *t = s->params[i];
+        int64_t a = off > z->lo ? off : z->lo, b = off + t->numel < z->hi ? off + t->numel : z->hi;
+        off += t->numel;
+        if (b <= a) continue;
+        p[k] = (lk_shard_piece){.name = s->names ? s->names[i] : "", .dtype = t->dtype, .ndim = t->ndim,
+                                .shape = t->shape, .numel = t->numel, .lo = a - (off - t->numel),
+                                .hi = b - (off - t->numel), .value = at(z->params, s, a)};
+        p[k].nstate = z->optim ? (int)z->arrays : 0;
+        for (int j = 0; j < p[k].nstate; j++)
+            p[k].state[j] = z->whole_state ? z->whole_state + j * z->numel + a : z->chunk_state + j * z->chunk + (a - z->lo);
+        k++;
+    }
+    *out = p;
+    *n = k;
+    return LK_STATUS_OK;
+}
+
+/* Every rank filled its chunk of the parameters: the replicas take the
+ * others' chunks, as after a step. */
+static lk_status z_shard_pieces_loaded(lk_strategy *s) {
+    zero *z = z_of(s);
+    return lk_comm_all_gather(s->comm, at(z->params, s, z->chunk * s->rank), z->params, (size_t)z->chunk,
+                              s->cfg.param_dtype);
+}
+
 static bool z_shares_params(const lk_strategy *s) { (void)s; return false; }
 
 /* Parameters in their padded buffer, ddp's whole gradients, the optimizer
@@ -250,4 +290,6 @@ const lk_strategy_vt lk__strategy_zero1 = {
     .state_dict = z_state_dict,
     .state_dict_loaded = z_state_dict_loaded,
     .memory = z_memory,
+    .shard_pieces = z_shard_pieces,
+    .shard_pieces_loaded = z_shard_pieces_loaded,
 };

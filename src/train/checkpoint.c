@@ -4,7 +4,10 @@
  * step, position inside the epoch, callback state, config, world size).
  * Rank 0 writes through a temporary file and rename, the others wait at a
  * barrier; a checkpoint is never half-written under its final name. Also
- * the ModelCheckpoint callback (last.ckpt and the top-k by a monitor). */
+ * the ModelCheckpoint callback (last.ckpt and the top-k by a monitor).
+ * With trainer.state_dict_type sharded and a sharded strategy, a
+ * checkpoint is a set of per-rank shards instead (ckpt_shards.c): this
+ * file writes and reads its trainer state as it does a whole file. */
 #include <dirent.h>
 #include <errno.h>
 #include <math.h>
@@ -15,6 +18,8 @@
 #include <unistd.h>
 
 #include "io/safetensors.h"
+#include "optim/optim_impl.h" /* lk__optimizer_state_get_ex: a sharded set's trainer state */
+#include "train/ckpt_shards.h"
 #include "train/train_impl.h"
 
 #define CKPT_FORMAT "lockstep-checkpoint"
@@ -47,20 +52,50 @@ static bool file_in_dir(const char *path, const char *dir) {
 
 lk_status lk__ckpt_save(lk_trainer *tr, const char *path) { return lk__ckpt_save_ex(tr, path, false); }
 
+/* The state dict's entries that are not parameters (buffers): a sharded
+ * set's trainer state holds them whole, the shards hold the parameters. */
+static lk_status buffers_only(const lk_layer *net, lk_named_tensors *out) {
+    lk_named_tensors sd = {0}, params = {0};
+    lk_status st = lk_state_dict_get(net, &sd);
+    if (!st) st = lk_layer_named_parameters(net, &params);
+    for (int i = 0; !st && i < sd.n; i++) {
+        bool param = false;
+        for (int j = 0; j < params.n && !param; j++) param = !strcmp(sd.items[i].name, params.items[j].name);
+        if (!param) st = lk_named_tensors_append(out, sd.items[i].name, sd.items[i].tensor);
+    }
+    lk_named_tensors_clear(&sd);
+    lk_named_tensors_clear(&params);
+    return st;
+}
+
+static lk_status write_state(lk_trainer *tr, const char *path, bool weights_only, const lk_st_meta *extra, int nextra);
+
 /* weights_only (ModelCheckpoint save_weights_only): the model's state dict
  * and the metadata, no optimizer.* or lr_scheduler.* tensors; marked so
  * that resuming from it fails with a reason instead of a missing tensor. */
 lk_status lk__ckpt_save_ex(lk_trainer *tr, const char *path, bool weights_only) {
+    /* shards staged by every rank (ckpt_callback): rank 0 makes the set */
+    if (tr->shard_stage[0]) return lk__shards_write_set(tr, path, weights_only, write_state);
+    return write_state(tr, path, weights_only, NULL, 0);
+}
+
+/* extra: a sharded set's trainer state (its metadata beside the usual):
+ * the buffers, and the optimizer's steps and hyperparameters without its
+ * arrays, which the shards hold. */
+static lk_status write_state(lk_trainer *tr, const char *path, bool weights_only, const lk_st_meta *extra, int nextra) {
     lk_named_tensors all = {0}, part = {0};
     /* the whole model's state dict, as the strategy gathers it (replicas: as
      * it is, here; a collective gather ran on every rank in ckpt_callback) */
-    lk_status st = tr->ckpt_state_ready ? append_prefixed(&all, &tr->ckpt_state, "")
-                                        : lk_strategy_state_dict(tr->strat, tr->module->net, &all);
+    lk_status st = extra ? buffers_only(tr->module->net, &all)
+                   : tr->ckpt_state_ready ? append_prefixed(&all, &tr->ckpt_state, "")
+                                          : lk_strategy_state_dict(tr->strat, tr->module->net, &all);
     if (!st && tr->optim && !weights_only) {
-        /* gathered with the state dict when that is a collective (fsdp's is too) */
-        st = tr->ckpt_state_ready ? append_prefixed(&all, &tr->ckpt_optim, "optimizer.")
-                                  : lk_strategy_optimizer_state(tr->strat, tr->optim, &part);
-        if (!st && !tr->ckpt_state_ready) st = append_prefixed(&all, &part, "optimizer.");
+        /* a sharded set keeps the arrays in the shards: here the hyperparameters and steps only (under the
+         * net's names: lk_strategy_optimizer_state_ex); a whole file gets everything, gathered with the state
+         * dict when that is a collective (fsdp's is too) */
+        if (extra) st = lk_strategy_optimizer_state_ex(tr->strat, tr->optim, &part, false);
+        else if (!tr->ckpt_state_ready) st = lk_strategy_optimizer_state(tr->strat, tr->optim, &part);
+        if (!st) st = append_prefixed(&all, tr->ckpt_state_ready && !extra ? &tr->ckpt_optim : &part, "optimizer.");
         lk_named_tensors_clear(&part);
     }
     if (!st && tr->sched && !weights_only) {
@@ -82,7 +117,7 @@ lk_status lk__ckpt_save_ex(lk_trainer *tr, const char *path, bool weights_only) 
     snprintf(batch, sizeof batch, "%lld", (long long)(tr->at_epoch_end ? 0 : tr->resume_batch));
     snprintf(world, sizeof world, "%d", tr->world);
     snprintf(seed, sizeof seed, "%lld", (long long)tr->cfg.seed);
-    lk_st_meta meta[18 + 6 * (2 * LK_MAX_CALLBACKS + 2)] = {
+    lk_st_meta meta[22 + 6 * (2 * LK_MAX_CALLBACKS + 2)] = {
         {"format", CKPT_FORMAT}, {"format_version", CKPT_VERSION}, {"lockstep_version", LK_VERSION_STRING},
         {"model", tr->module->name ? tr->module->name : ""}, {"epoch", epoch}, {"global_step", step},
         {"batch_in_epoch", batch}, {"world_size", world}, {"strategy", lk_strategy_name(tr->strat)},
@@ -92,6 +127,7 @@ lk_status lk__ckpt_save_ex(lk_trainer *tr, const char *path, bool weights_only) 
     };
     int nmeta = 13;
     if (weights_only) meta[nmeta++] = (lk_st_meta){"weights_only", "true"};
+    for (int i = 0; i < nextra && i < 4; i++) meta[nmeta++] = extra[i];
     /* The logged metrics (inside an epoch with every rank's sums so far:
      * lk__metrics_gather) and a validation still due (trainer.c). */
     char *mtext = st ? NULL : lk__metrics_state(tr);
@@ -409,27 +445,42 @@ void lk__ckpt_adopt(lk_trainer *tr) {
     }
 }
 
+static lk_status ckpt_load(lk_trainer *tr, const char *path, bool restore_training, lk_st_file *f, lk__shard_set *set);
+
+/* A checkpoint file, or a sharded set (a directory, ckpt_shards.c) whose
+ * trainer state stands for the file and whose shards hold the parameters
+ * and the optimizer's arrays. */
 lk_status lk__ckpt_load(lk_trainer *tr, const char *path, bool restore_training) {
     lk_st_file *f;
-    LK_TRY(lk_safetensors_open(path, &f));
+    lk__shard_set *set = NULL;
+    if (lk__shards_is_set(path)) {
+        LK_TRY(lk__shards_open(path, &set));
+        f = lk__shards_state(set);
+    } else {
+        LK_TRY(lk_safetensors_open(path, &f));
+    }
+    lk_status st = ckpt_load(tr, path, restore_training, f, set);
+    if (set) lk__shards_close(set);
+    else lk_safetensors_close(f);
+    return st;
+}
+
+static lk_status ckpt_load(lk_trainer *tr, const char *path, bool restore_training, lk_st_file *f, lk__shard_set *set) {
     lk_status st = LK_STATUS_OK;
     const char *fmt = lk_safetensors_meta(f, "format");
     if (!fmt || strcmp(fmt, CKPT_FORMAT))
         lk_log_warn("%s has no lockstep checkpoint metadata: loading its weights by name only", path);
     const char *ver = fmt ? lk_safetensors_meta(f, "format_version") : NULL;
     if (ver && strcmp(ver, CKPT_VERSION)) {
-        lk_status e = lk_error(LK_STATUS_UNSUPPORTED,
-                               "checkpoint %s has format_version '%.20s'; this lockstep %s reads version %s", path, ver,
-                               LK_VERSION_STRING, CKPT_VERSION);
-        lk_safetensors_close(f); /* ver lives in f */
-        return e;
+        return lk_error(LK_STATUS_UNSUPPORTED,
+                        "checkpoint %s has format_version '%.20s'; this lockstep %s reads version %s", path, ver,
+                        LK_VERSION_STRING, CKPT_VERSION);
     }
     const char *model = lk_safetensors_meta(f, "model");
     if (model && tr->module->name && *model && strcmp(model, tr->module->name))
         lk_log_warn("%s was written for model '%s', this run uses '%s'", path, model, tr->module->name);
     const char *wo = lk_safetensors_meta(f, "weights_only");
     if (restore_training && wo && !strcmp(wo, "true")) {
-        lk_safetensors_close(f);
         return lk_error(LK_STATUS_INVALID_ARGUMENT,
                         "ckpt_path: %s was saved with ModelCheckpoint save_weights_only: true and holds no optimizer "
                         "state to resume fit from (use it with validate, test or predict, or as model weights)", path);
@@ -437,14 +488,20 @@ lk_status lk__ckpt_load(lk_trainer *tr, const char *path, bool restore_training)
     precision_note(tr, f, path, restore_training);
     lk_named_tensors sd = {0}, part = {0};
     st = lk_state_dict_get(tr->module->net, &sd);
-    if (!st) st = load_named(f, &sd, "", "model");
+    if (set) { /* everything checked before anything is loaded, then each rank's pieces */
+        if (!st) st = lk__shards_check(set, &sd, restore_training && fmt ? tr->optim : NULL);
+        if (!st) st = lk__shards_load_model(tr, set, &sd);
+    } else {
+        if (!st) st = load_named(f, &sd, "", "model");
+    }
     lk_named_tensors_clear(&sd);
-    /* every rank read the whole model: a sharded strategy keeps its part */
-    if (!st) st = lk_strategy_state_dict_loaded(tr->strat);
+    /* every rank read the whole model: a sharded strategy keeps its part
+     * (a set's pieces were the part already) */
+    if (!st && !set) st = lk_strategy_state_dict_loaded(tr->strat);
     if (!st && restore_training && fmt) st = lk_strategy_check_resume(tr->strat);
     if (!st && restore_training && fmt) {
         if (tr->optim) {
-            st = lk_optimizer_state_get(tr->optim, &part);
+            st = lk__optimizer_state_get_ex(tr->optim, &part, !set); /* a set into ZeRO: its state stays a chunk */
             /* The live state may be empty before the first step: load what
              * the file has under "optimizer." by name. */
             lk_named_tensors fromfile = {0};
@@ -458,8 +515,12 @@ lk_status lk__ckpt_load(lk_trainer *tr, const char *path, bool restore_training)
                 if (!st) st = lk_named_tensors_append(&fromfile, info->name + 10, t);
                 lk_tensor_release(t);
             }
+            /* a set into replicas: the arrays whole from the shards */
+            if (!st && set && !lk_strategy_shards_state(tr->strat)) st = lk__shards_optim_whole(set, tr->optim, &fromfile);
             if (!st && lk_strategy_optimizer_state_load(tr->strat, tr->optim, &fromfile))
                 st = lk_error(lk_last_status(), "checkpoint %s: %s", path, lk_last_error());
+            bool done; /* a set into a sharded strategy: the arrays of its pieces, after the steps */
+            if (!st && set) st = lk__shards_optim_pieces(tr, set, &done);
             lk_named_tensors_clear(&fromfile);
             lk_named_tensors_clear(&part);
         }
@@ -498,7 +559,6 @@ lk_status lk__ckpt_load(lk_trainer *tr, const char *path, bool restore_training)
         }
         if (!st) st = load_counters(tr, f, path);
     }
-    lk_safetensors_close(f);
     return st;
 }
 
@@ -721,7 +781,7 @@ static lk_status ckpt_one(lk_trainer *tr, lk_ckpt_state *k, bool primary, ckpt_w
                         /* lk__ckpt_adopt kept only files of this directory; checked again here
                          * because a deletion cannot be taken back */
                         if (strcmp(k->topk[worst].path, path) && file_in_dir(k->topk[worst].path, dir))
-                            unlink(k->topk[worst].path);
+                            lk__shards_remove(k->topk[worst].path); /* a file, or a sharded set's directory */
                         k->topk[worst] = k->topk[--k->ntopk];
                     }
                     for (int i = 0; i < k->ntopk; i++) /* the same name again (e.g. {epoch} twice in an epoch) */
@@ -772,12 +832,24 @@ static lk_status ckpt_callback(lk_trainer *tr, ckpt_when when) {
         LK_TRY(lk_comm_long_work(tr->comm, 0, what, "trainer.checkpoint_timeout", c->checkpoint_timeout));
     }
     lk_status st = LK_STATUS_OK;
+    /* trainer.state_dict_type sharded: no gather; every rank stages its own
+     * shard, which rank 0's sets take (ckpt_shards.c). */
+    bool sharded = lk__shards_wanted(tr);
+    if (sharded) {
+        char dir[LK_PATH2];
+        instance_dir(tr, &tr->ckpts[0], dir, sizeof dir);
+        st = tr->nckpts ? lk__shards_stage(tr, dir) : LK_STATUS_OK;
+    } else if (!strcmp(c->state_dict_type, "sharded") && !tr->shard_noted) {
+        tr->shard_noted = true;
+        lk_log0("trainer.state_dict_type sharded: strategy %s holds every parameter whole on each rank, so its "
+                "checkpoints stay one file (sets are written by deepspeed_stage_1/2/3 and fsdp)", lk_strategy_name(tr->strat));
+    }
     /* A sharded strategy's state dict is a gather every rank takes part in,
      * while only the writer knows which files (top-k, last) are due: every
      * rank gathers once here and the writer's files share the result. A
      * failed gather is this rank's error, agreed below like a failed write.
      * Replicas keep reading theirs inside the write (views, no collective). */
-    if (lk_strategy_state_dict_collective(tr->strat)) {
+    if (!sharded && lk_strategy_state_dict_collective(tr->strat)) {
         st = lk_strategy_state_dict(tr->strat, tr->module->net, &tr->ckpt_state);
         if (!st && tr->optim) st = lk_strategy_optimizer_state(tr->strat, tr->optim, &tr->ckpt_optim);
         tr->ckpt_state_ready = !st;
@@ -788,6 +860,7 @@ static lk_status ckpt_callback(lk_trainer *tr, ckpt_when when) {
             if (when != CKPT_STEPS || due_steps(tr, &tr->ckpts[j]))
                 st = ckpt_one(tr, &tr->ckpts[j], j == 0, when, wrote_last, sizeof wrote_last);
     }
+    lk__shards_unstage(tr); /* the sets hold their own links to the shards */
     lk_named_tensors_clear(&tr->ckpt_state);
     lk_named_tensors_clear(&tr->ckpt_optim);
     tr->ckpt_state_ready = false;

@@ -111,6 +111,11 @@ struct lk_trainer {
     lk_named_tensors ckpt_state;
     lk_named_tensors ckpt_optim; /* the optimizer's state, gathered with it (lk_strategy_optimizer_state) */
     bool ckpt_state_ready;
+    /* A sharded checkpoint's shards staged by every rank for rank 0's sets
+     * (ckpt_shards.c): the staging directory ("" when none), the set's id. */
+    char shard_stage[LK_PATH2];
+    char shard_set_id[40];
+    bool shard_noted; /* state_dict_type sharded under a replica strategy: said once */
     int64_t cur_batch_size;
     /* A training step's loss logged by lk__log_loss on a device the host
      * cannot read: logged when the strategy reads the loss once, after

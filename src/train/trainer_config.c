@@ -79,6 +79,9 @@ static const lk_param trainer_params[] = {
     T("pipeline_split", STRING, pipeline_split, "", 1, 0, NULL,
       "model_parallel, pipeline: each stage's first block after the first, comma-separated (empty: balanced by parameter count)"),
     T("bucket_cap_mb", FLOAT, bucket_cap_mb, "25", 1e-6, 1e6, NULL, "ddp gradient bucket size in MB"),
+    T("state_dict_type", ENUM, state_dict_type, "full", 1, 0, "full|sharded",
+      "deepspeed_stage_1/2: checkpoints as one whole file (full), or as a set of one shard per rank plus an index "
+      "that loads at any world size (sharded; docs/CHECKPOINTS.md)"),
     T("ddp_comm_hook", ENUM, ddp_comm_hook, "none", 1, 0, "none|bf16_compress|fp16_compress",
       "ddp: gradients travel as bf16/fp16 (half the bytes, rounded) instead of exact f32"),
     T("ddp_shared_params", BOOL, ddp_shared_params, "true", 1, 0, NULL,
@@ -301,9 +304,8 @@ static lk_status apply_fsdp_arg(const lk_param *tp, int n, lk_trainer_config *cf
                              "(bf16-mixed, 16-mixed: the shards stay f32, the compute runs in the low precision)");
         return LK_STATUS_OK;
     } else if (!strcmp(key, "state_dict_type")) {
-        if (null || !strcmp(v, "full")) return LK_STATUS_OK;
-        return lk__cfg_at(e, "trainer.strategy.init_args.state_dict_type: expected full (checkpoints are gathered into one "
-                  "file), got '%s'", v);
+        if (null) return LK_STATUS_OK;
+        tkey = "state_dict_type"; /* full (one file) or sharded (a set, docs/CHECKPOINTS.md) */
     }
     if (null) {
         if (!strcmp(key, "auto_wrap_policy")) v = ""; /* the model's blocks */
@@ -414,6 +416,7 @@ static lk_status apply_strategy_node(const lk_param *tp, int n, lk_trainer_confi
                                : !strcmp(key, "ddp_comm_hook")     ? "ddp_comm_hook"
                                : !strcmp(key, "shared_params")     ? "ddp_shared_params"
                                : !strcmp(key, "broadcast_buffers") ? "ddp_broadcast_buffers"
+                               : !strcmp(key, "state_dict_type")   ? "state_dict_type"
                                                                    : NULL;
             if (!strcmp(key, "ddp_comm_hook") && null) v = "none"; /* Lightning's default: no hook */
             else if (null) return lk__cfg_at(e, "trainer.strategy.init_args.%s: expected a value, got null", key);

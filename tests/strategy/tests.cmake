@@ -20,6 +20,9 @@ lk_add_script_test(NAME strategy_zero SCRIPT strategy/test_zero.sh LABELS multip
 # policy, clipping, accumulation, bf16/16-mixed, an uneven parameter count, a GPT with tied weights and
 # activation checkpointing, exact resume and resume across strategies, the class node and the refusals.
 lk_add_script_test(NAME strategy_fsdp SCRIPT strategy/test_fsdp.sh LABELS multiproc TIMEOUT 400)
+# Sharded checkpoint sets: saved by stage 2 on 2 ranks, resumed at 1 (single, stage 1), 2, 3 and ddp == from the
+# whole checkpoint, bitwise; export loads in torch by name; missing, truncated, foreign shards and no index refused.
+lk_add_script_test(NAME strategy_ckpt_shards SCRIPT strategy/test_ckpt_shards.sh LABELS multiproc TIMEOUT 300)
 if(LK_HAVE_MPI AND LK_MPIRUN)
   string(REPLACE ";" " " LK_ZERO_MPIRUN_FLAGS "${LK_MPIRUN_FLAGS}")
   add_test(NAME strategy_zero_mpi COMMAND bash ${PROJECT_SOURCE_DIR}/tests/strategy/test_zero.sh mpi
