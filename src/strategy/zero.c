@@ -152,17 +152,14 @@ static lk_status z_shard_optimizer(lk_strategy *s, lk_optimizer *o) {
         return lk_error(LK_STATUS_UNSUPPORTED, "%s shards one parameter group over the ranks (this optimizer has %d); "
                         "use ddp for several groups", s->vt->name, lk_optimizer_num_groups(o));
     z->arrays = z->numel ? nstate / z->numel : 0;
-    /* the update restricted to the chunk over a whole copy of the state (its
-     * values copied in), then only the chunk's part kept */
-    float *whole = lk_calloc((size_t)nstate + 1, sizeof(float));
+    /* the update restricted to the chunk, only the chunk's state kept (never
+     * a whole copy: that is the memory ZeRO saves; the trainer creates the
+     * optimizer without state for it, lk__optimizer_defer_state) */
+    const char *was = lk__alloc_what("the optimizer state's chunk");
     z->chunk_state = lk_calloc((size_t)(z->arrays * z->chunk) + 1, sizeof(float));
-    lk_status st = whole && z->chunk_state ? LK_STATUS_OK : LK_STATUS_OUT_OF_MEMORY;
-    if (!st) st = lk__optimizer_shard(o, z->lo, z->hi, whole, true);
-    for (int64_t k = 0; !st && k < z->arrays; k++)
-        memcpy(z->chunk_state + k * z->chunk, whole + k * z->numel + z->lo, (size_t)(z->hi - z->lo) * sizeof(float));
-    if (!st) st = lk__optimizer_state_layout(o, z->chunk_state, z->lo, z->chunk);
-    lk_free(whole);
-    LK_TRY(st);
+    lk__alloc_what(was);
+    if (!z->chunk_state) return LK_STATUS_OUT_OF_MEMORY;
+    LK_TRY(lk__optimizer_shard_chunk(o, z->lo, z->hi, z->chunk_state, z->chunk));
     z->optim = o;
     return LK_STATUS_OK;
 }
@@ -304,16 +301,16 @@ static lk_status z_state_dict_loaded(lk_strategy *s) { return to_whole(s); }
 
 static bool z_shares_params(const lk_strategy *s) { (void)s; return false; }
 
-/* Parameters and gradients in their padded buffers (stage 2's gradient
- * buffer is still whole: the backward writes every gradient before the
- * reduce-scatter), the optimizer state of the chunk: what a step holds
- * (the whole copy a checkpoint makes lives until the next synced backward,
- * and is not counted). */
+/* Parameters and gradients in their padded buffers (both stages allocate
+ * the gradients padded, z_alloc_grads; stage 2's is still whole: the
+ * backward writes every gradient before the reduce-scatter), the optimizer
+ * state of the chunk: what a step holds (the whole copy a checkpoint makes
+ * lives until the next synced backward, and is not counted). */
 static void z_memory(const lk_strategy *s, lk_strategy_memory *m) {
     const zero *z = z_of(s);
     int64_t padded = z->chunk * s->world * (int64_t)esz(s);
     m->param_bytes = padded;
-    m->grad_bytes = z->stage == 2 ? padded : s->flat_numel * (int64_t)esz(s);
+    m->grad_bytes = padded;
     m->optim_state_bytes = z->optim ? z->chunk * z->arrays * (int64_t)sizeof(float) : 0;
 }
 
