@@ -342,7 +342,7 @@ lk_strategy_memory lk_strategy_get_memory(const lk_strategy *s) {
 }
 
 bool lk__strategy_chunks_optimizer_state(const lk_strategy *s) {
-    return s && (s->vt == &lk__strategy_zero1 || s->vt == &lk__strategy_zero2);
+    return s && s->vt->chunks_optimizer_state;
 }
 
 lk_status lk_strategy_after_step(lk_strategy *s) { return s->vt->after_step ? s->vt->after_step(s) : LK_STATUS_OK; }

@@ -68,6 +68,11 @@ typedef struct lk_strategy_vt {
     /* (optional) The model state this rank holds, when it is not every
      * buffer whole (lk_strategy_get_memory's default). */
     void (*memory)(const lk_strategy *s, lk_strategy_memory *m);
+    /* Whether shard_optimizer keeps only a chunk of the optimizer's state
+     * (lk__optimizer_shard_chunk): the trainer then creates the optimizer
+     * without state, so the whole state is never allocated
+     * (lk__strategy_chunks_optimizer_state). */
+    bool chunks_optimizer_state;
 } lk_strategy_vt;
 
 extern const lk_strategy_vt lk__strategy_single;
