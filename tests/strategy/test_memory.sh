@@ -103,9 +103,12 @@ limit_msg="allocating 16842784 bytes for the optimizer state would pass this ran
 capped() { # capped NAME ARGS...: a 2-rank fit of the big mlp under the limit; its status in $T/NAME.rc
   local name=$1; shift
   rm -rf "$T/runs"
-  LK_JOB_ID=lkmem-$$-$name timeout 60 "$LK_BIN" fit -c "$T/big.yaml" --trainer.devices 2 "$@" >"$T/$name.log" 2>&1
+  # the fit's own pid names its job's segment (/dev/shm/lockstep-lk<pid>-...): bash writes it, then becomes the fit
+  timeout 60 bash -c 'echo $$ >"$0"; exec "$@"' "$T/$name.pid" "$LK_BIN" fit -c "$T/big.yaml" --trainer.devices 2 "$@" \
+    >"$T/$name.log" 2>&1
   echo $? >"$T/$name.rc"
 }
+no_segment() { ! ls /dev/shm 2>/dev/null | grep -q "^lockstep-lk$(cat "$T/$1.pid")-"; }
 for v in shared unshared; do
   capped ddp_$v --trainer.strategy ddp --trainer.memory_limit_mb 40 --trainer.ddp_shared_params $([ $v = shared ] && echo true || echo false)
   rc=$(cat "$T/ddp_$v.rc")
@@ -113,7 +116,7 @@ for v in shared unshared; do
   check "ddp ($v parameters): rank 0's error names the bytes, the optimizer state, the limit and its key" \
     grep -qF "error: [rank 0] out of memory: $limit_msg (trainer.memory_limit_mb): " "$T/ddp_$v.log"
   check "ddp ($v parameters): rank 1 says why it stopped too" grep -q "^\[rank 1\] lockstep fit: error: .*out of memory" "$T/ddp_$v.log"
-  check "ddp ($v parameters): no shared-memory segment left" test ! -e "/dev/shm/lockstep-lkmem-$$-ddp_$v"
+  check "ddp ($v parameters): no shared-memory segment left" no_segment ddp_$v
 done
 check "no rank process left" bash -c "! pgrep -f '[l]ockstep fit -c $T/big.yaml' >/dev/null"
 # the variable, when the config does not set the key
