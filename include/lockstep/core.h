@@ -141,6 +141,35 @@ char *lk_strdup(const char *s);
 void lk_alloc_fail_after(long n);
 /* Allocations so far on all threads (for "no allocation in the hot loop" tests). */
 uint64_t lk_alloc_count(void);
+/* Live bytes and a cap, for the whole process (a rank): every lk_ block
+ * counts its usable size from allocation to free, and the blocks of the
+ * shared heap (lk_comm_alloc_shared) count for the rank that allocates
+ * them. With a limit set, an allocation that would take the live bytes past
+ * it fails as OUT_OF_MEMORY naming the bytes asked, what they were for
+ * (when the caller said), the bytes live and the limit with `from`, the
+ * setting that gave it (e.g. "trainer.memory_limit_mb"; NULL: a generic
+ * name). 0 removes the limit. Thread-safe; the count is one atomic add. */
+void lk_alloc_set_limit(uint64_t bytes, const char *from);
+uint64_t lk_alloc_limit(void);
+uint64_t lk_alloc_live_bytes(void);
+uint64_t lk_alloc_peak_bytes(void); /* the most live at once since start (or lk_alloc_reset_peak) */
+void lk_alloc_reset_peak(void);     /* the peak starts again from what is live now */
+/* Internal: names what this thread's next allocations are for in an
+ * out-of-memory error ("the flat gradient buffer"; a string that outlives
+ * them; NULL: nothing); returns the previous label, to put back. */
+const char *lk__alloc_what(const char *what);
+/* Internal: memory lk_malloc did not hand out but the rank holds (its
+ * shared heap): counted and capped like lk_malloc's. charge fails with the
+ * error set; uncharge cannot fail. */
+lk_status lk__alloc_charge(size_t bytes);
+void lk__alloc_uncharge(size_t bytes);
+/* Internal: after an allocation failed, restates a refusal by the cap on
+ * this thread with what it was for ("a f32 tensor of shape [4096, 4096]");
+ * any other error is left alone. Returns the last status. */
+lk_status lk__alloc_oom_for(const char *fmt, ...) LK_PRINTF(1, 2);
+/* Internal: whether this thread's last error is a refusal by the memory
+ * limit (a wrapper then keeps that message, which says more than its own). */
+bool lk__alloc_refused(void);
 
 /* Bump arena: allocations are LK_ALIGN-aligned and live until reset/free.
  * Grows by chaining blocks; after the first step nothing more is allocated. */

@@ -468,10 +468,17 @@ lk_strategy_stats lk_strategy_get_stats(const lk_strategy *s);
  * padded buffers). Zero before lk_strategy_wrap. */
 typedef struct lk_strategy_memory {
     int64_t param_bytes, grad_bytes, optim_state_bytes;
-    int64_t gathered_bytes; /* fsdp, deepspeed_stage_3: the peak of the units' gathered parameters held at
-                               once (whole units beside the shards); 0 for the others */
+    /* Parameters gathered whole for a unit's forward or backward beyond the
+     * rank's own shards, at most at once (fsdp, deepspeed_stage_3); 0 for the
+     * strategies that keep every parameter whole. */
+    int64_t gathered_bytes;
 } lk_strategy_memory;
 lk_strategy_memory lk_strategy_get_memory(const lk_strategy *s);
+/* Internal: whether the strategy keeps only a chunk of the optimizer's
+ * state (deepspeed_stage_1/2): the trainer then creates the optimizer
+ * without state (lk__optimizer_defer_state), so that the whole replicated
+ * state is never allocated, not even for a moment. */
+bool lk__strategy_chunks_optimizer_state(const lk_strategy *s);
 
 #ifdef __cplusplus
 }

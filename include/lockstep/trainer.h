@@ -117,6 +117,7 @@ typedef struct lk_trainer_config {
     int64_t seed;                   /* seed_everything(seed, workers=True) */
     double comm_timeout;            /* seconds any collective may wait */
     double checkpoint_timeout;      /* seconds the other ranks wait for rank 0's checkpoint write or data download */
+    double memory_limit_mb;         /* per-rank cap on lockstep's host allocations, MiB (0: LK_MEMORY_LIMIT_MB, else none) */
     double bucket_cap_mb;           /* ddp bucket size */
     char state_dict_type[LK_PARAM_STR]; /* full | sharded: a sharded strategy's checkpoints (docs/CHECKPOINTS.md) */
     char ddp_comm_hook[LK_PARAM_STR]; /* none | bf16_compress | fp16_compress (PyTorch's compression hooks) */

@@ -30,6 +30,7 @@ static void shm_destroy(lk_comm *c) {
     lk__shm_unmap(s);
     lk__shm_release_claims(s); /* after the name is gone: the next job with this id may start now */
     pthread_mutex_destroy(&s->heap_mu);
+    for (int i = 0; i < s->nblk; i++) lk__alloc_uncharge(s->blks[i].size); /* blocks never freed go with the segment */
     lk_free(s->blks);
     lk_free(s);
     c->impl = NULL;

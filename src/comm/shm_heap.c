@@ -15,6 +15,9 @@ lk_status lk__shm_alloc_shared(lk_comm *c, size_t bytes, void **ptr) {
     shm_comm *s = c->impl;
     size_t size = (bytes ? bytes : 1) + 255;
     size &= ~(size_t)255;
+    /* the rank's own memory as much as its malloc'd blocks: counted (and
+     * capped, trainer.memory_limit_mb) for the rank that allocates it */
+    LK_TRY(lk__alloc_charge(size));
     pthread_mutex_lock(&s->heap_mu);
     size_t cap = s->hdr->heap_bytes, at = 0;
     int i = 0;
@@ -26,6 +29,7 @@ lk_status lk__shm_alloc_shared(lk_comm *c, size_t bytes, void **ptr) {
         size_t used = 0;
         for (int j = 0; j < s->nblk; j++) used += s->blks[j].size;
         pthread_mutex_unlock(&s->heap_mu);
+        lk__alloc_uncharge(size);
         return lk_error(LK_STATUS_OUT_OF_MEMORY,
                         "lk_comm_alloc_shared: %zu bytes do not fit in rank %d's shared heap (%zu of %zu bytes in use); "
                         "raise lk_comm_config.shared_bytes or LK_COMM_SHM_BYTES",
@@ -33,6 +37,7 @@ lk_status lk__shm_alloc_shared(lk_comm *c, size_t bytes, void **ptr) {
     }
     if (s->nblk == s->cap && lk_vec_reserve(s->blks, s->cap, s->nblk + 1, 16)) {
         pthread_mutex_unlock(&s->heap_mu);
+        lk__alloc_uncharge(size);
         return LK_STATUS_OUT_OF_MEMORY;
     }
     memmove(s->blks + i + 1, s->blks + i, (size_t)(s->nblk - i) * sizeof *s->blks);
@@ -42,7 +47,7 @@ lk_status lk__shm_alloc_shared(lk_comm *c, size_t bytes, void **ptr) {
     uint8_t *p = heap_of(s, s->rank) + at;
     int rc = s->fd >= 0 ? posix_fallocate(s->fd, (off_t)(p - s->base), (off_t)size) : 0;
     if (rc) {
-        lk__shm_free_shared(c, p);
+        lk__shm_free_shared(c, p); /* uncharges it */
         return lk_error(LK_STATUS_OUT_OF_MEMORY,
                         "lk_comm_alloc_shared: cannot reserve %zu bytes in /dev/shm: %s (is /dev/shm too small? "
                         "df -h /dev/shm)",
@@ -59,6 +64,7 @@ void lk__shm_free_shared(lk_comm *c, void *ptr) {
     pthread_mutex_lock(&s->heap_mu);
     for (int i = 0; i < s->nblk; i++)
         if (s->blks[i].off == off) {
+            lk__alloc_uncharge(s->blks[i].size);
             memmove(s->blks + i, s->blks + i + 1, (size_t)(s->nblk - i - 1) * sizeof *s->blks);
             s->nblk--;
             break;

@@ -36,6 +36,8 @@ static const lk_env_var env_vars[] = {
     {"LK_NUM_THREADS", NULL,
      "compute threads per rank (default: the CPUs this process may use / local ranks; more than that is capped)", NULL},
     {"LK_COMM_TIMEOUT", "120", "seconds any collective may wait before failing", "trainer.comm_timeout"},
+    {"LK_MEMORY_LIMIT_MB", NULL, "per-rank cap on the MiB lockstep allocates on the host (0 or unset: none)",
+     "trainer.memory_limit_mb"},
     {"LK_COMM_BACKEND", NULL, "force a communicator backend: shm, mpi, nccl, self", NULL},
     {"LK_JOB_ID", NULL, "job id naming the shared-memory segment (the launcher sets it for its ranks: lockstep "
                         "launch --job-id, else a fresh one)", NULL},

@@ -7,6 +7,7 @@
 static lk_status cpu_alloc(void *ctx, int index, size_t bytes, void **ptr) {
     (void)ctx, (void)index;
     *ptr = lk_aligned_alloc(LK_ALIGN, bytes ? bytes : 1);
+    if (!*ptr && lk__alloc_refused()) return LK_STATUS_OUT_OF_MEMORY; /* the memory limit's message says more */
     if (!*ptr) return lk_error(LK_STATUS_OUT_OF_MEMORY, "cpu: cannot allocate %zu bytes of host memory", bytes);
     return LK_STATUS_OK;
 }

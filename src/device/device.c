@@ -277,6 +277,7 @@ lk_status lk_device_host_alloc(lk_device d, size_t bytes, void **ptr) {
     if (!e) return unknown(d);
     if (e->vt->host_alloc && e->vt->host_free) return e->vt->host_alloc(e->ctx, d.index, bytes, ptr);
     *ptr = lk_aligned_alloc(LK_ALIGN, bytes ? bytes : 1);
+    if (!*ptr && lk__alloc_refused()) return LK_STATUS_OUT_OF_MEMORY; /* the memory limit's message says more */
     return *ptr ? LK_STATUS_OK : lk_error(LK_STATUS_OUT_OF_MEMORY, "cannot allocate %zu bytes of host memory", bytes);
 }
 

@@ -31,6 +31,18 @@ lk_status lk__optimizer_shard(lk_optimizer *o, int64_t lo, int64_t hi, float *st
  * (base lo, stride the chunk's length) and switches to a whole copy
  * (0, numel) around a checkpoint; state_get and state_load refuse a chunk. */
 lk_status lk__optimizer_state_layout(lk_optimizer *o, float *state, int64_t base, int64_t stride);
+/* ZeRO's shard in one call, never holding the whole state twice: this
+ * process updates [lo, hi) and keeps only that range of each state array, in
+ * `chunk` (borrowed; n_state arrays of `stride` >= hi - lo floats), copied
+ * from the group's own state, which is then freed, or zero when it was
+ * deferred. As lk__optimizer_shard (owner) + lk__optimizer_state_layout
+ * (lo, stride). On failure nothing changed. */
+lk_status lk__optimizer_shard_chunk(lk_optimizer *o, int64_t lo, int64_t hi, float *chunk, int64_t stride);
+/* While set (on this thread), optimizers created get no state memory: the
+ * replicated state a ZeRO rank must never hold whole, not even for the
+ * moment before lk__optimizer_shard_chunk. Such an optimizer must be sharded
+ * that way before anything else. Returns the previous setting. */
+bool lk__optimizer_defer_state(bool defer);
 
 /* Sharded checkpoints (src/train/ckpt_shards.c): the state without its
  * per-element arrays (arrays false: hyperparameters and steps only, which

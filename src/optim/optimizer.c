@@ -126,6 +126,16 @@ static int state_arrays(const lk_optim_config *c) {
     return c->amsgrad ? 3 : 2;
 }
 
+/* lk__optimizer_defer_state: groups created now get no state memory (a
+ * ZeRO strategy gives them their chunk's with lk__optimizer_shard_chunk). */
+static _Thread_local bool defer_state;
+
+bool lk__optimizer_defer_state(bool defer) {
+    bool was = defer_state;
+    defer_state = defer;
+    return was;
+}
+
 /* The state's bytes as allocated on g->dev (never 0: a device allocation of 0 bytes is not portable). */
 static size_t state_alloc_bytes(const opt_group *g) {
     size_t bytes = (size_t)g->n_state * (size_t)g->numel * sizeof(float);
@@ -206,9 +216,11 @@ lk_status lk_optimizer_add_param_group(lk_optimizer *o, const lk_named_tensors *
             return LK_STATUS_OUT_OF_MEMORY;
         }
     }
-    if (g.n_state) {
+    if (g.n_state && !defer_state) {
         void *mem = NULL;
+        const char *was = lk__alloc_what("the optimizer state"); /* named by an error of the memory limit */
         lk_status st = lk_device_alloc(g.dev, state_alloc_bytes(&g), &mem);
+        lk__alloc_what(was);
         g.state = mem;
         if (!st) st = lk_device_memset(g.dev, g.state, 0, (size_t)g.n_state * (size_t)g.numel * sizeof(float));
         if (st) {
@@ -697,11 +709,11 @@ lk_status lk__optimizer_state_layout(lk_optimizer *o, float *state, int64_t base
     return LK_STATUS_OK;
 }
 
-lk_status lk__optimizer_shard(lk_optimizer *o, int64_t lo, int64_t hi, float *state, bool owner) {
+static lk_status shard_check(lk_optimizer *o, int64_t lo, int64_t hi) {
     if (!o || o->n_groups != 1)
         return lk_error(LK_STATUS_UNSUPPORTED, "a sharded optimizer update needs exactly one parameter group (this one has %d)",
                         o ? o->n_groups : 0);
-    opt_group *g = &o->groups[0];
+    const opt_group *g = &o->groups[0];
     if (!(0 <= lo && lo <= hi && hi <= g->numel))
         return lk_error(LK_STATUS_INVALID_ARGUMENT, "optimizer shard [%lld, %lld) is outside the group's %lld elements",
                         (long long)lo, (long long)hi, (long long)g->numel);
@@ -711,6 +723,37 @@ lk_status lk__optimizer_shard(lk_optimizer *o, int64_t lo, int64_t hi, float *st
             return lk_error(LK_STATUS_UNSUPPORTED, "a sharded optimizer update needs the parameters back to back in "
                             "memory ('%s' does not follow '%s')", g->ps[i].name, g->ps[i - 1].name);
     }
+    return LK_STATUS_OK;
+}
+
+lk_status lk__optimizer_shard_chunk(lk_optimizer *o, int64_t lo, int64_t hi, float *chunk, int64_t stride) {
+    LK_TRY(shard_check(o, lo, hi));
+    opt_group *g = &o->groups[0];
+    if (g->n_state) {
+        if (!chunk) return lk_error(LK_STATUS_INVALID_ARGUMENT, "optimizer shard: no state memory for %d state arrays", g->n_state);
+        if (stride < hi - lo)
+            return lk_error(LK_STATUS_INVALID_ARGUMENT, "optimizer shard: a chunk of %lld elements cannot hold [%lld, %lld)",
+                            (long long)stride, (long long)lo, (long long)hi);
+        for (int k = 0; k < g->n_state; k++) {
+            float *to = chunk + (int64_t)k * stride;
+            if (g->state) memcpy(to, g->state + (int64_t)k * g->numel + lo, (size_t)(hi - lo) * sizeof(float));
+            else memset(to, 0, (size_t)(hi - lo) * sizeof(float)); /* deferred: the state a new optimizer starts from */
+        }
+        state_free(g);
+        g->state = chunk;
+        g->state_shared = true;
+        g->sbase = lo;
+        g->sstride = stride;
+    }
+    g->state_writer = true;
+    g->lo = lo;
+    g->hi = hi;
+    return LK_STATUS_OK;
+}
+
+lk_status lk__optimizer_shard(lk_optimizer *o, int64_t lo, int64_t hi, float *state, bool owner) {
+    LK_TRY(shard_check(o, lo, hi));
+    opt_group *g = &o->groups[0];
     if (g->n_state) {
         if (!state) return lk_error(LK_STATUS_INVALID_ARGUMENT, "optimizer shard: no state memory for %d state arrays", g->n_state);
         if (owner) memcpy(state, g->state, (size_t)g->n_state * (size_t)g->numel * sizeof(float));

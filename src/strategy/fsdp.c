@@ -63,6 +63,7 @@ typedef struct unit {
     bool gathered;        /* full holds the current parameters */
     bool reduced;         /* this step's reduction was issued */
     bool grads_stale;     /* gfull was released after a reduction: zero it before it is written again */
+    bool grads_charged;   /* gfull's bytes are charged to the rank (from the unit's backward to its release) */
     lk_work *gather;      /* a prefetch in flight */
     int pos;              /* position in the recorded forward order (-1: not seen) */
 } unit;
@@ -314,11 +315,43 @@ static void *map_pages(size_t bytes) {
 
 /* ---- gather, release, reduce ----------------------------------------------------------- */
 
+/* The whole buffers are mappings outside lockstep's allocator: what a rank
+ * holds in them is charged to it by hand, so trainer.memory_limit_mb sees
+ * gathered units and live whole gradients (and refuses them by name). */
+static lk_status charge(const unit *u, const char *what) {
+    char label[600];
+    snprintf(label, sizeof label, "%s of unit '%s'", what, *u->name ? u->name : "(root)");
+    const char *was = lk__alloc_what(label);
+    lk_status st = lk__alloc_charge(u->map_bytes);
+    if (st) { /* the storage pool's cached blocks count as live: given back, then once more (as the pool does) */
+        lk_pool_trim();
+        st = lk__alloc_charge(u->map_bytes);
+    }
+    lk__alloc_what(was);
+    return st;
+}
+
 static lk_status count_gathered(fsdp *f, unit *u, bool on) {
     int64_t b = (int64_t)u->map_bytes;
+    if (on) LK_TRY(charge(u, "the gathered parameters"));
+    else lk__alloc_uncharge(u->map_bytes);
     f->gathered_bytes += on ? b : -b;
     if (!f->saving && f->gathered_bytes > f->peak_gathered_bytes) f->peak_gathered_bytes = f->gathered_bytes;
     return LK_STATUS_OK;
+}
+
+/* The unit's whole gradients are about to be written (its backward). */
+static lk_status grads_live(unit *u) {
+    if (u->grads_charged || !u->numel) return LK_STATUS_OK;
+    LK_TRY(charge(u, "the whole gradients"));
+    u->grads_charged = true;
+    return LK_STATUS_OK;
+}
+
+static void grads_gone(unit *u) {
+    if (!u->grads_charged) return;
+    lk__alloc_uncharge(u->map_bytes);
+    u->grads_charged = false;
 }
 
 static lk_status comm_fail(lk_strategy *s, lk_comm *c, lk_status st) {
@@ -341,22 +374,22 @@ static lk_status gather(lk_strategy *s, unit *u) {
         return LK_STATUS_OK;
     }
     if (u->gathered || !u->numel) return LK_STATUS_OK;
+    LK_TRY(count_gathered(f, u, true)); /* (before the all-gather: every rank refuses its own, and the job ends) */
     double t0 = lk_time_now();
     lk_status st = f->S > 1 ? lk_comm_all_gather(f->shard, u->mine, u->full, (size_t)u->chunk, s->cfg.param_dtype)
                             : (u->mine != u->full ? memcpy(u->full, u->mine, (size_t)u->chunk * esz(s)) : NULL, LK_STATUS_OK);
     s->stats.comm_exposed_s += lk_time_now() - t0;
     if (st) return comm_fail(s, f->shard, st);
     u->gathered = true;
-    return count_gathered(f, u, true);
+    return LK_STATUS_OK;
 }
 
 /* Issues the unit's all-gather without waiting (a prefetch). */
 static lk_status prefetch(lk_strategy *s, unit *u) {
     fsdp *f = f_of(s);
     if (!u || u->gathered || u->gather || !u->numel || f->S == 1) return LK_STATUS_OK;
-    LK_TRY(lk_comm_all_gather_async(f->shard, u->mine, u->full, (size_t)u->chunk,
-                                    s->cfg.param_dtype, &u->gather));
-    return count_gathered(f, u, true);
+    LK_TRY(count_gathered(f, u, true));
+    return lk_comm_all_gather_async(f->shard, u->mine, u->full, (size_t)u->chunk, s->cfg.param_dtype, &u->gather);
 }
 
 /* The unit's whole parameters go (their pages back to the kernel). With
@@ -391,6 +424,7 @@ static lk_status finish_reduce(lk_strategy *s) {
     s->stats.comm_exposed_s += lk_time_now() - t0;
     (void)madvise(u->gfull, u->map_bytes, RELEASE_PARAMS);
     u->grads_stale = true; /* zeroed just before the next backward writes it */
+    grads_gone(u);
     return st;
 }
 
@@ -456,6 +490,7 @@ static lk_status on_unit(lk_layer *l, lk_layer_hook_when when, void *ctx) {
         if (!lk_grad_enabled() || (f->o.sharding != LK_FSDP_SHARD_GRAD_OP && !last_of_forward(f, u))) release(s, u);
         return LK_STATUS_OK;
     case LK_LAYER_BEFORE_BACKWARD:
+        LK_TRY(grads_live(u));
         zero_grads(s, u);
         LK_TRY(gather(s, u));
         if (f->o.backward_prefetch && u->pos > 0) LK_TRY(prefetch(s, at_pos(f, u->pos - 1)));
@@ -608,7 +643,7 @@ static lk_status f_wrap(lk_strategy *s, lk_layer *net) {
         if (u->mine != at(u->full, esz(s), u->chunk * f->sr))
             memcpy(u->mine, at(u->full, esz(s), u->chunk * f->sr), (size_t)u->chunk * esz(s));
         u->gathered = true;
-        count_gathered(f, u, true);
+        LK_TRY(count_gathered(f, u, true));
         release(s, u); /* (the root stays) */
         /* what the optimizer sees: the unit's chunk, FSDP's flat parameter */
         char name[600];
@@ -648,6 +683,9 @@ static lk_status f_wrap(lk_strategy *s, lk_layer *net) {
     LK_TRY(lk_layer_add_hook(net, LK_LAYER_AFTER_FORWARD, on_root, &f->u[0]));
     for (int i = 1; i < f->nu; i++)
         for (int w = 0; w < 4; w++) LK_TRY(lk_layer_add_hook(f->u[i].layer, (lk_layer_hook_when)w, on_unit, &f->u[i]));
+    /* the parameters' old storage (the whole model, built on every rank) is
+     * in the storage pool now, counted as live: given back */
+    lk_pool_trim();
     int nb = s->local_buffers.n;
     if (!(s->buffer_arr = lk_calloc((size_t)nb + 1, sizeof *s->buffer_arr))) return LK_STATUS_OUT_OF_MEMORY;
     for (int i = 0; i < nb; i++) s->buffer_arr[i] = s->local_buffers.items[i].tensor;
@@ -688,6 +726,8 @@ static void f_free(lk_strategy *s) {
         if (u->gather) {
             (void)lk_work_wait(u->gather);
             lk_work_free(u->gather);
+            u->gather = NULL;
+            u->gathered = true; /* (charged when it was issued) */
         }
         /* the net outlives the strategy: its parameters leave the mappings
          * with the values last gathered (lk_strategy_state_dict gathers them
@@ -702,6 +742,8 @@ static void f_free(lk_strategy *s) {
                 p->grad = own;
             }
         }
+        if (u->gathered && u->numel) count_gathered(f, u, false); /* what was charged goes back */
+        grads_gone(u);
         lk_tensor_release(u->full_t);
         lk_tensor_release(u->gfull_t);
         if (u->full) munmap(u->full, u->map_bytes);
@@ -741,13 +783,14 @@ static void release_held(lk_strategy *s) {
 
 static lk_status f_before_forward(lk_strategy *s) {
     release_held(s);
+    LK_TRY(grads_live(&f_of(s)->u[0])); /* the root's gradients, for the backward to come */
     return gather(s, &f_of(s)->u[0]);
 }
 
 static void f_begin_backward(lk_strategy *s, bool sync) {
     fsdp *f = f_of(s);
     f->sync = sync;
-    zero_grads(s, &f->u[0]); /* the root's gradients come from anywhere in the backward */
+    zero_grads(s, &f->u[0]); /* the root's gradients come from anywhere in the backward (charged before the forward) */
     for (int i = 0; i < f->nu && sync; i++) f->u[i].reduced = false;
 }
 
@@ -860,7 +903,7 @@ static lk_status f_state_dict_loaded(lk_strategy *s) {
             memcpy(u->mine, at(u->full, esz(s), u->chunk * f->sr), (size_t)u->chunk * esz(s));
         if (!u->gathered) {
             u->gathered = true;
-            count_gathered(f, u, true);
+            LK_TRY(count_gathered(f, u, true));
         }
         release(s, u);
     }

@@ -67,15 +67,19 @@ lk_status lk__strategy_alloc_flat(lk_strategy *s, int64_t numel) {
         return LK_STATUS_OK;
     }
     size_t bytes = (size_t)(numel ? numel : 1) * lk_dtype_size(s->cfg.param_dtype);
+    const char *was = lk__alloc_what("the flat gradient buffer"); /* named by an error of the memory limit */
+    lk_status st = LK_STATUS_OK;
     if (s->vt->alloc_grads) {
-        void *mem;
-        LK_TRY(s->vt->alloc_grads(s, bytes, &mem, &s->flat_shared));
+        void *mem = NULL;
+        st = s->vt->alloc_grads(s, bytes, &mem, &s->flat_shared);
         s->flat_grad = mem;
     } else if (!lk_device_is_host(s->cfg.device)) { /* the training device's memory */
-        LK_TRY(lk_device_alloc(s->cfg.device, bytes, &s->flat_grad));
+        st = lk_device_alloc(s->cfg.device, bytes, &s->flat_grad);
     } else if (!(s->flat_grad = lk_aligned_alloc(LK_ALIGN, bytes))) {
-        return LK_STATUS_OUT_OF_MEMORY;
+        st = LK_STATUS_OUT_OF_MEMORY;
     }
+    lk__alloc_what(was);
+    LK_TRY(st);
     if (lk_device_is_host(s->cfg.device)) memset(s->flat_grad, 0, bytes);
     else LK_TRY(lk_device_memset(s->cfg.device, s->flat_grad, 0, bytes));
     s->flat_numel = numel;
@@ -361,7 +365,11 @@ lk_status lk_strategy_optimizer_step(lk_strategy *s, lk_optimizer *o, bool skip)
 lk_status lk_strategy_shard_optimizer(lk_strategy *s, lk_optimizer *o) {
     int64_t f = o ? lk__optimizer_state_floats(o) : 0;
     s->optim_state_floats = f > 0 ? f : 0; /* several groups (-1): not counted */
-    return s->vt->shard_optimizer ? s->vt->shard_optimizer(s, o) : LK_STATUS_OK;
+    if (!s->vt->shard_optimizer) return LK_STATUS_OK;
+    const char *was = lk__alloc_what("the optimizer state"); /* named by an error of the memory limit */
+    lk_status st = s->vt->shard_optimizer(s, o);
+    lk__alloc_what(was);
+    return st;
 }
 
 lk_strategy_memory lk_strategy_get_memory(const lk_strategy *s) {
@@ -371,6 +379,10 @@ lk_strategy_memory lk_strategy_get_memory(const lk_strategy *s) {
     m = (lk_strategy_memory){b, b, s->optim_state_floats * (int64_t)sizeof(float), 0};
     if (s->vt->memory) s->vt->memory(s, &m);
     return m;
+}
+
+bool lk__strategy_chunks_optimizer_state(const lk_strategy *s) {
+    return s && s->vt->chunks_optimizer_state;
 }
 
 lk_status lk_strategy_after_step(lk_strategy *s) { return s->vt->after_step ? s->vt->after_step(s) : LK_STATUS_OK; }

@@ -78,6 +78,11 @@ typedef struct lk_strategy_vt {
      * load (lk_strategy_shard_pieces_loaded). */
     lk_status (*shard_pieces)(lk_strategy *s, lk_shard_piece **out, int *n);
     lk_status (*shard_pieces_loaded)(lk_strategy *s);
+    /* Whether shard_optimizer keeps only a chunk of the optimizer's state
+     * (lk__optimizer_shard_chunk): the trainer then creates the optimizer
+     * without state, so the whole state is never allocated
+     * (lk__strategy_chunks_optimizer_state). */
+    bool chunks_optimizer_state;
 } lk_strategy_vt;
 
 extern const lk_strategy_vt lk__strategy_single;

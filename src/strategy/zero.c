@@ -121,17 +121,14 @@ static lk_status z_shard_optimizer(lk_strategy *s, lk_optimizer *o) {
         return lk_error(LK_STATUS_UNSUPPORTED, "%s shards one parameter group over the ranks (this optimizer has %d); "
                         "use ddp for several groups", s->vt->name, lk_optimizer_num_groups(o));
     z->arrays = z->numel ? nstate / z->numel : 0;
-    /* the update restricted to the chunk over a whole copy of the state (its
-     * values copied in), then only the chunk's part kept */
-    float *whole = lk_calloc((size_t)nstate + 1, sizeof(float));
+    /* the update restricted to the chunk, only the chunk's state kept (never
+     * a whole copy: that is the memory ZeRO saves; the trainer creates the
+     * optimizer without state for it, lk__optimizer_defer_state) */
+    const char *was = lk__alloc_what("the optimizer state's chunk");
     z->chunk_state = lk_calloc((size_t)(z->arrays * z->chunk) + 1, sizeof(float));
-    lk_status st = whole && z->chunk_state ? LK_STATUS_OK : LK_STATUS_OUT_OF_MEMORY;
-    if (!st) st = lk__optimizer_shard(o, z->lo, z->hi, whole, true);
-    for (int64_t k = 0; !st && k < z->arrays; k++)
-        memcpy(z->chunk_state + k * z->chunk, whole + k * z->numel + z->lo, (size_t)(z->hi - z->lo) * sizeof(float));
-    if (!st) st = lk__optimizer_state_layout(o, z->chunk_state, z->lo, z->chunk);
-    lk_free(whole);
-    LK_TRY(st);
+    lk__alloc_what(was);
+    if (!z->chunk_state) return LK_STATUS_OUT_OF_MEMORY;
+    LK_TRY(lk__optimizer_shard_chunk(o, z->lo, z->hi, z->chunk_state, z->chunk));
     z->optim = o;
     return LK_STATUS_OK;
 }
@@ -277,6 +274,7 @@ const lk_strategy_vt lk__strategy_zero1 = {
     .summary = "deepspeed_stage_1 (lockstep's ZeRO-1: optimizer update sharded, gradients all-reduced)",
     .create = z_create,
     .free = z_free,
+    .chunks_optimizer_state = true,
     .param_buffer = z_param_buffer,
     .setup = z_setup,
     .training_step = lk__strategy_local_step,

@@ -269,6 +269,13 @@ lk_tensor *lk__tensor_new_on(lk_device dev, lk_dtype dt, int ndim, const int64_t
     t->storage = storage_alloc(dev, (size_t)numel * lk_dtype_size(dt));
     if (!t->storage) {
         hdr_free_one(t);
+        if (lk_last_status() == LK_STATUS_OUT_OF_MEMORY) { /* a refusal by the memory limit names the tensor */
+            char dims[160] = "";
+            size_t at = 0;
+            for (int i = 0; i < ndim && at < sizeof dims; i++)
+                at += (size_t)snprintf(dims + at, sizeof dims - at, "%s%lld", i ? ", " : "", (long long)shape[i]);
+            lk__alloc_oom_for("a %s tensor of shape [%s]", lk_dtype_name(dt), dims);
+        }
         return NULL;
     }
     fill_contiguous(t, dt, ndim, shape, numel, t->storage);

@@ -468,6 +468,7 @@ lk_status lk_trainer_fit(lk_trainer *tr, lk_module *m, lk_datamodule *dm, const 
     }
     tr->t_train_end = lk_time_now();
     tr->train_time = tr->t_train_end - t_train;
+    if (!st) lk__memory_collect(tr); /* collective: after a fit every rank finished */
     if (!st && tr->stop_reason[0]) lk_log0("%s", tr->stop_reason);
     if (!st && lk__stop_signal()) st = lk_error(LK_STATUS_ABORTED, "stopped by signal %d after writing last.ckpt", lk__stop_signal());
     /* The run's error, before run.json, the logger or cleanup (which may

@@ -238,7 +238,14 @@ typedef struct lk_runinfo {
     } graphs;
     double step_peak_mb;        /* tensor memory of one forward + backward beyond what was live before it; 0: unknown */
     bool has_model_state;       /* model_state_bytes below is known (a strategy wrapped the module) */
-    int64_t model_state_bytes[4]; /* this rank's parameters, gradients, optimizer state, peak gathered units (lk_strategy_get_memory) */
+    int64_t model_state_bytes[4]; /* this rank's parameters, gradients, optimizer state, gathered (lk_strategy_get_memory) */
+    /* Per rank (n_ranks rows of 6: parameters, gradients, optimizer_state,
+     * gathered, alloc_peak_bytes, max_rss_bytes; a model state column -1:
+     * unknown), and the per-rank cap (0: none) with the setting that gave it. */
+    int n_ranks;
+    const int64_t *rank_memory;
+    int64_t memory_limit_bytes;
+    const char *memory_limit_from;
     const char *config_yaml;    /* the merged config, YAML text */
     /* Settings an LK_* variable can also give, with where each effective
      * value came from (one rule: a config key beats the variable, which

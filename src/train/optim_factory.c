@@ -6,6 +6,7 @@
  * and "none" (or any other) builds no scheduler. */
 #include <string.h>
 
+#include "optim/optim_impl.h" /* lk__optimizer_defer_state */
 #include "train/train_impl.h"
 
 /* The tensors of the Embedding layers of l's tree. */
@@ -93,7 +94,11 @@ lk_status lk__optim_setup(lk_trainer *tr, int64_t steps_per_epoch) {
                 (long long)tr->accum, oc.lr * f);
         oc.lr *= f;
     }
-    LK_TRY(lk_optimizer_create(&oc, tr->params, &tr->optim)); /* over the parameters this rank holds */
+    /* ZeRO keeps only its chunk of the state: none is made whole first */
+    bool defer = lk__optimizer_defer_state(lk__strategy_chunks_optimizer_state(tr->strat));
+    lk_status cst = lk_optimizer_create(&oc, tr->params, &tr->optim); /* over the parameters this rank holds */
+    lk__optimizer_defer_state(defer);
+    LK_TRY(cst);
     LK_TRY(exempt_from_decay(tr));
     LK_TRY(lk_strategy_shard_optimizer(tr->strat, tr->optim));
     /* fp16's narrow range needs the loss scaler; bf16's does not, and 16-true

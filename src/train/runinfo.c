@@ -139,12 +139,39 @@ lk_status lk_runinfo_to_json(const lk_runinfo *info, char **out) {
         ok = ok && ms && add(ms, "parameters", cJSON_CreateNumber((double)info->model_state_bytes[0]));
         ok = ok && ms && add(ms, "gradients", cJSON_CreateNumber((double)info->model_state_bytes[1]));
         ok = ok && ms && add(ms, "optimizer_state", cJSON_CreateNumber((double)info->model_state_bytes[2]));
-        /* fsdp, deepspeed_stage_3: the most whole units' parameters held at once beside the shards */
-        ok = ok && ms && add(ms, "gathered_units", cJSON_CreateNumber((double)info->model_state_bytes[3]));
+        ok = ok && ms && add(ms, "gathered", cJSON_CreateNumber((double)info->model_state_bytes[3]));
         ok = ok && ms && add(root, "model_state_bytes", ms);
         if (!ok) cJSON_Delete(ms);
     } else {
         ok = ok && add(root, "model_state_bytes", cJSON_CreateNull());
+    }
+    if (ok && info->n_ranks > 0) { /* each rank's memory: "memory": {limit_bytes, limit_from, ranks: [...]} */
+        static const char *const cols[] = {"parameters", "gradients", "optimizer_state", "gathered", "alloc_peak_bytes",
+                                           "max_rss_bytes"};
+        cJSON *mem = cJSON_CreateObject(), *ranks = cJSON_CreateArray();
+        ok = mem && ranks;
+        for (int r = 0; ok && r < info->n_ranks; r++) {
+            cJSON *row = cJSON_CreateObject();
+            ok = row && add(row, "rank", cJSON_CreateNumber(r));
+            for (int k = 0; ok && k < 6; k++) {
+                int64_t v = info->rank_memory[r * 6 + k];
+                ok = add(row, cols[k], v < 0 ? cJSON_CreateNull() : cJSON_CreateNumber((double)v));
+            }
+            if (ok) ok = cJSON_AddItemToArray(ranks, row);
+            else cJSON_Delete(row);
+        }
+        ok = ok && add(mem, "limit_bytes", info->memory_limit_bytes > 0 ? cJSON_CreateNumber((double)info->memory_limit_bytes)
+                                                                      : cJSON_CreateNull());
+        ok = ok && add(mem, "limit_from", string_or_null(info->memory_limit_bytes > 0 ? info->memory_limit_from : NULL));
+        if (ok) {
+            ok = add(mem, "ranks", ranks);
+            if (ok) ranks = NULL;
+        }
+        cJSON_Delete(ranks);
+        ok = ok && add(root, "memory", mem);
+        if (!ok) cJSON_Delete(mem);
+    } else {
+        ok = ok && add(root, "memory", cJSON_CreateNull());
     }
     ok = ok && add(root, "world_size", cJSON_CreateNumber(info->world_size));
     ok = ok && add(root, "strategy", string_or_null(info->strategy));

@@ -6,6 +6,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #include "backend/gemm_path.h"
 #include "backend/isa.h"
@@ -98,6 +99,10 @@ void lk__write_runinfo(lk_trainer *tr, const char *command, lk_status st) {
         ri.model_state_bytes[2] = mem.optim_state_bytes;
         ri.model_state_bytes[3] = mem.gathered_bytes;
     }
+    ri.n_ranks = tr->n_rank_memory;
+    ri.rank_memory = tr->rank_memory;
+    ri.memory_limit_bytes = (int64_t)lk_alloc_limit();
+    ri.memory_limit_from = tr->set_memory_limit ? tr->memory_limit_from : "lk_alloc_set_limit";
     ri.config_yaml = tr->config_yaml;
     /* The settings an LK_* variable can also give, and where each value came from */
     lk_runinfo_setting set[6];
@@ -118,6 +123,55 @@ void lk__write_runinfo(lk_trainer *tr, const char *command, lk_status st) {
     if (wst) {
         lk_log_warn("could not write %s: %s", path, lk_last_error());
         if (st) lk_error(st, "%s", first);
+    }
+}
+
+/* This process's peak resident set in bytes (ru_maxrss: KiB on Linux);
+ * -1 when the system will not say. */
+static int64_t max_rss_bytes(void) {
+    struct rusage ru;
+    if (getrusage(RUSAGE_SELF, &ru) != 0) return -1;
+    return (int64_t)ru.ru_maxrss * 1024;
+}
+
+void lk__memory_collect(lk_trainer *tr) {
+    int64_t mine[LK__MEM_COLS] = {-1, -1, -1, -1, (int64_t)lk_alloc_peak_bytes(), max_rss_bytes()};
+    if (!tr->dp_devices && tr->strat && lk_strategy_wrapped(tr->strat)) { /* dp: replicas are threads, not ranks */
+        lk_strategy_memory m = lk_strategy_get_memory(tr->strat);
+        mine[LK__MEM_PARAMS] = m.param_bytes;
+        mine[LK__MEM_GRADS] = m.grad_bytes;
+        mine[LK__MEM_OPTIM] = m.optim_state_bytes;
+        mine[LK__MEM_GATHERED] = m.gathered_bytes;
+    }
+    if (!tr->rank_memory) return; /* a trainer that failed to create */
+    int n = tr->comm && tr->world > 1 ? tr->world : 1;
+    memcpy(tr->rank_memory, mine, sizeof mine);
+    /* rank_memory has room for every rank (lk_trainer_create): nothing is
+     * allocated here, so a rank at its memory limit still meets the others */
+    if (n > 1 && lk_comm_gather(tr->comm, mine, tr->rank_memory, LK__MEM_COLS, LK_I64, 0)) {
+        lk_log_warn("memory per rank: could not gather it: %s", lk_last_error());
+        memcpy(tr->rank_memory, mine, sizeof mine);
+        n = 1;
+    }
+    if (tr->rank != 0) n = 1; /* the others keep their own row */
+    tr->n_rank_memory = n;
+    if (tr->rank != 0) return;
+    const double mib = 1024.0 * 1024.0;
+    uint64_t cap = lk_alloc_limit();
+    char limit[96] = "";
+    if (cap) snprintf(limit, sizeof limit, ", limit %.1f MiB per rank (%s)", (double)cap / mib, tr->memory_limit_from);
+    lk_log0("memory per rank (MiB): model state = parameters + gradients + optimizer state + gathered; peak = lockstep's "
+            "peak live bytes, the process's peak RSS%s", limit);
+    for (int r = 0; r < n; r++) {
+        const int64_t *v = tr->rank_memory + (size_t)r * LK__MEM_COLS;
+        char state[160] = "model state unknown (dp's replicas are threads of one process)";
+        if (v[LK__MEM_PARAMS] >= 0)
+            snprintf(state, sizeof state, "model state %.2f = %.2f + %.2f + %.2f + %.2f",
+                     (double)(v[LK__MEM_PARAMS] + v[LK__MEM_GRADS] + v[LK__MEM_OPTIM] + v[LK__MEM_GATHERED]) / mib,
+                     (double)v[LK__MEM_PARAMS] / mib, (double)v[LK__MEM_GRADS] / mib, (double)v[LK__MEM_OPTIM] / mib,
+                     (double)v[LK__MEM_GATHERED] / mib);
+        lk_log0("  rank %d: %s; peak %.2f, peak RSS %.2f", r, state, (double)v[LK__MEM_ALLOC_PEAK] / mib,
+                (double)v[LK__MEM_MAX_RSS] / mib);
     }
 }
 

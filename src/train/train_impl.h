@@ -84,6 +84,9 @@ struct lk_trainer {
     const char *comm_backend_from; /* "LK_COMM_BACKEND" or "default" */
     lk_device dev;          /* the device this rank trains on (trainer.accelerator, trainer.devices) */
     lk_device prev_default; /* the process's default device before a run made dev the default */
+    uint64_t prev_memory_limit; /* lk_alloc_limit before this trainer set trainer.memory_limit_mb's */
+    bool set_memory_limit;
+    const char *memory_limit_from; /* "trainer.memory_limit_mb" or "LK_MEMORY_LIMIT_MB" */
     const char *prev_f32_matmul; /* lk_float32_matmul_precision before this trainer set its own */
     bool default_set;       /* a run set dev as the default: run_cleanup restores prev_default */
     /* the current run */
@@ -176,6 +179,10 @@ struct lk_trainer {
     lk__replay_stats replay_at_start; /* the graph replay's counters when the trainer was made (run.json counts from here) */
     double sum_data, sum_fwd, sum_bwd, sum_comm, sum_opt;
     double sum_comm_wait; /* the part of sum_comm spent waiting for the last rank to arrive */
+    /* Each rank's memory at the end of a fit (lk__memory_collect; rank 0
+     * has every rank's, the others their own in row 0): LK__MEM_* columns. */
+    int64_t *rank_memory;
+    int n_rank_memory;
     size_t step_peak_bytes; /* the most tensor memory one forward + backward held beyond what was live before it
                                (activations, saved tensors, temporaries), over the steps after the first */
     int64_t timed_steps, samples_seen;
@@ -400,6 +407,14 @@ void lk__write_runinfo(lk_trainer *tr, const char *command, lk_status st);
 /* Prints the mean phase times per optimizer step on rank 0 when
  * trainer.profiler is not none and a step ran. */
 void lk__print_profile(lk_trainer *tr);
+/* The memory columns per rank: model state (lk_strategy_get_memory), the
+ * allocator's peak live bytes, the process's peak resident set. */
+enum { LK__MEM_PARAMS, LK__MEM_GRADS, LK__MEM_OPTIM, LK__MEM_GATHERED, LK__MEM_ALLOC_PEAK, LK__MEM_MAX_RSS, LK__MEM_COLS };
+/* Gathers every rank's memory to rank 0 (collective: every rank calls it
+ * at the same point, the fit having succeeded on all of them) and prints
+ * it there, one line per rank. A failure is a warning and leaves rank 0
+ * with its own row only. */
+void lk__memory_collect(lk_trainer *tr);
 /* What this run's GEMMs (in its autocast dtype) run through on its device:
  * lk__backend_gemm_path for its device kind. */
 const char *lk__train_gemm_path(const lk_trainer *tr);

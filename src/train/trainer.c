@@ -158,11 +158,29 @@ lk_status lk_trainer_create(const lk_trainer_config *cfg, const lk_optim_setting
         goto fail;
     }
     lk_log_set_rank(tr->rank, tr->world);
+    /* The rank's memory cap, before the communicator's shared heap and the
+     * model are allocated (a process-wide setting: dp's replicas, threads of
+     * one process, share it). */
+    double limit_mb = cfg->memory_limit_mb;
+    const char *limit_from = "trainer.memory_limit_mb";
+    if (limit_mb <= 0 && lk_env_get_number("LK_MEMORY_LIMIT_MB", 0, 1e9, &limit_mb)) limit_from = "LK_MEMORY_LIMIT_MB";
+    if (limit_mb > 0) {
+        tr->prev_memory_limit = lk_alloc_limit();
+        tr->set_memory_limit = true;
+        tr->memory_limit_from = limit_from;
+        lk_alloc_set_limit((uint64_t)(limit_mb * 1024.0 * 1024.0), limit_from);
+    }
     lk__faults_init(tr); /* faults.c: the tests' LK_TEST_* hooks */
     /* Ranks on one node share its cores: BLAS threads that outnumber them
      * spin against each other. */
     lk__threads_for_ranks(tr->pg.local_world_size > 0 ? tr->pg.local_world_size : 1);
     lk_trainer_config_comm_timeout_from(cfg, tr->comm_timeout_from, sizeof tr->comm_timeout_from);
+    /* room for every rank's memory at the end of a fit, taken now so that
+     * the end allocates nothing (a rank at its memory limit still reports) */
+    if (!(tr->rank_memory = lk_calloc((size_t)(tr->world > 1 ? tr->world : 1) * LK__MEM_COLS, sizeof(int64_t)))) {
+        st = LK_STATUS_OUT_OF_MEMORY;
+        goto fail;
+    }
     const char *forced = lk_env_get("LK_COMM_BACKEND");
     tr->comm_backend_from = forced && *forced && strcmp(forced, "auto") ? "LK_COMM_BACKEND" : "default";
     if (tr->world > 1) {
@@ -225,6 +243,8 @@ void lk_trainer_free(lk_trainer *tr) {
     if (!tr) return;
     lk__run_cleanup(tr);
     if (tr->prev_f32_matmul) lk_set_float32_matmul_precision(tr->prev_f32_matmul);
+    if (tr->set_memory_limit) lk_alloc_set_limit(tr->prev_memory_limit, NULL);
+    lk_free(tr->rank_memory);
     lk_strategy_free(tr->strat); /* with the parameter layout it made (tr->params) */
     lk_comm_free(tr->comm);
     lk_free(tr->metrics);

@@ -71,6 +71,9 @@ static const lk_param trainer_params[] = {
     T("comm_timeout", FLOAT, comm_timeout, "120", 0.1, 1e6, NULL, "seconds any collective may wait before failing"),
     T("checkpoint_timeout", FLOAT, checkpoint_timeout, "1800", 0.1, 1e7, NULL,
       "seconds the other ranks wait for rank 0 to write a checkpoint or prepare data (instead of comm_timeout)"),
+    T("memory_limit_mb", FLOAT, memory_limit_mb, "0", 0, 1e9, NULL,
+      "per-rank cap on the MiB lockstep allocates on the host, the shared heap included; an allocation past it ends "
+      "the fit with an out-of-memory error naming it (0: LK_MEMORY_LIMIT_MB, else none)"),
     /* trainer.pipeline: {chunks, schedule, split} (apply_special) */
     T("pipeline_chunks", INT, pipeline_chunks, "4", 1, 65536, NULL,
       "pipeline: micro-batches per batch (trainer.pipeline.chunks; must divide the batch)"),

@@ -97,7 +97,7 @@ check "fsdp x2 without prefetch == ddp, bitwise" same noprefetch ddp2
 fit mem4 --trainer.devices 4 --trainer.strategy fsdp
 got=$(python3 -c "
 import json, sys; m = json.load(open(sys.argv[1]))['model_state_bytes']
-print(m['parameters'], m['gradients'], m['optimizer_state'], m['gathered_units'] > 0)" "$(run_json)")
+print(m['parameters'], m['gradients'], m['optimizer_state'], m['gathered'] > 0)" "$(run_json)")
 check "fsdp x4 run.json model_state_bytes: chunks of each unit, gathered units reported ($got)" \
   test "$got" = "768 768 1400 True"
 

@@ -34,3 +34,6 @@ if(LK_HAVE_MPI AND LK_MPIRUN)
   set_tests_properties(strategy_fsdp_mpi PROPERTIES TIMEOUT 180 LABELS "multiproc;mpi"
                        ENVIRONMENT "${LK_MPI_TEST_ENV};LK_BIN=$<TARGET_FILE:lockstep>;LK_MPIRUN=${LK_MPIRUN};LK_MPIRUN_FLAGS=${LK_ZERO_MPIRUN_FLAGS}")
 endif()
+# Memory per rank: run.json's model state against lockstep's ZeRO formulas (ddp, deepspeed_stage_1/2, N = 1, 2, 4);
+# trainer.memory_limit_mb: ddp's replicated Adam state stops on every rank with the allocator's error, stage 2 trains.
+lk_add_script_test(NAME strategy_memory SCRIPT strategy/test_memory.sh LABELS multiproc TIMEOUT 240)
