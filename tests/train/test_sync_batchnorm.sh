@@ -7,6 +7,7 @@
 #  - ddp on 3 ranks with batch 4 over 52 samples (42 after the 0.8 train
 #    split: 14 per rank, a last batch of 2 in each of the epochs the 10
 #    steps cross) against one process with batch 12 (last batch 6);
+#  - the first in bf16-mixed too (statistics in f32 from bf16 activations);
 #  - with strategy dp: refused, naming the setting; with one process or a
 #    model without BatchNorm: a warning, and the fit runs.
 # Tolerance 1e-5 relative to 1 + |value| (measured 5e-8: the ranks sum
@@ -58,6 +59,11 @@ check "ddp x2 batch 8 logs the layers" grep -q "sync_batchnorm: 2 batch norm lay
 check "one process: sync_batchnorm is said to be a no-op" grep -q "warning: trainer.sync_batchnorm: strategy single has one data-parallel process" "$T/one16.log"
 x=$(d ddp2 one16); check "ddp x2 batch 8 with sync_batchnorm == 1 process batch 16 ($x)" small "$x"
 x=$(d plain2 one16); check "ddp x2 batch 8 without sync_batchnorm differs ($x)" large "$x"
+
+# bf16-mixed: the activations bf16, the statistics f32 (f64 sums): the same match
+fit ddp2h --trainer.devices 2 --trainer.strategy ddp --trainer.precision bf16-mixed
+fit one16h --trainer.devices 1 --data.init_args.batch_size 16 --trainer.precision bf16-mixed
+x=$(d ddp2h one16h); check "bf16-mixed: ddp x2 batch 8 with sync_batchnorm == 1 process batch 16 ($x)" small "$x"
 
 fit ddp3 --trainer.devices 3 --trainer.strategy ddp --data.init_args.batch_size 4 --data.init_args.num_samples 52
 fit one12 --trainer.devices 1 --data.init_args.batch_size 12 --data.init_args.num_samples 52
