@@ -13,7 +13,6 @@
 
 #include "autograd/autograd_impl.h"
 #include "backend/backend_impl.h"
-#include "lockstep/dist.h"
 
 /* node->a.i: [0] training, [1] index of weight in node->in (or -1), [2] of
  * bias; saved[0] = contiguous x, saved[1] = [2, C] (mean, invstd) used. */
@@ -32,12 +31,12 @@ typedef struct {
     lk_dtype xt, gt;
 } bn_bwd_job;
 
-/* Where SyncBatchNorm's sums go: a communicator (the trainer's
- * data-parallel group: lk_layer_sync_batchnorm_comm), which takes the
- * device buffer itself when it reads device memory, or a caller's
- * function over host doubles (lk_batch_norm_sync). */
+/* Where SyncBatchNorm's sums go: a reducer (the trainer's data-parallel
+ * group: lk_layer_sync_batchnorm_reducer), which takes the device buffer
+ * itself when its communicator reads device memory, or a caller's function
+ * over host doubles (lk_batch_norm_sync). */
 typedef struct {
-    lk_comm *comm;
+    lk_bn_reducer red; /* red.sum NULL: sum */
     lk_sum_fn sum;
     void *ctx;
     double count; /* samples per channel over every rank */
@@ -93,14 +92,14 @@ static lk_status to_dev(lk_device dev, void *p, const void *h, size_t bytes) {
 static lk_status bn_reduce(const bn_sync *sy, lk_device dev, double *d, double *h, size_t n, bool keep) {
     size_t bytes = n * sizeof *d;
     double *rd = keep ? d + n : d, *rh = keep ? h + n : h;
-    if (sy->comm && (lk_device_is_host(dev) || lk_comm_reads_device(sy->comm))) {
+    if (sy->red.sum && (lk_device_is_host(dev) || sy->red.device_memory)) {
         if (keep && n) LK_TRY(lk_device_copy(dev, rd, dev, d, bytes));
-        LK_TRY(lk_comm_all_reduce(sy->comm, rd, n, LK_F64, LK_REDUCE_SUM));
+        LK_TRY(sy->red.sum(sy->red.ctx, dev, rd, (int)n));
         return to_host(h, dev, d, keep ? 2 * bytes : bytes);
     }
     LK_TRY(to_host(h, dev, d, bytes));
     if (keep && n) memcpy(rh, h, bytes);
-    if (sy->comm) return lk_comm_all_reduce(sy->comm, rh, n, LK_F64, LK_REDUCE_SUM);
+    if (sy->red.sum) return sy->red.sum(sy->red.ctx, LK_DEVICE_CPU, rh, (int)n);
     return sy->sum(sy->ctx, rh, (int)n);
 }
 
@@ -306,7 +305,7 @@ static lk_status bn_sync_stats(lk_device dev, const bn_fwd_job *j, const bn_sync
     if (!st) st = dbuf_alloc(dev, LK_F32, 2 * nc, &dk);
     if (!st) st = to_dev(dev, dk.p, k, 2 * nc * sizeof *k);
     if (!st) st = bn_split_run(dev, LK_OP_BN_APPLY, N, C, S, LK_BN_SUM, false, j->xt, j->xd, LK_F32, NULL, dk.p, j->xt, j->od);
-    *sy = (bn_sync){sy_in->comm, sy_in->sum, sy_in->ctx, M};
+    *sy = (bn_sync){sy_in->red, sy_in->sum, sy_in->ctx, M};
     vec_free(&rm), vec_free(&rv), vec_free(&w), vec_free(&b);
     dbuf_free(&dv);
     dbuf_free(&dk);
@@ -325,16 +324,16 @@ lk_tensor *lk_batch_norm(lk_tensor *x, lk_tensor *running_mean, lk_tensor *runni
 
 lk_tensor *lk_batch_norm_sync(lk_tensor *x, lk_tensor *running_mean, lk_tensor *running_var, lk_tensor *weight,
                               lk_tensor *bias, bool training, float momentum, float eps, lk_sum_fn sum, void *ctx) {
-    bn_sync sy = {NULL, sum, ctx, 0};
+    bn_sync sy = {{0}, sum, ctx, 0};
     return batch_norm_impl(x, running_mean, running_var, weight, bias, training, momentum, eps,
                            sum && training ? &sy : NULL);
 }
 
-lk_tensor *lk__batch_norm_sync_comm(lk_tensor *x, lk_tensor *running_mean, lk_tensor *running_var, lk_tensor *weight,
-                                    lk_tensor *bias, bool training, float momentum, float eps, lk_comm *comm) {
-    bn_sync sy = {comm, NULL, NULL, 0};
+lk_tensor *lk__batch_norm_sync_reducer(lk_tensor *x, lk_tensor *running_mean, lk_tensor *running_var, lk_tensor *weight,
+                                       lk_tensor *bias, bool training, float momentum, float eps, const lk_bn_reducer *r) {
+    bn_sync sy = {r ? *r : (lk_bn_reducer){0}, NULL, NULL, 0};
     return batch_norm_impl(x, running_mean, running_var, weight, bias, training, momentum, eps,
-                           comm && training ? &sy : NULL);
+                           r && r->sum && training ? &sy : NULL);
 }
 
 static lk_tensor *batch_norm_impl(lk_tensor *x, lk_tensor *running_mean, lk_tensor *running_var, lk_tensor *weight,

@@ -22,7 +22,7 @@ static bool is_rank0(const lk_trainer *tr) { return tr->rank == 0; }
  * statistics over the ranks that see different data, the strategy's
  * data-parallel group (lk_strategy_dp_comm: the world for ddp, a stage's
  * peers for a pipeline), one all-reduce per layer each way
- * (lk_layer_sync_batchnorm_comm). Lightning converts the model to
+ * (lk_comm_bn_reducer, lk_layer_sync_batchnorm_reducer). Lightning converts the model to
  * SyncBatchNorm under every strategy: with one process that computes what
  * BatchNorm does, so here a group of one is said and left as it is; dp's
  * replicas are threads of one process that lockstep cannot sync (Lightning
@@ -36,8 +36,9 @@ static lk_status setup_sync_batchnorm(lk_trainer *tr, lk_module *m) {
                         "trainer.sync_batchnorm with strategy dp: dp's replicas are threads of one process fed "
                         "slices of one batch, and their batch norm statistics cannot be synchronised; use strategy "
                         "ddp (one process per device), or set trainer.sync_batchnorm to false");
-    int k = dp > 1 ? lk_layer_sync_batchnorm_comm(m->net, lk_strategy_dp_comm(tr->strat))
-                   : lk_layer_sync_batchnorm_comm(m->net, NULL);
+    lk_bn_reducer r;
+    lk_comm_bn_reducer(dp > 1 ? lk_strategy_dp_comm(tr->strat) : NULL, &r);
+    int k = lk_layer_sync_batchnorm_reducer(m->net, &r);
     if (k == 0)
         lk_warn0("trainer.sync_batchnorm: the model has no BatchNorm layer, nothing to synchronise (it trains as "
                  "without sync_batchnorm)");
@@ -505,7 +506,7 @@ lk_status lk_trainer_fit(lk_trainer *tr, lk_module *m, lk_datamodule *dm, const 
     tr->pf = NULL;
     lk_loader_free(train);
     lk_loader_free(val);
-    if (c->sync_batchnorm && m) lk_layer_sync_batchnorm_comm(m->net, NULL); /* the module outlives this trainer's comm */
+    if (c->sync_batchnorm && m) lk_layer_sync_batchnorm_reducer(m->net, NULL); /* the module outlives this trainer's comm */
     if (m) lk_layer_checkpoint_clear(m->net); /* and this trainer's activation_checkpointing */
     lk_status saved = st;
     /* Peers still waiting for this rank (it failed alone: a non-finite loss,

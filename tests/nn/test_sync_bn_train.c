@@ -1,5 +1,5 @@
-/* SyncBatchNorm over a communicator (lk_layer_sync_batchnorm_comm, what
- * trainer.sync_batchnorm sets): forked ranks train 10 SGD steps, each on
+/* SyncBatchNorm over a communicator (lk_layer_sync_batchnorm_reducer with
+ * lk_comm_bn_reducer, what trainer.sync_batchnorm sets): forked ranks train 10 SGD steps, each on
  * its rows of a global batch, and end with the parameters, running
  * statistics and num_batches_tracked of one process training on the whole
  * batch — and with other parameters than the same ranks with plain
@@ -36,6 +36,13 @@ typedef struct {
     bool weighted;       /* losses over the global count, gradients summed (uneven splits) */
     int last[MAXW];      /* rows per rank in the last step (0: B) */
 } scenario;
+
+/* SyncBatchNorm over comm, as the trainer sets it (NULL: off). */
+static int sync_over(lk_layer *l, lk_comm *c) {
+    lk_bn_reducer r;
+    lk_comm_bn_reducer(c, &r);
+    return lk_layer_sync_batchnorm_reducer(l, &r);
+}
 
 static lk_layer *make_net(bool conv) {
     lk_rng r;
@@ -150,7 +157,7 @@ static int rank_main(const scenario *sc, int rank, lk_comm *comm) {
     for (int conv = 0; conv < 2; conv++) {
         const char *what = conv ? "BatchNorm2d" : "BatchNorm1d";
         lk_layer *ref = make_net(conv), *sync = make_net(conv), *plain = make_net(conv);
-        if (lk_layer_sync_batchnorm_comm(sync, comm) != 1) return fprintf(stderr, "no batch norm set\n"), 1;
+        if (sync_over(sync, comm) != 1) return fprintf(stderr, "no batch norm set\n"), 1;
         if (train(ref, conv, sc, -1, NULL)) return fprintf(stderr, "%s whole batch: %s\n", what, lk_last_error()), 1;
         if (train(sync, conv, sc, rank, comm)) return fprintf(stderr, "rank %d %s sync: %s\n", rank, what, lk_last_error()), 1;
         char w1[160] = "", w2[160] = "";
