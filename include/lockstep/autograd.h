@@ -314,14 +314,26 @@ lk_tensor *lk_batch_norm(lk_tensor *x, lk_tensor *running_mean, lk_tensor *runni
                          lk_tensor *bias, bool training, float momentum, float eps);
 /* SyncBatchNorm: in training the statistics cover the batch of every rank.
  * `sum` adds vals[0..n) over all ranks in place (an all-reduce with sum;
- * every rank calls it the same number of times): forward sums per channel
- * the values, then the squared deviations from the global mean (with the
- * sample count); backward sums per channel the output gradient and its
- * product with the centred input, as PyTorch's SyncBatchNorm does. Weight
+ * every rank calls it the same number of times), once each way: forward
+ * sums per channel the values and their squares with the sample count
+ * (2C + 1 values; ranks may hold different batch sizes); backward sums per
+ * channel the output gradient and its product with the centred input (2C),
+ * as PyTorch's SyncBatchNorm does. Weight
  * and bias gradients stay this rank's (DDP averages them); the input
  * gradient is that of the sum of every rank's loss. `sum` NULL or eval mode:
  * lk_batch_norm. ctx is borrowed until the backward pass is done. */
 typedef lk_status (*lk_sum_fn)(void *ctx, double *vals, int n);
+/* SyncBatchNorm's all-reduce where the sums may stay in device memory
+ * (lk_layer_sync_batchnorm_reducer; lk_comm_bn_reducer makes one over a
+ * communicator): `sum` adds vals[0..n), n doubles in dev's memory, over all
+ * ranks in place. With device_memory false (a communicator that reads host
+ * memory only) it is only handed host memory (dev the CPU): the op copies
+ * a device's sums out first. */
+typedef struct lk_bn_reducer {
+    lk_status (*sum)(void *ctx, lk_device dev, double *vals, int n);
+    void *ctx;
+    bool device_memory;
+} lk_bn_reducer;
 lk_tensor *lk_batch_norm_sync(lk_tensor *x, lk_tensor *running_mean, lk_tensor *running_var, lk_tensor *weight,
                               lk_tensor *bias, bool training, float momentum, float eps, lk_sum_fn sum, void *ctx);
 

@@ -191,6 +191,11 @@ bool lk_comm_shares_memory(const lk_comm *c);
  * false, they read host memory). What a strategy on a GPU asks before it
  * hands the communicator a device buffer rather than a host copy of it. */
 bool lk_comm_reads_device(const lk_comm *c);
+/* SyncBatchNorm's reducer over c (lk_layer_sync_batchnorm_reducer,
+ * lockstep/nn.h): f64 sums all-reduced over c, given device memory when
+ * lk_comm_reads_device(c). c is borrowed by the reducer. */
+struct lk_bn_reducer;
+void lk_comm_bn_reducer(lk_comm *c, struct lk_bn_reducer *out);
 
 /* Blocking collectives. `count` is in elements of `dt`. Buffers may be
  * ordinary memory or from lk_comm_alloc_shared; sizes 0 are fine.

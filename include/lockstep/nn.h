@@ -357,6 +357,15 @@ lk_layer *lk_batch_norm2d_create(int64_t num_features, float eps, float momentum
  * trainer's communicator; ctx borrowed while set). fn NULL turns it back
  * off. Returns how many layers it set. */
 int lk_layer_sync_batchnorm(lk_layer *l, lk_sum_fn sum, void *ctx);
+/* SyncBatchNorm over a reducer (what trainer.sync_batchnorm sets, with
+ * lk_comm_bn_reducer over the strategy's data-parallel group): in training
+ * every BatchNorm layer of the tree sums its statistics (sum, sum of
+ * squares, count) over the ranks in one all-reduce per layer in the
+ * forward and one (sum of dY, of dY * xhat) in the backward, on the
+ * device's buffer when r->device_memory. Uneven batches weigh what they
+ * hold. r is copied, its ctx borrowed while set; NULL turns it off (as does
+ * lk_layer_sync_batchnorm, which replaces it). Returns how many layers it set. */
+int lk_layer_sync_batchnorm_reducer(lk_layer *l, const lk_bn_reducer *r);
 /* LayerNorm over the last `ndim` dims of the given shape; eps 1e-5 in PyTorch. */
 lk_layer *lk_layer_norm_create(int ndim, const int64_t *normalized_shape, float eps, bool elementwise_affine);
 /* The same with bias chosen apart (PyTorch 2.1's LayerNorm(bias=False),

@@ -78,6 +78,13 @@ lk_status lk__check_f32(const char *op, const lk_tensor *t, const char *arg);
 lk_status lk__check_float(const char *op, const lk_tensor *t, const char *arg);
 /* Caller-owned contiguous copy of t in its own dtype (t retained when contiguous). */
 lk_tensor *lk__contig_keep(lk_tensor *t);
+
+/* SyncBatchNorm over a reducer (the nn layer's, lk_layer_sync_batchnorm_reducer):
+ * lk_batch_norm_sync's semantics, one all-reduce per direction, on the
+ * op's device buffer when r->device_memory (r borrowed until the backward
+ * is done). r NULL or eval: lk_batch_norm. */
+lk_tensor *lk__batch_norm_sync_reducer(lk_tensor *x, lk_tensor *running_mean, lk_tensor *running_var, lk_tensor *weight,
+                                       lk_tensor *bias, bool training, float momentum, float eps, const lk_bn_reducer *r);
 /* The mark a scope keeps: nodes recorded after it have seq >= it. */
 uint64_t lk__tape_mark(void);
 /* Releases the nodes recorded at or after `mark` (scope ends call it). */

@@ -31,7 +31,12 @@ typedef struct {
     lk_dtype xt, gt;
 } bn_bwd_job;
 
+/* Where SyncBatchNorm's sums go: a reducer (the trainer's data-parallel
+ * group: lk_layer_sync_batchnorm_reducer), which takes the device buffer
+ * itself when its communicator reads device memory, or a caller's function
+ * over host doubles (lk_batch_norm_sync). */
 typedef struct {
+    lk_bn_reducer red; /* red.sum NULL: sum */
     lk_sum_fn sum;
     void *ctx;
     double count; /* samples per channel over every rank */
@@ -76,25 +81,49 @@ static lk_status to_dev(lk_device dev, void *p, const void *h, size_t bytes) {
     return bytes ? lk_device_copy(dev, p, LK_DEVICE_CPU, h, bytes) : LK_STATUS_OK;
 }
 
+/* SyncBatchNorm's one all-reduce of a pass: the n doubles at d (on dev)
+ * summed over the ranks, the sums left in h (the host's copy, for the
+ * per-channel scalars). A communicator that reads dev's memory (nccl; any
+ * on host memory) reduces d in place and h is copied from it after; else
+ * (shm or mpi with a GPU, a caller's function) h is copied from d and
+ * reduced on the host: one copy out per pass either way. With keep, d and
+ * h hold 2n: this rank's sums first, which stay as they are (the backward's
+ * weight and bias gradients are this rank's), and the n reduced after them. */
+static lk_status bn_reduce(const bn_sync *sy, lk_device dev, double *d, double *h, size_t n, bool keep) {
+    size_t bytes = n * sizeof *d;
+    double *rd = keep ? d + n : d, *rh = keep ? h + n : h;
+    if (sy->red.sum && (lk_device_is_host(dev) || sy->red.device_memory)) {
+        if (keep && n) LK_TRY(lk_device_copy(dev, rd, dev, d, bytes));
+        LK_TRY(sy->red.sum(sy->red.ctx, dev, rd, (int)n));
+        return to_host(h, dev, d, keep ? 2 * bytes : bytes);
+    }
+    LK_TRY(to_host(h, dev, d, bytes));
+    if (keep && n) memcpy(rh, h, bytes);
+    if (sy->red.sum) return sy->red.sum(sy->red.ctx, LK_DEVICE_CPU, rh, (int)n);
+    return sy->sum(sy->ctx, rh, (int)n);
+}
+
 /* SyncBatchNorm's backward: this rank's per-channel sums of g and
- * g * (x - mean), summed over ranks for the input gradient; weight and bias
- * gradients from this rank's sums (DDP averages them afterwards). Serial:
- * the all-reduce sits between the two passes. j's pointers are on dev
- * (w f32 contiguous); the host works on copies: the [2, C] statistics and
- * w in, dw and db out, the sums in and the coefficients out. */
+ * g * (x - mean) (one BN_STATS pass), summed over the ranks in one
+ * all-reduce for the input gradient; the weight and bias gradients are
+ * this rank's sums (DDP averages them afterwards, as PyTorch's
+ * SyncBatchNorm leaves them). j's pointers are on dev (w f32 contiguous);
+ * the host works on copies: the [2, C] statistics and w in, dw and db out,
+ * the sums in and the input gradient's coefficients out. */
 static lk_status bn_sync_backward(lk_device dev, const bn_bwd_job *j, const bn_sync *sy) {
     long N = j->N, C = j->C, S = j->S;
     size_t nc = (size_t)(C > 0 ? C : 0);
-    double *tot = lk_malloc((2 * nc + 1) * sizeof *tot);
+    double *tot = lk_malloc((4 * nc + 1) * sizeof *tot); /* this rank's [2C], then every rank's [2C] */
     /* host: k [4C] (mean, k0, k1, k2 per channel), stats [2C] (mean, invstd), w [C], dw [C], db [C] */
     float *k = lk_malloc((9 * nc + 1) * sizeof *k), *hs = k ? k + 4 * nc : NULL, *hw = k ? hs + 2 * nc : NULL,
           *hdw = k ? hw + nc : NULL, *hdb = k ? hdw + nc : NULL;
     bn_dbuf dtot = {0}, dk = {0};
     lk_status st = tot && k ? LK_STATUS_OK : LK_STATUS_OUT_OF_MEMORY;
-    if (!st) st = dbuf_alloc(dev, LK_F64, 2 * nc, &dtot);
+    if (!st) st = dbuf_alloc(dev, LK_F64, 4 * nc, &dtot);
     if (!st) st = bn_split_run(dev, LK_OP_BN_STATS, N, C, S, LK_BN_GRAD, false, j->xt, j->xd, j->gt, j->gd, j->mean,
                                LK_F64, dtot.p);
-    if (!st) st = to_host(tot, dev, dtot.p, 2 * nc * sizeof *tot);
+    if (!st) st = bn_reduce(sy, dev, dtot.p, tot, 2 * nc, true);
+    const double *all = tot + 2 * nc;
     if (!st) st = to_host(hs, dev, j->mean, 2 * nc * sizeof *hs); /* mean and invstd: one [2, C] tensor */
     if (!st && j->w) st = to_host(hw, dev, j->w, nc * sizeof *hw);
     for (long c = 0; !st && c < C; c++) {
@@ -103,13 +132,12 @@ static lk_status bn_sync_backward(lk_device dev, const bn_bwd_job *j, const bn_s
     }
     if (!st && j->db) st = to_dev(dev, j->db, hdb, nc * sizeof *hdb);
     if (!st && j->dw) st = to_dev(dev, j->dw, hdw, nc * sizeof *hdw);
-    if (!st) st = sy->sum(sy->ctx, tot, (int)(2 * C));
     for (long c = 0; !st && j->dx && c < C; c++) {
         float is = hs[C + c], k1 = (j->w ? hw[c] : 1.0f) * is;
         k[c] = hs[c];
-        k[C + c] = (float)(-(double)k1 * tot[c] / sy->count);
+        k[C + c] = (float)(-(double)k1 * all[c] / sy->count);
         k[2 * C + c] = k1;
-        k[3 * C + c] = (float)(-(double)k1 * is * is * tot[C + c] / sy->count);
+        k[3 * C + c] = (float)(-(double)k1 * is * is * all[C + c] / sy->count);
     }
     if (!st && j->dx) st = dbuf_alloc(dev, LK_F32, 4 * nc, &dk);
     if (!st && j->dx) st = to_dev(dev, dk.p, k, 4 * nc * sizeof *k);
@@ -225,60 +253,59 @@ typedef struct {
     lk_dtype xt;
 } bn_fwd_job;
 
-/* SyncBatchNorm's statistics: per channel the sum over every rank, then
- * the squared deviations from the global mean (two passes, as the
- * single-process path, so a split batch matches the whole one closely).
- * j->xd, j->od and j->stats are on dev: the sums come back to the host
- * (bn_dbuf's copies), the mean goes to stats before the second pass, the
- * inverse deviations and the scale / shift after it; the running
- * statistics, weight and bias are read (and the first two written) through
- * host copies on their own devices. */
+/* SyncBatchNorm's statistics, as PyTorch's SyncBatchNorm: per channel
+ * this rank's sum and sum of squares (one BN_STATS pass, the squares from
+ * the deviations from this rank's own mean: lk_k_bn_channel_moments) and
+ * its sample count, one [2C + 1] f64 buffer summed over the ranks in one
+ * all-reduce. The count is reduced, not assumed: a rank with a short last
+ * batch weighs what it holds. The global mean and biased variance
+ * normalise; the unbiased one (over the global count) feeds the running
+ * variance. j->xd, j->od and j->stats are on dev: the sums come back to the
+ * host (bn_reduce), the mean and invstd go to stats, the scale / shift to
+ * the apply pass; the running statistics, weight and bias are read (and
+ * the first two written) through host copies on their own devices. */
 static lk_status bn_sync_stats(lk_device dev, const bn_fwd_job *j, const bn_sync *sy_in, bn_sync *sy) {
     long N = j->N, C = j->C, S = j->S;
     size_t nc = (size_t)(C > 0 ? C : 0);
-    double *v = lk_malloc((nc + 1) * sizeof *v);
+    double *v = lk_malloc((2 * nc + 1) * sizeof *v); /* sum [C], sum of squares [C], count */
     float *k = lk_malloc((4 * nc + 1) * sizeof *k); /* scale, shift per channel; then the host's [2, C] stats */
     float *mean = k ? k + 2 * nc : NULL, *invstd = k ? mean + nc : NULL;
     host_vec rm = {0}, rv = {0}, w = {0}, b = {0};
     bn_dbuf dv = {0}, dk = {0};
     lk_status st = v && k ? LK_STATUS_OK : LK_STATUS_OUT_OF_MEMORY;
-    if (!st) st = dbuf_alloc(dev, LK_F64, nc, &dv);
-    if (!st) st = bn_split_run(dev, LK_OP_BN_STATS, N, C, S, LK_BN_SUM, false, j->xt, j->xd, LK_F32, NULL, NULL, LK_F64, dv.p);
-    if (!st) st = to_host(v, dev, dv.p, nc * sizeof *v);
-    if (!st) {
-        v[C] = j->M;
-        st = sy_in->sum(sy_in->ctx, v, (int)(C + 1));
-    }
-    double M = st ? 0 : v[C];
+    if (!st) st = dbuf_alloc(dev, LK_F64, 2 * nc + 1, &dv);
+    if (!st) st = bn_split_run(dev, LK_OP_BN_STATS, N, C, S, LK_BN_MOMENTS, false, j->xt, j->xd, LK_F32, NULL, NULL,
+                               LK_F64, dv.p);
+    if (!st) st = to_dev(dev, (double *)dv.p + 2 * nc, &j->M, sizeof j->M); /* the count rides along */
+    if (!st) st = bn_reduce(sy_in, dev, dv.p, v, 2 * nc + 1, false);
+    double M = st ? 0 : v[2 * nc];
     if (!st && M <= 1.0)
         st = lk_error(LK_STATUS_INVALID_ARGUMENT, "batch_norm (sync): expected more than 1 value per channel over all "
                       "ranks when training, got %g", M);
-    for (long c = 0; !st && c < C; c++) mean[c] = (float)(v[c] / M);
-    if (!st) st = to_dev(dev, j->stats, mean, nc * sizeof *mean);
-    if (!st) st = bn_split_run(dev, LK_OP_BN_STATS, N, C, S, LK_BN_SQDEV, false, j->xt, j->xd, LK_F32, NULL, j->stats, LK_F64, dv.p);
-    if (!st) st = to_host(v, dev, dv.p, nc * sizeof *v);
-    if (!st) st = sy_in->sum(sy_in->ctx, v, (int)C);
     if (!st) st = vec_in(j->running_mean, C, &rm);
     if (!st) st = vec_in(j->running_var, C, &rv);
     if (!st) st = vec_in(j->weight, C, &w);
     if (!st) st = vec_in(j->bias, C, &b);
     for (long c = 0; !st && c < C; c++) {
-        invstd[c] = (float)(1.0 / sqrt(v[c] / M + (double)j->eps));
+        double m = v[c] / M, q = v[C + c] - v[c] * m; /* sum of squared deviations from the global mean */
+        if (q < 0) q = 0; /* rounding of a constant channel */
+        mean[c] = (float)m;
+        invstd[c] = (float)(1.0 / sqrt(q / M + (double)j->eps));
         if (j->running_mean) {
             vec_set(&rm, c, (1.0f - j->momentum) * vec_get(&rm, c) + j->momentum * mean[c]);
-            vec_set(&rv, c, (1.0f - j->momentum) * vec_get(&rv, c) + j->momentum * (float)(v[c] / (M - 1)));
+            vec_set(&rv, c, (1.0f - j->momentum) * vec_get(&rv, c) + j->momentum * (float)(q / (M - 1)));
         }
         float scale = invstd[c] * (j->weight ? vec_get(&w, c) : 1.0f);
         k[c] = scale;
         k[C + c] = (j->bias ? vec_get(&b, c) : 0.0f) - mean[c] * scale;
     }
-    if (!st) st = to_dev(dev, j->stats + C, invstd, nc * sizeof *invstd);
+    if (!st) st = to_dev(dev, j->stats, mean, 2 * nc * sizeof *mean); /* mean and invstd: one [2, C] tensor */
     if (!st) st = vec_out(&rm);
     if (!st) st = vec_out(&rv);
     if (!st) st = dbuf_alloc(dev, LK_F32, 2 * nc, &dk);
     if (!st) st = to_dev(dev, dk.p, k, 2 * nc * sizeof *k);
     if (!st) st = bn_split_run(dev, LK_OP_BN_APPLY, N, C, S, LK_BN_SUM, false, j->xt, j->xd, LK_F32, NULL, dk.p, j->xt, j->od);
-    *sy = (bn_sync){sy_in->sum, sy_in->ctx, M};
+    *sy = (bn_sync){sy_in->red, sy_in->sum, sy_in->ctx, M};
     vec_free(&rm), vec_free(&rv), vec_free(&w), vec_free(&b);
     dbuf_free(&dv);
     dbuf_free(&dk);
@@ -297,9 +324,16 @@ lk_tensor *lk_batch_norm(lk_tensor *x, lk_tensor *running_mean, lk_tensor *runni
 
 lk_tensor *lk_batch_norm_sync(lk_tensor *x, lk_tensor *running_mean, lk_tensor *running_var, lk_tensor *weight,
                               lk_tensor *bias, bool training, float momentum, float eps, lk_sum_fn sum, void *ctx) {
-    bn_sync sy = {sum, ctx, 0};
+    bn_sync sy = {{0}, sum, ctx, 0};
     return batch_norm_impl(x, running_mean, running_var, weight, bias, training, momentum, eps,
                            sum && training ? &sy : NULL);
+}
+
+lk_tensor *lk__batch_norm_sync_reducer(lk_tensor *x, lk_tensor *running_mean, lk_tensor *running_var, lk_tensor *weight,
+                                       lk_tensor *bias, bool training, float momentum, float eps, const lk_bn_reducer *r) {
+    bn_sync sy = {r ? *r : (lk_bn_reducer){0}, NULL, NULL, 0};
+    return batch_norm_impl(x, running_mean, running_var, weight, bias, training, momentum, eps,
+                           r && r->sum && training ? &sy : NULL);
 }
 
 static lk_tensor *batch_norm_impl(lk_tensor *x, lk_tensor *running_mean, lk_tensor *running_var, lk_tensor *weight,

@@ -238,11 +238,13 @@ typedef struct lk_fill_params {
  * BN_STATS (g and mean NULL where unused) writes out[C], or [2C] for GRAD:
  *   SUM:   out[c] = sum of x over channel c;
  *   SQDEV: out[c] = sum of (x - mean[c])^2;
- *   GRAD:  out[c] = sum of g, out[C + c] = sum of g * (x - mean[c]).
+ *   GRAD:  out[c] = sum of g, out[C + c] = sum of g * (x - mean[c]);
+ *   MOMENTS: out[c] = sum of x, out[C + c] = sum of x^2 (from the
+ *          deviations from the channel's own mean: lk_k_bn_channel_moments).
  * BN_APPLY: forward (g NULL) y = x * coef[c] + coef[C + c] (coef [2, C]:
  * scale, shift); backward y = dx from g with coef [4, C] = mean, k0, k1, k2
  * (lk_k_bn_backward_plane). */
-typedef enum { LK_BN_SUM, LK_BN_SQDEV, LK_BN_GRAD } lk_bn_stat;
+typedef enum { LK_BN_SUM, LK_BN_SQDEV, LK_BN_GRAD, LK_BN_MOMENTS } lk_bn_stat;
 typedef struct lk_bn_split_params {
     long N, C, S;
     lk_bn_stat stat; /* BN_STATS */

@@ -107,7 +107,9 @@ bool lk__op_operand_extent(const lk_op_desc *d, int i, int64_t *count, int64_t *
         const lk_bn_split_params *p = &d->bn_split;
         int64_t ncs = (int64_t)p->N * p->C * p->S;
         bool apply = d->op == LK_OP_BN_APPLY;
-        *count = i <= 1 || (apply && i == 3) ? ncs : !apply ? p->C : (p->backward ? 4 : 2) * (int64_t)p->C;
+        *count = i <= 1 || (apply && i == 3) ? ncs
+                 : !apply ? (i == 3 && p->stat == LK_BN_MOMENTS ? 2 : 1) * (int64_t)p->C
+                          : (p->backward ? 4 : 2) * (int64_t)p->C;
         *written = i == 3;
         return true;
     }
@@ -295,9 +297,9 @@ const char *lk__op_desc_str(const lk_op_desc *d, char *buf, size_t size) {
                  (long long)d->embedding.V, (long long)d->embedding.D);
         return buf;
     case LK_OP_BN_STATS: {
-        static const char *const stats[] = {"sum", "sqdev", "grad"};
+        static const char *const stats[] = {"sum", "sqdev", "grad", "moments"};
         unsigned k = (unsigned)d->bn_split.stat;
-        snprintf(buf, size, "bn_stats %s x %s -> %s (%ldx%ldx%ld)", k < 3 ? stats[k] : "?", DT(0), DT(3),
+        snprintf(buf, size, "bn_stats %s x %s -> %s (%ldx%ldx%ld)", k < 4 ? stats[k] : "?", DT(0), DT(3),
                  d->bn_split.N, d->bn_split.C, d->bn_split.S);
         return buf;
     }

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "autograd/autograd_impl.h" /* SyncBatchNorm over a reducer */
 #include "backend/backend_impl.h" /* batch norm's counter: LK_OP_INCREMENT */
 #include "lockstep/nn.h"
 
@@ -146,6 +147,7 @@ typedef struct {
     int spatial; /* 1: BatchNorm1d, 2: BatchNorm2d */
     lk_sum_fn sync; /* SyncBatchNorm: sums over ranks (lk_layer_sync_batchnorm); NULL: this rank's batch */
     void *sync_ctx;
+    lk_bn_reducer red; /* SyncBatchNorm over a reducer (lk_layer_sync_batchnorm_reducer); red.sum NULL: none */
 } bn_impl;
 
 static lk_status bn_reset(lk_layer *self, lk_rng *rng) {
@@ -197,8 +199,11 @@ static lk_tensor *bn_forward(lk_layer *self, lk_tensor *x) {
         }
     }
     bool use_batch_stats = self->training || !b->track;
-    lk_tensor *y = lk_batch_norm_sync(x, rm, rv, w, bias, use_batch_stats, factor, b->eps,
-                                       self->training ? b->sync : NULL, b->sync_ctx); /* PyTorch syncs in training only */
+    /* PyTorch syncs in training only */
+    lk_tensor *y = b->red.sum ? lk__batch_norm_sync_reducer(x, rm, rv, w, bias, use_batch_stats, factor, b->eps,
+                                                            self->training ? &b->red : NULL)
+                           : lk_batch_norm_sync(x, rm, rv, w, bias, use_batch_stats, factor, b->eps,
+                                                self->training ? b->sync : NULL, b->sync_ctx);
     if (!y && counted) (void)bn_count(nbt, -1); /* undone; the op's error is the one reported */
     return y;
 }
@@ -213,7 +218,7 @@ static lk_layer *bn_create(const char *type, int spatial, int64_t num_features, 
     }
     bn_impl *b = lk_malloc(sizeof *b);
     if (!b) return NULL;
-    *b = (bn_impl){num_features, eps, momentum, affine, track, spatial, NULL, NULL};
+    *b = (bn_impl){num_features, eps, momentum, affine, track, spatial, NULL, NULL, {0}};
     lk_layer *l = lk_layer_create(type, bn_forward, b, NULL);
     if (!l) return NULL;
     l->reset = bn_reset;
@@ -234,9 +239,24 @@ int lk_layer_sync_batchnorm(lk_layer *l, lk_sum_fn sum, void *ctx) {
         bn_impl *b = l->impl;
         b->sync = sum;
         b->sync_ctx = sum ? ctx : NULL;
+        b->red = (lk_bn_reducer){0};
         n++;
     }
     for (int i = 0; i < l->n_children; i++) n += lk_layer_sync_batchnorm(l->children[i].layer, sum, ctx);
+    return n;
+}
+
+int lk_layer_sync_batchnorm_reducer(lk_layer *l, const lk_bn_reducer *r) {
+    if (!l) return 0;
+    int n = 0;
+    if (l->forward == bn_forward) {
+        bn_impl *b = l->impl;
+        b->red = r && r->sum ? *r : (lk_bn_reducer){0};
+        b->sync = NULL;
+        b->sync_ctx = NULL;
+        n++;
+    }
+    for (int i = 0; i < l->n_children; i++) n += lk_layer_sync_batchnorm_reducer(l->children[i].layer, r);
     return n;
 }
 

@@ -18,12 +18,36 @@
 
 static bool is_rank0(const lk_trainer *tr) { return tr->rank == 0; }
 
-
-/* SyncBatchNorm's all-reduce (trainer.sync_batchnorm), over the ranks that
- * see different data: the strategy's data-parallel group. */
-static lk_status sum_over_ranks(void *ctx, double *vals, int n) {
-    lk_trainer *tr = ctx;
-    return lk_strategy_dp_reduce(tr->strat, vals, n, LK_REDUCE_SUM);
+/* trainer.sync_batchnorm: every BatchNorm layer computes its training
+ * statistics over the ranks that see different data, the strategy's
+ * data-parallel group (lk_strategy_dp_comm: the world for ddp, a stage's
+ * peers for a pipeline), one all-reduce per layer each way
+ * (lk_comm_bn_reducer, lk_layer_sync_batchnorm_reducer). Lightning converts the model to
+ * SyncBatchNorm under every strategy: with one process that computes what
+ * BatchNorm does, so here a group of one is said and left as it is; dp's
+ * replicas are threads of one process that lockstep cannot sync (Lightning
+ * 1.x's dp ran them unsynced): refused rather than silently per replica.
+ * A model without BatchNorm is a warning, as Lightning's (not a failure). */
+static lk_status setup_sync_batchnorm(lk_trainer *tr, lk_module *m) {
+    int dp = lk_strategy_dp_size(tr->strat);
+    const char *name = lk_strategy_name(tr->strat);
+    if (!strcmp(name, "dp"))
+        return lk_error(LK_STATUS_UNSUPPORTED,
+                        "trainer.sync_batchnorm with strategy dp: dp's replicas are threads of one process fed "
+                        "slices of one batch, and their batch norm statistics cannot be synchronised; use strategy "
+                        "ddp (one process per device), or set trainer.sync_batchnorm to false");
+    lk_bn_reducer r;
+    lk_comm_bn_reducer(dp > 1 ? lk_strategy_dp_comm(tr->strat) : NULL, &r);
+    int k = lk_layer_sync_batchnorm_reducer(m->net, &r);
+    if (k == 0)
+        lk_warn0("trainer.sync_batchnorm: the model has no BatchNorm layer, nothing to synchronise (it trains as "
+                 "without sync_batchnorm)");
+    else if (dp == 1)
+        lk_warn0("trainer.sync_batchnorm: strategy %s has one data-parallel process, whose batch norm statistics "
+                 "are already those of the whole batch: nothing to synchronise", name);
+    else
+        lk_log0("sync_batchnorm: %d batch norm layer%s compute statistics over all %d ranks", k, k == 1 ? "" : "s", dp);
+    return LK_STATUS_OK;
 }
 
 /* The module wrapped by the strategy, which decides the parameter layout
@@ -347,11 +371,7 @@ lk_status lk_trainer_fit(lk_trainer *tr, lk_module *m, lk_datamodule *dm, const 
     }
     if (!st) st = setup_params(tr, n_train / (tr->accum ? tr->accum : 1) + 1);
     if (!st) st = lk__prof_create(tr);
-    if (!st && c->sync_batchnorm && lk_strategy_dp_size(tr->strat) > 1) {
-        int k = lk_layer_sync_batchnorm(m->net, sum_over_ranks, tr);
-        lk_log0("sync_batchnorm: %d batch norm layer%s compute statistics over all %d ranks", k, k == 1 ? "" : "s",
-                lk_strategy_dp_size(tr->strat));
-    }
+    if (!st && c->sync_batchnorm) st = setup_sync_batchnorm(tr, m);
     if (!st) {
         int k = 0;
         st = lk__activation_checkpointing(c, m->net, &k);
@@ -487,7 +507,7 @@ lk_status lk_trainer_fit(lk_trainer *tr, lk_module *m, lk_datamodule *dm, const 
     tr->pf = NULL;
     lk_loader_free(train);
     lk_loader_free(val);
-    if (c->sync_batchnorm && m) lk_layer_sync_batchnorm(m->net, NULL, NULL); /* the module outlives this trainer's comm */
+    if (c->sync_batchnorm && m) lk_layer_sync_batchnorm_reducer(m->net, NULL); /* the module outlives this trainer's comm */
     if (m) lk_layer_checkpoint_clear(m->net); /* and this trainer's activation_checkpointing */
     lk_status saved = st;
     /* Peers still waiting for this rank (it failed alone: a non-finite loss,

@@ -459,6 +459,14 @@ static void add_half_forms(void) {
         ops(c, 0, 210, I_RAND, 0), ops(c, 1, 210, stat == LK_BN_GRAD ? I_RAND : I_NULL, 0);
         ops(c, 2, 6, stat == LK_BN_SUM ? I_NULL : I_RAND, 0), ops(c, 3, stat == LK_BN_GRAD ? 12 : 6, I_RAND, 0);
     }
+    /* the moments (sum and sum of squares in one pass: SyncBatchNorm's forward), f32 and a 16-bit x */
+    for (int k = 0; k < 2; k++) {
+        lk_dtype t = k ? hd[0] : LK_F32;
+        c = add(NAME("bn_stats_moments%s%s", k ? "_" : "", k ? lk_dtype_name(t) : ""), LK_OP_BN_STATS, T_EXACT);
+        dts(c, t, LK_F32, LK_F32, LK_F64);
+        c->d.bn_split = (lk_bn_split_params){5, 6, 7, LK_BN_MOMENTS, false};
+        ops(c, 0, 210, I_RAND, 0), ops(c, 1, 210, I_NULL, 0), ops(c, 2, 6, I_NULL, 0), ops(c, 3, 12, I_RAND, 0);
+    }
     for (int k = 0; k < 4; k++) {
         bool bwd = k & 1;
         lk_dtype t = k < 2 ? LK_F32 : hd[k % 2];

@@ -15,3 +15,6 @@ if(LK_HAVE_CUDA)
   add_test(NAME gpu_replay COMMAND test_sealed_replay --gpu)
   set_tests_properties(gpu_replay PROPERTIES LABELS gpu TIMEOUT 300 SKIP_RETURN_CODE 77)
 endif()
+# SyncBatchNorm's all-reduces on sealed device memory (device-reading
+# communicator) and staged through the host (shm): one each way, the CPU's bits.
+lk_add_test(NAME sealed_sync_bn SOURCES sealed/test_sync_bn_dev.c LABELS unit multiproc TIMEOUT 120)

@@ -16,3 +16,6 @@ lk_add_script_test(NAME train_gpt_cli SCRIPT train/test_gpt_cli.sh LABELS multip
 lk_add_test(NAME train_dp_groups SOURCES train/test_dp_groups.c LABELS multiproc TIMEOUT 180)
 # resnet through the CLI: ddp x2 on synthetic images, torchvision's names exported, a too-small image refused.
 lk_add_script_test(NAME train_resnet_cli SCRIPT train/test_resnet_cli.sh LABELS multiproc TIMEOUT 180)
+# trainer.sync_batchnorm through the CLI: ddp x2 batch 8 = 1 process batch 16, ddp x3 with a short last batch
+# = 1 process batch 12; strategy dp refused; one process or no BatchNorm: a warning.
+lk_add_script_test(NAME train_sync_batchnorm SCRIPT train/test_sync_batchnorm.sh LABELS multiproc TIMEOUT 180)

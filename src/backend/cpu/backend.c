@@ -90,7 +90,7 @@ static bool cpu_supports(const lk_op_desc *d) {
     case LK_OP_FILL: return lk_dtype_size(d->dtype[0]) && (unsigned)d->fill.ndim <= LK_MAX_DIMS;
     case LK_OP_BN_STATS:
         return d->dtype[0] == LK_F32 && d->dtype[1] == LK_F32 && d->dtype[2] == LK_F32 && d->dtype[3] == LK_F64 &&
-               (unsigned)d->bn_split.stat <= LK_BN_GRAD;
+               (unsigned)d->bn_split.stat <= LK_BN_MOMENTS;
     case LK_OP_BN_APPLY:
         return d->dtype[0] == LK_F32 && d->dtype[1] == LK_F32 && d->dtype[2] == LK_F32 && d->dtype[3] == LK_F32;
     case LK_OP_CLIP_COEF:

@@ -256,6 +256,10 @@ __attribute__((noinline)) static void bn_grad_pass(const float *xd, const float 
     for (long c = 0; c < C; c++) lk_k_bn_channel_grad_sums(gd, xd, N, C, S, c, mean[c], &out[c], &out[C + c]);
 }
 
+__attribute__((noinline)) static void bn_moments_pass(const float *xd, long N, long C, long S, double *out) {
+    for (long c = 0; c < C; c++) lk_k_bn_channel_moments(xd, N, C, S, c, &out[c], &out[C + c]);
+}
+
 __attribute__((noinline)) static void bn_affine_pass(const float *xd, const float *k, long N, long C, long S,
                                                      float *y) {
     for (long c = 0; c < C; c++)
@@ -276,6 +280,7 @@ lk_status LK_ISA(lk__cpu_bn_split)(const lk_op_desc *d, void *const *x) {
     if (d->op == LK_OP_BN_STATS) {
         if (p->stat == LK_BN_SUM) bn_sum_pass(x[0], N, C, S, x[3]);
         else if (p->stat == LK_BN_SQDEV) bn_sqdev_pass(x[0], x[2], N, C, S, x[3]);
+        else if (p->stat == LK_BN_MOMENTS) bn_moments_pass(x[0], N, C, S, x[3]);
         else bn_grad_pass(x[0], x[1], x[2], N, C, S, x[3]);
     } else if (p->backward) bn_dx_pass(x[0], x[1], x[2], N, C, S, x[3]);
     else bn_affine_pass(x[0], x[2], N, C, S, x[3]);

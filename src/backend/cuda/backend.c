@@ -134,7 +134,7 @@ static bool cuda_supports(const lk_op_desc *d) {
     case LK_OP_BCE_BACKWARD: return all_f32(d) && d->bce.reduction >= 0 && d->bce.reduction <= 2;
     case LK_OP_BN_STATS:
         return d->dtype[0] == LK_F32 && d->dtype[1] == LK_F32 && d->dtype[2] == LK_F32 && d->dtype[3] == LK_F64 &&
-               (unsigned)d->bn_split.stat <= LK_BN_GRAD;
+               (unsigned)d->bn_split.stat <= LK_BN_MOMENTS;
     case LK_OP_BN_APPLY: return all_f32(d);
     case LK_OP_ATTENTION: /* f32 (16-bit operands widen: ops.def), as the CPU */
     case LK_OP_ATTENTION_BACKWARD:

@@ -155,6 +155,10 @@ __global__ void k_bn_stats(lk_bn_split_params p, const float *xd, const float *g
             lk_k_bn_channel_grad_sums(gd, xd, N, C, S, (long)c, mean[c], &out[c], &out[C + c]);
             continue;
         }
+        if (p.stat == LK_BN_MOMENTS) {
+            lk_k_bn_channel_moments(xd, N, C, S, (long)c, &out[c], &out[C + c]);
+            continue;
+        }
         double s = 0;
         for (long i = 0; i < N; i++)
             s += p.stat == LK_BN_SUM ? lk_k_plane_sum(xd + (i * C + c) * S, S)

@@ -346,6 +346,20 @@ LK_KERNEL void lk_k_bn_channel_grad_sums(const float *dy, const float *x, long N
     *sg = g, *sgx = gx;
 }
 
+/* Channel c of [N, C, S] x: its sum and its sum of squares (SyncBatchNorm's
+ * moments, which add over ranks). The squares are not summed as they are:
+ * in f32 planes that loses the variance when the mean is large next to the
+ * deviation. They come from the deviations from this batch's own mean m
+ * (f32), sum(x^2) = sum((x - m)^2) + m * (2 sum(x) - M m), in double. */
+LK_KERNEL void lk_k_bn_channel_moments(const float *x, long N, long C, long S, long c, double *sum, double *sumsq) {
+    double s = 0, q = 0, M = (double)N * (double)S;
+    for (long i = 0; i < N; i++) s += lk_k_plane_sum(x + (i * C + c) * S, S);
+    float m = M > 0 ? (float)(s / M) : 0.0f;
+    for (long i = 0; i < N; i++) q += lk_k_plane_sqdev(x + (i * C + c) * S, S, m);
+    *sum = s;
+    *sumsq = q + (double)m * (2.0 * s - M * (double)m);
+}
+
 /* dx = dy * k1 + (x - mean) * k2 + k0 (the fused training backward, with
  * the per-channel constants folded by the caller). */
 LK_KERNEL void lk_k_bn_backward_plane(const float *LK_KC_RESTRICT dy, const float *LK_KC_RESTRICT x, long S,

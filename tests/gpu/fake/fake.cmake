@@ -95,6 +95,10 @@ foreach(t "ddp_two;ddp;1;shm" "ddp_nccl;ddp;2;nccl" "dp_two;dp;2;")
   set_tests_properties(fake_gpu_${name} PROPERTIES LABELS "unit;fakegpu;multiproc;nosan;threads" TIMEOUT 600
                        ENVIRONMENT "LK_FAKE_GPUS=${gpus};LD_LIBRARY_PATH=${LK_FAKE_LIB};LK_TEST_STRATEGY=${s};LK_TEST_COMM=${comm};LK_FAKE_NCCL_SLOT=256;LK_BIN=$<TARGET_FILE:lockstep_fakegpu_cli>;LK_SOURCE_DIR=${PROJECT_SOURCE_DIR}")
 endforeach()
+# SyncBatchNorm over nccl on the fake GPU's two: device buffers all-reduced, one CPU process's batch 16 matched.
+add_test(NAME fake_gpu_sync_bn_ddp COMMAND bash ${PROJECT_SOURCE_DIR}/tests/gpu/test_sync_bn_ddp.sh WORKING_DIRECTORY ${PROJECT_BINARY_DIR})
+set_tests_properties(fake_gpu_sync_bn_ddp PROPERTIES LABELS "unit;fakegpu;multiproc;nosan" TIMEOUT 300
+                     ENVIRONMENT "LK_FAKE_GPUS=2;LD_LIBRARY_PATH=${LK_FAKE_LIB};LK_FAKE_NCCL_SLOT=256;LK_BIN=$<TARGET_FILE:lockstep_fakegpu_cli>;LK_CPU_BIN=$<TARGET_FILE:lockstep>;LK_SOURCE_DIR=${PROJECT_SOURCE_DIR}")
 add_test(NAME fake_gpu_cli COMMAND bash ${PROJECT_SOURCE_DIR}/tests/gpu/fake/test_cli.sh WORKING_DIRECTORY ${PROJECT_BINARY_DIR})
 set_tests_properties(fake_gpu_cli PROPERTIES LABELS "unit;fakegpu;multiproc" TIMEOUT 300
                      ENVIRONMENT "${LK_FAKE_ENV};LK_BIN=$<TARGET_FILE:lockstep_fakegpu_cli>;LK_SOURCE_DIR=${PROJECT_SOURCE_DIR}")
