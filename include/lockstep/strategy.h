@@ -87,6 +87,9 @@ typedef struct lk_strategy_config {
     int pipe_chunks;
     const char *pipe_schedule;
     const char *pipe_split;
+    /* trainer.pipeline.stages: the stages; the devices are stages x data-parallel replicas
+     * (0: one stage per device, no replicas) */
+    int pipe_stages;
 } lk_strategy_config;
 lk_strategy_config lk_strategy_config_default(void);
 
@@ -203,6 +206,13 @@ lk_status lk_strategy_state_dict_loaded(lk_strategy *s);
  * optimizer state only); OK otherwise. Loading weights alone is not
  * concerned. */
 lk_status lk_strategy_check_resume(const lk_strategy *s);
+/* Before the whole model runs on every rank (validation, test, the end of
+ * fit): makes each rank's copy of the parameters and buffers current. A
+ * collective (every rank calls it in the same order): the pipeline
+ * strategies, whose stages update only their own blocks, broadcast each
+ * stage's when they changed since the last call; nothing to do for the
+ * others or before lk_strategy_wrap. */
+lk_status lk_strategy_sync_model(lk_strategy *s);
 
 /* ---- pipelines (model_parallel, pipeline) ---------------------------------------
  * A pipeline strategy cuts the network into stages of consecutive blocks

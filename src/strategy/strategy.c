@@ -225,6 +225,10 @@ lk_status lk_strategy_check_resume(const lk_strategy *s) {
                : LK_STATUS_OK;
 }
 
+lk_status lk_strategy_sync_model(lk_strategy *s) {
+    return s && s->wrapped && s->vt->sync_model ? s->vt->sync_model(s) : LK_STATUS_OK;
+}
+
 lk_status lk_strategy_state_dict_loaded(lk_strategy *s) {
     return s->wrapped && s->vt->state_dict_loaded ? s->vt->state_dict_loaded(s) : LK_STATUS_OK;
 }

@@ -197,6 +197,7 @@ lk_status lk_trainer_create(const lk_trainer_config *cfg, const lk_optim_setting
     sc.pipe_chunks = !strcmp(cfg->strategy, "model_parallel") ? 1 : (int)cfg->pipeline_chunks;
     sc.pipe_schedule = cfg->pipeline_schedule;
     sc.pipe_split = cfg->pipeline_split;
+    sc.pipe_stages = (int)cfg->pipeline_stages;
     st = lk_strategy_create(&sc, &tr->strat);
     if (st) goto fail;
     tr->params = lk_strategy_local_params(tr->strat);
