@@ -222,7 +222,8 @@ static lk_status set_blocks(lk_strategy *s, const lk_named_layer *blocks, int n)
                         "block%s to cut: use at most %d devices", name, ps->p, n, n == 1 ? "" : "s", n);
     if (ps->p > n)
         return lk_error(LK_STATUS_INVALID_ARGUMENT, "strategy %s: %d stages (trainer.pipeline.stages) but the model has "
-                        "only %d block%s to cut: use at most %d stages", name, ps->p, n, n == 1 ? "" : "s", n);
+                        "only %d block%s to cut: use at most %d stage%s", name, ps->p, n, n == 1 ? "" : "s", n,
+                        n == 1 ? "" : "s");
     ps->nblocks = n;
     ps->bname = lk_calloc((size_t)n, sizeof *ps->bname);
     ps->blayer = lk_calloc((size_t)n, sizeof *ps->blayer);

@@ -13,6 +13,8 @@ lk_add_test(NAME strategy_pipe_run SOURCES strategy/test_pipe_run.c LABELS multi
 # bitwise where the arithmetic is the same, 1e-5 otherwise; accumulation, clipping, bf16-mixed; bad input refused.
 lk_add_script_test(NAME strategy_pipeline_fit SCRIPT strategy/test_pipeline_fit.sh LABELS multiproc TIMEOUT 240)
 lk_add_test(NAME strategy_pipeline_checks SOURCES strategy/test_pipeline_strategy.c LABELS unit TIMEOUT 60)
+# pipeline x data parallel: 4 devices as 2 stages x 2 replicas (mlp, 20 steps) bitwise ddp accumulating the same micro-batches, near single; clipping, accumulation, validation on the stages' current blocks.
+lk_add_script_test(NAME strategy_pipeline_dp SCRIPT strategy/test_pipeline_dp.sh LABELS multiproc TIMEOUT 240)
 # ZeRO stages 1 and 2 against ddp on 2, 3 and 4 ranks: bitwise, with clipping, accumulation, bf16-mixed,
 # 16-mixed, a parameter count no world size divides, exact resume, the class node and the refusals.
 lk_add_script_test(NAME strategy_zero SCRIPT strategy/test_zero.sh LABELS multiproc TIMEOUT 300)
