@@ -144,6 +144,12 @@ typedef struct lk_pipe_stage {
     /* (optional) What REDUCE_GRADS and OPTIMIZER_STEP do; NULL: nothing. */
     lk_status (*reduce_grads)(void *ctx);
     lk_status (*optimizer_step)(void *ctx);
+    /* (optional) Where the run's time went, added in (seconds): the whole
+     * list, its forwards and backwards, and its COMM actions (posting and
+     * waiting: on an idle machine, the stage's bubble plus the transfers). */
+    struct lk_pipe_times {
+        double total_s, compute_s, comm_s;
+    } *times;
 } lk_pipe_stage;
 
 /* Runs this rank's list of schedule `s` (stage lk_comm_rank(st->comm);

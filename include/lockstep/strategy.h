@@ -398,6 +398,11 @@ typedef struct lk_strategy_stats {
     double comm_straggler_last_s; /* ... in the last synced step's finish_backward */
     double step_sync_last_s;      /* shared parameters: the last lk_strategy_after_step (counted in comm_exposed_s) */
     double step_straggler_last_s; /* ... its wait for the last rank (counted in comm_straggler_s) */
+    /* model_parallel, pipeline: this rank's schedule runs over the steps
+     * after the first, summed: their time, and the part spent in messages
+     * (waiting for a neighbour stage: the bubble, plus the transfers) */
+    int pipe_stages, pipe_chunks; /* 0: not a pipeline */
+    double pipe_run_s, pipe_comm_s;
 } lk_strategy_stats;
 lk_strategy_stats lk_strategy_get_stats(const lk_strategy *s);
 

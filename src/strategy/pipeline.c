@@ -65,6 +65,7 @@ typedef struct pipe_self {
     float *weight;           /* [chunks] a short batch's micro-batch weights (rows_c * m / rows) */
     int64_t full_rows;       /* the first batch's rows: later batches with fewer are an epoch's short last one */
     lk_pipe_schedule *short_sched; /* the schedule for a short batch of fewer rows than chunks (its m) */
+    int64_t steps_run;
     lk_strategy *s;
 } pipe_self;
 
@@ -495,6 +496,8 @@ static lk_status training_step(lk_strategy *s, const lk_step_args *a, lk_step_re
                         .nblocks = ps->first[ps->stage + 1] - ps->first[ps->stage], .ctx = ps,
                         .input = stage_input, .loss = stage_loss, .loss_mul = mul,
                         .chunk_weight = extra ? ps->weight : NULL};
+    struct lk_pipe_times times = {0};
+    st.times = &times;
     double t0 = lk_time_now(), loss_sum = 0;
     if (fn->step_begin) fn->step_begin(fn->ctx);
     lk_autocast_enter(a->autocast);
@@ -513,6 +516,13 @@ static lk_status training_step(lk_strategy *s, const lk_step_args *a, lk_step_re
     r->t_comm = t2 - t1; /* the loss's broadcast and the replicas' all-reduce */
     if (fn->step_end) fn->step_end(fn->ctx, t1, t1, t2);
     if (rc) return rc;
+    /* the measured bubble (run.json), past the first step's allocations and the full-size schedule only */
+    s->stats.pipe_stages = ps->p;
+    s->stats.pipe_chunks = ps->chunks;
+    if (ps->steps_run++ > 0 && sched == ps->sched) {
+        s->stats.pipe_run_s += times.total_s;
+        s->stats.pipe_comm_s += times.comm_s;
+    }
     if (a->sync) LK_TRY(reduce_tied(s));
     r->loss = loss_sum / m;
     if (fn->pipe_log_loss) LK_TRY(fn->pipe_log_loss(fn->ctx, r->loss));

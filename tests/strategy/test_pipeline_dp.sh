@@ -12,7 +12,7 @@
 # the whole model on every rank, each stage's blocks broadcast to it first
 # (the stages keep only their own blocks current between evaluations): its
 # loss is ddp's within 1e-6 (stale blocks would give another loss
-# altogether). A stage count that does not divide the devices, or more
+# altogether). run.json has the measured bubble beside the theory's. A stage count that does not divide the devices, or more
 # stages than blocks, is refused before training.
 source "$(dirname "$0")/../cli/lib.sh"
 export LK_ALLOW_OVERSUBSCRIBE=1 # 4 ranks on a 2-core machine
@@ -76,6 +76,11 @@ check "pipeline 2 x 2: within 1e-6 of single on the global batch of 32 ($(near "
   near "$T/single.st" "$T/pdp.st" 1e-6
 run pdp_gpipe "${pdp[@]}" --trainer.pipeline.schedule gpipe --data.init_args.batch_size 16 &&
   check "pipeline 2 x 2, gpipe: bitwise 1f1b" cmp -s "$T/pdp.st" "$T/pdp_gpipe.st"
+check "run.json: the measured bubble beside the theory (p 2, m 4: 0.2)" python3 -c "
+import json, sys
+p = json.load(open(sys.argv[1]))['pipeline']
+sys.exit(0 if p['stages'] == 2 and p['chunks'] == 4 and abs(p['bubble_theory'] - 0.2) < 1e-12 and 0 <= p['bubble'] <= 1 else 1)" \
+  "$T/pdp/lightning_logs/version_0/run.json"
 v1=$(val_loss pdp) v2=$(val_loss ddp)
 check "validation runs the stages' current blocks: val_loss $v1 is ddp's $v2 within 1e-6" close "$v1" "$v2" 1e-6
 # accumulation on top of the micro-batches: 2 batches of 4 x 2 rows per replica per step
