@@ -150,6 +150,8 @@ typedef struct lk_pipe_stage {
     struct lk_pipe_times {
         double total_s, compute_s, comm_s;
     } *times;
+    /* (optional) Called with ctx after each action ran, and when (a profiler's trace). */
+    void (*on_action)(void *ctx, const lk_pipe_action *a, double t_start, double t_end);
 } lk_pipe_stage;
 
 /* Runs this rank's list of schedule `s` (stage lk_comm_rank(st->comm);

@@ -387,6 +387,13 @@ lk_status lk_strategy_join(lk_strategy *s);
 typedef void (*lk_strategy_bucket_fn)(void *ctx, int bucket, size_t bytes, double t_start, double t_end,
                                       bool comm_thread);
 void lk_strategy_set_bucket_hook(lk_strategy *s, lk_strategy_bucket_fn fn, void *ctx);
+/* (optional) A profiler's view of a pipeline's schedule (model_parallel,
+ * pipeline): called on the step's thread after each action of this rank's
+ * list ran, with its kind (lk_pipe_kind of lockstep/pipeline.h), its
+ * micro-batch (a message group: its first message's; -1: none) and when
+ * it ran (lk_time_now seconds). fn NULL clears it. */
+typedef void (*lk_strategy_pipe_fn)(void *ctx, int kind, int chunk, double t_start, double t_end);
+void lk_strategy_set_pipe_hook(lk_strategy *s, lk_strategy_pipe_fn fn, void *ctx);
 
 typedef struct lk_strategy_stats {
     uint64_t allreduce_calls;  /* bucket all-reduces issued so far */

@@ -197,7 +197,7 @@ lk_status lk_pipe_run(const lk_pipe_schedule *s, const lk_pipe_stage *st, double
     double t_run = lk_time_now();
     for (int i = 0; i < lk_pipe_schedule_length(s, r.k) && !res; i++) {
         const lk_pipe_action *a = lk_pipe_schedule_action(s, r.k, i);
-        double t0 = st->times ? lk_time_now() : 0;
+        double t0 = st->times || st->on_action ? lk_time_now() : 0;
         switch (a->kind) {
         case LK_PIPE_FORWARD: res = forward(&r, a->chunk); break;
         case LK_PIPE_BACKWARD: res = backward(&r, a->chunk); break;
@@ -205,8 +205,10 @@ lk_status lk_pipe_run(const lk_pipe_schedule *s, const lk_pipe_stage *st, double
         case LK_PIPE_REDUCE_GRADS: res = st->reduce_grads ? st->reduce_grads(st->ctx) : LK_STATUS_OK; break;
         case LK_PIPE_OPTIMIZER_STEP: res = st->optimizer_step ? st->optimizer_step(st->ctx) : LK_STATUS_OK; break;
         }
-        if (st->times && (a->kind == LK_PIPE_FORWARD || a->kind == LK_PIPE_BACKWARD)) st->times->compute_s += lk_time_now() - t0;
-        else if (st->times && a->kind == LK_PIPE_COMM) st->times->comm_s += lk_time_now() - t0;
+        double t1 = st->times || st->on_action ? lk_time_now() : 0;
+        if (st->times && (a->kind == LK_PIPE_FORWARD || a->kind == LK_PIPE_BACKWARD)) st->times->compute_s += t1 - t0;
+        else if (st->times && a->kind == LK_PIPE_COMM) st->times->comm_s += t1 - t0;
+        if (st->on_action && !res) st->on_action(st->ctx, a, t0, t1);
     }
     if (st->times) st->times->total_s += lk_time_now() - t_run;
     lk_scope_end(); /* the graphs no backward ran for (a forward-only schedule, a failure) */

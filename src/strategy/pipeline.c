@@ -412,6 +412,12 @@ static lk_tensor *stage_loss(void *ctx, int chunk, lk_tensor *out) {
     return ps->s->fn.pipe_loss(ps->s->fn.ctx, out, &ps->mb[chunk]);
 }
 
+static void stage_action(void *ctx, const lk_pipe_action *a, double t0, double t1) {
+    pipe_self *ps = ctx;
+    lk_strategy *s = ps->s;
+    if (s->pipe_fn) s->pipe_fn(s->pipe_ctx, (int)a->kind, a->kind == LK_PIPE_COMM ? a->ops[0].chunk : a->chunk, t0, t1);
+}
+
 /* A tied parameter's gradient parts summed where every holder sees it (the
  * ranks holding no part add zeros): then each holder's optimizer makes the
  * same update. The gradients are final here (the step's last micro-batch). */
@@ -498,6 +504,7 @@ static lk_status training_step(lk_strategy *s, const lk_step_args *a, lk_step_re
                         .chunk_weight = extra ? ps->weight : NULL};
     struct lk_pipe_times times = {0};
     st.times = &times;
+    if (s->pipe_fn) st.on_action = stage_action;
     double t0 = lk_time_now(), loss_sum = 0;
     if (fn->step_begin) fn->step_begin(fn->ctx);
     lk_autocast_enter(a->autocast);

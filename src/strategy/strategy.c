@@ -20,6 +20,11 @@ void lk_strategy_set_bucket_hook(lk_strategy *s, lk_strategy_bucket_fn fn, void 
     s->bucket_ctx = ctx;
 }
 
+void lk_strategy_set_pipe_hook(lk_strategy *s, lk_strategy_pipe_fn fn, void *ctx) {
+    s->pipe_fn = fn;
+    s->pipe_ctx = ctx;
+}
+
 void lk_strategy_free(lk_strategy *s) {
     if (!s) return;
     lk_strategy_detach(s);

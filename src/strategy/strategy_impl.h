@@ -109,6 +109,8 @@ struct lk_strategy {
     lk_strategy_stats stats;
     lk_strategy_bucket_fn bucket_fn; /* profiler (optional) */
     void *bucket_ctx;
+    lk_strategy_pipe_fn pipe_fn; /* profiler (optional) */
+    void *pipe_ctx;
     /* the layout lk_strategy_wrap made */
     bool wrapped;
     lk_layer *net;                 /* borrowed */

@@ -12,7 +12,8 @@
 # the whole model on every rank, each stage's blocks broadcast to it first
 # (the stages keep only their own blocks current between evaluations): its
 # loss is ddp's within 1e-6 (stale blocks would give another loss
-# altogether). run.json has the measured bubble beside the theory's. A stage count that does not divide the devices, or more
+# altogether). run.json has the measured bubble beside the theory's; the
+# trace profiler draws each rank's schedule. A stage count that does not divide the devices, or more
 # stages than blocks, is refused before training.
 source "$(dirname "$0")/../cli/lib.sh"
 export LK_ALLOW_OVERSUBSCRIBE=1 # 4 ranks on a 2-core machine
@@ -83,6 +84,20 @@ sys.exit(0 if p['stages'] == 2 and p['chunks'] == 4 and abs(p['bubble_theory'] -
   "$T/pdp/lightning_logs/version_0/run.json"
 v1=$(val_loss pdp) v2=$(val_loss ddp)
 check "validation runs the stages' current blocks: val_loss $v1 is ddp's $v2 within 1e-6" close "$v1" "$v2" 1e-6
+# the trace profiler: a "pipeline schedule" track per rank with every micro-batch's forward, backward and messages
+run pdp_trace "${pdp[@]}" --data.init_args.batch_size 16 --trainer.profiler trace --trainer.max_steps 3 &&
+  check "trace.json: each of the 4 ranks' schedule track has forward 0-3, backward 0-3 and messages" python3 - \
+    "$T/pdp_trace/lightning_logs/version_0/trace.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+ev = d['traceEvents'] if isinstance(d, dict) else d
+ok = True
+for rank in range(4):
+    names = {e['name'] for e in ev if e.get('pid') == rank and e.get('cat') == 'pipeline'}
+    need = {'forward %d' % c for c in range(4)} | {'backward %d' % c for c in range(4)} | {'optimizer step'}
+    ok = ok and need <= names and any(n.startswith('messages') for n in names)
+sys.exit(0 if ok else 1)
+PY
 # accumulation on top of the micro-batches: 2 batches of 4 x 2 rows per replica per step
 run ddp_acc8 --trainer.devices 2 --trainer.strategy ddp --data.init_args.batch_size 2 --trainer.accumulate_grad_batches 8
 run pdp_acc "${pdp[@]}" --data.init_args.batch_size 8 --trainer.accumulate_grad_batches 2 &&
