@@ -162,8 +162,12 @@ typedef struct lk_pipe_stage {
  * gradient received, so the blocks' parameters accumulate their gradients
  * over the micro-batches; messages are the activations (a small header with
  * dtype and shape, then the data) and the gradients of the inputs, posted
- * together per COMM action with the async point-to-point calls. The
- * micro-batches' graphs live until the end of the run (one scope). On the
+ * together per COMM action with the async point-to-point calls. Each
+ * micro-batch's tensors (its graph's activations, the activation and the
+ * gradient it received) are released once its backward ran and its input's
+ * gradient was sent, so a stage holds only the micro-batches its schedule
+ * has in flight (1F1B: at most p - stage; a forward-only schedule's until
+ * the run ends). On the
  * last stage *loss_sum (may be NULL) gets the sum of the micro-batches'
  * losses (times chunk_weight when given) before loss_mul; elsewhere 0. Any failure (a peer's included)
  * aborts the communicator, so every stage stops. */
