@@ -54,6 +54,15 @@ void lk_scope_begin(void);
 void lk_scope_end(void);
 /* Hands a tensor the caller owns to the innermost scope (returns it). */
 lk_tensor *lk_scope_adopt(lk_tensor *t);
+/* Ends the innermost scope without releasing anything: its tensors (*n
+ * references, in adoption order, in an array the caller frees with
+ * lk_free after releasing each) go to the caller, and the tape nodes
+ * recorded inside stay alive, so the graph's backward can run later —
+ * it frees those nodes, or the enclosing scope's end does. What a
+ * pipeline stage does per micro-batch, whose graphs do not end in the
+ * order they began (1F1B): each one's tensors are released after its own
+ * backward. NULL with *n 0 when the scope adopted nothing. */
+lk_tensor **lk_scope_end_keep(int *n);
 /* Keeps a scope-owned tensor alive past the scope: the caller now owns a reference. */
 #define lk_tensor_keep(t) lk_tensor_retain(t)
 

@@ -144,6 +144,14 @@ typedef struct lk_pipe_stage {
     /* (optional) What REDUCE_GRADS and OPTIMIZER_STEP do; NULL: nothing. */
     lk_status (*reduce_grads)(void *ctx);
     lk_status (*optimizer_step)(void *ctx);
+    /* (optional) Where the run's time went, added in (seconds): the whole
+     * list, its forwards and backwards, and its COMM actions (posting and
+     * waiting: on an idle machine, the stage's bubble plus the transfers). */
+    struct lk_pipe_times {
+        double total_s, compute_s, comm_s;
+    } *times;
+    /* (optional) Called with ctx after each action ran, and when (a profiler's trace). */
+    void (*on_action)(void *ctx, const lk_pipe_action *a, double t_start, double t_end);
 } lk_pipe_stage;
 
 /* Runs this rank's list of schedule `s` (stage lk_comm_rank(st->comm);
@@ -154,8 +162,12 @@ typedef struct lk_pipe_stage {
  * gradient received, so the blocks' parameters accumulate their gradients
  * over the micro-batches; messages are the activations (a small header with
  * dtype and shape, then the data) and the gradients of the inputs, posted
- * together per COMM action with the async point-to-point calls. The
- * micro-batches' graphs live until the end of the run (one scope). On the
+ * together per COMM action with the async point-to-point calls. Each
+ * micro-batch's tensors (its graph's activations, the activation and the
+ * gradient it received) are released once its backward ran and its input's
+ * gradient was sent, so a stage holds only the micro-batches its schedule
+ * has in flight (1F1B: at most p - stage; a forward-only schedule's until
+ * the run ends). On the
  * last stage *loss_sum (may be NULL) gets the sum of the micro-batches'
  * losses (times chunk_weight when given) before loss_mul; elsewhere 0. Any failure (a peer's included)
  * aborts the communicator, so every stage stops. */

@@ -111,6 +111,9 @@ typedef struct lk_strategy_config {
     int pipe_chunks;
     const char *pipe_schedule;
     const char *pipe_split;
+    /* trainer.pipeline.stages: the stages; the devices are stages x data-parallel replicas
+     * (0: one stage per device, no replicas) */
+    int pipe_stages;
     const lk_fsdp_options *fsdp; /* fsdp, deepspeed_stage_3 (copied by create); NULL: lk_fsdp_options_default() */
 } lk_strategy_config;
 lk_strategy_config lk_strategy_config_default(void);
@@ -240,6 +243,13 @@ lk_status lk_strategy_state_dict_loaded(lk_strategy *s);
  * optimizer state only); OK otherwise. Loading weights alone is not
  * concerned. */
 lk_status lk_strategy_check_resume(const lk_strategy *s);
+/* Before the whole model runs on every rank (validation, test, the end of
+ * fit): makes each rank's copy of the parameters and buffers current. A
+ * collective (every rank calls it in the same order): the pipeline
+ * strategies, whose stages update only their own blocks, broadcast each
+ * stage's when they changed since the last call; nothing to do for the
+ * others or before lk_strategy_wrap. */
+lk_status lk_strategy_sync_model(lk_strategy *s);
 
 /* ---- sharded checkpoints (docs/CHECKPOINTS.md) ----------------------------------
  * A piece: the range [lo, hi) of one parameter's flattened elements that
@@ -446,6 +456,13 @@ lk_status lk_strategy_join(lk_strategy *s);
 typedef void (*lk_strategy_bucket_fn)(void *ctx, int bucket, size_t bytes, double t_start, double t_end,
                                       bool comm_thread);
 void lk_strategy_set_bucket_hook(lk_strategy *s, lk_strategy_bucket_fn fn, void *ctx);
+/* (optional) A profiler's view of a pipeline's schedule (model_parallel,
+ * pipeline): called on the step's thread after each action of this rank's
+ * list ran, with its kind (lk_pipe_kind of lockstep/pipeline.h), its
+ * micro-batch (a message group: its first message's; -1: none) and when
+ * it ran (lk_time_now seconds). fn NULL clears it. */
+typedef void (*lk_strategy_pipe_fn)(void *ctx, int kind, int chunk, double t_start, double t_end);
+void lk_strategy_set_pipe_hook(lk_strategy *s, lk_strategy_pipe_fn fn, void *ctx);
 
 typedef struct lk_strategy_stats {
     uint64_t allreduce_calls;  /* bucket all-reduces issued so far */
@@ -457,6 +474,11 @@ typedef struct lk_strategy_stats {
     double comm_straggler_last_s; /* ... in the last synced step's finish_backward */
     double step_sync_last_s;      /* shared parameters: the last lk_strategy_after_step (counted in comm_exposed_s) */
     double step_straggler_last_s; /* ... its wait for the last rank (counted in comm_straggler_s) */
+    /* model_parallel, pipeline: this rank's schedule runs over the steps
+     * after the first, summed: their time, and the part spent in messages
+     * (waiting for a neighbour stage: the bubble, plus the transfers) */
+    int pipe_stages, pipe_chunks; /* 0: not a pipeline */
+    double pipe_run_s, pipe_comm_s;
 } lk_strategy_stats;
 lk_strategy_stats lk_strategy_get_stats(const lk_strategy *s);
 

@@ -130,6 +130,7 @@ typedef struct lk_trainer_config {
     int64_t pipeline_chunks;        /* model_parallel, pipeline: trainer.pipeline.chunks (default 4) */
     char pipeline_schedule[LK_PARAM_STR]; /* trainer.pipeline.schedule: gpipe | 1f1b (default) */
     char pipeline_split[LK_PARAM_STR];    /* trainer.pipeline.split: each stage's first block after the first */
+    int64_t pipeline_stages;        /* trainer.pipeline.stages: devices = stages x replicas (0: one stage per device) */
     char scale_lr[LK_PARAM_STR];    /* none | linear (base lr × world size × accumulation) */
     int64_t global_batch_size;      /* 0: off; else accumulation is derived from it */
     char profiler[LK_PARAM_STR];    /* none | simple | advanced | trace (pytorch: the same as trace) */

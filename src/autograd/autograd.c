@@ -133,6 +133,11 @@ void lk_scope_end(void) {
     lk__scope_pop();
 }
 
+/* The nodes stay: they are older than any scope opened after this one, and
+ * the enclosing scope's mark is older still, so its end (or the graph's
+ * backward) frees them. */
+lk_tensor **lk_scope_end_keep(int *n) { return lk__scope_pop_keep(n); }
+
 void lk_thread_cleanup(void) {
     lk_tape_reset();
     lk_free(tape);

@@ -95,6 +95,8 @@ void lk__tape_truncate(uint64_t mark);
 void lk__scope_push(uint64_t mark);
 uint64_t lk__scope_top_mark(void);
 void lk__scope_pop(void);
+/* Pops the innermost frame, handing its tensors to the caller (lk_scope_end_keep). */
+lk_tensor **lk__scope_pop_keep(int *n);
 
 /* ---- the autocast policy ------------------------------------------------------
  * One table says which dtype each op family runs in (docs/PRECISION.md has

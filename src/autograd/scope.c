@@ -42,6 +42,17 @@ void lk__scope_pop(void) {
     f->n = 0;
 }
 
+lk_tensor **lk__scope_pop_keep(int *n) {
+    LK_ASSERT(scope_depth > 0);
+    scope_frame *f = &scopes[--scope_depth];
+    *n = f->n;
+    lk_tensor **out = f->n ? lk_malloc((size_t)f->n * sizeof *out) : NULL;
+    if (f->n && !out) lk_panic("out of memory handing over a scope's tensors");
+    if (f->n) memcpy(out, f->items, (size_t)f->n * sizeof *out);
+    f->n = 0;
+    return out;
+}
+
 bool lk__scope_active(void) { return scope_depth > 0; }
 
 void lk__scope_thread_cleanup(void) {

@@ -4,7 +4,11 @@
  * (several are alive at once: 1F1B starts micro-batch k+1's forward before
  * k's backward), from a leaf that stands for the input the previous stage
  * sent (its gradient is what goes back) to the output that goes on (or the
- * loss). */
+ * loss). A micro-batch's tensors are its own, not the run's: its forward
+ * runs in a scope whose tensors it keeps (lk_scope_end_keep), released
+ * after its backward, and the activation and gradient it received are
+ * released once used, so a stage holds the activations of the micro-batches
+ * its schedule has in flight and no more (1F1B: at most p - stage). */
 #include <string.h>
 
 #include "lockstep/autograd.h"
@@ -15,12 +19,32 @@
 enum { HDR = 2 + LK_MAX_DIMS };
 
 typedef struct chunk_state {
-    lk_tensor *in;   /* the input leaf (stages after the first), or stage 0's input */
+    lk_tensor *in;   /* the input leaf (stages after the first: received, owned here), or stage 0's input */
     lk_tensor *out;  /* the stage's output (its graph alive until the backward) */
     lk_tensor *loss; /* the last stage's (scaled) loss */
-    lk_tensor *gout; /* the gradient of out, received */
+    lk_tensor *gout; /* the gradient of out, received (owned here) */
+    lk_tensor **kept; /* the forward's tensors (out, loss and what the graph saved), released after the backward */
+    int nkept;
+    bool in_owned;
     int64_t hdr[HDR];
 } chunk_state;
+
+/* Gives back what the micro-batch's forward made (its graph's nodes went
+ * with its backward, or go with the run's scope). */
+static void release_forward(chunk_state *x) {
+    for (int i = x->nkept - 1; i >= 0; i--) lk_tensor_release(x->kept[i]);
+    lk_free(x->kept);
+    x->kept = NULL;
+    x->nkept = 0;
+    x->out = x->loss = NULL;
+    if (!x->in_owned) x->in = NULL; /* stage 0's input was the forward's */
+}
+
+static void release_in(chunk_state *x) {
+    if (x->in_owned) lk_tensor_release(x->in);
+    x->in = NULL;
+    x->in_owned = false;
+}
 
 typedef struct run {
     const lk_pipe_schedule *s;
@@ -30,7 +54,7 @@ typedef struct run {
     double loss_sum;
 } run;
 
-static lk_status forward(run *r, int c) {
+static lk_status forward_body(run *r, int c) {
     chunk_state *x = &r->c[c];
     lk_tensor *h = r->k == 0 ? r->st->input(r->st->ctx, c) : x->in;
     if (!h) return lk_error(LK_STATUS_INVALID_ARGUMENT, "pipeline stage %d: no input for micro-batch %d%s", r->k, c,
@@ -51,17 +75,33 @@ static lk_status forward(run *r, int c) {
     return LK_STATUS_OK;
 }
 
+/* The forward in a scope of the micro-batch's own, whose tensors it keeps. */
+static lk_status forward(run *r, int c) {
+    lk_scope_begin();
+    lk_status st = forward_body(r, c);
+    chunk_state *x = &r->c[c];
+    x->kept = lk_scope_end_keep(&x->nkept);
+    return st;
+}
+
 static lk_status backward(run *r, int c) {
     chunk_state *x = &r->c[c];
-    if (r->k == r->p - 1) return lk_backward(x->loss);
-    if (!x->gout) return lk_error(LK_STATUS_INTERNAL, "pipeline stage %d: micro-batch %d's gradient is missing", r->k, c);
-    return lk_backward_with(x->out, x->gout);
+    lk_status st;
+    if (r->k == r->p - 1) st = lk_backward(x->loss);
+    else if (!x->gout) st = lk_error(LK_STATUS_INTERNAL, "pipeline stage %d: micro-batch %d's gradient is missing", r->k, c);
+    else st = lk_backward_with(x->out, x->gout);
+    if (st) return st;
+    /* its graph is gone: its activations go too (the input's gradient, still to send, is the input's) */
+    lk_tensor_release(x->gout);
+    x->gout = NULL;
+    release_forward(x);
+    return LK_STATUS_OK;
 }
 
 /* Posts the ops of one COMM action and waits for all of them. An
  * activation's data can only be received once its header says how much,
  * so receives of activations go in two rounds. */
-static lk_status comm(run *r, const lk_pipe_action *a) {
+static lk_status comm_body(run *r, const lk_pipe_action *a) {
     lk_comm *cm = r->st->comm;
     lk_work *w[8] = {0};
     int nw = 0;
@@ -88,7 +128,7 @@ static lk_status comm(run *r, const lk_pipe_action *a) {
             st = lk_comm_recv_async(cm, x->hdr, HDR, LK_I64, o->peer, &w[nw++]);
         } else {
             x->gout = lk_tensor_empty(x->out->dtype, x->out->ndim, x->out->shape);
-            if (!x->gout || !lk_scope_adopt(x->gout)) {
+            if (!x->gout) {
                 st = lk_last_status();
                 break;
             }
@@ -109,12 +149,13 @@ static lk_status comm(run *r, const lk_pipe_action *a) {
             break;
         }
         lk_tensor *in = lk_tensor_empty((lk_dtype)dt, (int)nd, x->hdr + 2);
-        if (!in || !lk_scope_adopt(in)) {
+        if (!in) {
             st = lk_last_status();
             break;
         }
         in->requires_grad = true; /* a leaf: its gradient goes back to the previous stage */
         x->in = in;
+        x->in_owned = true;
         st = lk_comm_recv_async(cm, in->data, (size_t)in->numel, in->dtype, o->peer, &w[nw++]);
     }
     for (int j = 0; j < nw; j++) {
@@ -122,6 +163,17 @@ static lk_status comm(run *r, const lk_pipe_action *a) {
         if (!st) st = sj;
     }
     for (int j = 0; j < nw; j++) lk_work_free(w[j]);
+    /* a sent gradient was the input's last use */
+    for (int i = 0; i < a->nops && !st; i++)
+        if (a->ops[i].send && a->ops[i].msg == LK_PIPE_GRADIENT) release_in(&r->c[a->ops[i].chunk]);
+    return st;
+}
+
+/* A scope of its own for what the sends make (a contiguous copy), gone once they completed. */
+static lk_status comm(run *r, const lk_pipe_action *a) {
+    lk_scope_begin();
+    lk_status st = comm_body(r, a);
+    lk_scope_end();
     return st;
 }
 
@@ -142,8 +194,10 @@ lk_status lk_pipe_run(const lk_pipe_schedule *s, const lk_pipe_stage *st, double
     if (!r.c) return LK_STATUS_OUT_OF_MEMORY;
     lk_status res = LK_STATUS_OK;
     lk_scope_begin();
+    double t_run = lk_time_now();
     for (int i = 0; i < lk_pipe_schedule_length(s, r.k) && !res; i++) {
         const lk_pipe_action *a = lk_pipe_schedule_action(s, r.k, i);
+        double t0 = st->times || st->on_action ? lk_time_now() : 0;
         switch (a->kind) {
         case LK_PIPE_FORWARD: res = forward(&r, a->chunk); break;
         case LK_PIPE_BACKWARD: res = backward(&r, a->chunk); break;
@@ -151,8 +205,18 @@ lk_status lk_pipe_run(const lk_pipe_schedule *s, const lk_pipe_stage *st, double
         case LK_PIPE_REDUCE_GRADS: res = st->reduce_grads ? st->reduce_grads(st->ctx) : LK_STATUS_OK; break;
         case LK_PIPE_OPTIMIZER_STEP: res = st->optimizer_step ? st->optimizer_step(st->ctx) : LK_STATUS_OK; break;
         }
+        double t1 = st->times || st->on_action ? lk_time_now() : 0;
+        if (st->times && (a->kind == LK_PIPE_FORWARD || a->kind == LK_PIPE_BACKWARD)) st->times->compute_s += t1 - t0;
+        else if (st->times && a->kind == LK_PIPE_COMM) st->times->comm_s += t1 - t0;
+        if (st->on_action && !res) st->on_action(st->ctx, a, t0, t1);
     }
-    lk_scope_end();
+    if (st->times) st->times->total_s += lk_time_now() - t_run;
+    lk_scope_end(); /* the graphs no backward ran for (a forward-only schedule, a failure) */
+    for (int c = 0; c < m; c++) {
+        lk_tensor_release(r.c[c].gout);
+        release_forward(&r.c[c]);
+        release_in(&r.c[c]);
+    }
     lk_free(r.c);
     if (res) {
         char why[1024];

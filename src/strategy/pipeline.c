@@ -1,5 +1,5 @@
 /* The model_parallel and pipeline strategies: the network's blocks cut into
- * consecutive stages, one per rank of the communicator; each step runs this
+ * consecutive stages, one per rank of a pipeline group; each step runs this
  * rank's list of a schedule (lockstep/pipeline.h, lk_pipe_run) over the
  * batch cut into micro-batches (model_parallel: one), so activations go
  * forward and their gradients come back through point-to-point messages and
@@ -7,11 +7,19 @@
  * The trainer then clips (the global norm over every stage) and steps each
  * rank's optimizer, which holds only its stage's parameters and state.
  *
- * What is simpler here than it will be: every rank builds the whole model
- * and, after each optimizer step, gets every other stage's updated
- * parameters by broadcast from their stage, so validation, test, predict
- * and checkpoints run the whole model as single does (their memory is
- * not yet a stage's; the optimizer state and the gradients are). */
+ * With trainer.pipeline.stages below the devices, the ranks form a 2-D mesh
+ * (lk_comm_mesh_2d: rank = stage * replicas + replica): each replica is a
+ * whole pipeline fed its own shard of the data, and the replicas of one
+ * stage average their gradients (one all-reduce of the stage's flat
+ * gradient buffer per optimizer step, after the schedule ran).
+ *
+ * Each stage updates only its own blocks: nothing moves after a step. The
+ * other stages' copies on a rank go stale until the whole model is needed:
+ * a checkpoint gathers every stage's parameters and buffers to rank 0 (the
+ * strategy's state dict), and validation, test and the end of fit broadcast
+ * them to every rank (lk_strategy_sync_model), which then runs the whole
+ * model as single does. Every rank still builds the whole model (its
+ * memory is not yet a stage's; the gradients and optimizer state are). */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -25,13 +33,22 @@ typedef struct pipe_self {
     int chunks;
     char schedule[16];
     char split[512];
-    int p;                   /* stages (the world) */
+    int p;                   /* stages */
+    int stage;               /* this rank's */
+    int dp;                  /* replicas of each stage (the world / p) */
+    lk_comm_mesh_2d mesh;    /* dp > 1: the stage's replicas (dp) and this replica's pipeline (pp) */
+    lk_comm *pp;             /* the pipeline group: mesh.pp, or the communicator when dp is 1 */
     /* the blocks (descended into a lone Sequential), names owned */
     int nblocks;
     char **bname;
     lk_layer **blayer;
     int *first;              /* [p + 1] the first block of each stage, first[p] = nblocks */
-    lk_named_tensors *stage_params; /* [p] each stage's parameters (for the broadcast after the step) */
+    lk_named_tensors *stage_params; /* [p] each stage's parameters */
+    struct owned {
+        lk_tensor **t; /* what stage k alone updates: its parameters (a tied one at its first holder) and its blocks' buffers */
+        int n;
+    } *own; /* [p] */
+    bool stale;              /* an optimizer step ran since every rank's copy of the whole model was made current */
     /* tied parameters (gpt's wte: the embedding's and the head's) held by
      * several stages: each holder's gradient is its blocks' part; the parts
      * are summed over the world before the optimizer step */
@@ -48,6 +65,7 @@ typedef struct pipe_self {
     float *weight;           /* [chunks] a short batch's micro-batch weights (rows_c * m / rows) */
     int64_t full_rows;       /* the first batch's rows: later batches with fewer are an epoch's short last one */
     lk_pipe_schedule *short_sched; /* the schedule for a short batch of fewer rows than chunks (its m) */
+    int64_t steps_run;
     lk_strategy *s;
 } pipe_self;
 
@@ -57,8 +75,13 @@ static lk_status create(lk_strategy *s, bool mp) {
     s->self = ps;
     ps->s = s;
     ps->mp = mp;
-    ps->p = s->world;
     const char *name = mp ? "model_parallel" : "pipeline";
+    ps->p = s->cfg.pipe_stages > 0 ? s->cfg.pipe_stages : s->world;
+    if (ps->p > s->world || s->world % ps->p)
+        return lk_error(LK_STATUS_INVALID_ARGUMENT, "strategy %s: trainer.pipeline.stages = %d does not divide the %d "
+                        "devices (devices = stages x replicas: use a divisor of %d, or 0 for one stage per device)",
+                        name, ps->p, s->world, s->world);
+    ps->dp = s->world / ps->p;
     if (mp && s->cfg.pipe_chunks > 1)
         return lk_error(LK_STATUS_INVALID_ARGUMENT, "strategy model_parallel runs one micro-batch, but "
                         "trainer.pipeline.chunks is %d (use strategy pipeline)", s->cfg.pipe_chunks);
@@ -71,7 +94,17 @@ static lk_status create(lk_strategy *s, bool mp) {
     if (s->world > 1 && !s->comm) return lk_error(LK_STATUS_INVALID_ARGUMENT, "strategy %s needs a communicator", name);
     lk_status st = lk_pipe_schedule_make(ps->schedule, ps->p, ps->chunks, &ps->sched);
     if (st) return lk_error(st, "strategy %s: trainer.pipeline.schedule: %s", name, lk_last_error());
-    return lk_pipe_schedule_check(ps->sched, NULL);
+    LK_TRY(lk_pipe_schedule_check(ps->sched, NULL));
+    /* stages x replicas: the groups made here, on every rank alike (create is collective) */
+    ps->pp = s->comm;
+    if (ps->dp > 1) {
+        st = lk_comm_mesh_2d_create(s->comm, ps->dp, ps->p, &ps->mesh);
+        if (st) return lk_error(st, "strategy %s: the %d x %d mesh of stages x replicas: %s", name, ps->p, ps->dp,
+                                lk_last_error());
+        ps->pp = ps->mesh.pp;
+    }
+    ps->stage = ps->pp ? lk_comm_rank(ps->pp) : 0;
+    return LK_STATUS_OK;
 }
 
 static void pipe_free(lk_strategy *s);
@@ -97,6 +130,9 @@ static void pipe_free(lk_strategy *s) {
     lk_free(ps->first);
     for (int k = 0; ps->stage_params && k < ps->p; k++) lk_named_tensors_clear(&ps->stage_params[k]);
     lk_free(ps->stage_params);
+    for (int k = 0; ps->own && k < ps->p; k++) lk_free(ps->own[k].t);
+    lk_free(ps->own);
+    lk_comm_mesh_2d_free(&ps->mesh);
     lk_pipe_schedule_free(ps->sched);
     lk_pipe_schedule_free(ps->short_sched);
     lk_free(ps->mb);
@@ -182,9 +218,13 @@ static lk_status set_blocks(lk_strategy *s, const lk_named_layer *blocks, int n)
         blocks = blocks[0].layer->children;
     }
     if (n < 1) return lk_error(LK_STATUS_INVALID_ARGUMENT, "strategy %s: the model has no blocks to cut into stages", name);
-    if (ps->p > n)
+    if (ps->p > n && ps->dp == 1)
         return lk_error(LK_STATUS_INVALID_ARGUMENT, "strategy %s: %d stages (one per process) but the model has only %d "
                         "block%s to cut: use at most %d devices", name, ps->p, n, n == 1 ? "" : "s", n);
+    if (ps->p > n)
+        return lk_error(LK_STATUS_INVALID_ARGUMENT, "strategy %s: %d stages (trainer.pipeline.stages) but the model has "
+                        "only %d block%s to cut: use at most %d stage%s", name, ps->p, n, n == 1 ? "" : "s", n,
+                        n == 1 ? "" : "s");
     ps->nblocks = n;
     ps->bname = lk_calloc((size_t)n, sizeof *ps->bname);
     ps->blayer = lk_calloc((size_t)n, sizeof *ps->blayer);
@@ -207,6 +247,8 @@ static lk_status set_blocks(lk_strategy *s, const lk_named_layer *blocks, int n)
         size_t len = (size_t)snprintf(line, sizeof line, "%s: %d stage%s (%s; schedule %s, %d micro-batch%s):", name, ps->p,
                                       ps->p == 1 ? "" : "s", ps->split[0] ? "trainer.pipeline.split" : "balanced by parameter count",
                                       ps->schedule, ps->chunks, ps->chunks == 1 ? "" : "es");
+        if (ps->dp > 1)
+            len -= 1, len += (size_t)snprintf(line + len, sizeof line - len, " x %d data-parallel replicas:", ps->dp);
         for (int k = 0; k < ps->p && len < sizeof line; k++) {
             int64_t c = 0;
             for (int i = ps->first[k]; i < ps->first[k + 1]; i++) c += np[i];
@@ -251,16 +293,71 @@ static lk_status stage_params(pipe_self *ps, const lk_named_tensors *all) {
     return LK_STATUS_OK;
 }
 
-/* Every stage's parameters from the rank that owns them. */
+/* What each stage alone updates: its parameters (a tied one counted at its
+ * first holder, whose copy every holder matches) and its blocks' buffers. */
+static lk_status owned_lists(pipe_self *ps) {
+    if (!(ps->own = lk_calloc((size_t)ps->p, sizeof *ps->own))) return LK_STATUS_OUT_OF_MEMORY;
+    for (int k = 0; k < ps->p; k++) {
+        lk_named_tensors bufs = {0};
+        lk_status st = LK_STATUS_OK;
+        for (int i = ps->first[k]; i < ps->first[k + 1] && !st; i++) st = lk_layer_named_buffers(ps->blayer[i], &bufs);
+        struct owned *o = &ps->own[k];
+        o->t = st ? NULL : lk_calloc((size_t)(ps->stage_params[k].n + bufs.n) + 1, sizeof *o->t);
+        if (!st && !o->t) st = LK_STATUS_OUT_OF_MEMORY;
+        for (int j = 0; !st && j < ps->stage_params[k].n; j++) {
+            lk_tensor *t = ps->stage_params[k].items[j].tensor;
+            bool other = false;
+            for (int q = 0; q < ps->ntied; q++) other |= ps->tied[q].t == t && ps->tied[q].first != k;
+            if (!other) o->t[o->n++] = t;
+        }
+        for (int j = 0; !st && j < bufs.n; j++) o->t[o->n++] = bufs.items[j].tensor;
+        lk_named_tensors_clear(&bufs);
+        LK_TRY(st);
+    }
+    return LK_STATUS_OK;
+}
+
+/* Every rank gets every stage's tensors, from the stage's first replica
+ * (world rank k * dp; its replicas hold the same values). */
 static lk_status sync_params(lk_strategy *s) {
     pipe_self *ps = s->self;
     if (s->world == 1) return LK_STATUS_OK;
     for (int k = 0; k < ps->p; k++)
-        for (int j = 0; j < ps->stage_params[k].n; j++) {
-            lk_tensor *t = ps->stage_params[k].items[j].tensor;
-            LK_TRY(lk_comm_broadcast(s->comm, t->data, (size_t)t->numel, t->dtype, k));
+        for (int j = 0; j < ps->own[k].n; j++) {
+            lk_tensor *t = ps->own[k].t[j];
+            LK_TRY(lk_comm_broadcast(s->comm, t->data, (size_t)t->numel, t->dtype, k * ps->dp));
         }
+    ps->stale = false;
     return LK_STATUS_OK;
+}
+
+/* Rank 0 gets every stage's tensors (for the one consolidated checkpoint it
+ * writes): point-to-point from each stage's first replica, the others idle. */
+static lk_status gather_params(lk_strategy *s) {
+    pipe_self *ps = s->self;
+    for (int k = 1; k < ps->p; k++) {
+        int src = k * ps->dp;
+        if (s->rank != src && s->rank != 0) continue;
+        for (int j = 0; j < ps->own[k].n; j++) {
+            lk_tensor *t = ps->own[k].t[j];
+            if (s->rank == src) LK_TRY(lk_comm_send(s->comm, t->data, (size_t)t->numel, t->dtype, 0));
+            else LK_TRY(lk_comm_recv(s->comm, t->data, (size_t)t->numel, t->dtype, src));
+        }
+    }
+    return LK_STATUS_OK; /* the others' copies stay stale: ps->stale unchanged */
+}
+
+/* The whole model before it runs whole (validation, test, the end of fit). */
+static lk_status sync_model(lk_strategy *s) {
+    pipe_self *ps = s->self;
+    return ps->stale ? sync_params(s) : LK_STATUS_OK;
+}
+
+/* The checkpoint's state dict: rank 0's net made current (the writer), then read as it is. */
+static lk_status state_dict(lk_strategy *s, lk_layer *net, lk_named_tensors *out) {
+    pipe_self *ps = s->self;
+    if (ps->stale && s->world > 1) LK_TRY(gather_params(s));
+    return lk_state_dict_get(net, out);
 }
 
 static lk_status wrap(lk_strategy *s, lk_layer *net) {
@@ -282,7 +379,8 @@ static lk_status wrap(lk_strategy *s, lk_layer *net) {
     if (held != nall)
         return lk_error(LK_STATUS_INVALID_ARGUMENT, "strategy %s: %lld of the model's %d parameters are in no block",
                         s->vt->name, (long long)(nall - held), nall);
-    const lk_named_tensors *mine = &ps->stage_params[s->rank];
+    LK_TRY(owned_lists(ps));
+    const lk_named_tensors *mine = &ps->stage_params[ps->stage];
     for (int j = 0; j < mine->n; j++) LK_TRY(lk_named_tensors_append(&s->local, mine->items[j].name, mine->items[j].tensor));
     LK_TRY(lk_layer_named_buffers(net, &s->local_buffers));
     int np = s->local.n, nb = s->local_buffers.n;
@@ -314,12 +412,18 @@ static lk_tensor *stage_loss(void *ctx, int chunk, lk_tensor *out) {
     return ps->s->fn.pipe_loss(ps->s->fn.ctx, out, &ps->mb[chunk]);
 }
 
+static void stage_action(void *ctx, const lk_pipe_action *a, double t0, double t1) {
+    pipe_self *ps = ctx;
+    lk_strategy *s = ps->s;
+    if (s->pipe_fn) s->pipe_fn(s->pipe_ctx, (int)a->kind, a->kind == LK_PIPE_COMM ? a->ops[0].chunk : a->chunk, t0, t1);
+}
+
 /* A tied parameter's gradient parts summed where every holder sees it (the
  * ranks holding no part add zeros): then each holder's optimizer makes the
  * same update. The gradients are final here (the step's last micro-batch). */
 static lk_status reduce_tied(lk_strategy *s) {
     pipe_self *ps = s->self;
-    for (int q = 0; q < ps->ntied && s->world > 1; q++) {
+    for (int q = 0; q < ps->ntied && ps->p > 1; q++) {
         lk_tensor *t = ps->tied[q].t;
         bool mine = false;
         for (int i = 0; i < s->local.n && !mine; i++) mine = s->local.items[i].tensor == t;
@@ -334,7 +438,7 @@ static lk_status reduce_tied(lk_strategy *s) {
             memset(ps->scratch, 0, bytes);
             buf = ps->scratch;
         }
-        LK_TRY(lk_comm_all_reduce(s->comm, buf, (size_t)t->numel, t->dtype, LK_REDUCE_SUM));
+        LK_TRY(lk_comm_all_reduce(ps->pp, buf, (size_t)t->numel, t->dtype, LK_REDUCE_SUM));
     }
     return LK_STATUS_OK;
 }
@@ -394,10 +498,13 @@ static lk_status training_step(lk_strategy *s, const lk_step_args *a, lk_step_re
      * loss scaler as the local step applies them */
     float mul = a->loss_mul / (float)m;
     if (a->loss_scale != 1.0f) mul *= a->loss_scale;
-    lk_pipe_stage st = {.comm = s->comm, .blocks = ps->blayer + ps->first[s->rank],
-                        .nblocks = ps->first[s->rank + 1] - ps->first[s->rank], .ctx = ps,
+    lk_pipe_stage st = {.comm = ps->pp, .blocks = ps->blayer + ps->first[ps->stage],
+                        .nblocks = ps->first[ps->stage + 1] - ps->first[ps->stage], .ctx = ps,
                         .input = stage_input, .loss = stage_loss, .loss_mul = mul,
                         .chunk_weight = extra ? ps->weight : NULL};
+    struct lk_pipe_times times = {0};
+    st.times = &times;
+    if (s->pipe_fn) st.on_action = stage_action;
     double t0 = lk_time_now(), loss_sum = 0;
     if (fn->step_begin) fn->step_begin(fn->ctx);
     lk_autocast_enter(a->autocast);
@@ -405,13 +512,24 @@ static lk_status training_step(lk_strategy *s, const lk_step_args *a, lk_step_re
     lk_autocast_exit();
     double t1 = lk_time_now();
     /* the loss is the last stage's: every rank logs and checks the same value */
-    if (!rc && s->world > 1) rc = lk_comm_broadcast(s->comm, &loss_sum, 1, LK_F64, ps->p - 1);
+    if (!rc && ps->p > 1) rc = lk_comm_broadcast(ps->pp, &loss_sum, 1, LK_F64, ps->p - 1);
+    /* the replicas of this stage average their gradients once per optimizer
+     * step (none inside accumulation, as ddp's no_sync) */
+    if (!rc && a->sync && ps->dp > 1)
+        rc = lk_comm_all_reduce(ps->mesh.dp, s->flat_grad, (size_t)s->flat_numel, s->cfg.param_dtype, LK_REDUCE_AVG);
     double t2 = lk_time_now();
     r->t_fwd = t1 - t0; /* forwards and backwards interleave: booked as one */
     r->t_bwd = 0;
-    r->t_comm = t2 - t1;
+    r->t_comm = t2 - t1; /* the loss's broadcast and the replicas' all-reduce */
     if (fn->step_end) fn->step_end(fn->ctx, t1, t1, t2);
     if (rc) return rc;
+    /* the measured bubble (run.json), past the first step's allocations and the full-size schedule only */
+    s->stats.pipe_stages = ps->p;
+    s->stats.pipe_chunks = ps->chunks;
+    if (ps->steps_run++ > 0 && sched == ps->sched) {
+        s->stats.pipe_run_s += times.total_s;
+        s->stats.pipe_comm_s += times.comm_s;
+    }
     if (a->sync) LK_TRY(reduce_tied(s));
     r->loss = loss_sum / m;
     if (fn->pipe_log_loss) LK_TRY(fn->pipe_log_loss(fn->ctx, r->loss));
@@ -419,8 +537,13 @@ static lk_status training_step(lk_strategy *s, const lk_step_args *a, lk_step_re
     return LK_STATUS_OK;
 }
 
-/* After the optimizer step: every rank gets every stage's new values. */
-static lk_status after_step(lk_strategy *s) { return sync_params(s); }
+/* After the optimizer step: each stage changed only its own blocks; the
+ * other stages' copies wait for a checkpoint or an evaluation. */
+static lk_status after_step(lk_strategy *s) {
+    pipe_self *ps = s->self;
+    ps->stale = s->world > 1;
+    return LK_STATUS_OK;
+}
 
 /* torch.nn.utils.clip_grad_norm_ over the whole model: the squares summed
  * on each stage, then over the stages, one coefficient for all. */
@@ -433,7 +556,7 @@ static lk_status clip_grad_norm(lk_strategy *s, double max_norm, double norm_typ
         const lk_tensor *g = s->local.items[i].tensor->grad;
         if (!g) continue;
         bool other = false; /* a tied parameter's norm is its first holder's to count */
-        for (int q = 0; q < ps->ntied; q++) other |= ps->tied[q].t == s->local.items[i].tensor && ps->tied[q].first != s->rank;
+        for (int q = 0; q < ps->ntied; q++) other |= ps->tied[q].t == s->local.items[i].tensor && ps->tied[q].first != ps->stage;
         if (other) continue;
         if (g->dtype != LK_F32 || !lk_device_is_host(g->device))
             return lk_error(LK_STATUS_INVALID_ARGUMENT, "strategy %s clips f32 gradients on the host only, not %s",
@@ -441,7 +564,8 @@ static lk_status clip_grad_norm(lk_strategy *s, double max_norm, double norm_typ
         const float *d = g->data;
         for (int64_t j = 0; j < g->numel; j++) sq += (double)d[j] * d[j];
     }
-    if (s->world > 1) LK_TRY(lk_comm_all_reduce(s->comm, &sq, 1, LK_F64, LK_REDUCE_SUM));
+    /* over the stages: the replicas hold the same averaged gradients */
+    if (ps->p > 1) LK_TRY(lk_comm_all_reduce(ps->pp, &sq, 1, LK_F64, LK_REDUCE_SUM));
     double coef = max_norm / (sqrt(sq) + 1e-6);
     if (!(coef < 1.0)) return LK_STATUS_OK;
     for (int i = 0; i < s->local.n; i++) {
@@ -453,14 +577,16 @@ static lk_status clip_grad_norm(lk_strategy *s, double max_norm, double norm_typ
     return LK_STATUS_OK;
 }
 
-/* Every stage sees the whole batch: the data-parallel group is this process. */
+/* The stages of one pipeline see the same samples: the data-parallel group
+ * is this stage's replicas (none: this process alone). */
 static lk_comm *dp_comm(lk_strategy *s) {
-    (void)s;
-    return NULL;
+    pipe_self *ps = s->self;
+    return ps->dp > 1 ? ps->mesh.dp : NULL;
 }
 
 /* Each stage's optimizer holds its own blocks' state, and the checkpoint is
- * rank 0's: resuming would leave stages 1.. without theirs. */
+ * rank 0's (the whole model's weights, gathered, but stage 0's optimizer
+ * state): resuming would leave stages 1.. without theirs. */
 static const char *resume_unsupported(const lk_strategy *s) {
     return s->world > 1 ? "its checkpoint holds stage 0's optimizer state only; gathering every stage's is not "
                           "built yet (validate, test and predict load the weights, which are whole)"
@@ -477,6 +603,8 @@ const lk_strategy_vt lk__strategy_model_parallel = {
     .training_step = training_step,
     .after_step = after_step,
     .clip_grad_norm = clip_grad_norm,
+    .state_dict = state_dict,
+    .sync_model = sync_model,
     .dp_comm = dp_comm,
     .resume_unsupported = resume_unsupported,
 };
@@ -491,6 +619,8 @@ const lk_strategy_vt lk__strategy_pipeline = {
     .training_step = training_step,
     .after_step = after_step,
     .clip_grad_norm = clip_grad_norm,
+    .state_dict = state_dict,
+    .sync_model = sync_model,
     .dp_comm = dp_comm,
     .resume_unsupported = resume_unsupported,
 };

@@ -20,6 +20,11 @@ void lk_strategy_set_bucket_hook(lk_strategy *s, lk_strategy_bucket_fn fn, void 
     s->bucket_ctx = ctx;
 }
 
+void lk_strategy_set_pipe_hook(lk_strategy *s, lk_strategy_pipe_fn fn, void *ctx) {
+    s->pipe_fn = fn;
+    s->pipe_ctx = ctx;
+}
+
 void lk_strategy_free(lk_strategy *s) {
     if (!s) return;
     lk_strategy_detach(s);
@@ -241,6 +246,10 @@ lk_status lk_strategy_check_resume(const lk_strategy *s) {
     return why ? lk_error(LK_STATUS_UNSUPPORTED, "strategy %s cannot resume a checkpoint's training state: %s",
                           s->vt->name, why)
                : LK_STATUS_OK;
+}
+
+lk_status lk_strategy_sync_model(lk_strategy *s) {
+    return s && s->wrapped && s->vt->sync_model ? s->vt->sync_model(s) : LK_STATUS_OK;
 }
 
 lk_status lk_strategy_state_dict_loaded(lk_strategy *s) {

@@ -69,6 +69,10 @@ typedef struct lk_strategy_vt {
     /* (pipelines) The network's blocks before wrap (lk_strategy_set_blocks);
      * NULL: the strategy needs none. */
     lk_status (*set_blocks)(lk_strategy *s, const lk_named_layer *blocks, int n);
+    /* (optional) Every rank's copy of the whole model made current before
+     * it runs whole (lk_strategy_sync_model; a collective); NULL: nothing
+     * (the replicas' copies always are). */
+    lk_status (*sync_model)(lk_strategy *s);
     /* (optional) The model state this rank holds, when it is not every
      * buffer whole (lk_strategy_get_memory's default). */
     void (*memory)(const lk_strategy *s, lk_strategy_memory *m);
@@ -123,6 +127,8 @@ struct lk_strategy {
     lk_strategy_stats stats;
     lk_strategy_bucket_fn bucket_fn; /* profiler (optional) */
     void *bucket_ctx;
+    lk_strategy_pipe_fn pipe_fn; /* profiler (optional) */
+    void *pipe_ctx;
     /* the layout lk_strategy_wrap made */
     bool wrapped;
     lk_layer *net;                 /* borrowed */

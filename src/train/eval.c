@@ -11,6 +11,8 @@ static bool is_rank0(const lk_trainer *tr) { return tr->rank == 0; }
 
 lk_status lk__run_eval(lk_trainer *tr, lk_loader *loader, const char *stage, int64_t limit, uint64_t epoch,
                           const char *title) {
+    /* a pipeline's stages updated only their own blocks: the whole model runs here */
+    LK_TRY(lk_strategy_sync_model(tr->strat));
     lk_module *m = tr->module;
     const char *saved_stage = tr->stage;
     tr->stage = stage;

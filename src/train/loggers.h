@@ -237,6 +237,9 @@ typedef struct lk_runinfo {
         int64_t steps, captures, launches, eager_segments, eager_ops, refused;
     } graphs;
     double step_peak_mb;        /* tensor memory of one forward + backward beyond what was live before it; 0: unknown */
+    /* a pipeline (stages > 0): this rank's measured share of its schedule's time in messages, and the theory's */
+    int pipe_stages, pipe_chunks;
+    double pipe_bubble, pipe_bubble_theory;
     bool has_model_state;       /* model_state_bytes below is known (a strategy wrapped the module) */
     int64_t model_state_bytes[4]; /* this rank's parameters, gradients, optimizer state, gathered (lk_strategy_get_memory) */
     /* Per rank (n_ranks rows of 6: parameters, gradients, optimizer_state,

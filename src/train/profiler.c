@@ -19,15 +19,15 @@
 /* A bound on memory whatever the model: about 40 MB of events per rank. */
 #define MAX_EVENTS (1 << 20)
 
-enum { TID_MAIN = 0, TID_COMM = 1 };
-enum { EV_PHASE, EV_OP, EV_OP_BACKWARD, EV_BUCKET };
+enum { TID_MAIN = 0, TID_COMM = 1, TID_PIPE = 2 };
+enum { EV_PHASE, EV_OP, EV_OP_BACKWARD, EV_BUCKET, EV_PIPE };
 
 typedef struct {
     const char *name; /* static: phase and op names are string literals */
     double t0, t1;
     int64_t step;
     int64_t bytes;    /* EV_BUCKET */
-    int bucket;       /* EV_BUCKET */
+    int bucket;       /* EV_BUCKET; EV_PIPE: the micro-batch (-1: none) */
     uint8_t kind;
     bool comm_thread; /* EV_BUCKET: ran on the communication thread */
 } trace_ev;
@@ -91,6 +91,16 @@ static void on_bucket(void *ctx, int bucket, size_t bytes, double t0, double t1,
                                 .kind = EV_BUCKET, .comm_thread = comm_thread});
 }
 
+/* A pipeline schedule's action (lk_pipe_kind's order): its own track, so
+ * the forwards, backwards and the time spent in messages (the bubble) of
+ * each micro-batch show per rank. */
+static void on_pipe(void *ctx, int kind, int chunk, double t0, double t1) {
+    static const char *const names[] = {"forward", "backward", "messages", "reduce gradients", "optimizer step"};
+    lk_profiler *p = ctx;
+    if (tracing_now(p) && kind >= 0 && kind < 5)
+        add_event(p, (trace_ev){.name = names[kind], .t0 = t0, .t1 = t1, .bucket = chunk, .kind = EV_PIPE});
+}
+
 lk_status lk__prof_create(lk_trainer *tr) {
     const char *name = tr->cfg.profiler;
     bool trace = !strcmp(name, "trace") || !strcmp(name, "pytorch");
@@ -104,6 +114,7 @@ lk_status lk__prof_create(lk_trainer *tr) {
     p->max_steps = tr->cfg.profiler_trace_steps;
     tr->prof = p;
     if (trace) lk_strategy_set_bucket_hook(tr->strat, on_bucket, p);
+    if (trace) lk_strategy_set_pipe_hook(tr->strat, on_pipe, p);
     return LK_STATUS_OK;
 }
 
@@ -112,6 +123,7 @@ void lk__prof_free(lk_trainer *tr) {
     if (!p) return;
     lk_set_op_hook(NULL, NULL);
     if (tr->strat) lk_strategy_set_bucket_hook(tr->strat, NULL, NULL);
+    if (tr->strat) lk_strategy_set_pipe_hook(tr->strat, NULL, NULL);
     lk_free(p->tab);
     lk_free(p->ev);
     lk_free(p);
@@ -185,22 +197,25 @@ static lk_status rank_json(lk_profiler *p, int rank, double origin, char **out, 
             "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":0,\"args\":{\"name\":\"rank %d\"}},\n"
             "{\"name\":\"process_sort_index\",\"ph\":\"M\",\"pid\":%d,\"tid\":0,\"args\":{\"sort_index\":%d}},\n"
             "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":%d,\"args\":{\"name\":\"main: steps and ops\"}},\n"
-            "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":%d,\"args\":{\"name\":\"ddp gradient all-reduce\"}}",
-            rank, rank, rank, rank, rank, TID_MAIN, rank, TID_COMM);
-    static const char *const cats[] = {"step", "op", "op_backward", "comm"};
+            "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":%d,\"args\":{\"name\":\"ddp gradient all-reduce\"}},\n"
+            "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":%d,\"args\":{\"name\":\"pipeline schedule\"}}",
+            rank, rank, rank, rank, rank, TID_MAIN, rank, TID_COMM, rank, TID_PIPE);
+    static const char *const cats[] = {"step", "op", "op_backward", "comm", "pipeline"};
     for (size_t i = 0; i < p->nev; i++) {
         const trace_ev *e = &p->ev[i];
         char name[96];
         if (e->kind == EV_BUCKET) snprintf(name, sizeof name, "all_reduce bucket %d", e->bucket);
+        else if (e->kind == EV_PIPE && e->bucket >= 0) snprintf(name, sizeof name, "%s %d", e->name, e->bucket);
         else snprintf(name, sizeof name, "%.64s%s", e->name, e->kind == EV_OP_BACKWARD ? " backward" : "");
         for (char *c = name; *c; c++) /* op names are identifiers; keep the JSON valid whatever they are */
             if (*c == '"' || *c == '\\' || (unsigned char)*c < 0x20) *c = '_';
         fprintf(f, ",\n{\"name\":\"%s\",\"cat\":\"%s\",\"ph\":\"X\",\"ts\":%.3f,\"dur\":%.3f,\"pid\":%d,\"tid\":%d,"
                    "\"args\":{\"step\":%lld",
                 name, cats[e->kind], 1e6 * (e->t0 - origin), 1e6 * (e->t1 - e->t0), rank,
-                e->kind == EV_BUCKET ? TID_COMM : TID_MAIN, (long long)e->step);
+                e->kind == EV_BUCKET ? TID_COMM : e->kind == EV_PIPE ? TID_PIPE : TID_MAIN, (long long)e->step);
         if (e->kind == EV_BUCKET)
             fprintf(f, ",\"bytes\":%lld,\"thread\":\"%s\"", (long long)e->bytes, e->comm_thread ? "comm" : "main");
+        if (e->kind == EV_PIPE && e->bucket >= 0) fprintf(f, ",\"micro_batch\":%d", e->bucket);
         fputs("}}", f);
     }
     if (fclose(f)) return lk_error(LK_STATUS_OUT_OF_MEMORY, "profiler: no memory for rank %d's trace", rank);

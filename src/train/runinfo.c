@@ -134,6 +134,14 @@ lk_status lk_runinfo_to_json(const lk_runinfo *info, char **out) {
     ok = ok && add(root, "wall_s", number_or_null(info->wall_s));
     ok = ok && add(root, "time_to_first_step_s", number_or_null(info->time_to_first_step_s));
     ok = ok && add(root, "step_peak_mb", info->step_peak_mb > 0 ? cJSON_CreateNumber(info->step_peak_mb) : cJSON_CreateNull());
+    if (info->pipe_stages > 0) {
+        cJSON *pp = cJSON_CreateObject();
+        ok = ok && pp && add(pp, "stages", cJSON_CreateNumber(info->pipe_stages));
+        ok = ok && pp && add(pp, "chunks", cJSON_CreateNumber(info->pipe_chunks));
+        ok = ok && pp && add(pp, "bubble", number_or_null(info->pipe_bubble));
+        ok = ok && pp && add(pp, "bubble_theory", number_or_null(info->pipe_bubble_theory));
+        ok = ok && add(root, "pipeline", pp);
+    }
     if (info->has_model_state) {
         cJSON *ms = cJSON_CreateObject();
         ok = ok && ms && add(ms, "parameters", cJSON_CreateNumber((double)info->model_state_bytes[0]));

@@ -12,6 +12,7 @@
 #include "backend/isa.h"
 #include "backend/threads.h"
 #include "device/gpu.h"
+#include "lockstep/pipeline.h"
 #include "train/train_impl.h"
 
 #ifndef LK_GIT_REV
@@ -91,6 +92,13 @@ void lk__write_runinfo(lk_trainer *tr, const char *command, lk_status st) {
                                       1e3 * (tr->sum_bwd - z[2]) / n, 1e3 * (tr->sum_comm - z[3]) / n,
                                       1e3 * (tr->sum_opt - z[4]) / n, 1e3 * (tr->sum_comm_wait - z[5]) / n};
     ri.step_peak_mb = (double)tr->step_peak_bytes / (1024.0 * 1024.0);
+    lk_strategy_stats pst = tr->strat ? lk_strategy_get_stats(tr->strat) : (lk_strategy_stats){0};
+    if (pst.pipe_stages > 0) {
+        ri.pipe_stages = pst.pipe_stages;
+        ri.pipe_chunks = pst.pipe_chunks;
+        ri.pipe_bubble = pst.pipe_run_s > 0 ? pst.pipe_comm_s / pst.pipe_run_s : NAN;
+        ri.pipe_bubble_theory = lk_pipe_bubble_theory(pst.pipe_stages, pst.pipe_chunks);
+    }
     if (!tr->dp_devices && lk_strategy_wrapped(tr->strat)) { /* dp's replicas are threads: one process holds them all */
         lk_strategy_memory mem = lk_strategy_get_memory(tr->strat);
         ri.has_model_state = true;

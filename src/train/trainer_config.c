@@ -81,6 +81,8 @@ static const lk_param trainer_params[] = {
       "pipeline: the schedule (trainer.pipeline.schedule; docs/PIPELINE.md)"),
     T("pipeline_split", STRING, pipeline_split, "", 1, 0, NULL,
       "model_parallel, pipeline: each stage's first block after the first, comma-separated (empty: balanced by parameter count)"),
+    T("pipeline_stages", INT, pipeline_stages, "0", 0, 4096, NULL,
+      "model_parallel, pipeline: the stages (trainer.pipeline.stages); devices = stages x data-parallel replicas (0: one stage per device)"),
     T("bucket_cap_mb", FLOAT, bucket_cap_mb, "25", 1e-6, 1e6, NULL, "ddp gradient bucket size in MB"),
     T("state_dict_type", ENUM, state_dict_type, "full", 1, 0, "full|sharded",
       "deepspeed_stage_1/2: checkpoints as one whole file (full), or as a set of one shard per rank plus an index "
@@ -546,15 +548,15 @@ static lk_status apply_special(const lk_param *tp, int n, lk_trainer_config *cfg
         else if (text && (!strcmp(text, "false") || !strcmp(text, "False"))) cfg->fast_dev_run = 0;
         else if (text) LK_TRY(set_scalar(tp, n, cfg, c, text));
         else return lk__cfg_at(c, "trainer.fast_dev_run: expected true, false or a number of batches");
-    } else if (!strcmp(key, "pipeline")) { /* trainer.pipeline.{chunks,schedule,split} */
+    } else if (!strcmp(key, "pipeline")) { /* trainer.pipeline.{chunks,schedule,split,stages} */
         if (null) return LK_STATUS_OK;
-        if (lk_config_node_type(c) != LK_CONFIG_MAP) return lk__cfg_at(c, "trainer.pipeline: expected a map of chunks, schedule and split");
+        if (lk_config_node_type(c) != LK_CONFIG_MAP) return lk__cfg_at(c, "trainer.pipeline: expected a map of chunks, schedule, split and stages");
         for (int j = 0; j < lk_config_node_count(c); j++) {
             const lk_config_node *e = lk_config_node_child(c, j);
             const char *k = lk_config_node_key(e), *v = lk_config_node_text(e);
             const char *tkey = !strcmp(k, "chunks") ? "pipeline_chunks" : !strcmp(k, "schedule") ? "pipeline_schedule"
-                               : !strcmp(k, "split") ? "pipeline_split" : NULL;
-            if (!tkey) return lk__cfg_at(e, "trainer.pipeline: unknown key '%s' (expected chunks, schedule or split)", k);
+                               : !strcmp(k, "split") ? "pipeline_split" : !strcmp(k, "stages") ? "pipeline_stages" : NULL;
+            if (!tkey) return lk__cfg_at(e, "trainer.pipeline: unknown key '%s' (expected chunks, schedule, split or stages)", k);
             if (!v) return lk__cfg_at(e, "trainer.pipeline.%s: expected a value, not a collection", k);
             if (lk_params_set(tp, n, cfg, "trainer", tkey, v)) return lk__cfg_at(e, "trainer.pipeline.%s: %s", k, lk_last_error());
         }

@@ -9,10 +9,14 @@ set_tests_properties(strategy_ddp PROPERTIES RUN_SERIAL TRUE)
 lk_add_test(NAME strategy_pipe_schedule SOURCES strategy/test_pipe_schedule.c LABELS unit TIMEOUT 60)
 # The pipeline interpreter against one process: mlp and a tiny gpt on 2-4 stages (forked ranks, shm), gpipe and 1f1b, gradients bitwise.
 lk_add_test(NAME strategy_pipe_run SOURCES strategy/test_pipe_run.c LABELS multiproc TIMEOUT 120)
+# 1F1B's memory bound measured: each stage's peak tensor memory under gpipe and 1f1b (mlp, 2 and 3 stages, 8 micro-batches) against one micro-batch's.
+lk_add_test(NAME strategy_pipe_memory SOURCES strategy/test_pipe_memory.c LABELS multiproc TIMEOUT 120)
 # model_parallel and pipeline through `lockstep fit` (mlp, 2-3 stages, gpipe and 1f1b) against single after 20 steps:
 # bitwise where the arithmetic is the same, 1e-5 otherwise; accumulation, clipping, bf16-mixed; bad input refused.
 lk_add_script_test(NAME strategy_pipeline_fit SCRIPT strategy/test_pipeline_fit.sh LABELS multiproc TIMEOUT 240)
 lk_add_test(NAME strategy_pipeline_checks SOURCES strategy/test_pipeline_strategy.c LABELS unit TIMEOUT 60)
+# pipeline x data parallel: 4 devices as 2 stages x 2 replicas (mlp, 20 steps) bitwise ddp accumulating the same micro-batches, near single; clipping, accumulation, validation on the stages' current blocks.
+lk_add_script_test(NAME strategy_pipeline_dp SCRIPT strategy/test_pipeline_dp.sh LABELS multiproc TIMEOUT 240)
 # ZeRO stages 1 and 2 against ddp on 2, 3 and 4 ranks: bitwise, with clipping, accumulation, bf16-mixed,
 # 16-mixed, a parameter count no world size divides, exact resume, the class node and the refusals.
 lk_add_script_test(NAME strategy_zero SCRIPT strategy/test_zero.sh LABELS multiproc TIMEOUT 300)
