@@ -18,6 +18,7 @@ source "$(dirname "$0")/../cli/lib.sh"
 CLUSTER="$LK_SOURCE_DIR/scripts/netns-cluster.sh"
 export LK_ALLOW_OVERSUBSCRIBE=1
 write_synth
+P=$((30000 + ($$ % 5000) * 4)) # MASTER_PORTs P..P+3: they name shm jobs, so another run of this test on the host does not meet this one
 BOUND=10 # seconds any of these may take (comm_timeout is 5 where it matters)
 args=(fit -c "$T/synth.yaml" --trainer.strategy ddp --trainer.enable_progress_bar false --trainer.comm_timeout 5
       --trainer.default_root_dir "$T/runs")
@@ -42,26 +43,26 @@ timed() {
 # env2 RANK ADDR PORT: the torchrun-style variables of one rank of a 2-rank job
 env2() { echo env RANK=$1 WORLD_SIZE=2 LOCAL_RANK=$1 LOCAL_WORLD_SIZE=2 MASTER_ADDR=$2 MASTER_PORT=$3; }
 timed "non-routable MASTER_ADDR" "MASTER_ADDR='10.255.255.1' is not an address of this host" "$T/addr.out" \
-  $(env2 0 10.255.255.1 29611) "$LK_BIN" "${args[@]}" --trainer.devices 2
+  $(env2 0 10.255.255.1 $P) "$LK_BIN" "${args[@]}" --trainer.devices 2
 timed "unresolvable MASTER_ADDR" "MASTER_ADDR='no-such-node.invalid' does not resolve" "$T/addr2.out" \
-  $(env2 0 no-such-node.invalid 29611) "$LK_BIN" "${args[@]}" --trainer.devices 2
+  $(env2 0 no-such-node.invalid $P) "$LK_BIN" "${args[@]}" --trainer.devices 2
 
-# a port in use: job A's rank 0 holds MASTER_PORT 29612 (waiting for its rank 1)
-$(env2 0 127.0.0.1 29612) "$LK_BIN" "${args[@]}" --trainer.devices 2 >"$T/a.out" 2>&1 &
+# a port in use: job A's rank 0 holds MASTER_PORT $((P + 1)) (waiting for its rank 1)
+$(env2 0 127.0.0.1 $((P + 1))) "$LK_BIN" "${args[@]}" --trainer.devices 2 >"$T/a.out" 2>&1 &
 apid=$!
-for _ in $(seq 1 100); do grep -q . /proc/$apid/net/unix 2>/dev/null && [ -n "$(ls /dev/shm | grep p29612)" ] && break; sleep 0.05; done
-timed "MASTER_PORT in use by another job" "(derived from MASTER_PORT=29612) is already in use on this host: pid $apid holds it" \
-  "$T/port.out" $(env2 0 127.0.0.1 29612) "$LK_BIN" "${args[@]}" --trainer.devices 2
+for _ in $(seq 1 100); do grep -q . /proc/$apid/net/unix 2>/dev/null && [ -n "$(ls /dev/shm | grep p$((P + 1)))" ] && break; sleep 0.05; done
+timed "MASTER_PORT in use by another job" "(derived from MASTER_PORT=$((P + 1))) is already in use on this host: pid $apid holds it" \
+  "$T/port.out" $(env2 0 127.0.0.1 $((P + 1))) "$LK_BIN" "${args[@]}" --trainer.devices 2
 kill -KILL $apid 2>/dev/null; wait $apid 2>/dev/null
 
 # two ranks claiming rank 1 of a 3-rank job: the second fails at once, the
 # job (missing its rank 2) ends at comm_timeout naming the missing rank
-env3() { echo env RANK=$1 WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=29613; }
+env3() { echo env RANK=$1 WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=$((P + 2)); }
 $(env3 0) "$LK_BIN" "${args[@]}" --trainer.devices 3 >"$T/d0.out" 2>&1 &
 d0=$!
 $(env3 1) "$LK_BIN" "${args[@]}" --trainer.devices 3 >"$T/d1.out" 2>&1 &
 d1=$!
-for _ in $(seq 1 100); do [ -n "$(ls /dev/shm | grep p29613)" ] && break; sleep 0.05; done
+for _ in $(seq 1 100); do [ -n "$(ls /dev/shm | grep p$((P + 2)))" ] && break; sleep 0.05; done
 sleep 0.3
 timed "RANK=1 given to two processes" "two processes were given rank 1 (RANK, SLURM_PROCID or PMI_RANK set alike)" \
   "$T/dup.out" $(env3 1) "$LK_BIN" "${args[@]}" --trainer.devices 3
@@ -85,7 +86,7 @@ bash "$CLUSTER" up 2 >"$T/up.out" 2>&1 || { cat "$T/up.out"; fail=$((fail + 1));
 
 # MASTER_ADDR of another node (reachable, but the env rendezvous is one node's)
 timed "MASTER_ADDR of another node" "MASTER_ADDR='10.250.0.2' is not an address of this host" "$T/addr3.out" \
-  bash "$CLUSTER" exec 0 env RANK=0 WORLD_SIZE=2 MASTER_ADDR=10.250.0.2 MASTER_PORT=29614 "$LK_BIN" "${args[@]}" --trainer.devices 2
+  bash "$CLUSTER" exec 0 env RANK=0 WORLD_SIZE=2 MASTER_ADDR=10.250.0.2 MASTER_PORT=$((P + 3)) "$LK_BIN" "${args[@]}" --trainer.devices 2
 
 # a host file naming a node that is not there
 printf '%s slots=2\nnosuchnode slots=2\n' "$LK_NETNS_ID-node0" >"$T/hosts.bad"
