@@ -230,7 +230,25 @@ cmd_exec() {
 }
 
 # mpirun's rsh agent: "agent [options] host command words..." with the
-# command meant for a remote shell.
+# command meant for a remote shell. It behaves as `ssh -o
+# ServerAliveInterval=I -o ServerAliveCountMax=C` does: the session lasts as
+# long as the command, and when the far node stops answering (I s between
+# probes, C misses in a row: a TCP probe over the cluster's network, from
+# the node mpirun runs on) the session ends: the command's process group gets
+# SIGTERM (as sshd's hang-up would end it) and the agent exits 255 (ssh's
+# status for a lost connection), which mpirun takes for a lost daemon and
+# ends the job. Without this a cut link leaves mpirun and the far node's
+# orted waiting on TCP for many minutes. LK_NETNS_ALIVE="I C" (default
+# "1 8"; "0" turns the probes off).
+# Whether ADDR answers within SECS: a TCP connection to port 1, where
+# nothing listens, is refused at once by a node that is there (or accepted,
+# if something does listen); a dead link or node lets it time out. No ping
+# needed (it is not installed everywhere).
+node_answers() {
+  timeout "$2" bash -c 'exec 3<>"/dev/tcp/$0/1"' "$1" 2>/dev/null
+  [ $? != 124 ]
+}
+
 cmd_rsh() {
   while [ $# -gt 0 ]; do
     case $1 in
@@ -240,17 +258,64 @@ cmd_rsh() {
     esac
   done
   local host=${1:-}; shift || true
-  cmd_exec "$host" /bin/sh -c "$*"
+  need_up
+  local k; k=$(node_index "$host") || exit 255
+  local pid; pid=$(cat "$STATE/holder$k")
+  kill -0 "$pid" 2>/dev/null || { echo "netns-cluster rsh: node $k's holder (pid $pid) is gone" >&2; exit 255; }
+  local iv cnt
+  read -r iv cnt <<<"${LK_NETNS_ALIVE:-1 8}"
+  # setsid: the command's own process group, so that ending the session
+  # reaches orted and what it started, as a hang-up does.
+  setsid nsenter -t "$pid" --net --uts --mount --wd="$PWD" -- /bin/sh -c "$*" &
+  local child=$! addr=$SUBNET_PREFIX.$((k + 1))
+  trap 'kill -TERM -- -$child 2>/dev/null; exit 255' TERM INT HUP
+  if [ "${iv:-0}" != 0 ]; then
+    local miss=0
+    while kill -0 $child 2>/dev/null; do
+      if node_answers "$addr" "$iv"; then miss=0; sleep "$iv"; else miss=$((miss + 1)); fi
+      if [ $miss -ge "${cnt:-8}" ]; then
+        echo "netns-cluster rsh: node $k ($(host_of $k), $addr) has not answered for $((iv * cnt)) s (its link is down," \
+          "or the node is gone): ending its session, as ssh with ServerAliveInterval=$iv ServerAliveCountMax=$cnt does" >&2
+        kill -TERM -- -$child 2>/dev/null
+        sleep 1
+        kill -KILL -- -$child 2>/dev/null
+        wait $child 2>/dev/null
+        # mpirun (OpenMPI 4) notices the lost daemon but then waits on its
+        # TCP connection to it for minutes: stop it, as a batch system ends
+        # a job whose node it marked down. Its SIGTERM handling ends the
+        # ranks on the nodes it still reaches (OpenMPI 4.1's mpirun may
+        # crash in PMIx_Finalize doing so, after its ranks are gone); KILL
+        # after 5 s. LK_NETNS_LOST_NODE_STOPS_MPIRUN=0 leaves it running.
+        local mp; mp=$(ps -o ppid= -p $$ | tr -d ' ')
+        if [ "${LK_NETNS_LOST_NODE_STOPS_MPIRUN:-1}" = 1 ] && [ -n "$mp" ] && [ "$(ps -o comm= -p "$mp")" = mpirun ]; then
+          echo "netns-cluster rsh: stopping mpirun (pid $mp): node $k is lost" >&2
+          kill -TERM "$mp" 2>/dev/null
+          local t
+          for ((t = 0; t < 50; t++)); do kill -0 "$mp" 2>/dev/null || break; sleep 0.1; done
+          kill -KILL "$mp" 2>/dev/null
+        fi
+        exit 255
+      fi
+    done
+  fi
+  wait $child
 }
 
 cmd_mpirun() {
   need_up
   local flags=()
   [ "$(id -u)" = 0 ] && flags+=(--allow-run-as-root)
+  # The cluster's host file unless the caller names hosts itself (OpenMPI
+  # refuses two host files; a test of a bad host file passes its own).
+  local a own=""
+  for a in "$@"; do
+    case $a in --hostfile|-hostfile|--machinefile|-machinefile|--host|-host|-H|--default-hostfile) own=1 ;; esac
+  done
+  [ -n "$own" ] || flags+=(--hostfile "$STATE/hostfile")
   # vader (shared memory) inside a node, tcp across nodes on eth0 only;
   # mpirun's out-of-band channel to the other nodes' orted also on eth0.
-  cmd_exec 0 mpirun "${flags[@]}" --hostfile "$STATE/hostfile" \
-    --mca plm_rsh_agent "$SELF rsh" --mca plm_rsh_no_tree_spawn 1 \
+  cmd_exec 0 mpirun "${flags[@]}" \
+    --mca plm_rsh_agent "$SELF rsh" --mca plm_rsh_no_tree_spawn 1 --leave-session-attached \
     --mca btl self,vader,tcp --mca btl_tcp_if_include "$SUBNET_PREFIX.0/24" \
     --mca oob_tcp_if_include "$SUBNET_PREFIX.0/24" -x LK_NETNS_ID="$ID" "$@"
 }

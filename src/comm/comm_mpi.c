@@ -60,6 +60,10 @@ typedef struct {
     int rank, world;
     int *pids;    /* every rank's pid, for the liveness check */
     bool *local;  /* a peer on this host whose pid this process can see */
+    /* every rank's host name (HOSTW bytes each, cut): a timeout names the
+     * hosts whose ranks cannot be seen from here (a dead node, a cut link) */
+    char *hosts;
+    int *wranks; /* every rank's rank in MPI_COMM_WORLD (with hosts) */
     /* The job's nodes as the host names say (world communicator only; -1
      * when the exchange failed): this rank's node, index on it, counts. */
     int node_rank, num_nodes, local_rank, local_world;
@@ -72,6 +76,12 @@ static uint64_t host_hash(void) {
     for (const char *p = name; *p; p++) h = (h ^ (unsigned char)*p) * 1099511628211ull;
     return h;
 }
+
+/* What one rank contributes to the init exchange: pid, host hash (the full
+ * name decides who shares a node), its rank in MPI_COMM_WORLD (what
+ * messages call a rank, also in a group) and the host name cut to HOSTW - 1
+ * bytes (for messages only). */
+enum { HOSTW = 48, XW = 3 + HOSTW / 8 };
 
 static lk_status wait_req(lk_comm *c, MPI_Request *req, const lk__coll *op, const char *label);
 
@@ -87,19 +97,23 @@ static lk_status wait_req(lk_comm *c, MPI_Request *req, const lk__coll *op, cons
 static lk_status exchange_pids(mpi_comm *m, lk_comm *waiter) {
     static const lk__coll op = {.kind = LK__COLL_ALL_GATHER, .seq = UINT64_MAX};
     const char *what = "lk_comm_split (the new group's pid exchange)";
-    int64_t me[2] = {(int64_t)getpid(), (int64_t)host_hash()};
+    int wrank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &wrank);
+    int64_t me[XW] = {(int64_t)getpid(), (int64_t)host_hash(), wrank};
+    gethostname((char *)&me[3], HOSTW - 1);
+    ((char *)&me[3])[HOSTW - 1] = 0;
     int64_t *all = lk_malloc(sizeof me * (size_t)m->world);
     int fail = !all, any_fail = 1, rc;
     m->num_nodes = -1;
     if (!waiter) {
         MPI_Allreduce(&fail, &any_fail, 1, MPI_INT, MPI_MAX, m->comm); /* every rank takes part in the gather, or none */
-        rc = any_fail ? MPI_SUCCESS : MPI_Allgather(me, 2, MPI_INT64_T, all, 2, MPI_INT64_T, m->comm);
+        rc = any_fail ? MPI_SUCCESS : MPI_Allgather(me, XW, MPI_INT64_T, all, XW, MPI_INT64_T, m->comm);
     } else {
         MPI_Request req;
         LOCKED(rc = MPI_Iallreduce(&fail, &any_fail, 1, MPI_INT, MPI_MAX, m->comm, &req));
         lk_status st = rc == MPI_SUCCESS ? wait_req(waiter, &req, &op, what) : LK_STATUS_OK;
         if (!st && rc == MPI_SUCCESS && !any_fail) {
-            LOCKED(rc = MPI_Iallgather(me, 2, MPI_INT64_T, all, 2, MPI_INT64_T, m->comm, &req));
+            LOCKED(rc = MPI_Iallgather(me, XW, MPI_INT64_T, all, XW, MPI_INT64_T, m->comm, &req));
             if (rc == MPI_SUCCESS) st = wait_req(waiter, &req, &op, what);
         }
         if (st) {
@@ -113,9 +127,17 @@ static lk_status exchange_pids(mpi_comm *m, lk_comm *waiter) {
     }
     m->pids = lk_calloc((size_t)m->world, sizeof *m->pids);
     m->local = lk_calloc((size_t)m->world, sizeof *m->local);
+    m->hosts = lk_calloc((size_t)m->world, HOSTW);
+    m->wranks = m->hosts ? lk_calloc((size_t)m->world, sizeof *m->wranks) : NULL;
+    if (!m->wranks) { /* names for messages only: without them, no names */
+        lk_free(m->hosts);
+        m->hosts = NULL;
+    }
     for (int k = 0; m->pids && m->local && k < m->world; k++) {
-        m->pids[k] = (int)all[2 * k];
-        m->local[k] = k != m->rank && all[2 * k + 1] == me[1] && lk__pid_alive(m->pids[k]);
+        m->pids[k] = (int)all[XW * k];
+        m->local[k] = k != m->rank && all[XW * k + 1] == me[1] && lk__pid_alive(m->pids[k]);
+        if (m->hosts) memcpy(m->hosts + (size_t)k * HOSTW, &all[XW * k + 3], HOSTW);
+        if (m->wranks) m->wranks[k] = (int)all[XW * k + 2];
     }
     /* Nodes numbered in the order of their lowest rank, ranks on a node in
      * rank order: OpenMPI's local rank, and the node index that
@@ -125,10 +147,10 @@ static lk_status exchange_pids(mpi_comm *m, lk_comm *waiter) {
     m->num_nodes = m->local_world = 0;
     for (int k = 0; k < m->world; k++) {
         bool first = true;
-        for (int j = 0; j < k && first; j++) first = all[2 * j + 1] != all[2 * k + 1];
-        if (first && all[2 * k + 1] == me[1]) m->node_rank = m->num_nodes;
+        for (int j = 0; j < k && first; j++) first = all[XW * j + 1] != all[XW * k + 1];
+        if (first && all[XW * k + 1] == me[1]) m->node_rank = m->num_nodes;
         if (first) m->num_nodes++;
-        if (all[2 * k + 1] == me[1]) {
+        if (all[XW * k + 1] == me[1]) {
             if (k < m->rank) m->local_rank++;
             m->local_world++;
         }
@@ -136,8 +158,12 @@ static lk_status exchange_pids(mpi_comm *m, lk_comm *waiter) {
     if (!m->pids || !m->local) {
         lk_free(m->pids);
         lk_free(m->local);
+        lk_free(m->hosts);
+        lk_free(m->wranks);
         m->pids = NULL;
         m->local = NULL;
+        m->hosts = NULL;
+        m->wranks = NULL;
     }
     lk_free(all);
     return LK_STATUS_OK;
@@ -202,6 +228,8 @@ static lk_status mpi_init(lk_comm *c, const lk_comm_config *cfg) {
             LOCKED(MPI_Comm_free(&m->comm));
             lk_free(m->pids);
             lk_free(m->local);
+            lk_free(m->hosts);
+            lk_free(m->wranks);
             lk_free(m);
             return lk_error(LK_STATUS_INVALID_ARGUMENT,
                             "mpi backend: the environment says rank %d of %d (%s) but MPI says rank %d of %d; start the "
@@ -239,6 +267,8 @@ static void mpi_destroy(lk_comm *c) {
     if (!fin && !atomic_load(&c->failed)) LOCKED(MPI_Comm_free(&m->comm));
     lk_free(m->pids);
     lk_free(m->local);
+    lk_free(m->hosts);
+    lk_free(m->wranks);
     lk_free(m);
     c->impl = NULL;
 }
@@ -268,6 +298,41 @@ static MPI_Op mpi_op(lk_reduce_op op) {
 static void describe(const lk__coll *op, const char *label, char *what, size_t size) {
     if (label) snprintf(what, size, "%s", label);
     else lk__coll_describe(op, what, size);
+}
+
+/* For a timeout: the ranks on hosts other than this rank's, by host
+ * ("rank 2, 3 on node1"), which this rank cannot check for life (their pids
+ * are another machine's): when MPI says only that "some rank did not
+ * arrive", the node and the ranks a user should look at (a dead node, a
+ * cut link). Empty when every rank is on this host or names are unknown. */
+static void remote_ranks_words(const mpi_comm *m, char *buf, size_t size) {
+    buf[0] = 0;
+    if (!m->hosts) return;
+    const char *mine = m->hosts + (size_t)m->rank * HOSTW;
+    char list[512];
+    size_t n = 0;
+    int listed = 0;
+    list[0] = 0;
+    for (int k = 0; k < m->world && n + 64 < sizeof list; k++) {
+        const char *hk = m->hosts + (size_t)k * HOSTW;
+        bool seen = !strcmp(hk, mine);
+        for (int j = 0; j < k && !seen; j++) seen = !strcmp(m->hosts + (size_t)j * HOSTW, hk);
+        if (seen) continue; /* this rank's host, or a host listed already */
+        n += (size_t)snprintf(list + n, sizeof list - n, "%s rank", listed ? ";" : "");
+        for (int j = k, first = 1; j < m->world && n + 64 < sizeof list; j++)
+            if (!strcmp(m->hosts + (size_t)j * HOSTW, hk)) {
+                n += (size_t)snprintf(list + n, sizeof list - n, "%s %d", first ? "" : ",", m->wranks[j]);
+                first = 0;
+            }
+        n += (size_t)snprintf(list + n, sizeof list - n, " on %.47s", hk);
+        listed++;
+    }
+    if (!listed) return;
+    if (snprintf(buf, size,
+                 ": the ranks on this host (%.47s) are alive, so look at the other node%s:%s (stopped, died, or its "
+                 "link is down)",
+                 mine, listed > 1 ? "s" : "", list) >= (int)size)
+        buf[size - 1] = 0; /* cut: the hosts first named are the ones that matter */
 }
 
 /* Completes req, polling so the wait is bounded and abortable: tight
@@ -322,10 +387,11 @@ static lk_status wait_req(lk_comm *c, MPI_Request *req, const lk__coll *op, cons
                             what, (double)(now - t0) * 1e-9, c->long_root, c->long_what, c->long_limit_name, c->long_limit_s);
         }
         if (now - t0 >= limit) {
-            char words[LK_PARAM_STR + 96];
+            char words[LK_PARAM_STR + 96], remote[640];
             describe(op, label, what, sizeof what);
-            return lk_error(LK_STATUS_TIMEOUT, "%s timed out after %.1f s (%s) in MPI; some rank did not arrive", what,
-                            (double)(now - t0) * 1e-9, lk__comm_timeout_words(c, words, sizeof words));
+            remote_ranks_words(m, remote, sizeof remote);
+            return lk_error(LK_STATUS_TIMEOUT, "%s timed out after %.1f s (%s) in MPI; some rank did not arrive%s", what,
+                            (double)(now - t0) * 1e-9, lk__comm_timeout_words(c, words, sizeof words), remote);
         }
     }
 }
@@ -485,6 +551,8 @@ static lk_status mpi_split(lk_comm *parent, lk_comm *child, int colour, int key)
          * group, so the communicator is left to the job's abort */
         lk_free(m->pids);
         lk_free(m->local);
+        lk_free(m->hosts);
+        lk_free(m->wranks);
         lk_free(m);
         return st;
     }
@@ -493,6 +561,8 @@ static lk_status mpi_split(lk_comm *parent, lk_comm *child, int colour, int key)
         LOCKED(MPI_Comm_free(&m->comm));
         lk_free(m->pids);
         lk_free(m->local);
+        lk_free(m->hosts);
+        lk_free(m->wranks);
         lk_free(m);
         return lk_error(LK_STATUS_INTERNAL, "lk_comm_split: MPI made rank %d of %d, lockstep expected rank %d of %d", mr, mw,
                         child->pg.rank, child->pg.world_size);

@@ -262,9 +262,11 @@ static lk_status claim(shm_comm *s) {
         holder_words(holder, who, sizeof who);
         lk__shm_segment_pids(s->name, pids, sizeof pids);
         return lk_error(LK_STATUS_INVALID_USAGE,
-                        "rendezvous: rank %d of %s is already held on this host by %s, a live process of another job (shm "
-                        "segment %s%s); two jobs cannot share it: %s, or stop the other job",
-                        s->rank, s->ident, who, s->name, pids, s->remedy);
+                        "rendezvous: rank %d of %s is already held on this host by %s, a live process that claims the "
+                        "same rank: two processes were given rank %d (RANK, SLURM_PROCID or PMI_RANK set alike), or a "
+                        "process of another job (shm segment %s%s); each rank must be started once, and two jobs "
+                        "cannot share a job id: %s, or stop the other job",
+                        s->rank, s->ident, who, s->rank, s->name, pids, s->remedy);
     }
     return LK_STATUS_OK;
 }

@@ -148,8 +148,13 @@ lk_status lk_trainer_create(const lk_trainer_config *cfg, const lk_optim_setting
     }
     if (tr->world > 1 && cfg->devices > 0 && want != tr->world) {
         st = lk_error(LK_STATUS_INVALID_USAGE,
-                      "the launcher started %d processes (WORLD_SIZE), but trainer.devices=%lld x num_nodes=%lld = %lld",
-                      tr->world, (long long)cfg->devices, (long long)cfg->num_nodes, (long long)want);
+                      "the launcher started %d processes (%s), but trainer.devices=%lld x num_nodes=%lld = %lld",
+                      tr->world,
+                      !strcmp(tr->pg.source, "openmpi") ? "OMPI_COMM_WORLD_SIZE"
+                      : !strcmp(tr->pg.source, "slurm") ? "SLURM_NTASKS"
+                      : !strcmp(tr->pg.source, "pmi")   ? "PMI_SIZE"
+                                                        : "WORLD_SIZE",
+                      (long long)cfg->devices, (long long)cfg->num_nodes, (long long)want);
         goto fail;
     }
     if (pm == LK_PROCESS_SINGLE && tr->world > 1) {
@@ -196,6 +201,24 @@ lk_status lk_trainer_create(const lk_trainer_config *cfg, const lk_optim_setting
         cc.pg = &tr->pg;
         st = lk_comm_create(&cc, &tr->comm);
         if (st) goto fail;
+        /* devices x num_nodes equal to the world size can still disagree
+         * with where the launcher put the ranks (num_nodes differing between
+         * nodes' command lines, or ranks per node): Lightning refuses that
+         * for SLURM too. The communicator's placement is the host names'
+         * on mpi/hier, the launcher's variables elsewhere. */
+        const lk_pg_info *at = lk_comm_pg(tr->comm);
+        if (!dp && cfg->devices > 0 && (at->num_nodes != cfg->num_nodes || at->local_world_size != cfg->devices)) {
+            char host[64] = "";
+            gethostname(host, sizeof host - 1);
+            st = lk_error(LK_STATUS_INVALID_USAGE,
+                          "trainer.num_nodes=%lld x devices=%lld does not match where the launcher put the %d ranks: "
+                          "%d node(s), %d rank(s) on this one (rank %d on host '%s', node %d; as the %s backend places "
+                          "them): set trainer.num_nodes=%d and trainer.devices=%d on every node",
+                          (long long)cfg->num_nodes, (long long)cfg->devices, tr->world, at->num_nodes,
+                          at->local_world_size, tr->rank, host, at->node_rank, lk_comm_backend(tr->comm), at->num_nodes,
+                          at->local_world_size);
+            goto fail;
+        }
     }
     lk_strategy_config sc = lk_strategy_config_default();
     sc.name = cfg->strategy;

@@ -14,6 +14,8 @@
 #     picks for a job across nodes) it ends within 1e-4 of that;
 #  3. a rank on node 1 SIGKILLed mid-run: the whole job ends within
 #     comm_timeout + 10 s, non-zero, and some line names rank 3;
+#  3b. node 1's link cut mid-run (ip link set eth0 down): the job ends within
+#     comm_timeout + 10 s, a rank names node 1 and its rank, nothing is left;
 #  4. nothing is left: no process of the jobs, no namespace, no /dev/shm
 #     entry of the cluster's nodes on this machine.
 # Skipped (exit 77, "skipped: why") without root, namespaces or mpirun.
@@ -154,6 +156,54 @@ check "kill: the output names rank 3" grep -qE "rank 3 \(pid ${r3:-x}\) died|pro
 check "kill: no process of the job left (${left:-none})" test -z "$left"
 grep -m2 -E "rank 3 \(pid|process rank 3" "$T/kill.out" | sed 's/^/     /'
 [ "$fail" = "$f0" ] || sed 's/^/     kill: /' "$T/kill.out" | tail -30 >&2
+
+# 3b. the link of node 1 cut mid-run (its eth0 down): every rank waits in
+# vain, node 0's ranks time out at comm_timeout and name node 1 and its
+# rank, the rsh agent (ssh's ServerAliveInterval, scripts/netns-cluster.sh)
+# ends node 1's session, so mpirun ends; nothing is left on either node.
+f0=$fail
+CUT_TIMEOUT=3
+ALIVE="1 6" # the agent gives up after 6 s: after comm_timeout, so lockstep's message comes first
+CUT_BOUND=$((CUT_TIMEOUT + 10))
+cp "$T/synth.yaml" "$T/cut.yaml"
+LK_NETNS_ALIVE="$ALIVE" bash "$CLUSTER" mpirun -np 4 --map-by ppr:2:node -x LK_ALLOW_OVERSUBSCRIBE \
+  "$LK_BIN" fit -c "$T/cut.yaml" --trainer.strategy ddp --trainer.devices 2 --trainer.num_nodes 2 \
+  --trainer.max_epochs 100000 --trainer.every_n_train_steps 20 --trainer.enable_progress_bar false \
+  --trainer.comm_timeout $CUT_TIMEOUT --trainer.num_sanity_val_steps 0 --data.init_args.num_samples 4096 \
+  --trainer.default_root_dir "$T/cut" >"$T/cut.out" 2>&1 &
+mpid=$!
+jobs_pids+=("$mpid")
+started=""
+for _ in $(seq 1 600); do # at most 30 s
+  ls "$T"/cut/lightning_logs/version_*/checkpoints/last.ckpt >/dev/null 2>&1 && { started=yes; break; }
+  kill -0 $mpid 2>/dev/null || break
+  sleep 0.05
+done
+check "cut: the 2 x 2 job (hier, as auto picks) started training (a checkpoint was written)" test -n "$started"
+t0=$(date +%s.%N)
+ip -n "$LK_NETNS_ID-n1" link set eth0 down
+for _ in $(seq 1 $(((CUT_BOUND + 10) * 20))); do kill -0 $mpid 2>/dev/null || break; sleep 0.05; done
+secs=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.2f", b - a }')
+alive=""
+kill -0 $mpid 2>/dev/null && alive=yes
+kill -KILL $mpid 2>/dev/null
+wait $mpid 2>/dev/null; rc=$?
+check "cut: the job ended within comm_timeout + 10 s = ${CUT_BOUND}s (${secs}s), exit status non-zero ($rc)" \
+  awk -v s="$secs" -v b="$CUT_BOUND" -v a="$alive" -v r="$rc" 'BEGIN { exit !(a == "" && s <= b && r != 0) }'
+check "cut: a rank names node 1 and its rank (timed out ... look at the other node: rank 2 on $LK_NETNS_ID-node1)" \
+  grep -qE "timed out after [0-9.]+ s .*in MPI; some rank did not arrive: the ranks on this host \($LK_NETNS_ID-node0\) are alive, so look at the other node: rank 2(, 3)? on $LK_NETNS_ID-node1" "$T/cut.out"
+check "cut: the rsh agent ended node 1's session and stopped mpirun (node 1 ... has not answered)" \
+  bash -c "grep -q 'node 1 ($LK_NETNS_ID-node1, 10.250.0.2) has not answered' '$T/cut.out' && grep -q 'stopping mpirun' '$T/cut.out'"
+for _ in $(seq 1 60); do pgrep -f -- "fit -c $T/cut.yaml|orted.*$LK_NETNS_ID|netns-cluster.sh rsh" >/dev/null || break; sleep 0.05; done
+left=$(pgrep -f -- "fit -c $T/cut.yaml|orted.*$LK_NETNS_ID|netns-cluster.sh rsh" | tr '\n' ' ')
+check "cut: no process of the job left on any node: rank, orted, rsh agent (${left:-none})" test -z "$left"
+for p in $left; do kill -KILL "$p" 2>/dev/null; done
+for k in 0 1; do
+  shm=$(bash "$CLUSTER" exec $k ls /dev/shm 2>&1 | tr '\n' ' ')
+  check "cut: node $k's /dev/shm is empty (${shm:-empty})" test -z "$shm"
+done
+grep -m1 -E "some rank did not arrive: the ranks" "$T/cut.out" | sed 's/^/     /'
+[ "$fail" = "$f0" ] || sed 's/^/     cut: /' "$T/cut.out" | tail -30 >&2
 
 # 4. teardown leaves nothing
 bash "$CLUSTER" down >/dev/null 2>&1

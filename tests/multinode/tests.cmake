@@ -16,3 +16,10 @@ set_tests_properties(multinode_mpirun PROPERTIES TIMEOUT 120 LABELS "multinode;m
                      RUN_SERIAL TRUE ENVIRONMENT "${LK_MN_ENV}")
 # SLURM's variables, faked (no daemons): rank, node and job id per rank, and bad launches named at once.
 lk_add_script_test(NAME multinode_slurm_env SCRIPT multinode/test_slurm_env.sh LABELS multinode unit TIMEOUT 60)
+# Bad multi-node launches, each a clear error within 10 s: MASTER_ADDR unreachable, MASTER_PORT in use, RANK
+# given twice (no root needed), then in a 2-node cluster a host file naming an unknown node and num_nodes that
+# differs between nodes (that part skipped without root, namespaces or mpirun).
+add_test(NAME multinode_bad_input COMMAND bash ${PROJECT_SOURCE_DIR}/tests/multinode/test_bad_input.sh
+         WORKING_DIRECTORY ${PROJECT_BINARY_DIR})
+set_tests_properties(multinode_bad_input PROPERTIES TIMEOUT 120 LABELS "multinode;multiproc;mpi" RUN_SERIAL TRUE
+                     ENVIRONMENT "${LK_MN_ENV}")
