@@ -110,6 +110,36 @@ sys.exit(0 if a.keys() == b.keys() and worst <= 1e-4 else 1)
 PY
 )
 check "fit hier: the weights match the flat mpi fit's to 1e-4 ($cmpout)" test $? = 0
+# fsdp's HYBRID_SHARD across the nodes: each node's 2 ranks shard (a shard group split by node), the nodes
+# replicate (their chunks' gradients all-reduced across); averaged twice (in the node, then across), so
+# the weights match the flat ddp fit's to a relative 1e-4, not bitwise
+mpirun_nodes -np 4 --map-by ppr:2:node -x LK_COMM_BACKEND=mpi -x LK_ALLOW_OVERSUBSCRIBE \
+  "$LK_BIN" "${fitargs[@]}" --trainer.devices 2 --trainer.num_nodes 2 --trainer.strategy fsdp \
+  --trainer.fsdp_sharding_strategy HYBRID_SHARD --trainer.default_root_dir "$T/hybrid" >"$T/hybrid.out" 2>&1
+rc4=$?
+"$LK_BIN" export --ckpt "$T/hybrid/lightning_logs/version_0/checkpoints/last.ckpt" --out "$T/hybrid.st" >/dev/null 2>&1
+check "fsdp HYBRID_SHARD: 2 nodes x 2 ranks trained, sharded over each node's 2 ranks (rc $rc4)" \
+  bash -c "[ $rc4 = 0 ] && grep -q 'HYBRID_SHARD over 2 ranks' '$T/hybrid.out'"
+cmpout=$(python3 - "$T/flat.st" "$T/hybrid.st" <<'PY'
+import json, struct, sys
+def load(p):
+    b = open(p, "rb").read()
+    n = struct.unpack("<Q", b[:8])[0]
+    h = json.loads(b[8:8 + n]); d = b[8 + n:]
+    return {k: struct.unpack("<%df" % ((v["data_offsets"][1] - v["data_offsets"][0]) // 4),
+                             d[v["data_offsets"][0]:v["data_offsets"][1]])
+            for k, v in h.items() if k != "__metadata__" and v["dtype"] == "F32"}
+a, b = load(sys.argv[1]), load(sys.argv[2])
+worst = 0.0
+for k in a:
+    scale = max(1e-6, max(abs(x) for x in a[k]))
+    worst = max(worst, max(abs(x - y) for x, y in zip(a[k], b[k])) / scale)
+print("%d tensors, largest relative difference %.3g" % (len(a), worst))
+sys.exit(0 if a.keys() == b.keys() and worst <= 1e-4 else 1)
+PY
+)
+check "fsdp HYBRID_SHARD: the weights match the flat ddp fit's to 1e-4 ($cmpout)" test $? = 0
+[ "$fail" = "$f0" ] || sed 's/^/     hybrid: /' "$T/hybrid.out" | tail -20 >&2
 [ "$fail" = "$f0" ] || sed 's/^/     hier: /' "$T/hier.out" | tail -20 >&2
 
 # 3. a rank on node 1 killed mid-run
