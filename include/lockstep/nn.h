@@ -188,6 +188,14 @@ typedef lk_status (*lk_layer_hook_fn)(lk_layer *l, lk_layer_hook_when when, void
 lk_status lk_layer_add_hook(lk_layer *l, lk_layer_hook_when when, lk_layer_hook_fn fn, void *ctx);
 /* Removes every hook of l (not its children's). */
 void lk_layer_clear_hooks(lk_layer *l);
+/* AFTER_BACKWARD needs the layer's input to carry a gradient (it is the
+ * signal that every node of the layer was differentiated), so when the
+ * input needs none (the data into a model's first layer) one is computed
+ * and discarded: for a Linear, a GEMM as large as its weight gradient's.
+ * A user that can do without the hook in that case (fsdp reduces such a
+ * unit after the whole backward) makes it optional: it is then skipped,
+ * with the discarded gradient, whenever the input needs no gradient. */
+lk_status lk_layer_set_after_backward_optional(lk_layer *l, bool optional);
 
 /* ---- activation checkpointing ---------------------------------------------------
  * A checkpointed layer keeps only its input from the forward (its forward

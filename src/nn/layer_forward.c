@@ -21,6 +21,7 @@ struct lk__layer_hooks {
     int n, cap;
     hook *v;
     bool has[4]; /* any hook of each kind */
+    bool after_backward_optional; /* lk_layer_set_after_backward_optional */
 };
 
 static _Thread_local int recomputing; /* depth of checkpoint recomputes running on this thread */
@@ -36,6 +37,13 @@ lk_status lk_layer_add_hook(lk_layer *l, lk_layer_hook_when when, lk_layer_hook_
     if (h->n == h->cap) LK_TRY(lk_vec_reserve(h->v, h->cap, h->n + 1, 4));
     h->v[h->n++] = (hook){when, fn, ctx};
     h->has[when] = true;
+    return LK_STATUS_OK;
+}
+
+lk_status lk_layer_set_after_backward_optional(lk_layer *l, bool optional) {
+    if (!l) return lk_error(LK_STATUS_INVALID_ARGUMENT, "layer_set_after_backward_optional: NULL layer");
+    if (!l->hooks && !(l->hooks = lk_calloc(1, sizeof *l->hooks))) return LK_STATUS_OUT_OF_MEMORY;
+    l->hooks->after_backward_optional = optional;
     return LK_STATUS_OK;
 }
 
@@ -226,7 +234,8 @@ lk_tensor *lk_layer_forward(lk_layer *l, lk_tensor *x) {
     const bool *has = l->hooks ? l->hooks->has : (const bool[4]){false, false, false, false};
     if (has[LK_LAYER_BEFORE_FORWARD] && fire(l, LK_LAYER_BEFORE_FORWARD)) return NULL;
     bool grad = lk_grad_enabled();
-    if (grad && has[LK_LAYER_AFTER_BACKWARD] && !(x = after_backward_boundary(l, x))) return NULL;
+    bool boundary = grad && has[LK_LAYER_AFTER_BACKWARD] && (x->requires_grad || !l->hooks->after_backward_optional);
+    if (boundary && !(x = after_backward_boundary(l, x))) return NULL;
     lk_tensor *y = l->checkpoint && grad ? checkpointed(l, x) : l->forward(l, x);
     if (y && grad && has[LK_LAYER_BEFORE_BACKWARD] && y->requires_grad)
         y = lk_function_apply(&before_bw_fn, 1, &y, l);

@@ -681,8 +681,12 @@ static lk_status f_wrap(lk_strategy *s, lk_layer *net) {
     }
     /* the hooks: the root on the net, each unit on its layer */
     LK_TRY(lk_layer_add_hook(net, LK_LAYER_AFTER_FORWARD, on_root, &f->u[0]));
-    for (int i = 1; i < f->nu; i++)
+    for (int i = 1; i < f->nu; i++) {
         for (int w = 0; w < 4; w++) LK_TRY(lk_layer_add_hook(f->u[i].layer, (lk_layer_hook_when)w, on_unit, &f->u[i]));
+        /* a unit fed the data (no gradient wanted) is reduced after the backward instead of
+         * paying for an input gradient nobody reads (f_finish_backward reduces what was not) */
+        LK_TRY(lk_layer_set_after_backward_optional(f->u[i].layer, true));
+    }
     /* the parameters' old storage (the whole model, built on every rank) is
      * in the storage pool now, counted as live: given back */
     lk_pool_trim();
