@@ -81,7 +81,6 @@ struct fsdp {
     void *shards;             /* every unit's chunk, back to back: the master parameters */
     int64_t shard_numel;
     lk_tensor *shards_t;
-    char **shard_name;        /* the optimizer's parameters (s->local): one chunk per unit with parameters */
     int *shard_unit;
     int nshard;
     int *order;               /* units in the order the forward reached them */
@@ -313,6 +312,13 @@ static void *map_pages(size_t bytes) {
     return p == MAP_FAILED ? NULL : p;
 }
 
+/* This rank's chunk of the unit's whole values into its master chunk
+ * (nothing to copy where the master chunk lives inside them: stage 2). */
+static void keep_chunk(lk_strategy *s, unit *u) {
+    void *in_full = at(u->full, esz(s), u->chunk * u->f->sr);
+    if (u->mine != in_full) memcpy(u->mine, in_full, (size_t)u->chunk * esz(s));
+}
+
 /* ---- gather, release, reduce ----------------------------------------------------------- */
 
 /* The whole buffers are mappings outside lockstep's allocator: what a rank
@@ -354,8 +360,7 @@ static void grads_gone(unit *u) {
     u->grads_charged = false;
 }
 
-static lk_status comm_fail(lk_strategy *s, lk_comm *c, lk_status st) {
-    (void)s;
+static lk_status comm_fail(lk_comm *c, lk_status st) {
     return st && c && lk_comm_error(c) ? lk_last_status() : st;
 }
 
@@ -369,7 +374,7 @@ static lk_status gather(lk_strategy *s, unit *u) {
         lk_work_free(u->gather);
         u->gather = NULL;
         s->stats.comm_exposed_s += lk_time_now() - t0;
-        if (st) return comm_fail(s, f->shard, st);
+        if (st) return comm_fail(f->shard, st);
         u->gathered = true;
         return LK_STATUS_OK;
     }
@@ -379,7 +384,7 @@ static lk_status gather(lk_strategy *s, unit *u) {
     lk_status st = f->S > 1 ? lk_comm_all_gather(f->shard, u->mine, u->full, (size_t)u->chunk, s->cfg.param_dtype)
                             : (u->mine != u->full ? memcpy(u->full, u->mine, (size_t)u->chunk * esz(s)) : NULL, LK_STATUS_OK);
     s->stats.comm_exposed_s += lk_time_now() - t0;
-    if (st) return comm_fail(s, f->shard, st);
+    if (st) return comm_fail(f->shard, st);
     u->gathered = true;
     return LK_STATUS_OK;
 }
@@ -416,10 +421,10 @@ static lk_status finish_reduce(lk_strategy *s) {
         st = lk_work_wait(f->rs_work);
         lk_work_free(f->rs_work);
         f->rs_work = NULL;
-        st = comm_fail(s, f->shard, st);
+        st = comm_fail(f->shard, st);
     }
     void *mine = at(s->flat_grad, esz(s), u->shard_off);
-    if (!st && f->R > 1) st = comm_fail(s, f->replica, lk_comm_all_reduce(f->replica, mine, (size_t)u->chunk,
+    if (!st && f->R > 1) st = comm_fail(f->replica, lk_comm_all_reduce(f->replica, mine, (size_t)u->chunk,
                                                                           s->cfg.param_dtype, LK_REDUCE_AVG));
     s->stats.comm_exposed_s += lk_time_now() - t0;
     (void)madvise(u->gfull, u->map_bytes, RELEASE_PARAMS);
@@ -630,9 +635,8 @@ static lk_status f_wrap(lk_strategy *s, lk_layer *net) {
     /* the optimizer's parameters: arrays strategy.c frees after its last use of them */
     s->local_arr = lk_calloc((size_t)f->nshard + 1, sizeof *s->local_arr);
     s->local_names = lk_calloc((size_t)f->nshard + 1, sizeof *s->local_names);
-    f->shard_name = lk_calloc((size_t)f->nshard + 1, sizeof *f->shard_name);
     f->shard_unit = lk_calloc((size_t)f->nshard + 1, sizeof *f->shard_unit);
-    if (!s->local_arr || !s->local_names || !f->shard_name || !f->shard_unit) return LK_STATUS_OUT_OF_MEMORY;
+    if (!s->local_arr || !s->local_names || !f->shard_unit) return LK_STATUS_OUT_OF_MEMORY;
     int j = 0;
     for (int i = 0; i < f->nu; i++) {
         unit *u = &f->u[i];
@@ -640,15 +644,13 @@ static lk_status f_wrap(lk_strategy *s, lk_layer *net) {
         LK_TRY(rehome(s, u));
         if (s->world > 1) LK_TRY(lk_comm_broadcast(s->comm, u->full, (size_t)u->numel, s->cfg.param_dtype, 0));
         u->mine = f->params_whole ? at(u->full, esz(s), u->chunk * f->sr) : at(f->shards, esz(s), u->shard_off);
-        if (u->mine != at(u->full, esz(s), u->chunk * f->sr))
-            memcpy(u->mine, at(u->full, esz(s), u->chunk * f->sr), (size_t)u->chunk * esz(s));
+        keep_chunk(s, u);
         u->gathered = true;
         LK_TRY(count_gathered(f, u, true));
         release(s, u); /* (the root stays) */
         /* what the optimizer sees: the unit's chunk, FSDP's flat parameter */
         char name[600];
         snprintf(name, sizeof name, "%s%s_flat_param", u->name, *u->name ? "." : "");
-        if (!(f->shard_name[j] = lk_strdup(name))) return LK_STATUS_OUT_OF_MEMORY;
         lk_tensor *t = f->params_whole ? lk_tensor_view_storage(u->full_t, u->chunk * f->sr, 1, (int64_t[]){u->chunk})
                                        : lk_tensor_view_storage(f->shards_t, u->shard_off, 1, (int64_t[]){u->chunk});
         if (!t) return lk_last_status();
@@ -763,8 +765,6 @@ static void f_free(lk_strategy *s) {
     lk_free(f->u);
     lk_free(f->order);
     lk_named_tensors_clear(&f->named);
-    for (int j = 0; j < f->nshard && f->shard_name; j++) lk_free(f->shard_name[j]);
-    lk_free(f->shard_name);
     lk_free(f->shard_unit);
     lk_tensor_release(f->shards_t);
     lk_aligned_free(f->shards);
@@ -818,7 +818,7 @@ static lk_status f_finish_backward(lk_strategy *s) {
             lk_work_free(u->gather);
             u->gather = NULL;
             u->gathered = true;
-            if (!st) st = comm_fail(s, f->shard, w);
+            if (!st) st = comm_fail(f->shard, w);
         }
         release(s, u);
     }
@@ -903,8 +903,7 @@ static lk_status f_state_dict_loaded(lk_strategy *s) {
     for (int i = 0; i < f->nu; i++) {
         unit *u = &f->u[i];
         if (!u->numel) continue;
-        if (u->mine != at(u->full, esz(s), u->chunk * f->sr))
-            memcpy(u->mine, at(u->full, esz(s), u->chunk * f->sr), (size_t)u->chunk * esz(s));
+        keep_chunk(s, u);
         if (!u->gathered) {
             u->gathered = true;
             LK_TRY(count_gathered(f, u, true));
@@ -941,7 +940,7 @@ static lk_status f_optimizer_state(lk_strategy *s, lk_optimizer *o, lk_named_ten
     for (int j = 0; !st && j < f->nshard; j++) {
         unit *u = &f->u[f->shard_unit[j]];
         for (int a = 0; !st && a < NARRAYS; a++) {
-            snprintf(key, sizeof key, "state.%s.%s", f->shard_name[j], state_arrays[a]);
+            snprintf(key, sizeof key, "state.%s.%s", s->local_names[j], state_arrays[a]);
             lk_tensor *t = lk_named_tensors_find(&mine, key);
             if (!t) continue; /* every rank has the same arrays: the same optimizer, the same steps */
             float *w = whole[j * NARRAYS + a] = lk_aligned_alloc(LK_ALIGN, (size_t)(u->chunk * f->S) * sizeof(float) + LK_ALIGN);
@@ -954,7 +953,7 @@ static lk_status f_optimizer_state(lk_strategy *s, lk_optimizer *o, lk_named_ten
     for (int i = 0; !st && i < mine.n; i++)
         if (strncmp(mine.items[i].name, "state.", 6)) st = lk_named_tensors_append(out, mine.items[i].name, mine.items[i].tensor);
     for (int g = 0; !st && g < n; g++) {
-        snprintf(key, sizeof key, "state.%s.step", f->shard_name[shard_of[gu[g]]]);
+        snprintf(key, sizeof key, "state.%s.step", s->local_names[shard_of[gu[g]]]);
         lk_tensor *step = lk_named_tensors_find(&mine, key);
         snprintf(key, sizeof key, "state.%s.step", f->named.items[g].name);
         if (step) st = lk_named_tensors_append(out, key, step);
@@ -995,7 +994,7 @@ static lk_status f_optimizer_state_load(lk_strategy *s, lk_optimizer *o, const l
         snprintf(key, sizeof key, "state.%s.step", u->pname[0]);
         lk_tensor *step = lk_named_tensors_find(state, key);
         if (step) {
-            snprintf(key, sizeof key, "state.%s.step", f->shard_name[j]);
+            snprintf(key, sizeof key, "state.%s.step", s->local_names[j]);
             st = lk_named_tensors_append(&conv, key, step);
         }
         int64_t lo = u->chunk * f->sr, hi = lo + u->chunk;
@@ -1016,7 +1015,7 @@ static lk_status f_optimizer_state_load(lk_strategy *s, lk_optimizer *o, const l
                 int64_t s0 = u->poff[k], e0 = s0 + v->numel, a0 = s0 > lo ? s0 : lo, b0 = e0 < hi ? e0 : hi;
                 if (b0 > a0) memcpy((float *)c->data + (a0 - lo), (const float *)v->data + (a0 - s0), (size_t)(b0 - a0) * sizeof(float));
             }
-            snprintf(key, sizeof key, "state.%s.%s", f->shard_name[j], state_arrays[a]);
+            snprintf(key, sizeof key, "state.%s.%s", s->local_names[j], state_arrays[a]);
             if (!st) st = lk_named_tensors_append(&conv, key, c);
             lk_tensor_release(c);
         }
