@@ -10,46 +10,7 @@
 # module by name (strict) and equals the whole checkpoint's tensors. A set
 # with a shard missing, truncated, from another save, or without its index
 # is refused naming the file, before anything is loaded.
-source "$(dirname "$0")/../cli/lib.sh"
-export LK_ALLOW_OVERSUBSCRIBE=1 # 3 ranks on a 2-core CI machine: slow, not wrong
-cat > "$T/z.yaml" <<YAML
-seed_everything: 7
-trainer:
-  default_root_dir: $T/runs
-  max_steps: 20
-  enable_progress_bar: false
-  num_sanity_val_steps: 0
-  enable_model_summary: false
-model:
-  class_path: mlp
-  init_args:
-    input_dim: 16
-    hidden: [33]
-    num_classes: 4
-data:
-  class_path: synthetic
-  init_args:
-    num_samples: 2048
-    input_shape: [16]
-    num_classes: 4
-    batch_size: 24
-optimizer:
-  name: adam
-  lr: 0.01
-YAML
-last() { echo "$(ls -d "$T"/runs/lightning_logs/version_*)/checkpoints/last.ckpt"; }
-# fit NAME ARGS...: a fit whose last checkpoint (file or set) goes to $T/NAME.ckpt, exported (with the optimizer) to $T/NAME.st
-fit() {
-  local name=$1; shift
-  rm -rf "$T/runs" "$T/$name.ckpt"
-  if timeout 120 "$LK_BIN" fit -c "${CFG:-$T/z.yaml}" "$@" >"$T/$name.log" 2>&1; then
-    mv "$(last)" "$T/$name.ckpt"
-    "$LK_BIN" export --ckpt "$T/$name.ckpt" --out "$T/$name.st" --with-optimizer >/dev/null
-  else
-    echo "  $name failed:"; tail -5 "$T/$name.log"; rm -f "$T/$name.st"
-  fi
-}
-same() { [ -s "$T/$1.st" ] && cmp -s "$T/$1.st" "$T/$2.st"; }
+source "$(dirname "$0")/sharded_lib.sh" # $T/z.yaml (the 697-parameter mlp), fit, same, run_json, last
 Z2=(--trainer.devices 2 --trainer.strategy deepspeed_stage_2)
 
 # the set, and the whole checkpoint of the same 10 steps

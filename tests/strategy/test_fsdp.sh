@@ -13,46 +13,7 @@
 # run.json, exact resume at the same world size, resume across strategies
 # and world sizes through the whole checkpoint, FSDPStrategy's class node,
 # and the refusals.
-source "$(dirname "$0")/../cli/lib.sh"
-export LK_ALLOW_OVERSUBSCRIBE=1 # 4 ranks on a 2-core CI machine: slow, not wrong
-cat > "$T/z.yaml" <<YAML
-seed_everything: 7
-trainer:
-  default_root_dir: $T/runs
-  max_steps: 20
-  enable_progress_bar: false
-  num_sanity_val_steps: 0
-  enable_model_summary: false
-model:
-  class_path: mlp
-  init_args:
-    input_dim: 16
-    hidden: [33]
-    num_classes: 4
-data:
-  class_path: synthetic
-  init_args:
-    num_samples: 2048
-    input_shape: [16]
-    num_classes: 4
-    batch_size: 24
-optimizer:
-  name: adam
-  lr: 0.01
-YAML
-# fit NAME ARGS...: a fit whose checkpoint's weights and optimizer state go to $T/NAME.st
-fit() {
-  local name=$1; shift
-  rm -rf "$T/runs"
-  if timeout 120 "$LK_BIN" fit -c "${CFG:-$T/z.yaml}" "$@" >"$T/$name.log" 2>&1; then
-    "$LK_BIN" export --ckpt "$(ls -d "$T"/runs/lightning_logs/version_*)/checkpoints/last.ckpt" --out "$T/$name.st" \
-      --with-optimizer >/dev/null
-  else
-    echo "  $name failed:"; tail -5 "$T/$name.log"; rm -f "$T/$name.st"
-  fi
-}
-same() { [ -s "$T/$1.st" ] && cmp -s "$T/$1.st" "$T/$2.st"; }
-run_json() { ls -d "$T"/runs/lightning_logs/version_*/run.json; }
+source "$(dirname "$0")/sharded_lib.sh" # $T/z.yaml (the 697-parameter mlp), fit, same, run_json, last
 
 X=(--trainer.gradient_clip_val 0.05 --trainer.accumulate_grad_batches 2 --trainer.precision bf16-mixed)
 if [ "${1:-}" = mpi ]; then
@@ -65,7 +26,7 @@ if [ "${1:-}" = mpi ]; then
     rm -rf "$T/runs"
     timeout 120 "$LK_MPIRUN" "${flags[@]}" -np 3 -x LK_ALLOW_OVERSUBSCRIBE=1 -x LK_COMM_BACKEND=mpi "$LK_BIN" fit \
       -c "$T/z.yaml" --trainer.devices 3 --trainer.strategy $s "${X[@]}" >"$T/mpi.log" 2>&1
-    "$LK_BIN" export --ckpt "$(ls -d "$T"/runs/lightning_logs/version_*)/checkpoints/last.ckpt" --out "$T/mpi$s.st" \
+    "$LK_BIN" export --ckpt "$(last)" --out "$T/mpi$s.st" \
       --with-optimizer >/dev/null 2>&1
     check "$s x3 over mpi: it ran on the mpi communicator" grep -q '"comm_backend": "mpi"' "$(run_json)"
     check "$s x3 over mpi == ddp x3 over shm, bitwise" same mpi$s ddp3

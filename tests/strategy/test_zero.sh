@@ -15,45 +15,7 @@
 # the same world size, DeepSpeedStrategy's class_path node with init_args
 # stage, bf16-true, and the refusals (a stage 4 in bf16-true, join is a unit
 # matter not reachable from the CLI).
-source "$(dirname "$0")/../cli/lib.sh"
-export LK_ALLOW_OVERSUBSCRIBE=1 # 4 ranks on a 2-core CI machine: slow, not wrong
-cat > "$T/z.yaml" <<YAML
-seed_everything: 7
-trainer:
-  default_root_dir: $T/runs
-  max_steps: 20
-  enable_progress_bar: false
-  num_sanity_val_steps: 0
-  enable_model_summary: false
-model:
-  class_path: mlp
-  init_args:
-    input_dim: 16
-    hidden: [33]
-    num_classes: 4
-data:
-  class_path: synthetic
-  init_args:
-    num_samples: 2048
-    input_shape: [16]
-    num_classes: 4
-    batch_size: 24
-optimizer:
-  name: adam
-  lr: 0.01
-YAML
-# fit NAME ARGS...: a fit whose checkpoint's weights and optimizer state go to $T/NAME.st
-fit() {
-  local name=$1; shift
-  rm -rf "$T/runs"
-  if timeout 120 "$LK_BIN" fit -c "$T/z.yaml" "$@" >"$T/$name.log" 2>&1; then
-    "$LK_BIN" export --ckpt "$(ls -d "$T"/runs/lightning_logs/version_*)/checkpoints/last.ckpt" --out "$T/$name.st" \
-      --with-optimizer >/dev/null
-  else
-    echo "  $name failed:"; tail -5 "$T/$name.log"; rm -f "$T/$name.st"
-  fi
-}
-same() { [ -s "$T/$1.st" ] && cmp -s "$T/$1.st" "$T/$2.st"; }
+source "$(dirname "$0")/sharded_lib.sh" # $T/z.yaml (the 697-parameter mlp), fit, same, run_json, last
 
 if [ "${1:-}" = mpi ]; then
   # The same stage-2 run over the mpi communicator (3 ranks under mpirun):
@@ -65,10 +27,10 @@ if [ "${1:-}" = mpi ]; then
   rm -rf "$T/runs"
   timeout 120 "$LK_MPIRUN" "${flags[@]}" -np 3 -x LK_ALLOW_OVERSUBSCRIBE=1 -x LK_COMM_BACKEND=mpi "$LK_BIN" fit \
     -c "$T/z.yaml" --trainer.devices 3 --trainer.strategy deepspeed_stage_2 "${X[@]}" >"$T/mpi.log" 2>&1
-  "$LK_BIN" export --ckpt "$(ls -d "$T"/runs/lightning_logs/version_*)/checkpoints/last.ckpt" --out "$T/mpi.st" \
+  "$LK_BIN" export --ckpt "$(last)" --out "$T/mpi.st" \
     --with-optimizer >/dev/null 2>&1
   check "stage 2 x3 over mpi: it ran on the mpi communicator" grep -q '"comm_backend": "mpi"' \
-    "$(ls -d "$T"/runs/lightning_logs/version_*)/run.json"
+    "$(run_json)"
   check "stage 2 x3 over mpi == ddp x3 over shm, bitwise" same mpi ddp3
   finish
   exit
@@ -88,7 +50,7 @@ done
 # padded to 16 elements: 192 floats), Adam's state of 175 elements
 state_bytes() { python3 -c "
 import json, sys; m = json.load(open(sys.argv[1]))['model_state_bytes']
-print(m['parameters'], m['gradients'], m['optimizer_state'])" "$(ls -d "$T"/runs/lightning_logs/version_*)/run.json"; }
+print(m['parameters'], m['gradients'], m['optimizer_state'])" "$(run_json)"; }
 got=$(state_bytes)
 check "stage 2 x4 run.json model_state_bytes: whole padded parameters, gradient and Adam chunks ($got)" \
   test "$got" = "2800 768 1400"
