@@ -64,6 +64,28 @@ for be in mpi hier; do
   [ "$fail" = "$f0" ] || sed 's/^/     probe: /' "$T/probe.out" >&2
 done
 
+# close FILE_A FILE_B: prints the largest difference between two exports' f32 tensors, relative to each
+# tensor's largest value; fails unless they hold the same names and it is <= 1e-4
+close() {
+  python3 - "$1" "$2" <<'PY'
+import json, struct, sys
+def load(p):
+    b = open(p, "rb").read()
+    n = struct.unpack("<Q", b[:8])[0]
+    h = json.loads(b[8:8 + n]); d = b[8 + n:]
+    return {k: struct.unpack("<%df" % ((v["data_offsets"][1] - v["data_offsets"][0]) // 4),
+                             d[v["data_offsets"][0]:v["data_offsets"][1]])
+            for k, v in h.items() if k != "__metadata__" and v["dtype"] == "F32"}
+a, b = load(sys.argv[1]), load(sys.argv[2])
+worst = 0.0
+for k in a:
+    scale = max(1e-6, max(abs(x) for x in a[k]))
+    worst = max(worst, max(abs(x - y) for x, y in zip(a[k], b[k])) / scale)
+print("%d tensors, largest relative difference %.3g" % (len(a), worst))
+sys.exit(0 if a.keys() == b.keys() and worst <= 1e-4 else 1)
+PY
+}
+
 # 2. a 2 x 2 fit, bitwise against 4 ranks on one node
 f0=$fail
 write_synth
@@ -91,24 +113,7 @@ rc3=$?
 "$LK_BIN" export --ckpt "$T/two/lightning_logs/version_0/checkpoints/last.ckpt" --out "$T/flat.st" >/dev/null 2>&1
 check "fit hier: 2 nodes x 2 ranks trained, on the hier backend that auto picks across nodes (rc $rc3)" \
   bash -c "[ $rc3 = 0 ] && [ -s '$T/hier.st' ] && grep -q '\"comm_backend\": *\"hier\"' '$T'/hier/lightning_logs/version_0/run.json"
-cmpout=$(python3 - "$T/flat.st" "$T/hier.st" <<'PY'
-import json, struct, sys
-def load(p):
-    b = open(p, "rb").read()
-    n = struct.unpack("<Q", b[:8])[0]
-    h = json.loads(b[8:8 + n]); d = b[8 + n:]
-    return {k: struct.unpack("<%df" % ((v["data_offsets"][1] - v["data_offsets"][0]) // 4),
-                             d[v["data_offsets"][0]:v["data_offsets"][1]])
-            for k, v in h.items() if k != "__metadata__" and v["dtype"] == "F32"}
-a, b = load(sys.argv[1]), load(sys.argv[2])
-worst = 0.0
-for k in a:
-    scale = max(1e-6, max(abs(x) for x in a[k]))
-    worst = max(worst, max(abs(x - y) for x, y in zip(a[k], b[k])) / scale)
-print("%d tensors, largest relative difference %.3g" % (len(a), worst))
-sys.exit(0 if a.keys() == b.keys() and worst <= 1e-4 else 1)
-PY
-)
+cmpout=$(close "$T/flat.st" "$T/hier.st")
 check "fit hier: the weights match the flat mpi fit's to 1e-4 ($cmpout)" test $? = 0
 # fsdp's HYBRID_SHARD across the nodes: each node's 2 ranks shard (a shard group split by node), the nodes
 # replicate (their chunks' gradients all-reduced across); averaged twice (in the node, then across), so
@@ -120,24 +125,7 @@ rc4=$?
 "$LK_BIN" export --ckpt "$T/hybrid/lightning_logs/version_0/checkpoints/last.ckpt" --out "$T/hybrid.st" >/dev/null 2>&1
 check "fsdp HYBRID_SHARD: 2 nodes x 2 ranks trained, sharded over each node's 2 ranks (rc $rc4)" \
   bash -c "[ $rc4 = 0 ] && grep -q 'HYBRID_SHARD over 2 ranks' '$T/hybrid.out'"
-cmpout=$(python3 - "$T/flat.st" "$T/hybrid.st" <<'PY'
-import json, struct, sys
-def load(p):
-    b = open(p, "rb").read()
-    n = struct.unpack("<Q", b[:8])[0]
-    h = json.loads(b[8:8 + n]); d = b[8 + n:]
-    return {k: struct.unpack("<%df" % ((v["data_offsets"][1] - v["data_offsets"][0]) // 4),
-                             d[v["data_offsets"][0]:v["data_offsets"][1]])
-            for k, v in h.items() if k != "__metadata__" and v["dtype"] == "F32"}
-a, b = load(sys.argv[1]), load(sys.argv[2])
-worst = 0.0
-for k in a:
-    scale = max(1e-6, max(abs(x) for x in a[k]))
-    worst = max(worst, max(abs(x - y) for x, y in zip(a[k], b[k])) / scale)
-print("%d tensors, largest relative difference %.3g" % (len(a), worst))
-sys.exit(0 if a.keys() == b.keys() and worst <= 1e-4 else 1)
-PY
-)
+cmpout=$(close "$T/flat.st" "$T/hybrid.st")
 check "fsdp HYBRID_SHARD: the weights match the flat ddp fit's to 1e-4 ($cmpout)" test $? = 0
 [ "$fail" = "$f0" ] || sed 's/^/     hybrid: /' "$T/hybrid.out" | tail -20 >&2
 [ "$fail" = "$f0" ] || sed 's/^/     hier: /' "$T/hier.out" | tail -20 >&2
