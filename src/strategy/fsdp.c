@@ -325,16 +325,10 @@ static void keep_chunk(lk_strategy *s, unit *u) {
  * holds in them is charged to it by hand, so trainer.memory_limit_mb sees
  * gathered units and live whole gradients (and refuses them by name). */
 static lk_status charge(const unit *u, const char *what) {
-    char label[600];
-    snprintf(label, sizeof label, "%s of unit '%s'", what, *u->name ? u->name : "(root)");
-    const char *was = lk__alloc_what(label);
-    lk_status st = lk__alloc_charge(u->map_bytes);
-    if (st) { /* the storage pool's cached blocks count as live: given back, then once more (as the pool does) */
-        lk_pool_trim();
-        st = lk__alloc_charge(u->map_bytes);
-    }
-    lk__alloc_what(was);
-    return st;
+    if (!lk__alloc_charge(u->map_bytes)) return LK_STATUS_OK;
+    lk_pool_trim(); /* the storage pool's cached blocks count as live: given back, then once more (as the pool does) */
+    if (!lk__alloc_charge(u->map_bytes)) return LK_STATUS_OK;
+    return lk__alloc_oom_for("%s of unit '%s'", what, *u->name ? u->name : "(root)"); /* named only when refused */
 }
 
 static lk_status count_gathered(fsdp *f, unit *u, bool on) {

@@ -157,6 +157,13 @@ check "deepspeed_stage_1 under 40 MiB: run.json has the limit, each rank's peak 
   test "${got%% *}" = ok
 check "deepspeed_stage_1: the closing summary names the limit" grep -q "limit 40.0 MiB per rank (trainer.memory_limit_mb)" "$T/z2.log"
 
+# fsdp past the limit: the refusal names what its mappings were to hold (a unit's whole gradients)
+rm -rf "$T/runs"
+timeout 60 "$LK_BIN" fit -c "$T/big.yaml" --trainer.devices 2 --trainer.strategy fsdp --trainer.memory_limit_mb 30 \
+  >"$T/fsdp_cap.log" 2>&1
+check "fsdp x2 under 30 MiB: stops, naming the unit whose whole gradients would pass the limit" \
+  grep -q "out of memory: allocating 8388608 bytes for the whole gradients of unit 'layers.0' would pass this rank's memory limit of 31457280 bytes" "$T/fsdp_cap.log"
+
 # 3b. fsdp: a deeper mlp (512 -> 4 x 1024 -> 4: P = 3,681,284 in five units, 16P = 56 MiB) under 48 MiB per rank:
 #    ddp stops; fsdp trains on 2 and 4 ranks, its gathered units charged to the rank. Peaks this was sized by
 #    (counted bytes, 1 thread per rank): ddp 56.6 MiB per rank (98.7 on rank 0 with shared parameters),
