@@ -261,6 +261,32 @@ static void dp_line(const lk__bench_cell *cells, int n, const char *model, char 
         cat(line, ". neither wins at every batch size (differences within %.1f%% count as even)", even);
 }
 
+/* A strategy with stages (pipeline): each cell's measured bubble, the
+ * share of the step its stages sat idle, against its schedule's theory
+ * (p-1)/(m+p-1); more than 5 points above it means the stages wait on each
+ * other beyond what the schedule itself costs. */
+static void bubble_line(const lk__bench_cell *cells, int n, const char *model, const char *strategy, char *line) {
+    int shown = 0;
+    double worst = -1;
+    for (int i = 0; i < n; i++) {
+        const lk__bench_cell *c = &cells[i];
+        if (!c->ok || isnan(c->bubble) || c->devices < 2 || strcmp(c->model, model) || strcmp(c->strategy, strategy))
+            continue;
+        if (!shown++) snprintf(line, LK__BENCH_LINE, "%s's bubble (stages idle) against its schedule's theory:", strategy);
+        cat(line, "%s x%d batch %d %.1f%% against %.1f%%", shown > 1 ? "," : "", c->devices, c->batch,
+            100 * c->bubble, 100 * c->bubble_theory);
+        if (c->bubble - c->bubble_theory > worst) worst = c->bubble - c->bubble_theory;
+    }
+    if (!shown) return;
+    if (worst > 0.05)
+        cat(line, ". Up to %.1f points above the theory: the stages' times differ (split by measured time: "
+                  "--trainer.pipeline.split time) or each message costs more than the schedule allows for; more "
+                  "micro-batches (--trainer.pipeline.chunks) shrink the theory itself", 100 * worst);
+    else
+        cat(line, ". Within 5 points of the theory: the schedule, not the split, bounds it; more micro-batches "
+                  "(--trainer.pipeline.chunks) shrink it");
+}
+
 /* How samples/s change with the per-device batch for the best cell's
  * (strategy, devices). */
 static void batch_line(const lk__bench_cell *cells, int n, const lk__bench_cell *best, char *line) {
@@ -341,6 +367,9 @@ int lk__bench_recommend(const lk__bench_cell *cells, int n, int cores, char (*li
             if (!strcmp(strategies[s], "independent")) continue;
             if (!(l = NEXT())) break;
             strategy_line(cells, n, models[m], strategies[s], cores, l);
+            KEEP(l);
+            if (!(l = NEXT())) break;
+            bubble_line(cells, n, models[m], strategies[s], l);
             KEEP(l);
         }
         if ((l = NEXT())) {
@@ -522,8 +551,12 @@ lk_status lk__bench_svg_throughput(FILE *f, const lk__bench_cell *cells, int n) 
     if (w < 640) w = 640;
     int y1 = 70, y0 = 370, h = y0 + (nmod > 1 ? 84 : 70) + 20;
     h += 16 * failed_note_lines(cells, n, w);
+    bool piped = false;
+    for (int i = 0; i < n; i++) piped |= cells[i].ok && !isnan(cells[i].bubble);
     svg_open(f, w, h, "Training throughput by strategy, devices and batch size",
-             "samples/s over all devices (higher is better); per-device batch; each bar a cell's median run");
+             piped ? "samples/s over all devices (higher is better); per-device batch; each bar a cell's median run; "
+                     "in a pipeline's bar: measured bubble / theory"
+                   : "samples/s over all devices (higher is better); per-device batch; each bar a cell's median run");
     y_axis(f, top, step, x0, x0 + plot_w, y0, y1, NULL, "samples/s");
     for (int g = 0; g < ng; g++) {
         const lk__bench_cell *gc = &cells[group[g]];
@@ -549,10 +582,17 @@ lk_status lk__bench_svg_throughput(FILE *f, const lk__bench_cell *cells, int n) 
                        "<title>", x, y0 - bh, bw - 2, bh, batch_shade(b, nb));
             xml_text(f, c->strategy);
             char a[32];
-            fprintf(f, " x%d batch %d: %s samples/s</title></rect>\n", c->devices, c->batch,
-                    thousands(c->sps, a, sizeof a));
+            fprintf(f, " x%d batch %d: %s samples/s", c->devices, c->batch, thousands(c->sps, a, sizeof a));
+            if (!isnan(c->bubble))
+                fprintf(f, "; bubble %.1f%% (theory %.1f%%)", 100 * c->bubble, 100 * c->bubble_theory);
+            fputs("</title></rect>\n", f);
             fprintf(f, "<text transform='translate(%d,%.1f) rotate(-90)' font-size='9' fill='#333'>%s</text>\n",
                     x + bw / 2 + 3, y0 - bh - 3, a);
+            /* a pipeline's bubble inside its bar, bottom up, where the bar is tall enough to hold it */
+            if (!isnan(c->bubble) && bh > 100)
+                fprintf(f, "<text transform='translate(%d,%d) rotate(-90)' font-size='9' fill='white'>bubble "
+                           "%.0f%% / %.0f%%</text>\n",
+                        x + bw / 2 + 2, y0 - 4, 100 * c->bubble, 100 * c->bubble_theory);
         }
         fprintf(f, "<text x='%d' y='%d' text-anchor='middle'>", gx + gw / 2, y0 + 18);
         xml_text(f, gc->strategy);

@@ -26,6 +26,9 @@ typedef struct {
     double t[LK__BT_PHASES];  /* ms per step, steady state */
     double steal;             /* the hypervisor's share of CPU time during the run, or NAN */
     double step_mb;           /* run.json's step_peak_mb (activations of one step, per process), or NAN */
+    double bubble;            /* pipeline: the measured share of the step the stages sat idle (run.json's
+                               * pipeline.bubble), or NAN for a strategy without stages */
+    double bubble_theory;     /* pipeline: its schedule's (p-1)/(m+p-1), or NAN */
     double spread;            /* the noise this run measured around sps, as a fraction (0.15: 15%): its repeats'
                                * range over their median, or identical cells' difference; 0: not measured */
     bool ok;                  /* the cell's (median) run finished and its run.json was read */
@@ -60,6 +63,7 @@ int lk__bench_recommend_precision(const lk__bench_cell *cells, int n, char (*lin
 
 /* Chart 1: samples/s as grouped bars, a group per (model, strategy,
  * devices), a bar per batch size, with axes, ticks, legend and title.
+ * A pipeline cell's bar carries its measured bubble against the theory.
  * Failed cells are not drawn; a note under the chart names them. */
 lk_status lk__bench_svg_throughput(FILE *f, const lk__bench_cell *cells, int n);
 

@@ -87,6 +87,10 @@ static bool read_run(cell *c, const char *root, int copies) {
     c->sps += cJSON_GetNumberValue(cJSON_GetObjectItem(j, "samples_per_s"));
     const cJSON *pk = cJSON_GetObjectItem(j, "step_peak_mb");
     c->step_mb = cJSON_IsNumber(pk) ? pk->valuedouble : NAN; /* per process: the same in each copy */
+    const cJSON *pp = cJSON_GetObjectItem(j, "pipeline"), *bu = cJSON_GetObjectItem(pp, "bubble"),
+                *bt = cJSON_GetObjectItem(pp, "bubble_theory");
+    c->bubble = cJSON_IsNumber(bu) ? bu->valuedouble : NAN;
+    c->bubble_theory = cJSON_IsNumber(bt) ? bt->valuedouble : NAN;
     cJSON *st = cJSON_GetObjectItem(j, "step_time");
     static const char *keys[6] = {"data_ms", "forward_ms", "backward_ms", "comm_exposed_ms", "optimizer_ms", "comm_wait_ms"};
     for (int k = 0; k < 6; k++) {
@@ -322,6 +326,8 @@ int lk_cmd_bench_train(int argc, char **argv) {
                    "(activations, saved tensors, temporaries), per process (rank 0's run.json step_peak_mb).\n"
                    "steal is the share of the machine's CPU time a hypervisor took during the cell's median run\n"
                    "(/proc/stat): on a shared VM it stalls every rank of ddp or dp, so a cell it hit is noise.\n"
+                   "bubble/th (pipeline cells): the measured share of the step its stages sat idle waiting on\n"
+                   "each other, then its schedule's theory (p-1)/(m+p-1) for p stages and m micro-batches.\n"
                    "--gpus is another name for --devices (on the CPU a device is a core).\n"
                    "A cell whose run fails shows `failed` and a short reason, with the full message in a note\n"
                    "under the table; it is left out of the scaling, the recommendations and the charts, and\n"
@@ -395,10 +401,9 @@ int lk_cmd_bench_train(int argc, char **argv) {
         remove_tree(tmp);
         return 1;
     }
-    printf("%-12s %-11s %-10s %7s %6s %12s %8s %8s %8s %9s %8s %8s %8s %8s %6s  %s\n", "model", "strategy", "precision",
-           "devices", "batch",
-           "samples/s", "scaling", "data_ms", "fwd_ms", "bwd_ms", "comm_ms", "(wait)", "opt_ms", "step_MB", "steal",
-           repeats > 1 ? "scaling range" : "");
+    printf("%-12s %-11s %-10s %7s %6s %12s %8s %8s %8s %9s %8s %8s %8s %8s %6s %11s  %s\n", "model", "strategy",
+           "precision", "devices", "batch", "samples/s", "scaling", "data_ms", "fwd_ms", "bwd_ms", "comm_ms", "(wait)",
+           "opt_ms", "step_MB", "steal", "bubble/th", repeats > 1 ? "scaling range" : "");
     /* Rounds: every cell runs once per round, all strategies and batch
      * sizes in turn, so the cells a table compares (ddp against its
      * `independent` ceiling, 2 devices against 1) see the same drift of a
@@ -481,9 +486,12 @@ int lk_cmd_bench_train(int argc, char **argv) {
             if (!isnan(c->eff)) snprintf(eff, sizeof eff, "%.1f%%", 100 * c->eff);
             char steal[16] = "-";
             if (!isnan(c->steal)) snprintf(steal, sizeof steal, "%.1f%%", 100 * c->steal);
-            printf("%-12s %-11s %-10s %7d %6d %12.0f %8s %8.2f %8.2f %9.2f %8.2f %8.2f %8.2f %8.1f %6s  %s\n", c->model,
-                   c->strategy, prec_of(c), c->devices, c->batch, c->sps, eff, c->t[0], c->t[1], c->t[2], c->t[3], c->t[5],
-                   c->t[4], c->step_mb, steal, range);
+            char bubble[24] = "-"; /* a pipeline's measured idle share / its schedule's theory */
+            if (!isnan(c->bubble))
+                snprintf(bubble, sizeof bubble, "%.1f/%.1f%%", 100 * c->bubble, 100 * c->bubble_theory);
+            printf("%-12s %-11s %-10s %7d %6d %12.0f %8s %8.2f %8.2f %9.2f %8.2f %8.2f %8.2f %8.1f %6s %11s  %s\n",
+                   c->model, c->strategy, prec_of(c), c->devices, c->batch, c->sps, eff, c->t[0], c->t[1], c->t[2],
+                   c->t[3], c->t[5], c->t[4], c->step_mb, steal, bubble, range);
         }
     }
     free(rows);
@@ -544,7 +552,7 @@ int lk_cmd_bench_train(int argc, char **argv) {
             /* The issue's columns in their order, then status and error:
              * a failed cell's numbers are empty, never 0. */
             fprintf(f, "model,strategy,devices,batch_size,samples_per_s,scaling_efficiency,data_ms,forward_ms,backward_ms,"
-                       "comm_exposed_ms,optimizer_ms,status,error,precision,step_peak_mb\n");
+                       "comm_exposed_ms,optimizer_ms,status,error,precision,step_peak_mb,bubble,bubble_theory\n");
             for (int i = 0; i < n; i++) {
                 const cell *c = &cells[i];
                 fprintf(f, "%s,%s,%d,%d,", c->model, c->strategy, c->devices, c->batch);
@@ -554,11 +562,14 @@ int lk_cmd_bench_train(int argc, char **argv) {
                     fprintf(f, ",%.3f,%.3f,%.3f,%.3f,%.3f,ok,,%s,", c->t[0], c->t[1], c->t[2], c->t[3], c->t[4],
                             prec_of(c));
                     if (!isnan(c->step_mb)) fprintf(f, "%.2f", c->step_mb);
+                    fputc(',', f);
+                    if (!isnan(c->bubble)) fprintf(f, "%.4f,%.4f", c->bubble, c->bubble_theory);
+                    else fputc(',', f);
                     fputc('\n', f);
                 } else {
                     fputs(",,,,,,,failed,", f);
                     csv_quoted(f, c->error);
-                    fprintf(f, ",%s,\n", prec_of(c));
+                    fprintf(f, ",%s,,,\n", prec_of(c));
                 }
             }
             if (fclose(f)) {

@@ -4,6 +4,7 @@
  * ideal line and a note for the cells they leave out. The table's figures
  * are the issue-6 table of record (docs/BENCHMARKS.md), so the expected
  * sentences can be checked by hand. */
+#include <math.h>
 #include <stdarg.h>
 
 #include "cli/bench_report.h"
@@ -12,7 +13,7 @@
 static lk__bench_cell mk(const char *strategy, int devices, int batch, double sps, double eff, double data, double fwd,
                          double bwd, double comm, double wait, double opt) {
     lk__bench_cell c = {.model = "autoencoder", .strategy = strategy, .devices = devices, .batch = batch,
-                        .sps = sps, .eff = eff, .steal = 0, .ok = true};
+                        .sps = sps, .eff = eff, .steal = 0, .bubble = NAN, .bubble_theory = NAN, .ok = true};
     c.t[LK__BT_DATA] = data, c.t[LK__BT_FORWARD] = fwd, c.t[LK__BT_BACKWARD] = bwd;
     c.t[LK__BT_COMM] = comm, c.t[LK__BT_WAIT] = wait, c.t[LK__BT_OPT] = opt;
     return c;
@@ -216,7 +217,37 @@ static void test_charts(void) {
     free(bars);
 }
 
-LK_TEST_MAIN(LK_TEST_CASE(test_best_cell_ignores_failed_cells), LK_TEST_CASE(test_scaling_loss_is_split_into_phases),
+/* A pipeline cell's measured bubble is said against its schedule's theory,
+ * in the recommendations and on its bar; cells without stages say nothing. */
+static void test_pipeline_bubble(void) {
+    lk__bench_cell t[4] = {
+        mk("single", 1, 256, 12243, 1, 0.02, 8.0, 13.0, 0, 0, 0.4),
+        mk("pipeline", 2, 256, 15979, 0.65, 0.02, 4.0, 7.0, 3.0, 0, 0.2),
+        mk("pipeline", 2, 64, 9000, 0.6, 0.02, 1.0, 2.0, 1.0, 0, 0.1),
+        mk("ddp", 2, 256, 22000, 0.9, 0.02, 4.0, 7.0, 0.5, 0, 0.2),
+    };
+    t[1].bubble = 0.33, t[1].bubble_theory = 1.0 / 9;
+    t[2].bubble = 0.12, t[2].bubble_theory = 1.0 / 9;
+    int nl = lk__bench_recommend(t, 4, 2, lines, 32);
+    const char *l = line_starting(nl, "pipeline's bubble (stages idle) against its schedule's theory:");
+    CHECK(l && strstr(l, " x2 batch 256 33.0% against 11.1%, x2 batch 64 12.0% against 11.1%"));
+    CHECK(l && strstr(l, "Up to 21.9 points above the theory"));
+    CHECK(!line_starting(nl, "ddp's bubble"));
+    t[1].bubble = 0.14;
+    nl = lk__bench_recommend(t, 4, 2, lines, 32);
+    l = line_starting(nl, "pipeline's bubble");
+    CHECK(l && strstr(l, "Within 5 points of the theory"));
+    char *bars = draw(lk__bench_svg_throughput, t, 4);
+    CHECK(strstr(bars, "pipeline x2 batch 256: 15,979 samples/s; bubble 14.0% (theory 11.1%)</title>"));
+    CHECK(strstr(bars, ">bubble 14% / 11%</text>") && strstr(bars, "in a pipeline's bar: measured bubble / theory"));
+    CHECK(strstr(bars, "ddp x2 batch 256: 22,000 samples/s</title>"));
+    free(bars);
+    bars = draw(lk__bench_svg_throughput, t + 3, 1); /* no pipeline: no word of bubbles */
+    CHECK(!strstr(bars, "bubble"));
+    free(bars);
+}
+
+LK_TEST_MAIN(LK_TEST_CASE(test_best_cell_ignores_failed_cells), LK_TEST_CASE(test_pipeline_bubble), LK_TEST_CASE(test_scaling_loss_is_split_into_phases),
              LK_TEST_CASE(test_dp_against_ddp_and_batch_size), LK_TEST_CASE(test_no_advice_inside_the_noise),
              LK_TEST_CASE(test_more_ranks_than_cores_is_named),
              LK_TEST_CASE(test_no_ok_cell), LK_TEST_CASE(test_short_reason), LK_TEST_CASE(test_scaling_path),

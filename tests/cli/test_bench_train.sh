@@ -25,8 +25,8 @@ check "the note gives the run's own message" \
   grep -Eq "^\[1\] mlp ddp 32-true x2 batch 16 failed: trainer.global_batch_size 48 is not a multiple of batch_size 16 x 2 ranks = 32\$" <<<"$out"
 check "the runs' temporary directory is removed although a cell failed" bash -c "! ls -d '$T'/tmp/lkbench.* 2>/dev/null"
 check "the CSV adds status, error and precision after the issue's columns" \
-  grep -qx 'model,strategy,devices,batch_size,samples_per_s,scaling_efficiency,data_ms,forward_ms,backward_ms,comm_exposed_ms,optimizer_ms,status,error,precision,step_peak_mb' "$T/bench.csv"
-check "the CSV's ok cell has its numbers and status ok" grep -Eq '^mlp,ddp,1,16,[0-9.]+,1\.0000,([0-9.]+,){5}ok,,32-true,[0-9.]+$' "$T/bench.csv"
+  grep -qx 'model,strategy,devices,batch_size,samples_per_s,scaling_efficiency,data_ms,forward_ms,backward_ms,comm_exposed_ms,optimizer_ms,status,error,precision,step_peak_mb,bubble,bubble_theory' "$T/bench.csv"
+check "the CSV's ok cell has its numbers and status ok" grep -Eq '^mlp,ddp,1,16,[0-9.]+,1\.0000,([0-9.]+,){5}ok,,32-true,[0-9.]+,,$' "$T/bench.csv"
 check "the CSV's failed cell has empty numbers, status failed and the message" \
   grep -Eq "^mlp,ddp,2,16,,,,,,,,failed,\"trainer.global_batch_size 48 is not a multiple" "$T/bench.csv"
 check "recommendations follow the table and leave the failed cell out" bash -c \
@@ -38,6 +38,15 @@ if command -v rsvg-convert >/dev/null; then # the charts are valid SVG: a render
   check "the charts render" bash -c "rsvg-convert '$T/bench.svg' -o '$T/a.png' && rsvg-convert '$T/bench-scaling.svg' -o '$T/b.png'"
 fi
 check "stderr names the failed cell and its reason" grep -q "mlp ddp 32-true x2 batch 16 failed: trainer.global_batch_size" "$T/stderr"
+# a pipeline cell's measured bubble and its schedule's theory ((p-1)/(m+p-1) = 1/5 for p 2, m 4): in the
+# table, the CSV and a recommendation; a cell without stages shows none
+out=$(TMPDIR="$T/tmp" LK_NUM_THREADS=1 "$LK_BIN" bench train --model mlp --strategies pipeline --devices 1 2 --batch-sizes 32 \
+  --steps 10 --csv "$T/pipe.csv" -- --trainer.pipeline.chunks 4 2>"$T/stderr3"); rc=$?
+check "pipeline cells run (exit $rc)" test "$rc" = 0
+check "the table gives the pipeline x2 cell's bubble against 20.0%" grep -Eq '^mlp +pipeline +32-true +2 +32 .* [0-9.]+/20\.0% ' <<<"$out"
+check "the 1-device cell has no bubble" grep -Eq '^mlp +pipeline +32-true +1 +32 .* - +$' <<<"$out"
+check "the CSV has the bubble and the theory" grep -Eq '^mlp,pipeline,2,32,.*,ok,,32-true,[0-9.]*,0\.[0-9]{4},0\.2000$' "$T/pipe.csv"
+check "a recommendation names the bubble" grep -q "^  - pipeline's bubble (stages idle) against its schedule's theory: x2 batch 32 " <<<"$out"
 # more devices than cores: said before anything runs, those cells not started, the others measured
 unset LK_ALLOW_OVERSUBSCRIBE
 out=$(TMPDIR="$T/tmp" LK_NUM_THREADS=1 "$LK_BIN" bench train --model mlp --strategies ddp independent --devices 1 "$too_many" \
