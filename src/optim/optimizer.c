@@ -734,10 +734,11 @@ lk_status lk__optimizer_shard_chunk(lk_optimizer *o, int64_t lo, int64_t hi, flo
         if (stride < hi - lo)
             return lk_error(LK_STATUS_INVALID_ARGUMENT, "optimizer shard: a chunk of %lld elements cannot hold [%lld, %lld)",
                             (long long)stride, (long long)lo, (long long)hi);
-        for (int k = 0; k < g->n_state; k++) {
+        for (int k = 0; k < g->n_state; k++) { /* the chunk is memory of the parameters' device, as the state */
             float *to = chunk + (int64_t)k * stride;
-            if (g->state) memcpy(to, g->state + (int64_t)k * g->numel + lo, (size_t)(hi - lo) * sizeof(float));
-            else memset(to, 0, (size_t)(hi - lo) * sizeof(float)); /* deferred: the state a new optimizer starts from */
+            size_t bytes = (size_t)(hi - lo) * sizeof(float);
+            if (g->state) LK_TRY(lk_device_copy(g->dev, to, g->dev, g->state + (int64_t)k * g->numel + lo, bytes));
+            else LK_TRY(lk_device_memset(g->dev, to, 0, bytes)); /* deferred: the state a new optimizer starts from */
         }
         state_free(g);
         g->state = chunk;

@@ -19,7 +19,14 @@
  * made whole: gathered from every rank before a save (state_dict, a
  * collective), or loaded whole by every rank (state_dict_loaded makes room);
  * the next synced backward cuts it back to the chunk before the optimizer
- * steps. Resume at the same world size is exact. Host devices only for now. */
+ * steps. Resume at the same world size is exact.
+ *
+ * On a device (GPUs) the padded parameters, the chunk's state and the whole
+ * copy around a checkpoint are that device's memory, where the optimizer
+ * runs; ddp's path carries the gradients as on the CPU. A communicator that
+ * reads device memory (nccl) all-gathers the chunks in place; one that reads
+ * host memory (shm, mpi) gathers a host copy (`stage`), copied back in one
+ * piece. A sharded checkpoint set is host-only for now (refused, named). */
 #include <string.h>
 
 
@@ -34,18 +41,72 @@ typedef struct zero {
     float *chunk_state;           /* arrays x chunk floats: the state of this rank's chunk, all it keeps */
     float *whole_state;           /* arrays x numel floats, around a checkpoint only (NULL otherwise) */
     lk_optimizer *optim;          /* borrowed: the one sharded over the chunks */
+    void *stage;                  /* on a device the communicator cannot read: chunk x world elements of host
+                                   * memory the chunks are gathered in (the widest dtype gathered: f32 or param) */
+    size_t stage_bytes;
 } zero;
 
 static zero *z_of(const lk_strategy *s) { return s->ext; }
+static bool on_device(const lk_strategy *s) { return !lk_device_is_host(s->cfg.device); }
+
+/* Memory where the parameters live (zeroed): the host's (aligned for the
+ * parameter buffer, lk_calloc's for state), or the device's. `what` labels
+ * a host allocation a memory limit refuses. */
+static lk_status mem_alloc(lk_strategy *s, size_t bytes, const char *what, bool aligned, void **out) {
+    *out = NULL;
+    if (on_device(s)) {
+        LK_TRY(lk_device_alloc(s->cfg.device, bytes, out));
+        lk_status st = lk_device_memset(s->cfg.device, *out, 0, bytes);
+        if (st) lk_device_free(s->cfg.device, *out, bytes), *out = NULL;
+        return st;
+    }
+    const char *was = what ? lk__alloc_what(what) : NULL;
+    *out = aligned ? lk_aligned_alloc(LK_ALIGN, bytes) : lk_calloc(1, bytes);
+    if (what) lk__alloc_what(was);
+    if (!*out) return LK_STATUS_OUT_OF_MEMORY;
+    if (aligned) memset(*out, 0, bytes);
+    return LK_STATUS_OK;
+}
+
+static void mem_free(lk_strategy *s, void *p, size_t bytes, bool aligned) {
+    if (on_device(s)) lk_device_free(s->cfg.device, p, bytes);
+    else if (aligned) lk_aligned_free(p);
+    else lk_free(p);
+}
+
+/* A copy within the parameters' memory (host or device). */
+static lk_status mem_copy(lk_strategy *s, void *dst, const void *src, size_t bytes) {
+    if (!on_device(s)) return memcpy(dst, src, bytes), LK_STATUS_OK;
+    return lk_device_copy(s->cfg.device, dst, s->cfg.device, src, bytes);
+}
+
+static size_t state_bytes(const zero *z, int64_t per_array) { return (size_t)(z->arrays * per_array + 1) * sizeof(float); }
+
+/* All-gathers `chunk` elements per rank in place: whole (chunk x world
+ * elements in the parameters' memory) holds this rank's chunk at rank x
+ * chunk and every chunk afterwards. Through the host stage where the
+ * communicator cannot read the device's memory. Collective. */
+static lk_status gather_chunks(lk_strategy *s, void *whole, size_t chunk, lk_dtype dt) {
+    zero *z = z_of(s);
+    size_t es = lk_dtype_size(dt), mine = chunk * (size_t)s->rank * es, all = chunk * (size_t)s->world * es;
+    if (!on_device(s) || lk_comm_reads_device(s->comm))
+        return lk_comm_all_gather(s->comm, (char *)whole + mine, whole, chunk, dt);
+    if (z->stage_bytes < all) {
+        lk_free(z->stage);
+        z->stage_bytes = 0;
+        if (!(z->stage = lk_malloc(all))) return LK_STATUS_OUT_OF_MEMORY;
+        z->stage_bytes = all;
+    }
+    LK_TRY(lk_device_copy(LK_DEVICE_CPU, (char *)z->stage + mine, s->cfg.device, (char *)whole + mine, chunk * es));
+    LK_TRY(lk_comm_all_gather(s->comm, (char *)z->stage + mine, z->stage, chunk, dt));
+    return lk_device_copy(s->cfg.device, whole, LK_DEVICE_CPU, z->stage, all);
+}
 static size_t esz(const lk_strategy *s) { return lk_dtype_size(s->cfg.param_dtype); }
 static void *at(void *base, const lk_strategy *s, int64_t i) { return (char *)base + i * (int64_t)esz(s); }
 
 static lk_status z_create(lk_strategy *s) {
     const char *name = "deepspeed_stage_1";
     if (!s->comm) return lk_error(LK_STATUS_INVALID_ARGUMENT, "strategy '%s' needs a communicator", name);
-    if (!lk_device_is_host(s->cfg.device))
-        return lk_error(LK_STATUS_UNSUPPORTED, "strategy '%s' runs on the CPU only for now (not on %s); use ddp there",
-                        name, lk_device_str(s->cfg.device, (char[32]){0}, 32));
     s->ddp.shared_params = false; /* each rank keeps its replica: the chunks are gathered into it */
     zero *z = lk_calloc(1, sizeof *z);
     if (!z) return LK_STATUS_OUT_OF_MEMORY;
@@ -64,9 +125,10 @@ static void z_free(lk_strategy *s) {
         for (int i = 0; i < s->nparams; i++) lk__tensor_own_storage(s->params[i]); /* the padded buffer goes */
     lk__strategy_ddp.free(s);
     if (!z) return;
-    lk_aligned_free(z->params);
-    lk_free(z->chunk_state);
-    lk_free(z->whole_state);
+    mem_free(s, z->params, (size_t)(z->chunk * s->world) * esz(s), true);
+    mem_free(s, z->chunk_state, state_bytes(z, z->chunk), false);
+    mem_free(s, z->whole_state, state_bytes(z, z->numel), false);
+    lk_free(z->stage);
     lk_free(z);
     s->ext = NULL;
 }
@@ -89,9 +151,7 @@ static lk_status z_param_buffer(lk_strategy *s, int64_t numel, void **buf, bool 
     zero *z = z_of(s);
     if (z->params) return lk_error(LK_STATUS_INVALID_USAGE, "strategy: the parameter buffer is already allocated");
     cut(s, numel);
-    size_t bytes = (size_t)(z->chunk * s->world) * esz(s);
-    if (!(z->params = lk_aligned_alloc(LK_ALIGN, bytes))) return LK_STATUS_OUT_OF_MEMORY;
-    memset(z->params, 0, bytes);
+    LK_TRY(mem_alloc(s, (size_t)(z->chunk * s->world) * esz(s), NULL, true, &z->params));
     *buf = z->params;
     *copy_values = true;
     return LK_STATUS_OK;
@@ -124,10 +184,9 @@ static lk_status z_shard_optimizer(lk_strategy *s, lk_optimizer *o) {
     /* the update restricted to the chunk, only the chunk's state kept (never
      * a whole copy: that is the memory ZeRO saves; the trainer creates the
      * optimizer without state for it, lk__optimizer_defer_state) */
-    const char *was = lk__alloc_what("the optimizer state's chunk");
-    z->chunk_state = lk_calloc((size_t)(z->arrays * z->chunk) + 1, sizeof(float));
-    lk__alloc_what(was);
-    if (!z->chunk_state) return LK_STATUS_OUT_OF_MEMORY;
+    void *mem;
+    LK_TRY(mem_alloc(s, state_bytes(z, z->chunk), "the optimizer state's chunk", false, &mem));
+    z->chunk_state = mem;
     LK_TRY(lk__optimizer_shard_chunk(o, z->lo, z->hi, z->chunk_state, z->chunk));
     z->optim = o;
     return LK_STATUS_OK;
@@ -139,9 +198,10 @@ static lk_status to_chunk(lk_strategy *s) {
     zero *z = z_of(s);
     if (!z->whole_state) return LK_STATUS_OK;
     for (int64_t k = 0; k < z->arrays; k++)
-        memcpy(z->chunk_state + k * z->chunk, z->whole_state + k * z->numel + z->lo, (size_t)(z->hi - z->lo) * sizeof(float));
+        LK_TRY(mem_copy(s, z->chunk_state + k * z->chunk, z->whole_state + k * z->numel + z->lo,
+                        (size_t)(z->hi - z->lo) * sizeof(float)));
     LK_TRY(lk__optimizer_state_layout(z->optim, z->chunk_state, z->lo, z->chunk));
-    lk_free(z->whole_state);
+    mem_free(s, z->whole_state, state_bytes(z, z->numel), false);
     z->whole_state = NULL;
     return LK_STATUS_OK;
 }
@@ -151,9 +211,12 @@ static lk_status to_chunk(lk_strategy *s) {
 static lk_status to_whole(lk_strategy *s) {
     zero *z = z_of(s);
     if (z->whole_state || !z->optim) return LK_STATUS_OK;
-    if (!(z->whole_state = lk_calloc((size_t)(z->arrays * z->numel) + 1, sizeof(float)))) return LK_STATUS_OUT_OF_MEMORY;
+    void *mem;
+    LK_TRY(mem_alloc(s, state_bytes(z, z->numel), NULL, false, &mem));
+    z->whole_state = mem;
     for (int64_t k = 0; k < z->arrays; k++)
-        memcpy(z->whole_state + k * z->numel + z->lo, z->chunk_state + k * z->chunk, (size_t)(z->hi - z->lo) * sizeof(float));
+        LK_TRY(mem_copy(s, z->whole_state + k * z->numel + z->lo, z->chunk_state + k * z->chunk,
+                        (size_t)(z->hi - z->lo) * sizeof(float)));
     return lk__optimizer_state_layout(z->optim, z->whole_state, 0, z->numel);
 }
 
@@ -171,8 +234,7 @@ static lk_status z_finish_backward(lk_strategy *s) {
 static lk_status z_after_step(lk_strategy *s) {
     zero *z = z_of(s);
     double t0 = lk_time_now(), w0 = lk_comm_arrival_wait_s(s->comm);
-    lk_status st = lk_comm_all_gather(s->comm, at(z->params, s, z->chunk * s->rank), z->params, (size_t)z->chunk,
-                                      s->cfg.param_dtype);
+    lk_status st = gather_chunks(s, z->params, (size_t)z->chunk, s->cfg.param_dtype);
     double straggler = lk_comm_arrival_wait_s(s->comm) - w0, dt = lk_time_now() - t0;
     s->stats.comm_exposed_s += dt;
     s->stats.comm_straggler_s += straggler;
@@ -189,16 +251,17 @@ static lk_status z_after_step(lk_strategy *s) {
 static lk_status z_state_dict(lk_strategy *s, lk_layer *net, lk_named_tensors *out) {
     zero *z = z_of(s);
     if (z->optim && !z->whole_state && z->arrays > 0) {
-        float *tmp = lk_aligned_alloc(LK_ALIGN, (size_t)(z->chunk * s->world) * sizeof(float));
-        if (!tmp) return LK_STATUS_OUT_OF_MEMORY;
+        size_t tmp_bytes = (size_t)(z->chunk * s->world) * sizeof(float);
+        void *mem;
+        LK_TRY(mem_alloc(s, tmp_bytes, NULL, true, &mem));
+        float *tmp = mem;
         lk_status st = to_whole(s);
         for (int64_t k = 0; k < z->arrays && !st; k++) {
-            float *mine = tmp + z->chunk * s->rank;
-            memcpy(mine, z->chunk_state + k * z->chunk, (size_t)z->chunk * sizeof(float));
-            st = lk_comm_all_gather(s->comm, mine, tmp, (size_t)z->chunk, LK_F32);
-            if (!st) memcpy(z->whole_state + k * z->numel, tmp, (size_t)z->numel * sizeof(float));
+            st = mem_copy(s, tmp + z->chunk * s->rank, z->chunk_state + k * z->chunk, (size_t)z->chunk * sizeof(float));
+            if (!st) st = gather_chunks(s, tmp, (size_t)z->chunk, LK_F32);
+            if (!st) st = mem_copy(s, z->whole_state + k * z->numel, tmp, (size_t)z->numel * sizeof(float));
         }
-        lk_aligned_free(tmp);
+        mem_free(s, tmp, tmp_bytes, true);
         LK_TRY(st);
     }
     return lk_state_dict_get(net, out);
@@ -215,6 +278,10 @@ static lk_status z_state_dict_loaded(lk_strategy *s) { return to_whole(s); }
  * collective: nothing is gathered for a sharded checkpoint. */
 static lk_status z_shard_pieces(lk_strategy *s, lk_shard_piece **out, int *n) {
     zero *z = z_of(s);
+    if (on_device(s))
+        return lk_error(LK_STATUS_UNSUPPORTED, "%s: a sharded checkpoint set (state_dict_type: sharded) is written "
+                        "from host memory only for now, and this run's parameters are on %s; use state_dict_type: "
+                        "full there", s->vt->name, lk_device_str(s->cfg.device, (char[32]){0}, 32));
     if (z->arrays > LK_SHARD_MAX_STATE)
         return lk_error(LK_STATUS_UNSUPPORTED, "%s: a sharded checkpoint holds at most %d optimizer state arrays "
                         "(this optimizer has %lld)", s->vt->name, LK_SHARD_MAX_STATE, (long long)z->arrays);
@@ -244,8 +311,7 @@ static lk_status z_shard_pieces(lk_strategy *s, lk_shard_piece **out, int *n) {
  * others' chunks, as after a step. */
 static lk_status z_shard_pieces_loaded(lk_strategy *s) {
     zero *z = z_of(s);
-    return lk_comm_all_gather(s->comm, at(z->params, s, z->chunk * s->rank), z->params, (size_t)z->chunk,
-                              s->cfg.param_dtype);
+    return gather_chunks(s, z->params, (size_t)z->chunk, s->cfg.param_dtype);
 }
 
 static bool z_shares_params(const lk_strategy *s) { (void)s; return false; }
