@@ -30,7 +30,15 @@
  * (S = 1) with the gradients all-reduced: ddp's arithmetic in FSDP's
  * structure. Accumulation keeps the unreduced whole gradients of every unit
  * until the micro-batch that syncs (memory for speed, as FSDP's no_sync).
- * Host devices only for now. */
+ *
+ * On a device (GPUs) every buffer above is that device's memory and the
+ * shard group's communicator must read it (nccl): the gathers and
+ * reduce-scatters run on the device's buffers, the few host-side
+ * collectives (clipping's norms, a checkpoint's optimizer state) through
+ * the communicator's host path. A released unit keeps its device memory
+ * (there is no madvise for it, and the tensors must keep their addresses):
+ * on a GPU the sharding saves the optimizer state's and the gradients'
+ * chunks, not yet the whole parameters' memory between uses. */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -79,6 +87,7 @@ struct fsdp {
     int nu;
     lk_named_tensors named;   /* the net's named parameters (references) */
     void *shards;             /* every unit's chunk, back to back: the master parameters */
+    size_t shard_bytes;       /* its allocation */
     int64_t shard_numel;
     lk_tensor *shards_t;
     int *shard_unit;
@@ -99,6 +108,18 @@ struct fsdp {
 static fsdp *f_of(const lk_strategy *s) { return s->self; }
 static size_t esz(const lk_strategy *s) { return lk_dtype_size(s->cfg.param_dtype); }
 static void *at(void *base, size_t es, int64_t i) { return (char *)base + i * (int64_t)es; }
+static bool on_host(const lk_strategy *s) { return lk_device_is_host(s->cfg.device); }
+
+/* Copies and zeroing inside the parameters' memory (host or device). */
+static lk_status mcopy(lk_strategy *s, void *dst, const void *src, size_t bytes) {
+    if (on_host(s)) return memcpy(dst, src, bytes), LK_STATUS_OK;
+    return lk_device_copy(s->cfg.device, dst, s->cfg.device, src, bytes);
+}
+
+static lk_status mzero(lk_strategy *s, void *p, size_t bytes) {
+    if (on_host(s)) return memset(p, 0, bytes), LK_STATUS_OK;
+    return lk_device_memset(s->cfg.device, p, 0, bytes);
+}
 
 lk_fsdp_options lk_fsdp_options_default(void) {
     return (lk_fsdp_options){.sharding = LK_FSDP_FULL_SHARD, .wrap_types = NULL, .min_num_params = 0,
@@ -117,9 +138,11 @@ static void f_free(lk_strategy *s);
 static lk_status f_create_(lk_strategy *s) {
     const char *name = s->vt->name;
     if (!s->comm) return lk_error(LK_STATUS_INVALID_ARGUMENT, "strategy '%s' needs a communicator", name);
-    if (!lk_device_is_host(s->cfg.device))
-        return lk_error(LK_STATUS_UNSUPPORTED, "strategy '%s' runs on the CPU only for now (not on %s); use ddp there",
-                        name, lk_device_str(s->cfg.device, (char[32]){0}, 32));
+    if (!lk_device_is_host(s->cfg.device) && !lk_comm_reads_device(s->comm))
+        return lk_error(LK_STATUS_UNSUPPORTED, "strategy '%s' on %s needs a communicator that reads device memory (nccl: "
+                        "one rank per GPU); this one (%s) would copy every unit's gather and reduce-scatter through the "
+                        "host. Use ddp or deepspeed_stage_1 there", name, lk_device_str(s->cfg.device, (char[32]){0}, 32),
+                        lk_comm_backend(s->comm));
     fsdp *f = lk_calloc(1, sizeof *f);
     if (!f) return LK_STATUS_OUT_OF_MEMORY;
     s->self = f;
@@ -307,16 +330,34 @@ static void assign(lk_layer *l, const pick *k, int cur, const lk_named_tensors *
 #define RELEASE_PARAMS MADV_DONTNEED
 #endif
 
-static void *map_pages(size_t bytes) {
+/* A whole buffer: anonymous pages on the host, the device's memory (zeroed) otherwise. */
+static void *map_pages(lk_strategy *s, size_t bytes) {
+    if (!on_host(s)) {
+        void *p = NULL;
+        if (lk_device_alloc(s->cfg.device, bytes, &p)) return NULL;
+        if (lk_device_memset(s->cfg.device, p, 0, bytes)) return lk_device_free(s->cfg.device, p, bytes), NULL;
+        return p;
+    }
     void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     return p == MAP_FAILED ? NULL : p;
 }
 
+static void unmap_pages(lk_strategy *s, void *p, size_t bytes) {
+    if (!p) return;
+    if (on_host(s)) munmap(p, bytes);
+    else lk_device_free(s->cfg.device, p, bytes);
+}
+
+/* A released buffer's pages back to the kernel (the host's only: see the top). */
+static void give_back(lk_strategy *s, void *p, size_t bytes) {
+    if (on_host(s)) (void)madvise(p, bytes, RELEASE_PARAMS);
+}
+
 /* This rank's chunk of the unit's whole values into its master chunk
  * (nothing to copy where the master chunk lives inside them: stage 2). */
-static void keep_chunk(lk_strategy *s, unit *u) {
+static lk_status keep_chunk(lk_strategy *s, unit *u) {
     void *in_full = at(u->full, esz(s), u->chunk * u->f->sr);
-    if (u->mine != in_full) memcpy(u->mine, in_full, (size_t)u->chunk * esz(s));
+    return u->mine != in_full ? mcopy(s, u->mine, in_full, (size_t)u->chunk * esz(s)) : LK_STATUS_OK;
 }
 
 /* ---- gather, release, reduce ----------------------------------------------------------- */
@@ -325,6 +366,7 @@ static void keep_chunk(lk_strategy *s, unit *u) {
  * holds in them is charged to it by hand, so trainer.memory_limit_mb sees
  * gathered units and live whole gradients (and refuses them by name). */
 static lk_status charge(const unit *u, const char *what) {
+    if (!on_host(u->f->s)) return LK_STATUS_OK; /* the device's memory: not the host's limit */
     if (!lk__alloc_charge(u->map_bytes)) return LK_STATUS_OK;
     lk_pool_trim(); /* the storage pool's cached blocks count as live: given back, then once more (as the pool does) */
     if (!lk__alloc_charge(u->map_bytes)) return LK_STATUS_OK;
@@ -334,7 +376,7 @@ static lk_status charge(const unit *u, const char *what) {
 static lk_status count_gathered(fsdp *f, unit *u, bool on) {
     int64_t b = (int64_t)u->map_bytes;
     if (on) LK_TRY(charge(u, "the gathered parameters"));
-    else lk__alloc_uncharge(u->map_bytes);
+    else if (on_host(f->s)) lk__alloc_uncharge(u->map_bytes);
     f->gathered_bytes += on ? b : -b;
     if (!f->saving && f->gathered_bytes > f->peak_gathered_bytes) f->peak_gathered_bytes = f->gathered_bytes;
     return LK_STATUS_OK;
@@ -350,7 +392,7 @@ static lk_status grads_live(unit *u) {
 
 static void grads_gone(unit *u) {
     if (!u->grads_charged) return;
-    lk__alloc_uncharge(u->map_bytes);
+    if (on_host(u->f->s)) lk__alloc_uncharge(u->map_bytes);
     u->grads_charged = false;
 }
 
@@ -376,7 +418,8 @@ static lk_status gather(lk_strategy *s, unit *u) {
     LK_TRY(count_gathered(f, u, true)); /* (before the all-gather: every rank refuses its own, and the job ends) */
     double t0 = lk_time_now();
     lk_status st = f->S > 1 ? lk_comm_all_gather(f->shard, u->mine, u->full, (size_t)u->chunk, s->cfg.param_dtype)
-                            : (u->mine != u->full ? memcpy(u->full, u->mine, (size_t)u->chunk * esz(s)) : NULL, LK_STATUS_OK);
+                   : u->mine != u->full ? mcopy(s, u->full, u->mine, (size_t)u->chunk * esz(s))
+                                        : LK_STATUS_OK;
     s->stats.comm_exposed_s += lk_time_now() - t0;
     if (st) return comm_fail(f->shard, st);
     u->gathered = true;
@@ -396,7 +439,7 @@ static lk_status prefetch(lk_strategy *s, unit *u) {
 static void release(lk_strategy *s, unit *u) {
     fsdp *f = f_of(s);
     if (!u->gathered || f->S == 1 || f->hold || f->params_whole || u == &f->u[0]) return; /* the root stays whole */
-    (void)madvise(u->full, u->map_bytes, RELEASE_PARAMS);
+    give_back(s, u->full, u->map_bytes);
     u->gathered = false;
     count_gathered(f, u, false);
 }
@@ -421,7 +464,7 @@ static lk_status finish_reduce(lk_strategy *s) {
     if (!st && f->R > 1) st = comm_fail(f->replica, lk_comm_all_reduce(f->replica, mine, (size_t)u->chunk,
                                                                           s->cfg.param_dtype, LK_REDUCE_AVG));
     s->stats.comm_exposed_s += lk_time_now() - t0;
-    (void)madvise(u->gfull, u->map_bytes, RELEASE_PARAMS);
+    give_back(s, u->gfull, u->map_bytes);
     u->grads_stale = true; /* zeroed just before the next backward writes it */
     grads_gone(u);
     return st;
@@ -438,20 +481,17 @@ static lk_status reduce(lk_strategy *s, unit *u) {
     s->stats.allreduce_calls++;
     s->stats.bytes_reduced += (size_t)(u->chunk * f->S) * esz(s);
     f->rs_unit = u;
-    if (f->S == 1) {
-        memcpy(mine, u->gfull, (size_t)u->chunk * esz(s));
-        return LK_STATUS_OK;
-    }
+    if (f->S == 1) return mcopy(s, mine, u->gfull, (size_t)u->chunk * esz(s));
     return lk_comm_reduce_scatter_async(f->shard, u->gfull, mine, (size_t)u->chunk, s->cfg.param_dtype, LK_REDUCE_AVG,
                                         &f->rs_work);
 }
 
 /* ---- the hooks --------------------------------------------------------------------- */
 
-static void zero_grads(lk_strategy *s, unit *u) {
-    if (!u->grads_stale) return;
-    memset(u->gfull, 0, (size_t)(u->chunk * u->f->S) * esz(s));
+static lk_status zero_grads(lk_strategy *s, unit *u) {
+    if (!u->grads_stale) return LK_STATUS_OK;
     u->grads_stale = false;
+    return mzero(s, u->gfull, (size_t)(u->chunk * u->f->S) * esz(s));
 }
 
 static unit *at_pos(fsdp *f, int pos) { return pos >= 0 && pos < f->norder ? &f->u[f->order[pos]] : NULL; }
@@ -490,7 +530,7 @@ static lk_status on_unit(lk_layer *l, lk_layer_hook_when when, void *ctx) {
         return LK_STATUS_OK;
     case LK_LAYER_BEFORE_BACKWARD:
         LK_TRY(grads_live(u));
-        zero_grads(s, u);
+        LK_TRY(zero_grads(s, u));
         LK_TRY(gather(s, u));
         if (f->o.backward_prefetch && u->pos > 0) LK_TRY(prefetch(s, at_pos(f, u->pos - 1)));
         return LK_STATUS_OK;
@@ -547,7 +587,7 @@ static lk_status build_unit(lk_strategy *s, unit *u, lk_layer *layer, const char
     size_t bytes = (size_t)(u->chunk * f->S) * esz(s), pg = page > 0 ? (size_t)page : 4096;
     u->map_bytes = bytes ? (bytes + pg - 1) / pg * pg : 0;
     if (!u->numel) return LK_STATUS_OK;
-    if (!(u->full = map_pages(u->map_bytes)) || !(u->gfull = map_pages(u->map_bytes)))
+    if (!(u->full = map_pages(s, u->map_bytes)) || !(u->gfull = map_pages(s, u->map_bytes)))
         return lk_error(LK_STATUS_OUT_OF_MEMORY, "%s: could not map %zu bytes for unit '%s'", s->vt->name, u->map_bytes,
                         *path ? path : "(root)");
     int64_t shape[1] = {u->chunk * f->S};
@@ -622,8 +662,13 @@ static lk_status f_wrap(lk_strategy *s, lk_layer *net) {
     }
     f->shard_numel = total;
     size_t sbytes = (size_t)(total ? total : 1) * esz(s);
-    if (!(f->shards = lk_aligned_alloc(LK_ALIGN, (sbytes + LK_ALIGN - 1) / LK_ALIGN * LK_ALIGN))) return LK_STATUS_OUT_OF_MEMORY;
-    memset(f->shards, 0, sbytes);
+    f->shard_bytes = (sbytes + LK_ALIGN - 1) / LK_ALIGN * LK_ALIGN;
+    if (on_host(s)) {
+        if (!(f->shards = lk_aligned_alloc(LK_ALIGN, f->shard_bytes))) return LK_STATUS_OUT_OF_MEMORY;
+    } else {
+        LK_TRY(lk_device_alloc(s->cfg.device, f->shard_bytes, &f->shards));
+    }
+    LK_TRY(mzero(s, f->shards, sbytes));
     int64_t n1[1] = {total};
     if (!(f->shards_t = lk__tensor_wrap_on(s->cfg.device, s->cfg.param_dtype, 1, n1, f->shards))) return lk_last_status();
     /* the optimizer's parameters: arrays strategy.c frees after its last use of them */
@@ -638,7 +683,7 @@ static lk_status f_wrap(lk_strategy *s, lk_layer *net) {
         LK_TRY(rehome(s, u));
         if (s->world > 1) LK_TRY(lk_comm_broadcast(s->comm, u->full, (size_t)u->numel, s->cfg.param_dtype, 0));
         u->mine = f->params_whole ? at(u->full, esz(s), u->chunk * f->sr) : at(f->shards, esz(s), u->shard_off);
-        keep_chunk(s, u);
+        LK_TRY(keep_chunk(s, u));
         u->gathered = true;
         LK_TRY(count_gathered(f, u, true));
         release(s, u); /* (the root stays) */
@@ -746,8 +791,8 @@ static void f_free(lk_strategy *s) {
         grads_gone(u);
         lk_tensor_release(u->full_t);
         lk_tensor_release(u->gfull_t);
-        if (u->full) munmap(u->full, u->map_bytes);
-        if (u->gfull) munmap(u->gfull, u->map_bytes);
+        unmap_pages(s, u->full, u->map_bytes);
+        unmap_pages(s, u->gfull, u->map_bytes);
         lk_free(u->name);
         lk_free(u->p);
         lk_free(u->pname);
@@ -761,7 +806,8 @@ static void f_free(lk_strategy *s) {
     lk_named_tensors_clear(&f->named);
     lk_free(f->shard_unit);
     lk_tensor_release(f->shards_t);
-    lk_aligned_free(f->shards);
+    if (on_host(s)) lk_aligned_free(f->shards);
+    else lk_device_free(s->cfg.device, f->shards, f->shard_bytes);
     if (f->own_groups) {
         lk_comm_free(f->shard);
         lk_comm_free(f->replica);
@@ -788,7 +834,9 @@ static lk_status f_before_forward(lk_strategy *s) {
 static void f_begin_backward(lk_strategy *s, bool sync) {
     fsdp *f = f_of(s);
     f->sync = sync;
-    zero_grads(s, &f->u[0]); /* the root's gradients come from anywhere in the backward (charged before the forward) */
+    /* the root's gradients come from anywhere in the backward (charged before the forward); a failure to zero
+     * them (the device's) is seen again by the unit's next zeroing: its flag stays */
+    if (zero_grads(s, &f->u[0])) f->u[0].grads_stale = true;
     for (int i = 0; i < f->nu && sync; i++) f->u[i].reduced = false;
 }
 
@@ -801,8 +849,8 @@ static lk_status f_finish_backward(lk_strategy *s) {
     lk_status st = LK_STATUS_OK;
     for (int i = f->nu - 1; f->sync && i >= 0 && !st; i--)
         if (!f->u[i].reduced) {
-            zero_grads(s, &f->u[i]); /* (a unit the backward did not reach: no gradient, zeros reduced) */
-            st = reduce(s, &f->u[i]);
+            st = zero_grads(s, &f->u[i]); /* (a unit the backward did not reach: no gradient, zeros reduced) */
+            if (!st) st = reduce(s, &f->u[i]);
         }
     if (!st) st = finish_reduce(s);
     for (int i = 0; i < f->nu; i++) {
@@ -852,6 +900,11 @@ static lk_status f_clip_grad_norm(lk_strategy *s, double max_norm, double norm_t
     double *norms = lk_calloc((size_t)n + 1, sizeof *norms);
     if (!norms) return LK_STATUS_OUT_OF_MEMORY;
     lk_status st = LK_STATUS_OK;
+    /* on a device the norms are written where the gradients are, then read back (n doubles) */
+    lk_tensor *dn = on_host(s) ? NULL : lk__tensor_new_on(s->cfg.device, LK_F64, 1, (int64_t[]){n + 1});
+    double *out = dn ? dn->data : norms;
+    if (!on_host(s) && !dn) st = lk_last_status() ? lk_last_status() : LK_STATUS_OUT_OF_MEMORY;
+    if (dn && !st) st = lk_device_memset(s->cfg.device, dn->data, 0, (size_t)(n + 1) * sizeof(double));
     for (int i = 0; i < f->nu && !st; i++) {
         unit *u = &f->u[i];
         int64_t lo = u->chunk * f->sr, hi = lo + u->chunk;
@@ -861,9 +914,11 @@ static lk_status f_clip_grad_norm(lk_strategy *s, double max_norm, double norm_t
             lk_op_desc nd = {.op = LK_OP_NORM, .dtype = {s->cfg.param_dtype, LK_F64}};
             nd.norm = (lk_norm_params){b - a, inf ? INFINITY : norm_type};
             st = lk__backend_run(s->cfg.device, &nd,
-                                 (void *[]){at(s->flat_grad, esz(s), u->shard_off + a - lo), &norms[u->pglobal[k]]});
+                                 (void *[]){at(s->flat_grad, esz(s), u->shard_off + a - lo), &out[u->pglobal[k]]});
         }
     }
+    if (dn && !st) st = lk_device_copy(LK_DEVICE_CPU, norms, s->cfg.device, dn->data, (size_t)n * sizeof(double));
+    lk_tensor_release(dn);
     if (!st && f->S > 1) st = lk_comm_all_reduce(f->shard, norms, (size_t)n, LK_F64, inf ? LK_REDUCE_MAX : LK_REDUCE_SUM);
     float coef = st || n == 0 ? 1.0f : lk_k_clip_coef_of(lk_k_clip_total(norms, n, inf ? INFINITY : norm_type), max_norm);
     lk_free(norms);
@@ -897,7 +952,7 @@ static lk_status f_state_dict_loaded(lk_strategy *s) {
     for (int i = 0; i < f->nu; i++) {
         unit *u = &f->u[i];
         if (!u->numel) continue;
-        keep_chunk(s, u);
+        LK_TRY(keep_chunk(s, u));
         if (!u->gathered) {
             u->gathered = true;
             LK_TRY(count_gathered(f, u, true));
@@ -937,10 +992,14 @@ static lk_status f_optimizer_state(lk_strategy *s, lk_optimizer *o, lk_named_ten
             snprintf(key, sizeof key, "state.%s.%s", s->local_names[j], state_arrays[a]);
             lk_tensor *t = lk_named_tensors_find(&mine, key);
             if (!t) continue; /* every rank has the same arrays: the same optimizer, the same steps */
+            /* on a device the optimizer gave a device copy: gathered on the host (the checkpoint's side) */
+            lk_tensor *h = lk_device_is_host(t->device) ? lk_tensor_retain(t) : lk_tensor_to(t, LK_DEVICE_CPU);
             float *w = whole[j * NARRAYS + a] = lk_aligned_alloc(LK_ALIGN, (size_t)(u->chunk * f->S) * sizeof(float) + LK_ALIGN);
-            if (!w) st = LK_STATUS_OUT_OF_MEMORY;
-            else if (f->S > 1) st = lk_comm_all_gather(f->shard, t->data, w, (size_t)u->chunk, LK_F32);
-            else memcpy(w, t->data, (size_t)u->chunk * sizeof(float));
+            if (!h) st = lk_last_status();
+            else if (!w) st = LK_STATUS_OUT_OF_MEMORY;
+            else if (f->S > 1) st = lk_comm_all_gather(f->shard, h->data, w, (size_t)u->chunk, LK_F32);
+            else memcpy(w, h->data, (size_t)u->chunk * sizeof(float));
+            lk_tensor_release(h);
         }
     }
     /* in lk_optimizer_state_get's order: the groups, every step, then each parameter's arrays */
@@ -1007,7 +1066,9 @@ static lk_status f_optimizer_state_load(lk_strategy *s, lk_optimizer *o, const l
                     break;
                 }
                 int64_t s0 = u->poff[k], e0 = s0 + v->numel, a0 = s0 > lo ? s0 : lo, b0 = e0 < hi ? e0 : hi;
-                if (b0 > a0) memcpy((float *)c->data + (a0 - lo), (const float *)v->data + (a0 - s0), (size_t)(b0 - a0) * sizeof(float));
+                if (b0 > a0) /* (both where the process's default device put them: a GPU's in a GPU run) */
+                    st = lk_device_copy(c->device, (float *)c->data + (a0 - lo), v->device,
+                                        (const float *)v->data + (a0 - s0), (size_t)(b0 - a0) * sizeof(float));
             }
             snprintf(key, sizeof key, "state.%s.%s", s->local_names[j], state_arrays[a]);
             if (!st) st = lk_named_tensors_append(&conv, key, c);
@@ -1025,6 +1086,10 @@ static lk_status f_optimizer_state_load(lk_strategy *s, lk_optimizer *o, const l
  * collective. */
 static lk_status f_shard_pieces(lk_strategy *s, lk_shard_piece **out, int *n) {
     fsdp *f = f_of(s);
+    if (!on_host(s))
+        return lk_error(LK_STATUS_UNSUPPORTED, "%s: a sharded checkpoint set (state_dict_type: sharded) is written "
+                        "from host memory only for now, and this run's parameters are on %s; use state_dict_type: "
+                        "full there", s->vt->name, lk_device_str(s->cfg.device, (char[32]){0}, 32));
     lk_optimizer *o = f->optim;
     int arrays = o ? lk__optimizer_state_arrays(o) : 0;
     if (arrays > LK_SHARD_MAX_STATE)

@@ -103,6 +103,13 @@ if(LK_HAVE_CUDA)
   lk_add_script_test(NAME gpu_ddp_one_gpu SCRIPT gpu/test_ddp_one_gpu.sh LABELS gpu TIMEOUT 600)
   set_tests_properties(gpu_ddp_one_gpu PROPERTIES SKIP_RETURN_CODE 77)
 endif()
+# Issue 46: ZeRO stages 1-3 and fsdp on GPUs against ddp on them, bitwise
+# (two GPUs over nccl; one GPU: two ranks over shm). fake_gpu_sharded and
+# fake_gpu_sharded_shm run it on the fake GPU in every CI run.
+if(LK_HAVE_CUDA)
+  lk_add_script_test(NAME gpu_sharded SCRIPT gpu/test_sharded_gpu.sh LABELS gpu TIMEOUT 600)
+  set_tests_properties(gpu_sharded PROPERTIES SKIP_RETURN_CODE 77)
+endif()
 # The gpu tests on the fake GPU (tests/gpu/fake/: a host CUDA runtime over
 # the emulated kernels and a fake cuBLASLt), in every CI run.
 if(LK_HAVE_CUDA AND Python3_FOUND)
