@@ -89,6 +89,9 @@ typedef struct lk_fsdp_options {
                                    parameters no wrapped layer below it took reach this many */
     bool forward_prefetch;      /* issue the next unit's all-gather while this one computes (default true) */
     bool backward_prefetch;     /* the same in the backward, in reverse (default true: BACKWARD_PRE) */
+    bool cpu_offload;           /* on a GPU: the master chunks, their gradients and the optimizer state in host
+                                   memory, the optimizer stepping on the CPU (FSDP's CPUOffload, DeepSpeed's
+                                   offload_optimizer); on the CPU they are there already (default false) */
 } lk_fsdp_options;
 lk_fsdp_options lk_fsdp_options_default(void);
 const char *lk_fsdp_sharding_name(lk_fsdp_sharding s); /* "FULL_SHARD", ... */

@@ -127,6 +127,7 @@ typedef struct lk_trainer_config {
     char fsdp_auto_wrap_policy[LK_PARAM_STR];  /* layer classes that become units ("": the model's blocks; "none") */
     int64_t fsdp_min_num_params;    /* size-based wrapping when > 0 */
     bool fsdp_forward_prefetch, fsdp_backward_prefetch;
+    bool fsdp_cpu_offload;          /* deepspeed_stage_2/3, fsdp on a GPU: chunks and optimizer on the CPU */
     int64_t pipeline_chunks;        /* model_parallel, pipeline: trainer.pipeline.chunks (default 4) */
     char pipeline_schedule[LK_PARAM_STR]; /* trainer.pipeline.schedule: gpipe | 1f1b (default) */
     char pipeline_split[LK_PARAM_STR];    /* trainer.pipeline.split: each stage's first block after the first */

@@ -38,7 +38,15 @@
  * the communicator's host path. A released unit keeps its device memory
  * (there is no madvise for it, and the tensors must keep their addresses):
  * on a GPU the sharding saves the optimizer state's and the gradients'
- * chunks, not yet the whole parameters' memory between uses. */
+ * chunks, not yet the whole parameters' memory between uses.
+ *
+ * cpu_offload on a GPU (FSDP's CPUOffload, DeepSpeed's offload_optimizer:
+ * Lightning's *_offload names) keeps the master chunks, their gradients
+ * and the optimizer state in host memory (s->flat_dev is the host), and
+ * the optimizer steps on the CPU: a gather first copies this rank's chunk
+ * into its place in the unit's device buffer and all-gathers in place; a
+ * reduce-scatter lands in one device staging chunk (`rs_stage`: one is in
+ * flight at a time) copied to the host chunk when it is waited for. */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -102,6 +110,9 @@ struct fsdp {
     bool saving;              /* gathering for a state dict: not a step's peak */
     bool params_whole;        /* deepspeed_stage_2: parameters replicated, chunks all-gathered after the step */
     lk_optimizer *optim;      /* borrowed: lk_strategy_shard_optimizer's (the pieces' state) */
+    bool offload;             /* cpu_offload on a GPU: the chunks (master, gradients, state) on the host */
+    void *rs_stage;           /* offload: the reduce-scatter's device output, the largest chunk */
+    size_t rs_stage_bytes;
     int64_t gathered_bytes, peak_gathered_bytes;
 };
 
@@ -109,13 +120,16 @@ static fsdp *f_of(const lk_strategy *s) { return s->self; }
 static size_t esz(const lk_strategy *s) { return lk_dtype_size(s->cfg.param_dtype); }
 static void *at(void *base, size_t es, int64_t i) { return (char *)base + i * (int64_t)es; }
 static bool on_host(const lk_strategy *s) { return lk_device_is_host(s->cfg.device); }
+/* Where the master chunks and their gradients live: the training device, or the host (offload). */
+static lk_device home(const lk_strategy *s) { return s->flat_dev; }
 
-/* Copies and zeroing inside the parameters' memory (host or device). */
-static lk_status mcopy(lk_strategy *s, void *dst, const void *src, size_t bytes) {
-    if (on_host(s)) return memcpy(dst, src, bytes), LK_STATUS_OK;
-    return lk_device_copy(s->cfg.device, dst, s->cfg.device, src, bytes);
+/* A copy between the chunks' home and the training device (either way; a memcpy on the CPU). */
+static lk_status xcopy(lk_device dd, void *dst, lk_device sd, const void *src, size_t bytes) {
+    if (lk_device_is_host(dd) && lk_device_is_host(sd)) return memcpy(dst, src, bytes), LK_STATUS_OK;
+    return lk_device_copy(dd, dst, sd, src, bytes);
 }
 
+/* Zeroing inside the parameters' memory (host or device). */
 static lk_status mzero(lk_strategy *s, void *p, size_t bytes) {
     if (on_host(s)) return memset(p, 0, bytes), LK_STATUS_OK;
     return lk_device_memset(s->cfg.device, p, 0, bytes);
@@ -148,6 +162,8 @@ static lk_status f_create_(lk_strategy *s) {
     s->self = f;
     f->s = s;
     f->o = s->cfg.fsdp ? *s->cfg.fsdp : lk_fsdp_options_default();
+    f->offload = f->o.cpu_offload && !lk_device_is_host(s->cfg.device);
+    if (f->offload) s->flat_dev = LK_DEVICE_CPU; /* the gradient chunks with the master chunks */
     if (f->o.wrap_types) snprintf(f->wrap_types, sizeof f->wrap_types, "%s", f->o.wrap_types);
     f->o.wrap_types = f->wrap_types;
     /* ZeRO-2: the parameters stay whole (their chunks all-gathered after the
@@ -357,7 +373,19 @@ static void give_back(lk_strategy *s, void *p, size_t bytes) {
  * (nothing to copy where the master chunk lives inside them: stage 2). */
 static lk_status keep_chunk(lk_strategy *s, unit *u) {
     void *in_full = at(u->full, esz(s), u->chunk * u->f->sr);
-    return u->mine != in_full ? mcopy(s, u->mine, in_full, (size_t)u->chunk * esz(s)) : LK_STATUS_OK;
+    return u->mine != in_full ? xcopy(home(s), u->mine, s->cfg.device, in_full, (size_t)u->chunk * esz(s))
+                              : LK_STATUS_OK;
+}
+
+/* What this rank sends to a unit's all-gather: its master chunk, or with
+ * the chunk on the host (offload) the chunk copied into its own place in
+ * the unit's device buffer first (the all-gather then runs in place). */
+static lk_status gather_source(lk_strategy *s, unit *u, const void **src) {
+    *src = u->mine;
+    if (!u->f->offload) return LK_STATUS_OK;
+    void *place = at(u->full, esz(s), u->chunk * u->f->sr);
+    *src = place;
+    return lk_device_copy(s->cfg.device, place, LK_DEVICE_CPU, u->mine, (size_t)u->chunk * esz(s));
 }
 
 /* ---- gather, release, reduce ----------------------------------------------------------- */
@@ -417,9 +445,12 @@ static lk_status gather(lk_strategy *s, unit *u) {
     if (u->gathered || !u->numel) return LK_STATUS_OK;
     LK_TRY(count_gathered(f, u, true)); /* (before the all-gather: every rank refuses its own, and the job ends) */
     double t0 = lk_time_now();
-    lk_status st = f->S > 1 ? lk_comm_all_gather(f->shard, u->mine, u->full, (size_t)u->chunk, s->cfg.param_dtype)
-                   : u->mine != u->full ? mcopy(s, u->full, u->mine, (size_t)u->chunk * esz(s))
-                                        : LK_STATUS_OK;
+    const void *src;
+    lk_status st = gather_source(s, u, &src);
+    if (!st)
+        st = f->S > 1 ? lk_comm_all_gather(f->shard, src, u->full, (size_t)u->chunk, s->cfg.param_dtype)
+             : src != u->full ? xcopy(s->cfg.device, u->full, home(s), src, (size_t)u->chunk * esz(s))
+                              : LK_STATUS_OK;
     s->stats.comm_exposed_s += lk_time_now() - t0;
     if (st) return comm_fail(f->shard, st);
     u->gathered = true;
@@ -431,7 +462,9 @@ static lk_status prefetch(lk_strategy *s, unit *u) {
     fsdp *f = f_of(s);
     if (!u || u->gathered || u->gather || !u->numel || f->S == 1) return LK_STATUS_OK;
     LK_TRY(count_gathered(f, u, true));
-    return lk_comm_all_gather_async(f->shard, u->mine, u->full, (size_t)u->chunk, s->cfg.param_dtype, &u->gather);
+    const void *src;
+    LK_TRY(gather_source(s, u, &src));
+    return lk_comm_all_gather_async(f->shard, src, u->full, (size_t)u->chunk, s->cfg.param_dtype, &u->gather);
 }
 
 /* The unit's whole parameters go (their pages back to the kernel). With
@@ -461,6 +494,8 @@ static lk_status finish_reduce(lk_strategy *s) {
         st = comm_fail(f->shard, st);
     }
     void *mine = at(s->flat_grad, esz(s), u->shard_off);
+    if (!st && f->offload && f->S > 1) /* the staged chunk to its home */
+        st = lk_device_copy(LK_DEVICE_CPU, mine, s->cfg.device, f->rs_stage, (size_t)u->chunk * esz(s));
     if (!st && f->R > 1) st = comm_fail(f->replica, lk_comm_all_reduce(f->replica, mine, (size_t)u->chunk,
                                                                           s->cfg.param_dtype, LK_REDUCE_AVG));
     s->stats.comm_exposed_s += lk_time_now() - t0;
@@ -481,9 +516,9 @@ static lk_status reduce(lk_strategy *s, unit *u) {
     s->stats.allreduce_calls++;
     s->stats.bytes_reduced += (size_t)(u->chunk * f->S) * esz(s);
     f->rs_unit = u;
-    if (f->S == 1) return mcopy(s, mine, u->gfull, (size_t)u->chunk * esz(s));
-    return lk_comm_reduce_scatter_async(f->shard, u->gfull, mine, (size_t)u->chunk, s->cfg.param_dtype, LK_REDUCE_AVG,
-                                        &f->rs_work);
+    if (f->S == 1) return xcopy(home(s), mine, s->cfg.device, u->gfull, (size_t)u->chunk * esz(s));
+    return lk_comm_reduce_scatter_async(f->shard, u->gfull, f->offload ? f->rs_stage : mine, (size_t)u->chunk,
+                                        s->cfg.param_dtype, LK_REDUCE_AVG, &f->rs_work);
 }
 
 /* ---- the hooks --------------------------------------------------------------------- */
@@ -663,14 +698,20 @@ static lk_status f_wrap(lk_strategy *s, lk_layer *net) {
     f->shard_numel = total;
     size_t sbytes = (size_t)(total ? total : 1) * esz(s);
     f->shard_bytes = (sbytes + LK_ALIGN - 1) / LK_ALIGN * LK_ALIGN;
-    if (on_host(s)) {
+    if (lk_device_is_host(home(s))) {
         if (!(f->shards = lk_aligned_alloc(LK_ALIGN, f->shard_bytes))) return LK_STATUS_OUT_OF_MEMORY;
+        memset(f->shards, 0, sbytes);
     } else {
-        LK_TRY(lk_device_alloc(s->cfg.device, f->shard_bytes, &f->shards));
+        LK_TRY(lk_device_alloc(home(s), f->shard_bytes, &f->shards));
+        LK_TRY(lk_device_memset(home(s), f->shards, 0, sbytes));
     }
-    LK_TRY(mzero(s, f->shards, sbytes));
+    if (f->offload) { /* the reduce-scatters' device landing place: the largest chunk */
+        for (int i = 0; i < f->nu; i++)
+            if ((size_t)f->u[i].chunk * esz(s) > f->rs_stage_bytes) f->rs_stage_bytes = (size_t)f->u[i].chunk * esz(s);
+        if (f->rs_stage_bytes) LK_TRY(lk_device_alloc(s->cfg.device, f->rs_stage_bytes, &f->rs_stage));
+    }
     int64_t n1[1] = {total};
-    if (!(f->shards_t = lk__tensor_wrap_on(s->cfg.device, s->cfg.param_dtype, 1, n1, f->shards))) return lk_last_status();
+    if (!(f->shards_t = lk__tensor_wrap_on(home(s), s->cfg.param_dtype, 1, n1, f->shards))) return lk_last_status();
     /* the optimizer's parameters: arrays strategy.c frees after its last use of them */
     s->local_arr = lk_calloc((size_t)f->nshard + 1, sizeof *s->local_arr);
     s->local_names = lk_calloc((size_t)f->nshard + 1, sizeof *s->local_names);
@@ -682,7 +723,8 @@ static lk_status f_wrap(lk_strategy *s, lk_layer *net) {
         if (!u->numel) continue;
         LK_TRY(rehome(s, u));
         if (s->world > 1) LK_TRY(lk_comm_broadcast(s->comm, u->full, (size_t)u->numel, s->cfg.param_dtype, 0));
-        u->mine = f->params_whole ? at(u->full, esz(s), u->chunk * f->sr) : at(f->shards, esz(s), u->shard_off);
+        bool inside = f->params_whole && !f->offload; /* stage 2's master chunk is its place in the whole values */
+        u->mine = inside ? at(u->full, esz(s), u->chunk * f->sr) : at(f->shards, esz(s), u->shard_off);
         LK_TRY(keep_chunk(s, u));
         u->gathered = true;
         LK_TRY(count_gathered(f, u, true));
@@ -690,8 +732,8 @@ static lk_status f_wrap(lk_strategy *s, lk_layer *net) {
         /* what the optimizer sees: the unit's chunk, FSDP's flat parameter */
         char name[600];
         snprintf(name, sizeof name, "%s%s_flat_param", u->name, *u->name ? "." : "");
-        lk_tensor *t = f->params_whole ? lk_tensor_view_storage(u->full_t, u->chunk * f->sr, 1, (int64_t[]){u->chunk})
-                                       : lk_tensor_view_storage(f->shards_t, u->shard_off, 1, (int64_t[]){u->chunk});
+        lk_tensor *t = inside ? lk_tensor_view_storage(u->full_t, u->chunk * f->sr, 1, (int64_t[]){u->chunk})
+                              : lk_tensor_view_storage(f->shards_t, u->shard_off, 1, (int64_t[]){u->chunk});
         if (!t) return lk_last_status();
         t->requires_grad = true;
         f->shard_unit[j] = i;
@@ -717,7 +759,11 @@ static lk_status f_wrap(lk_strategy *s, lk_layer *net) {
             else if (i == 3)
                 len += (size_t)snprintf(line + len, sizeof line - len, " ..");
         if (len < sizeof line)
-            snprintf(line + len, sizeof line - len, " [root: %lld params, kept whole]", (long long)f->u[0].numel);
+            len += (size_t)snprintf(line + len, sizeof line - len, " [root: %lld params, kept whole]",
+                                    (long long)f->u[0].numel);
+        if (f->offload && len < sizeof line)
+            snprintf(line + len, sizeof line - len, "; cpu_offload: master chunks, their gradients and the optimizer "
+                     "state in host memory, the optimizer on the CPU");
         lk_log0("%s", line);
     }
     /* the hooks: the root on the net, each unit on its layer */
@@ -746,7 +792,7 @@ static lk_status f_setup(lk_strategy *s) {
      * one's gradient is the view at the same offset */
     for (int j = 0; j < f->nshard; j++) {
         lk_tensor *t = s->local_arr[j];
-        lk_tensor *g = lk__tensor_wrap_on(s->cfg.device, s->cfg.param_dtype, 1, t->shape,
+        lk_tensor *g = lk__tensor_wrap_on(home(s), s->cfg.param_dtype, 1, t->shape,
                                           at(s->flat_grad, esz(s), f->u[f->shard_unit[j]].shard_off));
         if (!g) return lk_last_status();
         lk_tensor_release(t->grad);
@@ -806,8 +852,9 @@ static void f_free(lk_strategy *s) {
     lk_named_tensors_clear(&f->named);
     lk_free(f->shard_unit);
     lk_tensor_release(f->shards_t);
-    if (on_host(s)) lk_aligned_free(f->shards);
-    else lk_device_free(s->cfg.device, f->shards, f->shard_bytes);
+    if (lk_device_is_host(home(s))) lk_aligned_free(f->shards);
+    else lk_device_free(home(s), f->shards, f->shard_bytes);
+    if (f->rs_stage) lk_device_free(s->cfg.device, f->rs_stage, f->rs_stage_bytes);
     if (f->own_groups) {
         lk_comm_free(f->shard);
         lk_comm_free(f->replica);
@@ -901,10 +948,11 @@ static lk_status f_clip_grad_norm(lk_strategy *s, double max_norm, double norm_t
     if (!norms) return LK_STATUS_OUT_OF_MEMORY;
     lk_status st = LK_STATUS_OK;
     /* on a device the norms are written where the gradients are, then read back (n doubles) */
-    lk_tensor *dn = on_host(s) ? NULL : lk__tensor_new_on(s->cfg.device, LK_F64, 1, (int64_t[]){n + 1});
+    lk_device gd = home(s); /* where the gradient chunks are */
+    lk_tensor *dn = lk_device_is_host(gd) ? NULL : lk__tensor_new_on(gd, LK_F64, 1, (int64_t[]){n + 1});
     double *out = dn ? dn->data : norms;
-    if (!on_host(s) && !dn) st = lk_last_status() ? lk_last_status() : LK_STATUS_OUT_OF_MEMORY;
-    if (dn && !st) st = lk_device_memset(s->cfg.device, dn->data, 0, (size_t)(n + 1) * sizeof(double));
+    if (!lk_device_is_host(gd) && !dn) st = lk_last_status() ? lk_last_status() : LK_STATUS_OUT_OF_MEMORY;
+    if (dn && !st) st = lk_device_memset(gd, dn->data, 0, (size_t)(n + 1) * sizeof(double));
     for (int i = 0; i < f->nu && !st; i++) {
         unit *u = &f->u[i];
         int64_t lo = u->chunk * f->sr, hi = lo + u->chunk;
@@ -913,18 +961,17 @@ static lk_status f_clip_grad_norm(lk_strategy *s, double max_norm, double norm_t
             if (b <= a) continue;
             lk_op_desc nd = {.op = LK_OP_NORM, .dtype = {s->cfg.param_dtype, LK_F64}};
             nd.norm = (lk_norm_params){b - a, inf ? INFINITY : norm_type};
-            st = lk__backend_run(s->cfg.device, &nd,
-                                 (void *[]){at(s->flat_grad, esz(s), u->shard_off + a - lo), &out[u->pglobal[k]]});
+            st = lk__backend_run(gd, &nd, (void *[]){at(s->flat_grad, esz(s), u->shard_off + a - lo), &out[u->pglobal[k]]});
         }
     }
-    if (dn && !st) st = lk_device_copy(LK_DEVICE_CPU, norms, s->cfg.device, dn->data, (size_t)n * sizeof(double));
+    if (dn && !st) st = lk_device_copy(LK_DEVICE_CPU, norms, gd, dn->data, (size_t)n * sizeof(double));
     lk_tensor_release(dn);
     if (!st && f->S > 1) st = lk_comm_all_reduce(f->shard, norms, (size_t)n, LK_F64, inf ? LK_REDUCE_MAX : LK_REDUCE_SUM);
     float coef = st || n == 0 ? 1.0f : lk_k_clip_coef_of(lk_k_clip_total(norms, n, inf ? INFINITY : norm_type), max_norm);
     lk_free(norms);
     LK_TRY(st);
     if (s->flat_numel)
-        LK_TRY(lk__affine(s->cfg.device, s->cfg.param_dtype, s->flat_numel, coef, 0.0f, false, s->flat_grad, s->flat_grad));
+        LK_TRY(lk__affine(gd, s->cfg.param_dtype, s->flat_numel, coef, 0.0f, false, s->flat_grad, s->flat_grad));
     return LK_STATUS_OK;
 }
 
@@ -1086,7 +1133,7 @@ static lk_status f_optimizer_state_load(lk_strategy *s, lk_optimizer *o, const l
  * collective. */
 static lk_status f_shard_pieces(lk_strategy *s, lk_shard_piece **out, int *n) {
     fsdp *f = f_of(s);
-    if (!on_host(s))
+    if (!lk_device_is_host(home(s))) /* (offload's chunks are host memory: written as on the CPU) */
         return lk_error(LK_STATUS_UNSUPPORTED, "%s: a sharded checkpoint set (state_dict_type: sharded) is written "
                         "from host memory only for now, and this run's parameters are on %s; use state_dict_type: "
                         "full there", s->vt->name, lk_device_str(s->cfg.device, (char[32]){0}, 32));

@@ -49,7 +49,7 @@ static const struct {
     {"ddp_fork", "ddp_spawn"}, /* lockstep's ddp_spawn forks */
     {"ddp_notebook", "ddp_spawn"},
     {"single_device", "single"},
-    {"deepspeed_stage_3_offload", "deepspeed_stage_3"}, /* on the CPU the state is in host memory already */
+    {"deepspeed_stage_3_offload", "deepspeed_stage_3"}, /* + cpu_offload (the trainer sets it from the name) */
     {"deepspeed_stage_2_offload", "deepspeed_stage_2"},
     {"fsdp_cpu_offload", "fsdp"},
 };
@@ -111,8 +111,9 @@ static const char *const zero_args[] = {"stage", "contiguous_gradients", "overla
 /* FSDPStrategy: PyTorch FSDP's options lockstep has (sharding_strategy,
  * auto_wrap_policy as layer class names, lockstep's min_num_params,
  * forward_prefetch, backward_prefetch, activation_checkpointing_policy),
- * and those that change nothing here: cpu_offload (the state is in host
- * memory already on the CPU), limit_all_gathers (at most the next unit is
+ * cpu_offload (trainer.fsdp_cpu_offload: on a GPU the chunks and the
+ * optimizer in host memory; on the CPU they are there already), and those
+ * that change nothing here: limit_all_gathers (at most the next unit is
  * prefetched), use_orig_params and sync_module_states (the parameters keep
  * their tensors; rank 0's values are broadcast at the start), and
  * mixed_precision null (the trainer's precision decides); state_dict_type
@@ -181,6 +182,7 @@ lk_status lk_strategy_create(const lk_strategy_config *cfg, lk_strategy **out) {
     if (!s) return LK_STATUS_OUT_OF_MEMORY;
     s->vt = vt;
     s->cfg = *cfg;
+    s->flat_dev = cfg->device; /* (an offloading strategy's create moves it to the host) */
     s->ddp = ddp;
     s->cfg.ddp = &s->ddp; /* the copy: the caller's may go */
     s->fsdp = cfg->fsdp ? *cfg->fsdp : lk_fsdp_options_default();

@@ -42,8 +42,8 @@ void lk_strategy_free(lk_strategy *s) {
     lk_tensor_release(s->param_buf_t);
     if (s->flat_grad) {
         if (s->flat_shared) lk_comm_free_shared(s->comm, s->flat_grad);
-        else if (!lk_device_is_host(s->cfg.device))
-            lk_device_free(s->cfg.device, s->flat_grad, (size_t)(s->flat_numel ? s->flat_numel : 1) *
+        else if (!lk_device_is_host(s->flat_dev))
+            lk_device_free(s->flat_dev, s->flat_grad, (size_t)(s->flat_numel ? s->flat_numel : 1) *
                                                             lk_dtype_size(s->cfg.param_dtype));
         else lk_aligned_free(s->flat_grad);
     }
@@ -78,15 +78,15 @@ lk_status lk__strategy_alloc_flat(lk_strategy *s, int64_t numel) {
         void *mem = NULL;
         st = s->vt->alloc_grads(s, bytes, &mem, &s->flat_shared);
         s->flat_grad = mem;
-    } else if (!lk_device_is_host(s->cfg.device)) { /* the training device's memory */
-        st = lk_device_alloc(s->cfg.device, bytes, &s->flat_grad);
+    } else if (!lk_device_is_host(s->flat_dev)) { /* the training device's memory */
+        st = lk_device_alloc(s->flat_dev, bytes, &s->flat_grad);
     } else if (!(s->flat_grad = lk_aligned_alloc(LK_ALIGN, bytes))) {
         st = LK_STATUS_OUT_OF_MEMORY;
     }
     lk__alloc_what(was);
     LK_TRY(st);
-    if (lk_device_is_host(s->cfg.device)) memset(s->flat_grad, 0, bytes);
-    else LK_TRY(lk_device_memset(s->cfg.device, s->flat_grad, 0, bytes));
+    if (lk_device_is_host(s->flat_dev)) memset(s->flat_grad, 0, bytes);
+    else LK_TRY(lk_device_memset(s->flat_dev, s->flat_grad, 0, bytes));
     s->flat_numel = numel;
     return LK_STATUS_OK;
 }
@@ -96,7 +96,7 @@ lk_status lk_strategy_grad_buffer(lk_strategy *s, int64_t numel, lk_tensor **out
     LK_TRY(lk__strategy_alloc_flat(s, numel));
     if (!s->flat_grad_t) {
         int64_t shape[1] = {s->flat_numel};
-        if (!(s->flat_grad_t = lk__tensor_wrap_on(s->cfg.device, s->cfg.param_dtype, 1, shape, s->flat_grad))) return lk_last_status();
+        if (!(s->flat_grad_t = lk__tensor_wrap_on(s->flat_dev, s->cfg.param_dtype, 1, shape, s->flat_grad))) return lk_last_status();
     }
     *out = s->flat_grad_t;
     return LK_STATUS_OK;
@@ -122,7 +122,7 @@ lk_status lk__strategy_grads_to_flat(lk_strategy *s) {
         lk_tensor *p = s->params[i];
         void *want = (char *)s->flat_grad + off * (int64_t)lk_dtype_size(s->cfg.param_dtype);
         if (!p->grad || p->grad->data != want || !lk_tensor_is_contiguous(p->grad)) {
-            lk_tensor *g = lk__tensor_wrap_on(s->cfg.device, s->cfg.param_dtype, p->ndim, p->shape, want);
+            lk_tensor *g = lk__tensor_wrap_on(s->flat_dev, s->cfg.param_dtype, p->ndim, p->shape, want);
             if (!g) return lk_last_status();
             if (p->grad) lk_tensor_copy(g, p->grad);
             lk_tensor_release(p->grad);
@@ -413,7 +413,7 @@ lk_status lk_strategy_finish_backward(lk_strategy *s) {
 
 void lk_strategy_zero_grad(lk_strategy *s) {
     if (!s->flat_grad) return;
-    if (lk_device_is_host(s->cfg.device)) {
+    if (lk_device_is_host(s->flat_dev)) {
         /* a fill op, cut across the compute threads as the optimizer's flat
          * update just was: each clears the gradients it read, in its own
          * cache (one thread's memset pulled the other's lines across: 30-40
@@ -421,10 +421,10 @@ void lk_strategy_zero_grad(lk_strategy *s) {
          * it always runs: the CPU backend fills every dtype. */
         lk_op_desc d = {.op = LK_OP_FILL, .dtype = {s->cfg.param_dtype}};
         d.fill = (lk_fill_params){.ndim = 1, .shape = {s->flat_numel}, .sd = {1}, .value = 0.0};
-        (void)lk__backend_run(s->cfg.device, &d, (void *[]){s->flat_grad});
+        (void)lk__backend_run(s->flat_dev, &d, (void *[]){s->flat_grad});
     } else {
         size_t bytes = (size_t)s->flat_numel * lk_dtype_size(s->cfg.param_dtype);
-        (void)lk_device_memset(s->cfg.device, s->flat_grad, 0, bytes); /* a device's memset fails only on a broken device */
+        (void)lk_device_memset(s->flat_dev, s->flat_grad, 0, bytes); /* a device's memset fails only on a broken device */
     }
 }
 

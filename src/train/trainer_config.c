@@ -103,6 +103,9 @@ static const lk_param trainer_params[] = {
       "fsdp, deepspeed_stage_3: gather the next unit while this one computes"),
     T("fsdp_backward_prefetch", BOOL, fsdp_backward_prefetch, "true", 1, 0, NULL,
       "fsdp, deepspeed_stage_3: gather the unit the backward reaches next while this one computes"),
+    T("fsdp_cpu_offload", BOOL, fsdp_cpu_offload, "false", 1, 0, NULL,
+      "deepspeed_stage_2/3, fsdp on a GPU: master chunks, gradient chunks and optimizer state in host memory, the "
+      "optimizer on the CPU (FSDPStrategy's cpu_offload; the *_offload strategy names set it)"),
     T("ddp_broadcast_buffers", BOOL, ddp_broadcast_buffers, "true", 1, 0, NULL,
       "ddp: buffers (BatchNorm statistics) from rank 0 before each forward, as DistributedDataParallel"),
     T("scale_lr", ENUM, scale_lr, "none", 1, 0, "none|linear", "linear: lr x world size x accumulate_grad_batches"),
@@ -288,6 +291,7 @@ static lk_status apply_fsdp_arg(const lk_param *tp, int n, lk_trainer_config *cf
                        : !strcmp(key, "auto_wrap_policy")                ? "fsdp_auto_wrap_policy"
                        : !strcmp(key, "min_num_params")                  ? "fsdp_min_num_params"
                        : !strcmp(key, "forward_prefetch")                ? "fsdp_forward_prefetch"
+                       : !strcmp(key, "cpu_offload")                     ? "fsdp_cpu_offload"
                        : !strcmp(key, "activation_checkpointing_policy") ? "activation_checkpointing_policy"
                                                                          : NULL;
     char val[LK_PARAM_STR];
@@ -568,6 +572,10 @@ static lk_status apply_special(const lk_param *tp, int n, lk_trainer_config *cfg
         if (!text) return lk__cfg_at(c, "trainer.strategy: expected a name such as ddp, or {class_path: DDPStrategy, init_args: {...}}");
         const lk_strategy_info *si = lk_strategy_info_get(text); /* Lightning's aliases and class names */
         LK_TRY(set_scalar(tp, n, cfg, c, si ? si->name : text));
+        size_t len = strlen(text); /* deepspeed_stage_2_offload, deepspeed_stage_3_offload, fsdp_cpu_offload */
+        if (si && len > 8 && !strcmp(text + len - 8, "_offload") &&
+            lk_params_set(tp, n, cfg, "trainer", "fsdp_cpu_offload", "true"))
+            return lk__cfg_at(c, "trainer.strategy: %s", lk_last_error());
     }
     return LK_STATUS_OK;
 }

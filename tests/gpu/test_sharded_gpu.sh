@@ -8,7 +8,10 @@
 # from step 10 end as the uninterrupted runs, bitwise. Two ranks on one GPU talk over
 # shm: stage 1 stages its gathers through the host and is ddp's bits
 # there too; fsdp is refused there, naming nccl. A sharded checkpoint set
-# is refused on a GPU, naming state_dict_type. LK_BIN: the GPU build.
+# is refused on a GPU, naming state_dict_type. cpu_offload (the *_offload
+# names, trainer.fsdp_cpu_offload) keeps the chunks and the optimizer on
+# the host: ddp's bits too, with 16-mixed's scaler, and resumes, from a
+# sharded set as well. LK_BIN: the GPU build.
 source "$LK_SOURCE_DIR/tests/strategy/sharded_lib.sh"
 if ! "$LK_BIN" env | grep -qE "^gpus +: [0-9]+ visible to CUDA"; then
   echo "no CUDA device: skipped"; exit 77
@@ -33,6 +36,23 @@ if [ "${ngpu:-0}" -ge 2 ]; then
   fit half1 "${X[@]}" --trainer.strategy deepspeed_stage_1 --trainer.max_steps 10
   fit resumed1 "${X[@]}" --trainer.strategy deepspeed_stage_1 --ckpt_path "$T/half1.ckpt"
   check "deepspeed_stage_1 x2 GPUs resumed at step 10 == the uninterrupted run, bitwise" same resumed1 deepspeed_stage_1
+  # cpu_offload: the chunks and the optimizer on the host, the same arithmetic (the CPU's optimizer kernels are the GPU's)
+  for s in deepspeed_stage_2_offload deepspeed_stage_3_offload fsdp_cpu_offload; do
+    fit $s "${X[@]}" --trainer.strategy $s
+    check "$s x2 GPUs == ddp, bitwise" same $s ddp
+  done
+  check "the log says what cpu_offload moved" grep -q "; cpu_offload: master chunks, their gradients and the optimizer state in host memory, the optimizer on the CPU" "$T/fsdp_cpu_offload.log"
+  fit ddp16 "${X[@]}" --trainer.strategy ddp --trainer.precision 16-mixed
+  fit off16 "${X[@]}" --trainer.strategy fsdp --trainer.fsdp_cpu_offload true --trainer.precision 16-mixed
+  check "fsdp with cpu_offload x2 GPUs, 16-mixed (the loss scaler over host gradients) == ddp, bitwise" same off16 ddp16
+  fit offhalf "${X[@]}" --trainer.strategy fsdp_cpu_offload --trainer.max_steps 10
+  fit offresumed "${X[@]}" --trainer.strategy fsdp_cpu_offload --ckpt_path "$T/offhalf.ckpt"
+  check "fsdp with cpu_offload resumed at step 10 == the uninterrupted run, bitwise" same offresumed fsdp_cpu_offload
+  # offload's chunks are host memory: a sharded checkpoint set is written as on the CPU, and resumes
+  fit offset "${X[@]}" --trainer.strategy fsdp_cpu_offload --trainer.max_steps 10 --trainer.state_dict_type sharded
+  fit offsetresumed "${X[@]}" --trainer.strategy fsdp_cpu_offload --ckpt_path "$T/offset.ckpt"
+  check "fsdp with cpu_offload: a sharded checkpoint set at step 10, resumed == the uninterrupted run, bitwise" \
+    same offsetresumed fsdp_cpu_offload
   fit set "${X[@]}" --trainer.strategy fsdp --trainer.state_dict_type sharded
   check "a sharded checkpoint set on a GPU is refused, naming state_dict_type" \
     grep -q "a sharded checkpoint set (state_dict_type: sharded) is written from host memory only for now" "$T/set.log"
