@@ -107,7 +107,9 @@ static const char *const no_args[] = {NULL};
  * with the backward). */
 /* state_dict_type (FSDPStrategy's spelling): full (one checkpoint file) or
  * sharded (a set of one file per rank, docs/CHECKPOINTS.md). */
-static const char *const zero_args[] = {"stage", "contiguous_gradients", "overlap_comm", "state_dict_type", NULL};
+/* offload_optimizer: trainer.fsdp_cpu_offload (stages 2 and 3 on a GPU). */
+static const char *const zero_args[] = {"stage", "contiguous_gradients", "overlap_comm", "state_dict_type",
+                                        "offload_optimizer", NULL};
 /* FSDPStrategy: PyTorch FSDP's options lockstep has (sharding_strategy,
  * auto_wrap_policy as layer class names, lockstep's min_num_params,
  * forward_prefetch, backward_prefetch, activation_checkpointing_policy),

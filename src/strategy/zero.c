@@ -107,6 +107,10 @@ static void *at(void *base, const lk_strategy *s, int64_t i) { return (char *)ba
 static lk_status z_create(lk_strategy *s) {
     const char *name = "deepspeed_stage_1";
     if (!s->comm) return lk_error(LK_STATUS_INVALID_ARGUMENT, "strategy '%s' needs a communicator", name);
+    if (s->cfg.fsdp && s->cfg.fsdp->cpu_offload && on_device(s))
+        return lk_error(LK_STATUS_UNSUPPORTED, "strategy '%s' with the optimizer offloaded to the CPU (offload_optimizer, "
+                        "trainer.fsdp_cpu_offload) is not built on %s: deepspeed_stage_2 and 3 offload it", name,
+                        lk_device_str(s->cfg.device, (char[32]){0}, 32));
     s->ddp.shared_params = false; /* each rank keeps its replica: the chunks are gathered into it */
     zero *z = lk_calloc(1, sizeof *z);
     if (!z) return LK_STATUS_OUT_OF_MEMORY;

@@ -426,6 +426,7 @@ static lk_status apply_strategy_node(const lk_param *tp, int n, lk_trainer_confi
                                : !strcmp(key, "shared_params")     ? "ddp_shared_params"
                                : !strcmp(key, "broadcast_buffers") ? "ddp_broadcast_buffers"
                                : !strcmp(key, "state_dict_type")   ? "state_dict_type"
+                               : !strcmp(key, "offload_optimizer") ? "fsdp_cpu_offload"
                                                                    : NULL;
             if (!strcmp(key, "ddp_comm_hook") && null) v = "none"; /* Lightning's default: no hook */
             else if (null) return lk__cfg_at(e, "trainer.strategy.init_args.%s: expected a value, got null", key);

@@ -42,6 +42,15 @@ if [ "${ngpu:-0}" -ge 2 ]; then
     check "$s x2 GPUs == ddp, bitwise" same $s ddp
   done
   check "the log says what cpu_offload moved" grep -q "; cpu_offload: master chunks, their gradients and the optimizer state in host memory, the optimizer on the CPU" "$T/fsdp_cpu_offload.log"
+  # DeepSpeedStrategy's offload_optimizer, as Lightning's config takes it; stage 1 does not offload: refused, named
+  sed '/^trainer:/a\  strategy: {class_path: DeepSpeedStrategy, init_args: {stage: 2, offload_optimizer: true}}' "$T/z.yaml" >"$T/ds.yaml"
+  CFG="$T/ds.yaml" fit dsoff "${X[@]}"
+  check "DeepSpeedStrategy stage 2 with offload_optimizer: offloaded, == ddp bitwise" \
+    bash -c "grep -q '; cpu_offload: master chunks' '$T/dsoff.log' && cmp -s '$T/dsoff.st' '$T/ddp.st'"
+  sed 's/stage: 2, offload/stage: 1, offload/' "$T/ds.yaml" >"$T/ds1.yaml"
+  CFG="$T/ds1.yaml" fit ds1off "${X[@]}"
+  check "stage 1 with offload_optimizer on a GPU is refused, named" \
+    grep -q "strategy 'deepspeed_stage_1' with the optimizer offloaded to the CPU (offload_optimizer, trainer.fsdp_cpu_offload) is not built on cuda:0" "$T/ds1off.log"
   fit ddp16 "${X[@]}" --trainer.strategy ddp --trainer.precision 16-mixed
   fit off16 "${X[@]}" --trainer.strategy fsdp --trainer.fsdp_cpu_offload true --trainer.precision 16-mixed
   check "fsdp with cpu_offload x2 GPUs, 16-mixed (the loss scaler over host gradients) == ddp, bitwise" same off16 ddp16
