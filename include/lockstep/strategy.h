@@ -293,6 +293,18 @@ bool lk_strategy_needs_blocks(const lk_strategy *s);
  * the split against them (a name that is no block, more stages than
  * blocks: INVALID_ARGUMENT naming them). Nothing to do for other strategies. */
 lk_status lk_strategy_set_blocks(lk_strategy *s, const lk_named_layer *blocks, int n);
+/* Whether the split waits for lk_strategy_profile_blocks (a pipeline with
+ * trainer.pipeline.split time), to be called after lk_strategy_set_blocks
+ * and before lk_strategy_wrap. */
+bool lk_strategy_wants_block_profile(const lk_strategy *s);
+/* The split by measured time: rank 0 times one forward and backward of
+ * each block on one micro-batch's rows of x (the first block's input: a
+ * batch as the model brings it there, lk_model_blocks_input), the times
+ * are broadcast, and every rank cuts the same contiguous stages with the
+ * smallest slowest stage. A collective (every rank passes its own x; only
+ * rank 0's is run). The blocks' gradients are dropped afterwards and their
+ * buffers untouched (they run in eval mode). Nothing for other strategies. */
+lk_status lk_strategy_profile_blocks(lk_strategy *s, lk_tensor *x);
 
 /* ---- the data-parallel group ----------------------------------------------------
  * The ranks that see different data and average their gradients: the

@@ -200,6 +200,15 @@ bool lk_strategy_needs_blocks(const lk_strategy *s) { return s->vt->set_blocks !
 lk_status lk_strategy_set_blocks(lk_strategy *s, const lk_named_layer *blocks, int n) {
     return s->vt->set_blocks ? s->vt->set_blocks(s, blocks, n) : LK_STATUS_OK;
 }
+bool lk_strategy_wants_block_profile(const lk_strategy *s) {
+    return s->vt->wants_profile && s->vt->wants_profile(s);
+}
+
+lk_status lk_strategy_profile_blocks(lk_strategy *s, lk_tensor *x) {
+    if (!lk_strategy_wants_block_profile(s)) return LK_STATUS_OK;
+    if (!x) return lk_error(LK_STATUS_INVALID_ARGUMENT, "lk_strategy_profile_blocks: NULL input");
+    return s->vt->profile_blocks(s, x);
+}
 const lk_named_tensors *lk_strategy_local_params(const lk_strategy *s) { return &s->local; }
 int lk_strategy_num_units(const lk_strategy *s) { return s->nunits; }
 
