@@ -76,6 +76,10 @@ typedef struct pipe_self {
     float *weight;           /* [chunks] a short batch's micro-batch weights (rows_c * m / rows) */
     int64_t full_rows;       /* the first batch's rows: later batches with fewer are an epoch's short last one */
     lk_pipe_schedule *short_sched; /* the schedule for a short batch of fewer rows than chunks (its m) */
+    lk_pipe_schedule *fwd_sched;   /* evaluation's forward-only schedule (its m) */
+    int eval_m;                    /* ... the micro-batches of the batch in flight */
+    bool eval_noted;               /* ... said once on rank 0 */
+    lk_tensor *eval_out;           /* ... the last stage's outputs, joined (owned until handed over) */
     int64_t steps_run;
     lk_strategy *s;
 } pipe_self;
@@ -146,6 +150,8 @@ static void pipe_free(lk_strategy *s) {
     lk_comm_mesh_2d_free(&ps->mesh);
     lk_pipe_schedule_free(ps->sched);
     lk_pipe_schedule_free(ps->short_sched);
+    lk_pipe_schedule_free(ps->fwd_sched);
+    lk_tensor_release(ps->eval_out);
     lk_free(ps->mb);
     lk_free(ps->weight);
     lk_free(ps->tied);
@@ -619,6 +625,31 @@ static lk_status reduce_tied(lk_strategy *s) {
     return LK_STATUS_OK;
 }
 
+/* The batch's rows cut into m micro-batches (views) that differ by at most
+ * one row, and each one's weight rows_c * m / rows (ps->mb, ps->weight). */
+static lk_status cut_batch(pipe_self *ps, const lk_batch *b, int m) {
+    if (!ps->mb && !(ps->mb = lk_calloc((size_t)ps->chunks, sizeof *ps->mb))) return LK_STATUS_OUT_OF_MEMORY;
+    if (!ps->weight && !(ps->weight = lk_calloc((size_t)ps->chunks, sizeof *ps->weight))) return LK_STATUS_OUT_OF_MEMORY;
+    int64_t base = b->size / m, extra = b->size % m, at = 0;
+    for (int c = 0; c < m; c++) {
+        int64_t rows = base + (c < extra);
+        lk_batch *x = &ps->mb[c];
+        *x = *b;
+        x->size = rows;
+        x->sample_index = b->sample_index ? b->sample_index + at : NULL;
+        for (int f = 0; f < b->nfields; f++) {
+            lk_array *fa = &x->field[f];
+            if (fa->ndim < 1 || fa->shape[0] != b->size) continue; /* not per sample */
+            size_t row = lk_array_nbytes(fa) / (size_t)fa->shape[0];
+            fa->shape[0] = rows;
+            fa->data = (char *)fa->data + (size_t)at * row;
+        }
+        ps->weight[c] = (float)((double)rows * m / (double)b->size);
+        at += rows;
+    }
+    return LK_STATUS_OK;
+}
+
 static lk_status training_step(lk_strategy *s, const lk_step_args *a, lk_step_result *r) {
     pipe_self *ps = s->self;
     const lk_step_fn *fn = &s->fn;
@@ -645,30 +676,15 @@ static lk_status training_step(lk_strategy *s, const lk_step_args *a, lk_step_re
         m = (int)b->size;
         if (!ps->short_sched || lk_pipe_schedule_chunks(ps->short_sched) != m) {
             lk_pipe_schedule_free(ps->short_sched);
+    lk_pipe_schedule_free(ps->fwd_sched);
+    lk_tensor_release(ps->eval_out);
             ps->short_sched = NULL;
             LK_TRY(lk_pipe_schedule_make(ps->schedule, ps->p, m, &ps->short_sched));
         }
         sched = ps->short_sched;
     }
-    if (!ps->mb && !(ps->mb = lk_calloc((size_t)ps->chunks, sizeof *ps->mb))) return LK_STATUS_OUT_OF_MEMORY;
-    if (!ps->weight && !(ps->weight = lk_calloc((size_t)ps->chunks, sizeof *ps->weight))) return LK_STATUS_OUT_OF_MEMORY;
-    int64_t base = b->size / m, extra = b->size % m, at = 0;
-    for (int c = 0; c < m; c++) {
-        int64_t rows = base + (c < extra);
-        lk_batch *x = &ps->mb[c];
-        *x = *b;
-        x->size = rows;
-        x->sample_index = b->sample_index ? b->sample_index + at : NULL;
-        for (int f = 0; f < b->nfields; f++) {
-            lk_array *fa = &x->field[f];
-            if (fa->ndim < 1 || fa->shape[0] != b->size) continue; /* not per sample */
-            size_t row = lk_array_nbytes(fa) / (size_t)fa->shape[0];
-            fa->shape[0] = rows;
-            fa->data = (char *)fa->data + (size_t)at * row;
-        }
-        ps->weight[c] = (float)((double)rows * m / (double)b->size);
-        at += rows;
-    }
+    LK_TRY(cut_batch(ps, b, m));
+    int64_t extra = b->size % m;
     /* each micro-batch's loss is its mean: 1/m of it makes the batch's mean
      * (m = 1: untouched, the bits single has), then accumulation and the
      * loss scaler as the local step applies them */
@@ -710,6 +726,89 @@ static lk_status training_step(lk_strategy *s, const lk_step_args *a, lk_step_re
     r->loss = loss_sum / m;
     if (fn->pipe_log_loss) LK_TRY(fn->pipe_log_loss(fn->ctx, r->loss));
     if (fn->check_loss) LK_TRY(fn->check_loss(fn->ctx, r->loss));
+    return LK_STATUS_OK;
+}
+
+/* ---- evaluation: a forward-only schedule ---------------------------------
+ * Validation inside fit runs the batch through the stages as training
+ * does, forwards only (micro-batches flow stage 0 -> last, nothing comes
+ * back), so no rank needs the other stages' blocks; the last stage's
+ * outputs, joined in row order, are broadcast over the pipeline group and
+ * every rank runs the module's step on them (the same loss and metrics on
+ * every rank: what single computes on that batch). */
+
+static lk_status stage_output(void *ctx, int chunk, lk_tensor *out) {
+    pipe_self *ps = ctx;
+    int64_t at = 0, rows = 0;
+    for (int c = 0; c < chunk; c++) at += ps->mb[c].size;
+    for (int c = 0; c < ps->eval_m; c++) rows += ps->mb[c].size;
+    if (!lk_device_is_host(out->device))
+        return lk_error(LK_STATUS_UNSUPPORTED, "pipeline evaluation: outputs on the host only");
+    if (!ps->eval_out) {
+        int64_t shape[LK_MAX_DIMS];
+        for (int d = 0; d < out->ndim; d++) shape[d] = out->shape[d];
+        shape[0] = rows;
+        if (out->ndim < 1 || !(ps->eval_out = lk_tensor_empty(out->dtype, out->ndim, shape)))
+            return out->ndim < 1 ? lk_error(LK_STATUS_INVALID_ARGUMENT, "pipeline evaluation: the model's output has no rows")
+                                 : lk_last_status();
+    }
+    lk_tensor *all = ps->eval_out;
+    if (out->dtype != all->dtype || out->ndim != all->ndim || out->shape[0] != ps->mb[chunk].size)
+        return lk_error(LK_STATUS_INVALID_ARGUMENT, "pipeline evaluation: micro-batch %d's output differs in dtype or "
+                        "shape from micro-batch 0's", chunk);
+    lk_tensor *c = lk_contiguous(out);
+    if (!c) return lk_last_status();
+    size_t row = lk_tensor_nbytes(all) / (size_t)(rows ? rows : 1);
+    if (lk_tensor_nbytes(c) != row * (size_t)out->shape[0])
+        return lk_error(LK_STATUS_INVALID_ARGUMENT, "pipeline evaluation: micro-batch %d's output rows differ in size", chunk);
+    memcpy((char *)all->data + (size_t)at * row, c->data, lk_tensor_nbytes(c));
+    return LK_STATUS_OK;
+}
+
+static bool evals_forward(const lk_strategy *s) { return s->attached && s->fn.pipe_input; }
+
+static lk_status eval_forward(lk_strategy *s, const lk_batch *b, lk_tensor **out) {
+    pipe_self *ps = s->self;
+    *out = NULL;
+    if (b->size < 1) return lk_error(LK_STATUS_INVALID_ARGUMENT, "strategy %s: an empty batch", s->vt->name);
+    int m = b->size < ps->chunks ? (int)b->size : ps->chunks;
+    if (!ps->fwd_sched || lk_pipe_schedule_chunks(ps->fwd_sched) != m) {
+        lk_pipe_schedule_free(ps->fwd_sched);
+        ps->fwd_sched = NULL;
+        LK_TRY(lk_pipe_schedule_make("forward", ps->p, m, &ps->fwd_sched));
+    }
+    LK_TRY(cut_batch(ps, b, m));
+    ps->eval_m = m;
+    if (!ps->eval_noted) {
+        ps->eval_noted = true;
+        lk_log0("%s: evaluation runs forward-only through the %d stages (%d micro-batch%s per batch), the last "
+                "stage's outputs sent to every stage", s->vt->name, ps->p, m, m == 1 ? "" : "es");
+    }
+    lk_pipe_stage st = {.comm = ps->pp, .blocks = ps->blayer + ps->first[ps->stage],
+                        .nblocks = ps->first[ps->stage + 1] - ps->first[ps->stage], .ctx = ps,
+                        .input = stage_input, .output = stage_output};
+    lk_status rc = lk_pipe_run(ps->fwd_sched, &st, NULL);
+    /* the last stage's outputs to every stage: a header (dtype, ndim, dims), then the data */
+    int64_t hdr[2 + LK_MAX_DIMS] = {0};
+    lk_tensor *all = ps->eval_out;
+    ps->eval_out = NULL;
+    if (!rc && ps->stage == ps->p - 1) {
+        hdr[0] = all->dtype, hdr[1] = all->ndim;
+        for (int d = 0; d < all->ndim; d++) hdr[2 + d] = all->shape[d];
+    }
+    if (!rc && ps->p > 1) rc = lk_comm_broadcast(ps->pp, hdr, 2 + LK_MAX_DIMS, LK_I64, ps->p - 1);
+    if (!rc && ps->stage != ps->p - 1) {
+        lk_tensor_release(all);
+        if (hdr[0] < 0 || hdr[0] >= LK_DTYPE_COUNT || hdr[1] < 1 || hdr[1] > LK_MAX_DIMS)
+            return lk_error(LK_STATUS_INTERNAL, "strategy %s: the last stage's output header is corrupt", s->vt->name);
+        if (!(all = lk_tensor_empty((lk_dtype)hdr[0], (int)hdr[1], hdr + 2))) rc = lk_last_status();
+    }
+    if (!rc && ps->p > 1) rc = lk_comm_broadcast(ps->pp, all->data, (size_t)all->numel, all->dtype, ps->p - 1);
+    if (rc) {
+        lk_tensor_release(all);
+        return rc;
+    }
+    *out = all;
     return LK_STATUS_OK;
 }
 
@@ -922,6 +1021,8 @@ const lk_strategy_vt lk__strategy_model_parallel = {
     .optimizer_state = optimizer_state,
     .optimizer_state_load = optimizer_state_load,
     .state_dict_loaded = state_dict_loaded,
+    .evals_forward = evals_forward,
+    .eval_forward = eval_forward,
 };
 
 const lk_strategy_vt lk__strategy_pipeline = {
@@ -942,4 +1043,6 @@ const lk_strategy_vt lk__strategy_pipeline = {
     .optimizer_state = optimizer_state,
     .optimizer_state_load = optimizer_state_load,
     .state_dict_loaded = state_dict_loaded,
+    .evals_forward = evals_forward,
+    .eval_forward = eval_forward,
 };

@@ -21,6 +21,8 @@ lk_add_script_test(NAME strategy_pipeline_dp SCRIPT strategy/test_pipeline_dp.sh
 lk_add_script_test(NAME strategy_pipeline_resume SCRIPT strategy/test_pipeline_resume.sh LABELS multiproc TIMEOUT 240)
 # trainer.pipeline.split time: the profiled split is bitwise that split named (2 stages, 2 x 2), the autoencoder cut inside its halves.
 lk_add_script_test(NAME strategy_pipeline_split_time SCRIPT strategy/test_pipeline_split_time.sh LABELS multiproc TIMEOUT 120)
+# Validation inside fit as a forward-only schedule over the stages: val_loss model_parallel bitwise single, pipeline 2/3 stages and 2 x 2 within 1e-7.
+lk_add_script_test(NAME strategy_pipeline_eval SCRIPT strategy/test_pipeline_eval.sh LABELS multiproc TIMEOUT 120)
 # ZeRO stages 1 and 2 against ddp on 2, 3 and 4 ranks: bitwise, with clipping, accumulation, bf16-mixed,
 # 16-mixed, a parameter count no world size divides, exact resume, the class node and the refusals.
 lk_add_script_test(NAME strategy_zero SCRIPT strategy/test_zero.sh LABELS multiproc TIMEOUT 300)
