@@ -362,9 +362,11 @@ static bool wants_profile(const lk_strategy *s) {
 }
 
 /* One forward and backward of block b on a copy of *h (a leaf, so the
- * time is the block's alone), timed; *h becomes the block's output. */
-static lk_status time_block(lk_layer *b, lk_tensor **h, double *sec) {
-    enum { REPEATS = 3 }; /* after one warm-up: the least of three */
+ * time is the block's alone), timed; *h becomes the block's output. The
+ * input's gradient is computed as a stage computes it: for every block
+ * but the first (the batch itself needs none). */
+static lk_status time_block(lk_layer *b, lk_tensor **h, bool first, double *sec) {
+    enum { REPEATS = 5 }; /* after one warm-up: the least of five (a shared machine's noise only adds) */
     double least = INFINITY;
     lk_tensor *next = NULL;
     lk_status st = LK_STATUS_OK;
@@ -373,7 +375,7 @@ static lk_status time_block(lk_layer *b, lk_tensor **h, double *sec) {
         lk_tensor *in = lk_tensor_clone(*h);
         if (!in) st = lk_last_status();
         bool fl = in && (in->dtype == LK_F32 || in->dtype == LK_BF16 || in->dtype == LK_F16);
-        if (fl) in->requires_grad = true;
+        if (fl && !first) in->requires_grad = true;
         double t0 = lk_time_now();
         lk_tensor *out = st ? NULL : lk_layer_forward(b, in);
         lk_tensor *g = out ? lk_tensor_full(out->dtype, out->ndim, out->shape, 1.0) : NULL;
@@ -416,7 +418,7 @@ static lk_status profile_blocks(lk_strategy *s, lk_tensor *x) {
         /* eval mode: batch norm's running statistics and dropout's draws stay as they were */
         for (int i = 0; i < n; i++) lk_layer_train(ps->blayer[i], false);
         for (int i = 0; i < n && !st; i++) {
-            st = time_block(ps->blayer[i], &h, &t[i]);
+            st = time_block(ps->blayer[i], &h, i == 0, &t[i]);
             if (st) st = lk_error(st, "strategy %s: trainer.pipeline.split time: profiling block %s: %s", s->vt->name,
                                   ps->bname[i], lk_last_error());
         }
