@@ -52,12 +52,11 @@ lk_status lk__run_eval(lk_trainer *tr, lk_loader *loader, const char *stage, int
         tr->batch_idx = i;
         lk_scope_begin();
         lk_autocast_enter(tr->autocast); /* evaluation runs in the precision it trains in, as Lightning's */
-        lk_tensor *out = NULL;
+        lk_tensor *out = NULL; /* the stages' output, which the step's lk_module_forward answers */
         if (piped) st = lk_strategy_eval_forward(tr->strat, b, &out);
         lk__module_forward_replay(out);
-        if (st) (void)0;
-        else if (!strcmp(stage, "test")) st = lk_module_test_step(m, b, i, tr);
-        else st = lk_module_validation_step(m, b, i, tr);
+        if (!st && !strcmp(stage, "test")) st = lk_module_test_step(m, b, i, tr);
+        else if (!st) st = lk_module_validation_step(m, b, i, tr);
         lk__module_forward_replay(NULL);
         lk_tensor_release(out);
         lk_autocast_exit();

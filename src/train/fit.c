@@ -50,9 +50,6 @@ static lk_status setup_sync_batchnorm(lk_trainer *tr, lk_module *m) {
     return LK_STATUS_OK;
 }
 
-/* The module wrapped by the strategy, which decides the parameter layout
- * (which parameters this rank holds, in which flat buffers: tr->params is
- * its list), then the optimizer and scheduler over them (optim_factory.c). */
 /* A pipeline split by measured time profiles its blocks on the first
  * training batch (as the model brings it to its first block); the loader
  * restarts at the first epoch afterwards, so the data order is the same. */
@@ -72,6 +69,9 @@ static lk_status profile_blocks(lk_trainer *tr, lk_loader *train) {
     return st ? st : ps;
 }
 
+/* The module wrapped by the strategy, which decides the parameter layout
+ * (which parameters this rank holds, in which flat buffers: tr->params is
+ * its list), then the optimizer and scheduler over them (optim_factory.c). */
 static lk_status setup_params(lk_trainer *tr, int64_t steps_per_epoch, lk_loader *train) {
     if (lk_strategy_wrapped(tr->strat)) /* the strategy holds the module of an earlier fit on this trainer */
         return lk_error(LK_STATUS_INVALID_USAGE, "fit: call lk_trainer_fit once per trainer (create another to fit again)");
