@@ -163,6 +163,14 @@ lk_tensor *lk_model_loss(const lk_model_info *info, lk_tensor *output, lk_tensor
  * Any other layer computes something of its own between its children: an
  * INVALID_ARGUMENT error naming its type, *count 0 and *blocks NULL. */
 lk_status lk_model_blocks(const lk_layer *model, int *count, const lk_named_layer **blocks);
+/* What the model's forward does before its first block, applied to x: the
+ * input brought to the model's input shape (the autoencoder and the mlp
+ * flatten images [N, C, H, W] to rows, the cnn makes rows into images; the
+ * others take x as it is). A pipeline's first stage runs it on each
+ * micro-batch before its blocks. Nothing runs after the last block in any
+ * of these models (the last block's output is the model's). Scope-owned
+ * result (x itself when nothing is done); NULL with the error set. */
+lk_tensor *lk_model_blocks_input(const lk_layer *model, lk_tensor *x);
 
 /* ---- generation: sampling from a language model ----------------------------------- */
 

@@ -87,6 +87,8 @@ const char *lk_pipe_schedule_name(const lk_pipe_schedule *s);
 int lk_pipe_schedule_stages(const lk_pipe_schedule *s);
 int lk_pipe_schedule_chunks(const lk_pipe_schedule *s);
 int lk_pipe_schedule_length(const lk_pipe_schedule *s, int stage);
+/* Whether the schedule trains (backwards, reduce, step) or only runs forwards. */
+bool lk_pipe_schedule_training(const lk_pipe_schedule *s);
 /* Action i of `stage` (borrowed); NULL out of range. */
 const lk_pipe_action *lk_pipe_schedule_action(const lk_pipe_schedule *s, int stage, int i);
 
@@ -136,6 +138,9 @@ typedef struct lk_pipe_stage {
     lk_tensor *(*input)(void *ctx, int chunk);
     /* The last stage: micro-batch c's loss (one element, in the current scope) from the last block's output. */
     lk_tensor *(*loss)(void *ctx, int chunk, lk_tensor *out);
+    /* (forward-only schedules; the last stage) Micro-batch c's output
+     * (borrowed: copy what is kept), given instead of a loss. */
+    lk_status (*output)(void *ctx, int chunk, lk_tensor *out);
     float loss_mul; /* each micro-batch's loss times this before its backward (1/chunks: the batch's mean; 0: 1) */
     /* (optional) [chunks] micro-batch c's loss also times chunk_weight[c],
      * and counted so in *loss_sum: micro-batches of unequal rows weighted

@@ -296,6 +296,27 @@ bool lk_strategy_needs_blocks(const lk_strategy *s);
  * the split against them (a name that is no block, more stages than
  * blocks: INVALID_ARGUMENT naming them). Nothing to do for other strategies. */
 lk_status lk_strategy_set_blocks(lk_strategy *s, const lk_named_layer *blocks, int n);
+/* Whether the split waits for lk_strategy_profile_blocks (a pipeline with
+ * trainer.pipeline.split time), to be called after lk_strategy_set_blocks
+ * and before lk_strategy_wrap. */
+bool lk_strategy_wants_block_profile(const lk_strategy *s);
+/* The split by measured time: rank 0 times one forward and backward of
+ * each block on one micro-batch's rows of x (the first block's input: a
+ * batch as the model brings it there, lk_model_blocks_input), the times
+ * are broadcast, and every rank cuts the same contiguous stages with the
+ * smallest slowest stage. A collective (every rank passes its own x; only
+ * rank 0's is run). The blocks' gradients are dropped afterwards and their
+ * buffers untouched (they run in eval mode). Nothing for other strategies. */
+lk_status lk_strategy_profile_blocks(lk_strategy *s, lk_tensor *x);
+/* Whether evaluation runs the batch through the strategy's own forward (a
+ * pipeline inside fit: a forward-only schedule over its stages) instead of
+ * the whole model on every rank after lk_strategy_sync_model. */
+bool lk_strategy_evals_forward(const lk_strategy *s);
+/* That forward: the model's output on batch b (its rows in the batch's
+ * order) on every rank, *out owned by the caller. A collective over the
+ * strategy's pipeline group; INVALID_USAGE where lk_strategy_evals_forward
+ * is false. */
+lk_status lk_strategy_eval_forward(lk_strategy *s, const lk_batch *b, lk_tensor **out);
 
 /* ---- the data-parallel group ----------------------------------------------------
  * The ranks that see different data and average their gradients: the

@@ -54,6 +54,8 @@ lk_layer *lk__model_seq_create(const char *type, int sample_ndim, const int64_t 
 
 bool lk__is_model_seq(const lk_layer *l) { return l && l->forward == model_seq_forward; }
 
+lk_tensor *lk__model_seq_input(const lk_layer *l, lk_tensor *x) { return x ? model_input(l->impl, x) : NULL; }
+
 lk_tensor *lk__loss_reconstruction(lk_tensor *output, lk_tensor *x, lk_tensor *y) {
     (void)y;
     lk_tensor *t = x->numel == output->numel ? lk_reshape(x, output->ndim, output->shape) : x;

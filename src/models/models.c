@@ -101,6 +101,14 @@ lk_status lk_model_blocks(const lk_layer *model, int *count, const lk_named_laye
     return LK_STATUS_OK;
 }
 
+lk_tensor *lk_model_blocks_input(const lk_layer *model, lk_tensor *x) {
+    if (!model || !x) {
+        if (!lk_last_status()) lk_error(LK_STATUS_INVALID_ARGUMENT, "model_blocks_input: NULL %s", model ? "input" : "model");
+        return NULL;
+    }
+    return lk__is_model_seq(model) ? lk__model_seq_input(model, x) : x;
+}
+
 lk_tensor *lk_model_loss(const lk_model_info *info, lk_tensor *output, lk_tensor *x, lk_tensor *y) {
     if (!info || !output) {
         if (!lk_last_status()) lk_error(LK_STATUS_INVALID_ARGUMENT, "model_loss: NULL %s", info ? "output" : "model info");

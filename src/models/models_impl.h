@@ -49,6 +49,8 @@ lk_layer *lk__mlp_stack(const int64_t *w, int n, double dropout, bool sigmoid, l
 lk_layer *lk__model_seq_create(const char *type, int sample_ndim, const int64_t *sample_shape);
 /* True for a layer lk__model_seq_create made. */
 bool lk__is_model_seq(const lk_layer *l);
+/* Such a model's input as its first block takes it (lk_model_blocks_input). */
+lk_tensor *lk__model_seq_input(const lk_layer *l, lk_tensor *x);
 /* A built-in model whose blocks are not (all) its children (gpt: its
  * embedding and head stages gather layers from several places of the tree
  * that carries PyTorch's names). Its forward runs the blocks added with

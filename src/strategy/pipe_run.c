@@ -63,7 +63,10 @@ static lk_status forward_body(run *r, int c) {
     for (int b = 0; b < r->st->nblocks && h; b++) h = lk_layer_forward(r->st->blocks[b], h);
     if (!h) return lk_error(lk_last_status(), "pipeline stage %d, micro-batch %d: %s", r->k, c, lk_last_error());
     x->out = h;
-    if (r->k == r->p - 1) {
+    if (r->k == r->p - 1 && r->st->output && !lk_pipe_schedule_training(r->s)) {
+        lk_status st = r->st->output(r->st->ctx, c, h);
+        if (st) return lk_error(st, "pipeline last stage, micro-batch %d: output: %s", c, lk_last_error());
+    } else if (r->k == r->p - 1) {
         lk_tensor *loss = r->st->loss(r->st->ctx, c, h);
         if (!loss) return lk_error(lk_last_status(), "pipeline last stage, micro-batch %d: loss: %s", c, lk_last_error());
         float w = r->st->chunk_weight ? r->st->chunk_weight[c] : 1.0f;
@@ -185,7 +188,8 @@ lk_status lk_pipe_run(const lk_pipe_schedule *s, const lk_pipe_stage *st, double
     if (r.p != lk_pipe_schedule_stages(s))
         return lk_error(LK_STATUS_INVALID_ARGUMENT, "lk_pipe_run: the schedule has %d stages but the pipeline group %d ranks",
                         lk_pipe_schedule_stages(s), r.p);
-    if ((r.k == 0 && !st->input) || (r.k == r.p - 1 && !st->loss))
+    bool out_only = st->output && !lk_pipe_schedule_training(s); /* the last stage hands its outputs over, no loss */
+    if ((r.k == 0 && !st->input) || (r.k == r.p - 1 && !st->loss && !out_only))
         return lk_error(LK_STATUS_INVALID_ARGUMENT, "lk_pipe_run: stage %d needs %s", r.k,
                         r.k == 0 && !st->input ? "an input function (stage 0)" : "a loss function (the last stage)");
     LK_TRY(lk_pipe_schedule_check(s, NULL));

@@ -182,6 +182,7 @@ lk_status lk_pipe_schedule_from_lists(const char *name, int stages, int chunks, 
 }
 
 const char *lk_pipe_schedule_name(const lk_pipe_schedule *s) { return s ? s->name : NULL; }
+bool lk_pipe_schedule_training(const lk_pipe_schedule *s) { return s && s->training; }
 int lk_pipe_schedule_stages(const lk_pipe_schedule *s) { return s ? s->p : 0; }
 int lk_pipe_schedule_chunks(const lk_pipe_schedule *s) { return s ? s->m : 0; }
 int lk_pipe_schedule_length(const lk_pipe_schedule *s, int stage) {

@@ -16,16 +16,26 @@
  * Each stage updates only its own blocks: nothing moves after a step. The
  * other stages' copies on a rank go stale until the whole model is needed:
  * a checkpoint gathers every stage's parameters and buffers to rank 0 (the
- * strategy's state dict), and validation, test and the end of fit broadcast
- * them to every rank (lk_strategy_sync_model), which then runs the whole
- * model as single does. Every rank still builds the whole model (its
- * memory is not yet a stage's; the gradients and optimizer state are). */
+ * strategy's state dict) and every stage's optimizer state by parameter
+ * name, so the one consolidated file resumes here bitwise and in single or
+ * ddp; validation, test and the end of fit broadcast the blocks to every
+ * rank (lk_strategy_sync_model), which then runs the whole model as single
+ * does. Every rank still builds the whole model (its memory is not yet a
+ * stage's; the gradients and optimizer state are).
+ *
+ * The split: by parameter count (the default: known before anything runs,
+ * the same on every machine), named blocks, or by measured time (a profile
+ * of each block on rank 0's first batch, broadcast, then the contiguous
+ * split whose slowest stage is fastest; Sequential blocks are cut inside
+ * for finer cut points). */
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "lockstep/autograd.h"
 #include "lockstep/pipeline.h"
+#include "optim/optim_impl.h" /* lk__optimizer_state_get_ex: the state by parameter name */
 #include "strategy/strategy_impl.h"
 
 typedef struct pipe_self {
@@ -33,6 +43,7 @@ typedef struct pipe_self {
     int chunks;
     char schedule[16];
     char split[512];
+    bool by_time;            /* trainer.pipeline.split time: the split waits for profile_blocks */
     int p;                   /* stages */
     int stage;               /* this rank's */
     int dp;                  /* replicas of each stage (the world / p) */
@@ -65,6 +76,10 @@ typedef struct pipe_self {
     float *weight;           /* [chunks] a short batch's micro-batch weights (rows_c * m / rows) */
     int64_t full_rows;       /* the first batch's rows: later batches with fewer are an epoch's short last one */
     lk_pipe_schedule *short_sched; /* the schedule for a short batch of fewer rows than chunks (its m) */
+    lk_pipe_schedule *fwd_sched;   /* evaluation's forward-only schedule (its m) */
+    int eval_m;                    /* ... the micro-batches of the batch in flight */
+    bool eval_noted;               /* ... said once on rank 0 */
+    lk_tensor *eval_out;           /* ... the last stage's outputs, joined (owned until handed over) */
     int64_t steps_run;
     lk_strategy *s;
 } pipe_self;
@@ -135,6 +150,8 @@ static void pipe_free(lk_strategy *s) {
     lk_comm_mesh_2d_free(&ps->mesh);
     lk_pipe_schedule_free(ps->sched);
     lk_pipe_schedule_free(ps->short_sched);
+    lk_pipe_schedule_free(ps->fwd_sched);
+    lk_tensor_release(ps->eval_out);
     lk_free(ps->mb);
     lk_free(ps->weight);
     lk_free(ps->tied);
@@ -206,18 +223,86 @@ static lk_status split_named(pipe_self *ps, const char *name) {
     return LK_STATUS_OK;
 }
 
+static bool is_seq(const lk_layer *l) { return l->type && !strcmp(l->type, "Sequential") && l->n_children > 1; }
+
+/* Appends block `l` named `name` to the list, or (expand) its children in
+ * its place when it is a Sequential, recursively. */
+static lk_status add_block(pipe_self *ps, int *cap, const char *name, lk_layer *l, bool expand) {
+    if (expand && is_seq(l)) {
+        for (int i = 0; i < l->n_children; i++) {
+            char *nm = dup_name(name, l->children[i].name);
+            if (!nm) return LK_STATUS_OUT_OF_MEMORY;
+            lk_status st = add_block(ps, cap, nm, l->children[i].layer, true);
+            lk_free(nm);
+            LK_TRY(st);
+        }
+        return LK_STATUS_OK;
+    }
+    if (ps->nblocks == *cap) {
+        int nc = *cap ? 2 * *cap : 16;
+        char **nn = lk_realloc(ps->bname, (size_t)nc * sizeof *nn);
+        if (!nn) return LK_STATUS_OUT_OF_MEMORY;
+        ps->bname = nn;
+        lk_layer **nl = lk_realloc(ps->blayer, (size_t)nc * sizeof *nl);
+        if (!nl) return LK_STATUS_OUT_OF_MEMORY;
+        ps->blayer = nl;
+        *cap = nc;
+    }
+    if (!(ps->bname[ps->nblocks] = dup_name(name, NULL))) return LK_STATUS_OUT_OF_MEMORY;
+    ps->blayer[ps->nblocks++] = l;
+    return LK_STATUS_OK;
+}
+
+/* The split's line on rank 0: each stage's blocks, parameters and (split
+ * by time) measured milliseconds. */
+static void log_split(lk_strategy *s, const int64_t *np, const double *ms) {
+    pipe_self *ps = s->self;
+    if (s->rank != 0) return;
+    char line[2048];
+    const char *how = ps->by_time ? "split by measured time" : ps->split[0] ? "trainer.pipeline.split" : "balanced by parameter count";
+    size_t len = (size_t)snprintf(line, sizeof line, "%s: %d stage%s (%s; schedule %s, %d micro-batch%s):", s->vt->name,
+                                  ps->p, ps->p == 1 ? "" : "s", how, ps->schedule, ps->chunks, ps->chunks == 1 ? "" : "es");
+    if (ps->dp > 1) len -= 1, len += (size_t)snprintf(line + len, sizeof line - len, " x %d data-parallel replicas:", ps->dp);
+    for (int k = 0; k < ps->p && len < sizeof line; k++) {
+        int64_t c = 0;
+        double t = 0;
+        for (int i = ps->first[k]; i < ps->first[k + 1]; i++) c += np[i], t += ms ? ms[i] : 0;
+        len += (size_t)snprintf(line + len, sizeof line - len, " [%s%s%s: %lld params", ps->bname[ps->first[k]],
+                                ps->first[k + 1] - ps->first[k] > 1 ? " .. " : "",
+                                ps->first[k + 1] - ps->first[k] > 1 ? ps->bname[ps->first[k + 1] - 1] : "", (long long)c);
+        if (len < sizeof line)
+            len += (size_t)(ms ? snprintf(line + len, sizeof line - len, ", %.3f ms]", t) : snprintf(line + len, sizeof line - len, "]"));
+    }
+    lk_log0("%s", line);
+}
+
 static lk_status set_blocks(lk_strategy *s, const lk_named_layer *blocks, int n) {
     pipe_self *ps = s->self;
     const char *name = s->vt->name;
-    /* a lone Sequential block (the mlp's "layers") is cut inside */
-    const char *prefix = NULL;
-    if (n == 1 && ps->p > 1 && blocks[0].layer->type && !strcmp(blocks[0].layer->type, "Sequential") &&
-        blocks[0].layer->n_children > 1) {
-        prefix = blocks[0].name;
-        n = blocks[0].layer->n_children;
-        blocks = blocks[0].layer->children;
-    }
+    /* trainer.pipeline.split: time (measured, lk_strategy_profile_blocks),
+     * parameters (the default, spelled out), or the first block of each
+     * stage after the first */
+    ps->by_time = !strcmp(ps->split, "time");
+    if (ps->by_time || !strcmp(ps->split, "parameters")) ps->split[0] = 0;
     if (n < 1) return lk_error(LK_STATUS_INVALID_ARGUMENT, "strategy %s: the model has no blocks to cut into stages", name);
+    /* A lone Sequential block (the mlp's "layers") is cut inside. Split by
+     * time, every Sequential block is (the autoencoder's encoder and
+     * decoder: finer cut points let the measured times balance; by
+     * parameters the cuts stay the model's own blocks, as they always were). */
+    int cap = 0;
+    lk_status st = LK_STATUS_OK;
+    bool lone = n == 1 && ps->p > 1 && is_seq(blocks[0].layer);
+    for (int i = 0; i < n && !st; i++) {
+        if (lone && !ps->by_time)
+            for (int j = 0; j < blocks[0].layer->n_children && !st; j++) {
+                char *nm = dup_name(blocks[0].name, blocks[0].layer->children[j].name);
+                st = nm ? add_block(ps, &cap, nm, blocks[0].layer->children[j].layer, false) : LK_STATUS_OUT_OF_MEMORY;
+                lk_free(nm);
+            }
+        else st = add_block(ps, &cap, blocks[i].name, blocks[i].layer, ps->by_time);
+    }
+    LK_TRY(st);
+    n = ps->nblocks;
     if (ps->p > n && ps->dp == 1)
         return lk_error(LK_STATUS_INVALID_ARGUMENT, "strategy %s: %d stages (one per process) but the model has only %d "
                         "block%s to cut: use at most %d devices", name, ps->p, n, n == 1 ? "" : "s", n);
@@ -225,40 +310,134 @@ static lk_status set_blocks(lk_strategy *s, const lk_named_layer *blocks, int n)
         return lk_error(LK_STATUS_INVALID_ARGUMENT, "strategy %s: %d stages (trainer.pipeline.stages) but the model has "
                         "only %d block%s to cut: use at most %d stage%s", name, ps->p, n, n == 1 ? "" : "s", n,
                         n == 1 ? "" : "s");
-    ps->nblocks = n;
-    ps->bname = lk_calloc((size_t)n, sizeof *ps->bname);
-    ps->blayer = lk_calloc((size_t)n, sizeof *ps->blayer);
     ps->first = lk_calloc((size_t)ps->p + 1, sizeof *ps->first);
     ps->stage_params = lk_calloc((size_t)ps->p, sizeof *ps->stage_params);
     int64_t *np = lk_calloc((size_t)n, sizeof *np);
-    lk_status st = ps->bname && ps->blayer && ps->first && ps->stage_params && np ? LK_STATUS_OK : LK_STATUS_OUT_OF_MEMORY;
-    for (int i = 0; i < n && !st; i++) {
-        ps->bname[i] = prefix ? dup_name(prefix, blocks[i].name) : dup_name(blocks[i].name, NULL);
-        ps->blayer[i] = blocks[i].layer;
-        np[i] = lk_layer_num_parameters(blocks[i].layer);
-        if (!ps->bname[i]) st = LK_STATUS_OUT_OF_MEMORY;
-    }
+    st = ps->first && ps->stage_params && np ? LK_STATUS_OK : LK_STATUS_OUT_OF_MEMORY;
+    for (int i = 0; i < n && !st; i++) np[i] = lk_layer_num_parameters(ps->blayer[i]);
     if (!st) {
         if (ps->split[0]) st = split_named(ps, name);
-        else split_balanced(ps, np);
+        else split_balanced(ps, np); /* by time: until the profile, which replaces it */
     }
-    if (!st && s->rank == 0) {
-        char line[1024];
-        size_t len = (size_t)snprintf(line, sizeof line, "%s: %d stage%s (%s; schedule %s, %d micro-batch%s):", name, ps->p,
-                                      ps->p == 1 ? "" : "s", ps->split[0] ? "trainer.pipeline.split" : "balanced by parameter count",
-                                      ps->schedule, ps->chunks, ps->chunks == 1 ? "" : "es");
-        if (ps->dp > 1)
-            len -= 1, len += (size_t)snprintf(line + len, sizeof line - len, " x %d data-parallel replicas:", ps->dp);
-        for (int k = 0; k < ps->p && len < sizeof line; k++) {
-            int64_t c = 0;
-            for (int i = ps->first[k]; i < ps->first[k + 1]; i++) c += np[i];
-            len += (size_t)snprintf(line + len, sizeof line - len, " [%s%s%s: %lld params]", ps->bname[ps->first[k]],
-                                    ps->first[k + 1] - ps->first[k] > 1 ? " .. " : "",
-                                    ps->first[k + 1] - ps->first[k] > 1 ? ps->bname[ps->first[k + 1] - 1] : "", (long long)c);
-        }
-        lk_log0("%s", line);
-    }
+    if (!st && !ps->by_time) log_split(s, np, NULL);
     lk_free(np);
+    return st;
+}
+
+/* The contiguous split of blocks with times t[0..n) into p stages whose
+ * slowest stage is the fastest possible (dynamic programming over the
+ * prefix sums: best[k][j] the slowest of the first j blocks in k stages). */
+static lk_status split_by_time(pipe_self *ps, const double *t) {
+    int n = ps->nblocks, p = ps->p;
+    double *pre = lk_calloc((size_t)n + 1, sizeof *pre), *best = lk_calloc((size_t)(p + 1) * (size_t)(n + 1), sizeof *best);
+    int *cut = lk_calloc((size_t)(p + 1) * (size_t)(n + 1), sizeof *cut);
+    if (!pre || !best || !cut) {
+        lk_free(pre), lk_free(best), lk_free(cut);
+        return LK_STATUS_OUT_OF_MEMORY;
+    }
+#define B(k, j) best[(size_t)(k) * (size_t)(n + 1) + (size_t)(j)]
+#define C(k, j) cut[(size_t)(k) * (size_t)(n + 1) + (size_t)(j)]
+    for (int i = 0; i < n; i++) pre[i + 1] = pre[i] + t[i];
+    for (int j = 0; j <= n; j++) B(1, j) = pre[j];
+    for (int k = 2; k <= p; k++)
+        for (int j = k; j <= n; j++) {
+            B(k, j) = INFINITY;
+            for (int i = k - 1; i < j; i++) { /* the last stage is blocks [i, j) */
+                double v = fmax(B(k - 1, i), pre[j] - pre[i]);
+                if (v < B(k, j)) B(k, j) = v, C(k, j) = i;
+            }
+        }
+    ps->first[p] = n;
+    for (int k = p, j = n; k >= 2; k--) j = ps->first[k - 1] = C(k, j);
+    ps->first[0] = 0;
+#undef B
+#undef C
+    lk_free(pre), lk_free(best), lk_free(cut);
+    return LK_STATUS_OK;
+}
+
+static bool wants_profile(const lk_strategy *s) {
+    const pipe_self *ps = s->self;
+    return ps->by_time && !s->wrapped;
+}
+
+/* One forward and backward of block b on a copy of *h (a leaf, so the
+ * time is the block's alone), timed; *h becomes the block's output. The
+ * input's gradient is computed as a stage computes it: for every block
+ * but the first (the batch itself needs none). */
+static lk_status time_block(lk_layer *b, lk_tensor **h, bool first, double *sec) {
+    enum { REPEATS = 5 }; /* after one warm-up: the least of five (a shared machine's noise only adds) */
+    double least = INFINITY;
+    lk_tensor *next = NULL;
+    lk_status st = LK_STATUS_OK;
+    for (int r = 0; r <= REPEATS && !st; r++) {
+        lk_scope_begin();
+        lk_tensor *in = lk_tensor_clone(*h);
+        if (!in) st = lk_last_status();
+        bool fl = in && (in->dtype == LK_F32 || in->dtype == LK_BF16 || in->dtype == LK_F16);
+        if (fl && !first) in->requires_grad = true;
+        double t0 = lk_time_now();
+        lk_tensor *out = st ? NULL : lk_layer_forward(b, in);
+        lk_tensor *g = out ? lk_tensor_full(out->dtype, out->ndim, out->shape, 1.0) : NULL;
+        if (!st && (!out || !g)) st = lk_last_status() ? lk_last_status() : LK_STATUS_OUT_OF_MEMORY;
+        if (!st && out->requires_grad) st = lk_backward_with(out, g);
+        double t1 = lk_time_now();
+        if (!st && r > 0) least = fmin(least, t1 - t0);
+        if (!st && r == REPEATS && !(next = lk_tensor_clone(out))) st = lk_last_status();
+        lk_tensor_release(g);
+        lk_tensor_release(in);
+        lk_scope_end();
+        lk_layer_zero_grad(b, true);
+    }
+    if (st) return st;
+    lk_tensor_release(*h);
+    *h = next;
+    *sec = least;
+    return LK_STATUS_OK;
+}
+
+static lk_status profile_blocks(lk_strategy *s, lk_tensor *x) {
+    pipe_self *ps = s->self;
+    int n = ps->nblocks;
+    double *t = lk_calloc((size_t)n, sizeof *t);
+    int64_t *np = lk_calloc((size_t)n, sizeof *np);
+    if (!t || !np) {
+        lk_free(t), lk_free(np);
+        return LK_STATUS_OUT_OF_MEMORY;
+    }
+    lk_status st = LK_STATUS_OK;
+    if (s->rank == 0) {
+        /* the rows one micro-batch has: what each stage runs at a time */
+        int64_t rows = x->ndim ? x->shape[0] : 1, mrows = rows / ps->chunks > 0 ? rows / ps->chunks : 1;
+        bool grad = lk_set_grad_enabled(true);
+        lk_scope_begin();
+        lk_tensor *v = x->ndim && mrows < rows ? lk_slice(x, 0, 0, mrows) : x;
+        lk_tensor *h = v ? lk_tensor_clone(v) : NULL;
+        lk_scope_end();
+        if (!h) st = lk_last_status() ? lk_last_status() : LK_STATUS_OUT_OF_MEMORY;
+        /* eval mode: batch norm's running statistics and dropout's draws stay as they were */
+        for (int i = 0; i < n; i++) lk_layer_train(ps->blayer[i], false);
+        for (int i = 0; i < n && !st; i++) {
+            st = time_block(ps->blayer[i], &h, i == 0, &t[i]);
+            if (st) st = lk_error(st, "strategy %s: trainer.pipeline.split time: profiling block %s: %s", s->vt->name,
+                                  ps->bname[i], lk_last_error());
+        }
+        for (int i = 0; i < n; i++) lk_layer_train(ps->blayer[i], true);
+        lk_set_grad_enabled(grad);
+        lk_tensor_release(h);
+    }
+    /* rank 0's failure reaches every rank as a NaN time, so none waits */
+    if (st && s->rank == 0) t[0] = NAN;
+    lk_status bs = s->world > 1 ? lk_comm_broadcast(s->comm, t, (size_t)n, LK_F64, 0) : LK_STATUS_OK;
+    if (!st) st = bs;
+    if (!st && isnan(t[0]))
+        st = lk_error(LK_STATUS_REMOTE, "strategy %s: trainer.pipeline.split time: rank 0 failed to profile the blocks",
+                      s->vt->name);
+    for (int i = 0; i < n && !st; i++) t[i] *= 1e3, np[i] = lk_layer_num_parameters(ps->blayer[i]);
+    if (!st) st = split_by_time(ps, t);
+    if (!st) log_split(s, np, t);
+    if (!st) ps->by_time = false; /* done: wrap takes this split */
+    lk_free(t), lk_free(np);
     return st;
 }
 
@@ -365,6 +544,11 @@ static lk_status wrap(lk_strategy *s, lk_layer *net) {
     if (!ps->first)
         return lk_error(LK_STATUS_INVALID_USAGE, "strategy %s: the model's blocks were not given before wrap "
                         "(lk_strategy_set_blocks)", s->vt->name);
+    if (ps->by_time) { /* a C caller that gave no batch to profile */
+        lk_warn0("strategy %s: trainer.pipeline.split time, but no batch was profiled (lk_strategy_profile_blocks): "
+                 "the stages are balanced by parameter count", s->vt->name);
+        ps->by_time = false;
+    }
     lk_named_tensors all = {0};
     LK_TRY(lk_layer_named_parameters(net, &all));
     lk_status st = stage_params(ps, &all);
@@ -443,6 +627,31 @@ static lk_status reduce_tied(lk_strategy *s) {
     return LK_STATUS_OK;
 }
 
+/* The batch's rows cut into m micro-batches (views) that differ by at most
+ * one row, and each one's weight rows_c * m / rows (ps->mb, ps->weight). */
+static lk_status cut_batch(pipe_self *ps, const lk_batch *b, int m) {
+    if (!ps->mb && !(ps->mb = lk_calloc((size_t)ps->chunks, sizeof *ps->mb))) return LK_STATUS_OUT_OF_MEMORY;
+    if (!ps->weight && !(ps->weight = lk_calloc((size_t)ps->chunks, sizeof *ps->weight))) return LK_STATUS_OUT_OF_MEMORY;
+    int64_t base = b->size / m, extra = b->size % m, at = 0;
+    for (int c = 0; c < m; c++) {
+        int64_t rows = base + (c < extra);
+        lk_batch *x = &ps->mb[c];
+        *x = *b;
+        x->size = rows;
+        x->sample_index = b->sample_index ? b->sample_index + at : NULL;
+        for (int f = 0; f < b->nfields; f++) {
+            lk_array *fa = &x->field[f];
+            if (fa->ndim < 1 || fa->shape[0] != b->size) continue; /* not per sample */
+            size_t row = lk_array_nbytes(fa) / (size_t)fa->shape[0];
+            fa->shape[0] = rows;
+            fa->data = (char *)fa->data + (size_t)at * row;
+        }
+        ps->weight[c] = (float)((double)rows * m / (double)b->size);
+        at += rows;
+    }
+    return LK_STATUS_OK;
+}
+
 static lk_status training_step(lk_strategy *s, const lk_step_args *a, lk_step_result *r) {
     pipe_self *ps = s->self;
     const lk_step_fn *fn = &s->fn;
@@ -469,30 +678,15 @@ static lk_status training_step(lk_strategy *s, const lk_step_args *a, lk_step_re
         m = (int)b->size;
         if (!ps->short_sched || lk_pipe_schedule_chunks(ps->short_sched) != m) {
             lk_pipe_schedule_free(ps->short_sched);
+    lk_pipe_schedule_free(ps->fwd_sched);
+    lk_tensor_release(ps->eval_out);
             ps->short_sched = NULL;
             LK_TRY(lk_pipe_schedule_make(ps->schedule, ps->p, m, &ps->short_sched));
         }
         sched = ps->short_sched;
     }
-    if (!ps->mb && !(ps->mb = lk_calloc((size_t)ps->chunks, sizeof *ps->mb))) return LK_STATUS_OUT_OF_MEMORY;
-    if (!ps->weight && !(ps->weight = lk_calloc((size_t)ps->chunks, sizeof *ps->weight))) return LK_STATUS_OUT_OF_MEMORY;
-    int64_t base = b->size / m, extra = b->size % m, at = 0;
-    for (int c = 0; c < m; c++) {
-        int64_t rows = base + (c < extra);
-        lk_batch *x = &ps->mb[c];
-        *x = *b;
-        x->size = rows;
-        x->sample_index = b->sample_index ? b->sample_index + at : NULL;
-        for (int f = 0; f < b->nfields; f++) {
-            lk_array *fa = &x->field[f];
-            if (fa->ndim < 1 || fa->shape[0] != b->size) continue; /* not per sample */
-            size_t row = lk_array_nbytes(fa) / (size_t)fa->shape[0];
-            fa->shape[0] = rows;
-            fa->data = (char *)fa->data + (size_t)at * row;
-        }
-        ps->weight[c] = (float)((double)rows * m / (double)b->size);
-        at += rows;
-    }
+    LK_TRY(cut_batch(ps, b, m));
+    int64_t extra = b->size % m;
     /* each micro-batch's loss is its mean: 1/m of it makes the batch's mean
      * (m = 1: untouched, the bits single has), then accumulation and the
      * loss scaler as the local step applies them */
@@ -534,6 +728,89 @@ static lk_status training_step(lk_strategy *s, const lk_step_args *a, lk_step_re
     r->loss = loss_sum / m;
     if (fn->pipe_log_loss) LK_TRY(fn->pipe_log_loss(fn->ctx, r->loss));
     if (fn->check_loss) LK_TRY(fn->check_loss(fn->ctx, r->loss));
+    return LK_STATUS_OK;
+}
+
+/* ---- evaluation: a forward-only schedule ---------------------------------
+ * Validation inside fit runs the batch through the stages as training
+ * does, forwards only (micro-batches flow stage 0 -> last, nothing comes
+ * back), so no rank needs the other stages' blocks; the last stage's
+ * outputs, joined in row order, are broadcast over the pipeline group and
+ * every rank runs the module's step on them (the same loss and metrics on
+ * every rank: what single computes on that batch). */
+
+static lk_status stage_output(void *ctx, int chunk, lk_tensor *out) {
+    pipe_self *ps = ctx;
+    int64_t at = 0, rows = 0;
+    for (int c = 0; c < chunk; c++) at += ps->mb[c].size;
+    for (int c = 0; c < ps->eval_m; c++) rows += ps->mb[c].size;
+    if (!lk_device_is_host(out->device))
+        return lk_error(LK_STATUS_UNSUPPORTED, "pipeline evaluation: outputs on the host only");
+    if (!ps->eval_out) {
+        int64_t shape[LK_MAX_DIMS];
+        for (int d = 0; d < out->ndim; d++) shape[d] = out->shape[d];
+        shape[0] = rows;
+        if (out->ndim < 1 || !(ps->eval_out = lk_tensor_empty(out->dtype, out->ndim, shape)))
+            return out->ndim < 1 ? lk_error(LK_STATUS_INVALID_ARGUMENT, "pipeline evaluation: the model's output has no rows")
+                                 : lk_last_status();
+    }
+    lk_tensor *all = ps->eval_out;
+    if (out->dtype != all->dtype || out->ndim != all->ndim || out->shape[0] != ps->mb[chunk].size)
+        return lk_error(LK_STATUS_INVALID_ARGUMENT, "pipeline evaluation: micro-batch %d's output differs in dtype or "
+                        "shape from micro-batch 0's", chunk);
+    lk_tensor *c = lk_contiguous(out);
+    if (!c) return lk_last_status();
+    size_t row = lk_tensor_nbytes(all) / (size_t)(rows ? rows : 1);
+    if (lk_tensor_nbytes(c) != row * (size_t)out->shape[0])
+        return lk_error(LK_STATUS_INVALID_ARGUMENT, "pipeline evaluation: micro-batch %d's output rows differ in size", chunk);
+    memcpy((char *)all->data + (size_t)at * row, c->data, lk_tensor_nbytes(c));
+    return LK_STATUS_OK;
+}
+
+static bool evals_forward(const lk_strategy *s) { return s->attached && s->fn.pipe_input; }
+
+static lk_status eval_forward(lk_strategy *s, const lk_batch *b, lk_tensor **out) {
+    pipe_self *ps = s->self;
+    *out = NULL;
+    if (b->size < 1) return lk_error(LK_STATUS_INVALID_ARGUMENT, "strategy %s: an empty batch", s->vt->name);
+    int m = b->size < ps->chunks ? (int)b->size : ps->chunks;
+    if (!ps->fwd_sched || lk_pipe_schedule_chunks(ps->fwd_sched) != m) {
+        lk_pipe_schedule_free(ps->fwd_sched);
+        ps->fwd_sched = NULL;
+        LK_TRY(lk_pipe_schedule_make("forward", ps->p, m, &ps->fwd_sched));
+    }
+    LK_TRY(cut_batch(ps, b, m));
+    ps->eval_m = m;
+    if (!ps->eval_noted) {
+        ps->eval_noted = true;
+        lk_log0("%s: evaluation runs forward-only through the %d stages (%d micro-batch%s per batch), the last "
+                "stage's outputs sent to every stage", s->vt->name, ps->p, m, m == 1 ? "" : "es");
+    }
+    lk_pipe_stage st = {.comm = ps->pp, .blocks = ps->blayer + ps->first[ps->stage],
+                        .nblocks = ps->first[ps->stage + 1] - ps->first[ps->stage], .ctx = ps,
+                        .input = stage_input, .output = stage_output};
+    lk_status rc = lk_pipe_run(ps->fwd_sched, &st, NULL);
+    /* the last stage's outputs to every stage: a header (dtype, ndim, dims), then the data */
+    int64_t hdr[2 + LK_MAX_DIMS] = {0};
+    lk_tensor *all = ps->eval_out;
+    ps->eval_out = NULL;
+    if (!rc && ps->stage == ps->p - 1) {
+        hdr[0] = all->dtype, hdr[1] = all->ndim;
+        for (int d = 0; d < all->ndim; d++) hdr[2 + d] = all->shape[d];
+    }
+    if (!rc && ps->p > 1) rc = lk_comm_broadcast(ps->pp, hdr, 2 + LK_MAX_DIMS, LK_I64, ps->p - 1);
+    if (!rc && ps->stage != ps->p - 1) {
+        lk_tensor_release(all);
+        if (hdr[0] < 0 || hdr[0] >= LK_DTYPE_COUNT || hdr[1] < 1 || hdr[1] > LK_MAX_DIMS)
+            return lk_error(LK_STATUS_INTERNAL, "strategy %s: the last stage's output header is corrupt", s->vt->name);
+        if (!(all = lk_tensor_empty((lk_dtype)hdr[0], (int)hdr[1], hdr + 2))) rc = lk_last_status();
+    }
+    if (!rc && ps->p > 1) rc = lk_comm_broadcast(ps->pp, all->data, (size_t)all->numel, all->dtype, ps->p - 1);
+    if (rc) {
+        lk_tensor_release(all);
+        return rc;
+    }
+    *out = all;
     return LK_STATUS_OK;
 }
 
@@ -584,13 +861,148 @@ static lk_comm *dp_comm(lk_strategy *s) {
     return ps->dp > 1 ? ps->mesh.dp : NULL;
 }
 
-/* Each stage's optimizer holds its own blocks' state, and the checkpoint is
- * rank 0's (the whole model's weights, gathered, but stage 0's optimizer
- * state): resuming would leave stages 1.. without theirs. */
-static const char *resume_unsupported(const lk_strategy *s) {
-    return s->world > 1 ? "its checkpoint holds stage 0's optimizer state only; gathering every stage's is not "
-                          "built yet (validate, test and predict load the weights, which are whole)"
-                        : NULL;
+/* ---- the optimizer's state in a checkpoint --------------------------------
+ * Each stage's optimizer holds its own blocks' state, under the net's
+ * parameter names. A checkpoint is one consolidated file (rank 0 writes
+ * it), so rank 0 gathers every stage's entries by name; on a load every
+ * rank keeps the entries of its own parameters. The file is then the one
+ * single or ddp writes, and loads into them (and theirs into a pipeline). */
+
+/* A list of named tensors as one byte string, so that a stage's state of
+ * any optimizer goes to rank 0 as two messages (its length, then it):
+ * per entry the name's length and bytes, dtype, ndim, dims, the data. */
+static lk_status pack_named(const lk_named_tensors *l, uint8_t **out, int64_t *len) {
+    size_t n = 0;
+    for (int i = 0; i < l->n; i++)
+        n += 4 + strlen(l->items[i].name) + 8 + 8 * (size_t)l->items[i].tensor->ndim + lk_tensor_nbytes(l->items[i].tensor);
+    uint8_t *b = lk_malloc(n ? n : 1), *at = b;
+    if (!b) return LK_STATUS_OUT_OF_MEMORY;
+    for (int i = 0; i < l->n; i++) {
+        const lk_tensor *t = l->items[i].tensor;
+        uint32_t nl = (uint32_t)strlen(l->items[i].name);
+        int32_t dn[2] = {(int32_t)t->dtype, (int32_t)t->ndim};
+        size_t nb = lk_tensor_nbytes(t);
+        if (!lk_device_is_host(t->device) || !lk_tensor_is_contiguous(t)) {
+            lk_free(b);
+            return lk_error(LK_STATUS_INTERNAL, "pipeline: optimizer state '%s' is not a contiguous host tensor",
+                            l->items[i].name);
+        }
+        memcpy(at, &nl, 4), at += 4;
+        memcpy(at, l->items[i].name, nl), at += nl;
+        memcpy(at, dn, 8), at += 8;
+        memcpy(at, t->shape, 8 * (size_t)t->ndim), at += 8 * (size_t)t->ndim;
+        memcpy(at, t->data, nb), at += nb;
+    }
+    *out = b;
+    *len = (int64_t)n;
+    return LK_STATUS_OK;
+}
+
+/* Appends the entries of a packed list whose names `into` lacks (a tied
+ * parameter's state, held by each of its stages alike, is kept once). */
+static lk_status unpack_named(const uint8_t *b, int64_t len, int from, lk_named_tensors *into) {
+    const uint8_t *at = b, *end = b + len;
+    char name[600];
+    while (at < end) {
+        uint32_t nl;
+        int32_t dn[2];
+        int64_t shape[LK_MAX_DIMS];
+        bool ok = end - at >= 4 && (memcpy(&nl, at, 4), at += 4, nl < sizeof name && end - at >= (ptrdiff_t)nl + 8);
+        if (ok) {
+            memcpy(name, at, nl), name[nl] = 0, at += nl;
+            memcpy(dn, at, 8), at += 8;
+            ok = dn[0] >= 0 && dn[0] < LK_DTYPE_COUNT && dn[1] >= 0 && dn[1] <= LK_MAX_DIMS &&
+                 end - at >= 8 * (ptrdiff_t)dn[1];
+        }
+        if (ok) memcpy(shape, at, 8 * (size_t)dn[1]), at += 8 * (size_t)dn[1];
+        lk_tensor *t = ok ? lk_tensor_empty((lk_dtype)dn[0], dn[1], shape) : NULL;
+        if (ok && !t) return lk_last_status();
+        size_t nb = t ? lk_tensor_nbytes(t) : 0;
+        if (!ok || end - at < (ptrdiff_t)nb) {
+            lk_tensor_release(t);
+            return lk_error(LK_STATUS_INTERNAL, "pipeline: the optimizer state rank %d sent for the checkpoint is "
+                            "truncated or corrupt", from);
+        }
+        memcpy(t->data, at, nb), at += nb;
+        lk_status st = lk_named_tensors_find(into, name) ? LK_STATUS_OK : lk_named_tensors_append(into, name, t);
+        lk_tensor_release(t);
+        LK_TRY(st);
+    }
+    return LK_STATUS_OK;
+}
+
+/* The whole model's optimizer state on rank 0 (every stage's, point to
+ * point from each stage's first replica: the replicas hold the same); on
+ * the other ranks their own. Every rank calls it (checkpoint.c gathers
+ * with the state dict). Without the arrays (a sharded set's metadata,
+ * which this strategy never writes) no message moves: this rank's own. */
+static lk_status optimizer_state(lk_strategy *s, lk_optimizer *o, lk_named_tensors *out, bool arrays) {
+    pipe_self *ps = s->self;
+    LK_TRY(lk__optimizer_state_get_ex(o, out, arrays));
+    if (!arrays || s->world == 1 || ps->p == 1) return LK_STATUS_OK;
+    for (int k = 1; k < ps->p; k++) {
+        int src = k * ps->dp;
+        if (s->rank != src && s->rank != 0) continue;
+        uint8_t *buf = NULL;
+        int64_t len = 0;
+        lk_status st;
+        if (s->rank == src) {
+            st = pack_named(out, &buf, &len);
+            if (!st) st = lk_comm_send(s->comm, &len, 1, LK_I64, 0);
+            if (!st) st = lk_comm_send(s->comm, buf, (size_t)len, LK_U8, 0);
+        } else {
+            st = lk_comm_recv(s->comm, &len, 1, LK_I64, src);
+            if (!st && (len < 0 || !(buf = lk_malloc(len ? (size_t)len : 1)))) st = LK_STATUS_OUT_OF_MEMORY;
+            if (!st) st = lk_comm_recv(s->comm, buf, (size_t)len, LK_U8, src);
+            if (!st) st = unpack_named(buf, len, src, out);
+        }
+        lk_free(buf);
+        if (st) return lk_error(st, "strategy %s: gathering stage %d's optimizer state for a checkpoint: %s", s->vt->name,
+                                k, lk_last_error());
+    }
+    return LK_STATUS_OK;
+}
+
+/* Whether "state.<param>.<field>" names a parameter of stage k. */
+static bool state_of(const pipe_self *ps, int k, const char *name) {
+    const char *rest = name + 6, *dot = strrchr(rest, '.');
+    if (!dot) return false;
+    size_t n = (size_t)(dot - rest);
+    for (int j = 0; j < ps->stage_params[k].n; j++) {
+        const char *pn = ps->stage_params[k].items[j].name;
+        if (strlen(pn) == n && !strncmp(pn, rest, n)) return true;
+    }
+    return false;
+}
+
+/* A checkpoint's optimizer state (any strategy's: every parameter's
+ * entries) loaded into this stage's optimizer: the hyperparameters and its
+ * own parameters' entries; the other stages' are theirs. An entry of no
+ * stage's parameter stays, so that the optimizer names it as unknown. */
+static lk_status optimizer_state_load(lk_strategy *s, lk_optimizer *o, const lk_named_tensors *state) {
+    pipe_self *ps = s->self;
+    lk_named_tensors mine = {0};
+    lk_status st = LK_STATUS_OK;
+    for (int i = 0; i < state->n && !st; i++) {
+        const char *nm = state->items[i].name;
+        bool keep = true;
+        if (!strncmp(nm, "state.", 6) && !state_of(ps, ps->stage, nm)) {
+            bool other = false;
+            for (int k = 0; k < ps->p && !other; k++) other = state_of(ps, k, nm);
+            keep = !other;
+        }
+        if (keep) st = lk_named_tensors_append(&mine, nm, state->items[i].tensor);
+    }
+    if (!st) st = lk_optimizer_state_load(o, &mine);
+    lk_named_tensors_clear(&mine);
+    return st;
+}
+
+/* Every rank read the whole model from the file: every copy is current. */
+static lk_status state_dict_loaded(lk_strategy *s) {
+    pipe_self *ps = s->self;
+    ps->stale = false;
+    return LK_STATUS_OK;
 }
 
 const lk_strategy_vt lk__strategy_model_parallel = {
@@ -599,6 +1011,8 @@ const lk_strategy_vt lk__strategy_model_parallel = {
     .create = create_mp,
     .free = pipe_free,
     .set_blocks = set_blocks,
+    .wants_profile = wants_profile,
+    .profile_blocks = profile_blocks,
     .wrap = wrap,
     .training_step = training_step,
     .after_step = after_step,
@@ -606,7 +1020,11 @@ const lk_strategy_vt lk__strategy_model_parallel = {
     .state_dict = state_dict,
     .sync_model = sync_model,
     .dp_comm = dp_comm,
-    .resume_unsupported = resume_unsupported,
+    .optimizer_state = optimizer_state,
+    .optimizer_state_load = optimizer_state_load,
+    .state_dict_loaded = state_dict_loaded,
+    .evals_forward = evals_forward,
+    .eval_forward = eval_forward,
 };
 
 const lk_strategy_vt lk__strategy_pipeline = {
@@ -615,6 +1033,8 @@ const lk_strategy_vt lk__strategy_pipeline = {
     .create = create_pipe,
     .free = pipe_free,
     .set_blocks = set_blocks,
+    .wants_profile = wants_profile,
+    .profile_blocks = profile_blocks,
     .wrap = wrap,
     .training_step = training_step,
     .after_step = after_step,
@@ -622,5 +1042,9 @@ const lk_strategy_vt lk__strategy_pipeline = {
     .state_dict = state_dict,
     .sync_model = sync_model,
     .dp_comm = dp_comm,
-    .resume_unsupported = resume_unsupported,
+    .optimizer_state = optimizer_state,
+    .optimizer_state_load = optimizer_state_load,
+    .state_dict_loaded = state_dict_loaded,
+    .evals_forward = evals_forward,
+    .eval_forward = eval_forward,
 };

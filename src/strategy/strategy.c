@@ -200,6 +200,28 @@ bool lk_strategy_needs_blocks(const lk_strategy *s) { return s->vt->set_blocks !
 lk_status lk_strategy_set_blocks(lk_strategy *s, const lk_named_layer *blocks, int n) {
     return s->vt->set_blocks ? s->vt->set_blocks(s, blocks, n) : LK_STATUS_OK;
 }
+bool lk_strategy_wants_block_profile(const lk_strategy *s) {
+    return s->vt->wants_profile && s->vt->wants_profile(s);
+}
+
+bool lk_strategy_evals_forward(const lk_strategy *s) {
+    return s && s->wrapped && s->vt->evals_forward && s->vt->evals_forward(s);
+}
+
+lk_status lk_strategy_eval_forward(lk_strategy *s, const lk_batch *b, lk_tensor **out) {
+    if (out) *out = NULL;
+    if (!b || !out) return lk_error(LK_STATUS_INVALID_ARGUMENT, "lk_strategy_eval_forward: NULL batch or out");
+    if (!lk_strategy_evals_forward(s))
+        return lk_error(LK_STATUS_INVALID_USAGE, "lk_strategy_eval_forward: strategy %s runs no forward of its own "
+                        "(lk_strategy_evals_forward)", s->vt->name);
+    return s->vt->eval_forward(s, b, out);
+}
+
+lk_status lk_strategy_profile_blocks(lk_strategy *s, lk_tensor *x) {
+    if (!lk_strategy_wants_block_profile(s)) return LK_STATUS_OK;
+    if (!x) return lk_error(LK_STATUS_INVALID_ARGUMENT, "lk_strategy_profile_blocks: NULL input");
+    return s->vt->profile_blocks(s, x);
+}
 const lk_named_tensors *lk_strategy_local_params(const lk_strategy *s) { return &s->local; }
 int lk_strategy_num_units(const lk_strategy *s) { return s->nunits; }
 

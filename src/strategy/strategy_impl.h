@@ -69,6 +69,14 @@ typedef struct lk_strategy_vt {
     /* (pipelines) The network's blocks before wrap (lk_strategy_set_blocks);
      * NULL: the strategy needs none. */
     lk_status (*set_blocks)(lk_strategy *s, const lk_named_layer *blocks, int n);
+    /* (optional, pipelines) Whether the split waits for a profile of the
+     * blocks, and that profile (lk_strategy_profile_blocks). */
+    bool (*wants_profile)(const lk_strategy *s);
+    /* (optional, pipelines) Whether evaluation runs through the strategy's
+     * forward, and that forward (lk_strategy_eval_forward). */
+    bool (*evals_forward)(const lk_strategy *s);
+    lk_status (*eval_forward)(lk_strategy *s, const lk_batch *b, lk_tensor **out);
+    lk_status (*profile_blocks)(lk_strategy *s, lk_tensor *x);
     /* (optional) Every rank's copy of the whole model made current before
      * it runs whole (lk_strategy_sync_model; a collective); NULL: nothing
      * (the replicas' copies always are). */

@@ -149,6 +149,11 @@ static const lk_module_vtable builtin_vt_owned = {
     .setup = builtin_setup,
 };
 
+/* Its steps take the net's output through lk_module_forward alone: a
+ * pipeline may hand them an output its stages computed (eval.c). */
+bool lk__module_forward_only_via_module(const lk_module *m) { return m && m->vt == &builtin_vt_owned; }
+
+
 static char *kv_yaml(const char *section, const char *name, const lk_model_kv *args, int n) {
     char *buf = NULL;
     size_t len = 0;

@@ -126,6 +126,10 @@ static lk_status write_state(lk_trainer *tr, const char *path, bool weights_only
         {"precision", tr->cfg.precision}, /* Lightning's full name: lk_trainer_create resolved an alias */
     };
     int nmeta = 13;
+    /* the ranks that read different data (a pipeline's stages read the same): what the data position scales by */
+    char dpsize[16];
+    snprintf(dpsize, sizeof dpsize, "%d", lk_strategy_dp_size(tr->strat));
+    meta[nmeta++] = (lk_st_meta){"data_parallel_size", dpsize};
     if (weights_only) meta[nmeta++] = (lk_st_meta){"weights_only", "true"};
     for (int i = 0; i < nextra && i < 4; i++) meta[nmeta++] = extra[i];
     /* The logged metrics (inside an epoch with every rank's sums so far:
@@ -365,6 +369,8 @@ static lk_status load_counters(lk_trainer *tr, const lk_st_file *f, const char *
     /* (times world_size below, within int64) */
     LK_TRY(meta_int(f, path, "batch_in_epoch", 0, 0, INT32_MAX, &batch));
     LK_TRY(meta_int(f, path, "world_size", 1, 1, 1 << 24, &world));
+    long long dp; /* absent before it was written: the world read the data */
+    LK_TRY(meta_int(f, path, "data_parallel_size", world, 1, 1 << 24, &dp));
     for (int j = 0; j < tr->nckpts; j++) {
         lk_ckpt_state *k = &tr->ckpts[j];
         char key[48], sfx[16] = "";
@@ -407,11 +413,13 @@ static lk_status load_counters(lk_trainer *tr, const lk_st_file *f, const char *
     tr->epoch = epoch;
     tr->global_step = step;
     tr->resume_batch = batch;
-    if (world != tr->world) {
-        lk_warn0("%s was written by %lld process%s, this run has %d: weights, optimizer state and counters "
-                 "are restored, but the data order differs from an uninterrupted run",
-                 path, world, world > 1 ? "es" : "", tr->world);
-        tr->resume_batch = tr->resume_batch * world / tr->world;
+    int dp_now = lk_strategy_dp_size(tr->strat);
+    if (dp != dp_now) {
+        lk_warn0("%s was written by %lld process%s, this run has %d (counting those that read different data): "
+                 "weights, optimizer state and counters are restored, but the data order differs from an "
+                 "uninterrupted run",
+                 path, dp, dp > 1 ? "es" : "", dp_now);
+        tr->resume_batch = tr->resume_batch * dp / dp_now;
     }
     if (tr->nckpts) { /* what ckpt_path=best and run.json report */
         tr->best_score = tr->ckpts[0].best_score;

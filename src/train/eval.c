@@ -11,9 +11,13 @@ static bool is_rank0(const lk_trainer *tr) { return tr->rank == 0; }
 
 lk_status lk__run_eval(lk_trainer *tr, lk_loader *loader, const char *stage, int64_t limit, uint64_t epoch,
                           const char *title) {
-    /* a pipeline's stages updated only their own blocks: the whole model runs here */
-    LK_TRY(lk_strategy_sync_model(tr->strat));
     lk_module *m = tr->module;
+    /* A pipeline inside fit runs the batches through its stages, forwards
+     * only, and the module's step takes the output from there; otherwise
+     * (a module whose steps may run its net directly, or no fit) its stages
+     * updated only their own blocks: the whole model runs here, refreshed. */
+    bool piped = lk_strategy_evals_forward(tr->strat) && lk__module_forward_only_via_module(m);
+    if (!piped) LK_TRY(lk_strategy_sync_model(tr->strat));
     const char *saved_stage = tr->stage;
     tr->stage = stage;
     lk__metrics_reset_epoch(tr, stage);
@@ -48,8 +52,13 @@ lk_status lk__run_eval(lk_trainer *tr, lk_loader *loader, const char *stage, int
         tr->batch_idx = i;
         lk_scope_begin();
         lk_autocast_enter(tr->autocast); /* evaluation runs in the precision it trains in, as Lightning's */
-        if (!strcmp(stage, "test")) st = lk_module_test_step(m, b, i, tr);
-        else st = lk_module_validation_step(m, b, i, tr);
+        lk_tensor *out = NULL; /* the stages' output, which the step's lk_module_forward answers */
+        if (piped) st = lk_strategy_eval_forward(tr->strat, b, &out);
+        lk__module_forward_replay(out);
+        if (!st && !strcmp(stage, "test")) st = lk_module_test_step(m, b, i, tr);
+        else if (!st) st = lk_module_validation_step(m, b, i, tr);
+        lk__module_forward_replay(NULL);
+        lk_tensor_release(out);
         lk_autocast_exit();
         lk_scope_end();
         if (tr->progress) lk_progress_update_eval(tr->progress, i + 1);

@@ -50,10 +50,29 @@ static lk_status setup_sync_batchnorm(lk_trainer *tr, lk_module *m) {
     return LK_STATUS_OK;
 }
 
+/* A pipeline split by measured time profiles its blocks on the first
+ * training batch (as the model brings it to its first block); the loader
+ * restarts at the first epoch afterwards, so the data order is the same. */
+static lk_status profile_blocks(lk_trainer *tr, lk_loader *train) {
+    const lk_batch *b = NULL;
+    lk_status st = lk_loader_start(train, 0, 0);
+    if (!st) st = lk_loader_next(train, &b);
+    if (!st && !b) st = lk_error(LK_STATUS_INVALID_ARGUMENT, "trainer.pipeline.split time: no training batch to profile");
+    lk_scope_begin();
+    lk_tensor *x = st ? NULL : lk_model_blocks_input(tr->module->net, lk_batch_tensor(b, 0));
+    if (!st && !x) st = lk_last_status();
+    /* a collective: every rank takes part, a failed one with no input */
+    lk_tensor *none = x ? NULL : lk_tensor_empty(LK_F32, 0, NULL);
+    lk_status ps = x || none ? lk_strategy_profile_blocks(tr->strat, x ? x : none) : LK_STATUS_OUT_OF_MEMORY;
+    lk_tensor_release(none);
+    lk_scope_end();
+    return st ? st : ps;
+}
+
 /* The module wrapped by the strategy, which decides the parameter layout
  * (which parameters this rank holds, in which flat buffers: tr->params is
  * its list), then the optimizer and scheduler over them (optim_factory.c). */
-static lk_status setup_params(lk_trainer *tr, int64_t steps_per_epoch) {
+static lk_status setup_params(lk_trainer *tr, int64_t steps_per_epoch, lk_loader *train) {
     if (lk_strategy_wrapped(tr->strat)) /* the strategy holds the module of an earlier fit on this trainer */
         return lk_error(LK_STATUS_INVALID_USAGE, "fit: call lk_trainer_fit once per trainer (create another to fit again)");
     if (lk_strategy_needs_blocks(tr->strat)) { /* model_parallel, pipeline: stages of the model's blocks */
@@ -63,6 +82,7 @@ static lk_status setup_params(lk_trainer *tr, int64_t steps_per_epoch) {
             return lk_error(lk_last_status(), "strategy %s cuts the model into stages of blocks: %s", lk_strategy_name(tr->strat),
                             lk_last_error());
         LK_TRY(lk_strategy_set_blocks(tr->strat, blocks, nb));
+        if (lk_strategy_wants_block_profile(tr->strat)) LK_TRY(profile_blocks(tr, train));
     }
     LK_TRY(lk_strategy_wrap(tr->strat, tr->module->net));
 
@@ -369,7 +389,7 @@ lk_status lk_trainer_fit(lk_trainer *tr, lk_module *m, lk_datamodule *dm, const 
                           (long long)c->val_check_interval.value, (long long)n_train,
                           (long long)c->val_check_interval.value);
     }
-    if (!st) st = setup_params(tr, n_train / (tr->accum ? tr->accum : 1) + 1);
+    if (!st) st = setup_params(tr, n_train / (tr->accum ? tr->accum : 1) + 1, train);
     if (!st) st = lk__prof_create(tr);
     if (!st && c->sync_batchnorm) st = setup_sync_batchnorm(tr, m);
     if (!st) {

@@ -9,6 +9,7 @@
 #include <math.h>
 #include <stdio.h>
 
+#include "lockstep/models.h" /* lk_model_blocks_input: a pipeline's first stage */
 #include "device/gpu.h"
 #include "train/accelerator.h"
 #include "tensor/tensor_impl.h"
@@ -125,10 +126,12 @@ void lk__replicas_free(lk_trainer *tr) {
 
 /* model_parallel, pipeline: the module's forward and loss apart. The first
  * stage's input is the batch's field 0 (what a module's forward from its
- * net takes); the last stage's loss is the module's. */
+ * net takes) as the net's forward brings it to its first block (the
+ * autoencoder flattens images: skipping that fed [N, 1, 28, 28] to a
+ * Linear); the last stage's loss is the module's. */
 static lk_tensor *step_pipe_input(void *ctx, const lk_batch *b) {
-    (void)ctx;
-    return lk_batch_tensor(b, 0);
+    lk_trainer *tr = ctx;
+    return lk_model_blocks_input(tr->module->net, lk_batch_tensor(b, 0));
 }
 
 static lk_tensor *step_pipe_loss(void *ctx, lk_tensor *out, const lk_batch *b) {

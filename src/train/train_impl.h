@@ -277,6 +277,13 @@ lk_status lk__log_loss(lk_trainer *tr, const char *name, const lk_tensor *loss, 
  * lk_log_metric(tr, name, lk_tensor_item(t), opts) gives now, which is
  * what the host (and a training step, dp, an f64 value) does. */
 lk_status lk__log_tensor(lk_trainer *tr, const char *name, const lk_tensor *t, const lk_log_opts *opts);
+/* Whether module m's steps run its net only through lk_module_forward (the
+ * built-in modules): then lk__module_forward_replay can stand in for it. */
+bool lk__module_forward_only_via_module(const lk_module *m);
+/* While set (this thread), lk_module_forward answers `out` (borrowed) for
+ * a batch of its rows instead of running the module's forward: the output
+ * a pipeline's stages computed. NULL ends it. */
+void lk__module_forward_replay(lk_tensor *out);
 /* The accuracy of logits [N, C] (f32, bf16 or f16) against targets [N]
  * (i64, i32 or u8) on one device: the count of rows whose first maximum is
  * the target (LK_OP_ACCURACY: ties keep the earlier class, a NaN never

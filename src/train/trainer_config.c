@@ -80,7 +80,8 @@ static const lk_param trainer_params[] = {
     T("pipeline_schedule", ENUM, pipeline_schedule, "1f1b", 1, 0, "gpipe|1f1b",
       "pipeline: the schedule (trainer.pipeline.schedule; docs/PIPELINE.md)"),
     T("pipeline_split", STRING, pipeline_split, "", 1, 0, NULL,
-      "model_parallel, pipeline: each stage's first block after the first, comma-separated (empty: balanced by parameter count)"),
+      "model_parallel, pipeline: each stage's first block after the first, comma-separated; 'time': by the measured time of "
+      "each block (profiled on the first batch); empty or 'parameters': balanced by parameter count"),
     T("pipeline_stages", INT, pipeline_stages, "0", 0, 4096, NULL,
       "model_parallel, pipeline: the stages (trainer.pipeline.stages); devices = stages x data-parallel replicas (0: one stage per device)"),
     T("bucket_cap_mb", FLOAT, bucket_cap_mb, "25", 1e-6, 1e6, NULL, "ddp gradient bucket size in MB"),

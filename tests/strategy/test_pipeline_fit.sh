@@ -10,7 +10,8 @@
 # clipping by the norm over every stage and bf16-mixed the same. Bad input
 # is refused before training: a split naming no block, more stages than
 # blocks, chunks that do not divide the batch size, an unknown schedule; an
-# epoch's short last batch is cut into unequal micro-batches, weighted. A tiny gpt
+# epoch's short last batch is cut into unequal micro-batches, weighted; the
+# autoencoder fed unflattened images flattens them on the first stage. A tiny gpt
 # (its embedding tied to its head across the first and last stage) the same.
 source "$(dirname "$0")/../cli/lib.sh"
 export LK_ALLOW_OVERSUBSCRIBE=1 # 3 stages on a 2-core machine
@@ -80,11 +81,7 @@ for n in 646 643; do
     check "pipeline with a short last batch ($n samples): single's weights within 1e-6 ($(near "$T/short$n.st" "$T/pshort$n.st" 1e-6))" \
       near "$T/short$n.st" "$T/pshort$n.st" 1e-6
 done
-# resuming a pipeline's training state is refused, named (its checkpoint
-# holds stage 0's optimizer state only); testing its weights works
-expect_fail "a pipeline's resume is refused" 1 "strategy pipeline cannot resume a checkpoint's training state: its checkpoint holds stage 0's optimizer state only" \
-  "$LK_BIN" fit -c "$T/mlp.yaml" --trainer.default_root_dir "$T/pp2gpipe" --trainer.devices 2 --trainer.strategy pipeline \
-  --trainer.max_steps 30 --ckpt_path "$T/pp2gpipe/lightning_logs/version_0/checkpoints/last.ckpt"
+# (resuming a pipeline's checkpoint: test_pipeline_resume.sh) testing its weights works
 check "a pipeline's checkpoint tests on 2 stages" "$LK_BIN" test -c "$T/mlp.yaml" --trainer.default_root_dir "$T/pp2gpipe" \
   --trainer.devices 2 --trainer.strategy pipeline --ckpt_path "$T/pp2gpipe/lightning_logs/version_0/checkpoints/last.ckpt"
 # the same over the mpi communicator, where mpirun is installed
@@ -161,6 +158,24 @@ if "$LK_BIN" fit -c "$T/ae.yaml" --trainer.default_root_dir "$T/ae" --trainer.de
   --trainer.pipeline.split decoder >"$T/ae.log" 2>&1; then
   check "autoencoder split encoder | decoder" grep -q "\[encoder: .*\] \[decoder: " "$T/ae.log"
 else bad "autoencoder model_parallel failed: $(tail -3 "$T/ae.log")"; fi
+# images fed to the autoencoder unflattened ([1, 28, 28]): the first stage
+# runs the model's own flatten before its first block (it once fed the
+# images to the first Linear and failed); model_parallel bitwise single (one
+# thread each: the GEMMs' sums then have one order), pipeline near it
+sed 's/input_shape: \[784\]/input_shape: [1, 28, 28]/' "$T/ae.yaml" >"$T/ae_img.yaml"
+ae_img() { # NAME ARGS...
+  local name=$1; shift
+  if ! LK_NUM_THREADS=1 "$LK_BIN" fit -c "$T/ae_img.yaml" --trainer.default_root_dir "$T/$name" "$@" >"$T/$name.log" 2>&1; then
+    bad "$name: the run failed: $(tail -3 "$T/$name.log")"; return 1
+  fi
+  "$LK_BIN" export --ckpt "$T/$name/lightning_logs/version_0/checkpoints/last.ckpt" --out "$T/$name.st" >/dev/null
+}
+ae_img ae_img_single
+ae_img ae_img_mp --trainer.devices 2 --trainer.strategy model_parallel &&
+  check "autoencoder on [1, 28, 28] images, model_parallel: bitwise single" cmp -s "$T/ae_img_single.st" "$T/ae_img_mp.st"
+ae_img ae_img_pp --trainer.devices 2 --trainer.strategy pipeline --trainer.pipeline.chunks 4 &&
+  check "autoencoder on [1, 28, 28] images, pipeline 4 chunks: within 1e-5 of single ($(near "$T/ae_img_single.st" "$T/ae_img_pp.st" 1))" \
+    near "$T/ae_img_single.st" "$T/ae_img_pp.st" 1e-5
 # bad input, before any step
 expect_fail "a split naming no block" 1 "trainer.pipeline.split names 'decodr', which is no block of the model (its blocks: encoder, decoder)" \
   "$LK_BIN" fit -c "$T/ae.yaml" --trainer.default_root_dir "$T/b1" --trainer.devices 2 --trainer.strategy model_parallel \

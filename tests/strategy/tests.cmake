@@ -17,6 +17,12 @@ lk_add_script_test(NAME strategy_pipeline_fit SCRIPT strategy/test_pipeline_fit.
 lk_add_test(NAME strategy_pipeline_checks SOURCES strategy/test_pipeline_strategy.c LABELS unit TIMEOUT 60)
 # pipeline x data parallel: 4 devices as 2 stages x 2 replicas (mlp, 20 steps) bitwise ddp accumulating the same micro-batches, near single; clipping, accumulation, validation on the stages' current blocks.
 lk_add_script_test(NAME strategy_pipeline_dp SCRIPT strategy/test_pipeline_dp.sh LABELS multiproc TIMEOUT 240)
+# A pipeline's checkpoint resumed: 2 stages and 2 x 2, 10 + 10 steps bitwise 20 (weights and optimizer state); model_parallel <-> single bitwise, ddp resumes it; another model shape refused.
+lk_add_script_test(NAME strategy_pipeline_resume SCRIPT strategy/test_pipeline_resume.sh LABELS multiproc TIMEOUT 240)
+# trainer.pipeline.split time: the profiled split is bitwise that split named (2 stages, 2 x 2), the autoencoder cut inside its halves.
+lk_add_script_test(NAME strategy_pipeline_split_time SCRIPT strategy/test_pipeline_split_time.sh LABELS multiproc TIMEOUT 120)
+# Validation inside fit as a forward-only schedule over the stages: val_loss model_parallel bitwise single, pipeline 2/3 stages and 2 x 2 within 1e-7.
+lk_add_script_test(NAME strategy_pipeline_eval SCRIPT strategy/test_pipeline_eval.sh LABELS multiproc TIMEOUT 120)
 # ZeRO stages 1 and 2 against ddp on 2, 3 and 4 ranks: bitwise, with clipping, accumulation, bf16-mixed,
 # 16-mixed, a parameter count no world size divides, exact resume, the class node and the refusals.
 lk_add_script_test(NAME strategy_zero SCRIPT strategy/test_zero.sh LABELS multiproc TIMEOUT 300)
