@@ -484,21 +484,6 @@ static bool use_pair_swap(const mpi_comm *m, lk_dtype dt, size_t n) {
     return chunk >= 16 && n * lk_dtype_size(dt) >= ((size_t)64 << 10) && n * lk_dtype_size(dt) > chunk;
 }
 
-static void pair_reduce(void *mine, const void *theirs, size_t n, lk_dtype dt, lk_reduce_op rop, bool first) {
-#define LK_PAIR_LOOP(T)                                                                  \
-    do {                                                                                 \
-        T *a = mine;                                                                     \
-        const T *b = theirs;                                                             \
-        for (size_t i = 0; i < n; i++) {                                                 \
-            T lo = first ? a[i] : b[i], hi = first ? b[i] : a[i];                        \
-            a[i] = rop == LK_REDUCE_MAX ? (lo > hi ? lo : hi) : rop == LK_REDUCE_MIN ? (lo < hi ? lo : hi) : lo + hi; \
-        }                                                                                \
-    } while (0)
-    if (dt == LK_F64) LK_PAIR_LOOP(double);
-    else LK_PAIR_LOOP(float);
-#undef LK_PAIR_LOOP
-}
-
 static lk_status pair_all_reduce(lk_comm *c, mpi_comm *m, const lk__coll *op, void *buf, size_t n, lk_dtype dt) {
     size_t esz = lk_dtype_size(dt), per = pair_chunk_bytes() / esz, nch = (n + per - 1) / per;
     enum { RW = 2 * SWAP_WINDOW };
@@ -519,7 +504,9 @@ static lk_status pair_all_reduce(lk_comm *c, mpi_comm *m, const lk__coll *op, vo
         st = wait_req(c, &rq[k % RW], op, NULL);
         if (!st) st = wait_req(c, &sq[k % SWAP_WINDOW], op, NULL); /* chunk k may be overwritten now */
         if (st) break;
-        pair_reduce(base + k * per * esz, land, LK_CHUNK_N(k), dt, op->op, m->rank == 0);
+        char *mine = base + k * per * esz;
+        const void *two[2] = {m->rank == 0 ? mine : land, m->rank == 0 ? land : mine}; /* rank 0's first, on both */
+        lk__reduce(mine, two, 2, LK_CHUNK_N(k), dt, op->op == LK_REDUCE_AVG ? LK_REDUCE_SUM : op->op, 1);
         if (k + RW < nch)
             LOCKED(rc = MPI_Irecv(land, (int)LK_CHUNK_N(k + RW), t, peer, TAG_SWAP, m->comm, &rq[k % RW]));
         if (rc == MPI_SUCCESS && k + SWAP_WINDOW < nch)
