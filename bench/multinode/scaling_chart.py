@@ -5,8 +5,9 @@ nodes, flat ring over every rank and hierarchical (a ring among the node
 leaders), at 10, 100 and 400 Gb/s per link. The same formulas and
 assumptions as the table in docs/SCALING.md (alpha 5 us per step, 8 ranks
 per node, the intra-node part of the hierarchical form left out), so the
-chart and the table agree; --check prints the table's points.
-usage: scaling_chart.py [OUT.svg] [--check]"""
+chart and the table agree; --check prints the table's points, --sharded
+the FSDP, HYBRID_SHARD and pipeline x ddp rows (no chart).
+usage: scaling_chart.py [OUT.svg] [--check] [--sharded]"""
 import math, sys
 
 S = 124e6 * 4   # bytes: GPT-2-124M's gradients in f32
@@ -24,6 +25,50 @@ def flat(n, gbps):
 def hier(n, gbps):
     b = gbps * 1e9 / 8
     return 2 * (n - 1) * ALPHA + 2 * (n - 1) / n * S / b
+
+
+# FSDP (FULL_SHARD over every rank): per step an all-gather of the
+# parameters in forward, another in backward, a reduce-scatter of the
+# gradients, each a flat ring moving (p - 1) / p S per link: 1.5x ddp's
+# flat ring in bytes, 1.5x its latency steps.
+def fsdp_full(n, gbps):
+    p, b = n * G, gbps * 1e9 / 8
+    return 3 * ((p - 1) * ALPHA + (p - 1) / p * S / b)
+
+
+# HYBRID_SHARD: sharded over a node's G ranks (NVLink / shared memory, left
+# out as in hier), replicated across nodes: each rank all-reduces its S / G
+# shard's gradients with its peers on the other nodes, G such rings share a
+# node's link, so the link carries 2 (n - 1) / n S, as hierarchical ddp's.
+def hybrid(n, gbps):
+    b = gbps * 1e9 / 8
+    return 2 * (n - 1) * ALPHA + 2 * (n - 1) / n * S / b
+
+
+# Pipeline x ddp: PIPE consecutive nodes hold one stage each (GPT-2's 12
+# blocks, 3 per stage), micro-batches of MB sequences of SEQ tokens cross
+# each stage boundary forward (activations) and backward (their gradients),
+# f32; the n / PIPE pipelines all-reduce each stage's S / PIPE gradients
+# hierarchically. The activation time is per boundary and overlaps across
+# boundaries; the bubble (PIPE - 1) / (M + PIPE - 1) is compute, not shown.
+PIPE, M, MB, SEQ, D = 4, 8, 1, 1024, 768
+
+
+def pipe_act(gbps):
+    return 2 * M * (ALPHA + MB * SEQ * D * 4 / (gbps * 1e9 / 8))
+
+
+def pipe_dp(n, gbps):
+    r, b = max(1, n // PIPE), gbps * 1e9 / 8
+    return 2 * (r - 1) * ALPHA + 2 * (r - 1) / r * S / PIPE / b
+
+
+def check_sharded():
+    for n in (8, 64, 1024):
+        for gbps, _ in RATES:
+            print("%5d nodes %3d Gb/s: ddp hier %4.0f ms, fsdp %4.0f ms, hybrid %4.0f ms, pipeline x4 %4.0f + %4.1f ms"
+                  % (n, gbps, hier(n, gbps) * 1e3, fsdp_full(n, gbps) * 1e3, hybrid(n, gbps) * 1e3,
+                     pipe_dp(n, gbps) * 1e3, pipe_act(gbps) * 1e3))
 
 
 def check():
@@ -64,7 +109,9 @@ def svg(path):
 
 
 if __name__ == "__main__":
-    args = [a for a in sys.argv[1:] if a != "--check"]
+    args = [a for a in sys.argv[1:] if a not in ("--check", "--sharded")]
     if "--check" in sys.argv[1:]:
         check()
+    if "--sharded" in sys.argv[1:]:
+        check_sharded()
     svg(args[0] if args else "docs/scaling-projection.svg")

@@ -25,7 +25,7 @@
 
 extern char **environ;
 /* Defined by the mpi backend when it is built; absent otherwise. */
-extern lk_status lk__mpi_raw_allreduce_us(size_t bytes, int iters, double *us) __attribute__((weak));
+extern lk_status lk__mpi_raw_allreduce_us(size_t bytes, int iters, double limit_s, double *us) __attribute__((weak));
 extern lk_status lk__mpi_raw_pingpong_us(size_t bytes, int iters, double *us) __attribute__((weak));
 
 typedef struct {
@@ -37,6 +37,7 @@ typedef struct {
     int repeat; /* measurements per size; the fastest is reported (a shared machine only ever adds noise) */
     bool touch; /* every rank rewrites its buffer before each all-reduce, as backward does (not timed) */
     bool p2p;   /* --op sendrecv: the ping-pong instead of all_reduce */
+    double raw_limit_s; /* --raw-limit: bound of one raw MPI_Allreduce loop (0: comm_timeout) */
 } bench_opts;
 
 /* The sizes: x4 steps from min, and max itself when the steps miss it. */
@@ -71,7 +72,9 @@ static void usage(FILE *f) {
                "where the last all-reduce left it (lockstep's rows; raw MPI_Allreduce is left out).\n"
                "busbw = algbw * 2(n-1)/n. CSV columns: backend,ranks,bytes,time_us,algbw_gbps,busbw_gbps\n"
                "--op sendrecv: lk_comm_send/recv ping-pong between 2 ranks (and raw MPI_Send/Recv),\n"
-               "time one way (half the round trip), bandwidth = bytes / time; default sizes 8 to 64M.\n");
+               "time one way (half the round trip), bandwidth = bytes / time; default sizes 8 to 64M.\n"
+               "--raw-limit SECONDS: a raw MPI_Allreduce loop still running after this long (default:\n"
+               "comm_timeout) ends its rank with a message (a blocking MPI call cannot time out).\n");
 }
 
 /* ---- worker: one rank of a benchmark job ---- */
@@ -141,6 +144,7 @@ static int worker(const bench_opts *o) {
         }
     }
     bool is_shm = !strcmp(lk_comm_backend(c), "shm");
+    double raw_limit = o->raw_limit_s > 0 ? o->raw_limit_s : cfg.timeout_s;
     void *shared = NULL, *priv = lk_aligned_alloc(64, o->max);
     int rc = 0;
     if (!priv || lk_comm_alloc_shared(c, o->max, &shared)) {
@@ -179,12 +183,22 @@ static int worker(const bench_opts *o) {
             void *buf = pass == 0 ? shared : priv;
             const char *name = is_shm ? (pass == 0 ? "shm" : "shm-private") : (pass == 0 ? lk_comm_backend(c) : "MPI_Allreduce");
             if (!is_shm && pass == 1 && o->touch) continue; /* the raw MPI loop cannot touch between calls */
-            /* hier (run by hand across nodes: --worker hier): the raw
-             * MPI_Allreduce between its collectives hung twice in six runs
-             * (cause not found; its inner communicators' threads also call
-             * MPI). The mpi job has the raw rows. */
-            if (!is_shm && pass == 1 && strcmp(lk_comm_backend(c), "mpi")) continue;
-            int iters = pick_iters(c, buf, count, o);
+            /* The raw loop's count comes from the raw call's own time: one
+             * from lockstep's (hier's, much faster on the namespace cluster)
+             * made it run for minutes (see lk__mpi_raw_allreduce_us). The
+             * probe's time is every rank's maximum, so all agree. */
+            int iters;
+            if (!is_shm && pass == 1 && !o->iters) {
+                double us = 0;
+                if (!lk__mpi_raw_allreduce_us || lk__mpi_raw_allreduce_us(bytes, 3, raw_limit, &us)) {
+                    rc = 1;
+                    break;
+                }
+                double k = o->time_s / (us > 0.1 ? us * 1e-6 : 1e-7);
+                iters = k < 5 ? 5 : k > 20000 ? 20000 : (int)k;
+            } else {
+                iters = pick_iters(c, buf, count, o);
+            }
             if (iters < 0) {
                 rc = 1;
                 break;
@@ -194,7 +208,7 @@ static int worker(const bench_opts *o) {
                 double t;
                 if (!is_shm && pass == 1) {
                     double us;
-                    if (!lk__mpi_raw_allreduce_us || lk__mpi_raw_allreduce_us(bytes, iters, &us)) {
+                    if (!lk__mpi_raw_allreduce_us || lk__mpi_raw_allreduce_us(bytes, iters, raw_limit, &us)) {
                         rc = 1;
                         break;
                     }
@@ -228,7 +242,8 @@ typedef struct {
 } result;
 
 static int run_job(const bench_opts *o, const char *self, const char *backend, const char *outfile) {
-    char nbuf[16], minb[32], maxb[32], tb[32], ib[16], rb[16], tch[4];
+    char nbuf[16], minb[32], maxb[32], tb[32], ib[16], rb[16], tch[4], rl[32];
+    snprintf(rl, sizeof rl, "%g", o->raw_limit_s);
     snprintf(tch, sizeof tch, "%d", o->touch ? 1 : 0);
     snprintf(rb, sizeof rb, "%d", o->repeat);
     snprintf(nbuf, sizeof nbuf, "%d", o->n);
@@ -238,7 +253,7 @@ static int run_job(const bench_opts *o, const char *self, const char *backend, c
     snprintf(ib, sizeof ib, "%d", o->iters);
     char *wargs[] = {(char *)self, "bench", "comm", "--worker", (char *)backend, "--op", o->p2p ? "sendrecv" : "allreduce",
                      "--min", minb, "--max", maxb, "--time", tb, "--iters", ib, "--repeat", rb, "--touch", tch,
-                     "--out", (char *)outfile, NULL};
+                     "--raw-limit", rl, "--out", (char *)outfile, NULL};
     if (!strcmp(backend, "shm")) {
         lk_launch_options lo = lk_launch_options_default();
         lo.quiet = true;
@@ -326,6 +341,11 @@ int lk_cmd_bench_comm(int argc, char **argv) {
             if (strcmp(v, "allreduce") && strcmp(v, "sendrecv"))
                 return fprintf(stderr, "lockstep bench comm: --op expects allreduce or sendrecv, got '%s'\n", v), 2;
             o.p2p = !strcmp(v, "sendrecv");
+        }
+        else if (!strcmp(a, "--raw-limit")) {
+            o.raw_limit_s = atof(v);
+            if (!(o.raw_limit_s >= 0))
+                return fprintf(stderr, "lockstep bench comm: --raw-limit expects seconds >= 0, got '%s'\n", v), 2;
         }
         else if (!strcmp(a, "--worker")) o.worker = v;
         else if (!strcmp(a, "--out")) o.out = v;

@@ -93,39 +93,11 @@ static void hier_destroy(lk_comm *c) {
     c->impl = NULL;
 }
 
-/* The leaders' step. Two leaders with a large f32 buffer swap their
- * buffers (a send and a receive at once, both directions of the link busy)
- * and each adds the other's: (OpenMPI's non-blocking all-reduce of 2 ranks
- * reduces to one rank and broadcasts back, which sends the buffer one way,
- * then the other: twice the time on a full-duplex link.) Both leaders add
- * the same two numbers, so their results are equal bit for bit. Otherwise:
- * one all-reduce among the leaders. */
-static lk_status leaders_all_reduce(hier_comm *h, const lk__coll *op, lk_reduce_op rop) {
-    int L = lk_comm_world_size(h->leaders), me = lk_comm_rank(h->leaders);
-    if (L != 2 || op->dt != LK_F32 || op->count * sizeof(float) < (64u << 10) || lk_env_get_long("LK_COMM_HIER_FLAT", 0))
-        return lk_comm_all_reduce(h->leaders, op->recv, op->count, op->dt, rop);
-    float *buf = op->recv, *other = lk_aligned_alloc(64, op->count * sizeof(float));
-    if (!other) return LK_STATUS_OUT_OF_MEMORY;
-    lk_work *ws = NULL, *wr = NULL;
-    lk_status st = lk_comm_send_async(h->leaders, buf, op->count, LK_F32, 1 - me, &ws);
-    if (!st) st = lk_comm_recv_async(h->leaders, other, op->count, LK_F32, 1 - me, &wr);
-    lk_status s1 = ws ? lk_work_wait(ws) : LK_STATUS_OK, s2 = wr ? lk_work_wait(wr) : LK_STATUS_OK;
-    lk_work_free(ws);
-    lk_work_free(wr);
-    if (!st) st = s1 ? s1 : s2;
-    if (!st) {
-        size_t n = op->count;
-        if (rop == LK_REDUCE_MAX)
-            for (size_t i = 0; i < n; i++) buf[i] = buf[i] > other[i] ? buf[i] : other[i];
-        else if (rop == LK_REDUCE_MIN)
-            for (size_t i = 0; i < n; i++) buf[i] = buf[i] < other[i] ? buf[i] : other[i];
-        else
-            for (size_t i = 0; i < n; i++) buf[i] += other[i];
-    }
-    lk_aligned_free(other);
-    return st;
-}
-
+/* The leaders' step is one all-reduce among the leaders. With two nodes
+ * the mpi backend swaps the two node sums in eager-sized messages, both
+ * directions of the link at once, and adds (pair_all_reduce in
+ * comm_mpi.c: OpenMPI's own all-reduce of two, or one whole-buffer swap,
+ * sends one direction at a time over TCP). */
 static lk_status hier_run(lk_comm *c, const lk__coll *op) {
     hier_comm *h = c->impl;
     switch (op->kind) {
@@ -134,7 +106,7 @@ static lk_status hier_run(lk_comm *c, const lk__coll *op) {
         if (!h->node && !h->leaders) return lk_comm_all_reduce(h->world, op->recv, op->count, op->dt, op->op);
         lk_reduce_op rop = op->op == LK_REDUCE_AVG ? LK_REDUCE_SUM : op->op;
         if (h->node) LK_TRY(lk_comm_all_reduce(h->node, op->recv, op->count, op->dt, rop));
-        if (h->leaders) LK_TRY(leaders_all_reduce(h, op, rop));
+        if (h->leaders) LK_TRY(lk_comm_all_reduce(h->leaders, op->recv, op->count, op->dt, rop));
         if (h->node) LK_TRY(lk_comm_broadcast(h->node, op->recv, op->count, op->dt, 0));
         if (op->op == LK_REDUCE_AVG) lk__reduce_divide(op->recv, op->count, op->dt, c->pg.world_size);
         return LK_STATUS_OK;

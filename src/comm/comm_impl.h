@@ -194,8 +194,10 @@ extern const lk__comm_vtable lk__comm_nccl; /* comm_nccl.c: GPU buffers only */
 extern const lk__comm_vtable lk__comm_mpi;
 /* comm_hier.c: shm inside a node, mpi across (the hierarchical all-reduce) */
 extern const lk__comm_vtable lk__comm_hier;
-/* bench: raw MPI_Allreduce timing on MPI_COMM_WORLD (µs per call), for the table. */
-lk_status lk__mpi_raw_allreduce_us(size_t bytes, int iters, double *us);
+/* bench: raw MPI_Allreduce timing on MPI_COMM_WORLD (µs per call, the
+ * slowest rank's), for the table. limit_s > 0: a rank whose loop has not
+ * finished by then says so and exits (blocking MPI calls cannot time out). */
+lk_status lk__mpi_raw_allreduce_us(size_t bytes, int iters, double limit_s, double *us);
 /* bench: raw MPI_Send/MPI_Recv ping-pong between ranks 0 and 1 of
  * MPI_COMM_WORLD (µs one way, half the round trip). */
 lk_status lk__mpi_raw_pingpong_us(size_t bytes, int iters, double *us);

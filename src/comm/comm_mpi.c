@@ -35,6 +35,7 @@
  * receives progress on lockstep's p2p thread next to the collectives'
  * thread: every MPI call of this file holds mpi_mu, which makes the calls
  * of the two threads serialized, as MPI_THREAD_SERIALIZED requires. */
+#include <errno.h>
 #include <mpi.h>
 #include <pthread.h>
 #include <sched.h>
@@ -42,6 +43,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "comm/comm_impl.h"
@@ -67,6 +69,9 @@ typedef struct {
     /* The job's nodes as the host names say (world communicator only; -1
      * when the exchange failed): this rank's node, index on it, counts. */
     int node_rank, num_nodes, local_rank, local_world;
+    /* Two ranks on two hosts (a hier communicator's node leaders, or a flat
+     * job of one rank per node): large all-reduces take pair_all_reduce. */
+    bool remote_pair;
 } mpi_comm;
 
 static uint64_t host_hash(void) {
@@ -155,6 +160,7 @@ static lk_status exchange_pids(mpi_comm *m, lk_comm *waiter) {
             m->local_world++;
         }
     }
+    m->remote_pair = m->world == 2 && all[XW * (1 - m->rank) + 1] != me[1];
     if (!m->pids || !m->local) {
         lk_free(m->pids);
         lk_free(m->local);
@@ -441,11 +447,95 @@ static void narrow(uint16_t *dst, const float *src, size_t n, lk_dtype dt) {
     for (size_t i = 0; i < n; i++) dst[i] = dt == LK_BF16 ? lk_f32_to_bf16_bits(src[i]) : lk_f32_to_f16_bits(src[i]);
 }
 
+/* The all-reduce of two ranks on two hosts, as a swap of their buffers in
+ * messages small enough for MPI's eager protocol, both directions at once.
+ *
+ * Why: OpenMPI's TCP transport sends a message above its eager limit
+ * (btl_tcp_eager_limit, 64 KiB) by rendezvous: the receiver answers before
+ * the data moves, and the sender goes on in pipelined fragments, each
+ * waiting for control messages from the other side. When both ranks send
+ * at once (a swap, or the recursive doubling of MPI_Allreduce), those
+ * control messages travel on the one TCP connection behind the other
+ * direction's data, and the two directions take turns instead of sharing
+ * the full-duplex link. Measured between two namespace nodes at 50 Mbit/s,
+ * 4.4 MB each way: 1.13-1.43 s with MPI_Isend/MPI_Irecv of the whole buffer
+ * (MPI_Waitall), 0.72-0.97 s in 64,000-byte messages, 0.70-0.79 s with the
+ * eager limit raised to 8 MiB, and 0.70-0.79 s for plain TCP sockets both
+ * ways (the link's 0.70 s). Eager messages need no answer, so posting
+ * every chunk's receive ahead and keeping a window of sends in flight
+ * keeps both directions busy.
+ *
+ * Chunk k of this rank's buffer is overwritten (with the sum) only after
+ * its send completed; receives land in a ring of 2 x SWAP_WINDOW chunk
+ * buffers. Both ranks add rank 0's value to rank 1's (max/min compare them
+ * in that order too), so they hold the same bits, which are also those of
+ * any MPI all-reduce of two (one addition per element). Every wait is
+ * wait_req's: comm_timeout, abort and the dead-peer check bound each chunk. */
+enum { TAG_SWAP = 103, SWAP_WINDOW = 32 };
+
+static size_t pair_chunk_bytes(void) {
+    long v = lk_env_get_long("LK_COMM_MPI_PAIR_CHUNK", 32768);
+    return v > 0 ? (size_t)v : 0;
+}
+
+static bool use_pair_swap(const mpi_comm *m, lk_dtype dt, size_t n) {
+    if (!m->remote_pair || (dt != LK_F32 && dt != LK_F64)) return false;
+    size_t chunk = pair_chunk_bytes();
+    return chunk >= 16 && n * lk_dtype_size(dt) >= ((size_t)64 << 10) && n * lk_dtype_size(dt) > chunk;
+}
+
+static lk_status pair_all_reduce(lk_comm *c, mpi_comm *m, const lk__coll *op, void *buf, size_t n, lk_dtype dt) {
+    size_t esz = lk_dtype_size(dt), per = pair_chunk_bytes() / esz, nch = (n + per - 1) / per;
+    enum { RW = 2 * SWAP_WINDOW };
+    int peer = 1 - m->rank, rc = MPI_SUCCESS;
+    MPI_Datatype t = mpi_type(dt);
+    char *ring = lk_aligned_alloc(64, RW * per * esz);
+    if (!ring) return LK_STATUS_OUT_OF_MEMORY;
+    MPI_Request rq[RW], sq[SWAP_WINDOW];
+    char *base = buf;
+#define LK_CHUNK_N(k) ((k) + 1 < nch ? per : n - (k) * per)
+    for (size_t k = 0; k < nch && k < RW && rc == MPI_SUCCESS; k++)
+        LOCKED(rc = MPI_Irecv(ring + k * per * esz, (int)LK_CHUNK_N(k), t, peer, TAG_SWAP, m->comm, &rq[k]));
+    for (size_t k = 0; k < nch && k < SWAP_WINDOW && rc == MPI_SUCCESS; k++)
+        LOCKED(rc = MPI_Isend(base + k * per * esz, (int)LK_CHUNK_N(k), t, peer, TAG_SWAP, m->comm, &sq[k]));
+    lk_status st = rc == MPI_SUCCESS ? LK_STATUS_OK : mpi_err(rc, lk__coll_kind_name(op->kind));
+    for (size_t k = 0; k < nch && !st; k++) {
+        char *land = ring + (k % RW) * per * esz;
+        st = wait_req(c, &rq[k % RW], op, NULL);
+        if (!st) st = wait_req(c, &sq[k % SWAP_WINDOW], op, NULL); /* chunk k may be overwritten now */
+        if (st) break;
+        char *mine = base + k * per * esz;
+        const void *two[2] = {m->rank == 0 ? mine : land, m->rank == 0 ? land : mine}; /* rank 0's first, on both */
+        lk__reduce(mine, two, 2, LK_CHUNK_N(k), dt, op->op == LK_REDUCE_AVG ? LK_REDUCE_SUM : op->op, 1);
+        if (k + RW < nch)
+            LOCKED(rc = MPI_Irecv(land, (int)LK_CHUNK_N(k + RW), t, peer, TAG_SWAP, m->comm, &rq[k % RW]));
+        if (rc == MPI_SUCCESS && k + SWAP_WINDOW < nch)
+            LOCKED(rc = MPI_Isend(base + (k + SWAP_WINDOW) * per * esz, (int)LK_CHUNK_N(k + SWAP_WINDOW), t, peer,
+                                  TAG_SWAP, m->comm, &sq[k % SWAP_WINDOW]));
+        if (rc != MPI_SUCCESS) st = mpi_err(rc, lk__coll_kind_name(op->kind));
+    }
+#undef LK_CHUNK_N
+    /* On failure receives may still be posted into ring: the communicator
+     * has failed and the job ends by MPI_Abort (see the top of the file), so
+     * the ring is kept (reachable, not a leak) rather than freed under a
+     * receive MPI may still complete. */
+    static void *_Atomic abandoned;
+    if (st) atomic_store(&abandoned, ring);
+    else lk_aligned_free(ring);
+    return st;
+}
+
 static lk_status reduce_call(lk_comm *c, mpi_comm *m, const lk__coll *op, const void *send, void *recv, size_t n,
                              lk_dtype dt, bool scatter) {
     MPI_Request req;
     int cnt = (int)n;
     int rc;
+    if (!scatter && use_pair_swap(m, dt, n)) {
+        if (send != recv) memcpy(recv, send, n * lk_dtype_size(dt));
+        LK_TRY(pair_all_reduce(c, m, op, recv, n, dt));
+        if (op->op == LK_REDUCE_AVG) lk__reduce_divide(recv, n, dt, m->world);
+        return LK_STATUS_OK;
+    }
     LOCKED(rc = scatter ? MPI_Ireduce_scatter_block(send, recv, cnt, mpi_type(dt), mpi_op(op->op), m->comm, &req)
                         : MPI_Iallreduce(send == recv ? MPI_IN_PLACE : send, recv, cnt, mpi_type(dt), mpi_op(op->op),
                                          m->comm, &req));
@@ -683,7 +773,52 @@ const lk__comm_vtable lk__comm_mpi = {
     .p2p_progress = mpi_p2p_progress,
 };
 
-lk_status lk__mpi_raw_allreduce_us(size_t bytes, int iters, double *us) {
+/* The raw loop's bound. OpenMPI's blocking calls poll without yielding
+ * (mpi_yield_when_idle is off unless mpirun knows the node is
+ * oversubscribed), so where ranks outnumber the free cores, as 4 ranks on
+ * the namespace cluster's 2 shared cores, each message waits for the
+ * receiver's next time slice: one MPI_Allreduce took 40-180 ms there at any
+ * size (0.6-12 ms with mpi_yield_when_idle=1), and a loop sized from a
+ * faster backend's time ran for many minutes, which looked like a hang.
+ * A blocking call cannot be given a timeout, so a watchdog thread ends the
+ * process with a message once limit_s has passed (mpirun then ends the
+ * job); _exit is all it may call while the main thread is inside MPI. */
+typedef struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool done;
+    double limit_s;
+    size_t bytes;
+    int iters, wrank;
+} raw_watch;
+
+static void *raw_watchdog(void *arg) {
+    raw_watch *w = arg;
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    double end = (double)until.tv_sec + 1e-9 * (double)until.tv_nsec + w->limit_s;
+    until.tv_sec = (time_t)end;
+    until.tv_nsec = (long)((end - (double)until.tv_sec) * 1e9);
+    pthread_mutex_lock(&w->mu);
+    int rc = 0;
+    while (!w->done && rc != ETIMEDOUT) rc = pthread_cond_timedwait(&w->cv, &w->mu, &until);
+    if (!w->done) {
+        char host[64] = "";
+        gethostname(host, sizeof host - 1);
+        fprintf(stderr,
+                "bench comm: raw MPI_Allreduce (%zu bytes x %d calls) did not finish within %g s on rank %d (host "
+                "%s): OpenMPI's blocking calls poll without yielding, so ranks that outnumber the free cores wait "
+                "for each other's time slices (run mpirun with --mca mpi_yield_when_idle 1), or a rank is gone; "
+                "ending this rank\n",
+                w->bytes, w->iters, w->limit_s, w->wrank, host);
+        fflush(stderr);
+        _exit(3);
+    }
+    pthread_mutex_unlock(&w->mu);
+    return NULL;
+}
+
+lk_status lk__mpi_raw_allreduce_us(size_t bytes, int iters, double limit_s, double *us) {
     int inited = 0;
     MPI_Initialized(&inited);
     if (!inited) return lk_error(LK_STATUS_INVALID_USAGE, "raw MPI bench: MPI is not initialised (create an mpi comm first)");
@@ -691,12 +826,36 @@ lk_status lk__mpi_raw_allreduce_us(size_t bytes, int iters, double *us) {
     float *buf = lk_aligned_alloc(64, n * sizeof(float) + 64);
     if (!buf) return LK_STATUS_OUT_OF_MEMORY;
     memset(buf, 0, n * sizeof(float)); /* zeros: the sum stays finite however many iterations */
+    raw_watch w = {.done = false, .limit_s = limit_s, .bytes = bytes, .iters = iters, .wrank = -1};
+    MPI_Comm_rank(MPI_COMM_WORLD, &w.wrank);
+    pthread_t dog;
+    bool watched = false;
+    if (limit_s > 0) {
+        pthread_mutex_init(&w.mu, NULL);
+        pthread_cond_init(&w.cv, NULL);
+        watched = pthread_create(&dog, NULL, raw_watchdog, &w) == 0;
+        if (!watched) {
+            pthread_mutex_destroy(&w.mu);
+            pthread_cond_destroy(&w.cv);
+            lk_aligned_free(buf);
+            return lk_error(LK_STATUS_INTERNAL, "raw MPI bench: cannot start the watchdog thread");
+        }
+    }
     MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); /* warm-up */
     MPI_Barrier(MPI_COMM_WORLD);
     double t0 = MPI_Wtime();
     for (int i = 0; i < iters; i++) MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
     double t = (MPI_Wtime() - t0) / iters * 1e6;
     MPI_Allreduce(&t, us, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    if (watched) {
+        pthread_mutex_lock(&w.mu);
+        w.done = true;
+        pthread_cond_signal(&w.cv);
+        pthread_mutex_unlock(&w.mu);
+        pthread_join(dog, NULL);
+        pthread_mutex_destroy(&w.mu);
+        pthread_cond_destroy(&w.cv);
+    }
     lk_aligned_free(buf);
     return LK_STATUS_OK;
 }

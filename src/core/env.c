@@ -54,8 +54,9 @@ static const lk_env_var env_vars[] = {
     {"LK_COMM_SHM_SMALL", "65536", "shm: all-reduce messages up to this many bytes take one step", NULL},
     {"LK_COMM_SHM_SLICE", "16384", "shm: bytes an in-segment all-reduce reduces, then writes to every rank, at a time",
      NULL},
-    {"LK_COMM_HIER_FLAT", "0", "hier: 1 makes two node leaders use one MPI all-reduce instead of swapping their buffers "
-                               "(for comparison)", NULL},
+    {"LK_COMM_MPI_PAIR_CHUNK", "32768", "mpi: two ranks on two hosts (hier's node leaders) all-reduce f32/f64 "
+                                        "buffers of 64 KiB and more by swapping them in messages of this many bytes, "
+                                        "both directions at once (0: MPI's own all-reduce)", NULL},
     {"LK_COMM_TEST_DELAY_MS", "0", "tests only: delay every asynchronous collective by this many ms", NULL},
     {"LK_COMM_TEST_RDV_PAUSE", NULL, "tests only: all, or a comma-separated list of the shm rendezvous steps claim, "
                                      "open, slot, publish, wait, seal, done: the process stops itself (SIGSTOP) before "

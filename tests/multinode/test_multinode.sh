@@ -12,6 +12,10 @@
 #     (the same MPI reduction, so the same order of additions); on the
 #     hier backend (shm in a node, mpi between node leaders; what auto
 #     picks for a job across nodes) it ends within 1e-4 of that;
+#  2b. two ranks on two hosts (2 x 1, mpi) swap a large buffer in eager-sized
+#     messages and end bitwise as with MPI's own all-reduce; a hier job's raw
+#     MPI_Allreduce rows end within seconds, and a raw loop past --raw-limit
+#     ends the job with a message;
 #  3. a rank on node 1 SIGKILLed mid-run: the whole job ends within
 #     comm_timeout + 10 s, non-zero, and some line names rank 3;
 #  3b. node 1's link cut mid-run (ip link set eth0 down): the job ends within
@@ -129,6 +133,58 @@ cmpout=$(close "$T/flat.st" "$T/hybrid.st")
 check "fsdp HYBRID_SHARD: the weights match the flat ddp fit's to 1e-4 ($cmpout)" test $? = 0
 [ "$fail" = "$f0" ] || sed 's/^/     hybrid: /' "$T/hybrid.out" | tail -20 >&2
 [ "$fail" = "$f0" ] || sed 's/^/     hier: /' "$T/hier.out" | tail -20 >&2
+
+# 2b. the leaders' swap and the raw MPI_Allreduce across nodes
+f0=$fail
+# 2c. two ranks on two hosts all-reduce a large f32 buffer by swapping it in
+# eager-sized messages, both directions at once (comm_mpi.c, pair_all_reduce;
+# also hier's leaders): a 2 x 1 fit whose one bucket (43,012 parameters,
+# 172 KB) takes that path ends with the same bits as with MPI's own
+# all-reduce (LK_COMM_MPI_PAIR_CHUNK=0): one addition per element either way
+pairargs=(fit -c "$T/synth.yaml" --trainer.strategy ddp --trainer.enable_progress_bar false --trainer.comm_timeout 30
+  --trainer.devices 1 --trainer.num_nodes 2 --model.init_args.hidden "[2048]" --trainer.max_epochs 1)
+for ch in 32768 0; do
+  LK_COMM_MPI_PAIR_CHUNK=$ch mpirun_nodes -np 2 --map-by ppr:1:node -x LK_COMM_MPI_PAIR_CHUNK -x LK_ALLOW_OVERSUBSCRIBE \
+    "$LK_BIN" "${pairargs[@]}" --trainer.default_root_dir "$T/pair$ch" >"$T/pair$ch.out" 2>&1
+  echo $? >"$T/pair$ch.rc"
+  "$LK_BIN" export --ckpt "$T/pair$ch/lightning_logs/version_0/checkpoints/last.ckpt" --out "$T/pair$ch.st" \
+    --with-optimizer >/dev/null 2>&1
+done
+check "pair: 2 nodes x 1 rank trained with the swap and with MPI's all-reduce (rc $(cat "$T/pair32768.rc"), $(cat "$T/pair0.rc"))" \
+  bash -c "[ \$(cat '$T/pair32768.rc') = 0 ] && [ \$(cat '$T/pair0.rc') = 0 ] && [ -s '$T/pair32768.st' ] && [ -s '$T/pair0.st' ]"
+check "pair: the swap in eager-sized messages gives the same weights and optimizer state, bit for bit" \
+  cmp -s "$T/pair32768.st" "$T/pair0.st"
+[ "$fail" = "$f0" ] || sed 's/^/     pair: /' "$T/pair32768.out" | tail -20 >&2
+# 2d. the raw MPI_Allreduce rows of a hier job: OpenMPI's blocking calls
+# poll without yielding, so with 4 ranks on few cores one call takes tens
+# of ms at any size; its loop was once sized from hier's (sub-millisecond)
+# time and ran for minutes. Now sized from its own time: the job ends
+# within seconds with both rows per size.
+f0=$fail
+t0=$(date +%s.%N)
+mpirun_nodes -np 4 --map-by ppr:2:node -x LK_ALLOW_OVERSUBSCRIBE "$LK_BIN" bench comm --worker hier \
+  --min 64K --max 256K --time 0.05 --repeat 1 --touch 0 --out "$T/raw.csv" >"$T/raw.out" 2>&1
+rc=$?
+secs=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
+check "raw: bench comm --worker hier with raw MPI_Allreduce rows ended in ${secs}s (bound 60), rc $rc" \
+  awk -v s="$secs" -v r="$rc" 'BEGIN { exit !(r == 0 && s <= 60) }'
+for b in 65536 262144; do
+  check "raw: rows hier and MPI_Allreduce at $b bytes" \
+    bash -c "grep -q '^hier,4,$b,' '$T/raw.csv' && grep -q '^MPI_Allreduce,4,$b,' '$T/raw.csv'"
+done
+# 2e. a raw loop past its bound (--raw-limit; default comm_timeout) ends its
+# rank with a message instead of blocking in MPI, and mpirun ends the job
+t0=$(date +%s.%N)
+mpirun_nodes -np 4 --map-by ppr:2:node -x LK_ALLOW_OVERSUBSCRIBE "$LK_BIN" bench comm --worker hier \
+  --min 1M --max 1M --iters 5 --repeat 1 --touch 0 --raw-limit 0.001 --out "$T/rawlim.csv" >"$T/rawlim.out" 2>&1
+rc=$?
+secs=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
+check "raw limit: the job ended non-zero in ${secs}s (bound 60), rc $rc" \
+  awk -v s="$secs" -v r="$rc" 'BEGIN { exit !(r != 0 && s <= 60) }'
+check "raw limit: a rank says its raw loop did not finish within 0.001 s" \
+  grep -q "bench comm: raw MPI_Allreduce (1048576 bytes x 5 calls) did not finish within 0.001 s on rank" "$T/rawlim.out"
+grep -m1 "did not finish within" "$T/rawlim.out" | sed 's/^/     /'
+[ "$fail" = "$f0" ] || { sed 's/^/     raw: /' "$T/raw.out" | tail -20; sed 's/^/     rawlim: /' "$T/rawlim.out" | tail -20; } >&2
 
 # 3. a rank on node 1 killed mid-run
 f0=$fail
