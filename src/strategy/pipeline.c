@@ -68,7 +68,7 @@ typedef struct pipe_self {
         lk_tensor *t;
         int first; /* the first stage holding it: its norm is counted there */
     } *tied;
-    void *scratch; /* zeros for the ranks that hold no part */
+    void *scratch; /* zeros for the ranks that hold no part (in the training device's memory: the holders' is) */
     size_t scratch_bytes;
     lk_pipe_schedule *sched;
     /* the step in flight */
@@ -155,7 +155,8 @@ static void pipe_free(lk_strategy *s) {
     lk_free(ps->mb);
     lk_free(ps->weight);
     lk_free(ps->tied);
-    lk_free(ps->scratch);
+    if (ps->scratch && lk_device_is_host(s->cfg.device)) lk_free(ps->scratch);
+    else if (ps->scratch) lk_device_free(s->cfg.device, ps->scratch, ps->scratch_bytes);
     lk_free(ps);
     s->self = NULL;
 }
@@ -577,9 +578,14 @@ static lk_status wrap(lk_strategy *s, lk_layer *net) {
         s->local_names[i] = s->local.items[i].name;
     }
     for (int i = 0; i < nb; i++) s->buffer_arr[i] = s->local_buffers.items[i].tensor;
-    for (int i = 0; i < np; i++)
-        if (!lk_device_is_host(s->local_arr[i]->device))
-            return lk_error(LK_STATUS_INVALID_ARGUMENT, "strategy %s runs on the CPU only for now", s->vt->name);
+    /* On a GPU: model_parallel over nccl (one micro-batch: a stage only sends or only receives at a time).
+     * pipeline's message groups send and receive at once, which nccl's point-to-point, running a rank's
+     * sends and receives one after another, deadlocks on unless they are ordered for it: not yet. */
+    if (!lk_device_is_host(s->cfg.device) && s->world > 1 && (!lk_comm_reads_device(s->comm) || ps->chunks > 1))
+        return lk_error(LK_STATUS_UNSUPPORTED, "strategy %s on %s: %s", s->vt->name,
+                        lk_device_str(s->cfg.device, (char[32]){0}, 32),
+                        ps->chunks > 1 ? "pipeline's schedules run on the CPU only for now (model_parallel runs on GPUs over nccl)"
+                                  : "model_parallel on GPUs needs a communicator that reads device memory (nccl: one rank per GPU)");
     LK_TRY(sync_params(s)); /* every rank starts from stage k's values of stage k's blocks */
     return lk_strategy_setup(s, s->local_arr, s->local_names, np, s->buffer_arr, nb);
 }
@@ -614,12 +620,17 @@ static lk_status reduce_tied(lk_strategy *s) {
         size_t bytes = (size_t)t->numel * lk_dtype_size(t->dtype);
         void *buf = mine && t->grad ? t->grad->data : NULL;
         if (!buf) {
+            bool host = lk_device_is_host(s->cfg.device);
             if (bytes > ps->scratch_bytes) {
-                lk_free(ps->scratch);
-                if (!(ps->scratch = lk_malloc(bytes))) return ps->scratch_bytes = 0, LK_STATUS_OUT_OF_MEMORY;
+                if (host) lk_free(ps->scratch);
+                else lk_device_free(s->cfg.device, ps->scratch, ps->scratch_bytes);
+                ps->scratch = NULL, ps->scratch_bytes = 0;
+                if (host && !(ps->scratch = lk_malloc(bytes))) return LK_STATUS_OUT_OF_MEMORY;
+                if (!host) LK_TRY(lk_device_alloc(s->cfg.device, bytes, &ps->scratch));
                 ps->scratch_bytes = bytes;
             }
-            memset(ps->scratch, 0, bytes);
+            if (host) memset(ps->scratch, 0, bytes);
+            else LK_TRY(lk_device_memset(s->cfg.device, ps->scratch, 0, bytes));
             buf = ps->scratch;
         }
         LK_TRY(lk_comm_all_reduce(ps->pp, buf, (size_t)t->numel, t->dtype, LK_REDUCE_SUM));
@@ -882,16 +893,18 @@ static lk_status pack_named(const lk_named_tensors *l, uint8_t **out, int64_t *l
         uint32_t nl = (uint32_t)strlen(l->items[i].name);
         int32_t dn[2] = {(int32_t)t->dtype, (int32_t)t->ndim};
         size_t nb = lk_tensor_nbytes(t);
-        if (!lk_device_is_host(t->device) || !lk_tensor_is_contiguous(t)) {
+        if (!lk_tensor_is_contiguous(t)) {
             lk_free(b);
-            return lk_error(LK_STATUS_INTERNAL, "pipeline: optimizer state '%s' is not a contiguous host tensor",
+            return lk_error(LK_STATUS_INTERNAL, "pipeline: optimizer state '%s' is not a contiguous tensor",
                             l->items[i].name);
         }
         memcpy(at, &nl, 4), at += 4;
         memcpy(at, l->items[i].name, nl), at += nl;
         memcpy(at, dn, 8), at += 8;
         memcpy(at, t->shape, 8 * (size_t)t->ndim), at += 8 * (size_t)t->ndim;
-        memcpy(at, t->data, nb), at += nb;
+        lk_status st = lk_device_copy(LK_DEVICE_CPU, at, t->device, t->data, nb); /* (a GPU's state: copied out) */
+        if (st) return lk_free(b), st;
+        at += nb;
     }
     *out = b;
     *len = (int64_t)n;
@@ -923,8 +936,9 @@ static lk_status unpack_named(const uint8_t *b, int64_t len, int from, lk_named_
             return lk_error(LK_STATUS_INTERNAL, "pipeline: the optimizer state rank %d sent for the checkpoint is "
                             "truncated or corrupt", from);
         }
-        memcpy(t->data, at, nb), at += nb;
-        lk_status st = lk_named_tensors_find(into, name) ? LK_STATUS_OK : lk_named_tensors_append(into, name, t);
+        lk_status st = lk_device_copy(t->device, t->data, LK_DEVICE_CPU, at, nb); /* (the default device's: a GPU's) */
+        at += nb;
+        if (!st) st = lk_named_tensors_find(into, name) ? LK_STATUS_OK : lk_named_tensors_append(into, name, t);
         lk_tensor_release(t);
         LK_TRY(st);
     }
