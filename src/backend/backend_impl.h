@@ -645,13 +645,16 @@ const char *lk__dnnl_conv_impl(int kind, const lk__dnnl_conv_shape *s, bool any_
  * LK_CONV=auto (default) | onednn | im2col, read once; the setter is for
  * tests and bench ops. auto: oneDNN's direct (jit) kernels where it has
  * them for the shape and dtype (bf16 only where its bf16 GEMMs run on bf16
- * units, as cpu_lowp.c decides), else im2col + GEMM; onednn: oneDNN's
+ * units, as cpu_lowp.c decides) and where they were measured faster (at
+ * least 8 input channels per group, kernel larger than 1x1), else im2col + GEMM; onednn: oneDNN's
  * GEMM-based code too; im2col: never oneDNN. lk__cpu_conv_dnnl runs one through
  * oneDNN, or answers UNSUPPORTED (no error set) for the caller's im2col. */
 enum { LK__CONV_AUTO, LK__CONV_ONEDNN, LK__CONV_IM2COL };
 int lk__cpu_conv_path(void);
 void lk__cpu_conv_use(int path);
 lk_status lk__cpu_conv_dnnl(int kind, const lk__dnnl_conv_shape *s, const void *a, const void *b, void *c, void *bias);
+/* The oneDNN implementation LK_CONV=onednn runs for it, NULL when none (for bench ops). */
+const char *lk__cpu_conv_dnnl_impl(int kind, const lk__dnnl_conv_shape *s);
 
 /* Intra-op parallelism over independent items (the samples of a
  * convolution), for when one process owns several cores. BLAS's own

@@ -28,8 +28,9 @@ static const conv_case cases[] = {
     {9, 8, 28, 16, 3, {{2, 2}, {1, 1}, {1, 1}, 1}, false}, /* layer2.0.conv1 */
     {9, 8, 28, 16, 1, {{2, 2}, {0, 0}, {1, 1}, 1}, false}, /* layer2.0.downsample */
     {9, 32, 7, 32, 3, {{1, 1}, {1, 1}, {1, 1}, 1}, false}, /* layer3 */
-    {7, 1, 28, 16, 5, {{1, 1}, {2, 2}, {1, 1}, 1}, true},  /* cnn conv1 */
-    {7, 16, 14, 32, 5, {{1, 1}, {2, 2}, {1, 1}, 1}, true}, /* cnn conv2 */
+    {7, 1, 28, 32, 3, {{1, 1}, {1, 1}, {1, 1}, 1}, true},  /* cnn conv1 */
+    {7, 32, 14, 64, 3, {{1, 1}, {1, 1}, {1, 1}, 1}, true}, /* cnn conv2 */
+    {4, 3, 13, 5, 5, {{1, 1}, {2, 2}, {1, 1}, 1}, true},   /* 5x5, odd size */
     {5, 4, 11, 6, 3, {{2, 2}, {0, 0}, {2, 2}, 2}, true},   /* dilated, grouped, no padding */
     {3, 6, 9, 6, 3, {{1, 1}, {1, 1}, {1, 1}, 3}, true},    /* grouped 3 */
     {2, 3, 5, 4, 1, {{1, 1}, {0, 0}, {1, 1}, 1}, true},    /* 1x1 */
@@ -132,8 +133,8 @@ static void onednn_repeats_its_bits(void) {
     lk_set_num_threads(2);
 }
 
-/* Where oneDNN is built, its own kernels run the ResNet's f32 shapes in
- * all three directions (the automatic choice takes them). */
+/* Where oneDNN is built, its own kernels (not its reference code) can run
+ * the ResNet's f32 shapes in all three directions. */
 static void onednn_takes_resnet_shapes(void) {
 #ifdef LK_HAVE_DNNL
     for (size_t k = 0; k < 5; k++) {

@@ -30,9 +30,25 @@ lk_status lk__cpu_conv_dnnl(int kind, const lk__dnnl_conv_shape *s, const void *
     /* bf16 where its GEMMs run on bf16 units (LK_ONEDNN=0 turns both off);
      * elsewhere im2col widens to f32 as the GEMMs do */
     if (s->mul == LK_BF16 && !(lk__cpu_lowp_dnnl_on() && lk__dnnl_native(LK_BF16))) return LK_STATUS_UNSUPPORTED;
+    /* auto leaves two kinds of layer to im2col, as measured (`lockstep bench
+     * ops --conv`, docs/BENCHMARKS.md): fewer than 8 input channels per
+     * group (a stem on 1-channel images: oneDNN's backward-weights there ran
+     * 2-4x slower than im2col's one GEMM) and 1x1 kernels (a projection
+     * shortcut: no faster either way, and the reorders to and from blocked
+     * layouts are pure extra traffic). */
+    if (p == LK__CONV_AUTO && (s->C / s->G < 8 || (s->kh == 1 && s->kw == 1))) return LK_STATUS_UNSUPPORTED;
     return lk__dnnl_conv(kind, s, p == LK__CONV_ONEDNN, a, b, c, bias);
 #else
     (void)kind, (void)s, (void)a, (void)b, (void)c, (void)bias;
     return LK_STATUS_UNSUPPORTED;
+#endif
+}
+
+const char *lk__cpu_conv_dnnl_impl(int kind, const lk__dnnl_conv_shape *s) {
+#ifdef LK_HAVE_DNNL
+    return lk__dnnl_conv_impl(kind, s, true);
+#else
+    (void)kind, (void)s;
+    return NULL;
 #endif
 }
