@@ -29,7 +29,7 @@ typedef struct {
     float *a, *b, *c;
 } gemm;
 
-#define MAXG 32
+#define MAXG 96 /* ResNet-20: 21 convolutions x 3 GEMMs + the head's 2 */
 static gemm g[MAXG];
 static int ng;
 static long n_params;
