@@ -634,11 +634,12 @@ int lk__dnnl_gemm_impl(lk_dtype ab, lk_dtype ct, char *impl, size_t size);
 /* oneDNN's major version (2 or 3). */
 int lk__dnnl_major(void);
 /* UNSUPPORTED (no error set) when oneDNN has no direct kernel for it here
- * (any_impl: its GEMM-based code is taken too; its reference code never). */
-lk_status lk__dnnl_conv(int kind, const lk__dnnl_conv_shape *s, bool any_impl, const void *a, const void *b, void *c,
+ * (any_impl 1: its GEMM-based code is taken too; 2: its reference code
+ * too, for tests of the bf16 plumbing on a CPU without bf16 units). */
+lk_status lk__dnnl_conv(int kind, const lk__dnnl_conv_shape *s, int any_impl, const void *a, const void *b, void *c,
                         void *bias);
 /* The implementation oneDNN runs for it ("jit:avx2"), NULL when none is taken. */
-const char *lk__dnnl_conv_impl(int kind, const lk__dnnl_conv_shape *s, bool any_impl);
+const char *lk__dnnl_conv_impl(int kind, const lk__dnnl_conv_shape *s, int any_impl);
 #endif
 
 /* src/backend/cpu/conv_path.c: which code runs conv2d on the CPU backend:
@@ -652,6 +653,11 @@ const char *lk__dnnl_conv_impl(int kind, const lk__dnnl_conv_shape *s, bool any_
 enum { LK__CONV_AUTO, LK__CONV_ONEDNN, LK__CONV_IM2COL };
 int lk__cpu_conv_path(void);
 void lk__cpu_conv_use(int path);
+/* Tests only: LK_CONV=onednn also takes oneDNN's reference code, and bf16
+ * without bf16 units (slow; checks the bf16 path's dtypes on any CPU). */
+void lk__cpu_conv_allow_ref(bool on);
+/* How many convolutions (per task and direction) oneDNN has run (tests). */
+int64_t lk__cpu_conv_dnnl_runs(void);
 lk_status lk__cpu_conv_dnnl(int kind, const lk__dnnl_conv_shape *s, const void *a, const void *b, void *c, void *bias);
 /* The oneDNN implementation LK_CONV=onednn runs for it, NULL when none (for bench ops). */
 const char *lk__cpu_conv_dnnl_impl(int kind, const lk__dnnl_conv_shape *s);

@@ -50,7 +50,7 @@ static void result_free(result *r) {
 
 /* Forward and backward of one case on `path`; a weight gradient pre-filled
  * with 0.5 when `pre` (accumulation). */
-static result run_case(const conv_case *c, int path, bool pre) {
+static result run_case_in(const conv_case *c, int path, bool pre, lk_dtype autocast) {
     lk__cpu_conv_use(path);
     lk_tensor *x = lk_gc_param(31, LK_SHAPE(c->N, c->C, c->H, c->H));
     lk_tensor *w = lk_gc_param(32, LK_SHAPE(c->O, c->C / c->p.groups, c->k, c->k));
@@ -61,15 +61,18 @@ static result run_case(const conv_case *c, int path, bool pre) {
     }
     result r = {0};
     lk_scope_begin();
+    if (autocast != LK_F32) lk_autocast_enter(autocast);
     lk_tensor *y = lk_conv2d(x, w, b, c->p);
+    if (autocast != LK_F32) lk_autocast_exit();
     CHECK_MSG(y != NULL, "%s", lk_last_error());
     if (y) {
         lk_rng g;
         lk_rng_init(&g, 7, LK_RNG_USER, 1, 1);
-        lk_tensor *gy = lk_tensor_randn(&g, 4, y->shape, 0.0f, 1.0f);
-        CHECK_OK(lk_backward_with(y, gy));
+        lk_tensor *gy = lk_tensor_randn(&g, 4, y->shape, 0.0f, 1.0f), *gc = lk_tensor_cast(gy, y->dtype);
+        CHECK_OK(lk_backward_with(y, gc));
         lk_tensor_release(gy);
-        r.y = lk_tensor_retain(y);
+        lk_tensor_release(gc);
+        r.y = lk_tensor_cast(y, LK_F32); /* a bf16 output widened for the comparison */
     }
     lk_scope_end();
     r.dx = lk_tensor_retain(x->grad), r.dw = lk_tensor_retain(w->grad), r.db = b ? lk_tensor_retain(b->grad) : NULL;
@@ -79,6 +82,8 @@ static result run_case(const conv_case *c, int path, bool pre) {
     lk__cpu_conv_use(LK__CONV_AUTO);
     return r;
 }
+
+static result run_case(const conv_case *c, int path, bool pre) { return run_case_in(c, path, pre, LK_F32); }
 
 /* max |a - b| / max(1, max |b|) */
 static double rel_diff(const lk_tensor *a, const lk_tensor *b) {
@@ -101,7 +106,14 @@ static bool same_bits(const lk_tensor *a, const lk_tensor *b) {
 static void paths_agree_at(int threads, bool pre) {
     lk_set_num_threads(threads);
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
-        result a = run_case(&cases[k], LK__CONV_ONEDNN, pre), b = run_case(&cases[k], LK__CONV_IM2COL, pre);
+        int64_t runs = lk__cpu_conv_dnnl_runs();
+        result a = run_case(&cases[k], LK__CONV_ONEDNN, pre);
+#ifdef LK_HAVE_DNNL
+        CHECK_MSG(lk__cpu_conv_dnnl_runs() >= runs + 3, "case %zu: f32 did not run through oneDNN", k);
+#else
+        (void)runs;
+#endif
+        result b = run_case(&cases[k], LK__CONV_IM2COL, pre);
         double ey = rel_diff(a.y, b.y), ex = rel_diff(a.dx, b.dx), ew = rel_diff(a.dw, b.dw), eb = rel_diff(a.db, b.db);
         CHECK_MSG(ey < 1e-5 && ex < 1e-5 && ew < 1e-5 && eb < 1e-5,
                   "case %zu, %d threads%s: onednn vs im2col rel diff y %g dx %g dw %g db %g", k, threads,
@@ -116,6 +128,33 @@ static void paths_agree(void) {
     (void)lk_gradcheck; /* gradcheck.h is here for lk_gc_param */
     for (int threads = 1; threads <= 3; threads++) paths_agree_at(threads, false);
     paths_agree_at(2, true);
+}
+
+/* Under bf16 autocast both paths multiply the same bf16-rounded operands
+ * (an f32 x rounded by oneDNN's reorder or by im2col's cast, both to
+ * nearest even) and sum in f32: the f32 gradients agree to f32 rounding
+ * (1e-4 of the largest), the bf16 outputs to one bf16 rounding (2^-8,
+ * 1e-2 with room). On a CPU without bf16 units oneDNN has only its
+ * reference code for bf16, which this test allows, so the bf16 plumbing
+ * (dtypes, reorders, the bias) is checked on every machine. */
+static void bf16_paths_agree(void) {
+    lk__cpu_conv_allow_ref(true);
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        int64_t runs = lk__cpu_conv_dnnl_runs();
+        result a = run_case_in(&cases[k], LK__CONV_ONEDNN, false, LK_BF16);
+#ifdef LK_HAVE_DNNL
+        CHECK_MSG(lk__cpu_conv_dnnl_runs() >= runs + 3, "case %zu: bf16 did not run through oneDNN", k);
+#else
+        (void)runs;
+#endif
+        result b = run_case_in(&cases[k], LK__CONV_IM2COL, false, LK_BF16);
+        double ey = rel_diff(a.y, b.y), ex = rel_diff(a.dx, b.dx), ew = rel_diff(a.dw, b.dw), eb = rel_diff(a.db, b.db);
+        CHECK_MSG(ey < 1e-2 && ex < 1e-4 && ew < 1e-4 && eb < 1e-4,
+                  "case %zu, bf16 autocast: onednn vs im2col rel diff y %g dx %g dw %g db %g", k, ey, ex, ew, eb);
+        result_free(&a);
+        result_free(&b);
+    }
+    lk__cpu_conv_allow_ref(false);
 }
 
 /* The oneDNN path gives the same bits twice in a row at each thread count. */
@@ -185,4 +224,4 @@ static void lk_conv_env(void) {
     lk__cpu_conv_use(LK__CONV_AUTO);
 }
 
-LK_TEST_MAIN(LK_TEST_CASE(lk_conv_env), LK_TEST_CASE(paths_agree), LK_TEST_CASE(onednn_repeats_its_bits), LK_TEST_CASE(onednn_takes_resnet_shapes))
+LK_TEST_MAIN(LK_TEST_CASE(lk_conv_env), LK_TEST_CASE(paths_agree), LK_TEST_CASE(bf16_paths_agree), LK_TEST_CASE(onednn_repeats_its_bits), LK_TEST_CASE(onednn_takes_resnet_shapes))

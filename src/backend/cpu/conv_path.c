@@ -23,13 +23,21 @@ int lk__cpu_conv_path(void) {
 
 void lk__cpu_conv_use(int path) { __atomic_store_n(&conv_path, path, __ATOMIC_RELAXED); }
 
+static bool allow_ref;
+static int64_t dnnl_runs;
+
+int64_t lk__cpu_conv_dnnl_runs(void) { return __atomic_load_n(&dnnl_runs, __ATOMIC_RELAXED); }
+
+void lk__cpu_conv_allow_ref(bool on) { __atomic_store_n(&allow_ref, on, __ATOMIC_RELAXED); }
+
 lk_status lk__cpu_conv_dnnl(int kind, const lk__dnnl_conv_shape *s, const void *a, const void *b, void *c, void *bias) {
 #ifdef LK_HAVE_DNNL
     int p = lk__cpu_conv_path();
     if (p == LK__CONV_IM2COL) return LK_STATUS_UNSUPPORTED;
     /* bf16 where its GEMMs run on bf16 units (LK_ONEDNN=0 turns both off);
      * elsewhere im2col widens to f32 as the GEMMs do */
-    if (s->mul == LK_BF16 && !(lk__cpu_lowp_dnnl_on() && lk__dnnl_native(LK_BF16))) return LK_STATUS_UNSUPPORTED;
+    bool ref = p == LK__CONV_ONEDNN && __atomic_load_n(&allow_ref, __ATOMIC_RELAXED);
+    if (s->mul == LK_BF16 && !ref && !(lk__cpu_lowp_dnnl_on() && lk__dnnl_native(LK_BF16))) return LK_STATUS_UNSUPPORTED;
     /* auto leaves two kinds of layer to im2col, as measured (`lockstep bench
      * ops --conv`, docs/BENCHMARKS.md): fewer than 8 input channels per
      * group (a stem on 1-channel images: oneDNN's backward-weights there ran
@@ -37,7 +45,9 @@ lk_status lk__cpu_conv_dnnl(int kind, const lk__dnnl_conv_shape *s, const void *
      * shortcut: no faster either way, and the reorders to and from blocked
      * layouts are pure extra traffic). */
     if (p == LK__CONV_AUTO && (s->C / s->G < 8 || (s->kh == 1 && s->kw == 1))) return LK_STATUS_UNSUPPORTED;
-    return lk__dnnl_conv(kind, s, p == LK__CONV_ONEDNN, a, b, c, bias);
+    lk_status st = lk__dnnl_conv(kind, s, ref ? 2 : p == LK__CONV_ONEDNN, a, b, c, bias);
+    if (!st) __atomic_fetch_add(&dnnl_runs, 1, __ATOMIC_RELAXED);
+    return st;
 #else
     (void)kind, (void)s, (void)a, (void)b, (void)c, (void)bias;
     return LK_STATUS_UNSUPPORTED;
@@ -46,7 +56,7 @@ lk_status lk__cpu_conv_dnnl(int kind, const lk__dnnl_conv_shape *s, const void *
 
 const char *lk__cpu_conv_dnnl_impl(int kind, const lk__dnnl_conv_shape *s) {
 #ifdef LK_HAVE_DNNL
-    return lk__dnnl_conv_impl(kind, s, true);
+    return lk__dnnl_conv_impl(kind, s, 1);
 #else
     (void)kind, (void)s;
     return NULL;
