@@ -29,7 +29,7 @@ typedef struct {
     float *a, *b, *c;
 } gemm;
 
-#define MAXG 32
+#define MAXG 96 /* ResNet-20: 21 convolutions x 3 GEMMs + the head's 2 */
 static gemm g[MAXG];
 static int ng;
 static long n_params;
@@ -72,6 +72,15 @@ static void conv(int batch, int cin, int cout, int hw, int first) {
     if (!first) add(0, 0, m, k, cout);
     add(1, 0, cout, k, m);
     n_params += (long)cout * k + cout + 2L * cout; /* + BN weight, bias */
+}
+
+/* A k x k convolution (no bias, + BatchNorm) as im2col GEMMs, hw the output's side. */
+static void conv_k(int batch, int cin, int cout, int hw, int k, int first) {
+    int m = batch * hw * hw, kk = cin * k * k;
+    add(0, 1, m, cout, kk);
+    if (!first) add(0, 0, m, kk, cout);
+    add(1, 0, cout, kk, m);
+    n_params += (long)cout * kk + 2L * cout;
 }
 
 static void run_gemms(void) {
@@ -151,7 +160,7 @@ static void measure(int threads, double seconds, double *gemm_s, double *bw) {
 
 int main(int argc, char **argv) {
     if (argc < 3) {
-        fprintf(stderr, "usage: gemm_rate autoencoder|mlp|cnn BATCH [--threads T] [--procs W] [--seconds S]\n");
+        fprintf(stderr, "usage: gemm_rate autoencoder|mlp|cnn|resnet BATCH [--threads T] [--procs W] [--seconds S]\n");
         return 2;
     }
     const char *model = argv[1];
@@ -182,8 +191,17 @@ int main(int argc, char **argv) {
         conv(batch, 32, 64, 14, 0);
         linear(batch, 64 * 7 * 7, 128, 0);
         linear(batch, 128, 10, 0);
+    } else if (!strcmp(model, "resnet")) { /* ResNet-20, width 8, 28x28 (bench/compare's resnet) */
+        conv_k(batch, 1, 8, 28, 3, 1);
+        for (int i = 0; i < 6; i++) conv_k(batch, 8, 8, 28, 3, 0);
+        for (int s = 1, w = 16, hw = 14; s < 3; s++, w *= 2, hw /= 2) {
+            conv_k(batch, w / 2, w, hw, 3, 0);
+            conv_k(batch, w / 2, w, hw, 1, 0); /* the projection shortcut */
+            for (int i = 0; i < 5; i++) conv_k(batch, w, w, hw, 3, 0);
+        }
+        linear(batch, 32, 10, 0);
     } else {
-        fprintf(stderr, "gemm_rate: unknown model '%s' (expected autoencoder, mlp or cnn)\n", model);
+        fprintf(stderr, "gemm_rate: unknown model '%s' (expected autoencoder, mlp, cnn or resnet)\n", model);
         return 2;
     }
     double flops = 0;

@@ -56,7 +56,7 @@ GPU_PRECISIONS = PRECISIONS + ("16-mixed", "16-true")
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", choices=["autoencoder", "mlp", "cnn", "gpt"], default="autoencoder")
+    p.add_argument("--model", choices=["autoencoder", "mlp", "cnn", "resnet", "gpt"], default="autoencoder")
     p.add_argument("--gpt", default="4,4,128,64,256", metavar="L,H,C,T,V",
                    help="gpt: n_layer, n_head, n_embd, block_size, vocab_size (default 4,4,128,64,256; "
                         "GPT-2 124M: 12,12,768,1024,50304); a sample is one window of block_size tokens")
@@ -183,6 +183,48 @@ class CNN(nn.Module):
         return self.fc2(F.relu(self.fc1(x.flatten(1))))
 
 
+class BasicBlock(nn.Module):
+    """torchvision's BasicBlock (conv-BN-ReLU-conv-BN + shortcut, ReLU)."""
+
+    def __init__(self, cin, cout, stride):
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.downsample = None
+        if stride != 1 or cin != cout:
+            self.downsample = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+
+    def forward(self, x):
+        out = F.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        return F.relu(out + (self.downsample(x) if self.downsample is not None else x))
+
+
+class ResNet20(nn.Module):
+    """The CIFAR ResNet-20 of width 8 on 1-channel 28x28 images: lockstep's
+    `resnet` with depth 20, width 8, in_channels 1 (3x3 stem, no max-pool,
+    3 stages of 3 basic blocks, 8/16/32 channels, global average pool, fc)."""
+
+    def __init__(self, width=8, blocks=3):
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, width, 3, 1, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(width)
+        layers, cin = [], width
+        for s in range(3):
+            cout = width << s
+            for b in range(blocks):
+                layers.append(BasicBlock(cin, cout, 2 if s and not b else 1))
+                cin = cout
+        self.layers = nn.Sequential(*layers)
+        self.fc = nn.Linear(cin, 10)
+
+    def forward(self, x):
+        x = self.layers(F.relu(self.bn1(self.conv1(x))))
+        return self.fc(F.adaptive_avg_pool2d(x, 1).flatten(1))
+
+
 class CausalSelfAttention(nn.Module):
     """nanoGPT's attention as a PyTorch 1.13 user writes it (no
     scaled_dot_product_attention in 1.13): the explicit masked softmax."""
@@ -242,7 +284,7 @@ class GPT(nn.Module):
         return self.lm_head(tr.ln_f(x))
 
 
-MODELS = {"autoencoder": Autoencoder, "mlp": MLP, "cnn": CNN}
+MODELS = {"autoencoder": Autoencoder, "mlp": MLP, "cnn": CNN, "resnet": ResNet20}
 
 
 def load_idx(path):
@@ -263,7 +305,7 @@ def make_dataset(a):
         x = stream[:-1].view(a.num_samples, t).clone()
         y = stream[1:].view(a.num_samples, t).clone()
         return TensorDataset(x, y), x.numel() * x.element_size() + y.numel() * y.element_size()
-    shape = (1, 28, 28) if a.model == "cnn" else (784,)
+    shape = (1, 28, 28) if a.model in ("cnn", "resnet") else (784,)
     if a.data == "fashion_mnist":
         try:
             x = load_idx(os.path.join(a.data_root, "train-images-idx3-ubyte.gz"))

@@ -155,6 +155,137 @@ static lk_status bias_add_chunk(lk_device dev, const conv_geom *g, long cur, con
     return lk__backend_run(dev, &d, (void *[]){(void *)y, (void *)b, out});
 }
 
+/* ---- conv2d through oneDNN (lk__cpu_conv_dnnl) --------------------------------------------
+ * On the CPU backend a convolution first goes to oneDNN's direct kernels
+ * (LK_CONV, backend_impl.h), each task of lockstep's pool convolving its own
+ * contiguous run of samples with a single-threaded primitive; where oneDNN
+ * takes no such kernel for the shape and dtype, im2col + GEMM below runs
+ * instead, from scratch. Backward-weights gives each task its own dW and db,
+ * added in task order: the bits depend on the width (as im2col's do), never
+ * on which thread ran what. */
+
+typedef struct {
+    lk__dnnl_conv_shape s; /* N: the whole batch; a task's own count replaces it */
+    lk_dtype xt, lowp;     /* x's dtype; the multiplied one */
+    const void *x, *w, *dy; /* forward: x, w (+ bias) -> y; backward: x, w, dY (in lowp) */
+    void *y, *bias;
+    float *dx, *dw, *db; /* backward: dX [N, ...]; dW [width][O*Kg], db [width][O] per task */
+    size_t x_elem, y_elem; /* one sample's elements of x and y */
+    long wsize;
+    lk_status st;
+    int width;
+} conv_dnnl_job;
+
+static void conv_dnnl_fwd_task(void *ctx, int t) {
+    conv_dnnl_job *j = ctx;
+    int64_t n0, n1;
+    lk__task_range(j->s.N, t, j->width, 1, &n0, &n1);
+    if (n1 <= n0) return;
+    lk__dnnl_conv_shape s = j->s;
+    s.N = n1 - n0;
+    note_failure(&j->st, lk__cpu_conv_dnnl(LK__DNNL_CONV_FWD, &s, elem_at(j->x, s.dt[0], n0 * j->x_elem), j->w,
+                                      (void *)elem_at(j->y, s.dt[2], n0 * j->y_elem), j->bias));
+}
+
+static void conv_dnnl_bwd_task(void *ctx, int t) {
+    conv_dnnl_job *j = ctx;
+    int64_t n0, n1;
+    lk__task_range(j->s.N, t, j->width, 1, &n0, &n1);
+    lk__dnnl_conv_shape s = j->s;
+    s.N = n1 - n0;
+    const void *dy = elem_at(j->dy, j->lowp, n0 * j->y_elem);
+    if (j->dw || j->db) {
+        float *dw = j->dw + t * j->wsize, *db = j->db ? j->db + t * s.O : NULL;
+        if (n1 <= n0) { /* no samples: a zero share */
+            memset(dw, 0, sizeof(float) * (size_t)j->wsize);
+            if (db) memset(db, 0, sizeof(float) * (size_t)s.O);
+        } else {
+            s.dt[0] = j->xt, s.dt[1] = j->lowp, s.dt[2] = LK_F32, s.bias = db != NULL;
+            note_failure(&j->st, lk__cpu_conv_dnnl(LK__DNNL_CONV_BWD_WEIGHTS, &s, elem_at(j->x, j->xt, n0 * j->x_elem), dy,
+                                              dw, db));
+        }
+    }
+    if (j->dx && n1 > n0) {
+        s.dt[0] = j->lowp, s.dt[1] = j->lowp, s.dt[2] = LK_F32, s.bias = 0;
+        note_failure(&j->st, lk__cpu_conv_dnnl(LK__DNNL_CONV_BWD_DATA, &s, dy, j->w, j->dx + n0 * j->x_elem, NULL));
+    }
+}
+
+static lk__dnnl_conv_shape dnnl_shape(const conv_geom *g, lk_dtype lowp) {
+    lk__dnnl_conv_shape s;
+    memset(&s, 0, sizeof s); /* compared bytewise */
+    s.N = g->N, s.C = g->C, s.H = g->H, s.W = g->W, s.O = g->O, s.kh = g->kh, s.kw = g->kw, s.OH = g->OH;
+    s.OW = g->OW, s.sh = g->sh, s.sw = g->sw, s.ph = g->ph, s.pw = g->pw, s.dh = g->dh, s.dw = g->dw, s.G = g->G;
+    s.mul = lowp;
+    s.bias_dt = LK_F32;
+    return s;
+}
+
+/* Forward through oneDNN: LK_STATUS_UNSUPPORTED when it takes no kernel
+ * (out untouched or partly written: the caller recomputes it whole). */
+static lk_status conv_dnnl_forward(const conv_geom *g, lk_dtype lowp, const lk_tensor *xc, const lk_tensor *w,
+                                   const lk_tensor *b, lk_tensor *out) {
+    if (lk__backend(xc->device) != &lk__cpu_backend || lk__cpu_conv_path() == LK__CONV_IM2COL || g->N == 0)
+        return LK_STATUS_UNSUPPORTED;
+    conv_dnnl_job j = {.s = dnnl_shape(g, lowp), .xt = xc->dtype, .lowp = lowp, .x = xc->data, .w = w->data,
+                       .y = out->data, .bias = b ? b->data : NULL, .x_elem = (size_t)(g->C * g->H * g->W),
+                       .y_elem = (size_t)(g->O * g->P), .width = lk__parallel_width(g->N)};
+    j.s.dt[0] = xc->dtype, j.s.dt[1] = w->dtype, j.s.dt[2] = out->dtype;
+    j.s.bias = b != NULL, j.s.bias_dt = b ? b->dtype : LK_F32;
+    lk__parallel_run(j.width, conv_dnnl_fwd_task, &j);
+    return j.st;
+}
+
+/* Backward through oneDNN, the gradients accumulated as the im2col path
+ * does; UNSUPPORTED (nothing accumulated) when oneDNN takes no kernel. */
+static lk_status conv_dnnl_backward(const conv_geom *g, lk_dtype lowp, lk_tensor *x, lk_tensor *w, lk_tensor *b,
+                                    const lk_tensor *xc, const lk_tensor *wm, const void *dy, bool need_x, bool need_w,
+                                    bool need_b) {
+    if (lk__backend(xc->device) != &lk__cpu_backend || lk__cpu_conv_path() == LK__CONV_IM2COL || g->N == 0)
+        return LK_STATUS_UNSUPPORTED;
+    lk_device dev = xc->device;
+    conv_dnnl_job j = {.s = dnnl_shape(g, lowp), .xt = xc->dtype, .lowp = lowp, .x = xc->data, .w = wm->data,
+                       .dy = dy, .x_elem = (size_t)(g->C * g->H * g->W), .y_elem = (size_t)(g->O * g->P),
+                       .wsize = g->O * g->Kg, .width = lk__parallel_width(g->N)};
+    bool parts = need_w || need_b; /* backward-weights gives db with dW: run it for either */
+    lk_tensor *dx = need_x ? lk__tensor_new_on(dev, LK_F32, 4, xc->shape) : NULL;
+    lk_tensor *dwp = parts ? lk__tensor_new_on(dev, LK_F32, 1, (int64_t[]){j.width * j.wsize}) : NULL;
+    lk_tensor *dbp = need_b ? lk__tensor_new_on(dev, LK_F32, 1, (int64_t[]){j.width * g->O}) : NULL;
+    lk_tensor *dw = NULL, *db = NULL;
+    lk_status st = LK_STATUS_OUT_OF_MEMORY;
+    if ((need_x && !dx) || (parts && !dwp) || (need_b && !dbp)) goto done;
+    j.dx = dx ? dx->data : NULL, j.dw = dwp ? dwp->data : NULL, j.db = dbp ? dbp->data : NULL;
+    lk__parallel_run(j.width, conv_dnnl_bwd_task, &j);
+    if ((st = j.st)) goto done;
+    /* dW straight into a leaf's existing f32 gradient (as the im2col path
+     * does), else summed into a new one for lk__accum */
+    bool direct_w = need_w && !w->grad_fn && w->grad && w->grad->dtype == LK_F32 && lk_tensor_is_contiguous(w->grad);
+    float *dwd = NULL;
+    if (need_w && !direct_w) {
+        if (!(dw = lk__tensor_zeros_on(dev, LK_F32, 4, wm->shape))) goto oom;
+        dwd = dw->data;
+    } else if (need_w) dwd = w->grad->data;
+    if (need_b && !(db = lk__tensor_zeros_on(dev, LK_F32, 1, b->shape))) goto oom;
+    for (int t = 0; t < j.width; t++) {
+        if (dwd && (st = lk__axpy_f32(dev, j.wsize, 1.0f, j.dw + t * j.wsize, dwd))) goto done;
+        if (db && (st = lk__axpy_f32(dev, g->O, 1.0f, j.db + t * g->O, db->data))) goto done;
+    }
+    lk__accum_move(x, dx), dx = NULL;
+    lk__accum_move(w, dw), dw = NULL;
+    lk__accum_move(b, db), db = NULL;
+    st = LK_STATUS_OK;
+    goto done;
+oom:
+    st = LK_STATUS_OUT_OF_MEMORY;
+done:
+    lk_tensor_release(dx);
+    lk_tensor_release(dwp);
+    lk_tensor_release(dbp);
+    lk_tensor_release(dw);
+    lk_tensor_release(db);
+    return st;
+}
+
 /* Backward over one task's chunks: dW and db accumulated (task 0 into the
  * results, tasks 1.. into partials), dX written per sample; cols and dyt
  * are the task's scratch. */
@@ -244,6 +375,14 @@ static void conv2d_backward(lk_node *n, lk_tensor *gout) {
     conv_geom g;
     conv_geom_init(&g, xc, wc, n->a.i);
     bool need_x = x->requires_grad, need_w = w->requires_grad, need_b = b && b->requires_grad;
+    if (lowp == LK_F32 || gout->dtype == lowp) { /* dY as the product takes it, without a copy */
+        lk_tensor *gc = lk__contig_keep(gout);
+        lk_status st = gc ? conv_dnnl_backward(&g, lowp, x, w, b, xc, lowp == LK_F32 ? wc : wl, gc->data, need_x,
+                                               need_w, need_b)
+                          : LK_STATUS_OUT_OF_MEMORY;
+        lk_tensor_release(gc);
+        if (st != LK_STATUS_UNSUPPORTED) return; /* done, or failed (it said why): as the im2col path's failure */
+    }
     lk_dtype xt = xc->dtype;
     /* f32 columns: dX's GEMM output, and an f32 x's unrolled columns for dW */
     bool need_cols = !g.pointwise && (need_x || (need_w && xt == LK_F32));
@@ -430,14 +569,31 @@ lk_tensor *lk_conv2d(lk_tensor *x, lk_tensor *w, lk_tensor *b, lk_conv2d_params 
     lk_tensor *wc = !lp ? lk__contig(w) : NULL, *wl = NULL, *bc = NULL;
     if (lp) wl = w->dtype == lowp ? lk__contig_keep(w) : lk_tensor_cast(w, lowp);
     if (b) bc = !lp ? lk__contig(b) : b->dtype == lowp ? lk__contig_keep(b) : lk_tensor_cast(b, lowp);
-    int width = lk__parallel_width(g.nchunks);
     lk_tensor *out = lk__tensor_new_on(x->device, lowp, 4, (int64_t[]){g.N, g.O, g.OH, g.OW});
+    lk_tensor *cols = NULL, *tmp = NULL, *lcols = NULL;
+    if (!xc || (!lp && !wc) || (lp && !wl) || (b && !bc) || !out) {
+        lk_tensor_release(out);
+        out = NULL;
+        goto done;
+    }
+    lk_status dst = conv_dnnl_forward(&g, lowp, xc, lp ? wl : wc, bc, out);
+    if (dst != LK_STATUS_UNSUPPORTED) {
+        if (dst) {
+            char sx[128], sw[128];
+            lk_error(dst, "conv2d: oneDNN's convolution failed (%s, input %s, weight %s)", lk_dtype_name(lowp),
+                     lk_shape_str(x, sx, sizeof sx), lk_shape_str(w, sw, sizeof sw));
+            lk_tensor_release(out);
+            out = NULL;
+            goto done;
+        }
+        goto record;
+    }
+    int width = lk__parallel_width(g.nchunks);
     bool need_cols = !g.pointwise && xt == LK_F32, need_lcols = lp && !(g.pointwise && xt == lowp);
-    lk_tensor *cols = need_cols ? lk__tensor_new_on(x->device, LK_F32, 1, (int64_t[]){width * g.cols_n}) : NULL;
-    lk_tensor *tmp = g.nb > 1 || lp ? lk__tensor_new_on(x->device, LK_F32, 1, (int64_t[]){width * g.out_n}) : NULL;
-    lk_tensor *lcols = need_lcols ? lk__tensor_new_on(x->device, lowp, 1, (int64_t[]){width * g.cols_n}) : NULL;
-    if (!xc || (!lp && !wc) || (lp && !wl) || (b && !bc) || !out || (need_cols && !cols) || ((g.nb > 1 || lp) && !tmp) ||
-        (need_lcols && !lcols)) {
+    cols = need_cols ? lk__tensor_new_on(x->device, LK_F32, 1, (int64_t[]){width * g.cols_n}) : NULL;
+    tmp = g.nb > 1 || lp ? lk__tensor_new_on(x->device, LK_F32, 1, (int64_t[]){width * g.out_n}) : NULL;
+    lcols = need_lcols ? lk__tensor_new_on(x->device, lowp, 1, (int64_t[]){width * g.cols_n}) : NULL;
+    if ((need_cols && !cols) || ((g.nb > 1 || lp) && !tmp) || (need_lcols && !lcols)) {
         lk_tensor_release(out);
         out = NULL;
         goto done;
@@ -464,6 +620,7 @@ lk_tensor *lk_conv2d(lk_tensor *x, lk_tensor *w, lk_tensor *b, lk_conv2d_params 
         out = NULL;
         goto done;
     }
+record:;
     lk_tensor *in[3] = {x, w, b};
     lk_node *n = lk__record("conv2d", conv2d_backward, out, b ? 3 : 2, in);
     if (n) {

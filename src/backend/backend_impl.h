@@ -602,6 +602,20 @@ bool lk__cpu_native(lk_dtype dt);
 /* "avx2 yes, avx512f yes, avx512_bf16 yes, ..." into buf; returns buf. */
 const char *lk__cpu_caps_str(char *buf, size_t size);
 
+/* cpu_dnnl.c: oneDNN's convolutions on plain NCHW tensors, for conv2d
+ * (src/autograd/ops_conv.c). kind and the operands a, b -> c (all plain,
+ * contiguous): FWD x, W -> y (+ bias); BWD_DATA dY, W -> dX (f32);
+ * BWD_WEIGHTS x, dY -> dW (f32, overwritten; bias: db, f32, overwritten).
+ * dt: a's, b's and c's dtypes as the caller holds them; mul: the dtype
+ * multiplied (f32 or bf16; an f32 operand of a bf16 product is rounded on
+ * the way in); bias_dt: forward's bias. The struct is compared bytewise as
+ * the cache key, so it has no padding: zero it before filling it. */
+enum { LK__DNNL_CONV_FWD, LK__DNNL_CONV_BWD_DATA, LK__DNNL_CONV_BWD_WEIGHTS };
+typedef struct lk__dnnl_conv_shape {
+    long N, C, H, W, O, kh, kw, OH, OW, sh, sw, ph, pw, dh, dw, G;
+    lk_dtype dt[3], mul, bias_dt;
+    int bias; /* a bias (forward) or its gradient (backward-weights) */
+} lk__dnnl_conv_shape;
 #ifdef LK_HAVE_DNNL
 /* cpu_dnnl.c: UNSUPPORTED (without setting an error) when oneDNN has no
  * implementation for this shape and dtype on this CPU. */
@@ -619,7 +633,34 @@ const char *lk__dnnl_isa(void);
 int lk__dnnl_gemm_impl(lk_dtype ab, lk_dtype ct, char *impl, size_t size);
 /* oneDNN's major version (2 or 3). */
 int lk__dnnl_major(void);
+/* UNSUPPORTED (no error set) when oneDNN has no direct kernel for it here
+ * (any_impl 1: its GEMM-based code is taken too; 2: its reference code
+ * too, for tests of the bf16 plumbing on a CPU without bf16 units). */
+lk_status lk__dnnl_conv(int kind, const lk__dnnl_conv_shape *s, int any_impl, const void *a, const void *b, void *c,
+                        void *bias);
+/* The implementation oneDNN runs for it ("jit:avx2"), NULL when none is taken. */
+const char *lk__dnnl_conv_impl(int kind, const lk__dnnl_conv_shape *s, int any_impl);
 #endif
+
+/* src/backend/cpu/conv_path.c: which code runs conv2d on the CPU backend:
+ * LK_CONV=auto (default) | onednn | im2col, read once; the setter is for
+ * tests and bench ops. auto: oneDNN's direct (jit) kernels where it has
+ * them for the shape and dtype (bf16 only where its bf16 GEMMs run on bf16
+ * units, as cpu_lowp.c decides) and where they were measured faster (at
+ * least 8 input channels per group, kernel larger than 1x1), else im2col + GEMM; onednn: oneDNN's
+ * GEMM-based code too; im2col: never oneDNN. lk__cpu_conv_dnnl runs one through
+ * oneDNN, or answers UNSUPPORTED (no error set) for the caller's im2col. */
+enum { LK__CONV_AUTO, LK__CONV_ONEDNN, LK__CONV_IM2COL };
+int lk__cpu_conv_path(void);
+void lk__cpu_conv_use(int path);
+/* Tests only: LK_CONV=onednn also takes oneDNN's reference code, and bf16
+ * without bf16 units (slow; checks the bf16 path's dtypes on any CPU). */
+void lk__cpu_conv_allow_ref(bool on);
+/* How many convolutions (per task and direction) oneDNN has run (tests). */
+int64_t lk__cpu_conv_dnnl_runs(void);
+lk_status lk__cpu_conv_dnnl(int kind, const lk__dnnl_conv_shape *s, const void *a, const void *b, void *c, void *bias);
+/* The oneDNN implementation LK_CONV=onednn runs for it, NULL when none (for bench ops). */
+const char *lk__cpu_conv_dnnl_impl(int kind, const lk__dnnl_conv_shape *s);
 
 /* Intra-op parallelism over independent items (the samples of a
  * convolution), for when one process owns several cores. BLAS's own

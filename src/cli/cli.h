@@ -23,6 +23,7 @@ int lk_cmd_pipeline(int argc, char **argv); /* cmd_pipeline.c: pipeline-schedule
 lk_status lk_cli_build_from_config(lk_config *cfg, lk_module **module, lk_datamodule **dm, int64_t *seed,
                                    char *root_dir, size_t size);
 int lk_cmd_bench_ops(int argc, char **argv);   /* cmd_bench_ops.c */
+void lk__bench_conv_table(double budget);      /* bench_conv.c: bench ops --conv */
 int lk_cmd_bench_comm(int argc, char **argv);  /* cmd_bench_comm.c */
 int lk_cmd_bench_data(int argc, char **argv);  /* cmd_bench_data.c */
 int lk_cmd_bench_train(int argc, char **argv); /* cmd_bench_train.c */

@@ -285,19 +285,21 @@ static void attention_table(double budget) {
 
 int lk_cmd_bench_ops(int argc, char **argv) {
     double budget = 1.0;
-    bool attention_only = false;
+    bool attention_only = false, conv_only = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--seconds") && i + 1 < argc) budget = atof(argv[++i]);
         else if (!strcmp(argv[i], "--attention")) attention_only = true;
+        else if (!strcmp(argv[i], "--conv")) conv_only = true;
         else if (!strcmp(argv[i], "--help")) {
-            printf("usage: lockstep bench ops [--seconds S] [--attention]\n"
+            printf("usage: lockstep bench ops [--seconds S] [--attention | --conv]\n"
                    "GFLOP/s of lk_matmul vs direct cblas_sgemm on the same buffers (median of 7 rounds,\n"
                    "about S seconds per cell); the training step's GEMMs in f32 (OpenBLAS and oneDNN), bf16 and f16;\n"
                    "the optimizer's update (AdamW over the mlp's parameters, and over a set that fits in cache)\n"
                    "on 1 to N compute threads; and forward+backward time of a 784-512-256-64 MLP at batch 256,\n"
                    "in f32 and under bf16 autocast (bf16-mixed), on 1 to N compute threads; and causal\n"
                    "self-attention's forward+backward, fused against composed, at T = 64, 256, 1024\n"
-                   "(--attention: that table only).\n");
+                   "(--attention: that table only); --conv: only conv2d's im2col + GEMM against oneDNN on the\n"
+                   "ResNet-20's and the cnn's layer shapes, forward and forward + backward, batch 64 and 256.\n");
             return 0;
         } else {
             fprintf(stderr, "lockstep bench ops: unknown option '%s'\n", argv[i]);
@@ -308,6 +310,10 @@ int lk_cmd_bench_ops(int argc, char **argv) {
            openblas_get_config(), lk_get_num_threads());
     if (attention_only) {
         attention_table(budget);
+        return 0;
+    }
+    if (conv_only) {
+        lk__bench_conv_table(budget);
         return 0;
     }
     static const struct { int64_t M, K, N; bool tb; const char *what; } shapes[] = {

@@ -1,5 +1,10 @@
 lk_add_test(NAME autograd_basic SOURCES autograd/test_basic.c LABELS unit gradcheck)
 lk_add_test(NAME autograd_conv SOURCES autograd/test_conv.c LABELS unit gradcheck threads)
+# conv2d's CPU paths against each other, and autograd_conv's checks on the im2col path (the default,
+# LK_CONV=auto, takes oneDNN's kernels where it has them)
+lk_add_test(NAME autograd_conv_paths SOURCES autograd/test_conv_paths.c LABELS unit gradcheck threads)
+add_test(NAME autograd_conv_im2col COMMAND test_autograd_conv WORKING_DIRECTORY ${PROJECT_BINARY_DIR})
+set_tests_properties(autograd_conv_im2col PROPERTIES TIMEOUT 120 LABELS "unit;gradcheck;threads" ENVIRONMENT LK_CONV=im2col)
 lk_add_test(NAME autograd_ops_a SOURCES autograd/test_ops_a.c LABELS unit gradcheck)
 lk_add_test(NAME autograd_graphs SOURCES autograd/test_graphs.c LABELS unit gradcheck)
 lk_add_test(NAME autograd_attention SOURCES autograd/test_attention.c LABELS unit gradcheck parity threads)

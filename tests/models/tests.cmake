@@ -12,3 +12,6 @@ lk_add_test(NAME model_gpt SOURCES models/test_gpt.c LABELS unit parity TIMEOUT 
 # resnet: parity with torchvision's ResNet in PyTorch 1.13 (tools/gen_resnet_fixtures.py: a basic block, a bottleneck,
 # a CIFAR ResNet-20 in f32 and bf16-mixed, 5 SGD steps with the running statistics), names, init, blocks, bad input.
 lk_add_test(NAME model_resnet SOURCES models/test_resnet.c LABELS unit parity TIMEOUT 120)
+# the same torch fixtures with conv2d on im2col + GEMM (model_resnet: oneDNN's kernels where it has them)
+add_test(NAME model_resnet_im2col COMMAND test_model_resnet WORKING_DIRECTORY ${PROJECT_BINARY_DIR})
+set_tests_properties(model_resnet_im2col PROPERTIES TIMEOUT 120 LABELS "unit;parity" ENVIRONMENT LK_CONV=im2col)
