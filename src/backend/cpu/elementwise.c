@@ -45,14 +45,14 @@ static void unary_backward_f32(lk_unary_op op, int64_t n, const float *restrict 
         if (acc)
             for (int64_t i = 0; i < n - n % 8; i += 8)
                 for (int l = 0; l < 8; l++) {
-                    float v = x[i + l], pdf = 0.3989422804014327f * lk_k_expf(-0.5f * v * v);
-                    dx[i + l] += dy[i + l] * (lk_k_normal_cdf(v) + v * pdf);
+                    float v = x[i + l], pdf, cdf = lk_k_normal_cdf_pdf(v, &pdf);
+                    dx[i + l] += dy[i + l] * (cdf + v * pdf);
                 }
         else
             for (int64_t i = 0; i < n - n % 8; i += 8)
                 for (int l = 0; l < 8; l++) {
-                    float v = x[i + l], pdf = 0.3989422804014327f * lk_k_expf(-0.5f * v * v);
-                    dx[i + l] = dy[i + l] * (lk_k_normal_cdf(v) + v * pdf);
+                    float v = x[i + l], pdf, cdf = lk_k_normal_cdf_pdf(v, &pdf);
+                    dx[i + l] = dy[i + l] * (cdf + v * pdf);
                 }
         for (int64_t i = n - n % 8; i < n; i++) {
             float g = dy[i] * lk_k_unary_grad(LK_UNARY_GELU_EXACT, x[i], 0.0f, alpha);

@@ -49,6 +49,15 @@ void lk__cpu_sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alph
     }
     bool by_cols;
     int width = lk__cpu_gemm_width(M, N, K, LK__CPU_SGEMM_SPLIT_FLOPS, &by_cols);
+    /* Each piece packs the whole of the operand the cut does not divide (by
+     * columns all of A, M x K; by rows all of B, K x N): cut the larger one,
+     * so the smaller is the one packed twice. A GPT's tall activations
+     * (B T rows, n_embd wide) against its weights made the column cut pack
+     * every activation once per thread (bench/results/HISTORY.md). */
+    if (width > 1) {
+        bool cols = N >= M;
+        if ((cols ? N : M) / 16 >= width) by_cols = cols;
+    }
     if (width <= 1) {
         lk__cpu_sgemm1(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
         return;

@@ -21,25 +21,33 @@ typedef enum {
 
 LK_KERNEL float lk_k_expf(float x); /* rows.h */
 
-/* The standard normal CDF, Phi(x) = erfc(-x / sqrt 2) / 2, exact GELU's
- * factor: erfc through the Chebyshev fit of Numerical Recipes' erfcc
- * (relative error below 1.2e-7 for every argument, so the lower tail keeps
- * its digits, as 1 + erf(x) would not) and lk_k_expf. Plain arithmetic
- * that vectorises — libm's erff is a call per element, which made GELU a
- * quarter of a small GPT's step. */
+/* The standard normal CDF Phi(x) = erfc(-x / sqrt 2) / 2, exact GELU's
+ * factor, and with it the density phi(x) = exp(-x^2 / 2) / sqrt(2 pi) (into
+ * *pdf): erfc(a) for a = |x| / sqrt 2 as t P(t) exp(-a^2), t = 1 / (1 +
+ * 0.3275911 a), P of degree 4 — Abramowitz and Stegun's 7.1.26, absolute
+ * error below 1.5e-7, the form PyTorch's vectorised erf takes, so GELU
+ * follows torch's own digits. exp(-a^2) is exp(-x^2 / 2), the density's
+ * exponential too: GELU's backward needs one lk_k_expf per element, not
+ * two (with the Numerical Recipes erfc fit used before, GELU forward and
+ * backward were 12% of a small GPT's step, bench/results/HISTORY.md).
+ * Plain arithmetic that vectorises; libm's erff is a call per element. */
+LK_KERNEL float lk_k_normal_cdf_pdf(float x, float *pdf) {
+    float a = fabsf(x) * LK_INV_SQRT_2;
+    float t = 1.0f / (1.0f + 0.3275911f * a);
+    float p = 1.061405429f;
+    p = -1.453152027f + t * p;
+    p = 1.421413741f + t * p;
+    p = -0.284496736f + t * p;
+    p = 0.254829592f + t * p;
+    float u = lk_k_expf(-a * a);
+    float h = 0.5f * t * p * u; /* erfc(a) / 2 */
+    *pdf = 0.3989422804014327f * u;
+    return x >= 0.0f ? 1.0f - h : h;
+}
+
 LK_KERNEL float lk_k_normal_cdf(float x) {
-    float z = x * LK_INV_SQRT_2, a = fabsf(z);
-    float t = 1.0f / (1.0f + 0.5f * a);
-    float p = -0.82215223f + t * 0.17087277f;
-    p = 1.48851587f + t * p;
-    p = -1.13520398f + t * p;
-    p = 0.27886807f + t * p;
-    p = -0.18628806f + t * p;
-    p = 0.09678418f + t * p;
-    p = 0.37409196f + t * p;
-    p = 1.00002368f + t * p;
-    float h = 0.5f * t * lk_k_expf(-a * a - 1.26551223f + t * p); /* erfc(a) / 2 */
-    return z >= 0.0f ? 1.0f - h : h;
+    float pdf;
+    return lk_k_normal_cdf_pdf(x, &pdf);
 }
 
 /* y = f(x); alpha is the op's parameter (leaky slope, elu alpha). */
@@ -76,8 +84,8 @@ LK_KERNEL float lk_k_unary_grad(int op, float x, float y, float alpha) {
         return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du;
     }
     case LK_UNARY_GELU_EXACT: {
-        float pdf = 0.3989422804014327f * lk_k_expf(-0.5f * x * x);
-        return lk_k_normal_cdf(x) + x * pdf;
+        float pdf, cdf = lk_k_normal_cdf_pdf(x, &pdf);
+        return cdf + x * pdf;
     }
     case LK_UNARY_TANH: return 1.0f - y * y;
     case LK_UNARY_SIGMOID: return y * (1.0f - y);
