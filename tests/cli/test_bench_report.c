@@ -237,6 +237,12 @@ static void test_pipeline_bubble(void) {
     nl = lk__bench_recommend(t, 4, 2, lines, 32);
     l = line_starting(nl, "pipeline's bubble");
     CHECK(l && strstr(l, "Within 5 points of the theory"));
+    t[1].bubble = 0.02; /* below the theory: the first stage, where it is measured, computes more */
+    t[2].bubble = 0.10;
+    nl = lk__bench_recommend(t, 4, 2, lines, 32);
+    l = line_starting(nl, "pipeline's bubble");
+    CHECK(l && strstr(l, "Up to 9.1 points below the theory, which assumes equal stages"));
+    t[1].bubble = 0.14, t[2].bubble = 0.12;
     char *bars = draw(lk__bench_svg_throughput, t, 4);
     CHECK(strstr(bars, "pipeline x2 batch 256: 15,979 samples/s; bubble 14.0% (theory 11.1%)</title>"));
     CHECK(strstr(bars, ">bubble 14% / 11%</text>") && strstr(bars, "in a pipeline's bar: measured bubble / theory"));
