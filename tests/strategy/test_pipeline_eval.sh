@@ -10,34 +10,8 @@
 # single's by the micro-batches' sums, 9e-8) and equal to each other
 # (their weights are bitwise the same). Validation every 5 steps (stale
 # blocks on every rank in between) does not change the weights.
-source "$(dirname "$0")/../cli/lib.sh"
-export LK_ALLOW_OVERSUBSCRIBE=1 # 4 ranks on a 2-core machine
-cat >"$T/mlp.yaml" <<YAML
-seed_everything: 3
-trainer:
-  max_steps: 20
-  max_epochs: 10
-  log_every_n_steps: 5
-  enable_progress_bar: false
-  enable_tensorboard: false
-  num_sanity_val_steps: 0
-  limit_val_batches: 2
-model:
-  class_path: mlp
-  init_args: {input_dim: 16, hidden: [32, 24], num_classes: 4}
-data:
-  class_path: synthetic
-  init_args: {num_samples: 640, input_shape: [16], num_classes: 4, batch_size: 32, num_workers: 0}
-optimizer:
-  name: adamw
-  lr: 0.01
-YAML
-run() { # NAME ARGS...
-  local name=$1; shift
-  if ! "$LK_BIN" fit -c "$T/mlp.yaml" --trainer.default_root_dir "$T/$name" "$@" >"$T/$name.log" 2>&1; then
-    bad "$name: the run failed: $(tail -3 "$T/$name.log")"; return 1
-  fi
-}
+source "$(dirname "$0")/pipe_lib.sh"
+write_mlp 2
 # the val_loss logged at step 16 (metrics.csv: the column named val_loss)
 val() { awk -F, 'NR == 1 { for (i = 1; i <= NF; i++) if ($i == "val_loss") c = i; next } $3 == 16 && $c != "" { print $c }' \
   "$T/$1/lightning_logs/version_0/metrics.csv"; }

@@ -13,28 +13,8 @@
 # epoch's short last batch is cut into unequal micro-batches, weighted; the
 # autoencoder fed unflattened images flattens them on the first stage. A tiny gpt
 # (its embedding tied to its head across the first and last stage) the same.
-source "$(dirname "$0")/../cli/lib.sh"
-export LK_ALLOW_OVERSUBSCRIBE=1 # 3 stages on a 2-core machine
-cat >"$T/mlp.yaml" <<YAML
-seed_everything: 3
-trainer:
-  max_steps: 20
-  max_epochs: 10
-  log_every_n_steps: 5
-  enable_progress_bar: false
-  enable_tensorboard: false
-  num_sanity_val_steps: 0
-  limit_val_batches: 2
-model:
-  class_path: mlp
-  init_args: {input_dim: 16, hidden: [32, 24], num_classes: 4}
-data:
-  class_path: synthetic
-  init_args: {num_samples: 640, input_shape: [16], num_classes: 4, batch_size: 32, num_workers: 0}
-optimizer:
-  name: adamw
-  lr: 0.01
-YAML
+source "$(dirname "$0")/pipe_lib.sh"
+write_mlp 2
 run() { # NAME ARGS...: fit, then the checkpoint's weights as $T/NAME.st (a stage's optimizer state stays on its rank)
   local name=$1; shift
   if ! "$LK_BIN" fit -c "$T/mlp.yaml" --trainer.default_root_dir "$T/$name" "$@" >"$T/$name.log" 2>&1; then

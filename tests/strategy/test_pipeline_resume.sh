@@ -8,35 +8,9 @@
 # writes, so single resumes a model_parallel checkpoint (and model_parallel
 # a single one) bitwise, and ddp resumes it too (its data order differs). A checkpoint of another
 # model shape is refused, named.
-source "$(dirname "$0")/../cli/lib.sh"
-export LK_ALLOW_OVERSUBSCRIBE=1 # 4 ranks on a 2-core machine
-cat >"$T/mlp.yaml" <<YAML
-seed_everything: 3
-trainer:
-  max_steps: 20
-  max_epochs: 10
-  log_every_n_steps: 5
-  enable_progress_bar: false
-  enable_tensorboard: false
-  num_sanity_val_steps: 0
-  limit_val_batches: 0
-model:
-  class_path: mlp
-  init_args: {input_dim: 16, hidden: [32, 24], num_classes: 4}
-data:
-  class_path: synthetic
-  init_args: {num_samples: 640, input_shape: [16], num_classes: 4, batch_size: 32, num_workers: 0}
-optimizer:
-  name: adamw
-  lr: 0.01
-YAML
+source "$(dirname "$0")/pipe_lib.sh"
+write_mlp 0
 ck() { echo "$T/$1/lightning_logs/version_0/checkpoints/last.ckpt"; }
-run() { # NAME ARGS...: fit into $T/NAME
-  local name=$1; shift
-  if ! "$LK_BIN" fit -c "$T/mlp.yaml" --trainer.default_root_dir "$T/$name" "$@" >"$T/$name.log" 2>&1; then
-    bad "$name: the run failed: $(tail -3 "$T/$name.log")"; return 1
-  fi
-}
 # same A B [PREFIX]: every tensor of two checkpoints (weights and the
 # optimizer's state; the lr scheduler's and counters' too) byte for byte
 same() {

@@ -6,19 +6,8 @@
 # 2 stages x 2 replicas, where the split is broadcast to every rank); the
 # autoencoder is cut inside its encoder and decoder (finer cut points than
 # its two blocks). Which split the times give is not checked (timings vary).
-source "$(dirname "$0")/../cli/lib.sh"
-export LK_ALLOW_OVERSUBSCRIBE=1 # 4 ranks on a 2-core machine
-cat >"$T/mlp.yaml" <<YAML
-seed_everything: 3
-trainer: {max_steps: 10, max_epochs: 10, enable_progress_bar: false, enable_tensorboard: false, num_sanity_val_steps: 0, limit_val_batches: 0}
-model:
-  class_path: mlp
-  init_args: {input_dim: 16, hidden: [32, 24], num_classes: 4}
-data:
-  class_path: synthetic
-  init_args: {num_samples: 640, input_shape: [16], num_classes: 4, batch_size: 32, num_workers: 0}
-optimizer: {name: adamw, lr: 0.01}
-YAML
+source "$(dirname "$0")/pipe_lib.sh"
+write_mlp 0 10
 run() { # NAME CONFIG ARGS...
   local name=$1 cfg=$2; shift 2
   if ! "$LK_BIN" fit -c "$cfg" --trainer.default_root_dir "$T/$name" "$@" >"$T/$name.log" 2>&1; then
