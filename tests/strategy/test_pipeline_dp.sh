@@ -24,22 +24,6 @@ run() { # NAME ARGS...: fit, then the checkpoint's weights as $T/NAME.st
   fi
   "$LK_BIN" export --ckpt "$T/$name/lightning_logs/version_0/checkpoints/last.ckpt" --out "$T/$name.st" >/dev/null
 }
-near() { # A B TOL: the largest difference between two safetensors files' f32 tensors (their names must agree)
-  python3 - "$1" "$2" "$3" <<'PY'
-import json, struct, sys
-def load(p):
-    b = open(p, 'rb').read(); n = struct.unpack('<Q', b[:8])[0]; h = json.loads(b[8:8 + n]); d = b[8 + n:]
-    out = {}
-    for k, v in h.items():
-        if k == '__metadata__' or v['dtype'] != 'F32': continue
-        s, e = v['data_offsets']; out[k] = struct.unpack('<%df' % ((e - s) // 4), d[s:e])
-    return out
-a, b, tol = load(sys.argv[1]), load(sys.argv[2]), float(sys.argv[3])
-if sorted(a) != sorted(b): print('names differ'); sys.exit(1)
-m = max(max(abs(x - y) for x, y in zip(a[k], b[k])) for k in a)
-print('max |diff| %.3g' % m); sys.exit(0 if m <= tol else 1)
-PY
-}
 val_loss() { # NAME: the last val_loss the run logged
   python3 -c "import csv,sys; r=[x['val_loss'] for x in csv.DictReader(open(sys.argv[1])) if x.get('val_loss')]; print(r[-1])" \
     "$T/$1/lightning_logs/version_0/metrics.csv"

@@ -22,23 +22,6 @@ run() { # NAME ARGS...: fit, then the checkpoint's weights as $T/NAME.st (a stag
   fi
   "$LK_BIN" export --ckpt "$T/$name/lightning_logs/version_0/checkpoints/last.ckpt" --out "$T/$name.st" >/dev/null
 }
-# the largest difference between two safetensors files' f32 tensors, and that their names agree
-near() { # A B TOL
-  python3 - "$1" "$2" "$3" <<'PY'
-import json, struct, sys
-def load(p):
-    b = open(p, 'rb').read(); n = struct.unpack('<Q', b[:8])[0]; h = json.loads(b[8:8 + n]); d = b[8 + n:]
-    out = {}
-    for k, v in h.items():
-        if k == '__metadata__' or v['dtype'] != 'F32': continue
-        s, e = v['data_offsets']; out[k] = struct.unpack('<%df' % ((e - s) // 4), d[s:e])
-    return out
-a, b, tol = load(sys.argv[1]), load(sys.argv[2]), float(sys.argv[3])
-if sorted(a) != sorted(b): print('names differ'); sys.exit(1)
-m = max(max(abs(x - y) for x, y in zip(a[k], b[k])) for k in a)
-print('max |diff| %.3g' % m); sys.exit(0 if m <= tol else 1)
-PY
-}
 run single
 run single_acc --data.init_args.batch_size 8 --trainer.accumulate_grad_batches 4
 run mp2 --trainer.devices 2 --trainer.strategy model_parallel &&

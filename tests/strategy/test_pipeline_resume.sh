@@ -28,22 +28,6 @@ if not any(k.startswith('optimizer.state.') and k.endswith('exp_avg_sq') for k i
     print('no optimizer state in the file'); sys.exit(1)
 PY
 }
-near() { # A B TOL: the largest difference of the f32 weights of two checkpoints
-  python3 - "$1" "$2" "$3" <<'PY'
-import json, struct, sys
-def load(p):
-    b = open(p, 'rb').read(); n = struct.unpack('<Q', b[:8])[0]; h = json.loads(b[8:8 + n]); d = b[8 + n:]
-    out = {}
-    for k, v in h.items():
-        if k == '__metadata__' or v['dtype'] != 'F32' or k.startswith(('optimizer.', 'lr_scheduler.')): continue
-        s, e = v['data_offsets']; out[k] = struct.unpack('<%df' % ((e - s) // 4), d[s:e])
-    return out
-a, b, tol = load(sys.argv[1]), load(sys.argv[2]), float(sys.argv[3])
-if sorted(a) != sorted(b): print('names differ'); sys.exit(1)
-m = max(max(abs(x - y) for x, y in zip(a[k], b[k])) for k in a)
-print('max |diff| %.3g' % m); sys.exit(0 if m <= tol else 1)
-PY
-}
 PP=(--trainer.devices 2 --trainer.strategy pipeline --trainer.pipeline.chunks 4)
 run pp20 "${PP[@]}"
 run pp10 "${PP[@]}" --trainer.max_steps 10 &&
