@@ -147,6 +147,10 @@ typedef struct lk_strategy_info {
  * module path ("DDPStrategy", "lightning.pytorch.strategies.DDPStrategy").
  * NULL when it is none of them (no error set). Static storage. */
 const lk_strategy_info *lk_strategy_info_get(const char *name);
+/* Whether a name is one of Lightning's that also asks for the optimizer on
+ * the CPU (deepspeed_stage_2_offload, deepspeed_stage_3_offload,
+ * fsdp_cpu_offload: lk_fsdp_options.cpu_offload). */
+bool lk_strategy_name_offloads(const char *name);
 /* The class names class_path takes, and their strategies' init_args keys
  * (for --help and the "did you mean" hint): class k's keys are keys[k],
  * a NULL-terminated list. */

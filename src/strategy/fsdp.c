@@ -1133,10 +1133,6 @@ static lk_status f_optimizer_state_load(lk_strategy *s, lk_optimizer *o, const l
  * collective. */
 static lk_status f_shard_pieces(lk_strategy *s, lk_shard_piece **out, int *n) {
     fsdp *f = f_of(s);
-    if (!lk_device_is_host(home(s))) /* (offload's chunks are host memory: written as on the CPU) */
-        return lk_error(LK_STATUS_UNSUPPORTED, "%s: a sharded checkpoint set (state_dict_type: sharded) is written "
-                        "from host memory only for now, and this run's parameters are on %s; use state_dict_type: "
-                        "full there", s->vt->name, lk_device_str(s->cfg.device, (char[32]){0}, 32));
     lk_optimizer *o = f->optim;
     int arrays = o ? lk__optimizer_state_arrays(o) : 0;
     if (arrays > LK_SHARD_MAX_STATE)

@@ -41,6 +41,7 @@ static const struct entry {
 /* Lightning's other names for them. */
 static const struct {
     const char *from, *to;
+    bool offload; /* the name also asks for cpu_offload (lk_strategy_name_offloads) */
 } aliases[] = {
     {"ddp_find_unused_parameters_true", "ddp"}, /* unused parameters get zero gradients in the flat buffer */
     {"ddp_find_unused_parameters_false", "ddp"},
@@ -49,10 +50,16 @@ static const struct {
     {"ddp_fork", "ddp_spawn"}, /* lockstep's ddp_spawn forks */
     {"ddp_notebook", "ddp_spawn"},
     {"single_device", "single"},
-    {"deepspeed_stage_3_offload", "deepspeed_stage_3"}, /* + cpu_offload (the trainer sets it from the name) */
-    {"deepspeed_stage_2_offload", "deepspeed_stage_2"},
-    {"fsdp_cpu_offload", "fsdp"},
+    {"deepspeed_stage_3_offload", "deepspeed_stage_3", true},
+    {"deepspeed_stage_2_offload", "deepspeed_stage_2", true},
+    {"fsdp_cpu_offload", "fsdp", true},
 };
+
+bool lk_strategy_name_offloads(const char *name) {
+    for (size_t i = 0; name && i < sizeof aliases / sizeof aliases[0]; i++)
+        if (!strcmp(name, aliases[i].from)) return aliases[i].offload;
+    return false;
+}
 
 static const char *const strategy_names[] = {"auto", "single", "ddp", "ddp_spawn", "dp", "deepspeed_stage_1",
                                              "deepspeed_stage_2", "deepspeed_stage_3", "fsdp", "model_parallel",

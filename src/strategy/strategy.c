@@ -286,6 +286,12 @@ lk_status lk_strategy_shard_pieces(lk_strategy *s, lk_shard_piece **out, int *n)
     if (!s->wrapped && !s->params)
         return lk_error(LK_STATUS_INVALID_USAGE, "strategy %s: no parameters yet (shard pieces before lk_strategy_wrap)",
                         s->vt->name);
+    /* a sharded strategy's pieces are its chunks, where its gradient chunks are (s->flat_dev): on a GPU
+     * only with cpu_offload are they host memory the set's writer reads */
+    if (s->vt->shard_pieces && !lk_device_is_host(s->flat_dev))
+        return lk_error(LK_STATUS_UNSUPPORTED, "%s: a sharded checkpoint set (state_dict_type: sharded) is written "
+                        "from host memory only for now, and this run's parameters are on %s; use state_dict_type: "
+                        "full there", s->vt->name, lk_device_str(s->cfg.device, (char[32]){0}, 32));
     if (s->vt->shard_pieces) return s->vt->shard_pieces(s, out, n);
     /* replicas: every parameter whole, here as on every rank */
     lk_shard_piece *p = lk_calloc((size_t)s->nparams + 1, sizeof *p);

@@ -282,10 +282,6 @@ static lk_status z_state_dict_loaded(lk_strategy *s) { return to_whole(s); }
  * collective: nothing is gathered for a sharded checkpoint. */
 static lk_status z_shard_pieces(lk_strategy *s, lk_shard_piece **out, int *n) {
     zero *z = z_of(s);
-    if (on_device(s))
-        return lk_error(LK_STATUS_UNSUPPORTED, "%s: a sharded checkpoint set (state_dict_type: sharded) is written "
-                        "from host memory only for now, and this run's parameters are on %s; use state_dict_type: "
-                        "full there", s->vt->name, lk_device_str(s->cfg.device, (char[32]){0}, 32));
     if (z->arrays > LK_SHARD_MAX_STATE)
         return lk_error(LK_STATUS_UNSUPPORTED, "%s: a sharded checkpoint holds at most %d optimizer state arrays "
                         "(this optimizer has %lld)", s->vt->name, LK_SHARD_MAX_STATE, (long long)z->arrays);

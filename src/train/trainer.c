@@ -247,9 +247,7 @@ lk_status lk_trainer_create(const lk_trainer_config *cfg, const lk_optim_setting
     fo.min_num_params = cfg->fsdp_min_num_params;
     fo.forward_prefetch = cfg->fsdp_forward_prefetch;
     fo.backward_prefetch = cfg->fsdp_backward_prefetch;
-    /* Lightning's deepspeed_stage_2_offload, deepspeed_stage_3_offload and fsdp_cpu_offload say it by name */
-    size_t sl = strlen(cfg->strategy);
-    fo.cpu_offload = cfg->fsdp_cpu_offload || (sl > 8 && !strcmp(cfg->strategy + sl - 8, "_offload"));
+    fo.cpu_offload = cfg->fsdp_cpu_offload || lk_strategy_name_offloads(cfg->strategy); /* (a C API caller's name) */
     sc.fsdp = &fo;
     st = lk_strategy_create(&sc, &tr->strat);
     if (st) goto fail;

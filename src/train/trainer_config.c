@@ -574,9 +574,8 @@ static lk_status apply_special(const lk_param *tp, int n, lk_trainer_config *cfg
         if (!text) return lk__cfg_at(c, "trainer.strategy: expected a name such as ddp, or {class_path: DDPStrategy, init_args: {...}}");
         const lk_strategy_info *si = lk_strategy_info_get(text); /* Lightning's aliases and class names */
         LK_TRY(set_scalar(tp, n, cfg, c, si ? si->name : text));
-        size_t len = strlen(text); /* deepspeed_stage_2_offload, deepspeed_stage_3_offload, fsdp_cpu_offload */
-        if (si && len > 8 && !strcmp(text + len - 8, "_offload") &&
-            lk_params_set(tp, n, cfg, "trainer", "fsdp_cpu_offload", "true"))
+        /* the alias is resolved above, so what it also asks for is kept here */
+        if (lk_strategy_name_offloads(text) && lk_params_set(tp, n, cfg, "trainer", "fsdp_cpu_offload", "true"))
             return lk__cfg_at(c, "trainer.strategy: %s", lk_last_error());
     }
     return LK_STATUS_OK;
