@@ -43,13 +43,13 @@ static const struct {
     const char *from, *to;
     bool offload; /* the name also asks for cpu_offload (lk_strategy_name_offloads) */
 } aliases[] = {
-    {"ddp_find_unused_parameters_true", "ddp"}, /* unused parameters get zero gradients in the flat buffer */
-    {"ddp_find_unused_parameters_false", "ddp"},
-    {"ddp_spawn_find_unused_parameters_true", "ddp_spawn"},
-    {"ddp_spawn_find_unused_parameters_false", "ddp_spawn"},
-    {"ddp_fork", "ddp_spawn"}, /* lockstep's ddp_spawn forks */
-    {"ddp_notebook", "ddp_spawn"},
-    {"single_device", "single"},
+    {"ddp_find_unused_parameters_true", "ddp", false}, /* unused parameters get zero gradients in the flat buffer */
+    {"ddp_find_unused_parameters_false", "ddp", false},
+    {"ddp_spawn_find_unused_parameters_true", "ddp_spawn", false},
+    {"ddp_spawn_find_unused_parameters_false", "ddp_spawn", false},
+    {"ddp_fork", "ddp_spawn", false}, /* lockstep's ddp_spawn forks */
+    {"ddp_notebook", "ddp_spawn", false},
+    {"single_device", "single", false},
     {"deepspeed_stage_3_offload", "deepspeed_stage_3", true},
     {"deepspeed_stage_2_offload", "deepspeed_stage_2", true},
     {"fsdp_cpu_offload", "fsdp", true},
