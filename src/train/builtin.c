@@ -225,6 +225,8 @@ typedef struct {
     char root[LK_PARAM_STR];
     int64_t batch_size, num_workers, val_size;
     bool flatten, normalize;
+    int64_t random_crop_padding; /* augmentation of the training split (fashion_mnist) */
+    double random_hflip;
     /* synthetic */
     char task[LK_PARAM_STR];
     int64_t num_samples, num_classes, seed;
@@ -242,6 +244,8 @@ static const lk_param fmnist_params[] = {
     D("val_size", INT, val_size, "5000", 0, 59999, NULL, "validation samples carved from the 60,000 training images"),
     D("flatten", BOOL, flatten, "true", 1, 0, NULL, "images as [784] vectors (false: [1, 28, 28])"),
     D("normalize", BOOL, normalize, "false", 1, 0, NULL, "standardise with the training set's mean 0.2860 and std 0.3530"),
+    D("random_crop_padding", INT, random_crop_padding, "0", 0, 14, NULL, LK__DM_CROP_HELP),
+    D("random_hflip", FLOAT, random_hflip, "0", 0, 1, NULL, LK__DM_FLIP_HELP),
 };
 
 static const lk_param synth_params[] = {
@@ -284,11 +288,13 @@ typedef struct {
     const char *data_from;  /* and the setting that named it: data.init_args.root, LK_DATA_ROOT or default */
 } dm_self;
 
-/* Fashion-MNIST images are 28x28: lk_dataset_mnist_create refuses an idx
- * header of another geometry, naming the file, before the reshape below. */
-static lk_status fmnist_split(dm_self *s, const char *split, lk_dataset **out) {
-    lk_dataset *raw = NULL, *mapped = NULL, *sel = NULL;
-    LK_TRY(lk__dataset_mnist_create_from(s->a.root, split, &raw, s->data_dir, sizeof s->data_dir, &s->data_from));
+/* Fashion-MNIST's u8 [28, 28] images and u8 labels as the models take
+ * them: f32 pixels in [0, 1] (standardised when asked), flat or
+ * [1, 28, 28], and i64 labels. Each split is converted after the training
+ * file is cut and its training part augmented, so the crop's padding is
+ * black, as torchvision's transforms act on the image before ToTensor. */
+static lk_status fmnist_convert(dm_self *s, lk_dataset *raw, lk_dataset **out) {
+    lk_dataset *mapped = NULL;
     lk_transform *t = NULL;
     lk_status st = lk_transform_create(&t);
     if (!st) st = lk_transform_cast(t, LK_F32);
@@ -300,16 +306,16 @@ static lk_status fmnist_split(dm_self *s, const char *split, lk_dataset **out) {
     lk_transform *ty = NULL;
     if (!st) st = lk_transform_create(&ty);
     if (!st) st = lk_transform_cast(ty, LK_I64);
-    if (!st) st = lk_dataset_map(mapped, 1, ty, s->seed, &sel);
+    if (!st) st = lk_dataset_map(mapped, 1, ty, s->seed, out);
     lk_transform_free(ty);
-    lk_dataset_free(raw);
     lk_dataset_free(mapped);
-    if (st) {
-        lk_dataset_free(sel);
-        return st;
-    }
-    *out = sel;
-    return LK_STATUS_OK;
+    return st;
+}
+
+/* One file's images (lk_dataset_mnist_create refuses an idx header of
+ * another geometry than 28x28, naming the file). */
+static lk_status fmnist_raw(dm_self *s, const char *split, lk_dataset **out) {
+    return lk__dataset_mnist_create_from(s->a.root, split, out, s->data_dir, sizeof s->data_dir, &s->data_from);
 }
 
 /* synthetic task tokens (for token models, `bench train --model gpt`): one
@@ -355,17 +361,21 @@ static lk_status dm_setup(lk_datamodule *dm, const char *stage) {
     dm_self *s = dm->self;
     if (s->train || s->test) return LK_STATUS_OK; /* once */
     if (s->kind == 0) {
-        lk_dataset *full = NULL;
-        LK_TRY(fmnist_split(s, "train", &full));
-        lk_dataset *parts[2] = {NULL, NULL};
-        double sizes[2] = {(double)(lk_dataset_len(full) - s->a.val_size), (double)s->a.val_size};
-        lk_status st = s->a.val_size > 0 ? lk_dataset_random_split(full, 2, sizes, s->seed, parts) : LK_STATUS_OK;
-        if (s->a.val_size == 0) parts[0] = lk_dataset_retain(full);
-        lk_dataset_free(full);
-        LK_TRY(st);
-        s->train = parts[0];
-        s->val = parts[1];
-        return fmnist_split(s, "test", &s->test);
+        lk_dataset *raw = NULL, *parts[2] = {NULL, NULL};
+        LK_TRY(fmnist_raw(s, "train", &raw));
+        double sizes[2] = {(double)(lk_dataset_len(raw) - s->a.val_size), (double)s->a.val_size};
+        lk_status st = s->a.val_size > 0 ? lk_dataset_random_split(raw, 2, sizes, s->seed, parts) : LK_STATUS_OK;
+        if (s->a.val_size == 0) parts[0] = lk_dataset_retain(raw);
+        lk_dataset_free(raw);
+        if (!st) st = lk__dm_augment(&parts[0], s->a.random_crop_padding, s->a.random_hflip, s->seed);
+        if (!st) st = fmnist_convert(s, parts[0], &s->train);
+        if (!st && parts[1]) st = fmnist_convert(s, parts[1], &s->val);
+        lk_dataset_free(parts[0]);
+        lk_dataset_free(parts[1]);
+        if (!st) st = fmnist_raw(s, "test", &raw);
+        if (!st) st = fmnist_convert(s, raw, &s->test);
+        lk_dataset_free(raw);
+        return st;
     }
     if (!strcmp(s->a.task, "tokens")) return synth_tokens(s);
     lk_synthetic_config sc = lk_synthetic_config_default();

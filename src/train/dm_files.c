@@ -23,6 +23,8 @@ typedef struct {
     char label[LK_PARAM_STR], task[LK_PARAM_STR];
     double val_split, scale;
     int64_t batch_size, num_workers, num_classes;
+    int64_t random_crop_padding; /* npy: augmentation of the training inputs */
+    double random_hflip;
 } files_args;
 
 #define F(name, type, field, def, lo, hi, choices, help) \
@@ -41,6 +43,10 @@ const lk_param lk__dm_npy_params[LK__DM_NPY_NPARAMS] = {
     F("scale", FLOAT, scale, "1", 0, 1e30, NULL, "inputs are multiplied by this (e.g. 0.00392156862745098 for 0-255 pixels)"),
     F("batch_size", INT, batch_size, "32", 1, 1e7, NULL, "samples per batch on each rank"),
     F("num_workers", INT, num_workers, "0", 0, 256, NULL, "loader threads per rank"),
+    F("random_crop_padding", INT, random_crop_padding, "0", 0, 1 << 20, NULL,
+      "training inputs [N, ..., H, W] only: pad by this many zeros (after scale), then crop a random H x W window "
+      "(torchvision's RandomCrop(size, padding)); 0: off"),
+    F("random_hflip", FLOAT, random_hflip, "0", 0, 1, NULL, LK__DM_FLIP_HELP),
 };
 
 const lk_param lk__dm_csv_params[LK__DM_CSV_NPARAMS] = {
@@ -144,6 +150,7 @@ static lk_status files_setup(lk_datamodule *dm, const char *stage) {
     } else {
         st = lk__dm_splits_cut(&s->sp, full, a->val_split, s->seed, a->x, "sample");
     }
+    if (!st && !s->csv) st = lk__dm_augment(&s->sp.train, a->random_crop_padding, a->random_hflip, s->seed);
     if (!st && a->test_x[0]) st = open_split(s, a->test_x, a->test_y, s->csv ? "test_path" : "test_x", &s->sp.test);
     if (!st && a->predict_x[0]) st = open_split(s, a->predict_x, NULL, s->csv ? "predict_path" : "predict_x", &s->sp.predict);
     if (!st && !s->sp.predict) s->sp.predict = lk_dataset_retain(s->sp.test ? s->sp.test : full); /* in file order */
@@ -221,6 +228,28 @@ lk_status lk__dm_splits_cut(lk__dm_splits *sp, lk_dataset *full, double val_spli
     lk_status st = lk_dataset_random_split(full, 2, (double[]){(double)(n - nval), (double)nval}, seed, parts);
     sp->train = parts[0], sp->val = parts[1];
     return st;
+}
+
+lk_status lk__dm_augment(lk_dataset **train, int64_t pad, double flip, uint64_t seed) {
+    if (pad <= 0 && !(flip > 0)) return LK_STATUS_OK;
+    const lk_field *x = lk_dataset_field(*train, 0);
+    if (!x || x->ndim < 2) {
+        char sb[160];
+        return lk_error(LK_STATUS_INVALID_ARGUMENT, "data.init_args.%s: the training inputs are %s per sample; "
+                        "a crop and a flip need images [H, W] or [C, H, W]", pad > 0 ? "random_crop_padding" :
+                        "random_hflip", x ? lk_data_shape_str(x->ndim, x->shape, sb, sizeof sb) : "absent");
+    }
+    lk_transform *t = NULL;
+    lk_dataset *out = NULL;
+    lk_status st = lk_transform_create(&t);
+    if (!st && pad > 0) st = lk_transform_random_crop(t, x->shape[x->ndim - 2], x->shape[x->ndim - 1], pad);
+    if (!st && flip > 0) st = lk_transform_random_hflip(t, (float)flip);
+    if (!st) st = lk_dataset_map(*train, 0, t, seed, &out);
+    lk_transform_free(t);
+    if (st) return st;
+    lk_dataset_free(*train);
+    *train = out;
+    return LK_STATUS_OK;
 }
 
 lk_dataset *lk__dm_splits_get(const lk__dm_splits *sp, const char *split) {

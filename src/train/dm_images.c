@@ -46,6 +46,8 @@ typedef struct {
     double val_split;
     int64_t channels, batch_size, num_workers;
     bool normalize;
+    int64_t random_crop_padding; /* augmentation of the training images */
+    double random_hflip;
 } images_args;
 
 #define I(name, type, field, def, lo, hi, choices, help) \
@@ -60,6 +62,8 @@ const lk_param lk__dm_images_params[LK__DM_IMAGES_NPARAMS] = {
     I("normalize", BOOL, normalize, "false", 1, 0, NULL, "pixels to [-1, 1] (mean 0.5, std 0.5) instead of [0, 1]"),
     I("batch_size", INT, batch_size, "32", 1, 1e7, NULL, "samples per batch on each rank"),
     I("num_workers", INT, num_workers, "0", 0, 256, NULL, "loader threads per rank"),
+    I("random_crop_padding", INT, random_crop_padding, "0", 0, 1 << 20, NULL, LK__DM_CROP_HELP),
+    I("random_hflip", FLOAT, random_hflip, "0", 0, 1, NULL, LK__DM_FLIP_HELP),
 };
 _Static_assert(sizeof lk__dm_images_params / sizeof lk__dm_images_params[0] == LK__DM_IMAGES_NPARAMS, "table");
 
@@ -117,7 +121,7 @@ static void free_names(char **names, int n) {
     lk_free(names);
 }
 
-/* Every image under root/<class>/ as one dataset {x: u8 [C, H, W], y: i64}. */
+/* Every image under root/<class>/ as one dataset {x: u8 [C, H, W], y: i64}, unconverted. */
 static lk_status load_root(images_self *s, const char *root, const char *key, lk_dataset **out) {
     *out = NULL;
     char **cls = NULL;
@@ -198,14 +202,19 @@ static lk_status load_root(images_self *s, const char *root, const char *key, lk
     }
     lk_free(px);
     lk_free(labels);
-    if (st) return st;
+    if (!st) *out = raw;
+    return st;
+}
+
+/* u8 [C, H, W] pixels to f32 in [0, 1] or, normalised, [-1, 1]; done per
+ * split after the training images are augmented on their raw pixels. */
+static lk_status images_convert(images_self *s, lk_dataset *raw, lk_dataset **out) {
     lk_transform *t = NULL;
-    st = lk_transform_create(&t);
+    lk_status st = lk_transform_create(&t);
     if (!st) st = lk_transform_cast(t, LK_F32);
     if (!st) st = s->a.normalize ? lk_transform_scale(t, 2.0f / 255.0f, -1.0f) : lk_transform_scale(t, 1.0f / 255.0f, 0.0f);
     if (!st) st = lk_dataset_map(raw, 0, t, s->seed, out);
     lk_transform_free(t);
-    lk_dataset_free(raw);
     return st;
 }
 
@@ -216,15 +225,23 @@ static lk_status images_setup(lk_datamodule *dm, const char *stage) {
     if (!s->a.root[0]) return lk_error(LK_STATUS_INVALID_ARGUMENT, "data.init_args.root is required (root/<class_name>/*.png)");
     lk_dataset *full = NULL;
     LK_TRY(load_root(s, s->a.root, "root", &full));
+    lk__dm_splits raw = {0};
     lk_status st = LK_STATUS_OK;
     if (s->a.val_root[0]) {
-        s->sp.train = lk_dataset_retain(full);
-        st = load_root(s, s->a.val_root, "val_root", &s->sp.val);
+        raw.train = lk_dataset_retain(full);
+        st = load_root(s, s->a.val_root, "val_root", &raw.val);
     } else {
-        st = lk__dm_splits_cut(&s->sp, full, s->a.val_split, s->seed, s->a.root, "image");
+        st = lk__dm_splits_cut(&raw, full, s->a.val_split, s->seed, s->a.root, "image");
     }
-    if (!st && s->a.test_root[0]) st = load_root(s, s->a.test_root, "test_root", &s->sp.test);
-    if (!st) s->sp.predict = lk_dataset_retain(s->sp.test ? s->sp.test : full); /* sorted order */
+    if (!st && s->a.test_root[0]) st = load_root(s, s->a.test_root, "test_root", &raw.test);
+    if (!st) st = lk__dm_augment(&raw.train, s->a.random_crop_padding, s->a.random_hflip, s->seed);
+    if (!st) st = images_convert(s, raw.train, &s->sp.train);
+    if (!st && raw.val) st = images_convert(s, raw.val, &s->sp.val);
+    if (!st && raw.test) st = images_convert(s, raw.test, &s->sp.test);
+    if (!st) /* the test images, else every image of root, in sorted order */
+        st = s->sp.test ? (s->sp.predict = lk_dataset_retain(s->sp.test), LK_STATUS_OK)
+                        : images_convert(s, full, &s->sp.predict);
+    lk__dm_splits_free(&raw);
     lk_dataset_free(full);
     return st;
 }

@@ -65,6 +65,10 @@ sys.exit(0 if a.shape[0] == 300 and h.shape[0] == 40 and np.allclose(a[:40], h, 
     "$LK_BIN" fit --model.class_path mlp --model.init_args.input_dim 16 --data.class_path npy --data.init_args.x train_x.npy --data.init_args.y bad_y.npy $q
   expect_fail "npy: a missing file is named" 1 "cannot open missing.npy" \
     "$LK_BIN" fit --model.class_path mlp --model.init_args.input_dim 16 --data.class_path npy --data.init_args.x missing.npy --data.init_args.y train_y.npy $q
+  expect_fail "npy: augmentation of inputs that are not images names the init arg and the sample shape" 1 \
+    "data.init_args.random_crop_padding: the training inputs are [16] per sample; a crop and a flip need images" \
+    "$LK_BIN" fit --model.class_path mlp --model.init_args.input_dim 16 --data.class_path npy --data.init_args.x train_x.npy \
+    --data.init_args.y train_y.npy --data.init_args.random_crop_padding 2 $q
   expect_fail "npy: y is required with x" 1 "data.init_args.y is required with x" \
     "$LK_BIN" fit --model.class_path mlp --model.init_args.input_dim 16 --data.class_path npy --data.init_args.x train_x.npy $q
 else
@@ -95,6 +99,10 @@ PY
   a=$(acc)
   check "image_folder: the mlp trains on the user's PNGs with ddp on 2 ranks (val_acc $a > 0.8)" bash -c \
     "awk -v a='$a' 'BEGIN { exit !(a > 0.8) }' && grep -q '\"world_size\":[[:space:]]*2' $(latest)/run.json"
+  # a random crop (padding 1: the bright half moves by at most one pixel) still learns it; a flip would swap the classes
+  "$LK_BIN" fit $img --data.init_args.root imgs --data.init_args.random_crop_padding 1 --trainer.max_epochs 6 $q >img2.out 2>&1
+  a=$(acc)
+  check "image_folder: trains with random_crop_padding 1 (val_acc $a > 0.8)" awk -v a="$a" 'BEGIN { exit !(a > 0.8) }'
   out=$("$LK_BIN" test $img --data.init_args.root imgs --data.init_args.test_root imgs_test --ckpt_path "$(latest)/checkpoints/last.ckpt" $q 2>&1)
   check "image_folder: test runs on test_root" grep -q "test_acc" <<<"$out"
   expect_fail "image_folder: images of two sizes name the file and both sizes" 1 "odd/right/b.png is 6x8 but the images before it are 8x8" \

@@ -506,7 +506,82 @@ static void model_data_mismatch(void) {
     CHECK(system(rm) == 0);
 }
 
+/* fashion_mnist's augmentation touches the training split only: with
+ * random_hflip 1 every training image is the plain one mirrored, the
+ * validation images (carved from the same file) and the test images are
+ * unchanged; a random crop keeps the image's size and, with padding, moves
+ * it by at most `padding` pixels, drawn anew each epoch. */
+static lk_datamodule *fmnist_dm(const char *flip, const char *pad) {
+    lk_model_kv args[] = {{"flatten", "false"}, {"random_hflip", flip}, {"random_crop_padding", pad},
+                          {"num_workers", "0"}};
+    lk_datamodule *dm = NULL;
+    lk_status st = lk_datamodule_create_builtin("fashion_mnist", args, 4, 1, &dm);
+    if (!st) st = dm->vt->setup(dm, "fit");
+    if (st) {
+        if (st == LK_STATUS_IO) printf("skip fashion_mnist_augment: %s\n", lk_last_error());
+        else CHECK_OK(st);
+        lk_datamodule_free(dm);
+        return NULL;
+    }
+    return dm;
+}
+
+static void fashion_mnist_augment(void) {
+    lk_datamodule *plain = fmnist_dm("0", "0");
+    if (!plain) return;
+    lk_datamodule *flip = fmnist_dm("1", "0"), *crop = fmnist_dm("0", "2");
+    CHECK(flip && crop);
+    if (!flip || !crop) return;
+    float a[784], b[784], c[784];
+    int64_t ya, yb;
+    const char *splits[] = {"train", "val", "test"};
+    for (int sp = 0; sp < 3; sp++) {
+        lk_dataset *p = plain->vt->dataset(plain, splits[sp]), *f = flip->vt->dataset(flip, splits[sp]);
+        CHECK(lk_dataset_len(p) == lk_dataset_len(f));
+        for (int64_t i = 0; i < 50; i++) {
+            CHECK_OK(lk_dataset_get(p, i, 0, (void *[]){a, &ya}));
+            CHECK_OK(lk_dataset_get(f, i, 0, (void *[]){b, &yb}));
+            CHECK(ya == yb);
+            int same = 1, mirrored = 1;
+            for (int r = 0; r < 28; r++)
+                for (int x = 0; x < 28; x++) {
+                    same &= a[r * 28 + x] == b[r * 28 + x];
+                    mirrored &= a[r * 28 + x] == b[r * 28 + 27 - x];
+                }
+            if (sp == 0) CHECK(mirrored);
+            else CHECK(same);
+        }
+    }
+    /* crops: the same pixels shifted by (dy, dx) in [-2, 2], black where they
+     * left the frame; some image moves, and the draws differ between epochs */
+    lk_dataset *p = plain->vt->dataset(plain, "train"), *cr = crop->vt->dataset(crop, "train");
+    int moved = 0, epochs_differ = 0;
+    for (int64_t i = 0; i < 20; i++) {
+        CHECK_OK(lk_dataset_get(p, i, 0, (void *[]){a, &ya}));
+        CHECK_OK(lk_dataset_get(cr, i, 0, (void *[]){b, &yb}));
+        CHECK_OK(lk_dataset_get(cr, i, 1, (void *[]){c, &yb}));
+        int found = 0;
+        for (int dy = -2; dy <= 2 && !found; dy++)
+            for (int dx = -2; dx <= 2 && !found; dx++) {
+                int ok = 1;
+                for (int r = 0; r < 28 && ok; r++)
+                    for (int x = 0; x < 28 && ok; x++) {
+                        int sr = r + dy, sx = x + dx;
+                        float want = sr >= 0 && sr < 28 && sx >= 0 && sx < 28 ? a[sr * 28 + sx] : 0.0f;
+                        ok = b[r * 28 + x] == want;
+                    }
+                if (ok) found = 1, moved += dy || dx;
+            }
+        CHECK(found);
+        epochs_differ += memcmp(b, c, sizeof b) != 0;
+    }
+    CHECK(moved > 0 && epochs_differ > 0);
+    lk_datamodule_free(plain);
+    lk_datamodule_free(flip);
+    lk_datamodule_free(crop);
+}
+
 LK_TEST_MAIN(LK_TEST_CASE(arrays), LK_TEST_CASE(subsets_and_splits), LK_TEST_CASE(concat), LK_TEST_CASE(select_fields),
              LK_TEST_CASE(synthetic), LK_TEST_CASE(transforms_deterministic), LK_TEST_CASE(transforms_random),
              LK_TEST_CASE(transform_errors), LK_TEST_CASE(custom_dataset), LK_TEST_CASE(materialize),
-             LK_TEST_CASE(model_data_mismatch))
+             LK_TEST_CASE(model_data_mismatch), LK_TEST_CASE(fashion_mnist_augment))
