@@ -552,6 +552,12 @@ lk_status lk__bench_svg_throughput(FILE *f, const lk__bench_cell *cells, int n) 
     double step = tick_step(top * 1.08);
     top = ceil(top * 1.08 / step) * step;
     int bw = nb > 4 ? 16 : 22, gw = nb * bw, gap = gw + 28 < 88 ? 88 - gw : 28; /* room for "independent" */
+    /* and for the longest strategy name under its group (~7 px a character
+     * at the labels' size), so "model_parallel" does not run into its neighbour */
+    for (int g = 0; g < ng; g++) {
+        int need = 7 * (int)strlen(cells[group[g]].strategy) + 12;
+        if (gw + gap < need) gap = need - gw;
+    }
     int x0 = 90, plot_w = ng * (gw + gap), legend_w = 150, w = x0 + plot_w + legend_w + 20;
     if (w < 640) w = 640;
     int y1 = 70, y0 = 370, h = y0 + (nmod > 1 ? 84 : 70) + 20;

@@ -253,7 +253,32 @@ static void test_pipeline_bubble(void) {
     free(bars);
 }
 
-LK_TEST_MAIN(LK_TEST_CASE(test_best_cell_ignores_failed_cells), LK_TEST_CASE(test_pipeline_bubble), LK_TEST_CASE(test_scaling_loss_is_split_into_phases),
+/* Group labels stand apart however long the strategy's name: the centres
+ * of two neighbouring "model_parallel" groups (x1 and x2) are at least a
+ * label's width (~7 px a character at 12 px) apart, at one batch size
+ * where the bars are narrow. */
+static int label_x(const char *svg, const char *name, int nth) {
+    size_t n = strlen(name);
+    for (const char *p = strstr(svg, "<text x='"); p; p = strstr(p + 1, "<text x='")) {
+        const char *gt = strchr(p, '>'), *mid = strstr(p, "text-anchor='middle'");
+        if (gt && mid && mid < gt && !strncmp(gt + 1, name, n) && !strncmp(gt + 1 + n, "</text>", 7) && !nth--)
+            return atoi(p + 9);
+    }
+    return -1;
+}
+
+static void test_long_names_do_not_overlap(void) {
+    lk__bench_cell t[] = {mk("model_parallel", 1, 256, 9000, 1, 0, 1, 1, 0, 0, 0),
+                          mk("model_parallel", 2, 256, 9100, 0.5, 0, 1, 1, 0, 0, 0),
+                          mk("pipeline", 2, 256, 12000, 0.6, 0, 1, 1, 0, 0, 0)};
+    char *bars = draw(lk__bench_svg_throughput, t, 3);
+    int a = label_x(bars, "model_parallel", 0), b = label_x(bars, "model_parallel", 1), c = label_x(bars, "pipeline", 0);
+    CHECK(a > 0 && b > a && c > b);
+    CHECK(b - a >= 7 * 14 && c - b >= 7 * (14 + 8) / 2);
+    free(bars);
+}
+
+LK_TEST_MAIN(LK_TEST_CASE(test_best_cell_ignores_failed_cells), LK_TEST_CASE(test_pipeline_bubble), LK_TEST_CASE(test_long_names_do_not_overlap), LK_TEST_CASE(test_scaling_loss_is_split_into_phases),
              LK_TEST_CASE(test_dp_against_ddp_and_batch_size), LK_TEST_CASE(test_no_advice_inside_the_noise),
              LK_TEST_CASE(test_more_ranks_than_cores_is_named),
              LK_TEST_CASE(test_no_ok_cell), LK_TEST_CASE(test_short_reason), LK_TEST_CASE(test_scaling_path),
