@@ -1,6 +1,8 @@
 lk_add_test(NAME models SOURCES models/test_models.c LABELS unit parity TIMEOUT 120)
 # The benchmark program; ctest only runs its one-iteration smoke mode.
 lk_add_test(NAME models_bench_smoke SOURCES models/bench_models.c LABELS unit ARGS --quick TIMEOUT 60)
+# issue 49: the cnn's and ResNet-20's step against a bound that counts the memory-bound passes
+lk_add_test(NAME models_bench_convnets_smoke SOURCES models/bench_convnets.c LABELS unit ARGS --quick TIMEOUT 60)
 # The built-in list: a builder per model, one file per model, no name compared in the registry.
 # gpt at its defaults is GPT-2 124M: ~8 s here, ~55 s under ASan on 2 busy cores
 lk_add_test(NAME model_registry SOURCES models/test_model_registry.c LABELS unit TIMEOUT 240)
