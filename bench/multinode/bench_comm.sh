@@ -11,6 +11,8 @@
 #   (40-180 ms a call), which measures the scheduler, not the algorithm.
 #   0 leaves OpenMPI's default.
 # LK_MN_BENCH_SIZES: "--min A --max B" (default 4096 to 16M).
+# LK_MN_MPIRUN_ARGS: more mpirun arguments (e.g. "-x LK_COMM_HIER_CHUNK",
+#   with the variable exported).
 set -u
 here=$(cd "$(dirname "$0")/../.." && pwd)
 out=${1:-/tmp/lk-mn-bench}; shift || true
@@ -19,6 +21,8 @@ read -r -a workers <<<"${LK_MN_BENCH_WORKERS:-hier mpi}"
 read -r -a sizes <<<"${LK_MN_BENCH_SIZES:---min 4096 --max 16M}"
 extra=()
 [ "${LK_MN_BENCH_YIELD:-1}" = 1 ] && extra+=(--mca mpi_yield_when_idle 1)
+read -r -a more <<<"${LK_MN_MPIRUN_ARGS:-}"
+extra+=("${more[@]}")
 export LK_NETNS_ID=lkbench$$
 S="$here/scripts/netns-cluster.sh"
 mkdir -p "$out"

@@ -5,6 +5,7 @@
 # the 5th) with the machine's load. Needs root (scripts/netns-cluster.sh).
 # usage: bench/multinode/fit_shaped.sh RATE [STRATEGY...]
 #   STRATEGY: ddp, fsdp (FULL_SHARD), hybrid (fsdp HYBRID_SHARD); default all three
+# LK_MN_MPIRUN_ARGS: more mpirun arguments (e.g. "-x LK_COMM_BACKEND", exported).
 # LK_FIT_STEPS: steps (default 20); LK_FIT_OUT: where the runs go (default /tmp/lk-mn-fit)
 set -u
 here=$(cd "$(dirname "$0")/../.." && pwd)
@@ -25,8 +26,9 @@ for st in "${strats[@]}"; do
     hybrid) args=(--trainer.strategy fsdp --trainer.fsdp_sharding_strategy HYBRID_SHARD) ;;
   esac
   dir="$out/$rate-$st-$(date +%H%M%S)"
+  read -r -a more <<<"${LK_MN_MPIRUN_ARGS:-}"
   load=$(cut -d' ' -f1-3 /proc/loadavg)
-  timeout 900 bash "$S" mpirun -np 4 --map-by ppr:2:node -x LK_ALLOW_OVERSUBSCRIBE=1 "$here/build/lockstep" fit \
+  timeout 900 bash "$S" mpirun -np 4 --map-by ppr:2:node -x LK_ALLOW_OVERSUBSCRIBE=1 "${more[@]}" "$here/build/lockstep" fit \
     -c "$here/examples/autoencoder.yaml" --trainer.devices 2 --trainer.num_nodes 2 --trainer.max_epochs 1 \
     --trainer.limit_train_batches "${LK_FIT_STEPS:-20}" --trainer.enable_progress_bar false \
     --trainer.default_root_dir "$dir" "${args[@]}" >"$dir.log" 2>&1 || { echo "fit: $st at $rate failed (see $dir.log)"; continue; }

@@ -15,6 +15,7 @@
  * Process groups (lk_comm_split) are groups of `world` and run flat;
  * point-to-point goes straight to `world`'s mpi sends and receives. */
 #ifdef LK_HAVE_MPI
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -31,9 +32,17 @@ typedef struct {
     int g;
     void *scratch; /* the reduce-scatter's node sum and leaders' result (scratch_bytes), kept between calls */
     size_t scratch_bytes;
+    /* lk_comm_alloc_shared blocks taken from the node's shm heap (the rest
+     * are lk_aligned_alloc's), so that free_shared gives each back where
+     * it came from */
+    pthread_mutex_t mu;
+    void **in_node;
+    int n_in_node, cap_in_node;
 } hier_comm;
 
 static void hier_free_parts(hier_comm *h) {
+    lk_free(h->in_node);
+    pthread_mutex_destroy(&h->mu);
     lk_aligned_free(h->scratch);
     lk_comm_free(h->leaders);
     lk_comm_free(h->node);
@@ -44,6 +53,7 @@ static void hier_free_parts(hier_comm *h) {
 static lk_status hier_init(lk_comm *c, const lk_comm_config *cfg) {
     hier_comm *h = lk_calloc(1, sizeof *h);
     if (!h) return LK_STATUS_OUT_OF_MEMORY;
+    pthread_mutex_init(&h->mu, NULL);
     lk_comm_config wc = *cfg;
     wc.struct_size = sizeof wc;
     wc.backend = "mpi";
@@ -53,6 +63,7 @@ static lk_status hier_init(lk_comm *c, const lk_comm_config *cfg) {
     wc.timeout_from = c->timeout_from;
     lk_status st = c->make_host(&wc, &h->world); /* lk_comm_create, through the registry (no file cycle) */
     if (st) {
+        pthread_mutex_destroy(&h->mu);
         lk_free(h);
         return st;
     }
@@ -282,6 +293,7 @@ static lk_status hier_split(lk_comm *parent, lk_comm *child, int colour, int key
         lk_comm_free(sub);
         return LK_STATUS_OUT_OF_MEMORY;
     }
+    pthread_mutex_init(&h->mu, NULL);
     h->world = sub;
     child->impl = h;
     return LK_STATUS_OK;
@@ -298,11 +310,53 @@ static lk_status hier_p2p_progress(lk_comm *c, lk__p2p *op, bool *done) {
     return lk__comm_mpi.p2p_progress(h->world, op, done);
 }
 
+/* Memory for collectives (DDP's gradient buckets, bench comm's buffer):
+ * from the node's shm heap where the node has several ranks, so that the
+ * node's all-reduce and broadcast read and write the ranks' buffers in
+ * place (shm's in-segment path: no copies through its staging slots, about
+ * half the memory traffic of the intra-node legs); the order of additions
+ * is the same either way. A heap too small for the block falls back to
+ * private memory (the staged path), as before. Not lk_comm_shares_memory:
+ * the ranks of other nodes cannot map it. */
+static lk_status hier_alloc_shared(lk_comm *c, size_t bytes, void **ptr) {
+    hier_comm *h = c->impl;
+    if (h->node && !lk_comm_alloc_shared(h->node, bytes, ptr)) {
+        pthread_mutex_lock(&h->mu);
+        bool kept = !lk_vec_reserve(h->in_node, h->cap_in_node, h->n_in_node + 1, 8);
+        if (kept) h->in_node[h->n_in_node++] = *ptr;
+        pthread_mutex_unlock(&h->mu);
+        if (kept) return LK_STATUS_OK;
+        lk_comm_free_shared(h->node, *ptr);
+        *ptr = NULL;
+        return LK_STATUS_OUT_OF_MEMORY;
+    }
+    size_t a = 64, size = bytes ? (bytes + a - 1) / a * a : a;
+    void *p = lk_aligned_alloc(a, size);
+    if (!p) return LK_STATUS_OUT_OF_MEMORY;
+    memset(p, 0, bytes);
+    *ptr = p;
+    return LK_STATUS_OK;
+}
+
+static void hier_free_shared(lk_comm *c, void *ptr) {
+    hier_comm *h = c->impl;
+    pthread_mutex_lock(&h->mu);
+    int i = 0;
+    while (i < h->n_in_node && h->in_node[i] != ptr) i++;
+    bool node = i < h->n_in_node;
+    if (node) h->in_node[i] = h->in_node[--h->n_in_node];
+    pthread_mutex_unlock(&h->mu);
+    if (node) lk_comm_free_shared(h->node, ptr);
+    else lk_aligned_free(ptr);
+}
+
 const lk__comm_vtable lk__comm_hier = {
     .name = "hier",
     .init = hier_init,
     .destroy = hier_destroy,
     .run = hier_run,
+    .alloc_shared = hier_alloc_shared,
+    .free_shared = hier_free_shared,
     .abort = hier_abort,
     .split = hier_split,
     .p2p_start = hier_p2p_start,
