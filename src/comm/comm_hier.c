@@ -6,7 +6,10 @@
  * reduces inside the node through shared memory, the leaders all-reduce
  * the node sums over MPI, and each leader broadcasts the result to its node
  * through shared memory: the network carries one buffer per node instead of
- * one per rank. Every other collective runs flat on `world`.
+ * one per rank; large ones in chunks, the three steps overlapped. When the
+ * ranks are laid out node by node, all-gather and reduce-scatter go
+ * through the leaders the same way. Every other collective runs flat on
+ * `world`.
  *
  * The order of additions is fixed by the topology (nodes x ranks per node),
  * so results are bitwise reproducible for a given topology, and differ in
