@@ -72,6 +72,8 @@ typedef struct {
     /* Two ranks on two hosts (a hier communicator's node leaders, or a flat
      * job of one rank per node): large all-reduces take pair_all_reduce. */
     bool remote_pair;
+    char *ring; /* pair_swap's receive ring (ring_bytes), kept between calls */
+    size_t ring_bytes;
 } mpi_comm;
 
 static uint64_t host_hash(void) {
@@ -271,6 +273,7 @@ static void mpi_destroy(lk_comm *c) {
     int fin = 0;
     MPI_Finalized(&fin);
     if (!fin && !atomic_load(&c->failed)) LOCKED(MPI_Comm_free(&m->comm));
+    lk_aligned_free(m->ring); /* NULL after a failed swap, whose receives may still land in it */
     lk_free(m->pids);
     lk_free(m->local);
     lk_free(m->hosts);
@@ -447,8 +450,9 @@ static void narrow(uint16_t *dst, const float *src, size_t n, lk_dtype dt) {
     for (size_t i = 0; i < n; i++) dst[i] = dt == LK_BF16 ? lk_f32_to_bf16_bits(src[i]) : lk_f32_to_f16_bits(src[i]);
 }
 
-/* The all-reduce of two ranks on two hosts, as a swap of their buffers in
- * messages small enough for MPI's eager protocol, both directions at once.
+/* The collectives of two ranks on two hosts (all-reduce, all-gather,
+ * reduce-scatter), as a swap in messages small enough for MPI's eager
+ * protocol, both directions at once.
  *
  * Why: OpenMPI's TCP transport sends a message above its eager limit
  * (btl_tcp_eager_limit, 64 KiB) by rendezvous: the receiver answers before
@@ -463,14 +467,20 @@ static void narrow(uint16_t *dst, const float *src, size_t n, lk_dtype dt) {
  * eager limit raised to 8 MiB, and 0.70-0.79 s for plain TCP sockets both
  * ways (the link's 0.70 s). Eager messages need no answer, so posting
  * every chunk's receive ahead and keeping a window of sends in flight
- * keeps both directions busy.
+ * keeps both directions busy. An all-gather and a reduce-scatter of two
+ * are the same swap (of this rank's block, of the peer's block of the
+ * input), so they take it too.
  *
- * Chunk k of this rank's buffer is overwritten (with the sum) only after
- * its send completed; receives land in a ring of 2 x SWAP_WINDOW chunk
- * buffers. Both ranks add rank 0's value to rank 1's (max/min compare them
- * in that order too), so they hold the same bits, which are also those of
- * any MPI all-reduce of two (one addition per element). Every wait is
- * wait_req's: comm_timeout, abort and the dead-peer check bound each chunk. */
+ * Chunk k of the output is written only after the send of chunk k
+ * completed (the all-reduce sends and overwrites one buffer); receives
+ * that are added land in a ring of 2 x SWAP_WINDOW chunk buffers, kept on
+ * the communicator between calls (a fresh 2 MiB allocation per call
+ * faulted its pages in again each time), those that are not (all-gather)
+ * straight in the output. Both ranks add rank 0's value to rank 1's
+ * (max/min compare them in that order too), so they hold the same bits,
+ * which are also those of any MPI all-reduce or reduce-scatter of two (one
+ * addition per element). Every wait is wait_req's: comm_timeout, abort and
+ * the dead-peer check bound each chunk. */
 enum { TAG_SWAP = 103, SWAP_WINDOW = 32 };
 
 static size_t pair_chunk_bytes(void) {
@@ -478,50 +488,70 @@ static size_t pair_chunk_bytes(void) {
     return v > 0 ? (size_t)v : 0;
 }
 
-static bool use_pair_swap(const mpi_comm *m, lk_dtype dt, size_t n) {
-    if (!m->remote_pair || (dt != LK_F32 && dt != LK_F64)) return false;
+/* reduce: the op adds (all-reduce, reduce-scatter: f32/f64, to which 16-bit
+ * floats were widened); an all-gather moves any dtype MPI has a type for. */
+static bool use_pair_swap(const mpi_comm *m, lk_dtype dt, size_t n, bool reduce) {
+    if (!m->remote_pair || (reduce && dt != LK_F32 && dt != LK_F64) || mpi_type(dt) == MPI_DATATYPE_NULL) return false;
     size_t chunk = pair_chunk_bytes();
     return chunk >= 16 && n * lk_dtype_size(dt) >= ((size_t)64 << 10) && n * lk_dtype_size(dt) > chunk;
 }
 
-static lk_status pair_all_reduce(lk_comm *c, mpi_comm *m, const lk__coll *op, void *buf, size_t n, lk_dtype dt) {
+/* out: the n elements this rank sends. land: where the peer's n elements
+ * go, or NULL: into the ring, then dst = rank 0's + rank 1's, where this
+ * rank's own are `mine` (dst may be mine, and may be out). */
+static lk_status pair_swap(lk_comm *c, mpi_comm *m, const lk__coll *op, const void *out, void *land_to, const void *mine,
+                           void *dst, size_t n, lk_dtype dt) {
     size_t esz = lk_dtype_size(dt), per = pair_chunk_bytes() / esz, nch = (n + per - 1) / per;
     enum { RW = 2 * SWAP_WINDOW };
     int peer = 1 - m->rank, rc = MPI_SUCCESS;
     MPI_Datatype t = mpi_type(dt);
-    char *ring = lk_aligned_alloc(64, RW * per * esz);
-    if (!ring) return LK_STATUS_OUT_OF_MEMORY;
+    size_t ring_need = land_to ? 0 : (nch < RW ? nch : RW) * per * esz;
+    if (ring_need > m->ring_bytes) {
+        lk_aligned_free(m->ring);
+        m->ring_bytes = 0;
+        m->ring = lk_aligned_alloc(64, ring_need);
+        if (!m->ring) return LK_STATUS_OUT_OF_MEMORY;
+        m->ring_bytes = ring_need;
+    }
+    char *ring = m->ring;
     MPI_Request rq[RW], sq[SWAP_WINDOW];
-    char *base = buf;
+    const char *src = out;
 #define LK_CHUNK_N(k) ((k) + 1 < nch ? per : n - (k) * per)
+#define LK_LAND(k) (land_to ? (char *)land_to + (k) * per * esz : ring + ((k) % RW) * per * esz)
     for (size_t k = 0; k < nch && k < RW && rc == MPI_SUCCESS; k++)
-        LOCKED(rc = MPI_Irecv(ring + k * per * esz, (int)LK_CHUNK_N(k), t, peer, TAG_SWAP, m->comm, &rq[k]));
+        LOCKED(rc = MPI_Irecv(LK_LAND(k), (int)LK_CHUNK_N(k), t, peer, TAG_SWAP, m->comm, &rq[k]));
     for (size_t k = 0; k < nch && k < SWAP_WINDOW && rc == MPI_SUCCESS; k++)
-        LOCKED(rc = MPI_Isend(base + k * per * esz, (int)LK_CHUNK_N(k), t, peer, TAG_SWAP, m->comm, &sq[k]));
+        LOCKED(rc = MPI_Isend(src + k * per * esz, (int)LK_CHUNK_N(k), t, peer, TAG_SWAP, m->comm, &sq[k]));
     lk_status st = rc == MPI_SUCCESS ? LK_STATUS_OK : mpi_err(rc, lk__coll_kind_name(op->kind));
     for (size_t k = 0; k < nch && !st; k++) {
-        char *land = ring + (k % RW) * per * esz;
         st = wait_req(c, &rq[k % RW], op, NULL);
-        if (!st) st = wait_req(c, &sq[k % SWAP_WINDOW], op, NULL); /* chunk k may be overwritten now */
+        if (!st) st = wait_req(c, &sq[k % SWAP_WINDOW], op, NULL); /* chunk k of dst may be written now */
         if (st) break;
-        char *mine = base + k * per * esz;
-        const void *two[2] = {m->rank == 0 ? mine : land, m->rank == 0 ? land : mine}; /* rank 0's first, on both */
-        lk__reduce(mine, two, 2, LK_CHUNK_N(k), dt, op->op == LK_REDUCE_AVG ? LK_REDUCE_SUM : op->op, 1);
+        if (!land_to) {
+            char *land = LK_LAND(k), *to = (char *)dst + k * per * esz;
+            const char *own = (const char *)mine + k * per * esz;
+            const void *two[2] = {m->rank == 0 ? (const void *)own : land, m->rank == 0 ? (const void *)land : own};
+            lk__reduce(to, two, 2, LK_CHUNK_N(k), dt, op->op == LK_REDUCE_AVG ? LK_REDUCE_SUM : op->op, 1);
+        }
         if (k + RW < nch)
-            LOCKED(rc = MPI_Irecv(land, (int)LK_CHUNK_N(k + RW), t, peer, TAG_SWAP, m->comm, &rq[k % RW]));
+            LOCKED(rc = MPI_Irecv(LK_LAND(k + RW), (int)LK_CHUNK_N(k + RW), t, peer, TAG_SWAP, m->comm, &rq[k % RW]));
         if (rc == MPI_SUCCESS && k + SWAP_WINDOW < nch)
-            LOCKED(rc = MPI_Isend(base + (k + SWAP_WINDOW) * per * esz, (int)LK_CHUNK_N(k + SWAP_WINDOW), t, peer,
-                                  TAG_SWAP, m->comm, &sq[k % SWAP_WINDOW]));
+            LOCKED(rc = MPI_Isend(src + (k + SWAP_WINDOW) * per * esz, (int)LK_CHUNK_N(k + SWAP_WINDOW), t, peer, TAG_SWAP,
+                                  m->comm, &sq[k % SWAP_WINDOW]));
         if (rc != MPI_SUCCESS) st = mpi_err(rc, lk__coll_kind_name(op->kind));
     }
+#undef LK_LAND
 #undef LK_CHUNK_N
-    /* On failure receives may still be posted into ring: the communicator
-     * has failed and the job ends by MPI_Abort (see the top of the file), so
-     * the ring is kept (reachable, not a leak) rather than freed under a
-     * receive MPI may still complete. */
+    /* On failure receives may still be posted into the ring: the
+     * communicator has failed and the job ends by MPI_Abort (see the top of
+     * the file), so the ring is kept (reachable, not a leak) rather than
+     * freed under a receive MPI may still complete. */
     static void *_Atomic abandoned;
-    if (st) atomic_store(&abandoned, ring);
-    else lk_aligned_free(ring);
+    if (st && ring) {
+        atomic_store(&abandoned, ring);
+        m->ring = NULL;
+        m->ring_bytes = 0;
+    }
     return st;
 }
 
@@ -530,9 +560,15 @@ static lk_status reduce_call(lk_comm *c, mpi_comm *m, const lk__coll *op, const 
     MPI_Request req;
     int cnt = (int)n;
     int rc;
-    if (!scatter && use_pair_swap(m, dt, n)) {
-        if (send != recv) memcpy(recv, send, n * lk_dtype_size(dt));
-        LK_TRY(pair_all_reduce(c, m, op, recv, n, dt));
+    if (use_pair_swap(m, dt, n, true)) {
+        if (scatter) { /* block r of the input is rank r's: send the peer's, add to this rank's */
+            size_t nb = n * lk_dtype_size(dt);
+            LK_TRY(pair_swap(c, m, op, (const char *)send + (size_t)(1 - m->rank) * nb, NULL,
+                             (const char *)send + (size_t)m->rank * nb, recv, n, dt));
+        } else {
+            if (send != recv) memcpy(recv, send, n * lk_dtype_size(dt));
+            LK_TRY(pair_swap(c, m, op, recv, NULL, recv, recv, n, dt));
+        }
         if (op->op == LK_REDUCE_AVG) lk__reduce_divide(recv, n, dt, m->world);
         return LK_STATUS_OK;
     }
@@ -558,6 +594,12 @@ static lk_status mpi_run(lk_comm *c, const lk__coll *op) {
     case LK__COLL_BARRIER: LOCKED(rc = MPI_Ibarrier(m->comm, &req)); break;
     case LK__COLL_BROADCAST: LOCKED(rc = MPI_Ibcast(op->recv, n, t, op->root, m->comm, &req)); break;
     case LK__COLL_ALL_GATHER:
+        if (use_pair_swap(m, op->dt, op->count, false)) {
+            size_t nb = op->count * lk_dtype_size(op->dt);
+            char *own = (char *)op->recv + (size_t)m->rank * nb;
+            if (own != (const char *)op->send) memcpy(own, op->send, nb);
+            return pair_swap(c, m, op, own, (char *)op->recv + (size_t)(1 - m->rank) * nb, NULL, NULL, op->count, op->dt);
+        }
         LOCKED(rc = MPI_Iallgather((const char *)op->recv + (size_t)m->rank * op->count * lk_dtype_size(op->dt) == (const char *)op->send
                                 ? MPI_IN_PLACE
                                 : op->send,
