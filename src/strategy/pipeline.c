@@ -78,7 +78,7 @@ typedef struct pipe_self {
     lk_pipe_schedule *short_sched; /* the schedule for a short batch of fewer rows than chunks (its m) */
     lk_pipe_schedule *fwd_sched;   /* evaluation's forward-only schedule (its m) */
     int eval_m;                    /* ... the micro-batches of the batch in flight */
-    bool eval_noted;               /* ... said once on rank 0 */
+    bool eval_noted, whole_noted;  /* ... said once on rank 0 (validation's micro-batches; test's whole batches) */
     lk_tensor *eval_out;           /* ... the last stage's outputs, joined (owned until handed over) */
     int64_t steps_run;
     lk_strategy *s;
@@ -689,8 +689,6 @@ static lk_status training_step(lk_strategy *s, const lk_step_args *a, lk_step_re
         m = (int)b->size;
         if (!ps->short_sched || lk_pipe_schedule_chunks(ps->short_sched) != m) {
             lk_pipe_schedule_free(ps->short_sched);
-    lk_pipe_schedule_free(ps->fwd_sched);
-    lk_tensor_release(ps->eval_out);
             ps->short_sched = NULL;
             LK_TRY(lk_pipe_schedule_make(ps->schedule, ps->p, m, &ps->short_sched));
         }
@@ -755,8 +753,6 @@ static lk_status stage_output(void *ctx, int chunk, lk_tensor *out) {
     int64_t at = 0, rows = 0;
     for (int c = 0; c < chunk; c++) at += ps->mb[c].size;
     for (int c = 0; c < ps->eval_m; c++) rows += ps->mb[c].size;
-    if (!lk_device_is_host(out->device))
-        return lk_error(LK_STATUS_UNSUPPORTED, "pipeline evaluation: outputs on the host only");
     if (!ps->eval_out) {
         int64_t shape[LK_MAX_DIMS];
         for (int d = 0; d < out->ndim; d++) shape[d] = out->shape[d];
@@ -774,17 +770,17 @@ static lk_status stage_output(void *ctx, int chunk, lk_tensor *out) {
     size_t row = lk_tensor_nbytes(all) / (size_t)(rows ? rows : 1);
     if (lk_tensor_nbytes(c) != row * (size_t)out->shape[0])
         return lk_error(LK_STATUS_INVALID_ARGUMENT, "pipeline evaluation: micro-batch %d's output rows differ in size", chunk);
-    memcpy((char *)all->data + (size_t)at * row, c->data, lk_tensor_nbytes(c));
-    return LK_STATUS_OK;
+    /* (on a GPU both live in its memory: a copy there, never a host touch) */
+    return lk_device_copy(all->device, (char *)all->data + (size_t)at * row, c->device, c->data, lk_tensor_nbytes(c));
 }
 
 static bool evals_forward(const lk_strategy *s) { return s->attached && s->fn.pipe_input; }
 
-static lk_status eval_forward(lk_strategy *s, const lk_batch *b, lk_tensor **out) {
+static lk_status eval_forward(lk_strategy *s, const lk_batch *b, bool whole, lk_tensor **out) {
     pipe_self *ps = s->self;
     *out = NULL;
     if (b->size < 1) return lk_error(LK_STATUS_INVALID_ARGUMENT, "strategy %s: an empty batch", s->vt->name);
-    int m = b->size < ps->chunks ? (int)b->size : ps->chunks;
+    int m = whole ? 1 : b->size < ps->chunks ? (int)b->size : ps->chunks;
     if (!ps->fwd_sched || lk_pipe_schedule_chunks(ps->fwd_sched) != m) {
         lk_pipe_schedule_free(ps->fwd_sched);
         ps->fwd_sched = NULL;
@@ -792,7 +788,12 @@ static lk_status eval_forward(lk_strategy *s, const lk_batch *b, lk_tensor **out
     }
     LK_TRY(cut_batch(ps, b, m));
     ps->eval_m = m;
-    if (!ps->eval_noted) {
+    if (whole && !ps->whole_noted) {
+        ps->whole_noted = true;
+        lk_log0("%s: test and predict run forward-only through the %d stages, each batch whole (one micro-batch: "
+                "the whole model's matrix shapes, so its bits), the last stage's outputs sent to every stage",
+                s->vt->name, ps->p);
+    } else if (!whole && !ps->eval_noted) {
         ps->eval_noted = true;
         lk_log0("%s: evaluation runs forward-only through the %d stages (%d micro-batch%s per batch), the last "
                 "stage's outputs sent to every stage", s->vt->name, ps->p, m, m == 1 ? "" : "es");
