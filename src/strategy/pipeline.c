@@ -578,14 +578,12 @@ static lk_status wrap(lk_strategy *s, lk_layer *net) {
         s->local_names[i] = s->local.items[i].name;
     }
     for (int i = 0; i < nb; i++) s->buffer_arr[i] = s->local_buffers.items[i].tensor;
-    /* On a GPU: model_parallel over nccl (one micro-batch: a stage only sends or only receives at a time).
-     * pipeline's message groups send and receive at once, which nccl's point-to-point, running a rank's
-     * sends and receives one after another, deadlocks on unless they are ordered for it: not yet. */
-    if (!lk_device_is_host(s->cfg.device) && s->world > 1 && (!lk_comm_reads_device(s->comm) || ps->chunks > 1))
-        return lk_error(LK_STATUS_UNSUPPORTED, "strategy %s on %s: %s", s->vt->name,
-                        lk_device_str(s->cfg.device, (char[32]){0}, 32),
-                        ps->chunks > 1 ? "pipeline's schedules run on the CPU only for now (model_parallel runs on GPUs over nccl)"
-                                  : "model_parallel on GPUs needs a communicator that reads device memory (nccl: one rank per GPU)");
+    /* On GPUs the activations and gradients move in device memory: over nccl, whose point-to-point runs
+     * each COMM action's messages as one NCCL group (pipe_run.c), so a stage that sends and receives at
+     * once cannot deadlock there. */
+    if (!lk_device_is_host(s->cfg.device) && s->world > 1 && !lk_comm_reads_device(s->comm))
+        return lk_error(LK_STATUS_UNSUPPORTED, "strategy %s on %s needs a communicator that reads device memory "
+                        "(nccl: one rank per GPU)", s->vt->name, lk_device_str(s->cfg.device, (char[32]){0}, 32));
     LK_TRY(sync_params(s)); /* every rank starts from stage k's values of stage k's blocks */
     return lk_strategy_setup(s, s->local_arr, s->local_names, np, s->buffer_arr, nb);
 }
