@@ -18,10 +18,13 @@
  * a checkpoint gathers every stage's parameters and buffers to rank 0 (the
  * strategy's state dict) and every stage's optimizer state by parameter
  * name, so the one consolidated file resumes here bitwise and in single or
- * ddp; validation, test and the end of fit broadcast the blocks to every
- * rank (lk_strategy_sync_model), which then runs the whole model as single
+ * ddp; validation, test and predict run forward-only through the stages
+ * (eval_forward), and the end of fit (and an evaluation of a module whose
+ * steps run its net directly) broadcasts the blocks to every rank
+ * (lk_strategy_sync_model), which then runs the whole model as single
  * does. Every rank still builds the whole model (its memory is not yet a
- * stage's; the gradients and optimizer state are).
+ * stage's; the gradients and optimizer state are). On GPUs the messages
+ * move over nccl, each COMM action one NCCL group (pipe_run.c).
  *
  * The split: by parameter count (the default: known before anything runs,
  * the same on every machine), named blocks, or by measured time (a profile
