@@ -52,6 +52,7 @@ typedef struct run {
     int k, p;
     chunk_state *c;
     double loss_sum;
+    int nbwd, bwd_total; /* backwards run so far, and in the list */
 } run;
 
 static lk_status forward_body(run *r, int c) {
@@ -90,6 +91,8 @@ static lk_status forward(run *r, int c) {
 static lk_status backward(run *r, int c) {
     chunk_state *x = &r->c[c];
     lk_status st;
+    if (r->st->before_backward) r->st->before_backward(r->st->ctx, c, r->nbwd == r->bwd_total - 1);
+    r->nbwd++;
     if (r->k == r->p - 1) st = lk_backward(x->loss);
     else if (!x->gout) st = lk_error(LK_STATUS_INTERNAL, "pipeline stage %d: micro-batch %d's gradient is missing", r->k, c);
     else st = lk_backward_with(x->out, x->gout);
@@ -220,6 +223,8 @@ lk_status lk_pipe_run(const lk_pipe_schedule *s, const lk_pipe_stage *st, double
     int m = lk_pipe_schedule_chunks(s);
     r.c = lk_calloc((size_t)m, sizeof *r.c);
     if (!r.c) return LK_STATUS_OUT_OF_MEMORY;
+    for (int i = 0; i < lk_pipe_schedule_length(s, r.k); i++)
+        r.bwd_total += lk_pipe_schedule_action(s, r.k, i)->kind == LK_PIPE_BACKWARD;
     lk_status res = LK_STATUS_OK;
     lk_scope_begin();
     double t_run = lk_time_now();
