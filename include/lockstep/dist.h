@@ -301,8 +301,9 @@ void lk_comm_mesh_2d_free(lk_comm_mesh_2d *mesh);
  * communicator (a mismatch is named by the receiver at once; its sender
  * fails at comm_timeout), in the order the messages started on this rank,
  * and NCCL runs a rank's sends and receives one after another even in the
- * async forms: order exchanges there (one side receives first), or both
- * sides wait for comm_timeout; host memory is the host communicator's.
+ * async forms: post an exchange as one group (lk_comm_p2p_group_begin) or
+ * order it (one side receives first), or both sides wait for
+ * comm_timeout; host memory is the host communicator's.
  * self has no point-to-point (UNSUPPORTED). */
 lk_status lk_comm_send(lk_comm *c, const void *buf, size_t count, lk_dtype dt, int peer);
 lk_status lk_comm_recv(lk_comm *c, void *buf, size_t count, lk_dtype dt, int peer);
@@ -310,6 +311,18 @@ lk_status lk_comm_recv(lk_comm *c, void *buf, size_t count, lk_dtype dt, int pee
  * valid (and, for a send, unchanged) until the work completes. */
 lk_status lk_comm_send_async(lk_comm *c, const void *buf, size_t count, lk_dtype dt, int peer, lk_work **work);
 lk_status lk_comm_recv_async(lk_comm *c, void *buf, size_t count, lk_dtype dt, int peer, lk_work **work);
+
+/* A point-to-point group (torch.distributed.batch_isend_irecv, NCCL's
+ * ncclGroupStart/End): the async sends and receives issued between begin
+ * and end are posted together at the end and may complete in any order;
+ * wait for their works after the end. On nccl their NCCL calls are made
+ * as one group, so an exchange in which both ranks send and receive at
+ * once works there (without a group NCCL runs a rank's calls one after
+ * another: both sending first waits for comm_timeout); elsewhere the ops
+ * progress side by side anyway. Blocking send/recv inside a group is
+ * INVALID_USAGE, as are nested groups and more than 16 ops. Issuing thread. */
+lk_status lk_comm_p2p_group_begin(lk_comm *c);
+lk_status lk_comm_p2p_group_end(lk_comm *c);
 
 /* Blocks until done; returns the collective's status (message set on this
  * thread). May be called again; returns the same status. */

@@ -146,6 +146,10 @@ typedef struct lk_pipe_stage {
      * and counted so in *loss_sum: micro-batches of unequal rows weighted
      * by their rows (rows_c * chunks / rows); NULL: all 1. */
     const float *chunk_weight;
+    /* (optional) Called just before each BACKWARD, `last` for the list's
+     * last one (its gradients are final as it runs: pipeline x ddp starts
+     * all-reducing them bucket by bucket from there). */
+    void (*before_backward)(void *ctx, int chunk, bool last);
     /* (optional) What REDUCE_GRADS and OPTIMIZER_STEP do; NULL: nothing. */
     lk_status (*reduce_grads)(void *ctx);
     lk_status (*optimizer_step)(void *ctx);

@@ -313,14 +313,19 @@ bool lk_strategy_wants_block_profile(const lk_strategy *s);
  * buffers untouched (they run in eval mode). Nothing for other strategies. */
 lk_status lk_strategy_profile_blocks(lk_strategy *s, lk_tensor *x);
 /* Whether evaluation runs the batch through the strategy's own forward (a
- * pipeline inside fit: a forward-only schedule over its stages) instead of
- * the whole model on every rank after lk_strategy_sync_model. */
+ * pipeline attached for fit, test or predict: a forward-only schedule over
+ * its stages) instead of the whole model on every rank after
+ * lk_strategy_sync_model. */
 bool lk_strategy_evals_forward(const lk_strategy *s);
 /* That forward: the model's output on batch b (its rows in the batch's
- * order) on every rank, *out owned by the caller. A collective over the
- * strategy's pipeline group; INVALID_USAGE where lk_strategy_evals_forward
- * is false. */
-lk_status lk_strategy_eval_forward(lk_strategy *s, const lk_batch *b, lk_tensor **out);
+ * order) on every rank, *out owned by the caller. `whole`: the batch goes
+ * through the stages as one micro-batch, so every matrix product has the
+ * shape the whole model's forward has and the output is its bits (test,
+ * predict); else in the strategy's micro-batches, which overlap on the
+ * stages but round differently (validation inside fit). A collective over
+ * the strategy's pipeline group; INVALID_USAGE where
+ * lk_strategy_evals_forward is false. */
+lk_status lk_strategy_eval_forward(lk_strategy *s, const lk_batch *b, bool whole, lk_tensor **out);
 
 /* ---- the data-parallel group ----------------------------------------------------
  * The ranks that see different data and average their gradients: the

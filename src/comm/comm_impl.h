@@ -45,6 +45,11 @@ typedef struct lk__p2p {
     size_t count;
     lk_dtype dt;
     uint64_t seq;  /* on this ordered pair, from 1 */
+    /* lk_comm_p2p_group_begin/end on a backend with p2p_groups: the group
+     * (from 1; 0: none) and its number of ops, every member's start known
+     * to be coming (they are queued together at the group's end). */
+    uint64_t group;
+    int group_n;
     /* Progress state: zero at issue, the backend's to use. */
     bool progressed; /* p2p_progress moved something (the waiter's back-off restarts) */
     int phase;
@@ -109,7 +114,15 @@ typedef struct lk__comm_vtable {
      * back what the backend holds for it (nccl: its event and its host
      * work). The communicator has failed; nothing more is sent. */
     void (*p2p_cancel)(lk_comm *c, lk__p2p *op);
+    /* (optional) The ops of one lk_comm_p2p_group run together (NCCL's
+     * ncclGroupStart/End: one that sends and receives must, since its
+     * calls run one after another otherwise); they carry lk__p2p.group.
+     * false: each op progresses alone (as they already do side by side). */
+    bool p2p_groups;
 } lk__comm_vtable;
+
+/* The most ops one point-to-point group may hold. */
+#define LK__P2P_GROUP_MAX 16
 
 typedef struct lk__queue_item lk__queue_item;
 
@@ -161,6 +174,11 @@ struct lk_comm {
     bool p2p_started, p2p_stop;
     lk_work *p2p_head, *p2p_tail; /* queued, not yet taken by the p2p thread */
     _Atomic long p2p_pending;     /* issued and not finished; changed under mu */
+    /* an open lk_comm_p2p_group (issuing thread): its id, and its ops held
+     * until its end queues them together */
+    uint64_t p2p_group, p2p_groups_made;
+    lk_work *p2p_held;
+    int p2p_nheld;
     uint64_t nsplit;              /* lk_comm_split calls so far (equal on every rank): names shm groups */
     /* How a backend built on others (nccl, over a host communicator for its
      * bootstrap and host memory; hier, over mpi and a node's shm) makes

@@ -87,6 +87,14 @@ typedef struct {
     /* Point-to-point in device memory: NCCL calls are made in the order the
      * messages started here (tickets), whatever order their headers came in. */
     _Atomic uint64_t p2p_tickets, p2p_next;
+    /* Point-to-point groups not yet issued (lk_comm_p2p_group): one ticket
+     * each, their NCCL calls made together once every member's header is
+     * through. The p2p thread's alone. */
+    struct p2p_group {
+        uint64_t id, ticket; /* id 0: a free slot */
+        int n, joined, ready; /* members still to come in the NCCL group, started, headers through */
+        lk__p2p *op[LK__P2P_GROUP_MAX];
+    } groups[8];
 } nccl_impl;
 
 static lk_status host_broadcast(void *ctx, void *buf, size_t bytes, int root) {
@@ -396,7 +404,12 @@ static lk_status nccl_run(lk_comm *c, const lk__coll *op) {
  * MPI_Ssend's: an exchange works when one side receives first (DeepSpeed's
  * even and odd pipeline stages), and one in which both ranks send first
  * waits for comm_timeout (an error naming the pair; the communicator is
- * aborted). */
+ * aborted). A group (lk_comm_p2p_group_begin/end) is what lifts that:
+ * its device messages take one place in the order, and once every one's
+ * header is through their NCCL calls are made between ncclGroupStart and
+ * ncclGroupEnd, which NCCL runs as one, sends and receives side by side
+ * (a pipeline stage that sends its activation on and receives the next
+ * stage's gradient at once needs exactly that). */
 typedef struct {
     uint64_t seq, count;
     int32_t dt, pad;
@@ -408,6 +421,8 @@ typedef struct {
     p2p_hdr hdr;     /* this side's, or the sender's once received */
     uint64_t ticket; /* device memory: its place in this rank's order of NCCL calls */
     bool host;       /* host memory: the whole message is the host's */
+    bool ready;      /* a group's member: its header is through */
+    int slot;        /* a group's member: nccl_impl.groups[slot - 1]; 0: none */
 } p2p_priv;
 _Static_assert(sizeof(p2p_priv) <= sizeof(((lk__p2p *)0)->priv), "lk__p2p.priv is too small for nccl's state");
 
@@ -420,6 +435,19 @@ static lk_status nccl_p2p_start(lk_comm *c, lk__p2p *op) {
     memset(p, 0, sizeof *p);
     p->host = host_memory(op->buf);
     op->phase = 0;
+    struct p2p_group *g = NULL;
+    if (op->group) { /* the group's slot, taken by its first member to start */
+        for (int i = 0; i < 8 && !g; i++)
+            if (m->groups[i].id == op->group) g = &m->groups[i];
+        for (int i = 0; i < 8 && !g; i++)
+            if (!m->groups[i].id) {
+                g = &m->groups[i];
+                *g = (struct p2p_group){.id = op->group, .ticket = atomic_fetch_add(&m->p2p_tickets, 1), .n = op->group_n};
+            }
+        if (!g) return lk_error(LK_STATUS_INTERNAL, "nccl: %s: more than 8 point-to-point groups in flight", what);
+        if (p->host) g->n--; /* a host message is the host communicator's: not in the NCCL group */
+        else g->op[g->joined++] = op, p->slot = (int)(g - m->groups) + 1;
+    }
     if (p->host)
         return op->send ? lk_comm_send_async(m->host, op->buf, op->count, op->dt, op->peer, &p->work)
                         : lk_comm_recv_async(m->host, op->buf, op->count, op->dt, op->peer, &p->work);
@@ -427,7 +455,7 @@ static lk_status nccl_p2p_start(lk_comm *c, lk__p2p *op) {
     if (!nccl_type(op->dt, &t))
         return lk_error(LK_STATUS_UNSUPPORTED, "nccl: %s: dtype %s has no NCCL type", what, lk_dtype_name(op->dt));
     if (op->send) p->hdr = (p2p_hdr){op->seq, op->count, (int32_t)op->dt, 0};
-    p->ticket = atomic_fetch_add(&m->p2p_tickets, 1);
+    p->ticket = g ? g->ticket : atomic_fetch_add(&m->p2p_tickets, 1);
     return op->send ? lk_comm_send_async(m->host, &p->hdr, sizeof p->hdr, LK_U8, op->peer, &p->work)
                     : lk_comm_recv_async(m->host, &p->hdr, sizeof p->hdr, LK_U8, op->peer, &p->work);
 }
@@ -461,6 +489,57 @@ static lk_status p2p_launch(lk_comm *c, nccl_impl *m, lk__p2p *op, p2p_priv *p, 
     return LK_STATUS_OK;
 }
 
+/* Every member's header is through and the group's turn has come: its
+ * NCCL calls as one NCCL group, between the producer and the consumers on
+ * the compute stream, each member's event recorded after it. */
+static lk_status group_launch(lk_comm *c, nccl_impl *m, struct p2p_group *g, const char *what) {
+    if (cudaSetDevice(m->gpu) != cudaSuccess || cudaEventRecord(m->produced, m->compute) != cudaSuccess ||
+        cudaStreamWaitEvent(m->stream, m->produced, 0) != cudaSuccess) {
+        cudaGetLastError();
+        return lk_error(LK_STATUS_DEVICE, "nccl: %s: cannot order the communication stream after the producer", what);
+    }
+    for (int i = 0; i < g->n; i++) {
+        p2p_priv *q = (p2p_priv *)g->op[i]->priv;
+        if (cudaEventCreateWithFlags(&q->ev, cudaEventDisableTiming) != cudaSuccess) {
+            cudaGetLastError();
+            return lk_error(LK_STATUS_DEVICE, "nccl: %s: cannot create an event", what);
+        }
+    }
+    ncclResult_t r = ncclGroupStart();
+    for (int i = 0; i < g->n && (r == ncclSuccess || r == ncclInProgress); i++) {
+        lk__p2p *o = g->op[i];
+        ncclDataType_t t = ncclFloat32;
+        (void)nccl_type(o->dt, &t);
+        r = o->send ? ncclSend(o->buf, o->count, t, o->peer, m->nc, m->stream)
+                    : ncclRecv(o->buf, o->count, t, o->peer, m->nc, m->stream);
+    }
+    ncclResult_t e = ncclGroupEnd(); /* (also after a failed call: the group is closed) */
+    if (r == ncclSuccess || r == ncclInProgress) r = e;
+    if (r != ncclSuccess && r != ncclInProgress) {
+        ncclCommAbort(m->nc), m->dead = true;
+        return lk_error(LK_STATUS_DEVICE, "nccl: %s (a group of %d) on rank %d: %s (%s)", what, g->n, c->pg.rank,
+                        ncclGetErrorString(r), ncclGetLastError(NULL));
+    }
+    /* non-blocking NCCL may still be enqueueing the group: its events go after */
+    if (r == ncclInProgress) LK_TRY(wait_nccl(c, m, NULL, what));
+    uint64_t now = lk_time_ns();
+    for (int i = 0; i < g->n; i++) {
+        lk__p2p *o = g->op[i];
+        p2p_priv *q = (p2p_priv *)o->priv;
+        if (cudaEventRecord(q->ev, m->stream) != cudaSuccess || cudaStreamWaitEvent(m->compute, q->ev, 0) != cudaSuccess) {
+            cudaGetLastError();
+            return lk_error(LK_STATUS_DEVICE, "nccl: %s: cannot record completion or order the compute stream after it", what);
+        }
+        o->t0 = o->prev = now;
+        o->phase = 1;
+        o->progressed = true;
+        q->slot = 0;
+    }
+    g->id = 0; /* the slot is free: the members go on alone */
+    atomic_fetch_add(&m->p2p_next, 1);
+    return LK_STATUS_OK;
+}
+
 static void p2p_release(p2p_priv *p) {
     lk_work_free(p->work); /* done (or failed) by now: no wait */
     p->work = NULL;
@@ -479,6 +558,20 @@ static lk_status nccl_p2p_progress(lk_comm *c, lk__p2p *op, bool *done) {
         st = p->work ? lk_work_test(p->work, &fin) : LK_STATUS_OK;
         if (!st && !fin) return LK_STATUS_OK;
         if (!st && p->work) lk_work_free(p->work), p->work = NULL; /* the header is through (kept in p->hdr) */
+        if (!st && p->slot) { /* a group's member: checked now, issued with the others */
+            struct p2p_group *g = &m->groups[p->slot - 1];
+            if (!p->ready && !op->send && (p->hdr.seq != op->seq || p->hdr.count != op->count || p->hdr.dt != (int32_t)op->dt))
+                st = lk__p2p_mismatch(c, op, (lk_dtype)p->hdr.dt, (size_t)p->hdr.count);
+            else if (!p->ready) p->ready = true, g->ready++;
+            if (!st && (g->ready < g->n || atomic_load(&m->p2p_next) != g->ticket)) {
+                if (atomic_load(&c->abort_requested))
+                    return lk_error(LK_STATUS_ABORTED, "nccl: %s on rank %d: aborted (lk_comm_abort)", what, c->pg.rank);
+                return LK_STATUS_OK;
+            }
+            if (!st) st = group_launch(c, m, g, what);
+            if (st) p2p_release(p);
+            return st;
+        }
         /* an older message's NCCL call first: issue order on the GPU */
         if (!st && !p->host && atomic_load(&m->p2p_next) != p->ticket) {
             if (atomic_load(&c->abort_requested))
@@ -539,6 +632,7 @@ static void nccl_p2p_cancel(lk_comm *c, lk__p2p *op) {
     p2p_priv *p = (p2p_priv *)op->priv;
     bool fin = true;
     if (p->work && !lk_work_test(p->work, &fin) && !fin) lk_comm_abort(m->host, "nccl: another point-to-point op failed");
+    if (p->slot) m->groups[p->slot - 1].id = 0; /* its group is never issued: the communicator failed */
     p2p_release(p);
 }
 
@@ -560,5 +654,6 @@ const lk__comm_vtable lk__comm_nccl = {
     .p2p_start = nccl_p2p_start,
     .p2p_progress = nccl_p2p_progress,
     .p2p_cancel = nccl_p2p_cancel,
+    .p2p_groups = true,
 };
 #endif

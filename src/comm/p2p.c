@@ -106,7 +106,8 @@ static void finish(lk_comm *c, lk_work *w, lk_status st) {
  * the list before w: only the oldest one may use the pair's mailbox. */
 static bool blocked(lk_work *list, lk_work *w) {
     for (lk_work *e = list; e != w; e = e->next)
-        if (e->p2p.send == w->p2p.send && e->p2p.peer == w->p2p.peer) return true;
+        if (e->p2p.send == w->p2p.send && e->p2p.peer == w->p2p.peer && !(w->p2p.group && e->p2p.group == w->p2p.group))
+            return true; /* (a group's ops start together: its backend keeps their order on the pair) */
     return false;
 }
 
@@ -171,21 +172,40 @@ static void *p2p_thread(void *arg) {
     return NULL;
 }
 
+/* Starts the p2p thread if it is not running (under c->mu). */
+static lk_status start_thread(lk_comm *c, const char *fn) {
+    if (c->p2p_started) return LK_STATUS_OK;
+    if (pthread_create(&c->p2p_thread, NULL, p2p_thread, c))
+        return lk_error(LK_STATUS_INTERNAL, "%s: cannot start the point-to-point thread", fn);
+    c->p2p_started = true;
+    c->p2p_stop = false;
+    return LK_STATUS_OK;
+}
+
 static lk_status enqueue(lk_comm *c, const lk__p2p *op, lk_work **work, const char *fn) {
     lk_work *w = lk_calloc(1, sizeof *w);
     if (!w) return LK_STATUS_OUT_OF_MEMORY;
     w->is_p2p = true;
     w->p2p = *op;
     w->comm = c;
+    if (c->p2p_group) { /* held: the group's end queues its ops together, knowing how many */
+        w->p2p.group = c->p2p_group;
+        lk_work **t = &c->p2p_held;
+        while (*t) t = &(*t)->next;
+        *t = w;
+        c->p2p_nheld++;
+        pthread_mutex_lock(&c->mu);
+        c->p2p_pending++;
+        pthread_mutex_unlock(&c->mu);
+        *work = w;
+        return LK_STATUS_OK;
+    }
     pthread_mutex_lock(&c->mu);
-    if (!c->p2p_started) {
-        if (pthread_create(&c->p2p_thread, NULL, p2p_thread, c)) {
-            pthread_mutex_unlock(&c->mu);
-            lk_free(w);
-            return lk_error(LK_STATUS_INTERNAL, "%s: cannot start the point-to-point thread", fn);
-        }
-        c->p2p_started = true;
-        c->p2p_stop = false;
+    lk_status st = start_thread(c, fn);
+    if (st) {
+        pthread_mutex_unlock(&c->mu);
+        lk_free(w);
+        return st;
     }
     if (c->p2p_tail) c->p2p_tail->next = w;
     else c->p2p_head = w;
@@ -211,6 +231,11 @@ static lk_status issue(lk_comm *c, bool send, void *buf, size_t count, lk_dtype 
     if (count > ((size_t)1 << 50))
         return lk_error(LK_STATUS_INVALID_ARGUMENT, "%s: count %zu is too large", fn, count);
     if (count && !buf) return lk_error(LK_STATUS_INVALID_ARGUMENT, "%s: buffer is NULL with count %zu", fn, count);
+    if (c->p2p_group && !work)
+        return lk_error(LK_STATUS_INVALID_USAGE, "%s inside a point-to-point group (lk_comm_p2p_group_begin): only the "
+                        "async forms, which the group's end posts", fn);
+    if (c->p2p_group && c->p2p_nheld == LK__P2P_GROUP_MAX)
+        return lk_error(LK_STATUS_INVALID_USAGE, "%s: a point-to-point group holds at most %d ops", fn, LK__P2P_GROUP_MAX);
     lk__p2p op;
     memset(&op, 0, sizeof op);
     op.send = send;
@@ -246,4 +271,53 @@ lk_status lk_comm_recv_async(lk_comm *c, void *buf, size_t count, lk_dtype dt, i
     if (!work) return lk_error(LK_STATUS_INVALID_ARGUMENT, "lk_comm_recv_async: work is NULL");
     *work = NULL;
     return issue(c, false, buf, count, dt, peer, work);
+}
+
+/* A group: on a backend that runs one (nccl) its ops are held here and
+ * queued together at the end, each knowing the group's size, so the
+ * backend can issue them as one; elsewhere they are posted as issued and
+ * progress side by side already, and begin/end only check the pairing. */
+lk_status lk_comm_p2p_group_begin(lk_comm *c) {
+    if (!c) return lk_error(LK_STATUS_INVALID_ARGUMENT, "lk_comm_p2p_group_begin: comm is NULL");
+    if (c->p2p_group)
+        return lk_error(LK_STATUS_INVALID_USAGE, "lk_comm_p2p_group_begin: a group is open already (end it first)");
+    c->p2p_group = ++c->p2p_groups_made;
+    return LK_STATUS_OK;
+}
+
+lk_status lk_comm_p2p_group_end(lk_comm *c) {
+    if (!c) return lk_error(LK_STATUS_INVALID_ARGUMENT, "lk_comm_p2p_group_end: comm is NULL");
+    if (!c->p2p_group) return lk_error(LK_STATUS_INVALID_USAGE, "lk_comm_p2p_group_end: no group is open");
+    c->p2p_group = 0;
+    lk_work *held = c->p2p_held;
+    int n = c->p2p_nheld;
+    c->p2p_held = NULL;
+    c->p2p_nheld = 0;
+    if (!held) return LK_STATUS_OK;
+    for (lk_work *w = held; w; w = w->next) w->p2p.group_n = c->vt->p2p_groups ? n : 0;
+    if (!c->vt->p2p_groups)
+        for (lk_work *w = held; w; w = w->next) w->p2p.group = 0;
+    pthread_mutex_lock(&c->mu);
+    lk_status st = start_thread(c, "lk_comm_p2p_group_end");
+    if (st) { /* the held works fail: their owners wait for them and free them */
+        for (lk_work *w = held, *nx; w; w = nx) {
+            nx = w->next;
+            w->next = NULL;
+            w->status = st;
+            snprintf(w->msg, sizeof w->msg, "%s", lk_last_error());
+            w->done = true;
+            c->p2p_pending--;
+        }
+        pthread_cond_broadcast(&c->cv_done);
+        pthread_mutex_unlock(&c->mu);
+        return st;
+    }
+    lk_work *last = held;
+    while (last->next) last = last->next;
+    if (c->p2p_tail) c->p2p_tail->next = held;
+    else c->p2p_head = held;
+    c->p2p_tail = last;
+    pthread_cond_signal(&c->cv_p2p);
+    pthread_mutex_unlock(&c->mu);
+    return LK_STATUS_OK;
 }

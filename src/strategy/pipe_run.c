@@ -52,6 +52,7 @@ typedef struct run {
     int k, p;
     chunk_state *c;
     double loss_sum;
+    int nbwd, bwd_total; /* backwards run so far, and in the list */
 } run;
 
 static lk_status forward_body(run *r, int c) {
@@ -90,6 +91,8 @@ static lk_status forward(run *r, int c) {
 static lk_status backward(run *r, int c) {
     chunk_state *x = &r->c[c];
     lk_status st;
+    if (r->st->before_backward) r->st->before_backward(r->st->ctx, c, r->nbwd == r->bwd_total - 1);
+    r->nbwd++;
     if (r->k == r->p - 1) st = lk_backward(x->loss);
     else if (!x->gout) st = lk_error(LK_STATUS_INTERNAL, "pipeline stage %d: micro-batch %d's gradient is missing", r->k, c);
     else st = lk_backward_with(x->out, x->gout);
@@ -103,23 +106,52 @@ static lk_status backward(run *r, int c) {
 
 /* Posts the ops of one COMM action and waits for all of them. An
  * activation's data can only be received once its header says how much,
- * so receives of activations go in two rounds. */
+ * so the action goes in two rounds: the activations' headers (host
+ * memory), waiting for the received ones only; then every data message —
+ * activations and gradients, sent and received — posted as one group
+ * (lk_comm_p2p_group_begin) and waited for together. Only the headers
+ * are waited for between the rounds: a data send waited for there would
+ * need its peer's receive, which that peer may post only in its own
+ * second round, after a header this rank sends in its first (the cause of
+ * the deadlock pipelines had on nccl). And on nccl, where a rank's calls
+ * otherwise run one after another, the group is what lets a stage send
+ * its activation on and receive the next stage's gradient at once. */
 static lk_status comm_body(run *r, const lk_pipe_action *a) {
     lk_comm *cm = r->st->comm;
     lk_work *w[8] = {0};
     int nw = 0;
     lk_status st = LK_STATUS_OK;
+    lk_tensor *sent[2] = {0}; /* the contiguous activations sent (this action's scope holds them) */
+    /* round 1: the activations' headers */
     for (int i = 0; i < a->nops && !st; i++) {
         const lk_pipe_op *o = &a->ops[i];
         chunk_state *x = &r->c[o->chunk];
-        if (o->send && o->msg == LK_PIPE_ACTIVATION) {
-            lk_tensor *t = lk_contiguous(x->out);
+        if (o->msg != LK_PIPE_ACTIVATION) continue;
+        if (o->send) {
+            lk_tensor *t = sent[i] = lk_contiguous(x->out);
             if (!t) return lk_last_status();
             memset(x->hdr, 0, sizeof x->hdr);
             x->hdr[0] = t->dtype, x->hdr[1] = t->ndim;
             for (int d = 0; d < t->ndim; d++) x->hdr[2 + d] = t->shape[d];
             st = lk_comm_send_async(cm, x->hdr, HDR, LK_I64, o->peer, &w[nw++]);
-            if (!st) st = lk_comm_send_async(cm, t->data, (size_t)t->numel, t->dtype, o->peer, &w[nw++]);
+        } else {
+            st = lk_comm_recv_async(cm, x->hdr, HDR, LK_I64, o->peer, &w[nw++]);
+        }
+    }
+    for (int i = 0, j = 0; i < a->nops && !st; i++) {
+        const lk_pipe_op *o = &a->ops[i];
+        if (o->msg != LK_PIPE_ACTIVATION) continue;
+        if (!o->send) st = lk_work_wait(w[j]);
+        j++;
+    }
+    /* round 2: the data, as one group */
+    bool grouped = false;
+    if (!st) st = lk_comm_p2p_group_begin(cm), grouped = !st;
+    for (int i = 0; i < a->nops && !st; i++) {
+        const lk_pipe_op *o = &a->ops[i];
+        chunk_state *x = &r->c[o->chunk];
+        if (o->send && o->msg == LK_PIPE_ACTIVATION) {
+            st = lk_comm_send_async(cm, sent[i]->data, (size_t)sent[i]->numel, sent[i]->dtype, o->peer, &w[nw++]);
         } else if (o->send) { /* the gradient of this stage's input */
             const lk_tensor *g = x->in ? x->in->grad : NULL;
             if (!g) {
@@ -128,7 +160,21 @@ static lk_status comm_body(run *r, const lk_pipe_action *a) {
             }
             st = lk_comm_send_async(cm, g->data, (size_t)g->numel, g->dtype, o->peer, &w[nw++]);
         } else if (o->msg == LK_PIPE_ACTIVATION) {
-            st = lk_comm_recv_async(cm, x->hdr, HDR, LK_I64, o->peer, &w[nw++]);
+            int64_t dt = x->hdr[0], nd = x->hdr[1];
+            if (nd < 0 || nd > LK_MAX_DIMS || dt < 0 || dt >= LK_DTYPE_COUNT) {
+                st = lk_error(LK_STATUS_INVALID_USAGE, "pipeline stage %d: the header of activation %d from stage %d is "
+                              "corrupt (dtype %lld, %lld dims)", r->k, o->chunk, o->peer, (long long)dt, (long long)nd);
+                break;
+            }
+            lk_tensor *in = lk_tensor_empty((lk_dtype)dt, (int)nd, x->hdr + 2);
+            if (!in) {
+                st = lk_last_status();
+                break;
+            }
+            in->requires_grad = true; /* a leaf: its gradient goes back to the previous stage */
+            x->in = in;
+            x->in_owned = true;
+            st = lk_comm_recv_async(cm, in->data, (size_t)in->numel, in->dtype, o->peer, &w[nw++]);
         } else {
             x->gout = lk_tensor_empty(x->out->dtype, x->out->ndim, x->out->shape);
             if (!x->gout) {
@@ -138,28 +184,9 @@ static lk_status comm_body(run *r, const lk_pipe_action *a) {
             st = lk_comm_recv_async(cm, x->gout->data, (size_t)x->gout->numel, x->gout->dtype, o->peer, &w[nw++]);
         }
     }
-    /* the activations' data, once their headers are in */
-    for (int i = 0; i < a->nops && !st; i++) {
-        const lk_pipe_op *o = &a->ops[i];
-        if (o->send || o->msg != LK_PIPE_ACTIVATION) continue;
-        for (int j = 0; j < nw && !st; j++) st = lk_work_wait(w[j]); /* the header is among them */
-        if (st) break;
-        chunk_state *x = &r->c[o->chunk];
-        int64_t dt = x->hdr[0], nd = x->hdr[1];
-        if (nd < 0 || nd > LK_MAX_DIMS || dt < 0 || dt >= LK_DTYPE_COUNT) {
-            st = lk_error(LK_STATUS_INVALID_USAGE, "pipeline stage %d: the header of activation %d from stage %d is "
-                          "corrupt (dtype %lld, %lld dims)", r->k, o->chunk, o->peer, (long long)dt, (long long)nd);
-            break;
-        }
-        lk_tensor *in = lk_tensor_empty((lk_dtype)dt, (int)nd, x->hdr + 2);
-        if (!in) {
-            st = lk_last_status();
-            break;
-        }
-        in->requires_grad = true; /* a leaf: its gradient goes back to the previous stage */
-        x->in = in;
-        x->in_owned = true;
-        st = lk_comm_recv_async(cm, in->data, (size_t)in->numel, in->dtype, o->peer, &w[nw++]);
+    if (grouped) { /* ended on a failure too: what it holds is posted, then failed by the abort that follows */
+        lk_status ge = lk_comm_p2p_group_end(cm);
+        if (!st) st = ge;
     }
     for (int j = 0; j < nw; j++) {
         lk_status sj = lk_work_wait(w[j]);
@@ -196,6 +223,8 @@ lk_status lk_pipe_run(const lk_pipe_schedule *s, const lk_pipe_stage *st, double
     int m = lk_pipe_schedule_chunks(s);
     r.c = lk_calloc((size_t)m, sizeof *r.c);
     if (!r.c) return LK_STATUS_OUT_OF_MEMORY;
+    for (int i = 0; i < lk_pipe_schedule_length(s, r.k); i++)
+        r.bwd_total += lk_pipe_schedule_action(s, r.k, i)->kind == LK_PIPE_BACKWARD;
     lk_status res = LK_STATUS_OK;
     lk_scope_begin();
     double t_run = lk_time_now();

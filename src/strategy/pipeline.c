@@ -10,18 +10,22 @@
  * With trainer.pipeline.stages below the devices, the ranks form a 2-D mesh
  * (lk_comm_mesh_2d: rank = stage * replicas + replica): each replica is a
  * whole pipeline fed its own shard of the data, and the replicas of one
- * stage average their gradients (one all-reduce of the stage's flat
- * gradient buffer per optimizer step, after the schedule ran).
+ * stage average their gradients once per optimizer step, in buckets of the
+ * stage's flat gradient buffer started as the last micro-batch's backward
+ * completes them (ddp's scheme; the rest after the schedule).
  *
  * Each stage updates only its own blocks: nothing moves after a step. The
  * other stages' copies on a rank go stale until the whole model is needed:
  * a checkpoint gathers every stage's parameters and buffers to rank 0 (the
  * strategy's state dict) and every stage's optimizer state by parameter
  * name, so the one consolidated file resumes here bitwise and in single or
- * ddp; validation, test and the end of fit broadcast the blocks to every
- * rank (lk_strategy_sync_model), which then runs the whole model as single
+ * ddp; validation, test and predict run forward-only through the stages
+ * (eval_forward), and the end of fit (and an evaluation of a module whose
+ * steps run its net directly) broadcasts the blocks to every rank
+ * (lk_strategy_sync_model), which then runs the whole model as single
  * does. Every rank still builds the whole model (its memory is not yet a
- * stage's; the gradients and optimizer state are).
+ * stage's; the gradients and optimizer state are). On GPUs the messages
+ * move over nccl, each COMM action one NCCL group (pipe_run.c).
  *
  * The split: by parameter count (the default: known before anything runs,
  * the same on every machine), named blocks, or by measured time (a profile
@@ -78,10 +82,27 @@ typedef struct pipe_self {
     lk_pipe_schedule *short_sched; /* the schedule for a short batch of fewer rows than chunks (its m) */
     lk_pipe_schedule *fwd_sched;   /* evaluation's forward-only schedule (its m) */
     int eval_m;                    /* ... the micro-batches of the batch in flight */
-    bool eval_noted;               /* ... said once on rank 0 */
+    bool eval_noted, whole_noted;  /* ... said once on rank 0 (validation's micro-batches; test's whole batches) */
     lk_tensor *eval_out;           /* ... the last stage's outputs, joined (owned until handed over) */
     int64_t steps_run;
     lk_strategy *s;
+    /* pipeline x ddp: the stage's flat gradient buffer in buckets of about
+     * bucket_cap_mb, cut walking backwards as ddp cuts them; during a sync
+     * step's last backward each parameter's grad-ready hook counts its
+     * bucket down and complete buckets are all-reduced (average) over the
+     * stage's replicas in index order while the backward goes on */
+    struct pbucket {
+        int64_t offset, count;
+        int nparams, ready;
+        lk_work *work;
+    } *bk;
+    int nbk, next_bk;
+    struct pslot {
+        struct pipe_self *ps;
+        int bucket;
+    } *slots;
+    bool bk_armed;       /* the last backward of a sync step is running (or ran) */
+    lk_status bk_err;    /* the first failure of a launch, returned when the step waits */
 } pipe_self;
 
 static lk_status create(lk_strategy *s, bool mp) {
@@ -155,6 +176,9 @@ static void pipe_free(lk_strategy *s) {
     lk_free(ps->mb);
     lk_free(ps->weight);
     lk_free(ps->tied);
+    for (int b = 0; b < ps->nbk; b++) lk_work_free(ps->bk[b].work);
+    lk_free(ps->bk);
+    lk_free(ps->slots);
     if (ps->scratch && lk_device_is_host(s->cfg.device)) lk_free(ps->scratch);
     else if (ps->scratch) lk_device_free(s->cfg.device, ps->scratch, ps->scratch_bytes);
     lk_free(ps);
@@ -540,6 +564,95 @@ static lk_status state_dict(lk_strategy *s, lk_layer *net, lk_named_tensors *out
     return lk_state_dict_get(net, out);
 }
 
+/* ---- pipeline x ddp: the replicas' all-reduce in buckets ---------------------- */
+
+/* Starts the complete buckets in index order (every replica the same
+ * collectives in the same order). */
+static void launch_buckets(pipe_self *ps) {
+    lk_strategy *s = ps->s;
+    while (ps->next_bk < ps->nbk && ps->bk[ps->next_bk].ready >= ps->bk[ps->next_bk].nparams) {
+        struct pbucket *b = &ps->bk[ps->next_bk++];
+        void *buf = (char *)s->flat_grad + (size_t)b->offset * lk_dtype_size(s->cfg.param_dtype);
+        lk_status st = lk_comm_all_reduce_async(ps->mesh.dp, buf, (size_t)b->count, s->cfg.param_dtype, LK_REDUCE_AVG,
+                                                &b->work);
+        s->stats.allreduce_calls++;
+        s->stats.bytes_reduced += (uint64_t)b->count * lk_dtype_size(s->cfg.param_dtype);
+        if (st && !ps->bk_err) ps->bk_err = st;
+    }
+}
+
+static void on_grad_ready(lk_tensor *p, void *ctx) {
+    (void)p;
+    struct pslot *slot = ctx;
+    pipe_self *ps = slot->ps;
+    if (!ps->bk_armed) return; /* an earlier micro-batch's backward: its gradients are not final */
+    ps->bk[slot->bucket].ready++;
+    launch_buckets(ps);
+}
+
+static void stage_before_backward(void *ctx, int chunk, bool last) {
+    (void)chunk;
+    pipe_self *ps = ctx;
+    if (last) ps->bk_armed = true;
+}
+
+/* The flat gradient buffer packs this stage's parameters in registration
+ * order (lk_strategy_setup); buckets are cut walking backwards, the order
+ * the backward finishes them, so each is one contiguous range. */
+static lk_status buckets_setup(lk_strategy *s) {
+    pipe_self *ps = s->self;
+    int n = s->local.n;
+    ps->bk = lk_calloc((size_t)(n ? n : 1), sizeof *ps->bk);
+    ps->slots = lk_calloc((size_t)(n ? n : 1), sizeof *ps->slots);
+    if (!ps->bk || !ps->slots) return LK_STATUS_OUT_OF_MEMORY;
+    int64_t cap = (int64_t)(s->ddp.bucket_cap_mb * 1024 * 1024 / (double)lk_dtype_size(s->cfg.param_dtype));
+    if (cap < 1) cap = 1;
+    int64_t off = s->flat_numel;
+    for (int i = n - 1; i >= 0; i--) {
+        lk_tensor *p = s->local_arr[i];
+        off -= p->numel;
+        if (ps->nbk == 0 || ps->bk[ps->nbk - 1].count >= cap) ps->bk[ps->nbk++] = (struct pbucket){0};
+        struct pbucket *b = &ps->bk[ps->nbk - 1];
+        b->offset = off;
+        b->count += p->numel;
+        b->nparams++;
+        ps->slots[i] = (struct pslot){ps, ps->nbk - 1};
+        lk_tensor_set_grad_hook(p, on_grad_ready, &ps->slots[i]);
+    }
+    if (off != 0)
+        return lk_error(LK_STATUS_INTERNAL, "strategy %s: the stage's parameters hold %lld of its %lld gradient "
+                        "elements", s->vt->name, (long long)(s->flat_numel - off), (long long)s->flat_numel);
+    s->stats.buckets = ps->nbk;
+    lk_log0("%s: each stage's replicas average its gradients in buckets (stage 0: %d of up to %g MB, "
+            "trainer.bucket_cap_mb), each started as the last micro-batch's backward completes it", s->vt->name,
+            ps->nbk, s->ddp.bucket_cap_mb);
+    return LK_STATUS_OK;
+}
+
+/* After the schedule: the buckets no hook completed (parameters the step
+ * did not reach, or a failed run) started in order, then every one waited
+ * for; the averages are then in the flat buffer. On a failure (rc) only
+ * what was started is waited for, so nothing is left in flight. */
+static lk_status buckets_finish(pipe_self *ps, lk_status rc) {
+    if (!rc) {
+        for (int b = ps->next_bk; b < ps->nbk; b++) ps->bk[b].ready = ps->bk[b].nparams;
+        launch_buckets(ps);
+    }
+    lk_status st = ps->bk_err;
+    for (int b = 0; b < ps->nbk; b++) {
+        if (!ps->bk[b].work) continue;
+        lk_status sb = lk_work_wait(ps->bk[b].work);
+        if (!st) st = sb;
+        lk_work_free(ps->bk[b].work);
+        ps->bk[b].work = NULL;
+    }
+    for (int b = 0; b < ps->nbk; b++) ps->bk[b].ready = 0;
+    ps->next_bk = 0;
+    ps->bk_armed = false;
+    ps->bk_err = LK_STATUS_OK;
+    return rc ? rc : st;
+}
+
 static lk_status wrap(lk_strategy *s, lk_layer *net) {
     pipe_self *ps = s->self;
     if (!ps->first)
@@ -578,16 +691,15 @@ static lk_status wrap(lk_strategy *s, lk_layer *net) {
         s->local_names[i] = s->local.items[i].name;
     }
     for (int i = 0; i < nb; i++) s->buffer_arr[i] = s->local_buffers.items[i].tensor;
-    /* On a GPU: model_parallel over nccl (one micro-batch: a stage only sends or only receives at a time).
-     * pipeline's message groups send and receive at once, which nccl's point-to-point, running a rank's
-     * sends and receives one after another, deadlocks on unless they are ordered for it: not yet. */
-    if (!lk_device_is_host(s->cfg.device) && s->world > 1 && (!lk_comm_reads_device(s->comm) || ps->chunks > 1))
-        return lk_error(LK_STATUS_UNSUPPORTED, "strategy %s on %s: %s", s->vt->name,
-                        lk_device_str(s->cfg.device, (char[32]){0}, 32),
-                        ps->chunks > 1 ? "pipeline's schedules run on the CPU only for now (model_parallel runs on GPUs over nccl)"
-                                  : "model_parallel on GPUs needs a communicator that reads device memory (nccl: one rank per GPU)");
+    /* On GPUs the activations and gradients move in device memory: over nccl, whose point-to-point runs
+     * each COMM action's messages as one NCCL group (pipe_run.c), so a stage that sends and receives at
+     * once cannot deadlock there. */
+    if (!lk_device_is_host(s->cfg.device) && s->world > 1 && !lk_comm_reads_device(s->comm))
+        return lk_error(LK_STATUS_UNSUPPORTED, "strategy %s on %s needs a communicator that reads device memory "
+                        "(nccl: one rank per GPU)", s->vt->name, lk_device_str(s->cfg.device, (char[32]){0}, 32));
     LK_TRY(sync_params(s)); /* every rank starts from stage k's values of stage k's blocks */
-    return lk_strategy_setup(s, s->local_arr, s->local_names, np, s->buffer_arr, nb);
+    LK_TRY(lk_strategy_setup(s, s->local_arr, s->local_names, np, s->buffer_arr, nb));
+    return ps->dp > 1 ? buckets_setup(s) : LK_STATUS_OK;
 }
 
 /* ---- the step ------------------------------------------------------------- */
@@ -689,8 +801,6 @@ static lk_status training_step(lk_strategy *s, const lk_step_args *a, lk_step_re
         m = (int)b->size;
         if (!ps->short_sched || lk_pipe_schedule_chunks(ps->short_sched) != m) {
             lk_pipe_schedule_free(ps->short_sched);
-    lk_pipe_schedule_free(ps->fwd_sched);
-    lk_tensor_release(ps->eval_out);
             ps->short_sched = NULL;
             LK_TRY(lk_pipe_schedule_make(ps->schedule, ps->p, m, &ps->short_sched));
         }
@@ -709,6 +819,8 @@ static lk_status training_step(lk_strategy *s, const lk_step_args *a, lk_step_re
                         .chunk_weight = extra ? ps->weight : NULL};
     struct lk_pipe_times times = {0};
     st.times = &times;
+    bool bucketed = a->sync && ps->dp > 1;
+    if (bucketed) st.before_backward = stage_before_backward;
     if (s->pipe_fn) st.on_action = stage_action;
     double t0 = lk_time_now(), loss_sum = 0;
     if (fn->step_begin) fn->step_begin(fn->ctx);
@@ -719,9 +831,9 @@ static lk_status training_step(lk_strategy *s, const lk_step_args *a, lk_step_re
     /* the loss is the last stage's: every rank logs and checks the same value */
     if (!rc && ps->p > 1) rc = lk_comm_broadcast(ps->pp, &loss_sum, 1, LK_F64, ps->p - 1);
     /* the replicas of this stage average their gradients once per optimizer
-     * step (none inside accumulation, as ddp's no_sync) */
-    if (!rc && a->sync && ps->dp > 1)
-        rc = lk_comm_all_reduce(ps->mesh.dp, s->flat_grad, (size_t)s->flat_numel, s->cfg.param_dtype, LK_REDUCE_AVG);
+     * step (none inside accumulation, as ddp's no_sync): the buckets the
+     * last backward started, and the rest */
+    if (bucketed) rc = buckets_finish(ps, rc);
     double t2 = lk_time_now();
     r->t_fwd = t1 - t0; /* forwards and backwards interleave: booked as one */
     r->t_bwd = 0;
@@ -755,8 +867,6 @@ static lk_status stage_output(void *ctx, int chunk, lk_tensor *out) {
     int64_t at = 0, rows = 0;
     for (int c = 0; c < chunk; c++) at += ps->mb[c].size;
     for (int c = 0; c < ps->eval_m; c++) rows += ps->mb[c].size;
-    if (!lk_device_is_host(out->device))
-        return lk_error(LK_STATUS_UNSUPPORTED, "pipeline evaluation: outputs on the host only");
     if (!ps->eval_out) {
         int64_t shape[LK_MAX_DIMS];
         for (int d = 0; d < out->ndim; d++) shape[d] = out->shape[d];
@@ -774,17 +884,17 @@ static lk_status stage_output(void *ctx, int chunk, lk_tensor *out) {
     size_t row = lk_tensor_nbytes(all) / (size_t)(rows ? rows : 1);
     if (lk_tensor_nbytes(c) != row * (size_t)out->shape[0])
         return lk_error(LK_STATUS_INVALID_ARGUMENT, "pipeline evaluation: micro-batch %d's output rows differ in size", chunk);
-    memcpy((char *)all->data + (size_t)at * row, c->data, lk_tensor_nbytes(c));
-    return LK_STATUS_OK;
+    /* (on a GPU both live in its memory: a copy there, never a host touch) */
+    return lk_device_copy(all->device, (char *)all->data + (size_t)at * row, c->device, c->data, lk_tensor_nbytes(c));
 }
 
 static bool evals_forward(const lk_strategy *s) { return s->attached && s->fn.pipe_input; }
 
-static lk_status eval_forward(lk_strategy *s, const lk_batch *b, lk_tensor **out) {
+static lk_status eval_forward(lk_strategy *s, const lk_batch *b, bool whole, lk_tensor **out) {
     pipe_self *ps = s->self;
     *out = NULL;
     if (b->size < 1) return lk_error(LK_STATUS_INVALID_ARGUMENT, "strategy %s: an empty batch", s->vt->name);
-    int m = b->size < ps->chunks ? (int)b->size : ps->chunks;
+    int m = whole ? 1 : b->size < ps->chunks ? (int)b->size : ps->chunks;
     if (!ps->fwd_sched || lk_pipe_schedule_chunks(ps->fwd_sched) != m) {
         lk_pipe_schedule_free(ps->fwd_sched);
         ps->fwd_sched = NULL;
@@ -792,7 +902,12 @@ static lk_status eval_forward(lk_strategy *s, const lk_batch *b, lk_tensor **out
     }
     LK_TRY(cut_batch(ps, b, m));
     ps->eval_m = m;
-    if (!ps->eval_noted) {
+    if (whole && !ps->whole_noted) {
+        ps->whole_noted = true;
+        lk_log0("%s: test and predict run forward-only through the %d stages, each batch whole (one micro-batch: "
+                "the whole model's matrix shapes, so its bits), the last stage's outputs sent to every stage",
+                s->vt->name, ps->p);
+    } else if (!whole && !ps->eval_noted) {
         ps->eval_noted = true;
         lk_log0("%s: evaluation runs forward-only through the %d stages (%d micro-batch%s per batch), the last "
                 "stage's outputs sent to every stage", s->vt->name, ps->p, m, m == 1 ? "" : "es");

@@ -208,13 +208,13 @@ bool lk_strategy_evals_forward(const lk_strategy *s) {
     return s && s->wrapped && s->vt->evals_forward && s->vt->evals_forward(s);
 }
 
-lk_status lk_strategy_eval_forward(lk_strategy *s, const lk_batch *b, lk_tensor **out) {
+lk_status lk_strategy_eval_forward(lk_strategy *s, const lk_batch *b, bool whole, lk_tensor **out) {
     if (out) *out = NULL;
     if (!b || !out) return lk_error(LK_STATUS_INVALID_ARGUMENT, "lk_strategy_eval_forward: NULL batch or out");
     if (!lk_strategy_evals_forward(s))
         return lk_error(LK_STATUS_INVALID_USAGE, "lk_strategy_eval_forward: strategy %s runs no forward of its own "
                         "(lk_strategy_evals_forward)", s->vt->name);
-    return s->vt->eval_forward(s, b, out);
+    return s->vt->eval_forward(s, b, whole, out);
 }
 
 lk_status lk_strategy_profile_blocks(lk_strategy *s, lk_tensor *x) {

@@ -75,7 +75,7 @@ typedef struct lk_strategy_vt {
     /* (optional, pipelines) Whether evaluation runs through the strategy's
      * forward, and that forward (lk_strategy_eval_forward). */
     bool (*evals_forward)(const lk_strategy *s);
-    lk_status (*eval_forward)(lk_strategy *s, const lk_batch *b, lk_tensor **out);
+    lk_status (*eval_forward)(lk_strategy *s, const lk_batch *b, bool whole, lk_tensor **out);
     lk_status (*profile_blocks)(lk_strategy *s, lk_tensor *x);
     /* (optional) Every rank's copy of the whole model made current before
      * it runs whole (lk_strategy_sync_model; a collective); NULL: nothing

@@ -105,7 +105,7 @@ static lk_status builtin_test_step(lk_module *m, const lk_batch *b, int64_t i, l
 }
 
 static lk_tensor *builtin_predict_step(lk_module *m, const lk_batch *b, int64_t i, lk_trainer *tr) {
-    return builtin_forward(m, b);
+    return lk_module_forward(m, b); /* (a pipeline's stages may have run it: eval.c's replay) */
 }
 
 static lk_status builtin_on_stage_end(lk_module *m, lk_trainer *tr, const char *stage) {

@@ -9,6 +9,30 @@
 
 static bool is_rank0(const lk_trainer *tr) { return tr->rank == 0; }
 
+/* A pipeline's test and predict run through its stages, forwards only, as
+ * its validation inside fit does: the strategy cut into stages and wrapped
+ * here when no fit on this trainer did (a collective, as fit's), and its
+ * step callbacks attached for the run (run_cleanup detaches them, as after
+ * a fit). Other strategies, and modules whose steps may run their net
+ * directly, are left as they are: their whole model runs on every rank. */
+lk_status lk__eval_pipeline_setup(lk_trainer *tr) {
+    if (!lk_strategy_needs_blocks(tr->strat) || !lk__module_forward_only_via_module(tr->module)) return LK_STATUS_OK;
+    if (!lk_strategy_wrapped(tr->strat)) {
+        int nb = 0;
+        const lk_named_layer *blocks = NULL;
+        if (lk_model_blocks(tr->module->net, &nb, &blocks))
+            return lk_error(lk_last_status(), "strategy %s cuts the model into stages of blocks: %s",
+                            lk_strategy_name(tr->strat), lk_last_error());
+        LK_TRY(lk_strategy_set_blocks(tr->strat, blocks, nb));
+        /* (trainer.pipeline.split time: no training batch to profile here; wrap says so and
+         * balances by parameter count, which changes no output, only the cut) */
+        LK_TRY(lk_strategy_wrap(tr->strat, tr->module->net));
+    }
+    if (lk_strategy_evals_forward(tr->strat)) return LK_STATUS_OK;
+    lk_step_fn fn = lk__step_fn(tr);
+    return lk_strategy_attach(tr->strat, &fn);
+}
+
 lk_status lk__run_eval(lk_trainer *tr, lk_loader *loader, const char *stage, int64_t limit, uint64_t epoch,
                           const char *title) {
     lk_module *m = tr->module;
@@ -53,7 +77,8 @@ lk_status lk__run_eval(lk_trainer *tr, lk_loader *loader, const char *stage, int
         lk_scope_begin();
         lk_autocast_enter(tr->autocast); /* evaluation runs in the precision it trains in, as Lightning's */
         lk_tensor *out = NULL; /* the stages' output, which the step's lk_module_forward answers */
-        if (piped) st = lk_strategy_eval_forward(tr->strat, b, &out);
+        /* test: each batch whole through the stages, so its metrics are single's bits */
+        if (piped) st = lk_strategy_eval_forward(tr->strat, b, strcmp(stage, "val") != 0, &out);
         lk__module_forward_replay(out);
         if (!st && !strcmp(stage, "test")) st = lk_module_test_step(m, b, i, tr);
         else if (!st) st = lk_module_validation_step(m, b, i, tr);
@@ -92,6 +117,7 @@ static lk_status eval_command(lk_trainer *tr, lk_module *m, lk_datamodule *dm, c
     lk_status st = lk__begin_run(tr, m, dm, !strcmp(command, "validate") ? "validate" : "test");
     lk_dataset *ds = st ? NULL : dm->vt->dataset(dm, split);
     if (!st && !ds) st = lk_error(LK_STATUS_INVALID_ARGUMENT, "data module '%s' has no %s set", dm->name, split);
+    if (!st) st = lk__eval_pipeline_setup(tr); /* before the checkpoint: the stages read it whole, as fit's */
     if (!st && ckpt_path && *ckpt_path) {
         char path[LK_PATH];
         st = lk__ckpt_resolve(tr, ckpt_path, path, sizeof path);

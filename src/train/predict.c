@@ -196,11 +196,18 @@ lk_status lk_trainer_predict(lk_trainer *tr, lk_module *m, lk_datamodule *dm, co
     if (!st && !ds) st = lk_error(LK_STATUS_INVALID_ARGUMENT, "data module '%s' has no predict (or test) set", dm->name);
     if (!st && !m->vt->predict_step && !m->vt->forward)
         st = lk_error(LK_STATUS_INVALID_ARGUMENT, "module '%s' has no predict_step (and no forward)", m->name);
+    if (!st) st = lk__eval_pipeline_setup(tr); /* a pipeline predicts through its stages */
     if (!st && ckpt_path && *ckpt_path) {
         char path[LK_PATH];
         st = lk__ckpt_resolve(tr, ckpt_path, path, sizeof path);
         if (!st) st = lk__ckpt_load(tr, path, false);
     }
+    /* A pipeline's stages run each batch forward-only and hand every rank
+     * the last stage's output, which predict_step takes as its forward's
+     * (eval.c's validation does the same); otherwise the whole model runs
+     * here, refreshed. */
+    bool piped = !st && lk_strategy_evals_forward(tr->strat) && lk__module_forward_only_via_module(m);
+    if (!st && !piped) st = lk_strategy_sync_model(tr->strat);
     if (!st) st = lk__make_loader(tr, ds, false, &loader);
     if (!st && !tr->log_dir[0]) st = lk__open_outputs(tr, true);
     lk__pred *pred = NULL;
@@ -213,19 +220,30 @@ lk_status lk_trainer_predict(lk_trainer *tr, lk_module *m, lk_datamodule *dm, co
     tr->stage = "predict";
     lk_layer_train(m->net, false);
     bool prev = lk_set_grad_enabled(false);
+    /* (the stages of one pipeline read the same shard: they run the same batches) */
     for (int64_t i = 0; i < n && !st; i++) {
-        const lk_batch *b;
+        const lk_batch *b = NULL;
         st = pf ? lk__prefetch_next(pf, &b) : lk_loader_next(loader, &b);
         if (st || !b) break;
         lk_scope_begin();
         lk_autocast_enter(tr->autocast);
-        lk_tensor *p = lk_module_predict_step(m, b, i, tr);
+        lk_tensor *out = NULL; /* the stages' output, which predict_step's lk_module_forward answers */
+        if (piped) st = lk_strategy_eval_forward(tr->strat, b, true, &out); /* whole: single's bits */
+        lk__module_forward_replay(out);
+        lk_tensor *p = st ? NULL : lk_module_predict_step(m, b, i, tr);
+        lk__module_forward_replay(NULL);
         lk_autocast_exit();
+        if (st) {
+            lk_tensor_release(out);
+            lk_scope_end();
+            break;
+        }
         if (!p) st = lk_last_status() ? lk_last_status() : lk_error(LK_STATUS_INVALID_USAGE, "predict_step returned nothing");
         lk_tensor *c = p ? lk_tensor_cast(p, LK_F32) : NULL;
         if (p && !c) st = lk_last_status() ? lk_last_status() : LK_STATUS_OUT_OF_MEMORY;
         if (c) st = lk__pred_add(pred, c, b);
         lk_tensor_release(c);
+        lk_tensor_release(out);
         lk_scope_end();
     }
     lk_status end = lk__prefetch_end(pf);

@@ -243,6 +243,10 @@ double lk__fault_loss(const lk_trainer *tr, double loss);
  * profiler's phases. lk__replicas_free frees what replicate left
  * (after lk_strategy_detach). */
 lk_step_fn lk__step_fn(lk_trainer *tr);
+/* Test and predict under a pipeline (eval.c): the strategy wrapped (when no
+ * fit did) and attached, so that lk__run_eval and predict run the batches
+ * through its stages; nothing for other strategies. A collective. */
+lk_status lk__eval_pipeline_setup(lk_trainer *tr);
 /* trainer.activation_checkpointing[_policy] on net (trainer_config.c):
  * *count layers set; INVALID_ARGUMENT naming the model's layer classes for
  * a class it lacks. */

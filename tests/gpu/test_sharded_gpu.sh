@@ -62,13 +62,11 @@ if [ "${ngpu:-0}" -ge 2 ]; then
   fit offsetresumed "${X[@]}" --trainer.strategy fsdp_cpu_offload --ckpt_path "$T/offset.ckpt"
   check "fsdp with cpu_offload: a sharded checkpoint set at step 10, resumed == the uninterrupted run, bitwise" \
     same offsetresumed fsdp_cpu_offload
-  # model_parallel (issue 47): two stages on two GPUs over nccl == one GPU, bitwise; pipeline's schedules are refused there
+  # model_parallel (issue 47): two stages on two GPUs over nccl == one GPU, bitwise (pipeline: test_pipeline_gpu.sh)
   M=(--trainer.accelerator gpu --trainer.accumulate_grad_batches 2)
   fit one "${M[@]}" --trainer.devices 1 --trainer.strategy single
   fit mp "${M[@]}" --trainer.devices 2 --trainer.strategy model_parallel
   check "model_parallel on 2 GPUs (nccl) == single on one GPU, bitwise" same mp one
-  fit pp "${M[@]}" --trainer.devices 2 --trainer.strategy pipeline
-  check "pipeline on GPUs is refused, named" grep -q "pipeline's schedules run on the CPU only for now (model_parallel runs on GPUs over nccl)" "$T/pp.log"
   fit set "${X[@]}" --trainer.strategy fsdp --trainer.state_dict_type sharded
   check "a sharded checkpoint set on a GPU is refused, naming state_dict_type" \
     grep -q "a sharded checkpoint set (state_dict_type: sharded) is written from host memory only for now" "$T/set.log"

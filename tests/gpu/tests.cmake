@@ -110,6 +110,12 @@ if(LK_HAVE_CUDA)
   lk_add_script_test(NAME gpu_sharded SCRIPT gpu/test_sharded_gpu.sh LABELS gpu TIMEOUT 600)
   set_tests_properties(gpu_sharded PROPERTIES SKIP_RETURN_CODE 77)
 endif()
+# Issue 47: pipeline on GPUs over nccl against single (and ddp) on them, bitwise; fake_gpu_pipeline and
+# fake_gpu_pipeline_shm run it on the fake GPU in every CI run.
+if(LK_HAVE_CUDA)
+  lk_add_script_test(NAME gpu_pipeline SCRIPT gpu/test_pipeline_gpu.sh LABELS gpu TIMEOUT 600)
+  set_tests_properties(gpu_pipeline PROPERTIES SKIP_RETURN_CODE 77)
+endif()
 # The gpu tests on the fake GPU (tests/gpu/fake/: a host CUDA runtime over
 # the emulated kernels and a fake cuBLASLt), in every CI run.
 if(LK_HAVE_CUDA AND Python3_FOUND)

@@ -2,7 +2,9 @@
 # pipeline x data parallel through `lockstep fit`: 4 devices as 2 stages x 2
 # replicas (trainer.pipeline.stages 2), the mlp on synthetic data, 20 AdamW
 # steps. Each replica is a whole pipeline fed its own shard of the data and
-# the replicas of a stage average their gradients once per optimizer step,
+# the replicas of a stage average their gradients once per optimizer step
+# (in buckets, as ddp's, each started as the last micro-batch's backward
+# completes it: with small buckets the bits are the same),
 # so the run is ddp on 2 ranks accumulating the same micro-batches: bitwise
 # (1f1b and gpipe; with accumulation on top of the micro-batches too). Against
 # single on the same global batch (a mean of 32 rows against two means of
@@ -41,6 +43,11 @@ check "pipeline 2 x 2: within 1e-6 of single on the global batch of 32 ($(near "
   near "$T/single.st" "$T/pdp.st" 1e-6
 run pdp_gpipe "${pdp[@]}" --trainer.pipeline.schedule gpipe --data.init_args.batch_size 16 &&
   check "pipeline 2 x 2, gpipe: bitwise 1f1b" cmp -s "$T/pdp.st" "$T/pdp_gpipe.st"
+# the replicas' all-reduce in buckets started during the last backward: with 104-byte buckets stage 0's
+# gradients go in 2 (its Linear's bias, then its weight), and the bits stay ddp's
+run pdp_bk "${pdp[@]}" --data.init_args.batch_size 16 --trainer.bucket_cap_mb 0.0001 &&
+  check "pipeline 2 x 2, 104-byte buckets: bitwise ddp accumulating the same micro-batches" cmp -s "$T/ddp_acc.st" "$T/pdp_bk.st"
+check "the buckets are said" grep -q "pipeline: each stage's replicas average its gradients in buckets (stage 0: 2 of up to 0.0001 MB" "$T/pdp_bk.log"
 check "run.json: the measured bubble beside the theory (p 2, m 4: 0.2)" python3 -c "
 import json, sys
 p = json.load(open(sys.argv[1]))['pipeline']

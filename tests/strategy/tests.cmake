@@ -47,3 +47,5 @@ endif()
 # Memory per rank: run.json's model state against lockstep's ZeRO formulas (ddp, deepspeed_stage_1/2, N = 1, 2, 4);
 # trainer.memory_limit_mb: ddp's replicated Adam state stops on every rank with the allocator's error, stage 2 trains.
 lk_add_script_test(NAME strategy_memory SCRIPT strategy/test_memory.sh LABELS multiproc TIMEOUT 240)
+# `lockstep test` and `predict` under model_parallel and pipeline run forward-only through the stages: from one single checkpoint, test metrics == single's and predictions.npy == single's file, at 2 stages, 3 stages gpipe and 2 x 2.
+lk_add_script_test(NAME strategy_pipeline_predict SCRIPT strategy/test_pipeline_predict.sh LABELS multiproc TIMEOUT 180)

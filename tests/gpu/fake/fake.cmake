@@ -105,6 +105,16 @@ set_tests_properties(fake_gpu_cli PROPERTIES LABELS "unit;fakegpu;multiproc" TIM
 add_test(NAME fake_gpu_run COMMAND bash ${PROJECT_SOURCE_DIR}/tests/gpu/fake/test_run.sh WORKING_DIRECTORY ${PROJECT_BINARY_DIR})
 set_tests_properties(fake_gpu_run PROPERTIES LABELS "unit;fakegpu;multiproc;nosan" TIMEOUT 300
                      ENVIRONMENT "LK_FAKE_GPUS=1;LD_LIBRARY_PATH=${LK_FAKE_LIB};LK_BIN=$<TARGET_FILE:lockstep_fakegpu_cli>;LK_CPU_BIN=$<TARGET_FILE:lockstep>;LK_SOURCE_DIR=${PROJECT_SOURCE_DIR}")
+# pipeline on GPUs (issue 47): gpipe and 1f1b on two fake GPUs over nccl (each COMM action one NCCL group)
+# bitwise single on one accumulating the same micro-batches, 2 x 2 on four bitwise ddp, test and predict through
+# the stages; on one fake GPU (two ranks, shm) the refusal.
+foreach(t "pipeline;4" "pipeline_shm;1")
+  list(GET t 0 name)
+  list(GET t 1 gpus)
+  add_test(NAME fake_gpu_${name} COMMAND bash ${PROJECT_SOURCE_DIR}/tests/gpu/test_pipeline_gpu.sh WORKING_DIRECTORY ${PROJECT_BINARY_DIR})
+  set_tests_properties(fake_gpu_${name} PROPERTIES LABELS "unit;fakegpu;multiproc;nosan" TIMEOUT 300
+                       ENVIRONMENT "LK_FAKE_GPUS=${gpus};LD_LIBRARY_PATH=${LK_FAKE_LIB};LK_FAKE_NCCL_SLOT=256;LK_BIN=$<TARGET_FILE:lockstep_fakegpu_cli>;LK_SOURCE_DIR=${PROJECT_SOURCE_DIR}")
+endforeach()
 # ZeRO stages 1-3 and fsdp on GPUs (issue 46): on the fake GPU's two over nccl against ddp there, bitwise, and
 # resume; on one fake GPU (two ranks, shm) stage 1 against ddp and fsdp's refusal.
 foreach(t "sharded;2" "sharded_shm;1")

@@ -38,6 +38,12 @@
  *    call has moved the whole message (so a send queued before a receive
  *    on both ranks waits forever, as on NCCL); a receive of another size
  *    than its send is an async error (NCCL would hang or corrupt).
+ *  - ncclGroupStart/ncclGroupEnd around sends and receives: the calls
+ *    in between are queued at the outermost end as one piece of stream
+ *    work that moves them side by side (NCCL fuses a group into one
+ *    launch), each ordered pair's messages in call order; it completes
+ *    when all have. Collectives inside a group, and a group's calls on
+ *    several streams or communicators, are refused (not modelled).
  * What it does not model: speed, NCCL's own algorithms and their rounding
  * (every reduction here is in rank order), several communicators sharing
  * one stream's order across processes, and anything across nodes.
@@ -62,6 +68,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "fake.h"
 
@@ -136,6 +143,13 @@ Mbox *Comm::mbox(int src, int dst) {
 }
 
 std::string global_last;
+
+/* An open group (ncclGroupStart's depth, this thread's as NCCL's is) and
+ * the sends and receives called inside it, queued at its end. */
+thread_local int group_depth = 0;
+thread_local std::vector<std::shared_ptr<struct P2p>> group_ops;
+thread_local cudaStream_t group_stream = nullptr;
+thread_local std::string group_error;
 
 __attribute__((format(printf, 2, 3))) ncclResult_t fail(ncclResult_t r, const char *fmt, ...) {
     char buf[512];
@@ -294,6 +308,7 @@ ncclResult_t enqueue(Kind kind, const char *name, const void *send, void *recv, 
                      ncclRedOp_t o, int root, ncclComm_t comm, cudaStream_t st) {
     if (!comm || !comm->c) return fail(ncclInvalidArgument, "%s: no communicator", name);
     Comm *c = comm->c.get();
+    if (group_depth > 0) return fail(ncclInvalidUsage, "%s on rank %d: a collective inside a group (not modelled)", name, c->rank);
     if (c->aborted) return fail(ncclInvalidUsage, "%s on rank %d: the communicator was aborted", name, c->rank);
     if (c->state != ncclSuccess)
         return fail(ncclInvalidUsage, "%s on rank %d: the communicator is not ready (state %d)", name, c->rank,
@@ -382,6 +397,31 @@ struct P2p {
     }
 };
 
+
+/* A group's calls as one piece of stream work: every member steps in
+ * turn; of the messages of one ordered pair and direction only the
+ * oldest unfinished one does (they share the pair's mailbox). */
+struct P2pGroup {
+    std::vector<std::shared_ptr<P2p>> ops;
+    std::vector<bool> done;
+    bool step() {
+        bool all = true;
+        for (size_t i = 0; i < ops.size(); i++) {
+            if (done[i]) continue;
+            bool older = false;
+            for (size_t j = 0; j < i && !older; j++)
+                older = !done[j] && ops[j]->send == ops[i]->send && ops[j]->peer == ops[i]->peer && ops[j]->c == ops[i]->c;
+            if (older) {
+                all = false;
+                continue;
+            }
+            done[i] = ops[i]->step();
+            all = all && done[i];
+        }
+        return all;
+    }
+};
+
 ncclResult_t enqueue_p2p(bool send, const char *name, void *buf, size_t count, ncclDataType_t t, int peer,
                          ncclComm_t comm, cudaStream_t st) {
     if (!comm || !comm->c) return fail(ncclInvalidArgument, "%s: no communicator", name);
@@ -404,6 +444,17 @@ ncclResult_t enqueue_p2p(bool send, const char *name, void *buf, size_t count, n
                     name, c->rank, c->gpu);
     auto k = std::make_shared<P2p>();
     k->c = comm->c, k->send = send, k->peer = peer, k->buf = (char *)buf, k->bytes = b;
+    if (group_depth > 0) { /* queued at the group's end */
+        if (!group_ops.empty() && (group_stream != st || group_ops[0]->c != comm->c)) {
+            group_error = std::string(name) + ": a group's calls on several streams or communicators (not modelled)";
+            return fail(ncclInvalidUsage, "%s on rank %d: %s", name, c->rank, group_error.c_str());
+        }
+        group_stream = st;
+        group_ops.push_back(k);
+        c->pending++;
+        c->streams.insert(st);
+        return ncclSuccess;
+    }
     if (lk_fake_enqueue_poll(st, name, [k] { return k->step(); }) != 0)
         return fail(ncclInvalidUsage, "%s on rank %d: the fake runtime refused to queue it (in a capture?)", name,
                     c->rank);
@@ -552,6 +603,30 @@ ncclResult_t ncclAllGather(const void *s, void *r, size_t n, ncclDataType_t t, n
 }
 ncclResult_t ncclBroadcast(const void *s, void *r, size_t n, ncclDataType_t t, int root, ncclComm_t c, cudaStream_t st) {
     return enqueue(BROADCAST, "ncclBroadcast", s, r, n, t, ncclSum, root, c, st);
+}
+ncclResult_t ncclGroupStart(void) {
+    if (group_depth++ == 0) group_ops.clear(), group_stream = nullptr, group_error.clear();
+    return ncclSuccess;
+}
+ncclResult_t ncclGroupEnd(void) {
+    if (group_depth == 0) return fail(ncclInvalidUsage, "ncclGroupEnd without ncclGroupStart");
+    if (--group_depth > 0) return ncclSuccess;
+    std::vector<std::shared_ptr<P2p>> ops;
+    ops.swap(group_ops);
+    if (ops.empty()) return ncclSuccess;
+    if (!group_error.empty()) { /* a call inside failed: nothing of the group runs */
+        for (auto &k : ops) k->c->pending--;
+        return fail(ncclInvalidUsage, "ncclGroupEnd: %s", group_error.c_str());
+    }
+    auto g = std::make_shared<P2pGroup>();
+    g->ops = ops;
+    g->done.assign(ops.size(), false);
+    if (lk_fake_enqueue_poll(group_stream, "ncclGroupEnd", [g] { return g->step(); }) != 0) {
+        for (auto &k : ops) k->c->pending--;
+        return fail(ncclInvalidUsage, "ncclGroupEnd on rank %d: the fake runtime refused to queue it (in a capture?)",
+                    ops[0]->c->rank);
+    }
+    return ncclSuccess;
 }
 ncclResult_t ncclSend(const void *s, size_t n, ncclDataType_t t, int peer, ncclComm_t c, cudaStream_t st) {
     return enqueue_p2p(true, "ncclSend", const_cast<void *>(s), n, t, peer, c, st);
