@@ -1,11 +1,44 @@
 /* The CPU backend's f32 GEMM: OpenBLAS with transpose flags (no copies for
- * transposed views), cut across the compute threads by parallel.c. */
+ * transposed views), or lockstep's own kernel (gemm_small.c) at the shapes
+ * where OpenBLAS is weak, cut across the compute threads by parallel.c. */
 #include <cblas.h>
+#include <string.h>
 
 #include "backend/cpu/cpu_impl.h"
+#include "backend/cpu/gemm_small.h"
+
+static int gemm_mode = -1;
+
+lk__gemm_mode lk__cpu_gemm_mode(void) {
+    int m = __atomic_load_n(&gemm_mode, __ATOMIC_RELAXED);
+    if (m < 0) {
+        const char *v = lk_env_get("LK_GEMM");
+        m = LK__GEMM_AUTO;
+        if (v && !strcmp(v, "own")) m = LK__GEMM_OWN;
+        else if (v && !strcmp(v, "blas")) m = LK__GEMM_BLAS;
+        else if (v && *v && strcmp(v, "auto"))
+            lk_log_warn("LK_GEMM=%s is none of auto, own, blas: f32 GEMMs take the automatic choice", v);
+        __atomic_store_n(&gemm_mode, m, __ATOMIC_RELAXED);
+    }
+    return (lk__gemm_mode)m;
+}
+
+void lk__cpu_gemm_set_mode(lk__gemm_mode mode) { __atomic_store_n(&gemm_mode, (int)mode, __ATOMIC_RELAXED); }
+
+bool lk__cpu_gemm_own_shape(bool ta, bool tb, int64_t M, int64_t N, int64_t K) {
+    (void)ta, (void)tb, (void)M, (void)N, (void)K;
+    return false;
+}
+
+bool lk__cpu_sgemm_own(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+                       const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+    return LK_ISA_PICK(lk__sgemm_own)(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
 
 void lk__cpu_sgemm1(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
                     const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+    if (lk__cpu_gemm_own(ta, tb, M, N, K) && lk__cpu_sgemm_own(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc))
+        return; /* else (its panel could not be allocated) OpenBLAS, which needs none of ours */
     cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (int)M, (int)N, (int)K,
                 alpha, A, (int)lda, B, (int)ldb, beta, C, (int)ldc);
 }

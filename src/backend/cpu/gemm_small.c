@@ -1,0 +1,168 @@
+/* lockstep's own f32 GEMM for the small shapes where OpenBLAS is weak (a
+ * GPT's attention tiles, 64 x 64 x 32, and its linears at a few hundred to
+ * a thousand token rows): C = alpha op(A) op(B) + beta C, row-major, any of
+ * the four transposes, on the calling thread.
+ *
+ * Shape of the work: op(B) is packed one panel of NR columns at a time
+ * (K x NR floats, zero-padded past N: the panel then sits in L1/L2 while
+ * every group of MR rows of op(A) streams past it); op(A) is never packed,
+ * a register-blocked micro-kernel broadcasts its elements straight from
+ * memory (MR row pointers advancing by 1, or one pointer advancing by lda
+ * when A is transposed). MR x NR accumulators live in registers: 6 x 16 in
+ * 12 ymm (AVX2 + FMA), 6 x 32 in 12 zmm (AVX-512), 6 x 16 in an array in
+ * the plain C copy below them. The copies are the same source compiled per
+ * instruction set (LK_ISA_SOURCES, backend/isa.h) and picked by cpuid.
+ *
+ * The bits: every C element is one fused multiply-add chain over k = 0,
+ * 1, ..., K - 1 from +0 (never split over K, never reassociated), then
+ * t = alpha acc and C = beta == 0 ? t : fma(beta, C, t). That does not
+ * depend on the tile shape, the copy (the plain C one uses fmaf, exact on
+ * any CPU), nor where a caller cuts M or N across threads, so the result is
+ * the same at every thread count and instruction-set level. beta == 0 never
+ * reads C (BLAS's rule: C may hold NaN). */
+#include <math.h>
+#include <string.h>
+
+#include "backend/cpu/cpu_impl.h"
+#include "backend/cpu/gemm_small.h"
+
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+#include <immintrin.h>
+#endif
+
+#define MR 6
+#if defined(__AVX512F__)
+#define NR 32
+#else
+#define NR 16
+#endif
+
+/* The panel: op(B)[k][j0 + c] at bp[k NR + c], c < nc, zero beyond. */
+static void pack_b(bool tb, int64_t K, const float *B, int64_t ldb, int64_t j0, int64_t nc, float *bp) {
+    if (!tb) {
+        for (int64_t k = 0; k < K; k++) {
+            const float *src = B + k * ldb + j0;
+            float *dst = bp + k * NR;
+            memcpy(dst, src, (size_t)nc * sizeof *dst);
+            for (int64_t c = nc; c < NR; c++) dst[c] = 0.0f;
+        }
+        return;
+    }
+    /* op(B)[k][j] = B[j][k]: read each of the panel's nc rows of B once,
+     * along k, and scatter into the panel's column */
+    for (int64_t c = 0; c < nc; c++) {
+        const float *src = B + (j0 + c) * ldb;
+        for (int64_t k = 0; k < K; k++) bp[k * NR + c] = src[k];
+    }
+    for (int64_t c = nc; c < NR; c++)
+        for (int64_t k = 0; k < K; k++) bp[k * NR + c] = 0.0f;
+}
+
+/* C's m x n corner (m <= MR, n <= NR) from the accumulators acc[r NR + c]. */
+static void store_edge(const float *acc, int64_t m, int64_t n, float alpha, float beta, float *C, int64_t ldc) {
+    for (int64_t r = 0; r < m; r++)
+        for (int64_t c = 0; c < n; c++) {
+            float t = alpha * acc[r * NR + c];
+            C[r * ldc + c] = beta == 0.0f ? t : fmaf(beta, C[r * ldc + c], t);
+        }
+}
+
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+
+#if defined(__AVX512F__)
+typedef __m512 vec;
+#define VW 16
+#define vload _mm512_loadu_ps
+#define vstore _mm512_storeu_ps
+#define vset1 _mm512_set1_ps
+#define vzero _mm512_setzero_ps
+#define vfma _mm512_fmadd_ps
+#define vmul _mm512_mul_ps
+#else
+typedef __m256 vec;
+#define VW 8
+#define vload _mm256_loadu_ps
+#define vstore _mm256_storeu_ps
+#define vset1 _mm256_set1_ps
+#define vzero _mm256_setzero_ps
+#define vfma _mm256_fmadd_ps
+#define vmul _mm256_mul_ps
+#endif
+
+/* One MR x NR tile: a[r] is op(A)'s row r at k = 0, advancing by ka per k;
+ * rows past m repeat row 0 (computed, never stored). */
+static void tile(int64_t K, const float *const a[MR], int64_t ka, const float *bp, int64_t m, int64_t n, float alpha,
+                 float beta, float *C, int64_t ldc) {
+    vec c00 = vzero(), c01 = vzero(), c10 = vzero(), c11 = vzero(), c20 = vzero(), c21 = vzero();
+    vec c30 = vzero(), c31 = vzero(), c40 = vzero(), c41 = vzero(), c50 = vzero(), c51 = vzero();
+    const float *a0 = a[0], *a1 = a[1], *a2 = a[2], *a3 = a[3], *a4 = a[4], *a5 = a[5];
+    for (int64_t k = 0; k < K; k++) {
+        vec b0 = vload(bp), b1 = vload(bp + VW), t;
+        bp += NR;
+        t = vset1(*a0);
+        c00 = vfma(t, b0, c00), c01 = vfma(t, b1, c01);
+        t = vset1(*a1);
+        c10 = vfma(t, b0, c10), c11 = vfma(t, b1, c11);
+        t = vset1(*a2);
+        c20 = vfma(t, b0, c20), c21 = vfma(t, b1, c21);
+        t = vset1(*a3);
+        c30 = vfma(t, b0, c30), c31 = vfma(t, b1, c31);
+        t = vset1(*a4);
+        c40 = vfma(t, b0, c40), c41 = vfma(t, b1, c41);
+        t = vset1(*a5);
+        c50 = vfma(t, b0, c50), c51 = vfma(t, b1, c51);
+        a0 += ka, a1 += ka, a2 += ka, a3 += ka, a4 += ka, a5 += ka;
+    }
+    vec acc[2 * MR] = {c00, c01, c10, c11, c20, c21, c30, c31, c40, c41, c50, c51};
+    if (m == MR && n == NR) {
+        vec va = vset1(alpha), vb = vset1(beta);
+        for (int r = 0; r < MR; r++)
+            for (int h = 0; h < 2; h++) {
+                float *p = C + r * ldc + h * VW;
+                vec t = vmul(va, acc[2 * r + h]);
+                vstore(p, beta == 0.0f ? t : vfma(vb, vload(p), t));
+            }
+        return;
+    }
+    float buf[MR * NR];
+    for (int r = 0; r < MR; r++) {
+        vstore(buf + r * NR, acc[2 * r]);
+        vstore(buf + r * NR + VW, acc[2 * r + 1]);
+    }
+    store_edge(buf, m, n, alpha, beta, C, ldc);
+}
+
+#else /* the plain C copy: the same chains through fmaf */
+
+static void tile(int64_t K, const float *const a[MR], int64_t ka, const float *bp, int64_t m, int64_t n, float alpha,
+                 float beta, float *C, int64_t ldc) {
+    float acc[MR * NR] = {0};
+    for (int64_t k = 0; k < K; k++, bp += NR)
+        for (int r = 0; r < MR; r++) {
+            float x = a[r][k * ka];
+            for (int c = 0; c < NR; c++) acc[r * NR + c] = fmaf(x, bp[c], acc[r * NR + c]);
+        }
+    store_edge(acc, m, n, alpha, beta, C, ldc);
+}
+
+#endif
+
+bool LK_ISA(lk__sgemm_own)(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+                           const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+    if (M <= 0 || N <= 0) return true;
+    float *bp = lk__cpu_scratch_for(LK__SCRATCH_OWN_GEMM, (size_t)(K > 0 ? K : 1) * NR * sizeof(float));
+    if (!bp) return false;
+    /* op(A)[i][k] = ta ? A[k lda + i] : A[i lda + k] */
+    int64_t ka = ta ? lda : 1, ia = ta ? 1 : lda;
+    for (int64_t j0 = 0; j0 < N; j0 += NR) {
+        int64_t n = N - j0 < NR ? N - j0 : NR;
+        pack_b(tb, K, B, ldb, j0, n, bp);
+        for (int64_t i0 = 0; i0 < M; i0 += MR) {
+            int64_t m = M - i0 < MR ? M - i0 : MR;
+            const float *a[MR];
+            for (int r = 0; r < MR; r++) a[r] = A + (i0 + (r < m ? r : 0)) * ia;
+            tile(K, a, ka, bp, m, n, alpha, beta, C + i0 * ldc + j0, ldc);
+        }
+    }
+    return true;
+}

@@ -1,0 +1,40 @@
+/* Private to the CPU backend: lockstep's own small-shape f32 GEMM
+ * (gemm_small.c, one copy per instruction set) and the rule that routes a
+ * GEMM to it or to OpenBLAS (gemm.c). */
+#ifndef LK_BACKEND_CPU_GEMM_SMALL_H
+#define LK_BACKEND_CPU_GEMM_SMALL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "backend/isa.h"
+
+/* C = alpha op(A) op(B) + beta C (row-major, f32) on the calling thread,
+ * each C element one fused multiply-add chain over k in order, so its bits
+ * depend on neither the instruction set nor a cut of M or N. False (C
+ * untouched) only when its per-thread panel (K x 32 floats) cannot be
+ * allocated. Call the copy for this CPU: LK_ISA_PICK(lk__sgemm_own)(...),
+ * or LK_ISA(lk__sgemm_own) from a file compiled per instruction set. */
+LK_ISA_DECLARE(bool, lk__sgemm_own, (bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
+                                     int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc));
+
+/* The copy for this CPU (lk__cpu_isa()), from the baseline files and tests. */
+bool lk__cpu_sgemm_own(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+                       const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
+
+/* Which GEMM runs a single-threaded piece: LK_GEMM=auto (the shape rule
+ * of lk__cpu_gemm_own_shape), own (every f32 GEMM of the CPU backend's
+ * OpenBLAS path and attention's tiles), blas (none). Read once; the setter
+ * is for tests and benchmarks. */
+typedef enum { LK__GEMM_AUTO = 0, LK__GEMM_OWN = 1, LK__GEMM_BLAS = 2 } lk__gemm_mode;
+lk__gemm_mode lk__cpu_gemm_mode(void);
+void lk__cpu_gemm_set_mode(lk__gemm_mode mode);
+/* The fixed rule of LK_GEMM=auto (gemm.c says where it comes from). */
+bool lk__cpu_gemm_own_shape(bool ta, bool tb, int64_t M, int64_t N, int64_t K);
+/* Whether the GEMM of that shape runs on lockstep's own kernel under the mode. */
+static inline bool lk__cpu_gemm_own(bool ta, bool tb, int64_t M, int64_t N, int64_t K) {
+    lk__gemm_mode m = lk__cpu_gemm_mode();
+    return m == LK__GEMM_OWN || (m == LK__GEMM_AUTO && lk__cpu_gemm_own_shape(ta, tb, M, N, K));
+}
+
+#endif
