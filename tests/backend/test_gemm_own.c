@@ -184,5 +184,41 @@ static void test_mode(void) {
     lk__cpu_gemm_set_mode(old);
 }
 
-LK_TEST_MAIN(LK_TEST_CASE(test_edges), LK_TEST_CASE(test_grid), LK_TEST_CASE(test_isa_copies), LK_TEST_CASE(test_cuts),
+/* The triangular forms (causal attention's tiles) give the full GEMM's
+ * bits where they promise values: C_LOWER on C[i][j], j <= i + off; A_LOWER
+ * and A_UPPER on all of C, op(A)'s promised zeros (+0 and -0 mixed) being
+ * skipped or added. */
+static void test_tri(void) {
+    static const int64_t offs[] = {0, 5, -7, 30};
+    for (int t = 0; t < 4; t++)
+        for (size_t o = 0; o < sizeof offs / sizeof *offs; o++)
+            for (int tri = LK__TRI_C_LOWER; tri <= LK__TRI_A_UPPER; tri++) {
+                bool ta = t & 1, tb = t & 2;
+                int64_t off = offs[o];
+                gcase g = make(ta, tb, 45, 53, 61, 2, false);
+                for (int64_t i = 0; i < g.M && tri != LK__TRI_C_LOWER; i++)
+                    for (int64_t k = 0; k < g.K; k++)
+                        if (tri == LK__TRI_A_LOWER ? k > i + off : k < i + off) {
+                            int64_t e = ta ? k * g.lda + i : i * g.lda + k;
+                            g.A[e] = (k + i) % 2 ? 0.0f : -0.0f;
+                        }
+                float *ref = run_own(&g, 0.5f, 1.0f);
+                float *C = malloc((size_t)(g.M * g.ldc + 1) * sizeof *C);
+                memcpy(C, g.C0, (size_t)(g.M * g.ldc + 1) * sizeof *C);
+                CHECK(lk__cpu_sgemm_own_tri(ta, tb, g.M, g.N, g.K, 0.5f, g.A, g.lda, g.B, g.ldb, 1.0f, C, g.ldc,
+                                            (lk__gemm_tri)tri, off));
+                int bad = 0;
+                for (int64_t i = 0; i < g.M; i++)
+                    for (int64_t j = 0; j < g.N; j++)
+                        if ((tri != LK__TRI_C_LOWER || j <= i + off) &&
+                            memcmp(&C[i * g.ldc + j], &ref[i * g.ldc + j], sizeof *C))
+                            bad++;
+                CHECK_MSG(!bad, "tri %d off %lld transposes %d: %d elements differ from the full GEMM", tri,
+                          (long long)off, t, bad);
+                free(C), free(ref);
+                drop(&g);
+            }
+}
+
+LK_TEST_MAIN(LK_TEST_CASE(test_edges), LK_TEST_CASE(test_tri), LK_TEST_CASE(test_grid), LK_TEST_CASE(test_isa_copies), LK_TEST_CASE(test_cuts),
              LK_TEST_CASE(test_mode))

@@ -26,13 +26,18 @@ lk__gemm_mode lk__cpu_gemm_mode(void) {
 void lk__cpu_gemm_set_mode(lk__gemm_mode mode) { __atomic_store_n(&gemm_mode, (int)mode, __ATOMIC_RELAXED); }
 
 bool lk__cpu_gemm_own_shape(bool ta, bool tb, int64_t M, int64_t N, int64_t K) {
-    (void)ta, (void)tb, (void)M, (void)N, (void)K;
-    return false;
+    (void)tb;
+    return !ta && M >= 512 && K <= 512 && N <= 4096;
 }
 
 bool lk__cpu_sgemm_own(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
                        const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
     return LK_ISA_PICK(lk__sgemm_own)(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+bool lk__cpu_sgemm_own_tri(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+                           const float *B, int64_t ldb, float beta, float *C, int64_t ldc, lk__gemm_tri tri, int64_t off) {
+    return LK_ISA_PICK(lk__sgemm_own_tri)(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, tri, off);
 }
 
 void lk__cpu_sgemm1(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,

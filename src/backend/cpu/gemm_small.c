@@ -19,7 +19,14 @@
  * depend on the tile shape, the copy (the plain C one uses fmaf, exact on
  * any CPU), nor where a caller cuts M or N across threads, so the result is
  * the same at every thread count and instruction-set level. beta == 0 never
- * reads C (BLAS's rule: C may hold NaN). */
+ * reads C (BLAS's rule: C may hold NaN).
+ *
+ * Causal attention's tiles are triangular (gemm_small.h, lk__gemm_tri):
+ * the scores above the diagonal are never used, and the probabilities there
+ * are zeros. The kernel skips those tiles and those k: a product that is an
+ * exact zero adds nothing to a chain that starts at +0 (x + 0 = x, and +0 +
+ * -0 = +0), so with finite operands the skipped form gives the full one's
+ * bits. */
 #include <math.h>
 #include <string.h>
 
@@ -147,8 +154,21 @@ static void tile(int64_t K, const float *const a[MR], int64_t ka, const float *b
 
 #endif
 
-bool LK_ISA(lk__sgemm_own)(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
-                           const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+/* The rows [i0, i0 + m) of op(A) need k in [*k0, *k1) only, under tri. */
+static void k_range(lk__gemm_tri tri, int64_t off, int64_t i0, int64_t m, int64_t K, int64_t *k0, int64_t *k1) {
+    *k0 = 0, *k1 = K;
+    if (tri == LK__TRI_A_LOWER) { /* op(A)[i][k] = 0 for k > i + off */
+        int64_t e = i0 + m + off;
+        *k1 = e < 0 ? 0 : e < K ? e : K;
+    } else if (tri == LK__TRI_A_UPPER) { /* op(A)[i][k] = 0 for k < i + off */
+        int64_t b = i0 + off;
+        *k0 = b < 0 ? 0 : b < K ? b : K;
+    }
+}
+
+bool LK_ISA(lk__sgemm_own_tri)(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
+                               int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc,
+                               lk__gemm_tri tri, int64_t off) {
     if (M <= 0 || N <= 0) return true;
     float *bp = lk__cpu_scratch_for(LK__SCRATCH_OWN_GEMM, (size_t)(K > 0 ? K : 1) * NR * sizeof(float));
     if (!bp) return false;
@@ -158,11 +178,19 @@ bool LK_ISA(lk__sgemm_own)(bool ta, bool tb, int64_t M, int64_t N, int64_t K, fl
         int64_t n = N - j0 < NR ? N - j0 : NR;
         pack_b(tb, K, B, ldb, j0, n, bp);
         for (int64_t i0 = 0; i0 < M; i0 += MR) {
-            int64_t m = M - i0 < MR ? M - i0 : MR;
+            int64_t m = M - i0 < MR ? M - i0 : MR, k0, k1;
+            /* C[i][j] for j > i + off is not needed: a tile wholly there is skipped */
+            if (tri == LK__TRI_C_LOWER && j0 > i0 + m - 1 + off) continue;
+            k_range(tri, off, i0, m, K, &k0, &k1);
             const float *a[MR];
-            for (int r = 0; r < MR; r++) a[r] = A + (i0 + (r < m ? r : 0)) * ia;
-            tile(K, a, ka, bp, m, n, alpha, beta, C + i0 * ldc + j0, ldc);
+            for (int r = 0; r < MR; r++) a[r] = A + (i0 + (r < m ? r : 0)) * ia + k0 * ka;
+            tile(k1 - k0, a, ka, bp + k0 * NR, m, n, alpha, beta, C + i0 * ldc + j0, ldc);
         }
     }
     return true;
+}
+
+bool LK_ISA(lk__sgemm_own)(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+                           const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+    return LK_ISA(lk__sgemm_own_tri)(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, LK__TRI_NONE, 0);
 }

@@ -18,9 +18,23 @@
 LK_ISA_DECLARE(bool, lk__sgemm_own, (bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
                                      int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc));
 
+/* Triangular shapes (causal attention's tiles), with off an offset:
+ * C_LOWER: only C[i][j] for j <= i + off is wanted (tiles wholly above are
+ * not written; elements above in a tile that straddles may be); A_LOWER:
+ * op(A)[i][k] is zero for k > i + off; A_UPPER: op(A)[i][k] is zero for
+ * k < i + off. The zeros must be there (a tile's rows share one range of
+ * k, so some are read); with finite operands the result is the full GEMM's
+ * bits. */
+typedef enum { LK__TRI_NONE, LK__TRI_C_LOWER, LK__TRI_A_LOWER, LK__TRI_A_UPPER } lk__gemm_tri;
+LK_ISA_DECLARE(bool, lk__sgemm_own_tri, (bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
+                                         int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc,
+                                         lk__gemm_tri tri, int64_t off));
+
 /* The copy for this CPU (lk__cpu_isa()), from the baseline files and tests. */
 bool lk__cpu_sgemm_own(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
                        const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
+bool lk__cpu_sgemm_own_tri(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+                           const float *B, int64_t ldb, float beta, float *C, int64_t ldc, lk__gemm_tri tri, int64_t off);
 
 /* Which GEMM runs a single-threaded piece: LK_GEMM=auto (the shape rule
  * of lk__cpu_gemm_own_shape), own (every f32 GEMM of the CPU backend's
