@@ -28,12 +28,11 @@
  * -0 = +0), so with finite operands the skipped form gives the full one's
  * bits. */
 #include <math.h>
-#include <string.h>
 
 #include "backend/cpu/cpu_impl.h"
 #include "backend/cpu/gemm_small.h"
 
-#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+#if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
@@ -44,25 +43,47 @@
 #define NR 16
 #endif
 
-/* The panel: op(B)[k][j0 + c] at bp[k NR + c], c < nc, zero beyond. */
+/* The panel: op(B)[k][j0 + c] at bp[k NR + c], c < nc, zero beyond.
+ * Pure data movement, so the vector forms below change no result. */
 static void pack_b(bool tb, int64_t K, const float *B, int64_t ldb, int64_t j0, int64_t nc, float *bp) {
-    if (!tb) {
-        for (int64_t k = 0; k < K; k++) {
-            const float *src = B + k * ldb + j0;
-            float *dst = bp + k * NR;
-            memcpy(dst, src, (size_t)nc * sizeof *dst);
-            for (int64_t c = nc; c < NR; c++) dst[c] = 0.0f;
-        }
+    int64_t k = 0;
+#if defined(__AVX2__)
+    if (nc == NR && !tb) { /* rows of 16 or 32 floats: vector copies (memcpy's rep movs was slow here) */
+        for (; k < K; k++)
+            for (int h = 0; h < NR; h += 8) _mm256_storeu_ps(bp + k * NR + h, _mm256_loadu_ps(B + k * ldb + j0 + h));
         return;
     }
-    /* op(B)[k][j] = B[j][k]: read each of the panel's nc rows of B once,
-     * along k, and scatter into the panel's column */
-    for (int64_t c = 0; c < nc; c++) {
-        const float *src = B + (j0 + c) * ldb;
-        for (int64_t k = 0; k < K; k++) bp[k * NR + c] = src[k];
+    if (nc == NR) /* B^T: 8 x 8 blocks transposed in registers */
+        for (; k + 8 <= K; k += 8)
+            for (int g = 0; g < NR; g += 8) {
+                const float *src = B + (j0 + g) * ldb + k;
+                __m256 r0 = _mm256_loadu_ps(src), r1 = _mm256_loadu_ps(src + ldb), r2 = _mm256_loadu_ps(src + 2 * ldb),
+                       r3 = _mm256_loadu_ps(src + 3 * ldb), r4 = _mm256_loadu_ps(src + 4 * ldb),
+                       r5 = _mm256_loadu_ps(src + 5 * ldb), r6 = _mm256_loadu_ps(src + 6 * ldb),
+                       r7 = _mm256_loadu_ps(src + 7 * ldb);
+                __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1), t2 = _mm256_unpacklo_ps(r2, r3),
+                       t3 = _mm256_unpackhi_ps(r2, r3), t4 = _mm256_unpacklo_ps(r4, r5), t5 = _mm256_unpackhi_ps(r4, r5),
+                       t6 = _mm256_unpacklo_ps(r6, r7), t7 = _mm256_unpackhi_ps(r6, r7);
+                __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE),
+                       u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE),
+                       u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE),
+                       u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+                float *dst = bp + k * NR + g;
+                _mm256_storeu_ps(dst, _mm256_permute2f128_ps(u0, u4, 0x20));
+                _mm256_storeu_ps(dst + NR, _mm256_permute2f128_ps(u1, u5, 0x20));
+                _mm256_storeu_ps(dst + 2 * NR, _mm256_permute2f128_ps(u2, u6, 0x20));
+                _mm256_storeu_ps(dst + 3 * NR, _mm256_permute2f128_ps(u3, u7, 0x20));
+                _mm256_storeu_ps(dst + 4 * NR, _mm256_permute2f128_ps(u0, u4, 0x31));
+                _mm256_storeu_ps(dst + 5 * NR, _mm256_permute2f128_ps(u1, u5, 0x31));
+                _mm256_storeu_ps(dst + 6 * NR, _mm256_permute2f128_ps(u2, u6, 0x31));
+                _mm256_storeu_ps(dst + 7 * NR, _mm256_permute2f128_ps(u3, u7, 0x31));
+            }
+#endif
+    for (; k < K; k++) {
+        float *dst = bp + k * NR;
+        for (int64_t c = 0; c < nc; c++) dst[c] = tb ? B[(j0 + c) * ldb + k] : B[k * ldb + j0 + c];
+        for (int64_t c = nc; c < NR; c++) dst[c] = 0.0f;
     }
-    for (int64_t c = nc; c < NR; c++)
-        for (int64_t k = 0; k < K; k++) bp[k * NR + c] = 0.0f;
 }
 
 /* C's m x n corner (m <= MR, n <= NR) from the accumulators acc[r NR + c]. */
