@@ -10,6 +10,7 @@
  * C, a GEMM cut into row or column pieces gives the whole one's bits, and
  * LK_GEMM=own sends the backend's threaded GEMM through the same chains. */
 #include <stdint.h>
+#include <unistd.h>
 
 #include "backend/cpu/cpu_impl.h"
 #include "backend/cpu/gemm_small.h"
@@ -220,5 +221,38 @@ static void test_tri(void) {
             }
 }
 
+/* LK_GEMM picks the kernel; a value it does not know is named in a warning
+ * and the automatic choice runs. */
+static void test_env(void) {
+    lk__gemm_mode old = lk__cpu_gemm_mode();
+    static const struct { const char *v; lk__gemm_mode m; } vals[] = {
+        {"own", LK__GEMM_OWN}, {"blas", LK__GEMM_BLAS}, {"auto", LK__GEMM_AUTO}};
+    for (size_t i = 0; i < sizeof vals / sizeof *vals; i++) {
+        setenv("LK_GEMM", vals[i].v, 1);
+        lk__cpu_gemm_set_mode((lk__gemm_mode)-1);
+        CHECK_MSG(lk__cpu_gemm_mode() == vals[i].m, "LK_GEMM=%s", vals[i].v);
+    }
+    char path[] = "/tmp/lk_gemm_env_XXXXXX";
+    int fd = mkstemp(path), saved = dup(2);
+    CHECK(fd >= 0 && saved >= 0);
+    fflush(stderr);
+    dup2(fd, 2);
+    setenv("LK_GEMM", "fast", 1);
+    lk__cpu_gemm_set_mode((lk__gemm_mode)-1);
+    lk__gemm_mode m = lk__cpu_gemm_mode();
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    char buf[512] = {0};
+    ssize_t got = pread(fd, buf, sizeof buf - 1, 0);
+    close(fd);
+    unlink(path);
+    CHECK(m == LK__GEMM_AUTO);
+    CHECK_MSG(got > 0 && strstr(buf, "LK_GEMM=fast is none of auto, own, blas: f32 GEMMs take the automatic choice"),
+              "warning: %s", buf);
+    unsetenv("LK_GEMM");
+    lk__cpu_gemm_set_mode(old);
+}
+
 LK_TEST_MAIN(LK_TEST_CASE(test_edges), LK_TEST_CASE(test_tri), LK_TEST_CASE(test_grid), LK_TEST_CASE(test_isa_copies), LK_TEST_CASE(test_cuts),
-             LK_TEST_CASE(test_mode))
+             LK_TEST_CASE(test_mode), LK_TEST_CASE(test_env))

@@ -1,7 +1,8 @@
 /* Private to the CPU backend (src/backend/cpu/): the kernels each family's
  * file provides to backend.c, which answers supports() and dispatches run().
- * One file per op family: gemm.c (f32 GEMM over OpenBLAS; the bf16/f16 GEMMs
- * are ../cpu_lowp.c and ../cpu_dnnl.c), elementwise.c (unary, its backward,
+ * One file per op family: gemm.c (f32 GEMM over OpenBLAS, or the own
+ * small-shape kernel of gemm_small.c by a fixed shape rule; the bf16/f16
+ * GEMMs are ../cpu_lowp.c and ../cpu_dnnl.c), elementwise.c (unary, its backward,
  * binary with broadcast, axpy, affine, sum-to-shape), softmax.c (softmax and
  * log-softmax, forward and backward), loss.c (mse, l1, smooth_l1), norm.c
  * (layer and batch norm), optim.c (the optimizers' update loops), pool.c (pooling),

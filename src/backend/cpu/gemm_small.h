@@ -39,7 +39,7 @@ bool lk__cpu_sgemm_own_tri(bool ta, bool tb, int64_t M, int64_t N, int64_t K, fl
 /* Which GEMM runs a single-threaded piece: LK_GEMM=auto (the shape rule
  * of lk__cpu_gemm_own_shape), own (every f32 GEMM of the CPU backend's
  * OpenBLAS path and attention's tiles), blas (none). Read once; the setter
- * is for tests and benchmarks. */
+ * is for tests and benchmarks ((lk__gemm_mode)-1: read LK_GEMM again). */
 typedef enum { LK__GEMM_AUTO = 0, LK__GEMM_OWN = 1, LK__GEMM_BLAS = 2 } lk__gemm_mode;
 lk__gemm_mode lk__cpu_gemm_mode(void);
 void lk__cpu_gemm_set_mode(lk__gemm_mode mode);
