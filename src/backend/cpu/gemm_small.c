@@ -3,9 +3,10 @@
  * a thousand token rows): C = alpha op(A) op(B) + beta C, row-major, any of
  * the four transposes, on the calling thread.
  *
- * Shape of the work: op(B) is packed one panel of NR columns at a time
- * (K x NR floats, zero-padded past N: the panel then sits in L1/L2 while
- * every group of MR rows of op(A) streams past it); op(A) is never packed,
+ * Shape of the work: op(B) is packed in panels of NR columns (K x NR
+ * floats, zero-padded past N), all of them when they fit in L2 (then blocks
+ * of op(A)'s rows that fit in L1 meet every panel in turn, so A comes from
+ * memory once), else one at a time against all of A; op(A) is never packed,
  * a register-blocked micro-kernel broadcasts its elements straight from
  * memory (MR row pointers advancing by 1, or one pointer advancing by lda
  * when A is transposed). MR x NR accumulators live in registers: 6 x 16 in
@@ -187,27 +188,72 @@ static void k_range(lk__gemm_tri tri, int64_t off, int64_t i0, int64_t m, int64_
     }
 }
 
+/* The tiles of rows [i0, i1) against the packed panels [jp0, jp1) (panel jp
+ * at bps + jp K NR). */
+static void tiles(int64_t i0, int64_t i1, int64_t jp0, int64_t jp1, int64_t M, int64_t N, int64_t K, float alpha,
+                  const float *A, int64_t abase, int64_t ia, int64_t ka, const float *bps, float beta, float *C,
+                  int64_t ldc, lk__gemm_tri tri, int64_t off) {
+    for (int64_t jp = jp0; jp < jp1; jp++) {
+        int64_t j0 = jp * NR, n = N - j0 < NR ? N - j0 : NR;
+        const float *bp = bps + (jp - jp0) * K * NR;
+        for (int64_t r0 = i0; r0 < i1; r0 += MR) {
+            int64_t m = M - r0 < MR ? M - r0 : MR, k0, k1;
+            /* C[i][j] for j > i + off is not needed: a tile wholly there is skipped */
+            if (tri == LK__TRI_C_LOWER && j0 > r0 + m - 1 + off) continue;
+            k_range(tri, off, r0, m, K, &k0, &k1);
+            const float *a[MR];
+            for (int r = 0; r < MR; r++) a[r] = A + (r0 - abase + (r < m ? r : 0)) * ia + k0 * ka;
+            tile(k1 - k0, a, ka, bp + k0 * NR, m, n, alpha, beta, C + r0 * ldc + j0, ldc);
+        }
+    }
+}
+
+/* op(B) packed whole when it takes at most this (it then sits in L2 while
+ * blocks of op(A)'s rows, MC x K, stay in L1 and meet every panel: A is
+ * read from memory once); else one panel at a time against all of A. */
+#define PACK_ALL_BYTES (512 * 1024)
+#define A_BLOCK_BYTES (16 * 1024)
+
 bool LK_ISA(lk__sgemm_own_tri)(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
                                int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc,
                                lk__gemm_tri tri, int64_t off) {
     if (M <= 0 || N <= 0) return true;
-    float *bp = lk__cpu_scratch_for(LK__SCRATCH_OWN_GEMM, (size_t)(K > 0 ? K : 1) * NR * sizeof(float));
+    int64_t panels = (N + NR - 1) / NR, Kp = K > 0 ? K : 1;
+    bool all = (size_t)Kp * (size_t)(panels * NR) * sizeof(float) <= PACK_ALL_BYTES;
+    size_t floats = (size_t)Kp * (all ? (size_t)(panels * NR) + (ta && K >= 256 ? MR : 0) : NR);
+    float *bp = lk__cpu_scratch_for(LK__SCRATCH_OWN_GEMM, floats * sizeof(float));
     if (!bp) return false;
     /* op(A)[i][k] = ta ? A[k lda + i] : A[i lda + k] */
     int64_t ka = ta ? lda : 1, ia = ta ? 1 : lda;
-    for (int64_t j0 = 0; j0 < N; j0 += NR) {
-        int64_t n = N - j0 < NR ? N - j0 : NR;
-        pack_b(tb, K, B, ldb, j0, n, bp);
-        for (int64_t i0 = 0; i0 < M; i0 += MR) {
-            int64_t m = M - i0 < MR ? M - i0 : MR, k0, k1;
-            /* C[i][j] for j > i + off is not needed: a tile wholly there is skipped */
-            if (tri == LK__TRI_C_LOWER && j0 > i0 + m - 1 + off) continue;
-            k_range(tri, off, i0, m, K, &k0, &k1);
-            const float *a[MR];
-            for (int r = 0; r < MR; r++) a[r] = A + (i0 + (r < m ? r : 0)) * ia + k0 * ka;
-            tile(k1 - k0, a, ka, bp + k0 * NR, m, n, alpha, beta, C + i0 * ldc + j0, ldc);
+    if (!all) {
+        for (int64_t jp = 0; jp < panels; jp++) {
+            pack_b(tb, K, B, ldb, jp * NR, N - jp * NR < NR ? N - jp * NR : NR, bp);
+            tiles(0, M, jp, jp + 1, M, N, K, alpha, A, 0, ia, ka, bp, beta, C, ldc, tri, off);
         }
+        return true;
     }
+    for (int64_t jp = 0; jp < panels; jp++)
+        pack_b(tb, K, B, ldb, jp * NR, N - jp * NR < NR ? N - jp * NR : NR, bp + jp * Kp * NR);
+    bool pack_a = ta && K >= 256;
+    if (pack_a) {
+        /* op(A)'s rows are A's columns: one MR-row tile at a time, copied
+         * into K x MR floats (the whole rows, L1-resident) that meet every
+         * panel, instead of a line of A per k from L2/L3 per panel (the
+         * weight gradients' long K: 0.66 -> 0.86x OpenBLAS; at attention's
+         * K of 64 the copy costs more than it saves) */
+        float *ap = bp + (size_t)panels * Kp * NR;
+        for (int64_t i0 = 0; i0 < M; i0 += MR) {
+            int64_t m = M - i0 < MR ? M - i0 : MR;
+            for (int64_t k = 0; k < K; k++)
+                for (int64_t r = 0; r < MR; r++) ap[k * MR + r] = A[k * lda + i0 + (r < m ? r : 0)];
+            tiles(i0, i0 + m, 0, panels, M, N, K, alpha, ap, i0, 1, MR, bp, beta, C, ldc, tri, off);
+        }
+        return true;
+    }
+    int64_t mc = A_BLOCK_BYTES / (Kp * (int64_t)sizeof(float)) / MR * MR;
+    if (mc < MR) mc = MR;
+    for (int64_t i0 = 0; i0 < M; i0 += mc)
+        tiles(i0, i0 + mc < M ? i0 + mc : M, 0, panels, M, N, K, alpha, A, 0, ia, ka, bp, beta, C, ldc, tri, off);
     return true;
 }
 
