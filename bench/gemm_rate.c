@@ -13,7 +13,17 @@
  * Build: cc -O2 -o gemm_rate bench/gemm_rate.c -lopenblas -lpthread
  * Usage: gemm_rate MODEL BATCH [--threads T] [--procs W] [--seconds S]
  * Prints one JSON object (per-rank figures: the fastest repetition, of the
- * slowest copy when W > 1). */
+ * slowest copy when W > 1).
+ *
+ * Per shape, OpenBLAS against lockstep's own small-shape GEMM
+ * (src/backend/cpu/gemm_small.c), one thread, the GPT's GEMMs one by one:
+ *   cc -O2 -DLK_OWN -o gemm_rate bench/gemm_rate.c -Lbuild -llockstep -Wl,-rpath,$PWD/build -lopenblas -lpthread
+ *   gemm_rate --shapes L,H,C,T,V BATCH [--seconds S]
+ * (the same L,H,C,T,V as bench/compare-gpt: 4,4,128,64,256 is the small
+ * GPT, 12,12,768,64,50304 GPT-2 124M): every linear's forward, input and
+ * weight gradient at BATCH x T rows, and attention's six tile GEMMs of one
+ * head at T (q, k, v strided by 3C as the kernel reads them), each the
+ * fastest of its repetitions, alternating the two kernels. */
 #define _GNU_SOURCE
 #include <cblas.h>
 #include <pthread.h>
@@ -158,7 +168,94 @@ static void measure(int threads, double seconds, double *gemm_s, double *bw) {
     free(dst);
 }
 
+#ifdef LK_OWN
+#include <stdbool.h>
+#include <stdint.h>
+/* liblockstep's (src/backend/cpu/gemm_small.h): the copy for this CPU */
+bool lk__cpu_sgemm_own(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+                       const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
+
+/* The fastest of at least 5 calls over `seconds` of one GEMM, own or OpenBLAS. */
+static double time_one(int own, int ta, int tb, int m, int n, int k, const float *a, int lda, const float *b, int ldb,
+                       float beta, float *c, int ldc, double seconds) {
+    double best = 1e30, t_end = now() + seconds;
+    for (int r = 0; r < 5 || now() < t_end; r++) {
+        double t0 = now();
+        if (own) lk__cpu_sgemm_own(ta, tb, m, n, k, 1.0f, a, lda, b, ldb, beta, c, ldc);
+        else
+            cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, k, 1.0f, a,
+                        lda, b, ldb, beta, c, ldc);
+        double t = now() - t0;
+        if (t < best) best = t;
+    }
+    return best;
+}
+
+static double tot_blas, tot_own;
+
+static void row(const char *what, int ta, int tb, int m, int n, int k, int lda, int ldb, int ldc, float beta,
+                double seconds) {
+    float *a = buf((long)(ta ? k : m) * lda), *b = buf((long)(tb ? n : k) * ldb), *c = buf((long)m * ldc);
+    double tb_s = 1e30, to_s = 1e30;
+    for (int i = 0; i < 3; i++) { /* alternating, so a burst of load hits both */
+        double x = time_one(0, ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc, seconds / 6);
+        double y = time_one(1, ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc, seconds / 6);
+        if (x < tb_s) tb_s = x;
+        if (y < to_s) to_s = y;
+    }
+    double f = 2.0 * m * n * k * 1e-9;
+    printf("%-22s %c%c %6d %6d %6d %9.1f %9.1f %7.2fx\n", what, ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, f / tb_s,
+           f / to_s, tb_s / to_s);
+    tot_blas += tb_s, tot_own += to_s;
+    free(a), free(b), free(c);
+}
+
+static int shapes(const char *spec, int batch, double seconds) {
+    int L, H, C, T, V;
+    if (sscanf(spec, "%d,%d,%d,%d,%d", &L, &H, &C, &T, &V) != 5 || L < 1 || H < 1 || C < 1 || T < 1 || V < 1 || C % H) {
+        fprintf(stderr, "gemm_rate: --shapes %s: expected L,H,C,T,V (positive, C divisible by H)\n", spec);
+        return 2;
+    }
+    int R = batch * T, D = C / H;
+    printf("GEMM GFLOP/s, 1 thread, OpenBLAS against lockstep's own (gpt %s, %d x %d tokens)\n", spec, batch, T);
+    printf("%-22s op %6s %6s %6s %9s %9s %8s\n", "gemm", "M", "N", "K", "openblas", "own", "speedup");
+    static const struct { const char *name; int in, out; } lin[] = {
+        {"c_attn", 1, 3}, {"attn.c_proj", 1, 1}, {"mlp.c_fc", 1, 4}, {"mlp.c_proj", 4, 1}};
+    char what[64];
+    for (int i = 0; i < 5; i++) {
+        int in = i < 4 ? lin[i].in * C : C, out = i < 4 ? lin[i].out * C : V;
+        const char *nm = i < 4 ? lin[i].name : "lm_head";
+        snprintf(what, sizeof what, "%s fwd", nm);
+        row(what, 0, 1, R, out, in, in, in, out, 0.0f, seconds);
+        snprintf(what, sizeof what, "%s dx", nm);
+        row(what, 0, 0, R, in, out, out, in, in, 0.0f, seconds);
+        snprintf(what, sizeof what, "%s dW", nm);
+        row(what, 1, 0, out, in, R, out, in, in, 1.0f, seconds);
+    }
+    double lin_b = tot_blas, lin_o = tot_own;
+    /* attention, one head, T x T causal (the full tile: T <= 64 is one tile) */
+    int ld = 3 * C;
+    row("attn S = Q K^T", 0, 1, T, T, D, ld, ld, T, 0.0f, seconds);
+    row("attn O = P V", 0, 0, T, D, T, T, ld, C, 0.0f, seconds);
+    row("attn dV += P^T dO", 1, 0, T, D, T, T, C, ld, 1.0f, seconds);
+    row("attn dP = dO V^T", 0, 1, T, T, D, C, ld, T, 0.0f, seconds);
+    row("attn dQ = dS K", 0, 0, T, D, T, T, ld, ld, 0.0f, seconds);
+    row("attn dK += dS^T Q", 1, 0, T, D, T, T, ld, ld, 1.0f, seconds);
+    printf("linears (one layer + head): openblas %.3f ms, own %.3f ms (%.2fx); attention, one head: %.1f us, %.1f us "
+           "(%.2fx)\n",
+           1e3 * lin_b, 1e3 * lin_o, lin_b / lin_o, 1e6 * (tot_blas - lin_b), 1e6 * (tot_own - lin_o),
+           (tot_blas - lin_b) / (tot_own - lin_o));
+    return 0;
+}
+#endif
+
 int main(int argc, char **argv) {
+#ifdef LK_OWN
+    if (argc >= 4 && !strcmp(argv[1], "--shapes")) {
+        openblas_set_num_threads(1);
+        return shapes(argv[2], atoi(argv[3]), argc >= 6 && !strcmp(argv[4], "--seconds") ? atof(argv[5]) : 0.6);
+    }
+#endif
     if (argc < 3) {
         fprintf(stderr, "usage: gemm_rate autoencoder|mlp|cnn|resnet BATCH [--threads T] [--procs W] [--seconds S]\n");
         return 2;

@@ -16,7 +16,11 @@
  *        warm-up steps; GEMM_STEP_OUT: the table's file, else stderr;
  *        GEMM_STEP_ISOLATED=0: no isolated timing at exit.)
  * A benchmark helper, never linked into lockstep: with one process per rank
- * each rank writes its own table (the file name gets ".<pid>"). */
+ * each rank writes its own table (the file name gets ".<pid>").
+ * It sees only what reaches cblas_sgemm: the GEMMs that LK_GEMM=auto sends
+ * to lockstep's own kernel (src/backend/cpu/gemm_small.c: attention's tiles,
+ * the GPT's linears at >= 512 token rows) pass it by; run with
+ * LK_GEMM=blas for every GEMM, or profile the own kernel with perf. */
 #define _GNU_SOURCE
 #include <cblas.h>
 #include <dlfcn.h>

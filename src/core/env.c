@@ -77,6 +77,9 @@ static const lk_env_var env_vars[] = {
     {"LK_ONEDNN", "1", "0: run bf16/f16 GEMMs through f32 instead of oneDNN (to compare)", NULL},
     {"LK_F32_GEMM", "auto", "onednn|openblas: which library runs the f32 GEMMs (32-true, f32 ops); auto: oneDNN on an "
                         "AMX-class CPU, where it was measured faster, else OpenBLAS (the two differ in the last bits)", NULL},
+    {"LK_GEMM", "auto", "own|blas: which kernel runs the CPU's f32 GEMMs on OpenBLAS's path (attention's tiles, "
+                    "linears); auto: lockstep's own at the shapes of a fixed rule (src/backend/cpu/gemm.c), else "
+                    "OpenBLAS (the two differ in the last bits)", NULL},
     {"LK_CPU_ISA", "auto", "avx512|avx2|baseline: the highest instruction set lockstep's own CPU loops may use (only "
                        "lowers the CPU's; every level gives the same bits), to run a weaker CPU's code here", NULL},
     {"LK_GRAPHS", "1", "0: issue a training step's device work op by op instead of replaying it as graphs (single "

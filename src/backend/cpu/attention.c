@@ -18,6 +18,7 @@
 #include <cblas.h>
 
 #include "backend/cpu/cpu_impl.h"
+#include "backend/cpu/gemm_small.h"
 
 #define QT 64 /* query rows per tile: S's tile is QT x T floats per task */
 
@@ -29,8 +30,16 @@ typedef struct {
     int width;
 } attn_job;
 
+/* One tile GEMM: lockstep's own kernel, which skips the triangle the
+ * causal mask makes zero or unused (tri, off: gemm_small.h), unless
+ * LK_GEMM=blas (then OpenBLAS on the full tile, the same values up to the
+ * summation order). At T 64 OpenBLAS's packing made these 64 x 64 x 32
+ * tiles run at 20-41 GFLOP/s in the step (docs/BENCHMARKS.md). */
 static void sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
-                  const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+                  const float *B, int64_t ldb, float beta, float *C, int64_t ldc, lk__gemm_tri tri, int64_t off) {
+    if (lk__cpu_gemm_mode() != LK__GEMM_BLAS &&
+        LK_ISA(lk__sgemm_own_tri)(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, tri, off))
+        return;
     cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (int)M, (int)N, (int)K,
                 alpha, A, (int)lda, B, (int)ldb, beta, C, (int)ldc);
 }
@@ -62,7 +71,7 @@ static void tile_probs(const attn_job *j, int64_t b, int64_t h, int64_t i0, int6
     const lk_attention_params *p = j->p;
     int64_t C = p->H * p->D, ld = 3 * C, n = i0 + m, bh = b * p->H + h;
     const float *q = j->qkv + (b * p->T + i0) * ld + h * p->D, *k = j->qkv + b * p->T * ld + C + h * p->D;
-    sgemm(false, true, m, n, p->D, p->scale, q, ld, k, ld, 0.0f, S, n);
+    sgemm(false, true, m, n, p->D, p->scale, q, ld, k, ld, 0.0f, S, n, LK__TRI_C_LOWER, i0);
     for (int64_t r = 0; r < m; r++) {
         float *s = S + r * n;
         int64_t valid = i0 + r + 1;
@@ -105,7 +114,8 @@ static void forward_task(void *ctx, int task) {
         tile_probs(j, b, h, i0, m, S, true);
         apply_keep(j, bh, i0, m, S);
         const float *v = j->qkv + b * p->T * ld + 2 * C + h * p->D;
-        sgemm(false, false, m, p->D, n, 1.0f, S, n, v, ld, 0.0f, j->out + (b * p->T + i0) * C + h * p->D, C);
+        sgemm(false, false, m, p->D, n, 1.0f, S, n, v, ld, 0.0f, j->out + (b * p->T + i0) * C + h * p->D, C, LK__TRI_A_LOWER,
+              i0);
     }
 }
 
@@ -131,9 +141,9 @@ static void backward_task(void *ctx, int task) {
             }
             const float *pz = drop ? Pz : P;
             /* dV[0, n) += (P z)^T dO_tile */
-            sgemm(true, false, n, D, m, 1.0f, pz, n, dO + i0 * C, C, 1.0f, dv, ld);
+            sgemm(true, false, n, D, m, 1.0f, pz, n, dO + i0 * C, C, 1.0f, dv, ld, LK__TRI_A_UPPER, -i0);
             /* dP = dO_tile V[0, n)^T, then dS = P (dP z - D_i) */
-            sgemm(false, true, m, n, D, 1.0f, dO + i0 * C, C, v, ld, 0.0f, dS, n);
+            sgemm(false, true, m, n, D, 1.0f, dO + i0 * C, C, v, ld, 0.0f, dS, n, LK__TRI_C_LOWER, i0);
             for (int64_t r = 0; r < m; r++) {
                 int64_t i = i0 + r;
                 float Di = lk_k_dot8(dO + i * C, O + i * C, (long)D);
@@ -147,8 +157,8 @@ static void backward_task(void *ctx, int task) {
                 for (int64_t c = i + 1; c < n; c++) ds[c] = 0.0f;
             }
             /* dQ_tile = scale dS K[0, n); dK[0, n) += scale dS^T Q_tile */
-            sgemm(false, false, m, D, n, p->scale, dS, n, k, ld, 0.0f, dq + i0 * ld, ld);
-            sgemm(true, false, n, D, m, p->scale, dS, n, q + i0 * ld, ld, 1.0f, dk, ld);
+            sgemm(false, false, m, D, n, p->scale, dS, n, k, ld, 0.0f, dq + i0 * ld, ld, LK__TRI_A_LOWER, i0);
+            sgemm(true, false, n, D, m, p->scale, dS, n, q + i0 * ld, ld, 1.0f, dk, ld, LK__TRI_A_UPPER, -i0);
         }
     }
 }

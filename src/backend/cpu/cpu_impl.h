@@ -1,7 +1,8 @@
 /* Private to the CPU backend (src/backend/cpu/): the kernels each family's
  * file provides to backend.c, which answers supports() and dispatches run().
- * One file per op family: gemm.c (f32 GEMM over OpenBLAS; the bf16/f16 GEMMs
- * are ../cpu_lowp.c and ../cpu_dnnl.c), elementwise.c (unary, its backward,
+ * One file per op family: gemm.c (f32 GEMM over OpenBLAS, or the own
+ * small-shape kernel of gemm_small.c by a fixed shape rule; the bf16/f16
+ * GEMMs are ../cpu_lowp.c and ../cpu_dnnl.c), elementwise.c (unary, its backward,
  * binary with broadcast, axpy, affine, sum-to-shape), softmax.c (softmax and
  * log-softmax, forward and backward), loss.c (mse, l1, smooth_l1), norm.c
  * (layer and batch norm), optim.c (the optimizers' update loops), pool.c (pooling),
@@ -83,11 +84,11 @@ lk_status lk__cpu_run_widened(const lk_op_desc *d, void *const *x,
                               lk_status (*run)(const lk_op_desc *d, void *const *x));
 /* The calling thread's grow-only scratch buffers, one per use, so a
  * repeated step neither allocates nor faults pages in: the widening paths'
- * f32 arrays and the bf16x3 GEMMs' split operands (../cpu_lowp.c), apart so
- * that neither can clobber the other. At least `bytes`, LK_ALIGN-aligned;
- * NULL on OOM; valid until the next call for the same use on this thread
+ * f32 arrays, the bf16x3 GEMMs' split operands (../cpu_lowp.c) and the own
+ * GEMM's packed panel (gemm_small.c), apart so that none can clobber
+ * another. At least `bytes`, LK_ALIGN-aligned; NULL on OOM; valid until the next call for the same use on this thread
  * (lk__cpu_widen_thread_cleanup frees them). */
-enum { LK__SCRATCH_WIDEN, LK__SCRATCH_GEMM, LK__SCRATCH_USES };
+enum { LK__SCRATCH_WIDEN, LK__SCRATCH_GEMM, LK__SCRATCH_OWN_GEMM, LK__SCRATCH_USES };
 void *lk__cpu_scratch_for(int use, size_t bytes);
 /* The widening paths' f32 scratch: at least n floats. */
 static inline float *lk__cpu_scratch(size_t n) { return lk__cpu_scratch_for(LK__SCRATCH_WIDEN, n * sizeof(float)); }

@@ -1,13 +1,69 @@
 /* The CPU backend's f32 GEMM: OpenBLAS with transpose flags (no copies for
- * transposed views), cut across the compute threads by parallel.c. */
+ * transposed views), or lockstep's own kernel (gemm_small.c) at the shapes
+ * where OpenBLAS is weak, cut across the compute threads by parallel.c. */
 #include <cblas.h>
+#include <string.h>
 
 #include "backend/cpu/cpu_impl.h"
+#include "backend/cpu/gemm_small.h"
+
+static int gemm_mode = -1;
+
+lk__gemm_mode lk__cpu_gemm_mode(void) {
+    int m = __atomic_load_n(&gemm_mode, __ATOMIC_RELAXED);
+    if (m < 0) {
+        const char *v = lk_env_get("LK_GEMM");
+        m = LK__GEMM_AUTO;
+        if (v && !strcmp(v, "own")) m = LK__GEMM_OWN;
+        else if (v && !strcmp(v, "blas")) m = LK__GEMM_BLAS;
+        else if (v && *v && strcmp(v, "auto"))
+            lk_log_warn("LK_GEMM=%s is none of auto, own, blas: f32 GEMMs take the automatic choice", v);
+        __atomic_store_n(&gemm_mode, m, __ATOMIC_RELAXED);
+    }
+    return (lk__gemm_mode)m;
+}
+
+void lk__cpu_gemm_set_mode(lk__gemm_mode mode) { __atomic_store_n(&gemm_mode, (int)mode, __ATOMIC_RELAXED); }
+
+/* LK_GEMM=auto's rule, fixed (never timed at run time, so a machine's runs
+ * stay bitwise repeatable), from `bench/gemm_rate --shapes` on AVX2
+ * (docs/BENCHMARKS.md, "The GPT step"): the own kernel where OpenBLAS was
+ * behind it, the GPT's linears at its token rows (M = batch x T >= 512)
+ * with a short inner dimension (K <= 512: op(B)'s panel, K x 16 floats,
+ * stays in L1/L2) and not a vocabulary-wide N, forward (NT) and input
+ * gradient (NN). Not the weight gradients (TN, K = the token rows: the
+ * unpacked, transposed A runs from L3 there, 0.5-0.7x OpenBLAS), nor a few
+ * hundred rows (GPT-2 at 4 x 64 tokens, the mlp and the autoencoder at
+ * their batch of 256, which keep OpenBLAS's bits). Attention's tiles take
+ * the own kernel whatever their shape (attention.c). The decision is made
+ * on the whole GEMM, before any cut across threads. */
+bool lk__cpu_gemm_own_shape(bool ta, bool tb, int64_t M, int64_t N, int64_t K) {
+    (void)tb;
+    return !ta && M >= 512 && K <= 512 && N <= 4096;
+}
+
+bool lk__cpu_sgemm_own(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+                       const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+    return LK_ISA_PICK(lk__sgemm_own)(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+bool lk__cpu_sgemm_own_tri(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+                           const float *B, int64_t ldb, float beta, float *C, int64_t ldc, lk__gemm_tri tri, int64_t off) {
+    return LK_ISA_PICK(lk__sgemm_own_tri)(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, tri, off);
+}
+
+/* One piece on the calling thread, on the kernel chosen for the whole GEMM. */
+static void piece(bool own, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+                  const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+    if (own && lk__cpu_sgemm_own(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc)) return;
+    /* else OpenBLAS (also when the own kernel's panel could not be allocated: it needs none of ours) */
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (int)M, (int)N, (int)K,
+                alpha, A, (int)lda, B, (int)ldb, beta, C, (int)ldc);
+}
 
 void lk__cpu_sgemm1(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
                     const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
-    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (int)M, (int)N, (int)K,
-                alpha, A, (int)lda, B, (int)ldb, beta, C, (int)ldc);
+    piece(lk__cpu_gemm_own(ta, tb, M, N, K), ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 /* A GEMM cut across the compute threads (BLAS itself runs single-threaded,
@@ -17,7 +73,7 @@ void lk__cpu_sgemm1(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alp
  * (BLAS's blocking over K can follow the cut's shape, so another thread count
  * may differ in the last bits). */
 typedef struct {
-    bool ta, tb, by_cols;
+    bool ta, tb, by_cols, own; /* own: the kernel, chosen on the whole GEMM's shape */
     int64_t M, N, K, lda, ldb, ldc;
     float alpha, beta;
     const float *A, *B;
@@ -32,10 +88,10 @@ static void gemm_task(void *ctx, int t) {
     lk__task_range(len, t, j->width, 16, &a, &b);
     if (b <= a) return;
     if (j->by_cols)
-        lk__cpu_sgemm1(j->ta, j->tb, j->M, b - a, j->K, j->alpha, j->A, j->lda, j->tb ? j->B + a * j->ldb : j->B + a, j->ldb,
+        piece(j->own, j->ta, j->tb, j->M, b - a, j->K, j->alpha, j->A, j->lda, j->tb ? j->B + a * j->ldb : j->B + a, j->ldb,
                j->beta, j->C + a, j->ldc);
     else
-        lk__cpu_sgemm1(j->ta, j->tb, b - a, j->N, j->K, j->alpha, j->ta ? j->A + a : j->A + a * j->lda, j->lda, j->B, j->ldb,
+        piece(j->own, j->ta, j->tb, b - a, j->N, j->K, j->alpha, j->ta ? j->A + a : j->A + a * j->lda, j->lda, j->B, j->ldb,
                j->beta, j->C + a * j->ldc, j->ldc);
 }
 
@@ -62,7 +118,7 @@ void lk__cpu_sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alph
         lk__cpu_sgemm1(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
         return;
     }
-    gemm_job job = {ta, tb, by_cols, M, N, K, lda, ldb, ldc, alpha, beta, A, B, C, width};
+    gemm_job job = {ta, tb, by_cols, lk__cpu_gemm_own(ta, tb, M, N, K), M, N, K, lda, ldb, ldc, alpha, beta, A, B, C, width};
     lk__parallel_run(width, gemm_task, &job);
 }
 
