@@ -690,11 +690,10 @@ static lk_status build_unit(lk_strategy *s, unit *u, lk_layer *layer, const char
     size_t bytes = (size_t)(u->chunk * f->S) * esz(s), pg = page > 0 ? (size_t)page : 4096;
     u->map_bytes = bytes ? (bytes + pg - 1) / pg * pg : 0;
     if (!u->numel) return LK_STATUS_OK;
-    if (f->params_whole && in_segment(s)) {
-        void *mem = NULL;
-        LK_TRY(lk_comm_alloc_shared(f->shard, u->map_bytes, &mem));
-        u->full = mem;
-        u->full_shared = true;
+    void *mem = NULL;
+    if (f->params_whole && in_segment(s)) { /* (a full /dev/shm or the memory cap: a private mapping, as before) */
+        if (!lk_comm_alloc_shared(f->shard, u->map_bytes, &mem)) u->full = mem, u->full_shared = true;
+        else lk_clear_error();
     }
     if ((!u->full && !(u->full = map_pages(s, u->map_bytes))) || !(u->gfull = map_pages(s, u->map_bytes)))
         return lk_error(LK_STATUS_OUT_OF_MEMORY, "%s: could not map %zu bytes for unit '%s'", s->vt->name, u->map_bytes,
@@ -781,12 +780,12 @@ static lk_status f_wrap(lk_strategy *s, lk_layer *net) {
     f->shard_numel = total;
     size_t sbytes = (size_t)(total ? total : 1) * esz(s);
     f->shard_bytes = (sbytes + LK_ALIGN - 1) / LK_ALIGN * LK_ALIGN;
-    if (in_segment(s) && !f->params_whole) { /* (stage 2's chunks live in its shared whole parameters) */
-        void *mem = NULL;
-        LK_TRY(lk_comm_alloc_shared(f->shard, f->shard_bytes, &mem)); /* (zeroed) */
-        f->shards = mem;
+    void *mem = NULL; /* (stage 2's chunks live in its whole parameters; a failure: private memory, as before) */
+    if (in_segment(s) && !f->params_whole && !lk_comm_alloc_shared(f->shard, f->shard_bytes, &mem)) {
+        f->shards = mem; /* (zeroed) */
         f->shards_shared = true;
     } else if (lk_device_is_host(home(s))) {
+        lk_clear_error();
         if (!(f->shards = lk_aligned_alloc(LK_ALIGN, f->shard_bytes))) return LK_STATUS_OUT_OF_MEMORY;
         memset(f->shards, 0, sbytes);
     } else {
