@@ -110,7 +110,8 @@ struct fsdp {
     int *pend;                /* units whose reductions wait for the backward's end (defer_bytes) */
     int npend;
     int64_t pend_bytes;       /* their whole gradients' bytes */
-    int64_t defer_bytes;      /* below this, reductions wait: min(the largest unit's bytes, bucket_cap_mb) */
+    int64_t defer_bytes;      /* below this, reductions wait: min(the largest unit's bytes, bucket_cap_mb); 0: never */
+    bool inline_sched;        /* LK_SHARD_INLINE: small units' reductions and stage 2's gathers on this thread */
     bool sync;                /* this backward reduces */
     bool hold;                /* every unit gathered for a state dict, until the next forward */
     bool saving;              /* gathering for a state dict: not a step's peak */
@@ -768,6 +769,13 @@ static lk_status f_wrap(lk_strategy *s, lk_layer *net) {
         if (b > f->defer_bytes) f->defer_bytes = b;
     }
     if ((double)f->defer_bytes > cap) f->defer_bytes = (int64_t)cap;
+    /* Off by default: measured under contention (a loaded 2-core machine),
+     * a rank blocked on its own thread at every small collective waits for
+     * a descheduled peer each time, and stage 2 ran at a quarter of the
+     * asynchronous schedule's speed; its gain on an idle machine is not
+     * measured yet (docs/STRATEGIES.md). */
+    f->inline_sched = lk_env_get_long("LK_SHARD_INLINE", 0) == 1;
+    if (!f->inline_sched) f->defer_bytes = 0;
     /* rank 0's values everywhere (as ddp's broadcast), then each rank's
      * chunk into the master shards; the whole copies go */
     int64_t total = 0;
@@ -1027,7 +1035,7 @@ static lk_status f_after_step(lk_strategy *s) {
      * forwards of the units before them. In the forward's order: the same
      * on every rank. */
     if (f->params_whole) {
-        double cap = s->ddp.bucket_cap_mb * 1024 * 1024, done = 0;
+        double cap = f->inline_sched ? s->ddp.bucket_cap_mb * 1024 * 1024 : 0, done = 0;
         for (int p = 0; p < f->norder; p++) {
             unit *u = at_pos(f, p);
             done += (double)u->map_bytes;
