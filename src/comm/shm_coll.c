@@ -226,12 +226,19 @@ static lk_status scatter_like(lk_comm *c, shm_comm *s, const lk__coll *op, bool 
     for (size_t start = 0; start < op->count; start += step) {
         size_t len = op->count - start < step ? op->count - start : step;
         uint64_t u = s->stage_ctr++;
+        /* A reduce stages only the blocks its peers read: its own block r is
+         * reduced straight from its send buffer (no peer reads it), which
+         * halves the copying at two ranks. The same values in the same rank
+         * order: the same bits. A scatter's root stages every block. */
         if (sender)
             for (int j = 0; j < W; j++)
-                memcpy(stage_of(s, r, u) + (size_t)j * len * esz, send + ((size_t)j * op->count + start) * esz, len * esz);
+                if (!reduce || j != r)
+                    memcpy(stage_of(s, r, u) + (size_t)j * len * esz, send + ((size_t)j * op->count + start) * esz,
+                           len * esz);
         LK_TRY(lk__shm_sync_all(c, s, op));
         if (reduce) {
-            for (int k = 0; k < W; k++) srcs[k] = stage_of(s, k, u) + (size_t)r * len * esz;
+            for (int k = 0; k < W; k++)
+                srcs[k] = k == r ? send + ((size_t)r * op->count + start) * esz : stage_of(s, k, u) + (size_t)r * len * esz;
             lk__reduce(recv + start * esz, srcs, W, len, op->dt, op->op, op->op == LK_REDUCE_AVG ? W : 1);
         } else {
             memcpy(recv + start * esz, stage_of(s, op->root, u) + (size_t)r * len * esz, len * esz);

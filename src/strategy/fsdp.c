@@ -80,6 +80,7 @@ typedef struct unit {
     bool reduced;         /* this step's reduction was issued */
     bool grads_stale;     /* gfull was released after a reduction: zero it before it is written again */
     bool grads_charged;   /* gfull's bytes are charged to the rank (from the unit's backward to its release) */
+    bool full_shared;     /* full is a block of the shard group's shared memory (in_segment), counted by its allocator */
     lk_work *gather;      /* a prefetch in flight */
     int pos;              /* position in the recorded forward order (-1: not seen) */
 } unit;
@@ -96,6 +97,7 @@ struct fsdp {
     lk_named_tensors named;   /* the net's named parameters (references) */
     void *shards;             /* every unit's chunk, back to back: the master parameters */
     size_t shard_bytes;       /* its allocation */
+    bool shards_shared;       /* shards is a block of the shard group's shared memory (in_segment) */
     int64_t shard_numel;
     lk_tensor *shards_t;
     int *shard_unit;
@@ -105,6 +107,11 @@ struct fsdp {
     bool order_done, in_fwd;
     unit *rs_unit;            /* the unit whose reduce-scatter is in flight */
     lk_work *rs_work;
+    int *pend;                /* units whose reductions wait for the backward's end (defer_bytes) */
+    int npend;
+    int64_t pend_bytes;       /* their whole gradients' bytes */
+    int64_t defer_bytes;      /* below this, reductions wait: min(the largest unit's bytes, bucket_cap_mb); 0: never */
+    bool inline_sched;        /* LK_SHARD_INLINE: small units' reductions and stage 2's gathers on this thread */
     bool sync;                /* this backward reduces */
     bool hold;                /* every unit gathered for a state dict, until the next forward */
     bool saving;              /* gathering for a state dict: not a step's peak */
@@ -369,6 +376,19 @@ static void give_back(lk_strategy *s, void *p, size_t bytes) {
     if (on_host(s)) (void)madvise(p, bytes, RELEASE_PARAMS);
 }
 
+/* Whether what a rank sends to the all-gathers lives in the shard group's
+ * shared memory (one node over shm, on the host): there every rank copies
+ * its peers' chunks straight from their memory, where a private buffer is
+ * first copied into the communicator's staging slots and out again. fsdp's
+ * master chunks (1/N of the model, kept for the whole run) and stage 2's
+ * whole parameters (never released) cost no more memory there. The whole
+ * gradients stay private mappings: their pages go back after each
+ * reduction, which shared memory would not allow. */
+static bool in_segment(const lk_strategy *s) {
+    const fsdp *f = f_of(s);
+    return on_host(s) && f->S > 1 && !f->offload && lk_comm_shares_memory(f->shard);
+}
+
 /* This rank's chunk of the unit's whole values into its master chunk
  * (nothing to copy where the master chunk lives inside them: stage 2). */
 static lk_status keep_chunk(lk_strategy *s, unit *u) {
@@ -403,7 +423,8 @@ static lk_status charge(const unit *u, const char *what) {
 
 static lk_status count_gathered(fsdp *f, unit *u, bool on) {
     int64_t b = (int64_t)u->map_bytes;
-    if (on) LK_TRY(charge(u, "the gathered parameters"));
+    if (u->full_shared) { /* its allocation counts it, for as long as it lives */
+    } else if (on) LK_TRY(charge(u, "the gathered parameters"));
     else if (on_host(f->s)) lk__alloc_uncharge(u->map_bytes);
     f->gathered_bytes += on ? b : -b;
     if (!f->saving && f->gathered_bytes > f->peak_gathered_bytes) f->peak_gathered_bytes = f->gathered_bytes;
@@ -506,8 +527,13 @@ static lk_status finish_reduce(lk_strategy *s) {
 }
 
 /* The unit's gradients are final: reduce-scatter them into this rank's
- * chunk (the previous unit's reduction finished first: one in flight). */
-static lk_status reduce(lk_strategy *s, unit *u) {
+ * chunk (the previous unit's reduction finished first: one in flight).
+ * async: on the communication thread, finished by the next reduction or
+ * the backward's end; otherwise on this thread, finished here (the
+ * backward's end, where nothing is left to overlap it with: as ddp's last
+ * bucket, it saves two thread hand-offs and keeps the communication thread
+ * off this rank's core). */
+static lk_status reduce(lk_strategy *s, unit *u, bool async) {
     fsdp *f = f_of(s);
     LK_TRY(finish_reduce(s));
     u->reduced = true;
@@ -517,8 +543,51 @@ static lk_status reduce(lk_strategy *s, unit *u) {
     s->stats.bytes_reduced += (size_t)(u->chunk * f->S) * esz(s);
     f->rs_unit = u;
     if (f->S == 1) return xcopy(home(s), mine, s->cfg.device, u->gfull, (size_t)u->chunk * esz(s));
-    return lk_comm_reduce_scatter_async(f->shard, u->gfull, f->offload ? f->rs_stage : mine, (size_t)u->chunk,
-                                        s->cfg.param_dtype, LK_REDUCE_AVG, &f->rs_work);
+    void *out = f->offload ? f->rs_stage : mine;
+    if (async)
+        return lk_comm_reduce_scatter_async(f->shard, u->gfull, out, (size_t)u->chunk, s->cfg.param_dtype, LK_REDUCE_AVG,
+                                            &f->rs_work);
+    double t0 = lk_time_now();
+    lk_status st = lk_comm_reduce_scatter(f->shard, u->gfull, out, (size_t)u->chunk, s->cfg.param_dtype, LK_REDUCE_AVG);
+    s->stats.comm_exposed_s += lk_time_now() - t0;
+    if (st) return comm_fail(f->shard, st);
+    return finish_reduce(s); /* the chunk's home, the replicas, the whole gradients released */
+}
+
+/* The deferred reductions, in the order the backward finished their units
+ * (the same on every rank). */
+static lk_status flush_pending(lk_strategy *s, bool async) {
+    fsdp *f = f_of(s);
+    lk_status st = LK_STATUS_OK;
+    for (int i = 0; i < f->npend && !st; i++) st = reduce(s, &f->u[f->pend[i]], async);
+    f->npend = 0;
+    f->pend_bytes = 0;
+    return st;
+}
+
+/* A unit's backward is done (a synced one). Small units wait: their
+ * reductions run with the backward's last, on this thread, instead of one
+ * collective handed to the communication thread per unit, whose hand-offs
+ * and peer waits cost more than they overlap on a small model (the mlp's
+ * second and third layers, a few hundred microseconds of backward left to
+ * hide them behind). What waits stays under one largest unit's whole
+ * gradients (defer_bytes), and the reduction in flight ends before one
+ * more waits: beside the unit being computed, the whole gradients held
+ * are at most one largest unit's, as without the wait (one in flight). A
+ * unit that would pass it sends what waited, then itself, asynchronously
+ * as before. */
+static lk_status unit_backward_done(lk_strategy *s, unit *u) {
+    fsdp *f = f_of(s);
+    int64_t b = u->chunk * f->S * (int64_t)esz(s);
+    if (u->numel && f->pend_bytes + b < f->defer_bytes) {
+        LK_TRY(finish_reduce(s));
+        u->reduced = true;
+        f->pend[f->npend++] = (int)(u - f->u);
+        f->pend_bytes += b;
+        return LK_STATUS_OK;
+    }
+    LK_TRY(flush_pending(s, true));
+    return reduce(s, u, true);
 }
 
 /* ---- the hooks --------------------------------------------------------------------- */
@@ -571,7 +640,7 @@ static lk_status on_unit(lk_layer *l, lk_layer_hook_when when, void *ctx) {
         return LK_STATUS_OK;
     case LK_LAYER_AFTER_BACKWARD:
         release(s, u);
-        return f->sync ? reduce(s, u) : LK_STATUS_OK;
+        return f->sync ? unit_backward_done(s, u) : LK_STATUS_OK;
     }
     return LK_STATUS_OK;
 }
@@ -622,7 +691,12 @@ static lk_status build_unit(lk_strategy *s, unit *u, lk_layer *layer, const char
     size_t bytes = (size_t)(u->chunk * f->S) * esz(s), pg = page > 0 ? (size_t)page : 4096;
     u->map_bytes = bytes ? (bytes + pg - 1) / pg * pg : 0;
     if (!u->numel) return LK_STATUS_OK;
-    if (!(u->full = map_pages(s, u->map_bytes)) || !(u->gfull = map_pages(s, u->map_bytes)))
+    void *mem = NULL;
+    if (f->params_whole && in_segment(s)) { /* (a full /dev/shm or the memory cap: a private mapping, as before) */
+        if (!lk_comm_alloc_shared(f->shard, u->map_bytes, &mem)) u->full = mem, u->full_shared = true;
+        else lk_clear_error();
+    }
+    if ((!u->full && !(u->full = map_pages(s, u->map_bytes))) || !(u->gfull = map_pages(s, u->map_bytes)))
         return lk_error(LK_STATUS_OUT_OF_MEMORY, "%s: could not map %zu bytes for unit '%s'", s->vt->name, u->map_bytes,
                         *path ? path : "(root)");
     int64_t shape[1] = {u->chunk * f->S};
@@ -686,6 +760,22 @@ static lk_status f_wrap(lk_strategy *s, lk_layer *net) {
     lk_free(k.path);
     lk_free(owner);
     LK_TRY(st);
+    /* reductions wait while their units' whole gradients stay under the
+     * largest unit's (unit_backward_done) and under ddp's bucket size */
+    if (!(f->pend = lk_calloc((size_t)f->nu + 1, sizeof *f->pend))) return LK_STATUS_OUT_OF_MEMORY;
+    double cap = s->ddp.bucket_cap_mb * 1024 * 1024;
+    for (int i = 1; i < f->nu; i++) {
+        int64_t b = f->u[i].chunk * f->S * (int64_t)esz(s);
+        if (b > f->defer_bytes) f->defer_bytes = b;
+    }
+    if ((double)f->defer_bytes > cap) f->defer_bytes = (int64_t)cap;
+    /* Off by default: measured under contention (a loaded 2-core machine),
+     * a rank blocked on its own thread at every small collective waits for
+     * a descheduled peer each time, and stage 2 ran at a quarter of the
+     * asynchronous schedule's speed; its gain on an idle machine is not
+     * measured yet (docs/STRATEGIES.md). */
+    f->inline_sched = lk_env_get_long("LK_SHARD_INLINE", 0) == 1;
+    if (!f->inline_sched) f->defer_bytes = 0;
     /* rank 0's values everywhere (as ddp's broadcast), then each rank's
      * chunk into the master shards; the whole copies go */
     int64_t total = 0;
@@ -698,7 +788,12 @@ static lk_status f_wrap(lk_strategy *s, lk_layer *net) {
     f->shard_numel = total;
     size_t sbytes = (size_t)(total ? total : 1) * esz(s);
     f->shard_bytes = (sbytes + LK_ALIGN - 1) / LK_ALIGN * LK_ALIGN;
-    if (lk_device_is_host(home(s))) {
+    void *mem = NULL; /* (stage 2's chunks live in its whole parameters; a failure: private memory, as before) */
+    if (in_segment(s) && !f->params_whole && !lk_comm_alloc_shared(f->shard, f->shard_bytes, &mem)) {
+        f->shards = mem; /* (zeroed) */
+        f->shards_shared = true;
+    } else if (lk_device_is_host(home(s))) {
+        lk_clear_error();
         if (!(f->shards = lk_aligned_alloc(LK_ALIGN, f->shard_bytes))) return LK_STATUS_OUT_OF_MEMORY;
         memset(f->shards, 0, sbytes);
     } else {
@@ -837,7 +932,8 @@ static void f_free(lk_strategy *s) {
         grads_gone(u);
         lk_tensor_release(u->full_t);
         lk_tensor_release(u->gfull_t);
-        unmap_pages(s, u->full, u->map_bytes);
+        if (u->full_shared) lk_comm_free_shared(f->shard, u->full);
+        else unmap_pages(s, u->full, u->map_bytes);
         unmap_pages(s, u->gfull, u->map_bytes);
         lk_free(u->name);
         lk_free(u->p);
@@ -848,11 +944,13 @@ static void f_free(lk_strategy *s) {
     if (s->net) lk_layer_clear_hooks(s->net);
     for (int i = 1; i < f->nu; i++) lk_layer_clear_hooks(f->u[i].layer);
     lk_free(f->u);
+    lk_free(f->pend);
     lk_free(f->order);
     lk_named_tensors_clear(&f->named);
     lk_free(f->shard_unit);
     lk_tensor_release(f->shards_t);
-    if (lk_device_is_host(home(s))) lk_aligned_free(f->shards);
+    if (f->shards_shared) lk_comm_free_shared(f->shard, f->shards);
+    else if (lk_device_is_host(home(s))) lk_aligned_free(f->shards);
     else lk_device_free(home(s), f->shards, f->shard_bytes);
     if (f->rs_stage) lk_device_free(s->cfg.device, f->rs_stage, f->rs_stage_bytes);
     if (f->own_groups) {
@@ -893,11 +991,11 @@ static void f_begin_backward(lk_strategy *s, bool sync) {
  * too, so every rank issues the same collectives. */
 static lk_status f_finish_backward(lk_strategy *s) {
     fsdp *f = f_of(s);
-    lk_status st = LK_STATUS_OK;
+    lk_status st = f->sync ? flush_pending(s, false) : LK_STATUS_OK;
     for (int i = f->nu - 1; f->sync && i >= 0 && !st; i--)
         if (!f->u[i].reduced) {
             st = zero_grads(s, &f->u[i]); /* (a unit the backward did not reach: no gradient, zeros reduced) */
-            if (!st) st = reduce(s, &f->u[i]);
+            if (!st) st = reduce(s, &f->u[i], false);
         }
     if (!st) st = finish_reduce(s);
     for (int i = 0; i < f->nu; i++) {
@@ -928,10 +1026,24 @@ static lk_status f_after_step(lk_strategy *s) {
             u->gathered = false; /* refreshed below (the root; every unit of stage 2) or at the next use */
         } else release(s, u);
     }
-    /* stage 2: every unit's all-gather issued now, each waited for by its
-     * next use (its forward's hook), so the gathers overlap the step's end,
-     * the loader and the forwards of the units before it */
-    for (int i = 1; f->params_whole && i < f->nu; i++) LK_TRY(prefetch(s, &f->u[i]));
+    /* stage 2: the units the next forward reaches first are gathered here,
+     * on this thread, up to ddp's bucket size (a small model's all: one
+     * hand-off to the communication thread per unit cost more than the
+     * loader's wait and the first unit's forward hide, and the first
+     * unit's forward waits for its own gather at once); the rest are
+     * issued now and waited for by their forward's hook, overlapping the
+     * forwards of the units before them. In the forward's order: the same
+     * on every rank. */
+    if (f->params_whole) {
+        double cap = f->inline_sched ? s->ddp.bucket_cap_mb * 1024 * 1024 : 0, done = 0;
+        for (int p = 0; p < f->norder; p++) {
+            unit *u = at_pos(f, p);
+            done += (double)u->map_bytes;
+            LK_TRY(done <= cap ? gather(s, u) : prefetch(s, u));
+        }
+        for (int i = 1; i < f->nu; i++) /* units no forward reached (yet) */
+            if (f->u[i].pos < 0) LK_TRY(prefetch(s, &f->u[i]));
+    }
     return gather(s, &f->u[0]);
 }
 
