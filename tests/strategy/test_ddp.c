@@ -81,6 +81,27 @@ static lk_status micro_step(net *n, int64_t first, int64_t count) {
     return st;
 }
 
+/* A result file of this process's own (tests of other builds may run at
+ * once and would share a fixed /tmp name); the names live until exit,
+ * when the process that made them (not a forked rank) removes the files. */
+static char tmp_names[32][96];
+static int tmp_count, tmp_owner;
+
+static void tmp_cleanup(void) {
+    if (getpid() != tmp_owner) return;
+    for (int i = 0; i < tmp_count; i++) unlink(tmp_names[i]);
+}
+
+static const char *P(const char *name) {
+    if (!tmp_count) tmp_owner = (int)getpid(), atexit(tmp_cleanup);
+    char path[96];
+    snprintf(path, sizeof path, "/tmp/%d-%s", tmp_owner, name);
+    for (int i = 0; i < tmp_count; i++)
+        if (!strcmp(tmp_names[i], path)) return tmp_names[i];
+    if (tmp_count == 32) lk_panic("test_ddp: more than 32 result files");
+    return strcpy(tmp_names[tmp_count++], path);
+}
+
 typedef struct {
     int world;
     double bucket_mb;
@@ -237,26 +258,26 @@ static double max_rel_diff(const float *a, const float *b, int n) {
 static void ddp_equals_single(void) {
     static float ref[NP], got[NP], other[NP];
     for (int world = 2; world <= 4; world++) {
-        run_cfg single = {world, 25, 1, "/tmp/lk_ddp_single.bin", LK_F32, NULL, false, false};
+        run_cfg single = {world, 25, 1, P("lk_ddp_single.bin"), LK_F32, NULL, false, false};
         CHECK(train(&single, NULL, NULL) == 0);
         CHECK(load(single.out_path, ref, NP) == NP);
-        run_cfg ddp = {world, 25, 1, "/tmp/lk_ddp_ranks.bin", LK_F32, NULL, false, false};
+        run_cfg ddp = {world, 25, 1, P("lk_ddp_ranks.bin"), LK_F32, NULL, false, false};
         CHECK_MSG(run_ranks(&ddp, NULL) == 0, "world %d: a rank failed", world);
         CHECK(load(ddp.out_path, got, NP) == NP);
         double d = max_rel_diff(got, ref, NP);
         printf("world %d: relative error ||ddp - single|| / ||single|| after %d Adam steps: %.3g\n", world, STEPS, d);
         CHECK_MSG(d <= 1e-5, "world %d: %.3g", world, d);
         /* many tiny buckets and one huge bucket give identical results */
-        run_cfg tiny = {world, 1e-4, 1, "/tmp/lk_ddp_tiny.bin", LK_F32, NULL, false, false};
+        run_cfg tiny = {world, 1e-4, 1, P("lk_ddp_tiny.bin"), LK_F32, NULL, false, false};
         CHECK(run_ranks(&tiny, NULL) == 0);
         CHECK(load(tiny.out_path, other, NP) == NP);
         CHECK_MSG(memcmp(other, got, sizeof got) == 0, "world %d: tiny buckets differ", world);
-        run_cfg huge = {world, 1000, 1, "/tmp/lk_ddp_huge.bin", LK_F32, NULL, false, false};
+        run_cfg huge = {world, 1000, 1, P("lk_ddp_huge.bin"), LK_F32, NULL, false, false};
         CHECK(run_ranks(&huge, NULL) == 0);
         CHECK(load(huge.out_path, other, NP) == NP);
         CHECK_MSG(memcmp(other, got, sizeof got) == 0, "world %d: one bucket differs", world);
         /* the same ranks with every tensor on another device: the device layer changes no bit */
-        run_cfg dev = {world, 25, 1, "/tmp/lk_ddp_debugdev.bin", LK_F32, NULL, false, true};
+        run_cfg dev = {world, 25, 1, P("lk_ddp_debugdev.bin"), LK_F32, NULL, false, true};
         CHECK(run_ranks(&dev, NULL) == 0);
         CHECK(load(dev.out_path, other, NP) == NP);
         CHECK_MSG(memcmp(other, got, sizeof got) == 0, "world %d: ddp on the debug device differs from the cpu", world);
@@ -264,7 +285,7 @@ static void ddp_equals_single(void) {
          * plain-order GEMM sums differ from OpenBLAS's in the last bits, so
          * this compares as the single-process check does */
         with_debug_backend = true;
-        run_cfg dbe = {world, 25, 1, "/tmp/lk_ddp_debugbe.bin", LK_F32, NULL, false, true};
+        run_cfg dbe = {world, 25, 1, P("lk_ddp_debugbe.bin"), LK_F32, NULL, false, true};
         CHECK(run_ranks(&dbe, NULL) == 0);
         with_debug_backend = false;
         CHECK(load(dbe.out_path, other, NP) == NP);
@@ -278,10 +299,10 @@ static void ddp_equals_single(void) {
 static void accumulation_reduces_once_per_step(void) {
     static float ref[NP], got[NP];
     /* accumulate 3 micro-batches of B/3 on each of 2 ranks == batch 2B on one process */
-    run_cfg single = {2, 25, 1, "/tmp/lk_acc_single.bin", LK_F32, NULL, false, false};
+    run_cfg single = {2, 25, 1, P("lk_acc_single.bin"), LK_F32, NULL, false, false};
     CHECK(train(&single, NULL, NULL) == 0);
     CHECK(load(single.out_path, ref, NP) == NP);
-    run_cfg acc = {2, 1e-6, 3, "/tmp/lk_acc_ddp.bin", LK_F32, NULL, false, false}; /* one bucket per parameter */
+    run_cfg acc = {2, 1e-6, 3, P("lk_acc_ddp.bin"), LK_F32, NULL, false, false}; /* one bucket per parameter */
     uint64_t calls = 0;
     CHECK(run_ranks(&acc, &calls) == 0);
     CHECK(load(acc.out_path, got, NP) == NP);
@@ -299,13 +320,13 @@ static void accumulation_reduces_once_per_step(void) {
  * not change a bit of it. */
 static void compressed_gradients(void) {
     static float ref[NP], got[NP], other[NP];
-    run_cfg single = {2, 25, 1, "/tmp/lk_cmp_single.bin", LK_F32, NULL, false, false};
+    run_cfg single = {2, 25, 1, P("lk_cmp_single.bin"), LK_F32, NULL, false, false};
     CHECK(train(&single, NULL, NULL) == 0);
     CHECK(load(single.out_path, ref, NP) == NP);
     const lk_dtype dts[2] = {LK_BF16, LK_F16};
     const double tol[2] = {1e-2, 1e-3}; /* 8 and 11 significant bits */
     for (int k = 0; k < 2; k++) {
-        run_cfg one = {2, 25, 1, "/tmp/lk_cmp_one.bin", dts[k], NULL, false, false};
+        run_cfg one = {2, 25, 1, P("lk_cmp_one.bin"), dts[k], NULL, false, false};
         uint64_t bytes = 0;
         CHECK(run_ranks(&one, &bytes) == 0);
         CHECK(load(one.out_path, got, NP) == NP);
@@ -315,7 +336,7 @@ static void compressed_gradients(void) {
         CHECK_MSG(d > 0 && d <= tol[k], "%s: %.3g", lk_dtype_name(dts[k]), d);
         CHECK_MSG(bytes == (uint64_t)NP * 2 * STEPS, "%s: %llu bytes, expected %d", lk_dtype_name(dts[k]),
                   (unsigned long long)bytes, NP * 2 * STEPS);
-        run_cfg tiny = {2, 1e-4, 1, "/tmp/lk_cmp_tiny.bin", dts[k], NULL, false, false}; /* async buckets, then the inline last one */
+        run_cfg tiny = {2, 1e-4, 1, P("lk_cmp_tiny.bin"), dts[k], NULL, false, false}; /* async buckets, then the inline last one */
         CHECK(run_ranks(&tiny, NULL) == 0);
         CHECK(load(tiny.out_path, other, NP) == NP);
         CHECK_MSG(memcmp(other, got, sizeof got) == 0, "%s: tiny buckets differ from one bucket", lk_dtype_name(dts[k]));
@@ -424,8 +445,8 @@ static void shared_params_equal_replicas(void) {
     int same = 0;
     for (int world = 2; world <= 4; world++)
         for (int k = 0; k < 4; k++) {
-            run_cfg a = {world, 1e-4, 1, "/tmp/lk_shared_rep.bin", LK_F32, &cfgs[k], false, false};
-            run_cfg b = {world, 1e-4, 1, "/tmp/lk_shared_one.bin", LK_F32, &cfgs[k], true, false};
+            run_cfg a = {world, 1e-4, 1, P("lk_shared_rep.bin"), LK_F32, &cfgs[k], false, false};
+            run_cfg b = {world, 1e-4, 1, P("lk_shared_one.bin"), LK_F32, &cfgs[k], true, false};
             CHECK_MSG(run_ranks(&a, NULL) == 0, "world %d %s: replicated run failed", world, what[k]);
             CHECK_MSG(run_ranks(&b, NULL) == 0, "world %d %s: shared run failed", world, what[k]);
             int na = load(a.out_path, rep, NS), nb = load(b.out_path, got, NS);
