@@ -677,6 +677,15 @@ static lk_status wrap(lk_strategy *s, lk_layer *net) {
     if (held != nall)
         return lk_error(LK_STATUS_INVALID_ARGUMENT, "strategy %s: %lld of the model's %d parameters are in no block",
                         s->vt->name, (long long)(nall - held), nall);
+    /* A stage of parameter-free blocks (a lone ReLU) would have nothing to
+     * optimise: say so here rather than through its optimizer's refusal. */
+    for (int k = 0; k < ps->p; k++)
+        if (!ps->stage_params[k].n)
+            return lk_error(LK_STATUS_INVALID_ARGUMENT, "strategy %s: stage %d of %d (%s%s%s) holds no parameters: "
+                            "every stage needs a block with parameters; move trainer.pipeline.split or use fewer "
+                            "stages (trainer.pipeline.stages, or devices)", s->vt->name, k, ps->p,
+                            ps->bname[ps->first[k]], ps->first[k + 1] - ps->first[k] > 1 ? " .. " : "",
+                            ps->first[k + 1] - ps->first[k] > 1 ? ps->bname[ps->first[k + 1] - 1] : "");
     LK_TRY(owned_lists(ps));
     const lk_named_tensors *mine = &ps->stage_params[ps->stage];
     for (int j = 0; j < mine->n; j++) LK_TRY(lk_named_tensors_append(&s->local, mine->items[j].name, mine->items[j].tensor));

@@ -143,6 +143,9 @@ ae_img ae_img_pp --trainer.devices 2 --trainer.strategy pipeline --trainer.pipel
 expect_fail "a split naming no block" 1 "trainer.pipeline.split names 'decodr', which is no block of the model (its blocks: encoder, decoder)" \
   "$LK_BIN" fit -c "$T/ae.yaml" --trainer.default_root_dir "$T/b1" --trainer.devices 2 --trainer.strategy model_parallel \
   --trainer.pipeline.split decodr
+expect_fail "a stage of parameter-free blocks is named" 1 "strategy pipeline: stage 1 of 3 (layers.1) holds no parameters: every stage needs a block with parameters" \
+  "$LK_BIN" fit -c "$T/mlp.yaml" --trainer.default_root_dir "$T/b3" --trainer.devices 3 --trainer.strategy pipeline \
+  --trainer.pipeline.split layers.1,layers.2
 expect_fail "more stages than blocks" 1 "3 stages (one per process) but the model has only 2 blocks" \
   "$LK_BIN" fit -c "$T/ae.yaml" --trainer.default_root_dir "$T/b2" --trainer.devices 3 --trainer.strategy pipeline
 expect_fail "chunks that do not divide the batch" 1 "do not divide into trainer.pipeline.chunks = 5 equal micro-batches" \
