@@ -15,6 +15,7 @@
 
 #include "backend/backend_impl.h"
 #include "gradcheck.h"
+#include "lk_capture.h"
 
 typedef struct {
     int N, C, H, O, k;
@@ -202,21 +203,13 @@ static void lk_conv_env(void) {
     setenv("LK_CONV", "onednn", 1);
     lk__cpu_conv_use(-1);
     CHECK(lk__cpu_conv_path() == LK__CONV_ONEDNN);
-    char path[] = "/tmp/lk_conv_env_XXXXXX";
-    int fd = mkstemp(path), saved = dup(2);
-    CHECK(fd >= 0 && saved >= 0);
-    fflush(stderr);
-    dup2(fd, 2);
+    lk_t_capture cap;
+    CHECK(lk_t_capture_begin(&cap) == 0);
     setenv("LK_CONV", "fft", 1);
     lk__cpu_conv_use(-1);
     int p = lk__cpu_conv_path();
-    fflush(stderr);
-    dup2(saved, 2);
-    close(saved);
-    char buf[512] = {0};
-    ssize_t got = pread(fd, buf, sizeof buf - 1, 0);
-    close(fd);
-    unlink(path);
+    char buf[512];
+    ssize_t got = lk_t_capture_end(&cap, buf, sizeof buf);
     CHECK(p == LK__CONV_AUTO);
     CHECK_MSG(got > 0 && strstr(buf, "LK_CONV=fft is none of auto, onednn, im2col: convolutions take the automatic choice"),
               "stderr: %s", buf);

@@ -14,6 +14,7 @@
 
 #include "backend/cpu/cpu_impl.h"
 #include "backend/cpu/gemm_small.h"
+#include "lk_capture.h"
 #include "lk_test.h"
 
 static float rnd(uint32_t *s) {
@@ -232,21 +233,13 @@ static void test_env(void) {
         lk__cpu_gemm_set_mode((lk__gemm_mode)-1);
         CHECK_MSG(lk__cpu_gemm_mode() == vals[i].m, "LK_GEMM=%s", vals[i].v);
     }
-    char path[] = "/tmp/lk_gemm_env_XXXXXX";
-    int fd = mkstemp(path), saved = dup(2);
-    CHECK(fd >= 0 && saved >= 0);
-    fflush(stderr);
-    dup2(fd, 2);
+    lk_t_capture cap;
+    CHECK(lk_t_capture_begin(&cap) == 0);
     setenv("LK_GEMM", "fast", 1);
     lk__cpu_gemm_set_mode((lk__gemm_mode)-1);
     lk__gemm_mode m = lk__cpu_gemm_mode();
-    fflush(stderr);
-    dup2(saved, 2);
-    close(saved);
-    char buf[512] = {0};
-    ssize_t got = pread(fd, buf, sizeof buf - 1, 0);
-    close(fd);
-    unlink(path);
+    char buf[512];
+    ssize_t got = lk_t_capture_end(&cap, buf, sizeof buf);
     CHECK(m == LK__GEMM_AUTO);
     CHECK_MSG(got > 0 && strstr(buf, "LK_GEMM=fast is none of auto, own, blas: f32 GEMMs take the automatic choice"),
               "warning: %s", buf);
