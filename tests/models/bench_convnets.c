@@ -28,28 +28,10 @@
 #include <cblas.h>
 
 #include "backend/backend_impl.h"
+#include "models/bench_triad.h"
 #include "nn/nn_fixtures.h"
 
 static double now(void) { return lk_time_cpu(); }
-
-/* Triad a = b + s*c over three arrays of n floats: bytes moved / best time. */
-static double triad_bandwidth(size_t n, int reps) {
-    float *a = lk_aligned_alloc(64, n * 4), *b = lk_aligned_alloc(64, n * 4), *c = lk_aligned_alloc(64, n * 4);
-    for (size_t i = 0; i < n; i++) a[i] = 0, b[i] = 1, c[i] = 2;
-    double best = 1e30;
-    int inner = n < ((size_t)1 << 20) ? (int)(((size_t)1 << 22) / n) + 1 : 1; /* ~4M elements a round */
-    for (int r = 0; r < reps; r++) {
-        double t0 = now();
-        for (int k = 0; k < inner; k++)
-            for (size_t i = 0; i < n; i++) a[i] = b[i] + 0.5f * c[i] + (float)k;
-        double t = (now() - t0) / inner;
-        if (t < best) best = t;
-    }
-    volatile float sink = a[n / 2];
-    (void)sink;
-    lk_aligned_free(a), lk_aligned_free(b), lk_aligned_free(c);
-    return 3.0 * (double)n * 4 / best;
-}
 
 /* ---- recording the step's layers ------------------------------------------------ */
 
@@ -234,7 +216,7 @@ static void bench_model(const char *model, const lk_model_kv *args, int nargs, i
         if (is(recs[i].type, "Conv2d")) t_conv += conv_bound(&recs[i], quick);
         if (is(recs[i].type, "Linear")) t_lin += linear_bound(&recs[i], quick);
     }
-    double bw = triad_bandwidth((size_t)tmax, quick ? 1 : 9);
+    double bw = bench_triad((size_t)tmax, quick ? 1 : 9);
     double t_pass = elems * 4 / bw, t_adam = 28.0 * (double)P / bw;
     double bound = t_conv + t_lin + t_pass + t_adam;
     printf("%-10s %5d %9.0f %9.0f %7.1f%%   %8.2f %8.2f %6.2f %8.2f %6.2f  %6.1f\n", model, B, B / t_step, B / bound,
@@ -254,7 +236,7 @@ int main(int argc, char **argv) {
     openblas_set_num_threads(1);
     lk_log_set_level(LK_LOG_WARN);
     printf("one core, f32; DRAM bandwidth (triad over 3 x 32 MiB) %.1f GB/s\n",
-           triad_bandwidth((size_t)8 << 20, quick ? 1 : 5) * 1e-9);
+           bench_triad((size_t)8 << 20, quick ? 1 : 5) * 1e-9);
     printf("%-10s %5s %9s %9s %8s   %8s %8s %6s %8s %6s  %6s\n", "model", "batch", "smp/s", "bound/s", "of bound",
            "step ms", "conv ms", "fc ms", "pass ms", "adam", "GB/s");
     static const lk_model_kv resnet[] = {{"depth", "20"}, {"width", "8"}, {"in_channels", "1"},

@@ -9,30 +9,13 @@
  */
 #include <cblas.h>
 
+#include "models/bench_triad.h"
 #include "nn/nn_fixtures.h"
 
 /* Process CPU time: the machine is shared (other builds and tests run
  * beside this), and with one BLAS thread CPU time is the one-core cost
  * without the time spent descheduled. Wall-clock figures are printed too. */
 static double now(void) { return lk_time_cpu(); }
-
-/* Stream-triad-like bandwidth: a = b + s*c over 3 x 32 MiB, bytes moved / time. */
-static double measure_bandwidth(bool quick) {
-    size_t n = (size_t)8 << 20; /* floats */
-    float *a = lk_aligned_alloc(64, n * 4), *b = lk_aligned_alloc(64, n * 4), *c = lk_aligned_alloc(64, n * 4);
-    for (size_t i = 0; i < n; i++) a[i] = 0, b[i] = 1, c[i] = 2;
-    double best = 1e30;
-    for (int r = 0; r < (quick ? 1 : 10); r++) {
-        double t0 = now();
-        for (size_t i = 0; i < n; i++) a[i] = b[i] + 0.5f * c[i];
-        double t = now() - t0;
-        if (t < best) best = t;
-    }
-    volatile float sink = a[n / 2];
-    (void)sink;
-    lk_aligned_free(a), lk_aligned_free(b), lk_aligned_free(c);
-    return 3.0 * (double)n * 4 / best;
-}
 
 typedef struct {
     int M, N, K;
@@ -146,7 +129,7 @@ static void bench_model(const char *model, int B, double bw, bool quick) {
 int main(int argc, char **argv) {
     bool quick = argc > 1 && !strcmp(argv[1], "--quick");
     openblas_set_num_threads(1);
-    double bw = measure_bandwidth(quick);
+    double bw = bench_triad((size_t)8 << 20, quick ? 1 : 10);
     printf("one core, OpenBLAS %d thread(s); memory bandwidth (triad) %.1f GB/s\n", openblas_get_num_threads(), bw * 1e-9);
     printf("%-12s %5s %12s %12s %8s   %8s %8s %8s  %7s  %10s\n", "model", "batch", "samples/s", "bound/s", "of bound",
            "step ms", "gemm ms", "adam ms", "GFLOP/s", "wall smp/s");
