@@ -122,7 +122,7 @@ grep -m1 "died" "$T/kill.out" | sed 's/^/     /'
 # 4. point-to-point faults
 run_bounded 60 "$LK_MPIRUN" "${flags[@]}" -np 2 "$LK_TEST_DIST_MPI" p2pfault
 check "p2p: both ranks' checks passed (${secs}s, rc $rc)" \
-  bash -c "[ \$(grep -c '^1 passed, 0 failed' '$T/out') = 2 ] && awk -v s='$secs' 'BEGIN { exit !(s < 30) }'"
+  bash -c "[ \$(grep -c '^p2pfault: rank [01]: 0 failed checks' '$T/out') = 2 ] && awk -v s='$secs' 'BEGIN { exit !(s < 30) }'"
 check "p2p: the job was aborted, not finalized (rc $rc)" test "$rc" -ne 0
 [ "$fail" = 0 ] || sed "s/^/     p2p: /" "$T/out" >&2
 # 5. point-to-point: rank 0 SIGKILLed while it sends to rank 1, which is
