@@ -24,6 +24,10 @@
 typedef struct {
     long dev_all_reduce, dev_broadcast, dev_other, host_colls;
     unsigned dev_all_reduce_dtypes; /* bit dt set: a device all_reduce in dtype dt */
+    /* its own copies of device memory to and from its host stand-ins (in
+     * sealed_stats' copies_out / copies_in too): what nccl would not make,
+     * for a test that counts the copies of the code around the collective */
+    long stand_in_out, stand_in_in;
 } sealed_comm_stats;
 static sealed_comm_stats sealed_comm_counts; /* under sealed_arena.mu (sealed_comm_get_stats) */
 
@@ -103,6 +107,8 @@ static lk_status sealed_comm_run(lk_comm *c, const lk__coll *op) {
     if (dsend) lk_aligned_free(hs);
     if (drecv && !in_place) lk_aligned_free(hr);
     pthread_mutex_lock(&sealed_arena.mu);
+    sealed_comm_counts.stand_in_out += dsend;
+    sealed_comm_counts.stand_in_in += drecv;
     if (op->kind == LK__COLL_ALL_REDUCE) {
         sealed_comm_counts.dev_all_reduce++;
         sealed_comm_counts.dev_all_reduce_dtypes |= 1u << op->dt;

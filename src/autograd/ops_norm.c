@@ -15,7 +15,9 @@
 #include "backend/backend_impl.h"
 
 /* node->a.i: [0] training, [1] index of weight in node->in (or -1), [2] of
- * bias; saved[0] = contiguous x, saved[1] = [2, C] (mean, invstd) used. */
+ * bias; saved[0] = contiguous x, saved[1] = [2, C] (mean, invstd) used,
+ * saved[2] = SyncBatchNorm's reduced [2C + 1] sums (the count at 2C), with
+ * the bn_sync in extra. */
 /* Channels are independent: whole channels per core once the input is
  * large enough to pay for a thread (about a megabyte). */
 static int bn_width(int64_t numel, long C) { return numel >= (1 << 18) ? lk__parallel_width(C) : 1; }
@@ -39,7 +41,6 @@ typedef struct {
     lk_bn_reducer red; /* red.sum NULL: sum */
     lk_sum_fn sum;
     void *ctx;
-    double count; /* samples per channel over every rank */
 } bn_sync;
 
 /* One of SyncBatchNorm's passes (LK_OP_BN_STATS, LK_OP_BN_APPLY) on dev's backend. */
@@ -53,12 +54,13 @@ static lk_status bn_split_run(lk_device dev, lk_op_kind op, long N, long C, long
     return lk__backend_run(dev, &d, (void *[]){(void *)x, (void *)g, (void *)k, out});
 }
 
-/* SyncBatchNorm's per-channel values on a device the host may not read
- * (cuda): the passes read and write buffers on the op's device, and the
- * per-channel scalars between the all-reduces are computed on the host from
- * copies of those C values (one copy each way per pass; C is small). The
- * host never dereferences a tensor's memory here; on the CPU the copies are
- * memcpys and the arithmetic is unchanged, so the bits are too. */
+/* SyncBatchNorm's values on a device the host may not read (cuda): the
+ * passes, the all-reduce and the per-channel finish between them
+ * (LK_OP_BN_FINISH, _BACKWARD) all read and write buffers on the op's
+ * device, so a step with SyncBatchNorm copies nothing to the host (no
+ * stream synchronisation, nothing that stops a graph capture) when the
+ * communicator reads device memory. The host never dereferences a
+ * tensor's memory here. */
 typedef struct {
     lk_tensor *t; /* n elements on dev, from the tensor pool (no cudaMalloc per step) */
     void *p;      /* its data */
@@ -73,81 +75,60 @@ static void dbuf_free(bn_dbuf *b) {
     lk_tensor_release(b->t);
     *b = (bn_dbuf){0};
 }
-/* bytes between the host and dev. */
-static lk_status to_host(void *h, lk_device dev, const void *p, size_t bytes) {
-    return bytes ? lk_device_copy(LK_DEVICE_CPU, h, dev, p, bytes) : LK_STATUS_OK;
-}
-static lk_status to_dev(lk_device dev, void *p, const void *h, size_t bytes) {
-    return bytes ? lk_device_copy(dev, p, LK_DEVICE_CPU, h, bytes) : LK_STATUS_OK;
-}
 
 /* SyncBatchNorm's one all-reduce of a pass: the n doubles at d (on dev)
- * summed over the ranks, the sums left in h (the host's copy, for the
- * per-channel scalars). A communicator that reads dev's memory (nccl; any
- * on host memory) reduces d in place and h is copied from it after; else
- * (shm or mpi with a GPU, a caller's function) h is copied from d and
- * reduced on the host: one copy out per pass either way. With keep, d and
- * h hold 2n: this rank's sums first, which stay as they are (the backward's
- * weight and bias gradients are this rank's), and the n reduced after them. */
-static lk_status bn_reduce(const bn_sync *sy, lk_device dev, double *d, double *h, size_t n, bool keep) {
+ * summed over the ranks, in place. A communicator that reads dev's memory
+ * (nccl; any on host memory, and a caller's function on the CPU) sums d
+ * where it is: no copy. Else (shm or mpi with a GPU, a caller's function
+ * on a GPU) the sums go through a host copy, reduced there and copied
+ * back, so the finish after runs on the device either way: one code path
+ * for the per-channel arithmetic (the CPU's bits on every route) and the
+ * two copies the staging needs anyway. */
+static lk_status bn_reduce(const bn_sync *sy, lk_device dev, double *d, size_t n) {
+    bool host = lk_device_is_host(dev);
+    if (sy->red.sum && (host || sy->red.device_memory)) return sy->red.sum(sy->red.ctx, dev, d, (int)n);
+    if (host) return sy->sum(sy->ctx, d, (int)n);
     size_t bytes = n * sizeof *d;
-    double *rd = keep ? d + n : d, *rh = keep ? h + n : h;
-    if (sy->red.sum && (lk_device_is_host(dev) || sy->red.device_memory)) {
-        if (keep && n) LK_TRY(lk_device_copy(dev, rd, dev, d, bytes));
-        LK_TRY(sy->red.sum(sy->red.ctx, dev, rd, (int)n));
-        return to_host(h, dev, d, keep ? 2 * bytes : bytes);
-    }
-    LK_TRY(to_host(h, dev, d, bytes));
-    if (keep && n) memcpy(rh, h, bytes);
-    if (sy->red.sum) return sy->red.sum(sy->red.ctx, LK_DEVICE_CPU, rh, (int)n);
-    return sy->sum(sy->ctx, rh, (int)n);
+    double *h = lk_malloc(bytes ? bytes : 1);
+    if (!h) return LK_STATUS_OUT_OF_MEMORY;
+    lk_status st = bytes ? lk_device_copy(LK_DEVICE_CPU, h, dev, d, bytes) : LK_STATUS_OK;
+    if (!st) st = sy->red.sum ? sy->red.sum(sy->red.ctx, LK_DEVICE_CPU, h, (int)n) : sy->sum(sy->ctx, h, (int)n);
+    if (!st && bytes) st = lk_device_copy(dev, d, LK_DEVICE_CPU, h, bytes);
+    lk_free(h);
+    return st;
 }
 
 /* SyncBatchNorm's backward: this rank's per-channel sums of g and
  * g * (x - mean) (one BN_STATS pass), summed over the ranks in one
  * all-reduce for the input gradient; the weight and bias gradients are
  * this rank's sums (DDP averages them afterwards, as PyTorch's
- * SyncBatchNorm leaves them). j's pointers are on dev (w f32 contiguous);
- * the host works on copies: the [2, C] statistics and w in, dw and db out,
- * the sums in and the input gradient's coefficients out. */
-static lk_status bn_sync_backward(lk_device dev, const bn_bwd_job *j, const bn_sync *sy) {
+ * SyncBatchNorm leaves them). j's pointers are on dev (w f32 contiguous),
+ * count is the forward's global count (device memory, the forward's
+ * reduced buffer); the finish (dw, db and the apply pass's coefficients)
+ * runs on dev (LK_OP_BN_FINISH_BACKWARD). */
+static lk_status bn_sync_backward(lk_device dev, const bn_bwd_job *j, const bn_sync *sy, const double *count) {
     long N = j->N, C = j->C, S = j->S;
     size_t nc = (size_t)(C > 0 ? C : 0);
-    double *tot = lk_malloc((4 * nc + 1) * sizeof *tot); /* this rank's [2C], then every rank's [2C] */
-    /* host: k [4C] (mean, k0, k1, k2 per channel), stats [2C] (mean, invstd), w [C], dw [C], db [C] */
-    float *k = lk_malloc((9 * nc + 1) * sizeof *k), *hs = k ? k + 4 * nc : NULL, *hw = k ? hs + 2 * nc : NULL,
-          *hdw = k ? hw + nc : NULL, *hdb = k ? hdw + nc : NULL;
     bn_dbuf dtot = {0}, dk = {0};
-    lk_status st = tot && k ? LK_STATUS_OK : LK_STATUS_OUT_OF_MEMORY;
-    if (!st) st = dbuf_alloc(dev, LK_F64, 4 * nc, &dtot);
+    /* this rank's [2C], then every rank's [2C] */
+    lk_status st = dbuf_alloc(dev, LK_F64, 4 * nc, &dtot);
+    double *mine = dtot.p, *all = mine ? mine + 2 * nc : NULL;
     if (!st) st = bn_split_run(dev, LK_OP_BN_STATS, N, C, S, LK_BN_GRAD, false, j->xt, j->xd, j->gt, j->gd, j->mean,
-                               LK_F64, dtot.p);
-    if (!st) st = bn_reduce(sy, dev, dtot.p, tot, 2 * nc, true);
-    const double *all = tot + 2 * nc;
-    if (!st) st = to_host(hs, dev, j->mean, 2 * nc * sizeof *hs); /* mean and invstd: one [2, C] tensor */
-    if (!st && j->w) st = to_host(hw, dev, j->w, nc * sizeof *hw);
-    for (long c = 0; !st && c < C; c++) {
-        hdb[c] = (float)tot[c];
-        hdw[c] = (float)(tot[C + c] * hs[C + c]);
-    }
-    if (!st && j->db) st = to_dev(dev, j->db, hdb, nc * sizeof *hdb);
-    if (!st && j->dw) st = to_dev(dev, j->dw, hdw, nc * sizeof *hdw);
-    for (long c = 0; !st && j->dx && c < C; c++) {
-        float is = hs[C + c], k1 = (j->w ? hw[c] : 1.0f) * is;
-        k[c] = hs[c];
-        k[C + c] = (float)(-(double)k1 * all[c] / sy->count);
-        k[2 * C + c] = k1;
-        k[3 * C + c] = (float)(-(double)k1 * is * is * all[C + c] / sy->count);
-    }
+                               LK_F64, mine);
+    if (!st && nc) st = lk_device_copy(dev, all, dev, mine, 2 * nc * sizeof *mine);
+    if (!st) st = bn_reduce(sy, dev, all, 2 * nc);
     if (!st && j->dx) st = dbuf_alloc(dev, LK_F32, 4 * nc, &dk);
-    if (!st && j->dx) st = to_dev(dev, dk.p, k, 4 * nc * sizeof *k);
+    if (!st) {
+        lk_op_desc d = {.op = LK_OP_BN_FINISH_BACKWARD, .dtype = {LK_F64, LK_F32, LK_F64, LK_F32, LK_F32, LK_F32, LK_F32}};
+        d.bn_finish = (lk_bn_finish_params){.C = C};
+        /* mean and invstd: one [2, C] tensor */
+        st = lk__backend_run(dev, &d, (void *[]){mine, (void *)j->w, (void *)count, (void *)j->mean, j->dw, j->db, dk.p});
+    }
     if (!st && j->dx)
         st = bn_split_run(dev, LK_OP_BN_APPLY, N, C, S, LK_BN_SUM, true, j->xt, j->xd, j->gt, j->gd, dk.p, j->xt,
                           j->dx);
     dbuf_free(&dtot);
     dbuf_free(&dk);
-    lk_free(tot);
-    lk_free(k);
     return st;
 }
 
@@ -170,7 +151,9 @@ static void batch_norm_backward(lk_node *n, lk_tensor *gout) {
     bn_bwd_job job = {xd, gd, mean, invstd, wc ? wc->data : NULL, dx ? dx->data : NULL, dw ? dw->data : NULL,
                       db ? db->data : NULL, N, C, S, M, training, bn_width(xc->numel, C), xc->dtype, gout->dtype};
     if (n->extra && training) {
-        lk_status st = bn_sync_backward(xc->device, &job, n->extra);
+        /* the forward's reduced buffer (saved[2]): its last double is the count over every rank */
+        const double *count = (const double *)n->saved[2]->data + 2 * (C > 0 ? C : 0);
+        lk_status st = bn_sync_backward(xc->device, &job, n->extra, count);
         if (st) {
             lk_tensor_release(wc);
             goto done;
@@ -206,40 +189,6 @@ static lk_status check_channel_vec(const lk_tensor *t, const char *what, const l
     return LK_STATUS_OK;
 }
 
-/* A host copy of a per-channel vector of any float dtype at its stride
- * (SyncBatchNorm's scalars): the span from element 0 to element C-1, read
- * from the tensor's device and, for the running statistics, written back
- * whole (the elements between are copied back unchanged). */
-typedef struct {
-    lk_tensor *t; /* NULL: absent */
-    void *h;
-    size_t bytes;
-} host_vec;
-
-static lk_status vec_in(lk_tensor *t, long C, host_vec *v) {
-    *v = (host_vec){t, NULL, 0};
-    if (!t || C <= 0) return LK_STATUS_OK;
-    v->bytes = (size_t)((C - 1) * t->stride[0] + 1) * lk_dtype_size(t->dtype);
-    if (!(v->h = lk_malloc(v->bytes))) return LK_STATUS_OUT_OF_MEMORY;
-    return to_host(v->h, t->device, t->data, v->bytes);
-}
-static lk_status vec_out(const host_vec *v) { return v->h ? to_dev(v->t->device, v->t->data, v->h, v->bytes) : LK_STATUS_OK; }
-static void vec_free(host_vec *v) {
-    lk_free(v->h);
-    v->h = NULL;
-}
-static float vec_get(const host_vec *v, long c) {
-    const lk_tensor *t = v->t;
-    if (t->dtype == LK_F32) return ((const float *)v->h)[c * t->stride[0]];
-    uint16_t h = ((const uint16_t *)v->h)[c * t->stride[0]];
-    return t->dtype == LK_BF16 ? lk_bf16_bits_to_f32(h) : lk_f16_bits_to_f32(h);
-}
-static void vec_set(host_vec *v, long c, float x) {
-    const lk_tensor *t = v->t;
-    if (t->dtype == LK_F32) ((float *)v->h)[c * t->stride[0]] = x;
-    else ((uint16_t *)v->h)[c * t->stride[0]] = t->dtype == LK_BF16 ? lk_f32_to_bf16_bits(x) : lk_f32_to_f16_bits(x);
-}
-
 typedef struct {
     const void *xd; /* x and the output in x's dtype xt */
     void *od;
@@ -260,57 +209,52 @@ typedef struct {
  * all-reduce. The count is reduced, not assumed: a rank with a short last
  * batch weighs what it holds. The global mean and biased variance
  * normalise; the unbiased one (over the global count) feeds the running
- * variance. j->xd, j->od and j->stats are on dev: the sums come back to the
- * host (bn_reduce), the mean and invstd go to stats, the scale / shift to
- * the apply pass; the running statistics, weight and bias are read (and
- * the first two written) through host copies on their own devices. */
-static lk_status bn_sync_stats(lk_device dev, const bn_fwd_job *j, const bn_sync *sy_in, bn_sync *sy) {
+ * variance. Everything stays on dev (j->xd, j->od, j->stats and the
+ * per-channel tensors are there): the count is written by a fill, the
+ * finish (LK_OP_BN_FINISH) turns the reduced sums into the statistics, the
+ * running statistics' update and the apply pass's scale and shift. On
+ * success *sums is the reduced buffer (caller-owned), whose count the
+ * backward reads. */
+static lk_status bn_sync_stats(lk_device dev, const bn_fwd_job *j, const bn_sync *sy, lk_tensor **sums) {
     long N = j->N, C = j->C, S = j->S;
     size_t nc = (size_t)(C > 0 ? C : 0);
-    double *v = lk_malloc((2 * nc + 1) * sizeof *v); /* sum [C], sum of squares [C], count */
-    float *k = lk_malloc((4 * nc + 1) * sizeof *k); /* scale, shift per channel; then the host's [2, C] stats */
-    float *mean = k ? k + 2 * nc : NULL, *invstd = k ? mean + nc : NULL;
-    host_vec rm = {0}, rv = {0}, w = {0}, b = {0};
-    bn_dbuf dv = {0}, dk = {0};
-    lk_status st = v && k ? LK_STATUS_OK : LK_STATUS_OUT_OF_MEMORY;
-    if (!st) st = dbuf_alloc(dev, LK_F64, 2 * nc + 1, &dv);
+    bn_dbuf dv = {0}, dk = {0}; /* sum [C], sum of squares [C], count; scale, shift per channel */
+    lk_status st = dbuf_alloc(dev, LK_F64, 2 * nc + 1, &dv);
     if (!st) st = bn_split_run(dev, LK_OP_BN_STATS, N, C, S, LK_BN_MOMENTS, false, j->xt, j->xd, LK_F32, NULL, NULL,
                                LK_F64, dv.p);
-    if (!st) st = to_dev(dev, (double *)dv.p + 2 * nc, &j->M, sizeof j->M); /* the count rides along */
-    if (!st) st = bn_reduce(sy_in, dev, dv.p, v, 2 * nc + 1, false);
-    double M = st ? 0 : v[2 * nc];
-    if (!st && M <= 1.0)
-        st = lk_error(LK_STATUS_INVALID_ARGUMENT, "batch_norm (sync): expected more than 1 value per channel over all "
-                      "ranks when training, got %g", M);
-    if (!st) st = vec_in(j->running_mean, C, &rm);
-    if (!st) st = vec_in(j->running_var, C, &rv);
-    if (!st) st = vec_in(j->weight, C, &w);
-    if (!st) st = vec_in(j->bias, C, &b);
-    for (long c = 0; !st && c < C; c++) {
-        double m = v[c] / M, q = v[C + c] - v[c] * m; /* sum of squared deviations from the global mean */
-        if (q < 0) q = 0; /* rounding of a constant channel */
-        mean[c] = (float)m;
-        invstd[c] = (float)(1.0 / sqrt(q / M + (double)j->eps));
-        if (j->running_mean) {
-            vec_set(&rm, c, (1.0f - j->momentum) * vec_get(&rm, c) + j->momentum * mean[c]);
-            vec_set(&rv, c, (1.0f - j->momentum) * vec_get(&rv, c) + j->momentum * (float)(q / (M - 1)));
-        }
-        float scale = invstd[c] * (j->weight ? vec_get(&w, c) : 1.0f);
-        k[c] = scale;
-        k[C + c] = (j->bias ? vec_get(&b, c) : 0.0f) - mean[c] * scale;
+    if (!st) { /* the count rides along, written on the device (a fill, not a copy) */
+        lk_op_desc d = {.op = LK_OP_FILL, .dtype = {LK_F64}};
+        d.fill = (lk_fill_params){.ndim = 1, .shape = {1}, .sd = {1}, .value = j->M};
+        st = lk__backend_run(dev, &d, (void *[]){(double *)dv.p + 2 * nc});
     }
-    if (!st) st = to_dev(dev, j->stats, mean, 2 * nc * sizeof *mean); /* mean and invstd: one [2, C] tensor */
-    if (!st) st = vec_out(&rm);
-    if (!st) st = vec_out(&rv);
+    if (!st) st = bn_reduce(sy, dev, dv.p, 2 * nc + 1);
+    /* more than one value per channel over the ranks: certain when this rank
+     * holds more (every count is >= 0), so only a rank with at most one
+     * reads the reduced count back (8 bytes; no copy in a normal step) */
+    if (!st && j->M <= 1.0) {
+        double M = 0;
+        st = lk_device_copy(LK_DEVICE_CPU, &M, dev, (double *)dv.p + 2 * nc, sizeof M);
+        if (!st && M <= 1.0)
+            st = lk_error(LK_STATUS_INVALID_ARGUMENT, "batch_norm (sync): expected more than 1 value per channel over "
+                          "all ranks when training, got %g", M);
+    }
     if (!st) st = dbuf_alloc(dev, LK_F32, 2 * nc, &dk);
-    if (!st) st = to_dev(dev, dk.p, k, 2 * nc * sizeof *k);
+    if (!st) {
+        const lk_tensor *w = j->weight, *b = j->bias, *rm = j->running_mean, *rv = j->running_var;
+        lk_op_desc d = {.op = LK_OP_BN_FINISH,
+                        .dtype = {LK_F64, w ? w->dtype : LK_F32, b ? b->dtype : LK_F32, rm ? rm->dtype : LK_F32,
+                                  rv ? rv->dtype : LK_F32, LK_F32, LK_F32}};
+        d.bn_finish = (lk_bn_finish_params){C, j->eps, j->momentum,
+                                            {w ? w->stride[0] : 0, b ? b->stride[0] : 0, rm ? rm->stride[0] : 0,
+                                             rv ? rv->stride[0] : 0}};
+        /* mean and invstd into stats: one [2, C] tensor */
+        st = lk__backend_run(dev, &d, (void *[]){dv.p, w ? w->data : NULL, b ? b->data : NULL, rm ? rm->data : NULL,
+                                                 rv ? rv->data : NULL, j->stats, dk.p});
+    }
     if (!st) st = bn_split_run(dev, LK_OP_BN_APPLY, N, C, S, LK_BN_SUM, false, j->xt, j->xd, LK_F32, NULL, dk.p, j->xt, j->od);
-    *sy = (bn_sync){sy_in->red, sy_in->sum, sy_in->ctx, M};
-    vec_free(&rm), vec_free(&rv), vec_free(&w), vec_free(&b);
+    if (!st) *sums = lk_tensor_retain(dv.t);
     dbuf_free(&dv);
     dbuf_free(&dk);
-    lk_free(v);
-    lk_free(k);
     return st;
 }
 
@@ -324,14 +268,14 @@ lk_tensor *lk_batch_norm(lk_tensor *x, lk_tensor *running_mean, lk_tensor *runni
 
 lk_tensor *lk_batch_norm_sync(lk_tensor *x, lk_tensor *running_mean, lk_tensor *running_var, lk_tensor *weight,
                               lk_tensor *bias, bool training, float momentum, float eps, lk_sum_fn sum, void *ctx) {
-    bn_sync sy = {{0}, sum, ctx, 0};
+    bn_sync sy = {{0}, sum, ctx};
     return batch_norm_impl(x, running_mean, running_var, weight, bias, training, momentum, eps,
                            sum && training ? &sy : NULL);
 }
 
 lk_tensor *lk__batch_norm_sync_reducer(lk_tensor *x, lk_tensor *running_mean, lk_tensor *running_var, lk_tensor *weight,
                                        lk_tensor *bias, bool training, float momentum, float eps, const lk_bn_reducer *r) {
-    bn_sync sy = {r ? *r : (lk_bn_reducer){0}, NULL, NULL, 0};
+    bn_sync sy = {r ? *r : (lk_bn_reducer){0}, NULL, NULL};
     return batch_norm_impl(x, running_mean, running_var, weight, bias, training, momentum, eps,
                            r && r->sum && training ? &sy : NULL);
 }
@@ -379,9 +323,9 @@ static lk_tensor *batch_norm_impl(lk_tensor *x, lk_tensor *running_mean, lk_tens
     }
     bn_fwd_job job = {xc->data, out->data, stats->data, running_mean, running_var, weight, bias,
                       N, C, S, M, eps, momentum, training, bn_width(x->numel, C), x->dtype};
-    bn_sync used = {0};
+    lk_tensor *sums = NULL; /* SyncBatchNorm's reduced buffer: the backward reads its count */
     if (sync) {
-        lk_status st = bn_sync_stats(xc->device, &job, sync, &used);
+        lk_status st = bn_sync_stats(xc->device, &job, sync, &sums);
         if (st) {
             lk_tensor_release(xc);
             lk_tensor_release(stats);
@@ -418,15 +362,18 @@ static lk_tensor *batch_norm_impl(lk_tensor *x, lk_tensor *running_mean, lk_tens
         n->a.i[2] = ib;
         n->saved[0] = lk_tensor_retain(xc);
         n->saved[1] = lk_tensor_retain(stats);
-        if (sync && !(n->extra = lk_malloc(sizeof used))) { /* the backward could not sync */
+        n->saved[2] = lk_tensor_retain(sums);
+        if (sync && !(n->extra = lk_malloc(sizeof *sync))) { /* the backward could not sync */
             lk_tensor_release(xc);
             lk_tensor_release(stats);
+            lk_tensor_release(sums);
             lk_tensor_release(out);
             return NULL;
         }
-        if (sync) memcpy(n->extra, &used, sizeof used);
+        if (sync) memcpy(n->extra, sync, sizeof *sync);
     }
     lk_tensor_release(xc);
     lk_tensor_release(stats);
+    lk_tensor_release(sums);
     return lk__op_result(out);
 }

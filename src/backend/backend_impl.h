@@ -251,6 +251,31 @@ typedef struct lk_bn_split_params {
     bool backward;   /* BN_APPLY */
 } lk_bn_split_params;
 
+/* LK_OP_BN_FINISH / _BACKWARD: SyncBatchNorm's per-channel values between
+ * its all-reduce and the next pass, on the op's device (so a step with
+ * SyncBatchNorm neither waits for a host copy nor stops a graph capture);
+ * one thread per channel, PyTorch's SyncBatchNorm arithmetic (ops_norm.c):
+ *   forward  (sums, w, b, running_mean, running_var, stats, coef): sums is
+ *     the reduced f64 [2C + 1] of BN_STATS' MOMENTS plus the count M over
+ *     every rank; stats [2, C] = the global mean and invstd (biased
+ *     variance, eps), coef [2, C] = BN_APPLY's scale and shift; the running
+ *     statistics (both or neither; strided, elements) move by momentum
+ *     towards the mean and the unbiased variance (over M). w, b may be NULL
+ *     (1 and 0); w, b, the running statistics may be strided (stride: w, b,
+ *     running_mean, running_var) and 16-bit (widened, ops.def).
+ *   backward (sums, w, count, stats, dw, db, coef): sums f64 [4C] is this
+ *     rank's BN_STATS GRAD [2C] then the reduced [2C]; w f32 contiguous or
+ *     NULL; count the forward's M (f64 [1], device memory: sums[2C] of the
+ *     forward); stats the forward's; db = this rank's sum of g, dw = this
+ *     rank's sum of g (x - mean) times invstd (each NULL: not written);
+ *     coef [4, C] (NULL: not written) = BN_APPLY backward's mean, k0, k1, k2
+ *     from the reduced sums. */
+typedef struct lk_bn_finish_params {
+    long C;
+    float eps, momentum; /* forward */
+    int64_t stride[4];   /* forward: w, b, running_mean, running_var */
+} lk_bn_finish_params;
+
 /* LK_OP_CLAMP over n contiguous elements (x and y may be the same array). */
 typedef struct lk_clamp_params {
     int64_t n;
@@ -403,6 +428,7 @@ typedef struct lk_op_desc {
         lk_copy_params copy;
         lk_fill_params fill;
         lk_bn_split_params bn_split;
+        lk_bn_finish_params bn_finish;
         lk_clamp_params clamp;
         lk_accuracy_params accuracy;
         lk_dropout_mask_params dropout_mask;

@@ -53,6 +53,8 @@ static const lk_op_field embedding_f[] = {F(embedding, n), F(embedding, V), F(em
 static const lk_op_field copy_f[] = {F(copy, ndim), F(copy, shape), F(copy, ss), F(copy, sd), F(copy, accumulate)};
 static const lk_op_field fill_f[] = {F(fill, ndim), F(fill, shape), F(fill, sd), F(fill, value)};
 static const lk_op_field bn_split_f[] = {F(bn_split, N), F(bn_split, C), F(bn_split, S), F(bn_split, stat), F(bn_split, backward)};
+static const lk_op_field bn_finish_f[] = {F(bn_finish, C), F(bn_finish, eps), F(bn_finish, momentum), F(bn_finish, stride)};
+static const lk_op_field bn_finish_bwd_f[] = {F(bn_finish, C)};
 static const lk_op_field accuracy_f[] = {F(accuracy, N), F(accuracy, C)};
 static const lk_op_field dropout_mask_f[] = {F(dropout_mask, n),    F(dropout_mask, key),    L(dropout_mask, ctr),
                                        L(dropout_mask, head), L(dropout_mask, head_n), F(dropout_mask, thr)};

@@ -113,6 +113,20 @@ bool lk__op_operand_extent(const lk_op_desc *d, int i, int64_t *count, int64_t *
         *written = i == 3;
         return true;
     }
+    case LK_OP_BN_FINISH: { /* sums [2C + 1], w, b, running_mean, running_var, stats [2C], coef [2C] */
+        const lk_bn_finish_params *p = &d->bn_finish;
+        int64_t C = p->C;
+        *count = i == 0 ? 2 * C + 1 : i >= 5 ? 2 * C : C;
+        if (i >= 1 && i <= 4) *stride = p->stride[i - 1];
+        *written = i >= 3;
+        return true;
+    }
+    case LK_OP_BN_FINISH_BACKWARD: { /* sums [4C], w, count [1], stats [2C], dw, db, coef [4C] */
+        int64_t C = d->bn_finish.C;
+        *count = i == 0 || i == 6 ? 4 * C : i == 2 ? 1 : i == 3 ? 2 * C : C;
+        *written = i >= 4;
+        return true;
+    }
     case LK_OP_ATTENTION: /* qkv, y, lse */
     case LK_OP_ATTENTION_BACKWARD: { /* qkv, y, lse, dy, dqkv */
         const lk_attention_params *p = &d->attention;
@@ -306,6 +320,13 @@ const char *lk__op_desc_str(const lk_op_desc *d, char *buf, size_t size) {
     case LK_OP_BN_APPLY:
         snprintf(buf, size, "bn_apply%s x %s -> %s (%ldx%ldx%ld)", d->bn_split.backward ? " backward" : "", DT(0),
                  DT(3), d->bn_split.N, d->bn_split.C, d->bn_split.S);
+        return buf;
+    case LK_OP_BN_FINISH:
+        snprintf(buf, size, "bn_finish sums %s, w %s, b %s, running %s/%s -> %s (C=%ld)", DT(0), DT(1), DT(2), DT(3),
+                 DT(4), DT(5), d->bn_finish.C);
+        return buf;
+    case LK_OP_BN_FINISH_BACKWARD:
+        snprintf(buf, size, "bn_finish_backward sums %s, w %s -> %s (C=%ld)", DT(0), DT(1), DT(6), d->bn_finish.C);
         return buf;
     case LK_OP_CLIP_COEF:
         snprintf(buf, size, "clip_coef p=%g max_norm=%g %s -> %s (%lld)", d->clip.p, d->clip.max_norm, DT(0), DT(1),

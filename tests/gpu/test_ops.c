@@ -258,7 +258,7 @@ static void run_case(const op_case *c) {
 
 /* ---- the case table ------------------------------------------------------------ */
 
-#define MAXC 384
+#define MAXC 416
 static op_case table[MAXC];
 static int ncases;
 
@@ -294,6 +294,22 @@ static void attention_consistent(const op_case *c, void **h) {
         else ((float *)h[1])[i] = y[i];
     }
     free(q);
+}
+
+/* SyncBatchNorm's finish on sums a forward all-reduce could give: the
+ * count (70, over two ranks of [5, C, 7]) after the [2C] sums, a sum of
+ * squares at least sum^2 / count (a variance >= 0), and one channel whose
+ * rounding goes below it (the clamp at 0); the backward's count operand. */
+static void bn_finish_sums(const op_case *c, void **h) {
+    long C = c->d.bn_finish.C;
+    double *v = h[0], M = 70.0;
+    if (c->d.op == LK_OP_BN_FINISH_BACKWARD) {
+        *(double *)h[2] = M;
+        return;
+    }
+    for (long k = 0; k < C; k++) v[C + k] = fabs(v[C + k]) * M + v[k] * v[k] / M;
+    v[C] = v[0] * v[0] / M * (1.0 - 1e-15);
+    v[2 * C] = M;
 }
 
 /* The non-finite ops need some: an inf at 777 and a NaN at 1500. */
@@ -968,6 +984,29 @@ static void build_table(void) {
         dts(c, sdt[k], LK_F32, sdt[k], 0);
         c->d.clip = (lk_clip_params){.n = 2000};
         ops(c, 0, 2000, I_RAND, 0), ops(c, 1, 1, I_POS, 0), ops(c, 2, 2000, I_RAND, 0);
+    }
+    /* SyncBatchNorm's per-channel finish over C = 6: the forward with weight (stride 2), bias and running
+     * statistics (running_var stride 3) in f32, bf16 and f16 (widened), and with none of them; the backward
+     * with every output and with only dw and db (no input gradient, no weight). Last in the table, so the
+     * cases before it keep the random inputs they had. */
+    for (int k = 0; k < 4; k++) {
+        lk_dtype pt = k == 1 ? LK_BF16 : k == 2 ? LK_F16 : LK_F32;
+        bool bare = k == 3;
+        c = add(NAME("bn_finish%s%s", bare ? "_bare" : "_", bare ? "" : lk_dtype_name(pt)), LK_OP_BN_FINISH, T_EXACT);
+        for (int i = 0; i < 7; i++) c->d.dtype[i] = i == 0 ? LK_F64 : i <= 4 ? pt : LK_F32;
+        c->d.bn_finish = (lk_bn_finish_params){6, 1e-5f, 0.1f, {bare ? 0 : 2, bare ? 0 : 1, bare ? 0 : 1, bare ? 0 : 3}};
+        init_kind p = bare ? I_NULL : I_RAND;
+        ops(c, 0, 13, I_RAND, 0), ops(c, 1, 12, p, 0), ops(c, 2, 6, p, 0), ops(c, 3, 6, p, 0);
+        ops(c, 4, 18, bare ? I_NULL : I_POS, 0), ops(c, 5, 12, I_RAND, 0), ops(c, 6, 12, I_RAND, 0);
+        c->fix = bn_finish_sums;
+    }
+    for (int k = 0; k < 2; k++) {
+        c = add(NAME("bn_finish_backward%s", k ? "_no_dx" : ""), LK_OP_BN_FINISH_BACKWARD, T_EXACT);
+        for (int i = 0; i < 7; i++) c->d.dtype[i] = i == 0 || i == 2 ? LK_F64 : LK_F32;
+        c->d.bn_finish = (lk_bn_finish_params){.C = 6};
+        ops(c, 0, 24, I_RAND, 0), ops(c, 1, 6, k ? I_NULL : I_RAND, 0), ops(c, 2, 1, I_POS, 0);
+        ops(c, 3, 12, I_POS, 0), ops(c, 4, 6, I_RAND, 0), ops(c, 5, 6, I_RAND, 0), ops(c, 6, 24, k ? I_NULL : I_RAND, 0);
+        c->fix = bn_finish_sums;
     }
 #undef NAME
 }

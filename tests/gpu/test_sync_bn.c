@@ -4,10 +4,11 @@
  * and bias gradients — for an f32 and a bf16 (autocast) input. The
  * all-reduce is a fake one of two identical ranks (every sum doubled), so
  * the count over ranks differs from this process's. ops_norm.c keeps the
- * per-channel values between the passes in device buffers and computes the
- * scalars on the host from copies; a host read of device memory left there
- * would crash, so the run is in a child process and a signal is reported as
- * a failure. The kernels are the CPU's bodies (gpu_ops checks them one by
+ * per-channel values between the passes in device buffers and finishes
+ * them on the device (BN_FINISH); the caller's function sums host doubles,
+ * so the sums are staged through the host; a host read of device memory
+ * would crash, so the run is in a child process and a signal is reported
+ * as a failure. The kernels are the CPU's bodies (gpu_ops checks them one by
  * one); tolerance 1e-5 relative plus 1e-6 of the largest magnitude, 16-bit
  * results one bf16 ulp more.
  *

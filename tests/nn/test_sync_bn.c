@@ -143,4 +143,33 @@ static void split_batch_matches_whole(void) {
     CHECK_MSG(failed == 0, "%d of %d ranks differ from the whole batch", failed, WORLD);
 }
 
-LK_TEST_MAIN(LK_TEST_CASE(split_batch_matches_whole))
+/* The check that the ranks hold more than one value per channel, which
+ * reads the reduced count back only on a rank that holds at most one
+ * itself: alone with one sample it is an error naming the count, and the
+ * running statistics are left as they were; with a peer holding three
+ * more the same sample normalises (over the count of four). */
+static lk_status alone(void *ctx, double *v, int n) { return (void)ctx, (void)v, (void)n, LK_STATUS_OK; }
+static lk_status with_peer(void *ctx, double *v, int n) {
+    (void)ctx;
+    for (int i = 0; i < n - 1; i++) v[i] += 1.0 + i; /* the peer's sums (any; the sums of squares stay large enough) */
+    v[n - 1] += 3.0; /* and its count */
+    return LK_STATUS_OK;
+}
+static void one_value_per_channel(void) {
+    float xv[C] = {0.5f, -1.0f, 2.0f}, ones[C] = {1, 1, 1}, zeros[C] = {0, 0, 0};
+    lk_tensor *x = lk_tensor_from_data(LK_F32, LK_SHAPE(1, C), xv);
+    lk_tensor *rm = lk_tensor_from_data(LK_F32, LK_SHAPE(C), zeros), *rv = lk_tensor_from_data(LK_F32, LK_SHAPE(C), ones);
+    CHECK(lk_batch_norm_sync(x, rm, rv, NULL, NULL, true, 0.1f, 1e-5f, alone, NULL) == NULL);
+    CHECK_MSG(strstr(lk_last_error(), "expected more than 1 value per channel over all ranks when training, got 1"),
+              "error: %s", lk_last_error());
+    CHECK(!memcmp(rm->data, zeros, sizeof zeros) && !memcmp(rv->data, ones, sizeof ones));
+    lk_tensor *y = lk_batch_norm_sync(x, rm, rv, NULL, NULL, true, 0.1f, 1e-5f, with_peer, NULL);
+    CHECK_MSG(y != NULL, "with a peer: %s", lk_last_error());
+    CHECK(memcmp(rm->data, zeros, sizeof zeros) != 0);
+    lk_tensor_release(y);
+    lk_tensor_release(x);
+    lk_tensor_release(rm);
+    lk_tensor_release(rv);
+}
+
+LK_TEST_MAIN(LK_TEST_CASE(split_batch_matches_whole), LK_TEST_CASE(one_value_per_channel))

@@ -4,9 +4,11 @@
  *  - over the device-reading test communicator (tests/sealed_comm.h,
  *    nccl's shape): the batch norm hands it its device buffer, one f64
  *    all-reduce of device memory in the forward and one in the backward,
- *    and no host collective;
- *  - over shm (host memory only): the sums travel through a host copy, the
- *    device-reading communicator sees nothing;
+ *    no host collective, and no copy between the device and the host in
+ *    the whole forward and backward (the per-channel finish runs on the
+ *    device: LK_OP_BN_FINISH);
+ *  - over shm (host memory only): the sums travel through a host copy, out
+ *    and back once per pass, the device-reading communicator sees nothing;
  * and both give the bits of the same ranks on the CPU over shm: output,
  * running statistics, every gradient. */
 #include <sys/wait.h>
@@ -40,6 +42,7 @@ typedef struct {
     float v[MAXV];
     int n;
     long fwd_dev, fwd_host, bwd_dev, bwd_host; /* the device-reading communicator's collectives */
+    long fwd_out, fwd_in, bwd_out, bwd_in; /* the device's copies to and from the host */
     unsigned dtypes;
 } result;
 
@@ -69,10 +72,18 @@ static int run(lk_device dev, lk_comm *comm, int rank, result *res) {
     int rc = 0;
     if (lk_device_set_thread_default(&dev)) rc = 1;
     sealed_comm_stats s0 = sealed_comm_get_stats();
+    sealed_stats c0 = sealed_get_stats();
     lk_tensor *y = rc ? NULL : lk_layer_forward(net, xd);
     sealed_comm_stats s1 = sealed_comm_get_stats();
+    sealed_stats c1 = sealed_get_stats();
     lk_status st = y ? lk_backward(lk_mse_loss(y, td, LK_REDUCTION_MEAN)) : lk_last_status();
     sealed_comm_stats s2 = sealed_comm_get_stats();
+    sealed_stats c2 = sealed_get_stats();
+    /* less the test communicator's own copies to its host stand-ins (nccl reads the device buffer itself) */
+    res->fwd_out = c1.copies_out - c0.copies_out - (s1.stand_in_out - s0.stand_in_out);
+    res->fwd_in = c1.copies_in - c0.copies_in - (s1.stand_in_in - s0.stand_in_in);
+    res->bwd_out = c2.copies_out - c1.copies_out - (s2.stand_in_out - s1.stand_in_out);
+    res->bwd_in = c2.copies_in - c1.copies_in - (s2.stand_in_in - s1.stand_in_in);
     lk_device_set_thread_default(NULL);
     if (st) rc = (fprintf(stderr, "rank %d: %s\n", rank, lk_last_error()), 1);
     res->fwd_dev = s1.dev_all_reduce - s0.dev_all_reduce, res->fwd_host = s1.host_colls - s0.host_colls;
@@ -129,12 +140,21 @@ static int rank_main(int rank, const char *job) {
             bad++, fprintf(stderr, "rank %d: forward %ld device all-reduces and %ld host collectives, backward %ld and %ld "
                            "(expected 1 and 0 each way)\n", rank, on_dev.fwd_dev, on_dev.fwd_host, on_dev.bwd_dev,
                            on_dev.bwd_host);
+        if (on_dev.fwd_out || on_dev.fwd_in || on_dev.bwd_out || on_dev.bwd_in)
+            bad++, fprintf(stderr, "rank %d: over the device-reading communicator the forward copied %ld times to the "
+                           "host and %ld to the device, the backward %ld and %ld (expected none)\n", rank, on_dev.fwd_out,
+                           on_dev.fwd_in, on_dev.bwd_out, on_dev.bwd_in);
+        if (staged.fwd_out != 1 || staged.fwd_in != 1 || staged.bwd_out != 1 || staged.bwd_in != 1)
+            bad++, fprintf(stderr, "rank %d: staged over shm the forward copied %ld times to the host and %ld to the "
+                           "device, the backward %ld and %ld (expected 1 each: the sums out and back)\n", rank,
+                           staged.fwd_out, staged.fwd_in, staged.bwd_out, staged.bwd_in);
         if (on_dev.dtypes != 1u << LK_F64) bad++, fprintf(stderr, "rank %d: device all-reduce dtypes 0x%x\n", rank, on_dev.dtypes);
         if (staged.fwd_dev || staged.fwd_host || staged.bwd_dev || staged.bwd_host)
             bad++, fprintf(stderr, "rank %d: the staged run used the device-reading communicator\n", rank);
         if (rank == 0 && !bad)
             printf("ok   sealed:%d over a device-reading communicator: 1 f64 all-reduce of device memory forward, 1 "
-                   "backward; staged over shm; both the CPU's bits (%d values)\n", rank, cpu.n);
+                   "backward, no copy to or from the host; staged over shm: the sums out and back once per pass; "
+                   "both the CPU's bits (%d values)\n", rank, cpu.n);
     }
     lk_comm_free(devc);
     lk_comm_free(shm);

@@ -93,6 +93,14 @@ static bool cpu_supports(const lk_op_desc *d) {
                (unsigned)d->bn_split.stat <= LK_BN_MOMENTS;
     case LK_OP_BN_APPLY:
         return d->dtype[0] == LK_F32 && d->dtype[1] == LK_F32 && d->dtype[2] == LK_F32 && d->dtype[3] == LK_F32;
+    case LK_OP_BN_FINISH: /* 16-bit w, b, running statistics widen (ops.def) */
+        for (int i = 1; i < 7; i++)
+            if (d->dtype[i] != LK_F32 && !is_half(d->dtype[i])) return false;
+        return d->dtype[0] == LK_F64 && d->bn_finish.C >= 0;
+    case LK_OP_BN_FINISH_BACKWARD:
+        for (int i = 0; i < 7; i++)
+            if (d->dtype[i] != (i == 0 || i == 2 ? LK_F64 : LK_F32)) return false;
+        return d->bn_finish.C >= 0;
     case LK_OP_CLIP_COEF:
         return d->dtype[0] == LK_F64 && d->dtype[1] == LK_F32 && d->clip.n >= 0 &&
                (d->clip.p == 1.0 || d->clip.p == 2.0 || (isinf(d->clip.p) && d->clip.p > 0));

@@ -58,7 +58,8 @@ LK_ISA_DECLARE(lk_status, lk__cpu_layer_norm, (const lk_op_desc *d, void *const 
 /* norm.c: LK_OP_BATCH_NORM and LK_OP_BATCH_NORM_BACKWARD, f32. */
 LK_ISA_DECLARE(lk_status, lk__cpu_batch_norm, (const lk_op_desc *d, void *const *x));
 bool lk__cpu_bn_native_half(const lk_op_desc *d, void *const *x);
-/* norm.c: LK_OP_BN_STATS and LK_OP_BN_APPLY (SyncBatchNorm's passes), f32. */
+/* norm.c: LK_OP_BN_STATS, LK_OP_BN_APPLY and LK_OP_BN_FINISH(_BACKWARD) (SyncBatchNorm's
+ * passes and its per-channel finish), f32 (sums f64). */
 LK_ISA_DECLARE(lk_status, lk__cpu_bn_split, (const lk_op_desc *d, void *const *x));
 /* optim.c: LK_OP_OPTIM_UPDATE, f32. */
 LK_ISA_DECLARE(lk_status, lk__cpu_optim_update, (const lk_op_desc *d, void *const *x));

@@ -3,8 +3,9 @@
  * asked) and the fused backward (dx, and dw/db accumulated). Batch norm (one
  * process's statistics): per channel, on the plane kernels of
  * kernels/conv.h, whole channels per compute thread. SyncBatchNorm's
- * passes either side of its all-reduces (BN_STATS, BN_APPLY) run serially,
- * channel by channel, as they did in ops_norm.c. */
+ * passes either side of its all-reduces (BN_STATS, BN_APPLY) and the
+ * per-channel finish after each all-reduce (BN_FINISH, _BACKWARD) run
+ * serially, channel by channel, as they did in ops_norm.c. */
 #include <math.h>
 #include <string.h>
 
@@ -274,7 +275,25 @@ __attribute__((noinline)) static void bn_dx_pass(const float *xd, const float *g
                                    k[3 * C + c], dx + (i * C + c) * S);
 }
 
+/* SyncBatchNorm's per-channel finish between its all-reduce and the next
+ * pass (lk_bn_finish_params): C values, serial. */
+static void bn_finish(const lk_op_desc *d, void *const *x) {
+    const lk_bn_finish_params *p = &d->bn_finish;
+    if (d->op == LK_OP_BN_FINISH) {
+        for (long c = 0; c < p->C; c++)
+            lk_k_bn_finish_channel(x[0], p->C, c, p->eps, p->momentum, x[1], p->stride[0], x[2], p->stride[1], x[3],
+                                   p->stride[2], x[4], p->stride[3], x[5], x[6]);
+        return;
+    }
+    double M = *(const double *)x[2];
+    for (long c = 0; c < p->C; c++) lk_k_bn_finish_backward_channel(x[0], p->C, c, x[1], M, x[3], x[4], x[5], x[6]);
+}
+
 lk_status LK_ISA(lk__cpu_bn_split)(const lk_op_desc *d, void *const *x) {
+    if (d->op == LK_OP_BN_FINISH || d->op == LK_OP_BN_FINISH_BACKWARD) {
+        bn_finish(d, x);
+        return LK_STATUS_OK;
+    }
     const lk_bn_split_params *p = &d->bn_split;
     long N = p->N, C = p->C, S = p->S;
     if (d->op == LK_OP_BN_STATS) {

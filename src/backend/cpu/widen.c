@@ -101,6 +101,7 @@ lk_status lk__cpu_run_widened(const lk_op_desc *d, void *const *x,
                 buf[i][k] = d->dtype[i] == LK_BF16 ? lk_bf16_bits_to_f32(h[k * stride]) : lk_f16_bits_to_f32(h[k * stride]);
         ops[i] = buf[i];
         if (d->op == LK_OP_BATCH_NORM && i >= 1 && i <= 4) f.batch_norm.stride[i - 1] = 1;
+        if (d->op == LK_OP_BN_FINISH && i >= 1 && i <= 4) f.bn_finish.stride[i - 1] = 1; /* widened contiguous */
     }
     if ((st = run(&f, ops))) goto done;
     for (int i = 0; i < n; i++) {

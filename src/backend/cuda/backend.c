@@ -136,6 +136,14 @@ static bool cuda_supports(const lk_op_desc *d) {
         return d->dtype[0] == LK_F32 && d->dtype[1] == LK_F32 && d->dtype[2] == LK_F32 && d->dtype[3] == LK_F64 &&
                (unsigned)d->bn_split.stat <= LK_BN_MOMENTS;
     case LK_OP_BN_APPLY: return all_f32(d);
+    case LK_OP_BN_FINISH: /* 16-bit w, b, running statistics widen (ops.def), as the CPU */
+        for (int i = 1; i < 7; i++)
+            if (d->dtype[i] != LK_F32) return false;
+        return d->dtype[0] == LK_F64 && d->bn_finish.C >= 0;
+    case LK_OP_BN_FINISH_BACKWARD:
+        for (int i = 0; i < 7; i++)
+            if (d->dtype[i] != (i == 0 || i == 2 ? LK_F64 : LK_F32)) return false;
+        return d->bn_finish.C >= 0;
     case LK_OP_ATTENTION: /* f32 (16-bit operands widen: ops.def), as the CPU */
     case LK_OP_ATTENTION_BACKWARD:
         return all_f32(d) && d->attention.D >= 1 && d->attention.D <= LK_ATTENTION_MAX_D && d->attention.thr >= 0 &&

@@ -179,6 +179,21 @@ __global__ void k_bn_apply(lk_bn_split_params p, const float *xd, const float *g
     }
 }
 
+/* SyncBatchNorm's per-channel finish (lk_bn_finish_params), one thread per
+ * channel: the CPU's body (kernels/conv.h), so the values between the
+ * all-reduce and the next pass never leave the device. */
+__global__ void k_bn_finish(lk_bn_finish_params p, const double *sums, const float *w, const float *b, float *rm,
+                            float *rv, float *stats, float *coef) {
+    LK_CU_FOR(c, p.C)
+    lk_k_bn_finish_channel(sums, p.C, (long)c, p.eps, p.momentum, w, p.stride[0], b, p.stride[1], rm, p.stride[2], rv,
+                           p.stride[3], stats, coef);
+}
+
+__global__ void k_bn_finish_backward(lk_bn_finish_params p, const double *sums, const float *w, const double *count,
+                                     const float *stats, float *dw, float *db, float *coef) {
+    LK_CU_FOR(c, p.C) lk_k_bn_finish_backward_channel(sums, p.C, (long)c, w, *count, stats, dw, db, coef);
+}
+
 } // namespace
 
 extern "C" int lk__cuda_conv(const lk_op_desc *d, void *const *x) {
@@ -245,6 +260,18 @@ extern "C" int lk__cuda_conv(const lk_op_desc *d, void *const *x) {
                                                             (const float *)x[2], (float *)x[3]);
         break;
     }
+    case LK_OP_BN_FINISH:
+        if (d->bn_finish.C > 0)
+            k_bn_finish<<<lk_cu_blocks(d->bn_finish.C), LK_CU_THREADS, 0, lk_cu_stream()>>>(
+                d->bn_finish, (const double *)x[0], (const float *)x[1], (const float *)x[2], (float *)x[3],
+                (float *)x[4], (float *)x[5], (float *)x[6]);
+        break;
+    case LK_OP_BN_FINISH_BACKWARD:
+        if (d->bn_finish.C > 0)
+            k_bn_finish_backward<<<lk_cu_blocks(d->bn_finish.C), LK_CU_THREADS, 0, lk_cu_stream()>>>(
+                d->bn_finish, (const double *)x[0], (const float *)x[1], (const double *)x[2], (const float *)x[3],
+                (float *)x[4], (float *)x[5], (float *)x[6]);
+        break;
     default: return (int)cudaErrorInvalidValue;
     }
     return (int)cudaGetLastError();

@@ -12,7 +12,8 @@
  *     accuracy's hit count (into device memory: no synchronisation);
  *   optim.cu: the optimizer updates (SGD, Adam/AdamW, RMSprop);
  *   conv.cu: im2col, col2im, bias add, bias gradient, pooling, batch norm,
- *     SyncBatchNorm's passes (BN_STATS, BN_APPLY) (f32; im2col also 16-bit);
+ *     SyncBatchNorm's passes (BN_STATS, BN_APPLY) and its per-channel finish
+ *     (BN_FINISH, _BACKWARD) (f32; im2col also 16-bit);
  *   widen.cu: the bf16/f16 forms of the f32-only families (pooling, the
  *     norms, SyncBatchNorm's passes, embedding's backward, bias add and
  *     gradient): widened into f32 scratch, the f32 launcher, rounded once.

@@ -1,7 +1,8 @@
 /* The CUDA backend's bf16/f16 path for the families whose kernels are f32
  * only — pooling and its adjoint, layer and batch norm and their backward,
- * SyncBatchNorm's passes (BN_STATS, BN_APPLY), embedding's scatter-add, the
- * convolution's bias add and bias gradient — with the CPU backend's
+ * SyncBatchNorm's passes and finish (BN_STATS, BN_APPLY, BN_FINISH),
+ * embedding's scatter-add, the convolution's bias add and bias gradient —
+ * with the CPU backend's
  * semantics (src/backend/cpu/widen.c): every 16-bit operand is widened into
  * f32 scratch (exact), the f32 launcher runs on an all-f32 copy of the
  * descriptor (the same kernels/ bodies as the CPU), and the operands the op
@@ -54,6 +55,7 @@ extern "C" int lk__cuda_widened(const lk_op_desc *d, void *const *x, lk__cuda_la
         at += (size_t)count[i];
         ops[i] = buf[i];
         if (d->op == LK_OP_BATCH_NORM && i >= 1 && i <= 4) f.batch_norm.stride[i - 1] = 1;
+        if (d->op == LK_OP_BN_FINISH && i >= 1 && i <= 4) f.bn_finish.stride[i - 1] = 1; /* widened contiguous */
         if (count[i] > 0) {
             k_widen<<<lk_cu_blocks(count[i]), LK_CU_THREADS, 0, lk_cu_stream()>>>(count[i], x[i], (int)d->dtype[i], stride[i], buf[i]);
             e = cudaGetLastError();

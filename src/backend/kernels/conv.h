@@ -370,4 +370,51 @@ LK_KERNEL void lk_k_bn_backward_plane(const float *LK_KC_RESTRICT dy, const floa
     for (; i < S; i++) dx[i] = dy[i] * k1 + (x[i] - mean) * k2 + k0;
 }
 
+/* SyncBatchNorm's forward finish for channel c (lk_bn_finish_params): from
+ * the reduced sums (sum, sum of squares, count M at sums[2C]) the global
+ * mean and invstd into stats [2, C], the running statistics' update (NULL
+ * rm: none; rv then unused) and the apply pass's scale and shift into coef
+ * [2, C]. The arithmetic, order and roundings of the host code it replaced
+ * (ops_norm.c), so the CPU's bits did not move: the variance is the sum of
+ * squares less sum * mean in double, clamped at 0 (rounding of a constant
+ * channel), biased (over M) to normalise, unbiased (over M - 1) for the
+ * running variance; the running statistics move in f32. */
+LK_KERNEL void lk_k_bn_finish_channel(const double *sums, long C, long c, float eps, float momentum, const float *w,
+                                      int64_t sw, const float *b, int64_t sb, float *rm, int64_t srm, float *rv,
+                                      int64_t srv, float *stats, float *coef) {
+    double M = sums[2 * C];
+    double m = sums[c] / M, q = sums[C + c] - sums[c] * m;
+    if (q < 0) q = 0;
+    float mean = (float)m, invstd = (float)(1.0 / sqrt(q / M + (double)eps));
+    stats[c] = mean;
+    stats[C + c] = invstd;
+    if (rm) {
+        rm[c * srm] = (1.0f - momentum) * rm[c * srm] + momentum * mean;
+        rv[c * srv] = (1.0f - momentum) * rv[c * srv] + momentum * (float)(q / (M - 1));
+    }
+    float scale = invstd * (w ? w[c * sw] : 1.0f);
+    coef[c] = scale;
+    coef[C + c] = (b ? b[c * sb] : 0.0f) - mean * scale;
+}
+
+/* SyncBatchNorm's backward finish for channel c: sums [4C] is this rank's
+ * (sum of g, of g (x - mean)) then every rank's; M the forward's global
+ * count. db and dw are this rank's (DDP averages them), coef [4, C] the
+ * input gradient's mean, k0, k1, k2 from every rank's sums; NULL outputs are
+ * not written. The host code's arithmetic, as the forward's. */
+LK_KERNEL void lk_k_bn_finish_backward_channel(const double *sums, long C, long c, const float *w, double M,
+                                               const float *stats, float *dw, float *db, float *coef) {
+    const double *all = sums + 2 * C;
+    float is = stats[C + c];
+    if (db) db[c] = (float)sums[c];
+    if (dw) dw[c] = (float)(sums[C + c] * is);
+    if (coef) {
+        float k1 = (w ? w[c] : 1.0f) * is;
+        coef[c] = stats[c];
+        coef[C + c] = (float)(-(double)k1 * all[c] / M);
+        coef[2 * C + c] = k1;
+        coef[3 * C + c] = (float)(-(double)k1 * is * is * all[C + c] / M);
+    }
+}
+
 #endif /* LK_KERNELS_CONV_SECTION */
