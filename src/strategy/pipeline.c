@@ -77,7 +77,7 @@ typedef struct pipe_self {
     char **dropped_name;     /* ... their state-dict names */
     int ndropped;
     bool whole;              /* every dropped tensor has storage again (sync_model), until the next step drops them */
-    bool trim;               /* rank 0 received other stages' tensors for a checkpoint: the pool's copies go back at the next step */
+    bool trim;               /* rank 0 received other stages' tensors for a checkpoint: trim the pool at the next step */
     int64_t *held_bytes;     /* [p] each stage's parameters and buffers once the others are dropped */
     int64_t model_bytes;     /* the whole model's (a tied weight once) */
     /* tied parameters (gpt's wte: the embedding's and the head's) held by
@@ -845,7 +845,8 @@ static lk_status wrap(lk_strategy *s, lk_layer *net) {
                                       "buffers, the other stages' storage given back (MiB; the whole model %.3f):",
                                       s->vt->name, (double)ps->model_bytes / 1048576.0);
         for (int k = 0; k < ps->p && len < sizeof line; k++)
-            len += (size_t)snprintf(line + len, sizeof line - len, " stage %d %.3f", k, (double)ps->held_bytes[k] / 1048576.0);
+            len += (size_t)snprintf(line + len, sizeof line - len, " stage %d %.3f", k,
+                                    (double)ps->held_bytes[k] / 1048576.0);
         lk_log0("%s", line);
     }
     LK_TRY(lk_strategy_setup(s, s->local_arr, s->local_names, np, s->buffer_arr, nb));
