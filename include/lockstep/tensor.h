@@ -93,6 +93,11 @@ bool lk_tensor_same_shape(const lk_tensor *a, const lk_tensor *b);
 /* "[2, 3]" into buf; returns buf. */
 char *lk_shape_str(const lk_tensor *t, char *buf, size_t n);
 size_t lk_tensor_nbytes(const lk_tensor *t);
+/* False for a tensor that holds no data on this process: a parameter of a
+ * pipeline stage other than this rank's, whose storage the strategy gave
+ * back (it keeps its name and shape; an op on it is refused, naming it).
+ * lk_strategy_sync_model makes such a model whole again. */
+bool lk_tensor_has_data(const lk_tensor *t);
 /* f32 scalar value of a one-element tensor (any float dtype). */
 float lk_tensor_item(const lk_tensor *t);
 /* Element i (row-major logical index) as double, any dtype/strides. */

@@ -221,6 +221,7 @@ lk_status lk__same_device(const char *op, int n, lk_tensor *const *t) {
     int first = -1;
     for (int i = 0; i < n; i++) {
         if (!t[i]) continue;
+        LK_TRY(lk__tensor_check_data(t[i], op)); /* a tensor whose storage was given back: named, not read */
         if (first < 0) {
             first = i;
             continue;

@@ -341,7 +341,8 @@ lk_status lk_safetensors_write(const char *path, const lk_st_entry *entries, int
     writer w = {.fd = -1, .path = path};
     lk_status st = ents && order ? LK_STATUS_OK : LK_STATUS_OUT_OF_MEMORY;
     for (int i = 0; !st && i < n; i++) {
-        st = resolve(path, &entries[i], &ents[i]);
+        st = entries[i].tensor ? lk__tensor_check_data(entries[i].tensor, "lk_safetensors_write") : LK_STATUS_OK;
+        if (!st) st = resolve(path, &entries[i], &ents[i]);
         order[i] = &ents[i];
     }
     if (!st && n > 1) { /* duplicate names */
@@ -922,6 +923,7 @@ lk_status lk_safetensors_read_into(const lk_st_file *f, const char *name, lk_ten
     const lk_st_info *in;
     LK_TRY(lk_safetensors_get(f, name, &in));
     if (!dst) return lk_error(LK_STATUS_INVALID_ARGUMENT, "reading '%s' from %s: NULL destination", name, f->path);
+    LK_TRY(lk__tensor_check_data(dst, "lk_safetensors_read_into"));
     if (!lk_device_is_host(dst->device)) { /* read on the host, then one copy to the device */
         lk_tensor *h = lk__tensor_new_on(LK_DEVICE_CPU, dst->dtype, dst->ndim, dst->shape);
         if (!h) return lk_last_status() ? lk_last_status() : LK_STATUS_OUT_OF_MEMORY;

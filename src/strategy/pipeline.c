@@ -14,18 +14,22 @@
  * stage's flat gradient buffer started as the last micro-batch's backward
  * completes them (ddp's scheme; the rest after the schedule).
  *
- * Each stage updates only its own blocks: nothing moves after a step. The
- * other stages' copies on a rank go stale until the whole model is needed:
- * a checkpoint gathers every stage's parameters and buffers to rank 0 (the
- * strategy's state dict) and every stage's optimizer state by parameter
- * name, so the one consolidated file resumes here bitwise and in single or
- * ddp; validation, test and predict run forward-only through the stages
- * (eval_forward), and the end of fit (and an evaluation of a module whose
- * steps run its net directly) broadcasts the blocks to every rank
- * (lk_strategy_sync_model), which then runs the whole model as single
- * does. Every rank still builds the whole model (its memory is not yet a
- * stage's; the gradients and optimizer state are). On GPUs the messages
- * move over nccl, each COMM action one NCCL group (pipe_run.c).
+ * Each stage holds only its own blocks: after the cut a rank gives back
+ * the storage of the other stages' parameters and buffers (they keep name
+ * and shape, hold no data, and any use of one is refused naming it), and
+ * updates only its own: nothing moves after a step. Where the whole model
+ * is needed it is brought: a checkpoint gathers every stage's parameters
+ * and buffers to rank 0 (the strategy's state dict, into copies there)
+ * and every stage's optimizer state by parameter name, so the one
+ * consolidated file resumes here bitwise and in single or ddp; validation,
+ * test and predict run forward-only through the stages (eval_forward), and
+ * the end of fit (and an evaluation of a module whose steps run its net
+ * directly) gives the dropped tensors storage again and broadcasts the
+ * blocks to every rank (lk_strategy_sync_model), which then runs the whole
+ * model as single does, until the next step drops them again. Every rank
+ * still builds the whole model before the cut (single's bits: one seeded
+ * stream over the whole model). On GPUs the messages move over nccl, each
+ * COMM action one NCCL group (pipe_run.c).
  *
  * The split: by parameter count (the default: known before anything runs,
  * the same on every machine), named blocks, or by measured time (a profile
@@ -41,6 +45,7 @@
 #include "lockstep/pipeline.h"
 #include "optim/optim_impl.h" /* lk__optimizer_state_get_ex: the state by parameter name */
 #include "strategy/strategy_impl.h"
+#include "tensor/tensor_impl.h" /* lk__tensor_drop_storage: the other stages' tensors given back */
 
 typedef struct pipe_self {
     bool mp;                 /* model_parallel: one micro-batch */
@@ -64,6 +69,17 @@ typedef struct pipe_self {
         int n;
     } *own; /* [p] */
     bool stale;              /* an optimizer step ran since every rank's copy of the whole model was made current */
+    /* The other stages' parameters and buffers, whose storage this rank gave
+     * back after the cut (lk__tensor_drop_storage): they keep their shapes
+     * and names, hold no data, and are made whole again only where the
+     * whole model is needed (lk_strategy_sync_model). */
+    lk_tensor **dropped;
+    char **dropped_name;     /* ... their state-dict names */
+    int ndropped;
+    bool whole;              /* every dropped tensor has storage again (sync_model), until the next step drops them */
+    bool trim;               /* rank 0 received other stages' tensors for a checkpoint: trim the pool at the next step */
+    int64_t *held_bytes;     /* [p] each stage's parameters and buffers once the others are dropped */
+    int64_t model_bytes;     /* the whole model's (a tied weight once) */
     /* tied parameters (gpt's wte: the embedding's and the head's) held by
      * several stages: each holder's gradient is its blocks' part; the parts
      * are summed over the world before the optimizer step */
@@ -168,6 +184,10 @@ static void pipe_free(lk_strategy *s) {
     lk_free(ps->stage_params);
     for (int k = 0; ps->own && k < ps->p; k++) lk_free(ps->own[k].t);
     lk_free(ps->own);
+    for (int i = 0; i < ps->ndropped; i++) lk_free(ps->dropped_name[i]);
+    lk_free(ps->dropped);
+    lk_free(ps->dropped_name);
+    lk_free(ps->held_bytes);
     lk_comm_mesh_2d_free(&ps->mesh);
     lk_pipe_schedule_free(ps->sched);
     lk_pipe_schedule_free(ps->short_sched);
@@ -522,7 +542,8 @@ static lk_status owned_lists(pipe_self *ps) {
 }
 
 /* Every rank gets every stage's tensors, from the stage's first replica
- * (world rank k * dp; its replicas hold the same values). */
+ * (world rank k * dp; its replicas hold the same values). Every rank holds
+ * the whole model here (before the drop, or made whole by sync_model). */
 static lk_status sync_params(lk_strategy *s) {
     pipe_self *ps = s->self;
     if (s->world == 1) return LK_STATUS_OK;
@@ -535,33 +556,131 @@ static lk_status sync_params(lk_strategy *s) {
     return LK_STATUS_OK;
 }
 
-/* Rank 0 gets every stage's tensors (for the one consolidated checkpoint it
- * writes): point-to-point from each stage's first replica, the others idle. */
-static lk_status gather_params(lk_strategy *s) {
+/* Rank 0 gets every stage's tensors into its state dict `out` (for the one
+ * consolidated checkpoint it writes): point-to-point from each stage's
+ * first replica, the others idle. A tensor rank 0 holds no data for is
+ * received into a new one that takes its place in `out` (every entry
+ * naming it: a tied weight has two), so the other stages' blocks are
+ * resident on rank 0 only for the checkpoint's life. */
+static lk_status gather_params(lk_strategy *s, lk_named_tensors *out) {
     pipe_self *ps = s->self;
     for (int k = 1; k < ps->p; k++) {
         int src = k * ps->dp;
         if (s->rank != src && s->rank != 0) continue;
         for (int j = 0; j < ps->own[k].n; j++) {
             lk_tensor *t = ps->own[k].t[j];
-            if (s->rank == src) LK_TRY(lk_comm_send(s->comm, t->data, (size_t)t->numel, t->dtype, 0));
-            else LK_TRY(lk_comm_recv(s->comm, t->data, (size_t)t->numel, t->dtype, src));
+            if (s->rank == src) {
+                LK_TRY(lk_comm_send(s->comm, t->data, (size_t)t->numel, t->dtype, 0));
+                continue;
+            }
+            lk_tensor *into = t;
+            if (!lk_tensor_has_data(t)) {
+                into = lk__tensor_new_on(t->device, t->dtype, t->ndim, t->shape);
+                if (!into) return lk_last_status() ? lk_last_status() : LK_STATUS_OUT_OF_MEMORY;
+                ps->trim = true;
+            }
+            lk_status st = lk_comm_recv(s->comm, into->data, (size_t)into->numel, into->dtype, src);
+            for (int i = 0; !st && into != t && i < out->n; i++)
+                if (out->items[i].tensor == t) {
+                    lk_tensor_release(t);
+                    out->items[i].tensor = lk_tensor_retain(into);
+                }
+            if (into != t) lk_tensor_release(into);
+            LK_TRY(st);
         }
     }
     return LK_STATUS_OK; /* the others' copies stay stale: ps->stale unchanged */
 }
 
-/* The whole model before it runs whole (validation, test, the end of fit). */
+/* The other stages' tensors given back (after the cut, and after each step
+ * that follows a sync_model): they keep shape and name, hold no data. */
+static lk_status drop_others(lk_strategy *s) {
+    pipe_self *ps = s->self;
+    for (int i = 0; i < ps->ndropped; i++) {
+        char why[384];
+        snprintf(why, sizeof why, "'%s' belongs to another pipeline stage than this rank's (stage %d of %d): "
+                 "strategy %s gave back its storage after the cut (lk_strategy_sync_model makes the whole model "
+                 "current on every rank)", ps->dropped_name[i], ps->stage, ps->p, s->vt->name);
+        LK_TRY(lk__tensor_drop_storage(ps->dropped[i], why));
+    }
+    ps->whole = ps->ndropped == 0;
+    ps->trim = false;
+    if (ps->ndropped) lk_pool_trim(); /* the storage pool's cached blocks count as live: given back to the system */
+    return LK_STATUS_OK;
+}
+
+/* The whole model before it runs whole (a C module's evaluation, the end
+ * of fit): the dropped tensors get storage again, then every stage's
+ * values go to every rank. The next optimizer step drops them again. */
 static lk_status sync_model(lk_strategy *s) {
     pipe_self *ps = s->self;
+    if (!ps->whole) {
+        for (int i = 0; i < ps->ndropped; i++) {
+            lk_status st = lk__tensor_restore_storage(ps->dropped[i]);
+            if (st) return lk_error(st, "strategy %s: making the whole model current on stage %d: room for '%s': %s",
+                                    s->vt->name, ps->stage, ps->dropped_name[i], lk_last_error());
+        }
+        ps->whole = true;
+        ps->stale = s->world > 1;
+    }
     return ps->stale ? sync_params(s) : LK_STATUS_OK;
 }
 
-/* The checkpoint's state dict: rank 0's net made current (the writer), then read as it is. */
+/* The checkpoint's state dict: rank 0's (the writer's) holds every stage's
+ * current values; another rank's entries of the tensors it dropped hold no
+ * data (only rank 0 writes). */
 static lk_status state_dict(lk_strategy *s, lk_layer *net, lk_named_tensors *out) {
     pipe_self *ps = s->self;
-    if (ps->stale && s->world > 1) LK_TRY(gather_params(s));
-    return lk_state_dict_get(net, out);
+    LK_TRY(lk_state_dict_get(net, out));
+    if (ps->own && (ps->stale || !ps->whole) && s->world > 1) LK_TRY(gather_params(s, out));
+    return LK_STATUS_OK;
+}
+
+/* Whether tensor t (of the state dict) stays on stage k: it is in none of
+ * the other stages' lists, or stage k uses it too (a tied weight). */
+static bool stays_on(const pipe_self *ps, int k, const lk_tensor *t) {
+    for (int q = 0; q < ps->stage_params[k].n; q++)
+        if (ps->stage_params[k].items[q].tensor == t) return true;
+    for (int o = 0; o < ps->p; o++)
+        for (int j = 0; o != k && j < ps->own[o].n; j++)
+            if (ps->own[o].t[j] == t) return false;
+    return true;
+}
+
+/* The tensors this rank gives back (the ones that do not stay on its
+ * stage) with their names, and each stage's bytes once they are gone. */
+static lk_status list_dropped(lk_strategy *s, lk_layer *net) {
+    pipe_self *ps = s->self;
+    lk_named_tensors sd = {0};
+    LK_TRY(lk_state_dict_get(net, &sd));
+    ps->held_bytes = lk_calloc((size_t)ps->p, sizeof *ps->held_bytes);
+    ps->dropped = lk_calloc((size_t)sd.n + 1, sizeof *ps->dropped);
+    ps->dropped_name = lk_calloc((size_t)sd.n + 1, sizeof *ps->dropped_name);
+    lk_status st = ps->held_bytes && ps->dropped && ps->dropped_name ? LK_STATUS_OK : LK_STATUS_OUT_OF_MEMORY;
+    for (int i = 0; i < sd.n && !st; i++) {
+        lk_tensor *t = sd.items[i].tensor;
+        bool seen = false; /* a tied weight: one tensor, two names */
+        for (int q = 0; q < i && !seen; q++) seen = sd.items[q].tensor == t;
+        if (seen) continue;
+        int64_t b = (int64_t)lk_tensor_nbytes(t);
+        ps->model_bytes += b;
+        for (int k = 0; k < ps->p; k++)
+            if (stays_on(ps, k, t)) ps->held_bytes[k] += b;
+        if (stays_on(ps, ps->stage, t)) continue;
+        if (!(ps->dropped_name[ps->ndropped] = dup_name(sd.items[i].name, NULL))) st = LK_STATUS_OUT_OF_MEMORY;
+        else ps->dropped[ps->ndropped++] = t;
+    }
+    lk_named_tensors_clear(&sd);
+    return st;
+}
+
+/* The memory report's parameters: what this rank holds while it trains,
+ * its stage's (a tied weight on each stage using it). Its blocks' buffers
+ * are in held_bytes too; the report's gradients and optimizer state are the
+ * stage's already (the flat buffer and the optimizer hold no more). */
+static void memory(const lk_strategy *s, lk_strategy_memory *m) {
+    const pipe_self *ps = s->self;
+    if (ps->held_bytes) m->param_bytes = ps->held_bytes[ps->stage];
 }
 
 /* ---- pipeline x ddp: the replicas' all-reduce in buckets ---------------------- */
@@ -689,7 +808,15 @@ static lk_status wrap(lk_strategy *s, lk_layer *net) {
     LK_TRY(owned_lists(ps));
     const lk_named_tensors *mine = &ps->stage_params[ps->stage];
     for (int j = 0; j < mine->n; j++) LK_TRY(lk_named_tensors_append(&s->local, mine->items[j].name, mine->items[j].tensor));
-    LK_TRY(lk_layer_named_buffers(net, &s->local_buffers));
+    LK_TRY(list_dropped(s, net));
+    /* the buffers this rank keeps: its blocks' and any in no block */
+    lk_named_tensors bufs = {0};
+    lk_status bst = lk_layer_named_buffers(net, &bufs);
+    for (int i = 0; i < bufs.n && !bst; i++)
+        if (stays_on(ps, ps->stage, bufs.items[i].tensor))
+            bst = lk_named_tensors_append(&s->local_buffers, bufs.items[i].name, bufs.items[i].tensor);
+    lk_named_tensors_clear(&bufs);
+    LK_TRY(bst);
     int np = s->local.n, nb = s->local_buffers.n;
     s->local_arr = lk_calloc((size_t)np + 1, sizeof *s->local_arr);
     s->local_names = lk_calloc((size_t)np + 1, sizeof *s->local_names);
@@ -707,6 +834,21 @@ static lk_status wrap(lk_strategy *s, lk_layer *net) {
         return lk_error(LK_STATUS_UNSUPPORTED, "strategy %s on %s needs a communicator that reads device memory "
                         "(nccl: one rank per GPU)", s->vt->name, lk_device_str(s->cfg.device, (char[32]){0}, 32));
     LK_TRY(sync_params(s)); /* every rank starts from stage k's values of stage k's blocks */
+    /* Each stage holds only its own blocks from here: the other stages'
+     * parameters and buffers give their storage back (the model was built
+     * whole, from the one seeded stream single draws from, so the bits are
+     * single's; docs/ARCHITECTURE.md says why it is not built stage-only). */
+    LK_TRY(drop_others(s));
+    if (ps->p > 1 && s->rank == 0) {
+        char line[1024];
+        size_t len = (size_t)snprintf(line, sizeof line, "%s: each stage holds only its own blocks' parameters and "
+                                      "buffers, the other stages' storage given back (MiB; the whole model %.3f):",
+                                      s->vt->name, (double)ps->model_bytes / 1048576.0);
+        for (int k = 0; k < ps->p && len < sizeof line; k++)
+            len += (size_t)snprintf(line + len, sizeof line - len, " stage %d %.3f", k,
+                                    (double)ps->held_bytes[k] / 1048576.0);
+        lk_log0("%s", line);
+    }
     LK_TRY(lk_strategy_setup(s, s->local_arr, s->local_names, np, s->buffer_arr, nb));
     return ps->dp > 1 ? buckets_setup(s) : LK_STATUS_OK;
 }
@@ -954,6 +1096,13 @@ static lk_status eval_forward(lk_strategy *s, const lk_batch *b, bool whole, lk_
 static lk_status after_step(lk_strategy *s) {
     pipe_self *ps = s->self;
     ps->stale = s->world > 1;
+    /* made whole for an evaluation of the whole model: stale now, given back again */
+    if (ps->whole && ps->ndropped) return drop_others(s); /* (it trims the pool) */
+    /* a checkpoint's copies of the other stages' tensors (rank 0) sit in the
+     * storage pool's cache once written: given back, or rank 0 would keep
+     * the whole model's memory after its first checkpoint */
+    if (ps->trim) lk_pool_trim();
+    ps->trim = false;
     return LK_STATUS_OK;
 }
 
@@ -1136,7 +1285,7 @@ static lk_status optimizer_state_load(lk_strategy *s, lk_optimizer *o, const lk_
     return st;
 }
 
-/* Every rank read the whole model from the file: every copy is current. */
+/* Every rank read from the file every tensor it holds data for: each copy it holds is current. */
 static lk_status state_dict_loaded(lk_strategy *s) {
     pipe_self *ps = s->self;
     ps->stale = false;
@@ -1161,6 +1310,7 @@ const lk_strategy_vt lk__strategy_model_parallel = {
     .optimizer_state = optimizer_state,
     .optimizer_state_load = optimizer_state_load,
     .state_dict_loaded = state_dict_loaded,
+    .memory = memory,
     .evals_forward = evals_forward,
     .eval_forward = eval_forward,
 };
@@ -1183,6 +1333,7 @@ const lk_strategy_vt lk__strategy_pipeline = {
     .optimizer_state = optimizer_state,
     .optimizer_state_load = optimizer_state_load,
     .state_dict_loaded = state_dict_loaded,
+    .memory = memory,
     .evals_forward = evals_forward,
     .eval_forward = eval_forward,
 };

@@ -283,6 +283,7 @@ lk_tensor *lk__tensor_new_on(lk_device dev, lk_dtype dt, int ndim, const int64_t
 }
 
 lk_tensor *lk__tensor_view(lk_tensor *base, int ndim, const int64_t *shape, const int64_t *stride, int64_t offset) {
+    if (lk__tensor_check_data(base, "view")) return NULL;
     lk_tensor *t = hdr_alloc();
     if (!t) return NULL;
     t->dtype = base->dtype;
@@ -404,8 +405,11 @@ lk_tensor *lk_tensor_retain(lk_tensor *t) {
     return t;
 }
 
+static void dropped_forget(const lk_tensor *t);
+
 void lk_tensor_release(lk_tensor *t) {
     if (!t || __atomic_fetch_sub(&t->refcount, 1, __ATOMIC_ACQ_REL) != 1) return;
+    if (!t->storage) dropped_forget(t);
     storage_release(t->storage);
     lk_tensor_release(t->grad);
     lk_free(t->name);
@@ -451,6 +455,7 @@ int64_t lk__elem_offset(const lk_tensor *t, int64_t i) {
 }
 
 double lk_tensor_get(const lk_tensor *t, int64_t i) {
+    if (lk__tensor_check_data(t, "lk_tensor_get")) return NAN;
     size_t es = lk_dtype_size(t->dtype);
     const char *p = (const char *)t->data + lk__elem_offset(t, i) * (int64_t)es;
     char raw[8];
@@ -486,6 +491,8 @@ lk_status lk_tensor_set_name(lk_tensor *t, const char *name) {
 /* ---- copies and casts --------------------------------------------------------- */
 
 lk_status lk_tensor_copy(lk_tensor *dst, const lk_tensor *src) {
+    LK_TRY(lk__tensor_check_data(dst, "copy (destination)"));
+    LK_TRY(lk__tensor_check_data(src, "copy (source)"));
     if (dst->numel != src->numel || (dst->ndim != src->ndim && dst->numel != 1)) {
         char a[128], b[128];
         return lk_error(LK_STATUS_INVALID_ARGUMENT, "copy: destination shape %s does not match source shape %s",
@@ -546,7 +553,7 @@ lk_tensor *lk_tensor_cast(const lk_tensor *t, lk_dtype dt) {
 }
 
 lk_tensor *lk_tensor_to(const lk_tensor *t, lk_device dev) {
-    if (!t) return NULL;
+    if (!t || lk__tensor_check_data(t, "lk_tensor_to")) return NULL;
     const lk_tensor *src = t;
     lk_tensor *tmp = NULL;
     if (!lk_tensor_is_contiguous(t)) { /* gather the view on its own device first (its backend's strided copy) */
@@ -608,6 +615,78 @@ lk_status lk__tensor_move_to(lk_tensor *t, lk_device dev) {
     set_contiguous_strides(t);
     lk_tensor_release(r);
     return LK_STATUS_OK;
+}
+
+/* ---- storage given back ------------------------------------------------------
+ * A tensor whose storage a strategy gave back (a pipeline stage's copy of
+ * another stage's parameter) keeps its header, shape and identity (the
+ * layers' slots and the net's names still reach it) with storage and data
+ * NULL: the one state no constructor makes. Why it was dropped is kept
+ * beside it, in a list keyed by the header, so that any access can say
+ * which tensor and why instead of reading through a NULL pointer. */
+static struct {
+    pthread_mutex_t mu;
+    struct dropped {
+        const lk_tensor *t;
+        char why[384];
+    } *items;
+    int n, max;
+} dropped = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+static void dropped_forget(const lk_tensor *t) {
+    pthread_mutex_lock(&dropped.mu);
+    for (int i = 0; i < dropped.n; i++)
+        if (dropped.items[i].t == t) {
+            dropped.items[i] = dropped.items[--dropped.n];
+            break;
+        }
+    pthread_mutex_unlock(&dropped.mu);
+}
+
+lk_status lk__tensor_drop_storage(lk_tensor *t, const char *why) {
+    if (!t->storage) return LK_STATUS_OK;
+    pthread_mutex_lock(&dropped.mu);
+    bool room = dropped.n < dropped.max || !lk_vec_reserve(dropped.items, dropped.max, dropped.n + 1, 16);
+    if (room) {
+        struct dropped *d = &dropped.items[dropped.n++];
+        d->t = t;
+        snprintf(d->why, sizeof d->why, "%s", why ? why : "its storage was given back");
+    }
+    pthread_mutex_unlock(&dropped.mu);
+    if (!room) return LK_STATUS_OUT_OF_MEMORY;
+    storage_release(t->storage);
+    t->storage = NULL;
+    t->data = NULL;
+    t->offset = 0;
+    set_contiguous_strides(t);
+    return LK_STATUS_OK;
+}
+
+lk_status lk__tensor_restore_storage(lk_tensor *t) {
+    if (t->storage) return LK_STATUS_OK;
+    lk_tensor *r = lk__tensor_zeros_on(t->device, t->dtype, t->ndim, t->shape);
+    if (!r) return lk_last_status() ? lk_last_status() : LK_STATUS_OUT_OF_MEMORY;
+    dropped_forget(t);
+    t->storage = r->storage, r->storage = NULL; /* r's header goes, its storage stays with t */
+    t->data = r->data;
+    t->offset = 0;
+    set_contiguous_strides(t);
+    hdr_free_one(r);
+    return LK_STATUS_OK;
+}
+
+bool lk_tensor_has_data(const lk_tensor *t) { return t && t->storage; }
+
+lk_status lk__tensor_check_data(const lk_tensor *t, const char *what) {
+    if (!t || t->storage) return LK_STATUS_OK;
+    char why[384] = "its storage was given back", sh[128];
+    pthread_mutex_lock(&dropped.mu);
+    for (int i = 0; i < dropped.n; i++)
+        if (dropped.items[i].t == t) snprintf(why, sizeof why, "%s", dropped.items[i].why);
+    pthread_mutex_unlock(&dropped.mu);
+    return lk_error(LK_STATUS_INVALID_USAGE, "%s: %s%s%s %s holds no data on this rank: %s", what,
+                    t->name ? "tensor '" : "a tensor", t->name ? t->name : "", t->name ? "'" : "",
+                    lk_shape_str(t, sh, sizeof sh), why);
 }
 
 lk_status lk__scalars_begin(lk__scalars *s, lk_device dev, lk_dtype dt, int64_t n, void *host) {

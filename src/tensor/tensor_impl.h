@@ -30,6 +30,19 @@ lk_status lk__tensor_rehome(lk_tensor *t, lk_tensor *base, int64_t offset, bool 
  * (other views keep the old storage); its gradient is left alone. On
  * failure t is unchanged. lk_layer_to's step per tensor. */
 lk_status lk__tensor_move_to(lk_tensor *t, lk_device dev);
+/* Storage given back: t keeps its header, dtype, device and shape (its
+ * identity: the layers' slots, tied weights and names stay), its storage
+ * and data become NULL, and `why` (which tensor, whose it is, what makes it
+ * whole again) is kept for the error any later access gets
+ * (lk__tensor_check_data: every op's inputs, views, copies). A pipeline
+ * stage drops the other stages' parameters this way. Restoring gives t new
+ * zeroed storage of its shape (the caller fills it). Both are no-ops on a
+ * tensor already in that state. */
+lk_status lk__tensor_drop_storage(lk_tensor *t, const char *why);
+lk_status lk__tensor_restore_storage(lk_tensor *t);
+/* INVALID_USAGE naming `what`, the tensor, its shape and why it has no
+ * data, when t's storage was dropped; OK otherwise (and for NULL). */
+lk_status lk__tensor_check_data(const lk_tensor *t, const char *what);
 /* lk_tensor_wrap for memory on `dev` (a strategy's device buffer). */
 lk_tensor *lk__tensor_wrap_on(lk_device dev, lk_dtype dt, int ndim, const int64_t *shape, void *data);
 /* Scalar results of backend ops (a norm, a count, an index, a weight sum)

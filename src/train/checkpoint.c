@@ -239,7 +239,11 @@ static lk_status load_named(const lk_st_file *f, const lk_named_tensors *live, c
     if (bad)
         return lk_error(LK_STATUS_INVALID_ARGUMENT, "checkpoint %s does not fit the %s (%d problem%s): %s%s",
                         lk_safetensors_path(f), what, bad, bad > 1 ? "s" : "", msg, bad > 12 ? "; ..." : "");
+    /* a tensor this rank holds no data for (a pipeline stage's copy of
+     * another stage's parameter, its storage given back) was checked above
+     * and is another rank's to read */
     for (int i = 0; i < live->n; i++) {
+        if (!lk_tensor_has_data(live->items[i].tensor)) continue;
         snprintf(name, sizeof name, "%s%s", prefix, live->items[i].name);
         LK_TRY(lk_safetensors_read_into(f, name, live->items[i].tensor));
     }

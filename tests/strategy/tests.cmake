@@ -11,6 +11,8 @@ lk_add_test(NAME strategy_pipe_schedule SOURCES strategy/test_pipe_schedule.c LA
 lk_add_test(NAME strategy_pipe_run SOURCES strategy/test_pipe_run.c LABELS multiproc TIMEOUT 120)
 # 1F1B's memory bound measured: each stage's peak tensor memory under gpipe and 1f1b (mlp, 2 and 3 stages, 8 micro-batches) against one micro-batch's.
 lk_add_test(NAME strategy_pipe_memory SOURCES strategy/test_pipe_memory.c LABELS multiproc TIMEOUT 120)
+# Each stage holds only its own blocks: mlp, autoencoder and gpt on 2-3 stages and 2 x 2 (forked ranks, shm): a rank's held bytes are its blocks', another stage's tensor is a named error, rank 0's state dict and sync_model are single's bits.
+lk_add_test(NAME strategy_pipe_stage_only SOURCES strategy/test_pipe_stage_only.c LABELS multiproc TIMEOUT 180)
 # model_parallel and pipeline through `lockstep fit` (mlp, 2-3 stages, gpipe and 1f1b) against single after 20 steps:
 # bitwise where the arithmetic is the same, 1e-5 otherwise; accumulation, clipping, bf16-mixed; bad input refused.
 lk_add_script_test(NAME strategy_pipeline_fit SCRIPT strategy/test_pipeline_fit.sh LABELS multiproc TIMEOUT 240)
