@@ -25,6 +25,7 @@
  *   build/tests/test_models_bench_convnets_smoke            the table (~1-2 min)
  *   build/tests/test_models_bench_convnets_smoke --quick    one short iteration (ctest)
  *   build/tests/test_models_bench_convnets_smoke --layers   the table, each convolution's time on each path
+ *   build/tests/test_models_bench_convnets_smoke --bf16 [...]   any of these in bf16-mixed
  *   build/tests/test_models_bench_convnets_smoke --steps resnet 64 [n]   10 s (or n steps) of that step
  *                                        alone (perf record), and its last loss in hex (bits between builds)
  */
@@ -35,6 +36,11 @@
 #include "nn/nn_fixtures.h"
 
 static double now(void) { return lk_time_cpu(); }
+
+/* --bf16: bf16-mixed (the step's forward and each convolution of the bound
+ * under bf16 autocast; the passes' activations and gradients are bf16, 2
+ * bytes an element in the bound) */
+static lk_dtype amp = LK_F32;
 
 /* ---- recording the step's layers ------------------------------------------------ */
 
@@ -99,7 +105,9 @@ typedef struct {
 
 static void conv_once(conv_job *c) {
     lk_scope_begin();
+    if (amp != LK_F32) lk_autocast_enter(amp);
     lk_tensor *y = lk_conv2d(c->x, c->w, c->b, c->p);
+    if (amp != LK_F32) lk_autocast_exit();
     if (!y || lk_backward_with(y, c->gy)) lk_panic("bench conv: %s", lk_last_error());
     lk_scope_end();
 }
@@ -123,6 +131,11 @@ static double conv_bound(const rec *r, bool quick) {
     c.w = lk_tensor_randn(&rng, w->ndim, w->shape, 0, 0.1f);
     c.b = b ? lk_tensor_zeros(LK_F32, b->ndim, b->shape) : NULL;
     c.gy = lk_tensor_randn(&rng, r->out_nd, r->out, 0, 1);
+    if (amp != LK_F32) { /* in the step, a convolution's input (but the stem's) and dY come as bf16 */
+        lk_tensor *xl = r->in[1] > 1 ? lk_tensor_cast(c.x, amp) : NULL, *gl = lk_tensor_cast(c.gy, amp);
+        if (xl) lk_tensor_release(c.x), c.x = xl;
+        lk_tensor_release(c.gy), c.gy = gl;
+    }
     lk_tensor_set_requires_grad(c.x, r->in_grad);
     lk_tensor_set_requires_grad(c.w, true);
     if (c.b) lk_tensor_set_requires_grad(c.b, true);
@@ -209,7 +222,9 @@ static void bench_model(const char *model, const lk_model_kv *args, int nargs, i
         recording = it == 0;
         double t0 = now();
         lk_scope_begin();
+        if (amp != LK_F32) lk_autocast_enter(amp);
         lk_tensor *loss = lk_cross_entropy(lk_layer_forward(m, x), y, NULL);
+        if (amp != LK_F32) lk_autocast_exit();
         lk_optimizer_zero_grad(o, false);
         lk_status st = lk_backward(loss);
         if (!st) st = lk_optimizer_step(o);
@@ -239,7 +254,7 @@ static void bench_model(const char *model, const lk_model_kv *args, int nargs, i
         if (is(recs[i].type, "Linear")) t_lin += linear_bound(&recs[i], quick);
     }
     double bw = steps_only ? 1 : bench_triad((size_t)tmax, quick ? 1 : 9);
-    double t_pass = elems * 4 / bw, t_adam = 28.0 * (double)P / bw;
+    double t_pass = elems * (amp == LK_F32 ? 4 : 2) / bw, t_adam = 28.0 * (double)P / bw;
     double bound = t_conv + t_lin + t_pass + t_adam;
     if (!steps_only)
     printf("%-10s %5d %9.0f %9.0f %7.1f%%   %8.2f %8.2f %6.2f %8.2f %6.2f  %6.1f\n", model, B, B / t_step, B / bound,
@@ -254,13 +269,14 @@ static void bench_model(const char *model, const lk_model_kv *args, int nargs, i
 }
 
 int main(int argc, char **argv) {
+    if (argc > 1 && !strcmp(argv[1], "--bf16")) amp = LK_BF16, argc--, argv++;
     bool quick = argc > 1 && !strcmp(argv[1], "--quick");
     layers = argc > 1 && !strcmp(argv[1], "--layers");
     lk_set_num_threads(1);
     openblas_set_num_threads(1);
     lk_log_set_level(LK_LOG_WARN);
-    printf("one core, f32; DRAM bandwidth (triad over 3 x 32 MiB) %.1f GB/s\n",
-           bench_triad((size_t)8 << 20, quick ? 1 : 5) * 1e-9);
+    printf("one core, %s; DRAM bandwidth (triad over 3 x 32 MiB) %.1f GB/s\n",
+           amp == LK_F32 ? "f32" : "bf16-mixed", bench_triad((size_t)8 << 20, quick ? 1 : 5) * 1e-9);
     printf("%-10s %5s %9s %9s %8s   %8s %8s %6s %8s %6s  %6s\n", "model", "batch", "smp/s", "bound/s", "of bound",
            "step ms", "conv ms", "fc ms", "pass ms", "adam", "GB/s");
     static const lk_model_kv resnet[] = {{"depth", "20"}, {"width", "8"}, {"in_channels", "1"},
