@@ -26,7 +26,7 @@
  *   build/tests/test_models_bench_convnets_smoke --quick    one short iteration (ctest)
  *   build/tests/test_models_bench_convnets_smoke --layers   the table, each convolution's time on each path
  *   build/tests/test_models_bench_convnets_smoke --bf16 [...]   any of these in bf16-mixed
- *   build/tests/test_models_bench_convnets_smoke --steps resnet 64 [n]   10 s (or n steps) of that step
+ *   build/tests/test_models_bench_convnets_smoke --steps resnet 64 [n]   10 s (or n steps, the first two untimed) of that step
  *                                        alone (perf record), and its last loss in hex (bits between builds)
  */
 #include <cblas.h>
