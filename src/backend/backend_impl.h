@@ -659,6 +659,9 @@ const char *lk__dnnl_isa(void);
 int lk__dnnl_gemm_impl(lk_dtype ab, lk_dtype ct, char *impl, size_t size);
 /* oneDNN's major version (2 or 3). */
 int lk__dnnl_major(void);
+/* Channels per block of oneDNN's f32 blocked layouts on this CPU: 16 where
+ * it runs AVX-512 (nChw16c, OIhw16i16o), else 8 (nChw8c). */
+int lk__dnnl_f32_block(void);
 /* UNSUPPORTED (no error set) when oneDNN has no direct kernel for it here
  * (any_impl 1: its GEMM-based code is taken too; 2: its reference code
  * too, for tests of the bf16 plumbing on a CPU without bf16 units). */
@@ -673,7 +676,8 @@ const char *lk__dnnl_conv_impl(int kind, const lk__dnnl_conv_shape *s, int any_i
  * tests and bench ops. auto: oneDNN's direct (jit) kernels where it has
  * them for the shape and dtype (bf16 only where its bf16 GEMMs run on bf16
  * units, as cpu_lowp.c decides) and where they were measured faster (at
- * least 8 input channels per group, kernel larger than 1x1), else im2col + GEMM; onednn: oneDNN's
+ * least 8 input channels per group, at least a block of oneDNN's layout of
+ * output channels per group, kernel larger than 1x1), else im2col + GEMM; onednn: oneDNN's
  * GEMM-based code too; im2col: never oneDNN. lk__cpu_conv_dnnl runs one through
  * oneDNN, or answers UNSUPPORTED (no error set) for the caller's im2col. */
 enum { LK__CONV_AUTO, LK__CONV_ONEDNN, LK__CONV_IM2COL };

@@ -213,6 +213,12 @@ int lk__dnnl_gemm_impl(lk_dtype ab, lk_dtype ct, char *impl, size_t size) { retu
 
 int lk__dnnl_major(void) { return (int)dnnl_version()->major; }
 
+int lk__dnnl_f32_block(void) {
+    /* the ISA values are nested bit sets: every AVX-512 level holds avx512_core's bits */
+    unsigned isa = (unsigned)dnnl_get_effective_cpu_isa();
+    return (isa & (unsigned)dnnl_cpu_isa_avx512_core) == (unsigned)dnnl_cpu_isa_avx512_core ? 16 : 8;
+}
+
 /* ---- convolutions -------------------------------------------------------------------
  * oneDNN's direct convolutions (forward, backward-data, backward-weights
  * with the bias's gradient) on plain NCHW tensors. The primitives pick their

@@ -6,7 +6,8 @@
  * thread count (the ddp resume tests rely on that); the gradients of a
  * weight whose .grad already holds a value accumulate on both; and where
  * oneDNN is built, it takes its own kernels (not its reference code) for
- * the ResNet's shapes. */
+ * the ResNet's shapes, and LK_CONV=auto sends each ResNet shape where its
+ * rule says. */
 #include <math.h>
 #include <stdio.h>
 #include <unistd.h>
@@ -194,6 +195,24 @@ static void onednn_takes_resnet_shapes(void) {
 #endif
 }
 
+/* LK_CONV=auto's rule on the ResNet's f32 shapes: im2col for the
+ * 1-channel stem, the 1x1 shortcut and (where oneDNN's layouts are
+ * 16-blocked, AVX-512) the 8 -> 8 layers; oneDNN for the rest. */
+static void auto_picks_by_shape(void) {
+#ifdef LK_HAVE_DNNL
+    bool block16 = lk__dnnl_f32_block() == 16;
+    const bool want[5] = {false, !block16, true, false, true}; /* cases 0-4: oneDNN runs them */
+    for (size_t k = 0; k < 5; k++) {
+        int64_t runs = lk__cpu_conv_dnnl_runs();
+        result r = run_case(&cases[k], LK__CONV_AUTO, false);
+        bool ran = lk__cpu_conv_dnnl_runs() > runs;
+        CHECK_MSG(ran == want[k], "case %zu (%d -> %d channels, %dx%d, block %d): auto %s oneDNN", k, cases[k].C,
+                  cases[k].O, cases[k].k, cases[k].k, lk__dnnl_f32_block(), ran ? "took" : "did not take");
+        result_free(&r);
+    }
+#endif
+}
+
 /* LK_CONV picks the path; a value it does not know is named in a warning
  * and the automatic choice runs. */
 static void lk_conv_env(void) {
@@ -217,4 +236,4 @@ static void lk_conv_env(void) {
     lk__cpu_conv_use(LK__CONV_AUTO);
 }
 
-LK_TEST_MAIN(LK_TEST_CASE(lk_conv_env), LK_TEST_CASE(paths_agree), LK_TEST_CASE(bf16_paths_agree), LK_TEST_CASE(onednn_repeats_its_bits), LK_TEST_CASE(onednn_takes_resnet_shapes))
+LK_TEST_MAIN(LK_TEST_CASE(lk_conv_env), LK_TEST_CASE(paths_agree), LK_TEST_CASE(bf16_paths_agree), LK_TEST_CASE(onednn_repeats_its_bits), LK_TEST_CASE(onednn_takes_resnet_shapes), LK_TEST_CASE(auto_picks_by_shape))

@@ -311,6 +311,53 @@ static void relu16_every_bit_pattern(void) {
     }
 }
 
+/* A dense 16-bit binary op longer than the backend's blocks (cpu/
+ * elementwise.c runs it a block at a time, a broadcast one over whole
+ * widened arrays): [3, 1, 1000] in bf16 and f16, each output element the f32
+ * operation on the widened inputs, rounded once, and the broadcast form of
+ * the same op agrees with it bit for bit. */
+static void lowp_binary_in_blocks(void) {
+    enum { R = 3, C = 1000, M = R * C };
+    static uint16_t a[M], b[M], o[M], ob[M];
+    const lk_dtype dts[] = {LK_BF16, LK_F16};
+    for (int t = 0; t < 2; t++) {
+        lk_dtype dt = dts[t];
+        for (int i = 0; i < M; i++)
+            a[i] = round_to(dt, (float)(i % 97) * 0.173f - 7.0f), b[i] = round_to(dt, 0.5f + (float)(i % 13) * 0.0913f);
+        for (int fn = 0; fn < 4; fn++) {
+            lk_op_desc d = {.op = LK_OP_BINARY, .dtype = {dt, dt, dt}};
+            d.binary.fn = (lk_binary_op)fn;
+            d.binary.ndim = 3;
+            d.binary.shape[0] = R, d.binary.shape[1] = 1, d.binary.shape[2] = C;
+            d.binary.sa[0] = d.binary.sb[0] = C, d.binary.sa[1] = d.binary.sb[1] = 7, d.binary.sa[2] = d.binary.sb[2] = 1;
+            CHECK_OK(lk__backend_run(LK_DEVICE_CPU, &d, (void *[]){a, b, o}));
+            int bad = 0;
+            for (int i = 0; i < M; i++) {
+                float x = widen(dt, a[i]), y = widen(dt, b[i]);
+                float want = fn == 0 ? x + y : fn == 1 ? x - y : fn == 2 ? x * y : x / y;
+                if (o[i] != round_to(dt, want) && !bad++)
+                    fprintf(stderr, "%s %s [3, 1, 1000]: element %d: %g, want %g\n", lk__binary_name((lk_binary_op)fn),
+                            lk_dtype_name(dt), i, widen(dt, o[i]), widen(dt, round_to(dt, want)));
+            }
+            CHECK_MSG(bad == 0, "%s %s: %d elements differ from the f32 result rounded once",
+                      lk__binary_name((lk_binary_op)fn), lk_dtype_name(dt), bad);
+            /* the same op with b broadcast over a size-1 middle dimension of stride 0: the whole-array path */
+            d.binary.shape[0] = 1, d.binary.shape[1] = R, d.binary.sb[1] = 0, d.binary.sa[1] = C;
+            d.binary.sa[0] = d.binary.sb[0] = M;
+            CHECK_OK(lk__backend_run(LK_DEVICE_CPU, &d, (void *[]){a, b, ob}));
+            bad = 0;
+            for (int i = 0; i < M; i++) {
+                float x = widen(dt, a[i]), y = widen(dt, b[i % C]);
+                float want = fn == 0 ? x + y : fn == 1 ? x - y : fn == 2 ? x * y : x / y;
+                bad += ob[i] != round_to(dt, want);
+            }
+            CHECK_MSG(bad == 0, "%s %s broadcast: %d elements differ", lk__binary_name((lk_binary_op)fn),
+                      lk_dtype_name(dt), bad);
+        }
+    }
+}
+
 LK_TEST_MAIN(LK_TEST_CASE(lowp_equals_f32_rounded_once), LK_TEST_CASE(sum_to_lowp), LK_TEST_CASE(fallback_is_counted),
              LK_TEST_CASE(unsupported_is_named), LK_TEST_CASE(every_kind_is_described),
-             LK_TEST_CASE(dropout_mask_and_increment), LK_TEST_CASE(relu16_every_bit_pattern))
+             LK_TEST_CASE(dropout_mask_and_increment), LK_TEST_CASE(relu16_every_bit_pattern),
+             LK_TEST_CASE(lowp_binary_in_blocks))

@@ -6,6 +6,8 @@ lk_add_test(NAME backend_grad_utils SOURCES backend/test_grad_utils.c LABELS uni
 lk_add_test(NAME backend_copy SOURCES backend/test_copy.c LABELS unit parity threads)
 lk_add_test(NAME backend_bn_split SOURCES backend/test_bn_split.c LABELS unit parity)
 lk_add_test(NAME backend_bn_half SOURCES backend/test_bn_half.c LABELS unit parity)
+# batch norm's sample-by-sample walk against the channel walk it replaced, bit for bit (issue 49)
+lk_add_test(NAME backend_bn_walk SOURCES backend/test_bn_walk.c LABELS unit parity threads)
 lk_add_test(NAME backend_accuracy SOURCES backend/test_accuracy.c LABELS unit parity)
 lk_add_test(NAME backend_live SOURCES backend/test_live.c LABELS unit parity)
 lk_add_test(NAME backend_loss SOURCES backend/test_loss.c LABELS unit parity)
@@ -26,7 +28,7 @@ endif()
 # The backend tests again on the baseline copies (LK_CPU_ISA=baseline: what a
 # CPU with nothing above the build's baseline runs), against the same
 # references; the plain runs above take the best copy this CPU has.
-foreach(t gemm elementwise conv grad_utils copy bn_split bn_half accuracy live loss pool optim_bits)
+foreach(t gemm elementwise conv grad_utils copy bn_split bn_half bn_walk accuracy live loss pool optim_bits)
   add_test(NAME backend_${t}_baseline COMMAND test_backend_${t} WORKING_DIRECTORY ${PROJECT_BINARY_DIR})
   get_test_property(backend_${t} LABELS labels)
   set_tests_properties(backend_${t}_baseline PROPERTIES ENVIRONMENT LK_CPU_ISA=baseline LABELS "${labels}" TIMEOUT 120)

@@ -22,8 +22,12 @@
  * printed beside it). Times are process CPU time (the machine may be shared;
  * one thread, so CPU time is the one-core cost without descheduling).
  *
- *   build/tests/test_bench_convnets            the table (~1-2 min)
- *   build/tests/test_bench_convnets --quick    one short iteration (ctest)
+ *   build/tests/test_models_bench_convnets_smoke            the table (~1-2 min)
+ *   build/tests/test_models_bench_convnets_smoke --quick    one short iteration (ctest)
+ *   build/tests/test_models_bench_convnets_smoke --layers   the table, each convolution's time on each path
+ *   build/tests/test_models_bench_convnets_smoke --bf16 [...]   any of these in bf16-mixed
+ *   build/tests/test_models_bench_convnets_smoke --steps resnet 64 [n]   10 s (or n steps, the first two untimed) of that step
+ *                                        alone (perf record), and its last loss in hex (bits between builds)
  */
 #include <cblas.h>
 
@@ -32,6 +36,11 @@
 #include "nn/nn_fixtures.h"
 
 static double now(void) { return lk_time_cpu(); }
+
+/* --bf16: bf16-mixed (the step's forward and each convolution of the bound
+ * under bf16 autocast; the passes' activations and gradients are bf16, 2
+ * bytes an element in the bound) */
+static lk_dtype amp = LK_F32;
 
 /* ---- recording the step's layers ------------------------------------------------ */
 
@@ -96,10 +105,14 @@ typedef struct {
 
 static void conv_once(conv_job *c) {
     lk_scope_begin();
+    if (amp != LK_F32) lk_autocast_enter(amp);
     lk_tensor *y = lk_conv2d(c->x, c->w, c->b, c->p);
+    if (amp != LK_F32) lk_autocast_exit();
     if (!y || lk_backward_with(y, c->gy)) lk_panic("bench conv: %s", lk_last_error());
     lk_scope_end();
 }
+
+static bool layers; /* --layers: each convolution's time on each path */
 
 /* Best CPU seconds of one forward + backward of the recorded conv, over
  * both conv paths. */
@@ -118,10 +131,15 @@ static double conv_bound(const rec *r, bool quick) {
     c.w = lk_tensor_randn(&rng, w->ndim, w->shape, 0, 0.1f);
     c.b = b ? lk_tensor_zeros(LK_F32, b->ndim, b->shape) : NULL;
     c.gy = lk_tensor_randn(&rng, r->out_nd, r->out, 0, 1);
+    if (amp != LK_F32) { /* in the step, a convolution's input (but the stem's) and dY come as bf16 */
+        lk_tensor *xl = r->in[1] > 1 ? lk_tensor_cast(c.x, amp) : NULL, *gl = lk_tensor_cast(c.gy, amp);
+        if (xl) lk_tensor_release(c.x), c.x = xl;
+        lk_tensor_release(c.gy), c.gy = gl;
+    }
     lk_tensor_set_requires_grad(c.x, r->in_grad);
     lk_tensor_set_requires_grad(c.w, true);
     if (c.b) lk_tensor_set_requires_grad(c.b, true);
-    double best = 1e30;
+    double best = 1e30, per[2] = {1e30, 1e30};
     for (int path = 0; path < 2; path++) {
         lk__cpu_conv_use(path ? LK__CONV_ONEDNN : LK__CONV_IM2COL);
         conv_once(&c); /* primitives, scratch */
@@ -129,9 +147,14 @@ static double conv_bound(const rec *r, bool quick) {
             double t0 = now();
             conv_once(&c);
             double t = now() - t0;
-            if (t < best) best = t;
+            if (t < per[path]) per[path] = t;
         }
+        if (per[path] < best) best = per[path];
     }
+    if (layers)
+        printf("  conv [%lld,%lld,%lld,%lld] -> %lld k%d s%d%s: im2col %.3f ms, onednn %.3f ms\n", (long long)r->in[0],
+               (long long)r->in[1], (long long)r->in[2], (long long)r->in[3], (long long)r->out[1], kh, s,
+               r->in_grad ? "" : " (no dX)", per[0] * 1e3, per[1] * 1e3);
     lk__cpu_conv_use(LK__CONV_AUTO);
     lk_tensor_release(c.x), lk_tensor_release(c.w), lk_tensor_release(c.b), lk_tensor_release(c.gy);
     return best;
@@ -170,6 +193,10 @@ static double pass_elements(const rec *r) {
 
 /* ---- one model at one batch ------------------------------------------------------- */
 
+/* --steps: only the step, for a profiler (perf record) to see it alone */
+static bool steps_only;
+static int steps_count; /* --steps' optional count (0: 10 s) */
+
 static void bench_model(const char *model, const lk_model_kv *args, int nargs, int B, bool quick) {
     lk_layer *m = NULL;
     if (lk_model_create(model, args, nargs, 1, &m)) {
@@ -189,14 +216,19 @@ static void bench_model(const char *model, const lk_model_kv *args, int nargs, i
     wrap_tree(m);
     double t_total = 0;
     int done = 0;
-    for (int it = 0; quick ? it < 2 : (t_total < 2.0 || done < 5); it++) {
+    float last_loss = 0;
+    for (int it = 0; quick ? it < 2 : steps_count ? it < steps_count : (t_total < (steps_only ? 10.0 : 2.0) || done < 5);
+         it++) {
         recording = it == 0;
         double t0 = now();
         lk_scope_begin();
+        if (amp != LK_F32) lk_autocast_enter(amp);
         lk_tensor *loss = lk_cross_entropy(lk_layer_forward(m, x), y, NULL);
+        if (amp != LK_F32) lk_autocast_exit();
         lk_optimizer_zero_grad(o, false);
         lk_status st = lk_backward(loss);
         if (!st) st = lk_optimizer_step(o);
+        if (!st) last_loss = lk_tensor_item(loss);
         lk_scope_end();
         recording = false;
         if (st) {
@@ -207,6 +239,11 @@ static void bench_model(const char *model, const lk_model_kv *args, int nargs, i
         if (it >= 2 || quick) t_total += now() - t0, done++; /* two warm-up steps */
     }
     double t_step = t_total / (done ? done : 1);
+    if (steps_only) {
+        /* the last loss in hex: a count of steps gives a value to compare bit for bit between builds */
+        printf("%-10s %5d step %.2f ms (%d steps), last loss %a\n", model, B, t_step * 1e3, done, (double)last_loss);
+        nrecs = 0;
+    }
     /* the passes' working set: the largest activation */
     double tmax = 0, elems = 0, t_conv = 0, t_lin = 0;
     for (int i = 0; i < nrecs; i++) {
@@ -216,9 +253,10 @@ static void bench_model(const char *model, const lk_model_kv *args, int nargs, i
         if (is(recs[i].type, "Conv2d")) t_conv += conv_bound(&recs[i], quick);
         if (is(recs[i].type, "Linear")) t_lin += linear_bound(&recs[i], quick);
     }
-    double bw = bench_triad((size_t)tmax, quick ? 1 : 9);
-    double t_pass = elems * 4 / bw, t_adam = 28.0 * (double)P / bw;
+    double bw = steps_only ? 1 : bench_triad((size_t)tmax, quick ? 1 : 9);
+    double t_pass = elems * (amp == LK_F32 ? 4 : 2) / bw, t_adam = 28.0 * (double)P / bw;
     double bound = t_conv + t_lin + t_pass + t_adam;
+    if (!steps_only)
     printf("%-10s %5d %9.0f %9.0f %7.1f%%   %8.2f %8.2f %6.2f %8.2f %6.2f  %6.1f\n", model, B, B / t_step, B / bound,
            100.0 * bound / t_step, t_step * 1e3, t_conv * 1e3, t_lin * 1e3, t_pass * 1e3, t_adam * 1e3, bw * 1e-9);
     fflush(stdout);
@@ -231,17 +269,27 @@ static void bench_model(const char *model, const lk_model_kv *args, int nargs, i
 }
 
 int main(int argc, char **argv) {
+    if (argc > 1 && !strcmp(argv[1], "--bf16")) amp = LK_BF16, argc--, argv++;
     bool quick = argc > 1 && !strcmp(argv[1], "--quick");
+    layers = argc > 1 && !strcmp(argv[1], "--layers");
     lk_set_num_threads(1);
     openblas_set_num_threads(1);
     lk_log_set_level(LK_LOG_WARN);
-    printf("one core, f32; DRAM bandwidth (triad over 3 x 32 MiB) %.1f GB/s\n",
-           bench_triad((size_t)8 << 20, quick ? 1 : 5) * 1e-9);
+    printf("one core, %s; DRAM bandwidth (triad over 3 x 32 MiB) %.1f GB/s\n",
+           amp == LK_F32 ? "f32" : "bf16-mixed", bench_triad((size_t)8 << 20, quick ? 1 : 5) * 1e-9);
     printf("%-10s %5s %9s %9s %8s   %8s %8s %6s %8s %6s  %6s\n", "model", "batch", "smp/s", "bound/s", "of bound",
            "step ms", "conv ms", "fc ms", "pass ms", "adam", "GB/s");
     static const lk_model_kv resnet[] = {{"depth", "20"}, {"width", "8"}, {"in_channels", "1"},
                                          {"image_size", "28"}, {"num_classes", "10"}};
     static const lk_model_kv cnn[] = {{"in_channels", "1"}, {"image_size", "28"}, {"num_classes", "10"}};
+    /* --steps MODEL BATCH: 10 s of that model's step and nothing else (perf record) */
+    if (argc > 3 && !strcmp(argv[1], "--steps")) {
+        steps_only = true;
+        bool r = !strcmp(argv[2], "resnet");
+        steps_count = argc > 4 ? atoi(argv[4]) : 0;
+        bench_model(argv[2], r ? resnet : cnn, r ? 5 : 3, atoi(argv[3]), false);
+        return lk_t_failed_checks ? 1 : 0;
+    }
     int batches[] = {64, 256};
     for (int bi = 0; bi < (quick ? 1 : 2); bi++) {
         bench_model("resnet", resnet, 5, quick ? 8 : batches[bi], quick);

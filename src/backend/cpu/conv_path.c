@@ -38,13 +38,19 @@ lk_status lk__cpu_conv_dnnl(int kind, const lk__dnnl_conv_shape *s, const void *
      * elsewhere im2col widens to f32 as the GEMMs do */
     bool ref = p == LK__CONV_ONEDNN && __atomic_load_n(&allow_ref, __ATOMIC_RELAXED);
     if (s->mul == LK_BF16 && !ref && !(lk__cpu_lowp_dnnl_on() && lk__dnnl_native(LK_BF16))) return LK_STATUS_UNSUPPORTED;
-    /* auto leaves two kinds of layer to im2col, as measured (`lockstep bench
-     * ops --conv`, docs/BENCHMARKS.md): fewer than 8 input channels per
-     * group (a stem on 1-channel images: oneDNN's backward-weights there ran
-     * 2-4x slower than im2col's one GEMM) and 1x1 kernels (a projection
-     * shortcut: no faster either way, and the reorders to and from blocked
-     * layouts are pure extra traffic). */
-    if (p == LK__CONV_AUTO && (s->C / s->G < 8 || (s->kh == 1 && s->kw == 1))) return LK_STATUS_UNSUPPORTED;
+    /* auto leaves three kinds of layer to im2col, as measured (`lockstep bench
+     * ops --conv`, tests/models/bench_convnets.c --layers, docs/BENCHMARKS.md):
+     * fewer than 8 input channels per group (a stem on 1-channel images:
+     * oneDNN's backward-weights there ran 2-4x slower than im2col's one
+     * GEMM); fewer output channels per group than a block of oneDNN's
+     * layout (8 outputs on AVX-512 are padded to 16, every kernel then does
+     * twice the work: ResNet-20 width 8's 8 -> 8 3x3 layers on 28x28 ran
+     * 1.8x slower than im2col, while its 8 -> 16 stride-2 layer ran 1.45x
+     * faster); and 1x1 kernels (a projection shortcut: no faster either way,
+     * and the reorders to and from blocked layouts are pure extra traffic). */
+    if (p == LK__CONV_AUTO &&
+        (s->C / s->G < 8 || s->O / s->G < lk__dnnl_f32_block() || (s->kh == 1 && s->kw == 1)))
+        return LK_STATUS_UNSUPPORTED;
     lk_status st = lk__dnnl_conv(kind, s, ref ? 2 : p == LK__CONV_ONEDNN, a, b, c, bias);
     if (!st) __atomic_fetch_add(&dnnl_runs, 1, __ATOMIC_RELAXED);
     return st;

@@ -86,10 +86,11 @@ lk_status lk__cpu_run_widened(const lk_op_desc *d, void *const *x,
 /* The calling thread's grow-only scratch buffers, one per use, so a
  * repeated step neither allocates nor faults pages in: the widening paths'
  * f32 arrays, the bf16x3 GEMMs' split operands (../cpu_lowp.c) and the own
- * GEMM's packed panel (gemm_small.c), apart so that none can clobber
+ * GEMM's packed panel (gemm_small.c), batch norm's per-channel double
+ * sums (norm.c), apart so that none can clobber
  * another. At least `bytes`, LK_ALIGN-aligned; NULL on OOM; valid until the next call for the same use on this thread
  * (lk__cpu_widen_thread_cleanup frees them). */
-enum { LK__SCRATCH_WIDEN, LK__SCRATCH_GEMM, LK__SCRATCH_OWN_GEMM, LK__SCRATCH_USES };
+enum { LK__SCRATCH_WIDEN, LK__SCRATCH_GEMM, LK__SCRATCH_OWN_GEMM, LK__SCRATCH_NORM, LK__SCRATCH_USES };
 void *lk__cpu_scratch_for(int use, size_t bytes);
 /* The widening paths' f32 scratch: at least n floats. */
 static inline float *lk__cpu_scratch(size_t n) { return lk__cpu_scratch_for(LK__SCRATCH_WIDEN, n * sizeof(float)); }
