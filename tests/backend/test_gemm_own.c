@@ -11,7 +11,8 @@
  * chain as reference), every instruction-set copy this CPU can run gives
  * the same C, a GEMM cut into row or column pieces gives the whole one's
  * bits, and LK_GEMM=own sends the backend's threaded GEMM through the same
- * chains; LK_GEMM=auto's rule per instruction-set level. */
+ * chains; LK_GEMM=auto's rule per instruction-set level (the CPU's, so
+ * that LK_CPU_ISA's lowering changes no routing). */
 #include <stdint.h>
 #include <unistd.h>
 
@@ -313,8 +314,19 @@ static void test_auto_rule(void) {
         CHECK_MSG(lk__cpu_gemm_own_rule(LK_ISA_AVX512, rows[i].ta, rows[i].tb, rows[i].M, rows[i].N, rows[i].K) ==
                       rows[i].avx512, "avx512 rule, row %zu", i);
         CHECK(lk__cpu_gemm_own_shape(rows[i].ta, rows[i].tb, rows[i].M, rows[i].N, rows[i].K) ==
-              (lk__cpu_isa() >= LK_ISA_AVX512 ? rows[i].avx512 : rows[i].avx2));
+              (lk__cpu_caps().avx512f ? rows[i].avx512 : rows[i].avx2));
     }
+    /* the CPU's level, not the loops': LK_CPU_ISA lowered changes no routing, so no result */
+    lk_isa_level best = lk__cpu_isa();
+    CHECK(lk__cpu_gemm_rule_level() == (lk__cpu_caps().avx512f ? LK_ISA_AVX512 : LK_ISA_AVX2));
+    for (int l = 0; l < (int)best; l++) {
+        __atomic_store_n(&lk__cpu_isa_level, l, __ATOMIC_RELAXED);
+        for (size_t i = 0; i < sizeof rows / sizeof *rows; i++)
+            CHECK_MSG(lk__cpu_gemm_own_shape(rows[i].ta, rows[i].tb, rows[i].M, rows[i].N, rows[i].K) ==
+                          (lk__cpu_caps().avx512f ? rows[i].avx512 : rows[i].avx2),
+                      "the rule moved with the loops' level %s, row %zu", lk__cpu_isa_name((lk_isa_level)l), i);
+    }
+    __atomic_store_n(&lk__cpu_isa_level, (int)best, __ATOMIC_RELAXED);
 }
 
 /* LK_GEMM picks the kernel; a value it does not know is named in a warning

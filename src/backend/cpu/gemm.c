@@ -26,8 +26,12 @@ lk__gemm_mode lk__cpu_gemm_mode(void) {
 void lk__cpu_gemm_set_mode(lk__gemm_mode mode) { __atomic_store_n(&gemm_mode, (int)mode, __ATOMIC_RELAXED); }
 
 /* LK_GEMM=auto's rule, fixed (never timed at run time, so a machine's runs
- * stay bitwise repeatable) and per instruction-set level that runs
- * (lk__cpu_isa(): cpuid, lowered by LK_CPU_ISA), from `bench/gemm_rate
+ * stay bitwise repeatable) and per instruction-set level of the CPU
+ * (cpuid's AVX-512 foundation; not LK_CPU_ISA's lowering, so that running
+ * lockstep's loops at a lower level never changes a result, isa.h's
+ * promise: the own kernel's copies give the same bits, but it and OpenBLAS
+ * do not; ranks on CPUs of different kinds may differ in the last bits, as
+ * OpenBLAS's own per-CPU kernels already make them), from `bench/gemm_rate
  * --shapes` (docs/BENCHMARKS.md, "The GPT step"):
  *
  * AVX2 (measured on Zen 3): the GPT's linears at its token rows (M = batch
@@ -55,8 +59,19 @@ bool lk__cpu_gemm_own_rule(lk_isa_level isa, bool ta, bool tb, int64_t M, int64_
     return M >= 512 && K <= 512 && N <= 4096;
 }
 
+static int rule_level = -1; /* the CPU's, read once: cpuid traps in a VM, and this runs per GEMM */
+
+lk_isa_level lk__cpu_gemm_rule_level(void) {
+    int v = __atomic_load_n(&rule_level, __ATOMIC_RELAXED);
+    if (v < 0) {
+        v = lk__cpu_caps().avx512f ? LK_ISA_AVX512 : LK_ISA_AVX2;
+        __atomic_store_n(&rule_level, v, __ATOMIC_RELAXED);
+    }
+    return (lk_isa_level)v;
+}
+
 bool lk__cpu_gemm_own_shape(bool ta, bool tb, int64_t M, int64_t N, int64_t K) {
-    return lk__cpu_gemm_own_rule(lk__cpu_isa(), ta, tb, M, N, K);
+    return lk__cpu_gemm_own_rule(lk__cpu_gemm_rule_level(), ta, tb, M, N, K);
 }
 
 bool lk__cpu_sgemm_own(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
