@@ -288,7 +288,8 @@ static void test_tri(void) {
 /* LK_GEMM=auto's fixed rule per instruction-set level: the GPT's linears
  * (small GPT 16 x 64 tokens, GPT-2 124M 4 x 64) forward and input gradient
  * on the own kernel from 512 rows with K <= 512 on AVX2, from 128 rows up
- * to K = 4096 on AVX-512; weight gradients (TN) on OpenBLAS on both. */
+ * to K = 4096 on AVX-512; weight gradients (TN) from K = 256 on AVX-512
+ * only. */
 static void test_auto_rule(void) {
     static const struct {
         bool ta, tb;
@@ -297,12 +298,14 @@ static void test_auto_rule(void) {
     } rows[] = {
         {false, true, 1024, 384, 128, true, true},    /* small GPT c_attn forward */
         {false, false, 1024, 128, 512, true, true},   /* small GPT mlp.c_proj input gradient */
-        {true, false, 384, 128, 1024, false, false},  /* small GPT c_attn weight gradient */
+        {true, false, 384, 128, 1024, false, true},   /* small GPT c_attn weight gradient */
         {false, true, 256, 2304, 768, false, true},   /* GPT-2 c_attn forward at 4 x 64 */
         {false, false, 256, 768, 3072, false, true},  /* GPT-2 mlp.c_fc input gradient */
         {false, true, 256, 50304, 768, false, true},  /* GPT-2 lm_head forward */
         {false, false, 256, 768, 50304, false, false}, /* GPT-2 lm_head input gradient */
-        {true, false, 3072, 768, 256, false, false},  /* GPT-2 mlp.c_fc weight gradient */
+        {true, false, 3072, 768, 256, false, true},   /* GPT-2 mlp.c_fc weight gradient */
+        {true, false, 50304, 768, 256, false, false}, /* GPT-2 lm_head weight gradient */
+        {true, false, 64, 32, 64, false, false},      /* attention's dV, dK tiles (attention.c's own call) */
         {false, true, 256, 10, 128, false, false},    /* the mlp's 10 classes */
         {false, true, 64, 64, 32, false, false},      /* below the rows */
     };

@@ -47,14 +47,17 @@ void lk__cpu_gemm_set_mode(lk__gemm_mode mode) { __atomic_store_n(&gemm_mode, (i
  * autoencoder at batch 256; not a thin N or K (the mlp's 10 classes:
  * 0.68-0.93x) nor the lm_head's input gradient (K = 50304, 0.98x).
  *
- * Neither sends the weight gradients (TN, K = the token rows): the blocked
- * form (gemm_small.c) runs them at 0.94-1.04x OpenBLAS on both, not a win.
+ * The weight gradients (TN, K = the token rows, the blocked form of
+ * gemm_small.c): on AVX-512 from K = 256 (to 4096), 64 to 4096 rows and
+ * 128 columns, 1.00-1.09x OpenBLAS at the small GPT's, GPT-2 124M's (but
+ * its 50304-row lm_head, not measured), the mlp's and the autoencoder's;
+ * not on AVX2, where the copy ran GPT-2's at 0.78-0.92x.
  * Attention's tiles take the own kernel whatever their shape
  * (attention.c). The decision is made on the whole GEMM, before any cut
  * across threads. */
 bool lk__cpu_gemm_own_rule(lk_isa_level isa, bool ta, bool tb, int64_t M, int64_t N, int64_t K) {
     (void)tb;
-    if (ta) return false;
+    if (ta) return isa >= LK_ISA_AVX512 && K >= 256 && K <= 4096 && M >= 64 && M <= 4096 && N >= 128;
     if (isa >= LK_ISA_AVX512) return M >= 128 && N >= 64 && K >= 64 && K <= 4096;
     return M >= 512 && K <= 512 && N <= 4096;
 }

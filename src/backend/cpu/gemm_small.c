@@ -10,8 +10,8 @@
  * there, a register-blocked micro-kernel broadcasts its elements straight
  * from memory (MR row pointers advancing by 1, or one pointer advancing by
  * lda when A is transposed). A transposed A with a long K (the weight
- * gradients, dW = X^T dY) takes a blocked form that packs both operands
- * and cuts K (gemm_ta_blocked below). MR x NR accumulators live in registers: 6 x 16 in
+ * gradients, dW = X^T dY) takes a blocked form that cuts K into blocks
+ * (gemm_ta_blocked below). MR x NR accumulators live in registers: 6 x 16 in
  * 12 ymm (AVX2 + FMA), 6 x 32 in 12 zmm (AVX-512), 6 x 16 in an array in
  * the plain C copy below them. The copies are the same source compiled per
  * instruction set (LK_ISA_SOURCES, backend/isa.h) and picked by cpuid.
@@ -32,7 +32,6 @@
  * -0 = +0), so with finite operands the skipped form gives the full one's
  * bits. */
 #include <math.h>
-#include <string.h>
 
 #include "backend/cpu/cpu_impl.h"
 #include "backend/cpu/gemm_small.h"
@@ -237,12 +236,14 @@ static void tiles(int64_t i0, int64_t i1, int64_t jp0, int64_t jp1, int64_t M, i
 
 /* The weight gradients' shape: op(A) = A^T with a long K (the token rows),
  * dW = X^T dY. A's rows are k, so op(A)'s MR rows at one k are MR floats
- * side by side, but every k is another line of A, and of B: unpacked, the
- * micro-kernel runs from L3. So both are packed, GotoBLAS's way: a block of
- * op(B), KC x NC (at most PACK_ALL_BYTES, in L2), as panels of NR columns;
- * for each MR rows of op(A), its KC x MR micro-panel (L1), which meets
- * every panel of the block. K longer than KC is cut into blocks, and the
- * chains of a C element cross them through the partial sums (an MC x NC
+ * side by side, but every k is another line of A, and of B: over all of
+ * K, the micro-kernel runs from L3. So K is cut into blocks of at most
+ * KC_MAX, GotoBLAS's way: a block of op(B), KC x NC (at most
+ * PACK_ALL_BYTES, in L2), packed as panels of NR columns; op(A)'s MR rows
+ * read in place, their KC lines of A staying in L1 while they meet every
+ * panel of the block (packing them too, as KC x MR micro-panels, measured
+ * 5-8% slower: the copy, not the reads, was the cost). The cut of K: the
+ * chains of a C element cross the blocks through the partial sums (an MC x NC
  * f32 array): a tile of the next block reloads its accumulators from there
  * and resumes the same chain at the next k, and only the last block runs
  * the epilogue into C. Storing an f32 accumulator and loading it back is
@@ -261,10 +262,10 @@ static bool gemm_ta_blocked(bool tb, int64_t M, int64_t N, int64_t K, float alph
     int64_t ldp = ncp * NR, mc = (M + MR - 1) / MR * MR;
     if (nkb > 1 && mc * ldp > PART_FLOATS) mc = PART_FLOATS / ldp / MR * MR;
     if (mc < MR) mc = MR;
-    size_t floats = (size_t)(kc_max * ldp + kc_max * MR) + (nkb > 1 ? (size_t)(mc * ldp) : 0);
+    size_t floats = (size_t)(kc_max * ldp) + (nkb > 1 ? (size_t)(mc * ldp) : 0);
     float *bp = lk__cpu_scratch_for(LK__SCRATCH_OWN_GEMM, floats * sizeof(float));
     if (!bp) return false;
-    float *ap = bp + kc_max * ldp, *part = ap + kc_max * MR;
+    float *part = bp + kc_max * ldp;
     for (int64_t jc = 0; jc < N; jc += ldp) {
         int64_t nc = N - jc < ldp ? N - jc : ldp, np = (nc + NR - 1) / NR;
         for (int64_t ic = 0; ic < M; ic += mc) {
@@ -277,18 +278,16 @@ static bool gemm_ta_blocked(bool tb, int64_t M, int64_t N, int64_t K, float alph
                     pack_b(tb, kc, Bk, ldb, jc + jp * NR, nc - jp * NR < NR ? nc - jp * NR : NR, bp + jp * kc * NR);
                 for (int64_t i0 = ic; i0 < ie; i0 += MR) {
                     int64_t m = M - i0 < MR ? M - i0 : MR;
-                    /* rows past m repeat row 0 (computed, never stored) */
+                    /* op(A)'s MR rows at this block's k: MR floats of a line of A a k, not
+                     * copied (a copy cost 5-8%): the block's kc lines stay in L1 across the
+                     * panels; rows past m repeat row 0 (computed, never stored) */
                     const float *As = A + pc * lda + i0;
-                    if (m == MR) /* a fixed 24 bytes: two moves, not a loop (the loop was 14% of the GEMM) */
-                        for (int64_t k = 0; k < kc; k++) memcpy(ap + k * MR, As + k * lda, MR * sizeof(float));
-                    else
-                        for (int64_t k = 0; k < kc; k++)
-                            for (int64_t r = 0; r < MR; r++) ap[k * MR + r] = As[k * lda + (r < m ? r : 0)];
-                    const float *a[MR] = {ap, ap + 1, ap + 2, ap + 3, ap + 4, ap + 5};
+                    const float *a[MR];
+                    for (int r = 0; r < MR; r++) a[r] = As + (r < m ? r : 0);
                     for (int64_t jp = 0; jp < np; jp++) {
                         int64_t j0 = jc + jp * NR;
                         float *p = part + (i0 - ic) * ldp + jp * NR;
-                        tile(kc, a, MR, bp + jp * kc * NR, m, N - j0 < NR ? N - j0 : NR, alpha, beta, C + i0 * ldc + j0,
+                        tile(kc, a, lda, bp + jp * kc * NR, m, N - j0 < NR ? N - j0 : NR, alpha, beta, C + i0 * ldc + j0,
                              ldc, first ? NULL : p, last ? NULL : p, ldp);
                     }
                 }
