@@ -23,7 +23,9 @@
  * GPT, 12,12,768,64,50304 GPT-2 124M): every linear's forward, input and
  * weight gradient at BATCH x T rows, and attention's six tile GEMMs of one
  * head at T (q, k, v strided by 3C as the kernel reads them), each the
- * fastest of its repetitions, alternating the two kernels. */
+ * fastest of its repetitions in the thread's CPU time, alternating the two
+ * kernels. The own kernel's copy is this CPU's best; LK_CPU_ISA=avx2 (or
+ * baseline) measures a lower one here. */
 #define _GNU_SOURCE
 #include <cblas.h>
 #include <pthread.h>
@@ -174,19 +176,31 @@ static void measure(int threads, double seconds, double *gemm_s, double *bw) {
 /* liblockstep's (src/backend/cpu/gemm_small.h): the copy for this CPU */
 bool lk__cpu_sgemm_own(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
                        const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
+/* backend/isa.h's (the levels as int): which copy runs */
+int lk__cpu_isa_init(void);
+const char *lk__cpu_isa_name(int level);
 
-/* The fastest of at least 5 calls over `seconds` of one GEMM, own or OpenBLAS. */
+/* This thread's CPU time: a shared machine's other work then adds no
+ * preemption to a call, only what it does to the caches. */
+static double cpu_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* The fastest of at least 5 calls over `seconds` of one GEMM, own or
+ * OpenBLAS, in the thread's CPU time. */
 static double time_one(int own, int ta, int tb, int m, int n, int k, const float *a, int lda, const float *b, int ldb,
                        float beta, float *c, int ldc, double seconds) {
     double best = 1e30, t_end = now() + seconds;
     for (int r = 0; r < 5 || now() < t_end; r++) {
-        double t0 = now();
+        double t0 = cpu_now();
         if (own) lk__cpu_sgemm_own(ta, tb, m, n, k, 1.0f, a, lda, b, ldb, beta, c, ldc);
         else
             cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, k, 1.0f, a,
                         lda, b, ldb, beta, c, ldc);
-        double t = now() - t0;
-        if (t < best) best = t;
+        double t = cpu_now() - t0;
+        if (t > 0 && t < best) best = t; /* a rare 0 (a migration?) is no measurement */
     }
     return best;
 }
@@ -217,7 +231,8 @@ static int shapes(const char *spec, int batch, double seconds) {
         return 2;
     }
     int R = batch * T, D = C / H;
-    printf("GEMM GFLOP/s, 1 thread, OpenBLAS against lockstep's own (gpt %s, %d x %d tokens)\n", spec, batch, T);
+    printf("GEMM GFLOP/s, 1 thread (CPU time), OpenBLAS against lockstep's own, its %s copy (gpt %s, %d x %d tokens)\n",
+           lk__cpu_isa_name(lk__cpu_isa_init()), spec, batch, T);
     printf("%-22s op %6s %6s %6s %9s %9s %8s\n", "gemm", "M", "N", "K", "openblas", "own", "speedup");
     static const struct { const char *name; int in, out; } lin[] = {
         {"c_attn", 1, 3}, {"attn.c_proj", 1, 1}, {"mlp.c_fc", 1, 4}, {"mlp.c_proj", 4, 1}};

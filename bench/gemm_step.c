@@ -19,7 +19,7 @@
  * each rank writes its own table (the file name gets ".<pid>").
  * It sees only what reaches cblas_sgemm: the GEMMs that LK_GEMM=auto sends
  * to lockstep's own kernel (src/backend/cpu/gemm_small.c: attention's tiles,
- * the GPT's linears at >= 512 token rows) pass it by; run with
+ * the forward and input gradients of lk__cpu_gemm_own_rule) pass it by; run with
  * LK_GEMM=blas for every GEMM, or profile the own kernel with perf. */
 #define _GNU_SOURCE
 #include <cblas.h>

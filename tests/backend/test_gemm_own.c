@@ -6,9 +6,13 @@
  * C full of NaN under beta 0 (never read). The tolerance is the bound of a
  * K-term fused multiply-add chain plus the epilogue's two roundings:
  * (K + 2) 2^-24 (|alpha| sum_k |a_ik b_kj| + |beta c_ij|), plus 1e-30.
- * Then the bits: every instruction-set copy this CPU can run gives the same
- * C, a GEMM cut into row or column pieces gives the whole one's bits, and
- * LK_GEMM=own sends the backend's threaded GEMM through the same chains. */
+ * Then the bits: the blocked form of a transposed A with a long K (the
+ * weight gradients) gives the one FMA chain's bits exactly (a scalar fmaf
+ * chain as reference), every instruction-set copy this CPU can run gives
+ * the same C, a GEMM cut into row or column pieces gives the whole one's
+ * bits, and LK_GEMM=own sends the backend's threaded GEMM through the same
+ * chains; LK_GEMM=auto's rule per instruction-set level (the CPU's, so
+ * that LK_CPU_ISA's lowering changes no routing). */
 #include <stdint.h>
 #include <unistd.h>
 
@@ -117,10 +121,69 @@ static void test_grid(void) {
 
 static bool same(const float *x, const float *y, size_t n) { return !memcmp(x, y, n * sizeof *x); }
 
+/* The rule itself, in scalar code: C[i][j] = fma(beta, C, alpha chain)
+ * where chain is one fmaf over k = 0 .. K - 1 from +0; rows [r0, r1). */
+static int exact_rows(const gcase *g, float alpha, float beta, const float *C, int64_t r0, int64_t r1) {
+    int bad = 0;
+    for (int64_t i = r0; i < r1; i++)
+        for (int64_t j = 0; j < g->N; j++) {
+            float acc = 0.0f;
+            for (int64_t k = 0; k < g->K; k++) {
+                float a = g->ta ? g->A[k * g->lda + i] : g->A[i * g->lda + k];
+                float b = g->tb ? g->B[j * g->ldb + k] : g->B[k * g->ldb + j];
+                acc = fmaf(a, b, acc);
+            }
+            float t = alpha * acc, want = beta == 0.0f ? t : fmaf(beta, g->C0[i * g->ldc + j], t);
+            if (memcmp(&want, &C[i * g->ldc + j], sizeof want)) bad++;
+        }
+    return bad;
+}
+
+/* A transposed A with K >= 256 (the weight gradients' shape) takes the
+ * blocked form: K cut into blocks of at most 512 whose chains resume from
+ * partial sums, N into blocks of packed panels, M into chunks of rows when
+ * the partial sums would pass 4 MiB. Every C element must still be the one
+ * chain in k order, bit for bit: K at one, two and three blocks and on
+ * their edges, N over one and several blocks, M on the tiles' edges, and a
+ * tall case (32,780 rows, 2 blocks of K) whose partial sums take two chunks
+ * (checked at the chunks' seam and ends; the copies compare all of it). */
+static void test_ta_blocked(void) {
+    static const int64_t shapes[][3] = {{13, 40, 256}, {50, 300, 511}, {7, 33, 512}, {67, 600, 513},
+                                        {6, 17, 1024}, {31, 290, 1500}, {1, 1, 700}};
+    int n = 0;
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
+        for (int tb = 0; tb < 2; tb++, n++) {
+            float al = alphas[n % 4], be = betas[n % 4];
+            gcase g = make(true, tb, shapes[s][0], shapes[s][1], shapes[s][2], 1 + n % 3, be == 0.0f);
+            float *C = run_own(&g, al, be);
+            int bad = exact_rows(&g, al, be, C, 0, g.M);
+            CHECK_MSG(!bad, "T%c M %lld N %lld K %lld: %d elements are not the one FMA chain's bits", tb ? 'T' : 'N',
+                      (long long)g.M, (long long)g.N, (long long)g.K, bad);
+            free(C);
+            drop(&g);
+            if (s < 3) check_ref(true, tb, shapes[s][0], shapes[s][1], shapes[s][2], al, be, 2);
+        }
+    gcase g = make(true, false, 32780, 17, 513, 0, false);
+    float *C = run_own(&g, 1.0f, 1.0f);
+    int bad = exact_rows(&g, 1.0f, 1.0f, C, 0, 6) + exact_rows(&g, 1.0f, 1.0f, C, 32760, 32780);
+    CHECK_MSG(!bad, "32780 x 17 x 513 TN: %d elements are not the one FMA chain's bits", bad);
+    lk_isa_level best = lk__cpu_isa();
+    for (int l = 0; l < (int)best; l++) {
+        __atomic_store_n(&lk__cpu_isa_level, l, __ATOMIC_RELAXED);
+        float *C2 = run_own(&g, 1.0f, 1.0f);
+        CHECK_MSG(same(C, C2, (size_t)(g.M * g.ldc)), "32780 x 17 x 513 TN: the %s copy differs from %s",
+                  lk__cpu_isa_name((lk_isa_level)l), lk__cpu_isa_name(best));
+        free(C2);
+    }
+    __atomic_store_n(&lk__cpu_isa_level, (int)best, __ATOMIC_RELAXED);
+    free(C);
+    drop(&g);
+}
+
 /* Each copy this CPU runs (baseline, avx2, avx512 as built) gives the same bits. */
 static void test_isa_copies(void) {
     lk_isa_level best = lk__cpu_isa();
-    static const int64_t shapes[][3] = {{64, 64, 32}, {67, 33, 67}, {13, 49, 128}, {6, 16, 1}};
+    static const int64_t shapes[][3] = {{64, 64, 32}, {67, 33, 67}, {13, 49, 128}, {6, 16, 1}, {67, 300, 1030}};
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
         for (int t = 0; t < 4; t++) {
             gcase g = make(t & 1, t & 2, shapes[s][0], shapes[s][1], shapes[s][2], 3, false);
@@ -141,9 +204,9 @@ static void test_isa_copies(void) {
 
 /* Rows [0, m1) and [m1, M) (or columns) in two calls: the whole call's bits. */
 static void test_cuts(void) {
-    for (int t = 0; t < 4; t++) {
+    for (int t = 0; t < 8; t++) { /* t >= 4: K = 600, two blocks of K when A is transposed */
         bool ta = t & 1, tb = t & 2;
-        gcase g = make(ta, tb, 45, 70, 37, 2, false);
+        gcase g = make(ta, tb, 45, 70, t < 4 ? 37 : 600, 2, false);
         float *ref = run_own(&g, 1.0f, 0.5f);
         for (int64_t cut = 1; cut < 45; cut += 7) {
             float *C = malloc((size_t)(g.M * g.ldc + 1) * sizeof *C);
@@ -222,6 +285,53 @@ static void test_tri(void) {
             }
 }
 
+/* LK_GEMM=auto's fixed rule per instruction-set level: the GPT's linears
+ * (small GPT 16 x 64 tokens, GPT-2 124M 4 x 64) forward and input gradient
+ * on the own kernel from 512 rows with K <= 512 on AVX2, from 128 rows up
+ * to K = 4096 on AVX-512; weight gradients (TN) from K = 256 on AVX-512
+ * only. */
+static void test_auto_rule(void) {
+    static const struct {
+        bool ta, tb;
+        int64_t M, N, K;
+        bool avx2, avx512;
+    } rows[] = {
+        {false, true, 1024, 384, 128, true, true},    /* small GPT c_attn forward */
+        {false, false, 1024, 128, 512, true, true},   /* small GPT mlp.c_proj input gradient */
+        {true, false, 384, 128, 1024, false, true},   /* small GPT c_attn weight gradient */
+        {false, true, 256, 2304, 768, false, true},   /* GPT-2 c_attn forward at 4 x 64 */
+        {false, false, 256, 768, 3072, false, true},  /* GPT-2 mlp.c_fc input gradient */
+        {false, true, 256, 50304, 768, false, true},  /* GPT-2 lm_head forward */
+        {false, false, 256, 768, 50304, false, false}, /* GPT-2 lm_head input gradient */
+        {true, false, 3072, 768, 256, false, true},   /* GPT-2 mlp.c_fc weight gradient */
+        {true, false, 50304, 768, 256, false, false}, /* GPT-2 lm_head weight gradient */
+        {true, false, 64, 32, 64, false, false},      /* attention's dV, dK tiles (attention.c's own call) */
+        {false, true, 256, 10, 128, false, false},    /* the mlp's 10 classes */
+        {false, true, 64, 64, 32, false, false},      /* below the rows */
+    };
+    for (size_t i = 0; i < sizeof rows / sizeof *rows; i++) {
+        CHECK_MSG(lk__cpu_gemm_own_rule(LK_ISA_AVX2, rows[i].ta, rows[i].tb, rows[i].M, rows[i].N, rows[i].K) ==
+                      rows[i].avx2, "avx2 rule, row %zu", i);
+        CHECK_MSG(lk__cpu_gemm_own_rule(LK_ISA_BASELINE, rows[i].ta, rows[i].tb, rows[i].M, rows[i].N, rows[i].K) ==
+                      rows[i].avx2, "baseline rule, row %zu", i);
+        CHECK_MSG(lk__cpu_gemm_own_rule(LK_ISA_AVX512, rows[i].ta, rows[i].tb, rows[i].M, rows[i].N, rows[i].K) ==
+                      rows[i].avx512, "avx512 rule, row %zu", i);
+        CHECK(lk__cpu_gemm_own_shape(rows[i].ta, rows[i].tb, rows[i].M, rows[i].N, rows[i].K) ==
+              (lk__cpu_caps().avx512f ? rows[i].avx512 : rows[i].avx2));
+    }
+    /* the CPU's level, not the loops': LK_CPU_ISA lowered changes no routing, so no result */
+    lk_isa_level best = lk__cpu_isa();
+    CHECK(lk__cpu_gemm_rule_level() == (lk__cpu_caps().avx512f ? LK_ISA_AVX512 : LK_ISA_AVX2));
+    for (int l = 0; l < (int)best; l++) {
+        __atomic_store_n(&lk__cpu_isa_level, l, __ATOMIC_RELAXED);
+        for (size_t i = 0; i < sizeof rows / sizeof *rows; i++)
+            CHECK_MSG(lk__cpu_gemm_own_shape(rows[i].ta, rows[i].tb, rows[i].M, rows[i].N, rows[i].K) ==
+                          (lk__cpu_caps().avx512f ? rows[i].avx512 : rows[i].avx2),
+                      "the rule moved with the loops' level %s, row %zu", lk__cpu_isa_name((lk_isa_level)l), i);
+    }
+    __atomic_store_n(&lk__cpu_isa_level, (int)best, __ATOMIC_RELAXED);
+}
+
 /* LK_GEMM picks the kernel; a value it does not know is named in a warning
  * and the automatic choice runs. */
 static void test_env(void) {
@@ -247,5 +357,6 @@ static void test_env(void) {
     lk__cpu_gemm_set_mode(old);
 }
 
-LK_TEST_MAIN(LK_TEST_CASE(test_edges), LK_TEST_CASE(test_tri), LK_TEST_CASE(test_grid), LK_TEST_CASE(test_isa_copies), LK_TEST_CASE(test_cuts),
-             LK_TEST_CASE(test_mode), LK_TEST_CASE(test_env))
+LK_TEST_MAIN(LK_TEST_CASE(test_edges), LK_TEST_CASE(test_tri), LK_TEST_CASE(test_grid), LK_TEST_CASE(test_ta_blocked),
+             LK_TEST_CASE(test_isa_copies), LK_TEST_CASE(test_cuts),
+             LK_TEST_CASE(test_mode), LK_TEST_CASE(test_auto_rule), LK_TEST_CASE(test_env))

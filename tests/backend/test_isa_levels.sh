@@ -5,7 +5,8 @@
 # with dropout (element-wise, dropout's mask and scaling, cross-entropy,
 # Adam; 16-bit conversions under bf16-mixed and 16-mixed), the autoencoder
 # (MSE, AdamW with weight decay), the cnn (im2col, pooling, batch norm,
-# SGD with momentum) and 2-rank ddp (the all-reduce's sums, RMSprop).
+# SGD with momentum), 2-rank ddp (the all-reduce's sums, RMSprop) and an
+# mlp wide and tall enough for LK_GEMM=auto's own GEMM on AVX-512.
 # On a CPU with nothing above the build's baseline there is nothing to
 # compare: skipped (77).
 . "$(dirname "$0")/../cli/lib.sh"
@@ -46,9 +47,16 @@ ae=(--model.class_path autoencoder --model.init_args.input_dim 40 --model.init_a
 cnn=(--model.class_path cnn --model.init_args.image_size 8 --model.init_args.channels '[4, 8]'
      --model.init_args.hidden 16 --model.init_args.num_classes 4 --data.init_args.input_shape '[1, 8, 8]'
      --optimizer.name sgd --optimizer.lr 0.05 --optimizer.momentum 0.9)
+# 256 rows x 1024 inputs: on an AVX-512 CPU LK_GEMM=auto sends the first
+# layer's forward to lockstep's own GEMM (src/backend/cpu/gemm.c; K deep
+# enough that OpenBLAS's bits differ), whose rule must follow the CPU, not
+# LK_CPU_ISA's lowering (on an AVX2 CPU it stays on OpenBLAS at every level)
+wide=(--model.class_path mlp --model.init_args.input_dim 1024 --model.init_args.hidden '[128]'
+      --model.init_args.num_classes 4 --data.init_args.input_shape '[1024]' --data.init_args.batch_size 256
+      --data.init_args.num_samples 768)
 ddp=("${mlp[@]}" --trainer.devices 2 --trainer.strategy ddp --optimizer.name rmsprop --optimizer.lr 0.001)
 for p in 32-true bf16-mixed 16-mixed; do
-  for m in mlp ae cnn ddp; do
+  for m in mlp ae cnn ddp wide; do
     eval "args=(\"\${$m[@]}\")"
     ref=$(fit "$m-$p" auto "${args[@]}" --trainer.precision "$p")
     check "$m $p at $auto: a checkpoint ($ref)" grep -qE '^[0-9]+ [0-9]+$' <<<"$ref"

@@ -26,20 +26,55 @@ lk__gemm_mode lk__cpu_gemm_mode(void) {
 void lk__cpu_gemm_set_mode(lk__gemm_mode mode) { __atomic_store_n(&gemm_mode, (int)mode, __ATOMIC_RELAXED); }
 
 /* LK_GEMM=auto's rule, fixed (never timed at run time, so a machine's runs
- * stay bitwise repeatable), from `bench/gemm_rate --shapes` on AVX2
- * (docs/BENCHMARKS.md, "The GPT step"): the own kernel where OpenBLAS was
- * behind it, the GPT's linears at its token rows (M = batch x T >= 512)
- * with a short inner dimension (K <= 512: op(B)'s panel, K x 16 floats,
- * stays in L1/L2) and not a vocabulary-wide N, forward (NT) and input
- * gradient (NN). Not the weight gradients (TN, K = the token rows: the
- * unpacked, transposed A runs from L3 there, 0.5-0.7x OpenBLAS), nor a few
- * hundred rows (GPT-2 at 4 x 64 tokens, the mlp and the autoencoder at
- * their batch of 256, which keep OpenBLAS's bits). Attention's tiles take
- * the own kernel whatever their shape (attention.c). The decision is made
- * on the whole GEMM, before any cut across threads. */
-bool lk__cpu_gemm_own_shape(bool ta, bool tb, int64_t M, int64_t N, int64_t K) {
+ * stay bitwise repeatable) and per instruction-set level of the CPU
+ * (cpuid's AVX-512 foundation; not LK_CPU_ISA's lowering, so that running
+ * lockstep's loops at a lower level never changes a result, isa.h's
+ * promise: the own kernel's copies give the same bits, but it and OpenBLAS
+ * do not; ranks on CPUs of different kinds may differ in the last bits, as
+ * OpenBLAS's own per-CPU kernels already make them), from `bench/gemm_rate
+ * --shapes` (docs/BENCHMARKS.md, "The GPT step"):
+ *
+ * AVX2 (measured on Zen 3): the GPT's linears at its token rows (M = batch
+ * x T >= 512) with a short inner dimension (K <= 512: op(B)'s panel, K x
+ * 16 floats, stays in L1/L2) and not a vocabulary-wide N, forward (NT) and
+ * input gradient (NN), 1.03-1.24x OpenBLAS; not a few hundred rows (GPT-2
+ * at 4 x 64 tokens, the mlp and the autoencoder at their batch of 256).
+ *
+ * AVX-512 (measured on Zen 4, 6 x 32 tiles): forward and input gradient
+ * from 128 rows, 64 columns and 64 deep up to K = 4096, 1.03-1.14x
+ * OpenBLAS at every such shape of the small GPT, GPT-2 124M at 4 x 64
+ * tokens (its lm_head's forward too, N = 50304), the mlp and the
+ * autoencoder at batch 256; not a thin N or K (the mlp's 10 classes:
+ * 0.68-0.93x) nor the lm_head's input gradient (K = 50304, 0.98x).
+ *
+ * The weight gradients (TN, K = the token rows, the blocked form of
+ * gemm_small.c): on AVX-512 from K = 256 (to 4096), 64 to 4096 rows and
+ * 128 columns, 1.00-1.09x OpenBLAS at the small GPT's, GPT-2 124M's (but
+ * its 50304-row lm_head, not measured), the mlp's and the autoencoder's;
+ * not on AVX2, where the copy ran GPT-2's at 0.78-0.92x.
+ * Attention's tiles take the own kernel whatever their shape
+ * (attention.c). The decision is made on the whole GEMM, before any cut
+ * across threads. */
+bool lk__cpu_gemm_own_rule(lk_isa_level isa, bool ta, bool tb, int64_t M, int64_t N, int64_t K) {
     (void)tb;
-    return !ta && M >= 512 && K <= 512 && N <= 4096;
+    if (ta) return isa >= LK_ISA_AVX512 && K >= 256 && K <= 4096 && M >= 64 && M <= 4096 && N >= 128;
+    if (isa >= LK_ISA_AVX512) return M >= 128 && N >= 64 && K >= 64 && K <= 4096;
+    return M >= 512 && K <= 512 && N <= 4096;
+}
+
+static int rule_level = -1; /* the CPU's, read once: cpuid traps in a VM, and this runs per GEMM */
+
+lk_isa_level lk__cpu_gemm_rule_level(void) {
+    int v = __atomic_load_n(&rule_level, __ATOMIC_RELAXED);
+    if (v < 0) {
+        v = lk__cpu_caps().avx512f ? LK_ISA_AVX512 : LK_ISA_AVX2;
+        __atomic_store_n(&rule_level, v, __ATOMIC_RELAXED);
+    }
+    return (lk_isa_level)v;
+}
+
+bool lk__cpu_gemm_own_shape(bool ta, bool tb, int64_t M, int64_t N, int64_t K) {
+    return lk__cpu_gemm_own_rule(lk__cpu_gemm_rule_level(), ta, tb, M, N, K);
 }
 
 bool lk__cpu_sgemm_own(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,

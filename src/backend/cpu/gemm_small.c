@@ -6,16 +6,19 @@
  * Shape of the work: op(B) is packed in panels of NR columns (K x NR
  * floats, zero-padded past N), all of them when they fit in L2 (then blocks
  * of op(A)'s rows that fit in L1 meet every panel in turn, so A comes from
- * memory once), else one at a time against all of A; op(A) is never packed,
- * a register-blocked micro-kernel broadcasts its elements straight from
- * memory (MR row pointers advancing by 1, or one pointer advancing by lda
- * when A is transposed). MR x NR accumulators live in registers: 6 x 16 in
+ * memory once), else one at a time against all of A; op(A) is not packed
+ * there, a register-blocked micro-kernel broadcasts its elements straight
+ * from memory (MR row pointers advancing by 1, or one pointer advancing by
+ * lda when A is transposed). A transposed A with a long K (the weight
+ * gradients, dW = X^T dY) takes a blocked form that cuts K into blocks
+ * (gemm_ta_blocked below). MR x NR accumulators live in registers: 6 x 16 in
  * 12 ymm (AVX2 + FMA), 6 x 32 in 12 zmm (AVX-512), 6 x 16 in an array in
  * the plain C copy below them. The copies are the same source compiled per
  * instruction set (LK_ISA_SOURCES, backend/isa.h) and picked by cpuid.
  *
  * The bits: every C element is one fused multiply-add chain over k = 0,
- * 1, ..., K - 1 from +0 (never split over K, never reassociated), then
+ * 1, ..., K - 1 from +0 (never split into partial sums that are added,
+ * never reassociated; a cut of K resumes the chain), then
  * t = alpha acc and C = beta == 0 ? t : fma(beta, C, t). That does not
  * depend on the tile shape, the copy (the plain C one uses fmaf, exact on
  * any CPU), nor where a caller cuts M or N across threads, so the result is
@@ -121,9 +124,15 @@ typedef __m256 vec;
 /* One MR x NR tile: a[r] is op(A)'s row r at k = 0, advancing by ka per k;
  * rows past m repeat row 0 (computed, never stored). */
 static void tile(int64_t K, const float *const a[MR], int64_t ka, const float *bp, int64_t m, int64_t n, float alpha,
-                 float beta, float *C, int64_t ldc) {
+                 float beta, float *C, int64_t ldc, const float *pin, float *pout, int64_t ldp) {
     vec c00 = vzero(), c01 = vzero(), c10 = vzero(), c11 = vzero(), c20 = vzero(), c21 = vzero();
     vec c30 = vzero(), c31 = vzero(), c40 = vzero(), c41 = vzero(), c50 = vzero(), c51 = vzero();
+    if (pin) { /* the chains so far (an earlier block of k), resumed */
+        c00 = vload(pin), c01 = vload(pin + VW), c10 = vload(pin + ldp), c11 = vload(pin + ldp + VW);
+        c20 = vload(pin + 2 * ldp), c21 = vload(pin + 2 * ldp + VW), c30 = vload(pin + 3 * ldp);
+        c31 = vload(pin + 3 * ldp + VW), c40 = vload(pin + 4 * ldp), c41 = vload(pin + 4 * ldp + VW);
+        c50 = vload(pin + 5 * ldp), c51 = vload(pin + 5 * ldp + VW);
+    }
     const float *a0 = a[0], *a1 = a[1], *a2 = a[2], *a3 = a[3], *a4 = a[4], *a5 = a[5];
     for (int64_t k = 0; k < K; k++) {
         vec b0 = vload(bp), b1 = vload(bp + VW), t;
@@ -143,6 +152,10 @@ static void tile(int64_t K, const float *const a[MR], int64_t ka, const float *b
         a0 += ka, a1 += ka, a2 += ka, a3 += ka, a4 += ka, a5 += ka;
     }
     vec acc[2 * MR] = {c00, c01, c10, c11, c20, c21, c30, c31, c40, c41, c50, c51};
+    if (pout) { /* more blocks of k to come: the chains as they stand, no epilogue */
+        for (int r = 0; r < MR; r++) vstore(pout + r * ldp, acc[2 * r]), vstore(pout + r * ldp + VW, acc[2 * r + 1]);
+        return;
+    }
     if (m == MR && n == NR) {
         vec va = vset1(alpha), vb = vset1(beta);
         for (int r = 0; r < MR; r++)
@@ -164,13 +177,20 @@ static void tile(int64_t K, const float *const a[MR], int64_t ka, const float *b
 #else /* the plain C copy: the same chains through fmaf */
 
 static void tile(int64_t K, const float *const a[MR], int64_t ka, const float *bp, int64_t m, int64_t n, float alpha,
-                 float beta, float *C, int64_t ldc) {
+                 float beta, float *C, int64_t ldc, const float *pin, float *pout, int64_t ldp) {
     float acc[MR * NR] = {0};
+    for (int r = 0; r < MR && pin; r++)
+        for (int c = 0; c < NR; c++) acc[r * NR + c] = pin[r * ldp + c];
     for (int64_t k = 0; k < K; k++, bp += NR)
         for (int r = 0; r < MR; r++) {
             float x = a[r][k * ka];
             for (int c = 0; c < NR; c++) acc[r * NR + c] = fmaf(x, bp[c], acc[r * NR + c]);
         }
+    if (pout) {
+        for (int r = 0; r < MR; r++)
+            for (int c = 0; c < NR; c++) pout[r * ldp + c] = acc[r * NR + c];
+        return;
+    }
     store_edge(acc, m, n, alpha, beta, C, ldc);
 }
 
@@ -191,7 +211,7 @@ static void k_range(lk__gemm_tri tri, int64_t off, int64_t i0, int64_t m, int64_
 /* The tiles of rows [i0, i1) against the packed panels [jp0, jp1) (panel jp
  * at bps + jp K NR). */
 static void tiles(int64_t i0, int64_t i1, int64_t jp0, int64_t jp1, int64_t M, int64_t N, int64_t K, float alpha,
-                  const float *A, int64_t abase, int64_t ia, int64_t ka, const float *bps, float beta, float *C,
+                  const float *A, int64_t ia, int64_t ka, const float *bps, float beta, float *C,
                   int64_t ldc, lk__gemm_tri tri, int64_t off) {
     for (int64_t jp = jp0; jp < jp1; jp++) {
         int64_t j0 = jp * NR, n = N - j0 < NR ? N - j0 : NR;
@@ -202,8 +222,8 @@ static void tiles(int64_t i0, int64_t i1, int64_t jp0, int64_t jp1, int64_t M, i
             if (tri == LK__TRI_C_LOWER && j0 > r0 + m - 1 + off) continue;
             k_range(tri, off, r0, m, K, &k0, &k1);
             const float *a[MR];
-            for (int r = 0; r < MR; r++) a[r] = A + (r0 - abase + (r < m ? r : 0)) * ia + k0 * ka;
-            tile(k1 - k0, a, ka, bp + k0 * NR, m, n, alpha, beta, C + r0 * ldc + j0, ldc);
+            for (int r = 0; r < MR; r++) a[r] = A + (r0 + (r < m ? r : 0)) * ia + k0 * ka;
+            tile(k1 - k0, a, ka, bp + k0 * NR, m, n, alpha, beta, C + r0 * ldc + j0, ldc, NULL, NULL, 0);
         }
     }
 }
@@ -214,46 +234,95 @@ static void tiles(int64_t i0, int64_t i1, int64_t jp0, int64_t jp1, int64_t M, i
 #define PACK_ALL_BYTES (512 * 1024)
 #define A_BLOCK_BYTES (16 * 1024)
 
+/* The weight gradients' shape: op(A) = A^T with a long K (the token rows),
+ * dW = X^T dY. A's rows are k, so op(A)'s MR rows at one k are MR floats
+ * side by side, but every k is another line of A, and of B: over all of
+ * K, the micro-kernel runs from L3. So K is cut into blocks of at most
+ * KC_MAX, GotoBLAS's way: a block of op(B), KC x NC (at most
+ * PACK_ALL_BYTES, in L2), packed as panels of NR columns; op(A)'s MR rows
+ * read in place, their KC lines of A staying in L1 while they meet every
+ * panel of the block (packing them too, as KC x MR micro-panels, measured
+ * 5-8% slower: the copy, not the reads, was the cost). The cut of K: the
+ * chains of a C element cross the blocks through the partial sums (an MC x NC
+ * f32 array): a tile of the next block reloads its accumulators from there
+ * and resumes the same chain at the next k, and only the last block runs
+ * the epilogue into C. Storing an f32 accumulator and loading it back is
+ * exact, so each C element is still one FMA chain over k = 0 .. K - 1 in
+ * order: the bits of the unblocked kernel, of every copy and of any cut of
+ * M or N (the blocking of K depends on K alone). */
+#define KC_MAX 256
+#define PART_FLOATS (1024 * 1024) /* the partial sums' array, 4 MiB: rows of C at a time */
+
+static bool gemm_ta_blocked(bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+                            const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+    int64_t nkb = (K + KC_MAX - 1) / KC_MAX, kc_max = (K + nkb - 1) / nkb;
+    int64_t ncp = PACK_ALL_BYTES / (int64_t)sizeof(float) / kc_max / NR, panels = (N + NR - 1) / NR;
+    if (ncp < 1) ncp = 1;
+    if (ncp > panels) ncp = panels;
+    int64_t ldp = ncp * NR, mc = (M + MR - 1) / MR * MR;
+    if (nkb > 1 && mc * ldp > PART_FLOATS) mc = PART_FLOATS / ldp / MR * MR;
+    if (mc < MR) mc = MR;
+    size_t floats = (size_t)(kc_max * ldp) + (nkb > 1 ? (size_t)(mc * ldp) : 0);
+    float *bp = lk__cpu_scratch_for(LK__SCRATCH_OWN_GEMM, floats * sizeof(float));
+    if (!bp) return false;
+    float *part = bp + kc_max * ldp;
+    for (int64_t jc = 0; jc < N; jc += ldp) {
+        int64_t nc = N - jc < ldp ? N - jc : ldp, np = (nc + NR - 1) / NR;
+        for (int64_t ic = 0; ic < M; ic += mc) {
+            int64_t ie = ic + mc < M ? ic + mc : M;
+            for (int64_t pc = 0; pc < K; pc += kc_max) {
+                int64_t kc = K - pc < kc_max ? K - pc : kc_max;
+                bool first = pc == 0, last = pc + kc == K;
+                const float *Bk = tb ? B + pc : B + pc * ldb;
+                for (int64_t jp = 0; jp < np; jp++)
+                    pack_b(tb, kc, Bk, ldb, jc + jp * NR, nc - jp * NR < NR ? nc - jp * NR : NR, bp + jp * kc * NR);
+                for (int64_t i0 = ic; i0 < ie; i0 += MR) {
+                    int64_t m = M - i0 < MR ? M - i0 : MR;
+                    /* op(A)'s MR rows at this block's k: MR floats of a line of A a k, not
+                     * copied (a copy cost 5-8%): the block's kc lines stay in L1 across the
+                     * panels; rows past m repeat row 0 (computed, never stored) */
+                    const float *As = A + pc * lda + i0;
+                    const float *a[MR];
+                    for (int r = 0; r < MR; r++) a[r] = As + (r < m ? r : 0);
+                    for (int64_t jp = 0; jp < np; jp++) {
+                        int64_t j0 = jc + jp * NR;
+                        float *p = part + (i0 - ic) * ldp + jp * NR;
+                        tile(kc, a, lda, bp + jp * kc * NR, m, N - j0 < NR ? N - j0 : NR, alpha, beta, C + i0 * ldc + j0,
+                             ldc, first ? NULL : p, last ? NULL : p, ldp);
+                    }
+                }
+            }
+        }
+    }
+    return true;
+}
+
 bool LK_ISA(lk__sgemm_own_tri)(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
                                int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc,
                                lk__gemm_tri tri, int64_t off) {
     if (M <= 0 || N <= 0) return true;
+    /* at attention's K of 64 the copies of the blocked form cost more than they save */
+    if (ta && K >= 256 && tri == LK__TRI_NONE)
+        return gemm_ta_blocked(tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     int64_t panels = (N + NR - 1) / NR, Kp = K > 0 ? K : 1;
     bool all = (size_t)Kp * (size_t)(panels * NR) * sizeof(float) <= PACK_ALL_BYTES;
-    size_t floats = (size_t)Kp * (all ? (size_t)(panels * NR) + (ta && K >= 256 ? MR : 0) : NR);
-    float *bp = lk__cpu_scratch_for(LK__SCRATCH_OWN_GEMM, floats * sizeof(float));
+    float *bp = lk__cpu_scratch_for(LK__SCRATCH_OWN_GEMM, (size_t)Kp * (all ? (size_t)(panels * NR) : NR) * sizeof(float));
     if (!bp) return false;
     /* op(A)[i][k] = ta ? A[k lda + i] : A[i lda + k] */
     int64_t ka = ta ? lda : 1, ia = ta ? 1 : lda;
     if (!all) {
         for (int64_t jp = 0; jp < panels; jp++) {
             pack_b(tb, K, B, ldb, jp * NR, N - jp * NR < NR ? N - jp * NR : NR, bp);
-            tiles(0, M, jp, jp + 1, M, N, K, alpha, A, 0, ia, ka, bp, beta, C, ldc, tri, off);
+            tiles(0, M, jp, jp + 1, M, N, K, alpha, A, ia, ka, bp, beta, C, ldc, tri, off);
         }
         return true;
     }
     for (int64_t jp = 0; jp < panels; jp++)
         pack_b(tb, K, B, ldb, jp * NR, N - jp * NR < NR ? N - jp * NR : NR, bp + jp * Kp * NR);
-    bool pack_a = ta && K >= 256;
-    if (pack_a) {
-        /* op(A)'s rows are A's columns: one MR-row tile at a time, copied
-         * into K x MR floats (the whole rows, L1-resident) that meet every
-         * panel, instead of a line of A per k from L2/L3 per panel (the
-         * weight gradients' long K: 0.66 -> 0.86x OpenBLAS; at attention's
-         * K of 64 the copy costs more than it saves) */
-        float *ap = bp + (size_t)panels * Kp * NR;
-        for (int64_t i0 = 0; i0 < M; i0 += MR) {
-            int64_t m = M - i0 < MR ? M - i0 : MR;
-            for (int64_t k = 0; k < K; k++)
-                for (int64_t r = 0; r < MR; r++) ap[k * MR + r] = A[k * lda + i0 + (r < m ? r : 0)];
-            tiles(i0, i0 + m, 0, panels, M, N, K, alpha, ap, i0, 1, MR, bp, beta, C, ldc, tri, off);
-        }
-        return true;
-    }
     int64_t mc = A_BLOCK_BYTES / (Kp * (int64_t)sizeof(float)) / MR * MR;
     if (mc < MR) mc = MR;
     for (int64_t i0 = 0; i0 < M; i0 += mc)
-        tiles(i0, i0 + mc < M ? i0 + mc : M, 0, panels, M, N, K, alpha, A, 0, ia, ka, bp, beta, C, ldc, tri, off);
+        tiles(i0, i0 + mc < M ? i0 + mc : M, 0, panels, M, N, K, alpha, A, ia, ka, bp, beta, C, ldc, tri, off);
     return true;
 }
 

@@ -43,8 +43,12 @@ bool lk__cpu_sgemm_own_tri(bool ta, bool tb, int64_t M, int64_t N, int64_t K, fl
 typedef enum { LK__GEMM_AUTO = 0, LK__GEMM_OWN = 1, LK__GEMM_BLAS = 2 } lk__gemm_mode;
 lk__gemm_mode lk__cpu_gemm_mode(void);
 void lk__cpu_gemm_set_mode(lk__gemm_mode mode);
-/* The fixed rule of LK_GEMM=auto (gemm.c says where it comes from). */
+/* The fixed rule of LK_GEMM=auto (gemm.c says where it comes from), for
+ * this CPU's level (lk__cpu_gemm_rule_level: cpuid's, never lowered by
+ * LK_CPU_ISA); _rule: for a given level (AVX-512, or anything below). */
 bool lk__cpu_gemm_own_shape(bool ta, bool tb, int64_t M, int64_t N, int64_t K);
+bool lk__cpu_gemm_own_rule(lk_isa_level isa, bool ta, bool tb, int64_t M, int64_t N, int64_t K);
+lk_isa_level lk__cpu_gemm_rule_level(void);
 /* Whether the GEMM of that shape runs on lockstep's own kernel under the mode. */
 static inline bool lk__cpu_gemm_own(bool ta, bool tb, int64_t M, int64_t N, int64_t K) {
     lk__gemm_mode m = lk__cpu_gemm_mode();
