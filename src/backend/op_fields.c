@@ -30,7 +30,7 @@ static const lk_op_field xent_f[] = {F(xent, N),         F(xent, C),   F(xent, D
 static const lk_op_field layer_norm_f[] = {F(layer_norm, M), F(layer_norm, L), F(layer_norm, eps)};
 static const lk_op_field batch_norm_f[] = {F(batch_norm, N),   F(batch_norm, C),        F(batch_norm, S),
                                      F(batch_norm, M),   F(batch_norm, eps),      F(batch_norm, momentum),
-                                     F(batch_norm, training), F(batch_norm, stride)};
+                                     F(batch_norm, training), F(batch_norm, stride), F(batch_norm, relu)};
 /* step, lr and what OneCycle cycles (SGD's and RMSprop's momentum, Adam's
  * beta1) are per step; a scheduler changes nothing else. */
 static const lk_op_field optim_f[] = {F(optim, rule),         F(optim, n),     L(optim, step),  L(optim, lr),

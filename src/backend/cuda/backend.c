@@ -129,7 +129,7 @@ static bool cuda_supports(const lk_op_desc *d) {
     case LK_OP_LAYER_NORM:
     case LK_OP_LAYER_NORM_BACKWARD:
     case LK_OP_BATCH_NORM:
-    case LK_OP_BATCH_NORM_BACKWARD: return all_f32(d);
+    case LK_OP_BATCH_NORM_BACKWARD: return all_f32(d) && !d->batch_norm.relu; /* the fused ReLU: CPU only */
     case LK_OP_BCE:
     case LK_OP_BCE_BACKWARD: return all_f32(d) && d->bce.reduction >= 0 && d->bce.reduction <= 2;
     case LK_OP_BN_STATS:
