@@ -220,6 +220,10 @@ lk_tensor *lk_linear(lk_tensor *x, lk_tensor *w, lk_tensor *b);
 /* ---- element-wise (broadcasting like NumPy) ---------------------------------- */
 
 lk_tensor *lk_add(lk_tensor *a, lk_tensor *b);
+/* lk_relu(lk_add(a, b)) with the same bits (output and gradients), the
+ * ReLU in the add's pass on the CPU (a residual block's end); elsewhere the
+ * two ops. */
+lk_tensor *lk_add_relu(lk_tensor *a, lk_tensor *b);
 lk_tensor *lk_sub(lk_tensor *a, lk_tensor *b);
 lk_tensor *lk_mul(lk_tensor *a, lk_tensor *b);
 lk_tensor *lk_div(lk_tensor *a, lk_tensor *b);

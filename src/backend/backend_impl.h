@@ -55,6 +55,9 @@ typedef struct lk_binary_params {
     lk_binary_op fn;
     int ndim;
     int64_t shape[LK_MAX_DIMS], sa[LK_MAX_DIMS], sb[LK_MAX_DIMS];
+    /* out = max(0, a op b) (x > 0 ? x : 0, the unary ReLU's formula) in the
+     * same pass, before a 16-bit output's rounding (lk_add_relu; CPU only) */
+    bool relu;
 } lk_binary_params;
 
 /* LK_OP_AXPY / LK_OP_AFFINE over n contiguous elements. */

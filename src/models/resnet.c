@@ -120,14 +120,16 @@ static lk_layer *child(lk_layer *l, const char *name) {
 static lk_tensor *fwd(lk_layer *self, const char *name, lk_tensor *x) { return x ? lk_layer_forward(child(self, name), x) : NULL; }
 
 /* relu(bn2(conv2(relu(bn1(conv1 x))))) + shortcut(x)); bn1 applies its
- * ReLU itself (lk_layer_batch_norm_fuse_relu in block_create), the block's
- * "relu" is the one after the add */
+ * ReLU itself (lk_layer_batch_norm_fuse_relu in block_create) and the add
+ * and the last ReLU are one op (lk_add_relu): the block's "relu" child is
+ * kept for torchvision's module names, not called */
 static lk_tensor *basic_forward(lk_layer *self, lk_tensor *x) {
     lk_tensor *out = fwd(self, "bn1", fwd(self, "conv1", x));
     out = fwd(self, "bn2", fwd(self, "conv2", out));
     lk_layer *ds = child(self, "downsample");
     lk_tensor *sc = ds ? lk_layer_forward(ds, x) : x;
-    return out && sc ? fwd(self, "relu", lk_add(out, sc)) : NULL;
+    /* the add and its ReLU as one op (same bits as the block's "relu" after lk_add) */
+    return out && sc ? lk_add_relu(out, sc) : NULL;
 }
 
 /* relu(bn3(conv3(relu(bn2(conv2(relu(bn1(conv1 x)))))) + shortcut(x)); bn1
@@ -138,7 +140,7 @@ static lk_tensor *bottleneck_forward(lk_layer *self, lk_tensor *x) {
     out = fwd(self, "bn3", fwd(self, "conv3", out));
     lk_layer *ds = child(self, "downsample");
     lk_tensor *sc = ds ? lk_layer_forward(ds, x) : x;
-    return out && sc ? fwd(self, "relu", lk_add(out, sc)) : NULL;
+    return out && sc ? lk_add_relu(out, sc) : NULL;
 }
 
 /* One residual block from cin channels at `stride`; planes is the block's

@@ -8,7 +8,8 @@
  * in the batch norm's output (x = 0 where the bias is 0) so the ReLU's
  * mask at 0 is exercised. A 16-bit weight (bf16-true), which takes the two
  * ops, and the layers: a BatchNorm2d fused with lk_layer_batch_norm_fuse_relu
- * against an unfused BatchNorm2d + ReLU pair, forward and backward. */
+ * against an unfused BatchNorm2d + ReLU pair, forward and backward; and
+ * lk_add_relu (a residual block's end) against lk_relu(lk_add(...)). */
 #include "lk_test.h"
 #include "lockstep/nn.h"
 
@@ -151,4 +152,49 @@ static void fused_layer_matches_the_pair(void) {
     lk_tensor_release(x0);
 }
 
-LK_TEST_MAIN(LK_TEST_CASE(matches_relu_of_batch_norm), LK_TEST_CASE(fused_layer_matches_the_pair))
+/* lk_add_relu against lk_relu(lk_add(...)): output and both gradients, a
+ * same-shape add (the residual block's) and a broadcast one, with exact
+ * zeros in the sum (b = -a at every 5th element). */
+static void add_relu_matches_relu_of_add(void) {
+    static const lk_dtype dts[] = {LK_F32, LK_BF16, LK_F16};
+    int cases = 0;
+    for (size_t d = 0; d < 3; d++)
+        for (int bc = 0; bc < 2; bc++) {
+            int64_t sa[4] = {4, 3, 9, 11}, sb[4] = {4, 3, 9, bc ? 1 : 11};
+            int64_t na = 4 * 3 * 9 * 11, nb = bc ? 4 * 3 * 9 : na;
+            float *af = malloc((size_t)na * 4), *bf = malloc((size_t)nb * 4), *rf = malloc((size_t)na * 4);
+            for (int64_t i = 0; i < na; i++) af[i] = draw(), rf[i] = draw();
+            for (int64_t i = 0; i < nb; i++) bf[i] = bc ? draw() : (i % 5 ? draw() : -af[i]);
+            lk_tensor *as = lk_tensor_from_data(LK_F32, 4, sa, af), *bs = lk_tensor_from_data(LK_F32, 4, sb, bf);
+            lk_tensor *rs = lk_tensor_from_data(LK_F32, 4, sa, rf);
+            lk_tensor *a0 = lk_tensor_cast(as, dts[d]), *b0 = lk_tensor_cast(bs, dts[d]), *r = lk_tensor_cast(rs, dts[d]);
+            lk_tensor *y[2] = {0}, *da[2] = {0}, *db[2] = {0};
+            for (int k = 0; k < 2; k++) {
+                lk_tensor *a = lk_tensor_clone(a0), *b = lk_tensor_clone(b0);
+                lk_tensor_set_requires_grad(a, true), lk_tensor_set_requires_grad(b, true);
+                lk_scope_begin();
+                lk_tensor *out = k ? lk_add_relu(a, b) : lk_relu(lk_add(a, b));
+                lk_tensor *loss = out ? lk_sum(lk_mul(out, r), NULL, 0, false) : NULL;
+                CHECK_MSG(loss != NULL, "%s", lk_last_error());
+                if (loss) CHECK_OK(lk_backward(loss));
+                y[k] = out ? lk_tensor_clone(out) : NULL;
+                lk_scope_end();
+                da[k] = a->grad ? lk_tensor_clone(a->grad) : NULL;
+                db[k] = b->grad ? lk_tensor_clone(b->grad) : NULL;
+                lk_tensor_release(a), lk_tensor_release(b);
+            }
+            CHECK_MSG(same_bits(y[0], y[1]) && same_bits(da[0], da[1]) && same_bits(db[0], db[1]),
+                      "%s add_relu%s: differs from relu(add)", lk_dtype_name(dts[d]), bc ? " (broadcast)" : "");
+            int zeros = 0;
+            for (int64_t i = 0; y[0] && i < y[0]->numel; i++) zeros += lk_tensor_get(y[0], i) == 0.0;
+            CHECK(y[0] && zeros > 0 && zeros < y[0]->numel);
+            lk_tensor *t[] = {as, bs, rs, a0, b0, r, y[0], y[1], da[0], da[1], db[0], db[1]};
+            for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) lk_tensor_release(t[i]);
+            free(af), free(bf), free(rf);
+            cases++;
+        }
+    printf("%d add_relu cases checked bit for bit against relu(add)\n", cases);
+}
+
+LK_TEST_MAIN(LK_TEST_CASE(matches_relu_of_batch_norm), LK_TEST_CASE(fused_layer_matches_the_pair),
+             LK_TEST_CASE(add_relu_matches_relu_of_add))

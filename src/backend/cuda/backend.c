@@ -69,7 +69,8 @@ static bool cuda_supports(const lk_op_desc *d) {
             if (!is_elem(d->dtype[i])) return false;
         if (d->op == LK_OP_UNARY || d->op == LK_OP_UNARY_BACKWARD)
             return d->unary.fn >= 0 && d->unary.fn < LK_UNARY_COUNT;
-        if (d->op == LK_OP_BINARY) return d->binary.ndim >= 0 && d->binary.ndim <= LK_MAX_DIMS && d->binary.fn <= LK_BINARY_DIV;
+        if (d->op == LK_OP_BINARY) /* the fused ReLU (lk_add_relu): CPU only */
+            return d->binary.ndim >= 0 && d->binary.ndim <= LK_MAX_DIMS && d->binary.fn <= LK_BINARY_DIV && !d->binary.relu;
         if (d->op == LK_OP_SUM_TO) return d->sum_to.ndim >= 0 && d->sum_to.ndim <= LK_MAX_DIMS;
         return true;
     case LK_OP_MASK_SCALE:
