@@ -171,6 +171,13 @@ typedef struct {
 static const float *bn_grad_plane(const bn_bwd_job *j, int64_t at, long S, float *gb, float *yb, float *mb) {
     const float *g = bn_plane(j->gt, j->gd, at, S, gb);
     if (!j->yd) return g;
+    if (j->yt != LK_F32) {
+        /* a 16-bit y is not widened: y > 0 on its bits is 0 < h <= +inf's
+         * bits (sign clear, not 0, not NaN), as elementwise.c's relu16 */
+        const uint16_t *h = (const uint16_t *)j->yd + at, top = j->yt == LK_BF16 ? 0x7f80 : 0x7c00;
+        for (long i = 0; i < S; i++) mb[i] = (uint16_t)(h[i] - 1u) < top ? g[i] : 0.0f;
+        return mb;
+    }
     lk_k_plane_relu_mask(g, bn_plane(j->yt, j->yd, at, S, yb), S, mb);
     return mb;
 }
