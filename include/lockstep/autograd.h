@@ -220,6 +220,10 @@ lk_tensor *lk_linear(lk_tensor *x, lk_tensor *w, lk_tensor *b);
 /* ---- element-wise (broadcasting like NumPy) ---------------------------------- */
 
 lk_tensor *lk_add(lk_tensor *a, lk_tensor *b);
+/* lk_relu(lk_add(a, b)) with the same bits (output and gradients), the
+ * ReLU in the add's pass on the CPU (a residual block's end); elsewhere the
+ * two ops. */
+lk_tensor *lk_add_relu(lk_tensor *a, lk_tensor *b);
 lk_tensor *lk_sub(lk_tensor *a, lk_tensor *b);
 lk_tensor *lk_mul(lk_tensor *a, lk_tensor *b);
 lk_tensor *lk_div(lk_tensor *a, lk_tensor *b);
@@ -321,6 +325,13 @@ lk_tensor *lk_adaptive_avg_pool2d(lk_tensor *x, int out_h, int out_w);
  * does. Eval: the running statistics. weight/bias [C] or NULL. */
 lk_tensor *lk_batch_norm(lk_tensor *x, lk_tensor *running_mean, lk_tensor *running_var, lk_tensor *weight,
                          lk_tensor *bias, bool training, float momentum, float eps);
+/* lk_relu(lk_batch_norm(...)) with the same bits (output and every
+ * gradient), in one op on the CPU: the ReLU is applied in the pass that
+ * writes the output and its mask inside the batch norm's backward, no
+ * pass of its own over memory each way. Elsewhere, or with a 16-bit
+ * weight, bias or running statistic, it runs the two ops. */
+lk_tensor *lk_batch_norm_relu(lk_tensor *x, lk_tensor *running_mean, lk_tensor *running_var, lk_tensor *weight,
+                              lk_tensor *bias, bool training, float momentum, float eps);
 /* SyncBatchNorm: in training the statistics cover the batch of every rank.
  * `sum` adds vals[0..n) over all ranks in place (an all-reduce with sum;
  * every rank calls it the same number of times), once each way: forward

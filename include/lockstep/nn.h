@@ -359,6 +359,15 @@ lk_layer *lk_adaptive_avg_pool2d_create(int out_h, int out_w);
  * lk_batch_norm2d [N, C, H, W]. */
 lk_layer *lk_batch_norm1d_create(int64_t num_features, float eps, float momentum, bool affine, bool track_running_stats);
 lk_layer *lk_batch_norm2d_create(int64_t num_features, float eps, float momentum, bool affine, bool track_running_stats);
+/* A BatchNorm layer followed by a ReLU as one op (lk_batch_norm_relu, the
+ * same bits): bn (made by lk_batch_norm1d/2d_create) applies the ReLU to
+ * its output from now on, and relu, the ReLU layer (lk_relu_create) that
+ * follows it in a Sequential, when not NULL, becomes the identity (a
+ * block whose forward calls the two itself passes NULL and skips the
+ * ReLU). Names, parameters and buffers do not change: state dicts and
+ * checkpoints are those of the unfused pair. Under SyncBatchNorm the layer
+ * runs the two ops. INVALID_ARGUMENT when bn or relu is not of its type. */
+lk_status lk_layer_batch_norm_fuse_relu(lk_layer *bn, lk_layer *relu);
 /* SyncBatchNorm (PyTorch's convert_sync_batchnorm, in place): every
  * BatchNorm layer of the tree computes its training statistics with
  * lk_batch_norm_sync over `sum` (an all-reduce the caller provides, e.g. the

@@ -38,7 +38,8 @@ lk_tensor *lk__expand(lk_tensor *t, int ndim, const int64_t *shape) {
     return out;
 }
 
-static lk_tensor *binary_raw(lk_binary_op op, lk_tensor *a, lk_tensor *b, const char *name) {
+/* relu: max(0, a op b) in the same pass (lk_add_relu; the CPU backend only) */
+static lk_tensor *binary_raw_relu(lk_binary_op op, lk_tensor *a, lk_tensor *b, const char *name, bool relu) {
     int ndim;
     int64_t shape[LK_MAX_DIMS], sa[LK_MAX_DIMS], sb[LK_MAX_DIMS];
     if (lk__check_float(name, a, "a") || lk__check_float(name, b, "b")) return NULL;
@@ -51,12 +52,17 @@ static lk_tensor *binary_raw(lk_binary_op op, lk_tensor *a, lk_tensor *b, const 
     lk_op_desc d = {.op = LK_OP_BINARY, .dtype = {a->dtype, b->dtype, dt}};
     d.binary.fn = op;
     d.binary.ndim = ndim;
+    d.binary.relu = relu;
     for (int i = 0; i < ndim; i++) d.binary.shape[i] = shape[i], d.binary.sa[i] = sa[i], d.binary.sb[i] = sb[i];
     if (lk__backend_run(a->device, &d, (void *[]){a->data, b->data, out->data})) {
         lk_tensor_release(out);
         return NULL;
     }
     return out;
+}
+
+static lk_tensor *binary_raw(lk_binary_op op, lk_tensor *a, lk_tensor *b, const char *name) {
+    return binary_raw_relu(op, a, b, name, false);
 }
 
 static void accum_release(lk_tensor *t, lk_tensor *g) { lk__accum_move(t, g); }
@@ -127,6 +133,36 @@ static lk_tensor *binary_op(lk_binary_op op, lk_tensor *a, lk_tensor *b, const c
 lk_tensor *lk_add(lk_tensor *a, lk_tensor *b) {
     LK_OP_CHECK_INPUTS(a, b);
     return binary_op(LK_BINARY_ADD, a, b, "add");
+}
+
+/* The ReLU's mask, taken from the output y (y > 0 exactly where the sum
+ * was: the mask the separate ReLU's backward takes from its input, the
+ * same bits on the 16-bit path too), written once; then the add's
+ * backward with it: what the two ops' backwards do, minus the sum that
+ * the forward no longer writes. */
+static void add_relu_backward(lk_node *n, lk_tensor *g) {
+    lk_tensor *a = n->in[0], *b = n->in[1], *y = n->out;
+    lk_tensor *d = lk__tensor_new_on(g->device, g->dtype, g->ndim, g->shape);
+    if (!d) return;
+    lk_op_desc desc = {.op = LK_OP_UNARY_BACKWARD, .dtype = {y->dtype, y->dtype, g->dtype, d->dtype}};
+    desc.unary = (lk_unary_params){LK_UNARY_RELU, g->numel, 0.0f, false};
+    if (lk__backend_run(y->device, &desc, (void *[]){y->data, NULL, g->data, d->data})) {
+        lk_tensor_release(d);
+        return;
+    }
+    if (a->requires_grad) lk__accum(a, d);
+    if (b->requires_grad) lk__accum(b, d);
+    lk_tensor_release(d);
+}
+
+lk_tensor *lk_add_relu(lk_tensor *a, lk_tensor *b) {
+    LK_OP_CHECK_INPUTS(a, b);
+    if (a->device.kind != LK_CPU) return lk_relu(lk_add(a, b)); /* the GPU backends: the two ops */
+    lk_tensor *out = binary_raw_relu(LK_BINARY_ADD, a, b, "add_relu", true);
+    if (!out) return NULL;
+    lk_tensor *in[2] = {a, b};
+    lk__record("add_relu", add_relu_backward, out, 2, in);
+    return lk__op_result(out);
 }
 lk_tensor *lk_sub(lk_tensor *a, lk_tensor *b) {
     LK_OP_CHECK_INPUTS(a, b);

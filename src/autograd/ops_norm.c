@@ -15,7 +15,8 @@
 #include "backend/backend_impl.h"
 
 /* node->a.i: [0] training, [1] index of weight in node->in (or -1), [2] of
- * bias; saved[0] = contiguous x, saved[1] = [2, C] (mean, invstd) used,
+ * bias, [3] the fused ReLU (lk_batch_norm_relu: the backward reads
+ * node->out, the ReLU's output); saved[0] = contiguous x, saved[1] = [2, C] (mean, invstd) used,
  * saved[2] = SyncBatchNorm's reduced [2C + 1] sums (the count at 2C), with
  * the bn_sync in extra. */
 /* Channels are independent: whole channels per core once the input is
@@ -159,11 +160,14 @@ static void batch_norm_backward(lk_node *n, lk_tensor *gout) {
             goto done;
         }
     } else {
+        bool relu = n->a.i[3] != 0;
         lk_op_desc d = {.op = LK_OP_BATCH_NORM_BACKWARD,
-                        .dtype = {xc->dtype, gout->dtype, LK_F32, LK_F32, xc->dtype, LK_F32, LK_F32}};
-        d.batch_norm = (lk_batch_norm_params){.N = N, .C = C, .S = S, .M = M, .training = training};
-        lk_status st = lk__backend_run(xc->device, &d, (void *[]){(void *)xd, (void *)gd, stats->data,
-                                                                   wc ? wc->data : NULL, job.dx, job.dw, job.db});
+                        .dtype = {xc->dtype, gout->dtype, LK_F32, LK_F32, xc->dtype, LK_F32, LK_F32,
+                                  relu ? n->out->dtype : LK_F32}};
+        d.batch_norm = (lk_batch_norm_params){.N = N, .C = C, .S = S, .M = M, .training = training, .relu = relu};
+        lk_status st = lk__backend_run(xc->device, &d,
+                                       (void *[]){(void *)xd, (void *)gd, stats->data, wc ? wc->data : NULL, job.dx,
+                                                  job.dw, job.db, relu ? n->out->data : NULL});
         if (st) {
             lk_tensor_release(wc);
             goto done;
@@ -259,29 +263,46 @@ static lk_status bn_sync_stats(lk_device dev, const bn_fwd_job *j, const bn_sync
 }
 
 static lk_tensor *batch_norm_impl(lk_tensor *x, lk_tensor *running_mean, lk_tensor *running_var, lk_tensor *weight,
-                                  lk_tensor *bias, bool training, float momentum, float eps, const bn_sync *sync);
+                                  lk_tensor *bias, bool training, float momentum, float eps, const bn_sync *sync,
+                                  bool relu);
 
 lk_tensor *lk_batch_norm(lk_tensor *x, lk_tensor *running_mean, lk_tensor *running_var, lk_tensor *weight,
                          lk_tensor *bias, bool training, float momentum, float eps) {
-    return batch_norm_impl(x, running_mean, running_var, weight, bias, training, momentum, eps, NULL);
+    return batch_norm_impl(x, running_mean, running_var, weight, bias, training, momentum, eps, NULL, false);
+}
+
+/* One op where it can be: the CPU backend's batch norm with the ReLU in its
+ * passes (lk_batch_norm_params.relu), which needs f32 per-channel vectors
+ * (the mixed precisions' case; x may be 16-bit). Elsewhere (a GPU, 16-bit
+ * weights) the two ops, whose bits the fused op reproduces. */
+lk_tensor *lk_batch_norm_relu(lk_tensor *x, lk_tensor *running_mean, lk_tensor *running_var, lk_tensor *weight,
+                              lk_tensor *bias, bool training, float momentum, float eps) {
+    LK_OP_CHECK_INPUTS(x);
+    bool fuse = x->device.kind == LK_CPU;
+    lk_tensor *vec[4] = {running_mean, running_var, weight, bias};
+    for (int i = 0; i < 4; i++) fuse = fuse && (!vec[i] || vec[i]->dtype == LK_F32);
+    if (fuse) return batch_norm_impl(x, running_mean, running_var, weight, bias, training, momentum, eps, NULL, true);
+    lk_tensor *y = batch_norm_impl(x, running_mean, running_var, weight, bias, training, momentum, eps, NULL, false);
+    return y ? lk_relu(y) : NULL;
 }
 
 lk_tensor *lk_batch_norm_sync(lk_tensor *x, lk_tensor *running_mean, lk_tensor *running_var, lk_tensor *weight,
                               lk_tensor *bias, bool training, float momentum, float eps, lk_sum_fn sum, void *ctx) {
     bn_sync sy = {{0}, sum, ctx};
     return batch_norm_impl(x, running_mean, running_var, weight, bias, training, momentum, eps,
-                           sum && training ? &sy : NULL);
+                           sum && training ? &sy : NULL, false);
 }
 
 lk_tensor *lk__batch_norm_sync_reducer(lk_tensor *x, lk_tensor *running_mean, lk_tensor *running_var, lk_tensor *weight,
                                        lk_tensor *bias, bool training, float momentum, float eps, const lk_bn_reducer *r) {
     bn_sync sy = {r ? *r : (lk_bn_reducer){0}, NULL, NULL};
     return batch_norm_impl(x, running_mean, running_var, weight, bias, training, momentum, eps,
-                           r && r->sum && training ? &sy : NULL);
+                           r && r->sum && training ? &sy : NULL, false);
 }
 
 static lk_tensor *batch_norm_impl(lk_tensor *x, lk_tensor *running_mean, lk_tensor *running_var, lk_tensor *weight,
-                                  lk_tensor *bias, bool training, float momentum, float eps, const bn_sync *sync) {
+                                  lk_tensor *bias, bool training, float momentum, float eps, const bn_sync *sync,
+                                  bool relu) {
     LK_OP_CHECK_INPUTS(x);
     char sx[128];
     if (lk__same_device("batch_norm", 5, (lk_tensor *[]){x, running_mean, running_var, weight, bias})) return NULL;
@@ -338,7 +359,7 @@ static lk_tensor *batch_norm_impl(lk_tensor *x, lk_tensor *running_mean, lk_tens
                                   running_mean ? running_mean->dtype : LK_F32,
                                   running_var ? running_var->dtype : LK_F32, x->dtype, LK_F32}};
         d.batch_norm = (lk_batch_norm_params){
-            .N = N, .C = C, .S = S, .M = M, .eps = eps, .momentum = momentum, .training = training,
+            .N = N, .C = C, .S = S, .M = M, .eps = eps, .momentum = momentum, .training = training, .relu = relu,
             .stride = {weight ? weight->stride[0] : 0, bias ? bias->stride[0] : 0,
                        running_mean ? running_mean->stride[0] : 0, running_var ? running_var->stride[0] : 0}};
         if (lk__backend_run(xc->device, &d,
@@ -355,11 +376,12 @@ static lk_tensor *batch_norm_impl(lk_tensor *x, lk_tensor *running_mean, lk_tens
     int n_in = 1, iw = -1, ib = -1;
     if (weight) in[iw = n_in++] = weight;
     if (bias) in[ib = n_in++] = bias;
-    lk_node *n = lk__record("batch_norm", batch_norm_backward, out, n_in, in);
+    lk_node *n = lk__record(relu ? "batch_norm_relu" : "batch_norm", batch_norm_backward, out, n_in, in);
     if (n) {
         n->a.i[0] = training;
         n->a.i[1] = iw;
         n->a.i[2] = ib;
+        n->a.i[3] = relu;
         n->saved[0] = lk_tensor_retain(xc);
         n->saved[1] = lk_tensor_retain(stats);
         n->saved[2] = lk_tensor_retain(sums);

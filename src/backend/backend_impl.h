@@ -55,6 +55,9 @@ typedef struct lk_binary_params {
     lk_binary_op fn;
     int ndim;
     int64_t shape[LK_MAX_DIMS], sa[LK_MAX_DIMS], sb[LK_MAX_DIMS];
+    /* out = max(0, a op b) (x > 0 ? x : 0, the unary ReLU's formula) in the
+     * same pass, before a 16-bit output's rounding (lk_add_relu; CPU only) */
+    bool relu;
 } lk_binary_params;
 
 /* LK_OP_AXPY / LK_OP_AFFINE over n contiguous elements. */
@@ -312,13 +315,19 @@ typedef struct lk_xent_params {
  * vectors w, b, running_mean, running_var may be strided (stride: elements;
  * NULL where absent); the backward's w is contiguous and dw, db are
  * overwritten. SyncBatchNorm's all-reduced statistics are LK_OP_BN_STATS /
- * LK_OP_BN_APPLY below. */
+ * LK_OP_BN_APPLY below. relu: batch norm then ReLU in one op (CPU only,
+ * f32 per-channel vectors): the forward writes max(0, bn(x)) (x > 0 ? x : 0,
+ * as the unary ReLU) in the pass that normalises; the backward reads that
+ * output y (operand 7) and uses dy where y > 0, else 0 (the ReLU's mask:
+ * y > 0 exactly where its input was), masking each plane in cache, so the
+ * bits are those of LK_OP_BATCH_NORM followed by a separate ReLU. */
 typedef struct lk_batch_norm_params {
     long N, C, S;
     double M;
     float eps, momentum;
     bool training;
     int64_t stride[4]; /* w, b, running_mean, running_var */
+    bool relu;
 } lk_batch_norm_params;
 
 /* LK_OP_MASK_SCALE over n contiguous elements; x * 0 keeps inf * 0 = NaN,

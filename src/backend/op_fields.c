@@ -17,7 +17,7 @@
 static const lk_op_field gemm_f[] = {F(gemm, trans_a), F(gemm, trans_b), F(gemm, M),   F(gemm, N),    F(gemm, K),
                                F(gemm, lda),     F(gemm, ldb),     F(gemm, ldc), F(gemm, alpha), F(gemm, beta)};
 static const lk_op_field unary_f[] = {F(unary, fn), F(unary, n), F(unary, alpha), F(unary, acc)};
-static const lk_op_field binary_f[] = {F(binary, fn), F(binary, ndim), F(binary, shape), F(binary, sa), F(binary, sb)};
+static const lk_op_field binary_f[] = {F(binary, fn), F(binary, ndim), F(binary, shape), F(binary, sa), F(binary, sb), F(binary, relu)};
 static const lk_op_field axpy_f[] = {F(axpy, n), F(axpy, alpha)};
 static const lk_op_field affine_f[] = {F(affine, n), L(affine, mul), L(affine, add), F(affine, has_add)};
 static const lk_op_field sum_to_f[] = {F(sum_to, ndim), F(sum_to, shape), F(sum_to, sd)};
@@ -30,7 +30,7 @@ static const lk_op_field xent_f[] = {F(xent, N),         F(xent, C),   F(xent, D
 static const lk_op_field layer_norm_f[] = {F(layer_norm, M), F(layer_norm, L), F(layer_norm, eps)};
 static const lk_op_field batch_norm_f[] = {F(batch_norm, N),   F(batch_norm, C),        F(batch_norm, S),
                                      F(batch_norm, M),   F(batch_norm, eps),      F(batch_norm, momentum),
-                                     F(batch_norm, training), F(batch_norm, stride)};
+                                     F(batch_norm, training), F(batch_norm, stride), F(batch_norm, relu)};
 /* step, lr and what OneCycle cycles (SGD's and RMSprop's momentum, Adam's
  * beta1) are per step; a scheduler changes nothing else. */
 static const lk_op_field optim_f[] = {F(optim, rule),         F(optim, n),     L(optim, step),  L(optim, lr),

@@ -83,11 +83,11 @@ bool lk__op_operand_extent(const lk_op_desc *d, int i, int64_t *count, int64_t *
         *written = i >= 3;
         return true;
     }
-    case LK_OP_BATCH_NORM_BACKWARD: { /* x, dy, stats, w, dx, dw, db */
+    case LK_OP_BATCH_NORM_BACKWARD: { /* x, dy, stats, w, dx, dw, db, y (relu) */
         const lk_batch_norm_params *p = &d->batch_norm;
         int64_t ncs = (int64_t)p->N * p->C * p->S;
-        *count = i <= 1 || i == 4 ? ncs : i == 2 ? 2 * (int64_t)p->C : p->C;
-        *written = i >= 4;
+        *count = i <= 1 || i == 4 || i == 7 ? ncs : i == 2 ? 2 * (int64_t)p->C : p->C;
+        *written = i >= 4 && i <= 6;
         return true;
     }
     case LK_OP_LAYER_NORM: { /* x, w, b, y, stats */
@@ -269,8 +269,8 @@ const char *lk__op_desc_str(const lk_op_desc *d, char *buf, size_t size) {
     }
     case LK_OP_BATCH_NORM:
     case LK_OP_BATCH_NORM_BACKWARD:
-        snprintf(buf, size, "batch_norm%s%s x %s (%ldx%ldx%ld)", d->op == LK_OP_BATCH_NORM ? "" : "_backward",
-                 d->batch_norm.training ? "" : " eval", DT(0), d->batch_norm.N, d->batch_norm.C, d->batch_norm.S);
+        snprintf(buf, size, "batch_norm%s%s%s x %s (%ldx%ldx%ld)", d->op == LK_OP_BATCH_NORM ? "" : "_backward",
+                 d->batch_norm.relu ? "+relu" : "", d->batch_norm.training ? "" : " eval", DT(0), d->batch_norm.N, d->batch_norm.C, d->batch_norm.S);
         return buf;
     case LK_OP_MASK_SCALE:
         snprintf(buf, size, "mask_scale %s, mask %s -> %s (%lld)", DT(0), DT(1), DT(2), (long long)d->mask_scale.n);

@@ -48,6 +48,9 @@ static lk_status build_cnn(const lk_model_args *a, uint64_t seed, lk_layer **out
     if (!st) st = lk_layer_add_child(m, "fc1", lk_linear_create(c2 * (size / 4) * (size / 4), hidden, true, &rng));
     if (!st) st = lk_layer_add_child(m, "relu3", lk_relu_create());
     if (!st) st = lk_layer_add_child(m, "fc2", lk_linear_create(hidden, classes, true, &rng));
+    /* each batch norm and its ReLU in one op (same bits): relu1, relu2 stay as cut points, identities */
+    if (!st) st = lk_layer_batch_norm_fuse_relu(lk_layer_get_child(m, "bn1"), lk_layer_get_child(m, "relu1"));
+    if (!st) st = lk_layer_batch_norm_fuse_relu(lk_layer_get_child(m, "bn2"), lk_layer_get_child(m, "relu2"));
     if (st) {
         lk_layer_free(m);
         return st;

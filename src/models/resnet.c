@@ -119,23 +119,28 @@ static lk_layer *child(lk_layer *l, const char *name) {
 
 static lk_tensor *fwd(lk_layer *self, const char *name, lk_tensor *x) { return x ? lk_layer_forward(child(self, name), x) : NULL; }
 
-/* relu(bn2(conv2(relu(bn1(conv1 x))))) + shortcut(x)) */
+/* relu(bn2(conv2(relu(bn1(conv1 x))))) + shortcut(x)); bn1 applies its
+ * ReLU itself (lk_layer_batch_norm_fuse_relu in block_create) and the add
+ * and the last ReLU are one op (lk_add_relu): the block's "relu" child is
+ * kept for torchvision's module names, not called */
 static lk_tensor *basic_forward(lk_layer *self, lk_tensor *x) {
-    lk_tensor *out = fwd(self, "relu", fwd(self, "bn1", fwd(self, "conv1", x)));
+    lk_tensor *out = fwd(self, "bn1", fwd(self, "conv1", x));
     out = fwd(self, "bn2", fwd(self, "conv2", out));
     lk_layer *ds = child(self, "downsample");
     lk_tensor *sc = ds ? lk_layer_forward(ds, x) : x;
-    return out && sc ? fwd(self, "relu", lk_add(out, sc)) : NULL;
+    /* the add and its ReLU as one op (same bits as the block's "relu" after lk_add) */
+    return out && sc ? lk_add_relu(out, sc) : NULL;
 }
 
-/* relu(bn3(conv3(relu(bn2(conv2(relu(bn1(conv1 x)))))) + shortcut(x)) */
+/* relu(bn3(conv3(relu(bn2(conv2(relu(bn1(conv1 x)))))) + shortcut(x)); bn1
+ * and bn2 apply their ReLUs themselves (as in basic_forward) */
 static lk_tensor *bottleneck_forward(lk_layer *self, lk_tensor *x) {
-    lk_tensor *out = fwd(self, "relu", fwd(self, "bn1", fwd(self, "conv1", x)));
-    out = fwd(self, "relu", fwd(self, "bn2", fwd(self, "conv2", out)));
+    lk_tensor *out = fwd(self, "bn1", fwd(self, "conv1", x));
+    out = fwd(self, "bn2", fwd(self, "conv2", out));
     out = fwd(self, "bn3", fwd(self, "conv3", out));
     lk_layer *ds = child(self, "downsample");
     lk_tensor *sc = ds ? lk_layer_forward(ds, x) : x;
-    return out && sc ? fwd(self, "relu", lk_add(out, sc)) : NULL;
+    return out && sc ? lk_add_relu(out, sc) : NULL;
 }
 
 /* One residual block from cin channels at `stride`; planes is the block's
@@ -161,6 +166,9 @@ static lk_layer *block_create(const resnet_cfg *c, int64_t cin, int64_t planes, 
         if (!st) st = lk_layer_add_child(blk, "conv2", conv(planes, planes, 3, 1));
         if (!st) st = lk_layer_add_child(blk, "bn2", bn(planes));
     }
+    /* batch norm + ReLU in one op (the forward functions above skip the ReLU) */
+    if (!st) st = lk_layer_batch_norm_fuse_relu(child(blk, "bn1"), NULL);
+    if (!st && c->bottleneck) st = lk_layer_batch_norm_fuse_relu(child(blk, "bn2"), NULL);
     if (!st && c->zero_init_residual) child(blk, c->bottleneck ? "bn3" : "bn2")->reset = bn_zero_reset;
     if (!st && (stride != 1 || cin != cout)) {
         lk_layer *ds = lk_sequential_create(2, (lk_layer *[]){conv(cin, cout, 1, stride), bn(cout)});
@@ -274,6 +282,8 @@ static lk_status build_resnet(const lk_model_args *a, uint64_t seed, lk_layer **
     st = lk_layer_add_child(m, "conv1", c->imagenet_stem ? conv(c->in_channels, W, 7, 2) : conv(c->in_channels, W, 3, 1));
     if (!st) st = lk_layer_add_child(m, "bn1", bn(W));
     if (!st) st = lk_layer_add_child(m, "relu", lk_relu_create());
+    /* the stem's batch norm and ReLU in one op: its "relu" layer becomes the identity */
+    if (!st) st = lk_layer_batch_norm_fuse_relu(lk_layer_get_child(m, "bn1"), lk_layer_get_child(m, "relu"));
     if (!st && c->imagenet_stem) st = lk_layer_add_child(m, "maxpool", lk_max_pool2d_create(mp));
     int64_t cin = W;
     for (int s = 0; !st && s < c->n_stages; s++) {

@@ -147,7 +147,10 @@ static lk_status ckpt_backward(lk_function_ctx *ctx, lk_tensor *g, lk_tensor **g
     /* the recomputed graph, differentiated at once: the parameters'
      * gradients go straight into them, the input's comes back */
     if (!st && y->grad_fn) st = lk_backward_with(y, g);
-    if (!st && lk_function_needs_grad(ctx, 0)) grad_in[0] = x->grad;
+    /* a layer whose forward returns its input (an identity: a ReLU fused
+     * into the batch norm before it) passes the gradient through; x has
+     * none of its own then */
+    if (!st && lk_function_needs_grad(ctx, 0)) grad_in[0] = y == x ? g : x->grad;
     return st;
 }
 

@@ -148,6 +148,7 @@ typedef struct {
     lk_sum_fn sync; /* SyncBatchNorm: sums over ranks (lk_layer_sync_batchnorm); NULL: this rank's batch */
     void *sync_ctx;
     lk_bn_reducer red; /* SyncBatchNorm over a reducer (lk_layer_sync_batchnorm_reducer); red.sum NULL: none */
+    bool relu;         /* a ReLU after (lk_layer_batch_norm_fuse_relu) */
 } bn_impl;
 
 static lk_status bn_reset(lk_layer *self, lk_rng *rng) {
@@ -200,10 +201,16 @@ static lk_tensor *bn_forward(lk_layer *self, lk_tensor *x) {
     }
     bool use_batch_stats = self->training || !b->track;
     /* PyTorch syncs in training only */
-    lk_tensor *y = b->red.sum ? lk__batch_norm_sync_reducer(x, rm, rv, w, bias, use_batch_stats, factor, b->eps,
-                                                            self->training ? &b->red : NULL)
-                           : lk_batch_norm_sync(x, rm, rv, w, bias, use_batch_stats, factor, b->eps,
-                                                self->training ? b->sync : NULL, b->sync_ctx);
+    bool synced = self->training && (b->red.sum || b->sync);
+    lk_tensor *y;
+    if (b->relu && !synced) y = lk_batch_norm_relu(x, rm, rv, w, bias, use_batch_stats, factor, b->eps);
+    else {
+        y = b->red.sum ? lk__batch_norm_sync_reducer(x, rm, rv, w, bias, use_batch_stats, factor, b->eps,
+                                                     self->training ? &b->red : NULL)
+                       : lk_batch_norm_sync(x, rm, rv, w, bias, use_batch_stats, factor, b->eps,
+                                            self->training ? b->sync : NULL, b->sync_ctx);
+        if (y && b->relu) y = lk_relu(y);
+    }
     if (!y && counted) (void)bn_count(nbt, -1); /* undone; the op's error is the one reported */
     return y;
 }
@@ -218,7 +225,7 @@ static lk_layer *bn_create(const char *type, int spatial, int64_t num_features, 
     }
     bn_impl *b = lk_malloc(sizeof *b);
     if (!b) return NULL;
-    *b = (bn_impl){num_features, eps, momentum, affine, track, spatial, NULL, NULL, {0}};
+    *b = (bn_impl){num_features, eps, momentum, affine, track, spatial, NULL, NULL, {0}, false};
     lk_layer *l = lk_layer_create(type, bn_forward, b, NULL);
     if (!l) return NULL;
     l->reset = bn_reset;
@@ -418,6 +425,18 @@ lk_layer *lk_sigmoid_create(void) { return act_create("Sigmoid", sigmoid_fw, 0, 
 lk_layer *lk_leaky_relu_create(float negative_slope) { return act_create("LeakyReLU", leaky_fw, negative_slope, LK_GELU_EXACT); }
 lk_layer *lk_elu_create(float alpha) { return act_create("ELU", elu_fw, alpha, LK_GELU_EXACT); }
 lk_layer *lk_silu_create(void) { return act_create("SiLU", silu_fw, 0, LK_GELU_EXACT); }
+
+lk_status lk_layer_batch_norm_fuse_relu(lk_layer *bn, lk_layer *relu) {
+    if (!bn || bn->forward != bn_forward)
+        return lk_error(LK_STATUS_INVALID_ARGUMENT, "lk_layer_batch_norm_fuse_relu: bn is %s (expected a BatchNorm1d/2d)",
+                        bn ? bn->type : "NULL");
+    if (relu && (strcmp(relu->type, "ReLU") || (relu->forward != relu_fw && relu->forward != identity_fw)))
+        return lk_error(LK_STATUS_INVALID_ARGUMENT, "lk_layer_batch_norm_fuse_relu: relu is %s (expected a ReLU)",
+                        relu->type);
+    ((bn_impl *)bn->impl)->relu = true;
+    if (relu) relu->forward = identity_fw; /* still a "ReLU" by name and type: the cut points stay */
+    return LK_STATUS_OK;
+}
 lk_layer *lk_identity_create(void) { return act_create("Identity", identity_fw, 0, LK_GELU_EXACT); }
 
 /* ---- Sequential ----------------------------------------------------------------------------------------- */

@@ -8,3 +8,5 @@ set_tests_properties(autograd_conv_im2col PROPERTIES TIMEOUT 120 LABELS "unit;gr
 lk_add_test(NAME autograd_ops_a SOURCES autograd/test_ops_a.c LABELS unit gradcheck)
 lk_add_test(NAME autograd_graphs SOURCES autograd/test_graphs.c LABELS unit gradcheck)
 lk_add_test(NAME autograd_attention SOURCES autograd/test_attention.c LABELS unit gradcheck parity threads)
+# batch norm + ReLU as one op (lk_batch_norm_relu) against relu(batch_norm), bit for bit (issue 49)
+lk_add_test(NAME autograd_bn_relu SOURCES autograd/test_bn_relu.c LABELS unit parity threads)

@@ -31,7 +31,7 @@ static void check(lk_dtype dt, long N, long C, long S, bool training) {
         w[c] = 0.5f + 0.1f * (float)c, b[c] = 0.25f * (float)c - 1.0f;
         for (int k = 0; k < 2; k++) rm[k][c] = 0.1f * (float)c, rv[k][c] = 1.0f + 0.05f * (float)c;
     }
-    lk_batch_norm_params p = {N, C, S, (double)(N * S), 1e-5f, 0.1f, training, {1, 1, 1, 1}};
+    lk_batch_norm_params p = {N, C, S, (double)(N * S), 1e-5f, 0.1f, training, {1, 1, 1, 1}, false};
     for (int k = 0; k < 2; k++) { /* k 0: dt, k 1: the f32 reference */
         lk_dtype a = k ? LK_F32 : dt;
         lk_op_desc f = {.op = LK_OP_BATCH_NORM, .dtype = {a, LK_F32, LK_F32, LK_F32, LK_F32, a, LK_F32}};

@@ -79,7 +79,7 @@ static void check(long N, long C, long S, bool training) {
         w[c] = 0.5f + 0.1f * (float)c, b[c] = 0.25f * (float)c - 1.0f;
         for (int k = 0; k < 2; k++) rm[k][c] = 0.1f * (float)c, rv[k][c] = 1.0f + 0.05f * (float)c;
     }
-    lk_batch_norm_params p = {N, C, S, (double)(N * S), 1e-5f, 0.1f, training, {1, 1, 1, 1}};
+    lk_batch_norm_params p = {N, C, S, (double)(N * S), 1e-5f, 0.1f, training, {1, 1, 1, 1}, false};
     lk_op_desc f = {.op = LK_OP_BATCH_NORM, .dtype = {LK_F32, LK_F32, LK_F32, LK_F32, LK_F32, LK_F32, LK_F32}};
     f.batch_norm = p;
     CHECK_OK(lk__backend_run(LK_DEVICE_CPU, &f, (void *[]){x, w, b, rm[0], rv[0], y[0], st[0]}));

@@ -451,7 +451,7 @@ static void add_half_forms(void) {
         c = add(NAME("batch_norm%s%s_%s%s", training ? "" : "_eval", bwd ? "_backward" : "", lk_dtype_name(t),
                      truth ? "_true" : ""),
                 bwd ? LK_OP_BATCH_NORM_BACKWARD : LK_OP_BATCH_NORM, T_EXACT);
-        c->d.batch_norm = (lk_batch_norm_params){5, 6, 7, 35.0, 1e-5f, 0.1f, training, {2, 1, 1, 3}};
+        c->d.batch_norm = (lk_batch_norm_params){5, 6, 7, 35.0, 1e-5f, 0.1f, training, {2, 1, 1, 3}, false};
         if (!bwd) { /* x, w (stride 2), b, running_mean, running_var (stride 3), y, stats */
             for (int i = 0; i < 7; i++) c->d.dtype[i] = i == 0 || i == 5 ? t : i == 6 ? LK_F32 : pt;
             ops(c, 0, 210, I_RAND, 0), ops(c, 1, 12, I_RAND, 0), ops(c, 2, 6, I_RAND, 0), ops(c, 3, 6, I_RAND, 0);
@@ -898,7 +898,7 @@ static void build_table(void) {
         c = add(NAME("batch_norm%s%s", training ? "" : "_eval", bwd ? "_backward" : ""),
                 bwd ? LK_OP_BATCH_NORM_BACKWARD : LK_OP_BATCH_NORM, T_EXACT);
         for (int i = 0; i < 7; i++) c->d.dtype[i] = LK_F32;
-        c->d.batch_norm = (lk_batch_norm_params){5, 6, 7, 35.0, 1e-5f, 0.1f, training, {2, 1, 1, 3}};
+        c->d.batch_norm = (lk_batch_norm_params){5, 6, 7, 35.0, 1e-5f, 0.1f, training, {2, 1, 1, 3}, false};
         if (!bwd) { /* x, w (stride 2), b, running_mean, running_var (stride 3), y, stats */
             ops(c, 0, 210, I_RAND, 0), ops(c, 1, 12, I_RAND, 0), ops(c, 2, 6, I_RAND, 0), ops(c, 3, 6, I_RAND, 0);
             ops(c, 4, 18, I_POS, 0), ops(c, 5, 210, I_RAND, 0), ops(c, 6, 12, I_RAND, 0);

@@ -12,7 +12,8 @@
  *   - the memory-bound passes around them, forward and backward, in f32
  *     elements of the tensor T they touch: batch norm 8T (forward: moments
  *     read x, the apply reads x and writes y; backward: the sums read dy and
- *     x, dx reads dy and x and writes), ReLU 5T (2T + 3T), the residual add
+ *     x, dx reads dy and x and writes; the same 8T with a ReLU fused in,
+ *     whose mask a kernel could take from x), ReLU 5T (2T + 3T), the residual add
  *     6T (3T each way: the shortcut's gradient is added into the branch's),
  *     max pooling 2 (Tin + Tout), global average pooling 2 Tin;
  *   - Adam's 28 bytes per parameter;
@@ -50,6 +51,7 @@ typedef struct {
     int64_t in[4], out[4];
     int in_nd, out_nd;
     bool in_grad; /* the step computes the input's gradient */
+    bool identity; /* its forward returned its input: a ReLU fused into the batch norm before it */
 } rec;
 
 static struct {
@@ -67,7 +69,8 @@ static lk_tensor *rec_forward(lk_layer *self, lk_tensor *x) {
     lk_tensor *y = fw(self, x);
     if (recording && x && y && nrecs < 512) {
         rec *r = &recs[nrecs++];
-        *r = (rec){.l = self, .type = self->type, .in_nd = x->ndim, .out_nd = y->ndim, .in_grad = x->requires_grad};
+        *r = (rec){.l = self, .type = self->type, .in_nd = x->ndim, .out_nd = y->ndim, .in_grad = x->requires_grad,
+                   .identity = y == x};
         for (int d = 0; d < x->ndim && d < 4; d++) r->in[d] = x->shape[d];
         for (int d = 0; d < y->ndim && d < 4; d++) r->out[d] = y->shape[d];
     }
@@ -182,6 +185,7 @@ static double linear_bound(const rec *r, bool quick) {
 
 /* f32 elements the memory-bound passes of a recorded layer move (see the top). */
 static double pass_elements(const rec *r) {
+    if (r->identity) return 0; /* a fused ReLU: no pass of its own, the batch norm's 8T covers the pair */
     double ti = (double)numel(r->in, r->in_nd), to = (double)numel(r->out, r->out_nd);
     if (is(r->type, "BatchNorm2d")) return 8 * to;
     if (is(r->type, "ReLU") || is(r->type, "Dropout")) return 5 * to;

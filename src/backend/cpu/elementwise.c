@@ -69,9 +69,10 @@ static void unary_backward_f32(lk_unary_op op, int64_t n, const float *restrict 
 /* Walks out's shape; the innermost dimension runs as a flat loop with the
  * inputs' own strides (1 or 0 in the common cases, which vectorise). */
 static void binary_f32(lk_binary_op op, int ndim, const int64_t *shape, const float *a, const int64_t *sa,
-                       const float *b, const int64_t *sb, float *out) {
+                       const float *b, const int64_t *sb, float *out, bool relu) {
     if (ndim == 0) {
         out[0] = lk_k_binary(op, a[0], b[0]);
+        if (relu) out[0] = out[0] > 0.0f ? out[0] : 0.0f;
         return;
     }
     int64_t inner = shape[ndim - 1], ia = sa[ndim - 1], ib = sb[ndim - 1];
@@ -92,6 +93,9 @@ static void binary_f32(lk_binary_op op, int ndim, const int64_t *shape, const fl
         } else {
             for (int64_t i = 0; i < inner; i++) po[i] = lk_k_binary(op, pa[i * ia], pb[i * ib]);
         }
+        /* the fused ReLU on the row just written, in cache (lk_binary_params.relu) */
+        if (relu)
+            for (int64_t i = 0; i < inner; i++) po[i] = po[i] > 0.0f ? po[i] : 0.0f;
         /* advance the outer multi-index */
         for (int d = ndim - 2; d >= 0; d--) {
             idx[d]++;
@@ -274,7 +278,7 @@ static void run_binary_blocked(const lk_op_desc *d, void *const *x) {
                 if (k < 2) lk_half_to_f32_n(d->dtype[k], buf[k], (const uint16_t *)x[k] + i0, (size_t)m);
             }
         }
-        binary_f32(b->fn, 1, &m, w[0], &one, w[1], &one, w[2]);
+        binary_f32(b->fn, 1, &m, w[0], &one, w[1], &one, w[2], b->relu);
         if (d->dtype[2] != LK_F32) lk_f32_to_half_n(d->dtype[2], (uint16_t *)x[2] + i0, buf[2], (size_t)m);
     }
 }
@@ -327,7 +331,8 @@ static lk_status run_lowp(const lk_op_desc *d, void *const *x) {
             unary_backward_f32(d->unary.fn, d->unary.n, w[0], w[1], w[2], w[3], d->unary.alpha, d->unary.acc);
             break;
         case LK_OP_BINARY:
-            binary_f32(d->binary.fn, d->binary.ndim, d->binary.shape, w[0], d->binary.sa, w[1], d->binary.sb, w[2]);
+            binary_f32(d->binary.fn, d->binary.ndim, d->binary.shape, w[0], d->binary.sa, w[1], d->binary.sb, w[2],
+                       d->binary.relu);
             break;
         case LK_OP_AXPY: axpy_f32(d->axpy.n, d->axpy.alpha, w[0], w[1]); break;
         case LK_OP_AFFINE:
@@ -417,7 +422,8 @@ lk_status LK_ISA(lk__cpu_elementwise)(const lk_op_desc *d, void *const *x) {
         unary_backward_f32(d->unary.fn, d->unary.n, x[0], x[1], x[2], x[3], d->unary.alpha, d->unary.acc);
         break;
     case LK_OP_BINARY:
-        binary_f32(d->binary.fn, d->binary.ndim, d->binary.shape, x[0], d->binary.sa, x[1], d->binary.sb, x[2]);
+        binary_f32(d->binary.fn, d->binary.ndim, d->binary.shape, x[0], d->binary.sa, x[1], d->binary.sb, x[2],
+                   d->binary.relu);
         break;
     case LK_OP_AXPY: axpy_f32(d->axpy.n, d->axpy.alpha, x[0], x[1]); break;
     case LK_OP_AFFINE: affine_f32(d->affine.n, d->affine.mul, d->affine.add, d->affine.has_add, x[0], x[1]); break;

@@ -137,7 +137,12 @@ static void bn_fwd_task(void *ctx, int t) {
             float scale = invstd[c] * (j->w ? j->w[c * sw] : 1.0f);
             float shift = (j->b ? j->b[c * sb] : 0.0f) - mean[c] * scale;
             int64_t at = (i * C + c) * S;
-            lk_k_plane_affine(bn_plane(j->xt, j->xd, at, S, xb), S, scale, shift, bn_out(j->ot, j->od, at, yb));
+            float *y = bn_out(j->ot, j->od, at, yb);
+            lk_k_plane_affine(bn_plane(j->xt, j->xd, at, S, xb), S, scale, shift, y);
+            /* the fused ReLU on the plane just written (in cache), before a
+             * 16-bit output's rounding: rounding keeps the sign and maps
+             * only +-0 to 0, so max(0, round(v)) = round(max(0, v)) */
+            if (p->relu) lk_k_plane_relu(y, S);
             bn_out_done(j->ot, j->od, at, S, yb);
         }
 }
@@ -149,16 +154,40 @@ typedef struct {
     void *dx;
     float *dw, *db;
     lk_dtype xt, gt, dxt;
-    float *buf; /* 3 S floats per task, when x, dy or dx is 16-bit */
+    float *buf; /* BN_BWD_PLANES S floats per task, when x, dy, dx or y is 16-bit or relu */
     int width;
     double *acc;
+    const void *yd; /* relu: the forward's output, in dtype yt; else NULL */
+    lk_dtype yt;
 } bn_bwd_job;
+
+/* x, dy, dx, y (relu) and the masked dy (relu) */
+#define BN_BWD_PLANES 5
+
+/* Plane `at` of the gradient the batch norm itself sees: dy, or with the
+ * fused ReLU dy where y > 0 (else 0), masked into mb. The separate ReLU's
+ * backward wrote that plane to memory and the batch norm read it back
+ * twice; here it is made per plane, in cache, for each of the two passes. */
+static const float *bn_grad_plane(const bn_bwd_job *j, int64_t at, long S, float *gb, float *yb, float *mb) {
+    const float *g = bn_plane(j->gt, j->gd, at, S, gb);
+    if (!j->yd) return g;
+    if (j->yt != LK_F32) {
+        /* a 16-bit y is not widened: y > 0 on its bits is 0 < h <= +inf's
+         * bits (sign clear, not 0, not NaN), as elementwise.c's relu16 */
+        const uint16_t *h = (const uint16_t *)j->yd + at, top = j->yt == LK_BF16 ? 0x7f80 : 0x7c00;
+        for (long i = 0; i < S; i++) mb[i] = (uint16_t)(h[i] - 1u) < top ? g[i] : 0.0f;
+        return mb;
+    }
+    lk_k_plane_relu_mask(g, bn_plane(j->yt, j->yd, at, S, yb), S, mb);
+    return mb;
+}
 
 static void bn_bwd_task(void *ctx, int t) {
     const bn_bwd_job *j = ctx;
     const lk_batch_norm_params *p = j->p;
     long N = p->N, C = p->C, S = p->S;
-    float *xb = j->buf ? j->buf + (size_t)t * 3 * S : NULL, *gb = xb ? xb + S : NULL, *dxb = xb ? gb + S : NULL;
+    float *xb = j->buf ? j->buf + (size_t)t * BN_BWD_PLANES * S : NULL, *gb = xb ? xb + S : NULL,
+          *dxb = xb ? gb + S : NULL, *yb = xb ? dxb + S : NULL, *mb = xb ? yb + S : NULL;
     double *sg = j->acc, *sgx = j->acc + C;
     int64_t c0, c1;
     lk__task_range(C, t, j->width, 1, &c0, &c1);
@@ -169,8 +198,8 @@ static void bn_bwd_task(void *ctx, int t) {
         for (long c = c0; c < c1; c++) {
             int64_t at = (i * C + c) * S;
             float a = 0.0f, q = 0.0f;
-            lk_k_bn_backward_sums(bn_plane(j->gt, j->gd, at, S, gb), bn_plane(j->xt, j->xd, at, S, xb), S, j->mean[c],
-                                  &a, &q);
+            lk_k_bn_backward_sums(bn_grad_plane(j, at, S, gb, yb, mb), bn_plane(j->xt, j->xd, at, S, xb), S,
+                                  j->mean[c], &a, &q);
             sg[c] += a;
             sgx[c] += q;
         }
@@ -190,7 +219,7 @@ static void bn_bwd_task(void *ctx, int t) {
                 k2 = (float)(-(double)k1 * is * is * sgx[c] / p->M);
             }
             int64_t at = (i * C + c) * S;
-            lk_k_bn_backward_plane(bn_plane(j->gt, j->gd, at, S, gb), bn_plane(j->xt, j->xd, at, S, xb), S,
+            lk_k_bn_backward_plane(bn_grad_plane(j, at, S, gb, yb, mb), bn_plane(j->xt, j->xd, at, S, xb), S,
                                    j->mean[c], k0, k1, k2, bn_out(j->dxt, j->dx, at, dxb));
             bn_out_done(j->dxt, j->dx, at, S, dxb);
         }
@@ -200,15 +229,17 @@ static void bn_bwd_task(void *ctx, int t) {
  * (lk__cpu_bn_native_half says when a 16-bit descriptor may come). */
 lk_status LK_ISA(lk__cpu_batch_norm)(const lk_op_desc *d, void *const *x) {
     const lk_batch_norm_params *p = &d->batch_norm;
-    bool fwd = d->op == LK_OP_BATCH_NORM;
-    int width = bn_width(p->N, p->C, p->S), per = fwd ? 2 : 3;
+    bool fwd = d->op == LK_OP_BATCH_NORM, mask = !fwd && p->relu;
+    if (mask && !x[7])
+        return lk_error(LK_STATUS_INVALID_ARGUMENT, "cpu backend: batch_norm_backward with relu needs the output y");
+    int width = bn_width(p->N, p->C, p->S), per = fwd ? 2 : BN_BWD_PLANES;
     /* the tasks' plane buffers, carved from this thread's grow-only scratch
      * (a malloc per call would fault in a fresh mapping above glibc's mmap
      * threshold: 3 planes of a 224x224 image per task are 600 KB). Free here:
      * widen.c holds it only around its own calls, and its chunk path runs
      * this function on all-f32 descriptors, which take no buffer. */
     float *buf = NULL;
-    if (lk__op_has_half(d) && !(buf = lk__cpu_scratch((size_t)width * (size_t)per * (size_t)(p->S > 0 ? p->S : 1))))
+    if ((lk__op_has_half(d) || mask) && !(buf = lk__cpu_scratch((size_t)width * (size_t)per * (size_t)(p->S > 0 ? p->S : 1))))
         return lk_error(LK_STATUS_OUT_OF_MEMORY, "cpu backend: out of memory for batch norm's 16-bit plane buffers");
     double *acc = lk__cpu_scratch_for(LK__SCRATCH_NORM, 2 * sizeof(double) * (size_t)(p->C > 0 ? p->C : 1));
     if (!acc) return lk_error(LK_STATUS_OUT_OF_MEMORY, "cpu backend: out of memory for batch norm's channel sums");
@@ -218,7 +249,7 @@ lk_status LK_ISA(lk__cpu_batch_norm)(const lk_op_desc *d, void *const *x) {
     } else {
         const float *stats = x[2];
         bn_bwd_job job = {p,          x[0],     x[1], stats, stats + p->C, x[3], x[4], x[5], x[6], d->dtype[0],
-                          d->dtype[1], d->dtype[4], buf,  width, acc};
+                          d->dtype[1], d->dtype[4], buf,  width, acc,          mask ? x[7] : NULL, d->dtype[7]};
         lk__parallel_run(job.width, bn_bwd_task, &job);
     }
     return LK_STATUS_OK;

@@ -131,6 +131,12 @@ lk_status lk__cpu_bn_half(const lk_op_desc *d, void *const *x,
                           lk_status (*run)(const lk_op_desc *d, void *const *x)) {
     const lk_batch_norm_params *p = &d->batch_norm;
     bool fwd = d->op == LK_OP_BATCH_NORM;
+    /* the fused ReLU's forward runs in the chunks (the f32 kernel applies
+     * it before the rounding); its backward would need y gathered too, and
+     * the autograd fuses only with f32 per-channel vectors, so never here */
+    if (!fwd && p->relu)
+        return lk_error(LK_STATUS_INVALID_ARGUMENT, "cpu backend: batch_norm_backward with relu and a 16-bit weight or "
+                        "statistic is not supported (expected f32 per-channel vectors)");
     long N = p->N, C = p->C, S = p->S;
     int64_t plane = (int64_t)N * S;
     long cc = plane > 0 && plane < (1 << 18) ? (long)((1 << 18) / plane) : 1;

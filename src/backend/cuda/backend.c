@@ -69,7 +69,8 @@ static bool cuda_supports(const lk_op_desc *d) {
             if (!is_elem(d->dtype[i])) return false;
         if (d->op == LK_OP_UNARY || d->op == LK_OP_UNARY_BACKWARD)
             return d->unary.fn >= 0 && d->unary.fn < LK_UNARY_COUNT;
-        if (d->op == LK_OP_BINARY) return d->binary.ndim >= 0 && d->binary.ndim <= LK_MAX_DIMS && d->binary.fn <= LK_BINARY_DIV;
+        if (d->op == LK_OP_BINARY) /* the fused ReLU (lk_add_relu): CPU only */
+            return d->binary.ndim >= 0 && d->binary.ndim <= LK_MAX_DIMS && d->binary.fn <= LK_BINARY_DIV && !d->binary.relu;
         if (d->op == LK_OP_SUM_TO) return d->sum_to.ndim >= 0 && d->sum_to.ndim <= LK_MAX_DIMS;
         return true;
     case LK_OP_MASK_SCALE:
@@ -129,7 +130,7 @@ static bool cuda_supports(const lk_op_desc *d) {
     case LK_OP_LAYER_NORM:
     case LK_OP_LAYER_NORM_BACKWARD:
     case LK_OP_BATCH_NORM:
-    case LK_OP_BATCH_NORM_BACKWARD: return all_f32(d);
+    case LK_OP_BATCH_NORM_BACKWARD: return all_f32(d) && !d->batch_norm.relu; /* the fused ReLU: CPU only */
     case LK_OP_BCE:
     case LK_OP_BCE_BACKWARD: return all_f32(d) && d->bce.reduction >= 0 && d->bce.reduction <= 2;
     case LK_OP_BN_STATS:

@@ -307,6 +307,18 @@ LK_KERNEL void lk_k_plane_affine(const float *LK_KC_RESTRICT x, long S, float sc
     for (; i < S; i++) y[i] = x[i] * scale + shift;
 }
 
+/* y = max(0, y) in place, as the unary ReLU (y > 0 ? y : 0: NaN and -0 give +0). */
+LK_KERNEL void lk_k_plane_relu(float *y, long S) {
+    for (long i = 0; i < S; i++) y[i] = y[i] > 0.0f ? y[i] : 0.0f;
+}
+
+/* out = y > 0 ? dy : 0: the ReLU's backward from its output y (y > 0
+ * exactly where its input was > 0). */
+LK_KERNEL void lk_k_plane_relu_mask(const float *LK_KC_RESTRICT dy, const float *LK_KC_RESTRICT y, long S,
+                                    float *LK_KC_RESTRICT out) {
+    for (long i = 0; i < S; i++) out[i] = y[i] > 0.0f ? dy[i] : 0.0f;
+}
+
 /* y += v in place. */
 LK_KERNEL void lk_k_plane_add_scalar(float *y, long S, float v) {
     long i = 0;
