@@ -11,6 +11,7 @@
 
 #include <cblas.h>
 
+#include "backend/cpu/gemm_small.h"
 #include "backend/isa.h"
 #include "backend/threads.h"
 #include "cli/cli.h"
@@ -76,6 +77,21 @@ static void gpus(void) {
 
 static int settings(const lk_config *cfg);
 
+
+/* Where lockstep's own f32 kernel (src/backend/cpu/gemm_small.c) stands in
+ * for OpenBLAS on the 32-true path: LK_GEMM's mode and, under auto, the
+ * rule for this CPU's level (gemm.c). */
+static const char *own_gemm(void) {
+    switch (lk__cpu_gemm_mode()) {
+    case LK__GEMM_OWN: return "every f32 GEMM of OpenBLAS's path and attention's tiles";
+    case LK__GEMM_BLAS: return "none: OpenBLAS runs every f32 GEMM of its path, attention's tiles included";
+    default:
+        return lk__cpu_gemm_rule_level() >= LK_ISA_AVX512
+                   ? "attention's tiles, and on this AVX-512 CPU the forward and input gradients from 128 rows "
+                     "and the weight gradients from 256 (K <= 4096), in place of OpenBLAS"
+                   : "attention's tiles and the linears of >= 512 rows with K <= 512, in place of OpenBLAS";
+    }
+}
 static int env_report(const lk_config *cfg) {
     char model[256], mem[128];
     read_field("/proc/cpuinfo", "model name", model, sizeof model);
@@ -92,6 +108,7 @@ static int env_report(const lk_config *cfg) {
     printf("cpu loops       : %s (build: %s; LK_CPU_ISA=auto|avx512|avx2|baseline lowers it)\n",
            lk__cpu_isa_name(lk__cpu_isa()), lk__cpu_isa_build());
     printf("32-true GEMM    : %s (LK_F32_GEMM=auto|onednn|openblas)\n", lk_autocast_gemm_path(LK_F32));
+    printf("own f32 GEMM    : %s (LK_GEMM=auto|own|blas)\n", own_gemm());
     printf("bf16-mixed GEMM : %s\n", lk_autocast_gemm_path(LK_BF16));
     printf("16-mixed GEMM   : %s\n", lk_autocast_gemm_path(LK_F16));
     printf("blas            : OpenBLAS, core %s, single-threaded (lockstep splits GEMMs), config: %s\n",
