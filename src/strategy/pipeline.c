@@ -849,8 +849,10 @@ static lk_status wrap(lk_strategy *s, lk_layer *net) {
                                     (double)ps->held_bytes[k] / 1048576.0);
         lk_log0("%s", line);
     }
-    LK_TRY(lk_strategy_setup(s, s->local_arr, s->local_names, np, s->buffer_arr, nb));
-    return ps->dp > 1 ? buckets_setup(s) : LK_STATUS_OK;
+    /* the replicas' gradient buckets are made by the first training step
+     * (training_step), so a strategy wrapped only to evaluate (lockstep
+     * test, predict) neither sets grad hooks nor reports buckets */
+    return lk_strategy_setup(s, s->local_arr, s->local_names, np, s->buffer_arr, nb);
 }
 
 /* ---- the step ------------------------------------------------------------- */
@@ -970,6 +972,7 @@ static lk_status training_step(lk_strategy *s, const lk_step_args *a, lk_step_re
                         .chunk_weight = extra ? ps->weight : NULL};
     struct lk_pipe_times times = {0};
     st.times = &times;
+    if (ps->dp > 1 && !ps->bk) LK_TRY(buckets_setup(s));
     bool bucketed = a->sync && ps->dp > 1;
     if (bucketed) st.before_backward = stage_before_backward;
     if (s->pipe_fn) st.on_action = stage_action;
