@@ -218,7 +218,12 @@ enum { LOWP_BLOCK = 1024 };
 static void run_lowp_blocked(const lk_op_desc *d, void *const *x) {
     int arity = lk__op_arity(d->op);
     int64_t n = d->op == LK_OP_AXPY ? d->axpy.n : d->op == LK_OP_AFFINE ? d->affine.n : d->unary.n;
-    int out = d->op == LK_OP_UNARY_BACKWARD ? 3 : 1;
+    if (d->op == LK_OP_BINARY) { /* dense (binary_dense): one flat run */
+        n = 1;
+        for (int k = 0; k < d->binary.ndim; k++) n *= d->binary.shape[k];
+    }
+    int out = d->op == LK_OP_UNARY_BACKWARD ? 3 : d->op == LK_OP_BINARY ? 2 : 1;
+    const int64_t one = 1;
     bool out_read = d->op == LK_OP_AXPY || (d->op == LK_OP_UNARY_BACKWARD && d->unary.acc);
     float buf[4][LOWP_BLOCK];
     for (int64_t i0 = 0; i0 < n; i0 += LOWP_BLOCK) {
@@ -240,6 +245,7 @@ static void run_lowp_blocked(const lk_op_desc *d, void *const *x) {
             break;
         case LK_OP_AXPY: axpy_f32(m, d->axpy.alpha, w[0], w[1]); break;
         case LK_OP_AFFINE: affine_f32(m, d->affine.mul, d->affine.add, d->affine.has_add, w[0], w[1]); break;
+        case LK_OP_BINARY: binary_f32(d->binary.fn, 1, &m, w[0], &one, w[1], &one, w[2], d->binary.relu); break;
         default: break;
         }
         if (d->dtype[out] != LK_F32) lk_f32_to_half_n(d->dtype[out], (uint16_t *)x[out] + i0, buf[out], (size_t)m);
@@ -258,38 +264,17 @@ static bool binary_dense(const lk_binary_params *b) {
     return true;
 }
 
-/* A dense binary op (binary_dense) in blocks, as run_lowp_blocked: a
- * 16-bit residual add of a bf16-mixed ResNet widened whole arrays into
- * malloc'd scratch, and the fresh pages' faults and zeroing were 7% of the
- * step. The same f32 operation per element, so the same bits. */
-static void run_binary_blocked(const lk_op_desc *d, void *const *x) {
-    const lk_binary_params *b = &d->binary;
-    int64_t n = 1;
-    for (int k = 0; k < b->ndim; k++) n *= b->shape[k];
-    float buf[3][LOWP_BLOCK];
-    const int64_t one = 1;
-    for (int64_t i0 = 0; i0 < n; i0 += LOWP_BLOCK) {
-        int64_t m = n - i0 < LOWP_BLOCK ? n - i0 : LOWP_BLOCK;
-        float *w[3];
-        for (int k = 0; k < 3; k++) {
-            if (d->dtype[k] == LK_F32) w[k] = (float *)x[k] + i0;
-            else {
-                w[k] = buf[k];
-                if (k < 2) lk_half_to_f32_n(d->dtype[k], buf[k], (const uint16_t *)x[k] + i0, (size_t)m);
-            }
-        }
-        binary_f32(b->fn, 1, &m, w[0], &one, w[1], &one, w[2], b->relu);
-        if (d->dtype[2] != LK_F32) lk_f32_to_half_n(d->dtype[2], (uint16_t *)x[2] + i0, buf[2], (size_t)m);
-    }
-}
-
 static lk_status run_lowp(const lk_op_desc *d, void *const *x) {
     if (d->op == LK_OP_UNARY || d->op == LK_OP_UNARY_BACKWARD || d->op == LK_OP_AXPY || d->op == LK_OP_AFFINE) {
         run_lowp_blocked(d, x);
         return LK_STATUS_OK;
     }
+    /* a dense binary op too: a 16-bit residual add of a bf16-mixed ResNet
+     * widened whole arrays into malloc'd scratch, and the fresh pages'
+     * faults and zeroing were 7% of the step; the same f32 operation per
+     * element, so the same bits */
     if (d->op == LK_OP_BINARY && binary_dense(&d->binary)) {
-        run_binary_blocked(d, x);
+        run_lowp_blocked(d, x);
         return LK_STATUS_OK;
     }
     scratch s = {{NULL}};
