@@ -264,6 +264,20 @@ static bool binary_dense(const lk_binary_params *b) {
     return true;
 }
 
+/* A dense f32 binary op as one flat array, in blocks of a few KB so that
+ * a fused ReLU's pass (binary_f32's, on the block just written) stays in
+ * L1. Walked by its shape, a residual add of [64, 8, 28, 28] ran as 14336
+ * rows of 28 (of 7 at 7x7), at 16 GB/s in ResNet-20's step. Same
+ * arithmetic per element, so the same bits. */
+static void binary_dense_f32(const lk_binary_params *b, const float *a, const float *c, float *out) {
+    int64_t n = 1, one = 1;
+    for (int k = 0; k < b->ndim; k++) n *= b->shape[k];
+    for (int64_t i = 0; i < n; i += 2048) {
+        int64_t m = n - i < 2048 ? n - i : 2048;
+        binary_f32(b->fn, 1, &m, a + i, &one, c + i, &one, out + i, b->relu);
+    }
+}
+
 static lk_status run_lowp(const lk_op_desc *d, void *const *x) {
     if (d->op == LK_OP_UNARY || d->op == LK_OP_UNARY_BACKWARD || d->op == LK_OP_AXPY || d->op == LK_OP_AFFINE) {
         run_lowp_blocked(d, x);
@@ -407,8 +421,10 @@ lk_status LK_ISA(lk__cpu_elementwise)(const lk_op_desc *d, void *const *x) {
         unary_backward_f32(d->unary.fn, d->unary.n, x[0], x[1], x[2], x[3], d->unary.alpha, d->unary.acc);
         break;
     case LK_OP_BINARY:
-        binary_f32(d->binary.fn, d->binary.ndim, d->binary.shape, x[0], d->binary.sa, x[1], d->binary.sb, x[2],
-                   d->binary.relu);
+        if (binary_dense(&d->binary)) binary_dense_f32(&d->binary, x[0], x[1], x[2]);
+        else
+            binary_f32(d->binary.fn, d->binary.ndim, d->binary.shape, x[0], d->binary.sa, x[1], d->binary.sb, x[2],
+                       d->binary.relu);
         break;
     case LK_OP_AXPY: axpy_f32(d->axpy.n, d->axpy.alpha, x[0], x[1]); break;
     case LK_OP_AFFINE: affine_f32(d->affine.n, d->affine.mul, d->affine.add, d->affine.has_add, x[0], x[1]); break;
