@@ -233,6 +233,7 @@ static lk_status ddp_setup(lk_strategy *s) {
     int n = s->nparams;
     int64_t total = 0;
     for (int i = 0; i < n; i++) total += params[i]->numel;
+    if (s->params_common && !d->common_params) LK_TRY(lk_comm_barrier(s->comm)); /* zero.c's: as below */
     if (d->common_params) { /* rank 0 wrote the values: they are everyone's once it is here */
         int64_t off = 0;
         for (int i = 0; i < n; i++) {
@@ -245,7 +246,7 @@ static lk_status ddp_setup(lk_strategy *s) {
         LK_TRY(lk_comm_barrier(s->comm));
     }
     /* Replicas start identical: rank 0's parameters and buffers win. */
-    for (int i = 0; i < n && !d->common_params; i++) {
+    for (int i = 0; i < n && !d->common_params && !s->params_common; i++) {
         lk_tensor *p = params[i];
         if (!lk_tensor_is_contiguous(p))
             return lk_error(LK_STATUS_INVALID_ARGUMENT, "ddp: parameter '%s' is not contiguous", names ? names[i] : "?");

@@ -127,6 +127,10 @@ struct lk_strategy {
     lk_tensor *flat_grad_t; /* the same memory as a tensor (lk_strategy_grad_buffer) */
     int64_t flat_numel;
     bool flat_shared;
+    /* the parameters live in memory every rank of the node maps (one copy,
+     * rank 0's values): ddp's setup then broadcasts nothing (zero.c's
+     * shared mode sets it; ddp's own shared mode has its own flag) */
+    bool params_common;
     lk_device flat_dev;     /* where it lives: cfg.device, or the host for a strategy that offloads its
                              * gradient chunks and optimizer to the CPU (fsdp's cpu_offload on a GPU) */
     lk_tensor *param_buf_t; /* lk_strategy_param_buffer's answer, when there is one */

@@ -21,6 +21,16 @@
  * the next synced backward cuts it back to the chunk before the optimizer
  * steps. Resume at the same world size is exact.
  *
+ * On one node over shm (`trainer.ddp_shared_params`, default true, as ddp's
+ * shared parameters) the padded parameter buffer is one copy every rank
+ * maps (lk_comm_alloc_common): each rank's optimizer writes its chunk in
+ * place and the all-gather after the step is a barrier. The gradient
+ * all-reduce orders it as ddp's shared mode: no rank updates before every
+ * rank's backward is done with the parameters. The bits are the
+ * replicas' (an element-wise update of the same values). Across nodes
+ * (mpi), with shared_params false, or on a device, each rank keeps its
+ * replica and the chunks are all-gathered.
+ *
  * On a device (GPUs) the padded parameters, the chunk's state and the whole
  * copy around a checkpoint are that device's memory, where the optimizer
  * runs; ddp's path carries the gradients as on the CPU. A communicator that
@@ -44,6 +54,8 @@ typedef struct zero {
     void *stage;                  /* on a device the communicator cannot read: chunk x world elements of host
                                    * memory the chunks are gathered in (the widest dtype gathered: f32 or param) */
     size_t stage_bytes;
+    bool want_common; /* trainer.ddp_shared_params as given (ddp's own copy of it is turned off) */
+    bool common;      /* params is the node's one shared copy: the chunks are written in place, not gathered */
 } zero;
 
 static zero *z_of(const lk_strategy *s) { return s->ext; }
@@ -111,9 +123,12 @@ static lk_status z_create(lk_strategy *s) {
         return lk_error(LK_STATUS_UNSUPPORTED, "strategy '%s' with the optimizer offloaded to the CPU (offload_optimizer, "
                         "trainer.fsdp_cpu_offload) is not built on %s: deepspeed_stage_2 and 3 offload it", name,
                         lk_device_str(s->cfg.device, (char[32]){0}, 32));
-    s->ddp.shared_params = false; /* each rank keeps its replica: the chunks are gathered into it */
     zero *z = lk_calloc(1, sizeof *z);
     if (!z) return LK_STATUS_OUT_OF_MEMORY;
+    /* ddp's own parameter buffer and optimizer sharding stay off: this
+     * strategy makes the buffer (shared or a replica) and shards itself */
+    z->want_common = s->ddp.shared_params;
+    s->ddp.shared_params = false;
     s->ext = z;
     lk_status st = lk__strategy_ddp.create(s);
     if (st) {
@@ -129,7 +144,7 @@ static void z_free(lk_strategy *s) {
         for (int i = 0; i < s->nparams; i++) lk__tensor_own_storage(s->params[i]); /* the padded buffer goes */
     lk__strategy_ddp.free(s);
     if (!z) return;
-    mem_free(s, z->params, (size_t)(z->chunk * s->world) * esz(s), true);
+    if (!z->common) mem_free(s, z->params, (size_t)(z->chunk * s->world) * esz(s), true); /* else the segment's */
     mem_free(s, z->chunk_state, state_bytes(z, z->chunk), false);
     mem_free(s, z->whole_state, state_bytes(z, z->numel), false);
     lk_free(z->stage);
@@ -155,7 +170,16 @@ static lk_status z_param_buffer(lk_strategy *s, int64_t numel, void **buf, bool 
     zero *z = z_of(s);
     if (z->params) return lk_error(LK_STATUS_INVALID_USAGE, "strategy: the parameter buffer is already allocated");
     cut(s, numel);
-    LK_TRY(mem_alloc(s, (size_t)(z->chunk * s->world) * esz(s), NULL, true, &z->params));
+    size_t bytes = (size_t)(z->chunk * s->world) * esz(s);
+    if (z->want_common && s->world > 1 && lk_comm_shares_memory(s->comm) && !on_device(s)) {
+        bool owner;
+        LK_TRY(lk_comm_alloc_common(s->comm, bytes, &z->params, &owner));
+        z->common = s->params_common = true;
+        *buf = z->params;
+        *copy_values = owner; /* rank 0 writes the values; ddp's setup waits for them */
+        return LK_STATUS_OK;
+    }
+    LK_TRY(mem_alloc(s, bytes, NULL, true, &z->params));
     *buf = z->params;
     *copy_values = true;
     return LK_STATUS_OK;
@@ -174,7 +198,18 @@ static lk_status z_setup(lk_strategy *s) {
                             s->vt->name, s->names ? s->names[i] : "?");
         off += s->params[i]->numel;
     }
+    if (z->common)
+        lk_log0("%s: the %d ranks share one copy of the parameters, each updating its chunk in place (no all-gather "
+                "after the step; trainer.ddp_shared_params)", s->vt->name, s->world);
     return LK_STATUS_OK;
+}
+
+/* The chunks every rank wrote are everyone's: a barrier on the node's one
+ * copy, an all-gather into each replica otherwise. Collective. */
+static lk_status share_chunks(lk_strategy *s) {
+    zero *z = z_of(s);
+    if (z->common) return lk_comm_barrier(s->comm);
+    return gather_chunks(s, z->params, (size_t)z->chunk, s->cfg.param_dtype);
 }
 
 static lk_status z_shard_optimizer(lk_strategy *s, lk_optimizer *o) {
@@ -236,9 +271,8 @@ static lk_status z_finish_backward(lk_strategy *s) {
  * skipped step too: the chunks are then unchanged, and every rank must
  * issue the same collectives). */
 static lk_status z_after_step(lk_strategy *s) {
-    zero *z = z_of(s);
     double t0 = lk_time_now(), w0 = lk_comm_arrival_wait_s(s->comm);
-    lk_status st = gather_chunks(s, z->params, (size_t)z->chunk, s->cfg.param_dtype);
+    lk_status st = share_chunks(s);
     double straggler = lk_comm_arrival_wait_s(s->comm) - w0, dt = lk_time_now() - t0;
     s->stats.comm_exposed_s += dt;
     s->stats.comm_straggler_s += straggler;
@@ -309,10 +343,7 @@ static lk_status z_shard_pieces(lk_strategy *s, lk_shard_piece **out, int *n) {
 
 /* Every rank filled its chunk of the parameters: the replicas take the
  * others' chunks, as after a step. */
-static lk_status z_shard_pieces_loaded(lk_strategy *s) {
-    zero *z = z_of(s);
-    return gather_chunks(s, z->params, (size_t)z->chunk, s->cfg.param_dtype);
-}
+static lk_status z_shard_pieces_loaded(lk_strategy *s) { return share_chunks(s); }
 
 static bool z_shares_params(const lk_strategy *s) { (void)s; return false; }
 
@@ -322,7 +353,7 @@ static bool z_shares_params(const lk_strategy *s) { (void)s; return false; }
 static void z_memory(const lk_strategy *s, lk_strategy_memory *m) {
     const zero *z = z_of(s);
     int64_t padded = z->chunk * s->world * (int64_t)esz(s);
-    m->param_bytes = padded;
+    m->param_bytes = padded; /* the node's one copy counts whole on each rank that maps it, as ddp's shared one */
     m->grad_bytes = s->flat_numel * (int64_t)esz(s);
     m->optim_state_bytes = z->optim ? z->chunk * z->arrays * (int64_t)sizeof(float) : 0;
 }
