@@ -81,6 +81,9 @@ typedef struct unit {
     bool grads_stale;     /* gfull was released after a reduction: zero it before it is written again */
     bool grads_charged;   /* gfull's bytes are charged to the rank (from the unit's backward to its release) */
     bool full_shared;     /* full is a block of the shard group's shared memory (in_segment), counted by its allocator */
+    bool full_common;     /* stage 2 on one node: full is the node's one copy (lk_comm_alloc_common) every rank maps;
+                           * each rank's optimizer writes its chunk in place and a gather is a barrier (f->common) */
+    bool full_owner;      /* this rank allocated the common copy (frees it) */
     lk_work *gather;      /* a prefetch in flight */
     int pos;              /* position in the recorded forward order (-1: not seen) */
 } unit;
@@ -116,6 +119,8 @@ struct fsdp {
     bool hold;                /* every unit gathered for a state dict, until the next forward */
     bool saving;              /* gathering for a state dict: not a step's peak */
     bool params_whole;        /* deepspeed_stage_2: parameters replicated, chunks all-gathered after the step */
+    bool common;              /* stage 2 keeps one copy of the parameters on the node (trainer.ddp_shared_params) */
+    bool common_live;         /* some unit's parameters are in such a copy (shm on one node, the host) */
     lk_optimizer *optim;      /* borrowed: lk_strategy_shard_optimizer's (the pieces' state) */
     bool offload;             /* cpu_offload on a GPU: the chunks (master, gradients, state) on the host */
     void *rs_stage;           /* offload: the reduce-scatter's device output, the largest chunk */
@@ -177,6 +182,9 @@ static lk_status f_create_(lk_strategy *s) {
      * step, in place), gradients and optimizer state sharded as FULL_SHARD's */
     f->params_whole = s->vt == &lk__strategy_zero2;
     if (f->params_whole) f->o.sharding = LK_FSDP_FULL_SHARD;
+    /* one copy of the whole parameters on the node, as ddp's shared ones
+     * (decided per unit where it is allocated: shm on one node, the host) */
+    f->common = f->params_whole && s->ddp.shared_params;
     if ((unsigned)f->o.sharding > LK_FSDP_HYBRID_SHARD)
         return lk_error(LK_STATUS_INVALID_ARGUMENT, "%s: unknown sharding strategy %d", name, (int)f->o.sharding);
     int W = s->world, L = lk_comm_local_world_size(s->comm);
@@ -465,6 +473,10 @@ static lk_status gather(lk_strategy *s, unit *u) {
     }
     if (u->gathered || !u->numel) return LK_STATUS_OK;
     LK_TRY(count_gathered(f, u, true)); /* (before the all-gather: every rank refuses its own, and the job ends) */
+    if (u->full_common) { /* every chunk is in place: the caller's barrier (share_chunks) made them everyone's */
+        u->gathered = true;
+        return LK_STATUS_OK;
+    }
     double t0 = lk_time_now();
     const void *src;
     lk_status st = gather_source(s, u, &src);
@@ -482,6 +494,7 @@ static lk_status gather(lk_strategy *s, unit *u) {
 static lk_status prefetch(lk_strategy *s, unit *u) {
     fsdp *f = f_of(s);
     if (!u || u->gathered || u->gather || !u->numel || f->S == 1) return LK_STATUS_OK;
+    if (u->full_common) return gather(s, u); /* nothing to issue */
     LK_TRY(count_gathered(f, u, true));
     const void *src;
     LK_TRY(gather_source(s, u, &src));
@@ -692,7 +705,10 @@ static lk_status build_unit(lk_strategy *s, unit *u, lk_layer *layer, const char
     u->map_bytes = bytes ? (bytes + pg - 1) / pg * pg : 0;
     if (!u->numel) return LK_STATUS_OK;
     void *mem = NULL;
-    if (f->params_whole && in_segment(s)) { /* (a full /dev/shm or the memory cap: a private mapping, as before) */
+    if (f->params_whole && in_segment(s) && f->common) { /* collective: every rank, units in the same order */
+        LK_TRY(lk_comm_alloc_common(f->shard, u->map_bytes, &mem, &u->full_owner));
+        u->full = mem, u->full_shared = u->full_common = f->common_live = true;
+    } else if (f->params_whole && in_segment(s)) { /* (a full /dev/shm or the memory cap: a private mapping, as before) */
         if (!lk_comm_alloc_shared(f->shard, u->map_bytes, &mem)) u->full = mem, u->full_shared = true;
         else lk_clear_error();
     }
@@ -711,7 +727,8 @@ static lk_status build_unit(lk_strategy *s, unit *u, lk_layer *layer, const char
 static lk_status rehome(lk_strategy *s, unit *u) {
     for (int i = 0; i < u->np; i++) {
         lk_tensor *p = u->p[i];
-        LK_TRY(lk__tensor_rehome(p, u->full_t, u->poff[i], true));
+        /* into the node's one copy only rank 0's values go (the others wait at setup's barrier) */
+        LK_TRY(lk__tensor_rehome(p, u->full_t, u->poff[i], !u->full_common || u->full_owner));
         lk_tensor *g = lk__tensor_wrap_on(s->cfg.device, s->cfg.param_dtype, p->ndim, p->shape,
                                           at(u->gfull, esz(s), u->poff[i]));
         if (!g) return lk_last_status();
@@ -817,7 +834,8 @@ static lk_status f_wrap(lk_strategy *s, lk_layer *net) {
         unit *u = &f->u[i];
         if (!u->numel) continue;
         LK_TRY(rehome(s, u));
-        if (s->world > 1) LK_TRY(lk_comm_broadcast(s->comm, u->full, (size_t)u->numel, s->cfg.param_dtype, 0));
+        if (u->full_common) LK_TRY(lk_comm_barrier(f->shard)); /* rank 0's values are in: everyone's */
+        else if (s->world > 1) LK_TRY(lk_comm_broadcast(s->comm, u->full, (size_t)u->numel, s->cfg.param_dtype, 0));
         bool inside = f->params_whole && !f->offload; /* stage 2's master chunk is its place in the whole values */
         u->mine = inside ? at(u->full, esz(s), u->chunk * f->sr) : at(f->shards, esz(s), u->shard_off);
         LK_TRY(keep_chunk(s, u));
@@ -845,7 +863,8 @@ static lk_status f_wrap(lk_strategy *s, lk_layer *net) {
                                       f->nu == 2 ? "" : "s",
                                       f->o.wrap_types[0] ? f->o.wrap_types
                                       : f->o.min_num_params > 0 ? "min_num_params" : "default policy",
-                                      f->params_whole ? "parameters whole," : lk_fsdp_sharding_name(f->o.sharding),
+                                      f->common_live    ? "parameters whole (one copy on the node, chunks written in place),"
+                                      : f->params_whole ? "parameters whole," : lk_fsdp_sharding_name(f->o.sharding),
                                       f->S > 1 ? "over" : "");
         if (f->S > 1 && len < sizeof line) len += (size_t)snprintf(line + len, sizeof line - len, " %d ranks:", f->S);
         for (int i = 1; i < f->nu && len < sizeof line; i++)
@@ -932,7 +951,10 @@ static void f_free(lk_strategy *s) {
         grads_gone(u);
         lk_tensor_release(u->full_t);
         lk_tensor_release(u->gfull_t);
-        if (u->full_shared) lk_comm_free_shared(f->shard, u->full);
+        if (u->full_common) { /* the owner's: only the heap's block list changes (the bytes stay mapped until
+                                 lk_comm_free, so a peer still copying its parameters out reads them intact) */
+            if (u->full_owner) lk_comm_free_shared(f->shard, u->full);
+        } else if (u->full_shared) lk_comm_free_shared(f->shard, u->full);
         else unmap_pages(s, u->full, u->map_bytes);
         unmap_pages(s, u->gfull, u->map_bytes);
         lk_free(u->name);
@@ -1012,11 +1034,26 @@ static lk_status f_finish_backward(lk_strategy *s) {
     return st;
 }
 
+/* Stage 2 on the node's one copy: every rank wrote its chunks in place
+ * (its optimizer, or a sharded checkpoint's load); once all have, they are
+ * everyone's. The gradient reduce-scatters before a step keep any rank
+ * from writing while another still reads the parameters in its backward.
+ * Timed as the all-gathers it replaces. Collective (a no-op elsewhere). */
+static lk_status share_chunks(lk_strategy *s) {
+    fsdp *f = f_of(s);
+    if (!f->common_live) return LK_STATUS_OK;
+    double t0 = lk_time_now();
+    lk_status st = lk_comm_barrier(f->shard);
+    s->stats.comm_exposed_s += lk_time_now() - t0;
+    return comm_fail(f->shard, st);
+}
+
 /* The optimizer updated the chunks: every gathered copy is stale; the
  * root is gathered again at once (it stays whole). After a skipped step
  * too: every rank issues the same collectives. */
 static lk_status f_after_step(lk_strategy *s) {
     fsdp *f = f_of(s);
+    LK_TRY(share_chunks(s));
     if (f->norder > 0) f->order_done = true;
     f->hold = false;
     for (int i = 0; i < f->nu; i++) {
@@ -1280,6 +1317,7 @@ static lk_status f_shard_pieces(lk_strategy *s, lk_shard_piece **out, int *n) {
  * their next use. Collective. */
 static lk_status f_shard_pieces_loaded(lk_strategy *s) {
     fsdp *f = f_of(s);
+    LK_TRY(share_chunks(s));
     f->hold = false;
     for (int i = 0; i < f->nu; i++) {
         unit *u = &f->u[i];

@@ -57,6 +57,16 @@ check "stage 2 x4 run.json model_state_bytes: whole padded parameters, gradient 
 grep -q "deepspeed_stage_2 (lockstep's ZeRO-2" "$T/z2.4.log" && ok "the fit's opening line names lockstep's ZeRO-2" \
   || bad "the fit's opening line names lockstep's ZeRO-2"
 
+# on one node over shm both stages keep one shared copy of the parameters by default (each rank writes its
+# chunk in place, no all-gather); with ddp_shared_params false each rank keeps a replica and the chunks are
+# all-gathered: the same bits either way
+for s in 1 2; do
+  fit rep$s --trainer.devices 3 --trainer.strategy deepspeed_stage_$s --trainer.ddp_shared_params false "${X[@]}"
+  check "stage $s x3 with replicas (ddp_shared_params false) == ddp, bitwise" same rep$s ddp3
+done
+grep -q "deepspeed_stage_1: the 3 ranks share one copy of the parameters" "$T/z1.3.log" \
+  && ok "stage 1 x3 says it shares one copy of the parameters" || bad "stage 1 x3 says it shares one copy of the parameters"
+
 # clipping was engaged (otherwise the test above would not test it)
 fit z2noclip --trainer.devices 2 --trainer.strategy deepspeed_stage_2 --trainer.accumulate_grad_batches 2 \
   --trainer.precision bf16-mixed
