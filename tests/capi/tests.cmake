@@ -4,6 +4,8 @@
 lk_add_test(NAME capi_self_launch SOURCES capi/test_self_launch.c LABELS multiproc ARGS ok TIMEOUT 120)
 add_test(NAME capi_self_launch_fail COMMAND test_capi_self_launch fail WORKING_DIRECTORY ${PROJECT_BINARY_DIR})
 set_tests_properties(capi_self_launch_fail PROPERTIES TIMEOUT 120 LABELS "multiproc;fault")
+# issue 47: a pipeline fit, then validate / test / predict on the same trainer
+lk_add_test(NAME capi_pipeline_same_trainer SOURCES capi/test_pipeline_same_trainer.c LABELS multiproc TIMEOUT 120)
 lk_add_script_test(NAME capi_example SCRIPT capi/test_example.sh LABELS multiproc TIMEOUT 180
                    ARGS $<TARGET_FILE:custom_module>)
 # The installed library carries the build's sanitizer flags, which a plain
