@@ -379,9 +379,12 @@ lk_status lk_trainer_fit(lk_trainer *tr, lk_module *m, lk_datamodule *dm, const 
             else tr->accum = c->global_batch_size / per;
         }
         if (n_train == 0 && !st) st = lk_error(LK_STATUS_INVALID_ARGUMENT, "no training batches (limit_train_batches=%g)", c->limit_train_batches.value);
-        /* Lightning's fit loop raises this too: such an interval never comes within an epoch */
-        if (!st && c->val_check_interval.is_count && c->check_val_every_n_epoch > 0 && !c->fast_dev_run &&
-            (int64_t)c->val_check_interval.value > n_train)
+        /* Lightning's fit loop raises this too: such an interval never comes
+         * within an epoch. Not with validation off (no validation batches:
+         * limit_val_batches 0 or no val set), where no interval matters and
+         * the message's own advice would not help. */
+        if (!st && n_val > 0 && c->val_check_interval.is_count && c->check_val_every_n_epoch > 0 &&
+            !c->fast_dev_run && (int64_t)c->val_check_interval.value > n_train)
             st = lk_error(LK_STATUS_INVALID_ARGUMENT,
                           "trainer.val_check_interval (%lld) must be less than or equal to the number of training "
                           "batches per epoch (%lld): set trainer.check_val_every_n_epoch to null to validate every "

@@ -102,6 +102,9 @@ n=$(nval); check "val_check_interval 1.0 validates once an epoch ($n)" test "$n"
 expect_fail "an integer val_check_interval above the epoch's batches is an error naming both" 1 \
   "trainer.val_check_interval (20) must be less than or equal to the number of training batches per epoch (13)" \
   "$LK_BIN" fit -c "$T/synth.yaml" --trainer.max_epochs 1 --trainer.val_check_interval 20 $q
+# with validation off no interval matters: the same run trains (the error's own advice works)
+check "val_check_interval 20 with limit_val_batches 0 trains" \
+  "$LK_BIN" fit -c "$T/synth.yaml" --trainer.max_epochs 1 --trainer.val_check_interval 20 --trainer.limit_val_batches 0 $q
 "$LK_BIN" fit -c "$T/synth.yaml" --trainer.max_epochs 2 --trainer.val_check_interval 5 --trainer.check_val_every_n_epoch null $q >/dev/null 2>&1
 n=$(nval); check "check_val_every_n_epoch null: every 5 batches across 2 epochs of 13 (5, 10, 15, 20, 25; $n)" test "$n" = 5
 "$LK_BIN" fit -c "$T/synth.yaml" --trainer.max_epochs 3 --trainer.val_check_interval 20 --trainer.check_val_every_n_epoch null $q >/dev/null 2>&1
