@@ -262,12 +262,17 @@ static void dp_line(const lk__bench_cell *cells, int n, const char *model, char 
 }
 
 /* A strategy with stages (pipeline): each cell's measured bubble, the
- * share of the step its stages sat idle, against its schedule's theory
- * (p-1)/(m+p-1); more than 5 points above it means the stages wait on each
- * other beyond what the schedule itself costs. */
+ * share of the step its stages sat idle (the mean over the ranks), against
+ * its schedule's theory (p-1)/(m+p-1); more than 5 points above it means
+ * the stages wait on each other beyond what the schedule itself costs.
+ * Where the slowest stage's own idle share is within 5 points of the
+ * theory, the schedule holds on the critical path and the excess is the
+ * faster stages waiting on it (unequal stages). */
 static void bubble_line(const lk__bench_cell *cells, int n, const char *model, const char *strategy, char *line) {
     int shown = 0;
     double worst = -1, least = 1; /* the measured bubble's largest and smallest excess over the theory */
+    double slow_worst = -1;       /* the slowest stage's largest excess (where known) */
+    bool slow_known = true;
     for (int i = 0; i < n; i++) {
         const lk__bench_cell *c = &cells[i];
         if (!c->ok || isnan(c->bubble) || c->devices < 2 || strcmp(c->model, model) || strcmp(c->strategy, strategy))
@@ -275,18 +280,25 @@ static void bubble_line(const lk__bench_cell *cells, int n, const char *model, c
         if (!shown++) snprintf(line, LK__BENCH_LINE, "%s's bubble (stages idle) against its schedule's theory:", strategy);
         cat(line, "%s x%d batch %d %.1f%% against %.1f%%", shown > 1 ? "," : "", c->devices, c->batch,
             100 * c->bubble, 100 * c->bubble_theory);
+        if (!isnan(c->bubble_slowest)) cat(line, " (slowest stage %.1f%%)", 100 * c->bubble_slowest);
         if (c->bubble - c->bubble_theory > worst) worst = c->bubble - c->bubble_theory;
         if (c->bubble - c->bubble_theory < least) least = c->bubble - c->bubble_theory;
+        if (isnan(c->bubble_slowest)) slow_known = false;
+        else if (c->bubble_slowest - c->bubble_theory > slow_worst) slow_worst = c->bubble_slowest - c->bubble_theory;
     }
     if (!shown) return;
-    if (worst > 0.05)
+    if (worst > 0.05 && slow_known && slow_worst <= 0.05)
+        cat(line, ". The slowest stage idles within 5 points of the theory (%+.1f points at most): the schedule holds "
+                  "on the critical path, and the mean's excess is the faster stages waiting on the slowest (the stages' "
+                  "times differ: split by measured time, --trainer.pipeline.split time)", 100 * slow_worst);
+    else if (worst > 0.05)
         cat(line, ". Up to %.1f points above the theory: the stages' times differ (split by measured time: "
                   "--trainer.pipeline.split time) or each message costs more than the schedule allows for; more "
                   "micro-batches (--trainer.pipeline.chunks) shrink the theory itself", 100 * worst);
-    else if (least < -0.05) /* measured on the first stage: one that computes more than its share waits less */
-        cat(line, ". Up to %.1f points below the theory, which assumes equal stages: the first stage (where it is "
-                  "measured) computes more than the others and waits less; the others wait more (split by measured "
-                  "time: --trainer.pipeline.split time)", -100 * least);
+    else if (least < -0.05) /* rank 0's alone (the ranks' not gathered): a first stage that computes more waits less */
+        cat(line, ". Up to %.1f points below the theory, which assumes equal stages: a stage that computes more "
+                  "than the others waits less, and they wait more (split by measured time: --trainer.pipeline.split "
+                  "time)", -100 * least);
     else
         cat(line, ". Within 5 points of the theory: the schedule, not the split, bounds it; more micro-batches "
                   "(--trainer.pipeline.chunks) shrink it");

@@ -29,6 +29,8 @@ typedef struct {
     double bubble;            /* pipeline: the measured share of the step the stages sat idle (run.json's
                                * pipeline.bubble), or NAN for a strategy without stages */
     double bubble_theory;     /* pipeline: its schedule's (p-1)/(m+p-1), or NAN */
+    double bubble_slowest;    /* pipeline: the least idle rank's share (the slowest stage, the schedule's critical
+                               * path: run.json's pipeline.bubble_per_rank), or NAN */
     double spread;            /* the noise this run measured around sps, as a fraction (0.15: 15%): its repeats'
                                * range over their median, or identical cells' difference; 0: not measured */
     bool ok;                  /* the cell's (median) run finished and its run.json was read */

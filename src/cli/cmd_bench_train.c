@@ -91,6 +91,9 @@ static bool read_run(cell *c, const char *root, int copies) {
                 *bt = cJSON_GetObjectItem(pp, "bubble_theory");
     c->bubble = cJSON_IsNumber(bu) ? bu->valuedouble : NAN;
     c->bubble_theory = cJSON_IsNumber(bt) ? bt->valuedouble : NAN;
+    c->bubble_slowest = NAN;
+    const cJSON *per = cJSON_GetObjectItem(pp, "bubble_per_rank"), *v;
+    cJSON_ArrayForEach(v, per) if (cJSON_IsNumber(v) && !(v->valuedouble >= c->bubble_slowest)) c->bubble_slowest = v->valuedouble;
     cJSON *st = cJSON_GetObjectItem(j, "step_time");
     static const char *keys[6] = {"data_ms", "forward_ms", "backward_ms", "comm_exposed_ms", "optimizer_ms", "comm_wait_ms"};
     for (int k = 0; k < 6; k++) {
@@ -327,7 +330,8 @@ int lk_cmd_bench_train(int argc, char **argv) {
                    "steal is the share of the machine's CPU time a hypervisor took during the cell's median run\n"
                    "(/proc/stat): on a shared VM it stalls every rank of ddp or dp, so a cell it hit is noise.\n"
                    "bubble/th (pipeline cells): the measured share of the step its stages sat idle waiting on\n"
-                   "each other, then its schedule's theory (p-1)/(m+p-1) for p stages and m micro-batches.\n"
+                   "each other (the mean over the ranks), then its schedule's theory (p-1)/(m+p-1) for p stages\n"
+                   "and m micro-batches; the recommendations give the slowest stage's own share beside it.\n"
                    "--gpus is another name for --devices (on the CPU a device is a core).\n"
                    "A cell whose run fails shows `failed` and a short reason, with the full message in a note\n"
                    "under the table; it is left out of the scaling, the recommendations and the charts, and\n"

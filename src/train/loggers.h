@@ -237,9 +237,14 @@ typedef struct lk_runinfo {
         int64_t steps, captures, launches, eager_segments, eager_ops, refused;
     } graphs;
     double step_peak_mb;        /* tensor memory of one forward + backward beyond what was live before it; 0: unknown */
-    /* a pipeline (stages > 0): this rank's measured share of its schedule's time in messages, and the theory's */
-    int pipe_stages, pipe_chunks;
-    double pipe_bubble, pipe_bubble_theory;
+    /* a pipeline (stages > 0): the measured share of the schedule's time in
+     * messages (the stages' idle time and transfers), the mean over the
+     * ranks (pipe_n_ranks of them, each in pipe_bubble_ranks; rank 0's
+     * alone when the ranks' were not gathered), rank 0's (the first
+     * stage's), and the theory's */
+    int pipe_stages, pipe_chunks, pipe_n_ranks;
+    double pipe_bubble, pipe_bubble_first, pipe_bubble_theory;
+    double pipe_bubble_ranks[64];
     bool has_model_state;       /* model_state_bytes below is known (a strategy wrapped the module) */
     int64_t model_state_bytes[4]; /* this rank's parameters, gradients, optimizer state, gathered (lk_strategy_get_memory) */
     /* Per rank (n_ranks rows of 6: parameters, gradients, optimizer_state,

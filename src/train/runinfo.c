@@ -139,6 +139,15 @@ lk_status lk_runinfo_to_json(const lk_runinfo *info, char **out) {
         ok = ok && pp && add(pp, "stages", cJSON_CreateNumber(info->pipe_stages));
         ok = ok && pp && add(pp, "chunks", cJSON_CreateNumber(info->pipe_chunks));
         ok = ok && pp && add(pp, "bubble", number_or_null(info->pipe_bubble));
+        ok = ok && pp && add(pp, "bubble_first_stage", number_or_null(info->pipe_bubble_first));
+        if (info->pipe_n_ranks > 0) {
+            cJSON *per = cJSON_CreateArray();
+            ok = ok && per && add(pp, "bubble_per_rank", per);
+            for (int r = 0; ok && r < info->pipe_n_ranks; r++) {
+                cJSON *v = number_or_null(info->pipe_bubble_ranks[r]);
+                ok = v && cJSON_AddItemToArray(per, v);
+            }
+        }
         ok = ok && pp && add(pp, "bubble_theory", number_or_null(info->pipe_bubble_theory));
         ok = ok && add(root, "pipeline", pp);
     }

@@ -96,7 +96,20 @@ void lk__write_runinfo(lk_trainer *tr, const char *command, lk_status st) {
     if (pst.pipe_stages > 0) {
         ri.pipe_stages = pst.pipe_stages;
         ri.pipe_chunks = pst.pipe_chunks;
+        /* the mean over the ranks of each rank's idle share (every stage's,
+         * as the theory counts every stage's idle time), when a fit gathered
+         * them; rank 0's alone otherwise */
         ri.pipe_bubble = pst.pipe_run_s > 0 ? pst.pipe_comm_s / pst.pipe_run_s : NAN;
+        ri.pipe_bubble_first = ri.pipe_bubble;
+        int nr = tr->rank_pipe && tr->n_rank_memory > 1 ? tr->n_rank_memory : 0;
+        if (nr > (int)(sizeof ri.pipe_bubble_ranks / sizeof ri.pipe_bubble_ranks[0])) nr = 0;
+        double sum = 0;
+        for (int r = 0; r < nr; r++) {
+            double run = tr->rank_pipe[2 * r], comm = tr->rank_pipe[2 * r + 1];
+            ri.pipe_bubble_ranks[r] = run > 0 ? comm / run : NAN;
+            sum += ri.pipe_bubble_ranks[r];
+        }
+        if (nr > 0) ri.pipe_n_ranks = nr, ri.pipe_bubble = sum / nr;
         ri.pipe_bubble_theory = lk_pipe_bubble_theory(pst.pipe_stages, pst.pipe_chunks);
     }
     if (!tr->dp_devices && lk_strategy_wrapped(tr->strat)) { /* dp's replicas are threads: one process holds them all */
@@ -159,6 +172,15 @@ void lk__memory_collect(lk_trainer *tr) {
     if (n > 1 && lk_comm_gather(tr->comm, mine, tr->rank_memory, LK__MEM_COLS, LK_I64, 0)) {
         lk_log_warn("memory per rank: could not gather it: %s", lk_last_error());
         memcpy(tr->rank_memory, mine, sizeof mine);
+        n = 1;
+    }
+    /* a pipeline's bubble per rank (every stage's, not only rank 0's) */
+    lk_strategy_stats pst = tr->strat ? lk_strategy_get_stats(tr->strat) : (lk_strategy_stats){0};
+    double pipe[2] = {pst.pipe_run_s, pst.pipe_comm_s};
+    memcpy(tr->rank_pipe, pipe, sizeof pipe);
+    if (n > 1 && pst.pipe_stages > 0 && lk_comm_gather(tr->comm, pipe, tr->rank_pipe, 2, LK_F64, 0)) {
+        lk_log_warn("pipeline bubble per rank: could not gather it: %s", lk_last_error());
+        memcpy(tr->rank_pipe, pipe, sizeof pipe);
         n = 1;
     }
     if (tr->rank != 0) n = 1; /* the others keep their own row */

@@ -183,6 +183,10 @@ struct lk_trainer {
      * has every rank's, the others their own in row 0): LK__MEM_* columns. */
     int64_t *rank_memory;
     int n_rank_memory;
+    /* A pipeline's: each rank's schedule time and the part of it spent in
+     * messages (sends, receives, the waits in them), [run_s, comm_s] per
+     * rank, gathered with rank_memory (rank 0 has every rank's) */
+    double *rank_pipe;
     size_t step_peak_bytes; /* the most tensor memory one forward + backward held beyond what was live before it
                                (activations, saved tensors, temporaries), over the steps after the first */
     int64_t timed_steps, samples_seen;

@@ -182,7 +182,8 @@ lk_status lk_trainer_create(const lk_trainer_config *cfg, const lk_optim_setting
     lk_trainer_config_comm_timeout_from(cfg, tr->comm_timeout_from, sizeof tr->comm_timeout_from);
     /* room for every rank's memory at the end of a fit, taken now so that
      * the end allocates nothing (a rank at its memory limit still reports) */
-    if (!(tr->rank_memory = lk_calloc((size_t)(tr->world > 1 ? tr->world : 1) * LK__MEM_COLS, sizeof(int64_t)))) {
+    if (!(tr->rank_memory = lk_calloc((size_t)(tr->world > 1 ? tr->world : 1) * LK__MEM_COLS, sizeof(int64_t))) ||
+        !(tr->rank_pipe = lk_calloc((size_t)(tr->world > 1 ? tr->world : 1) * 2, sizeof(double)))) {
         st = LK_STATUS_OUT_OF_MEMORY;
         goto fail;
     }
@@ -270,6 +271,7 @@ void lk_trainer_free(lk_trainer *tr) {
     if (tr->prev_f32_matmul) lk_set_float32_matmul_precision(tr->prev_f32_matmul);
     if (tr->set_memory_limit) lk_alloc_set_limit(tr->prev_memory_limit, NULL);
     lk_free(tr->rank_memory);
+    lk_free(tr->rank_pipe);
     lk_strategy_free(tr->strat); /* with the parameter layout it made (tr->params) */
     lk_comm_free(tr->comm);
     lk_free(tr->metrics);

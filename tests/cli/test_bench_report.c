@@ -13,7 +13,8 @@
 static lk__bench_cell mk(const char *strategy, int devices, int batch, double sps, double eff, double data, double fwd,
                          double bwd, double comm, double wait, double opt) {
     lk__bench_cell c = {.model = "autoencoder", .strategy = strategy, .devices = devices, .batch = batch,
-                        .sps = sps, .eff = eff, .steal = 0, .bubble = NAN, .bubble_theory = NAN, .ok = true};
+                        .sps = sps, .eff = eff, .steal = 0, .bubble = NAN, .bubble_theory = NAN,
+                        .bubble_slowest = NAN, .ok = true};
     c.t[LK__BT_DATA] = data, c.t[LK__BT_FORWARD] = fwd, c.t[LK__BT_BACKWARD] = bwd;
     c.t[LK__BT_COMM] = comm, c.t[LK__BT_WAIT] = wait, c.t[LK__BT_OPT] = opt;
     return c;
@@ -237,11 +238,23 @@ static void test_pipeline_bubble(void) {
     nl = lk__bench_recommend(t, 4, 2, lines, 32);
     l = line_starting(nl, "pipeline's bubble");
     CHECK(l && strstr(l, "Within 5 points of the theory"));
-    t[1].bubble = 0.02; /* below the theory: the first stage, where it is measured, computes more */
+    t[1].bubble = 0.02; /* below the theory: rank 0's alone, a first stage that computes more */
     t[2].bubble = 0.10;
     nl = lk__bench_recommend(t, 4, 2, lines, 32);
     l = line_starting(nl, "pipeline's bubble");
     CHECK(l && strstr(l, "Up to 9.1 points below the theory, which assumes equal stages"));
+    /* the mean far above the theory, the slowest stage within 5 points of it: the stages differ */
+    t[1].bubble = 0.27, t[1].bubble_slowest = 0.147;
+    t[2].bubble = 0.12, t[2].bubble_slowest = 0.11;
+    nl = lk__bench_recommend(t, 4, 2, lines, 32);
+    l = line_starting(nl, "pipeline's bubble");
+    CHECK(l && strstr(l, "x2 batch 256 27.0% against 11.1% (slowest stage 14.7%)"));
+    CHECK(l && strstr(l, "The slowest stage idles within 5 points of the theory (+3.6 points at most)"));
+    t[1].bubble_slowest = 0.30; /* the slowest stage waits too: messages cost more than the schedule allows */
+    nl = lk__bench_recommend(t, 4, 2, lines, 32);
+    l = line_starting(nl, "pipeline's bubble");
+    CHECK(l && strstr(l, "Up to 15.9 points above the theory"));
+    t[1].bubble_slowest = t[2].bubble_slowest = NAN;
     t[1].bubble = 0.14, t[2].bubble = 0.12;
     char *bars = draw(lk__bench_svg_throughput, t, 4);
     CHECK(strstr(bars, "pipeline x2 batch 256: 15,979 samples/s; bubble 14.0% (theory 11.1%)</title>"));

@@ -48,10 +48,13 @@ run pdp_gpipe "${pdp[@]}" --trainer.pipeline.schedule gpipe --data.init_args.bat
 run pdp_bk "${pdp[@]}" --data.init_args.batch_size 16 --trainer.bucket_cap_mb 0.0001 &&
   check "pipeline 2 x 2, 104-byte buckets: bitwise ddp accumulating the same micro-batches" cmp -s "$T/ddp_acc.st" "$T/pdp_bk.st"
 check "the buckets are said" grep -q "pipeline: each stage's replicas average its gradients in buckets (stage 0: 2 of up to 0.0001 MB" "$T/pdp_bk.log"
-check "run.json: the measured bubble beside the theory (p 2, m 4: 0.2)" python3 -c "
+check "run.json: the measured bubble beside the theory (p 2, m 4: 0.2): each of the 4 ranks', their mean, the first stage's" python3 -c "
 import json, sys
 p = json.load(open(sys.argv[1]))['pipeline']
-sys.exit(0 if p['stages'] == 2 and p['chunks'] == 4 and abs(p['bubble_theory'] - 0.2) < 1e-12 and 0 <= p['bubble'] <= 1 else 1)" \
+r = p['bubble_per_rank']
+ok = p['stages'] == 2 and p['chunks'] == 4 and abs(p['bubble_theory'] - 0.2) < 1e-12 and 0 <= p['bubble'] <= 1
+ok = ok and len(r) == 4 and all(0 <= b <= 1 for b in r) and abs(p['bubble'] - sum(r) / 4) < 1e-12 and p['bubble_first_stage'] == r[0]
+sys.exit(0 if ok else 1)" \
   "$T/pdp/lightning_logs/version_0/run.json"
 v1=$(val_loss pdp) v2=$(val_loss ddp)
 check "validation runs the stages' current blocks: val_loss $v1 is ddp's $v2 within 1e-6" close "$v1" "$v2" 1e-6
