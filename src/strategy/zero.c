@@ -56,6 +56,7 @@ typedef struct zero {
     size_t stage_bytes;
     bool want_common; /* trainer.ddp_shared_params as given (ddp's own copy of it is turned off) */
     bool common;      /* params is the node's one shared copy: the chunks are written in place, not gathered */
+    bool common_owner; /* this rank allocated it (rank 0): it frees it */
 } zero;
 
 static zero *z_of(const lk_strategy *s) { return s->ext; }
@@ -144,7 +145,10 @@ static void z_free(lk_strategy *s) {
         for (int i = 0; i < s->nparams; i++) lk__tensor_own_storage(s->params[i]); /* the padded buffer goes */
     lk__strategy_ddp.free(s);
     if (!z) return;
-    if (!z->common) mem_free(s, z->params, (size_t)(z->chunk * s->world) * esz(s), true); /* else the segment's */
+    /* the shared copy: its owner frees it (only the heap's block list changes: the bytes stay mapped until
+     * lk_comm_free, so a peer still copying its parameters out above reads them intact) */
+    if (z->common && z->common_owner) lk_comm_free_shared(s->comm, z->params);
+    else if (!z->common) mem_free(s, z->params, (size_t)(z->chunk * s->world) * esz(s), true);
     mem_free(s, z->chunk_state, state_bytes(z, z->chunk), false);
     mem_free(s, z->whole_state, state_bytes(z, z->numel), false);
     lk_free(z->stage);
@@ -172,11 +176,10 @@ static lk_status z_param_buffer(lk_strategy *s, int64_t numel, void **buf, bool 
     cut(s, numel);
     size_t bytes = (size_t)(z->chunk * s->world) * esz(s);
     if (z->want_common && s->world > 1 && lk_comm_shares_memory(s->comm) && !on_device(s)) {
-        bool owner;
-        LK_TRY(lk_comm_alloc_common(s->comm, bytes, &z->params, &owner));
+        LK_TRY(lk_comm_alloc_common(s->comm, bytes, &z->params, &z->common_owner));
         z->common = s->params_common = true;
         *buf = z->params;
-        *copy_values = owner; /* rank 0 writes the values; ddp's setup waits for them */
+        *copy_values = z->common_owner; /* rank 0 writes the values; ddp's setup waits for them */
         return LK_STATUS_OK;
     }
     LK_TRY(mem_alloc(s, bytes, NULL, true, &z->params));
