@@ -6,9 +6,10 @@
  * the two must agree bit for bit: outputs, batch and running statistics,
  * dx, dw and db, in training and eval, with and without the fused ReLU, on
  * shapes with kernel tails, 7x7 and 28x28 planes, and one large enough to
- * be cut across compute threads (run at 1 and 2 threads). The f32 path sums
- * several planes side by side in vectors: each plane's sum must still be
- * the 8-lane scalar order, which the last case checks on its own. */
+ * be cut across compute threads (run at 1 and 2 threads). The plane sums
+ * run as vector adds where the compiler has vector types: each plane's sum
+ * must still be the 8-lane scalar order, which the last case checks on its
+ * own. */
 #include <math.h>
 
 #include "backend/backend_impl.h"

@@ -77,95 +77,6 @@ static void bn_out_done(lk_dtype t, void *base, int64_t at, long S, const float 
     if (t != LK_F32) lk_f32_to_half_n(t, (uint16_t *)base + at, buf, (size_t)S);
 }
 
-/* ---- several planes side by side (f32 operands, a host compiler with
- * vector types) ----
- * A plane's sums are chains of dependent vector adds, 3-4 cycles each, so
- * one plane at a time runs at a third of what the cache delivers. A task's
- * planes (i, c), (i, c + 1), ... are adjacent: BN_ILP of them summed side
- * by side give the core independent chains, and each plane's sum is still
- * lk_k_plane_sum's (lanes, order, tail and fold), bit for bit. */
-#ifdef LK_KC_V8
-#define BN_ILP 4
-
-/* out[k] = lk_k_plane_sum(x + k S, S), or with mean: lk_k_plane_sqdev(x + k S, S, mean[k]) */
-static void planes_sum(const float *x, long S, const float *mean, float *out) {
-    lk_kc_v8 v[BN_ILP] = {{0}};
-    long i = 0;
-    if (mean)
-        for (; i + 8 <= S; i += 8)
-            for (int k = 0; k < BN_ILP; k++) {
-                lk_kc_v8 t;
-                LK_KC_LOAD8(t, x + k * S + i);
-                t -= mean[k];
-                v[k] += t * t;
-            }
-    else
-        for (; i + 8 <= S; i += 8)
-            for (int k = 0; k < BN_ILP; k++) {
-                lk_kc_v8 t;
-                LK_KC_LOAD8(t, x + k * S + i);
-                v[k] += t;
-            }
-    for (int k = 0; k < BN_ILP; k++) {
-        float a[8], s = 0.0f;
-        for (long r = i; r < S; r++) s += mean ? (x[k * S + r] - mean[k]) * (x[k * S + r] - mean[k]) : x[k * S + r];
-        LK_KC_LANES(a, v[k]);
-        out[k] = lk_k_lanes_fold(a, s);
-    }
-}
-
-/* The backward's sums of BN_ILP_G planes, each lk_k_bn_backward_sums' on g
- * (dy, or with y: y > 0 ? dy : 0, the fused ReLU's mask) and x, added to
- * sg[k] and sgx[k]. Two planes: two chains each, and three operands a
- * plane (more planes spilled the pointers). */
-#define BN_ILP_G 2
-static void planes_grad_sums(const float *dy, const float *y, const float *x, long S, const float *mean, float *sg,
-                             float *sgx) {
-    typedef int v8i __attribute__((vector_size(32)));
-    lk_kc_v8 va[BN_ILP_G] = {{0}}, vb[BN_ILP_G] = {{0}}, zero = {0};
-    long i = 0;
-    if (y)
-        for (; i + 8 <= S; i += 8)
-            for (int k = 0; k < BN_ILP_G; k++) {
-                lk_kc_v8 g, t, h;
-                LK_KC_LOAD8(g, dy + k * S + i);
-                LK_KC_LOAD8(t, x + k * S + i);
-                LK_KC_LOAD8(h, y + k * S + i);
-                g = (lk_kc_v8)((v8i)g & (h > zero)); /* +0 where masked, as the ternary */
-                va[k] += g;
-                vb[k] += g * (t - mean[k]);
-            }
-    else
-        for (; i + 8 <= S; i += 8)
-            for (int k = 0; k < BN_ILP_G; k++) {
-                lk_kc_v8 g, t;
-                LK_KC_LOAD8(g, dy + k * S + i);
-                LK_KC_LOAD8(t, x + k * S + i);
-                va[k] += g;
-                vb[k] += g * (t - mean[k]);
-            }
-    for (int k = 0; k < BN_ILP_G; k++) {
-        float a[8], b[8], ta = 0.0f, tb = 0.0f;
-        for (long r = i; r < S; r++) {
-            float g = !y || y[k * S + r] > 0.0f ? dy[k * S + r] : 0.0f;
-            ta += g;
-            tb += g * (x[k * S + r] - mean[k]);
-        }
-        LK_KC_LANES(a, va[k]);
-        LK_KC_LANES(b, vb[k]);
-        sg[k] += lk_k_lanes_fold(a, ta);
-        sgx[k] += lk_k_lanes_fold(b, tb);
-    }
-}
-#endif
-
-/* dx of one f32 plane under the fused ReLU: lk_k_bn_backward_plane on
- * y > 0 ? dy : 0, without writing the masked plane first. */
-static void bn_dx_relu_plane(const float *restrict dy, const float *restrict y, const float *restrict x, long S,
-                             float mean, float k0, float k1, float k2, float *restrict dx) {
-    for (long i = 0; i < S; i++) dx[i] = (y[i] > 0.0f ? dy[i] : 0.0f) * k1 + (x[i] - mean) * k2 + k0;
-}
-
 /* Each task owns a range of channels and walks it sample by sample: plane
  * (i, c0), (i, c0 + 1), ... are adjacent in memory, so every pass streams
  * its channels' part of the tensor front to back. Walking one channel's
@@ -200,25 +111,12 @@ static void bn_fwd_task(void *ctx, int t) {
     lk__task_range(C, t, j->width, 1, &c0, &c1);
     if (p->training) {
         for (long c = c0; c < c1; c++) s[c] = q[c] = 0;
-        for (int pass = 0; pass < 2; pass++) { /* the sums, then the squared deviations from the mean */
-            double *acc = pass ? q : s;
-            for (long i = 0; i < N; i++) {
-                long c = c0;
-#ifdef LK_KC_V8
-                if (j->xt == LK_F32)
-                    for (float o[BN_ILP]; c + BN_ILP <= c1; c += BN_ILP) {
-                        planes_sum((const float *)j->xd + (i * C + c) * S, S, pass ? mean + c : NULL, o);
-                        for (int k = 0; k < BN_ILP; k++) acc[c + k] += o[k];
-                    }
-#endif
-                for (; c < c1; c++) {
-                    const float *xp = bn_plane(j->xt, j->xd, (i * C + c) * S, S, xb);
-                    acc[c] += pass ? lk_k_plane_sqdev(xp, S, mean[c]) : lk_k_plane_sum(xp, S);
-                }
-            }
-            if (!pass)
-                for (long c = c0; c < c1; c++) mean[c] = (float)(s[c] / M);
-        }
+        for (long i = 0; i < N; i++)
+            for (long c = c0; c < c1; c++) s[c] += lk_k_plane_sum(bn_plane(j->xt, j->xd, (i * C + c) * S, S, xb), S);
+        for (long c = c0; c < c1; c++) mean[c] = (float)(s[c] / M);
+        for (long i = 0; i < N; i++)
+            for (long c = c0; c < c1; c++)
+                q[c] += lk_k_plane_sqdev(bn_plane(j->xt, j->xd, (i * C + c) * S, S, xb), S, mean[c]);
         for (long c = c0; c < c1; c++) {
             double var = q[c] / M;
             float m = mean[c];
@@ -296,22 +194,8 @@ static void bn_bwd_task(void *ctx, int t) {
     /* each channel's sums of g and g * (x - mean) over the batch and the
      * plane (lk_k_bn_channel_grad_sums, a plane at a time) */
     for (long c = c0; c < c1; c++) sg[c] = sgx[c] = 0;
-    /* f32 planes (and an f32 y under the ReLU): read in place, several at a time */
-    bool f32 = j->xt == LK_F32 && j->gt == LK_F32 && (!j->yd || j->yt == LK_F32);
-    const float *yf = f32 ? j->yd : NULL;
-    for (long i = 0; i < N; i++) {
-        long c = c0;
-#ifdef LK_KC_V8
-        if (f32)
-            for (float a[BN_ILP_G], q[BN_ILP_G]; c + BN_ILP_G <= c1; c += BN_ILP_G) {
-                int64_t at = (i * C + c) * S;
-                for (int k = 0; k < BN_ILP_G; k++) a[k] = q[k] = 0.0f;
-                planes_grad_sums((const float *)j->gd + at, yf ? yf + at : NULL, (const float *)j->xd + at, S,
-                                 j->mean + c, a, q);
-                for (int k = 0; k < BN_ILP_G; k++) sg[c + k] += a[k], sgx[c + k] += q[k];
-            }
-#endif
-        for (; c < c1; c++) {
+    for (long i = 0; i < N; i++)
+        for (long c = c0; c < c1; c++) {
             int64_t at = (i * C + c) * S;
             float a = 0.0f, q = 0.0f;
             lk_k_bn_backward_sums(bn_grad_plane(j, at, S, gb, yb, mb), bn_plane(j->xt, j->xd, at, S, xb), S,
@@ -319,7 +203,6 @@ static void bn_bwd_task(void *ctx, int t) {
             sg[c] += a;
             sgx[c] += q;
         }
-    }
     for (long c = c0; c < c1; c++) {
         if (j->db) j->db[c] = (float)sg[c];
         if (j->dw) j->dw[c] = (float)(sgx[c] * j->invstd[c]);
@@ -336,12 +219,6 @@ static void bn_bwd_task(void *ctx, int t) {
                 k2 = (float)(-(double)k1 * is * is * sgx[c] / p->M);
             }
             int64_t at = (i * C + c) * S;
-            if (f32 && yf) {
-                bn_dx_relu_plane((const float *)j->gd + at, yf + at, (const float *)j->xd + at, S, j->mean[c], k0, k1,
-                                 k2, bn_out(j->dxt, j->dx, at, dxb));
-                bn_out_done(j->dxt, j->dx, at, S, dxb);
-                continue;
-            }
             lk_k_bn_backward_plane(bn_grad_plane(j, at, S, gb, yb, mb), bn_plane(j->xt, j->xd, at, S, xb), S,
                                    j->mean[c], k0, k1, k2, bn_out(j->dxt, j->dx, at, dxb));
             bn_out_done(j->dxt, j->dx, at, S, dxb);
