@@ -183,6 +183,14 @@ void lk_comm_free_shared(lk_comm *c, void *ptr);
  * there, false elsewhere): only the owner frees it with lk_comm_free_shared,
  * and the others must be done with it first. Zero-filled, 64-byte aligned. */
 lk_status lk_comm_alloc_common(lk_comm *c, size_t bytes, void **ptr, bool *owner);
+/* Every rank's block of the same role, as this process maps it: mine is
+ * this rank's block from lk_comm_alloc_shared (or NULL where it has none);
+ * peers[k] (world size entries) becomes rank k's, readable in place, and
+ * *all true, when every rank passed one and the backend maps them all
+ * (shm on one node); else *all false on every rank and peers untouched.
+ * Collective. Reading a peer's block needs the writer's own ordering (a
+ * barrier after it writes): nothing here synchronises the bytes. */
+lk_status lk_comm_peer_blocks(lk_comm *c, void *mine, void **peers, bool *all);
 /* Whether the ranks map the same memory, i.e. lk_comm_alloc_common can
  * succeed (shm on one node: true; mpi, self: false). What a strategy asks
  * before it keeps one copy of something for every rank. */

@@ -262,6 +262,22 @@ lk_status lk_comm_alloc_common(lk_comm *c, size_t bytes, void **ptr, bool *owner
     return LK_STATUS_OK;
 }
 
+lk_status lk_comm_peer_blocks(lk_comm *c, void *mine, void **peers, bool *all) {
+    if (!c || !peers || !all) return lk_error(LK_STATUS_INVALID_ARGUMENT, "lk_comm_peer_blocks: NULL argument");
+    *all = false;
+    int W = lk_comm_world_size(c);
+    int64_t off = mine && lk_comm_shares_memory(c) ? c->vt->shared_offset(c, mine) : -1;
+    int64_t *offs = lk_calloc((size_t)(W > 0 ? W : 1), sizeof *offs);
+    if (!offs) return LK_STATUS_OUT_OF_MEMORY;
+    lk_status st = lk_comm_all_gather(c, &off, offs, 1, LK_I64);
+    bool every = !st;
+    for (int k = 0; k < W && every; k++) every = offs[k] >= 0;
+    for (int k = 0; k < W && every; k++) peers[k] = c->vt->shared_at(c, k, offs[k]);
+    *all = every;
+    lk_free(offs);
+    return st;
+}
+
 void lk_comm_free_shared(lk_comm *c, void *ptr) {
     if (!c || !ptr) return;
     if (c->vt->free_shared) c->vt->free_shared(c, ptr);

@@ -121,6 +121,14 @@ struct fsdp {
     bool params_whole;        /* deepspeed_stage_2: parameters replicated, chunks all-gathered after the step */
     bool common;              /* stage 2 keeps one copy of the parameters on the node (trainer.ddp_shared_params) */
     bool common_live;         /* some unit's parameters are in such a copy (shm on one node, the host) */
+    /* fsdp on one node over shm: every rank's master chunks (f->shards) in
+     * the segment, each rank's as this process maps it (peer_shards[k]): a
+     * unit's gather copies them straight into `full`, with no collective.
+     * They change only at a step or a load, each followed by a barrier
+     * (share_chunks), and a rank steps only after the step's last
+     * reduce-scatter, which every rank joins after its last gather. */
+    bool direct;
+    void **peer_shards;
     lk_optimizer *optim;      /* borrowed: lk_strategy_shard_optimizer's (the pieces' state) */
     bool offload;             /* cpu_offload on a GPU: the chunks (master, gradients, state) on the host */
     void *rs_stage;           /* offload: the reduce-scatter's device output, the largest chunk */
@@ -477,6 +485,15 @@ static lk_status gather(lk_strategy *s, unit *u) {
         u->gathered = true;
         return LK_STATUS_OK;
     }
+    if (f->direct) { /* the chunks straight from every rank's shards (see f->direct) */
+        double t0 = lk_time_now();
+        size_t cb = (size_t)u->chunk * esz(s);
+        for (int k = 0; k < f->S; k++)
+            memcpy(at(u->full, esz(s), u->chunk * k), k == f->sr ? u->mine : at(f->peer_shards[k], esz(s), u->shard_off), cb);
+        s->stats.comm_exposed_s += lk_time_now() - t0;
+        u->gathered = true;
+        return LK_STATUS_OK;
+    }
     double t0 = lk_time_now();
     const void *src;
     lk_status st = gather_source(s, u, &src);
@@ -495,6 +512,7 @@ static lk_status prefetch(lk_strategy *s, unit *u) {
     fsdp *f = f_of(s);
     if (!u || u->gathered || u->gather || !u->numel || f->S == 1) return LK_STATUS_OK;
     if (u->full_common) return gather(s, u); /* nothing to issue */
+    if (f->direct) return gather(s, u);      /* the copy now, where the all-gather was issued (and charged) */
     LK_TRY(count_gathered(f, u, true));
     const void *src;
     LK_TRY(gather_source(s, u, &src));
@@ -857,6 +875,15 @@ static lk_status f_wrap(lk_strategy *s, lk_layer *net) {
         s->local_names[j] = s->local.items[j].name;
         j++;
     }
+    /* fsdp on one node over shm: from here the gathers read the peers'
+     * chunks in place (f->direct), once every rank's are in. The same test
+     * on every rank (a rank whose shards fell back to private memory passes
+     * NULL, and then no rank reads in place). */
+    if (in_segment(s) && !f->params_whole && f->shard == s->comm) {
+        if (!(f->peer_shards = lk_calloc((size_t)f->S, sizeof *f->peer_shards))) return LK_STATUS_OUT_OF_MEMORY;
+        LK_TRY(lk_comm_peer_blocks(f->shard, f->shards_shared ? f->shards : NULL, f->peer_shards, &f->direct));
+        if (f->direct) LK_TRY(lk_comm_barrier(f->shard));
+    }
     if (s->rank == 0) { /* what was wrapped, once: the units, the root, the chunks */
         char line[1024];
         size_t len = (size_t)snprintf(line, sizeof line, "%s: %d unit%s (%s), %s %s", s->vt->name, f->nu - 1,
@@ -875,6 +902,8 @@ static lk_status f_wrap(lk_strategy *s, lk_layer *net) {
         if (len < sizeof line)
             len += (size_t)snprintf(line + len, sizeof line - len, " [root: %lld params, kept whole]",
                                     (long long)f->u[0].numel);
+        if (f->direct && len < sizeof line)
+            len += (size_t)snprintf(line + len, sizeof line - len, "; gathers read the peers' chunks in place");
         if (f->offload && len < sizeof line)
             snprintf(line + len, sizeof line - len, "; cpu_offload: master chunks, their gradients and the optimizer "
                      "state in host memory, the optimizer on the CPU");
@@ -970,6 +999,7 @@ static void f_free(lk_strategy *s) {
     lk_free(f->order);
     lk_named_tensors_clear(&f->named);
     lk_free(f->shard_unit);
+    lk_free(f->peer_shards);
     lk_tensor_release(f->shards_t);
     if (f->shards_shared) lk_comm_free_shared(f->shard, f->shards);
     else if (lk_device_is_host(home(s))) lk_aligned_free(f->shards);
@@ -1034,14 +1064,14 @@ static lk_status f_finish_backward(lk_strategy *s) {
     return st;
 }
 
-/* Stage 2 on the node's one copy: every rank wrote its chunks in place
- * (its optimizer, or a sharded checkpoint's load); once all have, they are
- * everyone's. The gradient reduce-scatters before a step keep any rank
+/* Stage 2 on the node's one copy, or fsdp reading its peers' chunks in
+ * place (f->direct): every rank wrote its chunks (its optimizer, or a
+ * checkpoint's load); once all have, they are everyone's. The gradient reduce-scatters before a step keep any rank
  * from writing while another still reads the parameters in its backward.
  * Timed as the all-gathers it replaces. Collective (a no-op elsewhere). */
 static lk_status share_chunks(lk_strategy *s) {
     fsdp *f = f_of(s);
-    if (!f->common_live) return LK_STATUS_OK;
+    if (!f->common_live && !f->direct) return LK_STATUS_OK;
     double t0 = lk_time_now();
     lk_status st = lk_comm_barrier(f->shard);
     s->stats.comm_exposed_s += lk_time_now() - t0;
@@ -1155,7 +1185,7 @@ static lk_status f_state_dict_loaded(lk_strategy *s) {
         }
         release(s, u);
     }
-    return LK_STATUS_OK;
+    return share_chunks(s); /* the peers read these chunks in place: every rank's are in first */
 }
 
 /* The optimizer's state under the net's parameter names, as a replica
