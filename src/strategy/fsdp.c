@@ -81,8 +81,9 @@ typedef struct unit {
     bool grads_stale;     /* gfull was released after a reduction: zero it before it is written again */
     bool grads_charged;   /* gfull's bytes are charged to the rank (from the unit's backward to its release) */
     bool full_shared;     /* full is a block of the shard group's shared memory (in_segment), counted by its allocator */
-    bool full_common;     /* stage 2 on one node: full is the node's one copy (lk_comm_alloc_common) every rank maps;
-                           * each rank's optimizer writes its chunk in place and a gather is a barrier (f->common) */
+    bool full_common;     /* stage 2 on one node (trainer.ddp_shared_params): full is the node's one copy
+                           * (lk_comm_alloc_common) every rank maps; each rank's optimizer writes its chunk in
+                           * place and the gathers after a step are one barrier (share_chunks) */
     bool full_owner;      /* this rank allocated the common copy (frees it) */
     lk_work *gather;      /* a prefetch in flight */
     int pos;              /* position in the recorded forward order (-1: not seen) */
@@ -119,8 +120,7 @@ struct fsdp {
     bool hold;                /* every unit gathered for a state dict, until the next forward */
     bool saving;              /* gathering for a state dict: not a step's peak */
     bool params_whole;        /* deepspeed_stage_2: parameters replicated, chunks all-gathered after the step */
-    bool common;              /* stage 2 keeps one copy of the parameters on the node (trainer.ddp_shared_params) */
-    bool common_live;         /* some unit's parameters are in such a copy (shm on one node, the host) */
+    bool common_live;         /* some unit's parameters are in such a copy (full_common) */
     /* fsdp on one node over shm: every rank's master chunks (f->shards) in
      * the segment, each rank's as this process maps it (peer_shards[k]): a
      * unit's gather copies them straight into `full`, with no collective.
@@ -190,9 +190,6 @@ static lk_status f_create_(lk_strategy *s) {
      * step, in place), gradients and optimizer state sharded as FULL_SHARD's */
     f->params_whole = s->vt == &lk__strategy_zero2;
     if (f->params_whole) f->o.sharding = LK_FSDP_FULL_SHARD;
-    /* one copy of the whole parameters on the node, as ddp's shared ones
-     * (decided per unit where it is allocated: shm on one node, the host) */
-    f->common = f->params_whole && s->ddp.shared_params;
     if ((unsigned)f->o.sharding > LK_FSDP_HYBRID_SHARD)
         return lk_error(LK_STATUS_INVALID_ARGUMENT, "%s: unknown sharding strategy %d", name, (int)f->o.sharding);
     int W = s->world, L = lk_comm_local_world_size(s->comm);
@@ -723,7 +720,7 @@ static lk_status build_unit(lk_strategy *s, unit *u, lk_layer *layer, const char
     u->map_bytes = bytes ? (bytes + pg - 1) / pg * pg : 0;
     if (!u->numel) return LK_STATUS_OK;
     void *mem = NULL;
-    if (f->params_whole && in_segment(s) && f->common) { /* collective: every rank, units in the same order */
+    if (f->params_whole && in_segment(s) && s->ddp.shared_params) { /* collective: every rank, units in the same order */
         LK_TRY(lk_comm_alloc_common(f->shard, u->map_bytes, &mem, &u->full_owner));
         u->full = mem, u->full_shared = u->full_common = f->common_live = true;
     } else if (f->params_whole && in_segment(s)) { /* (a full /dev/shm or the memory cap: a private mapping, as before) */
@@ -980,8 +977,7 @@ static void f_free(lk_strategy *s) {
         grads_gone(u);
         lk_tensor_release(u->full_t);
         lk_tensor_release(u->gfull_t);
-        if (u->full_common) { /* the owner's: only the heap's block list changes (the bytes stay mapped until
-                                 lk_comm_free, so a peer still copying its parameters out reads them intact) */
+        if (u->full_common) { /* the owner frees it, as ddp_free its shared parameters */
             if (u->full_owner) lk_comm_free_shared(f->shard, u->full);
         } else if (u->full_shared) lk_comm_free_shared(f->shard, u->full);
         else unmap_pages(s, u->full, u->map_bytes);

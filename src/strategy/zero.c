@@ -145,8 +145,7 @@ static void z_free(lk_strategy *s) {
         for (int i = 0; i < s->nparams; i++) lk__tensor_own_storage(s->params[i]); /* the padded buffer goes */
     lk__strategy_ddp.free(s);
     if (!z) return;
-    /* the shared copy: its owner frees it (only the heap's block list changes: the bytes stay mapped until
-     * lk_comm_free, so a peer still copying its parameters out above reads them intact) */
+    /* the shared copy: its owner frees it, as ddp_free its shared parameters */
     if (z->common && z->common_owner) lk_comm_free_shared(s->comm, z->params);
     else if (!z->common) mem_free(s, z->params, (size_t)(z->chunk * s->world) * esz(s), true);
     mem_free(s, z->chunk_state, state_bytes(z, z->chunk), false);

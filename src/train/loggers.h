@@ -22,6 +22,7 @@
 #ifndef LK_TRAIN_LOGGERS_H
 #define LK_TRAIN_LOGGERS_H
 
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 
@@ -239,12 +240,12 @@ typedef struct lk_runinfo {
     double step_peak_mb;        /* tensor memory of one forward + backward beyond what was live before it; 0: unknown */
     /* a pipeline (stages > 0): the measured share of the schedule's time in
      * messages (the stages' idle time and transfers), the mean over the
-     * ranks (pipe_n_ranks of them, each in pipe_bubble_ranks; rank 0's
-     * alone when the ranks' were not gathered), rank 0's (the first
-     * stage's), and the theory's */
+     * ranks (rank 0's alone when the ranks' were not gathered), rank 0's
+     * (the first stage's), and the theory's; each rank's schedule time and
+     * time in messages, [run_s, comm_s] x pipe_n_ranks (0: not gathered) */
     int pipe_stages, pipe_chunks, pipe_n_ranks;
     double pipe_bubble, pipe_bubble_first, pipe_bubble_theory;
-    double pipe_bubble_ranks[64];
+    const double *pipe_rank_times;
     bool has_model_state;       /* model_state_bytes below is known (a strategy wrapped the module) */
     int64_t model_state_bytes[4]; /* this rank's parameters, gradients, optimizer state, gathered (lk_strategy_get_memory) */
     /* Per rank (n_ranks rows of 6: parameters, gradients, optimizer_state,
@@ -266,6 +267,9 @@ typedef struct lk_runinfo {
         const char *from;   /* "LK_COMM_TIMEOUT", "trainer.comm_timeout in run.yaml:4:3", "default", ... */
     } *settings;
 } lk_runinfo;
+/* A pipeline rank's share of its schedule's time in messages, from
+ * [run_s, comm_s] (NAN when it ran no schedule). */
+static inline double lk__pipe_share(const double t[2]) { return t[0] > 0 ? t[1] / t[0] : NAN; }
 typedef struct lk_runinfo_setting lk_runinfo_setting;
 
 /* A runinfo with numbers zeroed, best_score NaN, status "ok". */

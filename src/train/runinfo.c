@@ -144,7 +144,7 @@ lk_status lk_runinfo_to_json(const lk_runinfo *info, char **out) {
             cJSON *per = cJSON_CreateArray();
             ok = ok && per && add(pp, "bubble_per_rank", per);
             for (int r = 0; ok && r < info->pipe_n_ranks; r++) {
-                cJSON *v = number_or_null(info->pipe_bubble_ranks[r]);
+                cJSON *v = number_or_null(lk__pipe_share(info->pipe_rank_times + 2 * r));
                 ok = v && cJSON_AddItemToArray(per, v);
             }
         }

@@ -99,17 +99,12 @@ void lk__write_runinfo(lk_trainer *tr, const char *command, lk_status st) {
         /* the mean over the ranks of each rank's idle share (every stage's,
          * as the theory counts every stage's idle time), when a fit gathered
          * them; rank 0's alone otherwise */
-        ri.pipe_bubble = pst.pipe_run_s > 0 ? pst.pipe_comm_s / pst.pipe_run_s : NAN;
+        ri.pipe_bubble = lk__pipe_share((const double[]){pst.pipe_run_s, pst.pipe_comm_s});
         ri.pipe_bubble_first = ri.pipe_bubble;
         int nr = tr->rank_pipe && tr->n_rank_memory > 1 ? tr->n_rank_memory : 0;
-        if (nr > (int)(sizeof ri.pipe_bubble_ranks / sizeof ri.pipe_bubble_ranks[0])) nr = 0;
         double sum = 0;
-        for (int r = 0; r < nr; r++) {
-            double run = tr->rank_pipe[2 * r], comm = tr->rank_pipe[2 * r + 1];
-            ri.pipe_bubble_ranks[r] = run > 0 ? comm / run : NAN;
-            sum += ri.pipe_bubble_ranks[r];
-        }
-        if (nr > 0) ri.pipe_n_ranks = nr, ri.pipe_bubble = sum / nr;
+        for (int r = 0; r < nr; r++) sum += lk__pipe_share(tr->rank_pipe + 2 * r);
+        if (nr > 0) ri.pipe_n_ranks = nr, ri.pipe_rank_times = tr->rank_pipe, ri.pipe_bubble = sum / nr;
         ri.pipe_bubble_theory = lk_pipe_bubble_theory(pst.pipe_stages, pst.pipe_chunks);
     }
     if (!tr->dp_devices && lk_strategy_wrapped(tr->strat)) { /* dp's replicas are threads: one process holds them all */

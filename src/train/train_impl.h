@@ -427,8 +427,9 @@ void lk__print_profile(lk_trainer *tr);
 enum { LK__MEM_PARAMS, LK__MEM_GRADS, LK__MEM_OPTIM, LK__MEM_GATHERED, LK__MEM_ALLOC_PEAK, LK__MEM_MAX_RSS, LK__MEM_COLS };
 /* Gathers every rank's memory to rank 0 (collective: every rank calls it
  * at the same point, the fit having succeeded on all of them) and prints
- * it there, one line per rank. A failure is a warning and leaves rank 0
- * with its own row only. */
+ * it there, one line per rank; a pipeline's schedule times per rank
+ * (rank_pipe) come in the same end-of-fit exchange. A failure is a warning
+ * and leaves rank 0 with its own row only. */
 void lk__memory_collect(lk_trainer *tr);
 /* What this run's GEMMs (in its autocast dtype) run through on its device:
  * lk__backend_gemm_path for its device kind. */

@@ -69,6 +69,17 @@ static inline lk_status du_comm(int rank, int world, const char *backend, double
     return lk_comm_create(&cfg, out);
 }
 
+/* A rank's shm communicator (30 s timeout), or NULL with the reason on
+ * stderr: the first lines of a rank function of a multi-process test. */
+static inline lk_comm *du_shm_rank_comm(int rank, int world) {
+    lk_comm *comm = NULL;
+    if (du_comm(rank, world, "shm", 30, &comm)) {
+        fprintf(stderr, "rank %d: %s\n", rank, lk_last_error());
+        return NULL;
+    }
+    return comm;
+}
+
 static inline bool du_segment_exists(const char *job) {
     char name[256], path[300];
     lk_comm_shm_segment_name(job, name, sizeof name);

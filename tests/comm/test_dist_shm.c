@@ -174,6 +174,20 @@ static int common_rank(int r, int W, void *arg) {
         for (int k = 1; k < W; k++) fail |= common[k] != 100 + k;
         if (lk_comm_barrier(c)) fail = 1; /* everyone is done reading before the owner frees */
     }
+    /* lk_comm_peer_blocks: every rank's own block (at different offsets in
+     * their heaps: rank 0's holds the common one too), read in place */
+    void *peers[4] = {NULL};
+    bool all = false;
+    if (!fail && (lk_comm_peer_blocks(c, mine, peers, &all) || !all || peers[r] != mine)) fail = 1;
+    if (!fail) {
+        mine[0] = 500 + r;
+        if (lk_comm_barrier(c)) fail = 1;
+        for (int k = 0; k < W && !fail; k++) fail |= ((int32_t *)peers[k])[0] != 500 + k;
+        if (lk_comm_barrier(c)) fail = 1;
+    }
+    /* one rank without a block: no rank reads in place */
+    all = true;
+    if (!fail && (lk_comm_peer_blocks(c, r == W - 1 ? NULL : mine, peers, &all) || all)) fail = 1;
     if (owner) lk_comm_free_shared(c, common);
     lk_comm_free_shared(c, mine);
     lk_comm_free(c);
@@ -193,6 +207,11 @@ static void shared_heap(void) {
     bool owner;
     CHECK_ERR(lk_comm_alloc_common(c, 64, &p, &owner), LK_STATUS_UNSUPPORTED, "the self backend has no memory every rank maps");
     CHECK(p == NULL);
+    void *peer = NULL;
+    bool all = true;
+    CHECK_OK(lk_comm_peer_blocks(c, (void *)&owner, &peer, &all)); /* no shared memory: none read in place */
+    CHECK(!all && peer == NULL);
+    CHECK_ERR(lk_comm_peer_blocks(c, NULL, NULL, &all), LK_STATUS_INVALID_ARGUMENT, "lk_comm_peer_blocks: NULL argument");
     lk_comm_free(c);
 }
 

@@ -43,6 +43,10 @@ fit z3.3 --trainer.devices 3 --trainer.strategy deepspeed_stage_3 "${X[@]}"
 check "deepspeed_stage_3 x3 == ddp, bitwise" same z3.3 ddp3
 grep -q "deepspeed_stage_3 (lockstep's ZeRO-3" "$T/z3.3.log" && ok "the fit's opening line names lockstep's ZeRO-3" \
   || bad "the fit's opening line names lockstep's ZeRO-3"
+# one node over shm: the gathers copy the peers' chunks in place (the equivalences above ran that way;
+# the mpi run below, the all-gathers)
+check "fsdp x3 over shm: its start-up line says the gathers read the peers' chunks in place" \
+  grep -q "FULL_SHARD over 3 ranks: .*; gathers read the peers' chunks in place" "$T/fsdp3.log"
 for sh in SHARD_GRAD_OP NO_SHARD HYBRID_SHARD; do
   fit $sh --trainer.devices 3 --trainer.strategy fsdp --trainer.fsdp_sharding_strategy $sh "${X[@]}"
   check "fsdp $sh x3 == ddp, bitwise (HYBRID_SHARD on one node is FULL_SHARD)" same $sh ddp3

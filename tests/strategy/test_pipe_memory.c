@@ -37,11 +37,8 @@ static lk_tensor *loss_of(void *ctx, int c, lk_tensor *out) {
 
 static int stage_rank(int rank, int world, void *arg) {
     const cfg *cf = arg;
-    lk_comm *comm = NULL;
-    if (du_comm(rank, world, "shm", 30, &comm)) {
-        fprintf(stderr, "rank %d: %s\n", rank, lk_last_error());
-        return 1;
-    }
+    lk_comm *comm = du_shm_rank_comm(rank, world);
+    if (!comm) return 1;
     lk_model_kv a[] = {{"input_dim", "64"}, {"hidden", "256,256,256"}, {"num_classes", "10"}};
     lk_layer *net = NULL;
     CHECK_OK(lk_model_create("mlp", a, 3, 7, &net));

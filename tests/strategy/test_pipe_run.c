@@ -97,11 +97,8 @@ static bool same_bits(const lk_tensor *a, const lk_tensor *b) {
 
 static int stage_rank(int rank, int world, void *arg) {
     const cfg *cf = arg;
-    lk_comm *comm = NULL;
-    if (du_comm(rank, world, "shm", 30, &comm)) {
-        fprintf(stderr, "rank %d: %s\n", rank, lk_last_error());
-        return 1;
-    }
+    lk_comm *comm = du_shm_rank_comm(rank, world);
+    if (!comm) return 1;
     lk_layer *ref = NULL, *net = NULL, *ref_cut, *cut;
     CHECK_OK(build(cf->model, &ref, &ref_cut));
     CHECK_OK(build(cf->model, &net, &cut));

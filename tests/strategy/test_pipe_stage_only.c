@@ -108,11 +108,8 @@ static lk_tensor *model_input(const char *model) {
 
 static int stage_rank(int rank, int world, void *arg) {
     const cfg *cf = arg;
-    lk_comm *comm = NULL;
-    if (du_comm(rank, world, "shm", 30, &comm)) {
-        fprintf(stderr, "rank %d: %s\n", rank, lk_last_error());
-        return 1;
-    }
+    lk_comm *comm = du_shm_rank_comm(rank, world);
+    if (!comm) return 1;
     lk_layer *net = NULL, *ref = NULL;
     CHECK_OK(build(cf->model, &net));
     CHECK_OK(build(cf->model, &ref)); /* single's model: the same seed */

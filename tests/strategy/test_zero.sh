@@ -66,6 +66,9 @@ for s in 1 2; do
 done
 grep -q "deepspeed_stage_1: the 3 ranks share one copy of the parameters" "$T/z1.3.log" \
   && ok "stage 1 x3 says it shares one copy of the parameters" || bad "stage 1 x3 says it shares one copy of the parameters"
+check "stage 2 x3 says it keeps one copy of the whole parameters on the node" \
+  grep -q "parameters whole (one copy on the node, chunks written in place), over 3 ranks" "$T/z2.3.log"
+check "stage 2 x3 with replicas says nothing of one copy" bash -c "! grep -q 'one copy on the node' '$T/rep2.log'"
 
 # clipping was engaged (otherwise the test above would not test it)
 fit z2noclip --trainer.devices 2 --trainer.strategy deepspeed_stage_2 --trainer.accumulate_grad_batches 2 \

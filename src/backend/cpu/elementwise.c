@@ -209,13 +209,17 @@ static lk_status as_f32(const lk_op_desc *d, void *const *x, int i, int64_t n, b
 }
 
 /* The ops over n contiguous elements (unary and its backward, axpy,
- * affine) run in blocks: each 16-bit operand's block widened into a stack
- * buffer, the f32 kernel, the output block rounded back — no heap scratch
- * and cache-resident, with the same bits as widening whole arrays (each
- * element is computed on its own). */
+ * affine, a dense binary op) run in blocks: each 16-bit operand's block
+ * widened into a stack buffer (an f32 one used in place), the f32 kernel,
+ * the output block rounded back — no heap scratch and cache-resident, with
+ * the same bits as widening whole arrays (each element is computed on its
+ * own). A dense f32 binary op runs here too, as one flat array: walked by
+ * its shape, a residual add of [64, 8, 28, 28] ran as 14336 rows of 28 (of
+ * 7 at 7x7), at 16 GB/s in ResNet-20's step, and a fused ReLU's pass over
+ * each block just written stays in L1. */
 enum { LOWP_BLOCK = 1024 };
 
-static void run_lowp_blocked(const lk_op_desc *d, void *const *x) {
+static void run_blocked(const lk_op_desc *d, void *const *x) {
     int arity = lk__op_arity(d->op);
     int64_t n = d->op == LK_OP_AXPY ? d->axpy.n : d->op == LK_OP_AFFINE ? d->affine.n : d->unary.n;
     if (d->op == LK_OP_BINARY) { /* dense (binary_dense): one flat run */
@@ -264,23 +268,9 @@ static bool binary_dense(const lk_binary_params *b) {
     return true;
 }
 
-/* A dense f32 binary op as one flat array, in blocks of a few KB so that
- * a fused ReLU's pass (binary_f32's, on the block just written) stays in
- * L1. Walked by its shape, a residual add of [64, 8, 28, 28] ran as 14336
- * rows of 28 (of 7 at 7x7), at 16 GB/s in ResNet-20's step. Same
- * arithmetic per element, so the same bits. */
-static void binary_dense_f32(const lk_binary_params *b, const float *a, const float *c, float *out) {
-    int64_t n = 1, one = 1;
-    for (int k = 0; k < b->ndim; k++) n *= b->shape[k];
-    for (int64_t i = 0; i < n; i += 2048) {
-        int64_t m = n - i < 2048 ? n - i : 2048;
-        binary_f32(b->fn, 1, &m, a + i, &one, c + i, &one, out + i, b->relu);
-    }
-}
-
 static lk_status run_lowp(const lk_op_desc *d, void *const *x) {
     if (d->op == LK_OP_UNARY || d->op == LK_OP_UNARY_BACKWARD || d->op == LK_OP_AXPY || d->op == LK_OP_AFFINE) {
-        run_lowp_blocked(d, x);
+        run_blocked(d, x);
         return LK_STATUS_OK;
     }
     /* a dense binary op too: a 16-bit residual add of a bf16-mixed ResNet
@@ -288,7 +278,7 @@ static lk_status run_lowp(const lk_op_desc *d, void *const *x) {
      * faults and zeroing were 7% of the step; the same f32 operation per
      * element, so the same bits */
     if (d->op == LK_OP_BINARY && binary_dense(&d->binary)) {
-        run_lowp_blocked(d, x);
+        run_blocked(d, x);
         return LK_STATUS_OK;
     }
     scratch s = {{NULL}};
@@ -421,7 +411,7 @@ lk_status LK_ISA(lk__cpu_elementwise)(const lk_op_desc *d, void *const *x) {
         unary_backward_f32(d->unary.fn, d->unary.n, x[0], x[1], x[2], x[3], d->unary.alpha, d->unary.acc);
         break;
     case LK_OP_BINARY:
-        if (binary_dense(&d->binary)) binary_dense_f32(&d->binary, x[0], x[1], x[2]);
+        if (binary_dense(&d->binary)) run_blocked(d, x);
         else
             binary_f32(d->binary.fn, d->binary.ndim, d->binary.shape, x[0], d->binary.sa, x[1], d->binary.sb, x[2],
                        d->binary.relu);
