@@ -253,9 +253,15 @@ uint64_t lk_rng_u64(lk_rng *r);
 float lk_rng_uniform(lk_rng *r);                /* [0, 1), 24 random bits */
 double lk_rng_uniform_f64(lk_rng *r);           /* [0, 1), 53 random bits */
 float lk_rng_normal(lk_rng *r);                 /* N(0, 1), Box-Muller */
+/* The stream as after n calls of lk_rng_u32 / n calls of lk_rng_normal,
+ * without computing the values in between (O(1) but for one block): what a
+ * deferred initialiser does for a tensor this process does not hold. */
+void lk_rng_skip(lk_rng *r, uint64_t n);
+void lk_rng_skip_normal(lk_rng *r, uint64_t n);
 /* x[i] = mean + std * N(0, 1) for n values: the fast bulk path (f32
  * polynomial Box-Muller, vectorised), its own sequence, not n calls of
- * lk_rng_normal. Continues the stream at the next whole block. */
+ * lk_rng_normal. Continues the stream at the next whole block. x NULL:
+ * the stream advances as if n values were written. */
 void lk_rng_fill_normal(lk_rng *r, float *x, int64_t n, float mean, float std);
 bool lk_rng_bernoulli(lk_rng *r, float p);       /* true with probability p */
 uint32_t lk_rng_below(lk_rng *r, uint32_t n);   /* uniform in [0, n), unbiased */

@@ -119,6 +119,14 @@ const lk_model_info *lk_model_find(const char *name);
  * the expected type) and parameters drawn by lk_layer_reset_parameters(seed).
  * *out is a new layer the caller frees with lk_layer_free. */
 lk_status lk_model_create(const char *name, const lk_model_kv *args, int n_args, uint64_t seed, lk_layer **out);
+/* The same model, deferred (PyTorch's meta device): its structure, names,
+ * shapes and dtypes, and no storage (nothing allocated, nothing drawn);
+ * (*out)->deferred is set. lk_layer_materialize then gives it
+ * lk_model_create's bits — or a pipeline stage materialises only its own
+ * blocks, so a model bigger than one process's memory trains in stages.
+ * Anything that reads a tensor before then is refused, naming it. */
+lk_status lk_model_create_deferred(const char *name, const lk_model_kv *args, int n_args, uint64_t seed,
+                                   lk_layer **out);
 /* The per-sample input the model built from these args takes: [input_dim]
  * for autoencoder and mlp (any sample of input_dim elements; they flatten
  * it), [in_channels, image_size, image_size] for cnn (or the same elements

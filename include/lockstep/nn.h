@@ -111,6 +111,12 @@ struct lk_layer {
      * tree marks any. Set by the model's builder. */
     bool checkpoint_unit;
     struct lk__layer_hooks *hooks; /* lk_layer_add_hook; NULL when none */
+    /* Deferred initialisation (lk_model_create_deferred sets it on the
+     * root): the tree's tensors hold no storage yet, and
+     * lk_layer_materialize draws them with lk_layer_reset_parameters from
+     * this seed. */
+    bool deferred;
+    uint64_t deferred_seed;
 };
 
 /* A new layer with no parameters; takes ownership of impl (even on failure,
@@ -235,8 +241,20 @@ int64_t lk_layer_num_parameters(const lk_layer *l); /* total elements */
  * initialisers: the parameters of a layer whose first parameter has global
  * index k (named_parameters order) are drawn from the Philox stream keyed by
  * (seed, LK_RNG_INIT, k), so the result does not depend on anything but the
- * seed and the architecture. Buffers are reset too (running stats). */
+ * seed and the architecture. Buffers are reset too (running stats). A
+ * layer holding no data for any of its own tensors (another pipeline
+ * stage's) is skipped. */
 lk_status lk_layer_reset_parameters(lk_layer *l, uint64_t seed);
+/* A deferred model (l->deferred: lk_model_create_deferred; PyTorch's meta
+ * device and reset_parameters) made real: every tensor of the tree still
+ * deferred gets storage (its constructor's fill value: a BatchNorm's
+ * running_var 1), then lk_layer_reset_parameters(l, l->deferred_seed)
+ * draws the parameters — the bits lk_model_create gives, in the dtype and
+ * on the device the tensors have now. A tensor given to another pipeline
+ * stage before the call stays without storage (a stage materialises only
+ * its own blocks: its peak never holds the whole model), and the streams
+ * move past it. A layer that is not deferred is left alone (OK). */
+lk_status lk_layer_materialize(lk_layer *l);
 
 /* Dropout masks: every Dropout layer in the tree (pre-order index d) draws
  * from the stream keyed by (seed, LK_RNG_DROPOUT, (rank << 16) | d, step).
@@ -313,8 +331,13 @@ lk_status lk_state_dict_get(const lk_layer *l, lk_named_tensors *out);
 lk_status lk_state_dict_load(lk_layer *l, const lk_named_tensors *sd, bool strict);
 
 /* ========================================================================
- * Initialisers (in place, f32, from the given Philox stream; PyTorch's
- * nn.init semantics)
+ * Initialisers (in place, from the given Philox stream; PyTorch's nn.init
+ * semantics). Values are drawn in f32 and rounded to the tensor's dtype
+ * (f32, bf16, f16) and put on its device, so initialising before or after
+ * lk_layer_cast_parameters / lk_layer_to gives the same bits. A tensor
+ * without data (a model built deferred; another pipeline stage's) is not
+ * written, and the stream moves past the values it would have taken; a
+ * constant is kept for a deferred tensor's storage to come.
  * ====================================================================== */
 
 typedef enum { LK_FAN_IN, LK_FAN_OUT } lk_fan_mode;
@@ -327,6 +350,10 @@ double lk_init_gain(const char *nonlinearity, double param);
 
 lk_status lk_init_uniform(lk_tensor *t, lk_rng *rng, double lo, double hi);
 lk_status lk_init_normal(lk_tensor *t, lk_rng *rng, double mean, double std);
+/* N(mean, std) from the bulk sequence (lk_rng_fill_normal): many times
+ * faster than lk_init_normal for large tensors, and a different sequence
+ * (GPT-2's and ResNet's weights use it). */
+lk_status lk_init_normal_bulk(lk_tensor *t, lk_rng *rng, double mean, double std);
 lk_status lk_init_constant(lk_tensor *t, double value);
 lk_status lk_init_zeros(lk_tensor *t);
 lk_status lk_init_ones(lk_tensor *t);

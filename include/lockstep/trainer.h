@@ -393,6 +393,15 @@ void lk_datamodule_free(lk_datamodule *dm);
  * reconstructions.png into the log dir after fit and test. */
 lk_status lk_module_create_builtin(const char *name, const lk_model_kv *args, int n_args, uint64_t seed,
                                    lk_module **out);
+/* The same module around a deferred model (lk_model_create_deferred:
+ * nothing allocated or drawn). A run makes it real: a strategy that cuts
+ * the model into stages (model_parallel, pipeline) materialises only this
+ * rank's stage, so no rank ever holds the whole model; any other strategy
+ * (or a split by measured time, which runs the whole model once)
+ * materialises it whole as the run begins, with lk_module_create_builtin's
+ * bits. `lockstep fit`, validate, test and predict build their model so. */
+lk_status lk_module_create_builtin_deferred(const char *name, const lk_model_kv *args, int n_args, uint64_t seed,
+                                            lk_module **out);
 
 typedef struct lk_datamodule_info {
     const char *name;

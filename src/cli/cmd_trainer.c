@@ -149,7 +149,9 @@ static lk_status read_class(run_spec *rs, const lk_config_node *sec, const char 
 static lk_status build_class(const lk_config *cfg, const char *section, const char *name, const lk_model_kv *kv,
                              int n, uint64_t seed, lk_module **module, lk_datamodule **dm) {
     bool is_model = !strcmp(section, "model");
-    lk_status st = is_model ? lk_module_create_builtin(name, kv, n, seed, module)
+    /* The model deferred (nothing allocated or drawn): the run materialises
+     * it, whole or (model_parallel, pipeline) each rank its stage. */
+    lk_status st = is_model ? lk_module_create_builtin_deferred(name, kv, n, seed, module)
                             : lk_datamodule_create_builtin(name, kv, n, seed, dm);
     if (!st || st == LK_STATUS_OUT_OF_MEMORY) return st;
     char first[2048];
@@ -157,7 +159,7 @@ static lk_status build_class(const lk_config *cfg, const char *section, const ch
     for (int i = 0; i < n; i++) {
         lk_module *m1 = NULL;
         lk_datamodule *d1 = NULL;
-        lk_status s1 = is_model ? lk_module_create_builtin(name, &kv[i], 1, seed, &m1)
+        lk_status s1 = is_model ? lk_module_create_builtin_deferred(name, &kv[i], 1, seed, &m1)
                                 : lk_datamodule_create_builtin(name, &kv[i], 1, seed, &d1);
         lk_module_free(m1);
         lk_datamodule_free(d1);
@@ -598,6 +600,7 @@ lk_status lk_cli_build_from_config(lk_config *cfg, lk_module **module, lk_datamo
     lk_status st = read_spec(cfg, &rs);
     if (!st) st = fill_defaults(cfg, &rs);
     if (!st) st = build_class(cfg, "model", rs.model, rs.model_args, rs.n_model_args, (uint64_t)rs.trainer.seed, module, NULL);
+    if (!st) st = lk_layer_materialize((*module)->net); /* whole: generate runs it on this process */
     if (!st) st = build_class(cfg, "data", rs.data, rs.data_args, rs.n_data_args, (uint64_t)rs.trainer.seed, NULL, dm);
     *seed = rs.trainer.seed;
     snprintf(root_dir, size, "%s", rs.trainer.default_root_dir[0] ? rs.trainer.default_root_dir : ".");

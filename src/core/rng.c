@@ -76,6 +76,30 @@ float lk_rng_normal(lk_rng *r) {
     return (float)(rad * cos(th));
 }
 
+/* The counter is 64 bits in (ctr[0], ctr[1]); ctr[2..3] are the stream's
+ * coordinates and never move. */
+static void ctr_add(lk_rng *r, uint64_t blocks) {
+    uint64_t c = (((uint64_t)r->ctr[1] << 32) | r->ctr[0]) + blocks;
+    r->ctr[0] = (uint32_t)c;
+    r->ctr[1] = (uint32_t)(c >> 32);
+}
+
+void lk_rng_skip(lk_rng *r, uint64_t n) {
+    for (; n && r->pos < 4; n--) r->pos++; /* the rest of the current block */
+    ctr_add(r, n / 4);
+    if (n % 4) { /* into the next block: generate it, as lk_rng_u32 would have */
+        lk_philox4x32_10(r->ctr, r->key, r->buf);
+        ctr_add(r, 1);
+        r->pos = (int)(n % 4);
+    }
+}
+
+void lk_rng_skip_normal(lk_rng *r, uint64_t n) {
+    if (n && r->has_spare) r->has_spare = 0, n--;
+    lk_rng_skip(r, n / 2 * 4); /* each pair: two lk_rng_uniform_f64, four words */
+    if (n % 2) (void)lk_rng_normal(r); /* the last pair leaves its second value as the spare */
+}
+
 bool lk_rng_bernoulli(lk_rng *r, float p) { return lk_rng_uniform(r) < p; }
 
 uint32_t lk_rng_below(lk_rng *r, uint32_t n) {
@@ -126,6 +150,12 @@ static inline float fast_log(float x) { /* x in (0, 1] */
 }
 
 void lk_rng_fill_normal(lk_rng *r, float *x, int64_t n, float mean, float std) {
+    if (!x) { /* advance only: one counter block per four values, as below */
+        ctr_add(r, n > 0 ? ((uint64_t)n + 3) / 4 : 0);
+        r->pos = 4;
+        r->has_spare = 0;
+        return;
+    }
     uint32_t w[4][FILL_LANES];
     while (n > 0) {
         int64_t blocks = (n + 3) / 4 < FILL_LANES ? (n + 3) / 4 : FILL_LANES;
@@ -156,9 +186,7 @@ void lk_rng_fill_normal(lk_rng *r, float *x, int64_t n, float mean, float std) {
             w[2][j] = c2[j];
             w[3][j] = c3[j];
         }
-        uint64_t next = (((uint64_t)r->ctr[1] << 32) | r->ctr[0]) + (uint64_t)blocks;
-        r->ctr[0] = (uint32_t)next;
-        r->ctr[1] = (uint32_t)(next >> 32);
+        ctr_add(r, (uint64_t)blocks);
         /* Each block's 4 words make 2 pairs: (w0, w1) and (w2, w3). */
         float out[4][FILL_LANES];
         for (int h = 0; h < 2; h++)

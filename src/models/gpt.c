@@ -151,18 +151,6 @@ static lk_tensor *head_forward(lk_layer *self, lk_tensor *x) {
 
 /* ---- GPT-2's initialisation --------------------------------------------------------- */
 
-/* N(0, std) into t: the bulk fill (lk_rng_fill_normal, several times
- * faster than one Box-Muller pair per two values: GPT-2 small has 124 M
- * parameters to draw) for a contiguous f32 tensor in host memory, else
- * lk_init_normal. */
-static lk_status init_normal(lk_tensor *t, lk_rng *rng, double std) {
-    if (t->dtype == LK_F32 && lk_tensor_is_contiguous(t) && lk_device_is_host(t->device)) {
-        lk_rng_fill_normal(rng, t->data, t->numel, 0.0f, (float)std);
-        return LK_STATUS_OK;
-    }
-    return lk_init_normal(t, rng, 0.0, std);
-}
-
 static bool ends_with(const char *s, const char *suffix) {
     size_t n = strlen(s), k = strlen(suffix);
     return n >= k && !strcmp(s + n - k, suffix);
@@ -183,8 +171,8 @@ static lk_status gpt_reset(lk_layer *self, lk_rng *rng) {
         lk_tensor *t = ps.items[i].tensor;
         if (ends_with(n, ".bias")) st = lk_init_zeros(t);
         else if (strstr(n, ".ln_") || ends_with(n, "ln_f.weight")) st = lk_init_ones(t);
-        else if (ends_with(n, "c_proj.weight")) st = init_normal(t, rng, 0.02 / sqrt(2.0 * (double)g->n_layer));
-        else st = init_normal(t, rng, 0.02);
+        else if (ends_with(n, "c_proj.weight")) st = lk_init_normal_bulk(t, rng, 0.0, 0.02 / sqrt(2.0 * (double)g->n_layer));
+        else st = lk_init_normal_bulk(t, rng, 0.0, 0.02);
     }
     lk_named_tensors_clear(&ps);
     return st;

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "models/models_impl.h"
+#include "tensor/tensor_impl.h" /* lk__tensor_defer: a deferred build */
 
 /* ---- the built-in list ------------------------------------------------------------ */
 
@@ -51,7 +52,8 @@ const lk_model_info *lk_model_find(const char *name) {
 
 /* ---- creation ----------------------------------------------------------------------- */
 
-lk_status lk_model_create(const char *name, const lk_model_kv *args, int n_args, uint64_t seed, lk_layer **out) {
+static lk_status create(const char *name, const lk_model_kv *args, int n_args, uint64_t seed, bool deferred,
+                        lk_layer **out) {
     if (!out) return lk_error(LK_STATUS_INVALID_ARGUMENT, "model_create: NULL out");
     *out = NULL;
     const lk_model_info *m = lk_model_find(name);
@@ -61,15 +63,27 @@ lk_status lk_model_create(const char *name, const lk_model_kv *args, int n_args,
     lk_model_args p;
     LK_TRY(lk__model_args_parse(m, args, n_args, &p));
     lk_layer *l = NULL;
+    bool was = lk__tensor_defer(deferred); /* the builder's own draws skip the tensors it makes */
     lk_status st = m->build(&p, seed, &l);
+    lk__tensor_defer(was);
     if (!st && !l) st = lk_error(LK_STATUS_INTERNAL, "model %s: its builder returned no layer", m->name);
-    if (!st) st = lk_layer_reset_parameters(l, seed);
+    if (!st && deferred) l->deferred = true, l->deferred_seed = seed;
+    else if (!st) st = lk_layer_reset_parameters(l, seed);
     if (st) {
         lk_layer_free(l);
         return st;
     }
     *out = l;
     return LK_STATUS_OK;
+}
+
+lk_status lk_model_create(const char *name, const lk_model_kv *args, int n_args, uint64_t seed, lk_layer **out) {
+    return create(name, args, n_args, seed, false, out);
+}
+
+lk_status lk_model_create_deferred(const char *name, const lk_model_kv *args, int n_args, uint64_t seed,
+                                   lk_layer **out) {
+    return create(name, args, n_args, seed, true, out);
 }
 
 lk_status lk_model_input_shape(const char *name, const lk_model_kv *args, int n_args, int *ndim, int64_t shape[3],

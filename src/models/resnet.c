@@ -79,13 +79,9 @@ static lk_status conv_reset(lk_layer *self, lk_rng *rng) {
     lk_tensor *w = lk_layer_param(self, 0);
     int64_t fan_out = 0;
     LK_TRY(lk_init_fans(w, NULL, &fan_out));
-    /* N(0, sqrt(2 / fan_out)); the bulk fill for host f32 (resnet50 has
-     * 23 M conv weights: one Box-Muller pair per two values is slow) */
-    if (w->dtype == LK_F32 && lk_tensor_is_contiguous(w) && lk_device_is_host(w->device)) {
-        lk_rng_fill_normal(rng, w->data, w->numel, 0.0f, (float)sqrt(2.0 / (double)fan_out));
-        return LK_STATUS_OK;
-    }
-    return lk_init_kaiming_normal(w, rng, 0.0, LK_FAN_OUT, "relu");
+    /* N(0, sqrt(2 / fan_out)) from the bulk sequence (resnet50 has 23 M
+     * conv weights: one Box-Muller pair per two values is slow) */
+    return lk_init_normal_bulk(w, rng, 0.0, sqrt(2.0 / (double)fan_out));
 }
 
 /* zero_init_residual: a block's last BatchNorm starts at weight 0, bias 0;

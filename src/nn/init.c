@@ -7,10 +7,10 @@
 #include "lockstep/nn.h"
 #include "tensor/tensor_impl.h"
 
-static lk_status check_f32(const char *fn, const lk_tensor *t) {
+static lk_status check_float(const char *fn, const lk_tensor *t) {
     if (!t) return lk_error(LK_STATUS_INVALID_ARGUMENT, "%s: NULL tensor", fn);
-    if (t->dtype != LK_F32)
-        return lk_error(LK_STATUS_UNSUPPORTED, "%s: tensor has dtype %s; initialisers write f32", fn,
+    if (t->dtype != LK_F32 && t->dtype != LK_BF16 && t->dtype != LK_F16)
+        return lk_error(LK_STATUS_UNSUPPORTED, "%s: tensor has dtype %s; initialisers write f32, bf16 or f16", fn,
                         lk_dtype_name(t->dtype));
     return LK_STATUS_OK;
 }
@@ -44,49 +44,92 @@ double lk_init_gain(const char *nl, double param) {
     return NAN;
 }
 
-/* A tensor on a device the CPU cannot address: drawn into a host tensor
- * of its shape in the same (logical) order, then one copy to the device. */
+/* The values are drawn in f32 on the host. A tensor the CPU cannot address
+ * directly in f32 (on a device, or bf16 / f16) gets them through a host f32
+ * tensor of its shape, drawn in the same (logical) order, then one copy
+ * that rounds to its dtype (to nearest even, as lk_tensor_cast): so a
+ * parameter initialised after lk_layer_cast_parameters holds the bits of
+ * one initialised before it. */
+static bool direct(const lk_tensor *t) { return t->dtype == LK_F32 && lk_device_is_host(t->device); }
+
+static lk_status store(lk_tensor *t, lk_tensor *h) {
+    if (lk_device_equal(t->device, h->device) || t->dtype == LK_F32) return lk_tensor_copy(t, h);
+    lk_tensor *c = lk_tensor_cast(h, t->dtype); /* round on the host, then the device copy */
+    lk_status st = c ? lk_tensor_copy(t, c) : lk_last_status();
+    lk_tensor_release(c);
+    return st;
+}
+
 static lk_status through_host(lk_tensor *t, lk_rng *rng, double a, double b,
                               lk_status (*init)(lk_tensor *, lk_rng *, double, double)) {
     lk_tensor *h = lk__tensor_new_on(LK_DEVICE_CPU, LK_F32, t->ndim, t->shape);
     if (!h) return lk_last_status() ? lk_last_status() : LK_STATUS_OUT_OF_MEMORY;
     lk_status st = init(h, rng, a, b);
-    if (!st) st = lk_tensor_copy(t, h);
+    if (!st) st = store(t, h);
     lk_tensor_release(h);
     return st;
 }
 
+/* A tensor this process holds no data for (a model built deferred, before
+ * lk_layer_materialize; another pipeline stage's parameter) is not
+ * written: the stream advances past the values it would have taken, so
+ * every tensor after it gets what it gets in the whole model. */
+
 /* Writes through the logical index so strided views work too. */
 lk_status lk_init_uniform(lk_tensor *t, lk_rng *rng, double lo, double hi) {
-    LK_TRY(check_f32("init_uniform", t));
+    LK_TRY(check_float("init_uniform", t));
     LK_TRY(need_rng("init_uniform", rng));
     if (!(lo <= hi)) return lk_error(LK_STATUS_INVALID_ARGUMENT, "init_uniform: lo %g > hi %g", lo, hi);
-    if (!lk_device_is_host(t->device)) return through_host(t, rng, lo, hi, lk_init_uniform);
+    if (!lk_tensor_has_data(t)) {
+        lk_rng_skip(rng, 2 * (uint64_t)t->numel); /* lk_rng_uniform_f64: two words */
+        return LK_STATUS_OK;
+    }
+    if (!direct(t)) return through_host(t, rng, lo, hi, lk_init_uniform);
     float *d = t->data;
     for (int64_t i = 0; i < t->numel; i++) d[lk__elem_offset(t, i)] = (float)(lo + (hi - lo) * lk_rng_uniform_f64(rng));
     return LK_STATUS_OK;
 }
 
 lk_status lk_init_normal(lk_tensor *t, lk_rng *rng, double mean, double std) {
-    LK_TRY(check_f32("init_normal", t));
+    LK_TRY(check_float("init_normal", t));
     LK_TRY(need_rng("init_normal", rng));
     if (!(std >= 0)) return lk_error(LK_STATUS_INVALID_ARGUMENT, "init_normal: std must be >= 0, got %g", std);
-    if (!lk_device_is_host(t->device)) return through_host(t, rng, mean, std, lk_init_normal);
+    if (!lk_tensor_has_data(t)) {
+        lk_rng_skip_normal(rng, (uint64_t)t->numel);
+        return LK_STATUS_OK;
+    }
+    if (!direct(t)) return through_host(t, rng, mean, std, lk_init_normal);
     float *d = t->data;
     for (int64_t i = 0; i < t->numel; i++) d[lk__elem_offset(t, i)] = (float)(mean + std * lk_rng_normal(rng));
     return LK_STATUS_OK;
 }
 
+lk_status lk_init_normal_bulk(lk_tensor *t, lk_rng *rng, double mean, double std) {
+    LK_TRY(check_float("init_normal_bulk", t));
+    LK_TRY(need_rng("init_normal_bulk", rng));
+    if (!(std >= 0)) return lk_error(LK_STATUS_INVALID_ARGUMENT, "init_normal_bulk: std must be >= 0, got %g", std);
+    if (!lk_tensor_has_data(t)) {
+        lk_rng_fill_normal(rng, NULL, t->numel, 0.0f, 1.0f);
+        return LK_STATUS_OK;
+    }
+    if (direct(t) && lk_tensor_is_contiguous(t)) {
+        lk_rng_fill_normal(rng, t->data, t->numel, (float)mean, (float)std);
+        return LK_STATUS_OK;
+    }
+    return through_host(t, rng, mean, std, lk_init_normal_bulk);
+}
+
 lk_status lk_init_constant(lk_tensor *t, double value) {
-    LK_TRY(check_f32("init_constant", t));
-    return lk_tensor_fill(t, value);
+    LK_TRY(check_float("init_constant", t));
+    if (!lk_tensor_has_data(t) && !lk__tensor_is_deferred(t, NULL)) return LK_STATUS_OK; /* another stage's */
+    return lk_tensor_fill(t, value); /* a deferred tensor keeps the value for its storage to come */
 }
 lk_status lk_init_zeros(lk_tensor *t) { return lk_init_constant(t, 0.0); }
 lk_status lk_init_ones(lk_tensor *t) { return lk_init_constant(t, 1.0); }
 
 static lk_status xavier_std(const char *fn, const lk_tensor *t, double gain, double *std) {
     int64_t fi, fo;
-    LK_TRY(check_f32(fn, t));
+    LK_TRY(check_float(fn, t));
     LK_TRY(lk_init_fans(t, &fi, &fo));
     if (fi + fo == 0) return lk_error(LK_STATUS_INVALID_ARGUMENT, "%s: the tensor has no elements", fn);
     *std = gain * sqrt(2.0 / (double)(fi + fo));
@@ -109,7 +152,7 @@ lk_status lk_init_xavier_normal(lk_tensor *t, lk_rng *rng, double gain) {
 static lk_status kaiming_std(const char *fn, const lk_tensor *t, double a, lk_fan_mode mode, const char *nl,
                              double *std) {
     int64_t fi, fo;
-    LK_TRY(check_f32(fn, t));
+    LK_TRY(check_float(fn, t));
     LK_TRY(lk_init_fans(t, &fi, &fo));
     int64_t fan = mode == LK_FAN_IN ? fi : fo;
     if (fan == 0) return lk_error(LK_STATUS_INVALID_ARGUMENT, "%s: initializing a zero-element tensor", fn);

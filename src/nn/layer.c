@@ -277,7 +277,12 @@ static lk_status reset_rec(lk_layer *l, uint64_t seed, int64_t *index, lk_named_
             LK_TRY(lk_named_tensors_append(seen, "p", l->params.items[i].tensor));
             (*index)++;
         }
-    if (l->reset) {
+    /* a layer this process holds nothing of (another pipeline stage's) has
+     * nothing to draw into: its stream is its own, keyed by `first` */
+    bool holds = !l->params.n && !l->buffers.n;
+    for (int i = 0; i < l->params.n && !holds; i++) holds = lk_tensor_has_data(l->params.items[i].tensor);
+    for (int i = 0; i < l->buffers.n && !holds; i++) holds = lk_tensor_has_data(l->buffers.items[i].tensor);
+    if (l->reset && holds) {
         lk_rng rng;
         lk_rng_init(&rng, seed, LK_RNG_INIT, (uint32_t)first, 0);
         LK_TRY(l->reset(l, &rng));
@@ -292,6 +297,23 @@ lk_status lk_layer_reset_parameters(lk_layer *l, uint64_t seed) {
     int64_t index = 0;
     lk_status st = reset_rec(l, seed, &index, &seen);
     lk_named_tensors_clear(&seen);
+    return st;
+}
+
+lk_status lk_layer_materialize(lk_layer *l) {
+    if (!l) return lk_error(LK_STATUS_INVALID_ARGUMENT, "materialize: NULL layer");
+    if (!l->deferred) return LK_STATUS_OK;
+    lk_named_tensors all = {0};
+    lk_status st = lk_layer_named_parameters(l, &all);
+    if (!st) st = lk_layer_named_buffers(l, &all);
+    for (int i = 0; !st && i < all.n; i++)
+        if (lk__tensor_is_deferred(all.items[i].tensor, NULL)) {
+            st = lk__tensor_restore_storage(all.items[i].tensor);
+            if (st) st = lk_error(st, "materialize: storage for '%s': %s", all.items[i].name, lk_last_error());
+        }
+    lk_named_tensors_clear(&all);
+    if (!st) st = lk_layer_reset_parameters(l, l->deferred_seed);
+    if (!st) l->deferred = false;
     return st;
 }
 

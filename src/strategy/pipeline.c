@@ -140,6 +140,7 @@ static lk_status create(lk_strategy *s, bool mp) {
     ps->chunks = mp ? 1 : s->cfg.pipe_chunks > 0 ? s->cfg.pipe_chunks : 4;
     snprintf(ps->schedule, sizeof ps->schedule, "%s", s->cfg.pipe_schedule && *s->cfg.pipe_schedule ? s->cfg.pipe_schedule : "1f1b");
     snprintf(ps->split, sizeof ps->split, "%s", s->cfg.pipe_split ? s->cfg.pipe_split : "");
+    ps->by_time = !strcmp(ps->split, "time"); /* known before the blocks: a run materialises a deferred model whole */
     if (ps->chunks < 1 || ps->chunks > 65536)
         return lk_error(LK_STATUS_INVALID_ARGUMENT, "strategy %s: trainer.pipeline.chunks must be 1..65536, got %d", name,
                         ps->chunks);
@@ -327,7 +328,6 @@ static lk_status set_blocks(lk_strategy *s, const lk_named_layer *blocks, int n)
     /* trainer.pipeline.split: time (measured, lk_strategy_profile_blocks),
      * parameters (the default, spelled out), or the first block of each
      * stage after the first */
-    ps->by_time = !strcmp(ps->split, "time");
     if (ps->by_time || !strcmp(ps->split, "parameters")) ps->split[0] = 0;
     if (n < 1) return lk_error(LK_STATUS_INVALID_ARGUMENT, "strategy %s: the model has no blocks to cut into stages", name);
     /* A lone Sequential block (the mlp's "layers") is cut inside. Split by
@@ -833,17 +833,26 @@ static lk_status wrap(lk_strategy *s, lk_layer *net) {
     if (!lk_device_is_host(s->cfg.device) && s->world > 1 && !lk_comm_reads_device(s->comm))
         return lk_error(LK_STATUS_UNSUPPORTED, "strategy %s on %s needs a communicator that reads device memory "
                         "(nccl: one rank per GPU)", s->vt->name, lk_device_str(s->cfg.device, (char[32]){0}, 32));
-    LK_TRY(sync_params(s)); /* every rank starts from stage k's values of stage k's blocks */
-    /* Each stage holds only its own blocks from here: the other stages'
-     * parameters and buffers give their storage back (the model was built
-     * whole, from the one seeded stream single draws from, so the bits are
-     * single's; docs/ARCHITECTURE.md says why it is not built stage-only). */
+    /* Each stage holds only its own blocks from here. A model built
+     * deferred (lk_model_create_deferred: no storage yet) is built
+     * stage-only: the other stages' tensors are marked another's, then
+     * this rank materialises the rest, drawing single's bits from the seed
+     * (the streams skip the tensors it does not hold), so no rank's peak
+     * ever holds the whole model and every replica of a stage draws the
+     * same values. A model built whole first gets every stage's values
+     * from the stage's first replica, then gives the other stages' storage
+     * back. */
+    bool stage_only = net->deferred;
+    if (!stage_only) LK_TRY(sync_params(s)); /* every rank starts from stage k's values of stage k's blocks */
     LK_TRY(drop_others(s));
+    if (stage_only) LK_TRY(lk_layer_materialize(net));
     if (ps->p > 1 && s->rank == 0) {
         char line[1024];
         size_t len = (size_t)snprintf(line, sizeof line, "%s: each stage holds only its own blocks' parameters and "
-                                      "buffers, the other stages' storage given back (MiB; the whole model %.3f):",
-                                      s->vt->name, (double)ps->model_bytes / 1048576.0);
+                                      "buffers, %s (MiB; the whole model %.3f):", s->vt->name,
+                                      stage_only ? "each materialised alone from the deferred model"
+                                                 : "the other stages' storage given back",
+                                      (double)ps->model_bytes / 1048576.0);
         for (int k = 0; k < ps->p && len < sizeof line; k++)
             len += (size_t)snprintf(line + len, sizeof line - len, " stage %d %.3f", k,
                                     (double)ps->held_bytes[k] / 1048576.0);

@@ -306,10 +306,53 @@ lk_tensor *lk__tensor_view(lk_tensor *base, int ndim, const int64_t *shape, cons
     return t;
 }
 
+/* ---- deferred initialisation ---------------------------------------------------
+ * While a thread defers (a model built by lk_model_create_deferred), the
+ * public constructors make tensors with a shape and no storage, as
+ * PyTorch's meta device: the state of a dropped tensor (below), with its
+ * fill value kept beside it, so lk__tensor_restore_storage gives it the
+ * values its constructor (or a later lk_tensor_fill) meant. Ops, views and
+ * copies of one are refused like a dropped tensor's; only the constructors
+ * defer, so what an op makes from real tensors is real. */
+static _Thread_local bool deferring;
+
+bool lk__tensor_defer(bool on) {
+    bool was = deferring;
+    deferring = on;
+    return was;
+}
+
+static lk_status dropped_note(const lk_tensor *t, const char *why, bool deferred, double fill);
+
+static lk_tensor *deferred_new(lk_device dev, lk_dtype dt, int ndim, const int64_t *shape, double fill) {
+    int64_t numel = 0;
+    if ((unsigned)dt >= LK_DTYPE_COUNT) {
+        lk_error(LK_STATUS_INVALID_ARGUMENT, "invalid dtype %d", (int)dt);
+        return NULL;
+    }
+    if (check_shape(ndim, shape, &numel)) return NULL;
+    lk_tensor *t = hdr_alloc();
+    if (!t) return NULL;
+    t->dtype = dt;
+    t->device = dev;
+    t->ndim = ndim;
+    for (int i = 0; i < ndim; i++) t->shape[i] = shape[i];
+    set_contiguous_strides(t);
+    t->numel = numel;
+    t->refcount = 1;
+    if (dropped_note(t, "it was made without storage (deferred initialisation: lk_layer_materialize gives the "
+                     "model's tensors storage and values)", true, fill)) {
+        hdr_free_one(t);
+        return NULL;
+    }
+    return t;
+}
+
 /* The public constructors make their tensors on the default device (the
  * CPU unless set, as torch's default device); ops put their results on
  * their inputs' device through the _on forms. */
 lk_tensor *lk_tensor_empty(lk_dtype dt, int ndim, const int64_t *shape) {
+    if (deferring) return deferred_new(lk_device_default(), dt, ndim, shape, 0.0);
     return lk__tensor_new_on(lk_device_default(), dt, ndim, shape);
 }
 
@@ -323,6 +366,7 @@ lk_tensor *lk__tensor_zeros_on(lk_device dev, lk_dtype dt, int ndim, const int64
 }
 
 lk_tensor *lk_tensor_zeros(lk_dtype dt, int ndim, const int64_t *shape) {
+    if (deferring) return deferred_new(lk_device_default(), dt, ndim, shape, 0.0);
     return lk__tensor_zeros_on(lk_device_default(), dt, ndim, shape);
 }
 
@@ -336,11 +380,12 @@ lk_tensor *lk__tensor_full_on(lk_device dev, lk_dtype dt, int ndim, const int64_
 }
 
 lk_tensor *lk_tensor_full(lk_dtype dt, int ndim, const int64_t *shape, double value) {
+    if (deferring) return deferred_new(lk_device_default(), dt, ndim, shape, value);
     return lk__tensor_full_on(lk_device_default(), dt, ndim, shape, value);
 }
 
 lk_tensor *lk_tensor_from_data(lk_dtype dt, int ndim, const int64_t *shape, const void *data) {
-    lk_tensor *t = lk_tensor_empty(dt, ndim, shape);
+    lk_tensor *t = lk__tensor_new_on(lk_device_default(), dt, ndim, shape); /* values: never deferred */
     if (t && t->numel && lk_device_copy(t->device, t->data, LK_DEVICE_CPU, data, lk_tensor_nbytes(t))) {
         lk_tensor_release(t);
         return NULL;
@@ -541,6 +586,8 @@ lk_status lk_tensor_copy(lk_tensor *dst, const lk_tensor *src) {
 
 lk_tensor *lk_tensor_cast(const lk_tensor *t, lk_dtype dt) {
     if (!t) return NULL;
+    double fill;
+    if (lk__tensor_is_deferred(t, &fill)) return deferred_new(t->device, dt, t->ndim, t->shape, fill);
     /* on t's device, as torch's t.to(dtype) and clone(): not the default
      * device, which would make a cast of a CPU tensor under a GPU default a
      * cross-device cast (refused), and a clone a silent move */
@@ -553,6 +600,8 @@ lk_tensor *lk_tensor_cast(const lk_tensor *t, lk_dtype dt) {
 }
 
 lk_tensor *lk_tensor_to(const lk_tensor *t, lk_device dev) {
+    double fill;
+    if (t && lk__tensor_is_deferred(t, &fill)) return deferred_new(dev, t->dtype, t->ndim, t->shape, fill);
     if (!t || lk__tensor_check_data(t, "lk_tensor_to")) return NULL;
     const lk_tensor *src = t;
     lk_tensor *tmp = NULL;
@@ -605,6 +654,10 @@ lk_status lk__tensor_rehome(lk_tensor *t, lk_tensor *base, int64_t offset, bool 
 
 lk_status lk__tensor_move_to(lk_tensor *t, lk_device dev) {
     if (lk_device_equal(t->device, dev)) return LK_STATUS_OK;
+    if (!t->storage) { /* no values to move: it gets its storage on dev when restored */
+        t->device = dev;
+        return LK_STATUS_OK;
+    }
     lk_tensor *r = lk_tensor_to(t, dev);
     if (!r) return lk_last_status() ? lk_last_status() : LK_STATUS_OUT_OF_MEMORY;
     lk_storage *old = t->storage; /* as own_storage: t takes r's storage, r the old one */
@@ -629,9 +682,54 @@ static struct {
     struct dropped {
         const lk_tensor *t;
         char why[384];
+        bool deferred; /* made without storage (deferred initialisation), not given back */
+        double fill;   /* a deferred tensor's values once restored */
     } *items;
     int n, max;
 } dropped = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+/* t's entry, made or updated (a deferred tensor a strategy then gives to
+ * another stage keeps its entry with the new why). */
+static lk_status dropped_note(const lk_tensor *t, const char *why, bool deferred, double fill) {
+    pthread_mutex_lock(&dropped.mu);
+    struct dropped *d = NULL;
+    for (int i = 0; i < dropped.n && !d; i++)
+        if (dropped.items[i].t == t) d = &dropped.items[i];
+    if (!d && (dropped.n < dropped.max || !lk_vec_reserve(dropped.items, dropped.max, dropped.n + 1, 16)))
+        d = &dropped.items[dropped.n++];
+    if (d) {
+        d->t = t;
+        snprintf(d->why, sizeof d->why, "%s", why ? why : "its storage was given back");
+        d->deferred = deferred;
+        d->fill = fill;
+    }
+    pthread_mutex_unlock(&dropped.mu);
+    return d ? LK_STATUS_OK : LK_STATUS_OUT_OF_MEMORY;
+}
+
+bool lk__tensor_is_deferred(const lk_tensor *t, double *fill) {
+    bool yes = false;
+    if (!t || t->storage) return false;
+    pthread_mutex_lock(&dropped.mu);
+    for (int i = 0; i < dropped.n; i++)
+        if (dropped.items[i].t == t) {
+            yes = dropped.items[i].deferred;
+            if (fill) *fill = dropped.items[i].fill;
+            break;
+        }
+    pthread_mutex_unlock(&dropped.mu);
+    return yes;
+}
+
+/* A deferred tensor's fill value becomes `value` (lk_tensor_fill on one). */
+static bool deferred_fill(const lk_tensor *t, double value) {
+    bool yes = false;
+    pthread_mutex_lock(&dropped.mu);
+    for (int i = 0; i < dropped.n && !yes; i++)
+        if (dropped.items[i].t == t && dropped.items[i].deferred) dropped.items[i].fill = value, yes = true;
+    pthread_mutex_unlock(&dropped.mu);
+    return yes;
+}
 
 static void dropped_forget(const lk_tensor *t) {
     pthread_mutex_lock(&dropped.mu);
@@ -644,16 +742,9 @@ static void dropped_forget(const lk_tensor *t) {
 }
 
 lk_status lk__tensor_drop_storage(lk_tensor *t, const char *why) {
-    if (!t->storage) return LK_STATUS_OK;
-    pthread_mutex_lock(&dropped.mu);
-    bool room = dropped.n < dropped.max || !lk_vec_reserve(dropped.items, dropped.max, dropped.n + 1, 16);
-    if (room) {
-        struct dropped *d = &dropped.items[dropped.n++];
-        d->t = t;
-        snprintf(d->why, sizeof d->why, "%s", why ? why : "its storage was given back");
-    }
-    pthread_mutex_unlock(&dropped.mu);
-    if (!room) return LK_STATUS_OUT_OF_MEMORY;
+    if (!t->storage && !lk__tensor_is_deferred(t, NULL)) return LK_STATUS_OK;
+    LK_TRY(dropped_note(t, why, false, 0.0));
+    if (!t->storage) return LK_STATUS_OK; /* deferred: it never had any, and now is another's */
     storage_release(t->storage);
     t->storage = NULL;
     t->data = NULL;
@@ -664,7 +755,10 @@ lk_status lk__tensor_drop_storage(lk_tensor *t, const char *why) {
 
 lk_status lk__tensor_restore_storage(lk_tensor *t) {
     if (t->storage) return LK_STATUS_OK;
-    lk_tensor *r = lk__tensor_zeros_on(t->device, t->dtype, t->ndim, t->shape);
+    double fill = 0.0;
+    (void)lk__tensor_is_deferred(t, &fill);
+    lk_tensor *r = fill != 0.0 ? lk__tensor_full_on(t->device, t->dtype, t->ndim, t->shape, fill)
+                               : lk__tensor_zeros_on(t->device, t->dtype, t->ndim, t->shape);
     if (!r) return lk_last_status() ? lk_last_status() : LK_STATUS_OUT_OF_MEMORY;
     dropped_forget(t);
     t->storage = r->storage, r->storage = NULL; /* r's header goes, its storage stays with t */
@@ -709,6 +803,8 @@ lk_status lk__scalars_end(lk__scalars *s) {
 }
 
 lk_status lk_tensor_fill(lk_tensor *t, double value) {
+    if (!t) return lk_error(LK_STATUS_INVALID_ARGUMENT, "fill: NULL tensor");
+    if (!t->storage) return deferred_fill(t, value) ? LK_STATUS_OK : lk__tensor_check_data(t, "fill");
     lk_op_desc d = {.op = LK_OP_FILL, .dtype = {t->dtype}};
     d.fill.ndim = t->ndim;
     d.fill.value = value;

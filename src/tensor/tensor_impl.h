@@ -35,11 +35,23 @@ lk_status lk__tensor_move_to(lk_tensor *t, lk_device dev);
  * and data become NULL, and `why` (which tensor, whose it is, what makes it
  * whole again) is kept for the error any later access gets
  * (lk__tensor_check_data: every op's inputs, views, copies). A pipeline
- * stage drops the other stages' parameters this way. Restoring gives t new
- * zeroed storage of its shape (the caller fills it). Both are no-ops on a
- * tensor already in that state. */
+ * stage drops the other stages' parameters this way (a deferred tensor
+ * dropped becomes another stage's: it keeps no fill value). Restoring gives
+ * t new storage of its shape, zeroed (the caller fills it) or holding a
+ * deferred tensor's fill value. Both are no-ops on a tensor already in that
+ * state. */
 lk_status lk__tensor_drop_storage(lk_tensor *t, const char *why);
 lk_status lk__tensor_restore_storage(lk_tensor *t);
+/* Deferred initialisation (lk_model_create_deferred): while on, this
+ * thread's public constructors (lk_tensor_empty, _zeros, _full) make
+ * tensors without storage, each keeping its fill value (lk_tensor_fill on
+ * one sets it; lk_tensor_cast, _to and lk__tensor_move_to keep it), until
+ * lk__tensor_restore_storage gives it storage holding that value. Returns
+ * the previous setting. */
+bool lk__tensor_defer(bool on);
+/* True for a tensor made deferred and not restored or dropped since; its
+ * fill value into *fill (may be NULL). */
+bool lk__tensor_is_deferred(const lk_tensor *t, double *fill);
 /* INVALID_USAGE naming `what`, the tensor, its shape and why it has no
  * data, when t's storage was dropped; OK otherwise (and for NULL). */
 lk_status lk__tensor_check_data(const lk_tensor *t, const char *what);

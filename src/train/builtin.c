@@ -175,8 +175,8 @@ static char *kv_yaml(const char *section, const char *name, const lk_model_kv *a
     return out;
 }
 
-lk_status lk_module_create_builtin(const char *name, const lk_model_kv *args, int n_args, uint64_t seed,
-                                   lk_module **out) {
+static lk_status create_builtin(const char *name, const lk_model_kv *args, int n_args, uint64_t seed, bool deferred,
+                                lk_module **out) {
     *out = NULL;
     const lk_model_info *info = lk_model_find(name);
     if (!info) {
@@ -194,7 +194,7 @@ lk_status lk_module_create_builtin(const char *name, const lk_model_kv *args, in
                         s ? " (did you mean '" : "", s ? s : "", s ? "'?)" : "", list);
     }
     lk_layer *net;
-    LK_TRY(lk_model_create(name, args, n_args, seed, &net));
+    LK_TRY((deferred ? lk_model_create_deferred : lk_model_create)(name, args, n_args, seed, &net));
     lk_module *m = lk_calloc(1, sizeof *m);
     model_self *s = lk_calloc(1, sizeof *s);
     if (!m || !s) {
@@ -217,6 +217,16 @@ lk_status lk_module_create_builtin(const char *name, const lk_model_kv *args, in
     m->hparams_yaml = kv_yaml("model", name, args, n_args);
     *out = m;
     return LK_STATUS_OK;
+}
+
+lk_status lk_module_create_builtin(const char *name, const lk_model_kv *args, int n_args, uint64_t seed,
+                                   lk_module **out) {
+    return create_builtin(name, args, n_args, seed, false, out);
+}
+
+lk_status lk_module_create_builtin_deferred(const char *name, const lk_model_kv *args, int n_args, uint64_t seed,
+                                            lk_module **out) {
+    return create_builtin(name, args, n_args, seed, true, out);
 }
 
 /* ---- data modules ------------------------------------------------------------------ */

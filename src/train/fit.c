@@ -488,8 +488,12 @@ lk_status lk_trainer_fit(lk_trainer *tr, lk_module *m, lk_datamodule *dm, const 
     /* fast_dev_run: N batches of one epoch, as Lightning's (max_epochs=1) */
     if (c->fast_dev_run) tr->cfg.max_epochs = 1;
     if (!st) st = fit_loop(tr, train, val, n_train, n_val);
-    /* the model leaves fit whole on every rank (a pipeline's stages updated only their own blocks) */
-    if (!st) st = lk_strategy_sync_model(tr->strat);
+    /* The model leaves fit whole on every rank (a pipeline's stages updated
+     * only their own blocks), as the caller built it. One built stage-only
+     * (deferred) stays in stages: the whole of it need not fit one
+     * process. Evaluation after fit runs through the stages, or makes it
+     * whole itself when it must (eval.c). */
+    if (!st && !tr->stage_only) st = lk_strategy_sync_model(tr->strat);
     if (st && c->on_exception_ckpt[0] && lk_strategy_wrapped(tr->strat) && lk_strategy_writes_checkpoint(tr->strat) &&
         lk_strategy_state_dict_collective(tr->strat))
         /* its gather needs every rank, and the others may be gone: waiting for them would hang the failure */

@@ -122,6 +122,13 @@ lk_status lk__begin_run(lk_trainer *tr, lk_module *m, lk_datamodule *dm, const c
         return lk_error(LK_STATUS_INVALID_ARGUMENT, "trainer: a data module with dataset() is required");
     tr->module = m;
     tr->dm = dm;
+    /* A deferred model (lk_module_create_builtin_deferred) is made real
+     * here, whole, unless the strategy cuts it into stages: then each rank
+     * materialises only its stage in lk_strategy_wrap (a split by measured
+     * time runs the whole model once first, so it is made whole here). */
+    bool cuts = lk_strategy_needs_blocks(tr->strat) && !lk_strategy_wants_block_profile(tr->strat);
+    if (m->net->deferred) tr->stage_only = cuts;
+    if (m->net->deferred && !cuts) LK_TRY(lk_layer_materialize(m->net));
     /* bf16-true / 16-true: the module's parameters in that dtype, as
      * Lightning's module.to(dtype), before anything flattens them or a
      * checkpoint is loaded into them (the load casts). */

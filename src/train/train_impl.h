@@ -153,6 +153,10 @@ struct lk_trainer {
     const lk_named_tensors *params;
     lk_optimizer *optim;
     int dp_devices;  /* strategy dp: replicas (0: another strategy) */
+    /* The module's model was deferred and the strategy cuts it: each rank
+     * materialises its stage only, and fit leaves it in stages (the whole
+     * model need not fit one process; lk_strategy_sync_model on request). */
+    bool stage_only;
     struct lk__replica *replicas; /* dp: replica k's module and scratch trainer (step.c), [dp_devices] */
     double step_t0, step_t1;      /* the current micro-batch: waiting for it began, it arrived (the profiler's phases) */
     lk_scheduler *sched;

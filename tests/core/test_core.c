@@ -59,6 +59,56 @@ static void rng_distributions(void) {
     for (int i = 0; i < 1000; i++) CHECK(lk_rng_below(&a, 7) < 7);
 }
 
+/* Skipping is drawing without the values: after lk_rng_skip(n) (or
+ * _skip_normal, or a bulk fill into NULL) the stream goes on exactly as
+ * after n draws, from any position inside a block and across the normal's
+ * spare value. Deferred initialisation stands on it. */
+static void rng_skip(void) {
+    for (int used = 0; used < 6; used++)
+        for (uint64_t n = 0; n < 14; n++) {
+            lk_rng a, b;
+            lk_rng_init(&a, 11, LK_RNG_INIT, 2, 5);
+            for (int i = 0; i < used; i++) (void)lk_rng_u32(&a);
+            b = a;
+            for (uint64_t i = 0; i < n; i++) (void)lk_rng_u32(&a);
+            lk_rng_skip(&b, n);
+            int same = 1;
+            for (int i = 0; i < 9; i++) same &= lk_rng_u32(&a) == lk_rng_u32(&b);
+            CHECK_MSG(same, "lk_rng_skip(%llu) after %d words", (unsigned long long)n, used);
+        }
+    for (int spare = 0; spare < 2; spare++)
+        for (uint64_t n = 0; n < 9; n++) {
+            lk_rng a, b;
+            lk_rng_init(&a, 11, LK_RNG_INIT, 3, 0);
+            if (spare) (void)lk_rng_normal(&a); /* leaves a spare value */
+            b = a;
+            for (uint64_t i = 0; i < n; i++) (void)lk_rng_normal(&a);
+            lk_rng_skip_normal(&b, n);
+            int same = 1;
+            for (int i = 0; i < 5; i++) {
+                float x = lk_rng_normal(&a), y = lk_rng_normal(&b);
+                same &= memcmp(&x, &y, sizeof x) == 0;
+            }
+            CHECK_MSG(same, "lk_rng_skip_normal(%llu), spare %d", (unsigned long long)n, spare);
+        }
+    int64_t sizes[] = {0, 1, 3, 4, 5, 255, 256, 257, 1000};
+    for (int k = 0; k < 9; k++) {
+        lk_rng a, b;
+        lk_rng_init(&a, 5, LK_RNG_INIT, 0, 0);
+        (void)lk_rng_u32(&a); /* a partly used block: the fill starts at the next one either way */
+        b = a;
+        float *x = malloc(sizeof *x * (size_t)(sizes[k] + 1));
+        lk_rng_fill_normal(&a, x, sizes[k], 0.0f, 1.0f);
+        lk_rng_fill_normal(&b, NULL, sizes[k], 0.0f, 1.0f);
+        free(x);
+        float y[7], z[7];
+        lk_rng_fill_normal(&a, y, 7, 0.0f, 1.0f);
+        lk_rng_fill_normal(&b, z, 7, 0.0f, 1.0f);
+        CHECK_MSG(!memcmp(y, z, sizeof y) && lk_rng_u32(&a) == lk_rng_u32(&b), "fill_normal(NULL, %lld)",
+                  (long long)sizes[k]);
+    }
+}
+
 static lk_status fails_inner(void) { return lk_error(LK_STATUS_IO, "cannot open '%s'", "x.bin"); }
 static lk_status fails_outer(void) {
     LK_TRY(fails_inner());
@@ -219,5 +269,6 @@ static void param_tables(void) {
     CHECK(strtod(lk_params_format(&cfg_params[2], &c, buf, sizeof buf), NULL) == c.lr);
 }
 
-LK_TEST_MAIN(LK_TEST_CASE(param_tables), LK_TEST_CASE(philox_known_answers), LK_TEST_CASE(rng_distributions), LK_TEST_CASE(rng_fill_normal), LK_TEST_CASE(errors),
+LK_TEST_MAIN(LK_TEST_CASE(param_tables), LK_TEST_CASE(philox_known_answers), LK_TEST_CASE(rng_distributions), LK_TEST_CASE(rng_fill_normal), LK_TEST_CASE(rng_skip),
+             LK_TEST_CASE(errors),
              LK_TEST_CASE(alloc_failure_hook), LK_TEST_CASE(arena))

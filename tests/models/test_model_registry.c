@@ -111,5 +111,77 @@ static void a_model_brings_its_loss(void) {
     lk_tensor_release(y);
 }
 
+/* Small args for the models whose defaults are big (gpt: GPT-2 124M). */
+static int small_args(const char *name, const lk_model_kv **args) {
+    static const lk_model_kv gpt[] = {{"n_layer", "2"},     {"n_head", "2"},    {"n_embd", "32"},
+                                      {"block_size", "16"}, {"vocab_size", "50"}, {"bias", "true"}};
+    *args = NULL;
+    if (!strcmp(name, "gpt")) return *args = gpt, 6;
+    return 0;
+}
+
+/* Every tensor of both models: the same names, dtypes, shapes and bytes. */
+static void same_bits(const char *what, const lk_layer *a, const lk_layer *b) {
+    lk_named_tensors x = {0}, y = {0};
+    CHECK_OK(lk_state_dict_get(a, &x));
+    CHECK_OK(lk_state_dict_get(b, &y));
+    CHECK_MSG(x.n == y.n && x.n > 0, "%s: %d against %d tensors", what, x.n, y.n);
+    for (int i = 0; i < x.n && i < y.n; i++) {
+        lk_tensor *p = x.items[i].tensor, *q = y.items[i].tensor;
+        bool ok = !strcmp(x.items[i].name, y.items[i].name) && p->dtype == q->dtype && lk_tensor_same_shape(p, q) &&
+                  lk_tensor_has_data(p) && lk_tensor_has_data(q) && !memcmp(p->data, q->data, lk_tensor_nbytes(p));
+        CHECK_MSG(ok, "%s: %s differs", what, x.items[i].name);
+    }
+    lk_named_tensors_clear(&x);
+    lk_named_tensors_clear(&y);
+}
+
+/* lk_model_create_deferred: every registered model built without storage
+ * (names, shapes and counts as built whole; reading one is an error that
+ * says why), then materialised: lk_model_create's bits, in f32 and cast to
+ * bf16 before materialising (the bits of the whole model cast after). */
+static void deferred_builds_the_same_bits(void) {
+    int n = 0;
+    const lk_model_info *m = lk_models(&n);
+    for (int i = 0; i < n; i++) {
+        const lk_model_kv *args;
+        int na = small_args(m[i].name, &args);
+        lk_layer *whole = NULL, *d = NULL;
+        CHECK_OK(lk_model_create(m[i].name, args, na, 5, &whole));
+        CHECK_OK(lk_model_create_deferred(m[i].name, args, na, 5, &d));
+        if (!whole || !d) continue;
+        CHECK_MSG(d->deferred && !whole->deferred, "model %s: deferred flag", m[i].name);
+        CHECK(lk_layer_num_parameters(d) == lk_layer_num_parameters(whole));
+        lk_named_tensors sd = {0};
+        CHECK_OK(lk_state_dict_get(d, &sd));
+        int held = 0;
+        for (int k = 0; k < sd.n; k++) held += lk_tensor_has_data(sd.items[k].tensor);
+        CHECK_MSG(held == 0, "model %s: %d tensors hold data before materialize", m[i].name, held);
+        if (sd.n) {
+            lk_tensor *c = lk_mul_scalar(sd.items[0].tensor, 2.0f); /* an op reads it */
+            CHECK_MSG(!c && strstr(lk_last_error(), "deferred initialisation"), "model %s: %s", m[i].name,
+                      lk_last_error());
+            lk_tensor_release(c);
+        }
+        lk_named_tensors_clear(&sd);
+        CHECK_OK(lk_layer_materialize(d));
+        CHECK(!d->deferred);
+        same_bits(m[i].name, whole, d);
+        CHECK_OK(lk_layer_materialize(d)); /* materialised: nothing to do */
+        lk_layer_free(d);
+        /* bf16 before the draw, as bf16-true casts a deferred model */
+        d = NULL;
+        CHECK_OK(lk_model_create_deferred(m[i].name, args, na, 5, &d));
+        CHECK_OK(lk_layer_cast_parameters(d, LK_BF16));
+        CHECK_OK(lk_layer_materialize(d));
+        CHECK_OK(lk_layer_cast_parameters(whole, LK_BF16));
+        char what[64];
+        snprintf(what, sizeof what, "%s bf16", m[i].name);
+        same_bits(what, whole, d);
+        lk_layer_free(d);
+        lk_layer_free(whole);
+    }
+}
+
 LK_TEST_MAIN(LK_TEST_CASE(every_builtin_has_a_builder), LK_TEST_CASE(one_file_per_model),
-             LK_TEST_CASE(a_model_brings_its_loss))
+             LK_TEST_CASE(a_model_brings_its_loss), LK_TEST_CASE(deferred_builds_the_same_bits))

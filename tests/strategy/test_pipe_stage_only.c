@@ -27,9 +27,10 @@
 typedef struct cfg {
     const char *model, *strategy;
     int world, stages; /* stages < world: stages x replicas */
+    bool deferred;     /* built by lk_model_create_deferred: each rank materialises its stage */
 } cfg;
 
-enum { R_HELD, R_WHOLE, R_RSS0, R_RSS1 };
+enum { R_HELD, R_WHOLE, R_RSS0, R_RSS1, R_BUILT, R_PEAK };
 
 /* docs/ERRORS.md's entry: the whole mlp's forward on stage 0 of 2 */
 #define MLP_DROPPED \
@@ -44,15 +45,17 @@ static int64_t rss_bytes(void) {
     return n == 2 ? (int64_t)res * sysconf(_SC_PAGESIZE) : -1;
 }
 
-static lk_status build(const char *model, lk_layer **net) {
+static lk_status build(const char *model, bool deferred, lk_layer **net) {
+    lk_status (*create)(const char *, const lk_model_kv *, int, uint64_t, lk_layer **) =
+        deferred ? lk_model_create_deferred : lk_model_create;
     if (!strcmp(model, "mlp")) { /* examples/mlp.yaml, without dropout */
         lk_model_kv a[] = {{"input_dim", "784"}, {"hidden", "512,256"}, {"num_classes", "10"}, {"dropout", "0"}};
-        return lk_model_create("mlp", a, 4, 7, net);
+        return create("mlp", a, 4, 7, net);
     }
-    if (!strcmp(model, "autoencoder")) return lk_model_create("autoencoder", NULL, 0, 7, net);
+    if (!strcmp(model, "autoencoder")) return create("autoencoder", NULL, 0, 7, net);
     lk_model_kv a[] = {{"n_layer", "4"},     {"n_head", "4"},        {"n_embd", "128"}, {"block_size", "64"},
                        {"vocab_size", "256"}, {"dropout", "0"}, {"bias", "false"}}; /* examples/gpt.yaml */
-    return lk_model_create("gpt", a, 7, 7, net);
+    return create("gpt", a, 7, 7, net);
 }
 
 /* The blocks as the strategy cuts them: a lone Sequential block (the mlp's
@@ -111,9 +114,12 @@ static int stage_rank(int rank, int world, void *arg) {
     lk_comm *comm = du_shm_rank_comm(rank, world);
     if (!comm) return 1;
     lk_layer *net = NULL, *ref = NULL;
-    CHECK_OK(build(cf->model, &net));
-    CHECK_OK(build(cf->model, &ref)); /* single's model: the same seed */
+    CHECK_OK(build(cf->model, false, &ref)); /* single's model: the same seed */
+    uint64_t base = lk_alloc_live_bytes();
+    lk_alloc_reset_peak();
+    CHECK_OK(build(cf->model, cf->deferred, &net));
     if (!net || !ref) return 1;
+    du->hash[rank][R_BUILT] = lk_alloc_live_bytes() - base; /* what the model's construction allocated */
     blocks b;
     list_blocks(net, &b);
     /* each stage's blocks named (the balanced split is the strategy's own business) */
@@ -138,6 +144,7 @@ static int stage_rank(int rank, int world, void *arg) {
     CHECK_OK(lk_model_blocks(net, &nb, &bl));
     CHECK_OK(lk_strategy_set_blocks(s, bl, nb));
     CHECK_OK(lk_strategy_wrap(s, net));
+    du->hash[rank][R_PEAK] = lk_alloc_peak_bytes() - base; /* the most it held from the build to the wrap's end */
 
     /* what this rank holds: its blocks' tensors (a tied one once), nothing else */
     int64_t held = 0, want = 0, whole = 0;
@@ -162,6 +169,18 @@ static int stage_rank(int rank, int world, void *arg) {
               (long long)lk_strategy_get_memory(s).param_bytes, (long long)held);
     du->hash[rank][R_HELD] = (uint64_t)held;
     du->hash[rank][R_WHOLE] = (uint64_t)whole;
+    /* Deferred, the construction allocates no tensor storage (the layers'
+     * headers and names only) and the rank's peak is its stage's: its
+     * tensors, moved into the flat parameter buffer, and the flat gradient
+     * buffer (2 x held), never the other stages'. */
+    if (cf->deferred) {
+        CHECK_MSG(du->hash[rank][R_BUILT] < 256 * 1024 && du->hash[rank][R_BUILT] < (uint64_t)whole / 8,
+                  "%s deferred: the build allocated %llu bytes (the whole model's tensors are %lld)", cf->model,
+                  (unsigned long long)du->hash[rank][R_BUILT], (long long)whole);
+        CHECK_MSG(du->hash[rank][R_PEAK] <= 2 * (uint64_t)held + 256 * 1024,
+                  "%s deferred, rank %d: peak %llu bytes from the build to the wrap's end; its stage holds %lld",
+                  cf->model, rank, (unsigned long long)du->hash[rank][R_PEAK], (long long)held);
+    }
 
     /* another stage's tensor: named and refused, never read */
     CHECK(gone != NULL);
@@ -223,17 +242,17 @@ static int stage_rank(int rank, int world, void *arg) {
     return 0;
 }
 
-static void run_case(const char *model, const char *strategy, int world, int stages) {
+static void run_case(const char *model, const char *strategy, int world, int stages, bool deferred) {
     du_map();
-    cfg cf = {model, strategy, world, stages};
+    cfg cf = {model, strategy, world, stages, deferred};
     int codes[DU_MAXW] = {0};
     int ok = du_run(world, stage_rank, &cf, 120, codes, NULL);
     CHECK_MSG(ok == world, "%s, %s on %d ranks as %d stages: %d of %d ranks passed (rank 0's exit code %d)", model,
               strategy, world, stages, ok, world, codes[0]);
     if (ok != world) return;
     const double kib = 1024.0;
-    printf("| %s | %s %d%s | %.1f |", model, strategy, stages, world > stages ? " x 2" : "",
-           (double)du->hash[0][R_WHOLE] / kib);
+    printf("| %s | %s %d%s%s | %.1f |", model, strategy, stages, world > stages ? " x 2" : "",
+           deferred ? ", deferred" : "", (double)du->hash[0][R_WHOLE] / kib);
     for (int r = 0; r < world; r += world / stages)
         printf(" %.1f (%.2f)", (double)du->hash[r][R_HELD] / kib,
                (double)du->hash[r][R_HELD] / (double)du->hash[r][R_WHOLE]);
@@ -241,21 +260,26 @@ static void run_case(const char *model, const char *strategy, int world, int sta
     for (int r = 0; r < world; r += world / stages)
         printf(" %.1f / %+.1f", (double)(du->hash[r][R_WHOLE] - du->hash[r][R_HELD]) / kib,
                ((double)(int64_t)du->hash[r][R_RSS1] - (double)(int64_t)du->hash[r][R_RSS0]) / kib);
+    printf(" |");
+    for (int r = 0; r < world; r += world / stages) printf(" %.1f", (double)du->hash[r][R_PEAK] / kib);
     printf(" |\n");
 }
 
 static void stage_only(void) {
     printf("| model | strategy | whole model, KiB | each stage's parameters + buffers held, KiB (share) | "
-           "each stage's given back, KiB / its RSS growth when sync_model makes it whole again, KiB |\n");
-    run_case("mlp", "model_parallel", 2, 2);
-    run_case("mlp", "pipeline", 2, 2);
-    run_case("mlp", "pipeline", 3, 3);
-    run_case("mlp", "pipeline", 4, 2);
-    run_case("autoencoder", "model_parallel", 2, 2);
-    run_case("autoencoder", "pipeline", 2, 2);
-    run_case("gpt", "model_parallel", 2, 2);
-    run_case("gpt", "pipeline", 3, 3);
-    run_case("gpt", "pipeline", 4, 2);
+           "each stage's given back, KiB / its RSS growth when sync_model makes it whole again, KiB | "
+           "each stage's peak from the build to the wrap's end, KiB |\n");
+    for (int deferred = 0; deferred < 2; deferred++) {
+        run_case("mlp", "model_parallel", 2, 2, deferred);
+        run_case("mlp", "pipeline", 2, 2, deferred);
+        run_case("mlp", "pipeline", 3, 3, deferred);
+        run_case("mlp", "pipeline", 4, 2, deferred);
+        run_case("autoencoder", "model_parallel", 2, 2, deferred);
+        run_case("autoencoder", "pipeline", 2, 2, deferred);
+        run_case("gpt", "model_parallel", 2, 2, deferred);
+        run_case("gpt", "pipeline", 3, 3, deferred);
+        run_case("gpt", "pipeline", 4, 2, deferred);
+    }
 }
 
 LK_TEST_MAIN(LK_TEST_CASE(stage_only))
