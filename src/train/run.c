@@ -128,7 +128,22 @@ lk_status lk__begin_run(lk_trainer *tr, lk_module *m, lk_datamodule *dm, const c
      * time runs the whole model once first, so it is made whole here). */
     bool cuts = lk_strategy_needs_blocks(tr->strat) && !lk_strategy_wants_block_profile(tr->strat);
     if (m->net->deferred) tr->stage_only = cuts;
-    if (m->net->deferred && !cuts) LK_TRY(lk_layer_materialize(m->net));
+    if (m->net->deferred && !cuts && lk_layer_materialize(m->net)) {
+        lk_status st = lk_last_status();
+        if (st != LK_STATUS_OUT_OF_MEMORY) return st;
+        lk_named_tensors sd = {0};
+        double mib = 0;
+        if (!lk_state_dict_get(m->net, &sd))
+            for (int i = 0; i < sd.n; i++) {
+                bool seen = false; /* a tied weight: one tensor, two names */
+                for (int q = 0; q < i && !seen; q++) seen = sd.items[q].tensor == sd.items[i].tensor;
+                if (!seen) mib += (double)lk_tensor_nbytes(sd.items[i].tensor) / 1048576.0;
+            }
+        lk_named_tensors_clear(&sd);
+        return lk_error(st, "strategy %s starts from the whole model on each rank (%.1f MiB of parameters and buffers), "
+                        "and it does not fit: %s; strategy pipeline or model_parallel builds each rank only its "
+                        "stage's blocks", lk_strategy_name(tr->strat), mib, lk_last_error());
+    }
     /* bf16-true / 16-true: the module's parameters in that dtype, as
      * Lightning's module.to(dtype), before anything flattens them or a
      * checkpoint is loaded into them (the load casts). */
