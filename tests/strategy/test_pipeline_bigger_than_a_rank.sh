@@ -40,7 +40,14 @@ if "$LK_BIN" fit -c "$T/big.yaml" --trainer.default_root_dir "$T/pipe" --trainer
 else
   bad "gpt 85 M on 4 pipeline stages under a 300 MiB limit per rank: the run failed: $(tail -3 "$LOG")"
 fi
-expect_fail "ddp under the same limit: refused at the start, naming the model's size" 1 \
-  "MiB of parameters and buffers), and it does not fit: materialize: storage for" \
-  "$LK_BIN" fit -c "$T/big.yaml" --trainer.default_root_dir "$T/ddp" --trainer.devices 2 --trainer.strategy ddp
+# ddp under the same limit: refused before its first step, naming the model's size and the strategies that cut it
+out=$("$LK_BIN" fit -c "$T/big.yaml" --trainer.default_root_dir "$T/ddp" --trainer.devices 2 --trainer.strategy ddp 2>&1 >/dev/null)
+rc=$?
+check "ddp under the same limit: exit 1 (got $rc)" test "$rc" = 1
+for want in "strategy ddp starts from the whole model on each rank (" \
+            "MiB of parameters and buffers), and it does not fit: materialize: storage for" \
+            "this rank's memory limit of 314572800 bytes (trainer.memory_limit_mb)" \
+            "; strategy pipeline or model_parallel builds each rank only its stage's blocks"; do
+  check "ddp's error says: $want" grep -qF -- "$want" <<<"$out"
+done
 finish
