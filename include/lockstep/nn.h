@@ -255,6 +255,12 @@ lk_status lk_layer_reset_parameters(lk_layer *l, uint64_t seed);
  * its own blocks: its peak never holds the whole model), and the streams
  * move past it. A layer that is not deferred is left alone (OK). */
 lk_status lk_layer_materialize(lk_layer *l);
+/* The same for the deferred tensors `keep` says yes to (a sharded
+ * strategy materialises one unit at a time, so its peak holds one unit,
+ * not the model): they get storage and their values (what
+ * lk_layer_materialize gives them); tensors materialised before are left
+ * as they are. l stays deferred until no deferred tensor is left. */
+lk_status lk_layer_materialize_some(lk_layer *l, bool (*keep)(const lk_tensor *t, void *ctx), void *ctx);
 
 /* Dropout masks: every Dropout layer in the tree (pre-order index d) draws
  * from the stream keyed by (seed, LK_RNG_DROPOUT, (rank << 16) | d, step).

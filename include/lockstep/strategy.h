@@ -300,6 +300,13 @@ bool lk_strategy_needs_blocks(const lk_strategy *s);
  * the split against them (a name that is no block, more stages than
  * blocks: INVALID_ARGUMENT naming them). Nothing to do for other strategies. */
 lk_status lk_strategy_set_blocks(lk_strategy *s, const lk_named_layer *blocks, int n);
+/* Whether lk_strategy_wrap materialises a deferred model (a network from
+ * lk_model_create_deferred) itself, never holding the whole of it: a
+ * pipeline or model_parallel stage only its blocks (not when split by
+ * time: that profiles the whole model), fsdp and the DeepSpeed stages 2
+ * and 3 one unit at a time. Otherwise the caller materialises it first
+ * (lk_layer_materialize; the trainer does). */
+bool lk_strategy_materializes(const lk_strategy *s);
 /* Whether the split waits for lk_strategy_profile_blocks (a pipeline with
  * trainer.pipeline.split time), to be called after lk_strategy_set_blocks
  * and before lk_strategy_wrap. */

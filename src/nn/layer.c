@@ -300,22 +300,44 @@ lk_status lk_layer_reset_parameters(lk_layer *l, uint64_t seed) {
     return st;
 }
 
-lk_status lk_layer_materialize(lk_layer *l) {
+lk_status lk_layer_materialize_some(lk_layer *l, bool (*keep)(const lk_tensor *t, void *ctx), void *ctx) {
     if (!l) return lk_error(LK_STATUS_INVALID_ARGUMENT, "materialize: NULL layer");
     if (!l->deferred) return LK_STATUS_OK;
     lk_named_tensors all = {0};
     lk_status st = lk_layer_named_parameters(l, &all);
     if (!st) st = lk_layer_named_buffers(l, &all);
-    for (int i = 0; !st && i < all.n; i++)
-        if (lk__tensor_is_deferred(all.items[i].tensor, NULL)) {
-            st = lk__tensor_restore_storage(all.items[i].tensor);
+    /* the tensors made earlier (another unit's) are hidden while the
+     * streams run, so only the ones made now are drawn into */
+    lk__hidden *hid = st ? NULL : lk_calloc((size_t)all.n + 1, sizeof *hid);
+    bool *hidden = st ? NULL : lk_calloc((size_t)all.n + 1, sizeof *hidden);
+    if (!st && (!hid || !hidden)) st = LK_STATUS_OUT_OF_MEMORY;
+    int left = 0, nmade = 0;
+    for (int i = 0; !st && i < all.n; i++) {
+        lk_tensor *t = all.items[i].tensor;
+        bool dup = false; /* a tied weight: one tensor, two names */
+        for (int q = 0; q < i && !dup; q++) dup = all.items[q].tensor == t;
+        if (dup) continue;
+        if (!lk__tensor_is_deferred(t, NULL)) {
+            if (lk_tensor_has_data(t)) lk__tensor_hide(t, &hid[i]), hidden[i] = true;
+        } else if (keep && !keep(t, ctx)) {
+            left++;
+        } else {
+            st = lk__tensor_restore_storage(t);
             if (st) st = lk_error(st, "materialize: storage for '%s': %s", all.items[i].name, lk_last_error());
+            nmade++;
         }
+    }
+    if (!st && nmade) st = lk_layer_reset_parameters(l, l->deferred_seed);
+    for (int i = 0; hidden && i < all.n; i++)
+        if (hidden[i]) lk__tensor_unhide(all.items[i].tensor, &hid[i]);
+    lk_free(hid);
+    lk_free(hidden);
     lk_named_tensors_clear(&all);
-    if (!st) st = lk_layer_reset_parameters(l, l->deferred_seed);
-    if (!st) l->deferred = false;
+    if (!st && !left) l->deferred = false;
     return st;
 }
+
+lk_status lk_layer_materialize(lk_layer *l) { return lk_layer_materialize_some(l, NULL, NULL); }
 
 static void rng_step_rec(lk_layer *l, uint64_t seed, uint32_t rank, uint64_t step, uint32_t *d) {
     if (l->reseed) l->reseed(l, seed, (rank << 16) | (*d & 0xffffu), step), (*d)++;

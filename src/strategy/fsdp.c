@@ -753,8 +753,22 @@ static lk_status rehome(lk_strategy *s, unit *u) {
     return LK_STATUS_OK;
 }
 
+/* (lk_layer_materialize_some) Whether t is one of unit u's parameters. */
+static bool in_unit(const lk_tensor *t, void *ctx) {
+    const unit *u = ctx;
+    for (int i = 0; i < u->np; i++)
+        if (u->p[i] == t) return true;
+    return false;
+}
+
 static lk_status f_wrap(lk_strategy *s, lk_layer *net) {
     fsdp *f = f_of(s);
+    /* A deferred model (lk_model_create_deferred) is materialised here one
+     * unit at a time, each copied into its whole buffer, its chunk kept and
+     * its pages given back before the next is drawn: the rank's peak holds
+     * its shards and one unit, never the model. Every rank draws the same
+     * values from the seed, so nothing is broadcast. */
+    bool deferred = net->deferred;
     LK_TRY(lk_layer_named_parameters(net, &f->named));
     LK_TRY(lk_layer_named_buffers(net, &s->local_buffers));
     pick k = {0};
@@ -848,9 +862,11 @@ static lk_status f_wrap(lk_strategy *s, lk_layer *net) {
     for (int i = 0; i < f->nu; i++) {
         unit *u = &f->u[i];
         if (!u->numel) continue;
+        if (deferred) LK_TRY(lk_layer_materialize_some(net, in_unit, u));
         LK_TRY(rehome(s, u));
         if (u->full_common) LK_TRY(lk_comm_barrier(f->shard)); /* rank 0's values are in: everyone's */
-        else if (s->world > 1) LK_TRY(lk_comm_broadcast(s->comm, u->full, (size_t)u->numel, s->cfg.param_dtype, 0));
+        else if (s->world > 1 && !deferred)
+            LK_TRY(lk_comm_broadcast(s->comm, u->full, (size_t)u->numel, s->cfg.param_dtype, 0));
         bool inside = f->params_whole && !f->offload; /* stage 2's master chunk is its place in the whole values */
         u->mine = inside ? at(u->full, esz(s), u->chunk * f->sr) : at(f->shards, esz(s), u->shard_off);
         LK_TRY(keep_chunk(s, u));
@@ -872,6 +888,9 @@ static lk_status f_wrap(lk_strategy *s, lk_layer *net) {
         s->local_names[j] = s->local.items[j].name;
         j++;
     }
+    /* the buffers last (a BatchNorm's reset fills them; its parameters,
+     * hidden now, are not drawn again) */
+    if (deferred) LK_TRY(lk_layer_materialize(net));
     /* fsdp on one node over shm: from here the gathers read the peers'
      * chunks in place (f->direct), once every rank's are in. The same test
      * on every rank (a rank whose shards fell back to private memory passes
@@ -1382,6 +1401,7 @@ static lk_status f_join(lk_strategy *s) {
                     "or use ddp", s->vt->name);
 }
 
+static bool f_materializes(const lk_strategy *s) { (void)s; return true; }
 static bool f_shares_params(const lk_strategy *s) { (void)s; return false; }
 
 #define FSDP_VT(NAME, SUMMARY)                                                                                         \
@@ -1393,6 +1413,7 @@ static bool f_shares_params(const lk_strategy *s) { (void)s; return false; }
         .clip_grad_norm = f_clip_grad_norm, .state_dict = f_state_dict, .state_dict_loaded = f_state_dict_loaded,      \
         .optimizer_state = f_optimizer_state, .optimizer_state_load = f_optimizer_state_load, .memory = f_memory,      \
         .shard_pieces = f_shard_pieces, .shard_pieces_loaded = f_shard_pieces_loaded,                                  \
+        .materializes = f_materializes,                                                                              \
     }
 
 const lk_strategy_vt lk__strategy_fsdp =

@@ -401,6 +401,8 @@ static lk_status split_by_time(pipe_self *ps, const double *t) {
     return LK_STATUS_OK;
 }
 
+static bool materializes(const lk_strategy *s) { return !((const pipe_self *)s->self)->by_time; }
+
 static bool wants_profile(const lk_strategy *s) {
     const pipe_self *ps = s->self;
     return ps->by_time && !s->wrapped;
@@ -1311,6 +1313,7 @@ const lk_strategy_vt lk__strategy_model_parallel = {
     .free = pipe_free,
     .set_blocks = set_blocks,
     .wants_profile = wants_profile,
+    .materializes = materializes,
     .profile_blocks = profile_blocks,
     .wrap = wrap,
     .training_step = training_step,
@@ -1334,6 +1337,7 @@ const lk_strategy_vt lk__strategy_pipeline = {
     .free = pipe_free,
     .set_blocks = set_blocks,
     .wants_profile = wants_profile,
+    .materializes = materializes,
     .profile_blocks = profile_blocks,
     .wrap = wrap,
     .training_step = training_step,

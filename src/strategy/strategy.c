@@ -200,6 +200,8 @@ bool lk_strategy_needs_blocks(const lk_strategy *s) { return s->vt->set_blocks !
 lk_status lk_strategy_set_blocks(lk_strategy *s, const lk_named_layer *blocks, int n) {
     return s->vt->set_blocks ? s->vt->set_blocks(s, blocks, n) : LK_STATUS_OK;
 }
+bool lk_strategy_materializes(const lk_strategy *s) { return s->vt->materializes && s->vt->materializes(s); }
+
 bool lk_strategy_wants_block_profile(const lk_strategy *s) {
     return s->vt->wants_profile && s->vt->wants_profile(s);
 }

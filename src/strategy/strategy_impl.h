@@ -72,6 +72,11 @@ typedef struct lk_strategy_vt {
     /* (optional, pipelines) Whether the split waits for a profile of the
      * blocks, and that profile (lk_strategy_profile_blocks). */
     bool (*wants_profile)(const lk_strategy *s);
+    /* (optional) Whether wrap materialises a deferred model itself
+     * (lk_model_create_deferred), holding no more than its share of it at
+     * any time: a pipeline stage its blocks, fsdp one unit at a time.
+     * NULL or false: the trainer materialises it whole before the wrap. */
+    bool (*materializes)(const lk_strategy *s);
     /* (optional, pipelines) Whether evaluation runs through the strategy's
      * forward, and that forward (lk_strategy_eval_forward). */
     bool (*evals_forward)(const lk_strategy *s);

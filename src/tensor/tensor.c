@@ -771,6 +771,17 @@ lk_status lk__tensor_restore_storage(lk_tensor *t) {
 
 bool lk_tensor_has_data(const lk_tensor *t) { return t && t->storage; }
 
+void lk__tensor_hide(lk_tensor *t, lk__hidden *h) {
+    h->storage = t->storage, h->data = t->data, h->offset = t->offset;
+    memcpy(h->stride, t->stride, sizeof h->stride);
+    t->storage = NULL, t->data = NULL;
+}
+
+void lk__tensor_unhide(lk_tensor *t, const lk__hidden *h) {
+    t->storage = h->storage, t->data = h->data, t->offset = h->offset;
+    memcpy(t->stride, h->stride, sizeof t->stride);
+}
+
 lk_status lk__tensor_check_data(const lk_tensor *t, const char *what) {
     if (!t || t->storage) return LK_STATUS_OK;
     char why[384] = "its storage was given back", sh[128];

@@ -52,6 +52,18 @@ bool lk__tensor_defer(bool on);
 /* True for a tensor made deferred and not restored or dropped since; its
  * fill value into *fill (may be NULL). */
 bool lk__tensor_is_deferred(const lk_tensor *t, double *fill);
+/* A tensor's storage taken off it for a while and put back: while hidden
+ * it holds no data (lk_tensor_has_data false; an op on it is refused), so
+ * lk_layer_materialize_some draws into nothing but the tensors it makes
+ * now. Nothing is freed or copied. */
+typedef struct lk__hidden {
+    lk_storage *storage;
+    void *data;
+    int64_t offset;
+    int64_t stride[LK_MAX_DIMS];
+} lk__hidden;
+void lk__tensor_hide(lk_tensor *t, lk__hidden *h);
+void lk__tensor_unhide(lk_tensor *t, const lk__hidden *h);
 /* INVALID_USAGE naming `what`, the tensor, its shape and why it has no
  * data, when t's storage was dropped; OK otherwise (and for NULL). */
 lk_status lk__tensor_check_data(const lk_tensor *t, const char *what);

@@ -123,11 +123,15 @@ lk_status lk__begin_run(lk_trainer *tr, lk_module *m, lk_datamodule *dm, const c
     tr->module = m;
     tr->dm = dm;
     /* A deferred model (lk_module_create_builtin_deferred) is made real
-     * here, whole, unless the strategy cuts it into stages: then each rank
-     * materialises only its stage in lk_strategy_wrap (a split by measured
-     * time runs the whole model once first, so it is made whole here). */
-    bool cuts = lk_strategy_needs_blocks(tr->strat) && !lk_strategy_wants_block_profile(tr->strat);
-    if (m->net->deferred) tr->stage_only = cuts;
+     * here, whole, unless the strategy materialises it itself in
+     * lk_strategy_wrap, never holding all of it: each pipeline rank its
+     * stage (a split by measured time runs the whole model once first, so
+     * it is made whole here), fsdp one unit at a time when it trains (its
+     * evaluation runs the whole model). */
+    bool wraps = !strcmp(stage, "fit") /* evaluation wraps only a pipeline (lk__eval_pipeline_setup) */
+                 || (lk_strategy_needs_blocks(tr->strat) && lk__module_forward_only_via_module(m));
+    bool cuts = wraps && lk_strategy_materializes(tr->strat);
+    if (m->net->deferred) tr->stage_only = cuts && lk_strategy_needs_blocks(tr->strat);
     if (m->net->deferred && !cuts && lk_layer_materialize(m->net)) {
         lk_status st = lk_last_status();
         if (st != LK_STATUS_OUT_OF_MEMORY) return st;
@@ -141,8 +145,8 @@ lk_status lk__begin_run(lk_trainer *tr, lk_module *m, lk_datamodule *dm, const c
             }
         lk_named_tensors_clear(&sd);
         return lk_error(st, "strategy %s starts from the whole model on each rank (%.1f MiB of parameters and buffers), "
-                        "and it does not fit: %s; strategy pipeline or model_parallel builds each rank only its "
-                        "stage's blocks", lk_strategy_name(tr->strat), mib, lk_last_error());
+                        "and it does not fit: %s; strategies pipeline and model_parallel build each rank only its "
+                        "stage's blocks, fsdp and deepspeed_stage_3 only its shards", lk_strategy_name(tr->strat), mib, lk_last_error());
     }
     /* bf16-true / 16-true: the module's parameters in that dtype, as
      * Lightning's module.to(dtype), before anything flattens them or a

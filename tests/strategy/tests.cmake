@@ -51,7 +51,8 @@ endif()
 lk_add_script_test(NAME strategy_memory SCRIPT strategy/test_memory.sh LABELS multiproc TIMEOUT 240)
 # `lockstep test` and `predict` under model_parallel and pipeline run forward-only through the stages: from one single checkpoint, test metrics == single's and predictions.npy == single's file, at 2 stages, 3 stages gpipe and 2 x 2.
 lk_add_script_test(NAME strategy_pipeline_predict SCRIPT strategy/test_pipeline_predict.sh LABELS multiproc TIMEOUT 180)
-# A model bigger than one rank's memory (a GPT of 325 MiB under trainer.memory_limit_mb 300) trains on 4 pipeline
-# stages, each rank materialising only its own from the deferred model; ddp under the same limit is refused at the start.
+# A model bigger than one rank's memory (a GPT of 325 MiB under trainer.memory_limit_mb 310) trains on 4 pipeline
+# stages (each rank materialising only its own from the deferred model) and under fsdp on 4 ranks (one unit at a time);
+# ddp under the same limit is refused at the start.
 lk_add_script_test(NAME strategy_pipeline_bigger_than_a_rank SCRIPT strategy/test_pipeline_bigger_than_a_rank.sh
                    LABELS multiproc TIMEOUT 240)
