@@ -24,7 +24,9 @@ static const struct entry {
     {{"dp", "DataParallelStrategy", LK_PROCESS_THREADS, false, false}, &lk__strategy_dp},
     /* pipelines (pipeline.c): stages of blocks, one per process */
     {{"model_parallel", NULL, LK_PROCESS_PER_DEVICE, false, false}, &lk__strategy_model_parallel},
-    {{"pipeline", NULL, LK_PROCESS_PER_DEVICE, false, false}, &lk__strategy_pipeline},
+    /* PipelineStrategy: lockstep's own class name (Lightning has none), so
+     * the strategy node takes its keys (chunks, schedule, split, stages) */
+    {{"pipeline", "PipelineStrategy", LK_PROCESS_PER_DEVICE, false, false}, &lk__strategy_pipeline},
     /* lockstep's own ZeRO (no DeepSpeed inside): stage 1 over ddp (zero.c,
      * which reads ddp's options: buckets, broadcast_buffers, comm hooks),
      * stages 2 and 3 fsdp.c's. DeepSpeedStrategy's stage defaults to 2, as
@@ -131,8 +133,11 @@ static const char *const fsdp_args[] = {"sharding_strategy", "auto_wrap_policy",
                                         "forward_prefetch", "backward_prefetch", "limit_all_gathers",
                                         "use_orig_params", "sync_module_states", "state_dict_type",
                                         "activation_checkpointing_policy", "mixed_precision", NULL};
+/* PipelineStrategy: trainer.pipeline's keys (chunks, schedule, split, stages). */
+static const char *const pipe_args[] = {"chunks", "schedule", "split", "stages", NULL};
 static const char *const class_names[] = {"DDPStrategy", "DDPSpawnStrategy", "DataParallelStrategy",
-                                          "SingleDeviceStrategy", "DeepSpeedStrategy", "FSDPStrategy"};
+                                          "SingleDeviceStrategy", "DeepSpeedStrategy", "FSDPStrategy",
+                                          "PipelineStrategy"};
 
 const char *const *lk_strategy_class_names(int *count) {
     *count = (int)(sizeof class_names / sizeof class_names[0]);
@@ -143,6 +148,7 @@ const char *const *lk_strategy_init_args(const char *class_name) {
     const struct entry *e = find_entry(class_name);
     if (e && (e->vt == &lk__strategy_zero1 || e->vt == &lk__strategy_zero2 || e->vt == &lk__strategy_zero3)) return zero_args;
     if (e && e->vt == &lk__strategy_fsdp) return fsdp_args;
+    if (e && e->vt == &lk__strategy_pipeline) return pipe_args;
     return e && e->info.ddp_options ? ddp_args : no_args;
 }
 

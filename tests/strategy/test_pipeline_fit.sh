@@ -38,6 +38,15 @@ done
 # chunks) as 3 micro-batches, each loss weighted by its rows: the batch's
 # mean as single takes it (646 and 643 samples give 16 batches of 32 and
 # one of 5 and of 3 for training)
+# the strategy's config node takes the same keys (PipelineStrategy, lockstep's own class name)
+run ppnode --trainer.devices 2 \
+  --trainer.strategy '{class_path: PipelineStrategy, init_args: {chunks: 4, schedule: gpipe}}' &&
+  check "PipelineStrategy's init_args (chunks 4, schedule gpipe) == trainer.pipeline's keys, bitwise" \
+    cmp -s "$T/pp2gpipe.st" "$T/ppnode.st"
+check "PipelineStrategy's init_args reach the schedule" grep -q "schedule gpipe, 4 micro-batches" "$T/ppnode.log"
+expect_fail "PipelineStrategy: an unknown argument is named with the ones it takes" 2 \
+  "unknown argument 'chunkz' for PipelineStrategy (did you mean 'chunks'?) (PipelineStrategy takes chunks, schedule, split, stages)" \
+  "$LK_BIN" fit -c "$T/mlp.yaml" --trainer.devices 2 --trainer.strategy '{class_path: PipelineStrategy, init_args: {chunkz: 4}}'
 for n in 646 643; do
   run "short$n" --data.init_args.num_samples $n &&
     run "pshort$n" --data.init_args.num_samples $n --trainer.devices 2 --trainer.strategy pipeline --trainer.pipeline.chunks 4 &&
