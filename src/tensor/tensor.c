@@ -244,27 +244,35 @@ static lk_status check_shape(int ndim, const int64_t *shape, int64_t *numel) {
     return LK_STATUS_OK;
 }
 
-/* A fresh header over the whole of `s`, contiguous, one reference. */
-static void fill_contiguous(lk_tensor *t, lk_dtype dt, int ndim, const int64_t *shape, int64_t numel, lk_storage *s) {
+/* A zeroed header for a tensor of that dtype and shape (both checked), or
+ * NULL with the error set; *numel its element count. */
+static lk_tensor *new_header(lk_dtype dt, int ndim, const int64_t *shape, int64_t *numel) {
+    if ((unsigned)dt >= LK_DTYPE_COUNT) {
+        lk_error(LK_STATUS_INVALID_ARGUMENT, "invalid dtype %d", (int)dt);
+        return NULL;
+    }
+    if (check_shape(ndim, shape, numel)) return NULL;
+    return hdr_alloc();
+}
+
+/* A fresh header over the whole of `s`, contiguous, one reference (s
+ * NULL: a deferred tensor's, with no storage, on dev). */
+static void fill_contiguous(lk_tensor *t, lk_device dev, lk_dtype dt, int ndim, const int64_t *shape, int64_t numel,
+                            lk_storage *s) {
     t->dtype = dt;
-    t->device = s->device;
+    t->device = s ? s->device : dev;
     t->ndim = ndim;
     for (int i = 0; i < ndim; i++) t->shape[i] = shape[i];
     set_contiguous_strides(t);
     t->numel = numel;
     t->storage = s;
-    t->data = s->data;
+    t->data = s ? s->data : NULL;
     t->refcount = 1;
 }
 
 lk_tensor *lk__tensor_new_on(lk_device dev, lk_dtype dt, int ndim, const int64_t *shape) {
     int64_t numel = 0;
-    if ((unsigned)dt >= LK_DTYPE_COUNT) {
-        lk_error(LK_STATUS_INVALID_ARGUMENT, "invalid dtype %d", (int)dt);
-        return NULL;
-    }
-    if (check_shape(ndim, shape, &numel)) return NULL;
-    lk_tensor *t = hdr_alloc();
+    lk_tensor *t = new_header(dt, ndim, shape, &numel);
     if (!t) return NULL;
     t->storage = storage_alloc(dev, (size_t)numel * lk_dtype_size(dt));
     if (!t->storage) {
@@ -278,7 +286,7 @@ lk_tensor *lk__tensor_new_on(lk_device dev, lk_dtype dt, int ndim, const int64_t
         }
         return NULL;
     }
-    fill_contiguous(t, dt, ndim, shape, numel, t->storage);
+    fill_contiguous(t, dev, dt, ndim, shape, numel, t->storage);
     return t;
 }
 
@@ -326,20 +334,9 @@ static lk_status dropped_note(const lk_tensor *t, const char *why, bool deferred
 
 static lk_tensor *deferred_new(lk_device dev, lk_dtype dt, int ndim, const int64_t *shape, double fill) {
     int64_t numel = 0;
-    if ((unsigned)dt >= LK_DTYPE_COUNT) {
-        lk_error(LK_STATUS_INVALID_ARGUMENT, "invalid dtype %d", (int)dt);
-        return NULL;
-    }
-    if (check_shape(ndim, shape, &numel)) return NULL;
-    lk_tensor *t = hdr_alloc();
+    lk_tensor *t = new_header(dt, ndim, shape, &numel);
     if (!t) return NULL;
-    t->dtype = dt;
-    t->device = dev;
-    t->ndim = ndim;
-    for (int i = 0; i < ndim; i++) t->shape[i] = shape[i];
-    set_contiguous_strides(t);
-    t->numel = numel;
-    t->refcount = 1;
+    fill_contiguous(t, dev, dt, ndim, shape, numel, NULL);
     if (dropped_note(t, "it was made without storage (deferred initialisation: lk_layer_materialize gives the "
                      "model's tensors storage and values)", true, fill)) {
         hdr_free_one(t);
@@ -413,7 +410,7 @@ lk_tensor *lk__tensor_wrap_on(lk_device dev, lk_dtype dt, int ndim, const int64_
         lk_free(s);
         return NULL;
     }
-    fill_contiguous(t, dt, ndim, shape, numel, s);
+    fill_contiguous(t, dev, dt, ndim, shape, numel, s);
     return t;
 }
 

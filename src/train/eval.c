@@ -16,7 +16,11 @@ static bool is_rank0(const lk_trainer *tr) { return tr->rank == 0; }
  * a fit). Other strategies, and modules whose steps may run their net
  * directly, are left as they are: their whole model runs on every rank. */
 lk_status lk__eval_pipeline_setup(lk_trainer *tr) {
-    if (!lk_strategy_needs_blocks(tr->strat) || !lk__module_forward_only_via_module(tr->module)) return LK_STATUS_OK;
+    if (!lk_strategy_needs_blocks(tr->strat)) return LK_STATUS_OK;
+    if (!lk__module_forward_only_via_module(tr->module)) { /* whole on every rank: a deferred model too */
+        tr->stage_only = false;
+        return lk_layer_materialize(tr->module->net);
+    }
     if (!lk_strategy_wrapped(tr->strat)) {
         int nb = 0;
         const lk_named_layer *blocks = NULL;

@@ -127,9 +127,10 @@ lk_status lk__begin_run(lk_trainer *tr, lk_module *m, lk_datamodule *dm, const c
      * lk_strategy_wrap, never holding all of it: each pipeline rank its
      * stage (a split by measured time runs the whole model once first, so
      * it is made whole here), fsdp one unit at a time when it trains (its
-     * evaluation runs the whole model). */
-    bool wraps = !strcmp(stage, "fit") /* evaluation wraps only a pipeline (lk__eval_pipeline_setup) */
-                 || (lk_strategy_needs_blocks(tr->strat) && lk__module_forward_only_via_module(m));
+     * evaluation runs the whole model). Evaluation wraps only a pipeline
+     * (lk__eval_pipeline_setup, which makes the model whole for a module
+     * whose steps run it themselves). */
+    bool wraps = !strcmp(stage, "fit") || lk_strategy_needs_blocks(tr->strat);
     bool cuts = wraps && lk_strategy_materializes(tr->strat);
     if (m->net->deferred) tr->stage_only = cuts && lk_strategy_needs_blocks(tr->strat);
     if (m->net->deferred && !cuts && lk_layer_materialize(m->net)) {
