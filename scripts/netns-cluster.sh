@@ -29,6 +29,13 @@
 #   netns-cluster.sh rsh [opts] HOST CMD   mpirun's rsh agent: run the shell command CMD on HOST
 #   netns-cluster.sh mpirun ARGS...        mpirun on node 0 over every node (host file, rsh agent,
 #                                          TCP restricted to the cluster's subnet)
+#   netns-cluster.sh slurm-check           exit 0 if SLURM can run on the cluster here, else print
+#                                          "skipped: <why>" and exit 77
+#   netns-cluster.sh slurm-up              SLURM on the cluster (Debian's slurm-wlm): munged with a key of
+#                                          its own, slurmctld on node 0, slurmd on every node; returns when
+#                                          every node is idle
+#   netns-cluster.sh slurm CMD...          a SLURM command (srun, sbatch, salloc, sinfo, scancel) on node 0,
+#                                          with the cluster's SLURM_CONF
 #   netns-cluster.sh bytes NODE            "rx_bytes tx_bytes" of NODE's eth0
 #   netns-cluster.sh hosts | hostfile | status
 #   netns-cluster.sh down                  remove everything (processes first); idempotent
@@ -191,6 +198,7 @@ cmd_down() {
   for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep -E "^$ID-(sw|n[0-9]+)$"); do
     pids="$pids $(ip netns pids "$ns" 2>/dev/null | tr '\n' ' ')"
   done
+  [ -s "$STATE/slurm/munged.pid" ] && pids="$pids $(cat "$STATE/slurm/munged.pid")" # (in this machine's namespaces)
   local f
   for f in "$STATE"/holder[0-9]*; do
     case $f in *.err|*.tmp) continue ;; esac
@@ -320,6 +328,104 @@ cmd_mpirun() {
     --mca oob_tcp_if_include "$SUBNET_PREFIX.0/24" -x LK_NETNS_ID="$ID" "$@"
 }
 
+# ---- SLURM --------------------------------------------------------------------
+# Everything lives in $STATE/slurm: the munge key and socket (one munged, in
+# this machine's namespaces, serves every node through its socket file:
+# unix sockets cross network namespaces), slurm.conf and cgroup.conf, the
+# controller's state, each node's spool and TmpFS (%n: PMIx puts its client
+# directories there, and the nodes share this machine's /tmp), the logs.
+# No service of the machine is touched; `down` stops it all.
+SLURM_DIR=$STATE/slurm
+
+slurm_why_not() {
+  local t
+  for t in slurmctld slurmd munged srun sbatch sinfo; do
+    command -v $t >/dev/null || { echo "$t is not installed (Debian: slurmd slurmctld slurm-client munge)"; return; }
+  done
+  local why; why=$(why_not)
+  [ -z "$why" ] || { echo "$why"; return; }
+  [ -d /sys/fs/cgroup ] || echo "no /sys/fs/cgroup (slurmd needs a cgroup hierarchy)"
+}
+
+cmd_slurm_check() {
+  local why; why=$(slurm_why_not)
+  [ -z "$why" ] && return 0
+  echo "skipped: $why"
+  exit 77
+}
+
+cmd_slurm_up() {
+  need_up
+  local why; why=$(slurm_why_not)
+  [ -z "$why" ] || die "slurm-up: SLURM cannot run here: $why"
+  [ -e "$SLURM_DIR" ] && die "slurm-up: SLURM is up already on cluster '$ID'"
+  local n k; n=$(nnodes)
+  mkdir -p "$SLURM_DIR/state" || exit 1
+  head -c 1024 /dev/urandom >"$SLURM_DIR/munge.key" && chmod 600 "$SLURM_DIR/munge.key" || exit 1
+  munged -f --socket="$SLURM_DIR/munge.sock" --key-file="$SLURM_DIR/munge.key" --log-file="$SLURM_DIR/munged.log" \
+    --pid-file="$SLURM_DIR/munged.pid" --seed-file="$SLURM_DIR/munged.seed" 2>"$SLURM_DIR/munged.err" ||
+    die "slurm-up: munged did not start: $(cat "$SLURM_DIR/munged.err")"
+  # cgroup v1 (a tmpfs of controllers) or v2 (one cgroup2 mount); no systemd
+  local cg=cgroup/v1
+  [ "$(stat -f -c %T /sys/fs/cgroup 2>/dev/null)" = cgroup2fs ] && cg=cgroup/v2
+  printf 'CgroupPlugin=%s\nCgroupMountpoint=/sys/fs/cgroup\nIgnoreSystemd=yes\n' "$cg" >"$SLURM_DIR/cgroup.conf"
+  local cpus; cpus=$(nproc)
+  {
+    echo "ClusterName=$ID"
+    echo "SlurmctldHost=$(host_of 0)($SUBNET_PREFIX.1)"
+    echo "AuthType=auth/munge"
+    echo "AuthInfo=socket=$SLURM_DIR/munge.sock"
+    echo "CredType=cred/munge"
+    echo "SlurmUser=root"
+    echo "SlurmdUser=root"
+    echo "StateSaveLocation=$SLURM_DIR/state"
+    echo "SlurmdSpoolDir=$SLURM_DIR/spool/%n"
+    echo "TmpFS=$SLURM_DIR/tmp/%n"
+    echo "SlurmctldPidFile=$SLURM_DIR/slurmctld.pid"
+    echo "SlurmdPidFile=$SLURM_DIR/slurmd.%n.pid"
+    echo "SlurmctldLogFile=$SLURM_DIR/slurmctld.log"
+    echo "SlurmdLogFile=$SLURM_DIR/slurmd.%n.log"
+    echo "ProctrackType=proctrack/linuxproc"
+    echo "TaskPlugin=task/none"
+    echo "MpiDefault=none"
+    echo "ReturnToService=2"
+    echo "SchedulerType=sched/builtin"
+    echo "SelectType=select/cons_tres"
+    echo "SelectTypeParameters=CR_CPU"
+    echo "JobCompType=jobcomp/none"
+    echo "AccountingStorageType=accounting_storage/none"
+    echo "JobAcctGatherType=jobacct_gather/none"
+    # every node offers this machine's CPUs: the nodes share them
+    for ((k = 0; k < n; k++)); do echo "NodeName=$(host_of $k) NodeAddr=$SUBNET_PREFIX.$((k + 1)) CPUs=$cpus State=UNKNOWN"; done
+    echo "PartitionName=lk Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE"
+  } >"$SLURM_DIR/slurm.conf"
+  for ((k = 0; k < n; k++)); do mkdir -p "$SLURM_DIR/spool/$(host_of $k)" "$SLURM_DIR/tmp/$(host_of $k)" || exit 1; done
+  (cmd_exec 0 setsid slurmctld -D -f "$SLURM_DIR/slurm.conf" </dev/null >"$SLURM_DIR/slurmctld.out" 2>&1 &)
+  for ((k = 0; k < n; k++)); do
+    (cmd_exec $k setsid slurmd -D -N "$(host_of $k)" -f "$SLURM_DIR/slurm.conf" </dev/null \
+      >"$SLURM_DIR/slurmd.$k.out" 2>&1 &)
+  done
+  local t idle=0
+  for ((t = 0; t < 150; t++)); do
+    idle=$(cmd_slurm sinfo -h -N -t idle -o %N 2>/dev/null | sort -u | wc -l)
+    [ "$idle" = "$n" ] && break
+    sleep 0.2
+  done
+  if [ "$idle" != "$n" ]; then
+    echo "netns-cluster: slurm-up: $idle of $n nodes idle after 30 s; the daemons said:" >&2
+    tail -n 3 "$SLURM_DIR"/*.out "$SLURM_DIR"/*.log >&2 2>/dev/null
+    exit 1
+  fi
+  echo "slurm on cluster '$ID': slurmctld on $(host_of 0), slurmd on $n nodes ($cg), SLURM_CONF=$SLURM_DIR/slurm.conf"
+}
+
+cmd_slurm() {
+  need_up
+  [ -s "$SLURM_DIR/slurm.conf" ] || die "SLURM is not up on cluster '$ID' ('$0 slurm-up' first)"
+  [ $# -gt 0 ] || die "slurm: no command"
+  cmd_exec 0 env SLURM_CONF="$SLURM_DIR/slurm.conf" "$@"
+}
+
 cmd_bytes() {
   need_up
   local k; k=$(node_index "${1:-}") || exit 1
@@ -370,6 +476,9 @@ case $sub in
     r=$1; shift; s=tbf
     [ "${1:-}" = --shaper ] && s=${2:-tbf}
     apply_shape "$r" "$s" || die "tc could not shape the links to $r ($s)" ;;
+  slurm-check) cmd_slurm_check ;;
+  slurm-up) cmd_slurm_up ;;
+  slurm) cmd_slurm "$@" ;;
   bytes) cmd_bytes "$@" ;;
   hosts) need_up; hosts_list ;;
   hostfile) need_up; echo "$STATE/hostfile" ;;

@@ -25,6 +25,7 @@
 # Skipped (exit 77, "skipped: why") without root, namespaces or mpirun.
 # Environment (from ctest): LK_BIN, LK_SOURCE_DIR, LK_MPIRUN, LK_MN_PROBE.
 source "$(dirname "$0")/../cli/lib.sh"
+source "$(dirname "$0")/mn_lib.sh" # close
 CLUSTER="$LK_SOURCE_DIR/scripts/netns-cluster.sh"
 [ -n "${LK_MPIRUN:-}" ] && [ -x "${LK_MN_PROBE:-}" ] || { echo "skipped: lockstep was built without MPI or mpirun was not found"; exit 77; }
 why=$(bash "$CLUSTER" check) || { echo "${why:-skipped: netns-cluster.sh check failed}"; exit 77; }
@@ -67,28 +68,6 @@ for be in mpi hier; do
     bash -c "! ls /dev/shm | grep -q -- '$LK_NETNS_ID-node'"
   [ "$fail" = "$f0" ] || sed 's/^/     probe: /' "$T/probe.out" >&2
 done
-
-# close FILE_A FILE_B: prints the largest difference between two exports' f32 tensors, relative to each
-# tensor's largest value; fails unless they hold the same names and it is <= 1e-4
-close() {
-  python3 - "$1" "$2" <<'PY'
-import json, struct, sys
-def load(p):
-    b = open(p, "rb").read()
-    n = struct.unpack("<Q", b[:8])[0]
-    h = json.loads(b[8:8 + n]); d = b[8 + n:]
-    return {k: struct.unpack("<%df" % ((v["data_offsets"][1] - v["data_offsets"][0]) // 4),
-                             d[v["data_offsets"][0]:v["data_offsets"][1]])
-            for k, v in h.items() if k != "__metadata__" and v["dtype"] == "F32"}
-a, b = load(sys.argv[1]), load(sys.argv[2])
-worst = 0.0
-for k in a:
-    scale = max(1e-6, max(abs(x) for x in a[k]))
-    worst = max(worst, max(abs(x - y) for x, y in zip(a[k], b[k])) / scale)
-print("%d tensors, largest relative difference %.3g" % (len(a), worst))
-sys.exit(0 if a.keys() == b.keys() and worst <= 1e-4 else 1)
-PY
-}
 
 # 2. a 2 x 2 fit, bitwise against 4 ranks on one node
 f0=$fail

@@ -18,6 +18,12 @@ add_test(NAME multinode_mpirun COMMAND bash ${PROJECT_SOURCE_DIR}/tests/multinod
          WORKING_DIRECTORY ${PROJECT_BINARY_DIR})
 set_tests_properties(multinode_mpirun PROPERTIES TIMEOUT 120 LABELS "multinode;multiproc;fault;mpi" SKIP_RETURN_CODE 77
                      RUN_SERIAL TRUE ENVIRONMENT "${LK_MN_ENV}")
+# SLURM's daemons on the namespace cluster (slurmctld, a slurmd per node, munged): srun --mpi=pmix, sbatch and
+# salloc with mpirun, each 2 nodes x 2 ranks bitwise 4 ranks on one node. Skipped without slurm-wlm installed.
+add_test(NAME multinode_slurm COMMAND bash ${PROJECT_SOURCE_DIR}/tests/multinode/test_slurm.sh
+         WORKING_DIRECTORY ${PROJECT_BINARY_DIR})
+set_tests_properties(multinode_slurm PROPERTIES TIMEOUT 180 LABELS "multinode;multiproc;mpi" SKIP_RETURN_CODE 77
+                     RUN_SERIAL TRUE ENVIRONMENT "${LK_MN_ENV}")
 # SLURM's variables, faked (no daemons): rank, node and job id per rank, and bad launches named at once.
 lk_add_script_test(NAME multinode_slurm_env SCRIPT multinode/test_slurm_env.sh LABELS multinode unit TIMEOUT 60)
 # Bad multi-node launches, each a clear error within 10 s: MASTER_ADDR unreachable, MASTER_PORT in use, RANK
