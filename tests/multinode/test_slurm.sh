@@ -12,7 +12,10 @@
 #     parameters and optimizer state of 4 ranks of mpirun on one node, bit
 #     for bit; under srun on the auto backend (hier across nodes) it trains
 #     and matches to 1e-4;
-#  3. nothing is left after the cluster goes down: no slurmctld, slurmd or
+#  3. a rank on node 1 SIGKILLed mid-run under srun: the job ends within
+#     comm_timeout + 10 s, non-zero, srun naming the node and the task, no
+#     rank left;
+#  4. nothing is left after the cluster goes down: no slurmctld, slurmd or
 #     munged of it.
 # Skipped (exit 77, "skipped: why") without root, namespaces, mpirun or
 # SLURM's daemons (Debian: slurmd slurmctld slurm-client munge).
@@ -109,7 +112,53 @@ cmpout=$(close "$T/flat.st" "$T/hier.st")
 check "srun hier: the weights match one node's to 1e-4 ($cmpout)" test $? = 0
 [ "$fail" = "$f0" ] || for f in srun sbatch salloc hier; do sed "s/^/     $f: /" "$T/$f.out" 2>/dev/null | tail -8; done >&2
 
-# 3. nothing left
+# 3. a rank on node 1 killed mid-run under srun: the job ends within comm_timeout + 10 s, named
+f0=$fail
+TIMEOUT=5
+BOUND=$((TIMEOUT + 10))
+marker="$T/kill.yaml"
+cp "$T/synth.yaml" "$marker"
+sl srun -N 2 --ntasks-per-node 2 --mpi=pmix env LK_COMM_BACKEND=mpi \
+  "$LK_BIN" fit -c "$marker" --trainer.strategy ddp "${nodes[@]}" --trainer.max_epochs 100000 \
+  --trainer.every_n_train_steps 20 --trainer.enable_progress_bar false --trainer.comm_timeout $TIMEOUT \
+  --trainer.num_sanity_val_steps 0 --data.init_args.num_samples 4096 --trainer.default_root_dir "$T/kill" \
+  >"$T/kill.out" 2>&1 &
+spid=$!
+rank_pid() { # rank -> pid of that rank of the job (SLURM_PROCID in its environment)
+  local p
+  for p in $(pgrep -f -- "fit -c $marker"); do
+    tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "SLURM_PROCID=$1" && { echo "$p"; return; }
+  done
+}
+started=""
+for _ in $(seq 1 600); do # at most 30 s
+  if ls "$T"/kill/lightning_logs/version_*/checkpoints/last.ckpt >/dev/null 2>&1 && [ -n "$(rank_pid 3)" ]; then
+    started=yes; break
+  fi
+  kill -0 $spid 2>/dev/null || break
+  sleep 0.05
+done
+check "kill: the 2 x 2 job started training under srun (a checkpoint was written)" test -n "$started"
+r3=$(rank_pid 3)
+host3=$(nsenter -t "${r3:-1}" --uts hostname 2>/dev/null)
+check "kill: rank 3 runs on node 1 ($host3)" test "$host3" = "$LK_NETNS_ID-node1"
+t0=$(date +%s.%N)
+[ -n "$r3" ] && kill -KILL "$r3"
+for _ in $(seq 1 $(((BOUND + 10) * 20))); do kill -0 $spid 2>/dev/null || break; sleep 0.05; done
+secs=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.2f", b - a }')
+alive=""
+kill -0 $spid 2>/dev/null && alive=yes
+left=$(pgrep -f -- "fit -c $marker" | tr '\n' ' ')
+for p in $left $spid; do kill -KILL "$p" 2>/dev/null; done
+wait $spid 2>/dev/null; rc=$?
+check "kill: the job ended within comm_timeout + 10 s = ${BOUND}s (${secs}s), exit status non-zero ($rc)" \
+  awk -v s="$secs" -v b="$BOUND" -v a="$alive" -v r="$rc" 'BEGIN { exit !(a == "" && s <= b && r != 0) }'
+check "kill: srun names the node and the task (task 3 on $LK_NETNS_ID-node1)" \
+  grep -qE "$LK_NETNS_ID-node1: task 3: Killed" "$T/kill.out"
+check "kill: no rank of the job left${left:+ (pids $left)}" test -z "$left"
+[ "$fail" = "$f0" ] || sed 's/^/     kill: /' "$T/kill.out" | tail -15 >&2
+
+# 4. nothing left
 bash "$CLUSTER" down >/dev/null 2>&1
 sleep 0.5
 left=""
