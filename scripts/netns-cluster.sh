@@ -389,6 +389,8 @@ cmd_slurm_up() {
     echo "TaskPlugin=task/none"
     echo "MpiDefault=none"
     echo "ReturnToService=2"
+    # a step whose node is lost is given up 5 s after its cancel (SLURM's default 30 s)
+    echo "KillWait=5"
     echo "SchedulerType=sched/builtin"
     echo "SelectType=select/cons_tres"
     echo "SelectTypeParameters=CR_CPU"

@@ -180,6 +180,22 @@ static lk_status exchange_pids(mpi_comm *m, lk_comm *waiter) {
 static _Atomic int job_failed;  /* some communicator of this process failed */
 static bool we_initialized;     /* MPI_Init was ours, so MPI_Finalize is ours too */
 
+/* MPI_Abort asks the launcher to end the job, and waits for it. A rank
+ * whose launcher it cannot reach (a node cut off under srun: PMIx_Abort
+ * waits on the node's slurmstepd, which waits on srun across the dead link)
+ * would wait forever after it has said why it failed: this ends it. */
+enum { ABORT_WAIT_S = 5 };
+
+static void *abort_watchdog(void *arg) {
+    (void)arg;
+    sleep(ABORT_WAIT_S);
+    static const char msg[] = "lockstep: mpi backend: MPI_Abort did not end this rank within 5 s (its launcher is "
+                              "unreachable: a cut link or a lost node?); exiting\n";
+    if (write(STDERR_FILENO, msg, sizeof msg - 1) < 0) { /* nothing more to say */
+    }
+    _exit(1);
+}
+
 static void finalize_at_exit(void) {
     int fin = 0;
     MPI_Finalized(&fin);
@@ -187,7 +203,9 @@ static void finalize_at_exit(void) {
     if (atomic_load(&job_failed)) {
         fflush(stdout);
         fflush(stderr);
-        MPI_Abort(MPI_COMM_WORLD, 1); /* does not return: mpirun ends every rank */
+        pthread_t t;
+        if (!pthread_create(&t, NULL, abort_watchdog, NULL)) pthread_detach(t);
+        MPI_Abort(MPI_COMM_WORLD, 1); /* does not return: the launcher ends every rank */
     }
     if (we_initialized) MPI_Finalize();
 }

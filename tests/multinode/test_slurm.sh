@@ -14,7 +14,9 @@
 #     and matches to 1e-4;
 #  3. a rank on node 1 SIGKILLed mid-run under srun: the job ends within
 #     comm_timeout + 10 s, non-zero, srun naming the node and the task, no
-#     rank left;
+#     rank left; 3b. node 1's link cut under srun: the job ends within
+#     comm_timeout + 10 s, a rank names node 1 and its ranks, and node 1's
+#     ranks (whose MPI_Abort cannot reach srun) end by themselves;
 #  4. nothing is left after the cluster goes down: no slurmctld, slurmd or
 #     munged of it.
 # Skipped (exit 77, "skipped: why") without root, namespaces, mpirun or
@@ -157,6 +159,43 @@ check "kill: srun names the node and the task (task 3 on $LK_NETNS_ID-node1)" \
   grep -qE "$LK_NETNS_ID-node1: task 3: Killed" "$T/kill.out"
 check "kill: no rank of the job left${left:+ (pids $left)}" test -z "$left"
 [ "$fail" = "$f0" ] || sed 's/^/     kill: /' "$T/kill.out" | tail -15 >&2
+
+# 3b. node 1's link cut mid-run under srun: the job ends within comm_timeout + 10 s (SLURM gives the lost
+# step up 5 s after its cancel: the bed's KillWait), a rank names node 1 and its ranks, and node 1's ranks,
+# whose MPI_Abort cannot reach srun, end by themselves within seconds
+f0=$fail
+marker="$T/cut.yaml"
+cp "$T/synth.yaml" "$marker"
+sl srun -N 2 --ntasks-per-node 2 --mpi=pmix env LK_COMM_BACKEND=mpi \
+  "$LK_BIN" fit -c "$marker" --trainer.strategy ddp "${nodes[@]}" --trainer.max_epochs 100000 \
+  --trainer.every_n_train_steps 20 --trainer.enable_progress_bar false --trainer.comm_timeout $TIMEOUT \
+  --trainer.num_sanity_val_steps 0 --data.init_args.num_samples 4096 --trainer.default_root_dir "$T/cut" \
+  >"$T/cut.out" 2>&1 &
+spid=$!
+started=""
+for _ in $(seq 1 600); do
+  if ls "$T"/cut/lightning_logs/version_*/checkpoints/last.ckpt >/dev/null 2>&1 && [ -n "$(rank_pid 3)" ]; then
+    started=yes; break
+  fi
+  kill -0 $spid 2>/dev/null || break
+  sleep 0.05
+done
+check "cut: the 2 x 2 job started training under srun" test -n "$started"
+t0=$(date +%s.%N)
+ip -n "$LK_NETNS_ID-n1" link set eth0 down
+for _ in $(seq 1 $(((BOUND + 10) * 20))); do kill -0 $spid 2>/dev/null || break; sleep 0.05; done
+secs=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.2f", b - a }')
+alive=""
+kill -0 $spid 2>/dev/null && alive=yes
+for _ in $(seq 1 200); do [ -z "$(pgrep -f -- "fit -c $marker")" ] && break; sleep 0.05; done # node 1's, 10 s at most
+left=$(pgrep -f -- "fit -c $marker" | tr '\n' ' ')
+for p in $left $spid; do kill -KILL "$p" 2>/dev/null; done
+wait $spid 2>/dev/null; rc=$?
+check "cut: the job ended within comm_timeout + 10 s = ${BOUND}s (${secs}s), exit status non-zero ($rc)" \
+  awk -v s="$secs" -v b="$BOUND" -v a="$alive" -v r="$rc" 'BEGIN { exit !(a == "" && s <= b && r != 0) }'
+check "cut: a rank names node 1 and its ranks" grep -q "rank 2, 3 on $LK_NETNS_ID-node1" "$T/cut.out"
+check "cut: no rank left on either node within 10 s more${left:+ (pids $left)}" test -z "$left"
+[ "$fail" = "$f0" ] || sed 's/^/     cut: /' "$T/cut.out" | tail -15 >&2
 
 # 4. nothing left
 bash "$CLUSTER" down >/dev/null 2>&1
