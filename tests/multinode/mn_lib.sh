@@ -1,4 +1,61 @@
-# Shared by the multinode tests (test_multinode.sh, test_slurm.sh).
+# Shared by the multinode tests (test_multinode.sh, test_slurm.sh, test_hier_paths.sh).
+
+# mn_cluster_up PREFIX: a 2-node cluster named PREFIX<pid> (LK_NETNS_ID) for this test, taken down (with $T)
+# when the test exits; ends the test when it cannot come up. $CLUSTER is scripts/netns-cluster.sh.
+mn_cluster_up() {
+  export LK_NETNS_ID=$1$$
+  export LK_ALLOW_OVERSUBSCRIBE=1 # 4 ranks on however few cores CI has
+  trap 'mn_cleanup' EXIT
+  trap 'exit 130' INT TERM HUP
+  bash "$CLUSTER" up 2 >"$T/up.out" 2>&1
+  check "the cluster is up: 2 nodes" grep -q "2 nodes" "$T/up.out"
+  [ "$fail" = 0 ] || { cat "$T/up.out"; finish; exit 1; }
+}
+mn_cleanup() {
+  local p
+  for p in "${jobs_pids[@]}"; do kill -KILL "$p" 2>/dev/null; done
+  bash "$CLUSTER" down >/dev/null 2>&1
+  rm -rf "$T"
+}
+jobs_pids=()
+
+# A long training job for the fault cases: `fit -c MARKER` (a copy of $T/synth.yaml, so its ranks can be
+# found by command line), a checkpoint every 20 steps under $T/NAME.
+# mn_rank_pid MARKER VAR RANK: the pid of the job's rank RANK (VAR=RANK in its environment: OMPI_COMM_WORLD_RANK
+# under mpirun, SLURM_PROCID under srun)
+mn_rank_pid() {
+  local p
+  for p in $(pgrep -f -- "fit -c $1"); do
+    tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "$2=$3" && { echo "$p"; return; }
+  done
+}
+# mn_started NAME PID [MARKER VAR]: "yes" once the job of launcher PID wrote a checkpoint under $T/NAME (and,
+# with MARKER and VAR, its rank 3 runs); empty if the launcher ended first or 30 s passed
+mn_started() {
+  local _
+  for _ in $(seq 1 600); do
+    if ls "$T/$1"/lightning_logs/version_*/checkpoints/last.ckpt >/dev/null 2>&1 &&
+      { [ -z "${3:-}" ] || [ -n "$(mn_rank_pid "$3" "$4" 3)" ]; }; then
+      echo yes; return
+    fi
+    kill -0 "$2" 2>/dev/null || return
+    sleep 0.05
+  done
+}
+# mn_wait_end PID BOUND T0: waits for launcher PID to end (BOUND + 10 s at most), then sets secs (since T0),
+# alive ("yes" if it still ran, then killed) and rc (its exit status)
+mn_wait_end() {
+  local _
+  for _ in $(seq 1 $((($2 + 10) * 20))); do kill -0 "$1" 2>/dev/null || break; sleep 0.05; done
+  secs=$(awk -v a="$3" -v b="$(date +%s.%N)" 'BEGIN { printf "%.2f", b - a }')
+  alive=""
+  kill -0 "$1" 2>/dev/null && alive=yes
+  kill -KILL "$1" 2>/dev/null
+  wait "$1" 2>/dev/null; rc=$?
+}
+# mn_ended_in BOUND: the check that the job ended within BOUND s, non-zero (after mn_wait_end)
+mn_ended_in() { awk -v s="$secs" -v b="$1" -v a="$alive" -v r="$rc" 'BEGIN { exit !(a == "" && s <= b && r != 0) }'; }
+
 # close FILE_A FILE_B: prints the largest difference between two exports' f32 tensors, relative to each
 # tensor's largest value; fails unless they hold the same names and it is <= 1e-4
 close() {

@@ -15,22 +15,12 @@
 # Skipped (exit 77, "skipped: why") without root, namespaces or mpirun.
 # Environment (from ctest): LK_BIN, LK_SOURCE_DIR, LK_MPIRUN, LK_MN_COLL.
 source "$(dirname "$0")/../cli/lib.sh"
+source "$(dirname "$0")/mn_lib.sh" # mn_cluster_up
 CLUSTER="$LK_SOURCE_DIR/scripts/netns-cluster.sh"
 [ -n "${LK_MPIRUN:-}" ] && [ -x "${LK_MN_COLL:-}" ] || { echo "skipped: lockstep was built without MPI or mpirun was not found"; exit 77; }
 why=$(bash "$CLUSTER" check) || { echo "${why:-skipped: netns-cluster.sh check failed}"; exit 77; }
 
-export LK_NETNS_ID=lkh$$
-export LK_ALLOW_OVERSUBSCRIBE=1
-cleanup() {
-  bash "$CLUSTER" down >/dev/null 2>&1
-  rm -rf "$T"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM HUP
-
-bash "$CLUSTER" up 2 >"$T/up.out" 2>&1
-check "the cluster is up: 2 nodes" grep -q "2 nodes" "$T/up.out"
-[ "$fail" = 0 ] || { cat "$T/up.out"; finish; exit 1; }
+mn_cluster_up lkh
 # mpi_yield_when_idle: 4 ranks on CI's few cores
 coll() { timeout -s KILL 60 bash "$CLUSTER" mpirun --mca mpi_yield_when_idle 1 "$@"; }
 

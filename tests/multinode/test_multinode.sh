@@ -25,28 +25,14 @@
 # Skipped (exit 77, "skipped: why") without root, namespaces or mpirun.
 # Environment (from ctest): LK_BIN, LK_SOURCE_DIR, LK_MPIRUN, LK_MN_PROBE.
 source "$(dirname "$0")/../cli/lib.sh"
-source "$(dirname "$0")/mn_lib.sh" # close
+source "$(dirname "$0")/mn_lib.sh" # close, mn_*
 CLUSTER="$LK_SOURCE_DIR/scripts/netns-cluster.sh"
 [ -n "${LK_MPIRUN:-}" ] && [ -x "${LK_MN_PROBE:-}" ] || { echo "skipped: lockstep was built without MPI or mpirun was not found"; exit 77; }
 why=$(bash "$CLUSTER" check) || { echo "${why:-skipped: netns-cluster.sh check failed}"; exit 77; }
 
-export LK_NETNS_ID=lkt$$
-export LK_ALLOW_OVERSUBSCRIBE=1 # 4 ranks on however few cores CI has
 TIMEOUT=5
 BOUND=$((TIMEOUT + 10))
-jobs_pids=()
-cleanup() {
-  local p
-  for p in "${jobs_pids[@]}"; do kill -KILL "$p" 2>/dev/null; done
-  bash "$CLUSTER" down >/dev/null 2>&1
-  rm -rf "$T"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM HUP
-
-bash "$CLUSTER" up 2 >"$T/up.out" 2>&1
-check "the cluster is up: 2 nodes" grep -q "2 nodes" "$T/up.out"
-[ "$fail" = 0 ] || { cat "$T/up.out"; finish; exit 1; }
+mn_cluster_up lkt
 mpirun_nodes() { timeout -s KILL 90 bash "$CLUSTER" mpirun "$@"; }
 
 # 1. process group and the network, on the flat mpi backend and on hier
@@ -176,35 +162,17 @@ bash "$CLUSTER" mpirun -np 4 --map-by ppr:2:node -x LK_COMM_BACKEND=mpi -x LK_AL
   --trainer.default_root_dir "$T/kill" >"$T/kill.out" 2>&1 &
 mpid=$!
 jobs_pids+=("$mpid")
-rank_pid() { # rank -> pid of that rank of the job
-  local p
-  for p in $(pgrep -f -- "fit -c $marker"); do
-    tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$1" && { echo "$p"; return; }
-  done
-}
-started=""
-for _ in $(seq 1 600); do # at most 30 s
-  if ls "$T"/kill/lightning_logs/version_*/checkpoints/last.ckpt >/dev/null 2>&1 && [ -n "$(rank_pid 3)" ]; then
-    started=yes; break
-  fi
-  kill -0 $mpid 2>/dev/null || break
-  sleep 0.05
-done
-check "kill: the 2 x 2 job started training (a checkpoint was written)" test -n "$started"
-r3=$(rank_pid 3)
+check "kill: the 2 x 2 job started training (a checkpoint was written)" \
+  test -n "$(mn_started kill $mpid "$marker" OMPI_COMM_WORLD_RANK)"
+r3=$(mn_rank_pid "$marker" OMPI_COMM_WORLD_RANK 3)
 host3=$(nsenter -t "${r3:-1}" --uts hostname 2>/dev/null)
 check "kill: rank 3 runs on node 1 ($host3)" test "$host3" = "$LK_NETNS_ID-node1"
 t0=$(date +%s.%N)
 [ -n "$r3" ] && kill -KILL "$r3"
-for _ in $(seq 1 $(((BOUND + 10) * 20))); do kill -0 $mpid 2>/dev/null || break; sleep 0.05; done
-secs=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.2f", b - a }')
-alive=""
-kill -0 $mpid 2>/dev/null && alive=yes
+mn_wait_end $mpid $BOUND "$t0"
 left=$(pgrep -f -- "fit -c $marker" | tr '\n' ' ')
-for p in $left $mpid; do kill -KILL "$p" 2>/dev/null; done
-wait $mpid 2>/dev/null; rc=$?
-check "kill: the job ended within comm_timeout + 10 s = ${BOUND}s (${secs}s), exit status non-zero ($rc)" \
-  awk -v s="$secs" -v b="$BOUND" -v a="$alive" -v r="$rc" 'BEGIN { exit !(a == "" && s <= b && r != 0) }'
+for p in $left; do kill -KILL "$p" 2>/dev/null; done
+check "kill: the job ended within comm_timeout + 10 s = ${BOUND}s (${secs}s), exit status non-zero ($rc)" mn_ended_in $BOUND
 check "kill: the output names rank 3" grep -qE "rank 3 \(pid ${r3:-x}\) died|process rank 3 with PID ${r3:-x}" "$T/kill.out"
 check "kill: no process of the job left (${left:-none})" test -z "$left"
 grep -m2 -E "rank 3 \(pid|process rank 3" "$T/kill.out" | sed 's/^/     /'
@@ -226,23 +194,13 @@ LK_NETNS_ALIVE="$ALIVE" bash "$CLUSTER" mpirun -np 4 --map-by ppr:2:node -x LK_A
   --trainer.default_root_dir "$T/cut" >"$T/cut.out" 2>&1 &
 mpid=$!
 jobs_pids+=("$mpid")
-started=""
-for _ in $(seq 1 600); do # at most 30 s
-  ls "$T"/cut/lightning_logs/version_*/checkpoints/last.ckpt >/dev/null 2>&1 && { started=yes; break; }
-  kill -0 $mpid 2>/dev/null || break
-  sleep 0.05
-done
-check "cut: the 2 x 2 job (hier, as auto picks) started training (a checkpoint was written)" test -n "$started"
+check "cut: the 2 x 2 job (hier, as auto picks) started training (a checkpoint was written)" \
+  test -n "$(mn_started cut $mpid)"
 t0=$(date +%s.%N)
 ip -n "$LK_NETNS_ID-n1" link set eth0 down
-for _ in $(seq 1 $(((CUT_BOUND + 10) * 20))); do kill -0 $mpid 2>/dev/null || break; sleep 0.05; done
-secs=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.2f", b - a }')
-alive=""
-kill -0 $mpid 2>/dev/null && alive=yes
-kill -KILL $mpid 2>/dev/null
-wait $mpid 2>/dev/null; rc=$?
+mn_wait_end $mpid $CUT_BOUND "$t0"
 check "cut: the job ended within comm_timeout + 10 s = ${CUT_BOUND}s (${secs}s), exit status non-zero ($rc)" \
-  awk -v s="$secs" -v b="$CUT_BOUND" -v a="$alive" -v r="$rc" 'BEGIN { exit !(a == "" && s <= b && r != 0) }'
+  mn_ended_in $CUT_BOUND
 check "cut: a rank names node 1 and its rank (timed out ... look at the other node: rank 2 on $LK_NETNS_ID-node1)" \
   grep -qE "timed out after [0-9.]+ s .*in MPI; some rank did not arrive: the ranks on this host \($LK_NETNS_ID-node0\) are alive, so look at the other node: rank 2(, 3)? on $LK_NETNS_ID-node1" "$T/cut.out"
 check "cut: the rsh agent ended node 1's session and stopped mpirun (node 1 ... has not answered)" \

@@ -23,23 +23,12 @@
 # SLURM's daemons (Debian: slurmd slurmctld slurm-client munge).
 # Environment (from ctest): LK_BIN, LK_SOURCE_DIR, LK_MPIRUN, LK_MN_PROBE.
 source "$(dirname "$0")/../cli/lib.sh"
-source "$(dirname "$0")/mn_lib.sh" # close
+source "$(dirname "$0")/mn_lib.sh" # close, mn_*
 CLUSTER="$LK_SOURCE_DIR/scripts/netns-cluster.sh"
 [ -n "${LK_MPIRUN:-}" ] && [ -x "${LK_MN_PROBE:-}" ] || { echo "skipped: lockstep was built without MPI or mpirun was not found"; exit 77; }
 why=$(bash "$CLUSTER" slurm-check) || { echo "${why:-skipped: netns-cluster.sh slurm-check failed}"; exit 77; }
 
-export LK_NETNS_ID=lks$$
-export LK_ALLOW_OVERSUBSCRIBE=1 # 4 ranks on however few cores CI has
-cleanup() {
-  bash "$CLUSTER" down >/dev/null 2>&1
-  rm -rf "$T"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM HUP
-
-bash "$CLUSTER" up 2 >"$T/up.out" 2>&1
-check "the cluster is up: 2 nodes" grep -q "2 nodes" "$T/up.out"
-[ "$fail" = 0 ] || { cat "$T/up.out"; finish; exit 1; }
+mn_cluster_up lks
 # The daemons need what a container may not give (a cgroup hierarchy slurmd accepts): a machine where they
 # do not start skips, with what they said.
 if ! bash "$CLUSTER" slurm-up >"$T/slurm-up.out" 2>&1; then
@@ -118,43 +107,35 @@ check "srun hier: the weights match one node's to 1e-4 ($cmpout)" test $? = 0
 f0=$fail
 TIMEOUT=5
 BOUND=$((TIMEOUT + 10))
-marker="$T/kill.yaml"
-cp "$T/synth.yaml" "$marker"
-sl srun -N 2 --ntasks-per-node 2 --mpi=pmix env LK_COMM_BACKEND=mpi \
-  "$LK_BIN" fit -c "$marker" --trainer.strategy ddp "${nodes[@]}" --trainer.max_epochs 100000 \
-  --trainer.every_n_train_steps 20 --trainer.enable_progress_bar false --trainer.comm_timeout $TIMEOUT \
-  --trainer.num_sanity_val_steps 0 --data.init_args.num_samples 4096 --trainer.default_root_dir "$T/kill" \
-  >"$T/kill.out" 2>&1 &
-spid=$!
-rank_pid() { # rank -> pid of that rank of the job (SLURM_PROCID in its environment)
-  local p
-  for p in $(pgrep -f -- "fit -c $marker"); do
-    tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "SLURM_PROCID=$1" && { echo "$p"; return; }
-  done
+# long_job NAME: the fault cases' job under srun (mpi backend), in the background: $spid
+long_job() {
+  cp "$T/synth.yaml" "$T/$1.yaml"
+  sl srun -N 2 --ntasks-per-node 2 --mpi=pmix env LK_COMM_BACKEND=mpi \
+    "$LK_BIN" fit -c "$T/$1.yaml" --trainer.strategy ddp "${nodes[@]}" --trainer.max_epochs 100000 \
+    --trainer.every_n_train_steps 20 --trainer.enable_progress_bar false --trainer.comm_timeout $TIMEOUT \
+    --trainer.num_sanity_val_steps 0 --data.init_args.num_samples 4096 --trainer.default_root_dir "$T/$1" \
+    >"$T/$1.out" 2>&1 &
+  spid=$!
+  jobs_pids+=("$spid")
 }
-started=""
-for _ in $(seq 1 600); do # at most 30 s
-  if ls "$T"/kill/lightning_logs/version_*/checkpoints/last.ckpt >/dev/null 2>&1 && [ -n "$(rank_pid 3)" ]; then
-    started=yes; break
-  fi
-  kill -0 $spid 2>/dev/null || break
-  sleep 0.05
-done
-check "kill: the 2 x 2 job started training under srun (a checkpoint was written)" test -n "$started"
-r3=$(rank_pid 3)
+# ranks_left MARKER: the job's ranks still running after up to 10 s (node 1's end by themselves), killed
+ranks_left() {
+  local _ p
+  for _ in $(seq 1 200); do [ -z "$(pgrep -f -- "fit -c $1")" ] && break; sleep 0.05; done
+  left=$(pgrep -f -- "fit -c $1" | tr '\n' ' ')
+  for p in $left; do kill -KILL "$p" 2>/dev/null; done
+}
+long_job kill
+check "kill: the 2 x 2 job started training under srun (a checkpoint was written)" \
+  test -n "$(mn_started kill $spid "$T/kill.yaml" SLURM_PROCID)"
+r3=$(mn_rank_pid "$T/kill.yaml" SLURM_PROCID 3)
 host3=$(nsenter -t "${r3:-1}" --uts hostname 2>/dev/null)
 check "kill: rank 3 runs on node 1 ($host3)" test "$host3" = "$LK_NETNS_ID-node1"
 t0=$(date +%s.%N)
 [ -n "$r3" ] && kill -KILL "$r3"
-for _ in $(seq 1 $(((BOUND + 10) * 20))); do kill -0 $spid 2>/dev/null || break; sleep 0.05; done
-secs=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.2f", b - a }')
-alive=""
-kill -0 $spid 2>/dev/null && alive=yes
-left=$(pgrep -f -- "fit -c $marker" | tr '\n' ' ')
-for p in $left $spid; do kill -KILL "$p" 2>/dev/null; done
-wait $spid 2>/dev/null; rc=$?
-check "kill: the job ended within comm_timeout + 10 s = ${BOUND}s (${secs}s), exit status non-zero ($rc)" \
-  awk -v s="$secs" -v b="$BOUND" -v a="$alive" -v r="$rc" 'BEGIN { exit !(a == "" && s <= b && r != 0) }'
+mn_wait_end $spid $BOUND "$t0"
+ranks_left "$T/kill.yaml"
+check "kill: the job ended within comm_timeout + 10 s = ${BOUND}s (${secs}s), exit status non-zero ($rc)" mn_ended_in $BOUND
 check "kill: srun names the node and the task (task 3 on $LK_NETNS_ID-node1)" \
   grep -qE "$LK_NETNS_ID-node1: task 3: Killed" "$T/kill.out"
 check "kill: no rank of the job left${left:+ (pids $left)}" test -z "$left"
@@ -164,35 +145,13 @@ check "kill: no rank of the job left${left:+ (pids $left)}" test -z "$left"
 # step up 5 s after its cancel: the bed's KillWait), a rank names node 1 and its ranks, and node 1's ranks,
 # whose MPI_Abort cannot reach srun, end by themselves within seconds
 f0=$fail
-marker="$T/cut.yaml"
-cp "$T/synth.yaml" "$marker"
-sl srun -N 2 --ntasks-per-node 2 --mpi=pmix env LK_COMM_BACKEND=mpi \
-  "$LK_BIN" fit -c "$marker" --trainer.strategy ddp "${nodes[@]}" --trainer.max_epochs 100000 \
-  --trainer.every_n_train_steps 20 --trainer.enable_progress_bar false --trainer.comm_timeout $TIMEOUT \
-  --trainer.num_sanity_val_steps 0 --data.init_args.num_samples 4096 --trainer.default_root_dir "$T/cut" \
-  >"$T/cut.out" 2>&1 &
-spid=$!
-started=""
-for _ in $(seq 1 600); do
-  if ls "$T"/cut/lightning_logs/version_*/checkpoints/last.ckpt >/dev/null 2>&1 && [ -n "$(rank_pid 3)" ]; then
-    started=yes; break
-  fi
-  kill -0 $spid 2>/dev/null || break
-  sleep 0.05
-done
-check "cut: the 2 x 2 job started training under srun" test -n "$started"
+long_job cut
+check "cut: the 2 x 2 job started training under srun" test -n "$(mn_started cut $spid "$T/cut.yaml" SLURM_PROCID)"
 t0=$(date +%s.%N)
 ip -n "$LK_NETNS_ID-n1" link set eth0 down
-for _ in $(seq 1 $(((BOUND + 10) * 20))); do kill -0 $spid 2>/dev/null || break; sleep 0.05; done
-secs=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.2f", b - a }')
-alive=""
-kill -0 $spid 2>/dev/null && alive=yes
-for _ in $(seq 1 200); do [ -z "$(pgrep -f -- "fit -c $marker")" ] && break; sleep 0.05; done # node 1's, 10 s at most
-left=$(pgrep -f -- "fit -c $marker" | tr '\n' ' ')
-for p in $left $spid; do kill -KILL "$p" 2>/dev/null; done
-wait $spid 2>/dev/null; rc=$?
-check "cut: the job ended within comm_timeout + 10 s = ${BOUND}s (${secs}s), exit status non-zero ($rc)" \
-  awk -v s="$secs" -v b="$BOUND" -v a="$alive" -v r="$rc" 'BEGIN { exit !(a == "" && s <= b && r != 0) }'
+mn_wait_end $spid $BOUND "$t0"
+ranks_left "$T/cut.yaml"
+check "cut: the job ended within comm_timeout + 10 s = ${BOUND}s (${secs}s), exit status non-zero ($rc)" mn_ended_in $BOUND
 check "cut: a rank names node 1 and its ranks" grep -q "rank 2, 3 on $LK_NETNS_ID-node1" "$T/cut.out"
 check "cut: no rank left on either node within 10 s more${left:+ (pids $left)}" test -z "$left"
 [ "$fail" = "$f0" ] || sed 's/^/     cut: /' "$T/cut.out" | tail -15 >&2
