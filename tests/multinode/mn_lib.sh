@@ -19,6 +19,26 @@ mn_cleanup() {
 }
 jobs_pids=()
 
+# mn_probe LABEL BE PLACE LAUNCHER...: the probe (mn_probe.c) on backend BE under LAUNCHER (its arguments
+# before the program), 4 ranks on 2 nodes placed PLACE (block: 0, 1 on node 0; roundrobin: 0, 2 on node 0):
+# every rank right, each on its node with its local rank, and the 1 MiB all-reduce across node 0's link
+mn_probe() {
+  local label=$1 be=$2 place=$3 r n l before after rc
+  shift 3
+  before=$(bash "$CLUSTER" bytes 0 | awk '{ print $1 + $2 }')
+  "$@" "$LK_MN_PROBE" "$be" >"$T/probe.out" 2>&1; rc=$?
+  after=$(bash "$CLUSTER" bytes 0 | awk '{ print $1 + $2 }')
+  check "$label $be: 4 ranks ran, the all-reduce is right on each (rc $rc)" \
+    bash -c "[ $rc = 0 ] && [ \$(grep -c '^probe $be .* ok\$' '$T/probe.out') = 4 ]"
+  for r in 0 1 2 3; do
+    if [ "$place" = block ]; then n=$((r / 2)) l=$((r % 2)); else n=$((r % 2)) l=$((r / 2)); fi
+    check "$label $be: rank $r on node $n (host $LK_NETNS_ID-node$n), local rank $l/2, 2 nodes" \
+      grep -q "^probe $be rank $r/4 host $LK_NETNS_ID-node$n local $l/2 node $n/2 " "$T/probe.out"
+  done
+  check "$label $be: the all-reduce crossed the nodes' link (node 0's eth0: $((after - before)) bytes, expected >= 1 MiB)" \
+    test $((after - before)) -ge 1048576
+}
+
 # A long training job for the fault cases: `fit -c MARKER` (a copy of $T/synth.yaml, so its ranks can be
 # found by command line), a checkpoint every 20 steps under $T/NAME.
 # mn_rank_pid MARKER VAR RANK: the pid of the job's rank RANK (VAR=RANK in its environment: OMPI_COMM_WORLD_RANK

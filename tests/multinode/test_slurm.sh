@@ -42,17 +42,7 @@ MPI_NET=(--mca btl self,vader,tcp --mca btl_tcp_if_include 10.250.0.0/24 --mca o
 # 1. srun --mpi=pmix: ranks placed block by block (0, 1 on node 0; 2, 3 on node 1)
 f0=$fail
 for be in mpi hier; do
-  before=$(bash "$CLUSTER" bytes 0 | awk '{ print $1 + $2 }')
-  sl srun -N 2 --ntasks-per-node 2 --mpi=pmix "$LK_MN_PROBE" $be >"$T/probe.out" 2>&1; rc=$?
-  after=$(bash "$CLUSTER" bytes 0 | awk '{ print $1 + $2 }')
-  check "srun probe $be: 4 ranks ran, the all-reduce is right on each (rc $rc)" \
-    bash -c "[ $rc = 0 ] && [ \$(grep -c '^probe $be .* ok\$' '$T/probe.out') = 4 ]"
-  for r in 0 1 2 3; do
-    check "srun probe $be: rank $r on node $((r / 2)) (host $LK_NETNS_ID-node$((r / 2))), local rank $((r % 2))/2" \
-      grep -q "^probe $be rank $r/4 host $LK_NETNS_ID-node$((r / 2)) local $((r % 2))/2 node $((r / 2))/2 " "$T/probe.out"
-  done
-  check "srun probe $be: the all-reduce crossed node 0's link ($((after - before)) bytes, expected >= 1 MiB)" \
-    test $((after - before)) -ge 1048576
+  mn_probe "srun probe" $be block sl srun -N 2 --ntasks-per-node 2 --mpi=pmix
   [ "$fail" = "$f0" ] || sed 's/^/     probe: /' "$T/probe.out" >&2
 done
 
