@@ -73,6 +73,17 @@ mn_wait_end() {
   kill -KILL "$1" 2>/dev/null
   wait "$1" 2>/dev/null; rc=$?
 }
+# mn_kill_rank3 PID MARKER VAR BOUND: checks that the job's rank 3 runs on node 1, SIGKILLs it and waits for
+# launcher PID (mn_wait_end: secs, alive, rc); r3 is its pid
+mn_kill_rank3() {
+  r3=$(mn_rank_pid "$2" "$3" 3)
+  local host3 t0
+  host3=$(nsenter -t "${r3:-1}" --uts hostname 2>/dev/null)
+  check "kill: rank 3 runs on node 1 ($host3)" test "$host3" = "$LK_NETNS_ID-node1"
+  t0=$(date +%s.%N)
+  [ -n "$r3" ] && kill -KILL "$r3"
+  mn_wait_end "$1" "$4" "$t0"
+}
 # mn_ended_in BOUND: the check that the job ended within BOUND s, non-zero (after mn_wait_end)
 mn_ended_in() { awk -v s="$secs" -v b="$1" -v a="$alive" -v r="$rc" 'BEGIN { exit !(a == "" && s <= b && r != 0) }'; }
 

@@ -154,12 +154,7 @@ mpid=$!
 jobs_pids+=("$mpid")
 check "kill: the 2 x 2 job started training (a checkpoint was written)" \
   test -n "$(mn_started kill $mpid "$marker" OMPI_COMM_WORLD_RANK)"
-r3=$(mn_rank_pid "$marker" OMPI_COMM_WORLD_RANK 3)
-host3=$(nsenter -t "${r3:-1}" --uts hostname 2>/dev/null)
-check "kill: rank 3 runs on node 1 ($host3)" test "$host3" = "$LK_NETNS_ID-node1"
-t0=$(date +%s.%N)
-[ -n "$r3" ] && kill -KILL "$r3"
-mn_wait_end $mpid $BOUND "$t0"
+mn_kill_rank3 $mpid "$marker" OMPI_COMM_WORLD_RANK $BOUND
 left=$(pgrep -f -- "fit -c $marker" | tr '\n' ' ')
 for p in $left; do kill -KILL "$p" 2>/dev/null; done
 check "kill: the job ended within comm_timeout + 10 s = ${BOUND}s (${secs}s), exit status non-zero ($rc)" mn_ended_in $BOUND

@@ -118,12 +118,7 @@ ranks_left() {
 long_job kill
 check "kill: the 2 x 2 job started training under srun (a checkpoint was written)" \
   test -n "$(mn_started kill $spid "$T/kill.yaml" SLURM_PROCID)"
-r3=$(mn_rank_pid "$T/kill.yaml" SLURM_PROCID 3)
-host3=$(nsenter -t "${r3:-1}" --uts hostname 2>/dev/null)
-check "kill: rank 3 runs on node 1 ($host3)" test "$host3" = "$LK_NETNS_ID-node1"
-t0=$(date +%s.%N)
-[ -n "$r3" ] && kill -KILL "$r3"
-mn_wait_end $spid $BOUND "$t0"
+mn_kill_rank3 $spid "$T/kill.yaml" SLURM_PROCID $BOUND
 ranks_left "$T/kill.yaml"
 check "kill: the job ended within comm_timeout + 10 s = ${BOUND}s (${secs}s), exit status non-zero ($rc)" mn_ended_in $BOUND
 check "kill: srun names the node and the task (task 3 on $LK_NETNS_ID-node1)" \
