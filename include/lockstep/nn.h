@@ -261,6 +261,18 @@ lk_status lk_layer_materialize(lk_layer *l);
  * lk_layer_materialize gives them); tensors materialised before are left
  * as they are. l stays deferred until no deferred tensor is left. */
 lk_status lk_layer_materialize_some(lk_layer *l, bool (*keep)(const lk_tensor *t, void *ctx), void *ctx);
+/* Deferred construction of a layer tree of one's own (what
+ * lk_model_create_deferred does for the registered models): between
+ * lk_layer_defer_begin() and lk_layer_defer_end(root, seed) this thread's
+ * tensor constructors (lk_tensor_empty, _zeros, _full) make tensors
+ * without storage, and the initialisers only move their streams;
+ * lk_layer_defer_end marks root deferred, with the seed
+ * lk_layer_materialize gives lk_layer_reset_parameters. So the tree's
+ * values must come from its layers' reset functions (the built-in layers'
+ * do), drawing through the lk_init_* initialisers; values written by hand
+ * at construction are not kept. root NULL only ends the deferral. */
+void lk_layer_defer_begin(void);
+lk_status lk_layer_defer_end(lk_layer *root, uint64_t seed);
 
 /* Dropout masks: every Dropout layer in the tree (pre-order index d) draws
  * from the stream keyed by (seed, LK_RNG_DROPOUT, (rank << 16) | d, step).

@@ -339,6 +339,14 @@ lk_status lk_layer_materialize_some(lk_layer *l, bool (*keep)(const lk_tensor *t
 
 lk_status lk_layer_materialize(lk_layer *l) { return lk_layer_materialize_some(l, NULL, NULL); }
 
+void lk_layer_defer_begin(void) { (void)lk__tensor_defer(true); }
+
+lk_status lk_layer_defer_end(lk_layer *root, uint64_t seed) {
+    (void)lk__tensor_defer(false);
+    if (root) root->deferred = true, root->deferred_seed = seed;
+    return LK_STATUS_OK;
+}
+
 static void rng_step_rec(lk_layer *l, uint64_t seed, uint32_t rank, uint64_t step, uint32_t *d) {
     if (l->reseed) l->reseed(l, seed, (rank << 16) | (*d & 0xffffu), step), (*d)++;
     for (int c = 0; c < l->n_children; c++) rng_step_rec(l->children[c].layer, seed, rank, step, d);

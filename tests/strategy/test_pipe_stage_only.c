@@ -53,6 +53,21 @@ static lk_status build(const char *model, bool deferred, lk_layer **net) {
         return create("mlp", a, 4, 7, net);
     }
     if (!strcmp(model, "autoencoder")) return create("autoencoder", NULL, 0, 7, net);
+    if (!strcmp(model, "custom")) { /* a model of one's own in C: a Sequential of Linear and ReLU layers */
+        if (deferred) lk_layer_defer_begin();
+        lk_layer *seq = lk_sequential_create(0, NULL);
+        const int64_t w[] = {784, 256, 128, 64, 10};
+        lk_status st = seq ? LK_STATUS_OK : LK_STATUS_OUT_OF_MEMORY;
+        for (int i = 0; i < 4 && !st; i++) {
+            st = lk_sequential_append(seq, lk_linear_create(w[i], w[i + 1], true, NULL));
+            if (!st && i < 3) st = lk_sequential_append(seq, lk_relu_create());
+        }
+        if (deferred) lk_layer_defer_end(st ? NULL : seq, 7);
+        else if (!st) st = lk_layer_reset_parameters(seq, 7);
+        if (st) lk_layer_free(seq);
+        *net = st ? NULL : seq;
+        return st;
+    }
     lk_model_kv a[] = {{"n_layer", "4"},     {"n_head", "4"},        {"n_embd", "128"}, {"block_size", "64"},
                        {"vocab_size", "256"}, {"dropout", "0"}, {"bias", "false"}}; /* examples/gpt.yaml */
     return create("gpt", a, 7, 7, net);
@@ -279,6 +294,7 @@ static void stage_only(void) {
         run_case("gpt", "model_parallel", 2, 2, deferred);
         run_case("gpt", "pipeline", 3, 3, deferred);
         run_case("gpt", "pipeline", 4, 2, deferred);
+        run_case("custom", "pipeline", 2, 2, deferred); /* lk_layer_defer_begin / _end */
     }
 }
 
