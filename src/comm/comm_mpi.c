@@ -183,12 +183,16 @@ static bool we_initialized;     /* MPI_Init was ours, so MPI_Finalize is ours to
 /* MPI_Abort asks the launcher to end the job, and waits for it. A rank
  * whose launcher it cannot reach (a node cut off under srun: PMIx_Abort
  * waits on the node's slurmstepd, which waits on srun across the dead link)
- * would wait forever after it has said why it failed: this ends it. */
+ * would wait forever after it has said why it failed: this ends it. It runs
+ * only inside finalize_at_exit, when the process is already exiting after
+ * a failure (lockstep's calls have returned their status by then). */
 enum { ABORT_WAIT_S = 5 };
+_Static_assert(ABORT_WAIT_S == 5, "abort_watchdog's message says 5 s");
 
 static void *abort_watchdog(void *arg) {
     (void)arg;
     sleep(ABORT_WAIT_S);
+    /* a literal, written with write(2): no formatting in a process that is ending */
     static const char msg[] = "lockstep: mpi backend: MPI_Abort did not end this rank within 5 s (its launcher is "
                               "unreachable: a cut link or a lost node?); exiting\n";
     if (write(STDERR_FILENO, msg, sizeof msg - 1) < 0) { /* nothing more to say */

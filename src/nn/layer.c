@@ -307,18 +307,16 @@ lk_status lk_layer_materialize_some(lk_layer *l, bool (*keep)(const lk_tensor *t
     lk_status st = lk_layer_named_parameters(l, &all);
     if (!st) st = lk_layer_named_buffers(l, &all);
     /* the tensors made earlier (another unit's) are hidden while the
-     * streams run, so only the ones made now are drawn into */
+     * streams run, so only the ones made now are drawn into (a hidden
+     * one's saved storage is never NULL: it held data). The lists hold
+     * each tensor once (a tied weight too). */
     lk__hidden *hid = st ? NULL : lk_calloc((size_t)all.n + 1, sizeof *hid);
-    bool *hidden = st ? NULL : lk_calloc((size_t)all.n + 1, sizeof *hidden);
-    if (!st && (!hid || !hidden)) st = LK_STATUS_OUT_OF_MEMORY;
+    if (!st && !hid) st = LK_STATUS_OUT_OF_MEMORY;
     int left = 0, nmade = 0;
     for (int i = 0; !st && i < all.n; i++) {
         lk_tensor *t = all.items[i].tensor;
-        bool dup = false; /* a tied weight: one tensor, two names */
-        for (int q = 0; q < i && !dup; q++) dup = all.items[q].tensor == t;
-        if (dup) continue;
         if (!lk__tensor_is_deferred(t, NULL)) {
-            if (lk_tensor_has_data(t)) lk__tensor_hide(t, &hid[i]), hidden[i] = true;
+            if (lk_tensor_has_data(t)) lk__tensor_hide(t, &hid[i]);
         } else if (keep && !keep(t, ctx)) {
             left++;
         } else {
@@ -328,10 +326,9 @@ lk_status lk_layer_materialize_some(lk_layer *l, bool (*keep)(const lk_tensor *t
         }
     }
     if (!st && nmade) st = lk_layer_reset_parameters(l, l->deferred_seed);
-    for (int i = 0; hidden && i < all.n; i++)
-        if (hidden[i]) lk__tensor_unhide(all.items[i].tensor, &hid[i]);
+    for (int i = 0; hid && i < all.n; i++)
+        if (hid[i].storage) lk__tensor_unhide(all.items[i].tensor, &hid[i]);
     lk_free(hid);
-    lk_free(hidden);
     lk_named_tensors_clear(&all);
     if (!st && !left) l->deferred = false;
     return st;

@@ -685,13 +685,18 @@ static struct {
     int n, max;
 } dropped = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
+/* t's entry, or NULL (dropped.mu held). */
+static struct dropped *dropped_find(const lk_tensor *t) {
+    for (int i = 0; i < dropped.n; i++)
+        if (dropped.items[i].t == t) return &dropped.items[i];
+    return NULL;
+}
+
 /* t's entry, made or updated (a deferred tensor a strategy then gives to
  * another stage keeps its entry with the new why). */
 static lk_status dropped_note(const lk_tensor *t, const char *why, bool deferred, double fill) {
     pthread_mutex_lock(&dropped.mu);
-    struct dropped *d = NULL;
-    for (int i = 0; i < dropped.n && !d; i++)
-        if (dropped.items[i].t == t) d = &dropped.items[i];
+    struct dropped *d = dropped_find(t);
     if (!d && (dropped.n < dropped.max || !lk_vec_reserve(dropped.items, dropped.max, dropped.n + 1, 16)))
         d = &dropped.items[dropped.n++];
     if (d) {
@@ -705,36 +710,29 @@ static lk_status dropped_note(const lk_tensor *t, const char *why, bool deferred
 }
 
 bool lk__tensor_is_deferred(const lk_tensor *t, double *fill) {
-    bool yes = false;
     if (!t || t->storage) return false;
     pthread_mutex_lock(&dropped.mu);
-    for (int i = 0; i < dropped.n; i++)
-        if (dropped.items[i].t == t) {
-            yes = dropped.items[i].deferred;
-            if (fill) *fill = dropped.items[i].fill;
-            break;
-        }
+    const struct dropped *d = dropped_find(t);
+    bool yes = d && d->deferred;
+    if (yes && fill) *fill = d->fill;
     pthread_mutex_unlock(&dropped.mu);
     return yes;
 }
 
 /* A deferred tensor's fill value becomes `value` (lk_tensor_fill on one). */
 static bool deferred_fill(const lk_tensor *t, double value) {
-    bool yes = false;
     pthread_mutex_lock(&dropped.mu);
-    for (int i = 0; i < dropped.n && !yes; i++)
-        if (dropped.items[i].t == t && dropped.items[i].deferred) dropped.items[i].fill = value, yes = true;
+    struct dropped *d = dropped_find(t);
+    bool yes = d && d->deferred;
+    if (yes) d->fill = value;
     pthread_mutex_unlock(&dropped.mu);
     return yes;
 }
 
 static void dropped_forget(const lk_tensor *t) {
     pthread_mutex_lock(&dropped.mu);
-    for (int i = 0; i < dropped.n; i++)
-        if (dropped.items[i].t == t) {
-            dropped.items[i] = dropped.items[--dropped.n];
-            break;
-        }
+    struct dropped *d = dropped_find(t);
+    if (d) *d = dropped.items[--dropped.n];
     pthread_mutex_unlock(&dropped.mu);
 }
 
@@ -783,8 +781,8 @@ lk_status lk__tensor_check_data(const lk_tensor *t, const char *what) {
     if (!t || t->storage) return LK_STATUS_OK;
     char why[384] = "its storage was given back", sh[128];
     pthread_mutex_lock(&dropped.mu);
-    for (int i = 0; i < dropped.n; i++)
-        if (dropped.items[i].t == t) snprintf(why, sizeof why, "%s", dropped.items[i].why);
+    const struct dropped *d = dropped_find(t);
+    if (d) snprintf(why, sizeof why, "%s", d->why);
     pthread_mutex_unlock(&dropped.mu);
     return lk_error(LK_STATUS_INVALID_USAGE, "%s: %s%s%s %s holds no data on this rank: %s", what,
                     t->name ? "tensor '" : "a tensor", t->name ? t->name : "", t->name ? "'" : "",

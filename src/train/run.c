@@ -136,15 +136,11 @@ lk_status lk__begin_run(lk_trainer *tr, lk_module *m, lk_datamodule *dm, const c
     if (m->net->deferred && !cuts && lk_layer_materialize(m->net)) {
         lk_status st = lk_last_status();
         if (st != LK_STATUS_OUT_OF_MEMORY) return st;
-        lk_named_tensors sd = {0};
+        lk_named_tensors all = {0}; /* each tensor once (a tied weight too) */
         double mib = 0;
-        if (!lk_state_dict_get(m->net, &sd))
-            for (int i = 0; i < sd.n; i++) {
-                bool seen = false; /* a tied weight: one tensor, two names */
-                for (int q = 0; q < i && !seen; q++) seen = sd.items[q].tensor == sd.items[i].tensor;
-                if (!seen) mib += (double)lk_tensor_nbytes(sd.items[i].tensor) / 1048576.0;
-            }
-        lk_named_tensors_clear(&sd);
+        if (!lk_layer_named_parameters(m->net, &all) && !lk_layer_named_buffers(m->net, &all))
+            for (int i = 0; i < all.n; i++) mib += (double)lk_tensor_nbytes(all.items[i].tensor) / 1048576.0;
+        lk_named_tensors_clear(&all);
         return lk_error(st, "strategy %s starts from the whole model on each rank (%.1f MiB of parameters and buffers), "
                         "and it does not fit: %s; strategies pipeline and model_parallel build each rank only its "
                         "stage's blocks, fsdp and deepspeed_stage_3 only its shards", lk_strategy_name(tr->strat), mib, lk_last_error());

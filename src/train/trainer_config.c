@@ -421,15 +421,6 @@ static lk_status apply_strategy_node(const lk_param *tp, int n, lk_trainer_confi
                 LK_TRY(apply_fsdp_arg(tp, n, cfg, e, key, v, null));
                 continue;
             }
-            /* the trainer key each argument sets (NULL: checked, changes nothing here) */
-            const char *tkey = !strcmp(si->name, "pipeline")       ? NULL /* below: trainer.pipeline's keys */
-                               : !strcmp(key, "bucket_cap_mb")     ? "bucket_cap_mb"
-                               : !strcmp(key, "ddp_comm_hook")     ? "ddp_comm_hook"
-                               : !strcmp(key, "shared_params")     ? "ddp_shared_params"
-                               : !strcmp(key, "broadcast_buffers") ? "ddp_broadcast_buffers"
-                               : !strcmp(key, "state_dict_type")   ? "state_dict_type"
-                               : !strcmp(key, "offload_optimizer") ? "fsdp_cpu_offload"
-                                                                   : NULL;
             if (!strcmp(si->name, "pipeline")) { /* PipelineStrategy: trainer.pipeline.KEY */
                 char pkey[32];
                 snprintf(pkey, sizeof pkey, "pipeline_%s", key);
@@ -438,6 +429,14 @@ static lk_status apply_strategy_node(const lk_param *tp, int n, lk_trainer_confi
                     return lk__cfg_at(e, "trainer.strategy.init_args.%s: %s", key, lk_last_error());
                 continue;
             }
+            /* the trainer key each argument sets (NULL: checked, changes nothing here) */
+            const char *tkey = !strcmp(key, "bucket_cap_mb")       ? "bucket_cap_mb"
+                               : !strcmp(key, "ddp_comm_hook")     ? "ddp_comm_hook"
+                               : !strcmp(key, "shared_params")     ? "ddp_shared_params"
+                               : !strcmp(key, "broadcast_buffers") ? "ddp_broadcast_buffers"
+                               : !strcmp(key, "state_dict_type")   ? "state_dict_type"
+                               : !strcmp(key, "offload_optimizer") ? "fsdp_cpu_offload"
+                                                                   : NULL;
             if (!strcmp(key, "ddp_comm_hook") && null) v = "none"; /* Lightning's default: no hook */
             else if (null) return lk__cfg_at(e, "trainer.strategy.init_args.%s: expected a value, got null", key);
             if (!strcmp(key, "stage")) { /* DeepSpeedStrategy: which ZeRO stage */
