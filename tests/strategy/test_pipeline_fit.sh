@@ -47,6 +47,9 @@ check "PipelineStrategy's init_args reach the schedule" grep -q "schedule gpipe,
 expect_fail "PipelineStrategy: an unknown argument is named with the ones it takes" 2 \
   "unknown argument 'chunkz' for PipelineStrategy (did you mean 'chunks'?) (PipelineStrategy takes chunks, schedule, split, stages)" \
   "$LK_BIN" fit -c "$T/mlp.yaml" --trainer.devices 2 --trainer.strategy '{class_path: PipelineStrategy, init_args: {chunkz: 4}}'
+expect_fail "PipelineStrategy: an argument given null is named" 2 \
+  "trainer.strategy.init_args.chunks: expected a value, got null" \
+  "$LK_BIN" fit -c "$T/mlp.yaml" --trainer.devices 2 --trainer.strategy '{class_path: PipelineStrategy, init_args: {chunks: null}}'
 for n in 646 643; do
   run "short$n" --data.init_args.num_samples $n &&
     run "pshort$n" --data.init_args.num_samples $n --trainer.devices 2 --trainer.strategy pipeline --trainer.pipeline.chunks 4 &&
