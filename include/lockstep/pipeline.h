@@ -54,18 +54,29 @@ typedef enum lk_pipe_msg {
     LK_PIPE_GRADIENT,   /* the gradient of the previous stage's output, back to it */
 } lk_pipe_msg;
 
+/* The most ops one COMM action posts together (interleaved: the outputs of
+ * a forward and a backward sent, an activation and a gradient received). */
+enum { LK_PIPE_MAX_OPS = 4 };
+
 typedef struct lk_pipe_op {
     bool send;       /* a send to `peer`; else a receive from it */
     lk_pipe_msg msg;
     int chunk;       /* the micro-batch it belongs to */
-    int peer;        /* the other stage */
+    int peer;        /* the other rank */
+    int vstage;      /* this rank's local stage it belongs to (the sender's or the receiver's; 0 but interleaved) */
 } lk_pipe_op;
 
+/* With one stage per rank (gpipe, 1f1b) a rank's list is its stage's. With
+ * v stages per rank (interleaved_1f1b), rank k holds the model's stages k,
+ * k + p, ..., k + (v - 1) p, its local stages 0 .. v - 1: a compute names
+ * the local stage it runs (vstage), a message the local stage whose input
+ * or output it carries; the model's stage is vstage * p + k. */
 typedef struct lk_pipe_action {
     lk_pipe_kind kind;
     int chunk;          /* FORWARD, BACKWARD: the micro-batch; -1 otherwise */
-    int nops;           /* COMM: 1 or 2 */
-    lk_pipe_op ops[2];
+    int nops;           /* COMM: 1 .. LK_PIPE_MAX_OPS */
+    lk_pipe_op ops[LK_PIPE_MAX_OPS];
+    int vstage;         /* FORWARD, BACKWARD: the local stage (0 but interleaved) */
 } lk_pipe_action;
 
 typedef struct lk_pipe_schedule lk_pipe_schedule;
@@ -73,19 +84,27 @@ typedef struct lk_pipe_schedule lk_pipe_schedule;
 /* The schedule names lk_pipe_schedule_make takes, NULL-terminated:
  * "gpipe" (every forward, then every backward), "1f1b" (after a warm-up of
  * p - 1 - stage forwards, one forward then one backward, so a stage keeps
- * at most p - stage micro-batches' activations), "forward" (forwards only:
- * validation, test and predict). */
+ * at most p - stage micro-batches' activations), "interleaved_1f1b" (v
+ * stages per rank, micro-batches in groups of p through each in turn: the
+ * bubble (p - 1) / (v m + p - 1), for more messages and more activations
+ * kept), "forward" (forwards only: validation, test and predict). */
 const char *const *lk_pipe_schedule_names(void);
-/* The schedule `name` for `stages` stages and `chunks` micro-batches
- * (both >= 1; stages <= 4096, chunks <= 65536). A training schedule ends
- * each stage with REDUCE_GRADS and OPTIMIZER_STEP. INVALID_ARGUMENT names
- * the unknown schedule or the value out of range. */
+/* The schedule `name` for `stages` ranks and `chunks` micro-batches (both
+ * >= 1; stages <= 4096, chunks <= 65536), one stage per rank
+ * (interleaved_1f1b: two). A training schedule ends each rank's list with
+ * REDUCE_GRADS and OPTIMIZER_STEP. INVALID_ARGUMENT names the unknown
+ * schedule or the value out of range. */
 lk_status lk_pipe_schedule_make(const char *name, int stages, int chunks, lk_pipe_schedule **out);
+/* ... with `virtual_stages` (1..64) stages per rank: interleaved_1f1b, or
+ * forward (evaluation through such a split); gpipe and 1f1b take 1. */
+lk_status lk_pipe_schedule_make_virtual(const char *name, int stages, int virtual_stages, int chunks,
+                                        lk_pipe_schedule **out);
 void lk_pipe_schedule_free(lk_pipe_schedule *s);
 
 const char *lk_pipe_schedule_name(const lk_pipe_schedule *s);
 int lk_pipe_schedule_stages(const lk_pipe_schedule *s);
 int lk_pipe_schedule_chunks(const lk_pipe_schedule *s);
+int lk_pipe_schedule_virtual(const lk_pipe_schedule *s); /* stages per rank */
 int lk_pipe_schedule_length(const lk_pipe_schedule *s, int stage);
 /* Whether the schedule trains (backwards, reduce, step) or only runs forwards. */
 bool lk_pipe_schedule_training(const lk_pipe_schedule *s);
@@ -116,8 +135,11 @@ typedef struct lk_pipe_report {
  * fault; `report` (may be NULL) is filled on success. */
 lk_status lk_pipe_schedule_check(const lk_pipe_schedule *s, lk_pipe_report *report);
 
-/* The theory's idle share of a pipeline of p stages and m micro-batches. */
+/* The theory's idle share of a pipeline of p stages and m micro-batches,
+ * (p - 1) / (m + p - 1); of a schedule, (p - 1) / (v m + p - 1) with v
+ * stages per rank (0 for a forward-only one). */
 double lk_pipe_bubble_theory(int stages, int chunks);
+double lk_pipe_schedule_bubble_theory(const lk_pipe_schedule *s);
 
 /* Prints the schedule: a line per stage in a compact notation (F3: forward
  * of micro-batch 3, B3: backward, >a3 send activation 3 on, <a3 receive it,
@@ -133,8 +155,11 @@ typedef struct lk_pipe_stage {
     lk_comm *comm;           /* the pipeline group (borrowed): its rank k is stage k, its size the stages */
     lk_layer *const *blocks; /* this stage's blocks in order (borrowed): its forward runs them one after another */
     int nblocks;
+    /* (several stages per rank) [v] how many of `blocks` each local stage
+     * runs, in order (local stage 0's first); NULL: one stage, all of them */
+    const int *stage_blocks;
     void *ctx;
-    /* Stage 0: micro-batch c's input to the first block (in the current scope). */
+    /* The model's first stage: micro-batch c's input to the first block (in the current scope). */
     lk_tensor *(*input)(void *ctx, int chunk);
     /* The last stage: micro-batch c's loss (one element, in the current scope) from the last block's output. */
     lk_tensor *(*loss)(void *ctx, int chunk, lk_tensor *out);
@@ -146,10 +171,11 @@ typedef struct lk_pipe_stage {
      * and counted so in *loss_sum: micro-batches of unequal rows weighted
      * by their rows (rows_c * chunks / rows); NULL: all 1. */
     const float *chunk_weight;
-    /* (optional) Called just before each BACKWARD, `last` for the list's
-     * last one (its gradients are final as it runs: pipeline x ddp starts
-     * all-reducing them bucket by bucket from there). */
-    void (*before_backward)(void *ctx, int chunk, bool last);
+    /* (optional) Called just before each BACKWARD of local stage `vstage`,
+     * `last` for the list's last one of that stage (its gradients are final
+     * as it runs: pipeline x ddp starts all-reducing them bucket by bucket
+     * from there). */
+    void (*before_backward)(void *ctx, int chunk, int vstage, bool last);
     /* (optional) What REDUCE_GRADS and OPTIMIZER_STEP do; NULL: nothing. */
     lk_status (*reduce_grads)(void *ctx);
     lk_status (*optimizer_step)(void *ctx);

@@ -114,6 +114,8 @@ typedef struct lk_strategy_config {
     int pipe_chunks;
     const char *pipe_schedule;
     const char *pipe_split;
+    /* trainer.pipeline.virtual_stages: the model's stages per rank (interleaved_1f1b; 0: 2 there, else 1) */
+    int pipe_virtual_stages;
     /* trainer.pipeline.stages: the stages; the devices are stages x data-parallel replicas
      * (0: one stage per device, no replicas) */
     int pipe_stages;
@@ -518,6 +520,7 @@ typedef struct lk_strategy_stats {
      * after the first, summed: their time, and the part spent in messages
      * (waiting for a neighbour stage: the bubble, plus the transfers) */
     int pipe_stages, pipe_chunks; /* 0: not a pipeline */
+    int pipe_virtual;             /* the model's stages per rank (interleaved_1f1b; else 1) */
     double pipe_run_s, pipe_comm_s;
 } lk_strategy_stats;
 lk_strategy_stats lk_strategy_get_stats(const lk_strategy *s);

@@ -132,6 +132,7 @@ typedef struct lk_trainer_config {
     char pipeline_schedule[LK_PARAM_STR]; /* trainer.pipeline.schedule: gpipe | 1f1b (default) */
     char pipeline_split[LK_PARAM_STR];    /* trainer.pipeline.split: each stage's first block after the first */
     int64_t pipeline_stages;        /* trainer.pipeline.stages: devices = stages x replicas (0: one stage per device) */
+    int64_t pipeline_virtual_stages;/* trainer.pipeline.virtual_stages: stages per rank (interleaved_1f1b; 0: 2 there, else 1) */
     char scale_lr[LK_PARAM_STR];    /* none | linear (base lr × world size × accumulation) */
     int64_t global_batch_size;      /* 0: off; else accumulation is derived from it */
     char profiler[LK_PARAM_STR];    /* none | simple | advanced | trace (pytorch: the same as trace) */

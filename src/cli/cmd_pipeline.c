@@ -11,10 +11,13 @@
 #include "cli/cli.h"
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: lockstep pipeline-schedule [--schedule gpipe|1f1b|forward] [--stages P] [--chunks M]\n\n"
+    fprintf(f, "usage: lockstep pipeline-schedule [--schedule gpipe|1f1b|interleaved_1f1b|forward] [--stages P]\n"
+               "                                  [--chunks M] [--virtual-stages V]\n\n"
                "Prints each stage's actions under the schedule (default 1f1b, 4 stages, 8 micro-batches),\n"
                "checks them as a blocking transport would run them, and shows the micro-batches each stage\n"
-               "keeps alive and the bubble: theory (p-1)/(m+p-1) and a simulated timeline.\n");
+               "keeps alive and the bubble: theory (p-1)/(m+p-1) and a simulated timeline. With\n"
+               "interleaved_1f1b, --stages counts ranks and each holds V stages (default 2): the theory is\n"
+               "then (p-1)/(vm+p-1).\n");
 }
 
 static int parse_int(const char *opt, const char *v, int lo, int hi, int *out) {
@@ -31,7 +34,7 @@ static int parse_int(const char *opt, const char *v, int lo, int hi, int *out) {
 
 int lk_cmd_pipeline(int argc, char **argv) {
     const char *name = "1f1b";
-    int stages = 4, chunks = 8;
+    int stages = 4, chunks = 8, vstages = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -49,10 +52,11 @@ int lk_cmd_pipeline(int argc, char **argv) {
         } else if (i + 1 < argc) {
             v = argv[i + 1];
         }
-        bool known = !strcmp(a, "--schedule") || !strcmp(a, "--stages") || !strcmp(a, "--chunks");
+        bool known = !strcmp(a, "--schedule") || !strcmp(a, "--stages") || !strcmp(a, "--chunks") ||
+                     !strcmp(a, "--virtual-stages");
         if (!known) {
             fprintf(stderr, "lockstep pipeline-schedule: error: unknown option '%s' (expected --schedule, --stages, "
-                            "--chunks)\n", argv[i]);
+                            "--chunks, --virtual-stages)\n", argv[i]);
             usage(stderr);
             return 2;
         }
@@ -64,11 +68,14 @@ int lk_cmd_pipeline(int argc, char **argv) {
         int rc = 0;
         if (!strcmp(a, "--schedule")) name = v;
         else if (!strcmp(a, "--stages")) rc = parse_int(a, v, 1, 4096, &stages);
+        else if (!strcmp(a, "--virtual-stages")) rc = parse_int(a, v, 1, 64, &vstages);
         else rc = parse_int(a, v, 1, 65536, &chunks);
         if (rc) return rc;
     }
     lk_pipe_schedule *s;
-    if (lk_pipe_schedule_make(name, stages, chunks, &s)) {
+    lk_status made = vstages ? lk_pipe_schedule_make_virtual(name, stages, vstages, chunks, &s)
+                             : lk_pipe_schedule_make(name, stages, chunks, &s);
+    if (made) {
         fprintf(stderr, "lockstep pipeline-schedule: error: %s\n", lk_last_error());
         return 2;
     }

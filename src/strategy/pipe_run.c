@@ -49,25 +49,31 @@ static void release_in(chunk_state *x) {
 typedef struct run {
     const lk_pipe_schedule *s;
     const lk_pipe_stage *st;
-    int k, p;
-    chunk_state *c;
+    int k, p, v, m;
+    int *first;          /* [v + 1] each local stage's first block in st->blocks */
+    chunk_state *c;      /* [v * m]: local stage j's micro-batch c at j * m + c */
     double loss_sum;
-    int nbwd, bwd_total; /* backwards run so far, and in the list */
+    int *nbwd, *bwd_total; /* [v] backwards run so far per local stage, and in the list */
 } run;
 
-static lk_status forward_body(run *r, int c) {
-    chunk_state *x = &r->c[c];
-    lk_tensor *h = r->k == 0 ? r->st->input(r->st->ctx, c) : x->in;
-    if (!h) return lk_error(LK_STATUS_INVALID_ARGUMENT, "pipeline stage %d: no input for micro-batch %d%s", r->k, c,
-                            r->k == 0 ? "" : " (its activation never arrived)");
-    if (r->k == 0) x->in = h;
-    for (int b = 0; b < r->st->nblocks && h; b++) h = lk_layer_forward(r->st->blocks[b], h);
-    if (!h) return lk_error(lk_last_status(), "pipeline stage %d, micro-batch %d: %s", r->k, c, lk_last_error());
+static chunk_state *state(run *r, int vstage, int c) { return &r->c[(size_t)vstage * (size_t)r->m + (size_t)c]; }
+static bool is_first(const run *r, int vstage) { return vstage == 0 && r->k == 0; }
+static bool is_last(const run *r, int vstage) { return vstage == r->v - 1 && r->k == r->p - 1; }
+
+static lk_status forward_body(run *r, int c, int j) {
+    chunk_state *x = state(r, j, c);
+    int g = j * r->p + r->k; /* the model's stage */
+    lk_tensor *h = is_first(r, j) ? r->st->input(r->st->ctx, c) : x->in;
+    if (!h) return lk_error(LK_STATUS_INVALID_ARGUMENT, "pipeline stage %d: no input for micro-batch %d%s", g, c,
+                            is_first(r, j) ? "" : " (its activation never arrived)");
+    if (is_first(r, j)) x->in = h;
+    for (int b = r->first[j]; b < r->first[j + 1] && h; b++) h = lk_layer_forward(r->st->blocks[b], h);
+    if (!h) return lk_error(lk_last_status(), "pipeline stage %d, micro-batch %d: %s", g, c, lk_last_error());
     x->out = h;
-    if (r->k == r->p - 1 && r->st->output && !lk_pipe_schedule_training(r->s)) {
+    if (is_last(r, j) && r->st->output && !lk_pipe_schedule_training(r->s)) {
         lk_status st = r->st->output(r->st->ctx, c, h);
         if (st) return lk_error(st, "pipeline last stage, micro-batch %d: output: %s", c, lk_last_error());
-    } else if (r->k == r->p - 1) {
+    } else if (is_last(r, j)) {
         lk_tensor *loss = r->st->loss(r->st->ctx, c, h);
         if (!loss) return lk_error(lk_last_status(), "pipeline last stage, micro-batch %d: loss: %s", c, lk_last_error());
         float w = r->st->chunk_weight ? r->st->chunk_weight[c] : 1.0f;
@@ -80,21 +86,22 @@ static lk_status forward_body(run *r, int c) {
 }
 
 /* The forward in a scope of the micro-batch's own, whose tensors it keeps. */
-static lk_status forward(run *r, int c) {
+static lk_status forward(run *r, int c, int j) {
     lk_scope_begin();
-    lk_status st = forward_body(r, c);
-    chunk_state *x = &r->c[c];
+    lk_status st = forward_body(r, c, j);
+    chunk_state *x = state(r, j, c);
     x->kept = lk_scope_end_keep(&x->nkept);
     return st;
 }
 
-static lk_status backward(run *r, int c) {
-    chunk_state *x = &r->c[c];
+static lk_status backward(run *r, int c, int j) {
+    chunk_state *x = state(r, j, c);
     lk_status st;
-    if (r->st->before_backward) r->st->before_backward(r->st->ctx, c, r->nbwd == r->bwd_total - 1);
-    r->nbwd++;
-    if (r->k == r->p - 1) st = lk_backward(x->loss);
-    else if (!x->gout) st = lk_error(LK_STATUS_INTERNAL, "pipeline stage %d: micro-batch %d's gradient is missing", r->k, c);
+    if (r->st->before_backward) r->st->before_backward(r->st->ctx, c, j, r->nbwd[j] == r->bwd_total[j] - 1);
+    r->nbwd[j]++;
+    if (is_last(r, j)) st = lk_backward(x->loss);
+    else if (!x->gout)
+        st = lk_error(LK_STATUS_INTERNAL, "pipeline stage %d: micro-batch %d's gradient is missing", j * r->p + r->k, c);
     else st = lk_backward_with(x->out, x->gout);
     if (st) return st;
     /* its graph is gone: its activations go too (the input's gradient, still to send, is the input's) */
@@ -121,11 +128,11 @@ static lk_status comm_body(run *r, const lk_pipe_action *a) {
     lk_work *w[8] = {0};
     int nw = 0;
     lk_status st = LK_STATUS_OK;
-    lk_tensor *sent[2] = {0}; /* the contiguous activations sent (this action's scope holds them) */
+    lk_tensor *sent[LK_PIPE_MAX_OPS] = {0}; /* the contiguous activations sent (this action's scope holds them) */
     /* round 1: the activations' headers */
     for (int i = 0; i < a->nops && !st; i++) {
         const lk_pipe_op *o = &a->ops[i];
-        chunk_state *x = &r->c[o->chunk];
+        chunk_state *x = state(r, o->vstage, o->chunk);
         if (o->msg != LK_PIPE_ACTIVATION) continue;
         if (o->send) {
             lk_tensor *t = sent[i] = lk_contiguous(x->out);
@@ -149,13 +156,14 @@ static lk_status comm_body(run *r, const lk_pipe_action *a) {
     if (!st) st = lk_comm_p2p_group_begin(cm), grouped = !st;
     for (int i = 0; i < a->nops && !st; i++) {
         const lk_pipe_op *o = &a->ops[i];
-        chunk_state *x = &r->c[o->chunk];
+        chunk_state *x = state(r, o->vstage, o->chunk);
         if (o->send && o->msg == LK_PIPE_ACTIVATION) {
             st = lk_comm_send_async(cm, sent[i]->data, (size_t)sent[i]->numel, sent[i]->dtype, o->peer, &w[nw++]);
         } else if (o->send) { /* the gradient of this stage's input */
             const lk_tensor *g = x->in ? x->in->grad : NULL;
             if (!g) {
-                st = lk_error(LK_STATUS_INTERNAL, "pipeline stage %d: micro-batch %d's input got no gradient", r->k, o->chunk);
+                st = lk_error(LK_STATUS_INTERNAL, "pipeline stage %d: micro-batch %d's input got no gradient",
+                              o->vstage * r->p + r->k, o->chunk);
                 break;
             }
             st = lk_comm_send_async(cm, g->data, (size_t)g->numel, g->dtype, o->peer, &w[nw++]);
@@ -195,7 +203,7 @@ static lk_status comm_body(run *r, const lk_pipe_action *a) {
     for (int j = 0; j < nw; j++) lk_work_free(w[j]);
     /* a sent gradient was the input's last use */
     for (int i = 0; i < a->nops && !st; i++)
-        if (a->ops[i].send && a->ops[i].msg == LK_PIPE_GRADIENT) release_in(&r->c[a->ops[i].chunk]);
+        if (a->ops[i].send && a->ops[i].msg == LK_PIPE_GRADIENT) release_in(state(r, a->ops[i].vstage, a->ops[i].chunk));
     return st;
 }
 
@@ -211,20 +219,33 @@ lk_status lk_pipe_run(const lk_pipe_schedule *s, const lk_pipe_stage *st, double
     if (loss_sum) *loss_sum = 0.0;
     if (!s || !st || !st->comm || (st->nblocks > 0 && !st->blocks))
         return lk_error(LK_STATUS_INVALID_ARGUMENT, "lk_pipe_run: NULL schedule, stage, communicator or blocks");
-    run r = {.s = s, .st = st, .k = lk_comm_rank(st->comm), .p = lk_comm_world_size(st->comm)};
+    run r = {.s = s, .st = st, .k = lk_comm_rank(st->comm), .p = lk_comm_world_size(st->comm),
+             .v = lk_pipe_schedule_virtual(s), .m = lk_pipe_schedule_chunks(s)};
     if (r.p != lk_pipe_schedule_stages(s))
         return lk_error(LK_STATUS_INVALID_ARGUMENT, "lk_pipe_run: the schedule has %d stages but the pipeline group %d ranks",
                         lk_pipe_schedule_stages(s), r.p);
+    if (r.v > 1 && !st->stage_blocks)
+        return lk_error(LK_STATUS_INVALID_ARGUMENT, "lk_pipe_run: the schedule runs %d stages per rank but the stage "
+                        "gives no stage_blocks", r.v);
     bool out_only = st->output && !lk_pipe_schedule_training(s); /* the last stage hands its outputs over, no loss */
     if ((r.k == 0 && !st->input) || (r.k == r.p - 1 && !st->loss && !out_only))
         return lk_error(LK_STATUS_INVALID_ARGUMENT, "lk_pipe_run: stage %d needs %s", r.k,
                         r.k == 0 && !st->input ? "an input function (stage 0)" : "a loss function (the last stage)");
     LK_TRY(lk_pipe_schedule_check(s, NULL));
-    int m = lk_pipe_schedule_chunks(s);
-    r.c = lk_calloc((size_t)m, sizeof *r.c);
-    if (!r.c) return LK_STATUS_OUT_OF_MEMORY;
-    for (int i = 0; i < lk_pipe_schedule_length(s, r.k); i++)
-        r.bwd_total += lk_pipe_schedule_action(s, r.k, i)->kind == LK_PIPE_BACKWARD;
+    int m = r.m, nc = r.v * m;
+    r.c = lk_calloc((size_t)nc, sizeof *r.c);
+    r.first = lk_calloc((size_t)r.v + 1, sizeof *r.first);
+    r.nbwd = lk_calloc((size_t)r.v, sizeof *r.nbwd);
+    r.bwd_total = lk_calloc((size_t)r.v, sizeof *r.bwd_total);
+    if (!r.c || !r.first || !r.nbwd || !r.bwd_total) {
+        lk_free(r.c), lk_free(r.first), lk_free(r.nbwd), lk_free(r.bwd_total);
+        return LK_STATUS_OUT_OF_MEMORY;
+    }
+    for (int j = 0; j < r.v; j++) r.first[j + 1] = r.first[j] + (st->stage_blocks ? st->stage_blocks[j] : st->nblocks);
+    for (int i = 0; i < lk_pipe_schedule_length(s, r.k); i++) {
+        const lk_pipe_action *a = lk_pipe_schedule_action(s, r.k, i);
+        if (a->kind == LK_PIPE_BACKWARD) r.bwd_total[a->vstage]++;
+    }
     lk_status res = LK_STATUS_OK;
     lk_scope_begin();
     double t_run = lk_time_now();
@@ -232,8 +253,8 @@ lk_status lk_pipe_run(const lk_pipe_schedule *s, const lk_pipe_stage *st, double
         const lk_pipe_action *a = lk_pipe_schedule_action(s, r.k, i);
         double t0 = st->times || st->on_action ? lk_time_now() : 0;
         switch (a->kind) {
-        case LK_PIPE_FORWARD: res = forward(&r, a->chunk); break;
-        case LK_PIPE_BACKWARD: res = backward(&r, a->chunk); break;
+        case LK_PIPE_FORWARD: res = forward(&r, a->chunk, a->vstage); break;
+        case LK_PIPE_BACKWARD: res = backward(&r, a->chunk, a->vstage); break;
         case LK_PIPE_COMM: res = comm(&r, a); break;
         case LK_PIPE_REDUCE_GRADS: res = st->reduce_grads ? st->reduce_grads(st->ctx) : LK_STATUS_OK; break;
         case LK_PIPE_OPTIMIZER_STEP: res = st->optimizer_step ? st->optimizer_step(st->ctx) : LK_STATUS_OK; break;
@@ -245,12 +266,12 @@ lk_status lk_pipe_run(const lk_pipe_schedule *s, const lk_pipe_stage *st, double
     }
     if (st->times) st->times->total_s += lk_time_now() - t_run;
     lk_scope_end(); /* the graphs no backward ran for (a forward-only schedule, a failure) */
-    for (int c = 0; c < m; c++) {
+    for (int c = 0; c < nc; c++) {
         lk_tensor_release(r.c[c].gout);
         release_forward(&r.c[c]);
         release_in(&r.c[c]);
     }
-    lk_free(r.c);
+    lk_free(r.c), lk_free(r.first), lk_free(r.nbwd), lk_free(r.bwd_total);
     if (res) {
         char why[1024];
         snprintf(why, sizeof why, "%s", lk_last_error());

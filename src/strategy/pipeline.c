@@ -50,11 +50,13 @@
 typedef struct pipe_self {
     bool mp;                 /* model_parallel: one micro-batch */
     int chunks;
-    char schedule[16];
+    char schedule[32];
     char split[512];
     bool by_time;            /* trainer.pipeline.split time: the split waits for profile_blocks */
-    int p;                   /* stages */
-    int stage;               /* this rank's */
+    int p;                   /* stages: the pipeline group's ranks */
+    int v;                   /* the model's stages per rank (interleaved_1f1b: rank k holds stages k, k + p, ...) */
+    int nst;                 /* the model's stages, p * v (one per rank but interleaved) */
+    int stage;               /* this rank's (in the pipeline group) */
     int dp;                  /* replicas of each stage (the world / p) */
     lk_comm_mesh_2d mesh;    /* dp > 1: the stage's replicas (dp) and this replica's pipeline (pp) */
     lk_comm *pp;             /* the pipeline group: mesh.pp, or the communicator when dp is 1 */
@@ -62,8 +64,11 @@ typedef struct pipe_self {
     int nblocks;
     char **bname;
     lk_layer **blayer;
-    int *first;              /* [p + 1] the first block of each stage, first[p] = nblocks */
-    lk_named_tensors *stage_params; /* [p] each stage's parameters */
+    int *first;              /* [nst + 1] the first block of each of the model's stages, first[nst] = nblocks */
+    lk_layer **myblocks;     /* this rank's blocks, its local stages' in order */
+    int *mycount;            /* [v] how many of them each local stage runs */
+    int nmy;
+    lk_named_tensors *stage_params; /* [p] each rank's parameters (its stages') */
     struct owned {
         lk_tensor **t; /* what stage k alone updates: its parameters (a tied one at its first holder) and its blocks' buffers */
         int n;
@@ -116,8 +121,9 @@ typedef struct pipe_self {
     struct pslot {
         struct pipe_self *ps;
         int bucket;
+        int vstage;      /* the local stage whose blocks hold the parameter */
     } *slots;
-    bool bk_armed;       /* the last backward of a sync step is running (or ran) */
+    bool *bk_armed;      /* [v] the local stage's last backward of a sync step is running (or ran) */
     lk_status bk_err;    /* the first failure of a launch, returned when the step waits */
 } pipe_self;
 
@@ -139,13 +145,29 @@ static lk_status create(lk_strategy *s, bool mp) {
                         "trainer.pipeline.chunks is %d (use strategy pipeline)", s->cfg.pipe_chunks);
     ps->chunks = mp ? 1 : s->cfg.pipe_chunks > 0 ? s->cfg.pipe_chunks : 4;
     snprintf(ps->schedule, sizeof ps->schedule, "%s", s->cfg.pipe_schedule && *s->cfg.pipe_schedule ? s->cfg.pipe_schedule : "1f1b");
+    bool interleaved = !strcmp(ps->schedule, "interleaved_1f1b");
+    ps->v = s->cfg.pipe_virtual_stages > 0 ? s->cfg.pipe_virtual_stages : interleaved ? 2 : 1;
+    if (ps->v > 1 && !interleaved)
+        return lk_error(LK_STATUS_INVALID_ARGUMENT, "strategy %s: trainer.pipeline.virtual_stages = %d needs schedule "
+                        "interleaved_1f1b (schedule %s runs one stage per rank)", name, ps->v, ps->schedule);
+    if (mp && interleaved)
+        return lk_error(LK_STATUS_INVALID_ARGUMENT, "strategy model_parallel runs one micro-batch, one stage per "
+                        "process: schedule interleaved_1f1b needs strategy pipeline");
+    if (interleaved && ps->p > 1 && ps->chunks % ps->p)
+        return lk_error(LK_STATUS_INVALID_ARGUMENT, "strategy %s: schedule interleaved_1f1b needs trainer.pipeline.chunks "
+                        "to be a multiple of the %d stages' ranks (Megatron-LM's rule: the micro-batches pass in "
+                        "groups of one per rank), got %d", name, ps->p, ps->chunks);
+    if (interleaved && ps->p < 2)
+        return lk_error(LK_STATUS_INVALID_ARGUMENT, "strategy %s: schedule interleaved_1f1b needs at least 2 stages' "
+                        "ranks (devices / replicas), got %d", name, ps->p);
+    ps->nst = ps->p * ps->v;
     snprintf(ps->split, sizeof ps->split, "%s", s->cfg.pipe_split ? s->cfg.pipe_split : "");
     ps->by_time = !strcmp(ps->split, "time"); /* known before the blocks: a run materialises a deferred model whole */
     if (ps->chunks < 1 || ps->chunks > 65536)
         return lk_error(LK_STATUS_INVALID_ARGUMENT, "strategy %s: trainer.pipeline.chunks must be 1..65536, got %d", name,
                         ps->chunks);
     if (s->world > 1 && !s->comm) return lk_error(LK_STATUS_INVALID_ARGUMENT, "strategy %s needs a communicator", name);
-    lk_status st = lk_pipe_schedule_make(ps->schedule, ps->p, ps->chunks, &ps->sched);
+    lk_status st = lk_pipe_schedule_make_virtual(ps->schedule, ps->p, ps->v, ps->chunks, &ps->sched);
     if (st) return lk_error(st, "strategy %s: trainer.pipeline.schedule: %s", name, lk_last_error());
     LK_TRY(lk_pipe_schedule_check(ps->sched, NULL));
     /* stages x replicas: the groups made here, on every rank alike (create is collective) */
@@ -181,6 +203,9 @@ static void pipe_free(lk_strategy *s) {
     lk_free(ps->bname);
     lk_free(ps->blayer);
     lk_free(ps->first);
+    lk_free(ps->myblocks);
+    lk_free(ps->mycount);
+    lk_free(ps->bk_armed);
     for (int k = 0; ps->stage_params && k < ps->p; k++) lk_named_tensors_clear(&ps->stage_params[k]);
     lk_free(ps->stage_params);
     for (int k = 0; ps->own && k < ps->p; k++) lk_free(ps->own[k].t);
@@ -220,9 +245,9 @@ static void split_balanced(pipe_self *ps, const int64_t *np) {
     int64_t total = 0;
     for (int i = 0; i < ps->nblocks; i++) total += np[i];
     ps->first[0] = 0;
-    for (int k = 1; k < ps->p; k++) {
-        double target = (double)total * k / ps->p;
-        int lo = ps->first[k - 1] + 1, hi = ps->nblocks - (ps->p - k), best = lo;
+    for (int k = 1; k < ps->nst; k++) {
+        double target = (double)total * k / ps->nst;
+        int lo = ps->first[k - 1] + 1, hi = ps->nblocks - (ps->nst - k), best = lo;
         double best_d = INFINITY;
         int64_t pre = 0;
         for (int i = 0; i < lo; i++) pre += np[i];
@@ -233,7 +258,7 @@ static void split_balanced(pipe_self *ps, const int64_t *np) {
         }
         ps->first[k] = best;
     }
-    ps->first[ps->p] = ps->nblocks;
+    ps->first[ps->nst] = ps->nblocks;
 }
 
 static lk_status split_named(pipe_self *ps, const char *name) {
@@ -252,20 +277,20 @@ static lk_status split_named(pipe_self *ps, const char *name) {
         if (at < 0)
             return lk_error(LK_STATUS_INVALID_ARGUMENT, "strategy %s: trainer.pipeline.split names '%s', which is no "
                             "block of the model (its blocks: %s)", name, tok, list);
-        if (k >= ps->p)
+        if (k >= ps->nst)
             return lk_error(LK_STATUS_INVALID_ARGUMENT, "strategy %s: trainer.pipeline.split '%s' names %s first blocks "
                             "for %d stages (expected %d: each stage's first block after the first stage's)",
-                            name, ps->split, "more", ps->p, ps->p - 1);
+                            name, ps->split, "more", ps->nst, ps->nst - 1);
         if (at <= ps->first[k - 1])
             return lk_error(LK_STATUS_INVALID_ARGUMENT, "strategy %s: trainer.pipeline.split: '%s' does not come after "
                             "the previous stage's first block (blocks in order: %s)", name, tok, list);
         ps->first[k++] = at;
     }
-    if (k != ps->p)
+    if (k != ps->nst)
         return lk_error(LK_STATUS_INVALID_ARGUMENT, "strategy %s: trainer.pipeline.split '%s' names %d first block%s "
                         "for %d stages (expected %d: each stage's first block after the first stage's)",
-                        name, ps->split, k - 1, k - 1 == 1 ? "" : "s", ps->p, ps->p - 1);
-    ps->first[ps->p] = ps->nblocks;
+                        name, ps->split, k - 1, k - 1 == 1 ? "" : "s", ps->nst, ps->nst - 1);
+    ps->first[ps->nst] = ps->nblocks;
     return LK_STATUS_OK;
 }
 
@@ -307,9 +332,12 @@ static void log_split(lk_strategy *s, const int64_t *np, const double *ms) {
     char line[2048];
     const char *how = ps->by_time ? "split by measured time" : ps->split[0] ? "trainer.pipeline.split" : "balanced by parameter count";
     size_t len = (size_t)snprintf(line, sizeof line, "%s: %d stage%s (%s; schedule %s, %d micro-batch%s):", s->vt->name,
-                                  ps->p, ps->p == 1 ? "" : "s", how, ps->schedule, ps->chunks, ps->chunks == 1 ? "" : "es");
+                                  ps->nst, ps->nst == 1 ? "" : "s", how, ps->schedule, ps->chunks, ps->chunks == 1 ? "" : "es");
+    if (ps->v > 1)
+        len -= 1, len += (size_t)snprintf(line + len, sizeof line - len, ", %d per rank (rank k holds stages k, k+%d, ...):",
+                                          ps->v, ps->p);
     if (ps->dp > 1) len -= 1, len += (size_t)snprintf(line + len, sizeof line - len, " x %d data-parallel replicas:", ps->dp);
-    for (int k = 0; k < ps->p && len < sizeof line; k++) {
+    for (int k = 0; k < ps->nst && len < sizeof line; k++) {
         int64_t c = 0;
         double t = 0;
         for (int i = ps->first[k]; i < ps->first[k + 1]; i++) c += np[i], t += ms ? ms[i] : 0;
@@ -330,24 +358,31 @@ static lk_status set_blocks(lk_strategy *s, const lk_named_layer *blocks, int n)
      * stage after the first */
     if (ps->by_time || !strcmp(ps->split, "parameters")) ps->split[0] = 0;
     if (n < 1) return lk_error(LK_STATUS_INVALID_ARGUMENT, "strategy %s: the model has no blocks to cut into stages", name);
-    /* A lone Sequential block (the mlp's "layers") is cut inside. Split by
-     * time, every Sequential block is (the autoencoder's encoder and
-     * decoder: finer cut points let the measured times balance; by
-     * parameters the cuts stay the model's own blocks, as they always were). */
+    /* A lone Sequential block (the mlp's "layers") is cut inside, and so
+     * are the Sequential blocks of a model with fewer blocks than stages
+     * when no split names blocks (the autoencoder's encoder and decoder in
+     * 4 interleaved stages). Split by time, every Sequential block is:
+     * finer cut points let the measured times balance; otherwise the cuts
+     * stay the model's own blocks, as they always were. */
     int cap = 0;
     lk_status st = LK_STATUS_OK;
-    bool lone = n == 1 && ps->p > 1 && is_seq(blocks[0].layer);
+    bool lone = n == 1 && ps->nst > 1 && is_seq(blocks[0].layer);
+    bool few = n < ps->nst && !ps->split[0];
     for (int i = 0; i < n && !st; i++) {
-        if (lone && !ps->by_time)
-            for (int j = 0; j < blocks[0].layer->n_children && !st; j++) {
-                char *nm = dup_name(blocks[0].name, blocks[0].layer->children[j].name);
-                st = nm ? add_block(ps, &cap, nm, blocks[0].layer->children[j].layer, false) : LK_STATUS_OUT_OF_MEMORY;
+        if ((lone || few) && !ps->by_time && is_seq(blocks[i].layer))
+            for (int j = 0; j < blocks[i].layer->n_children && !st; j++) {
+                char *nm = dup_name(blocks[i].name, blocks[i].layer->children[j].name);
+                st = nm ? add_block(ps, &cap, nm, blocks[i].layer->children[j].layer, false) : LK_STATUS_OUT_OF_MEMORY;
                 lk_free(nm);
             }
         else st = add_block(ps, &cap, blocks[i].name, blocks[i].layer, ps->by_time);
     }
     LK_TRY(st);
     n = ps->nblocks;
+    if (ps->nst > n && ps->v > 1)
+        return lk_error(LK_STATUS_INVALID_ARGUMENT, "strategy %s: %d stages (%d ranks x trainer.pipeline.virtual_stages "
+                        "%d) but the model has only %d block%s to cut: use fewer", name, ps->nst, ps->p, ps->v, n,
+                        n == 1 ? "" : "s");
     if (ps->p > n && ps->dp == 1)
         return lk_error(LK_STATUS_INVALID_ARGUMENT, "strategy %s: %d stages (one per process) but the model has only %d "
                         "block%s to cut: use at most %d devices", name, ps->p, n, n == 1 ? "" : "s", n);
@@ -355,7 +390,7 @@ static lk_status set_blocks(lk_strategy *s, const lk_named_layer *blocks, int n)
         return lk_error(LK_STATUS_INVALID_ARGUMENT, "strategy %s: %d stages (trainer.pipeline.stages) but the model has "
                         "only %d block%s to cut: use at most %d stage%s", name, ps->p, n, n == 1 ? "" : "s", n,
                         n == 1 ? "" : "s");
-    ps->first = lk_calloc((size_t)ps->p + 1, sizeof *ps->first);
+    ps->first = lk_calloc((size_t)ps->nst + 1, sizeof *ps->first);
     ps->stage_params = lk_calloc((size_t)ps->p, sizeof *ps->stage_params);
     int64_t *np = lk_calloc((size_t)n, sizeof *np);
     st = ps->first && ps->stage_params && np ? LK_STATUS_OK : LK_STATUS_OUT_OF_MEMORY;
@@ -373,7 +408,7 @@ static lk_status set_blocks(lk_strategy *s, const lk_named_layer *blocks, int n)
  * slowest stage is the fastest possible (dynamic programming over the
  * prefix sums: best[k][j] the slowest of the first j blocks in k stages). */
 static lk_status split_by_time(pipe_self *ps, const double *t) {
-    int n = ps->nblocks, p = ps->p;
+    int n = ps->nblocks, p = ps->nst;
     double *pre = lk_calloc((size_t)n + 1, sizeof *pre), *best = lk_calloc((size_t)(p + 1) * (size_t)(n + 1), sizeof *best);
     int *cut = lk_calloc((size_t)(p + 1) * (size_t)(n + 1), sizeof *cut);
     if (!pre || !best || !cut) {
@@ -488,11 +523,19 @@ static lk_status profile_blocks(lk_strategy *s, lk_tensor *x) {
     return st;
 }
 
-/* Stage k's parameters, named as the network names them (the same tensors). */
+/* The rank holding block i: the model's stage j is rank j % p's. */
+static int rank_of_block(const pipe_self *ps, int i) {
+    int j = 0;
+    while (j + 1 < ps->nst && ps->first[j + 1] <= i) j++;
+    return j % ps->p;
+}
+
+/* Rank k's parameters, named as the network names them (the same tensors). */
 static lk_status stage_params(pipe_self *ps, const lk_named_tensors *all) {
     for (int k = 0; k < ps->p; k++) {
         lk_named_tensors mine = {0};
-        for (int i = ps->first[k]; i < ps->first[k + 1]; i++) LK_TRY(lk_layer_named_parameters(ps->blayer[i], &mine));
+        for (int i = 0; i < ps->nblocks; i++)
+            if (rank_of_block(ps, i) == k) LK_TRY(lk_layer_named_parameters(ps->blayer[i], &mine));
         for (int j = 0; j < all->n; j++) {
             bool in = false;
             for (int q = 0; q < mine.n && !in; q++) in = mine.items[q].tensor == all->items[j].tensor;
@@ -526,7 +569,8 @@ static lk_status owned_lists(pipe_self *ps) {
     for (int k = 0; k < ps->p; k++) {
         lk_named_tensors bufs = {0};
         lk_status st = LK_STATUS_OK;
-        for (int i = ps->first[k]; i < ps->first[k + 1] && !st; i++) st = lk_layer_named_buffers(ps->blayer[i], &bufs);
+        for (int i = 0; i < ps->nblocks && !st; i++)
+            if (rank_of_block(ps, i) == k) st = lk_layer_named_buffers(ps->blayer[i], &bufs);
         struct owned *o = &ps->own[k];
         o->t = st ? NULL : lk_calloc((size_t)(ps->stage_params[k].n + bufs.n) + 1, sizeof *o->t);
         if (!st && !o->t) st = LK_STATUS_OUT_OF_MEMORY;
@@ -706,15 +750,29 @@ static void on_grad_ready(lk_tensor *p, void *ctx) {
     (void)p;
     struct pslot *slot = ctx;
     pipe_self *ps = slot->ps;
-    if (!ps->bk_armed) return; /* an earlier micro-batch's backward: its gradients are not final */
+    if (!ps->bk_armed[slot->vstage]) return; /* an earlier micro-batch's backward: its gradients are not final */
     ps->bk[slot->bucket].ready++;
     launch_buckets(ps);
 }
 
-static void stage_before_backward(void *ctx, int chunk, bool last) {
+static void stage_before_backward(void *ctx, int chunk, int vstage, bool last) {
     (void)chunk;
     pipe_self *ps = ctx;
-    if (last) ps->bk_armed = true;
+    if (last) ps->bk_armed[vstage] = true;
+}
+
+/* The local stage whose blocks hold parameter t (0 when one stage per rank). */
+static int vstage_of(const pipe_self *ps, const lk_tensor *t) {
+    for (int j = 0, at = 0; ps->v > 1 && j < ps->v; at += ps->mycount[j++])
+        for (int b = at; b < at + ps->mycount[j]; b++) {
+            lk_named_tensors l = {0};
+            bool in = false;
+            if (!lk_layer_named_parameters(ps->myblocks[b], &l))
+                for (int q = 0; q < l.n && !in; q++) in = l.items[q].tensor == t;
+            lk_named_tensors_clear(&l);
+            if (in) return j;
+        }
+    return 0;
 }
 
 /* The flat gradient buffer packs this stage's parameters in registration
@@ -737,7 +795,7 @@ static lk_status buckets_setup(lk_strategy *s) {
         b->offset = off;
         b->count += p->numel;
         b->nparams++;
-        ps->slots[i] = (struct pslot){ps, ps->nbk - 1};
+        ps->slots[i] = (struct pslot){ps, ps->nbk - 1, vstage_of(ps, p)};
         lk_tensor_set_grad_hook(p, on_grad_ready, &ps->slots[i]);
     }
     if (off != 0)
@@ -769,7 +827,7 @@ static lk_status buckets_finish(pipe_self *ps, lk_status rc) {
     }
     for (int b = 0; b < ps->nbk; b++) ps->bk[b].ready = 0;
     ps->next_bk = 0;
-    ps->bk_armed = false;
+    for (int j = 0; j < ps->v; j++) ps->bk_armed[j] = false;
     ps->bk_err = LK_STATUS_OK;
     return rc ? rc : st;
 }
@@ -801,13 +859,27 @@ static lk_status wrap(lk_strategy *s, lk_layer *net) {
     /* A stage of parameter-free blocks (a lone ReLU) would have nothing to
      * optimise: say so here rather than through its optimizer's refusal. */
     for (int k = 0; k < ps->p; k++)
-        if (!ps->stage_params[k].n)
+        if (!ps->stage_params[k].n && ps->v > 1)
+            return lk_error(LK_STATUS_INVALID_ARGUMENT, "strategy %s: rank %d's %d stages of %d hold no parameters: "
+                            "every rank needs a block with parameters; move trainer.pipeline.split or use fewer "
+                            "trainer.pipeline.virtual_stages", s->vt->name, k, ps->v, ps->nst);
+        else if (!ps->stage_params[k].n)
             return lk_error(LK_STATUS_INVALID_ARGUMENT, "strategy %s: stage %d of %d (%s%s%s) holds no parameters: "
                             "every stage needs a block with parameters; move trainer.pipeline.split or use fewer "
                             "stages (trainer.pipeline.stages, or devices)", s->vt->name, k, ps->p,
                             ps->bname[ps->first[k]], ps->first[k + 1] - ps->first[k] > 1 ? " .. " : "",
                             ps->first[k + 1] - ps->first[k] > 1 ? ps->bname[ps->first[k + 1] - 1] : "");
     LK_TRY(owned_lists(ps));
+    /* this rank's blocks, local stage by local stage (what lk_pipe_run runs) */
+    ps->myblocks = lk_calloc((size_t)ps->nblocks, sizeof *ps->myblocks);
+    ps->mycount = lk_calloc((size_t)ps->v, sizeof *ps->mycount);
+    ps->bk_armed = lk_calloc((size_t)ps->v, sizeof *ps->bk_armed);
+    if (!ps->myblocks || !ps->mycount || !ps->bk_armed) return LK_STATUS_OUT_OF_MEMORY;
+    for (int j = 0; j < ps->v; j++) {
+        int g = j * ps->p + ps->stage;
+        for (int i = ps->first[g]; i < ps->first[g + 1]; i++) ps->myblocks[ps->nmy++] = ps->blayer[i];
+        ps->mycount[j] = ps->first[g + 1] - ps->first[g];
+    }
     const lk_named_tensors *mine = &ps->stage_params[ps->stage];
     for (int j = 0; j < mine->n; j++) LK_TRY(lk_named_tensors_append(&s->local, mine->items[j].name, mine->items[j].tensor));
     LK_TRY(list_dropped(s, net));
@@ -856,7 +928,7 @@ static lk_status wrap(lk_strategy *s, lk_layer *net) {
                                                  : "the other stages' storage given back",
                                       (double)ps->model_bytes / 1048576.0);
         for (int k = 0; k < ps->p && len < sizeof line; k++)
-            len += (size_t)snprintf(line + len, sizeof line - len, " stage %d %.3f", k,
+            len += (size_t)snprintf(line + len, sizeof line - len, " %s %d %.3f", ps->v > 1 ? "rank" : "stage", k,
                                     (double)ps->held_bytes[k] / 1048576.0);
         lk_log0("%s", line);
     }
@@ -966,7 +1038,7 @@ static lk_status training_step(lk_strategy *s, const lk_step_args *a, lk_step_re
         if (!ps->short_sched || lk_pipe_schedule_chunks(ps->short_sched) != m) {
             lk_pipe_schedule_free(ps->short_sched);
             ps->short_sched = NULL;
-            LK_TRY(lk_pipe_schedule_make(ps->schedule, ps->p, m, &ps->short_sched));
+            LK_TRY(lk_pipe_schedule_make_virtual(ps->schedule, ps->p, ps->v, m, &ps->short_sched));
         }
         sched = ps->short_sched;
     }
@@ -977,8 +1049,7 @@ static lk_status training_step(lk_strategy *s, const lk_step_args *a, lk_step_re
      * loss scaler as the local step applies them */
     float mul = a->loss_mul / (float)m;
     if (a->loss_scale != 1.0f) mul *= a->loss_scale;
-    lk_pipe_stage st = {.comm = ps->pp, .blocks = ps->blayer + ps->first[ps->stage],
-                        .nblocks = ps->first[ps->stage + 1] - ps->first[ps->stage], .ctx = ps,
+    lk_pipe_stage st = {.comm = ps->pp, .blocks = ps->myblocks, .nblocks = ps->nmy, .stage_blocks = ps->mycount, .ctx = ps,
                         .input = stage_input, .loss = stage_loss, .loss_mul = mul,
                         .chunk_weight = extra ? ps->weight : NULL};
     struct lk_pipe_times times = {0};
@@ -1008,6 +1079,7 @@ static lk_status training_step(lk_strategy *s, const lk_step_args *a, lk_step_re
     /* the measured bubble (run.json), past the first step's allocations and the full-size schedule only */
     s->stats.pipe_stages = ps->p;
     s->stats.pipe_chunks = ps->chunks;
+    s->stats.pipe_virtual = ps->v;
     if (ps->steps_run++ > 0 && sched == ps->sched) {
         s->stats.pipe_run_s += times.total_s;
         s->stats.pipe_comm_s += times.comm_s;
@@ -1063,7 +1135,7 @@ static lk_status eval_forward(lk_strategy *s, const lk_batch *b, bool whole, lk_
     if (!ps->fwd_sched || lk_pipe_schedule_chunks(ps->fwd_sched) != m) {
         lk_pipe_schedule_free(ps->fwd_sched);
         ps->fwd_sched = NULL;
-        LK_TRY(lk_pipe_schedule_make("forward", ps->p, m, &ps->fwd_sched));
+        LK_TRY(lk_pipe_schedule_make_virtual("forward", ps->p, ps->v, m, &ps->fwd_sched));
     }
     LK_TRY(cut_batch(ps, b, m));
     ps->eval_m = m;
@@ -1071,14 +1143,13 @@ static lk_status eval_forward(lk_strategy *s, const lk_batch *b, bool whole, lk_
         ps->whole_noted = true;
         lk_log0("%s: test and predict run forward-only through the %d stages, each batch whole (one micro-batch: "
                 "the whole model's matrix shapes, so its bits), the last stage's outputs sent to every stage",
-                s->vt->name, ps->p);
+                s->vt->name, ps->nst);
     } else if (!whole && !ps->eval_noted) {
         ps->eval_noted = true;
         lk_log0("%s: evaluation runs forward-only through the %d stages (%d micro-batch%s per batch), the last "
-                "stage's outputs sent to every stage", s->vt->name, ps->p, m, m == 1 ? "" : "es");
+                "stage's outputs sent to every stage", s->vt->name, ps->nst, m, m == 1 ? "" : "es");
     }
-    lk_pipe_stage st = {.comm = ps->pp, .blocks = ps->blayer + ps->first[ps->stage],
-                        .nblocks = ps->first[ps->stage + 1] - ps->first[ps->stage], .ctx = ps,
+    lk_pipe_stage st = {.comm = ps->pp, .blocks = ps->myblocks, .nblocks = ps->nmy, .stage_blocks = ps->mycount, .ctx = ps,
                         .input = stage_input, .output = stage_output};
     lk_status rc = lk_pipe_run(ps->fwd_sched, &st, NULL);
     /* the last stage's outputs to every stage: a header (dtype, ndim, dims), then the data */

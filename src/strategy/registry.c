@@ -133,8 +133,8 @@ static const char *const fsdp_args[] = {"sharding_strategy", "auto_wrap_policy",
                                         "forward_prefetch", "backward_prefetch", "limit_all_gathers",
                                         "use_orig_params", "sync_module_states", "state_dict_type",
                                         "activation_checkpointing_policy", "mixed_precision", NULL};
-/* PipelineStrategy: trainer.pipeline's keys (chunks, schedule, split, stages). */
-static const char *const pipe_args[] = {"chunks", "schedule", "split", "stages", NULL};
+/* PipelineStrategy: trainer.pipeline's keys (chunks, schedule, split, stages, virtual_stages). */
+static const char *const pipe_args[] = {"chunks", "schedule", "split", "stages", "virtual_stages", NULL};
 static const char *const class_names[] = {"DDPStrategy", "DDPSpawnStrategy", "DataParallelStrategy",
                                           "SingleDeviceStrategy", "DeepSpeedStrategy", "FSDPStrategy",
                                           "PipelineStrategy"};

@@ -244,6 +244,7 @@ typedef struct lk_runinfo {
      * (the first stage's), and the theory's; each rank's schedule time and
      * time in messages, [run_s, comm_s] x pipe_n_ranks (0: not gathered) */
     int pipe_stages, pipe_chunks, pipe_n_ranks;
+    int pipe_virtual; /* the model's stages per rank (interleaved_1f1b) */
     double pipe_bubble, pipe_bubble_first, pipe_bubble_theory;
     const double *pipe_rank_times;
     bool has_model_state;       /* model_state_bytes below is known (a strategy wrapped the module) */

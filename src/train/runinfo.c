@@ -138,6 +138,7 @@ lk_status lk_runinfo_to_json(const lk_runinfo *info, char **out) {
         cJSON *pp = cJSON_CreateObject();
         ok = ok && pp && add(pp, "stages", cJSON_CreateNumber(info->pipe_stages));
         ok = ok && pp && add(pp, "chunks", cJSON_CreateNumber(info->pipe_chunks));
+        ok = ok && pp && add(pp, "stages_per_rank", cJSON_CreateNumber(info->pipe_virtual > 0 ? info->pipe_virtual : 1));
         ok = ok && pp && add(pp, "bubble", number_or_null(info->pipe_bubble));
         ok = ok && pp && add(pp, "bubble_first_stage", number_or_null(info->pipe_bubble_first));
         if (info->pipe_n_ranks > 0) {

@@ -96,6 +96,7 @@ void lk__write_runinfo(lk_trainer *tr, const char *command, lk_status st) {
     if (pst.pipe_stages > 0) {
         ri.pipe_stages = pst.pipe_stages;
         ri.pipe_chunks = pst.pipe_chunks;
+        ri.pipe_virtual = pst.pipe_virtual > 1 ? pst.pipe_virtual : 1;
         /* the mean over the ranks of each rank's idle share (every stage's,
          * as the theory counts every stage's idle time), when a fit gathered
          * them; rank 0's alone otherwise */
@@ -105,7 +106,8 @@ void lk__write_runinfo(lk_trainer *tr, const char *command, lk_status st) {
         double sum = 0;
         for (int r = 0; r < nr; r++) sum += lk__pipe_share(tr->rank_pipe + 2 * r);
         if (nr > 0) ri.pipe_n_ranks = nr, ri.pipe_rank_times = tr->rank_pipe, ri.pipe_bubble = sum / nr;
-        ri.pipe_bubble_theory = lk_pipe_bubble_theory(pst.pipe_stages, pst.pipe_chunks);
+        /* interleaved, v stages per rank: (p - 1) / (v m + p - 1) */
+        ri.pipe_bubble_theory = lk_pipe_bubble_theory(pst.pipe_stages, pst.pipe_chunks * (pst.pipe_virtual > 1 ? pst.pipe_virtual : 1));
     }
     if (!tr->dp_devices && lk_strategy_wrapped(tr->strat)) { /* dp's replicas are threads: one process holds them all */
         lk_strategy_memory mem = lk_strategy_get_memory(tr->strat);

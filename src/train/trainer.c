@@ -240,6 +240,7 @@ lk_status lk_trainer_create(const lk_trainer_config *cfg, const lk_optim_setting
     sc.pipe_schedule = cfg->pipeline_schedule;
     sc.pipe_split = cfg->pipeline_split;
     sc.pipe_stages = (int)cfg->pipeline_stages;
+    sc.pipe_virtual_stages = (int)cfg->pipeline_virtual_stages;
     /* fsdp, deepspeed_stage_3: trainer.fsdp_* (FSDPStrategy's init_args set them) */
     lk_fsdp_options fo = lk_fsdp_options_default();
     for (int k = 0; k < 4; k++)

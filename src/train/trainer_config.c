@@ -74,16 +74,18 @@ static const lk_param trainer_params[] = {
     T("memory_limit_mb", FLOAT, memory_limit_mb, "0", 0, 1e9, NULL,
       "per-rank cap on the MiB lockstep allocates on the host, the shared heap included; an allocation past it ends "
       "the fit with an out-of-memory error naming it (0: LK_MEMORY_LIMIT_MB, else none)"),
-    /* trainer.pipeline: {chunks, schedule, split} (apply_special) */
+    /* trainer.pipeline: {chunks, schedule, split, stages, virtual_stages} (apply_special) */
     T("pipeline_chunks", INT, pipeline_chunks, "4", 1, 65536, NULL,
       "pipeline: micro-batches per batch (trainer.pipeline.chunks; must divide the batch)"),
-    T("pipeline_schedule", ENUM, pipeline_schedule, "1f1b", 1, 0, "gpipe|1f1b",
+    T("pipeline_schedule", ENUM, pipeline_schedule, "1f1b", 1, 0, "gpipe|1f1b|interleaved_1f1b",
       "pipeline: the schedule (trainer.pipeline.schedule; docs/PIPELINE.md)"),
     T("pipeline_split", STRING, pipeline_split, "", 1, 0, NULL,
       "model_parallel, pipeline: each stage's first block after the first, comma-separated; 'time': by the measured time of "
       "each block (profiled on the first batch); empty or 'parameters': balanced by parameter count"),
     T("pipeline_stages", INT, pipeline_stages, "0", 0, 4096, NULL,
       "model_parallel, pipeline: the stages (trainer.pipeline.stages); devices = stages x data-parallel replicas (0: one stage per device)"),
+    T("pipeline_virtual_stages", INT, pipeline_virtual_stages, "0", 0, 64, NULL,
+      "pipeline, schedule interleaved_1f1b: the model's stages per rank (trainer.pipeline.virtual_stages; 0: 2)"),
     T("bucket_cap_mb", FLOAT, bucket_cap_mb, "25", 1e-6, 1e6, NULL, "ddp gradient bucket size in MB"),
     T("state_dict_type", ENUM, state_dict_type, "full", 1, 0, "full|sharded",
       "deepspeed_stage_1/2: checkpoints as one whole file (full), or as a set of one shard per rank plus an index "
@@ -562,15 +564,16 @@ static lk_status apply_special(const lk_param *tp, int n, lk_trainer_config *cfg
         else if (text && (!strcmp(text, "false") || !strcmp(text, "False"))) cfg->fast_dev_run = 0;
         else if (text) LK_TRY(set_scalar(tp, n, cfg, c, text));
         else return lk__cfg_at(c, "trainer.fast_dev_run: expected true, false or a number of batches");
-    } else if (!strcmp(key, "pipeline")) { /* trainer.pipeline.{chunks,schedule,split,stages} */
+    } else if (!strcmp(key, "pipeline")) { /* trainer.pipeline.{chunks,schedule,split,stages,virtual_stages} */
         if (null) return LK_STATUS_OK;
-        if (lk_config_node_type(c) != LK_CONFIG_MAP) return lk__cfg_at(c, "trainer.pipeline: expected a map of chunks, schedule, split and stages");
+        if (lk_config_node_type(c) != LK_CONFIG_MAP) return lk__cfg_at(c, "trainer.pipeline: expected a map of chunks, schedule, split, stages and virtual_stages");
         for (int j = 0; j < lk_config_node_count(c); j++) {
             const lk_config_node *e = lk_config_node_child(c, j);
             const char *k = lk_config_node_key(e), *v = lk_config_node_text(e);
             const char *tkey = !strcmp(k, "chunks") ? "pipeline_chunks" : !strcmp(k, "schedule") ? "pipeline_schedule"
-                               : !strcmp(k, "split") ? "pipeline_split" : !strcmp(k, "stages") ? "pipeline_stages" : NULL;
-            if (!tkey) return lk__cfg_at(e, "trainer.pipeline: unknown key '%s' (expected chunks, schedule, split or stages)", k);
+                               : !strcmp(k, "split") ? "pipeline_split" : !strcmp(k, "stages") ? "pipeline_stages"
+                               : !strcmp(k, "virtual_stages") ? "pipeline_virtual_stages" : NULL;
+            if (!tkey) return lk__cfg_at(e, "trainer.pipeline: unknown key '%s' (expected chunks, schedule, split, stages or virtual_stages)", k);
             if (!v) return lk__cfg_at(e, "trainer.pipeline.%s: expected a value, not a collection", k);
             if (lk_params_set(tp, n, cfg, "trainer", tkey, v)) return lk__cfg_at(e, "trainer.pipeline.%s: %s", k, lk_last_error());
         }

@@ -8,7 +8,9 @@
  * stage holds are bitwise the same, and the last stage that its loss sum is.
  * The gpt's token embedding is tied to its head, so its gradient has a part
  * on the first stage and a part on the last: their sum is checked (within
- * float rounding: the one process adds the parts in another order). */
+ * float rounding: the one process adds the parts in another order).
+ * interleaved_1f1b cuts both into 4 stages over 2 ranks (each rank holds
+ * stages k and k + 2): the same bits. */
 #include <math.h>
 #include <string.h>
 
@@ -21,7 +23,8 @@ enum { M = 4, ROWS = 3 }; /* micro-batches, rows each */
 
 typedef struct cfg {
     const char *model, *schedule;
-    int stages;
+    int stages; /* ranks */
+    int v;      /* the model's stages per rank */
 } cfg;
 
 typedef struct data {
@@ -106,17 +109,21 @@ static int stage_rank(int rank, int world, void *arg) {
     make_data(cf->model, &d);
     double ref_loss = reference(ref, &d);
 
-    /* stage `rank` holds blocks [lo, hi): an even cut of the blocks */
-    int nb = 0;
+    /* the model's stage g holds blocks [nb g / n, nb (g + 1) / n): an even
+     * cut; this rank holds stages rank, rank + world, ... */
+    int nb = 0, n = world * cf->v, nmine = 0, count[4] = {0}, mine_idx[16];
     const lk_named_layer *blocks = NULL;
     CHECK_OK(lk_model_blocks(cut, &nb, &blocks));
-    int lo = nb * rank / world, hi = nb * (rank + 1) / world;
     lk_layer *mine[16];
-    for (int b = lo; b < hi; b++) mine[b - lo] = blocks[b].layer;
+    for (int j = 0; j < cf->v; j++) {
+        int g = j * world + rank, lo = nb * g / n, hi = nb * (g + 1) / n;
+        for (int b = lo; b < hi; b++) mine_idx[nmine] = b, mine[nmine++] = blocks[b].layer;
+        count[j] = hi - lo;
+    }
     lk_pipe_schedule *s = NULL;
-    CHECK_OK(lk_pipe_schedule_make(cf->schedule, world, M, &s));
-    lk_pipe_stage st = {.comm = comm, .blocks = mine, .nblocks = hi - lo, .ctx = &d, .input = input_of,
-                        .loss = loss_of, .loss_mul = 1.0f / M};
+    CHECK_OK(lk_pipe_schedule_make_virtual(cf->schedule, world, cf->v, M, &s));
+    lk_pipe_stage st = {.comm = comm, .blocks = mine, .nblocks = nmine, .stage_blocks = count, .ctx = &d,
+                        .input = input_of, .loss = loss_of, .loss_mul = 1.0f / M};
     double loss = 0.0;
     lk_status rs = lk_pipe_run(s, &st, &loss);
     CHECK_MSG(rs == LK_STATUS_OK, "rank %d: %s", rank, lk_last_error());
@@ -127,9 +134,9 @@ static int stage_rank(int rank, int world, void *arg) {
     CHECK_OK(lk_layer_named_parameters(net, &ps));
     CHECK_OK(lk_layer_named_parameters(ref, &rps));
     int checked = 0;
-    for (int b = lo; b < hi; b++) {
+    for (int q = 0; q < nmine; q++) {
         lk_named_tensors bp = {0};
-        CHECK_OK(lk_layer_named_parameters(blocks[b].layer, &bp));
+        CHECK_OK(lk_layer_named_parameters(blocks[mine_idx[q]].layer, &bp));
         for (int i = 0; i < bp.n; i++) {
             const lk_tensor *p = bp.items[i].tensor;
             int j = 0;
@@ -178,7 +185,7 @@ static int stage_rank(int rank, int world, void *arg) {
 
 static void run_case(const char *model, const char *schedule, int stages) {
     du_map();
-    cfg cf = {model, schedule, stages};
+    cfg cf = {model, schedule, stages, !strcmp(schedule, "interleaved_1f1b") ? 2 : 1};
     int codes[DU_MAXW];
     int ok = du_run(stages, stage_rank, &cf, 60, codes, NULL);
     CHECK_MSG(ok == stages, "%s on %d stages with %s: %d of %d ranks passed", model, stages, schedule, ok, stages);
@@ -188,12 +195,14 @@ static void mlp_stages(void) {
     run_case("mlp", "gpipe", 2);
     run_case("mlp", "1f1b", 2);
     run_case("mlp", "1f1b", 3);
+    run_case("mlp", "interleaved_1f1b", 2);
 }
 
 static void gpt_stages(void) {
     run_case("gpt", "1f1b", 2);
     run_case("gpt", "gpipe", 3);
     run_case("gpt", "1f1b", 4);
+    run_case("gpt", "interleaved_1f1b", 2);
 }
 
 LK_TEST_MAIN(LK_TEST_CASE(mlp_stages), LK_TEST_CASE(gpt_stages))

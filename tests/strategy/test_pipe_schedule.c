@@ -6,7 +6,11 @@
  * checker catches what it exists for, on hand-made lists: the naive 1F1B
  * whose send and receive are not posted together (the classic deadlock),
  * a message that meets another one, a schedule that skips a backward or
- * reduces before it, bad arguments. */
+ * reduces before it, bad arguments. interleaved_1f1b (2 and 3 stages per
+ * rank on 2..6 ranks, 1..16 micro-batches) is checked the same way; where
+ * the micro-batches are a multiple of the ranks its simulated bubble is
+ * the theory's (p-1)/(vm+p-1) and rank k keeps at most (v-1)p + 2(p-1-k) + 1
+ * micro-batch-stages alive, Megatron-LM's warm-up plus one. */
 #include <math.h>
 #include <string.h>
 
@@ -17,6 +21,7 @@ static void generated_schedules(void) {
     const char *const *names = lk_pipe_schedule_names();
     int checked = 0;
     for (int n = 0; names[n]; n++) {
+        if (!strcmp(names[n], "interleaved_1f1b")) continue; /* below */
         bool training = strcmp(names[n], "forward") != 0;
         for (int p = 1; p <= 8; p++)
             for (int m = 1; m <= 16; m++) {
@@ -49,6 +54,55 @@ static void generated_schedules(void) {
             }
     }
     CHECK(checked == 3 * 8 * 16);
+}
+
+static void interleaved_schedules(void) {
+    int checked = 0, at_theory = 0;
+    for (int p = 2; p <= 6; p++)
+        for (int v = 2; v <= 3; v++)
+            for (int m = 1; m <= 16; m++)
+                for (int training = 0; training <= 1; training++) {
+                    const char *name = training ? "interleaved_1f1b" : "forward";
+                    lk_pipe_schedule *s = NULL;
+                    CHECK_OK(lk_pipe_schedule_make_virtual(name, p, v, m, &s));
+                    CHECK(lk_pipe_schedule_virtual(s) == v);
+                    lk_pipe_report r;
+                    lk_status st = lk_pipe_schedule_check(s, &r);
+                    CHECK_MSG(st == LK_STATUS_OK, "%s p=%d v=%d m=%d: %s", name, p, v, m, lk_last_error());
+                    if (!st && training && m % p == 0) {
+                        double theory = lk_pipe_schedule_bubble_theory(s);
+                        CHECK_MSG(fabs(theory - lk_pipe_bubble_theory(p, v * m)) < 1e-15, "theory p=%d v=%d m=%d", p, v, m);
+                        CHECK_MSG(fabs(r.bubble - theory) < 1e-12, "%s p=%d v=%d m=%d: bubble %.6f, theory %.6f", name, p,
+                                  v, m, r.bubble, theory);
+                        for (int k = 0; k < p; k++) {
+                            int want = (v - 1) * p + 2 * (p - 1 - k) + 1;
+                            if (want > m * v) want = m * v;
+                            CHECK_MSG(r.peak_alive[k] == want, "%s p=%d v=%d m=%d rank %d: %d alive, want %d", name, p, v,
+                                      m, k, r.peak_alive[k], want);
+                        }
+                        at_theory++;
+                    }
+                    /* every rank runs each forward of each of its stages once, and a training one each backward */
+                    for (int k = 0; k < p; k++) {
+                        int f = 0, b = 0;
+                        for (int i = 0; i < lk_pipe_schedule_length(s, k); i++) {
+                            const lk_pipe_action *a = lk_pipe_schedule_action(s, k, i);
+                            f += a->kind == LK_PIPE_FORWARD, b += a->kind == LK_PIPE_BACKWARD;
+                            CHECK(a->kind != LK_PIPE_COMM || (a->nops >= 1 && a->nops <= LK_PIPE_MAX_OPS));
+                        }
+                        CHECK(f == m * v && b == (training ? m * v : 0));
+                    }
+                    lk_pipe_schedule_free(s);
+                    checked++;
+                }
+    CHECK(checked == 5 * 2 * 16 * 2);
+    CHECK(at_theory > 40);
+    /* the default: two stages per rank */
+    lk_pipe_schedule *s = NULL;
+    CHECK_OK(lk_pipe_schedule_make("interleaved_1f1b", 2, 8, &s));
+    CHECK(lk_pipe_schedule_virtual(s) == 2);
+    CHECK(fabs(lk_pipe_schedule_bubble_theory(s) - 1.0 / 17.0) < 1e-15);
+    lk_pipe_schedule_free(s);
 }
 
 #define F(c) {.kind = LK_PIPE_FORWARD, .chunk = (c)}
@@ -109,11 +163,19 @@ static void broken_schedules(void) {
 static void bad_arguments(void) {
     lk_pipe_schedule *s = NULL;
     CHECK_ERR(lk_pipe_schedule_make("zero_bubble", 2, 4, &s), LK_STATUS_INVALID_ARGUMENT,
-              "pipeline schedule 'zero_bubble' is unknown (expected gpipe, 1f1b or forward)");
+              "pipeline schedule 'zero_bubble' is unknown (expected gpipe, 1f1b, interleaved_1f1b or forward)");
+    CHECK_ERR(lk_pipe_schedule_make("interleaved_1f1b", 1, 4, &s), LK_STATUS_INVALID_ARGUMENT,
+              "2 stages per rank need at least 2 ranks");
+    CHECK_ERR(lk_pipe_schedule_make_virtual("1f1b", 2, 2, 4, &s), LK_STATUS_INVALID_ARGUMENT,
+              "pipeline schedule 1f1b runs one stage per rank, not 2 (several stages per rank: interleaved_1f1b)");
+    CHECK_ERR(lk_pipe_schedule_make_virtual("interleaved_1f1b", 2, 0, 4, &s), LK_STATUS_INVALID_ARGUMENT,
+              "0 virtual stages per rank (expected 1..64)");
+    CHECK(s == NULL);
     CHECK(s == NULL);
     CHECK_ERR(lk_pipe_schedule_make("1f1b", 0, 4, &s), LK_STATUS_INVALID_ARGUMENT, "0 stages (expected 1..4096)");
     CHECK_ERR(lk_pipe_schedule_make("gpipe", 2, 0, &s), LK_STATUS_INVALID_ARGUMENT, "0 micro-batches");
     CHECK(fabs(lk_pipe_bubble_theory(2, 8) - 1.0 / 9.0) < 1e-15);
 }
 
-LK_TEST_MAIN(LK_TEST_CASE(generated_schedules), LK_TEST_CASE(broken_schedules), LK_TEST_CASE(bad_arguments))
+LK_TEST_MAIN(LK_TEST_CASE(generated_schedules), LK_TEST_CASE(interleaved_schedules), LK_TEST_CASE(broken_schedules),
+             LK_TEST_CASE(bad_arguments))

@@ -43,6 +43,19 @@ check "pipeline 2 x 2: within 1e-6 of single on the global batch of 32 ($(near "
   near "$T/single.st" "$T/pdp.st" 1e-6
 run pdp_gpipe "${pdp[@]}" --trainer.pipeline.schedule gpipe --data.init_args.batch_size 16 &&
   check "pipeline 2 x 2, gpipe: bitwise 1f1b" cmp -s "$T/pdp.st" "$T/pdp_gpipe.st"
+# interleaved 1F1B x 2 replicas: each rank holds stages k and k + 2; the
+# buckets (104 bytes: one or two parameters each) are started as each of
+# its stages' last backward completes them, and the bits stay 1f1b's
+run pdp_il "${pdp[@]}" --trainer.pipeline.schedule interleaved_1f1b --data.init_args.batch_size 16 &&
+  check "pipeline 2 x 2, interleaved_1f1b: bitwise 1f1b" cmp -s "$T/pdp.st" "$T/pdp_il.st"
+run pdp_ilbk "${pdp[@]}" --trainer.pipeline.schedule interleaved_1f1b --data.init_args.batch_size 16 \
+  --trainer.bucket_cap_mb 0.0001 &&
+  check "pipeline 2 x 2, interleaved_1f1b, 104-byte buckets: bitwise 1f1b" cmp -s "$T/pdp.st" "$T/pdp_ilbk.st"
+check "run.json: interleaved, 2 stages per rank, the theory (p-1)/(vm+p-1) = 1/9" python3 -c "
+import json, sys
+p = json.load(open(sys.argv[1]))['pipeline']
+sys.exit(0 if p['stages_per_rank'] == 2 and abs(p['bubble_theory'] - 1 / 9) < 1e-12 else 1)" \
+  "$T/pdp_il/lightning_logs/version_0/run.json"
 # the replicas' all-reduce in buckets started during the last backward: with 104-byte buckets stage 0's
 # gradients go in 2 (its Linear's bias, then its weight), and the bits stay ddp's
 run pdp_bk "${pdp[@]}" --data.init_args.batch_size 16 --trainer.bucket_cap_mb 0.0001 &&

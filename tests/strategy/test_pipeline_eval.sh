@@ -27,6 +27,10 @@ check "pipeline: evaluation ran forward-only through the stages" \
   grep -q "pipeline: evaluation runs forward-only through the 2 stages (4 micro-batches per batch)" "$T/pp2.log"
 run pp3 --trainer.devices 3 --trainer.strategy pipeline --trainer.pipeline.chunks 4 --trainer.pipeline.schedule gpipe &&
   check "pipeline 3 stages gpipe: val_loss the same as 2 stages' ($(val pp3))" test "$(val pp3)" = "$(val pp2)"
+run il2 --trainer.devices 2 --trainer.strategy pipeline --trainer.pipeline.chunks 4 --trainer.pipeline.schedule interleaved_1f1b &&
+  check "pipeline interleaved_1f1b (2 ranks x 2 stages): val_loss the same as 2 stages' ($(val il2))" test "$(val il2)" = "$(val pp2)"
+check "interleaved: evaluation ran forward-only through the 4 stages" \
+  grep -q "pipeline: evaluation runs forward-only through the 4 stages" "$T/il2.log"
 run dp4 --trainer.devices 4 --trainer.strategy pipeline --trainer.pipeline.stages 2 --trainer.pipeline.chunks 2 \
   --data.init_args.batch_size 16 &&
   check "pipeline 2 stages x 2 replicas: val_loss within 1e-7 of single's ($(val dp4))" close "$(val dp4)" "$(val single)" 1e-7

@@ -34,6 +34,44 @@ for s in gpipe 1f1b; do
       check "pipeline $p stages $s 4 chunks: bitwise single accumulating 4 x 8" cmp -s "$T/single_acc.st" "$T/pp$p$s.st"
   done
 done
+# interleaved 1F1B: each rank holds two stages (k and k + p), the same
+# arithmetic in another order: bitwise single accumulating the micro-batches
+run ppil2 --trainer.devices 2 --trainer.strategy pipeline --trainer.pipeline.schedule interleaved_1f1b \
+  --trainer.pipeline.chunks 4 &&
+  check "pipeline interleaved_1f1b, 2 ranks x 2 stages, 4 chunks: bitwise single accumulating 4 x 8" \
+    cmp -s "$T/single_acc.st" "$T/ppil2.st"
+check "interleaved_1f1b: 4 stages, 2 per rank, in the split's line" \
+  grep -q "pipeline: 4 stages (balanced by parameter count; schedule interleaved_1f1b, 4 micro-batches), 2 per rank" "$T/ppil2.log"
+run ppil2clip --trainer.devices 2 --trainer.strategy pipeline --trainer.pipeline.schedule interleaved_1f1b \
+  --trainer.pipeline.chunks 4 --trainer.gradient_clip_val 0.05 &&
+  run pp2clip --trainer.devices 2 --trainer.strategy pipeline --trainer.pipeline.chunks 4 --trainer.gradient_clip_val 0.05 &&
+  check "interleaved_1f1b clipped at 0.05: bitwise 1f1b clipped (the norm over every stage)" cmp -s "$T/pp2clip.st" "$T/ppil2clip.st"
+run single_acc_bf16 --data.init_args.batch_size 8 --trainer.accumulate_grad_batches 4 --trainer.precision bf16-mixed
+run ppil2bf16 --trainer.devices 2 --trainer.strategy pipeline --trainer.pipeline.schedule interleaved_1f1b \
+  --trainer.pipeline.chunks 4 --trainer.precision bf16-mixed &&
+  check "interleaved_1f1b bf16-mixed: bitwise single accumulating 4 x 8" cmp -s "$T/single_acc_bf16.st" "$T/ppil2bf16.st"
+# three ranks, two stages each, on a deeper mlp (7 blocks), 3 chunks of 8
+run single_acc3 --model.init_args.hidden '[32, 24, 16]' --data.init_args.num_samples 480 --data.init_args.batch_size 8 \
+  --trainer.accumulate_grad_batches 3
+run ppil3 --model.init_args.hidden '[32, 24, 16]' --data.init_args.num_samples 480 --data.init_args.batch_size 24 \
+  --trainer.devices 3 --trainer.strategy pipeline --trainer.pipeline.schedule interleaved_1f1b --trainer.pipeline.chunks 3 &&
+  check "pipeline interleaved_1f1b, 3 ranks x 2 stages: bitwise single accumulating 3 x 8" cmp -s "$T/single_acc3.st" "$T/ppil3.st"
+run ppilnode --trainer.devices 2 \
+  --trainer.strategy '{class_path: PipelineStrategy, init_args: {chunks: 4, schedule: interleaved_1f1b, virtual_stages: 2}}' &&
+  check "PipelineStrategy's init_args (interleaved_1f1b, virtual_stages 2) == trainer.pipeline's keys, bitwise" \
+    cmp -s "$T/ppil2.st" "$T/ppilnode.st"
+expect_fail "interleaved: chunks not a multiple of the ranks" 1 \
+  "schedule interleaved_1f1b needs trainer.pipeline.chunks to be a multiple of the 2 stages' ranks" \
+  "$LK_BIN" fit -c "$T/mlp.yaml" --trainer.default_root_dir "$T/bi1" --trainer.devices 2 --trainer.strategy pipeline \
+  --trainer.pipeline.schedule interleaved_1f1b --trainer.pipeline.chunks 3
+expect_fail "interleaved: more stages than blocks" 1 \
+  "6 stages (2 ranks x trainer.pipeline.virtual_stages 3) but the model has only 5 blocks to cut: use fewer" \
+  "$LK_BIN" fit -c "$T/mlp.yaml" --trainer.default_root_dir "$T/bi2" --trainer.devices 2 --trainer.strategy pipeline \
+  --trainer.pipeline.schedule interleaved_1f1b --trainer.pipeline.virtual_stages 3
+expect_fail "virtual stages without interleaved_1f1b" 1 \
+  "trainer.pipeline.virtual_stages = 2 needs schedule interleaved_1f1b (schedule 1f1b runs one stage per rank)" \
+  "$LK_BIN" fit -c "$T/mlp.yaml" --trainer.default_root_dir "$T/bi3" --trainer.devices 2 --trainer.strategy pipeline \
+  --trainer.pipeline.virtual_stages 2
 # an epoch's short last batch: 5 rows cut 2+1+1+1, 3 rows (fewer than the
 # chunks) as 3 micro-batches, each loss weighted by its rows: the batch's
 # mean as single takes it (646 and 643 samples give 16 batches of 32 and
@@ -45,7 +83,7 @@ run ppnode --trainer.devices 2 \
     cmp -s "$T/pp2gpipe.st" "$T/ppnode.st"
 check "PipelineStrategy's init_args reach the schedule" grep -q "schedule gpipe, 4 micro-batches" "$T/ppnode.log"
 expect_fail "PipelineStrategy: an unknown argument is named with the ones it takes" 2 \
-  "unknown argument 'chunkz' for PipelineStrategy (did you mean 'chunks'?) (PipelineStrategy takes chunks, schedule, split, stages)" \
+  "unknown argument 'chunkz' for PipelineStrategy (did you mean 'chunks'?) (PipelineStrategy takes chunks, schedule, split, stages, virtual_stages)" \
   "$LK_BIN" fit -c "$T/mlp.yaml" --trainer.devices 2 --trainer.strategy '{class_path: PipelineStrategy, init_args: {chunkz: 4}}'
 expect_fail "PipelineStrategy: an argument given null is named" 2 \
   "trainer.strategy.init_args.chunks: expected a value, got null" \
@@ -114,6 +152,10 @@ gpt gpt_single
 gpt gpt_acc --data.init_args.batch_size 2 --trainer.accumulate_grad_batches 4
 gpt gpt_mp2 --trainer.devices 2 --trainer.strategy model_parallel &&
   check "gpt model_parallel 2 stages (wte tied across them): bitwise single" cmp -s "$T/gpt_single.st" "$T/gpt_mp2.st"
+gpt gpt_pp2 --trainer.devices 2 --trainer.strategy pipeline --trainer.pipeline.chunks 4
+gpt gpt_il2 --trainer.devices 2 --trainer.strategy pipeline --trainer.pipeline.schedule interleaved_1f1b --trainer.pipeline.chunks 4 &&
+  check "gpt interleaved_1f1b (embedding on stage 0 of rank 0, head on stage 3 of rank 1, tied): bitwise 1f1b on 2 stages" \
+    cmp -s "$T/gpt_pp2.st" "$T/gpt_il2.st"
 gpt gpt_pp3 --trainer.devices 3 --trainer.strategy pipeline --trainer.pipeline.chunks 4 &&
   check "gpt pipeline 3 stages 1f1b: within 1e-5 of single accumulating 4 x 2 ($(near "$T/gpt_acc.st" "$T/gpt_pp3.st" 1))" \
     near "$T/gpt_acc.st" "$T/gpt_pp3.st" 1e-5
@@ -151,6 +193,10 @@ ae_img ae_img_mp --trainer.devices 2 --trainer.strategy model_parallel &&
 ae_img ae_img_pp --trainer.devices 2 --trainer.strategy pipeline --trainer.pipeline.chunks 4 &&
   check "autoencoder on [1, 28, 28] images, pipeline 4 chunks: within 1e-5 of single ($(near "$T/ae_img_single.st" "$T/ae_img_pp.st" 1))" \
     near "$T/ae_img_single.st" "$T/ae_img_pp.st" 1e-5
+ae_img ae_img_il --trainer.devices 2 --trainer.strategy pipeline --trainer.pipeline.chunks 4 \
+  --trainer.pipeline.schedule interleaved_1f1b &&
+  check "autoencoder interleaved_1f1b (4 stages cut inside encoder and decoder, 2 per rank): bitwise 1f1b's encoder | decoder" \
+    cmp -s "$T/ae_img_pp.st" "$T/ae_img_il.st"
 # bad input, before any step
 expect_fail "a split naming no block" 1 "trainer.pipeline.split names 'decodr', which is no block of the model (its blocks: encoder, decoder)" \
   "$LK_BIN" fit -c "$T/ae.yaml" --trainer.default_root_dir "$T/b1" --trainer.devices 2 --trainer.strategy model_parallel \
@@ -158,12 +204,16 @@ expect_fail "a split naming no block" 1 "trainer.pipeline.split names 'decodr', 
 expect_fail "a stage of parameter-free blocks is named" 1 "strategy pipeline: stage 1 of 3 (layers.1) holds no parameters: every stage needs a block with parameters" \
   "$LK_BIN" fit -c "$T/mlp.yaml" --trainer.default_root_dir "$T/b3" --trainer.devices 3 --trainer.strategy pipeline \
   --trainer.pipeline.split layers.1,layers.2
-expect_fail "more stages than blocks" 1 "3 stages (one per process) but the model has only 2 blocks" \
-  "$LK_BIN" fit -c "$T/ae.yaml" --trainer.default_root_dir "$T/b2" --trainer.devices 3 --trainer.strategy pipeline
+expect_fail "more stages than blocks" 1 "6 stages (one per process) but the model has only 5 blocks" \
+  "$LK_BIN" fit -c "$T/mlp.yaml" --trainer.default_root_dir "$T/b2" --trainer.devices 6 --trainer.strategy pipeline
+# fewer blocks than stages: the autoencoder's encoder and decoder (Sequentials) are cut inside
+ae_img ae_pp3 --trainer.devices 3 --trainer.strategy pipeline --trainer.pipeline.chunks 4 &&
+  check "autoencoder on 3 stages: its encoder and decoder cut inside (by parameters)" \
+    grep -q "pipeline: 3 stages (balanced by parameter count; schedule 1f1b, 4 micro-batches): \[encoder.0: 401920 params\]" "$T/ae_pp3.log"
 expect_fail "chunks that do not divide the batch" 1 "do not divide into trainer.pipeline.chunks = 5 equal micro-batches" \
   "$LK_BIN" fit -c "$T/mlp.yaml" --trainer.default_root_dir "$T/b3" --trainer.devices 2 --trainer.strategy pipeline \
   --trainer.pipeline.chunks 5
-expect_fail "an unknown schedule" 2 "trainer.pipeline.schedule: trainer.pipeline_schedule: expected one of gpipe|1f1b, got '1f2b'" \
+expect_fail "an unknown schedule" 2 "trainer.pipeline.schedule: trainer.pipeline_schedule: expected one of gpipe|1f1b|interleaved_1f1b, got '1f2b'" \
   "$LK_BIN" fit -c "$T/mlp.yaml" --trainer.default_root_dir "$T/b4" --trainer.devices 2 --trainer.strategy pipeline \
   --trainer.pipeline.schedule 1f2b
 finish

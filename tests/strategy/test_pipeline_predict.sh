@@ -32,6 +32,7 @@ check "single: predictions written" test -s "$(pred single)"
 for c in "mp2|model_parallel, 2 stages|2|single|--trainer.devices 2 --trainer.strategy model_parallel" \
          "pp2|pipeline, 2 stages|2|single|--trainer.devices 2 --trainer.strategy pipeline --trainer.pipeline.chunks 4" \
          "pp3|pipeline, 3 stages gpipe|3|single|--trainer.devices 3 --trainer.strategy pipeline --trainer.pipeline.chunks 4 --trainer.pipeline.schedule gpipe" \
+         "il2|pipeline, 2 ranks x 2 stages interleaved|4|single|--trainer.devices 2 --trainer.strategy pipeline --trainer.pipeline.chunks 4 --trainer.pipeline.schedule interleaved_1f1b" \
          "dp4|pipeline, 2 stages x 2 replicas|2|ddp2|--trainer.devices 4 --trainer.strategy pipeline --trainer.pipeline.stages 2 --trainer.pipeline.chunks 2"; do
   IFS='|' read -r name what np ref args <<<"$c"
   p=${what%%,*}

@@ -36,6 +36,14 @@ run pp10 "${PP[@]}" --trainer.max_steps 10 &&
     same "$(ck pp20)" "$(ck pp10r)"
 check "pipeline: the file holds stage 1's optimizer state (its last layer's)" \
   bash -c "python3 -c \"import json,struct,sys; b=open(sys.argv[1],'rb').read(); h=json.loads(b[8:8+struct.unpack('<Q',b[:8])[0]]); sys.exit(0 if 'optimizer.state.layers.4.weight.exp_avg' in h else 1)\" '$(ck pp10)'"
+# interleaved 1F1B (each rank two stages): its checkpoint is the same consolidated file, so it
+# resumes at its own layout and under 1f1b alike (the two are bitwise the same arithmetic)
+IL=(--trainer.devices 2 --trainer.strategy pipeline --trainer.pipeline.chunks 4 --trainer.pipeline.schedule interleaved_1f1b)
+run il10 "${IL[@]}" --trainer.max_steps 10 &&
+  run il10r "${IL[@]}" --ckpt_path "$(ck il10)" &&
+  check "pipeline interleaved_1f1b: 10 + 10 steps resumed equal 1f1b's 20 (bitwise)" same "$(ck pp20)" "$(ck il10r)"
+run il_pp "${PP[@]}" --ckpt_path "$(ck il10)" &&
+  check "1f1b resumes an interleaved_1f1b checkpoint: bitwise its 20" same "$(ck pp20)" "$(ck il_pp)"
 D4=(--trainer.devices 4 --trainer.strategy pipeline --trainer.pipeline.stages 2 --trainer.pipeline.chunks 2)
 run dp20 "${D4[@]}"
 run dp10 "${D4[@]}" --trainer.max_steps 10 &&
