@@ -20,8 +20,8 @@
  *     lk_pipe_schedule_free(s);
  *
  * Messages. The actions that move data are COMM actions, each a group of at
- * most two point-to-point operations posted together and waited for
- * together (Megatron's send_forward_recv_backward): a stage that sends its
+ * most LK_PIPE_MAX_OPS point-to-point operations posted together and waited
+ * for together (Megatron's send_forward_recv_backward): a stage that sends its
  * activation on and needs the next stage's gradient posts both at once, so
  * no order of the two can deadlock however the transport blocks. The
  * checker assumes the worst transport: a send completes only when its
