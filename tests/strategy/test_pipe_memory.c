@@ -8,8 +8,10 @@
  * p - stage micro-batches' worth (the schedule's live micro-batches, the
  * checker's figure), so stage k's 1f1b peak is at most (p - k) times its
  * one-micro-batch peak (1 KiB of slack for a loss's element), and at most
- * its gpipe peak. The table it prints is
- * docs/STRATEGIES.md's. */
+ * its gpipe peak. interleaved_1f1b (the 7 blocks cut into 2p stages, 2 per
+ * rank) is measured beside them: it keeps more micro-batch-stages alive
+ * (Megatron-LM's longer warm-up), each a stage of half the size, and at
+ * most gpipe's. The table it prints is docs/STRATEGIES.md's. */
 #include <string.h>
 
 #include "comm/dist_util.h"
@@ -22,6 +24,7 @@ enum { M = 8, ROWS = 32, IN = 64, CLASSES = 10 };
 typedef struct cfg {
     const char *schedule;
     int chunks;
+    int v; /* the model's stages per rank */
 } cfg;
 
 typedef struct data {
@@ -55,13 +58,18 @@ static int stage_rank(int rank, int world, void *arg) {
     int nb = 0;
     const lk_named_layer *blocks = NULL;
     CHECK_OK(lk_model_blocks(lk_layer_get_child(net, "layers"), &nb, &blocks));
-    int lo = nb * rank / world, hi = nb * (rank + 1) / world;
+    /* the model's stage g holds blocks [nb g / n, nb (g + 1) / n); this rank stages rank, rank + world, ... */
+    int n = world * cf->v, nmine = 0, count[4] = {0};
     lk_layer *mine[16];
-    for (int b = lo; b < hi; b++) mine[b - lo] = blocks[b].layer;
+    for (int j = 0; j < cf->v; j++) {
+        int g = j * world + rank, lo = nb * g / n, hi = nb * (g + 1) / n;
+        for (int b = lo; b < hi; b++) mine[nmine++] = blocks[b].layer;
+        count[j] = hi - lo;
+    }
     lk_pipe_schedule *s = NULL;
-    CHECK_OK(lk_pipe_schedule_make(cf->schedule, world, cf->chunks, &s));
-    lk_pipe_stage st = {.comm = comm, .blocks = mine, .nblocks = hi - lo, .ctx = &d, .input = input_of,
-                        .loss = loss_of, .loss_mul = 1.0f / (float)cf->chunks};
+    CHECK_OK(lk_pipe_schedule_make_virtual(cf->schedule, world, cf->v, cf->chunks, &s));
+    lk_pipe_stage st = {.comm = comm, .blocks = mine, .nblocks = nmine, .stage_blocks = count, .ctx = &d,
+                        .input = input_of, .loss = loss_of, .loss_mul = 1.0f / (float)cf->chunks};
     /* the first run makes the parameters' gradients and fills the pool's caches */
     CHECK_OK(lk_pipe_run(s, &st, NULL));
     lk_named_tensors ps = {0};
@@ -81,7 +89,7 @@ static int stage_rank(int rank, int world, void *arg) {
 /* Each stage's peak bytes under `schedule` over `chunks` micro-batches. */
 static bool measure(int p, const char *schedule, int chunks, double *peak) {
     du_map();
-    cfg cf = {schedule, chunks};
+    cfg cf = {schedule, chunks, !strcmp(schedule, "interleaved_1f1b") ? 2 : 1};
     int codes[DU_MAXW];
     int ok = du_run(p, stage_rank, &cf, 60, codes, NULL);
     CHECK_MSG(ok == p, "%s, %d stages, %d chunks: %d of %d ranks passed", schedule, p, chunks, ok, p);
@@ -90,13 +98,16 @@ static bool measure(int p, const char *schedule, int chunks, double *peak) {
 }
 
 static void bound(int p) {
-    double one[4], gpipe[4], f1b1[4];
-    if (!measure(p, "1f1b", 1, one) || !measure(p, "gpipe", M, gpipe) || !measure(p, "1f1b", M, f1b1)) return;
+    double one[4], gpipe[4], f1b1[4], il[4];
+    if (!measure(p, "1f1b", 1, one) || !measure(p, "gpipe", M, gpipe) || !measure(p, "1f1b", M, f1b1) ||
+        !measure(p, "interleaved_1f1b", M, il))
+        return;
     printf("p = %d, m = %d, %d rows per micro-batch: peak tensor memory per stage (KiB)\n", p, M, ROWS);
-    printf("stage | one micro-batch | gpipe | 1f1b | 1f1b / one | bound p - stage\n");
+    printf("stage | one micro-batch | gpipe | 1f1b | 1f1b / one | bound p - stage | interleaved_1f1b (2 stages per rank)\n");
     for (int k = 0; k < p; k++) {
-        printf("%5d | %15.1f | %5.1f | %4.1f | %10.2f | %d\n", k, one[k] / 1024, gpipe[k] / 1024, f1b1[k] / 1024,
-               f1b1[k] / one[k], p - k);
+        printf("%5d | %15.1f | %5.1f | %4.1f | %10.2f | %15d | %.1f\n", k, one[k] / 1024, gpipe[k] / 1024, f1b1[k] / 1024,
+               f1b1[k] / one[k], p - k, il[k] / 1024);
+        CHECK_MSG(il[k] <= gpipe[k], "rank %d: interleaved held %.0f bytes, more than gpipe's %.0f", k, il[k], gpipe[k]);
         /* 1 KiB over: the small tensors outside the micro-batches (a
          * loss's element, the next activation's header) */
         CHECK_MSG(f1b1[k] <= (p - k) * one[k] + 1024, "stage %d: 1f1b held %.0f bytes, more than %d micro-batches' %.0f", k,
