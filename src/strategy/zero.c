@@ -2,9 +2,9 @@
  * stage 1, lockstep's own implementation — no DeepSpeed inside). Stage 2
  * and 3 are fsdp.c's (gradients reduce-scattered unit by unit during the
  * backward). Parameters stay replicated; the flat parameter range is cut
- * into N equal chunks of ceil(numel / N) elements (the last ones padded
- * with elements nobody reads, never refused), and rank r's optimizer
- * updates only chunk r. After the step the updated chunks are all-gathered
+ * into N equal chunks of ceil(numel / N) elements rounded up to a cache
+ * line (the last ones padded with elements nobody reads, never refused),
+ * and rank r's optimizer updates only chunk r. After the step the updated chunks are all-gathered
  * into every replica, in place in a padded parameter buffer.
  *
  * The gradients take ddp's path unchanged (bucketed all-reduce during the
@@ -157,11 +157,17 @@ static void z_free(lk_strategy *s) {
 
 /* The chunks of n elements over the world: ceil(n / N) each, so every rank
  * sends and receives the same count; the last chunks cover padding. */
+/* Chunks of ceil(n / W) elements rounded up to 64 bytes (16 f32, 32 bf16),
+ * as fsdp's: every rank's chunk then starts on a cache line, so no two ranks
+ * write one line and each rank's update runs on aligned vectors (a chunk
+ * starting mid-line made rank 1's update slower than rank 0's, and rank 0
+ * waited for it at every step's barrier). */
 static void cut(lk_strategy *s, int64_t n) {
     zero *z = z_of(s);
-    int64_t W = s->world;
+    int64_t W = s->world, line = 64 / (int64_t)esz(s);
     z->numel = n;
     z->chunk = (n + W - 1) / W;
+    z->chunk = (z->chunk + line - 1) / line * line;
     if (z->chunk < 1) z->chunk = 1;
     z->lo = z->chunk * s->rank < n ? z->chunk * s->rank : n;
     z->hi = z->lo + z->chunk < n ? z->lo + z->chunk : n;
@@ -259,6 +265,13 @@ static lk_status to_whole(lk_strategy *s) {
         LK_TRY(mem_copy(s, z->whole_state + k * z->numel + z->lo, z->chunk_state + k * z->chunk,
                         (size_t)(z->hi - z->lo) * sizeof(float)));
     return lk__optimizer_state_layout(z->optim, z->whole_state, 0, z->numel);
+}
+
+/* The gradients in ddp's buffer: the communicator's shared memory on one
+ * node, which its all-reduce reduces in place (a private buffer cost a copy
+ * in and out of the segment per bucket: 0.14 ms of a 2.4 ms mlp step). */
+static lk_status z_alloc_grads(lk_strategy *s, size_t bytes, void **mem, bool *shared) {
+    return lk__strategy_ddp.alloc_grads(s, bytes, mem, shared);
 }
 
 static void z_begin_backward(lk_strategy *s, bool sync) { lk__strategy_ddp.begin_backward(s, sync); }
@@ -374,6 +387,7 @@ const lk_strategy_vt lk__strategy_zero1 = {
     .create = z_create,
     .free = z_free,
     .chunks_optimizer_state = true,
+    .alloc_grads = z_alloc_grads,
     .param_buffer = z_param_buffer,
     .setup = z_setup,
     .training_step = lk__strategy_local_step,
