@@ -5,7 +5,7 @@
 # receive at once, which NCCL's calls run one after another otherwise;
 # the fake NCCL runs a group's calls side by side as NCCL does, and lone
 # calls strictly in order, so the deadlock the refusal used to avoid would
-# show here). gpipe and 1f1b (4 micro-batches of 6 rows, 20 Adam steps)
+# show here). gpipe, 1f1b and interleaved_1f1b (4 micro-batches of 6 rows, 20 Adam steps)
 # end with the weights and Adam state of single on one GPU accumulating the
 # same micro-batches (batch 6, accumulate 4), bitwise, as on the CPU; with
 # accumulation 2 on top the same; 2 stages x 2 replicas on four GPUs (the
@@ -36,6 +36,15 @@ for s in gpipe 1f1b; do
     same "pp$s" one
 done
 check "pipeline on GPUs ran over nccl" grep -qE '"comm_backend": *"nccl"' "$(run_json)"
+# interleaved 1F1B: a deeper mlp (16-33-17-4: 5 blocks) in 4 stages, 2 per GPU; a COMM then sends an
+# activation and a gradient to the same peer and receives both from it, one NCCL group
+D=(--model.init_args.hidden '[33, 17]')
+fit one_d "${G[@]}" "${D[@]}" --trainer.devices 1 --trainer.strategy single --data.init_args.batch_size 6 \
+  --trainer.accumulate_grad_batches 4
+fit ppil "${G[@]}" "${D[@]}" --trainer.devices 2 --trainer.strategy pipeline --trainer.pipeline.schedule interleaved_1f1b \
+  --trainer.pipeline.chunks 4
+check "pipeline interleaved_1f1b on 2 GPUs (4 stages, 2 per GPU, nccl): weights and Adam state == single on one GPU accumulating them, bitwise" \
+  same ppil one_d
 check "validation ran forward-only through the stages" \
   grep -q "pipeline: evaluation runs forward-only through the 2 stages (4 micro-batches per batch)" "$T/pp1f1b.log"
 fit one2 "${G[@]}" --trainer.devices 1 --trainer.strategy single --data.init_args.batch_size 6 \

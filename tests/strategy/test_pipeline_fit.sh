@@ -108,6 +108,13 @@ if command -v mpirun >/dev/null && "$LK_BIN" env 2>/dev/null | grep -q "comm bac
     "$LK_BIN" export --ckpt "$T/mpi/lightning_logs/version_0/checkpoints/last.ckpt" --out "$T/mpi.st" >/dev/null
     check "pipeline 2 stages 1f1b over mpi: bitwise single accumulating 4 x 8" cmp -s "$T/single_acc.st" "$T/mpi.st"
   else bad "pipeline over mpi failed: $(tail -3 "$T/mpi.log")"; fi
+  if timeout 120 mpirun "${mflags[@]}" -np 2 -x LK_COMM_BACKEND=mpi -x ASAN_OPTIONS=detect_leaks=0 "$LK_BIN" fit -c "$T/mlp.yaml" \
+    --trainer.default_root_dir "$T/mpiil" --trainer.devices 2 --trainer.strategy pipeline --trainer.pipeline.chunks 4 \
+    --trainer.pipeline.schedule interleaved_1f1b >"$T/mpiil.log" 2>&1; then
+    "$LK_BIN" export --ckpt "$T/mpiil/lightning_logs/version_0/checkpoints/last.ckpt" --out "$T/mpiil.st" >/dev/null
+    check "pipeline interleaved_1f1b over mpi (2 ranks x 2 stages): bitwise single accumulating 4 x 8" \
+      cmp -s "$T/single_acc.st" "$T/mpiil.st"
+  else bad "pipeline interleaved_1f1b over mpi failed: $(tail -3 "$T/mpiil.log")"; fi
 else echo "skip: no mpirun or no mpi backend"; fi
 check "pipeline 2 stages 1f1b: within 1e-5 of single on the whole batch ($(near "$T/single.st" "$T/pp21f1b.st" 1))" \
   near "$T/single.st" "$T/pp21f1b.st" 1e-5
