@@ -56,6 +56,14 @@ run single_acc3 --model.init_args.hidden '[32, 24, 16]' --data.init_args.num_sam
 run ppil3 --model.init_args.hidden '[32, 24, 16]' --data.init_args.num_samples 480 --data.init_args.batch_size 24 \
   --trainer.devices 3 --trainer.strategy pipeline --trainer.pipeline.schedule interleaved_1f1b --trainer.pipeline.chunks 3 &&
   check "pipeline interleaved_1f1b, 3 ranks x 2 stages: bitwise single accumulating 3 x 8" cmp -s "$T/single_acc3.st" "$T/ppil3.st"
+# an epoch's short last batch on 3 ranks: 484 samples give 16 batches of 24 and one of 4 rows for
+# training, 4 micro-batches (fewer than the 6 chunks, not a multiple of 3 ranks), where the 1F1B
+# orders would wait on each other: that batch runs every forward first, and the run stays single's
+run single_il3short --model.init_args.hidden '[32, 24, 16]' --data.init_args.num_samples 484 --data.init_args.batch_size 24
+run ppil3short --model.init_args.hidden '[32, 24, 16]' --data.init_args.num_samples 484 --data.init_args.batch_size 24 \
+  --trainer.devices 3 --trainer.strategy pipeline --trainer.pipeline.schedule interleaved_1f1b --trainer.pipeline.chunks 6 &&
+  check "interleaved_1f1b, 3 ranks, a short last batch of 4 rows in 6 chunks: single's weights within 1e-6 ($(near "$T/single_il3short.st" "$T/ppil3short.st" 1))" \
+    near "$T/single_il3short.st" "$T/ppil3short.st" 1e-6
 run ppilnode --trainer.devices 2 \
   --trainer.strategy '{class_path: PipelineStrategy, init_args: {chunks: 4, schedule: interleaved_1f1b, virtual_stages: 2}}' &&
   check "PipelineStrategy's init_args (interleaved_1f1b, virtual_stages 2) == trainer.pipeline's keys, bitwise" \
