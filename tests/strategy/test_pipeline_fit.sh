@@ -171,6 +171,13 @@ gpt gpt_pp2 --trainer.devices 2 --trainer.strategy pipeline --trainer.pipeline.c
 gpt gpt_il2 --trainer.devices 2 --trainer.strategy pipeline --trainer.pipeline.schedule interleaved_1f1b --trainer.pipeline.chunks 4 &&
   check "gpt interleaved_1f1b (embedding on stage 0 of rank 0, head on stage 3 of rank 1, tied): bitwise 1f1b on 2 stages" \
     cmp -s "$T/gpt_pp2.st" "$T/gpt_il2.st"
+# activation checkpointing inside the stages (each block's forward recomputed in its backward): the same bits
+gpt gpt_pp2_ac --trainer.devices 2 --trainer.strategy pipeline --trainer.pipeline.chunks 4 --trainer.activation_checkpointing true &&
+  check "gpt pipeline 1f1b with activation checkpointing: bitwise without" cmp -s "$T/gpt_pp2.st" "$T/gpt_pp2_ac.st"
+gpt gpt_il2_ac --trainer.devices 2 --trainer.strategy pipeline --trainer.pipeline.schedule interleaved_1f1b \
+  --trainer.pipeline.chunks 4 --trainer.activation_checkpointing true &&
+  check "gpt pipeline interleaved_1f1b with activation checkpointing: bitwise without" cmp -s "$T/gpt_il2.st" "$T/gpt_il2_ac.st"
+check "activation checkpointing engaged in the stages" grep -q "activation_checkpointing: 2 layers recomputed in the backward" "$T/gpt_il2_ac.log"
 gpt gpt_pp3 --trainer.devices 3 --trainer.strategy pipeline --trainer.pipeline.chunks 4 &&
   check "gpt pipeline 3 stages 1f1b: within 1e-5 of single accumulating 4 x 2 ($(near "$T/gpt_acc.st" "$T/gpt_pp3.st" 1))" \
     near "$T/gpt_acc.st" "$T/gpt_pp3.st" 1e-5
