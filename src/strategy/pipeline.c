@@ -360,14 +360,15 @@ static lk_status set_blocks(lk_strategy *s, const lk_named_layer *blocks, int n)
     if (n < 1) return lk_error(LK_STATUS_INVALID_ARGUMENT, "strategy %s: the model has no blocks to cut into stages", name);
     /* A lone Sequential block (the mlp's "layers") is cut inside, and so
      * are the Sequential blocks of a model with fewer blocks than stages
-     * when no split names blocks (the autoencoder's encoder and decoder in
-     * 4 interleaved stages). Split by time, every Sequential block is:
-     * finer cut points let the measured times balance; otherwise the cuts
-     * stay the model's own blocks, as they always were. */
+     * (the autoencoder's encoder and decoder in 4 interleaved stages: a
+     * split then names their children, "encoder.2"). Split by time, every
+     * Sequential block is: finer cut points let the measured times
+     * balance; otherwise the cuts stay the model's own blocks, as they
+     * always were. */
     int cap = 0;
     lk_status st = LK_STATUS_OK;
     bool lone = n == 1 && ps->nst > 1 && is_seq(blocks[0].layer);
-    bool few = n < ps->nst && !ps->split[0];
+    bool few = n < ps->nst;
     for (int i = 0; i < n && !st; i++) {
         if ((lone || few) && !ps->by_time && is_seq(blocks[i].layer))
             for (int j = 0; j < blocks[i].layer->n_children && !st; j++) {

@@ -219,6 +219,12 @@ ae_img ae_img_il --trainer.devices 2 --trainer.strategy pipeline --trainer.pipel
   --trainer.pipeline.schedule interleaved_1f1b &&
   check "autoencoder interleaved_1f1b (4 stages cut inside encoder and decoder, 2 per rank): bitwise 1f1b's encoder | decoder" \
     cmp -s "$T/ae_img_pp.st" "$T/ae_img_il.st"
+# a named split of the blocks inside them (fewer blocks than stages: the Sequentials are cut inside)
+if "$LK_BIN" fit -c "$T/ae.yaml" --trainer.default_root_dir "$T/ae_il_named" --trainer.devices 2 --trainer.strategy pipeline \
+  --trainer.pipeline.schedule interleaved_1f1b --trainer.pipeline.split encoder.2,decoder.0,decoder.4 >"$T/ae_il_named.log" 2>&1; then
+  check "autoencoder interleaved, split named inside its halves" \
+    grep -q "\[encoder.0 .. encoder.1: .*\] \[encoder.2 .. encoder.4: .*\] \[decoder.0 .. decoder.3: .*\] \[decoder.4: " "$T/ae_il_named.log"
+else bad "autoencoder interleaved with a named split failed: $(tail -3 "$T/ae_il_named.log")"; fi
 # bad input, before any step
 expect_fail "a split naming no block" 1 "trainer.pipeline.split names 'decodr', which is no block of the model (its blocks: encoder, decoder)" \
   "$LK_BIN" fit -c "$T/ae.yaml" --trainer.default_root_dir "$T/b1" --trainer.devices 2 --trainer.strategy model_parallel \
