@@ -114,11 +114,14 @@ const lk_pipe_action *lk_pipe_schedule_action(const lk_pipe_schedule *s, int sta
 /* What lk_pipe_schedule_check found out by running the lists. */
 typedef struct lk_pipe_report {
     int steps;             /* rounds of the simulation until every stage was done */
-    int peak_alive[64];    /* per stage (the first 64): most micro-batches whose forward ran and backward not yet */
+    int peak_alive[64];    /* per stage (the first 64): most micro-batches whose forward ran and backward not yet
+                              (several stages per rank: per rank, each micro-batch counted once per stage) */
     int peak_alive_max;    /* ... over every stage */
-    /* A timeline with a forward costing 1, a backward 2 and messages free:
-     * each stage's idle share of the makespan, averaged over the stages.
-     * GPipe's and 1F1B's equal the theory (p - 1) / (m + p - 1). */
+    /* A timeline with a rank's forward costing 1 (a stage's, 1 / v), a
+     * backward 2 and messages free: each rank's idle share of the makespan,
+     * averaged over the ranks. GPipe's and 1F1B's equal the theory
+     * (p - 1) / (m + p - 1); interleaved 1F1B's (p - 1) / (v m + p - 1)
+     * wherever m is a multiple of p. */
     double bubble;
     double makespan;       /* in forward units */
 } lk_pipe_report;
