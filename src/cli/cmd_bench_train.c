@@ -142,6 +142,16 @@ static void failure_reason(cell *c, const char *log, int rc, bool ran) {
     else snprintf(c->error, sizeof c->error, "could not be started");
 }
 
+/* A strategy of the list, "pipeline:interleaved_1f1b" naming a pipeline
+ * schedule too (so that schedules compare in one run's rounds): its name
+ * in `base`, the schedule in *schedule (NULL when none is named). */
+static void strategy_variant(const char *s, char *base, size_t n, const char **schedule) {
+    const char *colon = strchr(s, ':');
+    size_t len = colon ? (size_t)(colon - s) : strlen(s);
+    snprintf(base, n, "%.*s", (int)(len < n ? len : n - 1), s);
+    *schedule = colon && colon[1] ? colon + 1 : NULL;
+}
+
 /* A cell is one `lockstep fit`. The pseudo-strategy "independent" runs N
  * single-device fits at once, with no communication at all: the throughput
  * N devices of this machine reach when they share its caches and memory
@@ -153,7 +163,12 @@ static bool run_cell(cell *c, int steps, const char *tmp, int rep) {
     size_t len = 0;
     long samples = (long)steps * c->batch * (indep ? 1 : c->devices) * 5 / 4 + 64; /* 80% train split */
     /* per-device batch B: dp's one loader feeds all replicas, so it loads N x B */
-    const lk_strategy_info *si = lk_strategy_info_get(c->strategy); /* NULL: independent */
+    char base[64];
+    const char *schedule;
+    strategy_variant(c->strategy, base, sizeof base, &schedule);
+    char sched_arg[96] = ""; /* a schedule on one device is a pipeline of one stage: 1f1b's */
+    if (schedule && c->devices > 1) snprintf(sched_arg, sizeof sched_arg, " --trainer.pipeline.schedule %s", schedule);
+    const lk_strategy_info *si = lk_strategy_info_get(base); /* NULL: independent */
     int loader_batch = si && si->process_model == LK_PROCESS_THREADS ? c->batch * c->devices : c->batch;
     /* gpt (any token model) trains on synthetic token ids: 64 per sample
      * (the issue's GPT-2-124M cell is batch 4 x 64 tokens) of its default
@@ -179,12 +194,12 @@ static bool run_cell(cell *c, int steps, const char *tmp, int rep) {
             "'%s' fit --model.class_path %s --data.class_path synthetic "
             "--data.init_args.num_samples %ld --data.init_args.input_shape '%s' %s "
             "--data.init_args.batch_size %d --data.init_args.num_workers 1 "
-            "--trainer.devices %d --trainer.strategy %s --trainer.precision %s --trainer.max_steps %d --trainer.max_epochs 1 "
+            "--trainer.devices %d --trainer.strategy %s%s --trainer.precision %s --trainer.max_steps %d --trainer.max_epochs 1 "
             "--trainer.limit_val_batches 0 --trainer.num_sanity_val_steps 0 --trainer.enable_checkpointing false "
             "--trainer.enable_progress_bar false --trainer.enable_tensorboard false "
             "--trainer.default_root_dir '%s'%s > '%s.log' 2>&1 %s",
-            self_exe, c->model, samples, input, data_extra, loader_batch, indep ? 1 : c->devices, indep ? "single" : c->strategy,
-            prec_of(c), steps, root, extra_args, root, copies > 1 ? "&" : "");
+            self_exe, c->model, samples, input, data_extra, loader_batch, indep ? 1 : c->devices, indep ? "single" : base,
+            sched_arg, prec_of(c), steps, root, extra_args, root, copies > 1 ? "&" : "");
     }
     if (len + 16 >= sizeof cmd) {
         snprintf(c->error, sizeof c->error, "its fit command line is longer than %zu bytes", sizeof cmd);
@@ -322,6 +337,8 @@ int lk_cmd_bench_train(int argc, char **argv) {
                    "device counts in turn), so drifting machine load hits the cells alike; each cell reports\n"
                    "its median run, and scaling is the median over rounds of (N-device run) / (N x the\n"
                    "1-device run of the same round), with the range of those ratios after the columns.\n"
+                   "A strategy may name a pipeline schedule, `pipeline:interleaved_1f1b` (or gpipe, 1f1b), so\n"
+                   "that schedules compare in one run's rounds; on one device it is a pipeline of one stage.\n"
                    "Strategy `independent` runs N single-device fits at once (no communication): the\n"
                    "throughput N devices of this machine reach while sharing its caches and memory, the\n"
                    "ceiling for any strategy's scaling.\n"
@@ -331,7 +348,8 @@ int lk_cmd_bench_train(int argc, char **argv) {
                    "(/proc/stat): on a shared VM it stalls every rank of ddp or dp, so a cell it hit is noise.\n"
                    "bubble/th (pipeline cells): the measured share of the step its stages sat idle waiting on\n"
                    "each other (the mean over the ranks), then its schedule's theory (p-1)/(m+p-1) for p stages\n"
-                   "and m micro-batches; the recommendations give the slowest stage's own share beside it.\n"
+                   "and m micro-batches ((p-1)/(vm+p-1) with v stages per rank, interleaved_1f1b); the\n"
+                   "recommendations give the slowest stage's own share beside it.\n"
                    "--gpus is another name for --devices (on the CPU a device is a core).\n"
                    "A cell whose run fails shows `failed` and a short reason, with the full message in a note\n"
                    "under the table; it is left out of the scaling, the recommendations and the charts, and\n"
@@ -405,7 +423,9 @@ int lk_cmd_bench_train(int argc, char **argv) {
         remove_tree(tmp);
         return 1;
     }
-    printf("%-12s %-11s %-10s %7s %6s %12s %8s %8s %8s %9s %8s %8s %8s %8s %6s %11s  %s\n", "model", "strategy",
+    int sw = 11; /* the strategy column: as wide as its longest name (deepspeed_stage_1, pipeline:interleaved_1f1b) */
+    for (int s = 0; s < ns; s++) sw = (int)strlen(strategies[s]) > sw ? (int)strlen(strategies[s]) : sw;
+    printf("%-12s %-*s %-10s %7s %6s %12s %8s %8s %8s %9s %8s %8s %8s %8s %6s %11s  %s\n", "model", sw, "strategy",
            "precision", "devices", "batch", "samples/s", "scaling", "data_ms", "fwd_ms", "bwd_ms", "comm_ms", "(wait)",
            "opt_ms", "step_MB", "steal", "bubble/th", repeats > 1 ? "scaling range" : "");
     /* Rounds: every cell runs once per round, all strategies and batch
@@ -428,7 +448,10 @@ int lk_cmd_bench_train(int argc, char **argv) {
                 for (int d = 0; d < nd; d++) {
                     cell c = {.model = models[m], .strategy = strategies[s], .devices = atoi(dev_s[d]),
                               .batch = atoi(batch_s[b]), .precision = precisions[p]};
-                    const lk_strategy_info *si = lk_strategy_info_get(c.strategy);
+                    char base[64];
+                    const char *schedule;
+                    strategy_variant(c.strategy, base, sizeof base, &schedule);
+                    const lk_strategy_info *si = lk_strategy_info_get(base);
                     if (si && si->process_model == LK_PROCESS_SINGLE && c.devices > 1) continue;
                     for (int r = 0; r < repeats; r++) w->runs[w->n][r] = c;
                     w->out[w->n++] = &cells[n++];
@@ -481,7 +504,7 @@ int lk_cmd_bench_train(int argc, char **argv) {
             if (!c->ok) {
                 char why[48];
                 lk__bench_short_reason(c->error, why, sizeof why);
-                printf("%-12s %-11s %-10s %7d %6d %12s  [%d] %s\n", c->model, c->strategy, prec_of(c), c->devices,
+                printf("%-12s %-*s %-10s %7d %6d %12s  [%d] %s\n", c->model, sw, c->strategy, prec_of(c), c->devices,
                        c->batch, "failed", ++nfail, why);
                 continue;
             }
@@ -493,8 +516,8 @@ int lk_cmd_bench_train(int argc, char **argv) {
             char bubble[24] = "-"; /* a pipeline's measured idle share / its schedule's theory */
             if (!isnan(c->bubble))
                 snprintf(bubble, sizeof bubble, "%.1f/%.1f%%", 100 * c->bubble, 100 * c->bubble_theory);
-            printf("%-12s %-11s %-10s %7d %6d %12.0f %8s %8.2f %8.2f %9.2f %8.2f %8.2f %8.2f %8.1f %6s %11s  %s\n",
-                   c->model, c->strategy, prec_of(c), c->devices, c->batch, c->sps, eff, c->t[0], c->t[1], c->t[2],
+            printf("%-12s %-*s %-10s %7d %6d %12.0f %8s %8.2f %8.2f %9.2f %8.2f %8.2f %8.2f %8.1f %6s %11s  %s\n",
+                   c->model, sw, c->strategy, prec_of(c), c->devices, c->batch, c->sps, eff, c->t[0], c->t[1], c->t[2],
                    c->t[3], c->t[5], c->t[4], c->step_mb, steal, bubble, range);
         }
     }

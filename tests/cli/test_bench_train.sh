@@ -40,13 +40,17 @@ fi
 check "stderr names the failed cell and its reason" grep -q "mlp ddp 32-true x2 batch 16 failed: trainer.global_batch_size" "$T/stderr"
 # a pipeline cell's measured bubble and its schedule's theory ((p-1)/(m+p-1) = 1/5 for p 2, m 4): in the
 # table, the CSV and a recommendation; a cell without stages shows none
-out=$(TMPDIR="$T/tmp" LK_NUM_THREADS=1 "$LK_BIN" bench train --model mlp --strategies pipeline --devices 1 2 --batch-sizes 32 \
-  --steps 10 --csv "$T/pipe.csv" -- --trainer.pipeline.chunks 4 2>"$T/stderr3"); rc=$?
+# (and `pipeline:interleaved_1f1b`, a schedule named in the strategy: 2 stages per rank, theory 1/9)
+out=$(TMPDIR="$T/tmp" LK_NUM_THREADS=1 "$LK_BIN" bench train --model mlp --strategies pipeline pipeline:interleaved_1f1b \
+  --devices 1 2 --batch-sizes 32 --steps 10 --csv "$T/pipe.csv" -- --trainer.pipeline.chunks 4 2>"$T/stderr3"); rc=$?
 check "pipeline cells run (exit $rc)" test "$rc" = 0
 check "the table gives the pipeline x2 cell's bubble against 20.0%" grep -Eq '^mlp +pipeline +32-true +2 +32 .* [0-9.]+/20\.0% ' <<<"$out"
 check "the 1-device cell has no bubble" grep -Eq '^mlp +pipeline +32-true +1 +32 .* - +$' <<<"$out"
 check "the CSV has the bubble and the theory" grep -Eq '^mlp,pipeline,2,32,.*,ok,,32-true,[0-9.]*,0\.[0-9]{4},0\.2000$' "$T/pipe.csv"
 check "a recommendation names the bubble" grep -q "^  - pipeline's bubble (stages idle) against its schedule's theory: x2 batch 32 " <<<"$out"
+check "the interleaved schedule's x2 cell, against its own theory 11.1%" \
+  grep -Eq '^mlp +pipeline:interleaved_1f1b +32-true +2 +32 .* [0-9.]+/11\.1% ' <<<"$out"
+check "the CSV names the schedule" grep -Eq '^mlp,pipeline:interleaved_1f1b,2,32,.*,ok,,32-true,[0-9.]*,0\.[0-9]{4},0\.1111$' "$T/pipe.csv"
 # more devices than cores: said before anything runs, those cells not started, the others measured
 unset LK_ALLOW_OVERSUBSCRIBE
 out=$(TMPDIR="$T/tmp" LK_NUM_THREADS=1 "$LK_BIN" bench train --model mlp --strategies ddp independent --devices 1 "$too_many" \
