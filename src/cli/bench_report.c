@@ -127,17 +127,24 @@ typedef struct {
  * same per-device batch, ideal scaling keeps the step time; efficiency is
  * about T1/TN, so the loss 1 - T1/TN = sum over phases of (tN - t1)/TN: each
  * phase's growth divided by the N-device step, in points of efficiency.
+ * A strategy that cuts the model (pipeline, model_parallel: a cell with
+ * stages) runs the same batch on N devices, whose ideal step is T1/N:
+ * efficiency is T1/(N TN), so each phase counts N tN - t1 over N TN (the
+ * pipeline's forwards and backwards are one phase, its schedule, whose
+ * excess is the bubble and the micro-batches' smaller GEMMs).
  * What the phases do not account for (the measured efficiency is not
- * exactly T1/TN) is its own part. Returns the parts, largest first. */
+ * exactly that) is its own part. Returns the parts, largest first. */
 static int loss_parts(const lk__bench_cell *one, const lk__bench_cell *many, loss_part *p) {
-    double tn = step_ms(many);
+    bool cut = !isnan(many->bubble_theory); /* the model in stages: the batch is not multiplied by N */
+    double n = cut ? (double)many->devices : 1.0, tn = n * step_ms(many);
     if (!(tn > 0)) return 0;
+    const double *a = one->t, *b = many->t;
     double d[5] = {
-        many->t[LK__BT_COMM] - one->t[LK__BT_COMM] - (many->t[LK__BT_WAIT] - one->t[LK__BT_WAIT]),
-        many->t[LK__BT_WAIT] - one->t[LK__BT_WAIT],
-        many->t[LK__BT_DATA] - one->t[LK__BT_DATA],
-        many->t[LK__BT_FORWARD] + many->t[LK__BT_BACKWARD] - one->t[LK__BT_FORWARD] - one->t[LK__BT_BACKWARD],
-        many->t[LK__BT_OPT] - one->t[LK__BT_OPT],
+        n * (b[LK__BT_COMM] - b[LK__BT_WAIT]) - (a[LK__BT_COMM] - a[LK__BT_WAIT]),
+        n * b[LK__BT_WAIT] - a[LK__BT_WAIT],
+        n * b[LK__BT_DATA] - a[LK__BT_DATA],
+        n * (b[LK__BT_FORWARD] + b[LK__BT_BACKWARD]) - a[LK__BT_FORWARD] - a[LK__BT_BACKWARD],
+        n * b[LK__BT_OPT] - a[LK__BT_OPT],
     };
     static const char *names[5] = {"exposed communication (less the wait)", "waiting for the slowest rank", "data loading",
                                    "forward+backward", "optimizer"};
@@ -151,7 +158,10 @@ static int loss_parts(const lk__bench_cell *one, const lk__bench_cell *many, los
     int k = 0;
     double sum = 0;
     for (int i = 0; i < 5; i++) {
-        p[k] = (loss_part){names[i], whys[i], 100 * d[i] / tn};
+        const char *why = whys[i];
+        if (cut && i == 3) /* the schedule's forwards and backwards */
+            why = "the stages wait on each other (the bubble, their unequal compute) and run smaller micro-batches";
+        p[k] = (loss_part){names[i], why, 100 * d[i] / tn};
         sum += p[k++].pts;
     }
     p[k++] = (loss_part){"outside the measured phases", "time between steps (synchronisation, logging)",
@@ -202,8 +212,12 @@ static void strategy_line(const lk__bench_cell *cells, int n, const char *model,
         int shown = 0;
         for (int i = 0; i < k; i++) /* a negative part is a phase that got faster */
             if (fabs(p[i].pts) >= 0.05) cat(line, "%s %s %+.1f", shown++ ? "," : "", p[i].name, p[i].pts);
-        cat(line, " (each phase's growth over the %d-device step: %.2f ms against %.2f ms at 1)", dmax, step_ms(best),
-            step_ms(one));
+        if (isnan(best->bubble_theory))
+            cat(line, " (each phase's growth over the %d-device step: %.2f ms against %.2f ms at 1)", dmax,
+                step_ms(best), step_ms(one));
+        else /* the model in stages: the same batch, so the ideal step is the 1-device one over N */
+            cat(line, " (each phase's growth over %d x the %d-device step: %d x %.2f ms against %.2f ms at 1)", dmax,
+                dmax, dmax, step_ms(best), step_ms(one));
         if (k && p[0].pts >= 0.05) cat(line, "; mostly %s: %s", p[0].name, p[0].why);
     }
     if (cores > 0 && dmax > cores)

@@ -102,6 +102,26 @@ static void test_scaling_loss_is_split_into_phases(void) {
     CHECK(!line_starting(n, "independent at"));
 }
 
+/* A strategy that cuts the model runs the same batch on N devices: its
+ * ideal step is the 1-device step over N, so each phase's loss is N tN - t1
+ * over N TN, and its schedule (forward+backward) holds the loss, not "time
+ * between steps" as when it was read as data parallel's. */
+static void test_pipeline_scaling_loss(void) {
+    lk__bench_cell t[2] = {
+        mk("pipeline", 1, 256, 15303, 1, 0.03, 6.10, 9.80, 0, 0, 0.80),
+        mk("pipeline", 2, 256, 20414, 0, 0.03, 12.20, 0, 0.01, 0, 0.30),
+    };
+    t[1].eff = (0.03 + 6.10 + 9.80 + 0.80) / (2 * (0.03 + 12.20 + 0.01 + 0.30));
+    t[1].bubble = 0.22, t[1].bubble_theory = 1.0 / 9;
+    int nl = lk__bench_recommend(t, 2, 2, lines, 32);
+    check_has(line_starting(nl, "pipeline at 2 devices"), "pipeline at 2 devices",
+              "pipeline at 2 devices (batch 256) scales 66.7%; the 33.3 points lost are forward+backward +33.9",
+              "optimizer -0.8", "2 x the 2-device step: 2 x 12.54 ms against 16.73 ms at 1",
+              "mostly forward+backward: the stages wait on each other (the bubble, their unequal compute) and run "
+              "smaller micro-batches", NULL);
+    CHECK(!strstr(line_starting(nl, "pipeline at 2 devices"), "outside the measured phases +"));
+}
+
 static void test_dp_against_ddp_and_batch_size(void) {
     lk__bench_cell t[32];
     int n = lk__bench_recommend(t, table(t), 2, lines, 32);
@@ -291,7 +311,8 @@ static void test_long_names_do_not_overlap(void) {
     free(bars);
 }
 
-LK_TEST_MAIN(LK_TEST_CASE(test_best_cell_ignores_failed_cells), LK_TEST_CASE(test_pipeline_bubble), LK_TEST_CASE(test_long_names_do_not_overlap), LK_TEST_CASE(test_scaling_loss_is_split_into_phases),
+LK_TEST_MAIN(LK_TEST_CASE(test_best_cell_ignores_failed_cells), LK_TEST_CASE(test_pipeline_bubble),
+             LK_TEST_CASE(test_pipeline_scaling_loss), LK_TEST_CASE(test_long_names_do_not_overlap), LK_TEST_CASE(test_scaling_loss_is_split_into_phases),
              LK_TEST_CASE(test_dp_against_ddp_and_batch_size), LK_TEST_CASE(test_no_advice_inside_the_noise),
              LK_TEST_CASE(test_more_ranks_than_cores_is_named),
              LK_TEST_CASE(test_no_ok_cell), LK_TEST_CASE(test_short_reason), LK_TEST_CASE(test_scaling_path),
