@@ -241,7 +241,17 @@ lk_status lk_pipe_run(const lk_pipe_schedule *s, const lk_pipe_stage *st, double
         lk_free(r.c), lk_free(r.first), lk_free(r.nbwd), lk_free(r.bwd_total);
         return LK_STATUS_OUT_OF_MEMORY;
     }
-    for (int j = 0; j < r.v; j++) r.first[j + 1] = r.first[j] + (st->stage_blocks ? st->stage_blocks[j] : st->nblocks);
+    bool counts_ok = true;
+    for (int j = 0; j < r.v; j++) {
+        int nb = st->stage_blocks ? st->stage_blocks[j] : st->nblocks;
+        counts_ok = counts_ok && nb >= 0;
+        r.first[j + 1] = r.first[j] + nb;
+    }
+    if (!counts_ok || r.first[r.v] != st->nblocks) {
+        lk_free(r.c), lk_free(r.first), lk_free(r.nbwd), lk_free(r.bwd_total);
+        return lk_error(LK_STATUS_INVALID_ARGUMENT, "lk_pipe_run: stage_blocks gives its %d local stages %d blocks in "
+                        "all, but the stage holds %d", r.v, r.first[r.v], st->nblocks);
+    }
     for (int i = 0; i < lk_pipe_schedule_length(s, r.k); i++) {
         const lk_pipe_action *a = lk_pipe_schedule_action(s, r.k, i);
         if (a->kind == LK_PIPE_BACKWARD) r.bwd_total[a->vstage]++;

@@ -125,6 +125,15 @@ static int stage_rank(int rank, int world, void *arg) {
     lk_pipe_stage st = {.comm = comm, .blocks = mine, .nblocks = nmine, .stage_blocks = count, .ctx = &d,
                         .input = input_of, .loss = loss_of, .loss_mul = 1.0f / M};
     double loss = 0.0;
+    if (cf->v > 1) { /* local stages that do not add up to the stage's blocks: refused before any message */
+        int bad[4] = {count[0] + 1, count[1], 0, 0};
+        lk_pipe_stage wrong = st;
+        wrong.stage_blocks = bad;
+        CHECK_ERR(lk_pipe_run(s, &wrong, &loss), LK_STATUS_INVALID_ARGUMENT, "stage_blocks gives its 2 local stages");
+        wrong.stage_blocks = NULL;
+        CHECK_ERR(lk_pipe_run(s, &wrong, &loss), LK_STATUS_INVALID_ARGUMENT, "runs 2 stages per rank but the stage "
+                  "gives no stage_blocks");
+    }
     lk_status rs = lk_pipe_run(s, &st, &loss);
     CHECK_MSG(rs == LK_STATUS_OK, "rank %d: %s", rank, lk_last_error());
     if (rank == world - 1) CHECK_MSG(loss == ref_loss, "loss sum %.17g, one process %.17g", loss, ref_loss);
