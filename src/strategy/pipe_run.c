@@ -247,10 +247,11 @@ lk_status lk_pipe_run(const lk_pipe_schedule *s, const lk_pipe_stage *st, double
         counts_ok = counts_ok && nb >= 0;
         r.first[j + 1] = r.first[j] + nb;
     }
-    if (!counts_ok || r.first[r.v] != st->nblocks) {
+    int given = r.first[r.v];
+    if (!counts_ok || given != st->nblocks) {
         lk_free(r.c), lk_free(r.first), lk_free(r.nbwd), lk_free(r.bwd_total);
         return lk_error(LK_STATUS_INVALID_ARGUMENT, "lk_pipe_run: stage_blocks gives its %d local stages %d blocks in "
-                        "all, but the stage holds %d", r.v, r.first[r.v], st->nblocks);
+                        "all, but the stage holds %d", r.v, given, st->nblocks);
     }
     for (int i = 0; i < lk_pipe_schedule_length(s, r.k); i++) {
         const lk_pipe_action *a = lk_pipe_schedule_action(s, r.k, i);
