@@ -219,6 +219,12 @@ ae_img ae_img_il --trainer.devices 2 --trainer.strategy pipeline --trainer.pipel
   --trainer.pipeline.schedule interleaved_1f1b &&
   check "autoencoder interleaved_1f1b (4 stages cut inside encoder and decoder, 2 per rank): bitwise 1f1b's encoder | decoder" \
     cmp -s "$T/ae_img_pp.st" "$T/ae_img_il.st"
+# split by measured time into 4 interleaved stages: the profile cuts the Sequentials' children
+if "$LK_BIN" fit -c "$T/ae.yaml" --trainer.default_root_dir "$T/ae_il_time" --trainer.devices 2 --trainer.strategy pipeline \
+  --trainer.pipeline.schedule interleaved_1f1b --trainer.pipeline.split time >"$T/ae_il_time.log" 2>&1; then
+  check "autoencoder interleaved, split by measured time into 4 stages" \
+    grep -q "pipeline: 4 stages (split by measured time; schedule interleaved_1f1b, 4 micro-batches), 2 per rank" "$T/ae_il_time.log"
+else bad "autoencoder interleaved split by time failed: $(tail -3 "$T/ae_il_time.log")"; fi
 # a named split of the blocks inside them (fewer blocks than stages: the Sequentials are cut inside)
 if "$LK_BIN" fit -c "$T/ae.yaml" --trainer.default_root_dir "$T/ae_il_named" --trainer.devices 2 --trainer.strategy pipeline \
   --trainer.pipeline.schedule interleaved_1f1b --trainer.pipeline.split encoder.2,decoder.0,decoder.4 >"$T/ae_il_named.log" 2>&1; then
