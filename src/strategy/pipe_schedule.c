@@ -316,16 +316,16 @@ lk_status lk_pipe_schedule_make_virtual(const char *name, int stages, int virtua
         return lk_error(LK_STATUS_INVALID_ARGUMENT, "pipeline: %d ranks x %d stages each is over 4096 stages", stages, v);
     lk_pipe_schedule *s = alloc_schedule(name, stages, v, chunks, which != FORWARD);
     if (!s) return LK_STATUS_OUT_OF_MEMORY;
-    for (int k = 0; k < stages; k++) {
-        bool ok = which == GPIPE         ? gen_gpipe(s, k)
-                  : which == ONE_F_ONE_B ? gen_1f1b(s, k)
-                  : which == INTERLEAVED ? k > 0 || gen_interleaved(s) /* every rank's at once */
-                  : v > 1                ? k > 0 || gen_interleaved(s) /* forwards only, the same rounds */
-                                         : gen_forward(s, k);
-        if (!ok) {
-            lk_pipe_schedule_free(s);
-            return LK_STATUS_OUT_OF_MEMORY;
-        }
+    /* several stages per rank: every rank's lists at once, in rounds (a
+     * forward-only one too); one stage per rank: each rank's by itself */
+    bool ok = true;
+    if (which == INTERLEAVED || v > 1) ok = gen_interleaved(s);
+    else
+        for (int k = 0; k < stages && ok; k++)
+            ok = which == GPIPE ? gen_gpipe(s, k) : which == ONE_F_ONE_B ? gen_1f1b(s, k) : gen_forward(s, k);
+    if (!ok) {
+        lk_pipe_schedule_free(s);
+        return LK_STATUS_OUT_OF_MEMORY;
     }
     *out = s;
     return LK_STATUS_OK;

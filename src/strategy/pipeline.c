@@ -70,7 +70,7 @@ typedef struct pipe_self {
     int nmy;
     lk_named_tensors *stage_params; /* [p] each rank's parameters (its stages') */
     struct owned {
-        lk_tensor **t; /* what stage k alone updates: its parameters (a tied one at its first holder) and its blocks' buffers */
+        lk_tensor **t; /* what rank k of the pipeline alone updates (its stages'): its parameters (a tied one at its first holder) and its blocks' buffers */
         int n;
     } *own; /* [p] */
     bool stale;              /* an optimizer step ran since every rank's copy of the whole model was made current */
@@ -563,7 +563,7 @@ static lk_status stage_params(pipe_self *ps, const lk_named_tensors *all) {
     return LK_STATUS_OK;
 }
 
-/* What each stage alone updates: its parameters (a tied one counted at its
+/* What each pipeline rank alone updates (its stages'): its parameters (a tied one counted at its
  * first holder, whose copy every holder matches) and its blocks' buffers. */
 static lk_status owned_lists(pipe_self *ps) {
     if (!(ps->own = lk_calloc((size_t)ps->p, sizeof *ps->own))) return LK_STATUS_OUT_OF_MEMORY;
@@ -762,18 +762,20 @@ static void stage_before_backward(void *ctx, int chunk, int vstage, bool last) {
     if (last) ps->bk_armed[vstage] = true;
 }
 
-/* The local stage whose blocks hold parameter t (0 when one stage per rank). */
-static int vstage_of(const pipe_self *ps, const lk_tensor *t) {
-    for (int j = 0, at = 0; ps->v > 1 && j < ps->v; at += ps->mycount[j++])
-        for (int b = at; b < at + ps->mycount[j]; b++) {
+/* vs[i]: the local stage whose blocks hold local parameter i (all 0 with
+ * one stage per rank), in one walk over this rank's blocks. */
+static lk_status local_stages(const lk_strategy *s, int *vs) {
+    const pipe_self *ps = s->self;
+    for (int j = 0, b = 0; ps->v > 1 && j < ps->v; j++)
+        for (int end = b + ps->mycount[j]; b < end; b++) {
             lk_named_tensors l = {0};
-            bool in = false;
-            if (!lk_layer_named_parameters(ps->myblocks[b], &l))
-                for (int q = 0; q < l.n && !in; q++) in = l.items[q].tensor == t;
+            LK_TRY(lk_layer_named_parameters(ps->myblocks[b], &l));
+            for (int q = 0; q < l.n; q++)
+                for (int i = 0; i < s->local.n; i++)
+                    if (s->local_arr[i] == l.items[q].tensor) vs[i] = j;
             lk_named_tensors_clear(&l);
-            if (in) return j;
         }
-    return 0;
+    return LK_STATUS_OK;
 }
 
 /* The flat gradient buffer packs this stage's parameters in registration
@@ -784,7 +786,12 @@ static lk_status buckets_setup(lk_strategy *s) {
     int n = s->local.n;
     ps->bk = lk_calloc((size_t)(n ? n : 1), sizeof *ps->bk);
     ps->slots = lk_calloc((size_t)(n ? n : 1), sizeof *ps->slots);
-    if (!ps->bk || !ps->slots) return LK_STATUS_OUT_OF_MEMORY;
+    int *vs = lk_calloc((size_t)(n ? n : 1), sizeof *vs);
+    lk_status st = ps->bk && ps->slots && vs ? local_stages(s, vs) : LK_STATUS_OUT_OF_MEMORY;
+    if (st) {
+        lk_free(vs);
+        return st;
+    }
     int64_t cap = (int64_t)(s->ddp.bucket_cap_mb * 1024 * 1024 / (double)lk_dtype_size(s->cfg.param_dtype));
     if (cap < 1) cap = 1;
     int64_t off = s->flat_numel;
@@ -796,9 +803,10 @@ static lk_status buckets_setup(lk_strategy *s) {
         b->offset = off;
         b->count += p->numel;
         b->nparams++;
-        ps->slots[i] = (struct pslot){ps, ps->nbk - 1, vstage_of(ps, p)};
+        ps->slots[i] = (struct pslot){ps, ps->nbk - 1, vs[i]};
         lk_tensor_set_grad_hook(p, on_grad_ready, &ps->slots[i]);
     }
+    lk_free(vs);
     if (off != 0)
         return lk_error(LK_STATUS_INTERNAL, "strategy %s: the stage's parameters hold %lld of its %lld gradient "
                         "elements", s->vt->name, (long long)(s->flat_numel - off), (long long)s->flat_numel);
