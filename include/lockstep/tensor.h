@@ -61,6 +61,10 @@ struct lk_tensor {
     void *grad_hook_ctx;
     char *name; /* parameter name, or NULL */
     int lk__pending; /* internal: uses left in the running backward pass */
+    /* internal: grad's contents are not a gradient yet (a sharded
+     * strategy's reused buffer): the backward's first write overwrites
+     * them instead of adding, which saves zeroing the buffer first */
+    bool lk__grad_stale;
 };
 
 /* ---- creation ------------------------------------------------------------ */

@@ -51,6 +51,7 @@ size_t lk_tape_len(void) { return tape_n; }
 void lk_tensor_set_requires_grad(lk_tensor *t, bool on) { t->requires_grad = on; }
 
 void lk_tensor_zero_grad(lk_tensor *t, bool set_to_none) {
+    t->lk__grad_stale = false;
     if (!t->grad) return;
     if (set_to_none) {
         lk_tensor_release(t->grad);
@@ -299,7 +300,8 @@ lk_tensor *lk__reduce_to_shape(lk_tensor *g, int ndim, const int64_t *shape) {
     return r;
 }
 
-static lk_status add_into(lk_tensor **slot, lk_tensor *g, bool persistent) {
+static lk_status add_into(lk_tensor **slot, lk_tensor *g, bool persistent, bool overwrite) {
+    if (*slot && overwrite) return lk_tensor_copy(*slot, g); /* (any strides, g's dtype rounded to the slot's) */
     if (!*slot) {
         /* Take g itself when nobody else can see its storage. */
         if (!persistent && g->refcount == 1 && lk_tensor_is_contiguous(g)) {
@@ -353,7 +355,9 @@ lk_status lk__accum_move(lk_tensor *t, lk_tensor *g) {
         if (!c) return lk_last_status();
         r = c;
     }
-    lk_status st = t->grad_fn ? add_into(&t->grad_fn->grad, r, false) : add_into(&t->grad, r, true);
+    bool overwrite = !t->grad_fn && t->lk__grad_stale;
+    if (!t->grad_fn) t->lk__grad_stale = false;
+    lk_status st = t->grad_fn ? add_into(&t->grad_fn->grad, r, false, false) : add_into(&t->grad, r, true, overwrite);
     lk_tensor_release(r);
     return st;
 }

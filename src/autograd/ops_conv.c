@@ -259,7 +259,8 @@ static lk_status conv_dnnl_backward(const conv_geom *g, lk_dtype lowp, lk_tensor
     if ((st = j.st)) goto done;
     /* dW straight into a leaf's existing f32 gradient (as the im2col path
      * does), else summed into a new one for lk__accum */
-    bool direct_w = need_w && !w->grad_fn && w->grad && w->grad->dtype == LK_F32 && lk_tensor_is_contiguous(w->grad);
+    bool direct_w = need_w && !w->grad_fn && w->grad && !w->lk__grad_stale && w->grad->dtype == LK_F32 &&
+                    lk_tensor_is_contiguous(w->grad); /* (a stale one is overwritten by lk__accum) */
     float *dwd = NULL;
     if (need_w && !direct_w) {
         if (!(dw = lk__tensor_zeros_on(dev, LK_F32, 4, wm->shape))) goto oom;
@@ -396,7 +397,8 @@ static void conv2d_backward(lk_node *n, lk_tensor *gout) {
                                   : lk__tensor_zeros_on(dev, LK_F32, 4, xc->shape);
     /* dW accumulates straight into a leaf's existing f32 gradient (as linear
      * does); a 16-bit weight's gradient is summed in f32 and rounded by lk__accum */
-    bool direct_w = need_w && !w->grad_fn && w->grad && w->grad->dtype == LK_F32 && lk_tensor_is_contiguous(w->grad);
+    bool direct_w = need_w && !w->grad_fn && w->grad && !w->lk__grad_stale && w->grad->dtype == LK_F32 &&
+                    lk_tensor_is_contiguous(w->grad); /* (a stale one is overwritten by lk__accum) */
     lk_tensor *dw = need_w && !direct_w ? lk__tensor_zeros_on(dev, LK_F32, 4, wc->shape) : NULL;
     lk_tensor *db = need_b ? lk__tensor_zeros_on(dev, LK_F32, 1, b->shape) : NULL;
     /* Per task: scratch columns and dY gathers; tasks 1.. also partial dW and db. */

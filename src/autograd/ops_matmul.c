@@ -333,7 +333,8 @@ static void linear_backward(lk_node *n, lk_tensor *g) {
          * gradient (the common case: saves a temporary and an add). gg and
          * x2 are both in the forward's dtype already: nothing to round. */
         if (!w->grad_fn && w->grad && lk_tensor_is_contiguous(w->grad)) {
-            j.dw = lk_tensor_retain(w->grad), j.dw_beta = 1.0f;
+            j.dw = lk_tensor_retain(w->grad), j.dw_beta = w->lk__grad_stale ? 0.0f : 1.0f;
+            w->lk__grad_stale = false;
         } else {
             dw = lk__tensor_new_on(x2->device, LK_F32, 2, w->shape);
             if (!dw) goto done;

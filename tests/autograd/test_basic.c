@@ -228,5 +228,58 @@ static void strided_accumulation(void) {
     lk_tensor_release(x);
 }
 
+/* A leaf whose gradient is marked stale (a sharded strategy's reused
+ * buffer, garbage in it) has it overwritten by the backward's first write,
+ * whichever path writes it: linear's GEMM straight into the gradient
+ * (beta 0), an accumulation (layer norm's parameters, a bias: a copy),
+ * conv2d's direct dW (declined for a stale one), a strided gradient. The
+ * flag is gone after that write, so a second backward adds as before. */
+static lk_tensor *stale_loss(lk_tensor **p) {
+    lk_tensor *y = lk_layer_norm(lk_linear(p[0], p[1], p[2]), 1, p[3], p[4], 1e-5f);
+    lk_tensor *c = lk_conv2d(p[5], p[6], p[7], (lk_conv2d_params){{1, 1}, {1, 1}, {1, 1}, 1});
+    return lk_add(lk_sum(lk_mul(y, y), NULL, 0, false), lk_sum(lk_mul(c, c), NULL, 0, false));
+}
+
+static void stale_grads_are_overwritten(void) {
+    enum { NP = 8 };
+    int64_t shapes[NP][4] = {{5, 6}, {4, 6}, {4}, {4}, {4}, {2, 3, 5, 5}, {4, 3, 3, 3}, {4}};
+    int nd[NP] = {2, 2, 1, 1, 1, 4, 4, 1};
+    lk_tensor *p[NP], *ref[NP];
+    for (int i = 0; i < NP; i++) p[i] = lk_gc_param(40 + (uint32_t)i, nd[i], shapes[i]);
+    lk_scope_begin();
+    CHECK_OK(lk_backward(stale_loss(p)));
+    lk_scope_end();
+    for (int i = 0; i < NP; i++) ref[i] = lk_tensor_clone(p[i]->grad);
+    /* the linear weight's gradient a transposed view: the strided copy */
+    lk_tensor *wbuf = lk_tensor_zeros(LK_F32, 2, (int64_t[]){6, 4});
+    lk_tensor_release(p[1]->grad);
+    p[1]->grad = lk_transpose(wbuf, 0, 1);
+    for (int pass = 1; pass <= 2; pass++) {
+        for (int i = 0; i < NP && pass == 1; i++) {
+            lk_tensor_fill(p[i]->grad, 12345.0);
+            p[i]->lk__grad_stale = true;
+        }
+        lk_scope_begin();
+        CHECK_OK(lk_backward(stale_loss(p)));
+        lk_scope_end();
+        for (int i = 0; i < NP; i++) {
+            CHECK_MSG(!p[i]->lk__grad_stale, "pass %d: parameter %d still marked stale", pass, i);
+            double worst = 0;
+            for (int64_t k = 0; k < p[i]->numel; k++) {
+                double want = pass * lk_tensor_get(ref[i], k), got = lk_tensor_get(p[i]->grad, k);
+                worst = fmax(worst, fabs(got - want) / (1e-6 + fabs(want)));
+            }
+            CHECK_MSG(worst < 1e-5, "pass %d: parameter %d's gradient off by %g (relative)", pass, i, worst);
+        }
+    }
+    /* zeroing clears the mark */
+    p[0]->lk__grad_stale = true;
+    lk_tensor_zero_grad(p[0], false);
+    CHECK(!p[0]->lk__grad_stale && lk_tensor_get(p[0]->grad, 0) == 0.0);
+    for (int i = 0; i < NP; i++) lk_tensor_release(ref[i]), lk_tensor_release(p[i]);
+    lk_tensor_release(wbuf);
+}
+
 LK_TEST_MAIN(LK_TEST_CASE(gradchecks), LK_TEST_CASE(grad_hooks_fire_in_reverse), LK_TEST_CASE(no_grad_and_scopes),
-             LK_TEST_CASE(bad_input), LK_TEST_CASE(half_conversions), LK_TEST_CASE(strided_accumulation))
+             LK_TEST_CASE(bad_input), LK_TEST_CASE(half_conversions), LK_TEST_CASE(strided_accumulation),
+             LK_TEST_CASE(stale_grads_are_overwritten))
