@@ -72,7 +72,9 @@ typedef struct unit {
     int64_t *poff;        /* where each starts in the unit's flat range */
     int64_t numel, chunk; /* elements; chunk = ceil(numel / S) */
     size_t map_bytes;     /* chunk * S elements, rounded to pages */
-    void *full, *gfull;   /* the gathered parameters and whole gradients */
+    void *full, *gfull;   /* the gathered parameters and whole gradients (gown, or a slot of f->gring) */
+    void *gown;           /* the unit's own mapping for its whole gradients */
+    bool gslot;           /* gfull is a slot of f->gring (from the unit's backward to its reduction's end) */
     lk_tensor *full_t, *gfull_t;
     int64_t shard_off;    /* the unit's chunk in f->shards and in the shards' gradients (elements) */
     void *mine;           /* this rank's master chunk: in f->shards, or in `full` when the parameters stay whole */
@@ -134,6 +136,13 @@ struct fsdp {
     void *rs_stage;           /* offload: the reduce-scatter's device output, the largest chunk */
     size_t rs_stage_bytes;
     int64_t gathered_bytes, peak_gathered_bytes;
+    /* On one node over shm: a ring in the segment that lends the units
+     * their whole gradients' memory for the time they are live, so that
+     * the reduce-scatters read them in place (see take_slot). */
+    uint8_t *gring;
+    size_t gring_cap;
+    struct gslot { int unit; size_t off, bytes; bool live; } *gq; /* the loans, oldest first (circular) */
+    int gq_cap, gq_front, gq_n;
 };
 
 static fsdp *f_of(const lk_strategy *s) { return s->self; }
@@ -444,17 +453,111 @@ static lk_status count_gathered(fsdp *f, unit *u, bool on) {
     return LK_STATUS_OK;
 }
 
-/* The unit's whole gradients are about to be written (its backward). */
+/* ---- the gradient ring ---------------------------------------------------------------
+ *
+ * stage 2's and fsdp's whole gradients live only from a unit's backward to
+ * the end of its reduce-scatter. In a private mapping (which gives its
+ * pages back after) the shm reduce-scatter first copies every block a peer
+ * reads into the communicator's staging slots, a slice at a time, each
+ * slice a sync. On one node over shm the units therefore borrow their
+ * whole gradients from a ring in the segment, twice the largest unit: the
+ * peers then reduce straight from each other's slot, as ddp's buckets are
+ * reduced, in one sync. That is the memory the stage promises anyway (the
+ * unit being computed and the reduction in flight, at most one largest
+ * unit each, the small units that wait for the backward's end under one).
+ * A unit the ring cannot take (full, under accumulation's kept gradients
+ * or a wrap) uses its own mapping, as before: slower, never wrong. The
+ * loans end in the order they began (the reductions run in the backward's
+ * order); one ended out of order frees its space when the older ones do. */
+static size_t slot_bytes(const unit *u) { return ((size_t)(u->chunk * u->f->S) * esz(u->f->s) + 63) / 64 * 64; }
+
+static bool ring_take(fsdp *f, int unit_ix, size_t bytes, size_t *off) {
+    if (!f->gring || bytes > f->gring_cap || f->gq_n == f->gq_cap) return false;
+    size_t at = 0;
+    if (f->gq_n) {
+        const struct gslot *front = &f->gq[f->gq_front], *back = &f->gq[(f->gq_front + f->gq_n - 1) % f->gq_cap];
+        size_t head = back->off + back->bytes, tail = front->off;
+        if (back->off < front->off) { /* wrapped: the free space is [head, tail) */
+            if (head + bytes > tail) return false;
+            at = head;
+        } else if (head + bytes <= f->gring_cap) at = head;
+        else if (bytes <= tail) at = 0;
+        else return false;
+    }
+    f->gq[(f->gq_front + f->gq_n++) % f->gq_cap] = (struct gslot){unit_ix, at, bytes, true};
+    *off = at;
+    return true;
+}
+
+static void ring_give(fsdp *f, int unit_ix) {
+    for (int i = 0; i < f->gq_n; i++) {
+        struct gslot *q = &f->gq[(f->gq_front + i) % f->gq_cap];
+        if (q->live && q->unit == unit_ix) q->live = false;
+    }
+    while (f->gq_n && !f->gq[f->gq_front].live) f->gq_front = (f->gq_front + 1) % f->gq_cap, f->gq_n--;
+}
+
+/* The unit's gradient views (each parameter's, and the whole) moved to base. */
+static bool can_point(const unit *u) {
+    if (u->gfull_t && !lk__tensor_rebasable(u->gfull_t)) return false;
+    for (int i = 0; i < u->np; i++)
+        if (!u->p[i]->grad || u->p[i]->grad->data != at(u->gfull, esz(u->f->s), u->poff[i]) ||
+            !lk__tensor_rebasable(u->p[i]->grad))
+            return false;
+    return true;
+}
+
+static void point(unit *u, void *base) {
+    size_t e = esz(u->f->s);
+    for (int i = 0; i < u->np; i++) {
+        lk_tensor *g = u->p[i]->grad;
+        if (g && g->data == at(u->gfull, e, u->poff[i])) lk__tensor_rebase(g, at(base, e, u->poff[i]));
+    }
+    if (u->gfull_t && u->gfull_t->data == u->gfull) lk__tensor_rebase(u->gfull_t, base);
+    u->gfull = base;
+}
+
+/* A slot for the unit's whole gradients, if the ring has one: its
+ * parameters' ranges marked stale (the backward's first write overwrites
+ * them), the padding between and after them zeroed (the reduce-scatter
+ * sums it into the chunks' padding, which must stay zero). */
+static bool take_slot(unit *u) {
+    fsdp *f = u->f;
+    size_t off, bytes = slot_bytes(u), e = esz(f->s);
+    if (!u->layer || !u->numel || !can_point(u) || !ring_take(f, (int)(u - f->u), bytes, &off)) return false;
+    uint8_t *base = f->gring + off;
+    point(u, base);
+    size_t covered = 0;
+    for (int i = 0; i < u->np; i++) {
+        size_t a = (size_t)u->poff[i] * e, b = a + (size_t)u->p[i]->numel * e;
+        if (a > covered) memset(base + covered, 0, a - covered);
+        if (b > covered) covered = b;
+        u->p[i]->lk__grad_stale = true;
+    }
+    if (bytes > covered) memset(base + covered, 0, bytes - covered);
+    u->grads_stale = false;
+    u->gslot = true;
+    return true;
+}
+
+/* The unit's whole gradients are about to be written (its backward): a
+ * slot of the ring (counted by the ring's allocation), or its own mapping,
+ * counted here. */
 static lk_status grads_live(unit *u) {
     if (u->grads_charged || !u->numel) return LK_STATUS_OK;
-    LK_TRY(charge(u, "the whole gradients"));
+    if (!take_slot(u)) LK_TRY(charge(u, "the whole gradients"));
     u->grads_charged = true;
     return LK_STATUS_OK;
 }
 
 static void grads_gone(unit *u) {
     if (!u->grads_charged) return;
-    if (on_host(u->f->s)) lk__alloc_uncharge(u->map_bytes);
+    if (u->gslot) { /* the loan ends: back to its own mapping (whose contents are stale: grads_stale) */
+        ring_give(u->f, (int)(u - u->f->u));
+        point(u, u->gown);
+        u->gslot = false;
+        u->grads_stale = true;
+    } else if (on_host(u->f->s)) lk__alloc_uncharge(u->map_bytes);
     u->grads_charged = false;
 }
 
@@ -574,7 +677,7 @@ static lk_status finish_reduce(lk_strategy *s) {
     if (!st && f->R > 1) st = comm_fail(f->replica, lk_comm_all_reduce(f->replica, mine, (size_t)u->chunk,
                                                                           s->cfg.param_dtype, LK_REDUCE_AVG));
     s->stats.comm_exposed_s += lk_time_now() - t0;
-    give_back(s, u->gfull, u->map_bytes);
+    if (!u->gslot) give_back(s, u->gfull, u->map_bytes);
     u->grads_stale = true; /* overwritten by the next backward (zero_grads) */
     grads_gone(u);
     return st;
@@ -641,8 +744,12 @@ static lk_status unit_backward_done(lk_strategy *s, unit *u) {
         f->pend_bytes += b;
         return LK_STATUS_OK;
     }
-    LK_TRY(flush_pending(s, true));
-    return reduce(s, u, true);
+    /* the backward's last unit: nothing is left to overlap its reduction
+     * (and what waited) with, so both run here, as the deferred ones at the
+     * backward's end do, without two hand-offs to the communication thread */
+    bool last = f->order_done && u->pos == 0;
+    LK_TRY(flush_pending(s, !last));
+    return reduce(s, u, !last);
 }
 
 /* ---- the hooks --------------------------------------------------------------------- */
@@ -748,7 +855,7 @@ static lk_status build_unit(lk_strategy *s, unit *u, lk_layer *layer, const char
         if (!lk_comm_alloc_shared(f->shard, u->map_bytes, &mem)) u->full = mem, u->full_shared = true;
         else lk_clear_error();
     }
-    if ((!u->full && !(u->full = map_pages(s, u->map_bytes))) || !(u->gfull = map_pages(s, u->map_bytes)))
+    if ((!u->full && !(u->full = map_pages(s, u->map_bytes))) || !(u->gfull = u->gown = map_pages(s, u->map_bytes)))
         return lk_error(LK_STATUS_OUT_OF_MEMORY, "%s: could not map %zu bytes for unit '%s'", s->vt->name, u->map_bytes,
                         *path ? path : "(root)");
     int64_t shape[1] = {u->chunk * f->S};
@@ -912,6 +1019,22 @@ static lk_status f_wrap(lk_strategy *s, lk_layer *net) {
     /* the buffers last (a BatchNorm's reset fills them; its parameters,
      * hidden now, are not drawn again) */
     if (deferred) LK_TRY(lk_layer_materialize(net));
+    /* the gradient ring (see take_slot), unless a memory limit is set: it
+     * is resident from here on, where the private mappings hold memory
+     * only from a unit's backward to its reduction (up to one largest
+     * unit's gradients more at the backward's start, all of the ring in
+     * the forward), and under a limit the smallest footprint wins. Without
+     * it (a limit, a full /dev/shm) every unit keeps its own mapping. */
+    size_t largest = 0;
+    for (int i = 1; i < f->nu; i++)
+        if (f->u[i].numel && slot_bytes(&f->u[i]) > largest) largest = slot_bytes(&f->u[i]);
+    if (in_segment(s) && largest && !lk_alloc_limit()) {
+        f->gq_cap = 2 * f->nu + 2;
+        if (!(f->gq = lk_calloc((size_t)f->gq_cap, sizeof *f->gq))) return LK_STATUS_OUT_OF_MEMORY;
+        void *ring = NULL;
+        if (!lk_comm_alloc_shared(f->shard, 2 * largest, &ring)) f->gring = ring, f->gring_cap = 2 * largest;
+        else lk_clear_error();
+    }
     /* fsdp on one node over shm: from here the gathers read the peers'
      * chunks in place (f->direct), once every rank's are in. The same test
      * on every rank (a rank whose shards fell back to private memory passes
@@ -1022,7 +1145,7 @@ static void f_free(lk_strategy *s) {
             if (u->full_owner) lk_comm_free_shared(f->shard, u->full);
         } else if (u->full_shared) lk_comm_free_shared(f->shard, u->full);
         else unmap_pages(s, u->full, u->map_bytes);
-        unmap_pages(s, u->gfull, u->map_bytes);
+        unmap_pages(s, u->gown, u->map_bytes);
         lk_free(u->name);
         lk_free(u->p);
         lk_free(u->pname);
@@ -1031,6 +1154,8 @@ static void f_free(lk_strategy *s) {
     }
     if (s->net) lk_layer_clear_hooks(s->net);
     for (int i = 1; i < f->nu; i++) lk_layer_clear_hooks(f->u[i].layer);
+    if (f->gring) lk_comm_free_shared(f->shard, f->gring);
+    lk_free(f->gq);
     lk_free(f->u);
     lk_free(f->pend);
     lk_free(f->order);

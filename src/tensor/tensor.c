@@ -414,6 +414,16 @@ lk_tensor *lk__tensor_wrap_on(lk_device dev, lk_dtype dt, int ndim, const int64_
     return t;
 }
 
+bool lk__tensor_rebasable(const lk_tensor *t) {
+    return t && t->refcount == 1 && t->storage && !t->storage->owned && !t->storage->flat && t->offset == 0 &&
+           atomic_load(&t->storage->refcount) == 1;
+}
+
+void lk__tensor_rebase(lk_tensor *t, void *data) {
+    t->storage->data = data;
+    t->data = data;
+}
+
 lk_tensor *lk_tensor_scalar(float v) { return lk_tensor_from_data(LK_F32, 0, NULL, &v); }
 
 /* Random values are drawn on the host (the one generator stream, whatever

@@ -26,6 +26,12 @@ lk_status lk__tensor_own_storage(lk_tensor *t);
  * A sharded strategy puts each parameter of a unit into the unit's buffer
  * this way. On failure t is unchanged. */
 lk_status lk__tensor_rehome(lk_tensor *t, lk_tensor *base, int64_t offset, bool copy_values);
+/* A tensor that wraps caller memory (lk__tensor_wrap_on) and is nobody
+ * else's view: it wraps `data` from now on (same shape, no copy). A sharded
+ * strategy moves a unit's gradient views between buffers this way.
+ * Whether it can: lk__tensor_rebasable. */
+bool lk__tensor_rebasable(const lk_tensor *t);
+void lk__tensor_rebase(lk_tensor *t, void *data);
 /* Moves t's values to `dev` in place: t gets fresh contiguous storage there
  * (other views keep the old storage); its gradient is left alone. On
  * failure t is unchanged. lk_layer_to's step per tensor. */
