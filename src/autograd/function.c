@@ -58,6 +58,14 @@ static void function_backward(lk_node *n, lk_tensor *g) {
             lk__error_shapes(name, "backward's gradient for an input has another shape than the input", gin[i], x);
             break;
         }
+        /* A gradient handed through unchanged (a pass-through: the layers'
+         * hook nodes, an identity) that only this node holds moves on
+         * instead of being copied: the next node adopts it. */
+        if (gin[i] == g && n->grad == g && g->refcount == 1) {
+            n->grad = NULL;
+            if (lk__accum_move(x, g)) break;
+            continue;
+        }
         if (lk__accum(x, gin[i])) break;
     }
     lk_scope_end();
