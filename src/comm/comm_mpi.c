@@ -228,6 +228,16 @@ static lk_status mpi_init(lk_comm *c, const lk_comm_config *cfg) {
     MPI_Finalized(&fin);
     if (fin) return lk_error(LK_STATUS_INVALID_USAGE, "mpi backend: MPI was already finalized in this process");
     if (!inited) {
+        /* This backend issues OpenMPI's non-blocking all-reduce (libnbc),
+         * so that comm_timeout bounds every wait, and libnbc's default
+         * choice of algorithm ran 1.4-2.5x slower than the blocking
+         * MPI_Allreduce at 1-16 MiB across two namespace nodes;
+         * Rabenseifner's (reduce-scatter, then all-gather) ran 2.5-2.9x
+         * faster than that default, at or above the blocking call
+         * (bench/results/HISTORY.md, "The flat mpi backend"). Chosen here
+         * unless the user chose (the variable, or mpirun --mca, which sets
+         * it); other MPIs ignore the name. */
+        setenv("OMPI_MCA_coll_libnbc_iallreduce_algorithm", "3", 0);
         int provided = 0;
         if (MPI_Init_thread(NULL, NULL, MPI_THREAD_SERIALIZED, &provided) != MPI_SUCCESS)
             return lk_error(LK_STATUS_INTERNAL, "mpi backend: MPI_Init_thread failed");
