@@ -1064,6 +1064,10 @@ static lk_status f_wrap(lk_strategy *s, lk_layer *net) {
                                     (long long)f->u[0].numel);
         if (f->direct && len < sizeof line)
             len += (size_t)snprintf(line + len, sizeof line - len, "; gathers read the peers' chunks in place");
+        if (f->gring && len < sizeof line)
+            len += (size_t)snprintf(line + len, sizeof line - len,
+                                    "; whole gradients reduced in place from a %.1f MiB ring in shared memory",
+                                    (double)f->gring_cap / (1024.0 * 1024.0));
         if (f->offload && len < sizeof line)
             snprintf(line + len, sizeof line - len, "; cpu_offload: master chunks, their gradients and the optimizer "
                      "state in host memory, the optimizer on the CPU");

@@ -47,6 +47,9 @@ grep -q "deepspeed_stage_3 (lockstep's ZeRO-3" "$T/z3.3.log" && ok "the fit's op
 # the mpi run below, the all-gathers)
 check "fsdp x3 over shm: its start-up line says the gathers read the peers' chunks in place" \
   grep -q "FULL_SHARD over 3 ranks: .*; gathers read the peers' chunks in place" "$T/fsdp3.log"
+# and their units' whole gradients were reduced in place from the ring in the segment (no memory limit set)
+check "fsdp x3 over shm: its start-up line says the whole gradients are reduced in place from the ring" \
+  grep -q "; whole gradients reduced in place from a [0-9.]* MiB ring in shared memory" "$T/fsdp3.log"
 for sh in SHARD_GRAD_OP NO_SHARD HYBRID_SHARD; do
   fit $sh --trainer.devices 3 --trainer.strategy fsdp --trainer.fsdp_sharding_strategy $sh "${X[@]}"
   check "fsdp $sh x3 == ddp, bitwise (HYBRID_SHARD on one node is FULL_SHARD)" same $sh ddp3
