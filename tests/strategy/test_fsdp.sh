@@ -47,6 +47,12 @@ grep -q "deepspeed_stage_3 (lockstep's ZeRO-3" "$T/z3.3.log" && ok "the fit's op
 # the mpi run below, the all-gathers)
 check "fsdp x3 over shm: its start-up line says the gathers read the peers' chunks in place" \
   grep -q "FULL_SHARD over 3 ranks: .*; gathers read the peers' chunks in place" "$T/fsdp3.log"
+# LK_SHARD_INLINE=0: every unit's reduce-scatter on the communication thread as its backward ends (the default
+# defers the small ones to the backward's end, on this thread): the same reductions, the same bits
+export LK_SHARD_INLINE=0
+fit fsdpasync2 --trainer.devices 2 --trainer.strategy fsdp "${X[@]}"
+unset LK_SHARD_INLINE
+check "fsdp x2 with LK_SHARD_INLINE=0 (each reduction on the communication thread) == ddp, bitwise" same fsdpasync2 ddp2
 # and their units' whole gradients were reduced in place from the ring in the segment (no memory limit set)
 check "fsdp x3 over shm: its start-up line says the whole gradients are reduced in place from the ring" \
   grep -q "; whole gradients reduced in place from a [0-9.]* MiB ring in shared memory" "$T/fsdp3.log"

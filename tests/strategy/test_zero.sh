@@ -56,6 +56,13 @@ check "stage 2 x4 run.json model_state_bytes: whole padded parameters, gradient 
   test "$got" = "2800 768 1400"
 grep -q "deepspeed_stage_2 (lockstep's ZeRO-2" "$T/z2.4.log" && ok "the fit's opening line names lockstep's ZeRO-2" \
   || bad "the fit's opening line names lockstep's ZeRO-2"
+# the asynchronous schedule (every unit's reduce-scatter handed to the communication thread as its backward
+# ends, LK_SHARD_INLINE=0) reduces the same blocks in the same order: the same bits
+export LK_SHARD_INLINE=0
+fit z2async.2 --trainer.devices 2 --trainer.strategy deepspeed_stage_2 "${X[@]}"
+unset LK_SHARD_INLINE
+check "stage 2 x2 with LK_SHARD_INLINE=0 (each reduction on the communication thread) == ddp, bitwise" \
+  same z2async.2 ddp2
 
 # on one node over shm both stages keep one shared copy of the parameters by default (each rank writes its
 # chunk in place, no all-gather); with ddp_shared_params false each rank keeps a replica and the chunks are
