@@ -57,9 +57,10 @@ static const lk_env_var env_vars[] = {
     {"LK_COMM_MPI_PAIR_CHUNK", "32768", "mpi: two ranks on two hosts (hier's node leaders) all-reduce f32/f64 "
                                         "buffers of 64 KiB and more by swapping them in messages of this many bytes, "
                                         "both directions at once (0: MPI's own all-reduce)", NULL},
-    {"LK_SHARD_INLINE", "1", "deepspeed_stage_2 / fsdp: 1 reduces small units after the backward and gathers stage 2's "
-                             "units after the step on the calling thread (no thread hand-offs); 0 hands each unit's "
-                             "reduction to the communication thread as its backward ends", NULL},
+    {"LK_SHARD_INLINE", "1 on the CPU, 0 on a GPU",
+     "deepspeed_stage_2 / fsdp: 1 reduces small units after the backward and gathers stage 2's units after the step "
+     "on the calling thread (no thread hand-offs); 0 hands each unit's reduction to the communication thread as its "
+     "backward ends", NULL},
     {"LK_COMM_TEST_DELAY_MS", "0", "tests only: delay every asynchronous collective by this many ms", NULL},
     {"LK_COMM_TEST_RDV_PAUSE", NULL, "tests only: all, or a comma-separated list of the shm rendezvous steps claim, "
                                      "open, slot, publish, wait, seal, done: the process stops itself (SIGSTOP) before "

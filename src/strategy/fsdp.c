@@ -943,14 +943,16 @@ static lk_status f_wrap(lk_strategy *s, lk_layer *net) {
         if (b > f->defer_bytes) f->defer_bytes = b;
     }
     if ((double)f->defer_bytes > cap) f->defer_bytes = (int64_t)cap;
-    /* On by default (LK_SHARD_INLINE=0 hands every unit's reduction to the
-     * communication thread as it finishes). Measured in alternating fits
-     * with one core per rank (docs/STRATEGIES.md): stage 2 on the mlp
-     * 1.05-1.06x the asynchronous schedule on an idle machine and 1.5x
-     * with the cores contended; the autoencoder and fsdp alike either way.
-     * A hand-off costs a thread wake-up, and that thread takes its core
-     * from the rank's own compute. */
-    f->inline_sched = lk_env_get_long("LK_SHARD_INLINE", 1) == 1;
+    /* On by default on the CPU (LK_SHARD_INLINE=0 hands every unit's
+     * reduction to the communication thread as it finishes). Measured in
+     * alternating fits with one core per rank (docs/STRATEGIES.md): stage
+     * 2 on the mlp 1.05-1.06x the asynchronous schedule on an idle machine
+     * and 1.5x with the cores contended; the autoencoder and fsdp alike
+     * either way. A hand-off costs a thread wake-up, and that thread takes
+     * its core from the rank's own compute. On a GPU the communication
+     * thread takes no core from the kernels and nothing was measured, so
+     * the hand-offs stay (LK_SHARD_INLINE=1 asks for the other). */
+    f->inline_sched = lk_env_get_long("LK_SHARD_INLINE", on_host(s) ? 1 : 0) == 1;
     if (!f->inline_sched) f->defer_bytes = 0;
     /* rank 0's values everywhere (as ddp's broadcast), then each rank's
      * chunk into the master shards; the whole copies go */
