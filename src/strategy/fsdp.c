@@ -73,8 +73,7 @@ typedef struct unit {
     int64_t numel, chunk; /* elements; chunk = ceil(numel / S) */
     size_t map_bytes;     /* chunk * S elements, rounded to pages */
     void *full, *gfull;   /* the gathered parameters and whole gradients (gown, or a slot of f->gring) */
-    void *gown;           /* the unit's own mapping for its whole gradients */
-    bool gslot;           /* gfull is a slot of f->gring (from the unit's backward to its reduction's end) */
+    void *gown;           /* the unit's own mapping for its whole gradients (gfull elsewhere: a slot of f->gring) */
     lk_tensor *full_t, *gfull_t;
     int64_t shard_off;    /* the unit's chunk in f->shards and in the shards' gradients (elements) */
     void *mine;           /* this rank's master chunk: in f->shards, or in `full` when the parameters stay whole */
@@ -469,6 +468,8 @@ static lk_status count_gathered(fsdp *f, unit *u, bool on) {
  * or a wrap) uses its own mapping, as before: slower, never wrong. The
  * loans end in the order they began (the reductions run in the backward's
  * order); one ended out of order frees its space when the older ones do. */
+static bool in_ring(const unit *u) { return u->gfull != u->gown; }
+
 static size_t slot_bytes(const unit *u) { return ((size_t)(u->chunk * u->f->S) * esz(u->f->s) + 63) / 64 * 64; }
 
 static bool ring_take(fsdp *f, int unit_ix, size_t bytes, size_t *off) {
@@ -517,10 +518,11 @@ static void point(unit *u, void *base) {
     u->gfull = base;
 }
 
-/* A slot for the unit's whole gradients, if the ring has one: its
- * parameters' ranges marked stale (the backward's first write overwrites
- * them), the padding between and after them zeroed (the reduce-scatter
- * sums it into the chunks' padding, which must stay zero). */
+/* A slot for the unit's whole gradients, if the ring has one: the padding
+ * between and after its parameters zeroed (the reduce-scatter sums it into
+ * the chunks' padding, which must stay zero), the parameters' ranges left
+ * to zero_grads, which marks them stale (the backward's first write
+ * overwrites them). */
 static bool take_slot(unit *u) {
     fsdp *f = u->f;
     size_t off, bytes = slot_bytes(u), e = esz(f->s);
@@ -532,11 +534,9 @@ static bool take_slot(unit *u) {
         size_t a = (size_t)u->poff[i] * e, b = a + (size_t)u->p[i]->numel * e;
         if (a > covered) memset(base + covered, 0, a - covered);
         if (b > covered) covered = b;
-        u->p[i]->lk__grad_stale = true;
     }
     if (bytes > covered) memset(base + covered, 0, bytes - covered);
-    u->grads_stale = false;
-    u->gslot = true;
+    u->grads_stale = true;
     return true;
 }
 
@@ -552,11 +552,9 @@ static lk_status grads_live(unit *u) {
 
 static void grads_gone(unit *u) {
     if (!u->grads_charged) return;
-    if (u->gslot) { /* the loan ends: back to its own mapping (whose contents are stale: grads_stale) */
+    if (in_ring(u)) { /* the loan ends: back to its own mapping */
         ring_give(u->f, (int)(u - u->f->u));
         point(u, u->gown);
-        u->gslot = false;
-        u->grads_stale = true;
     } else if (on_host(u->f->s)) lk__alloc_uncharge(u->map_bytes);
     u->grads_charged = false;
 }
@@ -630,7 +628,8 @@ static void release(lk_strategy *s, unit *u) {
 }
 
 /* The unit's whole gradients are about to be written again after a
- * reduction released them: each parameter's gradient is marked stale, so
+ * reduction released them (or in a slot the ring just lent, which holds
+ * another unit's values): each parameter's gradient is marked stale, so
  * the backward's first write overwrites it (a GEMM's beta 0, a copy for an
  * accumulation) instead of adding to it. That replaces zeroing the whole
  * buffer first: one pass over the unit's gradients, memory-bound, on the
@@ -677,7 +676,7 @@ static lk_status finish_reduce(lk_strategy *s) {
     if (!st && f->R > 1) st = comm_fail(f->replica, lk_comm_all_reduce(f->replica, mine, (size_t)u->chunk,
                                                                           s->cfg.param_dtype, LK_REDUCE_AVG));
     s->stats.comm_exposed_s += lk_time_now() - t0;
-    if (!u->gslot) give_back(s, u->gfull, u->map_bytes);
+    if (!in_ring(u)) give_back(s, u->gfull, u->map_bytes);
     u->grads_stale = true; /* overwritten by the next backward (zero_grads) */
     grads_gone(u);
     return st;

@@ -155,9 +155,9 @@ static void z_free(lk_strategy *s) {
     s->ext = NULL;
 }
 
-/* The chunks of n elements over the world: ceil(n / N) each, so every rank
- * sends and receives the same count; the last chunks cover padding. */
-/* Chunks of ceil(n / W) elements rounded up to 64 bytes (16 f32, 32 bf16),
+/* The chunks of n elements over the world, all of one size so that every
+ * rank sends and receives the same count (the last ones cover padding):
+ * ceil(n / W) elements rounded up to 64 bytes (16 f32, 32 bf16),
  * as fsdp's: every rank's chunk then starts on a cache line, so no two ranks
  * write one line and each rank's update runs on aligned vectors (a chunk
  * starting mid-line made rank 1's update slower than rank 0's, and rank 0
